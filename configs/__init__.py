@@ -1,0 +1,1 @@
+"""Shipped tpload configs (installed as ``tpload.configs``; load one by name)."""

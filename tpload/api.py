@@ -1,0 +1,191 @@
+"""The one door for callers: :func:`load` returns this rank's verified shards.
+
+    shards = tpload.load(DIR, config="deepseek-v4-mtp", kind="expanded")
+    shards.state_dict()   # {official name: this rank's tensor on its device}
+    shards.report         # figures of every rank (the same table on each)
+    shards.release()      # frees every buffer the load made
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from .checkpoint import Checkpoint
+from .config import DEFAULT_CONFIG, load_config
+from .dist import DistContext, context, exchange, init_distributed
+from .errors import LoadError
+from .load import LoadResult, run
+from .plan import KINDS, Layout, Planner, RankPlan
+from .report import LoadReport, MemoryPeaks, Progress, RankFigures, rank_log
+from .synth import PRESETS, cached_checkpoint
+from .verify import VERIFY_MODES, assign_hashing, digest
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """Everything a load is asked to do (the CLI's flags, ``load()``'s keywords)."""
+
+    checkpoint: str | None = None
+    """Checkpoint directory; None loads the built-in small synthetic checkpoint (made once, cached)."""
+    config: str = DEFAULT_CONFIG
+    """A shipped config name or a path to a TOML file."""
+    kind: str = "packed"
+    """``packed``: stored bytes (FP4/FP8 weights and their scales); ``expanded``: bf16 decodes."""
+    tp: int | None = None
+    """Tensor-parallel degree; None: the group size divided by ``ep``."""
+    ep: int = 1
+    """Expert-parallel degree (tp x ep must equal the group size)."""
+    verify: str = "node"
+    """``node``: each tensor hashed once per node; ``rank``: by every rank that reads it; ``off``."""
+    device: str | None = None
+    """Target device; None: cuda:LOCAL_RANK, or the CPU without CUDA."""
+    hash_threads: int = 2
+    """sha256 worker threads per rank."""
+    samples: int = 4
+    """Expanded kind: per role, how many decodes are checked exactly against a host decode."""
+    progress: bool = True
+    """Show rank-0 progress."""
+    timeout_s: float = 600.0
+    """Collective timeout when tpload creates the process group."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise LoadError(f"kind {self.kind!r} is not one of {', '.join(KINDS)}")
+        if self.verify not in VERIFY_MODES:
+            raise LoadError(f"verify {self.verify!r} is not one of {', '.join(VERIFY_MODES)}")
+        if self.tp is not None and self.tp < 1 or self.ep < 1:
+            raise LoadError(f"tp and ep must be >= 1 (got tp {self.tp}, ep {self.ep})")
+        if self.hash_threads < 1 or self.samples < 0 or self.timeout_s <= 0:
+            raise LoadError("hash_threads >= 1, samples >= 0 and timeout_s > 0 are required")
+
+
+class RankShards:
+    """This rank's verified shards. ``state_dict()`` is a view of one preallocated arena."""
+
+    def __init__(self, result: LoadResult, plan: RankPlan, report: LoadReport) -> None:
+        self._result: LoadResult | None = result
+        self.plan = plan
+        self.report = report
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """{official name: this rank's tensor on its device}; views, not copies."""
+        if self._result is None:
+            raise LoadError("these shards were released")
+        return dict(self._result.tensors)
+
+    def release(self) -> None:
+        """Drop every buffer the load made (the arena and all views of it)."""
+        if self._result is not None:
+            self._result.tensors.clear()
+            self._result = None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def _hash_share(planner: Planner, layout: Layout, kind: str, ctx: DistContext, plan: RankPlan, mode: str) -> list[str]:
+    """The official tensors this rank must sha256 (see verify.py for the modes)."""
+    if mode == "off":
+        return []
+    if mode == "rank":
+        return plan.used_tensors
+    peers = ctx.node_peers
+    used = {n for p in peers for n in (plan if p == ctx.rank else planner.plan(layout, kind, p)).used_tensors}
+    return assign_hashing({n: planner.ckpt.info(n).nbytes for n in used}, peers)[ctx.rank]
+
+
+def _device_peaks(device: torch.device) -> tuple[int, int]:
+    if device.type != "cuda":
+        return 0, 0
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
+
+
+def _load_rank(opts: LoadOptions, ctx: DistContext, fig: RankFigures) -> tuple[LoadResult, RankPlan, Checkpoint]:
+    """Everything one rank does before the exchange; raises on any problem."""
+    ckpt = Checkpoint(opts.checkpoint)
+    planner = Planner(ckpt, load_config(opts.config))
+    layout = Layout(opts.tp or max(1, ctx.world // opts.ep), opts.ep)
+    planner.check_layout(layout, ctx.world)
+    plan = planner.plan(layout, opts.kind, ctx.rank)
+    to_hash = _hash_share(planner, layout, opts.kind, ctx, plan, opts.verify)
+    if opts.verify != "off":
+        ckpt.check_manifest(sorted(set(plan.used_tensors) | set(to_hash)))
+    progress = Progress(plan.read_bytes, len(plan.items), enabled=opts.progress and ctx.rank == 0)
+    result = run(ckpt, plan, device=ctx.device, to_hash=to_hash, hash_threads=opts.hash_threads,
+                 samples_per_role=opts.samples, progress=progress)
+    fig.tensors, fig.bytes_read, fig.bytes_device = len(result.tensors), plan.read_bytes, plan.arena_bytes
+    fig.hashed, fig.bytes_hashed = len(result.hashed), result.bytes_hashed
+    fig.device_checked, fig.sampled = result.device_checked, result.sampled
+    fig.skipped, fig.deferred = len(plan.skipped), len(plan.deferred)
+    fig.digest = digest((n, t.dtype, tuple(t.shape), result.fingerprints[n]) for n, t in result.tensors.items())
+    return result, plan, ckpt
+
+
+def _failure(ranks: list[RankFigures]) -> str:
+    bad = [r for r in ranks if r.failed]
+    head = (f"load failed on rank {', '.join(str(r.rank) for r in bad)} ({len(bad)} of {len(ranks)} ranks); "
+            "no rank returned weights")
+    return head + "".join(f"\n{r.message}" for r in bad)
+
+
+def load_in(opts: LoadOptions, ctx: DistContext) -> RankShards:
+    log = rank_log(ctx.rank)
+    fig = RankFigures(rank=ctx.rank, node=ctx.nodes[ctx.rank])
+    result = plan = None
+    if ctx.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(ctx.device)
+    t0 = time.perf_counter_ns()
+    with MemoryPeaks() as mem:
+        try:
+            result, plan, _ = _load_rank(opts, ctx, fig)
+        except LoadError as e:
+            fig.failed, fig.message = 1, f"rank {ctx.rank}: {e}"
+        except Exception as e:  # a bug or an OS error: still reach the exchange so no peer hangs
+            log.debug("load failed", exc_info=True)
+            fig.failed, fig.message = 1, f"rank {ctx.rank}: unexpected {type(e).__name__}: {e}"
+    fig.ns = time.perf_counter_ns() - t0
+    fig.device_alloc_peak, fig.device_reserved_peak = _device_peaks(ctx.device)
+    fig.rss_peak, fig.anon_peak = mem.rss_peak, mem.anon_peak
+    table = exchange(fig.to_row(), ctx)
+    ranks = [RankFigures.from_row(r, table[r]) for r in range(ctx.world)]
+    if any(r.failed for r in ranks):
+        del result  # nothing partly loaded survives a failed load
+        raise LoadError(_failure(ranks))
+    report = LoadReport(str(Path(opts.checkpoint)), opts.kind, plan.layout.tp, plan.layout.ep, opts.verify,
+                        str(ctx.device), ranks, ctx.rank)
+    if opts.verify == "off":
+        log.warning("verification is OFF: %d tensors served without any check against the manifest", fig.tensors)
+    return RankShards(result, plan, report)
+
+
+def resolve_checkpoint(checkpoint: str | os.PathLike | None) -> str:
+    """The checkpoint to load: the given one, or the built-in small synthetic one."""
+    return str(checkpoint) if checkpoint is not None else str(cached_checkpoint(PRESETS["small"]))
+
+
+def load(checkpoint: str | os.PathLike | None = None, *, config: str = DEFAULT_CONFIG, kind: str = "packed",
+         tp: int | None = None, ep: int = 1, group: dist.ProcessGroup | None = None,
+         device: str | torch.device | None = None, verify: str = "node", hash_threads: int = 2, samples: int = 4,
+         progress: bool = True, timeout_s: float = 600.0) -> RankShards:
+    """Load this rank's verified shards of ``checkpoint``; see :class:`LoadOptions` for each option.
+
+    Inside an initialized world, ranks are counted in ``group`` (default: the
+    world). Run by torchrun without a world, it makes one for the load and
+    tears it down after. Raises :class:`LoadError` on every rank if any rank fails.
+    """
+    opts = LoadOptions(resolve_checkpoint(checkpoint), str(config), kind, tp, ep, verify,
+                       str(device) if device is not None else None, hash_threads, samples, progress, timeout_s)
+    if group is None and not dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        with init_distributed(device=opts.device, timeout_s=timeout_s) as ctx:
+            return load_in(opts, ctx)
+    return load_in(opts, context(group, opts.device))
+
+
+logging.getLogger("tpload").addHandler(logging.NullHandler())

@@ -1,0 +1,33 @@
+"""The one exception family tpload raises for bad input or a failed load.
+
+Every message is meant to be read by a serving engineer at 3 a.m.: it names
+the file, the tensor, the rank (where there is one) and what was expected.
+"""
+
+from __future__ import annotations
+
+
+class LoadError(Exception):
+    """A load could not produce verified weights; nothing was served."""
+
+
+class CheckpointError(LoadError):
+    """The checkpoint on disk is malformed, incomplete or corrupt."""
+
+
+class ConfigError(LoadError):
+    """The TOML config is malformed or does not fit the checkpoint."""
+
+
+class LayoutError(LoadError):
+    """The requested tp x ep layout cannot be cut from this checkpoint."""
+
+
+def raise_all(kind: type[LoadError], problems: list[str], *, what: str) -> None:
+    """Raise one ``kind`` listing every problem (safetensors style: all at once)."""
+    if not problems:
+        return
+    if len(problems) == 1:
+        raise kind(problems[0])
+    listing = "\n  - ".join(problems)
+    raise kind(f"{len(problems)} {what}:\n  - {listing}")

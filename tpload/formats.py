@@ -1,0 +1,169 @@
+"""Stored dtypes and the exact decoders, in plain torch ops (any device).
+
+The tables follow ../shared/docs/format.md bit for bit:
+
+* FP4 (E2M1) packs two elements per byte, element ``k`` in byte ``k // 2``,
+  even ``k`` in the **low** nibble; each group of 32 elements along K shares
+  one E8M0 scale byte ``e`` worth ``2**(e - 127)``.
+* FP8 (E4M3, the ``fn`` variant) dense matrices share one scale per B x B
+  block; the scale is E8M0 bytes (V4) or F32 values (V3's
+  ``weight_scale_inv``).
+* E8M0 bytes 0x00 and 0xFF and E4M3 codes 0x7F / 0xFF are rejected by the
+  callers (see :func:`count_bad_e8m0`, :func:`count_bad_e4m3`) before any
+  decode: the serving kernels assume they never occur.
+
+Every decode here is exact in fp32, and in bf16 unless it overflows, so an
+expanded shard is a deterministic function of the stored bytes on any device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+FP4_GROUP = 32  # elements sharing one E8M0 scale byte
+
+# E2M1 codes 0..15 (sign bit 3, exponent bits 1-2, mantissa bit 0).
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+               -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+_FLOAT8_E8M0 = getattr(torch, "float8_e8m0fnu", None)
+_FLOAT8_E4M3 = getattr(torch, "float8_e4m3fn", None)
+
+
+@dataclass(frozen=True)
+class StoredDType:
+    """One safetensors dtype as tpload understands it."""
+
+    name: str
+    """The spelling in the safetensors header (``"BF16"``, ``"F8_E4M3"``...)."""
+    itemsize: int
+    """Bytes per stored element."""
+    served: torch.dtype
+    """The torch dtype a tensor of this kind is served as when kept as stored."""
+
+
+# The seed weight store's table, exactly: anything else is refused by name.
+# F16 is served as BF16 (f16 -> f32 -> bf16, round to nearest even).
+DTYPES: dict[str, StoredDType] = {
+    d.name: d
+    for d in (
+        StoredDType("BF16", 2, torch.bfloat16),
+        StoredDType("F32", 4, torch.float32),
+        StoredDType("F16", 2, torch.bfloat16),
+        StoredDType("F8_E4M3", 1, _FLOAT8_E4M3 or torch.uint8),
+        StoredDType("F8_E8M0", 1, _FLOAT8_E8M0 or torch.uint8),
+        StoredDType("U8", 1, torch.uint8),
+        StoredDType("I8", 1, torch.int8),
+        StoredDType("I64", 8, torch.int64),
+    )
+}
+
+# Per role, which stored dtypes are acceptable.
+FP4_WEIGHT_DTYPES = ("I8", "U8")
+E8M0_SCALE_DTYPES = ("F8_E8M0", "U8")
+FP8_WEIGHT_DTYPES = ("F8_E4M3",)
+FP8_SCALE_DTYPES = ("F8_E8M0", "U8", "F32")
+PLAIN_DTYPES = ("BF16", "F32", "F16", "I64")
+
+
+def _fp4_pair_table(device: torch.device) -> torch.Tensor:
+    """int32[256]: byte -> its two decoded bf16 elements as one 32-bit word.
+
+    Little-endian: the low 16 bits hold element ``2j`` (the low nibble), so an
+    int32 view of a bf16 ``[N, K]`` row is filled one packed byte per word.
+    """
+    values = torch.tensor(E2M1_VALUES, dtype=torch.bfloat16).view(torch.int16).to(torch.int32) & 0xFFFF
+    byte = torch.arange(256, dtype=torch.int32)
+    table = values[byte & 0xF] | (values[byte >> 4] << 16)
+    return table.to(device)
+
+
+_PAIR_TABLES: dict[torch.device, torch.Tensor] = {}
+
+
+def fp4_pair_table(device: torch.device) -> torch.Tensor:
+    """The cached :func:`_fp4_pair_table` for ``device`` (built on first use)."""
+    device = torch.device(device)
+    table = _PAIR_TABLES.get(device)
+    if table is None:
+        table = _PAIR_TABLES[device] = _fp4_pair_table(device)
+    return table
+
+
+def e8m0_to_bf16(scale: torch.Tensor) -> torch.Tensor:
+    """E8M0 bytes (1..254) -> exact bf16 powers of two, by placing the byte in
+    bf16's exponent field (no float math, so no rounding can creep in)."""
+    return (scale.view(torch.uint8).to(torch.int16) << 7).view(torch.bfloat16)
+
+
+def e8m0_to_f32(scale: torch.Tensor) -> torch.Tensor:
+    """E8M0 bytes (1..254) -> exact fp32 powers of two."""
+    return (scale.view(torch.uint8).to(torch.int32) << 23).view(torch.float32)
+
+
+def count_bad_e8m0(scale: torch.Tensor) -> int:
+    """How many scale bytes are 0x00 or 0xFF (both refused; see module doc)."""
+    s = scale.view(torch.uint8)
+    return int(((s == 0) | (s == 0xFF)).sum())
+
+
+def count_bad_e4m3(weight: torch.Tensor) -> int:
+    """How many E4M3 codes are NaN (0x7F, 0xFF): the ``fn`` variant has no inf."""
+    return int(((weight.view(torch.uint8) & 0x7F) == 0x7F).sum())
+
+
+def decode_fp4(packed: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, *, rows_per_step: int = 256) -> torch.Tensor:
+    """Decode packed FP4 ``[N, K/2]`` with E8M0 ``[N, K/32]`` into bf16 ``out [N, K]``.
+
+    Works in row chunks so the index temporaries stay a few MiB whatever N is.
+    """
+    n, half_k = packed.shape
+    k = half_k * 2
+    if not out.is_contiguous():
+        raise ValueError("decode_fp4: out must be contiguous (it is a preallocated slot)")
+    if out.shape != (n, k) or scale.shape != (n, k // FP4_GROUP):
+        raise ValueError(f"decode_fp4: packed {tuple(packed.shape)}, scale {tuple(scale.shape)}, out {tuple(out.shape)} disagree")
+    table = fp4_pair_table(packed.device)
+    words = out.view(torch.int32)  # [N, K/2]: one word per packed byte
+    src = packed.view(torch.uint8)
+    for r0 in range(0, n, rows_per_step):
+        r1 = min(n, r0 + rows_per_step)
+        idx = src[r0:r1].reshape(-1).to(torch.int32)
+        torch.index_select(table, 0, idx, out=words[r0:r1].view(-1))
+        block = out[r0:r1].view(r1 - r0, k // FP4_GROUP, FP4_GROUP)
+        block.mul_(e8m0_to_bf16(scale[r0:r1]).unsqueeze(-1))
+    return out
+
+
+def _block_scale_f32(scale: torch.Tensor) -> torch.Tensor:
+    """A dense scale as fp32 values: E8M0 bytes or F32 as stored."""
+    if scale.dtype == torch.float32:
+        return scale
+    return e8m0_to_f32(scale)
+
+
+def decode_fp8(weight: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, *, block: int) -> torch.Tensor:
+    """Decode E4M3 ``[N, K]`` with a ``[ceil(N/B), ceil(K/B)]`` block scale into bf16 ``out``.
+
+    The product is formed in fp32 (exact for E8M0 scales) and rounded once to bf16,
+    one row block at a time so the fp32 temporary is B rows, not the matrix.
+    """
+    n, k = weight.shape
+    nb_r, nb_c = -(-n // block), -(-k // block)
+    if scale.shape != (nb_r, nb_c) or out.shape != (n, k):
+        raise ValueError(f"decode_fp8: weight {tuple(weight.shape)}, scale {tuple(scale.shape)}, block {block}, out {tuple(out.shape)} disagree")
+    values = weight.view(torch.uint8).view(_FLOAT8_E4M3) if _FLOAT8_E4M3 else None
+    if values is None:
+        raise RuntimeError("this torch has no float8_e4m3fn; FP8 decode needs torch >= 2.1")
+    col_scale = _block_scale_f32(scale).repeat_interleave(block, dim=1)[:, :k]  # [nb_r, K]
+    for i in range(nb_r):
+        r0, r1 = i * block, min(n, (i + 1) * block)
+        out[r0:r1].copy_(values[r0:r1].to(torch.float32).mul_(col_scale[i]))
+    return out
+
+
+def f16_to_bf16(values: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """F16 -> BF16 via exact f32, rounding to nearest even once (the seed's rule)."""
+    return out.copy_(values.view(torch.float16).to(torch.float32))

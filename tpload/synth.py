@@ -1,0 +1,237 @@
+"""Synthetic native checkpoints (format.md, bit-exact) for tests, the demo and the bench.
+
+The writer is our own, not safetensors', because it must stream: a seed-size
+checkpoint is gigabytes, and each tensor is generated, hashed for the
+manifest and written one row chunk at a time. Values are random but legal
+(no E8M0 0x00/0xFF, no E4M3 NaN codes, no bf16 overflow on decode) and a
+pure function of (seed, tensor name), so the same spec always gives the same
+bytes whatever the shard count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import struct
+import tempfile
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from .checkpoint import INDEX_NAME, MANIFEST_NAME
+from .formats import DTYPES, FP4_GROUP
+
+CHUNK_BYTES = 32 << 20
+
+
+@dataclass(frozen=True)
+class SynthSpec:
+    """The shape of a synthetic checkpoint of the reference (DeepSeek-V4 MTP) layout."""
+
+    hidden: int = 256
+    """H: model width (K of w1/w3, N of w2)."""
+    inter: int = 256
+    """I: expert intermediate size (the tensor-parallel channel dimension)."""
+    experts: int = 8
+    """Routed experts per MTP stage."""
+    stages: int = 1
+    """MTP stages (``mtp.{stage}``)."""
+    vocab: int = 512
+    """Rows of ``head.weight`` (vocabulary-parallel)."""
+    block: int = 32
+    """Dense FP8 scale block B (32: V4.1 style; 128: V4-Flash / V3 style)."""
+    shards: int = 2
+    """How many ``*.safetensors`` files the tensors are spread over."""
+    seed: int = 0
+    """Seed of every tensor's values."""
+
+    def __post_init__(self) -> None:
+        if self.hidden % (2 * FP4_GROUP) or self.inter % (2 * FP4_GROUP):
+            raise ValueError(f"hidden {self.hidden} and inter {self.inter} must be multiples of {2 * FP4_GROUP}")
+        for field in ("experts", "stages", "vocab", "block", "shards"):
+            if getattr(self, field) < 1:
+                raise ValueError(f"{field} must be >= 1, got {getattr(self, field)}")
+
+
+PRESETS: dict[str, SynthSpec] = {
+    "small": SynthSpec(),
+    # The reference layout with fewer experts and a short vocabulary: ~1.8 GB.
+    "medium": SynthSpec(hidden=5120, inter=2304, experts=80, vocab=16384, shards=4),
+    # One full MTP stage of the seed model: 128 experts (~2.4 GB packed), full head.
+    "seed": SynthSpec(hidden=5120, inter=2304, experts=128, vocab=129280, shards=8),
+}
+
+# A generator fills a [rows, cols] block of one tensor given an rng; returns raw bytes.
+Fill = Callable[[np.random.Generator, int, int], np.ndarray]
+
+
+def _fp4_bytes(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
+    return np.frombuffer(rng.bytes(rows * cols), dtype=np.uint8)
+
+
+def _e8m0_bytes(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
+    # 2^-9 .. 2^3: a realistic range that can never overflow bf16 on decode.
+    return rng.integers(118, 131, rows * cols, dtype=np.uint8)
+
+
+def _e4m3_bytes(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
+    b = np.frombuffer(rng.bytes(rows * cols), dtype=np.uint8).copy()
+    b[(b & 0x7F) == 0x7F] ^= 1  # NaN codes 0x7F/0xFF -> 0x7E/0xFE (448 / -448)
+    return b
+
+
+def _bf16_bytes(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
+    # Random sign, exponent 2^-7..2^-1, random mantissa: built as bits, no float math.
+    n = rows * cols
+    bits = (rng.integers(0, 2, n, dtype=np.uint16) << 15) | (rng.integers(120, 127, n, dtype=np.uint16) << 7) \
+        | rng.integers(0, 128, n, dtype=np.uint16)
+    return bits.view(np.uint8)
+
+
+def _f32_bytes(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
+    return rng.standard_normal(rows * cols, dtype=np.float32).view(np.uint8)
+
+
+def _f16_bytes(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
+    return (1.0 + 0.1 * rng.standard_normal(rows * cols)).astype(np.float16).view(np.uint8)
+
+
+@dataclass(frozen=True)
+class _Planned:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    fill: Fill
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * DTYPES[self.dtype].itemsize
+
+
+def planned_tensors(spec: SynthSpec) -> list[_Planned]:
+    """Every tensor of the reference layout, in a stable order."""
+    h, i, e, b = spec.hidden, spec.inter, spec.experts, spec.block
+    cdiv = lambda a, d: -(-a // d)  # noqa: E731
+    out: list[_Planned] = []
+
+    def fp8(name: str, n: int, k: int) -> None:
+        out.append(_Planned(f"{name}.weight", "F8_E4M3", (n, k), _e4m3_bytes))
+        out.append(_Planned(f"{name}.scale", "F8_E8M0", (cdiv(n, b), cdiv(k, b)), _e8m0_bytes))
+
+    def fp4(name: str, n: int, k: int) -> None:
+        out.append(_Planned(f"{name}.weight", "I8", (n, k // 2), _fp4_bytes))
+        out.append(_Planned(f"{name}.scale", "F8_E8M0", (n, k // FP4_GROUP), _e8m0_bytes))
+
+    for s in range(spec.stages):
+        p = f"mtp.{s}"
+        out.append(_Planned(f"{p}.enorm.weight", "BF16", (h,), _bf16_bytes))
+        out.append(_Planned(f"{p}.hnorm.weight", "BF16", (h,), _bf16_bytes))
+        fp8(f"{p}.eh_proj", h, 2 * h)
+        out.append(_Planned(f"{p}.norm.weight", "F16", (h,), _f16_bytes))
+        out.append(_Planned(f"{p}.ffn.gate.weight", "BF16", (e, h), _bf16_bytes))
+        out.append(_Planned(f"{p}.ffn.gate.bias", "F32", (e,), _f32_bytes))
+        for x in range(e):
+            fp4(f"{p}.ffn.experts.{x}.w1", i, h)
+            fp4(f"{p}.ffn.experts.{x}.w2", h, i)
+            fp4(f"{p}.ffn.experts.{x}.w3", i, h)
+        fp8(f"{p}.ffn.shared_experts.w1", i, h)
+        fp8(f"{p}.ffn.shared_experts.w2", h, i)
+        fp8(f"{p}.ffn.shared_experts.w3", i, h)
+    out.append(_Planned("head.weight", "BF16", (spec.vocab, h), _bf16_bytes))
+    return out
+
+
+def _chunks(t: _Planned, seed: int) -> Iterator[np.ndarray]:
+    """The tensor's bytes, a few row blocks at a time (bounded memory)."""
+    rng = np.random.default_rng([seed, zlib.crc32(t.name.encode())])
+    rows = t.shape[0] if len(t.shape) > 1 else 1
+    cols = math.prod(t.shape) // rows if rows else 0
+    step = max(1, CHUNK_BYTES // max(1, cols * DTYPES[t.dtype].itemsize))
+    for r0 in range(0, rows, step):
+        yield t.fill(rng, min(step, rows - r0), cols)
+
+
+def _split_shards(tensors: list[_Planned], shards: int) -> list[list[_Planned]]:
+    """Contiguous runs of tensors with about equal bytes each."""
+    total = sum(t.nbytes for t in tensors)
+    out: list[list[_Planned]] = [[] for _ in range(shards)]
+    done = 0
+    for t in tensors:
+        out[min(shards - 1, done * shards // max(total, 1))].append(t)
+        done += t.nbytes
+    return [s for s in out if s]
+
+
+def write_shard(path: Path, tensors: list[_Planned], seed: int) -> dict[str, str]:
+    """Write one safetensors file; return {name: sha256 of its stored bytes}."""
+    header: dict[str, object] = {"__metadata__": {"format": "pt", "writer": "tpload.synth"}}
+    offset = 0
+    for t in tensors:
+        header[t.name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [offset, offset + t.nbytes]}
+        offset += t.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # data starts 8-aligned, as safetensors writes it
+    digests = {}
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        for t in tensors:
+            h = hashlib.sha256()
+            for chunk in _chunks(t, seed):
+                h.update(chunk)
+                f.write(chunk.tobytes())
+            digests[t.name] = h.hexdigest()
+    return digests
+
+
+def write_checkpoint(out_dir: str | os.PathLike, spec: SynthSpec) -> Path:
+    """Write shards, index and NATIVE_MANIFEST.json for ``spec`` into ``out_dir``."""
+    root = Path(out_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    groups = _split_shards(planned_tensors(spec), spec.shards)
+    weight_map, manifest, total = {}, {}, 0
+    for k, group in enumerate(groups, 1):
+        file = f"model-{k:05d}-of-{len(groups):05d}.safetensors"
+        digests = write_shard(root / file, group, spec.seed)
+        for t in group:
+            weight_map[t.name] = file
+            manifest[t.name] = {"file": file, "dtype": t.dtype, "shape": list(t.shape), "sha256": digests[t.name]}
+            total += t.nbytes
+    (root / INDEX_NAME).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+    (root / MANIFEST_NAME).write_text(json.dumps({"format": 1, "tensors": manifest}, indent=1))
+    (root / "tpload_synth.json").write_text(json.dumps(asdict(spec)))
+    return root
+
+
+def cached_checkpoint(spec: SynthSpec, cache_dir: str | os.PathLike | None = None) -> Path:
+    """``spec``'s checkpoint under the user cache, written once.
+
+    Several ranks (or nodes) may race here: each writes into its own temporary
+    folder and renames it into place; the loser's copy is discarded. The bytes
+    are a pure function of the spec, so any winner is the right one.
+    """
+    base = Path(cache_dir or os.environ.get("TPLOAD_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tpload")
+    key = "-".join(f"{k}{v}" for k, v in asdict(spec).items())
+    final = base / f"synth-{key}"
+    if (final / MANIFEST_NAME).exists():
+        return final
+    base.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".synth-", dir=base))
+    write_checkpoint(tmp, spec)
+    try:
+        os.rename(tmp, final)
+    except OSError:  # another process won the race (final exists and is complete)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def spec_from(preset: str, **overrides: int | None) -> SynthSpec:
+    """A preset with any non-None field overridden (the CLI's flags)."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+    return replace(PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None})

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from .checkpoint import Checkpoint
 from .config import DEFAULT_CONFIG, load_config
-from .dist import DistContext, context, exchange, init_distributed
+from .dist import DistContext, context, exchange, keep_world
 from .errors import LoadError
 from .load import LoadResult, run
 from .plan import KINDS, Layout, Planner, RankPlan
@@ -177,14 +177,14 @@ def load(checkpoint: str | os.PathLike | None = None, *, config: str = DEFAULT_C
     """Load this rank's verified shards of ``checkpoint``; see :class:`LoadOptions` for each option.
 
     Inside an initialized world, ranks are counted in ``group`` (default: the
-    world). Run by torchrun without a world, it makes one for the load and
-    tears it down after. Raises :class:`LoadError` on every rank if any rank fails.
+    world). Run by torchrun without a world, it makes the default group and
+    leaves it up for later loads (destroyed at exit). Raises :class:`LoadError`
+    on every rank if any rank fails.
     """
     opts = LoadOptions(resolve_checkpoint(checkpoint), str(config), kind, tp, ep, verify,
                        str(device) if device is not None else None, hash_threads, samples, progress, timeout_s)
-    if group is None and not dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        with init_distributed(device=opts.device, timeout_s=timeout_s) as ctx:
-            return load_in(opts, ctx)
+    if group is None:
+        keep_world(device=opts.device, timeout_s=timeout_s)
     return load_in(opts, context(group, opts.device))
 
 

@@ -136,12 +136,12 @@ def load_config(name_or_path: str | os.PathLike | Config = DEFAULT_CONFIG) -> Co
     unknown = set(doc) - {"layout", "rules", "description"}
     layout = doc.get("layout", {})
     unknown |= {f"layout.{k}" for k in set(layout) - _LAYOUT_KEYS}
-    rules = []
-    for i, raw in enumerate(doc.get("rules", []), 1):
+    raw_rules = doc.get("rules", [])
+    for i, raw in enumerate(raw_rules, 1):
         unknown |= {f"rules[{i}].{k}" for k in set(raw) - _RULE_KEYS}
         if "match" not in raw or "role" not in raw:
             raise ConfigError(f"{source}: rule {i} needs both 'match' and 'role'")
-        rules.append(Rule(index=i, **raw))
     if unknown:
         raise ConfigError(f"{source}: unknown keys {', '.join(sorted(unknown))}")
+    rules = [Rule(index=i, **raw) for i, raw in enumerate(raw_rules, 1)]
     return Config(name=source, rules=tuple(rules), description=doc.get("description", ""), **layout)

@@ -9,6 +9,7 @@ status, so no rank waits for a peer that already gave up.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 from collections.abc import Iterator
@@ -78,20 +79,35 @@ def context(group: dist.ProcessGroup | None = None, device: str | torch.device |
     return DistContext(rank, world, local_rank, dev, group or dist.group.WORLD, nodes)
 
 
+def init_world(*, device: str | torch.device | None = None, timeout_s: float = 600.0) -> bool:
+    """Init the default group from RANK/WORLD_SIZE/LOCAL_RANK (nccl on CUDA, gloo on CPU)
+    when torchrun started us and nobody did yet; True if this call created it."""
+    if _env_int("WORLD_SIZE", 1) <= 1 or dist.is_initialized():
+        return False
+    dev = torch.device(device) if device is not None else default_device(_env_int("LOCAL_RANK", 0))
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", timeout=datetime.timedelta(seconds=timeout_s),
+                            device_id=dev if dev.type == "cuda" else None)
+    return True
+
+
+def keep_world(*, device: str | torch.device | None = None, timeout_s: float = 600.0) -> None:
+    """Like :func:`init_world`, but the group stays for the life of the process.
+
+    For ``load()`` called by a plain torchrun worker: re-creating a default group
+    on torchrun's store after destroying it can hang, so a second load must
+    find the first one's group. It is destroyed at exit.
+    """
+    if init_world(device=device, timeout_s=timeout_s):
+        atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
+
+
 @contextmanager
 def init_distributed(*, device: str | torch.device | None = None, timeout_s: float = 600.0) -> Iterator[DistContext]:
-    """Init the default group from RANK/WORLD_SIZE/LOCAL_RANK (nccl on CUDA, gloo on CPU),
-    yield this rank's context, and tear the group down again in ``finally``."""
-    world = _env_int("WORLD_SIZE", 1)
-    created = False
-    if world > 1 and not dist.is_initialized():
-        dev = torch.device(device) if device is not None else default_device(_env_int("LOCAL_RANK", 0))
-        if dev.type == "cuda":
-            torch.cuda.set_device(dev)
-        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo",
-                                timeout=datetime.timedelta(seconds=timeout_s),
-                                device_id=dev if dev.type == "cuda" else None)
-        created = True
+    """Init the default group (see :func:`init_world`), yield this rank's context,
+    and tear the group down again in ``finally`` if this call made it."""
+    created = init_world(device=device, timeout_s=timeout_s)
     try:
         yield context(None, device)
     finally:

@@ -42,9 +42,8 @@ class _Check:
     output: Output
     item: Item
     device_fp: torch.Tensor
-    bad: torch.Tensor | None = None
-    """Count of invalid codes (bad scale bytes, NaN codes, non-finite decodes)."""
-    bad_what: str = ""
+    bad: list[tuple[torch.Tensor, str]] = field(default_factory=list)
+    """(count, what) of invalid values: bad scale bytes, NaN codes, non-finite decodes."""
     want_fp: tuple[int, int, int] | None = None
     """Fingerprint the device tensor must have (host window, or an exact host decode)."""
     want_what: str = ""
@@ -114,16 +113,20 @@ def _is_sampled(index: int, count: int, per_role: int) -> bool:
     return index in picks
 
 
-def _bad_scale(scale: torch.Tensor, dtype: str) -> torch.Tensor:
-    s = scale.view(torch.uint8) if dtype != "F32" else scale
+def _bad_scale(scale: torch.Tensor, dtype: str) -> tuple[torch.Tensor, str]:
     if dtype == "F32":
-        f = s.view(torch.float32)
-        return (~torch.isfinite(f) | (f <= 0)).sum()
-    return ((s == 0) | (s == 0xFF)).sum()
+        f = scale.view(torch.float32)
+        return (~torch.isfinite(f) | (f <= 0)).sum(), "F32 scales that are not finite and positive"
+    s = scale.view(torch.uint8)
+    return ((s == 0) | (s == 0xFF)).sum(), "E8M0 scale bytes 0x00/0xFF (expected 1..254: the serving kernels assume it)"
 
 
-def _bad_e4m3(weight: torch.Tensor) -> torch.Tensor:
-    return ((weight.view(torch.uint8) & 0x7F) == 0x7F).sum()
+def _bad_e4m3(weight: torch.Tensor) -> tuple[torch.Tensor, str]:
+    return ((weight.view(torch.uint8) & 0x7F) == 0x7F).sum(), "E4M3 NaN codes 0x7F/0xFF"
+
+
+def _not_finite(t: torch.Tensor, what: str) -> tuple[torch.Tensor, str]:
+    return (~torch.isfinite(t)).sum(), what
 
 
 def _host_decode(item: Item, w: np.ndarray, s: np.ndarray) -> tuple[int, int, int]:
@@ -149,7 +152,7 @@ def _load_item(ckpt: Checkpoint, item: Item, arena: torch.Tensor, stager: Stager
         if item.weight.dtype == "F16":  # served as BF16: convert on the device, check finiteness
             src = stager.put(w_np).view(torch.float16)
             formats.f16_to_bf16(src, slot.view(src.shape))
-            return [_Check(out, item, fingerprint(as_bytes2d(slot)), (~torch.isfinite(slot)).sum(), "non-finite after F16 -> BF16")]
+            return [_Check(out, item, fingerprint(as_bytes2d(slot)), [_not_finite(slot, "non-finite values after F16 -> BF16")])]
         stager.put(w_np, as_bytes2d(slot))
         return [_Check(out, item, fingerprint(as_bytes2d(slot)), want_fp=host_fingerprint(w_np), want_what="host window")]
     s_np = _window(ckpt, item.scale)
@@ -158,22 +161,17 @@ def _load_item(ckpt: Checkpoint, item: Item, arena: torch.Tensor, stager: Stager
         w_slot, s_slot = _slot(arena, wo), _slot(arena, so)
         stager.put(w_np, as_bytes2d(w_slot))
         stager.put(s_np, as_bytes2d(s_slot))
-        checks = [_Check(wo, item, fingerprint(as_bytes2d(w_slot)), want_fp=host_fingerprint(w_np), want_what="host window"),
-                  _Check(so, item, fingerprint(as_bytes2d(s_slot)), _bad_scale(s_slot, item.scale.dtype),
-                         "scale values 0x00/0xFF (E8M0) or non-positive (F32)", host_fingerprint(s_np), "host window")]
-        if item.role == "fp8":
-            checks[0].bad, checks[0].bad_what = _bad_e4m3(w_slot), "E4M3 NaN codes 0x7F/0xFF"
-        return checks
+        w_bad = [_bad_e4m3(w_slot)] if item.role == "fp8" else []
+        return [_Check(wo, item, fingerprint(as_bytes2d(w_slot)), w_bad, host_fingerprint(w_np), "host window"),
+                _Check(so, item, fingerprint(as_bytes2d(s_slot)), [_bad_scale(s_slot, item.scale.dtype)],
+                       host_fingerprint(s_np), "host window")]
     out = item.outputs[0]
     slot = _slot(arena, out)
     w_dev, s_dev = stager.put(w_np), stager.put(s_np)
-    bad = _bad_scale(s_dev, item.scale.dtype)
-    if item.role == "fp8":
-        bad = bad + _bad_e4m3(w_dev)
+    bad = [_bad_scale(s_dev, item.scale.dtype)] + ([_bad_e4m3(w_dev)] if item.role == "fp8" else [])
     _decode(item, w_dev, s_dev, slot)
-    bad = bad + (~torch.isfinite(slot)).sum()
-    check = _Check(out, item, fingerprint(as_bytes2d(slot)), bad,
-                   "bad scale bytes, NaN codes or a decode that overflows bf16")
+    bad.append(_not_finite(slot, "non-finite values after decode (overflows bf16, or decodes a bad code)"))
+    check = _Check(out, item, fingerprint(as_bytes2d(slot)), bad)
     if sample:
         check.want_fp, check.want_what = _host_decode(item, w_np, s_np), "exact host decode"
     return [check]
@@ -214,13 +212,14 @@ def _settle(ckpt: Checkpoint, plan: RankPlan, arena: torch.Tensor, checks: list[
     """Collect device evidence in one transfer and sha256 results; list every problem."""
     problems: list[str] = []
     fps = torch.stack([c.device_fp for c in checks]).tolist() if checks else []
-    bads = torch.stack([c.bad if c.bad is not None else torch.zeros((), dtype=torch.int64, device=arena.device)
-                        for c in checks]).tolist() if checks else []
+    counts = [n for c in checks for n, _ in c.bad]
+    counts = iter(torch.stack(counts).tolist() if counts else [])
     result = LoadResult(arena, {}, {})
-    for c, fp, bad in zip(checks, fps, bads):
+    for c, fp in zip(checks, fps):
         where = f"tensor {c.output.name} ({ckpt.info(c.item.name).file})"
-        if bad:
-            problems.append(f"{where}: {bad} {c.bad_what} in this rank's window")
+        for (_, what), n in zip(c.bad, counts):
+            if n:
+                problems.append(f"{where}: {n} {what} in this rank's window")
         if c.want_fp is not None:
             if tuple(fp) != c.want_fp:
                 problems.append(f"{where}: device bytes differ from the {c.want_what} (fingerprint {fp} != {list(c.want_fp)})")

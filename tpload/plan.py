@@ -8,7 +8,7 @@ rank's plan (node verification and ``tpload plan --digest`` rely on that).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -165,19 +165,22 @@ class Planner:
         rules = {n: self.config.rule_for(n) for n in names}
         problems: list[str] = []
         scales: dict[str, str] = {}
+        broken: set[str] = set()
         for n, r in rules.items():
             if r is not None and r.role in ("fp4", "fp8"):
+                sname = n[: -len(".weight")] + r.scale
                 if not n.endswith(".weight"):
                     problems.append(f"tensor {n}: {r.describe()} is {r.role} but the name does not end in .weight")
-                    continue
-                sname = n[: -len(".weight")] + r.scale
-                if sname not in self.ckpt.tensors:
+                elif sname not in self.ckpt.tensors:
                     problems.append(f"tensor {n}: {r.describe()} needs its scale {sname}, which the checkpoint lacks")
-                scales[sname] = n
+                else:
+                    scales[sname] = n
+                    continue
+                broken.add(n)
         entries, skipped, deferred, unmatched = [], [], [], []
         for n in names:
             r = rules[n]
-            if n in scales:
+            if n in scales or n in broken:
                 continue
             if r is None:
                 unmatched.append(n)

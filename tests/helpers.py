@@ -1,0 +1,94 @@
+"""Test helpers: a real torchrun launcher and byte-level checkpoint surgery (no tpload code)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).parent
+
+
+@dataclass
+class Run:
+    rc: int
+    out: str
+    err: str
+    seconds: float = 0.0
+    rank_err: dict[int, str] | None = None
+    """Each rank's own stderr (when the run was asked to keep per-rank logs)."""
+
+    @property
+    def text(self) -> str:
+        return self.out + self.err
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(nproc: int, args: list[str], *, timeout: float = 120, env: dict | None = None,
+             logs: Path | None = None) -> Run:
+    """A real ``torchrun`` (gloo, CPU) of ``args`` (``-m module`` or a script, then its args).
+
+    With ``logs``, each rank's stderr is kept apart (torchrun --redirects) and returned.
+    """
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--max-restarts", "0"]
+    if logs is not None:
+        cmd += ["--log-dir", str(logs), "--redirects", "2"]
+    e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="")
+    e.update(env or {})
+    t0 = time.monotonic()
+    p = subprocess.run(cmd + args, capture_output=True, text=True, timeout=timeout, env=e)
+    run = Run(p.returncode, p.stdout, p.stderr, time.monotonic() - t0)
+    if logs is not None:
+        run.rank_err = {int(f.parent.name): f.read_text() for f in logs.glob("*/attempt_0/*/stderr.log")}
+    return run
+
+
+def tpload_cli(nproc: int, *flags: str, timeout: float = 120, env: dict | None = None, logs: Path | None = None) -> Run:
+    return torchrun(nproc, ["-m", "tpload", "--no-progress", *flags], timeout=timeout, env=env, logs=logs)
+
+
+def error_of(text: str, rank: int) -> str:
+    """The message a rank printed after ``[rank R] tpload: error:`` (empty when none)."""
+    marker = f"[rank {rank}] tpload: error: "
+    return text.split(marker, 1)[1].strip() if marker in text else ""
+
+
+def tensor_offset(root: Path, name: str) -> tuple[Path, int, int]:
+    """(shard path, absolute offset, nbytes) of a tensor, read independently of tpload."""
+    file = json.loads((root / "model.safetensors.index.json").read_text())["weight_map"][name]
+    path = root / file
+    with open(path, "rb") as f:
+        hlen = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(hlen))
+    b, e = header[name]["data_offsets"]
+    return path, 8 + hlen + b, e - b
+
+
+def poke(root: Path, name: str, index: int, value: int | None = None, *, fix_manifest: bool = False) -> int:
+    """Set (or bit-flip) byte ``index`` of tensor ``name``; optionally re-hash it in the manifest."""
+    path, off, n = tensor_offset(root, name)
+    with open(path, "r+b") as f:
+        f.seek(off + index)
+        old = f.read(1)[0]
+        f.seek(off + index)
+        f.write(bytes([value if value is not None else old ^ 0x01]))
+        if fix_manifest:
+            f.seek(off)
+            digest = hashlib.sha256(f.read(n)).hexdigest()
+    if fix_manifest:
+        m = json.loads((root / "NATIVE_MANIFEST.json").read_text())
+        m["tensors"][name]["sha256"] = digest
+        (root / "NATIVE_MANIFEST.json").write_text(json.dumps(m))
+    return old

@@ -1,0 +1,92 @@
+"""Windows against a plain slice of the whole decoded tensor, and layout errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tpload.checkpoint import Checkpoint
+from tpload.config import load_config
+from tpload.errors import LayoutError
+from tpload.plan import Layout, Planner
+from tpload.synth import SynthSpec, write_checkpoint
+
+from .reference import expert_window, fp4, fp8, read_all
+
+
+@pytest.fixture(scope="module")
+def planner(small_ckpt: Path) -> Planner:
+    return Planner(Checkpoint(small_ckpt), load_config())
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_windows_are_slices_of_the_whole_decode(planner: Planner, small_ckpt: Path, tp: int) -> None:
+    raw = read_all(small_ckpt)
+    for r in range(tp):
+        plan = planner.plan(Layout(tp), "expanded", r)
+        assert {i.name for i in plan.items} == {n for n in raw if not n.endswith(".scale")}
+        for item in plan.items:
+            if item.role == "plain":
+                continue
+            w = raw[item.name][slice(*item.weight.rows), slice(*item.weight.cols)]
+            s = raw[item.scale.name][slice(*item.scale.rows), slice(*item.scale.cols)]
+            base = item.name[: -len(".weight")]
+            if item.role == "fp4":
+                whole, got = fp4(raw[item.name], raw[base + ".scale"]), fp4(w, s)
+            else:
+                whole, got = fp8(raw[item.name], raw[base + ".scale"], 32), fp8(w, s, 32)
+            np.testing.assert_array_equal(got, expert_window(item.name, whole, tp, r), err_msg=item.name)
+            assert item.outputs[0].shape == got.shape
+
+
+def test_head_is_vocabulary_parallel(planner: Planner) -> None:
+    items = [next(i for i in planner.plan(Layout(4), "packed", r).items if i.name == "head.weight") for r in range(4)]
+    assert [i.weight.rows for i in items] == [(0, 128), (128, 256), (256, 384), (384, 512)]
+
+
+def test_slots_do_not_overlap_and_are_aligned(planner: Planner) -> None:
+    plan = planner.plan(Layout(2), "packed", 1)
+    spans = sorted((o.offset, o.offset + o.nbytes) for i in plan.items for o in i.outputs)
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    assert all(o % 256 == 0 for o, _ in spans)
+    assert plan.arena_bytes >= spans[-1][1]
+
+
+def test_impossible_tp_says_what_would_work(tmp_path: Path) -> None:
+    root = write_checkpoint(tmp_path, SynthSpec(inter=192, hidden=256, experts=4))  # 192/2 = 96 channels
+    p = Planner(Checkpoint(root), load_config())
+    assert p.working_tps(4) == [1]
+    with pytest.raises(LayoutError) as e:
+        p.check_layout(Layout(2), 2)
+    msg = str(e.value)
+    assert "192 channels / tp 2 = 96, not a multiple of 64" in msg
+    assert "tp values that cut this checkpoint: 1;" in msg and "--tp 1 --ep 2" in msg
+
+
+def test_tp8_on_the_reference_channels_suggests_tp4_ep2(tmp_path: Path) -> None:
+    # The reference model's I = 2304: tp 8 gives 288 channels, not a multiple of 64.
+    root = write_checkpoint(tmp_path, SynthSpec(hidden=256, inter=2304, experts=2, vocab=64))
+    p = Planner(Checkpoint(root), load_config())
+    with pytest.raises(LayoutError) as e:
+        p.check_layout(Layout(8), 8)
+    msg = str(e.value)
+    assert "2304 channels / tp 8 = 288, not a multiple of 64" in msg
+    assert "tp values that cut this checkpoint: 1, 2, 4" in msg and "--tp 4 --ep 2" in msg
+    p.check_layout(Layout(4, 2), 8)  # the suggestion really works
+
+
+def test_world_mismatch(planner: Planner) -> None:
+    with pytest.raises(LayoutError, match=r"tp 2 x ep 1 = 2 ranks, but the group has 4"):
+        planner.check_layout(Layout(2), 4)
+
+
+def test_expert_parallel_groups_split_experts_last_takes_remainder(tmp_path: Path) -> None:
+    root = write_checkpoint(tmp_path, SynthSpec(experts=7))
+    p = Planner(Checkpoint(root), load_config())
+    held = []
+    for g in range(2):
+        plan = p.plan(Layout(2, 2), "packed", g * 2)
+        held.append(sorted({int(i.name.split(".")[4]) for i in plan.items if ".experts." in i.name}))
+    assert held == [[0, 1, 2], [3, 4, 5, 6]]

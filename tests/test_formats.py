@@ -98,13 +98,21 @@ def test_f16_to_bf16_rounds_to_nearest_even_like_ml_dtypes() -> None:
 def test_bad_e8m0_bytes_are_counted(bad: int) -> None:
     s = torch.full((4, 4), 127, dtype=torch.uint8)
     s[2, 3] = bad
-    assert formats.count_bad_e8m0(s) == 1
-    assert formats.count_bad_e8m0(torch.full((4, 4), 127, dtype=torch.uint8)) == 0
+    assert int(formats.count_bad_e8m0(s)) == 1
+    assert int(formats.count_bad_e8m0(s[:, :3])) == 0  # a strided window without the bad byte
 
 
 def test_e4m3_nan_codes_are_counted() -> None:
     w = torch.tensor([0x7F, 0xFF, 0x7E, 0xFE, 0x00], dtype=torch.uint8)
-    assert formats.count_bad_e4m3(w) == 2
+    assert int(formats.count_bad_e4m3(w)) == 2
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_not_finite_sees_nan_and_both_infinities(value: float) -> None:
+    t = torch.zeros(64, 64, dtype=torch.bfloat16)
+    assert int(formats.not_finite(t)) == 0
+    t[17, 3] = value
+    assert int(formats.not_finite(t)) == 1
 
 
 def test_dtype_table_is_the_seeds() -> None:

@@ -103,15 +103,36 @@ def e8m0_to_f32(scale: torch.Tensor) -> torch.Tensor:
     return (scale.view(torch.uint8).to(torch.int32) << 23).view(torch.float32)
 
 
-def count_bad_e8m0(scale: torch.Tensor) -> int:
-    """How many scale bytes are 0x00 or 0xFF (both refused; see module doc)."""
-    s = scale.view(torch.uint8)
-    return int(((s == 0) | (s == 0xFF)).sum())
+def byte_counts(t: torch.Tensor) -> torch.Tensor:
+    """How often each byte value occurs in ``t`` (int64[256], on its device).
+
+    One bincount pass is several times faster on CPU than comparisons
+    reduced with ``sum``/``any`` (torch's bool reductions are slow there).
+    """
+    return torch.bincount(t.view(torch.uint8).reshape(-1), minlength=256)
 
 
-def count_bad_e4m3(weight: torch.Tensor) -> int:
-    """How many E4M3 codes are NaN (0x7F, 0xFF): the ``fn`` variant has no inf."""
-    return int(((weight.view(torch.uint8) & 0x7F) == 0x7F).sum())
+def count_bad_e8m0(scale: torch.Tensor) -> torch.Tensor:
+    """How many scale bytes are 0x00 or 0xFF (both refused; see module doc), as a device scalar."""
+    c = byte_counts(scale)
+    return c[0x00] + c[0xFF]
+
+
+def count_bad_e4m3(weight: torch.Tensor) -> torch.Tensor:
+    """How many E4M3 codes are NaN (0x7F, 0xFF; the ``fn`` variant has no inf), as a device scalar."""
+    c = byte_counts(weight)
+    return c[0x7F] + c[0xFF]
+
+
+def not_finite(t: torch.Tensor) -> torch.Tensor:
+    """1 if ``t`` holds a NaN or an infinity, else 0 (a device scalar).
+
+    ``aminmax`` propagates NaN and keeps infinities, and runs at memory speed.
+    """
+    if t.numel() == 0:
+        return torch.zeros((), dtype=torch.int64, device=t.device)
+    lo, hi = torch.aminmax(t.reshape(-1))
+    return (~(torch.isfinite(lo) & torch.isfinite(hi))).to(torch.int64)
 
 
 def decode_fp4(packed: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, *, rows_per_step: int = 256) -> torch.Tensor:

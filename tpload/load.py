@@ -116,17 +116,16 @@ def _is_sampled(index: int, count: int, per_role: int) -> bool:
 def _bad_scale(scale: torch.Tensor, dtype: str) -> tuple[torch.Tensor, str]:
     if dtype == "F32":
         f = scale.view(torch.float32)
-        return (~torch.isfinite(f) | (f <= 0)).sum(), "F32 scales that are not finite and positive"
-    s = scale.view(torch.uint8)
-    return ((s == 0) | (s == 0xFF)).sum(), "E8M0 scale bytes 0x00/0xFF (expected 1..254: the serving kernels assume it)"
+        return formats.not_finite(f) + (f.amin() <= 0).to(torch.int64), "F32 scale windows with a value not finite and positive"
+    return formats.count_bad_e8m0(scale), "E8M0 scale bytes 0x00/0xFF (expected 1..254: the serving kernels assume it)"
 
 
 def _bad_e4m3(weight: torch.Tensor) -> tuple[torch.Tensor, str]:
-    return ((weight.view(torch.uint8) & 0x7F) == 0x7F).sum(), "E4M3 NaN codes 0x7F/0xFF"
+    return formats.count_bad_e4m3(weight), "E4M3 NaN codes 0x7F/0xFF"
 
 
 def _not_finite(t: torch.Tensor, what: str) -> tuple[torch.Tensor, str]:
-    return (~torch.isfinite(t)).sum(), what
+    return formats.not_finite(t), what
 
 
 def _host_decode(item: Item, w: np.ndarray, s: np.ndarray) -> tuple[int, int, int]:
@@ -152,7 +151,7 @@ def _load_item(ckpt: Checkpoint, item: Item, arena: torch.Tensor, stager: Stager
         if item.weight.dtype == "F16":  # served as BF16: convert on the device, check finiteness
             src = stager.put(w_np).view(torch.float16)
             formats.f16_to_bf16(src, slot.view(src.shape))
-            return [_Check(out, item, fingerprint(as_bytes2d(slot)), [_not_finite(slot, "non-finite values after F16 -> BF16")])]
+            return [_Check(out, item, fingerprint(as_bytes2d(slot)), [_not_finite(slot, "conversion(s) not finite everywhere after F16 -> BF16")])]
         stager.put(w_np, as_bytes2d(slot))
         return [_Check(out, item, fingerprint(as_bytes2d(slot)), want_fp=host_fingerprint(w_np), want_what="host window")]
     s_np = _window(ckpt, item.scale)
@@ -170,7 +169,7 @@ def _load_item(ckpt: Checkpoint, item: Item, arena: torch.Tensor, stager: Stager
     w_dev, s_dev = stager.put(w_np), stager.put(s_np)
     bad = [_bad_scale(s_dev, item.scale.dtype)] + ([_bad_e4m3(w_dev)] if item.role == "fp8" else [])
     _decode(item, w_dev, s_dev, slot)
-    bad.append(_not_finite(slot, "non-finite values after decode (overflows bf16, or decodes a bad code)"))
+    bad.append(_not_finite(slot, "decode(s) not finite everywhere (it overflows bf16, or decodes a bad code)"))
     check = _Check(out, item, fingerprint(as_bytes2d(slot)), bad)
     if sample:
         check.want_fp, check.want_what = _host_decode(item, w_np, s_np), "exact host decode"

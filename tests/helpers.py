@@ -45,7 +45,8 @@ def torchrun(nproc: int, args: list[str], *, timeout: float = 120, env: dict | N
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--max-restarts", "0"]
     if logs is not None:
         cmd += ["--log-dir", str(logs), "--redirects", "2"]
-    e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="")
+    # PYTHONPATH pins the workers to the tpload of this checkout, whatever is installed.
+    e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(HERE.parent))
     e.update(env or {})
     t0 = time.monotonic()
     p = subprocess.run(cmd + args, capture_output=True, text=True, timeout=timeout, env=e)

@@ -69,3 +69,14 @@ def test_skip_and_defer_rules(small_ckpt: Path, tmp_path: Path) -> None:
     # fp8 / fp4 weights under "plain" would be refused: keep only plain-typed tensors
     with pytest.raises(ConfigError, match="plain tensors must be"):
         Planner(Checkpoint(small_ckpt), load_config(cfg))
+
+
+def test_shipped_configs_are_in_the_wheel(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import zipfile
+    root = Path(__file__).parent.parent
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path),
+                    str(root)], check=True, capture_output=True)
+    names = zipfile.ZipFile(next(tmp_path.glob("tpload-*.whl"))).namelist()
+    assert "tpload/configs/deepseek-v4-mtp.toml" in names

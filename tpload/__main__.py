@@ -37,6 +37,10 @@ def _load_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", type=int, default=4, help="expanded: exact host-decode checks per role")
     p.add_argument("--timeout", type=float, default=600.0, help="collective timeout in seconds")
     p.add_argument("--no-progress", action="store_true", help="no rank-0 progress")
+    p.add_argument("--skip", action="append", default=[], metavar="GLOB",
+                   help="never read nor hash tensors matching GLOB (repeatable), e.g. 'mtp.*' or '*.input_scale'")
+    p.add_argument("--defer", action="append", default=[], metavar="GLOB",
+                   help="do not upload tensors matching GLOB; load() returns their locators (repeatable)")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -56,7 +60,8 @@ def cmd_load(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         opts = LoadOptions(resolve_checkpoint(args.checkpoint), args.config, args.kind, args.tp, args.ep, args.verify,
-                           args.device, args.hash_threads, args.samples, not args.no_progress, args.timeout)
+                           args.device, args.hash_threads, args.samples, not args.no_progress, args.timeout,
+                           skip=tuple(args.skip), defer=tuple(args.defer))
         with init_distributed(device=opts.device, timeout_s=opts.timeout_s) as ctx:
             shards = load_in(opts, ctx)
             if ctx.rank == 0:

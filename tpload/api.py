@@ -18,7 +18,8 @@ import torch
 import torch.distributed as dist
 
 from .checkpoint import Checkpoint
-from .config import DEFAULT_CONFIG, load_config
+from .config import DEFAULT_CONFIG, load_config, with_rules
+from .deferred import DeferredTensor, locate
 from .dist import DistContext, context, exchange, keep_world
 from .errors import LoadError
 from .load import LoadResult, run
@@ -54,6 +55,10 @@ class LoadOptions:
     """Show rank-0 progress."""
     timeout_s: float = 600.0
     """Collective timeout when tpload creates the process group."""
+    skip: tuple[str, ...] = ()
+    """Globs of tensors never read nor hashed (tried before the config's rules), e.g. ``mtp.*``."""
+    defer: tuple[str, ...] = ()
+    """Globs of tensors not uploaded: :meth:`RankShards.deferred` locates them for the model."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -69,16 +74,23 @@ class LoadOptions:
 class RankShards:
     """This rank's verified shards. ``state_dict()`` is a view of one preallocated arena."""
 
-    def __init__(self, result: LoadResult, plan: RankPlan, report: LoadReport) -> None:
+    def __init__(self, result: LoadResult, plan: RankPlan, report: LoadReport,
+                 deferred: tuple[DeferredTensor, ...] = ()) -> None:
         self._result: LoadResult | None = result
         self.plan = plan
         self.report = report
+        self._deferred = deferred
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """{official name: this rank's tensor on its device}; views, not copies."""
         if self._result is None:
             raise LoadError("these shards were released")
         return dict(self._result.tensors)
+
+    def deferred(self) -> list[DeferredTensor]:
+        """A locator (file, offset, length, dtype, shape, manifest sha256) for each deferred
+        tensor this rank holds, in natural name order; they are not in :meth:`state_dict`."""
+        return list(self._deferred)
 
     def release(self) -> None:
         """Drop every buffer the load made (the arena and all views of it)."""
@@ -110,13 +122,13 @@ def _device_peaks(device: torch.device) -> tuple[int, int]:
 def _load_rank(opts: LoadOptions, ctx: DistContext, fig: RankFigures) -> tuple[LoadResult, RankPlan, Checkpoint]:
     """Everything one rank does before the exchange; raises on any problem."""
     ckpt = Checkpoint(opts.checkpoint)
-    planner = Planner(ckpt, load_config(opts.config))
+    planner = Planner(ckpt, with_rules(load_config(opts.config), skip=opts.skip, defer=opts.defer))
     layout = Layout(opts.tp or max(1, ctx.world // opts.ep), opts.ep)
     planner.check_layout(layout, ctx.world)
     plan = planner.plan(layout, opts.kind, ctx.rank)
     to_hash = _hash_share(planner, layout, opts.kind, ctx, plan, opts.verify)
-    if opts.verify != "off":
-        ckpt.check_manifest(sorted(set(plan.used_tensors) | set(to_hash)))
+    if opts.verify != "off":  # deferred too: their locators carry the manifest's sha256
+        ckpt.check_manifest(sorted(set(plan.used_tensors) | set(to_hash) | set(plan.deferred)))
     progress = Progress(plan.read_bytes, len(plan.items), enabled=opts.progress and ctx.rank == 0)
     result = run(ckpt, plan, device=ctx.device, to_hash=to_hash, hash_threads=opts.hash_threads,
                  samples_per_role=opts.samples, progress=progress)
@@ -138,13 +150,13 @@ def _failure(ranks: list[RankFigures]) -> str:
 def load_in(opts: LoadOptions, ctx: DistContext) -> RankShards:
     log = rank_log(ctx.rank)
     fig = RankFigures(rank=ctx.rank, node=ctx.nodes[ctx.rank])
-    result = plan = None
+    result = plan = ckpt = None
     if ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)
     t0 = time.perf_counter_ns()
     with MemoryPeaks() as mem:
         try:
-            result, plan, _ = _load_rank(opts, ctx, fig)
+            result, plan, ckpt = _load_rank(opts, ctx, fig)
         except LoadError as e:
             fig.failed, fig.message = 1, f"rank {ctx.rank}: {e}"
         except Exception as e:  # a bug or an OS error: still reach the exchange so no peer hangs
@@ -162,7 +174,7 @@ def load_in(opts: LoadOptions, ctx: DistContext) -> RankShards:
                         str(ctx.device), ranks, ctx.rank)
     if opts.verify == "off":
         log.warning("verification is OFF: %d tensors served without any check against the manifest", fig.tensors)
-    return RankShards(result, plan, report)
+    return RankShards(result, plan, report, locate(ckpt, plan.deferred))
 
 
 def resolve_checkpoint(checkpoint: str | os.PathLike | None) -> str:
@@ -173,7 +185,8 @@ def resolve_checkpoint(checkpoint: str | os.PathLike | None) -> str:
 def load(checkpoint: str | os.PathLike | None = None, *, config: str = DEFAULT_CONFIG, kind: str = "packed",
          tp: int | None = None, ep: int = 1, group: dist.ProcessGroup | None = None,
          device: str | torch.device | None = None, verify: str = "node", hash_threads: int = 2, samples: int = 4,
-         progress: bool = True, timeout_s: float = 600.0) -> RankShards:
+         progress: bool = True, timeout_s: float = 600.0, skip: tuple[str, ...] = (),
+         defer: tuple[str, ...] = ()) -> RankShards:
     """Load this rank's verified shards of ``checkpoint``; see :class:`LoadOptions` for each option.
 
     Inside an initialized world, ranks are counted in ``group`` (default: the
@@ -182,7 +195,8 @@ def load(checkpoint: str | os.PathLike | None = None, *, config: str = DEFAULT_C
     on every rank if any rank fails.
     """
     opts = LoadOptions(resolve_checkpoint(checkpoint), str(config), kind, tp, ep, verify,
-                       str(device) if device is not None else None, hash_threads, samples, progress, timeout_s)
+                       str(device) if device is not None else None, hash_threads, samples, progress, timeout_s,
+                       skip=tuple(skip), defer=tuple(defer))
     if group is None:
         keep_world(device=opts.device, timeout_s=timeout_s)
     return load_in(opts, context(group, opts.device))

@@ -20,7 +20,7 @@ import fnmatch
 import os
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
@@ -52,6 +52,8 @@ class Rule:
     """fp8 only: insist on this scale block size (0: read it from the scale's shape)."""
     index: int = 0
     """Position in the file, for error messages (1-based; 0 when built in code)."""
+    origin: str = ""
+    """Where a rule built in code came from (``--skip``, ``defer=``...), for error messages."""
 
     def __post_init__(self) -> None:
         where = f"rule {self.index} ({self.match!r})"
@@ -68,6 +70,8 @@ class Rule:
         return fnmatch.fnmatchcase(name, self.match)
 
     def describe(self) -> str:
+        if self.origin:
+            return f"{self.origin} rule (match {self.match!r}, role {self.role})"
         return f"rule {self.index} (match {self.match!r}, role {self.role}, split {self.split})"
 
 
@@ -102,6 +106,20 @@ class Config:
 
     def rule_for(self, name: str) -> Rule | None:
         return next((r for r in self.rules if r.matches(name)), None)
+
+
+def with_rules(config: Config, *, skip: tuple[str, ...] = (), defer: tuple[str, ...] = ()) -> Config:
+    """``config`` with skip and defer rules for these globs put first (so they win).
+
+    For a serving startup that decides at run time, e.g. ``skip=("mtp.*",)`` when
+    the model builds no MTP head. Defer rules are expert-parallel: a deferred
+    expert tensor is located only by the ranks whose ep group holds the expert.
+    """
+    if not skip and not defer:
+        return config
+    first = [Rule(match=g, role="skip", origin="skip") for g in skip]
+    first += [Rule(match=g, role="defer", experts=True, origin="defer") for g in defer]
+    return replace(config, rules=tuple(first) + config.rules)
 
 
 def shipped_configs() -> list[str]:

@@ -156,6 +156,9 @@ class Planner:
     def __init__(self, ckpt: Checkpoint, config: Config) -> None:
         self.ckpt, self.config = ckpt, config
         self.entries, self.skipped, self.deferred = self._classify()
+        # Deferred expert tensors are located only by the ep group holding the expert:
+        # a locator of a remote expert would invite the model to read it.
+        self.deferred_experts = {n: x for n in self.deferred if (x := self._expert_of(n, config.rule_for(n)))}
         self.expert_counts = self._count_experts()
 
     # -- classification ------------------------------------------------------------------------
@@ -202,13 +205,10 @@ class Planner:
     def _entry(self, name: str, rule: Rule, problems: list[str]) -> _Entry | None:
         info = self.ckpt.tensors[name]
         where = f"tensor {name} ({info.file}, {info.dtype} {list(info.shape)}) under {rule.describe()}"
-        expert = None
-        if rule.experts:
-            m = self.config.expert_regex.search(name)
-            if m is None:
-                problems.append(f"{where}: experts = true but expert_pattern {self.config.expert_pattern!r} finds no index")
-                return None
-            expert = (name[: m.start()], int(m.group(1)))
+        expert = self._expert_of(name, rule)
+        if rule.experts and expert is None:
+            problems.append(f"{where}: experts = true but expert_pattern {self.config.expert_pattern!r} finds no index")
+            return None
         if rule.role == "plain":
             if info.dtype not in PLAIN_DTYPES:
                 problems.append(f"{where}: plain tensors must be {'/'.join(PLAIN_DTYPES)}")
@@ -236,11 +236,16 @@ class Planner:
             return None
         return _Entry(name, rule, info, scale, block, expert)
 
+    def _expert_of(self, name: str, rule: Rule) -> tuple[str, int] | None:
+        """(expert set, index) of an expert-parallel tensor; None when the rule is not
+        expert-parallel or the name has no expert index."""
+        m = self.config.expert_regex.search(name) if rule.experts else None
+        return (name[: m.start()], int(m.group(1))) if m else None
+
     def _count_experts(self) -> dict[str, list[int]]:
         sets: dict[str, set[int]] = {}
-        for e in self.entries:
-            if e.expert:
-                sets.setdefault(e.expert[0], set()).add(e.expert[1])
+        for key, index in [e.expert for e in self.entries if e.expert] + list(self.deferred_experts.values()):
+            sets.setdefault(key, set()).add(index)
         return {k: sorted(v) for k, v in sets.items()}
 
     # -- windows -------------------------------------------------------------------------------
@@ -296,11 +301,14 @@ class Planner:
 
     def owns(self, e: _Entry, layout: Layout, group: int) -> bool:
         """Does expert-parallel group ``group`` hold this tensor? (last group takes the remainder)"""
-        if e.expert is None or layout.ep == 1:
+        return self._owns_expert(e.expert, layout, group)
+
+    def _owns_expert(self, expert: tuple[str, int] | None, layout: Layout, group: int) -> bool:
+        if expert is None or layout.ep == 1:
             return True
-        experts = self.expert_counts[e.expert[0]]
+        experts = self.expert_counts[expert[0]]
         per = len(experts) // layout.ep
-        pos = experts.index(e.expert[1])
+        pos = experts.index(expert[1])
         lo, hi = group * per, (len(experts) if group == layout.ep - 1 else (group + 1) * per)
         return lo <= pos < hi
 
@@ -357,7 +365,8 @@ class Planner:
                 outputs.append(Output(name, dtype, shape, offset, nbytes))
                 offset += -(-nbytes // SLOT_ALIGN) * SLOT_ALIGN
             items.append(Item(e.name, e.rule.role, e.rule.describe(), cuts[0], cuts[1], e.block, tuple(outputs)))
-        return RankPlan(rank, layout, kind, tuple(items), tuple(self.skipped), tuple(self.deferred), offset)
+        deferred = tuple(n for n in self.deferred if self._owns_expert(self.deferred_experts.get(n), layout, group))
+        return RankPlan(rank, layout, kind, tuple(items), tuple(self.skipped), deferred, offset)
 
 
 def _served(e: _Entry, cuts: tuple[Cut, Cut | None], kind: str) -> list[tuple[str, torch.dtype, tuple[int, ...], int]]:

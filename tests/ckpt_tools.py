@@ -1,0 +1,65 @@
+"""Checkpoint surgery for the tests, with the safetensors library (no tpload code; configs are
+built from the shipped TOML text)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from .helpers import tensor_offset
+
+
+def add_tensors(root: Path, tensors: dict[str, torch.Tensor], *, file: str = "extra.safetensors",
+                manifest: str = "right") -> None:
+    """Write ``tensors`` into a new shard of ``root`` and list them in its index.
+
+    ``manifest``: ``right`` adds their true sha256 to NATIVE_MANIFEST.json, ``wrong`` a
+    sha256 that cannot match (so any hashing of them fails), ``none`` leaves them out.
+    """
+    save_file(tensors, str(root / file))
+    index_path = root / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    index["weight_map"].update({n: file for n in tensors})
+    index_path.write_text(json.dumps(index))
+    if manifest == "none":
+        return
+    m = json.loads((root / "NATIVE_MANIFEST.json").read_text())
+    for name, t in tensors.items():
+        sha = hashlib.sha256(stored_bytes(root, name)).hexdigest() if manifest == "right" else "0" * 64
+        dtype = json.loads(_header(root / file))[name]["dtype"]
+        m["tensors"][name] = {"file": file, "dtype": dtype, "shape": list(t.shape), "sha256": sha}
+    (root / "NATIVE_MANIFEST.json").write_text(json.dumps(m))
+
+
+def _header(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(int.from_bytes(f.read(8), "little"))
+
+
+def stored_bytes(root: Path, name: str) -> bytes:
+    path, off, n = tensor_offset(root, name)
+    with open(path, "rb") as f:
+        f.seek(off)
+        return f.read(n)
+
+
+def nbytes(root: Path, names: list[str] | set[str]) -> int:
+    return sum(tensor_offset(root, n)[2] for n in names)
+
+
+def all_names(root: Path) -> list[str]:
+    return list(json.loads((root / "model.safetensors.index.json").read_text())["weight_map"])
+
+
+def config_with(tmp_path: Path, first_rules: str, base: str = "deepseek-v4-mtp") -> Path:
+    """A TOML config: ``first_rules`` (TOML [[rules]] text) before the shipped config's rules."""
+    from importlib import resources
+    text = (resources.files("tpload.configs") / f"{base}.toml").read_text()
+    head, sep, rules = text.partition("[[rules]]")
+    path = tmp_path / "config.toml"
+    path.write_text(head + first_rules.strip() + "\n\n" + sep + rules)
+    return path

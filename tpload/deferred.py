@@ -1,0 +1,72 @@
+"""Deferred tensors: not uploaded by the load, located so the model can stream them itself.
+
+A config rule with ``role = "defer"`` (or ``load(defer=...)``) keeps a tensor
+out of the arena, for tables too large to hold (n-gram embeddings, a head the
+model quantizes on the fly). The load hands back one :class:`DeferredTensor`
+per such tensor: where its stored bytes are, what they are, and the manifest's
+sha256, so the model can check the bytes while it streams them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from .checkpoint import Checkpoint, natural_key
+from .errors import CheckpointError
+
+STREAM_CHUNK = 16 << 20
+
+
+@dataclass(frozen=True)
+class DeferredTensor:
+    """Where one deferred tensor's stored bytes are."""
+
+    name: str
+    """Official tensor name."""
+    path: Path
+    """Absolute path of the shard file that holds it."""
+    offset: int
+    """Byte offset of its first stored byte in that file."""
+    nbytes: int
+    """Byte length of its stored data."""
+    dtype: str
+    """Stored dtype, safetensors spelling (``BF16``, ``F8_E4M3``...)."""
+    shape: tuple[int, ...]
+    """Stored shape."""
+    sha256: str | None
+    """The manifest's sha256 of the stored bytes (None when loaded with verify off and no manifest)."""
+    verified: bool = False
+    """Whether tpload hashed these bytes: never during a load (it does not read them);
+    :meth:`chunks` checks them as the model streams."""
+
+    def chunks(self, chunk_bytes: int = STREAM_CHUNK) -> Iterator[bytes]:
+        """The stored bytes in order, ``chunk_bytes`` at a time; raises CheckpointError
+        after the last chunk if they do not hash to :attr:`sha256`."""
+        h = hashlib.sha256()
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            left = self.nbytes
+            while left:
+                data = f.read(min(chunk_bytes, left))
+                if not data:
+                    raise CheckpointError(f"{self.path}: tensor {self.name}: file ends {left} bytes early")
+                left -= len(data)
+                h.update(data)
+                yield data
+        if self.sha256 is not None and h.hexdigest() != self.sha256:
+            raise CheckpointError(f"{self.path}: tensor {self.name}: sha256 {h.hexdigest()[:16]}... does not match "
+                                  f"the manifest's {self.sha256[:16]}...")
+
+
+def locate(ckpt: Checkpoint, names: tuple[str, ...] | list[str]) -> tuple[DeferredTensor, ...]:
+    """A locator for each named tensor, in natural name order."""
+    out = []
+    for name in sorted(names, key=natural_key):
+        info = ckpt.info(name)
+        entry = ckpt.manifest.get(name) if ckpt.manifest else None
+        out.append(DeferredTensor(name, info.path.absolute(), info.begin, info.nbytes, info.dtype, info.shape,
+                                  entry.sha256 if entry else None))
+    return tuple(out)

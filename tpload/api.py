@@ -87,6 +87,11 @@ class RankShards:
             raise LoadError("these shards were released")
         return dict(self._result.tensors)
 
+    @property
+    def hashed(self) -> list[str]:
+        """Official tensors this rank checked by sha256 (its share of the node's hashing)."""
+        return list(self._result.hashed) if self._result is not None else []
+
     def deferred(self) -> list[DeferredTensor]:
         """A locator (file, offset, length, dtype, shape, manifest sha256) for each deferred
         tensor this rank holds, in natural name order; they are not in :meth:`state_dict`."""
@@ -108,8 +113,11 @@ def _hash_share(planner: Planner, layout: Layout, kind: str, ctx: DistContext, p
     if mode == "rank":
         return plan.used_tensors
     peers = ctx.node_peers
-    used = {n for p in peers for n in (plan if p == ctx.rank else planner.plan(layout, kind, p)).used_tensors}
-    return assign_hashing({n: planner.ckpt.info(n).nbytes for n in used}, peers)[ctx.rank]
+    users: dict[str, list[int]] = {}
+    for p in peers:
+        for n in (plan if p == ctx.rank else planner.plan(layout, kind, p)).used_tensors:
+            users.setdefault(n, []).append(p)
+    return assign_hashing({n: planner.ckpt.info(n).nbytes for n in users}, peers, users)[ctx.rank]
 
 
 def _device_peaks(device: torch.device) -> tuple[int, int]:

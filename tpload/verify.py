@@ -90,15 +90,19 @@ def digest(entries: Iterable[tuple[str, torch.dtype, tuple[int, ...], tuple[int,
     return h.hexdigest()
 
 
-def assign_hashing(sizes: dict[str, int], ranks: list[int]) -> dict[int, list[str]]:
+def assign_hashing(sizes: dict[str, int], ranks: list[int],
+                   users: dict[str, list[int]] | None = None) -> dict[int, list[str]]:
     """Split whole tensors between ranks, balanced by bytes (largest first, to the lightest rank).
 
+    With ``users`` (tensor -> the ranks that read a window of it), a tensor goes only
+    to one of its readers: no rank touches a tensor it does not serve (an expert of
+    another ep group), and a rank done with a shard is done hashing it too.
     Deterministic given its inputs, so every rank of a node computes the same split.
     """
     load = {r: 0 for r in ranks}
     out: dict[int, list[str]] = {r: [] for r in ranks}
     for name in sorted(sizes, key=lambda n: (-sizes[n], natural_key(n))):
-        r = min(ranks, key=lambda k: (load[k], k))
+        r = min((users or {}).get(name) or ranks, key=lambda k: (load[k], k))
         out[r].append(name)
         load[r] += sizes[name]
     return out

@@ -1,0 +1,89 @@
+"""Expert parallel and tp x ep under real torchrun: the reference model's tp 8 is impossible,
+tp 4 x ep 2 works, each rank reads (and hashes) only the experts its group holds, and MTP
+experts can be configured as replicated."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tpload.synth import SynthSpec, write_checkpoint
+
+from .ckpt_tools import config_with
+from .helpers import HERE, error_of, tpload_cli, torchrun
+from .reference import expected
+
+SERVE = str(HERE / "workers" / "serve.py")
+EXPERT = re.compile(r"\.experts\.(\d+)\.")
+
+
+@pytest.fixture(scope="module")
+def ref_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The reference model's channels (I = 2304: 288 per rank at tp 8, not a multiple of 64)."""
+    return write_checkpoint(tmp_path_factory.mktemp("ref"), SynthSpec(hidden=256, inter=2304, experts=4, vocab=64))
+
+
+def serve(root: Path, out: Path, nproc: int, **kw: str) -> list[dict]:
+    out.mkdir(exist_ok=True)
+    run = torchrun(nproc, [SERVE, str(root), str(out), *(f"{k}={v}" for k, v in kw.items())], timeout=300)
+    assert run.rc == 0, run.text
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
+
+
+def experts_of(names: list[str]) -> set[int]:
+    return {int(m.group(1)) for n in names if (m := EXPERT.search(n))}
+
+
+def test_tp8_is_refused_on_every_rank_and_suggests_tp4_ep2(ref_ckpt: Path, tmp_path: Path) -> None:
+    run = tpload_cli(8, "--checkpoint", str(ref_ckpt), logs=tmp_path / "logs", timeout=300)
+    assert run.rc != 0
+    msgs = [error_of(run.rank_err[r], r) for r in range(8)]
+    assert all(m == msgs[0] for m in msgs), msgs
+    assert "2304 channels / tp 8 = 288, not a multiple of 64" in msgs[0]
+    assert "--tp 4 --ep 2" in msgs[0]
+
+
+def test_tp4_ep2_on_8_ranks_reads_only_held_experts(ref_ckpt: Path, tmp_path: Path) -> None:
+    docs = serve(ref_ckpt, tmp_path, 8, tp="4", ep="2")
+    ranks = docs[0]["report"]["ranks"]
+    assert (docs[0]["report"]["tp"], docs[0]["report"]["ep"]) == (4, 2)
+    for rank, doc in enumerate(docs):
+        group, tpr = divmod(rank, 4)
+        held = {2 * group, 2 * group + 1}  # ep group g holds experts [g*E/ep, (g+1)*E/ep)
+        assert experts_of(doc["names"]) == held
+        assert experts_of(doc["hashed"]) <= held  # node hashing never touches another group's expert
+        want = {n: a for n, a in expected(ref_ckpt, 4, tpr, "packed").items()
+                if not EXPERT.search(n) or experts_of([n]) <= held}
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        assert set(got) == set(want)
+        for name, arr in want.items():
+            assert got[name].contiguous().view(torch.uint8).numpy().tobytes() == np.ascontiguousarray(arr).tobytes(), name
+        assert ranks[rank]["bytes_read"] == sum(a.nbytes for a in want.values())
+    # ranks with the same tp position in different ep groups hold different experts
+    assert len({r["digest"] for r in ranks}) == 8
+
+
+def test_mtp_experts_replicated_by_config(tmp_path: Path, small_ckpt: Path) -> None:
+    config = config_with(tmp_path, """
+[[rules]]
+match = "mtp.*.ffn.experts.*.w[13].weight"
+role = "fp4"
+split = "rows"
+experts = false
+
+[[rules]]
+match = "mtp.*.ffn.experts.*.w2.weight"
+role = "fp4"
+split = "cols"
+experts = false
+""")
+    docs = serve(small_ckpt, tmp_path / "o", 4, tp="2", ep="2", config=str(config))
+    ranks = docs[0]["report"]["ranks"]
+    assert all(experts_of(d["names"]) == set(range(8)) for d in docs)  # every rank holds every expert
+    assert ranks[0]["digest"] == ranks[2]["digest"] and ranks[1]["digest"] == ranks[3]["digest"]
+    assert ranks[0]["digest"] != ranks[1]["digest"]  # tp still cuts their channels

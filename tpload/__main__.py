@@ -41,6 +41,10 @@ def _load_parser() -> argparse.ArgumentParser:
                    help="never read nor hash tensors matching GLOB (repeatable), e.g. 'mtp.*' or '*.input_scale'")
     p.add_argument("--defer", action="append", default=[], metavar="GLOB",
                    help="do not upload tensors matching GLOB; load() returns their locators (repeatable)")
+    p.add_argument("--evict-page-cache", action="store_true",
+                   help="drop each shard's page cache once this rank is done with it (unified-memory GPUs)")
+    p.add_argument("--reserve-gib", type=float, default=0.0,
+                   help="device memory (GiB) the pre-flight check keeps free for after the load (default 0)")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -61,7 +65,8 @@ def cmd_load(argv: list[str]) -> int:
     try:
         opts = LoadOptions(resolve_checkpoint(args.checkpoint), args.config, args.kind, args.tp, args.ep, args.verify,
                            args.device, args.hash_threads, args.samples, not args.no_progress, args.timeout,
-                           skip=tuple(args.skip), defer=tuple(args.defer))
+                           skip=tuple(args.skip), defer=tuple(args.defer), evict_page_cache=args.evict_page_cache,
+                           reserve_gib=args.reserve_gib)
         with init_distributed(device=opts.device, timeout_s=opts.timeout_s) as ctx:
             shards = load_in(opts, ctx)
             if ctx.rank == 0:

@@ -23,6 +23,7 @@ from .deferred import DeferredTensor, locate
 from .dist import DistContext, context, exchange, keep_world
 from .errors import LoadError
 from .load import LoadResult, run
+from .pagecache import checkpoint_resident
 from .plan import KINDS, Layout, Planner, RankPlan
 from .report import LoadReport, MemoryPeaks, Progress, RankFigures, rank_log
 from .synth import PRESETS, cached_checkpoint
@@ -59,6 +60,10 @@ class LoadOptions:
     """Globs of tensors never read nor hashed (tried before the config's rules), e.g. ``mtp.*``."""
     defer: tuple[str, ...] = ()
     """Globs of tensors not uploaded: :meth:`RankShards.deferred` locates them for the model."""
+    evict_page_cache: bool = False
+    """Drop each shard's map and page cache once this rank is done with it (unified-memory machines)."""
+    reserve_gib: float = 0.0
+    """Device memory (GiB) the pre-flight keeps free for what runs after the load (KV cache...)."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -67,8 +72,8 @@ class LoadOptions:
             raise LoadError(f"verify {self.verify!r} is not one of {', '.join(VERIFY_MODES)}")
         if self.tp is not None and self.tp < 1 or self.ep < 1:
             raise LoadError(f"tp and ep must be >= 1 (got tp {self.tp}, ep {self.ep})")
-        if self.hash_threads < 1 or self.samples < 0 or self.timeout_s <= 0:
-            raise LoadError("hash_threads >= 1, samples >= 0 and timeout_s > 0 are required")
+        if self.hash_threads < 1 or self.samples < 0 or self.timeout_s <= 0 or self.reserve_gib < 0:
+            raise LoadError("hash_threads >= 1, samples >= 0, timeout_s > 0 and reserve_gib >= 0 are required")
 
 
 class RankShards:
@@ -130,6 +135,7 @@ def _device_peaks(device: torch.device) -> tuple[int, int]:
 def _load_rank(opts: LoadOptions, ctx: DistContext, fig: RankFigures) -> tuple[LoadResult, RankPlan, Checkpoint]:
     """Everything one rank does before the exchange; raises on any problem."""
     ckpt = Checkpoint(opts.checkpoint)
+    fig.page_cache_before = checkpoint_resident(ckpt.shard_paths())
     planner = Planner(ckpt, with_rules(load_config(opts.config), skip=opts.skip, defer=opts.defer))
     layout = Layout(opts.tp or max(1, ctx.world // opts.ep), opts.ep)
     planner.check_layout(layout, ctx.world)
@@ -139,7 +145,8 @@ def _load_rank(opts: LoadOptions, ctx: DistContext, fig: RankFigures) -> tuple[L
         ckpt.check_manifest(sorted(set(plan.used_tensors) | set(to_hash) | set(plan.deferred)))
     progress = Progress(plan.read_bytes, len(plan.items), enabled=opts.progress and ctx.rank == 0)
     result = run(ckpt, plan, device=ctx.device, to_hash=to_hash, hash_threads=opts.hash_threads,
-                 samples_per_role=opts.samples, progress=progress)
+                 samples_per_role=opts.samples, progress=progress, evict=opts.evict_page_cache)
+    fig.page_cache_after = checkpoint_resident(ckpt.shard_paths())
     fig.tensors, fig.bytes_read, fig.bytes_device = len(result.tensors), plan.read_bytes, plan.arena_bytes
     fig.hashed, fig.bytes_hashed = len(result.hashed), result.bytes_hashed
     fig.device_checked, fig.sampled = result.device_checked, result.sampled
@@ -179,7 +186,7 @@ def load_in(opts: LoadOptions, ctx: DistContext) -> RankShards:
         del result  # nothing partly loaded survives a failed load
         raise LoadError(_failure(ranks))
     report = LoadReport(str(Path(opts.checkpoint)), opts.kind, plan.layout.tp, plan.layout.ep, opts.verify,
-                        str(ctx.device), ranks, ctx.rank)
+                        str(ctx.device), ranks, ctx.rank, evict_page_cache=opts.evict_page_cache)
     if opts.verify == "off":
         log.warning("verification is OFF: %d tensors served without any check against the manifest", fig.tensors)
     return RankShards(result, plan, report, locate(ckpt, plan.deferred))
@@ -194,7 +201,7 @@ def load(checkpoint: str | os.PathLike | None = None, *, config: str = DEFAULT_C
          tp: int | None = None, ep: int = 1, group: dist.ProcessGroup | None = None,
          device: str | torch.device | None = None, verify: str = "node", hash_threads: int = 2, samples: int = 4,
          progress: bool = True, timeout_s: float = 600.0, skip: tuple[str, ...] = (),
-         defer: tuple[str, ...] = ()) -> RankShards:
+         defer: tuple[str, ...] = (), evict_page_cache: bool = False, reserve_gib: float = 0.0) -> RankShards:
     """Load this rank's verified shards of ``checkpoint``; see :class:`LoadOptions` for each option.
 
     Inside an initialized world, ranks are counted in ``group`` (default: the
@@ -204,7 +211,8 @@ def load(checkpoint: str | os.PathLike | None = None, *, config: str = DEFAULT_C
     """
     opts = LoadOptions(resolve_checkpoint(checkpoint), str(config), kind, tp, ep, verify,
                        str(device) if device is not None else None, hash_threads, samples, progress, timeout_s,
-                       skip=tuple(skip), defer=tuple(defer))
+                       skip=tuple(skip), defer=tuple(defer), evict_page_cache=evict_page_cache,
+                       reserve_gib=reserve_gib)
     if group is None:
         keep_world(device=opts.device, timeout_s=timeout_s)
     return load_in(opts, context(group, opts.device))

@@ -290,9 +290,22 @@ class Checkpoint:
         """sha256 of the stored bytes (hashlib releases the GIL on large buffers)."""
         return hashlib.sha256(memoryview(self.raw(name))).hexdigest()
 
-    def unmap(self, path: Path | None = None) -> None:
-        """Drop the map of one shard (or all). Views still held keep theirs alive."""
+    def unmap(self, path: Path | None = None) -> bool:
+        """Drop and close the map of one shard (or all); False if a view of one is still
+        alive somewhere (that map then closes when its last view dies)."""
+        closed = True
         for p in [path] if path is not None else list(self._maps):
             entry = self._maps.pop(p, None)
-            if entry is not None:
-                del entry
+            if entry is None:
+                continue
+            mm = entry[0]
+            del entry  # drops our numpy view, the map's one export unless a window is alive
+            try:
+                mm.close()
+            except BufferError:
+                closed = False
+        return closed
+
+    def shard_paths(self) -> list[Path]:
+        """Every shard file this checkpoint reads from."""
+        return sorted({i.path for i in self.tensors.values()})

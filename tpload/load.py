@@ -17,6 +17,7 @@ import torch
 from . import formats
 from .checkpoint import Checkpoint
 from .errors import LoadError
+from .pagecache import ShardRelease
 from .plan import Cut, Item, Output, RankPlan
 from .report import Progress
 from .verify import as_bytes2d, fingerprint, host_fingerprint
@@ -182,10 +183,14 @@ def _hash_all(ckpt: Checkpoint, names: list[str], threads: int) -> tuple[ThreadP
 
 
 def run(ckpt: Checkpoint, plan: RankPlan, *, device: torch.device, to_hash: list[str], hash_threads: int,
-        samples_per_role: int, progress: Progress) -> LoadResult:
-    """Load ``plan`` onto ``device``, hashing ``to_hash`` alongside; raise LoadError listing every problem."""
+        samples_per_role: int, progress: Progress, evict: bool = False) -> LoadResult:
+    """Load ``plan`` onto ``device``, hashing ``to_hash`` alongside; raise LoadError listing every problem.
+
+    ``evict``: drop each shard's map and page cache once this rank is done with it (pagecache.py).
+    """
     arena = torch.empty(plan.arena_bytes, dtype=torch.uint8, device=device)
     pool, hashes = _hash_all(ckpt, to_hash, hash_threads)
+    shard_release = ShardRelease(ckpt, plan.items, hashes) if evict else None
     checks: list[_Check] = []
     role_counts = {r: sum(1 for i in plan.items if i.role == r) for r in ("fp4", "fp8")}
     seen = {"fp4": 0, "fp8": 0}
@@ -198,6 +203,8 @@ def run(ckpt: Checkpoint, plan: RankPlan, *, device: torch.device, to_hash: list
                     sample = _is_sampled(seen[item.role], role_counts[item.role], samples_per_role)
                     seen[item.role] += 1
                 checks += _load_item(ckpt, item, arena, stager, sample)
+                if shard_release is not None:
+                    shard_release.item_done(item)
                 progress.update(item.read_bytes)
         result = _settle(ckpt, plan, arena, checks, hashes)
     finally:

@@ -66,7 +66,9 @@ class RankFigures:
     anon_peak: int = 0
     """Peak anonymous (private, not file-backed) resident memory of the process."""
     page_cache_before: int = 0
+    """Page-cache bytes of the checkpoint's shard files when this rank started (mincore)."""
     page_cache_after: int = 0
+    """The same when this rank finished (peers on the node may still be loading)."""
     digest: str = ""
     message: str = ""
 
@@ -109,6 +111,8 @@ class LoadReport:
     ranks: list[RankFigures] = field(default_factory=list)
     rank: int = 0
     """The rank holding this report."""
+    evict_page_cache: bool = False
+    """Whether ranks dropped each shard's page cache once done with it."""
 
     @property
     def mine(self) -> RankFigures:
@@ -144,17 +148,19 @@ class LoadReport:
                 + ("  ** VERIFICATION OFF: bytes served unchecked **" if self.verify == "off" else "")
                 + f", device {self.device}\n")
         cols = f"{'rank':>4} {'node':>4} {'tensors':>8} {'read GB':>8} {'hashed GB':>9} {'served GB':>9} {'sec':>7} " \
-               f"{'GB/s':>6} {'dev peak GiB':>12} {'rss GiB':>8} {'anon GiB':>8}  digest"
+               f"{'GB/s':>6} {'dev peak GiB':>12} {'rss GiB':>8} {'anon GiB':>8} {'cache GB before>after':>21}  digest"
         lines = [head, cols]
         for r in self.ranks:
             lines.append(f"{r.rank:>4} {r.node:>4} {r.tensors:>8} {r.bytes_read / 1e9:>8.3f} {r.bytes_hashed / 1e9:>9.3f} "
                          f"{r.bytes_device / 1e9:>9.3f} {r.seconds:>7.2f} {r.bytes_read / 1e9 / max(r.seconds, 1e-9):>6.2f} "
-                         f"{r.device_alloc_peak / gib:>12.2f} {r.rss_peak / gib:>8.2f} {r.anon_peak / gib:>8.2f}  {r.digest[:16]}")
+                         f"{r.device_alloc_peak / gib:>12.2f} {r.rss_peak / gib:>8.2f} {r.anon_peak / gib:>8.2f} "
+                         f"{f'{r.page_cache_before / 1e9:.3f}>{r.page_cache_after / 1e9:.3f}':>21}  {r.digest[:16]}")
         t = self.total
         lines.append(f"{'all':>4} {'':>4} {t('tensors'):>8} {t('bytes_read') / 1e9:>8.3f} {t('bytes_hashed') / 1e9:>9.3f} "
                      f"{t('bytes_device') / 1e9:>9.3f} {self.seconds:>7.2f} {t('bytes_read') / 1e9 / max(self.seconds, 1e-9):>6.2f}")
         lines.append(f"verified: {t('hashed')} tensors by sha256, {t('device_checked')} device fingerprints, "
-                     f"{t('sampled')} exact decodes; skipped {self.ranks[0].skipped}, deferred {self.ranks[0].deferred}")
+                     f"{t('sampled')} exact decodes; skipped {self.ranks[0].skipped}, deferred {self.ranks[0].deferred}"
+                     + ("; page cache evicted shard by shard" if self.evict_page_cache else ""))
         return "\n".join(lines)
 
 

@@ -1,0 +1,131 @@
+"""The page cache a load leaves behind: measure it, and drop it shard by shard.
+
+On unified-memory machines (GB200, GH200, GB10) the page cache and the GPU
+share one pool, so the checkpoint's pages that linger after their bytes were
+copied to the device take memory from the KV cache. With eviction on, a rank
+that is done with a shard (its last window copied, its own hash jobs on it
+finished) closes its map of the file and advises the kernel to drop the
+file's pages (``posix_fadvise(DONTNEED)``). The kernel skips pages that are
+still mapped, which is why the map goes first; pages another rank still maps
+stay until that rank is done too.
+
+Residency is measured with ``mincore(2)`` on a fresh read-only map of each
+file (through ctypes: Python's mmap has no mincore), which asks the page
+cache without touching a page.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import logging
+import mmap
+import os
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from pathlib import Path
+
+import numpy as np
+
+from .checkpoint import Checkpoint
+from .plan import Item
+
+log = logging.getLogger("tpload")
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    return libc
+
+
+def resident_bytes(path: Path) -> int:
+    """Bytes of ``path`` now in the page cache (whole pages, capped at the file size)."""
+    size = os.path.getsize(path)
+    if size == 0:
+        return 0
+    libc, page = _libc(), mmap.PAGESIZE
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr in (None, _MAP_FAILED):
+            raise OSError(ctypes.get_errno(), f"mmap for mincore failed: {path}")
+        try:
+            vec = (ctypes.c_ubyte * (-(-size // page)))()
+            if libc.mincore(addr, size, vec) != 0:
+                raise OSError(ctypes.get_errno(), f"mincore failed: {path}")
+        finally:
+            libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+    return min(size, int(np.count_nonzero(np.frombuffer(vec, dtype=np.uint8) & 1)) * page)
+
+
+def checkpoint_resident(paths: Iterable[Path]) -> int:
+    """Page-cache bytes of all these files; 0 where the platform cannot tell (logged)."""
+    try:
+        return sum(resident_bytes(p) for p in paths)
+    except (OSError, AttributeError) as e:  # no mincore (not Linux) or an odd filesystem
+        log.debug("cannot measure page-cache residency: %s", e)
+        return 0
+
+
+def evict(ckpt: Checkpoint, path: Path) -> None:
+    """Close this rank's map of ``path``, then advise the kernel to drop its cached pages."""
+    if not ckpt.unmap(path):
+        log.debug("%s: a view of the map is still alive; its pages stay until it dies", path)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    except (OSError, AttributeError) as e:  # advice only: a load never fails for it
+        log.warning("%s: could not drop its page cache: %s", path, e)
+
+
+class ShardRelease:
+    """Counts what a rank still has to do on each shard; the moment a shard's count
+    reaches zero (last window copied, last of its own hash jobs finished) it is released.
+
+    Hash jobs finish on worker threads, so the count is guarded by a lock and the
+    release may run there.
+    """
+
+    def __init__(self, ckpt: Checkpoint, items: Iterable[Item], hashes: Iterable[tuple[str, Future]],
+                 release: Callable[[Path], None] | None = None) -> None:
+        self.ckpt = ckpt
+        self.release = release or functools.partial(evict, ckpt)
+        self._lock = threading.Lock()
+        self._pending: dict[Path, int] = {}
+        for item in items:
+            for path in self._paths(item):
+                self._pending[path] = self._pending.get(path, 0) + 1
+        jobs = [(self.ckpt.info(name).path, fut) for name, fut in hashes]
+        for path, _ in jobs:
+            self._pending[path] = self._pending.get(path, 0) + 1
+        for path, fut in jobs:  # registered after counting, so no early zero
+            fut.add_done_callback(lambda _f, p=path: self._done(p))
+
+    def _paths(self, item: Item) -> list[Path]:
+        cuts = [item.weight] + ([item.scale] if item.scale else [])
+        return [self.ckpt.info(c.name).path for c in cuts]
+
+    def item_done(self, item: Item) -> None:
+        """The windows of ``item`` are on the device: its shards need one thing less."""
+        for path in self._paths(item):
+            self._done(path)
+
+    def _done(self, path: Path) -> None:
+        with self._lock:
+            self._pending[path] -= 1
+            last = self._pending[path] == 0
+        if last:
+            self.release(path)

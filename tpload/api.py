@@ -23,7 +23,9 @@ from .deferred import DeferredTensor, locate
 from .dist import DistContext, context, exchange, keep_world
 from .errors import LoadError
 from .load import LoadResult, run
+from . import preflight
 from .pagecache import checkpoint_resident
+from .preflight import GIB
 from .plan import KINDS, Layout, Planner, RankPlan
 from .report import LoadReport, MemoryPeaks, Progress, RankFigures, rank_log
 from .synth import PRESETS, cached_checkpoint
@@ -140,6 +142,7 @@ def _load_rank(opts: LoadOptions, ctx: DistContext, fig: RankFigures) -> tuple[L
     layout = Layout(opts.tp or max(1, ctx.world // opts.ep), opts.ep)
     planner.check_layout(layout, ctx.world)
     plan = planner.plan(layout, opts.kind, ctx.rank)
+    preflight.check(planner, layout, plan, ctx.device, ctx.node_peers, int(opts.reserve_gib * GIB))
     to_hash = _hash_share(planner, layout, opts.kind, ctx, plan, opts.verify)
     if opts.verify != "off":  # deferred too: their locators carry the manifest's sha256
         ckpt.check_manifest(sorted(set(plan.used_tensors) | set(to_hash) | set(plan.deferred)))

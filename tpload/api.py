@@ -17,18 +17,19 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from . import preflight
 from .checkpoint import Checkpoint
 from .config import DEFAULT_CONFIG, load_config, with_rules
 from .deferred import DeferredTensor, locate
 from .dist import DistContext, context, exchange, keep_world
 from .errors import LoadError
 from .load import LoadResult, run
-from . import preflight
 from .pagecache import checkpoint_resident
-from .preflight import GIB
 from .plan import KINDS, Layout, Planner, RankPlan
+from .preflight import GIB
 from .report import LoadReport, MemoryPeaks, Progress, RankFigures, rank_log
 from .synth import PRESETS, cached_checkpoint
+from .teardown import give_back
 from .verify import VERIFY_MODES, assign_hashing, digest
 
 
@@ -105,12 +106,14 @@ class RankShards:
         return list(self._deferred)
 
     def release(self) -> None:
-        """Drop every buffer the load made (the arena and all views of it)."""
+        """Free every buffer the load made: the arena (each served and decoded tensor is a
+        view of it; views the caller still holds keep it alive), the allocators' cached
+        device blocks and pinned staging buffers, and freed host heap pages."""
         if self._result is not None:
             self._result.tensors.clear()
+            self._result.fingerprints.clear()
             self._result = None
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        give_back(torch.device(self.report.device))
 
 
 def _hash_share(planner: Planner, layout: Layout, kind: str, ctx: DistContext, plan: RankPlan, mode: str) -> list[str]:

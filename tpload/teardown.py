@@ -1,0 +1,42 @@
+"""Giving memory back after :meth:`tpload.RankShards.release`.
+
+Dropping the arena frees the served tensors (all views of it), but freed
+memory can linger in caches: torch's CUDA caching allocator keeps device
+blocks, its host allocator keeps the pinned staging buffers, and glibc keeps
+freed heap pages. A serving startup that releases one load to make room for
+another (or for the KV cache) needs them returned, not cached.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+
+import torch
+
+log = logging.getLogger("tpload")
+
+
+def give_back(device: torch.device) -> None:
+    """Return cached device blocks, pinned host buffers and free heap pages."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        host_empty = getattr(torch._C, "_host_emptyCache", None)  # pinned staging buffers
+        if host_empty is not None:
+            host_empty()
+    _trim_heap()
+
+
+def _trim_heap() -> None:
+    """glibc's malloc_trim: hand freed heap pages back to the kernel (no-op elsewhere)."""
+    name = ctypes.util.find_library("c")
+    try:
+        trim = ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):  # musl, macOS: nothing to trim this way
+        trim = None
+    if trim is not None:
+        trim(0)
+    else:
+        log.debug("no malloc_trim on this platform; freed heap pages stay with the allocator")

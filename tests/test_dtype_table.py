@@ -20,7 +20,7 @@ from tpload.plan import Layout, Planner
 from tpload.synth import SynthSpec, write_checkpoint
 
 from .ckpt_tools import add_tensors, stored_bytes
-from .helpers import HERE, error_of, tpload_cli, torchrun
+from .helpers import HERE, error_of, torchrun, tpload_cli
 
 SERVE = str(HERE / "workers" / "serve.py")
 # f16 values whose f32 lies exactly between two bf16 values: ties go to the even mantissa

@@ -15,7 +15,7 @@ import torch
 from tpload.synth import SynthSpec, write_checkpoint
 
 from .ckpt_tools import config_with
-from .helpers import HERE, error_of, tpload_cli, torchrun
+from .helpers import HERE, error_of, torchrun, tpload_cli
 from .reference import expected
 
 SERVE = str(HERE / "workers" / "serve.py")

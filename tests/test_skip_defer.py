@@ -14,7 +14,7 @@ from tpload.deferred import DeferredTensor
 from tpload.errors import CheckpointError
 
 from .ckpt_tools import add_tensors, all_names, config_with, nbytes, stored_bytes
-from .helpers import HERE, error_of, poke, tensor_offset, tpload_cli, torchrun
+from .helpers import HERE, error_of, poke, tensor_offset, torchrun, tpload_cli
 
 SERVE = str(HERE / "workers" / "serve.py")
 EXPERTS = 8

@@ -2,6 +2,7 @@
 
     python -m tpload [--checkpoint DIR] [--kind packed|expanded] [--tp T] ...   load (the main job)
     python -m tpload synth DIR [--preset small|medium|seed] [--hidden H ...]     write a synthetic checkpoint
+    python -m tpload export DIR OUT --tp T [--ep E] [--config C]                 write a pre-partitioned checkpoint
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ import sys
 from collections.abc import Callable
 
 from .api import LoadOptions, load_in, resolve_checkpoint
-from .config import DEFAULT_CONFIG, shipped_configs
+from .config import DEFAULT_CONFIG, load_config, shipped_configs, with_rules
 from .dist import init_distributed
 from .errors import LoadError
-from .plan import KINDS
+from .export import export, rank_file
+from .plan import KINDS, Layout
 from .synth import PRESETS, spec_from, write_checkpoint
 from .verify import VERIFY_MODES
 
@@ -99,7 +101,33 @@ def cmd_synth(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS: dict[str, Callable[[list[str]], int]] = {"synth": cmd_synth}
+def cmd_export(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m tpload export", description="Write a pre-partitioned checkpoint: "
+                                "one packed safetensors file per rank of a tp x ep layout, with its own manifest. "
+                                "Loading it with the same layout reads only each rank's own file.")
+    p.add_argument("dir", help="the native checkpoint to cut")
+    p.add_argument("out", help="a new (or empty) folder for the rank files")
+    p.add_argument("--tp", type=int, required=True, help="tensor-parallel degree")
+    p.add_argument("--ep", type=int, default=1, help="expert-parallel degree (world = tp x ep)")
+    p.add_argument("--config", default=DEFAULT_CONFIG, help=f"shipped config ({', '.join(shipped_configs())}) or a TOML path")
+    p.add_argument("--skip", action="append", default=[], metavar="GLOB", help="leave these tensors out (repeatable)")
+    p.add_argument("--defer", action="append", default=[], metavar="GLOB",
+                   help="copy these whole into each holding rank's file, to be located, not loaded (repeatable)")
+    p.add_argument("--hash-threads", type=int, default=2, help="sha256 threads checking the source")
+    args = p.parse_args(argv)
+    try:
+        config = with_rules(load_config(args.config), skip=tuple(args.skip), defer=tuple(args.defer))
+        done = export(args.dir, args.out, Layout(args.tp, args.ep), config, hash_threads=args.hash_threads)
+    except LoadError as e:
+        print(f"tpload export: error: {e}", file=sys.stderr, flush=True)
+        return 1
+    for rank, n in enumerate(done.rank_bytes):
+        print(f"rank {rank}: {rank_file(rank, done.layout.world)} {n / 1e9:.3f} GB")
+    print(f"wrote {done.out}: tp {done.layout.tp} x ep {done.layout.ep}, {sum(done.rank_bytes) / 1e9:.3f} GB")
+    return 0
+
+
+COMMANDS: dict[str, Callable[[list[str]], int]] = {"synth": cmd_synth, "export": cmd_export}
 
 
 def main(argv: list[str] | None = None) -> int:

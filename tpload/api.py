@@ -23,6 +23,7 @@ from .config import DEFAULT_CONFIG, load_config, with_rules
 from .deferred import DeferredTensor, locate
 from .dist import DistContext, context, exchange, keep_world
 from .errors import LoadError
+from .export import PartitionedCheckpoint, open_checkpoint
 from .load import LoadResult, run
 from .pagecache import checkpoint_resident
 from .plan import KINDS, Layout, Planner, RankPlan
@@ -120,7 +121,7 @@ def _hash_share(planner: Planner, layout: Layout, kind: str, ctx: DistContext, p
     """The official tensors this rank must sha256 (see verify.py for the modes)."""
     if mode == "off":
         return []
-    if mode == "rank":
+    if mode == "rank" or planner.ckpt.per_rank:  # per-rank files: nobody can hash for another
         return plan.used_tensors
     peers = ctx.node_peers
     users: dict[str, list[int]] = {}
@@ -139,12 +140,14 @@ def _device_peaks(device: torch.device) -> tuple[int, int]:
 
 def _load_rank(opts: LoadOptions, ctx: DistContext, fig: RankFigures) -> tuple[LoadResult, RankPlan, Checkpoint]:
     """Everything one rank does before the exchange; raises on any problem."""
-    ckpt = Checkpoint(opts.checkpoint)
+    layout = Layout(opts.tp or max(1, ctx.world // opts.ep), opts.ep)
+    ckpt = open_checkpoint(opts.checkpoint, layout, ctx.rank, ctx.world)
     fig.page_cache_before = checkpoint_resident(ckpt.shard_paths())
     planner = Planner(ckpt, with_rules(load_config(opts.config), skip=opts.skip, defer=opts.defer))
-    layout = Layout(opts.tp or max(1, ctx.world // opts.ep), opts.ep)
     planner.check_layout(layout, ctx.world)
     plan = planner.plan(layout, opts.kind, ctx.rank)
+    if isinstance(ckpt, PartitionedCheckpoint):
+        ckpt.check_plan(plan)
     preflight.check(planner, layout, plan, ctx.device, ctx.node_peers, int(opts.reserve_gib * GIB))
     to_hash = _hash_share(planner, layout, opts.kind, ctx, plan, opts.verify)
     if opts.verify != "off":  # deferred too: their locators carry the manifest's sha256

@@ -15,6 +15,7 @@ import mmap
 import os
 import re
 import struct
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -182,6 +183,10 @@ class Checkpoint:
     one shared read-only map per shard, and dropped again by :meth:`unmap`.
     """
 
+    per_rank = False
+    """True when each rank reads files of its own (a pre-partitioned checkpoint): then
+    no rank can hash for another, and node verification becomes per rank."""
+
     def __init__(self, root: str | os.PathLike) -> None:
         self.root = Path(root).absolute()
         if not self.root.is_dir():
@@ -286,6 +291,10 @@ class Checkpoint:
         rows = info.shape[0] if len(info.shape) > 1 else 1
         return self.raw(name).reshape(rows, -1) if info.nbytes else self.raw(name).reshape(rows, 0)
 
+    def window(self, name: str, rows: tuple[int, int], cols: tuple[int, int]) -> np.ndarray:
+        """Rows ``rows`` and byte columns ``cols`` of :meth:`raw2d` (a view, no copy)."""
+        return self.raw2d(name)[rows[0]:rows[1], cols[0]:cols[1]]
+
     def sha256(self, name: str) -> str:
         """sha256 of the stored bytes (hashlib releases the GIL on large buffers)."""
         return hashlib.sha256(memoryview(self.raw(name))).hexdigest()
@@ -309,3 +318,32 @@ class Checkpoint:
     def shard_paths(self) -> list[Path]:
         """Every shard file this checkpoint reads from."""
         return sorted({i.path for i in self.tensors.values()})
+
+
+def write_safetensors(path: Path, tensors: list[tuple[str, str, tuple[int, ...]]],
+                      chunks: Callable[[str], Iterable[np.ndarray]], metadata: dict[str, str]) -> dict[str, str]:
+    """Write a safetensors file one chunk at a time; return {name: sha256 of its stored bytes}.
+
+    ``tensors`` gives (name, dtype, shape) in file order and ``chunks(name)`` the
+    tensor's stored bytes in order, so memory stays bounded whatever the sizes
+    (the safetensors library wants every tensor whole in memory at once).
+    """
+    header: dict[str, object] = {"__metadata__": metadata}
+    offset = 0
+    for name, dtype, shape in tensors:
+        n = math.prod(shape) * DTYPES[dtype].itemsize
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # data starts 8-aligned, as safetensors writes it
+    digests = {}
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        for name, _, _ in tensors:
+            h = hashlib.sha256()
+            for chunk in chunks(name):
+                data = memoryview(np.ascontiguousarray(chunk)).cast("B")
+                h.update(data)
+                f.write(data)
+            digests[name] = h.hexdigest()
+    return digests

@@ -99,7 +99,7 @@ class Stager:
 
 
 def _window(ckpt: Checkpoint, cut: Cut) -> np.ndarray:
-    return ckpt.raw2d(cut.name)[cut.rows[0]:cut.rows[1], cut.cols[0]:cut.cols[1]]
+    return ckpt.window(cut.name, cut.rows, cut.cols)
 
 
 def _slot(arena: torch.Tensor, out: Output) -> torch.Tensor:

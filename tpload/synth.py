@@ -10,12 +10,10 @@ bytes whatever the shard count.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
 import shutil
-import struct
 import tempfile
 import zlib
 from collections.abc import Callable, Iterator
@@ -24,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import INDEX_NAME, MANIFEST_NAME
+from .checkpoint import INDEX_NAME, MANIFEST_NAME, write_safetensors
 from .formats import DTYPES, FP4_GROUP
 
 CHUNK_BYTES = 32 << 20
@@ -170,23 +168,9 @@ def _split_shards(tensors: list[_Planned], shards: int) -> list[list[_Planned]]:
 
 def write_shard(path: Path, tensors: list[_Planned], seed: int) -> dict[str, str]:
     """Write one safetensors file; return {name: sha256 of its stored bytes}."""
-    header: dict[str, object] = {"__metadata__": {"format": "pt", "writer": "tpload.synth"}}
-    offset = 0
-    for t in tensors:
-        header[t.name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [offset, offset + t.nbytes]}
-        offset += t.nbytes
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)  # data starts 8-aligned, as safetensors writes it
-    digests = {}
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(raw)) + raw)
-        for t in tensors:
-            h = hashlib.sha256()
-            for chunk in _chunks(t, seed):
-                h.update(chunk)
-                f.write(chunk.tobytes())
-            digests[t.name] = h.hexdigest()
-    return digests
+    by_name = {t.name: t for t in tensors}
+    return write_safetensors(path, [(t.name, t.dtype, t.shape) for t in tensors],
+                             lambda name: _chunks(by_name[name], seed), {"format": "pt", "writer": "tpload.synth"})
 
 
 def write_checkpoint(out_dir: str | os.PathLike, spec: SynthSpec) -> Path:

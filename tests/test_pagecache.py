@@ -69,7 +69,7 @@ def test_a_shard_is_released_only_after_its_own_hash_jobs(clean_ckpt: Path) -> N
     hashed = next(n for n in plan.used_tensors if ckpt.info(n).path == first)
     with ThreadPoolExecutor(1) as pool:
         job = pool.submit(gate.wait)
-        tracker = ShardRelease(ckpt, plan.items, [(hashed, job)], released.append)
+        tracker = ShardRelease(ckpt, plan.items, [(hashed, job)], lambda path, ranges: released.append(path))
         for item in plan.items:
             tracker.item_done(item)
         assert released == shards(clean_ckpt)[1:]  # every window copied, but the hash still runs
@@ -100,6 +100,8 @@ def test_two_ranks_with_node_hashing_leave_nothing_cached(clean_ckpt: Path, tmp_
     total = warm(clean_ckpt)
     doc = report(clean_ckpt, tmp_path, 2, "--evict-page-cache")
     assert doc["verify"] == "node"
-    assert all(r["page_cache_before"] == total and r["page_cache_after"] < total for r in doc["ranks"])
+    # each rank measures when it starts: only the earliest start is sure to precede every eviction
+    before = [r["page_cache_before"] for r in doc["ranks"]]
+    assert max(before) == total and all(r["page_cache_after"] <= b for r, b in zip(doc["ranks"], before))
     # whoever finished last dropped what the other still had mapped
     assert [resident_bytes(p) for p in shards(clean_ckpt)] == [0] * len(shards(clean_ckpt))

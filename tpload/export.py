@@ -99,7 +99,7 @@ def _rank_tensors(ckpt: Checkpoint, plan: RankPlan) -> dict[str, tuple[str, tupl
     """{name: (dtype, stored shape, rows, cols)} of everything the rank's file holds."""
     out = {}
     for item in plan.items:
-        for cut in [item.weight] + ([item.scale] if item.scale else []):
+        for cut in item.cuts:
             out[cut.name] = (cut.dtype, cut.shape, cut.rows, cut.cols)
     for name in plan.deferred:  # whole: the model streams them from this file
         info = ckpt.info(name)

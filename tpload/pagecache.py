@@ -77,14 +77,36 @@ def checkpoint_resident(paths: Iterable[Path]) -> int:
         return 0
 
 
-def evict(ckpt: Checkpoint, path: Path) -> None:
-    """Close this rank's map of ``path``, then advise the kernel to drop its cached pages."""
+def _spans(ranges: Iterable[tuple[int, int]], page: int) -> list[tuple[int, int]]:
+    """(offset, length) ranges widened to whole pages and merged (fadvise keeps partial pages)."""
+    out: list[list[int]] = []
+    for begin, end in sorted((b // page * page, -(-(b + n) // page) * page) for b, n in ranges):
+        if out and begin <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([begin, end])
+    return [(b, e - b) for b, e in out]
+
+
+def evict(ckpt: Checkpoint, path: Path, ranges: Iterable[tuple[int, int]] | None = None) -> None:
+    """Close this rank's map of ``path``, then advise the kernel to drop its cached pages:
+    of the (offset, length) ``ranges`` this rank touched plus the header, or of the whole file.
+
+    Ranges spare the pages of tensors only other ranks read (another ep group's experts),
+    which they would otherwise read again from disk.
+    """
     if not ckpt.unmap(path):
         log.debug("%s: a view of the map is still alive; its pages stay until it dies", path)
     try:
         fd = os.open(path, os.O_RDONLY)
         try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            if ranges is None:
+                spans = [(0, 0)]  # length 0: to the end of the file
+            else:
+                header = 8 + int.from_bytes(os.pread(fd, 8, 0), "little")  # every rank read it
+                spans = _spans([(0, header), *ranges], mmap.PAGESIZE)
+            for offset, length in spans:
+                os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
     except (OSError, AttributeError) as e:  # advice only: a load never fails for it
@@ -100,32 +122,36 @@ class ShardRelease:
     """
 
     def __init__(self, ckpt: Checkpoint, items: Iterable[Item], hashes: Iterable[tuple[str, Future]],
-                 release: Callable[[Path], None] | None = None) -> None:
+                 release: Callable[[Path, list[tuple[int, int]]], None] | None = None) -> None:
         self.ckpt = ckpt
         self.release = release or functools.partial(evict, ckpt)
         self._lock = threading.Lock()
         self._pending: dict[Path, int] = {}
+        self._touched: dict[Path, list[tuple[int, int]]] = {}
         for item in items:
-            for path in self._paths(item):
-                self._pending[path] = self._pending.get(path, 0) + 1
-        jobs = [(self.ckpt.info(name).path, fut) for name, fut in hashes]
-        for path, _ in jobs:
-            self._pending[path] = self._pending.get(path, 0) + 1
-        for path, fut in jobs:  # registered after counting, so no early zero
+            for cut in item.cuts:
+                self._count(cut.name)
+        hashes = list(hashes)
+        for name, _ in hashes:
+            self._count(name)
+        for name, fut in hashes:  # registered after counting, so no early zero
+            path = self.ckpt.info(name).path
             fut.add_done_callback(lambda _f, p=path: self._done(p))
 
-    def _paths(self, item: Item) -> list[Path]:
-        cuts = [item.weight] + ([item.scale] if item.scale else [])
-        return [self.ckpt.info(c.name).path for c in cuts]
+    def _count(self, name: str) -> None:
+        """One more thing to do on ``name``'s shard; its bytes are among those touched there."""
+        info = self.ckpt.info(name)
+        self._pending[info.path] = self._pending.get(info.path, 0) + 1
+        self._touched.setdefault(info.path, []).append((info.begin, info.nbytes))
 
     def item_done(self, item: Item) -> None:
         """The windows of ``item`` are on the device: its shards need one thing less."""
-        for path in self._paths(item):
-            self._done(path)
+        for cut in item.cuts:
+            self._done(self.ckpt.info(cut.name).path)
 
     def _done(self, path: Path) -> None:
         with self._lock:
             self._pending[path] -= 1
             last = self._pending[path] == 0
         if last:
-            self.release(path)
+            self.release(path, self._touched[path])

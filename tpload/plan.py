@@ -91,6 +91,11 @@ class Item:
     def read_bytes(self) -> int:
         return self.weight.nbytes + (self.scale.nbytes if self.scale else 0)
 
+    @property
+    def cuts(self) -> list[Cut]:
+        """The weight's cut, then the scale's (if any)."""
+        return [self.weight] + ([self.scale] if self.scale else [])
+
 
 @dataclass(frozen=True)
 class RankPlan:

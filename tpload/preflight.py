@@ -61,8 +61,8 @@ def check(planner: Planner, layout: Layout, plan: RankPlan, device: torch.device
 
 def _message(planner: Planner, layout: Layout, plan: RankPlan, device: torch.device, sharing: list[RankPlan],
              needs: Need, free: int, reserve: int) -> str:
-    who = f"the {needs.ranks} ranks of this node" if needs.ranks > 1 else "this rank"
-    head = (f"out of memory before the load: {who} need {needs.total / GIB:.2f} GiB on {device} "
+    who = f"the {needs.ranks} ranks of this node need" if needs.ranks > 1 else "this rank needs"
+    head = (f"out of memory before the load: {who} {needs.total / GIB:.2f} GiB on {device} "
             f"(arena {needs.arena / GIB:.2f} GiB + largest transient {needs.transient / GIB:.2f} GiB), "
             f"free {free / GIB:.2f} GiB - reserve {reserve / GIB:.2f} GiB = {(free - reserve) / GIB:.2f} GiB usable")
     advice = [f"more ranks: a larger tp x ep (now tp {layout.tp} x ep {layout.ep}) spreads the bytes thinner"]

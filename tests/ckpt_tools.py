@@ -1,5 +1,5 @@
 """Checkpoint surgery for the tests, with the safetensors library (no tpload code; configs are
-built from the shipped TOML text)."""
+built from the shipped TOML text), and a launcher for the serve worker."""
 
 from __future__ import annotations
 
@@ -10,7 +10,17 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from .helpers import tensor_offset
+from .helpers import HERE, tensor_offset, torchrun
+
+SERVE = str(HERE / "workers" / "serve.py")
+
+
+def serve(root: Path, out: Path, nproc: int, *, timeout: float = 240, **kw: str) -> list[dict]:
+    """torchrun the serve worker (load(**kw) on every rank); each rank's JSON record."""
+    out.mkdir(exist_ok=True)
+    run = torchrun(nproc, [SERVE, str(root), str(out), *(f"{k}={v}" for k, v in kw.items())], timeout=timeout)
+    assert run.rc == 0, run.text
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
 
 
 def add_tensors(root: Path, tensors: dict[str, torch.Tensor], *, file: str = "extra.safetensors",

@@ -4,7 +4,6 @@ experts can be configured as replicated."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -14,11 +13,10 @@ import torch
 
 from tpload.synth import SynthSpec, write_checkpoint
 
-from .ckpt_tools import config_with
-from .helpers import HERE, error_of, torchrun, tpload_cli
+from .ckpt_tools import config_with, serve
+from .helpers import error_of, tpload_cli
 from .reference import expected
 
-SERVE = str(HERE / "workers" / "serve.py")
 EXPERT = re.compile(r"\.experts\.(\d+)\.")
 
 
@@ -27,12 +25,6 @@ def ref_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The reference model's channels (I = 2304: 288 per rank at tp 8, not a multiple of 64)."""
     return write_checkpoint(tmp_path_factory.mktemp("ref"), SynthSpec(hidden=256, inter=2304, experts=4, vocab=64))
 
-
-def serve(root: Path, out: Path, nproc: int, **kw: str) -> list[dict]:
-    out.mkdir(exist_ok=True)
-    run = torchrun(nproc, [SERVE, str(root), str(out), *(f"{k}={v}" for k, v in kw.items())], timeout=300)
-    assert run.rc == 0, run.text
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
 
 
 def experts_of(names: list[str]) -> set[int]:

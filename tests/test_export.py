@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from .helpers import HERE, error_of, poke, torchrun, tpload_cli
-
-SERVE = str(HERE / "workers" / "serve.py")
+from .ckpt_tools import serve
+from .helpers import HERE, error_of, poke, tpload_cli
 
 
 def export(src: Path, out: Path, *flags: str) -> subprocess.CompletedProcess:
@@ -28,12 +27,6 @@ def data_bytes(path: Path) -> int:
     with open(path, "rb") as f:
         return path.stat().st_size - 8 - int.from_bytes(f.read(8), "little")
 
-
-def serve(root: Path, out: Path, nproc: int, **kw: str) -> list[dict]:
-    out.mkdir()
-    run = torchrun(nproc, [SERVE, str(root), str(out), *(f"{k}={v}" for k, v in kw.items())], timeout=240)
-    assert run.rc == 0, run.text
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
 
 
 @pytest.fixture(scope="module")

@@ -74,7 +74,8 @@ def slurm_stubs(tmp_path: Path) -> Path:
     """scontrol and srun stand-ins: two 'nodes' on this machine, started together."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "scontrol").write_text("#!/usr/bin/env bash\necho 127.0.0.1\necho 127.0.0.2\n")
+    # many hosts: a reader that stops after the first line would SIGPIPE this under pipefail
+    (bin_dir / "scontrol").write_text("#!/usr/bin/env bash\necho 127.0.0.1\nfor i in $(seq 2 5000); do echo node$i; done\n")
     (bin_dir / "srun").write_text("#!/usr/bin/env bash\nshift  # --kill-on-bad-exit=1\n"
                                   "SLURM_NODEID=0 \"$@\" & a=$!\nSLURM_NODEID=1 \"$@\" & b=$!\n"
                                   "wait $a && wait $b\n")

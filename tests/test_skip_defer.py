@@ -13,18 +13,11 @@ import torch
 from tpload.deferred import DeferredTensor
 from tpload.errors import CheckpointError
 
-from .ckpt_tools import add_tensors, all_names, config_with, nbytes, stored_bytes
-from .helpers import HERE, error_of, poke, tensor_offset, torchrun, tpload_cli
+from .ckpt_tools import add_tensors, all_names, config_with, nbytes, serve, stored_bytes
+from .helpers import error_of, poke, tensor_offset, tpload_cli
 
-SERVE = str(HERE / "workers" / "serve.py")
 EXPERTS = 8
 
-
-def serve(root: Path, out: Path, nproc: int, **kw: str) -> list[dict]:
-    out.mkdir(exist_ok=True)
-    run = torchrun(nproc, [SERVE, str(root), str(out), *(f"{k}={v}" for k, v in kw.items())], timeout=180)
-    assert run.rc == 0, run.text
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
 
 
 def test_skip_mtp_reads_and_hashes_only_the_head(ckpt_copy: Path, tmp_path: Path) -> None:

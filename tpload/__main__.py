@@ -71,6 +71,8 @@ def cmd_load(argv: list[str]) -> int:
                     shards.report.write(args.report)
             shards.release()
     except LoadError as e:
+        # torchrun SIGTERMs the others as soon as one rank exits: finish this message first.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         print(f"[rank {rank}] tpload: error: {e}", file=sys.stderr, flush=True)
         return 1
     return 0

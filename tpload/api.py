@@ -157,10 +157,14 @@ def _load_rank(opts: LoadOptions, ctx: DistContext, fig: RankFigures) -> tuple[L
 
 
 def _failure(ranks: list[RankFigures]) -> str:
+    """One message for every rank: failed ranks grouped by what they said."""
     bad = [r for r in ranks if r.failed]
+    said: dict[str, list[int]] = {}
+    for r in bad:
+        said.setdefault(r.message.removeprefix(f"rank {r.rank}: "), []).append(r.rank)
     head = (f"load failed on rank {', '.join(str(r.rank) for r in bad)} ({len(bad)} of {len(ranks)} ranks); "
             "no rank returned weights")
-    return head + "".join(f"\n{r.message}" for r in bad)
+    return head + "".join(f"\nrank {', '.join(map(str, who))}: {msg}" for msg, who in said.items())
 
 
 def load_in(opts: LoadOptions, ctx: DistContext) -> RankShards:

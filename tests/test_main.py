@@ -32,3 +32,13 @@ def test_synth_writes_a_checkpoint_safetensors_can_read(tmp_path: Path) -> None:
     assert len(set(index["weight_map"].values())) == 3
     with safe_open(str(out / index["weight_map"]["mtp.0.ffn.experts.2.w2.weight"]), "pt") as f:
         assert list(f.get_slice("mtp.0.ffn.experts.2.w2.weight").get_shape()) == [256, 128]
+
+
+def test_single_node_launch_script(small_ckpt: Path, tmp_path: Path) -> None:
+    import os
+    root = Path(__file__).parent.parent
+    env = dict(os.environ, NPROC="2", OMP_NUM_THREADS="1", PYTHONPATH=str(root), CUDA_VISIBLE_DEVICES="")
+    p = subprocess.run(["bash", str(root / "launch" / "single-node.sh"), str(small_ckpt), "--no-progress",
+                        "--report", str(tmp_path / "r.json")], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert len(json.loads((tmp_path / "r.json").read_text())["ranks"]) == 2

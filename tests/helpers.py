@@ -93,3 +93,25 @@ def poke(root: Path, name: str, index: int, value: int | None = None, *, fix_man
         m["tensors"][name]["sha256"] = digest
         (root / "NATIVE_MANIFEST.json").write_text(json.dumps(m))
     return old
+
+
+def rewrite_header(root: Path, file: str, mutate) -> None:
+    """Rewrite one shard's JSON header through ``mutate(header)``, keeping its data bytes."""
+    path = root / file
+    raw = path.read_bytes()
+    hlen = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + hlen])
+    mutate(header)
+    new = json.dumps(header).encode()
+    new += b" " * (-len(new) % 8)
+    path.write_bytes(len(new).to_bytes(8, "little") + new + raw[8 + hlen:])
+
+
+def edit_json(path: Path, mutate) -> None:
+    doc = json.loads(path.read_text())
+    mutate(doc)
+    path.write_text(json.dumps(doc))
+
+
+def shard_of(root: Path, name: str) -> str:
+    return json.loads((root / "model.safetensors.index.json").read_text())["weight_map"][name]

@@ -2,6 +2,9 @@
 
     python -m tpload [--checkpoint DIR] [--kind packed|expanded] [--tp T] ...   load (the main job)
     python -m tpload synth DIR [--preset small|medium|seed] [--hidden H ...]     write a synthetic checkpoint
+    python -m tpload plan DIR --tp T [--ep E] [--kind K] [--digest [--write]]    per-rank plan, predicted digests
+    python -m tpload verify DIR [--config C]                                     check a checkpoint at rest
+    python -m tpload manifest DIR [--force]                                      write NATIVE_MANIFEST.json
     python -m tpload export DIR OUT --tp T [--ep E] [--config C]                 write a pre-partitioned checkpoint
 """
 
@@ -13,13 +16,16 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from .api import LoadOptions, load_in, resolve_checkpoint
+from .checkpoint import Checkpoint
 from .config import DEFAULT_CONFIG, load_config, shipped_configs, with_rules
 from .dist import init_distributed
 from .errors import LoadError
 from .export import export, rank_file
-from .plan import KINDS, Layout
+from .offline import PREDICTIONS_NAME, layout_key, plan_rows, predict, verify_checkpoint, write_predictions
+from .plan import KINDS, Layout, Planner
 from .synth import PRESETS, spec_from, write_checkpoint
 from .verify import VERIFY_MODES
 
@@ -77,6 +83,8 @@ def cmd_load(argv: list[str]) -> int:
                     shards.report.write(args.report)
             shards.release()
     except LoadError as e:
+        # torchrun SIGTERMs the others as soon as one rank exits: finish this message first.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         print(f"[rank {rank}] tpload: error: {e}", file=sys.stderr, flush=True)
         return 1
     return 0
@@ -101,6 +109,76 @@ def cmd_synth(argv: list[str]) -> int:
     return 0
 
 
+def _fail(e: LoadError) -> int:
+    print(f"tpload: error: {e}", file=sys.stderr, flush=True)
+    return 1
+
+
+def cmd_plan(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m tpload plan", description="Print every rank's plan without a GPU; "
+                                "with --digest the digests a load must produce (computed on the CPU by the load's code).")
+    p.add_argument("dir")
+    p.add_argument("--config", default=DEFAULT_CONFIG)
+    p.add_argument("--tp", type=int, required=True)
+    p.add_argument("--ep", type=int, default=1)
+    p.add_argument("--kind", choices=KINDS, default="packed")
+    p.add_argument("--digest", action="store_true", help="compute each rank's digest on the CPU")
+    p.add_argument("--write", action="store_true", help=f"store the digests in DIR/{PREDICTIONS_NAME} (implies --digest)")
+    args = p.parse_args(argv)
+    try:
+        config = load_config(args.config)
+        planner = Planner(Checkpoint(args.dir), config)
+        layout = Layout(args.tp, args.ep)
+        planner.check_layout(layout, layout.world)
+        plans = plan_rows(planner, layout, args.kind)
+        digests = predict(planner, layout, args.kind) if args.digest or args.write else ["-"] * len(plans)
+    except LoadError as e:
+        return _fail(e)
+    print(f"plan for {args.dir} (config {config.name}, tp {args.tp} x ep {args.ep}, kind {args.kind})")
+    print(f"{'rank':>4} {'tensors':>8} {'read GB':>8} {'device GB':>9} {'transient MiB':>13}  digest")
+    for plan, dig in zip(plans, digests):
+        served = sum(len(i.outputs) for i in plan.items)
+        print(f"{plan.rank:>4} {served:>8} {plan.read_bytes / 1e9:>8.3f} {plan.arena_bytes / 1e9:>9.3f} "
+              f"{plan.largest_transient / 2**20:>13.1f}  {dig}")
+    if args.write:
+        path = write_predictions(Path(args.dir), layout_key(config, layout, args.kind), digests)
+        print(f"wrote {path}: loads with this layout, kind and config will be checked against these digests")
+    return 0
+
+
+def cmd_verify(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m tpload verify", description="Check a checkpoint at rest: headers, "
+                                "manifest, every sha256, scale bytes and NaN codes; list every bad tensor.")
+    p.add_argument("dir")
+    p.add_argument("--config", default=DEFAULT_CONFIG, help="roles for the value checks ('none' to skip them)")
+    p.add_argument("--threads", type=int, default=4)
+    args = p.parse_args(argv)
+    try:
+        config = None if args.config == "none" else load_config(args.config)
+    except LoadError as e:
+        return _fail(e)
+    problems = verify_checkpoint(Path(args.dir), config, threads=args.threads)
+    for line in problems:
+        print(f"BAD {line}")
+    print(f"{args.dir}: {'OK' if not problems else f'{len(problems)} problem(s)'}")
+    return 1 if problems else 0
+
+
+def cmd_manifest(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m tpload manifest", description="Hash every tensor and write "
+                                "NATIVE_MANIFEST.json for a checkpoint that lacks one.")
+    p.add_argument("dir")
+    p.add_argument("--force", action="store_true", help="overwrite an existing manifest")
+    p.add_argument("--threads", type=int, default=4)
+    args = p.parse_args(argv)
+    try:
+        path = Checkpoint(args.dir).write_manifest(force=args.force, threads=args.threads)
+    except LoadError as e:
+        return _fail(e)
+    print(f"wrote {path}")
+    return 0
+
+
 def cmd_export(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m tpload export", description="Write a pre-partitioned checkpoint: "
                                 "one packed safetensors file per rank of a tp x ep layout, with its own manifest. "
@@ -119,15 +197,15 @@ def cmd_export(argv: list[str]) -> int:
         config = with_rules(load_config(args.config), skip=tuple(args.skip), defer=tuple(args.defer))
         done = export(args.dir, args.out, Layout(args.tp, args.ep), config, hash_threads=args.hash_threads)
     except LoadError as e:
-        print(f"tpload export: error: {e}", file=sys.stderr, flush=True)
-        return 1
+        return _fail(e)
     for rank, n in enumerate(done.rank_bytes):
         print(f"rank {rank}: {rank_file(rank, done.layout.world)} {n / 1e9:.3f} GB")
     print(f"wrote {done.out}: tp {done.layout.tp} x ep {done.layout.ep}, {sum(done.rank_bytes) / 1e9:.3f} GB")
     return 0
 
 
-COMMANDS: dict[str, Callable[[list[str]], int]] = {"synth": cmd_synth, "export": cmd_export}
+COMMANDS: dict[str, Callable[[list[str]], int]] = {"synth": cmd_synth, "plan": cmd_plan, "verify": cmd_verify,
+                                                   "manifest": cmd_manifest, "export": cmd_export}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,20 +19,20 @@ import torch
 import torch.distributed as dist
 
 from . import preflight
-from .checkpoint import Checkpoint
 from .config import DEFAULT_CONFIG, load_config, with_rules
 from .deferred import DeferredTensor, locate
 from .dist import DistContext, context, exchange, keep_world
 from .errors import LoadError
 from .export import PartitionedCheckpoint, open_checkpoint
 from .load import LoadResult, run
+from .offline import check_predictions, layout_key
 from .pagecache import checkpoint_resident
 from .plan import KINDS, Layout, Planner, RankPlan
 from .preflight import GIB
 from .report import LoadReport, MemoryPeaks, Progress, RankFigures, rank_log
 from .synth import PRESETS, cached_checkpoint
 from .teardown import give_back
-from .verify import VERIFY_MODES, assign_hashing, digest
+from .verify import VERIFY_MODES, assign_hashing
 
 
 @dataclass(frozen=True)
@@ -138,12 +139,41 @@ def _device_peaks(device: torch.device) -> tuple[int, int]:
     return torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
 
 
-def _load_rank(opts: LoadOptions, ctx: DistContext, fig: RankFigures) -> tuple[LoadResult, RankPlan, Checkpoint]:
-    """Everything one rank does before the exchange; raises on any problem."""
+class _KillAfter(Progress):
+    """Test hook (TPLOAD_TEST_KILL="RANK:ITEMS"): SIGKILL this rank after ITEMS tensors,
+    to show that the other ranks then stop with a message instead of hanging."""
+
+    def __init__(self, inner: Progress, items: int) -> None:
+        self.__dict__.update(inner.__dict__)
+        self._inner, self._left = inner, items
+
+    def update(self, nbytes: int) -> None:
+        self._inner.update(nbytes)
+        self._left -= 1
+        if self._left <= 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def _progress(plan: RankPlan, ctx: DistContext, enabled: bool) -> Progress:
+    progress = Progress(plan.read_bytes, len(plan.items), enabled=enabled and ctx.rank == 0)
+    kill = os.environ.get("TPLOAD_TEST_KILL", "")
+    if kill and int(kill.split(":")[0]) == ctx.rank:
+        return _KillAfter(progress, int(kill.split(":")[1]))
+    return progress
+
+
+def _load_rank(opts: LoadOptions, ctx: DistContext,
+               fig: RankFigures) -> tuple[LoadResult, RankPlan, str, tuple[DeferredTensor, ...]]:
+    """Everything one rank does before the exchange; raises on any problem.
+    Returns the predictions key and the deferred tensors' locators too."""
     layout = Layout(opts.tp or max(1, ctx.world // opts.ep), opts.ep)
     ckpt = open_checkpoint(opts.checkpoint, layout, ctx.rank, ctx.world)
     fig.page_cache_before = checkpoint_resident(ckpt.shard_paths())
-    planner = Planner(ckpt, with_rules(load_config(opts.config), skip=opts.skip, defer=opts.defer))
+    config = with_rules(load_config(opts.config), skip=opts.skip, defer=opts.defer)
+    planner = Planner(ckpt, config)
     planner.check_layout(layout, ctx.world)
     plan = planner.plan(layout, opts.kind, ctx.rank)
     if isinstance(ckpt, PartitionedCheckpoint):
@@ -152,35 +182,40 @@ def _load_rank(opts: LoadOptions, ctx: DistContext, fig: RankFigures) -> tuple[L
     to_hash = _hash_share(planner, layout, opts.kind, ctx, plan, opts.verify)
     if opts.verify != "off":  # deferred too: their locators carry the manifest's sha256
         ckpt.check_manifest(sorted(set(plan.used_tensors) | set(to_hash) | set(plan.deferred)))
-    progress = Progress(plan.read_bytes, len(plan.items), enabled=opts.progress and ctx.rank == 0)
     result = run(ckpt, plan, device=ctx.device, to_hash=to_hash, hash_threads=opts.hash_threads,
-                 samples_per_role=opts.samples, progress=progress, evict=opts.evict_page_cache)
+                 samples_per_role=opts.samples, progress=_progress(plan, ctx, opts.progress),
+                 evict=opts.evict_page_cache)
     fig.page_cache_after = checkpoint_resident(ckpt.shard_paths())
     fig.tensors, fig.bytes_read, fig.bytes_device = len(result.tensors), plan.read_bytes, plan.arena_bytes
     fig.hashed, fig.bytes_hashed = len(result.hashed), result.bytes_hashed
     fig.device_checked, fig.sampled = result.device_checked, result.sampled
     fig.skipped, fig.deferred = len(plan.skipped), len(plan.deferred)
-    fig.digest = digest((n, t.dtype, tuple(t.shape), result.fingerprints[n]) for n, t in result.tensors.items())
-    return result, plan, ckpt
+    fig.digest = result.digest()
+    return result, plan, layout_key(config, layout, opts.kind), locate(ckpt, plan.deferred)
 
 
 def _failure(ranks: list[RankFigures]) -> str:
+    """One message for every rank: failed ranks grouped by what they said."""
     bad = [r for r in ranks if r.failed]
+    said: dict[str, list[int]] = {}
+    for r in bad:
+        said.setdefault(r.message.removeprefix(f"rank {r.rank}: "), []).append(r.rank)
     head = (f"load failed on rank {', '.join(str(r.rank) for r in bad)} ({len(bad)} of {len(ranks)} ranks); "
             "no rank returned weights")
-    return head + "".join(f"\n{r.message}" for r in bad)
+    return head + "".join(f"\nrank {', '.join(map(str, who))}: {msg}" for msg, who in said.items())
 
 
 def load_in(opts: LoadOptions, ctx: DistContext) -> RankShards:
     log = rank_log(ctx.rank)
     fig = RankFigures(rank=ctx.rank, node=ctx.nodes[ctx.rank])
-    result = plan = ckpt = None
+    result = plan = key = None
+    deferred: tuple[DeferredTensor, ...] = ()
     if ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)
     t0 = time.perf_counter_ns()
     with MemoryPeaks() as mem:
         try:
-            result, plan, ckpt = _load_rank(opts, ctx, fig)
+            result, plan, key, deferred = _load_rank(opts, ctx, fig)
         except LoadError as e:
             fig.failed, fig.message = 1, f"rank {ctx.rank}: {e}"
         except Exception as e:  # a bug or an OS error: still reach the exchange so no peer hangs
@@ -194,11 +229,18 @@ def load_in(opts: LoadOptions, ctx: DistContext) -> RankShards:
     if any(r.failed for r in ranks):
         del result  # nothing partly loaded survives a failed load
         raise LoadError(_failure(ranks))
+    # Every rank holds every digest, so every rank reaches the same verdict with no second collective.
+    predicted, problems = check_predictions(Path(opts.checkpoint), key, [r.digest for r in ranks])
+    if problems:
+        del result
+        raise LoadError("load failed: digests differ from the stored predictions; no rank returned weights\n"
+                        + "\n".join(problems))
     report = LoadReport(str(Path(opts.checkpoint)), opts.kind, plan.layout.tp, plan.layout.ep, opts.verify,
-                        str(ctx.device), ranks, ctx.rank, evict_page_cache=opts.evict_page_cache)
+                        str(ctx.device), ranks, ctx.rank, "matched" if predicted else "none stored",
+                        evict_page_cache=opts.evict_page_cache)
     if opts.verify == "off":
         log.warning("verification is OFF: %d tensors served without any check against the manifest", fig.tensors)
-    return RankShards(result, plan, report, locate(ckpt, plan.deferred))
+    return RankShards(result, plan, report, deferred)
 
 
 def resolve_checkpoint(checkpoint: str | os.PathLike | None) -> str:

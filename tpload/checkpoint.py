@@ -16,6 +16,7 @@ import os
 import re
 import struct
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -213,14 +214,17 @@ class Checkpoint:
         files = sorted(set(names.values()) if isinstance(names, dict) else names)
         source = str(self.root / INDEX_NAME) if isinstance(names, dict) else str(self.root)
         headers: dict[str, dict[str, TensorInfo]] = {}
-        missing = []
-        for file in files:
+        problems = []
+        for file in files:  # every shard is read, so one error lists every broken one
             path = _safe_member(self.root, file, source=source)
             if not path.exists():
-                missing.append(f"{source}: shard {file} does not exist")
+                problems.append(f"{source}: shard {file} does not exist")
                 continue
-            headers[file] = read_header(path, file)
-        raise_all(CheckpointError, missing, what="missing shards")
+            try:
+                headers[file] = read_header(path, file)
+            except CheckpointError as e:
+                problems.append(str(e))
+        raise_all(CheckpointError, problems, what=f"problems with the shards of {self.root}")
         if isinstance(names, dict):
             return self._by_index(names, headers, source)
         out: dict[str, TensorInfo] = {}
@@ -298,6 +302,20 @@ class Checkpoint:
     def sha256(self, name: str) -> str:
         """sha256 of the stored bytes (hashlib releases the GIL on large buffers)."""
         return hashlib.sha256(memoryview(self.raw(name))).hexdigest()
+
+    def write_manifest(self, *, force: bool = False, threads: int = 4) -> Path:
+        """Hash every tensor and write NATIVE_MANIFEST.json (refusing to overwrite unless ``force``)."""
+        path = self.root / MANIFEST_NAME
+        if path.exists() and not force:
+            raise CheckpointError(f"{path} exists; pass --force to overwrite it")
+        names = self.names()
+        with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="tpload-sha") as pool:
+            digests = list(pool.map(self.sha256, names))
+        tensors = {n: {"file": self.tensors[n].file, "dtype": self.tensors[n].dtype, "shape": list(self.tensors[n].shape),
+                       "sha256": d} for n, d in zip(names, digests)}
+        path.write_text(json.dumps({"format": 1, "tensors": tensors}, indent=1) + "\n")
+        self.manifest = read_manifest(self.root)
+        return path
 
     def unmap(self, path: Path | None = None) -> bool:
         """Drop and close the map of one shard (or all); False if a view of one is still

@@ -115,6 +115,45 @@ def init_distributed(*, device: str | torch.device | None = None, timeout_s: flo
             dist.destroy_process_group()
 
 
+class Arrivals:
+    """Marks in the rendezvous store of who reached the final exchange.
+
+    When a peer dies (SIGKILL, OOM killer) the survivors' collective fails
+    without saying who is gone; these marks let them name it. The store is
+    torchrun's (MASTER_ADDR/MASTER_PORT); without one, nobody is named.
+    """
+
+    def __init__(self, ctx: DistContext) -> None:
+        self.ctx, self.store = ctx, self._connect()
+        gid = "-".join(str(r) for r in (dist.get_process_group_ranks(ctx.group) if ctx.group else [0]))
+        self.prefix = f"tpload/{gid}"
+        if self.store is not None:  # per-rank load count: ranks run the same loads in the same order
+            self.prefix += f"/{self.store.add(f'{self.prefix}/loads/{ctx.rank}', 1)}"
+
+    @staticmethod
+    def _connect() -> dist.Store | None:
+        host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+        if not host or not port:
+            return None
+        try:
+            return dist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=10),
+                                 wait_for_workers=False)
+        except (RuntimeError, ValueError, OSError):
+            return None
+
+    def arrive(self) -> None:
+        if self.store is not None:
+            self.store.set(f"{self.prefix}/arrived/{self.ctx.rank}", "1")
+
+    def missing(self) -> list[int]:
+        if self.store is None:
+            return []
+        try:
+            return [r for r in range(self.ctx.world) if not self.store.check([f"{self.prefix}/arrived/{r}"])]
+        except (RuntimeError, OSError):  # the store may be gone with the launcher
+            return []
+
+
 def exchange(row: torch.Tensor, ctx: DistContext) -> torch.Tensor:
     """All-reduce every rank's int64 row into a ``[world, K]`` table held by every rank.
 
@@ -125,10 +164,15 @@ def exchange(row: torch.Tensor, ctx: DistContext) -> torch.Tensor:
     table[ctx.rank] = row
     if ctx.group is None:
         return table
+    arrivals = Arrivals(ctx)
+    arrivals.arrive()
     comm = table.to(ctx.device) if dist.get_backend(ctx.group) == "nccl" else table
     try:
         dist.all_reduce(comm, op=dist.ReduceOp.SUM, group=ctx.group)
     except Exception as e:  # a peer died or timed out; torch raises several types here
-        raise LoadError(f"rank {ctx.rank}: lost the other ranks in the final exchange "
-                        f"(a peer died or hung before reaching it): {type(e).__name__}: {e}") from None
+        gone = arrivals.missing()
+        who = (f"rank {', '.join(map(str, gone))} never reached it (died or hung)" if gone
+               else "a peer died or hung before reaching it")
+        raise LoadError(f"rank {ctx.rank}: lost the other ranks in the final exchange: {who} "
+                        f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
     return comm.cpu()

@@ -20,7 +20,7 @@ from .errors import LoadError
 from .pagecache import ShardRelease
 from .plan import Cut, Item, Output, RankPlan
 from .report import Progress
-from .verify import as_bytes2d, fingerprint, host_fingerprint
+from .verify import as_bytes2d, digest, fingerprint, host_fingerprint
 
 
 @dataclass
@@ -34,6 +34,10 @@ class LoadResult:
     bytes_hashed: int = 0
     device_checked: int = 0
     sampled: int = 0
+
+    def digest(self) -> str:
+        """This rank's digest of what it serves (README, "Digests")."""
+        return digest((n, t.dtype, tuple(t.shape), self.fingerprints[n]) for n, t in self.tensors.items())
 
 
 @dataclass

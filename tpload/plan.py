@@ -186,6 +186,7 @@ class Planner:
                     continue
                 broken.add(n)
         entries, skipped, deferred, unmatched = [], [], [], []
+        grouped: dict[str, list[str]] = {}
         for n in names:
             r = rules[n]
             if n in scales or n in broken:
@@ -197,48 +198,48 @@ class Planner:
             elif r.role == "defer":
                 deferred.append(n)
             else:
-                e = self._entry(n, r, problems)
+                e = self._entry(n, r, grouped)
                 if e is not None:
                     entries.append(e)
+        for reason, tensors in grouped.items():
+            problems.append(f"{reason}: {_listing(tensors)}")
         if unmatched:
-            shown = ", ".join(unmatched[:20]) + (f" (and {len(unmatched) - 20} more)" if len(unmatched) > 20 else "")
-            problems.append(f"{len(unmatched)} tensors match no rule of {self.config.name}: {shown}; "
-                            "add a rule (a final match = \"*\" with split = \"replicate\" is a common catch-all)")
+            problems.append(f"{len(unmatched)} tensors match no rule of {self.config.name} (add a rule; a final "
+                            f"match = \"*\" with split = \"replicate\" is a common catch-all): {_listing(unmatched)}")
         raise_all(ConfigError, problems, what=f"problems fitting config {self.config.name} to {self.ckpt.root}")
         return entries, skipped, deferred
 
-    def _entry(self, name: str, rule: Rule, problems: list[str]) -> _Entry | None:
+    def _entry(self, name: str, rule: Rule, grouped: dict[str, list[str]]) -> _Entry | None:
+        """Classify one tensor under its rule, or file why it does not fit under (rule, reason)."""
         info = self.ckpt.tensors[name]
-        where = f"tensor {name} ({info.file}, {info.dtype} {list(info.shape)}) under {rule.describe()}"
+        tensor = f"{name} ({info.file}, {info.dtype} {list(info.shape)})"
+
+        def refuse(reason: str, detail: str = "") -> None:
+            grouped.setdefault(f"{rule.describe()}: {reason}", []).append(tensor + (f": {detail}" if detail else ""))
+
         expert = self._expert_of(name, rule)
         if rule.experts and expert is None:
-            problems.append(f"{where}: experts = true but expert_pattern {self.config.expert_pattern!r} finds no index")
-            return None
+            return refuse(f"experts = true but expert_pattern {self.config.expert_pattern!r} finds no index in")
         if rule.role == "plain":
             if info.dtype not in PLAIN_DTYPES:
-                problems.append(f"{where}: plain tensors must be {'/'.join(PLAIN_DTYPES)}")
-                return None
+                return refuse(f"plain tensors must be {'/'.join(PLAIN_DTYPES)}, and these are not")
             if rule.split == "cols" and len(info.shape) != 2:
-                problems.append(f"{where}: split cols needs a 2-D tensor")
-                return None
+                return refuse("split cols needs 2-D tensors")
             return _Entry(name, rule, info, expert=expert)
         scale = self.ckpt.tensors[name[: -len(".weight")] + rule.scale]
         wants = (FP4_WEIGHT_DTYPES, E8M0_SCALE_DTYPES) if rule.role == "fp4" else (FP8_WEIGHT_DTYPES, FP8_SCALE_DTYPES)
         if info.dtype not in wants[0] or scale.dtype not in wants[1] or len(info.shape) != 2 or len(scale.shape) != 2:
-            problems.append(f"{where}: {rule.role} wants a 2-D {'/'.join(wants[0])} weight and a 2-D "
-                            f"{'/'.join(wants[1])} scale; scale {scale.name} is {scale.dtype} {list(scale.shape)}")
-            return None
+            return refuse(f"{rule.role} wants a 2-D {'/'.join(wants[0])} weight and a 2-D {'/'.join(wants[1])} scale",
+                          f"scale {scale.name} is {scale.dtype} {list(scale.shape)}")
         if rule.role == "fp4":
             n, kb = info.shape
             if scale.shape != (n, 2 * kb // FP4_GROUP) or (2 * kb) % FP4_GROUP:
-                problems.append(f"{where}: scale {scale.name} is {list(scale.shape)}, expected [{n}, {2 * kb // FP4_GROUP}] "
-                                f"(one E8M0 byte per {FP4_GROUP} elements)")
-                return None
+                return refuse(f"fp4 scales hold one E8M0 byte per {FP4_GROUP} elements",
+                              f"scale {scale.name} is {list(scale.shape)}, expected [{n}, {2 * kb // FP4_GROUP}]")
             return _Entry(name, rule, info, scale, FP4_GROUP, expert)
         block = _infer_block(info, scale, rule)
         if isinstance(block, str):
-            problems.append(f"{where}: {block}")
-            return None
+            return refuse("fp8 scale shape does not fit", block)
         return _Entry(name, rule, info, scale, block, expert)
 
     def _expert_of(self, name: str, rule: Rule) -> tuple[str, int] | None:
@@ -372,6 +373,12 @@ class Planner:
             items.append(Item(e.name, e.rule.role, e.rule.describe(), cuts[0], cuts[1], e.block, tuple(outputs)))
         deferred = tuple(n for n in self.deferred if self._owns_expert(self.deferred_experts.get(n), layout, group))
         return RankPlan(rank, layout, kind, tuple(items), tuple(self.skipped), deferred, offset)
+
+
+def _listing(names: list[str], limit: int = 12) -> str:
+    """``a, b, c (and N more)``: long lists stay readable in one error line."""
+    more = f" (and {len(names) - limit} more)" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
 
 
 def _served(e: _Entry, cuts: tuple[Cut, Cut | None], kind: str) -> list[tuple[str, torch.dtype, tuple[int, ...], int]]:

@@ -111,6 +111,8 @@ class LoadReport:
     ranks: list[RankFigures] = field(default_factory=list)
     rank: int = 0
     """The rank holding this report."""
+    predictions: str = "none stored"
+    """``matched`` when every rank's digest equals the one stored by ``tpload plan --write``."""
     evict_page_cache: bool = False
     """Whether ranks dropped each shard's page cache once done with it."""
 
@@ -158,8 +160,10 @@ class LoadReport:
         t = self.total
         lines.append(f"{'all':>4} {'':>4} {t('tensors'):>8} {t('bytes_read') / 1e9:>8.3f} {t('bytes_hashed') / 1e9:>9.3f} "
                      f"{t('bytes_device') / 1e9:>9.3f} {self.seconds:>7.2f} {t('bytes_read') / 1e9 / max(self.seconds, 1e-9):>6.2f}")
-        lines.append(f"verified: {t('hashed')} tensors by sha256, {t('device_checked')} device fingerprints, "
-                     f"{t('sampled')} exact decodes; skipped {self.ranks[0].skipped}, deferred {self.ranks[0].deferred}"
+        per_node = ", ".join(f"node {n}: {b / 1e9:.3f} GB" for n, b in sorted(self.bytes_hashed_per_node().items()))
+        lines.append(f"verified: {t('hashed')} tensors by sha256 ({per_node} hashed), {t('device_checked')} device "
+                     f"fingerprints, {t('sampled')} exact decodes; digests vs predictions: {self.predictions}; "
+                     f"skipped {self.ranks[0].skipped}, deferred {self.ranks[0].deferred}"
                      + ("; page cache evicted shard by shard" if self.evict_page_cache else ""))
         return "\n".join(lines)
 

@@ -86,13 +86,15 @@ def report(root: Path, tmp_path: Path, nproc: int, *flags: str) -> dict:
 
 
 def test_one_rank_reports_its_page_cache_before_and_after(clean_ckpt: Path, tmp_path: Path) -> None:
+    # a shared machine's kernel may reclaim a few pages between warming and measuring: 99%, not all
     total = warm(clean_ckpt)
     kept = report(clean_ckpt, tmp_path, 1)["ranks"][0]
-    assert kept["page_cache_before"] == kept["page_cache_after"] == total
+    assert kept["page_cache_before"] > 0.99 * total and kept["page_cache_after"] > 0.99 * total
+    total = warm(clean_ckpt)
     doc = report(clean_ckpt, tmp_path, 1, "--evict-page-cache")
     assert doc["evict_page_cache"] is True
     rank = doc["ranks"][0]
-    assert rank["page_cache_before"] == total and rank["page_cache_after"] == 0
+    assert rank["page_cache_before"] > 0.99 * total and rank["page_cache_after"] == 0
     assert sum(resident_bytes(p) for p in shards(clean_ckpt)) == 0
 
 
@@ -102,6 +104,6 @@ def test_two_ranks_with_node_hashing_leave_nothing_cached(clean_ckpt: Path, tmp_
     assert doc["verify"] == "node"
     # each rank measures when it starts: only the earliest start is sure to precede every eviction
     before = [r["page_cache_before"] for r in doc["ranks"]]
-    assert max(before) == total and all(r["page_cache_after"] <= b for r, b in zip(doc["ranks"], before))
+    assert max(before) > 0.99 * total and all(r["page_cache_after"] <= b for r, b in zip(doc["ranks"], before))
     # whoever finished last dropped what the other still had mapped
     assert [resident_bytes(p) for p in shards(clean_ckpt)] == [0] * len(shards(clean_ckpt))

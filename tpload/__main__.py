@@ -2,6 +2,7 @@
 
     python -m tpload [--checkpoint DIR] [--kind packed|expanded] [--tp T] ...   load (the main job)
     python -m tpload synth DIR [--preset small|medium|seed] [--hidden H ...]     write a synthetic checkpoint
+    python -m tpload bench [--preset medium] [--nproc 2 --tp 2 --rounds 3 --cold --json FILE]   tpload beside its peers
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 from collections.abc import Callable
 
 from .api import LoadOptions, load_in, resolve_checkpoint
+from .bench import cmd_bench
 from .config import DEFAULT_CONFIG, shipped_configs
 from .dist import init_distributed
 from .errors import LoadError
@@ -89,7 +91,7 @@ def cmd_synth(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS: dict[str, Callable[[list[str]], int]] = {"synth": cmd_synth}
+COMMANDS: dict[str, Callable[[list[str]], int]] = {"synth": cmd_synth, "bench": cmd_bench}
 
 
 def main(argv: list[str] | None = None) -> int:

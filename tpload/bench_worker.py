@@ -99,7 +99,9 @@ def _element_slices(cut: Cut) -> tuple[slice, ...]:
 
 
 def run_safetensors(job: Job) -> Windows:
-    """vLLM-style: ``safe_open`` + ``get_slice`` of each window, copied to the device; no verification."""
+    """vLLM-style: ``safe_open`` + ``get_slice`` of each window, copied into a parameter allocated on the
+    device (``param.copy_(loaded)``); no verification. safetensors >= 0.6 hands back views of its map,
+    so without that copy a CPU rank would own nothing."""
     from safetensors import safe_open
     handles, out = {}, {}
     try:
@@ -109,7 +111,8 @@ def run_safetensors(job: Job) -> Windows:
             if f is None:
                 f = handles[info.path] = safe_open(str(info.path), framework="pt", device="cpu").__enter__()
             t = f.get_slice(cut.name)[_element_slices(cut)]
-            out[name] = _served(cut, t.to(job.device))
+            param = torch.empty(t.shape, dtype=t.dtype, device=job.device)
+            out[name] = _served(cut, param.copy_(t))
     finally:
         for f in handles.values():
             f.__exit__(None, None, None)

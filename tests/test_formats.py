@@ -118,3 +118,20 @@ def test_not_finite_sees_nan_and_both_infinities(value: float) -> None:
 def test_dtype_table_is_the_seeds() -> None:
     assert set(formats.DTYPES) == {"BF16", "F32", "F16", "F8_E4M3", "F8_E8M0", "U8", "I8", "I64"}
     assert formats.DTYPES["F16"].served == torch.bfloat16
+
+
+@pytest.mark.parametrize("k", [10240, 3000])  # row steps of 6 and 21: neither divides the block of 32
+def test_wide_fp8_and_fp4_decodes_in_row_steps_match_the_reference(k: int) -> None:
+    rng = np.random.default_rng(k)
+    w = rng.integers(0, 0x7E, (100, k), dtype=np.uint8)
+    s = rng.integers(100, 150, (4, -(-k // 32)), dtype=np.uint8)
+    out = torch.empty(100, k, dtype=torch.bfloat16)
+    formats.decode_fp8(torch.from_numpy(w), torch.from_numpy(s), out, block=32)
+    np.testing.assert_array_equal(bits(out), ref_fp8(w, s, 32).astype(ml_dtypes.bfloat16).view(np.uint16))
+    packed = rng.integers(0, 256, (50, 2048), dtype=np.uint8)
+    scale = rng.integers(100, 150, (50, 128), dtype=np.uint8)
+    out4 = torch.empty(50, 4096, dtype=torch.bfloat16)
+    formats.decode_fp4(torch.from_numpy(packed), torch.from_numpy(scale), out4, rows_per_step=7)
+    codes = np.stack([packed & 0xF, packed >> 4], axis=-1).reshape(50, 4096)
+    e2m1 = np.array(formats.E2M1_VALUES, dtype=np.float32)[codes] * np.exp2(np.repeat(scale, 32, 1).astype(np.float32) - 127)
+    np.testing.assert_array_equal(bits(out4), e2m1.astype(ml_dtypes.bfloat16).view(np.uint16))

@@ -5,6 +5,7 @@
     python -m tpload plan DIR --tp T [--ep E] [--kind K] [--digest [--write]]    per-rank plan, predicted digests
     python -m tpload verify DIR [--config C]                                     check a checkpoint at rest
     python -m tpload manifest DIR [--force]                                      write NATIVE_MANIFEST.json
+    python -m tpload bench [--preset medium] [--nproc 2 --tp 2 --rounds 3 --cold --json FILE]   tpload beside its peers
     python -m tpload export DIR OUT --tp T [--ep E] [--config C]                 write a pre-partitioned checkpoint
 """
 
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .api import LoadOptions, load_in, resolve_checkpoint
+from .bench import cmd_bench
 from .checkpoint import Checkpoint
 from .config import DEFAULT_CONFIG, load_config, shipped_configs, with_rules
 from .dist import init_distributed
@@ -205,7 +207,7 @@ def cmd_export(argv: list[str]) -> int:
 
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {"synth": cmd_synth, "plan": cmd_plan, "verify": cmd_verify,
-                                                   "manifest": cmd_manifest, "export": cmd_export}
+                                                   "manifest": cmd_manifest, "bench": cmd_bench, "export": cmd_export}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -295,9 +295,16 @@ class Checkpoint:
         rows = info.shape[0] if len(info.shape) > 1 else 1
         return self.raw(name).reshape(rows, -1) if info.nbytes else self.raw(name).reshape(rows, 0)
 
+    def stored_window(self, name: str, rows: tuple[int, int],
+                      cols: tuple[int, int]) -> tuple[np.ndarray, tuple[int, int], tuple[int, int]]:
+        """(the stored bytes holding a window of ``name``, as 2-D, and the window's rows and
+        byte columns in them): here the whole tensor; a pre-partitioned file holds only the window."""
+        return self.raw2d(name), rows, cols
+
     def window(self, name: str, rows: tuple[int, int], cols: tuple[int, int]) -> np.ndarray:
-        """Rows ``rows`` and byte columns ``cols`` of :meth:`raw2d` (a view, no copy)."""
-        return self.raw2d(name)[rows[0]:rows[1], cols[0]:cols[1]]
+        """Rows ``rows`` and byte columns ``cols`` of the whole tensor's 2-D bytes (a view, no copy)."""
+        stored, (r0, r1), (c0, c1) = self.stored_window(name, rows, cols)
+        return stored[r0:r1, c0:c1]
 
     def sha256(self, name: str) -> str:
         """sha256 of the stored bytes (hashlib releases the GIL on large buffers)."""

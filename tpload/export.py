@@ -204,13 +204,15 @@ class PartitionedCheckpoint(Checkpoint):
             raise CheckpointError(f"{self.path}: tensor {name} is not in this rank's file "
                                   "(another rank holds it, or it was skipped at export)") from None
 
-    def window(self, name: str, rows: tuple[int, int], cols: tuple[int, int]) -> np.ndarray:
+    def stored_window(self, name: str, rows: tuple[int, int],
+                      cols: tuple[int, int]) -> tuple[np.ndarray, tuple[int, int], tuple[int, int]]:
+        """The window is all this file holds of ``name``: its shape must be the plan's."""
         stored = self.raw2d(name)
         want = (rows[1] - rows[0], cols[1] - cols[0])
         if stored.shape != want:
             raise CheckpointError(f"{self.path}: tensor {name}: the file holds a {list(stored.shape)} byte window, this "
                                   f"load's plan wants {list(want)} (exported with another config?)")
-        return stored
+        return stored, (0, want[0]), (0, want[1])
 
     def shard_paths(self) -> list[Path]:
         return [self.path]

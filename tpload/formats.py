@@ -135,10 +135,48 @@ def not_finite(t: torch.Tensor) -> torch.Tensor:
     return (~(torch.isfinite(lo) & torch.isfinite(hi))).to(torch.int64)
 
 
-def decode_fp4(packed: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, *, rows_per_step: int = 256) -> torch.Tensor:
+_SCALED_TABLES: dict[tuple[str, torch.device], torch.Tensor] = {}
+DECODE_CHUNK = 1 << 16  # packed bytes (fp4) or codes (fp8) per step: the int32 indices stay in L2
+
+
+def _scaled_table(kind: str, device: torch.device) -> torch.Tensor:
+    """``[256 scale bytes x 256 codes]`` of decoded bf16 bits, built once per device.
+
+    fp4: int32 per packed byte (its two elements, low nibble in the low half);
+    fp8: int16 per E4M3 code. Each entry is the code's exact value times
+    ``2**(scale - 127)`` in fp32, rounded once to bf16: bit for bit what
+    decoding and then multiplying by the E8M0 scale gives, in one lookup.
+    """
+    device = torch.device(device)
+    table = _SCALED_TABLES.get((kind, device))
+    if table is None:
+        scale = e8m0_to_f32(torch.arange(256, dtype=torch.int32).to(torch.uint8)).unsqueeze(1)  # [256, 1]
+        if kind == "fp4":
+            codes = torch.arange(256)
+            e2m1 = torch.tensor(E2M1_VALUES, dtype=torch.float32)
+            lo = (e2m1[codes & 0xF] * scale).to(torch.bfloat16).view(torch.int16).to(torch.int32) & 0xFFFF
+            hi = (e2m1[codes >> 4] * scale).to(torch.bfloat16).view(torch.int16).to(torch.int32)
+            table = lo | (hi << 16)
+        else:
+            e4m3 = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(_FLOAT8_E4M3).to(torch.float32)
+            table = (e4m3 * scale).to(torch.bfloat16).view(torch.int16)
+        table = _SCALED_TABLES[(kind, device)] = table.reshape(-1).to(device)
+    return table
+
+
+def _lookup(table: torch.Tensor, codes: torch.Tensor, scale_shift: torch.Tensor, out: torch.Tensor) -> None:
+    """``out = table[scale * 256 + code]`` for a ``[rows, groups, per]`` block of codes whose scale
+    bytes (already shifted left by 8, as int32) are ``[rows, groups, 1]``."""
+    idx = codes.to(torch.int32)
+    idx += scale_shift
+    torch.index_select(table, 0, idx.reshape(-1), out=out.reshape(-1))
+
+
+def decode_fp4(packed: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, *, rows_per_step: int | None = None) -> torch.Tensor:
     """Decode packed FP4 ``[N, K/2]`` with E8M0 ``[N, K/32]`` into bf16 ``out [N, K]``.
 
-    Works in row chunks so the index temporaries stay a few MiB whatever N is.
+    One table lookup per packed byte (:func:`_scaled_table`), in row chunks
+    so the int32 indices stay a few hundred KiB whatever N is.
     """
     n, half_k = packed.shape
     k = half_k * 2
@@ -146,15 +184,15 @@ def decode_fp4(packed: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, *, 
         raise ValueError("decode_fp4: out must be contiguous (it is a preallocated slot)")
     if out.shape != (n, k) or scale.shape != (n, k // FP4_GROUP):
         raise ValueError(f"decode_fp4: packed {tuple(packed.shape)}, scale {tuple(scale.shape)}, out {tuple(out.shape)} disagree")
-    table = fp4_pair_table(packed.device)
-    words = out.view(torch.int32)  # [N, K/2]: one word per packed byte
-    src = packed.view(torch.uint8)
-    for r0 in range(0, n, rows_per_step):
-        r1 = min(n, r0 + rows_per_step)
-        idx = src[r0:r1].reshape(-1).to(torch.int32)
-        torch.index_select(table, 0, idx, out=words[r0:r1].view(-1))
-        block = out[r0:r1].view(r1 - r0, k // FP4_GROUP, FP4_GROUP)
-        block.mul_(e8m0_to_bf16(scale[r0:r1]).unsqueeze(-1))
+    table = _scaled_table("fp4", packed.device)
+    groups, per = k // FP4_GROUP, FP4_GROUP // 2  # 16 packed bytes share one scale byte
+    words = out.view(torch.int32).view(n, groups, per)
+    src = packed.view(torch.uint8).view(n, groups, per) if packed.is_contiguous() else packed.view(torch.uint8).reshape(n, groups, per)
+    shift = scale.view(torch.uint8)
+    step = rows_per_step or max(1, DECODE_CHUNK // max(half_k, 1))
+    for r0 in range(0, n, step):
+        r1 = min(n, r0 + step)
+        _lookup(table, src[r0:r1], (shift[r0:r1].to(torch.int32) << 8).unsqueeze(-1), words[r0:r1])
     return out
 
 
@@ -168,16 +206,28 @@ def _block_scale_f32(scale: torch.Tensor) -> torch.Tensor:
 def decode_fp8(weight: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, *, block: int) -> torch.Tensor:
     """Decode E4M3 ``[N, K]`` with a ``[ceil(N/B), ceil(K/B)]`` block scale into bf16 ``out``.
 
-    The product is formed in fp32 (exact for E8M0 scales) and rounded once to bf16,
-    one row block at a time so the fp32 temporary is B rows, not the matrix.
+    E8M0 scales: one table lookup per code (:func:`_scaled_table`). F32 scales
+    (V3's ``weight_scale_inv``): the product is formed in fp32 and rounded once
+    to bf16, one row block at a time so the fp32 temporary is B rows.
     """
     n, k = weight.shape
     nb_r, nb_c = -(-n // block), -(-k // block)
     if scale.shape != (nb_r, nb_c) or out.shape != (n, k):
         raise ValueError(f"decode_fp8: weight {tuple(weight.shape)}, scale {tuple(scale.shape)}, block {block}, out {tuple(out.shape)} disagree")
-    values = weight.view(torch.uint8).view(_FLOAT8_E4M3) if _FLOAT8_E4M3 else None
-    if values is None:
+    if _FLOAT8_E4M3 is None:
         raise RuntimeError("this torch has no float8_e4m3fn; FP8 decode needs torch >= 2.1")
+    codes = weight.view(torch.uint8)
+    if scale.dtype != torch.float32 and out.is_contiguous():
+        table = _scaled_table("fp8", weight.device)
+        shift = (scale.view(torch.uint8).to(torch.int32) << 8).repeat_interleave(block, dim=1)[:, :k]  # [nb_r, K]
+        bits = out.view(torch.int16)
+        step, r0 = max(1, DECODE_CHUNK // max(k, 1)), 0
+        while r0 < n:
+            r1 = min(n, r0 + step, (r0 // block + 1) * block)  # never straddle a scale block
+            _lookup(table, codes[r0:r1].unsqueeze(1), shift[r0 // block].view(1, 1, k), bits[r0:r1])
+            r0 = r1
+        return out
+    values = codes.view(_FLOAT8_E4M3)
     col_scale = _block_scale_f32(scale).repeat_interleave(block, dim=1)[:, :k]  # [nb_r, K]
     for i in range(nb_r):
         r0, r1 = i * block, min(n, (i + 1) * block)

@@ -24,7 +24,6 @@ import mmap
 import os
 import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
@@ -115,13 +114,13 @@ def evict(ckpt: Checkpoint, path: Path, ranges: Iterable[tuple[int, int]] | None
 
 class ShardRelease:
     """Counts what a rank still has to do on each shard; the moment a shard's count
-    reaches zero (last window copied, last of its own hash jobs finished) it is released.
+    reaches zero (last window copied, last of its own hashes done) it is released.
 
-    Hash jobs finish on worker threads, so the count is guarded by a lock and the
+    Hashes may finish on worker threads, so the count is guarded by a lock and the
     release may run there.
     """
 
-    def __init__(self, ckpt: Checkpoint, items: Iterable[Item], hashes: Iterable[tuple[str, Future]],
+    def __init__(self, ckpt: Checkpoint, items: Iterable[Item], hashed: Iterable[str],
                  release: Callable[[Path, list[tuple[int, int]]], None] | None = None) -> None:
         self.ckpt = ckpt
         self.release = release or functools.partial(evict, ckpt)
@@ -131,18 +130,18 @@ class ShardRelease:
         for item in items:
             for cut in item.cuts:
                 self._count(cut.name)
-        hashes = list(hashes)
-        for name, _ in hashes:
+        for name in hashed:
             self._count(name)
-        for name, fut in hashes:  # registered after counting, so no early zero
-            path = self.ckpt.info(name).path
-            fut.add_done_callback(lambda _f, p=path: self._done(p))
 
     def _count(self, name: str) -> None:
         """One more thing to do on ``name``'s shard; its bytes are among those touched there."""
         info = self.ckpt.info(name)
         self._pending[info.path] = self._pending.get(info.path, 0) + 1
         self._touched.setdefault(info.path, []).append((info.begin, info.nbytes))
+
+    def hash_done(self, name: str) -> None:
+        """This rank's sha256 of ``name`` is done (called once per hashed name, from any thread)."""
+        self._done(self.ckpt.info(name).path)
 
     def item_done(self, item: Item) -> None:
         """The windows of ``item`` are on the device: its shards need one thing less."""

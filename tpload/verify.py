@@ -37,6 +37,7 @@ import torch
 from .checkpoint import natural_key
 
 VERIFY_MODES = ("node", "rank", "off")
+HOST_BLOCK_BYTES = 2 << 20  # CPU row blocks: cache-sized, so the int64 temporaries stay small
 _WORD_DTYPES = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
 
 
@@ -51,22 +52,55 @@ def as_bytes2d(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8)
 
 
-def fingerprint(t: torch.Tensor) -> torch.Tensor:
+class FingerprintSum:
+    """The fingerprint of a 2-D uint8 tensor ``[R, C]`` built one row block at a time.
+
+    The triple is a sum of per-word terms, so adding row blocks in any order
+    gives exactly :func:`fingerprint` of the whole; the load feeds it blocks
+    while they are still in the CPU cache after their copy. Every state is a
+    device tensor: nothing syncs until the caller asks for the values.
+    """
+
+    def __init__(self, cols: int, device: torch.device) -> None:
+        self.width = next(w for w in (8, 4, 2, 1) if cols % w == 0) if cols else 1
+        self.device = device
+        self.col_index = torch.arange(1, cols // self.width + 1, dtype=torch.int64, device=device)
+        self.col_sums = torch.zeros(cols // self.width, dtype=torch.int64, device=device)
+        self.total = torch.zeros((), dtype=torch.int64, device=device)
+        self.rows = torch.zeros((), dtype=torch.int64, device=device)
+
+    def add(self, block: torch.Tensor, first_row: int) -> None:
+        """Add rows ``[first_row, first_row + len(block))`` (a 2-D uint8 block of the tensor)."""
+        r, c = block.shape
+        if r == 0 or c == 0:
+            return
+        words = block if self.width == 1 else _word_view(block, self.width)
+        if self.width != 8:
+            words = words.to(torch.int64)  # int32/int16 sums are slow; only scales and odd rows land here
+        row_sums = words.sum(dim=1)
+        ri = torch.arange(first_row + 1, first_row + r + 1, dtype=torch.int64, device=self.device)
+        self.total += row_sums.sum()
+        self.rows += (row_sums * ri).sum()
+        self.col_sums += words.sum(dim=0)
+
+    def value(self) -> torch.Tensor:
+        """The int64 triple ``(total, rows, cols)`` (a device tensor)."""
+        return torch.stack([self.total, self.rows, (self.col_sums * self.col_index).sum()])
+
+
+def fingerprint(t: torch.Tensor, *, block_bytes: int | None = None) -> torch.Tensor:
     """The int64 triple ``(total, rows, cols)`` of a 2-D uint8 tensor, on its device.
 
-    Returned as a tensor so callers can batch the device-to-host sync.
+    Returned as a tensor so callers can batch the device-to-host sync. With
+    ``block_bytes`` the rows are summed in blocks of about that size (bounded
+    temporaries on the CPU); the result is the same.
     """
     r, c = t.shape
-    if r == 0 or c == 0:
-        return torch.zeros(3, dtype=torch.int64, device=t.device)
-    w = next(w for w in (8, 4, 2, 1) if c % w == 0)
-    words = t if w == 1 else _word_view(t, w)
-    if w != 8:
-        words = words.to(torch.int64)  # int32/int16 sums are slow; only scales and odd rows land here
-    row_sums, col_sums = words.sum(dim=1), words.sum(dim=0)
-    ri = torch.arange(1, r + 1, dtype=torch.int64, device=t.device)
-    ci = torch.arange(1, c // w + 1, dtype=torch.int64, device=t.device)
-    return torch.stack([row_sums.sum(), (row_sums * ri).sum(), (col_sums * ci).sum()])
+    fp = FingerprintSum(c, t.device)
+    step = max(1, block_bytes // max(c, 1)) if block_bytes else max(r, 1)
+    for r0 in range(0, r, step):
+        fp.add(t[r0:r0 + step], r0)
+    return fp.value()
 
 
 def _word_view(t: torch.Tensor, w: int) -> torch.Tensor:
@@ -79,7 +113,7 @@ def _word_view(t: torch.Tensor, w: int) -> torch.Tensor:
 
 def host_fingerprint(window: np.ndarray) -> tuple[int, int, int]:
     """The same triple for a host byte window (a view into a mapped shard)."""
-    return tuple(fingerprint(torch.from_numpy(window)).tolist())
+    return tuple(fingerprint(torch.from_numpy(window), block_bytes=HOST_BLOCK_BYTES).tolist())
 
 
 def digest(entries: Iterable[tuple[str, torch.dtype, tuple[int, ...], tuple[int, int, int]]]) -> str:

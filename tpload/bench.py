@@ -1,0 +1,352 @@
+"""``python -m tpload bench``: tpload beside its peers, on the same job, in one run.
+
+Each method (see :mod:`tpload.bench_worker`) runs as a real torchrun job with
+the same world size, alternating round by round (A B C ..., then C B A ...)
+so that drift on a shared machine falls on every method alike. Figures are
+medians over rounds with min-max; ratios are to the ``floor`` (copies only)
+and to ``seed`` (the seed loader's method) of the same run. Before any figure
+is printed, every method's per-rank window digest must equal the floor's (the
+expanded kind is compared with itself across rounds): a method that served
+other bytes is refused, not ranked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import mmap
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import formats
+from .checkpoint import Checkpoint
+from .config import DEFAULT_CONFIG
+from .synth import PRESETS, cached_checkpoint
+
+PACKED_METHODS = ("floor", "tpload", "tpload-noverify", "safetensors", "fastsafetensors", "seed")
+ALL_METHODS = PACKED_METHODS + ("tpload-expanded",)
+MIB, GIB = 1 << 20, 1 << 30
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """What one bench run measures."""
+
+    checkpoint: str
+    """The checkpoint directory every method loads."""
+    nproc: int = 2
+    """Processes (ranks) per method run."""
+    tp: int = 2
+    """Tensor-parallel degree (tp x ep = nproc; ep = nproc / tp)."""
+    rounds: int = 3
+    """Rounds; each runs every method once, in alternating order."""
+    methods: tuple[str, ...] = ALL_METHODS
+    """Methods to run (fastsafetensors is dropped when it is not importable)."""
+    cold: bool = False
+    """Drop the checkpoint's pages from the page cache before every method run."""
+    config: str = DEFAULT_CONFIG
+    """Config name or TOML path."""
+    timeout_s: float = 1800.0
+    """Per method run."""
+
+
+@dataclass
+class MethodResult:
+    """Every run of one method: per round, every rank's figures (bench_worker's JSON)."""
+
+    name: str
+    runs: list[list[dict]] = field(default_factory=list)
+    cache: list[float] = field(default_factory=list)
+    """Resident fraction of the checkpoint in the page cache before each run."""
+    refused: str = ""
+    """Why no figures are shown (a failed run or a digest that disagrees); empty when fine."""
+
+
+# -- page cache ----------------------------------------------------------------------------------
+
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    return libc
+
+
+def resident_fraction(files: list[Path]) -> float:
+    """Fraction of the files' pages in the page cache (mincore on a fresh shared map; touches nothing)."""
+    libc, page = _libc(), mmap.PAGESIZE
+    resident = total = 0
+    for path in files:
+        size = path.stat().st_size
+        if size == 0:
+            continue
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+            if addr in (None, ctypes.c_void_p(-1).value):
+                raise OSError(ctypes.get_errno(), f"mmap of {path} failed")
+            pages = -(-size // page)
+            vec = (ctypes.c_ubyte * pages)()
+            rc = libc.mincore(addr, size, vec)
+            libc.munmap(addr, size)
+            if rc != 0:
+                raise OSError(ctypes.get_errno(), f"mincore of {path} failed")
+            resident += int((np.frombuffer(vec, dtype=np.uint8) & 1).sum())
+            total += pages
+        finally:
+            os.close(fd)
+    return resident / max(total, 1)
+
+
+def drop_cache(files: list[Path]) -> None:
+    """Ask the kernel to drop the files' clean pages (posix_fadvise DONTNEED; no root needed)."""
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+# -- running -------------------------------------------------------------------------------------
+
+def available_methods(wanted: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """(methods to run, notes about dropped ones)."""
+    notes, out = [], []
+    for m in wanted:
+        if m not in ALL_METHODS:
+            raise ValueError(f"unknown method {m!r}; choose from {', '.join(ALL_METHODS)}")
+        if m == "fastsafetensors":
+            try:
+                import fastsafetensors  # noqa: F401
+            except ImportError:
+                notes.append("fastsafetensors: not installed (pip install 'tpload[bench]'); skipped")
+                continue
+        out.append(m)
+    return out, notes
+
+
+def _worker_env(nproc: int) -> dict[str, str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # Pin the workers to this checkout of tpload, whatever is installed.
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH", "")])
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    return env
+
+
+def run_once(method: str, opts: BenchOptions, out_dir: Path) -> list[dict] | str:
+    """One torchrun of ``method``: every rank's figures, or the failure's text."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(opts.nproc),
+           "--max-restarts", "0", "-m", "tpload.bench_worker", method, opts.checkpoint, str(out_dir),
+           "--tp", str(opts.tp), "--config", opts.config]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=opts.timeout_s, env=_worker_env(opts.nproc))
+    except subprocess.TimeoutExpired:
+        return f"timed out after {opts.timeout_s:.0f} s"
+    files = [out_dir / f"{method}-rank{r}.json" for r in range(opts.nproc)]
+    if p.returncode != 0 or not all(f.exists() for f in files):
+        lines = (p.stdout + p.stderr).strip().splitlines()
+        errors = [ln for ln in lines if "Error" in ln or "SystemExit" in ln or ": error" in ln]
+        return f"exit {p.returncode}: " + " | ".join(dict.fromkeys(errors[-3:] or lines[-3:]))
+    return [json.loads(f.read_text()) for f in files]
+
+
+def run_all(opts: BenchOptions, methods: list[str], log=print) -> dict[str, MethodResult]:
+    """Every round of every method, alternating the order round by round."""
+    files = sorted(Path(opts.checkpoint).glob("*.safetensors"))
+    results = {m: MethodResult(m) for m in methods}
+    with tempfile.TemporaryDirectory(prefix="tpload-bench-") as tmp:
+        for k in range(opts.rounds):
+            for m in methods if k % 2 == 0 else list(reversed(methods)):
+                if results[m].refused:
+                    continue
+                if opts.cold:
+                    drop_cache(files)
+                results[m].cache.append(resident_fraction(files))
+                t0 = time.perf_counter()
+                got = run_once(m, opts, Path(tmp) / f"r{k}-{m}")
+                if isinstance(got, str):
+                    results[m].refused = f"run failed in round {k + 1}: {got}"
+                    log(f"round {k + 1}: {m}: FAILED ({got})")
+                    continue
+                results[m].runs.append(got)
+                log(f"round {k + 1}: {m}: {max(r['seconds'] for r in got):.2f} s ({time.perf_counter() - t0:.1f} s with launch)")
+    check_agreement(results)
+    return results
+
+
+def check_agreement(results: dict[str, MethodResult]) -> None:
+    """Refuse every method whose window digest differs from the reference on any rank in any round.
+
+    The reference is the floor's first run (or the first packed method run);
+    the expanded kind is held to its own first run.
+    """
+    packed = [r for m, r in results.items() if m in PACKED_METHODS and r.runs and not r.refused]
+    ref = next((r for r in packed if r.name == "floor"), packed[0] if packed else None)
+    for res in results.values():
+        if res.refused or not res.runs:
+            continue
+        base = ref if res.name in PACKED_METHODS else res
+        if base is None:
+            continue
+        want = [x["digest"] for x in base.runs[0]]
+        for k, run in enumerate(res.runs):
+            got = [x["digest"] for x in run]
+            bad = [r for r, (g, w) in enumerate(zip(got, want)) if g != w]
+            if bad or len(got) != len(want):
+                res.refused = (f"window digest of rank {bad[0] if bad else '?'} in round {k + 1} differs from "
+                               f"{base.name}'s ({got[bad[0]][:16] if bad else '?'} != {want[bad[0]][:16] if bad else '?'})")
+                break
+
+
+# -- figures -------------------------------------------------------------------------------------
+
+def _med(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def summarize(res: MethodResult) -> dict:
+    """Medians (and min-max) over rounds of the per-run figures (each run: the slowest rank / the worst peak)."""
+    walls = [max(x["seconds"] for x in run) for run in res.runs]
+    per_rank = [statistics.mean(x["window_bytes"] for x in run) for run in res.runs]
+    transient = [max(x["anon_peak"] - x["anon_before"] - x["window_bytes"] for x in run) for run in res.runs]
+    largest = max((x["largest_window"] for run in res.runs for x in run), default=0)
+    return {
+        "method": res.name, "rounds": len(res.runs), "seconds": _med(walls),
+        "seconds_min": min(walls, default=float("nan")), "seconds_max": max(walls, default=float("nan")),
+        "gb_per_s_per_rank": _med(per_rank) / 1e9 / max(_med(walls), 1e-9),
+        "window_bytes_per_rank": _med(per_rank),
+        "bytes_hashed_per_rank": _med([statistics.mean(x["bytes_hashed"] for x in run) for run in res.runs]),
+        "rss_peak": _med([max(x["rss_peak"] for x in run) for run in res.runs]),
+        "anon_peak": _med([max(x["anon_peak"] for x in run) for run in res.runs]),
+        "transient": _med(transient), "largest_window": largest, "transient_limit": 2 * largest + 64 * MIB,
+        "device_peak": _med([max(x["device_peak"] for x in run) for run in res.runs]),
+        "page_cache_before": _med(res.cache), "digests": [x["digest"] for x in res.runs[0]] if res.runs else [],
+        "note": next((x["note"] for run in res.runs for x in run if x.get("note")), ""),
+    }
+
+
+def decode_bandwidth(ckpt_dir: str, *, threads: int, reps: int = 5) -> dict:
+    """FP4 and FP8 -> bf16 decode on the CPU (bf16 bytes out per second) against a copy of the
+    same output size; every buffer is touched first, so page faults count for neither."""
+    ckpt = Checkpoint(ckpt_dir)
+    torch.set_num_threads(threads)
+    fp4 = next(n for n in ckpt.names() if n.endswith("experts.0.w1.weight"))
+    fp8 = next(n for n in ckpt.names() if n.endswith("eh_proj.weight"))
+    out: dict[str, float] = {"threads": threads}
+    copy_src = None
+    for role, name in (("fp4", fp4), ("fp8", fp8)):
+        w = torch.from_numpy(ckpt.raw2d(name).copy())
+        s = torch.from_numpy(ckpt.raw2d(name[: -len(".weight")] + ".scale").copy())
+        n, k = w.shape[0], w.shape[1] * (2 if role == "fp4" else 1)
+        dst = torch.zeros(n, k, dtype=torch.bfloat16)
+        block = n // s.shape[0]
+
+        def once() -> None:
+            if role == "fp4":
+                formats.decode_fp4(w, s, dst)
+            else:
+                formats.decode_fp8(w, s, dst, block=block)
+        out[f"{role}_gb_per_s"] = dst.numel() * 2 / _best(once, reps) / 1e9
+        copy_src = dst
+    copy_dst = torch.zeros_like(copy_src)
+    out["memcpy_gb_per_s"] = copy_src.numel() * 2 / _best(lambda: copy_dst.copy_(copy_src), reps) / 1e9
+    for role in ("fp4", "fp8"):
+        out[f"{role}_vs_memcpy"] = out[f"{role}_gb_per_s"] / out["memcpy_gb_per_s"]
+    return out
+
+
+def _best(fn, reps: int) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def table(summaries: list[dict], refused: dict[str, str], opts: BenchOptions) -> str:
+    """The human table: one line per method, ratios to floor and seed."""
+    by = {s["method"]: s for s in summaries}
+    floor, seed = by.get("floor", {}).get("seconds"), by.get("seed", {}).get("seconds")
+    head = (f"tpload bench: {opts.checkpoint}\n  nproc {opts.nproc}, tp {opts.tp}, {opts.rounds} round(s), "
+            f"{'cold' if opts.cold else 'warm'} page cache; seconds: median [min-max] of the slowest rank, "
+            "memory: worst rank, median over rounds\n")
+    cols = (f"{'method':<16} {'sec':>6} {'[min-max]':>13} {'GB/s/rank':>9} {'x floor':>7} {'x seed':>6} "
+            f"{'hashed GB':>9} {'rss GiB':>7} {'anon GiB':>8} {'trans MiB':>9} {'limit MiB':>9} {'dev GiB':>7} {'cache':>5}")
+    lines = [head, cols]
+    for s in summaries:
+        ratio = lambda ref: f"{s['seconds'] / ref:.2f}" if ref else "-"  # noqa: E731
+        span = f"[{s['seconds_min']:.2f}-{s['seconds_max']:.2f}]"
+        lines.append(f"{s['method']:<16} {s['seconds']:>6.2f} {span:>13} "
+                     f"{s['gb_per_s_per_rank']:>9.2f} {ratio(floor):>7} {ratio(seed):>6} "
+                     f"{s['bytes_hashed_per_rank'] / 1e9:>9.3f} {s['rss_peak'] / GIB:>7.2f} {s['anon_peak'] / GIB:>8.2f} "
+                     f"{s['transient'] / MIB:>9.0f} {s['transient_limit'] / MIB:>9.0f} {s['device_peak'] / GIB:>7.2f} "
+                     f"{s['page_cache_before'] * 100:>4.0f}%" + (f"  ({s['note']})" if s["note"] else ""))
+    for m, why in refused.items():
+        lines.append(f"{m:<16} REFUSED: {why}")
+    lines.append("trans = anonymous peak beyond the process before the run and the windows it owns; "
+                 "limit = 2 x largest window + 64 MiB")
+    return "\n".join(lines)
+
+
+def decode_line(d: dict) -> str:
+    return (f"decode on CPU ({d['threads']} thread(s)), bf16 bytes out: fp4 {d['fp4_gb_per_s']:.2f} GB/s "
+            f"({d['fp4_vs_memcpy'] * 100:.0f}% of memcpy), fp8 {d['fp8_gb_per_s']:.2f} GB/s "
+            f"({d['fp8_vs_memcpy'] * 100:.0f}%), memcpy of the same output {d['memcpy_gb_per_s']:.2f} GB/s")
+
+
+def cmd_bench(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m tpload bench", description="Run tpload beside its peers on the same "
+                                "job (every rank's windows in its own memory) and print a table of ratios.")
+    p.add_argument("--preset", choices=list(PRESETS), default="medium", help="synthetic checkpoint (made once, cached)")
+    p.add_argument("--checkpoint", help="an existing checkpoint instead of a preset")
+    p.add_argument("--config", default=DEFAULT_CONFIG)
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--tp", type=int, help="default: nproc")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--methods", default=",".join(ALL_METHODS), help="comma-separated subset")
+    p.add_argument("--cold", action="store_true", help="drop the checkpoint's pages before every run")
+    p.add_argument("--json", help="write every figure here")
+    p.add_argument("--no-decode", action="store_true", help="skip the decode-vs-memcpy measure")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per method run")
+    args = p.parse_args(argv)
+    if args.nproc < 1 or args.rounds < 1 or (args.tp or 1) < 1 or args.nproc % (args.tp or args.nproc):
+        p.error("nproc >= 1, rounds >= 1 and a tp dividing nproc are required")
+    ckpt = args.checkpoint or str(cached_checkpoint(PRESETS[args.preset]))
+    opts = BenchOptions(ckpt, args.nproc, args.tp or args.nproc, args.rounds, tuple(args.methods.split(",")),
+                        args.cold, args.config, args.timeout)
+    try:
+        methods, notes = available_methods(opts.methods)
+    except ValueError as e:
+        p.error(str(e))
+    for n in notes:
+        print(n, flush=True)
+    results = run_all(opts, methods, log=lambda s: print(s, file=sys.stderr, flush=True))
+    summaries = [summarize(r) for r in results.values() if r.runs and not r.refused]
+    refused = {m: r.refused for m, r in results.items() if r.refused}
+    print(table(summaries, refused, opts), flush=True)
+    decode = None
+    if not args.no_decode:
+        decode = decode_bandwidth(ckpt, threads=int(_worker_env(opts.nproc)["OMP_NUM_THREADS"]))
+        print(decode_line(decode), flush=True)
+    if args.json:
+        doc = {"options": {k: getattr(opts, k) for k in BenchOptions.__dataclass_fields__}, "notes": notes,
+               "methods": summaries, "refused": refused, "decode": decode,
+               "runs": {m: {"runs": r.runs, "page_cache_before": r.cache} for m, r in results.items()}}
+        Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+    return 0 if not refused else 1

@@ -33,7 +33,8 @@ from .checkpoint import Checkpoint
 from .config import DEFAULT_CONFIG
 from .synth import PRESETS, cached_checkpoint
 
-PACKED_METHODS = ("floor", "tpload", "tpload-noverify", "safetensors", "fastsafetensors", "seed")
+PACKED_METHODS = ("floor", "tpload", "tpload-rank", "tpload-noverify", "safetensors", "fastsafetensors",
+                  "seed")
 ALL_METHODS = PACKED_METHODS + ("tpload-expanded",)
 MIB, GIB = 1 << 20, 1 << 30
 

@@ -184,6 +184,7 @@ def run_seed(job: Job) -> Windows:
 METHODS: dict[str, Callable[[Job], Windows]] = {
     "floor": run_floor,
     "tpload": _tpload("packed", "node"),
+    "tpload-rank": _tpload("packed", "rank"),
     "tpload-noverify": _tpload("packed", "off"),
     "tpload-expanded": _tpload("expanded", "node"),
     "safetensors": run_safetensors,

@@ -14,7 +14,7 @@ Three layers, cheapest last:
 
 Fingerprint of a tensor seen as bytes ``[R, C]`` (a 1-D tensor is one row):
 take words of ``w`` bytes, ``w`` the largest of 8, 4, 2, 1 dividing ``C``,
-as little-endian signed integers ``x[r, j]``; then, in int64 arithmetic that
+as little-endian integers ``x[r, j]`` (signed, except 1-byte words: unsigned); then, in int64 arithmetic that
 wraps modulo 2**64,
 
     total = sum x[r, j]

@@ -49,7 +49,7 @@ def test_verify_lists_every_bad_tensor(ckpt_copy: Path) -> None:
     problems = verify_checkpoint(ckpt_copy, load_config())
     text = "\n".join(problems)
     assert len(problems) == 4, text
-    for needle in ("mtp.0.ffn.experts.1.w1.weight: sha256", "head.weight: sha256", "mtp.0.enorm.weight is not in the manifest",
+    for needle in ("mtp.0.ffn.experts.1.w1.weight: sha256", "head.weight: sha256", "tensor mtp.0.enorm.weight (in model-00001-of-00002.safetensors) is not in the manifest",
                    "mtp.0.ffn.experts.4.w2.scale: 1 E8M0 scale bytes 0x00/0xFF"):
         assert needle in text
     out = cli("verify", str(ckpt_copy))

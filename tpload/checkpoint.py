@@ -257,11 +257,12 @@ class Checkpoint:
         """Every tensor name, in natural order."""
         return sorted(self.tensors, key=natural_key)
 
-    def check_manifest(self, names: list[str]) -> None:
-        """Every named tensor is in the manifest and agrees with its header."""
+    def manifest_problems(self, names: list[str]) -> list[str]:
+        """Every named tensor that is missing from the manifest or disagrees with its header."""
         path = self.root / MANIFEST_NAME
         if self.manifest is None:
-            raise CheckpointError(f"{path}: manifest missing; write one with `python -m tpload manifest {self.root}` or load with --verify off")
+            return [f"{path}: manifest missing; write one with `python -m tpload manifest {self.root}` "
+                    "or load with --verify off"]
         problems = []
         for name in names:
             info, entry = self.tensors[name], self.manifest.get(name)
@@ -270,7 +271,11 @@ class Checkpoint:
             elif (entry.file, entry.dtype, entry.shape) != (info.file, info.dtype, info.shape):
                 problems.append(f"{path}: tensor {name}: manifest says {entry.file} {entry.dtype} {list(entry.shape)}, "
                                 f"shard header says {info.file} {info.dtype} {list(info.shape)}")
-        raise_all(CheckpointError, problems, what="manifest disagreements")
+        return problems
+
+    def check_manifest(self, names: list[str]) -> None:
+        """Every named tensor is in the manifest and agrees with its header (all problems raised at once)."""
+        raise_all(CheckpointError, self.manifest_problems(names), what="manifest disagreements")
 
     # -- bytes ---------------------------------------------------------------------------------
 

@@ -96,17 +96,10 @@ def verify_checkpoint(root: Path, config: Config | None, *, threads: int = 4) ->
         ckpt = Checkpoint(root)
     except LoadError as e:
         return [str(e)]
-    if ckpt.manifest is None:
-        return [f"{root}: NATIVE_MANIFEST.json missing (write one with `python -m tpload manifest {root}`)"]
-    problems = []
     names = ckpt.names()
-    for n in names:
-        info, entry = ckpt.tensors[n], ckpt.manifest.get(n)
-        if entry is None:
-            problems.append(f"{info.path}: tensor {n} is not in the manifest")
-        elif (entry.file, entry.dtype, entry.shape) != (info.file, info.dtype, info.shape):
-            problems.append(f"{info.path}: tensor {n}: manifest says {entry.file} {entry.dtype} {list(entry.shape)}, "
-                            f"header says {info.file} {info.dtype} {list(info.shape)}")
+    problems = ckpt.manifest_problems(names)
+    if ckpt.manifest is None:
+        return problems
     problems += [f"{root}: manifest names {n}, which no shard holds" for n in sorted(set(ckpt.manifest) - set(names))]
     hashed = [n for n in names if n in ckpt.manifest]
     with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="tpload-sha") as pool:

@@ -29,7 +29,7 @@ from .offline import check_predictions, layout_key
 from .pagecache import checkpoint_resident
 from .plan import KINDS, Layout, Planner, RankPlan
 from .preflight import GIB
-from .report import LoadReport, MemoryPeaks, Progress, RankFigures, rank_log
+from .report import LoadReport, MemoryPeaks, Progress, ProgressSink, RankFigures, rank_log
 from .synth import PRESETS, cached_checkpoint
 from .teardown import give_back
 from .verify import VERIFY_MODES, assign_hashing
@@ -139,12 +139,11 @@ def _device_peaks(device: torch.device) -> tuple[int, int]:
     return torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
 
 
-class _KillAfter(Progress):
+class _KillAfter:
     """Test hook (TPLOAD_TEST_KILL="RANK:ITEMS"): SIGKILL this rank after ITEMS tensors,
     to show that the other ranks then stop with a message instead of hanging."""
 
     def __init__(self, inner: Progress, items: int) -> None:
-        self.__dict__.update(inner.__dict__)
         self._inner, self._left = inner, items
 
     def update(self, nbytes: int) -> None:
@@ -157,7 +156,7 @@ class _KillAfter(Progress):
         self._inner.close()
 
 
-def _progress(plan: RankPlan, ctx: DistContext, enabled: bool) -> Progress:
+def _progress(plan: RankPlan, ctx: DistContext, enabled: bool) -> ProgressSink:
     progress = Progress(plan.read_bytes, len(plan.items), enabled=enabled and ctx.rank == 0)
     kill = os.environ.get("TPLOAD_TEST_KILL", "")
     if kill and int(kill.split(":")[0]) == ctx.rank:

@@ -30,7 +30,7 @@ from .checkpoint import Checkpoint
 from .errors import LoadError
 from .pagecache import ShardRelease
 from .plan import Cut, Item, Output, RankPlan
-from .report import Progress
+from .report import ProgressSink
 from .verify import HOST_BLOCK_BYTES, FingerprintSum, as_bytes2d, digest, fingerprint, host_fingerprint
 
 PINNED_CHUNK_BYTES = 64 << 20  # CUDA: each of the two pinned staging buffers; larger windows go in row chunks
@@ -339,7 +339,7 @@ def _load_item(ckpt: Checkpoint, item: Item, arena: torch.Tensor, stager: Stager
 
 
 def run(ckpt: Checkpoint, plan: RankPlan, *, device: torch.device, to_hash: list[str], hash_threads: int,
-        samples_per_role: int, progress: Progress, evict: bool = False) -> LoadResult:
+        samples_per_role: int, progress: ProgressSink, evict: bool = False) -> LoadResult:
     """Load ``plan`` onto ``device``, hashing ``to_hash`` alongside; raise LoadError listing every problem.
 
     ``evict``: drop each shard's map and page cache once this rank is done with it (pagecache.py).

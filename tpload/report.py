@@ -12,8 +12,9 @@ import logging
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import psutil
@@ -202,6 +203,14 @@ class MemoryPeaks:
         self._sample()
 
 
+class ProgressSink(Protocol):
+    """What the load loop reports to: one call per tensor, one at the end."""
+
+    def update(self, nbytes: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class Progress:
     """Rank-0 progress: a live bar on a terminal, plain periodic lines otherwise."""
 
@@ -234,7 +243,3 @@ class Progress:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
-
-
-def figure_names() -> list[str]:
-    return [f.name for f in fields(RankFigures)]

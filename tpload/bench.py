@@ -13,9 +13,7 @@ other bytes is refused, not ranked.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
-import mmap
 import os
 import statistics
 import subprocess
@@ -25,12 +23,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from . import formats
 from .checkpoint import Checkpoint
 from .config import DEFAULT_CONFIG
+from .pagecache import resident_bytes
 from .synth import PRESETS, cached_checkpoint
 
 PACKED_METHODS = ("floor", "tpload", "tpload-rank", "tpload-noverify", "safetensors", "fastsafetensors",
@@ -75,39 +73,10 @@ class MethodResult:
 
 # -- page cache ----------------------------------------------------------------------------------
 
-def _libc() -> ctypes.CDLL:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    return libc
-
-
 def resident_fraction(files: list[Path]) -> float:
-    """Fraction of the files' pages in the page cache (mincore on a fresh shared map; touches nothing)."""
-    libc, page = _libc(), mmap.PAGESIZE
-    resident = total = 0
-    for path in files:
-        size = path.stat().st_size
-        if size == 0:
-            continue
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-            if addr in (None, ctypes.c_void_p(-1).value):
-                raise OSError(ctypes.get_errno(), f"mmap of {path} failed")
-            pages = -(-size // page)
-            vec = (ctypes.c_ubyte * pages)()
-            rc = libc.mincore(addr, size, vec)
-            libc.munmap(addr, size)
-            if rc != 0:
-                raise OSError(ctypes.get_errno(), f"mincore of {path} failed")
-            resident += int((np.frombuffer(vec, dtype=np.uint8) & 1).sum())
-            total += pages
-        finally:
-            os.close(fd)
-    return resident / max(total, 1)
+    """Fraction of the files' bytes in the page cache (mincore via pagecache.py; touches nothing)."""
+    total = sum(p.stat().st_size for p in files)
+    return sum(resident_bytes(p) for p in files) / max(total, 1)
 
 
 def drop_cache(files: list[Path]) -> None:

@@ -158,22 +158,20 @@ class _Hashes:
 
     def start(self, name: str) -> hashlib._Hash | None:
         """A fresh sha256 if this rank must hash ``name`` and nobody took it yet; the caller feeds it
-        every byte of the tensor in order and hands it back to :meth:`finish`."""
+        every byte of the tensor in order and hands its hex digest to :meth:`finish`."""
         return hashlib.sha256() if self.todo.pop(name, 0) is None and name not in self.results else None
 
-    def finish(self, name: str, h: hashlib._Hash) -> None:
+    def finish(self, name: str, hexdigest: str) -> None:
         done: Future = Future()
-        done.set_result(h.hexdigest())
+        done.set_result(hexdigest)
         self.results[name] = done
         if self.on_done is not None:
             self.on_done(name)
 
     def now(self, name: str) -> None:
         """Hash ``name`` whole on this thread (if it is this rank's to hash)."""
-        h = self.start(name)
-        if h is not None:
-            h.update(memoryview(self.ckpt.raw(name)))
-            self.finish(name, h)
+        if self.start(name) is not None:
+            self.finish(name, self.ckpt.sha256(name))
 
     def in_background(self, names: list[str] | None = None) -> None:
         """Hash ``names`` (default: all not yet taken) on the worker threads."""
@@ -298,7 +296,7 @@ def _copy_checked(ckpt: Checkpoint, cut: Cut, slot: torch.Tensor, stager: Stager
     sha = hashes.start(cut.name)
     got, want = _stream(ckpt, cut, dst, sha)
     if sha is not None:
-        hashes.finish(cut.name, sha)
+        hashes.finish(cut.name, sha.hexdigest())
     return got, want
 
 

@@ -35,6 +35,11 @@ def natural_key(name: str) -> tuple:
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
 
 
+def sha256_mismatch(path: Path, name: str, got: str, want: str) -> str:
+    """The one wording of a hash failure, wherever a tensor is checked against the manifest."""
+    return f"{path}: tensor {name}: sha256 {got[:16]}... does not match the manifest's {want[:16]}..."
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     """Where one stored tensor's bytes are, as its shard header says."""
@@ -272,6 +277,13 @@ class Checkpoint:
                 problems.append(f"{path}: tensor {name}: manifest says {entry.file} {entry.dtype} {list(entry.shape)}, "
                                 f"shard header says {info.file} {info.dtype} {list(info.shape)}")
         return problems
+
+    def hash_problems(self, names: list[str], *, threads: int = 4) -> list[str]:
+        """sha256 of every named tensor (on ``threads`` workers) against the manifest: each mismatch."""
+        with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="tpload-sha") as pool:
+            got = list(pool.map(self.sha256, names))
+        return [sha256_mismatch(self.tensors[n].path, n, g, self.manifest[n].sha256)
+                for n, g in zip(names, got) if g != self.manifest[n].sha256]
 
     def check_manifest(self, names: list[str]) -> None:
         """Every named tensor is in the manifest and agrees with its header (all problems raised at once)."""

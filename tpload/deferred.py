@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .checkpoint import Checkpoint, natural_key
+from .checkpoint import Checkpoint, natural_key, sha256_mismatch
 from .errors import CheckpointError
 
 STREAM_CHUNK = 16 << 20
@@ -57,8 +57,7 @@ class DeferredTensor:
                 h.update(data)
                 yield data
         if self.sha256 is not None and h.hexdigest() != self.sha256:
-            raise CheckpointError(f"{self.path}: tensor {self.name}: sha256 {h.hexdigest()[:16]}... does not match "
-                                  f"the manifest's {self.sha256[:16]}...")
+            raise CheckpointError(sha256_mismatch(self.path, self.name, h.hexdigest(), self.sha256))
 
 
 def locate(ckpt: Checkpoint, names: tuple[str, ...] | list[str]) -> tuple[DeferredTensor, ...]:

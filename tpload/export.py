@@ -20,7 +20,6 @@ import json
 import logging
 import math
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,10 +80,7 @@ class ExportSummary:
 def _verify_sources(ckpt: Checkpoint, names: list[str], threads: int) -> None:
     """sha256 of every tensor the export copies from, against the source manifest (all problems at once)."""
     ckpt.check_manifest(names)
-    with ThreadPoolExecutor(max(1, threads), thread_name_prefix="tpload-sha") as pool:
-        got = dict(zip(names, pool.map(ckpt.sha256, names)))
-    bad = [f"{ckpt.info(n).path}: tensor {n}: sha256 {got[n][:16]}... does not match the manifest's "
-           f"{ckpt.manifest[n].sha256[:16]}..." for n in names if got[n] != ckpt.manifest[n].sha256]
+    bad = ckpt.hash_problems(names, threads=threads)
     if bad:
         raise CheckpointError(f"{len(bad)} source tensor(s) do not match the manifest; nothing exported:\n  - "
                               + "\n  - ".join(bad))

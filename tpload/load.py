@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from . import formats
-from .checkpoint import Checkpoint
+from .checkpoint import Checkpoint, sha256_mismatch
 from .errors import LoadError
 from .pagecache import ShardRelease
 from .plan import Cut, Item, Output, RankPlan
@@ -407,7 +407,7 @@ def _settle(ckpt: Checkpoint, plan: RankPlan, arena: torch.Tensor, checks: list[
         result.bytes_hashed += info.nbytes
         result.hashed.append(name)
         if got != want:
-            problems.append(f"{info.path}: tensor {name}: sha256 {got[:16]}... does not match the manifest's {want[:16]}...")
+            problems.append(sha256_mismatch(info.path, name, got, want))
     if problems:
         raise LoadError(f"{len(problems)} problem(s):\n  - " + "\n  - ".join(problems))
     return result

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
@@ -101,12 +100,7 @@ def verify_checkpoint(root: Path, config: Config | None, *, threads: int = 4) ->
     if ckpt.manifest is None:
         return problems
     problems += [f"{root}: manifest names {n}, which no shard holds" for n in sorted(set(ckpt.manifest) - set(names))]
-    hashed = [n for n in names if n in ckpt.manifest]
-    with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="tpload-sha") as pool:
-        for n, got in zip(hashed, pool.map(ckpt.sha256, hashed)):
-            if got != ckpt.manifest[n].sha256:
-                problems.append(f"{ckpt.info(n).path}: tensor {n}: sha256 {got[:16]}... does not match the manifest's "
-                                f"{ckpt.manifest[n].sha256[:16]}...")
+    problems += ckpt.hash_problems([n for n in names if n in ckpt.manifest], threads=threads)
     if config is not None:
         problems += _value_problems(ckpt, config)
     return problems

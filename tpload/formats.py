@@ -112,16 +112,20 @@ def byte_counts(t: torch.Tensor) -> torch.Tensor:
     return torch.bincount(t.view(torch.uint8).reshape(-1), minlength=256)
 
 
+E8M0_INVALID = (0x00, 0xFF)  # refused scale bytes (see module doc)
+E4M3_NAN = (0x7F, 0xFF)  # the ``fn`` variant's NaN codes; it has no infinities
+
+
 def count_bad_e8m0(scale: torch.Tensor) -> torch.Tensor:
     """How many scale bytes are 0x00 or 0xFF (both refused; see module doc), as a device scalar."""
     c = byte_counts(scale)
-    return c[0x00] + c[0xFF]
+    return c[E8M0_INVALID[0]] + c[E8M0_INVALID[1]]
 
 
 def count_bad_e4m3(weight: torch.Tensor) -> torch.Tensor:
     """How many E4M3 codes are NaN (0x7F, 0xFF; the ``fn`` variant has no inf), as a device scalar."""
     c = byte_counts(weight)
-    return c[0x7F] + c[0xFF]
+    return c[E4M3_NAN[0]] + c[E4M3_NAN[1]]
 
 
 def not_finite(t: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import formats
+from . import formats, kernels
 from .checkpoint import Checkpoint, sha256_mismatch
 from .errors import LoadError
 from .pagecache import ShardRelease
@@ -61,8 +61,9 @@ class _Check:
 
     output: Output
     item: Item
-    device_fp: torch.Tensor
-    bad: list[tuple[torch.Tensor, str]] = field(default_factory=list)
+    device_fp: torch.Tensor | tuple[int, int, int]
+    """The served tensor's fingerprint: a device tensor until settled (CPU: already a tuple)."""
+    bad: list[tuple[torch.Tensor | int, str]] = field(default_factory=list)
     """(count, what) of invalid values: bad scale bytes, NaN codes, non-finite decodes."""
     want_fp: tuple[int, int, int] | torch.Tensor | None = None
     """Fingerprint the device tensor must have (host window, or an exact host decode); a CPU tensor until settled."""
@@ -231,15 +232,23 @@ def _is_sampled(index: int, count: int, per_role: int) -> bool:
     return index in picks
 
 
-def _bad_scale(scale: torch.Tensor, dtype: str) -> tuple[torch.Tensor, str]:
+def _count_codes(t: torch.Tensor, a: int, b: int) -> torch.Tensor | int:
+    """How many bytes of ``t`` are ``a`` or ``b``: one compiled pass on the CPU, a bincount on a device."""
+    if t.device.type == "cpu":
+        return kernels.count_either(t.numpy() if t.dtype == torch.uint8 else t.view(torch.uint8).numpy(), a, b)
+    c = formats.byte_counts(t)
+    return c[a] + c[b]
+
+
+def _bad_scale(scale: torch.Tensor, dtype: str) -> tuple[torch.Tensor | int, str]:
     if dtype == "F32":
         f = scale.view(torch.float32)
         return formats.not_finite(f) + (f.amin() <= 0).to(torch.int64), "F32 scale windows with a value not finite and positive"
-    return formats.count_bad_e8m0(scale), "E8M0 scale bytes 0x00/0xFF (expected 1..254: the serving kernels assume it)"
+    return _count_codes(scale, *formats.E8M0_INVALID), "E8M0 scale bytes 0x00/0xFF (expected 1..254: the serving kernels assume it)"
 
 
-def _bad_e4m3(weight: torch.Tensor) -> tuple[torch.Tensor, str]:
-    return formats.count_bad_e4m3(weight), "E4M3 NaN codes 0x7F/0xFF"
+def _bad_e4m3(weight: torch.Tensor) -> tuple[torch.Tensor | int, str]:
+    return _count_codes(weight, *formats.E4M3_NAN), "E4M3 NaN codes 0x7F/0xFF"
 
 
 def _not_finite(t: torch.Tensor, what: str) -> tuple[torch.Tensor, str]:
@@ -261,43 +270,60 @@ def _decode(item: Item, w: torch.Tensor, s: torch.Tensor, out: torch.Tensor) -> 
         formats.decode_fp8(w.view(torch.uint8).reshape(item.weight.shape), scale, out, block=item.block)
 
 
-def _stream(ckpt: Checkpoint, cut: Cut, dst: torch.Tensor, sha: hashlib._Hash | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """CPU: copy ``cut`` into ``dst`` (its 2-D byte slot) one cache-sized row block of the tensor at a time.
+def _stream(ckpt: Checkpoint, cut: Cut, dst: torch.Tensor, sha: hashlib._Hash | None) -> tuple[int, int, int]:
+    """CPU: copy ``cut`` into ``dst`` (its 2-D byte slot) and return the slot's fingerprint.
 
-    Each block is first fed whole to ``sha`` (when this rank hashes the tensor:
-    every byte in order), then its window part is copied and fingerprinted on
-    both sides while it is still in the cache. Returns (slot, host window) fingerprints.
+    The copy and the fingerprint are one pass (:class:`kernels.HostFingerprint`).
+    When this rank hashes the tensor, it goes one cache-sized row block of the
+    whole tensor at a time: the block is fed to ``sha`` (every byte, in order),
+    then its window rows are copied while still in the cache, so each byte
+    comes from memory once.
     """
     full, (r0, r1), (c0, c1) = ckpt.stored_window(cut.name, cut.rows, cut.cols)
-    lo, hi = (0, full.shape[0]) if sha is not None else (r0, r1)
-    step = max(1, HOST_BLOCK_BYTES // max(full.shape[1] if sha is not None else c1 - c0, 1))
-    got, want = FingerprintSum(c1 - c0, dst.device), FingerprintSum(c1 - c0, dst.device)
-    for b0 in range(lo, hi, step):
-        b1 = min(hi, b0 + step)
-        if sha is not None:
-            sha.update(full[b0:b1])
+    fp = kernels.HostFingerprint(c1 - c0)
+    if not fp.fits(full, c0):
+        return _stream_unaligned(full, (r0, r1), (c0, c1), dst, sha)
+    out = dst.numpy()
+    if sha is None:
+        fp.copy(full, (r0, r1), c0, out, 0)
+        return fp.value()
+    step = max(1, HOST_BLOCK_BYTES // max(full.shape[1], 1))
+    for b0 in range(0, full.shape[0], step):
+        b1 = min(full.shape[0], b0 + step)
+        sha.update(full[b0:b1])
         w0, w1 = max(b0, r0), min(b1, r1)
         if w0 < w1:
-            src, out = torch.from_numpy(full[w0:w1, c0:c1]), dst[w0 - r0:w1 - r0]
-            out.copy_(src)
-            got.add(out, w0 - r0)
-            want.add(src, w0 - r0)
-    return got.value(), want.value()
+            fp.copy(full, (w0, w1), c0, out[w0 - r0:w1 - r0], w0 - r0)
+    return fp.value()
+
+
+def _stream_unaligned(full: np.ndarray, rows: tuple[int, int], cols: tuple[int, int], dst: torch.Tensor,
+                      sha: hashlib._Hash | None) -> tuple[int, int, int]:
+    """:func:`_stream` for a window whose words are misaligned in the map: torch copy, then fingerprint."""
+    if sha is not None:
+        sha.update(full)
+    dst.copy_(torch.from_numpy(full[rows[0]:rows[1], cols[0]:cols[1]]))
+    return tuple(fingerprint(dst, block_bytes=HOST_BLOCK_BYTES).tolist())
 
 
 def _copy_checked(ckpt: Checkpoint, cut: Cut, slot: torch.Tensor, stager: Stager,
-                  hashes: _Hashes) -> tuple[torch.Tensor, torch.Tensor | tuple[int, int, int]]:
-    """The window in its slot; returns (device fingerprint, host window fingerprint)."""
+                  hashes: _Hashes) -> tuple[torch.Tensor | tuple[int, int, int], tuple[int, int, int] | None]:
+    """The window in its slot; returns (its fingerprint, the host window's fingerprint to match or None).
+
+    On CUDA the device copy is fingerprinted on the device and checked against
+    the host window's. On the CPU the slot's fingerprint is taken by the copy
+    itself: the served bytes are the words the copy wrote.
+    """
     dst = as_bytes2d(slot)
     if stager.cuda:
         window = _window(ckpt, cut)
         stager.put(window, dst)
         return fingerprint(dst), host_fingerprint(window)  # the host side runs while the GPU copies
     sha = hashes.start(cut.name)
-    got, want = _stream(ckpt, cut, dst, sha)
+    got = _stream(ckpt, cut, dst, sha)
     if sha is not None:
         hashes.finish(cut.name, sha.hexdigest())
-    return got, want
+    return got, None
 
 
 def _load_item(ckpt: Checkpoint, item: Item, arena: torch.Tensor, stager: Stager, sample: bool,
@@ -377,13 +403,19 @@ def run(ckpt: Checkpoint, plan: RankPlan, *, device: torch.device, to_hash: list
     return result
 
 
+def _to_host(values: list[torch.Tensor | int | tuple[int, ...]]) -> list:
+    """Device tensors among ``values`` as Python numbers, in one transfer; the rest as they are."""
+    on_device = [v for v in values if isinstance(v, torch.Tensor)]
+    moved = iter(torch.stack(on_device).tolist() if on_device else [])
+    return [next(moved) if isinstance(v, torch.Tensor) else v for v in values]
+
+
 def _settle(ckpt: Checkpoint, plan: RankPlan, arena: torch.Tensor, checks: list[_Check],
             hashes: dict[str, Future]) -> LoadResult:
     """Collect device evidence in one transfer and sha256 results; list every problem."""
     problems: list[str] = []
-    fps = torch.stack([c.device_fp for c in checks]).tolist() if checks else []
-    counts = [n for c in checks for n, _ in c.bad]
-    counts = iter(torch.stack(counts).tolist() if counts else [])
+    fps = _to_host([c.device_fp for c in checks])
+    counts = iter(_to_host([n for c in checks for n, _ in c.bad]))
     result = LoadResult(arena, {}, {})
     for c, fp in zip(checks, fps):
         where = f"tensor {c.output.name} ({ckpt.info(c.item.name).file})"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-_JIT = dict(nogil=True, cache=True, boundscheck=False)
+_JIT = {"nogil": True, "cache": True, "boundscheck": False}
 _WORDS = (nb.int64, nb.int32, nb.int16, nb.uint8)
 
 

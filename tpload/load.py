@@ -31,7 +31,7 @@ from .errors import LoadError
 from .pagecache import ShardRelease
 from .plan import Cut, Item, Output, RankPlan
 from .report import ProgressSink
-from .verify import HOST_BLOCK_BYTES, FingerprintSum, as_bytes2d, digest, fingerprint, host_fingerprint
+from .verify import HOST_BLOCK_BYTES, as_bytes2d, digest, fingerprint, host_fingerprint
 
 PINNED_CHUNK_BYTES = 64 << 20  # CUDA: each of the two pinned staging buffers; larger windows go in row chunks
 READAHEAD_ITEMS = 2  # CPU: how many items ahead the kernel is asked to read (cold page cache)

@@ -21,7 +21,8 @@ def _rank(digest: str, seconds: float = 1.0) -> dict:
             "rss_peak": 1, "anon_peak": 1, "anon_before": 0, "device_peak": 0, "note": ""}
 
 
-def test_bench_runs_every_method_and_they_agree(small_ckpt: Path, tmp_path: Path) -> None:
+def test_bench_runs_every_method_and_they_agree(ckpt_copy: Path, tmp_path: Path) -> None:
+    small_ckpt = ckpt_copy  # tpload-digest writes TPLOAD_DIGESTS.json into it
     out = tmp_path / "bench.json"
     env = dict(os.environ, PYTHONPATH=str(HERE.parent), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     p = subprocess.run([sys.executable, "-m", "tpload", "bench", "--checkpoint", str(small_ckpt), "--nproc", "2",
@@ -30,7 +31,7 @@ def test_bench_runs_every_method_and_they_agree(small_ckpt: Path, tmp_path: Path
     assert p.returncode == 0, p.stdout + p.stderr
     doc = json.loads(out.read_text())
     names = [m["method"] for m in doc["methods"]]
-    assert {"floor", "tpload", "tpload-noverify", "tpload-expanded", "safetensors", "seed"} <= set(names)
+    assert {"floor", "tpload", "tpload-digest", "tpload-noverify", "tpload-expanded", "safetensors", "seed"} <= set(names)
     assert doc["refused"] == {}
     packed = [m for m in doc["methods"] if m["method"] != "tpload-expanded"]
     assert all(m["digests"] == packed[0]["digests"] for m in packed)  # the same window bytes on every rank
@@ -42,6 +43,7 @@ def test_bench_runs_every_method_and_they_agree(small_ckpt: Path, tmp_path: Path
     by = {m["method"]: m for m in doc["methods"]}
     assert by["seed"]["bytes_hashed_per_rank"] > by["tpload"]["bytes_hashed_per_rank"] > 0  # node split halves it
     assert by["floor"]["bytes_hashed_per_rank"] == by["tpload-noverify"]["bytes_hashed_per_rank"] == 0
+    assert by["tpload-digest"]["bytes_hashed_per_rank"] == 0 and (small_ckpt / "TPLOAD_DIGESTS.json").exists()
     assert {"fp4_gb_per_s", "fp8_gb_per_s", "memcpy_gb_per_s"} <= set(doc["decode"])
     for name in names:
         assert name in p.stdout  # one table line per method

@@ -153,7 +153,7 @@ def test_digest_differing_from_the_stored_prediction(ckpt_copy: Path, tmp_path: 
     subprocess.run([sys.executable, "-m", "tpload", "plan", str(ckpt_copy), "--tp", "2", "--write"], check=True,
                    capture_output=True)
     edit_json(ckpt_copy / "TPLOAD_DIGESTS.json",
-              lambda d: [v.__setitem__(1, "0" * 64) for v in d["layouts"].values()])
+              lambda d: [v["digests"].__setitem__(1, "0" * 64) for v in d["layouts"].values()])
     run = tpload_cli(2, "--checkpoint", str(ckpt_copy), logs=tmp_path / "logs")
     assert run.rc != 0
     msgs = [error_of(run.rank_err[r], r) for r in (0, 1)]

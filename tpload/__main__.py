@@ -26,7 +26,7 @@ from .config import DEFAULT_CONFIG, load_config, shipped_configs, with_rules
 from .dist import init_distributed
 from .errors import LoadError
 from .export import export, rank_file
-from .offline import PREDICTIONS_NAME, layout_key, plan_rows, predict, verify_checkpoint, write_predictions
+from .offline import PREDICTIONS_NAME, checkpoint_stamp, layout_key, plan_rows, predict, verify_checkpoint, write_predictions
 from .plan import KINDS, Layout, Planner
 from .synth import PRESETS, spec_from, write_checkpoint
 from .verify import VERIFY_MODES
@@ -125,7 +125,8 @@ def cmd_plan(argv: list[str]) -> int:
     p.add_argument("--ep", type=int, default=1)
     p.add_argument("--kind", choices=KINDS, default="packed")
     p.add_argument("--digest", action="store_true", help="compute each rank's digest on the CPU")
-    p.add_argument("--write", action="store_true", help=f"store the digests in DIR/{PREDICTIONS_NAME} (implies --digest)")
+    p.add_argument("--write", action="store_true", help=f"check every tensor by sha256, then store the digests in "
+                   f"DIR/{PREDICTIONS_NAME} (implies --digest)")
     args = p.parse_args(argv)
     try:
         config = load_config(args.config)
@@ -133,7 +134,7 @@ def cmd_plan(argv: list[str]) -> int:
         layout = Layout(args.tp, args.ep)
         planner.check_layout(layout, layout.world)
         plans = plan_rows(planner, layout, args.kind)
-        digests = predict(planner, layout, args.kind) if args.digest or args.write else ["-"] * len(plans)
+        digests = predict(planner, layout, args.kind, verify=args.write) if args.digest or args.write else ["-"] * len(plans)
     except LoadError as e:
         return _fail(e)
     print(f"plan for {args.dir} (config {config.name}, tp {args.tp} x ep {args.ep}, kind {args.kind})")
@@ -143,8 +144,9 @@ def cmd_plan(argv: list[str]) -> int:
         print(f"{plan.rank:>4} {served:>8} {plan.read_bytes / 1e9:>8.3f} {plan.arena_bytes / 1e9:>9.3f} "
               f"{plan.largest_transient / 2**20:>13.1f}  {dig}")
     if args.write:
-        path = write_predictions(Path(args.dir), layout_key(config, layout, args.kind), digests)
-        print(f"wrote {path}: loads with this layout, kind and config will be checked against these digests")
+        path = write_predictions(Path(args.dir), layout_key(config, layout, args.kind), digests, checkpoint_stamp(planner.ckpt))
+        print(f"wrote {path}: every tensor checked by sha256 first; loads with this layout, kind and config will be "
+              "checked against these digests, and --verify digest loads may trust them in place of hashing")
     return 0
 
 

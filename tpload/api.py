@@ -25,7 +25,7 @@ from .dist import DistContext, context, exchange, keep_world
 from .errors import LoadError
 from .export import PartitionedCheckpoint, open_checkpoint
 from .load import LoadResult, run
-from .offline import check_predictions, layout_key
+from .offline import check_predictions, layout_key, verified_prediction
 from .pagecache import checkpoint_resident
 from .plan import KINDS, Layout, Planner, RankPlan
 from .preflight import GIB
@@ -50,7 +50,9 @@ class LoadOptions:
     ep: int = 1
     """Expert-parallel degree (tp x ep must equal the group size)."""
     verify: str = "node"
-    """``node``: each tensor hashed once per node; ``rank``: by every rank that reads it; ``off``."""
+    """``node``: each tensor hashed once per node; ``rank``: by every rank that reads it; ``digest``: no
+    hashing, every served byte checked (by fingerprint) against digests ``tpload plan --write`` verified
+    by sha256 and stored; ``off``: nothing checked."""
     device: str | None = None
     """Target device; None: cuda:LOCAL_RANK, or the CPU without CUDA."""
     hash_threads: int = 2
@@ -120,7 +122,7 @@ class RankShards:
 
 def _hash_share(planner: Planner, layout: Layout, kind: str, ctx: DistContext, plan: RankPlan, mode: str) -> list[str]:
     """The official tensors this rank must sha256 (see verify.py for the modes)."""
-    if mode == "off":
+    if mode in ("off", "digest"):
         return []
     if mode == "rank" or planner.ckpt.per_rank:  # per-rank files: nobody can hash for another
         return plan.used_tensors
@@ -178,6 +180,10 @@ def _load_rank(opts: LoadOptions, ctx: DistContext,
     if isinstance(ckpt, PartitionedCheckpoint):
         ckpt.check_plan(plan)
     preflight.check(planner, layout, plan, ctx.device, ctx.node_peers, int(opts.reserve_gib * GIB))
+    key = layout_key(config, layout, opts.kind)
+    if opts.verify == "digest":  # before any byte is read: refuse stale or missing verified digests
+        verified_prediction(ckpt, key, fix=f"run `python -m tpload plan {opts.checkpoint} --tp {layout.tp} --ep {layout.ep} "
+                            f"--kind {opts.kind} --config {opts.config} --write`, or load with --verify node")
     to_hash = _hash_share(planner, layout, opts.kind, ctx, plan, opts.verify)
     if opts.verify != "off":  # deferred too: their locators carry the manifest's sha256
         ckpt.check_manifest(sorted(set(plan.used_tensors) | set(to_hash) | set(plan.deferred)))
@@ -190,7 +196,7 @@ def _load_rank(opts: LoadOptions, ctx: DistContext,
     fig.device_checked, fig.sampled = result.device_checked, result.sampled
     fig.skipped, fig.deferred = len(plan.skipped), len(plan.deferred)
     fig.digest = result.digest()
-    return result, plan, layout_key(config, layout, opts.kind), locate(ckpt, plan.deferred)
+    return result, plan, key, locate(ckpt, plan.deferred)
 
 
 def _failure(ranks: list[RankFigures]) -> str:
@@ -230,16 +236,24 @@ def load_in(opts: LoadOptions, ctx: DistContext) -> RankShards:
         raise LoadError(_failure(ranks))
     # Every rank holds every digest, so every rank reaches the same verdict with no second collective.
     predicted, problems = check_predictions(Path(opts.checkpoint), key, [r.digest for r in ranks])
+    if opts.verify == "digest" and not predicted:
+        problems = [f"--verify digest: the prediction for {key} vanished during the load"]
     if problems:
         del result
         raise LoadError("load failed: digests differ from the stored predictions; no rank returned weights\n"
                         + "\n".join(problems))
     report = LoadReport(str(Path(opts.checkpoint)), opts.kind, plan.layout.tp, plan.layout.ep, opts.verify,
-                        str(ctx.device), ranks, ctx.rank, "matched" if predicted else "none stored",
+                        str(ctx.device), ranks, ctx.rank, _predictions_word(predicted, opts.verify),
                         evict_page_cache=opts.evict_page_cache)
     if opts.verify == "off":
         log.warning("verification is OFF: %d tensors served without any check against the manifest", fig.tensors)
     return RankShards(result, plan, report, deferred)
+
+
+def _predictions_word(predicted: bool, verify: str) -> str:
+    if not predicted:
+        return "none stored"
+    return "matched (sha256-verified when written; trusted in place of hashing)" if verify == "digest" else "matched"
 
 
 def resolve_checkpoint(checkpoint: str | os.PathLike | None) -> str:

@@ -27,12 +27,15 @@ import torch
 
 from . import formats
 from .checkpoint import Checkpoint
-from .config import DEFAULT_CONFIG
+from .config import DEFAULT_CONFIG, load_config
+from .errors import LoadError
+from .offline import checkpoint_stamp, layout_key, predict, verified_prediction, write_predictions
+from .plan import Layout, Planner
 from .pagecache import resident_bytes
 from .synth import PRESETS, cached_checkpoint
 
-PACKED_METHODS = ("floor", "tpload", "tpload-rank", "tpload-noverify", "safetensors", "fastsafetensors",
-                  "seed")
+PACKED_METHODS = ("floor", "tpload", "tpload-rank", "tpload-digest", "tpload-noverify", "safetensors",
+                  "fastsafetensors", "seed")
 ALL_METHODS = PACKED_METHODS + ("tpload-expanded",)
 MIB, GIB = 1 << 20, 1 << 30
 
@@ -106,6 +109,26 @@ def available_methods(wanted: tuple[str, ...]) -> tuple[list[str], list[str]]:
                 continue
         out.append(m)
     return out, notes
+
+
+def prepare_digest(opts: BenchOptions) -> str:
+    """Make sure tpload-digest has sha256-verified predictions to trust (what ``tpload plan --write`` does,
+    outside the timed runs). Returns why the method cannot run, or "" when it can."""
+    try:
+        ckpt = Checkpoint(opts.checkpoint)
+        config = load_config(opts.config)
+        layout = Layout(opts.tp, opts.nproc // opts.tp)
+        key = layout_key(config, layout, "packed")
+        try:
+            verified_prediction(ckpt, key, fix="")
+            return ""
+        except LoadError:
+            pass
+        digests = predict(Planner(ckpt, config), layout, "packed", verify=True)
+        write_predictions(ckpt.root, key, digests, checkpoint_stamp(ckpt))
+    except (LoadError, OSError) as e:
+        return f"no verified predictions could be written: {e}"
+    return ""
 
 
 def _worker_env(nproc: int) -> dict[str, str]:
@@ -304,6 +327,11 @@ def cmd_bench(argv: list[str]) -> int:
         methods, notes = available_methods(opts.methods)
     except ValueError as e:
         p.error(str(e))
+    if "tpload-digest" in methods:
+        why = prepare_digest(opts)
+        if why:
+            notes.append(f"tpload-digest: {why}; skipped")
+            methods.remove("tpload-digest")
     for n in notes:
         print(n, flush=True)
     results = run_all(opts, methods, log=lambda s: print(s, file=sys.stderr, flush=True))

@@ -185,6 +185,7 @@ METHODS: dict[str, Callable[[Job], Windows]] = {
     "floor": run_floor,
     "tpload": _tpload("packed", "node"),
     "tpload-rank": _tpload("packed", "rank"),
+    "tpload-digest": _tpload("packed", "digest"),
     "tpload-noverify": _tpload("packed", "off"),
     "tpload-expanded": _tpload("expanded", "node"),
     "safetensors": run_safetensors,

@@ -6,6 +6,9 @@ Three layers, cheapest last:
   In ``node`` mode the node's ranks split that work (balanced by bytes), so
   each byte is hashed once per node; ``rank`` mode hashes everything a rank
   reads on that rank (the seed's behaviour); ``off`` hashes nothing.
+  ``digest`` mode hashes nothing either: it trusts digests that ``tpload plan
+  --write`` stored after hashing every tensor, and checks every served byte
+  against them through the fingerprints below (offline.verified_prediction).
 * a **fingerprint** of each served tensor, computed where it lives (CPU or
   GPU) with integer torch reductions, so device bytes are checked against the
   host window without copying them back.
@@ -36,7 +39,7 @@ import torch
 
 from .checkpoint import natural_key
 
-VERIFY_MODES = ("node", "rank", "off")
+VERIFY_MODES = ("node", "rank", "digest", "off")
 HOST_BLOCK_BYTES = 2 << 20  # CPU row blocks: cache-sized, so the int64 temporaries stay small
 _WORD_DTYPES = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
 

@@ -84,7 +84,7 @@ def test_one_rank_reports_its_page_cache_before_and_after(clean_ckpt: Path, tmp_
     # a shared machine's kernel may reclaim a few pages between warming and measuring: 99%, not all
     total = warm(clean_ckpt)
     kept = report(clean_ckpt, tmp_path, 1)["ranks"][0]
-    assert kept["page_cache_before"] > 0.99 * total and kept["page_cache_after"] > 0.99 * total
+    assert kept["page_cache_before"] > 0.99 * total and kept["page_cache_after"] == -1  # "after" only when evicting
     total = warm(clean_ckpt)
     doc = report(clean_ckpt, tmp_path, 1, "--evict-page-cache")
     assert doc["evict_page_cache"] is True
@@ -97,8 +97,9 @@ def test_two_ranks_with_node_hashing_leave_nothing_cached(clean_ckpt: Path, tmp_
     total = warm(clean_ckpt)
     doc = report(clean_ckpt, tmp_path, 2, "--evict-page-cache")
     assert doc["verify"] == "node"
-    # each rank measures when it starts: only the earliest start is sure to precede every eviction
+    # the node's first rank measures as it starts (its peer may already have dropped a first shard:
+    # not all, but most is still there); the other rank does not measure
     before = [r["page_cache_before"] for r in doc["ranks"]]
-    assert max(before) > 0.99 * total and all(r["page_cache_after"] <= b for r, b in zip(doc["ranks"], before))
+    assert before[0] > 0.5 * total and before[1] == -1 and doc["ranks"][1]["page_cache_after"] == -1
     # whoever finished last dropped what the other still had mapped
     assert [resident_bytes(p) for p in shards(clean_ckpt)] == [0] * len(shards(clean_ckpt))

@@ -172,7 +172,9 @@ def _load_rank(opts: LoadOptions, ctx: DistContext,
     Returns the predictions key and the deferred tensors' locators too."""
     layout = Layout(opts.tp or max(1, ctx.world // opts.ep), opts.ep)
     ckpt = open_checkpoint(opts.checkpoint, layout, ctx.rank, ctx.world)
-    fig.page_cache_before = checkpoint_resident(ckpt.shard_paths())
+    measures_cache = ctx.rank == ctx.node_peers[0]  # the page cache is the node's: one rank per node looks
+    if measures_cache:
+        fig.page_cache_before = checkpoint_resident(ckpt.shard_paths())
     config = with_rules(load_config(opts.config), skip=opts.skip, defer=opts.defer)
     planner = Planner(ckpt, config)
     planner.check_layout(layout, ctx.world)
@@ -190,7 +192,8 @@ def _load_rank(opts: LoadOptions, ctx: DistContext,
     result = run(ckpt, plan, device=ctx.device, to_hash=to_hash, hash_threads=opts.hash_threads,
                  samples_per_role=opts.samples, progress=_progress(plan, ctx, opts.progress),
                  evict=opts.evict_page_cache)
-    fig.page_cache_after = checkpoint_resident(ckpt.shard_paths())
+    if measures_cache and opts.evict_page_cache:
+        fig.page_cache_after = checkpoint_resident(ckpt.shard_paths())
     fig.tensors, fig.bytes_read, fig.bytes_device = len(result.tensors), plan.read_bytes, plan.arena_bytes
     fig.hashed, fig.bytes_hashed = len(result.hashed), result.bytes_hashed
     fig.device_checked, fig.sampled = result.device_checked, result.sampled

@@ -221,6 +221,8 @@ def summarize(res: MethodResult) -> dict:
         "method": res.name, "rounds": len(res.runs), "seconds": _med(walls),
         "seconds_min": min(walls, default=float("nan")), "seconds_max": max(walls, default=float("nan")),
         "gb_per_s_per_rank": _med(per_rank) / 1e9 / max(_med(walls), 1e-9),
+        # CPU seconds of the busiest rank (all its threads): its own work, whatever the ranks share cores with.
+        "cpu_seconds": _med([max(x.get("cpu_seconds", float("nan")) for x in run) for run in res.runs]),
         "window_bytes_per_rank": _med(per_rank),
         "bytes_hashed_per_rank": _med([statistics.mean(x["bytes_hashed"] for x in run) for run in res.runs]),
         "rss_peak": _med([max(x["rss_peak"] for x in run) for run in res.runs]),
@@ -279,21 +281,21 @@ def table(summaries: list[dict], refused: dict[str, str], opts: BenchOptions) ->
     head = (f"tpload bench: {opts.checkpoint}\n  nproc {opts.nproc}, tp {opts.tp}, {opts.rounds} round(s), "
             f"{'cold' if opts.cold else 'warm'} page cache; seconds: median [min-max] of the slowest rank, "
             "memory: worst rank, median over rounds\n")
-    cols = (f"{'method':<16} {'sec':>6} {'[min-max]':>13} {'GB/s/rank':>9} {'x floor':>7} {'x seed':>6} "
+    cols = (f"{'method':<16} {'sec':>6} {'[min-max]':>13} {'cpu s':>6} {'GB/s/rank':>9} {'x floor':>7} {'x seed':>6} "
             f"{'hashed GB':>9} {'rss GiB':>7} {'anon GiB':>8} {'trans MiB':>9} {'limit MiB':>9} {'dev GiB':>7} {'cache':>5}")
     lines = [head, cols]
     for s in summaries:
         ratio = lambda ref: f"{s['seconds'] / ref:.2f}" if ref else "-"  # noqa: E731
         span = f"[{s['seconds_min']:.2f}-{s['seconds_max']:.2f}]"
-        lines.append(f"{s['method']:<16} {s['seconds']:>6.2f} {span:>13} "
+        lines.append(f"{s['method']:<16} {s['seconds']:>6.2f} {span:>13} {s['cpu_seconds']:>6.2f} "
                      f"{s['gb_per_s_per_rank']:>9.2f} {ratio(floor):>7} {ratio(seed):>6} "
                      f"{s['bytes_hashed_per_rank'] / 1e9:>9.3f} {s['rss_peak'] / GIB:>7.2f} {s['anon_peak'] / GIB:>8.2f} "
                      f"{s['transient'] / MIB:>9.0f} {s['transient_limit'] / MIB:>9.0f} {s['device_peak'] / GIB:>7.2f} "
                      f"{s['page_cache_before'] * 100:>4.0f}%" + (f"  ({s['note']})" if s["note"] else ""))
     for m, why in refused.items():
         lines.append(f"{m:<16} REFUSED: {why}")
-    lines.append("trans = anonymous peak beyond the process before the run and the windows it owns; "
-                 "limit = 2 x largest window + 64 MiB")
+    lines.append("cpu s = CPU seconds (all threads) of the busiest rank; trans = anonymous peak beyond the process "
+                 "before the run and the windows it owns; limit = 2 x largest window + 64 MiB")
     return "\n".join(lines)
 
 

@@ -229,15 +229,16 @@ def main(argv: list[str] | None = None) -> int:
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
     with MemoryPeaks() as mem:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         job = Job(args.checkpoint, args.config, args.tp, rank, world, device)
         windows = METHODS[args.method](job)
         if cuda:
             torch.cuda.synchronize(device)
         dist.barrier()
-        seconds = time.perf_counter() - t0
+        seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
     result = {
         "method": args.method, "rank": rank, "world": world, "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
         "window_bytes": sum(t.numel() * t.element_size() for t in windows.values()),
         "largest_window": max((t.numel() * t.element_size() for t in windows.values()), default=0),
         "bytes_hashed": job.bytes_hashed, "rss_peak": mem.rss_peak, "anon_peak": mem.anon_peak,

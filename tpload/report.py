@@ -66,10 +66,13 @@ class RankFigures:
     rss_peak: int = 0
     anon_peak: int = 0
     """Peak anonymous (private, not file-backed) resident memory of the process."""
-    page_cache_before: int = 0
-    """Page-cache bytes of the checkpoint's shard files when this rank started (mincore)."""
-    page_cache_after: int = 0
-    """The same when this rank finished (peers on the node may still be loading)."""
+    page_cache_before: int = -1
+    """Page-cache bytes of the checkpoint's shard files when this rank started (mincore); -1: not measured.
+    The page cache is the node's, so only the node's first rank measures it (a walk of every page costs
+    ~0.1 s a GB)."""
+    page_cache_after: int = -1
+    """The same when this rank finished (peers on the node may still be loading); measured only when
+    the load evicts the page cache, the one case where it says something ``before`` does not."""
     digest: str = ""
     message: str = ""
 
@@ -157,7 +160,7 @@ class LoadReport:
             lines.append(f"{r.rank:>4} {r.node:>4} {r.tensors:>8} {r.bytes_read / 1e9:>8.3f} {r.bytes_hashed / 1e9:>9.3f} "
                          f"{r.bytes_device / 1e9:>9.3f} {r.seconds:>7.2f} {r.bytes_read / 1e9 / max(r.seconds, 1e-9):>6.2f} "
                          f"{r.device_alloc_peak / gib:>12.2f} {r.rss_peak / gib:>8.2f} {r.anon_peak / gib:>8.2f} "
-                         f"{f'{r.page_cache_before / 1e9:.3f}>{r.page_cache_after / 1e9:.3f}':>21}  {r.digest[:16]}")
+                         f"{f'{_gb(r.page_cache_before)}>{_gb(r.page_cache_after)}':>21}  {r.digest[:16]}")
         t = self.total
         lines.append(f"{'all':>4} {'':>4} {t('tensors'):>8} {t('bytes_read') / 1e9:>8.3f} {t('bytes_hashed') / 1e9:>9.3f} "
                      f"{t('bytes_device') / 1e9:>9.3f} {self.seconds:>7.2f} {t('bytes_read') / 1e9 / max(self.seconds, 1e-9):>6.2f}")
@@ -167,6 +170,10 @@ class LoadReport:
                      f"skipped {self.ranks[0].skipped}, deferred {self.ranks[0].deferred}"
                      + ("; page cache evicted shard by shard" if self.evict_page_cache else ""))
         return "\n".join(lines)
+
+
+def _gb(nbytes: int) -> str:
+    return f"{nbytes / 1e9:.3f}" if nbytes >= 0 else "-"
 
 
 class MemoryPeaks:

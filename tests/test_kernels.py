@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tpload import formats
-from tpload.kernels import HostFingerprint, count_either, wrap64
+from tpload.kernels import HostFingerprint, bf16_fingerprint, count_either, wrap64
 from tpload.verify import fingerprint
 
 
@@ -54,3 +54,13 @@ def test_count_either_agrees_with_bincount() -> None:
     assert count_either(x, *formats.E4M3_NAN) == int(formats.count_bad_e4m3(t))
     assert count_either(x[:0], 0, 255) == 0
     assert count_either(np.ones((3, 5), dtype=np.uint8), 1, 1) == 15
+
+
+def test_bf16_fingerprint_matches_torch_and_counts_non_finite() -> None:
+    x = torch.randn(37, 64).to(torch.bfloat16)
+    x[3, 5], x[9, 0], x[36, 63] = float("inf"), float("nan"), float("-inf")
+    got = bf16_fingerprint(x.view(torch.uint16).numpy())
+    assert got is not None
+    fp, bad = got
+    assert fp == tuple(fingerprint(x.view(torch.uint8)).tolist()) and bad == 3
+    assert bf16_fingerprint(torch.zeros(4, 6, dtype=torch.bfloat16).view(torch.uint16).numpy()) is None  # 12-byte rows

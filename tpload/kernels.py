@@ -56,6 +56,27 @@ def _count_either(x, a, b):  # pragma: no cover - compiled
     return n
 
 
+@nb.njit(nb.types.UniTuple(nb.int64, 3)(nb.int64[:, ::1], nb.int64[::1]), **_JIT)
+def _bf16_fingerprint(words, col_sums):  # pragma: no cover - compiled
+    """Fingerprint sums of a bf16 tensor seen as int64 words (4 elements each), and how many of its
+    elements are not finite (exponent bits all ones: inf or NaN), in one read."""
+    total = np.int64(0)
+    weighted = np.int64(0)
+    bad = np.int64(0)
+    rows, cols = words.shape
+    for r in range(rows):
+        s = np.int64(0)
+        for j in range(cols):
+            v = words[r, j]
+            s += v
+            col_sums[j] += v
+            for lane in range(4):
+                bad += ((v >> (16 * lane)) & 0x7F80) == 0x7F80
+        total += s
+        weighted += (r + 1) * s
+    return total, weighted, bad
+
+
 def wrap64(x: int) -> int:
     """A Python int as the int64 it is modulo 2**64 (what torch's wrapping sums give)."""
     return (x + (1 << 63)) % (1 << 64) - (1 << 63)
@@ -101,6 +122,19 @@ class HostFingerprint:
     def value(self) -> tuple[int, int, int]:
         cols = int((self.col_sums * np.arange(1, self.col_sums.size + 1, dtype=np.int64)).sum())
         return wrap64(self.total), wrap64(self.rows), wrap64(cols)
+
+
+def bf16_fingerprint(t: np.ndarray) -> tuple[tuple[int, int, int], int] | None:
+    """(fingerprint, count of non-finite elements) of a contiguous 2-D bf16 tensor (as uint16 or
+    bytes), or None when its rows are not whole int64 words (the caller uses torch ops)."""
+    b = t.reshape(t.shape[0], -1).view(np.uint8)
+    if not b.flags.c_contiguous or b.shape[1] % 8 or b.ctypes.data % 8:
+        return None
+    words = b.view(np.int64)
+    col_sums = np.zeros(words.shape[1], dtype=np.int64)
+    total, weighted, bad = _bf16_fingerprint(words, col_sums)
+    cols = int((col_sums * np.arange(1, col_sums.size + 1, dtype=np.int64)).sum())
+    return (wrap64(int(total)), wrap64(int(weighted)), wrap64(cols)), int(bad)
 
 
 def count_either(x: np.ndarray, a: int, b: int) -> int:

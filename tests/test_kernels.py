@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from tpload import formats
+from tpload import formats, kernels
 from tpload.kernels import HostFingerprint, bf16_fingerprint, count_either, wrap64
 from tpload.verify import fingerprint
 
@@ -64,3 +64,41 @@ def test_bf16_fingerprint_matches_torch_and_counts_non_finite() -> None:
     fp, bad = got
     assert fp == tuple(fingerprint(x.view(torch.uint8)).tolist()) and bad == 3
     assert bf16_fingerprint(torch.zeros(4, 6, dtype=torch.bfloat16).view(torch.uint16).numpy()) is None  # 12-byte rows
+
+
+def _fp4_case(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    packed = rng.integers(0, 256, (9, 96), dtype=np.uint8)
+    scale = rng.integers(100, 150, (9, 6), dtype=np.uint8)
+    want = torch.empty(9, 192, dtype=torch.bfloat16)
+    formats.decode_fp4(torch.from_numpy(packed), torch.from_numpy(scale), want, use_kernels=False)
+    return packed, scale, want.view(torch.int32).numpy()
+
+
+def test_decode_kernels_read_read_only_and_column_strided_inputs() -> None:
+    # a read-only map and a transposed view both decode to what the torch path gives
+    packed, scale, want = _fp4_case(np.random.default_rng(5))
+    table = formats._scaled_table("fp4", "cpu").numpy()
+    ro = packed.copy()
+    ro.flags.writeable = False
+    out = np.zeros_like(want)
+    kernels.decode_fp4(ro, scale, table, out)
+    assert np.array_equal(out, want)
+    out[:] = 0
+    kernels.decode_fp4(np.ascontiguousarray(packed.T).T, scale, table, out)  # strides (1, 9)
+    assert np.array_equal(out, want)
+
+
+def test_decode_kernels_refuse_a_wrong_table_or_out() -> None:
+    # the kernels index without bounds checks: a table or out they could overrun is refused up front
+    packed, scale, want = _fp4_case(np.random.default_rng(6))
+    table = formats._scaled_table("fp4", "cpu").numpy()
+    with pytest.raises(ValueError, match="table"):
+        kernels.decode_fp4(packed, scale, table[:256], np.zeros_like(want))
+    with pytest.raises(ValueError, match="int32"):
+        kernels.decode_fp4(packed, scale, table, np.zeros(want.shape, dtype=np.int64))
+    with pytest.raises(ValueError, match="disagree"):
+        kernels.decode_fp4(packed, scale[:, :5], table, np.zeros_like(want))
+    codes = np.zeros((4, 40), dtype=np.uint8)
+    with pytest.raises(ValueError, match="disagree"):
+        kernels.decode_fp8(codes, np.ones((1, 1), dtype=np.uint8), formats._scaled_table("fp8", "cpu").numpy(),
+                           np.zeros((4, 40), dtype=np.int16), 32)

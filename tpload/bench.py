@@ -236,7 +236,10 @@ def summarize(res: MethodResult) -> dict:
 
 def decode_bandwidth(ckpt_dir: str, *, threads: int, reps: int = 5) -> dict:
     """FP4 and FP8 -> bf16 decode on the CPU (bf16 bytes out per second) against a copy of the
-    same output size; every buffer is touched first, so page faults count for neither."""
+    same output size; every buffer is touched first, so page faults count for neither.
+
+    The decodes go through ``formats``' own choice of path, as a CPU load's do: the
+    compiled kernels (single-threaded whatever ``threads`` is; it sets torch's count)."""
     ckpt = Checkpoint(ckpt_dir)
     torch.set_num_threads(threads)
     fp4 = next(n for n in ckpt.names() if n.endswith("experts.0.w1.weight"))

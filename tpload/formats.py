@@ -14,13 +14,21 @@ The tables follow ../shared/docs/format.md bit for bit:
 
 Every decode here is exact in fp32, and in bf16 unless it overflows, so an
 expanded shard is a deterministic function of the stored bytes on any device.
+
+On the CPU the E8M0 decodes run the compiled table lookups of :mod:`tpload.kernels`
+(the same table, the same bits, several times the speed of the torch ops); the
+torch path serves CUDA, F32 scales, and tests that compare the two
+(``use_kernels=False``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+from . import kernels
 
 FP4_GROUP = 32  # elements sharing one E8M0 scale byte
 
@@ -176,18 +184,40 @@ def _lookup(table: torch.Tensor, codes: torch.Tensor, scale_shift: torch.Tensor,
     torch.index_select(table, 0, idx.reshape(-1), out=out.reshape(-1))
 
 
-def decode_fp4(packed: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, *, rows_per_step: int | None = None) -> torch.Tensor:
+def _on_kernels(use_kernels: bool | None, what: str, *tensors: torch.Tensor) -> bool:
+    """Whether a decode runs the compiled CPU kernel: ``None`` = when every tensor is on the CPU."""
+    on_cpu = all(t.device.type == "cpu" for t in tensors)
+    if use_kernels and not on_cpu:
+        raise ValueError(f"{what}: use_kernels=True needs every tensor on the CPU")
+    return on_cpu if use_kernels is None else use_kernels
+
+
+def _host_bytes(t: torch.Tensor) -> np.ndarray:
+    """A CPU tensor of 1-byte elements as 2-D uint8 numpy, rows read in place (a window stays a view)."""
+    b = t.view(torch.uint8)
+    return (b if b.stride(-1) == 1 else b.contiguous()).numpy()
+
+
+def decode_fp4(packed: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, *, rows_per_step: int | None = None,
+               use_kernels: bool | None = None) -> torch.Tensor:
     """Decode packed FP4 ``[N, K/2]`` with E8M0 ``[N, K/32]`` into bf16 ``out [N, K]``.
 
-    One table lookup per packed byte (:func:`_scaled_table`), in row chunks
-    so the int32 indices stay a few hundred KiB whatever N is.
+    One table lookup per packed byte (:func:`_scaled_table`). On the CPU
+    (``use_kernels`` None: when every tensor is there) :func:`kernels.decode_fp4`
+    does it in one pass, reading window rows in place. Otherwise torch ops,
+    in row chunks so the int32 indices stay a few hundred KiB whatever N is.
     """
     n, half_k = packed.shape
     k = half_k * 2
     if not out.is_contiguous():
         raise ValueError("decode_fp4: out must be contiguous (it is a preallocated slot)")
-    if out.shape != (n, k) or scale.shape != (n, k // FP4_GROUP):
-        raise ValueError(f"decode_fp4: packed {tuple(packed.shape)}, scale {tuple(scale.shape)}, out {tuple(out.shape)} disagree")
+    if out.shape != (n, k) or scale.shape != (n, k // FP4_GROUP) or k % FP4_GROUP:
+        raise ValueError(f"decode_fp4: packed {tuple(packed.shape)}, scale {tuple(scale.shape)}, out {tuple(out.shape)} disagree "
+                         f"(K must be a multiple of {FP4_GROUP})")
+    if _on_kernels(use_kernels, "decode_fp4", packed, scale, out):
+        table = _scaled_table("fp4", torch.device("cpu")).numpy()
+        kernels.decode_fp4(_host_bytes(packed), _host_bytes(scale), table, out.view(torch.int32).numpy())
+        return out
     table = _scaled_table("fp4", packed.device)
     groups, per = k // FP4_GROUP, FP4_GROUP // 2  # 16 packed bytes share one scale byte
     words = out.view(torch.int32).view(n, groups, per)
@@ -207,12 +237,15 @@ def _block_scale_f32(scale: torch.Tensor) -> torch.Tensor:
     return e8m0_to_f32(scale)
 
 
-def decode_fp8(weight: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, *, block: int) -> torch.Tensor:
+def decode_fp8(weight: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, *, block: int,
+               use_kernels: bool | None = None) -> torch.Tensor:
     """Decode E4M3 ``[N, K]`` with a ``[ceil(N/B), ceil(K/B)]`` block scale into bf16 ``out``.
 
-    E8M0 scales: one table lookup per code (:func:`_scaled_table`). F32 scales
-    (V3's ``weight_scale_inv``): the product is formed in fp32 and rounded once
-    to bf16, one row block at a time so the fp32 temporary is B rows.
+    E8M0 scales: one table lookup per code (:func:`_scaled_table`), on the CPU
+    by :func:`kernels.decode_fp8` (``use_kernels`` None: when every tensor is
+    there and ``out`` is contiguous). F32 scales (V3's ``weight_scale_inv``):
+    the product is formed in fp32 and rounded once to bf16, one row block at a
+    time so the fp32 temporary is B rows.
     """
     n, k = weight.shape
     nb_r, nb_c = -(-n // block), -(-k // block)
@@ -221,7 +254,14 @@ def decode_fp8(weight: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, *, 
     if _FLOAT8_E4M3 is None:
         raise RuntimeError("this torch has no float8_e4m3fn; FP8 decode needs torch >= 2.1")
     codes = weight.view(torch.uint8)
-    if scale.dtype != torch.float32 and out.is_contiguous():
+    lookup = scale.dtype != torch.float32 and out.is_contiguous()  # E8M0 bytes, and out takes int16 words
+    if use_kernels and not lookup:
+        raise ValueError("decode_fp8: use_kernels=True needs E8M0 scale bytes and a contiguous out")
+    if lookup and _on_kernels(use_kernels, "decode_fp8", weight, scale, out):
+        table = _scaled_table("fp8", torch.device("cpu")).numpy()
+        kernels.decode_fp8(_host_bytes(codes), _host_bytes(scale), table, out.view(torch.int16).numpy(), block)
+        return out
+    if lookup:
         table = _scaled_table("fp8", weight.device)
         shift = (scale.view(torch.uint8).to(torch.int32) << 8).repeat_interleave(block, dim=1)[:, :k]  # [nb_r, K]
         bits = out.view(torch.int16)

@@ -15,7 +15,9 @@ tests check the two agree bit for bit.
 
 from __future__ import annotations
 
+import llvmlite.ir
 import numba as nb
+import numba.extending
 import numpy as np
 
 _JIT = {"nogil": True, "cache": True, "boundscheck": False}
@@ -140,3 +142,138 @@ def bf16_fingerprint(t: np.ndarray) -> tuple[tuple[int, int, int], int] | None:
 def count_either(x: np.ndarray, a: int, b: int) -> int:
     """How many bytes of ``x`` (any contiguous array, read as bytes) equal ``a`` or ``b``."""
     return int(_count_either(np.ascontiguousarray(x).reshape(-1).view(np.uint8), a, b))
+
+
+# -- decode
+# FP4 / FP8 -> bf16 by one lookup per packed byte or code in formats._scaled_table:
+# [256 scale bytes x 256 codes] of decoded bf16 bits (int32 per FP4 byte = its two
+# elements, int16 per E4M3 code). torch's index_select wants an int32 index tensor
+# built first (more passes over memory); here each byte is read once and its word
+# written once. What bounds these loops is memory operations per element (load the
+# code, load the entry, store it), so codes are read eight at a time, and the table
+# row of a scale byte (1 KiB / 512 B, in L1) is found once per run of codes sharing it.
+
+_RO_BYTES = nb.types.Array(nb.uint8, 1, "C", readonly=True)  # also accepts writable arrays
+_TABLE = 256 * 256
+
+
+@nb.extending.intrinsic
+def _load8(typingctx, arr, i):  # pragma: no cover - compiled
+    """Bytes ``arr[i:i + 8]`` (the caller keeps ``i + 8 <= arr.size``) as one uint64, at any
+    alignment; byte ``i`` is the low byte (little-endian, as the tables already assume).
+    numba has no unaligned load, and eight byte loads cost the kernels about a fifth of their speed."""
+    def codegen(context, builder, sig, args):
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        ptr = builder.bitcast(builder.gep(data, [args[1]]), llvmlite.ir.IntType(64).as_pointer())
+        return builder.load(ptr, align=1)
+    return nb.uint64(arr, nb.int64), codegen
+
+
+@nb.njit(nb.void(_RO_BYTES, nb.int64, _RO_BYTES, nb.int64, nb.types.Array(nb.int32, 1, "C", readonly=True),
+                 nb.int32[::1], nb.int64, nb.int64), **_JIT)
+def _decode_fp4(packed, p_stride, scale, s_stride, table, out, rows, half_k):  # pragma: no cover - compiled
+    """Row ``r`` of the packed window is ``packed[r*p_stride:][:half_k]``, its scale bytes
+    ``scale[r*s_stride:]``; ``out`` is the contiguous int32 view of bf16 ``[rows, 2*half_k]``.
+    ``half_k`` is a multiple of 16 (one scale byte per 16 packed bytes)."""
+    for r in range(rows):
+        src = packed[r * p_stride:r * p_stride + half_k]
+        sc = scale[r * s_stride:r * s_stride + half_k // 16]
+        dst = out[r * half_k:(r + 1) * half_k]
+        for g in range(half_k // 16):
+            base = np.int64(sc[g]) << 8
+            t = table[base:base + 256]
+            for h in range(16 * g, 16 * g + 16, 8):
+                w = _load8(src, h)
+                for i in range(8):
+                    dst[h + i] = t[(w >> np.uint64(8 * i)) & np.uint64(0xFF)]
+
+
+@nb.njit(nb.void(_RO_BYTES, nb.int64, _RO_BYTES, nb.int64, nb.types.Array(nb.int16, 1, "C", readonly=True),
+                 nb.int16[::1], nb.int64, nb.int64, nb.int64), **_JIT)
+def _decode_fp8(codes, c_stride, scale, s_stride, table, out, rows, k, block):  # pragma: no cover - compiled
+    """Row ``r`` of the code window is ``codes[r*c_stride:][:k]``; scale row ``r // block`` is
+    ``scale[(r // block)*s_stride:]``; ``out`` is the contiguous int16 view of bf16 ``[rows, k]``.
+    The last block of a row or column may be short (ragged N, K)."""
+    blocks = (k + block - 1) // block
+    for r in range(rows):
+        src = codes[r * c_stride:r * c_stride + k]
+        s0 = (r // block) * s_stride
+        sc = scale[s0:s0 + blocks]
+        dst = out[r * k:(r + 1) * k]
+        if block % 8:  # a word of 8 codes can straddle two scales (no checkpoint has such a block)
+            for j in range(k):
+                dst[j] = table[(np.int64(sc[j // block]) << 8) + src[j]]
+            continue
+        # One loop over the row's words; the scale changes every block // 8 words. With B = 32 a
+        # loop per block (slicing the table, the codes, the output) costs a fifth of the time.
+        # Indices count up from 0 so LLVM sees them non-negative: numba wraps negative indices,
+        # and an index it cannot prove non-negative costs every store that check.
+        left, b, base = 0, 0, np.int64(0)
+        for q in range(k // 8):
+            if left == 0:
+                base, b, left = np.int64(sc[b]) << 8, b + 1, block // 8
+            left -= 1
+            w = _load8(src, 8 * q)
+            for i in range(8):
+                dst[8 * q + i] = table[base + np.int64((w >> np.uint64(8 * i)) & np.uint64(0xFF))]
+        for j in range(k - k % 8, k):  # the last few codes of the row
+            dst[j] = table[(np.int64(sc[j // block]) << 8) + src[j]]
+
+
+def _rows(a: np.ndarray, name: str) -> tuple[np.ndarray, int]:
+    """A 2-D byte array whose rows may be windows of wider rows (contiguous within a row) as
+    (the 1-D span from its first byte to its last, its row stride): what the kernels index.
+    No copy: the span is a view of the memory the rows already lie in."""
+    if a.ndim != 2 or a.dtype != np.uint8:
+        raise ValueError(f"{name}: expected 2-D uint8 bytes, got {a.ndim}-D {a.dtype}")
+    rows, cols = a.shape
+    if cols > 1 and a.strides[1] != 1:
+        a = np.ascontiguousarray(a)  # a column-strided view: the kernels read rows as runs of bytes
+    stride = a.strides[0] if rows > 1 else cols
+    if stride < 0:
+        a, stride = np.ascontiguousarray(a), cols
+    span = (rows - 1) * stride + cols if rows and cols else 0
+    return np.lib.stride_tricks.as_strided(a, shape=(span,), strides=(1,), writeable=False), stride
+
+
+def _check_table(table: np.ndarray, dtype: type) -> None:
+    # the kernels index it without bounds checks: a short table would be read past its end
+    if table.shape != (_TABLE,) or table.dtype != dtype or not table.flags.c_contiguous:
+        raise ValueError(f"table: expected contiguous {np.dtype(dtype)}[{_TABLE}], got {table.dtype}{list(table.shape)}")
+
+
+def decode_fp4(packed: np.ndarray, scale: np.ndarray, table: np.ndarray, out: np.ndarray) -> None:
+    """FP4 ``packed [N, K/2]`` bytes with E8M0 ``scale [N, K/32]`` bytes into ``out``, the
+    contiguous int32 ``[N, K/2]`` view of a bf16 ``[N, K]`` (each word: two elements, low
+    nibble in the low half): ``out[n, j] = table[scale[n, j // 16] * 256 + packed[n, j]]``,
+    ``table`` being ``formats._scaled_table("fp4", "cpu")`` as int32[65536].
+
+    ``packed`` and ``scale`` may be row windows of wider rows (a tensor-parallel column
+    cut); rows are read in place. K must be a multiple of 32.
+    """
+    n, half_k = packed.shape
+    if half_k % 16 or scale.shape != (n, half_k // 16) or out.shape != (n, half_k):
+        raise ValueError(f"decode_fp4: packed {packed.shape}, scale {scale.shape}, out {out.shape} disagree "
+                         "(K must be a multiple of 32)")
+    if out.dtype != np.int32 or not out.flags.c_contiguous:
+        raise ValueError(f"decode_fp4: out must be contiguous int32, got {out.dtype}")
+    _check_table(table, np.int32)
+    (p, p_stride), (s, s_stride) = _rows(packed, "packed"), _rows(scale, "scale")
+    _decode_fp4(p, p_stride, s, s_stride, table, out.reshape(-1), n, half_k)
+
+
+def decode_fp8(codes: np.ndarray, scale: np.ndarray, table: np.ndarray, out: np.ndarray, block: int) -> None:
+    """E4M3 ``codes [N, K]`` with E8M0 block scale bytes ``scale [ceil(N/B), ceil(K/B)]`` into
+    ``out``, the contiguous int16 ``[N, K]`` view of a bf16 ``[N, K]``:
+    ``out[n, k] = table[scale[n // B, k // B] * 256 + codes[n, k]]``, ``table`` being
+    ``formats._scaled_table("fp8", "cpu")`` as int16[65536]. ``codes`` and ``scale`` may be
+    row windows of wider rows; the last block in either direction may be short.
+    """
+    n, k = codes.shape
+    if block < 1 or scale.shape != (-(-n // block), -(-k // block)) or out.shape != (n, k):
+        raise ValueError(f"decode_fp8: codes {codes.shape}, scale {scale.shape}, block {block}, out {out.shape} disagree")
+    if out.dtype != np.int16 or not out.flags.c_contiguous:
+        raise ValueError(f"decode_fp8: out must be contiguous int16, got {out.dtype}")
+    _check_table(table, np.int16)
+    (c, c_stride), (s, s_stride) = _rows(codes, "codes"), _rows(scale, "scale")
+    _decode_fp8(c, c_stride, s, s_stride, table, out.reshape(-1), n, k, block)

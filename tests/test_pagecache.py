@@ -103,3 +103,23 @@ def test_two_ranks_with_node_hashing_leave_nothing_cached(clean_ckpt: Path, tmp_
     assert before[0] > 0.5 * total and before[1] == -1 and doc["ranks"][1]["page_cache_after"] == -1
     # whoever finished last dropped what the other still had mapped
     assert [resident_bytes(p) for p in shards(clean_ckpt)] == [0] * len(shards(clean_ckpt))
+
+
+def test_sampled_residency_estimates_a_half_cached_file(tmp_path: Path) -> None:
+    f = tmp_path / "big.bin"
+    f.write_bytes(os.urandom(64 << 20))
+    size = f.stat().st_size
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no readahead past what is read
+        os.pread(fd, 32 << 20, 0)  # the first half back in the cache
+    finally:
+        os.close(fd)
+    exact = resident_bytes(f)
+    assert 0.4 * size < exact < 0.7 * size  # half, give or take what the kernel read ahead
+    assert abs(resident_bytes(f, sample=8) - exact) < 0.05 * size
+    small = tmp_path / "small.bin"
+    small.write_bytes(b"x" * 10_000)
+    assert resident_bytes(small, sample=8) == resident_bytes(small)  # too small to sample: counted whole

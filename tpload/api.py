@@ -137,6 +137,12 @@ def _hash_share(planner: Planner, layout: Layout, kind: str, ctx: DistContext, p
     return assign_hashing({n: planner.ckpt.info(n).nbytes for n in users}, peers, users)[ctx.rank]
 
 
+def _spare_cores(ctx: DistContext) -> int:
+    """Cores this rank may use beyond its main thread: its share of the node's cores, less one."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return cores // max(1, len(ctx.node_peers)) - 1
+
+
 def _device_peaks(device: torch.device) -> tuple[int, int]:
     if device.type != "cuda":
         return 0, 0
@@ -192,7 +198,7 @@ def _load_rank(opts: LoadOptions, ctx: DistContext,
     to_hash = _hash_share(planner, layout, opts.kind, ctx, plan, opts.verify)
     if opts.verify != "off":  # deferred too: their locators carry the manifest's sha256
         ckpt.check_manifest(sorted(set(plan.used_tensors) | set(to_hash) | set(plan.deferred)))
-    result = run(ckpt, plan, device=ctx.device, to_hash=to_hash, hash_threads=opts.hash_threads,
+    result = run(ckpt, plan, device=ctx.device, to_hash=to_hash, hash_threads=opts.hash_threads, spare_cores=_spare_cores(ctx),
                  samples_per_role=opts.samples, progress=_progress(plan, ctx, opts.progress),
                  evict=opts.evict_page_cache)
     if measures_cache and opts.evict_page_cache:

@@ -373,17 +373,22 @@ def _load_item(ckpt: Checkpoint, item: Item, arena: torch.Tensor, stager: Stager
 
 
 def run(ckpt: Checkpoint, plan: RankPlan, *, device: torch.device, to_hash: list[str], hash_threads: int,
-        samples_per_role: int, progress: ProgressSink, evict: bool = False) -> LoadResult:
+        samples_per_role: int, progress: ProgressSink, evict: bool = False, spare_cores: int = 0) -> LoadResult:
     """Load ``plan`` onto ``device``, hashing ``to_hash`` alongside; raise LoadError listing every problem.
 
     ``evict``: drop each shard's map and page cache once this rank is done with it (pagecache.py).
+    ``spare_cores``: cores this rank may use beyond its own thread. On the CPU with none, the
+    tensors it reads are hashed inline as they stream by (each byte read once); with some,
+    every hash runs on the worker threads while the main thread copies.
     """
     arena = new_arena(plan.arena_bytes, device)
     shard_release = ShardRelease(ckpt, plan.items, to_hash) if evict else None
-    hashes = _Hashes(ckpt, to_hash, hash_threads, on_done=shard_release.hash_done if shard_release else None)
+    threads = max(1, min(hash_threads, spare_cores)) if device.type == "cpu" else hash_threads
+    hashes = _Hashes(ckpt, to_hash, threads, on_done=shard_release.hash_done if shard_release else None)
     read = {c.name for i in plan.items for c in (i.weight, i.scale) if c is not None}
-    # CPU: tensors this rank reads are hashed inline while streamed; the rest on the workers.
-    hashes.in_background([n for n in to_hash if n not in read] if device.type == "cpu" else None)
+    # CPU without a spare core: tensors this rank reads are hashed inline while streamed; the rest on the workers.
+    inline = device.type == "cpu" and spare_cores < 1
+    hashes.in_background([n for n in to_hash if n not in read] if inline else None)
     ahead = _Readahead(ckpt)
     checks: list[_Check] = []
     role_counts = {r: sum(1 for i in plan.items if i.role == r) for r in ("fp4", "fp8")}

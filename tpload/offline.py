@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -76,7 +77,7 @@ def predict(planner: Planner, layout: Layout, kind: str, *, verify: bool = False
             planner.ckpt.check_manifest(sorted(plan.used_tensors))
         hashed.update(to_hash)
         result = run(planner.ckpt, plan, device=torch.device("cpu"), to_hash=to_hash, hash_threads=2,
-                     samples_per_role=0, progress=Progress(0, 0, enabled=False))
+                     samples_per_role=0, progress=Progress(0, 0, enabled=False), spare_cores=(os.cpu_count() or 1) - 1)
         out.append(result.digest())
         del result  # one rank's arena at a time
     return out

@@ -3,12 +3,13 @@
 The loop does no device-to-host syncs: each served tensor's checks (its
 fingerprint, its count of bad codes) stay on the device as a small int64
 tensor until :func:`run` collects them all with one transfer at the end.
-On the CPU each packed window is streamed in cache-sized row blocks: a block
-of the tensor is hashed (when this rank hashes that tensor), its window part
-copied into the arena and both copies fingerprinted while they are still in
-the cache, so every byte is read from memory once. On CUDA, sha256 runs on
-worker threads (hashlib releases the GIL) while the main thread stages
-windows through pinned buffers.
+On the CPU a packed window's copy and its fingerprint are one compiled pass
+(kernels.py). When the rank has no spare core and hashes the tensor itself,
+the tensor is streamed in cache-sized row blocks: a block is hashed, then its
+window rows are copied while still in the cache, so every byte is read from
+memory once; with a spare core, sha256 runs on worker threads beside the
+copies. On CUDA, sha256 always runs on worker threads (hashlib releases the
+GIL) while the main thread stages windows through pinned buffers.
 """
 
 from __future__ import annotations

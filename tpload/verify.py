@@ -9,9 +9,10 @@ Three layers, cheapest last:
   ``digest`` mode hashes nothing either: it trusts digests that ``tpload plan
   --write`` stored after hashing every tensor, and checks every served byte
   against them through the fingerprints below (offline.verified_prediction).
-* a **fingerprint** of each served tensor, computed where it lives (CPU or
-  GPU) with integer torch reductions, so device bytes are checked against the
-  host window without copying them back.
+* a **fingerprint** of each served tensor, computed where it lives: on a GPU
+  with integer torch reductions, so device bytes are checked against the host
+  window without copying them back; on the CPU by the compiled pass that makes
+  the copy (kernels.py), the same triple.
 * the rank **digest**: sha256 over every served tensor's name, dtype, shape
   and fingerprint, in natural name order (README, "Digests").
 

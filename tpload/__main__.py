@@ -26,7 +26,7 @@ from .config import DEFAULT_CONFIG, load_config, shipped_configs, with_rules
 from .dist import init_distributed
 from .errors import LoadError
 from .export import export, rank_file
-from .offline import PREDICTIONS_NAME, checkpoint_stamp, layout_key, plan_rows, predict, verify_checkpoint, write_predictions
+from .offline import PREDICTIONS_NAME, plan_rows, predict, record_verified, verify_checkpoint
 from .plan import KINDS, Layout, Planner
 from .synth import PRESETS, spec_from, write_checkpoint
 from .verify import VERIFY_MODES
@@ -134,7 +134,10 @@ def cmd_plan(argv: list[str]) -> int:
         layout = Layout(args.tp, args.ep)
         planner.check_layout(layout, layout.world)
         plans = plan_rows(planner, layout, args.kind)
-        digests = predict(planner, layout, args.kind, verify=args.write) if args.digest or args.write else ["-"] * len(plans)
+        if args.write:
+            digests, path = record_verified(planner, layout, args.kind)
+        else:
+            digests = predict(planner, layout, args.kind) if args.digest else ["-"] * len(plans)
     except LoadError as e:
         return _fail(e)
     print(f"plan for {args.dir} (config {config.name}, tp {args.tp} x ep {args.ep}, kind {args.kind})")
@@ -144,7 +147,6 @@ def cmd_plan(argv: list[str]) -> int:
         print(f"{plan.rank:>4} {served:>8} {plan.read_bytes / 1e9:>8.3f} {plan.arena_bytes / 1e9:>9.3f} "
               f"{plan.largest_transient / 2**20:>13.1f}  {dig}")
     if args.write:
-        path = write_predictions(Path(args.dir), layout_key(config, layout, args.kind), digests, checkpoint_stamp(planner.ckpt))
         print(f"wrote {path}: every tensor checked by sha256 first; loads with this layout, kind and config will be "
               "checked against these digests, and --verify digest loads may trust them in place of hashing")
     return 0

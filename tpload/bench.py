@@ -29,7 +29,7 @@ from . import formats
 from .checkpoint import Checkpoint
 from .config import DEFAULT_CONFIG, load_config
 from .errors import LoadError
-from .offline import checkpoint_stamp, layout_key, predict, verified_prediction, write_predictions
+from .offline import layout_key, record_verified, verified_prediction
 from .plan import Layout, Planner
 from .pagecache import resident_bytes
 from .synth import PRESETS, cached_checkpoint
@@ -124,8 +124,7 @@ def prepare_digest(opts: BenchOptions) -> str:
             return ""
         except LoadError:
             pass
-        digests = predict(Planner(ckpt, config), layout, "packed", verify=True)
-        write_predictions(ckpt.root, key, digests, checkpoint_stamp(ckpt))
+        record_verified(Planner(ckpt, config), layout, "packed")
     except (LoadError, OSError) as e:
         return f"no verified predictions could be written: {e}"
     return ""

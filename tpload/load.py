@@ -236,7 +236,7 @@ def _is_sampled(index: int, count: int, per_role: int) -> bool:
 def _count_codes(t: torch.Tensor, a: int, b: int) -> torch.Tensor | int:
     """How many bytes of ``t`` are ``a`` or ``b``: one compiled pass on the CPU, a bincount on a device."""
     if t.device.type == "cpu":
-        return kernels.count_either(t.numpy() if t.dtype == torch.uint8 else t.view(torch.uint8).numpy(), a, b)
+        return kernels.count_either(t.view(torch.uint8).numpy(), a, b)  # float8 tensors have no numpy view
     c = formats.byte_counts(t)
     return c[a] + c[b]
 

@@ -83,6 +83,15 @@ def predict(planner: Planner, layout: Layout, kind: str, *, verify: bool = False
     return out
 
 
+def record_verified(planner: Planner, layout: Layout, kind: str) -> tuple[list[str], Path]:
+    """``tpload plan --write``: hash every tensor the layout uses, then store every rank's digest
+    stamped with what was verified (raises LoadError listing every mismatch; nothing is written then)."""
+    digests = predict(planner, layout, kind, verify=True)
+    path = write_predictions(planner.ckpt.root, layout_key(planner.config, layout, kind), digests,
+                             checkpoint_stamp(planner.ckpt))
+    return digests, path
+
+
 def read_predictions(root: Path) -> dict[str, Prediction]:
     path = root / PREDICTIONS_NAME
     if not path.exists():

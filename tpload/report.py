@@ -165,8 +165,10 @@ class LoadReport:
         lines.append(f"{'all':>4} {'':>4} {t('tensors'):>8} {t('bytes_read') / 1e9:>8.3f} {t('bytes_hashed') / 1e9:>9.3f} "
                      f"{t('bytes_device') / 1e9:>9.3f} {self.seconds:>7.2f} {t('bytes_read') / 1e9 / max(self.seconds, 1e-9):>6.2f}")
         per_node = ", ".join(f"node {n}: {b / 1e9:.3f} GB" for n, b in sorted(self.bytes_hashed_per_node().items()))
-        lines.append(f"verified: {t('hashed')} tensors by sha256 ({per_node} hashed), {t('device_checked')} device "
-                     f"fingerprints, {t('sampled')} exact decodes; digests vs predictions: {self.predictions}; "
+        device_fps = ("device fingerprints checked against the host" if self.device.startswith("cuda")
+                      else "host-vs-device checks (the CPU copy fingerprints what it writes)")
+        lines.append(f"verified: {t('hashed')} tensors by sha256 ({per_node} hashed), {t('device_checked')} {device_fps}, "
+                     f"{t('sampled')} exact decodes; digests vs predictions: {self.predictions}; "
                      f"skipped {self.ranks[0].skipped}, deferred {self.ranks[0].deferred}"
                      + ("; page cache evicted shard by shard" if self.evict_page_cache else ""))
         return "\n".join(lines)

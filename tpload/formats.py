@@ -124,16 +124,23 @@ E8M0_INVALID = (0x00, 0xFF)  # refused scale bytes (see module doc)
 E4M3_NAN = (0x7F, 0xFF)  # the ``fn`` variant's NaN codes; it has no infinities
 
 
+def _count_either(t: torch.Tensor, codes: tuple[int, int]) -> torch.Tensor:
+    """How many bytes of ``t`` are one of ``codes``, as a scalar on its device: one compiled
+    pass on the CPU (:func:`kernels.count_either`), a bincount elsewhere."""
+    if t.device.type == "cpu":  # the uint8 view: float8 tensors have no numpy view
+        return torch.tensor(kernels.count_either(t.view(torch.uint8).numpy(), *codes), dtype=torch.int64)
+    c = byte_counts(t)
+    return c[codes[0]] + c[codes[1]]
+
+
 def count_bad_e8m0(scale: torch.Tensor) -> torch.Tensor:
     """How many scale bytes are 0x00 or 0xFF (both refused; see module doc), as a device scalar."""
-    c = byte_counts(scale)
-    return c[E8M0_INVALID[0]] + c[E8M0_INVALID[1]]
+    return _count_either(scale, E8M0_INVALID)
 
 
 def count_bad_e4m3(weight: torch.Tensor) -> torch.Tensor:
     """How many E4M3 codes are NaN (0x7F, 0xFF; the ``fn`` variant has no inf), as a device scalar."""
-    c = byte_counts(weight)
-    return c[E4M3_NAN[0]] + c[E4M3_NAN[1]]
+    return _count_either(weight, E4M3_NAN)
 
 
 def not_finite(t: torch.Tensor) -> torch.Tensor:

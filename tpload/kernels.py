@@ -84,6 +84,11 @@ def wrap64(x: int) -> int:
     return (x + (1 << 63)) % (1 << 64) - (1 << 63)
 
 
+def _cols_term(col_sums: np.ndarray) -> int:
+    """The fingerprint's ``cols`` from its per-column sums: sum (j + 1) * col_sums[j], wrapping in int64."""
+    return wrap64(int((col_sums * np.arange(1, col_sums.size + 1, dtype=np.int64)).sum()))
+
+
 class HostFingerprint:
     """:class:`tpload.verify.FingerprintSum` on the CPU, fused with the copy that makes the window.
 
@@ -122,8 +127,7 @@ class HostFingerprint:
         self.rows += int(weighted)
 
     def value(self) -> tuple[int, int, int]:
-        cols = int((self.col_sums * np.arange(1, self.col_sums.size + 1, dtype=np.int64)).sum())
-        return wrap64(self.total), wrap64(self.rows), wrap64(cols)
+        return wrap64(self.total), wrap64(self.rows), _cols_term(self.col_sums)
 
 
 def bf16_fingerprint(t: np.ndarray) -> tuple[tuple[int, int, int], int] | None:
@@ -135,8 +139,7 @@ def bf16_fingerprint(t: np.ndarray) -> tuple[tuple[int, int, int], int] | None:
     words = b.view(np.int64)
     col_sums = np.zeros(words.shape[1], dtype=np.int64)
     total, weighted, bad = _bf16_fingerprint(words, col_sums)
-    cols = int((col_sums * np.arange(1, col_sums.size + 1, dtype=np.int64)).sum())
-    return (wrap64(int(total)), wrap64(int(weighted)), wrap64(cols)), int(bad)
+    return (wrap64(int(total)), wrap64(int(weighted)), _cols_term(col_sums)), int(bad)
 
 
 def count_either(x: np.ndarray, a: int, b: int) -> int:

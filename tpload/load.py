@@ -233,23 +233,15 @@ def _is_sampled(index: int, count: int, per_role: int) -> bool:
     return index in picks
 
 
-def _count_codes(t: torch.Tensor, a: int, b: int) -> torch.Tensor | int:
-    """How many bytes of ``t`` are ``a`` or ``b``: one compiled pass on the CPU, a bincount on a device."""
-    if t.device.type == "cpu":
-        return kernels.count_either(t.view(torch.uint8).numpy(), a, b)  # float8 tensors have no numpy view
-    c = formats.byte_counts(t)
-    return c[a] + c[b]
-
-
-def _bad_scale(scale: torch.Tensor, dtype: str) -> tuple[torch.Tensor | int, str]:
+def _bad_scale(scale: torch.Tensor, dtype: str) -> tuple[torch.Tensor, str]:
     if dtype == "F32":
         f = scale.view(torch.float32)
         return formats.not_finite(f) + (f.amin() <= 0).to(torch.int64), "F32 scale windows with a value not finite and positive"
-    return _count_codes(scale, *formats.E8M0_INVALID), "E8M0 scale bytes 0x00/0xFF (expected 1..254: the serving kernels assume it)"
+    return formats.count_bad_e8m0(scale), "E8M0 scale bytes 0x00/0xFF (expected 1..254: the serving kernels assume it)"
 
 
-def _bad_e4m3(weight: torch.Tensor) -> tuple[torch.Tensor | int, str]:
-    return _count_codes(weight, *formats.E4M3_NAN), "E4M3 NaN codes 0x7F/0xFF"
+def _bad_e4m3(weight: torch.Tensor) -> tuple[torch.Tensor, str]:
+    return formats.count_bad_e4m3(weight), "E4M3 NaN codes 0x7F/0xFF"
 
 
 def _not_finite(t: torch.Tensor, what: str) -> tuple[torch.Tensor, str]:

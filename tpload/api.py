@@ -1,89 +1,50 @@
-"""The one door for callers: :func:`load` returns this rank's verified shards.
+"""The one door for callers: :func:`load` returns this rank's verified shards, or raises on every rank.
 
     shards = tpload.load(DIR, config="deepseek-v4-mtp", kind="expanded")
     shards.state_dict()   # {official name: this rank's tensor on its device}
     shards.report         # figures of every rank (the same table on each)
     shards.release()      # frees every buffer the load made
+
+A call reaches the one exchange exactly once whatever fails on this rank
+(an option, the checkpoint, a device), so no peer waits for it and no later
+call meets this one's rows; after the exchange the verdict is a function of
+the exchanged table alone, the same on every rank.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import signal
 import time
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
 
 from . import preflight
-from .config import DEFAULT_CONFIG, load_config, with_rules
+from .config import load_config, with_rules
 from .deferred import DeferredTensor, locate
-from .dist import DistContext, context, exchange, keep_world
+from .distributed import DistContext, context, keep_world, pick_device, with_device
 from .errors import LoadError
-from .export import PartitionedCheckpoint, open_checkpoint
+from .exchange import CALLS, exchange, group_id, share_nodes
 from .load import LoadResult, run
-from .offline import check_predictions, layout_key, verified_prediction
-from .pagecache import checkpoint_resident
-from .plan import KINDS, Layout, Planner, RankPlan
-from .preflight import GIB
-from .report import LoadReport, MemoryPeaks, Progress, ProgressSink, RankFigures, rank_log
-from .synth import PRESETS, cached_checkpoint
+from .options import LoadOptions
+from .plan import Layout, Planner, RankPlan
+from .report import LoadReport, RankFigures, rank_log
+from .report.memory import MemoryPeaks
+from .report.progress import Progress, ProgressSink, Silent
+from .storage import Storage, open_storage
+from .storage.pagecache import ShardRelease, checkpoint_resident
 from .teardown import give_back
-from .verify import VERIFY_MODES, assign_hashing
-
+from .text import escape_name
+from .transfer import for_device
+from .verification import crosscheck
+from .verification.hashing import Hasher
+from .verification.policy import HashPlan, hash_plan
+from .verification.store import DigestStore, Prediction, stale
 
 CACHE_SAMPLE = 8  # the report's page-cache figures look at one page run in 8 (an estimate, 1/8 of the cost)
-
-
-@dataclass(frozen=True)
-class LoadOptions:
-    """Everything a load is asked to do (the CLI's flags, ``load()``'s keywords)."""
-
-    checkpoint: str | None = None
-    """Checkpoint directory; None loads the built-in small synthetic checkpoint (made once, cached)."""
-    config: str = DEFAULT_CONFIG
-    """A shipped config name or a path to a TOML file."""
-    kind: str = "packed"
-    """``packed``: stored bytes (FP4/FP8 weights and their scales); ``expanded``: bf16 decodes."""
-    tp: int | None = None
-    """Tensor-parallel degree; None: the group size divided by ``ep``."""
-    ep: int = 1
-    """Expert-parallel degree (tp x ep must equal the group size)."""
-    verify: str = "node"
-    """``node``: each tensor hashed once per node; ``rank``: by every rank that reads it; ``digest``: no
-    hashing, every served byte checked (by fingerprint) against digests ``tpload plan --write`` verified
-    by sha256 and stored; ``off``: nothing checked."""
-    device: str | None = None
-    """Target device; None: cuda:LOCAL_RANK, or the CPU without CUDA."""
-    hash_threads: int = 2
-    """sha256 worker threads per rank."""
-    samples: int = 4
-    """Expanded kind: per role, how many decodes are checked exactly against a host decode."""
-    progress: bool = True
-    """Show rank-0 progress."""
-    timeout_s: float = 600.0
-    """Collective timeout when tpload creates the process group."""
-    skip: tuple[str, ...] = ()
-    """Globs of tensors never read nor hashed (tried before the config's rules), e.g. ``mtp.*``."""
-    defer: tuple[str, ...] = ()
-    """Globs of tensors not uploaded: :meth:`RankShards.deferred` locates them for the model."""
-    evict_page_cache: bool = False
-    """Drop each shard's map and page cache once this rank is done with it (unified-memory machines)."""
-    reserve_gib: float = 0.0
-    """Device memory (GiB) the pre-flight keeps free for what runs after the load (KV cache...)."""
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise LoadError(f"kind {self.kind!r} is not one of {', '.join(KINDS)}")
-        if self.verify not in VERIFY_MODES:
-            raise LoadError(f"verify {self.verify!r} is not one of {', '.join(VERIFY_MODES)}")
-        if self.tp is not None and self.tp < 1 or self.ep < 1:
-            raise LoadError(f"tp and ep must be >= 1 (got tp {self.tp}, ep {self.ep})")
-        if self.hash_threads < 1 or self.samples < 0 or self.timeout_s <= 0 or self.reserve_gib < 0:
-            raise LoadError("hash_threads >= 1, samples >= 0, timeout_s > 0 and reserve_gib >= 0 are required")
+log = logging.getLogger("tpload")
 
 
 class RankShards:
@@ -105,7 +66,7 @@ class RankShards:
     @property
     def hashed(self) -> list[str]:
         """Official tensors this rank checked by sha256 (its share of the node's hashing)."""
-        return list(self._result.hashed) if self._result is not None else []
+        return sorted(self._result.hashed) if self._result is not None else []
 
     def deferred(self) -> list[DeferredTensor]:
         """A locator (file, offset, length, dtype, shape, manifest sha256) for each deferred
@@ -123,18 +84,14 @@ class RankShards:
         give_back(torch.device(self.report.device))
 
 
-def _hash_share(planner: Planner, layout: Layout, kind: str, ctx: DistContext, plan: RankPlan, mode: str) -> list[str]:
-    """The official tensors this rank must sha256 (see verify.py for the modes)."""
-    if mode in ("off", "digest"):
-        return []
-    if mode == "rank" or planner.ckpt.per_rank:  # per-rank files: nobody can hash for another
-        return plan.used_tensors
-    peers = ctx.node_peers
-    users: dict[str, list[int]] = {}
-    for p in peers:
-        for n in (plan if p == ctx.rank else planner.plan(layout, kind, p)).used_tensors:
-            users.setdefault(n, []).append(p)
-    return assign_hashing({n: planner.ckpt.info(n).nbytes for n in users}, peers, users)[ctx.rank]
+def layout_key(config_id: str, layout: Layout, kind: str) -> str:
+    return f"tp{layout.tp}-ep{layout.ep}-{kind}-config-{config_id}"
+
+
+def checkpoint_stamp(storage: Storage) -> dict:
+    """What a verified prediction vouches for: the manifest's sha256 and each shard's size and mtime."""
+    shards = {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(storage.paths())}
+    return {"manifest_sha256": storage.catalogue.manifest_sha256, "shards": shards}
 
 
 def _spare_cores(ctx: DistContext) -> int:
@@ -143,155 +100,250 @@ def _spare_cores(ctx: DistContext) -> int:
     return cores // max(1, len(ctx.node_peers)) - 1
 
 
-def _device_peaks(device: torch.device) -> tuple[int, int]:
+def _reads(plan: RankPlan) -> dict[str, tuple[tuple[int, int], tuple[int, int]]]:
+    return {c.name: (c.rows, c.cols) for item in plan.items for c in item.cuts}
+
+
+class _RankLoad:
+    """Everything one rank does before the exchange, for one call; raises LoadError on any problem."""
+
+    def __init__(self, opts: LoadOptions, ctx: DistContext, fig: RankFigures, sink: ProgressSink | None) -> None:
+        self.opts, self.ctx, self.fig, self.sink = opts, ctx, fig, sink
+        self.result: LoadResult | None = None
+        self.plan: RankPlan | None = None
+        self.deferred: tuple[DeferredTensor, ...] = ()
+        self.key = ""
+        self.store_path = ""
+
+    def run(self) -> None:
+        opts, ctx = self.opts, self.ctx
+        layout = Layout(opts.tp or max(1, ctx.world // opts.ep), opts.ep)
+        storage = open_storage(opts.checkpoint, tp=layout.tp, ep=layout.ep, rank=ctx.rank, world=ctx.world)
+        try:
+            self._load(storage, layout)
+        finally:
+            storage.close()
+
+    def _load(self, storage: Storage, layout: Layout) -> None:
+        opts, ctx, fig = self.opts, self.ctx, self.fig
+        self._check_pin(storage)
+        measures_cache = ctx.rank == ctx.node_peers[0]  # the page cache is the node's: one rank per node looks
+        if measures_cache:
+            fig.page_cache_before = checkpoint_resident(storage.paths(), sample=CACHE_SAMPLE)
+        config = with_rules(load_config(opts.config), skip=opts.skip, defer=opts.defer)
+        planner = Planner(storage.catalogue, config)
+        planner.check_layout(layout, ctx.world)
+        sharing_memory = ctx.node_peers if ctx.device.type == "cpu" or ctx.shared_device else [ctx.rank]
+        peers = sorted(set(sharing_memory) | (set(ctx.node_peers) if opts.verify == "node" else set()))
+        plans = {p: planner.plan(layout, opts.kind, p) for p in peers}
+        plan = self.plan = plans[ctx.rank]
+        if opts.verify != "off" or storage.per_rank:  # deferred too: their locators carry the manifest's sha256
+            problems = storage.manifest_problems(sorted(set(plan.used_tensors) | set(plan.deferred)))
+            if problems:
+                raise LoadError(f"{len(problems)} manifest problem(s):\n  - " + "\n  - ".join(problems))
+        preflight.check(planner, layout, plan, ctx.device, [plans[p] for p in sharing_memory],
+                        int(opts.reserve_gib * preflight.GIB))
+        stored = self._prediction(storage, config.id(), layout)
+        hashes = hash_plan(opts.verify, ctx.rank, {p: _reads(plans[p]) for p in peers if p in ctx.node_peers},
+                           {n: storage.catalogue.get(n).nbytes for p in peers for n in plans[p].used_tensors},
+                           per_rank=storage.per_rank)
+        release = ShardRelease(storage.evict) if opts.evict_page_cache else None
+        if release is not None:
+            self._expect(storage, plan, hashes, release)
+        threads = min(opts.hash_threads, _spare_cores(ctx)) if ctx.device.type == "cpu" else opts.hash_threads
+        hasher = Hasher(hashes, threads=max(0, threads),
+                        on_done=(lambda n: release.done(storage.stored(n).path)) if release else None)
+        sink = self.sink or (Progress(plan.read_bytes, len(plan.items)) if opts.progress and ctx.rank == 0 else Silent())
+        result = self.result = run(storage, plan, transfer=for_device(ctx.device), hasher=hasher,
+                                   samples=opts.samples, progress=sink, release=release)
+        if measures_cache and opts.evict_page_cache:
+            fig.page_cache_after = checkpoint_resident(storage.paths(), sample=CACHE_SAMPLE)
+        fig.tensors, fig.bytes_read, fig.bytes_device = len(result.tensors), plan.read_bytes, plan.arena_bytes
+        fig.hashed, fig.bytes_hashed = len(result.hashed), result.bytes_hashed
+        fig.device_checked, fig.sampled = result.device_checked, result.sampled
+        fig.skipped, fig.deferred = len(plan.skipped), len(plan.deferred)
+        fig.digest = result.digest()
+        if stored is not None:
+            fig.prediction = 1 if len(stored.digests) == ctx.world and stored.digests[ctx.rank] == fig.digest else 2
+        if hashes.peers or hashes.owner:
+            node = ctx.node_peers
+            fig.claims = crosscheck.claims(hashes.peers, {n: h.peers for n, h in result.hashed.items()}, node, ctx.rank)
+            fig.seen = crosscheck.seen(hashes.owner, result.windows, node, ctx.rank)
+        self.deferred = locate(storage, plan.deferred)
+
+    def _check_pin(self, storage: Storage) -> None:
+        pin = self.opts.manifest_sha256
+        if pin is None:
+            return
+        got = storage.catalogue.manifest_sha256
+        if got is None or got != pin.lower():
+            raise LoadError(f"{escape_name(storage.catalogue.manifest_path)}: sha256 {(got or 'none')[:16]}... is not "
+                            f"the pinned {pin[:16]}... (--manifest-sha256): this is not the checkpoint you pinned")
+
+    def _prediction(self, storage: Storage, config_id: str, layout: Layout) -> Prediction | None:
+        """The stored digests for this layout (None if none), checked for ``--verify digest``
+        before any byte is read: they must exist, be sha256-verified and fresh."""
+        opts = self.opts
+        self.key = layout_key(config_id, layout, opts.kind)
+        store = DigestStore(opts.digest_store)
+        manifest_sha = storage.catalogue.manifest_sha256
+        self.store_path = str(store.path(manifest_sha)) if manifest_sha else str(store.root)
+        stored = store.read(manifest_sha).get(self.key) if manifest_sha and not storage.per_rank else None
+        if opts.verify != "digest":
+            return stored
+        fix = (f"run `python -m tpload plan {escape_name(opts.checkpoint)} --tp {layout.tp} --ep {layout.ep} "
+               f"--kind {opts.kind} --config {escape_name(opts.config)} --write"
+               + (f" --digest-store {escape_name(opts.digest_store)}" if opts.digest_store else "")
+               + "`, or load with --verify node")
+        if manifest_sha is None or storage.per_rank:
+            raise LoadError(f"--verify digest needs a native checkpoint with a manifest; {escape_name(opts.checkpoint)} "
+                            "has none" + ("" if storage.per_rank else "; write one with `python -m tpload manifest DIR`"))
+        if stored is None:
+            raise LoadError(f"--verify digest: the digest store {escape_name(self.store_path)} holds nothing for "
+                            f"{self.key}; {fix}")
+        changed = stale(stored.stamp, checkpoint_stamp(storage))
+        if changed:
+            raise LoadError(f"--verify digest: {', '.join(changed)} changed (size or mtime) since the digests in "
+                            f"{escape_name(self.store_path)} were verified ({self.key}); {fix}")
+        return stored
+
+    @staticmethod
+    def _expect(storage: Storage, plan: RankPlan, hashes: HashPlan, release: ShardRelease) -> None:
+        for item in plan.items:
+            for cut in item.cuts:
+                s = storage.stored(cut.name)
+                release.expect(s.path, s.offset, s.nbytes)
+        for name in hashes.mine:
+            s = storage.stored(name)
+            release.expect(s.path, s.offset, s.nbytes)
+
+
+def _verdict(ranks: list[RankFigures], ctx: DistContext, job: _RankLoad) -> str:
+    """The load's outcome from the exchanged table alone: "" when every rank may return its weights."""
+    seqs = {r.seq for r in ranks}
+    if len(seqs) > 1:
+        calls = ", ".join(f"rank {r.rank} in call {r.seq}" for r in ranks)
+        return (f"load failed: the ranks are in different load() calls ({calls}); a caller that retries after a "
+                "failure must retry on every rank; no rank returned weights")
+    bad = [r for r in ranks if r.failed]
+    if bad:
+        said: dict[str, list[int]] = {}
+        for r in bad:
+            said.setdefault(r.message.removeprefix(f"rank {r.rank}: "), []).append(r.rank)
+        head = (f"load failed on rank {', '.join(str(r.rank) for r in bad)} ({len(bad)} of {len(ranks)} ranks); "
+                "no rank returned weights")
+        return head + "".join(f"\nrank {', '.join(map(str, who))}: {msg}" for msg, who in said.items())
+    problems = [f"rank {r.rank}: digest {r.digest[:16]}... differs from the prediction stored in "
+                f"{escape_name(job.store_path)} ({job.key}): its memory does not hold what was verified"
+                for r in ranks if r.prediction == 2]
+    if ctx.group is not None:
+        problems += crosscheck.verdict(ctx.node_lists, {r.rank: r.claims for r in ranks},
+                                       {r.rank: r.seen for r in ranks})
+    if problems:
+        return "load failed: the ranks' evidence disagrees; no rank returned weights\n" + "\n".join(problems)
+    return ""
+
+
+def _device_peaks(device: torch.device) -> tuple[int | None, int | None]:
     if device.type != "cuda":
-        return 0, 0
+        return None, None
     torch.cuda.synchronize(device)
     return torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
 
 
-class _KillAfter:
-    """Test hook (TPLOAD_TEST_KILL="RANK:ITEMS"): SIGKILL this rank after ITEMS tensors,
-    to show that the other ranks then stop with a message instead of hanging."""
-
-    def __init__(self, inner: Progress, items: int) -> None:
-        self._inner, self._left = inner, items
-
-    def update(self, nbytes: int) -> None:
-        self._inner.update(nbytes)
-        self._left -= 1
-        if self._left <= 0:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    def close(self) -> None:
-        self._inner.close()
-
-
-def _progress(plan: RankPlan, ctx: DistContext, enabled: bool) -> ProgressSink:
-    progress = Progress(plan.read_bytes, len(plan.items), enabled=enabled and ctx.rank == 0)
-    kill = os.environ.get("TPLOAD_TEST_KILL", "")
-    if kill and int(kill.split(":")[0]) == ctx.rank:
-        return _KillAfter(progress, int(kill.split(":")[1]))
-    return progress
-
-
-def _load_rank(opts: LoadOptions, ctx: DistContext,
-               fig: RankFigures) -> tuple[LoadResult, RankPlan, str, tuple[DeferredTensor, ...]]:
-    """Everything one rank does before the exchange; raises on any problem.
-    Returns the predictions key and the deferred tensors' locators too."""
-    layout = Layout(opts.tp or max(1, ctx.world // opts.ep), opts.ep)
-    ckpt = open_checkpoint(opts.checkpoint, layout, ctx.rank, ctx.world)
-    measures_cache = ctx.rank == ctx.node_peers[0]  # the page cache is the node's: one rank per node looks
-    if measures_cache:
-        fig.page_cache_before = checkpoint_resident(ckpt.shard_paths(), sample=CACHE_SAMPLE)
-    config = with_rules(load_config(opts.config), skip=opts.skip, defer=opts.defer)
-    planner = Planner(ckpt, config)
-    planner.check_layout(layout, ctx.world)
-    plan = planner.plan(layout, opts.kind, ctx.rank)
-    if isinstance(ckpt, PartitionedCheckpoint):
-        ckpt.check_plan(plan)
-    preflight.check(planner, layout, plan, ctx.device, ctx.node_peers, int(opts.reserve_gib * GIB))
-    key = layout_key(config, layout, opts.kind)
-    if opts.verify == "digest":  # before any byte is read: refuse stale or missing verified digests
-        verified_prediction(ckpt, key, fix=f"run `python -m tpload plan {opts.checkpoint} --tp {layout.tp} --ep {layout.ep} "
-                            f"--kind {opts.kind} --config {opts.config} --write`, or load with --verify node")
-    to_hash = _hash_share(planner, layout, opts.kind, ctx, plan, opts.verify)
-    if opts.verify != "off":  # deferred too: their locators carry the manifest's sha256
-        ckpt.check_manifest(sorted(set(plan.used_tensors) | set(to_hash) | set(plan.deferred)))
-    result = run(ckpt, plan, device=ctx.device, to_hash=to_hash, hash_threads=opts.hash_threads, spare_cores=_spare_cores(ctx),
-                 samples_per_role=opts.samples, progress=_progress(plan, ctx, opts.progress),
-                 evict=opts.evict_page_cache)
-    if measures_cache and opts.evict_page_cache:
-        fig.page_cache_after = checkpoint_resident(ckpt.shard_paths(), sample=CACHE_SAMPLE)
-    fig.tensors, fig.bytes_read, fig.bytes_device = len(result.tensors), plan.read_bytes, plan.arena_bytes
-    fig.hashed, fig.bytes_hashed = len(result.hashed), result.bytes_hashed
-    fig.device_checked, fig.sampled = result.device_checked, result.sampled
-    fig.skipped, fig.deferred = len(plan.skipped), len(plan.deferred)
-    fig.digest = result.digest()
-    return result, plan, key, locate(ckpt, plan.deferred)
-
-
-def _failure(ranks: list[RankFigures]) -> str:
-    """One message for every rank: failed ranks grouped by what they said."""
-    bad = [r for r in ranks if r.failed]
-    said: dict[str, list[int]] = {}
-    for r in bad:
-        said.setdefault(r.message.removeprefix(f"rank {r.rank}: "), []).append(r.rank)
-    head = (f"load failed on rank {', '.join(str(r.rank) for r in bad)} ({len(bad)} of {len(ranks)} ranks); "
-            "no rank returned weights")
-    return head + "".join(f"\nrank {', '.join(map(str, who))}: {msg}" for msg, who in said.items())
-
-
-def load_in(opts: LoadOptions, ctx: DistContext) -> RankShards:
-    log = rank_log(ctx.rank)
-    fig = RankFigures(rank=ctx.rank, node=ctx.nodes[ctx.rank])
-    result = plan = key = None
-    deferred: tuple[DeferredTensor, ...] = ()
-    if ctx.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(ctx.device)
+def load_in(opts: LoadOptions | None, ctx: DistContext, *, error: LoadError | None = None,
+            progress_sink: ProgressSink | None = None) -> RankShards:
+    """Load in an existing context (``ctx``: this rank's group, before a device is picked).
+    ``error``: a problem found before the context existed, raised inside so it still reaches the exchange."""
+    log_ = rank_log(ctx.rank)
+    seq = CALLS.next(group_id(ctx))
+    fig = RankFigures(rank=ctx.rank, seq=seq)
+    opts = opts or LoadOptions()
+    job = _RankLoad(opts, ctx, fig, progress_sink)
     t0 = time.perf_counter_ns()
+    notes: list[str] = []
     with MemoryPeaks() as mem:
         try:
-            result, plan, key, deferred = _load_rank(opts, ctx, fig)
+            ctx, note = share_nodes(ctx, seq, opts.timeout_s)  # first: peers wait for this rank's node name
+            notes += [note] if note else []
+            fig.node = ctx.nodes[ctx.rank]
+            if error is not None:
+                raise error
+            device = pick_device(opts.device, ctx.local_rank, allow_shared=opts.allow_shared_device)
+            ctx = job.ctx = with_device(ctx, device, shared=opts.allow_shared_device and device.type == "cuda")
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            job.run()
+            fig.device_alloc_peak, fig.device_reserved_peak = _device_peaks(device)
         except LoadError as e:
             fig.failed, fig.message = 1, f"rank {ctx.rank}: {e}"
+        except KeyboardInterrupt:
+            fig.failed, fig.message = 1, f"rank {ctx.rank}: interrupted (Ctrl-C)"
         except Exception as e:  # a bug or an OS error: still reach the exchange so no peer hangs
-            log.debug("load failed", exc_info=True)
-            fig.failed, fig.message = 1, f"rank {ctx.rank}: unexpected {type(e).__name__}: {e}"
+            log_.debug("load failed", exc_info=True)
+            fig.failed, fig.message = 1, f"rank {ctx.rank}: unexpected {type(e).__name__}: {escape_name(e)}"
     fig.ns = time.perf_counter_ns() - t0
-    fig.device_alloc_peak, fig.device_reserved_peak = _device_peaks(ctx.device)
     fig.rss_peak, fig.anon_peak = mem.rss_peak, mem.anon_peak
-    table = exchange(fig.to_row(), ctx)
-    ranks = [RankFigures.from_row(r, table[r]) for r in range(ctx.world)]
-    if any(r.failed for r in ranks):
-        del result  # nothing partly loaded survives a failed load
-        raise LoadError(_failure(ranks))
-    # Every rank holds every digest, so every rank reaches the same verdict with no second collective.
-    predicted, problems = check_predictions(Path(opts.checkpoint), key, [r.digest for r in ranks])
-    if opts.verify == "digest" and not predicted:
-        problems = [f"--verify digest: the prediction for {key} vanished during the load"]
-    if problems:
-        del result
-        raise LoadError("load failed: digests differ from the stored predictions; no rank returned weights\n"
-                        + "\n".join(problems))
-    report = LoadReport(str(Path(opts.checkpoint)), opts.kind, plan.layout.tp, plan.layout.ep, opts.verify,
-                        str(ctx.device), ranks, ctx.rank, _predictions_word(predicted, opts.verify),
-                        evict_page_cache=opts.evict_page_cache)
+    table = exchange(fig.to_row(), ctx, seq=seq, timeout_s=opts.timeout_s)
+    ranks = [RankFigures.from_row(table[r]) for r in range(ctx.world)]
+    why = _verdict(ranks, ctx, job)
+    if why:
+        job.result = None  # nothing partly loaded survives a failed load
+        give_back(ctx.device)
+        raise LoadError(why)
+    report = LoadReport(str(opts.checkpoint), opts.kind, job.plan.layout.tp, job.plan.layout.ep, opts.verify,
+                        str(ctx.device), ranks, ctx.rank, trusted=opts.verify == "digest",
+                        evict_page_cache=opts.evict_page_cache, notes=notes)
     if opts.verify == "off":
-        log.warning("verification is OFF: %d tensors served without any check against the manifest", fig.tensors)
-    return RankShards(result, plan, report, deferred)
-
-
-def _predictions_word(predicted: bool, verify: str) -> str:
-    if not predicted:
-        return "none stored"
-    return "matched (sha256-verified when written; trusted in place of hashing)" if verify == "digest" else "matched"
+        log_.warning("verification is OFF: %d tensors served without any check against the manifest", fig.tensors)
+    if opts.report and ctx.rank == 0:
+        try:
+            report.write(opts.report)
+        except OSError as e:
+            log_.warning("could not write the report %s: %s", escape_name(opts.report), e.strerror)
+    return RankShards(job.result, job.plan, report, job.deferred)
 
 
 def resolve_checkpoint(checkpoint: str | os.PathLike | None) -> str:
-    """The checkpoint to load: the given one, or the built-in small synthetic one."""
-    return str(checkpoint) if checkpoint is not None else str(cached_checkpoint(PRESETS["small"]))
+    """The checkpoint to load: the given one, or the built-in small synthetic one (written once)."""
+    if checkpoint is not None:
+        return os.fspath(checkpoint)
+    from .synth import PRESETS, cached_checkpoint
+    return str(cached_checkpoint(PRESETS["small"]))
 
 
-def load(checkpoint: str | os.PathLike | None = None, *, config: str = DEFAULT_CONFIG, kind: str = "packed",
-         tp: int | None = None, ep: int = 1, group: dist.ProcessGroup | None = None,
-         device: str | torch.device | None = None, verify: str = "node", hash_threads: int = 2, samples: int = 4,
-         progress: bool = True, timeout_s: float = 600.0, skip: tuple[str, ...] = (),
-         defer: tuple[str, ...] = (), evict_page_cache: bool = False, reserve_gib: float = 0.0) -> RankShards:
-    """Load this rank's verified shards of ``checkpoint``; see :class:`LoadOptions` for each option.
+def load(checkpoint: str | os.PathLike | None = None, *, group: dist.ProcessGroup | None = None,
+         cpu_group: dist.ProcessGroup | None = None, progress_sink: ProgressSink | None = None,
+         **options: object) -> RankShards:
+    """Load this rank's verified shards of ``checkpoint``; the keywords are :class:`LoadOptions`' fields.
 
-    Inside an initialized world, ranks are counted in ``group`` (default: the
-    world). Run by torchrun without a world, it makes the default group and
-    leaves it up for later loads (destroyed at exit). Raises :class:`LoadError`
-    on every rank if any rank fails.
+    Inside an initialized world, ranks are counted in ``group`` (default: the world) and the
+    exchange runs on ``cpu_group`` (default: ``group`` when it has a CPU backend; pass one for an
+    NCCL-only group). Run by torchrun without a world, it makes the default group
+    (``cpu:gloo,cuda:nccl`` on a GPU, ``gloo`` on the CPU) and leaves it up for later loads. It
+    never creates a group inside an existing world. Raises :class:`LoadError` on every rank if any
+    rank fails; ``progress_sink`` replaces rank 0's progress (one call per tensor).
     """
-    opts = LoadOptions(resolve_checkpoint(checkpoint), str(config), kind, tp, ep, verify,
-                       str(device) if device is not None else None, hash_threads, samples, progress, timeout_s,
-                       skip=tuple(skip), defer=tuple(defer), evict_page_cache=evict_page_cache,
-                       reserve_gib=reserve_gib)
-    if group is None:
-        keep_world(device=opts.device, timeout_s=timeout_s)
-    return load_in(opts, context(group, opts.device))
+    error: LoadError | None = None
+    try:
+        opts = LoadOptions.from_values({**options, "checkpoint": checkpoint})
+        opts = replace(opts, checkpoint=resolve_checkpoint(opts.checkpoint))
+    except LoadError as e:  # still reach the exchange with it, so no peer waits
+        opts, error = None, e
+    if group is None and cpu_group is None:
+        keep_world(timeout_s=opts.timeout_s if opts else LoadOptions().timeout_s)
+    return load_in(opts, context(group, cpu_group), error=error, progress_sink=progress_sink)
 
 
+def _signature() -> None:
+    """Give :func:`load` the keyword signature of :class:`LoadOptions` (help() and IDEs show every option)."""
+    import inspect
+    from dataclasses import fields
+    params = [p for p in inspect.signature(load).parameters.values() if p.kind != p.VAR_KEYWORD]
+    params += [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default)
+               for f in fields(LoadOptions) if f.name != "checkpoint"]
+    load.__signature__ = inspect.Signature(params, return_annotation=RankShards)  # type: ignore[attr-defined]
+
+
+_signature()
 logging.getLogger("tpload").addHandler(logging.NullHandler())

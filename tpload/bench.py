@@ -25,13 +25,12 @@ from pathlib import Path
 
 import torch
 
-from . import formats
-from .checkpoint import Checkpoint
-from .config import DEFAULT_CONFIG, load_config
+from .config import load_config
 from .errors import LoadError
-from .offline import layout_key, record_verified, verified_prediction
+from .options import DEFAULT_CONFIG
 from .plan import Layout, Planner
-from .pagecache import resident_bytes
+from .storage.pagecache import resident_bytes
+from .storage.sharded import ShardedStorage
 from .synth import PRESETS, cached_checkpoint
 
 PACKED_METHODS = ("floor", "tpload", "tpload-rank", "tpload-digest", "tpload-noverify", "safetensors",
@@ -60,6 +59,8 @@ class BenchOptions:
     """Config name or TOML path."""
     timeout_s: float = 1800.0
     """Per method run."""
+    digest_store: str = ""
+    """Where tpload-digest's trusted digests are kept (the bench's own folder, never the operator's)."""
 
 
 @dataclass
@@ -112,19 +113,12 @@ def available_methods(wanted: tuple[str, ...]) -> tuple[list[str], list[str]]:
 
 
 def prepare_digest(opts: BenchOptions) -> str:
-    """Make sure tpload-digest has sha256-verified predictions to trust (what ``tpload plan --write`` does,
-    outside the timed runs). Returns why the method cannot run, or "" when it can."""
+    """Write the sha256-verified predictions tpload-digest trusts (what ``tpload plan --write`` does,
+    outside the timed runs, into the bench's own store). Returns why the method cannot run, or ""."""
+    from .offline import record_verified
     try:
-        ckpt = Checkpoint(opts.checkpoint)
-        config = load_config(opts.config)
-        layout = Layout(opts.tp, opts.nproc // opts.tp)
-        key = layout_key(config, layout, "packed")
-        try:
-            verified_prediction(ckpt, key, fix="")
-            return ""
-        except LoadError:
-            pass
-        record_verified(Planner(ckpt, config), layout, "packed")
+        record_verified(opts.checkpoint, load_config(opts.config), Layout(opts.tp, opts.nproc // opts.tp), "packed",
+                        store=opts.digest_store)
     except (LoadError, OSError) as e:
         return f"no verified predictions could be written: {e}"
     return ""
@@ -143,7 +137,7 @@ def run_once(method: str, opts: BenchOptions, out_dir: Path) -> list[dict] | str
     out_dir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(opts.nproc),
            "--max-restarts", "0", "-m", "tpload.bench_worker", method, opts.checkpoint, str(out_dir),
-           "--tp", str(opts.tp), "--config", opts.config]
+           "--tp", str(opts.tp), "--config", opts.config, "--digest-store", opts.digest_store]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=opts.timeout_s, env=_worker_env(opts.nproc))
     except subprocess.TimeoutExpired:
@@ -233,37 +227,45 @@ def summarize(res: MethodResult) -> dict:
     }
 
 
-def decode_bandwidth(ckpt_dir: str, *, threads: int, reps: int = 5) -> dict:
-    """FP4 and FP8 -> bf16 decode on the CPU (bf16 bytes out per second) against a copy of the
-    same output size; every buffer is touched first, so page faults count for neither.
-
-    The decodes go through ``formats``' own choice of path, as a CPU load's do: the
-    compiled kernels (single-threaded whatever ``threads`` is; it sets torch's count)."""
-    ckpt = Checkpoint(ckpt_dir)
-    torch.set_num_threads(threads)
-    fp4 = next(n for n in ckpt.names() if n.endswith("experts.0.w1.weight"))
-    fp8 = next(n for n in ckpt.names() if n.endswith("eh_proj.weight"))
-    out: dict[str, float] = {"threads": threads}
-    copy_src = None
-    for role, name in (("fp4", fp4), ("fp8", fp8)):
-        w = torch.from_numpy(ckpt.raw2d(name).copy())
-        s = torch.from_numpy(ckpt.raw2d(name[: -len(".weight")] + ".scale").copy())
-        n, k = w.shape[0], w.shape[1] * (2 if role == "fp4" else 1)
-        dst = torch.zeros(n, k, dtype=torch.bfloat16)
-        block = n // s.shape[0]
-
-        def once() -> None:
-            if role == "fp4":
-                formats.decode_fp4(w, s, dst)
-            else:
-                formats.decode_fp8(w, s, dst, block=block)
-        out[f"{role}_gb_per_s"] = dst.numel() * 2 / _best(once, reps) / 1e9
-        copy_src = dst
-    copy_dst = torch.zeros_like(copy_src)
-    out["memcpy_gb_per_s"] = copy_src.numel() * 2 / _best(lambda: copy_dst.copy_(copy_src), reps) / 1e9
-    for role in ("fp4", "fp8"):
-        out[f"{role}_vs_memcpy"] = out[f"{role}_gb_per_s"] / out["memcpy_gb_per_s"]
+def decode_bandwidth(ckpt_dir: str, *, threads: int, reps: int = 5, config: str = DEFAULT_CONFIG) -> dict:
+    """Each scaled codec's decode to bf16 on the CPU (bf16 bytes out per second) against a copy of the
+    same output size, on the first tensor the plan gives that codec; every buffer is touched first,
+    so page faults count for neither. The decodes go through the codecs' own choice of path, as a
+    CPU load's do: the compiled kernels (single-threaded whatever ``threads`` is; it sets torch's count)."""
+    import numpy as np
+    storage = ShardedStorage(Path(ckpt_dir).absolute())
+    try:
+        plan = Planner(storage.catalogue, load_config(config)).plan(Layout(1), "expanded", 0)
+        firsts = {}
+        for item in plan.items:
+            if item.codec.scaled and item.codec.role not in firsts:
+                firsts[item.codec.role] = item
+        torch.set_num_threads(threads)
+        out: dict[str, float] = {"threads": threads}
+        biggest = None
+        for role, item in firsts.items():
+            w = _read(storage, item.weight.name)
+            s = _read(storage, item.scale.name)
+            dst = torch.zeros(item.outputs[0].shape, dtype=torch.bfloat16)
+            out[f"{role}_gb_per_s"] = dst.numel() * 2 / _best(lambda: item.codec.decode(w, s, dst, item.fit), reps) / 1e9
+            out[f"{role}_tensor"] = item.name
+            biggest = dst if biggest is None or dst.numel() > biggest.numel() else biggest
+    finally:
+        storage.close()
+    if biggest is not None:
+        copy_dst = torch.zeros_like(biggest)
+        out["memcpy_gb_per_s"] = biggest.numel() * 2 / _best(lambda: copy_dst.copy_(biggest), reps) / 1e9
+        for role in firsts:
+            out[f"{role}_vs_memcpy"] = out[f"{role}_gb_per_s"] / out["memcpy_gb_per_s"]
     return out
+
+
+def _read(storage: ShardedStorage, name: str) -> "np.ndarray":
+    import numpy as np
+    stored = storage.stored(name)
+    buf = np.empty((stored.rows, stored.row_bytes), dtype=np.uint8)
+    storage.read(stored, 0, stored.rows, buf)
+    return buf
 
 
 def _best(fn, reps: int) -> float:
@@ -302,9 +304,10 @@ def table(summaries: list[dict], refused: dict[str, str], opts: BenchOptions) ->
 
 
 def decode_line(d: dict) -> str:
-    return (f"decode on CPU ({d['threads']} thread(s)), bf16 bytes out: fp4 {d['fp4_gb_per_s']:.2f} GB/s "
-            f"({d['fp4_vs_memcpy'] * 100:.0f}% of memcpy), fp8 {d['fp8_gb_per_s']:.2f} GB/s "
-            f"({d['fp8_vs_memcpy'] * 100:.0f}%), memcpy of the same output {d['memcpy_gb_per_s']:.2f} GB/s")
+    roles = [k[:-len("_gb_per_s")] for k in d if k.endswith("_gb_per_s") and not k.startswith("memcpy")]
+    parts = [f"{r} {d[f'{r}_gb_per_s']:.2f} GB/s ({d[f'{r}_vs_memcpy'] * 100:.0f}% of memcpy)" for r in roles]
+    return (f"decode on CPU ({d['threads']} thread(s)), bf16 bytes out: " + ", ".join(parts)
+            + (f"; memcpy of the same output {d['memcpy_gb_per_s']:.2f} GB/s" if "memcpy_gb_per_s" in d else ""))
 
 
 def cmd_bench(argv: list[str]) -> int:
@@ -325,8 +328,9 @@ def cmd_bench(argv: list[str]) -> int:
     if args.nproc < 1 or args.rounds < 1 or (args.tp or 1) < 1 or args.nproc % (args.tp or args.nproc):
         p.error("nproc >= 1, rounds >= 1 and a tp dividing nproc are required")
     ckpt = args.checkpoint or str(cached_checkpoint(PRESETS[args.preset]))
+    store = tempfile.mkdtemp(prefix="tpload-bench-digests-")
     opts = BenchOptions(ckpt, args.nproc, args.tp or args.nproc, args.rounds, tuple(args.methods.split(",")),
-                        args.cold, args.config, args.timeout)
+                        args.cold, args.config, args.timeout, store)
     try:
         methods, notes = available_methods(opts.methods)
     except ValueError as e:
@@ -344,7 +348,7 @@ def cmd_bench(argv: list[str]) -> int:
     print(table(summaries, refused, opts), flush=True)
     decode = None
     if not args.no_decode:
-        decode = decode_bandwidth(ckpt, threads=int(_worker_env(opts.nproc)["OMP_NUM_THREADS"]))
+        decode = decode_bandwidth(ckpt, threads=int(_worker_env(opts.nproc)["OMP_NUM_THREADS"]), config=opts.config)
         print(decode_line(decode), flush=True)
     if args.json:
         doc = {"options": {k: getattr(opts, k) for k in BenchOptions.__dataclass_fields__}, "notes": notes,

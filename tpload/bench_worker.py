@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import mmap
 import os
 import time
 from collections.abc import Callable
@@ -26,24 +27,52 @@ import torch.distributed as dist
 
 import tpload
 
-from . import formats
-from .checkpoint import Checkpoint
-from .config import DEFAULT_CONFIG, load_config
-from .load import new_arena
+from .config import load_config
+from .options import DEFAULT_CONFIG
 from .plan import Cut, Item, Layout, Planner, RankPlan
-from .report import MemoryPeaks
-from .verify import as_bytes2d, digest, fingerprint
+from .report.memory import MemoryPeaks
+from .storage.safetensors import ITEMSIZE
+from .storage.sharded import ShardedStorage
+from .transfer.cpu import new_arena
+from .verification.fingerprint import as_bytes2d, digest, fingerprint
 
 Windows = dict[str, torch.Tensor]
+
+
+class Mapped:
+    """The peers' way to the bytes: each shard mapped whole (private, never written), zero-copy views."""
+
+    def __init__(self, root: str) -> None:
+        self.storage = ShardedStorage(Path(root).absolute())
+        self.catalogue = self.storage.catalogue
+        self.manifest = self.catalogue.manifest
+        self._maps: dict[Path, np.ndarray] = {}
+
+    def info(self, name: str):
+        return self.storage.info(name)
+
+    def raw(self, name: str) -> np.ndarray:
+        i = self.storage.info(name)
+        arr = self._maps.get(i.path)
+        if arr is None:
+            with open(i.path, "rb") as f:
+                arr = self._maps[i.path] = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY), np.uint8)
+        return arr[i.begin:i.begin + i.nbytes]
+
+    def raw2d(self, name: str) -> np.ndarray:
+        i = self.storage.info(name)
+        return self.raw(name).reshape(i.rows, -1)
 
 
 class Job:
     """What every method is given: the checkpoint, this rank's plan and device."""
 
-    def __init__(self, root: str, config: str, tp: int, rank: int, world: int, device: torch.device) -> None:
+    def __init__(self, root: str, config: str, tp: int, rank: int, world: int, device: torch.device,
+                 digest_store: str = "") -> None:
         self.root, self.config, self.tp, self.rank, self.world, self.device = root, config, tp, rank, world, device
-        self.ckpt = Checkpoint(root)
-        self.planner = Planner(self.ckpt, load_config(config))
+        self.digest_store = digest_store or None
+        self.ckpt = Mapped(root)
+        self.planner = Planner(self.ckpt.catalogue, load_config(config))
         self.layout = Layout(tp, world // tp)
         self.plan: RankPlan = self.planner.plan(self.layout, "packed", rank)
         self.bytes_hashed = 0
@@ -51,23 +80,21 @@ class Job:
 
     def cuts(self) -> list[tuple[str, Cut]]:
         """(served name, cut) of every packed output, in plan order."""
-        out = []
-        for item in self.plan.items:
-            out += [(o.name, c) for o, c in zip(item.outputs, (item.weight, item.scale))]
-        return out
+        return [(o.name, c) for item in self.plan.items for o, c in zip(item.outputs, (item.weight, item.scale))]
 
 
 def _served(cut: Cut, t: torch.Tensor) -> torch.Tensor:
     """A peer's window as tpload serves it: F16 becomes BF16 (tiny norms; the same rule as tpload)."""
     if cut.dtype == "F16":
         values = t.view(torch.float16)
-        return formats.f16_to_bf16(values, torch.empty(values.shape, dtype=torch.bfloat16, device=t.device))
+        return torch.empty(values.shape, dtype=torch.bfloat16, device=t.device).copy_(values.to(torch.float32))
     return t
 
 
 def run_floor(job: Job) -> Windows:
     """Only the copies: each window out of the map into its slot of an arena (tpload's allocator), no checks."""
-    arena = new_arena(job.plan.arena_bytes, job.device)
+    arena = new_arena(job.plan.arena_bytes) if job.device.type == "cpu" else \
+        torch.empty(job.plan.arena_bytes, dtype=torch.uint8, device=job.device)
     out: Windows = {}
     for item in job.plan.items:
         for o, cut in zip(item.outputs, (item.weight, item.scale)):
@@ -83,7 +110,7 @@ def run_floor(job: Job) -> Windows:
 def _tpload(kind: str, verify: str) -> Callable[[Job], Windows]:
     def run(job: Job) -> Windows:
         shards = tpload.load(job.root, config=job.config, kind=kind, tp=job.tp, ep=job.world // job.tp,
-                             device=job.device, verify=verify, progress=False)
+                             device=str(job.device), verify=verify, progress=False, digest_store=job.digest_store)
         job.bytes_hashed = shards.report.mine.bytes_hashed
         job.shards = shards  # keep the arena alive until the digest is taken
         return shards.state_dict()
@@ -92,7 +119,7 @@ def _tpload(kind: str, verify: str) -> Callable[[Job], Windows]:
 
 def _element_slices(cut: Cut) -> tuple[slice, ...]:
     """The cut (rows and row-byte range) as element slices for safetensors' get_slice."""
-    item = formats.DTYPES[cut.dtype].itemsize
+    item = ITEMSIZE[cut.dtype]
     if len(cut.shape) <= 1:
         return (slice(cut.cols[0] // item, cut.cols[1] // item),)
     return (slice(*cut.rows), slice(cut.cols[0] // item, cut.cols[1] // item))
@@ -216,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out")
     p.add_argument("--tp", type=int, required=True)
     p.add_argument("--config", default=DEFAULT_CONFIG)
+    p.add_argument("--digest-store", default="")
     args = p.parse_args(argv)
     cuda = torch.cuda.is_available()
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -230,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.reset_peak_memory_stats(device)
     with MemoryPeaks() as mem:
         t0, c0 = time.perf_counter(), time.process_time()
-        job = Job(args.checkpoint, args.config, args.tp, rank, world, device)
+        job = Job(args.checkpoint, args.config, args.tp, rank, world, device, args.digest_store)
         windows = METHODS[args.method](job)
         if cuda:
             torch.cuda.synchronize(device)

@@ -17,18 +17,26 @@ one config serves every size of a model family.
 from __future__ import annotations
 
 import fnmatch
+import hashlib
+import json
 import os
 import re
 import tomllib
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
+from . import codecs
 from .errors import ConfigError
+from .options import DEFAULT_CONFIG
 
-ROLES = ("fp4", "fp8", "plain", "skip", "defer")
 SPLITS = ("rows", "cols", "replicate")
-DEFAULT_CONFIG = "deepseek-v4-mtp"
+READS_NOTHING = ("skip", "defer")
+
+
+def roles() -> tuple[str, ...]:
+    """Every role a rule may name: a codec's (codecs/) or one that reads nothing."""
+    return codecs.roles() + READS_NOTHING
 
 
 @dataclass(frozen=True)
@@ -57,8 +65,8 @@ class Rule:
 
     def __post_init__(self) -> None:
         where = f"rule {self.index} ({self.match!r})"
-        if self.role not in ROLES:
-            raise ConfigError(f"{where}: role {self.role!r} is not one of {', '.join(ROLES)}")
+        if self.role not in roles():
+            raise ConfigError(f"{where}: role {self.role!r} is not one of {', '.join(roles())}")
         if self.split not in SPLITS:
             raise ConfigError(f"{where}: split {self.split!r} is not one of {', '.join(SPLITS)}")
         if self.block < 0:
@@ -106,6 +114,12 @@ class Config:
 
     def rule_for(self, name: str) -> Rule | None:
         return next((r for r in self.rules if r.matches(name)), None)
+
+    def id(self) -> str:
+        """A short hash of what the config decides (rules and layout constants, not where it came from)."""
+        rules = [{k: v for k, v in asdict(r).items() if k != "index"} for r in self.rules]
+        doc = json.dumps({"rules": rules, "align": self.channel_align, "experts": self.expert_pattern}, sort_keys=True)
+        return hashlib.sha256(doc.encode()).hexdigest()[:12]
 
 
 def with_rules(config: Config, *, skip: tuple[str, ...] = (), defer: tuple[str, ...] = ()) -> Config:

@@ -10,12 +10,16 @@ sha256, so the model can check the bytes while it streams them.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .checkpoint import Checkpoint, natural_key, sha256_mismatch
 from .errors import CheckpointError
+from .storage import Storage
+from .storage.catalogue import natural_key, sha256_mismatch
+from .storage.files import open_regular
+from .text import escape_name
 
 STREAM_CHUNK = 16 << 20
 
@@ -46,26 +50,29 @@ class DeferredTensor:
         """The stored bytes in order, ``chunk_bytes`` at a time; raises CheckpointError
         after the last chunk if they do not hash to :attr:`sha256`."""
         h = hashlib.sha256()
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            left = self.nbytes
+        fd = open_regular(self.path, "shard")
+        try:
+            at, left = self.offset, self.nbytes
             while left:
-                data = f.read(min(chunk_bytes, left))
+                data = os.pread(fd, min(chunk_bytes, left), at)
                 if not data:
-                    raise CheckpointError(f"{self.path}: tensor {self.name}: file ends {left} bytes early")
+                    raise CheckpointError(f"{escape_name(self.path)}: tensor {escape_name(self.name)}: file ends "
+                                          f"{left} bytes early")
+                at += len(data)
                 left -= len(data)
                 h.update(data)
                 yield data
+        finally:
+            os.close(fd)
         if self.sha256 is not None and h.hexdigest() != self.sha256:
             raise CheckpointError(sha256_mismatch(self.path, self.name, h.hexdigest(), self.sha256))
 
 
-def locate(ckpt: Checkpoint, names: tuple[str, ...] | list[str]) -> tuple[DeferredTensor, ...]:
+def locate(storage: Storage, names: tuple[str, ...] | list[str]) -> tuple[DeferredTensor, ...]:
     """A locator for each named tensor, in natural name order."""
     out = []
     for name in sorted(names, key=natural_key):
-        info = ckpt.info(name)
-        entry = ckpt.manifest.get(name) if ckpt.manifest else None
-        out.append(DeferredTensor(name, info.path.absolute(), info.begin, info.nbytes, info.dtype, info.shape,
-                                  entry.sha256 if entry else None))
+        s = storage.stored(name)
+        meta = storage.catalogue.get(name)
+        out.append(DeferredTensor(name, s.path.absolute(), s.offset, s.nbytes, meta.dtype, meta.shape, s.sha256))
     return tuple(out)

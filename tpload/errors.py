@@ -23,6 +23,10 @@ class LayoutError(LoadError):
     """The requested tp x ep layout cannot be cut from this checkpoint."""
 
 
+class OptionsError(LoadError):
+    """An option given to ``load()`` or on the command line is not valid."""
+
+
 def raise_all(kind: type[LoadError], problems: list[str], *, what: str) -> None:
     """Raise one ``kind`` listing every problem (safetensors style: all at once)."""
     if not problems:

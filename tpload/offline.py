@@ -1,192 +1,228 @@
-"""Checks that need no GPU and no world: predicted digests and offline verification.
+"""Checks and records that need no GPU and no world: predicted digests, verification at rest, manifests.
 
-* ``tpload plan DIR --digest`` runs every rank's plan through the same
-  :func:`tpload.load.run` on the CPU, one rank at a time, so the digests it
-  prints are exactly what a load on any device must produce; ``--write``
+* ``tpload plan DIR --digest`` runs every rank's plan through the load's own
+  code (:func:`tpload.load.run`) on the CPU, one rank at a time, so the digests
+  it prints are exactly what a load on any device must produce; ``--write``
   first checks every tensor the layout uses by sha256 against the manifest,
-  then keeps the digests in TPLOAD_DIGESTS.json beside the checkpoint with a
-  stamp of what they were verified against (the manifest's sha256, each
-  shard's size and mtime). Every later load with that layout, kind and
-  config is checked against them, and ``--verify digest`` loads trust them
-  in place of hashing: see :func:`verified_prediction`.
+  then keeps the digests in the operator's digest store (verification/store.py)
+  stamped with what they were verified against.
 * ``tpload verify DIR`` checks a checkpoint at rest and lists every bad tensor.
+* ``tpload manifest DIR`` hashes every tensor and writes NATIVE_MANIFEST.json.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass
+import tempfile
 from pathlib import Path
 
 import torch
 
-from . import formats
-from .checkpoint import MANIFEST_NAME, Checkpoint
+from .api import checkpoint_stamp, layout_key
 from .config import Config
-from .errors import LoadError
+from .errors import CheckpointError, LoadError
 from .load import run
-from .plan import Layout, Planner, RankPlan
-from .report import Progress
-
-PREDICTIONS_NAME = "TPLOAD_DIGESTS.json"
-
-
-def config_id(config: Config) -> str:
-    """A short hash of what a config decides (rules and layout constants, not its file name)."""
-    rules = [{k: v for k, v in asdict(r).items() if k != "index"} for r in config.rules]
-    doc = json.dumps({"rules": rules, "align": config.channel_align, "experts": config.expert_pattern}, sort_keys=True)
-    return hashlib.sha256(doc.encode()).hexdigest()[:12]
-
-
-def layout_key(config: Config, layout: Layout, kind: str) -> str:
-    return f"tp{layout.tp}-ep{layout.ep}-{kind}-config-{config_id(config)}"
+from .plan import Layout, Planner
+from .report.progress import Silent
+from .storage import Storage, open_storage
+from .storage.catalogue import MANIFEST_NAME, sha256_mismatch
+from .storage.reader import Reader
+from .storage.sharded import ShardedStorage
+from .text import escape_name
+from .transfer.cpu import CpuTransfer
+from .verification.hashing import Hasher
+from .verification.policy import HashPlan
+from .verification.store import DigestStore
 
 
-@dataclass(frozen=True)
-class Prediction:
-    """One layout's stored digests, and what they were verified against (None: not verified)."""
-
-    digests: list[str]
-    stamp: dict | None = None
+def _spare() -> int:
+    return max(0, (os.cpu_count() or 1) - 1)
 
 
-def checkpoint_stamp(ckpt: Checkpoint) -> dict:
-    """What a verified prediction vouches for: the manifest's sha256 and each shard's size and mtime.
-
-    A shard rewritten since (even with the same bytes) or a new manifest makes
-    the prediction stale; ``--verify digest`` then refuses to trust it.
-    """
-    manifest = hashlib.sha256((ckpt.root / MANIFEST_NAME).read_bytes()).hexdigest()
-    shards = {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(ckpt.shard_paths())}
-    return {"manifest_sha256": manifest, "shards": shards}
-
-
-def predict(planner: Planner, layout: Layout, kind: str, *, verify: bool = False) -> list[str]:
+def predict(root: str | os.PathLike, config: Config, layout: Layout, kind: str, *, verify: bool = False) -> list[str]:
     """Every rank's digest for this layout and kind, computed on the CPU by the load's own code.
 
-    ``verify``: first hash every tensor the layout uses against the manifest
-    (each once); any mismatch raises :class:`LoadError`, listing them all.
+    ``verify``: also hash every tensor the layout uses against the manifest (each once);
+    any mismatch raises :class:`LoadError`, listing them all.
     """
     out, hashed = [], set()
     for rank in range(layout.world):
-        plan = planner.plan(layout, kind, rank)
-        to_hash = [n for n in plan.used_tensors if n not in hashed] if verify else []
-        if verify:
-            planner.ckpt.check_manifest(sorted(plan.used_tensors))
-        hashed.update(to_hash)
-        result = run(planner.ckpt, plan, device=torch.device("cpu"), to_hash=to_hash, hash_threads=2,
-                     samples_per_role=0, progress=Progress(0, 0, enabled=False), spare_cores=(os.cpu_count() or 1) - 1)
-        out.append(result.digest())
-        del result  # one rank's arena at a time
+        storage = open_storage(root, tp=layout.tp, ep=layout.ep, rank=rank, world=layout.world)
+        try:
+            planner = Planner(storage.catalogue, config)
+            planner.check_layout(layout, layout.world)
+            plan = planner.plan(layout, kind, rank)
+            mine: frozenset[str] = frozenset()
+            if verify:
+                problems = storage.manifest_problems(sorted(set(plan.used_tensors) | set(plan.deferred)))
+                if problems:
+                    raise CheckpointError("\n".join(problems))
+                mine = frozenset(n for n in plan.used_tensors if storage.per_rank or n not in hashed)
+                hashed |= mine
+            result = run(storage, plan, transfer=CpuTransfer(torch.device("cpu")),
+                         hasher=Hasher(HashPlan("rank", rank, mine), threads=min(2, _spare())), samples=0,
+                         progress=Silent())
+            out.append(result.digest())
+            del result  # one rank's arena at a time
+        finally:
+            storage.close()
     return out
 
 
-def record_verified(planner: Planner, layout: Layout, kind: str) -> tuple[list[str], Path]:
-    """``tpload plan --write``: hash every tensor the layout uses, then store every rank's digest
+def record_verified(root: str | os.PathLike, config: Config, layout: Layout, kind: str, *,
+                    store: str | os.PathLike | None = None) -> tuple[list[str], Path]:
+    """``tpload plan --write``: hash every tensor the layout uses, then store every rank's digest,
     stamped with what was verified (raises LoadError listing every mismatch; nothing is written then)."""
-    digests = predict(planner, layout, kind, verify=True)
-    path = write_predictions(planner.ckpt.root, layout_key(planner.config, layout, kind), digests,
-                             checkpoint_stamp(planner.ckpt))
+    storage = ShardedStorage(Path(root).absolute())
+    try:
+        if storage.catalogue.manifest_sha256 is None:
+            raise CheckpointError(f"{escape_name(storage.root)}: no {MANIFEST_NAME}: trusted digests are verified "
+                                  f"against it; write one with `python -m tpload manifest {escape_name(storage.root)}`")
+        stamp = checkpoint_stamp(storage)
+        manifest_sha = storage.catalogue.manifest_sha256
+    finally:
+        storage.close()
+    digests = predict(root, config, layout, kind, verify=True)
+    path = DigestStore(store).write(manifest_sha, Path(root).absolute(), layout_key(config.id(), layout, kind),
+                                    digests, stamp)
     return digests, path
 
 
-def read_predictions(root: Path) -> dict[str, Prediction]:
-    path = root / PREDICTIONS_NAME
-    if not path.exists():
-        return {}
+# -- at rest ----------------------------------------------------------------------------------------
+
+def verify_checkpoint(root: str | os.PathLike, config: Config | None, *, threads: int = 2) -> list[str]:
+    """Every problem with the checkpoint at rest: headers, index, manifest, every sha256, and (with a
+    config) scale bytes, NaN codes and decodes that would overflow bf16. An export is checked rank
+    file by rank file against its own manifest."""
+    from .storage.partitioned import is_partitioned
+    path = Path(root).absolute()
+    if path.is_dir() and is_partitioned(path):
+        return _verify_export(path, threads)
     try:
-        doc = json.loads(path.read_text())
-        return {k: Prediction(list(v)) if isinstance(v, list) else Prediction(list(v["digests"]), v.get("verified"))
-                for k, v in doc["layouts"].items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise LoadError(f"{path}: stored digest predictions are unreadable ({e}); remove it or rewrite it "
-                        "with `python -m tpload plan DIR --digest --write`") from None
-
-
-def write_predictions(root: Path, key: str, digests: list[str], stamp: dict | None = None) -> Path:
-    """Store ``digests`` for ``key`` (with the stamp of a sha256 verification when there was one)."""
-    layouts = {k: {"digests": v.digests, "verified": v.stamp} for k, v in read_predictions(root).items()}
-    layouts[key] = {"digests": digests, "verified": stamp}
-    path = root / PREDICTIONS_NAME
-    path.write_text(json.dumps({"format": 2, "layouts": layouts}, indent=1) + "\n")
-    return path
-
-
-def check_predictions(root: Path, key: str, digests: list[str]) -> tuple[bool, list[str]]:
-    """(found, problems): compare every rank's digest with the stored prediction for ``key``."""
-    stored = read_predictions(root).get(key)
-    if stored is None:
-        return False, []
-    want = stored.digests
-    if len(want) != len(digests):
-        return True, [f"{root / PREDICTIONS_NAME}: {key} predicts {len(want)} ranks, the load has {len(digests)}"]
-    return True, [f"rank {r}: digest {got[:16]}... differs from the prediction {exp[:16]}... in {root / PREDICTIONS_NAME} "
-                  f"({key}): its device memory does not hold the reference decode"
-                  for r, (got, exp) in enumerate(zip(digests, want)) if got != exp]
-
-
-def verified_prediction(ckpt: Checkpoint, key: str, *, fix: str) -> Prediction:
-    """The stored prediction a ``--verify digest`` load may trust in place of sha256, or LoadError saying why not.
-
-    Trusted only if ``tpload plan --write`` verified it by sha256 and nothing
-    it was verified against has changed since (:func:`checkpoint_stamp`).
-    ``fix`` (the command that writes it) ends each message.
-    """
-    path = ckpt.root / PREDICTIONS_NAME
-    stored = read_predictions(ckpt.root).get(key)
-    if stored is None or stored.stamp is None:
-        what = "no prediction" if stored is None else "only an unverified prediction (format 1)"
-        raise LoadError(f"--verify digest: {path} holds {what} for {key}; {fix}")
-    now = checkpoint_stamp(ckpt)
-    changed = [f"shard {name}" for name in sorted(set(now["shards"]) | set(stored.stamp.get("shards", {})))
-               if now["shards"].get(name) != stored.stamp.get("shards", {}).get(name)]
-    if now["manifest_sha256"] != stored.stamp.get("manifest_sha256"):
-        changed.insert(0, MANIFEST_NAME)
-    if changed:
-        raise LoadError(f"--verify digest: {', '.join(changed)} changed (size or mtime) since the digests in {path} "
-                        f"were verified ({key}); {fix}")
-    return stored
-
-
-def plan_rows(planner: Planner, layout: Layout, kind: str) -> list[RankPlan]:
-    return [planner.plan(layout, kind, r) for r in range(layout.world)]
-
-
-# -- offline verification -------------------------------------------------------------------------
-
-def verify_checkpoint(root: Path, config: Config | None, *, threads: int = 4) -> list[str]:
-    """Every problem with the checkpoint at rest: headers, manifest, sha256, scale bytes, NaN codes."""
-    try:
-        ckpt = Checkpoint(root)
+        storage = ShardedStorage(path)
     except LoadError as e:
         return [str(e)]
-    names = ckpt.names()
-    problems = ckpt.manifest_problems(names)
-    if ckpt.manifest is None:
-        return problems
-    problems += [f"{root}: manifest names {n}, which no shard holds" for n in sorted(set(ckpt.manifest) - set(names))]
-    problems += ckpt.hash_problems([n for n in names if n in ckpt.manifest], threads=threads)
-    if config is not None:
-        problems += _value_problems(ckpt, config)
-    return problems
-
-
-def _value_problems(ckpt: Checkpoint, config: Config) -> list[str]:
-    """Scale bytes and NaN codes, by role (needs a config that fits the checkpoint)."""
     try:
-        planner = Planner(ckpt, config)
+        cat = storage.catalogue
+        problems = cat.manifest_problems(cat.names())
+        if cat.manifest is None:
+            return problems
+        names = [n for n in cat.names() if n in cat.manifest]
+        checkers = _value_checkers(storage, config, problems) if config is not None else {}
+        problems += _scan(storage, names, checkers, threads)
+        return problems
+    finally:
+        storage.close()
+
+
+def _value_checkers(storage: Storage, config: Config, problems: list[str]) -> dict:
+    """{tensor name: (its item's checker, 'scale'|'weight')} for every tensor the config classifies."""
+    try:
+        planner = Planner(storage.catalogue, config)
     except LoadError as e:
-        return [f"config {config.name} does not fit: {e}"]
+        problems.append(f"config {config.name} does not fit: {e}")
+        return {}
+    plan = planner.plan(Layout(1), "packed", 0)
+    out = {}
+    for item in plan.items:
+        checker = item.codec.checker(item.fit, item.weight, item.scale)
+        if item.scale is not None:
+            out[item.scale.name] = (item, checker, "scale")
+        out[item.weight.name] = (item, checker, "weight")
+    return out
+
+
+def _scan(storage: Storage, names: list[str], checkers: dict, threads: int) -> list[str]:
+    """Read every named tensor once: sha256 against the manifest, and the value checks on the way
+    (a scale before its weight, as the checkers need)."""
+    order = sorted(names, key=lambda n: (checkers[n][0].name, checkers[n][2] != "scale") if n in checkers else (n, 0))
+    hasher = Hasher(HashPlan("rank", 0, frozenset(order)), threads=max(0, min(threads, _spare())))
+    reader = Reader(storage)
     problems = []
-    for e in planner.entries:
-        if e.scale is not None and e.scale.dtype != "F32":
-            n = int(formats.count_bad_e8m0(torch.from_numpy(ckpt.raw(e.scale.name))))
-            if n:
-                problems.append(f"{e.scale.path}: tensor {e.scale.name}: {n} E8M0 scale bytes 0x00/0xFF (expected 1..254)")
-        if e.rule.role == "fp8":
-            n = int(formats.count_bad_e4m3(torch.from_numpy(ckpt.raw(e.name))))
-            if n:
-                problems.append(f"{e.info.path}: tensor {e.name}: {n} E4M3 NaN codes 0x7F/0xFF")
+    try:
+        for name in order:
+            stored = storage.stored(name)
+            feed = None
+            if name in checkers:
+                _, checker, part = checkers[name]
+                feed = checker.scale if part == "scale" else checker.weight
+            for r, _, view in reader.blocks(stored, (0, stored.rows), (0, stored.row_bytes), tap=hasher.tap(stored),
+                                            split_rows=feed is None):
+                if feed is not None:
+                    feed(view, r)
+        reader.drain()
+        hashed = hasher.finish()
+    finally:
+        hasher.close()
+    for name in names:
+        h = hashed[name]
+        if h.sha256 != h.stored.sha256:
+            problems.append(sha256_mismatch(h.stored.path, name, h.sha256, h.stored.sha256 or "none"))
+    seen = set()
+    for item, checker, _ in checkers.values():
+        if item.name in seen:
+            continue
+        seen.add(item.name)
+        for count, what, about in checker.problems():
+            if count:
+                problems.append(f"{escape_name(storage.stored(about).path)}: tensor {escape_name(about)}: {count} {what}")
     return problems
+
+
+def _verify_export(root: Path, threads: int) -> list[str]:
+    """An export at rest: each rank file's header against its manifest list, and every window's sha256."""
+    from .storage.partitioned import PartitionedStorage
+    try:
+        doc = json.loads((root / MANIFEST_NAME).read_text())
+        meta = doc["partitioned"]
+        tp, ep = int(meta["tp"]), int(meta["ep"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return [f"{escape_name(root / MANIFEST_NAME)}: not a readable export manifest ({escape_name(e)})"]
+    problems = []
+    for rank in range(tp * ep):
+        try:
+            storage = PartitionedStorage(root, tp=tp, ep=ep, rank=rank, world=tp * ep)
+        except LoadError as e:
+            problems.append(str(e))
+            continue
+        try:
+            problems += _scan(storage, sorted(storage.windows), {}, threads)
+        finally:
+            storage.close()
+    return problems
+
+
+def write_manifest(root: str | os.PathLike, *, force: bool = False, threads: int = 2) -> Path:
+    """Hash every tensor and write NATIVE_MANIFEST.json (refusing to overwrite unless ``force``);
+    written beside and renamed, so a reader never sees half a manifest."""
+    path = Path(root).absolute() / MANIFEST_NAME
+    if os.path.lexists(path) and not force:
+        raise CheckpointError(f"{escape_name(path)} exists; pass --force to overwrite it")
+    storage = ShardedStorage(Path(root).absolute(), manifest=False)  # the old one may be what is being replaced
+    catalogue = storage.catalogue
+    names = catalogue.names()
+    hasher = Hasher(HashPlan("rank", 0, frozenset(names)), threads=max(0, min(threads, _spare())))
+    reader = Reader(storage)
+    try:
+        for name in names:
+            stored = storage.stored(name)
+            for _ in reader.blocks(stored, (0, stored.rows), (0, stored.row_bytes), tap=hasher.tap(stored)):
+                pass
+        reader.drain()
+        hashed = hasher.finish()
+    finally:
+        hasher.close()
+        storage.close()
+    tensors = {n: {"file": catalogue.tensors[n].file, "dtype": catalogue.tensors[n].dtype,
+                   "shape": list(catalogue.tensors[n].shape), "sha256": hashed[n].sha256} for n in names}
+    fd, tmp = tempfile.mkstemp(prefix=f".{MANIFEST_NAME}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps({"format": 1, "tensors": tensors}, indent=1) + "\n")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

@@ -48,11 +48,12 @@ def need(plans: list[RankPlan]) -> Need:
     return Need(sum(p.arena_bytes for p in plans), sum(p.largest_transient for p in plans), len(plans))
 
 
-def check(planner: Planner, layout: Layout, plan: RankPlan, device: torch.device, peers: list[int],
+def check(planner: Planner, layout: Layout, plan: RankPlan, device: torch.device, sharing: list[RankPlan],
           reserve_bytes: int) -> None:
-    """Raise a LoadError with the numbers and what to change if ``plan`` will not fit."""
-    sharing = [plan] + [planner.plan(layout, plan.kind, p) for p in peers if p != plan.rank] \
-        if device.type == "cpu" else [plan]
+    """Raise a LoadError with the numbers and what to change if ``plan`` will not fit; ``sharing``:
+    the plans of every rank allocating from the same memory (this one included): the node's ranks
+    on the CPU, or the ranks sharing one GPU."""
+    sharing = sharing or [plan]
     needs, free = need(sharing), free_bytes(device)
     if needs.total <= free - reserve_bytes:
         return

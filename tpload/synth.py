@@ -11,6 +11,7 @@ bytes whatever the shard count.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import shutil
@@ -22,10 +23,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import INDEX_NAME, MANIFEST_NAME, write_safetensors
-from .formats import DTYPES, FP4_GROUP
+from .codecs.fp4_e8m0 import GROUP as FP4_GROUP
+from .errors import CheckpointError
+from .storage.catalogue import INDEX_NAME, MANIFEST_NAME
+from .storage.safetensors import ITEMSIZE, write_safetensors
+from .text import escape_name
 
 CHUNK_BYTES = 32 << 20
+log = logging.getLogger("tpload")
 
 
 @dataclass(frozen=True)
@@ -109,7 +114,7 @@ class _Planned:
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * DTYPES[self.dtype].itemsize
+        return math.prod(self.shape) * ITEMSIZE[self.dtype]
 
 
 def planned_tensors(spec: SynthSpec) -> list[_Planned]:
@@ -150,7 +155,7 @@ def _chunks(t: _Planned, seed: int) -> Iterator[np.ndarray]:
     rng = np.random.default_rng([seed, zlib.crc32(t.name.encode())])
     rows = t.shape[0] if len(t.shape) > 1 else 1
     cols = math.prod(t.shape) // rows if rows else 0
-    step = max(1, CHUNK_BYTES // max(1, cols * DTYPES[t.dtype].itemsize))
+    step = max(1, CHUNK_BYTES // max(1, cols * ITEMSIZE[t.dtype]))
     for r0 in range(0, rows, step):
         yield t.fill(rng, min(step, rows - r0), cols)
 
@@ -174,8 +179,10 @@ def write_shard(path: Path, tensors: list[_Planned], seed: int) -> dict[str, str
 
 
 def write_checkpoint(out_dir: str | os.PathLike, spec: SynthSpec) -> Path:
-    """Write shards, index and NATIVE_MANIFEST.json for ``spec`` into ``out_dir``."""
+    """Write shards, index and NATIVE_MANIFEST.json for ``spec`` into ``out_dir`` (new or empty)."""
     root = Path(out_dir)
+    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+        raise CheckpointError(f"{escape_name(root)}: not an empty folder; synth writes only into a new or empty one")
     root.mkdir(parents=True, exist_ok=True)
     groups = _split_shards(planned_tensors(spec), spec.shards)
     weight_map, manifest, total = {}, {}, 0
@@ -199,19 +206,34 @@ def cached_checkpoint(spec: SynthSpec, cache_dir: str | os.PathLike | None = Non
     folder and renames it into place; the loser's copy is discarded. The bytes
     are a pure function of the spec, so any winner is the right one.
     """
-    base = Path(cache_dir or os.environ.get("TPLOAD_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tpload")
+    base = Path(cache_dir) if cache_dir else cache_root()
     key = "-".join(f"{k}{v}" for k, v in asdict(spec).items())
     final = base / f"synth-{key}"
     if (final / MANIFEST_NAME).exists():
         return final
-    base.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".synth-", dir=base))
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".synth-", dir=base))
+    except OSError as e:
+        raise CheckpointError(f"cannot write the built-in checkpoint under {escape_name(base)} ({e.strerror}); "
+                              "set TPLOAD_CACHE to a writable folder, or pass --checkpoint DIR") from None
+    log.info("writing the built-in synthetic checkpoint (%s) under %s, once", spec, base)
     write_checkpoint(tmp, spec)
     try:
         os.rename(tmp, final)
     except OSError:  # another process won the race (final exists and is complete)
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def cache_root() -> Path:
+    """``$TPLOAD_CACHE``, else ``$XDG_CACHE_HOME/tpload``, else ``~/.cache/tpload`` (empty variables count as
+    unset, and a relative one too: it would write into whatever folder the job started in)."""
+    explicit = os.environ.get("TPLOAD_CACHE") or ""
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME") or ""
+    return (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache") / "tpload"
 
 
 def spec_from(preset: str, **overrides: int | None) -> SynthSpec:

@@ -1,0 +1,158 @@
+"""FP4 (E2M1) routed-expert matrices with one E8M0 scale byte per 32 elements (DeepSeek-V4).
+
+Stored: weight ``I8``/``U8`` ``[N, K/2]`` (two elements per byte, element ``k`` in
+byte ``k // 2``, even ``k`` in the low nibble); scale ``F8_E8M0``/``U8``
+``[N, K/32]``. Value: ``E2M1[code] * 2**(scale - 127)``.
+
+Windows (docs/format.md): ``split = "rows"`` (w1, w3: column parallel) gives
+rank ``r`` rows ``[r*N/tp, (r+1)*N/tp)`` of weight and scale; ``split = "cols"``
+(w2: row parallel) the same channel window on columns: packed bytes
+``[r*K/(2 tp), ...)`` and scale groups ``[r*K/(32 tp), ...)``. A rank's channels
+must be a multiple of the config's ``channel_align`` (a kernel tile) and of 32.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .. import kernels
+from ..storage.catalogue import TensorMeta
+from . import Checker, Codec, Cut, Fit, Problem, cols_cut, rows_cut, whole
+from .tables import DECODE_CHUNK, E8M0_INVALID, e2m1_values, e8m0_values, lookup, round_bf16, scaled_table
+
+GROUP = 32  # elements sharing one E8M0 scale byte
+OVERFLOW_FROM = 253  # E8M0 bytes from which some E2M1 code overflows bf16 (see overflow_groups)
+
+
+def overflow_groups(packed: np.ndarray, scale: np.ndarray) -> tuple[int, tuple[int, int, int] | None]:
+    """How many 32-element groups decode to a value that overflows bf16, and the first (row, group,
+    scale byte). ``value * 2**(e - 127)`` is exact in fp32 and overflows once it reaches 2**128,
+    so a group overflows iff some ``|code| >= 2**(255 - e)``: at e = 254 the codes 2, 3, 4, 6; at
+    e = 253 the codes 4 and 6; never below. Only groups with such a scale are looked at."""
+    rows, groups = np.nonzero(scale >= OVERFLOW_FROM)
+    if rows.size == 0:
+        return 0, None
+    cols = groups[:, None] * (GROUP // 2) + np.arange(GROUP // 2)
+    b = packed[rows[:, None], cols]
+    magnitude = np.abs(e2m1_values())[np.concatenate([b & 0x0F, b >> 4], axis=1)]
+    limit = 2.0 ** (255 - scale[rows, groups].astype(np.int32))
+    bad = (magnitude >= limit[:, None]).any(axis=1)
+    if not bad.any():
+        return 0, None
+    first = int(np.argmax(bad))
+    return int(bad.sum()), (int(rows[first]), int(groups[first]), int(scale[rows[first], groups[first]]))
+
+
+class _Check(Checker):
+    def __init__(self, weight: Cut, scale: Cut) -> None:
+        self.weight_cut, self.scale_name = weight, scale.name
+        self.scale_rows: list[np.ndarray] = []
+        self.bad_scale = self.overflow = 0
+        self.first: tuple[int, int, int] | None = None
+        self._scale: np.ndarray | None = None
+
+    def scale(self, view: np.ndarray, first_row: int) -> None:
+        self.bad_scale += kernels.count_either(view, *E8M0_INVALID)
+        self.scale_rows.append(np.array(view))
+
+    def weight(self, view: np.ndarray, first_row: int) -> None:
+        if self._scale is None:
+            self._scale = np.concatenate(self.scale_rows) if self.scale_rows else np.zeros((0, 0), np.uint8)
+        n, first = overflow_groups(view, self._scale[first_row:first_row + view.shape[0]])
+        self.overflow += n
+        if first is not None and self.first is None:
+            self.first = (first[0] + first_row, first[1], first[2])
+
+    def problems(self) -> list[Problem]:
+        out = [(self.bad_scale, "E8M0 scale bytes 0x00/0xFF (expected 1..254: the serving kernels assume it)",
+                self.scale_name)]
+        if self.overflow:
+            r, g, e = self.first
+            row = self.weight_cut.rows[0] + r
+            col = self.weight_cut.cols[0] * 2 + g * GROUP
+            out.append((self.overflow, f"32-element groups whose decode overflows bf16 (|value| x 2^(scale-127) >= "
+                                       f"2^128; first: row {row}, elements {col}..{col + GROUP - 1}, scale byte {e})",
+                        self.weight_cut.name))
+        return out
+
+
+class FP4E8M0(Codec):
+    role = "fp4"
+    name = "fp4-e8m0"
+    weight_dtypes = ("I8", "U8")
+    scale_dtypes = ("F8_E8M0", "U8")
+
+    def fit(self, weight: TensorMeta, scale: TensorMeta | None, *, block: int = 0, split: str = "replicate") -> Fit | str:
+        if scale is None or weight.dtype not in self.weight_dtypes or scale.dtype not in self.scale_dtypes \
+                or len(weight.shape) != 2 or len(scale.shape) != 2:
+            return (f"fp4 wants a 2-D {'/'.join(self.weight_dtypes)} weight and a 2-D {'/'.join(self.scale_dtypes)} "
+                    "scale")
+        n, kb = weight.shape
+        if scale.shape != (n, 2 * kb // GROUP) or (2 * kb) % GROUP:
+            return (f"fp4 scales hold one E8M0 byte per {GROUP} elements: scale {scale.name} is {list(scale.shape)}, "
+                    f"expected [{n}, {2 * kb // GROUP}]")
+        return Fit(weight, scale, (1, GROUP))
+
+    def window(self, fit: Fit, split: str, tp: int, rank: int, *, align: int) -> tuple[Cut, Cut | None] | str:
+        w, s = fit.weight, fit.scale
+        if split == "replicate" or tp == 1:
+            return whole(w), whole(s)
+        n, kb = w.shape
+        chans = n if split == "rows" else 2 * kb
+        per = chans // tp
+        if chans % tp or per % align or per % GROUP:
+            return f"{chans} channels / tp {tp} = {chans / tp:g}, not a multiple of {align}"
+        lo, hi = rank * per, (rank + 1) * per
+        if split == "rows":
+            return rows_cut(w, lo, hi), rows_cut(s, lo, hi)
+        return cols_cut(w, lo, hi, per_byte=2), cols_cut(s, lo // GROUP, hi // GROUP)
+
+    def elements(self, weight: Cut) -> tuple[int, int]:
+        return weight.shape[0], weight.shape[1] * 2
+
+    def checker(self, fit: Fit, weight: Cut, scale: Cut | None) -> Checker:
+        return _Check(weight, scale)
+
+    def decode(self, weight: np.ndarray | torch.Tensor, scale: np.ndarray | torch.Tensor, out: torch.Tensor,
+               fit: Fit) -> None:
+        """Packed ``[n, K/2]`` with E8M0 ``[n, K/32]`` into bf16 ``out [n, K]`` (contiguous): host arrays
+        by the compiled kernel (rows read in place), device tensors by torch lookups."""
+        if isinstance(weight, np.ndarray):
+            table = scaled_table("fp4").numpy()
+            kernels.decode_fp4(weight.view(np.uint8), np.asarray(scale).view(np.uint8), table,
+                               out.view(torch.int32).numpy())
+            return
+        decode_torch(weight, scale, out)
+
+    def reference(self, weight: np.ndarray, scale: np.ndarray, out: torch.Tensor, fit: Fit) -> None:
+        """numpy: the E2M1 table times the E8M0 power of two in fp32, rounded once to bf16."""
+        b = weight.view(np.uint8)
+        codes = np.empty((b.shape[0], b.shape[1] * 2), dtype=np.uint8)
+        codes[:, 0::2], codes[:, 1::2] = b & 0x0F, b >> 4
+        with np.errstate(over="ignore"):
+            values = e2m1_values()[codes] * np.repeat(e8m0_values(scale.view(np.uint8)), GROUP, axis=1)
+        out.view(torch.int16).copy_(torch.from_numpy(round_bf16(values).view(np.int16)))
+
+
+def decode_torch(packed: torch.Tensor, scale: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """The torch decode (any device): one table lookup per packed byte, in row blocks so the int32
+    indices stay a few hundred KiB whatever N is."""
+    n, half_k = packed.shape
+    k = half_k * 2
+    if not out.is_contiguous() or out.shape != (n, k) or scale.shape != (n, k // GROUP) or k % GROUP:
+        raise ValueError(f"decode_fp4: packed {tuple(packed.shape)}, scale {tuple(scale.shape)}, out "
+                         f"{tuple(out.shape)} disagree (out contiguous, K a multiple of {GROUP})")
+    table = scaled_table("fp4", packed.device)
+    groups, per = k // GROUP, GROUP // 2  # 16 packed bytes share one scale byte
+    words = out.view(torch.int32).view(n, groups, per)
+    src = packed.view(torch.uint8).reshape(n, groups, per)
+    shift = scale.view(torch.uint8)
+    step = max(1, DECODE_CHUNK // max(half_k, 1))
+    for r0 in range(0, n, step):
+        r1 = min(n, r0 + step)
+        lookup(table, src[r0:r1], (shift[r0:r1].to(torch.int32) << 8).unsqueeze(-1), words[r0:r1])
+    return out
+
+
+FP4 = FP4E8M0()

@@ -1,0 +1,202 @@
+"""FP8 (E4M3) dense matrices with one scale per B x B block (DeepSeek-V3 and V4 style).
+
+Stored: weight ``F8_E4M3`` ``[N, K]``; scale ``[ceil(N/B), ceil(K/B)]`` as
+``F8_E8M0`` (or ``U8``) bytes, or ``F32`` values (V3's ``weight_scale_inv``).
+Value: ``e4m3(w[n, k]) * scale[n // B, k // B]``, formed in fp32 and rounded
+once to bf16. B is read from the scale's shape (the rule may insist on one).
+
+Windows: whole scale blocks per rank, rows or columns; the block count must
+divide by tp, and the last rank's window may end in a short block.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from .. import kernels
+from ..storage.catalogue import TensorMeta
+from . import Checker, Codec, Cut, Fit, Problem, cols_cut, even_split, rows_cut, whole
+from .tables import (DECODE_CHUNK, E4M3_NAN, E8M0_INVALID, FLOAT8_E4M3, e4m3_values, e8m0_values, lookup,
+                     round_bf16, scaled_table)
+
+BF16_OVERFLOW = 0x7F7F8000  # float32 bits from which bf16 rounding (to nearest even) gives infinity
+DANGER_F32 = 2.0 ** 127 / 448  # an F32 scale below this cannot take any E4M3 code to bf16's limit
+
+
+def infer_block(w: TensorMeta, s: TensorMeta, insist: int = 0) -> int | str:
+    """The block size that maps the weight's shape onto the scale's, or why none does."""
+    (n, k), (sn, sk) = w.shape, s.shape
+    candidates = [insist] if insist else sorted({1 << max(0, math.ceil(n / max(sn, 1)) - 1).bit_length(),
+                                                 1 << max(0, math.ceil(k / max(sk, 1)) - 1).bit_length()})
+    for b in candidates:
+        if (-(-n // b), -(-k // b)) == (sn, sk):
+            return b
+    want = f"block {insist}" if insist else "any power-of-two block"
+    return f"scale shape {list(s.shape)} does not tile weight shape {list(w.shape)} with {want}"
+
+
+def overflow_blocks(codes: np.ndarray, scale: np.ndarray, block: int) -> tuple[int, tuple[int, int] | None]:
+    """How many rows of blocks (a row of a block: up to B codes sharing a scale) decode to a value
+    that overflows bf16, and the first (row, block column). ``codes`` are window rows starting on a
+    block boundary; ``scale`` the scale rows they use. E8M0: ``|v| * 2**(e - 127)`` is exact in fp32,
+    so it overflows iff ``|v| >= 2**(255 - e)`` (only from e = 247: E4M3's max is 448). F32: the
+    product is rounded in fp32, then to bf16; only scales from 2**127/448 can get there."""
+    f32 = scale.dtype == np.float32
+    danger = (np.abs(scale) >= DANGER_F32) if f32 else (scale >= 247)
+    brow, bcol = np.nonzero(danger)
+    if brow.size == 0:
+        return 0, None
+    magnitude = np.abs(e4m3_values())
+    bad_rows = 0
+    first = None
+    for br, bc in zip(brow.tolist(), bcol.tolist()):  # rare: only blocks whose scale is dangerous
+        box = codes[br * block:(br + 1) * block, bc * block:(bc + 1) * block]
+        if box.size == 0:
+            continue
+        if f32:
+            with np.errstate(over="ignore", invalid="ignore"):
+                prod = (e4m3_values()[box] * scale[br, bc]).astype(np.float32)
+            over = (prod.view(np.uint32) & 0x7FFFFFFF) >= BF16_OVERFLOW
+        else:
+            over = magnitude[box] >= 2.0 ** (255 - int(scale[br, bc]))
+        rows = over.any(axis=1)
+        bad_rows += int(rows.sum())
+        if rows.any() and first is None:
+            first = (br * block + int(np.argmax(rows)), bc)
+    return bad_rows, first
+
+
+class _Check(Checker):
+    def __init__(self, weight: Cut, scale: Cut, block: int) -> None:
+        self.weight_cut, self.scale_cut, self.block = weight, scale, block
+        self.f32 = scale.dtype == "F32"
+        self.scale_rows: list[np.ndarray] = []
+        self.bad_scale = self.nan = self.overflow = 0
+        self.first: tuple[int, int] | None = None
+        self._scale: np.ndarray | None = None
+
+    def scale(self, view: np.ndarray, first_row: int) -> None:
+        if self.f32:
+            values = np.ascontiguousarray(view).view(np.float32)
+            self.bad_scale += int((~np.isfinite(values) | (values <= 0)).sum())
+            self.scale_rows.append(values)
+        else:
+            self.bad_scale += kernels.count_either(view, *E8M0_INVALID)
+            self.scale_rows.append(np.array(view))
+
+    def weight(self, view: np.ndarray, first_row: int) -> None:
+        self.nan += kernels.count_either(view, *E4M3_NAN)
+        if self._scale is None:
+            self._scale = np.concatenate(self.scale_rows) if self.scale_rows else np.zeros((0, 0), np.uint8)
+        b = self.block
+        n, first = overflow_blocks(view, self._scale[first_row // b:-(-(first_row + view.shape[0]) // b)], b)
+        self.overflow += n
+        if first is not None and self.first is None:
+            self.first = (first[0] + first_row, first[1])
+
+    def problems(self) -> list[Problem]:
+        what = ("F32 scale values not finite and positive" if self.f32 else
+                "E8M0 scale bytes 0x00/0xFF (expected 1..254: the serving kernels assume it)")
+        out = [(self.bad_scale, what, self.scale_cut.name), (self.nan, "E4M3 NaN codes 0x7F/0xFF", self.weight_cut.name)]
+        if self.overflow:
+            r, c = self.first
+            row, col = self.weight_cut.rows[0] + r, self.weight_cut.cols[0] + c * self.block
+            out.append((self.overflow, f"block rows whose decode overflows bf16 (first: row {row}, elements "
+                                       f"{col}..{col + self.block - 1})", self.weight_cut.name))
+        return out
+
+
+class FP8Block(Codec):
+    role = "fp8"
+    name = "fp8-block"
+    weight_dtypes = ("F8_E4M3",)
+    scale_dtypes = ("F8_E8M0", "U8", "F32")
+
+    def fit(self, weight: TensorMeta, scale: TensorMeta | None, *, block: int = 0, split: str = "replicate") -> Fit | str:
+        if scale is None or weight.dtype not in self.weight_dtypes or scale.dtype not in self.scale_dtypes \
+                or len(weight.shape) != 2 or len(scale.shape) != 2:
+            return (f"fp8 wants a 2-D {'/'.join(self.weight_dtypes)} weight and a 2-D {'/'.join(self.scale_dtypes)} "
+                    "scale")
+        b = infer_block(weight, scale, block)
+        if isinstance(b, str):
+            return f"fp8 scale shape does not fit: {b}"
+        return Fit(weight, scale, (b, b))
+
+    def window(self, fit: Fit, split: str, tp: int, rank: int, *, align: int) -> tuple[Cut, Cut | None] | str:
+        w, s, b = fit.weight, fit.scale, fit.group[0]
+        if split == "replicate" or tp == 1:
+            return whole(w), whole(s)
+        dim = 0 if split == "rows" else 1
+        span = even_split(w.shape[dim], b, tp, rank)
+        if span is None:
+            return f"{s.shape[dim]} scale blocks of {b} / tp {tp} is not whole"
+        lo, hi = span
+        sb = (lo // b, -(-hi // b))
+        if split == "rows":
+            return rows_cut(w, lo, hi), rows_cut(s, *sb)
+        return cols_cut(w, lo, hi), cols_cut(s, *sb)
+
+    def checker(self, fit: Fit, weight: Cut, scale: Cut | None) -> Checker:
+        return _Check(weight, scale, fit.group[0])
+
+    def decode(self, weight: np.ndarray | torch.Tensor, scale: np.ndarray | torch.Tensor, out: torch.Tensor,
+               fit: Fit) -> None:
+        """E4M3 rows (starting on a block boundary) with the scale rows they use into bf16 ``out``:
+        host arrays with E8M0 scales by the compiled kernel, everything else by torch ops."""
+        block = fit.group[0]
+        if isinstance(weight, np.ndarray):
+            if fit.scale.dtype != "F32":
+                table = scaled_table("fp8").numpy()
+                kernels.decode_fp8(weight.view(np.uint8), np.asarray(scale).view(np.uint8), table,
+                                   out.view(torch.int16).numpy(), block)
+                return
+            weight, scale = torch.from_numpy(np.ascontiguousarray(weight)), torch.from_numpy(np.ascontiguousarray(scale))
+        decode_torch(weight, scale.view(torch.float32) if fit.scale.dtype == "F32" else scale.view(torch.uint8),
+                     out, block=block)
+
+    def reference(self, weight: np.ndarray, scale: np.ndarray, out: torch.Tensor, fit: Fit) -> None:
+        """numpy: E4M3 values from their bits times the block scale in fp32, rounded once to bf16."""
+        b = fit.group[0]
+        n, k = weight.shape
+        s = np.ascontiguousarray(scale).view(np.float32) if fit.scale.dtype == "F32" else \
+            e8m0_values(np.ascontiguousarray(scale).view(np.uint8))
+        full = np.repeat(np.repeat(s, b, axis=0), b, axis=1)[:n, :k]
+        with np.errstate(over="ignore", invalid="ignore"):
+            values = (e4m3_values()[weight.view(np.uint8)] * full).astype(np.float32)
+        out.view(torch.int16).copy_(torch.from_numpy(round_bf16(values).view(np.int16)))
+
+
+def decode_torch(weight: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, *, block: int) -> torch.Tensor:
+    """The torch decode (any device). E8M0 bytes: one table lookup per code; F32 values: the product
+    formed in fp32 and rounded once to bf16, one block row at a time."""
+    n, k = weight.shape
+    nb_r, nb_c = -(-n // block), -(-k // block)
+    if scale.shape != (nb_r, nb_c) or out.shape != (n, k):
+        raise ValueError(f"decode_fp8: weight {tuple(weight.shape)}, scale {tuple(scale.shape)}, block {block}, "
+                         f"out {tuple(out.shape)} disagree")
+    if FLOAT8_E4M3 is None:
+        raise RuntimeError("this torch has no float8_e4m3fn; FP8 decode needs torch >= 2.1")
+    codes = weight.view(torch.uint8)
+    if scale.dtype != torch.float32 and out.is_contiguous():
+        table = scaled_table("fp8", weight.device)
+        shift = (scale.view(torch.uint8).to(torch.int32) << 8).repeat_interleave(block, dim=1)[:, :k]  # [nb_r, K]
+        bits = out.view(torch.int16)
+        step, r0 = max(1, DECODE_CHUNK // max(k, 1)), 0
+        while r0 < n:
+            r1 = min(n, r0 + step, (r0 // block + 1) * block)  # never straddle a scale block
+            lookup(table, codes[r0:r1].unsqueeze(1), shift[r0 // block].view(1, 1, k), bits[r0:r1])
+            r0 = r1
+        return out
+    values = codes.view(FLOAT8_E4M3)
+    f32 = scale if scale.dtype == torch.float32 else (scale.view(torch.uint8).to(torch.int32) << 23).view(torch.float32)
+    col_scale = f32.repeat_interleave(block, dim=1)[:, :k]
+    for i in range(nb_r):
+        r0, r1 = i * block, min(n, (i + 1) * block)
+        out[r0:r1].copy_(values[r0:r1].to(torch.float32).mul_(col_scale[i]))
+    return out
+
+
+FP8 = FP8Block()

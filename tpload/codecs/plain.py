@@ -1,0 +1,61 @@
+"""Plain tensors: norms, routers, biases, embeddings and heads, served as stored.
+
+BF16, F32 and I64 are served byte for byte; F16 is served as BF16 (f16 -> f32
+-> bf16, rounding to nearest even once: the seed weight store's rule), which
+makes it the one plain dtype that is decoded rather than copied. Tensor
+parallelism cuts rows (a vocabulary-parallel head; the one dimension of a 1-D
+tensor) or columns of a 2-D tensor, in equal shares, or replicates.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..storage.catalogue import TensorMeta
+from . import Codec, Cut, Fit, cols_cut, even_split, rows_cut, whole
+
+DTYPES = ("BF16", "F32", "F16", "I64")
+
+
+class Plain(Codec):
+    role = "plain"
+    name = "plain"
+    weight_dtypes = DTYPES
+
+    def fit(self, weight: TensorMeta, scale: TensorMeta | None, *, block: int = 0, split: str = "replicate") -> Fit | str:
+        if weight.dtype not in DTYPES:
+            return f"plain tensors must be {'/'.join(DTYPES)}, and these are not"
+        if split == "cols" and len(weight.shape) != 2:
+            return "split cols needs 2-D tensors"
+        if split == "rows" and not weight.shape:
+            return "split rows needs a tensor with at least one dimension (this one is a scalar)"
+        return Fit(weight, None, (1, 1))
+
+    def window(self, fit: Fit, split: str, tp: int, rank: int, *, align: int) -> tuple[Cut, Cut | None] | str:
+        w = fit.weight
+        if split == "replicate" or tp == 1:
+            return whole(w), None
+        n = w.shape[0] if split == "rows" else w.shape[1]
+        span = even_split(n, 1, tp, rank)
+        if span is None:
+            return f"{n} {split} / tp {tp} is not whole"
+        return (rows_cut(w, *span) if split == "rows" else cols_cut(w, *span)), None
+
+    def copies(self, fit: Fit, kind: str) -> bool:
+        """Whether the served bytes are the stored bytes (all but F16, in either kind)."""
+        return fit.weight.dtype != "F16"
+
+    def decode(self, weight: np.ndarray | torch.Tensor, scale: object, out: torch.Tensor, fit: Fit) -> None:
+        """F16 rows -> BF16 ``out`` rows (``out``: the slot's rows as 2-D bf16)."""
+        src = torch.from_numpy(weight) if isinstance(weight, np.ndarray) else weight
+        out.copy_(src.view(torch.float16).reshape(out.shape).to(torch.float32))
+
+    def reference(self, weight: np.ndarray, scale: object, out: torch.Tensor, fit: Fit) -> None:
+        values = np.ascontiguousarray(weight).view(np.float16).astype(np.float32)
+        bits = values.view(np.uint32)
+        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)  # round to nearest even
+        out.view(torch.int16).copy_(torch.from_numpy(rounded.view(np.int16)).reshape(out.shape))
+
+
+PLAIN = Plain()

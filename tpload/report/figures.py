@@ -1,0 +1,135 @@
+"""One rank's figures for one load, and their wire form for the one exchange.
+
+Every rank's :class:`RankFigures` travels as one int64 row of the final
+all-reduce (:mod:`tpload.exchange`); the row's layout is derived from the
+dataclass fields, so a new figure is one new field: integers (``None``, not
+measured, travels as -1), then fixed-size byte fields (their size in the
+field's metadata), then the per-node-peer cross-check values.
+"""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+import torch
+
+from ..verification.crosscheck import DIGEST_BYTES, SLOTS
+
+MESSAGE_BYTES = 4096
+NOT_MEASURED = -1
+PREDICTION = ("none stored", "matched", "differs")  # RankFigures.prediction
+
+
+def _bytes(size: int) -> dict:
+    return {"bytes": size}
+
+
+@dataclass
+class RankFigures:
+    """One rank's figures for one load."""
+
+    rank: int = 0
+    node: int = 0
+    seq: int = 0
+    """Which ``load()`` call of this process in this group (1, 2, ...): ranks in different calls
+    must not mix their rows."""
+    failed: int = 0
+    tensors: int = 0
+    """Served tensors (a packed FP4 matrix serves two: weight and scale)."""
+    bytes_read: int = 0
+    """Window bytes this rank reads and copies."""
+    bytes_hashed: int = 0
+    """Bytes this rank fed to sha256."""
+    bytes_device: int = 0
+    """Bytes of served tensors on the device."""
+    hashed: int = 0
+    """Official tensors whose sha256 this rank checked against the manifest."""
+    device_checked: int = 0
+    """Served tensors whose device fingerprint matched the host window."""
+    sampled: int = 0
+    """Decoded tensors checked exactly against an independent host decode."""
+    skipped: int = 0
+    deferred: int = 0
+    ns: int = 0
+    """Wall nanoseconds of this rank's load (plan to verified weights)."""
+    device_alloc_peak: int | None = None
+    """CUDA allocator peaks of the load's device; None on the CPU (the arena is host memory: see rss)."""
+    device_reserved_peak: int | None = None
+    rss_peak: int = 0
+    anon_peak: int = 0
+    """Peak anonymous (private, not file-backed) resident memory of the process."""
+    page_cache_before: int | None = None
+    """Page-cache bytes of the checkpoint's files when the load started (mincore, sampled); the page
+    cache is the node's, so only the node's first rank measures it. None: not measured."""
+    page_cache_after: int | None = None
+    """The same when this rank finished (measured only when the load evicts the page cache)."""
+    prediction: int = 0
+    """This rank's digest against a stored prediction: 0 none stored, 1 matched, 2 differs."""
+    digest: str = field(default="", metadata=_bytes(DIGEST_BYTES))
+    message: str = field(default="", metadata=_bytes(MESSAGE_BYTES))
+    claims: list[bytes] = field(default_factory=list)
+    """Node mode: what this rank, as hasher, says each node peer's windows hold (crosscheck.py)."""
+    seen: list[bytes] = field(default_factory=list)
+    """Node mode: what this rank read of the tensors each node peer hashed."""
+
+    @property
+    def seconds(self) -> float:
+        return self.ns / 1e9
+
+    # -- wire --------------------------------------------------------------------------------------
+
+    @classmethod
+    def _layout(cls) -> tuple[list[str], list[tuple[str, int]]]:
+        hints = typing.get_type_hints(cls)
+        ints = [f.name for f in fields(cls) if hints[f.name] in (int, int | None)]
+        blobs = [(f.name, f.metadata["bytes"]) for f in fields(cls) if "bytes" in f.metadata]
+        return ints, blobs
+
+    @classmethod
+    def row_size(cls) -> int:
+        """int64 words in a row: the same on every rank, whatever it knows (a fixed layout)."""
+        ints, blobs = cls._layout()
+        return len(ints) + (sum(n for _, n in blobs) + 2 * SLOTS * DIGEST_BYTES) // 8
+
+    def to_row(self) -> torch.Tensor:
+        peers = SLOTS
+        ints, blobs = self._layout()
+        head = np.array([NOT_MEASURED if getattr(self, f) is None else getattr(self, f) for f in ints], dtype=np.int64)
+        raw = b"".join(_pack(getattr(self, name), size) for name, size in blobs)
+        for values in (self.claims, self.seen):
+            raw += b"".join(values[:peers]).ljust(peers * DIGEST_BYTES, b"\0")
+        return torch.from_numpy(np.concatenate([head, np.frombuffer(raw, dtype="<i8")]))
+
+    @classmethod
+    def from_row(cls, row: torch.Tensor) -> RankFigures:
+        peers = SLOTS
+        ints, blobs = cls._layout()
+        hints = typing.get_type_hints(cls)
+        vals = row.numpy()
+        kw: dict[str, object] = {}
+        for name, v in zip(ints, vals[:len(ints)]):
+            kw[name] = None if hints[name] == int | None and v == NOT_MEASURED else int(v)
+        raw, at = vals[len(ints):].astype("<i8").tobytes(), 0
+        for name, size in blobs:
+            kw[name] = _unpack(name, raw[at:at + size])
+            at += size
+        for name in ("claims", "seen"):
+            kw[name] = [raw[at + i * DIGEST_BYTES:at + (i + 1) * DIGEST_BYTES] for i in range(peers)]
+            at += peers * DIGEST_BYTES
+        return cls(**kw)
+
+
+def _pack(value: str, size: int) -> bytes:
+    """A digest (hex) as its bytes; any other text as UTF-8, cut to ``size`` on a character boundary."""
+    if size == DIGEST_BYTES:
+        return bytes.fromhex(value) if value else bytes(size)
+    raw = value.encode()[:size]
+    return raw.decode(errors="ignore").encode().ljust(size, b"\0")
+
+
+def _unpack(name: str, raw: bytes) -> str:
+    if name == "digest":
+        return raw.hex() if any(raw) else ""
+    return raw.rstrip(b"\0").decode(errors="replace")

@@ -1,0 +1,118 @@
+"""The whole load as every rank sees it after the exchange: the rank-0 table and the JSON report."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..text import printable
+from .figures import PREDICTION, RankFigures
+
+GIB = 1 << 30
+
+
+@dataclass
+class LoadReport:
+    """The whole load as rank 0 sees it after the exchange (every rank holds the same)."""
+
+    checkpoint: str
+    kind: str
+    tp: int
+    ep: int
+    verify: str
+    device: str
+    ranks: list[RankFigures] = field(default_factory=list)
+    rank: int = 0
+    """The rank holding this report."""
+    trusted: bool = False
+    """``--verify digest``: the stored digests were trusted in place of hashing."""
+    evict_page_cache: bool = False
+    """Whether ranks dropped each shard's page cache once done with it."""
+    notes: list[str] = field(default_factory=list)
+    """Warnings every rank agrees on (what the load assumed or could not measure)."""
+
+    @property
+    def mine(self) -> RankFigures:
+        return self.ranks[self.rank]
+
+    @property
+    def seconds(self) -> float:
+        return max((r.seconds for r in self.ranks), default=0.0)
+
+    @property
+    def predictions(self) -> str:
+        """Every rank's digest against the stored prediction: ``matched`` only if every rank matched."""
+        states = {r.prediction for r in self.ranks}
+        word = PREDICTION[max(states)] if states else PREDICTION[0]
+        if word == "matched" and len(states) > 1:
+            word = "partly stored"
+        return word + (" (sha256-verified when written; trusted in place of hashing)" if self.trusted and
+                       word == "matched" else "")
+
+    def total(self, name: str) -> int:
+        return sum(getattr(r, name) or 0 for r in self.ranks)
+
+    def bytes_hashed_per_node(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for r in self.ranks:
+            out[r.node] = out.get(r.node, 0) + r.bytes_hashed
+        return out
+
+    def to_dict(self) -> dict:
+        """Everything in the report as plain JSON values (figures not measured are None)."""
+        doc = {k: v for k, v in asdict(self).items() if k not in ("ranks", "rank")}
+        doc.update(predictions=self.predictions, seconds=self.seconds, bytes_read=self.total("bytes_read"),
+                   gb_per_s=self.total("bytes_read") / 1e9 / max(self.seconds, 1e-9),
+                   bytes_hashed_per_node={str(k): v for k, v in self.bytes_hashed_per_node().items()},
+                   ranks=[{k: v for k, v in asdict(r).items() if k not in ("claims", "seen")}
+                          | {"seconds": r.seconds} for r in self.ranks])
+        return doc
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    def write(self, path: str | os.PathLike) -> None:
+        """Write the JSON report (beside it first, then renamed: never half a report)."""
+        path = Path(path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(self.to_json())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def table(self) -> str:
+        """The rank-0 table (every name in it escaped for the terminal)."""
+        off = "  ** VERIFICATION OFF: bytes served unchecked against the manifest **" if self.verify == "off" else ""
+        head = (f"tpload: {printable(self.checkpoint)}\n  kind {self.kind}, tp {self.tp} x ep {self.ep}, "
+                f"verify {self.verify}{off}, device {self.device}\n")
+        cols = (f"{'rank':>4} {'node':>4} {'tensors':>8} {'read GB':>8} {'hashed GB':>9} {'served GB':>9} {'sec':>7} "
+                f"{'GB/s':>6} {'dev peak GiB':>12} {'rss GiB':>8} {'anon GiB':>8} {'cache GB before>after':>21}  digest")
+        lines = [head, cols]
+        for r in self.ranks:
+            dev = f"{r.device_alloc_peak / GIB:.2f}" if r.device_alloc_peak is not None else "-"
+            cache = f"{_gb(r.page_cache_before)}>{_gb(r.page_cache_after)}"
+            lines.append(f"{r.rank:>4} {r.node:>4} {r.tensors:>8} {r.bytes_read / 1e9:>8.3f} {r.bytes_hashed / 1e9:>9.3f} "
+                         f"{r.bytes_device / 1e9:>9.3f} {r.seconds:>7.2f} {r.bytes_read / 1e9 / max(r.seconds, 1e-9):>6.2f} "
+                         f"{dev:>12} {r.rss_peak / GIB:>8.2f} {r.anon_peak / GIB:>8.2f} {cache:>21}  {r.digest[:16]}")
+        t = self.total
+        lines.append(f"{'all':>4} {'':>4} {t('tensors'):>8} {t('bytes_read') / 1e9:>8.3f} {t('bytes_hashed') / 1e9:>9.3f} "
+                     f"{t('bytes_device') / 1e9:>9.3f} {self.seconds:>7.2f} {t('bytes_read') / 1e9 / max(self.seconds, 1e-9):>6.2f}")
+        per_node = ", ".join(f"node {n}: {b / 1e9:.3f} GB" for n, b in sorted(self.bytes_hashed_per_node().items()))
+        device_fps = ("device fingerprints checked against the host window" if self.device.startswith("cuda")
+                      else "host-vs-device checks (on the CPU the copy fingerprints what it writes)")
+        lines.append(f"verified: {t('hashed')} tensors by sha256 ({per_node} hashed), {t('device_checked')} {device_fps}, "
+                     f"{t('sampled')} independent decodes; digests vs predictions: {self.predictions}; "
+                     f"skipped {self.ranks[0].skipped}, deferred {self.ranks[0].deferred}"
+                     + ("; page cache evicted shard by shard" if self.evict_page_cache else ""))
+        lines += [f"note: {printable(n)}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _gb(nbytes: int | None) -> str:
+    return f"{nbytes / 1e9:.3f}" if nbytes is not None else "-"

@@ -1,0 +1,259 @@
+"""What a checkpoint holds: every tensor's name, dtype, shape and file, and what its manifest promises.
+
+The catalogue is what the planner reads; it says nothing about where bytes
+are (that is the storage's job), so a native folder and a pre-partitioned
+export give the planner the same table and it cuts the same windows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import CheckpointError, raise_all
+from ..text import escape_name
+from .files import parse_json, read_json, read_small
+from .safetensors import ITEMSIZE, TensorInfo, read_header
+
+INDEX_NAME = "model.safetensors.index.json"
+MANIFEST_NAME = "NATIVE_MANIFEST.json"
+
+
+def natural_key(name: str) -> tuple:
+    """Sort key that orders ``x.2`` before ``x.10`` (numbers compared as numbers)."""
+    # re.split with a group alternates text and digit runs. A run compares as (its length without
+    # leading zeros, its text): numeric order for any length (int() would refuse 5,000 digits).
+    parts = re.split(r"(\d+)", name)
+    return tuple((len(p.lstrip("0")), p) if i % 2 else p for i, p in enumerate(parts))
+
+
+def sha256_mismatch(path: Path | str, name: str, got: str, want: str) -> str:
+    """The one wording of a hash failure, wherever a tensor is checked against the manifest."""
+    return f"{escape_name(path)}: tensor {escape_name(name)}: sha256 {got[:16]}... does not match the manifest's {want[:16]}..."
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """One stored tensor as the planner sees it."""
+
+    name: str
+    file: str
+    """Shard file name, relative to the checkpoint directory (for messages)."""
+    dtype: str
+    """Stored dtype, safetensors spelling."""
+    shape: tuple[int, ...]
+
+    @property
+    def itemsize(self) -> int:
+        return ITEMSIZE[self.dtype]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.itemsize
+
+    @property
+    def rows(self) -> int:
+        """Rows of the 2-D byte view ``[rows, row_bytes]`` (a 0-D or 1-D tensor is one row)."""
+        return self.shape[0] if len(self.shape) > 1 else 1
+
+    @property
+    def row_bytes(self) -> int:
+        return self.nbytes // self.rows if self.rows else 0
+
+    def describe(self) -> str:
+        return f"{escape_name(self.name)} ({escape_name(self.file)}, {self.dtype} {list(self.shape)})"
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    """What NATIVE_MANIFEST.json promises about one tensor."""
+
+    file: str
+    dtype: str
+    shape: tuple[int, ...]
+    sha256: str
+
+
+def _sha_ok(s: object) -> bool:
+    return isinstance(s, str) and len(s) == 64 and all(c in "0123456789abcdef" for c in s.lower())
+
+
+def parse_manifest_entries(tensors: object, path: Path) -> dict[str, ManifestEntry]:
+    """``{"name": {"file", "dtype", "shape", "sha256"}}`` as entries; every bad one listed at once."""
+    if not isinstance(tensors, dict):
+        raise CheckpointError(f"{escape_name(path)}: manifest has no \"tensors\" object")
+    out: dict[str, ManifestEntry] = {}
+    problems: list[str] = []
+    for name, e in tensors.items():
+        ok = (isinstance(e, dict) and isinstance(e.get("file"), str) and isinstance(e.get("dtype"), str)
+              and isinstance(e.get("shape"), list) and len(e["shape"]) <= 8
+              and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 48 for d in e["shape"])
+              and _sha_ok(e.get("sha256")))
+        if ok:
+            out[name] = ManifestEntry(e["file"], e["dtype"], tuple(e["shape"]), e["sha256"].lower())
+        else:
+            problems.append(f"{escape_name(path)}: entry for {escape_name(name)} is not "
+                            "{file, dtype, shape (integers), sha256 (64 hex digits)}")
+    raise_all(CheckpointError, problems, what=f"bad entries in {escape_name(path)}")
+    return out
+
+
+def read_manifest(root: Path) -> tuple[dict[str, ManifestEntry] | None, str | None]:
+    """NATIVE_MANIFEST.json as entries and the sha256 of the very bytes parsed; (None, None) when
+    the checkpoint has none."""
+    path = root / MANIFEST_NAME
+    if not os.path.lexists(path):
+        return None, None
+    raw = read_small(path, "manifest")
+    doc = parse_json(raw, path, "manifest")
+    return parse_manifest_entries(doc.get("tensors") if isinstance(doc, dict) else None, path), \
+        hashlib.sha256(raw).hexdigest()
+
+
+class Catalogue:
+    """Every tensor of a checkpoint (name -> :class:`TensorMeta`) and its manifest, if any."""
+
+    def __init__(self, root: Path, tensors: dict[str, TensorMeta], manifest: dict[str, ManifestEntry] | None,
+                 *, manifest_path: Path | None = None, manifest_sha256: str | None = None) -> None:
+        self.root = root
+        self.tensors = tensors
+        self.manifest = manifest
+        self.manifest_sha256 = manifest_sha256
+        """sha256 of the manifest file's bytes as read (the checkpoint's identity for stored digests)."""
+        self.manifest_path = manifest_path or root / MANIFEST_NAME
+        self._names: list[str] | None = None
+
+    def get(self, name: str) -> TensorMeta:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise CheckpointError(f"{escape_name(self.root)}: no tensor named {escape_name(name)}") from None
+
+    def names(self) -> list[str]:
+        """Every tensor name, in natural order."""
+        if self._names is None:
+            self._names = sorted(self.tensors, key=natural_key)
+        return self._names
+
+    def manifest_problems(self, names: list[str]) -> list[str]:
+        """Every named tensor missing from the manifest or disagreeing with its header, and every
+        manifest entry no shard holds (the manifest is the trust anchor: nothing it lists may vanish)."""
+        path = escape_name(self.manifest_path)
+        if self.manifest is None:
+            return [f"{path}: manifest missing; write one with `python -m tpload manifest {escape_name(self.root)}` "
+                    "or load with --verify off"]
+        problems = []
+        for name in names:
+            meta, entry = self.tensors[name], self.manifest.get(name)
+            if entry is None:
+                problems.append(f"{path}: tensor {escape_name(name)} (in {escape_name(meta.file)}) is not in the manifest")
+            elif (entry.file, entry.dtype, entry.shape) != (meta.file, meta.dtype, meta.shape):
+                problems.append(f"{path}: tensor {escape_name(name)}: manifest says {escape_name(entry.file)} "
+                                f"{escape_name(entry.dtype)} {list(entry.shape)}, shard header says "
+                                f"{escape_name(meta.file)} {meta.dtype} {list(meta.shape)}")
+        orphans = sorted(set(self.manifest) - set(self.tensors), key=natural_key)
+        if orphans:
+            listed = ", ".join(escape_name(n) for n in orphans[:12]) + (f" (and {len(orphans) - 12} more)"
+                                                                        if len(orphans) > 12 else "")
+            problems.append(f"{path}: the manifest lists {len(orphans)} tensor(s) no shard holds (an index or "
+                            f"shard that leaves them out?): {listed}")
+        return problems
+
+
+def _safe_member(root: Path, rel: object, *, source: str) -> Path:
+    """``root/rel``, refusing names that point out of the checkpoint folder.
+
+    The check is lexical on purpose: a symlinked shard (the Hugging Face hub
+    cache links every snapshot file to a blob elsewhere) stays allowed, while
+    ``../x`` and absolute names in an index are refused.
+    """
+    if not isinstance(rel, str) or not rel or "\0" in rel:
+        raise CheckpointError(f"{source}: shard name {escape_name(repr(rel))[:80]} is not a file name")
+    if os.path.isabs(rel) or os.path.normpath(rel).split(os.sep)[0] == os.pardir:
+        raise CheckpointError(f"{source}: shard name {escape_name(repr(rel))} points outside the checkpoint folder "
+                              f"{escape_name(root)}; refused")
+    return root / os.path.normpath(rel)
+
+
+def _shard_names(root: Path) -> tuple[dict[str, str] | None, list[str], str]:
+    """(the index's weight map or None, every shard file, the source to name in messages)."""
+    index = root / INDEX_NAME
+    if os.path.lexists(index):
+        doc = read_json(index, "index")
+        wmap = doc.get("weight_map") if isinstance(doc, dict) else None
+        if not isinstance(wmap, dict):
+            raise CheckpointError(f"{escape_name(index)}: index has no \"weight_map\" object")
+        bad = [n for n, f in wmap.items() if not isinstance(f, str)]
+        if bad:
+            raise CheckpointError(f"{escape_name(index)}: weight_map values must be file names; "
+                                  f"{', '.join(escape_name(n) for n in bad[:5])} map to something else")
+        return wmap, sorted(set(wmap.values())), str(index)
+    shards = sorted(p.name for p in root.glob("*.safetensors"))
+    if not shards:
+        raise CheckpointError(f"{escape_name(root)}: no {INDEX_NAME} and no *.safetensors shard")
+    return None, shards, str(root)
+
+
+def read_native(root: Path, *, manifest: bool = True) -> tuple[Catalogue, dict[str, TensorInfo]]:
+    """Open a native checkpoint folder: its catalogue and where each tensor's bytes are.
+
+    Every shard's header is read, so one error lists every broken shard (``manifest``: False to
+    leave NATIVE_MANIFEST.json unread, for writing a new one); an index
+    must name exactly the tensors the headers hold (no more, and no fewer: an index
+    that leaves a tensor out would otherwise load the rest and report success).
+    """
+    if not root.is_dir():
+        what = "is a file, not a checkpoint directory" if root.exists() else "checkpoint directory does not exist"
+        raise CheckpointError(f"{escape_name(root)}: {what}")
+    wmap, files, source = _shard_names(root)
+    headers: dict[str, dict[str, TensorInfo]] = {}
+    problems = []
+    for file in files:
+        path = _safe_member(root, file, source=escape_name(source))
+        if not os.path.exists(path):
+            problems.append(f"{escape_name(source)}: shard {escape_name(file)} does not exist")
+            continue
+        try:
+            headers[file] = read_header(path, file)[0]
+        except CheckpointError as e:
+            problems.append(str(e))
+    raise_all(CheckpointError, problems, what=f"problems with the shards of {escape_name(root)}")
+    locations = _by_index(wmap, headers, source) if wmap is not None else _by_shard(headers, root)
+    tensors = {n: TensorMeta(n, i.file, i.dtype, i.shape) for n, i in locations.items()}
+    entries, manifest_sha = read_manifest(root) if manifest else (None, None)
+    return Catalogue(root, tensors, entries, manifest_sha256=manifest_sha), locations
+
+
+def _by_shard(headers: dict[str, dict[str, TensorInfo]], root: Path) -> dict[str, TensorInfo]:
+    out: dict[str, TensorInfo] = {}
+    for file, infos in headers.items():
+        for name, info in infos.items():
+            if name in out:
+                raise CheckpointError(f"{escape_name(root)}: tensor {escape_name(name)} is in both "
+                                      f"{escape_name(out[name].file)} and {escape_name(file)}")
+            out[name] = info
+    return out
+
+
+def _by_index(names: dict[str, str], headers: dict[str, dict[str, TensorInfo]], source: str) -> dict[str, TensorInfo]:
+    out, problems = {}, []
+    for name, file in names.items():
+        info = headers[file].get(name)
+        if info is None:
+            problems.append(f"{escape_name(source)}: tensor {escape_name(name)} is mapped to {escape_name(file)} "
+                            "but its header has no such tensor")
+        else:
+            out[name] = info
+    for file, infos in headers.items():
+        left_out = sorted((n for n in infos if names.get(n) != file), key=natural_key)
+        if left_out:
+            listed = ", ".join(escape_name(n) for n in left_out[:12]) + (f" (and {len(left_out) - 12} more)"
+                                                                         if len(left_out) > 12 else "")
+            problems.append(f"{escape_name(source)}: {len(left_out)} tensor(s) in the header of {escape_name(file)} are "
+                            f"not mapped to it by the index (an index that leaves tensors out): {listed}")
+    raise_all(CheckpointError, problems, what="index entries that do not match the shards")
+    return out

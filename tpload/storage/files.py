@@ -1,0 +1,165 @@
+"""Opening and reading checkpoint files without trusting them.
+
+Every file tpload reads (shard, index, manifest, export manifest) is opened by
+:func:`open_regular`: with ``O_NONBLOCK``, so a FIFO or a device planted in its
+place cannot block ``open()``, then checked with ``fstat`` on the descriptor
+itself, so nothing can be swapped in between a check and the open. Symlinks
+are followed (the Hugging Face cache links every file to a blob).
+
+Bytes come in with ``pread`` into buffers the reader owns, never through a
+shared map: a shard truncated while it is read gives a short read and a
+message naming the file (a map would kill the process with SIGBUS), a shard
+larger than memory costs nothing but the reads, and the bytes a rank checks
+are the bytes it keeps (another process writing the file cannot change them
+afterwards).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CheckpointError
+from ..text import escape_name
+
+MAX_JSON_BYTES = 1 << 30  # an index or manifest larger than this is not a checkpoint's
+
+
+def open_regular(path: Path, what: str) -> int:
+    """A read-only descriptor of ``path``, refusing anything but a regular file (by name)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise CheckpointError(f"{escape_name(path)}: cannot open {what} ({e.strerror})") from None
+    try:
+        st = os.fstat(fd)
+    except OSError as e:  # pragma: no cover - fstat on a fresh descriptor
+        os.close(fd)
+        raise CheckpointError(f"{escape_name(path)}: cannot stat {what} ({e.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode) else \
+            "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a regular file"
+        raise CheckpointError(f"{escape_name(path)}: {what} is {kind}; refused (only regular files are read)")
+    return fd
+
+
+def _no_constants(token: str) -> object:
+    raise ValueError(f"{token} is not a JSON number")
+
+
+def read_json(path: Path, what: str) -> object:
+    """A small JSON file (index, manifest), read whole from a regular file; CheckpointError saying
+    what is wrong otherwise (NaN/Infinity, nesting too deep, numbers too long are refused)."""
+    return parse_json(read_small(path, what), path, what)
+
+
+def read_small(path: Path, what: str) -> bytes:
+    """A whole small file (at most :data:`MAX_JSON_BYTES`), from a regular file only."""
+    fd = open_regular(path, what)
+    try:
+        size = os.fstat(fd).st_size
+        if size > MAX_JSON_BYTES:
+            raise CheckpointError(f"{escape_name(path)}: {what} is {size} bytes, more than any {what} needs "
+                                  f"({MAX_JSON_BYTES}); refused")
+        return read_exact(fd, 0, size, path, what)
+    finally:
+        os.close(fd)
+
+
+def parse_json(raw: bytes, path: Path, what: str) -> object:
+    try:
+        return json.loads(raw, parse_constant=_no_constants)
+    except RecursionError:
+        raise CheckpointError(f"{escape_name(path)}: {what} is JSON nested too deeply; refused") from None
+    except (UnicodeDecodeError, ValueError) as e:  # JSONDecodeError, int digit limits, NaN/Infinity
+        raise CheckpointError(f"{escape_name(path)}: {what} is not readable JSON ({escape_name(e)})") from None
+
+
+def read_exact(fd: int, offset: int, n: int, path: Path, what: str) -> bytes:
+    """``n`` bytes at ``offset``; CheckpointError naming the file if it ends early."""
+    chunks, got = [], 0
+    while got < n:
+        try:
+            b = os.pread(fd, n - got, offset + got)
+        except OSError as e:
+            raise CheckpointError(f"{escape_name(path)}: cannot read {what} ({e.strerror})") from None
+        if not b:
+            raise CheckpointError(f"{escape_name(path)}: {what} ends after {offset + got} bytes, "
+                                  f"{n - got} short of what it promised")
+        chunks.append(b)
+        got += len(b)
+    return b"".join(chunks)
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """What a file looked like when it was opened: a later difference means it was rewritten."""
+
+    size: int
+    mtime_ns: int
+    inode: int
+
+    @classmethod
+    def of(cls, fd: int) -> Stamp:
+        st = os.fstat(fd)
+        return cls(st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+class Shard:
+    """One open shard file: ``pread`` into caller buffers, with the file named in every error."""
+
+    def __init__(self, path: Path, what: str = "shard") -> None:
+        self.path = path
+        self.fd = open_regular(path, what)
+        self.opened = Stamp.of(self.fd)
+
+    def read_into(self, offset: int, out: np.ndarray, *, tensor: str = "") -> None:
+        """Fill ``out`` (a contiguous uint8 buffer) with the bytes at ``offset``."""
+        view = memoryview(out).cast("B")
+        done, n = 0, view.nbytes
+        while done < n:
+            try:
+                got = os.preadv(self.fd, [view[done:]], offset + done)
+            except OSError as e:
+                where = f": tensor {escape_name(tensor)}" if tensor else ""
+                hint = " (the file may have shrunk while it was read)" if e.errno == errno.EIO else ""
+                raise CheckpointError(f"{escape_name(self.path)}{where}: read failed ({e.strerror}){hint}") from None
+            if got == 0:
+                where = f": tensor {escape_name(tensor)}" if tensor else ""
+                raise CheckpointError(f"{escape_name(self.path)}{where}: file ends at byte {offset + done}, "
+                                      f"{n - done} bytes short (truncated while it was read?)")
+            done += got
+
+    def changed(self) -> str:
+        """Why the file is not as it was when opened ("" when it is)."""
+        try:
+            now = Stamp.of(self.fd)
+            named = os.stat(self.path)
+        except OSError as e:
+            return f"cannot stat it now ({e.strerror})"
+        if now != self.opened:
+            return (f"it changed while it was loaded (size {self.opened.size} -> {now.size}, "
+                    f"mtime {self.opened.mtime_ns} -> {now.mtime_ns})")
+        if named.st_ino != self.opened.inode:
+            return "it was replaced by another file while it was loaded"
+        return ""
+
+    def advise(self, offset: int, length: int, advice: int) -> None:
+        """posix_fadvise on this file (readahead, eviction); advice only: never fails a load."""
+        if hasattr(os, "posix_fadvise"):
+            try:
+                os.posix_fadvise(self.fd, offset, length, advice)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1

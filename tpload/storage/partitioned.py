@@ -1,0 +1,159 @@
+"""A pre-partitioned checkpoint (``tpload export``): each rank reads only a file of its own.
+
+The export's ``NATIVE_MANIFEST.json`` names the layout, the source's tensor
+table (whole shapes, so the planner cuts the same windows again) and, per
+rank file, the sha256 of every window it holds. A rank's view: the source's
+catalogue for planning, and the bytes of its own file only, where each window
+is a whole stored tensor.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CheckpointError, LayoutError, raise_all
+from ..text import escape_name
+from . import Stored
+from .catalogue import INDEX_NAME, MANIFEST_NAME, Catalogue, TensorMeta, natural_key
+from .files import read_json
+from .safetensors import ITEMSIZE, read_header
+from .sharded import Files
+
+
+def rank_file(rank: int, world: int) -> str:
+    return f"rank-{rank:05d}-of-{world:05d}.safetensors"
+
+
+def is_partitioned(root: Path) -> bool:
+    """An export's folder: rank files and no index (a native checkpoint has an index or plain shards)."""
+    return not os.path.lexists(root / INDEX_NAME) and any(root.glob("rank-00000-of-*.safetensors"))
+
+
+def _source_table(table: object, path: Path) -> dict[str, TensorMeta]:
+    if not isinstance(table, dict):
+        raise CheckpointError(f"{escape_name(path)}: export manifest has no \"tensors\" table")
+    out, bad = {}, []
+    for name, e in table.items():
+        ok = (isinstance(e, dict) and isinstance(e.get("file"), str) and e.get("dtype") in ITEMSIZE
+              and isinstance(e.get("shape"), list)
+              and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in e["shape"]))
+        if ok:
+            out[name] = TensorMeta(name, e["file"], e["dtype"], tuple(e["shape"]))
+        else:
+            bad.append(f"{escape_name(path)}: source entry for {escape_name(name)} is not {{file, dtype, shape}}")
+    raise_all(CheckpointError, bad, what=f"bad entries in {escape_name(path)}")
+    return out
+
+
+class PartitionedStorage:
+    """One rank's view of an export: plan with the source's table, read only this rank's file."""
+
+    per_rank = True
+
+    def __init__(self, root: Path, *, tp: int, ep: int, rank: int, world: int) -> None:
+        self.root = root
+        path = root / MANIFEST_NAME
+        if not os.path.lexists(path):
+            raise CheckpointError(f"{escape_name(path)}: a pre-partitioned checkpoint needs its manifest "
+                                  "(the export writes it last)")
+        doc = read_json(path, "export manifest")
+        try:
+            meta, ranks = doc["partitioned"], doc["ranks"]
+            self.tp, self.ep = int(meta["tp"]), int(meta["ep"])
+            files = [r["file"] for r in ranks]
+        except (KeyError, TypeError, ValueError):
+            raise CheckpointError(f"{escape_name(path)}: not a tpload export manifest (partitioned/tensors/ranks)") from None
+        self.source = str(meta.get("source", "?"))
+        if (tp, ep, world) != (self.tp, self.ep, self.tp * self.ep) or len(files) != world:
+            raise LayoutError(f"{escape_name(root)} is pre-partitioned for tp {self.tp} x ep {self.ep} "
+                              f"({self.tp * self.ep} ranks); this load asks for tp {tp} x ep {ep} on {world} ranks. "
+                              f"Load it with --tp {self.tp} --ep {self.ep} on {self.tp * self.ep} ranks, or load "
+                              f"the source checkpoint {escape_name(self.source)} for another layout")
+        if files[rank] != rank_file(rank, world):
+            raise CheckpointError(f"{escape_name(path)}: rank {rank}'s file is listed as {escape_name(files[rank])!r}, "
+                                  f"expected {rank_file(rank, world)}")
+        self.file = files[rank]
+        self.path = root / self.file
+        table = _source_table(doc.get("tensors"), path)
+        self.catalogue = Catalogue(root, table, None, manifest_path=path)
+        self.listed = self._listed(ranks[rank], path)
+        self.windows = self._read_windows(path)
+        self.files = Files()
+
+    def _listed(self, entry: object, path: Path) -> dict[str, dict]:
+        listed = entry.get("tensors") if isinstance(entry, dict) else None
+        if not isinstance(listed, dict) or not all(isinstance(v, dict) for v in listed.values()):
+            raise CheckpointError(f"{escape_name(path)}: the entry for {escape_name(self.file)} lists no tensors")
+        return listed
+
+    def _read_windows(self, path: Path) -> dict:
+        """The rank file's header, checked against what the manifest lists for it."""
+        header, _ = read_header(self.path, self.file)
+        listed = self.listed
+        where = escape_name(self.path)
+        problems = [f"{where}: tensor {escape_name(n)} is in the manifest's list for this file but not in the file"
+                    for n in listed if n not in header]
+        problems += [f"{where}: tensor {escape_name(n)} is in the file but not in the manifest" for n in header
+                     if n not in listed]
+        problems += [f"{where}: tensor {escape_name(n)}: header says {i.dtype} {list(i.shape)}, manifest says "
+                     f"{escape_name(listed[n].get('dtype'))} {escape_name(listed[n].get('shape'))}"
+                     for n, i in header.items() if n in listed
+                     and (i.dtype, list(i.shape)) != (listed[n].get("dtype"), listed[n].get("shape"))]
+        problems += [f"{where}: tensor {escape_name(n)}: manifest sha256 is not 64 hex digits" for n in listed
+                     if not (isinstance(listed[n].get("sha256"), str) and len(listed[n]["sha256"]) == 64)]
+        raise_all(CheckpointError, problems, what=f"disagreements between {where} and its manifest")
+        return header
+
+    def stored(self, name: str) -> Stored:
+        try:
+            i = self.windows[name]
+        except KeyError:
+            raise CheckpointError(f"{escape_name(self.path)}: tensor {escape_name(name)} is not in this rank's file "
+                                  "(another rank holds it, or it was skipped at export)") from None
+        return Stored(name, i.path, i.begin, i.rows, i.row_bytes, str(self.listed[name]["sha256"]).lower())
+
+    def box(self, name: str, rows: tuple[int, int],
+            cols: tuple[int, int]) -> tuple[Stored, tuple[int, int], tuple[int, int]]:
+        """The window is all this file holds of ``name``: its shape must be the plan's."""
+        stored = self.stored(name)
+        want = (rows[1] - rows[0], cols[1] - cols[0])
+        if (stored.rows, stored.row_bytes) != want:
+            raise CheckpointError(f"{escape_name(self.path)}: tensor {escape_name(name)}: the file holds a "
+                                  f"{[stored.rows, stored.row_bytes]} byte window, this load's plan wants {list(want)} "
+                                  "(exported with another config?)")
+        return stored, (0, want[0]), (0, want[1])
+
+    def read(self, stored: Stored, r0: int, r1: int, out: np.ndarray) -> None:
+        self.files.get(stored.path).read_into(stored.offset + r0 * stored.row_bytes, out, tensor=stored.name)
+
+    def will_need(self, stored: Stored) -> None:
+        if hasattr(os, "POSIX_FADV_WILLNEED"):
+            self.files.get(stored.path).advise(stored.offset, stored.nbytes, os.POSIX_FADV_WILLNEED)
+
+    def evict(self, path: Path, ranges: list[tuple[int, int]]) -> None:
+        from .pagecache import drop_ranges
+        drop_ranges(path, ranges)
+
+    def paths(self) -> list[Path]:
+        return [self.path]
+
+    def manifest_problems(self, names: list[str]) -> list[str]:
+        """Each named tensor (read or deferred by this rank's plan) its file does not hold, and each
+        tensor the file holds that the plan does not use (then the configs differ)."""
+        missing = sorted(set(names) - set(self.windows), key=natural_key)
+        extra = sorted(set(self.windows) - set(names), key=natural_key)
+        if not missing and not extra:
+            return []
+        return [f"{escape_name(self.path)} does not match this load's plan: missing "
+                f"{', '.join(escape_name(n) for n in missing[:10]) or 'nothing'}; not planned "
+                f"{', '.join(escape_name(n) for n in extra[:10]) or 'nothing'} (load it with the config, skip and "
+                "defer rules it was exported with)"]
+
+    def changed(self) -> list[str]:
+        return self.files.changed()
+
+    def close(self) -> None:
+        self.files.close()

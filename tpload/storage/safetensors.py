@@ -1,0 +1,175 @@
+"""The safetensors layout: validated header parsing, and a streaming writer.
+
+A shard is an 8-byte little-endian header length, a JSON header giving each
+tensor's ``dtype``, ``shape`` and ``data_offsets`` (relative to the data),
+then the data. Every problem in a header is collected and raised at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import struct
+import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CheckpointError, raise_all
+from ..text import escape_name
+from .files import open_regular, parse_json, read_exact
+
+MAX_HEADER_BYTES = 256 << 20  # a header larger than this is corrupt, not big
+
+# Every safetensors dtype of whole bytes, with its size. Whether tpload *serves* a dtype is the
+# codecs' business: an unserved tensor can still be skipped or deferred by a rule.
+ITEMSIZE: dict[str, int] = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1,
+    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+    "I32": 4, "U32": 4, "F32": 4,
+    "I64": 8, "U64": 8, "F64": 8,
+}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one stored tensor's bytes are, as its shard header says."""
+
+    name: str
+    file: str
+    """Shard file name, relative to the checkpoint directory."""
+    path: Path
+    """Absolute path of the shard (symlinks not resolved: HF caches link blobs)."""
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    """Absolute byte offset of the first data byte in the shard file."""
+    nbytes: int
+
+    @property
+    def itemsize(self) -> int:
+        return ITEMSIZE[self.dtype]
+
+    @property
+    def rows(self) -> int:
+        """Rows of the tensor's 2-D byte view ``[rows, row_bytes]`` (a 0-D or 1-D tensor is one row)."""
+        return self.shape[0] if len(self.shape) > 1 else 1
+
+    @property
+    def row_bytes(self) -> int:
+        return self.nbytes // self.rows if self.rows else 0
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def read_header(path: Path, file: str) -> tuple[dict[str, TensorInfo], dict[str, str]]:
+    """Parse and validate one shard's header: ({name: TensorInfo}, its ``__metadata__``).
+
+    Every problem is collected and raised at once: bad JSON, a length past the
+    file, unknown dtypes, offsets that overlap, run past the end or disagree
+    with dtype x shape.
+    """
+    fd = open_regular(path, "shard")
+    try:
+        size = os.fstat(fd).st_size
+        if size < 8:
+            raise CheckpointError(f"{escape_name(path)}: {size} bytes, too short for a safetensors header length")
+        (hlen,) = struct.unpack("<Q", read_exact(fd, 0, 8, path, "shard"))
+        if hlen > MAX_HEADER_BYTES or 8 + hlen > size:
+            raise CheckpointError(f"{escape_name(path)}: header length {hlen} runs past the file ({size} bytes)")
+        raw = read_exact(fd, 8, hlen, path, "shard header")
+    finally:
+        os.close(fd)
+    header = parse_json(raw, path, "header")
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{escape_name(path)}: header is not a JSON object")
+    data_start, data_len = 8 + hlen, size - 8 - hlen
+    problems: list[str] = []
+    infos: dict[str, TensorInfo] = {}
+    meta = header.get("__metadata__", {})
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        info = _entry(path, file, name, entry, data_start, data_len, problems)
+        if info is not None:
+            infos[name] = info
+    spans = sorted((i.begin, i.begin + i.nbytes, i.name) for i in infos.values() if i.nbytes)
+    for (b0, e0, n0), (b1, _, n1) in zip(spans, spans[1:]):
+        if b1 < e0:
+            problems.append(f"{escape_name(path)}: tensors {escape_name(n0)} and {escape_name(n1)} overlap "
+                            f"(bytes {b0 - data_start}..{e0 - data_start} and {b1 - data_start}..)")
+    raise_all(CheckpointError, problems, what=f"problems in the header of {escape_name(path)}")
+    return infos, {str(k): str(v) for k, v in meta.items()} if isinstance(meta, dict) else {}
+
+
+def _entry(path: Path, file: str, name: str, meta: object, data_start: int, data_len: int,
+           problems: list[str]) -> TensorInfo | None:
+    where = f"{escape_name(path)}: tensor {escape_name(name)}"
+    if not isinstance(meta, dict):
+        problems.append(f"{where}: header entry is not an object")
+        return None
+    dtype, shape, offsets = meta.get("dtype"), meta.get("shape"), meta.get("data_offsets")
+    if not isinstance(dtype, str) or dtype not in ITEMSIZE:
+        problems.append(f"{where}: dtype {escape_name(repr(dtype))[:60]} is not served (not a safetensors dtype "
+                        "of whole bytes)")
+        return None
+    if not (isinstance(shape, list) and len(shape) <= 8 and all(_is_int(d) and d >= 0 for d in shape)):
+        problems.append(f"{where}: shape {escape_name(repr(shape))[:80]} is not a list of non-negative integers")
+        return None
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) for o in offsets)):
+        problems.append(f"{where}: data_offsets {escape_name(repr(offsets))[:80]} is not [begin, end]")
+        return None
+    begin, end = offsets
+    want = math.prod(shape) * ITEMSIZE[dtype]
+    if not 0 <= begin <= end:
+        problems.append(f"{where}: data_offsets {offsets} are not ordered")
+    elif end > data_len:
+        problems.append(f"{where}: data_offsets end {end} runs past the data ({data_len} bytes)")
+    elif end - begin != want:
+        problems.append(f"{where}: data_offsets span {end - begin} bytes but {dtype} x {shape} is {want}")
+    else:
+        return TensorInfo(name, file, path, dtype, tuple(shape), data_start + begin, end - begin)
+    return None
+
+
+def write_safetensors(path: Path, tensors: list[tuple[str, str, tuple[int, ...]]],
+                      chunks: Callable[[str], Iterable[np.ndarray]], metadata: dict[str, str]) -> dict[str, str]:
+    """Write a safetensors file one chunk at a time; return {name: sha256 of its stored bytes}.
+
+    ``tensors`` gives (name, dtype, shape) in file order and ``chunks(name)`` the
+    tensor's stored bytes in order, so memory stays bounded whatever the sizes
+    (the safetensors library wants every tensor whole in memory at once). The
+    file appears under its name only once complete (written beside it, renamed).
+    """
+    header: dict[str, object] = {"__metadata__": metadata}
+    offset = 0
+    for name, dtype, shape in tensors:
+        n = math.prod(shape) * ITEMSIZE[dtype]
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # data starts 8-aligned, as safetensors writes it
+    digests = {}
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(struct.pack("<Q", len(raw)) + raw)
+            for name, _, _ in tensors:
+                h = hashlib.sha256()
+                for chunk in chunks(name):
+                    data = memoryview(np.ascontiguousarray(chunk)).cast("B")
+                    h.update(data)
+                    f.write(data)
+                digests[name] = h.hexdigest()
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return digests

@@ -1,0 +1,93 @@
+"""A native checkpoint folder: shards, index, manifest; each rank reads its windows of shared shards."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CheckpointError
+from ..text import escape_name
+from . import Stored
+from .catalogue import Catalogue, read_native
+from .files import Shard
+from .safetensors import TensorInfo
+
+
+class Files:
+    """Open shard handles, one per path, opened on first use (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._open: dict[Path, Shard] = {}
+        self._lock = threading.Lock()
+
+    def get(self, path: Path) -> Shard:
+        shard = self._open.get(path)
+        if shard is None:
+            with self._lock:
+                shard = self._open.get(path)
+                if shard is None:
+                    shard = self._open[path] = Shard(path)
+        return shard
+
+    def changed(self) -> list[str]:
+        return [f"{escape_name(p)}: {why}; what was read from it cannot be trusted"
+                for p, s in self._open.items() if (why := s.changed())]
+
+    def close(self) -> None:
+        with self._lock:
+            for s in self._open.values():
+                s.close()
+            self._open.clear()
+
+
+class ShardedStorage:
+    """The shards of a native folder, read with ``pread``."""
+
+    per_rank = False
+
+    def __init__(self, root: Path, *, manifest: bool = True) -> None:
+        self.root = root
+        self.catalogue: Catalogue
+        self.catalogue, self.locations = read_native(root, manifest=manifest)
+        self.files = Files()
+
+    def info(self, name: str) -> TensorInfo:
+        try:
+            return self.locations[name]
+        except KeyError:
+            raise CheckpointError(f"{escape_name(self.root)}: no tensor named {escape_name(name)}") from None
+
+    def stored(self, name: str) -> Stored:
+        i = self.info(name)
+        entry = self.catalogue.manifest.get(name) if self.catalogue.manifest else None
+        return Stored(name, i.path, i.begin, i.rows, i.row_bytes, entry.sha256 if entry else None)
+
+    def box(self, name: str, rows: tuple[int, int],
+            cols: tuple[int, int]) -> tuple[Stored, tuple[int, int], tuple[int, int]]:
+        return self.stored(name), rows, cols
+
+    def read(self, stored: Stored, r0: int, r1: int, out: np.ndarray) -> None:
+        self.files.get(stored.path).read_into(stored.offset + r0 * stored.row_bytes, out, tensor=stored.name)
+
+    def will_need(self, stored: Stored) -> None:
+        if hasattr(os, "POSIX_FADV_WILLNEED"):
+            self.files.get(stored.path).advise(stored.offset, stored.nbytes, os.POSIX_FADV_WILLNEED)
+
+    def evict(self, path: Path, ranges: list[tuple[int, int]]) -> None:
+        from .pagecache import drop_ranges
+        drop_ranges(path, ranges)
+
+    def paths(self) -> list[Path]:
+        return sorted({i.path for i in self.locations.values()})
+
+    def manifest_problems(self, names: list[str]) -> list[str]:
+        return self.catalogue.manifest_problems(names)
+
+    def changed(self) -> list[str]:
+        return self.files.changed()
+
+    def close(self) -> None:
+        self.files.close()

@@ -1,0 +1,58 @@
+"""Moving window bytes from a staging buffer to the device, one file per device kind.
+
+A transfer takes each block the reader yields and puts it where it is served
+(a slot of the rank's arena) or where the decoder reads it, fingerprinting the
+host bytes in the same pass, and says how the served bytes are proven to be
+those host bytes:
+
+* :mod:`.cpu`: the fused copy writes the slot and fingerprints what it wrote;
+  the decoder reads the staging buffer in place.
+* :mod:`.cuda`: the fused copy writes a pinned buffer, a non-blocking copy on a
+  side stream sends it to the device, and the device fingerprint of the slot
+  must equal the host window's.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from ..verification.fingerprint import HostFingerprint, Triple
+
+
+class Transfer(Protocol):
+    """What the load loop needs from a device."""
+
+    device: torch.device
+    chunk_bytes: int
+    """The staging block size that suits this device (cache-sized on the CPU, larger for PCIe)."""
+
+    def arena(self, nbytes: int) -> torch.Tensor:
+        """One uint8 buffer on the device holding every served tensor of the rank."""
+
+    def copy(self, view: np.ndarray, dst: torch.Tensor, fp: HostFingerprint, first_row: int, first_col: int) -> None:
+        """``view`` (host bytes) into ``dst`` (the same-shaped part of a slot), adding it to ``fp``."""
+
+    def served(self, slot: torch.Tensor, fp: HostFingerprint) -> tuple[Triple | torch.Tensor, Triple | None]:
+        """(the fingerprint of the slot ``copy`` filled, what it must equal or None when it is
+        by construction the copy's own)."""
+
+    def stage(self, view: np.ndarray, fp: HostFingerprint, first_row: int, first_col: int) -> np.ndarray | torch.Tensor:
+        """``view`` where the decoder can read it (adding it to ``fp``)."""
+
+    def upload(self, host: np.ndarray) -> np.ndarray | torch.Tensor:
+        """A small gathered host array (a scale window) where the decoder can read it."""
+
+    def __enter__(self) -> Transfer: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+def for_device(device: torch.device) -> Transfer:
+    if device.type == "cuda":
+        from .cuda import CudaTransfer
+        return CudaTransfer(device)
+    from .cpu import CpuTransfer
+    return CpuTransfer(device)

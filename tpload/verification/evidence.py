@@ -1,0 +1,115 @@
+"""The evidence a load collects for each served tensor, and the settlement that judges it.
+
+While a rank loads, each served tensor leaves a :class:`Check`: the fingerprint
+of what it serves (taken where it lives), what that fingerprint must equal
+(the host window's on a GPU; an independent decode for a sample), and counts
+of bad values found on the way. Device values stay on the device until
+:meth:`Evidence.settle` reads them all in one transfer; then every problem of
+the rank is listed at once, with the sha256 results of its hashing share.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..storage.catalogue import sha256_mismatch
+from ..text import escape_name
+from .fingerprint import Triple
+from .hashing import Hashed
+from .policy import Box
+
+Count = int | torch.Tensor
+
+
+@dataclass
+class Check:
+    """One served tensor's pending evidence."""
+
+    name: str
+    """The served tensor."""
+    where: str
+    """Its file, for messages."""
+    served: Triple | torch.Tensor
+    """The served tensor's fingerprint (a device tensor until settled)."""
+    want: Triple | torch.Tensor | None = None
+    """What ``served`` must equal (the host window's, or an independent decode's); None: nothing to compare."""
+    want_what: str = ""
+    bad: list[tuple[Count, str]] = field(default_factory=list)
+    """(count, what) of invalid values: bad scale bytes, NaN codes, overflowing or non-finite decodes."""
+
+
+@dataclass
+class Settled:
+    """A rank's judged evidence."""
+
+    fingerprints: dict[str, Triple]
+    problems: list[str]
+    device_checked: int = 0
+    sampled: int = 0
+    hashed: list[str] = field(default_factory=list)
+    bytes_hashed: int = 0
+
+
+class Evidence:
+    """Everything one rank collected; :meth:`settle` judges it."""
+
+    def __init__(self) -> None:
+        self.checks: list[Check] = []
+        self.windows: dict[str, tuple[Box, Triple]] = {}
+        """Every window read: (its box, the fingerprint of its stored bytes), for the node cross-check."""
+
+    def window(self, name: str, box: Box, fp: Triple) -> None:
+        self.windows[name] = (box, fp)
+
+    def add(self, check: Check) -> None:
+        self.checks.append(check)
+
+    def settle(self, hashed: dict[str, Hashed]) -> Settled:
+        values = _to_host([c.served for c in self.checks] + [c.want for c in self.checks]
+                          + [n for c in self.checks for n, _ in c.bad])
+        k = len(self.checks)
+        served, wants, counts = values[:k], values[k:2 * k], iter(values[2 * k:])
+        out = Settled({}, [])
+        for c, fp, want in zip(self.checks, served, wants):
+            fp = tuple(fp)
+            where = f"tensor {escape_name(c.name)} ({escape_name(c.where)})"
+            for (_, what), n in zip(c.bad, counts):
+                if n:
+                    out.problems.append(f"{where}: {n} {what} in this rank's window")
+            if want is not None:
+                if fp != tuple(want):
+                    out.problems.append(f"{where}: served bytes differ from the {c.want_what} "
+                                        f"(fingerprint {list(fp)} != {list(want)})")
+                elif c.want_what.startswith("independent"):
+                    out.sampled += 1
+                else:
+                    out.device_checked += 1
+            out.fingerprints[c.name] = fp
+        for name, h in sorted(hashed.items()):
+            out.hashed.append(name)
+            out.bytes_hashed += h.stored.nbytes
+            if h.stored.sha256 is None:
+                out.problems.append(f"{escape_name(h.stored.path)}: tensor {escape_name(name)} has no sha256 to check")
+            elif h.sha256 != h.stored.sha256:
+                out.problems.append(sha256_mismatch(h.stored.path, name, h.sha256, h.stored.sha256))
+        return out
+
+
+def _to_host(values: list) -> list:
+    """Device tensors among ``values`` as Python numbers (a scalar) or tuples, in one transfer per
+    device; everything else as it is."""
+    out = list(values)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, v in enumerate(values):
+        if isinstance(v, torch.Tensor):
+            by_device.setdefault(v.device, []).append(i)
+    for idx in by_device.values():
+        flat = torch.cat([values[i].reshape(-1).to(torch.int64) for i in idx]).tolist()
+        at = 0
+        for i in idx:
+            n = values[i].numel()
+            out[i] = flat[at] if values[i].dim() == 0 else tuple(flat[at:at + n])
+            at += n
+    return out

@@ -1,0 +1,115 @@
+"""The hash scheduler: sha256 of this rank's share, from the bytes the rank read itself.
+
+Each tensor this rank hashes gets a :class:`HashTap` that the reader feeds
+every stored block of the tensor, in order, straight from the staging buffer
+the window is copied from. The tap updates the tensor's sha256 and, for each
+node peer that reads a window of the tensor, that window's fingerprint: the
+evidence that the peer served exactly these bytes (crosscheck.py).
+
+With ``threads`` > 0 the taps run on worker threads (hashlib and the
+fingerprint kernels release the GIL) while the main thread reads and copies
+the next block; every block of one tensor goes to the same worker, in order.
+With 0 they run inline, on a block still in the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from ..storage import Stored
+from ..storage.reader import Block
+from .fingerprint import HostFingerprint, Triple
+from .policy import Box, HashPlan
+
+
+@dataclass
+class Hashed:
+    """One hashed tensor: its sha256 and the fingerprints of its node peers' windows."""
+
+    name: str
+    stored: Stored
+    sha256: str = ""
+    peers: dict[int, Triple] = field(default_factory=dict)
+
+
+class HashTap:
+    """Feeds one tensor's blocks to its sha256 and to its peers' window fingerprints."""
+
+    def __init__(self, stored: Stored, peers: dict[int, Box], lane: ThreadPoolExecutor | None,
+                 done: Callable[[Hashed], None]) -> None:
+        self.result = Hashed(stored.name, stored)
+        self.sha = hashlib.sha256()
+        boxes: dict[Box, HostFingerprint] = {}
+        for box in peers.values():  # a replicated tensor: every peer has the same box, fingerprinted once
+            if box not in boxes:
+                boxes[box] = HostFingerprint(box[1][1] - box[1][0])
+        self.boxes, self.peer_boxes = boxes, dict(peers)
+        self.lane, self.done = lane, done
+
+    def _take(self, block: Block) -> None:
+        self.sha.update(memoryview(block.data).cast("B") if block.data.flags.c_contiguous else block.data.tobytes())
+        (a, b), (c, d) = block.rows, block.cols
+        for ((r0, r1), (c0, c1)), fp in self.boxes.items():
+            lo, hi, left, right = max(a, r0), min(b, r1), max(c, c0), min(d, c1)
+            if lo < hi and left < right:
+                fp.add(block.data[lo - a:hi - a, left - c:right - c], lo - r0, first_col=left - c0)
+
+    def feed(self, block: Block) -> Future | None:
+        if self.lane is None:
+            self._take(block)
+            return None
+        return self.lane.submit(self._take, block)
+
+    def _finish(self) -> None:
+        self.result.sha256 = self.sha.hexdigest()
+        self.result.peers = {p: self.boxes[box].value() for p, box in self.peer_boxes.items()}
+        self.done(self.result)
+
+    def close(self) -> None:
+        if self.lane is None:
+            self._finish()
+        else:
+            self.lane.submit(self._finish)
+
+
+class Hasher:
+    """This rank's sha256 work (:class:`HashPlan`), inline or on worker threads."""
+
+    def __init__(self, plan: HashPlan, *, threads: int = 0, on_done: Callable[[str], None] | None = None) -> None:
+        self.plan = plan
+        self.todo = set(plan.mine)
+        self.done: dict[str, Hashed] = {}
+        self._lanes = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"tpload-sha{i}") for i in range(threads)]
+        self._next = 0
+        self.on_done = on_done
+
+    def tap(self, stored: Stored) -> HashTap | None:
+        """A tap if this rank hashes ``stored`` and has not yet; the caller then reads every stored
+        row of it through the tap (a tensor is hashed once, from its first read)."""
+        if stored.name not in self.todo:
+            return None
+        self.todo.discard(stored.name)
+        lane = None
+        if self._lanes:
+            lane, self._next = self._lanes[self._next % len(self._lanes)], self._next + 1
+        return HashTap(stored, dict(self.plan.peers.get(stored.name, {})), lane, self._record)
+
+    def _record(self, hashed: Hashed) -> None:
+        self.done[hashed.name] = hashed  # one writer per name; dict assignment is atomic
+        if self.on_done is not None:
+            self.on_done(hashed.name)
+
+    def finish(self) -> dict[str, Hashed]:
+        """Wait for every tap; the results by tensor name."""
+        for lane in self._lanes:
+            lane.shutdown(wait=True)
+        self._lanes = []
+        return self.done
+
+    def close(self) -> None:
+        for lane in self._lanes:
+            lane.shutdown(wait=True, cancel_futures=True)
+        self._lanes = []

@@ -1,0 +1,76 @@
+"""Who hashes what: the verify modes, turned into this rank's share of the sha256 work.
+
+* ``node`` (the default): the node's ranks split the tensors they read, balanced
+  by bytes, each tensor going to one of the ranks that read it; every byte is
+  hashed once per node. The ranks that read a tensor someone else hashed check,
+  through the one exchange, that they served exactly the bytes that were hashed
+  (crosscheck.py).
+* ``rank``: every rank hashes everything it reads, from the bytes it serves.
+* ``digest``: nothing is hashed; every served byte is checked against digests
+  that ``tpload plan --write`` stored after hashing (store.py).
+* ``off``: nothing is checked against the manifest (loudly marked).
+
+A pre-partitioned checkpoint gives each rank files of its own: nobody can hash
+for another, so ``node`` becomes ``rank`` there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ..storage.catalogue import natural_key
+
+Box = tuple[tuple[int, int], tuple[int, int]]
+"""A window of a stored tensor: (rows, byte columns) of its 2-D view."""
+
+
+@dataclass(frozen=True)
+class HashPlan:
+    """This rank's part of the node's sha256 work, and who does the rest."""
+
+    mode: str
+    rank: int
+    mine: frozenset[str] = frozenset()
+    """Tensors this rank hashes."""
+    owner: Mapping[str, int] = field(default_factory=dict)
+    """For every tensor this rank reads that a node peer hashes: that peer."""
+    peers: Mapping[str, Mapping[int, Box]] = field(default_factory=dict)
+    """For every tensor this rank hashes: each node peer that reads a window of it, and the window."""
+
+
+def assign_hashing(sizes: Mapping[str, int], ranks: list[int],
+                   users: Mapping[str, list[int]] | None = None) -> dict[int, list[str]]:
+    """Split whole tensors between ranks, balanced by bytes (largest first, to the lightest rank).
+
+    With ``users`` (tensor -> the ranks that read a window of it), a tensor goes only
+    to one of its readers: no rank touches a tensor it does not serve (an expert of
+    another ep group), and a rank done with a shard is done hashing it too.
+    Deterministic given its inputs, so every rank of a node computes the same split.
+    """
+    load = {r: 0 for r in ranks}
+    out: dict[int, list[str]] = {r: [] for r in ranks}
+    for name in sorted(sizes, key=lambda n: (-sizes[n], natural_key(n))):
+        r = min((users or {}).get(name) or ranks, key=lambda k: (load[k], k))
+        out[r].append(name)
+        load[r] += sizes[name]
+    return out
+
+
+def hash_plan(mode: str, rank: int, reads: Mapping[int, Mapping[str, Box]], sizes: Mapping[str, int], *,
+              per_rank: bool) -> HashPlan:
+    """This rank's :class:`HashPlan`. ``reads``: for this rank and each peer on its node, the windows it
+    reads (tensor -> box); ``sizes``: stored bytes of each tensor; ``per_rank``: each rank has files of its own."""
+    if mode in ("off", "digest"):
+        return HashPlan(mode, rank)
+    if mode == "rank" or per_rank or len(reads) == 1:
+        return HashPlan(mode, rank, frozenset(reads[rank]))
+    users: dict[str, list[int]] = {}
+    for peer in sorted(reads):
+        for name in reads[peer]:
+            users.setdefault(name, []).append(peer)
+    split = assign_hashing({n: sizes[n] for n in users}, sorted(reads), users)
+    owner = {n: r for r, names in split.items() for n in names}
+    mine = frozenset(split[rank])
+    peers = {n: {p: reads[p][n] for p in users[n] if p != rank} for n in mine}
+    return HashPlan(mode, rank, mine, {n: owner[n] for n in reads[rank] if owner[n] != rank}, peers)

@@ -1,0 +1,126 @@
+"""Trusted digests: what ``tpload plan --write`` verified by sha256, kept where the checkpoint's writer cannot reach.
+
+A ``--verify digest`` load hashes nothing: it trusts digests written after
+every tensor the layout uses was hashed against the manifest, and checks every
+served byte against them through the fingerprints. Whoever can write those
+digests decides what is served, so they are never read from the checkpoint
+folder: they live in the operator's own store (``$XDG_STATE_HOME/tpload``, else
+``~/.local/state/tpload``, or ``digest_store=``), a folder of mode 0700 with
+files of mode 0600, owned by the user who loads; a store that others can
+write is refused. One file per checkpoint, named by its manifest's sha256:
+
+    {"format": 3, "manifest_sha256": ..., "checkpoint": "/path (informational)",
+     "layouts": {"tp2-ep1-packed-config-<id>": {"digests": [...], "verified": {stamp}}}}
+
+The stamp (the manifest's sha256, each shard's size and mtime) makes an entry
+stale once a shard is rewritten. Writes take a lock, write beside the file and
+rename: never a half-written store, never a lost update.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import stat
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import LoadError
+from ..text import escape_name
+
+FORMAT = 3
+
+
+def default_store() -> Path:
+    """``$XDG_STATE_HOME/tpload`` (an empty variable counts as unset), else ``~/.local/state/tpload``."""
+    state = os.environ.get("XDG_STATE_HOME") or ""
+    base = Path(state) if os.path.isabs(state) else Path.home() / ".local" / "state"
+    return base / "tpload"
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One layout's stored digests, and what they were verified against (None: not verified)."""
+
+    digests: list[str]
+    stamp: dict | None = None
+
+
+def _check_private(path: Path, what: str) -> None:
+    """Refuse a store path another user could have written (owner, group/other write bits)."""
+    st = os.stat(path)
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        raise LoadError(f"{escape_name(path)}: {what} belongs to uid {st.st_uid}, not to this user ({os.getuid()}); "
+                        "trusted digests must be the operator's own")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise LoadError(f"{escape_name(path)}: {what} is writable by others (mode {stat.S_IMODE(st.st_mode):o}); "
+                        "refused: whoever can write it decides what is served")
+
+
+class DigestStore:
+    """The operator's store of trusted digests (see the module doc)."""
+
+    def __init__(self, root: str | os.PathLike | None = None) -> None:
+        self.root = Path(root) if root else default_store()
+
+    def path(self, manifest_sha256: str) -> Path:
+        return self.root / f"{manifest_sha256}.json"
+
+    def read(self, manifest_sha256: str) -> dict[str, Prediction]:
+        """Every stored layout of the checkpoint whose manifest has this sha256 ({} if none)."""
+        path = self.path(manifest_sha256)
+        if not path.exists():
+            return {}
+        _check_private(self.root, "the digest store")
+        _check_private(path, "the digest file")
+        try:
+            doc = json.loads(path.read_text())
+            if doc.get("manifest_sha256") != manifest_sha256:
+                raise ValueError("it names another manifest")
+            return {k: Prediction([str(d) for d in v["digests"]], v.get("verified"))
+                    for k, v in doc["layouts"].items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise LoadError(f"{escape_name(path)}: stored digests are unreadable ({escape_name(e)}); remove the file "
+                            "and write them again with `python -m tpload plan DIR --tp T --write`") from None
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _check_private(self.root, "the digest store")
+        with open(self.root / ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    def write(self, manifest_sha256: str, checkpoint: Path, key: str, digests: list[str], stamp: dict) -> Path:
+        """Store ``digests`` for ``key`` (read-modify-write under a lock, atomic replace, mode 0600)."""
+        path = self.path(manifest_sha256)
+        with self._locked():
+            layouts = {k: {"digests": v.digests, "verified": v.stamp} for k, v in self.read(manifest_sha256).items()}
+            layouts[key] = {"digests": digests, "verified": stamp}
+            doc = {"format": FORMAT, "manifest_sha256": manifest_sha256, "checkpoint": str(checkpoint),
+                   "layouts": layouts}
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=self.root)
+            try:
+                with os.fdopen(fd, "w") as f:
+                    f.write(json.dumps(doc, indent=1) + "\n")
+                os.chmod(tmp, 0o600)
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        return path
+
+
+def stale(stamp: dict | None, now: dict) -> list[str]:
+    """What changed since ``stamp`` was taken (manifest, shards by size and mtime); [] if nothing."""
+    if stamp is None:
+        return ["the entry was never verified by sha256"]
+    changed = [f"shard {escape_name(name)}" for name in sorted(set(now["shards"]) | set(stamp.get("shards", {})))
+               if now["shards"].get(name) != stamp.get("shards", {}).get(name)]
+    if now["manifest_sha256"] != stamp.get("manifest_sha256"):
+        changed.insert(0, "the manifest")
+    return changed

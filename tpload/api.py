@@ -27,7 +27,7 @@ from .deferred import DeferredTensor, locate
 from .distributed import DistContext, context, keep_world, pick_device, with_device
 from .errors import LoadError
 from .exchange import CALLS, exchange, group_id, share_nodes
-from .load import LoadResult, run
+from .loop import LoadResult, run
 from .options import LoadOptions
 from .plan import Layout, Planner, RankPlan
 from .report import LoadReport, RankFigures, rank_log
@@ -77,10 +77,7 @@ class RankShards:
         """Free every buffer the load made: the arena (each served and decoded tensor is a
         view of it; views the caller still holds keep it alive), the allocators' cached
         device blocks and pinned staging buffers, and freed host heap pages."""
-        if self._result is not None:
-            self._result.tensors.clear()
-            self._result.fingerprints.clear()
-            self._result = None
+        self._result = None
         give_back(torch.device(self.report.device))
 
 
@@ -158,7 +155,7 @@ class _RankLoad:
                                    samples=opts.samples, progress=sink, release=release)
         if measures_cache and opts.evict_page_cache:
             fig.page_cache_after = checkpoint_resident(storage.paths(), sample=CACHE_SAMPLE)
-        fig.tensors, fig.bytes_read, fig.bytes_device = len(result.tensors), plan.read_bytes, plan.arena_bytes
+        fig.tensors, fig.bytes_read, fig.bytes_device = len(result.outputs), plan.read_bytes, plan.arena_bytes
         fig.hashed, fig.bytes_hashed = len(result.hashed), result.bytes_hashed
         fig.device_checked, fig.sampled = result.device_checked, result.sampled
         fig.skipped, fig.deferred = len(plan.skipped), len(plan.deferred)

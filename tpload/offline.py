@@ -22,7 +22,7 @@ import torch
 from .api import checkpoint_stamp, layout_key
 from .config import Config
 from .errors import CheckpointError, LoadError
-from .load import run
+from .loop import run
 from .plan import Layout, Planner
 from .report.progress import Silent
 from .storage import Storage, open_storage

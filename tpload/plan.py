@@ -10,6 +10,7 @@ byte cuts of the weight and its scale (codecs/).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -108,7 +109,7 @@ class RankPlan:
     def read_bytes(self) -> int:
         return sum(i.read_bytes for i in self.items)
 
-    @property
+    @functools.cached_property
     def used_tensors(self) -> list[str]:
         """Official tensors this rank reads a window of (weights and scales), in natural order."""
         names = [i.weight.name for i in self.items] + [i.scale.name for i in self.items if i.scale]

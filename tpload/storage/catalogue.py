@@ -78,8 +78,11 @@ class ManifestEntry:
     sha256: str
 
 
+_HEX64 = re.compile(r"[0-9a-fA-F]{64}")
+
+
 def _sha_ok(s: object) -> bool:
-    return isinstance(s, str) and len(s) == 64 and all(c in "0123456789abcdef" for c in s.lower())
+    return isinstance(s, str) and _HEX64.fullmatch(s) is not None
 
 
 def parse_manifest_entries(tensors: object, path: Path) -> dict[str, ManifestEntry]:

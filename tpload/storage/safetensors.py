@@ -64,10 +64,6 @@ class TensorInfo:
         return self.nbytes // self.rows if self.rows else 0
 
 
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def read_header(path: Path, file: str) -> tuple[dict[str, TensorInfo], dict[str, str]]:
     """Parse and validate one shard's header: ({name: TensorInfo}, its ``__metadata__``).
 
@@ -119,10 +115,10 @@ def _entry(path: Path, file: str, name: str, meta: object, data_start: int, data
         problems.append(f"{where}: dtype {escape_name(repr(dtype))[:60]} is not served (not a safetensors dtype "
                         "of whole bytes)")
         return None
-    if not (isinstance(shape, list) and len(shape) <= 8 and all(_is_int(d) and d >= 0 for d in shape)):
+    if not (isinstance(shape, list) and len(shape) <= 8 and all(type(d) is int and d >= 0 for d in shape)):
         problems.append(f"{where}: shape {escape_name(repr(shape))[:80]} is not a list of non-negative integers")
         return None
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) for o in offsets)):
+    if not (isinstance(offsets, list) and len(offsets) == 2 and type(offsets[0]) is int and type(offsets[1]) is int):
         problems.append(f"{where}: data_offsets {escape_name(repr(offsets))[:80]} is not [begin, end]")
         return None
     begin, end = offsets

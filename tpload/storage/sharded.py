@@ -53,6 +53,7 @@ class ShardedStorage:
         self.catalogue: Catalogue
         self.catalogue, self.locations = read_native(root, manifest=manifest)
         self.files = Files()
+        self._stored: dict[str, Stored] = {}
 
     def info(self, name: str) -> TensorInfo:
         try:
@@ -61,9 +62,12 @@ class ShardedStorage:
             raise CheckpointError(f"{escape_name(self.root)}: no tensor named {escape_name(name)}") from None
 
     def stored(self, name: str) -> Stored:
-        i = self.info(name)
-        entry = self.catalogue.manifest.get(name) if self.catalogue.manifest else None
-        return Stored(name, i.path, i.begin, i.rows, i.row_bytes, entry.sha256 if entry else None)
+        s = self._stored.get(name)
+        if s is None:
+            i = self.info(name)
+            entry = self.catalogue.manifest.get(name) if self.catalogue.manifest else None
+            s = self._stored[name] = Stored(name, i.path, i.begin, i.rows, i.row_bytes, entry.sha256 if entry else None)
+        return s
 
     def box(self, name: str, rows: tuple[int, int],
             cols: tuple[int, int]) -> tuple[Stored, tuple[int, int], tuple[int, int]]:

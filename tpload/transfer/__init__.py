@@ -32,11 +32,13 @@ class Transfer(Protocol):
     def arena(self, nbytes: int) -> torch.Tensor:
         """One uint8 buffer on the device holding every served tensor of the rank."""
 
-    def copy(self, view: np.ndarray, dst: torch.Tensor, fp: HostFingerprint, first_row: int, first_col: int) -> None:
-        """``view`` (host bytes) into ``dst`` (the same-shaped part of a slot), adding it to ``fp``."""
+    def copy(self, view: np.ndarray, dst: np.ndarray | torch.Tensor, fp: HostFingerprint, first_row: int,
+             first_col: int) -> None:
+        """``view`` (host bytes) into ``dst`` (the same-shaped part of a slot's 2-D bytes: numpy on the
+        CPU, a device tensor elsewhere), adding it to ``fp``."""
 
-    def served(self, slot: torch.Tensor, fp: HostFingerprint) -> tuple[Triple | torch.Tensor, Triple | None]:
-        """(the fingerprint of the slot ``copy`` filled, what it must equal or None when it is
+    def served(self, slot: np.ndarray | torch.Tensor, fp: HostFingerprint) -> tuple[Triple | torch.Tensor, Triple | None]:
+        """(the fingerprint of the slot bytes ``copy`` filled, what it must equal or None when it is
         by construction the copy's own)."""
 
     def stage(self, view: np.ndarray, fp: HostFingerprint, first_row: int, first_col: int) -> np.ndarray | torch.Tensor:

@@ -44,10 +44,10 @@ class CpuTransfer:
     def arena(self, nbytes: int) -> torch.Tensor:
         return new_arena(nbytes)
 
-    def copy(self, view: np.ndarray, dst: torch.Tensor, fp: HostFingerprint, first_row: int, first_col: int) -> None:
-        fp.add(view, first_row, dst=dst.numpy(), first_col=first_col)
+    def copy(self, view: np.ndarray, dst: np.ndarray, fp: HostFingerprint, first_row: int, first_col: int) -> None:
+        fp.add(view, first_row, dst=dst, first_col=first_col)
 
-    def served(self, slot: torch.Tensor, fp: HostFingerprint) -> tuple[Triple, None]:
+    def served(self, slot: np.ndarray, fp: HostFingerprint) -> tuple[Triple, None]:
         return fp.value(), None
 
     def stage(self, view: np.ndarray, fp: HostFingerprint, first_row: int, first_col: int) -> np.ndarray:

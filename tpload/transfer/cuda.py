@@ -79,7 +79,7 @@ class CudaTransfer:
             self.events[i].record(self.stream)
 
     def served(self, slot: torch.Tensor, fp: HostFingerprint) -> tuple[torch.Tensor, Triple]:
-        b = as_bytes2d(slot)
+        b = slot if slot.dtype == torch.uint8 and slot.dim() == 2 else as_bytes2d(slot)
         device_fp = DeviceFingerprint(b.shape[1], b.device)
         device_fp.add(b, 0)
         return device_fp.value(), fp.value()

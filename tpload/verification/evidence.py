@@ -87,7 +87,7 @@ class Evidence:
                 else:
                     out.device_checked += 1
             out.fingerprints[c.name] = fp
-        for name, h in sorted(hashed.items()):
+        for name, h in hashed.items():
             out.hashed.append(name)
             out.bytes_hashed += h.stored.nbytes
             if h.stored.sha256 is None:

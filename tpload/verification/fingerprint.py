@@ -74,6 +74,7 @@ class HostFingerprint:
         self.total = 0
         self.rows = 0
         self._empty = np.empty(0, dtype=self.dtype)
+        self._value: Triple | None = None
 
     def add(self, block: np.ndarray, first_row: int, dst: np.ndarray | None = None, first_col: int = 0) -> None:
         """Add the block at window row ``first_row`` and byte column ``first_col`` (a row piece, for
@@ -100,9 +101,12 @@ class HostFingerprint:
                                                    self.col_sums[c0:c0 + width // w], first_row)
         self.total += total
         self.rows += weighted
+        self._value = None
 
     def value(self) -> Triple:
-        return kernels.wrap64(self.total), kernels.wrap64(self.rows), _cols_term(self.col_sums)
+        if self._value is None:
+            self._value = kernels.wrap64(self.total), kernels.wrap64(self.rows), _cols_term(self.col_sums)
+        return self._value
 
 
 def host_fingerprint(window: np.ndarray) -> Triple:

@@ -24,6 +24,8 @@ from ..storage.reader import Block
 from .fingerprint import HostFingerprint, Triple
 from .policy import Box, HashPlan
 
+INLINE_BELOW = 1 << 20  # smaller tensors are hashed on the spot: a hand-off costs more than their hash
+
 
 @dataclass
 class Hashed:
@@ -93,7 +95,7 @@ class Hasher:
             return None
         self.todo.discard(stored.name)
         lane = None
-        if self._lanes:
+        if self._lanes and stored.nbytes >= INLINE_BELOW:
             lane, self._next = self._lanes[self._next % len(self._lanes)], self._next + 1
         return HashTap(stored, dict(self.plan.peers.get(stored.name, {})), lane, self._record)
 

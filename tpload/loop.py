@@ -36,15 +36,43 @@ from .verification.hashing import Hashed, Hasher
 from .verification.policy import Box
 
 READAHEAD_ITEMS = 2  # how many items ahead the kernel is asked to read (a cold page cache)
+READAHEAD_FROM = 256 << 10  # smaller items are not worth a system call: the kernel's own readahead has them
 NOT_FINITE = "decode(s) not finite everywhere (it overflows bf16, or decodes a bad code)"
+
+
+class Arena:
+    """The rank's one device buffer, and each served tensor's slot in it."""
+
+    def __init__(self, buffer: torch.Tensor) -> None:
+        self.buffer = buffer
+        self.host = buffer.numpy() if buffer.device.type == "cpu" else None
+        """The same bytes as numpy on the CPU: slicing it costs a fraction of a torch view."""
+        self._typed: dict[torch.dtype, torch.Tensor] = {}
+
+    def tensor(self, out: Output) -> torch.Tensor:
+        """The served tensor: one strided view of the arena reinterpreted as its dtype."""
+        typed = self._typed.get(out.dtype)
+        if typed is None:
+            typed = self._typed[out.dtype] = self.buffer.view(out.dtype)  # slots are 256-aligned, the arena too
+        item = out.dtype.itemsize
+        strides = [1] * len(out.shape)
+        for i in range(len(out.shape) - 2, -1, -1):
+            strides[i] = strides[i + 1] * out.shape[i + 1]
+        return typed.as_strided(out.shape, strides, out.offset // item)
+
+    def bytes2d(self, out: Output, rows: int) -> np.ndarray | torch.Tensor:
+        """The slot's bytes as ``[rows, row_bytes]``: numpy on the CPU, a device tensor elsewhere."""
+        if self.host is not None:
+            return self.host[out.offset:out.offset + out.nbytes].reshape(rows, -1)
+        return self.buffer[out.offset:out.offset + out.nbytes].view(rows, -1)
 
 
 @dataclass
 class LoadResult:
-    """What one rank holds after :func:`run`: the arena, its views and the evidence."""
+    """What one rank holds after :func:`run`: the arena, its served tensors and the evidence."""
 
-    arena: torch.Tensor
-    tensors: dict[str, torch.Tensor]
+    arena: Arena
+    outputs: list[Output]
     fingerprints: dict[str, Triple]
     hashed: dict[str, Hashed] = field(default_factory=dict)
     windows: dict[str, tuple[Box, Triple]] = field(default_factory=dict)
@@ -52,14 +80,18 @@ class LoadResult:
     bytes_hashed: int = 0
     device_checked: int = 0
     sampled: int = 0
+    _tensors: dict[str, torch.Tensor] | None = None
+
+    @property
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """{served name: its view of the arena}, in plan order (made on first use)."""
+        if self._tensors is None:
+            self._tensors = {o.name: self.arena.tensor(o) for o in self.outputs}
+        return self._tensors
 
     def digest(self) -> str:
         """This rank's digest of what it serves (verification/fingerprint.py)."""
-        return digest((n, t.dtype, tuple(t.shape), self.fingerprints[n]) for n, t in self.tensors.items())
-
-
-def _slot(arena: torch.Tensor, out: Output) -> torch.Tensor:
-    return arena[out.offset:out.offset + out.nbytes].view(out.dtype).view(out.shape)
+        return digest((o.name, o.dtype, o.shape, self.fingerprints[o.name]) for o in self.outputs)
 
 
 def _sampled(plan: RankPlan, per_codec: int) -> set[str]:
@@ -86,7 +118,7 @@ class _Loader:
         self.storage, self.plan, self.transfer, self.hasher, self.release = storage, plan, transfer, hasher, release
         self.reader = Reader(storage, chunk_bytes=transfer.chunk_bytes)
         self.evidence = Evidence()
-        self.arena = transfer.arena(plan.arena_bytes)
+        self.arena = Arena(transfer.arena(plan.arena_bytes))
 
     def _blocks(self, cut: Cut, **kw: object):
         stored, rows, cols = self.storage.box(cut.name, cut.rows, cut.cols)
@@ -101,17 +133,17 @@ class _Loader:
         checks = {}
         for cut in item.cuts:
             out = item.output(cut.name)
-            slot = _slot(self.arena, out)
-            dst = as_bytes2d(slot)
+            dst = self.arena.bytes2d(out, cut.rows[1] - cut.rows[0])
             feed = checker.scale if cut is item.scale else checker.weight
             fp = HostFingerprint(cut.row_bytes)
             for r, c, view in self._blocks(cut):
                 feed(view, r)
                 self.transfer.copy(view, dst[r:r + view.shape[0], c:c + view.shape[1]], fp, r, c)
-            served, want = self.transfer.served(slot, fp)
+            served, want = self.transfer.served(dst, fp)
             self.evidence.window(cut.name, (cut.rows, cut.cols), fp.value())
             checks[cut.name] = Check(out.name, self._where(cut), served, want, "host window")
-        self._problems(item, checker.problems(), checks)
+        if item.codec.scaled:
+            self._problems(item, checker.problems(), checks)
         for check in checks.values():
             self.evidence.add(check)
 
@@ -130,7 +162,7 @@ class _Loader:
             self.evidence.window(cut.name, (cut.rows, cut.cols), fp.value())
             scale = self.transfer.upload(scale_host)
         out = item.outputs[0]
-        slot = _slot(self.arena, out)
+        slot = self.arena.tensor(out)
         rows = slot.reshape(item.weight.rows[1] - item.weight.rows[0], -1)
         fp = HostFingerprint(item.weight.row_bytes)
         kept = []
@@ -196,11 +228,12 @@ def run(storage: Storage, plan: RankPlan, *, transfer: Transfer, hasher: Hasher,
     problems = settled.problems + storage.changed()
     if problems:
         raise LoadError(f"{len(problems)} problem(s):\n  - " + "\n  - ".join(problems))
-    tensors = {o.name: _slot(loader.arena, o) for item in items for o in item.outputs}
-    return LoadResult(loader.arena, tensors, settled.fingerprints, hashed, loader.evidence.windows,
+    outputs = [o for item in items for o in item.outputs]
+    return LoadResult(loader.arena, outputs, settled.fingerprints, hashed, loader.evidence.windows,
                       settled.bytes_hashed, settled.device_checked, settled.sampled)
 
 
 def _ask(storage: Storage, item: Item) -> None:
-    for cut in item.cuts:
-        storage.will_need(storage.stored(cut.name))
+    if item.read_bytes >= READAHEAD_FROM:
+        for cut in item.cuts:
+            storage.will_need(storage.stored(cut.name))

@@ -15,6 +15,8 @@ tests check the two agree bit for bit.
 
 from __future__ import annotations
 
+import math
+
 import llvmlite.ir
 import numba as nb
 import numba.extending
@@ -106,13 +108,13 @@ def wrap64(x: int) -> int:
 def count_either(x: np.ndarray, a: int, b: int) -> int:
     """How many bytes of ``x`` equal ``a`` or ``b``: any array of 1-byte elements, or a 2-D byte
     window of wider rows (read in place, as the decoders do)."""
-    b2 = x.reshape(1, -1) if x.ndim < 2 else x if x.ndim == 2 else x.reshape(x.shape[0], -1)
+    b2 = x.reshape(1, -1) if x.ndim < 2 else x if x.ndim == 2 else x.reshape(x.shape[0], math.prod(x.shape[1:]))
     span, stride = _rows(b2.view(np.uint8), "count_either")
     return int(_count_either(span, stride, b2.shape[0], b2.shape[1], a, b))
 
 
 # -- decode
-# FP4 / FP8 -> bf16 by one lookup per packed byte or code in formats._scaled_table:
+# FP4 / FP8 -> bf16 by one lookup per packed byte or code in codecs.tables.scaled_table:
 # [256 scale bytes x 256 codes] of decoded bf16 bits (int32 per FP4 byte = its two
 # elements, int16 per E4M3 code). torch's index_select wants an int32 index tensor
 # built first (more passes over memory); here each byte is read once and its word
@@ -213,7 +215,7 @@ def decode_fp4(packed: np.ndarray, scale: np.ndarray, table: np.ndarray, out: np
     """FP4 ``packed [N, K/2]`` bytes with E8M0 ``scale [N, K/32]`` bytes into ``out``, the
     contiguous int32 ``[N, K/2]`` view of a bf16 ``[N, K]`` (each word: two elements, low
     nibble in the low half): ``out[n, j] = table[scale[n, j // 16] * 256 + packed[n, j]]``,
-    ``table`` being ``formats._scaled_table("fp4", "cpu")`` as int32[65536].
+    ``table`` being ``codecs.tables.scaled_table("fp4")`` as int32[65536].
 
     ``packed`` and ``scale`` may be row windows of wider rows (a tensor-parallel column
     cut); rows are read in place. K must be a multiple of 32.
@@ -233,7 +235,7 @@ def decode_fp8(codes: np.ndarray, scale: np.ndarray, table: np.ndarray, out: np.
     """E4M3 ``codes [N, K]`` with E8M0 block scale bytes ``scale [ceil(N/B), ceil(K/B)]`` into
     ``out``, the contiguous int16 ``[N, K]`` view of a bf16 ``[N, K]``:
     ``out[n, k] = table[scale[n // B, k // B] * 256 + codes[n, k]]``, ``table`` being
-    ``formats._scaled_table("fp8", "cpu")`` as int16[65536]. ``codes`` and ``scale`` may be
+    ``codecs.tables.scaled_table("fp8")`` as int16[65536]. ``codes`` and ``scale`` may be
     row windows of wider rows; the last block in either direction may be short.
     """
     n, k = codes.shape

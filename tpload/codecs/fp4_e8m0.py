@@ -13,6 +13,8 @@ must be a multiple of the config's ``channel_align`` (a kernel tile) and of 32.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -30,7 +32,7 @@ def overflow_groups(packed: np.ndarray, scale: np.ndarray) -> tuple[int, tuple[i
     scale byte). ``value * 2**(e - 127)`` is exact in fp32 and overflows once it reaches 2**128,
     so a group overflows iff some ``|code| >= 2**(255 - e)``: at e = 254 the codes 2, 3, 4, 6; at
     e = 253 the codes 4 and 6; never below. Only groups with such a scale are looked at."""
-    rows, groups = np.nonzero(scale >= OVERFLOW_FROM)
+    rows, groups = np.nonzero((scale >= OVERFLOW_FROM) & (scale != 0xFF))  # 0xFF is refused on its own
     if rows.size == 0:
         return 0, None
     cols = groups[:, None] * (GROUP // 2) + np.arange(GROUP // 2)
@@ -102,7 +104,7 @@ class FP4E8M0(Codec):
         chans = n if split == "rows" else 2 * kb
         per = chans // tp
         if chans % tp or per % align or per % GROUP:
-            return f"{chans} channels / tp {tp} = {chans / tp:g}, not a multiple of {align}"
+            return f"{chans} channels / tp {tp} = {chans / tp:g}, not a multiple of {math.lcm(align, GROUP)}"
         lo, hi = rank * per, (rank + 1) * per
         if split == "rows":
             return rows_cut(w, lo, hi), rows_cut(s, lo, hi)

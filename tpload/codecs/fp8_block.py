@@ -38,34 +38,41 @@ def infer_block(w: TensorMeta, s: TensorMeta, insist: int = 0) -> int | str:
     return f"scale shape {list(s.shape)} does not tile weight shape {list(w.shape)} with {want}"
 
 
-def overflow_blocks(codes: np.ndarray, scale: np.ndarray, block: int) -> tuple[int, tuple[int, int] | None]:
+def overflow_blocks(codes: np.ndarray, scale: np.ndarray, block: int, first_row: int = 0
+                    ) -> tuple[int, tuple[int, int] | None]:
     """How many rows of blocks (a row of a block: up to B codes sharing a scale) decode to a value
-    that overflows bf16, and the first (row, block column). ``codes`` are window rows starting on a
-    block boundary; ``scale`` the scale rows they use. E8M0: ``|v| * 2**(e - 127)`` is exact in fp32,
-    so it overflows iff ``|v| >= 2**(255 - e)`` (only from e = 247: E4M3's max is 448). F32: the
-    product is rounded in fp32, then to bf16; only scales from 2**127/448 can get there."""
+    that overflows bf16, and the first (row, block column) in row-major order. ``codes`` are window
+    rows from window row ``first_row`` (any row: a block of rows need not start on a scale block);
+    ``scale`` the scale rows they use, from scale row ``first_row // block``. E8M0: ``|v| * 2**(e - 127)``
+    is exact in fp32, so it overflows iff ``|v| >= 2**(255 - e)`` (only from e = 247: E4M3's max is
+    448). F32: the product is rounded in fp32, then to bf16; only scales from 2**127/448 can get
+    there. A NaN (a NaN code, counted on its own) is not an overflow."""
     f32 = scale.dtype == np.float32
-    danger = (np.abs(scale) >= DANGER_F32) if f32 else (scale >= 247)
+    danger = (np.abs(scale) >= DANGER_F32) if f32 else ((scale >= 247) & (scale != 0xFF))  # 0xFF: refused apart
     brow, bcol = np.nonzero(danger)
     if brow.size == 0:
         return 0, None
     magnitude = np.abs(e4m3_values())
+    skip = first_row % block  # rows of the first scale block that come before codes[0]
     bad_rows = 0
     first = None
     for br, bc in zip(brow.tolist(), bcol.tolist()):  # rare: only blocks whose scale is dangerous
-        box = codes[br * block:(br + 1) * block, bc * block:(bc + 1) * block]
+        r0 = max(0, br * block - skip)
+        box = codes[r0:(br + 1) * block - skip, bc * block:(bc + 1) * block]
         if box.size == 0:
             continue
         if f32:
             with np.errstate(over="ignore", invalid="ignore"):
                 prod = (e4m3_values()[box] * scale[br, bc]).astype(np.float32)
-            over = (prod.view(np.uint32) & 0x7FFFFFFF) >= BF16_OVERFLOW
+            a = prod.view(np.uint32) & 0x7FFFFFFF
+            over = (a >= BF16_OVERFLOW) & (a <= 0x7F800000)
         else:
             over = magnitude[box] >= 2.0 ** (255 - int(scale[br, bc]))
         rows = over.any(axis=1)
         bad_rows += int(rows.sum())
-        if rows.any() and first is None:
-            first = (br * block + int(np.argmax(rows)), bc)
+        if rows.any():
+            here = (r0 + int(np.argmax(rows)), bc)
+            first = here if first is None else min(first, here)
     return bad_rows, first
 
 
@@ -92,7 +99,7 @@ class _Check(Checker):
         if self._scale is None:
             self._scale = np.concatenate(self.scale_rows) if self.scale_rows else np.zeros((0, 0), np.uint8)
         b = self.block
-        n, first = overflow_blocks(view, self._scale[first_row // b:-(-(first_row + view.shape[0]) // b)], b)
+        n, first = overflow_blocks(view, self._scale[first_row // b:-(-(first_row + view.shape[0]) // b)], b, first_row)
         self.overflow += n
         if first is not None and self.first is None:
             self.first = (first[0] + first_row, first[1])
@@ -104,8 +111,9 @@ class _Check(Checker):
         if self.overflow:
             r, c = self.first
             row, col = self.weight_cut.rows[0] + r, self.weight_cut.cols[0] + c * self.block
+            end = min(col + self.block, self.weight_cut.cols[1])  # the last block of a row may be short
             out.append((self.overflow, f"block rows whose decode overflows bf16 (first: row {row}, elements "
-                                       f"{col}..{col + self.block - 1})", self.weight_cut.name))
+                                       f"{col}..{end - 1})", self.weight_cut.name))
         return out
 
 

@@ -14,6 +14,7 @@ import torch
 
 from ..storage.catalogue import TensorMeta
 from . import Codec, Cut, Fit, cols_cut, even_split, rows_cut, whole
+from .tables import round_bf16
 
 DTYPES = ("BF16", "F32", "F16", "I64")
 
@@ -53,8 +54,7 @@ class Plain(Codec):
 
     def reference(self, weight: np.ndarray, scale: object, out: torch.Tensor, fit: Fit) -> None:
         values = np.ascontiguousarray(weight).view(np.float16).astype(np.float32)
-        bits = values.view(np.uint32)
-        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)  # round to nearest even
+        rounded = round_bf16(values)  # round to nearest even; a NaN stays a NaN (plain rounding made some inf)
         out.view(torch.int16).copy_(torch.from_numpy(rounded.view(np.int16)).reshape(out.shape))
 
 

@@ -88,8 +88,10 @@ class HostFingerprint:
         stride = block.strides[0] if rows > 1 else width
         if width % w or first_col % w or (dst is not None and not dst.flags.c_contiguous):
             raise ValueError(f"a block of {width} bytes at column {first_col} does not hold whole {w}-byte words")
-        if block.strides[1] != 1 or base % w or stride % w:
-            block = np.ascontiguousarray(block)  # words not in place (an odd row stride): gather first
+        if block.strides[1] != 1 or base % w or stride % w or stride < 0:
+            # words not in place (an odd or negative row stride, a misaligned start): gather first, into a
+            # new buffer (np.ascontiguousarray would hand back a contiguous block as it is, misaligned)
+            block = block.copy(order="C")
             stride, base = width, block.__array_interface__["data"][0]
             if base % w:  # pragma: no cover - numpy allocations are aligned
                 raise ValueError("unaligned gather buffer")

@@ -43,10 +43,11 @@ NOT_FINITE = "decode(s) not finite everywhere (it overflows bf16, or decodes a b
 class Arena:
     """The rank's one device buffer, and each served tensor's slot in it."""
 
-    def __init__(self, buffer: torch.Tensor) -> None:
+    def __init__(self, buffer: torch.Tensor, *, host: bool) -> None:
         self.buffer = buffer
-        self.host = buffer.numpy() if buffer.device.type == "cpu" else None
-        """The same bytes as numpy on the CPU: slicing it costs a fraction of a torch view."""
+        self.host = buffer.numpy() if host else None
+        """The same bytes as numpy, when the transfer writes host memory: slicing it costs a
+        fraction of a torch view."""
         self._typed: dict[torch.dtype, torch.Tensor] = {}
 
     def tensor(self, out: Output) -> torch.Tensor:
@@ -118,7 +119,7 @@ class _Loader:
         self.storage, self.plan, self.transfer, self.hasher, self.release = storage, plan, transfer, hasher, release
         self.reader = Reader(storage, chunk_bytes=transfer.chunk_bytes)
         self.evidence = Evidence()
-        self.arena = Arena(transfer.arena(plan.arena_bytes))
+        self.arena = Arena(transfer.arena(plan.arena_bytes), host=transfer.host_slots)
 
     def _blocks(self, cut: Cut, **kw: object):
         stored, rows, cols = self.storage.box(cut.name, cut.rows, cut.cols)
@@ -136,7 +137,8 @@ class _Loader:
             dst = self.arena.bytes2d(out, cut.rows[1] - cut.rows[0])
             feed = checker.scale if cut is item.scale else checker.weight
             fp = HostFingerprint(cut.row_bytes)
-            for r, c, view in self._blocks(cut):
+            # the value checkers read whole rows (a scale group never straddles a piece); plain rows may split
+            for r, c, view in self._blocks(cut, split_rows=not item.codec.scaled):
                 feed(view, r)
                 self.transfer.copy(view, dst[r:r + view.shape[0], c:c + view.shape[1]], fp, r, c)
             served, want = self.transfer.served(dst, fp)

@@ -13,9 +13,9 @@ import torch
 
 from tpload.synth import SynthSpec, write_checkpoint
 
-from .ckpt_tools import config_with, serve
-from .helpers import error_of, tpload_cli
-from .reference import expected
+from ..ckpt_tools import config_with, serve
+from ..helpers import error_of, tpload_cli
+from ..reference import expected
 
 EXPERT = re.compile(r"\.experts\.(\d+)\.")
 
@@ -31,6 +31,7 @@ def experts_of(names: list[str]) -> set[int]:
     return {int(m.group(1)) for n in names if (m := EXPERT.search(n))}
 
 
+@pytest.mark.slow
 def test_tp8_is_refused_on_every_rank_and_suggests_tp4_ep2(ref_ckpt: Path, tmp_path: Path) -> None:
     run = tpload_cli(8, "--checkpoint", str(ref_ckpt), logs=tmp_path / "logs", timeout=300)
     assert run.rc != 0
@@ -40,6 +41,24 @@ def test_tp8_is_refused_on_every_rank_and_suggests_tp4_ep2(ref_ckpt: Path, tmp_p
     assert "--tp 4 --ep 2" in msgs[0]
 
 
+def test_ep2_ranks_read_and_hash_only_the_experts_they_hold(small_ckpt: Path, tmp_path: Path) -> None:
+    docs = serve(small_ckpt, tmp_path, 2, tp="1", ep="2")
+    ranks = docs[0]["report"]["ranks"]
+    for rank, doc in enumerate(docs):
+        held = set(range(4 * rank, 4 * rank + 4))  # ep group g holds experts [g*E/ep, (g+1)*E/ep)
+        assert experts_of(doc["names"]) == held
+        assert experts_of(doc["hashed"]) <= held  # node hashing never touches another group's expert
+        want = {n: a for n, a in expected(small_ckpt, 1, 0, "packed").items()
+                if not EXPERT.search(n) or experts_of([n]) <= held}
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        assert set(got) == set(want)
+        for name, arr in want.items():
+            assert got[name].contiguous().view(torch.uint8).numpy().tobytes() == np.ascontiguousarray(arr).tobytes(), name
+        assert ranks[rank]["bytes_read"] == sum(a.nbytes for a in want.values())
+    assert ranks[0]["digest"] != ranks[1]["digest"]
+
+
+@pytest.mark.slow
 def test_tp4_ep2_on_8_ranks_reads_only_held_experts(ref_ckpt: Path, tmp_path: Path) -> None:
     docs = serve(ref_ckpt, tmp_path, 8, tp="4", ep="2")
     ranks = docs[0]["report"]["ranks"]
@@ -60,6 +79,7 @@ def test_tp4_ep2_on_8_ranks_reads_only_held_experts(ref_ckpt: Path, tmp_path: Pa
     assert len({r["digest"] for r in ranks}) == 8
 
 
+@pytest.mark.slow
 def test_mtp_experts_replicated_by_config(tmp_path: Path, small_ckpt: Path) -> None:
     config = config_with(tmp_path, """
 [[rules]]

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from .ckpt_tools import all_names, nbytes
-from .helpers import HERE, free_port
-from .reference import expected
+from ..ckpt_tools import all_names, nbytes
+from ..helpers import HERE, free_port
+from ..reference import expected
 
 ROOT = HERE.parent
 SERVE = str(HERE / "workers" / "serve.py")
@@ -43,16 +43,19 @@ def finish(procs: list[subprocess.Popen], timeout: float = 240) -> list[str]:
     return outs
 
 
-def agent(node: int, port: int, args: list[str]) -> subprocess.Popen:
+def agent(node: int, port: int, args: list[str], **extra: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
            "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
            "--rdzv-id", f"tpload-test-{port}", "--max-restarts", "0", *args]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env())
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env(**extra))
 
 
 def test_two_nodes_tp4_positions_and_per_node_hashing(small_ckpt: Path, tmp_path: Path) -> None:
+    # Node ids come from TPLOAD_NODE_ID here (two agents on one host); without it, from the host
+    # name and torchrun's GROUP_RANK (unit-tested), never from rank // LOCAL_WORLD_SIZE.
     port = free_port()
-    finish([agent(n, port, [SERVE, str(small_ckpt), str(tmp_path), "tp=4"]) for n in (0, 1)])
+    finish([agent(n, port, [SERVE, str(small_ckpt), str(tmp_path), "tp=4"], TPLOAD_NODE_ID=f"box{n}")
+            for n in (0, 1)])
     docs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
     report = docs[0]["report"]
     assert all(d["report"]["ranks"] == report["ranks"] for d in docs)  # every rank holds the same table
@@ -70,7 +73,7 @@ def test_two_nodes_tp4_positions_and_per_node_hashing(small_ckpt: Path, tmp_path
 
 
 @pytest.fixture
-def slurm_stubs(tmp_path: Path) -> Path:
+def slurm_stubs(tmp_path: Path) -> Path:  # the SLURM example is the slow tier's
     """scontrol and srun stand-ins: two 'nodes' on this machine, started together."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -84,6 +87,7 @@ def slurm_stubs(tmp_path: Path) -> Path:
     return bin_dir
 
 
+@pytest.mark.slow
 def test_slurm_example_runs_multi_node_script_tp2_ep2(small_ckpt: Path, tmp_path: Path, slurm_stubs: Path) -> None:
     report = tmp_path / "load.json"
     e = env(PATH=f"{slurm_stubs}:{Path(sys.executable).parent}:{os.environ['PATH']}", SLURM_NNODES="2",

@@ -6,10 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from tpload.checkpoint import Checkpoint
-from tpload.config import load_config, shipped_configs
+from tpload.config import load_config, shipped_configs, with_rules
 from tpload.errors import ConfigError
-from tpload.plan import Planner
+from tpload.plan import Layout, Planner
+from tpload.storage.catalogue import read_native
+
+
+def Checkpoint(root: Path):  # noqa: N802 - the catalogue the planner reads
+    return read_native(root)[0]
 
 
 def test_shipped_config_loads_by_name() -> None:
@@ -64,19 +68,37 @@ def test_role_that_does_not_fit_the_dtype_names_tensor_and_rule(small_ckpt: Path
 def test_skip_and_defer_rules(small_ckpt: Path, tmp_path: Path) -> None:
     cfg = write(tmp_path, '[[rules]]\nmatch = "head.weight"\nrole = "skip"\n'
                           '[[rules]]\nmatch = "mtp.*.ffn.gate.*"\nrole = "defer"\n'
-                          '[[rules]]\nmatch = "*.scale"\nrole = "skip"\n'
+                          '[[rules]]\nmatch = "mtp.*.ffn.experts.*"\nrole = "skip"\n'
+                          '[[rules]]\nmatch = "mtp.*.ffn.shared_experts.*"\nrole = "skip"\n'
+                          '[[rules]]\nmatch = "mtp.*.eh_proj.*"\nrole = "skip"\n'
                           '[[rules]]\nmatch = "*"\nrole = "plain"\n')
-    # fp8 / fp4 weights under "plain" would be refused: keep only plain-typed tensors
-    with pytest.raises(ConfigError, match="plain tensors must be"):
+    planner = Planner(Checkpoint(small_ckpt), load_config(cfg))
+    plan = planner.plan(Layout(1), "packed", 0)
+    assert "head.weight" in plan.skipped and "head.weight" not in {i.name for i in plan.items}
+    assert sorted(plan.deferred) == ["mtp.0.ffn.gate.bias", "mtp.0.ffn.gate.weight"]
+    assert {i.name for i in plan.items} == {"mtp.0.enorm.weight", "mtp.0.hnorm.weight", "mtp.0.norm.weight"}
+
+
+def test_a_plain_rule_over_fp8_weights_is_refused_naming_them(small_ckpt: Path, tmp_path: Path) -> None:
+    cfg = write(tmp_path, '[[rules]]\nmatch = "*"\nrole = "plain"\n')
+    with pytest.raises(ConfigError) as e:
         Planner(Checkpoint(small_ckpt), load_config(cfg))
+    assert "plain tensors must be BF16/F32/F16/I64" in str(e.value) and "eh_proj.weight" in str(e.value)
+
+
+def test_a_skip_glob_that_matches_nothing_is_refused(small_ckpt: Path) -> None:
+    with pytest.raises(ConfigError, match="skip rule \\(match 'mpt.\\*', role skip\\) matched no tensor"):
+        Planner(Checkpoint(small_ckpt), with_rules(load_config(), skip=("mpt.*",)))
 
 
 def test_shipped_configs_are_in_the_wheel(tmp_path: Path) -> None:
     import subprocess
     import sys
     import zipfile
-    root = Path(__file__).parent.parent
+    root = Path(__file__).parents[2]
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path),
                     str(root)], check=True, capture_output=True)
     names = zipfile.ZipFile(next(tmp_path.glob("tpload-*.whl"))).namelist()
     assert "tpload/configs/deepseek-v4-mtp.toml" in names
+    for package in ("codecs", "storage", "verification", "transfer", "report"):  # every subpackage ships
+        assert f"tpload/{package}/__init__.py" in names

@@ -1,6 +1,5 @@
-"""The seed's dtype table under real torchrun (I64 as stored, F16 served as BF16 with
-round-to-nearest-even, anything else refused by name) and numeric name order in plans,
-ep ownership and digests."""
+"""The seed's dtype table (I64 as stored, F16 served as BF16 with round-to-nearest-even, anything
+else refused by name) and numeric name order in plans, ep ownership and digests."""
 
 from __future__ import annotations
 
@@ -14,15 +13,13 @@ import numpy as np
 import pytest
 import torch
 
-from tpload.checkpoint import Checkpoint
+import tpload
 from tpload.config import load_config
 from tpload.plan import Layout, Planner
+from tpload.storage.catalogue import read_native
 from tpload.synth import SynthSpec, write_checkpoint
 
-from .ckpt_tools import add_tensors, stored_bytes
-from .helpers import HERE, error_of, torchrun, tpload_cli
-
-SERVE = str(HERE / "workers" / "serve.py")
+from ..ckpt_tools import add_tensors, stored_bytes
 # f16 values whose f32 lies exactly between two bf16 values: ties go to the even mantissa
 TIES = [1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 3 * (1 + 5 * 2**-8), 65504.0, 2**-14, -0.0, 0.1]
 
@@ -68,38 +65,34 @@ def digest_of(sd: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-def test_i64_and_f16_through_torchrun_and_numeric_order(mixed: Path, tmp_path: Path) -> None:
-    run = torchrun(2, [SERVE, str(mixed), str(tmp_path), "tp=2"], timeout=180)
-    assert run.rc == 0, run.text
-    for rank in range(2):
-        sd = torch.load(tmp_path / f"rank{rank}.pt")
-        doc = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        ids = sd["extra.token_ids"]
-        assert ids.dtype == torch.int64 and ids.tolist() == [0, -1, 2**40 + 7, -(2**62), 2**63 - 1]
-        f16 = sd["extra.f16"]
-        assert f16.dtype == torch.bfloat16 and f16.shape == (16, 8)
-        raw = np.frombuffer(stored_bytes(mixed, "extra.f16"), np.float16)
-        want = raw.astype(np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)  # f16 -> f32 -> bf16, RNE
-        np.testing.assert_array_equal(f16.view(torch.int16).numpy().view(np.uint16).ravel(), want)
-        assert [float(v) for v in f16.float().ravel()[:3]] == [1.0, 1 + 2**-6, -1.0]  # ties to even
-        names = doc["names"]
-        assert names.index("extra.2.weight") < names.index("extra.10.weight")
-        order = [int(n.split(".")[4]) for n in names if n.endswith("w1.weight") and ".experts." in n]
-        assert order == list(range(12))  # plan order is numeric: 2 before 10
-        assert doc["report"]["ranks"][rank]["digest"] == digest_of(sd)  # digest lines in numeric order
+def test_i64_and_f16_and_numeric_order(mixed: Path) -> None:
+    shards = tpload.load(mixed, progress=False)
+    sd = shards.state_dict()
+    ids = sd["extra.token_ids"]
+    assert ids.dtype == torch.int64 and ids.tolist() == [0, -1, 2**40 + 7, -(2**62), 2**63 - 1]
+    f16 = sd["extra.f16"]
+    assert f16.dtype == torch.bfloat16 and f16.shape == (16, 8)
+    raw = np.frombuffer(stored_bytes(mixed, "extra.f16"), np.float16)
+    want = raw.astype(np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)  # f16 -> f32 -> bf16, RNE
+    np.testing.assert_array_equal(f16.view(torch.int16).numpy().view(np.uint16).ravel(), want)
+    assert [float(v) for v in f16.float().ravel()[:3]] == [1.0, 1 + 2**-6, -1.0]  # ties to even
+    names = list(sd)
+    assert names.index("extra.2.weight") < names.index("extra.10.weight")
+    order = [int(n.split(".")[4]) for n in names if n.endswith("w1.weight") and ".experts." in n]
+    assert order == list(range(12))  # plan order is numeric: 2 before 10
+    assert shards.report.mine.digest == digest_of(sd)  # digest lines in numeric order
 
 
 def test_expert_groups_count_numerically(mixed: Path) -> None:
-    planner = Planner(Checkpoint(mixed), load_config())
+    planner = Planner(read_native(mixed)[0], load_config())
     held = [sorted({int(i.name.split(".")[4]) for i in planner.plan(Layout(1, 2), "packed", g).items
                     if ".experts." in i.name}) for g in range(2)]
     assert held == [list(range(6)), list(range(6, 12))]  # not 0, 1, 10, 11, 2, 3 (string order)
 
 
-def test_f64_is_refused_by_name_on_every_rank(ckpt_copy: Path, tmp_path: Path) -> None:
+def test_f64_is_refused_by_name(ckpt_copy: Path) -> None:
     add_tensors(ckpt_copy, {"extra.rope_freqs": torch.ones(8, dtype=torch.float64)})
-    run = tpload_cli(2, "--checkpoint", str(ckpt_copy), logs=tmp_path / "logs")
-    assert run.rc != 0
-    msgs = [error_of(run.rank_err[r], r) for r in range(2)]
-    assert msgs[0] == msgs[1] and "extra.safetensors: tensor extra.rope_freqs: dtype 'F64' is not served" in msgs[0]
-    assert "BF16, F32, F16, F8_E4M3, F8_E8M0, U8, I8, I64" in msgs[0]
+    with pytest.raises(tpload.LoadError) as e:
+        tpload.load(ckpt_copy, progress=False)
+    msg = str(e.value)
+    assert "extra.rope_freqs (extra.safetensors, F64 [8])" in msg and "plain tensors must be BF16/F32/F16/I64" in msg

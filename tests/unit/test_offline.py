@@ -1,50 +1,114 @@
-"""plan (predicted digests), verify and manifest: the tools that need no GPU and no world."""
+"""plan (predicted and trusted digests), verify and manifest: the tools that need no GPU and no world,
+and single-rank --verify digest loads against the operator's digest store."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
-from tpload.checkpoint import Checkpoint
+import pytest
+
+import tpload
+from tpload.__main__ import main
 from tpload.config import load_config
-from tpload.offline import PREDICTIONS_NAME, predict, verify_checkpoint
-from tpload.plan import Layout, Planner
+from tpload.errors import LoadError
+from tpload.export import export
+from tpload.offline import predict, verify_checkpoint
+from tpload.plan import Layout
 
-from .helpers import edit_json, poke, shard_of, tpload_cli
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tpload", *args], capture_output=True, text=True)
+from ..helpers import edit_json, poke, shard_of
 
 
-def test_plan_prints_every_rank_and_predicts_what_the_load_serves(ckpt_copy: Path, tmp_path: Path) -> None:
-    out = cli("plan", str(ckpt_copy), "--tp", "2", "--kind", "expanded", "--write")
-    assert out.returncode == 0, out.stderr
-    rows = [line.split() for line in out.stdout.splitlines() if line.strip()[:1].isdigit()]
-    assert [r[0] for r in rows] == ["0", "1"] and all(len(r[-1]) == 64 for r in rows)
-    stored = json.loads((ckpt_copy / PREDICTIONS_NAME).read_text())["layouts"]
-    (key, entry), = stored.items()
-    digests = entry["digests"]
-    assert key.startswith("tp2-ep1-expanded-config-") and digests == [r[-1] for r in rows]
-    assert set(entry["verified"]["shards"]) == {p.name for p in ckpt_copy.glob("*.safetensors")}
-    report = tmp_path / "r.json"
-    run = tpload_cli(2, "--checkpoint", str(ckpt_copy), "--kind", "expanded", "--report", str(report))
-    assert run.rc == 0, run.text
-    doc = json.loads(report.read_text())
-    assert doc["predictions"] == "matched" and [r["digest"] for r in doc["ranks"]] == digests
+def test_plan_prints_every_rank_and_predicts_what_the_load_serves(small_ckpt: Path, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    assert main(["plan", str(small_ckpt), "--tp", "2", "--kind", "expanded", "--digest"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip()[:1].isdigit()]
+    assert [r[0] for r in rows] == ["0", "1"] and [r[-1] for r in rows] == predict(small_ckpt, load_config(),
+                                                                                    Layout(2), "expanded")
+    one = predict(small_ckpt, load_config(), Layout(1), "expanded")
+    assert tpload.load(small_ckpt, kind="expanded", progress=False).report.mine.digest == one[0]
 
 
 def test_predictions_differ_by_kind_and_layout(small_ckpt: Path) -> None:
-    planner = Planner(Checkpoint(small_ckpt), load_config())
-    packed, expanded = predict(planner, Layout(2), "packed"), predict(planner, Layout(2), "expanded")
+    packed, expanded = (predict(small_ckpt, load_config(), Layout(2), k) for k in ("packed", "expanded"))
     assert len(set(packed + expanded)) == 4
-    assert predict(planner, Layout(1), "packed")[0] not in packed
+    assert predict(small_ckpt, load_config(), Layout(1), "packed")[0] not in packed
 
 
-def test_verify_lists_every_bad_tensor(ckpt_copy: Path) -> None:
+def write(root: Path, store: Path, tp: int = 1) -> int:
+    return main(["plan", str(root), "--tp", str(tp), "--write", "--digest-store", str(store)])
+
+
+def digest_load(root: Path, store: Path, **kw: object) -> tpload.RankShards:
+    return tpload.load(root, verify="digest", digest_store=str(store), progress=False, **kw)
+
+
+def test_verify_digest_trusts_only_fresh_sha256_verified_digests(ckpt_copy: Path, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    with pytest.raises(LoadError, match=r"holds nothing for tp1-ep1-packed-config-") as e:
+        digest_load(ckpt_copy, store)  # nothing stored: refused before any byte is read
+    assert f"plan {ckpt_copy} --tp 1 --ep 1 --kind packed" in str(e.value)
+    assert write(ckpt_copy, store) == 0
+    (path,) = store.glob("*.json")
+    assert oct(path.stat().st_mode & 0o777) == "0o600" and oct(store.stat().st_mode & 0o777) == "0o700"
+    shards = digest_load(ckpt_copy, store)
+    assert shards.report.predictions.startswith("matched (sha256-verified") and shards.report.mine.bytes_hashed == 0
+    # a changed byte whose shard keeps its size and mtime: the fingerprints still catch it
+    shard = ckpt_copy / shard_of(ckpt_copy, "mtp.0.ffn.experts.3.w1.weight")
+    stat = shard.stat()
+    poke(ckpt_copy, "mtp.0.ffn.experts.3.w1.weight", 0)
+    os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    with pytest.raises(LoadError, match=r"rank 0: digest \w+\.\.\. differs from the prediction stored in"):
+        digest_load(ckpt_copy, store)
+    poke(ckpt_copy, "mtp.0.ffn.experts.3.w1.weight", 0)  # a rewritten shard (new mtime): stale, refused
+    with pytest.raises(LoadError, match=f"shard {shard.name} changed \\(size or mtime\\)"):
+        digest_load(ckpt_copy, store)
+
+
+def test_digests_planted_in_the_checkpoint_folder_are_not_trusted(ckpt_copy: Path, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    assert write(ckpt_copy, tmp_path / "elsewhere") == 0  # an attacker's store, copied into the folder
+    for f in (tmp_path / "elsewhere").glob("*.json"):
+        (ckpt_copy / "TPLOAD_DIGESTS.json").write_text(f.read_text())
+        (ckpt_copy / f.name).write_text(f.read_text())
+    with pytest.raises(LoadError, match="holds nothing for"):
+        digest_load(ckpt_copy, store)
+
+
+def test_a_store_others_can_write_is_refused(small_ckpt: Path, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    assert write(small_ckpt, store) == 0
+    store.chmod(0o777)
+    with pytest.raises(LoadError, match="writable by others .* whoever can write it decides what is served"):
+        digest_load(small_ckpt, store)
+
+
+def test_the_manifest_pin(small_ckpt: Path) -> None:
+    import hashlib
+    real = hashlib.sha256((small_ckpt / "NATIVE_MANIFEST.json").read_bytes()).hexdigest()
+    assert tpload.load(small_ckpt, manifest_sha256=real.upper(), progress=False).report.mine.tensors > 0
+    with pytest.raises(LoadError, match="is not the pinned 0000000000000000... .* not the checkpoint you pinned"):
+        tpload.load(small_ckpt, manifest_sha256="0" * 64, progress=False)
+
+
+def test_verify_digest_without_a_manifest_says_to_write_one(ckpt_copy: Path, tmp_path: Path) -> None:
+    (ckpt_copy / "NATIVE_MANIFEST.json").unlink()
+    with pytest.raises(LoadError, match="manifest missing; write one with `python -m tpload manifest "):
+        digest_load(ckpt_copy, tmp_path / "store")
+    assert write(ckpt_copy, tmp_path / "store") == 1  # plan --write refuses too, saying the same
+
+
+def test_plan_write_refuses_a_checkpoint_that_fails_sha256(ckpt_copy: Path, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture) -> None:
+    poke(ckpt_copy, "mtp.0.ffn.experts.2.w3.weight", 7)
+    assert write(ckpt_copy, tmp_path / "store") == 1
+    err = capsys.readouterr().err
+    assert "mtp.0.ffn.experts.2.w3.weight" in err and "sha256" in err
+    assert not list((tmp_path / "store").glob("*.json"))
+
+
+def test_verify_lists_every_bad_tensor(ckpt_copy: Path, capsys: pytest.CaptureFixture) -> None:
     poke(ckpt_copy, "mtp.0.ffn.experts.1.w1.weight", 5)
     poke(ckpt_copy, "head.weight", 9)
     poke(ckpt_copy, "mtp.0.ffn.experts.4.w2.scale", 0, 0xFF, fix_manifest=True)
@@ -52,59 +116,42 @@ def test_verify_lists_every_bad_tensor(ckpt_copy: Path) -> None:
     problems = verify_checkpoint(ckpt_copy, load_config())
     text = "\n".join(problems)
     assert len(problems) == 4, text
-    for needle in ("mtp.0.ffn.experts.1.w1.weight: sha256", "head.weight: sha256", "tensor mtp.0.enorm.weight (in model-00001-of-00002.safetensors) is not in the manifest",
+    for needle in ("mtp.0.ffn.experts.1.w1.weight: sha256", "head.weight: sha256",
+                   "tensor mtp.0.enorm.weight (in model-00001-of-00002.safetensors) is not in the manifest",
                    "mtp.0.ffn.experts.4.w2.scale: 1 E8M0 scale bytes 0x00/0xFF"):
         assert needle in text
-    out = cli("verify", str(ckpt_copy))
-    assert out.returncode == 1 and out.stdout.count("BAD ") == 4 and "4 problem(s)" in out.stdout
+    assert main(["verify", str(ckpt_copy)]) == 1
+    out = capsys.readouterr().out
+    assert out.count("BAD ") == 4 and "4 problem(s)" in out
 
 
-def test_verify_passes_a_good_checkpoint(small_ckpt: Path) -> None:
-    out = cli("verify", str(small_ckpt))
-    assert out.returncode == 0 and out.stdout.strip().endswith("OK")
+def test_verify_passes_a_good_checkpoint_and_an_export(small_ckpt: Path, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture) -> None:
+    assert main(["verify", str(small_ckpt)]) == 0 and capsys.readouterr().out.strip().endswith("OK")
+    export(small_ckpt, tmp_path / "x", Layout(2), load_config())
+    assert main(["verify", str(tmp_path / "x")]) == 0  # an export loads fine: verify must accept it too
+    with open(tmp_path / "x" / "rank-00001-of-00002.safetensors", "r+b") as f:
+        f.seek(-100, 2)
+        b = f.read(1)
+        f.seek(-100, 2)
+        f.write(bytes([b[0] ^ 1]))
+    assert main(["verify", str(tmp_path / "x")]) == 1
+    assert "rank-00001-of-00002.safetensors" in capsys.readouterr().out
+
+
+def test_plan_accepts_an_export(small_ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    export(small_ckpt, tmp_path / "x", Layout(2), load_config())
+    assert main(["plan", str(tmp_path / "x"), "--tp", "2", "--digest"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip()[:1].isdigit()]
+    assert [r[-1] for r in rows] == predict(small_ckpt, load_config(), Layout(2), "packed")  # the source's
 
 
 def test_manifest_writes_refuses_and_forces(ckpt_copy: Path) -> None:
     original = json.loads((ckpt_copy / "NATIVE_MANIFEST.json").read_text())["tensors"]
     (ckpt_copy / "NATIVE_MANIFEST.json").unlink()
-    assert cli("manifest", str(ckpt_copy)).returncode == 0
+    assert main(["manifest", str(ckpt_copy)]) == 0
     assert json.loads((ckpt_copy / "NATIVE_MANIFEST.json").read_text())["tensors"] == original
-    again = cli("manifest", str(ckpt_copy))
-    assert again.returncode == 1 and "--force" in again.stderr
-    assert cli("manifest", str(ckpt_copy), "--force").returncode == 0
-
-
-def _digest_load(root: Path, tmp_path: Path) -> tuple[object, dict | None]:
-    report = tmp_path / "digest.json"
-    report.unlink(missing_ok=True)
-    run = tpload_cli(2, "--checkpoint", str(root), "--verify", "digest", "--report", str(report))
-    return run, json.loads(report.read_text()) if run.rc == 0 else None
-
-
-def test_verify_digest_trusts_only_fresh_sha256_verified_predictions(ckpt_copy: Path, tmp_path: Path) -> None:
-    run, _ = _digest_load(ckpt_copy, tmp_path)  # nothing stored yet: refused on every rank, nothing read
-    assert run.rc != 0 and run.text.count("holds no prediction for tp2-ep1-packed") >= 2, run.text
-    assert f"plan {ckpt_copy} --tp 2 --ep 1 --kind packed" in run.text
-    assert cli("plan", str(ckpt_copy), "--tp", "2", "--write").returncode == 0
-    run, doc = _digest_load(ckpt_copy, tmp_path)
-    assert run.rc == 0, run.text
-    assert doc["verify"] == "digest" and doc["predictions"].startswith("matched (sha256-verified")
-    assert sum(r["bytes_hashed"] for r in doc["ranks"]) == 0 and all(r["tensors"] > 0 for r in doc["ranks"])
-    # A changed byte whose shard keeps its size and mtime: the fingerprints still catch it, naming the rank.
-    shard = ckpt_copy / shard_of(ckpt_copy, "mtp.0.ffn.experts.3.w1.weight")
-    stat = shard.stat()
-    poke(ckpt_copy, "mtp.0.ffn.experts.3.w1.weight", 0)
-    os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    run, _ = _digest_load(ckpt_copy, tmp_path)
-    assert run.rc != 0 and "rank 0: digest" in run.text and "differs from the prediction" in run.text, run.text
-    # A rewritten shard (new mtime) makes the prediction stale: refused before reading.
-    poke(ckpt_copy, "mtp.0.ffn.experts.3.w1.weight", 0)
-    run, _ = _digest_load(ckpt_copy, tmp_path)
-    assert run.rc != 0 and f"shard {shard.name} changed (size or mtime)" in run.text, run.text
-
-
-def test_plan_write_refuses_a_checkpoint_that_fails_sha256(ckpt_copy: Path) -> None:
-    poke(ckpt_copy, "mtp.0.ffn.experts.2.w3.weight", 7)
-    out = cli("plan", str(ckpt_copy), "--tp", "2", "--write")
-    assert out.returncode == 1 and "mtp.0.ffn.experts.2.w3.weight" in out.stderr and "sha256" in out.stderr, out.stderr
-    assert not (ckpt_copy / PREDICTIONS_NAME).exists()
+    assert main(["manifest", str(ckpt_copy)]) == 1  # refuses to overwrite
+    (ckpt_copy / "NATIVE_MANIFEST.json").write_text("{broken")  # --force replaces even a broken one
+    assert main(["manifest", str(ckpt_copy), "--force"]) == 0
+    assert json.loads((ckpt_copy / "NATIVE_MANIFEST.json").read_text())["tensors"] == original

@@ -7,18 +7,24 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tpload.checkpoint import Checkpoint
+import time
+
 from tpload.config import load_config
 from tpload.errors import LayoutError
 from tpload.plan import Layout, Planner
+from tpload.storage.catalogue import read_native
 from tpload.synth import SynthSpec, write_checkpoint
 
-from .reference import expert_window, fp4, fp8, read_all
+from ..reference import expert_window, fp4, fp8, read_all
+
+
+def planner_for(root: Path, config: object = None) -> Planner:
+    return Planner(read_native(root)[0], config or load_config())
 
 
 @pytest.fixture(scope="module")
 def planner(small_ckpt: Path) -> Planner:
-    return Planner(Checkpoint(small_ckpt), load_config())
+    return planner_for(small_ckpt)
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4])
@@ -56,7 +62,7 @@ def test_slots_do_not_overlap_and_are_aligned(planner: Planner) -> None:
 
 def test_impossible_tp_says_what_would_work(tmp_path: Path) -> None:
     root = write_checkpoint(tmp_path, SynthSpec(inter=192, hidden=256, experts=4))  # 192/2 = 96 channels
-    p = Planner(Checkpoint(root), load_config())
+    p = planner_for(root)
     assert p.working_tps(4) == [1]
     with pytest.raises(LayoutError) as e:
         p.check_layout(Layout(2), 2)
@@ -68,7 +74,7 @@ def test_impossible_tp_says_what_would_work(tmp_path: Path) -> None:
 def test_tp8_on_the_reference_channels_suggests_tp4_ep2(tmp_path: Path) -> None:
     # The reference model's I = 2304: tp 8 gives 288 channels, not a multiple of 64.
     root = write_checkpoint(tmp_path, SynthSpec(hidden=256, inter=2304, experts=2, vocab=64))
-    p = Planner(Checkpoint(root), load_config())
+    p = planner_for(root)
     with pytest.raises(LayoutError) as e:
         p.check_layout(Layout(8), 8)
     msg = str(e.value)
@@ -84,9 +90,52 @@ def test_world_mismatch(planner: Planner) -> None:
 
 def test_expert_parallel_groups_split_experts_last_takes_remainder(tmp_path: Path) -> None:
     root = write_checkpoint(tmp_path, SynthSpec(experts=7))
-    p = Planner(Checkpoint(root), load_config())
+    p = planner_for(root)
     held = []
     for g in range(2):
         plan = p.plan(Layout(2, 2), "packed", g * 2)
         held.append(sorted({int(i.name.split(".")[4]) for i in plan.items if ".experts." in i.name}))
     assert held == [[0, 1, 2], [3, 4, 5, 6]]
+
+
+def test_absurd_tp_is_refused_at_once() -> None:
+    with pytest.raises(LayoutError, match="product at most 65536"):
+        Layout(100_000_000)
+
+
+def test_a_large_tp_that_cannot_cut_is_refused_quickly_with_suggestions(planner: Planner) -> None:
+    t0 = time.perf_counter()
+    with pytest.raises(LayoutError) as e:
+        planner.check_layout(Layout(60_000), 60_000)
+    assert time.perf_counter() - t0 < 10  # the suggestion search is bounded (64 tp values), not 60,000
+    assert "tp values that cut this checkpoint: 1, 2, 4" in str(e.value)
+
+
+def test_replicated_experts_by_config_land_on_every_ep_group(small_ckpt: Path, tmp_path: Path) -> None:
+    from ..ckpt_tools import config_with
+    config = config_with(tmp_path, """
+[[rules]]
+match = "mtp.*.ffn.experts.*.w[13].weight"
+role = "fp4"
+split = "rows"
+experts = false
+
+[[rules]]
+match = "mtp.*.ffn.experts.*.w2.weight"
+role = "fp4"
+split = "cols"
+experts = false
+""")
+    p = planner_for(small_ckpt, load_config(config))
+    plans = [p.plan(Layout(2, 2), "packed", r) for r in range(4)]
+    experts = [{int(i.name.split(".")[4]) for i in plan.items if ".experts." in i.name} for plan in plans]
+    assert experts == [set(range(8))] * 4  # every rank holds every expert...
+    w1 = [next(i for i in plan.items if i.name == "mtp.0.ffn.experts.0.w1.weight").weight.rows for plan in plans]
+    assert w1 == [(0, 128), (128, 256), (0, 128), (128, 256)]  # ...still cut by tp
+
+
+def test_deferred_experts_are_located_only_by_their_group(small_ckpt: Path) -> None:
+    from tpload.config import with_rules
+    p = planner_for(small_ckpt, with_rules(load_config(), defer=("mtp.0.ffn.experts.*",)))
+    held = [sorted({int(n.split(".")[4]) for n in p.plan(Layout(1, 2), "packed", g).deferred}) for g in range(2)]
+    assert held == [[0, 1, 2, 3], [4, 5, 6, 7]]

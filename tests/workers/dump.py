@@ -32,7 +32,7 @@ def main() -> None:
         shards = tpload.load(ckpt, kind=kind, group=group, verify=opts.get("verify", "node"), progress=False)
         sd = {k: v.cpu().clone() for k, v in shards.state_dict().items()}
         torch.save(sd, out / f"{kind}-rank{rank}.pt")
-        (out / f"{kind}-rank{rank}.json").write_text(json.dumps(shards.report.to_json()))
+        (out / f"{kind}-rank{rank}.json").write_text(shards.report.to_json())
         shards.release()
     if dist.is_initialized():
         dist.destroy_process_group()

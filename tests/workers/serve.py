@@ -29,7 +29,7 @@ def main() -> None:
     shards = tpload.load(ckpt, progress=False, **kw)
     sd = shards.state_dict()
     torch.save({k: v.cpu().clone() for k, v in sd.items()}, out / f"rank{rank}.pt")
-    doc = {"report": shards.report.to_json(), "names": list(sd), "hashed": shards.hashed,
+    doc = {"report": shards.report.to_dict(), "names": list(sd), "hashed": shards.hashed,
            "deferred": [asdict(d) | {"path": str(d.path)} for d in shards.deferred()],
            "env": {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE")}}
     (out / f"rank{rank}.json").write_text(json.dumps(doc))

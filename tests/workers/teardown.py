@@ -32,6 +32,7 @@ def device_bytes() -> list[int]:
 def main() -> None:
     ckpt, out, kind = sys.argv[1], sys.argv[2], sys.argv[3]
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")  # its buffers are not the load's
+    import tpload.api  # noqa: F401  (`import tpload` is lazy: the kernels and their compiler load on first use)
     steps = {"baseline": [anon(), *device_bytes()]}
     for i in (1, 2):
         shards = tpload.load(ckpt, kind=kind, progress=False)

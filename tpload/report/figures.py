@@ -69,9 +69,9 @@ class RankFigures:
     """This rank's digest against a stored prediction: 0 none stored, 1 matched, 2 differs."""
     digest: str = field(default="", metadata=_bytes(DIGEST_BYTES))
     message: str = field(default="", metadata=_bytes(MESSAGE_BYTES))
-    claims: list[bytes] = field(default_factory=list)
+    claims: list[bytes] = field(default_factory=lambda: [bytes(DIGEST_BYTES)] * SLOTS)
     """Node mode: what this rank, as hasher, says each node peer's windows hold (crosscheck.py)."""
-    seen: list[bytes] = field(default_factory=list)
+    seen: list[bytes] = field(default_factory=lambda: [bytes(DIGEST_BYTES)] * SLOTS)
     """Node mode: what this rank read of the tensors each node peer hashed."""
 
     @property

@@ -28,6 +28,8 @@ class Transfer(Protocol):
     device: torch.device
     chunk_bytes: int
     """The staging block size that suits this device (cache-sized on the CPU, larger for PCIe)."""
+    host_slots: bool
+    """Whether :meth:`copy` writes slots through numpy (host memory) or torch (a device)."""
 
     def arena(self, nbytes: int) -> torch.Tensor:
         """One uint8 buffer on the device holding every served tensor of the rank."""

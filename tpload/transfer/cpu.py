@@ -37,6 +37,7 @@ class CpuTransfer:
     """Serves windows on the CPU: the served fingerprint is the fingerprint of the words the copy wrote."""
 
     chunk_bytes = CHUNK_BYTES
+    host_slots = True
 
     def __init__(self, device: torch.device) -> None:
         self.device = device

@@ -47,6 +47,7 @@ class CudaTransfer:
     """Serves windows on a GPU through two pinned buffers and a side stream."""
 
     chunk_bytes = CHUNK_BYTES
+    host_slots = False
 
     def __init__(self, device: torch.device, backend: Backend | None = None, *, chunk_bytes: int = CHUNK_BYTES) -> None:
         self.device = device

@@ -1,0 +1,70 @@
+"""The command line in-process (no torchrun: a single rank): the folder positionally, --version,
+subcommands, and clear exits."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from safetensors import safe_open
+
+from tpload import __version__
+from tpload.__main__ import main
+
+
+def test_the_folder_is_taken_positionally_like_every_subcommand(small_ckpt: Path, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture) -> None:
+    report = tmp_path / "r.json"
+    assert main([str(small_ckpt), "--no-progress", "--report", str(report)]) == 0
+    out = capsys.readouterr().out
+    assert "rank node" in out and "verified: 62 tensors by sha256" in out
+    assert json.loads(report.read_text())["ranks"][0]["tensors"] > 0
+
+
+def test_two_different_checkpoints_are_refused(small_ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main([str(small_ckpt), "--checkpoint", str(tmp_path)]) == 1
+    assert "two checkpoints given" in capsys.readouterr().err
+
+
+def test_version(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"tpload {__version__}"
+
+
+def test_an_error_exits_1_with_one_line_per_rank(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main([str(tmp_path / "nothing"), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("[rank 0] tpload: error: load failed on rank 0") and "Traceback" not in err
+
+
+def test_ctrl_c_exits_130_without_a_traceback(small_ckpt: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture) -> None:
+    import tpload.api
+
+    def interrupted(*a: object, **k: object) -> None:
+        raise KeyboardInterrupt
+    monkeypatch.setattr(tpload.api, "load_in", interrupted)
+    assert main([str(small_ckpt), "--no-progress"]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted" in err and "Traceback" not in err
+
+
+def test_synth_writes_a_checkpoint_safetensors_can_read(tmp_path: Path) -> None:
+    out = tmp_path / "c"
+    assert main(["synth", str(out), "--experts", "3", "--shards", "3"]) == 0
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    manifest = json.loads((out / "NATIVE_MANIFEST.json").read_text())["tensors"]
+    assert set(index["weight_map"]) == set(manifest) and len(set(index["weight_map"].values())) == 3
+    with safe_open(str(out / index["weight_map"]["mtp.0.ffn.experts.2.w2.weight"]), "pt") as f:
+        assert list(f.get_slice("mtp.0.ffn.experts.2.w2.weight").get_shape()) == [256, 128]
+    assert main(["synth", str(out)]) == 1  # never over a folder that holds something
+
+
+def test_export_refuses_a_folder_that_is_not_empty(small_ckpt: Path, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "mine").write_text("keep")
+    assert main(["export", str(small_ckpt), str(tmp_path / "x"), "--tp", "2"]) == 1
+    assert "export folder is not empty" in capsys.readouterr().err and (tmp_path / "x" / "mine").exists()

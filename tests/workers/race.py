@@ -1,0 +1,75 @@
+"""Run under torchrun (2 ranks, node verification): a write lands between the hashing rank's read of a
+tensor and its peer's read of its own window (an accidental concurrent write: a sync tool, a re-download).
+
+argv: CHECKPOINT OUT_DIR TENSOR OFFSET. Rank 1 waits after its first tensor until rank 0 has loaded
+everything (so rank 0 hashed TENSOR from the original bytes) and flipped byte OFFSET of TENSOR on disk
+(inside rank 1's window); then rank 1 reads its window. Each rank records its outcome.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import tpload
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.helpers import poke, shard_of  # noqa: E402
+
+
+class Hold:
+    """Rank 1's sink: after its first tensor, wait for rank 0's flag."""
+
+    def __init__(self, flag: Path) -> None:
+        self.flag, self.first = flag, True
+
+    def update(self, nbytes: int) -> None:
+        if self.first:
+            self.first = False
+            deadline = time.monotonic() + 60
+            while not self.flag.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+    def close(self) -> None:
+        pass
+
+
+class Flip:
+    """Rank 0's sink: once its last tensor is loaded, flip the byte, then raise the flag."""
+
+    def __init__(self, root: Path, tensor: str, offset: int, total: int, flag: Path) -> None:
+        self.root, self.tensor, self.offset, self.left, self.flag = root, tensor, offset, total, flag
+
+    def update(self, nbytes: int) -> None:
+        self.left -= 1
+        if self.left == 0:  # the file keeps its size and mtime: only the cross-check can tell
+            path = self.root / shard_of(self.root, self.tensor)
+            st = path.stat()
+            poke(self.root, self.tensor, self.offset)
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+            self.flag.write_text("flipped")
+
+    def close(self) -> None:
+        pass
+
+
+def main() -> None:
+    root, out, tensor, offset = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    rank = int(os.environ["RANK"])
+    flag = out / "flipped"
+    total = int((out / "items").read_text())
+    sink = Flip(root, tensor, offset, total, flag) if rank == 0 else Hold(flag)
+    outcome = {"returned": False, "error": ""}
+    try:
+        shards = tpload.load(root, progress=False, verify="node", progress_sink=sink, timeout_s=120.0)
+        outcome["returned"] = bool(shards.state_dict())
+    except tpload.LoadError as e:
+        outcome["error"] = str(e)
+    (out / f"rank{rank}.json").write_text(json.dumps(outcome))
+
+
+if __name__ == "__main__":
+    main()

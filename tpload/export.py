@@ -22,14 +22,13 @@ import numpy as np
 from .config import Config
 from .errors import CheckpointError
 from .plan import Layout, Planner, RankPlan
-from .storage.catalogue import MANIFEST_NAME, natural_key, sha256_mismatch
+from .storage.catalogue import MANIFEST_NAME, natural_key
 from .storage.partitioned import rank_file
 from .storage.reader import Reader
 from .storage.safetensors import write_safetensors
 from .storage.sharded import ShardedStorage
 from .text import escape_name
-from .verification.hashing import Hasher
-from .verification.policy import HashPlan
+from .verification.hashing import hash_whole, mismatches
 
 
 @dataclass(frozen=True)
@@ -49,19 +48,7 @@ def _verify_sources(storage: ShardedStorage, names: list[str], threads: int) -> 
     problems = storage.manifest_problems(names)
     if problems:
         raise CheckpointError("\n".join(problems))
-    hasher = Hasher(HashPlan("rank", 0, frozenset(names)), threads=threads)
-    reader = Reader(storage)
-    try:
-        for name in names:
-            stored = storage.stored(name)
-            for _ in reader.blocks(stored, (0, stored.rows), (0, stored.row_bytes), tap=hasher.tap(stored)):
-                pass
-        reader.drain()
-        hashed = hasher.finish()
-    finally:
-        hasher.close()
-    bad = [sha256_mismatch(h.stored.path, n, h.sha256, h.stored.sha256 or "none") for n, h in hashed.items()
-           if h.sha256 != h.stored.sha256]
+    bad = mismatches(hash_whole(storage, names, threads=threads))
     if bad:
         raise CheckpointError(f"{len(bad)} source tensor(s) do not match the manifest; nothing exported:\n  - "
                               + "\n  - ".join(bad))

@@ -26,12 +26,11 @@ from .loop import run
 from .plan import Layout, Planner
 from .report.progress import Silent
 from .storage import Storage, open_storage
-from .storage.catalogue import MANIFEST_NAME, sha256_mismatch
-from .storage.reader import Reader
+from .storage.catalogue import MANIFEST_NAME
 from .storage.sharded import ShardedStorage
 from .text import escape_name
 from .transfer.cpu import CpuTransfer
-from .verification.hashing import Hasher
+from .verification.hashing import Hasher, hash_whole, mismatches
 from .verification.policy import HashPlan
 from .verification.store import DigestStore
 
@@ -137,28 +136,8 @@ def _scan(storage: Storage, names: list[str], checkers: dict, threads: int) -> l
     """Read every named tensor once: sha256 against the manifest, and the value checks on the way
     (a scale before its weight, as the checkers need)."""
     order = sorted(names, key=lambda n: (checkers[n][0].name, checkers[n][2] != "scale") if n in checkers else (n, 0))
-    hasher = Hasher(HashPlan("rank", 0, frozenset(order)), threads=max(0, min(threads, _spare())))
-    reader = Reader(storage)
-    problems = []
-    try:
-        for name in order:
-            stored = storage.stored(name)
-            feed = None
-            if name in checkers:
-                _, checker, part = checkers[name]
-                feed = checker.scale if part == "scale" else checker.weight
-            for r, _, view in reader.blocks(stored, (0, stored.rows), (0, stored.row_bytes), tap=hasher.tap(stored),
-                                            split_rows=feed is None):
-                if feed is not None:
-                    feed(view, r)
-        reader.drain()
-        hashed = hasher.finish()
-    finally:
-        hasher.close()
-    for name in names:
-        h = hashed[name]
-        if h.sha256 != h.stored.sha256:
-            problems.append(sha256_mismatch(h.stored.path, name, h.sha256, h.stored.sha256 or "none"))
+    feeds = {n: (c.scale if part == "scale" else c.weight) for n, (_, c, part) in checkers.items()}
+    problems = mismatches(hash_whole(storage, order, threads=max(0, min(threads, _spare())), feeds=feeds))
     seen = set()
     for item, checker, _ in checkers.values():
         if item.name in seen:
@@ -202,17 +181,9 @@ def write_manifest(root: str | os.PathLike, *, force: bool = False, threads: int
     storage = ShardedStorage(Path(root).absolute(), manifest=False)  # the old one may be what is being replaced
     catalogue = storage.catalogue
     names = catalogue.names()
-    hasher = Hasher(HashPlan("rank", 0, frozenset(names)), threads=max(0, min(threads, _spare())))
-    reader = Reader(storage)
     try:
-        for name in names:
-            stored = storage.stored(name)
-            for _ in reader.blocks(stored, (0, stored.rows), (0, stored.row_bytes), tap=hasher.tap(stored)):
-                pass
-        reader.drain()
-        hashed = hasher.finish()
+        hashed = hash_whole(storage, names, threads=max(0, min(threads, _spare())))
     finally:
-        hasher.close()
         storage.close()
     tensors = {n: {"file": catalogue.tensors[n].file, "dtype": catalogue.tensors[n].dtype,
                    "shape": list(catalogue.tensors[n].shape), "sha256": hashed[n].sha256} for n in names}

@@ -26,9 +26,10 @@ MANIFEST_NAME = "NATIVE_MANIFEST.json"
 def natural_key(name: str) -> tuple:
     """Sort key that orders ``x.2`` before ``x.10`` (numbers compared as numbers)."""
     # re.split with a group alternates text and digit runs. A run compares as (its length without
-    # leading zeros, its text): numeric order for any length (int() would refuse 5,000 digits).
+    # leading zeros, its digits without them, its text): numeric order for any length (int() would
+    # refuse 5,000 digits), and "02" after "1"; equal values ("2", "02") tie-break on the text.
     parts = re.split(r"(\d+)", name)
-    return tuple((len(p.lstrip("0")), p) if i % 2 else p for i, p in enumerate(parts))
+    return tuple((len(d := p.lstrip("0")), d, p) if i % 2 else p for i, p in enumerate(parts))
 
 
 def sha256_mismatch(path: Path | str, name: str, got: str, want: str) -> str:

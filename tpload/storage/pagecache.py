@@ -110,7 +110,8 @@ def drop_ranges(path: Path, ranges: Iterable[tuple[int, int]] | None = None) -> 
             if ranges is None:
                 spans = [(0, 0)]  # length 0: to the end of the file
             else:
-                header = 8 + int.from_bytes(os.pread(fd, 8, 0), "little")
+                # capped at the file's size: a header length rewritten since it was checked is any 64-bit value
+                header = min(8 + int.from_bytes(os.pread(fd, 8, 0), "little"), os.fstat(fd).st_size)
                 spans = _spans([(0, header), *ranges], mmap.PAGESIZE)
             for offset, length in spans:
                 os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)

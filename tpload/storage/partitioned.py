@@ -19,7 +19,7 @@ from ..text import escape_name
 from . import Stored
 from .catalogue import INDEX_NAME, MANIFEST_NAME, Catalogue, TensorMeta, natural_key
 from .files import read_json
-from .safetensors import ITEMSIZE, read_header
+from .safetensors import ITEMSIZE, MAX_DIM, read_header
 from .sharded import Files
 
 
@@ -37,9 +37,9 @@ def _source_table(table: object, path: Path) -> dict[str, TensorMeta]:
         raise CheckpointError(f"{escape_name(path)}: export manifest has no \"tensors\" table")
     out, bad = {}, []
     for name, e in table.items():
-        ok = (isinstance(e, dict) and isinstance(e.get("file"), str) and e.get("dtype") in ITEMSIZE
-              and isinstance(e.get("shape"), list)
-              and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in e["shape"]))
+        ok = (isinstance(e, dict) and isinstance(e.get("file"), str) and isinstance(e.get("dtype"), str)
+              and e["dtype"] in ITEMSIZE and isinstance(e.get("shape"), list) and len(e["shape"]) <= 8
+              and all(type(d) is int and 0 <= d < MAX_DIM for d in e["shape"]))
         if ok:
             out[name] = TensorMeta(name, e["file"], e["dtype"], tuple(e["shape"]))
         else:

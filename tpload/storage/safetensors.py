@@ -24,6 +24,7 @@ from ..text import escape_name
 from .files import open_regular, parse_json, read_exact
 
 MAX_HEADER_BYTES = 256 << 20  # a header larger than this is corrupt, not big
+MAX_DIM = 1 << 48  # a dimension this long is corrupt (the manifest's bound); it keeps every product printable
 
 # Every safetensors dtype of whole bytes, with its size. Whether tpload *serves* a dtype is the
 # codecs' business: an unserved tensor can still be skipped or deferred by a rule.
@@ -115,8 +116,9 @@ def _entry(path: Path, file: str, name: str, meta: object, data_start: int, data
         problems.append(f"{where}: dtype {escape_name(repr(dtype))[:60]} is not served (not a safetensors dtype "
                         "of whole bytes)")
         return None
-    if not (isinstance(shape, list) and len(shape) <= 8 and all(type(d) is int and d >= 0 for d in shape)):
-        problems.append(f"{where}: shape {escape_name(repr(shape))[:80]} is not a list of non-negative integers")
+    if not (isinstance(shape, list) and len(shape) <= 8 and all(type(d) is int and 0 <= d < MAX_DIM for d in shape)):
+        problems.append(f"{where}: shape {escape_name(repr(shape))[:80]} is not a list of non-negative integers "
+                        "(at most 8, each below 2**48)")
         return None
     if not (isinstance(offsets, list) and len(offsets) == 2 and type(offsets[0]) is int and type(offsets[1]) is int):
         problems.append(f"{where}: data_offsets {escape_name(repr(offsets))[:80]} is not [begin, end]")

@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..storage.catalogue import sha256_mismatch
 from ..text import escape_name
 from .fingerprint import Triple
-from .hashing import Hashed
+from .hashing import Hashed, mismatches
 from .policy import Box
 
 Count = int | torch.Tensor
@@ -87,13 +86,9 @@ class Evidence:
                 else:
                     out.device_checked += 1
             out.fingerprints[c.name] = fp
-        for name, h in hashed.items():
-            out.hashed.append(name)
-            out.bytes_hashed += h.stored.nbytes
-            if h.stored.sha256 is None:
-                out.problems.append(f"{escape_name(h.stored.path)}: tensor {escape_name(name)} has no sha256 to check")
-            elif h.sha256 != h.stored.sha256:
-                out.problems.append(sha256_mismatch(h.stored.path, name, h.sha256, h.stored.sha256))
+        out.hashed = list(hashed)
+        out.bytes_hashed = sum(h.stored.nbytes for h in hashed.values())
+        out.problems += mismatches(hashed)
         return out
 
 

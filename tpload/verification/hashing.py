@@ -19,8 +19,12 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from ..storage import Stored
-from ..storage.reader import Block
+import numpy as np
+
+from ..storage import Storage, Stored
+from ..storage.catalogue import sha256_mismatch
+from ..storage.reader import Block, Reader
+from ..text import escape_name
 from .fingerprint import HostFingerprint, Triple
 from .policy import Box, HashPlan
 
@@ -115,3 +119,35 @@ class Hasher:
         for lane in self._lanes:
             lane.shutdown(wait=True, cancel_futures=True)
         self._lanes = []
+
+
+def hash_whole(storage: Storage, names: list[str], *, threads: int = 0,
+               feeds: dict[str, Callable[[np.ndarray, int], None]] | None = None) -> dict[str, Hashed]:
+    """sha256 of every named tensor, each read whole once, in the given order (offline tools: a
+    manifest, a verification at rest, an export's sources). ``feeds``: also hand each block of a
+    tensor, whole rows at a time, to its callable (the value checks)."""
+    hasher = Hasher(HashPlan("rank", 0, frozenset(names)), threads=threads)
+    reader = Reader(storage)
+    try:
+        for name in names:
+            stored = storage.stored(name)
+            feed = (feeds or {}).get(name)
+            for r, _, view in reader.blocks(stored, (0, stored.rows), (0, stored.row_bytes), tap=hasher.tap(stored),
+                                            split_rows=feed is None):
+                if feed is not None:
+                    feed(view, r)
+        reader.drain()
+        return hasher.finish()
+    finally:
+        hasher.close()
+
+
+def mismatches(hashed: dict[str, Hashed]) -> list[str]:
+    """Every hashed tensor whose sha256 is not the one its manifest promises (one line each)."""
+    out = []
+    for name, h in hashed.items():
+        if h.stored.sha256 is None:
+            out.append(f"{escape_name(h.stored.path)}: tensor {escape_name(name)} has no sha256 to check")
+        elif h.sha256 != h.stored.sha256:
+            out.append(sha256_mismatch(h.stored.path, name, h.sha256, h.stored.sha256))
+    return out

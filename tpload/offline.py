@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import torch
@@ -27,6 +26,7 @@ from .plan import Layout, Planner
 from .report.progress import Silent
 from .storage import Storage, open_storage
 from .storage.catalogue import MANIFEST_NAME
+from .storage.files import atomic_write
 from .storage.sharded import ShardedStorage
 from .text import escape_name
 from .transfer.cpu import CpuTransfer
@@ -187,13 +187,5 @@ def write_manifest(root: str | os.PathLike, *, force: bool = False, threads: int
         storage.close()
     tensors = {n: {"file": catalogue.tensors[n].file, "dtype": catalogue.tensors[n].dtype,
                    "shape": list(catalogue.tensors[n].shape), "sha256": hashed[n].sha256} for n in names}
-    fd, tmp = tempfile.mkstemp(prefix=f".{MANIFEST_NAME}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps({"format": 1, "tensors": tensors}, indent=1) + "\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, json.dumps({"format": 1, "tensors": tensors}, indent=1) + "\n")
     return path

@@ -1,6 +1,7 @@
-"""Node verification against an accidental concurrent write: rank 0 hashes a tensor, then the file
-changes (keeping its size and mtime), then rank 1 copies its window of the tensor. Rank 1 served bytes
-nobody hashed; the cross-check carried by the one exchange must fail every rank."""
+"""Node verification against an accidental concurrent write: rank 0 hashes a tensor and finishes (its
+files unchanged when it looks), then the file changes, then rank 1 opens it and copies its window of
+the tensor. Rank 1 served bytes nobody hashed, and nothing rank 1 can see tells it so; the cross-check
+carried by the one exchange must fail every rank."""
 
 from __future__ import annotations
 
@@ -32,7 +33,6 @@ def test_a_write_between_hash_and_copy_fails_every_rank(ckpt_copy: Path, tmp_pat
     tensor = next(n for n in sorted(hashes.peers) if n.endswith(".w1.weight") and 1 in hashes.peers[n])
     (r0, _), _ = hashes.peers[tensor][1]
     offset = r0 * storage.catalogue.get(tensor).row_bytes + 5  # inside rank 1's window
-    (tmp_path / "items").write_text(str(len(plans[0].items)))
     run = torchrun(2, [RACE, str(ckpt_copy), str(tmp_path), tensor, str(offset)], timeout=180)
     assert run.rc == 0, run.text
     outcomes = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]

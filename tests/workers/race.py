@@ -2,8 +2,9 @@
 tensor and its peer's read of its own window (an accidental concurrent write: a sync tool, a re-download).
 
 argv: CHECKPOINT OUT_DIR TENSOR OFFSET. Rank 1 waits after its first tensor until rank 0 has loaded
-everything (so rank 0 hashed TENSOR from the original bytes) and flipped byte OFFSET of TENSOR on disk
-(inside rank 1's window); then rank 1 reads its window. Each rank records its outcome.
+and checked everything (so rank 0 hashed TENSOR from the original bytes, and its files were unchanged
+when it looked) and byte OFFSET of TENSOR was flipped on disk (inside rank 1's window); then rank 1
+reads its window. Each rank records its outcome.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
 import tpload
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.helpers import poke, shard_of  # noqa: E402
+from tests.helpers import poke  # noqa: E402
 
 
 class Hold:
@@ -38,30 +40,29 @@ class Hold:
 
 
 class Flip:
-    """Rank 0's sink: once its last tensor is loaded, flip the byte, then raise the flag."""
+    """Rank 0's sink: once its loop is over, and after the moment it takes rank 0 to check its evidence
+    and its files and reach the exchange, flip the byte and raise the flag."""
 
-    def __init__(self, root: Path, tensor: str, offset: int, total: int, flag: Path) -> None:
-        self.root, self.tensor, self.offset, self.left, self.flag = root, tensor, offset, total, flag
+    def __init__(self, root: Path, tensor: str, offset: int, flag: Path) -> None:
+        self.root, self.tensor, self.offset, self.flag = root, tensor, offset, flag
 
     def update(self, nbytes: int) -> None:
-        self.left -= 1
-        if self.left == 0:  # the file keeps its size and mtime: only the cross-check can tell
-            path = self.root / shard_of(self.root, self.tensor)
-            st = path.stat()
-            poke(self.root, self.tensor, self.offset)
-            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-            self.flag.write_text("flipped")
+        pass
+
+    def _flip(self) -> None:
+        time.sleep(2.0)
+        poke(self.root, self.tensor, self.offset)  # rank 1 opens this shard only after the flag
+        self.flag.write_text("flipped")
 
     def close(self) -> None:
-        pass
+        threading.Thread(target=self._flip, daemon=True).start()
 
 
 def main() -> None:
     root, out, tensor, offset = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
     rank = int(os.environ["RANK"])
     flag = out / "flipped"
-    total = int((out / "items").read_text())
-    sink = Flip(root, tensor, offset, total, flag) if rank == 0 else Hold(flag)
+    sink = Flip(root, tensor, offset, flag) if rank == 0 else Hold(flag)
     outcome = {"returned": False, "error": ""}
     try:
         shards = tpload.load(root, progress=False, verify="node", progress_sink=sink, timeout_s=120.0)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..storage.files import atomic_write
 from ..text import printable
 from .figures import PREDICTION, RankFigures
 
@@ -76,15 +76,7 @@ class LoadReport:
 
     def write(self, path: str | os.PathLike) -> None:
         """Write the JSON report (beside it first, then renamed: never half a report)."""
-        path = Path(path)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(self.to_json())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_write(Path(path), self.to_json())
 
     def table(self) -> str:
         """The rank-0 table (every name in it escaped for the terminal)."""

@@ -8,7 +8,6 @@ export give the planner the same table and it cuts the same windows.
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import re
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from pathlib import Path
 from ..errors import CheckpointError, raise_all
 from ..text import escape_name
 from .files import parse_json, read_json, read_small
-from .safetensors import ITEMSIZE, TensorInfo, read_header
+from .safetensors import TensorInfo, TensorMeta, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
 MANIFEST_NAME = "NATIVE_MANIFEST.json"
@@ -35,38 +34,6 @@ def natural_key(name: str) -> tuple:
 def sha256_mismatch(path: Path | str, name: str, got: str, want: str) -> str:
     """The one wording of a hash failure, wherever a tensor is checked against the manifest."""
     return f"{escape_name(path)}: tensor {escape_name(name)}: sha256 {got[:16]}... does not match the manifest's {want[:16]}..."
-
-
-@dataclass(frozen=True)
-class TensorMeta:
-    """One stored tensor as the planner sees it."""
-
-    name: str
-    file: str
-    """Shard file name, relative to the checkpoint directory (for messages)."""
-    dtype: str
-    """Stored dtype, safetensors spelling."""
-    shape: tuple[int, ...]
-
-    @property
-    def itemsize(self) -> int:
-        return ITEMSIZE[self.dtype]
-
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * self.itemsize
-
-    @property
-    def rows(self) -> int:
-        """Rows of the 2-D byte view ``[rows, row_bytes]`` (a 0-D or 1-D tensor is one row)."""
-        return self.shape[0] if len(self.shape) > 1 else 1
-
-    @property
-    def row_bytes(self) -> int:
-        return self.nbytes // self.rows if self.rows else 0
-
-    def describe(self) -> str:
-        return f"{escape_name(self.name)} ({escape_name(self.file)}, {self.dtype} {list(self.shape)})"
 
 
 @dataclass(frozen=True)
@@ -227,7 +194,7 @@ def read_native(root: Path, *, manifest: bool = True) -> tuple[Catalogue, dict[s
             problems.append(str(e))
     raise_all(CheckpointError, problems, what=f"problems with the shards of {escape_name(root)}")
     locations = _by_index(wmap, headers, source) if wmap is not None else _by_shard(headers, root)
-    tensors = {n: TensorMeta(n, i.file, i.dtype, i.shape) for n, i in locations.items()}
+    tensors = {n: TensorMeta(n, i.file, i.dtype, i.shape) for n, i in locations.items()}  # no locations: plan on names
     entries, manifest_sha = read_manifest(root) if manifest else (None, None)
     return Catalogue(root, tensors, entries, manifest_sha256=manifest_sha), locations
 

@@ -16,12 +16,16 @@ afterwards).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import stat
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -75,7 +79,7 @@ def read_small(path: Path, what: str) -> bytes:
 
 def parse_json(raw: bytes, path: Path, what: str) -> object:
     try:
-        return json.loads(raw, parse_constant=_no_constants)
+        return json.loads(raw.decode("utf-8"), parse_constant=_no_constants)  # UTF-8 only, as safetensors reads it
     except RecursionError:
         raise CheckpointError(f"{escape_name(path)}: {what} is JSON nested too deeply; refused") from None
     except (UnicodeDecodeError, ValueError) as e:  # JSONDecodeError, int digit limits, NaN/Infinity
@@ -100,16 +104,19 @@ def read_exact(fd: int, offset: int, n: int, path: Path, what: str) -> bytes:
 
 @dataclass(frozen=True)
 class Stamp:
-    """What a file looked like when it was opened: a later difference means it was rewritten."""
+    """What a file looked like when it was opened: a later difference means it was rewritten.
+
+    ctime too: a writer that puts the mtime back (``cp -p``, ``touch -r``) still moves it."""
 
     size: int
     mtime_ns: int
+    ctime_ns: int
     inode: int
 
     @classmethod
     def of(cls, fd: int) -> Stamp:
         st = os.fstat(fd)
-        return cls(st.st_size, st.st_mtime_ns, st.st_ino)
+        return cls(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 
 
 class Shard:
@@ -144,11 +151,11 @@ class Shard:
             named = os.stat(self.path)
         except OSError as e:
             return f"cannot stat it now ({e.strerror})"
+        if named.st_ino != self.opened.inode:  # first: a replaced file's old inode changes too (its links)
+            return "it was replaced by another file while it was loaded"
         if now != self.opened:
             return (f"it changed while it was loaded (size {self.opened.size} -> {now.size}, "
-                    f"mtime {self.opened.mtime_ns} -> {now.mtime_ns})")
-        if named.st_ino != self.opened.inode:
-            return "it was replaced by another file while it was loaded"
+                    f"mtime {self.opened.mtime_ns} -> {now.mtime_ns}, ctime {self.opened.ctime_ns} -> {now.ctime_ns})")
         return ""
 
     def advise(self, offset: int, length: int, advice: int) -> None:
@@ -163,3 +170,24 @@ class Shard:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path, *, mode: int = 0o644) -> Iterator[BinaryIO]:
+    """A file written whole or not at all: beside ``path`` first, renamed over it on success (a
+    reader never sees half a file; a failure leaves the old one and no temporary)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write(path: Path, data: bytes | str, *, mode: int = 0o644) -> None:
+    """:func:`atomic_file` for data already in memory."""
+    with atomic_file(path, mode=mode) as f:
+        f.write(data.encode() if isinstance(data, str) else data)

@@ -33,6 +33,7 @@ from ..text import escape_name
 log = logging.getLogger("tpload")
 _MAP_FAILED = ctypes.c_void_p(-1).value
 SAMPLE_RUN_PAGES = 64  # a sampled residency asks about runs of this many pages (256 KiB)
+MAX_SAMPLED_PAGES = 1 << 16  # per file: the estimate's cost stays ~30 ms however big the file
 
 
 @functools.cache
@@ -49,8 +50,9 @@ def resident_bytes(path: Path, *, sample: int = 1) -> int:
     """Bytes of ``path`` now in the page cache (whole pages, capped at the file size).
 
     ``sample`` > 1 asks about one run of :data:`SAMPLE_RUN_PAGES` pages in every
-    ``sample`` runs and scales up: an estimate at ``1/sample`` of the cost (the
-    kernel looks each page up: ~0.1 s a GB). Files too small to sample are counted whole.
+    ``sample`` runs (and never more than :data:`MAX_SAMPLED_PAGES` pages of one file) and scales up:
+    an estimate at a fraction of the cost (the kernel looks each page up: ~0.1 s a GB, so a 700 GB
+    checkpoint walked whole would take over a minute). Files too small to sample are counted whole.
     """
     from .files import open_regular
     fd = open_regular(path, "shard")
@@ -61,12 +63,12 @@ def resident_bytes(path: Path, *, sample: int = 1) -> int:
         libc, page = _libc(), mmap.PAGESIZE
         pages = -(-size // page)
         run = SAMPLE_RUN_PAGES if sample > 1 and pages >= 4 * sample * SAMPLE_RUN_PAGES else pages
-        stride = run * sample if run < pages else pages
+        stride = run * max(sample, -(-pages // MAX_SAMPLED_PAGES)) if run < pages else pages
         addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
         if addr in (None, _MAP_FAILED):
             raise OSError(ctypes.get_errno(), f"mmap for mincore failed: {path}")
         try:
-            vec = (ctypes.c_ubyte * pages)()
+            vec = (ctypes.c_ubyte * (-(-pages // stride) * run))()
             asked = 0
             for first in range(0, pages, stride):
                 n = min(run, pages - first)

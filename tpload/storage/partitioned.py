@@ -20,7 +20,7 @@ from . import Stored
 from .catalogue import INDEX_NAME, MANIFEST_NAME, Catalogue, TensorMeta, natural_key
 from .files import read_json
 from .safetensors import ITEMSIZE, MAX_DIM, read_header
-from .sharded import Files
+from .sharded import FileReads, Files
 
 
 def rank_file(rank: int, world: int) -> str:
@@ -48,7 +48,7 @@ def _source_table(table: object, path: Path) -> dict[str, TensorMeta]:
     return out
 
 
-class PartitionedStorage:
+class PartitionedStorage(FileReads):
     """One rank's view of an export: plan with the source's table, read only this rank's file."""
 
     per_rank = True
@@ -62,8 +62,10 @@ class PartitionedStorage:
         doc = read_json(path, "export manifest")
         try:
             meta, ranks = doc["partitioned"], doc["ranks"]
-            self.tp, self.ep = int(meta["tp"]), int(meta["ep"])
+            self.tp, self.ep = meta["tp"], meta["ep"]
             files = [r["file"] for r in ranks]
+            if not all(type(v) is int and v >= 1 for v in (self.tp, self.ep)):
+                raise ValueError("tp and ep must be integers >= 1")
         except (KeyError, TypeError, ValueError):
             raise CheckpointError(f"{escape_name(path)}: not a tpload export manifest (partitioned/tensors/ranks)") from None
         self.source = str(meta.get("source", "?"))
@@ -75,7 +77,7 @@ class PartitionedStorage:
         if files[rank] != rank_file(rank, world):
             raise CheckpointError(f"{escape_name(path)}: rank {rank}'s file is listed as {escape_name(files[rank])!r}, "
                                   f"expected {rank_file(rank, world)}")
-        self.file = files[rank]
+        self.file, self.rank = files[rank], rank
         self.path = root / self.file
         table = _source_table(doc.get("tensors"), path)
         self.catalogue = Catalogue(root, table, None, manifest_path=path)
@@ -90,11 +92,16 @@ class PartitionedStorage:
         return listed
 
     def _read_windows(self, path: Path) -> dict:
-        """The rank file's header, checked against what the manifest lists for it."""
-        header, _ = read_header(self.path, self.file)
+        """The rank file's header, checked against what the manifest lists for it, and its own
+        metadata against the rank it is loaded as (two swapped rank files match by names and shapes)."""
+        header, meta = read_header(self.path, self.file)
         listed = self.listed
         where = escape_name(self.path)
-        problems = [f"{where}: tensor {escape_name(n)} is in the manifest's list for this file but not in the file"
+        said = (meta.get("rank"), meta.get("tp"), meta.get("ep"))
+        problems = [] if said == (str(self.rank), str(self.tp), str(self.ep)) else [
+            f"{where}: its metadata says rank {escape_name(said[0])} of tp {escape_name(said[1])} x ep "
+            f"{escape_name(said[2])}; it is loaded as rank {self.rank} of tp {self.tp} x ep {self.ep}"]
+        problems += [f"{where}: tensor {escape_name(n)} is in the manifest's list for this file but not in the file"
                     for n in listed if n not in header]
         problems += [f"{where}: tensor {escape_name(n)} is in the file but not in the manifest" for n in header
                      if n not in listed]
@@ -126,17 +133,6 @@ class PartitionedStorage:
                                   "(exported with another config?)")
         return stored, (0, want[0]), (0, want[1])
 
-    def read(self, stored: Stored, r0: int, r1: int, out: np.ndarray) -> None:
-        self.files.get(stored.path).read_into(stored.offset + r0 * stored.row_bytes, out, tensor=stored.name)
-
-    def will_need(self, stored: Stored) -> None:
-        if hasattr(os, "POSIX_FADV_WILLNEED"):
-            self.files.get(stored.path).advise(stored.offset, stored.nbytes, os.POSIX_FADV_WILLNEED)
-
-    def evict(self, path: Path, ranges: list[tuple[int, int]]) -> None:
-        from .pagecache import drop_ranges
-        drop_ranges(path, ranges)
-
     def paths(self) -> list[Path]:
         return [self.path]
 
@@ -151,9 +147,3 @@ class PartitionedStorage:
                 f"{', '.join(escape_name(n) for n in missing[:10]) or 'nothing'}; not planned "
                 f"{', '.join(escape_name(n) for n in extra[:10]) or 'nothing'} (load it with the config, skip and "
                 "defer rules it was exported with)"]
-
-    def changed(self) -> list[str]:
-        return self.files.changed()
-
-    def close(self) -> None:
-        self.files.close()

@@ -12,7 +12,6 @@ import json
 import math
 import os
 import struct
-import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ import numpy as np
 
 from ..errors import CheckpointError, raise_all
 from ..text import escape_name
-from .files import open_regular, parse_json, read_exact
+from .files import atomic_file, open_regular, parse_json, read_exact
 
 MAX_HEADER_BYTES = 256 << 20  # a header larger than this is corrupt, not big
 MAX_DIM = 1 << 48  # a dimension this long is corrupt (the manifest's bound); it keeps every product printable
@@ -37,32 +36,45 @@ ITEMSIZE: dict[str, int] = {
 
 
 @dataclass(frozen=True)
-class TensorInfo:
-    """Where one stored tensor's bytes are, as its shard header says."""
+class TensorMeta:
+    """One stored tensor as a header names it, and as the planner sees it."""
 
     name: str
     file: str
-    """Shard file name, relative to the checkpoint directory."""
-    path: Path
-    """Absolute path of the shard (symlinks not resolved: HF caches link blobs)."""
+    """Shard file name, relative to the checkpoint directory (for messages)."""
     dtype: str
+    """Stored dtype, safetensors spelling."""
     shape: tuple[int, ...]
-    begin: int
-    """Absolute byte offset of the first data byte in the shard file."""
-    nbytes: int
 
     @property
     def itemsize(self) -> int:
         return ITEMSIZE[self.dtype]
 
     @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.itemsize
+
+    @property
     def rows(self) -> int:
-        """Rows of the tensor's 2-D byte view ``[rows, row_bytes]`` (a 0-D or 1-D tensor is one row)."""
+        """Rows of the 2-D byte view ``[rows, row_bytes]`` (a 0-D or 1-D tensor is one row)."""
         return self.shape[0] if len(self.shape) > 1 else 1
 
     @property
     def row_bytes(self) -> int:
         return self.nbytes // self.rows if self.rows else 0
+
+    def describe(self) -> str:
+        return f"{escape_name(self.name)} ({escape_name(self.file)}, {self.dtype} {list(self.shape)})"
+
+
+@dataclass(frozen=True)
+class TensorInfo(TensorMeta):
+    """A tensor and where its bytes are in its shard."""
+
+    path: Path
+    """Absolute path of the shard (symlinks not resolved: HF caches link blobs)."""
+    begin: int
+    """Absolute byte offset of the first data byte in the shard file."""
 
 
 def read_header(path: Path, file: str) -> tuple[dict[str, TensorInfo], dict[str, str]]:
@@ -132,7 +144,7 @@ def _entry(path: Path, file: str, name: str, meta: object, data_start: int, data
     elif end - begin != want:
         problems.append(f"{where}: data_offsets span {end - begin} bytes but {dtype} x {shape} is {want}")
     else:
-        return TensorInfo(name, file, path, dtype, tuple(shape), data_start + begin, end - begin)
+        return TensorInfo(name, file, dtype, tuple(shape), path, data_start + begin)
     return None
 
 
@@ -154,20 +166,13 @@ def write_safetensors(path: Path, tensors: list[tuple[str, str, tuple[int, ...]]
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # data starts 8-aligned, as safetensors writes it
     digests = {}
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(struct.pack("<Q", len(raw)) + raw)
-            for name, _, _ in tensors:
-                h = hashlib.sha256()
-                for chunk in chunks(name):
-                    data = memoryview(np.ascontiguousarray(chunk)).cast("B")
-                    h.update(data)
-                    f.write(data)
-                digests[name] = h.hexdigest()
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(path) as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        for name, _, _ in tensors:
+            h = hashlib.sha256()
+            for chunk in chunks(name):
+                data = memoryview(np.ascontiguousarray(chunk)).cast("B")
+                h.update(data)
+                f.write(data)
+            digests[name] = h.hexdigest()
     return digests

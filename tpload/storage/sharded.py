@@ -13,6 +13,7 @@ from ..text import escape_name
 from . import Stored
 from .catalogue import Catalogue, read_native
 from .files import Shard
+from .pagecache import drop_ranges
 from .safetensors import TensorInfo
 
 
@@ -33,8 +34,10 @@ class Files:
         return shard
 
     def changed(self) -> list[str]:
+        with self._lock:
+            opened = list(self._open.items())
         return [f"{escape_name(p)}: {why}; what was read from it cannot be trusted"
-                for p, s in self._open.items() if (why := s.changed())]
+                for p, s in opened if (why := s.changed())]
 
     def close(self) -> None:
         with self._lock:
@@ -43,7 +46,30 @@ class Files:
             self._open.clear()
 
 
-class ShardedStorage:
+class FileReads:
+    """What both storages do the same way: ``pread`` through one handle per file, readahead and
+    eviction advice, the changed-file check. Subclasses set ``files`` and say where bytes are."""
+
+    files: Files
+
+    def read(self, stored: Stored, r0: int, r1: int, out: np.ndarray) -> None:
+        self.files.get(stored.path).read_into(stored.offset + r0 * stored.row_bytes, out, tensor=stored.name)
+
+    def will_need(self, stored: Stored) -> None:
+        if hasattr(os, "POSIX_FADV_WILLNEED"):
+            self.files.get(stored.path).advise(stored.offset, stored.nbytes, os.POSIX_FADV_WILLNEED)
+
+    def evict(self, path: Path, ranges: list[tuple[int, int]]) -> None:
+        drop_ranges(path, ranges)
+
+    def changed(self) -> list[str]:
+        return self.files.changed()
+
+    def close(self) -> None:
+        self.files.close()
+
+
+class ShardedStorage(FileReads):
     """The shards of a native folder, read with ``pread``."""
 
     per_rank = False
@@ -73,25 +99,8 @@ class ShardedStorage:
             cols: tuple[int, int]) -> tuple[Stored, tuple[int, int], tuple[int, int]]:
         return self.stored(name), rows, cols
 
-    def read(self, stored: Stored, r0: int, r1: int, out: np.ndarray) -> None:
-        self.files.get(stored.path).read_into(stored.offset + r0 * stored.row_bytes, out, tensor=stored.name)
-
-    def will_need(self, stored: Stored) -> None:
-        if hasattr(os, "POSIX_FADV_WILLNEED"):
-            self.files.get(stored.path).advise(stored.offset, stored.nbytes, os.POSIX_FADV_WILLNEED)
-
-    def evict(self, path: Path, ranges: list[tuple[int, int]]) -> None:
-        from .pagecache import drop_ranges
-        drop_ranges(path, ranges)
-
     def paths(self) -> list[Path]:
         return sorted({i.path for i in self.locations.values()})
 
     def manifest_problems(self, names: list[str]) -> list[str]:
         return self.catalogue.manifest_problems(names)
-
-    def changed(self) -> list[str]:
-        return self.files.changed()
-
-    def close(self) -> None:
-        self.files.close()

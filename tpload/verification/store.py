@@ -24,12 +24,12 @@ import fcntl
 import json
 import os
 import stat
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import LoadError
+from ..storage.files import atomic_write
 from ..text import escape_name
 
 FORMAT = 3
@@ -103,15 +103,7 @@ class DigestStore:
             layouts[key] = {"digests": digests, "verified": stamp}
             doc = {"format": FORMAT, "manifest_sha256": manifest_sha256, "checkpoint": str(checkpoint),
                    "layouts": layouts}
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=self.root)
-            try:
-                with os.fdopen(fd, "w") as f:
-                    f.write(json.dumps(doc, indent=1) + "\n")
-                os.chmod(tmp, 0o600)
-                os.replace(tmp, path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            atomic_write(path, json.dumps(doc, indent=1) + "\n", mode=0o600)
         return path
 
 

@@ -1,13 +1,53 @@
 #!/usr/bin/env bash
-# On a machine with one (or more) CUDA GPUs: the tests that need CUDA, then the bench on the
-# seed-size checkpoint at tp 1 (one GPU). About 5-8 minutes, most of it writing the 3.8 GB
-# checkpoint once (cached under ~/.cache/tpload) and the bench's rounds.
-#   launch/gpu-check.sh [extra bench flags]
-set -euo pipefail
+# The one GPU check: proves the CUDA and NCCL paths in one short run (at most ~6 minutes on one GPU),
+# on a machine with no network (torch, numba, safetensors, ml_dtypes preinstalled; tpload installed
+# with --no-deps, or run from this checkout). Fixed sizes: the small preset for the tests, the medium
+# preset (1.76 GB, written once under $TPLOAD_CACHE or ~/.cache/tpload) for the bench.
+#
+#   launch/gpu-check.sh                       every section
+#   launch/gpu-check.sh --only tests,bench    some: tests (CUDA tests: exact windows on cuda:0, device
+#                                             decodes, a flipped byte), bench (tp = GPUs), multi (the NCCL
+#                                             world with the gloo exchange at tp = GPUs, and a killed rank;
+#                                             skipped with the reason on one GPU)
+# Exits non-zero if any section fails; prints one summary line per section at the end.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-python -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else "gpu-check: no CUDA device")'
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
-timeout 240 python -m pytest -q tests/test_cuda.py
-timeout 300 python -m tpload bench --preset seed --nproc 1 --tp 1 --rounds 1 \
-    --methods floor,tpload,tpload-noverify,tpload-expanded,safetensors,seed --json "${BENCH_JSON:-gpu-bench.json}" "$@"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"
+only="tests,bench,multi"
+if [[ "${1:-}" == "--only" ]]; then only="${2:?--only takes a comma-separated list}"; shift 2; fi
+out="${GPU_CHECK_OUT:-gpu-check-out}"
+mkdir -p "$out"
+python -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else "gpu-check: no CUDA device")' || exit 2
+gpus=$(python -c 'import torch; print(torch.cuda.device_count())')
+nvidia-smi --query-gpu=name,memory.total,pcie.link.gen.max,pcie.link.width.max --format=csv,noheader || true
+summary=()
+section() {  # name, timeout seconds, command...
+    local name=$1 limit=$2; shift 2
+    [[ ",$only," == *",$name,"* ]] || return 0
+    echo "== $name (at most ${limit} s)"
+    local t0=$SECONDS
+    if timeout "$limit" "$@" 2>&1 | tee "$out/$name.log"; then
+        summary+=("$name: ok ($((SECONDS - t0)) s)")
+    else
+        summary+=("$name: FAILED ($((SECONDS - t0)) s; see $out/$name.log)")
+    fi
+}
+multi() {
+    if (( gpus < 2 )); then echo "multi: skipped: one GPU (NCCL needs a GPU per rank)"; return 0; fi
+    local ckpt
+    ckpt=$(python -c 'from tpload.api import resolve_checkpoint; print(resolve_checkpoint(None))')
+    torchrun --standalone --nproc-per-node "$gpus" -m tpload "$ckpt" --no-progress --report "$out/multi.json" || return 1
+    # a killed rank: every other rank must stop naming it, in bounded time
+    if timeout 120 torchrun --standalone --nproc-per-node "$gpus" tests/workers/kill.py "$ckpt" 1 3; then
+        echo "multi: the killed rank's peers exited 0"; return 1
+    fi
+    return 0
+}
+section tests 200 python -m pytest -q -p no:cacheprovider tests/unit/transfer/test_cuda.py tests/unit/test_api.py
+section bench 300 python -m tpload bench --preset medium --nproc "$gpus" --tp "$gpus" --rounds 1 \
+    --methods floor,tpload,tpload-digest,tpload-noverify,tpload-expanded,safetensors --json "$out/bench.json"
+export -f multi
+export gpus out
+section multi 150 bash -c multi
+printf '%s\n' "${summary[@]}"
+[[ "${summary[*]}" != *FAILED* ]]

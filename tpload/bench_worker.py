@@ -227,7 +227,8 @@ def window_digest(windows: Windows) -> str:
     entries = []
     for name, t in windows.items():
         b = as_bytes2d(t.contiguous())
-        entries.append((name, torch.uint8, tuple(b.shape), tuple(fingerprint(b, block_bytes=2 << 20).tolist())))
+        fp = fingerprint(b)
+        entries.append((name, torch.uint8, tuple(b.shape), tuple(fp.tolist()) if isinstance(fp, torch.Tensor) else fp))
     return digest(entries)
 
 

@@ -256,3 +256,20 @@ def from_args(ns: argparse.Namespace, *, extra: Mapping[str, object] = ()) -> Lo
         if glob_field in values and isinstance(values[glob_field], list):
             values[glob_field] = tuple(values[glob_field])
     return LoadOptions.from_values(values, style="cli")
+
+
+def flags_markdown() -> str:
+    """README's table of the load's flags, generated from the fields (a test keeps README in step)."""
+    hints = _field_types()
+    rows = ["| flag | `load()` keyword | default | meaning |", "|---|---|---|---|"]
+    for f in fields(LoadOptions):
+        meta = f.metadata
+        if not meta["cli"]:
+            continue
+        flag = meta["flag"] or "--" + f.name.replace("_", "-")
+        if hints[f.name] is not bool:
+            flag += " " + ("|".join(meta["choices"]) if meta["choices"] else meta["metavar"] or f.name.upper())
+        default = "-" if f.default in (None, ()) else str(f.default)
+        cells = [f"`{flag}`", f"`{f.name}`", default, meta["help"]]
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(rows)

@@ -136,3 +136,23 @@ def test_a_gpu_load_serves_the_bytes_and_digest_of_a_cpu_load(small_ckpt: Path, 
     assert on_gpu.report.mine.device_alloc_peak > 0 and on_gpu.report.mine.device_checked > 0
     on_gpu.release()
     on_cpu.release()
+
+
+@CUDA
+@pytest.mark.parametrize("kind", ["packed", "expanded"])
+def test_a_gpu_load_serves_exactly_the_reference(small_ckpt: Path, kind: str) -> None:
+    from ...reference import expected
+    got = tpload.load(small_ckpt, kind=kind, device="cuda:0", progress=False).state_dict()
+    want = expected(small_ckpt, 1, 0, kind)
+    assert set(got) == set(want)
+    for name, exp in want.items():
+        b = got[name].contiguous().view(-1).view(torch.uint8).cpu().numpy().reshape(exp.shape[0], -1)
+        np.testing.assert_array_equal(b, exp.view(np.uint8).reshape(exp.shape[0], -1), err_msg=name)
+
+
+@CUDA
+def test_a_flipped_byte_fails_a_gpu_load_naming_the_tensor(ckpt_copy: Path) -> None:
+    from ...helpers import poke
+    poke(ckpt_copy, "mtp.0.ffn.experts.3.w1.weight", 1000)
+    with pytest.raises(tpload.LoadError, match="mtp.0.ffn.experts.3.w1.weight: sha256 .* does not match"):
+        tpload.load(ckpt_copy, device="cuda:0", progress=False)

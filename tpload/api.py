@@ -122,28 +122,54 @@ class _RankLoad:
             storage.close()
 
     def _load(self, storage: Storage, layout: Layout) -> None:
-        opts, ctx, fig = self.opts, self.ctx, self.fig
+        """Plan, check everything that can be checked before reading, read, and fill the figures."""
         self._check_pin(storage)
-        measures_cache = ctx.rank == ctx.node_peers[0]  # the page cache is the node's: one rank per node looks
-        if measures_cache:
-            fig.page_cache_before = checkpoint_resident(storage.paths(), sample=CACHE_SAMPLE)
-        config = with_rules(load_config(opts.config), skip=opts.skip, defer=opts.defer)
+        self._measure_cache(storage, before=True)
+        config = with_rules(load_config(self.opts.config), skip=self.opts.skip, defer=self.opts.defer)
         planner = Planner(storage.catalogue, config)
-        planner.check_layout(layout, ctx.world)
-        sharing_memory = ctx.node_peers if ctx.device.type == "cpu" or ctx.shared_device else [ctx.rank]
-        peers = sorted(set(sharing_memory) | (set(ctx.node_peers) if opts.verify == "node" else set()))
-        plans = {p: planner.plan(layout, opts.kind, p) for p in peers}
-        plan = self.plan = plans[ctx.rank]
-        if opts.verify != "off" or storage.per_rank:  # deferred too: their locators carry the manifest's sha256
+        planner.check_layout(layout, self.ctx.world)
+        plans, sharing = self._plans(planner, layout)
+        plan = self.plan = plans[self.ctx.rank]
+        self._check_manifest(storage, plan)
+        preflight.check(planner, layout, plan, self.ctx.device, sharing, int(self.opts.reserve_gib * preflight.GIB))
+        stored = self._prediction(storage, config.id(), layout)
+        hashes = hash_plan(self.opts.verify, self.ctx.rank, {p: _reads(q) for p, q in plans.items()},
+                           {n: storage.catalogue.get(n).nbytes for q in plans.values() for n in q.used_tensors},
+                           per_rank=storage.per_rank)
+        result = self.result = self._run(storage, plan, hashes)
+        self._measure_cache(storage, before=False)
+        self._figures(result, plan, stored, hashes)
+        self.deferred = locate(storage, plan.deferred)
+
+    def _plans(self, planner: Planner, layout: Layout) -> tuple[dict[int, RankPlan], list[RankPlan]]:
+        """This rank's plan and its node peers' (node hashing splits the node's work; on the CPU, or on
+        a shared GPU, the peers' arenas share this rank's memory), each made once; and the plans that
+        share this rank's memory."""
+        ctx = self.ctx
+        shares_memory = ctx.device.type == "cpu" or ctx.shared_device
+        peers = ctx.node_peers if shares_memory or self.opts.verify == "node" else [ctx.rank]
+        plans = {p: planner.plan(layout, self.opts.kind, p) for p in peers}
+        return plans, [plans[p] for p in (peers if shares_memory else [ctx.rank])]
+
+    def _check_manifest(self, storage: Storage, plan: RankPlan) -> None:
+        """Every tensor the plan reads or defers is vouched for by the manifest (deferred ones too: their
+        locators carry its sha256); a rank file of an export must hold exactly the plan's windows."""
+        if self.opts.verify != "off" or storage.per_rank:
             problems = storage.manifest_problems(sorted(set(plan.used_tensors) | set(plan.deferred)))
             if problems:
                 raise LoadError(f"{len(problems)} manifest problem(s):\n  - " + "\n  - ".join(problems))
-        preflight.check(planner, layout, plan, ctx.device, [plans[p] for p in sharing_memory],
-                        int(opts.reserve_gib * preflight.GIB))
-        stored = self._prediction(storage, config.id(), layout)
-        hashes = hash_plan(opts.verify, ctx.rank, {p: _reads(plans[p]) for p in peers if p in ctx.node_peers},
-                           {n: storage.catalogue.get(n).nbytes for p in peers for n in plans[p].used_tensors},
-                           per_rank=storage.per_rank)
+
+    def _measure_cache(self, storage: Storage, *, before: bool) -> None:
+        """The page cache is the node's: its first rank measures it, before, and after when evicting."""
+        if self.ctx.rank != self.ctx.node_peers[0]:
+            return
+        if before:
+            self.fig.page_cache_before = checkpoint_resident(storage.paths(), sample=CACHE_SAMPLE)
+        elif self.opts.evict_page_cache:
+            self.fig.page_cache_after = checkpoint_resident(storage.paths(), sample=CACHE_SAMPLE)
+
+    def _run(self, storage: Storage, plan: RankPlan, hashes: HashPlan) -> LoadResult:
+        opts, ctx = self.opts, self.ctx
         release = ShardRelease(storage.evict) if opts.evict_page_cache else None
         if release is not None:
             self._expect(storage, plan, hashes, release)
@@ -151,10 +177,13 @@ class _RankLoad:
         hasher = Hasher(hashes, threads=max(0, threads),
                         on_done=(lambda n: release.done(storage.stored(n).path)) if release else None)
         sink = self.sink or (Progress(plan.read_bytes, len(plan.items)) if opts.progress and ctx.rank == 0 else Silent())
-        result = self.result = run(storage, plan, transfer=for_device(ctx.device), hasher=hasher,
-                                   samples=opts.samples, progress=sink, release=release)
-        if measures_cache and opts.evict_page_cache:
-            fig.page_cache_after = checkpoint_resident(storage.paths(), sample=CACHE_SAMPLE)
+        return run(storage, plan, transfer=for_device(ctx.device), hasher=hasher, samples=opts.samples,
+                   progress=sink, release=release)
+
+    def _figures(self, result: LoadResult, plan: RankPlan, stored: Prediction | None, hashes: HashPlan) -> None:
+        """This rank's row: its counts, digest, its own verdict on the stored prediction, and node
+        mode's cross-check values."""
+        fig, ctx = self.fig, self.ctx
         fig.tensors, fig.bytes_read, fig.bytes_device = len(result.outputs), plan.read_bytes, plan.arena_bytes
         fig.hashed, fig.bytes_hashed = len(result.hashed), result.bytes_hashed
         fig.device_checked, fig.sampled = result.device_checked, result.sampled
@@ -163,10 +192,9 @@ class _RankLoad:
         if stored is not None:
             fig.prediction = 1 if len(stored.digests) == ctx.world and stored.digests[ctx.rank] == fig.digest else 2
         if hashes.peers or hashes.owner:
-            node = ctx.node_peers
-            fig.claims = crosscheck.claims(hashes.peers, {n: h.peers for n, h in result.hashed.items()}, node, ctx.rank)
-            fig.seen = crosscheck.seen(hashes.owner, result.windows, node, ctx.rank)
-        self.deferred = locate(storage, plan.deferred)
+            fingerprints = {n: h.peers for n, h in result.hashed.items()}
+            fig.claims = crosscheck.claims(hashes.peers, fingerprints, ctx.node_peers, ctx.rank)
+            fig.seen = crosscheck.seen(hashes.owner, result.windows, ctx.node_peers, ctx.rank)
 
     def _check_pin(self, storage: Storage) -> None:
         pin = self.opts.manifest_sha256

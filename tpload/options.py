@@ -86,7 +86,8 @@ class LoadOptions:
     allow_shared_device: bool = opt(False, "let several ranks load onto one GPU (functional checks with gloo; NCCL "
                                     "refuses it)")
     hash_threads: int = opt(2, "sha256 worker threads per rank", check=_at_least(1), metavar="N")
-    samples: int = opt(4, "expanded: decodes per codec checked exactly against an independent host decode",
+    samples: int = opt(4, "expanded: decoded tensors per codec whose first and last rows are decoded again by an "
+                       "independent implementation and compared exactly",
                        check=_at_least(0), metavar="N")
     progress: bool = opt(True, "rank-0 progress (a bar on a terminal, a line every 2 s otherwise)",
                          flag="--no-progress")

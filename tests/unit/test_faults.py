@@ -316,3 +316,16 @@ def test_offsets_are_read_through_the_header_not_the_index(ckpt_copy: Path) -> N
     fails(ckpt_copy, "tensor head.weight is mapped to model-00001-of-00002.safetensors but its header has no such tensor")
     assert tensor_offset  # the helper reads headers independently of tpload
     assert shard_of(ckpt_copy, "head.weight") == S1
+
+
+def test_a_wrong_decode_is_caught_by_the_independent_reference(small_ckpt: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tpload.codecs.fp4_e8m0 import FP4E8M0
+    real = FP4E8M0.decode
+
+    def off_by_one(self, weight, scale, out, fit):  # a decoder bug in the last row of every window
+        real(self, weight, scale, out, fit)
+        out[-1, 0] = out[-1, 0] + 1
+    monkeypatch.setattr(FP4E8M0, "decode", off_by_one)
+    msg = fails(small_ckpt, "1 decoded rows that differ from an independent decode (rows 0..31, 224..255)",
+                kind="expanded", samples=2)
+    assert "mtp.0.ffn.experts.0.w1.weight" in msg

@@ -162,6 +162,12 @@ def even_split(n: int, atom: int, tp: int, rank: int) -> tuple[int, int] | None:
     return lo * atom, min(n, hi * atom)
 
 
+def meets(rows: np.ndarray, r0: int, r1: int) -> bool:
+    """Whether the sorted ``rows`` hold one in ``[r0, r1)`` (the checkers' rows of dangerous scales)."""
+    i = int(np.searchsorted(rows, r0))
+    return i < rows.size and rows[i] < r1
+
+
 def rows_cut(meta: TensorMeta, lo: int, hi: int) -> Cut:
     """Rows ``[lo, hi)`` of a 2-D (or N-D, on its first dimension) tensor; for a 1-D tensor,
     elements ``[lo, hi)`` of its one row."""

@@ -20,7 +20,7 @@ import torch
 
 from .. import kernels
 from ..storage.catalogue import TensorMeta
-from . import Checker, Codec, Cut, Fit, Problem, cols_cut, rows_cut, whole
+from . import Checker, Codec, Cut, Fit, Problem, cols_cut, meets, rows_cut, whole
 from .tables import DECODE_CHUNK, E8M0_INVALID, e2m1_values, e8m0_values, lookup, round_bf16, scaled_table
 
 GROUP = 32  # elements sharing one E8M0 scale byte
@@ -61,6 +61,10 @@ class _Check(Checker):
     def weight(self, view: np.ndarray, first_row: int) -> None:
         if self._scale is None:
             self._scale = np.concatenate(self.scale_rows) if self.scale_rows else np.zeros((0, 0), np.uint8)
+            # rows with a scale from which some code overflows: almost always none, and then no block is looked at
+            self._danger = np.flatnonzero(((self._scale >= OVERFLOW_FROM) & (self._scale != 0xFF)).any(axis=1))
+        if not self._danger.size or not meets(self._danger, first_row, first_row + view.shape[0]):
+            return
         n, first = overflow_groups(view, self._scale[first_row:first_row + view.shape[0]])
         self.overflow += n
         if first is not None and self.first is None:

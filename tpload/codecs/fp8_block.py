@@ -18,7 +18,7 @@ import torch
 
 from .. import kernels
 from ..storage.catalogue import TensorMeta
-from . import Checker, Codec, Cut, Fit, Problem, cols_cut, even_split, rows_cut, whole
+from . import Checker, Codec, Cut, Fit, Problem, cols_cut, even_split, meets, rows_cut, whole
 from .tables import (DECODE_CHUNK, E4M3_NAN, E8M0_INVALID, FLOAT8_E4M3, e4m3_values, e8m0_values, lookup,
                      round_bf16, scaled_table)
 
@@ -98,7 +98,12 @@ class _Check(Checker):
         self.nan += kernels.count_either(view, *E4M3_NAN)
         if self._scale is None:
             self._scale = np.concatenate(self.scale_rows) if self.scale_rows else np.zeros((0, 0), np.uint8)
+            s = self._scale
+            danger = (np.abs(s) >= DANGER_F32) if self.f32 else ((s >= 247) & (s != 0xFF))
+            self._danger = np.flatnonzero(danger.any(axis=1)) if s.size else np.zeros(0, np.int64)
         b = self.block
+        if not self._danger.size or not meets(self._danger, first_row // b, -(-(first_row + view.shape[0]) // b)):
+            return
         n, first = overflow_blocks(view, self._scale[first_row // b:-(-(first_row + view.shape[0]) // b)], b, first_row)
         self.overflow += n
         if first is not None and self.first is None:

@@ -9,6 +9,7 @@ is a whole stored tensor.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from ..errors import CheckpointError, LayoutError, raise_all
 from ..text import escape_name
 from . import Stored
 from .catalogue import INDEX_NAME, MANIFEST_NAME, Catalogue, TensorMeta, natural_key
-from .files import read_json
+from .files import parse_json, read_small
 from .safetensors import ITEMSIZE, MAX_DIM, read_header
 from .sharded import FileReads, Files
 
@@ -59,7 +60,8 @@ class PartitionedStorage(FileReads):
         if not os.path.lexists(path):
             raise CheckpointError(f"{escape_name(path)}: a pre-partitioned checkpoint needs its manifest "
                                   "(the export writes it last)")
-        doc = read_json(path, "export manifest")
+        raw = read_small(path, "export manifest")
+        doc = parse_json(raw, path, "export manifest")
         try:
             meta, ranks = doc["partitioned"], doc["ranks"]
             self.tp, self.ep = meta["tp"], meta["ep"]
@@ -80,7 +82,7 @@ class PartitionedStorage(FileReads):
         self.file, self.rank = files[rank], rank
         self.path = root / self.file
         table = _source_table(doc.get("tensors"), path)
-        self.catalogue = Catalogue(root, table, None, manifest_path=path)
+        self.catalogue = Catalogue(root, table, None, manifest_path=path, manifest_sha256=hashlib.sha256(raw).hexdigest())
         self.listed = self._listed(ranks[rank], path)
         self.windows = self._read_windows(path)
         self.files = Files()

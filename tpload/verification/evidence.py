@@ -33,7 +33,7 @@ class Check:
     served: Triple | torch.Tensor
     """The served tensor's fingerprint (a device tensor until settled)."""
     want: Triple | torch.Tensor | None = None
-    """What ``served`` must equal (the host window's, or an independent decode's); None: nothing to compare."""
+    """What ``served`` must equal (the host window's); None: nothing to compare (it is the copy's own)."""
     want_what: str = ""
     bad: list[tuple[Count, str]] = field(default_factory=list)
     """(count, what) of invalid values: bad scale bytes, NaN codes, overflowing or non-finite decodes."""
@@ -46,7 +46,6 @@ class Settled:
     fingerprints: dict[str, Triple]
     problems: list[str]
     device_checked: int = 0
-    sampled: int = 0
     hashed: list[str] = field(default_factory=list)
     bytes_hashed: int = 0
 
@@ -81,8 +80,6 @@ class Evidence:
                 if fp != tuple(want):
                     out.problems.append(f"{where}: served bytes differ from the {c.want_what} "
                                         f"(fingerprint {list(fp)} != {list(want)})")
-                elif c.want_what.startswith("independent"):
-                    out.sampled += 1
                 else:
                     out.device_checked += 1
             out.fingerprints[c.name] = fp

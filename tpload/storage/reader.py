@@ -13,6 +13,7 @@ the next one is read, and a buffer is reused only after its tap is done.
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -24,6 +25,14 @@ from . import Storage, Stored
 
 CHUNK_BYTES = 2 << 20  # cache-sized: a block is copied, checked and hashed while it is still in the L2/L3 cache
 RING = 4
+PAGE = mmap.PAGESIZE
+
+
+def _aligned(nbytes: int) -> np.ndarray:
+    """A page-aligned buffer (an anonymous map) with a page to spare: reads land at the same offset
+    within a page as they have in the file. The kernel copies several times faster that way (measured
+    1.7 GB/s with the buffer 8 or 16 bytes ahead of the file's page offset, ~7 GB/s matched)."""
+    return np.frombuffer(mmap.mmap(-1, nbytes + PAGE), dtype=np.uint8)
 
 
 @dataclass(frozen=True)
@@ -53,19 +62,21 @@ class Reader:
     def __init__(self, storage: Storage, *, chunk_bytes: int = CHUNK_BYTES) -> None:
         self.storage = storage
         self.chunk_bytes = chunk_bytes
-        self._ring: list[np.ndarray] = [np.empty(chunk_bytes, dtype=np.uint8) for _ in range(RING)]
+        self._ring: list[np.ndarray] = [_aligned(chunk_bytes) for _ in range(RING)]
         self._busy: list[Future | None] = [None] * RING
         self._turn = 0
 
-    def _buffer(self, nbytes: int) -> tuple[int, np.ndarray]:
+    def _buffer(self, nbytes: int, offset: int) -> tuple[int, np.ndarray]:
+        """The next ring buffer, as ``nbytes`` starting at the file ``offset``'s place within a page."""
         i = self._turn = (self._turn + 1) % RING
         busy = self._busy[i]
         if busy is not None:
             busy.result()  # the tap that read this buffer on another thread is done with it
             self._busy[i] = None
-        if self._ring[i].size < nbytes:
-            self._ring[i] = np.empty(nbytes, dtype=np.uint8)
-        return i, self._ring[i]
+        if self._ring[i].size < nbytes + PAGE:
+            self._ring[i] = _aligned(nbytes)
+        shift = offset % PAGE
+        return i, self._ring[i][shift:shift + nbytes]
 
     def blocks(self, stored: Stored, rows: tuple[int, int], cols: tuple[int, int], *, tap: Tap | None = None,
                row_multiple: int = 1, split_rows: bool = True) -> Iterator[tuple[int, int, np.ndarray]]:
@@ -86,8 +97,8 @@ class Reader:
             step = max(row_multiple, step // row_multiple * row_multiple)
             for a in range(r0, r1, step):
                 b = min(r1, a + step)
-                i, buf = self._buffer((b - a) * width)
-                data = buf[:(b - a) * width].reshape(b - a, width)
+                i, buf = self._buffer((b - a) * width, stored.offset + a * width)
+                data = buf.reshape(b - a, width)
                 self.storage.read(stored, a, b, data)
                 if tap is not None:
                     self._busy[i] = tap.feed(Block((a, b), (0, width), data))
@@ -107,8 +118,8 @@ class Reader:
             lo_col, hi_col = (0, width) if tap is not None else cols
             for c in range(lo_col, hi_col, piece):
                 d = min(hi_col, c + piece)
-                i, buf = self._buffer(d - c)
-                data = buf[:d - c].reshape(1, d - c)
+                i, buf = self._buffer(d - c, stored.offset + r * width + c)
+                data = buf.reshape(1, d - c)
                 _read_piece(self.storage, stored, r, c, data)
                 if tap is not None:
                     self._busy[i] = tap.feed(Block((r, r + 1), (c, d), data))

@@ -223,6 +223,7 @@ def summarize(res: MethodResult) -> dict:
         "transient": _med(transient), "largest_window": largest, "transient_limit": 2 * largest + 64 * MIB,
         "device_peak": _med([max(x["device_peak"] for x in run) for run in res.runs]),
         "page_cache_before": _med(res.cache), "digests": [x["digest"] for x in res.runs[0]] if res.runs else [],
+        "import_seconds": _med([max(x.get("import_seconds", float("nan")) for x in run) for run in res.runs]),
         "note": next((x["note"] for run in res.runs for x in run if x.get("note")), ""),
     }
 
@@ -300,6 +301,10 @@ def table(summaries: list[dict], refused: dict[str, str], opts: BenchOptions) ->
         lines.append(f"{m:<16} REFUSED: {why}")
     lines.append("cpu s = CPU seconds (all threads) of the busiest rank; trans = anonymous peak beyond the process "
                  "before the run and the windows it owns; limit = 2 x largest window + 64 MiB")
+    imports = [s["import_seconds"] for s in summaries if s["import_seconds"] == s["import_seconds"]]
+    if imports:
+        lines.append(f"import of tpload's loader and kernels (once per process, after torch, outside every timer): "
+                     f"{statistics.median(imports):.2f} s median")
     return "\n".join(lines)
 
 

@@ -253,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
     rank, world = dist.get_rank(), dist.get_world_size()
+    t_import = time.perf_counter()
+    import tpload.api  # noqa: F401  (`import tpload` is lazy: the loader and its kernels load here, untimed)
+    import_seconds = time.perf_counter() - t_import
     dist.barrier()
     anon_before = _anon()
     if cuda:
@@ -266,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         dist.barrier()
         seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
     result = {
-        "method": args.method, "rank": rank, "world": world, "seconds": seconds,
+        "method": args.method, "rank": rank, "world": world, "seconds": seconds, "import_seconds": import_seconds,
         "cpu_seconds": cpu_seconds,
         "window_bytes": sum(t.numel() * t.element_size() for t in windows.values()),
         "largest_window": max((t.numel() * t.element_size() for t in windows.values()), default=0),

@@ -143,6 +143,26 @@ def wrap64(x: int) -> int:
     return (x + (1 << 63)) % (1 << 64) - (1 << 63)
 
 
+@nb.njit(nb.int64(nb.types.Array(nb.uint8, 1, "C", readonly=True), nb.int64, nb.int64, nb.int64, nb.uint8,
+                 nb.uint8), **_JIT)
+def _count_between(span, stride, rows, cols, lo, hi):  # pragma: no cover - compiled
+    """How many of ``rows`` rows of ``cols`` bytes (row ``r`` at ``span[r*stride:]``) lie in ``[lo, hi]``."""
+    n = np.int64(0)
+    for r in range(rows):
+        for j in range(r * stride, r * stride + cols):
+            v = span[j]
+            n += (v >= lo) & (v <= hi)
+    return n
+
+
+def count_between(x: np.ndarray, lo: int, hi: int) -> int:
+    """How many bytes of a 2-D byte window (rows read in place) lie in ``[lo, hi]``: the scale bytes
+    from which a decode can overflow, counted without a temporary."""
+    b2 = x.reshape(1, -1) if x.ndim < 2 else x
+    span, stride = _rows(b2.view(np.uint8), "count_between")
+    return int(_count_between(span, stride, b2.shape[0], b2.shape[1], lo, hi))
+
+
 def count_either(x: np.ndarray, a: int, b: int) -> int:
     """How many bytes of ``x`` equal ``a`` or ``b``: any array of 1-byte elements, or a 2-D byte
     window of wider rows (read in place, as the decoders do)."""

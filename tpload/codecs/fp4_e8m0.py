@@ -20,7 +20,7 @@ import torch
 
 from .. import kernels
 from ..storage.catalogue import TensorMeta
-from . import Checker, Codec, Cut, Fit, Problem, cols_cut, meets, rows_cut, whole
+from . import Checker, Codec, Cut, Fit, Problem, cols_cut, rows_cut, whole
 from .tables import DECODE_CHUNK, E8M0_INVALID, e2m1_values, e8m0_values, lookup, round_bf16, scaled_table
 
 GROUP = 32  # elements sharing one E8M0 scale byte
@@ -47,28 +47,30 @@ def overflow_groups(packed: np.ndarray, scale: np.ndarray) -> tuple[int, tuple[i
 
 
 class _Check(Checker):
+    """Bad scale bytes, and groups whose decode overflows bf16. Scale rows are kept (copied) only where
+    a scale byte could overflow: almost never, and then only those rows' weights are looked at."""
+
     def __init__(self, weight: Cut, scale: Cut) -> None:
         self.weight_cut, self.scale_name = weight, scale.name
-        self.scale_rows: list[np.ndarray] = []
+        self.danger: list[tuple[int, np.ndarray]] = []
         self.bad_scale = self.overflow = 0
         self.first: tuple[int, int, int] | None = None
-        self._scale: np.ndarray | None = None
 
     def scale(self, view: np.ndarray, first_row: int) -> None:
         self.bad_scale += kernels.count_either(view, *E8M0_INVALID)
-        self.scale_rows.append(np.array(view))
+        if kernels.count_between(view, OVERFLOW_FROM, 0xFE):
+            self.danger.append((first_row, np.array(view)))
 
     def weight(self, view: np.ndarray, first_row: int) -> None:
-        if self._scale is None:
-            self._scale = np.concatenate(self.scale_rows) if self.scale_rows else np.zeros((0, 0), np.uint8)
-            # rows with a scale from which some code overflows: almost always none, and then no block is looked at
-            self._danger = np.flatnonzero(((self._scale >= OVERFLOW_FROM) & (self._scale != 0xFF)).any(axis=1))
-        if not self._danger.size or not meets(self._danger, first_row, first_row + view.shape[0]):
-            return
-        n, first = overflow_groups(view, self._scale[first_row:first_row + view.shape[0]])
-        self.overflow += n
-        if first is not None and self.first is None:
-            self.first = (first[0] + first_row, first[1], first[2])
+        last = first_row + view.shape[0]
+        for r0, scale in self.danger:
+            a, b = max(r0, first_row), min(r0 + scale.shape[0], last)
+            if a >= b:
+                continue
+            n, first = overflow_groups(view[a - first_row:b - first_row], scale[a - r0:b - r0])
+            self.overflow += n
+            if first is not None and (self.first is None or first[0] + a < self.first[0]):
+                self.first = (first[0] + a, first[1], first[2])
 
     def problems(self) -> list[Problem]:
         out = [(self.bad_scale, "E8M0 scale bytes 0x00/0xFF (expected 1..254: the serving kernels assume it)",

@@ -138,6 +138,15 @@ def bf16_fingerprint(words, col_sums):  # pragma: no cover - compiled
     return total, weighted, bad
 
 
+@nb.njit(nb.int64(nb.int64[::1]), **_JIT)
+def cols_term(col_sums):  # pragma: no cover - compiled
+    """The fingerprint's ``cols``: sum (j + 1) * col_sums[j], wrapping in int64 like torch."""
+    t = np.int64(0)
+    for j in range(col_sums.size):
+        t += (j + 1) * col_sums[j]
+    return t
+
+
 def wrap64(x: int) -> int:
     """A Python int as the int64 it is modulo 2**64 (what torch's wrapping sums give)."""
     return (x + (1 << 63)) % (1 << 64) - (1 << 63)

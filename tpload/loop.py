@@ -134,11 +134,10 @@ class _Loader:
         self.sampled = 0
 
     def _blocks(self, cut: Cut, **kw: object):
+        """(where the cut's bytes are, the blocks of its window): the tensor goes to the hasher whole
+        on its first read, when this rank hashes it."""
         stored, rows, cols = self.storage.box(cut.name, cut.rows, cut.cols)
-        return self.reader.blocks(stored, rows, cols, tap=self.hasher.tap(stored), **kw)
-
-    def _where(self, cut: Cut) -> str:
-        return self.storage.stored(cut.name).path.name
+        return stored.path.name, self.reader.blocks(stored, rows, cols, tap=self.hasher.tap(stored), **kw)
 
     def copy(self, item: Item) -> None:
         """Stored bytes served as they are (packed kind; plain tensors): each cut into its slot."""
@@ -150,12 +149,13 @@ class _Loader:
             feed = checker.scale if cut is item.scale else checker.weight
             fp = HostFingerprint(cut.row_bytes)
             # the value checkers read whole rows (a scale group never straddles a piece); plain rows may split
-            for r, c, view in self._blocks(cut, split_rows=not item.codec.scaled):
+            where, blocks = self._blocks(cut, split_rows=not item.codec.scaled)
+            for r, c, view in blocks:
                 feed(view, r)
                 self.transfer.copy(view, dst[r:r + view.shape[0], c:c + view.shape[1]], fp, r, c)
             served, want = self.transfer.served(dst, fp)
             self.evidence.window(cut.name, (cut.rows, cut.cols), fp.value())
-            checks[cut.name] = Check(out.name, self._where(cut), served, want, "host window")
+            checks[cut.name] = Check(out.name, where, served, want, "host window")
         if item.codec.scaled:
             self._problems(item, checker.problems(), checks)
         for check in checks.values():
@@ -170,7 +170,8 @@ class _Loader:
             cut = item.scale
             scale_host = np.empty((cut.rows[1] - cut.rows[0], cut.row_bytes), dtype=np.uint8)
             fp = HostFingerprint(cut.row_bytes)
-            for r, c, view in self._blocks(cut, split_rows=False):
+            _, blocks = self._blocks(cut, split_rows=False)
+            for r, c, view in blocks:
                 checker.scale(view, r)
                 fp.add(view, r, dst=scale_host[r:r + view.shape[0]])
             self.evidence.window(cut.name, (cut.rows, cut.cols), fp.value())
@@ -181,7 +182,8 @@ class _Loader:
         fp = HostFingerprint(item.weight.row_bytes)
         spans = _sample_spans(rows.shape[0], codec.row_multiple(fit)) if sampled else []
         kept: dict[int, np.ndarray] = {}
-        for r, _, view in self._blocks(item.weight, row_multiple=codec.row_multiple(fit), split_rows=False):
+        where, blocks = self._blocks(item.weight, row_multiple=codec.row_multiple(fit), split_rows=False)
+        for r, _, view in blocks:
             checker.weight(view, r)
             staged = self.transfer.stage(view, fp, r, 0)
             n = view.shape[0]
@@ -193,7 +195,7 @@ class _Loader:
             codec.decode(staged, scale[s0:s1] if scale is not None else None, rows[r:r + n], fit)
         self.evidence.window(item.weight.name, (item.weight.rows, item.weight.cols), fp.value())
         served, not_finite = decoded_fingerprint(slot)
-        check = Check(out.name, self._where(item.weight), served)
+        check = Check(out.name, where, served)
         if sampled:
             check.bad.append(self._sampled_check(item, rows, spans, kept, scale_host))
         check.bad.append((not_finite, NOT_FINITE))

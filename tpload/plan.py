@@ -256,7 +256,14 @@ class Planner:
             if len(experts) < layout.ep:
                 problems.append(f"expert set {escape_name(key)}* has {len(experts)} experts, fewer than ep {layout.ep}")
         seen_rules: set[tuple[int, str]] = set()
+        tried: set[tuple] = set()
         for e in self.entries:
+            # a tensor of the same rule, codec, shape and dtypes as one already tried cuts the same way
+            like = (e.rule.index, e.rule.origin, e.codec.name, e.fit.group, e.fit.weight.shape, e.fit.weight.dtype,
+                    e.fit.scale.shape if e.fit.scale else None)
+            if like in tried:
+                continue
+            tried.add(like)
             why = self._cuts(e, layout.tp, 0)
             if isinstance(why, str) and (e.rule.index, why) not in seen_rules:
                 seen_rules.add((e.rule.index, why))

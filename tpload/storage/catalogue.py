@@ -7,6 +7,7 @@ export give the planner the same table and it cuts the same windows.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -22,6 +23,7 @@ INDEX_NAME = "model.safetensors.index.json"
 MANIFEST_NAME = "NATIVE_MANIFEST.json"
 
 
+@functools.lru_cache(maxsize=1 << 18)  # a checkpoint's names are sorted several times (plans, digests, checks)
 def natural_key(name: str) -> tuple:
     """Sort key that orders ``x.2`` before ``x.10`` (numbers compared as numbers)."""
     # re.split with a group alternates text and digit runs. A run compares as (its length without

@@ -7,6 +7,7 @@ then the data. Every problem in a header is collected and raised at once.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -50,16 +51,16 @@ class TensorMeta:
     def itemsize(self) -> int:
         return ITEMSIZE[self.dtype]
 
-    @property
+    @functools.cached_property
     def nbytes(self) -> int:
         return math.prod(self.shape) * self.itemsize
 
-    @property
+    @functools.cached_property
     def rows(self) -> int:
         """Rows of the 2-D byte view ``[rows, row_bytes]`` (a 0-D or 1-D tensor is one row)."""
         return self.shape[0] if len(self.shape) > 1 else 1
 
-    @property
+    @functools.cached_property
     def row_bytes(self) -> int:
         return self.nbytes // self.rows if self.rows else 0
 

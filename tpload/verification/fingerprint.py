@@ -55,7 +55,7 @@ def as_bytes2d(t: torch.Tensor) -> torch.Tensor:
 
 
 def _cols_term(col_sums: np.ndarray) -> int:
-    return kernels.wrap64(int((col_sums * np.arange(1, col_sums.size + 1, dtype=np.int64)).sum()))
+    return int(kernels.cols_term(col_sums))
 
 
 class HostFingerprint:
@@ -84,19 +84,19 @@ class HostFingerprint:
         w = self.width
         if rows == 0 or width == 0:
             return
-        base = block.__array_interface__["data"][0]
-        stride = block.strides[0] if rows > 1 else width
         if width % w or first_col % w or (dst is not None and not dst.flags.c_contiguous):
             raise ValueError(f"a block of {width} bytes at column {first_col} does not hold whole {w}-byte words")
-        if block.strides[1] != 1 or base % w or stride % w or stride < 0:
-            # words not in place (an odd or negative row stride, a misaligned start): gather first, into a
-            # new buffer (np.ascontiguousarray would hand back a contiguous block as it is, misaligned)
-            block = block.copy(order="C")
-            stride, base = width, block.__array_interface__["data"][0]
-            if base % w:  # pragma: no cover - numpy allocations are aligned
-                raise ValueError("unaligned gather buffer")
-        span = np.lib.stride_tricks.as_strided(block, shape=((rows - 1) * stride + width,), strides=(1,))
-        words = span.view(self.dtype)
+        base = block.__array_interface__["data"][0]
+        if block.flags.c_contiguous and base % w == 0:  # the common case: the block's words as they lie
+            words, stride = block.reshape(-1).view(self.dtype), width
+        else:
+            stride = block.strides[0] if rows > 1 else width
+            if block.strides[1] != 1 or base % w or stride % w or stride < 0:
+                # words not in place (an odd or negative row stride, a misaligned start): gather first, into a
+                # new buffer (np.ascontiguousarray would hand back a contiguous block as it is, misaligned)
+                block = block.copy(order="C")
+                stride = width
+            words = np.lib.stride_tricks.as_strided(block, shape=((rows - 1) * stride + width,), strides=(1,)).view(self.dtype)
         out = self._empty if dst is None else dst.reshape(-1).view(self.dtype)
         c0 = first_col // w
         total, weighted = kernels.copy_fingerprint(words, 0, stride // w, rows, width // w, out,

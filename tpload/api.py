@@ -111,6 +111,46 @@ class _RankLoad:
         self.deferred: tuple[DeferredTensor, ...] = ()
         self.key = ""
         self.store_path = ""
+        self.notes: list[str] = []
+
+    def attempt(self, seq: int, error: LoadError | None) -> None:
+        """Everything before the exchange; every failure becomes this rank's status and message."""
+        fig = self.fig
+        try:
+            self.ctx, note = share_nodes(self.ctx, seq, self.opts.timeout_s)  # first: peers wait for this node name
+            self.notes += [note] if note else []
+            fig.node = self.ctx.nodes[self.ctx.rank]
+            if error is not None:
+                raise error
+            device = pick_device(self.opts.device, self.ctx.local_rank, allow_shared=self.opts.allow_shared_device)
+            self.ctx = with_device(self.ctx, device, shared=self.opts.allow_shared_device and device.type == "cuda")
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            self.run()
+            fig.device_alloc_peak, fig.device_reserved_peak = _device_peaks(device)
+        except LoadError as e:
+            fig.failed, fig.message = 1, f"rank {self.ctx.rank}: {e}"
+        except KeyboardInterrupt:
+            fig.failed, fig.message = 1, f"rank {self.ctx.rank}: interrupted (Ctrl-C)"
+        except Exception as e:  # a bug or an OS error: still reach the exchange so no peer hangs
+            log.debug("[rank %d] load failed", self.ctx.rank, exc_info=True)
+            fig.failed, fig.message = 1, f"rank {self.ctx.rank}: unexpected {type(e).__name__}: {escape_name(e)}"
+
+    def shards(self, ranks: list[RankFigures]) -> RankShards:
+        """After a verdict that passed: the report, and this rank's shards."""
+        opts, ctx = self.opts, self.ctx
+        report = LoadReport(str(opts.checkpoint), opts.kind, self.plan.layout.tp, self.plan.layout.ep, opts.verify,
+                            str(ctx.device), ranks, ctx.rank, trusted=opts.verify == "digest",
+                            evict_page_cache=opts.evict_page_cache, notes=self.notes)
+        if opts.verify == "off":
+            rank_log(ctx.rank).warning("verification is OFF: %d tensors served without any check against the "
+                                       "manifest", self.fig.tensors)
+        if opts.report and ctx.rank == 0:
+            try:
+                report.write(opts.report)
+            except OSError as e:
+                rank_log(ctx.rank).warning("could not write the report %s: %s", escape_name(opts.report), e.strerror)
+        return RankShards(self.result, self.plan, report, self.deferred)
 
     def run(self) -> None:
         opts, ctx = self.opts, self.ctx
@@ -280,53 +320,21 @@ def load_in(opts: LoadOptions | None, ctx: DistContext, *, error: LoadError | No
             progress_sink: ProgressSink | None = None) -> RankShards:
     """Load in an existing context (``ctx``: this rank's group, before a device is picked).
     ``error``: a problem found before the context existed, raised inside so it still reaches the exchange."""
-    log_ = rank_log(ctx.rank)
     seq = CALLS.next(group_id(ctx))
-    fig = RankFigures(rank=ctx.rank, seq=seq)
-    opts = opts or LoadOptions()
-    job = _RankLoad(opts, ctx, fig, progress_sink)
+    job = _RankLoad(opts or LoadOptions(), ctx, RankFigures(rank=ctx.rank, seq=seq), progress_sink)
     t0 = time.perf_counter_ns()
-    notes: list[str] = []
     with MemoryPeaks() as mem:
-        try:
-            ctx, note = share_nodes(ctx, seq, opts.timeout_s)  # first: peers wait for this rank's node name
-            notes += [note] if note else []
-            fig.node = ctx.nodes[ctx.rank]
-            if error is not None:
-                raise error
-            device = pick_device(opts.device, ctx.local_rank, allow_shared=opts.allow_shared_device)
-            ctx = job.ctx = with_device(ctx, device, shared=opts.allow_shared_device and device.type == "cuda")
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-            job.run()
-            fig.device_alloc_peak, fig.device_reserved_peak = _device_peaks(device)
-        except LoadError as e:
-            fig.failed, fig.message = 1, f"rank {ctx.rank}: {e}"
-        except KeyboardInterrupt:
-            fig.failed, fig.message = 1, f"rank {ctx.rank}: interrupted (Ctrl-C)"
-        except Exception as e:  # a bug or an OS error: still reach the exchange so no peer hangs
-            log_.debug("load failed", exc_info=True)
-            fig.failed, fig.message = 1, f"rank {ctx.rank}: unexpected {type(e).__name__}: {escape_name(e)}"
-    fig.ns = time.perf_counter_ns() - t0
-    fig.rss_peak, fig.anon_peak = mem.rss_peak, mem.anon_peak
-    table = exchange(fig.to_row(), ctx, seq=seq, timeout_s=opts.timeout_s)
-    ranks = [RankFigures.from_row(table[r]) for r in range(ctx.world)]
-    why = _verdict(ranks, ctx, job)
+        job.attempt(seq, error)  # never raises: whatever fails goes into this rank's row
+    job.fig.ns = time.perf_counter_ns() - t0
+    job.fig.rss_peak, job.fig.anon_peak = mem.rss_peak, mem.anon_peak
+    table = exchange(job.fig.to_row(), job.ctx, seq=seq, timeout_s=job.opts.timeout_s)
+    ranks = [RankFigures.from_row(table[r]) for r in range(job.ctx.world)]
+    why = _verdict(ranks, job.ctx, job)
     if why:
         job.result = None  # nothing partly loaded survives a failed load
-        give_back(ctx.device)
+        give_back(job.ctx.device)
         raise LoadError(why)
-    report = LoadReport(str(opts.checkpoint), opts.kind, job.plan.layout.tp, job.plan.layout.ep, opts.verify,
-                        str(ctx.device), ranks, ctx.rank, trusted=opts.verify == "digest",
-                        evict_page_cache=opts.evict_page_cache, notes=notes)
-    if opts.verify == "off":
-        log_.warning("verification is OFF: %d tensors served without any check against the manifest", fig.tensors)
-    if opts.report and ctx.rank == 0:
-        try:
-            report.write(opts.report)
-        except OSError as e:
-            log_.warning("could not write the report %s: %s", escape_name(opts.report), e.strerror)
-    return RankShards(job.result, job.plan, report, job.deferred)
+    return job.shards(ranks)
 
 
 def resolve_checkpoint(checkpoint: str | os.PathLike | None) -> str:

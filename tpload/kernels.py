@@ -39,43 +39,49 @@ def _load8(typingctx, arr, i):  # pragma: no cover - compiled
 
 
 def _copy_fingerprint_sigs() -> list:
-    return [nb.types.UniTuple(nb.int64, 2)(w[::1], nb.int64, nb.int64, nb.int64, nb.int64, w[::1], nb.int64[::1], nb.int64)
-            for w in _WORDS]
+    return [nb.types.UniTuple(nb.int64, 2)(w[::1], nb.int64, nb.int64, nb.int64, nb.int64, w[::1], nb.int64[::1],
+                                           nb.int64, nb.int64, nb.int64) for w in _WORDS]
 
 
 @nb.njit(_copy_fingerprint_sigs(), **_JIT)
-def _copy_fingerprint(src, start, stride, rows, cols, dst, col_sums, first_row):  # pragma: no cover - compiled
+def _copy_fingerprint(src, start, stride, rows, cols, dst, col_sums, first_row, col0, group):  # pragma: no cover
     """Add ``rows`` rows of ``cols`` words (row ``r`` at ``src[start + r*stride:]``) to a fingerprint,
     and copy them into ``dst`` (contiguous) unless it is empty: returns (total, row-weighted) and adds
-    column sums into ``col_sums``. int64 arithmetic wraps, exactly like torch's."""
+    column sums into ``col_sums``. int64 arithmetic wraps, exactly like torch's.
+
+    Rows here may be pieces of the fingerprinted tensor's rows: every ``group`` consecutive rows
+    (counting from 0 at ``first_row``) are one row of it, each the next ``cols`` words along; ``col0``
+    is the first piece's word offset (a row read in pieces). ``group`` 1 and ``col0`` 0: plain rows."""
     total = np.int64(0)
     weighted = np.int64(0)
     copy = dst.size > 0
     for r in range(rows):
         base = start + r * stride
         out = r * cols
+        row, piece = divmod(first_row + r, group)
+        c = col0 + piece * cols
         s = np.int64(0)
         if copy:
             for j in range(cols):
                 v = src[base + j]
                 dst[out + j] = v
                 s += np.int64(v)
-                col_sums[j] += np.int64(v)
+                col_sums[c + j] += np.int64(v)
         else:
             for j in range(cols):
                 v = src[base + j]
                 s += np.int64(v)
-                col_sums[j] += np.int64(v)
+                col_sums[c + j] += np.int64(v)
         total += s
-        weighted += (first_row + r + 1) * s
+        weighted += (row + 1) * s
     return total, weighted
 
 
 def copy_fingerprint(src: np.ndarray, start: int, stride: int, rows: int, cols: int, dst: np.ndarray,
-                     col_sums: np.ndarray, first_row: int) -> tuple[int, int]:
+                     col_sums: np.ndarray, first_row: int, col0: int = 0, group: int = 1) -> tuple[int, int]:
     """:func:`_copy_fingerprint` (``src`` and ``dst`` 1-D word arrays of one dtype; ``dst`` empty
     for a fingerprint without a copy)."""
-    t, w = _copy_fingerprint(src, start, stride, rows, cols, dst, col_sums, first_row)
+    t, w = _copy_fingerprint(src, start, stride, rows, cols, dst, col_sums, first_row, col0, group)
     return int(t), int(w)
 
 

@@ -136,7 +136,7 @@ class _Loader:
     def _blocks(self, cut: Cut, **kw: object):
         """(where the cut's bytes are, the blocks of its window): the tensor goes to the hasher whole
         on its first read, when this rank hashes it."""
-        stored, rows, cols = self.storage.box(cut.name, cut.rows, cut.cols)
+        stored, rows, cols = self.storage.box(cut.name, cut.view, cut.rows, cut.cols)
         return stored.path.name, self.reader.blocks(stored, rows, cols, tap=self.hasher.tap(stored), **kw)
 
     def copy(self, item: Item) -> None:
@@ -147,14 +147,19 @@ class _Loader:
             out = item.output(cut.name)
             dst = self.arena.bytes2d(out, cut.rows[1] - cut.rows[0])
             feed = checker.scale if cut is item.scale else checker.weight
-            fp = HostFingerprint(cut.row_bytes)
+            # the served tensor's fingerprint, in its own view; the window's, in the cut's (the node
+            # cross-check compares it with the hasher's): the same when the views are (group 1)
+            fp = HostFingerprint(cut.row_bytes, group=cut.group)
+            window = fp if cut.group == 1 else HostFingerprint(cut.row_bytes)
             # the value checkers read whole rows (a scale group never straddles a piece); plain rows may split
-            where, blocks = self._blocks(cut, split_rows=not item.codec.scaled)
+            where, blocks = self._blocks(cut, split_rows=not item.codec.scaled and cut.group == 1)
             for r, c, view in blocks:
                 feed(view, r)
                 self.transfer.copy(view, dst[r:r + view.shape[0], c:c + view.shape[1]], fp, r, c)
+                if window is not fp:
+                    window.add(view, r, first_col=c)
             served, want = self.transfer.served(dst, fp)
-            self.evidence.window(cut.name, (cut.rows, cut.cols), fp.value())
+            self.evidence.window(cut.name, cut.box, window.value())
             checks[cut.name] = Check(out.name, where, served, want, "host window")
         if item.codec.scaled:
             self._problems(item, checker.problems(), checks)
@@ -174,7 +179,7 @@ class _Loader:
             for r, c, view in blocks:
                 checker.scale(view, r)
                 fp.add(view, r, dst=scale_host[r:r + view.shape[0]])
-            self.evidence.window(cut.name, (cut.rows, cut.cols), fp.value())
+            self.evidence.window(cut.name, cut.box, fp.value())
             scale = self.transfer.upload(scale_host)
         out = item.outputs[0]
         slot = self.arena.tensor(out)
@@ -193,7 +198,7 @@ class _Loader:
                         view[max(a, r) - r:min(b, r + n) - r]
             s0, s1 = codec.scale_rows(fit, r, r + n)
             codec.decode(staged, scale[s0:s1] if scale is not None else None, rows[r:r + n], fit)
-        self.evidence.window(item.weight.name, (item.weight.rows, item.weight.cols), fp.value())
+        self.evidence.window(item.weight.name, item.weight.box, fp.value())
         served, not_finite = decoded_fingerprint(slot)
         check = Check(out.name, where, served)
         if sampled:

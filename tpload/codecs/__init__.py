@@ -34,17 +34,27 @@ Problem = tuple[int, str, str]
 
 @dataclass(frozen=True)
 class Cut:
-    """The part of one stored tensor a rank reads: a box of its 2-D byte view."""
+    """The part of one stored tensor a rank reads: a box of a 2-D byte view of it.
+
+    The view is the tensor's bytes seen as ``[view rows, view row bytes]``: by default
+    ``[shape[0], rest]`` (a 0-D or 1-D tensor is one row), or another split of the same bytes
+    when the cut dimension is not the first (``[experts x rows, cols]`` for a stacked tensor cut on
+    its last dimension). ``group`` says how the window's view rows make the served tensor's rows:
+    every ``group`` consecutive ones form one (its fingerprint is taken in the served tensor's view).
+    """
 
     name: str
     rows: tuple[int, int]
-    """Row range of the tensor's ``[rows, row_bytes]`` view (a 0-D or 1-D tensor is one row)."""
+    """Row range of the view."""
     cols: tuple[int, int]
-    """Byte range within each row."""
+    """Byte range within each view row."""
     shape: tuple[int, ...]
     """The window's shape in stored elements."""
     dtype: str
     """Stored dtype (safetensors spelling)."""
+    view: tuple[int, int]
+    """(rows, row bytes) of the 2-D view the box is in."""
+    group: int = 1
 
     @property
     def nbytes(self) -> int:
@@ -54,10 +64,14 @@ class Cut:
     def row_bytes(self) -> int:
         return self.cols[1] - self.cols[0]
 
+    @property
+    def box(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        return self.rows, self.cols
+
 
 def whole(meta: TensorMeta) -> Cut:
     """The cut that is the whole stored tensor."""
-    return Cut(meta.name, (0, meta.rows), (0, meta.row_bytes), meta.shape, meta.dtype)
+    return Cut(meta.name, (0, meta.rows), (0, meta.row_bytes), meta.shape, meta.dtype, (meta.rows, meta.row_bytes))
 
 
 @dataclass(frozen=True)
@@ -171,17 +185,19 @@ def meets(rows: np.ndarray, r0: int, r1: int) -> bool:
 def rows_cut(meta: TensorMeta, lo: int, hi: int) -> Cut:
     """Rows ``[lo, hi)`` of a 2-D (or N-D, on its first dimension) tensor; for a 1-D tensor,
     elements ``[lo, hi)`` of its one row."""
+    view = (meta.rows, meta.row_bytes)
     if len(meta.shape) <= 1:
         item = meta.itemsize
-        return Cut(meta.name, (0, 1), (lo * item, hi * item), (hi - lo,), meta.dtype)
-    return Cut(meta.name, (lo, hi), (0, meta.row_bytes), (hi - lo,) + meta.shape[1:], meta.dtype)
+        return Cut(meta.name, (0, 1), (lo * item, hi * item), (hi - lo,), meta.dtype, view)
+    return Cut(meta.name, (lo, hi), (0, meta.row_bytes), (hi - lo,) + meta.shape[1:], meta.dtype, view)
 
 
 def cols_cut(meta: TensorMeta, lo: int, hi: int, *, per_byte: int = 1) -> Cut:
     """Columns ``[lo, hi)`` of a 2-D tensor, in elements; ``per_byte`` elements share a stored byte."""
     item = meta.itemsize
     b0, b1 = lo * item // per_byte, hi * item // per_byte
-    return Cut(meta.name, (0, meta.shape[0]), (b0, b1), (meta.shape[0], (b1 - b0) // item), meta.dtype)
+    return Cut(meta.name, (0, meta.shape[0]), (b0, b1), (meta.shape[0], (b1 - b0) // item), meta.dtype,
+               (meta.rows, meta.row_bytes))
 
 
 @functools.cache

@@ -9,7 +9,7 @@ a file of their own (:mod:`.partitioned`). Both hand the planner a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -38,6 +38,14 @@ class Stored:
     def nbytes(self) -> int:
         return self.rows * self.row_bytes
 
+    def seen_as(self, view: tuple[int, int]) -> Stored:
+        """The same bytes as ``view`` rows of ``view`` bytes (any split of them)."""
+        if view == (self.rows, self.row_bytes):
+            return self
+        if view[0] * view[1] != self.nbytes:
+            raise ValueError(f"{self.name}: {self.nbytes} bytes cannot be seen as {list(view)}")
+        return replace(self, rows=view[0], row_bytes=view[1])
+
 
 class Storage(Protocol):
     """What the load needs from a checkpoint on disk."""
@@ -50,9 +58,11 @@ class Storage(Protocol):
     def stored(self, name: str) -> Stored:
         """The stored bytes of ``name`` this rank reads."""
 
-    def box(self, name: str, rows: tuple[int, int], cols: tuple[int, int]) -> tuple[Stored, tuple[int, int], tuple[int, int]]:
-        """Where a window (rows and byte columns of the whole tensor's 2-D bytes) lies: the stored
-        bytes holding it, and its rows and byte columns within them."""
+    def box(self, name: str, view: tuple[int, int], rows: tuple[int, int],
+            cols: tuple[int, int]) -> tuple[Stored, tuple[int, int], tuple[int, int]]:
+        """Where a window lies (rows and byte columns of the tensor's bytes seen as ``view``, a
+        ``(rows, row bytes)`` split of them): the stored bytes holding it, seen so that the window is
+        a box of them, and its rows and byte columns there."""
 
     def read(self, stored: Stored, r0: int, r1: int, out: np.ndarray) -> None:
         """Rows ``[r0, r1)`` of ``stored`` into ``out`` (contiguous uint8 ``[r1 - r0, row_bytes]``)."""

@@ -124,16 +124,17 @@ class PartitionedStorage(FileReads):
                                   "(another rank holds it, or it was skipped at export)") from None
         return Stored(name, i.path, i.begin, i.rows, i.row_bytes, str(self.listed[name]["sha256"]).lower())
 
-    def box(self, name: str, rows: tuple[int, int],
+    def box(self, name: str, view: tuple[int, int], rows: tuple[int, int],
             cols: tuple[int, int]) -> tuple[Stored, tuple[int, int], tuple[int, int]]:
-        """The window is all this file holds of ``name``: its shape must be the plan's."""
+        """The window is all this file holds of ``name`` (written in its view's row order): its size must
+        be the plan's window's."""
         stored = self.stored(name)
         want = (rows[1] - rows[0], cols[1] - cols[0])
-        if (stored.rows, stored.row_bytes) != want:
+        if stored.nbytes != want[0] * want[1]:
             raise CheckpointError(f"{escape_name(self.path)}: tensor {escape_name(name)}: the file holds a "
                                   f"{[stored.rows, stored.row_bytes]} byte window, this load's plan wants {list(want)} "
                                   "(exported with another config?)")
-        return stored, (0, want[0]), (0, want[1])
+        return stored.seen_as(want), (0, want[0]), (0, want[1])
 
     def paths(self) -> list[Path]:
         return [self.path]

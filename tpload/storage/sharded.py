@@ -95,9 +95,9 @@ class ShardedStorage(FileReads):
             s = self._stored[name] = Stored(name, i.path, i.begin, i.rows, i.row_bytes, entry.sha256 if entry else None)
         return s
 
-    def box(self, name: str, rows: tuple[int, int],
+    def box(self, name: str, view: tuple[int, int], rows: tuple[int, int],
             cols: tuple[int, int]) -> tuple[Stored, tuple[int, int], tuple[int, int]]:
-        return self.stored(name), rows, cols
+        return self.stored(name).seen_as(view), rows, cols
 
     def paths(self) -> list[Path]:
         return sorted({i.path for i in self.locations.values()})

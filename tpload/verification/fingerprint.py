@@ -64,17 +64,28 @@ class HostFingerprint:
 
     Blocks are 2-D uint8 arrays whose rows may be windows of wider rows (a staging buffer of whole
     stored rows); a block whose words cannot be read in place falls back to a gathered copy.
+    With ``group`` > 1 the blocks' rows are pieces: every ``group`` of them, in order, make one row
+    of the fingerprinted tensor (a window read as ``[experts x rows, cols]`` but served as
+    ``[experts, rows x cols]``); :meth:`fits` says whether words then stay whole.
     """
 
-    def __init__(self, row_bytes: int) -> None:
-        self.width = word_width(row_bytes)
+    def __init__(self, row_bytes: int, *, group: int = 1) -> None:
+        self.group = group
+        self.width = word_width(row_bytes * group)
+        if row_bytes % self.width:
+            raise ValueError(f"{group} pieces of {row_bytes} bytes split {self.width}-byte words: see fits()")
         self.dtype = np.dtype(_NP_WORDS[self.width])
-        self.cols = row_bytes // self.width
+        self.cols = row_bytes * group // self.width
         self.col_sums = np.zeros(self.cols, dtype=np.int64)
         self.total = 0
         self.rows = 0
         self._empty = np.empty(0, dtype=self.dtype)
         self._value: Triple | None = None
+
+    @staticmethod
+    def fits(row_bytes: int, group: int) -> bool:
+        """Whether rows of ``row_bytes`` grouped by ``group`` keep the fingerprint's words whole."""
+        return row_bytes % word_width(row_bytes * group) == 0
 
     def add(self, block: np.ndarray, first_row: int, dst: np.ndarray | None = None, first_col: int = 0) -> None:
         """Add the block at window row ``first_row`` and byte column ``first_col`` (a row piece, for
@@ -98,9 +109,8 @@ class HostFingerprint:
                 stride = width
             words = np.lib.stride_tricks.as_strided(block, shape=((rows - 1) * stride + width,), strides=(1,)).view(self.dtype)
         out = self._empty if dst is None else dst.reshape(-1).view(self.dtype)
-        c0 = first_col // w
-        total, weighted = kernels.copy_fingerprint(words, 0, stride // w, rows, width // w, out,
-                                                   self.col_sums[c0:c0 + width // w], first_row)
+        total, weighted = kernels.copy_fingerprint(words, 0, stride // w, rows, width // w, out, self.col_sums,
+                                                   first_row, first_col // w, self.group)
         self.total += total
         self.rows += weighted
         self._value = None

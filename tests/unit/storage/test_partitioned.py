@@ -87,7 +87,7 @@ def test_stored_is_the_rank_files_window(rank1: PartitionedStorage, small_ckpt: 
     cuts = [cut for item in plan.items for cut in item.cuts]
     assert len(cuts) == len(rank1.windows) > 10
     for cut in cuts:
-        stored, rows, cols = rank1.box(cut.name, cut.rows, cut.cols)
+        stored, rows, cols = rank1.box(cut.name, cut.view, cut.rows, cut.cols)
         assert stored == rank1.stored(cut.name) and stored.path == rank1.path
         assert (rows, cols) == ((0, cut.rows[1] - cut.rows[0]), (0, cut.cols[1] - cut.cols[0]))
         meta = rank1.catalogue.get(cut.name)
@@ -104,7 +104,7 @@ def test_stored_is_the_rank_files_window(rank1: PartitionedStorage, small_ckpt: 
 def test_a_window_of_another_shape_is_refused(rank1: PartitionedStorage, small_ckpt: Path) -> None:
     cut = plan_of(small_ckpt, 1).items[0].weight
     with pytest.raises(CheckpointError) as e:
-        rank1.box(cut.name, (cut.rows[0], cut.rows[1] - 1), cut.cols)
+        rank1.box(cut.name, cut.view, (cut.rows[0], cut.rows[1] - 1), cut.cols)
     assert str(e.value).startswith(f"{rank1.path}: tensor {cut.name}: the file holds a ")
     assert "exported with another config?" in str(e.value)
 

@@ -120,10 +120,16 @@ def cmd_synth(argv: list[str]) -> int:
     return 0
 
 
-def _config(args: argparse.Namespace):
-    from .config import load_config, with_rules
-    return with_rules(load_config(getattr(args, "config", None) or "deepseek-v4-mtp"),
-                      skip=tuple(getattr(args, "skip", ()) or ()), defer=tuple(getattr(args, "defer", ()) or ()))
+def _config(args: argparse.Namespace, root: str):
+    """The config ``--config`` names for the checkpoint at ``root`` (auto: found from its files, saying why)."""
+    from pathlib import Path
+
+    from .config import with_rules
+    from .pick import choose
+    config, why = choose(getattr(args, "config", None) or "auto", Path(root).absolute())
+    if why:
+        print(printable(why))
+    return with_rules(config, skip=tuple(getattr(args, "skip", ()) or ()), defer=tuple(getattr(args, "defer", ()) or ()))
 
 
 def cmd_plan(argv: list[str]) -> int:
@@ -142,7 +148,7 @@ def cmd_plan(argv: list[str]) -> int:
         from .offline import predict, record_verified
         from .plan import Layout, Planner
         from .storage import open_storage
-        config = _config(args)
+        config = _config(args, args.dir)
         layout = Layout(args.tp, args.ep)
         storage = open_storage(args.dir, tp=layout.tp, ep=layout.ep, rank=0, world=layout.world)
         try:
@@ -174,13 +180,13 @@ def cmd_verify(argv: list[str]) -> int:
                                 "index, manifest, every sha256, scale bytes, NaN codes and overflowing decodes; list "
                                 "every bad tensor. An export is checked rank file by rank file.")
     p.add_argument("dir")
-    p.add_argument("--config", default="deepseek-v4-mtp", help="roles for the value checks ('none' to skip them)")
+    p.add_argument("--config", default="auto", help="roles for the value checks (auto: from DIR's config.json; 'none' "
+                   "to skip them)")
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args(argv)
     try:
-        from .config import load_config
         from .offline import verify_checkpoint
-        config = None if args.config == "none" else load_config(args.config)
+        config = None if args.config == "none" else _config(args, args.dir)
         problems = verify_checkpoint(args.dir, config, threads=args.threads)
     except LoadError as e:
         return _fail(e)
@@ -220,7 +226,7 @@ def cmd_export(argv: list[str]) -> int:
         from .export import export
         from .plan import Layout
         from .storage.partitioned import rank_file
-        done = export(args.dir, args.out, Layout(args.tp, args.ep), _config(args),
+        done = export(args.dir, args.out, Layout(args.tp, args.ep), _config(args, args.dir),
                       hash_threads=getattr(args, "hash_threads", 2))
     except LoadError as e:
         return _fail(e)

@@ -22,13 +22,14 @@ import torch
 import torch.distributed as dist
 
 from . import preflight
-from .config import load_config, with_rules
+from .config import with_rules
 from .deferred import DeferredTensor, locate
 from .distributed import DistContext, context, keep_world, pick_device, with_device
 from .errors import LoadError
 from .exchange import CALLS, exchange, group_id, share_nodes
 from .loop import LoadResult, run
 from .options import LoadOptions
+from .pick import choose
 from .plan import Layout, Planner, RankPlan
 from .report import LoadReport, RankFigures, rank_log
 from .report.memory import MemoryPeaks
@@ -165,7 +166,12 @@ class _RankLoad:
         """Plan, check everything that can be checked before reading, read, and fill the figures."""
         self._check_pin(storage)
         self._measure_cache(storage, before=True)
-        config = with_rules(load_config(self.opts.config), skip=self.opts.skip, defer=self.opts.defer)
+        config, why = choose(self.opts.config, storage.root)
+        if why:
+            self.notes.append(why)
+            if self.ctx.rank == 0:
+                rank_log(0).info("%s", why)
+        config = with_rules(config, skip=self.opts.skip, defer=self.opts.defer)
         planner = Planner(storage.catalogue, config)
         planner.check_layout(layout, self.ctx.world)
         plans, sharing = self._plans(planner, layout)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from .config import load_config
+from .pick import choose
 from .errors import LoadError
 from .options import DEFAULT_CONFIG
 from .plan import Layout, Planner
@@ -117,7 +117,7 @@ def prepare_digest(opts: BenchOptions) -> str:
     outside the timed runs, into the bench's own store). Returns why the method cannot run, or ""."""
     from .offline import record_verified
     try:
-        record_verified(opts.checkpoint, load_config(opts.config), Layout(opts.tp, opts.nproc // opts.tp), "packed",
+        record_verified(opts.checkpoint, choose(opts.config, Path(opts.checkpoint).absolute())[0], Layout(opts.tp, opts.nproc // opts.tp), "packed",
                         store=opts.digest_store)
     except (LoadError, OSError) as e:
         return f"no verified predictions could be written: {e}"
@@ -236,7 +236,7 @@ def decode_bandwidth(ckpt_dir: str, *, threads: int, reps: int = 5, config: str 
     import numpy as np
     storage = ShardedStorage(Path(ckpt_dir).absolute())
     try:
-        plan = Planner(storage.catalogue, load_config(config)).plan(Layout(1), "expanded", 0)
+        plan = Planner(storage.catalogue, choose(config, storage.root)[0]).plan(Layout(1), "expanded", 0)
         firsts = {}
         for item in plan.items:
             if item.codec.scaled and item.codec.role not in firsts:

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 import tpload
 
-from .config import load_config
+from .pick import choose
 from .options import DEFAULT_CONFIG
 from .plan import Cut, Item, Layout, Planner, RankPlan
 from .report.memory import MemoryPeaks
@@ -72,7 +72,7 @@ class Job:
         self.root, self.config, self.tp, self.rank, self.world, self.device = root, config, tp, rank, world, device
         self.digest_store = digest_store or None
         self.ckpt = Mapped(root)
-        self.planner = Planner(self.ckpt.catalogue, load_config(config))
+        self.planner = Planner(self.ckpt.catalogue, choose(config, Path(root).absolute())[0])
         self.layout = Layout(tp, world // tp)
         self.plan: RankPlan = self.planner.plan(self.layout, "packed", rank)
         self.bytes_hashed = 0

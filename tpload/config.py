@@ -1,15 +1,23 @@
 """Loading rules: which tensor is what, and how tensor parallelism cuts it.
 
 A config is a TOML file of ordered rules (first match wins). Dimensions are
-never written in a config; they come from the checkpoint's own headers, so
-one config serves every size of a model family.
+never written in a config; they come from the checkpoint's own headers (and
+head counts from its config.json), so one config serves every size of a
+model family.
+
+Configs compose: an architecture's rules say how each tensor is cut, with
+``role = "auto"`` where the stored format decides; a codec family (``bf16``,
+``fp8-block``, ``nvfp4``, ``mxfp4``) says which formats those may be, by the
+weight's dtype and the scale tensors beside it. ``deepseek-v3+nvfp4`` is
+DeepSeek-V3's names with NVFP4 weights (DeepSeek-R1-FP4); an architecture
+alone brings the families its published checkpoints use.
 
     [layout]
     channel_align = 64                 # I/tp must be a multiple of this
 
     [[rules]]
     match = "mtp.*.ffn.experts.*.w2.weight"   # fnmatch glob over the full name
-    role = "fp4"                       # fp4 | fp8 | plain | skip | defer
+    role = "fp4"                       # fp4 | fp8 | nvfp4 | plain | auto | skip | defer
     split = "cols"                     # rows | cols | replicate
     experts = true                     # expert-parallel: ep groups split the experts
 """
@@ -22,21 +30,44 @@ import json
 import os
 import re
 import tomllib
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
 from importlib import resources
 from pathlib import Path
 
 from . import codecs
 from .errors import ConfigError
-from .options import DEFAULT_CONFIG
+from .options import REFERENCE_CONFIG
 
 SPLITS = ("rows", "cols", "replicate")
 READS_NOTHING = ("skip", "defer")
+AUTO = "auto"
 
 
 def roles() -> tuple[str, ...]:
-    """Every role a rule may name: a codec's (codecs/) or one that reads nothing."""
-    return codecs.roles() + READS_NOTHING
+    """Every role a rule may name: a codec's (codecs/), ``auto``, or one that reads nothing."""
+    return codecs.roles() + (AUTO,) + READS_NOTHING
+
+
+@dataclass(frozen=True)
+class Pick:
+    """One way a codec family stores a weight: its dtype, its name's ending and its scale tensors'."""
+
+    dtype: str
+    role: str
+    scale: str
+    """The scale's name: the weight's with ``suffix`` replaced by this."""
+    scale2: str = ""
+    suffix: str = ".weight"
+
+
+FAMILIES: dict[str, tuple[Pick, ...]] = {
+    "bf16": (),  # every tensor plain (BF16, F16, F32, I64)
+    "fp8-block": (Pick("F8_E4M3", "fp8", ".weight_scale_inv"), Pick("F8_E4M3", "fp8", ".scale")),
+    "mxfp4": (Pick("I8", "fp4", ".scale"), Pick("U8", "fp4", ".scale"), Pick("U8", "fp4", "_scales", suffix="_blocks")),
+    "nvfp4": (Pick("U8", "nvfp4", ".weight_scale", ".weight_scale_2"),),
+}
+"""Codec families: what ``role = "auto"`` may resolve to, tried in order (a plain dtype is plain)."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +89,27 @@ class Rule:
     """Expert-parallel: with ``--ep E`` each group holds only its share of experts."""
     block: int = 0
     """fp8 only: insist on this scale block size (0: read it from the scale's shape)."""
+    suffix: str = ".weight"
+    """The weight's name ends in this; ``scale`` (and ``scale2``) replace it to name its scales
+    (``_blocks`` -> ``_scales`` for gpt-oss's MXFP4 experts)."""
+    scale2: str = ""
+    """A second, global scale replacing ``suffix`` (NVFP4's ``.weight_scale_2``); empty: none."""
+    stacked: bool = False
+    """Dimension 0 indexes experts (all experts stacked in one tensor): ``--ep`` cuts it, and
+    ``split`` refers to the dimensions after it."""
+    units: int | str = 0
+    """The split dimension is made of this many indivisible units (attention heads), an integer or
+    a config.json field (``num_key_value_heads``): each rank takes whole units, and when there are
+    fewer units than ranks, each unit is replicated on tp / units ranks (as vLLM does). 0: no units."""
+    align: int = 0
+    """A rank's share of the split dimension must be a multiple of this (0: the layout's
+    ``channel_align`` for FP4 experts, else the codec's scale group)."""
+    share_units: bool = True
+    """With fewer units than ranks, ranks share a unit (kv heads); false: refuse such a tp
+    (DeepSeek-V4's output groups)."""
+    uneven: bool = False
+    """Let the shares be uneven, as vLLM cuts gpt-oss's MXFP4 experts: each rank's share is the even
+    share rounded up to ``align``, and the last rank takes what is left."""
     index: int = 0
     """Position in the file, for error messages (1-based; 0 when built in code)."""
     origin: str = ""
@@ -71,8 +123,14 @@ class Rule:
             raise ConfigError(f"{where}: split {self.split!r} is not one of {', '.join(SPLITS)}")
         if self.block < 0:
             raise ConfigError(f"{where}: block must be >= 0, got {self.block}")
-        if not self.scale.startswith("."):
-            raise ConfigError(f"{where}: scale suffix {self.scale!r} must start with '.'")
+        if not self.scale or not self.suffix:
+            raise ConfigError(f"{where}: scale and suffix must not be empty")
+        if self.align < 0 or (isinstance(self.units, int) and self.units < 0):
+            raise ConfigError(f"{where}: align and units must be >= 0")
+        if self.uneven and self.units:
+            raise ConfigError(f"{where}: a split is in whole units or uneven, not both")
+        if not isinstance(self.units, (int, str)) or isinstance(self.units, bool):
+            raise ConfigError(f"{where}: units must be a number or a config.json field name")
 
     def matches(self, name: str) -> bool:
         return fnmatch.fnmatchcase(name, self.match)
@@ -97,6 +155,10 @@ class Config:
     """Regex whose group 1 is the expert index; the text before it names the expert set."""
     description: str = ""
     """Free text shown by ``tpload plan``."""
+    families: tuple[str, ...] = ()
+    """Codec families ``role = "auto"`` rules resolve through (:data:`FAMILIES`)."""
+    architectures: tuple[str, ...] = ()
+    """config.json ``architectures`` / ``model_type`` values this config is for (``--config auto``)."""
     expert_regex: re.Pattern[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -111,14 +173,36 @@ class Config:
         if rx.groups < 1:
             raise ConfigError(f"{self.name}: expert_pattern {self.expert_pattern!r} needs one group (the expert index)")
         object.__setattr__(self, "expert_regex", rx)
+        unknown = [f for f in self.families if f not in FAMILIES]
+        if unknown:
+            raise ConfigError(f"{self.name}: unknown codec families {', '.join(unknown)} (known: {', '.join(FAMILIES)})")
 
     def rule_for(self, name: str) -> Rule | None:
         return next((r for r in self.rules if r.matches(name)), None)
 
+    def resolve(self, rule: Rule, name: str, dtype: str, present: Mapping[str, object]) -> Rule | str:
+        """An ``auto`` rule made concrete for one tensor: the first of the families' ways of storing a
+        weight that fits its dtype, its name and the scale tensors ``present`` beside it; plain for a
+        plain dtype; else why not."""
+        for p in (p for f in self.families for p in FAMILIES[f]):
+            if p.dtype == dtype and name.endswith(p.suffix):
+                stem = name[: -len(p.suffix)]
+                if stem + p.scale in present and (not p.scale2 or stem + p.scale2 in present):
+                    return replace(rule, role=p.role, scale=p.scale, scale2=p.scale2, suffix=p.suffix)
+        if dtype in codecs.for_role("plain").weight_dtypes:
+            return replace(rule, role="plain")
+        return (f"{dtype} tensors that no codec of {'+'.join(self.families) or 'this config'} takes (is a scale "
+                f"tensor missing, or is it another family? shipped families: {', '.join(FAMILIES)})")
+
     def id(self) -> str:
-        """A short hash of what the config decides (rules and layout constants, not where it came from)."""
-        rules = [{k: v for k, v in asdict(r).items() if k != "index"} for r in self.rules]
-        doc = json.dumps({"rules": rules, "align": self.channel_align, "experts": self.expert_pattern}, sort_keys=True)
+        """A short hash of what the config decides (rules and layout constants, not where it came from).
+        Fields left at their defaults are left out, so adding a field keeps every existing id."""
+        rules = [{k: v for k, v in asdict(r).items() if k != "index" and (k in _ID_ALWAYS or v != _DEFAULTS[k])}
+                 for r in self.rules]
+        what = {"rules": rules, "align": self.channel_align, "experts": self.expert_pattern}
+        if self.families:
+            what["families"] = list(self.families)
+        doc = json.dumps(what, sort_keys=True)
         return hashlib.sha256(doc.encode()).hexdigest()[:12]
 
 
@@ -136,9 +220,20 @@ def with_rules(config: Config, *, skip: tuple[str, ...] = (), defer: tuple[str, 
     return replace(config, rules=tuple(first) + config.rules)
 
 
+ALIASES = {"qwen3-moe": "qwen3", "qwen3-fp8": "qwen3+fp8-block"}
+"""Other names of shipped compositions."""
+
+
 def shipped_configs() -> list[str]:
     """Names of the configs that ship inside the package (usable from a wheel)."""
-    return sorted(p.name[:-5] for p in resources.files("tpload.configs").iterdir() if p.name.endswith(".toml"))
+    files = [p.name[:-5] for p in resources.files("tpload.configs").iterdir() if p.name.endswith(".toml")]
+    return sorted(files + list(ALIASES))
+
+
+def available() -> str:
+    """What ``--config`` accepts, for messages."""
+    return (f"shipped configs: {', '.join(shipped_configs())}; codec families: {', '.join(FAMILIES)}; compose them "
+            "as ARCH+FAMILY (deepseek-v3+nvfp4), or write a TOML file (docs/configs.md)")
 
 
 def _read_toml(name_or_path: str | os.PathLike) -> tuple[str, dict]:
@@ -152,22 +247,52 @@ def _read_toml(name_or_path: str | os.PathLike) -> tuple[str, dict]:
             raise ConfigError(f"{path}: config is not valid TOML ({e})") from None
     res = resources.files("tpload.configs") / f"{name_or_path}.toml"
     if not res.is_file():
-        raise ConfigError(f"config {name_or_path!r} is neither a file nor a shipped config ({', '.join(shipped_configs())})")
+        raise ConfigError(f"config {str(name_or_path)!r} is neither a file nor a shipped config ({available()})")
     return str(name_or_path), tomllib.loads(res.read_text())
 
 
-_RULE_KEYS = {"match", "role", "split", "scale", "experts", "block"}
+_RULE_KEYS = {"match", "role", "split", "scale", "experts", "block", "suffix", "scale2", "stacked", "units", "align",
+              "share_units", "uneven"}
+_DEFAULTS = {f.name: f.default for f in fields(Rule)}
+_ID_ALWAYS = {"match", "role", "split", "scale", "experts", "block", "origin"}  # the fields ids always had
 _LAYOUT_KEYS = {"channel_align", "expert_pattern"}
+_TOP_KEYS = {"layout", "rules", "description", "codecs", "detect"}
+_DETECT_KEYS = {"architectures"}
 
 
-def load_config(name_or_path: str | os.PathLike | Config = DEFAULT_CONFIG) -> Config:
-    """A shipped config by name, or a TOML file by path (a Config passes through)."""
+def split_spec(spec: str) -> tuple[str, tuple[str, ...]]:
+    """``ARCH+FAMILY+...`` as (ARCH or a path, the families); a file's path is never split."""
+    spec = ALIASES.get(spec, spec)
+    if Path(spec).exists() or spec.endswith(".toml"):
+        return spec, ()
+    head, *families = spec.split("+")
+    return head, tuple(families)
+
+
+def load_config(name_or_path: str | os.PathLike | Config = REFERENCE_CONFIG) -> Config:
+    """A shipped config by name (``ARCH`` or ``ARCH+FAMILY...``), or a TOML file by path (a Config
+    passes through). Naming families replaces the architecture's own."""
     if isinstance(name_or_path, Config):
         return name_or_path
-    source, doc = _read_toml(name_or_path)
-    unknown = set(doc) - {"layout", "rules", "description"}
-    layout = doc.get("layout", {})
+    head, families = split_spec(os.fspath(name_or_path))
+    if head in FAMILIES:
+        raise ConfigError(f"{head!r} is a codec family, not a config: name the architecture too (ARCH+{head}), or "
+                          f"let --config auto find it from the checkpoint's config.json ({available()})")
+    unknown_families = [f for f in families if f not in FAMILIES]
+    if unknown_families:
+        raise ConfigError(f"config {os.fspath(name_or_path)!r}: unknown codec families "
+                          f"{', '.join(unknown_families)} ({available()})")
+    config = _parse(*_read_toml(head))
+    if families:
+        config = replace(config, name=f"{config.name}+{'+'.join(families)}", families=families)
+    return config
+
+
+def _parse(source: str, doc: dict) -> Config:
+    unknown = set(doc) - _TOP_KEYS
+    layout, detect = doc.get("layout", {}), doc.get("detect", {})
     unknown |= {f"layout.{k}" for k in set(layout) - _LAYOUT_KEYS}
+    unknown |= {f"detect.{k}" for k in set(detect) - _DETECT_KEYS}
     raw_rules = doc.get("rules", [])
     for i, raw in enumerate(raw_rules, 1):
         unknown |= {f"rules[{i}].{k}" for k in set(raw) - _RULE_KEYS}
@@ -175,5 +300,9 @@ def load_config(name_or_path: str | os.PathLike | Config = DEFAULT_CONFIG) -> Co
             raise ConfigError(f"{source}: rule {i} needs both 'match' and 'role'")
     if unknown:
         raise ConfigError(f"{source}: unknown keys {', '.join(sorted(unknown))}")
+    families = doc.get("codecs", [])
+    if not isinstance(families, list) or not all(isinstance(f, str) for f in families):
+        raise ConfigError(f"{source}: codecs must be a list of codec family names ({', '.join(FAMILIES)})")
     rules = [Rule(index=i, **raw) for i, raw in enumerate(raw_rules, 1)]
-    return Config(name=source, rules=tuple(rules), description=doc.get("description", ""), **layout)
+    return Config(name=source, rules=tuple(rules), description=doc.get("description", ""), families=tuple(families),
+                  architectures=tuple(detect.get("architectures", ())), **layout)

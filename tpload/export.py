@@ -23,6 +23,7 @@ from .config import Config
 from .errors import CheckpointError
 from .plan import Layout, Planner, RankPlan
 from .storage.catalogue import MANIFEST_NAME, natural_key
+from .storage.files import read_small
 from .storage.partitioned import rank_file
 from .storage.reader import Reader
 from .storage.safetensors import write_safetensors
@@ -80,6 +81,8 @@ def export(src: str | os.PathLike, out: str | os.PathLike, layout: Layout, confi
         copied = sorted({n for p in plans for n in p.used_tensors + list(p.deferred)}, key=natural_key)
         _verify_sources(storage, copied, hash_threads)
         dst.mkdir(parents=True, exist_ok=True)
+        if (storage.root / "config.json").is_file():  # head counts for rules that cut by heads
+            (dst / "config.json").write_bytes(read_small(storage.root / "config.json", "model config"))
         meta = {"tp": layout.tp, "ep": layout.ep, "world": layout.world, "config": config.name,
                 "source": str(storage.root)}
         reader = Reader(storage)

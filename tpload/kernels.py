@@ -200,19 +200,20 @@ _TABLE = 256 * 256
 
 
 @nb.njit(nb.void(_RO_BYTES, nb.int64, _RO_BYTES, nb.int64, nb.types.Array(nb.int32, 1, "C", readonly=True),
-                 nb.int32[::1], nb.int64, nb.int64), **_JIT)
-def _decode_fp4(packed, p_stride, scale, s_stride, table, out, rows, half_k):  # pragma: no cover - compiled
+                 nb.int32[::1], nb.int64, nb.int64, nb.int64), **_JIT)
+def _decode_fp4(packed, p_stride, scale, s_stride, table, out, rows, half_k, gb):  # pragma: no cover - compiled
     """Row ``r`` of the packed window is ``packed[r*p_stride:][:half_k]``, its scale bytes
     ``scale[r*s_stride:]``; ``out`` is the contiguous int32 view of bf16 ``[rows, 2*half_k]``.
-    ``half_k`` is a multiple of 16 (one scale byte per 16 packed bytes)."""
+    ``half_k`` is a multiple of ``gb`` (packed bytes per scale byte: 16 for MXFP4, 8 for NVFP4),
+    itself a multiple of 8."""
     for r in range(rows):
         src = packed[r * p_stride:r * p_stride + half_k]
-        sc = scale[r * s_stride:r * s_stride + half_k // 16]
+        sc = scale[r * s_stride:r * s_stride + half_k // gb]
         dst = out[r * half_k:(r + 1) * half_k]
-        for g in range(half_k // 16):
+        for g in range(half_k // gb):
             base = np.int64(sc[g]) << 8
             t = table[base:base + 256]
-            for h in range(16 * g, 16 * g + 16, 8):
+            for h in range(gb * g, gb * g + gb, 8):
                 w = _load8(src, h)
                 for i in range(8):
                     dst[h + i] = t[(w >> np.uint64(8 * i)) & np.uint64(0xFF)]
@@ -272,24 +273,27 @@ def _check_table(table: np.ndarray, dtype: type) -> None:
         raise ValueError(f"table: expected contiguous {np.dtype(dtype)}[{_TABLE}], got {table.dtype}{list(table.shape)}")
 
 
-def decode_fp4(packed: np.ndarray, scale: np.ndarray, table: np.ndarray, out: np.ndarray) -> None:
-    """FP4 ``packed [N, K/2]`` bytes with E8M0 ``scale [N, K/32]`` bytes into ``out``, the
-    contiguous int32 ``[N, K/2]`` view of a bf16 ``[N, K]`` (each word: two elements, low
-    nibble in the low half): ``out[n, j] = table[scale[n, j // 16] * 256 + packed[n, j]]``,
-    ``table`` being ``codecs.tables.scaled_table("fp4")`` as int32[65536].
+def decode_fp4(packed: np.ndarray, scale: np.ndarray, table: np.ndarray, out: np.ndarray, *,
+               group: int = 32) -> None:
+    """FP4 ``packed [N, K/2]`` bytes with one scale byte per ``group`` elements, ``scale [N, K/group]``,
+    into ``out``, the contiguous int32 ``[N, K/2]`` view of a bf16 ``[N, K]`` (each word: two
+    elements, low nibble in the low half): ``out[n, j] = table[scale[n, j // (group/2)] * 256 +
+    packed[n, j]]``, ``table`` an int32[65536] of decoded pairs per (scale byte, packed byte):
+    ``codecs.tables.scaled_table("fp4")`` for MXFP4 (group 32), NVFP4's table for group 16.
 
     ``packed`` and ``scale`` may be row windows of wider rows (a tensor-parallel column
-    cut); rows are read in place. K must be a multiple of 32.
+    cut); rows are read in place. K must be a multiple of ``group``.
     """
     n, half_k = packed.shape
-    if half_k % 16 or scale.shape != (n, half_k // 16) or out.shape != (n, half_k):
-        raise ValueError(f"decode_fp4: packed {packed.shape}, scale {scale.shape}, out {out.shape} disagree "
-                         "(K must be a multiple of 32)")
+    gb = group // 2
+    if group not in (16, 32) or half_k % gb or scale.shape != (n, half_k // gb) or out.shape != (n, half_k):
+        raise ValueError(f"decode_fp4: packed {packed.shape}, scale {scale.shape}, out {out.shape}, group {group} "
+                         f"disagree (K must be a multiple of {group}; the group is 16 or 32)")
     if out.dtype != np.int32 or not out.flags.c_contiguous:
         raise ValueError(f"decode_fp4: out must be contiguous int32, got {out.dtype}")
     _check_table(table, np.int32)
     (p, p_stride), (s, s_stride) = _rows(packed, "packed"), _rows(scale, "scale")
-    _decode_fp4(p, p_stride, s, s_stride, table, out.reshape(-1), n, half_k)
+    _decode_fp4(p, p_stride, s, s_stride, table, out.reshape(-1), n, half_k, gb)
 
 
 def decode_fp8(codes: np.ndarray, scale: np.ndarray, table: np.ndarray, out: np.ndarray, block: int) -> None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .codecs import Cut
+from .codecs import Checker, Cut, Fit
 from .errors import LoadError
 from .plan import Item, Output, RankPlan
 from .report.progress import ProgressSink
@@ -146,7 +146,7 @@ class _Loader:
         for cut in item.cuts:
             out = item.output(cut.name)
             dst = self.arena.bytes2d(out, cut.rows[1] - cut.rows[0])
-            feed = checker.scale if cut is item.scale else checker.weight
+            feed = _feed(item, checker, cut)
             # the served tensor's fingerprint, in its own view; the window's, in the cut's (the node
             # cross-check compares it with the hasher's): the same when the views are (group 1)
             fp = HostFingerprint(cut.row_bytes, group=cut.group)
@@ -158,7 +158,8 @@ class _Loader:
                 self.transfer.copy(view, dst[r:r + view.shape[0], c:c + view.shape[1]], fp, r, c)
                 if window is not fp:
                     window.add(view, r, first_col=c)
-            served, want = self.transfer.served(dst, fp)
+            mine = dst if cut.group == 1 else dst.reshape(dst.shape[0] // cut.group, -1)  # the served tensor's view
+            served, want = self.transfer.served(mine, fp)
             self.evidence.window(cut.name, cut.box, window.value())
             checks[cut.name] = Check(out.name, where, served, want, "host window")
         if item.codec.scaled:
@@ -166,24 +167,32 @@ class _Loader:
         for check in checks.values():
             self.evidence.add(check)
 
+    def _gather(self, cut: Cut, feed) -> np.ndarray:
+        """A scale window read whole into host memory (fed to its value check, fingerprinted)."""
+        host = np.empty((cut.rows[1] - cut.rows[0], cut.row_bytes), dtype=np.uint8)
+        fp = HostFingerprint(cut.row_bytes)
+        _, blocks = self._blocks(cut, split_rows=False)
+        for r, c, view in blocks:
+            feed(view, r)
+            fp.add(view, r, dst=host[r:r + view.shape[0]])
+        self.evidence.window(cut.name, cut.box, fp.value())
+        return host
+
     def decode(self, item: Item, sampled: bool) -> None:
-        """A decoded kind: the scale window gathered whole, then the weight decoded block by block."""
+        """A decoded kind: the scale windows gathered whole, then the weight decoded block by block."""
         codec, fit = item.codec, item.fit
         checker = codec.checker(fit, item.weight, item.scale)
-        scale_host = scale = None
-        if item.scale is not None:
-            cut = item.scale
-            scale_host = np.empty((cut.rows[1] - cut.rows[0], cut.row_bytes), dtype=np.uint8)
-            fp = HostFingerprint(cut.row_bytes)
-            _, blocks = self._blocks(cut, split_rows=False)
-            for r, c, view in blocks:
-                checker.scale(view, r)
-                fp.add(view, r, dst=scale_host[r:r + view.shape[0]])
-            self.evidence.window(cut.name, cut.box, fp.value())
-            scale = self.transfer.upload(scale_host)
+        scale_host = scale = scale2 = None
+        for cut in item.scales:
+            host = self._gather(cut, _feed(item, checker, cut))
+            if cut is item.scale:
+                scale_host, scale = host, self.transfer.upload(host)
+            else:
+                scale2 = host  # a global scale: its value shapes the decode table, built on the host
         out = item.outputs[0]
         slot = self.arena.tensor(out)
         rows = slot.reshape(item.weight.rows[1] - item.weight.rows[0], -1)
+        unfold = item.weight.row_bytes // codec.decode_row_bytes(fit, item.weight)  # decode rows per view row
         fp = HostFingerprint(item.weight.row_bytes)
         spans = _sample_spans(rows.shape[0], codec.row_multiple(fit)) if sampled else []
         kept: dict[int, np.ndarray] = {}
@@ -197,18 +206,19 @@ class _Loader:
                     kept.setdefault(a, np.empty((b - a, view.shape[1]), np.uint8))[max(a, r) - a:min(b, r + n) - a] = \
                         view[max(a, r) - r:min(b, r + n) - r]
             s0, s1 = codec.scale_rows(fit, r, r + n)
-            codec.decode(staged, scale[s0:s1] if scale is not None else None, rows[r:r + n], fit)
+            _by_rows(codec.decode, fit, unfold, staged, scale[s0:s1] if scale is not None else None, rows[r:r + n],
+                     scale2)
         self.evidence.window(item.weight.name, item.weight.box, fp.value())
         served, not_finite = decoded_fingerprint(slot)
         check = Check(out.name, where, served)
         if sampled:
-            check.bad.append(self._sampled_check(item, rows, spans, kept, scale_host))
+            check.bad.append(self._sampled_check(item, rows, spans, kept, scale_host, scale2, unfold))
         check.bad.append((not_finite, NOT_FINITE))
         self._problems(item, checker.problems(), {item.weight.name: check})
         self.evidence.add(check)
 
     def _sampled_check(self, item: Item, rows: torch.Tensor, spans: list[tuple[int, int]], kept: dict[int, np.ndarray],
-                       scale_host: np.ndarray | None) -> tuple[int, str]:
+                       scale_host: np.ndarray | None, scale2: np.ndarray | None, unfold: int) -> tuple[int, str]:
         """The first and last rows of a sampled decode, decoded again by the codec's independent
         reference (numpy) and compared exactly: (1 if they differ, what). Edge rows: where a window
         starts and where a short last scale block ends."""
@@ -217,7 +227,8 @@ class _Loader:
         for a, b in spans:
             s0, s1 = codec.scale_rows(fit, a, b)
             reference = torch.empty((b - a, rows.shape[1]), dtype=rows.dtype)
-            codec.reference(kept[a], scale_host[s0:s1] if scale_host is not None else None, reference, fit)
+            _by_rows(codec.reference, fit, unfold, kept[a], scale_host[s0:s1] if scale_host is not None else None,
+                     reference, scale2)
             theirs.add(reference.view(torch.uint8).numpy(), a)
             mine.add(as_bytes2d(rows[a:b]).cpu().numpy(), a)
         self.sampled += 1
@@ -235,6 +246,27 @@ class _Loader:
         if self.release is not None:
             for cut in item.cuts:
                 self.release.done(self.storage.stored(cut.name).path)
+
+
+def _feed(item: Item, checker: Checker, cut: Cut):
+    """The value check a cut's blocks go to: the scale's, the global scale's, or the weight's."""
+    if cut is item.weight:
+        return checker.weight
+    if cut is item.scale:
+        return checker.scale
+    return lambda view, first_row: checker.scale2(view)
+
+
+def _by_rows(decode, fit: Fit, unfold: int, weight, scale, out: torch.Tensor, scale2: np.ndarray | None) -> None:
+    """``decode(weight, scale, out, fit, scale2=...)`` on view rows, or, when one view row holds
+    ``unfold`` rows of the decode (a stacked tensor cut on its rows: one view row per expert), on each
+    view row seen as those rows (its scale row too: such formats have one scale row per row)."""
+    if unfold == 1:
+        decode(weight, scale, out, fit, scale2=scale2)
+        return
+    for i in range(weight.shape[0]):
+        decode(weight[i].reshape(unfold, -1), scale[i].reshape(unfold, -1) if scale is not None else None,
+               out[i].reshape(unfold, -1), fit, scale2=scale2)
 
 
 def run(storage: Storage, plan: RankPlan, *, transfer: Transfer, hasher: Hasher, samples: int,

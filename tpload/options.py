@@ -23,7 +23,8 @@ from .errors import OptionsError
 
 KINDS = ("packed", "expanded")
 VERIFY_MODES = ("node", "rank", "digest", "off")
-DEFAULT_CONFIG = "deepseek-v4-mtp"
+DEFAULT_CONFIG = "auto"
+REFERENCE_CONFIG = "deepseek-v4-mtp"  # the layout of docs/format.md, for checkpoints without a config.json
 MAX_WORLD = 1 << 16  # no layout has more ranks than this; bigger numbers are typos, not plans
 
 Check = Callable[[object], str | None]
@@ -74,7 +75,8 @@ class LoadOptions:
 
     checkpoint: str | None = opt(None, "checkpoint directory (default: a built-in small synthetic one, written once "
                                  "under ~/.cache/tpload)", metavar="DIR")
-    config: str = opt(DEFAULT_CONFIG, "a shipped config name or a TOML path", metavar="NAME|PATH")
+    config: str = opt(DEFAULT_CONFIG, "auto (from the checkpoint's config.json), a shipped config or ARCH+FAMILY, or a "
+                      "TOML path", metavar="NAME|PATH")
     kind: str = opt("packed", "packed: stored bytes (FP4/FP8 weights and their scales); expanded: bf16 decodes",
                     choices=KINDS)
     tp: int | None = opt(None, "tensor-parallel degree (default: the group size / ep)", check=_ranks)

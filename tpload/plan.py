@@ -11,16 +11,19 @@ byte cuts of the weight and its scale (codecs/).
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from . import codecs
-from .codecs import Codec, Cut, Fit
-from .config import Config, Rule
+from .codecs import Codec, Cut, Fit, whole
+from .config import AUTO, Config, Rule
 from .errors import ConfigError, LayoutError, raise_all
 from .options import KINDS, MAX_WORLD
 from .storage.catalogue import Catalogue, natural_key
+from .storage.files import read_json
 from .text import escape_name
 
 SLOT_ALIGN = 256  # every served tensor starts on a 256-byte boundary of the arena
@@ -64,7 +67,7 @@ class Output:
 
 @dataclass(frozen=True)
 class Item:
-    """One unit of work: a weight (and its scale) becoming one or two served tensors."""
+    """One unit of work: a weight (and its scales) becoming one or more served tensors."""
 
     name: str
     codec: Codec
@@ -72,7 +75,8 @@ class Item:
     """The rule that classified it, for messages."""
     fit: Fit
     weight: Cut
-    scale: Cut | None
+    scales: tuple[Cut, ...]
+    """The scale's cut, and a second (global) scale's when the format has one; () for plain tensors."""
     outputs: tuple[Output, ...]
 
     @property
@@ -80,13 +84,17 @@ class Item:
         return self.codec.role
 
     @property
+    def scale(self) -> Cut | None:
+        return self.scales[0] if self.scales else None
+
+    @property
     def read_bytes(self) -> int:
-        return self.weight.nbytes + (self.scale.nbytes if self.scale else 0)
+        return self.weight.nbytes + sum(s.nbytes for s in self.scales)
 
     @property
     def cuts(self) -> list[Cut]:
-        """The scale's cut (if any), then the weight's: the value checks need the scale first."""
-        return ([self.scale] if self.scale else []) + [self.weight]
+        """The scales' cuts, then the weight's: the value checks need the scales first."""
+        return [*self.scales, self.weight]
 
     def output(self, name: str) -> Output:
         """The served tensor named ``name`` (a packed weight's or scale's; a decode's)."""
@@ -112,8 +120,7 @@ class RankPlan:
     @functools.cached_property
     def used_tensors(self) -> list[str]:
         """Official tensors this rank reads a window of (weights and scales), in natural order."""
-        names = [i.weight.name for i in self.items] + [i.scale.name for i in self.items if i.scale]
-        return sorted(names, key=natural_key)
+        return sorted((c.name for i in self.items for c in i.cuts), key=natural_key)
 
     @property
     def served(self) -> int:
@@ -132,7 +139,7 @@ class RankPlan:
 
 @dataclass(frozen=True)
 class _Entry:
-    """A classified official tensor (weight side; its scale is folded in)."""
+    """A classified official tensor (weight side; its scales are folded in)."""
 
     name: str
     rule: Rule
@@ -140,13 +147,19 @@ class _Entry:
     fit: Fit
     expert: tuple[str, int] | None = None
     """(expert set, index within it) for expert-parallel tensors."""
+    stacked_experts: int = 0
+    """Experts stacked in dimension 0 that expert parallelism shares out (0: not such a tensor)."""
 
 
 class Planner:
     """Classifies a catalogue once against a config, then cuts plans for any layout."""
 
-    def __init__(self, catalogue: Catalogue, config: Config) -> None:
+    def __init__(self, catalogue: Catalogue, config: Config, *, model: Mapping[str, object] | None = None) -> None:
+        """``model``: the checkpoint's config.json (rules that count heads read it; read from the
+        checkpoint folder when not given and a rule needs it)."""
         self.catalogue, self.config = catalogue, config
+        self._model = model
+        self._units = {(r.index, r.match): self._resolve_units(r) for r in config.rules if r.units}
         self.entries, self.skipped, self.deferred = self._classify()
         # Deferred expert tensors are located only by the ep group holding the expert:
         # a locator of a remote expert would invite the model to read it.
@@ -156,24 +169,42 @@ class Planner:
 
     # -- classification ------------------------------------------------------------------------
 
+    def _rules(self, names: list[str]) -> tuple[dict[str, Rule | None], dict[str, str]]:
+        """Each tensor's rule, ``auto`` ones resolved by the tensor's dtype and the scale tensors beside
+        it; and, for tensors an ``auto`` rule could not resolve, why (said only if not a scale)."""
+        tensors = self.catalogue.tensors
+        rules: dict[str, Rule | None] = {}
+        unresolved: dict[str, str] = {}
+        for n in names:
+            r = self.config.rule_for(n)
+            if r is not None and r.role == AUTO:
+                got = self.config.resolve(r, n, tensors[n].dtype, tensors)
+                if isinstance(got, str):
+                    unresolved[n] = f"{r.describe()}: {got}"
+                    got = None
+                r = got
+            rules[n] = r
+        return rules, unresolved
+
     def _classify(self) -> tuple[list[_Entry], list[str], list[str]]:
         names = self.catalogue.names()
-        rules = {n: self.config.rule_for(n) for n in names}
+        rules, unresolved = self._rules(names)
         problems: list[str] = []
         scales: dict[str, str] = {}
         broken: set[str] = set()
         for n, r in rules.items():
             codec = codecs.for_role(r.role) if r is not None else None
             if codec is not None and codec.scaled:
-                sname = n[: -len(".weight")] + r.scale
-                if not n.endswith(".weight"):
+                needed = _scale_names(n, r)
+                missing = [m for m in needed if m not in self.catalogue.tensors]
+                if not n.endswith(r.suffix):
                     problems.append(f"tensor {escape_name(n)}: {r.describe()} is {r.role} but the name does not end "
-                                    "in .weight")
-                elif sname not in self.catalogue.tensors:
-                    problems.append(f"tensor {escape_name(n)}: {r.describe()} needs its scale {escape_name(sname)}, "
+                                    f"in {r.suffix}")
+                elif missing:
+                    problems.append(f"tensor {escape_name(n)}: {r.describe()} needs its scale {escape_name(missing[0])}, "
                                     "which the checkpoint lacks")
                 else:
-                    scales[sname] = n
+                    scales.update(dict.fromkeys(needed, n))
                     continue
                 broken.add(n)
         entries, skipped, deferred, unmatched = [], [], [], []
@@ -182,7 +213,9 @@ class Planner:
             r = rules[n]
             if n in scales or n in broken:
                 continue
-            if r is None:
+            if n in unresolved:
+                grouped.setdefault(unresolved[n], []).append(self.catalogue.tensors[n].describe())
+            elif r is None:
                 unmatched.append(escape_name(n))
             elif r.role == "skip":
                 skipped.append(n)
@@ -211,18 +244,34 @@ class Planner:
             grouped.setdefault(f"{rule.describe()}: experts = true but expert_pattern "
                                f"{self.config.expert_pattern!r} finds no index in", []).append(meta.describe())
             return None
-        scale = self.catalogue.tensors[name[: -len(".weight")] + rule.scale] if codec.scaled else None
-        fit = codec.fit(meta, scale, block=rule.block, split=rule.split)
+        scale, scale2 = ([self.catalogue.tensors[m] for m in _scale_names(name, rule)] + [None])[:2] if codec.scaled \
+            else (None, None)
+        fit = codec.fit(meta, scale, block=rule.block, split=rule.split, scale2=scale2, stacked=rule.stacked)
         if isinstance(fit, str):
             detail = f": scale {escape_name(scale.name)} is {scale.dtype} {list(scale.shape)}" if scale else ""
             grouped.setdefault(f"{rule.describe()}: {fit}", []).append(meta.describe() + detail)
             return None
-        return _Entry(name, rule, codec, fit, expert)
+        stacked = meta.shape[0] if rule.stacked and rule.experts else 0
+        return _Entry(name, rule, codec, fit, None if rule.stacked else expert, stacked)
+
+    def _resolve_units(self, rule: Rule) -> int:
+        """A rule's head count: the number it gives, or its config.json field's value."""
+        if isinstance(rule.units, int):
+            return rule.units
+        if self._model is None:
+            self._model = read_model_config(self.catalogue.root, why=f"{rule.describe()} counts heads by its "
+                                            f"field {rule.units!r}")
+        value = self._model.get(rule.units)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{rule.describe()} counts heads by config.json's {rule.units!r}, which is "
+                              f"{'missing' if value is None else repr(value)} in {escape_name(self.catalogue.root)} "
+                              "(expected a positive integer)")
+        return value
 
     def _expert_of(self, name: str, rule: Rule | None) -> tuple[str, int] | None:
         """(expert set, index) of an expert-parallel tensor; None when the rule is not
         expert-parallel or the name has no expert index."""
-        m = self.config.expert_regex.search(name) if rule is not None and rule.experts else None
+        m = self.config.expert_regex.search(name) if rule is not None and rule.experts and not rule.stacked else None
         return (name[: m.start()], int(m.group(1))) if m and len(m.group(1)) < 19 else None
 
     def _count_experts(self) -> dict[str, list[int]]:
@@ -233,19 +282,24 @@ class Planner:
 
     # -- windows -------------------------------------------------------------------------------
 
-    def _cuts(self, e: _Entry, tp: int, r: int) -> tuple[Cut, Cut | None] | str:
-        """This tp rank's window of the weight (and scale), or why tp cannot cut it."""
-        return e.codec.window(e.fit, e.rule.split, tp, r, align=self.config.channel_align)
+    def _cuts(self, e: _Entry, layout: Layout, rank: int) -> tuple[Cut, Cut | None] | str:
+        """This rank's window of the weight (and scale), or why the layout cannot cut it."""
+        group, tpr = layout.position(rank)
+        align = e.rule.align or (self.config.channel_align if e.codec.tiled else 0)
+        experts = share(e.stacked_experts, layout.ep, group) if e.stacked_experts and layout.ep > 1 else None
+        units = self._units.get((e.rule.index, e.rule.match), 0)
+        if units and units < layout.tp and not e.rule.share_units:
+            return f"{units} units / tp {layout.tp}: tp must divide them (they are not shared between ranks)"
+        return e.codec.window(e.fit, e.rule.split, layout.tp, tpr, align=align, units=units, uneven=e.rule.uneven,
+                              experts=experts)
 
     def owns(self, expert: tuple[str, int] | None, layout: Layout, group: int) -> bool:
         """Does expert-parallel group ``group`` hold this expert? (the last group takes the remainder)"""
         if expert is None or layout.ep == 1:
             return True
         experts = self.expert_counts[expert[0]]
-        per = len(experts) // layout.ep
-        pos = experts.index(expert[1])
-        lo, hi = group * per, (len(experts) if group == layout.ep - 1 else (group + 1) * per)
-        return lo <= pos < hi
+        lo, hi = share(len(experts), layout.ep, group)
+        return lo <= experts.index(expert[1]) < hi
 
     # -- layouts -------------------------------------------------------------------------------
 
@@ -255,6 +309,11 @@ class Planner:
         for key, experts in self.expert_counts.items():
             if len(experts) < layout.ep:
                 problems.append(f"expert set {escape_name(key)}* has {len(experts)} experts, fewer than ep {layout.ep}")
+        for e in self.entries:
+            if 0 < e.stacked_experts < layout.ep:
+                problems.append(f"tensor {e.fit.weight.describe()} stacks {e.stacked_experts} experts, fewer than "
+                                f"ep {layout.ep}")
+                break
         seen_rules: set[tuple[int, str]] = set()
         tried: set[tuple] = set()
         for e in self.entries:
@@ -264,7 +323,7 @@ class Planner:
             if like in tried:
                 continue
             tried.add(like)
-            why = self._cuts(e, layout.tp, 0)
+            why = self._cuts(e, Layout(layout.tp), 0)
             if isinstance(why, str) and (e.rule.index, why) not in seen_rules:
                 seen_rules.add((e.rule.index, why))
                 problems.append(f"tensor {e.fit.weight.describe()} under {e.rule.describe()}: {why}")
@@ -303,21 +362,47 @@ class Planner:
     def _make(self, layout: Layout, kind: str, rank: int) -> RankPlan:
         if kind not in KINDS:
             raise ConfigError(f"kind {kind!r} is not one of {', '.join(KINDS)}")
-        group, tpr = layout.position(rank)
+        group = layout.position(rank)[0]
         items, offset = [], 0
         for e in self.entries:
             if not self.owns(e.expert, layout, group):
                 continue
-            cuts = self._cuts(e, layout.tp, tpr)
+            cuts = self._cuts(e, layout, rank)
             if isinstance(cuts, str):
                 raise LayoutError(f"rank {rank}: tensor {escape_name(e.name)} under {e.rule.describe()}: {cuts}")
             outputs = []
             for name, dtype, shape, nbytes in e.codec.served(e.fit, cuts[0], cuts[1], kind):
                 outputs.append(Output(name, dtype, shape, offset, nbytes))
                 offset += -(-nbytes // SLOT_ALIGN) * SLOT_ALIGN
-            items.append(Item(e.name, e.codec, e.rule.describe(), e.fit, cuts[0], cuts[1], tuple(outputs)))
+            scales = tuple(c for c in (cuts[1], whole(e.fit.scale2) if e.fit.scale2 is not None else None) if c)
+            items.append(Item(e.name, e.codec, e.rule.describe(), e.fit, cuts[0], scales, tuple(outputs)))
         deferred = tuple(n for n in self.deferred if self.owns(self.deferred_experts.get(n), layout, group))
         return RankPlan(rank, layout, kind, tuple(items), tuple(self.skipped), deferred, offset)
+
+
+def share(n: int, parts: int, k: int) -> tuple[int, int]:
+    """Part ``k`` of ``n`` things shared by ``parts`` in order: equal parts, the last taking the remainder
+    (how expert parallelism shares experts out)."""
+    per = n // parts
+    return k * per, (n if k == parts - 1 else (k + 1) * per)
+
+
+def read_model_config(root: Path, *, why: str) -> dict:
+    """The checkpoint's config.json (model dimensions), or a ConfigError saying why it is needed."""
+    path = root / "config.json"
+    if not path.exists():
+        raise ConfigError(f"{why}, but {escape_name(root)} has no config.json (copy the model's config.json "
+                          "beside its shards)")
+    doc = read_json(path, "model config")
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{escape_name(path)}: model config is not a JSON object")
+    return doc
+
+
+def _scale_names(weight: str, rule: Rule) -> list[str]:
+    """The scale tensors a scaled weight needs: its suffix replaced by the rule's ``scale`` (and ``scale2``)."""
+    stem = weight[: -len(rule.suffix)] if weight.endswith(rule.suffix) else weight
+    return [stem + rule.scale] + ([stem + rule.scale2] if rule.scale2 else [])
 
 
 def _listing(names: list[str], limit: int = 12) -> str:

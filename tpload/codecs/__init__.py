@@ -26,7 +26,8 @@ import numpy as np
 import torch
 
 from ..storage.catalogue import TensorMeta
-from .tables import SERVED
+from ..storage.safetensors import ITEMSIZE
+from .tables import SERVED, SERVED_SCALE
 
 Problem = tuple[int, str, str]
 """(how many, what, the tensor they are in): a count of bad values found, what they are, where."""
@@ -76,12 +77,17 @@ def whole(meta: TensorMeta) -> Cut:
 
 @dataclass(frozen=True)
 class Fit:
-    """A weight (and its scale) a codec accepted: what the planner cuts."""
+    """A weight (and its scales) a codec accepted: what the planner cuts."""
 
     weight: TensorMeta
     scale: TensorMeta | None
     group: tuple[int, int]
     """Elements of the weight per scale entry, along rows and columns ((1, 1): no scale)."""
+    scale2: TensorMeta | None = None
+    """A second, global scale (NVFP4's ``weight_scale_2``), whole on every rank."""
+    stacked: bool = False
+    """Dimension 0 indexes experts (all of them stacked in one tensor); splits refer to the
+    dimensions after it."""
 
 
 class Checker:
@@ -92,6 +98,9 @@ class Checker:
 
     def weight(self, view: np.ndarray, first_row: int) -> None:
         """Rows ``[first_row, ...)`` of the weight window (2-D bytes), after the whole scale."""
+
+    def scale2(self, view: np.ndarray) -> None:
+        """The global scale's stored bytes (formats with one)."""
 
     def problems(self) -> list[Problem]:
         return []
@@ -112,9 +121,10 @@ class Codec:
     def scaled(self) -> bool:
         return bool(self.scale_dtypes)
 
-    def fit(self, weight: TensorMeta, scale: TensorMeta | None, *, block: int = 0, split: str = "replicate") -> Fit | str:
-        """The weight (and scale) as this format, or why they do not fit it (``block``: a scale block
-        size the rule insists on; ``split``: how the rule cuts it)."""
+    def fit(self, weight: TensorMeta, scale: TensorMeta | None, *, block: int = 0, split: str = "replicate",
+            scale2: TensorMeta | None = None) -> Fit | str:
+        """The weight (and scales) as this format, or why they do not fit it (``block``: a scale block
+        size the rule insists on; ``split``: how the rule cuts it; ``scale2``: a global scale)."""
         raise NotImplementedError
 
     def copies(self, fit: Fit, kind: str) -> bool:
@@ -130,33 +140,68 @@ class Codec:
         g = fit.group[0]
         return r0 // g, -(-r1 // g)
 
-    def window(self, fit: Fit, split: str, tp: int, rank: int, *, align: int) -> tuple[Cut, Cut | None] | str:
-        """Rank ``rank`` of ``tp``'s cuts of the weight and scale, or why tp cannot cut them."""
+    tiled: bool = False
+    """Windows must also be whole multiples of the layout's ``channel_align`` (a kernel tile)."""
+
+    def axis(self, fit: Fit, split: str) -> int:
+        """The dimension of the weight (in elements) a split cuts: after the experts of a stacked one."""
+        return (0 if split == "rows" else 1) + int(fit.stacked)
+
+    def channels(self, fit: Fit, split: str) -> tuple[int, int]:
+        """(channels along the split, channels per scale entry along it)."""
+        return fit.weight.shape[self.axis(fit, split)], 1
+
+    def cuts(self, fit: Fit, split: str, span: tuple[int, int] | None,
+             experts: tuple[int, int] | None) -> tuple[Cut, Cut | None]:
+        """The weight's and the scale's cuts for channels ``span`` (None: all of them) of experts
+        ``experts`` (a stacked tensor's; None: all)."""
         raise NotImplementedError
 
+    def window(self, fit: Fit, split: str, tp: int, rank: int, *, align: int = 0, units: int = 0,
+               uneven: bool = False, experts: tuple[int, int] | None = None) -> tuple[Cut, Cut | None] | str:
+        """Rank ``rank`` of ``tp``'s cuts of the weight and scale, or why tp cannot cut them
+        (:func:`channel_window` says how ``align``, ``units`` and ``uneven`` share the channels)."""
+        span = None
+        if split != "replicate" and tp > 1:
+            n, atom = self.channels(fit, split)
+            span = channel_window(n, tp, rank, atom=atom, align=align, units=units, uneven=uneven,
+                                  what=split if atom == 1 and not align and not self.scaled else "channels")
+            if isinstance(span, str):
+                return span
+        return self.cuts(fit, split, span, experts)
+
     def served(self, fit: Fit, weight: Cut, scale: Cut | None, kind: str) -> list[tuple[str, torch.dtype, tuple[int, ...], int]]:
-        """(name, dtype, shape, bytes) of every tensor served for these cuts."""
+        """(name, dtype, shape, bytes) of every tensor served for these cuts: packed, the weight and
+        its scales as stored (scales keep their dtype: F16 stays F16); decoded, one bf16 tensor."""
         if kind == "packed" or not self.scaled:
             out = [(weight.name, SERVED[weight.dtype], weight.shape, _nbytes(weight.shape, SERVED[weight.dtype]))]
-            if scale is not None:
-                out.append((scale.name, SERVED[scale.dtype], scale.shape, scale.nbytes))
+            for cut in (scale, whole(fit.scale2) if fit.scale2 is not None else None):
+                if cut is not None:
+                    out.append((cut.name, SERVED_SCALE[cut.dtype], cut.shape, cut.nbytes))
             return out
-        rows, cols = self.elements(weight)
-        return [(weight.name, torch.bfloat16, (rows, cols), rows * cols * 2)]
+        shape = self.decoded_shape(fit, weight)
+        return [(weight.name, torch.bfloat16, shape, math.prod(shape) * 2)]
 
-    def elements(self, weight: Cut) -> tuple[int, int]:
+    def decoded_shape(self, fit: Fit, weight: Cut) -> tuple[int, ...]:
         """The window's shape in decoded elements."""
-        return weight.shape[0], weight.shape[1]
+        return weight.shape
+
+    def decode_row_bytes(self, fit: Fit, weight: Cut) -> int:
+        """Stored bytes of one row of the decode (its last dimension): a view row of the window holds
+        a whole number of them (a stacked tensor's expert row holds many)."""
+        return weight.shape[-1] * ITEMSIZE[weight.dtype] if weight.shape else weight.row_bytes
 
     def checker(self, fit: Fit, weight: Cut, scale: Cut | None) -> Checker:
         return Checker()
 
     def decode(self, weight: np.ndarray | torch.Tensor, scale: np.ndarray | torch.Tensor, out: torch.Tensor,
-               fit: Fit) -> None:
-        """Decode a window (or a block of its rows, with the scale rows they use) into ``out``."""
+               fit: Fit, *, scale2: np.ndarray | torch.Tensor | None = None) -> None:
+        """Decode a window (or a block of its rows, with the scale rows they use) into ``out``
+        (``scale2``: the global scale's stored bytes, for formats that have one)."""
         raise NotImplementedError(f"{self.name} has nothing to decode")
 
-    def reference(self, weight: np.ndarray, scale: np.ndarray, out: torch.Tensor, fit: Fit) -> None:
+    def reference(self, weight: np.ndarray, scale: np.ndarray, out: torch.Tensor, fit: Fit, *,
+                  scale2: np.ndarray | None = None) -> None:
         """The same decode by the other implementation (torch ops on the CPU when :meth:`decode`
         runs the compiled kernel): an independent check of a sampled window."""
         raise NotImplementedError(f"{self.name} has nothing to decode")
@@ -166,14 +211,68 @@ def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
     return math.prod(shape) * dtype.itemsize
 
 
+def channel_window(n: int, tp: int, rank: int, *, atom: int = 1, align: int = 0, units: int = 0,
+                   uneven: bool = False, what: str = "channels") -> tuple[int, int] | str:
+    """Rank ``rank`` of ``tp``'s channels ``[lo, hi)`` of ``n``, or why tp cannot cut them.
+
+    ``atom``: channels per scale entry along the split (a window starts on one; the last may be
+    short, as a 576-row FP8 matrix ends in half a block); ``align``: a kernel tile every share must be
+    a multiple of. Three ways to share:
+
+    * even (the default): ``tp`` equal shares of whole atoms (and tiles);
+    * ``units`` (attention heads): whole heads per rank; with fewer heads than ranks, each head is
+      replicated on ``tp / units`` consecutive ranks, rank ``r`` taking head ``r // (tp / units)``
+      (vLLM's rule for kv heads);
+    * ``uneven`` (vLLM's gpt-oss experts): each rank takes the even share rounded up to whole
+      ``step``s, the last rank what is left.
+    """
+    step = math.lcm(atom, align) if align else atom
+    if units:
+        return _heads(n, tp, rank, units, step, what)
+    if uneven:
+        per = -(-(-(-n // step)) // tp) * step
+        if (tp - 1) * per >= n:
+            return (f"{n} {what} in shares of {per} (the even share rounded up to {step}) leave rank {tp - 1} of "
+                    f"tp {tp} nothing")
+        return rank * per, min(n, (rank + 1) * per)
+    if align:
+        per = n // tp
+        if n % tp or per % step:
+            return f"{n} {what} / tp {tp} = {n / tp:g}, not a multiple of {step}"
+        return rank * per, (rank + 1) * per
+    atoms = -(-n // atom)
+    if atoms % tp:
+        return f"{atoms} scale blocks of {atom} / tp {tp} is not whole" if atom > 1 else f"{n} {what} / tp {tp} is not whole"
+    lo, hi = rank * atoms // tp, (rank + 1) * atoms // tp
+    return lo * atom, min(n, hi * atom)
+
+
+def _heads(n: int, tp: int, rank: int, units: int, step: int, what: str) -> tuple[int, int] | str:
+    """Whole heads per rank (see :func:`channel_window`); every window edge inside ``n`` on a ``step``."""
+    if n % units:
+        return f"{n} {what} are not {units} equal heads"
+    size = n // units
+    if units >= tp:
+        if units % tp:
+            return f"{units} heads / tp {tp} is not whole"
+        per = size * (units // tp)
+        lo, edge = rank * per, per if tp > 1 else 0
+    else:
+        if tp % units:
+            return f"tp {tp} is neither a divisor nor a multiple of the {units} heads"
+        per = size
+        lo, edge = rank // (tp // units) * size, size if units > 1 else 0
+    if edge % step:
+        return (f"{units} heads of {size} {what}: a window of {edge} {what} does not start and end on whole "
+                f"{step}-channel blocks")
+    return lo, lo + per
+
+
 def even_split(n: int, atom: int, tp: int, rank: int) -> tuple[int, int] | None:
     """Rank ``rank``'s share of ``n`` elements cut in whole ``atom``s (the last atom may be short),
     ``tp`` equal shares; None when the atoms do not divide evenly."""
-    atoms = -(-n // atom)
-    if atoms % tp:
-        return None
-    lo, hi = rank * atoms // tp, (rank + 1) * atoms // tp
-    return lo * atom, min(n, hi * atom)
+    span = channel_window(n, tp, rank, atom=atom)
+    return None if isinstance(span, str) else span
 
 
 def meets(rows: np.ndarray, r0: int, r1: int) -> bool:
@@ -182,30 +281,48 @@ def meets(rows: np.ndarray, r0: int, r1: int) -> bool:
     return i < rows.size and rows[i] < r1
 
 
-def rows_cut(meta: TensorMeta, lo: int, hi: int) -> Cut:
-    """Rows ``[lo, hi)`` of a 2-D (or N-D, on its first dimension) tensor; for a 1-D tensor,
-    elements ``[lo, hi)`` of its one row."""
-    view = (meta.rows, meta.row_bytes)
-    if len(meta.shape) <= 1:
-        item = meta.itemsize
-        return Cut(meta.name, (0, 1), (lo * item, hi * item), (hi - lo,), meta.dtype, view)
-    return Cut(meta.name, (lo, hi), (0, meta.row_bytes), (hi - lo,) + meta.shape[1:], meta.dtype, view)
+def cut_axis(meta: TensorMeta, axis: int | None, lo: int = 0, hi: int = 0, *,
+             experts: tuple[int, int] | None = None) -> Cut:
+    """Indices ``[lo, hi)`` of dimension ``axis`` of a stored tensor (``axis`` None: all of them) and, for
+    a stacked tensor (``experts`` given), only experts ``[e0, e1)`` of dimension 0: a box of a 2-D view.
 
-
-def cols_cut(meta: TensorMeta, lo: int, hi: int, *, per_byte: int = 1) -> Cut:
-    """Columns ``[lo, hi)`` of a 2-D tensor, in elements; ``per_byte`` elements share a stored byte."""
-    item = meta.itemsize
-    b0, b1 = lo * item // per_byte, hi * item // per_byte
-    return Cut(meta.name, (0, meta.shape[0]), (b0, b1), (meta.shape[0], (b1 - b0) // item), meta.dtype,
-               (meta.rows, meta.row_bytes))
+    The view splits the bytes before ``axis`` (rows) from the rest, so the box is rows x a byte range;
+    a 1-D tensor is one row. For ``axis`` >= 2, every ``prod(shape[1:axis])`` view rows make one row
+    of the served tensor (``Cut.group``).
+    """
+    shape, item = meta.shape, meta.itemsize
+    if axis is None:
+        if experts is None:
+            return whole(meta)
+        axis, lo, hi = 1, 0, shape[1] if len(shape) > 1 else 0
+        if len(shape) == 1:  # a stacked 1-D tensor: one value per expert
+            return Cut(meta.name, (0, 1), (experts[0] * item, experts[1] * item), (experts[1] - experts[0],),
+                       meta.dtype, (1, meta.nbytes))
+    if experts is not None and axis == 0:
+        raise ValueError(f"{meta.name}: a stacked tensor's experts are dimension 0; its split is after them")
+    if axis == 0 and len(shape) == 1:
+        return Cut(meta.name, (0, 1), (lo * item, hi * item), (hi - lo,), meta.dtype, (1, meta.nbytes))
+    k = max(axis, 1)
+    rows, inner = math.prod(shape[:k]), math.prod(shape[axis + 1:]) * item
+    view = (rows, meta.nbytes // max(rows, 1))
+    out = list(shape)
+    out[axis] = hi - lo
+    if axis == 0:
+        return Cut(meta.name, (lo, hi), (0, view[1]), tuple(out), meta.dtype, view)
+    group = math.prod(shape[1:axis])
+    r = (experts[0] * group, experts[1] * group) if experts is not None else (0, rows)
+    if experts is not None:
+        out[0] = experts[1] - experts[0]
+    return Cut(meta.name, r, (lo * inner, hi * inner), tuple(out), meta.dtype, view, group)
 
 
 @functools.cache
 def _registry() -> dict[str, Codec]:
     from .fp4_e8m0 import FP4
     from .fp8_block import FP8
+    from .nvfp4 import NVFP4_CODEC
     from .plain import PLAIN
-    return {c.role: c for c in (PLAIN, FP4, FP8)}
+    return {c.role: c for c in (PLAIN, FP4, FP8, NVFP4_CODEC)}
 
 
 def for_role(role: str) -> Codec | None:

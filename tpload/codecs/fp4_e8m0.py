@@ -1,14 +1,18 @@
-"""FP4 (E2M1) routed-expert matrices with one E8M0 scale byte per 32 elements (DeepSeek-V4).
+"""MXFP4: E2M1 codes with one E8M0 scale byte per 32 elements (DeepSeek-V4's experts, gpt-oss's).
 
-Stored: weight ``I8``/``U8`` ``[N, K/2]`` (two elements per byte, element ``k`` in
-byte ``k // 2``, even ``k`` in the low nibble); scale ``F8_E8M0``/``U8``
-``[N, K/32]``. Value: ``E2M1[code] * 2**(scale - 127)``.
+Stored, two layouts of the same bytes (two elements per byte, element ``k`` in
+byte ``k // 2``, even ``k`` in the low nibble):
 
-Windows (docs/format.md): ``split = "rows"`` (w1, w3: column parallel) gives
-rank ``r`` rows ``[r*N/tp, (r+1)*N/tp)`` of weight and scale; ``split = "cols"``
-(w2: row parallel) the same channel window on columns: packed bytes
-``[r*K/(2 tp), ...)`` and scale groups ``[r*K/(32 tp), ...)``. A rank's channels
-must be a multiple of the config's ``channel_align`` (a kernel tile) and of 32.
+* rows: weight ``I8``/``U8`` ``[N, K/2]``, scale ``F8_E8M0``/``U8`` ``[N, K/32]`` (DeepSeek-V4);
+* blocks: weight ``U8`` ``[N, K/32, 16]``, scale ``U8`` ``[N, K/32]`` (gpt-oss's ``*_blocks``
+  and ``*_scales``), usually with every expert stacked in front: ``[E, N, K/32, 16]``.
+
+Value: ``E2M1[code] * 2**(scale - 127)``, exact in fp32, rounded once to bf16.
+
+Windows: ``split = "rows"`` cuts N (weight and scale alike); ``split = "cols"``
+cuts K in whole 32-element groups: packed bytes ``[lo/2, hi/2)`` (rows layout)
+or blocks ``[lo/32, hi/32)``, and scale groups ``[lo/32, hi/32)``. The
+config's ``channel_align`` (a kernel tile) applies to every share.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import torch
 
 from .. import kernels
 from ..storage.catalogue import TensorMeta
-from . import Checker, Codec, Cut, Fit, Problem, cols_cut, rows_cut, whole
+from . import Checker, Codec, Cut, Fit, Problem, cut_axis
 from .tables import DECODE_CHUNK, E8M0_INVALID, e2m1_values, e8m0_values, lookup, round_bf16, scaled_table
 
 GROUP = 32  # elements sharing one E8M0 scale byte
@@ -90,40 +94,61 @@ class FP4E8M0(Codec):
     name = "fp4-e8m0"
     weight_dtypes = ("I8", "U8")
     scale_dtypes = ("F8_E8M0", "U8")
+    tiled = True
 
-    def fit(self, weight: TensorMeta, scale: TensorMeta | None, *, block: int = 0, split: str = "replicate") -> Fit | str:
+    def fit(self, weight: TensorMeta, scale: TensorMeta | None, *, block: int = 0, split: str = "replicate",
+            scale2: TensorMeta | None = None, stacked: bool = False) -> Fit | str:
+        base = len(weight.shape) - int(stacked)
+        want = ("[E, ] " if stacked else "") + "[N, K/2] or [N, K/32, 16]"
         if scale is None or weight.dtype not in self.weight_dtypes or scale.dtype not in self.scale_dtypes \
-                or len(weight.shape) != 2 or len(scale.shape) != 2:
-            return (f"fp4 wants a 2-D {'/'.join(self.weight_dtypes)} weight and a 2-D {'/'.join(self.scale_dtypes)} "
-                    "scale")
-        n, kb = weight.shape
-        if scale.shape != (n, 2 * kb // GROUP) or (2 * kb) % GROUP:
+                or base not in (2, 3) or len(scale.shape) != 2 + int(stacked):
+            return (f"fp4 wants a {'/'.join(self.weight_dtypes)} weight {want} and a {'/'.join(self.scale_dtypes)} "
+                    "scale with one byte per 32 elements")
+        blocks = base == 3
+        if blocks and weight.shape[-1] != GROUP // 2:
+            return f"fp4 blocks hold {GROUP // 2} bytes each (32 elements), not {weight.shape[-1]}"
+        k = weight.shape[-2] * GROUP if blocks else 2 * weight.shape[-1]
+        expected = weight.shape[:-2] + (weight.shape[-3 if blocks else -2], k // GROUP)
+        if scale.shape != expected or k % GROUP:
             return (f"fp4 scales hold one E8M0 byte per {GROUP} elements: scale {scale.name} is {list(scale.shape)}, "
-                    f"expected [{n}, {2 * kb // GROUP}]")
-        return Fit(weight, scale, (1, GROUP))
+                    f"expected {list(expected)}")
+        return Fit(weight, scale, (1, GROUP), stacked=stacked)
 
-    def window(self, fit: Fit, split: str, tp: int, rank: int, *, align: int) -> tuple[Cut, Cut | None] | str:
+    def _blocks(self, fit: Fit) -> bool:
+        return len(fit.weight.shape) - int(fit.stacked) == 3
+
+    def channels(self, fit: Fit, split: str) -> tuple[int, int]:
+        w = fit.weight
+        if split == "rows":  # whole 32s both ways (docs/format.md): a rank's rows are another matrix's columns
+            return w.shape[int(fit.stacked)], GROUP
+        return (w.shape[-2] * GROUP if self._blocks(fit) else 2 * w.shape[-1]), GROUP
+
+    def cuts(self, fit: Fit, split: str, span: tuple[int, int] | None,
+             experts: tuple[int, int] | None) -> tuple[Cut, Cut | None]:
         w, s = fit.weight, fit.scale
-        if split == "replicate" or tp == 1:
-            return whole(w), whole(s)
-        n, kb = w.shape
-        chans = n if split == "rows" else 2 * kb
-        per = chans // tp
-        if chans % tp or per % align or per % GROUP:
-            return f"{chans} channels / tp {tp} = {chans / tp:g}, not a multiple of {math.lcm(align, GROUP)}"
-        lo, hi = rank * per, (rank + 1) * per
+        if span is None:
+            return cut_axis(w, None, experts=experts), cut_axis(s, None, experts=experts)
+        lo, hi = span
+        ax = self.axis(fit, split)
         if split == "rows":
-            return rows_cut(w, lo, hi), rows_cut(s, lo, hi)
-        return cols_cut(w, lo, hi, per_byte=2), cols_cut(s, lo // GROUP, hi // GROUP)
+            return cut_axis(w, ax, lo, hi, experts=experts), cut_axis(s, ax, lo, hi, experts=experts)
+        per = GROUP if self._blocks(fit) else 2  # elements per stored index along the cut dimension
+        return (cut_axis(w, ax, lo // per, hi // per, experts=experts),
+                cut_axis(s, ax, lo // GROUP, hi // GROUP, experts=experts))
 
-    def elements(self, weight: Cut) -> tuple[int, int]:
-        return weight.shape[0], weight.shape[1] * 2
+    def decoded_shape(self, fit: Fit, weight: Cut) -> tuple[int, ...]:
+        if self._blocks(fit):
+            return weight.shape[:-2] + (weight.shape[-2] * GROUP,)
+        return weight.shape[:-1] + (weight.shape[-1] * 2,)
+
+    def decode_row_bytes(self, fit: Fit, weight: Cut) -> int:
+        return weight.shape[-2] * weight.shape[-1] if self._blocks(fit) else weight.shape[-1]
 
     def checker(self, fit: Fit, weight: Cut, scale: Cut | None) -> Checker:
         return _Check(weight, scale)
 
     def decode(self, weight: np.ndarray | torch.Tensor, scale: np.ndarray | torch.Tensor, out: torch.Tensor,
-               fit: Fit) -> None:
+               fit: Fit, *, scale2: object = None) -> None:
         """Packed ``[n, K/2]`` with E8M0 ``[n, K/32]`` into bf16 ``out [n, K]`` (contiguous): host arrays
         by the compiled kernel (rows read in place), device tensors by torch lookups."""
         if isinstance(weight, np.ndarray):
@@ -133,7 +158,8 @@ class FP4E8M0(Codec):
             return
         decode_torch(weight, scale, out)
 
-    def reference(self, weight: np.ndarray, scale: np.ndarray, out: torch.Tensor, fit: Fit) -> None:
+    def reference(self, weight: np.ndarray, scale: np.ndarray, out: torch.Tensor, fit: Fit, *,
+                  scale2: object = None) -> None:
         """numpy: the E2M1 table times the E8M0 power of two in fp32, rounded once to bf16."""
         b = weight.view(np.uint8)
         codes = np.empty((b.shape[0], b.shape[1] * 2), dtype=np.uint8)
@@ -143,16 +169,18 @@ class FP4E8M0(Codec):
         out.view(torch.int16).copy_(torch.from_numpy(round_bf16(values).view(np.int16)))
 
 
-def decode_torch(packed: torch.Tensor, scale: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def decode_torch(packed: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, *, table: torch.Tensor | None = None,
+                 group: int = GROUP) -> torch.Tensor:
     """The torch decode (any device): one table lookup per packed byte, in row blocks so the int32
-    indices stay a few hundred KiB whatever N is."""
+    indices stay a few hundred KiB whatever N is (``table``: decoded pairs per (scale byte, packed
+    byte), MXFP4's by default; ``group``: elements per scale byte)."""
     n, half_k = packed.shape
     k = half_k * 2
-    if not out.is_contiguous() or out.shape != (n, k) or scale.shape != (n, k // GROUP) or k % GROUP:
+    if not out.is_contiguous() or out.shape != (n, k) or scale.shape != (n, k // group) or k % group:
         raise ValueError(f"decode_fp4: packed {tuple(packed.shape)}, scale {tuple(scale.shape)}, out "
-                         f"{tuple(out.shape)} disagree (out contiguous, K a multiple of {GROUP})")
-    table = scaled_table("fp4", packed.device)
-    groups, per = k // GROUP, GROUP // 2  # 16 packed bytes share one scale byte
+                         f"{tuple(out.shape)} disagree (out contiguous, K a multiple of {group})")
+    table = scaled_table("fp4", packed.device) if table is None else table
+    groups, per = k // group, group // 2  # packed bytes sharing one scale byte
     words = out.view(torch.int32).view(n, groups, per)
     src = packed.view(torch.uint8).reshape(n, groups, per)
     shift = scale.view(torch.uint8)

@@ -1,7 +1,8 @@
 """FP8 (E4M3) dense matrices with one scale per B x B block (DeepSeek-V3 and V4 style).
 
 Stored: weight ``F8_E4M3`` ``[N, K]``; scale ``[ceil(N/B), ceil(K/B)]`` as
-``F8_E8M0`` (or ``U8``) bytes, or ``F32`` values (V3's ``weight_scale_inv``).
+``F8_E8M0`` (or ``U8``) bytes, or ``F32``, ``BF16`` or ``F16`` values (V3's and
+Qwen3's ``weight_scale_inv``, multiplied despite its name).
 Value: ``e4m3(w[n, k]) * scale[n // B, k // B]``, formed in fp32 and rounded
 once to bf16. B is read from the scale's shape (the rule may insist on one).
 
@@ -18,12 +19,32 @@ import torch
 
 from .. import kernels
 from ..storage.catalogue import TensorMeta
-from . import Checker, Codec, Cut, Fit, Problem, cols_cut, even_split, meets, rows_cut, whole
+from . import Checker, Codec, Cut, Fit, Problem, cut_axis, meets, whole
 from .tables import (DECODE_CHUNK, E4M3_NAN, E8M0_INVALID, FLOAT8_E4M3, e4m3_values, e8m0_values, lookup,
                      round_bf16, scaled_table)
 
 BF16_OVERFLOW = 0x7F7F8000  # float32 bits from which bf16 rounding (to nearest even) gives infinity
 DANGER_F32 = 2.0 ** 127 / 448  # an F32 scale below this cannot take any E4M3 code to bf16's limit
+VALUE_SCALES = ("F32", "BF16", "F16")  # scales stored as values (else E8M0 exponent bytes)
+
+
+def scale_values(view: np.ndarray, dtype: str) -> np.ndarray:
+    """Stored scale bytes (2-D) of a value dtype as float32 (exact: BF16 and F16 widen losslessly)."""
+    raw = np.ascontiguousarray(view)
+    if dtype == "F32":
+        return raw.view(np.float32)
+    if dtype == "F16":
+        return raw.view(np.float16).astype(np.float32)
+    return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)  # BF16: the top half of an fp32
+
+
+def scale_torch(scale: torch.Tensor, dtype: str) -> torch.Tensor:
+    """Stored scale bytes as float32 values (value dtypes) or as E8M0 bytes, on their device."""
+    if dtype == "F32":
+        return scale.view(torch.float32)
+    if dtype in ("BF16", "F16"):
+        return scale.view(torch.bfloat16 if dtype == "BF16" else torch.float16).to(torch.float32)
+    return scale.view(torch.uint8)
 
 
 def infer_block(w: TensorMeta, s: TensorMeta, insist: int = 0) -> int | str:
@@ -79,7 +100,7 @@ def overflow_blocks(codes: np.ndarray, scale: np.ndarray, block: int, first_row:
 class _Check(Checker):
     def __init__(self, weight: Cut, scale: Cut, block: int) -> None:
         self.weight_cut, self.scale_cut, self.block = weight, scale, block
-        self.f32 = scale.dtype == "F32"
+        self.f32, self.dtype = scale.dtype in VALUE_SCALES, scale.dtype
         self.scale_rows: list[np.ndarray] = []
         self.bad_scale = self.nan = self.overflow = 0
         self.first: tuple[int, int] | None = None
@@ -87,7 +108,7 @@ class _Check(Checker):
 
     def scale(self, view: np.ndarray, first_row: int) -> None:
         if self.f32:
-            values = np.ascontiguousarray(view).view(np.float32)
+            values = scale_values(view, self.dtype)
             self.bad_scale += int((~np.isfinite(values) | (values <= 0)).sum())
             self.scale_rows.append(values)
         else:
@@ -110,7 +131,7 @@ class _Check(Checker):
             self.first = (first[0] + first_row, first[1])
 
     def problems(self) -> list[Problem]:
-        what = ("F32 scale values not finite and positive" if self.f32 else
+        what = (f"{self.dtype} scale values not finite and positive" if self.f32 else
                 "E8M0 scale bytes 0x00/0xFF (expected 1..254: the serving kernels assume it)")
         out = [(self.bad_scale, what, self.scale_cut.name), (self.nan, "E4M3 NaN codes 0x7F/0xFF", self.weight_cut.name)]
         if self.overflow:
@@ -126,55 +147,54 @@ class FP8Block(Codec):
     role = "fp8"
     name = "fp8-block"
     weight_dtypes = ("F8_E4M3",)
-    scale_dtypes = ("F8_E8M0", "U8", "F32")
+    scale_dtypes = ("F8_E8M0", "U8", "F32", "BF16", "F16")
 
-    def fit(self, weight: TensorMeta, scale: TensorMeta | None, *, block: int = 0, split: str = "replicate") -> Fit | str:
+    def fit(self, weight: TensorMeta, scale: TensorMeta | None, *, block: int = 0, split: str = "replicate",
+            scale2: TensorMeta | None = None, stacked: bool = False) -> Fit | str:
         if scale is None or weight.dtype not in self.weight_dtypes or scale.dtype not in self.scale_dtypes \
-                or len(weight.shape) != 2 or len(scale.shape) != 2:
+                or len(weight.shape) != 2 or len(scale.shape) != 2 or stacked:
             return (f"fp8 wants a 2-D {'/'.join(self.weight_dtypes)} weight and a 2-D {'/'.join(self.scale_dtypes)} "
-                    "scale")
+                    "scale (not stacked)")
         b = infer_block(weight, scale, block)
         if isinstance(b, str):
             return f"fp8 scale shape does not fit: {b}"
         return Fit(weight, scale, (b, b))
 
-    def window(self, fit: Fit, split: str, tp: int, rank: int, *, align: int) -> tuple[Cut, Cut | None] | str:
+    def channels(self, fit: Fit, split: str) -> tuple[int, int]:
+        return fit.weight.shape[self.axis(fit, split)], fit.group[0]
+
+    def cuts(self, fit: Fit, split: str, span: tuple[int, int] | None,
+             experts: tuple[int, int] | None) -> tuple[Cut, Cut | None]:
         w, s, b = fit.weight, fit.scale, fit.group[0]
-        if split == "replicate" or tp == 1:
-            return whole(w), whole(s)
-        dim = 0 if split == "rows" else 1
-        span = even_split(w.shape[dim], b, tp, rank)
         if span is None:
-            return f"{s.shape[dim]} scale blocks of {b} / tp {tp} is not whole"
+            return whole(w), whole(s)
         lo, hi = span
-        sb = (lo // b, -(-hi // b))
-        if split == "rows":
-            return rows_cut(w, lo, hi), rows_cut(s, *sb)
-        return cols_cut(w, lo, hi), cols_cut(s, *sb)
+        ax = self.axis(fit, split)
+        return cut_axis(w, ax, lo, hi), cut_axis(s, ax, lo // b, -(-hi // b))
 
     def checker(self, fit: Fit, weight: Cut, scale: Cut | None) -> Checker:
         return _Check(weight, scale, fit.group[0])
 
     def decode(self, weight: np.ndarray | torch.Tensor, scale: np.ndarray | torch.Tensor, out: torch.Tensor,
-               fit: Fit) -> None:
+               fit: Fit, *, scale2: object = None) -> None:
         """E4M3 rows (starting on a block boundary) with the scale rows they use into bf16 ``out``:
         host arrays with E8M0 scales by the compiled kernel, everything else by torch ops."""
         block = fit.group[0]
         if isinstance(weight, np.ndarray):
-            if fit.scale.dtype != "F32":
+            if fit.scale.dtype not in VALUE_SCALES:
                 table = scaled_table("fp8").numpy()
                 kernels.decode_fp8(weight.view(np.uint8), np.asarray(scale).view(np.uint8), table,
                                    out.view(torch.int16).numpy(), block)
                 return
             weight, scale = torch.from_numpy(np.ascontiguousarray(weight)), torch.from_numpy(np.ascontiguousarray(scale))
-        decode_torch(weight, scale.view(torch.float32) if fit.scale.dtype == "F32" else scale.view(torch.uint8),
-                     out, block=block)
+        decode_torch(weight, scale_torch(scale, fit.scale.dtype), out, block=block)
 
-    def reference(self, weight: np.ndarray, scale: np.ndarray, out: torch.Tensor, fit: Fit) -> None:
+    def reference(self, weight: np.ndarray, scale: np.ndarray, out: torch.Tensor, fit: Fit, *,
+                  scale2: object = None) -> None:
         """numpy: E4M3 values from their bits times the block scale in fp32, rounded once to bf16."""
         b = fit.group[0]
         n, k = weight.shape
-        s = np.ascontiguousarray(scale).view(np.float32) if fit.scale.dtype == "F32" else \
+        s = scale_values(scale, fit.scale.dtype) if fit.scale.dtype in VALUE_SCALES else \
             e8m0_values(np.ascontiguousarray(scale).view(np.uint8))
         full = np.repeat(np.repeat(s, b, axis=0), b, axis=1)[:n, :k]
         with np.errstate(over="ignore", invalid="ignore"):

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..storage.catalogue import TensorMeta
-from . import Codec, Cut, Fit, cols_cut, even_split, rows_cut, whole
+from . import Codec, Cut, Fit, cut_axis
 from .tables import round_bf16
 
 DTYPES = ("BF16", "F32", "F16", "I64")
@@ -24,35 +24,38 @@ class Plain(Codec):
     name = "plain"
     weight_dtypes = DTYPES
 
-    def fit(self, weight: TensorMeta, scale: TensorMeta | None, *, block: int = 0, split: str = "replicate") -> Fit | str:
+    def fit(self, weight: TensorMeta, scale: TensorMeta | None, *, block: int = 0, split: str = "replicate",
+            scale2: TensorMeta | None = None, stacked: bool = False) -> Fit | str:
         if weight.dtype not in DTYPES:
             return f"plain tensors must be {'/'.join(DTYPES)}, and these are not"
-        if split == "cols" and len(weight.shape) != 2:
-            return "split cols needs 2-D tensors"
-        if split == "rows" and not weight.shape:
-            return "split rows needs a tensor with at least one dimension (this one is a scalar)"
-        return Fit(weight, None, (1, 1))
+        base = len(weight.shape) - int(stacked)
+        if stacked and not weight.shape:
+            return "a stacked tensor needs a dimension of experts (this one is a scalar)"
+        if split == "cols" and base != 2:
+            return "split cols needs 2-D tensors" + (" after the experts" if stacked else "")
+        if split == "rows" and base < 1:
+            return ("split rows needs a tensor with at least one dimension"
+                    + (" after the experts" if stacked else " (this one is a scalar)"))
+        return Fit(weight, None, (1, 1), stacked=stacked)
 
-    def window(self, fit: Fit, split: str, tp: int, rank: int, *, align: int) -> tuple[Cut, Cut | None] | str:
-        w = fit.weight
-        if split == "replicate" or tp == 1:
-            return whole(w), None
-        n = w.shape[0] if split == "rows" else w.shape[1]
-        span = even_split(n, 1, tp, rank)
+    def cuts(self, fit: Fit, split: str, span: tuple[int, int] | None,
+             experts: tuple[int, int] | None) -> tuple[Cut, Cut | None]:
         if span is None:
-            return f"{n} {split} / tp {tp} is not whole"
-        return (rows_cut(w, *span) if split == "rows" else cols_cut(w, *span)), None
+            return cut_axis(fit.weight, None, experts=experts), None
+        return cut_axis(fit.weight, self.axis(fit, split), *span, experts=experts), None
 
     def copies(self, fit: Fit, kind: str) -> bool:
         """Whether the served bytes are the stored bytes (all but F16, in either kind)."""
         return fit.weight.dtype != "F16"
 
-    def decode(self, weight: np.ndarray | torch.Tensor, scale: object, out: torch.Tensor, fit: Fit) -> None:
+    def decode(self, weight: np.ndarray | torch.Tensor, scale: object, out: torch.Tensor, fit: Fit, *,
+               scale2: object = None) -> None:
         """F16 rows -> BF16 ``out`` rows (``out``: the slot's rows as 2-D bf16)."""
         src = torch.from_numpy(weight) if isinstance(weight, np.ndarray) else weight
         out.copy_(src.view(torch.float16).reshape(out.shape).to(torch.float32))
 
-    def reference(self, weight: np.ndarray, scale: object, out: torch.Tensor, fit: Fit) -> None:
+    def reference(self, weight: np.ndarray, scale: object, out: torch.Tensor, fit: Fit, *,
+                  scale2: object = None) -> None:
         values = np.ascontiguousarray(weight).view(np.float16).astype(np.float32)
         rounded = round_bf16(values)  # round to nearest even; a NaN stays a NaN (plain rounding made some inf)
         out.view(torch.int16).copy_(torch.from_numpy(rounded.view(np.int16)).reshape(out.shape))

@@ -39,6 +39,8 @@ SERVED: dict[str, torch.dtype] = {
     "I8": torch.int8,
     "I64": torch.int64,
 }
+# Scales are served exactly as stored (the F16 -> BF16 rule is for weights).
+SERVED_SCALE: dict[str, torch.dtype] = {**SERVED, "F16": torch.float16}
 
 
 def e8m0_to_f32(scale: torch.Tensor) -> torch.Tensor:

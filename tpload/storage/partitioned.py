@@ -49,6 +49,17 @@ def _source_table(table: object, path: Path) -> dict[str, TensorMeta]:
     return out
 
 
+def export_config(root: Path) -> str | None:
+    """The config an export records it was made with (None: not an export, or it names none)."""
+    if not is_partitioned(root) or not os.path.lexists(root / MANIFEST_NAME):
+        return None
+    path = root / MANIFEST_NAME
+    doc = parse_json(read_small(path, "export manifest"), path, "export manifest")
+    meta = doc.get("partitioned") if isinstance(doc, dict) else None
+    name = meta.get("config") if isinstance(meta, dict) else None
+    return name if isinstance(name, str) and name else None
+
+
 class PartitionedStorage(FileReads):
     """One rank's view of an export: plan with the source's table, read only this rank's file."""
 

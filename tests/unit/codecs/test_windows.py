@@ -52,7 +52,7 @@ def assert_cut_is(cut: Cut, m: TensorMeta, whole: np.ndarray, want: np.ndarray) 
 
 
 def window(codec: Codec, fit: Fit, split: str, tp: int, rank: int, align: int = 32) -> tuple[Cut, Cut | None]:
-    cuts = codec.window(fit, split, tp, rank, align=align)
+    cuts = codec.window(fit, split, tp, rank, align=align if codec.tiled else 0)  # a tile binds tiled codecs
     assert not isinstance(cuts, str), cuts
     return cuts
 
@@ -67,10 +67,10 @@ def test_fp4_fit_reads_the_group_from_the_scale() -> None:
 
 
 @pytest.mark.parametrize("weight, scale, words", [
-    (("I8", (256, 2048)), None, "2-D I8/U8 weight"),
-    (("BF16", (256, 2048)), ("F8_E8M0", (256, 128)), "2-D I8/U8 weight"),
+    (("I8", (256, 2048)), None, "I8/U8 weight [N, K/2]"),
+    (("BF16", (256, 2048)), ("F8_E8M0", (256, 128)), "I8/U8 weight [N, K/2]"),
     (("I8", (256, 2048)), ("F32", (256, 128)), "F8_E8M0/U8 scale"),
-    (("I8", (256 * 2048,)), ("F8_E8M0", (256, 128)), "2-D"),
+    (("I8", (256 * 2048,)), ("F8_E8M0", (256, 128)), "[N, K/2] or [N, K/32, 16]"),
     (("I8", (256, 2048)), ("F8_E8M0", (256, 256)), "scale s is [256, 256], expected [256, 128]"),
     (("I8", (256, 2048)), ("F8_E8M0", (128, 128)), "expected [256, 128]"),
     (("I8", (256, 24)), ("F8_E8M0", (256, 1)), "one E8M0 byte per 32 elements"),  # K = 48
@@ -90,7 +90,7 @@ def test_fp8_fit_infers_the_block_with_a_ragged_last_one() -> None:
 
 @pytest.mark.parametrize("weight, scale, block, words", [
     (("BF16", (576, 7168)), ("F8_E8M0", (5, 56)), 0, "2-D F8_E4M3 weight"),
-    (("F8_E4M3", (576, 7168)), ("BF16", (5, 56)), 0, "F8_E8M0/U8/F32 scale"),
+    (("F8_E4M3", (576, 7168)), ("I8", (5, 56)), 0, "F8_E8M0/U8/F32/BF16/F16 scale"),
     (("F8_E4M3", (576, 7168)), None, 0, "scale"),
     (("F8_E4M3", (576, 7168)), ("F8_E8M0", (5, 57)), 0, "does not tile weight shape [576, 7168]"),
     (("F8_E4M3", (576, 7168)), ("F8_E8M0", (5, 56)), 64, "with block 64"),
@@ -148,7 +148,7 @@ def test_fp4_cols_window_decodes_to_the_column_slice(tp: int) -> None:
         assert_cut_is(sc, s, sw, sw[:, r * 64 // tp:(r + 1) * 64 // tp])
         got = ref_fp4(np.ascontiguousarray(cut_bytes(pw, wc)), np.ascontiguousarray(cut_bytes(sw, sc)))
         np.testing.assert_array_equal(got, full[:, r * 2048 // tp:(r + 1) * 2048 // tp])
-        assert FP4.elements(wc) == (64, 2048 // tp)
+        assert FP4.decoded_shape(fit, wc) == (64, 2048 // tp)
 
 
 def test_fp4_replicate_is_the_whole_tensor() -> None:
@@ -217,9 +217,9 @@ def test_fp8_cols_window_with_a_ragged_last_block(tp: int, scale_dtype: str) -> 
 def test_fp8_window_refuses_blocks_tp_cannot_split(split: str, tp: int) -> None:
     # N = K = 576 with B = 128: 5 scale blocks (the last of 64) do not split into equal shares
     w, s, _, _ = fp8_case((576, 576), 128)
-    why = FP8.window(fit_of(FP8, w, s), split, tp, 0, align=64)
+    why = FP8.window(fit_of(FP8, w, s), split, tp, 0)
     assert why == f"5 scale blocks of 128 / tp {tp} is not whole"
-    assert not isinstance(FP8.window(fit_of(FP8, w, s), split, 1, 0, align=64), str)
+    assert not isinstance(FP8.window(fit_of(FP8, w, s), split, 1, 0), str)
 
 
 def test_fp8_decoding_rows_go_in_scale_blocks() -> None:
@@ -281,7 +281,7 @@ def test_plain_replicate_is_the_whole_tensor_even_0d() -> None:
                                                  ("cols", (4, 6), "6 cols / tp 4 is not whole"),
                                                  ("rows", (10,), "10 rows / tp 4 is not whole")])
 def test_plain_window_refuses_an_uneven_split(split: str, shape: tuple[int, ...], words: str) -> None:
-    why = PLAIN.window(fit_of(PLAIN, meta("t", "BF16", shape), split=split), split, 4, 0, align=64)
+    why = PLAIN.window(fit_of(PLAIN, meta("t", "BF16", shape), split=split), split, 4, 0)
     assert why == words
 
 
@@ -329,7 +329,7 @@ def test_plain_serves_its_dtype_in_both_kinds_f16_as_bf16(kind: str, dtype: str,
 
 
 def test_roles_name_the_three_codecs_and_skip_reads_nothing() -> None:
-    assert set(roles()) == {"plain", "fp4", "fp8"}
+    assert set(roles()) == {"plain", "fp4", "fp8", "nvfp4"}
     assert (for_role("plain"), for_role("fp4"), for_role("fp8")) == (PLAIN, FP4, FP8)
     assert for_role("skip") is None and for_role("defer") is None
     assert [c.scaled for c in (PLAIN, FP4, FP8)] == [False, True, True]

@@ -98,15 +98,26 @@ def cmd_load(argv: list[str]) -> int:
 
 
 def cmd_synth(argv: list[str]) -> int:
+    from .published import PUBLISHED
     from .synth import PRESETS, spec_from, write_checkpoint
-    p = argparse.ArgumentParser(prog="python -m tpload synth", description="Write a synthetic native checkpoint "
-                                "(shards, index, NATIVE_MANIFEST.json) exactly as docs/format.md specifies.")
+    p = argparse.ArgumentParser(prog="python -m tpload synth", description="Write a synthetic checkpoint: the "
+                                "reference native layout of docs/format.md (small, medium, seed), or a published "
+                                "family's layout (NAME-tiny, NAME-full --headers-only, deepseek-v3-deep; "
+                                "docs/formats/), with shards, index, config.json and NATIVE_MANIFEST.json.")
     p.add_argument("dir", help="a new or empty folder")
-    p.add_argument("--preset", choices=list(PRESETS), default="small")
+    p.add_argument("--preset", choices=list(PRESETS) + list(PUBLISHED), default="small")
+    p.add_argument("--headers-only", action="store_true", help="(NAME-full presets) real headers and index, holes "
+                   "for data: sparse files that use no disk; only `plan` reads them")
+    p.add_argument("--hub", metavar="ORG/NAME", help="(published presets) lay the files out as a hub cache under DIR "
+                   "(blobs named by hash, snapshots/REV linking to them), without a manifest; load the printed folder")
     dims = ("hidden", "inter", "experts", "stages", "vocab", "block", "shards", "seed")
     for f in dims:
         p.add_argument(f"--{f}", type=int)
     args = p.parse_args(argv)
+    if args.preset in PUBLISHED:
+        return _synth_published(p, args, dims)
+    if args.headers_only or args.hub:
+        p.error("--headers-only and --hub are for the published presets (NAME-tiny, NAME-full, deepseek-v3-deep)")
     try:
         spec = spec_from(args.preset, **{f: getattr(args, f) for f in dims})
     except ValueError as e:
@@ -117,6 +128,36 @@ def cmd_synth(argv: list[str]) -> int:
         return _fail(e)
     size = sum(f.stat().st_size for f in root.glob("*.safetensors"))
     print(f"wrote {root}: {size / 1e9:.3f} GB ({spec})")
+    return 0
+
+
+def _synth_published(p: argparse.ArgumentParser, args: argparse.Namespace, dims: tuple[str, ...]) -> int:
+    import tempfile
+
+    from .published import PUBLISHED, write_published
+    from .storage.hub import to_hub_cache
+    if any(getattr(args, f) is not None for f in dims if f != "seed"):
+        p.error("the published presets take no dimension flags (their dimensions are the family's)")
+    full = PUBLISHED[args.preset]().headers_only
+    if full != args.headers_only:
+        p.error(f"{args.preset} {'is written only' if full else 'is not written'} --headers-only")
+    if args.hub and full:
+        p.error("--hub is for presets with data")
+    try:
+        if args.hub:
+            Path(args.dir).mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=args.dir, prefix=".synth-") as tmp:
+                written = write_published(Path(tmp) / "ckpt", args.preset, seed=args.seed or 0, manifest=False)
+                root = to_hub_cache(written, Path(args.dir), args.hub)
+        else:
+            root = write_published(args.dir, args.preset, seed=args.seed or 0)
+    except LoadError as e:
+        return _fail(e)
+    shards = list(root.glob("*.safetensors"))
+    size = sum(f.stat().st_size for f in shards)
+    used = sum(f.stat().st_blocks * 512 for f in shards)
+    print(f"wrote {printable(str(root))}: {len(shards)} shards, {size / 1e9:.3f} GB ({used / 1e9:.3f} GB on disk), "
+          f"preset {args.preset}")
     return 0
 
 

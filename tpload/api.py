@@ -17,6 +17,7 @@ import logging
 import os
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -41,6 +42,7 @@ from .text import escape_name
 from .transfer import for_device
 from .verification import crosscheck
 from .verification.hashing import Hasher
+from .verification.files import FileHashed, FileHasher, assign_files, file_problems, own_problems
 from .verification.policy import HashPlan, hash_plan
 from .verification.store import DigestStore, Prediction, stale
 
@@ -113,6 +115,7 @@ class _RankLoad:
         self.key = ""
         self.store_path = ""
         self.notes: list[str] = []
+        self.file_split: dict[int, list[Path]] = {}
 
     def attempt(self, seq: int, error: LoadError | None) -> None:
         """Everything before the exchange; every failure becomes this rank's status and message."""
@@ -164,6 +167,7 @@ class _RankLoad:
 
     def _load(self, storage: Storage, layout: Layout) -> None:
         """Plan, check everything that can be checked before reading, read, and fill the figures."""
+        storage.catalogue.refuse_headers_only("loading it")
         self._check_pin(storage)
         self._measure_cache(storage, before=True)
         config, why = choose(self.opts.config, storage.root)
@@ -179,13 +183,76 @@ class _RankLoad:
         self._check_manifest(storage, plan)
         preflight.check(planner, layout, plan, self.ctx.device, sharing, int(self.opts.reserve_gib * preflight.GIB))
         stored = self._prediction(storage, config.id(), layout)
-        hashes = hash_plan(self.opts.verify, self.ctx.rank, {p: _reads(q) for p, q in plans.items()},
-                           {n: storage.catalogue.get(n).nbytes for q in plans.values() for n in q.used_tensors},
-                           per_rank=storage.per_rank)
-        result = self.result = self._run(storage, plan, hashes)
+        reads = {p: _reads(q) for p, q in plans.items()}
+        if getattr(storage, "file_digests", None) is not None and self.opts.verify in ("node", "rank"):
+            hashes, files = self._file_plan(storage, plans, reads)
+        else:
+            hashes = hash_plan(self.opts.verify, self.ctx.rank, reads,
+                               {n: storage.catalogue.get(n).nbytes for q in plans.values() for n in q.used_tensors},
+                               per_rank=storage.per_rank)
+            files = None
+        try:
+            if files is not None:
+                files.start()
+            result = self.result = self._run(storage, plan, hashes)
+            hashed_files = files.finish() if files is not None else []
+        finally:
+            if files is not None:
+                files.cancel()
         self._measure_cache(storage, before=False)
         self._figures(result, plan, stored, hashes)
+        if files is not None:
+            self._file_figures(storage, result, hashed_files, files, plans, hashes)
         self.deferred = locate(storage, plan.deferred)
+
+    def _file_plan(self, storage: Storage, plans: dict[int, RankPlan],
+                   reads: dict[int, dict]) -> tuple[HashPlan, FileHasher]:
+        """A hub snapshot: whole files instead of tensors. This rank's files (node mode: its share of the
+        files its node reads, each to one of its readers; rank mode: every file it reads), and who
+        hashes the file of each tensor it reads."""
+        me = self.ctx.rank
+        file_of = {n: storage.info(n).path for r in reads.values() for n in r}
+        users: dict[Path, list[int]] = {}
+        for p in sorted(reads):
+            for n in reads[p]:
+                if p not in users.setdefault(file_of[n], []):
+                    users[file_of[n]].append(p)
+        if self.opts.verify == "rank" or len(reads) == 1:
+            split = {me: sorted({file_of[n] for n in reads[me]})}
+        else:
+            split = assign_files(users, {f: storage.files.get(f).opened.size for f in users}, sorted(reads))
+        hasher_of = {f: r for r, fs in split.items() for f in fs}
+        mine = set(split.get(me, []))
+        peers = {n: {p: reads[p][n] for p in sorted(reads) if n in reads[p]} for n, f in file_of.items() if f in mine}
+        owner = {n: hasher_of[file_of[n]] for n in reads[me] if hasher_of.get(file_of[n], me) != me}
+        views = {c.name: c.view for q in plans.values() for item in q.items for c in item.cuts}
+        self.file_split = split
+        return HashPlan(self.opts.verify, me, frozenset(), owner, {}), FileHasher(storage, sorted(mine), peers, views)
+
+    def _file_figures(self, storage: Storage, result: LoadResult, hashed: list[FileHashed], files: FileHasher,
+                      plans: dict[int, RankPlan], hashes: HashPlan) -> None:
+        """A hub snapshot's verdicts: each file's sha256 against its blob name, this rank's own windows
+        against the bytes it hashed, the peers' through the exchange; and the node's amplification."""
+        me, fig = self.ctx.rank, self.fig
+        problems = file_problems(hashed, storage.file_digests) + own_problems(hashed, me, result.windows)
+        if problems:
+            raise LoadError(f"{len(problems)} problem(s):\n  - " + "\n  - ".join(problems))
+        fig.hashed = sum(len(h.peers) for h in hashed)
+        fig.bytes_hashed = sum(h.nbytes for h in hashed)
+        claims = {n: {p: b for p, b in by_peer.items() if p != me} for n, by_peer in files.peers.items()}
+        fingerprints = {n: fp for h in hashed for n, fp in h.peers.items()}
+        fig.claims = crosscheck.claims(claims, fingerprints, self.ctx.node_peers, me)
+        fig.seen = crosscheck.seen(hashes.owner, result.windows, self.ctx.node_peers, me)
+        node_files = {f for fs in self.file_split.values() for f in fs}
+        hashed_bytes = sum(storage.files.get(f).opened.size for f in node_files)
+        read_bytes = sum(q.read_bytes for q in plans.values()) if self.opts.verify == "node" else plans[me].read_bytes
+        scope = "this node" if self.opts.verify == "node" else "this rank"
+        note = (f"hub cache snapshot: {len(node_files)} file(s) checked whole against their blob sha256, "
+                f"{hashed_bytes / 1e9:.3f} GB hashed for {read_bytes / 1e9:.3f} GB {scope} reads")
+        if read_bytes and hashed_bytes > 1.2 * read_bytes:
+            note += (f" ({hashed_bytes / read_bytes:.1f}x: whole files hold bytes no rank here serves; `python -m "
+                     f"tpload manifest DIR` hashes per tensor, so each node hashes only what it serves)")
+        self.notes.append(note)
 
     def _plans(self, planner: Planner, layout: Layout) -> tuple[dict[int, RankPlan], list[RankPlan]]:
         """This rank's plan and its node peers' (node hashing splits the node's work; on the CPU, or on

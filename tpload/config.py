@@ -160,6 +160,8 @@ class Config:
     architectures: tuple[str, ...] = ()
     """config.json ``architectures`` / ``model_type`` values this config is for (``--config auto``)."""
     expert_regex: re.Pattern[str] = field(init=False, repr=False, compare=False)
+    _matcher: re.Pattern[str] = field(init=False, repr=False, compare=False)
+    _resolved: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.channel_align < 1:
@@ -173,12 +175,18 @@ class Config:
         if rx.groups < 1:
             raise ConfigError(f"{self.name}: expert_pattern {self.expert_pattern!r} needs one group (the expert index)")
         object.__setattr__(self, "expert_regex", rx)
+        # every glob in one regex, in rule order: the first alternative that matches is the first rule
+        alternatives = "|".join(f"(?P<r{i}>{fnmatch.translate(r.match)})" for i, r in enumerate(self.rules))
+        object.__setattr__(self, "_matcher", re.compile(alternatives))
+        object.__setattr__(self, "_resolved", {})
         unknown = [f for f in self.families if f not in FAMILIES]
         if unknown:
             raise ConfigError(f"{self.name}: unknown codec families {', '.join(unknown)} (known: {', '.join(FAMILIES)})")
 
     def rule_for(self, name: str) -> Rule | None:
-        return next((r for r in self.rules if r.matches(name)), None)
+        """The first rule whose glob matches ``name`` (one regex match, whatever the rule count)."""
+        m = self._matcher.match(name)
+        return self.rules[int(m.lastgroup[1:])] if m else None
 
     def resolve(self, rule: Rule, name: str, dtype: str, present: Mapping[str, object]) -> Rule | str:
         """An ``auto`` rule made concrete for one tensor: the first of the families' ways of storing a
@@ -188,11 +196,21 @@ class Config:
             if p.dtype == dtype and name.endswith(p.suffix):
                 stem = name[: -len(p.suffix)]
                 if stem + p.scale in present and (not p.scale2 or stem + p.scale2 in present):
-                    return replace(rule, role=p.role, scale=p.scale, scale2=p.scale2, suffix=p.suffix)
+                    return self._made(rule, p)
         if dtype in codecs.for_role("plain").weight_dtypes:
-            return replace(rule, role="plain")
+            return self._made(rule, None)
         return (f"{dtype} tensors that no codec of {'+'.join(self.families) or 'this config'} takes (is a scale "
                 f"tensor missing, or is it another family? shipped families: {', '.join(FAMILIES)})")
+
+    def _made(self, rule: Rule, pick: Pick | None) -> Rule:
+        """``rule`` with ``pick``'s role and names (plain when None), made once per pair."""
+        key = (id(rule), pick)
+        made = self._resolved.get(key)
+        if made is None:
+            made = self._resolved[key] = (replace(rule, role="plain") if pick is None else
+                                          replace(rule, role=pick.role, scale=pick.scale, scale2=pick.scale2,
+                                                  suffix=pick.suffix))
+        return made
 
     def id(self) -> str:
         """A short hash of what the config decides (rules and layout constants, not where it came from).

@@ -75,6 +75,7 @@ def export(src: str | os.PathLike, out: str | os.PathLike, layout: Layout, confi
     if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
         raise CheckpointError(f"{escape_name(dst)}: export folder is not empty; give a new folder")
     try:
+        storage.catalogue.refuse_headers_only("exporting it")
         planner = Planner(storage.catalogue, config)
         planner.check_layout(layout, layout.world)
         plans = [planner.plan(layout, "packed", r) for r in range(layout.world)]

@@ -31,7 +31,8 @@ from .storage.pagecache import ShardRelease
 from .storage.reader import Reader
 from .transfer import Transfer
 from .verification.evidence import Check, Evidence
-from .verification.fingerprint import HostFingerprint, Triple, as_bytes2d, decoded_fingerprint, digest
+from .verification.fingerprint import (HostFingerprint, Triple, as_bytes2d, decoded_fingerprint, digest,
+                                       fingerprint)
 from .verification.hashing import Hashed, Hasher
 from .verification.policy import Box
 
@@ -149,8 +150,9 @@ class _Loader:
             feed = _feed(item, checker, cut)
             # the served tensor's fingerprint, in its own view; the window's, in the cut's (the node
             # cross-check compares it with the hasher's): the same when the views are (group 1)
-            fp = HostFingerprint(cut.row_bytes, group=cut.group)
-            window = fp if cut.group == 1 else HostFingerprint(cut.row_bytes)
+            # (a piece narrower than the served row's words cannot be grouped: then compare in the cut's view)
+            fp = HostFingerprint(cut.row_bytes, group=cut.group if HostFingerprint.fits(cut.row_bytes, cut.group) else 1)
+            window = fp if fp.group == 1 else HostFingerprint(cut.row_bytes)
             # the value checkers read whole rows (a scale group never straddles a piece); plain rows may split
             where, blocks = self._blocks(cut, split_rows=not item.codec.scaled and cut.group == 1)
             for r, c, view in blocks:
@@ -159,9 +161,10 @@ class _Loader:
                 if window is not fp:
                     window.add(view, r, first_col=c)
             mine = dst if cut.group == 1 else dst.reshape(dst.shape[0] // cut.group, -1)  # the served tensor's view
-            served, want = self.transfer.served(mine, fp)
+            served, want = self.transfer.served(mine if fp.group == cut.group else dst, fp)
+            digest = None if fp.group == cut.group else fingerprint(torch.as_tensor(mine))
             self.evidence.window(cut.name, cut.box, window.value())
-            checks[cut.name] = Check(out.name, where, served, want, "host window")
+            checks[cut.name] = Check(out.name, where, served, want, "host window", digest=digest)
         if item.codec.scaled:
             self._problems(item, checker.problems(), checks)
         for check in checks.values():

@@ -49,6 +49,7 @@ def predict(root: str | os.PathLike, config: Config, layout: Layout, kind: str, 
     for rank in range(layout.world):
         storage = open_storage(root, tp=layout.tp, ep=layout.ep, rank=rank, world=layout.world)
         try:
+            storage.catalogue.refuse_headers_only("computing digests")
             planner = Planner(storage.catalogue, config)
             planner.check_layout(layout, layout.world)
             plan = planner.plan(layout, kind, rank)
@@ -104,6 +105,7 @@ def verify_checkpoint(root: str | os.PathLike, config: Config | None, *, threads
         return [str(e)]
     try:
         cat = storage.catalogue
+        cat.refuse_headers_only("verifying it")
         problems = cat.manifest_problems(cat.names())
         if cat.manifest is None:
             return problems
@@ -182,6 +184,7 @@ def write_manifest(root: str | os.PathLike, *, force: bool = False, threads: int
     catalogue = storage.catalogue
     names = catalogue.names()
     try:
+        catalogue.refuse_headers_only("a manifest of it")
         hashed = hash_whole(storage, names, threads=max(0, min(threads, _spare())))
     finally:
         storage.close()

@@ -14,6 +14,7 @@ import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -54,8 +55,7 @@ class Layout:
         return divmod(rank, self.tp)
 
 
-@dataclass(frozen=True)
-class Output:
+class Output(NamedTuple):
     """One served tensor: a slot of the rank's arena."""
 
     name: str
@@ -65,9 +65,9 @@ class Output:
     nbytes: int
 
 
-@dataclass(frozen=True)
-class Item:
-    """One unit of work: a weight (and its scales) becoming one or more served tensors."""
+class Item(NamedTuple):
+    """One unit of work: a weight (and its scales) becoming one or more served tensors (a named
+    tuple, like Cut and Output: cheap to make by the hundred thousand)."""
 
     name: str
     codec: Codec
@@ -151,6 +151,16 @@ class _Entry:
     """Experts stacked in dimension 0 that expert parallelism shares out (0: not such a tensor)."""
 
 
+class _Shaped(NamedTuple):
+    """A tensor's cuts and served tensors on one rank, without the names: shared by every tensor of
+    the same rule, format and shapes."""
+
+    weight: tuple
+    scale: tuple | None
+    served: tuple[tuple[torch.dtype, tuple[int, ...], int], ...]
+    rule: str
+
+
 class Planner:
     """Classifies a catalogue once against a config, then cuts plans for any layout."""
 
@@ -165,7 +175,10 @@ class Planner:
         # a locator of a remote expert would invite the model to read it.
         self.deferred_experts = {n: x for n in self.deferred if (x := self._expert_of(n, config.rule_for(n)))}
         self.expert_counts = self._count_experts()
+        self._expert_pos = {k: {x: i for i, x in enumerate(v)} for k, v in self.expert_counts.items()}
         self._plans: dict[tuple[Layout, str, int], RankPlan] = {}
+        self._owned: dict[tuple[int, int], list[_Entry]] = {}
+        self._shapes: dict[tuple, _Shaped | str] = {}
 
     # -- classification ------------------------------------------------------------------------
 
@@ -240,7 +253,7 @@ class Planner:
         meta = self.catalogue.tensors[name]
         codec = codecs.for_role(rule.role)
         expert = self._expert_of(name, rule)
-        if rule.experts and expert is None:
+        if rule.experts and not rule.stacked and expert is None:
             grouped.setdefault(f"{rule.describe()}: experts = true but expert_pattern "
                                f"{self.config.expert_pattern!r} finds no index in", []).append(meta.describe())
             return None
@@ -297,9 +310,9 @@ class Planner:
         """Does expert-parallel group ``group`` hold this expert? (the last group takes the remainder)"""
         if expert is None or layout.ep == 1:
             return True
-        experts = self.expert_counts[expert[0]]
-        lo, hi = share(len(experts), layout.ep, group)
-        return lo <= experts.index(expert[1]) < hi
+        positions = self._expert_pos[expert[0]]
+        lo, hi = share(len(positions), layout.ep, group)
+        return lo <= positions[expert[1]] < hi
 
     # -- layouts -------------------------------------------------------------------------------
 
@@ -359,23 +372,55 @@ class Planner:
             plan = self._plans[key] = self._make(layout, kind, rank)
         return plan
 
+    def _entries_of(self, layout: Layout, group: int) -> list[_Entry]:
+        """The entries expert-parallel group ``group`` holds (found once per group, not per rank)."""
+        key = (layout.ep, group)
+        owned = self._owned.get(key)
+        if owned is None:
+            owned = self._owned[key] = [e for e in self.entries if self.owns(e.expert, layout, group)]
+        return owned
+
+    def _shaped(self, e: _Entry, layout: Layout, rank: int, kind: str) -> _Shaped | str:
+        """The cuts and served tensors of ``e`` on this rank, made once for every tensor of the same
+        rule, format, shapes and expert range (the 256 experts of a layer cut alike); names follow."""
+        group, tpr = layout.position(rank)
+        experts = group if e.stacked_experts else None
+        f = e.fit
+        key = (e.rule.index, e.rule.match, e.codec.name, f.group, f.weight.shape, f.weight.dtype,
+               (f.scale.shape, f.scale.dtype) if f.scale else None, (f.scale2.shape, f.scale2.dtype) if f.scale2
+               else None, layout.tp, layout.ep if experts is not None else 1, tpr, experts, kind)
+        shaped = self._shapes.get(key)
+        if shaped is None:
+            cuts = self._cuts(e, layout, rank)
+            if isinstance(cuts, str):
+                shaped = cuts
+            else:
+                served = tuple((dtype, shape, nbytes) for _, dtype, shape, nbytes in
+                               e.codec.served(f, cuts[0], cuts[1], kind))
+                shaped = _Shaped(cuts[0][1:], cuts[1][1:] if cuts[1] else None, served, e.rule.describe())
+            self._shapes[key] = shaped
+        return shaped
+
     def _make(self, layout: Layout, kind: str, rank: int) -> RankPlan:
         if kind not in KINDS:
             raise ConfigError(f"kind {kind!r} is not one of {', '.join(KINDS)}")
         group = layout.position(rank)[0]
         items, offset = [], 0
-        for e in self.entries:
-            if not self.owns(e.expert, layout, group):
-                continue
-            cuts = self._cuts(e, layout, rank)
-            if isinstance(cuts, str):
-                raise LayoutError(f"rank {rank}: tensor {escape_name(e.name)} under {e.rule.describe()}: {cuts}")
+        for e in self._entries_of(layout, group):
+            shaped = self._shaped(e, layout, rank, kind)
+            if isinstance(shaped, str):
+                raise LayoutError(f"rank {rank}: tensor {escape_name(e.name)} under {e.rule.describe()}: {shaped}")
+            f = e.fit
+            weight = Cut(e.name, *shaped.weight)
+            scales = (Cut(f.scale.name, *shaped.scale),) if shaped.scale else ()
+            if f.scale2 is not None:
+                scales += (whole(f.scale2),)
+            names = (e.name, *(c.name for c in scales))  # served() lists the weight, then its scales
             outputs = []
-            for name, dtype, shape, nbytes in e.codec.served(e.fit, cuts[0], cuts[1], kind):
+            for name, (dtype, shape, nbytes) in zip(names, shaped.served):
                 outputs.append(Output(name, dtype, shape, offset, nbytes))
                 offset += -(-nbytes // SLOT_ALIGN) * SLOT_ALIGN
-            scales = tuple(c for c in (cuts[1], whole(e.fit.scale2) if e.fit.scale2 is not None else None) if c)
-            items.append(Item(e.name, e.codec, e.rule.describe(), e.fit, cuts[0], scales, tuple(outputs)))
+            items.append(Item(e.name, e.codec, shaped.rule, f, weight, scales, tuple(outputs)))
         deferred = tuple(n for n in self.deferred if self.owns(self.deferred_experts.get(n), layout, group))
         return RankPlan(rank, layout, kind, tuple(items), tuple(self.skipped), deferred, offset)
 

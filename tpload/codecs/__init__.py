@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -33,8 +34,7 @@ Problem = tuple[int, str, str]
 """(how many, what, the tensor they are in): a count of bad values found, what they are, where."""
 
 
-@dataclass(frozen=True)
-class Cut:
+class Cut(NamedTuple):
     """The part of one stored tensor a rank reads: a box of a 2-D byte view of it.
 
     The view is the tensor's bytes seen as ``[view rows, view row bytes]``: by default
@@ -42,6 +42,7 @@ class Cut:
     when the cut dimension is not the first (``[experts x rows, cols]`` for a stacked tensor cut on
     its last dimension). ``group`` says how the window's view rows make the served tensor's rows:
     every ``group`` consecutive ones form one (its fingerprint is taken in the served tensor's view).
+    A named tuple: a plan of a 92,000-tensor checkpoint makes hundreds of thousands of them.
     """
 
     name: str
@@ -290,30 +291,30 @@ def cut_axis(meta: TensorMeta, axis: int | None, lo: int = 0, hi: int = 0, *,
     a 1-D tensor is one row. For ``axis`` >= 2, every ``prod(shape[1:axis])`` view rows make one row
     of the served tensor (``Cut.group``).
     """
-    shape, item = meta.shape, meta.itemsize
+    shape, item, name, dtype = meta.shape, ITEMSIZE[meta.dtype], meta.name, meta.dtype
     if axis is None:
         if experts is None:
             return whole(meta)
-        axis, lo, hi = 1, 0, shape[1] if len(shape) > 1 else 0
         if len(shape) == 1:  # a stacked 1-D tensor: one value per expert
-            return Cut(meta.name, (0, 1), (experts[0] * item, experts[1] * item), (experts[1] - experts[0],),
-                       meta.dtype, (1, meta.nbytes))
-    if experts is not None and axis == 0:
-        raise ValueError(f"{meta.name}: a stacked tensor's experts are dimension 0; its split is after them")
-    if axis == 0 and len(shape) == 1:
-        return Cut(meta.name, (0, 1), (lo * item, hi * item), (hi - lo,), meta.dtype, (1, meta.nbytes))
-    k = max(axis, 1)
-    rows, inner = math.prod(shape[:k]), math.prod(shape[axis + 1:]) * item
-    view = (rows, meta.nbytes // max(rows, 1))
-    out = list(shape)
-    out[axis] = hi - lo
+            return Cut(name, (0, 1), (experts[0] * item, experts[1] * item), (experts[1] - experts[0],), dtype,
+                       (1, meta.nbytes))
+        axis, lo, hi = 1, 0, shape[1]
     if axis == 0:
-        return Cut(meta.name, (lo, hi), (0, view[1]), tuple(out), meta.dtype, view)
-    group = math.prod(shape[1:axis])
-    r = (experts[0] * group, experts[1] * group) if experts is not None else (0, rows)
-    if experts is not None:
-        out[0] = experts[1] - experts[0]
-    return Cut(meta.name, r, (lo * inner, hi * inner), tuple(out), meta.dtype, view, group)
+        if experts is not None:
+            raise ValueError(f"{name}: a stacked tensor's experts are dimension 0; its split is after them")
+        if len(shape) == 1:
+            return Cut(name, (0, 1), (lo * item, hi * item), (hi - lo,), dtype, (1, meta.nbytes))
+        return Cut(name, (lo, hi), (0, meta.row_bytes), (hi - lo,) + shape[1:], dtype, (shape[0], meta.row_bytes))
+    rows = math.prod(shape[:axis])
+    inner = math.prod(shape[axis + 1:]) * item
+    group = rows // shape[0] if shape[0] else 1
+    out = shape[:axis] + (hi - lo,) + shape[axis + 1:]
+    if experts is None:
+        r = (0, rows)
+    else:
+        r = (experts[0] * group, experts[1] * group)
+        out = (experts[1] - experts[0],) + out[1:]
+    return Cut(name, r, (lo * inner, hi * inner), out, dtype, (rows, shape[axis] * inner), group)
 
 
 @functools.cache
@@ -330,6 +331,7 @@ def for_role(role: str) -> Codec | None:
     return _registry().get(role)
 
 
+@functools.cache
 def roles() -> tuple[str, ...]:
     return tuple(_registry())
 

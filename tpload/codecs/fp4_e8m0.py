@@ -108,7 +108,7 @@ class FP4E8M0(Codec):
         if blocks and weight.shape[-1] != GROUP // 2:
             return f"fp4 blocks hold {GROUP // 2} bytes each (32 elements), not {weight.shape[-1]}"
         k = weight.shape[-2] * GROUP if blocks else 2 * weight.shape[-1]
-        expected = weight.shape[:-2] + (weight.shape[-3 if blocks else -2], k // GROUP)
+        expected = weight.shape[:-1] if blocks else weight.shape[:-1] + (k // GROUP,)
         if scale.shape != expected or k % GROUP:
             return (f"fp4 scales hold one E8M0 byte per {GROUP} elements: scale {scale.name} is {list(scale.shape)}, "
                     f"expected {list(expected)}")

@@ -21,6 +21,8 @@ from .safetensors import TensorInfo, TensorMeta, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
 MANIFEST_NAME = "NATIVE_MANIFEST.json"
+HEADERS_ONLY = "tpload_headers_only"
+"""Metadata key of a ``synth --headers-only`` checkpoint's shards: their data are holes."""
 
 
 @functools.lru_cache(maxsize=1 << 18)  # a checkpoint's names are sorted several times (plans, digests, checks)
@@ -91,8 +93,11 @@ class Catalogue:
     """Every tensor of a checkpoint (name -> :class:`TensorMeta`) and its manifest, if any."""
 
     def __init__(self, root: Path, tensors: dict[str, TensorMeta], manifest: dict[str, ManifestEntry] | None,
-                 *, manifest_path: Path | None = None, manifest_sha256: str | None = None) -> None:
+                 *, manifest_path: Path | None = None, manifest_sha256: str | None = None,
+                 headers_only: bool = False) -> None:
         self.root = root
+        self.headers_only = headers_only
+        """Made by ``synth --headers-only``: the headers are real, the data are holes."""
         self.tensors = tensors
         self.manifest = manifest
         self.manifest_sha256 = manifest_sha256
@@ -106,6 +111,14 @@ class Catalogue:
         except KeyError:
             raise CheckpointError(f"{escape_name(self.root)}: no tensor named {escape_name(name)}") from None
 
+    def refuse_headers_only(self, what: str) -> None:
+        """Raise for a headers-only checkpoint: ``what`` (a load, a verification, a manifest) would
+        read holes (gigabytes of zeros) and prove nothing; ``plan`` is what such a checkpoint is for."""
+        if self.headers_only:
+            raise CheckpointError(f"{escape_name(self.root)} is a headers-only checkpoint (synth --headers-only: "
+                                  f"real headers, holes for data); {what} would read zeros. Plan it with "
+                                  f"`python -m tpload plan {escape_name(self.root)} --tp T`")
+
     def names(self) -> list[str]:
         """Every tensor name, in natural order."""
         if self._names is None:
@@ -117,8 +130,10 @@ class Catalogue:
         manifest entry no shard holds (the manifest is the trust anchor: nothing it lists may vanish)."""
         path = escape_name(self.manifest_path)
         if self.manifest is None:
-            return [f"{path}: manifest missing; write one with `python -m tpload manifest {escape_name(self.root)}` "
-                    "or load with --verify off"]
+            return [f"{path}: manifest missing, and {escape_name(self.root)} is not a hub cache snapshot (whose files "
+                    "are named by their hashes), so nothing vouches for its bytes. Either write a manifest: `python "
+                    f"-m tpload manifest {escape_name(self.root)}` (hashes every tensor once), or load with --verify "
+                    "off (nothing is checked; every report says so)"]
         problems = []
         for name in names:
             meta, entry = self.tensors[name], self.manifest.get(name)
@@ -185,20 +200,22 @@ def read_native(root: Path, *, manifest: bool = True) -> tuple[Catalogue, dict[s
     wmap, files, source = _shard_names(root)
     headers: dict[str, dict[str, TensorInfo]] = {}
     problems = []
+    headers_only = False
     for file in files:
         path = _safe_member(root, file, source=escape_name(source))
         if not os.path.exists(path):
             problems.append(f"{escape_name(source)}: shard {escape_name(file)} does not exist")
             continue
         try:
-            headers[file] = read_header(path, file)[0]
+            headers[file], meta = read_header(path, file)
+            headers_only |= HEADERS_ONLY in meta
         except CheckpointError as e:
             problems.append(str(e))
     raise_all(CheckpointError, problems, what=f"problems with the shards of {escape_name(root)}")
     locations = _by_index(wmap, headers, source) if wmap is not None else _by_shard(headers, root)
     tensors = {n: TensorMeta(n, i.file, i.dtype, i.shape) for n, i in locations.items()}  # no locations: plan on names
     entries, manifest_sha = read_manifest(root) if manifest else (None, None)
-    return Catalogue(root, tensors, entries, manifest_sha256=manifest_sha), locations
+    return Catalogue(root, tensors, entries, manifest_sha256=manifest_sha, headers_only=headers_only), locations
 
 
 def _by_shard(headers: dict[str, dict[str, TensorInfo]], root: Path) -> dict[str, TensorInfo]:

@@ -37,6 +37,9 @@ class Check:
     want_what: str = ""
     bad: list[tuple[Count, str]] = field(default_factory=list)
     """(count, what) of invalid values: bad scale bytes, NaN codes, overflowing or non-finite decodes."""
+    digest: Triple | torch.Tensor | None = None
+    """The fingerprint in the served tensor's own view, when ``served`` was taken in another (the
+    cut's) to compare it with the host window; None: ``served`` is it."""
 
 
 @dataclass
@@ -66,11 +69,11 @@ class Evidence:
 
     def settle(self, hashed: dict[str, Hashed]) -> Settled:
         values = _to_host([c.served for c in self.checks] + [c.want for c in self.checks]
-                          + [n for c in self.checks for n, _ in c.bad])
+                          + [c.digest for c in self.checks] + [n for c in self.checks for n, _ in c.bad])
         k = len(self.checks)
-        served, wants, counts = values[:k], values[k:2 * k], iter(values[2 * k:])
+        served, wants, digests, counts = values[:k], values[k:2 * k], values[2 * k:3 * k], iter(values[3 * k:])
         out = Settled({}, [])
-        for c, fp, want in zip(self.checks, served, wants):
+        for c, fp, want, dig in zip(self.checks, served, wants, digests):
             fp = tuple(fp)
             where = f"tensor {escape_name(c.name)} ({escape_name(c.where)})"
             for (_, what), n in zip(c.bad, counts):
@@ -82,7 +85,7 @@ class Evidence:
                                         f"(fingerprint {list(fp)} != {list(want)})")
                 else:
                     out.device_checked += 1
-            out.fingerprints[c.name] = fp
+            out.fingerprints[c.name] = fp if dig is None else tuple(dig)
         out.hashed = list(hashed)
         out.bytes_hashed = sum(h.stored.nbytes for h in hashed.values())
         out.problems += mismatches(hashed)

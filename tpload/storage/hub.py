@@ -1,0 +1,128 @@
+"""A Hugging Face hub cache snapshot: every file is named by its own hash, so it can be verified.
+
+The hub's download cache keeps ``models--ORG--NAME/blobs/HASH`` and links each file of a revision
+from ``snapshots/REV/FILE`` to its blob. Large files are Git LFS objects and their blob name is
+the sha256 of their bytes; small files (config.json, the index) are plain git objects, named by
+their git blob SHA-1 (``sha1("blob <size>\\0" + bytes)``). A snapshot folder therefore carries
+what a checkpoint without NATIVE_MANIFEST.json otherwise lacks: an expected digest per file.
+
+That proves integrity against corruption (a bad disk, a torn download, a stray write), not against
+someone who can write the cache: they can store any bytes under a matching name
+(docs/threat-model.md). Whole files are hashed, so an expert-parallel layout hashes bytes no rank
+of the node serves: the report gives the amplification, and ``tpload manifest`` (per tensor) avoids it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import CheckpointError
+from ..text import escape_name
+from .files import read_small
+
+SHA256_NAME = re.compile(r"[0-9a-f]{64}")
+SHA1_NAME = re.compile(r"[0-9a-f]{40}")
+
+
+@dataclass(frozen=True)
+class Blob:
+    """What a snapshot file's blob name promises about its bytes."""
+
+    algorithm: str
+    """``sha256`` (a Git LFS object) or ``git-sha1`` (a plain git object)."""
+    digest: str
+
+
+def git_blob_sha1(data: bytes) -> str:
+    """Git's object name for a blob of these bytes."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def is_snapshot(root: Path) -> bool:
+    """Whether ``root`` looks like ``.../snapshots/REV`` of a hub cache (a sibling ``blobs`` folder)."""
+    return root.parent.name == "snapshots" and (root.parent.parent / "blobs").is_dir()
+
+
+def blobs(root: Path, files: list[str]) -> dict[str, Blob]:
+    """Each named file's :class:`Blob`, for a snapshot folder; CheckpointError for a file that is not a
+    link to a hash-named blob of this cache (copied in by hand, or pointing elsewhere)."""
+    store = (root.parent.parent / "blobs").resolve()
+    out, problems = {}, []
+    for name in files:
+        link = root / name
+        target = link.resolve()
+        where = f"{escape_name(link)}"
+        if not link.is_symlink() or target.parent != store:
+            problems.append(f"{where}: not a link into {escape_name(store)} (a hub snapshot's files are links to "
+                            "blobs named by their hash; this one cannot be checked)")
+        elif SHA256_NAME.fullmatch(target.name):
+            out[name] = Blob("sha256", target.name)
+        elif SHA1_NAME.fullmatch(target.name):
+            out[name] = Blob("git-sha1", target.name)
+        else:
+            problems.append(f"{where}: its blob {escape_name(target.name)} is not named by a sha256 or a git SHA-1")
+    if problems:
+        raise CheckpointError(f"{len(problems)} file(s) of the hub snapshot {escape_name(root)} cannot be "
+                              "verified by their blob names:\n  - " + "\n  - ".join(problems))
+    return out
+
+
+def check_small(path: Path, blob: Blob) -> None:
+    """Read a small file (config.json, the index) whole and check it against its blob name now."""
+    data = read_small(path, "small file")
+    got = git_blob_sha1(data) if blob.algorithm == "git-sha1" else hashlib.sha256(data).hexdigest()
+    if got != blob.digest:
+        raise CheckpointError(f"{escape_name(path)}: its bytes have {blob.algorithm} {got[:16]}..., but its blob "
+                              f"is named {blob.digest[:16]}...: the file is corrupt (re-download it)")
+
+
+def check_small_files(root: Path) -> None:
+    """Check a snapshot's JSON files (config.json, the index, quantization files) by their blob names,
+    before anything reads them."""
+    small = sorted(p.name for p in root.iterdir() if p.name.endswith(".json"))
+    named = blobs(root, small)
+    for name in small:
+        check_small(root / name, named[name])
+
+
+def shard_digests(root: Path, shards: list[str]) -> dict[str, str]:
+    """Each shard's expected sha256 (its LFS blob name). A shard stored as a plain git object (no
+    LFS) is checked whole by its SHA-1 now."""
+    named = blobs(root, list(shards))
+    out = {}
+    for shard in shards:
+        b = named[shard]
+        if b.algorithm == "sha256":
+            out[shard] = b.digest
+        else:
+            check_small(root / shard, b)  # a tiny shard committed without LFS: whole, now
+    return out
+
+
+def to_hub_cache(src: Path, cache: Path, repo: str, revision: str = "main") -> Path:
+    """Move a checkpoint folder's files into a hub cache layout (what ``huggingface_hub`` downloads
+    make): ``cache/models--ORG--NAME/{blobs,snapshots/REV,refs/main}``; return the snapshot folder.
+    ``*.safetensors`` become LFS blobs (sha256 names), everything else git blobs (SHA-1 names)."""
+    top = cache / f"models--{repo.replace('/', '--')}"
+    rev = hashlib.sha1(f"{repo}@{revision}".encode()).hexdigest()
+    store, snap = top / "blobs", top / "snapshots" / rev
+    store.mkdir(parents=True, exist_ok=True)
+    snap.mkdir(parents=True, exist_ok=True)
+    for f in sorted(p for p in src.iterdir() if p.is_file()):
+        if f.suffix == ".safetensors":
+            h = hashlib.sha256()
+            with open(f, "rb") as fh:
+                for chunk in iter(lambda: fh.read(16 << 20), b""):
+                    h.update(chunk)
+            digest = h.hexdigest()
+        else:
+            digest = git_blob_sha1(f.read_bytes())
+        os.replace(f, store / digest)
+        (snap / f.name).symlink_to(os.path.relpath(store / digest, snap))
+    (top / "refs").mkdir(exist_ok=True)
+    (top / "refs" / "main").write_text(rev)
+    return snap

@@ -129,7 +129,7 @@ FAULTS: dict[str, tuple[Callable[[Path], None], dict, tuple[str, ...]]] = {
     "manifest-infinity-shape": (lambda r: (r / "NATIVE_MANIFEST.json").write_text(
         (r / "NATIVE_MANIFEST.json").read_text().replace('"shape": [\n    512', '"shape": [\n    Infinity', 1)), {},
         ("NATIVE_MANIFEST.json", "Infinity is not a JSON number")),
-    "manifest-absent": (lambda r: os.remove(r / "NATIVE_MANIFEST.json"), {}, ("manifest missing", "--verify off")),
+    "manifest-absent": (lambda r: os.remove(r / "NATIVE_MANIFEST.json"), {}, ("manifest missing", "tpload manifest", "--verify off")),
     # values (the manifest re-hashed, so only the value checks can catch them)
     "scale-0x00": (lambda r: poke(r, "mtp.0.ffn.experts.1.w3.scale", 200 * 8 + 3, 0x00, fix_manifest=True), {},
                    ("tensor mtp.0.ffn.experts.1.w3.scale", "1 E8M0 scale bytes 0x00/0xFF", "rank 0:")),

@@ -1,0 +1,54 @@
+"""A hub cache snapshot (snapshots/REV/FILE -> blobs/SHA256, no manifest) under real torchrun:
+it loads with its config picked from config.json and every shard checked whole against the
+sha256 its blob is named by; one flipped byte in one blob fails every rank, naming the file."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tpload.published import write_published
+from tpload.storage.hub import to_hub_cache
+
+from ..helpers import error_of, tensor_offset, tpload_cli
+
+
+@pytest.fixture
+def snapshot(tmp_path: Path) -> Path:
+    plain = write_published(tmp_path / "plain", "gpt-oss-tiny", manifest=False)
+    return to_hub_cache(plain, tmp_path / "hub", "openai/gpt-oss-tiny")
+
+
+def test_a_hub_snapshot_loads_verified_by_its_blob_names(snapshot: Path, tmp_path: Path) -> None:
+    report = tmp_path / "r.json"
+    run = tpload_cli(2, "--checkpoint", str(snapshot), "--kind", "expanded", "--report", str(report))
+    assert run.rc == 0, run.text
+    assert "config gpt-oss+mxfp4: config.json architectures GptOssForCausalLM" in run.text
+    doc = json.loads(report.read_text())
+    shards = sorted(snapshot.glob("*.safetensors"))
+    assert any("2 file(s) checked whole against their blob sha256" in n for n in doc["notes"]), doc["notes"]
+    # whole files, once on this one node: every shard byte hashed exactly once among the ranks
+    assert sum(r["bytes_hashed"] for r in doc["ranks"]) == sum(os.path.getsize(s) for s in shards)
+    assert all(r["failed"] == 0 for r in doc["ranks"])
+
+
+def test_a_flipped_byte_in_one_blob_fails_every_rank_naming_the_file(snapshot: Path, tmp_path: Path) -> None:
+    # flip the last byte of a tensor in the second shard (data, not header): only the file hash sees it
+    index = json.loads((snapshot / "model.safetensors.index.json").read_text())["weight_map"]
+    name = next(n for n, f in sorted(index.items()) if f.endswith("00002.safetensors") and "norm" in n)
+    path, offset, nbytes = tensor_offset(snapshot, name)
+    blob = path.resolve()
+    with open(blob, "r+b") as f:
+        f.seek(offset + nbytes - 1)
+        b = f.read(1)
+        f.seek(offset + nbytes - 1)
+        f.write(bytes([b[0] ^ 0x01]))
+    run = tpload_cli(2, "--checkpoint", str(snapshot), logs=tmp_path / "logs")
+    assert run.rc != 0
+    for rank in range(2):
+        msg = error_of(run.rank_err[rank], rank)
+        assert path.name in msg and "sha256" in msg, (rank, msg)
+    assert "verified:" not in run.out

@@ -18,11 +18,12 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from . import __version__
-from .errors import LoadError
+from .errors import ConfigError, LoadError
 from .options import KINDS, add_flags, from_args
 from .text import printable
 
@@ -174,30 +175,36 @@ def _config(args: argparse.Namespace, root: str):
 
 
 def cmd_plan(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m tpload plan", description="Print every rank's plan without a GPU; "
-                                "with --digest the digests a load must produce (computed on the CPU by the load's code).")
+    p = argparse.ArgumentParser(prog="python -m tpload plan", description="Print every rank's plan without a GPU "
+                                "(reads, hashing, device and host memory; each node's share); with --digest the digests "
+                                "a load must produce (computed on the CPU by the load's code).")
     p.add_argument("dir")
     p.add_argument("--tp", type=int, required=True)
     p.add_argument("--ep", type=int, default=1)
     p.add_argument("--kind", choices=KINDS, default="packed")
+    p.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
+                   help="ranks per node (default: all on one node): node verification splits hashing per node")
+    p.add_argument("--ranks", choices=("all", "summary"), default=None,
+                   help="print every rank, or one line per node (default: every rank up to 16 ranks)")
     add_flags(p, only=("config", "skip", "defer", "digest_store"))
     p.add_argument("--digest", action="store_true", help="compute each rank's digest on the CPU")
     p.add_argument("--write", action="store_true", help="check every tensor by sha256, then keep the digests in the "
                    "digest store (implies --digest); --verify digest loads may then trust them")
     args = p.parse_args(argv)
+    t0 = time.monotonic()
     try:
         from .offline import predict, record_verified
-        from .plan import Layout, Planner
-        from .storage import open_storage
+        from .plan import Layout, planning
+        from .sizing import costs, peak_rss, render_costs
         config = _config(args, args.dir)
         layout = Layout(args.tp, args.ep)
-        storage = open_storage(args.dir, tp=layout.tp, ep=layout.ep, rank=0, world=layout.world)
-        try:
-            planner = Planner(storage.catalogue, config)
-        finally:
-            storage.close()
-        planner.check_layout(layout, layout.world)
-        plans = [planner.plan(layout, args.kind, r) for r in range(layout.world)]
+        per_node = args.nproc_per_node or layout.world
+        if per_node < 1:
+            raise ConfigError("--nproc-per-node must be at least 1")
+        with planning(args.dir, config, layout) as planner:
+            plans = [planner.plan(layout, args.kind, r) for r in range(layout.world)]
+            catalogue = planner.catalogue
+        ranks, nodes = costs(plans, catalogue, per_node)
         path = None
         if args.write:
             digests, path = record_verified(args.dir, config, layout, args.kind, store=getattr(args, "digest_store", None))
@@ -205,11 +212,13 @@ def cmd_plan(argv: list[str]) -> int:
             digests = predict(args.dir, config, layout, args.kind) if args.digest else ["-"] * len(plans)
     except LoadError as e:
         return _fail(e)
-    print(f"plan for {printable(args.dir)} (config {printable(config.name)}, tp {args.tp} x ep {args.ep}, kind {args.kind})")
-    print(f"{'rank':>4} {'tensors':>8} {'read GB':>8} {'device GB':>9} {'transient MiB':>13}  digest")
-    for plan, dig in zip(plans, digests):
-        print(f"{plan.rank:>4} {plan.served:>8} {plan.read_bytes / 1e9:>8.3f} {plan.arena_bytes / 1e9:>9.3f} "
-              f"{plan.largest_transient / 2**20:>13.1f}  {dig}")
+    seconds = time.monotonic() - t0
+    print(f"plan for {printable(args.dir)} (config {printable(config.name)}, tp {args.tp} x ep {args.ep}, kind "
+          f"{args.kind}, {len(nodes)} node(s) of {per_node} rank(s))")
+    print(render_costs(ranks, nodes, digests, every_rank=(args.ranks or ("all" if len(plans) <= 16 else "summary")) == "all",
+                       headers_only=catalogue.headers_only))
+    print(f"planned {len(plans)} rank(s), {len(catalogue.tensors):,} tensors, in {seconds:.2f} s; peak RSS "
+          f"{peak_rss() / 2**20:,.0f} MiB")
     if path is not None:
         print(f"wrote {path}: every tensor checked by sha256 first; loads with this layout, kind and config are "
               "checked against these digests, and --verify digest loads may trust them in place of hashing")

@@ -31,7 +31,7 @@ from .exchange import CALLS, exchange, group_id, share_nodes
 from .loop import LoadResult, run
 from .options import LoadOptions
 from .pick import choose
-from .plan import Layout, Planner, RankPlan
+from .plan import Layout, Planner, RankPlan, paused_gc
 from .report import LoadReport, RankFigures, rank_log
 from .report.memory import MemoryPeaks
 from .report.progress import Progress, ProgressSink, Silent
@@ -176,9 +176,10 @@ class _RankLoad:
             if self.ctx.rank == 0:
                 rank_log(0).info("%s", why)
         config = with_rules(config, skip=self.opts.skip, defer=self.opts.defer)
-        planner = Planner(storage.catalogue, config)
-        planner.check_layout(layout, self.ctx.world)
-        plans, sharing = self._plans(planner, layout)
+        with paused_gc():  # a million small acyclic objects for a big checkpoint (plan.paused_gc)
+            planner = Planner(storage.catalogue, config)
+            planner.check_layout(layout, self.ctx.world)
+            plans, sharing = self._plans(planner, layout)
         plan = self.plan = plans[self.ctx.rank]
         self._check_manifest(storage, plan)
         preflight.check(planner, layout, plan, self.ctx.device, sharing, int(self.opts.reserve_gib * preflight.GIB))

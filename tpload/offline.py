@@ -130,6 +130,8 @@ def _value_checkers(storage: Storage, config: Config, problems: list[str]) -> di
         checker = item.codec.checker(item.fit, item.weight, item.scale)
         if item.scale is not None:
             out[item.scale.name] = (item, checker, "scale")
+        if len(item.scales) > 1:  # NVFP4's global scale, checked like a load checks it
+            out[item.scales[1].name] = (item, checker, "scale2")
         out[item.weight.name] = (item, checker, "weight")
     return out
 
@@ -137,8 +139,10 @@ def _value_checkers(storage: Storage, config: Config, problems: list[str]) -> di
 def _scan(storage: Storage, names: list[str], checkers: dict, threads: int) -> list[str]:
     """Read every named tensor once: sha256 against the manifest, and the value checks on the way
     (a scale before its weight, as the checkers need)."""
-    order = sorted(names, key=lambda n: (checkers[n][0].name, checkers[n][2] != "scale") if n in checkers else (n, 0))
-    feeds = {n: (c.scale if part == "scale" else c.weight) for n, (_, c, part) in checkers.items()}
+    rank = {"scale": 0, "scale2": 1, "weight": 2}  # the checkers' order: scale, global scale, weight
+    order = sorted(names, key=lambda n: (checkers[n][0].name, rank[checkers[n][2]]) if n in checkers else (n, 0))
+    feeds = {n: (c.scale if part == "scale" else (lambda view, _row, c=c: c.scale2(view)) if part == "scale2"
+                 else c.weight) for n, (_, c, part) in checkers.items()}
     problems = mismatches(hash_whole(storage, order, threads=max(0, min(threads, _spare())), feeds=feeds))
     seen = set()
     for item, checker, _ in checkers.values():

@@ -414,7 +414,7 @@ PUBLISHED: dict[str, Callable[[], Published]] = {
         hidden_size=256, intermediate_size=352, num_hidden_layers=2, num_local_experts=4, num_experts_per_tok=2,
         num_attention_heads=8, num_key_value_heads=2, head_dim=32, vocab_size=512), _gpt_oss),
     "gpt-oss-full": lambda: Published("gpt-oss", _config(_GPT_OSS_CONFIG), _gpt_oss, shards=15,
-                                      shard_name="model-{k:05d}-of-{n_minus_1:05d}.safetensors", headers_only=True),
+                                      shard_name="model-{k0:05d}-of-{n_minus_1:05d}.safetensors", headers_only=True),
     "qwen3-fp8-tiny": lambda: Published("qwen3-fp8", _config(_QWEN3_CONFIG,
         hidden_size=256, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2, head_dim=128,
         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=512, vocab_size=512),
@@ -442,7 +442,7 @@ def write_published(out_dir: str | os.PathLike, name: str, *, seed: int = 0, man
     groups = _split_shards(pub.planned(), pub.shards)
     weight_map, entries, total = {}, {}, 0
     for k, group in enumerate(groups, 1):
-        file = pub.shard_name.format(k=k, n=len(groups), n_minus_1=len(groups) - 1)
+        file = pub.shard_name.format(k=k, k0=k - 1, n=len(groups), n_minus_1=len(groups) - 1)  # gpt-oss counts from 0
         digests = _write_headers_only(root / file, group) if pub.headers_only else \
             write_safetensors(root / file, [(t.name, t.dtype, t.shape) for t in group],
                               lambda n, by={t.name: t for t in group}: _chunks(by[n], seed),

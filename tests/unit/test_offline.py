@@ -20,10 +20,16 @@ from tpload.plan import Layout
 from ..helpers import edit_json, poke, shard_of
 
 
+def rank_rows(out: str) -> list[list[str]]:
+    """The rows of `plan`'s rank table (before its node table)."""
+    ranks = out.split(" rank node", 1)[1].split("\n node ", 1)[0]
+    return [line.split() for line in ranks.splitlines() if line.strip()[:1].isdigit()]
+
+
 def test_plan_prints_every_rank_and_predicts_what_the_load_serves(small_ckpt: Path, tmp_path: Path,
                                                                   capsys: pytest.CaptureFixture) -> None:
     assert main(["plan", str(small_ckpt), "--tp", "2", "--kind", "expanded", "--digest"]) == 0
-    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip()[:1].isdigit()]
+    rows = rank_rows(capsys.readouterr().out)
     assert [r[0] for r in rows] == ["0", "1"] and [r[-1] for r in rows] == predict(small_ckpt, load_config(),
                                                                                     Layout(2), "expanded")
     one = predict(small_ckpt, load_config(), Layout(1), "expanded")
@@ -142,7 +148,7 @@ def test_verify_passes_a_good_checkpoint_and_an_export(small_ckpt: Path, tmp_pat
 def test_plan_accepts_an_export(small_ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     export(small_ckpt, tmp_path / "x", Layout(2), load_config())
     assert main(["plan", str(tmp_path / "x"), "--tp", "2", "--digest"]) == 0
-    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip()[:1].isdigit()]
+    rows = rank_rows(capsys.readouterr().out)
     assert [r[-1] for r in rows] == predict(small_ckpt, load_config(), Layout(2), "packed")  # the source's
 
 

@@ -71,13 +71,15 @@ def blobs(root: Path, files: list[str]) -> dict[str, Blob]:
     return out
 
 
-def check_small(path: Path, blob: Blob) -> None:
-    """Read a small file (config.json, the index) whole and check it against its blob name now."""
+def check_small(path: Path, blob: Blob) -> str:
+    """Read a small file (config.json, the index) whole and check it against its blob name now; the
+    sha256 of the bytes checked."""
     data = read_small(path, "small file")
     got = git_blob_sha1(data) if blob.algorithm == "git-sha1" else hashlib.sha256(data).hexdigest()
     if got != blob.digest:
         raise CheckpointError(f"{escape_name(path)}: its bytes have {blob.algorithm} {got[:16]}..., but its blob "
                               f"is named {blob.digest[:16]}...: the file is corrupt (re-download it)")
+    return hashlib.sha256(data).hexdigest()
 
 
 def check_small_files(root: Path) -> None:
@@ -91,7 +93,8 @@ def check_small_files(root: Path) -> None:
 
 def shard_digests(root: Path, shards: list[str]) -> dict[str, str]:
     """Each shard's expected sha256 (its LFS blob name). A shard stored as a plain git object (no
-    LFS) is checked whole by its SHA-1 now."""
+    LFS) is checked whole by its SHA-1 now, and expected to keep the sha256 of the bytes checked (the
+    load hashes every shard again as it reads: a file changed since is caught there)."""
     named = blobs(root, list(shards))
     out = {}
     for shard in shards:
@@ -99,7 +102,7 @@ def shard_digests(root: Path, shards: list[str]) -> dict[str, str]:
         if b.algorithm == "sha256":
             out[shard] = b.digest
         else:
-            check_small(root / shard, b)  # a tiny shard committed without LFS: whole, now
+            out[shard] = check_small(root / shard, b)  # a tiny shard committed without LFS: whole, now
     return out
 
 

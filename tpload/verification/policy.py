@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..storage.catalogue import natural_key
 
 Box = tuple[tuple[int, int], tuple[int, int]]
 """A window of a stored tensor: (rows, byte columns) of its 2-D view."""
@@ -50,7 +49,7 @@ def assign_hashing(sizes: Mapping[str, int], ranks: list[int],
     """
     load = {r: 0 for r in ranks}
     out: dict[int, list[str]] = {r: [] for r in ranks}
-    for name in sorted(sizes, key=lambda n: (-sizes[n], natural_key(n))):
+    for name in sorted(sizes, key=lambda n: (-sizes[n], n)):  # any order every rank agrees on
         r = min((users or {}).get(name) or ranks, key=lambda k: (load[k], k))
         out[r].append(name)
         load[r] += sizes[name]

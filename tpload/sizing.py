@@ -1,0 +1,119 @@
+"""What a layout costs before anything is read: each rank's reads, hashing and memory, and each
+node's, from the plans alone (``tpload plan``; headers-only full-size checkpoints too).
+
+Node verification splits each node's tensors among the ranks that read them (policy.py), so a
+node hashes what its ranks read, once. A hub snapshot is checked by whole files instead
+(files.py), so a node hashes every file any of its ranks touches: under expert parallelism that
+is more than it reads, and the figures say by how much.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .plan import RankPlan
+from .storage.catalogue import Catalogue
+from .storage.reader import CHUNK_BYTES, RING
+from .transfer.cuda import CHUNK_BYTES as PINNED_CHUNK
+from .verification.policy import assign_hashing
+
+STAGING_BYTES = RING * CHUNK_BYTES
+"""Host staging per rank: the reader's ring of private buffers."""
+PINNED_BYTES = 2 * PINNED_CHUNK
+"""Host pinned memory per rank on CUDA: the transfer's two buffers."""
+
+
+@dataclass(frozen=True)
+class RankCost:
+    rank: int
+    node: int
+    tensors: int
+    read_bytes: int
+    hash_bytes: int
+    """Bytes this rank hashes under node verification with a per-tensor manifest."""
+    arena_bytes: int
+    transient_bytes: int
+
+    @property
+    def device_peak(self) -> int:
+        return self.arena_bytes + self.transient_bytes
+
+
+@dataclass(frozen=True)
+class NodeCost:
+    node: int
+    ranks: tuple[int, ...]
+    read_bytes: int
+    hash_bytes: int
+    """Per-tensor manifest: each tensor its ranks read, hashed once."""
+    file_bytes: int | None
+    """Hub snapshot: every file its ranks touch, hashed whole (None for an export's rank files)."""
+
+
+def costs(plans: Sequence[RankPlan], catalogue: Catalogue, nproc_per_node: int) -> tuple[list[RankCost], list[NodeCost]]:
+    """Every rank's and every node's figures; ranks fill nodes in order (torchrun's assignment)."""
+    nodes = [list(range(k, min(k + nproc_per_node, len(plans)))) for k in range(0, len(plans), nproc_per_node)]
+    tensors = catalogue.tensors
+    ranks: list[RankCost] = []
+    node_costs: list[NodeCost] = []
+    for node, members in enumerate(nodes):
+        users: dict[str, list[int]] = {}
+        for r in members:
+            for name in plans[r].used_tensors:
+                users.setdefault(name, []).append(r)
+        sizes = {n: tensors[n].nbytes for n in users}
+        split = assign_hashing(sizes, members, users)
+        files = {tensors[n].file for n in users}
+        for r in members:
+            p = plans[r]
+            ranks.append(RankCost(r, node, p.served, p.read_bytes, sum(sizes[n] for n in split[r]), p.arena_bytes,
+                                  p.largest_transient))
+        node_costs.append(NodeCost(node, tuple(members), sum(plans[r].read_bytes for r in members),
+                                   sum(sizes.values()), _file_bytes(catalogue, files)))
+    return ranks, node_costs
+
+
+def _file_bytes(catalogue: Catalogue, files: set[str]) -> int | None:
+    paths = [catalogue.root / f for f in files]
+    return sum(os.path.getsize(p) for p in paths) if all(p.is_file() for p in paths) else None
+
+
+def peak_rss() -> int:
+    """This process's peak resident memory, bytes (Linux reports KiB)."""
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def render_costs(ranks: list[RankCost], nodes: list[NodeCost], digests: Sequence[str], *, every_rank: bool,
+                 headers_only: bool = False) -> str:
+    """The table ``tpload plan`` prints: each rank (or only the busiest of each node), then each node."""
+    gb = lambda b: f"{b / 1e9:.3f}"  # noqa: E731
+    lines = [f"{'rank':>5} {'node':>4} {'tensors':>8} {'read GB':>9} {'hash GB':>9} {'device GB':>9} "
+             f"{'transient MiB':>13} {'peak dev GB':>11}  digest"]
+    shown = ranks if every_rank else [max((r for r in ranks if r.node == n.node), key=lambda r: r.device_peak)
+                                      for n in nodes]
+    for r in shown:
+        lines.append(f"{r.rank:>5} {r.node:>4} {r.tensors:>8} {gb(r.read_bytes):>9} {gb(r.hash_bytes):>9} "
+                     f"{gb(r.arena_bytes):>9} {r.transient_bytes / 2**20:>13.1f} {gb(r.device_peak):>11}  "
+                     f"{digests[r.rank]}")
+    if not every_rank:
+        lines.append(f"(the rank of each node with the highest device peak; --ranks all lists every rank)")
+    lines.append(f"{'node':>5} {'ranks':>9} {'read GB':>9} {'hash GB':>9} {'whole-file hash GB':>19}")
+    for n in nodes:
+        whole = "-" if n.file_bytes is None else gb(n.file_bytes)
+        if n.file_bytes and n.hash_bytes and n.file_bytes > 1.05 * n.hash_bytes:
+            whole += f" ({n.file_bytes / n.hash_bytes:.1f}x)"
+        lines.append(f"{n.node:>5} {f'{n.ranks[0]}-{n.ranks[-1]}':>9} {gb(n.read_bytes):>9} {gb(n.hash_bytes):>9} "
+                     f"{whole:>19}")
+    host = STAGING_BYTES + PINNED_BYTES
+    peak = max(r.device_peak for r in ranks)
+    lines.append(f"peak device memory {peak / 2**30:.2f} GiB on a rank (its arena plus one staged window and its decode); "
+                 f"host staging {host / 2**20:.0f} MiB a rank ({STAGING_BYTES >> 20} MiB read ring, "
+                 f"{PINNED_BYTES >> 20} MiB pinned on CUDA) besides the catalogue and plans this process measures below")
+    lines.append("hash GB: node verification with a per-tensor manifest (each tensor once per node); whole-file: a hub "
+                 "snapshot checked by blob sha256 (every file a node's ranks touch)")
+    if headers_only:
+        lines.append("headers-only checkpoint: these are the plans of the real sizes; loading it is refused")
+    return "\n".join(lines)

@@ -195,16 +195,21 @@ def cmd_plan(argv: list[str]) -> int:
     try:
         from .offline import predict, record_verified
         from .plan import Layout, planning
-        from .sizing import costs, peak_rss, render_costs
+        from .sizing import HostMemory, costs, render_costs
+        imported = time.monotonic() - t0
         config = _config(args, args.dir)
         layout = Layout(args.tp, args.ep)
         per_node = args.nproc_per_node or layout.world
         if per_node < 1:
             raise ConfigError("--nproc-per-node must be at least 1")
+        t1, host = time.monotonic(), HostMemory()
         with planning(args.dir, config, layout) as planner:
+            host.classified()
             plans = [planner.plan(layout, args.kind, r) for r in range(layout.world)]
+            ranks, nodes = costs(plans, planner.catalogue, per_node)
+            host.planned(len(plans))
             catalogue = planner.catalogue
-        ranks, nodes = costs(plans, catalogue, per_node)
+        seconds = time.monotonic() - t1
         path = None
         if args.write:
             digests, path = record_verified(args.dir, config, layout, args.kind, store=getattr(args, "digest_store", None))
@@ -212,13 +217,12 @@ def cmd_plan(argv: list[str]) -> int:
             digests = predict(args.dir, config, layout, args.kind) if args.digest else ["-"] * len(plans)
     except LoadError as e:
         return _fail(e)
-    seconds = time.monotonic() - t0
     print(f"plan for {printable(args.dir)} (config {printable(config.name)}, tp {args.tp} x ep {args.ep}, kind "
           f"{args.kind}, {len(nodes)} node(s) of {per_node} rank(s))")
-    print(render_costs(ranks, nodes, digests, every_rank=(args.ranks or ("all" if len(plans) <= 16 else "summary")) == "all",
-                       headers_only=catalogue.headers_only))
-    print(f"planned {len(plans)} rank(s), {len(catalogue.tensors):,} tensors, in {seconds:.2f} s; peak RSS "
-          f"{peak_rss() / 2**20:,.0f} MiB")
+    print(render_costs(ranks, nodes, digests, host, every_rank=(args.ranks or ("all" if len(plans) <= 16 else "summary"))
+                       == "all", headers_only=catalogue.headers_only))
+    print(f"planned {len(plans)} rank(s) of {len(catalogue.tensors):,} tensors in {seconds:.2f} s (headers, classification, "
+          f"plans, figures; imports {imported:.2f} s before); peak RSS {host.peak / 2**20:,.0f} MiB")
     if path is not None:
         print(f"wrote {path}: every tensor checked by sha256 first; loads with this layout, kind and config are "
               "checked against these digests, and --verify digest loads may trust them in place of hashing")

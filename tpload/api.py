@@ -100,10 +100,6 @@ def _spare_cores(ctx: DistContext) -> int:
     return cores // max(1, len(ctx.node_peers)) - 1
 
 
-def _reads(plan: RankPlan) -> dict[str, tuple[tuple[int, int], tuple[int, int]]]:
-    return {c.name: (c.rows, c.cols) for item in plan.items for c in item.cuts}
-
-
 class _RankLoad:
     """Everything one rank does before the exchange, for one call; raises LoadError on any problem."""
 
@@ -184,7 +180,7 @@ class _RankLoad:
         self._check_manifest(storage, plan)
         preflight.check(planner, layout, plan, self.ctx.device, sharing, int(self.opts.reserve_gib * preflight.GIB))
         stored = self._prediction(storage, config.id(), layout)
-        reads = {p: _reads(q) for p, q in plans.items()}
+        reads = {p: q.reads for p, q in plans.items()}
         if getattr(storage, "file_digests", None) is not None and self.opts.verify in ("node", "rank"):
             hashes, files = self._file_plan(storage, plans, reads)
         else:

@@ -13,8 +13,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import itertools
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -104,42 +105,72 @@ class Item(NamedTuple):
         return next(o for o in self.outputs if o.name == name)
 
 
-@dataclass(frozen=True)
+Box = tuple[tuple[int, int], tuple[int, int]]
+"""A window of a stored tensor: (rows, byte columns) of its 2-D view."""
+
+
+@dataclass(frozen=True, eq=False)
 class RankPlan:
-    """Everything one rank will do, decided before any byte is copied."""
+    """Everything one rank will do, decided before any byte is copied.
+
+    Kept compact: each tensor's entry, the cuts it shares with every tensor of its class on this
+    rank, and its arena offset. The items (named cuts and outputs) are made when first asked for,
+    which only the rank that loads the plan does: a node's peers' plans are read for names and
+    windows only, and 64 plans of a 92,000-tensor checkpoint stay cheap.
+    """
 
     rank: int
     layout: Layout
     kind: str
-    items: tuple[Item, ...]
+    entries: Sequence[_Entry]
+    shapes: Sequence[_Shaped]
+    offsets: Sequence[int]
+    """Arena offset of each entry's first output."""
     skipped: tuple[str, ...]
     deferred: tuple[str, ...]
     arena_bytes: int
 
-    # The figures below are computed once: a plan of 90,000 items is asked for them many times.
+    # Everything below is computed once, when first asked for.
 
     @functools.cached_property
-    def read_bytes(self) -> int:
-        return sum(i.read_bytes for i in self.items)
+    def items(self) -> tuple[Item, ...]:
+        return tuple(map(_item, self.entries, self.shapes, self.offsets))
+
+    @functools.cached_property
+    def reads(self) -> dict[str, Box]:
+        """Every official tensor this rank reads a window of (each item's scales, then its weight): its box."""
+        out: dict[str, Box] = {}
+        for e, s in zip(self.entries, self.shapes):
+            f = e.fit
+            if s.scale is not None:
+                out[f.scale.name] = (s.scale[0], s.scale[1])
+            if s.scale2 is not None:
+                out[f.scale2.name] = (s.scale2[0], s.scale2[1])
+            out[e.name] = (s.weight[0], s.weight[1])
+        return out
 
     @functools.cached_property
     def used_tensors(self) -> list[str]:
         """Official tensors this rank reads a window of (each item's scales, then its weight), in plan order."""
-        return [c.name for i in self.items for c in i.cuts]
+        return list(self.reads)
+
+    @functools.cached_property
+    def read_bytes(self) -> int:
+        return sum(s.read_bytes for s in self.shapes)
 
     @functools.cached_property
     def served(self) -> int:
-        return sum(len(i.outputs) for i in self.items)
+        return sum(len(s.served) for s in self.shapes)
 
     @functools.cached_property
     def largest_transient(self) -> int:
         """Device bytes beyond the arena: one staged window plus, expanded, its fp32 decode rows."""
-        if not self.items:
+        if not self.shapes:
             return 0
-        staged = max(i.read_bytes for i in self.items)
+        staged = max(s.read_bytes for s in self.shapes)
         if self.kind == "packed":
             return staged
-        return staged + max((i.outputs[0].nbytes * 2 if i.codec.scaled else 0) for i in self.items)
+        return staged + max(s.decode_bytes for s in self.shapes)
 
 
 @dataclass(frozen=True)
@@ -154,16 +185,44 @@ class _Entry:
     """(expert set, index within it) for expert-parallel tensors."""
     stacked_experts: int = 0
     """Experts stacked in dimension 0 that expert parallelism shares out (0: not such a tensor)."""
+    klass: int = 0
+    """Tensors of one class (rule, codec, dtypes and shapes) are cut alike on every rank."""
 
 
 class _Shaped(NamedTuple):
     """A tensor's cuts and served tensors on one rank, without the names: shared by every tensor of
-    the same rule, format and shapes."""
+    its class (the 256 experts of a layer cut alike)."""
 
     weight: tuple
+    """The weight's Cut fields after its name."""
     scale: tuple | None
+    scale2: tuple | None
     served: tuple[tuple[torch.dtype, tuple[int, ...], int], ...]
+    """(dtype, shape, bytes) of each output: the weight's (or its decode's), then its scales'."""
     rule: str
+    read_bytes: int
+    arena: int
+    """Arena bytes of the outputs, each rounded up to SLOT_ALIGN."""
+    decode_bytes: int
+    """fp32 rows of an expanded decode (0 for a plain tensor)."""
+
+
+def _item(e: _Entry, s: _Shaped, offset: int) -> Item:
+    """One tensor's item: its class's cuts and outputs, named, at its arena offset."""
+    f = e.fit
+    scales = (Cut(f.scale.name, *s.scale),) if s.scale is not None else ()
+    if s.scale2 is not None:
+        scales += (Cut(f.scale2.name, *s.scale2),)
+    names = (e.name, *(c.name for c in scales))  # served() lists the weight, then its scales
+    outputs = []
+    for name, (dtype, shape, nbytes) in zip(names, s.served):
+        outputs.append(Output(name, dtype, shape, offset, nbytes))
+        offset += _slot(nbytes)
+    return Item(e.name, e.codec, s.rule, f, Cut(e.name, *s.weight), scales, tuple(outputs))
+
+
+def _slot(nbytes: int) -> int:
+    return -(-nbytes // SLOT_ALIGN) * SLOT_ALIGN
 
 
 class Planner:
@@ -176,6 +235,7 @@ class Planner:
         self._model = model
         self._units = {(r.index, r.match): self._resolve_units(r) for r in config.rules if r.units}
         self._fits: dict[tuple, Fit | str] = {}
+        self._klasses: dict[tuple, int] = {}
         self.entries, self.skipped, self.deferred = self._classify()
         # Deferred expert tensors are located only by the ep group holding the expert:
         # a locator of a remote expert would invite the model to read it.
@@ -279,7 +339,9 @@ class Planner:
             grouped.setdefault(f"{rule.describe()}: {fit}", []).append(meta.describe() + detail)
             return None
         stacked = meta.shape[0] if rule.stacked and rule.experts else 0
-        return _Entry(name, rule, codec, fit, None if rule.stacked else expert, stacked)
+        # a class: what the cuts depend on (the rule, resolved once per pick, so its id is enough; the fit's key)
+        klass = self._klasses.setdefault((id(rule), key, stacked), len(self._klasses))
+        return _Entry(name, rule, codec, fit, None if rule.stacked else expert, stacked, klass)
 
     def _resolve_units(self, rule: Rule) -> int:
         """A rule's head count: the number it gives, or its config.json field's value."""
@@ -386,57 +448,58 @@ class Planner:
             plan = self._plans[key] = self._make(layout, kind, rank)
         return plan
 
-    def _entries_of(self, layout: Layout, group: int) -> list[_Entry]:
-        """The entries expert-parallel group ``group`` holds (found once per group, not per rank)."""
+    def _entries_of(self, layout: Layout, group: int) -> tuple[list[_Entry], list[int], dict[int, _Entry]]:
+        """The entries expert-parallel group ``group`` holds, their classes, and each class's first
+        entry (found once per group, not per rank)."""
         key = (layout.ep, group)
         owned = self._owned.get(key)
         if owned is None:
-            owned = self._owned[key] = [e for e in self.entries if self.owns(e.expert, layout, group)]
+            entries = [e for e in self.entries if self.owns(e.expert, layout, group)]
+            klasses = [e.klass for e in entries]
+            first: dict[int, _Entry] = {}
+            for e in entries:
+                first.setdefault(e.klass, e)
+            owned = self._owned[key] = (entries, klasses, first)
         return owned
 
     def _shaped(self, e: _Entry, layout: Layout, rank: int, kind: str) -> _Shaped | str:
-        """The cuts and served tensors of ``e`` on this rank, made once for every tensor of the same
-        rule, format, shapes and expert range (the 256 experts of a layer cut alike); names follow."""
+        """The cuts and served tensors of ``e``'s class on this rank (or why the layout cannot cut it)."""
         group, tpr = layout.position(rank)
         experts = group if e.stacked_experts else None
-        f = e.fit
-        key = (e.rule.index, e.rule.match, e.codec.name, f.group, f.weight.shape, f.weight.dtype,
-               (f.scale.shape, f.scale.dtype) if f.scale else None, (f.scale2.shape, f.scale2.dtype) if f.scale2
-               else None, layout.tp, layout.ep if experts is not None else 1, tpr, experts, kind)
+        key = (e.klass, layout.tp, layout.ep if experts is not None else 1, tpr, experts, kind)
         shaped = self._shapes.get(key)
         if shaped is None:
-            cuts = self._cuts(e, layout, rank)
-            if isinstance(cuts, str):
-                shaped = cuts
-            else:
-                served = tuple((dtype, shape, nbytes) for _, dtype, shape, nbytes in
-                               e.codec.served(f, cuts[0], cuts[1], kind))
-                shaped = _Shaped(cuts[0][1:], cuts[1][1:] if cuts[1] else None, served, e.rule.describe())
-            self._shapes[key] = shaped
+            shaped = self._shapes[key] = self._shape(e, layout, rank, kind)
         return shaped
+
+    def _shape(self, e: _Entry, layout: Layout, rank: int, kind: str) -> _Shaped | str:
+        cuts = self._cuts(e, layout, rank)
+        if isinstance(cuts, str):
+            return cuts
+        f = e.fit
+        served = tuple((dtype, shape, nbytes) for _, dtype, shape, nbytes in e.codec.served(f, cuts[0], cuts[1], kind))
+        scale2 = whole(f.scale2) if f.scale2 is not None else None
+        read = cuts[0].nbytes + (cuts[1].nbytes if cuts[1] else 0) + (scale2.nbytes if scale2 else 0)
+        return _Shaped(cuts[0][1:], cuts[1][1:] if cuts[1] else None, scale2[1:] if scale2 else None, served,
+                       e.rule.describe(), read, sum(_slot(n) for _, _, n in served),
+                       served[0][2] * 2 if e.codec.scaled else 0)
 
     def _make(self, layout: Layout, kind: str, rank: int) -> RankPlan:
         if kind not in KINDS:
             raise ConfigError(f"kind {kind!r} is not one of {', '.join(KINDS)}")
         group = layout.position(rank)[0]
-        items, offset = [], 0
-        for e in self._entries_of(layout, group):
+        entries, klasses, first = self._entries_of(layout, group)
+        table = {}
+        for k, e in first.items():  # classes in order of first appearance: the first tensor that fails is named
             shaped = self._shaped(e, layout, rank, kind)
             if isinstance(shaped, str):
                 raise LayoutError(f"rank {rank}: tensor {escape_name(e.name)} under {e.rule.describe()}: {shaped}")
-            f = e.fit
-            weight = Cut(e.name, *shaped.weight)
-            scales = (Cut(f.scale.name, *shaped.scale),) if shaped.scale else ()
-            if f.scale2 is not None:
-                scales += (whole(f.scale2),)
-            names = (e.name, *(c.name for c in scales))  # served() lists the weight, then its scales
-            outputs = []
-            for name, (dtype, shape, nbytes) in zip(names, shaped.served):
-                outputs.append(Output(name, dtype, shape, offset, nbytes))
-                offset += -(-nbytes // SLOT_ALIGN) * SLOT_ALIGN
-            items.append(Item(e.name, e.codec, shaped.rule, f, weight, scales, tuple(outputs)))
+            table[k] = shaped
+        shapes = list(map(table.__getitem__, klasses))
+        offsets = list(itertools.accumulate((s.arena for s in shapes), initial=0))
+        arena = offsets.pop()
         deferred = tuple(n for n in self.deferred if self.owns(self.deferred_experts.get(n), layout, group))
-        return RankPlan(rank, layout, kind, tuple(items), tuple(self.skipped), deferred, offset)
+        return RankPlan(rank, layout, kind, entries, shapes, offsets, tuple(self.skipped), deferred, arena)
 
 
 def share(n: int, parts: int, k: int) -> tuple[int, int]:

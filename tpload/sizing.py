@@ -10,8 +10,11 @@ is more than it reads, and the figures say by how much.
 from __future__ import annotations
 
 import os
+import resource
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import psutil
 
 from .plan import RankPlan
 from .storage.catalogue import Catalogue
@@ -80,14 +83,32 @@ def _file_bytes(catalogue: Catalogue, files: set[str]) -> int | None:
     return sum(os.path.getsize(p) for p in paths) if all(p.is_file() for p in paths) else None
 
 
-def peak_rss() -> int:
-    """This process's peak resident memory, bytes (Linux reports KiB)."""
-    import resource
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+class HostMemory:
+    """This process's resident memory at the steps of planning: what a rank holds besides its staging
+    (the interpreter and imports, the catalogue and classification, its plans)."""
+
+    def __init__(self) -> None:
+        self._proc = psutil.Process()
+        self.start = self._rss()
+        self.catalogue = self.per_plan = 0
+
+    def _rss(self) -> int:
+        return self._proc.memory_info().rss
+
+    def classified(self) -> None:
+        self.catalogue = self._rss() - self.start
+
+    def planned(self, count: int) -> None:
+        self.per_plan = max(0, self._rss() - self.start - self.catalogue) // max(1, count)
+
+    @property
+    def peak(self) -> int:
+        """Peak RSS of the process so far (Linux reports KiB)."""
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def render_costs(ranks: list[RankCost], nodes: list[NodeCost], digests: Sequence[str], *, every_rank: bool,
-                 headers_only: bool = False) -> str:
+def render_costs(ranks: list[RankCost], nodes: list[NodeCost], digests: Sequence[str], host: HostMemory, *,
+                 every_rank: bool, headers_only: bool = False) -> str:
     """The table ``tpload plan`` prints: each rank (or only the busiest of each node), then each node."""
     gb = lambda b: f"{b / 1e9:.3f}"  # noqa: E731
     lines = [f"{'rank':>5} {'node':>4} {'tensors':>8} {'read GB':>9} {'hash GB':>9} {'device GB':>9} "
@@ -107,11 +128,16 @@ def render_costs(ranks: list[RankCost], nodes: list[NodeCost], digests: Sequence
             whole += f" ({n.file_bytes / n.hash_bytes:.1f}x)"
         lines.append(f"{n.node:>5} {f'{n.ranks[0]}-{n.ranks[-1]}':>9} {gb(n.read_bytes):>9} {gb(n.hash_bytes):>9} "
                      f"{whole:>19}")
-    host = STAGING_BYTES + PINNED_BYTES
-    peak = max(r.device_peak for r in ranks)
-    lines.append(f"peak device memory {peak / 2**30:.2f} GiB on a rank (its arena plus one staged window and its decode); "
-                 f"host staging {host / 2**20:.0f} MiB a rank ({STAGING_BYTES >> 20} MiB read ring, "
-                 f"{PINNED_BYTES >> 20} MiB pinned on CUDA) besides the catalogue and plans this process measures below")
+    top = max(ranks, key=lambda r: r.device_peak)
+    peers = max(len(n.ranks) for n in nodes)
+    held = host.start + host.catalogue + peers * host.per_plan + STAGING_BYTES + PINNED_BYTES
+    mib = lambda b: f"{b / 2**20:,.0f} MiB"  # noqa: E731
+    lines.append(f"peak device memory {gb(top.device_peak)} GB (rank {top.rank}: arena {gb(top.arena_bytes)} GB, one "
+                 f"staged window and its decode {top.transient_bytes / 2**20:.1f} MiB)")
+    lines.append(f"peak host memory about {mib(held)} a rank: imports {mib(host.start)}, catalogue and classification "
+                 f"{mib(host.catalogue)}, its node's {peers} plan(s) {mib(peers * host.per_plan)}, read ring "
+                 f"{mib(STAGING_BYTES)}, pinned (CUDA) {mib(PINNED_BYTES)} (measured in this process; the page cache "
+                 "is the kernel's)")
     lines.append("hash GB: node verification with a per-tensor manifest (each tensor once per node); whole-file: a hub "
                  "snapshot checked by blob sha256 (every file a node's ranks touch)")
     if headers_only:

@@ -15,6 +15,7 @@ import functools
 import gc
 import itertools
 import os
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -306,7 +307,7 @@ class Planner:
             problems.append(f"{reason}: {_listing(tensors)}")
         if unmatched:
             problems.append(f"{len(unmatched)} tensors match no rule of {self.config.name} (add a rule; a final "
-                            f"match = \"*\" with split = \"replicate\" is a common catch-all): {_listing(unmatched)}")
+                            f"match = \"*\" with role = \"auto\" keeps the rest whole): {_grouped(unmatched)}")
         idle = [r.describe() for r in self.config.rules if r.origin and not any(r.matches(n) for n in names)]
         if idle:
             problems.append(f"{', '.join(idle)} matched no tensor of {escape_name(self.catalogue.root)} (a typo? "
@@ -525,6 +526,17 @@ def _scale_names(weight: str, rule: Rule) -> list[str]:
     """The scale tensors a scaled weight needs: its suffix replaced by the rule's ``scale`` (and ``scale2``)."""
     stem = weight[: -len(rule.suffix)] if weight.endswith(rule.suffix) else weight
     return [stem + rule.scale] + ([stem + rule.scale2] if rule.scale2 else [])
+
+
+def _grouped(names: list[str]) -> str:
+    """Names grouped by their shape with numbers as N (``model.layers.N.mlp.x.weight (58)``): a real
+    checkpoint's thousands of unmatched tensors are a few classes."""
+    groups: dict[str, int] = {}
+    for n in names:
+        key = re.sub(r"\d+", "N", n)
+        groups[key] = groups.get(key, 0) + 1
+    ranked = sorted(groups.items(), key=lambda kc: -kc[1])  # the biggest classes first
+    return _listing([k if c == 1 else f"{k} ({c})" for k, c in ranked])
 
 
 def _listing(names: list[str], limit: int = 12) -> str:

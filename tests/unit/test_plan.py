@@ -10,7 +10,7 @@ import pytest
 import time
 
 from tpload.config import load_config
-from tpload.errors import LayoutError
+from tpload.errors import ConfigError, LayoutError
 from tpload.plan import Layout, Planner
 from tpload.storage.catalogue import read_native
 from tpload.synth import SynthSpec, write_checkpoint
@@ -139,3 +139,18 @@ def test_deferred_experts_are_located_only_by_their_group(small_ckpt: Path) -> N
     p = planner_for(small_ckpt, with_rules(load_config(), defer=("mtp.0.ffn.experts.*",)))
     held = [sorted({int(n.split(".")[4]) for n in p.plan(Layout(1, 2), "packed", g).deferred}) for g in range(2)]
     assert held == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_unmatched_tensors_of_a_real_layout_are_listed_grouped(tmp_path: Path) -> None:
+    """A config for one layout pointed at another: thousands of names would be unreadable, so the
+    error groups them by shape with numbers as N, each with its count."""
+    from tpload.published import write_published
+    root = write_published(tmp_path / "v3", "deepseek-v3-tiny")
+    config = tmp_path / "only-attention.toml"
+    config.write_text('[[rules]]\nmatch = "*.self_attn.*"\nrole = "auto"\n')
+    with pytest.raises(ConfigError) as e:
+        planner_for(root, load_config(config))
+    msg = str(e.value)
+    assert "match no rule" in msg
+    assert "model.layers.N.mlp.experts.N.gate_proj.weight (16)" in msg  # layer 1 and the MTP layer, 8 experts each
+    assert "(and 19 more)" in msg  # twelve classes shown, the rest counted

@@ -219,6 +219,8 @@ def cmd_plan(argv: list[str]) -> int:
         return _fail(e)
     print(f"plan for {printable(args.dir)} (config {printable(config.name)}, tp {args.tp} x ep {args.ep}, kind "
           f"{args.kind}, {len(nodes)} node(s) of {per_node} rank(s))")
+    if config.description:
+        print(f"config {printable(config.name)}: {printable(config.description)}")
     print(render_costs(ranks, nodes, digests, host, every_rank=(args.ranks or ("all" if len(plans) <= 16 else "summary"))
                        == "all", headers_only=catalogue.headers_only))
     print(f"planned {len(plans)} rank(s) of {len(catalogue.tensors):,} tensors in {seconds:.2f} s (headers, classification, "

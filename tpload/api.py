@@ -208,6 +208,8 @@ class _RankLoad:
         files its node reads, each to one of its readers; rank mode: every file it reads), and who
         hashes the file of each tensor it reads."""
         me = self.ctx.rank
+        if self.opts.verify == "rank":  # each rank hashes the files it reads, for its own windows only
+            reads = {me: reads[me]}
         file_of = {n: storage.info(n).path for r in reads.values() for n in r}
         users: dict[Path, list[int]] = {}
         for p in sorted(reads):

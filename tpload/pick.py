@@ -21,7 +21,7 @@ from pathlib import Path
 from .config import FAMILIES, Config, available, load_config, split_spec
 from .errors import ConfigError
 from .options import DEFAULT_CONFIG, REFERENCE_CONFIG
-from .storage import partitioned
+from .storage import hub, partitioned
 from .storage.files import read_json
 from .text import escape_name
 
@@ -55,7 +55,10 @@ def choose(spec: str, root: Path) -> tuple[Config, str]:
     if head == AUTO:
         picked, fam_why = _families(model, root)
         if all(f in arch.families for f in picked):
-            picked = arch.families or picked  # the architecture's own list covers what was found
+            own = [f for f in arch.families if f not in picked]
+            if own:  # the architecture's own list covers what was found, and says more
+                fam_why += f"; {'+'.join(own)} from {arch.name}'s own families"
+            picked = arch.families or picked
     else:
         picked, fam_why = (head, *families), "named by --config"
     config = load_config(f"{arch.name}+{'+'.join(picked)}")
@@ -66,6 +69,8 @@ def _model_config(root: Path) -> dict | None:
     path = root / "config.json"
     if not path.exists():
         return None
+    if hub.is_snapshot(root):  # checked by its blob name before a byte of it is believed
+        hub.check_small_files(root)
     doc = read_json(path, "model config")
     if not isinstance(doc, dict):
         raise ConfigError(f"{escape_name(path)}: model config is not a JSON object")

@@ -22,16 +22,18 @@ def snapshot(tmp_path: Path) -> Path:
     return to_hub_cache(plain, tmp_path / "hub", "openai/gpt-oss-tiny")
 
 
-def test_a_hub_snapshot_loads_verified_by_its_blob_names(snapshot: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("verify", ["node", "rank"])
+def test_a_hub_snapshot_loads_verified_by_its_blob_names(snapshot: Path, tmp_path: Path, verify: str) -> None:
     report = tmp_path / "r.json"
-    run = tpload_cli(2, "--checkpoint", str(snapshot), "--kind", "expanded", "--report", str(report))
+    run = tpload_cli(2, "--checkpoint", str(snapshot), "--kind", "expanded", "--report", str(report), "--verify", verify)
     assert run.rc == 0, run.text
     assert "config gpt-oss+mxfp4: config.json architectures GptOssForCausalLM" in run.text
     doc = json.loads(report.read_text())
     shards = sorted(snapshot.glob("*.safetensors"))
     assert any("2 file(s) checked whole against their blob sha256" in n for n in doc["notes"]), doc["notes"]
-    # whole files, once on this one node: every shard byte hashed exactly once among the ranks
-    assert sum(r["bytes_hashed"] for r in doc["ranks"]) == sum(os.path.getsize(s) for s in shards)
+    # whole files: once on this one node (every shard byte hashed once among the ranks), or by each rank
+    per_node = sum(os.path.getsize(s) for s in shards)
+    assert sum(r["bytes_hashed"] for r in doc["ranks"]) == (per_node if verify == "node" else 2 * per_node)
     assert all(r["failed"] == 0 for r in doc["ranks"])
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..errors import CheckpointError
 from ..text import escape_name
+from .catalogue import MANIFEST_NAME
 from .files import read_small
 
 SHA256_NAME = re.compile(r"[0-9a-f]{64}")
@@ -85,7 +86,10 @@ def check_small(path: Path, blob: Blob) -> str:
 def check_small_files(root: Path) -> None:
     """Check a snapshot's JSON files (config.json, the index, quantization files) by their blob names,
     before anything reads them."""
-    small = sorted(p.name for p in root.iterdir() if p.name.endswith(".json"))
+    # a NATIVE_MANIFEST.json that `tpload manifest` wrote into the snapshot is the operator's own file
+    # (a regular file, not a blob): the catalogue reads it as any manifest, and it outranks blob names
+    small = sorted(p.name for p in root.iterdir() if p.name.endswith(".json")
+                   and not (p.name == MANIFEST_NAME and not p.is_symlink()))
     named = blobs(root, small)
     for name in small:
         check_small(root / name, named[name])

@@ -225,3 +225,22 @@ def test_a_corrupt_shard_fails_the_load_naming_the_file(snapshot: Path) -> None:
 def test_a_snapshot_with_a_shard_stored_as_a_git_object_loads(snapshot: Path) -> None:
     _as_git_object(snapshot, sorted(p.name for p in snapshot.glob("*.safetensors"))[0])
     assert len(tpload.load(snapshot, progress=False).state_dict()) == 21
+
+
+def test_a_manifest_written_into_a_snapshot_is_used_and_keeps_it_loadable(snapshot: Path) -> None:
+    """`tpload manifest` on a snapshot (what the amplification note recommends for ep layouts) writes
+    a regular file among the links; the snapshot stays loadable, now verified per tensor."""
+    from tpload.offline import write_manifest
+    write_manifest(snapshot)
+    assert (snapshot / "NATIVE_MANIFEST.json").is_file() and not (snapshot / "NATIVE_MANIFEST.json").is_symlink()
+    shards = tpload.load(snapshot, progress=False)
+    assert not any("hub cache snapshot" in n for n in shards.report.notes)  # per tensor, not whole files
+    assert shards.report.mine.hashed == len(shards.state_dict())
+
+
+def test_auto_config_checks_a_snapshots_config_json_before_believing_it(snapshot: Path) -> None:
+    from tpload.pick import choose
+    blob = blob_of(snapshot / "config.json")
+    blob.write_text(blob.read_text().replace("LlamaForCausalLM", "GptOssForCausalLM"))
+    with pytest.raises(CheckpointError, match="config.json.*corrupt"):
+        choose("auto", snapshot)

@@ -5,7 +5,8 @@
 # preset (1.76 GB, written once under $TPLOAD_CACHE or ~/.cache/tpload) for the bench.
 #
 #   launch/gpu-check.sh                       every section
-#   launch/gpu-check.sh --only tests,bench    some: tests (CUDA tests: exact windows on cuda:0, device
+#   launch/gpu-check.sh --only tests,bench    some: tests (CUDA tests: exact windows on cuda:0, every
+#                                             published family packed and expanded against ml_dtypes, device
 #                                             decodes, a flipped byte), bench (tp = GPUs), multi (the NCCL
 #                                             world with the gloo exchange at tp = GPUs, and a killed rank;
 #                                             skipped with the reason on one GPU)
@@ -43,7 +44,8 @@ multi() {
     fi
     return 0
 }
-section tests 200 python -m pytest -q -p no:cacheprovider tests/unit/transfer/test_cuda.py tests/unit/test_api.py
+section tests 240 python -m pytest -q -p no:cacheprovider tests/unit/transfer/test_cuda.py tests/unit/test_api.py \
+    tests/unit/test_families_device.py
 section bench 300 python -m tpload bench --preset medium --nproc "$gpus" --tp "$gpus" --rounds 1 \
     --methods floor,tpload,tpload-digest,tpload-noverify,tpload-expanded,safetensors --json "$out/bench.json"
 export -f multi

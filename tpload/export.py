@@ -55,15 +55,17 @@ def _verify_sources(storage: ShardedStorage, names: list[str], threads: int) -> 
                               + "\n  - ".join(bad))
 
 
-def _rank_tensors(storage: ShardedStorage, plan: RankPlan) -> dict[str, tuple[str, tuple[int, ...], tuple, tuple]]:
-    """{name: (dtype, stored shape, rows, cols)} of everything the rank's file holds."""
+def _rank_tensors(storage: ShardedStorage, plan: RankPlan) -> dict[str, tuple[str, tuple[int, ...], tuple, tuple, tuple]]:
+    """{name: (dtype, window shape, rows, cols, view)} of everything the rank's file holds: each window
+    a box of its tensor's bytes seen as ``view`` (a stacked tensor cut on an inner dimension is seen
+    as [experts x rows, cols]), written in that view's row order."""
     out = {}
     for item in plan.items:
         for cut in item.cuts:
-            out[cut.name] = (cut.dtype, cut.shape, cut.rows, cut.cols)
+            out[cut.name] = (cut.dtype, cut.shape, cut.rows, cut.cols, cut.view)
     for name in plan.deferred:  # whole: the model streams them from this file
         meta = storage.catalogue.get(name)
-        out[name] = (meta.dtype, meta.shape, (0, meta.rows), (0, meta.row_bytes))
+        out[name] = (meta.dtype, meta.shape, (0, meta.rows), (0, meta.row_bytes), (meta.rows, meta.row_bytes))
     return dict(sorted(out.items(), key=lambda kv: natural_key(kv[0])))
 
 
@@ -92,17 +94,18 @@ def export(src: str | os.PathLike, out: str | os.PathLike, layout: Layout, confi
             held = _rank_tensors(storage, plan)
 
             def chunks(name: str, held: dict = held) -> Iterator[np.ndarray]:
-                _, _, rows, cols = held[name]
-                for _, _, view in reader.blocks(storage.stored(name), rows, cols):
-                    yield view
+                _, _, rows, cols, view = held[name]
+                stored, rows, cols = storage.box(name, view, rows, cols)
+                for _, _, block in reader.blocks(stored, rows, cols):
+                    yield block
 
             file = rank_file(plan.rank, layout.world)
             digests = write_safetensors(
-                dst / file, [(n, d, s) for n, (d, s, _, _) in held.items()], chunks,
+                dst / file, [(n, d, s) for n, (d, s, *_) in held.items()], chunks,
                 {"format": "pt", "writer": "tpload.export", "rank": str(plan.rank)} | {k: str(v) for k, v in meta.items()})
             ranks.append({"file": file, "tensors": {n: {"dtype": d, "shape": list(s), "sha256": digests[n]}
-                                                    for n, (d, s, _, _) in held.items()}})
-            sizes.append(sum((r[1] - r[0]) * (c[1] - c[0]) for _, _, r, c in held.values()))
+                                                    for n, (d, s, *_) in held.items()}})
+            sizes.append(sum((r[1] - r[0]) * (c[1] - c[0]) for _, _, r, c, _ in held.values()))
         changed = storage.changed()
         if changed:
             raise CheckpointError("the source changed during the export; nothing exported:\n  - " + "\n  - ".join(changed))

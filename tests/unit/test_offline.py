@@ -161,3 +161,15 @@ def test_manifest_writes_refuses_and_forces(ckpt_copy: Path) -> None:
     (ckpt_copy / "NATIVE_MANIFEST.json").write_text("{broken")  # --force replaces even a broken one
     assert main(["manifest", str(ckpt_copy), "--force"]) == 0
     assert json.loads((ckpt_copy / "NATIVE_MANIFEST.json").read_text())["tensors"] == original
+
+
+@pytest.mark.parametrize("kind", ["packed", "expanded"])
+def test_an_export_of_stacked_experts_serves_what_the_source_serves(tmp_path: Path, kind: str) -> None:
+    """gpt-oss's experts are stacked and cut on inner dimensions (their windows are boxes of another
+    view of the bytes): an export must write each window in that view's order, so that loading the
+    export gives the source's digests."""
+    from tpload.published import write_published
+    src = write_published(tmp_path / "src", "gpt-oss-tiny")
+    config, layout = load_config("gpt-oss"), Layout(2, 2)
+    export(src, tmp_path / "x", layout, config)
+    assert predict(tmp_path / "x", config, layout, kind) == predict(src, config, layout, kind)

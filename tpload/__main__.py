@@ -114,11 +114,13 @@ def cmd_synth(argv: list[str]) -> int:
     dims = ("hidden", "inter", "experts", "stages", "vocab", "block", "shards", "seed")
     for f in dims:
         p.add_argument(f"--{f}", type=int)
+    p.add_argument("--tensors", type=int, metavar="N", help="(many-tensors) how many tiny 8x8 tensors (default 10000)")
     args = p.parse_args(argv)
     if args.preset in PUBLISHED:
         return _synth_published(p, args, dims)
-    if args.headers_only or args.hub:
-        p.error("--headers-only and --hub are for the published presets (NAME-tiny, NAME-full, deepseek-v3-deep)")
+    if args.headers_only or args.hub or args.tensors:
+        p.error("--headers-only, --hub and --tensors are for the published presets (NAME-tiny, NAME-full, "
+                "deepseek-v3-deep, many-tensors)")
     try:
         spec = spec_from(args.preset, **{f: getattr(args, f) for f in dims})
     except ValueError as e:
@@ -151,7 +153,7 @@ def _synth_published(p: argparse.ArgumentParser, args: argparse.Namespace, dims:
                 written = write_published(Path(tmp) / "ckpt", args.preset, seed=args.seed or 0, manifest=False)
                 root = to_hub_cache(written, Path(args.dir), args.hub)
         else:
-            root = write_published(args.dir, args.preset, seed=args.seed or 0)
+            root = write_published(args.dir, args.preset, seed=args.seed or 0, tensors=args.tensors)
     except LoadError as e:
         return _fail(e)
     shards = list(root.glob("*.safetensors"))

@@ -155,11 +155,15 @@ class _RankLoad:
     def run(self) -> None:
         opts, ctx = self.opts, self.ctx
         layout = Layout(opts.tp or max(1, ctx.world // opts.ep), opts.ep)
-        storage = open_storage(opts.checkpoint, tp=layout.tp, ep=layout.ep, rank=ctx.rank, world=ctx.world)
-        try:
-            self._load(storage, layout)
-        finally:
-            storage.close()
+        # The collector paused for the whole job (plan.paused_gc): headers, plans, evidence and figures
+        # are hundreds of thousands of small acyclic objects a big checkpoint makes, and its passes over
+        # them cost more than making them.
+        with paused_gc():
+            storage = open_storage(opts.checkpoint, tp=layout.tp, ep=layout.ep, rank=ctx.rank, world=ctx.world)
+            try:
+                self._load(storage, layout)
+            finally:
+                storage.close()
 
     def _load(self, storage: Storage, layout: Layout) -> None:
         """Plan, check everything that can be checked before reading, read, and fill the figures."""
@@ -172,10 +176,9 @@ class _RankLoad:
             if self.ctx.rank == 0:
                 rank_log(0).info("%s", why)
         config = with_rules(config, skip=self.opts.skip, defer=self.opts.defer)
-        with paused_gc():  # a million small acyclic objects for a big checkpoint (plan.paused_gc)
-            planner = Planner(storage.catalogue, config)
-            planner.check_layout(layout, self.ctx.world)
-            plans, sharing = self._plans(planner, layout)
+        planner = Planner(storage.catalogue, config)
+        planner.check_layout(layout, self.ctx.world)
+        plans, sharing = self._plans(planner, layout)
         plan = self.plan = plans[self.ctx.rank]
         self._check_manifest(storage, plan)
         preflight.check(planner, layout, plan, self.ctx.device, sharing, int(self.opts.reserve_gib * preflight.GIB))
@@ -184,8 +187,9 @@ class _RankLoad:
         if getattr(storage, "file_digests", None) is not None and self.opts.verify in ("node", "rank"):
             hashes, files = self._file_plan(storage, plans, reads)
         else:
+            tensors = storage.catalogue.tensors
             hashes = hash_plan(self.opts.verify, self.ctx.rank, reads,
-                               {n: storage.catalogue.get(n).nbytes for q in plans.values() for n in q.used_tensors},
+                               {n: tensors[n].nbytes for q in plans.values() for n in q.used_tensors},
                                per_rank=storage.per_rank)
             files = None
         try:

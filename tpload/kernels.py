@@ -85,6 +85,52 @@ def copy_fingerprint(src: np.ndarray, start: int, stride: int, rows: int, cols: 
     return int(t), int(w)
 
 
+@nb.njit(nb.int64(nb.uint8[::1], nb.int64, nb.int64), **_JIT)
+def _word(src, k, width):  # pragma: no cover - compiled
+    """The little-endian word of ``width`` bytes at ``src[k]`` as the fingerprint reads it: signed
+    for 2, 4 and 8 bytes, unsigned for 1."""
+    if width == 8:
+        return np.int64(_load8(src, k))  # the uint64's bits as int64
+    if width == 1:
+        return np.int64(src[k])
+    v = np.int64(0)
+    for b in range(width):
+        v |= np.int64(src[k + b]) << (8 * b)
+    top = np.int64(1) << (8 * width - 1)
+    return v - (top << 1) if v >= top else v
+
+
+@nb.njit(nb.void(nb.uint8[::1], nb.int64[::1], nb.int64[::1], nb.int64[::1], nb.int64[::1], nb.uint8[::1],
+                 nb.int64[::1], nb.int64[:, ::1]), **_JIT)
+def gather_fingerprints(src, src_off, nbytes, row_bytes, widths, dst, dst_off, out):  # pragma: no cover
+    """Many small tensors in one pass: tensor ``i`` is ``nbytes[i]`` bytes at ``src[src_off[i]:]``,
+    rows of ``row_bytes[i]`` read as words of ``widths[i]`` bytes; copy it to ``dst[dst_off[i]:]``
+    (unless ``dst`` is empty) and put its fingerprint (total, row-weighted, column-weighted) in
+    ``out[i]``. The same triple :class:`~tpload.verification.fingerprint.HostFingerprint` gives."""
+    copy = dst.size > 0
+    for i in range(src_off.size):
+        a, n, rb, w = src_off[i], nbytes[i], row_bytes[i], widths[i]
+        if copy:
+            d = dst_off[i]
+            for k in range(n):
+                dst[d + k] = src[a + k]
+        total = np.int64(0)
+        weighted = np.int64(0)
+        cols = np.int64(0)
+        for r in range(n // rb if rb > 0 else 0):
+            base = a + r * rb
+            s = np.int64(0)
+            for j in range(rb // w):
+                v = _word(src, base + j * w, w)
+                s += v
+                cols += (j + 1) * v
+            total += s
+            weighted += (r + 1) * s
+        out[i, 0] = total
+        out[i, 1] = weighted
+        out[i, 2] = cols
+
+
 _LOW7 = np.uint64(0x7F7F7F7F7F7F7F7F)
 _ONES = np.uint64(0x0101010101010101)
 _HIGH = np.uint64(0x8080808080808080)

@@ -19,7 +19,7 @@ import copy
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -355,6 +355,17 @@ _LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "
         "head_dim": 128, "vocab_size": 128256, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
 
 
+# -- many tiny tensors (per-tensor cost) ------------------------------------------------------------
+
+def _many(c: dict) -> list[_Planned]:
+    """``tpload_tensors`` tiny 8x8 BF16 tensors, whole on every rank (the catch-all rule), in layers
+    of 100 like a real model's names: what per-tensor bookkeeping costs, apart from bytes."""
+    t = _Tensors()
+    for k in range(c["tpload_tensors"]):
+        t.bf16(f"model.layers.{k // 100}.extra.{k % 100}.weight", 8, 8)
+    return t.out
+
+
 # -- presets ---------------------------------------------------------------------------------------
 
 NVFP4_QUANT = {"producer": {"name": "modelopt"},
@@ -427,14 +438,21 @@ PUBLISHED: dict[str, Callable[[], Published]] = {
     "llama-tiny": lambda: Published("llama", _config(_LLAMA_CONFIG,
         hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         head_dim=32, vocab_size=512), _qwen3),
+    "many-tensors": lambda: Published("llama", _config(_LLAMA_CONFIG, tpload_tensors=10_000), _many, shards=4),
 }
 """Every published-layout preset, by name (``synth --preset NAME``)."""
 
 
-def write_published(out_dir: str | os.PathLike, name: str, *, seed: int = 0, manifest: bool = True) -> Path:
+def write_published(out_dir: str | os.PathLike, name: str, *, seed: int = 0, manifest: bool = True,
+                    tensors: int | None = None) -> Path:
     """Write preset ``name`` into ``out_dir`` (new or empty): shards, index, config.json (and any
-    quantization file), and NATIVE_MANIFEST.json when ``manifest`` (never for a headers-only one)."""
+    quantization file), and NATIVE_MANIFEST.json when ``manifest`` (never for a headers-only one).
+    ``tensors``: how many tiny tensors ``many-tensors`` has (default 10,000)."""
     pub = PUBLISHED[name]()
+    if tensors is not None:
+        if "tpload_tensors" not in pub.config:
+            raise CheckpointError(f"preset {name} has a fixed tensor count (only many-tensors takes one)")
+        pub = replace(pub, config={**pub.config, "tpload_tensors": tensors})
     root = Path(out_dir)
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise CheckpointError(f"{escape_name(root)}: not an empty folder; synth writes only into a new or empty one")

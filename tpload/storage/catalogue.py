@@ -213,9 +213,16 @@ def read_native(root: Path, *, manifest: bool = True) -> tuple[Catalogue, dict[s
             problems.append(str(e))
     raise_all(CheckpointError, problems, what=f"problems with the shards of {escape_name(root)}")
     locations = _by_index(wmap, headers, source) if wmap is not None else _by_shard(headers, root)
-    tensors = {n: TensorMeta(n, i.file, i.dtype, i.shape) for n, i in locations.items()}  # no locations: plan on names
+    tensors = {n: _meta(i) for n, i in locations.items()}  # no locations: plan on names
     entries, manifest_sha = read_manifest(root) if manifest else (None, None)
     return Catalogue(root, tensors, entries, manifest_sha256=manifest_sha, headers_only=headers_only), locations
+
+
+def _meta(info: TensorInfo) -> TensorMeta:
+    """What the planner sees of a tensor: its name, file, dtype and shape (its sizes, known already)."""
+    meta = TensorMeta(info.name, info.file, info.dtype, info.shape)
+    meta.__dict__.update(nbytes=info.nbytes, rows=info.rows, row_bytes=info.row_bytes)
+    return meta
 
 
 def _by_shard(headers: dict[str, dict[str, TensorInfo]], root: Path) -> dict[str, TensorInfo]:

@@ -105,6 +105,26 @@ class Hasher:
             lane, self._next = self._lanes[self._next % len(self._lanes)], self._next + 1
         return HashTap(stored, dict(self.plan.peers.get(stored.name, {})), lane, self._record)
 
+    def whole_only(self, stored: Stored) -> bool:
+        """False when this rank hashes ``stored`` for a node peer that reads only part of it: then the
+        tensor's own fingerprint cannot stand for the peer's window (batch.py takes only the others)."""
+        if stored.name not in self.todo:
+            return True
+        whole = ((0, stored.rows), (0, stored.row_bytes))
+        return all(box == whole for box in self.plan.peers.get(stored.name, {}).values())
+
+    def record_whole(self, stored: Stored, sha256: str, fingerprint: Triple) -> None:
+        """A small tensor hashed whole on the spot from a batch's bytes: its sha256, and each node
+        peer's window (the whole tensor, see :meth:`whole_only`) fingerprinted as the tensor itself."""
+        if stored.name in self.todo:
+            self.todo.discard(stored.name)
+            peers = {p: fingerprint for p in self.plan.peers.get(stored.name, {})}
+            self._record(Hashed(stored.name, stored, sha256, peers))
+
+    def hashes(self, name: str) -> bool:
+        """Whether this rank still has to hash ``name``."""
+        return name in self.todo
+
     def _record(self, hashed: Hashed) -> None:
         self.done[hashed.name] = hashed  # one writer per name; dict assignment is atomic
         if self.on_done is not None:

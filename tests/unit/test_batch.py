@@ -1,0 +1,88 @@
+"""Small whole tensors loaded in batches (batch.py): the same fingerprints, digests, bytes and
+sha256 verdicts as the per-tensor path, one read and one pass for many."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tpload
+from tpload import batch, kernels
+from tpload.errors import LoadError
+from tpload.published import write_published
+from tpload.verification.fingerprint import host_fingerprint, word_width
+
+from ..helpers import tensor_offset
+
+
+@pytest.fixture(scope="module")
+def many(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_published(tmp_path_factory.mktemp("many") / "m", "many-tensors", tensors=600)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_kernel_gives_each_tensor_the_per_tensor_fingerprint(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    src = rng.integers(0, 256, 1 << 16, dtype=np.uint8)
+    shapes = [(int(rng.integers(1, 9)), int(rng.integers(1, 70))) for _ in range(40)]
+    off, at = [], 3
+    for r, c in shapes:
+        off.append(at)
+        at += r * c + int(rng.integers(0, 5))  # gaps, and odd starts: words are read at any alignment
+    dst = np.zeros(len(shapes) * 600, dtype=np.uint8)  # slots of 600 bytes (the largest tensor is 8 x 69)
+    dst_off = np.array([k * 600 for k in range(len(shapes))], dtype=np.int64)
+    out = np.zeros((len(shapes), 3), dtype=np.int64)
+    kernels.gather_fingerprints(src, np.array(off, dtype=np.int64), np.array([r * c for r, c in shapes], dtype=np.int64),
+                                np.array([c for _, c in shapes], dtype=np.int64),
+                                np.array([word_width(c) for _, c in shapes], dtype=np.int64), dst, dst_off, out)
+    for k, (r, c) in enumerate(shapes):
+        window = src[off[k]:off[k] + r * c].copy().reshape(r, c)
+        assert tuple(out[k]) == host_fingerprint(window)
+        assert np.array_equal(dst[dst_off[k]:dst_off[k] + r * c], window.reshape(-1))
+
+
+def test_a_batched_load_serves_what_the_per_tensor_path_serves(many: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    batched = tpload.load(many, progress=False, verify="rank")
+    got = {n: t.clone() for n, t in batched.state_dict().items()}
+    digest, hashed = batched.report.mine.digest, batched.report.mine.hashed
+    batched.release()
+    monkeypatch.setattr(batch, "SMALL_BYTES", 0)  # every tensor on its own
+    single = tpload.load(many, progress=False, verify="rank")
+    assert single.report.mine.digest == digest and single.report.mine.hashed == hashed == 600
+    assert all(single.state_dict()[n].equal(t) for n, t in got.items())
+    single.release()
+
+
+def test_a_changed_small_tensor_fails_the_batched_load_naming_it(many: Path, tmp_path: Path) -> None:
+    import shutil
+    root = Path(shutil.copytree(many, tmp_path / "m"))
+    name = "model.layers.3.extra.7.weight"
+    path, offset, nbytes = tensor_offset(root, name)
+    with open(path, "r+b") as f:  # the manifest left as it was
+        f.seek(offset + nbytes - 1)
+        b = f.read(1)
+        f.seek(offset + nbytes - 1)
+        f.write(bytes([b[0] ^ 0x01]))
+    with pytest.raises(LoadError, match=f"{name}.*sha256"):
+        tpload.load(root, progress=False)
+
+
+def test_batches_stop_at_a_file_a_gap_or_a_tensor_they_cannot_take(many: Path) -> None:
+    from tpload.config import load_config
+    from tpload.plan import Layout, Planner
+    from tpload.storage.sharded import ShardedStorage
+    from tpload.verification.hashing import Hasher
+    from tpload.verification.policy import HashPlan
+    storage = ShardedStorage(many)
+    try:
+        plan = Planner(storage.catalogue, load_config("llama")).plan(Layout(1), "packed", 0)
+        items = plan.items
+        runs = list(batch.runs(items, "packed", storage, Hasher(HashPlan("rank", 0, frozenset(plan.used_tensors)))))
+        files = [{storage.stored(items[k].name).path for k in range(i, j)} for i, j, _ in runs]
+        assert all(len(f) == 1 for f in files)  # never across files
+        assert len(runs) == len({p for f in files for p in f})  # one batch a file: 600 tiny tensors in order
+        assert sum(j - i for i, j, _ in runs) == len(items)
+    finally:
+        storage.close()

@@ -15,7 +15,7 @@ import torch
 from tpload.published import write_published
 
 from ..formats_reference import Family
-from ..helpers import HERE, torchrun
+from ..helpers import HERE, torchrun, tpload_cli
 
 FAMILIES = {"deepseek-v3": "deepseek-v3-tiny", "deepseek-v4": "deepseek-v4-tiny", "gpt-oss": "gpt-oss-tiny",
             "nvfp4": "nvfp4-tiny", "qwen3-fp8": "qwen3-fp8-tiny", "llama": "llama-tiny"}
@@ -66,3 +66,18 @@ def test_every_family_loads_exactly_at_tp2(miniatures: dict[str, Path], tmp_path
 def test_every_family_loads_exactly(miniatures: dict[str, Path], tmp_path: Path, tp: int, ep: int) -> None:
     load_all(miniatures, tmp_path / "out", tp, ep)
     check(miniatures, tmp_path / "out", tp, ep)
+
+
+CONFIGS = {"deepseek-v3": "deepseek-v3+fp8-block", "deepseek-v4": "deepseek-v4+fp8-block+mxfp4",
+           "gpt-oss": "gpt-oss+mxfp4", "nvfp4": "deepseek-v3+nvfp4", "qwen3-fp8": "qwen3+fp8-block",
+           "llama": "llama+bf16"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_family_loads_from_the_command_line_as_readme_shows(miniatures: dict[str, Path], family: str) -> None:
+    """README's one command per family: `torchrun -m tpload DIR`, the config picked and said."""
+    run = tpload_cli(2, str(miniatures[family]), "--kind", "expanded")
+    assert run.rc == 0, run.text[-3000:]
+    assert f"config {CONFIGS[family]}: config.json architectures" in run.text
+    assert "verified:" in run.out

@@ -12,10 +12,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .api import checkpoint_stamp, layout_key
@@ -106,12 +108,18 @@ def verify_checkpoint(root: str | os.PathLike, config: Config | None, *, threads
     try:
         cat = storage.catalogue
         cat.refuse_headers_only("verifying it")
-        problems = cat.manifest_problems(cat.names())
-        if cat.manifest is None:
-            return problems
-        names = [n for n in cat.names() if n in cat.manifest]
+        if storage.file_digests is not None:  # a hub snapshot without a manifest: whole files by blob name
+            problems = _file_problems(storage)
+            names, compare = cat.names(), False
+        else:
+            problems = cat.manifest_problems(cat.names())
+            if cat.manifest is None:
+                return problems
+            names, compare = [n for n in cat.names() if n in cat.manifest], True
         checkers = _value_checkers(storage, config, problems) if config is not None else {}
-        problems += _scan(storage, names, checkers, threads)
+        if compare or checkers:
+            problems += _scan(storage, names if compare else [n for n in names if n in checkers], checkers, threads,
+                              compare=compare)
         return problems
     finally:
         storage.close()
@@ -136,14 +144,32 @@ def _value_checkers(storage: Storage, config: Config, problems: list[str]) -> di
     return out
 
 
-def _scan(storage: Storage, names: list[str], checkers: dict, threads: int) -> list[str]:
-    """Read every named tensor once: sha256 against the manifest, and the value checks on the way
-    (a scale before its weight, as the checkers need)."""
+def _file_problems(storage: ShardedStorage) -> list[str]:
+    """Each shard of a hub snapshot whose sha256 is not the one its blob is named by."""
+    out = []
+    for path, want in sorted(storage.file_digests.items()):
+        sha, opened = hashlib.sha256(), storage.files.get(path)
+        size = opened.opened.size
+        buf = np.empty(min(size, 16 << 20), dtype=np.uint8)
+        for a in range(0, size, buf.size):
+            view = buf[:min(buf.size, size - a)]
+            opened.read_into(a, view)
+            sha.update(memoryview(view))
+        if sha.hexdigest() != want:
+            out.append(f"{escape_name(path)}: file sha256 {sha.hexdigest()[:16]}... is not {want[:16]}... (the hash "
+                       "its hub blob is named by): the file is corrupt (re-download it)")
+    return out
+
+
+def _scan(storage: Storage, names: list[str], checkers: dict, threads: int, *, compare: bool = True) -> list[str]:
+    """Read every named tensor once: sha256 against the manifest (``compare``), and the value checks on
+    the way (a scale before its weight, as the checkers need)."""
     rank = {"scale": 0, "scale2": 1, "weight": 2}  # the checkers' order: scale, global scale, weight
     order = sorted(names, key=lambda n: (checkers[n][0].name, rank[checkers[n][2]]) if n in checkers else (n, 0))
     feeds = {n: (c.scale if part == "scale" else (lambda view, _row, c=c: c.scale2(view)) if part == "scale2"
                  else c.weight) for n, (_, c, part) in checkers.items()}
-    problems = mismatches(hash_whole(storage, order, threads=max(0, min(threads, _spare())), feeds=feeds))
+    hashed = hash_whole(storage, order, threads=max(0, min(threads, _spare())), feeds=feeds)
+    problems = mismatches(hashed) if compare else []
     seen = set()
     for item, checker, _ in checkers.values():
         if item.name in seen:
@@ -189,6 +215,11 @@ def write_manifest(root: str | os.PathLike, *, force: bool = False, threads: int
     names = catalogue.names()
     try:
         catalogue.refuse_headers_only("a manifest of it")
+        if storage.file_digests is not None:  # a hub snapshot: vouch only for files that match their blob names
+            bad = _file_problems(storage)
+            if bad:
+                raise CheckpointError(f"no manifest written: {len(bad)} file(s) do not match their hub blob names:"
+                                      "\n  - " + "\n  - ".join(bad))
         hashed = hash_whole(storage, names, threads=max(0, min(threads, _spare())))
     finally:
         storage.close()

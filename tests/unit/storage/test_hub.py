@@ -244,3 +244,28 @@ def test_auto_config_checks_a_snapshots_config_json_before_believing_it(snapshot
     blob.write_text(blob.read_text().replace("LlamaForCausalLM", "GptOssForCausalLM"))
     with pytest.raises(CheckpointError, match="config.json.*corrupt"):
         choose("auto", snapshot)
+
+
+def test_verify_at_rest_checks_a_snapshot_by_its_blob_names(snapshot: Path) -> None:
+    from tpload.config import load_config
+    from tpload.offline import verify_checkpoint
+    assert verify_checkpoint(snapshot, load_config("llama")) == []
+    shard = sorted(snapshot.glob("*.safetensors"))[1]
+    blob = blob_of(shard)
+    raw = bytearray(blob.read_bytes())
+    raw[-1] ^= 0x01
+    blob.write_bytes(bytes(raw))
+    problems = verify_checkpoint(snapshot, load_config("llama"))
+    assert len(problems) == 1 and shard.name in problems[0] and "blob is named by" in problems[0]
+
+
+def test_a_manifest_is_not_written_over_a_corrupt_snapshot(snapshot: Path) -> None:
+    from tpload.offline import write_manifest
+    shard = sorted(snapshot.glob("*.safetensors"))[0]
+    blob = blob_of(shard)
+    raw = bytearray(blob.read_bytes())
+    raw[-1] ^= 0x01
+    blob.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match=f"(?s)no manifest written.*{shard.name}"):
+        write_manifest(snapshot)
+    assert not (snapshot / "NATIVE_MANIFEST.json").exists()

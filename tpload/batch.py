@@ -91,9 +91,14 @@ class Batch:
         """Each tensor into ``dst`` at its offset (an empty ``dst``: fingerprints only), fingerprinted."""
         src_off = np.fromiter((s.offset - self.start for s in self.stored), np.int64, len(self.stored))
         nbytes = np.fromiter((s.nbytes for s in self.stored), np.int64, len(self.stored))
-        rows = np.fromiter((s.row_bytes for s in self.stored), np.int64, len(self.stored))
-        widths = np.fromiter((word_width(int(r)) for r in rows), np.int64, len(self.stored))
-        kernels.gather_fingerprints(self.data, src_off, nbytes, rows, widths, dst, dst_offsets, self.fingerprints)
+        row_bytes = np.fromiter((s.row_bytes for s in self.stored), np.int64, len(self.stored))
+        widths = np.fromiter((word_width(int(r)) for r in row_bytes), np.int64, len(self.stored))
+        # the kernel does not check bounds: every source range lies in the span read, and every
+        # destination in dst (the plan's slots: _whole_small holds each slot to its tensor's size)
+        if dst.size and int((dst_offsets + nbytes).max()) > dst.size:
+            raise RuntimeError("a batch's slots run past its destination (a planner bug)")
+        kernels.gather_fingerprints(self.data, src_off, nbytes, row_bytes, widths, dst, dst_offsets,
+                                    self.fingerprints)
 
     def sha256(self, k: int) -> str:
         s = self.stored[k]

@@ -3,13 +3,14 @@
 A checkpoint's tens of thousands of small tensors (norms, biases, routers, a small layer's
 scales) each cost loop.py's per-tensor sequence (a read, a tap, a fingerprint, a check) far
 more than their bytes: about 0.3 ms a tensor, DeepSeek-V3's 92,000 tensors half a minute a
-rank. Consecutive small plain tensors, whole on this rank and in order in one file, are loaded
-together instead:
+rank. Consecutive small items served whole as stored (plain tensors; a packed weight with its scales),
+close together in one file, are loaded together instead:
 
 * one ``pread`` of the span of the file that holds them (gaps between them bounded);
 * one kernel copies each into its slot and takes its fingerprint: the same triple the
   per-tensor path takes, so digests and stored predictions are unchanged;
-* each one this rank hashes is hashed from the same bytes, on the spot;
+* each one this rank hashes is hashed from the same bytes, on the spot, and a packed weight's
+  value checks (its scales first) read them there too;
 * on a device the batch's slots are one arena range, built on the host as an image: one
   upload, whose device fingerprint must equal the image's (as a single window's must).
 
@@ -36,59 +37,71 @@ GAP_BYTES = 64 << 10  # bytes of other tensors a batch may read past between two
 
 
 def _whole_small(item: Item, kind: str) -> bool:
-    """Served as stored, whole, plain and small: what a batch can take."""
-    w = item.weight
-    return (not item.scales and w.group == 1 and 0 < w.nbytes <= SMALL_BYTES and w.rows == (0, w.view[0])
-            and w.cols == (0, w.view[1]) and item.codec.copies(item.fit, kind) and len(item.outputs) == 1
-            and item.outputs[0].nbytes == w.nbytes)
+    """Served as stored, every cut whole and small (a plain tensor, or a packed weight with its
+    scales): what a batch can take."""
+    if not item.codec.copies(item.fit, kind) or len(item.outputs) != len(item.cuts):
+        return False
+    for c in item.cuts:
+        if not (c.group == 1 and 0 < c.nbytes <= SMALL_BYTES and c.rows == (0, c.view[0])
+                and c.cols == (0, c.view[1]) and item.output(c.name).nbytes == c.nbytes):
+            return False
+    return True
 
 
 def runs(items: Sequence[Item], kind: str, storage: Storage,
-         hasher: Hasher) -> Iterator[tuple[int, int, list[Stored]]]:
-    """The plan in runs ``[i, j)``: a batch of small tensors (with their stored bytes) when ``j - i > 1``,
-    one item otherwise."""
+         hasher: Hasher) -> Iterator[tuple[int, int, list[list[Stored]]]]:
+    """The plan in runs ``[i, j)``: a batch of small whole items (with each one's stored tensors, in
+    cut order) when ``j - i > 1``, one item otherwise. A batch stays in one file, within
+    ``BATCH_BYTES``, and reads at most its own bytes twice over plus ``GAP_BYTES`` of others'."""
     i, n = 0, len(items)
-    s = _batchable(items[0], kind, storage, hasher) if n else None
+    nxt = _batchable(items[0], kind, storage, hasher) if n else None
     while i < n:
-        j, batch = i + 1, [s] if s is not None else []
-        s = _batchable(items[j], kind, storage, hasher) if j < n else None
+        j, batch = i + 1, [nxt] if nxt is not None else []
+        nxt = _batchable(items[j], kind, storage, hasher) if j < n else None
         if batch:
-            path, start, end = batch[0].path, batch[0].offset, batch[0].offset + batch[0].nbytes
-            while s is not None and s.path == path and end <= s.offset <= end + GAP_BYTES \
-                    and s.offset + s.nbytes - start <= BATCH_BYTES:
-                batch.append(s)
-                end = s.offset + s.nbytes
-                j += 1
-                s = _batchable(items[j], kind, storage, hasher) if j < n else None
+            path = batch[0][0].path
+            lo = min(s.offset for s in batch[0])
+            hi = max(s.offset + s.nbytes for s in batch[0])
+            total = sum(s.nbytes for s in batch[0])
+            while nxt is not None and all(s.path == path for s in nxt):
+                lo2 = min(lo, *(s.offset for s in nxt))
+                hi2 = max(hi, *(s.offset + s.nbytes for s in nxt))
+                total2 = total + sum(s.nbytes for s in nxt)
+                if hi2 - lo2 > BATCH_BYTES or hi2 - lo2 > 2 * total2 + GAP_BYTES:
+                    break
+                batch.append(nxt)
+                lo, hi, total, j = lo2, hi2, total2, j + 1
+                nxt = _batchable(items[j], kind, storage, hasher) if j < n else None
         yield i, j, batch
         i = j
 
 
-def _batchable(item: Item, kind: str, storage: Storage, hasher: Hasher) -> Stored | None:
+def _batchable(item: Item, kind: str, storage: Storage, hasher: Hasher) -> list[Stored] | None:
     if not _whole_small(item, kind):
         return None
-    stored = storage.stored(item.weight.name)
-    return stored if stored.nbytes == item.weight.nbytes and hasher.whole_only(stored) else None
+    stored = [storage.stored(c.name) for c in item.cuts]
+    ok = all(s.nbytes == c.nbytes and hasher.whole_only(s) for s, c in zip(stored, item.cuts))
+    return stored if ok else None
 
 
 class Batch:
-    """One batch's bytes read, copied and fingerprinted: each tensor's triple, and its sha256 when
-    this rank hashes it."""
+    """One batch's bytes read, copied and fingerprinted: each stored tensor's triple (``pieces``: the
+    batch's items' cuts in order), and its sha256 when this rank hashes it."""
 
-    def __init__(self, storage: Storage, items: Sequence[Item], stored: list[Stored], buffer: np.ndarray) -> None:
+    def __init__(self, storage: Storage, items: Sequence[Item], stored: list[list[Stored]],
+                 buffer: np.ndarray) -> None:
         self.items = items
-        self.stored = stored
-        first, last = self.stored[0], self.stored[-1]
-        self.path = first.path
-        self.start = first.offset
-        span = last.offset + last.nbytes - self.start
+        self.stored = [s for per_item in stored for s in per_item]
+        self.path = self.stored[0].path
+        self.start = min(s.offset for s in self.stored)
+        span = max(s.offset + s.nbytes for s in self.stored) - self.start
         self.data = buffer[:span]
         self.data_label = label = f"{items[0].name} .. {items[-1].name} ({len(items)} tensors)"
         storage.read(Stored(label, self.path, self.start, 1, span, None), 0, 1, self.data.reshape(1, span))
-        self.fingerprints = np.zeros((len(items), 3), dtype=np.int64)
+        self.fingerprints = np.zeros((len(self.stored), 3), dtype=np.int64)
 
     def copy(self, dst: np.ndarray, dst_offsets: np.ndarray) -> None:
-        """Each tensor into ``dst`` at its offset (an empty ``dst``: fingerprints only), fingerprinted."""
+        """Each stored tensor into ``dst`` at its offset (an empty ``dst``: fingerprints only), fingerprinted."""
         src_off = np.fromiter((s.offset - self.start for s in self.stored), np.int64, len(self.stored))
         nbytes = np.fromiter((s.nbytes for s in self.stored), np.int64, len(self.stored))
         row_bytes = np.fromiter((s.row_bytes for s in self.stored), np.int64, len(self.stored))
@@ -99,6 +112,12 @@ class Batch:
             raise RuntimeError("a batch's slots run past its destination (a planner bug)")
         kernels.gather_fingerprints(self.data, src_off, nbytes, row_bytes, widths, dst, dst_offsets,
                                     self.fingerprints)
+
+    def view(self, k: int, shape: tuple[int, int]) -> np.ndarray:
+        """Stored tensor ``k``'s bytes as ``shape`` (its cut's 2-D view), for the value checks."""
+        s = self.stored[k]
+        a = s.offset - self.start
+        return self.data[a:a + s.nbytes].reshape(shape)
 
     def sha256(self, k: int) -> str:
         s = self.stored[k]

@@ -248,17 +248,17 @@ class _Loader:
         for count, what, about in problems:
             checks[about if about in checks else item.weight.name].bad.append((count, what))
 
-    def batch(self, items: Sequence[Item], stored: list[Stored]) -> None:
-        """Small whole tensors of one file together (batch.py): one read, one pass into their slots."""
+    def batch(self, items: Sequence[Item], stored: list[list[Stored]]) -> None:
+        """Small whole items of one file together (batch.py): one read, one pass into their slots."""
         if self._batch_buffer is None:
             self._batch_buffer = np.empty(BATCH_BYTES, dtype=np.uint8)
         b = Batch(self.storage, items, stored, self._batch_buffer)
-        lo = items[0].outputs[0].offset
-        hi = items[-1].outputs[0].offset + items[-1].outputs[0].nbytes
-        offsets = np.fromiter((i.outputs[0].offset for i in items), np.int64, len(items))
+        outs = [item.output(c.name) for item in items for c in item.cuts]
+        offsets = np.fromiter((o.offset for o in outs), np.int64, len(outs))
         if self.arena.host is not None:  # host slots: written in place
             b.copy(self.arena.host, offsets)
         else:  # a device: the slots' range built on the host, uploaded at once, and its upload checked
+            lo, hi = int(offsets.min()), max(o.offset + o.nbytes for o in outs)
             image = np.zeros(hi - lo, dtype=np.uint8)
             b.copy(image, offsets - lo)
             fp = HostFingerprint(hi - lo)
@@ -267,12 +267,24 @@ class _Loader:
             served, want = self.transfer.served(region, fp)
             self.evidence.add(Check(f"{b.data_label} (arena bytes {lo}..{hi})", b.path.name, served, want,
                                     "host image"))
-        where, hasher = b.path.name, self.hasher
-        for k, (item, stored, triple) in enumerate(zip(items, b.stored, map(tuple, b.fingerprints.tolist()))):
-            self.evidence.window(item.weight.name, item.weight.box, triple)
-            self.evidence.add(Check(item.outputs[0].name, where, triple, None, "host window"))
-            if hasher.hashes(stored.name):
-                hasher.record_whole(stored, b.sha256(k), triple)
+        where, hasher, triples = b.path.name, self.hasher, list(map(tuple, b.fingerprints.tolist()))
+        k = 0
+        for item in items:
+            checks = {}
+            for cut in item.cuts:
+                triple, st = triples[k], b.stored[k]
+                self.evidence.window(cut.name, cut.box, triple)
+                checks[cut.name] = Check(outs[k].name, where, triple, None, "host window")
+                if hasher.hashes(st.name):
+                    hasher.record_whole(st, b.sha256(k), triple)
+                k += 1
+            if item.codec.scaled:  # the value checks, scales first, on the batch's bytes
+                checker = item.codec.checker(item.fit, item.weight, item.scale)
+                for j, cut in enumerate(item.cuts, k - len(item.cuts)):
+                    _feed(item, checker, cut)(b.view(j, cut.view), 0)
+                self._problems(item, checker.problems(), checks)
+            for check in checks.values():
+                self.evidence.add(check)
 
     def done(self, item: Item) -> None:
         if self.release is not None:

@@ -86,3 +86,46 @@ def test_batches_stop_at_a_file_a_gap_or_a_tensor_they_cannot_take(many: Path) -
         assert sum(j - i for i, j, _ in runs) == len(items)
     finally:
         storage.close()
+
+
+@pytest.fixture(scope="module")
+def fp8(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_published(tmp_path_factory.mktemp("v3") / "v3", "deepseek-v3-tiny")
+
+
+def test_packed_weights_with_their_scales_batch_alike(fp8: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whole small FP8 weights and their scales (DeepSeek-V3's q_a/kv_a projections, replicated) go
+    in batches too: the same digest and bytes as one by one."""
+    from tpload.config import load_config
+    from tpload.plan import Layout, Planner
+    from tpload.storage.sharded import ShardedStorage
+    from tpload.verification.hashing import Hasher
+    from tpload.verification.policy import HashPlan
+    storage = ShardedStorage(fp8)
+    try:
+        plan = Planner(storage.catalogue, load_config("deepseek-v3")).plan(Layout(2), "packed", 0)
+        hasher = Hasher(HashPlan("rank", 0, frozenset(plan.used_tensors)))
+        batched = [plan.items[k] for i, j, _ in batch.runs(plan.items, "packed", storage, hasher) if j - i > 1
+                   for k in range(i, j)]
+    finally:
+        storage.close()
+    assert any(item.codec.scaled for item in batched)  # the case under test really batches
+    with_batches = tpload.load(fp8, tp=1, progress=False, verify="rank")
+    got, digest = {n: t.clone() for n, t in with_batches.state_dict().items()}, with_batches.report.mine.digest
+    with_batches.release()
+    monkeypatch.setattr(batch, "SMALL_BYTES", 0)
+    alone = tpload.load(fp8, tp=1, progress=False, verify="rank")
+    assert alone.report.mine.digest == digest
+    assert all(alone.state_dict()[n].equal(t) for n, t in got.items())
+    alone.release()
+
+
+def test_a_nan_code_in_a_batched_fp8_weight_is_refused_naming_it(fp8: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from ..helpers import poke
+    root = Path(shutil.copytree(fp8, tmp_path / "v3"))
+    name = "model.layers.0.self_attn.q_a_proj.weight"  # 128 x 256 FP8: small and whole on every rank
+    poke(root, name, 5, 0x7F, fix_manifest=True)  # E4M3 NaN, with a manifest that vouches for it
+    with pytest.raises(LoadError, match=f"(?s){name}.*NaN"):
+        tpload.load(root, tp=1, progress=False)

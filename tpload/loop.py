@@ -17,7 +17,7 @@ The per-tensor sequence, and nothing else:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -150,7 +150,7 @@ class _Loader:
         for cut in item.cuts:
             out = item.output(cut.name)
             dst = self.arena.bytes2d(out, cut.rows[1] - cut.rows[0])
-            feed = _feed(item, checker, cut)
+            feed = value_feed(item, checker, cut)
             # the served tensor's fingerprint, in its own view; the window's, in the cut's (the node
             # cross-check compares it with the hasher's): the same when the views are (group 1)
             # (a piece narrower than the served row's words cannot be grouped: then compare in the cut's view)
@@ -190,7 +190,7 @@ class _Loader:
         checker = codec.checker(fit, item.weight, item.scale)
         scale_host = scale = scale2 = None
         for cut in item.scales:
-            host = self._gather(cut, _feed(item, checker, cut))
+            host = self._gather(cut, value_feed(item, checker, cut))
             if cut is item.scale:
                 scale_host, scale = host, self.transfer.upload(host)
             else:
@@ -281,7 +281,7 @@ class _Loader:
             if item.codec.scaled:  # the value checks, scales first, on the batch's bytes
                 checker = item.codec.checker(item.fit, item.weight, item.scale)
                 for j, cut in enumerate(item.cuts, k - len(item.cuts)):
-                    _feed(item, checker, cut)(b.view(j, cut.view), 0)
+                    value_feed(item, checker, cut)(b.view(j, cut.view), 0)
                 self._problems(item, checker.problems(), checks)
             for check in checks.values():
                 self.evidence.add(check)
@@ -292,7 +292,7 @@ class _Loader:
                 self.release.done(self.storage.stored(cut.name).path)
 
 
-def _feed(item: Item, checker: Checker, cut: Cut):
+def value_feed(item: Item, checker: Checker, cut: Cut) -> Callable[[np.ndarray, int], None]:
     """The value check a cut's blocks go to: the scale's, the global scale's, or the weight's."""
     if cut is item.weight:
         return checker.weight

@@ -12,18 +12,16 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from .api import checkpoint_stamp, layout_key
 from .config import Config
 from .errors import CheckpointError, LoadError
-from .loop import run
+from .loop import run, value_feed
 from .plan import Layout, Planner
 from .report.progress import Silent
 from .storage import Storage, open_storage
@@ -32,6 +30,7 @@ from .storage.files import atomic_write
 from .storage.sharded import ShardedStorage
 from .text import escape_name
 from .transfer.cpu import CpuTransfer
+from .verification.files import FileHasher, file_problems
 from .verification.hashing import Hasher, hash_whole, mismatches
 from .verification.policy import HashPlan
 from .verification.store import DigestStore
@@ -126,7 +125,9 @@ def verify_checkpoint(root: str | os.PathLike, config: Config | None, *, threads
 
 
 def _value_checkers(storage: Storage, config: Config, problems: list[str]) -> dict:
-    """{tensor name: (its item's checker, 'scale'|'weight')} for every tensor the config classifies."""
+    """{tensor name: (its item, its item's checker, the check its blocks feed, its place in the item's
+    order)} for every tensor the config classifies: an item's cuts in order, scales before the weight,
+    as a load feeds them (loop.value_feed)."""
     try:
         planner = Planner(storage.catalogue, config)
     except LoadError as e:
@@ -136,42 +137,27 @@ def _value_checkers(storage: Storage, config: Config, problems: list[str]) -> di
     out = {}
     for item in plan.items:
         checker = item.codec.checker(item.fit, item.weight, item.scale)
-        if item.scale is not None:
-            out[item.scale.name] = (item, checker, "scale")
-        if len(item.scales) > 1:  # NVFP4's global scale, checked like a load checks it
-            out[item.scales[1].name] = (item, checker, "scale2")
-        out[item.weight.name] = (item, checker, "weight")
+        for k, cut in enumerate(item.cuts):
+            out[cut.name] = (item, checker, value_feed(item, checker, cut), k)
     return out
 
 
 def _file_problems(storage: ShardedStorage) -> list[str]:
-    """Each shard of a hub snapshot whose sha256 is not the one its blob is named by."""
-    out = []
-    for path, want in sorted(storage.file_digests.items()):
-        sha, opened = hashlib.sha256(), storage.files.get(path)
-        size = opened.opened.size
-        buf = np.empty(min(size, 16 << 20), dtype=np.uint8)
-        for a in range(0, size, buf.size):
-            view = buf[:min(buf.size, size - a)]
-            opened.read_into(a, view)
-            sha.update(memoryview(view))
-        if sha.hexdigest() != want:
-            out.append(f"{escape_name(path)}: file sha256 {sha.hexdigest()[:16]}... is not {want[:16]}... (the hash "
-                       "its hub blob is named by): the file is corrupt (re-download it)")
-    return out
+    """Each shard of a hub snapshot whose sha256 is not the one its blob is named by (the load's own
+    whole-file hasher and verdict, run here in the foreground)."""
+    results = FileHasher(storage, sorted(storage.file_digests), {}, {}).start().finish()
+    return file_problems(results, storage.file_digests)
 
 
 def _scan(storage: Storage, names: list[str], checkers: dict, threads: int, *, compare: bool = True) -> list[str]:
     """Read every named tensor once: sha256 against the manifest (``compare``), and the value checks on
     the way (a scale before its weight, as the checkers need)."""
-    rank = {"scale": 0, "scale2": 1, "weight": 2}  # the checkers' order: scale, global scale, weight
-    order = sorted(names, key=lambda n: (checkers[n][0].name, rank[checkers[n][2]]) if n in checkers else (n, 0))
-    feeds = {n: (c.scale if part == "scale" else (lambda view, _row, c=c: c.scale2(view)) if part == "scale2"
-                 else c.weight) for n, (_, c, part) in checkers.items()}
+    order = sorted(names, key=lambda n: (checkers[n][0].name, checkers[n][3]) if n in checkers else (n, 0))
+    feeds = {n: feed for n, (_, _, feed, _) in checkers.items()}
     hashed = hash_whole(storage, order, threads=max(0, min(threads, _spare())), feeds=feeds)
     problems = mismatches(hashed) if compare else []
     seen = set()
-    for item, checker, _ in checkers.values():
+    for item, checker, _, _ in checkers.values():
         if item.name in seen:
             continue
         seen.add(item.name)

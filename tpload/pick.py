@@ -44,7 +44,7 @@ def choose(spec: str, root: Path) -> tuple[Config, str]:
             raise ConfigError(f"--config {spec}: a pre-partitioned export is loaded with the config it was made "
                               f"with ({export_config}); pass that, or auto")
         return load_config(export_config), f"config {export_config}: the one this export was made with"
-    model = _model_config(root)
+    model = model_config(root)
     if model is None:
         if head != AUTO:
             raise ConfigError(f"--config {spec}: {escape_name(root)} has no config.json to find the architecture in; "
@@ -65,7 +65,8 @@ def choose(spec: str, root: Path) -> tuple[Config, str]:
     return config, f"config {config.name}: {arch_why}; {'+'.join(picked)} {fam_why}"
 
 
-def _model_config(root: Path) -> dict | None:
+def model_config(root: Path) -> dict | None:
+    """The checkpoint's config.json (checked by its blob name first in a hub snapshot), or None."""
     path = root / "config.json"
     if not path.exists():
         return None

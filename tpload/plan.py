@@ -28,8 +28,8 @@ from .codecs import Codec, Cut, Fit, whole
 from .config import AUTO, Config, Rule
 from .errors import ConfigError, LayoutError, raise_all
 from .options import KINDS, MAX_WORLD
+from .pick import model_config
 from .storage.catalogue import Catalogue, natural_key
-from .storage.files import read_json
 from .text import escape_name
 
 SLOT_ALIGN = 256  # every served tensor starts on a 256-byte boundary of the arena
@@ -512,13 +512,10 @@ def share(n: int, parts: int, k: int) -> tuple[int, int]:
 
 def read_model_config(root: Path, *, why: str) -> dict:
     """The checkpoint's config.json (model dimensions), or a ConfigError saying why it is needed."""
-    path = root / "config.json"
-    if not path.exists():
+    doc = model_config(root)
+    if doc is None:
         raise ConfigError(f"{why}, but {escape_name(root)} has no config.json (copy the model's config.json "
                           "beside its shards)")
-    doc = read_json(path, "model config")
-    if not isinstance(doc, dict):
-        raise ConfigError(f"{escape_name(path)}: model config is not a JSON object")
     return doc
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tpload.codecs import Codec, Cut, Fit, channel_window, cut_axis
+from tpload.codecs import Cut, channel_window, cut_axis
 from tpload.codecs.fp4_e8m0 import FP4
 from tpload.codecs.fp8_block import FP8
 from tpload.codecs.plain import PLAIN
@@ -26,17 +26,9 @@ from tpload.config import Config, Rule, load_config
 from tpload.plan import Layout, Planner, share
 from tpload.storage.catalogue import Catalogue, TensorMeta
 
+from .test_windows import fit_of, meta
+
 ITEM = {"BF16": 2, "F32": 4, "U8": 1, "F8_E4M3": 1, "F8_E8M0": 1}
-
-
-def meta(name: str, dtype: str, shape: tuple[int, ...]) -> TensorMeta:
-    return TensorMeta(name, "model-00001.safetensors", dtype, shape)
-
-
-def fit_of(codec: Codec, weight: TensorMeta, scale: TensorMeta | None = None, **kw: object) -> Fit:
-    fit = codec.fit(weight, scale, **kw)
-    assert isinstance(fit, Fit), fit
-    return fit
 
 
 def stored(m: TensorMeta, seed: int = 0) -> np.ndarray:

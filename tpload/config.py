@@ -256,7 +256,7 @@ def available() -> str:
 
 def _read_toml(name_or_path: str | os.PathLike) -> tuple[str, dict]:
     path = Path(name_or_path)
-    if path.suffix == ".toml" or path.exists() or os.sep in str(name_or_path):
+    if path.suffix == ".toml" or path.is_file() or os.sep in str(name_or_path):
         try:
             return str(path), tomllib.loads(path.read_text())
         except OSError as e:

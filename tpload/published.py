@@ -104,15 +104,16 @@ def _deepseek_v3(c: dict, *, nvfp4: bool = False) -> list[_Planned]:
                               c["kv_lora_rank"])
     layers, mtp, dense = c["num_hidden_layers"], c["num_nextn_predict_layers"], c["first_k_dense_replace"]
     experts, mi, shared = c["n_routed_experts"], c["moe_intermediate_size"], c["n_shared_experts"]
-    attn = t.bf16 if nvfp4 else None  # R1-FP4 keeps attention in BF16
+    fp8 = "quantization_config" in c and not nvfp4  # neither: a BF16 checkpoint (the -bf16 conversions)
+    attn = None if fp8 else t.bf16  # R1-FP4 keeps attention in BF16
 
     def linear(stem: str, n: int, k: int, *, quantized_in_fp4: bool = True) -> None:
         if nvfp4 and quantized_in_fp4:
             t.nvfp4(stem, n, k)
-        elif nvfp4:
-            t.bf16(f"{stem}.weight", n, k)
-        else:
+        elif fp8:
             t.fp8(stem, n, k)
+        else:
+            t.bf16(f"{stem}.weight", n, k)
 
     t.bf16("model.embed_tokens.weight", v, h)
     for layer in range(layers + mtp):
@@ -399,19 +400,34 @@ _V3_DEEP = dict(hidden_size=128, intermediate_size=256, moe_intermediate_size=25
                 num_key_value_heads=4, q_lora_rank=128, kv_lora_rank=128, vocab_size=1024)
 
 
+# A BF16 DeepSeek-V3 that vLLM's CPU build runs: MLA at the dimensions its CPU attention takes
+# (kv_lora_rank 512, rope 64), one expert group, and the MTP layer vLLM skips.
+_V3_VLLM = dict(hidden_size=256, intermediate_size=512, moe_intermediate_size=256, num_hidden_layers=2,
+                first_k_dense_replace=1, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+                num_attention_heads=4, num_key_value_heads=4, q_lora_rank=128, kv_lora_rank=512,
+                qk_nope_head_dim=64, qk_rope_head_dim=64, v_head_dim=64, vocab_size=512,
+                max_position_embeddings=256)
+
+
 def _config(base: dict, **dims: object) -> dict:
     """A family's config.json with some dimensions changed (a fresh copy: presets never share one)."""
     return {**copy.deepcopy(base), **dims}
 
 
-def _v3_nvfp4_config(**dims: object) -> dict:
-    c = _config(_V3_CONFIG, **dims)
-    del c["quantization_config"]  # the NVFP4 release says it in hf_quant_config.json
+def _bf16_config(base: dict, **dims: object) -> dict:
+    """``base`` with some dimensions changed and no ``quantization_config``."""
+    c = _config(base, **dims)
+    del c["quantization_config"]
     return c
+
+
+def _v3_nvfp4_config(**dims: object) -> dict:
+    return _bf16_config(_V3_CONFIG, **dims)  # the NVFP4 release says its quantization in hf_quant_config.json
 
 
 PUBLISHED: dict[str, Callable[[], Published]] = {
     "deepseek-v3-tiny": lambda: Published("deepseek-v3", _config(_V3_CONFIG, **_V3_TINY), _deepseek_v3),
+    "deepseek-v3-bf16-tiny": lambda: Published("deepseek-v3", _bf16_config(_V3_CONFIG, **_V3_VLLM), _deepseek_v3),
     "deepseek-v3-deep": lambda: Published("deepseek-v3", _config(_V3_CONFIG, **_V3_DEEP), _deepseek_v3, shards=8),
     "deepseek-v3-full": lambda: Published("deepseek-v3", _config(_V3_CONFIG), _deepseek_v3, shards=163,
                                           shard_name="model-{k:05d}-of-{n:06d}.safetensors", headers_only=True),

@@ -44,6 +44,15 @@ def test_bad_configs_are_named(tmp_path: Path, text: str, needle: str) -> None:
         load_config(write(tmp_path, text))
 
 
+def test_a_folder_named_like_a_shipped_config_does_not_shadow_it(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint folder called ``llama`` in the working directory (as engines' users keep them)."""
+    (tmp_path / "llama").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert load_config("llama").name == "llama"
+    assert len(load_config("llama").rules) > 3
+
+
 def test_unknown_config_name_lists_shipped_ones() -> None:
     with pytest.raises(ConfigError, match="deepseek-v4-mtp"):
         load_config("no-such-model")

@@ -29,7 +29,8 @@ from tpload.plan import Layout, Planner
 from tpload.published import PUBLISHED, tensor_count, write_published
 from tpload.storage.catalogue import read_native
 
-TINY = ["deepseek-v3-tiny", "deepseek-v4-tiny", "gpt-oss-tiny", "qwen3-fp8-tiny", "nvfp4-tiny", "llama-tiny"]
+TINY = ["deepseek-v3-tiny", "deepseek-v4-tiny", "gpt-oss-tiny", "qwen3-fp8-tiny", "nvfp4-tiny", "llama-tiny",
+        "deepseek-v3-bf16-tiny"]
 ITEM = {"BF16": 2, "F16": 2, "F32": 4, "I64": 8, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E8M0": 1}
 
 
@@ -139,6 +140,18 @@ def test_deepseek_v3_fp8_weights_have_f32_128_block_scales(tiny: dict[str, Path]
     assert {found[n][0] for n in norms} == {"BF16"}
     assert found["model.layers.0.self_attn.indexer.k_norm.weight"][0] == "F32"  # V3.2's indexer LayerNorm
     assert found["model.layers.2.eh_proj.weight"][0] == "BF16"  # the MTP layer's projection: no scale
+
+
+def test_deepseek_v3_bf16_is_all_bf16_or_f32_with_its_mtp_layer(tiny: dict[str, Path]) -> None:
+    """The vLLM test model: no quantization anywhere, the dimensions vLLM's CPU MLA takes, one MTP layer."""
+    root = tiny["deepseek-v3-bf16-tiny"]
+    found = headers(root)
+    config = json.loads((root / "config.json").read_text())
+    assert "quantization_config" not in config and config["kv_lora_rank"] == 512
+    assert {d for d, _, _ in found.values()} == {"BF16", "F32"}
+    assert not any(n.endswith("_scale_inv") for n in found)
+    assert found["model.layers.1.self_attn.kv_a_proj_with_mqa.weight"][1] == (512 + 64, 256)
+    assert found["model.layers.2.eh_proj.weight"][1] == (256, 512)  # layer num_hidden_layers: the MTP layer
 
 
 def test_gpt_oss_experts_are_stacked_u8_blocks_and_scales(tiny: dict[str, Path]) -> None:

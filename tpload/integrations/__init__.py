@@ -1,0 +1,3 @@
+"""Serving engines loading through tpload: ``vllm`` (a ``vllm.general_plugins`` entry point adding
+``--load-format tpload``) and ``sglang`` (a loader class for its ``load_format``); ``engine`` and
+``handoff`` are what they share. Nothing here imports an engine until the engine imports it."""

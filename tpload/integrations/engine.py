@@ -1,0 +1,150 @@
+"""One engine worker's load, for any serving engine: options from the engine's extra config, the
+load on the engine's groups, the hand-off to the engine's own weight loaders, and one verdict.
+
+The load itself (:func:`tpload.load`) already ends the same way on every rank. The hand-off can
+still fail on one worker (an engine loader asking for bytes outside the window, a parameter left
+unfilled), so its outcome goes through one more all-gather on the CPU group: every worker raises
+the same message, or none does. Nothing here creates a process group.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+import psutil
+import torch
+import torch.distributed as dist
+
+from ..errors import LoadError
+from ..text import escape_name
+
+MIB = 1 << 20
+OPTIONS = ("config", "verify", "skip", "hash_threads", "samples", "timeout_s", "evict_page_cache", "reserve_gib",
+           "report", "digest_store", "manifest_sha256", "device")
+"""The keys an engine's extra config may give (LoadOptions' fields; the rest is the engine's to set)."""
+
+Weights = Iterator[tuple[str, torch.Tensor]]
+
+
+def load_options(extra: dict, *, world: int, engine_device: torch.device, model_config: dict) -> dict:
+    """tpload's load() keywords from an engine's extra config: the keys in OPTIONS, plus what the
+    engine fixes (stored bytes, tp = its TP size, the MTP layers it never loads skipped).
+
+    ``device``: where the windows are staged before the engine's loaders copy them into its
+    parameters: ``cpu`` (default: like the engines' own loaders, and no second copy of the
+    weights on the GPU) or ``engine`` (the engine's device for this worker)."""
+    from ..options import OptionsError
+    from .handoff import engine_skips
+
+    unknown = sorted(set(extra) - set(OPTIONS))
+    if unknown:
+        raise OptionsError(f"model loader extra config: unknown key{'s' if len(unknown) > 1 else ''} "
+                           f"{', '.join(map(repr, unknown))} (tpload takes: {', '.join(OPTIONS)})")
+    opts = dict(extra)
+    device = opts.pop("device", "cpu")
+    if device not in ("cpu", "engine"):
+        raise OptionsError(f"model loader extra config: device {device!r} is neither 'cpu' nor 'engine'")
+    skip = opts.pop("skip", ())
+    skip = (skip,) if isinstance(skip, str) else tuple(skip)
+    return {**opts, "kind": "packed", "tp": world, "ep": 1, "progress": False,
+            "device": "cpu" if device == "cpu" else str(engine_device),
+            "skip": tuple(dict.fromkeys(engine_skips(model_config) + skip))}
+
+
+class EngineLoad:
+    """One worker's load into an engine (see the module docstring)."""
+
+    def __init__(self, engine: str, checkpoint: str, extra: dict, *, group: dist.ProcessGroup,
+                 cpu_group: dist.ProcessGroup, rank: int, world: int, engine_device: torch.device,
+                 log: logging.Logger) -> None:
+        self.engine, self.checkpoint, self.extra = engine, checkpoint, extra
+        self.group, self.cpu_group, self.rank, self.world = group, cpu_group, rank, world
+        self.engine_device, self.log = engine_device, log
+
+    def run(self, load_weights: Callable[[Iterable[tuple[str, torch.Tensor]]], set[str] | None],
+            expected: set[str] | None) -> None:
+        """Load, hand every window to ``load_weights`` (the engine's), check that ``expected``
+        parameters were all filled, and agree on the outcome with every worker."""
+        import tpload
+        from ..pick import model_config
+        from ..report.memory import MemoryPeaks
+
+        rss0 = psutil.Process().memory_info().rss
+        t0 = time.perf_counter()
+        with MemoryPeaks() as mem:
+            config = _model_config(model_config, self.checkpoint)
+            opts = load_options(self.extra, world=self.world, engine_device=self.engine_device, model_config=config)
+            shards = tpload.load(self.checkpoint, group=self.group, cpu_group=self.cpu_group, **opts)
+            t1 = time.perf_counter()
+            problem, handed = self._hand_off(shards, load_weights, expected)
+            shards.release()
+        mine = {"rank": self.rank, "problem": problem, "handed": handed, "windows_bytes": shards.report.mine.bytes_read,
+                "rss_rise": max(0, mem.rss_peak - rss0), "handoff_s": round(time.perf_counter() - t1, 4)}
+        everyone = self._gather(mine)
+        bad = [r for r in everyone if r["problem"]]
+        if bad:
+            raise LoadError(f"tpload hand-off to {self.engine} failed on rank "
+                            f"{', '.join(str(r['rank']) for r in bad)} of {self.world}; the engine must not serve:"
+                            + "".join(f"\nrank {r['rank']}: {r['problem']}" for r in bad))
+        self._say(shards.report, everyone, load_s=t1 - t0, opts=opts)
+
+    def _hand_off(self, shards: object, load_weights: Callable, expected: set[str] | None) -> tuple[str, int]:
+        """The windows into the engine's loaders; ("", count) or (why not, count)."""
+        from .handoff import windows
+
+        count = 0
+
+        def counted() -> Weights:
+            nonlocal count
+            for name, tensor in windows(shards.state_dict(), shards.plan.items, rank=self.rank):
+                count += 1
+                yield name, tensor
+
+        try:
+            loaded = load_weights(counted())
+        except LoadError as e:
+            return str(e), count
+        except Exception as e:  # the engine's loader: any failure ends every worker with its words
+            return f"{self.engine}'s weight loading raised {type(e).__name__}: {escape_name(e)}", count
+        if expected is not None and loaded is not None:
+            missing = sorted(expected - set(loaded))
+            if missing:
+                shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+                return f"{len(missing)} parameter(s) of the {self.engine} model were not filled: {shown}", count
+        return "", count
+
+    def _gather(self, mine: dict) -> list[dict]:
+        rows: list[dict | None] = [None] * self.world
+        dist.all_gather_object(rows, mine, group=self.cpu_group)
+        return [r for r in rows if r is not None]
+
+    def _say(self, report: object, everyone: list[dict], *, load_s: float, opts: dict) -> None:
+        """TP rank 0 logs the figures through the engine's logger and adds them to the report file."""
+        if self.rank != 0:
+            return
+        per_node = report.bytes_hashed_per_node()
+        self.log.info(
+            "tpload: %d tensors verified (%s) in %.2f s + %.2f s hand-off; read per rank %s MB; hashed per node %s MB; "
+            "peak RSS rise per rank %s MiB (windows %s MiB); digests %s",
+            sum(r.tensors for r in report.ranks), report.verify, load_s, max(r["handoff_s"] for r in everyone),
+            [round(r.bytes_read / 1e6, 1) for r in report.ranks], [round(b / 1e6, 1) for b in per_node.values()],
+            [round(r["rss_rise"] / MIB, 1) for r in everyone], [round(r["windows_bytes"] / MIB, 1) for r in everyone],
+            [r.digest[:16] for r in report.ranks])
+        path = opts.get("report")
+        if path:
+            from ..storage.files import atomic_write
+
+            doc = json.loads(Path(path).read_text())
+            doc["engine"] = {"name": self.engine, "load_s": round(load_s, 4), "ranks": everyone}
+            atomic_write(Path(path), json.dumps(doc, indent=2) + "\n")
+
+
+def _model_config(read: Callable[[Path], dict], checkpoint: str) -> dict:
+    try:
+        return read(Path(checkpoint)) or {}
+    except LoadError:
+        return {}  # no config.json: the load itself says what it needs

@@ -1,0 +1,83 @@
+"""vLLM's ``--load-format tpload``: a plugin (entry point ``vllm.general_plugins``) and its loader.
+
+    vllm serve DIR --tensor-parallel-size 8 --load-format tpload \\
+        --model-loader-extra-config '{"verify": "node", "report": "/tmp/load.json"}'
+
+vLLM runs :func:`register` in every process, TP workers included; it registers the format and
+imports nothing of tpload's load path (torch kernels, numba): that happens in the first
+``load_weights``. Each TP worker then loads its own windows with :func:`tpload.load` on vLLM's TP
+group (the exchange on its CPU group), hands them to vLLM's own ``model.load_weights`` as
+window tensors (integrations/handoff.py: vLLM's name mapping and sharding run unchanged, and a
+loader asking for bytes outside the window fails the start), and vLLM's
+``process_weights_after_loading`` runs as usual. docs/engines.md says what is checked and why.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from torch import nn
+
+from vllm.config import ModelConfig
+from vllm.logger import init_logger
+from vllm.model_executor.model_loader import register_model_loader
+from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+
+LOAD_FORMAT = "tpload"
+log = init_logger("vllm.tpload")  # a child of vLLM's logger: its format and level
+
+
+def register() -> None:
+    """The ``vllm.general_plugins`` hook: add ``--load-format tpload`` (safe to run many times)."""
+    from vllm.model_executor.model_loader import _LOAD_FORMAT_TO_MODEL_LOADER
+
+    if _LOAD_FORMAT_TO_MODEL_LOADER.get(LOAD_FORMAT) is not TploadModelLoader:
+        register_model_loader(LOAD_FORMAT)(TploadModelLoader)
+
+
+class TploadModelLoader(BaseModelLoader):
+    """Loads each TP worker's verified windows straight into vLLM's parameters."""
+
+    def download_model(self, model_config: ModelConfig) -> None:
+        self._checkpoint(model_config)
+
+    def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
+        from vllm.distributed import get_pp_group, get_tp_group
+
+        from .engine import EngineLoad
+
+        if get_pp_group().world_size > 1:
+            raise ValueError("--load-format tpload loads tensor-parallel workers only; pipeline parallelism "
+                             f"(pipeline_parallel_size {get_pp_group().world_size}) is not supported")
+        tp = get_tp_group()
+        device = next(model.parameters()).device
+        job = EngineLoad("vllm", self._checkpoint(model_config), dict(self.load_config.model_loader_extra_config or {}),
+                         group=tp.device_group, cpu_group=tp.cpu_group, rank=tp.rank_in_group,
+                         world=tp.world_size, engine_device=device, log=log)
+        job.run(lambda weights: model.load_weights(weights), _expected(model, model_config))
+
+    @staticmethod
+    def _checkpoint(model_config: ModelConfig) -> str:
+        """The checkpoint folder: ``model`` itself, or its hub snapshot (downloaded if missing)."""
+        if os.path.isdir(model_config.model):
+            return model_config.model
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(model_config.model, revision=model_config.revision,
+                                 allow_patterns=["*.safetensors", "*.json"])
+
+
+def _expected(model: nn.Module, model_config: ModelConfig) -> set[str] | None:
+    """Parameters vLLM's load must fill (None: not tracked, as vLLM's default loader does for a
+    quantized model, whose scales it may build itself)."""
+    if model_config.quantization is not None:
+        return None
+    return {name for name, _ in model.named_parameters()}
+
+
+def plugin_info() -> dict[str, Any]:
+    """What the plugin registered (for tests and ``python -m tpload engines``)."""
+    from vllm.model_executor.model_loader import _LOAD_FORMAT_TO_MODEL_LOADER
+
+    return {"load_format": LOAD_FORMAT, "registered": _LOAD_FORMAT_TO_MODEL_LOADER.get(LOAD_FORMAT) is TploadModelLoader}

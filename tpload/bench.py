@@ -316,6 +316,9 @@ def decode_line(d: dict) -> str:
 
 
 def cmd_bench(argv: list[str]) -> int:
+    if "--engine" in argv:  # a serving engine's default loader beside tpload's (bench_engine.py)
+        from .bench_engine import cmd_bench_engine
+        return cmd_bench_engine(argv)
     p = argparse.ArgumentParser(prog="python -m tpload bench", description="Run tpload beside its peers on the same "
                                 "job (every rank's windows in its own memory) and print a table of ratios.")
     p.add_argument("--preset", choices=list(PRESETS), default="medium", help="synthetic checkpoint (made once, cached)")

@@ -25,6 +25,7 @@ def test_ci_runs_readme_s_test_commands() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     assert 'python -m pip install -q -e ".[test]" && python -m pytest -q' in ci
     assert "python -m pytest -q -m slow" in ci and "python -m pytest -q -m slow" in README
+    assert "python -m pytest -q -m engine" in ci and "python -m pytest -q -m engine" in README
 
 
 def test_user_docs_live_in_the_project() -> None:

@@ -7,14 +7,21 @@
 #   launch/gpu-check.sh                       every section
 #   launch/gpu-check.sh --only tests,bench    some: tests (CUDA tests: exact windows on cuda:0, every
 #                                             published family packed and expanded against ml_dtypes, device
-#                                             decodes, a flipped byte), bench (tp = GPUs), multi (the NCCL
-#                                             world with the gloo exchange at tp = GPUs, and a killed rank;
-#                                             skipped with the reason on one GPU)
+#                                             decodes, a flipped byte), bench (tp = GPUs), peers (the bench
+#                                             beside the CUDA-only peers: InstantTensor, and Run:ai Model
+#                                             Streamer), multi (the NCCL world with the gloo exchange at tp =
+#                                             GPUs, and a killed rank; skipped with the reason on one GPU)
+#
+# The peers' wheels travel with the checkout (the GPU machine has no network): on a machine with one,
+#   pip download --no-deps -d launch/wheels instanttensor runai-model-streamer humanize
+# fills launch/wheels/ (git-ignored); copy that folder along (the device tool: carry ["launch/wheels"]).
+# The peers section installs them with --no-deps --no-index; a peer with no wheel and no install is
+# skipped by the bench, which prints why (as it does for InstantTensor without CUDA).
 # Exits non-zero if any section fails; prints one summary line per section at the end.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"
-only="tests,bench,multi"
+only="tests,bench,peers,multi"
 if [[ "${1:-}" == "--only" ]]; then only="${2:?--only takes a comma-separated list}"; shift 2; fi
 out="${GPU_CHECK_OUT:-gpu-check-out}"
 mkdir -p "$out"
@@ -48,8 +55,19 @@ section tests 240 python -m pytest -q -p no:cacheprovider tests/unit/transfer/te
     tests/unit/test_families_device.py
 section bench 300 python -m tpload bench --preset medium --nproc "$gpus" --tp "$gpus" --rounds 1 \
     --methods floor,tpload,tpload-digest,tpload-noverify,tpload-expanded,safetensors --json "$out/bench.json"
-export -f multi
+peers() {
+    local wheels=(launch/wheels/*.whl)
+    if [[ -e "${wheels[0]}" ]]; then
+        python -m pip install --no-deps --no-index --quiet "${wheels[@]}" || { echo "peers: the wheels would not install"; return 1; }
+    else
+        echo "peers: no wheels under launch/wheels/; only peers already installed run"
+    fi
+    python -m tpload bench --preset medium --nproc "$gpus" --tp "$gpus" --rounds 1 --no-decode \
+        --methods floor,tpload,safetensors,runai,instanttensor --json "$out/peers.json"
+}
+export -f multi peers
 export gpus out
+section peers 240 bash -c peers
 section multi 150 bash -c multi
 printf '%s\n' "${summary[@]}"
 [[ "${summary[*]}" != *FAILED* ]]

@@ -28,13 +28,16 @@ import torch
 from .pick import choose
 from .errors import LoadError
 from .options import DEFAULT_CONFIG
-from .plan import Layout, Planner
+from .codecs import Cut
+from .loop import decode_rows
+from .plan import Item, Layout, Planner
 from .storage.pagecache import resident_bytes
 from .storage.sharded import ShardedStorage
+from .published import cached_published, loadable_presets
 from .synth import PRESETS, cached_checkpoint
 
 PACKED_METHODS = ("floor", "tpload", "tpload-rank", "tpload-digest", "tpload-noverify", "safetensors",
-                  "fastsafetensors", "seed")
+                  "fastsafetensors", "runai", "instanttensor", "seed")
 ALL_METHODS = PACKED_METHODS + ("tpload-expanded",)
 MIB, GIB = 1 << 20, 1 << 30
 
@@ -52,7 +55,7 @@ class BenchOptions:
     rounds: int = 3
     """Rounds; each runs every method once, in alternating order."""
     methods: tuple[str, ...] = ALL_METHODS
-    """Methods to run (fastsafetensors is dropped when it is not importable)."""
+    """Methods to run (a peer is dropped, with a note, when its package is not importable)."""
     cold: bool = False
     """Drop the checkpoint's pages from the page cache before every method run."""
     config: str = DEFAULT_CONFIG
@@ -96,18 +99,29 @@ def drop_cache(files: list[Path]) -> None:
 
 # -- running -------------------------------------------------------------------------------------
 
-def available_methods(wanted: tuple[str, ...]) -> tuple[list[str], list[str]]:
-    """(methods to run, notes about dropped ones)."""
+OPTIONAL: dict[str, tuple[str, bool]] = {
+    "fastsafetensors": ("fastsafetensors", False),
+    "runai": ("runai_model_streamer", False),
+    "instanttensor": ("instanttensor", True),
+}
+"""The peers that are not tpload's dependencies: method -> (package to import, CUDA only)."""
+
+
+def available_methods(wanted: tuple[str, ...], *, cuda: bool | None = None) -> tuple[list[str], list[str]]:
+    """(methods to run, notes about dropped ones); ``cuda``: whether the workers will have CUDA
+    devices (default: whether this process does)."""
+    import importlib.util
     notes, out = [], []
     for m in wanted:
         if m not in ALL_METHODS:
             raise ValueError(f"unknown method {m!r}; choose from {', '.join(ALL_METHODS)}")
-        if m == "fastsafetensors":
-            try:
-                import fastsafetensors  # noqa: F401
-            except ImportError:
-                notes.append("fastsafetensors: not installed (pip install 'tpload[bench]'); skipped")
-                continue
+        package, cuda_only = OPTIONAL.get(m, ("", False))
+        if package and importlib.util.find_spec(package) is None:
+            notes.append(f"{m}: {package} is not installed (pip install 'tpload[bench]'); skipped")
+            continue
+        if cuda_only and not (torch.cuda.is_available() if cuda is None else cuda):
+            notes.append(f"{m}: CUDA devices only, and there are none; skipped")
+            continue
         out.append(m)
     return out, notes
 
@@ -210,6 +224,7 @@ def summarize(res: MethodResult) -> dict:
     per_rank = [statistics.mean(x["window_bytes"] for x in run) for run in res.runs]
     transient = [max(x["anon_peak"] - x["anon_before"] - x["window_bytes"] for x in run) for run in res.runs]
     largest = max((x["largest_window"] for run in res.runs for x in run), default=0)
+    tensors = _med([statistics.mean(x.get("tensors", 0) for x in run) for run in res.runs])
     return {
         "method": res.name, "rounds": len(res.runs), "seconds": _med(walls),
         "seconds_min": min(walls, default=float("nan")), "seconds_max": max(walls, default=float("nan")),
@@ -224,49 +239,73 @@ def summarize(res: MethodResult) -> dict:
         "device_peak": _med([max(x["device_peak"] for x in run) for run in res.runs]),
         "page_cache_before": _med(res.cache), "digests": [x["digest"] for x in res.runs[0]] if res.runs else [],
         "import_seconds": _med([max(x.get("import_seconds", float("nan")) for x in run) for run in res.runs]),
+        "startup_seconds": _med([max(x.get("startup_seconds", float("nan")) for x in run) for run in res.runs]),
+        "bytes_read_per_rank": _med([statistics.mean(x.get("bytes_read", x["window_bytes"]) for x in run)
+                                     for run in res.runs]),
+        "reads": next((x["reads"] for run in res.runs for x in run if x.get("reads")), "windows"),
+        "tensors_per_rank": tensors,
+        # per-tensor cost beside bytes: the load's seconds over the tensors each rank ends up with
+        "us_per_tensor": _med(walls) / tensors * 1e6 if tensors else float("nan"),
         "note": next((x["note"] for run in res.runs for x in run if x.get("note")), ""),
     }
 
 
 def decode_bandwidth(ckpt_dir: str, *, threads: int, reps: int = 5, config: str = DEFAULT_CONFIG) -> dict:
-    """Each scaled codec's decode to bf16 on the CPU (bf16 bytes out per second) against a copy of the
-    same output size, on the first tensor the plan gives that codec; every buffer is touched first,
-    so page faults count for neither. The decodes go through the codecs' own choice of path, as a
-    CPU load's do: the compiled kernels (single-threaded whatever ``threads`` is; it sets torch's count)."""
-    import numpy as np
+    """Each decoded format's decode to bf16 on the CPU (bf16 bytes out per second) against a copy of the
+    same output size, on the format's biggest tensor in the plan: picked by the codec the plan gave it,
+    never by name, so any layout (the reference one, a published family's) has its formats measured.
+    Every buffer is touched first, so page faults count for neither. The decodes go the way a CPU load's
+    do (the codec's own path, row blocks unfolded for stacked tensors): the compiled kernels
+    (single-threaded whatever ``threads`` is; it sets torch's count)."""
     storage = ShardedStorage(Path(ckpt_dir).absolute())
     try:
         plan = Planner(storage.catalogue, choose(config, storage.root)[0]).plan(Layout(1), "expanded", 0)
-        firsts = {}
-        for item in plan.items:
-            if item.codec.scaled and item.codec.role not in firsts:
-                firsts[item.codec.role] = item
         torch.set_num_threads(threads)
-        out: dict[str, float] = {"threads": threads}
-        biggest = None
-        for role, item in firsts.items():
-            w = _read(storage, item.weight.name)
-            s = _read(storage, item.scale.name)
-            dst = torch.zeros(item.outputs[0].shape, dtype=torch.bfloat16)
-            out[f"{role}_gb_per_s"] = dst.numel() * 2 / _best(lambda: item.codec.decode(w, s, dst, item.fit), reps) / 1e9
-            out[f"{role}_tensor"] = item.name
-            biggest = dst if biggest is None or dst.numel() > biggest.numel() else biggest
+        codecs = {label: _measure_decode(storage, item, reps) for label, item in biggest_decodes(plan.items).items()}
     finally:
         storage.close()
-    if biggest is not None:
-        copy_dst = torch.zeros_like(biggest)
-        out["memcpy_gb_per_s"] = biggest.numel() * 2 / _best(lambda: copy_dst.copy_(biggest), reps) / 1e9
-        for role in firsts:
-            out[f"{role}_vs_memcpy"] = out[f"{role}_gb_per_s"] / out["memcpy_gb_per_s"]
+    return {"threads": threads, "codecs": codecs}
+
+
+def decode_label(item: Item) -> str:
+    """A decoded format: its codec and stored dtypes (weight/scales; the kernels differ by scale dtype)."""
+    return f"{item.codec.name} {'/'.join(c.dtype for c in (item.weight, *item.scales))}"
+
+
+def biggest_decodes(items: list[Item]) -> dict[str, Item]:
+    """Each decoded format's biggest item (by decoded bytes) in a plan of the expanded kind, by label."""
+    out: dict[str, Item] = {}
+    for item in items:
+        if item.codec.copies(item.fit, "expanded"):
+            continue  # served as stored: nothing to decode
+        label = decode_label(item)
+        if label not in out or item.outputs[0].nbytes > out[label].outputs[0].nbytes:
+            out[label] = item
     return out
 
 
-def _read(storage: ShardedStorage, name: str) -> "np.ndarray":
+def _measure_decode(storage: ShardedStorage, item: Item, reps: int) -> dict:
+    codec, fit = item.codec, item.fit
+    weight, *scales = (_read(storage, cut) for cut in (item.weight, *item.scales))
+    scale, scale2 = (scales + [None, None])[:2]
+    out = torch.zeros(item.outputs[0].shape, dtype=torch.bfloat16)
+    rows = out.reshape(item.weight.rows[1] - item.weight.rows[0], -1)
+    unfold = item.weight.row_bytes // codec.decode_row_bytes(fit, item.weight)  # decode rows per view row
+    seconds = _best(lambda: decode_rows(codec.decode, fit, unfold, weight, scale, rows, scale2), reps)
+    copy = torch.zeros_like(out)
+    memcpy = _best(lambda: copy.copy_(out), reps)
+    nbytes = out.numel() * out.element_size()
+    return {"tensor": item.name, "bytes_out": nbytes, "gb_per_s": nbytes / seconds / 1e9,
+            "memcpy_gb_per_s": nbytes / memcpy / 1e9, "vs_memcpy": memcpy / seconds}
+
+
+def _read(storage: ShardedStorage, cut: Cut) -> "np.ndarray":
+    """A cut's box of its stored tensor, as host bytes in the cut's 2-D view."""
     import numpy as np
-    stored = storage.stored(name)
+    stored = storage.stored(cut.name)
     buf = np.empty((stored.rows, stored.row_bytes), dtype=np.uint8)
     storage.read(stored, 0, stored.rows, buf)
-    return buf
+    return buf.reshape(cut.view)[cut.rows[0]:cut.rows[1], cut.cols[0]:cut.cols[1]]
 
 
 def _best(fn, reps: int) -> float:
@@ -279,6 +318,10 @@ def _best(fn, reps: int) -> float:
     return min(times)
 
 
+READS = {"windows": "windows", "whole tensors": "tensors", "whole files": "files"}
+"""What a method reads of each tensor it has a window of, as the table's ``reads`` column says it."""
+
+
 def table(summaries: list[dict], refused: dict[str, str], opts: BenchOptions) -> str:
     """The human table: one line per method, ratios to floor and seed."""
     by = {s["method"]: s for s in summaries}
@@ -286,33 +329,52 @@ def table(summaries: list[dict], refused: dict[str, str], opts: BenchOptions) ->
     head = (f"tpload bench: {opts.checkpoint}\n  nproc {opts.nproc}, tp {opts.tp}, {opts.rounds} round(s), "
             f"{'cold' if opts.cold else 'warm'} page cache; seconds: median [min-max] of the slowest rank, "
             "memory: worst rank, median over rounds\n")
-    cols = (f"{'method':<16} {'sec':>6} {'[min-max]':>13} {'cpu s':>6} {'GB/s/rank':>9} {'x floor':>7} {'x seed':>6} "
-            f"{'hashed GB':>9} {'rss GiB':>7} {'anon GiB':>8} {'trans MiB':>9} {'limit MiB':>9} {'dev GiB':>7} {'cache':>5}")
+    cols = (f"{'method':<16} {'sec':>6} {'[min-max]':>13} {'import s':>8} {'cpu s':>6} {'GB/s/rank':>9} {'x floor':>7} "
+            f"{'x seed':>6} {'tensors':>7} {'us/tensor':>9} {'reads':>7} {'read MB':>8} {'hashed GB':>9} {'rss GiB':>7} "
+            f"{'anon GiB':>8} {'trans MiB':>9} {'limit MiB':>9} {'dev GiB':>7} {'cache':>5}")
     lines = [head, cols]
     for s in summaries:
         ratio = lambda ref: f"{s['seconds'] / ref:.2f}" if ref else "-"  # noqa: E731
         span = f"[{s['seconds_min']:.2f}-{s['seconds_max']:.2f}]"
-        lines.append(f"{s['method']:<16} {s['seconds']:>6.2f} {span:>13} {s['cpu_seconds']:>6.2f} "
+        lines.append(f"{s['method']:<16} {s['seconds']:>6.2f} {span:>13} {s['import_seconds']:>8.2f} {s['cpu_seconds']:>6.2f} "
                      f"{s['gb_per_s_per_rank']:>9.2f} {ratio(floor):>7} {ratio(seed):>6} "
-                     f"{s['bytes_hashed_per_rank'] / 1e9:>9.3f} {s['rss_peak'] / GIB:>7.2f} {s['anon_peak'] / GIB:>8.2f} "
+                     f"{s['tensors_per_rank']:>7.0f} {s['us_per_tensor']:>9.1f} {READS.get(s['reads'], s['reads']):>7} "
+                     f"{s['bytes_read_per_rank'] / 1e6:>8.1f} {s['bytes_hashed_per_rank'] / 1e9:>9.3f} "
+                     f"{s['rss_peak'] / GIB:>7.2f} {s['anon_peak'] / GIB:>8.2f} "
                      f"{s['transient'] / MIB:>9.0f} {s['transient_limit'] / MIB:>9.0f} {s['device_peak'] / GIB:>7.2f} "
                      f"{s['page_cache_before'] * 100:>4.0f}%" + (f"  ({s['note']})" if s["note"] else ""))
     for m, why in refused.items():
         lines.append(f"{m:<16} REFUSED: {why}")
-    lines.append("cpu s = CPU seconds (all threads) of the busiest rank; trans = anonymous peak beyond the process "
-                 "before the run and the windows it owns; limit = 2 x largest window + 64 MiB")
-    imports = [s["import_seconds"] for s in summaries if s["import_seconds"] == s["import_seconds"]]
-    if imports:
-        lines.append(f"import of tpload's loader and kernels (once per process, after torch, outside every timer): "
-                     f"{statistics.median(imports):.2f} s median")
+    lines += [
+        "import s = the method's own imports (tpload: its loader and numba kernels; a peer: its package), once per "
+        "process, outside the clock; cpu s = CPU seconds (all threads) of the busiest rank",
+        "tensors = tensors each rank ends up with; us/tensor = sec over them; reads = what a method reads of each "
+        "tensor it has a window of: its window, the whole tensor (tensors), or whole files shared out (files); "
+        "read MB = bytes a rank read out of the files that way (hashing reads are hashed GB)",
+        "trans = anonymous peak beyond the process before the run and the windows it owns; "
+        "limit = 2 x largest window + 64 MiB"]
+    startup = [s["startup_seconds"] for s in summaries if s["startup_seconds"] == s["startup_seconds"]]
+    if startup:
+        lines.append(f"before its own imports every worker spent {statistics.median(startup):.2f} s (median) starting "
+                     "python, torch and the bench's planner")
     return "\n".join(lines)
 
 
-def decode_line(d: dict) -> str:
-    roles = [k[:-len("_gb_per_s")] for k in d if k.endswith("_gb_per_s") and not k.startswith("memcpy")]
-    parts = [f"{r} {d[f'{r}_gb_per_s']:.2f} GB/s ({d[f'{r}_vs_memcpy'] * 100:.0f}% of memcpy)" for r in roles]
-    return (f"decode on CPU ({d['threads']} thread(s)), bf16 bytes out: " + ", ".join(parts)
-            + (f"; memcpy of the same output {d['memcpy_gb_per_s']:.2f} GB/s" if "memcpy_gb_per_s" in d else ""))
+def decode_lines(d: dict) -> list[str]:
+    """One line per decoded format (none: the checkpoint is served as stored)."""
+    if not d["codecs"]:
+        return ["decode on CPU: nothing to decode (every tensor is served as stored)"]
+    return [f"decode on CPU ({d['threads']} thread(s)), {label}: {c['gb_per_s']:.2f} GB/s bf16 out, "
+            f"{c['vs_memcpy'] * 100:.0f}% of a memcpy of the same {c['bytes_out'] / MIB:.1f} MiB "
+            f"({c['memcpy_gb_per_s']:.2f} GB/s); biggest such tensor: {c['tensor']}"
+            for label, c in d["codecs"].items()]
+
+
+def preset_checkpoint(preset: str, *, tensors: int | None = None) -> Path:
+    """A bench preset's checkpoint, written once under the cache: the reference layout or a published one."""
+    if preset in PRESETS:
+        return cached_checkpoint(PRESETS[preset])
+    return cached_published(preset, tensors=tensors)
 
 
 def cmd_bench(argv: list[str]) -> int:
@@ -321,7 +383,11 @@ def cmd_bench(argv: list[str]) -> int:
         return cmd_bench_engine(argv)
     p = argparse.ArgumentParser(prog="python -m tpload bench", description="Run tpload beside its peers on the same "
                                 "job (every rank's windows in its own memory) and print a table of ratios.")
-    p.add_argument("--preset", choices=list(PRESETS), default="medium", help="synthetic checkpoint (made once, cached)")
+    p.add_argument("--preset", choices=list(PRESETS) + loadable_presets(), default="medium",
+                   help="synthetic checkpoint, made once and cached: the reference layout (small, medium, seed) or a "
+                   "published family's (NAME-tiny, deepseek-v3-deep; many-tensors: per-tensor cost apart from bytes)")
+    p.add_argument("--tensors", type=int, metavar="N", help="(--preset many-tensors) how many tiny tensors "
+                   "(default 10000)")
     p.add_argument("--checkpoint", help="an existing checkpoint instead of a preset")
     p.add_argument("--config", default=DEFAULT_CONFIG)
     p.add_argument("--nproc", type=int, default=2)
@@ -335,7 +401,9 @@ def cmd_bench(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.nproc < 1 or args.rounds < 1 or (args.tp or 1) < 1 or args.nproc % (args.tp or args.nproc):
         p.error("nproc >= 1, rounds >= 1 and a tp dividing nproc are required")
-    ckpt = args.checkpoint or str(cached_checkpoint(PRESETS[args.preset]))
+    if args.tensors is not None and (args.preset != "many-tensors" or args.checkpoint or args.tensors < 1):
+        p.error("--tensors N (N >= 1) goes with --preset many-tensors")
+    ckpt = args.checkpoint or str(preset_checkpoint(args.preset, tensors=args.tensors))
     store = tempfile.mkdtemp(prefix="tpload-bench-digests-")
     opts = BenchOptions(ckpt, args.nproc, args.tp or args.nproc, args.rounds, tuple(args.methods.split(",")),
                         args.cold, args.config, args.timeout, store)
@@ -357,7 +425,7 @@ def cmd_bench(argv: list[str]) -> int:
     decode = None
     if not args.no_decode:
         decode = decode_bandwidth(ckpt, threads=int(_worker_env(opts.nproc)["OMP_NUM_THREADS"]), config=opts.config)
-        print(decode_line(decode), flush=True)
+        print("\n".join(decode_lines(decode)), flush=True)
     if args.json:
         doc = {"options": {k: getattr(opts, k) for k in BenchOptions.__dataclass_fields__}, "notes": notes,
                "methods": summaries, "refused": refused, "decode": decode,

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import json
+import math
 import mmap
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -27,14 +29,13 @@ import torch.distributed as dist
 
 import tpload
 
+# The bench's own pieces that every method shares (the plan of the windows, the map); none of these
+# imports tpload's kernels (numba), so a method's own imports are timed in a process without them.
 from .pick import choose
 from .options import DEFAULT_CONFIG
-from .plan import Cut, Item, Layout, Planner, RankPlan
-from .report.memory import MemoryPeaks
+from .plan import Cut, Item, Layout, Output, Planner, RankPlan
 from .storage.safetensors import ITEMSIZE
 from .storage.sharded import ShardedStorage
-from .transfer.cpu import new_arena
-from .verification.fingerprint import as_bytes2d, digest, fingerprint
 
 Windows = dict[str, torch.Tensor]
 
@@ -59,9 +60,9 @@ class Mapped:
                 arr = self._maps[i.path] = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY), np.uint8)
         return arr[i.begin:i.begin + i.nbytes]
 
-    def raw2d(self, name: str) -> np.ndarray:
-        i = self.storage.info(name)
-        return self.raw(name).reshape(i.rows, -1)
+    def window(self, cut: Cut) -> np.ndarray:
+        """The cut's box, in the 2-D view it is cut in (a stacked tensor's: experts x rows, or one row per expert)."""
+        return self.raw(cut.name).reshape(cut.view)[cut.rows[0]:cut.rows[1], cut.cols[0]:cut.cols[1]]
 
 
 class Job:
@@ -77,10 +78,25 @@ class Job:
         self.plan: RankPlan = self.planner.plan(self.layout, "packed", rank)
         self.bytes_hashed = 0
         self.note = ""
+        self.reads = "windows"
+        """What the method reads of each tensor: "windows", or more ("whole tensors", "whole files")."""
+        self.bytes_read: int | None = None
+        """Bytes this rank read out of the files, when the method reads more than its windows."""
+
+    def outputs(self) -> list[tuple[Output, Cut]]:
+        """(served tensor, cut) of every packed output (a weight, its scale, a global scale), in plan order."""
+        return [(o, c) for item in self.plan.items for o, c in zip(item.outputs, (item.weight, *item.scales))]
 
     def cuts(self) -> list[tuple[str, Cut]]:
         """(served name, cut) of every packed output, in plan order."""
-        return [(o.name, c) for item in self.plan.items for o, c in zip(item.outputs, (item.weight, item.scale))]
+        return [(o.name, c) for o, c in self.outputs()]
+
+    def by_tensor(self) -> dict[str, list[tuple[Output, Cut]]]:
+        """Every stored tensor this rank has a window of, with its outputs (for methods that read whole tensors)."""
+        out: dict[str, list[tuple[Output, Cut]]] = {}
+        for o, cut in self.outputs():
+            out.setdefault(cut.name, []).append((o, cut))
+        return out
 
 
 def _served(cut: Cut, t: torch.Tensor) -> torch.Tensor:
@@ -93,18 +109,37 @@ def _served(cut: Cut, t: torch.Tensor) -> torch.Tensor:
 
 def run_floor(job: Job) -> Windows:
     """Only the copies: each window out of the map into its slot of an arena (tpload's allocator), no checks."""
+    from .transfer.cpu import new_arena
     arena = new_arena(job.plan.arena_bytes) if job.device.type == "cpu" else \
         torch.empty(job.plan.arena_bytes, dtype=torch.uint8, device=job.device)
     out: Windows = {}
-    for item in job.plan.items:
-        for o, cut in zip(item.outputs, (item.weight, item.scale)):
-            window = job.ckpt.raw2d(cut.name)[cut.rows[0]:cut.rows[1], cut.cols[0]:cut.cols[1]]
-            slot = arena[o.offset:o.offset + o.nbytes]
-            if cut.dtype == "F16":
-                out[o.name] = _served(cut, torch.from_numpy(window).to(job.device).view(torch.float16).view(cut.shape))
-            else:
-                out[o.name] = slot.view(o.shape[0] if len(o.shape) > 1 else 1, -1).copy_(torch.from_numpy(window))
+    for o, cut in job.outputs():
+        out[o.name] = _place(o, cut, torch.from_numpy(job.ckpt.window(cut)), arena[o.offset:o.offset + o.nbytes])
     return out
+
+
+def _place(o: Output, cut: Cut, window: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    """Copy a window (2-D bytes, as the cut's view has them: a stacked tensor's rows are experts x rows)
+    into ``dst`` (flat bytes on the device) and serve it as every method does."""
+    dst.view(window.shape[0], -1).copy_(window)
+    if cut.dtype == "F16":
+        return _served(cut, dst.view(torch.float16).view(cut.shape))
+    return _rows(o, dst)
+
+
+def _rows(o: Output, flat: torch.Tensor) -> torch.Tensor:
+    """An output's bytes as the floor serves them: ``[first dimension, the rest]`` (a 0-D or 1-D one: one row)."""
+    return flat.view(o.shape[0] if len(o.shape) > 1 else 1, -1)
+
+
+def _window_of(whole: torch.Tensor, cut: Cut) -> torch.Tensor:
+    """The cut's box of a whole stored tensor (any dtype, any device), as 2-D bytes (a view)."""
+    return whole.reshape(-1).view(torch.uint8).view(cut.view)[cut.rows[0]:cut.rows[1], cut.cols[0]:cut.cols[1]]
+
+
+def _own_window(job: Job, o: Output, cut: Cut, whole: torch.Tensor) -> torch.Tensor:
+    """This rank's window of a whole tensor a peer handed over, copied into memory of its own on its device."""
+    return _place(o, cut, _window_of(whole, cut), torch.empty(cut.nbytes, dtype=torch.uint8, device=job.device))
 
 
 def _tpload(kind: str, verify: str) -> Callable[[Job], Windows]:
@@ -117,12 +152,26 @@ def _tpload(kind: str, verify: str) -> Callable[[Job], Windows]:
     return run
 
 
-def _element_slices(cut: Cut) -> tuple[slice, ...]:
-    """The cut (rows and row-byte range) as element slices for safetensors' get_slice."""
+def _element_slices(shape: tuple[int, ...], cut: Cut) -> tuple[slice, ...]:
+    """The cut as one element slice per dimension of the stored tensor (``shape``), for safetensors'
+    get_slice: the view's rows are the leading dimensions flattened, its row bytes the trailing ones."""
+    k = next(k for k in range(len(shape) + 1) if math.prod(shape[:k]) == cut.view[0])
     item = ITEMSIZE[cut.dtype]
-    if len(cut.shape) <= 1:
-        return (slice(cut.cols[0] // item, cut.cols[1] // item),)
-    return (slice(*cut.rows), slice(cut.cols[0] // item, cut.cols[1] // item))
+    return _flat_slices(shape[:k], *cut.rows) + _flat_slices(shape[k:], cut.cols[0] // item, cut.cols[1] // item)
+
+
+def _flat_slices(dims: tuple[int, ...], a: int, b: int) -> tuple[slice, ...]:
+    """Range ``[a, b)`` of the row-major flattening of ``dims`` as one slice per dimension (a box:
+    whole in every dimension inside the one it cuts)."""
+    if not dims:
+        return ()
+    inner = math.prod(dims[1:])
+    if a % inner == 0 and b % inner == 0:
+        return (slice(a // inner, b // inner),) + (slice(None),) * (len(dims) - 1)
+    i = a // inner
+    if (b - 1) // inner != i:
+        raise SystemExit(f"safetensors: elements [{a}, {b}) of {dims} are not a box")
+    return (slice(i, i + 1),) + _flat_slices(dims[1:], a - i * inner, b - i * inner)
 
 
 def run_safetensors(job: Job) -> Windows:
@@ -137,7 +186,8 @@ def run_safetensors(job: Job) -> Windows:
             f = handles.get(info.path)
             if f is None:
                 f = handles[info.path] = safe_open(str(info.path), framework="pt", device="cpu").__enter__()
-            t = f.get_slice(cut.name)[_element_slices(cut)]
+            # a scalar (NVFP4's global scale) has no slices: it is whole on every rank
+            t = f.get_slice(cut.name)[_element_slices(info.shape, cut)] if cut.shape else f.get_tensor(cut.name)
             param = torch.empty(t.shape, dtype=t.dtype, device=job.device)
             out[name] = _served(cut, param.copy_(t))
     finally:
@@ -164,6 +214,7 @@ def run_fastsafetensors(job: Job) -> Windows:
     files = sorted({str(job.ckpt.info(c.name).path) for _, c in job.cuts()})
     loader = SafeTensorsFileLoader(dist.group.WORLD, str(job.device), nogds=True, max_threads=max(1, torch.get_num_threads()))
     out: Windows = {}
+    job.reads, job.bytes_read = "whole files", sum(os.path.getsize(f) for f in files[job.rank::job.world])
     try:
         loader.add_filenames({r: files[r::job.world] for r in range(job.world)})
         buffers = loader.copy_files_to_device()
@@ -186,17 +237,63 @@ def _split_of(job: Job, item: Item) -> int | None:
     return 0 if item.weight.shape[0] != full.shape[0] else 1
 
 
+def run_runai(job: Job) -> Windows:
+    """Run:ai Model Streamer: it reads whole tensors (it has no windows) through its own threads into
+    CPU buffers it reuses; each rank asks for the tensors it has a window of (``tensor_names``), then
+    copies its window of each into memory of its own on its device. Not distributed (the library
+    distributes only over NCCL): every rank reads its tensors in full."""
+    from runai_model_streamer import SafetensorsStreamer
+    wanted = job.by_tensor()
+    with SafetensorsStreamer() as streamer:
+        streamer.stream_files(_files(job, wanted), device="cpu", tensor_names=list(wanted), owned=False)
+        out = _windows_of_whole(job, wanted, streamer.get_tensors())
+        job.bytes_read = streamer.total_size
+    return out
+
+
+def run_instanttensor(job: Job) -> Windows:
+    """InstantTensor (CUDA only): like runai, whole tensors, each rank its own (``tensor_filter`` needs
+    no process group, so its NCCL-coordinated mode, which gives every rank every tensor, is not used);
+    buffered reads (the page cache, as every other method here) unless INSTANTTENSOR_BACKEND says."""
+    from instanttensor import BackendPolicy, safe_open
+    if job.device.type != "cuda":
+        raise SystemExit("instanttensor: CUDA devices only")
+    wanted = job.by_tensor()
+    backend = None if os.environ.get("INSTANTTENSOR_BACKEND") else BackendPolicy.BUFFERED
+    with safe_open(_files(job, wanted), framework="pt", device=job.device, copy=False, backend=backend,
+                   tensor_filter=list(wanted), tensor_name_match_mode="exact") as f:
+        out = _windows_of_whole(job, wanted, f.tensors())
+        job.bytes_read = f.total_tensor_size
+    return out
+
+
+def _files(job: Job, names: Iterable[str]) -> list[str]:
+    return sorted({str(job.ckpt.info(name).path) for name in names})
+
+
+def _windows_of_whole(job: Job, wanted: dict[str, list[tuple[Output, Cut]]],
+                      tensors: Iterable[tuple[str, torch.Tensor]]) -> Windows:
+    """This rank's windows of the whole tensors a peer hands over (views into buffers it reuses: each
+    window is copied out before the next tensor comes)."""
+    out: Windows = {}
+    for name, whole in tensors:
+        for o, cut in wanted[name]:
+            out[o.name] = _own_window(job, o, cut, whole)
+    job.reads = "whole tensors"
+    return out
+
+
 def run_seed(job: Job) -> Windows:
     """The seed loader's method: every rank sha256-hashes every tensor it uses in full, copies its
     window to the device, and compares the device copy byte for byte with the host slice."""
     manifest = job.ckpt.manifest
     out: Windows = {}
-    for name, cut in job.cuts():
+    for o, cut in job.outputs():
         raw = job.ckpt.raw(cut.name)
         if hashlib.sha256(memoryview(raw)).hexdigest() != manifest[cut.name].sha256:
             raise SystemExit(f"seed: {cut.name}: sha256 does not match the manifest")
         job.bytes_hashed += raw.nbytes
-        window = job.ckpt.raw2d(cut.name)[cut.rows[0]:cut.rows[1], cut.cols[0]:cut.cols[1]]
+        window = job.ckpt.window(cut)
         if cut.dtype in ("F8_E8M0",) and (((window == 255) | (window == 0)).any()):
             raise SystemExit(f"seed: {cut.name}: E8M0 scale bytes 0/255")
         host = np.ascontiguousarray(window)
@@ -204,7 +301,7 @@ def run_seed(job: Job) -> Windows:
         dev.copy_(torch.from_numpy(host))
         if not np.array_equal(dev.cpu().numpy(), host):
             raise SystemExit(f"seed: {cut.name}: device bytes differ from the host slice")
-        out[name] = _served(cut, dev)
+        out[o.name] = _served(cut, dev) if cut.dtype == "F16" else _rows(o, dev.view(-1))
     return out
 
 
@@ -217,13 +314,35 @@ METHODS: dict[str, Callable[[Job], Windows]] = {
     "tpload-expanded": _tpload("expanded", "node"),
     "safetensors": run_safetensors,
     "fastsafetensors": run_fastsafetensors,
+    "runai": run_runai,
+    "instanttensor": run_instanttensor,
     "seed": run_seed,
 }
-"""Every method the bench knows, by name (fastsafetensors only when importable)."""
+"""Every method the bench knows, by name (the peers' packages only when importable)."""
+
+IMPORTS: dict[str, tuple[str, ...]] = {
+    "floor": ("tpload.transfer.cpu",),  # tpload's arena allocator (it pulls in the kernels)
+    "safetensors": ("safetensors",),
+    "fastsafetensors": ("fastsafetensors",),
+    "runai": ("runai_model_streamer",),
+    "instanttensor": ("instanttensor",),
+    "seed": (),
+}
+"""What each method imports of its own, timed once per process before its clock; a ``tpload*``
+method imports the loader (``tpload.api``: its kernels too)."""
+
+
+def import_method(method: str) -> float:
+    """Seconds to import ``method``'s own modules (in a process that has torch and the plan already)."""
+    t0 = time.perf_counter()
+    for module in IMPORTS.get(method, ("tpload.api",) if method.startswith("tpload") else ()):
+        importlib.import_module(module)
+    return time.perf_counter() - t0
 
 
 def window_digest(windows: Windows) -> str:
     """Digest of a rank's windows as bytes: ``name|uint8|rows x row_bytes|fingerprint`` lines (README, Digests)."""
+    from .verification.fingerprint import as_bytes2d, digest, fingerprint
     entries = []
     for name, t in windows.items():
         b = as_bytes2d(t.contiguous())
@@ -246,6 +365,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", default=DEFAULT_CONFIG)
     p.add_argument("--digest-store", default="")
     args = p.parse_args(argv)
+    # Process start to here: python, torch and the bench's plan (every method alike); then the method's own.
+    startup_seconds = time.time() - psutil.Process().create_time()
+    import_seconds = import_method(args.method)
+    from .report.memory import MemoryPeaks  # the harness's (it pulls in tpload's kernels): after the timed import
     cuda = torch.cuda.is_available()
     local = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local % torch.cuda.device_count()) if cuda else torch.device("cpu")
@@ -253,9 +376,6 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
     rank, world = dist.get_rank(), dist.get_world_size()
-    t_import = time.perf_counter()
-    import tpload.api  # noqa: F401  (`import tpload` is lazy: the loader and its kernels load here, untimed)
-    import_seconds = time.perf_counter() - t_import
     dist.barrier()
     anon_before = _anon()
     if cuda:
@@ -270,9 +390,10 @@ def main(argv: list[str] | None = None) -> int:
         seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
     result = {
         "method": args.method, "rank": rank, "world": world, "seconds": seconds, "import_seconds": import_seconds,
-        "cpu_seconds": cpu_seconds,
+        "startup_seconds": startup_seconds, "cpu_seconds": cpu_seconds, "reads": job.reads,
         "window_bytes": sum(t.numel() * t.element_size() for t in windows.values()),
         "largest_window": max((t.numel() * t.element_size() for t in windows.values()), default=0),
+        "bytes_read": job.bytes_read if job.bytes_read is not None else sum(c.nbytes for _, c in job.cuts()),
         "bytes_hashed": job.bytes_hashed, "rss_peak": mem.rss_peak, "anon_peak": mem.anon_peak,
         "anon_before": anon_before, "device_peak": torch.cuda.max_memory_allocated(device) if cuda else 0,
         "tensors": len(windows), "digest": window_digest(windows), "note": job.note,

@@ -212,7 +212,7 @@ class _Loader:
                     kept.setdefault(a, np.empty((b - a, view.shape[1]), np.uint8))[max(a, r) - a:min(b, r + n) - a] = \
                         view[max(a, r) - r:min(b, r + n) - r]
             s0, s1 = codec.scale_rows(fit, r, r + n)
-            _by_rows(codec.decode, fit, unfold, staged, scale[s0:s1] if scale is not None else None, rows[r:r + n],
+            decode_rows(codec.decode, fit, unfold, staged, scale[s0:s1] if scale is not None else None, rows[r:r + n],
                      scale2)
         self.evidence.window(item.weight.name, item.weight.box, fp.value())
         served, not_finite = decoded_fingerprint(slot)
@@ -233,7 +233,7 @@ class _Loader:
         for a, b in spans:
             s0, s1 = codec.scale_rows(fit, a, b)
             reference = torch.empty((b - a, rows.shape[1]), dtype=rows.dtype)
-            _by_rows(codec.reference, fit, unfold, kept[a], scale_host[s0:s1] if scale_host is not None else None,
+            decode_rows(codec.reference, fit, unfold, kept[a], scale_host[s0:s1] if scale_host is not None else None,
                      reference, scale2)
             theirs.add(reference.view(torch.uint8).numpy(), a)
             mine.add(as_bytes2d(rows[a:b]).cpu().numpy(), a)
@@ -301,7 +301,7 @@ def value_feed(item: Item, checker: Checker, cut: Cut) -> Callable[[np.ndarray, 
     return lambda view, first_row: checker.scale2(view)
 
 
-def _by_rows(decode, fit: Fit, unfold: int, weight, scale, out: torch.Tensor, scale2: np.ndarray | None) -> None:
+def decode_rows(decode, fit: Fit, unfold: int, weight, scale, out: torch.Tensor, scale2: np.ndarray | None) -> None:
     """``decode(weight, scale, out, fit, scale2=...)`` on view rows, or, when one view row holds
     ``unfold`` rows of the decode (a stacked tensor cut on its rows: one view row per expert), on each
     view row seen as those rows (its scale row too: such formats have one scale row per row)."""

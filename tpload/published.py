@@ -28,7 +28,7 @@ from .errors import CheckpointError
 from .storage.catalogue import HEADERS_ONLY, INDEX_NAME, MANIFEST_NAME
 from .storage.safetensors import write_safetensors
 from .synth import (_bf16_bytes, _chunks, _e4m3_bytes, _e8m0_bytes, _f32_bytes, _fp4_bytes, _Planned,
-                    _split_shards)
+                    _split_shards, cache_root, cached)
 from .text import escape_name
 
 B = 128  # the FP8 block of every published FP8 family
@@ -511,10 +511,25 @@ def _write_headers_only(path: Path, tensors: list[_Planned]) -> dict[str, str]:
     return {}
 
 
+def cached_published(name: str, *, tensors: int | None = None, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Preset ``name``'s checkpoint (with its manifest) under the user cache, written once (the bench's
+    ``--preset``; ``tensors`` as in :func:`write_published`). Only presets with data: not a ``full`` one."""
+    if PUBLISHED[name]().headers_only:
+        raise CheckpointError(f"preset {name} is headers only (no data to load); use a tiny or deep preset")
+    base = Path(cache_dir) if cache_dir else cache_root()
+    key = f"published-{name}" + (f"-tensors{tensors}" if tensors is not None else "")
+    return cached(base / key, lambda tmp: write_published(tmp, name, tensors=tensors), what=name)
+
+
+def loadable_presets() -> list[str]:
+    """The published presets with data (tiny, deep, many-tensors): the ones a load or the bench can read."""
+    return [name for name, make in PUBLISHED.items() if not make().headers_only]
+
+
 def tensor_count(name: str) -> tuple[int, int]:
     """(tensors, bytes) of a preset, from its plan alone (no file written)."""
     planned = PUBLISHED[name]().planned()
     return len(planned), sum(t.nbytes for t in planned)
 
 
-__all__ = ["PUBLISHED", "Published", "tensor_count", "write_published"]
+__all__ = ["PUBLISHED", "Published", "cached_published", "loadable_presets", "tensor_count", "write_published"]

@@ -200,25 +200,30 @@ def write_checkpoint(out_dir: str | os.PathLike, spec: SynthSpec) -> Path:
 
 
 def cached_checkpoint(spec: SynthSpec, cache_dir: str | os.PathLike | None = None) -> Path:
-    """``spec``'s checkpoint under the user cache, written once.
+    """``spec``'s checkpoint under the user cache, written once (see :func:`cached`)."""
+    base = Path(cache_dir) if cache_dir else cache_root()
+    key = "-".join(f"{k}{v}" for k, v in asdict(spec).items())
+    return cached(base / f"synth-{key}", lambda tmp: write_checkpoint(tmp, spec), what=str(spec))
+
+
+def cached(final: Path, write: Callable[[Path], object], *, what: str) -> Path:
+    """``final``, written once by ``write(tmp)`` if it holds no manifest yet.
 
     Several ranks (or nodes) may race here: each writes into its own temporary
     folder and renames it into place; the loser's copy is discarded. The bytes
-    are a pure function of the spec, so any winner is the right one.
+    are a pure function of what is written, so any winner is the right one.
     """
-    base = Path(cache_dir) if cache_dir else cache_root()
-    key = "-".join(f"{k}{v}" for k, v in asdict(spec).items())
-    final = base / f"synth-{key}"
     if (final / MANIFEST_NAME).exists():
         return final
+    base = final.parent
     try:
         base.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".synth-", dir=base))
     except OSError as e:
         raise CheckpointError(f"cannot write the built-in checkpoint under {escape_name(base)} ({e.strerror}); "
                               "set TPLOAD_CACHE to a writable folder, or pass --checkpoint DIR") from None
-    log.info("writing the built-in synthetic checkpoint (%s) under %s, once", spec, base)
-    write_checkpoint(tmp, spec)
+    log.info("writing the built-in synthetic checkpoint (%s) under %s, once", what, base)
+    write(tmp)
     try:
         os.rename(tmp, final)
     except OSError:  # another process won the race (final exists and is complete)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -26,6 +27,11 @@ def test_bench_runs_every_method_and_they_agree(ckpt_copy: Path, tmp_path: Path)
     doc = json.loads(out.read_text())
     names = [m["method"] for m in doc["methods"]]
     assert {"floor", "tpload", "tpload-digest", "tpload-noverify", "tpload-expanded", "safetensors", "seed"} <= set(names)
+    if importlib.util.find_spec("runai_model_streamer") is None:
+        assert any(n.startswith("runai: runai_model_streamer is not installed") for n in doc["notes"])
+    else:  # it reads whole tensors and says so, and serves the floor's windows (checked below)
+        assert "runai" in names
+    assert any(n.startswith("instanttensor: ") for n in doc["notes"])  # no CUDA here: dropped, with the reason
     assert doc["refused"] == {}
     packed = [m for m in doc["methods"] if m["method"] != "tpload-expanded"]
     assert all(m["digests"] == packed[0]["digests"] for m in packed)  # the same window bytes on every rank
@@ -34,13 +40,17 @@ def test_bench_runs_every_method_and_they_agree(ckpt_copy: Path, tmp_path: Path)
         assert m["rounds"] == 1 and m["seconds"] > 0 and m["cpu_seconds"] > 0 and m["window_bytes_per_rank"] > 0
         assert m["page_cache_before"] > 0.5  # warm: the bench read it before the rounds
         assert m["transient_limit"] == 2 * m["largest_window"] + (64 << 20)
+        assert m["import_seconds"] >= 0 and m["startup_seconds"] > 0 and m["tensors_per_rank"] > 0
     by = {m["method"]: m for m in doc["methods"]}
     assert by["seed"]["bytes_hashed_per_rank"] > by["tpload"]["bytes_hashed_per_rank"] > 0  # node split halves it
     assert by["floor"]["bytes_hashed_per_rank"] == by["tpload-noverify"]["bytes_hashed_per_rank"] == 0
     assert by["tpload-digest"]["bytes_hashed_per_rank"] == 0 and not (small_ckpt / "TPLOAD_DIGESTS.json").exists()
-    assert {"fp4_gb_per_s", "fp8_gb_per_s", "memcpy_gb_per_s"} <= set(doc["decode"])
+    assert {"fp8-block F8_E4M3/F8_E8M0", "fp4-e8m0 I8/F8_E8M0"} <= set(doc["decode"]["codecs"])
+    if "runai" in by:
+        assert by["runai"]["reads"] == "whole tensors"
+        assert by["runai"]["bytes_read_per_rank"] > by["floor"]["bytes_read_per_rank"] == by["floor"]["window_bytes_per_rank"]
     for name in names:
         assert name in p.stdout  # one table line per method
-    assert "x floor" in p.stdout and "REFUSED" not in p.stdout
+    assert "x floor" in p.stdout and "import s" in p.stdout and "REFUSED" not in p.stdout
 
 

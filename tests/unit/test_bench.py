@@ -3,14 +3,21 @@ measure (the end-to-end run is the slow tier's). Figures are never asserted."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-from tpload.bench import BenchOptions, MethodResult, check_agreement, decode_bandwidth, drop_cache, \
-    resident_fraction, summarize, table
+import pytest
+
+from tpload.bench import OPTIONAL, BenchOptions, MethodResult, available_methods, check_agreement, cmd_bench, \
+    decode_bandwidth, decode_lines, drop_cache, preset_checkpoint, resident_fraction, summarize, table
+from tpload.pick import choose
+from tpload.plan import Layout, Planner
+from tpload.published import write_published
+from tpload.storage.sharded import ShardedStorage
 
 
 def _rank(digest: str, seconds: float = 1.0) -> dict:
@@ -42,17 +49,89 @@ def test_resident_fraction_follows_reads_and_drops(tmp_path: Path) -> None:
     assert resident_fraction([f]) < 0.1
 
 
-def test_decode_measure_picks_tensors_by_codec_not_by_name(tmp_path: Path) -> None:
-    # a checkpoint whose FP8 tensors are attention projections, not an eh_proj
+def test_decode_measure_picks_the_biggest_tensor_of_each_format(tmp_path: Path) -> None:
     from tpload.synth import SynthSpec, write_checkpoint
     root = write_checkpoint(tmp_path / "c", SynthSpec(experts=2))
-    for p in root.glob("*.safetensors"):
-        p.write_bytes(p.read_bytes().replace(b"eh_proj", b"wq_proj"))
-    for name in ("model.safetensors.index.json", "NATIVE_MANIFEST.json"):
-        (root / name).write_text((root / name).read_text().replace("eh_proj", "wq_proj"))
-    config = tmp_path / "c.toml"
-    config.write_text((Path(__file__).parents[2] / "tpload/configs/deepseek-v4-mtp.toml").read_text()
-                      .replace("eh_proj", "wq_proj"))
-    d = decode_bandwidth(str(root), threads=1, reps=1, config=str(config))
-    assert d["fp8_tensor"] == "mtp.0.ffn.shared_experts.w1.weight"  # the plan's first FP8 tensor
-    assert d["fp4_gb_per_s"] > 0 and d["fp8_gb_per_s"] > 0 and d["memcpy_gb_per_s"] > 0
+    d = decode_bandwidth(str(root), threads=1, reps=1)
+    assert set(d["codecs"]) == {"fp8-block F8_E4M3/F8_E8M0", "fp4-e8m0 I8/F8_E8M0", "plain F16"}
+    storage = ShardedStorage(root)
+    plan = Planner(storage.catalogue, choose("auto", root)[0]).plan(Layout(1), "expanded", 0)
+    storage.close()
+    fp8 = [i for i in plan.items if i.codec.role == "fp8"]
+    biggest = max(fp8, key=lambda i: i.outputs[0].nbytes)
+    assert d["codecs"]["fp8-block F8_E4M3/F8_E8M0"]["tensor"] == biggest.name
+    assert d["codecs"]["fp8-block F8_E4M3/F8_E8M0"]["bytes_out"] == biggest.outputs[0].nbytes
+    assert all(c["gb_per_s"] > 0 and c["memcpy_gb_per_s"] > 0 for c in d["codecs"].values())
+
+
+def test_decode_measure_takes_fp8_attention_projections_of_a_published_layout(tmp_path: Path) -> None:
+    # Qwen3-FP8: the FP8 tensors are attention projections and experts; no eh_proj anywhere
+    root = write_published(tmp_path / "q", "qwen3-fp8-tiny")
+    names = json.loads((root / "model.safetensors.index.json").read_text())["weight_map"]
+    assert not any("eh_proj" in n for n in names)
+    d = decode_bandwidth(str(root), threads=1, reps=1)
+    assert list(d["codecs"]) == ["fp8-block F8_E4M3/BF16"]  # its scales are BF16 values
+    assert ".self_attn." in d["codecs"]["fp8-block F8_E4M3/BF16"]["tensor"]
+    assert d["codecs"]["fp8-block F8_E4M3/BF16"]["gb_per_s"] > 0
+    assert "fp8-block F8_E4M3/BF16" in decode_lines(d)[0]
+
+
+def test_decode_measure_of_a_checkpoint_with_nothing_to_decode(tmp_path: Path) -> None:
+    d = decode_bandwidth(str(write_published(tmp_path / "l", "llama-tiny")), threads=1, reps=1)
+    assert d["codecs"] == {} and "nothing to decode" in decode_lines(d)[0]
+
+
+def test_table_shows_import_seconds_tensors_and_what_each_method_reads() -> None:
+    floor = _rank("a") | {"import_seconds": 1.25, "startup_seconds": 3.0, "tensors": 40}
+    runai = _rank("a") | {"import_seconds": 0.04, "startup_seconds": 3.0, "tensors": 40, "reads": "whole tensors",
+                          "bytes_read": 300}
+    shown = [summarize(MethodResult("floor", [[floor]])), summarize(MethodResult("runai", [[runai]]))]
+    lines = table(shown, {}, BenchOptions("ckpt")).splitlines()
+    head = next(ln for ln in lines if ln.startswith("method"))
+    rows = {ln.split()[0]: ln for ln in lines if ln.startswith(("floor ", "runai "))}
+
+    def cell(method: str, label: str) -> str:  # columns are right-aligned under their labels
+        return rows[method][:head.index(label) + len(label)].split()[-1]
+
+    assert cell("floor", "import s") == "1.25" and cell("runai", "import s") == "0.04"
+    assert cell("floor", "reads") == "windows" and cell("runai", "reads") == "tensors"
+    assert cell("floor", "tensors") == cell("runai", "tensors") == "40"
+    assert cell("floor", "us/tensor") == f"{1e6 / 40:.1f}"  # 1 s over 40 tensors
+    assert summarize(MethodResult("runai", [[runai]]))["bytes_read_per_rank"] == 300
+    assert summarize(MethodResult("floor", [[floor]]))["bytes_read_per_rank"] == 100  # its windows
+    assert any("the whole tensor (tensors)" in ln for ln in lines) and any("3.00 s" in ln for ln in lines)
+
+
+def test_a_peer_that_is_not_installed_or_needs_cuda_is_dropped_with_the_reason(monkeypatch) -> None:
+    monkeypatch.setitem(OPTIONAL, "runai", ("no_such_package_tpload", False))
+    methods, notes = available_methods(("floor", "runai", "instanttensor"), cuda=False)
+    assert methods == ["floor"]
+    assert any(n.startswith("runai: no_such_package_tpload is not installed") for n in notes)
+    assert any(n.startswith("instanttensor:") for n in notes)
+
+
+def test_many_tensors_preset_is_written_once_with_its_count(capsys: pytest.CaptureFixture) -> None:
+    root = preset_checkpoint("many-tensors", tensors=30)
+    names = json.loads((root / "model.safetensors.index.json").read_text())["weight_map"]
+    assert len(names) == 30 and preset_checkpoint("many-tensors", tensors=30) == root
+    with pytest.raises(SystemExit) as e:
+        cmd_bench(["--preset", "small", "--tensors", "5"])
+    assert e.value.code == 2 and "--tensors N" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("preset", ["gpt-oss-tiny", "nvfp4-tiny"])  # stacked experts; a 0-D global scale
+def test_every_peer_serves_the_floors_windows_of_a_published_layout(preset: str, tmp_path: Path) -> None:
+    # each method's job on one rank, in this process (no process group needed): the same bytes as the floor's
+    import torch
+    from tpload.bench_worker import METHODS, Job, window_digest
+    root = write_published(tmp_path / "c", preset)
+    peers = ["safetensors", "seed"] + (["runai"] if importlib.util.find_spec("runai_model_streamer") else [])
+    for rank in range(2):
+        job = lambda: Job(str(root), "auto", 2, rank, 2, torch.device("cpu"))  # noqa: E731
+        want = window_digest(METHODS["floor"](job()))
+        for m in peers:
+            assert window_digest(METHODS[m](job())) == want, (m, rank)
+    if "runai" in peers:
+        j = job()
+        METHODS["runai"](j)
+        assert j.reads == "whole tensors" and j.bytes_read > sum(c.nbytes for _, c in j.cuts())

@@ -135,3 +135,13 @@ def test_every_peer_serves_the_floors_windows_of_a_published_layout(preset: str,
         j = job()
         METHODS["runai"](j)
         assert j.reads == "whole tensors" and j.bytes_read > sum(c.nbytes for _, c in j.cuts())
+
+
+def test_decode_lines_name_the_device_and_its_copy() -> None:
+    MIB = 1 << 20
+    """On a GPU the decode is judged against a device copy (the HBM figure), on the CPU against a memcpy."""
+    c = {"x": {"tensor": "t", "bytes_out": MIB, "gb_per_s": 100.0, "memcpy_gb_per_s": 200.0, "vs_memcpy": 0.5}}
+    gpu = decode_lines({"threads": 1, "device": "cuda:0", "codecs": c})[0]
+    cpu = decode_lines({"threads": 2, "device": "cpu", "codecs": c})[0]
+    assert gpu.startswith("decode on cuda:0, x: 100.00 GB/s") and "50% of a device copy (HBM)" in gpu
+    assert cpu.startswith("decode on CPU (2 thread(s)), x:") and "of a memcpy" in cpu

@@ -4,7 +4,7 @@
     python -m tpload synth DIR [--preset small|medium|seed] [--hidden H ...]  write a synthetic checkpoint
     python -m tpload plan DIR --tp T [--ep E] [--kind K] [--digest [--write]] per-rank plan, predicted digests
     python -m tpload verify DIR [--config C]                                  check a checkpoint at rest
-    python -m tpload manifest DIR [--force]                                   write NATIVE_MANIFEST.json
+    python -m tpload manifest DIR [--force] [--hash blake3]                   write NATIVE_MANIFEST.json (+ blake3)
     python -m tpload bench [--preset medium] [--nproc 2 --tp 2 --rounds 3]    tpload beside its peers
     python -m tpload export DIR OUT --tp T [--ep E] [--config C]              write a pre-partitioned checkpoint
 
@@ -256,17 +256,32 @@ def cmd_verify(argv: list[str]) -> int:
 
 def cmd_manifest(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m tpload manifest", description="Hash every tensor and write "
-                                "NATIVE_MANIFEST.json for a checkpoint that lacks one.")
+                                "NATIVE_MANIFEST.json for a checkpoint that lacks one; with --hash blake3, also keep "
+                                "a blake3 of every tensor in the digest store, after checking each one's sha256 "
+                                "against the manifest (loads then hash with blake3).")
     p.add_argument("dir")
     p.add_argument("--force", action="store_true", help="overwrite an existing manifest")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--hash", choices=("sha256", "blake3"), default="sha256",
+                   help="blake3: also write blake3 digests to the digest store (writes the manifest first if there is "
+                   "none; the manifest's bytes are not changed); needs `pip install \"tpload[blake3]\"`")
+    add_flags(p, only=("digest_store",))
     args = p.parse_args(argv)
     try:
-        from .offline import write_manifest
-        path = write_manifest(args.dir, force=args.force, threads=args.threads)
+        from .offline import write_blake3, write_manifest
+        from .storage.catalogue import MANIFEST_NAME
+        blake3 = args.hash == "blake3"
+        if blake3:
+            from .verification.blake3sums import require
+            require()  # before hours of hashing
+        if not blake3 or args.force or not os.path.lexists(Path(args.dir).absolute() / MANIFEST_NAME):
+            print(f"wrote {printable(str(write_manifest(args.dir, force=args.force, threads=args.threads)))}")
+        if blake3:
+            side = write_blake3(args.dir, threads=args.threads, store=getattr(args, "digest_store", None))
+            print(f"wrote {printable(str(side))}: every tensor's sha256 matched the manifest; loads (--verify node or "
+                  "rank) now check bytes by blake3 against it")
     except LoadError as e:
         return _fail(e)
-    print(f"wrote {printable(str(path))}")
     return 0
 
 

@@ -41,6 +41,7 @@ from .teardown import give_back
 from .text import escape_name
 from .transfer import for_device
 from .verification import crosscheck
+from .verification.blake3sums import SHA256, Digests, content_hash, fix_command
 from .verification.hashing import Hasher
 from .verification.files import FileHashed, FileHasher, assign_files, file_problems, own_problems
 from .verification.policy import HashPlan, hash_plan
@@ -184,9 +185,11 @@ class _RankLoad:
         preflight.check(planner, layout, plan, self.ctx.device, sharing, int(self.opts.reserve_gib * preflight.GIB))
         stored = self._prediction(storage, config.id(), layout)
         reads = {p: q.reads for p, q in plans.items()}
+        digests = SHA256
         if getattr(storage, "file_digests", None) is not None and self.opts.verify in ("node", "rank"):
             hashes, files = self._file_plan(storage, plans, reads)
         else:
+            digests = self._content_hash(storage)
             tensors = storage.catalogue.tensors
             hashes = hash_plan(self.opts.verify, self.ctx.rank, reads,
                                {n: tensors[n].nbytes for q in plans.values() for n in q.used_tensors},
@@ -195,7 +198,7 @@ class _RankLoad:
         try:
             if files is not None:
                 files.start()
-            result = self.result = self._run(storage, plan, hashes)
+            result = self.result = self._run(storage, plan, hashes, digests)
             hashed_files = files.finish() if files is not None else []
         finally:
             if files is not None:
@@ -275,6 +278,22 @@ class _RankLoad:
             if problems:
                 raise LoadError(f"{len(problems)} manifest problem(s):\n  - " + "\n  - ".join(problems))
 
+    def _content_hash(self, storage: Storage) -> Digests:
+        """blake3 against the operator's sidecar when one fits (blake3sums.content_hash: the same choice on
+        every rank that sees the same store), sha256 against the manifest otherwise; a sidecar that
+        exists but does not fit leaves a note saying why."""
+        opts = self.opts
+        if opts.verify not in ("node", "rank") or storage.per_rank:
+            return SHA256
+        digests, why = content_hash(DigestStore(opts.digest_store), storage.catalogue,
+                                    lambda: checkpoint_stamp(storage), threads=max(1, _spare_cores(self.ctx)),
+                                    fix=fix_command(opts.checkpoint, opts.digest_store))
+        if why:
+            self.notes.append(why)
+            rank_log(self.ctx.rank).info("%s", why)
+        self.fig.blake3 = int(digests.hash == "blake3")
+        return digests
+
     def _measure_cache(self, storage: Storage, *, before: bool) -> None:
         """The page cache is the node's: its first rank measures it, before, and after when evicting."""
         if self.ctx.rank != self.ctx.node_peers[0]:
@@ -284,13 +303,13 @@ class _RankLoad:
         elif self.opts.evict_page_cache:
             self.fig.page_cache_after = checkpoint_resident(storage.paths(), sample=CACHE_SAMPLE)
 
-    def _run(self, storage: Storage, plan: RankPlan, hashes: HashPlan) -> LoadResult:
+    def _run(self, storage: Storage, plan: RankPlan, hashes: HashPlan, digests: Digests) -> LoadResult:
         opts, ctx = self.opts, self.ctx
         release = ShardRelease(storage.evict) if opts.evict_page_cache else None
         if release is not None:
             self._expect(storage, plan, hashes, release)
         threads = min(opts.hash_threads, _spare_cores(ctx)) if ctx.device.type == "cpu" else opts.hash_threads
-        hasher = Hasher(hashes, threads=max(0, threads),
+        hasher = Hasher(hashes, threads=max(0, threads), digests=digests,
                         on_done=(lambda n: release.done(storage.stored(n).path)) if release else None)
         sink = self.sink or (Progress(plan.read_bytes, len(plan.items)) if opts.progress and ctx.rank == 0 else Silent())
         return run(storage, plan, transfer=for_device(ctx.device), hasher=hasher, samples=opts.samples,

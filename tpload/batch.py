@@ -20,7 +20,6 @@ A tensor a node peer reads only part of, and that this rank hashes, takes the pe
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -86,7 +85,7 @@ def _batchable(item: Item, kind: str, storage: Storage, hasher: Hasher) -> list[
 
 class Batch:
     """One batch's bytes read, copied and fingerprinted: each stored tensor's triple (``pieces``: the
-    batch's items' cuts in order), and its sha256 when this rank hashes it."""
+    batch's items' cuts in order), and its bytes for the hasher when this rank hashes it."""
 
     def __init__(self, storage: Storage, items: Sequence[Item], stored: list[list[Stored]],
                  buffer: np.ndarray) -> None:
@@ -119,7 +118,8 @@ class Batch:
         a = s.offset - self.start
         return self.data[a:a + s.nbytes].reshape(shape)
 
-    def sha256(self, k: int) -> str:
+    def raw(self, k: int) -> np.ndarray:
+        """Stored tensor ``k``'s bytes, flat (what the hasher hashes)."""
         s = self.stored[k]
         a = s.offset - self.start
-        return hashlib.sha256(memoryview(self.data[a:a + s.nbytes])).hexdigest()
+        return self.data[a:a + s.nbytes]

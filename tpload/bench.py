@@ -36,8 +36,8 @@ from .storage.sharded import ShardedStorage
 from .published import cached_published, loadable_presets
 from .synth import PRESETS, cached_checkpoint
 
-PACKED_METHODS = ("floor", "tpload", "tpload-rank", "tpload-digest", "tpload-noverify", "safetensors",
-                  "fastsafetensors", "runai", "instanttensor", "seed")
+PACKED_METHODS = ("floor", "tpload", "tpload-rank", "tpload-digest", "tpload-noverify", "tpload-blake3",
+                  "safetensors", "fastsafetensors", "runai", "instanttensor", "seed")
 ALL_METHODS = PACKED_METHODS + ("tpload-expanded",)
 MIB, GIB = 1 << 20, 1 << 30
 
@@ -122,6 +122,11 @@ def available_methods(wanted: tuple[str, ...], *, cuda: bool | None = None) -> t
         if cuda_only and not (torch.cuda.is_available() if cuda is None else cuda):
             notes.append(f"{m}: CUDA devices only, and there are none; skipped")
             continue
+        if m == "tpload-blake3":
+            from .verification.blake3sums import INSTALL, available
+            if not available():
+                notes.append(f"tpload-blake3: the blake3 package is not installed ({INSTALL}); skipped")
+                continue
         out.append(m)
     return out, notes
 
@@ -135,6 +140,22 @@ def prepare_digest(opts: BenchOptions) -> str:
                         store=opts.digest_store)
     except (LoadError, OSError) as e:
         return f"no verified predictions could be written: {e}"
+    return ""
+
+
+def blake3_store(digest_store: str) -> Path:
+    """tpload-blake3's own store, inside the bench's: the other tpload methods must not find its sidecar."""
+    return Path(digest_store) / "blake3"
+
+
+def prepare_blake3(opts: BenchOptions) -> str:
+    """Write the blake3 sidecar tpload-blake3 loads with (what ``tpload manifest --hash blake3`` does,
+    outside the timed runs). Returns why the method cannot run, or ""."""
+    from .offline import write_blake3
+    try:
+        write_blake3(opts.checkpoint, store=blake3_store(opts.digest_store))
+    except (LoadError, OSError) as e:
+        return f"no blake3 sidecar could be written: {e}"
     return ""
 
 
@@ -453,11 +474,11 @@ def cmd_bench(argv: list[str]) -> int:
         methods, notes = available_methods(opts.methods)
     except ValueError as e:
         p.error(str(e))
-    if "tpload-digest" in methods:
-        why = prepare_digest(opts)
+    for method, prepare in (("tpload-digest", prepare_digest), ("tpload-blake3", prepare_blake3)):
+        why = prepare(opts) if method in methods else ""
         if why:
-            notes.append(f"tpload-digest: {why}; skipped")
-            methods.remove("tpload-digest")
+            notes.append(f"{method}: {why}; skipped")
+            methods.remove(method)
     for n in notes:
         print(n, flush=True)
     results = run_all(opts, methods, log=lambda s: print(s, file=sys.stderr, flush=True))

@@ -142,10 +142,17 @@ def _own_window(job: Job, o: Output, cut: Cut, whole: torch.Tensor) -> torch.Ten
     return _place(o, cut, _window_of(whole, cut), torch.empty(cut.nbytes, dtype=torch.uint8, device=job.device))
 
 
-def _tpload(kind: str, verify: str) -> Callable[[Job], Windows]:
+def _tpload(kind: str, verify: str, *, blake3: bool = False) -> Callable[[Job], Windows]:
+    """A tpload load; ``blake3``: from the store that holds the bench's blake3 sidecar (bench.prepare_blake3),
+    refused unless the load really hashed by blake3."""
     def run(job: Job) -> Windows:
+        from .bench import blake3_store
+        store = str(blake3_store(job.digest_store)) if blake3 and job.digest_store else job.digest_store
         shards = tpload.load(job.root, config=job.config, kind=kind, tp=job.tp, ep=job.world // job.tp,
-                             device=str(job.device), verify=verify, progress=False, digest_store=job.digest_store)
+                             device=str(job.device), verify=verify, progress=False, digest_store=store)
+        if blake3 and shards.report.hash != "blake3":
+            raise SystemExit(f"tpload-blake3: the load hashed by {shards.report.hash} "
+                             f"({'; '.join(shards.report.notes)})")
         job.bytes_hashed = shards.report.mine.bytes_hashed
         job.shards = shards  # keep the arena alive until the digest is taken
         return shards.state_dict()
@@ -311,6 +318,7 @@ METHODS: dict[str, Callable[[Job], Windows]] = {
     "tpload-rank": _tpload("packed", "rank"),
     "tpload-digest": _tpload("packed", "digest"),
     "tpload-noverify": _tpload("packed", "off"),
+    "tpload-blake3": _tpload("packed", "node", blake3=True),
     "tpload-expanded": _tpload("expanded", "node"),
     "safetensors": run_safetensors,
     "fastsafetensors": run_fastsafetensors,

@@ -276,7 +276,7 @@ class _Loader:
                 self.evidence.window(cut.name, cut.box, triple)
                 checks[cut.name] = Check(outs[k].name, where, triple, None, "host window")
                 if hasher.hashes(st.name):
-                    hasher.record_whole(st, b.sha256(k), triple)
+                    hasher.record_whole(st, b.raw(k), triple)
                 k += 1
             if item.codec.scaled:  # the value checks, scales first, on the batch's bytes
                 checker = item.codec.checker(item.fit, item.weight, item.scale)
@@ -345,7 +345,7 @@ def run(storage: Storage, plan: RankPlan, *, transfer: Transfer, hasher: Hasher,
     finally:
         hasher.close()
         progress.close()
-    settled = loader.evidence.settle(hashed)
+    settled = loader.evidence.settle(hashed, hasher.digests)
     problems = settled.problems + storage.changed()
     if problems:
         raise LoadError(f"{len(problems)} problem(s):\n  - " + "\n  - ".join(problems))

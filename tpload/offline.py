@@ -7,7 +7,9 @@
   then keeps the digests in the operator's digest store (verification/store.py)
   stamped with what they were verified against.
 * ``tpload verify DIR`` checks a checkpoint at rest and lists every bad tensor.
-* ``tpload manifest DIR`` hashes every tensor and writes NATIVE_MANIFEST.json.
+* ``tpload manifest DIR`` hashes every tensor and writes NATIVE_MANIFEST.json; ``--hash blake3``
+  then checks every tensor against it by sha256 and keeps a blake3 of each in the operator's
+  digest store (verification/blake3sums.py).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from .storage.sharded import ShardedStorage
 from .text import escape_name
 from .transfer.cpu import CpuTransfer
 from .verification.files import FileHasher, file_problems
+from .verification.blake3sums import Digests, require, write_sidecar
 from .verification.hashing import Hasher, hash_whole, mismatches
 from .verification.policy import HashPlan
 from .verification.store import DigestStore
@@ -213,3 +216,33 @@ def write_manifest(root: str | os.PathLike, *, force: bool = False, threads: int
                    "shape": list(catalogue.tensors[n].shape), "sha256": hashed[n].sha256} for n in names}
     atomic_write(path, json.dumps({"format": 1, "tensors": tensors}, indent=1) + "\n")
     return path
+
+
+def write_blake3(root: str | os.PathLike, *, threads: int = 2, store: str | os.PathLike | None = None) -> Path:
+    """``tpload manifest DIR --hash blake3``: read every tensor the manifest lists once, checking its
+    sha256 against the manifest and taking its blake3 from the same bytes; only if every one matches,
+    keep the blake3 digests in the operator's store, stamped with what was checked (the stamp is taken
+    before the first read, so a shard written since makes them stale). Raises LoadError listing every
+    problem; nothing is written then. The checkpoint folder is not touched."""
+    require()
+    path = Path(root).absolute()
+    storage = ShardedStorage(path)
+    try:
+        cat = storage.catalogue
+        cat.refuse_headers_only("blake3 digests of it")
+        if cat.manifest is None or cat.manifest_sha256 is None:
+            raise CheckpointError(f"{escape_name(path)}: no {MANIFEST_NAME}: blake3 digests are checked against it; "
+                                  f"write one with `python -m tpload manifest {escape_name(path)} --hash blake3`")
+        stamp = checkpoint_stamp(storage)
+        problems = cat.manifest_problems(cat.names())
+        names = [n for n in cat.names() if n in cat.manifest]
+        hashed = hash_whole(storage, names, threads=max(0, min(threads, _spare())),
+                            digests=Digests(threads=max(1, _spare()), also=("blake3",)))
+        problems += mismatches(hashed) + storage.changed()
+        if problems:
+            raise CheckpointError(f"no blake3 digests written: {len(problems)} problem(s) against the manifest:\n  - "
+                                  + "\n  - ".join(problems))
+        return write_sidecar(DigestStore(store), cat.manifest_sha256, path, {n: h.blake3 for n, h in hashed.items()},
+                             stamp)
+    finally:
+        storage.close()

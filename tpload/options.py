@@ -87,7 +87,7 @@ class LoadOptions:
     device: str | None = opt(None, "target device (default: cuda:LOCAL_RANK, or cpu without CUDA)")
     allow_shared_device: bool = opt(False, "let several ranks load onto one GPU (functional checks with gloo; NCCL "
                                     "refuses it)")
-    hash_threads: int = opt(2, "sha256 worker threads per rank", check=_at_least(1), metavar="N")
+    hash_threads: int = opt(2, "hash worker threads per rank (sha256, or blake3 with a sidecar)", check=_at_least(1), metavar="N")
     samples: int = opt(4, "expanded: decoded tensors per codec whose first and last rows are decoded again by an "
                        "independent implementation and compared exactly",
                        check=_at_least(0), metavar="N")

@@ -49,6 +49,8 @@ def test_bench_runs_every_method_and_they_agree(ckpt_copy: Path, tmp_path: Path)
     if "runai" in by:
         assert by["runai"]["reads"] == "whole tensors"
         assert by["runai"]["bytes_read_per_rank"] > by["floor"]["bytes_read_per_rank"] == by["floor"]["window_bytes_per_rank"]
+    if "tpload-blake3" in by:  # blake3 installed: the same node share hashed, by blake3 (the worker refuses sha256)
+        assert by["tpload-blake3"]["bytes_hashed_per_rank"] == by["tpload"]["bytes_hashed_per_rank"]
     for name in names:
         assert name in p.stdout  # one table line per method
     assert "x floor" in p.stdout and "import s" in p.stdout and "REFUSED" not in p.stdout

@@ -163,6 +163,31 @@ def test_manifest_writes_refuses_and_forces(ckpt_copy: Path) -> None:
     assert json.loads((ckpt_copy / "NATIVE_MANIFEST.json").read_text())["tensors"] == original
 
 
+def test_manifest_hash_blake3_refuses_a_tensor_that_fails_sha256_and_writes_nothing(
+        ckpt_copy: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    pytest.importorskip("blake3")
+    store = tmp_path / "store"
+    manifest = (ckpt_copy / "NATIVE_MANIFEST.json").read_bytes()
+    poke(ckpt_copy, "mtp.0.ffn.experts.2.w3.weight", 7)
+    assert main(["manifest", str(ckpt_copy), "--hash", "blake3", "--digest-store", str(store)]) == 1
+    err = capsys.readouterr().err
+    assert "no blake3 digests written" in err and "mtp.0.ffn.experts.2.w3.weight: sha256" in err
+    assert not list(store.glob("*.blake3.json")) and (ckpt_copy / "NATIVE_MANIFEST.json").read_bytes() == manifest
+
+
+def test_manifest_hash_blake3_writes_a_missing_manifest_first(ckpt_copy: Path, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture) -> None:
+    pytest.importorskip("blake3")
+    original = json.loads((ckpt_copy / "NATIVE_MANIFEST.json").read_text())["tensors"]
+    (ckpt_copy / "NATIVE_MANIFEST.json").unlink()
+    assert main(["manifest", str(ckpt_copy), "--hash", "blake3", "--digest-store", str(tmp_path / "store")]) == 0
+    out = capsys.readouterr().out
+    assert json.loads((ckpt_copy / "NATIVE_MANIFEST.json").read_text())["tensors"] == original
+    (side,) = (tmp_path / "store").glob("*.blake3.json")
+    assert f"wrote {side}: every tensor's sha256 matched the manifest" in out
+    assert sorted(json.loads(side.read_text())["tensors"]) == sorted(original)
+
+
 @pytest.mark.parametrize("kind", ["packed", "expanded"])
 def test_an_export_of_stacked_experts_serves_what_the_source_serves(tmp_path: Path, kind: str) -> None:
     """gpt-oss's experts are stacked and cut on inner dimensions (their windows are boxes of another

@@ -41,11 +41,14 @@ class RankFigures:
     bytes_read: int = 0
     """Window bytes this rank reads and copies."""
     bytes_hashed: int = 0
-    """Bytes this rank fed to sha256."""
+    """Bytes this rank fed to its content hash."""
     bytes_device: int = 0
     """Bytes of served tensors on the device."""
     hashed: int = 0
-    """Official tensors whose sha256 this rank checked against the manifest."""
+    """Official tensors whose content hash this rank checked (sha256 against the manifest, or blake3)."""
+    blake3: int = 0
+    """1: this rank checked its share by blake3 against the operator's sidecar (verification/blake3sums.py);
+    0: by sha256 against the manifest (or the mode hashes nothing)."""
     device_checked: int = 0
     """Served tensors whose device fingerprint matched the host window."""
     sampled: int = 0

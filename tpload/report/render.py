@@ -52,6 +52,22 @@ class LoadReport:
         return word + (" (sha256-verified when written; trusted in place of hashing)" if self.trusted and
                        word == "matched" else "")
 
+    @property
+    def hash(self) -> str | None:
+        """The content hash the load proved bytes with: ``sha256`` (the manifest's), ``blake3`` (the
+        operator's sidecar), ``mixed`` (ranks differed; each rank's ``blake3`` figure says which);
+        None when the mode hashes nothing (digest, off)."""
+        if self.verify not in ("node", "rank"):
+            return None
+        used = {r.blake3 for r in self.ranks}
+        return "mixed" if len(used) > 1 else "blake3" if used == {1} else "sha256"
+
+    def _by_hash(self) -> str:
+        if self.hash != "mixed":
+            return self.hash or "sha256"
+        on = {b: ", ".join(str(r.rank) for r in self.ranks if r.blake3 == b) for b in (0, 1)}
+        return f"blake3 on rank {on[1]} and sha256 on rank {on[0]}"
+
     def total(self, name: str) -> int:
         return sum(getattr(r, name) or 0 for r in self.ranks)
 
@@ -64,7 +80,7 @@ class LoadReport:
     def to_dict(self) -> dict:
         """Everything in the report as plain JSON values (figures not measured are None)."""
         doc = {k: v for k, v in asdict(self).items() if k not in ("ranks", "rank")}
-        doc.update(predictions=self.predictions, seconds=self.seconds, bytes_read=self.total("bytes_read"),
+        doc.update(hash=self.hash, predictions=self.predictions, seconds=self.seconds, bytes_read=self.total("bytes_read"),
                    gb_per_s=self.total("bytes_read") / 1e9 / max(self.seconds, 1e-9),
                    bytes_hashed_per_node={str(k): v for k, v in self.bytes_hashed_per_node().items()},
                    ranks=[{k: v for k, v in asdict(r).items() if k not in ("claims", "seen")}
@@ -98,7 +114,7 @@ class LoadReport:
         per_node = ", ".join(f"node {n}: {b / 1e9:.3f} GB" for n, b in sorted(self.bytes_hashed_per_node().items()))
         device_fps = ("device fingerprints checked against the host window" if self.device.startswith("cuda")
                       else "host-vs-device checks (on the CPU the copy fingerprints what it writes)")
-        lines.append(f"verified: {t('hashed')} tensors by sha256 ({per_node} hashed), {t('device_checked')} {device_fps}, "
+        lines.append(f"verified: {t('hashed')} tensors by {self._by_hash()} ({per_node} hashed), {t('device_checked')} {device_fps}, "
                      f"{t('sampled')} independent decodes; digests vs predictions: {self.predictions}; "
                      f"skipped {self.ranks[0].skipped}, deferred {self.ranks[0].deferred}"
                      + ("; page cache evicted shard by shard" if self.evict_page_cache else ""))

@@ -5,7 +5,7 @@ of what it serves (taken where it lives), what that fingerprint must equal
 (the host window's on a GPU; an independent decode for a sample), and counts
 of bad values found on the way. Device values stay on the device until
 :meth:`Evidence.settle` reads them all in one transfer; then every problem of
-the rank is listed at once, with the sha256 results of its hashing share.
+the rank is listed at once, with the hash results of its hashing share (sha256, or blake3).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import torch
 
 from ..text import escape_name
 from .fingerprint import Triple
+from .blake3sums import SHA256, Digests
 from .hashing import Hashed, mismatches
 from .policy import Box
 
@@ -67,7 +68,7 @@ class Evidence:
     def add(self, check: Check) -> None:
         self.checks.append(check)
 
-    def settle(self, hashed: dict[str, Hashed]) -> Settled:
+    def settle(self, hashed: dict[str, Hashed], content: Digests = SHA256) -> Settled:
         values = _to_host([c.served for c in self.checks] + [c.want for c in self.checks]
                           + [c.digest for c in self.checks] + [n for c in self.checks for n, _ in c.bad])
         k = len(self.checks)
@@ -88,7 +89,7 @@ class Evidence:
             out.fingerprints[c.name] = fp if dig is None else tuple(dig)
         out.hashed = list(hashed)
         out.bytes_hashed = sum(h.stored.nbytes for h in hashed.values())
-        out.problems += mismatches(hashed)
+        out.problems += mismatches(hashed, content)
         return out
 
 

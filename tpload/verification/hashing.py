@@ -1,8 +1,10 @@
-"""The hash scheduler: sha256 of this rank's share, from the bytes the rank read itself.
+"""The hash scheduler: the content hash of this rank's share, from the bytes the rank read itself.
 
+The content hash is sha256, checked against the manifest, or blake3, checked against the
+operator's sidecar when one fits (blake3sums.py); :class:`Digests` says which.
 Each tensor this rank hashes gets a :class:`HashTap` that the reader feeds
 every stored block of the tensor, in order, straight from the staging buffer
-the window is copied from. The tap updates the tensor's sha256 and, for each
+the window is copied from. The tap updates the tensor's hash and, for each
 node peer that reads a window of the tensor, that window's fingerprint: the
 evidence that the peer served exactly these bytes (crosscheck.py).
 
@@ -25,6 +27,7 @@ from ..storage import Storage, Stored
 from ..storage.catalogue import sha256_mismatch
 from ..storage.reader import Block, Reader
 from ..text import escape_name
+from .blake3sums import SHA256, Digests, new_blake3
 from .fingerprint import HostFingerprint, Triple
 from .policy import Box, HashPlan
 
@@ -33,23 +36,29 @@ INLINE_BELOW = 1 << 20  # smaller tensors are hashed on the spot: a hand-off cos
 
 @dataclass
 class Hashed:
-    """One hashed tensor: its sha256 and the fingerprints of its node peers' windows."""
+    """One hashed tensor: its content hash(es) and the fingerprints of its node peers' windows."""
 
     name: str
     stored: Stored
     sha256: str = ""
+    blake3: str = ""
     peers: dict[int, Triple] = field(default_factory=dict)
 
 
+def new_hashes(digests: Digests, nbytes: int) -> dict[str, object]:
+    """A fresh hasher for each hash ``digests`` takes, for a tensor of ``nbytes``."""
+    return {h: new_blake3(nbytes, digests.threads) if h == "blake3" else hashlib.sha256() for h in digests.hashes}
+
+
 class HashTap:
-    """Feeds one tensor's blocks to its sha256 and to its peers' window fingerprints."""
+    """Feeds one tensor's blocks to its hash(es) and to its peers' window fingerprints."""
 
     def __init__(self, stored: Stored, peers: dict[int, Box], lane: ThreadPoolExecutor | None,
-                 done: Callable[[Hashed], None], *, sha: object | None = None) -> None:
+                 done: Callable[[Hashed], None], *, sha: object | None = None, digests: Digests = SHA256) -> None:
         self.result = Hashed(stored.name, stored)
         self.shared = sha is not None
         """The sha256 belongs to the whole file (its bytes in order, verification/files.py), not this tensor."""
-        self.sha = sha if sha is not None else hashlib.sha256()
+        self.hashes = {"sha256": sha} if sha is not None else new_hashes(digests, stored.nbytes)
         boxes: dict[Box, HostFingerprint] = {}
         for box in peers.values():  # a replicated tensor: every peer has the same box, fingerprinted once
             if box not in boxes:
@@ -58,7 +67,9 @@ class HashTap:
         self.lane, self.done = lane, done
 
     def _take(self, block: Block) -> None:
-        self.sha.update(memoryview(block.data).cast("B") if block.data.flags.c_contiguous else block.data.tobytes())
+        data = memoryview(block.data).cast("B") if block.data.flags.c_contiguous else block.data.tobytes()
+        for h in self.hashes.values():
+            h.update(data)
         (a, b), (c, d) = block.rows, block.cols
         for ((r0, r1), (c0, c1)), fp in self.boxes.items():
             lo, hi, left, right = max(a, r0), min(b, r1), max(c, c0), min(d, c1)
@@ -72,7 +83,9 @@ class HashTap:
         return self.lane.submit(self._take, block)
 
     def _finish(self) -> None:
-        self.result.sha256 = "" if self.shared else self.sha.hexdigest()
+        if not self.shared:
+            for name, h in self.hashes.items():
+                setattr(self.result, name, h.hexdigest())
         self.result.peers = {p: self.boxes[box].value() for p, box in self.peer_boxes.items()}
         self.done(self.result)
 
@@ -84,10 +97,12 @@ class HashTap:
 
 
 class Hasher:
-    """This rank's sha256 work (:class:`HashPlan`), inline or on worker threads."""
+    """This rank's hashing work (:class:`HashPlan`), inline or on worker threads, by ``digests``' hash."""
 
-    def __init__(self, plan: HashPlan, *, threads: int = 0, on_done: Callable[[str], None] | None = None) -> None:
+    def __init__(self, plan: HashPlan, *, threads: int = 0, on_done: Callable[[str], None] | None = None,
+                 digests: Digests = SHA256) -> None:
         self.plan = plan
+        self.digests = digests
         self.todo = set(plan.mine)
         self.done: dict[str, Hashed] = {}
         self._lanes = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"tpload-sha{i}") for i in range(threads)]
@@ -103,7 +118,7 @@ class Hasher:
         lane = None
         if self._lanes and stored.nbytes >= INLINE_BELOW:
             lane, self._next = self._lanes[self._next % len(self._lanes)], self._next + 1
-        return HashTap(stored, dict(self.plan.peers.get(stored.name, {})), lane, self._record)
+        return HashTap(stored, dict(self.plan.peers.get(stored.name, {})), lane, self._record, digests=self.digests)
 
     def whole_only(self, stored: Stored) -> bool:
         """False when this rank hashes ``stored`` for a node peer that reads only part of it: then the
@@ -113,13 +128,16 @@ class Hasher:
         whole = ((0, stored.rows), (0, stored.row_bytes))
         return all(box == whole for box in self.plan.peers.get(stored.name, {}).values())
 
-    def record_whole(self, stored: Stored, sha256: str, fingerprint: Triple) -> None:
-        """A small tensor hashed whole on the spot from a batch's bytes: its sha256, and each node
-        peer's window (the whole tensor, see :meth:`whole_only`) fingerprinted as the tensor itself."""
+    def record_whole(self, stored: Stored, data: np.ndarray, fingerprint: Triple) -> None:
+        """A small tensor hashed whole on the spot from a batch's bytes (``data``, contiguous), and each
+        node peer's window (the whole tensor, see :meth:`whole_only`) fingerprinted as the tensor itself."""
         if stored.name in self.todo:
             self.todo.discard(stored.name)
-            peers = {p: fingerprint for p in self.plan.peers.get(stored.name, {})}
-            self._record(Hashed(stored.name, stored, sha256, peers))
+            hashed = Hashed(stored.name, stored, peers={p: fingerprint for p in self.plan.peers.get(stored.name, {})})
+            for name, h in new_hashes(self.digests, stored.nbytes).items():
+                h.update(memoryview(data))
+                setattr(hashed, name, h.hexdigest())
+            self._record(hashed)
 
     def hashes(self, name: str) -> bool:
         """Whether this rank still has to hash ``name``."""
@@ -144,11 +162,12 @@ class Hasher:
 
 
 def hash_whole(storage: Storage, names: list[str], *, threads: int = 0,
-               feeds: dict[str, Callable[[np.ndarray, int], None]] | None = None) -> dict[str, Hashed]:
-    """sha256 of every named tensor, each read whole once, in the given order (offline tools: a
-    manifest, a verification at rest, an export's sources). ``feeds``: also hand each block of a
-    tensor, whole rows at a time, to its callable (the value checks)."""
-    hasher = Hasher(HashPlan("rank", 0, frozenset(names)), threads=threads)
+               feeds: dict[str, Callable[[np.ndarray, int], None]] | None = None,
+               digests: Digests = SHA256) -> dict[str, Hashed]:
+    """``digests``' hashes (sha256 by default) of every named tensor, each read whole once, in the given
+    order (offline tools: a manifest, a verification at rest, an export's sources). ``feeds``: also
+    hand each block of a tensor, whole rows at a time, to its callable (the value checks)."""
+    hasher = Hasher(HashPlan("rank", 0, frozenset(names)), threads=threads, digests=digests)
     reader = Reader(storage)
     try:
         for name in names:
@@ -164,12 +183,15 @@ def hash_whole(storage: Storage, names: list[str], *, threads: int = 0,
         hasher.close()
 
 
-def mismatches(hashed: dict[str, Hashed]) -> list[str]:
-    """Every hashed tensor whose sha256 is not the one its manifest promises (one line each)."""
+def mismatches(hashed: dict[str, Hashed], digests: Digests = SHA256) -> list[str]:
+    """Every hashed tensor whose hash is not the one promised for it (one line each): the manifest's
+    sha256, or the sidecar's blake3."""
     out = []
     for name, h in hashed.items():
-        if h.stored.sha256 is None:
-            out.append(f"{escape_name(h.stored.path)}: tensor {escape_name(name)} has no sha256 to check")
-        elif h.sha256 != h.stored.sha256:
-            out.append(sha256_mismatch(h.stored.path, name, h.sha256, h.stored.sha256))
+        want, got = digests.expected(name, h.stored.sha256), getattr(h, digests.hash)
+        if want is None:
+            out.append(f"{escape_name(h.stored.path)}: tensor {escape_name(name)} has no {digests.hash} to check")
+        elif got != want:
+            out.append(sha256_mismatch(h.stored.path, name, got, want) if digests.hash == "sha256"
+                       else digests.mismatch(h.stored.path, name, got, want))
     return out

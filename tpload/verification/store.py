@@ -72,20 +72,31 @@ class DigestStore:
 
     def read(self, manifest_sha256: str) -> dict[str, Prediction]:
         """Every stored layout of the checkpoint whose manifest has this sha256 ({} if none)."""
-        path = self.path(manifest_sha256)
-        if not path.exists():
+        doc = self.read_doc(self.path(manifest_sha256), manifest_sha256,
+                            "write them again with `python -m tpload plan DIR --tp T --write`")
+        if doc is None:
             return {}
+        try:
+            return {k: Prediction([str(d) for d in v["digests"]], v.get("verified"))
+                    for k, v in doc["layouts"].items()}
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise _unreadable(self.path(manifest_sha256), e, "write them again with `python -m tpload plan DIR "
+                              "--tp T --write`") from None
+
+    def read_doc(self, path: Path, manifest_sha256: str, fix: str) -> dict | None:
+        """The JSON document at ``path`` in this store (None if there is none), after the store's trust
+        checks; it must name the manifest with this sha256. ``fix``: how to write it again."""
+        if not path.exists():
+            return None
         _check_private(self.root, "the digest store")
         _check_private(path, "the digest file")
         try:
             doc = json.loads(path.read_text())
-            if doc.get("manifest_sha256") != manifest_sha256:
+            if not isinstance(doc, dict) or doc.get("manifest_sha256") != manifest_sha256:
                 raise ValueError("it names another manifest")
-            return {k: Prediction([str(d) for d in v["digests"]], v.get("verified"))
-                    for k, v in doc["layouts"].items()}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            raise LoadError(f"{escape_name(path)}: stored digests are unreadable ({escape_name(e)}); remove the file "
-                            "and write them again with `python -m tpload plan DIR --tp T --write`") from None
+            return doc
+        except (OSError, ValueError) as e:
+            raise _unreadable(path, e, fix) from None
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -105,6 +116,16 @@ class DigestStore:
                    "layouts": layouts}
             atomic_write(path, json.dumps(doc, indent=1) + "\n", mode=0o600)
         return path
+
+    def replace_doc(self, path: Path, doc: dict) -> Path:
+        """Write ``doc`` whole at ``path`` in this store (under the lock, atomic replace, mode 0600)."""
+        with self._locked():
+            atomic_write(path, json.dumps(doc, indent=1) + "\n", mode=0o600)
+        return path
+
+
+def _unreadable(path: Path, e: Exception, fix: str) -> LoadError:
+    return LoadError(f"{escape_name(path)}: stored digests are unreadable ({escape_name(e)}); remove the file and {fix}")
 
 
 def stale(stamp: dict | None, now: dict) -> list[str]:

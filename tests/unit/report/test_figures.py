@@ -48,3 +48,12 @@ def test_predictions_word_needs_every_rank() -> None:
 def test_the_table_escapes_what_the_checkpoint_named() -> None:
     report = LoadReport("/ckpt/\x1b[2J", "packed", 1, 1, "node", "cpu", [RankFigures()], notes=["x\x07"])
     assert "\x1b" not in report.table() and "\x07" not in report.table()
+
+
+def test_the_report_names_the_hash_every_rank_used() -> None:
+    both = [RankFigures(rank=0, blake3=1, hashed=3), RankFigures(rank=1, blake3=1, hashed=2)]
+    assert LoadReport("/c", "packed", 2, 1, "node", "cpu", both).to_dict()["hash"] == "blake3"
+    mixed = LoadReport("/c", "packed", 2, 1, "rank", "cpu", [both[0], RankFigures(rank=1)])
+    assert mixed.to_dict()["hash"] == "mixed" and [r["blake3"] for r in mixed.to_dict()["ranks"]] == [1, 0]
+    assert "by blake3 on rank 0 and sha256 on rank 1" in mixed.table()
+    assert LoadReport("/c", "packed", 2, 1, "digest", "cpu", [RankFigures(rank=0)]).hash is None

@@ -11,6 +11,13 @@
 #                                             beside the CUDA-only peers: InstantTensor, and Run:ai Model
 #                                             Streamer), multi (the NCCL world with the gloo exchange at tp =
 #                                             GPUs, and a killed rank; skipped with the reason on one GPU)
+#   launch/gpu-check.sh --only scale          not in the default run (its own ~5 minutes): the bench on a
+#                                             fixed ~16 GB checkpoint (the seed dimensions, 256 experts x 3
+#                                             stages: 16.03 GB, written once into the cache) at tp = GPUs
+#                                             (tp 4 x ep 2 on 8: 2304 channels do not cut in 8), with each
+#                                             GPU's pinned host-to-device GB/s (the PCIe figure) beside the
+#                                             per-rank load rates, and the device decode against a device copy
+#                                             (the HBM figure)
 #
 # The peers' wheels travel with the checkout (the GPU machine has no network): on a machine with one,
 #   pip download --no-deps -d launch/wheels instanttensor runai-model-streamer humanize
@@ -65,9 +72,18 @@ peers() {
     python -m tpload bench --preset medium --nproc "$gpus" --tp "$gpus" --rounds 1 --no-decode \
         --methods floor,tpload,safetensors,runai,instanttensor --json "$out/peers.json"
 }
-export -f multi peers
+scale() {
+    local ckpt="${TPLOAD_CACHE:-$HOME/.cache/tpload}/scale-16gb" tp=$(( gpus > 4 ? 4 : gpus ))
+    if [[ ! -f "$ckpt/NATIVE_MANIFEST.json" ]]; then  # the manifest is written last: present means whole
+        rm -rf "$ckpt" && python -m tpload synth "$ckpt" --preset seed --experts 256 --stages 3 >/dev/null || return 1
+    fi
+    python -m tpload bench --checkpoint "$ckpt" --nproc "$gpus" --tp "$tp" --rounds 1 \
+        --methods floor,tpload,tpload-digest,tpload-expanded --json "$out/scale.json"
+}
+export -f multi peers scale
 export gpus out
 section peers 240 bash -c peers
 section multi 150 bash -c multi
+section scale 330 bash -c scale
 printf '%s\n' "${summary[@]}"
 [[ "${summary[*]}" != *FAILED* ]]

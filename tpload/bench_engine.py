@@ -37,11 +37,11 @@ def engine_env() -> dict[str, str]:
 
 
 def run_formats(python: str, model: str, *, tp: int, formats: list[str], extra: dict, work: Path,
-                timeout: float) -> tuple[list[dict], str]:
+                timeout: float, dtype: str = "bfloat16") -> tuple[list[dict], str]:
     """One engine process starting each format in turn: (results, its output)."""
     out = work / f"run-{len(list(work.iterdir()))}.json"
     cmd = [python, "-m", "tpload.integrations.vllm_run", model, "--tp", str(tp), "--formats", ",".join(formats),
-           "--extra", json.dumps(extra), "--report-dir", str(work), "--out", str(out)]
+           "--extra", json.dumps(extra), "--report-dir", str(work), "--out", str(out), "--dtype", dtype]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=engine_env())
     text = proc.stdout + proc.stderr
     if proc.returncode != 0 or not out.exists():
@@ -99,6 +99,7 @@ def cmd_bench_engine(argv: list[str]) -> int:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--vllm-python", default=default_python(), help="the Python that has vLLM (and tpload) installed")
     p.add_argument("--extra", default="{}", help="tpload's model loader extra config (JSON)")
+    p.add_argument("--dtype", default="bfloat16", help="the engine's compute dtype")
     p.add_argument("--json", help="write every figure here")
     p.add_argument("--timeout", type=float, default=1200.0, help="seconds per engine process")
     args = p.parse_args(argv)
@@ -108,7 +109,7 @@ def cmd_bench_engine(argv: list[str]) -> int:
         order = list(FORMATS) if k % 2 == 0 else list(reversed(FORMATS))
         results, text = run_formats(args.vllm_python, args.checkpoint, tp=args.tp,
                                     formats=[FORMATS[n] for n in order], extra=json.loads(args.extra), work=work,
-                                    timeout=args.timeout)
+                                    timeout=args.timeout, dtype=args.dtype)
         if not results:
             print(f"round {k + 1}: vLLM failed; its output ends:\n{text[-3000:]}", file=sys.stderr)
             return 1

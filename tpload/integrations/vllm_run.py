@@ -21,26 +21,35 @@ PROMPTS = ([1, 5, 9, 33, 100], [7, 7, 3, 250, 19, 2])
 
 
 def parameter_digests(worker: object) -> dict[str, str]:
-    """Run in each worker: {parameter name: sha256 of its bytes} of the loaded model."""
+    """Run in each worker: {name: sha256 of its bytes} of every tensor the loaded model holds:
+    parameters, buffers, and the tensors its layers derive after loading (MLA's absorbed weights)."""
     import hashlib
 
     import torch
 
     model = worker.model_runner.get_model()
+    tensors = dict(model.named_parameters())
+    tensors.update(model.named_buffers())
+    for prefix, module in model.named_modules():
+        for attr, value in vars(module).items():
+            if isinstance(value, torch.Tensor) and not attr.startswith("_"):
+                tensors.setdefault(f"{prefix}.{attr}" if prefix else attr, value)
     out = {}
-    for name, p in model.named_parameters():
-        data = p.detach().contiguous().cpu()
-        out[name] = hashlib.sha256(data.reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+    for name, t in tensors.items():
+        data = t.detach().contiguous().cpu()
+        digest = hashlib.sha256(data.reshape(-1).view(torch.uint8).numpy().tobytes())
+        digest.update(repr((tuple(t.shape), tuple(t.stride()), str(t.dtype))).encode())
+        out[name] = digest.hexdigest()
     return out
 
 
-def run(model: str, tp: int, fmt: str, extra: dict, max_tokens: int) -> dict:
+def run(model: str, tp: int, fmt: str, extra: dict, max_tokens: int, dtype: str = "bfloat16") -> dict:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
     t0 = time.perf_counter()
     llm = LLM(model=model, tensor_parallel_size=tp, load_format=fmt, model_loader_extra_config=extra,
-              enforce_eager=True, max_model_len=128, skip_tokenizer_init=True, dtype="bfloat16", seed=0)
+              enforce_eager=True, max_model_len=128, skip_tokenizer_init=True, dtype=dtype, seed=0)
     first = llm.generate([TokensPrompt(prompt_token_ids=list(PROMPTS[0]))], SamplingParams(temperature=0, max_tokens=1))
     to_first = time.perf_counter() - t0
     outs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in PROMPTS],
@@ -61,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--extra", default="{}", help="tpload's model loader extra config (JSON)")
     ap.add_argument("--report-dir", default="", help="tpload writes its report here as report-tp{N}.json")
     ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--dtype", default="bfloat16", help="the engine's compute dtype (the checkpoint's stays as stored)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # the digest function crosses to the workers
@@ -70,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         report = os.path.join(args.report_dir, f"report-tp{args.tp}.json") if args.report_dir and fmt == "tpload" else ""
         if report:
             extra = {**extra, "report": report}
-        result = run(args.model, args.tp, fmt, extra, args.max_tokens)
+        result = run(args.model, args.tp, fmt, extra, args.max_tokens, args.dtype)
         if report:
             with open(report) as f:
                 result["report"] = json.load(f)

@@ -13,7 +13,7 @@ from safetensors import safe_open
 
 from tpload.config import load_config
 from tpload.integrations.engine import OPTIONS, load_options
-from tpload.integrations.handoff import HandoffError, WindowTensor, box_of, engine_skips, windows
+from tpload.integrations.handoff import HandoffError, WindowTensor, box_of, checkpoint_order, engine_skips, windows
 from tpload.errors import OptionsError
 from tpload.plan import Layout, Planner
 from tpload.published import write_published
@@ -136,3 +136,16 @@ def test_engine_options_fix_what_the_engine_owns_and_refuse_unknown_keys() -> No
         load_options({"kind": "expanded"}, world=1, engine_device=torch.device("cpu"), model_config={})
     with pytest.raises(OptionsError, match="neither 'cpu' nor 'engine'"):
         load_options({"device": "cuda:3"}, world=1, engine_device=torch.device("cpu"), model_config={})
+
+
+def test_windows_come_in_the_order_vllms_default_loader_yields_tensors(llama: Path) -> None:
+    """Files in natural order, names sorted within each (vLLM's DeepSeek-V3 gives other tokens otherwise)."""
+    plan = Planner(read_native(llama)[0], load_config("llama")).plan(Layout(1), "packed", 0)
+    full = whole(llama)
+    names = [n for n, _ in windows(full, plan.items, rank=0)]
+    want = []
+    for path in sorted(llama.glob("*.safetensors")):  # 2 shards: lexical order is natural order here
+        with safe_open(str(path), "pt") as f:
+            want += sorted(f.keys())
+    assert names == want
+    assert checkpoint_order("m-00002-of-00010.safetensors", "a") < checkpoint_order("m-00010-of-00010.safetensors", "a")

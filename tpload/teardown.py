@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -29,13 +31,20 @@ def give_back(device: torch.device) -> None:
     _trim_heap()
 
 
-def _trim_heap() -> None:
-    """glibc's malloc_trim: hand freed heap pages back to the kernel (no-op elsewhere)."""
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, found once per process: ``find_library`` runs ``ldconfig``/``gcc``
+    subprocesses (seconds on a worker bound to one busy core, measured inside vLLM)."""
     name = ctypes.util.find_library("c")
     try:
-        trim = ctypes.CDLL(name).malloc_trim if name else None
+        return ctypes.CDLL(name).malloc_trim if name else None
     except (OSError, AttributeError):  # musl, macOS: nothing to trim this way
-        trim = None
+        return None
+
+
+def _trim_heap() -> None:
+    """Hand freed heap pages back to the kernel (no-op where there is no malloc_trim)."""
+    trim = _malloc_trim()
     if trim is not None:
         trim(0)
     else:

@@ -195,7 +195,6 @@ def cmd_plan(argv: list[str]) -> int:
     args = p.parse_args(argv)
     t0 = time.monotonic()
     try:
-        from .offline import predict, record_verified
         from .plan import Layout, planning
         from .sizing import HostMemory, costs, render_costs
         imported = time.monotonic() - t0
@@ -213,6 +212,8 @@ def cmd_plan(argv: list[str]) -> int:
             catalogue = planner.catalogue
         seconds = time.monotonic() - t1
         path = None
+        if args.write or args.digest:  # the load's own code (numba's kernels): imported only to run it
+            from .offline import predict, record_verified
         if args.write:
             digests, path = record_verified(args.dir, config, layout, args.kind, store=getattr(args, "digest_store", None))
         else:

@@ -19,7 +19,7 @@ import psutil
 from .plan import RankPlan
 from .storage.catalogue import Catalogue
 from .storage.reader import CHUNK_BYTES, RING
-from .transfer.cuda import CHUNK_BYTES as PINNED_CHUNK
+from .transfer import CUDA_CHUNK_BYTES as PINNED_CHUNK
 from .verification.policy import assign_hashing
 
 STAGING_BYTES = RING * CHUNK_BYTES

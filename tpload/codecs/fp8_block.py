@@ -17,7 +17,7 @@ import math
 import numpy as np
 import torch
 
-from .. import kernels
+from ._lazy import kernels
 from ..storage.catalogue import TensorMeta
 from . import Checker, Codec, Cut, Fit, Problem, cut_axis, meets, whole
 from .tables import (DECODE_CHUNK, E4M3_NAN, E8M0_INVALID, FLOAT8_E4M3, e4m3_values, e8m0_values, lookup,

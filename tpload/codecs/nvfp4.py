@@ -23,7 +23,7 @@ import functools
 import numpy as np
 import torch
 
-from .. import kernels
+from ._lazy import kernels
 from ..storage.catalogue import TensorMeta
 from . import Checker, Codec, Cut, Fit, Problem, cut_axis, whole
 from .tables import E4M3_NAN, e2m1_values, e4m3_values, round_bf16

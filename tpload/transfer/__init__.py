@@ -14,12 +14,17 @@ those host bytes:
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
 
-from ..verification.fingerprint import HostFingerprint, Triple
+if TYPE_CHECKING:  # annotations only: importing the fingerprint loads numba's kernels (seconds)
+    from ..verification.fingerprint import HostFingerprint, Triple
+
+CUDA_CHUNK_BYTES = 16 << 20
+"""The CUDA transfer's staging block: a PCIe copy this size amortizes its launch (here, so that
+``tpload plan`` can size the pinned buffers without loading the kernels)."""
 
 
 class Transfer(Protocol):

@@ -24,8 +24,9 @@ import numpy as np
 import torch
 
 from ..verification.fingerprint import DeviceFingerprint, HostFingerprint, Triple, as_bytes2d
+from . import CUDA_CHUNK_BYTES
 
-CHUNK_BYTES = 16 << 20  # a PCIe copy this size amortizes its launch; the staging ring holds four
+CHUNK_BYTES = CUDA_CHUNK_BYTES  # a PCIe copy this size amortizes its launch; the staging ring holds four
 
 
 @dataclass

@@ -275,8 +275,7 @@ class _Loader:
                 triple, st = triples[k], b.stored[k]
                 self.evidence.window(cut.name, cut.box, triple)
                 checks[cut.name] = Check(outs[k].name, where, triple, None, "host window")
-                if hasher.hashes(st.name):
-                    hasher.record_whole(st, b.raw(k), triple)
+                hasher.record_whole(st, b.raw(k), triple)
                 k += 1
             if item.codec.scaled:  # the value checks, scales first, on the batch's bytes
                 checker = item.codec.checker(item.fit, item.weight, item.scale)

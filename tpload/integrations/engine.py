@@ -70,14 +70,16 @@ class EngineLoad:
         """Load, hand every window to ``load_weights`` (the engine's), check that ``expected``
         parameters were all filled, and agree on the outcome with every worker."""
         import tpload
-        from ..pick import model_config
+        from ..options import LoadOptions
         from ..report.memory import MemoryPeaks
 
         rss0 = psutil.Process().memory_info().rss
         t0 = time.perf_counter()
         with MemoryPeaks() as mem:
-            config = _model_config(model_config, self.checkpoint)
-            opts = load_options(self.extra, world=self.world, engine_device=self.engine_device, model_config=config)
+            opts = load_options(self.extra, world=self.world, engine_device=self.engine_device,
+                                model_config=_model_config(self.checkpoint))
+            report_path = LoadOptions.from_values({"report": opts.pop("report", None)}).report  # written below,
+            # once, with the hand-off's figures (checked as load() checks it)
             shards = tpload.load(self.checkpoint, group=self.group, cpu_group=self.cpu_group, **opts)
             t1 = time.perf_counter()
             problem, handed = self._hand_off(shards, load_weights, expected)
@@ -85,12 +87,14 @@ class EngineLoad:
         mine = {"rank": self.rank, "problem": problem, "handed": handed, "windows_bytes": shards.report.mine.bytes_read,
                 "rss_rise": max(0, mem.rss_peak - rss0), "handoff_s": round(time.perf_counter() - t1, 4)}
         everyone = self._gather(mine)
+        if report_path and self.rank == 0:
+            self._write_report(report_path, shards.report, everyone, load_s=t1 - t0)
         bad = [r for r in everyone if r["problem"]]
         if bad:
             raise LoadError(f"tpload hand-off to {self.engine} failed on rank "
                             f"{', '.join(str(r['rank']) for r in bad)} of {self.world}; the engine must not serve:"
                             + "".join(f"\nrank {r['rank']}: {r['problem']}" for r in bad))
-        self._say(shards.report, everyone, load_s=t1 - t0, opts=opts)
+        self._say(shards.report, everyone, load_s=t1 - t0)
 
     def _hand_off(self, shards: object, load_weights: Callable, expected: set[str] | None) -> tuple[str, int]:
         """The windows into the engine's loaders; ("", count) or (why not, count)."""
@@ -122,8 +126,8 @@ class EngineLoad:
         dist.all_gather_object(rows, mine, group=self.cpu_group)
         return [r for r in rows if r is not None]
 
-    def _say(self, report: object, everyone: list[dict], *, load_s: float, opts: dict) -> None:
-        """TP rank 0 logs the figures through the engine's logger and adds them to the report file."""
+    def _say(self, report: object, everyone: list[dict], *, load_s: float) -> None:
+        """TP rank 0 logs the figures through the engine's logger."""
         if self.rank != 0:
             return
         per_node = report.bytes_hashed_per_node()
@@ -134,17 +138,25 @@ class EngineLoad:
             [round(r.bytes_read / 1e6, 1) for r in report.ranks], [round(b / 1e6, 1) for b in per_node.values()],
             [round(r["rss_rise"] / MIB, 1) for r in everyone], [round(r["windows_bytes"] / MIB, 1) for r in everyone],
             [r.digest[:16] for r in report.ranks])
-        path = opts.get("report")
-        if path:
-            from ..storage.files import atomic_write
 
-            doc = json.loads(Path(path).read_text())
-            doc["engine"] = {"name": self.engine, "load_s": round(load_s, 4), "ranks": everyone}
+    def _write_report(self, path: str, report: object, everyone: list[dict], *, load_s: float) -> None:
+        """The load's JSON report with the hand-off's figures under ``engine`` (a failed write is a
+        warning, as for a plain load: the weights are not at stake)."""
+        from ..storage.files import atomic_write
+
+        doc = report.to_dict()
+        doc["engine"] = {"name": self.engine, "load_s": round(load_s, 4), "ranks": everyone}
+        try:
             atomic_write(Path(path), json.dumps(doc, indent=2) + "\n")
+        except OSError as e:
+            self.log.warning("tpload: could not write the report %s: %s", escape_name(path), e.strerror)
 
 
-def _model_config(read: Callable[[Path], dict], checkpoint: str) -> dict:
+def _model_config(checkpoint: str) -> dict:
+    """config.json, or {} when there is none or it is unreadable (the load itself then says why)."""
+    from ..pick import model_config
+
     try:
-        return read(Path(checkpoint)) or {}
+        return model_config(Path(checkpoint)) or {}
     except LoadError:
-        return {}  # no config.json: the load itself says what it needs
+        return {}

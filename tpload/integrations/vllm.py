@@ -15,8 +15,6 @@ loader asking for bytes outside the window fails the start), and vLLM's
 from __future__ import annotations
 
 import os
-from typing import Any
-
 from torch import nn
 
 from vllm.config import ModelConfig
@@ -75,9 +73,3 @@ def _expected(model: nn.Module, model_config: ModelConfig) -> set[str] | None:
         return None
     return {name for name, _ in model.named_parameters()}
 
-
-def plugin_info() -> dict[str, Any]:
-    """What the plugin registered (for tests and ``python -m tpload engines``)."""
-    from vllm.model_executor.model_loader import _LOAD_FORMAT_TO_MODEL_LOADER
-
-    return {"load_format": LOAD_FORMAT, "registered": _LOAD_FORMAT_TO_MODEL_LOADER.get(LOAD_FORMAT) is TploadModelLoader}

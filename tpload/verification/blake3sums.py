@@ -41,7 +41,6 @@ except ImportError:  # pragma: no cover - depends on the environment
 FORMAT = 1
 INSTALL = 'pip install "tpload[blake3]"'
 THREADED_FROM = 4 << 20  # a tensor this big is hashed on several threads when the rank has cores to spare
-HASHES = ("sha256", "blake3")
 
 
 def available() -> bool:

@@ -130,7 +130,8 @@ class Hasher:
 
     def record_whole(self, stored: Stored, data: np.ndarray, fingerprint: Triple) -> None:
         """A small tensor hashed whole on the spot from a batch's bytes (``data``, contiguous), and each
-        node peer's window (the whole tensor, see :meth:`whole_only`) fingerprinted as the tensor itself."""
+        node peer's window (the whole tensor, see :meth:`whole_only`) fingerprinted as the tensor itself;
+        nothing when this rank does not hash it."""
         if stored.name in self.todo:
             self.todo.discard(stored.name)
             hashed = Hashed(stored.name, stored, peers={p: fingerprint for p in self.plan.peers.get(stored.name, {})})
@@ -138,10 +139,6 @@ class Hasher:
                 h.update(memoryview(data))
                 setattr(hashed, name, h.hexdigest())
             self._record(hashed)
-
-    def hashes(self, name: str) -> bool:
-        """Whether this rank still has to hash ``name``."""
-        return name in self.todo
 
     def _record(self, hashed: Hashed) -> None:
         self.done[hashed.name] = hashed  # one writer per name; dict assignment is atomic

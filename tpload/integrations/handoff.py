@@ -14,13 +14,13 @@ disagrees with the engine's fails the start instead of serving bytes that were n
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 
 from ..codecs import Cut
 from ..errors import LoadError
+from ..storage.catalogue import natural_key
 from ..storage.safetensors import TensorMeta
 
 Range = tuple[int, int]
@@ -138,7 +138,7 @@ def box_of(cut: Cut, meta: TensorMeta) -> tuple[Range, ...]:
 def checkpoint_order(file: str, name: str) -> tuple:
     """Where a tensor comes in vLLM's default loader: files in natural order (``-00002-`` before
     ``-00010-``), names sorted within a file (safetensors' ``keys()``)."""
-    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", file)), name
+    return natural_key(file), name
 
 
 def windows(state: Mapping[str, torch.Tensor], plan_items: Sequence, *, rank: int) -> Iterator[tuple[str, torch.Tensor]]:
@@ -146,20 +146,18 @@ def windows(state: Mapping[str, torch.Tensor], plan_items: Sequence, *, rank: in
     (engines' loaders may write into what they are handed), as a :class:`WindowTensor` of the full
     shape where the window is a part.
 
-    In the checkpoint's order, as the engine's own loader would hand them: the engine's result may
-    depend on it (measured with vLLM's DeepSeek-V3: the plan's order gave other greedy tokens from
-    byte-identical parameters)."""
+    In the checkpoint's order, as the engine's own loader would hand them, so that nothing an engine
+    does in the order weights arrive differs from its own load."""
     cuts = []
     for item in plan_items:
         metas = {m.name: m for m in (item.fit.weight, item.fit.scale, item.fit.scale2) if m is not None}
         cuts += [(checkpoint_order(metas[c.name].file, c.name), c, metas[c.name]) for c in item.cuts]
     for _, cut, meta in sorted(cuts, key=lambda x: x[0]):
         window = state[cut.name].clone()
-        box = box_of(cut, meta)
         if tuple(cut.shape) == tuple(meta.shape):
             yield cut.name, window
         else:
-            yield cut.name, WindowTensor(window, meta.shape, box, f"{cut.name} (rank {rank})")
+            yield cut.name, WindowTensor(window, meta.shape, box_of(cut, meta), f"{cut.name} (rank {rank})")
 
 
 def engine_skips(model_config: Mapping[str, object]) -> tuple[str, ...]:

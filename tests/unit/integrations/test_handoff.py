@@ -139,7 +139,7 @@ def test_engine_options_fix_what_the_engine_owns_and_refuse_unknown_keys() -> No
 
 
 def test_windows_come_in_the_order_vllms_default_loader_yields_tensors(llama: Path) -> None:
-    """Files in natural order, names sorted within each (vLLM's DeepSeek-V3 gives other tokens otherwise)."""
+    """Files in natural order, names sorted within each: what vLLM's own safetensors iterator yields."""
     plan = Planner(read_native(llama)[0], load_config("llama")).plan(Layout(1), "packed", 0)
     full = whole(llama)
     names = [n for n, _ in windows(full, plan.items, rank=0)]

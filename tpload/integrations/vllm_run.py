@@ -52,8 +52,10 @@ def run(model: str, tp: int, fmt: str, extra: dict, max_tokens: int, dtype: str 
               enforce_eager=True, max_model_len=128, skip_tokenizer_init=True, dtype=dtype, seed=0)
     first = llm.generate([TokensPrompt(prompt_token_ids=list(PROMPTS[0]))], SamplingParams(temperature=0, max_tokens=1))
     to_first = time.perf_counter() - t0
-    outs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in PROMPTS],
-                        SamplingParams(temperature=0, max_tokens=max_tokens))
+    # One prompt at a time: a batch's composition depends on the engine's timing, and vLLM's CPU kernels
+    # are not batch-invariant (seen: one prompt's greedy tokens changed with a neighbour in the batch).
+    outs = [llm.generate([TokensPrompt(prompt_token_ids=list(p))], SamplingParams(temperature=0, max_tokens=max_tokens))[0]
+            for p in PROMPTS]
     digests = llm.collective_rpc(parameter_digests)
     result = {"format": fmt, "start_to_first_token_s": round(to_first, 3), "first": list(first[0].outputs[0].token_ids),
               "tokens": [list(o.outputs[0].token_ids) for o in outs], "parameters": digests}

@@ -27,7 +27,7 @@ import numpy as np
 from . import kernels
 from .plan import Item
 from .storage import Storage, Stored
-from .verification.fingerprint import word_width
+from .verification.fingerprint import word_widths
 from .verification.hashing import Hasher
 
 SMALL_BYTES = 64 << 10  # smaller tensors cost more in per-tensor calls than in bytes
@@ -47,40 +47,63 @@ def _whole_small(item: Item, kind: str) -> bool:
     return True
 
 
-def runs(items: Sequence[Item], kind: str, storage: Storage,
-         hasher: Hasher) -> Iterator[tuple[int, int, list[list[Stored]]]]:
+def runs(items: Sequence[Item], kind: str, storage: Storage, hasher: Hasher, *,
+         classes: Sequence[object] | None = None) -> Iterator[tuple[int, int, list[list[Stored]]]]:
     """The plan in runs ``[i, j)``: a batch of small whole items (with each one's stored tensors, in
     cut order) when ``j - i > 1``, one item otherwise. A batch stays in one file, within
-    ``BATCH_BYTES``, and reads at most its own bytes twice over plus ``GAP_BYTES`` of others'."""
+    ``BATCH_BYTES``, and reads at most its own bytes twice over plus ``GAP_BYTES`` of others'.
+    ``classes``: one token per item, equal for items cut alike (the plan's shared shapes), so
+    whether a class can batch is worked out once, not per tensor."""
+    small: dict[int, bool] = {}
+
+    def batchable(k: int) -> list[Stored] | None:
+        item = items[k]
+        if classes is None:
+            whole = _whole_small(item, kind)
+        else:
+            token = id(classes[k])
+            whole = small.get(token)
+            if whole is None:
+                whole = small[token] = _whole_small(item, kind)
+        return _stored_whole(item, storage, hasher) if whole else None
+
     i, n = 0, len(items)
-    nxt = _batchable(items[0], kind, storage, hasher) if n else None
+    nxt = batchable(0) if n else None
     while i < n:
         j, batch = i + 1, [nxt] if nxt is not None else []
-        nxt = _batchable(items[j], kind, storage, hasher) if j < n else None
+        nxt = batchable(j) if j < n else None
         if batch:
-            path = batch[0][0].path
-            lo = min(s.offset for s in batch[0])
-            hi = max(s.offset + s.nbytes for s in batch[0])
-            total = sum(s.nbytes for s in batch[0])
-            while nxt is not None and all(s.path == path for s in nxt):
-                lo2 = min(lo, *(s.offset for s in nxt))
-                hi2 = max(hi, *(s.offset + s.nbytes for s in nxt))
-                total2 = total + sum(s.nbytes for s in nxt)
-                if hi2 - lo2 > BATCH_BYTES or hi2 - lo2 > 2 * total2 + GAP_BYTES:
-                    break
-                batch.append(nxt)
-                lo, hi, total, j = lo2, hi2, total2, j + 1
-                nxt = _batchable(items[j], kind, storage, hasher) if j < n else None
+            first = batch[0]
+            path = first[0].path
+            lo = min(s.offset for s in first)
+            hi = max(s.offset + s.nbytes for s in first)
+            total = sum(s.nbytes for s in first)
+            while nxt is not None:
+                lo2, hi2, total2 = lo, hi, total
+                for s in nxt:
+                    if s.path is not path and s.path != path:  # one Path object per shard, mostly
+                        break
+                    lo2, hi2, total2 = min(lo2, s.offset), max(hi2, s.offset + s.nbytes), total2 + s.nbytes
+                else:
+                    if hi2 - lo2 <= BATCH_BYTES and hi2 - lo2 <= 2 * total2 + GAP_BYTES:
+                        batch.append(nxt)
+                        lo, hi, total, j = lo2, hi2, total2, j + 1
+                        nxt = batchable(j) if j < n else None
+                        continue
+                break
         yield i, j, batch
         i = j
 
 
-def _batchable(item: Item, kind: str, storage: Storage, hasher: Hasher) -> list[Stored] | None:
-    if not _whole_small(item, kind):
-        return None
-    stored = [storage.stored(c.name) for c in item.cuts]
-    ok = all(s.nbytes == c.nbytes and hasher.whole_only(s) for s, c in zip(stored, item.cuts))
-    return stored if ok else None
+def _stored_whole(item: Item, storage: Storage, hasher: Hasher) -> list[Stored] | None:
+    """A small whole item's stored tensors, if each is exactly its cut and may be hashed whole."""
+    stored = []
+    for c in item.cuts:
+        s = storage.stored(c.name)
+        if s.rows * s.row_bytes != c.nbytes or not hasher.whole_only(s):
+            return None
+        stored.append(s)
+    return stored
 
 
 class Batch:
@@ -92,34 +115,33 @@ class Batch:
         self.items = items
         self.stored = [s for per_item in stored for s in per_item]
         self.path = self.stored[0].path
-        self.start = min(s.offset for s in self.stored)
-        span = max(s.offset + s.nbytes for s in self.stored) - self.start
+        n = len(self.stored)
+        offsets = np.fromiter((s.offset for s in self.stored), np.int64, n)
+        self.row_bytes = np.fromiter((s.row_bytes for s in self.stored), np.int64, n)
+        self.nbytes = np.fromiter((s.rows for s in self.stored), np.int64, n) * self.row_bytes
+        self.start = int(offsets.min())
+        self.src = offsets - self.start
+        span = int((self.src + self.nbytes).max())
         self.data = buffer[:span]
         self.data_label = label = f"{items[0].name} .. {items[-1].name} ({len(items)} tensors)"
         storage.read(Stored(label, self.path, self.start, 1, span, None), 0, 1, self.data.reshape(1, span))
-        self.fingerprints = np.zeros((len(self.stored), 3), dtype=np.int64)
+        self.fingerprints = np.zeros((n, 3), dtype=np.int64)
 
     def copy(self, dst: np.ndarray, dst_offsets: np.ndarray) -> None:
         """Each stored tensor into ``dst`` at its offset (an empty ``dst``: fingerprints only), fingerprinted."""
-        src_off = np.fromiter((s.offset - self.start for s in self.stored), np.int64, len(self.stored))
-        nbytes = np.fromiter((s.nbytes for s in self.stored), np.int64, len(self.stored))
-        row_bytes = np.fromiter((s.row_bytes for s in self.stored), np.int64, len(self.stored))
-        widths = np.fromiter((word_width(int(r)) for r in row_bytes), np.int64, len(self.stored))
         # the kernel does not check bounds: every source range lies in the span read, and every
         # destination in dst (the plan's slots: _whole_small holds each slot to its tensor's size)
-        if dst.size and int((dst_offsets + nbytes).max()) > dst.size:
+        if dst.size and int((dst_offsets + self.nbytes).max()) > dst.size:
             raise RuntimeError("a batch's slots run past its destination (a planner bug)")
-        kernels.gather_fingerprints(self.data, src_off, nbytes, row_bytes, widths, dst, dst_offsets,
-                                    self.fingerprints)
+        kernels.gather_fingerprints(self.data, self.src, self.nbytes, self.row_bytes, word_widths(self.row_bytes),
+                                    dst, dst_offsets, self.fingerprints)
 
     def view(self, k: int, shape: tuple[int, int]) -> np.ndarray:
         """Stored tensor ``k``'s bytes as ``shape`` (its cut's 2-D view), for the value checks."""
-        s = self.stored[k]
-        a = s.offset - self.start
-        return self.data[a:a + s.nbytes].reshape(shape)
+        return self.raw(k).reshape(shape)
 
     def raw(self, k: int) -> np.ndarray:
         """Stored tensor ``k``'s bytes, flat (what the hasher hashes)."""
         s = self.stored[k]
         a = s.offset - self.start
-        return self.data[a:a + s.nbytes]
+        return self.data[a:a + s.rows * s.row_bytes]

@@ -253,7 +253,7 @@ class _Loader:
         if self._batch_buffer is None:
             self._batch_buffer = np.empty(BATCH_BYTES, dtype=np.uint8)
         b = Batch(self.storage, items, stored, self._batch_buffer)
-        outs = [item.output(c.name) for item in items for c in item.cuts]
+        outs = [o for item in items for o in _cut_outputs(item)]
         offsets = np.fromiter((o.offset for o in outs), np.int64, len(outs))
         if self.arena.host is not None:  # host slots: written in place
             b.copy(self.arena.host, offsets)
@@ -267,28 +267,43 @@ class _Loader:
             served, want = self.transfer.served(region, fp)
             self.evidence.add(Check(f"{b.data_label} (arena bytes {lo}..{hi})", b.path.name, served, want,
                                     "host image"))
-        where, hasher, triples = b.path.name, self.hasher, list(map(tuple, b.fingerprints.tolist()))
+        where, hasher, evidence = b.path.name, self.hasher, self.evidence
+        triples = list(map(tuple, b.fingerprints.tolist()))
         k = 0
         for item in items:
+            if not item.codec.scaled:  # one cut, one served tensor: the common case, kept short
+                cut, triple = item.weight, triples[k]
+                evidence.window(cut.name, cut.box, triple)
+                evidence.add(Check(outs[k].name, where, triple, None, "host window"))
+                hasher.record_whole(b.stored[k], b.raw(k), triple)
+                k += 1
+                continue
             checks = {}
             for cut in item.cuts:
-                triple, st = triples[k], b.stored[k]
-                self.evidence.window(cut.name, cut.box, triple)
+                triple = triples[k]
+                evidence.window(cut.name, cut.box, triple)
                 checks[cut.name] = Check(outs[k].name, where, triple, None, "host window")
-                hasher.record_whole(st, b.raw(k), triple)
+                hasher.record_whole(b.stored[k], b.raw(k), triple)
                 k += 1
-            if item.codec.scaled:  # the value checks, scales first, on the batch's bytes
-                checker = item.codec.checker(item.fit, item.weight, item.scale)
-                for j, cut in enumerate(item.cuts, k - len(item.cuts)):
-                    value_feed(item, checker, cut)(b.view(j, cut.view), 0)
-                self._problems(item, checker.problems(), checks)
+            # the value checks, scales first, on the batch's bytes
+            checker = item.codec.checker(item.fit, item.weight, item.scale)
+            for j, cut in enumerate(item.cuts, k - len(item.cuts)):
+                value_feed(item, checker, cut)(b.view(j, cut.view), 0)
+            self._problems(item, checker.problems(), checks)
             for check in checks.values():
-                self.evidence.add(check)
+                evidence.add(check)
 
     def done(self, item: Item) -> None:
         if self.release is not None:
             for cut in item.cuts:
                 self.release.done(self.storage.stored(cut.name).path)
+
+
+def _cut_outputs(item: Item) -> Sequence[Output]:
+    """The served tensor of each cut, in cut order (an item served as stored: one per cut)."""
+    if len(item.cuts) == 1:
+        return item.outputs
+    return [item.output(c.name) for c in item.cuts]
 
 
 def value_feed(item: Item, checker: Checker, cut: Cut) -> Callable[[np.ndarray, int], None]:
@@ -323,7 +338,7 @@ def run(storage: Storage, plan: RankPlan, *, transfer: Transfer, hasher: Hasher,
         for item in items[:READAHEAD_ITEMS]:
             _ask(storage, item)
         with transfer:
-            for k, end, stored in runs(items, plan.kind, storage, hasher):
+            for k, end, stored in runs(items, plan.kind, storage, hasher, classes=plan.shapes):
                 if end - k > 1:
                     loader.batch(items[k:end], stored)
                     for item in items[k:end]:  # one call per tensor, as a progress sink expects

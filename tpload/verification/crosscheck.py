@@ -38,10 +38,10 @@ def fold(lines: Iterable[tuple[str, Box, Triple]]) -> bytes:
     lines = sorted(lines, key=lambda x: natural_key(x[0]))
     if not lines:
         return bytes(DIGEST_BYTES)
-    h = hashlib.sha256()
-    for name, ((r0, r1), (c0, c1)), fp in lines:
-        h.update(f"{name}|{r0}|{r1}|{c0}|{c1}|{fp[0]}|{fp[1]}|{fp[2]}\n".encode())
-    return h.digest()
+    # one update of every line joined: the same sha256 as line by line, without a call per tensor
+    text = "".join([f"{name}|{r0}|{r1}|{c0}|{c1}|{fp[0]}|{fp[1]}|{fp[2]}\n"
+                    for name, ((r0, r1), (c0, c1)), fp in lines])
+    return hashlib.sha256(text.encode()).digest()
 
 
 def _slots(values: Mapping[int, bytes], node: list[int]) -> list[bytes]:

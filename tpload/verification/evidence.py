@@ -74,23 +74,29 @@ class Evidence:
         k = len(self.checks)
         served, wants, digests, counts = values[:k], values[k:2 * k], values[2 * k:3 * k], iter(values[3 * k:])
         out = Settled({}, [])
+        fingerprints, problems, checked = out.fingerprints, out.problems, 0
         for c, fp, want, dig in zip(self.checks, served, wants, digests):
             fp = tuple(fp)
-            where = f"tensor {escape_name(c.name)} ({escape_name(c.where)})"
             for (_, what), n in zip(c.bad, counts):
                 if n:
-                    out.problems.append(f"{where}: {n} {what} in this rank's window")
+                    problems.append(f"{_where(c)}: {n} {what} in this rank's window")
             if want is not None:
                 if fp != tuple(want):
-                    out.problems.append(f"{where}: served bytes differ from the {c.want_what} "
-                                        f"(fingerprint {list(fp)} != {list(want)})")
+                    problems.append(f"{_where(c)}: served bytes differ from the {c.want_what} "
+                                    f"(fingerprint {list(fp)} != {list(want)})")
                 else:
-                    out.device_checked += 1
-            out.fingerprints[c.name] = fp if dig is None else tuple(dig)
+                    checked += 1
+            fingerprints[c.name] = fp if dig is None else tuple(dig)
+        out.device_checked = checked
         out.hashed = list(hashed)
         out.bytes_hashed = sum(h.stored.nbytes for h in hashed.values())
         out.problems += mismatches(hashed, content)
         return out
+
+
+def _where(c: Check) -> str:
+    """The served tensor and its file, for a message (made only for a problem: 92,000 checks a rank)."""
+    return f"tensor {escape_name(c.name)} ({escape_name(c.where)})"
 
 
 def _to_host(values: list) -> list:

@@ -43,6 +43,13 @@ def word_width(row_bytes: int) -> int:
     return next(w for w in (8, 4, 2, 1) if row_bytes % w == 0) if row_bytes else 1
 
 
+def word_widths(row_bytes: np.ndarray) -> np.ndarray:
+    """:func:`word_width` of many row lengths at once (a batch of small tensors)."""
+    widths = np.where(row_bytes % 8 == 0, 8, np.where(row_bytes % 4 == 0, 4, np.where(row_bytes % 2 == 0, 2, 1)))
+    widths[row_bytes == 0] = 1
+    return widths.astype(np.int64)
+
+
 def as_bytes2d(t: torch.Tensor) -> torch.Tensor:
     """A served tensor as the 2-D uint8 view the fingerprint reads, ``[rows, row_bytes]``."""
     if t.dim() == 0:
@@ -205,7 +212,11 @@ def not_finite(t: torch.Tensor) -> torch.Tensor:
 
 def digest(entries: Iterable[tuple[str, torch.dtype, tuple[int, ...], Triple]]) -> str:
     """A rank's digest: sha256 over ``name|dtype|shape|total|rows|cols`` lines, names in natural order."""
-    h = hashlib.sha256()
+    dtypes: dict[torch.dtype, str] = {}
+    lines = []
     for name, dtype, shape, fp in sorted(entries, key=lambda e: natural_key(e[0])):
-        h.update(f"{name}|{str(dtype).removeprefix('torch.')}|{'x'.join(map(str, shape))}|{fp[0]}|{fp[1]}|{fp[2]}\n".encode())
-    return h.hexdigest()
+        d = dtypes.get(dtype)
+        if d is None:
+            d = dtypes[dtype] = str(dtype).removeprefix("torch.")
+        lines.append(f"{name}|{d}|{'x'.join(map(str, shape))}|{fp[0]}|{fp[1]}|{fp[2]}\n")
+    return hashlib.sha256("".join(lines).encode()).hexdigest()  # one update: the same sha256 as line by line

@@ -103,6 +103,7 @@ class Hasher:
                  digests: Digests = SHA256) -> None:
         self.plan = plan
         self.digests = digests
+        self._sha256_only = digests.hashes == ("sha256",)
         self.todo = set(plan.mine)
         self.done: dict[str, Hashed] = {}
         self._lanes = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"tpload-sha{i}") for i in range(threads)]
@@ -125,20 +126,32 @@ class Hasher:
         tensor's own fingerprint cannot stand for the peer's window (batch.py takes only the others)."""
         if stored.name not in self.todo:
             return True
+        boxes = self.plan.peers.get(stored.name)
+        if not boxes:
+            return True
         whole = ((0, stored.rows), (0, stored.row_bytes))
-        return all(box == whole for box in self.plan.peers.get(stored.name, {}).values())
+        for box in boxes.values():
+            if box != whole:
+                return False
+        return True
 
     def record_whole(self, stored: Stored, data: np.ndarray, fingerprint: Triple) -> None:
         """A small tensor hashed whole on the spot from a batch's bytes (``data``, contiguous), and each
         node peer's window (the whole tensor, see :meth:`whole_only`) fingerprinted as the tensor itself;
         nothing when this rank does not hash it."""
-        if stored.name in self.todo:
-            self.todo.discard(stored.name)
-            hashed = Hashed(stored.name, stored, peers={p: fingerprint for p in self.plan.peers.get(stored.name, {})})
-            for name, h in new_hashes(self.digests, stored.nbytes).items():
+        name = stored.name
+        if name not in self.todo:
+            return
+        self.todo.discard(name)
+        peers = self.plan.peers.get(name)
+        hashed = Hashed(name, stored, peers=dict.fromkeys(peers, fingerprint) if peers else {})
+        if self._sha256_only:  # the default: no hasher objects to make for a few hundred bytes
+            hashed.sha256 = hashlib.sha256(memoryview(data)).hexdigest()
+        else:
+            for hash_name, h in new_hashes(self.digests, stored.nbytes).items():
                 h.update(memoryview(data))
-                setattr(hashed, name, h.hexdigest())
-            self._record(hashed)
+                setattr(hashed, hash_name, h.hexdigest())
+        self._record(hashed)
 
     def _record(self, hashed: Hashed) -> None:
         self.done[hashed.name] = hashed  # one writer per name; dict assignment is atomic

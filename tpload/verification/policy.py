@@ -49,8 +49,10 @@ def assign_hashing(sizes: Mapping[str, int], ranks: list[int],
     """
     load = {r: 0 for r in ranks}
     out: dict[int, list[str]] = {r: [] for r in ranks}
+    users = users or {}
     for name in sorted(sizes, key=lambda n: (-sizes[n], n)):  # any order every rank agrees on
-        r = min((users or {}).get(name) or ranks, key=lambda k: (load[k], k))
+        readers = users.get(name) or ranks
+        r = readers[0] if len(readers) == 1 else min(readers, key=lambda k: (load[k], k))
         out[r].append(name)
         load[r] += sizes[name]
     return out

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from tpload.verification.fingerprint import (DeviceFingerprint, HostFingerprint, decoded_fingerprint, digest,
-                                             fingerprint, host_fingerprint, not_finite, word_width)
+                                             fingerprint, host_fingerprint, not_finite, word_width,
+                                             word_widths)
 
 Triple = tuple[int, int, int]
 
@@ -128,6 +129,12 @@ def test_add_refuses_pieces_that_split_words() -> None:
 
 def test_word_width_is_the_largest_dividing_power() -> None:
     assert [word_width(n) for n in (0, 1, 2, 3, 4, 6, 8, 12, 36, 38, 64, 1152)] == [1, 1, 2, 1, 4, 2, 8, 4, 4, 2, 8, 8]
+
+
+def test_word_widths_agrees_with_word_width() -> None:
+    """The batch path's vectorized widths are word_width's, row length by row length."""
+    rows = np.arange(0, 300, dtype=np.int64)
+    assert word_widths(rows).tolist() == [word_width(int(n)) for n in rows]
 
 
 def test_sums_wrap_modulo_2_64() -> None:

@@ -18,7 +18,7 @@ import numpy as np
 from .catalogue import Catalogue
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Stored:
     """Stored bytes a rank reads: a whole tensor of a shard, or one window in a rank file."""
 

@@ -23,7 +23,7 @@ from .policy import Box
 Count = int | torch.Tensor
 
 
-@dataclass
+@dataclass(slots=True)
 class Check:
     """One served tensor's pending evidence."""
 

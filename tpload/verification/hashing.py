@@ -34,7 +34,7 @@ from .policy import Box, HashPlan
 INLINE_BELOW = 1 << 20  # smaller tensors are hashed on the spot: a hand-off costs more than their hash
 
 
-@dataclass
+@dataclass(slots=True)
 class Hashed:
     """One hashed tensor: its content hash(es) and the fingerprints of its node peers' windows."""
 

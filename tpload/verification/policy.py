@@ -50,9 +50,15 @@ def assign_hashing(sizes: Mapping[str, int], ranks: list[int],
     load = {r: 0 for r in ranks}
     out: dict[int, list[str]] = {r: [] for r in ranks}
     users = users or {}
-    for name in sorted(sizes, key=lambda n: (-sizes[n], n)):  # any order every rank agrees on
+    # largest first, names in order among equals (sorts are stable, reversed ones too): an order every
+    # rank agrees on, made with C-level keys (92,000 tensors)
+    for name in sorted(sorted(sizes), key=sizes.__getitem__, reverse=True):
         readers = users.get(name) or ranks
-        r = readers[0] if len(readers) == 1 else min(readers, key=lambda k: (load[k], k))
+        r = readers[0]
+        if len(readers) > 1:  # the lightest reader, the lowest rank among equals
+            for k in readers[1:]:
+                if load[k] < load[r] or (load[k] == load[r] and k < r):
+                    r = k
         out[r].append(name)
         load[r] += sizes[name]
     return out

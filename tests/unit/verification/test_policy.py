@@ -31,6 +31,28 @@ def test_assign_hashing_is_deterministic_whatever_the_dict_order() -> None:
     assert assign_hashing(sizes, [0, 1, 2, 3]) == assign_hashing(again, [0, 1, 2, 3])
 
 
+def _greedy(sizes: dict[str, int], ranks: list[int], users: dict[str, list[int]]) -> dict[int, list[str]]:
+    """The split rule written plainly: largest first (names in order among equals), each to its
+    lightest reader (the lowest rank among equals)."""
+    load, out = dict.fromkeys(ranks, 0), {r: [] for r in ranks}
+    for name in sorted(sizes, key=lambda n: (-sizes[n], n)):
+        r = min(users.get(name) or ranks, key=lambda k: (load[k], k))
+        out[r].append(name)
+        load[r] += sizes[name]
+    return out
+
+
+def test_assign_hashing_is_the_plain_greedy_rule() -> None:
+    """Ties everywhere (a few sizes, shared readers): the fast split is exactly the rule's."""
+    import random
+    rng = random.Random(7)
+    for trial in range(20):
+        ranks = list(range(rng.randint(1, 8)))
+        sizes = {f"m.{rng.randint(0, 999)}.w{i}": rng.choice([64, 64, 128, 4096]) for i in range(300)}
+        users = {n: sorted(rng.sample(ranks, rng.randint(1, len(ranks)))) for n in sizes if rng.random() < 0.8}
+        assert assign_hashing(sizes, ranks, users) == _greedy(sizes, ranks, users), trial
+
+
 def node_reads() -> dict[int, dict[str, Box]]:
     """Four ranks of tp 4: a replicated norm, a row-cut head, a column-cut w2, experts of two ep groups."""
     reads: dict[int, dict[str, Box]] = {}

@@ -553,7 +553,21 @@ def paused_gc() -> Iterator[None]:
         yield
     finally:
         if was:
+            _promote_survivors()
             gc.enable()
+
+
+def _promote_survivors() -> None:
+    """Move every tracked object to the oldest generation without a collection pass.
+
+    Re-enabled as it was, the collector would start with one young pass over everything made while
+    it was paused (25,000 tiny tensors: 550,000 objects, 0.3 s), only to promote the survivors, which
+    live as long as the loaded weights. ``freeze`` then ``unfreeze`` moves them to the oldest
+    generation in one step; cyclic garbage among them is still found by the next full collection.
+    Skipped when the process froze objects itself (``unfreeze`` would thaw them too)."""
+    if gc.get_freeze_count() == 0:
+        gc.freeze()
+        gc.unfreeze()
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ method served the same bytes costs no method anything.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import importlib
 import json
@@ -72,16 +73,24 @@ class Job:
                  digest_store: str = "") -> None:
         self.root, self.config, self.tp, self.rank, self.world, self.device = root, config, tp, rank, world, device
         self.digest_store = digest_store or None
-        self.ckpt = Mapped(root)
-        self.planner = Planner(self.ckpt.catalogue, choose(config, Path(root).absolute())[0])
         self.layout = Layout(tp, world // tp)
-        self.plan: RankPlan = self.planner.plan(self.layout, "packed", rank)
         self.bytes_hashed = 0
         self.note = ""
         self.reads = "windows"
         """What the method reads of each tensor: "windows", or more ("whole tensors", "whole files")."""
         self.bytes_read: int | None = None
         """Bytes this rank read out of the files, when the method reads more than its windows."""
+
+    # The harness's own map and plan, made when a method first asks: a method that plans for itself
+    # (tpload) is timed with its own planning only, not with this one too.
+    @functools.cached_property
+    def ckpt(self) -> Mapped:
+        return Mapped(self.root)
+
+    @functools.cached_property
+    def plan(self) -> RankPlan:
+        planner = Planner(self.ckpt.catalogue, choose(self.config, Path(self.root).absolute())[0])
+        return planner.plan(self.layout, "packed", self.rank)
 
     def outputs(self) -> list[tuple[Output, Cut]]:
         """(served tensor, cut) of every packed output (a weight, its scale, a global scale), in plan order."""

@@ -1,71 +1,74 @@
-"""Small whole tensors in batches: one read and one compiled pass for many.
+"""Small tensors in batches: one read and one compiled pass for many.
 
 A checkpoint's tens of thousands of small tensors (norms, biases, routers, a small layer's
-scales) each cost loop.py's per-tensor sequence (a read, a tap, a fingerprint, a check) far
-more than their bytes: about 0.3 ms a tensor, DeepSeek-V3's 92,000 tensors half a minute a
-rank. Consecutive small items served whole as stored (plain tensors; a packed weight with its scales),
-close together in one file, are loaded together instead:
+scales, a miniature's experts) each cost loop.py's per-tensor sequence (a read, a tap, a
+fingerprint, a check) far more than their bytes: about 0.3-1 ms a tensor, DeepSeek-V3's 92,000
+tensors a minute a rank. Consecutive items served as stored (plain tensors; a packed weight with
+its scales) whose stored tensors are small and close together in one file are loaded together
+instead, whole or cut to the rank's window:
 
-* one ``pread`` of the span of the file that holds them (gaps between them bounded);
-* one kernel copies each into its slot and takes its fingerprint: the same triple the
+* one ``pread`` of the span of the file that holds their stored tensors, whole (gaps between
+  them bounded; a window's rows of a small tensor are not worth a read of their own);
+* one kernel copies each window into its slot and takes its fingerprint: the same triple the
   per-tensor path takes, so digests and stored predictions are unchanged;
-* each one this rank hashes is hashed from the same bytes, on the spot, and a packed weight's
-  value checks (its scales first) read them there too;
+* each stored tensor this rank hashes is hashed whole from the same bytes, on the spot, and the
+  windows its node peers read of it are fingerprinted from them too (the node cross-check); a
+  packed weight's value checks (its scales first) read its window there;
 * on a device the batch's slots are one arena range, built on the host as an image: one
   upload, whose device fingerprint must equal the image's (as a single window's must).
-
-A tensor a node peer reads only part of, and that this rank hashes, takes the per-tensor path
-(its peer's window needs its own fingerprint).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
 from . import kernels
 from .plan import Item
 from .storage import Storage, Stored
-from .verification.fingerprint import word_widths
-from .verification.hashing import Hasher
+from .verification.fingerprint import Triple, word_widths
+from .verification.policy import Box
 
-SMALL_BYTES = 64 << 10  # smaller tensors cost more in per-tensor calls than in bytes
+SMALL_BYTES = 256 << 10  # smaller tensors cost more in per-tensor calls (0.3-1 ms) than in bytes
 BATCH_BYTES = 4 << 20  # one read and one pass at most this long (cache-friendly, and bounded memory)
 GAP_BYTES = 64 << 10  # bytes of other tensors a batch may read past between two of its own
 
+Piece = tuple[Stored, tuple[int, int], tuple[int, int]]
+"""A cut's stored tensor (seen in the cut's view) and the window's rows and byte columns in it."""
 
-def _whole_small(item: Item, kind: str) -> bool:
-    """Served as stored, every cut whole and small (a plain tensor, or a packed weight with its
-    scales): what a batch can take."""
+
+def _small(item: Item, kind: str) -> bool:
+    """Served as stored, every cut small and served as one plain window (a plain tensor, or a packed
+    weight with its scales, whole or cut): what a batch can take."""
     if not item.codec.copies(item.fit, kind) or len(item.outputs) != len(item.cuts):
         return False
     for c in item.cuts:
-        if not (c.group == 1 and 0 < c.nbytes <= SMALL_BYTES and c.rows == (0, c.view[0])
-                and c.cols == (0, c.view[1]) and item.output(c.name).nbytes == c.nbytes):
+        if not (c.group == 1 and 0 < c.nbytes and c.view[0] * c.view[1] <= SMALL_BYTES
+                and item.output(c.name).nbytes == c.nbytes):
             return False
     return True
 
 
-def runs(items: Sequence[Item], kind: str, storage: Storage, hasher: Hasher, *,
-         classes: Sequence[object] | None = None) -> Iterator[tuple[int, int, list[list[Stored]]]]:
-    """The plan in runs ``[i, j)``: a batch of small whole items (with each one's stored tensors, in
-    cut order) when ``j - i > 1``, one item otherwise. A batch stays in one file, within
-    ``BATCH_BYTES``, and reads at most its own bytes twice over plus ``GAP_BYTES`` of others'.
+def runs(items: Sequence[Item], kind: str, storage: Storage, *,
+         classes: Sequence[object] | None = None) -> Iterator[tuple[int, int, list[list[Piece]]]]:
+    """The plan in runs ``[i, j)``: a batch of small items (with each one's pieces, in cut order) when
+    ``j - i > 1``, one item otherwise. A batch stays in one file, within ``BATCH_BYTES``, and reads
+    at most its stored tensors' bytes twice over plus ``GAP_BYTES`` of others'.
     ``classes``: one token per item, equal for items cut alike (the plan's shared shapes), so
     whether a class can batch is worked out once, not per tensor."""
     small: dict[int, bool] = {}
 
-    def batchable(k: int) -> list[Stored] | None:
+    def batchable(k: int) -> list[Piece] | None:
         item = items[k]
         if classes is None:
-            whole = _whole_small(item, kind)
+            ok = _small(item, kind)
         else:
             token = id(classes[k])
-            whole = small.get(token)
-            if whole is None:
-                whole = small[token] = _whole_small(item, kind)
-        return _stored_whole(item, storage, hasher) if whole else None
+            ok = small.get(token)
+            if ok is None:
+                ok = small[token] = _small(item, kind)
+        return _pieces(item, storage) if ok else None
 
     i, n = 0, len(items)
     nxt = batchable(0) if n else None
@@ -73,14 +76,14 @@ def runs(items: Sequence[Item], kind: str, storage: Storage, hasher: Hasher, *,
         j, batch = i + 1, [nxt] if nxt is not None else []
         nxt = batchable(j) if j < n else None
         if batch:
-            first = batch[0]
+            first = [s for s, _, _ in batch[0]]
             path = first[0].path
             lo = min(s.offset for s in first)
             hi = max(s.offset + s.nbytes for s in first)
             total = sum(s.nbytes for s in first)
             while nxt is not None:
                 lo2, hi2, total2 = lo, hi, total
-                for s in nxt:
+                for s, _, _ in nxt:
                     if s.path is not path and s.path != path:  # one Path object per shard, mostly
                         break
                     lo2, hi2, total2 = min(lo2, s.offset), max(hi2, s.offset + s.nbytes), total2 + s.nbytes
@@ -95,53 +98,84 @@ def runs(items: Sequence[Item], kind: str, storage: Storage, hasher: Hasher, *,
         i = j
 
 
-def _stored_whole(item: Item, storage: Storage, hasher: Hasher) -> list[Stored] | None:
-    """A small whole item's stored tensors, if each is exactly its cut and may be hashed whole."""
-    stored = []
+def _pieces(item: Item, storage: Storage) -> list[Piece] | None:
+    """A small item's pieces, if each cut's stored tensor is small (it is read whole)."""
+    pieces = []
     for c in item.cuts:
-        s = storage.stored(c.name)
-        if s.rows * s.row_bytes != c.nbytes or not hasher.whole_only(s):
+        stored, rows, cols = storage.box(c.name, c.view, c.rows, c.cols)
+        if not 0 < stored.rows * stored.row_bytes <= SMALL_BYTES:
             return None
-        stored.append(s)
-    return stored
+        pieces.append((stored, rows, cols))
+    return pieces
 
 
 class Batch:
-    """One batch's bytes read, copied and fingerprinted: each stored tensor's triple (``pieces``: the
-    batch's items' cuts in order), and its bytes for the hasher when this rank hashes it."""
+    """One batch's bytes read, its windows copied and fingerprinted: each piece's triple (``pieces``:
+    the batch's items' cuts in order), and each stored tensor's bytes for the hasher."""
 
-    def __init__(self, storage: Storage, items: Sequence[Item], stored: list[list[Stored]],
+    def __init__(self, storage: Storage, items: Sequence[Item], pieces: list[list[Piece]],
                  buffer: np.ndarray) -> None:
         self.items = items
-        self.stored = [s for per_item in stored for s in per_item]
+        flat = [p for per_item in pieces for p in per_item]
+        self.stored = [s for s, _, _ in flat]
+        self.boxes: list[Box] = [(rows, cols) for _, rows, cols in flat]
         self.path = self.stored[0].path
-        n = len(self.stored)
+        n = len(flat)
         offsets = np.fromiter((s.offset for s in self.stored), np.int64, n)
-        self.row_bytes = np.fromiter((s.row_bytes for s in self.stored), np.int64, n)
-        self.nbytes = np.fromiter((s.rows for s in self.stored), np.int64, n) * self.row_bytes
+        self.stride = np.fromiter((s.row_bytes for s in self.stored), np.int64, n)
+        nbytes = np.fromiter((s.rows for s in self.stored), np.int64, n) * self.stride
         self.start = int(offsets.min())
-        self.src = offsets - self.start
-        span = int((self.src + self.nbytes).max())
+        self.at = offsets - self.start
+        span = int((self.at + nbytes).max())
         self.data = buffer[:span]
         self.data_label = label = f"{items[0].name} .. {items[-1].name} ({len(items)} tensors)"
         storage.read(Stored(label, self.path, self.start, 1, span, None), 0, 1, self.data.reshape(1, span))
         self.fingerprints = np.zeros((n, 3), dtype=np.int64)
 
-    def copy(self, dst: np.ndarray, dst_offsets: np.ndarray) -> None:
-        """Each stored tensor into ``dst`` at its offset (an empty ``dst``: fingerprints only), fingerprinted."""
-        # the kernel does not check bounds: every source range lies in the span read, and every
-        # destination in dst (the plan's slots: _whole_small holds each slot to its tensor's size)
-        if dst.size and int((dst_offsets + self.nbytes).max()) > dst.size:
-            raise RuntimeError("a batch's slots run past its destination (a planner bug)")
-        kernels.gather_fingerprints(self.data, self.src, self.nbytes, self.row_bytes, word_widths(self.row_bytes),
-                                    dst, dst_offsets, self.fingerprints)
+    def _windows(self, ks: Sequence[int], boxes: Sequence[Box]) -> tuple[np.ndarray, ...]:
+        """Box ``boxes[i]`` of stored tensor ``ks[i]``: where its first byte is, its rows, stride and width."""
+        k = np.asarray(ks, dtype=np.int64)
+        r0 = np.fromiter((b[0][0] for b in boxes), np.int64, len(boxes))
+        rows = np.fromiter((b[0][1] - b[0][0] for b in boxes), np.int64, len(boxes))
+        c0 = np.fromiter((b[1][0] for b in boxes), np.int64, len(boxes))
+        width = np.fromiter((b[1][1] - b[1][0] for b in boxes), np.int64, len(boxes))
+        stride = self.stride[k]
+        return self.at[k] + r0 * stride + c0, rows, stride, width
 
-    def view(self, k: int, shape: tuple[int, int]) -> np.ndarray:
-        """Stored tensor ``k``'s bytes as ``shape`` (its cut's 2-D view), for the value checks."""
-        return self.raw(k).reshape(shape)
+    def copy(self, dst: np.ndarray, dst_offsets: np.ndarray) -> None:
+        """Each window into ``dst`` at its offset (an empty ``dst``: fingerprints only), fingerprinted."""
+        src, rows, stride, width = self._windows(range(len(self.stored)), self.boxes)
+        # the kernel does not check bounds: every window lies in the span read (the storage's box is
+        # inside its stored tensor), and every destination in dst (_small holds each slot to its window)
+        if dst.size and int((dst_offsets + rows * width).max()) > dst.size:
+            raise RuntimeError("a batch's slots run past its destination (a planner bug)")
+        kernels.gather_windows(self.data, src, rows, stride, width, word_widths(width), dst, dst_offsets,
+                               self.fingerprints)
+
+    def fingerprints_of(self, k: int, boxes: Mapping[int, Box], own: Triple) -> dict[int, Triple]:
+        """The fingerprint of each node peer's window of stored tensor ``k`` (``boxes``: peer -> box),
+        from this batch's bytes; a peer whose box is this rank's own window gets ``own``."""
+        out: dict[int, Triple] = {}
+        other = {box: None for p, box in boxes.items() if box != self.boxes[k]}
+        if other:
+            wanted = list(other)
+            src, rows, stride, width = self._windows([k] * len(wanted), wanted)
+            fps = np.zeros((len(wanted), 3), dtype=np.int64)
+            kernels.gather_windows(self.data, src, rows, stride, width, word_widths(width),
+                                   np.empty(0, np.uint8), np.zeros(len(wanted), np.int64), fps)
+            other = dict(zip(wanted, map(tuple, fps.tolist())))
+        for p, box in boxes.items():
+            out[p] = other[box] if box in other else own
+        return out
+
+    def view(self, k: int) -> np.ndarray:
+        """Piece ``k``'s window, 2-D (rows of its cut's view), for the value checks."""
+        (r0, r1), (c0, c1) = self.boxes[k]
+        s = self.stored[k]
+        return self.raw(k).reshape(s.rows, s.row_bytes)[r0:r1, c0:c1]
 
     def raw(self, k: int) -> np.ndarray:
-        """Stored tensor ``k``'s bytes, flat (what the hasher hashes)."""
+        """Stored tensor ``k``'s bytes, whole and flat (what the hasher hashes)."""
         s = self.stored[k]
         a = s.offset - self.start
         return self.data[a:a + s.rows * s.row_bytes]

@@ -100,27 +100,30 @@ def _word(src, k, width):  # pragma: no cover - compiled
     return v - (top << 1) if v >= top else v
 
 
-@nb.njit(nb.void(nb.uint8[::1], nb.int64[::1], nb.int64[::1], nb.int64[::1], nb.int64[::1], nb.uint8[::1],
-                 nb.int64[::1], nb.int64[:, ::1]), **_JIT)
-def gather_fingerprints(src, src_off, nbytes, row_bytes, widths, dst, dst_off, out):  # pragma: no cover
-    """Many small tensors in one pass: tensor ``i`` is ``nbytes[i]`` bytes at ``src[src_off[i]:]``,
-    rows of ``row_bytes[i]`` read as words of ``widths[i]`` bytes; copy it to ``dst[dst_off[i]:]``
-    (unless ``dst`` is empty) and put its fingerprint (total, row-weighted, column-weighted) in
-    ``out[i]``. The same triple :class:`~tpload.verification.fingerprint.HostFingerprint` gives."""
+@nb.njit(nb.void(nb.uint8[::1], nb.int64[::1], nb.int64[::1], nb.int64[::1], nb.int64[::1], nb.int64[::1],
+                 nb.uint8[::1], nb.int64[::1], nb.int64[:, ::1]), **_JIT)
+def gather_windows(src, src_off, rows, stride, width, words, dst, dst_off, out):  # pragma: no cover
+    """Many small windows in one pass: window ``i`` is ``rows[i]`` rows of ``width[i]`` bytes, the
+    first at ``src[src_off[i]:]`` and each ``stride[i]`` bytes after the last (a whole tensor: its
+    row length), read as words of ``words[i]`` bytes; copy it, rows one after another, to
+    ``dst[dst_off[i]:]`` (unless ``dst`` is empty) and put its fingerprint (total, row-weighted,
+    column-weighted) in ``out[i]``. The same triple :class:`~tpload.verification.fingerprint.HostFingerprint`
+    gives the window."""
     copy = dst.size > 0
     for i in range(src_off.size):
-        a, n, rb, w = src_off[i], nbytes[i], row_bytes[i], widths[i]
-        if copy:
-            d = dst_off[i]
-            for k in range(n):
-                dst[d + k] = src[a + k]
+        a, n, st, wb, w = src_off[i], rows[i], stride[i], width[i], words[i]
         total = np.int64(0)
         weighted = np.int64(0)
         cols = np.int64(0)
-        for r in range(n // rb if rb > 0 else 0):
-            base = a + r * rb
+        d = dst_off[i]
+        for r in range(n if wb > 0 else 0):
+            base = a + r * st
+            if copy:
+                for k in range(wb):
+                    dst[d + k] = src[base + k]
+                d += wb
             s = np.int64(0)
-            for j in range(rb // w):
+            for j in range(wb // w):
                 v = _word(src, base + j * w, w)
                 s += v
                 cols += (j + 1) * v

@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .batch import BATCH_BYTES, Batch, runs
+from .batch import BATCH_BYTES, Batch, Piece, runs
 from .codecs import Checker, Cut, Fit
 from .errors import LoadError
 from .plan import Item, Output, RankPlan
 from .report.progress import ProgressSink
-from .storage import Storage, Stored
+from .storage import Storage
 from .storage.pagecache import ShardRelease
 from .storage.reader import Reader
 from .transfer import Transfer
@@ -248,11 +248,11 @@ class _Loader:
         for count, what, about in problems:
             checks[about if about in checks else item.weight.name].bad.append((count, what))
 
-    def batch(self, items: Sequence[Item], stored: list[list[Stored]]) -> None:
-        """Small whole items of one file together (batch.py): one read, one pass into their slots."""
+    def batch(self, items: Sequence[Item], pieces: list[list[Piece]]) -> None:
+        """Small items of one file together (batch.py): one read, one pass into their slots."""
         if self._batch_buffer is None:
             self._batch_buffer = np.empty(BATCH_BYTES, dtype=np.uint8)
-        b = Batch(self.storage, items, stored, self._batch_buffer)
+        b = Batch(self.storage, items, pieces, self._batch_buffer)
         outs = [o for item in items for o in _cut_outputs(item)]
         offsets = np.fromiter((o.offset for o in outs), np.int64, len(outs))
         if self.arena.host is not None:  # host slots: written in place
@@ -267,7 +267,7 @@ class _Loader:
             served, want = self.transfer.served(region, fp)
             self.evidence.add(Check(f"{b.data_label} (arena bytes {lo}..{hi})", b.path.name, served, want,
                                     "host image"))
-        where, hasher, evidence = b.path.name, self.hasher, self.evidence
+        where, evidence = b.path.name, self.evidence
         triples = list(map(tuple, b.fingerprints.tolist()))
         k = 0
         for item in items:
@@ -275,7 +275,7 @@ class _Loader:
                 cut, triple = item.weight, triples[k]
                 evidence.window(cut.name, cut.box, triple)
                 evidence.add(Check(outs[k].name, where, triple, None, "host window"))
-                hasher.record_whole(b.stored[k], b.raw(k), triple)
+                self._hash(b, k, triple)
                 k += 1
                 continue
             checks = {}
@@ -283,15 +283,23 @@ class _Loader:
                 triple = triples[k]
                 evidence.window(cut.name, cut.box, triple)
                 checks[cut.name] = Check(outs[k].name, where, triple, None, "host window")
-                hasher.record_whole(b.stored[k], b.raw(k), triple)
+                self._hash(b, k, triple)
                 k += 1
             # the value checks, scales first, on the batch's bytes
             checker = item.codec.checker(item.fit, item.weight, item.scale)
             for j, cut in enumerate(item.cuts, k - len(item.cuts)):
-                value_feed(item, checker, cut)(b.view(j, cut.view), 0)
+                value_feed(item, checker, cut)(b.view(j), 0)
             self._problems(item, checker.problems(), checks)
             for check in checks.values():
                 evidence.add(check)
+
+    def _hash(self, b: Batch, k: int, own: Triple) -> None:
+        """Piece ``k``'s stored tensor hashed whole from the batch's bytes, with its node peers' windows
+        fingerprinted there, when this rank hashes it (``own``: this rank's window's fingerprint)."""
+        stored = b.stored[k]
+        boxes = self.hasher.peer_boxes(stored.name)
+        if boxes is not None:
+            self.hasher.record(stored, b.raw(k), b.fingerprints_of(k, boxes, own) if boxes else {})
 
     def done(self, item: Item) -> None:
         if self.release is not None:
@@ -338,9 +346,9 @@ def run(storage: Storage, plan: RankPlan, *, transfer: Transfer, hasher: Hasher,
         for item in items[:READAHEAD_ITEMS]:
             _ask(storage, item)
         with transfer:
-            for k, end, stored in runs(items, plan.kind, storage, hasher, classes=plan.shapes):
+            for k, end, pieces in runs(items, plan.kind, storage, classes=plan.shapes):
                 if end - k > 1:
-                    loader.batch(items[k:end], stored)
+                    loader.batch(items[k:end], pieces)
                     for item in items[k:end]:  # one call per tensor, as a progress sink expects
                         loader.done(item)
                         progress.update(item.read_bytes)

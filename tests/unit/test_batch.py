@@ -23,24 +23,33 @@ def many(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_the_kernel_gives_each_tensor_the_per_tensor_fingerprint(seed: int) -> None:
+def test_the_kernel_gives_each_window_the_per_tensor_fingerprint(seed: int) -> None:
+    """Whole tensors and windows of them (rows and byte columns, at odd starts: words are read at any
+    alignment), each copied row after row into its slot with the fingerprint HostFingerprint gives."""
     rng = np.random.default_rng(seed)
     src = rng.integers(0, 256, 1 << 16, dtype=np.uint8)
     shapes = [(int(rng.integers(1, 9)), int(rng.integers(1, 70))) for _ in range(40)]
-    off, at = [], 3
+    off, at, boxes = [], 3, []
     for r, c in shapes:
         off.append(at)
-        at += r * c + int(rng.integers(0, 5))  # gaps, and odd starts: words are read at any alignment
+        at += r * c + int(rng.integers(0, 5))  # gaps, and odd starts
+        r0, c0 = int(rng.integers(0, r)), int(rng.integers(0, c))
+        whole = rng.random() < 0.3
+        boxes.append(((0, r), (0, c)) if whole else ((r0, int(rng.integers(r0 + 1, r + 1))),
+                                                    (c0, int(rng.integers(c0 + 1, c + 1)))))
     dst = np.zeros(len(shapes) * 600, dtype=np.uint8)  # slots of 600 bytes (the largest tensor is 8 x 69)
     dst_off = np.array([k * 600 for k in range(len(shapes))], dtype=np.int64)
     out = np.zeros((len(shapes), 3), dtype=np.int64)
-    kernels.gather_fingerprints(src, np.array(off, dtype=np.int64), np.array([r * c for r, c in shapes], dtype=np.int64),
-                                np.array([c for _, c in shapes], dtype=np.int64),
-                                np.array([word_width(c) for _, c in shapes], dtype=np.int64), dst, dst_off, out)
+    start = np.array([a + r0 * c + c0 for a, (_, c), ((r0, _), (c0, _)) in zip(off, shapes, boxes)], dtype=np.int64)
+    rows = np.array([r1 - r0 for (r0, r1), _ in boxes], dtype=np.int64)
+    width = np.array([c1 - c0 for _, (c0, c1) in boxes], dtype=np.int64)
+    kernels.gather_windows(src, start, rows, np.array([c for _, c in shapes], dtype=np.int64), width,
+                           np.array([word_width(int(w)) for w in width], dtype=np.int64), dst, dst_off, out)
     for k, (r, c) in enumerate(shapes):
-        window = src[off[k]:off[k] + r * c].copy().reshape(r, c)
+        (r0, r1), (c0, c1) = boxes[k]
+        window = src[off[k]:off[k] + r * c].reshape(r, c)[r0:r1, c0:c1].copy()
         assert tuple(out[k]) == host_fingerprint(window)
-        assert np.array_equal(dst[dst_off[k]:dst_off[k] + r * c], window.reshape(-1))
+        assert np.array_equal(dst[dst_off[k]:dst_off[k] + window.size], window.reshape(-1))
 
 
 def test_a_batched_load_serves_what_the_per_tensor_path_serves(many: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -73,13 +82,11 @@ def test_batches_stop_at_a_file_a_gap_or_a_tensor_they_cannot_take(many: Path) -
     from tpload.config import load_config
     from tpload.plan import Layout, Planner
     from tpload.storage.sharded import ShardedStorage
-    from tpload.verification.hashing import Hasher
-    from tpload.verification.policy import HashPlan
     storage = ShardedStorage(many)
     try:
         plan = Planner(storage.catalogue, load_config("llama")).plan(Layout(1), "packed", 0)
         items = plan.items
-        runs = list(batch.runs(items, "packed", storage, Hasher(HashPlan("rank", 0, frozenset(plan.used_tensors)))))
+        runs = list(batch.runs(items, "packed", storage))
         files = [{storage.stored(items[k].name).path for k in range(i, j)} for i, j, _ in runs]
         assert all(len(f) == 1 for f in files)  # never across files
         assert len(runs) == len({p for f in files for p in f})  # one batch a file: 600 tiny tensors in order
@@ -99,13 +106,10 @@ def test_packed_weights_with_their_scales_batch_alike(fp8: Path, monkeypatch: py
     from tpload.config import load_config
     from tpload.plan import Layout, Planner
     from tpload.storage.sharded import ShardedStorage
-    from tpload.verification.hashing import Hasher
-    from tpload.verification.policy import HashPlan
     storage = ShardedStorage(fp8)
     try:
         plan = Planner(storage.catalogue, load_config("deepseek-v3")).plan(Layout(2), "packed", 0)
-        hasher = Hasher(HashPlan("rank", 0, frozenset(plan.used_tensors)))
-        batched = [plan.items[k] for i, j, _ in batch.runs(plan.items, "packed", storage, hasher) if j - i > 1
+        batched = [plan.items[k] for i, j, _ in batch.runs(plan.items, "packed", storage) if j - i > 1
                    for k in range(i, j)]
     finally:
         storage.close()

@@ -17,7 +17,7 @@ With 0 they run inline, on a block still in the cache.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -121,30 +121,22 @@ class Hasher:
             lane, self._next = self._lanes[self._next % len(self._lanes)], self._next + 1
         return HashTap(stored, dict(self.plan.peers.get(stored.name, {})), lane, self._record, digests=self.digests)
 
-    def whole_only(self, stored: Stored) -> bool:
-        """False when this rank hashes ``stored`` for a node peer that reads only part of it: then the
-        tensor's own fingerprint cannot stand for the peer's window (batch.py takes only the others)."""
-        if stored.name not in self.todo:
-            return True
-        boxes = self.plan.peers.get(stored.name)
-        if not boxes:
-            return True
-        whole = ((0, stored.rows), (0, stored.row_bytes))
-        for box in boxes.values():
-            if box != whole:
-                return False
-        return True
+    def peer_boxes(self, name: str) -> Mapping[int, Box] | None:
+        """None when this rank does not (or no longer) hash ``name``; else each node peer's window of it
+        (empty: no peer reads it), which :meth:`record` wants the fingerprints of."""
+        if name not in self.todo:
+            return None
+        return self.plan.peers.get(name, {})
 
-    def record_whole(self, stored: Stored, data: np.ndarray, fingerprint: Triple) -> None:
-        """A small tensor hashed whole on the spot from a batch's bytes (``data``, contiguous), and each
-        node peer's window (the whole tensor, see :meth:`whole_only`) fingerprinted as the tensor itself;
-        nothing when this rank does not hash it."""
+    def record(self, stored: Stored, data: np.ndarray, peers: Mapping[int, Triple]) -> None:
+        """A small tensor hashed whole on the spot from a batch's bytes (``data``, contiguous), with the
+        fingerprints of its node peers' windows taken from the same bytes (``peers``: one for each
+        box :meth:`peer_boxes` gave); nothing when this rank does not hash it."""
         name = stored.name
         if name not in self.todo:
             return
         self.todo.discard(name)
-        peers = self.plan.peers.get(name)
-        hashed = Hashed(name, stored, peers=dict.fromkeys(peers, fingerprint) if peers else {})
+        hashed = Hashed(name, stored, peers=dict(peers))
         if self._sha256_only:  # the default: no hasher objects to make for a few hundred bytes
             hashed.sha256 = hashlib.sha256(memoryview(data)).hexdigest()
         else:

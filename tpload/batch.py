@@ -20,7 +20,7 @@ instead, whole or cut to the rank's window:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -152,21 +152,16 @@ class Batch:
         kernels.gather_windows(self.data, src, rows, stride, width, word_widths(width), dst, dst_offsets,
                                self.fingerprints)
 
-    def fingerprints_of(self, k: int, boxes: Mapping[int, Box], own: Triple) -> dict[int, Triple]:
-        """The fingerprint of each node peer's window of stored tensor ``k`` (``boxes``: peer -> box),
-        from this batch's bytes; a peer whose box is this rank's own window gets ``own``."""
-        out: dict[int, Triple] = {}
-        other = {box: None for p, box in boxes.items() if box != self.boxes[k]}
-        if other:
-            wanted = list(other)
-            src, rows, stride, width = self._windows([k] * len(wanted), wanted)
-            fps = np.zeros((len(wanted), 3), dtype=np.int64)
-            kernels.gather_windows(self.data, src, rows, stride, width, word_widths(width),
-                                   np.empty(0, np.uint8), np.zeros(len(wanted), np.int64), fps)
-            other = dict(zip(wanted, map(tuple, fps.tolist())))
-        for p, box in boxes.items():
-            out[p] = other[box] if box in other else own
-        return out
+    def fingerprints_of(self, boxes: Sequence[tuple[int, Box]]) -> list[Triple]:
+        """The fingerprint of each ``(k, box)``: a window of stored tensor ``k`` (a node peer's, of a
+        tensor this rank hashes), from this batch's bytes, in one pass."""
+        if not boxes:
+            return []
+        src, rows, stride, width = self._windows([k for k, _ in boxes], [box for _, box in boxes])
+        fps = np.zeros((len(boxes), 3), dtype=np.int64)
+        kernels.gather_windows(self.data, src, rows, stride, width, word_widths(width), np.empty(0, np.uint8),
+                               np.zeros(len(boxes), np.int64), fps)
+        return list(map(tuple, fps.tolist()))
 
     def view(self, k: int) -> np.ndarray:
         """Piece ``k``'s window, 2-D (rows of its cut's view), for the value checks."""

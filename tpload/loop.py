@@ -269,13 +269,13 @@ class _Loader:
                                     "host image"))
         where, evidence = b.path.name, self.evidence
         triples = list(map(tuple, b.fingerprints.tolist()))
+        self._hash(b, triples)
         k = 0
         for item in items:
             if not item.codec.scaled:  # one cut, one served tensor: the common case, kept short
                 cut, triple = item.weight, triples[k]
                 evidence.window(cut.name, cut.box, triple)
                 evidence.add(Check(outs[k].name, where, triple, None, "host window"))
-                self._hash(b, k, triple)
                 k += 1
                 continue
             checks = {}
@@ -283,7 +283,6 @@ class _Loader:
                 triple = triples[k]
                 evidence.window(cut.name, cut.box, triple)
                 checks[cut.name] = Check(outs[k].name, where, triple, None, "host window")
-                self._hash(b, k, triple)
                 k += 1
             # the value checks, scales first, on the batch's bytes
             checker = item.codec.checker(item.fit, item.weight, item.scale)
@@ -293,13 +292,16 @@ class _Loader:
             for check in checks.values():
                 evidence.add(check)
 
-    def _hash(self, b: Batch, k: int, own: Triple) -> None:
-        """Piece ``k``'s stored tensor hashed whole from the batch's bytes, with its node peers' windows
-        fingerprinted there, when this rank hashes it (``own``: this rank's window's fingerprint)."""
-        stored = b.stored[k]
-        boxes = self.hasher.peer_boxes(stored.name)
-        if boxes is not None:
-            self.hasher.record(stored, b.raw(k), b.fingerprints_of(k, boxes, own) if boxes else {})
+    def _hash(self, b: Batch, own: list[Triple]) -> None:
+        """The batch's stored tensors this rank hashes, each hashed whole from the batch's bytes, with its
+        node peers' windows fingerprinted there (all of them in one pass; a peer's window that is this
+        rank's own has its fingerprint already: ``own``)."""
+        mine = [(k, boxes) for k, s in enumerate(b.stored) if (boxes := self.hasher.peer_boxes(s.name)) is not None]
+        other = [(k, box) for k, boxes in mine for box in dict.fromkeys(boxes.values()) if box != b.boxes[k]]
+        found = dict(zip(other, b.fingerprints_of(other)))
+        for k, boxes in mine:
+            peers = {p: own[k] if box == b.boxes[k] else found[(k, box)] for p, box in boxes.items()}
+            self.hasher.record(b.stored[k], b.raw(k), peers)
 
     def done(self, item: Item) -> None:
         if self.release is not None:

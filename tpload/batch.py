@@ -174,3 +174,25 @@ class Batch:
         s = self.stored[k]
         a = s.offset - self.start
         return self.data[a:a + s.rows * s.row_bytes]
+
+
+class BatchWindows:
+    """Windows ``ks`` of a batch, as :class:`~tpload.codecs.Windows` for a codec's :meth:`clean`."""
+
+    def __init__(self, batch: Batch, ks: Sequence[int]) -> None:
+        self.batch = batch
+        self.src, self.rows, self.stride, self.width = batch._windows(ks, [batch.boxes[k] for k in ks])
+
+    def count_either(self, a: int, b: int) -> int:
+        return int(kernels.count_windows(self.batch.data, self.src, self.rows, self.stride, self.width, a, b, False))
+
+    def count_between(self, lo: int, hi: int) -> int:
+        return int(kernels.count_windows(self.batch.data, self.src, self.rows, self.stride, self.width, lo, hi, True))
+
+    def gathered(self) -> np.ndarray:
+        sizes = self.rows * self.width
+        out = np.empty(int(sizes.sum()), dtype=np.uint8)
+        at = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+        kernels.gather_windows(self.batch.data, self.src, self.rows, self.stride, self.width, word_widths(self.width),
+                               out, at, np.zeros((len(sizes), 3), dtype=np.int64))
+        return out

@@ -172,6 +172,30 @@ def _count_either(span, stride, rows, cols, a, b):  # pragma: no cover - compile
     return np.int64(n)
 
 
+@nb.njit(nb.int64(nb.uint8[::1], nb.int64[::1], nb.int64[::1], nb.int64[::1], nb.int64[::1], nb.uint8, nb.uint8,
+                  nb.boolean), **_JIT)
+def count_windows(src, src_off, rows, stride, width, a, b, between):  # pragma: no cover - compiled
+    """How many bytes of many windows of ``src`` (laid out as in :func:`gather_windows`) are ``a`` or
+    ``b`` (``between``: lie in ``[a, b]``), all windows together: one call for a batch's items."""
+    n = np.uint64(0)
+    pa, pb = np.uint64(a) * _ONES, np.uint64(b) * _ONES
+    for i in range(src_off.size):
+        for r in range(rows[i]):
+            base = src_off[i] + r * stride[i]
+            j = 0
+            if not between:
+                while j + 8 <= width[i]:
+                    w = _load8(src, base + j)
+                    n += _zero_bytes(w ^ pa)
+                    if a != b:
+                        n += _zero_bytes(w ^ pb)
+                    j += 8
+            for k in range(base + j, base + width[i]):
+                v = src[k]
+                n += np.uint64(((v >= a) & (v <= b)) if between else ((v == a) | (v == b)))
+    return np.int64(n)
+
+
 @nb.njit(nb.types.UniTuple(nb.int64, 3)(nb.int64[:, ::1], nb.int64[::1]), **_JIT)
 def bf16_fingerprint(words, col_sums):  # pragma: no cover - compiled
     """Fingerprint sums of a bf16 tensor seen as int64 words (4 elements each), and how many of its

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .batch import BATCH_BYTES, Batch, Piece, runs
+from .batch import BATCH_BYTES, Batch, BatchWindows, Piece, runs
 from .codecs import Checker, Cut, Fit
 from .errors import LoadError
 from .plan import Item, Output, RankPlan
@@ -270,6 +270,7 @@ class _Loader:
         where, evidence = b.path.name, self.evidence
         triples = list(map(tuple, b.fingerprints.tolist()))
         self._hash(b, triples)
+        clean = self._clean(b, items)
         k = 0
         for item in items:
             if not item.codec.scaled:  # one cut, one served tensor: the common case, kept short
@@ -284,13 +285,34 @@ class _Loader:
                 evidence.window(cut.name, cut.box, triple)
                 checks[cut.name] = Check(outs[k].name, where, triple, None, "host window")
                 k += 1
-            # the value checks, scales first, on the batch's bytes
-            checker = item.codec.checker(item.fit, item.weight, item.scale)
-            for j, cut in enumerate(item.cuts, k - len(item.cuts)):
-                value_feed(item, checker, cut)(b.view(j), 0)
-            self._problems(item, checker.problems(), checks)
+            if item.name not in clean:  # the value checks, scales first, on the batch's bytes
+                checker = item.codec.checker(item.fit, item.weight, item.scale)
+                for j, cut in enumerate(item.cuts, k - len(item.cuts)):
+                    value_feed(item, checker, cut)(b.view(j), 0)
+                self._problems(item, checker.problems(), checks)
             for check in checks.values():
                 evidence.add(check)
+
+    @staticmethod
+    def _clean(b: Batch, items: Sequence[Item]) -> set[str]:
+        """The scaled items whose value checks would find nothing, decided per format over all of the
+        batch's items of that format at once (Codec.clean); the others are checked one by one."""
+        alike: dict[tuple, tuple[Item, list[Item], list[int], list[int]]] = {}
+        k = 0
+        for item in items:
+            n = len(item.scales) + 1
+            if item.codec.scaled and len(item.scales) == 1:  # scale windows first, then the weight's
+                f = item.fit
+                group = alike.setdefault((item.codec.name, f.weight.dtype, f.scale.dtype), (item, [], [], []))
+                group[1].append(item)
+                group[2].append(k)
+                group[3].append(k + 1)
+            k += n
+        clean: set[str] = set()
+        for first, members, scales, weights in alike.values():
+            if first.codec.clean(first.fit, BatchWindows(b, scales), BatchWindows(b, weights)):
+                clean.update(item.name for item in members)
+        return clean
 
     def _hash(self, b: Batch, own: list[Triple]) -> None:
         """The batch's stored tensors this rank hashes, each hashed whole from the batch's bytes, with its

@@ -12,6 +12,7 @@ import tpload
 from tpload import batch, kernels
 from tpload.errors import LoadError
 from tpload.published import write_published
+from tpload.codecs import whole
 from tpload.verification.fingerprint import host_fingerprint, word_width
 
 from ..helpers import tensor_offset
@@ -132,4 +133,83 @@ def test_a_nan_code_in_a_batched_fp8_weight_is_refused_naming_it(fp8: Path, tmp_
     name = "model.layers.0.self_attn.q_a_proj.weight"  # 128 x 256 FP8: small and whole on every rank
     poke(root, name, 5, 0x7F, fix_manifest=True)  # E4M3 NaN, with a manifest that vouches for it
     with pytest.raises(LoadError, match=f"(?s){name}.*NaN"):
+        tpload.load(root, tp=1, progress=False)
+
+
+@pytest.mark.parametrize("between", [False, True])
+def test_counting_over_many_windows_is_numpys(between: bool) -> None:
+    """count_windows over windows at odd starts and strides: numpy's count of the same bytes."""
+    rng = np.random.default_rng(3)
+    src = rng.integers(0, 256, 1 << 14, dtype=np.uint8)
+    src[rng.integers(0, src.size, 500)] = 0x7F  # plenty of hits
+    starts, rows, strides, widths, want = [], [], [], [], 0
+    for _ in range(30):
+        stride = int(rng.integers(1, 90))
+        r, w = int(rng.integers(1, 9)), int(rng.integers(1, stride + 1))
+        a = int(rng.integers(0, src.size - r * stride))
+        window = src[a:a + r * stride].reshape(r, stride)[:, :w]
+        want += int(((window >= 0x70) & (window <= 0x80)).sum() if between else ((window == 0x7F) | (window == 0xFF)).sum())
+        starts.append(a), rows.append(r), strides.append(stride), widths.append(w)
+    arrays = [np.array(x, dtype=np.int64) for x in (starts, rows, strides, widths)]
+    got = kernels.count_windows(src, *arrays, 0x70 if between else 0x7F, 0x80 if between else 0xFF, between)
+    assert got == want
+
+
+class _Windows:
+    """numpy windows standing in for a batch's, for Codec.clean."""
+
+    def __init__(self, *arrays: np.ndarray) -> None:
+        self.arrays = arrays
+
+    def count_either(self, a: int, b: int) -> int:
+        return sum(int(((x == a) | (x == b)).sum()) for x in self.arrays)
+
+    def count_between(self, lo: int, hi: int) -> int:
+        return sum(int(((x >= lo) & (x <= hi)).sum()) for x in self.arrays)
+
+    def gathered(self) -> np.ndarray:
+        return np.concatenate([x.reshape(-1) for x in self.arrays])
+
+
+@pytest.mark.parametrize("scale_dtype", ["F32", "F8_E8M0"])
+def test_fp8_clean_says_clean_only_when_no_item_check_could_find_anything(scale_dtype: str) -> None:
+    """FP8 batches skip the item checks only when nothing is there to find: a NaN code, a bad scale,
+    a scale that could overflow bf16 (what triggers the overflow check) each make it say no."""
+    from tpload.codecs import fp8_block
+    from tpload.codecs import Fit
+    from tpload.storage.safetensors import TensorMeta
+    fit = Fit(TensorMeta("w", "f", "F8_E4M3", (256, 256)), TensorMeta("s", "f", scale_dtype, (2, 2)), (128, 128))
+    codec = fp8_block.FP8Block()
+    weights = np.full((256, 256), 0x38, dtype=np.uint8)  # 1.0 in E4M3
+    if scale_dtype == "F32":
+        good = np.full((2, 2), 2.0 ** -7, dtype="<f4").view(np.uint8)
+        bad = [np.array([[0.0, 1.0], [1.0, 1.0]], "<f4"), np.array([[np.inf, 1.0], [1.0, 1.0]], "<f4"),
+               np.array([[-1.0, 1.0], [1.0, 1.0]], "<f4"), np.array([[2.0 ** 120, 1.0], [1.0, 1.0]], "<f4")]
+        bad = [b.view(np.uint8) for b in bad]
+    else:
+        good = np.full((2, 2), 120, dtype=np.uint8)
+        bad = [np.array([[0, 120], [120, 120]], np.uint8), np.array([[0xFF, 120], [120, 120]], np.uint8),
+               np.array([[250, 120], [120, 120]], np.uint8)]
+    assert codec.clean(fit, _Windows(good, good), _Windows(weights, weights))
+    for b in bad:
+        assert not codec.clean(fit, _Windows(good, b), _Windows(weights, weights))
+    nan = weights.copy()
+    nan[7, 9] = 0x7F
+    assert not codec.clean(fit, _Windows(good, good), _Windows(weights, nan))
+    # and the item checks find something in each (a large scale: with the largest code, 448)
+    for b in bad:
+        checker = codec.checker(fit, whole(fit.weight), whole(fit.scale))
+        checker.scale(b.reshape(2, -1), 0)
+        checker.weight(np.full((256, 256), 0x7E, dtype=np.uint8), 0)
+        assert any(n for n, _, _ in checker.problems()), b
+
+
+def test_a_bad_scale_in_a_batched_fp8_item_is_refused_naming_it(fp8: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from ..helpers import poke
+    root = Path(shutil.copytree(fp8, tmp_path / "v3"))
+    name = "model.layers.1.mlp.experts.2.down_proj.weight_scale_inv"  # a small expert's F32 scale
+    poke(root, name, 3, 0xFF, fix_manifest=True)  # the sign and exponent of its first value: NaN, with a manifest that vouches
+    with pytest.raises(LoadError, match=f"(?s){name}.*not finite and positive"):
         tpload.load(root, tp=1, progress=False)

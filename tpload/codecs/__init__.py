@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -89,6 +89,19 @@ class Fit:
     stacked: bool = False
     """Dimension 0 indexes experts (all of them stacked in one tensor); splits refer to the
     dimensions after it."""
+
+
+class Windows(Protocol):
+    """Many windows of one read (a batch's scales, or its weights), for :meth:`Codec.clean`."""
+
+    def count_either(self, a: int, b: int) -> int:
+        """How many of their bytes are ``a`` or ``b``."""
+
+    def count_between(self, lo: int, hi: int) -> int:
+        """How many of their bytes lie in ``[lo, hi]``."""
+
+    def gathered(self) -> np.ndarray:
+        """Their bytes, window after window, row after row (a new contiguous uint8 array)."""
 
 
 class Checker:
@@ -194,6 +207,12 @@ class Codec:
 
     def checker(self, fit: Fit, weight: Cut, scale: Cut | None) -> Checker:
         return Checker()
+
+    def clean(self, fit: Fit, scales: Windows, weights: Windows) -> bool:
+        """Whether the value checks of many items of this codec, alike in ``fit``'s formats (their
+        windows in one batch), would all find nothing: decided over all of them at once. False when
+        not sure: then each item's :meth:`checker` runs and words what it finds."""
+        return False
 
     def decode(self, weight: np.ndarray | torch.Tensor, scale: np.ndarray | torch.Tensor, out: torch.Tensor,
                fit: Fit, *, scale2: np.ndarray | torch.Tensor | None = None) -> None:

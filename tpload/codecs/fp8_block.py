@@ -19,7 +19,7 @@ import torch
 
 from ._lazy import kernels
 from ..storage.catalogue import TensorMeta
-from . import Checker, Codec, Cut, Fit, Problem, cut_axis, meets, whole
+from . import Checker, Codec, Cut, Fit, Problem, Windows, cut_axis, meets, whole
 from .tables import (DECODE_CHUNK, E4M3_NAN, E8M0_INVALID, FLOAT8_E4M3, e4m3_values, e8m0_values, lookup,
                      round_bf16, scaled_table)
 
@@ -171,6 +171,21 @@ class FP8Block(Codec):
         lo, hi = span
         ax = self.axis(fit, split)
         return cut_axis(w, ax, lo, hi), cut_axis(s, ax, lo // b, -(-hi // b))
+
+    def clean(self, fit: Fit, scales: Windows, weights: Windows) -> bool:
+        """No bad scale, no scale that could take a code past bf16 (the overflow check's trigger), no
+        NaN code, in any of the windows: _Check would find nothing in any of them."""
+        dtype = fit.scale.dtype
+        if dtype in ("F8_E8M0", "U8"):
+            if scales.count_either(*E8M0_INVALID) or scales.count_between(247, 254):
+                return False
+        elif dtype == "F32":
+            values = scales.gathered().view("<f4")
+            if not (np.isfinite(values).all() and (values > 0).all() and (values < DANGER_F32).all()):
+                return False
+        else:
+            return False
+        return weights.count_either(*E4M3_NAN) == 0
 
     def checker(self, fit: Fit, weight: Cut, scale: Cut | None) -> Checker:
         return _Check(weight, scale, fit.group[0])

@@ -17,7 +17,7 @@ from pathlib import Path
 from ..errors import CheckpointError, raise_all
 from ..text import escape_name
 from .files import parse_json, read_json, read_small
-from .safetensors import TensorInfo, TensorMeta, read_header
+from .safetensors import TensorInfo, TensorMeta, plain_metas, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
 MANIFEST_NAME = "NATIVE_MANIFEST.json"
@@ -213,20 +213,18 @@ def read_native(root: Path, *, manifest: bool = True) -> tuple[Catalogue, dict[s
             problems.append(str(e))
     raise_all(CheckpointError, problems, what=f"problems with the shards of {escape_name(root)}")
     locations = _by_index(wmap, headers, source) if wmap is not None else _by_shard(headers, root)
-    tensors = {n: _meta(i) for n, i in locations.items()}  # no locations: plan on names
     entries, manifest_sha = read_manifest(root) if manifest else (None, None)
+    tensors = dict(zip(locations, plain_metas(locations.values(), len(locations))))  # no locations: plan on names
     return Catalogue(root, tensors, entries, manifest_sha256=manifest_sha, headers_only=headers_only), locations
-
-
-def _meta(info: TensorInfo) -> TensorMeta:
-    """What the planner sees of a tensor: its name, file, dtype and shape (its sizes, known already)."""
-    meta = TensorMeta(info.name, info.file, info.dtype, info.shape)
-    meta.__dict__.update(nbytes=info.nbytes, rows=info.rows, row_bytes=info.row_bytes)
-    return meta
 
 
 def _by_shard(headers: dict[str, dict[str, TensorInfo]], root: Path) -> dict[str, TensorInfo]:
     out: dict[str, TensorInfo] = {}
+    for infos in headers.values():
+        out.update(infos)
+    if len(out) == sum(map(len, headers.values())):
+        return out  # no name in two shards (the loop below finds and names the first that is)
+    out = {}
     for file, infos in headers.items():
         for name, info in infos.items():
             if name in out:
@@ -237,6 +235,15 @@ def _by_shard(headers: dict[str, dict[str, TensorInfo]], root: Path) -> dict[str
 
 
 def _by_index(names: dict[str, str], headers: dict[str, dict[str, TensorInfo]], source: str) -> dict[str, TensorInfo]:
+    try:
+        out = {name: headers[file][name] for name, file in names.items()}
+    except KeyError:
+        pass  # an index entry its header lacks: said below
+    else:
+        if len(out) == sum(map(len, headers.values())):
+            # Every index entry is in the header of its file, and the headers hold no more tensors
+            # than the index names: none is left out (the checks below word what is wrong otherwise).
+            return out
     out, problems = {}, []
     for name, file in names.items():
         info = headers[file].get(name)

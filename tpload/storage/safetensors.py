@@ -172,7 +172,7 @@ def _sound_entries(path: Path, file: str, header: dict, data_start: int, data_le
     row_bytes = [n // r if r else 0 for n, r in zip(sizes, rows)]
     columns = zip(names, itertools.repeat(file), dtypes, shapes, itertools.repeat(path),
                   map(operator.add, itertools.repeat(data_start), begins), sizes, rows, row_bytes)
-    return dict(zip(names, _made(TensorInfo, _INFO_KEYS, columns, len(names))))
+    return dict(zip(names, frozen_instances(TensorInfo, _INFO_KEYS, columns, len(names))))
 
 
 _INFO_KEYS = ("name", "file", "dtype", "shape", "path", "begin", "nbytes", "rows", "row_bytes")
@@ -181,7 +181,7 @@ _new = object.__new__
 _set = object.__setattr__
 
 
-def _made(cls: type, keys: tuple[str, ...], rows: Iterable[tuple], n: int) -> list:
+def frozen_instances(cls: type, keys: tuple[str, ...], rows: Iterable[tuple], n: int) -> list:
     """``n`` instances of the frozen dataclass ``cls``, each given its fields (and filled cached
     properties) ``keys`` from one tuple of ``rows``, made in C: ``map`` over the columns, no Python
     frame per tensor (the dataclass's ``__init__`` sets each frozen field through ``object.__setattr__``;
@@ -195,14 +195,14 @@ def _made(cls: type, keys: tuple[str, ...], rows: Iterable[tuple], n: int) -> li
 def _info(name: str, file: str, dtype: str, shape: tuple[int, ...], path: Path, begin: int, nbytes: int) -> TensorInfo:
     """A TensorInfo of a checked entry, with the sizes a plan asks for filled in."""
     rows = shape[0] if len(shape) > 1 else 1
-    return _made(TensorInfo, _INFO_KEYS, [(name, file, dtype, shape, path, begin, nbytes, rows,
+    return frozen_instances(TensorInfo, _INFO_KEYS, [(name, file, dtype, shape, path, begin, nbytes, rows,
                                            nbytes // rows if rows else 0)], 1)[0]
 
 
 def plain_metas(infos: Iterable[TensorInfo], n: int) -> list[TensorMeta]:
     """What the planner sees of each tensor: its name, file, dtype and shape, with the sizes already
     known (TensorMetas, each equal to one made from the same four fields)."""
-    return _made(TensorMeta, _META_KEYS, map(operator.attrgetter(*_META_KEYS), infos), n)
+    return frozen_instances(TensorMeta, _META_KEYS, map(operator.attrgetter(*_META_KEYS), infos), n)
 
 
 def _entry(path: Path, file: str, name: str, meta: object, data_start: int, data_len: int,

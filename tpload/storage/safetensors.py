@@ -67,13 +67,20 @@ class TensorMeta:
     def row_bytes(self) -> int:
         return self.nbytes // self.rows if self.rows else 0
 
+    def __eq__(self, other: object) -> bool:
+        """The same tensor as the planner sees it: a TensorInfo equals the TensorMeta of its four
+        fields (the catalogue holds TensorInfos; a pre-partitioned export's holds TensorMetas)."""
+        if not isinstance(other, TensorMeta):
+            return NotImplemented
+        return (self.name, self.file, self.dtype, self.shape) == (other.name, other.file, other.dtype, other.shape)
+
     def describe(self) -> str:
         return f"{escape_name(self.name)} ({escape_name(self.file)}, {self.dtype} {list(self.shape)})"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class TensorInfo(TensorMeta):
-    """A tensor and where its bytes are in its shard."""
+    """A tensor and where its bytes are in its shard (equal to any TensorMeta of the same tensor)."""
 
     path: Path
     """Absolute path of the shard (symlinks not resolved: HF caches link blobs)."""
@@ -169,40 +176,33 @@ def _sound_entries(path: Path, file: str, header: dict, data_start: int, data_le
         return None
     shapes = list(map(tuple, shapes))
     rows = [shape[0] if len(shape) > 1 else 1 for shape in shapes]  # the sizes a plan asks for, known here
-    row_bytes = [n // r if r else 0 for n, r in zip(sizes, rows)]
-    columns = zip(names, itertools.repeat(file), dtypes, shapes, itertools.repeat(path),
-                  map(operator.add, itertools.repeat(data_start), begins), sizes, rows, row_bytes)
-    return dict(zip(names, frozen_instances(TensorInfo, _INFO_KEYS, columns, len(names))))
+    columns = {"name": names, "file": itertools.repeat(file), "dtype": dtypes, "shape": shapes,
+               "path": itertools.repeat(path), "begin": map(operator.add, itertools.repeat(data_start), begins),
+               "nbytes": sizes, "rows": rows, "row_bytes": [n // r if r else 0 for n, r in zip(sizes, rows)]}
+    return dict(zip(names, frozen_instances(TensorInfo, columns, len(names))))
 
 
-_INFO_KEYS = ("name", "file", "dtype", "shape", "path", "begin", "nbytes", "rows", "row_bytes")
-_META_KEYS = ("name", "file", "dtype", "shape", "nbytes", "rows", "row_bytes")
 _new = object.__new__
 _set = object.__setattr__
 
 
-def frozen_instances(cls: type, keys: tuple[str, ...], rows: Iterable[tuple], n: int) -> list:
-    """``n`` instances of the frozen dataclass ``cls``, each given its fields (and filled cached
-    properties) ``keys`` from one tuple of ``rows``, made in C: ``map`` over the columns, no Python
-    frame per tensor (the dataclass's ``__init__`` sets each frozen field through ``object.__setattr__``;
-    for 92,000 tensors that was a third of opening a checkpoint)."""
+def frozen_instances(cls: type, columns: dict[str, Iterable], n: int) -> list:
+    """``n`` instances of the frozen dataclass ``cls``, the i-th given the i-th value of each column
+    (its fields, and cached properties already known), made in C: ``map`` over whole columns, no
+    Python frame per instance (its ``__init__`` sets each frozen field through ``object.__setattr__``
+    in Python: for 92,000 tensors, most of the time of opening a checkpoint)."""
     made = list(map(_new, itertools.repeat(cls, n)))
-    collections.deque(map(_set, made, itertools.repeat("__dict__"), map(dict, map(zip, itertools.repeat(keys), rows))),
-                      maxlen=0)
+    for key, column in columns.items():
+        collections.deque(map(_set, made, itertools.repeat(key), column), maxlen=0)
     return made
 
 
 def _info(name: str, file: str, dtype: str, shape: tuple[int, ...], path: Path, begin: int, nbytes: int) -> TensorInfo:
     """A TensorInfo of a checked entry, with the sizes a plan asks for filled in."""
+    info = TensorInfo(name, file, dtype, shape, path, begin)
     rows = shape[0] if len(shape) > 1 else 1
-    return frozen_instances(TensorInfo, _INFO_KEYS, [(name, file, dtype, shape, path, begin, nbytes, rows,
-                                           nbytes // rows if rows else 0)], 1)[0]
-
-
-def plain_metas(infos: Iterable[TensorInfo], n: int) -> list[TensorMeta]:
-    """What the planner sees of each tensor: its name, file, dtype and shape, with the sizes already
-    known (TensorMetas, each equal to one made from the same four fields)."""
-    return frozen_instances(TensorMeta, _META_KEYS, map(operator.attrgetter(*_META_KEYS), infos), n)
+    info.__dict__.update(nbytes=nbytes, rows=rows, row_bytes=nbytes // rows if rows else 0)
+    return info
 
 
 def _entry(path: Path, file: str, name: str, meta: object, data_start: int, data_len: int,

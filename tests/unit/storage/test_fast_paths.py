@@ -14,7 +14,7 @@ import pytest
 from tpload.errors import CheckpointError
 from tpload.storage import catalogue, safetensors
 from tpload.storage.catalogue import ManifestEntry, natural_key, parse_manifest_entries
-from tpload.storage.safetensors import TensorInfo, TensorMeta, plain_metas
+from tpload.storage.safetensors import TensorInfo, TensorMeta
 
 from .shards import f32, write_raw
 
@@ -111,12 +111,24 @@ def test_a_spoilt_header_is_worded_by_the_checked_pass(tmp_path: Path) -> None:
                             f"and 40..)\n  - {path}: tensors m and a overlap (bytes 40..88 and 46..)")
 
 
-def test_plain_metas_equal_metas_made_from_their_four_fields() -> None:
+def test_a_tensor_info_equals_the_meta_of_its_four_fields() -> None:
     infos = safetensors._sound_entries(PATH, PATH.name, sound_header(), 8, DATA_LEN)
-    metas = plain_metas(infos.values(), len(infos))
-    assert metas == [TensorMeta(i.name, i.file, i.dtype, i.shape) for i in infos.values()]
-    assert [type(m) for m in metas] == [TensorMeta] * len(infos)
+    metas = [TensorMeta(i.name, i.file, i.dtype, i.shape) for i in infos.values()]
+    assert list(infos.values()) == metas and metas == list(infos.values())
+    assert [hash(i) for i in infos.values()] == [hash(m) for m in metas]
     assert [(m.nbytes, m.rows, m.row_bytes) for m in metas] == [(i.nbytes, i.rows, i.row_bytes) for i in infos.values()]
+    z = infos["z"]
+    assert z != TensorMeta(z.name, z.file, "I32", z.shape) and z != TensorMeta(z.name, "other", z.dtype, z.shape)
+    assert z != (z.name, z.file, z.dtype, z.shape)
+
+
+def test_the_catalogue_holds_the_located_tensors(tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    write_raw(root / "m.safetensors", sound_header(), b"\0" * 96)
+    cat, locations = catalogue.read_native(root, manifest=False)
+    assert cat.tensors == locations and cat.tensors is not locations
+    assert all(cat.tensors[n] is info for n, info in locations.items())
 
 
 def sound_manifest() -> dict:

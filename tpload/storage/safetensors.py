@@ -7,10 +7,13 @@ then the data. Every problem in a header is collected and raised at once.
 
 from __future__ import annotations
 
+import collections
 import functools
 import hashlib
+import itertools
 import json
 import math
+import operator
 import os
 import struct
 from collections.abc import Callable, Iterable
@@ -64,13 +67,20 @@ class TensorMeta:
     def row_bytes(self) -> int:
         return self.nbytes // self.rows if self.rows else 0
 
+    def __eq__(self, other: object) -> bool:
+        """The same tensor as the planner sees it: a TensorInfo equals the TensorMeta of its four
+        fields (the catalogue holds TensorInfos; a pre-partitioned export's holds TensorMetas)."""
+        if not isinstance(other, TensorMeta):
+            return NotImplemented
+        return (self.name, self.file, self.dtype, self.shape) == (other.name, other.file, other.dtype, other.shape)
+
     def describe(self) -> str:
         return f"{escape_name(self.name)} ({escape_name(self.file)}, {self.dtype} {list(self.shape)})"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class TensorInfo(TensorMeta):
-    """A tensor and where its bytes are in its shard."""
+    """A tensor and where its bytes are in its shard (equal to any TensorMeta of the same tensor)."""
 
     path: Path
     """Absolute path of the shard (symlinks not resolved: HF caches link blobs)."""
@@ -100,9 +110,17 @@ def read_header(path: Path, file: str) -> tuple[dict[str, TensorInfo], dict[str,
     if not isinstance(header, dict):
         raise CheckpointError(f"{escape_name(path)}: header is not a JSON object")
     data_start, data_len = 8 + hlen, size - 8 - hlen
+    meta = header.get("__metadata__", {})
+    infos = _sound_entries(path, file, header, data_start, data_len)
+    if infos is None:  # something is wrong: the entry by entry pass below says what, every problem at once
+        infos = _checked_entries(path, file, header, data_start, data_len)
+    return infos, {str(k): str(v) for k, v in meta.items()} if isinstance(meta, dict) else {}
+
+
+def _checked_entries(path: Path, file: str, header: dict, data_start: int, data_len: int) -> dict[str, TensorInfo]:
+    """Every entry checked one by one, every problem raised at once (the message-making pass)."""
     problems: list[str] = []
     infos: dict[str, TensorInfo] = {}
-    meta = header.get("__metadata__", {})
     for name, entry in header.items():
         if name == "__metadata__":
             continue
@@ -115,7 +133,76 @@ def read_header(path: Path, file: str) -> tuple[dict[str, TensorInfo], dict[str,
             problems.append(f"{escape_name(path)}: tensors {escape_name(n0)} and {escape_name(n1)} overlap "
                             f"(bytes {b0 - data_start}..{e0 - data_start} and {b1 - data_start}..)")
     raise_all(CheckpointError, problems, what=f"problems in the header of {escape_name(path)}")
-    return infos, {str(k): str(v) for k, v in meta.items()} if isinstance(meta, dict) else {}
+    return infos
+
+
+_FIELDS = operator.itemgetter("dtype", "shape", "data_offsets")
+_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
+
+
+def _sound_entries(path: Path, file: str, header: dict, data_start: int, data_len: int) -> dict[str, TensorInfo] | None:
+    """Every entry as a TensorInfo when the whole header is sound, else None (nothing said: the
+    checked pass finds and words the problems).
+
+    The same checks as :func:`_entry` and the overlap test, each run over whole columns in C
+    (``map``, ``min``, ``set``) instead of entry by entry: a checkpoint has 92,000 entries."""
+    names = [n for n in header if n != "__metadata__"]
+    entries = list(map(header.__getitem__, names))
+    if not entries:
+        return {}
+    if set(map(type, entries)) != {dict}:
+        return None
+    try:
+        dtypes, shapes, offsets = zip(*map(_FIELDS, entries))
+        itemsizes = list(map(ITEMSIZE.get, dtypes))  # a non-string dtype gets None (or TypeError: a list)
+    except (KeyError, TypeError):
+        return None
+    if None in itemsizes or set(map(type, dtypes)) != {str}:
+        return None
+    dims = list(itertools.chain.from_iterable(shapes)) if set(map(type, shapes)) == {list} else None
+    if dims is None or max(map(len, shapes)) > 8 or not set(map(type, dims)) <= {int} \
+            or (dims and not (min(dims) >= 0 and max(dims) < MAX_DIM)):
+        return None
+    if set(map(type, offsets)) != {list} or set(map(len, offsets)) != {2} \
+            or set(map(type, itertools.chain.from_iterable(offsets))) != {int}:
+        return None
+    begins, ends = list(map(_FIRST, offsets)), list(map(_SECOND, offsets))
+    sizes = list(map(operator.mul, map(math.prod, shapes), itemsizes))
+    if min(begins) < 0 or max(ends) > data_len or not all(map(operator.le, begins, ends)) \
+            or list(map(operator.sub, ends, begins)) != sizes:
+        return None
+    spans = sorted(itertools.compress(zip(begins, ends), sizes))  # tensors with bytes, by first byte
+    if any(map(operator.lt, map(_FIRST, spans[1:]), map(_SECOND, spans))):  # one overlaps the next
+        return None
+    shapes = list(map(tuple, shapes))
+    rows = [shape[0] if len(shape) > 1 else 1 for shape in shapes]  # the sizes a plan asks for, known here
+    columns = {"name": names, "file": itertools.repeat(file), "dtype": dtypes, "shape": shapes,
+               "path": itertools.repeat(path), "begin": map(operator.add, itertools.repeat(data_start), begins),
+               "nbytes": sizes, "rows": rows, "row_bytes": [n // r if r else 0 for n, r in zip(sizes, rows)]}
+    return dict(zip(names, frozen_instances(TensorInfo, columns, len(names))))
+
+
+_new = object.__new__
+_set = object.__setattr__
+
+
+def frozen_instances(cls: type, columns: dict[str, Iterable], n: int) -> list:
+    """``n`` instances of the frozen dataclass ``cls``, the i-th given the i-th value of each column
+    (its fields, and cached properties already known), made in C: ``map`` over whole columns, no
+    Python frame per instance (its ``__init__`` sets each frozen field through ``object.__setattr__``
+    in Python: for 92,000 tensors, most of the time of opening a checkpoint)."""
+    made = list(map(_new, itertools.repeat(cls, n)))
+    for key, column in columns.items():
+        collections.deque(map(_set, made, itertools.repeat(key), column), maxlen=0)
+    return made
+
+
+def _info(name: str, file: str, dtype: str, shape: tuple[int, ...], path: Path, begin: int, nbytes: int) -> TensorInfo:
+    """A TensorInfo of a checked entry, with the sizes a plan asks for filled in."""
+    info = TensorInfo(name, file, dtype, shape, path, begin)
+    rows = shape[0] if len(shape) > 1 else 1
+    info.__dict__.update(nbytes=nbytes, rows=rows, row_bytes=nbytes // rows if rows else 0)
+    return info
 
 
 def _entry(path: Path, file: str, name: str, meta: object, data_start: int, data_len: int,
@@ -131,10 +218,7 @@ def _entry(path: Path, file: str, name: str, meta: object, data_start: int, data
             begin, end = offsets
             want = math.prod(shape) * itemsize
             if 0 <= begin <= end <= data_len and end - begin == want:
-                info = TensorInfo(name, file, dtype, tuple(shape), path, data_start + begin)
-                rows = shape[0] if len(shape) > 1 else 1  # the sizes a plan asks for, known here already
-                info.__dict__.update(nbytes=want, rows=rows, row_bytes=want // rows if rows else 0)
-                return info
+                return _info(name, file, dtype, tuple(shape), path, data_start + begin, want)
     problems.append(_entry_problem(path, name, meta, data_len))
     return None
 

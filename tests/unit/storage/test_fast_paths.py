@@ -1,0 +1,182 @@
+"""The quick passes over a checkpoint's tables (whole columns checked at once) against the entry by
+entry passes that word the problems: they must accept exactly what those accept, build the same
+objects, and leave every refusal to them; and natural_key must order names exactly as it always did."""
+
+from __future__ import annotations
+
+import copy
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from tpload.errors import CheckpointError
+from tpload.storage import catalogue, safetensors
+from tpload.storage.catalogue import ManifestEntry, natural_key, parse_manifest_entries
+from tpload.storage.safetensors import TensorInfo, TensorMeta
+
+from .shards import f32, write_raw
+
+DATA_LEN = 4096
+PATH = Path("/ckpt/m.safetensors")
+
+
+def old_natural_key(name: str) -> tuple:
+    """natural_key as it was first written: the reference order."""
+    parts = re.split(r"(\d+)", name)
+    return tuple((len(d := p.lstrip("0")), d, p) if i % 2 else p for i, p in enumerate(parts))
+
+
+def tricky_name(rng: random.Random) -> str:
+    pieces = ["", "x", ".", "a.b", "\x00", "\x01", "é", "٣", "０", "_", "\n"]  # Arabic-Indic and fullwidth digits
+    runs = ["0", "00", "1", "01", "001", "2", "02", "10", "9" * 50, "0" * 20 + "7", "1" + "0" * 5000, "9" * 5000]
+    return "".join(rng.choice(runs) if rng.random() < 0.4 else rng.choice(pieces) for _ in range(rng.randrange(0, 7)))
+
+
+def test_natural_key_orders_tricky_names_as_before() -> None:
+    rng = random.Random(20261130)
+    names = [tricky_name(rng) for _ in range(3000)] + ["", "0", "00", "x.02", "x.2", "x.1", "x.10", "x1y", "x01y"]
+    assert sorted(names, key=natural_key) == sorted(names, key=old_natural_key)
+    for _ in range(20000):  # every comparison too, ties included (a sort could hide one)
+        a, b = rng.choice(names), rng.choice(names)
+        ka, kb, oa, ob = natural_key(a), natural_key(b), old_natural_key(a), old_natural_key(b)
+        assert ((ka < kb), (ka == kb), (ka > kb)) == ((oa < ob), (oa == ob), (oa > ob)), (a, b)
+
+
+def sound_header() -> dict:
+    """Entries out of file order (as a header's sorted names put them), a scalar, an empty tensor."""
+    return {"__metadata__": {"format": "pt"}, "z": f32(4, begin=0), "b.2": {"dtype": "BF16", "shape": [3, 5],
+            "data_offsets": [16, 46]}, "a": {"dtype": "U8", "shape": [], "data_offsets": [46, 47]},
+            "empty": {"dtype": "F32", "shape": [0, 7], "data_offsets": [47, 47]},
+            "m": {"dtype": "I64", "shape": [2, 1, 3], "data_offsets": [48, 96]}}
+
+
+def checked(header: dict) -> dict[str, TensorInfo] | str:
+    try:
+        return safetensors._checked_entries(PATH, PATH.name, header, 8, DATA_LEN)
+    except CheckpointError as e:
+        return str(e)
+
+
+def mutations(header: dict) -> list[dict]:
+    """The sound header spoilt one field at a time, in every way a JSON value can be wrong."""
+    bad_values = [None, True, 1.0, -1, 1 << 48, 1 << 60, "F32", [], [1], [0, 1, 2], {}, [True, 2], [1.0, 2], [-4, 0],
+                  [0, DATA_LEN + 1], [10, 4], "BOOL", "C64", ["F32"], [1] * 9, 0]
+    out = []
+    for name in [n for n in header if n != "__metadata__"]:
+        for field in ("dtype", "shape", "data_offsets", None):
+            for value in bad_values:
+                h = copy.deepcopy(header)
+                if field is None:
+                    h[name] = value
+                else:
+                    h[name][field] = value
+                out.append(h)
+            h = copy.deepcopy(header)
+            if field is not None:
+                del h[name][field]
+                out.append(h)
+    moved = copy.deepcopy(header)
+    moved["m"]["data_offsets"] = [40, 88]  # overlaps b.2 and a, listed before them
+    return out + [moved]
+
+
+def test_the_quick_header_pass_accepts_exactly_what_the_checked_pass_accepts() -> None:
+    header = sound_header()
+    quick = safetensors._sound_entries(PATH, PATH.name, header, 8, DATA_LEN)
+    assert quick == checked(header) and list(quick) == ["z", "b.2", "a", "empty", "m"]
+    for name, info in quick.items():  # the sizes filled in are the ones the properties compute
+        fresh = TensorInfo(info.name, info.file, info.dtype, info.shape, info.path, info.begin)
+        assert (info.nbytes, info.rows, info.row_bytes) == (fresh.nbytes, fresh.rows, fresh.row_bytes), name
+    seen_refusals = 0
+    for spoilt in mutations(header):
+        quick, slow = safetensors._sound_entries(PATH, PATH.name, spoilt, 8, DATA_LEN), checked(spoilt)
+        if isinstance(slow, str):
+            seen_refusals += 1
+            assert quick is None, slow
+        else:
+            assert quick == slow
+    assert seen_refusals > 300
+
+
+def test_a_spoilt_header_is_worded_by_the_checked_pass(tmp_path: Path) -> None:
+    header = sound_header()
+    header["m"]["data_offsets"] = [40, 88]  # listed last, overlapping two listed before it
+    path = tmp_path / "m.safetensors"
+    write_raw(path, header, b"\0" * 96)
+    with pytest.raises(CheckpointError) as e:
+        safetensors.read_header(path, path.name)
+    assert str(e.value) == (f"2 problems in the header of {path}:\n  - {path}: tensors b.2 and m overlap (bytes 16..46 "
+                            f"and 40..)\n  - {path}: tensors m and a overlap (bytes 40..88 and 46..)")
+
+
+def test_a_tensor_info_equals_the_meta_of_its_four_fields() -> None:
+    infos = safetensors._sound_entries(PATH, PATH.name, sound_header(), 8, DATA_LEN)
+    metas = [TensorMeta(i.name, i.file, i.dtype, i.shape) for i in infos.values()]
+    assert list(infos.values()) == metas and metas == list(infos.values())
+    assert [hash(i) for i in infos.values()] == [hash(m) for m in metas]
+    assert [(m.nbytes, m.rows, m.row_bytes) for m in metas] == [(i.nbytes, i.rows, i.row_bytes) for i in infos.values()]
+    z = infos["z"]
+    assert z != TensorMeta(z.name, z.file, "I32", z.shape) and z != TensorMeta(z.name, "other", z.dtype, z.shape)
+    assert z != (z.name, z.file, z.dtype, z.shape)
+
+
+def test_the_catalogue_holds_the_located_tensors(tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    write_raw(root / "m.safetensors", sound_header(), b"\0" * 96)
+    cat, locations = catalogue.read_native(root, manifest=False)
+    assert cat.tensors == locations and cat.tensors is not locations
+    assert all(cat.tensors[n] is info for n, info in locations.items())
+
+
+def sound_manifest() -> dict:
+    return {f"t.{i}": {"file": f"s{i % 3}.safetensors", "dtype": "BF16", "shape": [i, 2, 3][: i % 4],
+                       "sha256": ("aB" * 32 if i % 2 else "0" * 64)} for i in range(12)}
+
+
+def slow_manifest(tensors: dict) -> dict[str, ManifestEntry] | str:
+    """parse_manifest_entries with its quick pass turned off."""
+    quick = catalogue._sound_manifest
+    catalogue._sound_manifest = lambda tensors: None
+    try:
+        return parse_manifest_entries(tensors, PATH)
+    except CheckpointError as e:
+        return str(e)
+    finally:
+        catalogue._sound_manifest = quick
+
+
+def test_the_quick_manifest_pass_accepts_exactly_what_the_checked_pass_accepts() -> None:
+    tensors = sound_manifest()
+    assert catalogue._sound_manifest(tensors) == slow_manifest(tensors) == parse_manifest_entries(tensors, PATH)
+    assert parse_manifest_entries(tensors, PATH)["t.1"].sha256 == "ab" * 32
+    bad_values = [None, True, 1.0, -1, 1 << 48, "x", [], [1.5], [True], [-1], [1 << 48], [1] * 9, {}, "0" * 63,
+                  "0" * 65, "g" * 64, "Ａ" * 64, 7, [1, 2]]
+    refusals = 0
+    for name in list(tensors)[:4]:
+        for field in ("file", "dtype", "shape", "sha256", None):
+            for value in bad_values + ["DEL"]:
+                spoilt = copy.deepcopy(tensors)
+                if field is None:
+                    spoilt[name] = value
+                elif value == "DEL":
+                    del spoilt[name][field]
+                else:
+                    spoilt[name][field] = value
+                quick, slow = catalogue._sound_manifest(spoilt), slow_manifest(spoilt)
+                if isinstance(slow, str):
+                    refusals += 1
+                    assert quick is None and _refusal(spoilt) == slow
+                else:
+                    assert quick == slow
+    assert refusals > 200
+
+
+def _refusal(tensors: dict) -> str:
+    try:
+        parse_manifest_entries(tensors, PATH)
+    except CheckpointError as e:
+        return str(e)
+    return ""

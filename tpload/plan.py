@@ -29,7 +29,7 @@ from .config import AUTO, Config, Rule
 from .errors import ConfigError, LayoutError, raise_all
 from .options import KINDS, MAX_WORLD
 from .pick import model_config
-from .storage.catalogue import Catalogue, natural_key
+from .storage.catalogue import Catalogue, TensorMeta, natural_key
 from .text import escape_name
 
 SLOT_ALIGN = 256  # every served tensor starts on a 256-byte boundary of the arena
@@ -174,9 +174,9 @@ class RankPlan:
         return staged + max(s.decode_bytes for s in self.shapes)
 
 
-@dataclass(frozen=True)
-class _Entry:
-    """A classified official tensor (weight side; its scales are folded in)."""
+class _Entry(NamedTuple):
+    """A classified official tensor (weight side; its scales are folded in). A named tuple: one
+    per weight (46,000 for DeepSeek-V3), and a frozen dataclass takes three times as long to make."""
 
     name: str
     rule: Rule
@@ -237,112 +237,141 @@ class Planner:
         self._units = {(r.index, r.match): self._resolve_units(r) for r in config.rules if r.units}
         self._fits: dict[tuple, Fit | str] = {}
         self._klasses: dict[tuple, int] = {}
-        self.entries, self.skipped, self.deferred = self._classify()
+        self._classes: dict[tuple, tuple[Fit | str, int, int]] = {}
+        self._codecs = {role: codecs.for_role(role) for role in codecs.roles()}
         # Deferred expert tensors are located only by the ep group holding the expert:
         # a locator of a remote expert would invite the model to read it.
-        self.deferred_experts = {n: x for n in self.deferred if (x := self._expert_of(n, config.rule_for(n)))}
+        self.entries, self.skipped, self.deferred, self.deferred_experts = self._classify()
         self.expert_counts = self._count_experts()
         self._expert_pos = {k: {x: i for i, x in enumerate(v)} for k, v in self.expert_counts.items()}
+        firsts: dict[int, _Entry] = {}
+        for e in self.entries:
+            firsts.setdefault(e.klass, e)
+        self._firsts = list(firsts.values())
+        """The first entry of each class, in order: the others cut as it does."""
         self._plans: dict[tuple[Layout, str, int], RankPlan] = {}
-        self._owned: dict[tuple[int, int], list[_Entry]] = {}
+        self._owned: dict[tuple[int, int], tuple[list[_Entry], list[int], dict[int, _Entry], tuple[str, ...]]] = {}
         self._shapes: dict[tuple, _Shaped | str] = {}
 
     # -- classification ------------------------------------------------------------------------
 
-    def _rules(self, names: list[str]) -> tuple[dict[str, Rule | None], dict[str, str]]:
+    def _rules(self, tensors: Mapping[str, TensorMeta]) -> tuple[dict[str, Rule | None], dict[str, str], set[int]]:
         """Each tensor's rule, ``auto`` ones resolved by the tensor's dtype and the scale tensors beside
-        it; and, for tensors an ``auto`` rule could not resolve, why (said only if not a scale)."""
-        tensors = self.catalogue.tensors
-        rules: dict[str, Rule | None] = {}
+        it; for tensors an ``auto`` rule could not resolve, why (said only if not a scale); and the ids
+        of the rules that are some tensor's first match."""
+        matched = self.config.rules_for(tensors)
+        rules = dict(zip(tensors, matched))
         unresolved: dict[str, str] = {}
-        for n in names:
-            r = self.config.rule_for(n)
+        resolve = self.config.resolve
+        for n, r in rules.items():
             if r is not None and r.role == AUTO:
-                got = self.config.resolve(r, n, tensors[n].dtype, tensors)
+                got = resolve(r, n, tensors[n].dtype, tensors)
                 if isinstance(got, str):
                     unresolved[n] = f"{r.describe()}: {got}"
                     got = None
-                r = got
-            rules[n] = r
-        return rules, unresolved
+                rules[n] = got
+        return rules, unresolved, set(map(id, matched))
 
-    def _classify(self) -> tuple[list[_Entry], list[str], list[str]]:
-        names = self.catalogue.names()
-        rules, unresolved = self._rules(names)
-        problems: list[str] = []
-        scales: dict[str, str] = {}
+    def _classify(self) -> tuple[list[_Entry], list[str], list[str], dict[str, tuple[str, int]]]:
+        """Entries, skipped and deferred tensors (natural order), and the deferred experts; or a
+        ConfigError listing every problem. Scales are found in the catalogue's own order, and only
+        the rest is sorted: half the names of a quantized checkpoint are scales."""
+        tensors = self.catalogue.tensors
+        rules, unresolved, matched = self._rules(tensors)
+        scaled = {role for role, c in self._codecs.items() if c.scaled}
+        first: list[tuple[str, str]] = []  # (weight, problem), in the catalogue's order
+        scales: set[str] = set()
+        needs: dict[str, list[str]] = {}
         broken: set[str] = set()
         for n, r in rules.items():
-            codec = codecs.for_role(r.role) if r is not None else None
-            if codec is not None and codec.scaled:
+            if r is not None and r.role in scaled:
                 needed = _scale_names(n, r)
-                missing = [m for m in needed if m not in self.catalogue.tensors]
+                missing = [m for m in needed if m not in tensors]
                 if not n.endswith(r.suffix):
-                    problems.append(f"tensor {escape_name(n)}: {r.describe()} is {r.role} but the name does not end "
-                                    f"in {r.suffix}")
+                    first.append((n, f"tensor {escape_name(n)}: {r.describe()} is {r.role} but the name does not end "
+                                     f"in {r.suffix}"))
                 elif missing:
-                    problems.append(f"tensor {escape_name(n)}: {r.describe()} needs its scale {escape_name(missing[0])}, "
-                                    "which the checkpoint lacks")
+                    first.append((n, f"tensor {escape_name(n)}: {r.describe()} needs its scale "
+                                     f"{escape_name(missing[0])}, which the checkpoint lacks"))
                 else:
-                    scales.update(dict.fromkeys(needed, n))
+                    scales.update(needed)
+                    needs[n] = needed
                     continue
                 broken.add(n)
+        problems = [why for _, why in sorted(first, key=lambda nw: natural_key(nw[0]))]
         entries, skipped, deferred, unmatched = [], [], [], []
+        deferred_experts: dict[str, tuple[str, int]] = {}
         grouped: dict[str, list[str]] = {}
-        for n in names:
+        for n in sorted((n for n in tensors if n not in scales and n not in broken), key=natural_key):
             r = rules[n]
-            if n in scales or n in broken:
-                continue
             if n in unresolved:
-                grouped.setdefault(unresolved[n], []).append(self.catalogue.tensors[n].describe())
+                grouped.setdefault(unresolved[n], []).append(tensors[n].describe())
             elif r is None:
                 unmatched.append(escape_name(n))
             elif r.role == "skip":
                 skipped.append(n)
             elif r.role == "defer":
                 deferred.append(n)
-            elif (e := self._entry(n, r, grouped)) is not None:
+                if x := self._expert_of(n, r):
+                    deferred_experts[n] = x
+            elif (e := self._entry(n, r, needs.get(n), grouped)) is not None:
                 entries.append(e)
-        for reason, tensors in grouped.items():
-            problems.append(f"{reason}: {_listing(tensors)}")
+        for reason, listed in grouped.items():
+            problems.append(f"{reason}: {_listing(listed)}")
         if unmatched:
             problems.append(f"{len(unmatched)} tensors match no rule of {self.config.name} (add a rule; a final "
                             f"match = \"*\" with role = \"auto\" keeps the rest whole): {_grouped(unmatched)}")
-        idle = [r.describe() for r in self.config.rules if r.origin and not any(r.matches(n) for n in names)]
+        # a rule no tensor matches first may still match one a rule before it took
+        idle = [r.describe() for r in self.config.rules
+                if r.origin and id(r) not in matched and not any(r.matches(n) for n in tensors)]
         if idle:
             problems.append(f"{', '.join(idle)} matched no tensor of {escape_name(self.catalogue.root)} (a typo? "
                             "the names are in the index)")
         raise_all(ConfigError, problems, what=f"problems fitting config {self.config.name} to {escape_name(self.catalogue.root)}")
-        return entries, skipped, deferred
+        return entries, skipped, deferred, deferred_experts
 
-    def _entry(self, name: str, rule: Rule, grouped: dict[str, list[str]]) -> _Entry | None:
-        """Classify one tensor under its rule, or file why it does not fit under (rule, reason)."""
-        meta = self.catalogue.tensors[name]
-        codec = codecs.for_role(rule.role)
-        expert = self._expert_of(name, rule)
-        if rule.experts and not rule.stacked and expert is None:
+    def _entry(self, name: str, rule: Rule, needed: list[str] | None, grouped: dict[str, list[str]]) -> _Entry | None:
+        """Classify one tensor under its rule (``needed``: its scales' names, for a scaled codec), or file
+        why it does not fit under (rule, reason)."""
+        tensors = self.catalogue.tensors
+        meta = tensors[name]
+        expert = self._expert_of(name, rule) if rule.experts and not rule.stacked else None
+        if expert is None and rule.experts and not rule.stacked:
             grouped.setdefault(f"{rule.describe()}: experts = true but expert_pattern "
                                f"{self.config.expert_pattern!r} finds no index in", []).append(meta.describe())
             return None
-        scale, scale2 = ([self.catalogue.tensors[m] for m in _scale_names(name, rule)] + [None])[:2] if codec.scaled \
-            else (None, None)
-        # A fit depends on the formats and shapes only: the 256 experts of a layer fit alike, once.
+        scale, scale2 = ([tensors[m] for m in needed] + [None])[:2] if needed else (None, None)
+        # A class: what the cuts depend on (the rule, resolved once per pick, so its id is enough;
+        # the formats and shapes): the 256 experts of a layer are one, fitted once.
+        key = (id(rule), meta.dtype, meta.shape, scale and (scale.dtype, scale.shape),
+               scale2 and (scale2.dtype, scale2.shape))
+        known = self._classes.get(key)
+        if known is None:
+            known = self._classes[key] = self._class(rule, meta, scale, scale2)
+        fit, klass, stacked = known
+        if isinstance(fit, str):
+            detail = f": scale {escape_name(scale.name)} is {scale.dtype} {list(scale.shape)}" if scale else ""
+            grouped.setdefault(f"{rule.describe()}: {fit}", []).append(meta.describe() + detail)
+            return None
+        if fit.weight is not meta:
+            fit = Fit(meta, scale, fit.group, scale2, fit.stacked)
+        return _Entry(name, rule, self._codecs[rule.role], fit, expert, stacked, klass)
+
+    def _class(self, rule: Rule, meta: TensorMeta, scale: TensorMeta | None,
+               scale2: TensorMeta | None) -> tuple[Fit | str, int, int]:
+        """The fit of a class's first tensor (or why it does not fit), the class's number and its stacked experts."""
+        codec = self._codecs[rule.role]
+        # A fit depends on the formats and shapes only (not on the rule's names): fitted once for all rules.
         key = (codec.name, rule.block, rule.split, rule.stacked, meta.dtype, meta.shape,
                scale and (scale.dtype, scale.shape), scale2 and (scale2.dtype, scale2.shape))
         fit = self._fits.get(key)
         if fit is None:
             fit = self._fits[key] = codec.fit(meta, scale, block=rule.block, split=rule.split, scale2=scale2,
                                               stacked=rule.stacked)
-        elif not isinstance(fit, str):
-            fit = Fit(meta, scale, fit.group, scale2, fit.stacked)
         if isinstance(fit, str):
-            detail = f": scale {escape_name(scale.name)} is {scale.dtype} {list(scale.shape)}" if scale else ""
-            grouped.setdefault(f"{rule.describe()}: {fit}", []).append(meta.describe() + detail)
-            return None
+            return fit, -1, 0
         stacked = meta.shape[0] if rule.stacked and rule.experts else 0
-        # a class: what the cuts depend on (the rule, resolved once per pick, so its id is enough; the fit's key)
-        klass = self._klasses.setdefault((id(rule), key, stacked), len(self._klasses))
-        return _Entry(name, rule, codec, fit, None if rule.stacked else expert, stacked, klass)
+        return fit, self._klasses.setdefault((id(rule), key, stacked), len(self._klasses)), stacked
 
     def _resolve_units(self, rule: Rule) -> int:
         """A rule's head count: the number it gives, or its config.json field's value."""
@@ -399,14 +428,16 @@ class Planner:
         for key, experts in self.expert_counts.items():
             if len(experts) < layout.ep:
                 problems.append(f"expert set {escape_name(key)}* has {len(experts)} experts, fewer than ep {layout.ep}")
-        for e in self.entries:
+        # A class's first entry stands for all of it: the others are cut alike, and the first entry
+        # of a class that fails is the first entry that fails.
+        for e in self._firsts:
             if 0 < e.stacked_experts < layout.ep:
                 problems.append(f"tensor {e.fit.weight.describe()} stacks {e.stacked_experts} experts, fewer than "
                                 f"ep {layout.ep}")
                 break
         seen_rules: set[tuple[int, str]] = set()
         tried: set[tuple] = set()
-        for e in self.entries:
+        for e in self._firsts:
             # a tensor of the same rule, codec, shape and dtypes as one already tried cuts the same way
             like = (e.rule.index, e.rule.origin, e.codec.name, e.fit.group, e.fit.weight.shape, e.fit.weight.dtype,
                     e.fit.scale.shape if e.fit.scale else None)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tpload.config import load_config, shipped_configs, with_rules
+from tpload.config import Config, Rule, load_config, shipped_configs, with_rules
 from tpload.errors import ConfigError
 from tpload.plan import Layout, Planner
 from tpload.storage.catalogue import read_native
@@ -98,6 +98,27 @@ def test_a_plain_rule_over_fp8_weights_is_refused_naming_them(small_ckpt: Path, 
 def test_a_skip_glob_that_matches_nothing_is_refused(small_ckpt: Path) -> None:
     with pytest.raises(ConfigError, match="skip rule \\(match 'mpt.\\*', role skip\\) matched no tensor"):
         Planner(Checkpoint(small_ckpt), with_rules(load_config(), skip=("mpt.*",)))
+
+
+def test_a_skip_glob_shadowed_by_an_earlier_one_is_not_idle(small_ckpt: Path) -> None:
+    # "mtp.*" takes every tensor "mtp.0.*" matches: the second rule is no tensor's first match, yet
+    # it matches some, so it is no typo
+    planner = Planner(Checkpoint(small_ckpt), with_rules(load_config(), skip=("mtp.*", "mtp.0.*")))
+    assert planner.skipped and all(n.startswith("mtp.") for n in planner.skipped)
+
+
+def test_rules_for_gives_each_name_its_first_rule_whatever_its_digits() -> None:
+    # rules_for shares one regex match among names alike but for their digits when no glob can tell
+    # digits apart; globs with digits or [classes] are matched per name, and the first rule wins
+    rules = tuple(Rule(match=m, role="skip", index=i) for i, m in enumerate(
+        ["layers.1?.mlp.*", "layers.*.attn.w[02]", "layers.*.mlp.experts.*", "layers.?.x", "*.7", "layers.*"], 1))
+    config = Config(name="t", rules=rules)
+    names = [f"layers.{a}.{b}" for a in ("0", "1", "7", "10", "12", "21", "123", "٣")
+             for b in ("mlp.experts.3", "mlp.gate", "attn.w0", "attn.w1", "attn.w2", "x", "7", "y.77")]
+    names += ["other", "other.7", "other.17", "\ud800.7", "layers.\ud800.x", ""]
+    assert config.rules_for(names) == [config.rule_for(n) for n in names]
+    blind = Config(name="b", rules=rules[2:3] + rules[5:])  # no digit-sighted glob: one match per shape
+    assert blind.rules_for(names) == [blind.rule_for(n) for n in names]
 
 
 def test_shipped_configs_are_in_the_wheel(tmp_path: Path) -> None:

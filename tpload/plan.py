@@ -251,6 +251,7 @@ class Planner:
         """The first entry of each class, in order: the others cut as it does."""
         self._plans: dict[tuple[Layout, str, int], RankPlan] = {}
         self._owned: dict[tuple[int, int], tuple[list[_Entry], list[int], dict[int, _Entry], tuple[str, ...]]] = {}
+        self._held: dict[int, list[list[_Entry]]] = {}
         self._shapes: dict[tuple, _Shaped | str] = {}
 
     # -- classification ------------------------------------------------------------------------
@@ -480,19 +481,37 @@ class Planner:
             plan = self._plans[key] = self._make(layout, kind, rank)
         return plan
 
-    def _entries_of(self, layout: Layout, group: int) -> tuple[list[_Entry], list[int], dict[int, _Entry]]:
-        """The entries expert-parallel group ``group`` holds, their classes, and each class's first
-        entry (found once per group, not per rank)."""
+    def _entries_of(self, layout: Layout, group: int) -> tuple[list[_Entry], list[int], dict[int, _Entry], tuple[str, ...]]:
+        """The entries expert-parallel group ``group`` holds, their classes, each class's first
+        entry, and the deferred tensors it locates (found once per group, not per rank)."""
         key = (layout.ep, group)
         owned = self._owned.get(key)
         if owned is None:
-            entries = [e for e in self.entries if self.owns(e.expert, layout, group)]
+            held = self._held.get(layout.ep)
+            if held is None:
+                held = self._held[layout.ep] = self._share_out(layout.ep)
+            entries = held[group]
             klasses = [e.klass for e in entries]
             first: dict[int, _Entry] = {}
             for e in entries:
                 first.setdefault(e.klass, e)
-            owned = self._owned[key] = (entries, klasses, first)
+            deferred = tuple(n for n in self.deferred if self.owns(self.deferred_experts.get(n), layout, group))
+            owned = self._owned[key] = (entries, klasses, first, deferred)
         return owned
+
+    def _share_out(self, ep: int) -> list[list[_Entry]]:
+        """The entries each of ``ep`` groups holds, in order, from one pass over them all (an expert's group
+        is arithmetic on its position: :meth:`owns` asked of every group would cost ``ep`` passes)."""
+        held: list[list[_Entry]] = [[] for _ in range(ep)]
+        for e in self.entries:
+            if e.expert is None or ep == 1:
+                for h in held:
+                    h.append(e)
+                continue
+            positions = self._expert_pos[e.expert[0]]
+            per = len(positions) // ep  # as share(): group k holds [k * per, (k + 1) * per), the last the rest
+            held[min(positions[e.expert[1]] // per, ep - 1) if per else ep - 1].append(e)
+        return held
 
     def _shaped(self, e: _Entry, layout: Layout, rank: int, kind: str) -> _Shaped | str:
         """The cuts and served tensors of ``e``'s class on this rank (or why the layout cannot cut it)."""
@@ -520,17 +539,16 @@ class Planner:
         if kind not in KINDS:
             raise ConfigError(f"kind {kind!r} is not one of {', '.join(KINDS)}")
         group = layout.position(rank)[0]
-        entries, klasses, first = self._entries_of(layout, group)
-        table = {}
+        entries, klasses, first, deferred = self._entries_of(layout, group)
+        table, arenas = {}, {}
         for k, e in first.items():  # classes in order of first appearance: the first tensor that fails is named
             shaped = self._shaped(e, layout, rank, kind)
             if isinstance(shaped, str):
                 raise LayoutError(f"rank {rank}: tensor {escape_name(e.name)} under {e.rule.describe()}: {shaped}")
-            table[k] = shaped
+            table[k], arenas[k] = shaped, shaped.arena
         shapes = list(map(table.__getitem__, klasses))
-        offsets = list(itertools.accumulate((s.arena for s in shapes), initial=0))
+        offsets = list(itertools.accumulate(map(arenas.__getitem__, klasses), initial=0))
         arena = offsets.pop()
-        deferred = tuple(n for n in self.deferred if self.owns(self.deferred_experts.get(n), layout, group))
         return RankPlan(rank, layout, kind, entries, shapes, offsets, tuple(self.skipped), deferred, arena)
 
 

@@ -221,6 +221,12 @@ class Config:
         """An ``auto`` rule made concrete for one tensor: the first of the families' ways of storing a
         weight that fits its dtype, its name and the scale tensors ``present`` beside it; plain for a
         plain dtype; else why not."""
+        got = self.resolve_scaled(rule, name, dtype, present)
+        return got if isinstance(got, str) else got[0]
+
+    def resolve_scaled(self, rule: Rule, name: str, dtype: str,
+                       present: Mapping[str, object]) -> tuple[Rule, list[str]] | str:
+        """:meth:`resolve`, with the names of the scale tensors found (none for plain)."""
         ways = self._ways.get((id(rule), dtype))
         if ways is None:  # the families' ways for this dtype, in order, each with its rule; the plain rule or None
             ways = self._ways[id(rule), dtype] = (
@@ -229,10 +235,13 @@ class Config:
         for p, made in ways[0]:
             if name.endswith(p.suffix):
                 stem = name[: -len(p.suffix)]
-                if stem + p.scale in present and (not p.scale2 or stem + p.scale2 in present):
-                    return made
+                if (scale := stem + p.scale) in present:
+                    if not p.scale2:
+                        return made, [scale]
+                    if (scale2 := stem + p.scale2) in present:
+                        return made, [scale, scale2]
         if ways[1] is not None:
-            return ways[1]
+            return ways[1], []
         return (f"{dtype} tensors that no codec of {'+'.join(self.families) or 'this config'} takes (is a scale "
                 f"tensor missing, or is it another family? shipped families: {', '.join(FAMILIES)})")
 

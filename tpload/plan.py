@@ -256,36 +256,41 @@ class Planner:
 
     # -- classification ------------------------------------------------------------------------
 
-    def _rules(self, tensors: Mapping[str, TensorMeta]) -> tuple[dict[str, Rule | None], dict[str, str], set[int]]:
+    def _rules(self, tensors: Mapping[str, TensorMeta]) -> tuple[dict[str, Rule | None], dict[str, str], dict[str, list[str]], set[int]]:
         """Each tensor's rule, ``auto`` ones resolved by the tensor's dtype and the scale tensors beside
-        it; for tensors an ``auto`` rule could not resolve, why (said only if not a scale); and the ids
-        of the rules that are some tensor's first match."""
+        it; for tensors an ``auto`` rule could not resolve, why (said only if not a scale); the scales
+        found for a weight an ``auto`` rule made scaled; and the ids of the rules that are some
+        tensor's first match."""
         matched = self.config.rules_for(tensors)
-        rules = dict(zip(tensors, matched))
+        rules: dict[str, Rule | None] = {}
         unresolved: dict[str, str] = {}
-        resolve = self.config.resolve
-        for n, r in rules.items():
+        needs: dict[str, list[str]] = {}
+        resolve, codec_of = self.config.resolve_scaled, self._codecs
+        for (n, meta), r in zip(tensors.items(), matched):
             if r is not None and r.role == AUTO:
-                got = resolve(r, n, tensors[n].dtype, tensors)
+                got = resolve(r, n, meta.dtype, tensors)
                 if isinstance(got, str):
                     unresolved[n] = f"{r.describe()}: {got}"
-                    got = None
-                rules[n] = got
-        return rules, unresolved, set(map(id, matched))
+                    r = None
+                else:
+                    r, found = got
+                    if found and codec_of[r.role].scaled:
+                        needs[n] = found
+            rules[n] = r
+        return rules, unresolved, needs, set(map(id, matched))
 
     def _classify(self) -> tuple[list[_Entry], list[str], list[str], dict[str, tuple[str, int]]]:
         """Entries, skipped and deferred tensors (natural order), and the deferred experts; or a
         ConfigError listing every problem. Scales are found in the catalogue's own order, and only
         the rest is sorted: half the names of a quantized checkpoint are scales."""
         tensors = self.catalogue.tensors
-        rules, unresolved, matched = self._rules(tensors)
+        rules, unresolved, needs, matched = self._rules(tensors)
+        scales = {m for needed in needs.values() for m in needed}  # auto's scales: found as it resolved
         scaled = {role for role, c in self._codecs.items() if c.scaled}
         first: list[tuple[str, str]] = []  # (weight, problem), in the catalogue's order
-        scales: set[str] = set()
-        needs: dict[str, list[str]] = {}
         broken: set[str] = set()
         for n, r in rules.items():
-            if r is not None and r.role in scaled:
+            if r is not None and r.role in scaled and n not in needs:
                 needed = _scale_names(n, r)
                 missing = [m for m in needed if m not in tensors]
                 if not n.endswith(r.suffix):
@@ -341,7 +346,8 @@ class Planner:
             grouped.setdefault(f"{rule.describe()}: experts = true but expert_pattern "
                                f"{self.config.expert_pattern!r} finds no index in", []).append(meta.describe())
             return None
-        scale, scale2 = ([tensors[m] for m in needed] + [None])[:2] if needed else (None, None)
+        scale = tensors[needed[0]] if needed else None
+        scale2 = tensors[needed[1]] if needed and len(needed) > 1 else None
         # A class: what the cuts depend on (the rule, resolved once per pick, so its id is enough;
         # the formats and shapes): the 256 experts of a layer are one, fitted once.
         key = (id(rule), meta.dtype, meta.shape, scale and (scale.dtype, scale.shape),

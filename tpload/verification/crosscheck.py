@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping
+from operator import itemgetter
 
-from ..storage.catalogue import natural_key
 from .fingerprint import Triple
 from .policy import Box
 
@@ -33,9 +33,10 @@ share slots, their values folded by XOR (still compared, no longer told apart)."
 
 
 def fold(lines: Iterable[tuple[str, Box, Triple]]) -> bytes:
-    """The 32-byte value of a set of (tensor, window, fingerprint) lines, in natural name order;
+    """The 32-byte value of a set of (tensor, window, fingerprint) lines, in name order (plain string
+    order: any order both sides share will do, and this one sorts in C, 92,000 names in a blink);
     zero bytes for no lines (what a rank that computed nothing sends, too)."""
-    lines = sorted(lines, key=lambda x: natural_key(x[0]))
+    lines = sorted(lines, key=itemgetter(0))
     if not lines:
         return bytes(DIGEST_BYTES)
     # one update of every line joined: the same sha256 as line by line, without a call per tensor

@@ -115,7 +115,6 @@ class Batch:
 
     def __init__(self, storage: Storage, items: Sequence[Item], pieces: list[list[Piece]],
                  buffer: np.ndarray) -> None:
-        self.items = items
         flat = [p for per_item in pieces for p in per_item]
         self.stored = [s for s, _, _ in flat]
         self.boxes: list[Box] = [(rows, cols) for _, rows, cols in flat]
@@ -132,7 +131,7 @@ class Batch:
         storage.read(Stored(label, self.path, self.start, 1, span, None), 0, 1, self.data.reshape(1, span))
         self.fingerprints = np.zeros((n, 3), dtype=np.int64)
 
-    def _windows(self, ks: Sequence[int], boxes: Sequence[Box]) -> tuple[np.ndarray, ...]:
+    def windows(self, ks: Sequence[int], boxes: Sequence[Box]) -> tuple[np.ndarray, ...]:
         """Box ``boxes[i]`` of stored tensor ``ks[i]``: where its first byte is, its rows, stride and width."""
         k = np.asarray(ks, dtype=np.int64)
         r0 = np.fromiter((b[0][0] for b in boxes), np.int64, len(boxes))
@@ -144,7 +143,7 @@ class Batch:
 
     def copy(self, dst: np.ndarray, dst_offsets: np.ndarray) -> None:
         """Each window into ``dst`` at its offset (an empty ``dst``: fingerprints only), fingerprinted."""
-        src, rows, stride, width = self._windows(range(len(self.stored)), self.boxes)
+        src, rows, stride, width = self.windows(range(len(self.stored)), self.boxes)
         # the kernel does not check bounds: every window lies in the span read (the storage's box is
         # inside its stored tensor), and every destination in dst (_small holds each slot to its window)
         if dst.size and int((dst_offsets + rows * width).max()) > dst.size:
@@ -157,7 +156,7 @@ class Batch:
         tensor this rank hashes), from this batch's bytes, in one pass."""
         if not boxes:
             return []
-        src, rows, stride, width = self._windows([k for k, _ in boxes], [box for _, box in boxes])
+        src, rows, stride, width = self.windows([k for k, _ in boxes], [box for _, box in boxes])
         fps = np.zeros((len(boxes), 3), dtype=np.int64)
         kernels.gather_windows(self.data, src, rows, stride, width, word_widths(width), np.empty(0, np.uint8),
                                np.zeros(len(boxes), np.int64), fps)
@@ -181,7 +180,7 @@ class BatchWindows:
 
     def __init__(self, batch: Batch, ks: Sequence[int]) -> None:
         self.batch = batch
-        self.src, self.rows, self.stride, self.width = batch._windows(ks, [batch.boxes[k] for k in ks])
+        self.src, self.rows, self.stride, self.width = batch.windows(ks, [batch.boxes[k] for k in ks])
 
     def count_either(self, a: int, b: int) -> int:
         return int(kernels.count_windows(self.batch.data, self.src, self.rows, self.stride, self.width, a, b, False))

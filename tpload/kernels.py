@@ -154,34 +154,13 @@ def _zero_bytes(x):  # pragma: no cover - compiled
 
 
 
-@nb.njit(nb.int64(nb.types.Array(nb.uint8, 1, "C", readonly=True), nb.int64, nb.int64, nb.int64, nb.uint8,
-                 nb.uint8), **_JIT)
-def _count_either(span, stride, rows, cols, a, b):  # pragma: no cover - compiled
-    """How many of ``rows`` rows of ``cols`` bytes (row ``r`` at ``span[r*stride:]``) are ``a`` or ``b``:
-    eight bytes at a time (one unaligned load, a zero-byte count per value), the row's tail one by one."""
-    n = np.uint64(0)
-    pa, pb = np.uint64(a) * _ONES, np.uint64(b) * _ONES
-    two = a != b
-    for r in range(rows):
-        base = r * stride
-        j = 0
-        while j + 8 <= cols:
-            w = _load8(span, base + j)
-            n += _zero_bytes(w ^ pa)
-            if two:
-                n += _zero_bytes(w ^ pb)
-            j += 8
-        for k in range(base + j, base + cols):
-            v = span[k]
-            n += np.uint64((v == a) | (v == b))
-    return np.int64(n)
-
-
-@nb.njit(nb.int64(nb.uint8[::1], nb.int64[::1], nb.int64[::1], nb.int64[::1], nb.int64[::1], nb.uint8, nb.uint8,
-                  nb.boolean), **_JIT)
+@nb.njit(nb.int64(nb.types.Array(nb.uint8, 1, "C", readonly=True), nb.int64[::1], nb.int64[::1], nb.int64[::1],
+                  nb.int64[::1], nb.uint8, nb.uint8, nb.boolean), **_JIT)
 def count_windows(src, src_off, rows, stride, width, a, b, between):  # pragma: no cover - compiled
     """How many bytes of many windows of ``src`` (laid out as in :func:`gather_windows`) are ``a`` or
-    ``b`` (``between``: lie in ``[a, b]``), all windows together: one call for a batch's items."""
+    ``b`` (``between``: lie in ``[a, b]``), all windows together: one call for a batch's items, or for
+    one window (:func:`count_either`, :func:`count_between`). ``a`` or ``b`` go eight bytes at a time
+    (one unaligned load, a zero-byte count per value), each row's tail one by one."""
     n = np.uint64(0)
     pa, pb = np.uint64(a) * _ONES, np.uint64(b) * _ONES
     for i in range(src_off.size):
@@ -236,24 +215,12 @@ def wrap64(x: int) -> int:
     return (x + (1 << 63)) % (1 << 64) - (1 << 63)
 
 
-@nb.njit(nb.int64(nb.types.Array(nb.uint8, 1, "C", readonly=True), nb.int64, nb.int64, nb.int64, nb.uint8,
-                 nb.uint8), **_JIT)
-def _count_between(span, stride, rows, cols, lo, hi):  # pragma: no cover - compiled
-    """How many of ``rows`` rows of ``cols`` bytes (row ``r`` at ``span[r*stride:]``) lie in ``[lo, hi]``."""
-    n = np.int64(0)
-    for r in range(rows):
-        for j in range(r * stride, r * stride + cols):
-            v = span[j]
-            n += (v >= lo) & (v <= hi)
-    return n
-
-
 def count_between(x: np.ndarray, lo: int, hi: int) -> int:
     """How many bytes of a 2-D byte window (rows read in place) lie in ``[lo, hi]``: the scale bytes
     from which a decode can overflow, counted without a temporary."""
     b2 = x.reshape(1, -1) if x.ndim < 2 else x
     span, stride = _rows(b2.view(np.uint8), "count_between")
-    return int(_count_between(span, stride, b2.shape[0], b2.shape[1], lo, hi))
+    return _count_one(span, stride, b2.shape, lo, hi, between=True)
 
 
 def count_either(x: np.ndarray, a: int, b: int) -> int:
@@ -261,7 +228,13 @@ def count_either(x: np.ndarray, a: int, b: int) -> int:
     window of wider rows (read in place, as the decoders do)."""
     b2 = x.reshape(1, -1) if x.ndim < 2 else x if x.ndim == 2 else x.reshape(x.shape[0], math.prod(x.shape[1:]))
     span, stride = _rows(b2.view(np.uint8), "count_either")
-    return int(_count_either(span, stride, b2.shape[0], b2.shape[1], a, b))
+    return _count_one(span, stride, b2.shape, a, b, between=False)
+
+
+def _count_one(span: np.ndarray, stride: int, shape: tuple[int, int], a: int, b: int, *, between: bool) -> int:
+    """count_windows on one window: ``shape`` rows and columns, rows ``stride`` apart in ``span``."""
+    one = np.zeros(1, dtype=np.int64)
+    return int(count_windows(span, one, one + shape[0], one + stride, one + shape[1], a, b, between))
 
 
 # -- decode

@@ -424,8 +424,7 @@ class Planner:
         if expert is None or layout.ep == 1:
             return True
         positions = self._expert_pos[expert[0]]
-        lo, hi = share(len(positions), layout.ep, group)
-        return lo <= positions[expert[1]] < hi
+        return part_of(positions[expert[1]], len(positions), layout.ep) == group
 
     # -- layouts -------------------------------------------------------------------------------
 
@@ -515,8 +514,7 @@ class Planner:
                     h.append(e)
                 continue
             positions = self._expert_pos[e.expert[0]]
-            per = len(positions) // ep  # as share(): group k holds [k * per, (k + 1) * per), the last the rest
-            held[min(positions[e.expert[1]] // per, ep - 1) if per else ep - 1].append(e)
+            held[part_of(positions[e.expert[1]], len(positions), ep)].append(e)
         return held
 
     def _shaped(self, e: _Entry, layout: Layout, rank: int, kind: str) -> _Shaped | str:
@@ -563,6 +561,12 @@ def share(n: int, parts: int, k: int) -> tuple[int, int]:
     (how expert parallelism shares experts out)."""
     per = n // parts
     return k * per, (n if k == parts - 1 else (k + 1) * per)
+
+
+def part_of(i: int, n: int, parts: int) -> int:
+    """The part that thing ``i`` of ``n`` falls in when :func:`share` shares them out (its inverse)."""
+    per = n // parts
+    return min(i // per, parts - 1) if per else parts - 1
 
 
 def read_model_config(root: Path, *, why: str) -> dict:

@@ -197,3 +197,12 @@ def test_paused_gc_leaves_a_disabled_collector_disabled() -> None:
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_part_of_is_the_inverse_of_share() -> None:
+    from tpload.plan import part_of, share
+    for n in range(0, 40):
+        for parts in range(1, 10):
+            for k in range(parts):
+                lo, hi = share(n, parts, k)
+                assert all(part_of(i, n, parts) == k for i in range(lo, hi)), (n, parts, k)

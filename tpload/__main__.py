@@ -79,7 +79,8 @@ def cmd_load(argv: list[str]) -> int:
         _first_run_notes(opts.checkpoint)
         from dataclasses import replace
 
-        from .api import load_in, resolve_checkpoint
+        from .api import load_in
+        from .synth import resolve_checkpoint
         from .distributed import init_distributed
         opts = replace(opts, checkpoint=resolve_checkpoint(opts.checkpoint))
         with init_distributed(timeout_s=opts.timeout_s) as ctx:

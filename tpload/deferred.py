@@ -3,15 +3,18 @@
 A config rule with ``role = "defer"`` (or ``load(defer=...)``) keeps a tensor
 out of the arena, for tables too large to hold (n-gram embeddings, a head the
 model quantizes on the fly). The load hands back one :class:`DeferredTensor`
-per such tensor: where its stored bytes are, what they are, and the manifest's
-sha256, so the model can check the bytes while it streams them.
+per such tensor: where its stored bytes are, what they are, and the sha256 they
+must hash to (the manifest's, or for a folder vouched for by whole-file digests,
+the one this load took while it hashed the file whole: verification/gate.py), so
+:meth:`DeferredTensor.chunks` checks the bytes as the model streams them. A
+locator cannot be made without that digest unless the load ran with verify off.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,10 +44,21 @@ class DeferredTensor:
     shape: tuple[int, ...]
     """Stored shape."""
     sha256: str | None
-    """The manifest's sha256 of the stored bytes (None when loaded with verify off and no manifest)."""
+    """The sha256 the stored bytes must hash to (None only when loaded with verify off)."""
+    vouched_by: str = ""
+    """What vouches for :attr:`sha256` (the manifest, or a whole-file digest checked in this load);
+    empty only with verify off."""
     verified: bool = False
-    """Whether tpload hashed these bytes: never during a load (it does not read them);
-    :meth:`chunks` checks them as the model streams."""
+    """Whether tpload hashed these bytes as this tensor's: never during a load (it does not read
+    them as one); :meth:`chunks` checks them as the model streams."""
+
+    def __post_init__(self) -> None:
+        if self.sha256 is None and self.vouched_by:
+            raise CheckpointError(f"{escape_name(self.path)}: deferred tensor {escape_name(self.name)}: "
+                                  "no digest to check it against")
+        if self.sha256 is not None and not self.vouched_by:
+            raise CheckpointError(f"{escape_name(self.path)}: deferred tensor {escape_name(self.name)}: "
+                                  "a digest with nothing vouching for it")
 
     def chunks(self, chunk_bytes: int = STREAM_CHUNK) -> Iterator[bytes]:
         """The stored bytes in order, ``chunk_bytes`` at a time; raises CheckpointError
@@ -68,11 +82,14 @@ class DeferredTensor:
             raise CheckpointError(sha256_mismatch(self.path, self.name, h.hexdigest(), self.sha256))
 
 
-def locate(storage: Storage, names: tuple[str, ...] | list[str]) -> tuple[DeferredTensor, ...]:
-    """A locator for each named tensor, in natural name order."""
+def locate(storage: Storage, digests: Mapping[str, str | None], vouched_by: str) -> tuple[DeferredTensor, ...]:
+    """A locator for each tensor of ``digests`` (name -> the sha256 the gate vouches for, None only
+    with verify off), in natural name order."""
     out = []
-    for name in sorted(names, key=natural_key):
+    for name in sorted(digests, key=natural_key):
         s = storage.stored(name)
         meta = storage.catalogue.get(name)
-        out.append(DeferredTensor(name, s.path.absolute(), s.offset, s.nbytes, meta.dtype, meta.shape, s.sha256))
+        sha = digests[name]
+        out.append(DeferredTensor(name, s.path.absolute(), s.offset, s.nbytes, meta.dtype, meta.shape, sha,
+                                  vouched_by if sha is not None else ""))
     return tuple(out)

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from .api import checkpoint_stamp, layout_key
+from .verification.gate import layout_key
+from .verification.store import checkpoint_stamp
 from .config import Config
 from .errors import CheckpointError, LoadError
 from .loop import run, value_feed

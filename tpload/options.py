@@ -276,3 +276,13 @@ def flags_markdown() -> str:
         cells = [f"`{flag}`", f"`{f.name}`", default, meta["help"]]
         rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(rows)
+
+
+def with_option_signature(fn: Callable, returns: type) -> None:
+    """Give ``fn`` (``load``) the keyword signature of :class:`LoadOptions`, so help() and IDEs show
+    every option beside its own parameters."""
+    import inspect
+    params = [p for p in inspect.signature(fn).parameters.values() if p.kind != p.VAR_KEYWORD]
+    params += [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default)
+               for f in fields(LoadOptions) if f.name != "checkpoint"]
+    fn.__signature__ = inspect.Signature(params, return_annotation=returns)

@@ -246,3 +246,10 @@ def spec_from(preset: str, **overrides: int | None) -> SynthSpec:
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
     return replace(PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None})
+
+
+def resolve_checkpoint(checkpoint: str | os.PathLike | None) -> str:
+    """The command line's checkpoint: the given one, or the built-in small synthetic one (written once)."""
+    if checkpoint is not None:
+        return os.fspath(checkpoint)
+    return str(cached_checkpoint(PRESETS["small"]))

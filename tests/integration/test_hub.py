@@ -4,6 +4,7 @@ sha256 its blob is named by; one flipped byte in one blob fails every rank, nami
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 from tpload.published import write_published
 from tpload.storage.hub import to_hub_cache
 
-from ..helpers import error_of, tensor_offset, tpload_cli
+from ..helpers import error_of, tensor_offset, torchrun, tpload_cli
 
 
 @pytest.fixture
@@ -54,3 +55,37 @@ def test_a_flipped_byte_in_one_blob_fails_every_rank_naming_the_file(snapshot: P
         msg = error_of(run.rank_err[rank], rank)
         assert path.name in msg and "sha256" in msg, (rank, msg)
     assert "verified:" not in run.out
+
+
+def _second_shard(snapshot: Path) -> list[str]:
+    index = json.loads((snapshot / "model.safetensors.index.json").read_text())["weight_map"]
+    return sorted(n for n, f in index.items() if f.endswith("00002.safetensors"))
+
+
+def test_deferring_a_whole_blob_still_hashes_it_and_vouches_for_each_locator(snapshot: Path, tmp_path: Path) -> None:
+    # every tensor of the second shard deferred: no rank reads a window of it, so only the gate's
+    # rule (a rank hashes the file of what it defers) keeps its blob checked
+    names = _second_shard(snapshot)
+    worker = str(Path(__file__).parents[1] / "workers" / "defer_stream.py")
+    run = torchrun(2, [worker, str(snapshot), str(tmp_path), ",".join(names)])
+    assert run.rc == 0, run.text
+    for rank in range(2):
+        doc = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert sorted(d["name"] for d in doc["deferred"]) == names
+        for d in doc["deferred"]:
+            path, offset, nbytes = tensor_offset(snapshot, d["name"])
+            want = hashlib.sha256(path.read_bytes()[offset:offset + nbytes]).hexdigest()
+            assert d["sha256"] == want and "hub blob" in d["vouched_by"], d
+            assert doc["streamed"][d["name"]] == want
+
+    # the same deferral, the blob corrupted before the load: every rank fails naming the file
+    path, offset, nbytes = tensor_offset(snapshot, names[0])
+    blob = path.resolve()
+    data = bytearray(blob.read_bytes())
+    data[offset] ^= 0x01
+    blob.write_bytes(bytes(data))
+    run = torchrun(2, [worker, str(snapshot), str(tmp_path), ",".join(names)], logs=tmp_path / "logs")
+    assert run.rc != 0
+    for rank in range(2):
+        msg = error_of(run.rank_err[rank], rank) or run.rank_err[rank]
+        assert path.name in msg and "sha256" in msg, (rank, msg)

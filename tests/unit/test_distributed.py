@@ -6,7 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tpload.api import _verdict
+from types import SimpleNamespace
+
+from tpload.plan import Layout
+from tpload.verification import gate
 from tpload.distributed import DistContext, node_key, pick_device
 from tpload.errors import OptionsError
 from tpload.report import RankFigures
@@ -50,8 +53,16 @@ def ctx(nodes: tuple[int, ...]) -> DistContext:
     return DistContext(0, len(nodes), 0, torch.device("cpu"), object(), object(), nodes)
 
 
-class Job:
-    store_path, key = "/store/x.json", "tp2-ep1-packed-config-x"
+def _verdict(ranks: list[RankFigures], context: DistContext, store: str) -> str:
+    """The gate's verdict of a node-mode load on a manifest checkpoint, as one text ("" when passed)."""
+    storage = SimpleNamespace(catalogue=SimpleNamespace(manifest_sha256="ab" * 32), per_rank=False)
+    opts = SimpleNamespace(kind="packed", digest_store=store, verify="node")
+    job = gate.Job(opts, context, None, storage, {}, "x", Layout(2, 1), dict)
+    return "\n".join(gate.judge(ranks, gate.strategy(job)).problems)
+
+
+def Job() -> str:  # noqa: N802 - the digest store the messages name
+    return "/store"
 
 
 def test_the_verdict_groups_failures_by_message() -> None:
@@ -70,7 +81,7 @@ def test_ranks_in_different_calls_are_caught_before_anything_else() -> None:
 def test_a_rank_differing_from_the_stored_prediction_fails_everyone() -> None:
     ranks = [RankFigures(rank=0, seq=1, prediction=1), RankFigures(rank=1, seq=1, prediction=2, digest="ab" * 32)]
     why = _verdict(ranks, ctx((0, 0)), Job())
-    assert "rank 1: digest abababababababab... differs from the prediction stored in /store/x.json" in why
+    assert "rank 1: digest abababababababab... differs from the prediction stored in /store/" in why and "(tp2-ep1-packed-config-x)" in why
     assert "rank 0: digest" not in why
 
 

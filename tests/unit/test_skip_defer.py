@@ -81,6 +81,6 @@ def test_a_deferred_locator_refuses_a_fifo_in_its_place(ckpt_copy: Path, tmp_pat
     d = next(t for t in load(ckpt_copy, defer=("head.weight",)).deferred())
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    moved = DeferredTensor(d.name, fifo, d.offset, d.nbytes, d.dtype, d.shape, d.sha256)
+    moved = DeferredTensor(d.name, fifo, d.offset, d.nbytes, d.dtype, d.shape, d.sha256, d.vouched_by)
     with pytest.raises(CheckpointError, match="is a FIFO; refused"):
         next(moved.chunks())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import psutil
+import torch
 
 
 class MemoryPeaks:
@@ -36,3 +37,17 @@ class MemoryPeaks:
         self._stop.set()
         self._thread.join()
         self._sample()
+
+
+def device_peaks(device: torch.device) -> tuple[int | None, int | None]:
+    """The caching allocator's peaks on a CUDA device (allocated, reserved); (None, None) elsewhere."""
+    if device.type != "cuda":
+        return None, None
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
+
+
+def reset_device_peaks(device: torch.device) -> None:
+    """Start the allocator's peaks afresh for this load (CUDA only)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)

@@ -137,6 +137,15 @@ class ShardRelease:
         self._pending: dict[Path, int] = {}
         self._touched: dict[Path, list[tuple[int, int]]] = {}
 
+    @classmethod
+    def expecting(cls, storage: object, plan: object, hashed: Iterable[str]) -> ShardRelease:
+        """A release that expects every range the plan reads and every tensor this rank hashes."""
+        out = cls(storage.evict)
+        for name in [c.name for item in plan.items for c in item.cuts] + sorted(hashed):
+            s = storage.stored(name)
+            out.expect(s.path, s.offset, s.nbytes)
+        return out
+
     def expect(self, path: Path, offset: int, nbytes: int) -> None:
         """One more thing to do on ``path``; the range is among those touched there."""
         self._pending[path] = self._pending.get(path, 0) + 1

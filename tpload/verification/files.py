@@ -35,6 +35,8 @@ class FileHashed:
     sha256: str = ""
     nbytes: int = 0
     peers: dict[str, dict[int, Triple]] = field(default_factory=dict)
+    deferred: dict[str, str] = field(default_factory=dict)
+    """The sha256 of each deferred tensor's stored bytes, taken in the same pass (gate.FileDigests)."""
 
 
 def assign_files(users: Mapping[Path, list[int]], sizes: Mapping[Path, int], ranks: list[int]) -> dict[int, list[Path]]:
@@ -49,8 +51,10 @@ class FileHasher:
     """This rank's files, hashed whole on a background thread (:meth:`start`, then :meth:`finish`)."""
 
     def __init__(self, storage, files: list[Path], peers: Mapping[str, Mapping[int, Box]],
-                 views: Mapping[str, tuple[int, int]]) -> None:
+                 views: Mapping[str, tuple[int, int]], *, deferred: set[str] | frozenset[str] = frozenset()) -> None:
         self.storage, self.files, self.peers, self.views = storage, files, peers, views
+        self.deferred = deferred
+        """Tensors whose own sha256 is taken along (the load defers them: nothing else reads them)."""
         self.results: list[FileHashed] = []
         self.error: BaseException | None = None
         self._stop = threading.Event()
@@ -96,6 +100,12 @@ class FileHasher:
         pos = 0
         for info in infos:
             self._raw(shard, sha, pos, info.begin)
+            if info.name in self.deferred:  # its bytes feed the file's hash and a hash of its own
+                own = hashlib.sha256()
+                self._raw(shard, sha, info.begin, info.begin + info.nbytes, also=own)
+                out.deferred[info.name] = own.hexdigest()
+                pos = max(pos, info.begin + info.nbytes)
+                continue
             stored = storage.stored(info.name)
             stored = stored.seen_as(self.views.get(info.name, (stored.rows, stored.row_bytes)))
 
@@ -110,11 +120,13 @@ class FileHasher:
         return out
 
     @staticmethod
-    def _raw(shard, sha, begin: int, end: int) -> None:
+    def _raw(shard, sha, begin: int, end: int, *, also: object | None = None) -> None:
         for a in range(begin, end, RAW_CHUNK):
             buf = np.empty(min(RAW_CHUNK, end - a), dtype=np.uint8)
             shard.read_into(a, buf)
             sha.update(memoryview(buf))
+            if also is not None:
+                also.update(memoryview(buf))
 
 
 def file_problems(results: list[FileHashed], expected: Mapping[Path, str]) -> list[str]:

@@ -137,3 +137,9 @@ def stale(stamp: dict | None, now: dict) -> list[str]:
     if now["manifest_sha256"] != stamp.get("manifest_sha256"):
         changed.insert(0, "the manifest")
     return changed
+
+
+def checkpoint_stamp(storage: object) -> dict:
+    """What a verified prediction vouches for: the manifest's sha256 and each shard's size and mtime."""
+    shards = {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(storage.paths())}
+    return {"manifest_sha256": storage.catalogue.manifest_sha256, "shards": shards}

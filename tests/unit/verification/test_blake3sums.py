@@ -24,7 +24,7 @@ pytest.importorskip("blake3")
 
 
 def _choice(root: Path, store: Path) -> tuple[blake3sums.Digests, str]:
-    from tpload.api import checkpoint_stamp
+    from tpload.verification.store import checkpoint_stamp
     storage = ShardedStorage(root)
     try:
         return content_hash(DigestStore(store), storage.catalogue, lambda: checkpoint_stamp(storage), threads=1,

@@ -45,7 +45,7 @@ from .verification.blake3sums import SHA256, Digests, content_hash, fix_command
 from .verification.hashing import Hasher
 from .verification.files import FileHashed, FileHasher, assign_files, file_problems, own_problems
 from .verification.policy import HashPlan, hash_plan
-from .verification.store import DigestStore, Prediction, stale
+from .verification.store import DigestStore, Prediction, checkpoint_stamp, stale
 
 CACHE_SAMPLE = 8  # the report's page-cache figures look at one page run in 8 (an estimate, 1/8 of the cost)
 log = logging.getLogger("tpload")
@@ -87,12 +87,6 @@ class RankShards:
 
 def layout_key(config_id: str, layout: Layout, kind: str) -> str:
     return f"tp{layout.tp}-ep{layout.ep}-{kind}-config-{config_id}"
-
-
-def checkpoint_stamp(storage: Storage) -> dict:
-    """What a verified prediction vouches for: the manifest's sha256 and each shard's size and mtime."""
-    shards = {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(storage.paths())}
-    return {"manifest_sha256": storage.catalogue.manifest_sha256, "shards": shards}
 
 
 def _spare_cores(ctx: DistContext) -> int:
@@ -171,6 +165,7 @@ class _RankLoad:
         storage.catalogue.refuse_headers_only("loading it")
         self._check_pin(storage)
         self._measure_cache(storage, before=True)
+        self.notes += storage.catalogue.check_plan_files()  # the JSON files the manifest pins (storage/pins.py)
         config, why = choose(self.opts.config, storage.root)
         if why:
             self.notes.append(why)

@@ -23,7 +23,7 @@ from .config import FAMILIES, Config, available, load_config, split_spec
 from .errors import ConfigError, LoadError
 from .options import DEFAULT_CONFIG, REFERENCE_CONFIG
 from .storage import hub, partitioned
-from .storage.files import parse_json, read_small
+from .storage.files import parse_json
 from .storage.pins import INDEX_NAME, Pins
 from .storage.safetensors import read_header
 from .text import escape_name

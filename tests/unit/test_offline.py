@@ -118,7 +118,7 @@ def test_plan_write_refuses_a_checkpoint_that_fails_sha256(ckpt_copy: Path, tmp_
 def hooked_run(monkeypatch: pytest.MonkeyPatch, after_first: Callable[[], None], at: int = 1) -> list[object]:
     """Wrap the load's own run() as offline calls it: ``after_first`` runs once rank ``at - 1`` is done
     (a writer changing the checkpoint between the opening and the end); the storages it ran on."""
-    import tpload.offline as offline
+    from tpload import offline
     real, seen = offline.run, []
 
     def run(storage: object, *args: object, **kw: object) -> object:

@@ -149,6 +149,8 @@ class Catalogue:
         self.manifest_sha256 = manifest_sha256
         """sha256 of the manifest file's bytes as read (the checkpoint's identity for stored digests)."""
         self.manifest_path = manifest_path or root / MANIFEST_NAME
+        self.pins: Pins | None = None
+        """What the manifest read for this table pins (None: not read here; read again from disk when asked)."""
         self.files_read: dict[str, str] = {}
         """The sha256 of each plan-shaping JSON file read to make this table (the index), as read."""
         self._names: list[str] | None = None
@@ -163,7 +165,7 @@ class Catalogue:
         """Check the JSON files that shape a plan (config.json, hf_quant_config.json, the index) against
         the pins of the manifest this catalogue was opened with; raise CheckpointError naming each
         that does not match. Returns notes (a manifest written before pins: its JSON files are unpinned)."""
-        return check_plan_files(self.root, self.manifest_sha256)
+        return check_plan_files(self.root, self.manifest_sha256, self.pins)
 
     def refuse_headers_only(self, what: str) -> None:
         """Raise for a headers-only checkpoint: ``what`` (a load, a verification, a manifest) would
@@ -285,7 +287,7 @@ def read_native(root: Path, *, manifest: bool = True) -> tuple[Catalogue, dict[s
     # The planner's table holds the same objects (a TensorInfo is a TensorMeta: a copy of each cost a
     # third of the opening), in a dict of its own so that nothing done to one table changes the other.
     catalogue = Catalogue(root, dict(locations), entries, manifest_sha256=manifest_sha, headers_only=headers_only)
-    catalogue.files_read = read
+    catalogue.files_read, catalogue.pins = read, pins if manifest else None
     return catalogue, locations
 
 

@@ -150,11 +150,12 @@ class Pins:
         return out
 
 
-def check_plan_files(root: Path, manifest_sha256: str | None) -> list[str]:
+def check_plan_files(root: Path, manifest_sha256: str | None, pins: Pins | None = None) -> list[str]:
     """Check every plan-shaping JSON file of ``root`` against the manifest that was opened (its
-    bytes' sha256); raise CheckpointError listing each mismatch. Returns notes: a manifest that
-    pins nothing while such files are present."""
-    pins = Pins.of(root)
+    bytes' sha256; ``pins``: those parsed from its very bytes, else read from disk now and required
+    to be the same manifest); raise CheckpointError listing each mismatch. Returns notes: a manifest
+    that pins nothing while such files are present."""
+    pins = pins or Pins.of(root)
     if manifest_sha256 is not None and pins.manifest_sha256 != manifest_sha256:
         raise CheckpointError(f"{escape_name(root / MANIFEST_NAME)}: changed since the checkpoint was opened "
                               f"(sha256 {manifest_sha256[:16]}... then, {(pins.manifest_sha256 or 'none')[:16]}... "
@@ -165,7 +166,8 @@ def check_plan_files(root: Path, manifest_sha256: str | None) -> list[str]:
         present = [n for n in PLAN_FILES if os.path.lexists(root / n)]
         if not present or pins.export:
             return []
-        return [f"{MANIFEST_NAME} pins none of {', '.join(present)} (written before tpload pinned the JSON files "
-                f"that shape a plan), so an edit to them would change what is served unnoticed; {renew('them')}"]
+        note = (f"{MANIFEST_NAME} pins none of {', '.join(present)} (written before tpload pinned the JSON files "
+                f"that shape a plan), so an edit to them would change what is served unnoticed; {renew('them')}")
+        return [note]
     raise_all(CheckpointError, pins.problems(), what="JSON files that do not match their pins in the manifest")
     return []

@@ -94,6 +94,7 @@ class _RankLoad:
         opts, ctx = self.opts, self.ctx
         storage.catalogue.refuse_headers_only("loading it")
         check_pin(storage, opts.manifest_sha256)
+        self.notes += storage.catalogue.check_plan_files()  # the JSON files the manifest pins (storage/pins.py)
         self._measure_cache(storage, before=True)
         config, why = choose(opts.config, storage.root)
         if why:

@@ -20,8 +20,6 @@ from pathlib import Path
 
 import torch
 
-from .verification.gate import layout_key
-from .verification.store import checkpoint_stamp
 from .config import Config
 from .errors import CheckpointError, LoadError
 from .loop import run, value_feed
@@ -30,6 +28,7 @@ from .report.progress import Silent
 from .storage import Storage, open_storage
 from .storage.catalogue import MANIFEST_NAME
 from .storage.files import atomic_write
+from .storage.pins import Pins, pins_to_write
 from .storage.sharded import ShardedStorage
 from .text import escape_name
 from .transfer.cpu import CpuTransfer
@@ -37,58 +36,84 @@ from .verification.files import FileHasher, file_problems
 from .verification.blake3sums import Digests, require, write_sidecar
 from .verification.hashing import Hasher, hash_whole, mismatches
 from .verification.policy import HashPlan
-from .verification.store import DigestStore
+from .verification.gate import layout_key
+from .verification.store import DigestStore, checkpoint_stamp, stale
 
 
 def _spare() -> int:
     return max(0, (os.cpu_count() or 1) - 1)
 
 
-def predict(root: str | os.PathLike, config: Config, layout: Layout, kind: str, *, verify: bool = False) -> list[str]:
+def predict(root: str | os.PathLike, config: Config, layout: Layout, kind: str, *, verify: bool = False,
+            storage: Storage | None = None) -> list[str]:
     """Every rank's digest for this layout and kind, computed on the CPU by the load's own code.
 
     ``verify``: also hash every tensor the layout uses against the manifest (each once);
-    any mismatch raises :class:`LoadError`, listing them all.
+    any mismatch raises :class:`LoadError`, listing them all. ``storage``: an opened native folder
+    to compute every rank from (the caller keeps it open and closes it); by default each rank's
+    own storage is opened here.
     """
     out, hashed = [], set()
     for rank in range(layout.world):
-        storage = open_storage(root, tp=layout.tp, ep=layout.ep, rank=rank, world=layout.world)
+        mine_open = storage is None
+        opened = open_storage(root, tp=layout.tp, ep=layout.ep, rank=rank, world=layout.world) if mine_open else storage
         try:
-            storage.catalogue.refuse_headers_only("computing digests")
-            planner = Planner(storage.catalogue, config)
+            opened.catalogue.refuse_headers_only("computing digests")
+            planner = Planner(opened.catalogue, config)
             planner.check_layout(layout, layout.world)
             plan = planner.plan(layout, kind, rank)
             mine: frozenset[str] = frozenset()
             if verify:
-                problems = storage.manifest_problems(sorted(set(plan.used_tensors) | set(plan.deferred)))
+                problems = opened.manifest_problems(sorted(set(plan.used_tensors) | set(plan.deferred)))
                 if problems:
                     raise CheckpointError("\n".join(problems))
-                mine = frozenset(n for n in plan.used_tensors if storage.per_rank or n not in hashed)
+                mine = frozenset(n for n in plan.used_tensors if opened.per_rank or n not in hashed)
                 hashed |= mine
-            result = run(storage, plan, transfer=CpuTransfer(torch.device("cpu")),
+            result = run(opened, plan, transfer=CpuTransfer(torch.device("cpu")),
                          hasher=Hasher(HashPlan("rank", rank, mine), threads=min(2, _spare())), samples=0,
                          progress=Silent())
             out.append(result.digest())
             del result  # one rank's arena at a time
         finally:
-            storage.close()
+            if mine_open:
+                opened.close()
     return out
 
 
 def record_verified(root: str | os.PathLike, config: Config, layout: Layout, kind: str, *,
                     store: str | os.PathLike | None = None) -> tuple[list[str], Path]:
     """``tpload plan --write``: hash every tensor the layout uses, then store every rank's digest,
-    stamped with what was verified (raises LoadError listing every mismatch; nothing is written then)."""
+    stamped with what was verified (raises LoadError listing every mismatch; nothing is written then).
+
+    One opening serves all: the store key (the manifest's sha256), the stamp and every rank's
+    digest come from the same catalogue and file handles, and at the end the stamp, the open
+    shards, the manifest's bytes and the JSON files it pins are checked again: if any moved while
+    the digests were computed, nothing is stored."""
     storage = ShardedStorage(Path(root).absolute())
     try:
-        if storage.catalogue.manifest_sha256 is None:
+        cat = storage.catalogue
+        if cat.manifest_sha256 is None:
             raise CheckpointError(f"{escape_name(storage.root)}: no {MANIFEST_NAME}: trusted digests are verified "
                                   f"against it; write one with `python -m tpload manifest {escape_name(storage.root)}`")
         stamp = checkpoint_stamp(storage)
-        manifest_sha = storage.catalogue.manifest_sha256
+        manifest_sha = cat.manifest_sha256
+        digests = predict(root, config, layout, kind, verify=True, storage=storage)
+        moved = [f"{what} changed while the digests were computed" for what in stale(stamp, checkpoint_stamp(storage))]
+        moved += storage.changed()
+        now = Pins.of(storage.root).manifest_sha256
+        if now != manifest_sha:
+            moved.insert(0, f"the manifest changed while the digests were computed (sha256 {manifest_sha[:16]}... "
+                            f"then, {(now or 'none')[:16]}... now)")
+        if not moved:
+            try:
+                cat.check_plan_files()
+            except LoadError as e:
+                moved.append(str(e))
+        if moved:
+            raise CheckpointError(f"nothing stored: {escape_name(storage.root)} moved under `plan --write` (run it "
+                                  "again once nothing writes the checkpoint):\n  - " + "\n  - ".join(moved))
     finally:
         storage.close()
-    digests = predict(root, config, layout, kind, verify=True)
     path = DigestStore(store).write(manifest_sha, Path(root).absolute(), layout_key(config.id(), layout, kind),
                                     digests, stamp)
     return digests, path
@@ -118,6 +143,7 @@ def verify_checkpoint(root: str | os.PathLike, config: Config | None, *, threads
             problems = cat.manifest_problems(cat.names())
             if cat.manifest is None:
                 return problems
+            problems += Pins.of(path).problems()  # config.json, hf_quant_config.json, the index against their pins
             names, compare = [n for n in cat.names() if n in cat.manifest], True
         checkers = _value_checkers(storage, config, problems) if config is not None else {}
         if compare or checkers:
@@ -215,7 +241,9 @@ def write_manifest(root: str | os.PathLike, *, force: bool = False, threads: int
         storage.close()
     tensors = {n: {"file": catalogue.tensors[n].file, "dtype": catalogue.tensors[n].dtype,
                    "shape": list(catalogue.tensors[n].shape), "sha256": hashed[n].sha256} for n in names}
-    atomic_write(path, json.dumps({"format": 1, "tensors": tensors}, indent=1) + "\n")
+    # the JSON files that shape a plan, pinned (storage/pins.py); the index as it was read for the table
+    files = pins_to_write(path.parent, known=catalogue.files_read)
+    atomic_write(path, json.dumps({"format": 1, "files": files, "tensors": tensors}, indent=1) + "\n")
     return path
 
 

@@ -14,15 +14,18 @@ it was made with. Anything else unknown is an error listing what ships and how t
 
 from __future__ import annotations
 
+import json
 from functools import cache
 from importlib import resources
 from pathlib import Path
 
 from .config import FAMILIES, Config, available, load_config, split_spec
-from .errors import ConfigError
+from .errors import ConfigError, LoadError
 from .options import DEFAULT_CONFIG, REFERENCE_CONFIG
 from .storage import hub, partitioned
-from .storage.files import read_json
+from .storage.files import parse_json
+from .storage.pins import INDEX_NAME, Pins
+from .storage.safetensors import read_header
 from .text import escape_name
 
 AUTO = "auto"
@@ -44,16 +47,18 @@ def choose(spec: str, root: Path) -> tuple[Config, str]:
             raise ConfigError(f"--config {spec}: a pre-partitioned export is loaded with the config it was made "
                               f"with ({export_config}); pass that, or auto")
         return load_config(export_config), f"config {export_config}: the one this export was made with"
-    model = model_config(root)
+    pins = Pins.of(root) if root.is_dir() else Pins(root, None, None)
+    model = model_config(root, pins=pins)
     if model is None:
         if head != AUTO:
             raise ConfigError(f"--config {spec}: {escape_name(root)} has no config.json to find the architecture in; "
                               f"name it (ARCH+{head}; {available()})")
+        _refuse_other_layouts(root, pins)
         return load_config(REFERENCE_CONFIG), (f"config {REFERENCE_CONFIG}: {escape_name(root)} has no config.json, "
                                                "so it is read as tpload's reference native layout (docs/format.md)")
     arch, arch_why = _architecture(model, root)
     if head == AUTO:
-        picked, fam_why = _families(model, root)
+        picked, fam_why = _families(model, root, pins)
         if all(f in arch.families for f in picked):
             own = [f for f in arch.families if f not in picked]
             if own:  # the architecture's own list covers what was found, and says more
@@ -65,17 +70,50 @@ def choose(spec: str, root: Path) -> tuple[Config, str]:
     return config, f"config {config.name}: {arch_why}; {'+'.join(picked)} {fam_why}"
 
 
-def model_config(root: Path) -> dict | None:
-    """The checkpoint's config.json (checked by its blob name first in a hub snapshot), or None."""
+def model_config(root: Path, *, pins: Pins | None = None) -> dict | None:
+    """The checkpoint's config.json, or None: checked by its blob name first in a hub snapshot, and
+    against its pin in the manifest (``pins``: those of the manifest on disk now, by default)."""
     path = root / "config.json"
-    if not path.exists():
-        return None
-    if hub.is_snapshot(root):  # checked by its blob name before a byte of it is believed
+    if hub.is_snapshot(root) and path.exists():  # checked by its blob name before a byte of it is believed
         hub.check_small_files(root)
-    doc = read_json(path, "model config")
+    raw = (pins or Pins.of(root)).read("config.json", "model config")
+    if raw is None:
+        return None
+    doc = parse_json(raw, path, "model config")
     if not isinstance(doc, dict):
         raise ConfigError(f"{escape_name(path)}: model config is not a JSON object")
     return doc
+
+
+_REFERENCE_NAMES = ("mtp.", "head.")
+"""How the reference layout's tensor names begin (docs/format.md)."""
+
+
+def _refuse_other_layouts(root: Path, pins: Pins) -> None:
+    """A folder without config.json is read as the reference layout only if it looks like one (some
+    tensor under ``mtp.`` or ``head.``): a model whose config.json was left behind gets told that,
+    not a rule of the reference config that its tensors fail. Folders it cannot read pass: the
+    load's own opening says what is wrong with them."""
+    try:
+        names = _tensor_names(root, pins)
+    except LoadError:
+        return
+    if names and not any(n.startswith(_REFERENCE_NAMES) for n in names):
+        example = escape_name(min(names))
+        raise ConfigError(f"{escape_name(root)}: no config.json, so --config auto cannot tell which model this is "
+                          f"(its tensors, e.g. {example}, are not tpload's reference layout of docs/format.md). Copy "
+                          "the model's config.json beside its shards, or name the config with --config NAME "
+                          f"({available()})")
+
+
+def _tensor_names(root: Path, pins: Pins) -> list[str]:
+    """The tensor names of a native folder: its index's (checked against its pin), else its shards' headers."""
+    raw = pins.read(INDEX_NAME, "index")
+    if raw is not None:
+        doc = parse_json(raw, root / INDEX_NAME, "index")
+        wmap = doc.get("weight_map") if isinstance(doc, dict) else None
+        return list(wmap) if isinstance(wmap, dict) else []
+    return [n for p in sorted(root.glob("*.safetensors")) for n in read_header(p, p.name)[0]]
 
 
 @cache
@@ -86,30 +124,57 @@ def _architectures() -> tuple[Config, ...]:
 
 
 def _architecture(model: dict, root: Path) -> tuple[Config, str]:
-    said = [a for a in model.get("architectures") or [] if isinstance(a, str)]
-    kind = model.get("model_type") if isinstance(model.get("model_type"), str) else None
-    for config in _architectures():
-        for name in said + ([kind] if kind else []):
+    """The shipped config of the first name config.json gives (``architectures`` in their order, then
+    ``model_type``) that one of them is for: the list's order decides, not the shipped configs' names."""
+    said = _names(model.get("architectures"), root, "architectures", listed=True)
+    kind = _names(model.get("model_type"), root, "model_type", listed=False)
+    for name in said + kind:
+        for config in _architectures():
             if name in config.architectures:
                 field = "architectures" if name in said else "model_type"
                 return config, f"config.json {field} {name}"
+    kind = kind[0] if kind else None
     raise ConfigError(f"{escape_name(root / 'config.json')}: architectures {said or 'none'}, model_type "
                       f"{kind or 'none'}: no shipped config is for this model ({available()}). Pass --config with "
                       "one whose names fit, or write a TOML config of [[rules]] (docs/configs.md)")
 
 
-def _families(model: dict, root: Path) -> tuple[tuple[str, ...], str]:
+def _names(value: object, root: Path, field: str, *, listed: bool) -> list[str]:
+    """config.json's ``architectures`` (a list of names) or ``model_type`` (a name) as a list; absent
+    or null is none; anything else is refused naming the field."""
+    if value is None:
+        return []
+    if listed and isinstance(value, list) and all(isinstance(a, str) for a in value):
+        return value
+    if not listed and isinstance(value, str):
+        return [value]
+    want = "a list of architecture names" if listed else "a name"
+    raise ConfigError(f"{escape_name(root / 'config.json')}: {field} must be {want}, not "
+                      f"{escape_name(json.dumps(value))[:80]}")
+
+
+def _families(model: dict, root: Path, pins: Pins) -> tuple[tuple[str, ...], str]:
     """The codec families the checkpoint's quantization files name, and where they said it."""
     hf_quant = root / "hf_quant_config.json"
-    if hf_quant.exists():
-        doc = read_json(hf_quant, "ModelOpt quantization config")
-        algo = (doc.get("quantization") or {}).get("quant_algo") if isinstance(doc, dict) else None
+    raw = pins.read("hf_quant_config.json", "ModelOpt quantization config")
+    if raw is not None:
+        doc = parse_json(raw, hf_quant, "ModelOpt quantization config")
+        if not isinstance(doc, dict):
+            raise ConfigError(f"{escape_name(hf_quant)}: ModelOpt quantization config is not a JSON object")
+        quantization = doc.get("quantization")
+        if not isinstance(quantization, dict):
+            raise ConfigError(f"{escape_name(hf_quant)}: quantization must be an object (with quant_algo), not "
+                              f"{escape_name(json.dumps(quantization))[:80]}")
+        algo = quantization.get("quant_algo")
         if algo == "NVFP4":
             return ("nvfp4",), "from hf_quant_config.json quant_algo NVFP4"
         raise ConfigError(f"{escape_name(hf_quant)}: quant_algo {algo!r} is not a format tpload serves (NVFP4 is)")
     quant = model.get("quantization_config")
-    if not isinstance(quant, dict):
+    if quant is None:
         return ("bf16",), "(config.json has no quantization_config)"
+    if not isinstance(quant, dict):
+        raise ConfigError(f"{escape_name(root / 'config.json')}: quantization_config must be an object (with "
+                          f"quant_method), not {escape_name(json.dumps(quant))[:80]}")
     method = quant.get("quant_method")
     if method == "fp8":
         block = quant.get("weight_block_size")

@@ -266,7 +266,14 @@ def test_an_unwritable_home_gives_a_message_for_the_builtin_checkpoint(tmp_path:
     monkeypatch.delenv("TPLOAD_CACHE")
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "file" / "home"))
+    from tpload.synth import resolve_checkpoint
     with pytest.raises(LoadError, match="cannot write the built-in checkpoint under .*set TPLOAD_CACHE"):
+        resolve_checkpoint(None)
+
+
+def test_the_library_never_writes_the_builtin_checkpoint() -> None:
+    # only the command line writes and loads it; load() without a checkpoint names the keyword
+    with pytest.raises(LoadError, match="checkpoint: load\\(\\) needs a checkpoint folder"):
         load(None)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,62 @@ def test_plan_write_refuses_a_checkpoint_that_fails_sha256(ckpt_copy: Path, tmp_
     assert write(ckpt_copy, tmp_path / "store") == 1
     err = capsys.readouterr().err
     assert "mtp.0.ffn.experts.2.w3.weight" in err and "sha256" in err
+    assert not list((tmp_path / "store").glob("*.json"))
+
+
+def hooked_run(monkeypatch: pytest.MonkeyPatch, after_first: Callable[[], None], at: int = 1) -> list[object]:
+    """Wrap the load's own run() as offline calls it: ``after_first`` runs once rank ``at - 1`` is done
+    (a writer changing the checkpoint between the opening and the end); the storages it ran on."""
+    from tpload import offline
+    real, seen = offline.run, []
+
+    def run(storage: object, *args: object, **kw: object) -> object:
+        seen.append(storage)
+        result = real(storage, *args, **kw)
+        if len(seen) == at:
+            after_first()
+        return result
+
+    monkeypatch.setattr(offline, "run", run)
+    return seen
+
+
+def test_plan_write_computes_every_rank_from_one_opening(ckpt_copy: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = hooked_run(monkeypatch, lambda: None)
+    assert write(ckpt_copy, tmp_path / "store", tp=2) == 0
+    assert len(seen) == 2 and seen[0] is seen[1]  # the store key, the stamp and both ranks: one opening
+    assert len(list((tmp_path / "store").glob("*.json"))) == 1
+
+
+def test_plan_write_stores_nothing_when_a_shard_moves_meanwhile(ckpt_copy: Path, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture) -> None:
+    shard = ckpt_copy / shard_of(ckpt_copy, "head.weight")
+    # after the last rank: only the end check can see it
+    hooked_run(monkeypatch, lambda: os.utime(shard, ns=(1, 1)), at=2)  # same bytes, another stamp
+    assert write(ckpt_copy, tmp_path / "store", tp=2) == 1
+    err = capsys.readouterr().err
+    assert "nothing stored" in err and f"shard {shard.name} changed while the digests were computed" in err
+    assert not list((tmp_path / "store").glob("*.json"))
+    # after the first: the next rank's reads see the shard changed under its handle
+    monkeypatch.undo()
+    hooked_run(monkeypatch, lambda: os.utime(shard, ns=(2, 2)), at=1)
+    assert write(ckpt_copy, tmp_path / "store", tp=2) == 1
+    err = capsys.readouterr().err
+    assert f"{shard.name}: it changed while it was loaded" in err and "cannot be trusted" in err
+    assert not list((tmp_path / "store").glob("*.json"))
+
+
+def test_plan_write_stores_nothing_when_the_manifest_moves_meanwhile(ckpt_copy: Path, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture) -> None:
+    manifest = ckpt_copy / "NATIVE_MANIFEST.json"
+    # the same entries, other bytes: another manifest sha256, the key the digests would be stored under
+    hooked_run(monkeypatch, lambda: manifest.write_text(json.dumps(json.loads(manifest.read_text()))), at=2)
+    assert write(ckpt_copy, tmp_path / "store", tp=2) == 1
+    err = capsys.readouterr().err
+    assert "nothing stored" in err and "the manifest changed while the digests were computed" in err
     assert not list((tmp_path / "store").glob("*.json"))
 
 

@@ -177,3 +177,77 @@ def test_each_tiny_preset_gets_a_config_that_cuts_it(tmp_path: Path, preset: str
     assert planner.layout_problems(Layout(2)) == []
     plan = planner.plan(Layout(2), "packed", 1)
     assert len(plan.items) > 0
+
+
+def test_architectures_follow_the_lists_order(tmp_path: Path) -> None:
+    # a Llama checkpoint listing DeepSeek second: Llama's rules, though deepseek-v3 sorts first
+    config, why = picked(folder(tmp_path / "a", {"architectures": ["LlamaForCausalLM", "DeepseekV3ForCausalLM"]}))
+    assert config.name == "llama+bf16" and "architectures LlamaForCausalLM" in why
+    config, _ = picked(folder(tmp_path / "b", {"architectures": ["DeepseekV3ForCausalLM", "LlamaForCausalLM"]}))
+    assert config.name.startswith("deepseek-v3+")
+    # a name no shipped config is for is passed over; architectures come before model_type
+    config, why = picked(folder(tmp_path / "c", {"architectures": ["Nope", "Qwen3ForCausalLM"], "model_type": "llama"}))
+    assert config.name == "qwen3+bf16" and "architectures Qwen3ForCausalLM" in why
+
+
+def test_no_two_shipped_configs_claim_one_name() -> None:
+    from tpload.pick import _architectures
+    claimed = [n for c in _architectures() for n in c.architectures]
+    assert len(claimed) == len(set(claimed)) and claimed
+
+
+@pytest.mark.parametrize("model, hf_quant, words", [
+    ({"architectures": 5}, None, r"config\.json: architectures must be a list of architecture names, not 5"),
+    ({"architectures": ["LlamaForCausalLM", 7]}, None, r"config\.json: architectures must be a list"),
+    ({"model_type": ["llama"]}, None, r"config\.json: model_type must be a name, not \[\"llama\"\]"),
+    ({"architectures": ["LlamaForCausalLM"]}, {"quantization": "NVFP4"},
+     r"hf_quant_config\.json: quantization must be an object \(with quant_algo\), not \"NVFP4\""),
+    ({"architectures": ["LlamaForCausalLM"]}, [1], r"hf_quant_config\.json: ModelOpt quantization config is not a JSON"),
+    ({"architectures": ["LlamaForCausalLM"], "quantization_config": "fp8"}, None,
+     r"config\.json: quantization_config must be an object"),
+])
+def test_fields_of_the_wrong_type_are_refused_naming_file_and_field(tmp_path: Path, model: dict, hf_quant: object,
+                                                                     words: str) -> None:
+    with pytest.raises(ConfigError, match=words):
+        choose("auto", folder(tmp_path / "ckpt", model, hf_quant))
+
+
+@pytest.mark.parametrize("command", ["plan", "verify", "export"])
+@pytest.mark.parametrize("model, hf_quant, words", [
+    ({"architectures": 5}, None, "config.json: architectures must be"),
+    ({"architectures": ["LlamaForCausalLM"]}, {"quantization": "NVFP4"}, "hf_quant_config.json: quantization must be"),
+])
+def test_cli_says_one_line_for_a_field_of_the_wrong_type(tmp_path: Path, capsys: pytest.CaptureFixture, command: str,
+                                                         model: dict, hf_quant: dict | None, words: str) -> None:
+    from tpload.__main__ import main
+    root = write_published(tmp_path / "llama", "llama-tiny", manifest=False)
+    folder(root, model, hf_quant)
+    args = {"plan": ["--tp", "1"], "verify": [], "export": [str(tmp_path / "out"), "--tp", "1"]}[command]
+    assert main([command, str(root), *args]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("tpload: error: ") and words in err and "Traceback" not in err
+
+
+def test_no_config_json_and_another_models_tensors_says_config_json_is_missing(tmp_path: Path) -> None:
+    root = write_published(tmp_path / "llama", "llama-tiny", manifest=False)
+    (root / "config.json").unlink()
+    with pytest.raises(ConfigError) as e:
+        choose("auto", root)
+    msg = str(e.value)
+    assert "no config.json" in msg and "--config NAME" in msg and "llama" in msg and "rule" not in msg
+    for name in shipped_configs():
+        assert name in msg
+    assert choose("llama", root)[0].name == "llama"  # named outright, it loads as before
+
+
+def test_a_folder_of_pickles_is_refused_saying_why(tmp_path: Path) -> None:
+    root = folder(tmp_path / "bin", {"architectures": ["LlamaForCausalLM"]})
+    (root / "pytorch_model-00001-of-00002.bin").write_bytes(b"\x80\x04N.")
+    (root / "pytorch_model-00002-of-00002.bin").write_bytes(b"\x80\x04N.")
+    import tpload
+    from tpload.errors import LoadError
+    with pytest.raises(LoadError) as e:
+        tpload.load(root, progress=False)
+    msg = str(e.value)
+    assert str(root) in msg and "pytorch_model-00001-of-00002.bin" in msg and "pickle" in msg
+    assert "arbitrary code execution" in msg and "safetensors" in msg

@@ -18,11 +18,12 @@ from pathlib import Path
 
 from ..errors import CheckpointError, raise_all
 from ..text import escape_name
-from .files import parse_json, read_json, read_small
+from .files import parse_json, read_small
+from .pins import INDEX_NAME, MANIFEST_NAME, Pins, check_plan_files, parse_pins, remember
 from .safetensors import TensorInfo, TensorMeta, frozen_instances, read_header
 
-INDEX_NAME = "model.safetensors.index.json"
-MANIFEST_NAME = "NATIVE_MANIFEST.json"
+PICKLES = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
+"""Checkpoint files in Python's pickle format (pytorch_model*.bin): never read."""
 HEADERS_ONLY = "tpload_headers_only"
 """Metadata key of a ``synth --headers-only`` checkpoint's shards: their data are holes."""
 
@@ -116,13 +117,22 @@ def _sound_manifest(tensors: dict) -> dict[str, ManifestEntry] | None:
 def read_manifest(root: Path) -> tuple[dict[str, ManifestEntry] | None, str | None]:
     """NATIVE_MANIFEST.json as entries and the sha256 of the very bytes parsed; (None, None) when
     the checkpoint has none."""
+    entries, sha, _ = _read_manifest(root)
+    return entries, sha
+
+
+def _read_manifest(root: Path) -> tuple[dict[str, ManifestEntry] | None, str | None, Pins]:
+    """:func:`read_manifest`, and the pins of its JSON files from the same bytes (storage/pins.py)."""
     path = root / MANIFEST_NAME
     if not os.path.lexists(path):
-        return None, None
+        return None, None, Pins(root, None, None)
     raw = read_small(path, "manifest")
     doc = parse_json(raw, path, "manifest")
-    return parse_manifest_entries(doc.get("tensors") if isinstance(doc, dict) else None, path), \
-        hashlib.sha256(raw).hexdigest()
+    sha = hashlib.sha256(raw).hexdigest()
+    pins = parse_pins(doc, path)
+    remember(sha, pins)  # a reader of config.json finds these pins by the manifest's sha256, unparsed
+    return parse_manifest_entries(doc.get("tensors") if isinstance(doc, dict) else None, path), sha, \
+        Pins(root, sha, *pins)
 
 
 class Catalogue:
@@ -139,6 +149,10 @@ class Catalogue:
         self.manifest_sha256 = manifest_sha256
         """sha256 of the manifest file's bytes as read (the checkpoint's identity for stored digests)."""
         self.manifest_path = manifest_path or root / MANIFEST_NAME
+        self.pins: Pins | None = None
+        """What the manifest read for this table pins (None: not read here; read again from disk when asked)."""
+        self.files_read: dict[str, str] = {}
+        """The sha256 of each plan-shaping JSON file read to make this table (the index), as read."""
         self._names: list[str] | None = None
 
     def get(self, name: str) -> TensorMeta:
@@ -146,6 +160,12 @@ class Catalogue:
             return self.tensors[name]
         except KeyError:
             raise CheckpointError(f"{escape_name(self.root)}: no tensor named {escape_name(name)}") from None
+
+    def check_plan_files(self) -> list[str]:
+        """Check the JSON files that shape a plan (config.json, hf_quant_config.json, the index) against
+        the pins of the manifest this catalogue was opened with; raise CheckpointError naming each
+        that does not match. Returns notes (a manifest written before pins: its JSON files are unpinned)."""
+        return check_plan_files(self.root, self.manifest_sha256, self.pins)
 
     def refuse_headers_only(self, what: str) -> None:
         """Raise for a headers-only checkpoint: ``what`` (a load, a verification, a manifest) would
@@ -203,11 +223,14 @@ def _safe_member(root: Path, rel: object, *, source: str) -> Path:
     return root / os.path.normpath(rel)
 
 
-def _shard_names(root: Path) -> tuple[dict[str, str] | None, list[str], str]:
-    """(the index's weight map or None, every shard file, the source to name in messages)."""
+def _shard_names(root: Path, pins: Pins, read: dict[str, str]) -> tuple[dict[str, str] | None, list[str], str]:
+    """(the index's weight map or None, every shard file, the source to name in messages); the index
+    is checked against its pin in the manifest before it is parsed (``read``: gets its sha256)."""
     index = root / INDEX_NAME
-    if os.path.lexists(index):
-        doc = read_json(index, "index")
+    raw = pins.read(INDEX_NAME, "index")
+    if raw is not None:
+        read[INDEX_NAME] = hashlib.sha256(raw).hexdigest()
+        doc = parse_json(raw, index, "index")
         wmap = doc.get("weight_map") if isinstance(doc, dict) else None
         if not isinstance(wmap, dict):
             raise CheckpointError(f"{escape_name(index)}: index has no \"weight_map\" object")
@@ -218,6 +241,15 @@ def _shard_names(root: Path) -> tuple[dict[str, str] | None, list[str], str]:
         return wmap, sorted(set(wmap.values())), str(index)
     shards = sorted(p.name for p in root.glob("*.safetensors"))
     if not shards:
+        pickles = sorted({p.name for pattern in PICKLES for p in root.glob(pattern)})
+        if pickles:
+            shown = ", ".join(escape_name(p) for p in pickles[:3]) + (f" (and {len(pickles) - 3} more)"
+                                                                      if len(pickles) > 3 else "")
+            raise CheckpointError(f"{escape_name(root)}: holds pickle checkpoint files ({shown}) and no *.safetensors "
+                                  "shard; tpload does not read pickles: unpickling runs whatever code the file names "
+                                  "(arbitrary code execution), so no check could come first. Convert them to "
+                                  "safetensors (e.g. torch.load them once in a sandbox and "
+                                  "safetensors.torch.save_file each state dict), then load the safetensors")
         raise CheckpointError(f"{escape_name(root)}: no {INDEX_NAME} and no *.safetensors shard")
     return None, shards, str(root)
 
@@ -233,7 +265,10 @@ def read_native(root: Path, *, manifest: bool = True) -> tuple[Catalogue, dict[s
     if not root.is_dir():
         what = "is a file, not a checkpoint directory" if root.exists() else "checkpoint directory does not exist"
         raise CheckpointError(f"{escape_name(root)}: {what}")
-    wmap, files, source = _shard_names(root)
+    # The manifest first: the index is checked against its pin before it is believed.
+    entries, manifest_sha, pins = _read_manifest(root) if manifest else (None, None, Pins(root, None, None))
+    read: dict[str, str] = {}
+    wmap, files, source = _shard_names(root, pins, read)
     headers: dict[str, dict[str, TensorInfo]] = {}
     problems = []
     headers_only = False
@@ -249,11 +284,11 @@ def read_native(root: Path, *, manifest: bool = True) -> tuple[Catalogue, dict[s
             problems.append(str(e))
     raise_all(CheckpointError, problems, what=f"problems with the shards of {escape_name(root)}")
     locations = _by_index(wmap, headers, source) if wmap is not None else _by_shard(headers, root)
-    entries, manifest_sha = read_manifest(root) if manifest else (None, None)
     # The planner's table holds the same objects (a TensorInfo is a TensorMeta: a copy of each cost a
     # third of the opening), in a dict of its own so that nothing done to one table changes the other.
-    return Catalogue(root, dict(locations), entries, manifest_sha256=manifest_sha, headers_only=headers_only), \
-        locations
+    catalogue = Catalogue(root, dict(locations), entries, manifest_sha256=manifest_sha, headers_only=headers_only)
+    catalogue.files_read, catalogue.pins = read, pins if manifest else None
+    return catalogue, locations
 
 
 def _by_shard(headers: dict[str, dict[str, TensorInfo]], root: Path) -> dict[str, TensorInfo]:

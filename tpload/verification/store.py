@@ -27,12 +27,22 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import LoadError
 from ..storage.files import atomic_write
 from ..text import escape_name
 
+if TYPE_CHECKING:
+    from ..storage import Storage
+
 FORMAT = 3
+
+
+def checkpoint_stamp(storage: Storage) -> dict:
+    """What a verified prediction vouches for: the manifest's sha256 and each shard's size and mtime."""
+    shards = {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(storage.paths())}
+    return {"manifest_sha256": storage.catalogue.manifest_sha256, "shards": shards}
 
 
 def default_store() -> Path:
@@ -138,8 +148,3 @@ def stale(stamp: dict | None, now: dict) -> list[str]:
         changed.insert(0, "the manifest")
     return changed
 
-
-def checkpoint_stamp(storage: object) -> dict:
-    """What a verified prediction vouches for: the manifest's sha256 and each shard's size and mtime."""
-    shards = {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(storage.paths())}
-    return {"manifest_sha256": storage.catalogue.manifest_sha256, "shards": shards}

@@ -1,0 +1,25 @@
+"""A pinned config.json under real torchrun: edited after `tpload manifest`, every rank fails naming it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..helpers import tpload_cli
+
+
+def test_an_edited_pinned_config_json_fails_every_rank(tmp_path: Path) -> None:
+    from tpload.offline import write_manifest
+    from tpload.published import write_published
+    root = write_published(tmp_path / "llama", "llama-tiny")
+    write_manifest(root, force=True)  # pins config.json and the index
+    config = json.loads((root / "config.json").read_text())
+    config["num_key_value_heads"] = 1  # what a folder writer would change to alter every rank's windows
+    (root / "config.json").write_text(json.dumps(config))
+    run = tpload_cli(2, str(root), "--tp", "2", logs=tmp_path / "logs")
+    ranks = "".join(run.rank_err.values())
+    assert run.rc != 0, run.text + ranks
+    assert "(2 of 2 ranks)" in ranks, ranks  # the verdict: both ranks failed
+    assert f"{root}/config.json: model config has sha256" in ranks and "NATIVE_MANIFEST.json pins" in ranks
+    assert sorted(run.rank_err) == [0, 1] and all("tpload: error" in e for e in run.rank_err.values()), ranks
+    assert "Traceback" not in ranks

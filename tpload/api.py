@@ -96,7 +96,7 @@ class _RankLoad:
         check_pin(storage, opts.manifest_sha256)
         self.notes += storage.catalogue.check_plan_files()  # the JSON files the manifest pins (storage/pins.py)
         self._measure_cache(storage, before=True)
-        config, why = choose(opts.config, storage.root)
+        config, why = choose(opts.config, storage.root, pins=storage.catalogue.pins)
         if why:
             self.notes.append(why)
             if ctx.rank == 0:

@@ -31,8 +31,10 @@ from .text import escape_name
 AUTO = "auto"
 
 
-def choose(spec: str, root: Path) -> tuple[Config, str]:
+def choose(spec: str, root: Path, *, pins: Pins | None = None) -> tuple[Config, str]:
     """The config ``spec`` names for the checkpoint at ``root``, and why ("" when named outright).
+    ``pins``: those of the manifest the caller opened (a load: its catalogue's), so the JSON files are
+    checked against that very manifest, not one read again later.
 
     ``auto`` detects both halves; a codec family alone (``nvfp4``) detects the architecture and
     keeps the family; anything else is loaded as named. A pre-partitioned export is loaded with
@@ -47,7 +49,7 @@ def choose(spec: str, root: Path) -> tuple[Config, str]:
             raise ConfigError(f"--config {spec}: a pre-partitioned export is loaded with the config it was made "
                               f"with ({export_config}); pass that, or auto")
         return load_config(export_config), f"config {export_config}: the one this export was made with"
-    pins = Pins.of(root) if root.is_dir() else Pins(root, None, None)
+    pins = pins or (Pins.of(root) if root.is_dir() else Pins(root, None, None))
     model = model_config(root, pins=pins)
     if model is None:
         if head != AUTO:

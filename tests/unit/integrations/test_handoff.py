@@ -8,10 +8,9 @@ unread is named, unless the engine integration declared it skipped on purpose.""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import copy
 import pickle
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,11 +18,11 @@ import torch
 from safetensors import safe_open
 
 from tpload.config import load_config
+from tpload.errors import OptionsError
 from tpload.integrations.engine import OPTIONS, load_options
 from tpload.integrations.handoff import (Handed, Handoff, HandoffError, Skip, WholeTensor, WindowTensor, _covers,
                                          box_of, checkpoint_order, declared_skips, engine_skips,
                                          unconsumed_message, windows)
-from tpload.errors import OptionsError
 from tpload.plan import Layout, Planner
 from tpload.published import write_published
 from tpload.storage.catalogue import read_native
@@ -185,11 +184,18 @@ def test_coverage_of_a_box_by_parts() -> None:
     assert _covers((), [()])  # a 0-d tensor read
 
 
+def tracked_whole(t: torch.Tensor, handed: Handed) -> WholeTensor:
+    from tpload.integrations.handoff import whole_tensor
+
+    handed.taken = True
+    return whole_tensor(t, handed)
+
+
 def test_a_whole_tensor_serves_every_op_and_counts_any_but_metadata_as_a_read() -> None:
     for read in (lambda t, p: p.copy_(t), lambda t, p: p.fill_(t[0].item()), lambda t, p: p.__setitem__(0, t[0]),
                  lambda t, p: t.to(torch.float64), lambda t, p: t.data):
         handed = Handed("norm", ((0, 4),), whole=True)
-        t = WholeTensor_of(torch.arange(4.0), handed)
+        t = tracked_whole(torch.arange(4.0), handed)
         t.shape, t.dtype, t.size(0), t.numel(), t.dim(), repr(t)  # noqa: B018 (metadata: no read)
         assert not handed.reads
         param = torch.zeros(4)
@@ -199,13 +205,6 @@ def test_a_whole_tensor_serves_every_op_and_counts_any_but_metadata_as_a_read() 
     handed = Handed("norm", ((0, 4),), whole=True)
     handed.taken = True
     assert handed.what() == "taken, never read"
-
-
-def WholeTensor_of(t: torch.Tensor, handed: Handed) -> WholeTensor:  # noqa: N802
-    from tpload.integrations.handoff import whole_tensor
-
-    handed.taken = True
-    return whole_tensor(t, handed)
 
 
 def test_cuts_become_element_ranges(llama: Path) -> None:

@@ -381,8 +381,13 @@ def _narrow(t: WindowTensor, dim: int, start: int, length: int) -> torch.Tensor:
 
 
 def _getitem(t: WindowTensor, index: object) -> torch.Tensor:
-    """Basic slicing (``t[a:b]``, ``t[:, a:b]``) as one narrow per dimension; anything else is refused."""
+    """Basic slicing (``t[a:b]``, ``t[:, a:b]``, ``t[:, a:b, ...]``) as one narrow per dimension;
+    anything else (an integer, a mask, ``None``) is refused."""
     parts = index if isinstance(index, tuple) else (index,)
+    dots = [i for i, p in enumerate(parts) if p is Ellipsis]
+    if len(dots) == 1:  # gpt-oss's loaders slice so: the dimensions it stands for, whole
+        at = dots[0]
+        parts = parts[:at] + (slice(None),) * max(0, len(t._full) - len(parts) + 1) + parts[at + 1:]
     ranges = {}
     for dim, s in enumerate(parts):
         if not isinstance(s, slice) or s.step not in (None, 1) or dim >= len(t._full):

@@ -65,6 +65,7 @@ def test_a_window_tensor_shows_the_whole_shape_and_serves_its_window() -> None:
     assert isinstance(part, WindowTensor) and tuple(part.shape) == (8, 3)
     assert torch.equal(part.narrow(0, 4, 4), full[4:8, 2:5])
     assert torch.equal(w[4:8], full[4:8]) and torch.equal(w[4:6, 1:3], full[4:6, 1:3])
+    assert torch.equal(w[4:8, ...], full[4:8]) and torch.equal(w[..., 4:6, :], full[4:6])
     assert "holds [4:8, 0:6]" in repr(w)
 
 
@@ -76,6 +77,8 @@ def test_a_window_tensor_shows_the_whole_shape_and_serves_its_window() -> None:
     lambda w: torch.zeros(8, 6).copy_(w),   # the whole tensor copied
     lambda w: w.t(),
     lambda w: w[2],
+    lambda w: w[..., 0:2],                  # Ellipsis first: all rows
+    lambda w: w[None],
 ])
 def test_a_window_tensor_refuses_bytes_it_does_not_hold(attempt) -> None:  # noqa: ANN001
     _, w = window_tensor()

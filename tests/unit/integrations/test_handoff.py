@@ -19,7 +19,7 @@ from safetensors import safe_open
 
 from tpload.config import load_config
 from tpload.errors import OptionsError
-from tpload.integrations.engine import OPTIONS, load_options
+from tpload.integrations.engine import OPTIONS, _skipped, load_options
 from tpload.integrations.handoff import (Handed, Handoff, HandoffError, Skip, WholeTensor, WindowTensor, _covers,
                                          box_of, checkpoint_order, declared_skips, engine_skips,
                                          unconsumed_message, windows)
@@ -311,6 +311,15 @@ def test_a_handoff_names_every_tensor_left_unread_and_excuses_declared_skips(lla
     message = unconsumed_message(unread, "test")
     assert message.startswith(f"{len(unread)} tensor(s) tpload handed over were not consumed by test's weight "
                               "loaders: ") and " and " in message and "docs/engines.md" in message
+
+
+def test_the_report_lists_each_declared_skip_with_its_reason_and_the_tensors_it_excused() -> None:
+    skips = declared_skips({"num_hidden_layers": 2, "num_nextn_predict_layers": 1, "tie_word_embeddings": True})
+    rows = _skipped(skips, [{"excused": {"lm_head.*": ["lm_head.weight"]}}, {"excused": {}}])
+    assert rows[0] == {"glob": "model.layers.2.*", "reason": skips[0].reason, "read": False, "tensors": []}
+    assert rows[1] == {"glob": "lm_head.*", "reason": "tie_word_embeddings: the engine's lm_head is embed_tokens",
+                       "read": True, "tensors": ["lm_head.weight"]}
+    assert [r["tensors"] for r in rows[2:]] == [[], [], []]
 
 
 def test_engine_options_fix_what_the_engine_owns_and_refuse_unknown_keys() -> None:

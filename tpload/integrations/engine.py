@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 import torch
@@ -21,6 +22,9 @@ import torch.distributed as dist
 
 from ..errors import LoadError
 from ..text import escape_name
+
+if TYPE_CHECKING:
+    from .handoff import Skip
 
 MIB = 1 << 20
 OPTIONS = ("config", "verify", "skip", "hash_threads", "samples", "timeout_s", "evict_page_cache", "reserve_gib",
@@ -30,29 +34,34 @@ OPTIONS = ("config", "verify", "skip", "hash_threads", "samples", "timeout_s", "
 Weights = Iterator[tuple[str, torch.Tensor]]
 
 
-def load_options(extra: dict, *, world: int, engine_device: torch.device, model_config: dict) -> dict:
-    """tpload's load() keywords from an engine's extra config: the keys in OPTIONS, plus what the
-    engine fixes (stored bytes, tp = its TP size, the MTP layers it never loads skipped).
+def load_options(extra: Mapping[str, object], *, world: int, engine_device: torch.device,
+                 skips: Sequence[Skip] = ()) -> dict:
+    """tpload's load() keywords from an engine's extra config: the keys in OPTIONS, checked as
+    ``load()`` checks its keywords (one OptionsError naming every bad key), plus what the engine
+    fixes (stored bytes, tp = its TP size, the declared ``skips`` it never loads left unread).
 
     ``device``: where the windows are staged before the engine's loaders copy them into its
     parameters: ``cpu`` (default: like the engines' own loaders, and no second copy of the
     weights on the GPU) or ``engine`` (the engine's device for this worker)."""
-    from ..options import OptionsError
-    from .handoff import engine_skips
+    from ..options import LoadOptions, OptionsError
 
     unknown = sorted(set(extra) - set(OPTIONS))
     if unknown:
         raise OptionsError(f"model loader extra config: unknown key{'s' if len(unknown) > 1 else ''} "
                            f"{', '.join(map(repr, unknown))} (tpload takes: {', '.join(OPTIONS)})")
-    opts = dict(extra)
-    device = opts.pop("device", "cpu")
+    given = {k: v for k, v in extra.items() if k != "device"}
+    device = extra.get("device", "cpu")
+    try:
+        checked = LoadOptions.from_values(given)
+    except OptionsError as e:
+        raise OptionsError(f"model loader extra config: {e}") from None
     if device not in ("cpu", "engine"):
         raise OptionsError(f"model loader extra config: device {device!r} is neither 'cpu' nor 'engine'")
-    skip = opts.pop("skip", ())
-    skip = (skip,) if isinstance(skip, str) else tuple(skip)
+    opts = {k: getattr(checked, k) for k in given}
+    unread = tuple(s.glob for s in skips if not s.read)
     return {**opts, "kind": "packed", "tp": world, "ep": 1, "progress": False,
             "device": "cpu" if device == "cpu" else str(engine_device),
-            "skip": tuple(dict.fromkeys(engine_skips(model_config) + skip))}
+            "skip": tuple(dict.fromkeys(unread + tuple(opts.get("skip", ()))))}
 
 
 class EngineLoad:
@@ -66,70 +75,83 @@ class EngineLoad:
         self.engine_device, self.log = engine_device, log
 
     def run(self, load_weights: Callable[[Iterable[tuple[str, torch.Tensor]]], set[str] | None],
-            expected: set[str] | None) -> None:
+            expected: set[str] | None, *, skips: Sequence[Skip] | None = None) -> None:
         """Load, hand every window to ``load_weights`` (the engine's), check that ``expected``
-        parameters were all filled, and agree on the outcome with every worker."""
+        parameters were all filled and that every handed tensor was read (but those ``skips``
+        excuses), and agree on the outcome with every worker.
+
+        ``skips``: what the engine's load_weights ignores on purpose, declared by its integration
+        (default: :func:`~tpload.integrations.handoff.declared_skips` of the checkpoint's config.json)."""
         import tpload
         from ..options import LoadOptions
         from ..report.memory import MemoryPeaks
+        from .handoff import declared_skips
 
         rss0 = psutil.Process().memory_info().rss
         t0 = time.perf_counter()
         with MemoryPeaks() as mem:
-            opts = load_options(self.extra, world=self.world, engine_device=self.engine_device,
-                                model_config=_model_config(self.checkpoint))
+            skips = tuple(declared_skips(_model_config(self.checkpoint)) if skips is None else skips)
+            opts = load_options(self.extra, world=self.world, engine_device=self.engine_device, skips=skips)
             report_path = LoadOptions.from_values({"report": opts.pop("report", None)}).report  # written below,
             # once, with the hand-off's figures (checked as load() checks it)
             shards = tpload.load(self.checkpoint, group=self.group, cpu_group=self.cpu_group, **opts)
             t1 = time.perf_counter()
-            problem, handed = self._hand_off(shards, load_weights, expected)
+            problem, handed, excused = self._hand_off(shards, load_weights, expected, skips)
             shards.release()
         mine = {"rank": self.rank, "problem": problem, "handed": handed, "windows_bytes": shards.report.mine.bytes_read,
-                "rss_rise": max(0, mem.rss_peak - rss0), "handoff_s": round(time.perf_counter() - t1, 4)}
+                "rss_rise": max(0, mem.rss_peak - rss0), "handoff_s": round(time.perf_counter() - t1, 4),
+                "excused": excused}
         everyone = self._gather(mine)
+        skipped = _skipped(skips, everyone)
         if report_path and self.rank == 0:
-            self._write_report(report_path, shards.report, everyone, load_s=t1 - t0)
+            self._write_report(report_path, shards.report, everyone, skipped, load_s=t1 - t0)
         bad = [r for r in everyone if r["problem"]]
         if bad:
             raise LoadError(f"tpload hand-off to {self.engine} failed on rank "
                             f"{', '.join(str(r['rank']) for r in bad)} of {self.world}; the engine must not serve:"
                             + "".join(f"\nrank {r['rank']}: {r['problem']}" for r in bad))
-        self._say(shards.report, everyone, load_s=t1 - t0)
+        self._say(shards.report, everyone, skipped, load_s=t1 - t0)
 
-    def _hand_off(self, shards: object, load_weights: Callable, expected: set[str] | None) -> tuple[str, int]:
-        """The windows into the engine's loaders; ("", count) or (why not, count)."""
-        from .handoff import windows
+    def _hand_off(self, shards: object, load_weights: Callable, expected: set[str] | None,
+                  skips: Sequence[Skip]) -> tuple[str, int, dict[str, list[str]]]:
+        """The windows into the engine's loaders: (why not, or "", tensors taken, {declared skip's
+        glob: the handed tensors it excused from being read})."""
+        from .handoff import Handoff, unconsumed_message
 
-        count = 0
-
-        def counted() -> Weights:
-            nonlocal count
-            for name, tensor in windows(shards.state_dict(), shards.plan.items, rank=self.rank):
-                count += 1
-                yield name, tensor
-
+        handoff = Handoff(shards.state_dict(), shards.plan.items, rank=self.rank)
+        taken = lambda: sum(h.taken for h in handoff.handed.values())  # noqa: E731
         try:
-            loaded = load_weights(counted())
+            loaded = load_weights(handoff.tensors())
         except LoadError as e:
-            return str(e), count
-        except Exception as e:  # the engine's loader: any failure ends every worker with its words
-            return f"{self.engine}'s weight loading raised {type(e).__name__}: {escape_name(e)}", count
+            return str(e), taken(), {}
+        except Exception as e:  # the engine's loader (StopIteration included): any failure ends every worker
+            return f"{self.engine}'s weight loading raised {type(e).__name__}: {escape_name(e)}", taken(), {}
+        problems = []
         if expected is not None and loaded is not None:
             missing = sorted(expected - set(loaded))
             if missing:
                 shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
-                return f"{len(missing)} parameter(s) of the {self.engine} model were not filled: {shown}", count
-        return "", count
+                problems.append(f"{len(missing)} parameter(s) of the {self.engine} model were not filled: {shown}")
+        # Whatever the engine checks (vLLM checks nothing for quantized models): every byte handed
+        # over must have been read, or a loader dropped weights and the engine would serve without them.
+        unread, excused = handoff.unconsumed(skips)
+        if unread:
+            problems.append(unconsumed_message(unread, self.engine))
+        return "; ".join(problems), taken(), excused
 
     def _gather(self, mine: dict) -> list[dict]:
         rows: list[dict | None] = [None] * self.world
         dist.all_gather_object(rows, mine, group=self.cpu_group)
         return [r for r in rows if r is not None]
 
-    def _say(self, report: object, everyone: list[dict], *, load_s: float) -> None:
-        """TP rank 0 logs the figures through the engine's logger."""
+    def _say(self, report: object, everyone: list[dict], skipped: list[dict], *, load_s: float) -> None:
+        """TP rank 0 logs the figures through the engine's logger, and what the engine skipped on purpose."""
         if self.rank != 0:
             return
+        for s in skipped:
+            if s["tensors"] or not s["read"]:
+                self.log.info("tpload: %s skipped on purpose: %s (%s)", self.engine,
+                              ", ".join(s["tensors"]) if s["tensors"] else s["glob"], s["reason"])
         per_node = report.bytes_hashed_per_node()
         self.log.info(
             "tpload: %d tensors verified (%s) in %.2f s + %.2f s hand-off; read per rank %s MB; hashed per node %s MB; "
@@ -139,17 +161,28 @@ class EngineLoad:
             [round(r["rss_rise"] / MIB, 1) for r in everyone], [round(r["windows_bytes"] / MIB, 1) for r in everyone],
             [r.digest[:16] for r in report.ranks])
 
-    def _write_report(self, path: str, report: object, everyone: list[dict], *, load_s: float) -> None:
+    def _write_report(self, path: str, report: object, everyone: list[dict], skipped: list[dict], *,
+                      load_s: float) -> None:
         """The load's JSON report with the hand-off's figures under ``engine`` (a failed write is a
         warning, as for a plain load: the weights are not at stake)."""
         from ..storage.files import atomic_write
 
         doc = report.to_dict()
-        doc["engine"] = {"name": self.engine, "load_s": round(load_s, 4), "ranks": everyone}
+        doc["engine"] = {"name": self.engine, "load_s": round(load_s, 4), "ranks": everyone, "skipped": skipped}
         try:
             atomic_write(Path(path), json.dumps(doc, indent=2) + "\n")
         except OSError as e:
             self.log.warning("tpload: could not write the report %s: %s", escape_name(path), e.strerror)
+
+
+def _skipped(skips: Sequence[Skip], everyone: list[dict]) -> list[dict]:
+    """The report's list of declared skips: glob, reason, whether tpload read them, and the handed
+    tensors each excused on some rank (never-read ones are not handed: the load's skip covers them)."""
+    out = []
+    for s in skips:
+        names = sorted({n for r in everyone for n in r["excused"].get(s.glob, ())})
+        out.append({"glob": s.glob, "reason": s.reason, "read": s.read, "tensors": names})
+    return out
 
 
 def _model_config(checkpoint: str) -> dict:

@@ -8,7 +8,8 @@ imports nothing of tpload's load path (torch kernels, numba): that happens in th
 ``load_weights``. Each TP worker then loads its own windows with :func:`tpload.load` on vLLM's TP
 group (the exchange on its CPU group), hands them to vLLM's own ``model.load_weights`` as
 window tensors (integrations/handoff.py: vLLM's name mapping and sharding run unchanged, and a
-loader asking for bytes outside the window fails the start), and vLLM's
+loader asking for bytes outside the window fails the start; so does a tensor no loader read,
+unless it is one vLLM skips on purpose, declared by :func:`_skips`), and vLLM's
 ``process_weights_after_loading`` runs as usual. docs/engines.md says what is checked and why.
 """
 
@@ -53,7 +54,8 @@ class TploadModelLoader(BaseModelLoader):
         job = EngineLoad("vllm", self._checkpoint(model_config), dict(self.load_config.model_loader_extra_config or {}),
                          group=tp.device_group, cpu_group=tp.cpu_group, rank=tp.rank_in_group,
                          world=tp.world_size, engine_device=device, log=log)
-        job.run(lambda weights: model.load_weights(weights), _expected(model, model_config))
+        job.run(lambda weights: model.load_weights(weights), _expected(model, model_config),
+                skips=_skips(model_config))
 
     @staticmethod
     def _checkpoint(model_config: ModelConfig) -> str:
@@ -64,6 +66,16 @@ class TploadModelLoader(BaseModelLoader):
 
         return snapshot_download(model_config.model, revision=model_config.revision,
                                  allow_patterns=["*.safetensors", "*.json"])
+
+
+def _skips(model_config: ModelConfig) -> tuple:
+    """What vLLM's load_weights skips on purpose (MTP layers, a tied lm_head, rotary tables), from
+    the config object vLLM built the model from: its class defaults count (a config.json without
+    ``tie_word_embeddings`` ties or not as its transformers class says), as they do for vLLM."""
+    from .handoff import declared_skips
+
+    hf = getattr(model_config, "hf_text_config", None) or model_config.hf_config
+    return declared_skips(hf.to_dict())
 
 
 def _expected(model: nn.Module, model_config: ModelConfig) -> set[str] | None:

@@ -33,7 +33,8 @@ def _load_parser() -> argparse.ArgumentParser:
                                 "checkpoint (run under torchrun). Subcommands: " + ", ".join(COMMANDS) + ".")
     p.add_argument("dir", nargs="?", metavar="DIR", help="checkpoint directory (or --checkpoint DIR)")
     add_flags(p)
-    p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    p.add_argument("--log-level", default="INFO", help="tpload's logging level (default INFO); other libraries' "
+                   "loggers stay at WARNING unless named: --log-level DEBUG,numba=DEBUG")
     p.add_argument("--version", action="version", version=f"tpload {__version__}")
     return p
 
@@ -45,10 +46,74 @@ def _on_sigterm(signum: int, frame: object) -> None:
                     "rank fails, or when it is stopped itself)")
 
 
+def _say(text: str) -> None:
+    """``text`` and its newline on stderr in one write: ranks share torchrun's stderr, and a message
+    written apart from its newline lets another rank's line run on after it."""
+    sys.stderr.flush()
+    data = (text + "\n").encode(sys.stderr.encoding or "utf-8", "backslashreplace")
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # a replaced stderr (pytest's capture): no fd of its own
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+        return
+    while data:  # one write unless the pipe takes part (over PIPE_BUF, 4 KiB: not atomic anyway)
+        data = data[os.write(fd, data):]
+
+
 def _fail(e: BaseException, rank: str | None = None) -> int:
     prefix = f"[rank {rank}] " if rank is not None else ""
-    print(f"{prefix}tpload: error: {printable(str(e))}", file=sys.stderr, flush=True)
+    _say(f"{prefix}tpload: error: {printable(str(e))}")
     return 1
+
+
+def _fail_rank(e: LoadError, rank: str) -> int:
+    """A failed load's end on one rank. A verdict every rank holds is printed in full by its reporter
+    (the lowest failing rank) and pointed to by the others, so N ranks show it once; under torchrun
+    it also goes to the elastic error file, so torchrun's summary shows it as the root cause."""
+    reporter = e.reporter
+    if reporter is None or str(reporter) == rank:
+        line, first = f"[rank {rank}] tpload: error: {printable(str(e))}", True
+    else:
+        line, first = f"[rank {rank}] tpload: load failed (see rank {reporter})", False
+    _say(line)
+    _error_file(line, root_cause=first or reporter is None)
+    return 1
+
+
+def _error_file(line: str, *, root_cause: bool) -> None:
+    """Write torch.distributed.elastic's error file (``TORCHELASTIC_ERROR_FILE``, set by torchrun for
+    each worker) with ``line``, in the JSON its ``record`` decorator writes. torchrun names the failure
+    with the earliest timestamp (whole seconds; ties: the first it saw exit) as the root cause, so a
+    rank that only points to the reporter dates its own a second past the next whole second: the
+    reporter's (written within moments of it) is then the earliest, whichever rank exits first."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    import json
+    import math
+    now = time.time()
+    stamp = int(now) if root_cause else math.ceil(now) + 1
+    doc = {"message": {"message": line, "extraInfo": {"py_callstack": line, "timestamp": str(stamp)}}}
+    try:
+        Path(path).write_text(json.dumps(doc))
+    except OSError as e:  # the message is on stderr already: the summary only loses it
+        _say(f"tpload: could not write torchrun's error file {printable(path)}: {e.strerror}")
+
+
+def _configure_logging(spec: str) -> None:
+    """``LEVEL[,NAME=LEVEL...]``: tpload's loggers at LEVEL, each named logger at its own; every other
+    library's stays at WARNING (numba's compiler alone logs ~77,000 DEBUG lines), and each line names
+    the logger it came from, so nothing foreign reads as tpload's."""
+    levels: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        name, _, level = part.rpartition("=")
+        if not isinstance(logging.getLevelName(level.upper()), int):
+            raise LoadError(f"--log-level {spec}: {level!r} is not a level (DEBUG, INFO, WARNING, ERROR, CRITICAL)")
+        levels[name or "tpload"] = level.upper()
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
 
 
 def _first_run_notes(opts_checkpoint: str | None) -> None:
@@ -68,10 +133,9 @@ def _first_run_notes(opts_checkpoint: str | None) -> None:
 def cmd_load(argv: list[str]) -> int:
     args = _load_parser().parse_args(argv)
     rank = os.environ.get("RANK", "0")
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s tpload %(levelname)s %(message)s",
-                        stream=sys.stderr)
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
+        _configure_logging(args.log_level)
         given = getattr(args, "checkpoint", None)
         if args.dir and given and args.dir != given:
             raise LoadError(f"two checkpoints given: {args.dir} and --checkpoint {given}")
@@ -90,10 +154,10 @@ def cmd_load(argv: list[str]) -> int:
     except LoadError as e:
         # torchrun SIGTERMs the others as soon as one rank exits: finish this message first.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        return _fail(e, rank)
+        return _fail_rank(e, rank)
     except KeyboardInterrupt:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        print(f"[rank {rank}] tpload: interrupted", file=sys.stderr, flush=True)
+        _say(f"[rank {rank}] tpload: interrupted")
         return 130
     return 0
 
@@ -326,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
             return COMMANDS[argv[0]](argv[1:])
         return cmd_load(argv)
     except KeyboardInterrupt:
-        print("tpload: interrupted", file=sys.stderr, flush=True)
+        _say("tpload: interrupted")
         return 130
 
 

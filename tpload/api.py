@@ -428,7 +428,7 @@ def load_in(opts: LoadOptions | None, ctx: DistContext, *, error: LoadError | No
     if why:
         job.result = None  # nothing partly loaded survives a failed load
         give_back(job.ctx.device)
-        raise LoadError(why)
+        raise LoadError(why, reporter=min((r.rank for r in ranks if r.failed), default=0))  # every rank holds `why`
     return job.shards(ranks)
 
 

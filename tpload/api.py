@@ -311,7 +311,7 @@ class _RankLoad:
         threads = min(opts.hash_threads, _spare_cores(ctx)) if ctx.device.type == "cpu" else opts.hash_threads
         hasher = Hasher(hashes, threads=max(0, threads), digests=digests,
                         on_done=(lambda n: release.done(storage.stored(n).path)) if release else None)
-        sink = self.sink or (Progress(plan.read_bytes, len(plan.items)) if opts.progress and ctx.rank == 0 else Silent())
+        sink = self.sink or (Progress(plan.read_bytes, plan.served) if opts.progress and ctx.rank == 0 else Silent())
         return run(storage, plan, transfer=for_device(ctx.device), hasher=hasher, samples=opts.samples,
                    progress=sink, release=release)
 

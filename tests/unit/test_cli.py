@@ -120,3 +120,21 @@ def test_an_unknown_log_level_is_one_line(tmp_path: Path, capsys: pytest.Capture
     assert main([str(tmp_path), "--log-level", "LOUD"]) == 1
     assert capsys.readouterr().err == ("[rank 0] tpload: error: --log-level LOUD: 'LOUD' is not a level (DEBUG, INFO, "
                                        "WARNING, ERROR, CRITICAL)\n")
+
+
+def test_verify_says_what_it_checked_and_what_vouched(small_ckpt: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture) -> None:
+    from tpload.published import write_published
+    from tpload.storage.hub import to_hub_cache
+    assert main(["verify", str(small_ckpt), "--config", "none"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2].startswith("checked 62 tensors, 0.001 GB: each tensor by sha256 against NATIVE_MANIFEST.json")
+    assert out[-2].endswith("no value checks (--config none)") and out[-1] == f"{small_ckpt}: OK"
+    hub = to_hub_cache(write_published(tmp_path / "plain", "gpt-oss-tiny", manifest=False), tmp_path / "hub", "o/m")
+    assert main(["verify", str(hub)]) == 0
+    line = capsys.readouterr().out.splitlines()[-2]
+    assert "files whole, by sha256 against the hub blob it is named by" in line and "by config gpt-oss" in line
+    assert main(["export", str(small_ckpt), str(tmp_path / "x"), "--tp", "2"]) == 0
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path / "x")]) == 0
+    assert "checked 124 windows in 2 rank file(s)" in capsys.readouterr().out

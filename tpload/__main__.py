@@ -22,10 +22,25 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from . import __version__
-from .errors import ConfigError, LoadError
-from .options import KINDS, add_flags, from_args
-from .text import printable
+
+def _refuse_a_shadowing_folder() -> None:
+    """``python -m tpload`` puts the current folder first on the path: run from the folder that holds
+    a clone, its ``tpload/`` (the clone, with no ``__init__.py``) becomes an empty namespace package
+    that hides the installed one, and every import from it fails. Say so in one line."""
+    package = sys.modules.get(__package__ or "tpload")
+    if package is not None and getattr(package, "__file__", None) is None:
+        where = ", ".join(dict.fromkeys(map(os.path.abspath, getattr(package, "__path__", [])))) or "?"
+        sys.exit(f"tpload: error: the folder {where} hides the installed tpload: Python imports it (from the current "
+                 "folder) as an empty package, since it holds the source rather than being it (a clone?). Run from "
+                 "another folder, or from inside the clone to use its source")
+
+
+_refuse_a_shadowing_folder()
+
+from . import __version__  # noqa: E402 (after the check above, which is why it would fail)
+from .errors import ConfigError, LoadError  # noqa: E402
+from .options import KINDS, add_flags, from_args  # noqa: E402
+from .text import printable  # noqa: E402
 
 
 def _load_parser() -> argparse.ArgumentParser:

@@ -4,6 +4,7 @@ subcommands, and clear exits."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -138,3 +139,27 @@ def test_verify_says_what_it_checked_and_what_vouched(small_ckpt: Path, tmp_path
     capsys.readouterr()
     assert main(["verify", str(tmp_path / "x")]) == 0
     assert "checked 124 windows in 2 rank file(s)" in capsys.readouterr().out
+
+
+SHADOWED = """
+import importlib.util, sys
+sys.path.insert(0, {parent!r})  # as `python -m` puts the current folder first
+import tpload  # the clone's folder: no __init__.py, so an empty namespace package
+spec = importlib.util.spec_from_file_location("tpload.__main__", {main!r})
+spec.loader.exec_module(importlib.util.module_from_spec(spec))
+"""
+
+
+def test_a_folder_holding_a_clone_is_named_not_an_import_error(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    import tpload.__main__
+    (tmp_path / "tpload" / "tpload").mkdir(parents=True)  # the clone, its package inside
+    code = SHADOWED.format(parent=str(tmp_path), main=tpload.__main__.__file__)
+    # -S and no PYTHONPATH: no regular tpload on the path (in real life pip install -e's finder, which
+    # comes after the path, serves tpload.__main__ from the checkout)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    p = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert p.returncode == 1 and p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr.startswith(f"tpload: error: the folder {tmp_path / 'tpload'} hides the installed tpload")

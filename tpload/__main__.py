@@ -384,7 +384,7 @@ def cmd_manifest(argv: list[str]) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--hash", choices=("sha256", "blake3"), default="sha256",
                    help="blake3: also write blake3 digests to the digest store (writes the manifest first if there is "
-                   "none; the manifest's bytes are not changed); needs `pip install \"tpload[blake3]\"`")
+                   "none; the manifest's bytes are not changed); needs the blake3 package (`pip install blake3`)")
     add_flags(p, only=("digest_store",))
     args = p.parse_args(argv)
     try:

@@ -35,12 +35,12 @@ def _refuse_a_shadowing_folder() -> None:
                  "another folder, or from inside the clone to use its source")
 
 
-_refuse_a_shadowing_folder()
+_refuse_a_shadowing_folder()  # before the imports below: they are what fails in a shadowed tpload
 
-from . import __version__  # noqa: E402 (after the check above, which is why it would fail)
-from .errors import ConfigError, LoadError  # noqa: E402
-from .options import KINDS, add_flags, from_args  # noqa: E402
-from .text import printable  # noqa: E402
+from . import __version__
+from .errors import ConfigError, LoadError
+from .options import KINDS, add_flags, from_args
+from .text import printable
 
 
 def _load_parser() -> argparse.ArgumentParser:

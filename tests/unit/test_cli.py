@@ -160,6 +160,6 @@ def test_a_folder_holding_a_clone_is_named_not_an_import_error(tmp_path: Path) -
     # -S and no PYTHONPATH: no regular tpload on the path (in real life pip install -e's finder, which
     # comes after the path, serves tpload.__main__ from the checkout)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    p = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
+    p = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env, check=False)
     assert p.returncode == 1 and p.stderr.count("\n") == 1, p.stderr
     assert p.stderr.startswith(f"tpload: error: the folder {tmp_path / 'tpload'} hides the installed tpload")

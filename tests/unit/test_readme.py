@@ -40,6 +40,6 @@ def test_install_lines_are_from_source_and_keep_the_engine_s_torch() -> None:
     for doc in ("README.md", "docs/engines.md"):
         text = (ROOT / doc).read_text()
         # tpload is not on PyPI: no line may tell anyone to install it by name
-        assert not re.search(r"^\s*pip install (tpload|\S+ tpload)\b", text, re.M), doc
+        assert not re.search(r"^\s*pip install (tpload|\S+ tpload)\b", text, re.MULTILINE), doc
         assert keep_torch in text, doc
     assert "tpload is not on PyPI" in README

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -60,10 +61,25 @@ def tpload_cli(nproc: int, *flags: str, timeout: float = 120, env: dict | None =
     return torchrun(nproc, ["-m", "tpload", "--no-progress", *flags], timeout=timeout, env=env, logs=logs)
 
 
-def error_of(text: str, rank: int) -> str:
-    """The message a rank printed after ``[rank R] tpload: error:`` (empty when none)."""
-    marker = f"[rank {rank}] tpload: error: "
-    return text.split(marker, 1)[1].strip() if marker in text else ""
+def error_of(text: str, rank: int | None = None) -> str:
+    """The full message printed after ``[rank R] tpload: error:`` (by ``rank``, or by any rank when
+    None), to the end of ``text``; empty when none. A verdict every rank holds is printed in full by
+    one rank only: :func:`load_error` finds it and checks the others' pointers."""
+    found = re.search(rf"\[rank {rank if rank is not None else '[0-9]+'}\] tpload: error: ", text)
+    return text[found.end():].strip() if found else ""
+
+
+def load_error(run: Run) -> tuple[int, str]:
+    """(reporter, message) of a failed load run with per-rank logs: exactly one rank printed the
+    message in full, and every other rank only ``[rank R] tpload: load failed (see rank reporter)``."""
+    assert run.rank_err is not None, "run with logs= to keep each rank's stderr"
+    full = {r: error_of(text, r) for r, text in run.rank_err.items() if error_of(text, r)}
+    assert len(full) == 1, f"expected the message from one rank, got it from {sorted(full)}: {run.rank_err}"
+    ((reporter, message),) = full.items()
+    for r, text in run.rank_err.items():
+        if r != reporter:
+            assert f"[rank {r}] tpload: load failed (see rank {reporter})\n" in text, (r, text)
+    return reporter, message
 
 
 def tensor_offset(root: Path, name: str) -> tuple[Path, int, int]:

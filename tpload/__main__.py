@@ -22,6 +22,21 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+
+def _refuse_a_shadowing_folder() -> None:
+    """``python -m tpload`` puts the current folder first on the path: run from the folder that holds
+    a clone, its ``tpload/`` (the clone, with no ``__init__.py``) becomes an empty namespace package
+    that hides the installed one, and every import from it fails. Say so in one line."""
+    package = sys.modules.get(__package__ or "tpload")
+    if package is not None and getattr(package, "__file__", None) is None:
+        where = ", ".join(dict.fromkeys(map(os.path.abspath, getattr(package, "__path__", [])))) or "?"
+        sys.exit(f"tpload: error: the folder {where} hides the installed tpload: Python imports it (from the current "
+                 "folder) as an empty package, since it holds the source rather than being it (a clone?). Run from "
+                 "another folder, or from inside the clone to use its source")
+
+
+_refuse_a_shadowing_folder()  # before the imports below: they are what fails in a shadowed tpload
+
 from . import __version__
 from .errors import ConfigError, LoadError
 from .options import KINDS, add_flags, from_args
@@ -33,7 +48,8 @@ def _load_parser() -> argparse.ArgumentParser:
                                 "checkpoint (run under torchrun). Subcommands: " + ", ".join(COMMANDS) + ".")
     p.add_argument("dir", nargs="?", metavar="DIR", help="checkpoint directory (or --checkpoint DIR)")
     add_flags(p)
-    p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    p.add_argument("--log-level", default="INFO", help="tpload's logging level (default INFO); other libraries' "
+                   "loggers stay at WARNING unless named: --log-level DEBUG,numba=DEBUG")
     p.add_argument("--version", action="version", version=f"tpload {__version__}")
     return p
 
@@ -45,10 +61,74 @@ def _on_sigterm(signum: int, frame: object) -> None:
                     "rank fails, or when it is stopped itself)")
 
 
+def _say(text: str) -> None:
+    """``text`` and its newline on stderr in one write: ranks share torchrun's stderr, and a message
+    written apart from its newline lets another rank's line run on after it."""
+    sys.stderr.flush()
+    data = (text + "\n").encode(sys.stderr.encoding or "utf-8", "backslashreplace")
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # a replaced stderr (pytest's capture): no fd of its own
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+        return
+    while data:  # one write unless the pipe takes part (over PIPE_BUF, 4 KiB: not atomic anyway)
+        data = data[os.write(fd, data):]
+
+
 def _fail(e: BaseException, rank: str | None = None) -> int:
     prefix = f"[rank {rank}] " if rank is not None else ""
-    print(f"{prefix}tpload: error: {printable(str(e))}", file=sys.stderr, flush=True)
+    _say(f"{prefix}tpload: error: {printable(str(e))}")
     return 1
+
+
+def _fail_rank(e: LoadError, rank: str) -> int:
+    """A failed load's end on one rank. A verdict every rank holds is printed in full by its reporter
+    (the lowest failing rank) and pointed to by the others, so N ranks show it once; under torchrun
+    it also goes to the elastic error file, so torchrun's summary shows it as the root cause."""
+    reporter = e.reporter
+    if reporter is None or str(reporter) == rank:
+        line, first = f"[rank {rank}] tpload: error: {printable(str(e))}", True
+    else:
+        line, first = f"[rank {rank}] tpload: load failed (see rank {reporter})", False
+    _say(line)
+    _error_file(line, root_cause=first or reporter is None)
+    return 1
+
+
+def _error_file(line: str, *, root_cause: bool) -> None:
+    """Write torch.distributed.elastic's error file (``TORCHELASTIC_ERROR_FILE``, set by torchrun for
+    each worker) with ``line``, in the JSON its ``record`` decorator writes. torchrun names the failure
+    with the earliest timestamp (whole seconds; ties: the first it saw exit) as the root cause, so a
+    rank that only points to the reporter dates its own a second past the next whole second: the
+    reporter's (written within moments of it) is then the earliest, whichever rank exits first."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    import json
+    import math
+    now = time.time()
+    stamp = int(now) if root_cause else math.ceil(now) + 1
+    doc = {"message": {"message": line, "extraInfo": {"py_callstack": line, "timestamp": str(stamp)}}}
+    try:
+        Path(path).write_text(json.dumps(doc))
+    except OSError as e:  # the message is on stderr already: the summary only loses it
+        _say(f"tpload: could not write torchrun's error file {printable(path)}: {e.strerror}")
+
+
+def _configure_logging(spec: str) -> None:
+    """``LEVEL[,NAME=LEVEL...]``: tpload's loggers at LEVEL, each named logger at its own; every other
+    library's stays at WARNING (numba's compiler alone logs ~77,000 DEBUG lines), and each line names
+    the logger it came from, so nothing foreign reads as tpload's."""
+    levels: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        name, _, level = part.rpartition("=")
+        if not isinstance(logging.getLevelName(level.upper()), int):
+            raise LoadError(f"--log-level {spec}: {level!r} is not a level (DEBUG, INFO, WARNING, ERROR, CRITICAL)")
+        levels[name or "tpload"] = level.upper()
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
 
 
 def _first_run_notes(opts_checkpoint: str | None) -> None:
@@ -68,10 +148,9 @@ def _first_run_notes(opts_checkpoint: str | None) -> None:
 def cmd_load(argv: list[str]) -> int:
     args = _load_parser().parse_args(argv)
     rank = os.environ.get("RANK", "0")
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s tpload %(levelname)s %(message)s",
-                        stream=sys.stderr)
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
+        _configure_logging(args.log_level)
         given = getattr(args, "checkpoint", None)
         if args.dir and given and args.dir != given:
             raise LoadError(f"two checkpoints given: {args.dir} and --checkpoint {given}")
@@ -91,10 +170,10 @@ def cmd_load(argv: list[str]) -> int:
     except LoadError as e:
         # torchrun SIGTERMs the others as soon as one rank exits: finish this message first.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        return _fail(e, rank)
+        return _fail_rank(e, rank)
     except KeyboardInterrupt:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        print(f"[rank {rank}] tpload: interrupted", file=sys.stderr, flush=True)
+        _say(f"[rank {rank}] tpload: interrupted")
         return 130
     return 0
 
@@ -252,8 +331,48 @@ def cmd_verify(argv: list[str]) -> int:
         return _fail(e)
     for line in problems:
         print(f"BAD {printable(line)}")
+    if not problems:
+        print(printable(_verified(args.dir, config)))
     print(f"{printable(args.dir)}: {'OK' if not problems else f'{len(problems)} problem(s)'}")
     return 1 if problems else 0
+
+
+def _verified(root: str, config: object | None) -> str:
+    """What a passing ``verify`` checked and what vouched for it, counted from the headers (no data
+    read again; the checkpoint just passed, so it opens)."""
+    import json
+
+    from .storage.catalogue import MANIFEST_NAME
+    from .storage.partitioned import PartitionedStorage, is_partitioned
+    from .storage.sharded import ShardedStorage
+    path = Path(root).absolute()
+    if is_partitioned(path):
+        meta = json.loads((path / MANIFEST_NAME).read_text())["partitioned"]
+        tp, ep = int(meta["tp"]), int(meta["ep"])
+        count = nbytes = 0
+        for rank in range(tp * ep):
+            storage = PartitionedStorage(path, tp=tp, ep=ep, rank=rank, world=tp * ep)
+            try:
+                count += len(storage.windows)
+                nbytes += sum(storage.stored(n).nbytes for n in storage.windows)
+            finally:
+                storage.close()
+        return (f"checked {count:,} windows in {tp * ep} rank file(s), {nbytes / 1e9:.3f} GB: each window's sha256 "
+                f"against the export's {MANIFEST_NAME}")
+    storage = ShardedStorage(path)
+    try:
+        cat = storage.catalogue
+        names = cat.names()
+        nbytes = sum(cat.get(n).nbytes for n in names)
+        if storage.file_digests is not None:
+            vouch = f"each of its {len(storage.file_digests)} files whole, by sha256 against the hub blob it is named by"
+        else:
+            vouch = f"each tensor by sha256 against {MANIFEST_NAME} (sha256 {(cat.manifest_sha256 or '?')[:16]}...)"
+    finally:
+        storage.close()
+    values = (f"; values (scales, NaN codes, bf16 overflow) by config {getattr(config, 'name', config)}"
+              if config is not None else "; no value checks (--config none)")
+    return f"checked {len(names):,} tensors, {nbytes / 1e9:.3f} GB: {vouch}{values}"
 
 
 def cmd_manifest(argv: list[str]) -> int:
@@ -266,7 +385,7 @@ def cmd_manifest(argv: list[str]) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--hash", choices=("sha256", "blake3"), default="sha256",
                    help="blake3: also write blake3 digests to the digest store (writes the manifest first if there is "
-                   "none; the manifest's bytes are not changed); needs `pip install \"tpload[blake3]\"`")
+                   "none; the manifest's bytes are not changed); needs the blake3 package (`pip install blake3`)")
     add_flags(p, only=("digest_store",))
     args = p.parse_args(argv)
     try:
@@ -327,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
             return COMMANDS[argv[0]](argv[1:])
         return cmd_load(argv)
     except KeyboardInterrupt:
-        print("tpload: interrupted", file=sys.stderr, flush=True)
+        _say("tpload: interrupted")
         return 130
 
 

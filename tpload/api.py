@@ -134,7 +134,7 @@ class _RankLoad:
         threads = min(opts.hash_threads, spare) if ctx.device.type == "cpu" else opts.hash_threads
         hasher = Hasher(prepared.hashes, threads=max(0, threads), digests=prepared.digests,
                         on_done=(lambda n: release.done(storage.stored(n).path)) if release else None)
-        sink = self.sink or (Progress(plan.read_bytes, len(plan.items)) if opts.progress and ctx.rank == 0 else Silent())
+        sink = self.sink or (Progress(plan.read_bytes, plan.served) if opts.progress and ctx.rank == 0 else Silent())
         return run(storage, plan, transfer=for_device(ctx.device), hasher=hasher, samples=opts.samples,
                    progress=sink, release=release)
 
@@ -170,7 +170,7 @@ def load_in(opts: LoadOptions | None, ctx: DistContext, *, error: LoadError | No
     if not verdict.passed:
         job.result = None  # nothing partly loaded survives a failed load
         give_back(job.ctx.device)
-        raise LoadError("\n".join(verdict.problems))
+        raise verdict.error()
     return served(job.opts, job.ctx, job.plan, job.result, job.deferred, ranks, job.notes, verdict)
 
 

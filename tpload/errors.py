@@ -10,6 +10,15 @@ from __future__ import annotations
 class LoadError(Exception):
     """A load could not produce verified weights; nothing was served."""
 
+    reporter: int | None
+    """When every rank raises this same message (a verdict all ranks reached from the exchanged
+    table): the one rank that prints it in full, the lowest failing one, so that a launch of N ranks
+    shows it once. None: this rank's own message, printed by this rank."""
+
+    def __init__(self, *args: object, reporter: int | None = None) -> None:
+        super().__init__(*args)
+        self.reporter = reporter
+
 
 class CheckpointError(LoadError):
     """The checkpoint on disk is malformed, incomplete or corrupt."""

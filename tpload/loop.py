@@ -373,9 +373,9 @@ def run(storage: Storage, plan: RankPlan, *, transfer: Transfer, hasher: Hasher,
             for k, end, pieces in runs(items, plan.kind, storage, classes=plan.shapes):
                 if end - k > 1:
                     loader.batch(items[k:end], pieces)
-                    for item in items[k:end]:  # one call per tensor, as a progress sink expects
+                    for item in items[k:end]:
                         loader.done(item)
-                        progress.update(item.read_bytes)
+                        _advance(progress, item)
                     continue
                 item = items[k]
                 if k + READAHEAD_ITEMS < len(items):
@@ -385,7 +385,7 @@ def run(storage: Storage, plan: RankPlan, *, transfer: Transfer, hasher: Hasher,
                 else:
                     loader.decode(item, item.name in sampled)
                 loader.done(item)
-                progress.update(item.read_bytes)
+                _advance(progress, item)
         loader.reader.drain()
         hashed = hasher.finish()
     finally:
@@ -398,6 +398,14 @@ def run(storage: Storage, plan: RankPlan, *, transfer: Transfer, hasher: Hasher,
     outputs = [o for item in items for o in item.outputs]
     return LoadResult(loader.arena, outputs, settled.fingerprints, hashed, loader.evidence.windows,
                       settled.bytes_hashed, settled.device_checked, loader.sampled)
+
+
+def _advance(progress: ProgressSink, item: Item) -> None:
+    """One call per served tensor, as the report's table counts them (a packed weight and its scale
+    are two); the item's read bytes go with its first, so bytes add up to the plan's read_bytes."""
+    progress.update(item.read_bytes)
+    for _ in item.outputs[1:]:
+        progress.update(0)
 
 
 def _ask(storage: Storage, item: Item) -> None:

@@ -4,6 +4,7 @@ subcommands, and clear exits."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,97 @@ def test_export_refuses_a_folder_that_is_not_empty(small_ckpt: Path, tmp_path: P
     (tmp_path / "x" / "mine").write_text("keep")
     assert main(["export", str(small_ckpt), str(tmp_path / "x"), "--tp", "2"]) == 1
     assert "export folder is not empty" in capsys.readouterr().err and (tmp_path / "x" / "mine").exists()
+
+
+def test_a_verdict_is_printed_by_its_reporter_and_pointed_to_by_the_others(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    from tpload.__main__ import _fail_rank
+    from tpload.errors import LoadError
+    files = {rank: tmp_path / f"error-{rank}.json" for rank in ("0", "1")}
+    verdict = LoadError("load failed on rank 0, 1 (2 of 2 ranks)\nrank 0, 1: /x: missing", reporter=0)
+    for rank, file in files.items():
+        monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(file))
+        assert _fail_rank(verdict, rank) == 1
+    err = capsys.readouterr().err
+    assert err == ("[rank 0] tpload: error: load failed on rank 0, 1 (2 of 2 ranks)\nrank 0, 1: /x: missing\n"
+                   "[rank 1] tpload: load failed (see rank 0)\n")
+    docs = {rank: json.loads(file.read_text())["message"] for rank, file in files.items()}
+    assert docs["0"]["message"] == err.split("[rank 1]")[0].strip()  # torchrun's summary quotes it
+    assert docs["1"]["message"] == "[rank 1] tpload: load failed (see rank 0)"
+    # torchrun names the earliest failure (whole seconds) the root cause: the reporter's, strictly
+    assert int(docs["0"]["extraInfo"]["timestamp"]) < int(docs["1"]["extraInfo"]["timestamp"])
+
+
+def test_a_rank_own_error_is_printed_in_full_by_that_rank(capsys: pytest.CaptureFixture) -> None:
+    from tpload.__main__ import _fail_rank
+    from tpload.errors import LoadError
+    assert _fail_rank(LoadError("lost the other ranks"), "3") == 1  # no reporter: not a shared verdict
+    assert capsys.readouterr().err == "[rank 3] tpload: error: lost the other ranks\n"
+
+
+LOGS = """
+import logging
+from tpload.__main__ import _configure_logging
+_configure_logging({spec!r})
+logging.getLogger("numba.core.ssa").debug("numba internals")
+logging.getLogger("tpload").debug("tpload detail")
+logging.getLogger("numba").warning("numba warns")
+"""
+
+
+@pytest.mark.parametrize("spec", ["DEBUG", "debug,numba=DEBUG"])
+def test_debug_logging_is_tpload_s_own_and_labels_each_logger(spec: str) -> None:
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-c", LOGS.format(spec=spec)], capture_output=True, text=True, check=True)
+    lines = [line.split(" ", 2)[2] for line in p.stderr.splitlines()]  # after the date and time
+    foreign = ["numba.core.ssa DEBUG numba internals"] if "numba=" in spec else []
+    assert lines == [*foreign, "tpload DEBUG tpload detail", "numba WARNING numba warns"]
+
+
+def test_an_unknown_log_level_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main([str(tmp_path), "--log-level", "LOUD"]) == 1
+    assert capsys.readouterr().err == ("[rank 0] tpload: error: --log-level LOUD: 'LOUD' is not a level (DEBUG, INFO, "
+                                       "WARNING, ERROR, CRITICAL)\n")
+
+
+def test_verify_says_what_it_checked_and_what_vouched(small_ckpt: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture) -> None:
+    from tpload.published import write_published
+    from tpload.storage.hub import to_hub_cache
+    assert main(["verify", str(small_ckpt), "--config", "none"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2].startswith("checked 62 tensors, 0.001 GB: each tensor by sha256 against NATIVE_MANIFEST.json")
+    assert out[-2].endswith("no value checks (--config none)") and out[-1] == f"{small_ckpt}: OK"
+    hub = to_hub_cache(write_published(tmp_path / "plain", "gpt-oss-tiny", manifest=False), tmp_path / "hub", "o/m")
+    assert main(["verify", str(hub)]) == 0
+    line = capsys.readouterr().out.splitlines()[-2]
+    assert "files whole, by sha256 against the hub blob it is named by" in line and "by config gpt-oss" in line
+    assert main(["export", str(small_ckpt), str(tmp_path / "x"), "--tp", "2"]) == 0
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path / "x")]) == 0
+    assert "checked 124 windows in 2 rank file(s)" in capsys.readouterr().out
+
+
+SHADOWED = """
+import importlib.util, sys
+sys.path.insert(0, {parent!r})  # as `python -m` puts the current folder first
+import tpload  # the clone's folder: no __init__.py, so an empty namespace package
+spec = importlib.util.spec_from_file_location("tpload.__main__", {main!r})
+spec.loader.exec_module(importlib.util.module_from_spec(spec))
+"""
+
+
+def test_a_folder_holding_a_clone_is_named_not_an_import_error(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    import tpload.__main__
+    (tmp_path / "tpload" / "tpload").mkdir(parents=True)  # the clone, its package inside
+    code = SHADOWED.format(parent=str(tmp_path), main=tpload.__main__.__file__)
+    # -S and no PYTHONPATH: no regular tpload on the path (in real life pip install -e's finder, which
+    # comes after the path, serves tpload.__main__ from the checkout)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    p = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env, check=False)
+    assert p.returncode == 1 and p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr.startswith(f"tpload: error: the folder {tmp_path / 'tpload'} hides the installed tpload")

@@ -32,3 +32,14 @@ def test_user_docs_live_in_the_project() -> None:
     assert "../shared" not in README
     for doc in ("docs/format.md", "docs/threat-model.md"):
         assert (ROOT / doc).is_file() and doc in README
+
+
+def test_install_lines_are_from_source_and_keep_the_engine_s_torch() -> None:
+    import re
+    keep_torch = "pip install -e /path/to/tpload-clone -c <(python -c 'import torch; print(\"torch==\" + torch.__version__)')"
+    for doc in ("README.md", "docs/engines.md"):
+        text = (ROOT / doc).read_text()
+        # tpload is not on PyPI: no line may tell anyone to install it by name
+        assert not re.search(r"^\s*pip install (tpload|\S+ tpload)\b", text, re.MULTILINE), doc
+        assert keep_torch in text, doc
+    assert "tpload is not on PyPI" in README

@@ -69,6 +69,8 @@ class Verdict:
     problems: tuple[str, ...]
     vouched_by: str
     """What vouched for the served bytes, in words (the report's)."""
+    reporter: int = 0
+    """The rank that prints a failed verdict in full (the lowest failing one; the others point to it)."""
 
     @property
     def passed(self) -> bool:
@@ -77,7 +79,11 @@ class Verdict:
     def require(self) -> None:
         """Raise unless every byte may leave: an exit type calls this when it is made."""
         if self.problems:
-            raise LoadError("\n".join(self.problems))
+            raise self.error()
+
+    def error(self) -> LoadError:
+        """The failed verdict as the error every rank raises (the same text on each)."""
+        return LoadError("\n".join(self.problems), reporter=self.reporter)
 
 
 @dataclass
@@ -399,7 +405,8 @@ def judge(ranks: list[object], chosen: Strategy | None) -> Verdict:
             said.setdefault(r.message.removeprefix(f"rank {r.rank}: "), []).append(r.rank)
         head = (f"load failed on rank {', '.join(str(r.rank) for r in bad)} ({len(bad)} of {len(ranks)} ranks); "
                 "no rank returned weights")
-        return Verdict((head + "".join(f"\nrank {', '.join(map(str, who))}: {msg}" for msg, who in said.items()),), "")
+        return Verdict((head + "".join(f"\nrank {', '.join(map(str, who))}: {msg}" for msg, who in said.items()),), "",
+                       reporter=bad[0].rank)
     problems = chosen.verdict(ranks)
     if problems:
         return Verdict(("load failed: the ranks' evidence disagrees; no rank returned weights\n"

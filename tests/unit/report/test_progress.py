@@ -1,0 +1,58 @@
+"""Rank 0's progress: tensors counted as the report's table counts them, the ETA from bytes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tpload.report.progress import Progress
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_the_eta_comes_from_bytes_not_tensors(caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    p = Progress(1000, 4, every_s=2.0, now=clock)
+    # three tiny tensors in the first second, then most of the bytes: a count-based ETA would say
+    # "1 tensor left, nearly done" after the third
+    for _ in range(3):
+        p.update(10)
+    clock.t += 3.0
+    with caplog.at_level("INFO", logger="tpload"):
+        p.update(470)
+    assert p.eta() == pytest.approx((1000 - 500) / (500 / 3.0))  # 3 s: half the bytes in 3 s
+    assert "4/4 tensors, 0.00/0.00 GB" in caplog.text and "ETA 3 s" in caplog.text
+    clock.t += 3.0
+    with caplog.at_level("INFO", logger="tpload"):
+        p.close()
+    assert "read 4 tensors (0.00 GB) in 6 s; finishing the last hashes, then the ranks' verdict" in caplog.text
+
+
+def test_a_load_counts_what_the_table_counts(small_ckpt: Path) -> None:
+    from tpload import load
+
+    class Count:
+        tensors = nbytes = 0
+
+        def update(self, nbytes: int) -> None:
+            self.tensors += 1
+            self.nbytes += nbytes
+
+        def close(self) -> None:
+            pass
+
+    sink = Count()
+    shards = load(small_ckpt, progress_sink=sink, kind="packed")
+    try:
+        rank = shards.report.ranks[0]
+        assert sink.tensors == rank.tensors and sink.nbytes == rank.bytes_read
+        assert rank.tensors > len(shards.plan.items)  # packed scales are served tensors of their own
+    finally:
+        shards.release()

@@ -308,7 +308,11 @@ class FileDigests(Strategy):
     locators_vouched_by = "the sha256 taken of it while its file was hashed whole against its hub blob name"
 
     def _check_manifest(self) -> None:
-        return  # every file of the snapshot is named by its sha256, checked whole while loading
+        return  # every file is vouched for whole (expected()), checked while loading
+
+    def expected(self) -> Mapping[Path, str]:
+        """Each file's expected sha256 (a source of whole-file digests overrides this)."""
+        return self.job.storage.file_digests
 
     def _prepare(self) -> Prepared:
         job, me, storage = self.job, self.job.me, self.job.storage
@@ -340,7 +344,7 @@ class FileDigests(Strategy):
         job, me, fig = self.job, self.job.me, self.job.fig
         files = self.prepared.files
         hashed: list[FileHashed] = files.results
-        problems = file_problems(hashed, job.storage.file_digests) + own_problems(hashed, me, result.windows)
+        problems = file_problems(hashed, self.expected()) + own_problems(hashed, me, result.windows)
         if problems:
             raise LoadError(f"{len(problems)} problem(s):\n  - " + "\n  - ".join(problems))
         self.derived = {n: d for h in hashed for n, d in h.deferred.items()}

@@ -117,7 +117,7 @@ def available_methods(wanted: tuple[str, ...], *, cuda: bool | None = None) -> t
             raise ValueError(f"unknown method {m!r}; choose from {', '.join(ALL_METHODS)}")
         package, cuda_only = OPTIONAL.get(m, ("", False))
         if package and importlib.util.find_spec(package) is None:
-            notes.append(f"{m}: {package} is not installed (pip install 'tpload[bench]'); skipped")
+            notes.append(f"{m}: {package} is not installed (pip install -e '.[bench]' in tpload's clone); skipped")
             continue
         if cuda_only and not (torch.cuda.is_available() if cuda is None else cuda):
             notes.append(f"{m}: CUDA devices only, and there are none; skipped")

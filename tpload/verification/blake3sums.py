@@ -18,7 +18,7 @@ every tensor the manifest lists; otherwise by sha256, and the report says why.
 The rule reads only the sidecar and the manifest, so every rank that sees the same
 store decides the same; the exchanged figures say which hash each rank used.
 
-The package is an optional extra (``pip install "tpload[blake3]"``): without it
+The package is an optional extra (``pip install -e ".[blake3]"`` in tpload's clone): without it
 tpload works as before, and ``--hash blake3`` says how to get it.
 """
 
@@ -39,7 +39,7 @@ except ImportError:  # pragma: no cover - depends on the environment
     _blake3 = None
 
 FORMAT = 1
-INSTALL = 'pip install "tpload[blake3]"'
+INSTALL = 'pip install blake3 (or, in tpload\'s clone, pip install -e ".[blake3]")'
 THREADED_FROM = 4 << 20  # a tensor this big is hashed on several threads when the rank has cores to spare
 
 

@@ -34,7 +34,8 @@ def _load_parser() -> argparse.ArgumentParser:
                                 "checkpoint (run under torchrun). Subcommands: " + ", ".join(COMMANDS) + ".")
     p.add_argument("dir", nargs="?", metavar="DIR", help="checkpoint directory (or --checkpoint DIR)")
     add_flags(p)
-    p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    p.add_argument("--log-level", default="INFO", type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                   help="logging level (default INFO)")
     p.add_argument("--version", action="version", version=f"tpload {__version__}")
     return p
 

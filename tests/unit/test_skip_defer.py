@@ -112,3 +112,15 @@ def test_a_load_that_serves_nothing_fails(small_ckpt: Path, capsys: pytest.Captu
         assert main([*argv, "--skip", "*"]) == 1
         err = capsys.readouterr().err
         assert "nothing to load" in err and "Traceback" not in err, argv
+
+
+@pytest.mark.parametrize("glob", ["*.weight_scale_inv", "*_scale*"])
+def test_a_published_layout_s_scale_globs_are_refused_by_plan_too(tmp_path: Path, glob: str,
+                                                                   capsys: pytest.CaptureFixture) -> None:
+    from tpload.__main__ import main
+    from tpload.published import write_published
+    root = write_published(tmp_path / "c", "deepseek-v3-tiny")  # FP8 blocks: .weight and .weight_scale_inv
+    assert main(["plan", str(root), "--tp", "1", "--skip", glob]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"skip rule (match '{glob}', role skip) matches 78 scale tensor(s)" in err
+    assert "the scale of model.layers.0.mlp.down_proj.weight): scales follow their weights" in err

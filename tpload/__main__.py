@@ -25,7 +25,17 @@ from pathlib import Path
 
 from . import __version__
 from .errors import LoadError
-from .options import COUNT, KINDS, RANKS, SEED, THREADS, Parser, add_flags, check_flags, from_args
+from .options import (
+    COUNT,
+    KINDS,
+    RANKS,
+    SEED,
+    THREADS,
+    Parser,
+    add_flags,
+    check_flags,
+    from_args,
+)
 from .text import printable
 
 

@@ -14,7 +14,18 @@ import pytest
 
 import tpload
 from tpload.errors import LoadError, OptionsError
-from tpload.options import COUNT, GIB, RANKS, SECONDS, SEED, THREADS, LoadOptions, Parser, add_flags, from_args
+from tpload.options import (
+    COUNT,
+    GIB,
+    RANKS,
+    SECONDS,
+    SEED,
+    THREADS,
+    LoadOptions,
+    Parser,
+    add_flags,
+    from_args,
+)
 
 
 def cli(*argv: str) -> LoadOptions:
@@ -100,8 +111,7 @@ def test_the_command_line_refuses_a_number_as_it_parses_it_in_one_line(argv: tup
 
 def test_every_number_has_its_kind_s_one_rule() -> None:
     hints = typing.get_type_hints(LoadOptions)
-    numeric = [f for f in fields(LoadOptions) if int in typing.get_args(hints[f.name]) + (hints[f.name],)
-               or float in typing.get_args(hints[f.name]) + (hints[f.name],)]
+    numeric = [f for f in fields(LoadOptions) if {int, float} & {hints[f.name], *typing.get_args(hints[f.name])}]
     assert {f.name for f in numeric} == {"tp", "ep", "hash_threads", "samples", "timeout_s", "reserve_gib"}
     assert {f.name: f.metadata["bound"] for f in numeric} == {"tp": RANKS, "ep": RANKS, "hash_threads": THREADS,
                                                                "samples": COUNT, "timeout_s": SECONDS,
@@ -115,8 +125,8 @@ def test_every_number_has_its_kind_s_one_rule() -> None:
 def test_subcommand_numbers_use_the_same_rules(capsys: pytest.CaptureFixture) -> None:
     from tpload.__main__ import main
     for argv, needle in ((["synth", "x", "--seed", "-1"], "argument --seed: must be between 0 and 4294967295"),
-                         (["plan", "x", "--tp", "1", "--nproc-per-node", "0"], "argument --nproc-per-node: must be "
-                          "between 1 and 65536, got 0"),
+                         (["plan", "x", "--tp", "1", "--nproc-per-node", "0"],
+                          "argument --nproc-per-node: must be between 1 and 65536, got 0"),
                          (["export", "x", "y", "--tp", "1", "--hash-threads", "1000000000"],
                           "argument --hash-threads: must be between 0 and 1024"),
                          (["verify", "x", "--threads", "5000"], "argument --threads: must be between 0 and 1024"),

@@ -14,6 +14,7 @@ The load's flags are generated from :class:`tpload.options.LoadOptions`.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import signal
@@ -38,13 +39,23 @@ def _refuse_a_shadowing_folder() -> None:
 _refuse_a_shadowing_folder()  # before the imports below: they are what fails in a shadowed tpload
 
 from . import __version__
-from .errors import ConfigError, LoadError
-from .options import KINDS, add_flags, from_args
+from .errors import LoadError
+from .options import (
+    COUNT,
+    KINDS,
+    RANKS,
+    SEED,
+    THREADS,
+    Parser,
+    add_flags,
+    check_flags,
+    from_args,
+)
 from .text import printable
 
 
 def _load_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m tpload", description="Load every rank's verified shards of a "
+    p = Parser(prog="python -m tpload", description="Load every rank's verified shards of a "
                                 "checkpoint (run under torchrun). Subcommands: " + ", ".join(COMMANDS) + ".")
     p.add_argument("dir", nargs="?", metavar="DIR", help="checkpoint directory (or --checkpoint DIR)")
     add_flags(p)
@@ -129,6 +140,27 @@ def _configure_logging(spec: str) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     for name, level in levels.items():
         logging.getLogger(name).setLevel(level)
+def _one_line(cmd: Callable[[list[str]], int]) -> Callable[[list[str]], int]:
+    """A subcommand that ends in one line whatever fails: its own errors (LoadError), the system's
+    (a full disk, a file in the way: named by path) and, for a bug, its type and message (the
+    traceback with TPLOAD_TRACEBACK=1)."""
+    @functools.wraps(cmd)
+    def run(argv: list[str]) -> int:
+        rank = os.environ.get("RANK")
+        try:
+            return cmd(argv)
+        except LoadError as e:
+            return _fail(e, rank)
+        except OSError as e:
+            where = f"{e.filename}: " if e.filename is not None else ""
+            to = f" -> {e.filename2}" if e.filename2 is not None else ""
+            return _fail(LoadError(f"{where}{e.strerror or e}{to}"), rank)
+        except Exception as e:
+            if os.environ.get("TPLOAD_TRACEBACK"):
+                raise
+            return _fail(LoadError(f"unexpected {type(e).__name__}: {e} (a bug in tpload; TPLOAD_TRACEBACK=1 shows "
+                                   "where)"), rank)
+    return run
 
 
 def _first_run_notes(opts_checkpoint: str | None) -> None:
@@ -145,6 +177,7 @@ def _first_run_notes(opts_checkpoint: str | None) -> None:
                  PRESETS["small"], cache_root())
 
 
+@_one_line
 def cmd_load(argv: list[str]) -> int:
     args = _load_parser().parse_args(argv)
     rank = os.environ.get("RANK", "0")
@@ -178,10 +211,11 @@ def cmd_load(argv: list[str]) -> int:
     return 0
 
 
+@_one_line
 def cmd_synth(argv: list[str]) -> int:
     from .published import PUBLISHED
     from .synth import PRESETS, spec_from, write_checkpoint
-    p = argparse.ArgumentParser(prog="python -m tpload synth", description="Write a synthetic checkpoint: the "
+    p = Parser(prog="python -m tpload synth", description="Write a synthetic checkpoint: the "
                                 "reference native layout of docs/format.md (small, medium, seed), or a published "
                                 "family's layout (NAME-tiny, NAME-full --headers-only, deepseek-v3-deep; "
                                 "docs/formats/), with shards, index, config.json and NATIVE_MANIFEST.json.")
@@ -193,8 +227,8 @@ def cmd_synth(argv: list[str]) -> int:
                    "(blobs named by hash, snapshots/REV linking to them), without a manifest; load the printed folder")
     dims = ("hidden", "inter", "experts", "stages", "vocab", "block", "shards", "seed")
     for f in dims:
-        p.add_argument(f"--{f}", type=int)
-    p.add_argument("--tensors", type=int, metavar="N", help="(many-tensors) how many tiny 8x8 tensors (default 10000)")
+        p.add_argument(f"--{f}", type=SEED if f == "seed" else COUNT)
+    p.add_argument("--tensors", type=COUNT, metavar="N", help="(many-tensors) how many tiny 8x8 tensors (default 10000)")
     args = p.parse_args(argv)
     if args.preset in PUBLISHED:
         return _synth_published(p, args, dims)
@@ -205,20 +239,15 @@ def cmd_synth(argv: list[str]) -> int:
         spec = spec_from(args.preset, **{f: getattr(args, f) for f in dims})
     except ValueError as e:
         p.error(str(e))
-    try:
-        root = write_checkpoint(args.dir, spec)
-    except LoadError as e:
-        return _fail(e)
+    root = write_checkpoint(args.dir, spec)
     size = sum(f.stat().st_size for f in root.glob("*.safetensors"))
     print(f"wrote {root}: {size / 1e9:.3f} GB ({spec})")
     return 0
 
 
 def _synth_published(p: argparse.ArgumentParser, args: argparse.Namespace, dims: tuple[str, ...]) -> int:
-    import tempfile
-
     from .published import PUBLISHED, write_published
-    from .storage.hub import to_hub_cache
+    from .synth import write_hub
     if any(getattr(args, f) is not None for f in dims if f != "seed"):
         p.error("the published presets take no dimension flags (their dimensions are the family's)")
     full = PUBLISHED[args.preset]().headers_only
@@ -226,16 +255,11 @@ def _synth_published(p: argparse.ArgumentParser, args: argparse.Namespace, dims:
         p.error(f"{args.preset} {'is written only' if full else 'is not written'} --headers-only")
     if args.hub and full:
         p.error("--hub is for presets with data")
-    try:
-        if args.hub:
-            Path(args.dir).mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=args.dir, prefix=".synth-") as tmp:
-                written = write_published(Path(tmp) / "ckpt", args.preset, seed=args.seed or 0, manifest=False)
-                root = to_hub_cache(written, Path(args.dir), args.hub)
-        else:
-            root = write_published(args.dir, args.preset, seed=args.seed or 0, tensors=args.tensors)
-    except LoadError as e:
-        return _fail(e)
+    if args.hub:
+        root = write_hub(args.dir, args.hub, lambda out: write_published(out, args.preset, seed=args.seed or 0,
+                                                                         manifest=False))
+    else:
+        root = write_published(args.dir, args.preset, seed=args.seed or 0, tensors=args.tensors)
     shards = list(root.glob("*.safetensors"))
     size = sum(f.stat().st_size for f in shards)
     used = sum(f.stat().st_blocks * 512 for f in shards)
@@ -256,15 +280,16 @@ def _config(args: argparse.Namespace, root: str):
     return with_rules(config, skip=tuple(getattr(args, "skip", ()) or ()), defer=tuple(getattr(args, "defer", ()) or ()))
 
 
+@_one_line
 def cmd_plan(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m tpload plan", description="Print every rank's plan without a GPU "
+    p = Parser(prog="python -m tpload plan", description="Print every rank's plan without a GPU "
                                 "(reads, hashing, device and host memory; each node's share); with --digest the digests "
                                 "a load must produce (computed on the CPU by the load's code).")
     p.add_argument("dir")
-    p.add_argument("--tp", type=int, required=True)
-    p.add_argument("--ep", type=int, default=1)
+    p.add_argument("--tp", type=RANKS, required=True)
+    p.add_argument("--ep", type=RANKS, default=1)
     p.add_argument("--kind", choices=KINDS, default="packed")
-    p.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
+    p.add_argument("--nproc-per-node", type=RANKS, default=None, metavar="N",
                    help="ranks per node (default: all on one node): node verification splits hashing per node")
     p.add_argument("--ranks", choices=("all", "summary"), default=None,
                    help="print every rank, or one line per node (default: every rank up to 16 ranks)")
@@ -273,6 +298,7 @@ def cmd_plan(argv: list[str]) -> int:
     p.add_argument("--write", action="store_true", help="check every tensor by sha256, then keep the digests in the "
                    "digest store (implies --digest); --verify digest loads may then trust them")
     args = p.parse_args(argv)
+    check_flags(args)
     t0 = time.monotonic()
     try:
         from .plan import Layout, planning
@@ -281,8 +307,6 @@ def cmd_plan(argv: list[str]) -> int:
         config = _config(args, args.dir)
         layout = Layout(args.tp, args.ep)
         per_node = args.nproc_per_node or layout.world
-        if per_node < 1:
-            raise ConfigError("--nproc-per-node must be at least 1")
         t1, host = time.monotonic(), HostMemory()
         with planning(args.dir, config, layout) as planner:
             host.classified()
@@ -314,14 +338,15 @@ def cmd_plan(argv: list[str]) -> int:
     return 0
 
 
+@_one_line
 def cmd_verify(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m tpload verify", description="Check a checkpoint at rest: headers, "
+    p = Parser(prog="python -m tpload verify", description="Check a checkpoint at rest: headers, "
                                 "index, manifest, every sha256, scale bytes, NaN codes and overflowing decodes; list "
                                 "every bad tensor. An export is checked rank file by rank file.")
     p.add_argument("dir")
     p.add_argument("--config", default="auto", help="roles for the value checks (auto: from DIR's config.json; 'none' "
                    "to skip them)")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=THREADS, default=2, help="hash worker threads (0: on the main thread)")
     args = p.parse_args(argv)
     try:
         from .offline import verify_checkpoint
@@ -375,19 +400,21 @@ def _verified(root: str, config: object | None) -> str:
     return f"checked {len(names):,} tensors, {nbytes / 1e9:.3f} GB: {vouch}{values}"
 
 
+@_one_line
 def cmd_manifest(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m tpload manifest", description="Hash every tensor and write "
+    p = Parser(prog="python -m tpload manifest", description="Hash every tensor and write "
                                 "NATIVE_MANIFEST.json for a checkpoint that lacks one; with --hash blake3, also keep "
                                 "a blake3 of every tensor in the digest store, after checking each one's sha256 "
                                 "against the manifest (loads then hash with blake3).")
     p.add_argument("dir")
     p.add_argument("--force", action="store_true", help="overwrite an existing manifest")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=THREADS, default=2, help="hash worker threads (0: on the main thread)")
     p.add_argument("--hash", choices=("sha256", "blake3"), default="sha256",
                    help="blake3: also write blake3 digests to the digest store (writes the manifest first if there is "
                    "none; the manifest's bytes are not changed); needs the blake3 package (`pip install blake3`)")
     add_flags(p, only=("digest_store",))
     args = p.parse_args(argv)
+    check_flags(args)
     try:
         from .offline import write_blake3, write_manifest
         from .storage.catalogue import MANIFEST_NAME
@@ -406,14 +433,15 @@ def cmd_manifest(argv: list[str]) -> int:
     return 0
 
 
+@_one_line
 def cmd_export(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m tpload export", description="Write a pre-partitioned checkpoint: "
+    p = Parser(prog="python -m tpload export", description="Write a pre-partitioned checkpoint: "
                                 "one packed safetensors file per rank of a tp x ep layout, with its own manifest. "
                                 "Loading it with the same layout reads only each rank's own file.")
     p.add_argument("dir", help="the native checkpoint to cut")
     p.add_argument("out", help="a new (or empty) folder for the rank files")
-    p.add_argument("--tp", type=int, required=True, help="tensor-parallel degree")
-    p.add_argument("--ep", type=int, default=1, help="expert-parallel degree (world = tp x ep)")
+    p.add_argument("--tp", type=RANKS, required=True, help="tensor-parallel degree")
+    p.add_argument("--ep", type=RANKS, default=1, help="expert-parallel degree (world = tp x ep)")
     add_flags(p, only=("config", "skip", "defer", "hash_threads"))
     args = p.parse_args(argv)
     try:
@@ -430,6 +458,7 @@ def cmd_export(argv: list[str]) -> int:
     return 0
 
 
+@_one_line
 def cmd_bench(argv: list[str]) -> int:
     from .bench import cmd_bench as bench
     return bench(argv)

@@ -12,7 +12,6 @@ other bytes is refused, not ranked.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -27,7 +26,7 @@ import torch
 
 from .pick import choose
 from .errors import LoadError
-from .options import DEFAULT_CONFIG
+from .options import COUNT, DEFAULT_CONFIG, RANKS, SECONDS, Parser
 from .codecs import Cut
 from .loop import decode_rows
 from .plan import Item, Layout, Planner
@@ -444,23 +443,23 @@ def cmd_bench(argv: list[str]) -> int:
     if "--engine" in argv:  # a serving engine's default loader beside tpload's (bench_engine.py)
         from .bench_engine import cmd_bench_engine
         return cmd_bench_engine(argv)
-    p = argparse.ArgumentParser(prog="python -m tpload bench", description="Run tpload beside its peers on the same "
+    p = Parser(prog="python -m tpload bench", description="Run tpload beside its peers on the same "
                                 "job (every rank's windows in its own memory) and print a table of ratios.")
     p.add_argument("--preset", choices=list(PRESETS) + loadable_presets(), default="medium",
                    help="synthetic checkpoint, made once and cached: the reference layout (small, medium, seed) or a "
                    "published family's (NAME-tiny, deepseek-v3-deep; many-tensors: per-tensor cost apart from bytes)")
-    p.add_argument("--tensors", type=int, metavar="N", help="(--preset many-tensors) how many tiny tensors "
+    p.add_argument("--tensors", type=COUNT, metavar="N", help="(--preset many-tensors) how many tiny tensors "
                    "(default 10000)")
     p.add_argument("--checkpoint", help="an existing checkpoint instead of a preset")
     p.add_argument("--config", default=DEFAULT_CONFIG)
-    p.add_argument("--nproc", type=int, default=2)
-    p.add_argument("--tp", type=int, help="default: nproc")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--nproc", type=RANKS, default=2)
+    p.add_argument("--tp", type=RANKS, help="default: nproc")
+    p.add_argument("--rounds", type=COUNT, default=3)
     p.add_argument("--methods", default=",".join(ALL_METHODS), help="comma-separated subset")
     p.add_argument("--cold", action="store_true", help="drop the checkpoint's pages before every run")
     p.add_argument("--json", help="write every figure here")
     p.add_argument("--no-decode", action="store_true", help="skip the decode-vs-memcpy measure")
-    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per method run")
+    p.add_argument("--timeout", type=SECONDS, default=1800.0, help="seconds per method run")
     args = p.parse_args(argv)
     if args.nproc < 1 or args.rounds < 1 or (args.tp or 1) < 1 or args.nproc % (args.tp or args.nproc):
         p.error("nproc >= 1, rounds >= 1 and a tp dividing nproc are required")

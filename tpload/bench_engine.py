@@ -8,7 +8,6 @@ must have produced the same greedy tokens and every worker the same parameter by
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -17,6 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .options import COUNT, RANKS, SECONDS, Parser
 from .storage.catalogue import read_native
 
 FORMATS = {"vllm-default": "auto", "vllm-tpload": "tpload"}
@@ -94,16 +94,16 @@ def table(rows: list[dict], model: str, tp: int) -> str:
 
 
 def cmd_bench_engine(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m tpload bench --engine vllm", description=__doc__.split("\n\n")[0])
+    p = Parser(prog="python -m tpload bench --engine vllm", description=__doc__.split("\n\n")[0])
     p.add_argument("--engine", choices=["vllm"], required=True)
     p.add_argument("checkpoint", help="a model folder vLLM can serve (config.json, safetensors, a tpload manifest)")
-    p.add_argument("--tp", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--tp", type=RANKS, default=2)
+    p.add_argument("--rounds", type=COUNT, default=1)
     p.add_argument("--vllm-python", default=default_python(), help="the Python that has vLLM (and tpload) installed")
     p.add_argument("--extra", default="{}", help="tpload's model loader extra config (JSON)")
     p.add_argument("--dtype", default="bfloat16", help="the engine's compute dtype")
     p.add_argument("--json", help="write every figure here")
-    p.add_argument("--timeout", type=float, default=1200.0, help="seconds per engine process")
+    p.add_argument("--timeout", type=SECONDS, default=1200.0, help="seconds per engine process")
     args = p.parse_args(argv)
     runs: dict[str, list[dict]] = {name: [] for name in FORMATS}
     work = Path(tempfile.mkdtemp(prefix="tpload-bench-engine-"))

@@ -31,34 +31,77 @@ Check = Callable[[object], str | None]
 
 
 def opt(default: object, help: str, *, flag: str | None = None, choices: tuple[str, ...] = (),
-        metavar: str | None = None, check: Check | None = None, cli: bool = True) -> object:
+        metavar: str | None = None, bound: Bound | None = None, check: Check | None = None,
+        cli: bool = True) -> object:
     """A :class:`LoadOptions` field: its default, its help, and how it appears on the command line.
 
-    ``flag``: the command-line spelling (default ``--field-name``); ``check``: returns a problem
-    ("must be >= 1") or None; ``cli``: False for options only ``load()`` takes.
+    ``flag``: the command-line spelling (default ``--field-name``); ``bound``: the kind of number it
+    is (its range, checked as the flag is parsed and as ``load()`` is called); ``check``: any other
+    rule, returning a problem ("must be 64 hex digits") or None; ``cli``: False for options only
+    ``load()`` takes.
     """
-    meta = {"help": help, "flag": flag, "choices": choices, "metavar": metavar, "check": check, "cli": cli}
+    meta = {"help": help, "flag": flag, "choices": choices, "metavar": metavar, "bound": bound, "check": check,
+            "cli": cli}
     if isinstance(default, (list, dict, set)):
         raise TypeError("mutable defaults: use a tuple")
     return field(default=default, metadata=meta)
 
 
-def _at_least(low: float, *, finite: bool = True) -> Check:
-    def check(v: object) -> str | None:
-        if finite and not math.isfinite(v):  # type: ignore[arg-type]
-            return f"must be a finite number >= {low:g}, got {v}"
-        return None if v >= low else f"must be >= {low:g}, got {v}"  # type: ignore[operator]
-    return check
+@dataclass(frozen=True)
+class Bound:
+    """One kind of number an option holds, and its one rule: the type and the range, checked where the
+    number is parsed (a flag of any subcommand: ``type=SECONDS``) and where it is given (``load()``'s
+    keywords, :func:`validate`). The limits are far beyond any real use and small enough that what
+    consumes the number (a ``timedelta``, a socket timeout, a thread pool built up front, a seed) takes it."""
+
+    kind: type
+    """int or float."""
+    low: float
+    high: float
+    above: bool = False
+    """True: ``low`` itself is refused (a number > low)."""
+    note: str = ""
+    """Why the upper limit, said with the problem."""
+
+    def problem(self, v: object) -> str | None:
+        """Why ``v`` is out of this kind's range, or None."""
+        if self.kind is float and not math.isfinite(v):  # type: ignore[arg-type]
+            return f"must be a finite number {self._range()}, got {v}"
+        ok = (v > self.low if self.above else v >= self.low) and v <= self.high  # type: ignore[operator]
+        return None if ok else f"must be {self._range()}, got {v}"
+
+    def _range(self) -> str:
+        low = f"> {_num(self.low)} and at most" if self.above else f"between {_num(self.low)} and"
+        return f"{low} {_num(self.high)}{self.note}"
+
+    def __call__(self, text: str) -> int | float:
+        """argparse's ``type``: the number, or an ArgumentTypeError saying what was expected."""
+        try:
+            v = self.kind(text)
+        except ValueError:
+            what = "an integer" if self.kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if why := self.problem(v):
+            raise argparse.ArgumentTypeError(why)
+        return v
 
 
-def _positive_finite(v: object) -> str | None:
-    return None if math.isfinite(v) and v > 0 else f"must be a finite number > 0, got {v}"  # type: ignore[arg-type]
+def _num(x: float) -> str:
+    return str(int(x)) if x == int(x) else f"{x:g}"
 
 
-def _ranks(v: object) -> str | None:
-    if v is None:
-        return None
-    return None if 1 <= v <= MAX_WORLD else f"must be between 1 and {MAX_WORLD}, got {v}"  # type: ignore[operator]
+SECONDS = Bound(float, 0, 7 * 86400, above=True, note=" (7 days)")
+"""Timeouts: a wait longer than a week is a typo, and 1e300 s overflows timedelta and socket timeouts."""
+GIB = Bound(float, 0, 1 << 20, note=" (a PiB)")
+"""Memory sizes in GiB."""
+THREADS = Bound(int, 0, 1024)
+"""Threads per process (0: the work runs on the calling thread); pools are built up front."""
+RANKS = Bound(int, 1, MAX_WORLD)
+"""Ranks: tp, ep, processes per node, processes."""
+SEED = Bound(int, 0, 2**32 - 1)
+"""Random seeds (numpy takes non-negative 32-bit words)."""
+COUNT = Bound(int, 0, 1 << 24)
+"""How many of something (samples, rounds, tensors, synthetic dimensions)."""
 
 
 def _sha256_hex(v: object) -> str | None:
@@ -79,22 +122,24 @@ class LoadOptions:
                       "TOML path", metavar="NAME|PATH")
     kind: str = opt("packed", "packed: stored bytes (FP4/FP8 weights and their scales); expanded: bf16 decodes",
                     choices=KINDS)
-    tp: int | None = opt(None, "tensor-parallel degree (default: the group size / ep)", check=_ranks)
-    ep: int = opt(1, "expert-parallel degree; tp x ep must equal the group size", check=_ranks)
+    tp: int | None = opt(None, "tensor-parallel degree (default: the group size / ep)", bound=RANKS)
+    ep: int = opt(1, "expert-parallel degree; tp x ep must equal the group size", bound=RANKS)
     verify: str = opt("node", "node: each tensor hashed once per node; rank: by every rank that reads it; digest: "
                       "no hashing, every served byte checked against digests `tpload plan --write` stored after "
                       "hashing; off: nothing checked against the manifest (loudly marked)", choices=VERIFY_MODES)
     device: str | None = opt(None, "target device (default: cuda:LOCAL_RANK, or cpu without CUDA)")
     allow_shared_device: bool = opt(False, "let several ranks load onto one GPU (functional checks with gloo; NCCL "
                                     "refuses it)")
-    hash_threads: int = opt(2, "hash worker threads per rank (sha256, or blake3 with a sidecar)", check=_at_least(1), metavar="N")
+    hash_threads: int = opt(2, "hash worker threads per rank (sha256, or blake3 with a sidecar)", bound=THREADS,
+                       metavar="N")
     samples: int = opt(4, "expanded: decoded tensors per codec whose first and last rows are decoded again by an "
                        "independent implementation and compared exactly",
-                       check=_at_least(0), metavar="N")
-    progress: bool = opt(True, "rank-0 progress (a bar on a terminal, a line every 2 s otherwise)",
+                       bound=COUNT, metavar="N")
+    progress: bool = opt(True, "turn off rank 0's progress (on by default: a bar on a terminal, a line every "
+                         "2 s otherwise)",
                          flag="--no-progress")
     timeout_s: float = opt(600.0, "seconds any wait may take (the exchange, a peer, a store) before every rank "
-                           "fails", flag="--timeout", check=_positive_finite, metavar="S")
+                           "fails", flag="--timeout", bound=SECONDS, metavar="S")
     skip: tuple[str, ...] = opt((), "never read nor hash tensors matching GLOB (repeatable), e.g. 'mtp.*'",
                                 metavar="GLOB")
     defer: tuple[str, ...] = opt((), "do not upload tensors matching GLOB; load() returns their locators "
@@ -102,8 +147,9 @@ class LoadOptions:
     evict_page_cache: bool = opt(False, "drop each shard's page cache once this rank is done with it "
                                  "(unified-memory GPUs)")
     reserve_gib: float = opt(0.0, "device memory (GiB) the pre-flight keeps free for after the load",
-                             check=_at_least(0), metavar="G")
-    report: str | None = opt(None, "rank 0 writes the JSON report here (its folder must exist)", metavar="FILE")
+                             bound=GIB, metavar="G")
+    report: str | None = opt(None, "rank 0 writes the JSON report here (its folder must exist; never inside the "
+                               "checkpoint)", metavar="FILE")
     digest_store: str | None = opt(None, "folder of trusted digests (default $XDG_STATE_HOME/tpload, else "
                                    "~/.local/state/tpload); owned by this user, not by the checkpoint's writer",
                                    metavar="DIR")
@@ -196,18 +242,96 @@ def validate(values: Mapping[str, object], *, style: str) -> list[str]:
         v, meta = values[f.name], f.metadata
         if meta["choices"] and v not in meta["choices"]:
             problems.append(f"{_spell(f.name, style)} {v!r} is not one of {', '.join(meta['choices'])}")
-        elif meta["check"] is not None and v is not None and (why := meta["check"](v)):
+        elif v is not None and (why := _field_problem(meta, v)):
             problems.append(f"{_spell(f.name, style)} {why}")
+    # Paths, checked before any byte is read: a problem found after the load (or after all the
+    # hashing) costs the whole load, and a report written into the checkpoint destroys it.
     report = values.get("report")
     if report:
+        where = _spell('report', style)
         folder = Path(str(report)).absolute().parent
         if not folder.is_dir():
-            problems.append(f"{_spell('report', style)} {report}: folder {folder} does not exist (checked before "
+            problems.append(f"{where} {report}: folder {folder} does not exist (checked before "
                             "loading, so the report cannot fail after the load)")
+        elif Path(str(report)).is_dir():
+            problems.append(f"{where} {report} is a folder; name the file to write")
+        elif values.get("checkpoint") and (why := report_in_checkpoint(str(report), str(values["checkpoint"]))):
+            problems.append(f"{where} {report} {why}; the report never writes into the checkpoint it loads: name a "
+                            "file outside it")
+    store = values.get("digest_store")
+    if store and (why := not_a_folder(str(store))):
+        problems.append(f"{_spell('digest_store', style)} {store}: {why} (the digest store is a folder, made if "
+                        "missing; give a folder, or leave the option out for the default)")
     return problems
 
 
+def _field_problem(meta: Mapping[str, object], v: object) -> str | None:
+    bound, check = meta["bound"], meta["check"]
+    return (bound.problem(v) if bound is not None else None) or (check(v) if check is not None else None)  # type: ignore[union-attr,operator]
+
+
+def report_in_checkpoint(report: str, checkpoint: str) -> str | None:
+    """Why writing a report at ``report`` would write into the checkpoint folder ``checkpoint`` (a path
+    inside it, spelled directly or through symlinks, or a file elsewhere that one of its entries is:
+    a hub snapshot's blob, a hard link), or None."""
+    ckpt = Path(checkpoint)
+    if not ckpt.is_dir():
+        return None  # no checkpoint there: the load says so
+    try:
+        folders = {Path(os.path.abspath(ckpt)), ckpt.resolve()}
+        targets = {Path(os.path.abspath(report)), Path(report).resolve()}
+    except (OSError, RuntimeError) as e:  # a symlink loop: refuse rather than guess where it points
+        return f"cannot be resolved ({e})"
+    for t in targets:
+        for f in folders:
+            if t.is_relative_to(f):
+                return f"is inside the checkpoint {f}"
+    try:
+        st = os.stat(report)
+    except OSError:
+        return None  # a new file outside the folder
+    with os.scandir(ckpt) as entries:
+        for entry in entries:
+            try:
+                e = os.stat(entry.path)
+            except OSError:
+                continue
+            if (e.st_dev, e.st_ino) == (st.st_dev, st.st_ino):
+                return f"is the checkpoint's {entry.name} (the same file as {Path(checkpoint) / entry.name})"
+    return None
+
+
+def not_a_folder(path: str) -> str | None:
+    """Why ``path`` cannot be (or be made) a folder: it, or the nearest of its parents that exists, is
+    not a folder; None if it can."""
+    p = Path(os.path.abspath(path))
+    for q in (p, *p.parents):
+        if q.exists():
+            return None if q.is_dir() else (f"{q} is not a folder" if q == p else f"{q} is a file, so the folder "
+                                                                                 "cannot be made")
+        if q.is_symlink():
+            return f"{q} is a broken symlink"
+    return None
+
+
 # -- the command line ------------------------------------------------------------------------------
+
+class Parser(argparse.ArgumentParser):
+    """Every subcommand's parser: a bad flag ends in one line (``tpload: error: ...``, exit 2), like
+    every other error, instead of the usage block and a second line."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"tpload: error: {message} (usage: {self.prog} --help)\n")
+
+
+def check_flags(ns: argparse.Namespace) -> None:
+    """The load's path checks for the options a subcommand takes from :func:`add_flags` (``plan --write
+    --digest-store``...), before it reads anything; OptionsError listing every problem."""
+    values = {f.name: getattr(ns, f.name) for f in fields(LoadOptions) if hasattr(ns, f.name)}
+    problems = validate(values, style="cli")
+    if problems:
+        raise OptionsError(_listing(problems))
+
 
 def add_flags(parser: argparse.ArgumentParser, *, only: tuple[str, ...] | None = None) -> None:
     """Add a flag for every command-line option (or those named in ``only``), from the fields."""
@@ -224,7 +348,7 @@ def add_flags(parser: argparse.ArgumentParser, *, only: tuple[str, ...] | None =
         elif f.default == () and f.default is not MISSING:
             kw.update(action="append", metavar=meta["metavar"])
         else:
-            kw.update(metavar=meta["metavar"] or f.name.upper(), type=_cli_type(base))
+            kw.update(metavar=meta["metavar"] or f.name.upper(), type=meta["bound"] or _cli_type(base))
             if meta["choices"]:
                 kw.update(choices=meta["choices"], metavar=None)
         kw["default"] = argparse.SUPPRESS  # unset flags keep the dataclass default
@@ -233,22 +357,9 @@ def add_flags(parser: argparse.ArgumentParser, *, only: tuple[str, ...] | None =
 
 def _cli_type(hint: object) -> Callable[[str], object]:
     args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
-    base = args[0]
-    if base is int:
-        return _cli_number(int, "an integer")
-    if base is float:
-        return _cli_number(float, "a number")
+    if args[0] in (int, float):  # every number has its kind's rule, or none is checked anywhere
+        raise TypeError(f"a numeric option without a bound= ({hint})")
     return str
-
-
-def _cli_number(kind: type, what: str) -> Callable[[str], object]:
-    def parse(text: str) -> object:
-        try:
-            return kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-    parse.__name__ = what
-    return parse
 
 
 def from_args(ns: argparse.Namespace, *, extra: Mapping[str, object] = ()) -> LoadOptions:

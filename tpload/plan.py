@@ -305,6 +305,8 @@ class Planner:
                     continue
                 broken.add(n)
         problems = [why for _, why in sorted(first, key=lambda nw: natural_key(nw[0]))]
+        if any(r.role in ("skip", "defer") for r in self.config.rules):
+            problems += _scale_globs(rules, needs)
         entries, skipped, deferred, unmatched = [], [], [], []
         deferred_experts: dict[str, tuple[str, int]] = {}
         grouped: dict[str, list[str]] = {}
@@ -333,6 +335,9 @@ class Planner:
         if idle:
             problems.append(f"{', '.join(idle)} matched no tensor of {escape_name(self.catalogue.root)} (a typo? "
                             "the names are in the index)")
+        if not problems and not entries and not deferred:  # a load of nothing would pass every check
+            problems.append(f"nothing to load: {_nothing(self.config.rules, skipped, self.catalogue.root)}; a load "
+                            "serves at least one tensor (narrow the skip globs)")
         raise_all(ConfigError, problems, what=f"problems fitting config {self.config.name} to {escape_name(self.catalogue.root)}")
         return entries, skipped, deferred, deferred_experts
 
@@ -576,6 +581,33 @@ def read_model_config(root: Path, *, why: str) -> dict:
         raise ConfigError(f"{why}, but {escape_name(root)} has no config.json (copy the model's config.json "
                           "beside its shards)")
     return doc
+
+
+def _scale_globs(rules: Mapping[str, Rule | None], needs: Mapping[str, list[str]]) -> list[str]:
+    """Skip or defer rules that are the first match of scale tensors whose weight is served: a scale
+    goes wherever its weight goes, so such a rule would do nothing (and say "skipped 0")."""
+    taken: dict[int, tuple[Rule, list[tuple[str, str]]]] = {}
+    for weight, scales in needs.items():
+        for m in scales:
+            r = rules.get(m)
+            if r is not None and r.role in ("skip", "defer"):
+                taken.setdefault(id(r), (r, []))[1].append((m, weight))
+    out = []
+    for r, pairs in taken.values():
+        pairs.sort(key=lambda mw: natural_key(mw[0]))
+        m, w = pairs[0]
+        out.append(f"{r.describe()} matches {len(pairs)} scale tensor(s) of weights it does not {r.role} (e.g. "
+                   f"{escape_name(m)}, the scale of {escape_name(w)}): scales follow their weights, so {r.role} the "
+                   f"weights instead (e.g. {escape_name(w)!r})")
+    return out
+
+
+def _nothing(rules: tuple[Rule, ...], skipped: list[str], root: object) -> str:
+    """Which rules left nothing to load, for the message."""
+    globs = [r.describe() for r in rules if r.role == "skip"]
+    if globs and skipped:
+        return f"every tensor of {escape_name(root)} is skipped ({len(skipped)} tensors, by {', '.join(globs)})"
+    return f"{escape_name(root)} has no tensor to serve"
 
 
 def _scale_names(weight: str, rule: Rule) -> list[str]:

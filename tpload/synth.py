@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import tempfile
 import zlib
@@ -24,7 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from .codecs.fp4_e8m0 import GROUP as FP4_GROUP
-from .errors import CheckpointError
+from .errors import CheckpointError, OptionsError
+from .options import SEED, not_a_folder
 from .storage.catalogue import INDEX_NAME, MANIFEST_NAME
 from .storage.safetensors import ITEMSIZE, write_safetensors
 from .text import escape_name
@@ -60,6 +62,8 @@ class SynthSpec:
         for field in ("experts", "stages", "vocab", "block", "shards"):
             if getattr(self, field) < 1:
                 raise ValueError(f"{field} must be >= 1, got {getattr(self, field)}")
+        if why := SEED.problem(self.seed):
+            raise ValueError(f"seed {why}")
 
 
 PRESETS: dict[str, SynthSpec] = {
@@ -197,6 +201,31 @@ def write_checkpoint(out_dir: str | os.PathLike, spec: SynthSpec) -> Path:
     (root / MANIFEST_NAME).write_text(json.dumps({"format": 1, "tensors": manifest}, indent=1))
     (root / "tpload_synth.json").write_text(json.dumps(asdict(spec)))
     return root
+
+
+HUB_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+"""A hub repository id, ORG/NAME (no other slash, no leading dot: it names a folder of the cache)."""
+
+
+def write_hub(cache: str | os.PathLike, repo: str, write: Callable[[Path], Path]) -> Path:
+    """A checkpoint laid out as a hub cache of ``repo`` under ``cache`` (blobs, snapshots/REV, refs;
+    no manifest): ``write(folder)`` writes it into a temporary folder, then it moves in. Returns the
+    snapshot folder. A cache that holds ``repo`` already is refused before anything is written
+    (it would mix two writes' blobs under one snapshot)."""
+    from .storage.hub import to_hub_cache
+    if not HUB_REPO.fullmatch(repo) or ".." in repo:
+        raise OptionsError(f"--hub {escape_name(repo)!r}: expected a repository id ORG/NAME (letters, digits, '.', "
+                           "'_', '-'; one slash)")
+    root = Path(cache)
+    if why := not_a_folder(str(root)):
+        raise CheckpointError(f"{escape_name(root)}: {why}; --hub writes a hub cache into a folder")
+    top = root / f"models--{repo.replace('/', '--')}"
+    if top.exists() or top.is_symlink():
+        raise CheckpointError(f"{escape_name(top)}: this cache already holds {repo}; write it into another folder (or "
+                              "give another --hub name)")
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root, prefix=".synth-") as tmp:
+        return to_hub_cache(write(Path(tmp) / "ckpt"), root, repo)
 
 
 def cached_checkpoint(spec: SynthSpec, cache_dir: str | os.PathLike | None = None) -> Path:

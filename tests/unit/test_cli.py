@@ -163,3 +163,69 @@ def test_a_folder_holding_a_clone_is_named_not_an_import_error(tmp_path: Path) -
     p = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env, check=False)
     assert p.returncode == 1 and p.stderr.count("\n") == 1, p.stderr
     assert p.stderr.startswith(f"tpload: error: the folder {tmp_path / 'tpload'} hides the installed tpload")
+def one_line(err: str) -> str:
+    """The error a subcommand ended in: exactly one line, no traceback."""
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_synth_hub_twice_into_one_folder_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    argv = ["synth", str(tmp_path / "hub"), "--preset", "deepseek-v3-tiny", "--hub", "org/m"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert main(argv) == 1
+    err = one_line(capsys.readouterr().err)
+    assert err.startswith(f"tpload: error: {tmp_path / 'hub' / 'models--org--m'}: this cache already holds org/m")
+    assert main([*argv[:-1], "../m"]) == 1 and "expected a repository id ORG/NAME" in one_line(capsys.readouterr().err)
+
+
+def test_an_os_error_names_its_file_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "file").write_text("x")
+    assert main(["synth", str(tmp_path / "file" / "c")]) == 1  # a file where a folder must be made
+    assert one_line(capsys.readouterr().err) == f"tpload: error: {tmp_path / 'file' / 'c'}: Not a directory\n"
+
+
+def test_a_bug_in_a_subcommand_is_one_line_that_says_how_to_see_it(small_ckpt: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture) -> None:
+    import tpload.offline
+
+    def broken(*a: object, **k: object) -> list[str]:
+        raise ValueError("a bug")
+    monkeypatch.setattr(tpload.offline, "verify_checkpoint", broken)
+    assert main(["verify", str(small_ckpt)]) == 1
+    assert one_line(capsys.readouterr().err).startswith("tpload: error: unexpected ValueError: a bug (a bug in tpload; "
+                                                        "TPLOAD_TRACEBACK=1 shows where)")
+    monkeypatch.setenv("TPLOAD_TRACEBACK", "1")
+    with pytest.raises(ValueError, match="a bug"):
+        main(["verify", str(small_ckpt)])
+
+
+def test_a_digest_store_that_is_a_file_is_refused_before_any_hashing(small_ckpt: Path, tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "store").write_text("x")
+    for argv in ([str(small_ckpt), "--no-progress"], ["plan", str(small_ckpt), "--tp", "1", "--write"],
+                 ["manifest", str(small_ckpt), "--hash", "blake3"]):
+        assert main([*argv, "--digest-store", str(tmp_path / "store")]) == 1
+        err = one_line(capsys.readouterr().err)
+        assert f"--digest-store {tmp_path / 'store'}: {tmp_path / 'store'} is not a folder" in err, argv
+        assert "hashed" not in err and "config" not in err  # refused before the checkpoint was even opened
+
+
+def test_a_report_into_the_checkpoint_leaves_its_manifest_alone(ckpt_copy: Path, capsys: pytest.CaptureFixture) -> None:
+    manifest = ckpt_copy / "NATIVE_MANIFEST.json"
+    before = manifest.read_bytes()
+    assert main([str(ckpt_copy), "--no-progress", "--report", str(manifest)]) == 1
+    err = one_line(capsys.readouterr().err)
+    assert f"--report {manifest} is inside the checkpoint {ckpt_copy}" in err and manifest.read_bytes() == before
+
+
+def test_a_bad_flag_is_one_line(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["--tp", "zero"])
+    assert e.value.code == 2 and "argument --tp" in one_line(capsys.readouterr().err)
+
+
+def test_no_progress_s_help_describes_the_flag() -> None:
+    from tpload.__main__ import _load_parser
+    helps = {a.option_strings[0]: a.help for a in _load_parser()._actions if a.option_strings}
+    assert helps["--no-progress"].startswith("turn off rank 0's progress")

@@ -253,7 +253,7 @@ def test_names_with_control_characters_are_escaped_everywhere(ckpt_copy: Path) -
 
 
 def test_bad_options_are_load_errors_before_any_byte(small_ckpt: Path) -> None:
-    fails(small_ckpt, "invalid option: timeout_s= must be a finite number > 0, got nan", timeout_s=float("nan"))
+    fails(small_ckpt, "invalid option: timeout_s= must be a finite number > 0 and at most 604800 (7 days), got nan", timeout_s=float("nan"))
     fails(small_ckpt, "device 'meta'", device="meta")
     with pytest.raises(LoadError, match="unknown option 'tensor_parallel'"):
         load(small_ckpt, tensor_parallel=2)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,42 @@ def test_a_deferred_locator_refuses_a_fifo_in_its_place(ckpt_copy: Path, tmp_pat
     moved = DeferredTensor(d.name, fifo, d.offset, d.nbytes, d.dtype, d.shape, d.sha256, d.vouched_by)
     with pytest.raises(CheckpointError, match="is a FIFO; refused"):
         next(moved.chunks())
+
+
+@pytest.mark.parametrize("option, glob", [("skip", "*.scale"), ("defer", "*.scale"),
+                                          ("skip", "mtp.0.ffn.experts.1.w1.scale")])
+def test_a_glob_that_takes_only_scales_is_refused(small_ckpt: Path, option: str, glob: str) -> None:
+    # a scale goes wherever its weight goes: such a rule used to do nothing and report "skipped 0"
+    with pytest.raises(LoadError, match=rf"{option} rule \(match '{re.escape(glob)}', role {option}\) matches \d+ "
+                                        rf"scale tensor\(s\) of weights it does not {option} \(e\.g\. "
+                                        r"mtp\.0\.\S+\.scale, the scale of mtp\.0\.\S+\.weight\): scales follow their "
+                                        "weights"):
+        load(small_ckpt, **{option: glob})
+
+
+def test_a_glob_taking_weights_takes_their_scales(small_ckpt: Path) -> None:
+    shards = load(small_ckpt, skip="mtp.0.ffn.experts.1.w1.*")  # weight and scale: both skipped
+    assert shards.report.mine.skipped == 2 and "mtp.0.ffn.experts.1.w1.scale" not in shards.state_dict()
+
+
+def test_a_load_that_serves_nothing_fails(small_ckpt: Path, capsys: pytest.CaptureFixture) -> None:
+    from tpload.__main__ import main
+    with pytest.raises(LoadError, match=r"nothing to load: every tensor of \S+ is skipped \(62 tensors, by skip rule "
+                                        r"\(match '\*', role skip\)\)"):
+        load(small_ckpt, skip="*")
+    for argv in ([str(small_ckpt), "--no-progress"], ["plan", str(small_ckpt), "--tp", "1"]):
+        assert main([*argv, "--skip", "*"]) == 1
+        err = capsys.readouterr().err
+        assert "nothing to load" in err and "Traceback" not in err, argv
+
+
+@pytest.mark.parametrize("glob", ["*.weight_scale_inv", "*_scale*"])
+def test_a_published_layout_s_scale_globs_are_refused_by_plan_too(tmp_path: Path, glob: str,
+                                                                   capsys: pytest.CaptureFixture) -> None:
+    from tpload.__main__ import main
+    from tpload.published import write_published
+    root = write_published(tmp_path / "c", "deepseek-v3-tiny")  # FP8 blocks: .weight and .weight_scale_inv
+    assert main(["plan", str(root), "--tp", "1", "--skip", glob]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"skip rule (match '{glob}', role skip) matches 78 scale tensor(s)" in err
+    assert "the scale of model.layers.0.mlp.down_proj.weight): scales follow their weights" in err

@@ -92,7 +92,8 @@ class EngineLoad:
         with MemoryPeaks() as mem:
             skips = tuple(declared_skips(_model_config(self.checkpoint)) if skips is None else skips)
             opts = load_options(self.extra, world=self.world, engine_device=self.engine_device, skips=skips)
-            report_path = LoadOptions.from_values({"report": opts.pop("report", None)}).report  # written below,
+            report_path = LoadOptions.from_values({"report": opts.pop("report", None),  # written below,
+                                                   "checkpoint": self.checkpoint}).report
             # once, with the hand-off's figures (checked as load() checks it)
             shards = tpload.load(self.checkpoint, group=self.group, cpu_group=self.cpu_group, **opts)
             t1 = time.perf_counter()

@@ -338,7 +338,8 @@ def test_engine_options_fix_what_the_engine_owns_and_refuse_unknown_keys() -> No
     ({"skip": ["a.*", 3]}, "skip=: expected a glob or a list of globs"),
     ({"timeout_s": float("inf")}, "timeout_s="),
     ({"timeout_s": "soon"}, "timeout_s=: expected a number, got str 'soon'"),
-    ({"hash_threads": 0}, "hash_threads= must be >= 1"),
+    ({"hash_threads": 10**9}, "hash_threads= must be between 0 and 1024"),
+    ({"timeout_s": 1e300}, "timeout_s= must be > 0 and at most 604800"),
     ({"verify": "everything"}, "verify= 'everything' is not one of"),
 ])
 def test_extra_config_values_are_checked_as_load_checks_them_in_one_line(extra: dict, named: str) -> None:

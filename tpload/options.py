@@ -15,14 +15,16 @@ import math
 import os
 import types
 import typing
+from enum import StrEnum
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
 from .errors import OptionsError
+from .modes import Verify
 
 KINDS = ("packed", "expanded")
-VERIFY_MODES = ("node", "rank", "digest", "off")
+VERIFY_MODES = tuple(Verify)
 DEFAULT_CONFIG = "auto"
 REFERENCE_CONFIG = "deepseek-v4-mtp"  # the layout of docs/format.md, for checkpoints without a config.json
 MAX_WORLD = 1 << 16  # no layout has more ranks than this; bigger numbers are typos, not plans
@@ -124,7 +126,7 @@ class LoadOptions:
                     choices=KINDS)
     tp: int | None = opt(None, "tensor-parallel degree (default: the group size / ep)", bound=RANKS)
     ep: int = opt(1, "expert-parallel degree; tp x ep must equal the group size", bound=RANKS)
-    verify: str = opt("node", "node: each tensor hashed once per node; rank: by every rank that reads it; digest: "
+    verify: Verify = opt(Verify.NODE, "node: each tensor hashed once per node; rank: by every rank that reads it; digest: "
                       "no hashing, every served byte checked against digests `tpload plan --write` stored after "
                       "hashing; off: nothing checked against the manifest (loudly marked)", choices=VERIFY_MODES)
     device: str | None = opt(None, "target device (default: cuda:LOCAL_RANK, or cpu without CUDA)")
@@ -160,6 +162,7 @@ class LoadOptions:
         problems = validate({f.name: getattr(self, f.name) for f in fields(self)}, style="api")
         if problems:
             raise OptionsError(_listing(problems))
+        object.__setattr__(self, "verify", Verify(self.verify))  # the string given, as its named mode
 
     @classmethod
     def from_values(cls, values: Mapping[str, object], *, style: str = "api") -> LoadOptions:
@@ -201,7 +204,7 @@ def _coerce(name: str, value: object) -> object:
     base = next((a for a in typing.get_args(want) if a is not type(None)), want) if optional else want
     if value is None and optional:
         return None
-    if base is str:
+    if base is str or (isinstance(base, type) and issubclass(base, StrEnum)):  # a mode: its string (checked later)
         if isinstance(value, (str, os.PathLike)) and not isinstance(value, bytes):
             return os.fspath(value) if isinstance(value, os.PathLike) else value
         raise TypeError(f"expected a string, got {type(value).__name__} {value!r}")

@@ -29,29 +29,17 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from enum import IntEnum, StrEnum
+from enum import IntEnum
 from pathlib import Path
 
 from ..errors import LoadError
+from ..modes import Verify
 from ..text import escape_name
 from . import crosscheck
 from .blake3sums import SHA256, Digests, content_hash, fix_command
 from .files import FileHashed, FileHasher, assign_files, file_problems, own_problems
 from .policy import HashPlan, hash_plan
 from .store import DigestStore, Prediction, stale
-
-
-class Verify(StrEnum):
-    """How a load proves the bytes it serves (``--verify``)."""
-
-    NODE = "node"
-    """Each tensor (or hub file) hashed once per node; peers' windows cross-checked in the exchange."""
-    RANK = "rank"
-    """Every rank hashes everything it serves."""
-    DIGEST = "digest"
-    """Every served byte fingerprinted against the operator's stored prediction; nothing hashed."""
-    OFF = "off"
-    """Nothing checked against the checkpoint (the report says so)."""
 
 
 class PredictionState(IntEnum):

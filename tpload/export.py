@@ -11,6 +11,7 @@ window it holds. The reading side is :mod:`tpload.storage.partitioned`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterator
@@ -23,7 +24,7 @@ from .config import Config
 from .errors import CheckpointError
 from .plan import Layout, Planner, RankPlan
 from .storage.catalogue import MANIFEST_NAME, natural_key
-from .storage.files import read_small
+from .storage.pins import pins_to_write
 from .storage.partitioned import rank_file
 from .storage.reader import Reader
 from .storage.safetensors import write_safetensors
@@ -84,8 +85,9 @@ def export(src: str | os.PathLike, out: str | os.PathLike, layout: Layout, confi
         copied = sorted({n for p in plans for n in p.used_tensors + list(p.deferred)}, key=natural_key)
         _verify_sources(storage, copied, hash_threads)
         dst.mkdir(parents=True, exist_ok=True)
-        if (storage.root / "config.json").is_file():  # head counts for rules that cut by heads
-            (dst / "config.json").write_bytes(read_small(storage.root / "config.json", "model config"))
+        model = storage.catalogue.pins.read("config.json", "model config")  # checked against the source's pins
+        if model is not None:  # head counts for rules that cut by heads; pinned by the export's manifest below
+            (dst / "config.json").write_bytes(model)
         meta = {"tp": layout.tp, "ep": layout.ep, "world": layout.world, "config": config.name,
                 "source": str(storage.root)}
         reader = Reader(storage)
@@ -114,7 +116,8 @@ def export(src: str | os.PathLike, out: str | os.PathLike, layout: Layout, confi
         table = {n: {"file": m.file, "dtype": m.dtype, "shape": list(m.shape),
                      "sha256": cat.manifest[n].sha256 if cat.manifest and n in cat.manifest else None}
                  for n, m in cat.tensors.items()}
-        doc = {"format": 1, "partitioned": meta, "tensors": table, "ranks": ranks}
+        pins = pins_to_write(dst, known={"config.json": hashlib.sha256(model).hexdigest()} if model else None)
+        doc = {"format": 1, "partitioned": meta, "files": pins, "tensors": table, "ranks": ranks}
         (dst / MANIFEST_NAME).write_text(json.dumps(doc, indent=1))  # last: a folder without it is no export
     finally:
         storage.close()

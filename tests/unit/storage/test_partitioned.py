@@ -190,3 +190,23 @@ def test_a_rank_file_rewritten_while_open_is_reported(export_copy: Path) -> None
         assert problem.startswith(f"{storage.path}: it changed while it was loaded")
     finally:
         storage.close()
+
+
+def test_an_exports_config_json_is_pinned_by_its_manifest(tmp_path: Path) -> None:
+    # the export copies config.json (checked against the source's pins) and pins its own copy:
+    # an edit afterwards is refused by the reader, before it shapes a plan
+    from tpload.pick import choose, model_config
+    from tpload.published import write_published
+    from tpload.storage.pins import Pins
+
+    src = write_published(tmp_path / "src", "llama-tiny")
+    out = tmp_path / "out"
+    config, _ = choose("auto", src)
+    export(src, out, Layout(1, 1), config)
+    doc = json.loads((out / "NATIVE_MANIFEST.json").read_text())
+    want = hashlib.sha256((src / "config.json").read_bytes()).hexdigest()
+    assert doc["files"] == {"config.json": {"sha256": want}}
+    assert model_config(out) == json.loads((src / "config.json").read_text())
+    edit_json(out / "config.json", lambda c: c.update(num_key_value_heads=1))
+    with pytest.raises(CheckpointError, match="config.json: model config has sha256 .* pins"):
+        model_config(out, pins=Pins.of(out))

@@ -207,8 +207,8 @@ class LocalDir:
                 f"its {total} file(s) have no fresh download metadata, so nothing vouches for their bytes. Either write "
                 f"a manifest: `python -m tpload manifest {root}` (hashes every tensor once; it vouches for the bytes as "
                 "they are now), or load with --verify off (nothing is checked; every report says so), or download "
-                "them again with `hf download ... --local-dir`")
-        return [head] + [self.unvouched[f] for f in sorted(self.unvouched)]
+                "them again with `hf download ... --local-dir`. The files")
+        return [head + ":" + "".join(f"\n    - {self.unvouched[f]}" for f in sorted(self.unvouched))]
 
     def source(self) -> FileSource:
         commits = sorted({m.commit for m in self.fresh.values()}) or ["none"]

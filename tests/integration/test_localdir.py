@@ -36,7 +36,7 @@ def test_a_local_dir_loads_verified_at_tp2_as_its_hub_snapshot_twin(local: Path,
     doc = json.loads(report.read_text())
     assert all(r["failed"] == 0 for r in doc["ranks"])
     assert any(n.startswith(f"local-dir download (commit {COMMIT[:12]}): 2 file(s) checked whole against their "
-                            "local-dir etag") for n in doc["notes"]), doc["notes"]
+                            "local-dir etags") for n in doc["notes"]), doc["notes"]
     shards = sorted(local.glob("*.safetensors"))
     per_node = sum(os.path.getsize(s) for s in shards)
     assert sum(r["bytes_hashed"] for r in doc["ranks"]) == per_node  # each shard hashed whole once on the node

@@ -79,7 +79,8 @@ def read_metadata(root: Path, rel: str) -> Metadata | None:
     where = escape_name(path)
     real = Path(os.path.realpath(path))
     if path.is_symlink() or not real.is_relative_to(Path(os.path.realpath(root))):
-        raise CheckpointError(f"{where}: download metadata is a link (to {escape_name(real)}); huggingface_hub writes "
+        what = "is a link" if path.is_symlink() else "lies out of the folder"
+        raise CheckpointError(f"{where}: download metadata {what} (at {escape_name(real)}); huggingface_hub writes "
                               "regular files inside the folder, so it is not trusted")
     try:  # O_NOFOLLOW: no link swapped in after the check; O_NONBLOCK: a FIFO cannot block the open
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
@@ -214,7 +215,7 @@ class LocalDir:
         commits = sorted({m.commit for m in self.fresh.values()}) or ["none"]
         which = (f"commit {escape_name(commits[0][:12])}" if len(commits) == 1 else  # one download, or several
                  f"{len(commits)} commits: {', '.join(escape_name(c[:12]) for c in commits)}")
-        return FileSource(kind=f"local-dir download ({which})", against="their local-dir etag",
+        return FileSource(kind=f"local-dir download ({which})", against="their local-dir etags",
                           named_by="the etag its local-dir download metadata records",
                           each="the etag its local-dir download metadata records", names="local-dir etags",
                           vouched_by="the etag each file's local-dir download metadata records (files hashed whole)",

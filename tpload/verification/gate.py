@@ -9,8 +9,8 @@ strategy            what vouches for a served byte
 :class:`Predicted`   the operator's stored prediction of each rank's digest (``digest``)
 :class:`TensorDigests`  the manifest's per-tensor sha256 (or the blake3 sidecar), hashed once per
                      node (``node``) or by every reader (``rank``)
-:class:`FileDigests`  a whole-file sha256 the folder is named by (hub cache blobs), each file
-                     hashed whole once per node by one of its readers
+:class:`FileDigests`  a whole-file sha256 the folder carries (hub cache blob names, local-dir
+                     download etags), each file hashed whole once per node by one of its readers
 ==================  =====================================================================
 
 Each strategy has three steps, in the load's order: :meth:`Strategy.prepare` (its preconditions,
@@ -294,7 +294,8 @@ class TensorDigests(Strategy):
 
 
 class FileDigests(Strategy):
-    """A folder whose files are vouched for whole (hub cache blobs): each file a rank's node reads
+    """A folder whose files are vouched for whole (hub cache blobs, local-dir etags: the storage's
+    ``file_source`` words what it says about them): each file a rank's node reads
     from is hashed whole once per node by one of its readers, on a thread beside the copies, and
     every reader's windows are fingerprinted from the hashed bytes (checked in the exchange).
 

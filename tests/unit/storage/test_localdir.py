@@ -93,7 +93,7 @@ def test_a_local_dir_download_loads_verified_with_no_flag(local: Path) -> None:
     s = tpload.load(local, progress=False)
     note = next(n for n in s.report.notes if n.startswith("local-dir download"))
     assert note.startswith(f"local-dir download (commit {COMMIT[:12]}): 2 file(s) checked whole against their "
-                           "local-dir etag"), note
+                           "local-dir etags"), note
     assert s.vouched_by == "the etag each file's local-dir download metadata records (files hashed whole)"
     assert s.report.mine.bytes_hashed == sum(p.stat().st_size for p in shards(local))
     assert len(s.state_dict()) > 0
@@ -125,11 +125,25 @@ def test_a_file_without_metadata_is_named_with_the_ways_on(tmp_path: Path) -> No
     with pytest.raises(LoadError) as e:
         tpload.load(src, progress=False)
     msg = str(e.value)
-    assert f"1 of its 4 file(s) have no fresh download metadata" in msg, msg
+    assert "1 of its 4 file(s) have no fresh download metadata" in msg, msg
     assert f"{second}: no download metadata" in msg and shards(src)[0].name not in msg, msg
     assert "python -m tpload manifest" in msg and "--verify off" in msg, msg
     # the ways on work: unchecked, loudly; or a manifest of the bytes as they are
     assert tpload.load(src, progress=False, verify="off").vouched_by == "nothing (--verify off)"
+
+
+def test_a_json_file_without_metadata_is_unvouched_too(tmp_path: Path) -> None:
+    src = as_local_dir(write_published(tmp_path / "dl", "gpt-oss-tiny", manifest=False), skip=("config.json",))
+    with pytest.raises(LoadError, match="1 of its 4 file\\(s\\).*\n    - config.json: no download metadata"):
+        tpload.load(src, progress=False)
+
+
+def test_a_metadata_folder_linked_out_of_the_folder_is_not_trusted(local: Path, tmp_path: Path) -> None:
+    meta = local / ".cache" / "huggingface"
+    os.replace(meta, tmp_path / "elsewhere")
+    meta.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(LoadError, match="download metadata lies out of the folder .*not trusted"):
+        tpload.load(local, progress=False)
 
 
 def test_stale_metadata_is_reported(local: Path) -> None:

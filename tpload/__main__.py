@@ -390,7 +390,7 @@ def _verified(root: str, config: object | None) -> str:
         names = cat.names()
         nbytes = sum(cat.get(n).nbytes for n in names)
         if storage.file_digests is not None:
-            vouch = f"each of its {len(storage.file_digests)} files whole, by sha256 against the hub blob it is named by"
+            vouch = f"each of its {len(storage.file_digests)} files whole, by sha256 against {storage.file_source.each}"
         else:
             vouch = f"each tensor by sha256 against {MANIFEST_NAME} (sha256 {(cat.manifest_sha256 or '?')[:16]}...)"
     finally:

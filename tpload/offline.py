@@ -136,13 +136,13 @@ def verify_checkpoint(root: str | os.PathLike, config: Config | None, *, threads
     try:
         cat = storage.catalogue
         cat.refuse_headers_only("verifying it")
-        if storage.file_digests is not None:  # a hub snapshot without a manifest: whole files by blob name
+        if storage.file_digests is not None:  # a hub snapshot or local-dir download without a manifest: whole files
             problems = _file_problems(storage)
             names, compare = cat.names(), False
         else:
-            problems = cat.manifest_problems(cat.names())
-            if cat.manifest is None:
-                return problems
+            problems = storage.manifest_problems(cat.names())
+            if cat.manifest is None:  # a local-dir download with unvouched files: its vouched ones still checked
+                return problems + (_file_problems(storage, storage.local.digests) if storage.local else [])
             problems += Pins.of(path).problems()  # config.json, hf_quant_config.json, the index against their pins
             names, compare = [n for n in cat.names() if n in cat.manifest], True
         checkers = _value_checkers(storage, config, problems) if config is not None else {}
@@ -172,11 +172,12 @@ def _value_checkers(storage: Storage, config: Config, problems: list[str]) -> di
     return out
 
 
-def _file_problems(storage: ShardedStorage) -> list[str]:
-    """Each shard of a hub snapshot whose sha256 is not the one its blob is named by (the load's own
-    whole-file hasher and verdict, run here in the foreground)."""
-    results = FileHasher(storage, sorted(storage.file_digests), {}, {}).start().finish()
-    return file_problems(results, storage.file_digests)
+def _file_problems(storage: ShardedStorage, digests: dict[Path, str] | None = None) -> list[str]:
+    """Each shard of a hub snapshot or a local-dir download whose sha256 is not the one its blob is named
+    by or its etag records (the load's own whole-file hasher and verdict, run here in the foreground)."""
+    digests = storage.file_digests if digests is None else digests
+    results = FileHasher(storage, sorted(digests), {}, {}).start().finish()
+    return file_problems(results, digests, named_by=storage.file_source.named_by)
 
 
 def _scan(storage: Storage, names: list[str], checkers: dict, threads: int, *, compare: bool = True) -> list[str]:
@@ -231,11 +232,15 @@ def write_manifest(root: str | os.PathLike, *, force: bool = False, threads: int
     names = catalogue.names()
     try:
         catalogue.refuse_headers_only("a manifest of it")
-        if storage.file_digests is not None:  # a hub snapshot: vouch only for files that match their blob names
-            bad = _file_problems(storage)
+        # a hub snapshot or a local-dir download: vouch only for files that match their blob names or etags
+        # (a local-dir file without fresh metadata is vouched for as it is now, as in any plain folder)
+        digests = storage.file_digests if storage.file_digests is not None else \
+            storage.local.digests if storage.local is not None else None
+        if digests:
+            bad = _file_problems(storage, digests)
             if bad:
-                raise CheckpointError(f"no manifest written: {len(bad)} file(s) do not match their hub blob names:"
-                                      "\n  - " + "\n  - ".join(bad))
+                raise CheckpointError(f"no manifest written: {len(bad)} file(s) do not match their "
+                                      f"{storage.file_source.names}:\n  - " + "\n  - ".join(bad))
         hashed = hash_whole(storage, names, threads=max(0, min(threads, _spare())))
     finally:
         storage.close()

@@ -22,7 +22,7 @@ from pathlib import Path
 from .config import FAMILIES, Config, available, load_config, split_spec
 from .errors import ConfigError, LoadError
 from .options import DEFAULT_CONFIG, REFERENCE_CONFIG
-from .storage import hub, partitioned
+from .storage import hub, localdir, partitioned
 from .storage.files import parse_json
 from .storage.pins import INDEX_NAME, Pins
 from .storage.safetensors import read_header
@@ -73,11 +73,14 @@ def choose(spec: str, root: Path, *, pins: Pins | None = None) -> tuple[Config, 
 
 
 def model_config(root: Path, *, pins: Pins | None = None) -> dict | None:
-    """The checkpoint's config.json, or None: checked by its blob name first in a hub snapshot, and
-    against its pin in the manifest (``pins``: those of the manifest on disk now, by default)."""
+    """The checkpoint's config.json, or None: checked by its blob name first in a hub snapshot (by its
+    etag in a local-dir download), and against its pin in the manifest (``pins``: those of the
+    manifest on disk now, by default)."""
     path = root / "config.json"
     if hub.is_snapshot(root) and path.exists():  # checked by its blob name before a byte of it is believed
         hub.check_small_files(root)
+    elif localdir.is_local_dir(root) and path.exists():  # by its local-dir etag, when it has fresh metadata
+        localdir.LocalDir(root).check_small_files()
     raw = (pins or Pins.of(root)).read("config.json", "model config")
     if raw is None:
         return None

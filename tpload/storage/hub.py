@@ -38,6 +38,32 @@ class Blob:
     digest: str
 
 
+@dataclass(frozen=True)
+class FileSource:
+    """Where a folder's whole-file digests come from, in words: what the gate's note, verdict and
+    messages say (gate.FileDigests, offline.py)."""
+
+    kind: str
+    """What the folder is (the note's first words)."""
+    against: str
+    """"N file(s) checked whole against {against}"."""
+    named_by: str
+    """What a file's expected sha256 is, in a mismatch."""
+    each: str
+    """"by sha256 against {each}" (``tpload verify``'s summary)."""
+    names: str
+    """The digests, plural (``tpload manifest``'s refusal)."""
+    vouched_by: str
+    locators_vouched_by: str
+
+
+SNAPSHOT = FileSource(kind="hub cache snapshot", against="their blob sha256",
+                      named_by="the hash its hub blob is named by", each="the hub blob it is named by", names="hub blob names",
+                      vouched_by="the sha256 each hub blob is named by (files hashed whole)",
+                      locators_vouched_by="the sha256 taken of it while its file was hashed whole against its hub blob "
+                                          "name")
+
+
 def git_blob_sha1(data: bytes) -> str:
     """Git's object name for a blob of these bytes."""
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
@@ -72,14 +98,14 @@ def blobs(root: Path, files: list[str]) -> dict[str, Blob]:
     return out
 
 
-def check_small(path: Path, blob: Blob) -> str:
-    """Read a small file (config.json, the index) whole and check it against its blob name now; the
-    sha256 of the bytes checked."""
+def check_small(path: Path, blob: Blob, *, named: str = "its blob is named") -> str:
+    """Read a small file (config.json, the index) whole and check it against its blob name (or its
+    local-dir etag: ``named`` says which) now; the sha256 of the bytes checked."""
     data = read_small(path, "small file")
     got = git_blob_sha1(data) if blob.algorithm == "git-sha1" else hashlib.sha256(data).hexdigest()
     if got != blob.digest:
-        raise CheckpointError(f"{escape_name(path)}: its bytes have {blob.algorithm} {got[:16]}..., but its blob "
-                              f"is named {blob.digest[:16]}...: the file is corrupt (re-download it)")
+        raise CheckpointError(f"{escape_name(path)}: its bytes have {blob.algorithm} {got[:16]}..., but {named} "
+                              f"{blob.digest[:16]}...: the file is corrupt (re-download it)")
     return hashlib.sha256(data).hexdigest()
 
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..errors import CheckpointError
 from ..text import escape_name
-from . import Stored, hub
+from . import Stored, hub, localdir
 from .catalogue import Catalogue, read_native
 from .files import Shard
 from .pagecache import drop_ranges
@@ -77,17 +77,33 @@ class ShardedStorage(FileReads):
     def __init__(self, root: Path, *, manifest: bool = True) -> None:
         self.root = root
         snapshot = hub.is_snapshot(root)
+        local = localdir.LocalDir(root) if not snapshot and localdir.is_local_dir(root) else None
         if snapshot:
             hub.check_small_files(root)
+        elif local is not None:
+            local.check_small_files()  # the JSON files with fresh download metadata, before they are read
         self.catalogue: Catalogue
         self.catalogue, self.locations = read_native(root, manifest=manifest)
         self.files = Files()
         self._stored: dict[str, Stored] = {}
         self.file_digests: dict[Path, str] | None = None
-        """A hub cache snapshot without a manifest: each shard's expected sha256 (its blob's name)."""
+        """Without a manifest, each shard's expected sha256: a hub snapshot's blob name, or a local-dir
+        download's etag (set only when every file the load reads has one)."""
+        self.file_source: hub.FileSource | None = None
+        """What :attr:`file_digests` come from, in words (the gate's note and messages)."""
+        self.local: localdir.LocalDir | None = None
+        """A local-dir download without a manifest: its vouched etags and unvouched files (even when
+        :attr:`file_digests` is None: `tpload manifest` still checks the vouched ones)."""
+        shards = sorted({i.file for i in self.locations.values()})
         if snapshot and self.catalogue.manifest is None:
-            shards = sorted({i.file for i in self.locations.values()})
             self.file_digests = {root / f: d for f, d in hub.shard_digests(root, shards).items()}
+            self.file_source = hub.SNAPSHOT
+        elif local is not None and self.catalogue.manifest is None:
+            self.local = local
+            local.shard_digests(shards)
+            self.file_source = local.source()
+            if not local.unvouched:
+                self.file_digests = dict(local.digests)
 
     def info(self, name: str) -> TensorInfo:
         try:
@@ -112,5 +128,7 @@ class ShardedStorage(FileReads):
 
     def manifest_problems(self, names: list[str]) -> list[str]:
         if self.file_digests is not None:
-            return []  # every shard of the snapshot is named by its sha256 (checked whole while loading)
+            return []  # every shard is named by its sha256 or has its etag (checked whole while loading)
+        if self.local is not None:  # a local-dir download with unvouched files: each named, and the ways on
+            return self.local.problems()
         return self.catalogue.manifest_problems(names)

@@ -129,10 +129,11 @@ class FileHasher:
                 also.update(memoryview(buf))
 
 
-def file_problems(results: list[FileHashed], expected: Mapping[Path, str]) -> list[str]:
-    """Each hashed file whose sha256 is not its blob's name."""
-    return [f"{escape_name(r.path)}: file sha256 {r.sha256[:16]}... is not {expected[r.path][:16]}... (the hash "
-            "its hub blob is named by): the file is corrupt (re-download it)"
+def file_problems(results: list[FileHashed], expected: Mapping[Path, str], *,
+                  named_by: str = "the hash its hub blob is named by") -> list[str]:
+    """Each hashed file whose sha256 is not the expected one (``named_by``: where that comes from)."""
+    return [f"{escape_name(r.path)}: file sha256 {r.sha256[:16]}... is not {expected[r.path][:16]}... ({named_by}): "
+            "the file is corrupt (re-download it)"
             for r in results if r.sha256 != expected[r.path]]
 
 

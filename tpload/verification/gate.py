@@ -9,8 +9,8 @@ strategy            what vouches for a served byte
 :class:`Predicted`   the operator's stored prediction of each rank's digest (``digest``)
 :class:`TensorDigests`  the manifest's per-tensor sha256 (or the blake3 sidecar), hashed once per
                      node (``node``) or by every reader (``rank``)
-:class:`FileDigests`  a whole-file sha256 the folder is named by (hub cache blobs), each file
-                     hashed whole once per node by one of its readers
+:class:`FileDigests`  a whole-file sha256 the folder carries (hub cache blob names, local-dir
+                     download etags), each file hashed whole once per node by one of its readers
 ==================  =====================================================================
 
 Each strategy has three steps, in the load's order: :meth:`Strategy.prepare` (its preconditions,
@@ -282,7 +282,8 @@ class TensorDigests(Strategy):
 
 
 class FileDigests(Strategy):
-    """A folder whose files are vouched for whole (hub cache blobs): each file a rank's node reads
+    """A folder whose files are vouched for whole (hub cache blobs, local-dir etags: the storage's
+    ``file_source`` words what it says about them): each file a rank's node reads
     from is hashed whole once per node by one of its readers, on a thread beside the copies, and
     every reader's windows are fingerprinted from the hashed bytes (checked in the exchange).
 
@@ -294,6 +295,13 @@ class FileDigests(Strategy):
 
     vouched_by = "the sha256 each hub blob is named by (files hashed whole)"
     locators_vouched_by = "the sha256 taken of it while its file was hashed whole against its hub blob name"
+
+    def __init__(self, job: Job) -> None:
+        super().__init__(job)
+        # the words of the storage's source (hub blob names, local-dir etags); the class's are a hub's
+        self.source = getattr(job.storage, "file_source", None)
+        if self.source is not None:
+            self.vouched_by, self.locators_vouched_by = self.source.vouched_by, self.source.locators_vouched_by
 
     def _check_manifest(self) -> None:
         return  # every file is vouched for whole (expected()), checked while loading
@@ -332,7 +340,8 @@ class FileDigests(Strategy):
         job, me, fig = self.job, self.job.me, self.job.fig
         files = self.prepared.files
         hashed: list[FileHashed] = files.results
-        problems = file_problems(hashed, self.expected()) + own_problems(hashed, me, result.windows)
+        named = {"named_by": self.source.named_by} if self.source is not None else {}
+        problems = file_problems(hashed, self.expected(), **named) + own_problems(hashed, me, result.windows)
         if problems:
             raise LoadError(f"{len(problems)} problem(s):\n  - " + "\n  - ".join(problems))
         self.derived = {n: d for h in hashed for n, d in h.deferred.items()}
@@ -352,7 +361,9 @@ class FileDigests(Strategy):
         hashed_bytes = sum(storage.files.get(f).opened.size for f in node_files)
         read_bytes = sum(q.read_bytes for q in job.plans.values()) if node else job.plan.read_bytes
         scope = "this node" if node else "this rank"
-        note = (f"hub cache snapshot: {len(node_files)} file(s) checked whole against their blob sha256, "
+        kind, against = (self.source.kind, self.source.against) if self.source else ("hub cache snapshot",
+                                                                                     "their blob sha256")
+        note = (f"{kind}: {len(node_files)} file(s) checked whole against {against}, "
                 f"{hashed_bytes / 1e9:.3f} GB hashed for {read_bytes / 1e9:.3f} GB {scope} reads")
         if read_bytes and hashed_bytes > 1.2 * read_bytes:
             note += (f" ({hashed_bytes / read_bytes:.1f}x: whole files hold bytes no rank here serves; `python -m "

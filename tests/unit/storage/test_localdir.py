@@ -1,0 +1,248 @@
+"""huggingface_hub local-dir downloads (tpload/storage/localdir.py): ``DIR/.cache/huggingface/
+download/<file>.metadata`` holds the commit, the etag (an LFS file's sha256, a git file's blob
+SHA-1) and when it was written.
+
+The metadata is written and read back by huggingface_hub's own ``_local_folder`` functions, so the
+format and the staleness rule are the library's, not a copy of them. Loads run in one process
+(world 1): verified with no flag, a corrupt shard or JSON file refused naming it, unvouched files
+(missing, stale, hostile metadata) named with the ways on; ``verify`` and ``manifest`` on it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+import tpload
+from tpload.errors import CheckpointError, LoadError
+from tpload.published import write_published
+from tpload.storage import localdir
+from tpload.storage.sharded import ShardedStorage
+
+hf_local = pytest.importorskip("huggingface_hub._local_folder")
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def git_sha1(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def as_local_dir(folder: Path, commit: str = COMMIT, *, skip: tuple[str, ...] = ()) -> Path:
+    """Give each file of ``folder`` the download metadata ``hf download --local-dir`` leaves, written by
+    huggingface_hub itself: the sha256 etag of an LFS file (the shards), the git SHA-1 of the rest."""
+    for f in sorted(p for p in folder.iterdir() if p.is_file() and p.name not in skip):
+        data = f.read_bytes()
+        etag = hashlib.sha256(data).hexdigest() if f.suffix == ".safetensors" else git_sha1(data)
+        hf_local.write_download_metadata(folder, f.name, commit, etag)
+    return folder
+
+
+def flip(path: Path, offset: int) -> None:
+    """One byte flipped in place, the file's times kept (so its metadata stays fresh: only the hash sees it)."""
+    st = path.stat()
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        b = fh.read(1)
+        fh.seek(offset)
+        fh.write(bytes([b[0] ^ 0x01]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+@pytest.fixture
+def local(tmp_path: Path) -> Path:
+    return as_local_dir(write_published(tmp_path / "dl", "gpt-oss-tiny", manifest=False))
+
+
+def shards(root: Path) -> list[Path]:
+    return sorted(root.glob("*.safetensors"))
+
+
+# -- the format: huggingface_hub's own writer and reader
+
+
+def test_tpload_reads_the_metadata_as_huggingface_hub_does(local: Path) -> None:
+    for f in sorted(p.name for p in local.iterdir() if p.is_file()):
+        theirs = hf_local.read_download_metadata(local, f)
+        ours = localdir.judge(local, f)
+        assert theirs is not None and isinstance(ours, localdir.Metadata), (f, ours)
+        assert (ours.commit, ours.blob.digest, ours.timestamp) == (theirs.commit_hash, theirs.etag, theirs.timestamp)
+        assert ours.blob.algorithm == ("sha256" if f.endswith(".safetensors") else "git-sha1")
+        assert ours.path == hf_local.get_local_download_paths(local, f).metadata_path
+
+
+@pytest.mark.parametrize(("after", "fresh"), [(0.5, True), (0.99, True), (1.5, False), (60, False)])
+def test_stale_as_huggingface_hub_judges_it(local: Path, after: float, fresh: bool) -> None:
+    shard = shards(local)[0]
+    stamp = hf_local.read_download_metadata(local, shard.name).timestamp
+    os.utime(shard, (stamp + after, stamp + after))
+    assert (hf_local.read_download_metadata(local, shard.name) is not None) is fresh
+    got = localdir.judge(local, shard.name)
+    assert isinstance(got, localdir.Metadata) is fresh, got
+    if not fresh:
+        assert got.startswith(f"{shard.name}: stale download metadata"), got
+
+
+# -- loading it
+
+
+def test_a_local_dir_download_loads_verified_with_no_flag(local: Path) -> None:
+    s = tpload.load(local, progress=False)
+    note = next(n for n in s.report.notes if n.startswith("local-dir download"))
+    assert note.startswith(f"local-dir download (commit {COMMIT[:12]}): 2 file(s) checked whole against their "
+                           "local-dir etags"), note
+    assert s.vouched_by == "the etag each file's local-dir download metadata records (files hashed whole)"
+    assert s.report.mine.bytes_hashed == sum(p.stat().st_size for p in shards(local))
+    assert len(s.state_dict()) > 0
+
+
+def test_a_flipped_byte_fails_naming_the_file_and_its_etag(local: Path) -> None:
+    shard = shards(local)[1]
+    flip(shard, shard.stat().st_size - 2)  # the data, not the header: only the whole-file hash sees it
+    with pytest.raises(LoadError, match=f"{shard.name}: file sha256 .* is not .*local-dir download metadata.*corrupt"):
+        tpload.load(local, progress=False)
+
+
+def test_config_json_is_checked_by_its_git_sha1_before_it_picks_the_config(local: Path) -> None:
+    from tpload.pick import choose
+    cfg = local / "config.json"
+    st = cfg.stat()
+    cfg.write_text(cfg.read_text().replace("GptOssForCausalLM", "LlamaForCausalLM"))
+    os.utime(cfg, ns=(st.st_atime_ns, st.st_mtime_ns))  # fresh by mtime: only the SHA-1 sees it
+    with pytest.raises(CheckpointError, match="config.json: its bytes have git-sha1 .* its local-dir etag .*corrupt"):
+        choose("auto", local)
+    with pytest.raises(LoadError, match="config.json: .*local-dir etag"):
+        tpload.load(local, progress=False)
+
+
+def test_a_file_without_metadata_is_named_with_the_ways_on(tmp_path: Path) -> None:
+    src = write_published(tmp_path / "dl", "gpt-oss-tiny", manifest=False)
+    second = shards(src)[1].name
+    as_local_dir(src, skip=(second,))
+    with pytest.raises(LoadError) as e:
+        tpload.load(src, progress=False)
+    msg = str(e.value)
+    assert "1 of its 4 file(s) have no fresh download metadata" in msg, msg
+    assert f"{second}: no download metadata" in msg and shards(src)[0].name not in msg, msg
+    assert "python -m tpload manifest" in msg and "--verify off" in msg, msg
+    # the ways on work: unchecked, loudly; or a manifest of the bytes as they are
+    assert tpload.load(src, progress=False, verify="off").vouched_by == "nothing (--verify off)"
+
+
+def test_a_json_file_without_metadata_is_unvouched_too(tmp_path: Path) -> None:
+    src = as_local_dir(write_published(tmp_path / "dl", "gpt-oss-tiny", manifest=False), skip=("config.json",))
+    with pytest.raises(LoadError, match="1 of its 4 file\\(s\\).*\n    - config.json: no download metadata"):
+        tpload.load(src, progress=False)
+
+
+def test_a_metadata_folder_linked_out_of_the_folder_is_not_trusted(local: Path, tmp_path: Path) -> None:
+    meta = local / ".cache" / "huggingface"
+    os.replace(meta, tmp_path / "elsewhere")
+    meta.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(LoadError, match="download metadata lies out of the folder .*not trusted"):
+        tpload.load(local, progress=False)
+
+
+def test_stale_metadata_is_reported(local: Path) -> None:
+    shard = shards(local)[0]
+    later = shard.stat().st_mtime + 3600
+    os.utime(shard, (later, later))  # rewritten since the download, as huggingface_hub would judge it
+    with pytest.raises(LoadError, match=f"{shard.name}: stale download metadata: the file was modified 3[56]\\d\\d\\.\\d s after"):
+        tpload.load(local, progress=False)
+
+
+def _hostile(local: Path, kind: str) -> Path:
+    meta = localdir.metadata_path(local, shards(local)[0].name)
+    if kind == "malformed":
+        meta.write_text(f"{COMMIT}\n")
+    elif kind == "huge":
+        meta.write_text(meta.read_text() + "x" * 100_000)
+    elif kind == "not hex":
+        lines = meta.read_text().split("\n")
+        meta.write_text("\n".join([lines[0], "W/\"zz" + lines[1][5:] + "\"", *lines[2:]]))
+    elif kind == "timestamp":
+        lines = meta.read_text().split("\n")
+        meta.write_text("\n".join([*lines[:2], "nan", *lines[3:]]))
+    elif kind == "link out":
+        outside = local.parent / "elsewhere.metadata"
+        outside.write_text(meta.read_text())
+        meta.unlink()
+        meta.symlink_to(outside)
+    return meta
+
+
+@pytest.mark.parametrize(("kind", "said"), [("malformed", "has 2 line"), ("huge", "bytes, not three short lines"),
+                                            ("not hex", "is not a sha256"), ("timestamp", "is not a number"),
+                                            ("link out", "is a link")])
+def test_hostile_metadata_is_one_line_naming_it(local: Path, kind: str, said: str) -> None:
+    meta = _hostile(local, kind)
+    with pytest.raises(LoadError) as e:
+        tpload.load(local, progress=False)
+    line = next(x for x in str(e.value).splitlines() if str(meta) in x)
+    assert said in line and line.endswith("not trusted"), line
+    assert line.lstrip(" -").startswith(shards(local)[0].name), line
+
+
+def test_a_manifest_outranks_the_metadata(local: Path) -> None:
+    from tpload.offline import write_manifest
+    write_manifest(local)
+    s = tpload.load(local, progress=False)
+    assert not any(n.startswith("local-dir") for n in s.report.notes)  # per tensor, not whole files
+    assert s.report.mine.hashed == len(s.state_dict())
+
+
+def test_a_plain_folder_is_not_a_local_dir(tmp_path: Path) -> None:
+    plain = write_published(tmp_path / "plain", "gpt-oss-tiny", manifest=False)
+    assert not localdir.is_local_dir(plain)
+    storage = ShardedStorage(plain)
+    try:
+        assert storage.local is None and storage.file_digests is None
+        assert "is not a hub cache snapshot" in storage.manifest_problems([])[0]
+    finally:
+        storage.close()
+
+
+# -- verify and manifest
+
+
+def test_verify_checks_it_by_its_etags(local: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tpload.__main__ import main
+    from tpload.offline import verify_checkpoint
+    assert main(["verify", str(local)]) == 0
+    assert "against the etag its local-dir download metadata records" in capsys.readouterr().out
+    shard = shards(local)[0]
+    flip(shard, shard.stat().st_size - 1)
+    problems = verify_checkpoint(local, None)
+    assert len(problems) == 1 and shard.name in problems[0] and "local-dir download metadata" in problems[0], problems
+
+
+def test_verify_names_the_unvouched_and_checks_the_rest(tmp_path: Path) -> None:
+    from tpload.offline import verify_checkpoint
+    src = write_published(tmp_path / "dl", "gpt-oss-tiny", manifest=False)
+    first, second = (p.name for p in shards(src))
+    as_local_dir(src, skip=(second,))
+    flip(src / first, (src / first).stat().st_size - 1)
+    problems = verify_checkpoint(src, None)
+    assert any(f"\n    - {second}: no download metadata" in p for p in problems), problems
+    assert any(p.startswith(str(src / first)) and "file sha256" in p for p in problems), problems
+
+
+def test_manifest_refuses_to_vouch_for_a_file_that_fails_its_etag(local: Path) -> None:
+    from tpload.offline import write_manifest
+    shard = shards(local)[1]
+    flip(shard, shard.stat().st_size - 1)
+    with pytest.raises(CheckpointError, match=f"no manifest written: 1 file\\(s\\) do not match their local-dir "
+                                              f"etags:\n  - .*{shard.name}"):
+        write_manifest(local)
+    assert not (local / "NATIVE_MANIFEST.json").exists()
+
+
+def test_manifest_vouches_for_unvouched_files_as_they_are(tmp_path: Path) -> None:
+    from tpload.offline import write_manifest
+    src = write_published(tmp_path / "dl", "gpt-oss-tiny", manifest=False)
+    as_local_dir(src, skip=(shards(src)[1].name,))
+    write_manifest(src)  # the way on the refusal names: trust on first use for the file without metadata
+    assert len(tpload.load(src, progress=False).state_dict()) > 0

@@ -112,8 +112,8 @@ class SignedModel:
 def bundle_path(opts: object) -> Path | None:
     """The bundle this load checks: ``--signature``, else DIR/model.sig when present; None when the
     load does not hash (``--verify off`` or ``digest``) or ``--signature none``."""
-    if opts.verify not in ("node", "rank") or opts.checkpoint is None or opts.signature == NONE:
-        return None
+    if getattr(opts, "checkpoint", None) is None or opts.verify not in ("node", "rank") or opts.signature == NONE:
+        return None  # (a stand-in for LoadOptions without a checkpoint: no folder, no bundle)
     if opts.signature:
         return Path(opts.signature).absolute()
     default = Path(opts.checkpoint).absolute() / BUNDLE
@@ -124,6 +124,8 @@ def precheck(opts: object) -> SignedModel | None:
     """Verify the load's bundle (if any) and its plan-shaping JSON files; raise LoadError naming what
     fails. Called before the storage opens, and again by the gate (the bundle check is reused)."""
     path = bundle_path(opts)
+    if path is None and getattr(opts, "checkpoint", None) is None:
+        return None
     signer = _signer(opts)
     if path is None:
         if signer and opts.signature != NONE and opts.verify in ("node", "rank"):

@@ -227,8 +227,8 @@ def _signer_problems(values: Mapping[str, object], style: str) -> list[str]:
                               ("a sigstore identity", {"signer_identity", "signer_issuer"})) if given & keys]
     s = functools.partial(_spell, style=style)
     if len(ways) > 1:
-        return [f"{s('signer_key')}, {s('signer_chain')} and {s('signer_identity')} are three ways to check a "
-                f"signature; give one (got {' and '.join(ways)})"]
+        return [(f"{s('signer_key')}, {s('signer_chain')} and {s('signer_identity')} are three ways to check a "
+                 f"signature; give one (got {' and '.join(ways)})")]
     pairs = (("signer_cert", "signer_chain"), ("signer_identity", "signer_issuer"), ("signer_issuer", "signer_identity"))
     return [f"{s(a)} needs {s(b)}" for a, b in pairs if a in given and b not in given]
 

@@ -29,8 +29,8 @@ from tpload.published import write_published
 from tpload.verification import signing
 
 model_signing = pytest.importorskip("model_signing")
-from model_signing import hashing as ms_hashing  # noqa: E402
-from model_signing import signing as ms_signing  # noqa: E402
+from model_signing import hashing as ms_hashing
+from model_signing import signing as ms_signing
 
 SHARD2 = "model-00002-of-00002.safetensors"
 
@@ -253,7 +253,7 @@ def test_a_sigstore_identity_check_offline_fails_in_one_line(folder: Path, keys:
 
 def _cert(subject: str, key: ec.EllipticCurvePrivateKey, issuer: tuple[str, ec.EllipticCurvePrivateKey] | None,
           *, ca: bool) -> x509.Certificate:
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
     iname = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer[0])]) if issuer else name
     b = (x509.CertificateBuilder().subject_name(name).issuer_name(iname).public_key(key.public_key())

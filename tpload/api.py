@@ -38,7 +38,7 @@ from .storage.pagecache import ShardRelease, checkpoint_resident
 from .teardown import give_back
 from .text import escape_name
 from .transfer import for_device
-from .verification import gate
+from .verification import gate, signing
 from .verification.gate import Verify, check_pin, spare_cores
 from .verification.hashing import Hasher
 from .verification.store import checkpoint_stamp
@@ -71,8 +71,8 @@ class _RankLoad:
             self.ctx = with_device(self.ctx, device, shared=self.opts.allow_shared_device and device.type == "cuda")
             reset_device_peaks(device)
             layout = Layout(self.opts.tp or max(1, self.ctx.world // self.opts.ep), self.opts.ep)
-            # The collector paused for the whole job (plan.paused_gc): a big checkpoint makes hundreds of
-            # thousands of small acyclic objects, and its passes over them cost more than making them.
+            signing.precheck(self.opts)  # a model.sig: its bundle and the JSON files it signs, before any is read
+            # GC paused (plan.paused_gc): scanning a big checkpoint's many small objects costs more than making them
             with paused_gc():
                 storage = open_storage(self.opts.checkpoint, tp=layout.tp, ep=layout.ep, rank=self.ctx.rank,
                                        world=self.ctx.world)

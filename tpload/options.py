@@ -11,6 +11,7 @@ it (``timeout_s=`` for ``load()``, ``--timeout`` on the command line).
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import types
@@ -157,6 +158,16 @@ class LoadOptions:
                                    metavar="DIR")
     manifest_sha256: str | None = opt(None, "refuse the load unless NATIVE_MANIFEST.json has this sha256 (pins "
                                       "the trust anchor)", check=_sha256_hex, metavar="HEX")
+    signature: str | None = opt(None, "OpenSSF model-signing bundle to check before loading (default DIR/model.sig "
+                                "when present; `none` ignores it); needs a --signer-* option", metavar="PATH")
+    signer_key: str | None = opt(None, "the signer's public key (--signature signed with a key)", metavar="PEM")
+    signer_cert: str | None = opt(None, "the signing certificate the bundle must carry (with --signer-chain)",
+                                  metavar="PEM")
+    signer_chain: str | None = opt(None, "certificates the signing certificate must chain to (signed with a "
+                                   "certificate)", metavar="PEM")
+    signer_identity: str | None = opt(None, "sigstore identity that signed (with --signer-issuer; needs the network)",
+                                      metavar="EMAIL|URI")
+    signer_issuer: str | None = opt(None, "OIDC issuer of --signer-identity", metavar="URL")
 
     def __post_init__(self) -> None:
         problems = validate({f.name: getattr(self, f.name) for f in fields(self)}, style="api")
@@ -249,6 +260,7 @@ def validate(values: Mapping[str, object], *, style: str) -> list[str]:
             problems.append(f"{_spell(f.name, style)} {why}")
     # Paths, checked before any byte is read: a problem found after the load (or after all the
     # hashing) costs the whole load, and a report written into the checkpoint destroys it.
+    problems += _signer_problems(values, style)
     report = values.get("report")
     if report:
         where = _spell('report', style)
@@ -315,6 +327,18 @@ def not_a_folder(path: str) -> str | None:
         if q.is_symlink():
             return f"{q} is a broken symlink"
     return None
+def _signer_problems(values: Mapping[str, object], style: str) -> list[str]:
+    """One way to check a signature at a time, each complete (verification/signing.py uses it)."""
+    given = {k for k in ("signer_key", "signer_cert", "signer_chain", "signer_identity", "signer_issuer")
+             if values.get(k)}
+    ways = [w for w, keys in (("a key", {"signer_key"}), ("a certificate", {"signer_cert", "signer_chain"}),
+                              ("a sigstore identity", {"signer_identity", "signer_issuer"})) if given & keys]
+    s = functools.partial(_spell, style=style)
+    if len(ways) > 1:
+        return [(f"{s('signer_key')}, {s('signer_chain')} and {s('signer_identity')} are three ways to check a "
+                 f"signature; give one (got {' and '.join(ways)})")]
+    pairs = (("signer_cert", "signer_chain"), ("signer_identity", "signer_issuer"), ("signer_issuer", "signer_identity"))
+    return [f"{s(a)} needs {s(b)}" for a, b in pairs if a in given and b not in given]
 
 
 # -- the command line ------------------------------------------------------------------------------

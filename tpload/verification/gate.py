@@ -35,7 +35,7 @@ from pathlib import Path
 from ..errors import LoadError
 from ..modes import Verify
 from ..text import escape_name
-from . import crosscheck
+from . import crosscheck, signing
 from .blake3sums import SHA256, Digests, content_hash, fix_command
 from .files import FileHashed, FileHasher, assign_files, file_problems, own_problems
 from .policy import HashPlan, hash_plan
@@ -382,6 +382,58 @@ class FileDigests(Strategy):
         return {n: self.derived[n] for n in names}
 
 
+class SignedFiles(FileDigests):
+    """A model.sig over the folder's files (verification/signing.py): each file a node reads is hashed
+    whole once per node against the digest the bundle signs for it (or its signed pieces'), exactly
+    like hub blobs; every file the load reads must be signed."""
+
+    locators_vouched_by = "the sha256 taken of it while its file was hashed whole against its signed digest"
+
+    def __init__(self, job: Job, signed: object) -> None:
+        super().__init__(job)
+        self.signed = signed
+
+    @property
+    def vouched_by(self) -> str:
+        return f"the digests {self.signed.what} signs for each file (files hashed whole)"
+
+    def expected(self) -> Mapping[Path, object]:
+        return self.signed.expected(self.job.storage.paths())
+
+    def _prepare(self) -> Prepared:
+        storage = self.job.storage
+        self.signed.check_covered(storage.paths())
+        if storage.catalogue.manifest is not None:
+            self.job.notes.append(f"{escape_name(storage.catalogue.manifest_path)} is not signed: it is not an anchor; "
+                                  f"{self.signed.bundle.name}'s file digests are")
+        prepared = super()._prepare()
+        prepared.files.expect(self.expected())
+        return prepared
+
+    def _note(self) -> str:
+        return super()._note().replace("hub cache snapshot", self.signed.bundle.name, 1).replace(
+            "their blob sha256", "their signed digests", 1)
+
+
+class SignedManifest(TensorDigests):
+    """A model.sig that signs NATIVE_MANIFEST.json: the manifest's per-tensor digests are the anchor, so
+    each rank checks only its windows' tensors (no whole-file hashing)."""
+
+    def __init__(self, job: Job, signed: object) -> None:
+        super().__init__(job)
+        self.signed = signed
+
+    @property
+    def vouched_by(self) -> str:
+        return f"the manifest's per-tensor digests, the manifest signed by {self.signed.what}"
+
+    def _prepare(self) -> Prepared:
+        storage = self.job.storage
+        self.signed.check_covered(storage.paths())
+        self.signed.check_manifest(storage.catalogue.manifest_sha256)
+        return super()._prepare()
+
+
 def strategy(job: Job) -> Strategy:
     """The strategy for this load: from the verify mode and what vouches for the checkpoint's files."""
     mode = Verify(job.opts.verify)
@@ -389,6 +441,8 @@ def strategy(job: Job) -> Strategy:
         return Unchecked(job)
     if mode == Verify.DIGEST:
         return Predicted(job)
+    if (signed := signing.precheck(job.opts)) is not None:  # checked before the storage opened; reused here
+        return (SignedManifest if signed.manifest_sha256 else SignedFiles)(job, signed)
     if getattr(job.storage, "file_digests", None) is not None:
         return FileDigests(job)
     return TensorDigests(job)

@@ -109,6 +109,11 @@ class LoadOptions:
                                    metavar="DIR")
     manifest_sha256: str | None = opt(None, "refuse the load unless NATIVE_MANIFEST.json has this sha256 (pins "
                                       "the trust anchor)", check=_sha256_hex, metavar="HEX")
+    attest: str | None = opt(None, "after a verified load rank 0 writes an in-toto statement here: what every rank "
+                             "serves, its windows and digest (check it with `tpload attest verify`; "
+                             "docs/attestation.md)", metavar="FILE")
+    attest_key: str | None = opt(None, "sign the --attest statement with this EC private key, as model-signing signs "
+                                 "a model (FILE.sig beside it; needs tpload[signing])", metavar="PEM")
 
     def __post_init__(self) -> None:
         problems = validate({f.name: getattr(self, f.name) for f in fields(self)}, style="api")
@@ -204,6 +209,27 @@ def validate(values: Mapping[str, object], *, style: str) -> list[str]:
         if not folder.is_dir():
             problems.append(f"{_spell('report', style)} {report}: folder {folder} does not exist (checked before "
                             "loading, so the report cannot fail after the load)")
+    return problems + _attest_problems(values, style)
+
+
+def _attest_problems(values: Mapping[str, object], style: str) -> list[str]:
+    """``attest``/``attest_key``: checked before loading, so nothing fails after the verdict but a write."""
+    attest, key = values.get("attest"), values.get("attest_key")
+    problems = []
+    if attest and values.get("verify") == "off":
+        problems.append(f"{_spell('attest', style)} {attest}: nothing to attest with {_spell('verify', style)} off "
+                        "(no byte was checked)")
+    if attest and not Path(str(attest)).absolute().parent.is_dir():
+        problems.append(f"{_spell('attest', style)} {attest}: folder {Path(str(attest)).absolute().parent} does "
+                        "not exist")
+    if key and not attest:
+        problems.append(f"{_spell('attest_key', style)} signs the attestation: give {_spell('attest', style)} too")
+    if key and not Path(str(key)).is_file():
+        problems.append(f"{_spell('attest_key', style)} {key}: no such file (an EC private key in PEM)")
+    elif key:
+        from .verification.attest import key_problem
+        if (why := key_problem(str(key))):
+            problems.append(f"{_spell('attest_key', style)}: {why}")
     return problems
 
 

@@ -88,7 +88,7 @@ def sign(path: Path, key: str | os.PathLike) -> Path:
     try:
         ms.signing.Config().use_elliptic_key_signer(private_key=Path(key)).sign(path, tmp)
         os.replace(tmp, out)
-    except Exception as e:  # the library raises ValueError, OSError and cryptography's types for a bad key
+    except Exception as e:  # noqa: BLE001 - model-signing raises ValueError, OSError, cryptography's types
         raise LoadError(f"could not sign {escape_name(path)} with {escape_name(key)}: "
                         f"{type(e).__name__}: {_first_line(e)}") from None
     finally:
@@ -106,7 +106,7 @@ def signature_problems(path: Path, key: str | os.PathLike) -> list[str]:
         return [f"{escape_name(sig)}: no signature beside the attestation (--key was given)"]
     try:
         ms.verifying.Config().use_elliptic_key_verifier(public_key=Path(key)).verify(path, sig)
-    except Exception as e:  # ValueError for a mismatch; cryptography's and protobuf's types for a bad file
+    except Exception as e:  # noqa: BLE001 - ValueError for a mismatch; cryptography's, protobuf's for a bad file
         text = _first_line(e)
         if text.startswith("Signature mismatch"):
             return [f"{escape_name(path)}: its bytes are not the ones {escape_name(sig)} signed (changed since)"]
@@ -205,7 +205,7 @@ def statement(planner: object, layout: object, *, kind: str, verify: str, config
     return {"_type": STATEMENT_TYPE, "subject": subject(catalogue, file_digests), "predicateType": PREDICATE_TYPE,
             "predicate": {"tpload": {"version": __version__},
                           "checkpoint": {"path": str(catalogue.root), "vouched_by": vouched_by},
-                          "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                          "written": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                           "options": options, "ranks": rank_docs, "coverage": cover}}
 
 
@@ -280,12 +280,15 @@ def _shape_problems(doc: object) -> list[str]:
             ws = r.get("windows")
             good = isinstance(ws, dict) and all(isinstance(w, list) and len(w) == 4 and all(type(v) is int for v in w)
                                                 for w in ws.values())
-            if not (good and isinstance(r.get("digest"), str) and isinstance(r.get("deferred", []), list)):
+            deferred = r.get("deferred", [])
+            names = isinstance(deferred, list) and all(isinstance(n, str) for n in deferred)
+            if not (good and isinstance(r.get("digest"), str) and names):
                 problems.append(f"predicate.ranks[{k}]: needs windows ({{tensor: [row0, row1, byte0, byte1]}}), "
                                 "a digest and a deferred list")
     cover = pred.get("coverage")
     if not (isinstance(cover, dict) and isinstance(cover.get("served"), dict)
-            and all(isinstance(cover.get(k), list) for k in ("skipped", "deferred"))):
+            and all(isinstance(cover.get(k), list) and all(isinstance(n, str) for n in cover[k])
+                    for k in ("skipped", "deferred"))):
         problems.append("predicate.coverage lacks served, skipped and deferred")
     return problems
 
@@ -323,10 +326,10 @@ def _window_problems(rank: int, attested: Mapping[str, Window], planned: Mapping
 
 def _coverage_problems(attested: Mapping, planned: Mapping) -> list[str]:
     out = []
-    for what in ("skipped", "deferred"):
+    for what, verb in (("skipped", "skip"), ("deferred", "defer")):
         a, p = set(attested[what]), set(planned[what])
-        out += [f"tensor {escape_name(n)}: attested {what}; the plan does not {what[:-2]} it" for n in sorted(a - p)]
-        out += [f"tensor {escape_name(n)}: the plan {what[:-2]}s it; not attested {what}" for n in sorted(p - a)]
+        out += [f"tensor {escape_name(n)}: attested {what}; the plan does not {verb} it" for n in sorted(a - p)]
+        out += [f"tensor {escape_name(n)}: the plan {verb}s it; not attested {what}" for n in sorted(p - a)]
     got, want = attested["served"], planned["served"]
     for n in sorted(set(got) | set(want)):
         a, p = got.get(n), want.get(n)
@@ -395,9 +398,10 @@ def check(path: str | os.PathLike, checkpoint: str | os.PathLike, *, key: str | 
         chosen, _ = choose(config or opts["config"], storage.root, pins=cat.pins)
         cfg = with_rules(chosen, skip=tuple(opts["skip"]), defer=tuple(opts["defer"]))
         if cfg.id() != opts["config_id"]:
-            return problems + [f"config: attested {escape_name(opts.get('config_name', opts['config']))} (id "
-                               f"{escape_name(opts['config_id'])}); {escape_name(config or opts['config'])} gives "
-                               f"{escape_name(cfg.name)} (id {cfg.id()}) for {root} (pass --config)"], notes
+            differs = (f"config: attested {escape_name(opts.get('config_name', opts['config']))} (id "
+                       f"{escape_name(opts['config_id'])}); {escape_name(config or opts['config'])} gives "
+                       f"{escape_name(cfg.name)} (id {cfg.id()}) for {root} (pass --config)")
+            return [*problems, differs], notes
         planner = Planner(cat, cfg)
         planner.check_layout(layout, layout.world)
         plans = [planner.plan(layout, opts["kind"], r) for r in range(layout.world)]

@@ -263,7 +263,9 @@ def after_load(opts: object, rank_figures: Sequence[object], planner: object, la
     expected = getattr(chosen, "expected", None)  # a whole-file strategy: the digests its source vouched for
     files = dict(expected()) if callable(expected) else getattr(storage, "file_digests", None)
     ranks = [{"node": f.node, "device": f.device, "digest": f.digest} for f in rank_figures]
-    doc = statement(planner, layout, kind=opts.kind, verify=opts.verify, config_spec=opts.config, skip=opts.skip,
+    spec = opts.config  # a TOML path as an absolute one: `attest verify` may run from another folder
+    spec = str(Path(spec).absolute()) if spec.endswith(".toml") and Path(spec).is_file() else spec
+    doc = statement(planner, layout, kind=opts.kind, verify=opts.verify, config_spec=spec, skip=opts.skip,
                     defer=opts.defer, ranks=ranks, file_digests=files, vouched_by=vouched_by)
     return write(opts.attest, doc, opts.attest_key)
 

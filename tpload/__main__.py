@@ -7,6 +7,7 @@
     python -m tpload manifest DIR [--force] [--hash blake3]                   write NATIVE_MANIFEST.json (+ blake3)
     python -m tpload bench [--preset medium] [--nproc 2 --tp 2 --rounds 3]    tpload beside its peers
     python -m tpload export DIR OUT --tp T [--ep E] [--config C]              write a pre-partitioned checkpoint
+    python -m tpload attest verify FILE --checkpoint DIR [--key PEM]          check a load attestation (--attest)
 
 The load's flags are generated from :class:`tpload.options.LoadOptions`.
 """
@@ -459,13 +460,43 @@ def cmd_export(argv: list[str]) -> int:
 
 
 @_one_line
+def cmd_attest(argv: list[str]) -> int:
+    p = Parser(prog="python -m tpload attest", description="Check a load attestation (written by "
+                                "--attest FILE): re-derive every rank's plan from the checkpoint's headers and the "
+                                "attested options, recompute every rank's digest from its bytes, and compare windows, "
+                                "coverage, digests and the signature. Prints one line per difference (docs/attestation.md).")
+    sub = p.add_subparsers(dest="action", required=True)
+    v = sub.add_parser("verify", help="check FILE against the checkpoint")
+    v.add_argument("file", metavar="FILE")
+    v.add_argument("--checkpoint", required=True, metavar="DIR", help="the checkpoint the load read")
+    v.add_argument("--key", metavar="PEM", help="the EC public key the attestation was signed with (FILE.sig)")
+    v.add_argument("--config", metavar="NAME|PATH", help="the config to plan with (default: the attested one, as "
+                   "given to the load); its id must be the attested id")
+    args = p.parse_args(argv)
+    try:
+        from .verification.attest import check
+        problems, notes = check(args.file, args.checkpoint, key=args.key, config=args.config)
+    except LoadError as e:
+        return _fail(e)
+    for line in notes:
+        print(f"note: {printable(line)}")
+    for line in problems:
+        print(f"DIFFERS {printable(line)}")
+    print(f"{printable(args.file)}: " + (f"{len(problems)} difference(s)" if problems else
+          "OK: every rank's windows, digest and the coverage match the checkpoint"
+          + (", signature verified" if args.key else "")))
+    return 1 if problems else 0
+
+
+@_one_line
 def cmd_bench(argv: list[str]) -> int:
     from .bench import cmd_bench as bench
     return bench(argv)
 
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {"synth": cmd_synth, "plan": cmd_plan, "verify": cmd_verify,
-                                                   "manifest": cmd_manifest, "bench": cmd_bench, "export": cmd_export}
+                                                   "manifest": cmd_manifest, "bench": cmd_bench, "export": cmd_export,
+                                                   "attest": cmd_attest}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -102,7 +102,7 @@ class _RankLoad:
             if ctx.rank == 0:
                 rank_log(0).info("%s", why)
         config = with_rules(config, skip=opts.skip, defer=opts.defer)
-        planner = Planner(storage.catalogue, config)
+        planner = self.planner = Planner(storage.catalogue, config)  # rank 0's attestation plans every rank
         planner.check_layout(layout, ctx.world)
         plans, sharing = self._plans(planner, layout)
         plan = self.plan = plans[ctx.rank]
@@ -144,7 +144,7 @@ class _RankLoad:
         fig.tensors, fig.bytes_read, fig.bytes_device = len(result.outputs), plan.read_bytes, plan.arena_bytes
         fig.hashed, fig.bytes_hashed = len(result.hashed), result.bytes_hashed
         fig.device_checked, fig.sampled = result.device_checked, result.sampled
-        fig.skipped, fig.deferred = len(plan.skipped), len(plan.deferred)
+        fig.skipped, fig.deferred, fig.device = len(plan.skipped), len(plan.deferred), str(self.ctx.device)
 
     def _measure_cache(self, storage: Storage, *, before: bool) -> None:
         """The page cache is the node's: its first rank measures it, before, and after when evicting."""
@@ -171,7 +171,7 @@ def load_in(opts: LoadOptions | None, ctx: DistContext, *, error: LoadError | No
         job.result = None  # nothing partly loaded survives a failed load
         give_back(job.ctx.device)
         raise verdict.error()
-    return served(job.opts, job.ctx, job.plan, job.result, job.deferred, ranks, job.notes, verdict)
+    return served(job.opts, job.ctx, job.plan, job.result, job.deferred, ranks, job.notes, verdict, job.planner, job.gate)
 
 
 def load(checkpoint: str | os.PathLike | None = None, *, group: dist.ProcessGroup | None = None,

@@ -168,6 +168,11 @@ class LoadOptions:
     signer_identity: str | None = opt(None, "sigstore identity that signed (with --signer-issuer; needs the network)",
                                       metavar="EMAIL|URI")
     signer_issuer: str | None = opt(None, "OIDC issuer of --signer-identity", metavar="URL")
+    attest: str | None = opt(None, "after a verified load rank 0 writes an in-toto statement here: what every rank "
+                             "serves, its windows and digest (check it with `tpload attest verify`; "
+                             "docs/attestation.md)", metavar="FILE")
+    attest_key: str | None = opt(None, "sign the --attest statement with this EC private key, as model-signing signs "
+                                 "a model (FILE.sig beside it; needs the [signing] extra)", metavar="PEM")
 
     def __post_init__(self) -> None:
         problems = validate({f.name: getattr(self, f.name) for f in fields(self)}, style="api")
@@ -277,6 +282,30 @@ def validate(values: Mapping[str, object], *, style: str) -> list[str]:
     if store and (why := not_a_folder(str(store))):
         problems.append(f"{_spell('digest_store', style)} {store}: {why} (the digest store is a folder, made if "
                         "missing; give a folder, or leave the option out for the default)")
+    return problems + _attest_problems(values, style)
+
+
+def _attest_problems(values: Mapping[str, object], style: str) -> list[str]:
+    """``attest``/``attest_key``: checked before loading, so nothing fails after the verdict but a write."""
+    attest, key = values.get("attest"), values.get("attest_key")
+    problems = []
+    if attest and values.get("verify") == "off":
+        problems.append(f"{_spell('attest', style)} {attest}: nothing to attest with {_spell('verify', style)} off "
+                        "(no byte was checked)")
+    if attest and not Path(str(attest)).absolute().parent.is_dir():
+        problems.append(f"{_spell('attest', style)} {attest}: folder {Path(str(attest)).absolute().parent} does "
+                        "not exist")
+    elif attest and values.get("checkpoint") and (why := report_in_checkpoint(str(attest), str(values["checkpoint"]))):
+        problems.append(f"{_spell('attest', style)} {attest} {why}; the attestation never writes into the checkpoint "
+                        "it vouches for: name a file outside it")
+    if key and not attest:
+        problems.append(f"{_spell('attest_key', style)} signs the attestation: give {_spell('attest', style)} too")
+    if key and not Path(str(key)).is_file():
+        problems.append(f"{_spell('attest_key', style)} {key}: no such file (an EC private key in PEM)")
+    elif key:
+        from .verification.attest import key_problem
+        if (why := key_problem(str(key))):
+            problems.append(f"{_spell('attest_key', style)}: {why}")
     return problems
 
 

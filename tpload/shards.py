@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 import torch
 
 from .deferred import DeferredTensor
@@ -59,8 +62,10 @@ class RankShards:
 
 
 def served(opts: LoadOptions, ctx: DistContext, plan: RankPlan, result: LoadResult, deferred: tuple,
-           ranks: list[RankFigures], notes: list[str], verdict: Verdict) -> RankShards:
-    """After a verdict that passed: the report (written by rank 0 when asked), and this rank's shards."""
+           ranks: list[RankFigures], notes: list[str], verdict: Verdict, planner: object = None,
+           chosen: object = None) -> RankShards:
+    """After a verdict that passed: the report and the attestation (written by rank 0 when asked; ``planner``
+    and ``chosen``, the load's planner and gate strategy, for the attestation), and this rank's shards."""
     report = LoadReport(str(opts.checkpoint), opts.kind, plan.layout.tp, plan.layout.ep, opts.verify,
                         str(ctx.device), ranks, ctx.rank, trusted=opts.verify == Verify.DIGEST,
                         evict_page_cache=opts.evict_page_cache, notes=notes)
@@ -72,4 +77,25 @@ def served(opts: LoadOptions, ctx: DistContext, plan: RankPlan, result: LoadResu
             report.write(opts.report)
         except OSError as e:
             rank_log(ctx.rank).warning("could not write the report %s: %s", escape_name(opts.report), e.strerror)
+    if opts.attest and ctx.rank == 0:
+        _attest(opts, ranks, planner, plan, chosen, verdict)
     return RankShards(result, plan, report, verdict, deferred)
+
+
+def _attest(opts: LoadOptions, ranks: list[RankFigures], planner: object, plan: RankPlan, chosen: object,
+            verdict: Verdict) -> None:
+    """Rank 0 writes the attestation of a passed load. Its options were checked before loading (key, folder),
+    so only the write itself can fail here, on rank 0 alone: the peers already hold their shards, so it is
+    a warning, like the report's, and no older statement is left at the path to be mistaken for this one."""
+    verdict.require()  # an exit path of the gate: only a passed verdict is attested
+    from .verification import attest
+    try:
+        path = attest.after_load(opts, ranks, planner, plan.layout, chosen, verdict.vouched_by)
+        rank_log(0).info("wrote the load attestation %s%s", escape_name(path),
+                         f" (signed: {escape_name(attest.signature_path(path))})" if opts.attest_key else "")
+    except (OSError, LoadError) as e:
+        for stale in (opts.attest, attest.signature_path(opts.attest)):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(stale)
+        rank_log(0).warning("could not write the load attestation %s: %s", escape_name(opts.attest),
+                            getattr(e, "strerror", None) or e)

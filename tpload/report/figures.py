@@ -18,6 +18,7 @@ import torch
 from ..verification.crosscheck import DIGEST_BYTES, SLOTS
 
 MESSAGE_BYTES = 4096
+DEVICE_BYTES = 24  # a multiple of 8 (the row is int64 words), and not DIGEST_BYTES (_pack)
 NOT_MEASURED = -1
 PREDICTION = ("none stored", "matched", "differs")  # RankFigures.prediction
 
@@ -71,6 +72,8 @@ class RankFigures:
     prediction: int = 0
     """This rank's digest against a stored prediction: 0 none stored, 1 matched, 2 differs."""
     digest: str = field(default="", metadata=_bytes(DIGEST_BYTES))
+    device: str = field(default="", metadata=_bytes(DEVICE_BYTES))
+    """The device this rank served on (``cuda:3``, ``cpu``): the attestation records it."""
     message: str = field(default="", metadata=_bytes(MESSAGE_BYTES))
     claims: list[bytes] = field(default_factory=lambda: [bytes(DIGEST_BYTES)] * SLOTS)
     """Node mode: what this rank, as hasher, says each node peer's windows hold (crosscheck.py)."""

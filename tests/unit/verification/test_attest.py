@@ -1,0 +1,202 @@
+"""The load attestation checked without a world: a tp 2 x ep 2 statement made by the code rank 0 runs
+(every rank's plan from one catalogue, the digests from the load's own code on the CPU) verifies against
+its checkpoint; forged ones (a window moved, a rank's tensor dropped, a digest or coverage changed,
+another checkpoint) fail naming exactly what differs; a signed one verifies with its key only."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from tpload.config import with_rules
+from tpload.errors import OptionsError
+from tpload.offline import predict
+from tpload.options import LoadOptions
+from tpload.pick import choose
+from tpload.plan import Layout, Planner
+from tpload.published import write_published
+from tpload.storage import open_storage
+from tpload.storage.hub import to_hub_cache
+from tpload.verification import attest
+
+pytest.importorskip("model_signing")
+
+
+def make_statement(root: Path, layout: Layout, *, kind: str = "packed", defer: tuple[str, ...] = ()) -> dict:
+    """What rank 0 writes after a passed load of ``root`` at ``layout``: every rank's plan from the one
+    catalogue, each rank's digest as the load computes it (offline.predict runs the load's code)."""
+    storage = open_storage(root, tp=layout.tp, ep=layout.ep, rank=0, world=layout.world)
+    try:
+        chosen, _ = choose("auto", storage.root, pins=storage.catalogue.pins)
+        config = with_rules(chosen, defer=defer)
+        planner = Planner(storage.catalogue, config)
+        files = storage.file_digests
+    finally:
+        storage.close()
+    digests = predict(root, config, layout, kind)
+    ranks = [{"node": 0, "device": "cpu", "digest": d} for d in digests]
+    return attest.statement(planner, layout, kind=kind, verify="node", config_spec="auto", defer=defer, ranks=ranks,
+                            file_digests=files, vouched_by="test")
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny DeepSeek-V3 layout: MLA, fp8 blocks, routed experts (so ep 2 splits them)."""
+    return write_published(tmp_path_factory.mktemp("ds") / "ckpt", "deepseek-v3-tiny")
+
+
+@pytest.fixture(scope="module")
+def tp2ep2(ds: Path) -> dict:
+    return make_statement(ds, Layout(2, 2))
+
+
+def write(doc: dict, path: Path) -> Path:
+    path.write_text(attest.dumps(doc))
+    return path
+
+
+def test_a_tp2_x_ep2_attestation_verifies_and_covers_every_tensor(ds: Path, tp2ep2: dict, tmp_path: Path) -> None:
+    doc = tp2ep2
+    assert doc["_type"] == "https://in-toto.io/Statement/v1" and doc["predicateType"] == attest.PREDICATE_TYPE
+    manifest_sha = open_storage(ds, tp=1, ep=1, rank=0, world=1).catalogue.manifest_sha256
+    assert doc["subject"] == [{"name": "NATIVE_MANIFEST.json", "digest": {"sha256": manifest_sha}}]
+    pred = doc["predicate"]
+    assert {k: pred["options"][k] for k in ("tp", "ep", "kind", "verify")} == {"tp": 2, "ep": 2, "kind": "packed",
+                                                                                "verify": "node"}
+    assert [r["rank"] for r in pred["ranks"]] == [0, 1, 2, 3]
+    index = json.loads((ds / "model.safetensors.index.json").read_text())["weight_map"]
+    assert sorted(pred["coverage"]["served"]) == sorted(index)  # every tensor of the checkpoint is accounted for
+    served = pred["coverage"]["served"]
+    experts = [n for n in served if ".mlp.experts." in n]
+    assert experts, "the preset has routed experts"
+    # an expert's bytes are split between the 2 tp ranks of the one ep group that holds it: each byte once;
+    # a tp-split dense matrix is held by both ep groups: twice; a replicated norm by all 4 ranks
+    assert all(served[n]["replicas"] == [1, 1] for n in experts)
+    holders = {n: [r["rank"] for r in pred["ranks"] if n in r["windows"]] for n in experts}
+    assert all(h in ([0, 1], [2, 3]) for h in holders.values()) and {tuple(h) for h in holders.values()} == {(0, 1), (2, 3)}
+    assert served["model.layers.0.input_layernorm.weight"]["replicas"] == [4, 4]
+    assert {tuple(c["replicas"]) for c in served.values()} == {(1, 1), (2, 2), (4, 4)}
+    problems, _ = attest.check(write(doc, tmp_path / "a.json"), ds)
+    assert problems == []
+
+
+def _split_tensor(doc: dict) -> str:
+    """A tensor the two tp ranks of the first ep group hold different windows of."""
+    ranks = doc["predicate"]["ranks"]
+    return next(n for n, w in ranks[1]["windows"].items() if ranks[0]["windows"].get(n) not in (None, w))
+
+
+def _forge_window(doc: dict) -> str:
+    name = _split_tensor(doc)
+    ranks = doc["predicate"]["ranks"]
+    ranks[1]["windows"][name] = list(ranks[0]["windows"][name])  # rank 1 claims rank 0's window: a shard twice
+    return f"rank 1: tensor {name}: attested rows"
+
+
+def _forge_drop(doc: dict) -> str:
+    ranks = doc["predicate"]["ranks"]
+    name = next(n for n in ranks[2]["windows"] if ".mlp.experts." in n)
+    del ranks[2]["windows"][name]  # an expert silently missing on rank 2
+    return f"rank 2: tensor {name}: not attested; the plan serves rows"
+
+
+def _forge_digest(doc: dict) -> str:
+    rank = doc["predicate"]["ranks"][3]
+    rank["digest"] = ("0" if rank["digest"][0] != "0" else "1") + rank["digest"][1:]
+    return "rank 3: digest attested"
+
+
+def _forge_coverage(doc: dict) -> str:
+    served = doc["predicate"]["coverage"]["served"]
+    name = next(n for n, c in served.items() if c["replicas"] == [2, 2])
+    served[name]["replicas"] = [4, 4]
+    return f"tensor {name}: attested coverage view"
+
+
+@pytest.mark.parametrize("forge", [_forge_window, _forge_drop, _forge_digest, _forge_coverage],
+                         ids=["window-moved", "tensor-dropped", "digest-changed", "coverage-changed"])
+def test_a_forged_attestation_fails_naming_the_difference(ds: Path, tp2ep2: dict, tmp_path: Path, forge) -> None:
+    doc = copy.deepcopy(tp2ep2)
+    expected = forge(doc)
+    problems, _ = attest.check(write(doc, tmp_path / "forged.json"), ds)
+    assert len(problems) == 1 and problems[0].startswith(expected), problems
+
+
+def test_an_attestation_of_another_checkpoint_names_the_subject(tp2ep2: dict, tmp_path: Path) -> None:
+    other = write_published(tmp_path / "other", "deepseek-v3-tiny", seed=1)  # same names and shapes, other bytes
+    problems, _ = attest.check(write(tp2ep2, tmp_path / "a.json"), other)
+    assert problems[0].startswith("subject NATIVE_MANIFEST.json: attested sha256"), problems
+    assert [p.split(":")[0] for p in problems[1:]] == ["rank 0", "rank 1", "rank 2", "rank 3"]  # every digest differs
+    assert all("digest attested" in p for p in problems[1:])
+
+
+def test_a_signed_attestation_verifies_with_its_key_only(ds: Path, tp2ep2: dict, tmp_path: Path) -> None:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    def keypair(name: str) -> tuple[Path, Path]:
+        key = ec.generate_private_key(ec.SECP256R1())
+        private, public = tmp_path / f"{name}.pem", tmp_path / f"{name}.pub.pem"
+        private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                              serialization.NoEncryption()))
+        public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                         serialization.PublicFormat.SubjectPublicKeyInfo))
+        return private, public
+
+    (signer, signer_pub), (_, stranger_pub) = keypair("signer"), keypair("stranger")
+    path = attest.write(tmp_path / "signed.json", tp2ep2, signer)
+    assert attest.signature_path(path).is_file()
+    assert attest.check(path, ds, key=signer_pub)[0] == []
+    problems, _ = attest.check(path, ds, key=stranger_pub)
+    assert len(problems) == 1 and "signed.json.sig: does not verify with the key" in problems[0], problems
+    unchecked, notes = attest.check(path, ds)
+    assert unchecked == [] and any("not checked (give --key PEM" in n for n in notes)
+    # the statement edited after signing (a digest changed): the signature and the digest both say so
+    doc = json.loads(path.read_text())
+    _forge_digest(doc)
+    path.write_text(attest.dumps(doc))
+    problems, _ = attest.check(path, ds, key=signer_pub)
+    assert len(problems) == 2 and "its bytes are not the ones" in problems[0] and problems[1].startswith("rank 3: digest")
+
+
+def test_a_hub_snapshot_is_identified_by_its_file_digests(tmp_path: Path) -> None:
+    plain = write_published(tmp_path / "plain", "gpt-oss-tiny", manifest=False)
+    snap = to_hub_cache(plain, tmp_path / "hub", "openai/gpt-oss-tiny")
+    doc = make_statement(snap, Layout(1))
+    shards = sorted(p.name for p in snap.glob("*.safetensors"))
+    assert [s["name"] for s in doc["subject"]] == shards
+    assert all(s["digest"]["sha256"] == Path(snap / s["name"]).resolve().name for s in doc["subject"])
+    assert attest.check(write(doc, tmp_path / "a.json"), snap)[0] == []
+
+
+def test_deferred_tensors_are_listed_as_such(ds: Path, tmp_path: Path) -> None:
+    doc = make_statement(ds, Layout(2), defer=("*.mlp.experts.*",))
+    cover = doc["predicate"]["coverage"]
+    assert cover["deferred"] and all(".mlp.experts." in n for n in cover["deferred"])
+    assert not any(".mlp.experts." in n for n in cover["served"])
+    assert attest.check(write(doc, tmp_path / "a.json"), ds)[0] == []
+    doc["predicate"]["coverage"]["deferred"].pop()  # a deferred tensor no longer accounted for
+    problems, _ = attest.check(write(doc, tmp_path / "b.json"), ds)
+    assert len(problems) == 1 and "the plan defers it; not attested deferred" in problems[0], problems
+
+
+def test_replicas_counts_the_fewest_and_most_windows_over_every_byte() -> None:
+    assert attest.replicas([4, 8], [[0, 4, 0, 4], [0, 4, 4, 8]]) == (1, 1)
+    assert attest.replicas([4, 8], [[0, 4, 0, 4], [0, 4, 2, 8]]) == (1, 2)  # overlap
+    assert attest.replicas([4, 8], [[0, 2, 0, 8], [0, 4, 0, 6]]) == (0, 2)  # rows 2-4, bytes 6-8: nobody
+    assert attest.replicas([4, 8], []) == (0, 0)
+
+
+def test_attest_options_are_checked_before_loading(tmp_path: Path) -> None:
+    with pytest.raises(OptionsError, match="nothing to attest with verify= off"):
+        LoadOptions(attest=str(tmp_path / "a.json"), verify="off")
+    (tmp_path / "k.pem").write_text("not a key")
+    with pytest.raises(OptionsError, match="attest_key= signs the attestation: give attest= too"):
+        LoadOptions(attest_key=str(tmp_path / "k.pem"))
+    with pytest.raises(OptionsError, match="not an unencrypted private key in PEM"):
+        LoadOptions(attest=str(tmp_path / "a.json"), attest_key=str(tmp_path / "k.pem"))
+    with pytest.raises(OptionsError, match="does not exist"):
+        LoadOptions(attest=str(tmp_path / "nowhere" / "a.json"))

@@ -18,6 +18,7 @@ it), so one verifier checks both a signed model and a signed attestation.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
 import tempfile
@@ -26,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..errors import LoadError
+from ..storage.files import read_small
 from ..text import escape_name
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -183,11 +185,19 @@ def coverage(names: Sequence[str], per_rank: Sequence[Mapping[str, Window]], ten
     return {"served": served, "skipped": sorted(skipped), "deferred": sorted(deferred)}
 
 
-def subject(catalogue: object, file_digests: Mapping[Path, str] | None) -> list[dict]:
-    """The checkpoint's identity: its manifest's sha256, or each file's whole-file sha256 when the folder
-    is vouched for file by file (hub blob names)."""
+def subject(catalogue: object, file_digests: Mapping[Path, str] | None, *,
+            signature: Path | None = None) -> list[dict]:
+    """The checkpoint's identity: the signature bundle's sha256 when a model.sig vouched for the load
+    (it names every file's digest, and a signer), its manifest's sha256, or each file's whole-file
+    sha256 when the folder is vouched for file by file (hub blob names, local-dir etags)."""
+    out = []
+    if signature is not None:
+        out.append({"name": signature.name, "digest": {"sha256": hashlib.sha256(read_small(signature, "signature "
+                                                                                             "bundle")).hexdigest()}})
     if catalogue.manifest_sha256:
-        return [{"name": Path(catalogue.manifest_path).name, "digest": {"sha256": catalogue.manifest_sha256}}]
+        return out + [{"name": Path(catalogue.manifest_path).name, "digest": {"sha256": catalogue.manifest_sha256}}]
+    if signature is not None:
+        return out  # the bundle signs each file's digest: it is the identity
     root = Path(catalogue.root)
     return [{"name": os.path.relpath(p, root), "digest": {"sha256": d}}
             for p, d in sorted((file_digests or {}).items())]
@@ -195,7 +205,7 @@ def subject(catalogue: object, file_digests: Mapping[Path, str] | None) -> list[
 
 def statement(planner: object, layout: object, *, kind: str, verify: str, config_spec: str,
               skip: Sequence[str] = (), defer: Sequence[str] = (), ranks: Sequence[Mapping[str, object]],
-              file_digests: Mapping[Path, str] | None, vouched_by: str) -> dict:
+              file_digests: Mapping[Path, str] | None, vouched_by: str, signature: Path | None = None) -> dict:
     """The in-toto statement of a passed load. ``ranks``: each rank's ``node``, ``device`` and ``digest``
     (from the exchanged table); everything else is derived here from ``planner`` (the load's)."""
     from .. import __version__
@@ -208,7 +218,8 @@ def statement(planner: object, layout: object, *, kind: str, verify: str, config
                "defer": list(defer), "config": config_spec, "config_name": config.name, "config_id": config.id()}
     cover = coverage(catalogue.names(), per_rank, views(plans), plans[0].skipped if plans else (),
                      sorted({n for p in plans for n in p.deferred}))
-    return {"_type": STATEMENT_TYPE, "subject": subject(catalogue, file_digests), "predicateType": PREDICATE_TYPE,
+    return {"_type": STATEMENT_TYPE, "subject": subject(catalogue, file_digests, signature=signature),
+            "predicateType": PREDICATE_TYPE,
             "predicate": {"tpload": {"version": __version__},
                           "checkpoint": {"path": str(catalogue.root), "vouched_by": vouched_by},
                           "written": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -260,13 +271,14 @@ def after_load(opts: object, rank_figures: Sequence[object], planner: object, la
                vouched_by: str) -> Path:
     """Rank 0, after a passed verdict: the statement of this load, written (and signed) where asked."""
     storage = chosen.job.storage
-    expected = getattr(chosen, "expected", None)  # a whole-file strategy: the digests its source vouched for
-    files = dict(expected()) if callable(expected) else getattr(storage, "file_digests", None)
+    signed = getattr(chosen, "signed", None)  # a model.sig vouched for the load: its bundle is the identity
+    signature = signed.bundle if signed is not None else None
+    files = None if signed is not None else getattr(storage, "file_digests", None)
     ranks = [{"node": f.node, "device": f.device, "digest": f.digest} for f in rank_figures]
     spec = opts.config  # a TOML path as an absolute one: `attest verify` may run from another folder
     spec = str(Path(spec).absolute()) if spec.endswith(".toml") and Path(spec).is_file() else spec
     doc = statement(planner, layout, kind=opts.kind, verify=opts.verify, config_spec=spec, skip=opts.skip,
-                    defer=opts.defer, ranks=ranks, file_digests=files, vouched_by=vouched_by)
+                    defer=opts.defer, ranks=ranks, file_digests=files, vouched_by=vouched_by, signature=signature)
     return write(opts.attest, doc, opts.attest_key)
 
 
@@ -423,7 +435,10 @@ def check(path: str | os.PathLike, checkpoint: str | os.PathLike, *, key: str | 
     try:
         cat = storage.catalogue
         cat.refuse_headers_only("checking an attestation against it")
-        problems += _subject_problems(doc["subject"], subject(cat, getattr(storage, "file_digests", None)), root)
+        bundle = next((Path(checkpoint) / e["name"] for e in doc["subject"] if isinstance(e, dict)
+                       and str(e.get("name", "")).endswith(".sig") and "/" not in str(e["name"])), None)
+        problems += _subject_problems(doc["subject"], subject(cat, getattr(storage, "file_digests", None),
+                                                              signature=bundle), root)
         chosen, _ = choose(config or opts["config"], storage.root, pins=cat.pins)
         cfg = with_rules(chosen, skip=tuple(opts["skip"]), defer=tuple(opts["defer"]))
         if cfg.id() != opts["config_id"]:

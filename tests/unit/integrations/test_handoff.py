@@ -360,3 +360,12 @@ def test_windows_come_in_the_order_vllms_default_loader_yields_tensors(llama: Pa
             want += sorted(f.keys())
     assert names == want
     assert checkpoint_order("m-00002-of-00010.safetensors", "a") < checkpoint_order("m-00010-of-00010.safetensors", "a")
+
+
+def test_the_trust_options_pass_through_the_engines_extra_config(tmp_path: Path) -> None:
+    key = tmp_path / "signer.pub.pem"
+    key.write_text("-----BEGIN PUBLIC KEY-----\n")
+    opts = load_options({"signer_key": str(key), "signature": "none"}, world=2, engine_device=torch.device("cpu"))
+    assert opts["signer_key"] == str(key) and opts["signature"] == "none"
+    with pytest.raises(OptionsError, match="signer_cert= needs signer_chain="):
+        load_options({"signer_cert": str(key)}, world=2, engine_device=torch.device("cpu"))

@@ -200,3 +200,22 @@ def test_attest_options_are_checked_before_loading(tmp_path: Path) -> None:
         LoadOptions(attest=str(tmp_path / "a.json"), attest_key=str(tmp_path / "k.pem"))
     with pytest.raises(OptionsError, match="does not exist"):
         LoadOptions(attest=str(tmp_path / "nowhere" / "a.json"))
+
+
+def test_a_signed_folder_is_identified_by_its_signature_bundle(tmp_path: Path) -> None:
+    # a model.sig vouched for the load: the bundle's sha256 is the subject (it signs every file's digest)
+    import tpload
+    from tests.unit.verification.test_signing import _key, sign
+
+    folder = write_published(tmp_path / "m", "gpt-oss-tiny", manifest=False)
+    priv, pub = _key(tmp_path, "signer")
+    bundle = sign(folder, priv)
+    out = tmp_path / "att.json"
+    tpload.load(folder, progress=False, signer_key=str(pub), attest=str(out)).release()
+    doc = json.loads(out.read_text())
+    import hashlib
+    assert doc["subject"] == [{"name": "model.sig", "digest": {"sha256": hashlib.sha256(bundle.read_bytes()).hexdigest()}}]
+    assert attest.check(out, folder)[0] == []
+    bundle.write_bytes(bundle.read_bytes() + b" ")  # another bundle: not the identity attested
+    problems, _ = attest.check(out, folder)
+    assert len(problems) == 1 and "subject model.sig" in problems[0], problems

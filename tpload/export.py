@@ -30,7 +30,8 @@ from .storage.reader import Reader
 from .storage.safetensors import write_safetensors
 from .storage.sharded import ShardedStorage
 from .text import escape_name
-from .verification.hashing import hash_whole, mismatches
+from .verification import gate
+from .verification.vouched import Vouched
 
 
 @dataclass(frozen=True)
@@ -45,15 +46,10 @@ class ExportSummary:
     """Data bytes of each rank's file (its windows plus deferred tensors)."""
 
 
-def _verify_sources(storage: ShardedStorage, names: list[str], threads: int) -> None:
-    """sha256 of every tensor the export copies from, against the source manifest (all problems at once)."""
-    problems = storage.manifest_problems(names)
-    if problems:
-        raise CheckpointError("\n".join(problems))
-    bad = mismatches(hash_whole(storage, names, threads=threads))
-    if bad:
-        raise CheckpointError(f"{len(bad)} source tensor(s) do not match the manifest; nothing exported:\n  - "
-                              + "\n  - ".join(bad))
+def _verify_sources(storage: ShardedStorage, names: list[str], threads: int) -> Vouched:
+    """sha256 of every tensor the export copies from, against the source manifest, through the gate
+    (all problems at once): a source without per-tensor digests is refused, never exported unchecked."""
+    return gate.at_rest(storage, names, threads=threads, what="nothing exported")
 
 
 def _rank_tensors(storage: ShardedStorage, plan: RankPlan) -> dict[str, tuple[str, tuple[int, ...], tuple, tuple, tuple]]:
@@ -83,7 +79,9 @@ def export(src: str | os.PathLike, out: str | os.PathLike, layout: Layout, confi
         planner.check_layout(layout, layout.world)
         plans = [planner.plan(layout, "packed", r) for r in range(layout.world)]
         copied = sorted({n for p in plans for n in p.used_tensors + list(p.deferred)}, key=natural_key)
-        _verify_sources(storage, copied, hash_threads)
+        checked = _verify_sources(storage, copied, hash_threads)
+        if set(checked.names) != set(copied):  # every byte it copies was checked, or nothing is written
+            raise CheckpointError("the gate did not vouch for every source tensor; nothing exported")
         dst.mkdir(parents=True, exist_ok=True)
         model = storage.catalogue.pins.read("config.json", "model config")  # checked against the source's pins
         if model is not None:  # head counts for rules that cut by heads; pinned by the export's manifest below

@@ -36,6 +36,7 @@ from .verification.files import FileHasher, file_problems
 from .verification.blake3sums import Digests, require, write_sidecar
 from .verification.hashing import Hasher, hash_whole, mismatches
 from .verification.policy import HashPlan
+from .verification import gate
 from .verification.gate import layout_key
 from .verification.store import DigestStore, checkpoint_stamp, stale
 
@@ -268,15 +269,14 @@ def write_blake3(root: str | os.PathLike, *, threads: int = 2, store: str | os.P
             raise CheckpointError(f"{escape_name(path)}: no {MANIFEST_NAME}: blake3 digests are checked against it; "
                                   f"write one with `python -m tpload manifest {escape_name(path)} --hash blake3`")
         stamp = checkpoint_stamp(storage)
-        problems = cat.manifest_problems(cat.names())
         names = [n for n in cat.names() if n in cat.manifest]
-        hashed = hash_whole(storage, names, threads=max(0, min(threads, _spare())),
-                            digests=Digests(threads=max(1, _spare()), also=("blake3",)))
-        problems += mismatches(hashed) + storage.changed()
+        problems = cat.manifest_problems(cat.names())  # a tensor the manifest omits: no sidecar for a partial one
         if problems:
             raise CheckpointError(f"no blake3 digests written: {len(problems)} problem(s) against the manifest:\n  - "
                                   + "\n  - ".join(problems))
-        return write_sidecar(DigestStore(store), cat.manifest_sha256, path, {n: h.blake3 for n, h in hashed.items()},
-                             stamp)
+        checked = gate.at_rest(storage, names, threads=max(0, min(threads, _spare())),
+                               digests=Digests(threads=max(1, _spare()), also=("blake3",)),
+                               what="no blake3 digests written")
+        return write_sidecar(DigestStore(store), cat.manifest_sha256, path, checked, stamp)
     finally:
         storage.close()

@@ -31,6 +31,7 @@ from pathlib import Path
 from ..errors import LoadError
 from ..storage.catalogue import Catalogue
 from ..text import escape_name
+from .vouched import Vouched
 from .store import DigestStore, stale
 
 try:  # an optional extra: tpload works without it
@@ -78,12 +79,14 @@ class Sidecar:
     stamp: dict
 
 
-def write_sidecar(store: DigestStore, manifest_sha256: str, checkpoint: Path, tensors: Mapping[str, str],
+def write_sidecar(store: DigestStore, manifest_sha256: str, checkpoint: Path, checked: Vouched,
                   stamp: dict) -> Path:
-    """Keep ``tensors`` (name -> blake3 hex) for the manifest with this sha256; the caller has checked
-    every tensor's sha256 against it first, from the bytes these digests were taken of."""
+    """Keep the blake3 of every tensor the gate ``checked`` (gate.at_rest: each sha256 matched the manifest
+    with this sha256, and the blake3 was taken of the same bytes)."""
+    if not isinstance(checked, Vouched) or "blake3" not in checked.also:
+        raise LoadError("a blake3 sidecar is written only from tensors the gate checked, with their blake3")
     doc = {"format": FORMAT, "hash": "blake3", "manifest_sha256": manifest_sha256, "checkpoint": str(checkpoint),
-           "verified": stamp, "tensors": dict(sorted(tensors.items()))}
+           "verified": stamp, "tensors": dict(sorted(checked.hexes("blake3").items()))}
     return store.replace_doc(sidecar_path(store, manifest_sha256), doc)
 
 

@@ -40,6 +40,7 @@ from .blake3sums import SHA256, Digests, content_hash, fix_command
 from .files import FileHashed, FileHasher, assign_files, file_problems, own_problems
 from .policy import HashPlan, hash_plan
 from .store import DigestStore, Prediction, stale
+from .vouched import Vouched
 
 
 class PredictionState(IntEnum):
@@ -469,6 +470,25 @@ def judge(ranks: list[object], chosen: Strategy | None) -> Verdict:
         return Verdict(("load failed: the ranks' evidence disagrees; no rank returned weights\n"
                         + "\n".join(problems),), "")
     return Verdict((), chosen.vouched_by)
+
+
+def at_rest(storage: object, names: list[str], *, threads: int, digests: Digests = SHA256,
+            what: str = "nothing written") -> Vouched:
+    """The offline exit paths' gate (an export's sources, the blake3 sidecar): every named tensor read
+    once and its sha256 checked against the manifest; raise CheckpointError listing every problem
+    (manifest entries missing, mismatches, a file changed during the reads), else the digests as
+    :class:`~tpload.verification.vouched.Vouched`, the only thing those writers take."""
+    from ..errors import CheckpointError
+    from .hashing import hash_whole, mismatches
+    from .vouched import vouched
+    problems = storage.manifest_problems(names)
+    if not problems:
+        hashed = hash_whole(storage, names, threads=threads, digests=digests)
+        problems = mismatches(hashed) + storage.changed()
+    if problems:
+        raise CheckpointError(f"{what}: {len(problems)} problem(s) against the manifest:\n  - " + "\n  - ".join(problems))
+    return vouched(tuple(names), {n: h.sha256 for n, h in hashed.items()},
+                   {a: {n: getattr(h, a) for n, h in hashed.items()} for a in digests.also})
 
 
 def check_pin(storage: object, pin: str | None) -> None:

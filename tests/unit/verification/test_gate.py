@@ -77,3 +77,36 @@ def test_the_verdict_names_what_vouched() -> None:
     assert v.passed and v.vouched_by == "the manifest's per-tensor digests"
     v = gate.judge([RankFigures(rank=0, seq=1, failed=1, message="rank 0: boom")], s)
     assert not v.passed and "boom" in v.problems[0]
+
+
+def test_offline_writers_take_only_what_the_gate_checked(tmp_path: Path) -> None:
+    import numpy as np
+
+    from tpload.published import write_published
+    from tpload.storage.hub import to_hub_cache
+    from tpload.storage.sharded import ShardedStorage
+    from tpload.verification.blake3sums import write_sidecar
+    from tpload.verification.store import DigestStore
+    from tpload.verification.vouched import Vouched
+
+    with pytest.raises(LoadError, match="only by the gate"):
+        Vouched(("a",), np.zeros((1, 32), np.uint8))
+    with pytest.raises(LoadError, match="only from tensors the gate checked"):
+        write_sidecar(DigestStore(tmp_path / "store"), "ab" * 32, tmp_path, {"a": "cd" * 32}, {})  # type: ignore[arg-type]
+    # a hub snapshot has no per-tensor digests: the gate vouches for none of its tensors at rest
+    snap = to_hub_cache(write_published(tmp_path / "p", "gpt-oss-tiny", manifest=False), tmp_path / "hub", "o/m")
+    storage = ShardedStorage(snap)
+    try:
+        names = storage.catalogue.names()[:2]
+        with pytest.raises(LoadError, match="nothing exported: 2 problem"):
+            gate.at_rest(storage, names, threads=0, what="nothing exported")
+    finally:
+        storage.close()
+    storage = ShardedStorage(write_published(tmp_path / "m", "gpt-oss-tiny"))
+    try:
+        names = storage.catalogue.names()[:3]
+        checked = gate.at_rest(storage, names, threads=0)
+        assert checked.names == tuple(names) and checked.sha256.shape == (3, 32)
+        assert checked.hexes("sha256") == {n: storage.stored(n).sha256 for n in names}
+    finally:
+        storage.close()

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from .handoff import Skip
 
 MIB = 1 << 20
-OPTIONS = ("config", "verify", "skip", "hash_threads", "samples", "timeout_s", "evict_page_cache", "reserve_gib",
+OPTIONS = ("config", "verify", "skip", "skip_activation_scales", "hash_threads", "samples", "timeout_s", "evict_page_cache", "reserve_gib",
            "report", "digest_store", "manifest_sha256", "signature", "signer_key", "signer_cert", "signer_chain",
            "signer_identity", "signer_issuer", "attest", "attest_key", "device")
 """The keys an engine's extra config may give (LoadOptions' fields; the rest is the engine's to set)."""

@@ -118,9 +118,13 @@ class EngineLoad:
                   skips: Sequence[Skip]) -> tuple[str, int, dict[str, list[str]]]:
         """The windows into the engine's loaders: (why not, or "", tensors taken, {declared skip's
         glob: the handed tensors it excused from being read})."""
+        from ..kvscales import census as kv_census
         from .handoff import Handoff, unconsumed_message
 
-        handoff = Handoff(shards.state_dict(), shards.plan.items, rank=self.rank)
+        state = shards.state_dict()
+        # vLLM's attention layers take FP8 KV scales under one spelling (kvscales.py): hand them so
+        rename = kv_census(state).engine_names() if self.engine == "vllm" else None
+        handoff = Handoff(state, shards.plan.items, rank=self.rank, rename=rename)
         taken = lambda: sum(h.taken for h in handoff.handed.values())  # noqa: E731
         try:
             loaded = load_weights(handoff.tensors())

@@ -73,3 +73,25 @@ def config_with(tmp_path: Path, first_rules: str, base: str = "deepseek-v4-mtp")
     path = tmp_path / "config.toml"
     path.write_text(head + first_rules.strip() + "\n\n" + sep + rules)
     return path
+
+
+def renamed(src: Path, dst: Path, rename, extra: dict[str, torch.Tensor] | None = None) -> Path:
+    """A copy of checkpoint ``src`` at ``dst`` with every tensor named ``rename(name)`` (shards, index and
+    manifest; the bytes, hence each tensor's sha256, unchanged), plus ``extra`` tensors in a new shard."""
+    import shutil
+
+    from safetensors.torch import load_file
+    shutil.copytree(src, dst)
+    index_path = dst / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    for file in sorted(set(index["weight_map"].values())):
+        tensors = load_file(str(dst / file))
+        save_file({rename(n): t for n, t in tensors.items()}, str(dst / file), metadata={"format": "pt"})
+    index["weight_map"] = {rename(n): f for n, f in index["weight_map"].items()}
+    index_path.write_text(json.dumps(index))
+    m = json.loads((dst / "NATIVE_MANIFEST.json").read_text())
+    m["tensors"] = {rename(n): e for n, e in m["tensors"].items()}
+    (dst / "NATIVE_MANIFEST.json").write_text(json.dumps(m))
+    if extra:  # a new shard each time (a copy of a copy keeps the first's)
+        add_tensors(dst, extra, file=f"extra-{len(list(dst.glob('extra*.safetensors')))}.safetensors")
+    return dst

@@ -278,7 +278,8 @@ def _config(args: argparse.Namespace, root: str):
     config, why = choose(getattr(args, "config", None) or "auto", Path(root).absolute())
     if why:
         print(printable(why))
-    return with_rules(config, skip=tuple(getattr(args, "skip", ()) or ()), defer=tuple(getattr(args, "defer", ()) or ()))
+    return with_rules(config, skip=tuple(getattr(args, "skip", ()) or ()), defer=tuple(getattr(args, "defer", ()) or ()),
+                      skip_activation_scales=getattr(args, "skip_activation_scales", False))
 
 
 @_one_line
@@ -294,7 +295,7 @@ def cmd_plan(argv: list[str]) -> int:
                    help="ranks per node (default: all on one node): node verification splits hashing per node")
     p.add_argument("--ranks", choices=("all", "summary"), default=None,
                    help="print every rank, or one line per node (default: every rank up to 16 ranks)")
-    add_flags(p, only=("config", "skip", "defer", "digest_store"))
+    add_flags(p, only=("config", "skip", "defer", "skip_activation_scales", "digest_store"))
     p.add_argument("--digest", action="store_true", help="compute each rank's digest on the CPU")
     p.add_argument("--write", action="store_true", help="check every tensor by sha256, then keep the digests in the "
                    "digest store (implies --digest); --verify digest loads may then trust them")
@@ -314,7 +315,7 @@ def cmd_plan(argv: list[str]) -> int:
             plans = [planner.plan(layout, args.kind, r) for r in range(layout.world)]
             ranks, nodes = costs(plans, planner.catalogue, per_node)
             host.planned(len(plans))
-            catalogue = planner.catalogue
+            catalogue, notes = planner.catalogue, planner.notes()
         seconds = time.monotonic() - t1
         path = None
         if args.write or args.digest:  # the load's own code (numba's kernels): imported only to run it
@@ -329,6 +330,8 @@ def cmd_plan(argv: list[str]) -> int:
           f"{args.kind}, {len(nodes)} node(s) of {per_node} rank(s))")
     if config.description:
         print(f"config {printable(config.name)}: {printable(config.description)}")
+    for line in notes:  # the weight prefix, the KV-cache scale census, the activation scales
+        print(printable(line))
     print(render_costs(ranks, nodes, digests, host, every_rank=(args.ranks or ("all" if len(plans) <= 16 else "summary"))
                        == "all", headers_only=catalogue.headers_only))
     print(f"planned {len(plans)} rank(s) of {len(catalogue.tensors):,} tensors in {seconds:.2f} s (headers, classification, "

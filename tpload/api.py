@@ -101,7 +101,7 @@ class _RankLoad:
             self.notes.append(why)
             if ctx.rank == 0:
                 rank_log(0).info("%s", why)
-        config = with_rules(config, skip=opts.skip, defer=opts.defer)
+        config = with_rules(config, skip=opts.skip, defer=opts.defer, skip_activation_scales=opts.skip_activation_scales)
         planner = self.planner = Planner(storage.catalogue, config)  # rank 0's attestation plans every rank
         planner.check_layout(layout, ctx.world)
         plans, sharing = self._plans(planner, layout)

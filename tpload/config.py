@@ -38,8 +38,10 @@ from pathlib import Path
 from . import codecs
 from .errors import ConfigError
 from .options import REFERENCE_CONFIG
+from .prefix import CANDIDATES, config_prefix
 
 SPLITS = ("rows", "cols", "replicate")
+KV_SCALES = ("strict", "report")
 READS_NOTHING = ("skip", "defer")
 AUTO = "auto"
 
@@ -159,6 +161,12 @@ class Config:
     """Codec families ``role = "auto"`` rules resolve through (:data:`FAMILIES`)."""
     architectures: tuple[str, ...] = ()
     """config.json ``architectures`` / ``model_type`` values this config is for (``--config auto``)."""
+    weight_prefix: str | None = None
+    """The prefix the rules are written for (``model.``, ``""``...): a checkpoint whose layers sit under
+    another has its names rewritten to it for matching (prefix.py). None: read off the globs."""
+    kv_scales: str = "strict"
+    """What the KV-cache scale census does with a layer with k but no v, two spellings on one layer, or
+    scales on some attention layers only: ``strict`` refuses the checkpoint, ``report`` says so."""
     expert_regex: re.Pattern[str] = field(init=False, repr=False, compare=False)
     _matcher: re.Pattern[str] = field(init=False, repr=False, compare=False)
     _blind: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
@@ -186,6 +194,11 @@ class Config:
         object.__setattr__(self, "_sharp", _alternatives((i, r) for i, r in enumerate(self.rules) if sighted[i]))
         object.__setattr__(self, "_resolved", {})
         object.__setattr__(self, "_ways", {})
+        if self.kv_scales not in KV_SCALES:
+            raise ConfigError(f"{self.name}: kv_scales {self.kv_scales!r} is not one of {', '.join(KV_SCALES)}")
+        if self.weight_prefix not in (None, *CANDIDATES):
+            raise ConfigError(f"{self.name}: weight_prefix {self.weight_prefix!r} is not one of "
+                              f"{', '.join(map(repr, CANDIDATES))}")
         unknown = [f for f in self.families if f not in FAMILIES]
         if unknown:
             raise ConfigError(f"{self.name}: unknown codec families {', '.join(unknown)} (known: {', '.join(FAMILIES)})")
@@ -255,6 +268,14 @@ class Config:
                                                   suffix=pick.suffix))
         return made
 
+    @property
+    def rules_prefix(self) -> str | None:
+        """The prefix the rules are written for: ``weight_prefix``, or read off the globs of the rules
+        the config file wrote (not ``--skip``'s); None: prefix-blind."""
+        if self.weight_prefix is not None:
+            return self.weight_prefix
+        return config_prefix(r.match for r in self.rules if not r.origin)
+
     def id(self) -> str:
         """A short hash of what the config decides (rules and layout constants, not where it came from).
         Fields left at their defaults are left out, so adding a field keeps every existing id."""
@@ -263,6 +284,8 @@ class Config:
         what = {"rules": rules, "align": self.channel_align, "experts": self.expert_pattern}
         if self.families:
             what["families"] = list(self.families)
+        if self.weight_prefix is not None:  # absent unless set: existing ids stay
+            what["weight_prefix"] = self.weight_prefix
         doc = json.dumps(what, sort_keys=True)
         return hashlib.sha256(doc.encode()).hexdigest()[:12]
 
@@ -279,16 +302,24 @@ def _alternatives(rules: Iterable[tuple[int, Rule]]) -> re.Pattern[str] | None:
     return re.compile(alternatives) if alternatives else None
 
 
-def with_rules(config: Config, *, skip: tuple[str, ...] = (), defer: tuple[str, ...] = ()) -> Config:
+ACTIVATION_SCALES = "*.input_scale"
+"""ModelOpt NVFP4 (W4A4)'s activation scales: one 0-d tensor per quantized projection."""
+ACTIVATION_ORIGIN = "skip_activation_scales"
+
+
+def with_rules(config: Config, *, skip: tuple[str, ...] = (), defer: tuple[str, ...] = (),
+               skip_activation_scales: bool = False) -> Config:
     """``config`` with skip and defer rules for these globs put first (so they win).
 
     For a serving startup that decides at run time, e.g. ``skip=("mtp.*",)`` when
     the model builds no MTP head. Defer rules are expert-parallel: a deferred
     expert tensor is located only by the ranks whose ep group holds the expert.
     """
-    if not skip and not defer:
+    if not skip and not defer and not skip_activation_scales:
         return config
-    first = [Rule(match=g, role="skip", origin="skip") for g in skip]
+    # the switch's rule skips only single-value tensors (the planner checks): it may match none
+    first = [Rule(match=ACTIVATION_SCALES, role="skip", origin=ACTIVATION_ORIGIN)] if skip_activation_scales else []
+    first += [Rule(match=g, role="skip", origin="skip") for g in skip]
     first += [Rule(match=g, role="defer", experts=True, origin="defer") for g in defer]
     return replace(config, rules=tuple(first) + config.rules)
 
@@ -328,8 +359,8 @@ _RULE_KEYS = {"match", "role", "split", "scale", "experts", "block", "suffix", "
               "share_units", "uneven"}
 _DEFAULTS = {f.name: f.default for f in fields(Rule)}
 _ID_ALWAYS = {"match", "role", "split", "scale", "experts", "block", "origin"}  # the fields ids always had
-_LAYOUT_KEYS = {"channel_align", "expert_pattern"}
-_TOP_KEYS = {"layout", "rules", "description", "codecs", "detect"}
+_LAYOUT_KEYS = {"channel_align", "expert_pattern", "weight_prefix"}
+_TOP_KEYS = {"layout", "rules", "description", "codecs", "detect", "kv_scales"}
 _DETECT_KEYS = {"architectures"}
 
 
@@ -377,5 +408,8 @@ def _parse(source: str, doc: dict) -> Config:
     if not isinstance(families, list) or not all(isinstance(f, str) for f in families):
         raise ConfigError(f"{source}: codecs must be a list of codec family names ({', '.join(FAMILIES)})")
     rules = [Rule(index=i, **raw) for i, raw in enumerate(raw_rules, 1)]
+    kv_scales = doc.get("kv_scales", "strict")
+    if not isinstance(kv_scales, str) or not isinstance(layout.get("weight_prefix", ""), str):
+        raise ConfigError(f"{source}: kv_scales and layout.weight_prefix are strings")
     return Config(name=source, rules=tuple(rules), description=doc.get("description", ""), families=tuple(families),
-                  architectures=tuple(detect.get("architectures", ())), **layout)
+                  architectures=tuple(detect.get("architectures", ())), kv_scales=kv_scales, **layout)

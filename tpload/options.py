@@ -147,6 +147,8 @@ class LoadOptions:
                                 metavar="GLOB")
     defer: tuple[str, ...] = opt((), "do not upload tensors matching GLOB; load() returns their locators "
                                  "(repeatable)", metavar="GLOB")
+    skip_activation_scales: bool = opt(False, "skip the single-value *.input_scale tensors (ModelOpt NVFP4 W4A4 "
+                                       "activation scales, unused by a W4A16 server): never read nor served")
     evict_page_cache: bool = opt(False, "drop each shard's page cache once this rank is done with it "
                                  "(unified-memory GPUs)")
     reserve_gib: float = opt(0.0, "device memory (GiB) the pre-flight keeps free for after the load",

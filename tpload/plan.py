@@ -14,10 +14,11 @@ import contextlib
 import functools
 import gc
 import itertools
+import math
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -25,8 +26,10 @@ import torch
 
 from . import codecs
 from .codecs import Codec, Cut, Fit, whole
-from .config import AUTO, Config, Rule
-from .errors import ConfigError, LayoutError, raise_all
+from .config import ACTIVATION_ORIGIN, AUTO, Config, Rule, _alternatives as _alternatives_of
+from .errors import ConfigError, LayoutError, LoadError, raise_all
+from .kvscales import census as kv_census
+from .prefix import detect as detect_prefix
 from .options import KINDS, MAX_WORLD
 from .pick import model_config
 from .storage.catalogue import Catalogue, TensorMeta, natural_key
@@ -239,6 +242,12 @@ class Planner:
         self._klasses: dict[tuple, int] = {}
         self._classes: dict[tuple, tuple[Fit | str, int, int]] = {}
         self._codecs = {role: codecs.for_role(role) for role in codecs.roles()}
+        names = catalogue.tensors
+        self.prefix = detect_prefix(names, wanted=config.rules_prefix, model=self._quiet_model(),
+                                    where=catalogue.root)
+        self.census = kv_census(names)
+        self.activation_scales = [n for n in names if _activation_scale(n, names[n])]
+        """Single-value ``*.input_scale`` tensors (ModelOpt NVFP4's activation scales), stored names."""
         # Deferred expert tensors are located only by the ep group holding the expert:
         # a locator of a remote expert would invite the model to read it.
         self.entries, self.skipped, self.deferred, self.deferred_experts = self._classify()
@@ -261,7 +270,7 @@ class Planner:
         it; for tensors an ``auto`` rule could not resolve, why (said only if not a scale); the scales
         found for a weight an ``auto`` rule made scaled; and the ids of the rules that are some
         tensor's first match."""
-        matched = self.config.rules_for(tensors)
+        matched = self._matched(tensors)
         rules: dict[str, Rule | None] = {}
         unresolved: dict[str, str] = {}
         needs: dict[str, list[str]] = {}
@@ -278,6 +287,58 @@ class Planner:
                         needs[n] = found
             rules[n] = r
         return rules, unresolved, needs, set(map(id, matched))
+
+    def _matched(self, tensors: Mapping[str, TensorMeta]) -> list[Rule | None]:
+        """Each tensor's first rule: the config's rules see its name under the config's prefix
+        (prefix.py), a rule given at run time (``--skip``) its stored name too; the activation-scale
+        switch takes single-value tensors only."""
+        rules, prefix = self.config.rules, self.prefix
+        if not prefix.rewrites:
+            matched = self.config.rules_for(tensors)
+        else:
+            matched = self.config.rules_for(map(prefix.rewrite, tensors))
+            given = _alternatives_of([(i, r) for i, r in enumerate(rules) if r.origin])
+            if given is not None:
+                at = {id(r): i for i, r in enumerate(rules)}
+                for k, n in enumerate(tensors):
+                    if (m := given.match(n)) is not None:
+                        i = int(m.lastgroup[1:])
+                        if matched[k] is None or i < at[id(matched[k])]:
+                            matched[k] = rules[i]
+        act = [i for i, r in enumerate(rules) if r.origin == ACTIVATION_ORIGIN]
+        if act:
+            rest = None
+            for k, n in enumerate(tensors):
+                if matched[k] is rules[act[0]] and not _activation_scale(n, tensors[n]):
+                    rest = rest or replace(self.config, rules=rules[: act[0]] + rules[act[0] + 1:])
+                    matched[k] = rest.rule_for(prefix.rewrite(n))
+        return matched
+
+    def _quiet_model(self) -> Mapping[str, object] | None:
+        """config.json when there is a readable one (for the prefix's MTP note), else None."""
+        if self._model is not None:
+            return self._model
+        try:
+            return model_config(Path(self.catalogue.root))
+        except LoadError:
+            return None
+
+    def notes(self) -> list[str]:
+        """What ``plan`` prints and the report keeps: the prefix found, the KV-cache scale census, the
+        activation scales."""
+        out = [self.prefix.describe()] if self.prefix.found is not None else []
+        out += self.census.describe()
+        if self.census and self.config.kv_scales == "report":
+            out += [f"{p} (reported: config {self.config.name} has kv_scales = \"report\")"
+                    for p in self.census.problems()]
+        if self.activation_scales:
+            skipped = set(self.skipped)
+            n, off = len(self.activation_scales), sum(a in skipped for a in self.activation_scales)
+            out.append(f"activation scales: {n:,} single-value *.input_scale tensors (4 B stored, a {SLOT_ALIGN} B "
+                       f"arena slot, one tensor and one hash each when served: {n * SLOT_ALIGN / 2**20:,.2f} MiB of "
+                       f"slots per rank holding them all); "
+                       + (f"{off:,} skipped" if off else "served (--skip-activation-scales skips them)"))
+        return out
 
     def _classify(self) -> tuple[list[_Entry], list[str], list[str], dict[str, tuple[str, int]]]:
         """Entries, skipped and deferred tensors (natural order), and the deferred experts; or a
@@ -305,6 +366,9 @@ class Planner:
                     continue
                 broken.add(n)
         problems = [why for _, why in sorted(first, key=lambda nw: natural_key(nw[0]))]
+        if self.config.kv_scales == "strict":
+            problems += [f"{p} (refused: set kv_scales = \"report\" in the config to load it anyway)"
+                         for p in self.census.problems()]
         if any(r.role in ("skip", "defer") for r in self.config.rules):
             problems += _scale_globs(rules, needs)
         entries, skipped, deferred, unmatched = [], [], [], []
@@ -331,7 +395,8 @@ class Planner:
                             f"match = \"*\" with role = \"auto\" keeps the rest whole): {_grouped(unmatched)}")
         # a rule no tensor matches first may still match one a rule before it took
         idle = [r.describe() for r in self.config.rules
-                if r.origin and id(r) not in matched and not any(r.matches(n) for n in tensors)]
+                if r.origin and r.origin != ACTIVATION_ORIGIN and id(r) not in matched
+                and not any(r.matches(n) or r.matches(self.prefix.rewrite(n)) for n in tensors)]
         if idle:
             problems.append(f"{', '.join(idle)} matched no tensor of {escape_name(self.catalogue.root)} (a typo? "
                             "the names are in the index)")
@@ -581,6 +646,11 @@ def read_model_config(root: Path, *, why: str) -> dict:
         raise ConfigError(f"{why}, but {escape_name(root)} has no config.json (copy the model's config.json "
                           "beside its shards)")
     return doc
+
+
+def _activation_scale(name: str, meta: TensorMeta) -> bool:
+    """A ModelOpt activation scale: ``*.input_scale`` holding one value (0-d, or [1])."""
+    return name.endswith(".input_scale") and math.prod(meta.shape) == 1
 
 
 def _scale_globs(rules: Mapping[str, Rule | None], needs: Mapping[str, list[str]]) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import dataclass
 
 import torch
 
@@ -17,6 +18,20 @@ from .report import LoadReport, RankFigures, rank_log
 from .teardown import give_back
 from .text import escape_name
 from .verification.gate import Verdict, Verify
+
+
+@dataclass(frozen=True)
+class Released:
+    """What :meth:`RankShards.release` freed: the load's own tensors, and the derived buffers apart."""
+
+    tensors: int
+    """Served tensors (views of the arena)."""
+    bytes: int
+    """The arena's bytes."""
+    derived: int
+    """Buffers registered with :meth:`RankShards.derive`."""
+    derived_bytes: int
+    """Their bytes outside the arena (a derived view of a served tensor frees nothing more)."""
 
 
 class RankShards:
@@ -36,6 +51,7 @@ class RankShards:
         self.vouched_by = verdict.vouched_by
         """What vouched for the served bytes, in words."""
         self._deferred = deferred
+        self._derived: dict[str, torch.Tensor] = {}
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """{official name: this rank's tensor on its device}; views, not copies."""
@@ -53,12 +69,47 @@ class RankShards:
         deferred tensor this rank holds, in natural name order; they are not in :meth:`state_dict`."""
         return list(self._deferred)
 
-    def release(self) -> None:
+    def derive(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """Register a buffer the model derived from served tensors (a fused concat, a transposed twin),
+        so that :meth:`release` frees it with the rest; returns ``tensor``. Its name must be new (neither
+        served nor derived already): it is never in :meth:`state_dict`, whose bytes were verified."""
+        if self._result is None:
+            raise LoadError(f"derive {escape_name(name)}: these shards were released")
+        if not isinstance(tensor, torch.Tensor):
+            raise LoadError(f"derive {escape_name(name)}: expected a torch.Tensor, got {type(tensor).__name__}")
+        if name in self._derived or name in self._result.tensors:
+            what = "derived" if name in self._derived else "served"
+            raise LoadError(f"derive {escape_name(name)}: a {what} tensor already has this name")
+        self._derived[name] = tensor
+        return tensor
+
+    def derived(self) -> dict[str, torch.Tensor]:
+        """{name: buffer} of every derived buffer registered, in order."""
+        return dict(self._derived)
+
+    def release(self) -> Released:
         """Free every buffer the load made: the arena (each served and decoded tensor is a
-        view of it; views the caller still holds keep it alive), the allocators' cached
-        device blocks and pinned staging buffers, and freed host heap pages."""
+        view of it; views the caller still holds keep it alive), the derived buffers registered
+        with :meth:`derive`, the allocators' cached device blocks and pinned staging buffers, and
+        freed host heap pages. Returns what it freed (nothing the second time)."""
+        freed = Released(0, 0, 0, 0)
+        if self._result is not None:
+            arena = {self._storage_key(t) for t in self._result.tensors.values()}
+            own: dict[tuple, int] = {}
+            for t in self._derived.values():
+                key = self._storage_key(t)
+                if key not in arena:  # a view of the arena is freed with it, not twice
+                    own[key] = t.untyped_storage().nbytes()
+            freed = Released(len(self._result.outputs), self.plan.arena_bytes, len(self._derived), sum(own.values()))
         self._result = None
+        self._derived = {}
         give_back(torch.device(self.report.device))
+        return freed
+
+    @staticmethod
+    def _storage_key(t: torch.Tensor) -> tuple:
+        st = t.untyped_storage()
+        return (st.device.type, st.device.index, st.data_ptr())
 
 
 def served(opts: LoadOptions, ctx: DistContext, plan: RankPlan, result: LoadResult, deferred: tuple,
@@ -66,9 +117,13 @@ def served(opts: LoadOptions, ctx: DistContext, plan: RankPlan, result: LoadResu
            chosen: object = None) -> RankShards:
     """After a verdict that passed: the report and the attestation (written by rank 0 when asked; ``planner``
     and ``chosen``, the load's planner and gate strategy, for the attestation), and this rank's shards."""
+    prefix, census = getattr(planner, "prefix", None), getattr(planner, "census", None)
     report = LoadReport(str(opts.checkpoint), opts.kind, plan.layout.tp, plan.layout.ep, opts.verify,
                         str(ctx.device), ranks, ctx.rank, trusted=opts.verify == Verify.DIGEST,
-                        evict_page_cache=opts.evict_page_cache, notes=notes)
+                        evict_page_cache=opts.evict_page_cache,
+                        notes=[*notes, *(planner.notes() if hasattr(planner, "notes") else ())],
+                        weight_prefix=prefix.found if prefix is not None else None,
+                        kv_scales=census.to_dict() if census else {})
     if opts.verify == Verify.OFF:
         rank_log(ctx.rank).warning("verification is OFF: %d tensors served without any check against the "
                                    "manifest", ranks[ctx.rank].tensors)

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from .handoff import Skip
 
 MIB = 1 << 20
-OPTIONS = ("config", "verify", "skip", "hash_threads", "samples", "timeout_s", "evict_page_cache", "reserve_gib",
+OPTIONS = ("config", "verify", "skip", "skip_activation_scales", "hash_threads", "samples", "timeout_s", "evict_page_cache", "reserve_gib",
            "report", "digest_store", "manifest_sha256", "signature", "signer_key", "signer_cert", "signer_chain",
            "signer_identity", "signer_issuer", "attest", "attest_key", "device")
 """The keys an engine's extra config may give (LoadOptions' fields; the rest is the engine's to set)."""
@@ -118,9 +118,13 @@ class EngineLoad:
                   skips: Sequence[Skip]) -> tuple[str, int, dict[str, list[str]]]:
         """The windows into the engine's loaders: (why not, or "", tensors taken, {declared skip's
         glob: the handed tensors it excused from being read})."""
+        from ..kvscales import census as kv_census
         from .handoff import Handoff, unconsumed_message
 
-        handoff = Handoff(shards.state_dict(), shards.plan.items, rank=self.rank)
+        state = shards.state_dict()
+        # vLLM's attention layers take FP8 KV scales under one spelling (kvscales.py): hand them so
+        rename = kv_census(state).engine_names() if self.engine == "vllm" else None
+        handoff = Handoff(state, shards.plan.items, rank=self.rank, rename=rename)
         taken = lambda: sum(h.taken for h in handoff.handed.values())  # noqa: E731
         try:
             loaded = load_weights(handoff.tensors())

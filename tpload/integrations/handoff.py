@@ -459,8 +459,11 @@ class Handoff:
     which were never read whole. Every tensor is registered before the first is yielded, so one
     the engine never took from the iterator counts too."""
 
-    def __init__(self, state: Mapping[str, torch.Tensor], plan_items: Sequence, *, rank: int) -> None:
-        self.state, self.rank = state, rank
+    def __init__(self, state: Mapping[str, torch.Tensor], plan_items: Sequence, *, rank: int,
+                 rename: Mapping[str, Sequence[str]] | None = None) -> None:
+        """``rename``: {stored name: the names the engine expects it under} (the KV-cache scales'
+        canonical names, kvscales.py); each name gets its own copy, and any of them being read counts."""
+        self.state, self.rank, self.rename = state, rank, dict(rename or {})
         cuts = []
         for item in plan_items:
             metas = {m.name: m for m in (item.fit.weight, item.fit.scale, item.fit.scale2) if m is not None}
@@ -479,7 +482,8 @@ class Handoff:
             window = self.state[cut.name].clone()
             handed.taken = True
             if handed.whole:
-                yield cut.name, whole_tensor(window, handed)
+                for name in self.rename.get(cut.name, (cut.name,)):
+                    yield name, whole_tensor(window if name == cut.name else window.clone(), handed)
             else:
                 yield cut.name, WindowTensor(window, meta.shape, handed.box, f"{cut.name} (rank {self.rank})",
                                              handed=handed)

@@ -33,6 +33,10 @@ class LoadReport:
     """Whether ranks dropped each shard's page cache once done with it."""
     notes: list[str] = field(default_factory=list)
     """Warnings every rank agrees on (what the load assumed or could not measure)."""
+    weight_prefix: str | None = None
+    """The prefix the checkpoint's layers are stored under (``model.``; ``""``: none; None: no layers)."""
+    kv_scales: dict = field(default_factory=dict)
+    """The KV-cache scale census (kvscales.py): each layer's stored scales and vLLM's names for them."""
 
     @property
     def mine(self) -> RankFigures:

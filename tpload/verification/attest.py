@@ -216,6 +216,8 @@ def statement(planner: object, layout: object, *, kind: str, verify: str, config
                   "windows": per_rank[r], "deferred": list(plans[r].deferred)} for r in range(layout.world)]
     options = {"tp": layout.tp, "ep": layout.ep, "kind": kind, "verify": verify, "skip": list(skip),
                "defer": list(defer), "config": config_spec, "config_name": config.name, "config_id": config.id()}
+    if any(r.origin == "skip_activation_scales" for r in config.rules):  # the switch's rule is in config_id
+        options["skip_activation_scales"] = True
     cover = coverage(catalogue.names(), per_rank, views(plans), plans[0].skipped if plans else (),
                      sorted({n for p in plans for n in p.deferred}))
     return {"_type": STATEMENT_TYPE, "subject": subject(catalogue, file_digests, signature=signature),
@@ -440,7 +442,8 @@ def check(path: str | os.PathLike, checkpoint: str | os.PathLike, *, key: str | 
         problems += _subject_problems(doc["subject"], subject(cat, getattr(storage, "file_digests", None),
                                                               signature=bundle), root)
         chosen, _ = choose(config or opts["config"], storage.root, pins=cat.pins)
-        cfg = with_rules(chosen, skip=tuple(opts["skip"]), defer=tuple(opts["defer"]))
+        cfg = with_rules(chosen, skip=tuple(opts["skip"]), defer=tuple(opts["defer"]),
+                         skip_activation_scales=opts.get("skip_activation_scales") is True)
         if cfg.id() != opts["config_id"]:
             differs = (f"config: attested {escape_name(opts.get('config_name', opts['config']))} (id "
                        f"{escape_name(opts['config_id'])}); {escape_name(config or opts['config'])} gives "

@@ -339,9 +339,10 @@ def cut_axis(meta: TensorMeta, axis: int | None, lo: int = 0, hi: int = 0, *,
 def _registry() -> dict[str, Codec]:
     from .fp4_e8m0 import FP4
     from .fp8_block import FP8
+    from .gguf import GGUF_CODEC
     from .nvfp4 import NVFP4_CODEC
     from .plain import PLAIN
-    return {c.role: c for c in (PLAIN, FP4, FP8, NVFP4_CODEC)}
+    return {c.role: c for c in (PLAIN, FP4, FP8, NVFP4_CODEC, GGUF_CODEC)}
 
 
 def for_role(role: str) -> Codec | None:

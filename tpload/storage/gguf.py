@@ -8,9 +8,9 @@ anything is allocated for it, and every problem is one line naming the file and 
 file is untrusted input, the ``gguf`` package is used only as the independent reference in tests.
 
 How tensors appear to the planner: dims in torch order (outermost first, the reverse of GGUF's
-listing); F32/F16/BF16 as those dtypes; block-quantised types as ``U8`` bytes of shape
-``[..., rows, row bytes]`` (blocks run along the innermost dimension, so a row is whole blocks),
-the ggml type kept on the entry (:attr:`GGUFTensorInfo.ggml_type`) and its element shape beside it.
+listing); F32/F16/BF16 as those dtypes; a block-quantised type as its own dtype (``Q4_K``, one
+byte per element) over its bytes, shape ``[..., rows, row bytes]`` (blocks run along the innermost
+dimension, so a row is whole blocks), its shape in weights beside it (:attr:`GGUFTensorInfo.elements`).
 """
 
 from __future__ import annotations
@@ -47,12 +47,12 @@ TYPES: dict[int, tuple[str, int, int, str]] = {
     0: ("F32", 1, 4, "F32"),
     1: ("F16", 1, 2, "F16"),
     30: ("BF16", 1, 2, "BF16"),
-    8: ("Q8_0", 32, 34, "U8"),
-    10: ("Q2_K", 256, 84, "U8"),
-    11: ("Q3_K", 256, 110, "U8"),
-    12: ("Q4_K", 256, 144, "U8"),
-    13: ("Q5_K", 256, 176, "U8"),
-    14: ("Q6_K", 256, 210, "U8"),
+    8: ("Q8_0", 32, 34, "Q8_0"),
+    10: ("Q2_K", 256, 84, "Q2_K"),
+    11: ("Q3_K", 256, 110, "Q3_K"),
+    12: ("Q4_K", 256, 144, "Q4_K"),
+    13: ("Q5_K", 256, 176, "Q5_K"),
+    14: ("Q6_K", 256, 210, "Q6_K"),
 }
 BLOCK = {name: (per, size) for name, per, size, _ in TYPES.values()}
 """ggml type name -> (weights per block, bytes per block)."""
@@ -252,7 +252,7 @@ def _tensor(path: Path, file: str, name: str, dims: tuple[int, ...], ttype: int,
         problems.append(f"{where}: data bytes {offset}..{offset + nbytes} run past the end of the file "
                         f"({size - data_start} data bytes)")
         return None
-    shape = elements if dtype != "U8" else elements[:-1] + (elements[-1] // per * bsize,)
+    shape = elements if per == 1 else elements[:-1] + (elements[-1] // per * bsize,)
     info = GGUFTensorInfo(name, file, dtype, shape, path, begin, tname, elements)
     rows = shape[0] if len(shape) > 1 else 1
     info.__dict__.update(nbytes=nbytes, rows=rows, row_bytes=nbytes // rows if rows else 0)
@@ -342,3 +342,25 @@ def read_set(files: list[Path], root: Path) -> list[GGUFHeader]:
             seen.setdefault(name, h.path)
     raise_all(CheckpointError, problems, what=f"problems with the GGUF split set of {escape_name(root)}")
     return headers
+
+
+def model_config(root: Path) -> dict | None:
+    """What ``--config auto`` and head-counted rules read from config.json, from a GGUF folder's
+    header instead (None: not a GGUF folder): ``general.architecture`` as the architecture
+    (``gguf:deepseek2``, matched by the shipped configs' ``[detect]`` lists), the ``{arch}.*`` counts
+    under config.json's field names, and the codec family ``gguf``."""
+    files = gguf_files(root) if root.is_dir() else None
+    if not files:
+        return None
+    kv = read_header(files[0], files[0].name).kv
+    arch = kv.get("general.architecture")
+    if not isinstance(arch, str):
+        raise CheckpointError(f"{escape_name(files[0])}: GGUF header has no general.architecture string")
+    doc: dict[str, object] = {"architectures": [f"gguf:{arch}"], "quantization_config": {"quant_method": "gguf"}}
+    for key, field_name in (("block_count", "num_hidden_layers"), ("expert_count", "n_routed_experts"),
+                            ("attention.head_count", "num_attention_heads"),
+                            ("attention.head_count_kv", "num_key_value_heads")):
+        value = kv.get(f"{arch}.{key}")
+        if type(value) is int:
+            doc[field_name] = value
+    return doc

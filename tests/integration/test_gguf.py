@@ -96,3 +96,22 @@ def test_flipped_byte_fails_every_rank(tiny: Path, tmp_path: Path) -> None:
     assert run.rc != 0
     _, message = load_error(run)
     assert "blk.1.ffn_up_exps.weight" in message and "sha256" in message, message
+
+
+def test_nan_super_scale_refused_naming_tensor_and_block(tiny: Path, tmp_path: Path) -> None:
+    """A block whose f16 d is NaN, vouched for by a fresh manifest: the value check refuses it."""
+    bad = tmp_path / "nan"
+    bad.mkdir()
+    for f in tiny.glob("*.gguf"):
+        (bad / f.name).write_bytes(f.read_bytes())
+    part = bad / "model-00002-of-00002.gguf"
+    t = next(t for t in gguf.GGUFReader(part).tensors if t.name == "blk.1.ffn_gate_exps.weight")
+    raw = bytearray(part.read_bytes())
+    at = int(t.data_offset) + 144 * 3  # block 3 of the first row: its d
+    raw[at:at + 2] = np.array([np.nan], np.float16).tobytes()
+    part.write_bytes(bytes(raw))
+    for cmd in (["manifest", str(bad)], ["verify", str(bad)]):
+        run = subprocess.run([sys.executable, "-m", "tpload", *cmd], capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0
+    assert ("tensor blk.1.ffn_gate_exps.weight: 1 Q4_K blocks whose f16 scale (d/dmin) is NaN or infinite "
+            "(first: view row 0, block 3 of the row)") in run.stdout + run.stderr, run.stdout + run.stderr

@@ -134,6 +134,12 @@ class Codec:
     def scaled(self) -> bool:
         return bool(self.scale_dtypes)
 
+    @property
+    def checked(self) -> bool:
+        """Whether copies (packed kind) go through :meth:`checker` too: scaled formats, and formats whose
+        blocks carry their own scales (GGUF)."""
+        return self.scaled
+
     def fit(self, weight: TensorMeta, scale: TensorMeta | None, *, block: int = 0, split: str = "replicate",
             scale2: TensorMeta | None = None) -> Fit | str:
         """The weight (and scales) as this format, or why they do not fit it (``block``: a scale block

@@ -78,6 +78,7 @@ class GGUF(Codec):
     role = "gguf"
     name = "gguf"
     weight_dtypes = tuple(BLOCKS)
+    checked = True  # the super-scales are checked in every kind
 
     def fit(self, weight: TensorMeta, scale: TensorMeta | None, *, block: int = 0, split: str = "replicate",
             scale2: TensorMeta | None = None, stacked: bool = False) -> Fit | str:

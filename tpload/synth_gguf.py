@@ -59,8 +59,33 @@ def _deepseek_v3() -> tuple[str, dict[str, object], list[tuple[str, str, tuple[i
     return a, kv, t
 
 
+def _qwen3_moe() -> tuple[str, dict[str, object], list[tuple[str, str, tuple[int, ...]]]]:
+    """Qwen3-MoE as llama.cpp names it (``qwen3moe``): GQA attention with q/k norms, every layer MoE."""
+    kv_heads, head_dim = 2, 64
+    t: list[tuple[str, str, tuple[int, ...]]] = [("token_embd.weight", "Q4_K", (VOCAB, HIDDEN))]
+    for i in range(2):
+        b = f"blk.{i}."
+        t += [(b + "attn_norm.weight", "F32", (HIDDEN,)), (b + "attn_q.weight", "Q8_0", (HEADS * head_dim, HIDDEN)),
+              (b + "attn_k.weight", "Q8_0", (kv_heads * head_dim, HIDDEN)),
+              (b + "attn_v.weight", "Q6_K", (kv_heads * head_dim, HIDDEN)),
+              (b + "attn_q_norm.weight", "F32", (head_dim,)), (b + "attn_k_norm.weight", "F32", (head_dim,)),
+              (b + "attn_output.weight", "Q8_0", (HIDDEN, HEADS * head_dim)), (b + "ffn_norm.weight", "F32", (HIDDEN,)),
+              (b + "ffn_gate_inp.weight", "F32", (EXPERTS, HIDDEN)),
+              (b + "ffn_gate_exps.weight", "Q4_K", (EXPERTS, MOE_INTER, HIDDEN)),
+              (b + "ffn_up_exps.weight", "Q4_K", (EXPERTS, MOE_INTER, HIDDEN)),
+              (b + "ffn_down_exps.weight", "Q6_K", (EXPERTS, HIDDEN, MOE_INTER))]
+    t += [("output_norm.weight", "F32", (HIDDEN,)), ("output.weight", "Q6_K", (VOCAB, HIDDEN))]
+    a = "qwen3moe"
+    kv = {f"{a}.block_count": 2, f"{a}.expert_count": EXPERTS, f"{a}.expert_used_count": 2,
+          f"{a}.attention.head_count": HEADS, f"{a}.attention.head_count_kv": kv_heads,
+          f"{a}.attention.key_length": head_dim, f"{a}.attention.value_length": head_dim,
+          f"{a}.embedding_length": HIDDEN, f"{a}.expert_feed_forward_length": MOE_INTER, f"{a}.context_length": 4096}
+    return a, kv, t
+
+
 GGUF_PRESETS: dict[str, Callable[[], tuple[str, dict[str, object], list[tuple[str, str, tuple[int, ...]]]]]] = {
     "deepseek-v3-gguf-tiny": _deepseek_v3,
+    "qwen3-moe-gguf-tiny": _qwen3_moe,
 }
 
 

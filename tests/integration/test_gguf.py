@@ -4,6 +4,7 @@ a flipped byte fails every rank naming the tensor (manifest written by `tpload m
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,21 +19,15 @@ from ..helpers import HERE, load_error, torchrun, tpload_cli
 
 gguf = pytest.importorskip("gguf")
 
-# How the config cuts each name at tp 2 (torch order): (axis of the cut, counted in elements), None: whole.
-ROWS = ("token_embd.", "output.weight", "attn_q_b", "attn_kv_b", "ffn_gate.", "ffn_up.", "_shexp", "ffn_gate_exps",
-        "ffn_up_exps")
+# How the shipped configs cut each name (torch order): rows, or the innermost dimension; others whole.
+ROWS = re.compile(r"(token_embd|output)\.weight|blk\.\d+\.(attn_q_b|attn_kv_b|attn_[qkv]|ffn_gate|ffn_up|"
+                  r"ffn_gate_shexp|ffn_up_shexp|ffn_gate_exps|ffn_up_exps)\.weight")
+INNERMOST = re.compile(r"blk\.\d+\.(attn_output|ffn_down|ffn_down_shexp|ffn_down_exps)\.weight")
 
 
-def cut_axis(name: str, ndim: int) -> int | None:
-    if name.endswith(("attn_output.weight", "ffn_down.weight", "ffn_down_shexp.weight", "ffn_down_exps.weight")):
-        return ndim - 1  # along the innermost dimension, on whole blocks
-    if any(k in name for k in ROWS):
-        return 1 if "_exps" in name else 0
-    return None
-
-
-def expected(root: Path, rank: int, kind: str) -> dict[str, np.ndarray]:
-    """Every tensor rank ``rank`` of tp 2 serves, from gguf's own reader and dequantisation."""
+def expected(root: Path, tp: int, ep: int, rank: int, kind: str) -> dict[str, np.ndarray]:
+    """Every tensor rank ``rank`` of tp x ep serves, from gguf's own reader and dequantisation."""
+    group, tpr = divmod(rank, tp)
     out = {}
     for path in sorted(root.glob("*.gguf")):
         for t in gguf.GGUFReader(path).tensors:
@@ -40,46 +35,69 @@ def expected(root: Path, rank: int, kind: str) -> dict[str, np.ndarray]:
             elements = tuple(int(d) for d in reversed(t.shape))
             if kind == "expanded" and qtype.name not in ("F32", "F16", "BF16"):
                 data = round_bf16(gguf.quants.dequantize(t.data, qtype).reshape(elements)).view(np.int16)
-                shape = elements
             else:
-                data, shape = np.asarray(t.data), elements
-            axis = cut_axis(t.name, len(shape))
+                data = np.asarray(t.data)
+            stacked = "_exps." in t.name
+            axis = (int(stacked) if ROWS.fullmatch(t.name) else data.ndim - 1 if INNERMOST.fullmatch(t.name)
+                    else None)
             if axis is not None:
                 n = data.shape[axis]  # in elements (expanded, F32) or bytes of whole blocks (packed)
-                data = np.take(data, range(rank * n // 2, (rank + 1) * n // 2), axis=axis)
+                data = np.take(data, range(tpr * n // tp, (tpr + 1) * n // tp), axis=axis)
+            if stacked:  # ep shares the experts
+                e = data.shape[0]
+                data = data[group * e // ep:(group + 1) * e // ep]
             out[t.name] = np.ascontiguousarray(data)
     return out
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("gguf") / "ds3"
-    for cmd in (["synth", str(root), "--preset", "deepseek-v3-gguf-tiny"], ["manifest", str(root)]):
+def load_and_check(roots: dict[str, Path], out: Path, tp: int, ep: int) -> None:
+    """Both miniatures, both kinds, every rank of tp x ep in one launch: every served tensor exactly."""
+    out.mkdir()
+    run = torchrun(tp * ep, [str(HERE / "workers" / "families.py"), str(out), str(tp), str(ep),
+                             *(f"{k}={v}" for k, v in roots.items())], timeout=600)
+    assert run.rc == 0, run.text[-4000:]
+    problems = []
+    for label, root in roots.items():
+        for kind in ("packed", "expanded"):
+            for rank in range(tp * ep):
+                got = torch.load(out / f"{label}-{kind}-rank{rank}.pt")
+                want = expected(root, tp, ep, rank, kind)
+                names = set(got) - {"__shapes__", "__config__"}
+                assert names == set(want), (label, kind, rank, names ^ set(want))
+                for name, arr in want.items():
+                    if tuple(got["__shapes__"][name]) != arr.shape or got[name].numpy().tobytes() != arr.tobytes():
+                        problems.append(f"{label} {kind} rank {rank}: {name} {got['__shapes__'][name]} vs {arr.shape}")
+    assert not problems, "\n".join(problems[:20])
+
+
+def synth(root: Path, preset: str) -> Path:
+    for cmd in (["synth", str(root), "--preset", preset], ["manifest", str(root)]):
         run = subprocess.run([sys.executable, "-m", "tpload", *cmd], capture_output=True, text=True, timeout=120)
         assert run.returncode == 0, run.stderr
+    return root
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = synth(tmp_path_factory.mktemp("gguf") / "ds3", "deepseek-v3-gguf-tiny")
     assert sorted(p.name for p in root.glob("*.gguf")) == ["model-00001-of-00002.gguf", "model-00002-of-00002.gguf"]
     return root
 
 
-def test_tp2_packed_and_expanded_exactly(tiny: Path, tmp_path: Path) -> None:
-    run = torchrun(2, [str(HERE / "workers" / "dump.py"), str(tiny), str(tmp_path), "kinds=packed,expanded"],
-                   timeout=300)
-    assert run.rc == 0, run.text[-4000:]
-    problems = []
-    for kind in ("packed", "expanded"):
-        for rank in range(2):
-            got = torch.load(tmp_path / f"{kind}-rank{rank}.pt")
-            want = expected(tiny, rank, kind)
-            assert set(got) == set(want), (kind, rank, set(got) ^ set(want))
-            for name, arr in want.items():
-                mine = got[name]
-                if mine.dtype == torch.bfloat16:
-                    mine = mine.view(torch.int16)
-                if tuple(mine.shape) != arr.shape or mine.numpy().tobytes() != arr.tobytes():
-                    problems.append(f"{kind} rank {rank}: {name} {tuple(mine.shape)} vs {arr.shape}")
-    assert not problems, "\n".join(problems)
-    got = torch.load(tmp_path / "packed-rank1.pt")["blk.1.ffn_down_exps.weight"]
-    assert got.dtype == torch.uint8 and tuple(got.shape) == (4, 256, 144)  # [E, rows, one Q4_K block of 2]
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return synth(tmp_path_factory.mktemp("gguf") / "qwen", "qwen3-moe-gguf-tiny")
+
+
+def test_tp2_packed_and_expanded_exactly(tiny: Path, qwen: Path, tmp_path: Path) -> None:
+    load_and_check({"ds3": tiny, "qwen": qwen}, tmp_path / "out", 2, 1)
+    got = torch.load(tmp_path / "out" / "ds3-packed-rank1.pt")
+    assert got["__shapes__"]["blk.1.ffn_down_exps.weight"] == (4, 256, 144)  # [E, rows, one Q4_K block of 2]
+
+
+@pytest.mark.slow
+def test_tp2_ep2_exactly(tiny: Path, qwen: Path, tmp_path: Path) -> None:
+    load_and_check({"ds3": tiny, "qwen": qwen}, tmp_path / "out", 2, 2)
 
 
 def test_flipped_byte_fails_every_rank(tiny: Path, tmp_path: Path) -> None:

@@ -275,7 +275,8 @@ def read_native(root: Path, *, manifest: bool = True) -> tuple[Catalogue, dict[s
     if found is not None:  # a GGUF file or split set: its headers are the table (storage/gguf.py)
         headers = gguf.read_set(found, root)
         locations = {n: h.tensors[n] for h in headers for n in h.order}
-        catalogue = Catalogue(root, dict(locations), entries, manifest_sha256=manifest_sha)
+        catalogue = Catalogue(root, dict(locations), entries, manifest_sha256=manifest_sha,
+                              headers_only=any(gguf.HEADERS_ONLY_KEY in h.kv for h in headers))
         catalogue.pins, catalogue.gguf = (pins if manifest else None), headers[0].kv
         return catalogue, locations
     wmap, files, source = _shard_names(root, pins, read)

@@ -65,6 +65,9 @@ OTHER_TYPES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 9: "Q8_1", 15: "Q8_K"
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
 
+HEADERS_ONLY_KEY = "tpload.headers_only"
+"""Key of a ``synth --headers-only`` GGUF set: real headers, holes for data (only ``plan`` reads it)."""
+
 SPLIT_NAME = re.compile(r"(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf")
 
 

@@ -232,3 +232,26 @@ def test_fuzz_one_line(tmp_path: Path) -> None:
             assert f"f{i}.gguf" in lines[0]
             assert len(lines) == 1 or lines[0].startswith(f"{len(lines) - 1} problems")
     assert refused >= 24  # every truncation at least
+
+
+def test_headers_only_full_set_for_plan(tmp_path: Path) -> None:
+    """deepseek-r1-gguf-full: our own header writer read back by gguf's reader; `plan` gives per-rank figures."""
+    import subprocess
+    import sys
+    root = tmp_path / "r1"
+    run = subprocess.run([sys.executable, "-m", "tpload", "synth", str(root), "--preset", "deepseek-r1-gguf-full",
+                          "--headers-only"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    files = gguf_files(root)
+    assert len(files) == 9
+    _compare_set_part(files[0])
+    headers = read_set(files, root)
+    tensors = {n: h.tensors[n] for h in headers for n in h.order}
+    assert len(tensors) == 1025  # as llama.cpp's DeepSeek-R1 Q4_K_M
+    assert sum(t.nbytes for t in tensors.values()) == 404_424_884_224
+    assert (tensors["blk.3.ffn_down_exps.weight"].dtype, tensors["blk.7.ffn_down_exps.weight"].dtype) == ("Q6_K", "Q4_K")
+    assert tensors["blk.3.ffn_down_exps.weight"].elements == (256, 7168, 2048)
+    plan = subprocess.run([sys.executable, "-m", "tpload", "plan", str(root), "--tp", "8"], capture_output=True,
+                          text=True, timeout=120)
+    assert plan.returncode == 0, plan.stderr
+    assert "headers-only checkpoint" in plan.stdout and "51.384" in plan.stdout, plan.stdout

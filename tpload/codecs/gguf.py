@@ -11,8 +11,8 @@ tensor (``[E, rows, cols]``) is cut after its expert dimension, which ``--ep`` s
 
 Kinds: packed serves the blocks as stored (uint8); expanded decodes to bf16, each value formed in
 fp32 in the order of the ``gguf`` package's numpy dequantisation (``gguf.quants``), then rounded
-once to bf16 (so it equals that dequantisation rounded to bf16). Decodes: Q8_0, Q4_K, Q6_K (the
-compiled kernel for host arrays, torch ops on a device); the other K-quants are served packed.
+once to bf16 (so it equals that dequantisation rounded to bf16). Decodes: Q8_0, Q4_K, Q5_K, Q6_K (the
+compiled kernel for host arrays, torch ops on a device); Q2_K and Q3_K are served packed only.
 Value check: a block whose f16 ``d`` (or ``dmin``) is NaN or infinite is refused, naming the block.
 """
 
@@ -35,7 +35,7 @@ SCALE_OFFSETS: dict[str, tuple[int, ...]] = {
     "Q8_0": (0,), "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
 }
 """Byte offsets of each block's f16 super-scales (``d``, and ``dmin`` where the type has one)."""
-DECODED = ("Q8_0", "Q4_K", "Q6_K")
+DECODED = ("Q8_0", "Q4_K", "Q5_K", "Q6_K")
 
 
 def _innermost(fit: Fit, axis: int) -> bool:
@@ -99,7 +99,7 @@ class GGUF(Codec):
 
     def window(self, fit: Fit, split: str, tp: int, rank: int, **kw: object) -> tuple[Cut, Cut | None] | str:
         got = super().window(fit, split, tp, rank, **kw)
-        if isinstance(got, str) and split != "replicate" and _innermost(fit, self.axis(fit, split)):
+        if isinstance(got, str) and split != "replicate" and not kw.get("units") and _innermost(fit, self.axis(fit, split)):
             n, per = self.channels(fit, split)
             works = [t for t in range(1, min(n // per, 64) + 1) if (n // per) % t == 0]
             return (f"{got}: {fit.weight.dtype} is cut along its innermost dimension only on {per}-weight block "
@@ -162,7 +162,7 @@ def decode_torch(dtype: str, weight: torch.Tensor, out: torch.Tensor) -> torch.T
     blocks = weight.reshape(-1, size)
     if dtype == "Q8_0":
         values = blocks[:, 2:].view(torch.int8).to(torch.float32) * _f16(blocks, 0)
-    elif dtype == "Q4_K":
+    elif dtype in ("Q4_K", "Q5_K"):
         d, dmin = _f16(blocks, 0), _f16(blocks, 2)
         s = blocks[:, 4:16].to(torch.int32).reshape(-1, 3, 4)
         a, m, md = s[:, 0], s[:, 1], s[:, 2]
@@ -170,8 +170,12 @@ def decode_torch(dtype: str, weight: torch.Tensor, out: torch.Tensor) -> torch.T
         mn = torch.cat([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], dim=1).to(torch.float32)
         dd = (d * sc).unsqueeze(2)  # [n, 8, 1]
         dm = (dmin * mn).unsqueeze(2)
-        qs = blocks[:, 16:].to(torch.int32).reshape(-1, 4, 1, 32)
+        start = 16 if dtype == "Q4_K" else 48  # Q5_K: 32 bytes of fifth bits come first
+        qs = blocks[:, start:].to(torch.int32).reshape(-1, 4, 1, 32)
         q = ((qs >> torch.tensor([0, 4], device=weight.device).reshape(1, 1, 2, 1)) & 0x0F).reshape(-1, 8, 32)
+        if dtype == "Q5_K":  # sub-block j's fifth bit is bit j of qh[l]
+            qh = blocks[:, 16:48].to(torch.int32).reshape(-1, 1, 32)
+            q = q | (((qh >> torch.arange(8, device=weight.device, dtype=torch.int32).reshape(1, 8, 1)) & 1) << 4)
         values = dd * q.to(torch.float32) - dm
     elif dtype == "Q6_K":
         ql = blocks[:, :128].to(torch.int32).reshape(-1, 2, 1, 64)

@@ -49,13 +49,24 @@ def _q8_0(src: np.ndarray, out: np.ndarray, f16: np.ndarray) -> None:
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def _q4_k(src: np.ndarray, out: np.ndarray, f16: np.ndarray) -> None:
+    _k_quant(src, out, f16, 144, False)
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _q5_k(src: np.ndarray, out: np.ndarray, f16: np.ndarray) -> None:
+    _k_quant(src, out, f16, 176, True)
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")
+def _k_quant(src: np.ndarray, out: np.ndarray, f16: np.ndarray, size: int, fifth: bool) -> None:
+    """Q4_K (144-byte blocks) and Q5_K (176: 32 bytes of fifth bits before the nibbles)."""
     tmp = np.empty(256, dtype=np.float32)
     sc = np.empty(8, dtype=np.float32)
     mn = np.empty(8, dtype=np.float32)
     for r in range(src.shape[0]):
         row, dst = src[r], out[r]
-        for b in range(src.shape[1] // 144):
-            o = b * 144
+        for b in range(src.shape[1] // size):
+            o = b * size
             d, dmin = _f16(row, o, f16), _f16(row, o + 2, f16)
             for j in range(4):
                 a, m, md = np.int32(row[o + 4 + j]), np.int32(row[o + 8 + j]), np.int32(row[o + 12 + j])
@@ -65,11 +76,16 @@ def _q4_k(src: np.ndarray, out: np.ndarray, f16: np.ndarray) -> None:
                 mn[j + 4] = dmin * np.float32((md >> 4) | ((m >> 2) & 0x30))
             for c in range(4):
                 d1, m1, d2, m2 = sc[2 * c], mn[2 * c], sc[2 * c + 1], mn[2 * c + 1]
-                q0 = o + 16 + 32 * c
+                q0 = o + (48 if fifth else 16) + 32 * c
                 for i in range(32):
-                    q = row[q0 + i]
-                    tmp[64 * c + i] = d1 * np.float32(q & np.uint8(0x0F)) - m1
-                    tmp[64 * c + 32 + i] = d2 * np.float32(q >> np.uint8(4)) - m2
+                    q = np.int32(row[q0 + i])
+                    lo, hi = q & 0x0F, q >> 4
+                    if fifth:  # sub-block j's fifth bit: bit j of qh[i]
+                        h = np.int32(row[o + 16 + i])
+                        lo |= ((h >> (2 * c)) & 1) << 4
+                        hi |= ((h >> (2 * c + 1)) & 1) << 4
+                    tmp[64 * c + i] = d1 * np.float32(lo) - m1
+                    tmp[64 * c + 32 + i] = d2 * np.float32(hi) - m2
             _round(tmp, dst, b * 256)
 
 
@@ -93,7 +109,7 @@ def _q6_k(src: np.ndarray, out: np.ndarray, f16: np.ndarray) -> None:
             _round(tmp, dst, b * 256)
 
 
-_KERNELS = {"Q8_0": _q8_0, "Q4_K": _q4_k, "Q6_K": _q6_k}
+_KERNELS = {"Q8_0": _q8_0, "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k}
 
 
 def decode(dtype: str, src: np.ndarray, out: np.ndarray) -> None:

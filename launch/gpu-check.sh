@@ -7,7 +7,8 @@
 #   launch/gpu-check.sh                       every section
 #   launch/gpu-check.sh --only tests,bench    some: tests (CUDA tests: exact windows on cuda:0, every
 #                                             published family packed and expanded against ml_dtypes, device
-#                                             decodes, a flipped byte), bench (tp = GPUs), peers (the bench
+#                                             decodes, a flipped byte), gguf (GGUF decodes on cuda:0 against
+#                                             the numba kernel, and their speed), bench (tp = GPUs), peers (the bench
 #                                             beside the CUDA-only peers: InstantTensor, and Run:ai Model
 #                                             Streamer), multi (the NCCL world with the gloo exchange at tp =
 #                                             GPUs, and a killed rank; skipped with the reason on one GPU)
@@ -28,7 +29,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"
-only="tests,bench,peers,multi"
+only="tests,gguf,bench,peers,multi"
 if [[ "${1:-}" == "--only" ]]; then only="${2:?--only takes a comma-separated list}"; shift 2; fi
 out="${GPU_CHECK_OUT:-gpu-check-out}"
 mkdir -p "$out"
@@ -60,6 +61,8 @@ multi() {
 }
 section tests 240 python -m pytest -q -p no:cacheprovider tests/unit/transfer/test_cuda.py tests/unit/test_api.py \
     tests/unit/test_families_device.py
+# GGUF: the torch-op decodes on cuda:0 against the numba kernel, and the Q4_K decode's speed there
+section gguf 120 bash -c "python -m pytest -q -p no:cacheprovider tests/unit/codecs/test_gguf.py && python launch/gguf-decode-speed.py --cuda"
 section bench 300 python -m tpload bench --preset medium --nproc "$gpus" --tp "$gpus" --rounds 1 \
     --methods floor,tpload,tpload-digest,tpload-noverify,tpload-expanded,safetensors --json "$out/bench.json"
 peers() {

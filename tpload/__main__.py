@@ -221,7 +221,9 @@ def cmd_synth(argv: list[str]) -> int:
                                 "family's layout (NAME-tiny, NAME-full --headers-only, deepseek-v3-deep; "
                                 "docs/formats/), with shards, index, config.json and NATIVE_MANIFEST.json.")
     p.add_argument("dir", help="a new or empty folder")
-    p.add_argument("--preset", choices=list(PRESETS) + list(PUBLISHED), default="small")
+    from .synth_gguf import GGUF_PRESETS, HEADERS_ONLY, write_gguf_preset, write_headers_only
+    p.add_argument("--preset", choices=list(PRESETS) + list(PUBLISHED) + list(GGUF_PRESETS) + list(HEADERS_ONLY),
+                   default="small")
     p.add_argument("--headers-only", action="store_true", help="(NAME-full presets) real headers and index, holes "
                    "for data: sparse files that use no disk; only `plan` reads them")
     p.add_argument("--hub", metavar="ORG/NAME", help="(published presets) lay the files out as a hub cache under DIR "
@@ -231,6 +233,13 @@ def cmd_synth(argv: list[str]) -> int:
         p.add_argument(f"--{f}", type=SEED if f == "seed" else COUNT)
     p.add_argument("--tensors", type=COUNT, metavar="N", help="(many-tensors) how many tiny 8x8 tensors (default 10000)")
     args = p.parse_args(argv)
+    if args.preset in HEADERS_ONLY and not args.headers_only:
+        p.error(f"{args.preset} is written only --headers-only")
+    if args.preset in GGUF_PRESETS or args.preset in HEADERS_ONLY:  # GGUF split sets (docs/formats/gguf.md)
+        root = (write_headers_only(args.dir, args.preset) if args.preset in HEADERS_ONLY else
+                write_gguf_preset(args.dir, args.preset, seed=args.seed or 0))
+        print(f"wrote {printable(str(root))}: {len(list(root.glob('*.gguf')))} GGUF files, preset {args.preset}")
+        return 0
     if args.preset in PUBLISHED:
         return _synth_published(p, args, dims)
     if args.headers_only or args.hub or args.tensors:

@@ -61,6 +61,8 @@ class Pick:
     """The scale's name: the weight's with ``suffix`` replaced by this."""
     scale2: str = ""
     suffix: str = ".weight"
+    scaled: bool = True
+    """False: the format has no scale tensors (GGUF blocks carry their own); ``scale`` is unused."""
 
 
 FAMILIES: dict[str, tuple[Pick, ...]] = {
@@ -68,6 +70,8 @@ FAMILIES: dict[str, tuple[Pick, ...]] = {
     "fp8-block": (Pick("F8_E4M3", "fp8", ".weight_scale_inv"), Pick("F8_E4M3", "fp8", ".scale")),
     "mxfp4": (Pick("I8", "fp4", ".scale"), Pick("U8", "fp4", ".scale"), Pick("U8", "fp4", "_scales", suffix="_blocks")),
     "nvfp4": (Pick("U8", "nvfp4", ".weight_scale", ".weight_scale_2"),),
+    # GGUF's block types carry their scales inside each block: no scale tensor (codecs/gguf.py)
+    "gguf": tuple(Pick(t, "gguf", ".scale", scaled=False) for t in ("Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")),
 }
 """Codec families: what ``role = "auto"`` may resolve to, tried in order (a plain dtype is plain)."""
 
@@ -247,6 +251,8 @@ class Config:
                 self._made(rule, None) if dtype in codecs.for_role("plain").weight_dtypes else None)
         for p, made in ways[0]:
             if name.endswith(p.suffix):
+                if not p.scaled:  # a format without scale tensors (gguf)
+                    return made, []
                 stem = name[: -len(p.suffix)]
                 if (scale := stem + p.scale) in present:
                     if not p.scale2:

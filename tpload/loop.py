@@ -157,7 +157,7 @@ class _Loader:
             fp = HostFingerprint(cut.row_bytes, group=cut.group if HostFingerprint.fits(cut.row_bytes, cut.group) else 1)
             window = fp if fp.group == 1 else HostFingerprint(cut.row_bytes)
             # the value checkers read whole rows (a scale group never straddles a piece); plain rows may split
-            where, blocks = self._blocks(cut, split_rows=not item.codec.scaled and cut.group == 1)
+            where, blocks = self._blocks(cut, split_rows=not item.codec.checked and cut.group == 1)
             for r, c, view in blocks:
                 feed(view, r)
                 self.transfer.copy(view, dst[r:r + view.shape[0], c:c + view.shape[1]], fp, r, c)
@@ -168,7 +168,7 @@ class _Loader:
             digest = None if fp.group == cut.group else fingerprint(torch.as_tensor(mine))
             self.evidence.window(cut.name, cut.box, window.value())
             checks[cut.name] = Check(out.name, where, served, want, "host window", digest=digest)
-        if item.codec.scaled:
+        if item.codec.checked:
             self._problems(item, checker.problems(), checks)
         for check in checks.values():
             self.evidence.add(check)
@@ -273,7 +273,7 @@ class _Loader:
         clean = self._clean(b, items)
         k = 0
         for item in items:
-            if not item.codec.scaled:  # one cut, one served tensor: the common case, kept short
+            if not item.codec.checked:  # one cut, one served tensor: the common case, kept short
                 cut, triple = item.weight, triples[k]
                 evidence.window(cut.name, cut.box, triple)
                 evidence.add(Check(outs[k].name, where, triple, None, "host window"))

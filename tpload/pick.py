@@ -22,7 +22,7 @@ from pathlib import Path
 from .config import FAMILIES, Config, available, load_config, split_spec
 from .errors import ConfigError, LoadError
 from .options import DEFAULT_CONFIG, REFERENCE_CONFIG
-from .storage import hub, localdir, partitioned
+from .storage import gguf, hub, localdir, partitioned
 from .storage.files import parse_json
 from .storage.pins import INDEX_NAME, Pins
 from .storage.safetensors import read_header
@@ -83,7 +83,7 @@ def model_config(root: Path, *, pins: Pins | None = None) -> dict | None:
         localdir.LocalDir(root).check_small_files()
     raw = (pins or Pins.of(root)).read("config.json", "model config")
     if raw is None:
-        return None
+        return gguf.model_config(root)  # a GGUF folder: its header says what config.json would
     doc = parse_json(raw, path, "model config")
     if not isinstance(doc, dict):
         raise ConfigError(f"{escape_name(path)}: model config is not a JSON object")
@@ -175,6 +175,8 @@ def _families(model: dict, root: Path, pins: Pins) -> tuple[tuple[str, ...], str
             return ("nvfp4",), "from hf_quant_config.json quant_algo NVFP4"
         raise ConfigError(f"{escape_name(hf_quant)}: quant_algo {algo!r} is not a format tpload serves (NVFP4 is)")
     quant = model.get("quantization_config")
+    if quant == {"quant_method": "gguf"}:
+        return ("gguf",), "from the GGUF header"
     if quant is None:
         return ("bf16",), "(config.json has no quantization_config)"
     if not isinstance(quant, dict):

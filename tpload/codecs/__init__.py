@@ -134,6 +134,12 @@ class Codec:
     def scaled(self) -> bool:
         return bool(self.scale_dtypes)
 
+    @property
+    def checked(self) -> bool:
+        """Whether copies (packed kind) go through :meth:`checker` too: scaled formats, and formats whose
+        blocks carry their own scales (GGUF)."""
+        return self.scaled
+
     def fit(self, weight: TensorMeta, scale: TensorMeta | None, *, block: int = 0, split: str = "replicate",
             scale2: TensorMeta | None = None) -> Fit | str:
         """The weight (and scales) as this format, or why they do not fit it (``block``: a scale block
@@ -339,9 +345,10 @@ def cut_axis(meta: TensorMeta, axis: int | None, lo: int = 0, hi: int = 0, *,
 def _registry() -> dict[str, Codec]:
     from .fp4_e8m0 import FP4
     from .fp8_block import FP8
+    from .gguf import GGUF_CODEC
     from .nvfp4 import NVFP4_CODEC
     from .plain import PLAIN
-    return {c.role: c for c in (PLAIN, FP4, FP8, NVFP4_CODEC)}
+    return {c.role: c for c in (PLAIN, FP4, FP8, NVFP4_CODEC, GGUF_CODEC)}
 
 
 def for_role(role: str) -> Codec | None:

@@ -38,6 +38,7 @@ SERVED: dict[str, torch.dtype] = {
     "U8": torch.uint8,
     "I8": torch.int8,
     "I64": torch.int64,
+    **{t: torch.uint8 for t in ("Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")},  # GGUF blocks, packed
 }
 # Scales are served exactly as stored (the F16 -> BF16 rule is for weights).
 SERVED_SCALE: dict[str, torch.dtype] = {**SERVED, "F16": torch.float16}

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..errors import CheckpointError, raise_all
 from ..text import escape_name
+from . import gguf
 from .files import parse_json, read_small
 from .pins import INDEX_NAME, MANIFEST_NAME, Pins, check_plan_files, parse_pins, remember
 from .safetensors import TensorInfo, TensorMeta, frozen_instances, read_header
@@ -154,6 +155,8 @@ class Catalogue:
         self.files_read: dict[str, str] = {}
         """The sha256 of each plan-shaping JSON file read to make this table (the index), as read."""
         self._names: list[str] | None = None
+        self.gguf: dict[str, object] | None = None
+        """A GGUF checkpoint's key-values (its first file's header); None for safetensors."""
 
     def get(self, name: str) -> TensorMeta:
         try:
@@ -268,6 +271,14 @@ def read_native(root: Path, *, manifest: bool = True) -> tuple[Catalogue, dict[s
     # The manifest first: the index is checked against its pin before it is believed.
     entries, manifest_sha, pins = _read_manifest(root) if manifest else (None, None, Pins(root, None, None))
     read: dict[str, str] = {}
+    found = gguf.gguf_files(root)
+    if found is not None:  # a GGUF file or split set: its headers are the table (storage/gguf.py)
+        headers = gguf.read_set(found, root)
+        locations = {n: h.tensors[n] for h in headers for n in h.order}
+        catalogue = Catalogue(root, dict(locations), entries, manifest_sha256=manifest_sha,
+                              headers_only=any(gguf.HEADERS_ONLY_KEY in h.kv for h in headers))
+        catalogue.pins, catalogue.gguf = (pins if manifest else None), headers[0].kv
+        return catalogue, locations
     wmap, files, source = _shard_names(root, pins, read)
     headers: dict[str, dict[str, TensorInfo]] = {}
     problems = []

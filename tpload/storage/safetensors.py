@@ -37,6 +37,10 @@ ITEMSIZE: dict[str, int] = {
     "I32": 4, "U32": 4, "F32": 4,
     "I64": 8, "U64": 8, "F64": 8,
 }
+_HEADER_ITEMSIZE = dict(ITEMSIZE)  # what a safetensors header may say (GGUF's types below are not)
+# GGUF's block-quantised types, seen as bytes: a tensor of them has the shape [..., rows, row bytes]
+# (storage/gguf.py); the dtype keeps the type, so manifests and plans tell Q4_K from Q6_K.
+ITEMSIZE.update({t: 1 for t in ("Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")})
 
 
 @dataclass(frozen=True)
@@ -154,7 +158,7 @@ def _sound_entries(path: Path, file: str, header: dict, data_start: int, data_le
         return None
     try:
         dtypes, shapes, offsets = zip(*map(_FIELDS, entries))
-        itemsizes = list(map(ITEMSIZE.get, dtypes))  # a non-string dtype gets None (or TypeError: a list)
+        itemsizes = list(map(_HEADER_ITEMSIZE.get, dtypes))  # a non-string dtype gets None (or TypeError: a list)
     except (KeyError, TypeError):
         return None
     if None in itemsizes or set(map(type, dtypes)) != {str}:
@@ -211,7 +215,7 @@ def _entry(path: Path, file: str, name: str, meta: object, data_start: int, data
     (Run for every tensor of a checkpoint, 92,000 of them: the message is made only for a problem.)"""
     if isinstance(meta, dict):
         dtype, shape, offsets = meta.get("dtype"), meta.get("shape"), meta.get("data_offsets")
-        itemsize = ITEMSIZE.get(dtype) if isinstance(dtype, str) else None
+        itemsize = _HEADER_ITEMSIZE.get(dtype) if isinstance(dtype, str) else None
         if (itemsize is not None and type(shape) is list and len(shape) <= 8
                 and all(type(d) is int and 0 <= d < MAX_DIM for d in shape)
                 and type(offsets) is list and len(offsets) == 2 and type(offsets[0]) is int and type(offsets[1]) is int):
@@ -228,7 +232,7 @@ def _entry_problem(path: Path, name: str, meta: object, data_len: int) -> str:
     if not isinstance(meta, dict):
         return f"{where}: header entry is not an object"
     dtype, shape, offsets = meta.get("dtype"), meta.get("shape"), meta.get("data_offsets")
-    if not isinstance(dtype, str) or dtype not in ITEMSIZE:
+    if not isinstance(dtype, str) or dtype not in _HEADER_ITEMSIZE:
         return f"{where}: dtype {escape_name(repr(dtype))[:60]} is not served (not a safetensors dtype of whole bytes)"
     if not (isinstance(shape, list) and len(shape) <= 8 and all(type(d) is int and 0 <= d < MAX_DIM for d in shape)):
         return (f"{where}: shape {escape_name(repr(shape))[:80]} is not a list of non-negative integers "

@@ -329,7 +329,7 @@ def test_plain_serves_its_dtype_in_both_kinds_f16_as_bf16(kind: str, dtype: str,
 
 
 def test_roles_name_the_three_codecs_and_skip_reads_nothing() -> None:
-    assert set(roles()) == {"plain", "fp4", "fp8", "nvfp4"}
+    assert set(roles()) == {"plain", "fp4", "fp8", "nvfp4", "gguf"}
     assert (for_role("plain"), for_role("fp4"), for_role("fp8")) == (PLAIN, FP4, FP8)
     assert for_role("skip") is None and for_role("defer") is None
     assert [c.scaled for c in (PLAIN, FP4, FP8)] == [False, True, True]

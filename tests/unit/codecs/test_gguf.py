@@ -1,0 +1,132 @@
+"""The gguf codec: decodes (numba kernel and torch ops) against the gguf package's dequantisation, windows
+on whole blocks, the NaN/inf super-scale check, and --config auto from a GGUF header."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tpload.codecs import for_role
+from tpload.codecs.gguf import BLOCKS, DECODED, SCALE_OFFSETS, decode_torch
+from tpload.codecs.tables import round_bf16
+from tpload.errors import LayoutError
+from tpload.storage.safetensors import TensorMeta
+
+try:
+    import gguf
+except ImportError:  # the GPU machine may lack it: its device test needs only the kernel
+    gguf = None
+needs_gguf = pytest.mark.skipif(gguf is None, reason="needs the gguf package (pip install 'tpload[test]')")
+CODEC = for_role("gguf")
+
+
+def blocks(ggml: str, rows: int, per_row: int, seed: int = 0) -> np.ndarray:
+    """Random blocks with finite f16 super-scales (of both signs, some large): valid blocks."""
+    rng = np.random.default_rng(seed)
+    per, size = BLOCKS[ggml]
+    raw = rng.integers(0, 256, (rows * per_row, size), dtype=np.uint8)
+    for off in SCALE_OFFSETS[ggml]:
+        d = (rng.uniform(-2.0, 2.0, raw.shape[0]) * 10.0 ** rng.integers(-4, 3, raw.shape[0])).astype(np.float16)
+        raw[:, off:off + 2] = d.view(np.uint8).reshape(-1, 2)
+    return raw.reshape(rows, per_row * size)
+
+
+@needs_gguf
+@pytest.mark.parametrize("ggml", DECODED)
+def test_decodes_equal_gguf_dequantize_rounded_once(ggml: str) -> None:
+    from tpload.codecs import gguf_kernels
+    raw = blocks(ggml, 5, 3)
+    want = round_bf16(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[ggml])).view(np.int16)
+    per = BLOCKS[ggml][0]
+    kernel = torch.empty((5, 3 * per), dtype=torch.bfloat16)
+    gguf_kernels.decode(ggml, raw, kernel.view(torch.int16).numpy())
+    ops = torch.empty_like(kernel)
+    decode_torch(ggml, torch.from_numpy(raw), ops)
+    assert np.array_equal(kernel.view(torch.int16).numpy(), want)
+    assert np.array_equal(ops.view(torch.int16).numpy(), want)
+
+
+def meta(ggml: str, shape: tuple[int, ...]) -> TensorMeta:
+    per, size = BLOCKS[ggml]
+    return TensorMeta("blk.0.ffn_down_exps.weight", "m.gguf", ggml, shape[:-1] + (shape[-1] // per * size,))
+
+
+def test_windows_on_whole_blocks() -> None:
+    fit = CODEC.fit(meta("Q4_K", (4, 8, 1024)), None, split="cols", stacked=True)
+    w, _ = CODEC.window(fit, "cols", 4, 3)
+    assert w.shape == (4, 8, 144) and w.cols == (3 * 144, 4 * 144)  # the last of 4 blocks, every expert row
+    assert CODEC.decoded_shape(fit, w) == (4, 8, 256)
+    w, _ = CODEC.window(fit, "cols", 2, 1, experts=(2, 4))
+    assert w.shape == (2, 8, 288) and w.rows == (16, 32)
+    why = CODEC.window(fit, "cols", 8, 0)
+    assert isinstance(why, str) and "256-weight block boundaries" in why and "tp 1, 2, 4 work" in why
+    rows = CODEC.fit(meta("Q8_0", (6, 64)), None, split="rows")
+    w, _ = CODEC.window(rows, "rows", 3, 2)  # rows cut anywhere
+    assert w.rows == (4, 6) and w.shape == (2, 68)
+
+
+def test_expanded_refused_for_types_without_a_decode() -> None:
+    fit = CODEC.fit(meta("Q3_K", (4, 256)), None)
+    w, _ = CODEC.window(fit, "replicate", 1, 0)
+    assert CODEC.served(fit, w, None, "packed")[0][1] == torch.uint8
+    with pytest.raises(LayoutError, match="Q3_K is served packed only"):
+        CODEC.served(fit, w, None, "expanded")
+
+
+@pytest.mark.parametrize("ggml", ["Q4_K", "Q8_0", "Q2_K"])
+def test_nan_or_inf_super_scale_is_refused_naming_the_block(ggml: str) -> None:
+    raw = blocks(ggml, 3, 2)
+    size = BLOCKS[ggml][1]
+    off = SCALE_OFFSETS[ggml][-1]
+    raw[1, size + off:size + off + 2] = np.array([np.inf], np.float16).view(np.uint8)  # row 1, block 1
+    raw[2, off:off + 2] = np.array([np.nan], np.float16).view(np.uint8)
+    fit = CODEC.fit(TensorMeta("t", "m.gguf", ggml, raw.shape), None)
+    w, _ = CODEC.window(fit, "replicate", 1, 0)
+    check = CODEC.checker(fit, w, None)
+    check.weight(raw[:1], 0)
+    check.weight(raw[1:], 1)
+    ((count, what, name),) = check.problems()
+    assert (count, name) == (2, "t") and "first: view row 1, block 1" in what and "NaN or infinite" in what
+
+
+@needs_gguf
+def test_config_auto_reads_the_header(tmp_path: Path) -> None:
+    from tpload.pick import choose
+    from tpload.synth_gguf import write_gguf_preset
+    root = write_gguf_preset(tmp_path / "g", "deepseek-v3-gguf-tiny")
+    config, why = choose("auto", root)
+    assert config.name == "deepseek-v3-gguf+gguf" and "gguf:deepseek2" in why
+    from tpload.pick import model_config
+    model = model_config(root)
+    assert (model["num_attention_heads"], model["num_hidden_layers"], model["n_routed_experts"]) == (4, 2, 4)
+    plan = subprocess.run([sys.executable, "-m", "tpload", "plan", str(root), "--tp", "4"], capture_output=True,
+                          text=True, timeout=120)
+    assert plan.returncode != 0
+    assert "blk.1.ffn_down_exps.weight" in plan.stderr and "tp 1, 2 work" in plan.stderr, plan.stderr
+
+
+def test_preset_without_gguf_says_so(tmp_path: Path) -> None:
+    code = ("import sys; sys.modules['gguf'] = None; from tpload.__main__ import main; "
+            f"sys.exit(main(['synth', {str(tmp_path / 'x')!r}, '--preset', 'deepseek-v3-gguf-tiny']))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0
+    assert run.stderr.strip().splitlines()[-1].endswith("which is not installed (pip install 'tpload[gguf]')"), run.stderr
+    assert "Traceback" not in run.stderr
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (launch/gpu-check.sh --only gguf)")
+@pytest.mark.parametrize("ggml", DECODED)
+def test_device_decode_equals_the_kernel(ggml: str) -> None:
+    from tpload.codecs import gguf_kernels
+    raw = blocks(ggml, 64, 8, seed=3)
+    per = BLOCKS[ggml][0]
+    kernel = torch.empty((64, 8 * per), dtype=torch.bfloat16)
+    gguf_kernels.decode(ggml, raw, kernel.view(torch.int16).numpy())
+    device = torch.empty((64, 8 * per), dtype=torch.bfloat16, device="cuda")
+    decode_torch(ggml, torch.from_numpy(raw).cuda(), device)
+    assert torch.equal(device.cpu().view(torch.int16), kernel.view(torch.int16))

@@ -1,0 +1,119 @@
+"""Compiled (numba) CPU decodes of GGUF blocks to bf16 bits, imported on first use.
+
+Each value is formed in fp32 in the order of the ``gguf`` package's numpy dequantisation (no fused
+multiply-add: numba contracts only under fastmath, which is off) and rounded once to bf16, nearest
+even, a NaN kept a NaN: bit for bit what :func:`tpload.codecs.gguf.decode_torch` gives.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+F16_TO_F32 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+"""Every f16 bit pattern's value (numba has no f16 arithmetic): one table lookup per super-scale."""
+
+
+_NAN_MASK, _INF, _HALF, _QUIET = np.uint32(0x7FFFFFFF), np.uint32(0x7F800000), np.uint32(0x7FFF), np.uint32(0x40)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _round(tmp: np.ndarray, out: np.ndarray, at: int) -> None:
+    """``tmp``'s fp32 values into ``out[at:]`` as bf16 bits: round to nearest even, a NaN kept a NaN
+    (a select, not a branch, so the loop vectorises)."""
+    bits = tmp.view(np.uint32)
+    for i in range(tmp.shape[0]):
+        x = bits[i]
+        rounded = (x + _HALF + ((x >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+        quiet = (x >> np.uint32(16)) | _QUIET
+        out[at + i] = np.uint16(quiet if (x & _NAN_MASK) > _INF else rounded)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _f16(row: np.ndarray, at: int, f16: np.ndarray) -> np.float32:
+    return f16[np.int64(row[at]) | (np.int64(row[at + 1]) << 8)]
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _q8_0(src: np.ndarray, out: np.ndarray, f16: np.ndarray) -> None:
+    tmp = np.empty(32, dtype=np.float32)
+    for r in range(src.shape[0]):
+        row, dst = src[r], out[r]
+        for b in range(src.shape[1] // 34):
+            o = b * 34
+            d = _f16(row, o, f16)
+            for i in range(32):
+                tmp[i] = np.float32(np.int8(row[o + 2 + i])) * d
+            _round(tmp, dst, b * 32)
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _q4_k(src: np.ndarray, out: np.ndarray, f16: np.ndarray) -> None:
+    _k_quant(src, out, f16, 144, False)
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _q5_k(src: np.ndarray, out: np.ndarray, f16: np.ndarray) -> None:
+    _k_quant(src, out, f16, 176, True)
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")
+def _k_quant(src: np.ndarray, out: np.ndarray, f16: np.ndarray, size: int, fifth: bool) -> None:
+    """Q4_K (144-byte blocks) and Q5_K (176: 32 bytes of fifth bits before the nibbles)."""
+    tmp = np.empty(256, dtype=np.float32)
+    sc = np.empty(8, dtype=np.float32)
+    mn = np.empty(8, dtype=np.float32)
+    for r in range(src.shape[0]):
+        row, dst = src[r], out[r]
+        for b in range(src.shape[1] // size):
+            o = b * size
+            d, dmin = _f16(row, o, f16), _f16(row, o + 2, f16)
+            for j in range(4):
+                a, m, md = np.int32(row[o + 4 + j]), np.int32(row[o + 8 + j]), np.int32(row[o + 12 + j])
+                sc[j] = d * np.float32(a & 0x3F)
+                mn[j] = dmin * np.float32(m & 0x3F)
+                sc[j + 4] = d * np.float32((md & 0x0F) | ((a >> 2) & 0x30))
+                mn[j + 4] = dmin * np.float32((md >> 4) | ((m >> 2) & 0x30))
+            for c in range(4):
+                d1, m1, d2, m2 = sc[2 * c], mn[2 * c], sc[2 * c + 1], mn[2 * c + 1]
+                q0 = o + (48 if fifth else 16) + 32 * c
+                for i in range(32):
+                    q = np.int32(row[q0 + i])
+                    lo, hi = q & 0x0F, q >> 4
+                    if fifth:  # sub-block j's fifth bit: bit j of qh[i]
+                        h = np.int32(row[o + 16 + i])
+                        lo |= ((h >> (2 * c)) & 1) << 4
+                        hi |= ((h >> (2 * c + 1)) & 1) << 4
+                    tmp[64 * c + i] = d1 * np.float32(lo) - m1
+                    tmp[64 * c + 32 + i] = d2 * np.float32(hi) - m2
+            _round(tmp, dst, b * 256)
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _q6_k(src: np.ndarray, out: np.ndarray, f16: np.ndarray) -> None:
+    tmp = np.empty(256, dtype=np.float32)
+    ds = np.empty(16, dtype=np.float32)
+    for r in range(src.shape[0]):
+        row, dst = src[r], out[r]
+        for b in range(src.shape[1] // 210):
+            o = b * 210
+            d = _f16(row, o + 208, f16)
+            for j in range(16):
+                ds[j] = d * np.float32(np.int8(row[o + 192 + j]))
+            for h in range(2):
+                for k in range(128):
+                    low = (np.int32(row[o + 64 * h + (k & 63)]) >> (4 * (k >> 6))) & 0x0F
+                    high = (np.int32(row[o + 128 + 32 * h + (k & 31)]) >> (2 * (k >> 5))) & 0x03
+                    i = 128 * h + k
+                    tmp[i] = ds[i >> 4] * np.float32((low | (high << 4)) - 32)
+            _round(tmp, dst, b * 256)
+
+
+_KERNELS = {"Q8_0": _q8_0, "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k}
+
+
+def decode(dtype: str, src: np.ndarray, out: np.ndarray) -> None:
+    """Rows of ``dtype`` blocks (uint8 ``[rows, row bytes]``) into bf16 bits (int16 ``[rows, weights]``)."""
+    if out.dtype != np.uint16:
+        out = out.view(np.uint16)
+    _KERNELS[dtype](src.reshape(src.shape[0], -1), out.reshape(out.shape[0], -1), F16_TO_F32)

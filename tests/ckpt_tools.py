@@ -95,3 +95,24 @@ def renamed(src: Path, dst: Path, rename, extra: dict[str, torch.Tensor] | None 
     if extra:  # a new shard each time (a copy of a copy keeps the first's)
         add_tensors(dst, extra, file=f"extra-{len(list(dst.glob('extra*.safetensors')))}.safetensors")
     return dst
+
+
+def ec_keypair(folder: Path, name: str) -> tuple[Path, Path]:
+    """A fresh P-256 key pair written as PEM: (``name``.pem private, ``name``.pub.pem public)."""
+    from cryptography.hazmat.primitives import serialization as ser
+    from cryptography.hazmat.primitives.asymmetric import ec
+    key = ec.generate_private_key(ec.SECP256R1())
+    private, public = folder / f"{name}.pem", folder / f"{name}.pub.pem"
+    private.write_bytes(key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.PKCS8, ser.NoEncryption()))
+    public.write_bytes(key.public_key().public_bytes(ser.Encoding.PEM, ser.PublicFormat.SubjectPublicKeyInfo))
+    return private, public
+
+
+def whole(root: Path) -> dict[str, torch.Tensor]:
+    """Every stored tensor of a folder's shards, whole (read by safetensors, not tpload)."""
+    from safetensors import safe_open
+    out = {}
+    for path in sorted(root.glob("*.safetensors")):
+        with safe_open(str(path), "pt") as f:
+            out.update({n: f.get_tensor(n) for n in f.keys()})
+    return out

@@ -12,26 +12,15 @@ import pytest
 from tpload.__main__ import main
 from tpload.published import write_published
 
+from ..ckpt_tools import ec_keypair
 from ..helpers import tpload_cli
 
 pytest.importorskip("model_signing")
 
 
-def keypair(folder: Path, name: str) -> tuple[Path, Path]:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    key = ec.generate_private_key(ec.SECP256R1())
-    private, public = folder / f"{name}.pem", folder / f"{name}.pub.pem"
-    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
-    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
-    return private, public
-
-
 def test_a_tp2_load_attests_what_each_rank_serves(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     ckpt = write_published(tmp_path / "ckpt", "deepseek-v3-tiny")
-    (signer, signer_pub), (_, stranger_pub) = keypair(tmp_path, "signer"), keypair(tmp_path, "stranger")
+    (signer, signer_pub), (_, stranger_pub) = ec_keypair(tmp_path, "signer"), ec_keypair(tmp_path, "stranger")
     out, report = tmp_path / "attestation.json", tmp_path / "report.json"
     run = tpload_cli(2, "--checkpoint", str(ckpt), "--attest", str(out), "--attest-key", str(signer),
                      "--report", str(report))

@@ -9,11 +9,10 @@ import os
 from pathlib import Path
 
 import pytest
-from cryptography.hazmat.primitives import serialization as ser
-from cryptography.hazmat.primitives.asymmetric import ec
 
 from tpload.published import write_published
 
+from ..ckpt_tools import ec_keypair
 from ..helpers import load_error, tensor_offset, tpload_cli
 
 ms_signing = pytest.importorskip("model_signing.signing")
@@ -22,12 +21,9 @@ ms_signing = pytest.importorskip("model_signing.signing")
 @pytest.fixture
 def signed(tmp_path: Path) -> tuple[Path, Path]:
     folder = write_published(tmp_path / "m", "gpt-oss-tiny", manifest=False)
-    key = ec.generate_private_key(ec.SECP256R1())
-    (tmp_path / "k.pem").write_bytes(key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.PKCS8, ser.NoEncryption()))
-    (tmp_path / "pub.pem").write_bytes(key.public_key().public_bytes(ser.Encoding.PEM,
-                                                                     ser.PublicFormat.SubjectPublicKeyInfo))
-    ms_signing.Config().use_elliptic_key_signer(private_key=tmp_path / "k.pem").sign(folder, folder / "model.sig")
-    return folder, tmp_path / "pub.pem"
+    private, public = ec_keypair(tmp_path, "k")
+    ms_signing.Config().use_elliptic_key_signer(private_key=private).sign(folder, folder / "model.sig")
+    return folder, public
 
 
 def test_a_signed_folder_loads_at_tp2_and_a_tampered_shard_fails_every_rank(signed: tuple[Path, Path],

@@ -20,25 +20,31 @@ from safetensors import safe_open
 from tpload.config import load_config
 from tpload.errors import OptionsError
 from tpload.integrations.engine import OPTIONS, _skipped, load_options
-from tpload.integrations.handoff import (Handed, Handoff, HandoffError, Skip, WholeTensor, WindowTensor, _covers,
-                                         box_of, checkpoint_order, declared_skips, engine_skips,
-                                         unconsumed_message, windows)
+from tpload.integrations.handoff import (
+    Handed,
+    Handoff,
+    HandoffError,
+    Skip,
+    WholeTensor,
+    WindowTensor,
+    _covers,
+    box_of,
+    checkpoint_order,
+    declared_skips,
+    engine_skips,
+    unconsumed_message,
+    windows,
+)
 from tpload.plan import Layout, Planner
 from tpload.published import write_published
 from tpload.storage.catalogue import read_native
+
+from ...ckpt_tools import whole
 
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_published(tmp_path_factory.mktemp("handoff") / "llama", "llama-tiny")
-
-
-def whole(root: Path) -> dict[str, torch.Tensor]:
-    out = {}
-    for path in sorted(root.glob("*.safetensors")):
-        with safe_open(str(path), "pt") as f:
-            out.update({n: f.get_tensor(n) for n in f.keys()})
-    return out
 
 
 def window_tensor() -> tuple[torch.Tensor, WindowTensor]:

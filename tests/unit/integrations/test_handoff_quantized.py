@@ -25,7 +25,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
 
 from tpload.config import with_rules
 from tpload.integrations.handoff import (
@@ -39,6 +38,8 @@ from tpload.plan import Layout, Planner
 from tpload.published import write_published
 from tpload.storage.catalogue import read_native
 
+from ...ckpt_tools import whole
+
 TP = 2
 COLUMN = re.compile(r"(q_b_proj|kv_b_proj|gate_proj|up_proj|embed_tokens|lm_head)\.")  # vLLM's column parallel
 ROW = re.compile(r"(o_proj|down_proj)\.")  # row parallel (the rest is replicated)
@@ -49,14 +50,6 @@ SHARD = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
 @pytest.fixture(scope="module", params=["deepseek-v3-tiny", "nvfp4-tiny"])
 def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_published(tmp_path_factory.mktemp("quantized") / request.param, request.param)
-
-
-def whole(root: Path) -> dict[str, torch.Tensor]:
-    out = {}
-    for path in sorted(root.glob("*.safetensors")):
-        with safe_open(str(path), "pt") as f:
-            out.update({n: f.get_tensor(n) for n in f.keys()})
-    return out
 
 
 def cdiv(a: int, b: int) -> int:

@@ -22,6 +22,8 @@ from tpload.storage import open_storage
 from tpload.storage.hub import to_hub_cache
 from tpload.verification import attest
 
+from ...ckpt_tools import ec_keypair
+
 pytest.importorskip("model_signing")
 
 
@@ -134,19 +136,8 @@ def test_an_attestation_of_another_checkpoint_names_the_subject(tp2ep2: dict, tm
 
 
 def test_a_signed_attestation_verifies_with_its_key_only(ds: Path, tp2ep2: dict, tmp_path: Path) -> None:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
 
-    def keypair(name: str) -> tuple[Path, Path]:
-        key = ec.generate_private_key(ec.SECP256R1())
-        private, public = tmp_path / f"{name}.pem", tmp_path / f"{name}.pub.pem"
-        private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                              serialization.NoEncryption()))
-        public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                         serialization.PublicFormat.SubjectPublicKeyInfo))
-        return private, public
-
-    (signer, signer_pub), (_, stranger_pub) = keypair("signer"), keypair("stranger")
+    (signer, signer_pub), (_, stranger_pub) = ec_keypair(tmp_path, "signer"), ec_keypair(tmp_path, "stranger")
     path = attest.write(tmp_path / "signed.json", tp2ep2, signer)
     assert attest.signature_path(path).is_file()
     assert attest.check(path, ds, key=signer_pub)[0] == []
@@ -205,10 +196,10 @@ def test_attest_options_are_checked_before_loading(tmp_path: Path) -> None:
 def test_a_signed_folder_is_identified_by_its_signature_bundle(tmp_path: Path) -> None:
     # a model.sig vouched for the load: the bundle's sha256 is the subject (it signs every file's digest)
     import tpload
-    from tests.unit.verification.test_signing import _key, sign
+    from tests.unit.verification.test_signing import sign
 
     folder = write_published(tmp_path / "m", "gpt-oss-tiny", manifest=False)
-    priv, pub = _key(tmp_path, "signer")
+    priv, pub = ec_keypair(tmp_path, "signer")
     bundle = sign(folder, priv)
     out = tmp_path / "att.json"
     tpload.load(folder, progress=False, signer_key=str(pub), attest=str(out)).release()

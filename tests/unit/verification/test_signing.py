@@ -32,21 +32,15 @@ model_signing = pytest.importorskip("model_signing")
 from model_signing import hashing as ms_hashing
 from model_signing import signing as ms_signing
 
+from ...ckpt_tools import ec_keypair
+
 SHARD2 = "model-00002-of-00002.safetensors"
-
-
-def _key(folder: Path, name: str) -> tuple[Path, Path]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    priv, pub = folder / f"{name}.pem", folder / f"{name}.pub.pem"
-    priv.write_bytes(key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.PKCS8, ser.NoEncryption()))
-    pub.write_bytes(key.public_key().public_bytes(ser.Encoding.PEM, ser.PublicFormat.SubjectPublicKeyInfo))
-    return priv, pub
 
 
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("keys")
-    (priv, pub), (_, other) = _key(folder, "signer"), _key(folder, "other")
+    (priv, pub), (_, other) = ec_keypair(folder, "signer"), ec_keypair(folder, "other")
     return {"priv": priv, "pub": pub, "other": other}
 
 

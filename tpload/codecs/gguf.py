@@ -11,8 +11,8 @@ tensor (``[E, rows, cols]``) is cut after its expert dimension, which ``--ep`` s
 
 Kinds: packed serves the blocks as stored (uint8); expanded decodes to bf16, each value formed in
 fp32 in the order of the ``gguf`` package's numpy dequantisation (``gguf.quants``), then rounded
-once to bf16 (so it equals that dequantisation rounded to bf16). Decodes: Q8_0, Q4_K, Q5_K, Q6_K (the
-compiled kernel for host arrays, torch ops on a device); Q2_K and Q3_K are served packed only.
+once to bf16 (so it equals that dequantisation rounded to bf16). Every type decodes (the compiled
+kernel for host arrays, torch ops on a device).
 Value check: a block whose f16 ``d`` (or ``dmin``) is NaN or infinite is refused, naming the block.
 """
 
@@ -21,9 +21,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..errors import LayoutError
 from ..storage.catalogue import TensorMeta
-from ..text import escape_name
 from . import Checker, Codec, Cut, Fit, Problem, cut_axis
 
 BLOCKS: dict[str, tuple[int, int]] = {
@@ -35,7 +33,8 @@ SCALE_OFFSETS: dict[str, tuple[int, ...]] = {
     "Q8_0": (0,), "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
 }
 """Byte offsets of each block's f16 super-scales (``d``, and ``dmin`` where the type has one)."""
-DECODED = ("Q8_0", "Q4_K", "Q5_K", "Q6_K")
+DECODED = tuple(BLOCKS)
+"""Types the expanded kind decodes: all of them."""
 
 
 def _innermost(fit: Fit, axis: int) -> bool:
@@ -120,9 +119,6 @@ class GGUF(Codec):
     def served(self, fit: Fit, weight: Cut, scale: Cut | None, kind: str) -> list[tuple[str, torch.dtype, tuple[int, ...], int]]:
         if kind == "packed":
             return super().served(fit, weight, scale, kind)
-        if weight.dtype not in DECODED:
-            raise LayoutError(f"tensor {escape_name(weight.name)}: {weight.dtype} is served packed only (the expanded "
-                              f"kind decodes {'/'.join(DECODED)}); load with --kind packed, or skip it")
         shape = self.decoded_shape(fit, weight)
         return [(weight.name, torch.bfloat16, shape, int(np.prod(shape)) * 2)]
 
@@ -162,6 +158,26 @@ def decode_torch(dtype: str, weight: torch.Tensor, out: torch.Tensor) -> torch.T
     blocks = weight.reshape(-1, size)
     if dtype == "Q8_0":
         values = blocks[:, 2:].view(torch.int8).to(torch.float32) * _f16(blocks, 0)
+    elif dtype in ("Q2_K", "Q3_K"):
+        # both: byte 32h + l of the 2-bit quants holds weight 128h + 32s + l at bits 2s
+        two = torch.tensor([0, 2, 4, 6], device=weight.device, dtype=torch.int32)
+        q0 = 16 if dtype == "Q2_K" else 32
+        q = ((blocks[:, q0:q0 + 64].to(torch.int32).reshape(-1, 2, 1, 32) >> two.reshape(1, 1, 4, 1)) & 3)
+        q = q.reshape(-1, 16, 16)
+        if dtype == "Q2_K":
+            s = blocks[:, :16].to(torch.int32)
+            dl = (_f16(blocks, 80) * (s & 0x0F).to(torch.float32)).unsqueeze(2)  # [n, 16, 1]
+            ml = (_f16(blocks, 82) * (s >> 4).to(torch.float32)).unsqueeze(2)
+            values = dl * q.to(torch.float32) - ml
+        else:  # 6-bit scales: low nibbles in bytes 96-103, high 2 bits in 104-107; biased by 32
+            s = blocks[:, 96:108].to(torch.int32)
+            lo = ((s[:, :8].reshape(-1, 1, 8) >> torch.tensor([0, 4], device=weight.device, dtype=torch.int32)
+                   .reshape(1, 2, 1)) & 0x0F).reshape(-1, 16)
+            hi = ((s[:, 8:].reshape(-1, 1, 4) >> two.reshape(1, 4, 1)) & 0x03).reshape(-1, 16)
+            dl = (_f16(blocks, 108) * ((lo | (hi << 4)) - 32).to(torch.float32)).unsqueeze(2)
+            bit = torch.arange(8, device=weight.device, dtype=torch.int32).reshape(1, 1, 8, 1)
+            high = (((blocks[:, :32].to(torch.int32).reshape(-1, 1, 1, 32) >> bit) & 1) ^ 1).reshape(-1, 16, 16)
+            values = dl * (q - (high << 2)).to(torch.float32)  # a clear mask bit subtracts 4
     elif dtype in ("Q4_K", "Q5_K"):
         d, dmin = _f16(blocks, 0), _f16(blocks, 2)
         s = blocks[:, 4:16].to(torch.int32).reshape(-1, 3, 4)

@@ -109,7 +109,51 @@ def _q6_k(src: np.ndarray, out: np.ndarray, f16: np.ndarray) -> None:
             _round(tmp, dst, b * 256)
 
 
-_KERNELS = {"Q8_0": _q8_0, "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k}
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _q2_k(src: np.ndarray, out: np.ndarray, f16: np.ndarray) -> None:
+    """84-byte blocks: 16 scale bytes (low nibble scale, high nibble min), 64 bytes of 2-bit quants
+    (byte ``32h + l`` holds weights ``128h + 32s + l`` at bits ``2s``), f16 ``d``, ``dmin``."""
+    tmp = np.empty(256, dtype=np.float32)
+    dl = np.empty(16, dtype=np.float32)
+    ml = np.empty(16, dtype=np.float32)
+    for r in range(src.shape[0]):
+        row, dst = src[r], out[r]
+        for b in range(src.shape[1] // 84):
+            o = b * 84
+            d, dmin = _f16(row, o + 80, f16), _f16(row, o + 82, f16)
+            for j in range(16):
+                s = np.int32(row[o + j])
+                dl[j] = d * np.float32(s & 0x0F)
+                ml[j] = dmin * np.float32(s >> 4)
+            for i in range(256):
+                q = (np.int32(row[o + 16 + 32 * (i >> 7) + (i & 31)]) >> (2 * ((i >> 5) & 3))) & 3
+                tmp[i] = dl[i >> 4] * np.float32(q) - ml[i >> 4]
+            _round(tmp, dst, b * 256)
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _q3_k(src: np.ndarray, out: np.ndarray, f16: np.ndarray) -> None:
+    """110-byte blocks: 32 bytes of high-bit mask (bit ``i >> 5`` of byte ``i & 31``; a clear bit
+    subtracts 4), 64 bytes of low 2 bits (as Q2_K), 12 bytes of 6-bit scales (biased by 32), f16 ``d``."""
+    tmp = np.empty(256, dtype=np.float32)
+    dl = np.empty(16, dtype=np.float32)
+    for r in range(src.shape[0]):
+        row, dst = src[r], out[r]
+        for b in range(src.shape[1] // 110):
+            o = b * 110
+            d = _f16(row, o + 108, f16)
+            for j in range(16):
+                lo = (np.int32(row[o + 96 + (j & 7)]) >> (4 * (j >> 3))) & 0x0F
+                hi = (np.int32(row[o + 104 + (j & 3)]) >> (2 * (j >> 2))) & 0x03
+                dl[j] = d * np.float32((lo | (hi << 4)) - 32)
+            for i in range(256):
+                low = (np.int32(row[o + 32 + 32 * (i >> 7) + (i & 31)]) >> (2 * ((i >> 5) & 3))) & 3
+                high = ((np.int32(row[o + (i & 31)]) >> (i >> 5)) & 1) ^ 1
+                tmp[i] = dl[i >> 4] * np.float32(low - (high << 2))
+            _round(tmp, dst, b * 256)
+
+
+_KERNELS = {"Q8_0": _q8_0, "Q2_K": _q2_k, "Q3_K": _q3_k, "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k}
 
 
 def decode(dtype: str, src: np.ndarray, out: np.ndarray) -> None:

@@ -14,7 +14,6 @@ import torch
 from tpload.codecs import for_role
 from tpload.codecs.gguf import BLOCKS, DECODED, SCALE_OFFSETS, decode_torch
 from tpload.codecs.tables import round_bf16
-from tpload.errors import LayoutError
 from tpload.storage.safetensors import TensorMeta
 
 try:
@@ -70,15 +69,39 @@ def test_windows_on_whole_blocks() -> None:
     assert w.rows == (4, 6) and w.shape == (2, 68)
 
 
-def test_expanded_refused_for_types_without_a_decode() -> None:
+def test_every_type_is_served_expanded() -> None:
+    assert DECODED == tuple(BLOCKS)
     fit = CODEC.fit(meta("Q3_K", (4, 256)), None)
     w, _ = CODEC.window(fit, "replicate", 1, 0)
-    assert CODEC.served(fit, w, None, "packed")[0][1] == torch.uint8
-    with pytest.raises(LayoutError, match="Q3_K is served packed only"):
-        CODEC.served(fit, w, None, "expanded")
+    assert CODEC.served(fit, w, None, "packed")[0][1:3] == (torch.uint8, (4, 110))
+    assert CODEC.served(fit, w, None, "expanded")[0][1:] == (torch.bfloat16, (4, 256), 4 * 256 * 2)
 
 
-@pytest.mark.parametrize("ggml", ["Q4_K", "Q8_0", "Q2_K"])
+@needs_gguf
+@pytest.mark.parametrize("ggml", ["Q2_K", "Q3_K", "Q4_K"])
+@pytest.mark.parametrize("split, experts", [("cols", (1, 3)), ("rows", (0, 3))])
+def test_expert_windows_decode_as_the_slice_of_the_whole(ggml: str, split: str, experts: tuple[int, int]) -> None:
+    """A stacked [3, 6, 3 blocks] tensor: rank 1 of tp 3 (its middle block, or rows 2-3), two of the
+    experts, decoded the way the load does (view rows, unfolded per expert) by the kernel and the torch
+    ops: the matching slice of gguf's dequantisation of the whole tensor."""
+    from tpload.loop import decode_rows
+    per, size = BLOCKS[ggml]
+    raw = blocks(ggml, 3 * 6, 3, seed=7)
+    whole = round_bf16(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[ggml])).view(np.int16).reshape(3, 6, -1)
+    fit = CODEC.fit(meta(ggml, (3, 6, 3 * per)), None, split=split, stacked=True)
+    w, _ = CODEC.window(fit, split, 3, 1, experts=experts)
+    e0, e1 = experts
+    want = whole[e0:e1, :, per:2 * per] if split == "cols" else whole[e0:e1, 2:4]
+    assert CODEC.decoded_shape(fit, w) == want.shape
+    view = raw.reshape(-1).reshape(w.view)[w.rows[0]:w.rows[1], w.cols[0]:w.cols[1]]
+    unfold = w.row_bytes // CODEC.decode_row_bytes(fit, w)
+    for decode, src in ((CODEC.decode, view), (CODEC.reference, view), (CODEC.decode, torch.from_numpy(view))):
+        out = torch.empty(want.shape, dtype=torch.bfloat16)
+        decode_rows(decode, fit, unfold, src, None, out.reshape(view.shape[0], -1), None)
+        assert np.array_equal(out.view(torch.int16).numpy(), want)
+
+
+@pytest.mark.parametrize("ggml", ["Q4_K", "Q8_0", "Q2_K", "Q3_K"])
 def test_nan_or_inf_super_scale_is_refused_naming_the_block(ggml: str) -> None:
     raw = blocks(ggml, 3, 2)
     size = BLOCKS[ggml][1]

@@ -112,7 +112,8 @@ def _q6_k(src: np.ndarray, out: np.ndarray, f16: np.ndarray) -> None:
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def _q2_k(src: np.ndarray, out: np.ndarray, f16: np.ndarray) -> None:
     """84-byte blocks: 16 scale bytes (low nibble scale, high nibble min), 64 bytes of 2-bit quants
-    (byte ``32h + l`` holds weights ``128h + 32s + l`` at bits ``2s``), f16 ``d``, ``dmin``."""
+    (byte ``32h + l`` holds weight ``128h + 32s + l`` at bits ``2s``), f16 ``d``, ``dmin``. The
+    16-weight sub-blocks are walked in pairs, a select picking the scale, so the loop vectorises."""
     tmp = np.empty(256, dtype=np.float32)
     dl = np.empty(16, dtype=np.float32)
     ml = np.empty(16, dtype=np.float32)
@@ -125,9 +126,12 @@ def _q2_k(src: np.ndarray, out: np.ndarray, f16: np.ndarray) -> None:
                 s = np.int32(row[o + j])
                 dl[j] = d * np.float32(s & 0x0F)
                 ml[j] = dmin * np.float32(s >> 4)
-            for i in range(256):
-                q = (np.int32(row[o + 16 + 32 * (i >> 7) + (i & 31)]) >> (2 * ((i >> 5) & 3))) & 3
-                tmp[i] = dl[i >> 4] * np.float32(q) - ml[i >> 4]
+            for c in range(8):  # 32 weights from 32 bytes at one shift: sub-blocks 2c, 2c + 1
+                shift, q0 = 2 * (c & 3), o + 16 + 32 * (c >> 2)
+                da, db, ma, mb = dl[2 * c], dl[2 * c + 1], ml[2 * c], ml[2 * c + 1]
+                for i in range(32):
+                    q = np.float32((np.int32(row[q0 + i]) >> shift) & 3)
+                    tmp[32 * c + i] = (da if i < 16 else db) * q - (ma if i < 16 else mb)
             _round(tmp, dst, b * 256)
 
 
@@ -146,10 +150,13 @@ def _q3_k(src: np.ndarray, out: np.ndarray, f16: np.ndarray) -> None:
                 lo = (np.int32(row[o + 96 + (j & 7)]) >> (4 * (j >> 3))) & 0x0F
                 hi = (np.int32(row[o + 104 + (j & 3)]) >> (2 * (j >> 2))) & 0x03
                 dl[j] = d * np.float32((lo | (hi << 4)) - 32)
-            for i in range(256):
-                low = (np.int32(row[o + 32 + 32 * (i >> 7) + (i & 31)]) >> (2 * ((i >> 5) & 3))) & 3
-                high = ((np.int32(row[o + (i & 31)]) >> (i >> 5)) & 1) ^ 1
-                tmp[i] = dl[i >> 4] * np.float32(low - (high << 2))
+            for c in range(8):  # 32 weights at one shift and mask bit: sub-blocks 2c, 2c + 1 (vectorises)
+                shift, q0 = 2 * (c & 3), o + 32 + 32 * (c >> 2)
+                da, db = dl[2 * c], dl[2 * c + 1]
+                for i in range(32):
+                    low = (np.int32(row[q0 + i]) >> shift) & 3
+                    high = ((np.int32(row[o + i]) >> c) & 1) ^ 1
+                    tmp[32 * c + i] = (da if i < 16 else db) * np.float32(low - (high << 2))
             _round(tmp, dst, b * 256)
 
 

@@ -85,7 +85,7 @@ def test_expert_windows_decode_as_the_slice_of_the_whole(ggml: str, split: str, 
     experts, decoded the way the load does (view rows, unfolded per expert) by the kernel and the torch
     ops: the matching slice of gguf's dequantisation of the whole tensor."""
     from tpload.loop import decode_rows
-    per, size = BLOCKS[ggml]
+    per = BLOCKS[ggml][0]
     raw = blocks(ggml, 3 * 6, 3, seed=7)
     whole = round_bf16(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[ggml])).view(np.int16).reshape(3, 6, -1)
     fit = CODEC.fit(meta(ggml, (3, 6, 3 * per)), None, split=split, stacked=True)

@@ -124,9 +124,8 @@ class EngineLoad:
         """The windows into the engine's loaders: (why not, or "", tensors taken, {declared skip's
         glob: the handed tensors it excused from being read})."""
         from ..kvscales import census as kv_census
-        from .handoff import Handoff, unconsumed_message
-
         from .gguf_names import GGUFHandoff, is_gguf
+        from .handoff import Handoff, unconsumed_message
 
         state = shards.state_dict()
         if gguf_names is not None and is_gguf(shards.plan.items):
@@ -134,6 +133,9 @@ class EngineLoad:
                 handoff = GGUFHandoff(state, shards.plan.items, rank=self.rank, names=gguf_names())
             except LoadError as e:
                 return str(e), 0, {}
+            except Exception as e:  # noqa: BLE001 (transformers building the model: every worker must hear it)
+                return (f"GGUF hand-off: {self.engine}'s GGUF name map could not be built: {type(e).__name__}: "
+                        f"{escape_name(e)}"), 0, {}
         else:
             # vLLM's attention layers take FP8 KV scales under one spelling (kvscales.py): hand them so
             rename = kv_census(state).engine_names() if self.engine == "vllm" else None

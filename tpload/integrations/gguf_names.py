@@ -80,8 +80,7 @@ def manual_entries(arch: str, layers: int) -> dict[str, str]:
 def gguf_name(hf_name: str, lookup: Callable[[str], str | None]) -> str | None:
     """The GGUF name of one HF state-dict name (None: gguf's map has none), ``lookup`` being gguf's
     ``TensorNameMap.get_name`` for the architecture."""
-    if hf_name.startswith("language_model."):
-        hf_name = hf_name[len("language_model."):]
+    hf_name = hf_name.removeprefix("language_model.")
     if hf_name.endswith((".weight", ".bias")):
         base, suffix = hf_name.rsplit(".", 1)
     elif hf_name.endswith("_weight"):  # Gemma3 names some norms so

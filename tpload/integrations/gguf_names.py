@@ -36,7 +36,7 @@ import torch
 from ..errors import LoadError
 from ..storage.catalogue import natural_key
 from ..storage.gguf import TYPES
-from .handoff import Handoff, HandoffError, WindowTensor, whole_tensor
+from .handoff import Handoff, HandoffError, Skip, WindowTensor, whole_tensor
 
 UNQUANTIZED = ("F32", "BF16", "F16")
 """Types vLLM yields under the plain name (no ``qweight_type``)."""
@@ -204,3 +204,35 @@ class GGUFHandoff(Handoff):
             else:
                 yield hf, WindowTensor(window, meta.shape, handed.box, f"{cut.name} as {hf} (rank {self.rank})",
                                        handed=handed)
+
+
+_MTP = re.compile(r"model\.layers\.(\d+)\.\*")
+
+
+def gguf_skips(skips: Sequence[Skip], checkpoint: str) -> tuple[Skip, ...]:
+    """The engine's declared skips for a GGUF checkpoint (unchanged for any other): an MTP layer's
+    ``model.layers.N.*`` becomes ``blk.N.*`` (vLLM's GGUF map covers the main layers only), kept only
+    where the set has that block (llama.cpp's converters often leave the MTP layer out, and a load
+    skip that matches nothing is refused)."""
+    from pathlib import Path
+
+    from ..storage.gguf import gguf_files, read_set
+
+    root = Path(checkpoint)
+    try:
+        files = gguf_files(root)
+        if not files:
+            return tuple(skips)
+        stored = [n for h in read_set(files, root if root.is_dir() else root.parent) for n in h.order]
+    except LoadError:  # the load reads the set again and fails every rank with the same message
+        return tuple(skips)
+    out = []
+    for s in skips:
+        m = _MTP.fullmatch(s.glob)
+        if m is None or s.read:
+            out.append(s)
+            continue
+        block = f"blk.{m.group(1)}."
+        if any(n.startswith(block) for n in stored):
+            out.append(Skip(block + "*", s.reason, read=False))
+    return tuple(out)

@@ -45,6 +45,7 @@ class TploadModelLoader(BaseModelLoader):
         from vllm.distributed import get_pp_group, get_tp_group
 
         from .engine import EngineLoad
+        from .gguf_names import gguf_skips
 
         if get_pp_group().world_size > 1:
             raise ValueError("--load-format tpload loads tensor-parallel workers only; pipeline parallelism "
@@ -55,7 +56,7 @@ class TploadModelLoader(BaseModelLoader):
                          group=tp.device_group, cpu_group=tp.cpu_group, rank=tp.rank_in_group,
                          world=tp.world_size, engine_device=device, log=log)
         job.run(lambda weights: model.load_weights(weights), _expected(model, model_config),
-                skips=_skips(model_config), gguf_names=lambda: _gguf_names(model_config))
+                skips=gguf_skips(_skips(model_config), job.checkpoint), gguf_names=lambda: _gguf_names(model_config))
 
     @staticmethod
     def _checkpoint(model_config: ModelConfig) -> str:

@@ -18,10 +18,17 @@ from tpload.integrations.gguf_names import (
     GGUFNameError,
     gguf_arch,
     gguf_name,
+    gguf_skips,
     manual_entries,
     weights_map,
 )
-from tpload.integrations.handoff import HandoffError, WindowTensor, box_of
+from tpload.integrations.handoff import (
+    HandoffError,
+    Skip,
+    WindowTensor,
+    box_of,
+    declared_skips,
+)
 
 gguf = pytest.importorskip("gguf")
 
@@ -139,3 +146,13 @@ def test_a_tensor_vllm_has_no_name_for_is_refused(qwen3: Path) -> None:
     with pytest.raises(HandoffError, match=r"1 tensor\(s\) of the checkpoint have no name in vLLM's GGUF map for this "
                                            r"model, and vLLM would drop them unloaded: blk.1.attn_v.weight$"):
         GGUFHandoff(state, items, rank=0, names=names)
+
+
+def test_mtp_skips_become_gguf_blocks_where_the_set_has_them(qwen3: Path, tmp_path: Path) -> None:
+    # vLLM's DeepSeek-V3 config declares an MTP layer after the main ones; a GGUF set names it blk.N
+    skips = declared_skips({"num_hidden_layers": 1, "num_nextn_predict_layers": 2, "tie_word_embeddings": True})
+    got = gguf_skips(skips, str(qwen3))
+    assert [(s.glob, s.read) for s in got if not s.read] == [("blk.1.*", False)]  # blk.2 is not in the set: dropped
+    assert [s.glob for s in got if s.read] == [s.glob for s in skips if s.read]
+    assert gguf_skips(skips, str(tmp_path)) == skips  # not a GGUF folder: as declared
+    assert gguf_skips((Skip("model.layers.1.*", "x", read=True),), str(qwen3))[0].glob == "model.layers.1.*"

@@ -76,10 +76,14 @@ class EngineLoad:
         self.engine_device, self.log = engine_device, log
 
     def run(self, load_weights: Callable[[Iterable[tuple[str, torch.Tensor]]], set[str] | None],
-            expected: set[str] | None, *, skips: Sequence[Skip] | None = None) -> None:
+            expected: set[str] | None, *, skips: Sequence[Skip] | None = None,
+            gguf_names: Callable[[], Mapping[str, str]] | None = None) -> None:
         """Load, hand every window to ``load_weights`` (the engine's), check that ``expected``
         parameters were all filled and that every handed tensor was read (but those ``skips``
         excuses), and agree on the outcome with every worker.
+
+        ``gguf_names``: for a GGUF checkpoint, the engine's {GGUF name: its name} map, built when
+        needed (integrations/gguf_names.py: vLLM's GGUF names and ``qweight``/``qweight_type`` entries).
 
         ``skips``: what the engine's load_weights ignores on purpose, declared by its integration
         (default: :func:`~tpload.integrations.handoff.declared_skips` of the checkpoint's config.json)."""
@@ -98,7 +102,7 @@ class EngineLoad:
             # once, with the hand-off's figures (checked as load() checks it)
             shards = tpload.load(self.checkpoint, group=self.group, cpu_group=self.cpu_group, **opts)
             t1 = time.perf_counter()
-            problem, handed, excused = self._hand_off(shards, load_weights, expected, skips)
+            problem, handed, excused = self._hand_off(shards, load_weights, expected, skips, gguf_names)
             shards.release()
         mine = {"rank": self.rank, "problem": problem, "handed": handed, "windows_bytes": shards.report.mine.bytes_read,
                 "rss_rise": max(0, mem.rss_peak - rss0), "handoff_s": round(time.perf_counter() - t1, 4),
@@ -115,16 +119,27 @@ class EngineLoad:
         self._say(shards.report, everyone, skipped, load_s=t1 - t0)
 
     def _hand_off(self, shards: object, load_weights: Callable, expected: set[str] | None,
-                  skips: Sequence[Skip]) -> tuple[str, int, dict[str, list[str]]]:
+                  skips: Sequence[Skip], gguf_names: Callable[[], Mapping[str, str]] | None = None,
+                  ) -> tuple[str, int, dict[str, list[str]]]:
         """The windows into the engine's loaders: (why not, or "", tensors taken, {declared skip's
         glob: the handed tensors it excused from being read})."""
         from ..kvscales import census as kv_census
+        from .gguf_names import GGUFHandoff, is_gguf
         from .handoff import Handoff, unconsumed_message
 
         state = shards.state_dict()
-        # vLLM's attention layers take FP8 KV scales under one spelling (kvscales.py): hand them so
-        rename = kv_census(state).engine_names() if self.engine == "vllm" else None
-        handoff = Handoff(state, shards.plan.items, rank=self.rank, rename=rename)
+        if gguf_names is not None and is_gguf(shards.plan.items):
+            try:  # the engine's GGUF names (gguf_names.py); an unnamed tensor is refused here
+                handoff = GGUFHandoff(state, shards.plan.items, rank=self.rank, names=gguf_names())
+            except LoadError as e:
+                return str(e), 0, {}
+            except Exception as e:  # noqa: BLE001 (transformers building the model: every worker must hear it)
+                return (f"GGUF hand-off: {self.engine}'s GGUF name map could not be built: {type(e).__name__}: "
+                        f"{escape_name(e)}"), 0, {}
+        else:
+            # vLLM's attention layers take FP8 KV scales under one spelling (kvscales.py): hand them so
+            rename = kv_census(state).engine_names() if self.engine == "vllm" else None
+            handoff = Handoff(state, shards.plan.items, rank=self.rank, rename=rename)
         taken = lambda: sum(h.taken for h in handoff.handed.values())  # noqa: E731
         try:
             loaded = load_weights(handoff.tensors())

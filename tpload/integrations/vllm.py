@@ -45,6 +45,7 @@ class TploadModelLoader(BaseModelLoader):
         from vllm.distributed import get_pp_group, get_tp_group
 
         from .engine import EngineLoad
+        from .gguf_names import gguf_skips
 
         if get_pp_group().world_size > 1:
             raise ValueError("--load-format tpload loads tensor-parallel workers only; pipeline parallelism "
@@ -55,7 +56,7 @@ class TploadModelLoader(BaseModelLoader):
                          group=tp.device_group, cpu_group=tp.cpu_group, rank=tp.rank_in_group,
                          world=tp.world_size, engine_device=device, log=log)
         job.run(lambda weights: model.load_weights(weights), _expected(model, model_config),
-                skips=_skips(model_config))
+                skips=gguf_skips(_skips(model_config), job.checkpoint), gguf_names=lambda: _gguf_names(model_config))
 
     @staticmethod
     def _checkpoint(model_config: ModelConfig) -> str:
@@ -76,6 +77,13 @@ def _skips(model_config: ModelConfig) -> tuple:
 
     hf = getattr(model_config, "hf_text_config", None) or model_config.hf_config
     return declared_skips(hf.to_dict())
+
+
+def _gguf_names(model_config: ModelConfig) -> dict[str, str]:
+    """For a GGUF checkpoint: {GGUF name: HF name} as vLLM's GGUF loader maps it (gguf_names.py)."""
+    from .gguf_names import vllm_weights_map
+
+    return vllm_weights_map(model_config.hf_config, trust_remote_code=model_config.trust_remote_code)
 
 
 def _expected(model: nn.Module, model_config: ModelConfig) -> set[str] | None:

@@ -202,7 +202,7 @@ def write_gguf_preset(out_dir: str | os.PathLike, name: str, *, seed: int = 0, p
         import gguf
     except ImportError:
         raise OptionsError(f"preset {name} is written with the gguf package, which is not installed "
-                           "(pip install 'tpload[gguf]')") from None
+                           "(pip install gguf, or in tpload's clone pip install -e '.[gguf]')") from None
     root = Path(out_dir)
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise CheckpointError(f"{escape_name(root)}: not an empty folder; synth writes only into a new or empty one")

@@ -20,7 +20,7 @@ try:
     import gguf
 except ImportError:  # the GPU machine may lack it: its device test needs only the kernel
     gguf = None
-needs_gguf = pytest.mark.skipif(gguf is None, reason="needs the gguf package (pip install 'tpload[test]')")
+needs_gguf = pytest.mark.skipif(gguf is None, reason="needs the gguf package (pip install -e '.[test]')")
 CODEC = for_role("gguf")
 
 
@@ -138,7 +138,7 @@ def test_preset_without_gguf_says_so(tmp_path: Path) -> None:
             f"sys.exit(main(['synth', {str(tmp_path / 'x')!r}, '--preset', 'deepseek-v3-gguf-tiny']))")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode != 0
-    assert run.stderr.strip().splitlines()[-1].endswith("which is not installed (pip install 'tpload[gguf]')"), run.stderr
+    assert run.stderr.strip().splitlines()[-1].endswith("which is not installed (pip install gguf, or in tpload's clone pip install -e '.[gguf]')"), run.stderr
     assert "Traceback" not in run.stderr
 
 

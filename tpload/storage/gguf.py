@@ -25,7 +25,7 @@ from pathlib import Path
 from ..errors import CheckpointError, raise_all
 from ..text import escape_name
 from .files import open_regular
-from .safetensors import TensorInfo
+from .safetensors import TensorInfo, overlaps
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -219,11 +219,7 @@ def read_header(path: Path, file: str) -> GGUFHeader:
         elif info is not None:
             header.tensors[name] = info
             header.order.append(name)
-    spans = sorted((i.begin, i.begin + i.nbytes, i.name) for i in header.tensors.values() if i.nbytes)
-    for (b0, e0, n0), (b1, _, n1) in zip(spans, spans[1:]):
-        if b1 < e0:
-            problems.append(f"{escape_name(path)}: tensors {escape_name(n0)} and {escape_name(n1)} overlap "
-                            f"(data bytes {b0 - data_start}..{e0 - data_start} and {b1 - data_start}..)")
+    problems += overlaps(path, header.tensors.values(), data_start)
     raise_all(CheckpointError, problems, what=f"problems in the GGUF header of {escape_name(path)}")
     return header
 

@@ -51,7 +51,7 @@ section() {  # name, timeout seconds, command...
 multi() {
     if (( gpus < 2 )); then echo "multi: skipped: one GPU (NCCL needs a GPU per rank)"; return 0; fi
     local ckpt
-    ckpt=$(python -c 'from tpload.api import resolve_checkpoint; print(resolve_checkpoint(None))')
+    ckpt=$(python -c 'from tpload.synth import resolve_checkpoint; print(resolve_checkpoint(None))')
     torchrun --standalone --nproc-per-node "$gpus" -m tpload "$ckpt" --no-progress --report "$out/multi.json" || return 1
     # a killed rank: every other rank must stop naming it, in bounded time
     if timeout 120 torchrun --standalone --nproc-per-node "$gpus" tests/workers/kill.py "$ckpt" 1 3; then

@@ -41,6 +41,10 @@ class RankFigures:
     """Served tensors (a packed FP4 matrix serves two: weight and scale)."""
     bytes_read: int = 0
     """Window bytes this rank reads and copies."""
+    bytes_from_storage: int | None = None
+    """With replicas: window bytes this rank read from storage itself (counted as read); None: no replicas."""
+    bytes_from_peers: int | None = None
+    """With replicas: window bytes this rank received from its replica peers (counted as received)."""
     bytes_hashed: int = 0
     """Bytes this rank fed to its content hash."""
     bytes_device: int = 0

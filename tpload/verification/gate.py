@@ -96,6 +96,8 @@ class Job:
     notes: list[str] = field(default_factory=list)
     threads: int = 1
     """Spare cores of this rank, for hashing on the side."""
+    reads: Mapping[int, Mapping[str, object]] | None = None
+    """With replicas (replicas.py): each plan's windows its rank reads from storage itself (default: all)."""
 
     @property
     def me(self) -> int:
@@ -263,7 +265,7 @@ class TensorDigests(Strategy):
         job = self.job
         digests = self._content_hash()
         tensors = job.storage.catalogue.tensors
-        reads = {p: q.reads for p, q in job.plans.items()}
+        reads = job.reads if job.reads is not None else {p: q.reads for p, q in job.plans.items()}
         sizes = {n: tensors[n].nbytes for q in job.plans.values() for n in q.used_tensors}
         hashes = hash_plan(job.opts.verify, job.me, reads, sizes, per_rank=job.storage.per_rank)
         return Prepared(hashes, digests)

@@ -110,7 +110,7 @@ class _RankLoad:
         job = gate.Job(opts, ctx, self.fig, storage, plans, config.id(), layout, lambda: checkpoint_stamp(storage),
                        self.notes, threads=spare_cores(len(ctx.node_peers)))
         self.gate = gate.strategy(job)
-        link = replicas.link(self.gate)  # replicas: who reads what from storage, before the hash plan
+        link = replicas.link(self.gate, planner)  # replicas: who reads what from storage, before the hash plan
         prepared = self.gate.prepare()  # before any read: preconditions, who hashes what
         with prepared.alongside():  # whole-file hashing on its own thread, beside the copies
             self.result = self._run(storage, plan, prepared, link)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import datetime
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -62,20 +63,56 @@ def check_world(world: int, replicas: int, tp: int, ep: int) -> None:
                            f"ep {ep} = {replicas * tp * ep} ranks")
 
 
-def split(weights: Sequence[tuple[Sequence[str], int]], replicas: int) -> list[int]:
-    """The replica reading each run ``(its tensor names, its bytes)``, in order: the one with the fewest
-    bytes so far (the lowest among equals), unless a tensor of the run already has a reader (a tensor
-    is read, and hashed, by one replica). Deterministic: every rank of a position computes the same."""
+@dataclass
+class Position:
+    """Who reads what at one position: each run's reader, and each replica's tensors."""
+
+    by_name: dict[str, int] = field(default_factory=dict)
+    """The replica reading each tensor's window (a tensor read in several runs: its first run's)."""
+    by_batch: dict[tuple[str, int], int] = field(default_factory=dict)
+    """The replica reading each batch, by (file, first byte)."""
+    reads: list[set[str]] = field(default_factory=list)
+    """Each replica's tensors read from storage at this position (what its hash plan covers)."""
+
+
+Run = tuple[Sequence[str], int, "tuple[str, int] | None"]
+"""A run of a position's plan: its tensor names, its window bytes, and its batch key (None: one item)."""
+
+
+def split(positions: Sequence[Sequence[Run]], replicas: int) -> list[Position]:
+    """Each position's runs split between the replicas, in order: a run goes to the replica that reads
+    one of its tensors already, at this position or another (so a tensor is read, and hashed, by one
+    replica, whose node then holds every window of it), else to the replica with the fewest bytes so far
+    (the lowest among equals). Deterministic: every rank computes the same from the same plans."""
     load = [0] * replicas
-    by_name: dict[str, int] = {}
+    fixed: dict[str, int] = {}
     out = []
-    for names, nbytes in weights:
-        known = [by_name[n] for n in names if n in by_name]
-        r = known[0] if known else min(range(replicas), key=lambda q: (load[q], q))
-        for n in names:
-            by_name.setdefault(n, r)
-        load[r] += nbytes
-        out.append(r)
+    for runs_of in positions:
+        pos = Position(reads=[set() for _ in range(replicas)])
+        for names, nbytes, batch in runs_of:
+            known = next((fixed[n] for n in names if n in fixed), None)
+            r = known if known is not None else min(range(replicas), key=lambda q: (load[q], q))
+            for n in names:
+                fixed.setdefault(n, r)
+                pos.by_name.setdefault(n, r)
+                pos.reads[r].add(n)
+            if batch is not None:
+                pos.by_batch[batch] = r
+            load[r] += nbytes
+        out.append(pos)
+    return out
+
+
+def load_runs(plan: object, storage: object) -> list[Run]:
+    """A plan's runs as the copy loop makes them (loop.py, batch.py)."""
+    items, out = plan.items, []
+    for k, end, pieces in runs(items, plan.kind, storage, classes=plan.shapes):
+        batch = None
+        if end - k > 1:
+            stored = [s for per_item in pieces for s, _, _ in per_item]
+            batch = (str(stored[0].path), min(s.offset for s in stored))
+        out.append(([c.name for item in items[k:end] for c in item.cuts], sum(i.read_bytes for i in items[k:end]),
+                    batch))
     return out
 
 
@@ -126,19 +163,16 @@ def _ownership(plan: object, storage: object, replicas: int) -> tuple[dict[str, 
 class Link:
     """This rank's share of the replicas' traffic for one load."""
 
-    def __init__(self, ctx: object, storage: object, plans: Mapping[int, object], replicas: int,
+    def __init__(self, ctx: object, storage: object, plans: Sequence[object], replicas: int,
                  timeout_s: float, fig: object) -> None:
         self.ctx, self.replicas, self.timeout_s, self.fig = ctx, replicas, timeout_s, fig
         self.size = ctx.world // replicas
         self.replica, self.position = divmod(ctx.rank, self.size)
         self.group = ctx.cpu_group
         self.others = [q * self.size + self.position for q in range(replicas) if q != self.replica]
-        owned = {}
-        for p, plan in sorted(plans.items()):
-            if p % self.size not in owned:
-                owned[p % self.size] = _ownership(plan, storage, replicas)
-        self._owned = owned
-        self.by_name, self.by_batch = owned[self.position]
+        self.split = split([load_runs(plan, storage) for plan in plans], replicas)
+        mine = self.split[self.position]
+        self.by_name, self.by_batch = mine.by_name, mine.by_batch
         self.problems: list[str] = []
         self.from_storage = self.from_peers = 0
         self._send = [np.empty(0, np.uint8)] * RING
@@ -150,8 +184,8 @@ class Link:
         """Each plan's windows its rank reads from storage itself (the hash plan's input)."""
         out = {}
         for p, plan in plans.items():
-            by_name = self._owned[p % self.size][0]
-            out[p] = {n: box for n, box in plan.reads.items() if by_name.get(n, p // self.size) == p // self.size}
+            own = self.split[p % self.size].reads[p // self.size]
+            out[p] = {n: box for n, box in plan.reads.items() if n in own}
         return out
 
     def mine(self, name: str) -> bool:
@@ -303,7 +337,7 @@ class SharedReader(Reader):
         yield from link.receiving(stored.name, width, link.by_name[stored.name])
 
 
-def link(strategy: object) -> Link | None:
+def link(strategy: object, planner: object) -> Link | None:
     """The link of a load with replicas (None without), made after the gate's strategy is chosen and
     before it prepares: it refuses what replicas cannot share yet, and gives the hash plan each rank's
     own reads."""
@@ -322,6 +356,47 @@ def link(strategy: object) -> Link | None:
         why = "--verify digest is not shared between replicas yet (its predictions are per rank); use node"
     if why:
         raise OptionsError(f"replicas {opts.replicas}: {why}")
-    out = Link(ctx, storage, job.plans, opts.replicas, opts.timeout_s, job.fig)
+    every = [planner.plan(job.layout, opts.kind, p) for p in range(job.layout.world)]  # every position's plan
+    out = Link(ctx, storage, every, opts.replicas, opts.timeout_s, job.fig)
     job.reads = out.reads(job.plans)
     return out
+
+
+def shares(plans: Sequence[object], replicas: int) -> list[list[int]]:
+    """Window bytes each replica reads at each position (``plans``: one per position), split as the load
+    splits its runs (each item a run here: batches of small items are the load's)."""
+    positions = [[([c.name for c in item.cuts], item.read_bytes, None) for item in plan.items] for plan in plans]
+    out = []
+    for pos, runs_of in zip(split(positions, replicas), positions):
+        per = [0] * replicas
+        for names, nbytes, _ in runs_of:
+            per[pos.by_name[names[0]]] += nbytes
+        out.append(per)
+    return out
+
+
+def plan_lines(plans: Sequence[object], replicas: int, per_node: int) -> list[str]:
+    """``tpload plan --replicas R``: storage bytes and interconnect bytes (in and out, between nodes)
+    per node, with ranks placed node by node (rank r: replica r // len(plans), position r % len(plans))."""
+    size, got = len(plans), shares(plans, replicas)
+    nodes: dict[int, list[int]] = {}
+    for g in range(size * replicas):
+        q, p = divmod(g, size)
+        n = nodes.setdefault(g // per_node, [0, 0, 0, 0])  # storage; in, out (other nodes); received within
+        n[0] += got[p][q]
+        for q2 in range(replicas):
+            if q2 == q:
+                continue
+            if (q2 * size + p) // per_node != g // per_node:  # the peer is on another node
+                n[1] += got[p][q2]
+                n[2] += got[p][q]
+            else:
+                n[3] += got[p][q2]
+    alone = sum(plan.read_bytes for plan in plans)
+    lines = [f"replicas {replicas} x {size} rank(s), {per_node} rank(s) a node: the cluster reads "
+             f"{sum(map(sum, got)) / 1e9:.3f} GB from storage (one replica's windows; {replicas * alone / 1e9:.3f} GB "
+             "when each replica reads alone)",
+             f"{'node':>5} {'storage GB':>11} {'in GB':>9} {'out GB':>9} {'within GB':>10}"]
+    for k, (a, b, c, d) in sorted(nodes.items()):
+        lines.append(f"{k:>5} {a / 1e9:>11.3f} {b / 1e9:>9.3f} {c / 1e9:>9.3f} {d / 1e9:>10.3f}")
+    return lines

@@ -13,16 +13,24 @@ from tpload.options import LoadOptions
 from tpload.replicas import PositionPlanner, check_world, link, split
 
 
-def test_the_split_balances_bytes_and_keeps_a_tensor_with_one_reader() -> None:
-    runs = [(["a"], 100), (["b"], 100), (["c"], 50), (["d"], 50), (["a.scale", "a"], 10), (["e"], 200)]
-    owners = split(runs, 2)
+def test_the_split_balances_bytes_and_keeps_a_tensor_with_one_reader_at_every_position() -> None:
+    runs = [(["a"], 100, None), (["b"], 100, None), (["c"], 50, None), (["d"], 50, None),
+            (["a.scale", "a"], 10, ("f", 0)), (["e"], 200, None)]
+    (pos,) = split([runs], 2)
+    owners = [pos.by_name[names[-1]] for names, _, _ in runs]
     assert owners[:4] == [0, 1, 0, 1]  # the lightest replica, the lowest among equals
-    assert owners[4] == owners[0]  # "a" was read by replica 0: it stays there (one reader, one hash)
+    assert owners[4] == owners[0] and pos.by_batch == {("f", 0): 0}  # "a" stays with its reader (one hash)
     assert owners[5] == 1  # 150 < 160
-    assert split(runs, 2) == owners  # deterministic: every rank of a position computes the same
-    loads = [sum(n for (_, n), o in zip(runs, split(runs * 50, 3)) if o == q) for q in range(3)]
-    assert max(loads) - min(loads) <= 200  # about 1/R each
-    assert split(runs, 1) == [0] * len(runs)
+    assert pos.reads == [{"a", "a.scale", "c"}, {"b", "d", "e"}]
+    # a second position (another tp rank: the same tensors, other windows) follows the first: one
+    # replica reads every window of a tensor, so one node hashes it
+    first, second = split([runs, [(names, n // 2, b) for names, n, b in runs]], 2)
+    assert second.by_name == first.by_name and second.reads == first.reads
+    assert [p.by_name for p in split([runs], 2)] == [pos.by_name]  # deterministic
+    many = [([f"t{i}"], 100 + i % 7, None) for i in range(300)]
+    (spread,) = split([many], 3)
+    loads = [sum(n for (names, n, _) in many if spread.by_name[names[0]] == q) for q in range(3)]
+    assert max(loads) - min(loads) <= 106  # about 1/R each
 
 
 def test_a_world_that_is_not_replicas_x_tp_x_ep_is_one_line_with_the_sizes() -> None:
@@ -63,6 +71,6 @@ def test_what_replicas_cannot_share_yet_is_refused_before_any_read(verify: Verif
     storage = SimpleNamespace(per_rank=per_rank, file_digests=files)
     job = SimpleNamespace(opts=SimpleNamespace(replicas=2, verify=verify), ctx=None, storage=storage)
     with pytest.raises(OptionsError, match=why):
-        link(SimpleNamespace(job=job))
+        link(SimpleNamespace(job=job), None)
     job.opts.replicas = 1
-    assert link(SimpleNamespace(job=job)) is None  # no replicas: nothing changes
+    assert link(SimpleNamespace(job=job), None) is None  # no replicas: nothing changes

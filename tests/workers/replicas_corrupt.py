@@ -1,4 +1,4 @@
-"""Run under torchrun (4 ranks: 2 replicas x tp 2): rank SENDER changes one byte of the first window
+"""Run under torchrun (2 replicas x tp WORLD/2; the tests use 4 ranks): rank SENDER changes one byte of the first window
 piece it sends to the other replica, after it fingerprinted the bytes it read (a transport that flips
 a bit). Injected here, in this process, by wrapping tpload.replicas.send: the product has no switch.
 
@@ -37,7 +37,7 @@ def main() -> None:
         tpload.replicas.send = corrupting(tpload.replicas.send)
     outcome = {"rank": rank, "returned": False, "error": ""}
     try:
-        tpload.load(ckpt, tp=2, replicas=2, progress=False, timeout_s=60.0)
+        tpload.load(ckpt, tp=int(os.environ["WORLD_SIZE"]) // 2, replicas=2, progress=False, timeout_s=60.0)
         outcome["returned"] = True
     except tpload.LoadError as e:
         outcome["error"] = str(e)

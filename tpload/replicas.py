@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import datetime
 import zlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -79,21 +79,24 @@ Run = tuple[Sequence[str], int, "tuple[str, int] | None"]
 """A run of a position's plan: its tensor names, its window bytes, and its batch key (None: one item)."""
 
 
-def split(positions: Sequence[Sequence[Run]], replicas: int) -> list[Position]:
+def split(positions: Sequence[Sequence[Run]], replicas: int, unit: Callable[[str], object] | None = None
+          ) -> list[Position]:
     """Each position's runs split between the replicas, in order: a run goes to the replica that reads
-    one of its tensors already, at this position or another (so a tensor is read, and hashed, by one
-    replica, whose node then holds every window of it), else to the replica with the fewest bytes so far
-    (the lowest among equals). Deterministic: every rank computes the same from the same plans."""
+    one of its units already (a tensor; a file, with ``unit`` naming each tensor's file, for anchors that
+    vouch for whole files), at this position or another (so a unit is read, and hashed, by one replica,
+    whose node then holds every window of it), else to the replica with the fewest bytes so far (the
+    lowest among equals). Deterministic: every rank computes the same from the same plans."""
     load = [0] * replicas
-    fixed: dict[str, int] = {}
+    fixed: dict[object, int] = {}
+    unit = unit or (lambda n: n)
     out = []
     for runs_of in positions:
         pos = Position(reads=[set() for _ in range(replicas)])
         for names, nbytes, batch in runs_of:
-            known = next((fixed[n] for n in names if n in fixed), None)
+            known = next((fixed[unit(n)] for n in names if unit(n) in fixed), None)
             r = known if known is not None else min(range(replicas), key=lambda q: (load[q], q))
             for n in names:
-                fixed.setdefault(n, r)
+                fixed.setdefault(unit(n), r)
                 pos.by_name.setdefault(n, r)
                 pos.reads[r].add(n)
             if batch is not None:
@@ -164,13 +167,13 @@ class Link:
     """This rank's share of the replicas' traffic for one load."""
 
     def __init__(self, ctx: object, storage: object, plans: Sequence[object], replicas: int,
-                 timeout_s: float, fig: object) -> None:
+                 timeout_s: float, fig: object, unit: Callable[[str], object] | None = None) -> None:
         self.ctx, self.replicas, self.timeout_s, self.fig = ctx, replicas, timeout_s, fig
         self.size = ctx.world // replicas
         self.replica, self.position = divmod(ctx.rank, self.size)
         self.group = ctx.cpu_group
         self.others = [q * self.size + self.position for q in range(replicas) if q != self.replica]
-        self.split = split([load_runs(plan, storage) for plan in plans], replicas)
+        self.split = split([load_runs(plan, storage) for plan in plans], replicas, unit)
         mine = self.split[self.position]
         self.by_name, self.by_batch = mine.by_name, mine.by_batch
         self.problems: list[str] = []
@@ -349,15 +352,16 @@ def link(strategy: object, planner: object) -> Link | None:
     why = None
     if storage.per_rank:
         why = "a pre-partitioned export (each rank reads its own rank file) is not shared between replicas yet"
-    elif getattr(storage, "file_digests", None) is not None or isinstance(strategy, FileDigests):
-        why = ("files vouched for whole (a hub snapshot, a local-dir download, signed files) are not shared "
-               "between replicas yet; write a manifest (`python -m tpload manifest DIR`)")
     elif opts.verify == Verify.DIGEST:
         why = "--verify digest is not shared between replicas yet (its predictions are per rank); use node"
     if why:
         raise OptionsError(f"replicas {opts.replicas}: {why}")
     every = [planner.plan(job.layout, opts.kind, p) for p in range(job.layout.world)]  # every position's plan
-    out = Link(ctx, storage, every, opts.replicas, opts.timeout_s, job.fig)
+    # files vouched for whole (hub snapshots, local-dir downloads, signed files) are shared out whole: a
+    # file's windows are all read by one replica, whose node hashes the file once for the cluster
+    whole = isinstance(strategy, FileDigests) or getattr(storage, "file_digests", None) is not None
+    unit = (lambda n: storage.info(n).path) if whole else None
+    out = Link(ctx, storage, every, opts.replicas, opts.timeout_s, job.fig, unit)
     job.reads = out.reads(job.plans)
     return out
 

@@ -61,10 +61,9 @@ def test_verify_rank_with_replicas_is_refused_saying_why() -> None:
     LoadOptions(checkpoint="x", replicas=1, verify="rank")  # one replica: rank mode as before
 
 
-@pytest.mark.parametrize("verify, per_rank, files, why", [
+@pytest.mark.parametrize("verify, per_rank, files, why", [  # whole-file anchors are shared (by file)
     (Verify.DIGEST, False, None, "--verify digest is not shared between replicas yet"),
     (Verify.NODE, True, None, "a pre-partitioned export"),
-    (Verify.NODE, False, {}, "files vouched for whole"),
 ])
 def test_what_replicas_cannot_share_yet_is_refused_before_any_read(verify: Verify, per_rank: bool, files: object,
                                                                    why: str) -> None:
@@ -74,3 +73,12 @@ def test_what_replicas_cannot_share_yet_is_refused_before_any_read(verify: Verif
         link(SimpleNamespace(job=job), None)
     job.opts.replicas = 1
     assert link(SimpleNamespace(job=job), None) is None  # no replicas: nothing changes
+
+
+def test_with_whole_file_anchors_a_file_is_read_by_one_replica() -> None:
+    file_of = {"a": "f1", "b": "f1", "c": "f2", "d": "f2"}
+    runs = [(["a"], 100, None), (["c"], 50, None), (["b"], 10, None), (["d"], 10, None)]
+    (per_tensor,) = split([runs], 2)
+    assert per_tensor.by_name["b"] == 1  # per tensor, "b" goes to the lighter replica
+    (per_file,) = split([runs], 2, file_of.__getitem__)
+    assert per_file.reads == [{"a", "b"}, {"c", "d"}]  # per file, "b" follows "a": f1 is read (and hashed) once

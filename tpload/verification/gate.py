@@ -315,7 +315,7 @@ class FileDigests(Strategy):
 
     def _prepare(self) -> Prepared:
         job, me, storage = self.job, self.job.me, self.job.storage
-        reads = {p: q.reads for p, q in job.plans.items()}
+        reads = job.reads if job.reads is not None else {p: q.reads for p, q in job.plans.items()}
         if job.opts.verify == Verify.RANK:  # each rank hashes the files it reads, for its own windows only
             reads = {me: reads[me]}
         file_of = {n: storage.info(n).path for r in reads.values() for n in r}

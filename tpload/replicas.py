@@ -252,35 +252,53 @@ class Link:
 
     def receiving(self, name: str, width: int, owner: int) -> Iterator[tuple[int, int, np.ndarray]]:
         """The window ``name`` as the rank of replica ``owner`` at this position read it, piece by
-        piece; its fingerprint compared with the sender's at the end (a difference: a problem)."""
+        piece; its fingerprint compared with the sender's at the end (a difference: a problem).
+        Receive-ahead: the next piece's bytes (and the header after them) are asked for before this
+        piece goes to the loop, so its copy overlaps their transfer (messages from one sender are
+        matched in the order they are asked for)."""
         src = owner * self.size + self.position
         what = f"rank {self.ctx.rank} receiving {escape_name(name)} from rank {src} (replica {owner})"
         fp, tag = HostFingerprint(width), _tag(name)
-        header = torch.zeros(HEADER_WORDS, dtype=torch.int64)
+        headers = [torch.zeros(HEADER_WORDS, dtype=torch.int64) for _ in range(2)]
+        k = 0
+        self._wait([recv(headers[k], src, self.group)], what)
+        head = self._header(headers[k], tag, what)
+        ready = None
         while True:
-            self._wait([recv(header, src, self.group)], what)
-            kind, got, *rest = header.tolist()
-            if got != tag or kind not in (PIECE, END):
-                raise LoadError(f"replicas: {what}: the stream is out of step (got a piece of another tensor); "
-                                "the ranks of a position must load the same plan")
-            if kind == END:
-                want = tuple(rest[:3])
+            posted = None
+            if head[0] == PIECE:
+                r, c, h, w = head[2:6]
+                i = self._rturn = (self._rturn + 1) % RING
+                if self._recv[i].size < h * w:
+                    self._recv[i] = np.empty(h * w, np.uint8)
+                data = self._recv[i][:h * w]
+                got = recv(torch.from_numpy(data), src, self.group)
+                k ^= 1
+                posted = (r, c, data.reshape(h, w), [got, recv(headers[k], src, self.group)])
+            if ready is not None:
+                yield ready
+            if posted is None:  # the window's end: its fingerprint as the sender took it
+                want = tuple(head[2:5])
                 if fp.value() != want:
                     self.problems.append(
                         f"tensor {escape_name(name)}: the bytes rank {self.ctx.rank} received from rank {src} "
                         f"(replica {owner}) differ from those rank {src} read from storage (fingerprint "
                         f"{list(fp.value())} != {list(want)}): changed in transit")
                 return
-            r, c, h, w = rest[:4]
-            i = self._rturn = (self._rturn + 1) % RING
-            if self._recv[i].size < h * w:
-                self._recv[i] = np.empty(h * w, np.uint8)
-            data = self._recv[i][:h * w]
-            self._wait([recv(torch.from_numpy(data), src, self.group)], what)
-            view = data.reshape(h, w)
+            r, c, view, works = posted
+            self._wait(works, what)
+            head = self._header(headers[k], tag, what)
             fp.add(view, r, first_col=c)
-            self.from_peers += h * w
-            yield r, c, view
+            self.from_peers += view.size
+            ready = r, c, view
+
+    @staticmethod
+    def _header(header: torch.Tensor, tag: int, what: str) -> list[int]:
+        head = header.tolist()
+        if head[1] != tag or head[0] not in (PIECE, END):
+            raise LoadError(f"replicas: {what}: the stream is out of step (got a piece of another tensor); "
+                            "the ranks of a position must load the same plan")
+        return head
 
     # -- the two places the loop reads storage -------------------------------------------------------
 

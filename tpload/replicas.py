@@ -40,7 +40,9 @@ from .storage import Stored
 from .modes import Verify
 from .storage.reader import CHUNK_BYTES, Reader
 from .text import escape_name
+from .verification.crosscheck import DIGEST_BYTES, fold
 from .verification.fingerprint import HostFingerprint
+from .verification.policy import Box
 
 RING = 4
 PIECE, END = 1, 2
@@ -177,6 +179,8 @@ class Link:
         mine = self.split[self.position]
         self.by_name, self.by_batch = mine.by_name, mine.by_batch
         self.problems: list[str] = []
+        self._sent: list[tuple[str, Box, tuple]] = []
+        self._seen: dict[int, list[tuple[str, Box, tuple]]] = {}
         self.from_storage = self.from_peers = 0
         self._send = [np.empty(0, np.uint8)] * RING
         self._works: list[list] = [[] for _ in range(RING)]
@@ -225,11 +229,11 @@ class Link:
             self._send[i] = np.empty(nbytes, np.uint8)
         return i
 
-    def sending(self, name: str, width: int, pieces: Iterable[tuple[int, int, np.ndarray]]
+    def sending(self, name: str, box: Box, pieces: Iterable[tuple[int, int, np.ndarray]]
                 ) -> Iterator[tuple[int, int, np.ndarray]]:
         """Pass ``pieces`` (a window of ``width`` bytes a row, read from storage) on, sending each to the
         other replicas first, then the window's fingerprint, taken from the bytes read."""
-        fp, tag = HostFingerprint(width), _tag(name)
+        fp, tag = HostFingerprint(box[1][1] - box[1][0]), _tag(name)
         for r, c, view in pieces:
             h, w = view.shape
             i = self._buffer(h * w, name)
@@ -239,10 +243,15 @@ class Link:
             self.from_storage += h * w
             yield r, c, view
         self._ship([END, tag, *fp.value()], None, None)
+        self._sent.append((name, box, fp.value()))
 
     def finish(self) -> None:
         """Wait for every send still under way (before the exchange); the counts into the rank's figures."""
         self.fig.bytes_from_storage, self.fig.bytes_from_peers = self.from_storage, self.from_peers
+        # the exchange's own check, apart from the values sent with the bytes: what this rank sent, and
+        # what it received from each sender, folded (crosscheck.fold) and XOR-ed over its senders
+        self.fig.replicas_sent = fold(self._sent).hex()
+        self.fig.replicas_seen = _xor([fold(lines) for lines in self._seen.values()]).hex()
         for works in self._works:
             self._wait([w for w in works if not isinstance(w, torch.Tensor)],
                        f"rank {self.ctx.rank} sending to rank(s) {', '.join(map(str, self.others))}")
@@ -250,7 +259,7 @@ class Link:
 
     # -- receiving ---------------------------------------------------------------------------------
 
-    def receiving(self, name: str, width: int, owner: int) -> Iterator[tuple[int, int, np.ndarray]]:
+    def receiving(self, name: str, box: Box, owner: int) -> Iterator[tuple[int, int, np.ndarray]]:
         """The window ``name`` as the rank of replica ``owner`` at this position read it, piece by
         piece; its fingerprint compared with the sender's at the end (a difference: a problem).
         Receive-ahead: the next piece's bytes (and the header after them) are asked for before this
@@ -258,7 +267,7 @@ class Link:
         matched in the order they are asked for)."""
         src = owner * self.size + self.position
         what = f"rank {self.ctx.rank} receiving {escape_name(name)} from rank {src} (replica {owner})"
-        fp, tag = HostFingerprint(width), _tag(name)
+        fp, tag = HostFingerprint(box[1][1] - box[1][0]), _tag(name)
         headers = [torch.zeros(HEADER_WORDS, dtype=torch.int64) for _ in range(2)]
         k = 0
         self._wait([recv(headers[k], src, self.group)], what)
@@ -279,6 +288,7 @@ class Link:
                 yield ready
             if posted is None:  # the window's end: its fingerprint as the sender took it
                 want = tuple(head[2:5])
+                self._seen.setdefault(owner, []).append((name, box, fp.value()))
                 if fp.value() != want:
                     self.problems.append(
                         f"tensor {escape_name(name)}: the bytes rank {self.ctx.rank} received from rank {src} "
@@ -313,10 +323,10 @@ class Link:
             inner.read(stored, r0, r1, out)
             step = CHUNK_BYTES
             pieces = ((0, c, flat[:, c:c + step]) for c in range(0, n, step))
-            for _ in self.sending(stored.name, n, pieces):
+            for _ in self.sending(stored.name, ((0, 1), (0, n)), pieces):
                 pass
             return
-        for r, c, view in self.receiving(stored.name, n, owner):
+        for r, c, view in self.receiving(stored.name, ((0, 1), (0, n)), owner):
             flat[r:r + view.shape[0], c:c + view.shape[1]] = view
 
 
@@ -347,15 +357,15 @@ class SharedReader(Reader):
 
     def blocks(self, stored: Stored, rows: tuple[int, int], cols: tuple[int, int], *, tap: object = None,
                row_multiple: int = 1, split_rows: bool = True) -> Iterator[tuple[int, int, np.ndarray]]:
-        link, width = self.link, cols[1] - cols[0]
+        link, box = self.link, (rows, cols)
         if link.mine(stored.name):
-            yield from link.sending(stored.name, width, super().blocks(stored, rows, cols, tap=tap,
+            yield from link.sending(stored.name, box, super().blocks(stored, rows, cols, tap=tap,
                                                                       row_multiple=row_multiple,
                                                                       split_rows=split_rows))
             return
         if tap is not None:  # the hash plan is made over each rank's own reads: this cannot happen
             raise LoadError(f"replicas: {escape_name(stored.name)} is hashed by a rank that does not read it")
-        yield from link.receiving(stored.name, width, link.by_name[stored.name])
+        yield from link.receiving(stored.name, box, link.by_name[stored.name])
 
 
 def link(strategy: object, planner: object) -> Link | None:
@@ -422,3 +432,29 @@ def plan_lines(plans: Sequence[object], replicas: int, per_node: int) -> list[st
     for k, (a, b, c, d) in sorted(nodes.items()):
         lines.append(f"{k:>5} {a / 1e9:>11.3f} {b / 1e9:>9.3f} {c / 1e9:>9.3f} {d / 1e9:>10.3f}")
     return lines
+
+
+def _xor(values: Iterable[bytes]) -> bytes:
+    out = bytes(DIGEST_BYTES)
+    for v in values:
+        out = bytes(a ^ b for a, b in zip(out, v))
+    return out
+
+
+def verdict(ranks: Sequence[object], replicas: int) -> list[str]:
+    """From the exchanged table: every receiver whose folded sightings differ from what the ranks at its
+    position sent (the per-window check on receipt names the tensor; this one does not trust the values
+    that travelled with the bytes)."""
+    if replicas <= 1:
+        return []
+    size, out = len(ranks) // replicas, []
+    for t in ranks:
+        q, p = divmod(t.rank, size)
+        senders = [s * size + p for s in range(replicas) if s != q]
+        want = _xor(bytes.fromhex(ranks[s].replicas_sent) if ranks[s].replicas_sent else bytes(DIGEST_BYTES)
+                    for s in senders)
+        got = bytes.fromhex(t.replicas_seen) if t.replicas_seen else bytes(DIGEST_BYTES)
+        if want != got:
+            out.append(f"rank {t.rank} (replica {q}) holds windows from rank(s) {', '.join(map(str, senders))} that "
+                       "differ from what they read from storage and sent (the exchange's check of the transfers)")
+    return out

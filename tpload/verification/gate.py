@@ -35,6 +35,7 @@ from pathlib import Path
 from ..errors import LoadError
 from ..modes import Verify
 from ..text import escape_name
+from .. import replicas
 from . import crosscheck, signing
 from .blake3sums import SHA256, Digests, content_hash, fix_command
 from .files import FileHashed, FileHasher, assign_files, file_problems, own_problems
@@ -209,6 +210,7 @@ class Strategy(ABC):
         if ctx.group is not None:
             problems += crosscheck.verdict(ctx.node_lists, {r.rank: r.claims for r in ranks},
                                            {r.rank: r.seen for r in ranks})
+            problems += replicas.verdict(ranks, getattr(self.job.opts, "replicas", 1))
         return problems
 
 

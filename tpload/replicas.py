@@ -36,8 +36,8 @@ import torch.distributed as dist
 
 from .batch import runs
 from .errors import LoadError, OptionsError
-from .storage import Stored
 from .modes import Verify
+from .storage import Stored
 from .storage.reader import CHUNK_BYTES, Reader
 from .text import escape_name
 from .verification.crosscheck import DIGEST_BYTES, fold
@@ -204,7 +204,7 @@ class Link:
         for work in works:
             try:
                 ok = work.wait(datetime.timedelta(seconds=self.timeout_s))
-            except Exception as e:  # a dead or hung peer: torch raises several types here
+            except (RuntimeError, TimeoutError, OSError) as e:  # a dead or hung peer (gloo: DistBackendError)
                 first = str(e).splitlines()[0] if str(e) else type(e).__name__
                 raise LoadError(f"replicas: {what}: {escape_name(first)[:300]}") from None
             if ok is False:
@@ -372,7 +372,9 @@ def link(strategy: object, planner: object) -> Link | None:
     """The link of a load with replicas (None without), made after the gate's strategy is chosen and
     before it prepares: it refuses what replicas cannot share yet, and gives the hash plan each rank's
     own reads."""
-    from .verification.gate import FileDigests  # the gate imports the loop's modules: imported when used
+    from .verification.gate import (
+        FileDigests,  # the gate imports the loop's modules: imported when used
+    )
     job = strategy.job
     opts, ctx, storage = job.opts, job.ctx, job.storage
     if opts.replicas <= 1:
@@ -425,9 +427,10 @@ def plan_lines(plans: Sequence[object], replicas: int, per_node: int) -> list[st
             else:
                 n[3] += got[p][q2]
     alone = sum(plan.read_bytes for plan in plans)
-    lines = [f"replicas {replicas} x {size} rank(s), {per_node} rank(s) a node: the cluster reads "
-             f"{sum(map(sum, got)) / 1e9:.3f} GB from storage (one replica's windows; {replicas * alone / 1e9:.3f} GB "
-             "when each replica reads alone)",
+    total = sum(map(sum, got))
+    lines = [(f"replicas {replicas} x {size} rank(s), {per_node} rank(s) a node: the cluster reads "
+              f"{total / 1e9:.3f} GB from storage (one replica's windows; {replicas * alone / 1e9:.3f} GB "
+              "when each replica reads alone)"),
              f"{'node':>5} {'storage GB':>11} {'in GB':>9} {'out GB':>9} {'within GB':>10}"]
     for k, (a, b, c, d) in sorted(nodes.items()):
         lines.append(f"{k:>5} {a / 1e9:>11.3f} {b / 1e9:>9.3f} {c / 1e9:>9.3f} {d / 1e9:>10.3f}")

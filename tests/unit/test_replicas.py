@@ -85,9 +85,9 @@ def test_with_whole_file_anchors_a_file_is_read_by_one_replica() -> None:
 
 
 def test_the_exchange_checks_every_receiver_against_its_senders_apart_from_the_in_band_values() -> None:
+    from tpload.replicas import verdict
     from tpload.report.figures import RankFigures
     from tpload.verification.crosscheck import fold
-    from tpload.replicas import verdict
     a = [("w", ((0, 4), (0, 8)), (1, 2, 3))]
     b = [("v", ((0, 2), (0, 8)), (4, 5, 6))]
     # 2 replicas x 2 positions: rank 0 sent a to rank 2, rank 3 sent b to rank 1
@@ -96,5 +96,5 @@ def test_the_exchange_checks_every_receiver_against_its_senders_apart_from_the_i
     rows = [RankFigures.from_row(r.to_row()) for r in rows]  # through the wire form
     assert verdict(rows, 2) == [] and verdict(rows, 1) == []
     rows[2].replicas_seen = fold([("w", ((0, 4), (0, 8)), (1, 2, 4))]).hex()  # a window changed on the way
-    assert verdict(rows, 2) == ["rank 2 (replica 1) holds windows from rank(s) 0 that differ from what they read "
-                                "from storage and sent (the exchange's check of the transfers)"]
+    assert verdict(rows, 2) == [("rank 2 (replica 1) holds windows from rank(s) 0 that differ from what they read "
+                                 "from storage and sent (the exchange's check of the transfers)")]

@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
 
+from .. import replicas
 from ..errors import LoadError
 from ..modes import Verify
 from ..text import escape_name
-from .. import replicas
 from . import crosscheck, signing
 from .blake3sums import SHA256, Digests, content_hash, fix_command
 from .files import FileHashed, FileHasher, assign_files, file_problems, own_problems

@@ -11,7 +11,9 @@
 #                                             the numba kernel, and their speed), bench (tp = GPUs), peers (the bench
 #                                             beside the CUDA-only peers: InstantTensor, and Run:ai Model
 #                                             Streamer), multi (the NCCL world with the gloo exchange at tp =
-#                                             GPUs, and a killed rank; skipped with the reason on one GPU)
+#                                             GPUs, and a killed rank; skipped with the reason on one GPU),
+#                                             replicas (2 replicas x tp GPUs/2 on CUDA, their shared bytes on
+#                                             the gloo CPU group, and a byte changed in transit; skipped on one GPU)
 #   launch/gpu-check.sh --only scale          not in the default run (its own ~5 minutes): the bench on a
 #                                             fixed ~16 GB checkpoint (the seed dimensions, 256 experts x 3
 #                                             stages: 16.03 GB, written once into the cache) at tp = GPUs
@@ -29,7 +31,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"
-only="tests,gguf,bench,peers,multi"
+only="tests,gguf,bench,peers,multi,replicas"
 if [[ "${1:-}" == "--only" ]]; then only="${2:?--only takes a comma-separated list}"; shift 2; fi
 out="${GPU_CHECK_OUT:-gpu-check-out}"
 mkdir -p "$out"
@@ -75,6 +77,16 @@ peers() {
     python -m tpload bench --preset medium --nproc "$gpus" --tp "$gpus" --rounds 1 --no-decode \
         --methods floor,tpload,safetensors,runai,instanttensor --json "$out/peers.json"
 }
+replicas() {  # 2 replicas share the reads: each window read once, sent to the other (gloo), checked on receipt
+    if (( gpus < 2 )); then echo "replicas: skipped: one GPU (2 replicas need a GPU per rank)"; return 0; fi
+    local ckpt half=$(( gpus / 2 )) dir
+    ckpt=$(python -c 'from tpload.synth import resolve_checkpoint; print(resolve_checkpoint(None))')
+    torchrun --standalone --nproc-per-node $(( half * 2 )) -m tpload "$ckpt" --tp "$half" --replicas 2 \
+        --no-progress --report "$out/replicas.json" || return 1
+    dir=$(mktemp -d)  # rank 0 changes a byte of what it sends: every rank must fail naming it
+    torchrun --standalone --nproc-per-node $(( half * 2 )) tests/workers/replicas_corrupt.py "$ckpt" "$dir" 0 || return 1
+    grep -q "changed in transit" "$dir/rank0.json" || { echo "replicas: a changed byte was not caught"; return 1; }
+}
 scale() {
     local ckpt="${TPLOAD_CACHE:-$HOME/.cache/tpload}/scale-16gb" tp=$(( gpus > 4 ? 4 : gpus ))
     if [[ ! -f "$ckpt/NATIVE_MANIFEST.json" ]]; then  # the manifest is written last: present means whole
@@ -83,10 +95,11 @@ scale() {
     python -m tpload bench --checkpoint "$ckpt" --nproc "$gpus" --tp "$tp" --rounds 1 \
         --methods floor,tpload,tpload-digest,tpload-expanded --json "$out/scale.json"
 }
-export -f multi peers scale
+export -f multi peers scale replicas
 export gpus out
 section peers 240 bash -c peers
 section multi 150 bash -c multi
+section replicas 150 bash -c replicas
 section scale 330 bash -c scale
 printf '%s\n' "${summary[@]}"
 [[ "${summary[*]}" != *FAILED* ]]

@@ -304,6 +304,8 @@ def cmd_plan(argv: list[str]) -> int:
                    help="ranks per node (default: all on one node): node verification splits hashing per node")
     p.add_argument("--ranks", choices=("all", "summary"), default=None,
                    help="print every rank, or one line per node (default: every rank up to 16 ranks)")
+    p.add_argument("--replicas", type=RANKS, default=1, metavar="R",
+                   help="also print, for R replicas sharing the reads, storage and interconnect bytes per node")
     add_flags(p, only=("config", "skip", "defer", "skip_activation_scales", "digest_store"))
     p.add_argument("--digest", action="store_true", help="compute each rank's digest on the CPU")
     p.add_argument("--write", action="store_true", help="check every tensor by sha256, then keep the digests in the "
@@ -343,6 +345,9 @@ def cmd_plan(argv: list[str]) -> int:
         print(printable(line))
     print(render_costs(ranks, nodes, digests, host, every_rank=(args.ranks or ("all" if len(plans) <= 16 else "summary"))
                        == "all", headers_only=catalogue.headers_only))
+    if args.replicas > 1:
+        from .replicas import plan_lines
+        print("\n".join(plan_lines(plans, args.replicas, per_node)))
     print(f"planned {len(plans)} rank(s) of {len(catalogue.tensors):,} tensors in {seconds:.2f} s (headers, classification, "
           f"plans, figures; imports {imported:.2f} s before); peak RSS {host.peak / 2**20:,.0f} MiB")
     if path is not None:

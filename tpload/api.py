@@ -19,7 +19,7 @@ import time
 
 import torch.distributed as dist
 
-from . import preflight
+from . import preflight, replicas
 from .config import with_rules
 from .deferred import locate
 from .distributed import DistContext, context, keep_world, pick_device, with_device
@@ -70,7 +70,7 @@ class _RankLoad:
             device = pick_device(self.opts.device, self.ctx.local_rank, allow_shared=self.opts.allow_shared_device)
             self.ctx = with_device(self.ctx, device, shared=self.opts.allow_shared_device and device.type == "cuda")
             reset_device_peaks(device)
-            layout = Layout(self.opts.tp or max(1, self.ctx.world // self.opts.ep), self.opts.ep)
+            layout = Layout(self.opts.tp or max(1, self.ctx.world // self.opts.ep // self.opts.replicas), self.opts.ep)
             signing.precheck(self.opts)  # a model.sig: its bundle and the JSON files it signs, before any is read
             # GC paused (plan.paused_gc): scanning a big checkpoint's many small objects costs more than making them
             with paused_gc():
@@ -102,7 +102,7 @@ class _RankLoad:
             if ctx.rank == 0:
                 rank_log(0).info("%s", why)
         config = with_rules(config, skip=opts.skip, defer=opts.defer, skip_activation_scales=opts.skip_activation_scales)
-        planner = self.planner = Planner(storage.catalogue, config)  # rank 0's attestation plans every rank
+        planner = self.planner = replicas.positions(Planner(storage.catalogue, config), opts.replicas)
         planner.check_layout(layout, ctx.world)
         plans, sharing = self._plans(planner, layout)
         plan = self.plan = plans[ctx.rank]
@@ -110,9 +110,10 @@ class _RankLoad:
         job = gate.Job(opts, ctx, self.fig, storage, plans, config.id(), layout, lambda: checkpoint_stamp(storage),
                        self.notes, threads=spare_cores(len(ctx.node_peers)))
         self.gate = gate.strategy(job)
+        link = replicas.link(self.gate, planner)  # replicas: who reads what from storage, before the hash plan
         prepared = self.gate.prepare()  # before any read: preconditions, who hashes what
         with prepared.alongside():  # whole-file hashing on its own thread, beside the copies
-            self.result = self._run(storage, plan, prepared)
+            self.result = self._run(storage, plan, prepared, link)
         self._measure_cache(storage, before=False)
         self._figures(self.result, plan)
         self.gate.settle(self.result)  # this rank's own verdicts; raises every problem at once
@@ -127,7 +128,7 @@ class _RankLoad:
         plans = {p: planner.plan(layout, self.opts.kind, p) for p in peers}
         return plans, [plans[p] for p in (peers if shares_memory else [ctx.rank])]
 
-    def _run(self, storage: Storage, plan: RankPlan, prepared: gate.Prepared) -> LoadResult:
+    def _run(self, storage: Storage, plan: RankPlan, prepared: gate.Prepared, link: object) -> LoadResult:
         opts, ctx = self.opts, self.ctx
         release = ShardRelease.expecting(storage, plan, prepared.hashes.mine) if opts.evict_page_cache else None
         spare = spare_cores(len(ctx.node_peers))
@@ -136,7 +137,7 @@ class _RankLoad:
                         on_done=(lambda n: release.done(storage.stored(n).path)) if release else None)
         sink = self.sink or (Progress(plan.read_bytes, plan.served) if opts.progress and ctx.rank == 0 else Silent())
         return run(storage, plan, transfer=for_device(ctx.device), hasher=hasher, samples=opts.samples,
-                   progress=sink, release=release)
+                   progress=sink, release=release, link=link)
 
     def _figures(self, result: LoadResult, plan: RankPlan) -> None:
         """This rank's counts (the gate adds its evidence)."""

@@ -27,6 +27,7 @@ from .batch import BATCH_BYTES, Batch, BatchWindows, Piece, runs
 from .codecs import Checker, Cut, Fit
 from .errors import LoadError
 from .plan import Item, Output, RankPlan
+from .replicas import Link, SharedReader, SharedStorage
 from .report.progress import ProgressSink
 from .storage import Storage
 from .storage.pagecache import ShardRelease
@@ -129,9 +130,9 @@ class _Loader:
     """One rank's loop state: the storage, reader, transfer, hasher and evidence it shares across items."""
 
     def __init__(self, storage: Storage, plan: RankPlan, transfer: Transfer, hasher: Hasher,
-                 release: ShardRelease | None) -> None:
+                 release: ShardRelease | None, reader: type[Reader] = Reader) -> None:
         self.storage, self.plan, self.transfer, self.hasher, self.release = storage, plan, transfer, hasher, release
-        self.reader = Reader(storage, chunk_bytes=transfer.chunk_bytes)
+        self.reader = reader(storage, chunk_bytes=transfer.chunk_bytes)
         self.evidence = Evidence()
         self.arena = Arena(transfer.arena(plan.arena_bytes), host=transfer.host_slots)
         self.sampled = 0
@@ -360,10 +361,13 @@ def decode_rows(decode, fit: Fit, unfold: int, weight, scale, out: torch.Tensor,
 
 
 def run(storage: Storage, plan: RankPlan, *, transfer: Transfer, hasher: Hasher, samples: int,
-        progress: ProgressSink, release: ShardRelease | None = None) -> LoadResult:
+        progress: ProgressSink, release: ShardRelease | None = None, link: Link | None = None) -> LoadResult:
     """Load ``plan`` through ``transfer``, hashing what ``hasher`` says; raise LoadError listing every
-    problem of this rank (nothing it loaded survives a failure)."""
-    loader = _Loader(storage, plan, transfer, hasher, release)
+    problem of this rank (nothing it loaded survives a failure). ``link``: replicas share the reads
+    (replicas.py): windows another replica reads arrive from it, checked on receipt."""
+    if link is not None:
+        storage = SharedStorage(storage, link)
+    loader = _Loader(storage, plan, transfer, hasher, release, Reader if link is None else SharedReader)
     sampled = _sampled(plan, samples)
     items = plan.items
     try:
@@ -387,12 +391,14 @@ def run(storage: Storage, plan: RankPlan, *, transfer: Transfer, hasher: Hasher,
                 loader.done(item)
                 _advance(progress, item)
         loader.reader.drain()
+        if link is not None:
+            link.finish()
         hashed = hasher.finish()
     finally:
         hasher.close()
         progress.close()
     settled = loader.evidence.settle(hashed, hasher.digests)
-    problems = settled.problems + storage.changed()
+    problems = settled.problems + storage.changed() + (link.problems if link is not None else [])
     if problems:
         raise LoadError(f"{len(problems)} problem(s):\n  - " + "\n  - ".join(problems))
     outputs = [o for item in items for o in item.outputs]

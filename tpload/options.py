@@ -127,6 +127,9 @@ class LoadOptions:
                     choices=KINDS)
     tp: int | None = opt(None, "tensor-parallel degree (default: the group size / ep)", bound=RANKS)
     ep: int = opt(1, "expert-parallel degree; tp x ep must equal the group size", bound=RANKS)
+    replicas: int = opt(1, "replicas of the tp x ep plan in the group (world = R x tp x ep): each window is read "
+                        "from storage by one replica and sent to the others, checked on receipt", bound=RANKS,
+                        metavar="R")
     verify: Verify = opt(Verify.NODE, "node: each tensor hashed once per node; rank: by every rank that reads it; digest: "
                       "no hashing, every served byte checked against digests `tpload plan --write` stored after "
                       "hashing; off: nothing checked against the manifest (loudly marked)", choices=VERIFY_MODES)
@@ -284,6 +287,10 @@ def validate(values: Mapping[str, object], *, style: str) -> list[str]:
     if store and (why := not_a_folder(str(store))):
         problems.append(f"{_spell('digest_store', style)} {store}: {why} (the digest store is a folder, made if "
                         "missing; give a folder, or leave the option out for the default)")
+    if (values.get("replicas") or 1) > 1 and values.get("verify") == "rank":
+        problems.append(f"{_spell('replicas', style)} {values['replicas']} with {_spell('verify', style)} rank: a "
+                        "receiving rank never sees the whole stored tensor, so it cannot hash what it serves; use "
+                        "node (the reading rank hashes, receivers check its fingerprints)")
     return problems + _attest_problems(values, style)
 
 

@@ -112,8 +112,9 @@ def test_the_command_line_refuses_a_number_as_it_parses_it_in_one_line(argv: tup
 def test_every_number_has_its_kind_s_one_rule() -> None:
     hints = typing.get_type_hints(LoadOptions)
     numeric = [f for f in fields(LoadOptions) if {int, float} & {hints[f.name], *typing.get_args(hints[f.name])}]
-    assert {f.name for f in numeric} == {"tp", "ep", "hash_threads", "samples", "timeout_s", "reserve_gib"}
-    assert {f.name: f.metadata["bound"] for f in numeric} == {"tp": RANKS, "ep": RANKS, "hash_threads": THREADS,
+    assert {f.name for f in numeric} == {"tp", "ep", "replicas", "hash_threads", "samples", "timeout_s", "reserve_gib"}
+    assert {f.name: f.metadata["bound"] for f in numeric} == {"tp": RANKS, "ep": RANKS, "replicas": RANKS,
+                                                               "hash_threads": THREADS,
                                                                "samples": COUNT, "timeout_s": SECONDS,
                                                                "reserve_gib": GIB}
     # the same rule at each end: parsed text and a keyword

@@ -41,6 +41,10 @@ class RankFigures:
     """Served tensors (a packed FP4 matrix serves two: weight and scale)."""
     bytes_read: int = 0
     """Window bytes this rank reads and copies."""
+    bytes_from_storage: int | None = None
+    """With replicas: window bytes this rank read from storage itself (counted as read); None: no replicas."""
+    bytes_from_peers: int | None = None
+    """With replicas: window bytes this rank received from its replica peers (counted as received)."""
     bytes_hashed: int = 0
     """Bytes this rank fed to its content hash."""
     bytes_device: int = 0
@@ -75,6 +79,10 @@ class RankFigures:
     device: str = field(default="", metadata=_bytes(DEVICE_BYTES))
     """The device this rank served on (``cuda:3``, ``cpu``): the attestation records it."""
     message: str = field(default="", metadata=_bytes(MESSAGE_BYTES))
+    replicas_sent: str = field(default="", metadata=_bytes(DIGEST_BYTES))
+    """Replicas: the fold of every window this rank read and sent (replicas.py); empty: none."""
+    replicas_seen: str = field(default="", metadata=_bytes(DIGEST_BYTES))
+    """Replicas: the folds of the windows it received, one per sender, XOR-ed."""
     claims: list[bytes] = field(default_factory=lambda: [bytes(DIGEST_BYTES)] * SLOTS)
     """Node mode: what this rank, as hasher, says each node peer's windows hold (crosscheck.py)."""
     seen: list[bytes] = field(default_factory=lambda: [bytes(DIGEST_BYTES)] * SLOTS)
@@ -136,6 +144,6 @@ def _pack(value: str, size: int) -> bytes:
 
 
 def _unpack(name: str, raw: bytes) -> str:
-    if name == "digest":
+    if len(raw) == DIGEST_BYTES:  # a digest (hex); _pack packs every field of this size as one
         return raw.hex() if any(raw) else ""
     return raw.rstrip(b"\0").decode(errors="replace")

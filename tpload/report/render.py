@@ -115,6 +115,8 @@ class LoadReport:
         t = self.total
         lines.append(f"{'all':>4} {'':>4} {t('tensors'):>8} {t('bytes_read') / 1e9:>8.3f} {t('bytes_hashed') / 1e9:>9.3f} "
                      f"{t('bytes_device') / 1e9:>9.3f} {self.seconds:>7.2f} {t('bytes_read') / 1e9 / max(self.seconds, 1e-9):>6.2f}")
+        if any(r.bytes_from_peers is not None for r in self.ranks):
+            lines.append(_replicas_line(self.ranks))
         per_node = ", ".join(f"node {n}: {b / 1e9:.3f} GB" for n, b in sorted(self.bytes_hashed_per_node().items()))
         device_fps = ("device fingerprints checked against the host window" if self.device.startswith("cuda")
                       else "host-vs-device checks (on the CPU the copy fingerprints what it writes)")
@@ -124,6 +126,20 @@ class LoadReport:
                      + ("; page cache evicted shard by shard" if self.evict_page_cache else ""))
         lines += [f"note: {printable(n)}" for n in self.notes]
         return "\n".join(lines)
+
+
+def _replicas_line(ranks: list) -> str:
+    """Replicas: each rank's window bytes from storage and from peers, as counted, and each node's."""
+    nodes: dict[int, list[int]] = {}
+    for r in ranks:
+        got = nodes.setdefault(r.node, [0, 0])
+        got[0] += r.bytes_from_storage or 0
+        got[1] += r.bytes_from_peers or 0
+    per_rank = ", ".join(f"{r.rank}: {_gb(r.bytes_from_storage)}/{_gb(r.bytes_from_peers)}" for r in ranks)
+    per_node = ", ".join(f"node {n}: {a / 1e9:.3f}/{b / 1e9:.3f}" for n, (a, b) in sorted(nodes.items()))
+    storage = sum(r.bytes_from_storage or 0 for r in ranks)
+    return (f"replicas: GB from storage/from peers per rank {per_rank}; per node {per_node}; "
+            f"{storage / 1e9:.3f} GB read from storage by the cluster")
 
 
 def _gb(nbytes: int | None) -> str:

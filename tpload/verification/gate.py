@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
 
+from .. import replicas
 from ..errors import LoadError
 from ..modes import Verify
 from ..text import escape_name
@@ -96,6 +97,8 @@ class Job:
     notes: list[str] = field(default_factory=list)
     threads: int = 1
     """Spare cores of this rank, for hashing on the side."""
+    reads: Mapping[int, Mapping[str, object]] | None = None
+    """With replicas (replicas.py): each plan's windows its rank reads from storage itself (default: all)."""
 
     @property
     def me(self) -> int:
@@ -207,6 +210,7 @@ class Strategy(ABC):
         if ctx.group is not None:
             problems += crosscheck.verdict(ctx.node_lists, {r.rank: r.claims for r in ranks},
                                            {r.rank: r.seen for r in ranks})
+            problems += replicas.verdict(ranks, getattr(self.job.opts, "replicas", 1))
         return problems
 
 
@@ -263,7 +267,7 @@ class TensorDigests(Strategy):
         job = self.job
         digests = self._content_hash()
         tensors = job.storage.catalogue.tensors
-        reads = {p: q.reads for p, q in job.plans.items()}
+        reads = job.reads if job.reads is not None else {p: q.reads for p, q in job.plans.items()}
         sizes = {n: tensors[n].nbytes for q in job.plans.values() for n in q.used_tensors}
         hashes = hash_plan(job.opts.verify, job.me, reads, sizes, per_rank=job.storage.per_rank)
         return Prepared(hashes, digests)
@@ -313,7 +317,7 @@ class FileDigests(Strategy):
 
     def _prepare(self) -> Prepared:
         job, me, storage = self.job, self.job.me, self.job.storage
-        reads = {p: q.reads for p, q in job.plans.items()}
+        reads = job.reads if job.reads is not None else {p: q.reads for p, q in job.plans.items()}
         if job.opts.verify == Verify.RANK:  # each rank hashes the files it reads, for its own windows only
             reads = {me: reads[me]}
         file_of = {n: storage.info(n).path for r in reads.values() for n in r}

@@ -1,0 +1,463 @@
+"""Replicas in one launch: each window read from storage once per cluster, sent to the other replicas,
+checked on receipt.
+
+With ``replicas`` R the load's group holds R copies of one tp x ep plan: rank ``r`` is replica
+``r // (tp*ep)`` at position ``r % (tp*ep)``, and every rank at a position has the same plan, run in
+the same order. The plan's runs (loop.py: one item, or a batch of small ones) are split between the
+position's R ranks, balanced by bytes (:func:`split`, the same on every rank); the owner of a run reads
+it from storage, as a rank reading alone would, and sends each piece it yields to the position's
+other ranks (point-to-point on the CPU group: gloo here, the same calls on any backend that has
+them), which place it in their arena exactly where the read would have put it.
+
+The transport is not trusted. The owner fingerprints every window it sends from the very bytes it
+read (and hashed, or had its node peer hash: crosscheck.py), with the loop's fingerprint
+(verification/fingerprint.py), and sends the value after the window's last piece; the receiver
+fingerprints what it received and compares. A difference is a problem of the receiver's load,
+naming the tensor, the sender and the receiver; it fails every rank in the one exchange. Receivers
+never hash a window they received: the hash plan (verification/policy.py) is made over the windows
+each rank reads from storage itself (:meth:`Link.reads`), so every stored byte is hashed once per
+node that reads it, not once per replica.
+
+Bounded: sends go through a ring of :data:`RING` buffers of the reader's chunk size (a send buffer is
+reused only when its sends completed), receives through a ring of the same size; every wait has the
+load's timeout, and a dead peer fails the wait at once (gloo: the connection closes) naming it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .batch import runs
+from .errors import LoadError, OptionsError
+from .modes import Verify
+from .storage import Stored
+from .storage.reader import CHUNK_BYTES, Reader
+from .text import escape_name
+from .verification.crosscheck import DIGEST_BYTES, fold
+from .verification.fingerprint import HostFingerprint
+from .verification.policy import Box
+
+RING = 4
+PIECE, END = 1, 2
+HEADER_WORDS = 8  # kind, name tag, first row, first column, rows, columns (or the fingerprint's 3 words)
+
+
+def send(tensor: torch.Tensor, group_dst: int, group: dist.ProcessGroup) -> dist.Work:
+    """Send ``tensor`` to ``group_dst`` (asynchronous); a module function, so a test can wrap it."""
+    return dist.isend(tensor, group=group, group_dst=group_dst)
+
+
+def recv(tensor: torch.Tensor, group_src: int, group: dist.ProcessGroup) -> dist.Work:
+    return dist.irecv(tensor, group=group, group_src=group_src)
+
+
+def check_world(world: int, replicas: int, tp: int, ep: int) -> None:
+    """One line naming the option and the sizes when the group is not ``replicas x tp x ep``."""
+    if world != replicas * tp * ep:
+        raise OptionsError(f"replicas {replicas}: a group of {world} ranks is not replicas {replicas} x tp {tp} x "
+                           f"ep {ep} = {replicas * tp * ep} ranks")
+
+
+@dataclass
+class Position:
+    """Who reads what at one position: each run's reader, and each replica's tensors."""
+
+    by_name: dict[str, int] = field(default_factory=dict)
+    """The replica reading each tensor's window (a tensor read in several runs: its first run's)."""
+    by_batch: dict[tuple[str, int], int] = field(default_factory=dict)
+    """The replica reading each batch, by (file, first byte)."""
+    reads: list[set[str]] = field(default_factory=list)
+    """Each replica's tensors read from storage at this position (what its hash plan covers)."""
+
+
+Run = tuple[Sequence[str], int, "tuple[str, int] | None"]
+"""A run of a position's plan: its tensor names, its window bytes, and its batch key (None: one item)."""
+
+
+def split(positions: Sequence[Sequence[Run]], replicas: int, unit: Callable[[str], object] | None = None
+          ) -> list[Position]:
+    """Each position's runs split between the replicas, in order: a run goes to the replica that reads
+    one of its units already (a tensor; a file, with ``unit`` naming each tensor's file, for anchors that
+    vouch for whole files), at this position or another (so a unit is read, and hashed, by one replica,
+    whose node then holds every window of it), else to the replica with the fewest bytes so far (the
+    lowest among equals). Deterministic: every rank computes the same from the same plans."""
+    load = [0] * replicas
+    fixed: dict[object, int] = {}
+    unit = unit or (lambda n: n)
+    out = []
+    for runs_of in positions:
+        pos = Position(reads=[set() for _ in range(replicas)])
+        for names, nbytes, batch in runs_of:
+            known = next((fixed[unit(n)] for n in names if unit(n) in fixed), None)
+            r = known if known is not None else min(range(replicas), key=lambda q: (load[q], q))
+            for n in names:
+                fixed.setdefault(unit(n), r)
+                pos.by_name.setdefault(n, r)
+                pos.reads[r].add(n)
+            if batch is not None:
+                pos.by_batch[batch] = r
+            load[r] += nbytes
+        out.append(pos)
+    return out
+
+
+def load_runs(plan: object, storage: object) -> list[Run]:
+    """A plan's runs as the copy loop makes them (loop.py, batch.py)."""
+    items, out = plan.items, []
+    for k, end, pieces in runs(items, plan.kind, storage, classes=plan.shapes):
+        batch = None
+        if end - k > 1:
+            stored = [s for per_item in pieces for s, _, _ in per_item]
+            batch = (str(stored[0].path), min(s.offset for s in stored))
+        out.append(([c.name for item in items[k:end] for c in item.cuts], sum(i.read_bytes for i in items[k:end]),
+                    batch))
+    return out
+
+
+class PositionPlanner:
+    """A planner that plans each rank of the group as its position in its replica."""
+
+    def __init__(self, planner: object, replicas: int) -> None:
+        self._inner, self.replicas = planner, replicas
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+    def check_layout(self, layout: object, world: int) -> None:
+        check_world(world, self.replicas, layout.tp, layout.ep)
+        self._inner.check_layout(layout, world // self.replicas)
+
+    def plan(self, layout: object, kind: str, rank: int) -> object:
+        return self._inner.plan(layout, kind, rank % layout.world)
+
+
+def positions(planner: object, replicas: int) -> object:
+    """``planner`` itself without replicas; else one that plans ranks by their position."""
+    return planner if replicas <= 1 else PositionPlanner(planner, replicas)
+
+
+def _tag(name: str) -> int:
+    return zlib.crc32(name.encode())
+
+
+def _ownership(plan: object, storage: object, replicas: int) -> tuple[dict[str, int], dict[tuple[str, int], int]]:
+    """The reading replica of each tensor the plan reads, and of each batch (by file and first byte)."""
+    items = plan.items
+    found = list(runs(items, plan.kind, storage, classes=plan.shapes))
+    weights = [([c.name for item in items[k:end] for c in item.cuts], sum(i.read_bytes for i in items[k:end]))
+               for k, end, _ in found]
+    owners = split(weights, replicas)
+    by_name: dict[str, int] = {}
+    by_batch: dict[tuple[str, int], int] = {}
+    for (names, _), (k, end, pieces), r in zip(weights, found, owners):
+        for n in names:
+            by_name.setdefault(n, r)
+        if end - k > 1:
+            stored = [s for per_item in pieces for s, _, _ in per_item]
+            by_batch[(str(stored[0].path), min(s.offset for s in stored))] = r
+    return by_name, by_batch
+
+
+class Link:
+    """This rank's share of the replicas' traffic for one load."""
+
+    def __init__(self, ctx: object, storage: object, plans: Sequence[object], replicas: int,
+                 timeout_s: float, fig: object, unit: Callable[[str], object] | None = None) -> None:
+        self.ctx, self.replicas, self.timeout_s, self.fig = ctx, replicas, timeout_s, fig
+        self.size = ctx.world // replicas
+        self.replica, self.position = divmod(ctx.rank, self.size)
+        self.group = ctx.cpu_group
+        self.others = [q * self.size + self.position for q in range(replicas) if q != self.replica]
+        self.split = split([load_runs(plan, storage) for plan in plans], replicas, unit)
+        mine = self.split[self.position]
+        self.by_name, self.by_batch = mine.by_name, mine.by_batch
+        self.problems: list[str] = []
+        self._sent: list[tuple[str, Box, tuple]] = []
+        self._seen: dict[int, list[tuple[str, Box, tuple]]] = {}
+        self.from_storage = self.from_peers = 0
+        self._send = [np.empty(0, np.uint8)] * RING
+        self._works: list[list] = [[] for _ in range(RING)]
+        self._recv = [np.empty(0, np.uint8)] * RING
+        self._turn = self._rturn = 0
+
+    def reads(self, plans: Mapping[int, object]) -> dict[int, dict[str, object]]:
+        """Each plan's windows its rank reads from storage itself (the hash plan's input)."""
+        out = {}
+        for p, plan in plans.items():
+            own = self.split[p % self.size].reads[p // self.size]
+            out[p] = {n: box for n, box in plan.reads.items() if n in own}
+        return out
+
+    def mine(self, name: str) -> bool:
+        return self.by_name.get(name, self.replica) == self.replica
+
+    # -- sending -----------------------------------------------------------------------------------
+
+    def _wait(self, works: Iterable[dist.Work], what: str) -> None:
+        for work in works:
+            try:
+                ok = work.wait(datetime.timedelta(seconds=self.timeout_s))
+            except (RuntimeError, TimeoutError, OSError) as e:  # a dead or hung peer (gloo: DistBackendError)
+                first = str(e).splitlines()[0] if str(e) else type(e).__name__
+                raise LoadError(f"replicas: {what}: {escape_name(first)[:300]}") from None
+            if ok is False:
+                raise LoadError(f"replicas: {what}: no answer within {self.timeout_s:g} s")
+
+    def _ship(self, header: list[int], data: np.ndarray | None, i: int | None) -> None:
+        h = torch.tensor(header + [0] * (HEADER_WORDS - len(header)), dtype=torch.int64)
+        works = self._works[i if i is not None else self._turn]
+        for t in self.others:
+            works.append(send(h, t, self.group))
+            if data is not None:
+                works.append(send(torch.from_numpy(data), t, self.group))
+        works.append(h)  # kept alive until its sends are done
+
+    def _buffer(self, nbytes: int, name: str) -> int:
+        i = self._turn = (self._turn + 1) % RING
+        works = self._works[i]
+        self._wait([w for w in works if not isinstance(w, torch.Tensor)],
+                   f"rank {self.ctx.rank} sending {escape_name(name)} to rank(s) {', '.join(map(str, self.others))}")
+        works.clear()
+        if self._send[i].size < nbytes:
+            self._send[i] = np.empty(nbytes, np.uint8)
+        return i
+
+    def sending(self, name: str, box: Box, pieces: Iterable[tuple[int, int, np.ndarray]]
+                ) -> Iterator[tuple[int, int, np.ndarray]]:
+        """Pass ``pieces`` (a window of ``width`` bytes a row, read from storage) on, sending each to the
+        other replicas first, then the window's fingerprint, taken from the bytes read."""
+        fp, tag = HostFingerprint(box[1][1] - box[1][0]), _tag(name)
+        for r, c, view in pieces:
+            h, w = view.shape
+            i = self._buffer(h * w, name)
+            data = self._send[i][:h * w]
+            fp.add(view, r, dst=data.reshape(h, w), first_col=c)
+            self._ship([PIECE, tag, r, c, h, w], data, i)
+            self.from_storage += h * w
+            yield r, c, view
+        self._ship([END, tag, *fp.value()], None, None)
+        self._sent.append((name, box, fp.value()))
+
+    def finish(self) -> None:
+        """Wait for every send still under way (before the exchange); the counts into the rank's figures."""
+        self.fig.bytes_from_storage, self.fig.bytes_from_peers = self.from_storage, self.from_peers
+        # the exchange's own check, apart from the values sent with the bytes: what this rank sent, and
+        # what it received from each sender, folded (crosscheck.fold) and XOR-ed over its senders
+        self.fig.replicas_sent = fold(self._sent).hex()
+        self.fig.replicas_seen = _xor([fold(lines) for lines in self._seen.values()]).hex()
+        for works in self._works:
+            self._wait([w for w in works if not isinstance(w, torch.Tensor)],
+                       f"rank {self.ctx.rank} sending to rank(s) {', '.join(map(str, self.others))}")
+            works.clear()
+
+    # -- receiving ---------------------------------------------------------------------------------
+
+    def receiving(self, name: str, box: Box, owner: int) -> Iterator[tuple[int, int, np.ndarray]]:
+        """The window ``name`` as the rank of replica ``owner`` at this position read it, piece by
+        piece; its fingerprint compared with the sender's at the end (a difference: a problem).
+        Receive-ahead: the next piece's bytes (and the header after them) are asked for before this
+        piece goes to the loop, so its copy overlaps their transfer (messages from one sender are
+        matched in the order they are asked for)."""
+        src = owner * self.size + self.position
+        what = f"rank {self.ctx.rank} receiving {escape_name(name)} from rank {src} (replica {owner})"
+        fp, tag = HostFingerprint(box[1][1] - box[1][0]), _tag(name)
+        headers = [torch.zeros(HEADER_WORDS, dtype=torch.int64) for _ in range(2)]
+        k = 0
+        self._wait([recv(headers[k], src, self.group)], what)
+        head = self._header(headers[k], tag, what)
+        ready = None
+        while True:
+            posted = None
+            if head[0] == PIECE:
+                r, c, h, w = head[2:6]
+                i = self._rturn = (self._rturn + 1) % RING
+                if self._recv[i].size < h * w:
+                    self._recv[i] = np.empty(h * w, np.uint8)
+                data = self._recv[i][:h * w]
+                got = recv(torch.from_numpy(data), src, self.group)
+                k ^= 1
+                posted = (r, c, data.reshape(h, w), [got, recv(headers[k], src, self.group)])
+            if ready is not None:
+                yield ready
+            if posted is None:  # the window's end: its fingerprint as the sender took it
+                want = tuple(head[2:5])
+                self._seen.setdefault(owner, []).append((name, box, fp.value()))
+                if fp.value() != want:
+                    self.problems.append(
+                        f"tensor {escape_name(name)}: the bytes rank {self.ctx.rank} received from rank {src} "
+                        f"(replica {owner}) differ from those rank {src} read from storage (fingerprint "
+                        f"{list(fp.value())} != {list(want)}): changed in transit")
+                return
+            r, c, view, works = posted
+            self._wait(works, what)
+            head = self._header(headers[k], tag, what)
+            fp.add(view, r, first_col=c)
+            self.from_peers += view.size
+            ready = r, c, view
+
+    @staticmethod
+    def _header(header: torch.Tensor, tag: int, what: str) -> list[int]:
+        head = header.tolist()
+        if head[1] != tag or head[0] not in (PIECE, END):
+            raise LoadError(f"replicas: {what}: the stream is out of step (got a piece of another tensor); "
+                            "the ranks of a position must load the same plan")
+        return head
+
+    # -- the two places the loop reads storage -------------------------------------------------------
+
+    def read_batch(self, inner: object, stored: Stored, r0: int, r1: int, out: np.ndarray) -> None:
+        """A batch's one read (batch.py): from storage by its owner, then sent; received by the others."""
+        owner = self.by_batch.get((str(stored.path), stored.offset))
+        if owner is None:
+            raise LoadError(f"replicas: {escape_name(stored.name)}: a read outside the plan the replicas share")
+        flat = out.reshape(1, -1)
+        n = flat.shape[1]
+        if owner == self.replica:
+            inner.read(stored, r0, r1, out)
+            step = CHUNK_BYTES
+            pieces = ((0, c, flat[:, c:c + step]) for c in range(0, n, step))
+            for _ in self.sending(stored.name, ((0, 1), (0, n)), pieces):
+                pass
+            return
+        for r, c, view in self.receiving(stored.name, ((0, 1), (0, n)), owner):
+            flat[r:r + view.shape[0], c:c + view.shape[1]] = view
+
+
+class SharedStorage:
+    """The storage as the copy loop sees it with replicas: batch reads and readahead go through the link."""
+
+    def __init__(self, inner: object, link: Link) -> None:
+        self.inner, self.link = inner, link
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    def read(self, stored: Stored, r0: int, r1: int, out: np.ndarray) -> None:
+        self.link.read_batch(self.inner, stored, r0, r1, out)
+
+    def will_need(self, stored: Stored) -> None:
+        if self.link.mine(stored.name):  # a window another replica reads is not worth this node's readahead
+            self.inner.will_need(stored)
+
+
+class SharedReader(Reader):
+    """The loop's reader with replicas: a window this replica reads comes from storage (and is sent);
+    any other, from the replica that reads it."""
+
+    def __init__(self, storage: SharedStorage, *, chunk_bytes: int) -> None:
+        super().__init__(storage.inner, chunk_bytes=chunk_bytes)
+        self.link = storage.link
+
+    def blocks(self, stored: Stored, rows: tuple[int, int], cols: tuple[int, int], *, tap: object = None,
+               row_multiple: int = 1, split_rows: bool = True) -> Iterator[tuple[int, int, np.ndarray]]:
+        link, box = self.link, (rows, cols)
+        if link.mine(stored.name):
+            yield from link.sending(stored.name, box, super().blocks(stored, rows, cols, tap=tap,
+                                                                      row_multiple=row_multiple,
+                                                                      split_rows=split_rows))
+            return
+        if tap is not None:  # the hash plan is made over each rank's own reads: this cannot happen
+            raise LoadError(f"replicas: {escape_name(stored.name)} is hashed by a rank that does not read it")
+        yield from link.receiving(stored.name, box, link.by_name[stored.name])
+
+
+def link(strategy: object, planner: object) -> Link | None:
+    """The link of a load with replicas (None without), made after the gate's strategy is chosen and
+    before it prepares: it refuses what replicas cannot share yet, and gives the hash plan each rank's
+    own reads."""
+    from .verification.gate import (
+        FileDigests,  # the gate imports the loop's modules: imported when used
+    )
+    job = strategy.job
+    opts, ctx, storage = job.opts, job.ctx, job.storage
+    if opts.replicas <= 1:
+        return None
+    why = None
+    if storage.per_rank:
+        why = "a pre-partitioned export (each rank reads its own rank file) is not shared between replicas yet"
+    elif opts.verify == Verify.DIGEST:
+        why = "--verify digest is not shared between replicas yet (its predictions are per rank); use node"
+    if why:
+        raise OptionsError(f"replicas {opts.replicas}: {why}")
+    every = [planner.plan(job.layout, opts.kind, p) for p in range(job.layout.world)]  # every position's plan
+    # files vouched for whole (hub snapshots, local-dir downloads, signed files) are shared out whole: a
+    # file's windows are all read by one replica, whose node hashes the file once for the cluster
+    whole = isinstance(strategy, FileDigests) or getattr(storage, "file_digests", None) is not None
+    unit = (lambda n: storage.info(n).path) if whole else None
+    out = Link(ctx, storage, every, opts.replicas, opts.timeout_s, job.fig, unit)
+    job.reads = out.reads(job.plans)
+    return out
+
+
+def shares(plans: Sequence[object], replicas: int) -> list[list[int]]:
+    """Window bytes each replica reads at each position (``plans``: one per position), split as the load
+    splits its runs (each item a run here: batches of small items are the load's)."""
+    positions = [[([c.name for c in item.cuts], item.read_bytes, None) for item in plan.items] for plan in plans]
+    out = []
+    for pos, runs_of in zip(split(positions, replicas), positions):
+        per = [0] * replicas
+        for names, nbytes, _ in runs_of:
+            per[pos.by_name[names[0]]] += nbytes
+        out.append(per)
+    return out
+
+
+def plan_lines(plans: Sequence[object], replicas: int, per_node: int) -> list[str]:
+    """``tpload plan --replicas R``: storage bytes and interconnect bytes (in and out, between nodes)
+    per node, with ranks placed node by node (rank r: replica r // len(plans), position r % len(plans))."""
+    size, got = len(plans), shares(plans, replicas)
+    nodes: dict[int, list[int]] = {}
+    for g in range(size * replicas):
+        q, p = divmod(g, size)
+        n = nodes.setdefault(g // per_node, [0, 0, 0, 0])  # storage; in, out (other nodes); received within
+        n[0] += got[p][q]
+        for q2 in range(replicas):
+            if q2 == q:
+                continue
+            if (q2 * size + p) // per_node != g // per_node:  # the peer is on another node
+                n[1] += got[p][q2]
+                n[2] += got[p][q]
+            else:
+                n[3] += got[p][q2]
+    alone = sum(plan.read_bytes for plan in plans)
+    total = sum(map(sum, got))
+    lines = [(f"replicas {replicas} x {size} rank(s), {per_node} rank(s) a node: the cluster reads "
+              f"{total / 1e9:.3f} GB from storage (one replica's windows; {replicas * alone / 1e9:.3f} GB "
+              "when each replica reads alone)"),
+             f"{'node':>5} {'storage GB':>11} {'in GB':>9} {'out GB':>9} {'within GB':>10}"]
+    for k, (a, b, c, d) in sorted(nodes.items()):
+        lines.append(f"{k:>5} {a / 1e9:>11.3f} {b / 1e9:>9.3f} {c / 1e9:>9.3f} {d / 1e9:>10.3f}")
+    return lines
+
+
+def _xor(values: Iterable[bytes]) -> bytes:
+    out = bytes(DIGEST_BYTES)
+    for v in values:
+        out = bytes(a ^ b for a, b in zip(out, v))
+    return out
+
+
+def verdict(ranks: Sequence[object], replicas: int) -> list[str]:
+    """From the exchanged table: every receiver whose folded sightings differ from what the ranks at its
+    position sent (the per-window check on receipt names the tensor; this one does not trust the values
+    that travelled with the bytes)."""
+    if replicas <= 1:
+        return []
+    size, out = len(ranks) // replicas, []
+    for t in ranks:
+        q, p = divmod(t.rank, size)
+        senders = [s * size + p for s in range(replicas) if s != q]
+        want = _xor(bytes.fromhex(ranks[s].replicas_sent) if ranks[s].replicas_sent else bytes(DIGEST_BYTES)
+                    for s in senders)
+        got = bytes.fromhex(t.replicas_seen) if t.replicas_seen else bytes(DIGEST_BYTES)
+        if want != got:
+            out.append(f"rank {t.rank} (replica {q}) holds windows from rank(s) {', '.join(map(str, senders))} that "
+                       "differ from what they read from storage and sent (the exchange's check of the transfers)")
+    return out

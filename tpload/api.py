@@ -34,7 +34,7 @@ from .report.memory import MemoryPeaks, device_peaks, reset_device_peaks
 from .report.progress import Progress, ProgressSink, Silent
 from .shards import RankShards, served
 from .storage import Storage, open_storage
-from .storage.pagecache import ShardRelease, checkpoint_resident
+from .storage.pagecache import REPORT_SAMPLE, ShardRelease, checkpoint_resident
 from .teardown import give_back
 from .text import escape_name
 from .transfer import for_device
@@ -43,7 +43,6 @@ from .verification.gate import Verify, check_pin, spare_cores
 from .verification.hashing import Hasher
 from .verification.store import checkpoint_stamp
 
-CACHE_SAMPLE = 8  # the report's page-cache figures look at one page run in 8 (an estimate, 1/8 of the cost)
 log = logging.getLogger("tpload")
 
 
@@ -151,7 +150,7 @@ class _RankLoad:
         """The page cache is the node's: its first rank measures it, before, and after when evicting."""
         if self.ctx.rank == self.ctx.node_peers[0] and (before or self.opts.evict_page_cache):
             setattr(self.fig, "page_cache_before" if before else "page_cache_after",
-                    checkpoint_resident(storage.paths(), sample=CACHE_SAMPLE))
+                    checkpoint_resident(storage.paths(), sample=REPORT_SAMPLE))
 
 
 def load_in(opts: LoadOptions | None, ctx: DistContext, *, error: LoadError | None = None,

@@ -3,7 +3,7 @@
 python launch/trust-figures.py /tmp/trust   (writes the variants, loads each at tp 2 on 2 ranks, prints a table;
 needs the [test] extras: huggingface_hub, model-signing)
 """
-import json, os, shutil, subprocess, sys, time
+import json, os, shutil, subprocess, sys
 from pathlib import Path
 
 root = Path(sys.argv[1]); root.mkdir(parents=True, exist_ok=True)
@@ -24,19 +24,10 @@ from tpload.storage.hub import to_hub_cache
 hub = to_hub_cache(linked("plain-hub", manifest=False), root / "hub", "tpload/medium")
 
 local = linked("local", manifest=False)
-from huggingface_hub._local_folder import get_local_download_paths, write_download_metadata
-import hashlib
-from tpload.storage.hub import git_blob_sha1
+from huggingface_hub._local_folder import write_download_metadata
+from tpload.storage.hub import git_blob_sha1, lfs_sha256
 for f in sorted(p for p in local.iterdir() if p.is_file()):
-    paths = get_local_download_paths(local, f.name)
-    if f.suffix == ".safetensors":
-        h = hashlib.sha256()
-        with open(f, "rb") as fh:
-            for c in iter(lambda: fh.read(16 << 20), b""):
-                h.update(c)
-        etag = h.hexdigest()
-    else:
-        etag = git_blob_sha1(f.read_bytes())
+    etag = lfs_sha256(f) if f.suffix == ".safetensors" else git_blob_sha1(f.read_bytes())
     write_download_metadata(local, f.name, "0" * 40, etag)
 
 from cryptography.hazmat.primitives import serialization

@@ -40,7 +40,7 @@ from .modes import Verify
 from .storage import Stored
 from .storage.reader import CHUNK_BYTES, Reader
 from .text import escape_name
-from .verification.crosscheck import DIGEST_BYTES, fold
+from .verification.crosscheck import DIGEST_BYTES, fold, xor_fold
 from .verification.fingerprint import HostFingerprint
 from .verification.policy import Box
 
@@ -251,7 +251,7 @@ class Link:
         # the exchange's own check, apart from the values sent with the bytes: what this rank sent, and
         # what it received from each sender, folded (crosscheck.fold) and XOR-ed over its senders
         self.fig.replicas_sent = fold(self._sent).hex()
-        self.fig.replicas_seen = _xor([fold(lines) for lines in self._seen.values()]).hex()
+        self.fig.replicas_seen = xor_fold([fold(lines) for lines in self._seen.values()]).hex()
         for works in self._works:
             self._wait([w for w in works if not isinstance(w, torch.Tensor)],
                        f"rank {self.ctx.rank} sending to rank(s) {', '.join(map(str, self.others))}")
@@ -437,13 +437,6 @@ def plan_lines(plans: Sequence[object], replicas: int, per_node: int) -> list[st
     return lines
 
 
-def _xor(values: Iterable[bytes]) -> bytes:
-    out = bytes(DIGEST_BYTES)
-    for v in values:
-        out = bytes(a ^ b for a, b in zip(out, v))
-    return out
-
-
 def verdict(ranks: Sequence[object], replicas: int) -> list[str]:
     """From the exchanged table: every receiver whose folded sightings differ from what the ranks at its
     position sent (the per-window check on receipt names the tensor; this one does not trust the values
@@ -454,7 +447,7 @@ def verdict(ranks: Sequence[object], replicas: int) -> list[str]:
     for t in ranks:
         q, p = divmod(t.rank, size)
         senders = [s * size + p for s in range(replicas) if s != q]
-        want = _xor(bytes.fromhex(ranks[s].replicas_sent) if ranks[s].replicas_sent else bytes(DIGEST_BYTES)
+        want = xor_fold(bytes.fromhex(ranks[s].replicas_sent) if ranks[s].replicas_sent else bytes(DIGEST_BYTES)
                     for s in senders)
         got = bytes.fromhex(t.replicas_seen) if t.replicas_seen else bytes(DIGEST_BYTES)
         if want != got:

@@ -69,6 +69,15 @@ def git_blob_sha1(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
+def lfs_sha256(path: Path) -> str:
+    """The sha256 an LFS object (a shard) is named and etagged by: of its bytes, streamed."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(16 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def is_snapshot(root: Path) -> bool:
     """Whether ``root`` looks like ``.../snapshots/REV`` of a hub cache (a sibling ``blobs`` folder)."""
     return root.parent.name == "snapshots" and (root.parent.parent / "blobs").is_dir()
@@ -146,14 +155,7 @@ def to_hub_cache(src: Path, cache: Path, repo: str, revision: str = "main") -> P
     store.mkdir(parents=True, exist_ok=True)
     snap.mkdir(parents=True, exist_ok=True)
     for f in sorted(p for p in src.iterdir() if p.is_file()):
-        if f.suffix == ".safetensors":
-            h = hashlib.sha256()
-            with open(f, "rb") as fh:
-                for chunk in iter(lambda: fh.read(16 << 20), b""):
-                    h.update(chunk)
-            digest = h.hexdigest()
-        else:
-            digest = git_blob_sha1(f.read_bytes())
+        digest = lfs_sha256(f) if f.suffix == ".safetensors" else git_blob_sha1(f.read_bytes())
         os.replace(f, store / digest)
         (snap / f.name).symlink_to(os.path.relpath(store / digest, snap))
     (top / "refs").mkdir(exist_ok=True)

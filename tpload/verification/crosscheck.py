@@ -85,7 +85,7 @@ def verdict(nodes: list[list[int]], claim_rows: Mapping[int, list[bytes]], seen_
             for j, readers in classes.items():
                 if i == j and len(hashers) == 1:
                     continue  # a rank serves what it hashed itself from the same bytes
-                if _xor([claim_rows[h][j] for h in hashers]) == _xor([seen_rows[r][i] for r in readers]):
+                if xor_fold([claim_rows[h][j] for h in hashers]) == xor_fold([seen_rows[r][i] for r in readers]):
                     continue
                 who = f"rank {readers[0]}" if len(readers) == 1 else f"one of ranks {', '.join(map(str, readers))}"
                 by = f"rank {hashers[0]}" if len(hashers) == 1 else f"one of ranks {', '.join(map(str, hashers))}"
@@ -94,7 +94,8 @@ def verdict(nodes: list[list[int]], claim_rows: Mapping[int, list[bytes]], seen_
     return problems
 
 
-def _xor(values: list[bytes]) -> bytes:
+def xor_fold(values: Iterable[bytes]) -> bytes:
+    """The XOR of 32-byte values (order-free: how several ranks' values combine into one slot)."""
     out = bytes(DIGEST_BYTES)
     for v in values:
         out = bytes(a ^ b for a, b in zip(out, v))

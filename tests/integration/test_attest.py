@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tpload.__main__ import main
-from tpload.published import write_published
+from tpload.tools.published import write_published
 
 from ..ckpt_tools import ec_keypair
 from ..helpers import tpload_cli

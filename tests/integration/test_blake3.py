@@ -12,7 +12,7 @@ import pytest
 
 from tpload.__main__ import main
 from tpload.config import load_config
-from tpload.offline import predict
+from tpload.verification.predict import predict
 from tpload.plan import Layout
 
 from ..helpers import HERE, torchrun

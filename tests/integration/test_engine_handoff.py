@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tpload.published import write_published
+from tpload.tools.published import write_published
 
 from ..helpers import torchrun
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from tpload.synth import SynthSpec, write_checkpoint
+from tpload.tools.synth import SynthSpec, write_checkpoint
 
 from ..ckpt_tools import config_with, serve
 from ..helpers import load_error, tpload_cli

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 
 from tpload.config import load_config
-from tpload.export import export
-from tpload.offline import predict
+from tpload.tools.export import export
+from tpload.verification.predict import predict
 from tpload.plan import Layout
 
 from ..ckpt_tools import serve

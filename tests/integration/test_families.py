@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from tpload.published import write_published
+from tpload.tools.published import write_published
 
 from ..formats_reference import Family
 from ..helpers import HERE, torchrun, tpload_cli

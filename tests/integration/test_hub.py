@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tpload.published import write_published
+from tpload.tools.published import write_published
 from tpload.storage.hub import to_hub_cache
 
 from ..helpers import error_of, load_error, tensor_offset, torchrun, tpload_cli

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tpload.offline import predict
+from tpload.verification.predict import predict
 from tpload.pick import choose
 from tpload.plan import Layout
-from tpload.published import write_published
+from tpload.tools.published import write_published
 from tpload.storage.hub import to_hub_cache
 
 from ..helpers import load_error, tensor_offset, torchrun

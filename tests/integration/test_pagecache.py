@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from tpload.storage.pagecache import resident_bytes
-from tpload.synth import SynthSpec, write_checkpoint
+from tpload.tools.synth import SynthSpec, write_checkpoint
 
 from ..helpers import tpload_cli
 

@@ -9,8 +9,8 @@ from ..helpers import load_error, tpload_cli
 
 
 def test_an_edited_pinned_config_json_fails_every_rank(tmp_path: Path) -> None:
-    from tpload.offline import write_manifest
-    from tpload.published import write_published
+    from tpload.tools.offline import write_manifest
+    from tpload.tools.published import write_published
     root = write_published(tmp_path / "llama", "llama-tiny")
     write_manifest(root, force=True)  # pins config.json and the index
     config = json.loads((root / "config.json").read_text())

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tpload.synth import SynthSpec, write_checkpoint
+from tpload.tools.synth import SynthSpec, write_checkpoint
 
 from ..helpers import HERE, torchrun
 

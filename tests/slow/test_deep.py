@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tpload.published import write_published
+from tpload.tools.published import write_published
 
 from ..helpers import tpload_cli
 

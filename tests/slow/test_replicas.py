@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tpload.__main__ import main
-from tpload.published import write_published
+from tpload.tools.published import write_published
 from tpload.storage.hub import to_hub_cache
 from tpload.verification.store import DigestStore
 

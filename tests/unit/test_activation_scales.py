@@ -11,7 +11,7 @@ import torch
 import tpload
 from tpload.__main__ import main
 from tpload.integrations.engine import load_options
-from tpload.published import write_published
+from tpload.tools.published import write_published
 from tpload.storage.catalogue import read_native
 
 

@@ -11,7 +11,7 @@ import pytest
 import tpload
 from tpload import batch, kernels
 from tpload.errors import LoadError
-from tpload.published import write_published
+from tpload.tools.published import write_published
 from tpload.codecs import whole
 from tpload.verification.fingerprint import host_fingerprint, word_width
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tpload.bench import OPTIONAL, BenchOptions, MethodResult, available_methods, check_agreement, cmd_bench, \
+from tpload.tools.bench import OPTIONAL, BenchOptions, MethodResult, available_methods, check_agreement, cmd_bench, \
     decode_bandwidth, decode_lines, drop_cache, preset_checkpoint, resident_fraction, summarize, table
 from tpload.pick import choose
 from tpload.plan import Layout, Planner
-from tpload.published import write_published
+from tpload.tools.published import write_published
 from tpload.storage.sharded import ShardedStorage
 
 
@@ -50,7 +50,7 @@ def test_resident_fraction_follows_reads_and_drops(tmp_path: Path) -> None:
 
 
 def test_decode_measure_picks_the_biggest_tensor_of_each_format(tmp_path: Path) -> None:
-    from tpload.synth import SynthSpec, write_checkpoint
+    from tpload.tools.synth import SynthSpec, write_checkpoint
     root = write_checkpoint(tmp_path / "c", SynthSpec(experts=2))
     d = decode_bandwidth(str(root), threads=1, reps=1)
     assert set(d["codecs"]) == {"fp8-block F8_E4M3/F8_E8M0", "fp4-e8m0 I8/F8_E8M0", "plain F16"}
@@ -123,7 +123,7 @@ def test_many_tensors_preset_is_written_once_with_its_count(capsys: pytest.Captu
 def test_every_peer_serves_the_floors_windows_of_a_published_layout(preset: str, tmp_path: Path) -> None:
     # each method's job on one rank, in this process (no process group needed): the same bytes as the floor's
     import torch
-    from tpload.bench_worker import METHODS, Job, window_digest
+    from tpload.tools.bench_worker import METHODS, Job, window_digest
     root = write_published(tmp_path / "c", preset)
     peers = ["safetensors", "seed"] + (["runai"] if importlib.util.find_spec("runai_model_streamer") else [])
     for rank in range(2):

@@ -125,7 +125,7 @@ def test_an_unknown_log_level_is_one_line(tmp_path: Path, capsys: pytest.Capture
 
 def test_verify_says_what_it_checked_and_what_vouched(small_ckpt: Path, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture) -> None:
-    from tpload.published import write_published
+    from tpload.tools.published import write_published
     from tpload.storage.hub import to_hub_cache
     assert main(["verify", str(small_ckpt), "--config", "none"]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -187,11 +187,11 @@ def test_an_os_error_names_its_file_in_one_line(tmp_path: Path, capsys: pytest.C
 
 def test_a_bug_in_a_subcommand_is_one_line_that_says_how_to_see_it(small_ckpt: Path, monkeypatch: pytest.MonkeyPatch,
                                                                     capsys: pytest.CaptureFixture) -> None:
-    import tpload.offline
+    import tpload.tools.offline
 
     def broken(*a: object, **k: object) -> list[str]:
         raise ValueError("a bug")
-    monkeypatch.setattr(tpload.offline, "verify_checkpoint", broken)
+    monkeypatch.setattr(tpload.tools.offline, "verify_checkpoint", broken)
     assert main(["verify", str(small_ckpt)]) == 1
     assert one_line(capsys.readouterr().err).startswith("tpload: error: unexpected ValueError: a bug (a bug in tpload; "
                                                         "TPLOAD_TRACEBACK=1 shows where)")

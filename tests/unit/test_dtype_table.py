@@ -17,7 +17,7 @@ import tpload
 from tpload.config import load_config
 from tpload.plan import Layout, Planner
 from tpload.storage.catalogue import read_native
-from tpload.synth import SynthSpec, write_checkpoint
+from tpload.tools.synth import SynthSpec, write_checkpoint
 
 from ..ckpt_tools import add_tensors, stored_bytes
 # f16 values whose f32 lies exactly between two bf16 values: ties go to the even mantissa

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import tpload
-from tpload.published import write_published
+from tpload.tools.published import write_published
 
 from ..formats_reference import Family
 

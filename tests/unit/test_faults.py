@@ -18,7 +18,7 @@ import torch
 
 import tpload
 from tpload.errors import LoadError
-from tpload.synth import SynthSpec, write_checkpoint
+from tpload.tools.synth import SynthSpec, write_checkpoint
 
 from ..ckpt_tools import add_tensors
 from ..helpers import edit_json, poke, rewrite_header, shard_of, tensor_offset
@@ -266,7 +266,7 @@ def test_an_unwritable_home_gives_a_message_for_the_builtin_checkpoint(tmp_path:
     monkeypatch.delenv("TPLOAD_CACHE")
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "file" / "home"))
-    from tpload.synth import resolve_checkpoint
+    from tpload.tools.synth import resolve_checkpoint
     with pytest.raises(LoadError, match="cannot write the built-in checkpoint under .*set TPLOAD_CACHE"):
         resolve_checkpoint(None)
 
@@ -279,7 +279,7 @@ def test_the_library_never_writes_the_builtin_checkpoint() -> None:
 
 def test_an_empty_cache_variable_does_not_write_into_the_working_folder(monkeypatch: pytest.MonkeyPatch,
                                                                          tmp_path: Path) -> None:
-    from tpload.synth import cache_root
+    from tpload.tools.synth import cache_root
     monkeypatch.delenv("TPLOAD_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", "")
     monkeypatch.setenv("HOME", str(tmp_path))

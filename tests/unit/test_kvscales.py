@@ -15,7 +15,7 @@ import tpload
 from tpload.config import load_config
 from tpload.errors import LoadError
 from tpload.kvscales import census
-from tpload.published import write_published
+from tpload.tools.published import write_published
 
 from ..ckpt_tools import renamed
 

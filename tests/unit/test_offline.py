@@ -14,8 +14,9 @@ import tpload
 from tpload.__main__ import main
 from tpload.config import load_config
 from tpload.errors import LoadError
-from tpload.export import export
-from tpload.offline import predict, verify_checkpoint
+from tpload.tools.export import export
+from tpload.tools.offline import verify_checkpoint
+from tpload.verification.predict import predict
 from tpload.plan import Layout
 
 from ..helpers import edit_json, poke, shard_of
@@ -116,9 +117,9 @@ def test_plan_write_refuses_a_checkpoint_that_fails_sha256(ckpt_copy: Path, tmp_
 
 
 def hooked_run(monkeypatch: pytest.MonkeyPatch, after_first: Callable[[], None], at: int = 1) -> list[object]:
-    """Wrap the load's own run() as offline calls it: ``after_first`` runs once rank ``at - 1`` is done
+    """Wrap the load's own run() as predict calls it: ``after_first`` runs once rank ``at - 1`` is done
     (a writer changing the checkpoint between the opening and the end); the storages it ran on."""
-    from tpload import offline
+    from tpload.verification import predict as offline
     real, seen = offline.run, []
 
     def run(storage: object, *args: object, **kw: object) -> object:
@@ -250,7 +251,7 @@ def test_an_export_of_stacked_experts_serves_what_the_source_serves(tmp_path: Pa
     """gpt-oss's experts are stacked and cut on inner dimensions (their windows are boxes of another
     view of the bytes): an export must write each window in that view's order, so that loading the
     export gives the source's digests."""
-    from tpload.published import write_published
+    from tpload.tools.published import write_published
     src = write_published(tmp_path / "src", "gpt-oss-tiny")
     config, layout = load_config("gpt-oss"), Layout(2, 2)
     export(src, tmp_path / "x", layout, config)

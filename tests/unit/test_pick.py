@@ -2,7 +2,7 @@
 hf_quant_config.json) and says why in one line.
 
 Folders are written by hand (config.json only, as the published models spell it) for each family;
-then every tiny published preset (real shards, tpload.published) is checked to get the config
+then every tiny published preset (real shards, tpload.tools.published) is checked to get the config
 that actually classifies and cuts all its tensors.
 """
 
@@ -17,7 +17,7 @@ from tpload.config import Config, shipped_configs
 from tpload.errors import ConfigError
 from tpload.pick import choose
 from tpload.plan import Layout, Planner
-from tpload.published import write_published
+from tpload.tools.published import write_published
 from tpload.storage.catalogue import read_native
 
 FP8_BLOCK = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}

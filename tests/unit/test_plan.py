@@ -13,7 +13,7 @@ from tpload.config import load_config
 from tpload.errors import ConfigError, LayoutError
 from tpload.plan import Layout, Planner
 from tpload.storage.catalogue import read_native
-from tpload.synth import SynthSpec, write_checkpoint
+from tpload.tools.synth import SynthSpec, write_checkpoint
 
 from ..reference import expert_window, fp4, fp8, read_all
 
@@ -144,7 +144,7 @@ def test_deferred_experts_are_located_only_by_their_group(small_ckpt: Path) -> N
 def test_unmatched_tensors_of_a_real_layout_are_listed_grouped(tmp_path: Path) -> None:
     """A config for one layout pointed at another: thousands of names would be unreadable, so the
     error groups them by shape with numbers as N, each with its count."""
-    from tpload.published import write_published
+    from tpload.tools.published import write_published
     root = write_published(tmp_path / "v3", "deepseek-v3-tiny")
     config = tmp_path / "only-attention.toml"
     config.write_text('[[rules]]\nmatch = "*.self_attn.*"\nrole = "auto"\n')

@@ -14,7 +14,7 @@ from tpload.config import load_config
 from tpload.errors import ConfigError
 from tpload.plan import Layout, Planner
 from tpload.prefix import detect
-from tpload.published import write_published
+from tpload.tools.published import write_published
 from tpload.storage import open_storage
 
 from ..ckpt_tools import renamed

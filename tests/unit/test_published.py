@@ -1,4 +1,4 @@
-"""Published-layout presets (tpload/published.py), read back with the ``safetensors`` library, not tpload.
+"""Published-layout presets (tpload/tools/published.py), read back with the ``safetensors`` library, not tpload.
 
 * every tiny preset writes a loadable folder: config.json, an index listing every tensor of the
   shards (and only those), a manifest whose sha256s are those of the bytes, ``total_size``;
@@ -23,10 +23,10 @@ from safetensors import safe_open
 
 import tpload
 from tpload.errors import CheckpointError
-from tpload.offline import verify_checkpoint, write_manifest
+from tpload.tools.offline import verify_checkpoint, write_manifest
 from tpload.pick import choose
 from tpload.plan import Layout, Planner
-from tpload.published import PUBLISHED, tensor_count, write_published
+from tpload.tools.published import PUBLISHED, tensor_count, write_published
 from tpload.storage.catalogue import read_native
 
 TINY = ["deepseek-v3-tiny", "deepseek-v4-tiny", "gpt-oss-tiny", "qwen3-fp8-tiny", "nvfp4-tiny", "llama-tiny",

@@ -8,7 +8,7 @@ import torch
 
 import tpload
 from tpload.errors import LoadError
-from tpload.published import write_published
+from tpload.tools.published import write_published
 
 
 def test_derived_buffers_are_freed_with_the_load_and_counted_apart(tmp_path) -> None:

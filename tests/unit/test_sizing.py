@@ -10,8 +10,8 @@ import pytest
 
 from tpload.config import load_config
 from tpload.plan import Layout, planning
-from tpload.published import write_published
-from tpload.sizing import costs
+from tpload.tools.published import write_published
+from tpload.tools.sizing import costs
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def test_planning_imports_neither_numba_nor_the_kernels() -> None:
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    code = ("import sys, tpload.plan, tpload.sizing, tpload.pick, tpload.codecs.fp8_block, tpload.codecs.nvfp4; "
+    code = ("import sys, tpload.plan, tpload.tools.sizing, tpload.pick, tpload.codecs.fp8_block, tpload.codecs.nvfp4; "
             "print(sorted(m for m in ('numba', 'tpload.kernels') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -118,7 +118,7 @@ def test_a_load_that_serves_nothing_fails(small_ckpt: Path, capsys: pytest.Captu
 def test_a_published_layout_s_scale_globs_are_refused_by_plan_too(tmp_path: Path, glob: str,
                                                                    capsys: pytest.CaptureFixture) -> None:
     from tpload.__main__ import main
-    from tpload.published import write_published
+    from tpload.tools.published import write_published
     root = write_published(tmp_path / "c", "deepseek-v3-tiny")  # FP8 blocks: .weight and .weight_scale_inv
     assert main(["plan", str(root), "--tp", "1", "--skip", glob]) == 1
     err = capsys.readouterr().err

@@ -10,7 +10,7 @@ catalogue the load planned with (the planner is deterministic), so no extra coll
 
 ``tpload attest verify FILE --checkpoint DIR`` re-derives the plan from DIR's headers and the
 recorded options, recomputes every rank's digest from DIR's bytes with the load's own code
-(:func:`tpload.offline.predict`), and lists every difference. With ``--attest-key`` the statement
+(:func:`tpload.verification.predict.predict`), and lists every difference. With ``--attest-key`` the statement
 is signed as model-signing signs a model (the statement as a one-file model, ``FILE.sig`` beside
 it), so one verifier checks both a signed model and a signed attestation.
 """
@@ -407,7 +407,7 @@ def check(path: str | os.PathLike, checkpoint: str | os.PathLike, *, key: str | 
     (what was not checked). Raises LoadError when the file cannot be read at all."""
     from .. import __version__
     from ..config import with_rules
-    from ..offline import predict
+    from .predict import predict
     from ..pick import choose
     from ..plan import Layout, Planner
     from ..storage import open_storage

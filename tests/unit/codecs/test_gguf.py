@@ -120,7 +120,7 @@ def test_nan_or_inf_super_scale_is_refused_naming_the_block(ggml: str) -> None:
 @needs_gguf
 def test_config_auto_reads_the_header(tmp_path: Path) -> None:
     from tpload.pick import choose
-    from tpload.synth_gguf import write_gguf_preset
+    from tpload.tools.synth_gguf import write_gguf_preset
     root = write_gguf_preset(tmp_path / "g", "deepseek-v3-gguf-tiny")
     config, why = choose("auto", root)
     assert config.name == "deepseek-v3-gguf+gguf" and "gguf:deepseek2" in why

@@ -27,8 +27,8 @@ import torch
 from tpload.codecs import Codec, Cut, Fit
 from tpload.codecs.nvfp4 import NVFP4_CODEC as NVFP4
 from tpload.config import load_config
-from tpload.offline import verify_checkpoint
-from tpload.published import write_published
+from tpload.tools.offline import verify_checkpoint
+from tpload.tools.published import write_published
 from tpload.storage.catalogue import TensorMeta
 
 PATHS = pytest.mark.parametrize("path", ["kernel", "torch", "reference"])

@@ -81,7 +81,7 @@ def test_unmapped_parameters_are_refused_in_one_line() -> None:
 
 @pytest.fixture(scope="module")
 def qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tpload.synth_gguf import write_gguf_preset
+    from tpload.tools.synth_gguf import write_gguf_preset
     return write_gguf_preset(tmp_path_factory.mktemp("g") / "q3", "qwen3-moe-gguf-tiny")
 
 

@@ -36,7 +36,7 @@ from tpload.integrations.handoff import (
     windows,
 )
 from tpload.plan import Layout, Planner
-from tpload.published import write_published
+from tpload.tools.published import write_published
 from tpload.storage.catalogue import read_native
 
 from ...ckpt_tools import whole

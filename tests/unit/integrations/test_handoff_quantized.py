@@ -35,7 +35,7 @@ from tpload.integrations.handoff import (
 )
 from tpload.pick import choose, model_config
 from tpload.plan import Layout, Planner
-from tpload.published import write_published
+from tpload.tools.published import write_published
 from tpload.storage.catalogue import read_native
 
 from ...ckpt_tools import whole

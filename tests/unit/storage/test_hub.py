@@ -18,7 +18,7 @@ import pytest
 
 import tpload
 from tpload.errors import CheckpointError
-from tpload.published import write_published
+from tpload.tools.published import write_published
 from tpload.storage import hub
 from tpload.storage.sharded import ShardedStorage
 
@@ -230,7 +230,7 @@ def test_a_snapshot_with_a_shard_stored_as_a_git_object_loads(snapshot: Path) ->
 def test_a_manifest_written_into_a_snapshot_is_used_and_keeps_it_loadable(snapshot: Path) -> None:
     """`tpload manifest` on a snapshot (what the amplification note recommends for ep layouts) writes
     a regular file among the links; the snapshot stays loadable, now verified per tensor."""
-    from tpload.offline import write_manifest
+    from tpload.tools.offline import write_manifest
     write_manifest(snapshot)
     assert (snapshot / "NATIVE_MANIFEST.json").is_file() and not (snapshot / "NATIVE_MANIFEST.json").is_symlink()
     shards = tpload.load(snapshot, progress=False)
@@ -248,7 +248,7 @@ def test_auto_config_checks_a_snapshots_config_json_before_believing_it(snapshot
 
 def test_verify_at_rest_checks_a_snapshot_by_its_blob_names(snapshot: Path) -> None:
     from tpload.config import load_config
-    from tpload.offline import verify_checkpoint
+    from tpload.tools.offline import verify_checkpoint
     assert verify_checkpoint(snapshot, load_config("llama")) == []
     shard = sorted(snapshot.glob("*.safetensors"))[1]
     blob = blob_of(shard)
@@ -260,7 +260,7 @@ def test_verify_at_rest_checks_a_snapshot_by_its_blob_names(snapshot: Path) -> N
 
 
 def test_a_manifest_is_not_written_over_a_corrupt_snapshot(snapshot: Path) -> None:
-    from tpload.offline import write_manifest
+    from tpload.tools.offline import write_manifest
     shard = sorted(snapshot.glob("*.safetensors"))[0]
     blob = blob_of(shard)
     raw = bytearray(blob.read_bytes())

@@ -18,7 +18,7 @@ import pytest
 
 import tpload
 from tpload.errors import CheckpointError, LoadError
-from tpload.published import write_published
+from tpload.tools.published import write_published
 from tpload.storage import localdir
 from tpload.storage.sharded import ShardedStorage
 
@@ -187,7 +187,7 @@ def test_hostile_metadata_is_one_line_naming_it(local: Path, kind: str, said: st
 
 
 def test_a_manifest_outranks_the_metadata(local: Path) -> None:
-    from tpload.offline import write_manifest
+    from tpload.tools.offline import write_manifest
     write_manifest(local)
     s = tpload.load(local, progress=False)
     assert not any(n.startswith("local-dir") for n in s.report.notes)  # per tensor, not whole files
@@ -210,7 +210,7 @@ def test_a_plain_folder_is_not_a_local_dir(tmp_path: Path) -> None:
 
 def test_verify_checks_it_by_its_etags(local: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from tpload.__main__ import main
-    from tpload.offline import verify_checkpoint
+    from tpload.tools.offline import verify_checkpoint
     assert main(["verify", str(local)]) == 0
     assert "against the etag its local-dir download metadata records" in capsys.readouterr().out
     shard = shards(local)[0]
@@ -220,7 +220,7 @@ def test_verify_checks_it_by_its_etags(local: Path, capsys: pytest.CaptureFixtur
 
 
 def test_verify_names_the_unvouched_and_checks_the_rest(tmp_path: Path) -> None:
-    from tpload.offline import verify_checkpoint
+    from tpload.tools.offline import verify_checkpoint
     src = write_published(tmp_path / "dl", "gpt-oss-tiny", manifest=False)
     first, second = (p.name for p in shards(src))
     as_local_dir(src, skip=(second,))
@@ -231,7 +231,7 @@ def test_verify_names_the_unvouched_and_checks_the_rest(tmp_path: Path) -> None:
 
 
 def test_manifest_refuses_to_vouch_for_a_file_that_fails_its_etag(local: Path) -> None:
-    from tpload.offline import write_manifest
+    from tpload.tools.offline import write_manifest
     shard = shards(local)[1]
     flip(shard, shard.stat().st_size - 1)
     with pytest.raises(CheckpointError, match=f"no manifest written: 1 file\\(s\\) do not match their local-dir "
@@ -241,7 +241,7 @@ def test_manifest_refuses_to_vouch_for_a_file_that_fails_its_etag(local: Path) -
 
 
 def test_manifest_vouches_for_unvouched_files_as_they_are(tmp_path: Path) -> None:
-    from tpload.offline import write_manifest
+    from tpload.tools.offline import write_manifest
     src = write_published(tmp_path / "dl", "gpt-oss-tiny", manifest=False)
     as_local_dir(src, skip=(shards(src)[1].name,))
     write_manifest(src)  # the way on the refusal names: trust on first use for the file without metadata

@@ -14,7 +14,7 @@ import pytest
 
 from tpload.config import load_config
 from tpload.errors import CheckpointError, LayoutError
-from tpload.export import export
+from tpload.tools.export import export
 from tpload.plan import Layout, Planner, RankPlan
 from tpload.storage import open_storage
 from tpload.storage.partitioned import PartitionedStorage, is_partitioned, rank_file
@@ -196,7 +196,7 @@ def test_an_exports_config_json_is_pinned_by_its_manifest(tmp_path: Path) -> Non
     # the export copies config.json (checked against the source's pins) and pins its own copy:
     # an edit afterwards is refused by the reader, before it shapes a plan
     from tpload.pick import choose, model_config
-    from tpload.published import write_published
+    from tpload.tools.published import write_published
     from tpload.storage.pins import Pins
 
     src = write_published(tmp_path / "src", "llama-tiny")

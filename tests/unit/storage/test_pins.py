@@ -11,9 +11,9 @@ import pytest
 
 import tpload
 from tpload.errors import CheckpointError, LoadError
-from tpload.offline import verify_checkpoint, write_manifest
+from tpload.tools.offline import verify_checkpoint, write_manifest
 from tpload.pick import choose, model_config
-from tpload.published import write_published
+from tpload.tools.published import write_published
 from tpload.storage.catalogue import INDEX_NAME, MANIFEST_NAME, read_native
 
 

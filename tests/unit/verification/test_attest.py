@@ -13,11 +13,11 @@ import pytest
 
 from tpload.config import with_rules
 from tpload.errors import OptionsError
-from tpload.offline import predict
+from tpload.verification.predict import predict
 from tpload.options import LoadOptions
 from tpload.pick import choose
 from tpload.plan import Layout, Planner
-from tpload.published import write_published
+from tpload.tools.published import write_published
 from tpload.storage import open_storage
 from tpload.storage.hub import to_hub_cache
 from tpload.verification import attest

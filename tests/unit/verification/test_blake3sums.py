@@ -12,7 +12,7 @@ import pytest
 import tpload
 from tpload.__main__ import main
 from tpload.errors import LoadError
-from tpload.offline import write_blake3
+from tpload.tools.offline import write_blake3
 from tpload.storage.sharded import ShardedStorage
 from tpload.verification import blake3sums
 from tpload.verification.blake3sums import content_hash, read_sidecar, sidecar_path

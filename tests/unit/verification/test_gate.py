@@ -82,7 +82,7 @@ def test_the_verdict_names_what_vouched() -> None:
 def test_offline_writers_take_only_what_the_gate_checked(tmp_path: Path) -> None:
     import numpy as np
 
-    from tpload.published import write_published
+    from tpload.tools.published import write_published
     from tpload.storage.hub import to_hub_cache
     from tpload.storage.sharded import ShardedStorage
     from tpload.verification.blake3sums import write_sidecar

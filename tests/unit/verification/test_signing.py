@@ -25,7 +25,7 @@ from cryptography.x509.oid import NameOID
 import tpload
 from tpload.errors import OptionsError
 from tpload.options import LoadOptions
-from tpload.published import write_published
+from tpload.tools.published import write_published
 from tpload.verification import signing
 
 model_signing = pytest.importorskip("model_signing")

@@ -13,7 +13,7 @@ import torch
 
 from tpload.config import load_config
 from tpload.plan import Layout, Planner
-from tpload.published import write_published
+from tpload.tools.published import write_published
 from tpload.storage.catalogue import read_native
 from tpload.verification.fingerprint import DeviceFingerprint, HostFingerprint, as_bytes2d, fingerprint
 

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 import psutil
 
-from .plan import RankPlan
-from .storage.catalogue import Catalogue
-from .storage.reader import CHUNK_BYTES, RING
-from .transfer import CUDA_CHUNK_BYTES as PINNED_CHUNK
-from .verification.policy import assign_hashing
+from ..plan import RankPlan
+from ..storage.catalogue import Catalogue
+from ..storage.reader import CHUNK_BYTES, RING
+from ..transfer import CUDA_CHUNK_BYTES as PINNED_CHUNK
+from ..verification.policy import assign_hashing
 
 STAGING_BYTES = RING * CHUNK_BYTES
 """Host staging per rank: the reader's ring of private buffers."""

@@ -18,67 +18,24 @@ import json
 import os
 from pathlib import Path
 
-import torch
 
-from .config import Config
-from .errors import CheckpointError, LoadError
-from .loop import run, value_feed
-from .plan import Layout, Planner
-from .report.progress import Silent
-from .storage import Storage, open_storage
-from .storage.catalogue import MANIFEST_NAME
-from .storage.files import atomic_write
-from .storage.pins import Pins, pins_to_write
-from .storage.sharded import ShardedStorage
-from .text import escape_name
-from .transfer.cpu import CpuTransfer
-from .verification.files import FileHasher, file_problems
-from .verification.blake3sums import Digests, require, write_sidecar
-from .verification.hashing import Hasher, hash_whole, mismatches
-from .verification.policy import HashPlan
-from .verification import gate
-from .verification.gate import layout_key
-from .verification.store import DigestStore, checkpoint_stamp, stale
-
-
-def _spare() -> int:
-    return max(0, (os.cpu_count() or 1) - 1)
-
-
-def predict(root: str | os.PathLike, config: Config, layout: Layout, kind: str, *, verify: bool = False,
-            storage: Storage | None = None) -> list[str]:
-    """Every rank's digest for this layout and kind, computed on the CPU by the load's own code.
-
-    ``verify``: also hash every tensor the layout uses against the manifest (each once);
-    any mismatch raises :class:`LoadError`, listing them all. ``storage``: an opened native folder
-    to compute every rank from (the caller keeps it open and closes it); by default each rank's
-    own storage is opened here.
-    """
-    out, hashed = [], set()
-    for rank in range(layout.world):
-        mine_open = storage is None
-        opened = open_storage(root, tp=layout.tp, ep=layout.ep, rank=rank, world=layout.world) if mine_open else storage
-        try:
-            opened.catalogue.refuse_headers_only("computing digests")
-            planner = Planner(opened.catalogue, config)
-            planner.check_layout(layout, layout.world)
-            plan = planner.plan(layout, kind, rank)
-            mine: frozenset[str] = frozenset()
-            if verify:
-                problems = opened.manifest_problems(sorted(set(plan.used_tensors) | set(plan.deferred)))
-                if problems:
-                    raise CheckpointError("\n".join(problems))
-                mine = frozenset(n for n in plan.used_tensors if opened.per_rank or n not in hashed)
-                hashed |= mine
-            result = run(opened, plan, transfer=CpuTransfer(torch.device("cpu")),
-                         hasher=Hasher(HashPlan("rank", rank, mine), threads=min(2, _spare())), samples=0,
-                         progress=Silent())
-            out.append(result.digest())
-            del result  # one rank's arena at a time
-        finally:
-            if mine_open:
-                opened.close()
-    return out
+from ..config import Config
+from ..errors import CheckpointError, LoadError
+from ..loop import value_feed
+from ..plan import Layout, Planner
+from ..storage import Storage
+from ..storage.catalogue import MANIFEST_NAME
+from ..storage.files import atomic_write
+from ..storage.pins import Pins, pins_to_write
+from ..storage.sharded import ShardedStorage
+from ..text import escape_name
+from ..verification.files import FileHasher, file_problems
+from ..verification.blake3sums import Digests, require, write_sidecar
+from ..verification.hashing import hash_whole, mismatches
+from ..verification import gate
+from ..verification.gate import layout_key
+from ..verification.predict import predict, spare_threads
+from ..verification.store import DigestStore, checkpoint_stamp, stale
 
 
 def record_verified(root: str | os.PathLike, config: Config, layout: Layout, kind: str, *,
@@ -126,7 +83,7 @@ def verify_checkpoint(root: str | os.PathLike, config: Config | None, *, threads
     """Every problem with the checkpoint at rest: headers, index, manifest, every sha256, and (with a
     config) scale bytes, NaN codes and decodes that would overflow bf16. An export is checked rank
     file by rank file against its own manifest."""
-    from .storage.partitioned import is_partitioned
+    from ..storage.partitioned import is_partitioned
     path = Path(root).absolute()
     if path.is_dir() and is_partitioned(path):
         return _verify_export(path, threads)
@@ -186,7 +143,7 @@ def _scan(storage: Storage, names: list[str], checkers: dict, threads: int, *, c
     the way (a scale before its weight, as the checkers need)."""
     order = sorted(names, key=lambda n: (checkers[n][0].name, checkers[n][3]) if n in checkers else (n, 0))
     feeds = {n: feed for n, (_, _, feed, _) in checkers.items()}
-    hashed = hash_whole(storage, order, threads=max(0, min(threads, _spare())), feeds=feeds)
+    hashed = hash_whole(storage, order, threads=max(0, min(threads, spare_threads())), feeds=feeds)
     problems = mismatches(hashed) if compare else []
     seen = set()
     for item, checker, _, _ in checkers.values():
@@ -201,7 +158,7 @@ def _scan(storage: Storage, names: list[str], checkers: dict, threads: int, *, c
 
 def _verify_export(root: Path, threads: int) -> list[str]:
     """An export at rest: each rank file's header against its manifest list, and every window's sha256."""
-    from .storage.partitioned import PartitionedStorage
+    from ..storage.partitioned import PartitionedStorage
     try:
         doc = json.loads((root / MANIFEST_NAME).read_text())
         meta = doc["partitioned"]
@@ -242,7 +199,7 @@ def write_manifest(root: str | os.PathLike, *, force: bool = False, threads: int
             if bad:
                 raise CheckpointError(f"no manifest written: {len(bad)} file(s) do not match their "
                                       f"{storage.file_source.names}:\n  - " + "\n  - ".join(bad))
-        hashed = hash_whole(storage, names, threads=max(0, min(threads, _spare())))
+        hashed = hash_whole(storage, names, threads=max(0, min(threads, spare_threads())))
     finally:
         storage.close()
     tensors = {n: {"file": catalogue.tensors[n].file, "dtype": catalogue.tensors[n].dtype,
@@ -274,8 +231,8 @@ def write_blake3(root: str | os.PathLike, *, threads: int = 2, store: str | os.P
         if problems:
             raise CheckpointError(f"no blake3 digests written: {len(problems)} problem(s) against the manifest:\n  - "
                                   + "\n  - ".join(problems))
-        checked = gate.at_rest(storage, names, threads=max(0, min(threads, _spare())),
-                               digests=Digests(threads=max(1, _spare()), also=("blake3",)),
+        checked = gate.at_rest(storage, names, threads=max(0, min(threads, spare_threads())),
+                               digests=Digests(threads=max(1, spare_threads()), also=("blake3",)),
                                what="no blake3 digests written")
         return write_sidecar(DigestStore(store), cat.manifest_sha256, path, checked, stamp)
     finally:

@@ -16,18 +16,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .options import COUNT, RANKS, SECONDS, Parser
-from .storage.catalogue import read_native
+from ..options import COUNT, RANKS, SECONDS, Parser
+from ..storage.catalogue import read_native
 
 FORMATS = {"vllm-default": "auto", "vllm-tpload": "tpload"}
-VLLM_VENV = Path(os.environ.get("TPLOAD_VLLM_VENV", Path.home() / ".cache" / "tpload-vllm-venv"))
-"""The venv with vLLM's CPU build that the engine tests make (tests/engines/vllm_env.py) and reuse."""
 
 
 def default_python() -> str:
-    """The Python with vLLM: $TPLOAD_VLLM_PYTHON, else the engine tests' venv, else this one."""
-    cached = VLLM_VENV / "bin" / "python"
-    return os.environ.get("TPLOAD_VLLM_PYTHON") or (str(cached) if cached.exists() else sys.executable)
+    """The Python with vLLM: $TPLOAD_VLLM_PYTHON, else this one (``--vllm-python`` names another)."""
+    return os.environ.get("TPLOAD_VLLM_PYTHON") or sys.executable
 
 
 def engine_env() -> dict[str, str]:

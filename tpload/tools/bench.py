@@ -24,14 +24,14 @@ from pathlib import Path
 
 import torch
 
-from .pick import choose
-from .errors import LoadError
-from .options import COUNT, DEFAULT_CONFIG, RANKS, SECONDS, Parser
-from .codecs import Cut
-from .loop import decode_rows
-from .plan import Item, Layout, Planner
-from .storage.pagecache import resident_bytes
-from .storage.sharded import ShardedStorage
+from ..pick import choose
+from ..errors import LoadError
+from ..options import COUNT, DEFAULT_CONFIG, RANKS, SECONDS, Parser
+from ..codecs import Cut
+from ..loop import decode_rows
+from ..plan import Item, Layout, Planner
+from ..storage.pagecache import resident_bytes
+from ..storage.sharded import ShardedStorage
 from .published import cached_published, loadable_presets
 from .synth import PRESETS, cached_checkpoint
 
@@ -122,7 +122,7 @@ def available_methods(wanted: tuple[str, ...], *, cuda: bool | None = None) -> t
             notes.append(f"{m}: CUDA devices only, and there are none; skipped")
             continue
         if m == "tpload-blake3":
-            from .verification.blake3sums import INSTALL, available
+            from ..verification.blake3sums import INSTALL, available
             if not available():
                 notes.append(f"tpload-blake3: the blake3 package is not installed ({INSTALL}); skipped")
                 continue

@@ -20,18 +20,18 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import Config
-from .errors import CheckpointError
-from .plan import Layout, Planner, RankPlan
-from .storage.catalogue import MANIFEST_NAME, natural_key
-from .storage.pins import pins_to_write
-from .storage.partitioned import rank_file
-from .storage.reader import Reader
-from .storage.safetensors import write_safetensors
-from .storage.sharded import ShardedStorage
-from .text import escape_name
-from .verification import gate
-from .verification.vouched import Vouched
+from ..config import Config
+from ..errors import CheckpointError
+from ..plan import Layout, Planner, RankPlan
+from ..storage.catalogue import MANIFEST_NAME, natural_key
+from ..storage.pins import pins_to_write
+from ..storage.partitioned import rank_file
+from ..storage.reader import Reader
+from ..storage.safetensors import write_safetensors
+from ..storage.sharded import ShardedStorage
+from ..text import escape_name
+from ..verification import gate
+from ..verification.vouched import Vouched
 
 
 @dataclass(frozen=True)

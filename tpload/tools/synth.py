@@ -24,12 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .codecs.fp4_e8m0 import GROUP as FP4_GROUP
-from .errors import CheckpointError, OptionsError
-from .options import SEED, not_a_folder
-from .storage.catalogue import INDEX_NAME, MANIFEST_NAME
-from .storage.safetensors import ITEMSIZE, write_safetensors
-from .text import escape_name
+from ..codecs.fp4_e8m0 import GROUP as FP4_GROUP
+from ..errors import CheckpointError, OptionsError
+from ..options import SEED, not_a_folder
+from ..storage.catalogue import INDEX_NAME, MANIFEST_NAME
+from ..storage.safetensors import ITEMSIZE, write_safetensors
+from ..text import escape_name
 
 CHUNK_BYTES = 32 << 20
 log = logging.getLogger("tpload")
@@ -78,22 +78,22 @@ PRESETS: dict[str, SynthSpec] = {
 Fill = Callable[[np.random.Generator, int, int], np.ndarray]
 
 
-def _fp4_bytes(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
+def fp4_bytes(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
     return np.frombuffer(rng.bytes(rows * cols), dtype=np.uint8)
 
 
-def _e8m0_bytes(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
+def e8m0_bytes(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
     # 2^-9 .. 2^3: a realistic range that can never overflow bf16 on decode.
     return rng.integers(118, 131, rows * cols, dtype=np.uint8)
 
 
-def _e4m3_bytes(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
+def e4m3_bytes(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
     b = np.frombuffer(rng.bytes(rows * cols), dtype=np.uint8).copy()
     b[(b & 0x7F) == 0x7F] ^= 1  # NaN codes 0x7F/0xFF -> 0x7E/0xFE (448 / -448)
     return b
 
 
-def _bf16_bytes(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
+def bf16_bytes(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
     # Random sign, exponent 2^-7..2^-1, random mantissa: built as bits, no float math.
     n = rows * cols
     bits = (rng.integers(0, 2, n, dtype=np.uint16) << 15) | (rng.integers(120, 127, n, dtype=np.uint16) << 7) \
@@ -101,7 +101,7 @@ def _bf16_bytes(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
     return bits.view(np.uint8)
 
 
-def _f32_bytes(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
+def f32_bytes(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
     return rng.standard_normal(rows * cols, dtype=np.float32).view(np.uint8)
 
 
@@ -110,7 +110,7 @@ def _f16_bytes(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class _Planned:
+class Planned:
     name: str
     dtype: str
     shape: tuple[int, ...]
@@ -121,28 +121,28 @@ class _Planned:
         return math.prod(self.shape) * ITEMSIZE[self.dtype]
 
 
-def planned_tensors(spec: SynthSpec) -> list[_Planned]:
+def planned_tensors(spec: SynthSpec) -> list[Planned]:
     """Every tensor of the reference layout, in a stable order."""
     h, i, e, b = spec.hidden, spec.inter, spec.experts, spec.block
     cdiv = lambda a, d: -(-a // d)  # noqa: E731
-    out: list[_Planned] = []
+    out: list[Planned] = []
 
     def fp8(name: str, n: int, k: int) -> None:
-        out.append(_Planned(f"{name}.weight", "F8_E4M3", (n, k), _e4m3_bytes))
-        out.append(_Planned(f"{name}.scale", "F8_E8M0", (cdiv(n, b), cdiv(k, b)), _e8m0_bytes))
+        out.append(Planned(f"{name}.weight", "F8_E4M3", (n, k), e4m3_bytes))
+        out.append(Planned(f"{name}.scale", "F8_E8M0", (cdiv(n, b), cdiv(k, b)), e8m0_bytes))
 
     def fp4(name: str, n: int, k: int) -> None:
-        out.append(_Planned(f"{name}.weight", "I8", (n, k // 2), _fp4_bytes))
-        out.append(_Planned(f"{name}.scale", "F8_E8M0", (n, k // FP4_GROUP), _e8m0_bytes))
+        out.append(Planned(f"{name}.weight", "I8", (n, k // 2), fp4_bytes))
+        out.append(Planned(f"{name}.scale", "F8_E8M0", (n, k // FP4_GROUP), e8m0_bytes))
 
     for s in range(spec.stages):
         p = f"mtp.{s}"
-        out.append(_Planned(f"{p}.enorm.weight", "BF16", (h,), _bf16_bytes))
-        out.append(_Planned(f"{p}.hnorm.weight", "BF16", (h,), _bf16_bytes))
+        out.append(Planned(f"{p}.enorm.weight", "BF16", (h,), bf16_bytes))
+        out.append(Planned(f"{p}.hnorm.weight", "BF16", (h,), bf16_bytes))
         fp8(f"{p}.eh_proj", h, 2 * h)
-        out.append(_Planned(f"{p}.norm.weight", "F16", (h,), _f16_bytes))
-        out.append(_Planned(f"{p}.ffn.gate.weight", "BF16", (e, h), _bf16_bytes))
-        out.append(_Planned(f"{p}.ffn.gate.bias", "F32", (e,), _f32_bytes))
+        out.append(Planned(f"{p}.norm.weight", "F16", (h,), _f16_bytes))
+        out.append(Planned(f"{p}.ffn.gate.weight", "BF16", (e, h), bf16_bytes))
+        out.append(Planned(f"{p}.ffn.gate.bias", "F32", (e,), f32_bytes))
         for x in range(e):
             fp4(f"{p}.ffn.experts.{x}.w1", i, h)
             fp4(f"{p}.ffn.experts.{x}.w2", h, i)
@@ -150,11 +150,11 @@ def planned_tensors(spec: SynthSpec) -> list[_Planned]:
         fp8(f"{p}.ffn.shared_experts.w1", i, h)
         fp8(f"{p}.ffn.shared_experts.w2", h, i)
         fp8(f"{p}.ffn.shared_experts.w3", i, h)
-    out.append(_Planned("head.weight", "BF16", (spec.vocab, h), _bf16_bytes))
+    out.append(Planned("head.weight", "BF16", (spec.vocab, h), bf16_bytes))
     return out
 
 
-def _chunks(t: _Planned, seed: int) -> Iterator[np.ndarray]:
+def chunks(t: Planned, seed: int) -> Iterator[np.ndarray]:
     """The tensor's bytes, a few row blocks at a time (bounded memory)."""
     rng = np.random.default_rng([seed, zlib.crc32(t.name.encode())])
     rows = t.shape[0] if len(t.shape) > 1 else 1
@@ -164,10 +164,10 @@ def _chunks(t: _Planned, seed: int) -> Iterator[np.ndarray]:
         yield t.fill(rng, min(step, rows - r0), cols)
 
 
-def _split_shards(tensors: list[_Planned], shards: int) -> list[list[_Planned]]:
+def split_shards(tensors: list[Planned], shards: int) -> list[list[Planned]]:
     """Contiguous runs of tensors with about equal bytes each."""
     total = sum(t.nbytes for t in tensors)
-    out: list[list[_Planned]] = [[] for _ in range(shards)]
+    out: list[list[Planned]] = [[] for _ in range(shards)]
     done = 0
     for t in tensors:
         out[min(shards - 1, done * shards // max(total, 1))].append(t)
@@ -175,11 +175,11 @@ def _split_shards(tensors: list[_Planned], shards: int) -> list[list[_Planned]]:
     return [s for s in out if s]
 
 
-def write_shard(path: Path, tensors: list[_Planned], seed: int) -> dict[str, str]:
+def write_shard(path: Path, tensors: list[Planned], seed: int) -> dict[str, str]:
     """Write one safetensors file; return {name: sha256 of its stored bytes}."""
     by_name = {t.name: t for t in tensors}
     return write_safetensors(path, [(t.name, t.dtype, t.shape) for t in tensors],
-                             lambda name: _chunks(by_name[name], seed), {"format": "pt", "writer": "tpload.synth"})
+                             lambda name: chunks(by_name[name], seed), {"format": "pt", "writer": "tpload.synth"})
 
 
 def write_checkpoint(out_dir: str | os.PathLike, spec: SynthSpec) -> Path:
@@ -188,7 +188,7 @@ def write_checkpoint(out_dir: str | os.PathLike, spec: SynthSpec) -> Path:
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise CheckpointError(f"{escape_name(root)}: not an empty folder; synth writes only into a new or empty one")
     root.mkdir(parents=True, exist_ok=True)
-    groups = _split_shards(planned_tensors(spec), spec.shards)
+    groups = split_shards(planned_tensors(spec), spec.shards)
     weight_map, manifest, total = {}, {}, 0
     for k, group in enumerate(groups, 1):
         file = f"model-{k:05d}-of-{len(groups):05d}.safetensors"
@@ -212,7 +212,7 @@ def write_hub(cache: str | os.PathLike, repo: str, write: Callable[[Path], Path]
     no manifest): ``write(folder)`` writes it into a temporary folder, then it moves in. Returns the
     snapshot folder. A cache that holds ``repo`` already is refused before anything is written
     (it would mix two writes' blobs under one snapshot)."""
-    from .storage.hub import to_hub_cache
+    from ..storage.hub import to_hub_cache
     if not HUB_REPO.fullmatch(repo) or ".." in repo:
         raise OptionsError(f"--hub {escape_name(repo)!r}: expected a repository id ORG/NAME (letters, digits, '.', "
                            "'_', '-'; one slash)")

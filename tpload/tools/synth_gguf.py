@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .codecs.gguf import BLOCKS, SCALE_OFFSETS
-from .errors import CheckpointError, OptionsError
-from .storage.gguf import HEADERS_ONLY_KEY
-from .text import escape_name
+from ..codecs.gguf import BLOCKS, SCALE_OFFSETS
+from ..errors import CheckpointError, OptionsError
+from ..storage.gguf import HEADERS_ONLY_KEY
+from ..text import escape_name
 
 HIDDEN, INTER, MOE_INTER, EXPERTS, HEADS, VOCAB = 256, 512, 512, 4, 4, 512
 NOPE, ROPE, V, Q_LORA, KV_LORA = 32, 16, 32, 64, 64
@@ -136,7 +136,7 @@ def _nbytes(ggml: str, shape: tuple[int, ...]) -> int:
 def write_headers_only(out_dir: str | os.PathLike, name: str) -> Path:
     """A full-size GGUF split set whose data are holes: real headers (our own writer, GGUF v3, alignment
     32, llama.cpp's split keys), each file extended to its size without writing (sparse)."""
-    from .storage.gguf import TYPES
+    from ..storage.gguf import TYPES
     type_id = {v[0]: k for k, v in TYPES.items()}
     root = Path(out_dir)
     if root.exists() and (not root.is_dir() or any(root.iterdir())):

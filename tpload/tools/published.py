@@ -24,12 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import CheckpointError
-from .storage.catalogue import HEADERS_ONLY, INDEX_NAME, MANIFEST_NAME
-from .storage.safetensors import write_safetensors
-from .synth import (_bf16_bytes, _chunks, _e4m3_bytes, _e8m0_bytes, _f32_bytes, _fp4_bytes, _Planned,
-                    _split_shards, cache_root, cached)
-from .text import escape_name
+from ..errors import CheckpointError
+from ..storage.catalogue import HEADERS_ONLY, INDEX_NAME, MANIFEST_NAME
+from ..storage.safetensors import write_safetensors
+from .synth import (bf16_bytes, chunks, e4m3_bytes, e8m0_bytes, f32_bytes, fp4_bytes, Planned,
+                    split_shards, cache_root, cached)
+from ..text import escape_name
 
 B = 128  # the FP8 block of every published FP8 family
 
@@ -65,12 +65,12 @@ class _Tensors:
     """A family's tensor list under construction, with one helper per stored format."""
 
     def __init__(self, scale_dtype: str = "F32") -> None:
-        self.out: list[_Planned] = []
+        self.out: list[Planned] = []
         self.scale_dtype = scale_dtype
 
     def add(self, name: str, dtype: str, shape: tuple[int, ...], fill=None) -> None:
-        fill = fill or {"BF16": _bf16_bytes, "F32": _f32_bytes, "U8": _fp4_bytes, "I8": _fp4_bytes}[dtype]
-        self.out.append(_Planned(name, dtype, tuple(shape), fill))
+        fill = fill or {"BF16": bf16_bytes, "F32": f32_bytes, "U8": fp4_bytes, "I8": fp4_bytes}[dtype]
+        self.out.append(Planned(name, dtype, tuple(shape), fill))
 
     def bf16(self, name: str, *shape: int) -> None:
         self.add(name, "BF16", shape)
@@ -78,18 +78,18 @@ class _Tensors:
     def fp8(self, stem: str, n: int, k: int, *, scale: str = ".weight_scale_inv", dtype: str | None = None) -> None:
         """An F8_E4M3 ``[n, k]`` weight and its 128x128 block scale (F32, BF16, or E8M0 bytes)."""
         dtype = dtype or self.scale_dtype
-        self.add(f"{stem}.weight", "F8_E4M3", (n, k), _e4m3_bytes)
-        fill = {"F32": _pos_f32, "BF16": _pos_bf16, "F8_E8M0": _e8m0_bytes}[dtype]
+        self.add(f"{stem}.weight", "F8_E4M3", (n, k), e4m3_bytes)
+        fill = {"F32": _pos_f32, "BF16": _pos_bf16, "F8_E8M0": e8m0_bytes}[dtype]
         self.add(f"{stem}{scale}", dtype, (_cdiv(n, B), _cdiv(k, B)), fill)
 
     def mxfp4(self, stem: str, n: int, k: int) -> None:
         """DeepSeek-V4's FP4 experts: I8 ``[n, k/2]`` and E8M0 ``[n, k/32]``."""
-        self.add(f"{stem}.weight", "I8", (n, k // 2), _fp4_bytes)
-        self.add(f"{stem}.scale", "F8_E8M0", (n, k // 32), _e8m0_bytes)
+        self.add(f"{stem}.weight", "I8", (n, k // 2), fp4_bytes)
+        self.add(f"{stem}.scale", "F8_E8M0", (n, k // 32), e8m0_bytes)
 
     def nvfp4(self, stem: str, n: int, k: int) -> None:
         """ModelOpt NVFP4: U8 ``[n, k/2]``, E4M3 ``[n, k/16]``, two F32 scalars."""
-        self.add(f"{stem}.weight", "U8", (n, k // 2), _fp4_bytes)
+        self.add(f"{stem}.weight", "U8", (n, k // 2), fp4_bytes)
         self.add(f"{stem}.weight_scale", "F8_E4M3", (n, k // 16), _e4m3_scale)
         self.add(f"{stem}.weight_scale_2", "F32", (), _global_scale)
         self.add(f"{stem}.input_scale", "F32", (), _global_scale)
@@ -97,7 +97,7 @@ class _Tensors:
 
 # -- DeepSeek-V3 (and R1-FP4, its NVFP4 release) --------------------------------------------------
 
-def _deepseek_v3(c: dict, *, nvfp4: bool = False) -> list[_Planned]:
+def _deepseek_v3(c: dict, *, nvfp4: bool = False) -> list[Planned]:
     t = _Tensors()
     h, nh, v = c["hidden_size"], c["num_attention_heads"], c["vocab_size"]
     nope, rope, vd, qr, kr = (c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"], c["q_lora_rank"],
@@ -179,7 +179,7 @@ _V3_CONFIG = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepsee
 
 # -- DeepSeek-V4 ---------------------------------------------------------------------------------
 
-def _deepseek_v4(c: dict) -> list[_Planned]:
+def _deepseek_v4(c: dict) -> list[Planned]:
     t = _Tensors("F8_E8M0")
     h, nh, hd, qr, v = c["hidden_size"], c["num_attention_heads"], c["head_dim"], c["q_lora_rank"], c["vocab_size"]
     og, olr, hc = c["o_groups"], c["o_lora_rank"], c["hc_mult"]
@@ -268,7 +268,7 @@ _V4_CONFIG = {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepsee
 
 # -- gpt-oss ---------------------------------------------------------------------------------------
 
-def _gpt_oss(c: dict) -> list[_Planned]:
+def _gpt_oss(c: dict) -> list[Planned]:
     t = _Tensors()
     h, v, e, i = c["hidden_size"], c["vocab_size"], c["num_local_experts"], c["intermediate_size"]
     nq, nkv, d = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
@@ -287,10 +287,10 @@ def _gpt_oss(c: dict) -> list[_Planned]:
         t.bf16(f"{m}.router.weight", e, h)
         t.bf16(f"{m}.router.bias", e)
         t.add(f"{m}.experts.gate_up_proj_blocks", "U8", (e, 2 * i, h // 32, 16))
-        t.add(f"{m}.experts.gate_up_proj_scales", "U8", (e, 2 * i, h // 32), _e8m0_bytes)
+        t.add(f"{m}.experts.gate_up_proj_scales", "U8", (e, 2 * i, h // 32), e8m0_bytes)
         t.bf16(f"{m}.experts.gate_up_proj_bias", e, 2 * i)
         t.add(f"{m}.experts.down_proj_blocks", "U8", (e, h, i // 32, 16))
-        t.add(f"{m}.experts.down_proj_scales", "U8", (e, h, i // 32), _e8m0_bytes)
+        t.add(f"{m}.experts.down_proj_scales", "U8", (e, h, i // 32), e8m0_bytes)
         t.bf16(f"{m}.experts.down_proj_bias", e, h)
     t.bf16("model.norm.weight", h)
     t.bf16("lm_head.weight", v, h)
@@ -307,7 +307,7 @@ _GPT_OSS_CONFIG = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_os
 
 # -- Qwen3(-MoE) FP8 and Llama ---------------------------------------------------------------------
 
-def _qwen3(c: dict, *, scale_dtype: str = "F32") -> list[_Planned]:
+def _qwen3(c: dict, *, scale_dtype: str = "F32") -> list[Planned]:
     t = _Tensors(scale_dtype)
     h, v, nq, nkv, d = (c["hidden_size"], c["vocab_size"], c["num_attention_heads"], c["num_key_value_heads"],
                         c["head_dim"])
@@ -358,7 +358,7 @@ _LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "
 
 # -- many tiny tensors (per-tensor cost) ------------------------------------------------------------
 
-def _many(c: dict) -> list[_Planned]:
+def _many(c: dict) -> list[Planned]:
     """``tpload_tensors`` tiny 8x8 BF16 tensors, whole on every rank (the catch-all rule), in layers
     of 100 like a real model's names: what per-tensor bookkeeping costs, apart from bytes."""
     t = _Tensors()
@@ -380,7 +380,7 @@ class Published:
 
     family: str
     config: dict
-    tensors: Callable[[dict], list[_Planned]]
+    tensors: Callable[[dict], list[Planned]]
     shards: int = 2
     shard_name: str = "model-{k:05d}-of-{n:05d}.safetensors"
     extra: dict[str, dict] = field(default_factory=dict)
@@ -388,7 +388,7 @@ class Published:
     headers_only: bool = False
     """Only headers and index; the data are holes (a ``full`` size)."""
 
-    def planned(self) -> list[_Planned]:
+    def planned(self) -> list[Planned]:
         return self.tensors(self.config)
 
 
@@ -473,13 +473,13 @@ def write_published(out_dir: str | os.PathLike, name: str, *, seed: int = 0, man
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise CheckpointError(f"{escape_name(root)}: not an empty folder; synth writes only into a new or empty one")
     root.mkdir(parents=True, exist_ok=True)
-    groups = _split_shards(pub.planned(), pub.shards)
+    groups = split_shards(pub.planned(), pub.shards)
     weight_map, entries, total = {}, {}, 0
     for k, group in enumerate(groups, 1):
         file = pub.shard_name.format(k=k, k0=k - 1, n=len(groups), n_minus_1=len(groups) - 1)  # gpt-oss counts from 0
         digests = _write_headers_only(root / file, group) if pub.headers_only else \
             write_safetensors(root / file, [(t.name, t.dtype, t.shape) for t in group],
-                              lambda n, by={t.name: t for t in group}: _chunks(by[n], seed),
+                              lambda n, by={t.name: t for t in group}: chunks(by[n], seed),
                               {"format": "pt", "writer": "tpload.synth"})
         for t in group:
             weight_map[t.name] = file
@@ -496,7 +496,7 @@ def write_published(out_dir: str | os.PathLike, name: str, *, seed: int = 0, man
     return root
 
 
-def _write_headers_only(path: Path, tensors: list[_Planned]) -> dict[str, str]:
+def _write_headers_only(path: Path, tensors: list[Planned]) -> dict[str, str]:
     """A safetensors file whose header is real and whose data are a hole of the right size."""
     header: dict[str, object] = {"__metadata__": {"format": "pt", "writer": "tpload.synth", HEADERS_ONLY: "1"}}
     offset = 0

@@ -32,11 +32,11 @@ import tpload
 
 # The bench's own pieces that every method shares (the plan of the windows, the map); none of these
 # imports tpload's kernels (numba), so a method's own imports are timed in a process without them.
-from .pick import choose
-from .options import DEFAULT_CONFIG
-from .plan import Cut, Item, Layout, Output, Planner, RankPlan
-from .storage.safetensors import ITEMSIZE
-from .storage.sharded import ShardedStorage
+from ..pick import choose
+from ..options import DEFAULT_CONFIG
+from ..plan import Cut, Item, Layout, Output, Planner, RankPlan
+from ..storage.safetensors import ITEMSIZE
+from ..storage.sharded import ShardedStorage
 
 Windows = dict[str, torch.Tensor]
 
@@ -118,7 +118,7 @@ def _served(cut: Cut, t: torch.Tensor) -> torch.Tensor:
 
 def run_floor(job: Job) -> Windows:
     """Only the copies: each window out of the map into its slot of an arena (tpload's allocator), no checks."""
-    from .transfer.cpu import new_arena
+    from ..transfer.cpu import new_arena
     arena = new_arena(job.plan.arena_bytes) if job.device.type == "cpu" else \
         torch.empty(job.plan.arena_bytes, dtype=torch.uint8, device=job.device)
     out: Windows = {}
@@ -359,7 +359,7 @@ def import_method(method: str) -> float:
 
 def window_digest(windows: Windows) -> str:
     """Digest of a rank's windows as bytes: ``name|uint8|rows x row_bytes|fingerprint`` lines (README, Digests)."""
-    from .verification.fingerprint import as_bytes2d, digest, fingerprint
+    from ..verification.fingerprint import as_bytes2d, digest, fingerprint
     entries = []
     for name, t in windows.items():
         b = as_bytes2d(t.contiguous())
@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     # Process start to here: python, torch and the bench's plan (every method alike); then the method's own.
     startup_seconds = time.time() - psutil.Process().create_time()
     import_seconds = import_method(args.method)
-    from .report.memory import MemoryPeaks  # the harness's (it pulls in tpload's kernels): after the timed import
+    from ..report.memory import MemoryPeaks  # the harness's (it pulls in tpload's kernels): after the timed import
     cuda = torch.cuda.is_available()
     local = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local % torch.cuda.device_count()) if cuda else torch.device("cpu")

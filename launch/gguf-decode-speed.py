@@ -2,10 +2,16 @@
 device path; on the CPU here, on cuda:0 with --cuda), in bf16 bytes out, beside a memcpy of as many
 bytes (the fp8/fp4 figure's measure, README). Not a test: `python launch/gguf-decode-speed.py [TYPE]`
 (TYPE one of Q8_0, Q2_K ... Q6_K; Q4_K when none)."""
+
 import sys
-import time, numpy as np, torch
+import time
+
+import numpy as np
+import torch
+
 from tpload.codecs import gguf_kernels
 from tpload.codecs.gguf import BLOCKS, SCALE_OFFSETS, decode_torch
+
 ggml = next((a for a in sys.argv[1:] if not a.startswith("-")), "Q4_K")
 per, size = BLOCKS[ggml]
 rows, nb = 8192, 7168 // per  # 8192 rows x 7168 weights: 117 MB of bf16 out
@@ -13,22 +19,34 @@ rng = np.random.default_rng(0)
 src = rng.integers(0, 256, (rows, nb * size), dtype=np.uint8)
 blocks = src.reshape(rows, nb, size)
 for off in SCALE_OFFSETS[ggml]:  # finite super-scales
-    blocks[:, :, off:off + 2] = np.array([1e-3], np.float16).view(np.uint8)
+    blocks[:, :, off : off + 2] = np.array([1e-3], np.float16).view(np.uint8)
 out = np.empty((rows, nb * per), np.int16)
 gguf_kernels.decode(ggml, src, out)
+
+
 def best(f, n=7):
     t = []
     for _ in range(n):
-        a = time.perf_counter(); f(); t.append(time.perf_counter() - a)
+        a = time.perf_counter()
+        f()
+        t.append(time.perf_counter() - a)
     return min(t)
-big = np.empty(out.nbytes, np.uint8); big2 = np.ones_like(big)
+
+
+big = np.empty(out.nbytes, np.uint8)
+big2 = np.ones_like(big)
 tc = best(lambda: np.copyto(big, big2))
 td = best(lambda: gguf_kernels.decode(ggml, src, out))
 dev = "cuda" if "--cuda" in sys.argv else "cpu"
-src_d, out_d = torch.from_numpy(src).to(dev), torch.empty(out.shape, dtype=torch.bfloat16, device=dev)
+src_d, out_d = (
+    torch.from_numpy(src).to(dev),
+    torch.empty(out.shape, dtype=torch.bfloat16, device=dev),
+)
 sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
 tt = best(lambda: (decode_torch(ggml, src_d, out_d), sync()), 3)
 mb = src.nbytes / 1e6
 ob = out.nbytes / 1e9
-print(f"{ggml} -> bf16, {ob:.3f} GB out, 1 thread, bf16 bytes out: numba {ob / td:.2f} GB/s ({tc / td:.0%} of memcpy), "
-      f"torch ops on {dev} {ob / tt:.2f} GB/s; memcpy of the same output {ob / tc:.2f} GB/s")
+print(
+    f"{ggml} -> bf16, {ob:.3f} GB out, 1 thread, bf16 bytes out: numba {ob / td:.2f} GB/s ({tc / td:.0%} of memcpy), "
+    f"torch ops on {dev} {ob / tt:.2f} GB/s; memcpy of the same output {ob / tc:.2f} GB/s"
+)

@@ -18,13 +18,20 @@ SERVE = str(HERE / "workers" / "serve.py")
 def serve(root: Path, out: Path, nproc: int, *, timeout: float = 240, **kw: str) -> list[dict]:
     """torchrun the serve worker (load(**kw) on every rank); each rank's JSON record."""
     out.mkdir(exist_ok=True)
-    run = torchrun(nproc, [SERVE, str(root), str(out), *(f"{k}={v}" for k, v in kw.items())], timeout=timeout)
+    run = torchrun(
+        nproc, [SERVE, str(root), str(out), *(f"{k}={v}" for k, v in kw.items())], timeout=timeout
+    )
     assert run.rc == 0, run.text
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
 
 
-def add_tensors(root: Path, tensors: dict[str, torch.Tensor], *, file: str = "extra.safetensors",
-                manifest: str = "right") -> None:
+def add_tensors(
+    root: Path,
+    tensors: dict[str, torch.Tensor],
+    *,
+    file: str = "extra.safetensors",
+    manifest: str = "right",
+) -> None:
     """Write ``tensors`` into a new shard of ``root`` and list them in its index.
 
     ``manifest``: ``right`` adds their true sha256 to NATIVE_MANIFEST.json, ``wrong`` a
@@ -39,7 +46,11 @@ def add_tensors(root: Path, tensors: dict[str, torch.Tensor], *, file: str = "ex
         return
     m = json.loads((root / "NATIVE_MANIFEST.json").read_text())
     for name, t in tensors.items():
-        sha = hashlib.sha256(stored_bytes(root, name)).hexdigest() if manifest == "right" else "0" * 64
+        sha = (
+            hashlib.sha256(stored_bytes(root, name)).hexdigest()
+            if manifest == "right"
+            else "0" * 64
+        )
         dtype = json.loads(_header(root / file))[name]["dtype"]
         m["tensors"][name] = {"file": file, "dtype": dtype, "shape": list(t.shape), "sha256": sha}
     (root / "NATIVE_MANIFEST.json").write_text(json.dumps(m))
@@ -68,6 +79,7 @@ def all_names(root: Path) -> list[str]:
 def config_with(tmp_path: Path, first_rules: str, base: str = "deepseek-v4-mtp") -> Path:
     """A TOML config: ``first_rules`` (TOML [[rules]] text) before the shipped config's rules."""
     from importlib import resources
+
     text = (resources.files("tpload.configs") / f"{base}.toml").read_text()
     head, sep, rules = text.partition("[[rules]]")
     path = tmp_path / "config.toml"
@@ -81,19 +93,24 @@ def renamed(src: Path, dst: Path, rename, extra: dict[str, torch.Tensor] | None 
     import shutil
 
     from safetensors.torch import load_file
+
     shutil.copytree(src, dst)
     index_path = dst / "model.safetensors.index.json"
     index = json.loads(index_path.read_text())
     for file in sorted(set(index["weight_map"].values())):
         tensors = load_file(str(dst / file))
-        save_file({rename(n): t for n, t in tensors.items()}, str(dst / file), metadata={"format": "pt"})
+        save_file(
+            {rename(n): t for n, t in tensors.items()}, str(dst / file), metadata={"format": "pt"}
+        )
     index["weight_map"] = {rename(n): f for n, f in index["weight_map"].items()}
     index_path.write_text(json.dumps(index))
     m = json.loads((dst / "NATIVE_MANIFEST.json").read_text())
     m["tensors"] = {rename(n): e for n, e in m["tensors"].items()}
     (dst / "NATIVE_MANIFEST.json").write_text(json.dumps(m))
     if extra:  # a new shard each time (a copy of a copy keeps the first's)
-        add_tensors(dst, extra, file=f"extra-{len(list(dst.glob('extra*.safetensors')))}.safetensors")
+        add_tensors(
+            dst, extra, file=f"extra-{len(list(dst.glob('extra*.safetensors')))}.safetensors"
+        )
     return dst
 
 
@@ -101,16 +118,22 @@ def ec_keypair(folder: Path, name: str) -> tuple[Path, Path]:
     """A fresh P-256 key pair written as PEM: (``name``.pem private, ``name``.pub.pem public)."""
     from cryptography.hazmat.primitives import serialization as ser
     from cryptography.hazmat.primitives.asymmetric import ec
+
     key = ec.generate_private_key(ec.SECP256R1())
     private, public = folder / f"{name}.pem", folder / f"{name}.pub.pem"
-    private.write_bytes(key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.PKCS8, ser.NoEncryption()))
-    public.write_bytes(key.public_key().public_bytes(ser.Encoding.PEM, ser.PublicFormat.SubjectPublicKeyInfo))
+    private.write_bytes(
+        key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.PKCS8, ser.NoEncryption())
+    )
+    public.write_bytes(
+        key.public_key().public_bytes(ser.Encoding.PEM, ser.PublicFormat.SubjectPublicKeyInfo)
+    )
     return private, public
 
 
 def whole(root: Path) -> dict[str, torch.Tensor]:
     """Every stored tensor of a folder's shards, whole (read by safetensors, not tpload)."""
     from safetensors import safe_open
+
     out = {}
     for path in sorted(root.glob("*.safetensors")):
         with safe_open(str(path), "pt") as f:

@@ -24,12 +24,12 @@ EXPERT = re.compile(r"\.experts\.(\d+)\.")
 
 @dataclass(frozen=True)
 class Split:
-    axis: str = ""           # "rows", "cols" or "" (whole)
-    units: str = ""          # config.json key counting the units (heads); channels when empty
-    share: bool = True       # fewer units than ranks: rank r takes unit r // (tp / units)
-    uneven: int = 0          # gpt-oss: per-rank share rounded up to this many channels, last rank the rest
+    axis: str = ""  # "rows", "cols" or "" (whole)
+    units: str = ""  # config.json key counting the units (heads); channels when empty
+    share: bool = True  # fewer units than ranks: rank r takes unit r // (tp / units)
+    uneven: int = 0  # gpt-oss: per-rank share rounded up to this many channels, last rank the rest
     rows_per_channel: int = 1  # gpt-oss gate_up: two interleaved rows per channel
-    expert: str = ""         # "named" (experts.N.), "stacked" (dimension 0), or "" (not an expert)
+    expert: str = ""  # "named" (experts.N.), "stacked" (dimension 0), or "" (not an expert)
 
 
 ROWS, COLS = Split("rows"), Split("cols")
@@ -61,7 +61,10 @@ _GPT_OSS = [
     (r"self_attn\.q_proj\.|self_attn\.sinks$", Split("rows", "num_attention_heads")),
     (r"self_attn\.[kv]_proj\.", Split("rows", "num_key_value_heads")),
     (r"self_attn\.o_proj\.weight$", Split("cols", "num_attention_heads")),
-    (r"experts\.gate_up_proj_(blocks|scales|bias)$", Split("rows", uneven=32, rows_per_channel=2, expert="stacked")),
+    (
+        r"experts\.gate_up_proj_(blocks|scales|bias)$",
+        Split("rows", uneven=32, rows_per_channel=2, expert="stacked"),
+    ),
     (r"experts\.down_proj_(blocks|scales)$", Split("cols", uneven=32, expert="stacked")),
     (r"experts\.down_proj_bias$", Split(expert="stacked")),
 ]
@@ -75,12 +78,22 @@ _QWEN3 = [
     (r"mlp\.(gate|up)_proj\.weight$", ROWS),
     (r"mlp\.down_proj\.weight$", COLS),
 ]
-RULES = {"deepseek-v3": _DEEPSEEK_V3, "nvfp4": _DEEPSEEK_V3, "deepseek-v4": _DEEPSEEK_V4, "gpt-oss": _GPT_OSS,
-         "qwen3-fp8": _QWEN3, "llama": _QWEN3}
+RULES = {
+    "deepseek-v3": _DEEPSEEK_V3,
+    "nvfp4": _DEEPSEEK_V3,
+    "deepseek-v4": _DEEPSEEK_V4,
+    "gpt-oss": _GPT_OSS,
+    "qwen3-fp8": _QWEN3,
+    "llama": _QWEN3,
+}
 
 # The scale tensors beside a weight, by suffix: (weight suffix, scale suffix, second scale suffix).
-_SCALES = [(".weight", ".weight_scale_inv", ""), (".weight", ".scale", ""),
-           (".weight", ".weight_scale", ".weight_scale_2"), ("_blocks", "_scales", "")]
+_SCALES = [
+    (".weight", ".weight_scale_inv", ""),
+    (".weight", ".scale", ""),
+    (".weight", ".weight_scale", ".weight_scale_2"),
+    ("_blocks", "_scales", ""),
+]
 
 
 def split_of(family: str, name: str) -> Split:
@@ -125,7 +138,11 @@ def channel_window(n: int, tp: int, r: int, split: Split, model: dict) -> tuple[
     """Channels [lo, hi) of n that rank r holds, or None where the family's rule refuses tp."""
     units = int(model[split.units]) if split.units else n
     if split.uneven:
-        per = -(-(n // split.rows_per_channel) // tp // split.uneven) * split.uneven * split.rows_per_channel
+        per = (
+            -(-(n // split.rows_per_channel) // tp // split.uneven)
+            * split.uneven
+            * split.rows_per_channel
+        )
         lo = min(r * per, n)
         return (lo, n) if r == tp - 1 else (lo, min(lo + per, n))
     if units < tp:
@@ -168,7 +185,12 @@ def _decode_nvfp4(packed: np.ndarray, scale: np.ndarray, scale2: np.ndarray) -> 
 
 
 def _floats(a: np.ndarray, dtype: str) -> np.ndarray:
-    view = {"F32": np.float32, "BF16": ml_dtypes.bfloat16, "F16": np.float16, "F8_E8M0": ml_dtypes.float8_e8m0fnu}
+    view = {
+        "F32": np.float32,
+        "BF16": ml_dtypes.bfloat16,
+        "F16": np.float16,
+        "F8_E8M0": ml_dtypes.float8_e8m0fnu,
+    }
     return a.view(view[dtype]).astype(np.float32)
 
 
@@ -196,7 +218,11 @@ class Family:
         for name in self.arrays:
             for suffix, s1, s2 in _SCALES:
                 stem = name[: -len(suffix)] if name.endswith(suffix) else None
-                if stem is not None and stem + s1 in self.arrays and (not s2 or stem + s2 in self.arrays):
+                if (
+                    stem is not None
+                    and stem + s1 in self.arrays
+                    and (not s2 or stem + s2 in self.arrays)
+                ):
                     self.scales_of[name] = (stem + s1,) + ((stem + s2,) if s2 else ())
                     break
         self.scale_names = {s for v in self.scales_of.values() for s in v}
@@ -224,8 +250,18 @@ class Family:
             out.update(self._served(name, a, scales, split, tp, ep, group, r, kind))
         return out
 
-    def _served(self, name: str, a: np.ndarray, scales: tuple[str, ...], split: Split, tp: int, ep: int,
-                group: int, r: int, kind: str) -> dict[str, np.ndarray]:
+    def _served(
+        self,
+        name: str,
+        a: np.ndarray,
+        scales: tuple[str, ...],
+        split: Split,
+        tp: int,
+        ep: int,
+        group: int,
+        r: int,
+        kind: str,
+    ) -> dict[str, np.ndarray]:
         stacked = split.expert == "stacked"
         sc = [self.arrays[s] for s in scales]
         if stacked and ep > 1:
@@ -253,7 +289,9 @@ class Family:
             served[s] = _cut(x, axis, lo // per, -(-hi // per))
         return served
 
-    def _cut_stored(self, name: str, a: np.ndarray, axis: int, lo: int, hi: int, n: int) -> np.ndarray:
+    def _cut_stored(
+        self, name: str, a: np.ndarray, axis: int, lo: int, hi: int, n: int
+    ) -> np.ndarray:
         """A window of the stored elements (packed FP4: bytes of two codes; gpt-oss blocks: 32 a block)."""
         if self.dtypes[name] in ("U8", "I8") and axis == a.ndim - 1 and name.endswith(".weight"):
             return _cut(a, axis, lo // 2, hi // 2)
@@ -262,13 +300,19 @@ class Family:
         return _cut(a, axis, lo, hi)
 
     def _scale_group(self, name: str, scales: tuple[str, ...], scale: str, view_axis: int) -> int:
-        if scale.endswith("_scales") or scale.endswith(".scale") and self.dtypes[name] in ("I8", "U8"):
+        if (
+            scale.endswith("_scales")
+            or scale.endswith(".scale")
+            and self.dtypes[name] in ("I8", "U8")
+        ):
             return 1 if view_axis == 0 else 32
         if scale.endswith(".weight_scale"):
             return 1 if view_axis == 0 else 16
         return BLOCK
 
-    def _decode(self, name: str, a: np.ndarray, scales: tuple[str, ...], sc: list[np.ndarray]) -> np.ndarray:
+    def _decode(
+        self, name: str, a: np.ndarray, scales: tuple[str, ...], sc: list[np.ndarray]
+    ) -> np.ndarray:
         if len(scales) == 2:
             return _decode_nvfp4(a.astype(np.uint8), sc[0].astype(np.uint8), sc[1])
         if self.dtypes[name] in ("U8", "I8"):

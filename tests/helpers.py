@@ -36,29 +36,58 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(nproc: int, args: list[str], *, timeout: float = 120, env: dict | None = None,
-             logs: Path | None = None) -> Run:
+def torchrun(
+    nproc: int,
+    args: list[str],
+    *,
+    timeout: float = 120,
+    env: dict | None = None,
+    logs: Path | None = None,
+) -> Run:
     """A real ``torchrun`` (gloo, CPU) of ``args`` (``-m module`` or a script, then its args).
 
     With ``logs``, each rank's stderr is kept apart (torchrun --redirects) and returned.
     """
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--max-restarts", "0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(nproc),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{free_port()}",
+        "--max-restarts",
+        "0",
+    ]
     if logs is not None:
         cmd += ["--log-dir", str(logs), "--redirects", "2"]
     # PYTHONPATH pins the workers to the tpload of this checkout, whatever is installed.
-    e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(HERE.parent))
+    e = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+        CUDA_VISIBLE_DEVICES="",
+        PYTHONPATH=str(HERE.parent),
+    )
     e.update(env or {})
     t0 = time.monotonic()
     p = subprocess.run(cmd + args, capture_output=True, text=True, timeout=timeout, env=e)
     run = Run(p.returncode, p.stdout, p.stderr, time.monotonic() - t0)
     if logs is not None:
-        run.rank_err = {int(f.parent.name): f.read_text() for f in logs.glob("*/attempt_0/*/stderr.log")}
+        run.rank_err = {
+            int(f.parent.name): f.read_text() for f in logs.glob("*/attempt_0/*/stderr.log")
+        }
     return run
 
 
-def tpload_cli(nproc: int, *flags: str, timeout: float = 120, env: dict | None = None, logs: Path | None = None) -> Run:
-    return torchrun(nproc, ["-m", "tpload", "--no-progress", *flags], timeout=timeout, env=env, logs=logs)
+def tpload_cli(
+    nproc: int, *flags: str, timeout: float = 120, env: dict | None = None, logs: Path | None = None
+) -> Run:
+    return torchrun(
+        nproc, ["-m", "tpload", "--no-progress", *flags], timeout=timeout, env=env, logs=logs
+    )
 
 
 def error_of(text: str, rank: int | None = None) -> str:
@@ -66,7 +95,7 @@ def error_of(text: str, rank: int | None = None) -> str:
     None), to the end of ``text``; empty when none. A verdict every rank holds is printed in full by
     one rank only: :func:`load_error` finds it and checks the others' pointers."""
     found = re.search(rf"\[rank {rank if rank is not None else '[0-9]+'}\] tpload: error: ", text)
-    return text[found.end():].strip() if found else ""
+    return text[found.end() :].strip() if found else ""
 
 
 def load_error(run: Run) -> tuple[int, str]:
@@ -74,7 +103,9 @@ def load_error(run: Run) -> tuple[int, str]:
     message in full, and every other rank only ``[rank R] tpload: load failed (see rank reporter)``."""
     assert run.rank_err is not None, "run with logs= to keep each rank's stderr"
     full = {r: error_of(text, r) for r, text in run.rank_err.items() if error_of(text, r)}
-    assert len(full) == 1, f"expected the message from one rank, got it from {sorted(full)}: {run.rank_err}"
+    assert len(full) == 1, (
+        f"expected the message from one rank, got it from {sorted(full)}: {run.rank_err}"
+    )
     ((reporter, message),) = full.items()
     for r, text in run.rank_err.items():
         if r != reporter:
@@ -93,7 +124,9 @@ def tensor_offset(root: Path, name: str) -> tuple[Path, int, int]:
     return path, 8 + hlen + b, e - b
 
 
-def poke(root: Path, name: str, index: int, value: int | None = None, *, fix_manifest: bool = False) -> int:
+def poke(
+    root: Path, name: str, index: int, value: int | None = None, *, fix_manifest: bool = False
+) -> int:
     """Set (or bit-flip) byte ``index`` of tensor ``name``; optionally re-hash it in the manifest."""
     path, off, n = tensor_offset(root, name)
     with open(path, "r+b") as f:
@@ -116,11 +149,11 @@ def rewrite_header(root: Path, file: str, mutate) -> None:
     path = root / file
     raw = path.read_bytes()
     hlen = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8:8 + hlen])
+    header = json.loads(raw[8 : 8 + hlen])
     mutate(header)
     new = json.dumps(header).encode()
     new += b" " * (-len(new) % 8)
-    path.write_bytes(len(new).to_bytes(8, "little") + new + raw[8 + hlen:])
+    path.write_bytes(len(new).to_bytes(8, "little") + new + raw[8 + hlen :])
 
 
 def edit_json(path: Path, mutate) -> None:

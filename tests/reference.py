@@ -51,9 +51,9 @@ def expert_window(name: str, full: np.ndarray, tp: int, r: int) -> np.ndarray:
     """format.md: w1/w3 rows [r*I/tp, (r+1)*I/tp); w2 the same channels on columns."""
     if ".w2." in name:
         k = full.shape[1]
-        return full[:, r * k // tp:(r + 1) * k // tp]
+        return full[:, r * k // tp : (r + 1) * k // tp]
     n = full.shape[0]
-    return full[r * n // tp:(r + 1) * n // tp]
+    return full[r * n // tp : (r + 1) * n // tp]
 
 
 def expected(root: Path, tp: int, r: int, kind: str, block: int = 32) -> dict[str, np.ndarray]:
@@ -70,21 +70,25 @@ def expected(root: Path, tp: int, r: int, kind: str, block: int = 32) -> dict[st
                 full = fp4(b, s)
             else:
                 full = fp8(b, s, block)
-            win = expert_window(name, full, tp, r) if "eh_proj" not in name else full[r * full.shape[0] // tp:(r + 1) * full.shape[0] // tp]
+            win = (
+                expert_window(name, full, tp, r)
+                if "eh_proj" not in name
+                else full[r * full.shape[0] // tp : (r + 1) * full.shape[0] // tp]
+            )
             if kind == "expanded":
                 out[name] = bf16_bits(win)
             else:
                 # packed: the same windows of the stored bytes
                 if ".w2." in name:
                     kb, ks = b.shape[1], s.shape[1]
-                    out[name] = b[:, r * kb // tp:(r + 1) * kb // tp]
-                    out[base + ".scale"] = s[:, r * ks // tp:(r + 1) * ks // tp]
+                    out[name] = b[:, r * kb // tp : (r + 1) * kb // tp]
+                    out[base + ".scale"] = s[:, r * ks // tp : (r + 1) * ks // tp]
                 else:
                     nb, ns = b.shape[0], s.shape[0]
-                    out[name] = b[r * nb // tp:(r + 1) * nb // tp]
-                    out[base + ".scale"] = s[r * ns // tp:(r + 1) * ns // tp]
+                    out[name] = b[r * nb // tp : (r + 1) * nb // tp]
+                    out[base + ".scale"] = s[r * ns // tp : (r + 1) * ns // tp]
         elif name == "head.weight":
-            out[name] = b[r * b.shape[0] // tp:(r + 1) * b.shape[0] // tp]
+            out[name] = b[r * b.shape[0] // tp : (r + 1) * b.shape[0] // tp]
         elif name.endswith("norm.weight") and name.startswith("mtp.") and ".norm." in name:
             out[name] = bf16_bits(b.view(np.float16).astype(np.float32))  # F16 served as BF16
         else:

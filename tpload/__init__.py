@@ -13,8 +13,13 @@ from typing import TYPE_CHECKING
 __version__ = "0.2.0"
 
 _LAZY = {
-    "load": ".api", "RankShards": ".api", "LoadOptions": ".options",
-    "LoadError": ".errors", "CheckpointError": ".errors", "ConfigError": ".errors", "LayoutError": ".errors",
+    "load": ".api",
+    "RankShards": ".api",
+    "LoadOptions": ".options",
+    "LoadError": ".errors",
+    "CheckpointError": ".errors",
+    "ConfigError": ".errors",
+    "LayoutError": ".errors",
     "OptionsError": ".errors",
 }
 __all__ = sorted(_LAZY) + ["__version__"]

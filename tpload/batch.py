@@ -31,7 +31,9 @@ from .verification.fingerprint import Triple, word_widths
 from .verification.policy import Box
 
 SMALL_BYTES = 256 << 10  # smaller tensors cost more in per-tensor calls (0.3-1 ms) than in bytes
-BATCH_BYTES = 4 << 20  # one read and one pass at most this long (cache-friendly, and bounded memory)
+BATCH_BYTES = (
+    4 << 20
+)  # one read and one pass at most this long (cache-friendly, and bounded memory)
 GAP_BYTES = 64 << 10  # bytes of other tensors a batch may read past between two of its own
 
 Piece = tuple[Stored, tuple[int, int], tuple[int, int]]
@@ -44,14 +46,19 @@ def _small(item: Item, kind: str) -> bool:
     if not item.codec.copies(item.fit, kind) or len(item.outputs) != len(item.cuts):
         return False
     for c in item.cuts:
-        if not (c.group == 1 and 0 < c.nbytes and c.view[0] * c.view[1] <= SMALL_BYTES
-                and item.output(c.name).nbytes == c.nbytes):
+        if not (
+            c.group == 1
+            and c.nbytes > 0
+            and c.view[0] * c.view[1] <= SMALL_BYTES
+            and item.output(c.name).nbytes == c.nbytes
+        ):
             return False
     return True
 
 
-def runs(items: Sequence[Item], kind: str, storage: Storage, *,
-         classes: Sequence[object] | None = None) -> Iterator[tuple[int, int, list[list[Piece]]]]:
+def runs(
+    items: Sequence[Item], kind: str, storage: Storage, *, classes: Sequence[object] | None = None
+) -> Iterator[tuple[int, int, list[list[Piece]]]]:
     """The plan in runs ``[i, j)``: a batch of small items (with each one's pieces, in cut order) when
     ``j - i > 1``, one item otherwise. A batch stays in one file, within ``BATCH_BYTES``, and reads
     at most its stored tensors' bytes twice over plus ``GAP_BYTES`` of others'.
@@ -86,7 +93,11 @@ def runs(items: Sequence[Item], kind: str, storage: Storage, *,
                 for s, _, _ in nxt:
                     if s.path is not path and s.path != path:  # one Path object per shard, mostly
                         break
-                    lo2, hi2, total2 = min(lo2, s.offset), max(hi2, s.offset + s.nbytes), total2 + s.nbytes
+                    lo2, hi2, total2 = (
+                        min(lo2, s.offset),
+                        max(hi2, s.offset + s.nbytes),
+                        total2 + s.nbytes,
+                    )
                 else:
                     if hi2 - lo2 <= BATCH_BYTES and hi2 - lo2 <= 2 * total2 + GAP_BYTES:
                         batch.append(nxt)
@@ -113,8 +124,9 @@ class Batch:
     """One batch's bytes read, its windows copied and fingerprinted: each piece's triple (``pieces``:
     the batch's items' cuts in order), and each stored tensor's bytes for the hasher."""
 
-    def __init__(self, storage: Storage, items: Sequence[Item], pieces: list[list[Piece]],
-                 buffer: np.ndarray) -> None:
+    def __init__(
+        self, storage: Storage, items: Sequence[Item], pieces: list[list[Piece]], buffer: np.ndarray
+    ) -> None:
         flat = [p for per_item in pieces for p in per_item]
         self.stored = [s for s, _, _ in flat]
         self.boxes: list[Box] = [(rows, cols) for _, rows, cols in flat]
@@ -128,7 +140,9 @@ class Batch:
         span = int((self.at + nbytes).max())
         self.data = buffer[:span]
         self.data_label = label = f"{items[0].name} .. {items[-1].name} ({len(items)} tensors)"
-        storage.read(Stored(label, self.path, self.start, 1, span, None), 0, 1, self.data.reshape(1, span))
+        storage.read(
+            Stored(label, self.path, self.start, 1, span, None), 0, 1, self.data.reshape(1, span)
+        )
         self.fingerprints = np.zeros((n, 3), dtype=np.int64)
 
     def windows(self, ks: Sequence[int], boxes: Sequence[Box]) -> tuple[np.ndarray, ...]:
@@ -148,8 +162,17 @@ class Batch:
         # inside its stored tensor), and every destination in dst (_small holds each slot to its window)
         if dst.size and int((dst_offsets + rows * width).max()) > dst.size:
             raise RuntimeError("a batch's slots run past its destination (a planner bug)")
-        kernels.gather_windows(self.data, src, rows, stride, width, word_widths(width), dst, dst_offsets,
-                               self.fingerprints)
+        kernels.gather_windows(
+            self.data,
+            src,
+            rows,
+            stride,
+            width,
+            word_widths(width),
+            dst,
+            dst_offsets,
+            self.fingerprints,
+        )
 
     def fingerprints_of(self, boxes: Sequence[tuple[int, Box]]) -> list[Triple]:
         """The fingerprint of each ``(k, box)``: a window of stored tensor ``k`` (a node peer's, of a
@@ -158,8 +181,17 @@ class Batch:
             return []
         src, rows, stride, width = self.windows([k for k, _ in boxes], [box for _, box in boxes])
         fps = np.zeros((len(boxes), 3), dtype=np.int64)
-        kernels.gather_windows(self.data, src, rows, stride, width, word_widths(width), np.empty(0, np.uint8),
-                               np.zeros(len(boxes), np.int64), fps)
+        kernels.gather_windows(
+            self.data,
+            src,
+            rows,
+            stride,
+            width,
+            word_widths(width),
+            np.empty(0, np.uint8),
+            np.zeros(len(boxes), np.int64),
+            fps,
+        )
         return list(map(tuple, fps.tolist()))
 
     def view(self, k: int) -> np.ndarray:
@@ -172,7 +204,7 @@ class Batch:
         """Stored tensor ``k``'s bytes, whole and flat (what the hasher hashes)."""
         s = self.stored[k]
         a = s.offset - self.start
-        return self.data[a:a + s.rows * s.row_bytes]
+        return self.data[a : a + s.rows * s.row_bytes]
 
 
 class BatchWindows:
@@ -180,18 +212,37 @@ class BatchWindows:
 
     def __init__(self, batch: Batch, ks: Sequence[int]) -> None:
         self.batch = batch
-        self.src, self.rows, self.stride, self.width = batch.windows(ks, [batch.boxes[k] for k in ks])
+        self.src, self.rows, self.stride, self.width = batch.windows(
+            ks, [batch.boxes[k] for k in ks]
+        )
 
     def count_either(self, a: int, b: int) -> int:
-        return int(kernels.count_windows(self.batch.data, self.src, self.rows, self.stride, self.width, a, b, False))
+        return int(
+            kernels.count_windows(
+                self.batch.data, self.src, self.rows, self.stride, self.width, a, b, False
+            )
+        )
 
     def count_between(self, lo: int, hi: int) -> int:
-        return int(kernels.count_windows(self.batch.data, self.src, self.rows, self.stride, self.width, lo, hi, True))
+        return int(
+            kernels.count_windows(
+                self.batch.data, self.src, self.rows, self.stride, self.width, lo, hi, True
+            )
+        )
 
     def gathered(self) -> np.ndarray:
         sizes = self.rows * self.width
         out = np.empty(int(sizes.sum()), dtype=np.uint8)
         at = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
-        kernels.gather_windows(self.batch.data, self.src, self.rows, self.stride, self.width, word_widths(self.width),
-                               out, at, np.zeros((len(sizes), 3), dtype=np.int64))
+        kernels.gather_windows(
+            self.batch.data,
+            self.src,
+            self.rows,
+            self.stride,
+            self.width,
+            word_widths(self.width),
+            out,
+            at,
+            np.zeros((len(sizes), 3), dtype=np.int64),
+        )
         return out

@@ -68,10 +68,17 @@ class Pick:
 FAMILIES: dict[str, tuple[Pick, ...]] = {
     "bf16": (),  # every tensor plain (BF16, F16, F32, I64)
     "fp8-block": (Pick("F8_E4M3", "fp8", ".weight_scale_inv"), Pick("F8_E4M3", "fp8", ".scale")),
-    "mxfp4": (Pick("I8", "fp4", ".scale"), Pick("U8", "fp4", ".scale"), Pick("U8", "fp4", "_scales", suffix="_blocks")),
+    "mxfp4": (
+        Pick("I8", "fp4", ".scale"),
+        Pick("U8", "fp4", ".scale"),
+        Pick("U8", "fp4", "_scales", suffix="_blocks"),
+    ),
     "nvfp4": (Pick("U8", "nvfp4", ".weight_scale", ".weight_scale_2"),),
     # GGUF's block types carry their scales inside each block: no scale tensor (codecs/gguf.py)
-    "gguf": tuple(Pick(t, "gguf", ".scale", scaled=False) for t in ("Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")),
+    "gguf": tuple(
+        Pick(t, "gguf", ".scale", scaled=False)
+        for t in ("Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+    ),
 }
 """Codec families: what ``role = "auto"`` may resolve to, tried in order (a plain dtype is plain)."""
 
@@ -186,26 +193,42 @@ class Config:
         try:
             rx = re.compile(self.expert_pattern)
         except re.error as e:
-            raise ConfigError(f"{self.name}: expert_pattern {self.expert_pattern!r} is not a regex ({e})") from None
+            raise ConfigError(
+                f"{self.name}: expert_pattern {self.expert_pattern!r} is not a regex ({e})"
+            ) from None
         if rx.groups < 1:
-            raise ConfigError(f"{self.name}: expert_pattern {self.expert_pattern!r} needs one group (the expert index)")
+            raise ConfigError(
+                f"{self.name}: expert_pattern {self.expert_pattern!r} needs one group (the expert index)"
+            )
         object.__setattr__(self, "expert_regex", rx)
         # every glob in one regex, in rule order: the first alternative that matches is the first rule
         object.__setattr__(self, "_matcher", _alternatives(enumerate(self.rules)))
         # rules_for's two parts: the globs blind to which digit a name has, and the others
         sighted = [bool(_DIGIT_SIGHTED & set(r.match)) for r in self.rules]
-        object.__setattr__(self, "_blind", _alternatives((i, r) for i, r in enumerate(self.rules) if not sighted[i]))
-        object.__setattr__(self, "_sharp", _alternatives((i, r) for i, r in enumerate(self.rules) if sighted[i]))
+        object.__setattr__(
+            self,
+            "_blind",
+            _alternatives((i, r) for i, r in enumerate(self.rules) if not sighted[i]),
+        )
+        object.__setattr__(
+            self, "_sharp", _alternatives((i, r) for i, r in enumerate(self.rules) if sighted[i])
+        )
         object.__setattr__(self, "_resolved", {})
         object.__setattr__(self, "_ways", {})
         if self.kv_scales not in KV_SCALES:
-            raise ConfigError(f"{self.name}: kv_scales {self.kv_scales!r} is not one of {', '.join(KV_SCALES)}")
+            raise ConfigError(
+                f"{self.name}: kv_scales {self.kv_scales!r} is not one of {', '.join(KV_SCALES)}"
+            )
         if self.weight_prefix not in (None, *CANDIDATES):
-            raise ConfigError(f"{self.name}: weight_prefix {self.weight_prefix!r} is not one of "
-                              f"{', '.join(map(repr, CANDIDATES))}")
+            raise ConfigError(
+                f"{self.name}: weight_prefix {self.weight_prefix!r} is not one of "
+                f"{', '.join(map(repr, CANDIDATES))}"
+            )
         unknown = [f for f in self.families if f not in FAMILIES]
         if unknown:
-            raise ConfigError(f"{self.name}: unknown codec families {', '.join(unknown)} (known: {', '.join(FAMILIES)})")
+            raise ConfigError(
+                f"{self.name}: unknown codec families {', '.join(unknown)} (known: {', '.join(FAMILIES)})"
+            )
 
     def rule_for(self, name: str) -> Rule | None:
         """The first rule whose glob matches ``name`` (one regex match, whatever the rule count)."""
@@ -224,7 +247,9 @@ class Config:
         memo: dict[bytes, int] = {}
         out: list[Rule | None] = []
         for n in names:
-            key = n.encode("utf-8", "surrogatepass").translate(_DIGITS_AS_ZERO)  # one-to-one but for digits
+            key = n.encode("utf-8", "surrogatepass").translate(
+                _DIGITS_AS_ZERO
+            )  # one-to-one but for digits
             i = memo.get(key)
             if i is None:
                 m = blind.match(n) if blind is not None else None
@@ -234,21 +259,32 @@ class Config:
             out.append(rules[i] if i < none else None)
         return out
 
-    def resolve(self, rule: Rule, name: str, dtype: str, present: Mapping[str, object]) -> Rule | str:
+    def resolve(
+        self, rule: Rule, name: str, dtype: str, present: Mapping[str, object]
+    ) -> Rule | str:
         """An ``auto`` rule made concrete for one tensor: the first of the families' ways of storing a
         weight that fits its dtype, its name and the scale tensors ``present`` beside it; plain for a
         plain dtype; else why not."""
         got = self.resolve_scaled(rule, name, dtype, present)
         return got if isinstance(got, str) else got[0]
 
-    def resolve_scaled(self, rule: Rule, name: str, dtype: str,
-                       present: Mapping[str, object]) -> tuple[Rule, list[str]] | str:
+    def resolve_scaled(
+        self, rule: Rule, name: str, dtype: str, present: Mapping[str, object]
+    ) -> tuple[Rule, list[str]] | str:
         """:meth:`resolve`, with the names of the scale tensors found (none for plain)."""
         ways = self._ways.get((id(rule), dtype))
-        if ways is None:  # the families' ways for this dtype, in order, each with its rule; the plain rule or None
+        if (
+            ways is None
+        ):  # the families' ways for this dtype, in order, each with its rule; the plain rule or None
             ways = self._ways[id(rule), dtype] = (
-                [(p, self._made(rule, p)) for f in self.families for p in FAMILIES[f] if p.dtype == dtype],
-                self._made(rule, None) if dtype in codecs.for_role("plain").weight_dtypes else None)
+                [
+                    (p, self._made(rule, p))
+                    for f in self.families
+                    for p in FAMILIES[f]
+                    if p.dtype == dtype
+                ],
+                self._made(rule, None) if dtype in codecs.for_role("plain").weight_dtypes else None,
+            )
         for p, made in ways[0]:
             if name.endswith(p.suffix):
                 if not p.scaled:  # a format without scale tensors (gguf)
@@ -261,17 +297,23 @@ class Config:
                         return made, [scale, scale2]
         if ways[1] is not None:
             return ways[1], []
-        return (f"{dtype} tensors that no codec of {'+'.join(self.families) or 'this config'} takes (is a scale "
-                f"tensor missing, or is it another family? shipped families: {', '.join(FAMILIES)})")
+        return (
+            f"{dtype} tensors that no codec of {'+'.join(self.families) or 'this config'} takes (is a scale "
+            f"tensor missing, or is it another family? shipped families: {', '.join(FAMILIES)})"
+        )
 
     def _made(self, rule: Rule, pick: Pick | None) -> Rule:
         """``rule`` with ``pick``'s role and names (plain when None), made once per pair."""
         key = (id(rule), pick)
         made = self._resolved.get(key)
         if made is None:
-            made = self._resolved[key] = (replace(rule, role="plain") if pick is None else
-                                          replace(rule, role=pick.role, scale=pick.scale, scale2=pick.scale2,
-                                                  suffix=pick.suffix))
+            made = self._resolved[key] = (
+                replace(rule, role="plain")
+                if pick is None
+                else replace(
+                    rule, role=pick.role, scale=pick.scale, scale2=pick.scale2, suffix=pick.suffix
+                )
+            )
         return made
 
     @property
@@ -285,8 +327,14 @@ class Config:
     def id(self) -> str:
         """A short hash of what the config decides (rules and layout constants, not where it came from).
         Fields left at their defaults are left out, so adding a field keeps every existing id."""
-        rules = [{k: v for k, v in asdict(r).items() if k != "index" and (k in _ID_ALWAYS or v != _DEFAULTS[k])}
-                 for r in self.rules]
+        rules = [
+            {
+                k: v
+                for k, v in asdict(r).items()
+                if k != "index" and (k in _ID_ALWAYS or v != _DEFAULTS[k])
+            }
+            for r in self.rules
+        ]
         what = {"rules": rules, "align": self.channel_align, "experts": self.expert_pattern}
         if self.families:
             what["families"] = list(self.families)
@@ -313,8 +361,13 @@ ACTIVATION_SCALES = "*.input_scale"
 ACTIVATION_ORIGIN = "skip_activation_scales"
 
 
-def with_rules(config: Config, *, skip: tuple[str, ...] = (), defer: tuple[str, ...] = (),
-               skip_activation_scales: bool = False) -> Config:
+def with_rules(
+    config: Config,
+    *,
+    skip: tuple[str, ...] = (),
+    defer: tuple[str, ...] = (),
+    skip_activation_scales: bool = False,
+) -> Config:
     """``config`` with skip and defer rules for these globs put first (so they win).
 
     For a serving startup that decides at run time, e.g. ``skip=("mtp.*",)`` when
@@ -324,7 +377,11 @@ def with_rules(config: Config, *, skip: tuple[str, ...] = (), defer: tuple[str, 
     if not skip and not defer and not skip_activation_scales:
         return config
     # the switch's rule skips only single-value tensors (the planner checks): it may match none
-    first = [Rule(match=ACTIVATION_SCALES, role="skip", origin=ACTIVATION_ORIGIN)] if skip_activation_scales else []
+    first = (
+        [Rule(match=ACTIVATION_SCALES, role="skip", origin=ACTIVATION_ORIGIN)]
+        if skip_activation_scales
+        else []
+    )
     first += [Rule(match=g, role="skip", origin="skip") for g in skip]
     first += [Rule(match=g, role="defer", experts=True, origin="defer") for g in defer]
     return replace(config, rules=tuple(first) + config.rules)
@@ -336,14 +393,18 @@ ALIASES = {"qwen3-moe": "qwen3", "qwen3-fp8": "qwen3+fp8-block"}
 
 def shipped_configs() -> list[str]:
     """Names of the configs that ship inside the package (usable from a wheel)."""
-    files = [p.name[:-5] for p in resources.files("tpload.configs").iterdir() if p.name.endswith(".toml")]
+    files = [
+        p.name[:-5] for p in resources.files("tpload.configs").iterdir() if p.name.endswith(".toml")
+    ]
     return sorted(files + list(ALIASES))
 
 
 def available() -> str:
     """What ``--config`` accepts, for messages."""
-    return (f"shipped configs: {', '.join(shipped_configs())}; codec families: {', '.join(FAMILIES)}; compose them "
-            "as ARCH+FAMILY (deepseek-v3+nvfp4), or write a TOML file (docs/configs.md)")
+    return (
+        f"shipped configs: {', '.join(shipped_configs())}; codec families: {', '.join(FAMILIES)}; compose them "
+        "as ARCH+FAMILY (deepseek-v3+nvfp4), or write a TOML file (docs/configs.md)"
+    )
 
 
 def _read_toml(name_or_path: str | os.PathLike) -> tuple[str, dict]:
@@ -357,14 +418,37 @@ def _read_toml(name_or_path: str | os.PathLike) -> tuple[str, dict]:
             raise ConfigError(f"{path}: config is not valid TOML ({e})") from None
     res = resources.files("tpload.configs") / f"{name_or_path}.toml"
     if not res.is_file():
-        raise ConfigError(f"config {str(name_or_path)!r} is neither a file nor a shipped config ({available()})")
+        raise ConfigError(
+            f"config {str(name_or_path)!r} is neither a file nor a shipped config ({available()})"
+        )
     return str(name_or_path), tomllib.loads(res.read_text())
 
 
-_RULE_KEYS = {"match", "role", "split", "scale", "experts", "block", "suffix", "scale2", "stacked", "units", "align",
-              "share_units", "uneven"}
+_RULE_KEYS = {
+    "match",
+    "role",
+    "split",
+    "scale",
+    "experts",
+    "block",
+    "suffix",
+    "scale2",
+    "stacked",
+    "units",
+    "align",
+    "share_units",
+    "uneven",
+}
 _DEFAULTS = {f.name: f.default for f in fields(Rule)}
-_ID_ALWAYS = {"match", "role", "split", "scale", "experts", "block", "origin"}  # the fields ids always had
+_ID_ALWAYS = {
+    "match",
+    "role",
+    "split",
+    "scale",
+    "experts",
+    "block",
+    "origin",
+}  # the fields ids always had
 _LAYOUT_KEYS = {"channel_align", "expert_pattern", "weight_prefix"}
 _TOP_KEYS = {"layout", "rules", "description", "codecs", "detect", "kv_scales"}
 _DETECT_KEYS = {"architectures"}
@@ -386,12 +470,16 @@ def load_config(name_or_path: str | os.PathLike | Config = REFERENCE_CONFIG) -> 
         return name_or_path
     head, families = split_spec(os.fspath(name_or_path))
     if head in FAMILIES:
-        raise ConfigError(f"{head!r} is a codec family, not a config: name the architecture too (ARCH+{head}), or "
-                          f"let --config auto find it from the checkpoint's config.json ({available()})")
+        raise ConfigError(
+            f"{head!r} is a codec family, not a config: name the architecture too (ARCH+{head}), or "
+            f"let --config auto find it from the checkpoint's config.json ({available()})"
+        )
     unknown_families = [f for f in families if f not in FAMILIES]
     if unknown_families:
-        raise ConfigError(f"config {os.fspath(name_or_path)!r}: unknown codec families "
-                          f"{', '.join(unknown_families)} ({available()})")
+        raise ConfigError(
+            f"config {os.fspath(name_or_path)!r}: unknown codec families "
+            f"{', '.join(unknown_families)} ({available()})"
+        )
     config = _parse(*_read_toml(head))
     if families:
         config = replace(config, name=f"{config.name}+{'+'.join(families)}", families=families)
@@ -412,10 +500,19 @@ def _parse(source: str, doc: dict) -> Config:
         raise ConfigError(f"{source}: unknown keys {', '.join(sorted(unknown))}")
     families = doc.get("codecs", [])
     if not isinstance(families, list) or not all(isinstance(f, str) for f in families):
-        raise ConfigError(f"{source}: codecs must be a list of codec family names ({', '.join(FAMILIES)})")
+        raise ConfigError(
+            f"{source}: codecs must be a list of codec family names ({', '.join(FAMILIES)})"
+        )
     rules = [Rule(index=i, **raw) for i, raw in enumerate(raw_rules, 1)]
     kv_scales = doc.get("kv_scales", "strict")
     if not isinstance(kv_scales, str) or not isinstance(layout.get("weight_prefix", ""), str):
         raise ConfigError(f"{source}: kv_scales and layout.weight_prefix are strings")
-    return Config(name=source, rules=tuple(rules), description=doc.get("description", ""), families=tuple(families),
-                  architectures=tuple(detect.get("architectures", ())), kv_scales=kv_scales, **layout)
+    return Config(
+        name=source,
+        rules=tuple(rules),
+        description=doc.get("description", ""),
+        families=tuple(families),
+        architectures=tuple(detect.get("architectures", ())),
+        kv_scales=kv_scales,
+        **layout,
+    )

@@ -54,11 +54,15 @@ class DeferredTensor:
 
     def __post_init__(self) -> None:
         if self.sha256 is None and self.vouched_by:
-            raise CheckpointError(f"{escape_name(self.path)}: deferred tensor {escape_name(self.name)}: "
-                                  "no digest to check it against")
+            raise CheckpointError(
+                f"{escape_name(self.path)}: deferred tensor {escape_name(self.name)}: "
+                "no digest to check it against"
+            )
         if self.sha256 is not None and not self.vouched_by:
-            raise CheckpointError(f"{escape_name(self.path)}: deferred tensor {escape_name(self.name)}: "
-                                  "a digest with nothing vouching for it")
+            raise CheckpointError(
+                f"{escape_name(self.path)}: deferred tensor {escape_name(self.name)}: "
+                "a digest with nothing vouching for it"
+            )
 
     def chunks(self, chunk_bytes: int = STREAM_CHUNK) -> Iterator[bytes]:
         """The stored bytes in order, ``chunk_bytes`` at a time; raises CheckpointError
@@ -70,8 +74,10 @@ class DeferredTensor:
             while left:
                 data = os.pread(fd, min(chunk_bytes, left), at)
                 if not data:
-                    raise CheckpointError(f"{escape_name(self.path)}: tensor {escape_name(self.name)}: file ends "
-                                          f"{left} bytes early")
+                    raise CheckpointError(
+                        f"{escape_name(self.path)}: tensor {escape_name(self.name)}: file ends "
+                        f"{left} bytes early"
+                    )
                 at += len(data)
                 left -= len(data)
                 h.update(data)
@@ -82,7 +88,9 @@ class DeferredTensor:
             raise CheckpointError(sha256_mismatch(self.path, self.name, h.hexdigest(), self.sha256))
 
 
-def locate(storage: Storage, digests: Mapping[str, str | None], vouched_by: str) -> tuple[DeferredTensor, ...]:
+def locate(
+    storage: Storage, digests: Mapping[str, str | None], vouched_by: str
+) -> tuple[DeferredTensor, ...]:
     """A locator for each tensor of ``digests`` (name -> the sha256 the gate vouches for, None only
     with verify off), in natural name order."""
     out = []
@@ -90,6 +98,16 @@ def locate(storage: Storage, digests: Mapping[str, str | None], vouched_by: str)
         s = storage.stored(name)
         meta = storage.catalogue.get(name)
         sha = digests[name]
-        out.append(DeferredTensor(name, s.path.absolute(), s.offset, s.nbytes, meta.dtype, meta.shape, sha,
-                                  vouched_by if sha is not None else ""))
+        out.append(
+            DeferredTensor(
+                name,
+                s.path.absolute(),
+                s.offset,
+                s.nbytes,
+                meta.dtype,
+                meta.shape,
+                sha,
+                vouched_by if sha is not None else "",
+            )
+        )
     return tuple(out)

@@ -66,10 +66,14 @@ def env_int(name: str, default: int) -> int:
     try:
         return int(raw) if raw is not None else default
     except ValueError:
-        raise LoadError(f"environment variable {name}={escape_name(raw)!r} is not an integer") from None
+        raise LoadError(
+            f"environment variable {name}={escape_name(raw)!r} is not an integer"
+        ) from None
 
 
-def pick_device(device: str | torch.device | None, local_rank: int, *, allow_shared: bool = False) -> torch.device:
+def pick_device(
+    device: str | torch.device | None, local_rank: int, *, allow_shared: bool = False
+) -> torch.device:
     """The load's device: the one asked for (checked), or cuda:LOCAL_RANK, or the CPU without CUDA.
 
     Refused with a message: a device torch does not know, ``meta`` (holds no data), a GPU this
@@ -82,25 +86,35 @@ def pick_device(device: str | torch.device | None, local_rank: int, *, allow_sha
             return torch.device("cpu")
         count = torch.cuda.device_count()
         if local_rank >= count and not allow_shared:
-            raise OptionsError(f"LOCAL_RANK {local_rank} has no GPU of its own ({count} visible): more ranks than "
-                               "GPUs on this node would share devices; start one rank per GPU, or pass "
-                               "--allow-shared-device for functional checks (gloo only: NCCL refuses it)")
+            raise OptionsError(
+                f"LOCAL_RANK {local_rank} has no GPU of its own ({count} visible): more ranks than "
+                "GPUs on this node would share devices; start one rank per GPU, or pass "
+                "--allow-shared-device for functional checks (gloo only: NCCL refuses it)"
+            )
         return torch.device("cuda", local_rank % count)
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
-        raise OptionsError(f"device {escape_name(device)!r} is not a device (expected cpu, cuda or cuda:N)") from None
+        raise OptionsError(
+            f"device {escape_name(device)!r} is not a device (expected cpu, cuda or cuda:N)"
+        ) from None
     if dev.type == "cpu":
         return torch.device("cpu")
     if dev.type != "cuda":
-        raise OptionsError(f"device {escape_name(device)!r}: tpload loads onto cpu or cuda, not {dev.type}"
-                           + (" (a meta tensor holds no data)" if dev.type == "meta" else ""))
+        raise OptionsError(
+            f"device {escape_name(device)!r}: tpload loads onto cpu or cuda, not {dev.type}"
+            + (" (a meta tensor holds no data)" if dev.type == "meta" else "")
+        )
     if not cuda:
-        raise OptionsError(f"device {escape_name(device)!r} asked for, but this process sees no CUDA device "
-                           f"(torch {torch.__version__}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
+        raise OptionsError(
+            f"device {escape_name(device)!r} asked for, but this process sees no CUDA device "
+            f"(torch {torch.__version__}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})"
+        )
     index = local_rank if dev.index is None else dev.index
     if index >= torch.cuda.device_count():
-        raise OptionsError(f"device cuda:{index} asked for, but this process sees {torch.cuda.device_count()} GPU(s)")
+        raise OptionsError(
+            f"device cuda:{index} asked for, but this process sees {torch.cuda.device_count()} GPU(s)"
+        )
     return torch.device("cuda", index)
 
 
@@ -117,10 +131,16 @@ def init_world(*, timeout_s: float) -> bool:
     backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
     try:
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
-    except (RuntimeError, ValueError, OSError) as e:  # a peer that never came, a port in use, a store timeout
+    except (
+        RuntimeError,
+        ValueError,
+        OSError,
+    ) as e:  # a peer that never came, a port in use, a store timeout
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise LoadError(f"rank {os.environ.get('RANK', '?')}: could not form the process group of "
-                        f"{os.environ.get('WORLD_SIZE')} ranks within {timeout_s:g} s ({escape_name(first)})") from None
+        raise LoadError(
+            f"rank {os.environ.get('RANK', '?')}: could not form the process group of "
+            f"{os.environ.get('WORLD_SIZE')} ranks within {timeout_s:g} s ({escape_name(first)})"
+        ) from None
     return True
 
 
@@ -135,21 +155,31 @@ def keep_world(*, timeout_s: float) -> None:
         atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
 
 
-def _cpu_group_of(group: dist.ProcessGroup | None, cpu_group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
+def _cpu_group_of(
+    group: dist.ProcessGroup | None, cpu_group: dist.ProcessGroup | None
+) -> dist.ProcessGroup | None:
     """The group the exchange runs on: the caller's CPU group, or the load's group if it has a CPU backend."""
     if cpu_group is not None:
         return cpu_group
     g = group or dist.group.WORLD
     try:
-        g._get_backend(torch.device("cpu"))  # has a backend for CPU tensors (gloo, or cpu:gloo,cuda:nccl)
+        g._get_backend(
+            torch.device("cpu")
+        )  # has a backend for CPU tensors (gloo, or cpu:gloo,cuda:nccl)
         return g
     except (RuntimeError, AttributeError):
-        raise OptionsError("the process group has no CPU backend (NCCL only): pass cpu_group= (a gloo group over the "
-                           "same ranks; vLLM has get_tp_group().cpu_group) so the exchange cannot hang in NCCL") from None
+        raise OptionsError(
+            "the process group has no CPU backend (NCCL only): pass cpu_group= (a gloo group over the "
+            "same ranks; vLLM has get_tp_group().cpu_group) so the exchange cannot hang in NCCL"
+        ) from None
 
 
-def context(group: dist.ProcessGroup | None = None, cpu_group: dist.ProcessGroup | None = None, *,
-            device: torch.device | None = None) -> DistContext:
+def context(
+    group: dist.ProcessGroup | None = None,
+    cpu_group: dist.ProcessGroup | None = None,
+    *,
+    device: torch.device | None = None,
+) -> DistContext:
     """The context of an already-initialized world (or a single process when there is none); the
     device (default: the CPU, until the caller picks one with :func:`with_device`)."""
     local_rank = env_int("LOCAL_RANK", 0)
@@ -161,11 +191,15 @@ def context(group: dist.ProcessGroup | None = None, cpu_group: dist.ProcessGroup
     g = group or dist.group.WORLD
     rank, world = dist.get_rank(g), dist.get_world_size(g)
     if rank < 0:
-        raise OptionsError(f"this process (global rank {dist.get_rank()}) is not a member of the group it was given")
+        raise OptionsError(
+            f"this process (global rank {dist.get_rank()}) is not a member of the group it was given"
+        )
     cg = _cpu_group_of(group, cpu_group)
     if dist.get_world_size(cg) != world or dist.get_rank(cg) != rank:
-        raise OptionsError(f"cpu_group= has {dist.get_world_size(cg)} ranks with this one at {dist.get_rank(cg)}; "
-                           f"it must match group= ({world} ranks, this one at {rank})")
+        raise OptionsError(
+            f"cpu_group= has {dist.get_world_size(cg)} ranks with this one at {dist.get_rank(cg)}; "
+            f"it must match group= ({world} ranks, this one at {rank})"
+        )
     return DistContext(rank, world, local_rank, device, g, cg)
 
 

@@ -63,8 +63,13 @@ def _store() -> dist.Store | None:
     if not host or not port:
         return None
     try:
-        return dist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=10),
-                             wait_for_workers=False)
+        return dist.TCPStore(
+            host,
+            int(port),
+            is_master=False,
+            timeout=datetime.timedelta(seconds=10),
+            wait_for_workers=False,
+        )
     except (RuntimeError, ValueError, OSError):
         return None
 
@@ -78,15 +83,19 @@ def share_nodes(ctx: DistContext, seq: int, timeout_s: float) -> tuple[DistConte
     store = _store()
     prefix = f"tpload/{group_id(ctx)}/{seq}/node"
     if store is None:
-        return replace(ctx, nodes=tuple(range(ctx.world))), "no rendezvous store: every rank hashed as its own node"
+        return replace(
+            ctx, nodes=tuple(range(ctx.world))
+        ), "no rendezvous store: every rank hashed as its own node"
     try:
         store.set(f"{prefix}/{ctx.rank}", node_key())
         keys = [f"{prefix}/{r}" for r in range(ctx.world)]
         store.wait(keys, datetime.timedelta(seconds=timeout_s))
         names = [store.get(k).decode(errors="replace") for k in keys]
     except (RuntimeError, OSError) as e:  # a peer that never came, or the store gone
-        raise LoadError(f"rank {ctx.rank}: the other ranks did not all start this load within {timeout_s:g} s "
-                        f"({escape_name(str(e).splitlines()[0] if str(e) else type(e).__name__)})") from None
+        raise LoadError(
+            f"rank {ctx.rank}: the other ranks did not all start this load within {timeout_s:g} s "
+            f"({escape_name(str(e).splitlines()[0] if str(e) else type(e).__name__)})"
+        ) from None
     ids: dict[str, int] = {}
     return replace(ctx, nodes=tuple(ids.setdefault(n, len(ids)) for n in names)), ""
 
@@ -109,7 +118,9 @@ class Arrivals:
         if self.store is None:
             return []
         try:
-            return [r for r in range(self.ctx.world) if not self.store.check([f"{self.prefix}/{r}"])]
+            return [
+                r for r in range(self.ctx.world) if not self.store.check([f"{self.prefix}/{r}"])
+            ]
         except (RuntimeError, OSError):  # the store may be gone with the launcher
             return []
 
@@ -132,9 +143,14 @@ def exchange(row: torch.Tensor, ctx: DistContext, *, seq: int, timeout_s: float)
             raise TimeoutError(f"no answer within {timeout_s:g} s")
     except Exception as e:  # a peer died or timed out; torch raises several types here
         gone = arrivals.missing()
-        who = (f"rank {', '.join(map(str, gone))} never reached it (died or hung)" if gone
-               else "a peer died or hung before reaching it")
+        who = (
+            f"rank {', '.join(map(str, gone))} never reached it (died or hung)"
+            if gone
+            else "a peer died or hung before reaching it"
+        )
         first = str(e).splitlines()[0] if str(e) else ""
-        raise LoadError(f"rank {ctx.rank}: lost the other ranks in the final exchange: {who} "
-                        f"({type(e).__name__}: {escape_name(first)[:300]})") from None
+        raise LoadError(
+            f"rank {ctx.rank}: lost the other ranks in the final exchange: {who} "
+            f"({type(e).__name__}: {escape_name(first)[:300]})"
+        ) from None
     return table

@@ -31,20 +31,37 @@ def _load8(typingctx, arr, i):  # pragma: no cover - compiled
     """Bytes ``arr[i:i + 8]`` (the caller keeps ``i + 8 <= arr.size``) as one uint64, at any
     alignment; byte ``i`` is the low byte (little-endian, as the tables already assume).
     numba has no unaligned load, and eight byte loads cost the kernels about a fifth of their speed."""
+
     def codegen(context, builder, sig, args):
         data = context.make_array(sig.args[0])(context, builder, args[0]).data
         ptr = builder.bitcast(builder.gep(data, [args[1]]), llvmlite.ir.IntType(64).as_pointer())
         return builder.load(ptr, align=1)
+
     return nb.uint64(arr, nb.int64), codegen
 
 
 def _copy_fingerprint_sigs() -> list:
-    return [nb.types.UniTuple(nb.int64, 2)(w[::1], nb.int64, nb.int64, nb.int64, nb.int64, w[::1], nb.int64[::1],
-                                           nb.int64, nb.int64, nb.int64) for w in _WORDS]
+    return [
+        nb.types.UniTuple(nb.int64, 2)(
+            w[::1],
+            nb.int64,
+            nb.int64,
+            nb.int64,
+            nb.int64,
+            w[::1],
+            nb.int64[::1],
+            nb.int64,
+            nb.int64,
+            nb.int64,
+        )
+        for w in _WORDS
+    ]
 
 
 @nb.njit(_copy_fingerprint_sigs(), **_JIT)
-def _copy_fingerprint(src, start, stride, rows, cols, dst, col_sums, first_row, col0, group):  # pragma: no cover
+def _copy_fingerprint(
+    src, start, stride, rows, cols, dst, col_sums, first_row, col0, group
+):  # pragma: no cover
     """Add ``rows`` rows of ``cols`` words (row ``r`` at ``src[start + r*stride:]``) to a fingerprint,
     and copy them into ``dst`` (contiguous) unless it is empty: returns (total, row-weighted) and adds
     column sums into ``col_sums``. int64 arithmetic wraps, exactly like torch's.
@@ -77,8 +94,18 @@ def _copy_fingerprint(src, start, stride, rows, cols, dst, col_sums, first_row, 
     return total, weighted
 
 
-def copy_fingerprint(src: np.ndarray, start: int, stride: int, rows: int, cols: int, dst: np.ndarray,
-                     col_sums: np.ndarray, first_row: int, col0: int = 0, group: int = 1) -> tuple[int, int]:
+def copy_fingerprint(
+    src: np.ndarray,
+    start: int,
+    stride: int,
+    rows: int,
+    cols: int,
+    dst: np.ndarray,
+    col_sums: np.ndarray,
+    first_row: int,
+    col0: int = 0,
+    group: int = 1,
+) -> tuple[int, int]:
     """:func:`_copy_fingerprint` (``src`` and ``dst`` 1-D word arrays of one dtype; ``dst`` empty
     for a fingerprint without a copy)."""
     t, w = _copy_fingerprint(src, start, stride, rows, cols, dst, col_sums, first_row, col0, group)
@@ -100,8 +127,20 @@ def _word(src, k, width):  # pragma: no cover - compiled
     return v - (top << 1) if v >= top else v
 
 
-@nb.njit(nb.void(nb.uint8[::1], nb.int64[::1], nb.int64[::1], nb.int64[::1], nb.int64[::1], nb.int64[::1],
-                 nb.uint8[::1], nb.int64[::1], nb.int64[:, ::1]), **_JIT)
+@nb.njit(
+    nb.void(
+        nb.uint8[::1],
+        nb.int64[::1],
+        nb.int64[::1],
+        nb.int64[::1],
+        nb.int64[::1],
+        nb.int64[::1],
+        nb.uint8[::1],
+        nb.int64[::1],
+        nb.int64[:, ::1],
+    ),
+    **_JIT,
+)
 def gather_windows(src, src_off, rows, stride, width, words, dst, dst_off, out):  # pragma: no cover
     """Many small windows in one pass: window ``i`` is ``rows[i]`` rows of ``width[i]`` bytes, the
     first at ``src[src_off[i]:]`` and each ``stride[i]`` bytes after the last (a whole tensor: its
@@ -119,7 +158,7 @@ def gather_windows(src, src_off, rows, stride, width, words, dst, dst_off, out):
         for r in range(n if wb > 0 else 0):
             base = a + r * st
             if copy:
-                dst[d:d + wb] = src[base:base + wb]
+                dst[d : d + wb] = src[base : base + wb]
                 d += wb
             s = np.int64(0)
             if w == 8:  # the common width, without _word's branches (2.5x the speed)
@@ -152,10 +191,19 @@ def _zero_bytes(x):  # pragma: no cover - compiled
     return ((zero >> np.uint64(7)) * _ONES) >> np.uint64(56)
 
 
-
-
-@nb.njit(nb.int64(nb.types.Array(nb.uint8, 1, "C", readonly=True), nb.int64[::1], nb.int64[::1], nb.int64[::1],
-                  nb.int64[::1], nb.uint8, nb.uint8, nb.boolean), **_JIT)
+@nb.njit(
+    nb.int64(
+        nb.types.Array(nb.uint8, 1, "C", readonly=True),
+        nb.int64[::1],
+        nb.int64[::1],
+        nb.int64[::1],
+        nb.int64[::1],
+        nb.uint8,
+        nb.uint8,
+        nb.boolean,
+    ),
+    **_JIT,
+)
 def count_windows(src, src_off, rows, stride, width, a, b, between):  # pragma: no cover - compiled
     """How many bytes of many windows of ``src`` (laid out as in :func:`gather_windows`) are ``a`` or
     ``b`` (``between``: lie in ``[a, b]``), all windows together: one call for a batch's items, or for
@@ -226,15 +274,25 @@ def count_between(x: np.ndarray, lo: int, hi: int) -> int:
 def count_either(x: np.ndarray, a: int, b: int) -> int:
     """How many bytes of ``x`` equal ``a`` or ``b``: any array of 1-byte elements, or a 2-D byte
     window of wider rows (read in place, as the decoders do)."""
-    b2 = x.reshape(1, -1) if x.ndim < 2 else x if x.ndim == 2 else x.reshape(x.shape[0], math.prod(x.shape[1:]))
+    b2 = (
+        x.reshape(1, -1)
+        if x.ndim < 2
+        else x
+        if x.ndim == 2
+        else x.reshape(x.shape[0], math.prod(x.shape[1:]))
+    )
     span, stride = _rows(b2.view(np.uint8), "count_either")
     return _count_one(span, stride, b2.shape, a, b, between=False)
 
 
-def _count_one(span: np.ndarray, stride: int, shape: tuple[int, int], a: int, b: int, *, between: bool) -> int:
+def _count_one(
+    span: np.ndarray, stride: int, shape: tuple[int, int], a: int, b: int, *, between: bool
+) -> int:
     """count_windows on one window: ``shape`` rows and columns, rows ``stride`` apart in ``span``."""
     one = np.zeros(1, dtype=np.int64)
-    return int(count_windows(span, one, one + shape[0], one + stride, one + shape[1], a, b, between))
+    return int(
+        count_windows(span, one, one + shape[0], one + stride, one + shape[1], a, b, between)
+    )
 
 
 # -- decode
@@ -250,38 +308,66 @@ _RO_BYTES = nb.types.Array(nb.uint8, 1, "C", readonly=True)  # also accepts writ
 _TABLE = 256 * 256
 
 
-@nb.njit(nb.void(_RO_BYTES, nb.int64, _RO_BYTES, nb.int64, nb.types.Array(nb.int32, 1, "C", readonly=True),
-                 nb.int32[::1], nb.int64, nb.int64, nb.int64), **_JIT)
-def _decode_fp4(packed, p_stride, scale, s_stride, table, out, rows, half_k, gb):  # pragma: no cover - compiled
+@nb.njit(
+    nb.void(
+        _RO_BYTES,
+        nb.int64,
+        _RO_BYTES,
+        nb.int64,
+        nb.types.Array(nb.int32, 1, "C", readonly=True),
+        nb.int32[::1],
+        nb.int64,
+        nb.int64,
+        nb.int64,
+    ),
+    **_JIT,
+)
+def _decode_fp4(
+    packed, p_stride, scale, s_stride, table, out, rows, half_k, gb
+):  # pragma: no cover - compiled
     """Row ``r`` of the packed window is ``packed[r*p_stride:][:half_k]``, its scale bytes
     ``scale[r*s_stride:]``; ``out`` is the contiguous int32 view of bf16 ``[rows, 2*half_k]``.
     ``half_k`` is a multiple of ``gb`` (packed bytes per scale byte: 16 for MXFP4, 8 for NVFP4),
     itself a multiple of 8."""
     for r in range(rows):
-        src = packed[r * p_stride:r * p_stride + half_k]
-        sc = scale[r * s_stride:r * s_stride + half_k // gb]
-        dst = out[r * half_k:(r + 1) * half_k]
+        src = packed[r * p_stride : r * p_stride + half_k]
+        sc = scale[r * s_stride : r * s_stride + half_k // gb]
+        dst = out[r * half_k : (r + 1) * half_k]
         for g in range(half_k // gb):
             base = np.int64(sc[g]) << 8
-            t = table[base:base + 256]
+            t = table[base : base + 256]
             for h in range(gb * g, gb * g + gb, 8):
                 w = _load8(src, h)
                 for i in range(8):
                     dst[h + i] = t[(w >> np.uint64(8 * i)) & np.uint64(0xFF)]
 
 
-@nb.njit(nb.void(_RO_BYTES, nb.int64, _RO_BYTES, nb.int64, nb.types.Array(nb.int16, 1, "C", readonly=True),
-                 nb.int16[::1], nb.int64, nb.int64, nb.int64), **_JIT)
-def _decode_fp8(codes, c_stride, scale, s_stride, table, out, rows, k, block):  # pragma: no cover - compiled
+@nb.njit(
+    nb.void(
+        _RO_BYTES,
+        nb.int64,
+        _RO_BYTES,
+        nb.int64,
+        nb.types.Array(nb.int16, 1, "C", readonly=True),
+        nb.int16[::1],
+        nb.int64,
+        nb.int64,
+        nb.int64,
+    ),
+    **_JIT,
+)
+def _decode_fp8(
+    codes, c_stride, scale, s_stride, table, out, rows, k, block
+):  # pragma: no cover - compiled
     """Row ``r`` of the code window is ``codes[r*c_stride:][:k]``; scale row ``r // block`` is
     ``scale[(r // block)*s_stride:]``; ``out`` is the contiguous int16 view of bf16 ``[rows, k]``.
     The last block of a row or column may be short (ragged N, K)."""
     blocks = (k + block - 1) // block
     for r in range(rows):
-        src = codes[r * c_stride:r * c_stride + k]
+        src = codes[r * c_stride : r * c_stride + k]
         s0 = (r // block) * s_stride
-        sc = scale[s0:s0 + blocks]
-        dst = out[r * k:(r + 1) * k]
+        sc = scale[s0 : s0 + blocks]
+        dst = out[r * k : (r + 1) * k]
         if block % 8:  # a word of 8 codes can straddle two scales (no checkpoint has such a block)
             for j in range(k):
                 dst[j] = table[(np.int64(sc[j // block]) << 8) + src[j]]
@@ -321,11 +407,14 @@ def _rows(a: np.ndarray, name: str) -> tuple[np.ndarray, int]:
 def _check_table(table: np.ndarray, dtype: type) -> None:
     # the kernels index it without bounds checks: a short table would be read past its end
     if table.shape != (_TABLE,) or table.dtype != dtype or not table.flags.c_contiguous:
-        raise ValueError(f"table: expected contiguous {np.dtype(dtype)}[{_TABLE}], got {table.dtype}{list(table.shape)}")
+        raise ValueError(
+            f"table: expected contiguous {np.dtype(dtype)}[{_TABLE}], got {table.dtype}{list(table.shape)}"
+        )
 
 
-def decode_fp4(packed: np.ndarray, scale: np.ndarray, table: np.ndarray, out: np.ndarray, *,
-               group: int = 32) -> None:
+def decode_fp4(
+    packed: np.ndarray, scale: np.ndarray, table: np.ndarray, out: np.ndarray, *, group: int = 32
+) -> None:
     """FP4 ``packed [N, K/2]`` bytes with one scale byte per ``group`` elements, ``scale [N, K/group]``,
     into ``out``, the contiguous int32 ``[N, K/2]`` view of a bf16 ``[N, K]`` (each word: two
     elements, low nibble in the low half): ``out[n, j] = table[scale[n, j // (group/2)] * 256 +
@@ -337,9 +426,16 @@ def decode_fp4(packed: np.ndarray, scale: np.ndarray, table: np.ndarray, out: np
     """
     n, half_k = packed.shape
     gb = group // 2
-    if group not in (16, 32) or half_k % gb or scale.shape != (n, half_k // gb) or out.shape != (n, half_k):
-        raise ValueError(f"decode_fp4: packed {packed.shape}, scale {scale.shape}, out {out.shape}, group {group} "
-                         f"disagree (K must be a multiple of {group}; the group is 16 or 32)")
+    if (
+        group not in (16, 32)
+        or half_k % gb
+        or scale.shape != (n, half_k // gb)
+        or out.shape != (n, half_k)
+    ):
+        raise ValueError(
+            f"decode_fp4: packed {packed.shape}, scale {scale.shape}, out {out.shape}, group {group} "
+            f"disagree (K must be a multiple of {group}; the group is 16 or 32)"
+        )
     if out.dtype != np.int32 or not out.flags.c_contiguous:
         raise ValueError(f"decode_fp4: out must be contiguous int32, got {out.dtype}")
     _check_table(table, np.int32)
@@ -347,7 +443,9 @@ def decode_fp4(packed: np.ndarray, scale: np.ndarray, table: np.ndarray, out: np
     _decode_fp4(p, p_stride, s, s_stride, table, out.reshape(-1), n, half_k, gb)
 
 
-def decode_fp8(codes: np.ndarray, scale: np.ndarray, table: np.ndarray, out: np.ndarray, block: int) -> None:
+def decode_fp8(
+    codes: np.ndarray, scale: np.ndarray, table: np.ndarray, out: np.ndarray, block: int
+) -> None:
     """E4M3 ``codes [N, K]`` with E8M0 block scale bytes ``scale [ceil(N/B), ceil(K/B)]`` into
     ``out``, the contiguous int16 ``[N, K]`` view of a bf16 ``[N, K]``:
     ``out[n, k] = table[scale[n // B, k // B] * 256 + codes[n, k]]``, ``table`` being
@@ -356,7 +454,9 @@ def decode_fp8(codes: np.ndarray, scale: np.ndarray, table: np.ndarray, out: np.
     """
     n, k = codes.shape
     if block < 1 or scale.shape != (-(-n // block), -(-k // block)) or out.shape != (n, k):
-        raise ValueError(f"decode_fp8: codes {codes.shape}, scale {scale.shape}, block {block}, out {out.shape} disagree")
+        raise ValueError(
+            f"decode_fp8: codes {codes.shape}, scale {scale.shape}, block {block}, out {out.shape} disagree"
+        )
     if out.dtype != np.int16 or not out.flags.c_contiguous:
         raise ValueError(f"decode_fp8: out must be contiguous int16, got {out.dtype}")
     _check_table(table, np.int16)

@@ -19,16 +19,42 @@ from .text import escape_name
 BOTH = "kv"
 SPELLINGS: tuple[tuple[str, re.Pattern[str]], ...] = (
     # (spelling, pattern: group "stem" ends at the layer's "layers.N.", "layer" its number, "which" k or v)
-    ("self_attn.attn.{k,v}_scale", re.compile(r"(?P<stem>(?:.*\.)?layers\.(?P<layer>\d+)\.)self_attn\.attn\.(?P<which>[kv])_scale$")),
-    ("self_attn.{k,v}_scale", re.compile(r"(?P<stem>(?:.*\.)?layers\.(?P<layer>\d+)\.)self_attn\.(?P<which>[kv])_scale$")),
-    ("self_attn.{k,v}_proj.output_scale (compressed-tensors, Quark)",
-     re.compile(r"(?P<stem>(?:.*\.)?layers\.(?P<layer>\d+)\.)self_attn\.(?P<which>[kv])_proj\.output_scale$")),
-    ("self_attn.{k,v}_proj.{k,v}_scale (ModelOpt)",
-     re.compile(r"(?P<stem>(?:.*\.)?layers\.(?P<layer>\d+)\.)self_attn\.(?P<which>[kv])_proj\.(?P=which)_scale$")),
-    ("self_attn.kv_scale (deprecated: one scale for k and v)",
-     re.compile(r"(?P<stem>(?:.*\.)?layers\.(?P<layer>\d+)\.)self_attn\.(?P<which>kv)_scale$")),
-    ("self_attn.qkv_proj.{k,v}_scale", re.compile(r"(?P<stem>(?:.*\.)?layers\.(?P<layer>\d+)\.)self_attn\.qkv_proj\.(?P<which>[kv])_scale$")),
-    ("blk.N.attn_{k,v}_scale (GGUF)", re.compile(r"(?P<stem>blk\.(?P<layer>\d+)\.)attn_(?P<which>[kv])_scale(?:\.weight)?$")),
+    (
+        "self_attn.attn.{k,v}_scale",
+        re.compile(
+            r"(?P<stem>(?:.*\.)?layers\.(?P<layer>\d+)\.)self_attn\.attn\.(?P<which>[kv])_scale$"
+        ),
+    ),
+    (
+        "self_attn.{k,v}_scale",
+        re.compile(r"(?P<stem>(?:.*\.)?layers\.(?P<layer>\d+)\.)self_attn\.(?P<which>[kv])_scale$"),
+    ),
+    (
+        "self_attn.{k,v}_proj.output_scale (compressed-tensors, Quark)",
+        re.compile(
+            r"(?P<stem>(?:.*\.)?layers\.(?P<layer>\d+)\.)self_attn\.(?P<which>[kv])_proj\.output_scale$"
+        ),
+    ),
+    (
+        "self_attn.{k,v}_proj.{k,v}_scale (ModelOpt)",
+        re.compile(
+            r"(?P<stem>(?:.*\.)?layers\.(?P<layer>\d+)\.)self_attn\.(?P<which>[kv])_proj\.(?P=which)_scale$"
+        ),
+    ),
+    (
+        "self_attn.kv_scale (deprecated: one scale for k and v)",
+        re.compile(r"(?P<stem>(?:.*\.)?layers\.(?P<layer>\d+)\.)self_attn\.(?P<which>kv)_scale$"),
+    ),
+    (
+        "self_attn.qkv_proj.{k,v}_scale",
+        re.compile(
+            r"(?P<stem>(?:.*\.)?layers\.(?P<layer>\d+)\.)self_attn\.qkv_proj\.(?P<which>[kv])_scale$"
+        ),
+    ),
+    (
+        "blk.N.attn_{k,v}_scale (GGUF)",
+        re.compile(r"(?P<stem>blk\.(?P<layer>\d+)\.)attn_(?P<which>[kv])_scale(?:\.weight)?$"),
+    ),
 )
 _ATTENTION = re.compile(r"((?:.*\.)?layers\.\d+\.)self_attn\.|(blk\.\d+\.)attn_")
 
@@ -50,8 +76,13 @@ class LayerScales:
         return f"{stem}self_attn.attn.{which}_scale"
 
     def to_dict(self) -> dict:
-        return {"layer": self.stem, "spellings": self.spellings, "k": self.k, "v": self.v,
-                "vllm": {"k": self.canonical("k"), "v": self.canonical("v")}}
+        return {
+            "layer": self.stem,
+            "spellings": self.spellings,
+            "k": self.k,
+            "v": self.v,
+            "vllm": {"k": self.canonical("k"), "v": self.canonical("v")},
+        }
 
 
 @dataclass
@@ -69,17 +100,29 @@ class Census:
     def problems(self) -> list[str]:
         """What a strict config refuses, one line each, naming the layers."""
         out = []
-        half = [f"{s.stem} ({'k' if s.k else 'v'} only)" for s in self.layers.values() if bool(s.k) != bool(s.v)]
+        half = [
+            f"{s.stem} ({'k' if s.k else 'v'} only)"
+            for s in self.layers.values()
+            if bool(s.k) != bool(s.v)
+        ]
         if half:
             out.append(f"kv-cache scales: {len(half)} layer(s) with one of k and v: {_names(half)}")
-        doubled = [f"{s.stem} ({' and '.join(s.spellings)})" for s in self.layers.values() if len(s.spellings) > 1]
+        doubled = [
+            f"{s.stem} ({' and '.join(s.spellings)})"
+            for s in self.layers.values()
+            if len(s.spellings) > 1
+        ]
         if doubled:
-            out.append(f"kv-cache scales: {len(doubled)} layer(s) spelled two ways: {_names(doubled)}")
+            out.append(
+                f"kv-cache scales: {len(doubled)} layer(s) spelled two ways: {_names(doubled)}"
+            )
         if self.layers:
             bare = [a for a in self.attention if a not in self.layers]
             if bare:
-                out.append(f"kv-cache scales on {len(self.layers)} of {len(self.attention)} attention layers; none "
-                           f"on {_names(bare)}")
+                out.append(
+                    f"kv-cache scales on {len(self.layers)} of {len(self.attention)} attention layers; none "
+                    f"on {_names(bare)}"
+                )
         return out
 
     def describe(self) -> list[str]:
@@ -94,8 +137,11 @@ class Census:
             k, v = sum(bool(s.k) for s in held), sum(bool(s.v) for s in held)
             parts.append(f"{spelling} on {len(held)} layer(s) ({_span(held)}; k on {k}, v on {v})")
         first = next(iter(self.layers.values()))
-        return [f"kv-cache scales: {len(self.layers)} of {len(self.attention)} attention layers: " + "; ".join(parts)
-                + f"; served as stored, handed to vLLM as {first.canonical('k')}..."]
+        return [
+            f"kv-cache scales: {len(self.layers)} of {len(self.attention)} attention layers: "
+            + "; ".join(parts)
+            + f"; served as stored, handed to vLLM as {first.canonical('k')}..."
+        ]
 
     def engine_names(self) -> dict[str, tuple[str, ...]]:
         """{stored name: the names vLLM's attention layers expect it under}: a deprecated ``kv_scale``
@@ -108,7 +154,10 @@ class Census:
         return out
 
     def to_dict(self) -> dict:
-        return {"attention_layers": len(self.attention), "layers": [s.to_dict() for s in self.layers.values()]}
+        return {
+            "attention_layers": len(self.attention),
+            "layers": [s.to_dict() for s in self.layers.values()],
+        }
 
 
 def census(names: Iterable[str]) -> Census:
@@ -139,8 +188,11 @@ def _span(held: list[LayerScales]) -> str:
     if len(nums) == 1:
         return f"layer {nums[0]}"
     run = nums == list(range(nums[0], nums[-1] + 1))
-    return f"layers {nums[0]}..{nums[-1]}" if run else "layers " + ", ".join(map(str, nums[:12])) + (
-        " ..." if len(nums) > 12 else "")
+    return (
+        f"layers {nums[0]}..{nums[-1]}"
+        if run
+        else "layers " + ", ".join(map(str, nums[:12])) + (" ..." if len(nums) > 12 else "")
+    )
 
 
 def _names(items: list[str], limit: int = 8) -> str:

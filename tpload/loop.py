@@ -34,13 +34,21 @@ from .storage.pagecache import ShardRelease
 from .storage.reader import Reader
 from .transfer import Transfer
 from .verification.evidence import Check, Evidence
-from .verification.fingerprint import (HostFingerprint, Triple, as_bytes2d, decoded_fingerprint, digest,
-                                       fingerprint)
+from .verification.fingerprint import (
+    HostFingerprint,
+    Triple,
+    as_bytes2d,
+    decoded_fingerprint,
+    digest,
+    fingerprint,
+)
 from .verification.hashing import Hashed, Hasher
 from .verification.policy import Box
 
 READAHEAD_ITEMS = 2  # how many items ahead the kernel is asked to read (a cold page cache)
-READAHEAD_FROM = 256 << 10  # smaller items are not worth a system call: the kernel's own readahead has them
+READAHEAD_FROM = (
+    256 << 10
+)  # smaller items are not worth a system call: the kernel's own readahead has them
 NOT_FINITE = "decode(s) not finite everywhere (it overflows bf16, or decodes a bad code)"
 
 
@@ -58,7 +66,9 @@ class Arena:
         """The served tensor: one strided view of the arena reinterpreted as its dtype."""
         typed = self._typed.get(out.dtype)
         if typed is None:
-            typed = self._typed[out.dtype] = self.buffer.view(out.dtype)  # slots are 256-aligned, the arena too
+            typed = self._typed[out.dtype] = self.buffer.view(
+                out.dtype
+            )  # slots are 256-aligned, the arena too
         item = out.dtype.itemsize
         strides = [1] * len(out.shape)
         for i in range(len(out.shape) - 2, -1, -1):
@@ -68,8 +78,8 @@ class Arena:
     def bytes2d(self, out: Output, rows: int) -> np.ndarray | torch.Tensor:
         """The slot's bytes as ``[rows, row_bytes]``: numpy on the CPU, a device tensor elsewhere."""
         if self.host is not None:
-            return self.host[out.offset:out.offset + out.nbytes].reshape(rows, -1)
-        return self.buffer[out.offset:out.offset + out.nbytes].view(rows, -1)
+            return self.host[out.offset : out.offset + out.nbytes].reshape(rows, -1)
+        return self.buffer[out.offset : out.offset + out.nbytes].view(rows, -1)
 
 
 @dataclass
@@ -122,16 +132,31 @@ def _sampled(plan: RankPlan, per_codec: int) -> set[str]:
     picks = set()
     for names in by_codec.values():
         n = len(names)
-        picks |= {names[round(j * (n - 1) / max(per_codec - 1, 1))] for j in range(min(per_codec, n))}
+        picks |= {
+            names[round(j * (n - 1) / max(per_codec - 1, 1))] for j in range(min(per_codec, n))
+        }
     return picks
 
 
 class _Loader:
     """One rank's loop state: the storage, reader, transfer, hasher and evidence it shares across items."""
 
-    def __init__(self, storage: Storage, plan: RankPlan, transfer: Transfer, hasher: Hasher,
-                 release: ShardRelease | None, reader: type[Reader] = Reader) -> None:
-        self.storage, self.plan, self.transfer, self.hasher, self.release = storage, plan, transfer, hasher, release
+    def __init__(
+        self,
+        storage: Storage,
+        plan: RankPlan,
+        transfer: Transfer,
+        hasher: Hasher,
+        release: ShardRelease | None,
+        reader: type[Reader] = Reader,
+    ) -> None:
+        self.storage, self.plan, self.transfer, self.hasher, self.release = (
+            storage,
+            plan,
+            transfer,
+            hasher,
+            release,
+        )
         self.reader = reader(storage, chunk_bytes=transfer.chunk_bytes)
         self.evidence = Evidence()
         self.arena = Arena(transfer.arena(plan.arena_bytes), host=transfer.host_slots)
@@ -142,7 +167,9 @@ class _Loader:
         """(where the cut's bytes are, the blocks of its window): the tensor goes to the hasher whole
         on its first read, when this rank hashes it."""
         stored, rows, cols = self.storage.box(cut.name, cut.view, cut.rows, cut.cols)
-        return stored.path.name, self.reader.blocks(stored, rows, cols, tap=self.hasher.tap(stored), **kw)
+        return stored.path.name, self.reader.blocks(
+            stored, rows, cols, tap=self.hasher.tap(stored), **kw
+        )
 
     def copy(self, item: Item) -> None:
         """Stored bytes served as they are (packed kind; plain tensors): each cut into its slot."""
@@ -155,16 +182,23 @@ class _Loader:
             # the served tensor's fingerprint, in its own view; the window's, in the cut's (the node
             # cross-check compares it with the hasher's): the same when the views are (group 1)
             # (a piece narrower than the served row's words cannot be grouped: then compare in the cut's view)
-            fp = HostFingerprint(cut.row_bytes, group=cut.group if HostFingerprint.fits(cut.row_bytes, cut.group) else 1)
+            fp = HostFingerprint(
+                cut.row_bytes,
+                group=cut.group if HostFingerprint.fits(cut.row_bytes, cut.group) else 1,
+            )
             window = fp if fp.group == 1 else HostFingerprint(cut.row_bytes)
             # the value checkers read whole rows (a scale group never straddles a piece); plain rows may split
             where, blocks = self._blocks(cut, split_rows=not item.codec.checked and cut.group == 1)
             for r, c, view in blocks:
                 feed(view, r)
-                self.transfer.copy(view, dst[r:r + view.shape[0], c:c + view.shape[1]], fp, r, c)
+                self.transfer.copy(
+                    view, dst[r : r + view.shape[0], c : c + view.shape[1]], fp, r, c
+                )
                 if window is not fp:
                     window.add(view, r, first_col=c)
-            mine = dst if cut.group == 1 else dst.reshape(dst.shape[0] // cut.group, -1)  # the served tensor's view
+            mine = (
+                dst if cut.group == 1 else dst.reshape(dst.shape[0] // cut.group, -1)
+            )  # the served tensor's view
             served, want = self.transfer.served(mine if fp.group == cut.group else dst, fp)
             digest = None if fp.group == cut.group else fingerprint(torch.as_tensor(mine))
             self.evidence.window(cut.name, cut.box, window.value())
@@ -181,7 +215,7 @@ class _Loader:
         _, blocks = self._blocks(cut, split_rows=False)
         for r, c, view in blocks:
             feed(view, r)
-            fp.add(view, r, dst=host[r:r + view.shape[0]])
+            fp.add(view, r, dst=host[r : r + view.shape[0]])
         self.evidence.window(cut.name, cut.box, fp.value())
         return host
 
@@ -195,37 +229,61 @@ class _Loader:
             if cut is item.scale:
                 scale_host, scale = host, self.transfer.upload(host)
             else:
-                scale2 = host  # a global scale: its value shapes the decode table, built on the host
+                scale2 = (
+                    host  # a global scale: its value shapes the decode table, built on the host
+                )
         out = item.outputs[0]
         slot = self.arena.tensor(out)
         rows = slot.reshape(item.weight.rows[1] - item.weight.rows[0], -1)
-        unfold = item.weight.row_bytes // codec.decode_row_bytes(fit, item.weight)  # decode rows per view row
+        unfold = item.weight.row_bytes // codec.decode_row_bytes(
+            fit, item.weight
+        )  # decode rows per view row
         fp = HostFingerprint(item.weight.row_bytes)
         spans = _sample_spans(rows.shape[0], codec.row_multiple(fit)) if sampled else []
         kept: dict[int, np.ndarray] = {}
-        where, blocks = self._blocks(item.weight, row_multiple=codec.row_multiple(fit), split_rows=False)
+        where, blocks = self._blocks(
+            item.weight, row_multiple=codec.row_multiple(fit), split_rows=False
+        )
         for r, _, view in blocks:
             checker.weight(view, r)
             staged = self.transfer.stage(view, fp, r, 0)
             n = view.shape[0]
             for a, b in spans:  # keep the sampled rows' stored bytes for the independent decode
                 if max(a, r) < min(b, r + n):
-                    kept.setdefault(a, np.empty((b - a, view.shape[1]), np.uint8))[max(a, r) - a:min(b, r + n) - a] = \
-                        view[max(a, r) - r:min(b, r + n) - r]
+                    kept.setdefault(a, np.empty((b - a, view.shape[1]), np.uint8))[
+                        max(a, r) - a : min(b, r + n) - a
+                    ] = view[max(a, r) - r : min(b, r + n) - r]
             s0, s1 = codec.scale_rows(fit, r, r + n)
-            decode_rows(codec.decode, fit, unfold, staged, scale[s0:s1] if scale is not None else None, rows[r:r + n],
-                     scale2)
+            decode_rows(
+                codec.decode,
+                fit,
+                unfold,
+                staged,
+                scale[s0:s1] if scale is not None else None,
+                rows[r : r + n],
+                scale2,
+            )
         self.evidence.window(item.weight.name, item.weight.box, fp.value())
         served, not_finite = decoded_fingerprint(slot)
         check = Check(out.name, where, served)
         if sampled:
-            check.bad.append(self._sampled_check(item, rows, spans, kept, scale_host, scale2, unfold))
+            check.bad.append(
+                self._sampled_check(item, rows, spans, kept, scale_host, scale2, unfold)
+            )
         check.bad.append((not_finite, NOT_FINITE))
         self._problems(item, checker.problems(), {item.weight.name: check})
         self.evidence.add(check)
 
-    def _sampled_check(self, item: Item, rows: torch.Tensor, spans: list[tuple[int, int]], kept: dict[int, np.ndarray],
-                       scale_host: np.ndarray | None, scale2: np.ndarray | None, unfold: int) -> tuple[int, str]:
+    def _sampled_check(
+        self,
+        item: Item,
+        rows: torch.Tensor,
+        spans: list[tuple[int, int]],
+        kept: dict[int, np.ndarray],
+        scale_host: np.ndarray | None,
+        scale2: np.ndarray | None,
+        unfold: int,
+    ) -> tuple[int, str]:
         """The first and last rows of a sampled decode, decoded again by the codec's independent
         reference (numpy) and compared exactly: (1 if they differ, what). Edge rows: where a window
         starts and where a short last scale block ends."""
@@ -234,13 +292,22 @@ class _Loader:
         for a, b in spans:
             s0, s1 = codec.scale_rows(fit, a, b)
             reference = torch.empty((b - a, rows.shape[1]), dtype=rows.dtype)
-            decode_rows(codec.reference, fit, unfold, kept[a], scale_host[s0:s1] if scale_host is not None else None,
-                     reference, scale2)
+            decode_rows(
+                codec.reference,
+                fit,
+                unfold,
+                kept[a],
+                scale_host[s0:s1] if scale_host is not None else None,
+                reference,
+                scale2,
+            )
             theirs.add(reference.view(torch.uint8).numpy(), a)
             mine.add(as_bytes2d(rows[a:b]).cpu().numpy(), a)
         self.sampled += 1
-        return int(mine.value() != theirs.value()), (f"decoded rows that differ from an independent decode (rows "
-                                                    f"{', '.join(f'{a}..{b - 1}' for a, b in spans)})")
+        return int(mine.value() != theirs.value()), (
+            f"decoded rows that differ from an independent decode (rows "
+            f"{', '.join(f'{a}..{b - 1}' for a, b in spans)})"
+        )
 
     @staticmethod
     def _problems(item: Item, problems: list, checks: dict[str, Check]) -> None:
@@ -266,8 +333,15 @@ class _Loader:
             region = self.arena.buffer[lo:hi].view(1, -1)
             self.transfer.copy(image.reshape(1, -1), region, fp, 0, 0)
             served, want = self.transfer.served(region, fp)
-            self.evidence.add(Check(f"{b.data_label} (arena bytes {lo}..{hi})", b.path.name, served, want,
-                                    "host image"))
+            self.evidence.add(
+                Check(
+                    f"{b.data_label} (arena bytes {lo}..{hi})",
+                    b.path.name,
+                    served,
+                    want,
+                    "host image",
+                )
+            )
         where, evidence = b.path.name, self.evidence
         triples = list(map(tuple, b.fingerprints.tolist()))
         self._hash(b, triples)
@@ -302,9 +376,13 @@ class _Loader:
         k = 0
         for item in items:
             n = len(item.scales) + 1
-            if item.codec.scaled and len(item.scales) == 1:  # scale windows first, then the weight's
+            if (
+                item.codec.scaled and len(item.scales) == 1
+            ):  # scale windows first, then the weight's
                 f = item.fit
-                group = alike.setdefault((item.codec.name, f.weight.dtype, f.scale.dtype), (item, [], [], []))
+                group = alike.setdefault(
+                    (item.codec.name, f.weight.dtype, f.scale.dtype), (item, [], [], [])
+                )
                 group[1].append(item)
                 group[2].append(k)
                 group[3].append(k + 1)
@@ -319,11 +397,22 @@ class _Loader:
         """The batch's stored tensors this rank hashes, each hashed whole from the batch's bytes, with its
         node peers' windows fingerprinted there (all of them in one pass; a peer's window that is this
         rank's own has its fingerprint already: ``own``)."""
-        mine = [(k, boxes) for k, s in enumerate(b.stored) if (boxes := self.hasher.peer_boxes(s.name)) is not None]
-        other = [(k, box) for k, boxes in mine for box in dict.fromkeys(boxes.values()) if box != b.boxes[k]]
+        mine = [
+            (k, boxes)
+            for k, s in enumerate(b.stored)
+            if (boxes := self.hasher.peer_boxes(s.name)) is not None
+        ]
+        other = [
+            (k, box)
+            for k, boxes in mine
+            for box in dict.fromkeys(boxes.values())
+            if box != b.boxes[k]
+        ]
         found = dict(zip(other, b.fingerprints_of(other)))
         for k, boxes in mine:
-            peers = {p: own[k] if box == b.boxes[k] else found[(k, box)] for p, box in boxes.items()}
+            peers = {
+                p: own[k] if box == b.boxes[k] else found[(k, box)] for p, box in boxes.items()
+            }
             self.hasher.record(b.stored[k], b.raw(k), peers)
 
     def done(self, item: Item) -> None:
@@ -348,7 +437,9 @@ def value_feed(item: Item, checker: Checker, cut: Cut) -> Callable[[np.ndarray, 
     return lambda view, first_row: checker.scale2(view)
 
 
-def decode_rows(decode, fit: Fit, unfold: int, weight, scale, out: torch.Tensor, scale2: np.ndarray | None) -> None:
+def decode_rows(
+    decode, fit: Fit, unfold: int, weight, scale, out: torch.Tensor, scale2: np.ndarray | None
+) -> None:
     """``decode(weight, scale, out, fit, scale2=...)`` on view rows, or, when one view row holds
     ``unfold`` rows of the decode (a stacked tensor cut on its rows: one view row per expert), on each
     view row seen as those rows (its scale row too: such formats have one scale row per row)."""
@@ -356,18 +447,34 @@ def decode_rows(decode, fit: Fit, unfold: int, weight, scale, out: torch.Tensor,
         decode(weight, scale, out, fit, scale2=scale2)
         return
     for i in range(weight.shape[0]):
-        decode(weight[i].reshape(unfold, -1), scale[i].reshape(unfold, -1) if scale is not None else None,
-               out[i].reshape(unfold, -1), fit, scale2=scale2)
+        decode(
+            weight[i].reshape(unfold, -1),
+            scale[i].reshape(unfold, -1) if scale is not None else None,
+            out[i].reshape(unfold, -1),
+            fit,
+            scale2=scale2,
+        )
 
 
-def run(storage: Storage, plan: RankPlan, *, transfer: Transfer, hasher: Hasher, samples: int,
-        progress: ProgressSink, release: ShardRelease | None = None, link: Link | None = None) -> LoadResult:
+def run(
+    storage: Storage,
+    plan: RankPlan,
+    *,
+    transfer: Transfer,
+    hasher: Hasher,
+    samples: int,
+    progress: ProgressSink,
+    release: ShardRelease | None = None,
+    link: Link | None = None,
+) -> LoadResult:
     """Load ``plan`` through ``transfer``, hashing what ``hasher`` says; raise LoadError listing every
     problem of this rank (nothing it loaded survives a failure). ``link``: replicas share the reads
     (replicas.py): windows another replica reads arrive from it, checked on receipt."""
     if link is not None:
         storage = SharedStorage(storage, link)
-    loader = _Loader(storage, plan, transfer, hasher, release, Reader if link is None else SharedReader)
+    loader = _Loader(
+        storage, plan, transfer, hasher, release, Reader if link is None else SharedReader
+    )
     sampled = _sampled(plan, samples)
     items = plan.items
     try:
@@ -402,8 +509,16 @@ def run(storage: Storage, plan: RankPlan, *, transfer: Transfer, hasher: Hasher,
     if problems:
         raise LoadError(f"{len(problems)} problem(s):\n  - " + "\n  - ".join(problems))
     outputs = [o for item in items for o in item.outputs]
-    return LoadResult(loader.arena, outputs, settled.fingerprints, hashed, loader.evidence.windows,
-                      settled.bytes_hashed, settled.device_checked, loader.sampled)
+    return LoadResult(
+        loader.arena,
+        outputs,
+        settled.fingerprints,
+        hashed,
+        loader.evidence.windows,
+        settled.bytes_hashed,
+        settled.device_checked,
+        loader.sampled,
+    )
 
 
 def _advance(progress: ProgressSink, item: Item) -> None:

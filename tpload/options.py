@@ -16,9 +16,9 @@ import math
 import os
 import types
 import typing
-from enum import StrEnum
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
+from enum import StrEnum
 from pathlib import Path
 
 from .errors import OptionsError
@@ -27,15 +27,25 @@ from .modes import Verify
 KINDS = ("packed", "expanded")
 VERIFY_MODES = tuple(Verify)
 DEFAULT_CONFIG = "auto"
-REFERENCE_CONFIG = "deepseek-v4-mtp"  # the layout of docs/format.md, for checkpoints without a config.json
+REFERENCE_CONFIG = (
+    "deepseek-v4-mtp"  # the layout of docs/format.md, for checkpoints without a config.json
+)
 MAX_WORLD = 1 << 16  # no layout has more ranks than this; bigger numbers are typos, not plans
 
 Check = Callable[[object], str | None]
 
 
-def opt(default: object, help: str, *, flag: str | None = None, choices: tuple[str, ...] = (),
-        metavar: str | None = None, bound: Bound | None = None, check: Check | None = None,
-        cli: bool = True) -> object:
+def opt(
+    default: object,
+    help: str,
+    *,
+    flag: str | None = None,
+    choices: tuple[str, ...] = (),
+    metavar: str | None = None,
+    bound: Bound | None = None,
+    check: Check | None = None,
+    cli: bool = True,
+) -> object:
     """A :class:`LoadOptions` field: its default, its help, and how it appears on the command line.
 
     ``flag``: the command-line spelling (default ``--field-name``); ``bound``: the kind of number it
@@ -43,8 +53,15 @@ def opt(default: object, help: str, *, flag: str | None = None, choices: tuple[s
     rule, returning a problem ("must be 64 hex digits") or None; ``cli``: False for options only
     ``load()`` takes.
     """
-    meta = {"help": help, "flag": flag, "choices": choices, "metavar": metavar, "bound": bound, "check": check,
-            "cli": cli}
+    meta = {
+        "help": help,
+        "flag": flag,
+        "choices": choices,
+        "metavar": metavar,
+        "bound": bound,
+        "check": check,
+        "cli": cli,
+    }
     if isinstance(default, (list, dict, set)):
         raise TypeError("mutable defaults: use a tuple")
     return field(default=default, metadata=meta)
@@ -111,79 +128,162 @@ def _sha256_hex(v: object) -> str | None:
     if v is None:
         return None
     s = str(v)
-    return None if len(s) == 64 and all(c in "0123456789abcdef" for c in s.lower()) else \
-        f"must be 64 hex digits (a sha256), got {s[:80]!r}"
+    return (
+        None
+        if len(s) == 64 and all(c in "0123456789abcdef" for c in s.lower())
+        else f"must be 64 hex digits (a sha256), got {s[:80]!r}"
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
 class LoadOptions:
     """What one load does. ``load(DIR, tp=2, ...)`` and ``python -m tpload DIR --tp 2 ...`` both build one."""
 
-    checkpoint: str | None = opt(None, "checkpoint directory (default: a built-in small synthetic one, written once "
-                                 "under ~/.cache/tpload)", metavar="DIR")
-    config: str = opt(DEFAULT_CONFIG, "auto (from the checkpoint's config.json), a shipped config or ARCH+FAMILY, or a "
-                      "TOML path", metavar="NAME|PATH")
-    kind: str = opt("packed", "packed: stored bytes (FP4/FP8 weights and their scales); expanded: bf16 decodes",
-                    choices=KINDS)
+    checkpoint: str | None = opt(
+        None,
+        "checkpoint directory (default: a built-in small synthetic one, written once "
+        "under ~/.cache/tpload)",
+        metavar="DIR",
+    )
+    config: str = opt(
+        DEFAULT_CONFIG,
+        "auto (from the checkpoint's config.json), a shipped config or ARCH+FAMILY, or a TOML path",
+        metavar="NAME|PATH",
+    )
+    kind: str = opt(
+        "packed",
+        "packed: stored bytes (FP4/FP8 weights and their scales); expanded: bf16 decodes",
+        choices=KINDS,
+    )
     tp: int | None = opt(None, "tensor-parallel degree (default: the group size / ep)", bound=RANKS)
     ep: int = opt(1, "expert-parallel degree; tp x ep must equal the group size", bound=RANKS)
-    replicas: int = opt(1, "replicas of the tp x ep plan in the group (world = R x tp x ep): each window is read "
-                        "from storage by one replica and sent to the others, checked on receipt", bound=RANKS,
-                        metavar="R")
-    verify: Verify = opt(Verify.NODE, "node: each tensor hashed once per node; rank: by every rank that reads it; digest: "
-                      "no hashing, every served byte checked against digests `tpload plan --write` stored after "
-                      "hashing; off: nothing checked against the manifest (loudly marked)", choices=VERIFY_MODES)
+    replicas: int = opt(
+        1,
+        "replicas of the tp x ep plan in the group (world = R x tp x ep): each window is read "
+        "from storage by one replica and sent to the others, checked on receipt",
+        bound=RANKS,
+        metavar="R",
+    )
+    verify: Verify = opt(
+        Verify.NODE,
+        "node: each tensor hashed once per node; rank: by every rank that reads it; digest: "
+        "no hashing, every served byte checked against digests `tpload plan --write` stored after "
+        "hashing; off: nothing checked against the manifest (loudly marked)",
+        choices=VERIFY_MODES,
+    )
     device: str | None = opt(None, "target device (default: cuda:LOCAL_RANK, or cpu without CUDA)")
-    allow_shared_device: bool = opt(False, "let several ranks load onto one GPU (functional checks with gloo; NCCL "
-                                    "refuses it)")
-    hash_threads: int = opt(2, "hash worker threads per rank (sha256, or blake3 with a sidecar)", bound=THREADS,
-                       metavar="N")
-    samples: int = opt(4, "expanded: decoded tensors per codec whose first and last rows are decoded again by an "
-                       "independent implementation and compared exactly",
-                       bound=COUNT, metavar="N")
-    progress: bool = opt(True, "turn off rank 0's progress (on by default: a bar on a terminal, a line every "
-                         "2 s otherwise)",
-                         flag="--no-progress")
-    timeout_s: float = opt(600.0, "seconds any wait may take (the exchange, a peer, a store) before every rank "
-                           "fails", flag="--timeout", bound=SECONDS, metavar="S")
-    skip: tuple[str, ...] = opt((), "never read nor hash tensors matching GLOB (repeatable), e.g. 'mtp.*'",
-                                metavar="GLOB")
-    defer: tuple[str, ...] = opt((), "do not upload tensors matching GLOB; load() returns their locators "
-                                 "(repeatable)", metavar="GLOB")
-    skip_activation_scales: bool = opt(False, "skip the single-value *.input_scale tensors (ModelOpt NVFP4 W4A4 "
-                                       "activation scales, unused by a W4A16 server): never read nor served")
-    evict_page_cache: bool = opt(False, "drop each shard's page cache once this rank is done with it "
-                                 "(unified-memory GPUs)")
-    reserve_gib: float = opt(0.0, "device memory (GiB) the pre-flight keeps free for after the load",
-                             bound=GIB, metavar="G")
-    report: str | None = opt(None, "rank 0 writes the JSON report here (its folder must exist; never inside the "
-                               "checkpoint)", metavar="FILE")
-    digest_store: str | None = opt(None, "folder of trusted digests (default $XDG_STATE_HOME/tpload, else "
-                                   "~/.local/state/tpload); owned by this user, not by the checkpoint's writer",
-                                   metavar="DIR")
-    manifest_sha256: str | None = opt(None, "refuse the load unless NATIVE_MANIFEST.json has this sha256 (pins "
-                                      "the trust anchor)", check=_sha256_hex, metavar="HEX")
-    signature: str | None = opt(None, "OpenSSF model-signing bundle to check before loading (default DIR/model.sig "
-                                "when present; `none` ignores it); needs a --signer-* option", metavar="PATH")
-    signer_key: str | None = opt(None, "the signer's public key (--signature signed with a key)", metavar="PEM")
-    signer_cert: str | None = opt(None, "the signing certificate the bundle must carry (with --signer-chain)",
-                                  metavar="PEM")
-    signer_chain: str | None = opt(None, "certificates the signing certificate must chain to (signed with a "
-                                   "certificate)", metavar="PEM")
-    signer_identity: str | None = opt(None, "sigstore identity that signed (with --signer-issuer; needs the network)",
-                                      metavar="EMAIL|URI")
+    allow_shared_device: bool = opt(
+        False, "let several ranks load onto one GPU (functional checks with gloo; NCCL refuses it)"
+    )
+    hash_threads: int = opt(
+        2,
+        "hash worker threads per rank (sha256, or blake3 with a sidecar)",
+        bound=THREADS,
+        metavar="N",
+    )
+    samples: int = opt(
+        4,
+        "expanded: decoded tensors per codec whose first and last rows are decoded again by an "
+        "independent implementation and compared exactly",
+        bound=COUNT,
+        metavar="N",
+    )
+    progress: bool = opt(
+        True,
+        "turn off rank 0's progress (on by default: a bar on a terminal, a line every "
+        "2 s otherwise)",
+        flag="--no-progress",
+    )
+    timeout_s: float = opt(
+        600.0,
+        "seconds any wait may take (the exchange, a peer, a store) before every rank fails",
+        flag="--timeout",
+        bound=SECONDS,
+        metavar="S",
+    )
+    skip: tuple[str, ...] = opt(
+        (), "never read nor hash tensors matching GLOB (repeatable), e.g. 'mtp.*'", metavar="GLOB"
+    )
+    defer: tuple[str, ...] = opt(
+        (),
+        "do not upload tensors matching GLOB; load() returns their locators (repeatable)",
+        metavar="GLOB",
+    )
+    skip_activation_scales: bool = opt(
+        False,
+        "skip the single-value *.input_scale tensors (ModelOpt NVFP4 W4A4 "
+        "activation scales, unused by a W4A16 server): never read nor served",
+    )
+    evict_page_cache: bool = opt(
+        False, "drop each shard's page cache once this rank is done with it (unified-memory GPUs)"
+    )
+    reserve_gib: float = opt(
+        0.0,
+        "device memory (GiB) the pre-flight keeps free for after the load",
+        bound=GIB,
+        metavar="G",
+    )
+    report: str | None = opt(
+        None,
+        "rank 0 writes the JSON report here (its folder must exist; never inside the checkpoint)",
+        metavar="FILE",
+    )
+    digest_store: str | None = opt(
+        None,
+        "folder of trusted digests (default $XDG_STATE_HOME/tpload, else "
+        "~/.local/state/tpload); owned by this user, not by the checkpoint's writer",
+        metavar="DIR",
+    )
+    manifest_sha256: str | None = opt(
+        None,
+        "refuse the load unless NATIVE_MANIFEST.json has this sha256 (pins the trust anchor)",
+        check=_sha256_hex,
+        metavar="HEX",
+    )
+    signature: str | None = opt(
+        None,
+        "OpenSSF model-signing bundle to check before loading (default DIR/model.sig "
+        "when present; `none` ignores it); needs a --signer-* option",
+        metavar="PATH",
+    )
+    signer_key: str | None = opt(
+        None, "the signer's public key (--signature signed with a key)", metavar="PEM"
+    )
+    signer_cert: str | None = opt(
+        None, "the signing certificate the bundle must carry (with --signer-chain)", metavar="PEM"
+    )
+    signer_chain: str | None = opt(
+        None,
+        "certificates the signing certificate must chain to (signed with a certificate)",
+        metavar="PEM",
+    )
+    signer_identity: str | None = opt(
+        None,
+        "sigstore identity that signed (with --signer-issuer; needs the network)",
+        metavar="EMAIL|URI",
+    )
     signer_issuer: str | None = opt(None, "OIDC issuer of --signer-identity", metavar="URL")
-    attest: str | None = opt(None, "after a verified load rank 0 writes an in-toto statement here: what every rank "
-                             "serves, its windows and digest (check it with `tpload attest verify`; "
-                             "docs/attestation.md)", metavar="FILE")
-    attest_key: str | None = opt(None, "sign the --attest statement with this EC private key, as model-signing signs "
-                                 "a model (FILE.sig beside it; needs the [signing] extra)", metavar="PEM")
+    attest: str | None = opt(
+        None,
+        "after a verified load rank 0 writes an in-toto statement here: what every rank "
+        "serves, its windows and digest (check it with `tpload attest verify`; "
+        "docs/attestation.md)",
+        metavar="FILE",
+    )
+    attest_key: str | None = opt(
+        None,
+        "sign the --attest statement with this EC private key, as model-signing signs "
+        "a model (FILE.sig beside it; needs the [signing] extra)",
+        metavar="PEM",
+    )
 
     def __post_init__(self) -> None:
         problems = validate({f.name: getattr(self, f.name) for f in fields(self)}, style="api")
         if problems:
             raise OptionsError(_listing(problems))
-        object.__setattr__(self, "verify", Verify(self.verify))  # the string given, as its named mode
+        object.__setattr__(
+            self, "verify", Verify(self.verify)
+        )  # the string given, as its named mode
 
     @classmethod
     def from_values(cls, values: Mapping[str, object], *, style: str = "api") -> LoadOptions:
@@ -193,8 +293,10 @@ class LoadOptions:
         unknown = sorted(set(values) - known)
         coerced, problems = {}, []
         if unknown:
-            problems.append(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
-                            f"(known: {', '.join(sorted(known))})")
+            problems.append(
+                f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
+                f"(known: {', '.join(sorted(known))})"
+            )
         for name, value in values.items():
             if name in known:
                 try:
@@ -222,10 +324,14 @@ def _coerce(name: str, value: object) -> object:
     for a tuple of globs); TypeError saying what was expected otherwise."""
     want = _field_types()[name]
     optional = isinstance(want, types.UnionType) and type(None) in typing.get_args(want)
-    base = next((a for a in typing.get_args(want) if a is not type(None)), want) if optional else want
+    base = (
+        next((a for a in typing.get_args(want) if a is not type(None)), want) if optional else want
+    )
     if value is None and optional:
         return None
-    if base is str or (isinstance(base, type) and issubclass(base, StrEnum)):  # a mode: its string (checked later)
+    if base is str or (
+        isinstance(base, type) and issubclass(base, StrEnum)
+    ):  # a mode: its string (checked later)
         if isinstance(value, (str, os.PathLike)) and not isinstance(value, bytes):
             return os.fspath(value) if isinstance(value, os.PathLike) else value
         raise TypeError(f"expected a string, got {type(value).__name__} {value!r}")
@@ -247,7 +353,9 @@ def _coerce(name: str, value: object) -> object:
         if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
             return tuple(value)
         raise TypeError(f"expected a glob or a list of globs, got {type(value).__name__} {value!r}")
-    raise TypeError(f"unsupported option type {base}")  # pragma: no cover - a field added without a rule
+    raise TypeError(
+        f"unsupported option type {base}"
+    )  # pragma: no cover - a field added without a rule
 
 
 def _spell(name: str, style: str) -> str:
@@ -265,7 +373,9 @@ def validate(values: Mapping[str, object], *, style: str) -> list[str]:
             continue
         v, meta = values[f.name], f.metadata
         if meta["choices"] and v not in meta["choices"]:
-            problems.append(f"{_spell(f.name, style)} {v!r} is not one of {', '.join(meta['choices'])}")
+            problems.append(
+                f"{_spell(f.name, style)} {v!r} is not one of {', '.join(meta['choices'])}"
+            )
         elif v is not None and (why := _field_problem(meta, v)):
             problems.append(f"{_spell(f.name, style)} {why}")
     # Paths, checked before any byte is read: a problem found after the load (or after all the
@@ -273,24 +383,34 @@ def validate(values: Mapping[str, object], *, style: str) -> list[str]:
     problems += _signer_problems(values, style)
     report = values.get("report")
     if report:
-        where = _spell('report', style)
+        where = _spell("report", style)
         folder = Path(str(report)).absolute().parent
         if not folder.is_dir():
-            problems.append(f"{where} {report}: folder {folder} does not exist (checked before "
-                            "loading, so the report cannot fail after the load)")
+            problems.append(
+                f"{where} {report}: folder {folder} does not exist (checked before "
+                "loading, so the report cannot fail after the load)"
+            )
         elif Path(str(report)).is_dir():
             problems.append(f"{where} {report} is a folder; name the file to write")
-        elif values.get("checkpoint") and (why := report_in_checkpoint(str(report), str(values["checkpoint"]))):
-            problems.append(f"{where} {report} {why}; the report never writes into the checkpoint it loads: name a "
-                            "file outside it")
+        elif values.get("checkpoint") and (
+            why := report_in_checkpoint(str(report), str(values["checkpoint"]))
+        ):
+            problems.append(
+                f"{where} {report} {why}; the report never writes into the checkpoint it loads: name a "
+                "file outside it"
+            )
     store = values.get("digest_store")
     if store and (why := not_a_folder(str(store))):
-        problems.append(f"{_spell('digest_store', style)} {store}: {why} (the digest store is a folder, made if "
-                        "missing; give a folder, or leave the option out for the default)")
+        problems.append(
+            f"{_spell('digest_store', style)} {store}: {why} (the digest store is a folder, made if "
+            "missing; give a folder, or leave the option out for the default)"
+        )
     if (values.get("replicas") or 1) > 1 and values.get("verify") == "rank":
-        problems.append(f"{_spell('replicas', style)} {values['replicas']} with {_spell('verify', style)} rank: a "
-                        "receiving rank never sees the whole stored tensor, so it cannot hash what it serves; use "
-                        "node (the reading rank hashes, receivers check its fingerprints)")
+        problems.append(
+            f"{_spell('replicas', style)} {values['replicas']} with {_spell('verify', style)} rank: a "
+            "receiving rank never sees the whole stored tensor, so it cannot hash what it serves; use "
+            "node (the reading rank hashes, receivers check its fingerprints)"
+        )
     return problems + _attest_problems(values, style)
 
 
@@ -299,28 +419,45 @@ def _attest_problems(values: Mapping[str, object], style: str) -> list[str]:
     attest, key = values.get("attest"), values.get("attest_key")
     problems = []
     if attest and values.get("verify") == "off":
-        problems.append(f"{_spell('attest', style)} {attest}: nothing to attest with {_spell('verify', style)} off "
-                        "(no byte was checked)")
+        problems.append(
+            f"{_spell('attest', style)} {attest}: nothing to attest with {_spell('verify', style)} off "
+            "(no byte was checked)"
+        )
     if attest and not Path(str(attest)).absolute().parent.is_dir():
-        problems.append(f"{_spell('attest', style)} {attest}: folder {Path(str(attest)).absolute().parent} does "
-                        "not exist")
-    elif attest and values.get("checkpoint") and (why := report_in_checkpoint(str(attest), str(values["checkpoint"]))):
-        problems.append(f"{_spell('attest', style)} {attest} {why}; the attestation never writes into the checkpoint "
-                        "it vouches for: name a file outside it")
+        problems.append(
+            f"{_spell('attest', style)} {attest}: folder {Path(str(attest)).absolute().parent} does "
+            "not exist"
+        )
+    elif (
+        attest
+        and values.get("checkpoint")
+        and (why := report_in_checkpoint(str(attest), str(values["checkpoint"])))
+    ):
+        problems.append(
+            f"{_spell('attest', style)} {attest} {why}; the attestation never writes into the checkpoint "
+            "it vouches for: name a file outside it"
+        )
     if key and not attest:
-        problems.append(f"{_spell('attest_key', style)} signs the attestation: give {_spell('attest', style)} too")
+        problems.append(
+            f"{_spell('attest_key', style)} signs the attestation: give {_spell('attest', style)} too"
+        )
     if key and not Path(str(key)).is_file():
-        problems.append(f"{_spell('attest_key', style)} {key}: no such file (an EC private key in PEM)")
+        problems.append(
+            f"{_spell('attest_key', style)} {key}: no such file (an EC private key in PEM)"
+        )
     elif key:
         from .verification.attest import key_problem
-        if (why := key_problem(str(key))):
+
+        if why := key_problem(str(key)):
             problems.append(f"{_spell('attest_key', style)}: {why}")
     return problems
 
 
 def _field_problem(meta: Mapping[str, object], v: object) -> str | None:
     bound, check = meta["bound"], meta["check"]
-    return (bound.problem(v) if bound is not None else None) or (check(v) if check is not None else None)  # type: ignore[union-attr,operator]
+    return (bound.problem(v) if bound is not None else None) or (
+        check(v) if check is not None else None
+    )  # type: ignore[union-attr,operator]
 
 
 def report_in_checkpoint(report: str, checkpoint: str) -> str | None:
@@ -360,26 +497,54 @@ def not_a_folder(path: str) -> str | None:
     p = Path(os.path.abspath(path))
     for q in (p, *p.parents):
         if q.exists():
-            return None if q.is_dir() else (f"{q} is not a folder" if q == p else f"{q} is a file, so the folder "
-                                                                                 "cannot be made")
+            return (
+                None
+                if q.is_dir()
+                else (
+                    f"{q} is not a folder"
+                    if q == p
+                    else f"{q} is a file, so the folder cannot be made"
+                )
+            )
         if q.is_symlink():
             return f"{q} is a broken symlink"
     return None
+
+
 def _signer_problems(values: Mapping[str, object], style: str) -> list[str]:
     """One way to check a signature at a time, each complete (verification/signing.py uses it)."""
-    given = {k for k in ("signer_key", "signer_cert", "signer_chain", "signer_identity", "signer_issuer")
-             if values.get(k)}
-    ways = [w for w, keys in (("a key", {"signer_key"}), ("a certificate", {"signer_cert", "signer_chain"}),
-                              ("a sigstore identity", {"signer_identity", "signer_issuer"})) if given & keys]
+    given = {
+        k
+        for k in ("signer_key", "signer_cert", "signer_chain", "signer_identity", "signer_issuer")
+        if values.get(k)
+    }
+    ways = [
+        w
+        for w, keys in (
+            ("a key", {"signer_key"}),
+            ("a certificate", {"signer_cert", "signer_chain"}),
+            ("a sigstore identity", {"signer_identity", "signer_issuer"}),
+        )
+        if given & keys
+    ]
     s = functools.partial(_spell, style=style)
     if len(ways) > 1:
-        return [(f"{s('signer_key')}, {s('signer_chain')} and {s('signer_identity')} are three ways to check a "
-                 f"signature; give one (got {' and '.join(ways)})")]
-    pairs = (("signer_cert", "signer_chain"), ("signer_identity", "signer_issuer"), ("signer_issuer", "signer_identity"))
+        return [
+            (
+                f"{s('signer_key')}, {s('signer_chain')} and {s('signer_identity')} are three ways to check a "
+                f"signature; give one (got {' and '.join(ways)})"
+            )
+        ]
+    pairs = (
+        ("signer_cert", "signer_chain"),
+        ("signer_identity", "signer_issuer"),
+        ("signer_issuer", "signer_identity"),
+    )
     return [f"{s(a)} needs {s(b)}" for a, b in pairs if a in given and b not in given]
 
 
 # -- the command line ------------------------------------------------------------------------------
+
 
 class Parser(argparse.ArgumentParser):
     """Every subcommand's parser: a bad flag ends in one line (``tpload: error: ...``, exit 2), like
@@ -413,7 +578,9 @@ def add_flags(parser: argparse.ArgumentParser, *, only: tuple[str, ...] | None =
         elif f.default == () and f.default is not MISSING:
             kw.update(action="append", metavar=meta["metavar"])
         else:
-            kw.update(metavar=meta["metavar"] or f.name.upper(), type=meta["bound"] or _cli_type(base))
+            kw.update(
+                metavar=meta["metavar"] or f.name.upper(), type=meta["bound"] or _cli_type(base)
+            )
             if meta["choices"]:
                 kw.update(choices=meta["choices"], metavar=None)
         kw["default"] = argparse.SUPPRESS  # unset flags keep the dataclass default
@@ -447,7 +614,9 @@ def flags_markdown() -> str:
             continue
         flag = meta["flag"] or "--" + f.name.replace("_", "-")
         if hints[f.name] is not bool:
-            flag += " " + ("|".join(meta["choices"]) if meta["choices"] else meta["metavar"] or f.name.upper())
+            flag += " " + (
+                "|".join(meta["choices"]) if meta["choices"] else meta["metavar"] or f.name.upper()
+            )
         default = "-" if f.default in (None, ()) else str(f.default)
         cells = [f"`{flag}`", f"`{f.name}`", default, meta["help"]]
         rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
@@ -458,7 +627,11 @@ def with_option_signature(fn: Callable, returns: type) -> None:
     """Give ``fn`` (``load``) the keyword signature of :class:`LoadOptions`, so help() and IDEs show
     every option beside its own parameters."""
     import inspect
+
     params = [p for p in inspect.signature(fn).parameters.values() if p.kind != p.VAR_KEYWORD]
-    params += [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default)
-               for f in fields(LoadOptions) if f.name != "checkpoint"]
+    params += [
+        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default)
+        for f in fields(LoadOptions)
+        if f.name != "checkpoint"
+    ]
     fn.__signature__ = inspect.Signature(params, return_annotation=returns)

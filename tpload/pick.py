@@ -46,18 +46,26 @@ def choose(spec: str, root: Path, *, pins: Pins | None = None) -> tuple[Config, 
     export_config = partitioned.export_config(root) if root.is_dir() else None
     if export_config is not None:
         if head != AUTO:
-            raise ConfigError(f"--config {spec}: a pre-partitioned export is loaded with the config it was made "
-                              f"with ({export_config}); pass that, or auto")
-        return load_config(export_config), f"config {export_config}: the one this export was made with"
+            raise ConfigError(
+                f"--config {spec}: a pre-partitioned export is loaded with the config it was made "
+                f"with ({export_config}); pass that, or auto"
+            )
+        return load_config(
+            export_config
+        ), f"config {export_config}: the one this export was made with"
     pins = pins or (Pins.of(root) if root.is_dir() else Pins(root, None, None))
     model = model_config(root, pins=pins)
     if model is None:
         if head != AUTO:
-            raise ConfigError(f"--config {spec}: {escape_name(root)} has no config.json to find the architecture in; "
-                              f"name it (ARCH+{head}; {available()})")
+            raise ConfigError(
+                f"--config {spec}: {escape_name(root)} has no config.json to find the architecture in; "
+                f"name it (ARCH+{head}; {available()})"
+            )
         _refuse_other_layouts(root, pins)
-        return load_config(REFERENCE_CONFIG), (f"config {REFERENCE_CONFIG}: {escape_name(root)} has no config.json, "
-                                               "so it is read as tpload's reference native layout (docs/format.md)")
+        return load_config(REFERENCE_CONFIG), (
+            f"config {REFERENCE_CONFIG}: {escape_name(root)} has no config.json, "
+            "so it is read as tpload's reference native layout (docs/format.md)"
+        )
     arch, arch_why = _architecture(model, root)
     if head == AUTO:
         picked, fam_why = _families(model, root, pins)
@@ -77,9 +85,13 @@ def model_config(root: Path, *, pins: Pins | None = None) -> dict | None:
     etag in a local-dir download), and against its pin in the manifest (``pins``: those of the
     manifest on disk now, by default)."""
     path = root / "config.json"
-    if hub.is_snapshot(root) and path.exists():  # checked by its blob name before a byte of it is believed
+    if (
+        hub.is_snapshot(root) and path.exists()
+    ):  # checked by its blob name before a byte of it is believed
         hub.check_small_files(root)
-    elif localdir.is_local_dir(root) and path.exists():  # by its local-dir etag, when it has fresh metadata
+    elif (
+        localdir.is_local_dir(root) and path.exists()
+    ):  # by its local-dir etag, when it has fresh metadata
         localdir.LocalDir(root).check_small_files()
     raw = (pins or Pins.of(root)).read("config.json", "model config")
     if raw is None:
@@ -105,10 +117,12 @@ def _refuse_other_layouts(root: Path, pins: Pins) -> None:
         return
     if names and not any(n.startswith(_REFERENCE_NAMES) for n in names):
         example = escape_name(min(names))
-        raise ConfigError(f"{escape_name(root)}: no config.json, so --config auto cannot tell which model this is "
-                          f"(its tensors, e.g. {example}, are not tpload's reference layout of docs/format.md). Copy "
-                          "the model's config.json beside its shards, or name the config with --config NAME "
-                          f"({available()})")
+        raise ConfigError(
+            f"{escape_name(root)}: no config.json, so --config auto cannot tell which model this is "
+            f"(its tensors, e.g. {example}, are not tpload's reference layout of docs/format.md). Copy "
+            "the model's config.json beside its shards, or name the config with --config NAME "
+            f"({available()})"
+        )
 
 
 def _tensor_names(root: Path, pins: Pins) -> list[str]:
@@ -124,7 +138,9 @@ def _tensor_names(root: Path, pins: Pins) -> list[str]:
 @cache
 def _architectures() -> tuple[Config, ...]:
     """Every shipped config with a ``[detect]`` list."""
-    names = sorted(p.name[:-5] for p in resources.files("tpload.configs").iterdir() if p.name.endswith(".toml"))
+    names = sorted(
+        p.name[:-5] for p in resources.files("tpload.configs").iterdir() if p.name.endswith(".toml")
+    )
     return tuple(c for c in (load_config(n) for n in names) if c.architectures)
 
 
@@ -139,9 +155,11 @@ def _architecture(model: dict, root: Path) -> tuple[Config, str]:
                 field = "architectures" if name in said else "model_type"
                 return config, f"config.json {field} {name}"
     kind = kind[0] if kind else None
-    raise ConfigError(f"{escape_name(root / 'config.json')}: architectures {said or 'none'}, model_type "
-                      f"{kind or 'none'}: no shipped config is for this model ({available()}). Pass --config with "
-                      "one whose names fit, or write a TOML config of [[rules]] (docs/configs.md)")
+    raise ConfigError(
+        f"{escape_name(root / 'config.json')}: architectures {said or 'none'}, model_type "
+        f"{kind or 'none'}: no shipped config is for this model ({available()}). Pass --config with "
+        "one whose names fit, or write a TOML config of [[rules]] (docs/configs.md)"
+    )
 
 
 def _names(value: object, root: Path, field: str, *, listed: bool) -> list[str]:
@@ -154,8 +172,10 @@ def _names(value: object, root: Path, field: str, *, listed: bool) -> list[str]:
     if not listed and isinstance(value, str):
         return [value]
     want = "a list of architecture names" if listed else "a name"
-    raise ConfigError(f"{escape_name(root / 'config.json')}: {field} must be {want}, not "
-                      f"{escape_name(json.dumps(value))[:80]}")
+    raise ConfigError(
+        f"{escape_name(root / 'config.json')}: {field} must be {want}, not "
+        f"{escape_name(json.dumps(value))[:80]}"
+    )
 
 
 def _families(model: dict, root: Path, pins: Pins) -> tuple[tuple[str, ...], str]:
@@ -165,36 +185,48 @@ def _families(model: dict, root: Path, pins: Pins) -> tuple[tuple[str, ...], str
     if raw is not None:
         doc = parse_json(raw, hf_quant, "ModelOpt quantization config")
         if not isinstance(doc, dict):
-            raise ConfigError(f"{escape_name(hf_quant)}: ModelOpt quantization config is not a JSON object")
+            raise ConfigError(
+                f"{escape_name(hf_quant)}: ModelOpt quantization config is not a JSON object"
+            )
         quantization = doc.get("quantization")
         if not isinstance(quantization, dict):
-            raise ConfigError(f"{escape_name(hf_quant)}: quantization must be an object (with quant_algo), not "
-                              f"{escape_name(json.dumps(quantization))[:80]}")
+            raise ConfigError(
+                f"{escape_name(hf_quant)}: quantization must be an object (with quant_algo), not "
+                f"{escape_name(json.dumps(quantization))[:80]}"
+            )
         algo = quantization.get("quant_algo")
         if algo == "NVFP4":
             return ("nvfp4",), "from hf_quant_config.json quant_algo NVFP4"
-        raise ConfigError(f"{escape_name(hf_quant)}: quant_algo {algo!r} is not a format tpload serves (NVFP4 is)")
+        raise ConfigError(
+            f"{escape_name(hf_quant)}: quant_algo {algo!r} is not a format tpload serves (NVFP4 is)"
+        )
     quant = model.get("quantization_config")
     if quant == {"quant_method": "gguf"}:
         return ("gguf",), "from the GGUF header"
     if quant is None:
         return ("bf16",), "(config.json has no quantization_config)"
     if not isinstance(quant, dict):
-        raise ConfigError(f"{escape_name(root / 'config.json')}: quantization_config must be an object (with "
-                          f"quant_method), not {escape_name(json.dumps(quant))[:80]}")
+        raise ConfigError(
+            f"{escape_name(root / 'config.json')}: quantization_config must be an object (with "
+            f"quant_method), not {escape_name(json.dumps(quant))[:80]}"
+        )
     method = quant.get("quant_method")
     if method == "fp8":
         block = quant.get("weight_block_size")
         if not block:
-            raise ConfigError(f"{escape_name(root / 'config.json')}: quantization_config is per-tensor FP8 (no "
-                              "weight_block_size); tpload serves block-scaled FP8 (fp8-block)")
+            raise ConfigError(
+                f"{escape_name(root / 'config.json')}: quantization_config is per-tensor FP8 (no "
+                "weight_block_size); tpload serves block-scaled FP8 (fp8-block)"
+            )
         return ("fp8-block",), f"from config.json quant_method fp8, weight_block_size {block}"
     if method == "mxfp4":
         return ("mxfp4",), "from config.json quant_method mxfp4"
     if method == "modelopt" and quant.get("quant_algo") == "NVFP4":
         return ("nvfp4",), "from config.json quant_method modelopt, quant_algo NVFP4"
-    raise ConfigError(f"{escape_name(root / 'config.json')}: quantization_config quant_method {method!r} is not a "
-                      f"format tpload serves (codec families: {', '.join(FAMILIES)}); name a config with --config")
+    raise ConfigError(
+        f"{escape_name(root / 'config.json')}: quantization_config quant_method {method!r} is not a "
+        f"format tpload serves (codec families: {', '.join(FAMILIES)}); name a config with --config"
+    )
 
 
 __all__ = ["AUTO", "DEFAULT_CONFIG", "choose"]

@@ -26,19 +26,30 @@ import torch
 
 from . import codecs
 from .codecs import Codec, Cut, Fit, whole
-from .config import ACTIVATION_ORIGIN, AUTO, Config, Rule, _alternatives as _alternatives_of
+from .config import ACTIVATION_ORIGIN, AUTO, Config, Rule
+from .config import _alternatives as _alternatives_of
 from .errors import ConfigError, LayoutError, LoadError, raise_all
 from .kvscales import census as kv_census
-from .prefix import detect as detect_prefix
 from .options import KINDS, MAX_WORLD
 from .pick import model_config
+from .prefix import detect as detect_prefix
 from .storage.catalogue import Catalogue, TensorMeta, natural_key
 from .text import escape_name
 
 SLOT_ALIGN = 256  # every served tensor starts on a 256-byte boundary of the arena
 SUGGEST_UP_TO = 64  # the layout suggestions try tp values up to this (or the world size)
 
-__all__ = ["Cut", "Item", "Layout", "Output", "Planner", "RankPlan", "SLOT_ALIGN", "paused_gc", "planning"]
+__all__ = [
+    "Cut",
+    "Item",
+    "Layout",
+    "Output",
+    "Planner",
+    "RankPlan",
+    "SLOT_ALIGN",
+    "paused_gc",
+    "planning",
+]
 
 
 @dataclass(frozen=True)
@@ -51,8 +62,14 @@ class Layout:
     """Expert-parallel degree: groups of ``tp`` ranks that split the experts."""
 
     def __post_init__(self) -> None:
-        if not (1 <= self.tp <= MAX_WORLD and 1 <= self.ep <= MAX_WORLD and self.tp * self.ep <= MAX_WORLD):
-            raise LayoutError(f"tp {self.tp} x ep {self.ep}: each must be >= 1 and their product at most {MAX_WORLD}")
+        if not (
+            1 <= self.tp <= MAX_WORLD
+            and 1 <= self.ep <= MAX_WORLD
+            and self.tp * self.ep <= MAX_WORLD
+        ):
+            raise LayoutError(
+                f"tp {self.tp} x ep {self.ep}: each must be >= 1 and their product at most {MAX_WORLD}"
+            )
 
     @property
     def world(self) -> int:
@@ -232,7 +249,9 @@ def _slot(nbytes: int) -> int:
 class Planner:
     """Classifies a catalogue once against a config, then cuts plans for any layout."""
 
-    def __init__(self, catalogue: Catalogue, config: Config, *, model: Mapping[str, object] | None = None) -> None:
+    def __init__(
+        self, catalogue: Catalogue, config: Config, *, model: Mapping[str, object] | None = None
+    ) -> None:
         """``model``: the checkpoint's config.json (rules that count heads read it; read from the
         checkpoint folder when not given and a rule needs it)."""
         self.catalogue, self.config = catalogue, config
@@ -243,8 +262,9 @@ class Planner:
         self._classes: dict[tuple, tuple[Fit | str, int, int]] = {}
         self._codecs = {role: codecs.for_role(role) for role in codecs.roles()}
         names = catalogue.tensors
-        self.prefix = detect_prefix(names, wanted=config.rules_prefix, model=self._quiet_model(),
-                                    where=catalogue.root)
+        self.prefix = detect_prefix(
+            names, wanted=config.rules_prefix, model=self._quiet_model(), where=catalogue.root
+        )
         self.census = kv_census(names)
         self.activation_scales = [n for n in names if _activation_scale(n, names[n])]
         """Single-value ``*.input_scale`` tensors (ModelOpt NVFP4's activation scales), stored names."""
@@ -252,20 +272,26 @@ class Planner:
         # a locator of a remote expert would invite the model to read it.
         self.entries, self.skipped, self.deferred, self.deferred_experts = self._classify()
         self.expert_counts = self._count_experts()
-        self._expert_pos = {k: {x: i for i, x in enumerate(v)} for k, v in self.expert_counts.items()}
+        self._expert_pos = {
+            k: {x: i for i, x in enumerate(v)} for k, v in self.expert_counts.items()
+        }
         firsts: dict[int, _Entry] = {}
         for e in self.entries:
             firsts.setdefault(e.klass, e)
         self._firsts = list(firsts.values())
         """The first entry of each class, in order: the others cut as it does."""
         self._plans: dict[tuple[Layout, str, int], RankPlan] = {}
-        self._owned: dict[tuple[int, int], tuple[list[_Entry], list[int], dict[int, _Entry], tuple[str, ...]]] = {}
+        self._owned: dict[
+            tuple[int, int], tuple[list[_Entry], list[int], dict[int, _Entry], tuple[str, ...]]
+        ] = {}
         self._held: dict[int, list[list[_Entry]]] = {}
         self._shapes: dict[tuple, _Shaped | str] = {}
 
     # -- classification ------------------------------------------------------------------------
 
-    def _rules(self, tensors: Mapping[str, TensorMeta]) -> tuple[dict[str, Rule | None], dict[str, str], dict[str, list[str]], set[int]]:
+    def _rules(
+        self, tensors: Mapping[str, TensorMeta]
+    ) -> tuple[dict[str, Rule | None], dict[str, str], dict[str, list[str]], set[int]]:
         """Each tensor's rule, ``auto`` ones resolved by the tensor's dtype and the scale tensors beside
         it; for tensors an ``auto`` rule could not resolve, why (said only if not a scale); the scales
         found for a weight an ``auto`` rule made scaled; and the ids of the rules that are some
@@ -310,7 +336,7 @@ class Planner:
             rest = None
             for k, n in enumerate(tensors):
                 if matched[k] is rules[act[0]] and not _activation_scale(n, tensors[n]):
-                    rest = rest or replace(self.config, rules=rules[: act[0]] + rules[act[0] + 1:])
+                    rest = rest or replace(self.config, rules=rules[: act[0]] + rules[act[0] + 1 :])
                     matched[k] = rest.rule_for(prefix.rewrite(n))
         return matched
 
@@ -329,15 +355,19 @@ class Planner:
         out = [self.prefix.describe()] if self.prefix.found is not None else []
         out += self.census.describe()
         if self.census and self.config.kv_scales == "report":
-            out += [f"{p} (reported: config {self.config.name} has kv_scales = \"report\")"
-                    for p in self.census.problems()]
+            out += [
+                f'{p} (reported: config {self.config.name} has kv_scales = "report")'
+                for p in self.census.problems()
+            ]
         if self.activation_scales:
             skipped = set(self.skipped)
             n, off = len(self.activation_scales), sum(a in skipped for a in self.activation_scales)
-            out.append(f"activation scales: {n:,} single-value *.input_scale tensors (4 B stored, a {SLOT_ALIGN} B "
-                       f"arena slot, one tensor and one hash each when served: {n * SLOT_ALIGN / 2**20:,.2f} MiB of "
-                       f"slots per rank holding them all); "
-                       + (f"{off:,} skipped" if off else "served (--skip-activation-scales skips them)"))
+            out.append(
+                f"activation scales: {n:,} single-value *.input_scale tensors (4 B stored, a {SLOT_ALIGN} B "
+                f"arena slot, one tensor and one hash each when served: {n * SLOT_ALIGN / 2**20:,.2f} MiB of "
+                f"slots per rank holding them all); "
+                + (f"{off:,} skipped" if off else "served (--skip-activation-scales skips them)")
+            )
         return out
 
     def _classify(self) -> tuple[list[_Entry], list[str], list[str], dict[str, tuple[str, int]]]:
@@ -346,7 +376,9 @@ class Planner:
         the rest is sorted: half the names of a quantized checkpoint are scales."""
         tensors = self.catalogue.tensors
         rules, unresolved, needs, matched = self._rules(tensors)
-        scales = {m for needed in needs.values() for m in needed}  # auto's scales: found as it resolved
+        scales = {
+            m for needed in needs.values() for m in needed
+        }  # auto's scales: found as it resolved
         scaled = {role for role, c in self._codecs.items() if c.scaled}
         first: list[tuple[str, str]] = []  # (weight, problem), in the catalogue's order
         broken: set[str] = set()
@@ -355,11 +387,21 @@ class Planner:
                 needed = _scale_names(n, r)
                 missing = [m for m in needed if m not in tensors]
                 if not n.endswith(r.suffix):
-                    first.append((n, f"tensor {escape_name(n)}: {r.describe()} is {r.role} but the name does not end "
-                                     f"in {r.suffix}"))
+                    first.append(
+                        (
+                            n,
+                            f"tensor {escape_name(n)}: {r.describe()} is {r.role} but the name does not end "
+                            f"in {r.suffix}",
+                        )
+                    )
                 elif missing:
-                    first.append((n, f"tensor {escape_name(n)}: {r.describe()} needs its scale "
-                                     f"{escape_name(missing[0])}, which the checkpoint lacks"))
+                    first.append(
+                        (
+                            n,
+                            f"tensor {escape_name(n)}: {r.describe()} needs its scale "
+                            f"{escape_name(missing[0])}, which the checkpoint lacks",
+                        )
+                    )
                 else:
                     scales.update(needed)
                     needs[n] = needed
@@ -367,14 +409,18 @@ class Planner:
                 broken.add(n)
         problems = [why for _, why in sorted(first, key=lambda nw: natural_key(nw[0]))]
         if self.config.kv_scales == "strict":
-            problems += [f"{p} (refused: set kv_scales = \"report\" in the config to load it anyway)"
-                         for p in self.census.problems()]
+            problems += [
+                f'{p} (refused: set kv_scales = "report" in the config to load it anyway)'
+                for p in self.census.problems()
+            ]
         if any(r.role in ("skip", "defer") for r in self.config.rules):
             problems += _scale_globs(rules, needs)
         entries, skipped, deferred, unmatched = [], [], [], []
         deferred_experts: dict[str, tuple[str, int]] = {}
         grouped: dict[str, list[str]] = {}
-        for n in sorted((n for n in tensors if n not in scales and n not in broken), key=natural_key):
+        for n in sorted(
+            (n for n in tensors if n not in scales and n not in broken), key=natural_key
+        ):
             r = rules[n]
             if n in unresolved:
                 grouped.setdefault(unresolved[n], []).append(tensors[n].describe())
@@ -391,60 +437,101 @@ class Planner:
         for reason, listed in grouped.items():
             problems.append(f"{reason}: {_listing(listed)}")
         if unmatched:
-            problems.append(f"{len(unmatched)} tensors match no rule of {self.config.name} (add a rule; a final "
-                            f"match = \"*\" with role = \"auto\" keeps the rest whole): {_grouped(unmatched)}")
+            problems.append(
+                f"{len(unmatched)} tensors match no rule of {self.config.name} (add a rule; a final "
+                f'match = "*" with role = "auto" keeps the rest whole): {_grouped(unmatched)}'
+            )
         # a rule no tensor matches first may still match one a rule before it took
-        idle = [r.describe() for r in self.config.rules
-                if r.origin and r.origin != ACTIVATION_ORIGIN and id(r) not in matched
-                and not any(r.matches(n) or r.matches(self.prefix.rewrite(n)) for n in tensors)]
+        idle = [
+            r.describe()
+            for r in self.config.rules
+            if r.origin
+            and r.origin != ACTIVATION_ORIGIN
+            and id(r) not in matched
+            and not any(r.matches(n) or r.matches(self.prefix.rewrite(n)) for n in tensors)
+        ]
         if idle:
-            problems.append(f"{', '.join(idle)} matched no tensor of {escape_name(self.catalogue.root)} (a typo? "
-                            "the names are in the index)")
-        if not problems and not entries and not deferred:  # a load of nothing would pass every check
-            problems.append(f"nothing to load: {_nothing(self.config.rules, skipped, self.catalogue.root)}; a load "
-                            "serves at least one tensor (narrow the skip globs)")
-        raise_all(ConfigError, problems, what=f"problems fitting config {self.config.name} to {escape_name(self.catalogue.root)}")
+            problems.append(
+                f"{', '.join(idle)} matched no tensor of {escape_name(self.catalogue.root)} (a typo? "
+                "the names are in the index)"
+            )
+        if (
+            not problems and not entries and not deferred
+        ):  # a load of nothing would pass every check
+            problems.append(
+                f"nothing to load: {_nothing(self.config.rules, skipped, self.catalogue.root)}; a load "
+                "serves at least one tensor (narrow the skip globs)"
+            )
+        raise_all(
+            ConfigError,
+            problems,
+            what=f"problems fitting config {self.config.name} to {escape_name(self.catalogue.root)}",
+        )
         return entries, skipped, deferred, deferred_experts
 
-    def _entry(self, name: str, rule: Rule, needed: list[str] | None, grouped: dict[str, list[str]]) -> _Entry | None:
+    def _entry(
+        self, name: str, rule: Rule, needed: list[str] | None, grouped: dict[str, list[str]]
+    ) -> _Entry | None:
         """Classify one tensor under its rule (``needed``: its scales' names, for a scaled codec), or file
         why it does not fit under (rule, reason)."""
         tensors = self.catalogue.tensors
         meta = tensors[name]
         expert = self._expert_of(name, rule) if rule.experts and not rule.stacked else None
         if expert is None and rule.experts and not rule.stacked:
-            grouped.setdefault(f"{rule.describe()}: experts = true but expert_pattern "
-                               f"{self.config.expert_pattern!r} finds no index in", []).append(meta.describe())
+            grouped.setdefault(
+                f"{rule.describe()}: experts = true but expert_pattern "
+                f"{self.config.expert_pattern!r} finds no index in",
+                [],
+            ).append(meta.describe())
             return None
         scale = tensors[needed[0]] if needed else None
         scale2 = tensors[needed[1]] if needed and len(needed) > 1 else None
         # A class: what the cuts depend on (the rule, resolved once per pick, so its id is enough;
         # the formats and shapes): the 256 experts of a layer are one, fitted once.
-        key = (id(rule), meta.dtype, meta.shape, scale and (scale.dtype, scale.shape),
-               scale2 and (scale2.dtype, scale2.shape))
+        key = (
+            id(rule),
+            meta.dtype,
+            meta.shape,
+            scale and (scale.dtype, scale.shape),
+            scale2 and (scale2.dtype, scale2.shape),
+        )
         known = self._classes.get(key)
         if known is None:
             known = self._classes[key] = self._class(rule, meta, scale, scale2)
         fit, klass, stacked = known
         if isinstance(fit, str):
-            detail = f": scale {escape_name(scale.name)} is {scale.dtype} {list(scale.shape)}" if scale else ""
+            detail = (
+                f": scale {escape_name(scale.name)} is {scale.dtype} {list(scale.shape)}"
+                if scale
+                else ""
+            )
             grouped.setdefault(f"{rule.describe()}: {fit}", []).append(meta.describe() + detail)
             return None
         if fit.weight is not meta:
             fit = Fit(meta, scale, fit.group, scale2, fit.stacked)
         return _Entry(name, rule, self._codecs[rule.role], fit, expert, stacked, klass)
 
-    def _class(self, rule: Rule, meta: TensorMeta, scale: TensorMeta | None,
-               scale2: TensorMeta | None) -> tuple[Fit | str, int, int]:
+    def _class(
+        self, rule: Rule, meta: TensorMeta, scale: TensorMeta | None, scale2: TensorMeta | None
+    ) -> tuple[Fit | str, int, int]:
         """The fit of a class's first tensor (or why it does not fit), the class's number and its stacked experts."""
         codec = self._codecs[rule.role]
         # A fit depends on the formats and shapes only (not on the rule's names): fitted once for all rules.
-        key = (codec.name, rule.block, rule.split, rule.stacked, meta.dtype, meta.shape,
-               scale and (scale.dtype, scale.shape), scale2 and (scale2.dtype, scale2.shape))
+        key = (
+            codec.name,
+            rule.block,
+            rule.split,
+            rule.stacked,
+            meta.dtype,
+            meta.shape,
+            scale and (scale.dtype, scale.shape),
+            scale2 and (scale2.dtype, scale2.shape),
+        )
         fit = self._fits.get(key)
         if fit is None:
-            fit = self._fits[key] = codec.fit(meta, scale, block=rule.block, split=rule.split, scale2=scale2,
-                                              stacked=rule.stacked)
+            fit = self._fits[key] = codec.fit(
+                meta, scale, block=rule.block, split=rule.split, scale2=scale2, stacked=rule.stacked
+            )
         if isinstance(fit, str):
             return fit, -1, 0
         stacked = meta.shape[0] if rule.stacked and rule.experts else 0
@@ -455,24 +542,34 @@ class Planner:
         if isinstance(rule.units, int):
             return rule.units
         if self._model is None:
-            self._model = read_model_config(self.catalogue.root, why=f"{rule.describe()} counts heads by its "
-                                            f"field {rule.units!r}")
+            self._model = read_model_config(
+                self.catalogue.root,
+                why=f"{rule.describe()} counts heads by its field {rule.units!r}",
+            )
         value = self._model.get(rule.units)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ConfigError(f"{rule.describe()} counts heads by config.json's {rule.units!r}, which is "
-                              f"{'missing' if value is None else repr(value)} in {escape_name(self.catalogue.root)} "
-                              "(expected a positive integer)")
+            raise ConfigError(
+                f"{rule.describe()} counts heads by config.json's {rule.units!r}, which is "
+                f"{'missing' if value is None else repr(value)} in {escape_name(self.catalogue.root)} "
+                "(expected a positive integer)"
+            )
         return value
 
     def _expert_of(self, name: str, rule: Rule | None) -> tuple[str, int] | None:
         """(expert set, index) of an expert-parallel tensor; None when the rule is not
         expert-parallel or the name has no expert index."""
-        m = self.config.expert_regex.search(name) if rule is not None and rule.experts and not rule.stacked else None
+        m = (
+            self.config.expert_regex.search(name)
+            if rule is not None and rule.experts and not rule.stacked
+            else None
+        )
         return (name[: m.start()], int(m.group(1))) if m and len(m.group(1)) < 19 else None
 
     def _count_experts(self) -> dict[str, list[int]]:
         sets: dict[str, set[int]] = {}
-        for key, index in [e.expert for e in self.entries if e.expert] + list(self.deferred_experts.values()):
+        for key, index in [e.expert for e in self.entries if e.expert] + list(
+            self.deferred_experts.values()
+        ):
             sets.setdefault(key, set()).add(index)
         return {k: sorted(v) for k, v in sets.items()}
 
@@ -482,12 +579,24 @@ class Planner:
         """This rank's window of the weight (and scale), or why the layout cannot cut it."""
         group, tpr = layout.position(rank)
         align = e.rule.align or (self.config.channel_align if e.codec.tiled else 0)
-        experts = share(e.stacked_experts, layout.ep, group) if e.stacked_experts and layout.ep > 1 else None
+        experts = (
+            share(e.stacked_experts, layout.ep, group)
+            if e.stacked_experts and layout.ep > 1
+            else None
+        )
         units = self._units.get((e.rule.index, e.rule.match), 0)
         if units and units < layout.tp and not e.rule.share_units:
             return f"{units} units / tp {layout.tp}: tp must divide them (they are not shared between ranks)"
-        return e.codec.window(e.fit, e.rule.split, layout.tp, tpr, align=align, units=units, uneven=e.rule.uneven,
-                              experts=experts)
+        return e.codec.window(
+            e.fit,
+            e.rule.split,
+            layout.tp,
+            tpr,
+            align=align,
+            units=units,
+            uneven=e.rule.uneven,
+            experts=experts,
+        )
 
     def owns(self, expert: tuple[str, int] | None, layout: Layout, group: int) -> bool:
         """Does expert-parallel group ``group`` hold this expert? (the last group takes the remainder)"""
@@ -503,48 +612,75 @@ class Planner:
         problems = []
         for key, experts in self.expert_counts.items():
             if len(experts) < layout.ep:
-                problems.append(f"expert set {escape_name(key)}* has {len(experts)} experts, fewer than ep {layout.ep}")
+                problems.append(
+                    f"expert set {escape_name(key)}* has {len(experts)} experts, fewer than ep {layout.ep}"
+                )
         # A class's first entry stands for all of it: the others are cut alike, and the first entry
         # of a class that fails is the first entry that fails.
         for e in self._firsts:
             if 0 < e.stacked_experts < layout.ep:
-                problems.append(f"tensor {e.fit.weight.describe()} stacks {e.stacked_experts} experts, fewer than "
-                                f"ep {layout.ep}")
+                problems.append(
+                    f"tensor {e.fit.weight.describe()} stacks {e.stacked_experts} experts, fewer than "
+                    f"ep {layout.ep}"
+                )
                 break
         seen_rules: set[tuple[int, str]] = set()
         tried: set[tuple] = set()
         for e in self._firsts:
             # a tensor of the same rule, codec, shape and dtypes as one already tried cuts the same way
-            like = (e.rule.index, e.rule.origin, e.codec.name, e.fit.group, e.fit.weight.shape, e.fit.weight.dtype,
-                    e.fit.scale.shape if e.fit.scale else None)
+            like = (
+                e.rule.index,
+                e.rule.origin,
+                e.codec.name,
+                e.fit.group,
+                e.fit.weight.shape,
+                e.fit.weight.dtype,
+                e.fit.scale.shape if e.fit.scale else None,
+            )
             if like in tried:
                 continue
             tried.add(like)
             why = self._cuts(e, Layout(layout.tp), 0)
             if isinstance(why, str) and (e.rule.index, why) not in seen_rules:
                 seen_rules.add((e.rule.index, why))
-                problems.append(f"tensor {e.fit.weight.describe()} under {e.rule.describe()}: {why}")
+                problems.append(
+                    f"tensor {e.fit.weight.describe()} under {e.rule.describe()}: {why}"
+                )
         return problems
 
     def working_tps(self, limit: int = SUGGEST_UP_TO) -> list[int]:
         """The tp values (up to ``limit``, itself bounded) that cut every tensor."""
-        return [t for t in range(1, min(limit, SUGGEST_UP_TO) + 1) if not self.layout_problems(Layout(t))]
+        return [
+            t
+            for t in range(1, min(limit, SUGGEST_UP_TO) + 1)
+            if not self.layout_problems(Layout(t))
+        ]
 
     def check_layout(self, layout: Layout, world: int) -> None:
         """Raise a LayoutError naming what fails and which layouts would work."""
         problems = []
         if layout.world != world:
-            problems.append(f"tp {layout.tp} x ep {layout.ep} = {layout.world} ranks, but the group has {world}")
+            problems.append(
+                f"tp {layout.tp} x ep {layout.ep} = {layout.world} ranks, but the group has {world}"
+            )
         problems += self.layout_problems(layout)
         if not problems:
             return
         tps = self.working_tps(max(world, min(layout.tp, SUGGEST_UP_TO)))
-        splits = [f"--tp {t} --ep {world // t}" for t in tps if world % t == 0
-                  and not self.layout_problems(Layout(t, world // t))]
+        splits = [
+            f"--tp {t} --ep {world // t}"
+            for t in tps
+            if world % t == 0 and not self.layout_problems(Layout(t, world // t))
+        ]
         hint = f"tp values that cut this checkpoint: {', '.join(map(str, tps)) or 'none'}"
-        hint += f"; for {world} ranks use " + (" or ".join(splits) if splits else "another world size")
-        raise LayoutError(f"cannot load with tp {layout.tp} x ep {layout.ep} on {world} ranks:\n  - "
-                          + "\n  - ".join(problems) + f"\n{hint}")
+        hint += f"; for {world} ranks use " + (
+            " or ".join(splits) if splits else "another world size"
+        )
+        raise LayoutError(
+            f"cannot load with tp {layout.tp} x ep {layout.ep} on {world} ranks:\n  - "
+            + "\n  - ".join(problems)
+            + f"\n{hint}"
+        )
 
     # -- plans ---------------------------------------------------------------------------------
 
@@ -556,7 +692,9 @@ class Planner:
             plan = self._plans[key] = self._make(layout, kind, rank)
         return plan
 
-    def _entries_of(self, layout: Layout, group: int) -> tuple[list[_Entry], list[int], dict[int, _Entry], tuple[str, ...]]:
+    def _entries_of(
+        self, layout: Layout, group: int
+    ) -> tuple[list[_Entry], list[int], dict[int, _Entry], tuple[str, ...]]:
         """The entries expert-parallel group ``group`` holds, their classes, each class's first
         entry, and the deferred tensors it locates (found once per group, not per rank)."""
         key = (layout.ep, group)
@@ -570,7 +708,9 @@ class Planner:
             first: dict[int, _Entry] = {}
             for e in entries:
                 first.setdefault(e.klass, e)
-            deferred = tuple(n for n in self.deferred if self.owns(self.deferred_experts.get(n), layout, group))
+            deferred = tuple(
+                n for n in self.deferred if self.owns(self.deferred_experts.get(n), layout, group)
+            )
             owned = self._owned[key] = (entries, klasses, first, deferred)
         return owned
 
@@ -602,12 +742,24 @@ class Planner:
         if isinstance(cuts, str):
             return cuts
         f = e.fit
-        served = tuple((dtype, shape, nbytes) for _, dtype, shape, nbytes in e.codec.served(f, cuts[0], cuts[1], kind))
+        served = tuple(
+            (dtype, shape, nbytes)
+            for _, dtype, shape, nbytes in e.codec.served(f, cuts[0], cuts[1], kind)
+        )
         scale2 = whole(f.scale2) if f.scale2 is not None else None
-        read = cuts[0].nbytes + (cuts[1].nbytes if cuts[1] else 0) + (scale2.nbytes if scale2 else 0)
-        return _Shaped(cuts[0][1:], cuts[1][1:] if cuts[1] else None, scale2[1:] if scale2 else None, served,
-                       e.rule.describe(), read, sum(_slot(n) for _, _, n in served),
-                       served[0][2] * 2 if e.codec.scaled else 0)
+        read = (
+            cuts[0].nbytes + (cuts[1].nbytes if cuts[1] else 0) + (scale2.nbytes if scale2 else 0)
+        )
+        return _Shaped(
+            cuts[0][1:],
+            cuts[1][1:] if cuts[1] else None,
+            scale2[1:] if scale2 else None,
+            served,
+            e.rule.describe(),
+            read,
+            sum(_slot(n) for _, _, n in served),
+            served[0][2] * 2 if e.codec.scaled else 0,
+        )
 
     def _make(self, layout: Layout, kind: str, rank: int) -> RankPlan:
         if kind not in KINDS:
@@ -615,15 +767,24 @@ class Planner:
         group = layout.position(rank)[0]
         entries, klasses, first, deferred = self._entries_of(layout, group)
         table, arenas = {}, {}
-        for k, e in first.items():  # classes in order of first appearance: the first tensor that fails is named
+        for (
+            k,
+            e,
+        ) in (
+            first.items()
+        ):  # classes in order of first appearance: the first tensor that fails is named
             shaped = self._shaped(e, layout, rank, kind)
             if isinstance(shaped, str):
-                raise LayoutError(f"rank {rank}: tensor {escape_name(e.name)} under {e.rule.describe()}: {shaped}")
+                raise LayoutError(
+                    f"rank {rank}: tensor {escape_name(e.name)} under {e.rule.describe()}: {shaped}"
+                )
             table[k], arenas[k] = shaped, shaped.arena
         shapes = list(map(table.__getitem__, klasses))
         offsets = list(itertools.accumulate(map(arenas.__getitem__, klasses), initial=0))
         arena = offsets.pop()
-        return RankPlan(rank, layout, kind, entries, shapes, offsets, tuple(self.skipped), deferred, arena)
+        return RankPlan(
+            rank, layout, kind, entries, shapes, offsets, tuple(self.skipped), deferred, arena
+        )
 
 
 def share(n: int, parts: int, k: int) -> tuple[int, int]:
@@ -643,8 +804,10 @@ def read_model_config(root: Path, *, why: str) -> dict:
     """The checkpoint's config.json (model dimensions), or a ConfigError saying why it is needed."""
     doc = model_config(root)
     if doc is None:
-        raise ConfigError(f"{why}, but {escape_name(root)} has no config.json (copy the model's config.json "
-                          "beside its shards)")
+        raise ConfigError(
+            f"{why}, but {escape_name(root)} has no config.json (copy the model's config.json "
+            "beside its shards)"
+        )
     return doc
 
 
@@ -666,9 +829,11 @@ def _scale_globs(rules: Mapping[str, Rule | None], needs: Mapping[str, list[str]
     for r, pairs in taken.values():
         pairs.sort(key=lambda mw: natural_key(mw[0]))
         m, w = pairs[0]
-        out.append(f"{r.describe()} matches {len(pairs)} scale tensor(s) of weights it does not {r.role} (e.g. "
-                   f"{escape_name(m)}, the scale of {escape_name(w)}): scales follow their weights, so {r.role} the "
-                   f"weights instead (e.g. {escape_name(w)!r})")
+        out.append(
+            f"{r.describe()} matches {len(pairs)} scale tensor(s) of weights it does not {r.role} (e.g. "
+            f"{escape_name(m)}, the scale of {escape_name(w)}): scales follow their weights, so {r.role} the "
+            f"weights instead (e.g. {escape_name(w)!r})"
+        )
     return out
 
 
@@ -736,6 +901,7 @@ def planning(root: str | os.PathLike, config: Config, layout: Layout) -> Iterato
     """An offline planner of ``root`` (its storage closed once the tensors are classified), the layout
     checked, the collector paused while it is used."""
     from .storage import open_storage
+
     with paused_gc():
         storage = open_storage(root, tp=layout.tp, ep=layout.ep, rank=0, world=layout.world)
         try:

@@ -48,12 +48,14 @@ class Prefix:
         if not self.rewrites or name.startswith(OUTSIDE):
             return name
         if found and name.startswith(found):
-            return wanted + name[len(found):]
+            return wanted + name[len(found) :]
         if not found:  # no prefix: the whole body moves under the config's
             return wanted + name
         wrapper = found[: -len(wanted)] if wanted and found.endswith(wanted) else ""
-        if wrapper.endswith(".") and name.startswith(wrapper):  # language_model.lm_head.weight -> lm_head.weight
-            return name[len(wrapper):]
+        if wrapper.endswith(".") and name.startswith(
+            wrapper
+        ):  # language_model.lm_head.weight -> lm_head.weight
+            return name[len(wrapper) :]
         return name
 
     def describe(self) -> str:
@@ -67,8 +69,13 @@ class Prefix:
         return said
 
 
-def detect(names: Iterable[str], *, wanted: str | None, model: Mapping[str, object] | None = None,
-           where: object = "the checkpoint") -> Prefix:
+def detect(
+    names: Iterable[str],
+    *,
+    wanted: str | None,
+    model: Mapping[str, object] | None = None,
+    where: object = "the checkpoint",
+) -> Prefix:
     """The layers' prefix among :data:`CANDIDATES`; ConfigError naming both when two prefixes hold layers
     (one weight stored twice, or two models in one folder). ``model``: config.json, for MTP layers past
     ``num_hidden_layers``."""
@@ -83,16 +90,21 @@ def detect(names: Iterable[str], *, wanted: str | None, model: Mapping[str, obje
         if m is None or m.group(1) not in CANDIDATES:
             continue
         p = m.group(1)
-        held.setdefault(p, {})[n[len(p):]] = n
+        held.setdefault(p, {})[n[len(p) :]] = n
         indices.setdefault(p, set()).add(int(m.group(2)))
     if len(held) > 1:
         (p1, a), (p2, b) = sorted(held.items(), key=lambda kv: -len(kv[1]))[:2]
         both = sorted(set(a) & set(b))
-        example = (f"{escape_name(a[both[0]])} and {escape_name(b[both[0]])} are one weight" if both else
-                   f"e.g. {escape_name(next(iter(a.values())))} and {escape_name(next(iter(b.values())))}")
-        raise ConfigError(f"{escape_name(where)}: ambiguous weight prefix: layers under both {p1!r} and {p2!r} "
-                          f"({example}{f', {len(both)} such weights' if len(both) > 1 else ''}); keep one model per "
-                          "folder")
+        example = (
+            f"{escape_name(a[both[0]])} and {escape_name(b[both[0]])} are one weight"
+            if both
+            else f"e.g. {escape_name(next(iter(a.values())))} and {escape_name(next(iter(b.values())))}"
+        )
+        raise ConfigError(
+            f"{escape_name(where)}: ambiguous weight prefix: layers under both {p1!r} and {p2!r} "
+            f"({example}{f', {len(both)} such weights' if len(both) > 1 else ''}); keep one model per "
+            "folder"
+        )
     if not held:
         return Prefix(None, wanted, mtp="MTP under 'mtp.'" if mtp else "")
     found = next(iter(held))

@@ -45,11 +45,19 @@ def free_bytes(device: torch.device) -> int:
 
 
 def need(plans: list[RankPlan]) -> Need:
-    return Need(sum(p.arena_bytes for p in plans), sum(p.largest_transient for p in plans), len(plans))
+    return Need(
+        sum(p.arena_bytes for p in plans), sum(p.largest_transient for p in plans), len(plans)
+    )
 
 
-def check(planner: Planner, layout: Layout, plan: RankPlan, device: torch.device, sharing: list[RankPlan],
-          reserve_bytes: int) -> None:
+def check(
+    planner: Planner,
+    layout: Layout,
+    plan: RankPlan,
+    device: torch.device,
+    sharing: list[RankPlan],
+    reserve_bytes: int,
+) -> None:
     """Raise a LoadError with the numbers and what to change if ``plan`` will not fit; ``sharing``:
     the plans of every rank allocating from the same memory (this one included): the node's ranks
     on the CPU, or the ranks sharing one GPU."""
@@ -60,13 +68,25 @@ def check(planner: Planner, layout: Layout, plan: RankPlan, device: torch.device
     raise LoadError(_message(planner, layout, plan, device, sharing, needs, free, reserve_bytes))
 
 
-def _message(planner: Planner, layout: Layout, plan: RankPlan, device: torch.device, sharing: list[RankPlan],
-             needs: Need, free: int, reserve: int) -> str:
+def _message(
+    planner: Planner,
+    layout: Layout,
+    plan: RankPlan,
+    device: torch.device,
+    sharing: list[RankPlan],
+    needs: Need,
+    free: int,
+    reserve: int,
+) -> str:
     who = f"the {needs.ranks} ranks of this node need" if needs.ranks > 1 else "this rank needs"
-    head = (f"out of memory before the load: {who} {needs.total / GIB:.2f} GiB on {device} "
-            f"(arena {needs.arena / GIB:.2f} GiB + largest transient {needs.transient / GIB:.2f} GiB), "
-            f"free {free / GIB:.2f} GiB - reserve {reserve / GIB:.2f} GiB = {(free - reserve) / GIB:.2f} GiB usable")
-    advice = [f"more ranks: a larger tp x ep (now tp {layout.tp} x ep {layout.ep}) spreads the bytes thinner"]
+    head = (
+        f"out of memory before the load: {who} {needs.total / GIB:.2f} GiB on {device} "
+        f"(arena {needs.arena / GIB:.2f} GiB + largest transient {needs.transient / GIB:.2f} GiB), "
+        f"free {free / GIB:.2f} GiB - reserve {reserve / GIB:.2f} GiB = {(free - reserve) / GIB:.2f} GiB usable"
+    )
+    advice = [
+        f"more ranks: a larger tp x ep (now tp {layout.tp} x ep {layout.ep}) spreads the bytes thinner"
+    ]
     if planner.expert_counts:
         advice.append(f"--ep {layout.ep * 2} (with 2x the ranks) halves each rank's routed experts")
     if plan.kind == "expanded":

@@ -46,7 +46,9 @@ from .verification.policy import Box
 
 RING = 4
 PIECE, END = 1, 2
-HEADER_WORDS = 8  # kind, name tag, first row, first column, rows, columns (or the fingerprint's 3 words)
+HEADER_WORDS = (
+    8  # kind, name tag, first row, first column, rows, columns (or the fingerprint's 3 words)
+)
 
 
 def send(tensor: torch.Tensor, group_dst: int, group: dist.ProcessGroup) -> dist.Work:
@@ -61,8 +63,10 @@ def recv(tensor: torch.Tensor, group_src: int, group: dist.ProcessGroup) -> dist
 def check_world(world: int, replicas: int, tp: int, ep: int) -> None:
     """One line naming the option and the sizes when the group is not ``replicas x tp x ep``."""
     if world != replicas * tp * ep:
-        raise OptionsError(f"replicas {replicas}: a group of {world} ranks is not replicas {replicas} x tp {tp} x "
-                           f"ep {ep} = {replicas * tp * ep} ranks")
+        raise OptionsError(
+            f"replicas {replicas}: a group of {world} ranks is not replicas {replicas} x tp {tp} x "
+            f"ep {ep} = {replicas * tp * ep} ranks"
+        )
 
 
 @dataclass
@@ -81,8 +85,9 @@ Run = tuple[Sequence[str], int, "tuple[str, int] | None"]
 """A run of a position's plan: its tensor names, its window bytes, and its batch key (None: one item)."""
 
 
-def split(positions: Sequence[Sequence[Run]], replicas: int, unit: Callable[[str], object] | None = None
-          ) -> list[Position]:
+def split(
+    positions: Sequence[Sequence[Run]], replicas: int, unit: Callable[[str], object] | None = None
+) -> list[Position]:
     """Each position's runs split between the replicas, in order: a run goes to the replica that reads
     one of its units already (a tensor; a file, with ``unit`` naming each tensor's file, for anchors that
     vouch for whole files), at this position or another (so a unit is read, and hashed, by one replica,
@@ -116,8 +121,13 @@ def load_runs(plan: object, storage: object) -> list[Run]:
         if end - k > 1:
             stored = [s for per_item in pieces for s, _, _ in per_item]
             batch = (str(stored[0].path), min(s.offset for s in stored))
-        out.append(([c.name for item in items[k:end] for c in item.cuts], sum(i.read_bytes for i in items[k:end]),
-                    batch))
+        out.append(
+            (
+                [c.name for item in items[k:end] for c in item.cuts],
+                sum(i.read_bytes for i in items[k:end]),
+                batch,
+            )
+        )
     return out
 
 
@@ -147,12 +157,19 @@ def _tag(name: str) -> int:
     return zlib.crc32(name.encode())
 
 
-def _ownership(plan: object, storage: object, replicas: int) -> tuple[dict[str, int], dict[tuple[str, int], int]]:
+def _ownership(
+    plan: object, storage: object, replicas: int
+) -> tuple[dict[str, int], dict[tuple[str, int], int]]:
     """The reading replica of each tensor the plan reads, and of each batch (by file and first byte)."""
     items = plan.items
     found = list(runs(items, plan.kind, storage, classes=plan.shapes))
-    weights = [([c.name for item in items[k:end] for c in item.cuts], sum(i.read_bytes for i in items[k:end]))
-               for k, end, _ in found]
+    weights = [
+        (
+            [c.name for item in items[k:end] for c in item.cuts],
+            sum(i.read_bytes for i in items[k:end]),
+        )
+        for k, end, _ in found
+    ]
     owners = split(weights, replicas)
     by_name: dict[str, int] = {}
     by_batch: dict[tuple[str, int], int] = {}
@@ -168,8 +185,16 @@ def _ownership(plan: object, storage: object, replicas: int) -> tuple[dict[str, 
 class Link:
     """This rank's share of the replicas' traffic for one load."""
 
-    def __init__(self, ctx: object, storage: object, plans: Sequence[object], replicas: int,
-                 timeout_s: float, fig: object, unit: Callable[[str], object] | None = None) -> None:
+    def __init__(
+        self,
+        ctx: object,
+        storage: object,
+        plans: Sequence[object],
+        replicas: int,
+        timeout_s: float,
+        fig: object,
+        unit: Callable[[str], object] | None = None,
+    ) -> None:
         self.ctx, self.replicas, self.timeout_s, self.fig = ctx, replicas, timeout_s, fig
         self.size = ctx.world // replicas
         self.replica, self.position = divmod(ctx.rank, self.size)
@@ -204,7 +229,11 @@ class Link:
         for work in works:
             try:
                 ok = work.wait(datetime.timedelta(seconds=self.timeout_s))
-            except (RuntimeError, TimeoutError, OSError) as e:  # a dead or hung peer (gloo: DistBackendError)
+            except (
+                RuntimeError,
+                TimeoutError,
+                OSError,
+            ) as e:  # a dead or hung peer (gloo: DistBackendError)
                 first = str(e).splitlines()[0] if str(e) else type(e).__name__
                 raise LoadError(f"replicas: {what}: {escape_name(first)[:300]}") from None
             if ok is False:
@@ -222,22 +251,25 @@ class Link:
     def _buffer(self, nbytes: int, name: str) -> int:
         i = self._turn = (self._turn + 1) % RING
         works = self._works[i]
-        self._wait([w for w in works if not isinstance(w, torch.Tensor)],
-                   f"rank {self.ctx.rank} sending {escape_name(name)} to rank(s) {', '.join(map(str, self.others))}")
+        self._wait(
+            [w for w in works if not isinstance(w, torch.Tensor)],
+            f"rank {self.ctx.rank} sending {escape_name(name)} to rank(s) {', '.join(map(str, self.others))}",
+        )
         works.clear()
         if self._send[i].size < nbytes:
             self._send[i] = np.empty(nbytes, np.uint8)
         return i
 
-    def sending(self, name: str, box: Box, pieces: Iterable[tuple[int, int, np.ndarray]]
-                ) -> Iterator[tuple[int, int, np.ndarray]]:
+    def sending(
+        self, name: str, box: Box, pieces: Iterable[tuple[int, int, np.ndarray]]
+    ) -> Iterator[tuple[int, int, np.ndarray]]:
         """Pass ``pieces`` (a window of ``width`` bytes a row, read from storage) on, sending each to the
         other replicas first, then the window's fingerprint, taken from the bytes read."""
         fp, tag = HostFingerprint(box[1][1] - box[1][0]), _tag(name)
         for r, c, view in pieces:
             h, w = view.shape
             i = self._buffer(h * w, name)
-            data = self._send[i][:h * w]
+            data = self._send[i][: h * w]
             fp.add(view, r, dst=data.reshape(h, w), first_col=c)
             self._ship([PIECE, tag, r, c, h, w], data, i)
             self.from_storage += h * w
@@ -253,8 +285,10 @@ class Link:
         self.fig.replicas_sent = fold(self._sent).hex()
         self.fig.replicas_seen = xor_fold([fold(lines) for lines in self._seen.values()]).hex()
         for works in self._works:
-            self._wait([w for w in works if not isinstance(w, torch.Tensor)],
-                       f"rank {self.ctx.rank} sending to rank(s) {', '.join(map(str, self.others))}")
+            self._wait(
+                [w for w in works if not isinstance(w, torch.Tensor)],
+                f"rank {self.ctx.rank} sending to rank(s) {', '.join(map(str, self.others))}",
+            )
             works.clear()
 
     # -- receiving ---------------------------------------------------------------------------------
@@ -266,7 +300,9 @@ class Link:
         piece goes to the loop, so its copy overlaps their transfer (messages from one sender are
         matched in the order they are asked for)."""
         src = owner * self.size + self.position
-        what = f"rank {self.ctx.rank} receiving {escape_name(name)} from rank {src} (replica {owner})"
+        what = (
+            f"rank {self.ctx.rank} receiving {escape_name(name)} from rank {src} (replica {owner})"
+        )
         fp, tag = HostFingerprint(box[1][1] - box[1][0]), _tag(name)
         headers = [torch.zeros(HEADER_WORDS, dtype=torch.int64) for _ in range(2)]
         k = 0
@@ -280,7 +316,7 @@ class Link:
                 i = self._rturn = (self._rturn + 1) % RING
                 if self._recv[i].size < h * w:
                     self._recv[i] = np.empty(h * w, np.uint8)
-                data = self._recv[i][:h * w]
+                data = self._recv[i][: h * w]
                 got = recv(torch.from_numpy(data), src, self.group)
                 k ^= 1
                 posted = (r, c, data.reshape(h, w), [got, recv(headers[k], src, self.group)])
@@ -293,7 +329,8 @@ class Link:
                     self.problems.append(
                         f"tensor {escape_name(name)}: the bytes rank {self.ctx.rank} received from rank {src} "
                         f"(replica {owner}) differ from those rank {src} read from storage (fingerprint "
-                        f"{list(fp.value())} != {list(want)}): changed in transit")
+                        f"{list(fp.value())} != {list(want)}): changed in transit"
+                    )
                 return
             r, c, view, works = posted
             self._wait(works, what)
@@ -306,8 +343,10 @@ class Link:
     def _header(header: torch.Tensor, tag: int, what: str) -> list[int]:
         head = header.tolist()
         if head[1] != tag or head[0] not in (PIECE, END):
-            raise LoadError(f"replicas: {what}: the stream is out of step (got a piece of another tensor); "
-                            "the ranks of a position must load the same plan")
+            raise LoadError(
+                f"replicas: {what}: the stream is out of step (got a piece of another tensor); "
+                "the ranks of a position must load the same plan"
+            )
         return head
 
     # -- the two places the loop reads storage -------------------------------------------------------
@@ -316,18 +355,20 @@ class Link:
         """A batch's one read (batch.py): from storage by its owner, then sent; received by the others."""
         owner = self.by_batch.get((str(stored.path), stored.offset))
         if owner is None:
-            raise LoadError(f"replicas: {escape_name(stored.name)}: a read outside the plan the replicas share")
+            raise LoadError(
+                f"replicas: {escape_name(stored.name)}: a read outside the plan the replicas share"
+            )
         flat = out.reshape(1, -1)
         n = flat.shape[1]
         if owner == self.replica:
             inner.read(stored, r0, r1, out)
             step = CHUNK_BYTES
-            pieces = ((0, c, flat[:, c:c + step]) for c in range(0, n, step))
+            pieces = ((0, c, flat[:, c : c + step]) for c in range(0, n, step))
             for _ in self.sending(stored.name, ((0, 1), (0, n)), pieces):
                 pass
             return
         for r, c, view in self.receiving(stored.name, ((0, 1), (0, n)), owner):
-            flat[r:r + view.shape[0], c:c + view.shape[1]] = view
+            flat[r : r + view.shape[0], c : c + view.shape[1]] = view
 
 
 class SharedStorage:
@@ -343,7 +384,9 @@ class SharedStorage:
         self.link.read_batch(self.inner, stored, r0, r1, out)
 
     def will_need(self, stored: Stored) -> None:
-        if self.link.mine(stored.name):  # a window another replica reads is not worth this node's readahead
+        if self.link.mine(
+            stored.name
+        ):  # a window another replica reads is not worth this node's readahead
             self.inner.will_need(stored)
 
 
@@ -355,16 +398,30 @@ class SharedReader(Reader):
         super().__init__(storage.inner, chunk_bytes=chunk_bytes)
         self.link = storage.link
 
-    def blocks(self, stored: Stored, rows: tuple[int, int], cols: tuple[int, int], *, tap: object = None,
-               row_multiple: int = 1, split_rows: bool = True) -> Iterator[tuple[int, int, np.ndarray]]:
+    def blocks(
+        self,
+        stored: Stored,
+        rows: tuple[int, int],
+        cols: tuple[int, int],
+        *,
+        tap: object = None,
+        row_multiple: int = 1,
+        split_rows: bool = True,
+    ) -> Iterator[tuple[int, int, np.ndarray]]:
         link, box = self.link, (rows, cols)
         if link.mine(stored.name):
-            yield from link.sending(stored.name, box, super().blocks(stored, rows, cols, tap=tap,
-                                                                      row_multiple=row_multiple,
-                                                                      split_rows=split_rows))
+            yield from link.sending(
+                stored.name,
+                box,
+                super().blocks(
+                    stored, rows, cols, tap=tap, row_multiple=row_multiple, split_rows=split_rows
+                ),
+            )
             return
         if tap is not None:  # the hash plan is made over each rank's own reads: this cannot happen
-            raise LoadError(f"replicas: {escape_name(stored.name)} is hashed by a rank that does not read it")
+            raise LoadError(
+                f"replicas: {escape_name(stored.name)} is hashed by a rank that does not read it"
+            )
         yield from link.receiving(stored.name, box, link.by_name[stored.name])
 
 
@@ -375,6 +432,7 @@ def link(strategy: object, planner: object) -> Link | None:
     from .verification.gate import (
         FileDigests,  # the gate imports the loop's modules: imported when used
     )
+
     job = strategy.job
     opts, ctx, storage = job.opts, job.ctx, job.storage
     if opts.replicas <= 1:
@@ -386,7 +444,9 @@ def link(strategy: object, planner: object) -> Link | None:
         why = "--verify digest is not shared between replicas yet (its predictions are per rank); use node"
     if why:
         raise OptionsError(f"replicas {opts.replicas}: {why}")
-    every = [planner.plan(job.layout, opts.kind, p) for p in range(job.layout.world)]  # every position's plan
+    every = [
+        planner.plan(job.layout, opts.kind, p) for p in range(job.layout.world)
+    ]  # every position's plan
     # files vouched for whole (hub snapshots, local-dir downloads, signed files) are shared out whole: a
     # file's windows are all read by one replica, whose node hashes the file once for the cluster
     whole = isinstance(strategy, FileDigests) or getattr(storage, "file_digests", None) is not None
@@ -399,7 +459,10 @@ def link(strategy: object, planner: object) -> Link | None:
 def shares(plans: Sequence[object], replicas: int) -> list[list[int]]:
     """Window bytes each replica reads at each position (``plans``: one per position), split as the load
     splits its runs (each item a run here: batches of small items are the load's)."""
-    positions = [[([c.name for c in item.cuts], item.read_bytes, None) for item in plan.items] for plan in plans]
+    positions = [
+        [([c.name for c in item.cuts], item.read_bytes, None) for item in plan.items]
+        for plan in plans
+    ]
     out = []
     for pos, runs_of in zip(split(positions, replicas), positions):
         per = [0] * replicas
@@ -416,7 +479,9 @@ def plan_lines(plans: Sequence[object], replicas: int, per_node: int) -> list[st
     nodes: dict[int, list[int]] = {}
     for g in range(size * replicas):
         q, p = divmod(g, size)
-        n = nodes.setdefault(g // per_node, [0, 0, 0, 0])  # storage; in, out (other nodes); received within
+        n = nodes.setdefault(
+            g // per_node, [0, 0, 0, 0]
+        )  # storage; in, out (other nodes); received within
         n[0] += got[p][q]
         for q2 in range(replicas):
             if q2 == q:
@@ -428,10 +493,14 @@ def plan_lines(plans: Sequence[object], replicas: int, per_node: int) -> list[st
                 n[3] += got[p][q2]
     alone = sum(plan.read_bytes for plan in plans)
     total = sum(map(sum, got))
-    lines = [(f"replicas {replicas} x {size} rank(s), {per_node} rank(s) a node: the cluster reads "
-              f"{total / 1e9:.3f} GB from storage (one replica's windows; {replicas * alone / 1e9:.3f} GB "
-              "when each replica reads alone)"),
-             f"{'node':>5} {'storage GB':>11} {'in GB':>9} {'out GB':>9} {'within GB':>10}"]
+    lines = [
+        (
+            f"replicas {replicas} x {size} rank(s), {per_node} rank(s) a node: the cluster reads "
+            f"{total / 1e9:.3f} GB from storage (one replica's windows; {replicas * alone / 1e9:.3f} GB "
+            "when each replica reads alone)"
+        ),
+        f"{'node':>5} {'storage GB':>11} {'in GB':>9} {'out GB':>9} {'within GB':>10}",
+    ]
     for k, (a, b, c, d) in sorted(nodes.items()):
         lines.append(f"{k:>5} {a / 1e9:>11.3f} {b / 1e9:>9.3f} {c / 1e9:>9.3f} {d / 1e9:>10.3f}")
     return lines
@@ -447,10 +516,14 @@ def verdict(ranks: Sequence[object], replicas: int) -> list[str]:
     for t in ranks:
         q, p = divmod(t.rank, size)
         senders = [s * size + p for s in range(replicas) if s != q]
-        want = xor_fold(bytes.fromhex(ranks[s].replicas_sent) if ranks[s].replicas_sent else bytes(DIGEST_BYTES)
-                    for s in senders)
+        want = xor_fold(
+            bytes.fromhex(ranks[s].replicas_sent) if ranks[s].replicas_sent else bytes(DIGEST_BYTES)
+            for s in senders
+        )
         got = bytes.fromhex(t.replicas_seen) if t.replicas_seen else bytes(DIGEST_BYTES)
         if want != got:
-            out.append(f"rank {t.rank} (replica {q}) holds windows from rank(s) {', '.join(map(str, senders))} that "
-                       "differ from what they read from storage and sent (the exchange's check of the transfers)")
+            out.append(
+                f"rank {t.rank} (replica {q}) holds windows from rank(s) {', '.join(map(str, senders))} that "
+                "differ from what they read from storage and sent (the exchange's check of the transfers)"
+            )
     return out

@@ -40,8 +40,14 @@ class RankShards:
     Made only from a passing :class:`~tpload.verification.gate.Verdict` (the constructor checks):
     no code path can wrap a load's arena in shards the gate did not pass."""
 
-    def __init__(self, result: LoadResult, plan: RankPlan, report: LoadReport, verdict: Verdict,
-                 deferred: tuple[DeferredTensor, ...] = ()) -> None:
+    def __init__(
+        self,
+        result: LoadResult,
+        plan: RankPlan,
+        report: LoadReport,
+        verdict: Verdict,
+        deferred: tuple[DeferredTensor, ...] = (),
+    ) -> None:
         if not isinstance(verdict, Verdict):
             raise LoadError("shards are made only from the gate's verdict")
         verdict.require()
@@ -76,7 +82,9 @@ class RankShards:
         if self._result is None:
             raise LoadError(f"derive {escape_name(name)}: these shards were released")
         if not isinstance(tensor, torch.Tensor):
-            raise LoadError(f"derive {escape_name(name)}: expected a torch.Tensor, got {type(tensor).__name__}")
+            raise LoadError(
+                f"derive {escape_name(name)}: expected a torch.Tensor, got {type(tensor).__name__}"
+            )
         if name in self._derived or name in self._result.tensors:
             what = "derived" if name in self._derived else "served"
             raise LoadError(f"derive {escape_name(name)}: a {what} tensor already has this name")
@@ -100,7 +108,12 @@ class RankShards:
                 key = self._storage_key(t)
                 if key not in arena:  # a view of the arena is freed with it, not twice
                     own[key] = t.untyped_storage().nbytes()
-            freed = Released(len(self._result.outputs), self.plan.arena_bytes, len(self._derived), sum(own.values()))
+            freed = Released(
+                len(self._result.outputs),
+                self.plan.arena_bytes,
+                len(self._derived),
+                sum(own.values()),
+            )
         self._result = None
         self._derived = {}
         give_back(torch.device(self.report.device))
@@ -112,45 +125,80 @@ class RankShards:
         return (st.device.type, st.device.index, st.data_ptr())
 
 
-def served(opts: LoadOptions, ctx: DistContext, plan: RankPlan, result: LoadResult, deferred: tuple,
-           ranks: list[RankFigures], notes: list[str], verdict: Verdict, planner: object = None,
-           chosen: object = None) -> RankShards:
+def served(
+    opts: LoadOptions,
+    ctx: DistContext,
+    plan: RankPlan,
+    result: LoadResult,
+    deferred: tuple,
+    ranks: list[RankFigures],
+    notes: list[str],
+    verdict: Verdict,
+    planner: object = None,
+    chosen: object = None,
+) -> RankShards:
     """After a verdict that passed: the report and the attestation (written by rank 0 when asked; ``planner``
     and ``chosen``, the load's planner and gate strategy, for the attestation), and this rank's shards."""
     prefix, census = getattr(planner, "prefix", None), getattr(planner, "census", None)
-    report = LoadReport(str(opts.checkpoint), opts.kind, plan.layout.tp, plan.layout.ep, opts.verify,
-                        str(ctx.device), ranks, ctx.rank, trusted=opts.verify == Verify.DIGEST,
-                        evict_page_cache=opts.evict_page_cache,
-                        notes=[*notes, *(planner.notes() if hasattr(planner, "notes") else ())],
-                        weight_prefix=prefix.found if prefix is not None else None,
-                        kv_scales=census.to_dict() if census else {})
+    report = LoadReport(
+        str(opts.checkpoint),
+        opts.kind,
+        plan.layout.tp,
+        plan.layout.ep,
+        opts.verify,
+        str(ctx.device),
+        ranks,
+        ctx.rank,
+        trusted=opts.verify == Verify.DIGEST,
+        evict_page_cache=opts.evict_page_cache,
+        notes=[*notes, *(planner.notes() if hasattr(planner, "notes") else ())],
+        weight_prefix=prefix.found if prefix is not None else None,
+        kv_scales=census.to_dict() if census else {},
+    )
     if opts.verify == Verify.OFF:
-        rank_log(ctx.rank).warning("verification is OFF: %d tensors served without any check against the "
-                                   "manifest", ranks[ctx.rank].tensors)
+        rank_log(ctx.rank).warning(
+            "verification is OFF: %d tensors served without any check against the manifest",
+            ranks[ctx.rank].tensors,
+        )
     if opts.report and ctx.rank == 0:
         try:
             report.write(opts.report)
         except OSError as e:
-            rank_log(ctx.rank).warning("could not write the report %s: %s", escape_name(opts.report), e.strerror)
+            rank_log(ctx.rank).warning(
+                "could not write the report %s: %s", escape_name(opts.report), e.strerror
+            )
     if opts.attest and ctx.rank == 0:
         _attest(opts, ranks, planner, plan, chosen, verdict)
     return RankShards(result, plan, report, verdict, deferred)
 
 
-def _attest(opts: LoadOptions, ranks: list[RankFigures], planner: object, plan: RankPlan, chosen: object,
-            verdict: Verdict) -> None:
+def _attest(
+    opts: LoadOptions,
+    ranks: list[RankFigures],
+    planner: object,
+    plan: RankPlan,
+    chosen: object,
+    verdict: Verdict,
+) -> None:
     """Rank 0 writes the attestation of a passed load. Its options were checked before loading (key, folder),
     so only the write itself can fail here, on rank 0 alone: the peers already hold their shards, so it is
     a warning, like the report's, and no older statement is left at the path to be mistaken for this one."""
     verdict.require()  # an exit path of the gate: only a passed verdict is attested
     from .verification import attest
+
     try:
         path = attest.after_load(opts, ranks, planner, plan.layout, chosen, verdict.vouched_by)
-        rank_log(0).info("wrote the load attestation %s%s", escape_name(path),
-                         f" (signed: {escape_name(attest.signature_path(path))})" if opts.attest_key else "")
+        rank_log(0).info(
+            "wrote the load attestation %s%s",
+            escape_name(path),
+            f" (signed: {escape_name(attest.signature_path(path))})" if opts.attest_key else "",
+        )
     except (OSError, LoadError) as e:
         for stale in (opts.attest, attest.signature_path(opts.attest)):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(stale)
-        rank_log(0).warning("could not write the load attestation %s: %s", escape_name(opts.attest),
-                            getattr(e, "strerror", None) or e)
+        rank_log(0).warning(
+            "could not write the load attestation %s: %s",
+            escape_name(opts.attest),
+            getattr(e, "strerror", None) or e,
+        )

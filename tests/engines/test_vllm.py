@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from tpload.storage.catalogue import read_native
 from tpload.tools.bench_engine import disagreement, engine_env
 from tpload.tools.published import write_published
-from tpload.storage.catalogue import read_native
 
 from ..helpers import poke
 from .vllm_env import vllm_python
@@ -32,8 +32,10 @@ MIB = 1 << 20
 MODELS = {"llama": "llama-tiny", "deepseek-v3": "deepseek-v3-bf16-tiny"}
 # Tensors every worker holds whole (norms, DeepSeek's low-rank down-projections, the router); the
 # rest is split over the TP workers. Written from vLLM's layers, not from tpload's configs.
-REPLICATED = re.compile(r"(norm\.weight|q_a_proj\.weight|kv_a_proj_with_mqa\.weight|mlp\.gate\.weight|"
-                        r"e_score_correction_bias)$")
+REPLICATED = re.compile(
+    r"(norm\.weight|q_a_proj\.weight|kv_a_proj_with_mqa\.weight|mlp\.gate\.weight|"
+    r"e_score_correction_bias)$"
+)
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +67,21 @@ def served_bytes(root: Path, tp: int) -> int:
 
 def bench(python: Path, model: Path, tp: int, out: Path) -> dict:
     """``tpload bench --engine vllm``: both formats in one engine process, compared before figures."""
-    cmd = [str(python), "-m", "tpload", "bench", "--engine", "vllm", str(model), "--tp", str(tp),
-           "--vllm-python", str(python), "--json", str(out)]
+    cmd = [
+        str(python),
+        "-m",
+        "tpload",
+        "bench",
+        "--engine",
+        "vllm",
+        str(model),
+        "--tp",
+        str(tp),
+        "--vllm-python",
+        str(python),
+        "--json",
+        str(out),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "vllm-default" in proc.stdout and "vllm-tpload" in proc.stdout
@@ -75,8 +90,9 @@ def bench(python: Path, model: Path, tp: int, out: Path) -> dict:
 
 @pytest.mark.parametrize("tp", [1, 2])
 @pytest.mark.parametrize("name", list(MODELS))
-def test_tpload_serves_what_the_default_loader_serves(python: Path, models: dict[str, Path], name: str, tp: int,
-                                                      tmp_path: Path) -> None:
+def test_tpload_serves_what_the_default_loader_serves(
+    python: Path, models: dict[str, Path], name: str, tp: int, tmp_path: Path
+) -> None:
     doc = bench(python, models[name], tp, tmp_path / "bench.json")
     default, ours = doc["runs"]["vllm-default"][0], doc["runs"]["vllm-tpload"][0]
     assert ours["tokens"] == default["tokens"] and len(ours["tokens"][0]) == 8
@@ -96,27 +112,47 @@ def test_tpload_serves_what_the_default_loader_serves(python: Path, models: dict
 
 
 def test_the_plugin_registers_the_format_and_imports_nothing_heavy(python: Path) -> None:
-    probe = ("import sys; from vllm.plugins import load_general_plugins; load_general_plugins(); "
-             "from vllm.model_executor.model_loader import _LOAD_FORMAT_TO_MODEL_LOADER as f; "
-             "print(f['tpload'].__name__, 'numba' in sys.modules, sorted(m for m in sys.modules if m.startswith('tpload')))")
+    probe = (
+        "import sys; from vllm.plugins import load_general_plugins; load_general_plugins(); "
+        "from vllm.model_executor.model_loader import _LOAD_FORMAT_TO_MODEL_LOADER as f; "
+        "print(f['tpload'].__name__, 'numba' in sys.modules, sorted(m for m in sys.modules if m.startswith('tpload')))"
+    )
     proc = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     last = proc.stdout.strip().splitlines()[-1]
-    assert last == "TploadModelLoader False ['tpload', 'tpload.integrations', 'tpload.integrations.vllm']", last
+    assert (
+        last
+        == "TploadModelLoader False ['tpload', 'tpload.integrations', 'tpload.integrations.vllm']"
+    ), last
 
 
-def test_a_flipped_byte_fails_the_start_on_both_workers(python: Path, models: dict[str, Path],
-                                                         tmp_path: Path) -> None:
+def test_a_flipped_byte_fails_the_start_on_both_workers(
+    python: Path, models: dict[str, Path], tmp_path: Path
+) -> None:
     bad = tmp_path / "llama"
     shutil.copytree(models["llama"], bad)
     tensor = "model.layers.1.mlp.down_proj.weight"  # split by columns: each worker reads half of it
     poke(bad, tensor, 1000)
-    cmd = [str(python), "-m", "tpload.integrations.vllm_run", str(bad), "--tp", "2", "--formats", "tpload",
-           "--out", str(tmp_path / "out.json")]
+    cmd = [
+        str(python),
+        "-m",
+        "tpload.integrations.vllm_run",
+        str(bad),
+        "--tp",
+        "2",
+        "--formats",
+        "tpload",
+        "--out",
+        str(tmp_path / "out.json"),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=engine_env())
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0 and not (tmp_path / "out.json").exists()
-    said = [line for line in text.splitlines() if tensor in line and "does not match the manifest" in line]
+    said = [
+        line
+        for line in text.splitlines()
+        if tensor in line and "does not match the manifest" in line
+    ]
     workers = {m.group(1) for line in said for m in [re.match(r"\((Worker_TP\d)", line)] if m}
     assert workers == {"Worker_TP0", "Worker_TP1"}, text[-4000:]
     assert "no rank returned weights" in text

@@ -83,35 +83,83 @@ def test_the_gguf_handoff_yields_what_vllms_gguf_loader_yields(tmp_path: Path, p
     root = tmp_path / "q3"
     here = {**os.environ, "PYTHONPATH": str(REPO)}
     for cmd in (["synth", str(root), "--preset", preset], ["manifest", str(root)]):
-        subprocess.run([sys.executable, "-m", "tpload", *cmd], check=True, capture_output=True, env=here, timeout=300)
+        subprocess.run(
+            [sys.executable, "-m", "tpload", *cmd],
+            check=True,
+            capture_output=True,
+            env=here,
+            timeout=300,
+        )
     extra = tmp_path / "site"
-    if subprocess.run([str(python), "-c", "import gguf"], capture_output=True, timeout=120, check=False).returncode != 0:
-        pip = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--target", str(extra), "gguf"],
-                             capture_output=True, text=True, timeout=600, check=False)
+    if (
+        subprocess.run(
+            [str(python), "-c", "import gguf"], capture_output=True, timeout=120, check=False
+        ).returncode
+        != 0
+    ):
+        pip = subprocess.run(
+            [
+                str(python),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-deps",
+                "--target",
+                str(extra),
+                "gguf",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
         if pip.returncode != 0:
             pytest.skip(f"cannot install gguf for vLLM's venv: {pip.stderr[-500:]}")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(extra)])}  # this checkout's tpload
-    proc = subprocess.run([str(python), "-c", SCRIPT, str(root), preset], capture_output=True, text=True, timeout=600, env=env,
-                          check=False)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(extra)]),
+    }  # this checkout's tpload
+    proc = subprocess.run(
+        [str(python), "-c", SCRIPT, str(root), preset],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     doc = json.loads(proc.stdout.strip().splitlines()[-1])
     assert doc["ours"] == doc["ref"]
     assert doc["unread"] == []
     names = doc["names"]
-    assert sorted(set(names) & set(doc["stored"])) == doc["stored"]  # every stored tensor has its vLLM name
+    assert (
+        sorted(set(names) & set(doc["stored"])) == doc["stored"]
+    )  # every stored tensor has its vLLM name
     assert names["blk.1.ffn_down_exps.weight"] == "model.layers.1.mlp.experts.0.down_proj.weight"
-    assert names["output.weight"] == "lm_head.weight" and names["token_embd.weight"] == "model.embed_tokens.weight"
+    assert (
+        names["output.weight"] == "lm_head.weight"
+        and names["token_embd.weight"] == "model.embed_tokens.weight"
+    )
     yielded = [r[0] for r in doc["ours"]]
     assert len(yielded) == len(doc["stored"]) + sum(n.endswith("qweight_type") for n in yielded)
     if preset == "deepseek-v3-gguf-tiny":
         assert names["blk.1.exp_probs_b.bias"] == "model.layers.1.mlp.gate.e_score_correction_bias"
         assert names["blk.0.attn_kv_b.weight"] == "model.layers.0.self_attn.kv_b_proj.weight"
-        assert names["blk.1.ffn_down_shexp.weight"] == "model.layers.1.mlp.shared_experts.down_proj.weight"
+        assert (
+            names["blk.1.ffn_down_shexp.weight"]
+            == "model.layers.1.mlp.shared_experts.down_proj.weight"
+        )
         assert "model.layers.1.mlp.gate.e_score_correction_bias" in yielded
         return
     assert names["blk.0.attn_k_norm.weight"] == "model.layers.0.self_attn.k_norm.weight"
     # a quantised tensor: its type first (Q6_K is ggml type 14, a 0-d int64), then its uint8 blocks
     at = yielded.index("model.layers.1.mlp.experts.0.down_proj.qweight_type")
-    assert doc["ours"][at][1:3] == ["int64", []] and yielded[at + 1] == "model.layers.1.mlp.experts.0.down_proj.qweight"
+    assert (
+        doc["ours"][at][1:3] == ["int64", []]
+        and yielded[at + 1] == "model.layers.1.mlp.experts.0.down_proj.qweight"
+    )
     assert doc["ours"][at + 1][1:3] == ["uint8", [4, 256, 512 // 256 * 210]]
-    assert ["model.norm.weight", "float32", [256]] == next(r[:3] for r in doc["ours"] if r[0] == "model.norm.weight")
+    assert next(
+        r[:3] for r in doc["ours"] if r[0] == "model.norm.weight"
+    ) == ["model.norm.weight", "float32", [256]]

@@ -52,16 +52,28 @@ def test_the_handoff_passes_every_spelling_under_vllms_names(tmp_path: Path) -> 
         pytest.skip(f"no vLLM venv at {VLLM_VENV} (tests/engines/vllm_env.py makes it)")
     plain = write_published(tmp_path / "plain", "llama-tiny")
     L = "model.layers.{}.self_attn."
-    spelled = [L.format(0) + "k_proj.output_scale", L.format(0) + "v_proj.output_scale",
-               L.format(1) + "k_proj.k_scale", L.format(1) + "v_proj.v_scale"]
-    root = renamed(plain, tmp_path / "kv", lambda n: n, extra={n: torch.tensor(0.5) for n in spelled})
-    env = {**os.environ, "PYTHONPATH": str(REPO)}  # this checkout's tpload, whatever the venv installed
-    proc = subprocess.run([str(python), "-c", SCRIPT, str(root)], capture_output=True, text=True, timeout=600,
-                          env=env)
+    spelled = [
+        L.format(0) + "k_proj.output_scale",
+        L.format(0) + "v_proj.output_scale",
+        L.format(1) + "k_proj.k_scale",
+        L.format(1) + "v_proj.v_scale",
+    ]
+    root = renamed(
+        plain, tmp_path / "kv", lambda n: n, extra={n: torch.tensor(0.5) for n in spelled}
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+    }  # this checkout's tpload, whatever the venv installed
+    proc = subprocess.run(
+        [str(python), "-c", SCRIPT, str(root)], capture_output=True, text=True, timeout=600, env=env
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     doc = json.loads(proc.stdout.strip().splitlines()[-1])
     assert sorted(doc["landed"]) == doc["params"] and len(doc["params"]) == 4
-    assert all(doc["landed"][n] == n for n in doc["params"])  # vLLM takes each handed name as its parameter's
+    assert all(
+        doc["landed"][n] == n for n in doc["params"]
+    )  # vLLM takes each handed name as its parameter's
     # the stored compressed-tensors spelling is not one vLLM remaps: it would be dropped without the hand-off
     assert doc["stored"][L.format(0) + "k_proj.output_scale"] not in doc["params"]
     assert doc["stored"][L.format(1) + "k_proj.k_scale"] == L.format(1) + "attn.k_scale"

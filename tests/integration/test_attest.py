@@ -18,34 +18,65 @@ from ..helpers import tpload_cli
 pytest.importorskip("model_signing")
 
 
-def test_a_tp2_load_attests_what_each_rank_serves(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_a_tp2_load_attests_what_each_rank_serves(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     ckpt = write_published(tmp_path / "ckpt", "deepseek-v3-tiny")
-    (signer, signer_pub), (_, stranger_pub) = ec_keypair(tmp_path, "signer"), ec_keypair(tmp_path, "stranger")
+    (signer, signer_pub), (_, stranger_pub) = (
+        ec_keypair(tmp_path, "signer"),
+        ec_keypair(tmp_path, "stranger"),
+    )
     out, report = tmp_path / "attestation.json", tmp_path / "report.json"
-    run = tpload_cli(2, "--checkpoint", str(ckpt), "--attest", str(out), "--attest-key", str(signer),
-                     "--report", str(report))
+    run = tpload_cli(
+        2,
+        "--checkpoint",
+        str(ckpt),
+        "--attest",
+        str(out),
+        "--attest-key",
+        str(signer),
+        "--report",
+        str(report),
+    )
     assert run.rc == 0, run.text
-    assert "wrote the load attestation" in run.text and out.is_file() and Path(f"{out}.sig").is_file()
+    assert (
+        "wrote the load attestation" in run.text and out.is_file() and Path(f"{out}.sig").is_file()
+    )
     doc = json.loads(out.read_text())
     ranks = json.loads(report.read_text())["ranks"]
     # the statement carries the exchanged table's digests, nodes and devices
-    assert [(r["digest"], r["node"], r["device"]) for r in doc["predicate"]["ranks"]] == \
-        [(r["digest"], r["node"], "cpu") for r in ranks]
-    assert doc["predicate"]["options"]["tp"] == 2 and doc["predicate"]["options"]["verify"] == "node"
+    assert [(r["digest"], r["node"], r["device"]) for r in doc["predicate"]["ranks"]] == [
+        (r["digest"], r["node"], "cpu") for r in ranks
+    ]
+    assert (
+        doc["predicate"]["options"]["tp"] == 2 and doc["predicate"]["options"]["verify"] == "node"
+    )
 
     capsys.readouterr()
-    assert main(["attest", "verify", str(out), "--checkpoint", str(ckpt), "--key", str(signer_pub)]) == 0
-    assert "OK: every rank's windows, digest and the coverage match the checkpoint, signature verified" in \
-        capsys.readouterr().out
-    assert main(["attest", "verify", str(out), "--checkpoint", str(ckpt), "--key", str(stranger_pub)]) == 1
+    assert (
+        main(["attest", "verify", str(out), "--checkpoint", str(ckpt), "--key", str(signer_pub)])
+        == 0
+    )
+    assert (
+        "OK: every rank's windows, digest and the coverage match the checkpoint, signature verified"
+        in capsys.readouterr().out
+    )
+    assert (
+        main(["attest", "verify", str(out), "--checkpoint", str(ckpt), "--key", str(stranger_pub)])
+        == 1
+    )
     lines = capsys.readouterr().out.splitlines()
-    mismatch = (f"DIFFERS {out}.sig: does not verify with the key {stranger_pub}: Key mismatch: The public key hash "
-                "in the signature's verification material does not match the provided public key.")
+    mismatch = (
+        f"DIFFERS {out}.sig: does not verify with the key {stranger_pub}: Key mismatch: The public key hash "
+        "in the signature's verification material does not match the provided public key."
+    )
     assert [line for line in lines if line.startswith("DIFFERS")] == [mismatch]
 
     # forged: rank 1 claims rank 0's window of a split tensor, and rank 0's digest is changed
     ranks0, ranks1 = doc["predicate"]["ranks"]
-    name = next(n for n, w in ranks1["windows"].items() if ranks0["windows"].get(n) not in (None, w))
+    name = next(
+        n for n, w in ranks1["windows"].items() if ranks0["windows"].get(n) not in (None, w)
+    )
     ranks1["windows"][name] = ranks0["windows"][name]
     ranks0["digest"] = "f" * 64
     forged = tmp_path / "forged.json"
@@ -53,11 +84,22 @@ def test_a_tp2_load_attests_what_each_rank_serves(tmp_path: Path, capsys: pytest
     assert main(["attest", "verify", str(forged), "--checkpoint", str(ckpt)]) == 1
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("DIFFERS")]
     assert len(lines) == 2, lines
-    assert lines[0].startswith(f"DIFFERS rank 1: tensor {name}: attested rows") and "the plan's window is" in lines[0]
+    assert (
+        lines[0].startswith(f"DIFFERS rank 1: tensor {name}: attested rows")
+        and "the plan's window is" in lines[0]
+    )
     assert lines[1].startswith("DIFFERS rank 0: digest attested ffffffffffffffff...")
 
 
 def test_attest_is_refused_with_verify_off(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     # refused before any world or checkpoint is touched: nothing was checked, so nothing can be attested
-    assert main(["--checkpoint", str(tmp_path), "--verify", "off", "--attest", str(tmp_path / "a.json")]) == 1
-    assert "nothing to attest with --verify off" in capsys.readouterr().err and not (tmp_path / "a.json").exists()
+    assert (
+        main(
+            ["--checkpoint", str(tmp_path), "--verify", "off", "--attest", str(tmp_path / "a.json")]
+        )
+        == 1
+    )
+    assert (
+        "nothing to attest with --verify off" in capsys.readouterr().err
+        and not (tmp_path / "a.json").exists()
+    )

@@ -15,7 +15,9 @@ WORKER = str(Path(__file__).resolve().parents[1] / "workers" / "batched.py")
 
 
 def test_batched_windows_serve_what_one_by_one_serves_on_two_ranks(tmp_path: Path) -> None:
-    root = write_published(tmp_path / "v3", "deepseek-v3-tiny")  # FP8 experts cut by tp, with their scales
+    root = write_published(
+        tmp_path / "v3", "deepseek-v3-tiny"
+    )  # FP8 experts cut by tp, with their scales
     out = tmp_path / "out"
     out.mkdir()
     run = torchrun(2, [WORKER, str(root), str(out)], timeout=240)

@@ -14,7 +14,9 @@ def test_readme_default_loads_the_builtin_checkpoint(tmp_path: Path) -> None:
     run = tpload_cli(2, "--report", str(report), env={"TPLOAD_CACHE": str(tmp_path / "cache")})
     assert run.rc == 0, run.text
     assert "verified:" in run.out and "rank node" in run.out
-    assert "using the built-in synthetic checkpoint" in run.err  # said before the silent first seconds
+    assert (
+        "using the built-in synthetic checkpoint" in run.err
+    )  # said before the silent first seconds
     doc = json.loads(report.read_text())
     assert len(doc["ranks"]) == 2 and doc["tp"] == 2 and doc["verify"] == "node"
     assert all(r["failed"] == 0 and r["tensors"] > 0 for r in doc["ranks"])
@@ -25,8 +27,12 @@ def test_a_failed_load_prints_its_message_once_and_torchrun_names_it(tmp_path: P
     run = tpload_cli(2, str(tmp_path / "nowhere"))
     assert run.rc != 0
     lines = run.text.splitlines()
-    head = "[rank 0] tpload: error: load failed on rank 0, 1 (2 of 2 ranks); no rank returned weights"
-    assert lines.count(head) == 1 and "[rank 1] tpload: load failed (see rank 0)" in lines  # each a line of its own
+    head = (
+        "[rank 0] tpload: error: load failed on rank 0, 1 (2 of 2 ranks); no rank returned weights"
+    )
+    assert (
+        lines.count(head) == 1 and "[rank 1] tpload: load failed (see rank 0)" in lines
+    )  # each a line of its own
     assert run.text.count("tpload: error:") == 2  # rank 0's line, and torchrun's summary quoting it
     summary = run.err.split("Root Cause (first observed failure):", 1)[1]
     assert f"traceback : {head}" in summary and "rank      : 0 " in summary
@@ -34,6 +40,11 @@ def test_a_failed_load_prints_its_message_once_and_torchrun_names_it(tmp_path: P
     # What the ranks print before torchrun's own traceback and summary (its log lines aside): the
     # message (2 lines) once, rank 1's pointer, perhaps the first-run compile note; 4 lines before
     # this (the message per rank, two of them run together), and N x 2 at N ranks.
-    ours = [line for line in lines[:lines.index("Traceback (most recent call last):")]
-            if not re.match(r"[WEI]\d{4} ", line)]
-    assert len(ours) <= 4 and len(lines) <= 50, run.text  # torchrun's summary and traceback: ~40 lines
+    ours = [
+        line
+        for line in lines[: lines.index("Traceback (most recent call last):")]
+        if not re.match(r"[WEI]\d{4} ", line)
+    ]
+    assert len(ours) <= 4 and len(lines) <= 50, (
+        run.text
+    )  # torchrun's summary and traceback: ~40 lines

@@ -17,8 +17,9 @@ def outcomes(out: Path, nproc: int) -> list[list[dict]]:
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
 
 
-def test_one_rank_failing_to_open_the_checkpoint_fails_every_rank(small_ckpt: Path, ckpt_copy: Path,
-                                                                   tmp_path: Path) -> None:
+def test_one_rank_failing_to_open_the_checkpoint_fails_every_rank(
+    small_ckpt: Path, ckpt_copy: Path, tmp_path: Path
+) -> None:
     # rank 1 alone gets a checkpoint whose index names a shard that is not there: it fails while
     # opening it, before any collective; rank 0's load is fine and must still return nothing
     (ckpt_copy / "model-00002-of-00002.safetensors").unlink()
@@ -36,8 +37,10 @@ def test_one_rank_failing_to_open_the_checkpoint_fails_every_rank(small_ckpt: Pa
 def test_a_failed_call_does_not_desynchronise_the_next(small_ckpt: Path, tmp_path: Path) -> None:
     # call 1 fails on rank 1 only, before anything else (an invalid option); call 2 is fine everywhere.
     # Both ranks must fail call 1 with rank 1's message, and both must load call 2.
-    calls = [{"checkpoint": str(small_ckpt), "per_rank": {"1": {"samples": -1}}},
-             {"checkpoint": str(small_ckpt)}]
+    calls = [
+        {"checkpoint": str(small_ckpt), "per_rank": {"1": {"samples": -1}}},
+        {"checkpoint": str(small_ckpt)},
+    ]
     run = torchrun(2, [EMBED, str(tmp_path), json.dumps(calls)])
     assert run.rc == 0, run.text
     (a1, a2), (b1, b2) = outcomes(tmp_path, 2)
@@ -52,15 +55,26 @@ def test_a_killed_rank_is_named_and_nobody_hangs(small_ckpt: Path, tmp_path: Pat
     assert "SIGKILL" in run.err or "-9" in run.err  # torchrun saw rank 1 die
     msg = error_of(run.rank_err[0], 0)
     # torchrun may also SIGTERM rank 0 once rank 1 is gone: it still reaches the exchange, and names rank 1
-    assert "lost the other ranks in the final exchange: rank 1 never reached it (died or hung)" in msg, run.rank_err[0]
+    assert (
+        "lost the other ranks in the final exchange: rank 1 never reached it (died or hung)" in msg
+    ), run.rank_err[0]
     assert error_of(run.rank_err[1], 1) == ""  # the killed rank printed nothing
 
 
-def test_the_command_line_fails_every_rank_with_one_message(ckpt_copy: Path, tmp_path: Path) -> None:
+def test_the_command_line_fails_every_rank_with_one_message(
+    ckpt_copy: Path, tmp_path: Path
+) -> None:
     from ..helpers import tpload_cli
-    poke(ckpt_copy, "mtp.0.ffn.experts.3.w1.weight", 200 * 128 + 1000)  # in rank 1's half: rank 1 hashes it?
+
+    poke(
+        ckpt_copy, "mtp.0.ffn.experts.3.w1.weight", 200 * 128 + 1000
+    )  # in rank 1's half: rank 1 hashes it?
     run = tpload_cli(2, str(ckpt_copy), logs=tmp_path / "logs")
     assert run.rc != 0 and run.seconds < BOUND_S
-    reporter, msg = load_error(run)  # printed once, by the lowest failing rank; the other points to it
-    assert "no rank returned weights" in msg and reporter == int(msg.split("load failed on rank ")[1][0])
+    reporter, msg = load_error(
+        run
+    )  # printed once, by the lowest failing rank; the other points to it
+    assert "no rank returned weights" in msg and reporter == int(
+        msg.split("load failed on rank ")[1][0]
+    )
     assert "mtp.0.ffn.experts.3.w1.weight" in msg and "does not match the manifest" in msg

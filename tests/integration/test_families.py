@@ -17,8 +17,14 @@ from tpload.tools.published import write_published
 from ..formats_reference import Family
 from ..helpers import HERE, torchrun, tpload_cli
 
-FAMILIES = {"deepseek-v3": "deepseek-v3-tiny", "deepseek-v4": "deepseek-v4-tiny", "gpt-oss": "gpt-oss-tiny",
-            "nvfp4": "nvfp4-tiny", "qwen3-fp8": "qwen3-fp8-tiny", "llama": "llama-tiny"}
+FAMILIES = {
+    "deepseek-v3": "deepseek-v3-tiny",
+    "deepseek-v4": "deepseek-v4-tiny",
+    "gpt-oss": "gpt-oss-tiny",
+    "nvfp4": "nvfp4-tiny",
+    "qwen3-fp8": "qwen3-fp8-tiny",
+    "llama": "llama-tiny",
+}
 WORKER = str(HERE / "workers" / "families.py")
 
 
@@ -30,8 +36,11 @@ def miniatures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def load_all(miniatures: dict[str, Path], out: Path, tp: int, ep: int) -> None:
     out.mkdir(exist_ok=True)
-    run = torchrun(tp * ep, [WORKER, str(out), str(tp), str(ep), *(f"{f}={p}" for f, p in miniatures.items())],
-                   timeout=600)
+    run = torchrun(
+        tp * ep,
+        [WORKER, str(out), str(tp), str(ep), *(f"{f}={p}" for f, p in miniatures.items())],
+        timeout=600,
+    )
     assert run.rc == 0, run.text[-4000:]
 
 
@@ -46,13 +55,17 @@ def check(miniatures: dict[str, Path], out: Path, tp: int, ep: int) -> None:
                 want = ref.expected(tp, ep, rank, kind)
                 names = set(got) - {"__shapes__", "__config__"}
                 if names != set(want):
-                    problems.append(f"{family} {kind} rank {rank}: extra {sorted(names - set(want))[:4]}, "
-                                    f"missing {sorted(set(want) - names)[:4]}")
+                    problems.append(
+                        f"{family} {kind} rank {rank}: extra {sorted(names - set(want))[:4]}, "
+                        f"missing {sorted(set(want) - names)[:4]}"
+                    )
                     continue
                 for name, arr in want.items():
                     if got[name].numpy().tobytes() != np.ascontiguousarray(arr).tobytes():
-                        problems.append(f"{family} {kind} rank {rank}: {name} differs "
-                                        f"(shape {got['__shapes__'][name]} vs {arr.shape})")
+                        problems.append(
+                            f"{family} {kind} rank {rank}: {name} differs "
+                            f"(shape {got['__shapes__'][name]} vs {arr.shape})"
+                        )
     assert not problems, "\n".join(problems[:20])
 
 
@@ -63,19 +76,28 @@ def test_every_family_loads_exactly_at_tp2(miniatures: dict[str, Path], tmp_path
 
 @pytest.mark.slow
 @pytest.mark.parametrize("tp,ep", [(1, 1), (4, 1), (2, 2)])
-def test_every_family_loads_exactly(miniatures: dict[str, Path], tmp_path: Path, tp: int, ep: int) -> None:
+def test_every_family_loads_exactly(
+    miniatures: dict[str, Path], tmp_path: Path, tp: int, ep: int
+) -> None:
     load_all(miniatures, tmp_path / "out", tp, ep)
     check(miniatures, tmp_path / "out", tp, ep)
 
 
-CONFIGS = {"deepseek-v3": "deepseek-v3+fp8-block", "deepseek-v4": "deepseek-v4+fp8-block+mxfp4",
-           "gpt-oss": "gpt-oss+mxfp4", "nvfp4": "deepseek-v3+nvfp4", "qwen3-fp8": "qwen3+fp8-block",
-           "llama": "llama+bf16"}
+CONFIGS = {
+    "deepseek-v3": "deepseek-v3+fp8-block",
+    "deepseek-v4": "deepseek-v4+fp8-block+mxfp4",
+    "gpt-oss": "gpt-oss+mxfp4",
+    "nvfp4": "deepseek-v3+nvfp4",
+    "qwen3-fp8": "qwen3+fp8-block",
+    "llama": "llama+bf16",
+}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_every_family_loads_from_the_command_line_as_readme_shows(miniatures: dict[str, Path], family: str) -> None:
+def test_every_family_loads_from_the_command_line_as_readme_shows(
+    miniatures: dict[str, Path], family: str
+) -> None:
     """README's one command per family: `torchrun -m tpload DIR`, the config picked and said."""
     run = tpload_cli(2, str(miniatures[family]), "--kind", "expanded")
     assert run.rc == 0, run.text[-3000:]

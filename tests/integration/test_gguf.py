@@ -20,8 +20,10 @@ from ..helpers import HERE, load_error, torchrun, tpload_cli
 gguf = pytest.importorskip("gguf")
 
 # How the shipped configs cut each name (torch order): rows, or the innermost dimension; others whole.
-ROWS = re.compile(r"(token_embd|output)\.weight|blk\.\d+\.(attn_q_b|attn_kv_b|attn_[qkv]|ffn_gate|ffn_up|"
-                  r"ffn_gate_shexp|ffn_up_shexp|ffn_gate_exps|ffn_up_exps)\.weight")
+ROWS = re.compile(
+    r"(token_embd|output)\.weight|blk\.\d+\.(attn_q_b|attn_kv_b|attn_[qkv]|ffn_gate|ffn_up|"
+    r"ffn_gate_shexp|ffn_up_shexp|ffn_gate_exps|ffn_up_exps)\.weight"
+)
 INNERMOST = re.compile(r"blk\.\d+\.(attn_output|ffn_down|ffn_down_shexp|ffn_down_exps)\.weight")
 
 
@@ -34,18 +36,27 @@ def expected(root: Path, tp: int, ep: int, rank: int, kind: str) -> dict[str, np
             qtype = t.tensor_type
             elements = tuple(int(d) for d in reversed(t.shape))
             if kind == "expanded" and qtype.name not in ("F32", "F16", "BF16"):
-                data = round_bf16(gguf.quants.dequantize(t.data, qtype).reshape(elements)).view(np.int16)
+                data = round_bf16(gguf.quants.dequantize(t.data, qtype).reshape(elements)).view(
+                    np.int16
+                )
             else:
                 data = np.asarray(t.data)
             stacked = "_exps." in t.name
-            axis = (int(stacked) if ROWS.fullmatch(t.name) else data.ndim - 1 if INNERMOST.fullmatch(t.name)
-                    else None)
+            axis = (
+                int(stacked)
+                if ROWS.fullmatch(t.name)
+                else data.ndim - 1
+                if INNERMOST.fullmatch(t.name)
+                else None
+            )
             if axis is not None:
-                n = data.shape[axis]  # in elements (expanded, F32) or bytes of whole blocks (packed)
+                n = data.shape[
+                    axis
+                ]  # in elements (expanded, F32) or bytes of whole blocks (packed)
                 data = np.take(data, range(tpr * n // tp, (tpr + 1) * n // tp), axis=axis)
             if stacked:  # ep shares the experts
                 e = data.shape[0]
-                data = data[group * e // ep:(group + 1) * e // ep]
+                data = data[group * e // ep : (group + 1) * e // ep]
             out[t.name] = np.ascontiguousarray(data)
     return out
 
@@ -53,8 +64,17 @@ def expected(root: Path, tp: int, ep: int, rank: int, kind: str) -> dict[str, np
 def load_and_check(roots: dict[str, Path], out: Path, tp: int, ep: int) -> None:
     """Both miniatures, both kinds, every rank of tp x ep in one launch: every served tensor exactly."""
     out.mkdir()
-    run = torchrun(tp * ep, [str(HERE / "workers" / "families.py"), str(out), str(tp), str(ep),
-                             *(f"{k}={v}" for k, v in roots.items())], timeout=600)
+    run = torchrun(
+        tp * ep,
+        [
+            str(HERE / "workers" / "families.py"),
+            str(out),
+            str(tp),
+            str(ep),
+            *(f"{k}={v}" for k, v in roots.items()),
+        ],
+        timeout=600,
+    )
     assert run.rc == 0, run.text[-4000:]
     problems = []
     for label, root in roots.items():
@@ -65,14 +85,21 @@ def load_and_check(roots: dict[str, Path], out: Path, tp: int, ep: int) -> None:
                 names = set(got) - {"__shapes__", "__config__"}
                 assert names == set(want), (label, kind, rank, names ^ set(want))
                 for name, arr in want.items():
-                    if tuple(got["__shapes__"][name]) != arr.shape or got[name].numpy().tobytes() != arr.tobytes():
-                        problems.append(f"{label} {kind} rank {rank}: {name} {got['__shapes__'][name]} vs {arr.shape}")
+                    if (
+                        tuple(got["__shapes__"][name]) != arr.shape
+                        or got[name].numpy().tobytes() != arr.tobytes()
+                    ):
+                        problems.append(
+                            f"{label} {kind} rank {rank}: {name} {got['__shapes__'][name]} vs {arr.shape}"
+                        )
     assert not problems, "\n".join(problems[:20])
 
 
 def synth(root: Path, preset: str) -> Path:
     for cmd in (["synth", str(root), "--preset", preset], ["manifest", str(root)]):
-        run = subprocess.run([sys.executable, "-m", "tpload", *cmd], capture_output=True, text=True, timeout=120)
+        run = subprocess.run(
+            [sys.executable, "-m", "tpload", *cmd], capture_output=True, text=True, timeout=120
+        )
         assert run.returncode == 0, run.stderr
     return root
 
@@ -80,7 +107,10 @@ def synth(root: Path, preset: str) -> Path:
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = synth(tmp_path_factory.mktemp("gguf") / "ds3", "deepseek-v3-gguf-tiny")
-    assert sorted(p.name for p in root.glob("*.gguf")) == ["model-00001-of-00002.gguf", "model-00002-of-00002.gguf"]
+    assert sorted(p.name for p in root.glob("*.gguf")) == [
+        "model-00001-of-00002.gguf",
+        "model-00002-of-00002.gguf",
+    ]
     return root
 
 
@@ -92,7 +122,11 @@ def qwen(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_tp2_packed_and_expanded_exactly(tiny: Path, qwen: Path, tmp_path: Path) -> None:
     load_and_check({"ds3": tiny, "qwen": qwen}, tmp_path / "out", 2, 1)
     got = torch.load(tmp_path / "out" / "ds3-packed-rank1.pt")
-    assert got["__shapes__"]["blk.1.ffn_down_exps.weight"] == (4, 256, 144)  # [E, rows, one Q4_K block of 2]
+    assert got["__shapes__"]["blk.1.ffn_down_exps.weight"] == (
+        4,
+        256,
+        144,
+    )  # [E, rows, one Q4_K block of 2]
 
 
 @pytest.mark.slow
@@ -126,10 +160,14 @@ def test_nan_super_scale_refused_naming_tensor_and_block(tiny: Path, tmp_path: P
     t = next(t for t in gguf.GGUFReader(part).tensors if t.name == "blk.1.ffn_gate_exps.weight")
     raw = bytearray(part.read_bytes())
     at = int(t.data_offset) + 144 * 3  # block 3 of the first row: its d
-    raw[at:at + 2] = np.array([np.nan], np.float16).tobytes()
+    raw[at : at + 2] = np.array([np.nan], np.float16).tobytes()
     part.write_bytes(bytes(raw))
     for cmd in (["manifest", str(bad)], ["verify", str(bad)]):
-        run = subprocess.run([sys.executable, "-m", "tpload", *cmd], capture_output=True, text=True, timeout=120)
+        run = subprocess.run(
+            [sys.executable, "-m", "tpload", *cmd], capture_output=True, text=True, timeout=120
+        )
     assert run.returncode != 0
-    assert ("tensor blk.1.ffn_gate_exps.weight: 1 Q4_K blocks whose f16 scale (d/dmin) is NaN or infinite "
-            "(first: view row 0, block 3 of the row)") in run.stdout + run.stderr, run.stdout + run.stderr
+    assert (
+        "tensor blk.1.ffn_gate_exps.weight: 1 Q4_K blocks whose f16 scale (d/dmin) is NaN or infinite "
+        "(first: view row 0, block 3 of the row)"
+    ) in run.stdout + run.stderr, run.stdout + run.stderr

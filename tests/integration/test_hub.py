@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tpload.tools.published import write_published
 from tpload.storage.hub import to_hub_cache
+from tpload.tools.published import write_published
 
 from ..helpers import error_of, load_error, tensor_offset, torchrun, tpload_cli
 
@@ -24,24 +24,44 @@ def snapshot(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("verify", ["node", "rank"])
-def test_a_hub_snapshot_loads_verified_by_its_blob_names(snapshot: Path, tmp_path: Path, verify: str) -> None:
+def test_a_hub_snapshot_loads_verified_by_its_blob_names(
+    snapshot: Path, tmp_path: Path, verify: str
+) -> None:
     report = tmp_path / "r.json"
-    run = tpload_cli(2, "--checkpoint", str(snapshot), "--kind", "expanded", "--report", str(report), "--verify", verify)
+    run = tpload_cli(
+        2,
+        "--checkpoint",
+        str(snapshot),
+        "--kind",
+        "expanded",
+        "--report",
+        str(report),
+        "--verify",
+        verify,
+    )
     assert run.rc == 0, run.text
     assert "config gpt-oss+mxfp4: config.json architectures GptOssForCausalLM" in run.text
     doc = json.loads(report.read_text())
     shards = sorted(snapshot.glob("*.safetensors"))
-    assert any("2 file(s) checked whole against their blob sha256" in n for n in doc["notes"]), doc["notes"]
+    assert any("2 file(s) checked whole against their blob sha256" in n for n in doc["notes"]), doc[
+        "notes"
+    ]
     # whole files: once on this one node (every shard byte hashed once among the ranks), or by each rank
     per_node = sum(os.path.getsize(s) for s in shards)
-    assert sum(r["bytes_hashed"] for r in doc["ranks"]) == (per_node if verify == "node" else 2 * per_node)
+    assert sum(r["bytes_hashed"] for r in doc["ranks"]) == (
+        per_node if verify == "node" else 2 * per_node
+    )
     assert all(r["failed"] == 0 for r in doc["ranks"])
 
 
-def test_a_flipped_byte_in_one_blob_fails_every_rank_naming_the_file(snapshot: Path, tmp_path: Path) -> None:
+def test_a_flipped_byte_in_one_blob_fails_every_rank_naming_the_file(
+    snapshot: Path, tmp_path: Path
+) -> None:
     # flip the last byte of a tensor in the second shard (data, not header): only the file hash sees it
     index = json.loads((snapshot / "model.safetensors.index.json").read_text())["weight_map"]
-    name = next(n for n, f in sorted(index.items()) if f.endswith("00002.safetensors") and "norm" in n)
+    name = next(
+        n for n, f in sorted(index.items()) if f.endswith("00002.safetensors") and "norm" in n
+    )
     path, offset, nbytes = tensor_offset(snapshot, name)
     blob = path.resolve()
     with open(blob, "r+b") as f:
@@ -61,7 +81,9 @@ def _second_shard(snapshot: Path) -> list[str]:
     return sorted(n for n, f in index.items() if f.endswith("00002.safetensors"))
 
 
-def test_deferring_a_whole_blob_still_hashes_it_and_vouches_for_each_locator(snapshot: Path, tmp_path: Path) -> None:
+def test_deferring_a_whole_blob_still_hashes_it_and_vouches_for_each_locator(
+    snapshot: Path, tmp_path: Path
+) -> None:
     # every tensor of the second shard deferred: no rank reads a window of it, so only the gate's
     # rule (a rank hashes the file of what it defers) keeps its blob checked
     names = _second_shard(snapshot)
@@ -73,7 +95,7 @@ def test_deferring_a_whole_blob_still_hashes_it_and_vouches_for_each_locator(sna
         assert sorted(d["name"] for d in doc["deferred"]) == names
         for d in doc["deferred"]:
             path, offset, nbytes = tensor_offset(snapshot, d["name"])
-            want = hashlib.sha256(path.read_bytes()[offset:offset + nbytes]).hexdigest()
+            want = hashlib.sha256(path.read_bytes()[offset : offset + nbytes]).hexdigest()
             assert d["sha256"] == want and "hub blob" in d["vouched_by"], d
             assert doc["streamed"][d["name"]] == want
 
@@ -83,7 +105,9 @@ def test_deferring_a_whole_blob_still_hashes_it_and_vouches_for_each_locator(sna
     data = bytearray(blob.read_bytes())
     data[offset] ^= 0x01
     blob.write_bytes(bytes(data))
-    run = torchrun(2, [worker, str(snapshot), str(tmp_path), ",".join(names)], logs=tmp_path / "logs")
+    run = torchrun(
+        2, [worker, str(snapshot), str(tmp_path), ",".join(names)], logs=tmp_path / "logs"
+    )
     assert run.rc != 0
     for rank in range(2):
         msg = error_of(run.rank_err[rank], rank) or run.rank_err[rank]

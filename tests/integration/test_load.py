@@ -19,13 +19,17 @@ def as_bytes(t: torch.Tensor, rows: int) -> np.ndarray:
     return t.contiguous().view(-1).view(torch.uint8).numpy().reshape(rows, -1)
 
 
-def check_rank(root: Path, out: Path, tp: int, rank: int, kind: str, group_rank: int | None = None) -> dict:
+def check_rank(
+    root: Path, out: Path, tp: int, rank: int, kind: str, group_rank: int | None = None
+) -> dict:
     got = torch.load(out / f"{kind}-rank{rank}.pt")
     want = expected(root, tp, rank if group_rank is None else group_rank, kind)
     assert set(got) == set(want), set(got) ^ set(want)
     for name, exp in want.items():
         exp_bytes = exp.view(np.uint8).reshape(exp.shape[0], -1)
-        np.testing.assert_array_equal(as_bytes(got[name], exp.shape[0]), exp_bytes, err_msg=f"{kind} rank {rank} {name}")
+        np.testing.assert_array_equal(
+            as_bytes(got[name], exp.shape[0]), exp_bytes, err_msg=f"{kind} rank {rank} {name}"
+        )
     return json.loads((out / f"{kind}-rank{rank}.json").read_text())
 
 
@@ -39,7 +43,9 @@ def test_two_ranks_serve_exactly_their_windows(small_ckpt: Path, tmp_path: Path)
     for kind in ("packed", "expanded"):
         reports = [check_rank(small_ckpt, tmp_path, 2, r, kind) for r in range(2)]
         digests = [r["digest"] for r in reports[0]["ranks"]]
-        assert len(set(digests)) == 2 and all(len(d) == 64 for d in digests)  # each rank its own window
+        assert len(set(digests)) == 2 and all(
+            len(d) == 64 for d in digests
+        )  # each rank its own window
         assert reports[0]["ranks"] == reports[1]["ranks"]  # one table on every rank
         # node verification: each official tensor hashed once on this (single) node
         assert sum(r["hashed"] for r in reports[0]["ranks"]) == 62
@@ -55,9 +61,15 @@ def test_every_rank_serves_exactly_its_windows(small_ckpt: Path, tmp_path: Path,
 
 
 def test_two_tp2_groups_passed_as_group(small_ckpt: Path, tmp_path: Path) -> None:
-    run = torchrun(4, [DUMP, str(small_ckpt), str(tmp_path), "kinds=expanded", "groups=2"], timeout=240)
+    run = torchrun(
+        4, [DUMP, str(small_ckpt), str(tmp_path), "kinds=expanded", "groups=2"], timeout=240
+    )
     assert run.rc == 0, run.text
-    reports = [check_rank(small_ckpt, tmp_path, 2, r, "expanded", group_rank=r % 2) for r in range(4)]
+    reports = [
+        check_rank(small_ckpt, tmp_path, 2, r, "expanded", group_rank=r % 2) for r in range(4)
+    ]
     assert [len(r["ranks"]) for r in reports] == [2, 2, 2, 2]  # ranks counted inside each group
-    assert reports[0]["ranks"][0]["digest"] == reports[2]["ranks"][0]["digest"]  # same copy, same digest
+    assert (
+        reports[0]["ranks"][0]["digest"] == reports[2]["ranks"][0]["digest"]
+    )  # same copy, same digest
     assert reports[0]["ranks"][0]["digest"] != reports[0]["ranks"][1]["digest"]

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tpload.verification.predict import predict
 from tpload.pick import choose
 from tpload.plan import Layout
-from tpload.tools.published import write_published
 from tpload.storage.hub import to_hub_cache
+from tpload.tools.published import write_published
+from tpload.verification.predict import predict
 
 from ..helpers import load_error, tensor_offset, torchrun
 from ..unit.storage.test_localdir import COMMIT, as_local_dir, flip
@@ -29,17 +29,28 @@ def local(tmp_path: Path) -> Path:
     return as_local_dir(write_published(tmp_path / "dl", "gpt-oss-tiny", manifest=False))
 
 
-def test_a_local_dir_loads_verified_at_tp2_as_its_hub_snapshot_twin(local: Path, tmp_path: Path) -> None:
+def test_a_local_dir_loads_verified_at_tp2_as_its_hub_snapshot_twin(
+    local: Path, tmp_path: Path
+) -> None:
     report = tmp_path / "r.json"
-    run = torchrun(2, ["-m", "tpload", "--checkpoint", str(local), "--report", str(report), "--no-progress"])
+    run = torchrun(
+        2, ["-m", "tpload", "--checkpoint", str(local), "--report", str(report), "--no-progress"]
+    )
     assert run.rc == 0, run.text
     doc = json.loads(report.read_text())
     assert all(r["failed"] == 0 for r in doc["ranks"])
-    assert any(n.startswith(f"local-dir download (commit {COMMIT[:12]}): 2 file(s) checked whole against their "
-                            "local-dir etags") for n in doc["notes"]), doc["notes"]
+    assert any(
+        n.startswith(
+            f"local-dir download (commit {COMMIT[:12]}): 2 file(s) checked whole against their "
+            "local-dir etags"
+        )
+        for n in doc["notes"]
+    ), doc["notes"]
     shards = sorted(local.glob("*.safetensors"))
     per_node = sum(os.path.getsize(s) for s in shards)
-    assert sum(r["bytes_hashed"] for r in doc["ranks"]) == per_node  # each shard hashed whole once on the node
+    assert (
+        sum(r["bytes_hashed"] for r in doc["ranks"]) == per_node
+    )  # each shard hashed whole once on the node
 
     # the twin: the same bytes as a hub cache snapshot, every rank's digest computed by the load's own code
     twin_src = tmp_path / "twin"
@@ -54,10 +65,14 @@ def test_a_local_dir_loads_verified_at_tp2_as_its_hub_snapshot_twin(local: Path,
 
 def test_a_flipped_byte_fails_every_rank_naming_the_file(local: Path, tmp_path: Path) -> None:
     index = json.loads((local / "model.safetensors.index.json").read_text())["weight_map"]
-    name = next(n for n, f in sorted(index.items()) if f.endswith("00002.safetensors") and "norm" in n)
+    name = next(
+        n for n, f in sorted(index.items()) if f.endswith("00002.safetensors") and "norm" in n
+    )
     path, offset, nbytes = tensor_offset(local, name)
     flip(path, offset + nbytes - 1)  # its metadata stays fresh: only the whole-file hash sees it
-    run = torchrun(2, ["-m", "tpload", "--checkpoint", str(local), "--no-progress"], logs=tmp_path / "logs")
+    run = torchrun(
+        2, ["-m", "tpload", "--checkpoint", str(local), "--no-progress"], logs=tmp_path / "logs"
+    )
     assert run.rc != 0 and "verified:" not in run.out
     # the node's one hasher of the file finds it; the verdict fails both ranks, one prints it in full
     _, msg = load_error(run)  # (and checks that the other rank failed, pointing to it)

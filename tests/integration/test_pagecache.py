@@ -25,5 +25,11 @@ def test_two_ranks_with_node_hashing_leave_nothing_cached(tmp_path: Path) -> Non
     assert doc["verify"] == "node" and doc["evict_page_cache"] is True
     # the node's first rank measures as it starts; the other does not measure (null, not -1)
     before = [r["page_cache_before"] for r in doc["ranks"]]
-    assert before[0] > 0.5 * total and before[1] is None and doc["ranks"][1]["page_cache_after"] is None
-    assert [resident_bytes(p) for p in shards] == [0] * len(shards)  # whoever finished last dropped the rest
+    assert (
+        before[0] > 0.5 * total
+        and before[1] is None
+        and doc["ranks"][1]["page_cache_after"] is None
+    )
+    assert [resident_bytes(p) for p in shards] == [0] * len(
+        shards
+    )  # whoever finished last dropped the rest

@@ -11,15 +11,21 @@ from ..helpers import load_error, tpload_cli
 def test_an_edited_pinned_config_json_fails_every_rank(tmp_path: Path) -> None:
     from tpload.tools.offline import write_manifest
     from tpload.tools.published import write_published
+
     root = write_published(tmp_path / "llama", "llama-tiny")
     write_manifest(root, force=True)  # pins config.json and the index
     config = json.loads((root / "config.json").read_text())
-    config["num_key_value_heads"] = 1  # what a folder writer would change to alter every rank's windows
+    config["num_key_value_heads"] = (
+        1  # what a folder writer would change to alter every rank's windows
+    )
     (root / "config.json").write_text(json.dumps(config))
     run = tpload_cli(2, str(root), "--tp", "2", logs=tmp_path / "logs")
     ranks = "".join(run.rank_err.values())
     assert run.rc != 0, run.text + ranks
     _, message = load_error(run)  # printed once in full; the other rank points to it
     assert "(2 of 2 ranks)" in message, message  # the verdict: both ranks failed
-    assert f"{root}/config.json: model config has sha256" in message and "NATIVE_MANIFEST.json pins" in message
+    assert (
+        f"{root}/config.json: model config has sha256" in message
+        and "NATIVE_MANIFEST.json pins" in message
+    )
     assert "Traceback" not in ranks

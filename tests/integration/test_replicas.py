@@ -16,28 +16,54 @@ from ..helpers import HERE, torchrun, tpload_cli
 CORRUPT = str(HERE / "workers" / "replicas_corrupt.py")
 
 
-def test_two_replicas_of_tp2_serve_a_plain_tp2_load_s_bytes_reading_half(small_ckpt: Path, tmp_path: Path) -> None:
-    store = tmp_path / "store"  # what a plain tp 2 load serves, predicted offline (one process, no launch)
-    assert main(["plan", str(small_ckpt), "--tp", "2", "--write", "--digest-store", str(store)]) == 0
+def test_two_replicas_of_tp2_serve_a_plain_tp2_load_s_bytes_reading_half(
+    small_ckpt: Path, tmp_path: Path
+) -> None:
+    store = (
+        tmp_path / "store"
+    )  # what a plain tp 2 load serves, predicted offline (one process, no launch)
+    assert (
+        main(["plan", str(small_ckpt), "--tp", "2", "--write", "--digest-store", str(store)]) == 0
+    )
     sha = hashlib.sha256((small_ckpt / "NATIVE_MANIFEST.json").read_bytes()).hexdigest()
-    (plain,) = [p.digests for k, p in DigestStore(store).read(sha).items() if k.startswith("tp2-ep1-packed")]
+    (plain,) = [
+        p.digests for k, p in DigestStore(store).read(sha).items() if k.startswith("tp2-ep1-packed")
+    ]
     report = tmp_path / "r.json"
-    run = tpload_cli(4, str(small_ckpt), "--tp", "2", "--replicas", "2", "--report", str(report), timeout=240)
+    run = tpload_cli(
+        4, str(small_ckpt), "--tp", "2", "--replicas", "2", "--report", str(report), timeout=240
+    )
     assert run.rc == 0, run.text
     ranks = json.loads(report.read_text())["ranks"]
-    assert [r["digest"] for r in ranks] == [plain[0], plain[1], plain[0], plain[1]]  # rank r: position r % 2
+    assert [r["digest"] for r in ranks] == [
+        plain[0],
+        plain[1],
+        plain[0],
+        plain[1],
+    ]  # rank r: position r % 2
     for position in (0, 1):
         a, b = ranks[position], ranks[2 + position]
-        assert a["bytes_from_storage"] > 0 and b["bytes_from_storage"] > 0  # both replicas read their share
-        whole = a["bytes_from_storage"] + b["bytes_from_storage"]  # the position's windows, read once
-        assert a["bytes_from_storage"] + a["bytes_from_peers"] == whole == b["bytes_from_storage"] + b["bytes_from_peers"]
+        assert (
+            a["bytes_from_storage"] > 0 and b["bytes_from_storage"] > 0
+        )  # both replicas read their share
+        whole = (
+            a["bytes_from_storage"] + b["bytes_from_storage"]
+        )  # the position's windows, read once
+        assert (
+            a["bytes_from_storage"] + a["bytes_from_peers"]
+            == whole
+            == b["bytes_from_storage"] + b["bytes_from_peers"]
+        )
     storage = sum(r["bytes_from_storage"] for r in ranks)
-    assert 2 * storage == sum(r["bytes_from_storage"] + r["bytes_from_peers"] for r in ranks)  # halved
+    assert 2 * storage == sum(
+        r["bytes_from_storage"] + r["bytes_from_peers"] for r in ranks
+    )  # halved
     assert "from peers" in run.text  # the table shows the split
 
 
-def test_a_byte_changed_in_transit_fails_every_rank_naming_tensor_sender_and_receiver(small_ckpt: Path,
-                                                                                      tmp_path: Path) -> None:
+def test_a_byte_changed_in_transit_fails_every_rank_naming_tensor_sender_and_receiver(
+    small_ckpt: Path, tmp_path: Path
+) -> None:
     run = torchrun(4, [CORRUPT, str(small_ckpt), str(tmp_path), "1"], timeout=240)
     assert run.rc == 0, run.text
     outcomes = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
@@ -46,5 +72,7 @@ def test_a_byte_changed_in_transit_fails_every_rank_naming_tensor_sender_and_rec
     error = outcomes[0]["error"]
     # rank 1 (replica 0, position 1) reads the position's first window and sends it to rank 3
     assert "load failed on rank 3" in error and "tensor " in error
-    assert "the bytes rank 3 received from rank 1 (replica 0) differ from those rank 1 read" in error
+    assert (
+        "the bytes rank 3 received from rank 1 (replica 0) differ from those rank 1 read" in error
+    )
     assert "changed in transit" in error

@@ -29,12 +29,16 @@ def headers(root: Path) -> dict[str, dict]:
     return out
 
 
-def test_deepseek_v3_deep_loads_at_tp2_ep4_on_8_ranks(tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_deepseek_v3_deep_loads_at_tp2_ep4_on_8_ranks(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
     root = write_published(tmp_path_factory.mktemp("deep") / "v3", "deepseek-v3-deep")
     tensors = headers(root)
     assert len(tensors) == 91_991
     report = root.parent / "report.json"
-    run = tpload_cli(8, "--checkpoint", str(root), "--tp", "2", "--ep", "4", "--report", str(report), timeout=900)
+    run = tpload_cli(
+        8, "--checkpoint", str(root), "--tp", "2", "--ep", "4", "--report", str(report), timeout=900
+    )
     assert run.rc == 0, run.text[-3000:]
     doc = json.loads(report.read_text())
     ranks = doc["ranks"]
@@ -46,5 +50,7 @@ def test_deepseek_v3_deep_loads_at_tp2_ep4_on_8_ranks(tmp_path_factory: pytest.T
     # each ep group serves its 64 of the 256 experts, and every other tensor
     experts = [n for n in tensors if EXPERT.search(n)]
     assert {r["tensors"] for r in ranks} == {len(tensors) - len(experts) + len(experts) // 4}
-    print(f"deepseek-v3-deep tp2xep4: {doc['seconds']:.1f} s, {ranks[0]['tensors']} tensors a rank, "
-          f"{doc['seconds'] / ranks[0]['tensors'] * 1e6:.0f} us per tensor per rank (8 ranks on this machine's cores)")
+    print(
+        f"deepseek-v3-deep tp2xep4: {doc['seconds']:.1f} s, {ranks[0]['tensors']} tensors a rank, "
+        f"{doc['seconds'] / ranks[0]['tensors'] * 1e6:.0f} us per tensor per rank (8 ranks on this machine's cores)"
+    )

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from tpload.__main__ import main
-from tpload.tools.published import write_published
 from tpload.storage.hub import to_hub_cache
+from tpload.tools.published import write_published
 from tpload.verification.store import DigestStore
 
 from ..ckpt_tools import all_names, nbytes
@@ -28,9 +28,28 @@ KILL = str(HERE / "workers" / "replicas_kill.py")
 
 def planned(ckpt: Path, store: Path, tp: int, ep: int = 1) -> list[str]:
     """The rank digests a plain tp x ep load serves, predicted offline (one process, no launch)."""
-    assert main(["plan", str(ckpt), "--tp", str(tp), "--ep", str(ep), "--write", "--digest-store", str(store)]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                str(ckpt),
+                "--tp",
+                str(tp),
+                "--ep",
+                str(ep),
+                "--write",
+                "--digest-store",
+                str(store),
+            ]
+        )
+        == 0
+    )
     sha = hashlib.sha256((ckpt / "NATIVE_MANIFEST.json").read_bytes()).hexdigest()
-    (plain,) = [p.digests for k, p in DigestStore(store).read(sha).items() if k.startswith(f"tp{tp}-ep{ep}-packed")]
+    (plain,) = [
+        p.digests
+        for k, p in DigestStore(store).read(sha).items()
+        if k.startswith(f"tp{tp}-ep{ep}-packed")
+    ]
     return list(plain)
 
 
@@ -39,15 +58,20 @@ def halved(ranks: list[dict], size: int) -> int:
     for position in range(size):
         mine = ranks[position::size]
         whole = sum(r["bytes_from_storage"] for r in mine)
-        assert all(r["bytes_from_storage"] + r["bytes_from_peers"] == whole for r in mine), (position, mine)
+        assert all(r["bytes_from_storage"] + r["bytes_from_peers"] == whole for r in mine), (
+            position,
+            mine,
+        )
     storage = sum(r["bytes_from_storage"] for r in ranks)
-    assert storage > 0 and len(ranks) // size * storage == sum(r["bytes_from_storage"] + r["bytes_from_peers"]
-                                                                 for r in ranks)
+    assert storage > 0 and len(ranks) // size * storage == sum(
+        r["bytes_from_storage"] + r["bytes_from_peers"] for r in ranks
+    )
     return storage
 
 
-def test_a_replica_killed_mid_transfer_ends_every_rank_in_bounded_time_with_no_weights(small_ckpt: Path,
-                                                                                         tmp_path: Path) -> None:
+def test_a_replica_killed_mid_transfer_ends_every_rank_in_bounded_time_with_no_weights(
+    small_ckpt: Path, tmp_path: Path
+) -> None:
     victim = 3  # replica 1, position 1: it both reads (and sends) and receives
     run = torchrun(4, [KILL, str(small_ckpt), str(tmp_path), str(victim), "20"], timeout=120)
     assert run.rc != 0, run.text
@@ -62,11 +86,33 @@ def test_a_replica_killed_mid_transfer_ends_every_rank_in_bounded_time_with_no_w
         assert lost and str(victim) in lost.group(1).split(", "), outcome["error"]
 
 
-def test_two_agents_as_two_nodes_read_the_checkpoint_once_between_them(small_ckpt: Path, tmp_path: Path) -> None:
+def test_two_agents_as_two_nodes_read_the_checkpoint_once_between_them(
+    small_ckpt: Path, tmp_path: Path
+) -> None:
     plain = planned(small_ckpt, tmp_path / "store", 2)
     report, port = tmp_path / "r.json", free_port()
-    finish([agent(n, port, ["-m", "tpload", "--no-progress", str(small_ckpt), "--tp", "2", "--replicas", "2",
-                            "--report", str(report)], TPLOAD_NODE_ID=f"box{n}") for n in (0, 1)])
+    finish(
+        [
+            agent(
+                n,
+                port,
+                [
+                    "-m",
+                    "tpload",
+                    "--no-progress",
+                    str(small_ckpt),
+                    "--tp",
+                    "2",
+                    "--replicas",
+                    "2",
+                    "--report",
+                    str(report),
+                ],
+                TPLOAD_NODE_ID=f"box{n}",
+            )
+            for n in (0, 1)
+        ]
+    )
     doc = json.loads(report.read_text())
     ranks = doc["ranks"]
     assert [r["node"] for r in ranks] == [0, 0, 1, 1]  # a replica a node
@@ -85,10 +131,22 @@ def test_a_hub_snapshot_with_replicas_hashes_each_file_once_per_cluster(tmp_path
     plain = write_published(tmp_path / "plain", "gpt-oss-tiny", manifest=False)
     snapshot = to_hub_cache(plain, tmp_path / "hub", "openai/gpt-oss-tiny")
     alone, shared = tmp_path / "alone.json", tmp_path / "shared.json"
-    run = tpload_cli(2, "--checkpoint", str(snapshot), "--tp", "2", "--report", str(alone), timeout=240)
+    run = tpload_cli(
+        2, "--checkpoint", str(snapshot), "--tp", "2", "--report", str(alone), timeout=240
+    )
     assert run.rc == 0, run.text
-    run = tpload_cli(4, "--checkpoint", str(snapshot), "--tp", "2", "--replicas", "2", "--report", str(shared),
-                     timeout=240)
+    run = tpload_cli(
+        4,
+        "--checkpoint",
+        str(snapshot),
+        "--tp",
+        "2",
+        "--replicas",
+        "2",
+        "--report",
+        str(shared),
+        timeout=240,
+    )
     assert run.rc == 0, run.text
     want = [r["digest"] for r in json.loads(alone.read_text())["ranks"]]
     doc = json.loads(shared.read_text())
@@ -103,7 +161,19 @@ def test_two_replicas_of_tp2_ep2_serve_a_plain_tp2_ep2_load_s_bytes(tmp_path: Pa
     ckpt = write_published(tmp_path / "ckpt", "deepseek-v3-tiny")
     plain = planned(ckpt, tmp_path / "store", 2, 2)
     report = tmp_path / "r.json"
-    run = tpload_cli(8, str(ckpt), "--tp", "2", "--ep", "2", "--replicas", "2", "--report", str(report), timeout=420)
+    run = tpload_cli(
+        8,
+        str(ckpt),
+        "--tp",
+        "2",
+        "--ep",
+        "2",
+        "--replicas",
+        "2",
+        "--report",
+        str(report),
+        timeout=420,
+    )
     assert run.rc == 0, run.text
     ranks = json.loads(report.read_text())["ranks"]
     assert [r["digest"] for r in ranks] == plain + plain  # rank r: position r % 4

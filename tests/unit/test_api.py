@@ -25,15 +25,21 @@ def test_one_rank_serves_exactly_the_reference(small_ckpt: Path, kind: str) -> N
     for name, exp in want.items():
         b = got[name].contiguous().view(-1).view(torch.uint8).numpy().reshape(exp.shape[0], -1)
         np.testing.assert_array_equal(b, exp.view(np.uint8).reshape(exp.shape[0], -1), err_msg=name)
-    assert shards.hashed == sorted(shards.hashed) and len(shards.hashed) == 62  # one rank hashes all
+    assert (
+        shards.hashed == sorted(shards.hashed) and len(shards.hashed) == 62
+    )  # one rank hashes all
     if kind == "expanded":
-        assert shards.report.mine.sampled == 9  # 4 fp4 + 4 fp8 + the one F16 decode, each independently checked
+        assert (
+            shards.report.mine.sampled == 9
+        )  # 4 fp4 + 4 fp8 + the one F16 decode, each independently checked
 
 
 def test_digests_are_stable_and_follow_one_byte(ckpt_copy: Path) -> None:
     first, second = (tpload.load(ckpt_copy, progress=False).report.mine.digest for _ in range(2))
     assert first == second
-    poke(ckpt_copy, "mtp.0.ffn.experts.5.w1.weight", 7, fix_manifest=True)  # a legitimately different checkpoint
+    poke(
+        ckpt_copy, "mtp.0.ffn.experts.5.w1.weight", 7, fix_manifest=True
+    )  # a legitimately different checkpoint
     assert tpload.load(ckpt_copy, progress=False).report.mine.digest != first
 
 
@@ -66,6 +72,8 @@ def test_more_ranks_than_gpus_is_refused_unless_asked(monkeypatch: pytest.Monkey
     with pytest.raises(OptionsError, match="LOCAL_RANK 3 has no GPU of its own \\(2 visible\\)"):
         distributed.pick_device(None, 3)
     assert distributed.pick_device(None, 3, allow_shared=True) == torch.device("cuda", 1)
-    assert distributed.pick_device(None, 1) == torch.device("cuda", 1)  # LOCAL_RANK, never the global rank
+    assert distributed.pick_device(None, 1) == torch.device(
+        "cuda", 1
+    )  # LOCAL_RANK, never the global rank
     with pytest.raises(OptionsError, match="cuda:5 asked for, but this process sees 2 GPU"):
         distributed.pick_device("cuda:5", 0)

@@ -10,9 +10,9 @@ import pytest
 
 import tpload
 from tpload import batch, kernels
+from tpload.codecs import whole
 from tpload.errors import LoadError
 from tpload.tools.published import write_published
-from tpload.codecs import whole
 from tpload.verification.fingerprint import host_fingerprint, word_width
 
 from ..helpers import tensor_offset
@@ -36,24 +36,43 @@ def test_the_kernel_gives_each_window_the_per_tensor_fingerprint(seed: int) -> N
         at += r * c + int(rng.integers(0, 5))  # gaps, and odd starts
         r0, c0 = int(rng.integers(0, r)), int(rng.integers(0, c))
         whole = rng.random() < 0.3
-        boxes.append(((0, r), (0, c)) if whole else ((r0, int(rng.integers(r0 + 1, r + 1))),
-                                                    (c0, int(rng.integers(c0 + 1, c + 1)))))
-    dst = np.zeros(len(shapes) * 600, dtype=np.uint8)  # slots of 600 bytes (the largest tensor is 8 x 69)
+        boxes.append(
+            ((0, r), (0, c))
+            if whole
+            else ((r0, int(rng.integers(r0 + 1, r + 1))), (c0, int(rng.integers(c0 + 1, c + 1))))
+        )
+    dst = np.zeros(
+        len(shapes) * 600, dtype=np.uint8
+    )  # slots of 600 bytes (the largest tensor is 8 x 69)
     dst_off = np.array([k * 600 for k in range(len(shapes))], dtype=np.int64)
     out = np.zeros((len(shapes), 3), dtype=np.int64)
-    start = np.array([a + r0 * c + c0 for a, (_, c), ((r0, _), (c0, _)) in zip(off, shapes, boxes)], dtype=np.int64)
+    start = np.array(
+        [a + r0 * c + c0 for a, (_, c), ((r0, _), (c0, _)) in zip(off, shapes, boxes)],
+        dtype=np.int64,
+    )
     rows = np.array([r1 - r0 for (r0, r1), _ in boxes], dtype=np.int64)
     width = np.array([c1 - c0 for _, (c0, c1) in boxes], dtype=np.int64)
-    kernels.gather_windows(src, start, rows, np.array([c for _, c in shapes], dtype=np.int64), width,
-                           np.array([word_width(int(w)) for w in width], dtype=np.int64), dst, dst_off, out)
+    kernels.gather_windows(
+        src,
+        start,
+        rows,
+        np.array([c for _, c in shapes], dtype=np.int64),
+        width,
+        np.array([word_width(int(w)) for w in width], dtype=np.int64),
+        dst,
+        dst_off,
+        out,
+    )
     for k, (r, c) in enumerate(shapes):
         (r0, r1), (c0, c1) = boxes[k]
-        window = src[off[k]:off[k] + r * c].reshape(r, c)[r0:r1, c0:c1].copy()
+        window = src[off[k] : off[k] + r * c].reshape(r, c)[r0:r1, c0:c1].copy()
         assert tuple(out[k]) == host_fingerprint(window)
-        assert np.array_equal(dst[dst_off[k]:dst_off[k] + window.size], window.reshape(-1))
+        assert np.array_equal(dst[dst_off[k] : dst_off[k] + window.size], window.reshape(-1))
 
 
-def test_a_batched_load_serves_what_the_per_tensor_path_serves(many: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_batched_load_serves_what_the_per_tensor_path_serves(
+    many: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     batched = tpload.load(many, progress=False, verify="rank")
     got = {n: t.clone() for n, t in batched.state_dict().items()}
     digest, hashed = batched.report.mine.digest, batched.report.mine.hashed
@@ -65,8 +84,11 @@ def test_a_batched_load_serves_what_the_per_tensor_path_serves(many: Path, monke
     single.release()
 
 
-def test_a_changed_small_tensor_fails_the_batched_load_naming_it(many: Path, tmp_path: Path) -> None:
+def test_a_changed_small_tensor_fails_the_batched_load_naming_it(
+    many: Path, tmp_path: Path
+) -> None:
     import shutil
+
     root = Path(shutil.copytree(many, tmp_path / "m"))
     name = "model.layers.3.extra.7.weight"
     path, offset, nbytes = tensor_offset(root, name)
@@ -83,6 +105,7 @@ def test_batches_stop_at_a_file_a_gap_or_a_tensor_they_cannot_take(many: Path) -
     from tpload.config import load_config
     from tpload.plan import Layout, Planner
     from tpload.storage.sharded import ShardedStorage
+
     storage = ShardedStorage(many)
     try:
         plan = Planner(storage.catalogue, load_config("llama")).plan(Layout(1), "packed", 0)
@@ -90,7 +113,9 @@ def test_batches_stop_at_a_file_a_gap_or_a_tensor_they_cannot_take(many: Path) -
         runs = list(batch.runs(items, "packed", storage))
         files = [{storage.stored(items[k].name).path for k in range(i, j)} for i, j, _ in runs]
         assert all(len(f) == 1 for f in files)  # never across files
-        assert len(runs) == len({p for f in files for p in f})  # one batch a file: 600 tiny tensors in order
+        assert len(runs) == len(
+            {p for f in files for p in f}
+        )  # one batch a file: 600 tiny tensors in order
         assert sum(j - i for i, j, _ in runs) == len(items)
     finally:
         storage.close()
@@ -101,22 +126,32 @@ def fp8(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_published(tmp_path_factory.mktemp("v3") / "v3", "deepseek-v3-tiny")
 
 
-def test_packed_weights_with_their_scales_batch_alike(fp8: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_packed_weights_with_their_scales_batch_alike(
+    fp8: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Whole small FP8 weights and their scales (DeepSeek-V3's q_a/kv_a projections, replicated) go
     in batches too: the same digest and bytes as one by one."""
     from tpload.config import load_config
     from tpload.plan import Layout, Planner
     from tpload.storage.sharded import ShardedStorage
+
     storage = ShardedStorage(fp8)
     try:
         plan = Planner(storage.catalogue, load_config("deepseek-v3")).plan(Layout(2), "packed", 0)
-        batched = [plan.items[k] for i, j, _ in batch.runs(plan.items, "packed", storage) if j - i > 1
-                   for k in range(i, j)]
+        batched = [
+            plan.items[k]
+            for i, j, _ in batch.runs(plan.items, "packed", storage)
+            if j - i > 1
+            for k in range(i, j)
+        ]
     finally:
         storage.close()
     assert any(item.codec.scaled for item in batched)  # the case under test really batches
     with_batches = tpload.load(fp8, tp=1, progress=False, verify="rank")
-    got, digest = {n: t.clone() for n, t in with_batches.state_dict().items()}, with_batches.report.mine.digest
+    got, digest = (
+        {n: t.clone() for n, t in with_batches.state_dict().items()},
+        with_batches.report.mine.digest,
+    )
     with_batches.release()
     monkeypatch.setattr(batch, "SMALL_BYTES", 0)
     alone = tpload.load(fp8, tp=1, progress=False, verify="rank")
@@ -129,8 +164,11 @@ def test_a_nan_code_in_a_batched_fp8_weight_is_refused_naming_it(fp8: Path, tmp_
     import shutil
 
     from ..helpers import poke
+
     root = Path(shutil.copytree(fp8, tmp_path / "v3"))
-    name = "model.layers.0.self_attn.q_a_proj.weight"  # 128 x 256 FP8: small and whole on every rank
+    name = (
+        "model.layers.0.self_attn.q_a_proj.weight"  # 128 x 256 FP8: small and whole on every rank
+    )
     poke(root, name, 5, 0x7F, fix_manifest=True)  # E4M3 NaN, with a manifest that vouches for it
     with pytest.raises(LoadError, match=f"(?s){name}.*NaN"):
         tpload.load(root, tp=1, progress=False)
@@ -147,11 +185,17 @@ def test_counting_over_many_windows_is_numpys(between: bool) -> None:
         stride = int(rng.integers(1, 90))
         r, w = int(rng.integers(1, 9)), int(rng.integers(1, stride + 1))
         a = int(rng.integers(0, src.size - r * stride))
-        window = src[a:a + r * stride].reshape(r, stride)[:, :w]
-        want += int(((window >= 0x70) & (window <= 0x80)).sum() if between else ((window == 0x7F) | (window == 0xFF)).sum())
+        window = src[a : a + r * stride].reshape(r, stride)[:, :w]
+        want += int(
+            ((window >= 0x70) & (window <= 0x80)).sum()
+            if between
+            else ((window == 0x7F) | (window == 0xFF)).sum()
+        )
         starts.append(a), rows.append(r), strides.append(stride), widths.append(w)
     arrays = [np.array(x, dtype=np.int64) for x in (starts, rows, strides, widths)]
-    got = kernels.count_windows(src, *arrays, 0x70 if between else 0x7F, 0x80 if between else 0xFF, between)
+    got = kernels.count_windows(
+        src, *arrays, 0x70 if between else 0x7F, 0x80 if between else 0xFF, between
+    )
     assert got == want
 
 
@@ -175,21 +219,32 @@ class _Windows:
 def test_fp8_clean_says_clean_only_when_no_item_check_could_find_anything(scale_dtype: str) -> None:
     """FP8 batches skip the item checks only when nothing is there to find: a NaN code, a bad scale,
     a scale that could overflow bf16 (what triggers the overflow check) each make it say no."""
-    from tpload.codecs import fp8_block
-    from tpload.codecs import Fit
+    from tpload.codecs import Fit, fp8_block
     from tpload.storage.safetensors import TensorMeta
-    fit = Fit(TensorMeta("w", "f", "F8_E4M3", (256, 256)), TensorMeta("s", "f", scale_dtype, (2, 2)), (128, 128))
+
+    fit = Fit(
+        TensorMeta("w", "f", "F8_E4M3", (256, 256)),
+        TensorMeta("s", "f", scale_dtype, (2, 2)),
+        (128, 128),
+    )
     codec = fp8_block.FP8Block()
     weights = np.full((256, 256), 0x38, dtype=np.uint8)  # 1.0 in E4M3
     if scale_dtype == "F32":
-        good = np.full((2, 2), 2.0 ** -7, dtype="<f4").view(np.uint8)
-        bad = [np.array([[0.0, 1.0], [1.0, 1.0]], "<f4"), np.array([[np.inf, 1.0], [1.0, 1.0]], "<f4"),
-               np.array([[-1.0, 1.0], [1.0, 1.0]], "<f4"), np.array([[2.0 ** 120, 1.0], [1.0, 1.0]], "<f4")]
+        good = np.full((2, 2), 2.0**-7, dtype="<f4").view(np.uint8)
+        bad = [
+            np.array([[0.0, 1.0], [1.0, 1.0]], "<f4"),
+            np.array([[np.inf, 1.0], [1.0, 1.0]], "<f4"),
+            np.array([[-1.0, 1.0], [1.0, 1.0]], "<f4"),
+            np.array([[2.0**120, 1.0], [1.0, 1.0]], "<f4"),
+        ]
         bad = [b.view(np.uint8) for b in bad]
     else:
         good = np.full((2, 2), 120, dtype=np.uint8)
-        bad = [np.array([[0, 120], [120, 120]], np.uint8), np.array([[0xFF, 120], [120, 120]], np.uint8),
-               np.array([[250, 120], [120, 120]], np.uint8)]
+        bad = [
+            np.array([[0, 120], [120, 120]], np.uint8),
+            np.array([[0xFF, 120], [120, 120]], np.uint8),
+            np.array([[250, 120], [120, 120]], np.uint8),
+        ]
     assert codec.clean(fit, _Windows(good, good), _Windows(weights, weights))
     for b in bad:
         assert not codec.clean(fit, _Windows(good, b), _Windows(weights, weights))
@@ -208,8 +263,11 @@ def test_a_bad_scale_in_a_batched_fp8_item_is_refused_naming_it(fp8: Path, tmp_p
     import shutil
 
     from ..helpers import poke
+
     root = Path(shutil.copytree(fp8, tmp_path / "v3"))
     name = "model.layers.1.mlp.experts.2.down_proj.weight_scale_inv"  # a small expert's F32 scale
-    poke(root, name, 3, 0xFF, fix_manifest=True)  # the sign and exponent of its first value: NaN, with a manifest that vouches
+    poke(
+        root, name, 3, 0xFF, fix_manifest=True
+    )  # the sign and exponent of its first value: NaN, with a manifest that vouches
     with pytest.raises(LoadError, match=f"(?s){name}.*not finite and positive"):
         tpload.load(root, tp=1, progress=False)

@@ -6,36 +6,65 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tpload.tools.bench import OPTIONAL, BenchOptions, MethodResult, available_methods, check_agreement, cmd_bench, \
-    decode_bandwidth, decode_lines, drop_cache, preset_checkpoint, resident_fraction, summarize, table
 from tpload.pick import choose
 from tpload.plan import Layout, Planner
-from tpload.tools.published import write_published
 from tpload.storage.sharded import ShardedStorage
+from tpload.tools.bench import (
+    OPTIONAL,
+    BenchOptions,
+    MethodResult,
+    available_methods,
+    check_agreement,
+    cmd_bench,
+    decode_bandwidth,
+    decode_lines,
+    drop_cache,
+    preset_checkpoint,
+    resident_fraction,
+    summarize,
+    table,
+)
+from tpload.tools.published import write_published
 
 
 def _rank(digest: str, seconds: float = 1.0) -> dict:
-    return {"digest": digest, "seconds": seconds, "window_bytes": 100, "largest_window": 50, "bytes_hashed": 0,
-            "rss_peak": 1, "anon_peak": 1, "anon_before": 0, "device_peak": 0, "note": ""}
+    return {
+        "digest": digest,
+        "seconds": seconds,
+        "window_bytes": 100,
+        "largest_window": 50,
+        "bytes_hashed": 0,
+        "rss_peak": 1,
+        "anon_peak": 1,
+        "anon_before": 0,
+        "device_peak": 0,
+        "note": "",
+    }
 
 
 def test_a_method_that_disagrees_is_refused() -> None:
-    results = {"floor": MethodResult("floor", [[_rank("a"), _rank("b")]]),
-               "tpload": MethodResult("tpload", [[_rank("a"), _rank("b")], [_rank("a"), _rank("b")]]),
-               "safetensors": MethodResult("safetensors", [[_rank("a"), _rank("b")], [_rank("a"), _rank("X")]]),
-               "tpload-expanded": MethodResult("tpload-expanded", [[_rank("e"), _rank("f")], [_rank("e"), _rank("g")]])}
+    results = {
+        "floor": MethodResult("floor", [[_rank("a"), _rank("b")]]),
+        "tpload": MethodResult("tpload", [[_rank("a"), _rank("b")], [_rank("a"), _rank("b")]]),
+        "safetensors": MethodResult(
+            "safetensors", [[_rank("a"), _rank("b")], [_rank("a"), _rank("X")]]
+        ),
+        "tpload-expanded": MethodResult(
+            "tpload-expanded", [[_rank("e"), _rank("f")], [_rank("e"), _rank("g")]]
+        ),
+    }
     check_agreement(results)
     assert results["floor"].refused == results["tpload"].refused == ""
     assert "rank 1 in round 2" in results["safetensors"].refused
     assert "rank 1 in round 2" in results["tpload-expanded"].refused  # held to its own first run
     shown = [summarize(r) for r in results.values() if not r.refused]
-    text = table(shown, {m: r.refused for m, r in results.items() if r.refused}, BenchOptions("ckpt"))
+    text = table(
+        shown, {m: r.refused for m, r in results.items() if r.refused}, BenchOptions("ckpt")
+    )
     line = next(ln for ln in text.splitlines() if ln.startswith("safetensors"))
     assert "REFUSED" in line and "1.00" not in line  # no figures for it
 
@@ -51,6 +80,7 @@ def test_resident_fraction_follows_reads_and_drops(tmp_path: Path) -> None:
 
 def test_decode_measure_picks_the_biggest_tensor_of_each_format(tmp_path: Path) -> None:
     from tpload.tools.synth import SynthSpec, write_checkpoint
+
     root = write_checkpoint(tmp_path / "c", SynthSpec(experts=2))
     d = decode_bandwidth(str(root), threads=1, reps=1)
     assert set(d["codecs"]) == {"fp8-block F8_E4M3/F8_E8M0", "fp4-e8m0 I8/F8_E8M0", "plain F16"}
@@ -64,7 +94,9 @@ def test_decode_measure_picks_the_biggest_tensor_of_each_format(tmp_path: Path) 
     assert all(c["gb_per_s"] > 0 and c["memcpy_gb_per_s"] > 0 for c in d["codecs"].values())
 
 
-def test_decode_measure_takes_fp8_attention_projections_of_a_published_layout(tmp_path: Path) -> None:
+def test_decode_measure_takes_fp8_attention_projections_of_a_published_layout(
+    tmp_path: Path,
+) -> None:
     # Qwen3-FP8: the FP8 tensors are attention projections and experts; no eh_proj anywhere
     root = write_published(tmp_path / "q", "qwen3-fp8-tiny")
     names = json.loads((root / "model.safetensors.index.json").read_text())["weight_map"]
@@ -83,15 +115,23 @@ def test_decode_measure_of_a_checkpoint_with_nothing_to_decode(tmp_path: Path) -
 
 def test_table_shows_import_seconds_tensors_and_what_each_method_reads() -> None:
     floor = _rank("a") | {"import_seconds": 1.25, "startup_seconds": 3.0, "tensors": 40}
-    runai = _rank("a") | {"import_seconds": 0.04, "startup_seconds": 3.0, "tensors": 40, "reads": "whole tensors",
-                          "bytes_read": 300}
-    shown = [summarize(MethodResult("floor", [[floor]])), summarize(MethodResult("runai", [[runai]]))]
+    runai = _rank("a") | {
+        "import_seconds": 0.04,
+        "startup_seconds": 3.0,
+        "tensors": 40,
+        "reads": "whole tensors",
+        "bytes_read": 300,
+    }
+    shown = [
+        summarize(MethodResult("floor", [[floor]])),
+        summarize(MethodResult("runai", [[runai]])),
+    ]
     lines = table(shown, {}, BenchOptions("ckpt")).splitlines()
     head = next(ln for ln in lines if ln.startswith("method"))
     rows = {ln.split()[0]: ln for ln in lines if ln.startswith(("floor ", "runai "))}
 
     def cell(method: str, label: str) -> str:  # columns are right-aligned under their labels
-        return rows[method][:head.index(label) + len(label)].split()[-1]
+        return rows[method][: head.index(label) + len(label)].split()[-1]
 
     assert cell("floor", "import s") == "1.25" and cell("runai", "import s") == "0.04"
     assert cell("floor", "reads") == "windows" and cell("runai", "reads") == "tensors"
@@ -99,7 +139,9 @@ def test_table_shows_import_seconds_tensors_and_what_each_method_reads() -> None
     assert cell("floor", "us/tensor") == f"{1e6 / 40:.1f}"  # 1 s over 40 tensors
     assert summarize(MethodResult("runai", [[runai]]))["bytes_read_per_rank"] == 300
     assert summarize(MethodResult("floor", [[floor]]))["bytes_read_per_rank"] == 100  # its windows
-    assert any("the whole tensor (tensors)" in ln for ln in lines) and any("3.00 s" in ln for ln in lines)
+    assert any("the whole tensor (tensors)" in ln for ln in lines) and any(
+        "3.00 s" in ln for ln in lines
+    )
 
 
 def test_a_peer_that_is_not_installed_or_needs_cuda_is_dropped_with_the_reason(monkeypatch) -> None:
@@ -119,13 +161,21 @@ def test_many_tensors_preset_is_written_once_with_its_count(capsys: pytest.Captu
     assert e.value.code == 2 and "--tensors N" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("preset", ["gpt-oss-tiny", "nvfp4-tiny"])  # stacked experts; a 0-D global scale
-def test_every_peer_serves_the_floors_windows_of_a_published_layout(preset: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "preset", ["gpt-oss-tiny", "nvfp4-tiny"]
+)  # stacked experts; a 0-D global scale
+def test_every_peer_serves_the_floors_windows_of_a_published_layout(
+    preset: str, tmp_path: Path
+) -> None:
     # each method's job on one rank, in this process (no process group needed): the same bytes as the floor's
     import torch
+
     from tpload.tools.bench_worker import METHODS, Job, window_digest
+
     root = write_published(tmp_path / "c", preset)
-    peers = ["safetensors", "seed"] + (["runai"] if importlib.util.find_spec("runai_model_streamer") else [])
+    peers = ["safetensors", "seed"] + (
+        ["runai"] if importlib.util.find_spec("runai_model_streamer") else []
+    )
     for rank in range(2):
         job = lambda: Job(str(root), "auto", 2, rank, 2, torch.device("cpu"))  # noqa: E731
         want = window_digest(METHODS["floor"](job()))
@@ -140,8 +190,18 @@ def test_every_peer_serves_the_floors_windows_of_a_published_layout(preset: str,
 def test_decode_lines_name_the_device_and_its_copy() -> None:
     MIB = 1 << 20
     """On a GPU the decode is judged against a device copy (the HBM figure), on the CPU against a memcpy."""
-    c = {"x": {"tensor": "t", "bytes_out": MIB, "gb_per_s": 100.0, "memcpy_gb_per_s": 200.0, "vs_memcpy": 0.5}}
+    c = {
+        "x": {
+            "tensor": "t",
+            "bytes_out": MIB,
+            "gb_per_s": 100.0,
+            "memcpy_gb_per_s": 200.0,
+            "vs_memcpy": 0.5,
+        }
+    }
     gpu = decode_lines({"threads": 1, "device": "cuda:0", "codecs": c})[0]
     cpu = decode_lines({"threads": 2, "device": "cpu", "codecs": c})[0]
-    assert gpu.startswith("decode on cuda:0, x: 100.00 GB/s") and "50% of a device copy (HBM)" in gpu
+    assert (
+        gpu.startswith("decode on cuda:0, x: 100.00 GB/s") and "50% of a device copy (HBM)" in gpu
+    )
     assert cpu.startswith("decode on CPU (2 thread(s)), x:") and "of a memcpy" in cpu

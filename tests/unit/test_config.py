@@ -30,22 +30,29 @@ def write(tmp_path: Path, text: str) -> Path:
     return p
 
 
-@pytest.mark.parametrize("text, needle", [
-    ('[[rules]]\nmatch = "*"\nrole = "fp5"\n', "role 'fp5' is not one of"),
-    ('[[rules]]\nmatch = "*"\nrole = "plain"\nsplit = "diagonal"\n', "split 'diagonal'"),
-    ('[[rules]]\nmatch = "*"\nrole = "plain"\ncolour = 1\n', r"unknown keys rules\[1\].colour"),
-    ('[[rules]]\nrole = "plain"\n', "needs both 'match' and 'role'"),
-    ('[layout]\nchannel_align = 0\n[[rules]]\nmatch = "*"\nrole = "plain"\n', "channel_align must be >= 1"),
-    ("rules = [", "not valid TOML"),
-    ("", "no \\[\\[rules\\]\\]"),
-])
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ('[[rules]]\nmatch = "*"\nrole = "fp5"\n', "role 'fp5' is not one of"),
+        ('[[rules]]\nmatch = "*"\nrole = "plain"\nsplit = "diagonal"\n', "split 'diagonal'"),
+        ('[[rules]]\nmatch = "*"\nrole = "plain"\ncolour = 1\n', r"unknown keys rules\[1\].colour"),
+        ('[[rules]]\nrole = "plain"\n', "needs both 'match' and 'role'"),
+        (
+            '[layout]\nchannel_align = 0\n[[rules]]\nmatch = "*"\nrole = "plain"\n',
+            "channel_align must be >= 1",
+        ),
+        ("rules = [", "not valid TOML"),
+        ("", "no \\[\\[rules\\]\\]"),
+    ],
+)
 def test_bad_configs_are_named(tmp_path: Path, text: str, needle: str) -> None:
     with pytest.raises(ConfigError, match=needle):
         load_config(write(tmp_path, text))
 
 
-def test_a_folder_named_like_a_shipped_config_does_not_shadow_it(tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_folder_named_like_a_shipped_config_does_not_shadow_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A checkpoint folder called ``llama`` in the working directory (as engines' users keep them)."""
     (tmp_path / "llama").mkdir()
     monkeypatch.chdir(tmp_path)
@@ -65,9 +72,14 @@ def test_unmatched_tensors_are_all_listed(small_ckpt: Path, tmp_path: Path) -> N
     assert "head.weight" in str(e.value) and "match no rule" in str(e.value)
 
 
-def test_role_that_does_not_fit_the_dtype_names_tensor_and_rule(small_ckpt: Path, tmp_path: Path) -> None:
-    cfg = write(tmp_path, '[[rules]]\nmatch = "head.weight"\nrole = "fp4"\nsplit = "rows"\n'
-                          '[[rules]]\nmatch = "*"\nrole = "plain"\n')
+def test_role_that_does_not_fit_the_dtype_names_tensor_and_rule(
+    small_ckpt: Path, tmp_path: Path
+) -> None:
+    cfg = write(
+        tmp_path,
+        '[[rules]]\nmatch = "head.weight"\nrole = "fp4"\nsplit = "rows"\n'
+        '[[rules]]\nmatch = "*"\nrole = "plain"\n',
+    )
     with pytest.raises(ConfigError) as e:
         Planner(Checkpoint(small_ckpt), load_config(cfg))
     msg = str(e.value)
@@ -75,28 +87,41 @@ def test_role_that_does_not_fit_the_dtype_names_tensor_and_rule(small_ckpt: Path
 
 
 def test_skip_and_defer_rules(small_ckpt: Path, tmp_path: Path) -> None:
-    cfg = write(tmp_path, '[[rules]]\nmatch = "head.weight"\nrole = "skip"\n'
-                          '[[rules]]\nmatch = "mtp.*.ffn.gate.*"\nrole = "defer"\n'
-                          '[[rules]]\nmatch = "mtp.*.ffn.experts.*"\nrole = "skip"\n'
-                          '[[rules]]\nmatch = "mtp.*.ffn.shared_experts.*"\nrole = "skip"\n'
-                          '[[rules]]\nmatch = "mtp.*.eh_proj.*"\nrole = "skip"\n'
-                          '[[rules]]\nmatch = "*"\nrole = "plain"\n')
+    cfg = write(
+        tmp_path,
+        '[[rules]]\nmatch = "head.weight"\nrole = "skip"\n'
+        '[[rules]]\nmatch = "mtp.*.ffn.gate.*"\nrole = "defer"\n'
+        '[[rules]]\nmatch = "mtp.*.ffn.experts.*"\nrole = "skip"\n'
+        '[[rules]]\nmatch = "mtp.*.ffn.shared_experts.*"\nrole = "skip"\n'
+        '[[rules]]\nmatch = "mtp.*.eh_proj.*"\nrole = "skip"\n'
+        '[[rules]]\nmatch = "*"\nrole = "plain"\n',
+    )
     planner = Planner(Checkpoint(small_ckpt), load_config(cfg))
     plan = planner.plan(Layout(1), "packed", 0)
     assert "head.weight" in plan.skipped and "head.weight" not in {i.name for i in plan.items}
     assert sorted(plan.deferred) == ["mtp.0.ffn.gate.bias", "mtp.0.ffn.gate.weight"]
-    assert {i.name for i in plan.items} == {"mtp.0.enorm.weight", "mtp.0.hnorm.weight", "mtp.0.norm.weight"}
+    assert {i.name for i in plan.items} == {
+        "mtp.0.enorm.weight",
+        "mtp.0.hnorm.weight",
+        "mtp.0.norm.weight",
+    }
 
 
-def test_a_plain_rule_over_fp8_weights_is_refused_naming_them(small_ckpt: Path, tmp_path: Path) -> None:
+def test_a_plain_rule_over_fp8_weights_is_refused_naming_them(
+    small_ckpt: Path, tmp_path: Path
+) -> None:
     cfg = write(tmp_path, '[[rules]]\nmatch = "*"\nrole = "plain"\n')
     with pytest.raises(ConfigError) as e:
         Planner(Checkpoint(small_ckpt), load_config(cfg))
-    assert "plain tensors must be BF16/F32/F16/I64" in str(e.value) and "eh_proj.weight" in str(e.value)
+    assert "plain tensors must be BF16/F32/F16/I64" in str(e.value) and "eh_proj.weight" in str(
+        e.value
+    )
 
 
 def test_a_skip_glob_that_matches_nothing_is_refused(small_ckpt: Path) -> None:
-    with pytest.raises(ConfigError, match="skip rule \\(match 'mpt.\\*', role skip\\) matched no tensor"):
+    with pytest.raises(
+        ConfigError, match="skip rule \\(match 'mpt.\\*', role skip\\) matched no tensor"
+    ):
         Planner(Checkpoint(small_ckpt), with_rules(load_config(), skip=("mpt.*",)))
 
 
@@ -110,14 +135,31 @@ def test_a_skip_glob_shadowed_by_an_earlier_one_is_not_idle(small_ckpt: Path) ->
 def test_rules_for_gives_each_name_its_first_rule_whatever_its_digits() -> None:
     # rules_for shares one regex match among names alike but for their digits when no glob can tell
     # digits apart; globs with digits or [classes] are matched per name, and the first rule wins
-    rules = tuple(Rule(match=m, role="skip", index=i) for i, m in enumerate(
-        ["layers.1?.mlp.*", "layers.*.attn.w[02]", "layers.*.mlp.experts.*", "layers.?.x", "*.7", "layers.*"], 1))
+    rules = tuple(
+        Rule(match=m, role="skip", index=i)
+        for i, m in enumerate(
+            [
+                "layers.1?.mlp.*",
+                "layers.*.attn.w[02]",
+                "layers.*.mlp.experts.*",
+                "layers.?.x",
+                "*.7",
+                "layers.*",
+            ],
+            1,
+        )
+    )
     config = Config(name="t", rules=rules)
-    names = [f"layers.{a}.{b}" for a in ("0", "1", "7", "10", "12", "21", "123", "٣")
-             for b in ("mlp.experts.3", "mlp.gate", "attn.w0", "attn.w1", "attn.w2", "x", "7", "y.77")]
+    names = [
+        f"layers.{a}.{b}"
+        for a in ("0", "1", "7", "10", "12", "21", "123", "٣")
+        for b in ("mlp.experts.3", "mlp.gate", "attn.w0", "attn.w1", "attn.w2", "x", "7", "y.77")
+    ]
     names += ["other", "other.7", "other.17", "\ud800.7", "layers.\ud800.x", ""]
     assert config.rules_for(names) == [config.rule_for(n) for n in names]
-    blind = Config(name="b", rules=rules[2:3] + rules[5:])  # no digit-sighted glob: one match per shape
+    blind = Config(
+        name="b", rules=rules[2:3] + rules[5:]
+    )  # no digit-sighted glob: one match per shape
     assert blind.rules_for(names) == [blind.rule_for(n) for n in names]
 
 
@@ -125,10 +167,31 @@ def test_shipped_configs_are_in_the_wheel(tmp_path: Path) -> None:
     import subprocess
     import sys
     import zipfile
+
     root = Path(__file__).parents[2]
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path),
-                    str(root)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            str(root),
+        ],
+        check=True,
+        capture_output=True,
+    )
     names = zipfile.ZipFile(next(tmp_path.glob("tpload-*.whl"))).namelist()
     assert "tpload/configs/deepseek-v4-mtp.toml" in names
-    for package in ("codecs", "storage", "verification", "transfer", "report"):  # every subpackage ships
+    for package in (
+        "codecs",
+        "storage",
+        "verification",
+        "transfer",
+        "report",
+    ):  # every subpackage ships
         assert f"tpload/{package}/__init__.py" in names

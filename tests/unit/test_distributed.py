@@ -3,16 +3,16 @@ every rank computes from the exchanged table alone."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
-from types import SimpleNamespace
-
-from tpload.plan import Layout
-from tpload.verification import gate
 from tpload.distributed import DistContext, node_key, pick_device
 from tpload.errors import OptionsError
+from tpload.plan import Layout
 from tpload.report import RankFigures
+from tpload.verification import gate
 
 
 def test_the_cpu_is_picked_without_cuda() -> None:
@@ -22,11 +22,14 @@ def test_the_cpu_is_picked_without_cuda() -> None:
     assert pick_device("cpu", 0) == torch.device("cpu")
 
 
-@pytest.mark.parametrize("device, needle", [
-    ("bogus", "device 'bogus' is not a device (expected cpu, cuda or cuda:N)"),
-    ("meta", "tpload loads onto cpu or cuda, not meta (a meta tensor holds no data)"),
-    ("mps", "tpload loads onto cpu or cuda, not mps"),
-])
+@pytest.mark.parametrize(
+    "device, needle",
+    [
+        ("bogus", "device 'bogus' is not a device (expected cpu, cuda or cuda:N)"),
+        ("meta", "tpload loads onto cpu or cuda, not meta (a meta tensor holds no data)"),
+        ("mps", "tpload loads onto cpu or cuda, not mps"),
+    ],
+)
 def test_devices_tpload_cannot_load_onto_are_refused(device: str, needle: str) -> None:
     with pytest.raises(OptionsError, match=needle.replace("(", r"\(").replace(")", r"\)")):
         pick_device(device, 0)
@@ -35,7 +38,9 @@ def test_devices_tpload_cannot_load_onto_are_refused(device: str, needle: str) -
 @pytest.mark.skipif(torch.cuda.is_available(), reason="tests the machine without CUDA")
 @pytest.mark.parametrize("device", ["cuda", "cuda:0"])
 def test_cuda_without_cuda_is_refused_by_name(device: str) -> None:
-    with pytest.raises(OptionsError, match=f"device '{device}' asked for, but this process sees no CUDA device"):
+    with pytest.raises(
+        OptionsError, match=f"device '{device}' asked for, but this process sees no CUDA device"
+    ):
         pick_device(device, 0)
 
 
@@ -66,8 +71,11 @@ def Job() -> str:  # noqa: N802 - the digest store the messages name
 
 
 def test_the_verdict_groups_failures_by_message() -> None:
-    ranks = [RankFigures(rank=0, seq=1, failed=1, message="rank 0: boom"), RankFigures(rank=1, seq=1),
-             RankFigures(rank=2, seq=1, failed=1, message="rank 2: boom")]
+    ranks = [
+        RankFigures(rank=0, seq=1, failed=1, message="rank 0: boom"),
+        RankFigures(rank=1, seq=1),
+        RankFigures(rank=2, seq=1, failed=1, message="rank 2: boom"),
+    ]
     why = _verdict(ranks, ctx((0, 0, 0)), Job())
     assert why.startswith("load failed on rank 0, 2 (2 of 3 ranks); no rank returned weights")
     assert why.count("boom") == 1 and "rank 0, 2: boom" in why
@@ -75,16 +83,26 @@ def test_the_verdict_groups_failures_by_message() -> None:
 
 def test_ranks_in_different_calls_are_caught_before_anything_else() -> None:
     ranks = [RankFigures(rank=0, seq=2), RankFigures(rank=1, seq=1, failed=1, message="x")]
-    assert "different load() calls (rank 0 in call 2, rank 1 in call 1)" in _verdict(ranks, ctx((0, 0)), Job())
+    assert "different load() calls (rank 0 in call 2, rank 1 in call 1)" in _verdict(
+        ranks, ctx((0, 0)), Job()
+    )
 
 
 def test_a_rank_differing_from_the_stored_prediction_fails_everyone() -> None:
-    ranks = [RankFigures(rank=0, seq=1, prediction=1), RankFigures(rank=1, seq=1, prediction=2, digest="ab" * 32)]
+    ranks = [
+        RankFigures(rank=0, seq=1, prediction=1),
+        RankFigures(rank=1, seq=1, prediction=2, digest="ab" * 32),
+    ]
     why = _verdict(ranks, ctx((0, 0)), Job())
-    assert "rank 1: digest abababababababab... differs from the prediction stored in /store/" in why and "(tp2-ep1-packed-config-x)" in why
+    assert (
+        "rank 1: digest abababababababab... differs from the prediction stored in /store/" in why
+        and "(tp2-ep1-packed-config-x)" in why
+    )
     assert "rank 0: digest" not in why
 
 
 def test_a_clean_table_passes() -> None:
-    ranks = [RankFigures(rank=r, seq=1, claims=[bytes(32)] * 8, seen=[bytes(32)] * 8) for r in range(2)]
+    ranks = [
+        RankFigures(rank=r, seq=1, claims=[bytes(32)] * 8, seen=[bytes(32)] * 8) for r in range(2)
+    ]
     assert _verdict(ranks, ctx((0, 0)), Job()) == ""

@@ -40,7 +40,9 @@ def test_copy_fingerprint_matches_torch_for_every_word_width(dtype: type, copy: 
     src = rng.integers(0, 256, 30 * 19 * np.dtype(dtype).itemsize, dtype=np.uint8).view(dtype)
     src[::7] = np.array(-1).astype(dtype)  # all-ones words: negative when signed
     rows, cols, start, stride = 29, 11, 5, 19
-    window = np.lib.stride_tricks.as_strided(src[start:], (rows, cols), (stride * src.itemsize, src.itemsize))
+    window = np.lib.stride_tricks.as_strided(
+        src[start:], (rows, cols), (stride * src.itemsize, src.itemsize)
+    )
     dst = np.zeros(rows * cols if copy else 0, dtype=dtype)
     col_sums = np.full(cols, 3, dtype=np.int64)  # sums are added to what is there
     total, weighted = kernels.copy_fingerprint(src, start, stride, rows, cols, dst, col_sums, 40)
@@ -94,9 +96,15 @@ def test_count_either_reads_a_2d_window_in_place_and_nothing_around_it() -> None
     window = rows[5:35, 17:37]
     assert not window.flags.c_contiguous
     assert kernels.count_either(window, 0x00, 0xFF) == counted(inner, 0x00, 0xFF)
-    assert kernels.count_either(window[::2], 0x00, 0xFF) == counted(inner[::2], 0x00, 0xFF)  # a row step
-    assert kernels.count_either(window[:, ::3], 0x00, 0xFF) == counted(inner[:, ::3], 0x00, 0xFF)  # a column step
-    assert kernels.count_either(np.ascontiguousarray(inner.T).T, 0x00, 0xFF) == counted(inner, 0x00, 0xFF)
+    assert kernels.count_either(window[::2], 0x00, 0xFF) == counted(
+        inner[::2], 0x00, 0xFF
+    )  # a row step
+    assert kernels.count_either(window[:, ::3], 0x00, 0xFF) == counted(
+        inner[:, ::3], 0x00, 0xFF
+    )  # a column step
+    assert kernels.count_either(np.ascontiguousarray(inner.T).T, 0x00, 0xFF) == counted(
+        inner, 0x00, 0xFF
+    )
 
 
 def test_count_either_any_shape() -> None:
@@ -120,7 +128,9 @@ def test_count_either_reads_the_bytes_of_wider_elements() -> None:
 
 def test_bf16_fingerprint_matches_torch_and_counts_every_non_finite_pattern() -> None:
     # all 65536 bf16 bit patterns, shuffled, in rows of 16 elements (4 int64 words)
-    bits = np.random.default_rng(6).permutation(np.arange(1 << 16, dtype=np.uint32).astype(np.uint16))
+    bits = np.random.default_rng(6).permutation(
+        np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    )
     x = bits.reshape(-1, 16)
     words = x.view(np.int64)
     col_sums = np.full(4, 5, dtype=np.int64)
@@ -129,13 +139,17 @@ def test_bf16_fingerprint_matches_torch_and_counts_every_non_finite_pattern() ->
     assert (int(total), int(weighted)) == (want_total, want_weighted)
     np.testing.assert_array_equal(col_sums, want_cols + 5)
     values = torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
-    assert int(bad) == int((~torch.isfinite(values)).sum()) == 2 * 128  # exponent all ones: 2 signs x 128 mantissas
+    assert (
+        int(bad) == int((~torch.isfinite(values)).sum()) == 2 * 128
+    )  # exponent all ones: 2 signs x 128 mantissas
 
 
 def test_bf16_fingerprint_counts_inf_and_nan_where_they_are() -> None:
     x = torch.randn(37, 64).to(torch.bfloat16)
     x[3, 5], x[9, 0], x[36, 63], x[20, 17] = float("inf"), float("nan"), float("-inf"), 3e38
-    _, _, bad = kernels.bf16_fingerprint(x.view(torch.int16).numpy().view(np.int64), np.zeros(16, np.int64))
+    _, _, bad = kernels.bf16_fingerprint(
+        x.view(torch.int16).numpy().view(np.int64), np.zeros(16, np.int64)
+    )
     assert int(bad) == 3
 
 
@@ -176,11 +190,26 @@ def test_decode_kernels_refuse_a_wrong_table_or_out() -> None:
     with pytest.raises(ValueError, match="disagree"):
         kernels.decode_fp4(packed, scale[:, :5], table, np.zeros_like(want))
     with pytest.raises(ValueError, match="disagree"):
-        kernels.decode_fp8(np.zeros((4, 40), np.uint8), np.ones((1, 1), np.uint8), scaled_table("fp8").numpy(),
-                           np.zeros((4, 40), dtype=np.int16), 32)
+        kernels.decode_fp8(
+            np.zeros((4, 40), np.uint8),
+            np.ones((1, 1), np.uint8),
+            scaled_table("fp8").numpy(),
+            np.zeros((4, 40), dtype=np.int16),
+            32,
+        )
     with pytest.raises(ValueError, match="int16"):
-        kernels.decode_fp8(np.zeros((4, 40), np.uint8), np.ones((1, 2), np.uint8), scaled_table("fp8").numpy(),
-                           np.zeros((40, 4), dtype=np.int16).T, 32)
+        kernels.decode_fp8(
+            np.zeros((4, 40), np.uint8),
+            np.ones((1, 2), np.uint8),
+            scaled_table("fp8").numpy(),
+            np.zeros((40, 4), dtype=np.int16).T,
+            32,
+        )
     with pytest.raises(ValueError, match="2-D uint8"):
-        kernels.decode_fp8(np.zeros((4, 40), np.int8), np.ones((1, 2), np.uint8), scaled_table("fp8").numpy(),
-                           np.zeros((4, 40), dtype=np.int16), 32)
+        kernels.decode_fp8(
+            np.zeros((4, 40), np.int8),
+            np.ones((1, 2), np.uint8),
+            scaled_table("fp8").numpy(),
+            np.zeros((4, 40), dtype=np.int16),
+            32,
+        )

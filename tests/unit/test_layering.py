@@ -23,11 +23,17 @@ def tool_imports(path: Path) -> list[str]:
             if node.level == 0:
                 target = (node.module or "").removeprefix("tpload.").removeprefix("tpload")
                 names = [f"{target}.{a.name}" for a in node.names]
-            if any(n.split(".")[0] == "tools" or n.lstrip(".").startswith("tools") for n in [target, *names]):
+            if any(
+                n.split(".")[0] == "tools" or n.lstrip(".").startswith("tools")
+                for n in [target, *names]
+            ):
                 found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
         elif isinstance(node, ast.Import):
-            found += [f"{path.relative_to(PACKAGE)}:{node.lineno}" for a in node.names
-                      if a.name.startswith("tpload.tools")]
+            found += [
+                f"{path.relative_to(PACKAGE)}:{node.lineno}"
+                for a in node.names
+                if a.name.startswith("tpload.tools")
+            ]
     return found
 
 

@@ -17,12 +17,24 @@ from tpload.config import Config, shipped_configs
 from tpload.errors import ConfigError
 from tpload.pick import choose
 from tpload.plan import Layout, Planner
-from tpload.tools.published import write_published
 from tpload.storage.catalogue import read_native
+from tpload.tools.published import write_published
 
-FP8_BLOCK = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
-V3 = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "quantization_config": FP8_BLOCK}
-NVFP4_HF_QUANT = {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "NVFP4", "group_size": 16}}
+FP8_BLOCK = {
+    "activation_scheme": "dynamic",
+    "fmt": "e4m3",
+    "quant_method": "fp8",
+    "weight_block_size": [128, 128],
+}
+V3 = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    "quantization_config": FP8_BLOCK,
+}
+NVFP4_HF_QUANT = {
+    "producer": {"name": "modelopt"},
+    "quantization": {"quant_algo": "NVFP4", "group_size": 16},
+}
 
 
 def folder(root: Path, config: dict | None, hf_quant: dict | None = None) -> Path:
@@ -40,26 +52,71 @@ def picked(root: Path, spec: str = "auto") -> tuple[Config, str]:
     return config, why
 
 
-@pytest.mark.parametrize("model, hf_quant, name, families, why", [
-    (V3, None, "deepseek-v3+fp8-block", ("fp8-block",),
-     "config deepseek-v3+fp8-block: config.json architectures DeepseekV3ForCausalLM; fp8-block from config.json "
-     "quant_method fp8, weight_block_size [128, 128]"),
-    ({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3"}, NVFP4_HF_QUANT, "deepseek-v3+nvfp4",
-     ("nvfp4",), "config deepseek-v3+nvfp4: config.json architectures DeepseekV3ForCausalLM; nvfp4 from "
-                 "hf_quant_config.json quant_algo NVFP4"),
-    ({"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
-      "quantization_config": {"quant_method": "mxfp4"}}, None, "gpt-oss+mxfp4", ("mxfp4",),
-     "config gpt-oss+mxfp4: config.json architectures GptOssForCausalLM; mxfp4 from config.json quant_method mxfp4"),
-    ({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "quantization_config": FP8_BLOCK}, None,
-     "qwen3+fp8-block", ("fp8-block",),
-     "config qwen3+fp8-block: config.json architectures Qwen3MoeForCausalLM; fp8-block from config.json "
-     "quant_method fp8, weight_block_size [128, 128]"),
-    ({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "bfloat16"}, None, "llama+bf16",
-     ("bf16",), "config llama+bf16: config.json architectures LlamaForCausalLM; bf16 (config.json has no "
-                "quantization_config)"),
-], ids=["deepseek-v3-fp8", "deepseek-v3-nvfp4", "gpt-oss", "qwen3-moe-fp8", "llama-bf16"])
-def test_auto_picks_the_architecture_and_the_family(tmp_path: Path, model: dict, hf_quant: dict | None, name: str,
-                                                    families: tuple[str, ...], why: str) -> None:
+@pytest.mark.parametrize(
+    "model, hf_quant, name, families, why",
+    [
+        (
+            V3,
+            None,
+            "deepseek-v3+fp8-block",
+            ("fp8-block",),
+            "config deepseek-v3+fp8-block: config.json architectures DeepseekV3ForCausalLM; fp8-block from config.json "
+            "quant_method fp8, weight_block_size [128, 128]",
+        ),
+        (
+            {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3"},
+            NVFP4_HF_QUANT,
+            "deepseek-v3+nvfp4",
+            ("nvfp4",),
+            "config deepseek-v3+nvfp4: config.json architectures DeepseekV3ForCausalLM; nvfp4 from "
+            "hf_quant_config.json quant_algo NVFP4",
+        ),
+        (
+            {
+                "architectures": ["GptOssForCausalLM"],
+                "model_type": "gpt_oss",
+                "quantization_config": {"quant_method": "mxfp4"},
+            },
+            None,
+            "gpt-oss+mxfp4",
+            ("mxfp4",),
+            "config gpt-oss+mxfp4: config.json architectures GptOssForCausalLM; mxfp4 from config.json quant_method mxfp4",
+        ),
+        (
+            {
+                "architectures": ["Qwen3MoeForCausalLM"],
+                "model_type": "qwen3_moe",
+                "quantization_config": FP8_BLOCK,
+            },
+            None,
+            "qwen3+fp8-block",
+            ("fp8-block",),
+            "config qwen3+fp8-block: config.json architectures Qwen3MoeForCausalLM; fp8-block from config.json "
+            "quant_method fp8, weight_block_size [128, 128]",
+        ),
+        (
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "torch_dtype": "bfloat16",
+            },
+            None,
+            "llama+bf16",
+            ("bf16",),
+            "config llama+bf16: config.json architectures LlamaForCausalLM; bf16 (config.json has no "
+            "quantization_config)",
+        ),
+    ],
+    ids=["deepseek-v3-fp8", "deepseek-v3-nvfp4", "gpt-oss", "qwen3-moe-fp8", "llama-bf16"],
+)
+def test_auto_picks_the_architecture_and_the_family(
+    tmp_path: Path,
+    model: dict,
+    hf_quant: dict | None,
+    name: str,
+    families: tuple[str, ...],
+    why: str,
+) -> None:
     config, reason = picked(folder(tmp_path / "ckpt", model, hf_quant))
     assert (config.name, config.families) == (name, families)
     assert reason == why
@@ -73,8 +130,10 @@ def test_hf_quant_config_wins_over_config_json(tmp_path: Path) -> None:
 
 
 def test_modelopt_nvfp4_in_config_json(tmp_path: Path) -> None:
-    model = {"architectures": ["LlamaForCausalLM"], "quantization_config": {"quant_method": "modelopt",
-                                                                             "quant_algo": "NVFP4"}}
+    model = {
+        "architectures": ["LlamaForCausalLM"],
+        "quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"},
+    }
     config, why = picked(folder(tmp_path / "ckpt", model))
     assert config.name == "llama+nvfp4"
     assert why.endswith("nvfp4 from config.json quant_method modelopt, quant_algo NVFP4")
@@ -82,7 +141,10 @@ def test_modelopt_nvfp4_in_config_json(tmp_path: Path) -> None:
 
 def test_a_family_the_architecture_ships_with_keeps_its_own_list(tmp_path: Path) -> None:
     # DeepSeek-V4 says fp8 in config.json and stores FP4 experts too: both families
-    model = {"architectures": ["DeepseekV4ForCausalLM"], "quantization_config": {**FP8_BLOCK, "scale_fmt": "ue8m0"}}
+    model = {
+        "architectures": ["DeepseekV4ForCausalLM"],
+        "quantization_config": {**FP8_BLOCK, "scale_fmt": "ue8m0"},
+    }
     config, _ = picked(folder(tmp_path / "ckpt", model))
     assert (config.name, config.families) == ("deepseek-v4+fp8-block+mxfp4", ("fp8-block", "mxfp4"))
 
@@ -95,7 +157,9 @@ def test_a_family_the_architecture_does_not_ship_with_replaces_its_list(tmp_path
 
 
 def test_model_type_alone_finds_the_architecture(tmp_path: Path) -> None:
-    config, why = picked(folder(tmp_path / "ckpt", {"model_type": "kimi_k2", "quantization_config": FP8_BLOCK}))
+    config, why = picked(
+        folder(tmp_path / "ckpt", {"model_type": "kimi_k2", "quantization_config": FP8_BLOCK})
+    )
     assert config.name == "deepseek-v3+fp8-block"
     assert "config.json model_type kimi_k2" in why
 
@@ -115,7 +179,11 @@ def test_no_config_json_reads_the_reference_layout(tmp_path: Path) -> None:
     root = folder(tmp_path / "ckpt", None)
     config, why = picked(root)
     assert config.name == "deepseek-v4-mtp"
-    assert why.startswith("config deepseek-v4-mtp: ") and "has no config.json" in why and "docs/format.md" in why
+    assert (
+        why.startswith("config deepseek-v4-mtp: ")
+        and "has no config.json" in why
+        and "docs/format.md" in why
+    )
 
 
 def test_no_config_json_with_a_family_named_is_refused(tmp_path: Path) -> None:
@@ -136,16 +204,29 @@ def test_a_config_named_outright_is_loaded_without_a_reason(tmp_path: Path) -> N
     assert config.name == "qwen3+fp8-block" and why == ""
 
 
-@pytest.mark.parametrize("model, hf_quant, words", [
-    ({"architectures": ["LlamaForCausalLM"], "quantization_config": {"quant_method": "fp8"}}, None,
-     "per-tensor FP8 (no weight_block_size)"),
-    ({"architectures": ["LlamaForCausalLM"], "quantization_config": {"quant_method": "awq"}}, None,
-     "quant_method 'awq' is not a format tpload serves"),
-    ({"architectures": ["LlamaForCausalLM"]}, {"quantization": {"quant_algo": "FP8"}},
-     "quant_algo 'FP8' is not a format tpload serves"),
-])
-def test_quantization_tpload_does_not_serve_is_refused(tmp_path: Path, model: dict, hf_quant: dict | None,
-                                                       words: str) -> None:
+@pytest.mark.parametrize(
+    "model, hf_quant, words",
+    [
+        (
+            {"architectures": ["LlamaForCausalLM"], "quantization_config": {"quant_method": "fp8"}},
+            None,
+            "per-tensor FP8 (no weight_block_size)",
+        ),
+        (
+            {"architectures": ["LlamaForCausalLM"], "quantization_config": {"quant_method": "awq"}},
+            None,
+            "quant_method 'awq' is not a format tpload serves",
+        ),
+        (
+            {"architectures": ["LlamaForCausalLM"]},
+            {"quantization": {"quant_algo": "FP8"}},
+            "quant_algo 'FP8' is not a format tpload serves",
+        ),
+    ],
+)
+def test_quantization_tpload_does_not_serve_is_refused(
+    tmp_path: Path, model: dict, hf_quant: dict | None, words: str
+) -> None:
     with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace(")", r"\)")):
         choose("auto", folder(tmp_path / "ckpt", model, hf_quant))
 
@@ -161,15 +242,20 @@ def test_a_config_json_that_is_not_an_object_is_refused(tmp_path: Path) -> None:
 # -- the tiny published presets: the picked config fits every tensor
 
 
-@pytest.mark.parametrize("preset, name", [
-    ("deepseek-v3-tiny", "deepseek-v3+fp8-block"),
-    ("deepseek-v4-tiny", "deepseek-v4+fp8-block+mxfp4"),
-    ("gpt-oss-tiny", "gpt-oss+mxfp4"),
-    ("qwen3-fp8-tiny", "qwen3+fp8-block"),
-    ("nvfp4-tiny", "deepseek-v3+nvfp4"),
-    ("llama-tiny", "llama+bf16"),
-])
-def test_each_tiny_preset_gets_a_config_that_cuts_it(tmp_path: Path, preset: str, name: str) -> None:
+@pytest.mark.parametrize(
+    "preset, name",
+    [
+        ("deepseek-v3-tiny", "deepseek-v3+fp8-block"),
+        ("deepseek-v4-tiny", "deepseek-v4+fp8-block+mxfp4"),
+        ("gpt-oss-tiny", "gpt-oss+mxfp4"),
+        ("qwen3-fp8-tiny", "qwen3+fp8-block"),
+        ("nvfp4-tiny", "deepseek-v3+nvfp4"),
+        ("llama-tiny", "llama+bf16"),
+    ],
+)
+def test_each_tiny_preset_gets_a_config_that_cuts_it(
+    tmp_path: Path, preset: str, name: str
+) -> None:
     root = write_published(tmp_path / preset, preset, manifest=False)
     config, why = picked(root)
     assert config.name == name and why.startswith(f"config {name}: ")
@@ -181,60 +267,120 @@ def test_each_tiny_preset_gets_a_config_that_cuts_it(tmp_path: Path, preset: str
 
 def test_architectures_follow_the_lists_order(tmp_path: Path) -> None:
     # a Llama checkpoint listing DeepSeek second: Llama's rules, though deepseek-v3 sorts first
-    config, why = picked(folder(tmp_path / "a", {"architectures": ["LlamaForCausalLM", "DeepseekV3ForCausalLM"]}))
+    config, why = picked(
+        folder(tmp_path / "a", {"architectures": ["LlamaForCausalLM", "DeepseekV3ForCausalLM"]})
+    )
     assert config.name == "llama+bf16" and "architectures LlamaForCausalLM" in why
-    config, _ = picked(folder(tmp_path / "b", {"architectures": ["DeepseekV3ForCausalLM", "LlamaForCausalLM"]}))
+    config, _ = picked(
+        folder(tmp_path / "b", {"architectures": ["DeepseekV3ForCausalLM", "LlamaForCausalLM"]})
+    )
     assert config.name.startswith("deepseek-v3+")
     # a name no shipped config is for is passed over; architectures come before model_type
-    config, why = picked(folder(tmp_path / "c", {"architectures": ["Nope", "Qwen3ForCausalLM"], "model_type": "llama"}))
+    config, why = picked(
+        folder(
+            tmp_path / "c", {"architectures": ["Nope", "Qwen3ForCausalLM"], "model_type": "llama"}
+        )
+    )
     assert config.name == "qwen3+bf16" and "architectures Qwen3ForCausalLM" in why
 
 
 def test_no_two_shipped_configs_claim_one_name() -> None:
     from tpload.pick import _architectures
+
     claimed = [n for c in _architectures() for n in c.architectures]
     assert len(claimed) == len(set(claimed)) and claimed
 
 
-@pytest.mark.parametrize("model, hf_quant, words", [
-    ({"architectures": 5}, None, r"config\.json: architectures must be a list of architecture names, not 5"),
-    ({"architectures": ["LlamaForCausalLM", 7]}, None, r"config\.json: architectures must be a list"),
-    ({"model_type": ["llama"]}, None, r"config\.json: model_type must be a name, not \[\"llama\"\]"),
-    ({"architectures": ["LlamaForCausalLM"]}, {"quantization": "NVFP4"},
-     r"hf_quant_config\.json: quantization must be an object \(with quant_algo\), not \"NVFP4\""),
-    ({"architectures": ["LlamaForCausalLM"]}, [1], r"hf_quant_config\.json: ModelOpt quantization config is not a JSON"),
-    ({"architectures": ["LlamaForCausalLM"], "quantization_config": "fp8"}, None,
-     r"config\.json: quantization_config must be an object"),
-])
-def test_fields_of_the_wrong_type_are_refused_naming_file_and_field(tmp_path: Path, model: dict, hf_quant: object,
-                                                                     words: str) -> None:
+@pytest.mark.parametrize(
+    "model, hf_quant, words",
+    [
+        (
+            {"architectures": 5},
+            None,
+            r"config\.json: architectures must be a list of architecture names, not 5",
+        ),
+        (
+            {"architectures": ["LlamaForCausalLM", 7]},
+            None,
+            r"config\.json: architectures must be a list",
+        ),
+        (
+            {"model_type": ["llama"]},
+            None,
+            r"config\.json: model_type must be a name, not \[\"llama\"\]",
+        ),
+        (
+            {"architectures": ["LlamaForCausalLM"]},
+            {"quantization": "NVFP4"},
+            r"hf_quant_config\.json: quantization must be an object \(with quant_algo\), not \"NVFP4\"",
+        ),
+        (
+            {"architectures": ["LlamaForCausalLM"]},
+            [1],
+            r"hf_quant_config\.json: ModelOpt quantization config is not a JSON",
+        ),
+        (
+            {"architectures": ["LlamaForCausalLM"], "quantization_config": "fp8"},
+            None,
+            r"config\.json: quantization_config must be an object",
+        ),
+    ],
+)
+def test_fields_of_the_wrong_type_are_refused_naming_file_and_field(
+    tmp_path: Path, model: dict, hf_quant: object, words: str
+) -> None:
     with pytest.raises(ConfigError, match=words):
         choose("auto", folder(tmp_path / "ckpt", model, hf_quant))
 
 
 @pytest.mark.parametrize("command", ["plan", "verify", "export"])
-@pytest.mark.parametrize("model, hf_quant, words", [
-    ({"architectures": 5}, None, "config.json: architectures must be"),
-    ({"architectures": ["LlamaForCausalLM"]}, {"quantization": "NVFP4"}, "hf_quant_config.json: quantization must be"),
-])
-def test_cli_says_one_line_for_a_field_of_the_wrong_type(tmp_path: Path, capsys: pytest.CaptureFixture, command: str,
-                                                         model: dict, hf_quant: dict | None, words: str) -> None:
+@pytest.mark.parametrize(
+    "model, hf_quant, words",
+    [
+        ({"architectures": 5}, None, "config.json: architectures must be"),
+        (
+            {"architectures": ["LlamaForCausalLM"]},
+            {"quantization": "NVFP4"},
+            "hf_quant_config.json: quantization must be",
+        ),
+    ],
+)
+def test_cli_says_one_line_for_a_field_of_the_wrong_type(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    command: str,
+    model: dict,
+    hf_quant: dict | None,
+    words: str,
+) -> None:
     from tpload.__main__ import main
+
     root = write_published(tmp_path / "llama", "llama-tiny", manifest=False)
     folder(root, model, hf_quant)
-    args = {"plan": ["--tp", "1"], "verify": [], "export": [str(tmp_path / "out"), "--tp", "1"]}[command]
+    args = {"plan": ["--tp", "1"], "verify": [], "export": [str(tmp_path / "out"), "--tp", "1"]}[
+        command
+    ]
     assert main([command, str(root), *args]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("tpload: error: ") and words in err and "Traceback" not in err
+    assert (
+        err.count("\n") == 1
+        and err.startswith("tpload: error: ")
+        and words in err
+        and "Traceback" not in err
+    )
 
 
-def test_no_config_json_and_another_models_tensors_says_config_json_is_missing(tmp_path: Path) -> None:
+def test_no_config_json_and_another_models_tensors_says_config_json_is_missing(
+    tmp_path: Path,
+) -> None:
     root = write_published(tmp_path / "llama", "llama-tiny", manifest=False)
     (root / "config.json").unlink()
     with pytest.raises(ConfigError) as e:
         choose("auto", root)
     msg = str(e.value)
-    assert "no config.json" in msg and "--config NAME" in msg and "llama" in msg and "rule" not in msg
+    assert (
+        "no config.json" in msg and "--config NAME" in msg and "llama" in msg and "rule" not in msg
+    )
     for name in shipped_configs():
         assert name in msg
     assert choose("llama", root)[0].name == "llama"  # named outright, it loads as before
@@ -246,6 +392,7 @@ def test_a_folder_of_pickles_is_refused_saying_why(tmp_path: Path) -> None:
     (root / "pytorch_model-00002-of-00002.bin").write_bytes(b"\x80\x04N.")
     import tpload
     from tpload.errors import LoadError
+
     with pytest.raises(LoadError) as e:
         tpload.load(root, progress=False)
     msg = str(e.value)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-
-import time
 
 from tpload.config import load_config
 from tpload.errors import ConfigError, LayoutError
@@ -28,7 +27,9 @@ def planner(small_ckpt: Path) -> Planner:
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4])
-def test_windows_are_slices_of_the_whole_decode(planner: Planner, small_ckpt: Path, tp: int) -> None:
+def test_windows_are_slices_of_the_whole_decode(
+    planner: Planner, small_ckpt: Path, tp: int
+) -> None:
     raw = read_all(small_ckpt)
     for r in range(tp):
         plan = planner.plan(Layout(tp), "expanded", r)
@@ -43,12 +44,17 @@ def test_windows_are_slices_of_the_whole_decode(planner: Planner, small_ckpt: Pa
                 whole, got = fp4(raw[item.name], raw[base + ".scale"]), fp4(w, s)
             else:
                 whole, got = fp8(raw[item.name], raw[base + ".scale"], 32), fp8(w, s, 32)
-            np.testing.assert_array_equal(got, expert_window(item.name, whole, tp, r), err_msg=item.name)
+            np.testing.assert_array_equal(
+                got, expert_window(item.name, whole, tp, r), err_msg=item.name
+            )
             assert item.outputs[0].shape == got.shape
 
 
 def test_head_is_vocabulary_parallel(planner: Planner) -> None:
-    items = [next(i for i in planner.plan(Layout(4), "packed", r).items if i.name == "head.weight") for r in range(4)]
+    items = [
+        next(i for i in planner.plan(Layout(4), "packed", r).items if i.name == "head.weight")
+        for r in range(4)
+    ]
     assert [i.weight.rows for i in items] == [(0, 128), (128, 256), (256, 384), (384, 512)]
 
 
@@ -61,7 +67,9 @@ def test_slots_do_not_overlap_and_are_aligned(planner: Planner) -> None:
 
 
 def test_impossible_tp_says_what_would_work(tmp_path: Path) -> None:
-    root = write_checkpoint(tmp_path, SynthSpec(inter=192, hidden=256, experts=4))  # 192/2 = 96 channels
+    root = write_checkpoint(
+        tmp_path, SynthSpec(inter=192, hidden=256, experts=4)
+    )  # 192/2 = 96 channels
     p = planner_for(root)
     assert p.working_tps(4) == [1]
     with pytest.raises(LayoutError) as e:
@@ -94,7 +102,9 @@ def test_expert_parallel_groups_split_experts_last_takes_remainder(tmp_path: Pat
     held = []
     for g in range(2):
         plan = p.plan(Layout(2, 2), "packed", g * 2)
-        held.append(sorted({int(i.name.split(".")[4]) for i in plan.items if ".experts." in i.name}))
+        held.append(
+            sorted({int(i.name.split(".")[4]) for i in plan.items if ".experts." in i.name})
+        )
     assert held == [[0, 1, 2], [3, 4, 5, 6]]
 
 
@@ -107,13 +117,20 @@ def test_a_large_tp_that_cannot_cut_is_refused_quickly_with_suggestions(planner:
     t0 = time.perf_counter()
     with pytest.raises(LayoutError) as e:
         planner.check_layout(Layout(60_000), 60_000)
-    assert time.perf_counter() - t0 < 10  # the suggestion search is bounded (64 tp values), not 60,000
+    assert (
+        time.perf_counter() - t0 < 10
+    )  # the suggestion search is bounded (64 tp values), not 60,000
     assert "tp values that cut this checkpoint: 1, 2, 4" in str(e.value)
 
 
-def test_replicated_experts_by_config_land_on_every_ep_group(small_ckpt: Path, tmp_path: Path) -> None:
+def test_replicated_experts_by_config_land_on_every_ep_group(
+    small_ckpt: Path, tmp_path: Path
+) -> None:
     from ..ckpt_tools import config_with
-    config = config_with(tmp_path, """
+
+    config = config_with(
+        tmp_path,
+        """
 [[rules]]
 match = "mtp.*.ffn.experts.*.w[13].weight"
 role = "fp4"
@@ -125,19 +142,29 @@ match = "mtp.*.ffn.experts.*.w2.weight"
 role = "fp4"
 split = "cols"
 experts = false
-""")
+""",
+    )
     p = planner_for(small_ckpt, load_config(config))
     plans = [p.plan(Layout(2, 2), "packed", r) for r in range(4)]
-    experts = [{int(i.name.split(".")[4]) for i in plan.items if ".experts." in i.name} for plan in plans]
+    experts = [
+        {int(i.name.split(".")[4]) for i in plan.items if ".experts." in i.name} for plan in plans
+    ]
     assert experts == [set(range(8))] * 4  # every rank holds every expert...
-    w1 = [next(i for i in plan.items if i.name == "mtp.0.ffn.experts.0.w1.weight").weight.rows for plan in plans]
+    w1 = [
+        next(i for i in plan.items if i.name == "mtp.0.ffn.experts.0.w1.weight").weight.rows
+        for plan in plans
+    ]
     assert w1 == [(0, 128), (128, 256), (0, 128), (128, 256)]  # ...still cut by tp
 
 
 def test_deferred_experts_are_located_only_by_their_group(small_ckpt: Path) -> None:
     from tpload.config import with_rules
+
     p = planner_for(small_ckpt, with_rules(load_config(), defer=("mtp.0.ffn.experts.*",)))
-    held = [sorted({int(n.split(".")[4]) for n in p.plan(Layout(1, 2), "packed", g).deferred}) for g in range(2)]
+    held = [
+        sorted({int(n.split(".")[4]) for n in p.plan(Layout(1, 2), "packed", g).deferred})
+        for g in range(2)
+    ]
     assert held == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
@@ -145,6 +172,7 @@ def test_unmatched_tensors_of_a_real_layout_are_listed_grouped(tmp_path: Path) -
     """A config for one layout pointed at another: thousands of names would be unreadable, so the
     error groups them by shape with numbers as N, each with its count."""
     from tpload.tools.published import write_published
+
     root = write_published(tmp_path / "v3", "deepseek-v3-tiny")
     config = tmp_path / "only-attention.toml"
     config.write_text('[[rules]]\nmatch = "*.self_attn.*"\nrole = "auto"\n')
@@ -152,7 +180,9 @@ def test_unmatched_tensors_of_a_real_layout_are_listed_grouped(tmp_path: Path) -
         planner_for(root, load_config(config))
     msg = str(e.value)
     assert "match no rule" in msg
-    assert "model.layers.N.mlp.experts.N.gate_proj.weight (16)" in msg  # layer 1 and the MTP layer, 8 experts each
+    assert (
+        "model.layers.N.mlp.experts.N.gate_proj.weight (16)" in msg
+    )  # layer 1 and the MTP layer, 8 experts each
     assert "(and 19 more)" in msg  # twelve classes shown, the rest counted
 
 
@@ -162,7 +192,9 @@ class _Node:
 
 def test_paused_gc_promotes_what_it_made_without_a_pass_and_restores_the_collector() -> None:
     import gc
+
     from tpload.plan import paused_gc
+
     assert gc.isenabled()
     with paused_gc():
         assert not gc.isenabled()
@@ -175,7 +207,9 @@ def test_paused_gc_promotes_what_it_made_without_a_pass_and_restores_the_collect
 
 def test_paused_gc_leaves_the_callers_frozen_objects_frozen() -> None:
     import gc
+
     from tpload.plan import paused_gc
+
     gc.freeze()
     try:
         frozen = gc.get_freeze_count()
@@ -189,7 +223,9 @@ def test_paused_gc_leaves_the_callers_frozen_objects_frozen() -> None:
 
 def test_paused_gc_leaves_a_disabled_collector_disabled() -> None:
     import gc
+
     from tpload.plan import paused_gc
+
     gc.disable()
     try:
         with paused_gc():
@@ -201,6 +237,7 @@ def test_paused_gc_leaves_a_disabled_collector_disabled() -> None:
 
 def test_part_of_is_the_inverse_of_share() -> None:
     from tpload.plan import part_of, share
+
     for n in range(0, 40):
         for parts in range(1, 10):
             for k in range(parts):

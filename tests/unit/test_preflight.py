@@ -23,7 +23,9 @@ def planner(small_ckpt: Path) -> Planner:
     return Planner(read_native(small_ckpt)[0], load_config())
 
 
-def test_fits_or_names_needed_free_reserve_and_what_to_change(planner: Planner, monkeypatch) -> None:
+def test_fits_or_names_needed_free_reserve_and_what_to_change(
+    planner: Planner, monkeypatch
+) -> None:
     layout = Layout(2)
     plan = planner.plan(layout, "expanded", 0)
     need = plan.arena_bytes + plan.largest_transient
@@ -36,7 +38,10 @@ def test_fits_or_names_needed_free_reserve_and_what_to_change(planner: Planner, 
     assert f"this rank needs {need / (1 << 30):.2f} GiB on cuda:0" in msg
     assert "reserve 0.01 GiB" in msg and "more ranks" in msg and "--ep 2" in msg
     packed = planner.plan(layout, "packed", 0)
-    assert f"--kind packed needs {(packed.arena_bytes + packed.largest_transient) / (1 << 30):.2f} GiB" in msg
+    assert (
+        f"--kind packed needs {(packed.arena_bytes + packed.largest_transient) / (1 << 30):.2f} GiB"
+        in msg
+    )
 
 
 def test_ranks_sharing_memory_add_up(planner: Planner, monkeypatch) -> None:
@@ -54,5 +59,9 @@ def test_a_load_that_cannot_fit_is_refused_before_copying(small_ckpt: Path) -> N
         tpload.load(small_ckpt, kind="expanded", reserve_gib=1_000_000.0, progress=False)
     msg = str(e.value)
     assert "load failed on rank 0 (1 of 1 ranks); no rank returned weights" in msg
-    for needle in ("out of memory before the load", "reserve 1000000.00 GiB", "--kind packed needs"):
+    for needle in (
+        "out of memory before the load",
+        "reserve 1000000.00 GiB",
+        "--kind packed needs",
+    ):
         assert needle in msg

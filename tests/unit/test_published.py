@@ -23,14 +23,21 @@ from safetensors import safe_open
 
 import tpload
 from tpload.errors import CheckpointError
-from tpload.tools.offline import verify_checkpoint, write_manifest
 from tpload.pick import choose
 from tpload.plan import Layout, Planner
-from tpload.tools.published import PUBLISHED, tensor_count, write_published
 from tpload.storage.catalogue import read_native
+from tpload.tools.offline import verify_checkpoint, write_manifest
+from tpload.tools.published import PUBLISHED, tensor_count, write_published
 
-TINY = ["deepseek-v3-tiny", "deepseek-v4-tiny", "gpt-oss-tiny", "qwen3-fp8-tiny", "nvfp4-tiny", "llama-tiny",
-        "deepseek-v3-bf16-tiny"]
+TINY = [
+    "deepseek-v3-tiny",
+    "deepseek-v4-tiny",
+    "gpt-oss-tiny",
+    "qwen3-fp8-tiny",
+    "nvfp4-tiny",
+    "llama-tiny",
+    "deepseek-v3-bf16-tiny",
+]
 ITEM = {"BF16": 2, "F16": 2, "F32": 4, "I64": 8, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E8M0": 1}
 
 
@@ -70,7 +77,9 @@ def gpt_oss_full(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("name", TINY)
-def test_tiny_folder_has_config_index_and_manifest_of_every_tensor(tiny: dict[str, Path], name: str) -> None:
+def test_tiny_folder_has_config_index_and_manifest_of_every_tensor(
+    tiny: dict[str, Path], name: str
+) -> None:
     root = tiny[name]
     config = json.loads((root / "config.json").read_text())
     assert config == PUBLISHED[name]().config
@@ -85,7 +94,11 @@ def test_tiny_folder_has_config_index_and_manifest_of_every_tensor(tiny: dict[st
     manifest = json.loads((root / "NATIVE_MANIFEST.json").read_text())["tensors"]
     assert set(manifest) == set(found)
     for n, (dtype, shape, file) in found.items():
-        assert (manifest[n]["file"], manifest[n]["dtype"], tuple(manifest[n]["shape"])) == (file, dtype, shape)
+        assert (manifest[n]["file"], manifest[n]["dtype"], tuple(manifest[n]["shape"])) == (
+            file,
+            dtype,
+            shape,
+        )
 
 
 @pytest.mark.parametrize("name", ["deepseek-v3-tiny", "nvfp4-tiny", "gpt-oss-tiny"])
@@ -103,8 +116,10 @@ def test_nothing_but_the_expected_files(tiny: dict[str, Path]) -> None:
     for name, root in tiny.items():
         files = {p.name for p in root.iterdir()}
         extra = {"hf_quant_config.json"} if name == "nvfp4-tiny" else set()
-        assert files - {p.name for p in root.glob("*.safetensors")} == {
-            "config.json", "model.safetensors.index.json", "NATIVE_MANIFEST.json"} | extra
+        assert (
+            files - {p.name for p in root.glob("*.safetensors")}
+            == {"config.json", "model.safetensors.index.json", "NATIVE_MANIFEST.json"} | extra
+        )
         assert len(list(root.glob("*.safetensors"))) == 2
 
 
@@ -116,7 +131,7 @@ def _fp8_pairs(found: dict, scale: str) -> list[tuple[str, tuple[int, ...], str,
     out = []
     for n, (dtype, shape, _) in found.items():
         if dtype == "F8_E4M3" and n.endswith(".weight"):
-            s = n[:-len(".weight")] + scale
+            s = n[: -len(".weight")] + scale
             assert s in found, f"{n} has no {scale}"
             out.append((n, shape, found[s][0], found[s][1]))
     return out
@@ -136,10 +151,16 @@ def test_deepseek_v3_fp8_weights_have_f32_128_block_scales(tiny: dict[str, Path]
     assert len(scales) == len(pairs)
     assert found["model.embed_tokens.weight"][0] == "BF16" and found["lm_head.weight"][0] == "BF16"
     assert {found[n][0] for n in found if n.endswith("e_score_correction_bias")} == {"F32"}
-    norms = [n for n in found if ("layernorm" in n or n.endswith("norm.weight")) and ".indexer." not in n]
+    norms = [
+        n for n in found if ("layernorm" in n or n.endswith("norm.weight")) and ".indexer." not in n
+    ]
     assert {found[n][0] for n in norms} == {"BF16"}
-    assert found["model.layers.0.self_attn.indexer.k_norm.weight"][0] == "F32"  # V3.2's indexer LayerNorm
-    assert found["model.layers.2.eh_proj.weight"][0] == "BF16"  # the MTP layer's projection: no scale
+    assert (
+        found["model.layers.0.self_attn.indexer.k_norm.weight"][0] == "F32"
+    )  # V3.2's indexer LayerNorm
+    assert (
+        found["model.layers.2.eh_proj.weight"][0] == "BF16"
+    )  # the MTP layer's projection: no scale
 
 
 def test_deepseek_v3_bf16_is_all_bf16_or_f32_with_its_mtp_layer(tiny: dict[str, Path]) -> None:
@@ -151,7 +172,10 @@ def test_deepseek_v3_bf16_is_all_bf16_or_f32_with_its_mtp_layer(tiny: dict[str, 
     assert {d for d, _, _ in found.values()} == {"BF16", "F32"}
     assert not any(n.endswith("_scale_inv") for n in found)
     assert found["model.layers.1.self_attn.kv_a_proj_with_mqa.weight"][1] == (512 + 64, 256)
-    assert found["model.layers.2.eh_proj.weight"][1] == (256, 512)  # layer num_hidden_layers: the MTP layer
+    assert found["model.layers.2.eh_proj.weight"][1] == (
+        256,
+        512,
+    )  # layer num_hidden_layers: the MTP layer
 
 
 def test_gpt_oss_experts_are_stacked_u8_blocks_and_scales(tiny: dict[str, Path]) -> None:
@@ -174,15 +198,19 @@ def test_nvfp4_weights_scales_and_scalar_global_scales(tiny: dict[str, Path]) ->
     quantized = [n for n, (d, _, _) in found.items() if d == "U8"]
     assert quantized and all(n.endswith(".weight") for n in quantized)
     for n in quantized:
-        stem = n[:-len(".weight")]
+        stem = n[: -len(".weight")]
         out, half_in = found[n][1]
         assert found[f"{stem}.weight_scale"][:2] == ("F8_E4M3", (out, 2 * half_in // 16))
         assert found[f"{stem}.weight_scale_2"][:2] == ("F32", ())
         assert found[f"{stem}.input_scale"][:2] == ("F32", ())
-    assert not any(d == "F8_E4M3" and not n.endswith(".weight_scale") for n, (d, _, _) in found.items())
+    assert not any(
+        d == "F8_E4M3" and not n.endswith(".weight_scale") for n, (d, _, _) in found.items()
+    )
     assert not any(".self_attn." in n for n in quantized)  # R1-FP4 keeps attention BF16
     quant = json.loads((root / "hf_quant_config.json").read_text())
-    assert quant["quantization"]["quant_algo"] == "NVFP4" and quant["quantization"]["group_size"] == 16
+    assert (
+        quant["quantization"]["quant_algo"] == "NVFP4" and quant["quantization"]["group_size"] == 16
+    )
     assert "quantization_config" not in json.loads((root / "config.json").read_text())
 
 
@@ -204,7 +232,7 @@ def test_deepseek_v4_fp8_with_e8m0_scales_and_fp4_experts(tiny: dict[str, Path])
     assert experts and all(".ffn.experts." in n for n in experts)
     for n in experts:
         rows, half = found[n][1]
-        assert found[n[:-len(".weight")] + ".scale"][:2] == ("F8_E8M0", (rows, 2 * half // 32))
+        assert found[n[: -len(".weight")] + ".scale"][:2] == ("F8_E8M0", (rows, 2 * half // 32))
 
 
 def test_llama_tiny_is_all_bf16_without_quantization(tiny: dict[str, Path]) -> None:
@@ -216,7 +244,10 @@ def test_llama_tiny_is_all_bf16_without_quantization(tiny: dict[str, Path]) -> N
 
 
 def test_deepseek_v3_full_has_the_published_tensor_count_and_bytes() -> None:
-    assert tensor_count("deepseek-v3-full") == (91_991, 688_574_839_360)  # docs/formats/deepseek-v3.md
+    assert tensor_count("deepseek-v3-full") == (
+        91_991,
+        688_574_839_360,
+    )  # docs/formats/deepseek-v3.md
 
 
 def test_gpt_oss_full_counts() -> None:
@@ -249,7 +280,9 @@ def test_gpt_oss_full_shards_are_named_zero_based(gpt_oss_full: Path) -> None:
 
 def _assert_headers_only(e: pytest.ExceptionInfo, root: Path) -> None:
     message = str(e.value)
-    assert "headers-only checkpoint" in message and str(root) in message and "tpload plan" in message
+    assert (
+        "headers-only checkpoint" in message and str(root) in message and "tpload plan" in message
+    )
 
 
 def test_load_refuses_headers_only(gpt_oss_full: Path) -> None:

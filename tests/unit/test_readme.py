@@ -13,12 +13,16 @@ README = (ROOT / "README.md").read_text()
 
 def test_the_first_lines_are_the_two_commands() -> None:
     block = README.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
-    assert block == ["pip install torch==2.13.0 && pip install -e . && torchrun --nproc-per-node 2 -m tpload",
-                     'pip install torch==2.13.0 && pip install -e ".[test]" && python -m pytest -q']
+    assert block == [
+        "pip install torch==2.13.0 && pip install -e . && torchrun --nproc-per-node 2 -m tpload",
+        'pip install torch==2.13.0 && pip install -e ".[test]" && python -m pytest -q',
+    ]
 
 
 def test_the_flags_table_is_the_generated_one() -> None:
-    assert flags_markdown() in README  # regenerate with: python -c "from tpload.options import flags_markdown as f; print(f())"
+    assert (
+        flags_markdown() in README
+    )  # regenerate with: python -c "from tpload.options import flags_markdown as f; print(f())"
 
 
 def test_ci_runs_readme_s_test_commands() -> None:
@@ -36,6 +40,7 @@ def test_user_docs_live_in_the_project() -> None:
 
 def test_install_lines_are_from_source_and_keep_the_engine_s_torch() -> None:
     import re
+
     keep_torch = "pip install -e /path/to/tpload-clone -c <(python -c 'import torch; print(\"torch==\" + torch.__version__)')"
     for doc in ("README.md", "docs/engines.md"):
         text = (ROOT / doc).read_text()

@@ -14,12 +14,20 @@ from tpload.replicas import PositionPlanner, check_world, link, split
 
 
 def test_the_split_balances_bytes_and_keeps_a_tensor_with_one_reader_at_every_position() -> None:
-    runs = [(["a"], 100, None), (["b"], 100, None), (["c"], 50, None), (["d"], 50, None),
-            (["a.scale", "a"], 10, ("f", 0)), (["e"], 200, None)]
+    runs = [
+        (["a"], 100, None),
+        (["b"], 100, None),
+        (["c"], 50, None),
+        (["d"], 50, None),
+        (["a.scale", "a"], 10, ("f", 0)),
+        (["e"], 200, None),
+    ]
     (pos,) = split([runs], 2)
     owners = [pos.by_name[names[-1]] for names, _, _ in runs]
     assert owners[:4] == [0, 1, 0, 1]  # the lightest replica, the lowest among equals
-    assert owners[4] == owners[0] and pos.by_batch == {("f", 0): 0}  # "a" stays with its reader (one hash)
+    assert owners[4] == owners[0] and pos.by_batch == {
+        ("f", 0): 0
+    }  # "a" stays with its reader (one hash)
     assert owners[5] == 1  # 150 < 160
     assert pos.reads == [{"a", "a.scale", "c"}, {"b", "d", "e"}]
     # a second position (another tp rank: the same tensors, other windows) follows the first: one
@@ -37,19 +45,24 @@ def test_a_world_that_is_not_replicas_x_tp_x_ep_is_one_line_with_the_sizes() -> 
     check_world(8, 2, 2, 2)
     with pytest.raises(OptionsError) as e:
         check_world(6, 2, 2, 1)
-    assert str(e.value) == "replicas 2: a group of 6 ranks is not replicas 2 x tp 2 x ep 1 = 4 ranks"
+    assert (
+        str(e.value) == "replicas 2: a group of 6 ranks is not replicas 2 x tp 2 x ep 1 = 4 ranks"
+    )
 
 
 def test_positions_plan_each_rank_as_its_place_in_its_replica() -> None:
     seen = []
-    inner = SimpleNamespace(plan=lambda layout, kind, rank: rank,
-                            check_layout=lambda layout, world: seen.append(world))
+    inner = SimpleNamespace(
+        plan=lambda layout, kind, rank: rank, check_layout=lambda layout, world: seen.append(world)
+    )
     planner = PositionPlanner(inner, 3)
     layout = SimpleNamespace(tp=2, ep=2, world=4)
     assert [planner.plan(layout, "packed", r) for r in range(12)] == [0, 1, 2, 3] * 3
     planner.check_layout(layout, 12)
     assert seen == [4]
-    with pytest.raises(OptionsError, match="a group of 8 ranks is not replicas 3 x tp 2 x ep 2 = 12 ranks"):
+    with pytest.raises(
+        OptionsError, match="a group of 8 ranks is not replicas 3 x tp 2 x ep 2 = 12 ranks"
+    ):
         planner.check_layout(layout, 8)
 
 
@@ -61,14 +74,20 @@ def test_verify_rank_with_replicas_is_refused_saying_why() -> None:
     LoadOptions(checkpoint="x", replicas=1, verify="rank")  # one replica: rank mode as before
 
 
-@pytest.mark.parametrize("verify, per_rank, files, why", [  # whole-file anchors are shared (by file)
-    (Verify.DIGEST, False, None, "--verify digest is not shared between replicas yet"),
-    (Verify.NODE, True, None, "a pre-partitioned export"),
-])
-def test_what_replicas_cannot_share_yet_is_refused_before_any_read(verify: Verify, per_rank: bool, files: object,
-                                                                   why: str) -> None:
+@pytest.mark.parametrize(
+    "verify, per_rank, files, why",
+    [  # whole-file anchors are shared (by file)
+        (Verify.DIGEST, False, None, "--verify digest is not shared between replicas yet"),
+        (Verify.NODE, True, None, "a pre-partitioned export"),
+    ],
+)
+def test_what_replicas_cannot_share_yet_is_refused_before_any_read(
+    verify: Verify, per_rank: bool, files: object, why: str
+) -> None:
     storage = SimpleNamespace(per_rank=per_rank, file_digests=files)
-    job = SimpleNamespace(opts=SimpleNamespace(replicas=2, verify=verify), ctx=None, storage=storage)
+    job = SimpleNamespace(
+        opts=SimpleNamespace(replicas=2, verify=verify), ctx=None, storage=storage
+    )
     with pytest.raises(OptionsError, match=why):
         link(SimpleNamespace(job=job), None)
     job.opts.replicas = 1
@@ -81,20 +100,36 @@ def test_with_whole_file_anchors_a_file_is_read_by_one_replica() -> None:
     (per_tensor,) = split([runs], 2)
     assert per_tensor.by_name["b"] == 1  # per tensor, "b" goes to the lighter replica
     (per_file,) = split([runs], 2, file_of.__getitem__)
-    assert per_file.reads == [{"a", "b"}, {"c", "d"}]  # per file, "b" follows "a": f1 is read (and hashed) once
+    assert per_file.reads == [
+        {"a", "b"},
+        {"c", "d"},
+    ]  # per file, "b" follows "a": f1 is read (and hashed) once
 
 
-def test_the_exchange_checks_every_receiver_against_its_senders_apart_from_the_in_band_values() -> None:
+def test_the_exchange_checks_every_receiver_against_its_senders_apart_from_the_in_band_values() -> (
+    None
+):
     from tpload.replicas import verdict
     from tpload.report.figures import RankFigures
     from tpload.verification.crosscheck import fold
+
     a = [("w", ((0, 4), (0, 8)), (1, 2, 3))]
     b = [("v", ((0, 2), (0, 8)), (4, 5, 6))]
     # 2 replicas x 2 positions: rank 0 sent a to rank 2, rank 3 sent b to rank 1
-    rows = [RankFigures(rank=0, replicas_sent=fold(a).hex()), RankFigures(rank=1, replicas_seen=fold(b).hex()),
-            RankFigures(rank=2, replicas_seen=fold(a).hex()), RankFigures(rank=3, replicas_sent=fold(b).hex())]
+    rows = [
+        RankFigures(rank=0, replicas_sent=fold(a).hex()),
+        RankFigures(rank=1, replicas_seen=fold(b).hex()),
+        RankFigures(rank=2, replicas_seen=fold(a).hex()),
+        RankFigures(rank=3, replicas_sent=fold(b).hex()),
+    ]
     rows = [RankFigures.from_row(r.to_row()) for r in rows]  # through the wire form
     assert verdict(rows, 2) == [] and verdict(rows, 1) == []
-    rows[2].replicas_seen = fold([("w", ((0, 4), (0, 8)), (1, 2, 4))]).hex()  # a window changed on the way
-    assert verdict(rows, 2) == [("rank 2 (replica 1) holds windows from rank(s) 0 that differ from what they read "
-                                 "from storage and sent (the exchange's check of the transfers)")]
+    rows[2].replicas_seen = fold(
+        [("w", ((0, 4), (0, 8)), (1, 2, 4))]
+    ).hex()  # a window changed on the way
+    assert verdict(rows, 2) == [
+        (
+            "rank 2 (replica 1) holds windows from rank(s) 0 that differ from what they read "
+            "from storage and sent (the exchange's check of the transfers)"
+        )
+    ]

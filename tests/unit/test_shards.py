@@ -15,12 +15,22 @@ def test_derived_buffers_are_freed_with_the_load_and_counted_apart(tmp_path) -> 
     root = write_published(tmp_path / "llama", "llama-tiny")
     shards = tpload.load(root, progress=False, device="cpu")
     state = shards.state_dict()
-    q, k = state["model.layers.0.self_attn.q_proj.weight"], state["model.layers.0.self_attn.k_proj.weight"]
+    q, k = (
+        state["model.layers.0.self_attn.q_proj.weight"],
+        state["model.layers.0.self_attn.k_proj.weight"],
+    )
     fused = shards.derive("model.layers.0.self_attn.qk_proj.weight", torch.cat([q, k]))
-    twin = shards.derive("model.layers.0.self_attn.q_proj.weight.T", q.t())  # a view of the arena: no new bytes
-    assert set(shards.derived()) == {"model.layers.0.self_attn.qk_proj.weight", "model.layers.0.self_attn.q_proj.weight.T"}
+    twin = shards.derive(
+        "model.layers.0.self_attn.q_proj.weight.T", q.t()
+    )  # a view of the arena: no new bytes
+    assert set(shards.derived()) == {
+        "model.layers.0.self_attn.qk_proj.weight",
+        "model.layers.0.self_attn.q_proj.weight.T",
+    }
     assert "model.layers.0.self_attn.qk_proj.weight" not in shards.state_dict()
-    with pytest.raises(LoadError, match="derive model.layers.0.self_attn.q_proj.weight: a served tensor already"):
+    with pytest.raises(
+        LoadError, match="derive model.layers.0.self_attn.q_proj.weight: a served tensor already"
+    ):
         shards.derive("model.layers.0.self_attn.q_proj.weight", twin)
     with pytest.raises(LoadError, match="a derived tensor already has this name"):
         shards.derive("model.layers.0.self_attn.qk_proj.weight", fused)

@@ -29,7 +29,13 @@ def test_each_node_hashes_what_its_ranks_read_once_and_whole_files_cost_more(qwe
     for shard in sorted(set(index.values())):
         with open(qwen / shard, "rb") as f:
             header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
-        sizes.update({n: e["data_offsets"][1] - e["data_offsets"][0] for n, e in header.items() if n != "__metadata__"})
+        sizes.update(
+            {
+                n: e["data_offsets"][1] - e["data_offsets"][0]
+                for n, e in header.items()
+                if n != "__metadata__"
+            }
+        )
     for node in nodes:
         read = {n for r in node.ranks for n in plans[r].used_tensors}
         assert node.hash_bytes == sum(sizes[n] for n in read)  # each tensor its ranks read, once
@@ -47,8 +53,12 @@ def test_planning_imports_neither_numba_nor_the_kernels() -> None:
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    code = ("import sys, tpload.plan, tpload.tools.sizing, tpload.pick, tpload.codecs.fp8_block, tpload.codecs.nvfp4; "
-            "print(sorted(m for m in ('numba', 'tpload.kernels') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120)
+    code = (
+        "import sys, tpload.plan, tpload.tools.sizing, tpload.pick, tpload.codecs.fp8_block, tpload.codecs.nvfp4; "
+        "print(sorted(m for m in ('numba', 'tpload.kernels') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

@@ -27,7 +27,9 @@ def load(root: Path, **kw: object) -> tpload.RankShards:
 
 
 def test_skip_mtp_reads_and_hashes_only_the_head(ckpt_copy: Path) -> None:
-    poke(ckpt_copy, "mtp.0.ffn.experts.3.w1.weight", 5)  # a skipped tensor is never hashed: goes unnoticed
+    poke(
+        ckpt_copy, "mtp.0.ffn.experts.3.w1.weight", 5
+    )  # a skipped tensor is never hashed: goes unnoticed
     shards = load(ckpt_copy, skip="mtp.*")  # one glob as a string is one glob, not its characters
     mine = shards.report.mine
     assert list(shards.state_dict()) == ["head.weight"]
@@ -47,8 +49,12 @@ def test_input_scale_skip_rule_in_a_config_file(ckpt_copy: Path, tmp_path: Path)
     shards = load(ckpt_copy, config=str(config))
     assert shards.report.mine.skipped == len(names)
     assert not any(n.endswith(".input_scale") for n in shards.state_dict())
-    assert shards.report.mine.bytes_hashed == nbytes(ckpt_copy, set(all_names(ckpt_copy)) - set(names))
-    with pytest.raises(LoadError, match=r"\.input_scale: sha256"):  # without the rule: served, hashed, caught
+    assert shards.report.mine.bytes_hashed == nbytes(
+        ckpt_copy, set(all_names(ckpt_copy)) - set(names)
+    )
+    with pytest.raises(
+        LoadError, match=r"\.input_scale: sha256"
+    ):  # without the rule: served, hashed, caught
         load(ckpt_copy)
 
 
@@ -69,44 +75,66 @@ def test_deferred_tensors_are_located_not_loaded(ckpt_copy: Path) -> None:
     for name, d in located.items():
         path, off, n = tensor_offset(ckpt_copy, name)
         assert (d.path, d.offset, d.nbytes) == (path.absolute(), off, n) and d.verified is False
-        assert (d.dtype, list(d.shape), d.sha256) == (manifest[name]["dtype"], manifest[name]["shape"],
-                                                      manifest[name]["sha256"])
-    assert shards.report.mine.bytes_hashed == nbytes(ckpt_copy, set(all_names(ckpt_copy)) - set(located))
+        assert (d.dtype, list(d.shape), d.sha256) == (
+            manifest[name]["dtype"],
+            manifest[name]["shape"],
+            manifest[name]["sha256"],
+        )
+    assert shards.report.mine.bytes_hashed == nbytes(
+        ckpt_copy, set(all_names(ckpt_copy)) - set(located)
+    )
     assert b"".join(located["head.weight"].chunks(1000)) == stored_bytes(ckpt_copy, "head.weight")
-    with pytest.raises(CheckpointError, match="experts.6.w2.weight: sha256"):  # the model's own stream checks
+    with pytest.raises(
+        CheckpointError, match="experts.6.w2.weight: sha256"
+    ):  # the model's own stream checks
         hashlib.sha256(b"".join(located["mtp.0.ffn.experts.6.w2.weight"].chunks()))
 
 
 def test_a_deferred_locator_refuses_a_fifo_in_its_place(ckpt_copy: Path, tmp_path: Path) -> None:
     import os
+
     d = next(t for t in load(ckpt_copy, defer=("head.weight",)).deferred())
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    moved = DeferredTensor(d.name, fifo, d.offset, d.nbytes, d.dtype, d.shape, d.sha256, d.vouched_by)
+    moved = DeferredTensor(
+        d.name, fifo, d.offset, d.nbytes, d.dtype, d.shape, d.sha256, d.vouched_by
+    )
     with pytest.raises(CheckpointError, match="is a FIFO; refused"):
         next(moved.chunks())
 
 
-@pytest.mark.parametrize("option, glob", [("skip", "*.scale"), ("defer", "*.scale"),
-                                          ("skip", "mtp.0.ffn.experts.1.w1.scale")])
+@pytest.mark.parametrize(
+    "option, glob",
+    [("skip", "*.scale"), ("defer", "*.scale"), ("skip", "mtp.0.ffn.experts.1.w1.scale")],
+)
 def test_a_glob_that_takes_only_scales_is_refused(small_ckpt: Path, option: str, glob: str) -> None:
     # a scale goes wherever its weight goes: such a rule used to do nothing and report "skipped 0"
-    with pytest.raises(LoadError, match=rf"{option} rule \(match '{re.escape(glob)}', role {option}\) matches \d+ "
-                                        rf"scale tensor\(s\) of weights it does not {option} \(e\.g\. "
-                                        r"mtp\.0\.\S+\.scale, the scale of mtp\.0\.\S+\.weight\): scales follow their "
-                                        "weights"):
+    with pytest.raises(
+        LoadError,
+        match=rf"{option} rule \(match '{re.escape(glob)}', role {option}\) matches \d+ "
+        rf"scale tensor\(s\) of weights it does not {option} \(e\.g\. "
+        r"mtp\.0\.\S+\.scale, the scale of mtp\.0\.\S+\.weight\): scales follow their "
+        "weights",
+    ):
         load(small_ckpt, **{option: glob})
 
 
 def test_a_glob_taking_weights_takes_their_scales(small_ckpt: Path) -> None:
     shards = load(small_ckpt, skip="mtp.0.ffn.experts.1.w1.*")  # weight and scale: both skipped
-    assert shards.report.mine.skipped == 2 and "mtp.0.ffn.experts.1.w1.scale" not in shards.state_dict()
+    assert (
+        shards.report.mine.skipped == 2
+        and "mtp.0.ffn.experts.1.w1.scale" not in shards.state_dict()
+    )
 
 
 def test_a_load_that_serves_nothing_fails(small_ckpt: Path, capsys: pytest.CaptureFixture) -> None:
     from tpload.__main__ import main
-    with pytest.raises(LoadError, match=r"nothing to load: every tensor of \S+ is skipped \(62 tensors, by skip rule "
-                                        r"\(match '\*', role skip\)\)"):
+
+    with pytest.raises(
+        LoadError,
+        match=r"nothing to load: every tensor of \S+ is skipped \(62 tensors, by skip rule "
+        r"\(match '\*', role skip\)\)",
+    ):
         load(small_ckpt, skip="*")
     for argv in ([str(small_ckpt), "--no-progress"], ["plan", str(small_ckpt), "--tp", "1"]):
         assert main([*argv, "--skip", "*"]) == 1
@@ -115,12 +143,19 @@ def test_a_load_that_serves_nothing_fails(small_ckpt: Path, capsys: pytest.Captu
 
 
 @pytest.mark.parametrize("glob", ["*.weight_scale_inv", "*_scale*"])
-def test_a_published_layout_s_scale_globs_are_refused_by_plan_too(tmp_path: Path, glob: str,
-                                                                   capsys: pytest.CaptureFixture) -> None:
+def test_a_published_layout_s_scale_globs_are_refused_by_plan_too(
+    tmp_path: Path, glob: str, capsys: pytest.CaptureFixture
+) -> None:
     from tpload.__main__ import main
     from tpload.tools.published import write_published
-    root = write_published(tmp_path / "c", "deepseek-v3-tiny")  # FP8 blocks: .weight and .weight_scale_inv
+
+    root = write_published(
+        tmp_path / "c", "deepseek-v3-tiny"
+    )  # FP8 blocks: .weight and .weight_scale_inv
     assert main(["plan", str(root), "--tp", "1", "--skip", glob]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"skip rule (match '{glob}', role skip) matches 78 scale tensor(s)" in err
+    assert (
+        err.count("\n") == 1
+        and f"skip rule (match '{glob}', role skip) matches 78 scale tensor(s)" in err
+    )
     assert "the scale of model.layers.0.mlp.down_proj.weight): scales follow their weights" in err

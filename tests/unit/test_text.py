@@ -13,7 +13,9 @@ def test_control_characters_become_visible_escapes() -> None:
 
 def test_a_name_cannot_start_a_line_of_its_own() -> None:
     assert escape_name("a\nrank 0: OK") == "a\\x0arank 0: OK"
-    assert printable("line one\nline two") == "line one\nline two"  # our own layout keeps its newlines
+    assert (
+        printable("line one\nline two") == "line one\nline two"
+    )  # our own layout keeps its newlines
 
 
 def test_printable_text_is_unchanged_including_unicode() -> None:

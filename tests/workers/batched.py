@@ -21,9 +21,14 @@ def _cut_windows_batched(root: Path, rank: int) -> int:
     storage = ShardedStorage(root)
     try:
         plan = Planner(storage.catalogue, choose("auto", root)[0]).plan(Layout(2), "packed", rank)
-        return sum(1 for i, j, _ in batch.runs(plan.items, "packed", storage, classes=plan.shapes) if j - i > 1
-                   for item in plan.items[i:j] if item.weight.rows != (0, item.weight.view[0])
-                   or item.weight.cols != (0, item.weight.view[1]))
+        return sum(
+            1
+            for i, j, _ in batch.runs(plan.items, "packed", storage, classes=plan.shapes)
+            if j - i > 1
+            for item in plan.items[i:j]
+            if item.weight.rows != (0, item.weight.view[0])
+            or item.weight.cols != (0, item.weight.view[1])
+        )
     finally:
         storage.close()
 
@@ -39,11 +44,20 @@ def main() -> None:
     batch.SMALL_BYTES = 0  # every tensor on its own
     alone = tpload.load(root, tp=2, progress=False, verify="node")
     second = alone.report.mine
-    same = sorted(got) == sorted(alone.state_dict()) and all(alone.state_dict()[n].equal(t) for n, t in got.items())
+    same = sorted(got) == sorted(alone.state_dict()) and all(
+        alone.state_dict()[n].equal(t) for n, t in got.items()
+    )
     alone.release()
-    (out / f"rank{rank}.json").write_text(json.dumps({
-        "digests": [first.digest, second.digest], "hashed": [first.hashed, second.hashed], "same": same,
-        "cut_windows_batched": cut_windows}))
+    (out / f"rank{rank}.json").write_text(
+        json.dumps(
+            {
+                "digests": [first.digest, second.digest],
+                "hashed": [first.hashed, second.hashed],
+                "same": same,
+                "cut_windows_batched": cut_windows,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -22,8 +22,16 @@ def main() -> None:
     shards = tpload.load(ckpt, progress=False, defer=defer)
     doc = {"deferred": [], "streamed": {}}
     for d in shards.deferred():
-        doc["deferred"].append({"name": d.name, "sha256": d.sha256, "vouched_by": d.vouched_by,
-                                "path": str(d.path), "offset": d.offset, "nbytes": d.nbytes})
+        doc["deferred"].append(
+            {
+                "name": d.name,
+                "sha256": d.sha256,
+                "vouched_by": d.vouched_by,
+                "path": str(d.path),
+                "offset": d.offset,
+                "nbytes": d.nbytes,
+            }
+        )
         h = hashlib.sha256()
         try:
             for chunk in d.chunks(1 << 12):

@@ -5,7 +5,6 @@ argv: CHECKPOINT OUT_DIR [key=value ...]  (kinds=packed,expanded  groups=2  veri
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -29,7 +28,9 @@ def main() -> None:
         group = subgroups[rank // size]
     rank = int(__import__("os").environ["RANK"])
     for kind in kinds:
-        shards = tpload.load(ckpt, kind=kind, group=group, verify=opts.get("verify", "node"), progress=False)
+        shards = tpload.load(
+            ckpt, kind=kind, group=group, verify=opts.get("verify", "node"), progress=False
+        )
         sd = {k: v.cpu().clone() for k, v in shards.state_dict().items()}
         torch.save(sd, out / f"{kind}-rank{rank}.pt")
         (out / f"{kind}-rank{rank}.json").write_text(shards.report.to_json())

@@ -20,7 +20,11 @@ def main() -> None:
     rank = os.environ["RANK"]
     outcomes = []
     for call in calls:
-        kw = {"progress": False, **call.get("options", {}), **call.get("per_rank", {}).get(rank, {})}
+        kw = {
+            "progress": False,
+            **call.get("options", {}),
+            **call.get("per_rank", {}).get(rank, {}),
+        }
         ckpt = kw.pop("checkpoint", call.get("checkpoint"))
         outcome: dict[str, object] = {"returned": False, "error": "", "digest": "", "tensors": 0}
         try:

@@ -56,6 +56,7 @@ def engine(case: str, rank: int):
         if case == "missing" and rank == 1:
             loaded.discard(SPLIT)
         return None if case == "unconsumed" else loaded
+
     return load_weights
 
 
@@ -67,8 +68,17 @@ def main() -> None:
     said = {}
     for case in ("ok", "outside", "missing", "cat", "unconsumed"):
         extra = {"report": str(out / "report.json")} if case == "ok" else {}
-        job = EngineLoad("test", root, extra, group=dist.group.WORLD, cpu_group=dist.group.WORLD, rank=rank,
-                         world=world, engine_device=torch.device("cpu"), log=logging.getLogger("test"))
+        job = EngineLoad(
+            "test",
+            root,
+            extra,
+            group=dist.group.WORLD,
+            cpu_group=dist.group.WORLD,
+            rank=rank,
+            world=world,
+            engine_device=torch.device("cpu"),
+            log=logging.getLogger("test"),
+        )
         try:
             job.run(engine(case, rank), None if case == "unconsumed" else names)
             said[case] = ""

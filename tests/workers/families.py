@@ -25,8 +25,10 @@ def main() -> None:
         for kind in ("packed", "expanded"):
             shards = tpload.load(ckpt, tp=tp, ep=ep, kind=kind, progress=False)
             sd = shards.state_dict()
-            record: dict[str, object] = {n: t.detach().cpu().contiguous().view(-1).view(torch.uint8).clone()
-                                         for n, t in sd.items()}
+            record: dict[str, object] = {
+                n: t.detach().cpu().contiguous().view(-1).view(torch.uint8).clone()
+                for n, t in sd.items()
+            }
             record["__shapes__"] = {n: tuple(t.shape) for n, t in sd.items()}
             record["__config__"] = shards.report.to_dict().get("config")
             torch.save(record, out / f"{label}-{kind}-rank{rank}.pt")

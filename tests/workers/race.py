@@ -65,7 +65,9 @@ def main() -> None:
     sink = Flip(root, tensor, offset, flag) if rank == 0 else Hold(flag)
     outcome = {"returned": False, "error": ""}
     try:
-        shards = tpload.load(root, progress=False, verify="node", progress_sink=sink, timeout_s=120.0)
+        shards = tpload.load(
+            root, progress=False, verify="node", progress_sink=sink, timeout_s=120.0
+        )
         outcome["returned"] = bool(shards.state_dict())
     except tpload.LoadError as e:
         outcome["error"] = str(e)

@@ -24,7 +24,9 @@ def corrupting(send):
     def wrapped(tensor: torch.Tensor, group_dst: int, group: object):
         if not state["done"] and tensor.dtype == torch.uint8 and tensor.numel() > 0:
             state["done"] = True
-            tensor[0] = tensor[0] ^ 0x01  # the send buffer: what the receiver gets, not what was read
+            tensor[0] = (
+                tensor[0] ^ 0x01
+            )  # the send buffer: what the receiver gets, not what was read
         return send(tensor, group_dst, group)
 
     return wrapped
@@ -37,7 +39,9 @@ def main() -> None:
         tpload.replicas.send = corrupting(tpload.replicas.send)
     outcome = {"rank": rank, "returned": False, "error": ""}
     try:
-        tpload.load(ckpt, tp=int(os.environ["WORLD_SIZE"]) // 2, replicas=2, progress=False, timeout_s=60.0)
+        tpload.load(
+            ckpt, tp=int(os.environ["WORLD_SIZE"]) // 2, replicas=2, progress=False, timeout_s=60.0
+        )
         outcome["returned"] = True
     except tpload.LoadError as e:
         outcome["error"] = str(e)

@@ -34,7 +34,12 @@ def dying(transfer):
 
 
 def main() -> None:
-    ckpt, out, victim, timeout_s = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+    ckpt, out, victim, timeout_s = (
+        sys.argv[1],
+        Path(sys.argv[2]),
+        int(sys.argv[3]),
+        float(sys.argv[4]),
+    )
     rank = int(os.environ["RANK"])
     if rank == victim:
         tpload.replicas.send = dying(tpload.replicas.send)
@@ -45,7 +50,13 @@ def main() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     outcome = {"rank": rank, "returned": False, "error": ""}
     try:
-        tpload.load(ckpt, tp=int(os.environ["WORLD_SIZE"]) // 2, replicas=2, progress=False, timeout_s=timeout_s)
+        tpload.load(
+            ckpt,
+            tp=int(os.environ["WORLD_SIZE"]) // 2,
+            replicas=2,
+            progress=False,
+            timeout_s=timeout_s,
+        )
         outcome["returned"] = True
     except tpload.LoadError as e:
         outcome["error"] = str(e)

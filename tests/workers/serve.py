@@ -18,8 +18,14 @@ import torch
 
 import tpload
 
-CASTS = {"tp": int, "ep": int, "reserve_gib": float, "evict_page_cache": lambda v: v == "1",
-         "skip": lambda v: tuple(v.split(",")), "defer": lambda v: tuple(v.split(","))}
+CASTS = {
+    "tp": int,
+    "ep": int,
+    "reserve_gib": float,
+    "evict_page_cache": lambda v: v == "1",
+    "skip": lambda v: tuple(v.split(",")),
+    "defer": lambda v: tuple(v.split(",")),
+}
 
 
 def main() -> None:
@@ -29,9 +35,15 @@ def main() -> None:
     shards = tpload.load(ckpt, progress=False, **kw)
     sd = shards.state_dict()
     torch.save({k: v.cpu().clone() for k, v in sd.items()}, out / f"rank{rank}.pt")
-    doc = {"report": shards.report.to_dict(), "names": list(sd), "hashed": shards.hashed,
-           "deferred": [asdict(d) | {"path": str(d.path)} for d in shards.deferred()],
-           "env": {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE")}}
+    doc = {
+        "report": shards.report.to_dict(),
+        "names": list(sd),
+        "hashed": shards.hashed,
+        "deferred": [asdict(d) | {"path": str(d.path)} for d in shards.deferred()],
+        "env": {
+            k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE")
+        },
+    }
     (out / f"rank{rank}.json").write_text(json.dumps(doc))
     shards.release()
 

@@ -27,7 +27,11 @@ def main() -> None:
     root, store, out, tensor = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), sys.argv[4]
     first = tpload.load(root, verify="node", digest_store=store, progress=False)
     rank = dist.get_rank()
-    done = {"digest": first.report.mine.digest, "hash": first.report.hash, "hashed": first.report.mine.hashed}
+    done = {
+        "digest": first.report.mine.digest,
+        "hash": first.report.hash,
+        "hashed": first.report.mine.hashed,
+    }
     first.release()
     if rank == 0:
         shard = root / shard_of(root, tensor)

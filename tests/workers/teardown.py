@@ -13,7 +13,6 @@ import sys
 import torch
 import torch.distributed as dist
 
-import tpload
 from tpload.errors import LoadError
 
 
@@ -31,8 +30,11 @@ def device_bytes() -> list[int]:
 
 def main() -> None:
     ckpt, out, kind = sys.argv[1], sys.argv[2], sys.argv[3]
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")  # its buffers are not the load's
+    dist.init_process_group(
+        "nccl" if torch.cuda.is_available() else "gloo"
+    )  # its buffers are not the load's
     import tpload.api  # noqa: F401  (`import tpload` is lazy: the kernels and their compiler load on first use)
+
     steps = {"baseline": [anon(), *device_bytes()]}
     for i in (1, 2):
         shards = tpload.load(ckpt, kind=kind, progress=False)

@@ -72,7 +72,14 @@ class Cut(NamedTuple):
 
 def whole(meta: TensorMeta) -> Cut:
     """The cut that is the whole stored tensor."""
-    return Cut(meta.name, (0, meta.rows), (0, meta.row_bytes), meta.shape, meta.dtype, (meta.rows, meta.row_bytes))
+    return Cut(
+        meta.name,
+        (0, meta.rows),
+        (0, meta.row_bytes),
+        meta.shape,
+        meta.dtype,
+        (meta.rows, meta.row_bytes),
+    )
 
 
 class Fit(NamedTuple):
@@ -140,8 +147,15 @@ class Codec:
         blocks carry their own scales (GGUF)."""
         return self.scaled
 
-    def fit(self, weight: TensorMeta, scale: TensorMeta | None, *, block: int = 0, split: str = "replicate",
-            scale2: TensorMeta | None = None) -> Fit | str:
+    def fit(
+        self,
+        weight: TensorMeta,
+        scale: TensorMeta | None,
+        *,
+        block: int = 0,
+        split: str = "replicate",
+        scale2: TensorMeta | None = None,
+    ) -> Fit | str:
         """The weight (and scales) as this format, or why they do not fit it (``block``: a scale block
         size the rule insists on; ``split``: how the rule cuts it; ``scale2``: a global scale)."""
         raise NotImplementedError
@@ -170,30 +184,58 @@ class Codec:
         """(channels along the split, channels per scale entry along it)."""
         return fit.weight.shape[self.axis(fit, split)], 1
 
-    def cuts(self, fit: Fit, split: str, span: tuple[int, int] | None,
-             experts: tuple[int, int] | None) -> tuple[Cut, Cut | None]:
+    def cuts(
+        self, fit: Fit, split: str, span: tuple[int, int] | None, experts: tuple[int, int] | None
+    ) -> tuple[Cut, Cut | None]:
         """The weight's and the scale's cuts for channels ``span`` (None: all of them) of experts
         ``experts`` (a stacked tensor's; None: all)."""
         raise NotImplementedError
 
-    def window(self, fit: Fit, split: str, tp: int, rank: int, *, align: int = 0, units: int = 0,
-               uneven: bool = False, experts: tuple[int, int] | None = None) -> tuple[Cut, Cut | None] | str:
+    def window(
+        self,
+        fit: Fit,
+        split: str,
+        tp: int,
+        rank: int,
+        *,
+        align: int = 0,
+        units: int = 0,
+        uneven: bool = False,
+        experts: tuple[int, int] | None = None,
+    ) -> tuple[Cut, Cut | None] | str:
         """Rank ``rank`` of ``tp``'s cuts of the weight and scale, or why tp cannot cut them
         (:func:`channel_window` says how ``align``, ``units`` and ``uneven`` share the channels)."""
         span = None
         if split != "replicate" and tp > 1:
             n, atom = self.channels(fit, split)
-            span = channel_window(n, tp, rank, atom=atom, align=align, units=units, uneven=uneven,
-                                  what=split if atom == 1 and not align and not self.scaled else "channels")
+            span = channel_window(
+                n,
+                tp,
+                rank,
+                atom=atom,
+                align=align,
+                units=units,
+                uneven=uneven,
+                what=split if atom == 1 and not align and not self.scaled else "channels",
+            )
             if isinstance(span, str):
                 return span
         return self.cuts(fit, split, span, experts)
 
-    def served(self, fit: Fit, weight: Cut, scale: Cut | None, kind: str) -> list[tuple[str, torch.dtype, tuple[int, ...], int]]:
+    def served(
+        self, fit: Fit, weight: Cut, scale: Cut | None, kind: str
+    ) -> list[tuple[str, torch.dtype, tuple[int, ...], int]]:
         """(name, dtype, shape, bytes) of every tensor served for these cuts: packed, the weight and
         its scales as stored (scales keep their dtype: F16 stays F16); decoded, one bf16 tensor."""
         if kind == "packed" or not self.scaled:
-            out = [(weight.name, SERVED[weight.dtype], weight.shape, _nbytes(weight.shape, SERVED[weight.dtype]))]
+            out = [
+                (
+                    weight.name,
+                    SERVED[weight.dtype],
+                    weight.shape,
+                    _nbytes(weight.shape, SERVED[weight.dtype]),
+                )
+            ]
             for cut in (scale, whole(fit.scale2) if fit.scale2 is not None else None):
                 if cut is not None:
                     out.append((cut.name, SERVED_SCALE[cut.dtype], cut.shape, cut.nbytes))
@@ -219,14 +261,28 @@ class Codec:
         not sure: then each item's :meth:`checker` runs and words what it finds."""
         return False
 
-    def decode(self, weight: np.ndarray | torch.Tensor, scale: np.ndarray | torch.Tensor, out: torch.Tensor,
-               fit: Fit, *, scale2: np.ndarray | torch.Tensor | None = None) -> None:
+    def decode(
+        self,
+        weight: np.ndarray | torch.Tensor,
+        scale: np.ndarray | torch.Tensor,
+        out: torch.Tensor,
+        fit: Fit,
+        *,
+        scale2: np.ndarray | torch.Tensor | None = None,
+    ) -> None:
         """Decode a window (or a block of its rows, with the scale rows they use) into ``out``
         (``scale2``: the global scale's stored bytes, for formats that have one)."""
         raise NotImplementedError(f"{self.name} has nothing to decode")
 
-    def reference(self, weight: np.ndarray, scale: np.ndarray, out: torch.Tensor, fit: Fit, *,
-                  scale2: np.ndarray | None = None) -> None:
+    def reference(
+        self,
+        weight: np.ndarray,
+        scale: np.ndarray,
+        out: torch.Tensor,
+        fit: Fit,
+        *,
+        scale2: np.ndarray | None = None,
+    ) -> None:
         """The same decode by the other implementation (torch ops on the CPU when :meth:`decode`
         runs the compiled kernel): an independent check of a sampled window."""
         raise NotImplementedError(f"{self.name} has nothing to decode")
@@ -236,8 +292,17 @@ def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
     return math.prod(shape) * dtype.itemsize
 
 
-def channel_window(n: int, tp: int, rank: int, *, atom: int = 1, align: int = 0, units: int = 0,
-                   uneven: bool = False, what: str = "channels") -> tuple[int, int] | str:
+def channel_window(
+    n: int,
+    tp: int,
+    rank: int,
+    *,
+    atom: int = 1,
+    align: int = 0,
+    units: int = 0,
+    uneven: bool = False,
+    what: str = "channels",
+) -> tuple[int, int] | str:
     """Rank ``rank`` of ``tp``'s channels ``[lo, hi)`` of ``n``, or why tp cannot cut them.
 
     ``atom``: channels per scale entry along the split (a window starts on one; the last may be
@@ -257,8 +322,10 @@ def channel_window(n: int, tp: int, rank: int, *, atom: int = 1, align: int = 0,
     if uneven:
         per = -(-(-(-n // step)) // tp) * step
         if (tp - 1) * per >= n:
-            return (f"{n} {what} in shares of {per} (the even share rounded up to {step}) leave rank {tp - 1} of "
-                    f"tp {tp} nothing")
+            return (
+                f"{n} {what} in shares of {per} (the even share rounded up to {step}) leave rank {tp - 1} of "
+                f"tp {tp} nothing"
+            )
         return rank * per, min(n, (rank + 1) * per)
     if align:
         per = n // tp
@@ -267,7 +334,11 @@ def channel_window(n: int, tp: int, rank: int, *, atom: int = 1, align: int = 0,
         return rank * per, (rank + 1) * per
     atoms = -(-n // atom)
     if atoms % tp:
-        return f"{atoms} scale blocks of {atom} / tp {tp} is not whole" if atom > 1 else f"{n} {what} / tp {tp} is not whole"
+        return (
+            f"{atoms} scale blocks of {atom} / tp {tp} is not whole"
+            if atom > 1
+            else f"{n} {what} / tp {tp} is not whole"
+        )
     lo, hi = rank * atoms // tp, (rank + 1) * atoms // tp
     return lo * atom, min(n, hi * atom)
 
@@ -288,8 +359,10 @@ def _heads(n: int, tp: int, rank: int, units: int, step: int, what: str) -> tupl
         per = size
         lo, edge = rank // (tp // units) * size, size if units > 1 else 0
     if edge % step:
-        return (f"{units} heads of {size} {what}: a window of {edge} {what} does not start and end on whole "
-                f"{step}-channel blocks")
+        return (
+            f"{units} heads of {size} {what}: a window of {edge} {what} does not start and end on whole "
+            f"{step}-channel blocks"
+        )
     return lo, lo + per
 
 
@@ -306,8 +379,14 @@ def meets(rows: np.ndarray, r0: int, r1: int) -> bool:
     return i < rows.size and rows[i] < r1
 
 
-def cut_axis(meta: TensorMeta, axis: int | None, lo: int = 0, hi: int = 0, *,
-             experts: tuple[int, int] | None = None) -> Cut:
+def cut_axis(
+    meta: TensorMeta,
+    axis: int | None,
+    lo: int = 0,
+    hi: int = 0,
+    *,
+    experts: tuple[int, int] | None = None,
+) -> Cut:
     """Indices ``[lo, hi)`` of dimension ``axis`` of a stored tensor (``axis`` None: all of them) and, for
     a stacked tensor (``experts`` given), only experts ``[e0, e1)`` of dimension 0: a box of a 2-D view.
 
@@ -320,19 +399,34 @@ def cut_axis(meta: TensorMeta, axis: int | None, lo: int = 0, hi: int = 0, *,
         if experts is None:
             return whole(meta)
         if len(shape) == 1:  # a stacked 1-D tensor: one value per expert
-            return Cut(name, (0, 1), (experts[0] * item, experts[1] * item), (experts[1] - experts[0],), dtype,
-                       (1, meta.nbytes))
+            return Cut(
+                name,
+                (0, 1),
+                (experts[0] * item, experts[1] * item),
+                (experts[1] - experts[0],),
+                dtype,
+                (1, meta.nbytes),
+            )
         axis, lo, hi = 1, 0, shape[1]
     if axis == 0:
         if experts is not None:
-            raise ValueError(f"{name}: a stacked tensor's experts are dimension 0; its split is after them")
+            raise ValueError(
+                f"{name}: a stacked tensor's experts are dimension 0; its split is after them"
+            )
         if len(shape) == 1:
             return Cut(name, (0, 1), (lo * item, hi * item), (hi - lo,), dtype, (1, meta.nbytes))
-        return Cut(name, (lo, hi), (0, meta.row_bytes), (hi - lo,) + shape[1:], dtype, (shape[0], meta.row_bytes))
+        return Cut(
+            name,
+            (lo, hi),
+            (0, meta.row_bytes),
+            (hi - lo,) + shape[1:],
+            dtype,
+            (shape[0], meta.row_bytes),
+        )
     rows = math.prod(shape[:axis])
-    inner = math.prod(shape[axis + 1:]) * item
+    inner = math.prod(shape[axis + 1 :]) * item
     group = rows // shape[0] if shape[0] else 1
-    out = shape[:axis] + (hi - lo,) + shape[axis + 1:]
+    out = shape[:axis] + (hi - lo,) + shape[axis + 1 :]
     if experts is None:
         r = (0, rows)
     else:
@@ -348,6 +442,7 @@ def _registry() -> dict[str, Codec]:
     from .gguf import GGUF_CODEC
     from .nvfp4 import NVFP4_CODEC
     from .plain import PLAIN
+
     return {c.role: c for c in (PLAIN, FP4, FP8, NVFP4_CODEC, GGUF_CODEC)}
 
 

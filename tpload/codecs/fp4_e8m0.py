@@ -17,26 +17,36 @@ config's ``channel_align`` (a kernel tile) applies to every share.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
-from ._lazy import kernels
 from ..storage.catalogue import TensorMeta
 from . import Checker, Codec, Cut, Fit, Problem, cut_axis
-from .tables import DECODE_CHUNK, E8M0_INVALID, e2m1_values, e8m0_values, lookup, round_bf16, scaled_table
+from ._lazy import kernels
+from .tables import (
+    DECODE_CHUNK,
+    E8M0_INVALID,
+    e2m1_values,
+    e8m0_values,
+    lookup,
+    round_bf16,
+    scaled_table,
+)
 
 GROUP = 32  # elements sharing one E8M0 scale byte
 OVERFLOW_FROM = 253  # E8M0 bytes from which some E2M1 code overflows bf16 (see overflow_groups)
 
 
-def overflow_groups(packed: np.ndarray, scale: np.ndarray) -> tuple[int, tuple[int, int, int] | None]:
+def overflow_groups(
+    packed: np.ndarray, scale: np.ndarray
+) -> tuple[int, tuple[int, int, int] | None]:
     """How many 32-element groups decode to a value that overflows bf16, and the first (row, group,
     scale byte). ``value * 2**(e - 127)`` is exact in fp32 and overflows once it reaches 2**128,
     so a group overflows iff some ``|code| >= 2**(255 - e)``: at e = 254 the codes 2, 3, 4, 6; at
     e = 253 the codes 4 and 6; never below. Only groups with such a scale are looked at."""
-    rows, groups = np.nonzero((scale >= OVERFLOW_FROM) & (scale != 0xFF))  # 0xFF is refused on its own
+    rows, groups = np.nonzero(
+        (scale >= OVERFLOW_FROM) & (scale != 0xFF)
+    )  # 0xFF is refused on its own
     if rows.size == 0:
         return 0, None
     cols = groups[:, None] * (GROUP // 2) + np.arange(GROUP // 2)
@@ -47,7 +57,11 @@ def overflow_groups(packed: np.ndarray, scale: np.ndarray) -> tuple[int, tuple[i
     if not bad.any():
         return 0, None
     first = int(np.argmax(bad))
-    return int(bad.sum()), (int(rows[first]), int(groups[first]), int(scale[rows[first], groups[first]]))
+    return int(bad.sum()), (
+        int(rows[first]),
+        int(groups[first]),
+        int(scale[rows[first], groups[first]]),
+    )
 
 
 class _Check(Checker):
@@ -71,21 +85,31 @@ class _Check(Checker):
             a, b = max(r0, first_row), min(r0 + scale.shape[0], last)
             if a >= b:
                 continue
-            n, first = overflow_groups(view[a - first_row:b - first_row], scale[a - r0:b - r0])
+            n, first = overflow_groups(view[a - first_row : b - first_row], scale[a - r0 : b - r0])
             self.overflow += n
             if first is not None and (self.first is None or first[0] + a < self.first[0]):
                 self.first = (first[0] + a, first[1], first[2])
 
     def problems(self) -> list[Problem]:
-        out = [(self.bad_scale, "E8M0 scale bytes 0x00/0xFF (expected 1..254: the serving kernels assume it)",
-                self.scale_name)]
+        out = [
+            (
+                self.bad_scale,
+                "E8M0 scale bytes 0x00/0xFF (expected 1..254: the serving kernels assume it)",
+                self.scale_name,
+            )
+        ]
         if self.overflow:
             r, g, e = self.first
             row = self.weight_cut.rows[0] + r
             col = self.weight_cut.cols[0] * 2 + g * GROUP
-            out.append((self.overflow, f"32-element groups whose decode overflows bf16 (|value| x 2^(scale-127) >= "
-                                       f"2^128; first: row {row}, elements {col}..{col + GROUP - 1}, scale byte {e})",
-                        self.weight_cut.name))
+            out.append(
+                (
+                    self.overflow,
+                    f"32-element groups whose decode overflows bf16 (|value| x 2^(scale-127) >= "
+                    f"2^128; first: row {row}, elements {col}..{col + GROUP - 1}, scale byte {e})",
+                    self.weight_cut.name,
+                )
+            )
         return out
 
 
@@ -96,22 +120,39 @@ class FP4E8M0(Codec):
     scale_dtypes = ("F8_E8M0", "U8")
     tiled = True
 
-    def fit(self, weight: TensorMeta, scale: TensorMeta | None, *, block: int = 0, split: str = "replicate",
-            scale2: TensorMeta | None = None, stacked: bool = False) -> Fit | str:
+    def fit(
+        self,
+        weight: TensorMeta,
+        scale: TensorMeta | None,
+        *,
+        block: int = 0,
+        split: str = "replicate",
+        scale2: TensorMeta | None = None,
+        stacked: bool = False,
+    ) -> Fit | str:
         base = len(weight.shape) - int(stacked)
         want = ("[E, ] " if stacked else "") + "[N, K/2] or [N, K/32, 16]"
-        if scale is None or weight.dtype not in self.weight_dtypes or scale.dtype not in self.scale_dtypes \
-                or base not in (2, 3) or len(scale.shape) != 2 + int(stacked):
-            return (f"fp4 wants a {'/'.join(self.weight_dtypes)} weight {want} and a {'/'.join(self.scale_dtypes)} "
-                    "scale with one byte per 32 elements")
+        if (
+            scale is None
+            or weight.dtype not in self.weight_dtypes
+            or scale.dtype not in self.scale_dtypes
+            or base not in (2, 3)
+            or len(scale.shape) != 2 + int(stacked)
+        ):
+            return (
+                f"fp4 wants a {'/'.join(self.weight_dtypes)} weight {want} and a {'/'.join(self.scale_dtypes)} "
+                "scale with one byte per 32 elements"
+            )
         blocks = base == 3
         if blocks and weight.shape[-1] != GROUP // 2:
             return f"fp4 blocks hold {GROUP // 2} bytes each (32 elements), not {weight.shape[-1]}"
         k = weight.shape[-2] * GROUP if blocks else 2 * weight.shape[-1]
         expected = weight.shape[:-1] if blocks else weight.shape[:-1] + (k // GROUP,)
         if scale.shape != expected or k % GROUP:
-            return (f"fp4 scales hold one E8M0 byte per {GROUP} elements: scale {scale.name} is {list(scale.shape)}, "
-                    f"expected {list(expected)}")
+            return (
+                f"fp4 scales hold one E8M0 byte per {GROUP} elements: scale {scale.name} is {list(scale.shape)}, "
+                f"expected {list(expected)}"
+            )
         return Fit(weight, scale, (1, GROUP), stacked=stacked)
 
     def _blocks(self, fit: Fit) -> bool:
@@ -119,22 +160,29 @@ class FP4E8M0(Codec):
 
     def channels(self, fit: Fit, split: str) -> tuple[int, int]:
         w = fit.weight
-        if split == "rows":  # whole 32s both ways (docs/format.md): a rank's rows are another matrix's columns
+        if (
+            split == "rows"
+        ):  # whole 32s both ways (docs/format.md): a rank's rows are another matrix's columns
             return w.shape[int(fit.stacked)], GROUP
         return (w.shape[-2] * GROUP if self._blocks(fit) else 2 * w.shape[-1]), GROUP
 
-    def cuts(self, fit: Fit, split: str, span: tuple[int, int] | None,
-             experts: tuple[int, int] | None) -> tuple[Cut, Cut | None]:
+    def cuts(
+        self, fit: Fit, split: str, span: tuple[int, int] | None, experts: tuple[int, int] | None
+    ) -> tuple[Cut, Cut | None]:
         w, s = fit.weight, fit.scale
         if span is None:
             return cut_axis(w, None, experts=experts), cut_axis(s, None, experts=experts)
         lo, hi = span
         ax = self.axis(fit, split)
         if split == "rows":
-            return cut_axis(w, ax, lo, hi, experts=experts), cut_axis(s, ax, lo, hi, experts=experts)
+            return cut_axis(w, ax, lo, hi, experts=experts), cut_axis(
+                s, ax, lo, hi, experts=experts
+            )
         per = GROUP if self._blocks(fit) else 2  # elements per stored index along the cut dimension
-        return (cut_axis(w, ax, lo // per, hi // per, experts=experts),
-                cut_axis(s, ax, lo // GROUP, hi // GROUP, experts=experts))
+        return (
+            cut_axis(w, ax, lo // per, hi // per, experts=experts),
+            cut_axis(s, ax, lo // GROUP, hi // GROUP, experts=experts),
+        )
 
     def decoded_shape(self, fit: Fit, weight: Cut) -> tuple[int, ...]:
         if self._blocks(fit):
@@ -147,38 +195,71 @@ class FP4E8M0(Codec):
     def checker(self, fit: Fit, weight: Cut, scale: Cut | None) -> Checker:
         return _Check(weight, scale)
 
-    def decode(self, weight: np.ndarray | torch.Tensor, scale: np.ndarray | torch.Tensor, out: torch.Tensor,
-               fit: Fit, *, scale2: object = None) -> None:
+    def decode(
+        self,
+        weight: np.ndarray | torch.Tensor,
+        scale: np.ndarray | torch.Tensor,
+        out: torch.Tensor,
+        fit: Fit,
+        *,
+        scale2: object = None,
+    ) -> None:
         """Packed ``[n, K/2]`` with E8M0 ``[n, K/32]`` into bf16 ``out [n, K]`` (contiguous): host arrays
         by the compiled kernel (rows read in place), device tensors by torch lookups."""
         if isinstance(weight, np.ndarray):
             table = scaled_table("fp4").numpy()
-            kernels.decode_fp4(weight.view(np.uint8), np.asarray(scale).view(np.uint8), table,
-                               out.view(torch.int32).numpy())
+            kernels.decode_fp4(
+                weight.view(np.uint8),
+                np.asarray(scale).view(np.uint8),
+                table,
+                out.view(torch.int32).numpy(),
+            )
             return
         decode_torch(weight, scale, out)
 
-    def reference(self, weight: np.ndarray, scale: np.ndarray, out: torch.Tensor, fit: Fit, *,
-                  scale2: object = None) -> None:
+    def reference(
+        self,
+        weight: np.ndarray,
+        scale: np.ndarray,
+        out: torch.Tensor,
+        fit: Fit,
+        *,
+        scale2: object = None,
+    ) -> None:
         """numpy: the E2M1 table times the E8M0 power of two in fp32, rounded once to bf16."""
         b = weight.view(np.uint8)
         codes = np.empty((b.shape[0], b.shape[1] * 2), dtype=np.uint8)
         codes[:, 0::2], codes[:, 1::2] = b & 0x0F, b >> 4
         with np.errstate(over="ignore"):
-            values = e2m1_values()[codes] * np.repeat(e8m0_values(scale.view(np.uint8)), GROUP, axis=1)
+            values = e2m1_values()[codes] * np.repeat(
+                e8m0_values(scale.view(np.uint8)), GROUP, axis=1
+            )
         out.view(torch.int16).copy_(torch.from_numpy(round_bf16(values).view(np.int16)))
 
 
-def decode_torch(packed: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, *, table: torch.Tensor | None = None,
-                 group: int = GROUP) -> torch.Tensor:
+def decode_torch(
+    packed: torch.Tensor,
+    scale: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    table: torch.Tensor | None = None,
+    group: int = GROUP,
+) -> torch.Tensor:
     """The torch decode (any device): one table lookup per packed byte, in row blocks so the int32
     indices stay a few hundred KiB whatever N is (``table``: decoded pairs per (scale byte, packed
     byte), MXFP4's by default; ``group``: elements per scale byte)."""
     n, half_k = packed.shape
     k = half_k * 2
-    if not out.is_contiguous() or out.shape != (n, k) or scale.shape != (n, k // group) or k % group:
-        raise ValueError(f"decode_fp4: packed {tuple(packed.shape)}, scale {tuple(scale.shape)}, out "
-                         f"{tuple(out.shape)} disagree (out contiguous, K a multiple of {group})")
+    if (
+        not out.is_contiguous()
+        or out.shape != (n, k)
+        or scale.shape != (n, k // group)
+        or k % group
+    ):
+        raise ValueError(
+            f"decode_fp4: packed {tuple(packed.shape)}, scale {tuple(scale.shape)}, out "
+            f"{tuple(out.shape)} disagree (out contiguous, K a multiple of {group})"
+        )
     table = scaled_table("fp4", packed.device) if table is None else table
     groups, per = k // group, group // 2  # packed bytes sharing one scale byte
     words = out.view(torch.int32).view(n, groups, per)

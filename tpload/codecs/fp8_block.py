@@ -17,14 +17,23 @@ import math
 import numpy as np
 import torch
 
-from ._lazy import kernels
 from ..storage.catalogue import TensorMeta
 from . import Checker, Codec, Cut, Fit, Problem, Windows, cut_axis, meets, whole
-from .tables import (DECODE_CHUNK, E4M3_NAN, E8M0_INVALID, FLOAT8_E4M3, e4m3_values, e8m0_values, lookup,
-                     round_bf16, scaled_table)
+from ._lazy import kernels
+from .tables import (
+    DECODE_CHUNK,
+    E4M3_NAN,
+    E8M0_INVALID,
+    FLOAT8_E4M3,
+    e4m3_values,
+    e8m0_values,
+    lookup,
+    round_bf16,
+    scaled_table,
+)
 
 BF16_OVERFLOW = 0x7F7F8000  # float32 bits from which bf16 rounding (to nearest even) gives infinity
-DANGER_F32 = 2.0 ** 127 / 448  # an F32 scale below this cannot take any E4M3 code to bf16's limit
+DANGER_F32 = 2.0**127 / 448  # an F32 scale below this cannot take any E4M3 code to bf16's limit
 VALUE_SCALES = ("F32", "BF16", "F16")  # scales stored as values (else E8M0 exponent bytes)
 
 
@@ -35,7 +44,9 @@ def scale_values(view: np.ndarray, dtype: str) -> np.ndarray:
         return raw.view(np.float32)
     if dtype == "F16":
         return raw.view(np.float16).astype(np.float32)
-    return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)  # BF16: the top half of an fp32
+    return (raw.view(np.uint16).astype(np.uint32) << 16).view(
+        np.float32
+    )  # BF16: the top half of an fp32
 
 
 def scale_torch(scale: torch.Tensor, dtype: str) -> torch.Tensor:
@@ -50,8 +61,16 @@ def scale_torch(scale: torch.Tensor, dtype: str) -> torch.Tensor:
 def infer_block(w: TensorMeta, s: TensorMeta, insist: int = 0) -> int | str:
     """The block size that maps the weight's shape onto the scale's, or why none does."""
     (n, k), (sn, sk) = w.shape, s.shape
-    candidates = [insist] if insist else sorted({1 << max(0, math.ceil(n / max(sn, 1)) - 1).bit_length(),
-                                                 1 << max(0, math.ceil(k / max(sk, 1)) - 1).bit_length()})
+    candidates = (
+        [insist]
+        if insist
+        else sorted(
+            {
+                1 << max(0, math.ceil(n / max(sn, 1)) - 1).bit_length(),
+                1 << max(0, math.ceil(k / max(sk, 1)) - 1).bit_length(),
+            }
+        )
+    )
     for b in candidates:
         if (-(-n // b), -(-k // b)) == (sn, sk):
             return b
@@ -59,8 +78,9 @@ def infer_block(w: TensorMeta, s: TensorMeta, insist: int = 0) -> int | str:
     return f"scale shape {list(s.shape)} does not tile weight shape {list(w.shape)} with {want}"
 
 
-def overflow_blocks(codes: np.ndarray, scale: np.ndarray, block: int, first_row: int = 0
-                    ) -> tuple[int, tuple[int, int] | None]:
+def overflow_blocks(
+    codes: np.ndarray, scale: np.ndarray, block: int, first_row: int = 0
+) -> tuple[int, tuple[int, int] | None]:
     """How many rows of blocks (a row of a block: up to B codes sharing a scale) decode to a value
     that overflows bf16, and the first (row, block column) in row-major order. ``codes`` are window
     rows from window row ``first_row`` (any row: a block of rows need not start on a scale block);
@@ -69,7 +89,9 @@ def overflow_blocks(codes: np.ndarray, scale: np.ndarray, block: int, first_row:
     448). F32: the product is rounded in fp32, then to bf16; only scales from 2**127/448 can get
     there. A NaN (a NaN code, counted on its own) is not an overflow."""
     f32 = scale.dtype == np.float32
-    danger = (np.abs(scale) >= DANGER_F32) if f32 else ((scale >= 247) & (scale != 0xFF))  # 0xFF: refused apart
+    danger = (
+        (np.abs(scale) >= DANGER_F32) if f32 else ((scale >= 247) & (scale != 0xFF))
+    )  # 0xFF: refused apart
     brow, bcol = np.nonzero(danger)
     if brow.size == 0:
         return 0, None
@@ -79,7 +101,7 @@ def overflow_blocks(codes: np.ndarray, scale: np.ndarray, block: int, first_row:
     first = None
     for br, bc in zip(brow.tolist(), bcol.tolist()):  # rare: only blocks whose scale is dangerous
         r0 = max(0, br * block - skip)
-        box = codes[r0:(br + 1) * block - skip, bc * block:(bc + 1) * block]
+        box = codes[r0 : (br + 1) * block - skip, bc * block : (bc + 1) * block]
         if box.size == 0:
             continue
         if f32:
@@ -118,28 +140,48 @@ class _Check(Checker):
     def weight(self, view: np.ndarray, first_row: int) -> None:
         self.nan += kernels.count_either(view, *E4M3_NAN)
         if self._scale is None:
-            self._scale = np.concatenate(self.scale_rows) if self.scale_rows else np.zeros((0, 0), np.uint8)
+            self._scale = (
+                np.concatenate(self.scale_rows) if self.scale_rows else np.zeros((0, 0), np.uint8)
+            )
             s = self._scale
             danger = (np.abs(s) >= DANGER_F32) if self.f32 else ((s >= 247) & (s != 0xFF))
             self._danger = np.flatnonzero(danger.any(axis=1)) if s.size else np.zeros(0, np.int64)
         b = self.block
-        if not self._danger.size or not meets(self._danger, first_row // b, -(-(first_row + view.shape[0]) // b)):
+        if not self._danger.size or not meets(
+            self._danger, first_row // b, -(-(first_row + view.shape[0]) // b)
+        ):
             return
-        n, first = overflow_blocks(view, self._scale[first_row // b:-(-(first_row + view.shape[0]) // b)], b, first_row)
+        n, first = overflow_blocks(
+            view, self._scale[first_row // b : -(-(first_row + view.shape[0]) // b)], b, first_row
+        )
         self.overflow += n
         if first is not None and self.first is None:
             self.first = (first[0] + first_row, first[1])
 
     def problems(self) -> list[Problem]:
-        what = (f"{self.dtype} scale values not finite and positive" if self.f32 else
-                "E8M0 scale bytes 0x00/0xFF (expected 1..254: the serving kernels assume it)")
-        out = [(self.bad_scale, what, self.scale_cut.name), (self.nan, "E4M3 NaN codes 0x7F/0xFF", self.weight_cut.name)]
+        what = (
+            f"{self.dtype} scale values not finite and positive"
+            if self.f32
+            else "E8M0 scale bytes 0x00/0xFF (expected 1..254: the serving kernels assume it)"
+        )
+        out = [
+            (self.bad_scale, what, self.scale_cut.name),
+            (self.nan, "E4M3 NaN codes 0x7F/0xFF", self.weight_cut.name),
+        ]
         if self.overflow:
             r, c = self.first
             row, col = self.weight_cut.rows[0] + r, self.weight_cut.cols[0] + c * self.block
-            end = min(col + self.block, self.weight_cut.cols[1])  # the last block of a row may be short
-            out.append((self.overflow, f"block rows whose decode overflows bf16 (first: row {row}, elements "
-                                       f"{col}..{end - 1})", self.weight_cut.name))
+            end = min(
+                col + self.block, self.weight_cut.cols[1]
+            )  # the last block of a row may be short
+            out.append(
+                (
+                    self.overflow,
+                    f"block rows whose decode overflows bf16 (first: row {row}, elements "
+                    f"{col}..{end - 1})",
+                    self.weight_cut.name,
+                )
+            )
         return out
 
 
@@ -149,12 +191,28 @@ class FP8Block(Codec):
     weight_dtypes = ("F8_E4M3",)
     scale_dtypes = ("F8_E8M0", "U8", "F32", "BF16", "F16")
 
-    def fit(self, weight: TensorMeta, scale: TensorMeta | None, *, block: int = 0, split: str = "replicate",
-            scale2: TensorMeta | None = None, stacked: bool = False) -> Fit | str:
-        if scale is None or weight.dtype not in self.weight_dtypes or scale.dtype not in self.scale_dtypes \
-                or len(weight.shape) != 2 or len(scale.shape) != 2 or stacked:
-            return (f"fp8 wants a 2-D {'/'.join(self.weight_dtypes)} weight and a 2-D {'/'.join(self.scale_dtypes)} "
-                    "scale (not stacked)")
+    def fit(
+        self,
+        weight: TensorMeta,
+        scale: TensorMeta | None,
+        *,
+        block: int = 0,
+        split: str = "replicate",
+        scale2: TensorMeta | None = None,
+        stacked: bool = False,
+    ) -> Fit | str:
+        if (
+            scale is None
+            or weight.dtype not in self.weight_dtypes
+            or scale.dtype not in self.scale_dtypes
+            or len(weight.shape) != 2
+            or len(scale.shape) != 2
+            or stacked
+        ):
+            return (
+                f"fp8 wants a 2-D {'/'.join(self.weight_dtypes)} weight and a 2-D {'/'.join(self.scale_dtypes)} "
+                "scale (not stacked)"
+            )
         b = infer_block(weight, scale, block)
         if isinstance(b, str):
             return f"fp8 scale shape does not fit: {b}"
@@ -163,8 +221,9 @@ class FP8Block(Codec):
     def channels(self, fit: Fit, split: str) -> tuple[int, int]:
         return fit.weight.shape[self.axis(fit, split)], fit.group[0]
 
-    def cuts(self, fit: Fit, split: str, span: tuple[int, int] | None,
-             experts: tuple[int, int] | None) -> tuple[Cut, Cut | None]:
+    def cuts(
+        self, fit: Fit, split: str, span: tuple[int, int] | None, experts: tuple[int, int] | None
+    ) -> tuple[Cut, Cut | None]:
         w, s, b = fit.weight, fit.scale, fit.group[0]
         if span is None:
             return whole(w), whole(s)
@@ -181,7 +240,9 @@ class FP8Block(Codec):
                 return False
         elif dtype == "F32":
             values = scales.gathered().view("<f4")
-            if not (np.isfinite(values).all() and (values > 0).all() and (values < DANGER_F32).all()):
+            if not (
+                np.isfinite(values).all() and (values > 0).all() and (values < DANGER_F32).all()
+            ):
                 return False
         else:
             return False
@@ -190,47 +251,78 @@ class FP8Block(Codec):
     def checker(self, fit: Fit, weight: Cut, scale: Cut | None) -> Checker:
         return _Check(weight, scale, fit.group[0])
 
-    def decode(self, weight: np.ndarray | torch.Tensor, scale: np.ndarray | torch.Tensor, out: torch.Tensor,
-               fit: Fit, *, scale2: object = None) -> None:
+    def decode(
+        self,
+        weight: np.ndarray | torch.Tensor,
+        scale: np.ndarray | torch.Tensor,
+        out: torch.Tensor,
+        fit: Fit,
+        *,
+        scale2: object = None,
+    ) -> None:
         """E4M3 rows (starting on a block boundary) with the scale rows they use into bf16 ``out``:
         host arrays with E8M0 scales by the compiled kernel, everything else by torch ops."""
         block = fit.group[0]
         if isinstance(weight, np.ndarray):
             if fit.scale.dtype not in VALUE_SCALES:
                 table = scaled_table("fp8").numpy()
-                kernels.decode_fp8(weight.view(np.uint8), np.asarray(scale).view(np.uint8), table,
-                                   out.view(torch.int16).numpy(), block)
+                kernels.decode_fp8(
+                    weight.view(np.uint8),
+                    np.asarray(scale).view(np.uint8),
+                    table,
+                    out.view(torch.int16).numpy(),
+                    block,
+                )
                 return
-            weight, scale = torch.from_numpy(np.ascontiguousarray(weight)), torch.from_numpy(np.ascontiguousarray(scale))
+            weight, scale = (
+                torch.from_numpy(np.ascontiguousarray(weight)),
+                torch.from_numpy(np.ascontiguousarray(scale)),
+            )
         decode_torch(weight, scale_torch(scale, fit.scale.dtype), out, block=block)
 
-    def reference(self, weight: np.ndarray, scale: np.ndarray, out: torch.Tensor, fit: Fit, *,
-                  scale2: object = None) -> None:
+    def reference(
+        self,
+        weight: np.ndarray,
+        scale: np.ndarray,
+        out: torch.Tensor,
+        fit: Fit,
+        *,
+        scale2: object = None,
+    ) -> None:
         """numpy: E4M3 values from their bits times the block scale in fp32, rounded once to bf16."""
         b = fit.group[0]
         n, k = weight.shape
-        s = scale_values(scale, fit.scale.dtype) if fit.scale.dtype in VALUE_SCALES else \
-            e8m0_values(np.ascontiguousarray(scale).view(np.uint8))
+        s = (
+            scale_values(scale, fit.scale.dtype)
+            if fit.scale.dtype in VALUE_SCALES
+            else e8m0_values(np.ascontiguousarray(scale).view(np.uint8))
+        )
         full = np.repeat(np.repeat(s, b, axis=0), b, axis=1)[:n, :k]
         with np.errstate(over="ignore", invalid="ignore"):
             values = (e4m3_values()[weight.view(np.uint8)] * full).astype(np.float32)
         out.view(torch.int16).copy_(torch.from_numpy(round_bf16(values).view(np.int16)))
 
 
-def decode_torch(weight: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, *, block: int) -> torch.Tensor:
+def decode_torch(
+    weight: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, *, block: int
+) -> torch.Tensor:
     """The torch decode (any device). E8M0 bytes: one table lookup per code; F32 values: the product
     formed in fp32 and rounded once to bf16, one block row at a time."""
     n, k = weight.shape
     nb_r, nb_c = -(-n // block), -(-k // block)
     if scale.shape != (nb_r, nb_c) or out.shape != (n, k):
-        raise ValueError(f"decode_fp8: weight {tuple(weight.shape)}, scale {tuple(scale.shape)}, block {block}, "
-                         f"out {tuple(out.shape)} disagree")
+        raise ValueError(
+            f"decode_fp8: weight {tuple(weight.shape)}, scale {tuple(scale.shape)}, block {block}, "
+            f"out {tuple(out.shape)} disagree"
+        )
     if FLOAT8_E4M3 is None:
         raise RuntimeError("this torch has no float8_e4m3fn; FP8 decode needs torch >= 2.1")
     codes = weight.view(torch.uint8)
     if scale.dtype != torch.float32 and out.is_contiguous():
         table = scaled_table("fp8", weight.device)
-        shift = (scale.view(torch.uint8).to(torch.int32) << 8).repeat_interleave(block, dim=1)[:, :k]  # [nb_r, K]
+        shift = (scale.view(torch.uint8).to(torch.int32) << 8).repeat_interleave(block, dim=1)[
+            :, :k
+        ]  # [nb_r, K]
         bits = out.view(torch.int16)
         step, r0 = max(1, DECODE_CHUNK // max(k, 1)), 0
         while r0 < n:
@@ -239,7 +331,11 @@ def decode_torch(weight: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, *
             r0 = r1
         return out
     values = codes.view(FLOAT8_E4M3)
-    f32 = scale if scale.dtype == torch.float32 else (scale.view(torch.uint8).to(torch.int32) << 23).view(torch.float32)
+    f32 = (
+        scale
+        if scale.dtype == torch.float32
+        else (scale.view(torch.uint8).to(torch.int32) << 23).view(torch.float32)
+    )
     col_scale = f32.repeat_interleave(block, dim=1)[:, :k]
     for i in range(nb_r):
         r0, r1 = i * block, min(n, (i + 1) * block)

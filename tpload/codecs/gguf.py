@@ -25,12 +25,21 @@ from ..storage.catalogue import TensorMeta
 from . import Checker, Codec, Cut, Fit, Problem, cut_axis
 
 BLOCKS: dict[str, tuple[int, int]] = {
-    "Q8_0": (32, 34), "Q2_K": (256, 84), "Q3_K": (256, 110), "Q4_K": (256, 144), "Q5_K": (256, 176),
+    "Q8_0": (32, 34),
+    "Q2_K": (256, 84),
+    "Q3_K": (256, 110),
+    "Q4_K": (256, 144),
+    "Q5_K": (256, 176),
     "Q6_K": (256, 210),
 }
 """ggml type -> (weights per block, bytes per block)."""
 SCALE_OFFSETS: dict[str, tuple[int, ...]] = {
-    "Q8_0": (0,), "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
+    "Q8_0": (0,),
+    "Q2_K": (80, 82),
+    "Q3_K": (108,),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
 }
 """Byte offsets of each block's f16 super-scales (``d``, and ``dmin`` where the type has one)."""
 DECODED = tuple(BLOCKS)
@@ -54,7 +63,9 @@ class _Check(Checker):
         blocks = np.ascontiguousarray(view).reshape(view.shape[0], -1, self.size)
         bad = np.zeros(blocks.shape[:2], dtype=bool)
         for off in SCALE_OFFSETS[self.cut.dtype]:
-            bits = blocks[:, :, off].astype(np.uint16) | (blocks[:, :, off + 1].astype(np.uint16) << 8)
+            bits = blocks[:, :, off].astype(np.uint16) | (
+                blocks[:, :, off + 1].astype(np.uint16) << 8
+            )
             bad |= (bits & 0x7C00) == 0x7C00  # exponent all ones: inf or NaN
         n = int(bad.sum())
         if n:
@@ -69,8 +80,14 @@ class _Check(Checker):
         r, b = self.first
         row = self.cut.rows[0] + r
         block = self.cut.cols[0] // self.size + b
-        return [(self.bad, f"{self.cut.dtype} blocks whose f16 scale (d/dmin) is NaN or infinite (first: view row "
-                           f"{row}, block {block} of the row)", self.cut.name)]
+        return [
+            (
+                self.bad,
+                f"{self.cut.dtype} blocks whose f16 scale (d/dmin) is NaN or infinite (first: view row "
+                f"{row}, block {block} of the row)",
+                self.cut.name,
+            )
+        ]
 
 
 class GGUF(Codec):
@@ -79,14 +96,25 @@ class GGUF(Codec):
     weight_dtypes = tuple(BLOCKS)
     checked = True  # the super-scales are checked in every kind
 
-    def fit(self, weight: TensorMeta, scale: TensorMeta | None, *, block: int = 0, split: str = "replicate",
-            scale2: TensorMeta | None = None, stacked: bool = False) -> Fit | str:
+    def fit(
+        self,
+        weight: TensorMeta,
+        scale: TensorMeta | None,
+        *,
+        block: int = 0,
+        split: str = "replicate",
+        scale2: TensorMeta | None = None,
+        stacked: bool = False,
+    ) -> Fit | str:
         if weight.dtype not in BLOCKS:
-            return f"gguf takes GGUF block-quantised tensors ({'/'.join(BLOCKS)}), and these are not"
+            return (
+                f"gguf takes GGUF block-quantised tensors ({'/'.join(BLOCKS)}), and these are not"
+            )
         base = len(weight.shape) - int(stacked)
         if base < 1 or (split == "cols" and base != 2):
-            return ("gguf split cols needs 2-D tensors" if split == "cols" else "gguf needs a dimension") + \
-                (" after the experts" if stacked else "")
+            return (
+                "gguf split cols needs 2-D tensors" if split == "cols" else "gguf needs a dimension"
+            ) + (" after the experts" if stacked else "")
         return Fit(weight, None, (1, 1), stacked=stacked)
 
     def channels(self, fit: Fit, split: str) -> tuple[int, int]:
@@ -96,17 +124,27 @@ class GGUF(Codec):
             return fit.weight.shape[axis] // size * per, per
         return fit.weight.shape[axis], 1
 
-    def window(self, fit: Fit, split: str, tp: int, rank: int, **kw: object) -> tuple[Cut, Cut | None] | str:
+    def window(
+        self, fit: Fit, split: str, tp: int, rank: int, **kw: object
+    ) -> tuple[Cut, Cut | None] | str:
         got = super().window(fit, split, tp, rank, **kw)
-        if isinstance(got, str) and split != "replicate" and not kw.get("units") and _innermost(fit, self.axis(fit, split)):
+        if (
+            isinstance(got, str)
+            and split != "replicate"
+            and not kw.get("units")
+            and _innermost(fit, self.axis(fit, split))
+        ):
             n, per = self.channels(fit, split)
             works = [t for t in range(1, min(n // per, 64) + 1) if (n // per) % t == 0]
-            return (f"{got}: {fit.weight.dtype} is cut along its innermost dimension only on {per}-weight block "
-                    f"boundaries ({n} weights = {n // per} blocks; tp {', '.join(map(str, works))} work)")
+            return (
+                f"{got}: {fit.weight.dtype} is cut along its innermost dimension only on {per}-weight block "
+                f"boundaries ({n} weights = {n // per} blocks; tp {', '.join(map(str, works))} work)"
+            )
         return got
 
-    def cuts(self, fit: Fit, split: str, span: tuple[int, int] | None,
-             experts: tuple[int, int] | None) -> tuple[Cut, Cut | None]:
+    def cuts(
+        self, fit: Fit, split: str, span: tuple[int, int] | None, experts: tuple[int, int] | None
+    ) -> tuple[Cut, Cut | None]:
         if span is None:
             return cut_axis(fit.weight, None, experts=experts), None
         axis = self.axis(fit, split)
@@ -116,7 +154,9 @@ class GGUF(Codec):
             lo, hi = lo // per * size, hi // per * size
         return cut_axis(fit.weight, axis, lo, hi, experts=experts), None
 
-    def served(self, fit: Fit, weight: Cut, scale: Cut | None, kind: str) -> list[tuple[str, torch.dtype, tuple[int, ...], int]]:
+    def served(
+        self, fit: Fit, weight: Cut, scale: Cut | None, kind: str
+    ) -> list[tuple[str, torch.dtype, tuple[int, ...], int]]:
         if kind == "packed":
             return super().served(fit, weight, scale, kind)
         shape = self.decoded_shape(fit, weight)
@@ -129,25 +169,42 @@ class GGUF(Codec):
     def checker(self, fit: Fit, weight: Cut, scale: Cut | None) -> Checker:
         return _Check(weight)
 
-    def decode(self, weight: np.ndarray | torch.Tensor, scale: object, out: torch.Tensor, fit: Fit, *,
-               scale2: object = None) -> None:
+    def decode(
+        self,
+        weight: np.ndarray | torch.Tensor,
+        scale: object,
+        out: torch.Tensor,
+        fit: Fit,
+        *,
+        scale2: object = None,
+    ) -> None:
         """Rows of blocks into bf16 ``out`` rows: the compiled kernel for host arrays, torch ops else."""
         dtype = fit.weight.dtype
         if isinstance(weight, np.ndarray):
             from . import gguf_kernels
-            gguf_kernels.decode(dtype, np.ascontiguousarray(weight).view(np.uint8), out.view(torch.int16).numpy())
+
+            gguf_kernels.decode(
+                dtype, np.ascontiguousarray(weight).view(np.uint8), out.view(torch.int16).numpy()
+            )
             return
         decode_torch(dtype, weight, out)
 
-    def reference(self, weight: np.ndarray, scale: object, out: torch.Tensor, fit: Fit, *,
-                  scale2: object = None) -> None:
+    def reference(
+        self,
+        weight: np.ndarray,
+        scale: object,
+        out: torch.Tensor,
+        fit: Fit,
+        *,
+        scale2: object = None,
+    ) -> None:
         """torch ops on the CPU: the other implementation of the compiled kernel."""
         decode_torch(fit.weight.dtype, torch.from_numpy(np.ascontiguousarray(weight)), out)
 
 
 def _f16(blocks: torch.Tensor, offset: int) -> torch.Tensor:
     """Each block's f16 at ``offset`` as float32, ``[blocks, 1]``."""
-    return blocks[:, offset:offset + 2].contiguous().view(torch.float16).to(torch.float32)
+    return blocks[:, offset : offset + 2].contiguous().view(torch.float16).to(torch.float32)
 
 
 def decode_torch(dtype: str, weight: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -162,7 +219,9 @@ def decode_torch(dtype: str, weight: torch.Tensor, out: torch.Tensor) -> torch.T
         # both: byte 32h + l of the 2-bit quants holds weight 128h + 32s + l at bits 2s
         two = torch.tensor([0, 2, 4, 6], device=weight.device, dtype=torch.int32)
         q0 = 16 if dtype == "Q2_K" else 32
-        q = ((blocks[:, q0:q0 + 64].to(torch.int32).reshape(-1, 2, 1, 32) >> two.reshape(1, 1, 4, 1)) & 3)
+        q = (
+            blocks[:, q0 : q0 + 64].to(torch.int32).reshape(-1, 2, 1, 32) >> two.reshape(1, 1, 4, 1)
+        ) & 3
         q = q.reshape(-1, 16, 16)
         if dtype == "Q2_K":
             s = blocks[:, :16].to(torch.int32)
@@ -171,12 +230,21 @@ def decode_torch(dtype: str, weight: torch.Tensor, out: torch.Tensor) -> torch.T
             values = dl * q.to(torch.float32) - ml
         else:  # 6-bit scales: low nibbles in bytes 96-103, high 2 bits in 104-107; biased by 32
             s = blocks[:, 96:108].to(torch.int32)
-            lo = ((s[:, :8].reshape(-1, 1, 8) >> torch.tensor([0, 4], device=weight.device, dtype=torch.int32)
-                   .reshape(1, 2, 1)) & 0x0F).reshape(-1, 16)
+            lo = (
+                (
+                    s[:, :8].reshape(-1, 1, 8)
+                    >> torch.tensor([0, 4], device=weight.device, dtype=torch.int32).reshape(
+                        1, 2, 1
+                    )
+                )
+                & 0x0F
+            ).reshape(-1, 16)
             hi = ((s[:, 8:].reshape(-1, 1, 4) >> two.reshape(1, 4, 1)) & 0x03).reshape(-1, 16)
             dl = (_f16(blocks, 108) * ((lo | (hi << 4)) - 32).to(torch.float32)).unsqueeze(2)
             bit = torch.arange(8, device=weight.device, dtype=torch.int32).reshape(1, 1, 8, 1)
-            high = (((blocks[:, :32].to(torch.int32).reshape(-1, 1, 1, 32) >> bit) & 1) ^ 1).reshape(-1, 16, 16)
+            high = (
+                ((blocks[:, :32].to(torch.int32).reshape(-1, 1, 1, 32) >> bit) & 1) ^ 1
+            ).reshape(-1, 16, 16)
             values = dl * (q - (high << 2)).to(torch.float32)  # a clear mask bit subtracts 4
     elif dtype in ("Q4_K", "Q5_K"):
         d, dmin = _f16(blocks, 0), _f16(blocks, 2)
@@ -188,18 +256,33 @@ def decode_torch(dtype: str, weight: torch.Tensor, out: torch.Tensor) -> torch.T
         dm = (dmin * mn).unsqueeze(2)
         start = 16 if dtype == "Q4_K" else 48  # Q5_K: 32 bytes of fifth bits come first
         qs = blocks[:, start:].to(torch.int32).reshape(-1, 4, 1, 32)
-        q = ((qs >> torch.tensor([0, 4], device=weight.device).reshape(1, 1, 2, 1)) & 0x0F).reshape(-1, 8, 32)
+        q = ((qs >> torch.tensor([0, 4], device=weight.device).reshape(1, 1, 2, 1)) & 0x0F).reshape(
+            -1, 8, 32
+        )
         if dtype == "Q5_K":  # sub-block j's fifth bit is bit j of qh[l]
             qh = blocks[:, 16:48].to(torch.int32).reshape(-1, 1, 32)
-            q = q | (((qh >> torch.arange(8, device=weight.device, dtype=torch.int32).reshape(1, 8, 1)) & 1) << 4)
+            q = q | (
+                (
+                    (
+                        qh
+                        >> torch.arange(8, device=weight.device, dtype=torch.int32).reshape(1, 8, 1)
+                    )
+                    & 1
+                )
+                << 4
+            )
         values = dd * q.to(torch.float32) - dm
     elif dtype == "Q6_K":
         ql = blocks[:, :128].to(torch.int32).reshape(-1, 2, 1, 64)
         qh = blocks[:, 128:192].to(torch.int32).reshape(-1, 2, 1, 32)
         scales = blocks[:, 192:208].contiguous().view(torch.int8).to(torch.float32)
         d = (_f16(blocks, 208) * scales).reshape(-1, 16, 1)
-        low = ((ql >> torch.tensor([0, 4], device=weight.device).reshape(1, 1, 2, 1)) & 0x0F).reshape(-1, 8, 32)
-        high = ((qh >> torch.tensor([0, 2, 4, 6], device=weight.device).reshape(1, 1, 4, 1)) & 0x03).reshape(-1, 8, 32)
+        low = (
+            (ql >> torch.tensor([0, 4], device=weight.device).reshape(1, 1, 2, 1)) & 0x0F
+        ).reshape(-1, 8, 32)
+        high = (
+            (qh >> torch.tensor([0, 2, 4, 6], device=weight.device).reshape(1, 1, 4, 1)) & 0x03
+        ).reshape(-1, 8, 32)
         q = ((low | (high << 4)) - 32).reshape(-1, 16, 16).to(torch.float32)
         values = d * q
     else:

@@ -10,11 +10,18 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-F16_TO_F32 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+F16_TO_F32 = (
+    np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+)
 """Every f16 bit pattern's value (numba has no f16 arithmetic): one table lookup per super-scale."""
 
 
-_NAN_MASK, _INF, _HALF, _QUIET = np.uint32(0x7FFFFFFF), np.uint32(0x7F800000), np.uint32(0x7FFF), np.uint32(0x40)
+_NAN_MASK, _INF, _HALF, _QUIET = (
+    np.uint32(0x7FFFFFFF),
+    np.uint32(0x7F800000),
+    np.uint32(0x7FFF),
+    np.uint32(0x40),
+)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -69,7 +76,11 @@ def _k_quant(src: np.ndarray, out: np.ndarray, f16: np.ndarray, size: int, fifth
             o = b * size
             d, dmin = _f16(row, o, f16), _f16(row, o + 2, f16)
             for j in range(4):
-                a, m, md = np.int32(row[o + 4 + j]), np.int32(row[o + 8 + j]), np.int32(row[o + 12 + j])
+                a, m, md = (
+                    np.int32(row[o + 4 + j]),
+                    np.int32(row[o + 8 + j]),
+                    np.int32(row[o + 12 + j]),
+                )
                 sc[j] = d * np.float32(a & 0x3F)
                 mn[j] = dmin * np.float32(m & 0x3F)
                 sc[j + 4] = d * np.float32((md & 0x0F) | ((a >> 2) & 0x30))
@@ -150,7 +161,9 @@ def _q3_k(src: np.ndarray, out: np.ndarray, f16: np.ndarray) -> None:
                 lo = (np.int32(row[o + 96 + (j & 7)]) >> (4 * (j >> 3))) & 0x0F
                 hi = (np.int32(row[o + 104 + (j & 3)]) >> (2 * (j >> 2))) & 0x03
                 dl[j] = d * np.float32((lo | (hi << 4)) - 32)
-            for c in range(8):  # 32 weights at one shift and mask bit: sub-blocks 2c, 2c + 1 (vectorises)
+            for c in range(
+                8
+            ):  # 32 weights at one shift and mask bit: sub-blocks 2c, 2c + 1 (vectorises)
                 shift, q0 = 2 * (c & 3), o + 32 + 32 * (c >> 2)
                 da, db = dl[2 * c], dl[2 * c + 1]
                 for i in range(32):
@@ -160,7 +173,14 @@ def _q3_k(src: np.ndarray, out: np.ndarray, f16: np.ndarray) -> None:
             _round(tmp, dst, b * 256)
 
 
-_KERNELS = {"Q8_0": _q8_0, "Q2_K": _q2_k, "Q3_K": _q3_k, "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k}
+_KERNELS = {
+    "Q8_0": _q8_0,
+    "Q2_K": _q2_k,
+    "Q3_K": _q3_k,
+    "Q4_K": _q4_k,
+    "Q5_K": _q5_k,
+    "Q6_K": _q6_k,
+}
 
 
 def decode(dtype: str, src: np.ndarray, out: np.ndarray) -> None:

@@ -23,13 +23,15 @@ import functools
 import numpy as np
 import torch
 
-from ._lazy import kernels
 from ..storage.catalogue import TensorMeta
 from . import Checker, Codec, Cut, Fit, Problem, cut_axis, whole
+from ._lazy import kernels
 from .tables import E4M3_NAN, e2m1_values, e4m3_values, round_bf16
 
 GROUP = 16  # elements sharing one E4M3 scale
-BF16_LIMIT = float(np.array([0x7F7F8000], dtype=np.uint32).view(np.float32)[0])  # rounds to inf in bf16
+BF16_LIMIT = float(
+    np.array([0x7F7F8000], dtype=np.uint32).view(np.float32)[0]
+)  # rounds to inf in bf16
 MAX_PRODUCT = 6.0 * 448.0  # the largest |E2M1 x E4M3|
 
 
@@ -79,21 +81,35 @@ class _Check(Checker):
         self.bad_scale2 += int(not np.isfinite(v) or v < 0)
 
     def weight(self, view: np.ndarray, first_row: int) -> None:
-        if not (self.scale2_value * MAX_PRODUCT >= BF16_LIMIT):  # the usual case: nothing can overflow
+        if not (
+            self.scale2_value * MAX_PRODUCT >= BF16_LIMIT
+        ):  # the usual case: nothing can overflow
             return
-        scale = np.concatenate(self.scales)[first_row:first_row + view.shape[0]]
+        scale = np.concatenate(self.scales)[first_row : first_row + view.shape[0]]
         b = np.ascontiguousarray(view).view(np.uint8)
         codes = np.empty((b.shape[0], b.shape[1] * 2), dtype=np.uint8)
         codes[:, 0::2], codes[:, 1::2] = b & 0x0F, b >> 4
         with np.errstate(over="ignore", invalid="ignore"):
-            values = (e2m1_values()[codes] * np.repeat(e4m3_values()[scale], GROUP, axis=1)).astype(np.float32)
+            values = (e2m1_values()[codes] * np.repeat(e4m3_values()[scale], GROUP, axis=1)).astype(
+                np.float32
+            )
             values = values * np.float32(self.scale2_value)
         self.overflow += int((np.abs(values) >= BF16_LIMIT).sum())
 
     def problems(self) -> list[Problem]:
-        return [(self.nan_scale, "E4M3 scale codes 0x7F/0xFF (NaN)", self.scale_name),
-                (self.bad_scale2, "global scales (weight_scale_2) not a finite number >= 0", self.scale2_name),
-                (self.overflow, "elements whose decode overflows bf16 (a huge weight_scale_2)", self.weight_cut.name)]
+        return [
+            (self.nan_scale, "E4M3 scale codes 0x7F/0xFF (NaN)", self.scale_name),
+            (
+                self.bad_scale2,
+                "global scales (weight_scale_2) not a finite number >= 0",
+                self.scale2_name,
+            ),
+            (
+                self.overflow,
+                "elements whose decode overflows bf16 (a huge weight_scale_2)",
+                self.weight_cut.name,
+            ),
+        ]
 
 
 class NVFP4(Codec):
@@ -102,25 +118,45 @@ class NVFP4(Codec):
     weight_dtypes = ("U8", "I8")
     scale_dtypes = ("F8_E4M3",)
 
-    def fit(self, weight: TensorMeta, scale: TensorMeta | None, *, block: int = 0, split: str = "replicate",
-            scale2: TensorMeta | None = None, stacked: bool = False) -> Fit | str:
-        if scale is None or scale2 is None or weight.dtype not in self.weight_dtypes or scale.dtype != "F8_E4M3" \
-                or len(weight.shape) != 2 or len(scale.shape) != 2 or stacked:
-            return ("nvfp4 wants a 2-D U8 weight [N, K/2], a 2-D F8_E4M3 scale [N, K/16] and an F32 global scale "
-                    "(not stacked)")
+    def fit(
+        self,
+        weight: TensorMeta,
+        scale: TensorMeta | None,
+        *,
+        block: int = 0,
+        split: str = "replicate",
+        scale2: TensorMeta | None = None,
+        stacked: bool = False,
+    ) -> Fit | str:
+        if (
+            scale is None
+            or scale2 is None
+            or weight.dtype not in self.weight_dtypes
+            or scale.dtype != "F8_E4M3"
+            or len(weight.shape) != 2
+            or len(scale.shape) != 2
+            or stacked
+        ):
+            return (
+                "nvfp4 wants a 2-D U8 weight [N, K/2], a 2-D F8_E4M3 scale [N, K/16] and an F32 global scale "
+                "(not stacked)"
+            )
         if scale2.dtype != "F32" or scale2.nbytes != 4:
             return f"nvfp4's global scale {scale2.name} must be one F32 value, not {scale2.dtype} {list(scale2.shape)}"
         n, kb = weight.shape
         if scale.shape != (n, 2 * kb // GROUP) or (2 * kb) % GROUP:
-            return (f"nvfp4 scales hold one E4M3 value per {GROUP} elements: scale {scale.name} is "
-                    f"{list(scale.shape)}, expected [{n}, {2 * kb // GROUP}]")
+            return (
+                f"nvfp4 scales hold one E4M3 value per {GROUP} elements: scale {scale.name} is "
+                f"{list(scale.shape)}, expected [{n}, {2 * kb // GROUP}]"
+            )
         return Fit(weight, scale, (1, GROUP), scale2)
 
     def channels(self, fit: Fit, split: str) -> tuple[int, int]:
         return (fit.weight.shape[0], 1) if split == "rows" else (2 * fit.weight.shape[1], GROUP)
 
-    def cuts(self, fit: Fit, split: str, span: tuple[int, int] | None,
-             experts: tuple[int, int] | None) -> tuple[Cut, Cut | None]:
+    def cuts(
+        self, fit: Fit, split: str, span: tuple[int, int] | None, experts: tuple[int, int] | None
+    ) -> tuple[Cut, Cut | None]:
         w, s = fit.weight, fit.scale
         if span is None:
             return whole(w), whole(s)
@@ -135,21 +171,47 @@ class NVFP4(Codec):
     def checker(self, fit: Fit, weight: Cut, scale: Cut | None) -> Checker:
         return _Check(weight, scale, fit.scale2.name)
 
-    def decode(self, weight: np.ndarray | torch.Tensor, scale: np.ndarray | torch.Tensor, out: torch.Tensor,
-               fit: Fit, *, scale2: np.ndarray | None = None) -> None:
+    def decode(
+        self,
+        weight: np.ndarray | torch.Tensor,
+        scale: np.ndarray | torch.Tensor,
+        out: torch.Tensor,
+        fit: Fit,
+        *,
+        scale2: np.ndarray | None = None,
+    ) -> None:
         """Packed ``[n, K/2]`` with E4M3 ``[n, K/16]`` into bf16 ``out [n, K]``; ``scale2``: the global
         scale's stored bytes (host). One table lookup per packed byte, the table built for this
         global scale (the compiled kernel for host arrays, torch on a device)."""
         from .fp4_e8m0 import decode_torch
+
         value = global_scale(scale2)
         if isinstance(weight, np.ndarray):
-            kernels.decode_fp4(weight.view(np.uint8), np.asarray(scale).view(np.uint8), decode_table(value).numpy(),
-                               out.view(torch.int32).numpy(), group=GROUP)
+            kernels.decode_fp4(
+                weight.view(np.uint8),
+                np.asarray(scale).view(np.uint8),
+                decode_table(value).numpy(),
+                out.view(torch.int32).numpy(),
+                group=GROUP,
+            )
             return
-        decode_torch(weight, scale.view(torch.uint8), out, table=decode_table(value, weight.device), group=GROUP)
+        decode_torch(
+            weight,
+            scale.view(torch.uint8),
+            out,
+            table=decode_table(value, weight.device),
+            group=GROUP,
+        )
 
-    def reference(self, weight: np.ndarray, scale: np.ndarray, out: torch.Tensor, fit: Fit, *,
-                  scale2: np.ndarray | None = None) -> None:
+    def reference(
+        self,
+        weight: np.ndarray,
+        scale: np.ndarray,
+        out: torch.Tensor,
+        fit: Fit,
+        *,
+        scale2: np.ndarray | None = None,
+    ) -> None:
         """numpy, element by element: E2M1 value times the E4M3 scale's value (both from their bits) in
         fp32, times the global scale in fp32, rounded once to bf16."""
         b = weight.view(np.uint8)
@@ -157,7 +219,9 @@ class NVFP4(Codec):
         codes[:, 0::2], codes[:, 1::2] = b & 0x0F, b >> 4
         s = np.repeat(e4m3_values()[np.ascontiguousarray(scale).view(np.uint8)], GROUP, axis=1)
         with np.errstate(over="ignore", invalid="ignore"):
-            values = (e2m1_values()[codes] * s).astype(np.float32) * np.float32(global_scale(scale2))
+            values = (e2m1_values()[codes] * s).astype(np.float32) * np.float32(
+                global_scale(scale2)
+            )
         out.view(torch.int16).copy_(torch.from_numpy(round_bf16(values).view(np.int16)))
 
 

@@ -24,8 +24,16 @@ class Plain(Codec):
     name = "plain"
     weight_dtypes = DTYPES
 
-    def fit(self, weight: TensorMeta, scale: TensorMeta | None, *, block: int = 0, split: str = "replicate",
-            scale2: TensorMeta | None = None, stacked: bool = False) -> Fit | str:
+    def fit(
+        self,
+        weight: TensorMeta,
+        scale: TensorMeta | None,
+        *,
+        block: int = 0,
+        split: str = "replicate",
+        scale2: TensorMeta | None = None,
+        stacked: bool = False,
+    ) -> Fit | str:
         if weight.dtype not in DTYPES:
             return f"plain tensors must be {'/'.join(DTYPES)}, and these are not"
         base = len(weight.shape) - int(stacked)
@@ -34,12 +42,14 @@ class Plain(Codec):
         if split == "cols" and base != 2:
             return "split cols needs 2-D tensors" + (" after the experts" if stacked else "")
         if split == "rows" and base < 1:
-            return ("split rows needs a tensor with at least one dimension"
-                    + (" after the experts" if stacked else " (this one is a scalar)"))
+            return "split rows needs a tensor with at least one dimension" + (
+                " after the experts" if stacked else " (this one is a scalar)"
+            )
         return Fit(weight, None, (1, 1), stacked=stacked)
 
-    def cuts(self, fit: Fit, split: str, span: tuple[int, int] | None,
-             experts: tuple[int, int] | None) -> tuple[Cut, Cut | None]:
+    def cuts(
+        self, fit: Fit, split: str, span: tuple[int, int] | None, experts: tuple[int, int] | None
+    ) -> tuple[Cut, Cut | None]:
         if span is None:
             return cut_axis(fit.weight, None, experts=experts), None
         return cut_axis(fit.weight, self.axis(fit, split), *span, experts=experts), None
@@ -48,16 +58,32 @@ class Plain(Codec):
         """Whether the served bytes are the stored bytes (all but F16, in either kind)."""
         return fit.weight.dtype != "F16"
 
-    def decode(self, weight: np.ndarray | torch.Tensor, scale: object, out: torch.Tensor, fit: Fit, *,
-               scale2: object = None) -> None:
+    def decode(
+        self,
+        weight: np.ndarray | torch.Tensor,
+        scale: object,
+        out: torch.Tensor,
+        fit: Fit,
+        *,
+        scale2: object = None,
+    ) -> None:
         """F16 rows -> BF16 ``out`` rows (``out``: the slot's rows as 2-D bf16)."""
         src = torch.from_numpy(weight) if isinstance(weight, np.ndarray) else weight
         out.copy_(src.view(torch.float16).reshape(out.shape).to(torch.float32))
 
-    def reference(self, weight: np.ndarray, scale: object, out: torch.Tensor, fit: Fit, *,
-                  scale2: object = None) -> None:
+    def reference(
+        self,
+        weight: np.ndarray,
+        scale: object,
+        out: torch.Tensor,
+        fit: Fit,
+        *,
+        scale2: object = None,
+    ) -> None:
         values = np.ascontiguousarray(weight).view(np.float16).astype(np.float32)
-        rounded = round_bf16(values)  # round to nearest even; a NaN stays a NaN (plain rounding made some inf)
+        rounded = round_bf16(
+            values
+        )  # round to nearest even; a NaN stays a NaN (plain rounding made some inf)
         out.view(torch.int16).copy_(torch.from_numpy(rounded.view(np.int16)).reshape(out.shape))
 
 

@@ -20,8 +20,24 @@ import functools
 import numpy as np
 import torch
 
-E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
-               -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+E2M1_VALUES = (
+    0.0,
+    0.5,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    4.0,
+    6.0,
+    -0.0,
+    -0.5,
+    -1.0,
+    -1.5,
+    -2.0,
+    -3.0,
+    -4.0,
+    -6.0,
+)
 E8M0_INVALID = (0x00, 0xFF)
 E4M3_NAN = (0x7F, 0xFF)
 
@@ -38,7 +54,9 @@ SERVED: dict[str, torch.dtype] = {
     "U8": torch.uint8,
     "I8": torch.int8,
     "I64": torch.int64,
-    **{t: torch.uint8 for t in ("Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")},  # GGUF blocks, packed
+    **{
+        t: torch.uint8 for t in ("Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+    },  # GGUF blocks, packed
 }
 # Scales are served exactly as stored (the F16 -> BF16 rule is for weights).
 SERVED_SCALE: dict[str, torch.dtype] = {**SERVED, "F16": torch.float16}
@@ -56,11 +74,15 @@ def e8m0_to_bf16(scale: torch.Tensor) -> torch.Tensor:
 
 @functools.cache
 def _scaled_table_cpu(kind: str) -> torch.Tensor:
-    scale = e8m0_to_f32(torch.arange(256, dtype=torch.int32).to(torch.uint8)).unsqueeze(1)  # [256, 1]
+    scale = e8m0_to_f32(torch.arange(256, dtype=torch.int32).to(torch.uint8)).unsqueeze(
+        1
+    )  # [256, 1]
     if kind == "fp4":
         codes = torch.arange(256)
         e2m1 = torch.tensor(E2M1_VALUES, dtype=torch.float32)
-        lo = (e2m1[codes & 0xF] * scale).to(torch.bfloat16).view(torch.int16).to(torch.int32) & 0xFFFF
+        lo = (e2m1[codes & 0xF] * scale).to(torch.bfloat16).view(torch.int16).to(
+            torch.int32
+        ) & 0xFFFF
         hi = (e2m1[codes >> 4] * scale).to(torch.bfloat16).view(torch.int16).to(torch.int32)
         return (lo | (hi << 16)).reshape(-1)
     e4m3 = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(FLOAT8_E4M3).to(torch.float32)
@@ -83,10 +105,15 @@ def scaled_table(kind: str, device: torch.device | str = "cpu") -> torch.Tensor:
     device = torch.device(device)
     return _scaled_table_cpu(kind) if device.type == "cpu" else _scaled_table_on(kind, str(device))
 
-DECODE_CHUNK = 1 << 16  # torch path: packed bytes (fp4) or codes (fp8) per step, so the int32 indices stay in L2
+
+DECODE_CHUNK = (
+    1 << 16
+)  # torch path: packed bytes (fp4) or codes (fp8) per step, so the int32 indices stay in L2
 
 
-def lookup(table: torch.Tensor, codes: torch.Tensor, scale_shift: torch.Tensor, out: torch.Tensor) -> None:
+def lookup(
+    table: torch.Tensor, codes: torch.Tensor, scale_shift: torch.Tensor, out: torch.Tensor
+) -> None:
     """``out = table[scale * 256 + code]`` for a ``[rows, groups, per]`` block of codes whose scale
     bytes (already shifted left by 8, as int32) are ``[rows, groups, 1]`` (torch ops, any device)."""
     idx = codes.to(torch.int32)
@@ -108,7 +135,7 @@ def e4m3_values() -> np.ndarray:
     codes = np.arange(256)
     sign = np.where(codes & 0x80, -1.0, 1.0)
     exp, man = (codes >> 3) & 0xF, codes & 0x7
-    value = np.where(exp == 0, man / 8.0 * 2.0 ** -6, (1 + man / 8.0) * 2.0 ** (exp - 7.0))
+    value = np.where(exp == 0, man / 8.0 * 2.0**-6, (1 + man / 8.0) * 2.0 ** (exp - 7.0))
     value = (sign * value).astype(np.float32)
     value[(codes & 0x7F) == 0x7F] = np.nan
     return value

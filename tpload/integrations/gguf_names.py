@@ -44,15 +44,23 @@ TYPE_ID = {name: tid for tid, (name, *_rest) in TYPES.items()}
 """ggml type name -> the id vLLM puts in ``qweight_type``."""
 
 # HF model_type -> gguf's architecture name, where they differ (vLLM's spellings)
-_ARCH = {"cohere": "command-r", "gemma3_text": "gemma3", "deepseek_v3": "deepseek2", "deepseek_v2": "deepseek2",
-         "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}
+_ARCH = {
+    "cohere": "command-r",
+    "gemma3_text": "gemma3",
+    "deepseek_v3": "deepseek2",
+    "deepseek_v2": "deepseek2",
+    "qwen2_moe": "qwen2moe",
+    "qwen3_moe": "qwen3moe",
+}
 _STACKED_EXPERTS = ("deepseek2", "qwen2moe", "qwen3moe")
 # The routed experts' parameters in transformers' model: per expert (``experts.3.down_proj.weight``,
 # transformers 4, which the vLLM releases with a GGUF loader ran) or fused (``experts.gate_up_proj``,
 # transformers 5). GGUF stacks them in one tensor each, which the by-hand entries map; vLLM's own code
 # leaves the fused names unmapped, and so fails under transformers 5: here they count as covered.
-_EXPERT = re.compile(r"(?:language_model\.)?model\.layers\.\d+\.mlp\.experts\.(?:\d+\.)?"
-                     r"(?:gate_up_proj|gate_proj|up_proj|down_proj)(?:\.weight|_bias|\.bias)?")
+_EXPERT = re.compile(
+    r"(?:language_model\.)?model\.layers\.\d+\.mlp\.experts\.(?:\d+\.)?"
+    r"(?:gate_up_proj|gate_proj|up_proj|down_proj)(?:\.weight|_bias|\.bias)?"
+)
 
 
 class GGUFNameError(LoadError):
@@ -73,7 +81,9 @@ def manual_entries(arch: str, layers: int) -> dict[str, str]:
         if arch == "deepseek2":
             out[f"blk.{i}.exp_probs_b.bias"] = f"model.layers.{i}.mlp.gate.e_score_correction_bias"
         for proj, short in (("down", "down"), ("gate", "gate"), ("up", "up")):
-            out[f"blk.{i}.ffn_{short}_exps.weight"] = f"model.layers.{i}.mlp.experts.0.{proj}_proj.weight"
+            out[f"blk.{i}.ffn_{short}_exps.weight"] = (
+                f"model.layers.{i}.mlp.experts.0.{proj}_proj.weight"
+            )
     return out
 
 
@@ -84,15 +94,20 @@ def gguf_name(hf_name: str, lookup: Callable[[str], str | None]) -> str | None:
     if hf_name.endswith((".weight", ".bias")):
         base, suffix = hf_name.rsplit(".", 1)
     elif hf_name.endswith("_weight"):  # Gemma3 names some norms so
-        base, suffix = hf_name[:-len("_weight")], "weight"
+        base, suffix = hf_name[: -len("_weight")], "weight"
     else:
         base, suffix = hf_name, ""
     got = lookup(base)
     return None if got is None else f"{got}.{suffix}"
 
 
-def weights_map(model_type: str, layers: int, hf_names: Iterable[str], *,
-                lookup: Callable[[str], str | None] | None = None) -> dict[str, str]:
+def weights_map(
+    model_type: str,
+    layers: int,
+    hf_names: Iterable[str],
+    *,
+    lookup: Callable[[str], str | None] | None = None,
+) -> dict[str, str]:
     """{GGUF name: HF name} as vLLM builds it from the model's state-dict names ``hf_names``
     (``lookup``: gguf's TensorNameMap.get_name; default: gguf's map for the architecture).
     GGUFNameError listing every state-dict name mapped neither way (vLLM refuses those too)."""
@@ -111,9 +126,13 @@ def weights_map(model_type: str, layers: int, hf_names: Iterable[str], *,
         elif hf not in by_hand:
             unmapped.append(hf)
     if unmapped:
-        shown = ", ".join(unmapped[:8]) + (f" and {len(unmapped) - 8} more" if len(unmapped) > 8 else "")
-        raise GGUFNameError(f"GGUF hand-off: {len(unmapped)} parameter(s) of the {model_type} model have no GGUF "
-                            f"name in gguf's {arch} tensor map: {shown}")
+        shown = ", ".join(unmapped[:8]) + (
+            f" and {len(unmapped) - 8} more" if len(unmapped) > 8 else ""
+        )
+        raise GGUFNameError(
+            f"GGUF hand-off: {len(unmapped)} parameter(s) of the {model_type} model have no GGUF "
+            f"name in gguf's {arch} tensor map: {shown}"
+        )
     return out
 
 
@@ -121,8 +140,10 @@ def _gguf_lookup(arch: str, layers: int) -> Callable[[str], str | None]:
     try:
         import gguf
     except ImportError:
-        raise GGUFNameError("the vLLM hand-off of a GGUF checkpoint maps names with the gguf package, which is "
-                            "not installed in the engine's environment (pip install gguf)") from None
+        raise GGUFNameError(
+            "the vLLM hand-off of a GGUF checkpoint maps names with the gguf package, which is "
+            "not installed in the engine's environment (pip install gguf)"
+        ) from None
     key = next((k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch), None)
     if key is None:
         raise GGUFNameError(f"GGUF hand-off: gguf knows no architecture {arch!r}")
@@ -135,8 +156,10 @@ def hf_state_names(hf_config: object, *, trust_remote_code: bool = False) -> lis
     from transformers import AutoModelForCausalLM
 
     if getattr(hf_config, "vision_config", None) is not None:
-        raise GGUFNameError("GGUF hand-off: multimodal GGUF models (an mmproj file beside the weights) are not "
-                            "handed over by tpload")
+        raise GGUFNameError(
+            "GGUF hand-off: multimodal GGUF models (an mmproj file beside the weights) are not "
+            "handed over by tpload"
+        )
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config, trust_remote_code=trust_remote_code)
     names = list(model.state_dict())
@@ -153,8 +176,11 @@ def hf_state_names(hf_config: object, *, trust_remote_code: bool = False) -> lis
 def vllm_weights_map(hf_config: object, *, trust_remote_code: bool = False) -> dict[str, str]:
     """{GGUF name: HF name} for vLLM's model built from ``hf_config`` (its ``hf_config``)."""
     text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
-    return weights_map(hf_config.model_type, text.num_hidden_layers,
-                       hf_state_names(hf_config, trust_remote_code=trust_remote_code))
+    return weights_map(
+        hf_config.model_type,
+        text.num_hidden_layers,
+        hf_state_names(hf_config, trust_remote_code=trust_remote_code),
+    )
 
 
 def is_gguf(plan_items: Sequence) -> bool:
@@ -173,18 +199,34 @@ class GGUFHandoff(Handoff):
     A stored tensor with no name in ``names`` is refused when the hand-off starts (vLLM would drop
     it silently), unless it is one vLLM computes (:data:`COMPUTED`)."""
 
-    def __init__(self, state: Mapping[str, torch.Tensor], plan_items: Sequence, *, rank: int,
-                 names: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        state: Mapping[str, torch.Tensor],
+        plan_items: Sequence,
+        *,
+        rank: int,
+        names: Mapping[str, str],
+    ) -> None:
         super().__init__(state, plan_items, rank=rank)
         # gguf's reader yields a file's tensors in header order; writers lay the data out in that order
-        self.cuts.sort(key=lambda cm: (natural_key(cm[1].file), getattr(cm[1], "begin", 0), cm[0].name))
+        self.cuts.sort(
+            key=lambda cm: (natural_key(cm[1].file), getattr(cm[1], "begin", 0), cm[0].name)
+        )
         self.names = dict(names)
-        self.computed = [c.name for c, _ in self.cuts if c.name not in self.names and c.name in COMPUTED]
-        unnamed = [c.name for c, _ in self.cuts if c.name not in self.names and c.name not in COMPUTED]
+        self.computed = [
+            c.name for c, _ in self.cuts if c.name not in self.names and c.name in COMPUTED
+        ]
+        unnamed = [
+            c.name for c, _ in self.cuts if c.name not in self.names and c.name not in COMPUTED
+        ]
         if unnamed:
-            shown = ", ".join(unnamed[:8]) + (f" and {len(unnamed) - 8} more" if len(unnamed) > 8 else "")
-            raise HandoffError(f"GGUF hand-off: {len(unnamed)} tensor(s) of the checkpoint have no name in vLLM's "
-                               f"GGUF map for this model, and vLLM would drop them unloaded: {shown}")
+            shown = ", ".join(unnamed[:8]) + (
+                f" and {len(unnamed) - 8} more" if len(unnamed) > 8 else ""
+            )
+            raise HandoffError(
+                f"GGUF hand-off: {len(unnamed)} tensor(s) of the checkpoint have no name in vLLM's "
+                f"GGUF map for this model, and vLLM would drop them unloaded: {shown}"
+            )
         for name in self.computed:  # handed nowhere, required nowhere
             self.handed.pop(name)
 
@@ -202,8 +244,16 @@ class GGUFHandoff(Handoff):
             if handed.whole:
                 yield hf, whole_tensor(window, handed)
             else:
-                yield hf, WindowTensor(window, meta.shape, handed.box, f"{cut.name} as {hf} (rank {self.rank})",
-                                       handed=handed)
+                yield (
+                    hf,
+                    WindowTensor(
+                        window,
+                        meta.shape,
+                        handed.box,
+                        f"{cut.name} as {hf} (rank {self.rank})",
+                        handed=handed,
+                    ),
+                )
 
 
 _MTP = re.compile(r"model\.layers\.(\d+)\.\*")
@@ -223,7 +273,9 @@ def gguf_skips(skips: Sequence[Skip], checkpoint: str) -> tuple[Skip, ...]:
         files = gguf_files(root)
         if not files:
             return tuple(skips)
-        stored = [n for h in read_set(files, root if root.is_dir() else root.parent) for n in h.order]
+        stored = [
+            n for h in read_set(files, root if root.is_dir() else root.parent) for n in h.order
+        ]
     except LoadError:  # the load reads the set again and fails every rank with the same message
         return tuple(skips)
     out = []

@@ -51,6 +51,7 @@ class HandoffError(LoadError):
 
 # -- what the engine read -----------------------------------------------------------------------------
 
+
 class Handed:
     """One tensor handed to the engine: the box of the stored tensor this rank holds (element
     ranges, stored coordinates) and the boxes the engine read of it."""
@@ -75,7 +76,9 @@ class Handed:
         if not self.taken:
             return "never taken from the weights iterator"
         if not self.reads:
-            return "taken, never read" + ("" if self.whole else f" (this rank holds {_ranges(self.box)})")
+            return "taken, never read" + (
+                "" if self.whole else f" (this rank holds {_ranges(self.box)})"
+            )
         parts = ", ".join(sorted(_ranges(b) for b in self.reads)[:4])
         return f"only {parts} read of the {_ranges(self.box)} this rank holds"
 
@@ -120,14 +123,30 @@ def declared_skips(model_config: Mapping[str, object]) -> tuple[Skip, ...]:
     * rotary tables (``rotary_emb.inv_freq``, ``cos_cached``, ``sin_cached``): computed, never loaded.
     """
     out = []
-    layers, mtp = model_config.get("num_hidden_layers"), model_config.get("num_nextn_predict_layers")
+    layers, mtp = (
+        model_config.get("num_hidden_layers"),
+        model_config.get("num_nextn_predict_layers"),
+    )
     if isinstance(layers, int) and isinstance(mtp, int) and not isinstance(mtp, bool):
-        out += [Skip(f"model.layers.{layers + i}.*", f"MTP layer {layers + i} (num_hidden_layers is {layers}): "
-                     "loaded only into a draft model, never read", read=False) for i in range(max(0, mtp))]
+        out += [
+            Skip(
+                f"model.layers.{layers + i}.*",
+                f"MTP layer {layers + i} (num_hidden_layers is {layers}): "
+                "loaded only into a draft model, never read",
+                read=False,
+            )
+            for i in range(max(0, mtp))
+        ]
     if model_config.get("tie_word_embeddings") is True:
-        out.append(Skip("lm_head.*", "tie_word_embeddings: the engine's lm_head is embed_tokens", read=True))
-    out += [Skip(f"*.rotary_emb.{t}", "rotary tables: the engine computes them", read=True)
-            for t in ("inv_freq", "cos_cached", "sin_cached")]
+        out.append(
+            Skip(
+                "lm_head.*", "tie_word_embeddings: the engine's lm_head is embed_tokens", read=True
+            )
+        )
+    out += [
+        Skip(f"*.rotary_emb.{t}", "rotary tables: the engine computes them", read=True)
+        for t in ("inv_freq", "cos_cached", "sin_cached")
+    ]
     return tuple(out)
 
 
@@ -139,26 +158,87 @@ def engine_skips(model_config: Mapping[str, object]) -> tuple[str, ...]:
 # -- the tensors handed over ------------------------------------------------------------------------
 
 # Queries of a tensor's metadata: answered, and never a read.
-_QUERIES = frozenset({"size", "dim", "numel", "nelement", "__len__", "element_size", "is_floating_point",
-                      "is_complex", "get_device", "is_contiguous", "stride", "__format__", "__repr__", "__hash__",
-                      "__get__", "is_signed", "is_inference", "type"})
+_QUERIES = frozenset(
+    {
+        "size",
+        "dim",
+        "numel",
+        "nelement",
+        "__len__",
+        "element_size",
+        "is_floating_point",
+        "is_complex",
+        "get_device",
+        "is_contiguous",
+        "stride",
+        "__format__",
+        "__repr__",
+        "__hash__",
+        "__get__",
+        "is_signed",
+        "is_inference",
+        "type",
+    }
+)
 # Attributes a window serves (metadata); any other (``.data``, ``.T``, ``.real``, ...) is refused.
-_ATTRIBUTES = frozenset({"shape", "ndim", "nbytes", "itemsize", "dtype", "device", "layout", "requires_grad",
-                         "is_leaf", "grad", "grad_fn", "_grad", "_grad_fn", "name", "output_nr", "retains_grad",
-                         "_version", "_has_symbolic_sizes_strides", "_python_dispatch", "_base", "_cdata",
-                         "grad_dtype", "volatile", "is_cpu", "is_cuda", "is_ipu", "is_maia", "is_meta", "is_mkldnn",
-                         "is_mps", "is_mtia", "is_nested", "is_quantized", "is_sparse", "is_sparse_csr",
-                         "is_vulkan", "is_xla", "is_xpu"})
+_ATTRIBUTES = frozenset(
+    {
+        "shape",
+        "ndim",
+        "nbytes",
+        "itemsize",
+        "dtype",
+        "device",
+        "layout",
+        "requires_grad",
+        "is_leaf",
+        "grad",
+        "grad_fn",
+        "_grad",
+        "_grad_fn",
+        "name",
+        "output_nr",
+        "retains_grad",
+        "_version",
+        "_has_symbolic_sizes_strides",
+        "_python_dispatch",
+        "_base",
+        "_cdata",
+        "grad_dtype",
+        "volatile",
+        "is_cpu",
+        "is_cuda",
+        "is_ipu",
+        "is_maia",
+        "is_meta",
+        "is_mkldnn",
+        "is_mps",
+        "is_mtia",
+        "is_nested",
+        "is_quantized",
+        "is_sparse",
+        "is_sparse_csr",
+        "is_vulkan",
+        "is_xla",
+        "is_xpu",
+    }
+)
 
 
 def _access(func: Callable) -> str:
     """How the engine's call reads in a message: ``torch.cat``, ``Tensor.numpy``, ``attribute .data``."""
     owner = getattr(func, "__self__", None)
     if getattr(func, "__name__", "") in ("__get__", "__set__") and owner is not None:
-        attr = getattr(owner, "__name__", None) or getattr(getattr(owner, "fget", None), "__name__", "?")
+        attr = getattr(owner, "__name__", None) or getattr(
+            getattr(owner, "fget", None), "__name__", "?"
+        )
         return f"attribute .{attr}" + (" (set)" if func.__name__ == "__set__" else "")
     name = getattr(func, "__name__", None) or repr(func)
-    for prefix, where in (("torch.", torch), ("Tensor.", torch.Tensor), ("torch.nn.functional.", torch.nn.functional)):
+    for prefix, where in (
+        ("torch.", torch),
+        ("Tensor.", torch.Tensor),
+        ("torch.nn.functional.", torch.nn.functional),
+    ):
         if getattr(where, name, None) is func:
             return prefix + name
     return f"{getattr(func, '__module__', None) or 'torch'}.{getattr(func, '__qualname__', name)}"
@@ -169,7 +249,11 @@ def _attribute(func: Callable) -> str | None:
     if getattr(func, "__name__", "") != "__get__":
         return None
     owner = getattr(func, "__self__", None)
-    return getattr(owner, "__name__", None) or getattr(getattr(owner, "fget", None), "__name__", None) or "?"
+    return (
+        getattr(owner, "__name__", None)
+        or getattr(getattr(owner, "fget", None), "__name__", None)
+        or "?"
+    )
 
 
 def _windows_in(args: object) -> list[WindowTensor]:
@@ -187,12 +271,25 @@ class WindowTensor(torch.Tensor):
     _full: torch.Size
 
     @staticmethod
-    def __new__(cls, window: torch.Tensor, full: Sequence[int], box: Sequence[Range], label: str, *,
-                handed: Handed | None = None, origin: Sequence[int] | None = None) -> WindowTensor:
+    def __new__(
+        cls,
+        window: torch.Tensor,
+        full: Sequence[int],
+        box: Sequence[Range],
+        label: str,
+        *,
+        handed: Handed | None = None,
+        origin: Sequence[int] | None = None,
+    ) -> WindowTensor:
         # "sizes": sizes, strides and numel come from Python (answered below, in __torch_function__);
         # C code that reads them (DLPack export, an extension) reaches __torch_dispatch__ and is refused.
-        t = torch.Tensor._make_wrapper_subclass(cls, tuple(full), dtype=window.dtype, device=window.device,
-                                                dispatch_sizes_strides_policy="sizes")
+        t = torch.Tensor._make_wrapper_subclass(
+            cls,
+            tuple(full),
+            dtype=window.dtype,
+            device=window.device,
+            dispatch_sizes_strides_policy="sizes",
+        )
         t._window, t._box, t._label = window, tuple(box), label
         t._handed, t._origin = handed, tuple(origin) if origin is not None else (0,) * len(full)
         t._full = torch.Size(full)
@@ -204,9 +301,11 @@ class WindowTensor(torch.Tensor):
     __str__ = __repr__
 
     def _refuse(self, access: str) -> HandoffError:
-        return HandoffError(f"{self._label}: the engine's weight loader used {access} on the whole tensor; this "
-                            f"rank holds only {_ranges(self._box)} of {tuple(self._full)} (tpload hands over "
-                            "windows: a loader may read shapes and narrow to its part, nothing else)")
+        return HandoffError(
+            f"{self._label}: the engine's weight loader used {access} on the whole tensor; this "
+            f"rank holds only {_ranges(self._box)} of {tuple(self._full)} (tpload hands over "
+            "windows: a loader may read shapes and narrow to its part, nothing else)"
+        )
 
     # Python-level ways to the bytes, refused here whatever __torch_function__ would do with them.
     def __dlpack__(self, *args: object, **kwargs: object) -> object:
@@ -257,19 +356,27 @@ class WindowTensor(torch.Tensor):
         kwargs = kwargs or {}
         try:
             return cls._serve(func, args, kwargs)
-        except StopIteration:  # never let it out: under map() it would silently end the engine's iteration
-            raise HandoffError(f"the engine's weight loader called {_access(func)} on a tpload window "
-                               "(StopIteration inside the hand-off)") from None
+        except (
+            StopIteration
+        ):  # never let it out: under map() it would silently end the engine's iteration
+            raise HandoffError(
+                f"the engine's weight loader called {_access(func)} on a tpload window "
+                "(StopIteration inside the hand-off)"
+            ) from None
 
     @classmethod
     def _serve(cls, func: Callable, args: tuple, kwargs: dict) -> object:
         windows = _windows_in((args, kwargs))
-        if not windows:  # pragma: no cover - torch calls this only with a window among the arguments
+        if (
+            not windows
+        ):  # pragma: no cover - torch calls this only with a window among the arguments
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
         self = args[0] if args and isinstance(args[0], WindowTensor) else None
         if self is None or len(windows) > 1 or windows[0] is not self:
-            raise windows[0]._refuse(_access(func))  # a window as an argument of someone else's call
+            raise windows[0]._refuse(
+                _access(func)
+            )  # a window as an argument of someone else's call
         if func in (torch.Tensor.narrow, torch.narrow):
             return _narrow(*args, **kwargs)
         if func is torch.Tensor.__getitem__ and not kwargs:
@@ -330,9 +437,13 @@ class WindowTensor(torch.Tensor):
         # asked for by code that did not go through the allow-list, e.g. torch.utils.dlpack.to_dlpack.
         windows = _windows_in((args, kwargs or {}))
         if not windows:  # pragma: no cover
-            raise HandoffError(f"the engine ran {func} on a tpload window (only narrowing to the window is served)")
-        raise windows[0]._refuse(f"{func} from C code (e.g. torch.utils.dlpack.to_dlpack, or an extension that "
-                                 "reads the tensor's memory)")
+            raise HandoffError(
+                f"the engine ran {func} on a tpload window (only narrowing to the window is served)"
+            )
+        raise windows[0]._refuse(
+            f"{func} from C code (e.g. torch.utils.dlpack.to_dlpack, or an extension that "
+            "reads the tensor's memory)"
+        )
 
 
 _REFUSED = object()
@@ -357,7 +468,9 @@ class WholeTensor(torch.Tensor):
         kwargs = kwargs or {}
         with torch._C.DisableTorchFunctionSubclass():
             out = func(*args, **kwargs)
-        if getattr(func, "__name__", "") not in _QUERIES or any(isinstance(o, torch.Tensor) for o in tree_leaves(out)):
+        if getattr(func, "__name__", "") not in _QUERIES or any(
+            isinstance(o, torch.Tensor) for o in tree_leaves(out)
+        ):
             for leaf in tree_leaves((args, kwargs)):
                 if isinstance(leaf, WholeTensor):
                     leaf._handed.read()
@@ -376,8 +489,11 @@ def _ranges(box: Sequence[Range]) -> str:
 
 def _narrow(t: WindowTensor, dim: int, start: int, length: int) -> torch.Tensor:
     """``t.narrow(dim, start, length)`` (see :func:`_take`)."""
-    return _take(t, {dim % len(t._full): (int(start), int(length))}, f"[{int(start)}:{int(start) + int(length)}] of "
-                 f"dimension {dim % len(t._full)}")
+    return _take(
+        t,
+        {dim % len(t._full): (int(start), int(length))},
+        f"[{int(start)}:{int(start) + int(length)}] of dimension {dim % len(t._full)}",
+    )
 
 
 def _getitem(t: WindowTensor, index: object) -> torch.Tensor:
@@ -387,12 +503,16 @@ def _getitem(t: WindowTensor, index: object) -> torch.Tensor:
     dots = [i for i, p in enumerate(parts) if p is Ellipsis]
     if len(dots) == 1:  # gpt-oss's loaders slice so: the dimensions it stands for, whole
         at = dots[0]
-        parts = parts[:at] + (slice(None),) * max(0, len(t._full) - len(parts) + 1) + parts[at + 1:]
+        parts = (
+            parts[:at] + (slice(None),) * max(0, len(t._full) - len(parts) + 1) + parts[at + 1 :]
+        )
     ranges = {}
     for dim, s in enumerate(parts):
         if not isinstance(s, slice) or s.step not in (None, 1) or dim >= len(t._full):
-            raise HandoffError(f"{t._label}: the engine indexed the whole tensor with {index!r}; this rank holds "
-                               f"{_ranges(t._box)} of {tuple(t._full)}")
+            raise HandoffError(
+                f"{t._label}: the engine indexed the whole tensor with {index!r}; this rank holds "
+                f"{_ranges(t._box)} of {tuple(t._full)}"
+            )
         start, stop, _ = s.indices(t._full[dim])
         ranges[dim] = (start, max(0, stop - start))
     return _take(t, ranges, f"[{', '.join(f'{a}:{a + n}' for a, n in ranges.values())}]")
@@ -406,9 +526,11 @@ def _take(t: WindowTensor, ranges: Mapping[int, tuple[int, int]], asked: str) ->
     for dim, (start, length) in ranges.items():
         lo, hi = box[dim]
         if start < lo or length < 0 or start + length > hi:
-            raise HandoffError(f"{t._label}: the engine asked for {asked}; this rank holds {_ranges(t._box)} of "
-                               f"{tuple(t._full)}: its sharding differs from the config's rule for this tensor "
-                               "(docs/engines.md)")
+            raise HandoffError(
+                f"{t._label}: the engine asked for {asked}; this rank holds {_ranges(t._box)} of "
+                f"{tuple(t._full)}: its sharding differs from the config's rule for this tensor "
+                "(docs/engines.md)"
+            )
         window = window.narrow(dim, start - lo, length)
         full[dim], box[dim] = length, (0, length)
         origin[dim] += start
@@ -436,10 +558,15 @@ def box_of(cut: Cut, meta: TensorMeta) -> tuple[Range, ...]:
     index.reverse()
     box = tuple((i, i + w) for i, w in zip(index, cut.shape))
     cut_dims = [d for d, (w, n) in enumerate(zip(cut.shape, full)) if w != n]
-    if len(cut.shape) != len(full) or any(index[d] for d in range(len(full)) if d not in cut_dims) or \
-            math.prod(cut.shape) * size != cut.nbytes:
-        raise LoadError(f"{meta.name}: its window {_ranges(box)} of {full} is not a range of one dimension; "
-                        "an engine hand-off takes tensor-parallel windows only")
+    if (
+        len(cut.shape) != len(full)
+        or any(index[d] for d in range(len(full)) if d not in cut_dims)
+        or math.prod(cut.shape) * size != cut.nbytes
+    ):
+        raise LoadError(
+            f"{meta.name}: its window {_ranges(box)} of {full} is not a range of one dimension; "
+            "an engine hand-off takes tensor-parallel windows only"
+        )
     return box
 
 
@@ -459,15 +586,27 @@ class Handoff:
     which were never read whole. Every tensor is registered before the first is yielded, so one
     the engine never took from the iterator counts too."""
 
-    def __init__(self, state: Mapping[str, torch.Tensor], plan_items: Sequence, *, rank: int,
-                 rename: Mapping[str, Sequence[str]] | None = None) -> None:
+    def __init__(
+        self,
+        state: Mapping[str, torch.Tensor],
+        plan_items: Sequence,
+        *,
+        rank: int,
+        rename: Mapping[str, Sequence[str]] | None = None,
+    ) -> None:
         """``rename``: {stored name: the names the engine expects it under} (the KV-cache scales'
         canonical names, kvscales.py); each name gets its own copy, and any of them being read counts."""
         self.state, self.rank, self.rename = state, rank, dict(rename or {})
         cuts = []
         for item in plan_items:
-            metas = {m.name: m for m in (item.fit.weight, item.fit.scale, item.fit.scale2) if m is not None}
-            cuts += [(checkpoint_order(metas[c.name].file, c.name), c, metas[c.name]) for c in item.cuts]
+            metas = {
+                m.name: m
+                for m in (item.fit.weight, item.fit.scale, item.fit.scale2)
+                if m is not None
+            }
+            cuts += [
+                (checkpoint_order(metas[c.name].file, c.name), c, metas[c.name]) for c in item.cuts
+            ]
         cuts.sort(key=lambda x: x[0])
         self.cuts = [(c, m) for _, c, m in cuts]
         self.handed: dict[str, Handed] = {}
@@ -485,8 +624,16 @@ class Handoff:
                 for name in self.rename.get(cut.name, (cut.name,)):
                     yield name, whole_tensor(window if name == cut.name else window.clone(), handed)
             else:
-                yield cut.name, WindowTensor(window, meta.shape, handed.box, f"{cut.name} (rank {self.rank})",
-                                             handed=handed)
+                yield (
+                    cut.name,
+                    WindowTensor(
+                        window,
+                        meta.shape,
+                        handed.box,
+                        f"{cut.name} (rank {self.rank})",
+                        handed=handed,
+                    ),
+                )
 
     def unconsumed(self, skips: Sequence[Skip] = ()) -> tuple[list[Handed], dict[str, list[str]]]:
         """(tensors not read whole and not declared, {declared skip's glob: the tensors it excused})."""
@@ -506,11 +653,15 @@ def unconsumed_message(missing: Sequence[Handed], engine: str) -> str:
     """One line naming the tensors ``engine``'s loaders left unread (the first 8, then a count)."""
     shown = ", ".join(f"{h.name} ({h.what()})" for h in missing[:8])
     more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
-    return (f"{len(missing)} tensor(s) tpload handed over were not consumed by {engine}'s weight loaders: "
-            f"{shown}{more}; every handed tensor must be read, or be declared skipped on purpose by the engine "
-            "integration (docs/engines.md)")
+    return (
+        f"{len(missing)} tensor(s) tpload handed over were not consumed by {engine}'s weight loaders: "
+        f"{shown}{more}; every handed tensor must be read, or be declared skipped on purpose by the engine "
+        "integration (docs/engines.md)"
+    )
 
 
-def windows(state: Mapping[str, torch.Tensor], plan_items: Sequence, *, rank: int) -> Iterator[tuple[str, torch.Tensor]]:
+def windows(
+    state: Mapping[str, torch.Tensor], plan_items: Sequence, *, rank: int
+) -> Iterator[tuple[str, torch.Tensor]]:
     """:meth:`Handoff.tensors` of a hand-off whose reads nobody checks (tests, tools)."""
     return Handoff(state, plan_items, rank=rank).tensors()

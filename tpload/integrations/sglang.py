@@ -22,8 +22,12 @@ from torch import nn
 
 try:
     from sglang.srt.distributed import get_tp_group
-    from sglang.srt.model_loader.loader import BaseModelLoader, DefaultModelLoader, _initialize_model
-    from sglang.srt.model_loader.loader import _get_quantization_config
+    from sglang.srt.model_loader.loader import (
+        BaseModelLoader,
+        DefaultModelLoader,
+        _get_quantization_config,
+        _initialize_model,
+    )
     from sglang.srt.model_loader.utils import set_default_torch_dtype
 except ImportError as e:  # pragma: no cover - SGLang is not installed where the tests run
     raise ImportError(f"tpload.integrations.sglang needs SGLang ({e}); pip install sglang") from e
@@ -43,13 +47,26 @@ class TploadModelLoader(BaseModelLoader):
         target = torch.device(device_config.device)
         with set_default_torch_dtype(model_config.dtype):
             with target:
-                model = _initialize_model(model_config, self.load_config,
-                                          _get_quantization_config(model_config, self.load_config))
+                model = _initialize_model(
+                    model_config,
+                    self.load_config,
+                    _get_quantization_config(model_config, self.load_config),
+                )
             tp = get_tp_group()
             extra = self.load_config.model_loader_extra_config or {}
-            job = EngineLoad("sglang", model_config.model_path, json.loads(extra) if isinstance(extra, str) else extra,
-                             group=tp.device_group, cpu_group=tp.cpu_group, rank=tp.rank_in_group,
-                             world=tp.world_size, engine_device=target, log=log)
-            job.run(lambda weights: DefaultModelLoader.load_weights_only(model, weights, target), None)
+            job = EngineLoad(
+                "sglang",
+                model_config.model_path,
+                json.loads(extra) if isinstance(extra, str) else extra,
+                group=tp.device_group,
+                cpu_group=tp.cpu_group,
+                rank=tp.rank_in_group,
+                world=tp.world_size,
+                engine_device=target,
+                log=log,
+            )
+            job.run(
+                lambda weights: DefaultModelLoader.load_weights_only(model, weights, target), None
+            )
             DefaultModelLoader.postprocess_weights(model, target)
         return model.eval()

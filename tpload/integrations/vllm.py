@@ -16,8 +16,8 @@ unless it is one vLLM skips on purpose, declared by :func:`_skips`), and vLLM's
 from __future__ import annotations
 
 import os
-from torch import nn
 
+from torch import nn
 from vllm.config import ModelConfig
 from vllm.logger import init_logger
 from vllm.model_executor.model_loader import register_model_loader
@@ -48,15 +48,29 @@ class TploadModelLoader(BaseModelLoader):
         from .gguf_names import gguf_skips
 
         if get_pp_group().world_size > 1:
-            raise ValueError("--load-format tpload loads tensor-parallel workers only; pipeline parallelism "
-                             f"(pipeline_parallel_size {get_pp_group().world_size}) is not supported")
+            raise ValueError(
+                "--load-format tpload loads tensor-parallel workers only; pipeline parallelism "
+                f"(pipeline_parallel_size {get_pp_group().world_size}) is not supported"
+            )
         tp = get_tp_group()
         device = next(model.parameters()).device
-        job = EngineLoad("vllm", self._checkpoint(model_config), dict(self.load_config.model_loader_extra_config or {}),
-                         group=tp.device_group, cpu_group=tp.cpu_group, rank=tp.rank_in_group,
-                         world=tp.world_size, engine_device=device, log=log)
-        job.run(lambda weights: model.load_weights(weights), _expected(model, model_config),
-                skips=gguf_skips(_skips(model_config), job.checkpoint), gguf_names=lambda: _gguf_names(model_config))
+        job = EngineLoad(
+            "vllm",
+            self._checkpoint(model_config),
+            dict(self.load_config.model_loader_extra_config or {}),
+            group=tp.device_group,
+            cpu_group=tp.cpu_group,
+            rank=tp.rank_in_group,
+            world=tp.world_size,
+            engine_device=device,
+            log=log,
+        )
+        job.run(
+            lambda weights: model.load_weights(weights),
+            _expected(model, model_config),
+            skips=gguf_skips(_skips(model_config), job.checkpoint),
+            gguf_names=lambda: _gguf_names(model_config),
+        )
 
     @staticmethod
     def _checkpoint(model_config: ModelConfig) -> str:
@@ -65,8 +79,11 @@ class TploadModelLoader(BaseModelLoader):
             return model_config.model
         from huggingface_hub import snapshot_download
 
-        return snapshot_download(model_config.model, revision=model_config.revision,
-                                 allow_patterns=["*.safetensors", "*.json"])
+        return snapshot_download(
+            model_config.model,
+            revision=model_config.revision,
+            allow_patterns=["*.safetensors", "*.json"],
+        )
 
 
 def _skips(model_config: ModelConfig) -> tuple:
@@ -83,7 +100,9 @@ def _gguf_names(model_config: ModelConfig) -> dict[str, str]:
     """For a GGUF checkpoint: {GGUF name: HF name} as vLLM's GGUF loader maps it (gguf_names.py)."""
     from .gguf_names import vllm_weights_map
 
-    return vllm_weights_map(model_config.hf_config, trust_remote_code=model_config.trust_remote_code)
+    return vllm_weights_map(
+        model_config.hf_config, trust_remote_code=model_config.trust_remote_code
+    )
 
 
 def _expected(model: nn.Module, model_config: ModelConfig) -> set[str] | None:
@@ -92,4 +111,3 @@ def _expected(model: nn.Module, model_config: ModelConfig) -> set[str] | None:
     if model_config.quantization is not None:
         return None
     return {name for name, _ in model.named_parameters()}
-

@@ -43,43 +43,83 @@ def parameter_digests(worker: object) -> dict[str, str]:
     return out
 
 
-def run(model: str, tp: int, fmt: str, extra: dict, max_tokens: int, dtype: str = "bfloat16") -> dict:
+def run(
+    model: str, tp: int, fmt: str, extra: dict, max_tokens: int, dtype: str = "bfloat16"
+) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
     t0 = time.perf_counter()
-    llm = LLM(model=model, tensor_parallel_size=tp, load_format=fmt, model_loader_extra_config=extra,
-              enforce_eager=True, max_model_len=128, skip_tokenizer_init=True, dtype=dtype, seed=0)
-    first = llm.generate([TokensPrompt(prompt_token_ids=list(PROMPTS[0]))], SamplingParams(temperature=0, max_tokens=1))
+    llm = LLM(
+        model=model,
+        tensor_parallel_size=tp,
+        load_format=fmt,
+        model_loader_extra_config=extra,
+        enforce_eager=True,
+        max_model_len=128,
+        skip_tokenizer_init=True,
+        dtype=dtype,
+        seed=0,
+    )
+    first = llm.generate(
+        [TokensPrompt(prompt_token_ids=list(PROMPTS[0]))],
+        SamplingParams(temperature=0, max_tokens=1),
+    )
     to_first = time.perf_counter() - t0
     # One prompt at a time: a batch's composition depends on the engine's timing, and vLLM's CPU kernels
     # are not batch-invariant (seen: one prompt's greedy tokens changed with a neighbour in the batch).
-    outs = [llm.generate([TokensPrompt(prompt_token_ids=list(p))], SamplingParams(temperature=0, max_tokens=max_tokens))[0]
-            for p in PROMPTS]
+    outs = [
+        llm.generate(
+            [TokensPrompt(prompt_token_ids=list(p))],
+            SamplingParams(temperature=0, max_tokens=max_tokens),
+        )[0]
+        for p in PROMPTS
+    ]
     digests = llm.collective_rpc(parameter_digests)
-    result = {"format": fmt, "start_to_first_token_s": round(to_first, 3), "first": list(first[0].outputs[0].token_ids),
-              "tokens": [list(o.outputs[0].token_ids) for o in outs], "parameters": digests}
+    result = {
+        "format": fmt,
+        "start_to_first_token_s": round(to_first, 3),
+        "first": list(first[0].outputs[0].token_ids),
+        "tokens": [list(o.outputs[0].token_ids) for o in outs],
+        "parameters": digests,
+    }
     del llm
     gc.collect()
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tpload.integrations.vllm_run", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m tpload.integrations.vllm_run", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("model")
     ap.add_argument("--tp", type=int, default=1)
-    ap.add_argument("--formats", default="auto,tpload", help="comma-separated load formats, run in this order")
+    ap.add_argument(
+        "--formats", default="auto,tpload", help="comma-separated load formats, run in this order"
+    )
     ap.add_argument("--extra", default="{}", help="tpload's model loader extra config (JSON)")
-    ap.add_argument("--report-dir", default="", help="tpload writes its report here as report-tp{N}.json")
+    ap.add_argument(
+        "--report-dir", default="", help="tpload writes its report here as report-tp{N}.json"
+    )
     ap.add_argument("--max-tokens", type=int, default=8)
-    ap.add_argument("--dtype", default="bfloat16", help="the engine's compute dtype (the checkpoint's stays as stored)")
+    ap.add_argument(
+        "--dtype",
+        default="bfloat16",
+        help="the engine's compute dtype (the checkpoint's stays as stored)",
+    )
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # the digest function crosses to the workers
+    os.environ.setdefault(
+        "VLLM_ALLOW_INSECURE_SERIALIZATION", "1"
+    )  # the digest function crosses to the workers
     results = []
     for fmt in args.formats.split(","):
         extra = json.loads(args.extra) if fmt == "tpload" else {}
-        report = os.path.join(args.report_dir, f"report-tp{args.tp}.json") if args.report_dir and fmt == "tpload" else ""
+        report = (
+            os.path.join(args.report_dir, f"report-tp{args.tp}.json")
+            if args.report_dir and fmt == "tpload"
+            else ""
+        )
         if report:
             extra = {**extra, "report": report}
         result = run(args.model, args.tp, fmt, extra, args.max_tokens, args.dtype)
@@ -87,7 +127,10 @@ def main(argv: list[str] | None = None) -> int:
             with open(report) as f:
                 result["report"] = json.load(f)
         results.append(result)
-        print(f"{fmt}: start to first token {result['start_to_first_token_s']} s, tokens {result['tokens']}", flush=True)
+        print(
+            f"{fmt}: start to first token {result['start_to_first_token_s']} s, tokens {result['tokens']}",
+            flush=True,
+        )
     with open(args.out, "w") as f:
         json.dump(results, f)
     return 0

@@ -110,7 +110,10 @@ class RankFigures:
     def to_row(self) -> torch.Tensor:
         peers = SLOTS
         ints, blobs = self._layout()
-        head = np.array([NOT_MEASURED if getattr(self, f) is None else getattr(self, f) for f in ints], dtype=np.int64)
+        head = np.array(
+            [NOT_MEASURED if getattr(self, f) is None else getattr(self, f) for f in ints],
+            dtype=np.int64,
+        )
         raw = b"".join(_pack(getattr(self, name), size) for name, size in blobs)
         for values in (self.claims, self.seen):
             raw += b"".join(values[:peers]).ljust(peers * DIGEST_BYTES, b"\0")
@@ -123,14 +126,16 @@ class RankFigures:
         hints = typing.get_type_hints(cls)
         vals = row.numpy()
         kw: dict[str, object] = {}
-        for name, v in zip(ints, vals[:len(ints)]):
+        for name, v in zip(ints, vals[: len(ints)]):
             kw[name] = None if hints[name] == int | None and v == NOT_MEASURED else int(v)
-        raw, at = vals[len(ints):].astype("<i8").tobytes(), 0
+        raw, at = vals[len(ints) :].astype("<i8").tobytes(), 0
         for name, size in blobs:
-            kw[name] = _unpack(name, raw[at:at + size])
+            kw[name] = _unpack(name, raw[at : at + size])
             at += size
         for name in ("claims", "seen"):
-            kw[name] = [raw[at + i * DIGEST_BYTES:at + (i + 1) * DIGEST_BYTES] for i in range(peers)]
+            kw[name] = [
+                raw[at + i * DIGEST_BYTES : at + (i + 1) * DIGEST_BYTES] for i in range(peers)
+            ]
             at += peers * DIGEST_BYTES
         return cls(**kw)
 

@@ -40,15 +40,29 @@ class Progress:
     says, so the silence after "ETA 0 s" has a name.
     """
 
-    def __init__(self, total_bytes: int, total_tensors: int, *, every_s: float = 2.0,
-                 now: Callable[[], float] = time.perf_counter) -> None:
-        self.total_bytes, self.total_tensors, self.every_s, self._now = total_bytes, total_tensors, every_s, now
+    def __init__(
+        self,
+        total_bytes: int,
+        total_tensors: int,
+        *,
+        every_s: float = 2.0,
+        now: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.total_bytes, self.total_tensors, self.every_s, self._now = (
+            total_bytes,
+            total_tensors,
+            every_s,
+            now,
+        )
         self.bytes = self.tensors = 0
         self.t0 = self._last = now()
         self._bar = None
         if sys.stderr.isatty():
             from tqdm import tqdm
-            self._bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="tpload", leave=False)
+
+            self._bar = tqdm(
+                total=total_bytes, unit="B", unit_scale=True, desc="tpload", leave=False
+            )
 
     def update(self, nbytes: int) -> None:
         self.bytes += nbytes
@@ -59,8 +73,15 @@ class Progress:
         now = self._now()
         if now - self._last >= self.every_s:
             self._last = now
-            log.info("[rank 0] %d/%d tensors, %.2f/%.2f GB, %.2f GB/s, ETA %.0f s", self.tensors, self.total_tensors,
-                     self.bytes / 1e9, self.total_bytes / 1e9, self.rate() / 1e9, self.eta())
+            log.info(
+                "[rank 0] %d/%d tensors, %.2f/%.2f GB, %.2f GB/s, ETA %.0f s",
+                self.tensors,
+                self.total_tensors,
+                self.bytes / 1e9,
+                self.total_bytes / 1e9,
+                self.rate() / 1e9,
+                self.eta(),
+            )
 
     def rate(self) -> float:
         """Bytes per second so far."""
@@ -75,5 +96,10 @@ class Progress:
             self._bar.close()
             return
         if self._now() - self.t0 >= self.every_s:  # a load long enough to have shown progress
-            log.info("[rank 0] read %d tensors (%.2f GB) in %.0f s; finishing the last hashes, then the ranks' "
-                     "verdict", self.tensors, self.bytes / 1e9, self._now() - self.t0)
+            log.info(
+                "[rank 0] read %d tensors (%.2f GB) in %.0f s; finishing the last hashes, then the ranks' "
+                "verdict",
+                self.tensors,
+                self.bytes / 1e9,
+                self._now() - self.t0,
+            )

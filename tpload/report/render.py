@@ -53,8 +53,11 @@ class LoadReport:
         word = PREDICTION[max(states)] if states else PREDICTION[0]
         if word == "matched" and len(states) > 1:
             word = "partly stored"
-        return word + (" (sha256-verified when written; trusted in place of hashing)" if self.trusted and
-                       word == "matched" else "")
+        return word + (
+            " (sha256-verified when written; trusted in place of hashing)"
+            if self.trusted and word == "matched"
+            else ""
+        )
 
     @property
     def hash(self) -> str | None:
@@ -84,11 +87,19 @@ class LoadReport:
     def to_dict(self) -> dict:
         """Everything in the report as plain JSON values (figures not measured are None)."""
         doc = {k: v for k, v in asdict(self).items() if k not in ("ranks", "rank")}
-        doc.update(hash=self.hash, predictions=self.predictions, seconds=self.seconds, bytes_read=self.total("bytes_read"),
-                   gb_per_s=self.total("bytes_read") / 1e9 / max(self.seconds, 1e-9),
-                   bytes_hashed_per_node={str(k): v for k, v in self.bytes_hashed_per_node().items()},
-                   ranks=[{k: v for k, v in asdict(r).items() if k not in ("claims", "seen")}
-                          | {"seconds": r.seconds} for r in self.ranks])
+        doc.update(
+            hash=self.hash,
+            predictions=self.predictions,
+            seconds=self.seconds,
+            bytes_read=self.total("bytes_read"),
+            gb_per_s=self.total("bytes_read") / 1e9 / max(self.seconds, 1e-9),
+            bytes_hashed_per_node={str(k): v for k, v in self.bytes_hashed_per_node().items()},
+            ranks=[
+                {k: v for k, v in asdict(r).items() if k not in ("claims", "seen")}
+                | {"seconds": r.seconds}
+                for r in self.ranks
+            ],
+        )
         return doc
 
     def to_json(self) -> str:
@@ -100,30 +111,49 @@ class LoadReport:
 
     def table(self) -> str:
         """The rank-0 table (every name in it escaped for the terminal)."""
-        off = "  ** VERIFICATION OFF: bytes served unchecked against the manifest **" if self.verify == "off" else ""
-        head = (f"tpload: {printable(self.checkpoint)}\n  kind {self.kind}, tp {self.tp} x ep {self.ep}, "
-                f"verify {self.verify}{off}, device {self.device}\n")
-        cols = (f"{'rank':>4} {'node':>4} {'tensors':>8} {'read GB':>8} {'hashed GB':>9} {'served GB':>9} {'sec':>7} "
-                f"{'GB/s':>6} {'dev peak GiB':>12} {'rss GiB':>8} {'anon GiB':>8} {'cache GB before>after':>21}  digest")
+        off = (
+            "  ** VERIFICATION OFF: bytes served unchecked against the manifest **"
+            if self.verify == "off"
+            else ""
+        )
+        head = (
+            f"tpload: {printable(self.checkpoint)}\n  kind {self.kind}, tp {self.tp} x ep {self.ep}, "
+            f"verify {self.verify}{off}, device {self.device}\n"
+        )
+        cols = (
+            f"{'rank':>4} {'node':>4} {'tensors':>8} {'read GB':>8} {'hashed GB':>9} {'served GB':>9} {'sec':>7} "
+            f"{'GB/s':>6} {'dev peak GiB':>12} {'rss GiB':>8} {'anon GiB':>8} {'cache GB before>after':>21}  digest"
+        )
         lines = [head, cols]
         for r in self.ranks:
             dev = f"{r.device_alloc_peak / GIB:.2f}" if r.device_alloc_peak is not None else "-"
             cache = f"{_gb(r.page_cache_before)}>{_gb(r.page_cache_after)}"
-            lines.append(f"{r.rank:>4} {r.node:>4} {r.tensors:>8} {r.bytes_read / 1e9:>8.3f} {r.bytes_hashed / 1e9:>9.3f} "
-                         f"{r.bytes_device / 1e9:>9.3f} {r.seconds:>7.2f} {r.bytes_read / 1e9 / max(r.seconds, 1e-9):>6.2f} "
-                         f"{dev:>12} {r.rss_peak / GIB:>8.2f} {r.anon_peak / GIB:>8.2f} {cache:>21}  {r.digest[:16]}")
+            lines.append(
+                f"{r.rank:>4} {r.node:>4} {r.tensors:>8} {r.bytes_read / 1e9:>8.3f} {r.bytes_hashed / 1e9:>9.3f} "
+                f"{r.bytes_device / 1e9:>9.3f} {r.seconds:>7.2f} {r.bytes_read / 1e9 / max(r.seconds, 1e-9):>6.2f} "
+                f"{dev:>12} {r.rss_peak / GIB:>8.2f} {r.anon_peak / GIB:>8.2f} {cache:>21}  {r.digest[:16]}"
+            )
         t = self.total
-        lines.append(f"{'all':>4} {'':>4} {t('tensors'):>8} {t('bytes_read') / 1e9:>8.3f} {t('bytes_hashed') / 1e9:>9.3f} "
-                     f"{t('bytes_device') / 1e9:>9.3f} {self.seconds:>7.2f} {t('bytes_read') / 1e9 / max(self.seconds, 1e-9):>6.2f}")
+        lines.append(
+            f"{'all':>4} {'':>4} {t('tensors'):>8} {t('bytes_read') / 1e9:>8.3f} {t('bytes_hashed') / 1e9:>9.3f} "
+            f"{t('bytes_device') / 1e9:>9.3f} {self.seconds:>7.2f} {t('bytes_read') / 1e9 / max(self.seconds, 1e-9):>6.2f}"
+        )
         if any(r.bytes_from_peers is not None for r in self.ranks):
             lines.append(_replicas_line(self.ranks))
-        per_node = ", ".join(f"node {n}: {b / 1e9:.3f} GB" for n, b in sorted(self.bytes_hashed_per_node().items()))
-        device_fps = ("device fingerprints checked against the host window" if self.device.startswith("cuda")
-                      else "host-vs-device checks (on the CPU the copy fingerprints what it writes)")
-        lines.append(f"verified: {t('hashed')} tensors by {self._by_hash()} ({per_node} hashed), {t('device_checked')} {device_fps}, "
-                     f"{t('sampled')} independent decodes; digests vs predictions: {self.predictions}; "
-                     f"skipped {self.ranks[0].skipped}, deferred {self.ranks[0].deferred}"
-                     + ("; page cache evicted shard by shard" if self.evict_page_cache else ""))
+        per_node = ", ".join(
+            f"node {n}: {b / 1e9:.3f} GB" for n, b in sorted(self.bytes_hashed_per_node().items())
+        )
+        device_fps = (
+            "device fingerprints checked against the host window"
+            if self.device.startswith("cuda")
+            else "host-vs-device checks (on the CPU the copy fingerprints what it writes)"
+        )
+        lines.append(
+            f"verified: {t('hashed')} tensors by {self._by_hash()} ({per_node} hashed), {t('device_checked')} {device_fps}, "
+            f"{t('sampled')} independent decodes; digests vs predictions: {self.predictions}; "
+            f"skipped {self.ranks[0].skipped}, deferred {self.ranks[0].deferred}"
+            + ("; page cache evicted shard by shard" if self.evict_page_cache else "")
+        )
         lines += [f"note: {printable(n)}" for n in self.notes]
         return "\n".join(lines)
 
@@ -135,11 +165,17 @@ def _replicas_line(ranks: list) -> str:
         got = nodes.setdefault(r.node, [0, 0])
         got[0] += r.bytes_from_storage or 0
         got[1] += r.bytes_from_peers or 0
-    per_rank = ", ".join(f"{r.rank}: {_gb(r.bytes_from_storage)}/{_gb(r.bytes_from_peers)}" for r in ranks)
-    per_node = ", ".join(f"node {n}: {a / 1e9:.3f}/{b / 1e9:.3f}" for n, (a, b) in sorted(nodes.items()))
+    per_rank = ", ".join(
+        f"{r.rank}: {_gb(r.bytes_from_storage)}/{_gb(r.bytes_from_peers)}" for r in ranks
+    )
+    per_node = ", ".join(
+        f"node {n}: {a / 1e9:.3f}/{b / 1e9:.3f}" for n, (a, b) in sorted(nodes.items())
+    )
     storage = sum(r.bytes_from_storage or 0 for r in ranks)
-    return (f"replicas: GB from storage/from peers per rank {per_rank}; per node {per_node}; "
-            f"{storage / 1e9:.3f} GB read from storage by the cluster")
+    return (
+        f"replicas: GB from storage/from peers per rank {per_rank}; per node {per_node}; "
+        f"{storage / 1e9:.3f} GB read from storage by the cluster"
+    )
 
 
 def _gb(nbytes: int | None) -> str:

@@ -58,8 +58,9 @@ class Storage(Protocol):
     def stored(self, name: str) -> Stored:
         """The stored bytes of ``name`` this rank reads."""
 
-    def box(self, name: str, view: tuple[int, int], rows: tuple[int, int],
-            cols: tuple[int, int]) -> tuple[Stored, tuple[int, int], tuple[int, int]]:
+    def box(
+        self, name: str, view: tuple[int, int], rows: tuple[int, int], cols: tuple[int, int]
+    ) -> tuple[Stored, tuple[int, int], tuple[int, int]]:
         """Where a window lies (rows and byte columns of the tensor's bytes seen as ``view``, a
         ``(rows, row bytes)`` split of them): the stored bytes holding it, seen so that the window is
         a box of them, and its rows and byte columns there."""
@@ -91,6 +92,7 @@ def open_storage(root: str | Path, *, tp: int, ep: int, rank: int, world: int) -
     """The storage a rank loads from: a native folder, or its own file of a pre-partitioned one."""
     from .partitioned import PartitionedStorage, is_partitioned
     from .sharded import ShardedStorage
+
     path = Path(root).absolute()
     if path.is_dir() and is_partitioned(path):
         return PartitionedStorage(path, tp=tp, ep=ep, rank=rank, world=world)

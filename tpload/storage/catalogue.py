@@ -29,7 +29,9 @@ HEADERS_ONLY = "tpload_headers_only"
 """Metadata key of a ``synth --headers-only`` checkpoint's shards: their data are holes."""
 
 
-@functools.lru_cache(maxsize=1 << 18)  # a checkpoint's names are sorted several times (plans, digests, checks)
+@functools.lru_cache(
+    maxsize=1 << 18
+)  # a checkpoint's names are sorted several times (plans, digests, checks)
 def natural_key(name: str) -> tuple:
     """Sort key that orders ``x.2`` before ``x.10`` (numbers compared as numbers)."""
     # re.split with a group alternates text and digit runs. A run compares as (its length without
@@ -68,22 +70,32 @@ def _sha_ok(s: object) -> bool:
 def parse_manifest_entries(tensors: object, path: Path) -> dict[str, ManifestEntry]:
     """``{"name": {"file", "dtype", "shape", "sha256"}}`` as entries; every bad one listed at once."""
     if not isinstance(tensors, dict):
-        raise CheckpointError(f"{escape_name(path)}: manifest has no \"tensors\" object")
+        raise CheckpointError(f'{escape_name(path)}: manifest has no "tensors" object')
     sound = _sound_manifest(tensors)
     if sound is not None:
         return sound
     out: dict[str, ManifestEntry] = {}
     problems: list[str] = []
     for name, e in tensors.items():
-        ok = (isinstance(e, dict) and isinstance(e.get("file"), str) and isinstance(e.get("dtype"), str)
-              and isinstance(e.get("shape"), list) and len(e["shape"]) <= 8
-              and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 48 for d in e["shape"])
-              and _sha_ok(e.get("sha256")))
+        ok = (
+            isinstance(e, dict)
+            and isinstance(e.get("file"), str)
+            and isinstance(e.get("dtype"), str)
+            and isinstance(e.get("shape"), list)
+            and len(e["shape"]) <= 8
+            and all(
+                isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 48
+                for d in e["shape"]
+            )
+            and _sha_ok(e.get("sha256"))
+        )
         if ok:
             out[name] = ManifestEntry(e["file"], e["dtype"], tuple(e["shape"]), e["sha256"].lower())
         else:
-            problems.append(f"{escape_name(path)}: entry for {escape_name(name)} is not "
-                            "{file, dtype, shape (integers), sha256 (64 hex digits)}")
+            problems.append(
+                f"{escape_name(path)}: entry for {escape_name(name)} is not "
+                "{file, dtype, shape (integers), sha256 (64 hex digits)}"
+            )
     raise_all(CheckpointError, problems, what=f"bad entries in {escape_name(path)}")
     return out
 
@@ -104,14 +116,25 @@ def _sound_manifest(tensors: dict) -> dict[str, ManifestEntry] | None:
         files, dtypes, shapes, digests = zip(*map(_MANIFEST_FIELDS, entries))
     except KeyError:
         return None
-    if set(map(type, files)) != {str} or set(map(type, dtypes)) != {str} or set(map(type, shapes)) != {list} \
-            or max(map(len, shapes)) > 8 or set(map(type, digests)) != {str} or set(map(len, digests)) != {64} \
-            or _HEX.fullmatch("".join(digests)) is None:
+    if (
+        set(map(type, files)) != {str}
+        or set(map(type, dtypes)) != {str}
+        or set(map(type, shapes)) != {list}
+        or max(map(len, shapes)) > 8
+        or set(map(type, digests)) != {str}
+        or set(map(len, digests)) != {64}
+        or _HEX.fullmatch("".join(digests)) is None
+    ):
         return None
     dims = list(itertools.chain.from_iterable(shapes))
     if dims and (set(map(type, dims)) != {int} or min(dims) < 0 or max(dims) >= 1 << 48):
         return None
-    columns = {"file": files, "dtype": dtypes, "shape": map(tuple, shapes), "sha256": map(str.lower, digests)}
+    columns = {
+        "file": files,
+        "dtype": dtypes,
+        "shape": map(tuple, shapes),
+        "sha256": map(str.lower, digests),
+    }
     return dict(zip(tensors, frozen_instances(ManifestEntry, columns, len(entries))))
 
 
@@ -131,17 +154,29 @@ def _read_manifest(root: Path) -> tuple[dict[str, ManifestEntry] | None, str | N
     doc = parse_json(raw, path, "manifest")
     sha = hashlib.sha256(raw).hexdigest()
     pins = parse_pins(doc, path)
-    remember(sha, pins)  # a reader of config.json finds these pins by the manifest's sha256, unparsed
-    return parse_manifest_entries(doc.get("tensors") if isinstance(doc, dict) else None, path), sha, \
-        Pins(root, sha, *pins)
+    remember(
+        sha, pins
+    )  # a reader of config.json finds these pins by the manifest's sha256, unparsed
+    return (
+        parse_manifest_entries(doc.get("tensors") if isinstance(doc, dict) else None, path),
+        sha,
+        Pins(root, sha, *pins),
+    )
 
 
 class Catalogue:
     """Every tensor of a checkpoint (name -> :class:`TensorMeta`) and its manifest, if any."""
 
-    def __init__(self, root: Path, tensors: dict[str, TensorMeta], manifest: dict[str, ManifestEntry] | None,
-                 *, manifest_path: Path | None = None, manifest_sha256: str | None = None,
-                 headers_only: bool = False) -> None:
+    def __init__(
+        self,
+        root: Path,
+        tensors: dict[str, TensorMeta],
+        manifest: dict[str, ManifestEntry] | None,
+        *,
+        manifest_path: Path | None = None,
+        manifest_sha256: str | None = None,
+        headers_only: bool = False,
+    ) -> None:
         self.root = root
         self.headers_only = headers_only
         """Made by ``synth --headers-only``: the headers are real, the data are holes."""
@@ -162,7 +197,9 @@ class Catalogue:
         try:
             return self.tensors[name]
         except KeyError:
-            raise CheckpointError(f"{escape_name(self.root)}: no tensor named {escape_name(name)}") from None
+            raise CheckpointError(
+                f"{escape_name(self.root)}: no tensor named {escape_name(name)}"
+            ) from None
 
     def check_plan_files(self) -> list[str]:
         """Check the JSON files that shape a plan (config.json, hf_quant_config.json, the index) against
@@ -174,9 +211,11 @@ class Catalogue:
         """Raise for a headers-only checkpoint: ``what`` (a load, a verification, a manifest) would
         read holes (gigabytes of zeros) and prove nothing; ``plan`` is what such a checkpoint is for."""
         if self.headers_only:
-            raise CheckpointError(f"{escape_name(self.root)} is a headers-only checkpoint (synth --headers-only: "
-                                  f"real headers, holes for data); {what} would read zeros. Plan it with "
-                                  f"`python -m tpload plan {escape_name(self.root)} --tp T`")
+            raise CheckpointError(
+                f"{escape_name(self.root)} is a headers-only checkpoint (synth --headers-only: "
+                f"real headers, holes for data); {what} would read zeros. Plan it with "
+                f"`python -m tpload plan {escape_name(self.root)} --tp T`"
+            )
 
     def names(self) -> list[str]:
         """Every tensor name, in natural order."""
@@ -189,25 +228,34 @@ class Catalogue:
         manifest entry no shard holds (the manifest is the trust anchor: nothing it lists may vanish)."""
         path = escape_name(self.manifest_path)
         if self.manifest is None:
-            return [f"{path}: manifest missing, and {escape_name(self.root)} is not a hub cache snapshot (whose files "
-                    "are named by their hashes), so nothing vouches for its bytes. Either write a manifest: `python "
-                    f"-m tpload manifest {escape_name(self.root)}` (hashes every tensor once), or load with --verify "
-                    "off (nothing is checked; every report says so)"]
+            return [
+                f"{path}: manifest missing, and {escape_name(self.root)} is not a hub cache snapshot (whose files "
+                "are named by their hashes), so nothing vouches for its bytes. Either write a manifest: `python "
+                f"-m tpload manifest {escape_name(self.root)}` (hashes every tensor once), or load with --verify "
+                "off (nothing is checked; every report says so)"
+            ]
         problems = []
         for name in names:
             meta, entry = self.tensors[name], self.manifest.get(name)
             if entry is None:
-                problems.append(f"{path}: tensor {escape_name(name)} (in {escape_name(meta.file)}) is not in the manifest")
+                problems.append(
+                    f"{path}: tensor {escape_name(name)} (in {escape_name(meta.file)}) is not in the manifest"
+                )
             elif (entry.file, entry.dtype, entry.shape) != (meta.file, meta.dtype, meta.shape):
-                problems.append(f"{path}: tensor {escape_name(name)}: manifest says {escape_name(entry.file)} "
-                                f"{escape_name(entry.dtype)} {list(entry.shape)}, shard header says "
-                                f"{escape_name(meta.file)} {meta.dtype} {list(meta.shape)}")
+                problems.append(
+                    f"{path}: tensor {escape_name(name)}: manifest says {escape_name(entry.file)} "
+                    f"{escape_name(entry.dtype)} {list(entry.shape)}, shard header says "
+                    f"{escape_name(meta.file)} {meta.dtype} {list(meta.shape)}"
+                )
         orphans = sorted(set(self.manifest) - set(self.tensors), key=natural_key)
         if orphans:
-            listed = ", ".join(escape_name(n) for n in orphans[:12]) + (f" (and {len(orphans) - 12} more)"
-                                                                        if len(orphans) > 12 else "")
-            problems.append(f"{path}: the manifest lists {len(orphans)} tensor(s) no shard holds (an index or "
-                            f"shard that leaves them out?): {listed}")
+            listed = ", ".join(escape_name(n) for n in orphans[:12]) + (
+                f" (and {len(orphans) - 12} more)" if len(orphans) > 12 else ""
+            )
+            problems.append(
+                f"{path}: the manifest lists {len(orphans)} tensor(s) no shard holds (an index or "
+                f"shard that leaves them out?): {listed}"
+            )
         return problems
 
 
@@ -219,14 +267,20 @@ def _safe_member(root: Path, rel: object, *, source: str) -> Path:
     ``../x`` and absolute names in an index are refused.
     """
     if not isinstance(rel, str) or not rel or "\0" in rel:
-        raise CheckpointError(f"{source}: shard name {escape_name(repr(rel))[:80]} is not a file name")
+        raise CheckpointError(
+            f"{source}: shard name {escape_name(repr(rel))[:80]} is not a file name"
+        )
     if os.path.isabs(rel) or os.path.normpath(rel).split(os.sep)[0] == os.pardir:
-        raise CheckpointError(f"{source}: shard name {escape_name(repr(rel))} points outside the checkpoint folder "
-                              f"{escape_name(root)}; refused")
+        raise CheckpointError(
+            f"{source}: shard name {escape_name(repr(rel))} points outside the checkpoint folder "
+            f"{escape_name(root)}; refused"
+        )
     return root / os.path.normpath(rel)
 
 
-def _shard_names(root: Path, pins: Pins, read: dict[str, str]) -> tuple[dict[str, str] | None, list[str], str]:
+def _shard_names(
+    root: Path, pins: Pins, read: dict[str, str]
+) -> tuple[dict[str, str] | None, list[str], str]:
     """(the index's weight map or None, every shard file, the source to name in messages); the index
     is checked against its pin in the manifest before it is parsed (``read``: gets its sha256)."""
     index = root / INDEX_NAME
@@ -236,23 +290,32 @@ def _shard_names(root: Path, pins: Pins, read: dict[str, str]) -> tuple[dict[str
         doc = parse_json(raw, index, "index")
         wmap = doc.get("weight_map") if isinstance(doc, dict) else None
         if not isinstance(wmap, dict):
-            raise CheckpointError(f"{escape_name(index)}: index has no \"weight_map\" object")
-        bad = [n for n, f in wmap.items() if not isinstance(f, str)] if set(map(type, wmap.values())) != {str} else []
+            raise CheckpointError(f'{escape_name(index)}: index has no "weight_map" object')
+        bad = (
+            [n for n, f in wmap.items() if not isinstance(f, str)]
+            if set(map(type, wmap.values())) != {str}
+            else []
+        )
         if bad:
-            raise CheckpointError(f"{escape_name(index)}: weight_map values must be file names; "
-                                  f"{', '.join(escape_name(n) for n in bad[:5])} map to something else")
+            raise CheckpointError(
+                f"{escape_name(index)}: weight_map values must be file names; "
+                f"{', '.join(escape_name(n) for n in bad[:5])} map to something else"
+            )
         return wmap, sorted(set(wmap.values())), str(index)
     shards = sorted(p.name for p in root.glob("*.safetensors"))
     if not shards:
         pickles = sorted({p.name for pattern in PICKLES for p in root.glob(pattern)})
         if pickles:
-            shown = ", ".join(escape_name(p) for p in pickles[:3]) + (f" (and {len(pickles) - 3} more)"
-                                                                      if len(pickles) > 3 else "")
-            raise CheckpointError(f"{escape_name(root)}: holds pickle checkpoint files ({shown}) and no *.safetensors "
-                                  "shard; tpload does not read pickles: unpickling runs whatever code the file names "
-                                  "(arbitrary code execution), so no check could come first. Convert them to "
-                                  "safetensors (e.g. torch.load them once in a sandbox and "
-                                  "safetensors.torch.save_file each state dict), then load the safetensors")
+            shown = ", ".join(escape_name(p) for p in pickles[:3]) + (
+                f" (and {len(pickles) - 3} more)" if len(pickles) > 3 else ""
+            )
+            raise CheckpointError(
+                f"{escape_name(root)}: holds pickle checkpoint files ({shown}) and no *.safetensors "
+                "shard; tpload does not read pickles: unpickling runs whatever code the file names "
+                "(arbitrary code execution), so no check could come first. Convert them to "
+                "safetensors (e.g. torch.load them once in a sandbox and "
+                "safetensors.torch.save_file each state dict), then load the safetensors"
+            )
         raise CheckpointError(f"{escape_name(root)}: no {INDEX_NAME} and no *.safetensors shard")
     return None, shards, str(root)
 
@@ -266,17 +329,28 @@ def read_native(root: Path, *, manifest: bool = True) -> tuple[Catalogue, dict[s
     that leaves a tensor out would otherwise load the rest and report success).
     """
     if not root.is_dir():
-        what = "is a file, not a checkpoint directory" if root.exists() else "checkpoint directory does not exist"
+        what = (
+            "is a file, not a checkpoint directory"
+            if root.exists()
+            else "checkpoint directory does not exist"
+        )
         raise CheckpointError(f"{escape_name(root)}: {what}")
     # The manifest first: the index is checked against its pin before it is believed.
-    entries, manifest_sha, pins = _read_manifest(root) if manifest else (None, None, Pins(root, None, None))
+    entries, manifest_sha, pins = (
+        _read_manifest(root) if manifest else (None, None, Pins(root, None, None))
+    )
     read: dict[str, str] = {}
     found = gguf.gguf_files(root)
     if found is not None:  # a GGUF file or split set: its headers are the table (storage/gguf.py)
         headers = gguf.read_set(found, root)
         locations = {n: h.tensors[n] for h in headers for n in h.order}
-        catalogue = Catalogue(root, dict(locations), entries, manifest_sha256=manifest_sha,
-                              headers_only=any(gguf.HEADERS_ONLY_KEY in h.kv for h in headers))
+        catalogue = Catalogue(
+            root,
+            dict(locations),
+            entries,
+            manifest_sha256=manifest_sha,
+            headers_only=any(gguf.HEADERS_ONLY_KEY in h.kv for h in headers),
+        )
         catalogue.pins, catalogue.gguf = (pins if manifest else None), headers[0].kv
         return catalogue, locations
     wmap, files, source = _shard_names(root, pins, read)
@@ -297,7 +371,9 @@ def read_native(root: Path, *, manifest: bool = True) -> tuple[Catalogue, dict[s
     locations = _by_index(wmap, headers, source) if wmap is not None else _by_shard(headers, root)
     # The planner's table holds the same objects (a TensorInfo is a TensorMeta: a copy of each cost a
     # third of the opening), in a dict of its own so that nothing done to one table changes the other.
-    catalogue = Catalogue(root, dict(locations), entries, manifest_sha256=manifest_sha, headers_only=headers_only)
+    catalogue = Catalogue(
+        root, dict(locations), entries, manifest_sha256=manifest_sha, headers_only=headers_only
+    )
     catalogue.files_read, catalogue.pins = read, pins if manifest else None
     return catalogue, locations
 
@@ -312,15 +388,21 @@ def _by_shard(headers: dict[str, dict[str, TensorInfo]], root: Path) -> dict[str
     for file, infos in headers.items():
         for name, info in infos.items():
             if name in out:
-                raise CheckpointError(f"{escape_name(root)}: tensor {escape_name(name)} is in both "
-                                      f"{escape_name(out[name].file)} and {escape_name(file)}")
+                raise CheckpointError(
+                    f"{escape_name(root)}: tensor {escape_name(name)} is in both "
+                    f"{escape_name(out[name].file)} and {escape_name(file)}"
+                )
             out[name] = info
     return out
 
 
-def _by_index(names: dict[str, str], headers: dict[str, dict[str, TensorInfo]], source: str) -> dict[str, TensorInfo]:
+def _by_index(
+    names: dict[str, str], headers: dict[str, dict[str, TensorInfo]], source: str
+) -> dict[str, TensorInfo]:
     try:
-        out = dict(zip(names, map(operator.getitem, map(headers.__getitem__, names.values()), names)))
+        out = dict(
+            zip(names, map(operator.getitem, map(headers.__getitem__, names.values()), names))
+        )
     except KeyError:
         pass  # an index entry its header lacks: said below
     else:
@@ -332,16 +414,21 @@ def _by_index(names: dict[str, str], headers: dict[str, dict[str, TensorInfo]], 
     for name, file in names.items():
         info = headers[file].get(name)
         if info is None:
-            problems.append(f"{escape_name(source)}: tensor {escape_name(name)} is mapped to {escape_name(file)} "
-                            "but its header has no such tensor")
+            problems.append(
+                f"{escape_name(source)}: tensor {escape_name(name)} is mapped to {escape_name(file)} "
+                "but its header has no such tensor"
+            )
         else:
             out[name] = info
     for file, infos in headers.items():
         left_out = sorted((n for n in infos if names.get(n) != file), key=natural_key)
         if left_out:
-            listed = ", ".join(escape_name(n) for n in left_out[:12]) + (f" (and {len(left_out) - 12} more)"
-                                                                         if len(left_out) > 12 else "")
-            problems.append(f"{escape_name(source)}: {len(left_out)} tensor(s) in the header of {escape_name(file)} are "
-                            f"not mapped to it by the index (an index that leaves tensors out): {listed}")
+            listed = ", ".join(escape_name(n) for n in left_out[:12]) + (
+                f" (and {len(left_out) - 12} more)" if len(left_out) > 12 else ""
+            )
+            problems.append(
+                f"{escape_name(source)}: {len(left_out)} tensor(s) in the header of {escape_name(file)} are "
+                f"not mapped to it by the index (an index that leaves tensors out): {listed}"
+            )
     raise_all(CheckpointError, problems, what="index entries that do not match the shards")
     return out

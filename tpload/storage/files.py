@@ -48,9 +48,18 @@ def open_regular(path: Path, what: str) -> int:
         raise CheckpointError(f"{escape_name(path)}: cannot stat {what} ({e.strerror})") from None
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode) else \
-            "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a regular file"
-        raise CheckpointError(f"{escape_name(path)}: {what} is {kind}; refused (only regular files are read)")
+        kind = (
+            "a FIFO"
+            if stat.S_ISFIFO(st.st_mode)
+            else "a directory"
+            if stat.S_ISDIR(st.st_mode)
+            else "a device"
+            if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+            else "not a regular file"
+        )
+        raise CheckpointError(
+            f"{escape_name(path)}: {what} is {kind}; refused (only regular files are read)"
+        )
     return fd
 
 
@@ -70,8 +79,10 @@ def read_small(path: Path, what: str) -> bytes:
     try:
         size = os.fstat(fd).st_size
         if size > MAX_JSON_BYTES:
-            raise CheckpointError(f"{escape_name(path)}: {what} is {size} bytes, more than any {what} needs "
-                                  f"({MAX_JSON_BYTES}); refused")
+            raise CheckpointError(
+                f"{escape_name(path)}: {what} is {size} bytes, more than any {what} needs "
+                f"({MAX_JSON_BYTES}); refused"
+            )
         return read_exact(fd, 0, size, path, what)
     finally:
         os.close(fd)
@@ -79,11 +90,17 @@ def read_small(path: Path, what: str) -> bytes:
 
 def parse_json(raw: bytes, path: Path, what: str) -> object:
     try:
-        return json.loads(raw.decode("utf-8"), parse_constant=_no_constants)  # UTF-8 only, as safetensors reads it
+        return json.loads(
+            raw.decode("utf-8"), parse_constant=_no_constants
+        )  # UTF-8 only, as safetensors reads it
     except RecursionError:
-        raise CheckpointError(f"{escape_name(path)}: {what} is JSON nested too deeply; refused") from None
+        raise CheckpointError(
+            f"{escape_name(path)}: {what} is JSON nested too deeply; refused"
+        ) from None
     except (UnicodeDecodeError, ValueError) as e:  # JSONDecodeError, int digit limits, NaN/Infinity
-        raise CheckpointError(f"{escape_name(path)}: {what} is not readable JSON ({escape_name(e)})") from None
+        raise CheckpointError(
+            f"{escape_name(path)}: {what} is not readable JSON ({escape_name(e)})"
+        ) from None
 
 
 def read_exact(fd: int, offset: int, n: int, path: Path, what: str) -> bytes:
@@ -93,10 +110,14 @@ def read_exact(fd: int, offset: int, n: int, path: Path, what: str) -> bytes:
         try:
             b = os.pread(fd, n - got, offset + got)
         except OSError as e:
-            raise CheckpointError(f"{escape_name(path)}: cannot read {what} ({e.strerror})") from None
+            raise CheckpointError(
+                f"{escape_name(path)}: cannot read {what} ({e.strerror})"
+            ) from None
         if not b:
-            raise CheckpointError(f"{escape_name(path)}: {what} ends after {offset + got} bytes, "
-                                  f"{n - got} short of what it promised")
+            raise CheckpointError(
+                f"{escape_name(path)}: {what} ends after {offset + got} bytes, "
+                f"{n - got} short of what it promised"
+            )
         chunks.append(b)
         got += len(b)
     return b"".join(chunks)
@@ -136,12 +157,18 @@ class Shard:
                 got = os.preadv(self.fd, [view[done:]], offset + done)
             except OSError as e:
                 where = f": tensor {escape_name(tensor)}" if tensor else ""
-                hint = " (the file may have shrunk while it was read)" if e.errno == errno.EIO else ""
-                raise CheckpointError(f"{escape_name(self.path)}{where}: read failed ({e.strerror}){hint}") from None
+                hint = (
+                    " (the file may have shrunk while it was read)" if e.errno == errno.EIO else ""
+                )
+                raise CheckpointError(
+                    f"{escape_name(self.path)}{where}: read failed ({e.strerror}){hint}"
+                ) from None
             if got == 0:
                 where = f": tensor {escape_name(tensor)}" if tensor else ""
-                raise CheckpointError(f"{escape_name(self.path)}{where}: file ends at byte {offset + done}, "
-                                      f"{n - done} bytes short (truncated while it was read?)")
+                raise CheckpointError(
+                    f"{escape_name(self.path)}{where}: file ends at byte {offset + done}, "
+                    f"{n - done} bytes short (truncated while it was read?)"
+                )
             done += got
 
     def changed(self) -> str:
@@ -151,11 +178,15 @@ class Shard:
             named = os.stat(self.path)
         except OSError as e:
             return f"cannot stat it now ({e.strerror})"
-        if named.st_ino != self.opened.inode:  # first: a replaced file's old inode changes too (its links)
+        if (
+            named.st_ino != self.opened.inode
+        ):  # first: a replaced file's old inode changes too (its links)
             return "it was replaced by another file while it was loaded"
         if now != self.opened:
-            return (f"it changed while it was loaded (size {self.opened.size} -> {now.size}, "
-                    f"mtime {self.opened.mtime_ns} -> {now.mtime_ns}, ctime {self.opened.ctime_ns} -> {now.ctime_ns})")
+            return (
+                f"it changed while it was loaded (size {self.opened.size} -> {now.size}, "
+                f"mtime {self.opened.mtime_ns} -> {now.mtime_ns}, ctime {self.opened.ctime_ns} -> {now.ctime_ns})"
+            )
         return ""
 
     def advise(self, offset: int, length: int, advice: int) -> None:

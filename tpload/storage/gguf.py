@@ -36,7 +36,9 @@ MAX_NAME = 1 << 12  # a key or tensor name (llama.cpp's GGML_MAX_NAME is 64)
 MAX_ARRAY = 1 << 24  # tokenizer arrays hold ~150,000 entries
 MAX_DEPTH = 2  # an array may hold arrays, those may not
 MAX_DIMS = 4  # GGML_MAX_DIMS
-MAX_HEADER = 256 << 20  # key-values and tensor entries together (a tokenizer of 150,000 tokens: ~10 MB)
+MAX_HEADER = (
+    256 << 20
+)  # key-values and tensor entries together (a tokenizer of 150,000 tokens: ~10 MB)
 MAX_ALIGNMENT = 1 << 16
 DEFAULT_ALIGNMENT = 32
 KEPT_ARRAY = 4096  # longer arrays are walked (bounded) but kept only as their length
@@ -57,12 +59,46 @@ TYPES: dict[int, tuple[str, int, int, str]] = {
 BLOCK = {name: (per, size) for name, per, size, _ in TYPES.values()}
 """ggml type name -> (weights per block, bytes per block)."""
 # Names of the other ggml types, for messages (llama.cpp's ggml.h).
-OTHER_TYPES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 9: "Q8_1", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS",
-               18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 24: "I8",
-               25: "I16", 26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M", 34: "TQ1_0", 35: "TQ2_0", 39: "MXFP4"}
+OTHER_TYPES = {
+    2: "Q4_0",
+    3: "Q4_1",
+    6: "Q5_0",
+    7: "Q5_1",
+    9: "Q8_1",
+    15: "Q8_K",
+    16: "IQ2_XXS",
+    17: "IQ2_XS",
+    18: "IQ3_XXS",
+    19: "IQ1_S",
+    20: "IQ4_NL",
+    21: "IQ3_S",
+    22: "IQ2_S",
+    23: "IQ4_XS",
+    24: "I8",
+    25: "I16",
+    26: "I32",
+    27: "I64",
+    28: "F64",
+    29: "IQ1_M",
+    34: "TQ1_0",
+    35: "TQ2_0",
+    39: "MXFP4",
+}
 
 # Key-value types: id -> struct format of a scalar (strings 8, arrays 9 apart).
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_SCALARS = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
 _STRING, _ARRAY = 8, 9
 
 HEADERS_ONLY_KEY = "tpload.headers_only"
@@ -108,18 +144,24 @@ class _Cursor:
 
     def take(self, n: int, what: str) -> bytes:
         if n < 0 or self.pos + n > self.size:
-            raise self.fail(f"{what} at byte {self.pos} ({n} bytes) runs past the end of the file ({self.size} bytes)")
+            raise self.fail(
+                f"{what} at byte {self.pos} ({n} bytes) runs past the end of the file ({self.size} bytes)"
+            )
         if self.pos + n > MAX_HEADER:
-            raise self.fail(f"{what} at byte {self.pos} lies past {MAX_HEADER} bytes, more than any header needs")
+            raise self.fail(
+                f"{what} at byte {self.pos} lies past {MAX_HEADER} bytes, more than any header needs"
+            )
         end = self.pos + n
         if end > self.base + len(self.buf):
-            keep = self.buf[self.pos - self.base:]
+            keep = self.buf[self.pos - self.base :]
             want = max(CHUNK, end - self.pos) - len(keep)
             more = os.pread(self.fd, want, self.pos + len(keep))
             self.buf, self.base = keep + more, self.pos
             if end > self.base + len(self.buf):
-                raise self.fail(f"{what} at byte {self.pos}: short read (the file changed while read?)")
-        out = self.buf[self.pos - self.base:end - self.base]
+                raise self.fail(
+                    f"{what} at byte {self.pos}: short read (the file changed while read?)"
+                )
+        out = self.buf[self.pos - self.base : end - self.base]
         self.pos = end
         return out
 
@@ -190,9 +232,15 @@ def read_header(path: Path, file: str) -> GGUFHeader:
                 raise cur.fail(f"key {escape_name(key)} appears twice")
             kv[key] = value
         alignment = kv.get("general.alignment", DEFAULT_ALIGNMENT)
-        if type(alignment) is not int or not 1 <= alignment <= MAX_ALIGNMENT or alignment & (alignment - 1):
-            raise cur.fail(f"general.alignment {escape_name(repr(alignment))[:40]} is not a power of two "
-                           f"from 1 to {MAX_ALIGNMENT}")
+        if (
+            type(alignment) is not int
+            or not 1 <= alignment <= MAX_ALIGNMENT
+            or alignment & (alignment - 1)
+        ):
+            raise cur.fail(
+                f"general.alignment {escape_name(repr(alignment))[:40]} is not a power of two "
+                f"from 1 to {MAX_ALIGNMENT}"
+            )
         raw: list[tuple[str, tuple[int, ...], int, int]] = []
         for i in range(n_tensors):
             name = cur.string(f"tensor {i}: name", MAX_NAME)
@@ -210,12 +258,16 @@ def read_header(path: Path, file: str) -> GGUFHeader:
     header = GGUFHeader(path, version, alignment, data_start, kv)
     problems: list[str] = []
     if data_start > size and raw:
-        problems.append(f"{escape_name(path)}: GGUF header: the data would start at byte {data_start}, past the end "
-                        f"of the file ({size} bytes)")
+        problems.append(
+            f"{escape_name(path)}: GGUF header: the data would start at byte {data_start}, past the end "
+            f"of the file ({size} bytes)"
+        )
     for name, dims, ttype, offset in raw:
         info = _tensor(path, file, name, dims, ttype, offset, alignment, data_start, size, problems)
         if name in header.tensors:
-            problems.append(f"{escape_name(path)}: tensor {escape_name(name)} appears twice in the header")
+            problems.append(
+                f"{escape_name(path)}: tensor {escape_name(name)} appears twice in the header"
+            )
         elif info is not None:
             header.tensors[name] = info
             header.order.append(name)
@@ -224,32 +276,50 @@ def read_header(path: Path, file: str) -> GGUFHeader:
     return header
 
 
-def _tensor(path: Path, file: str, name: str, dims: tuple[int, ...], ttype: int, offset: int, alignment: int,
-            data_start: int, size: int, problems: list[str]) -> GGUFTensorInfo | None:
+def _tensor(
+    path: Path,
+    file: str,
+    name: str,
+    dims: tuple[int, ...],
+    ttype: int,
+    offset: int,
+    alignment: int,
+    data_start: int,
+    size: int,
+    problems: list[str],
+) -> GGUFTensorInfo | None:
     """One tensor entry checked and turned into torch order, or its problem filed."""
     where = f"{escape_name(path)}: tensor {escape_name(name)}"
     kind = TYPES.get(ttype)
     if kind is None:
         known = OTHER_TYPES.get(ttype, f"type {ttype}")
-        problems.append(f"{where}: ggml type {known} is not served (tpload reads "
-                        f"{', '.join(t[0] for t in TYPES.values())})")
+        problems.append(
+            f"{where}: ggml type {known} is not served (tpload reads "
+            f"{', '.join(t[0] for t in TYPES.values())})"
+        )
         return None
     tname, per, bsize, dtype = kind
     if any(d >= 1 << 48 for d in dims) or math.prod(dims) >= 1 << 56:
         problems.append(f"{where}: dimensions {list(dims)} are too large")
         return None
     if dims[0] % per:
-        problems.append(f"{where}: {tname} innermost dimension {dims[0]} is not a multiple of its {per}-weight block")
+        problems.append(
+            f"{where}: {tname} innermost dimension {dims[0]} is not a multiple of its {per}-weight block"
+        )
         return None
     if offset % alignment:
-        problems.append(f"{where}: offset {offset} is not a multiple of general.alignment {alignment}")
+        problems.append(
+            f"{where}: offset {offset} is not a multiple of general.alignment {alignment}"
+        )
         return None
     elements = tuple(reversed(dims))
     nbytes = math.prod(dims) // per * bsize
     begin = data_start + offset
     if begin + nbytes > size:
-        problems.append(f"{where}: data bytes {offset}..{offset + nbytes} run past the end of the file "
-                        f"({size - data_start} data bytes)")
+        problems.append(
+            f"{where}: data bytes {offset}..{offset + nbytes} run past the end of the file "
+            f"({size - data_start} data bytes)"
+        )
         return None
     shape = elements if per == 1 else elements[:-1] + (elements[-1] // per * bsize,)
     info = GGUFTensorInfo(name, file, dtype, shape, path, begin, tname, elements)
@@ -259,6 +329,7 @@ def _tensor(path: Path, file: str, name: str, dims: tuple[int, ...], ttype: int,
 
 
 # --- finding the files --------------------------------------------------------------------------------
+
 
 def gguf_files(root: Path) -> list[Path] | None:
     """The GGUF files a path names: a file, or a folder's single file or split set (in part order);
@@ -278,9 +349,11 @@ def gguf_files(root: Path) -> list[Path] | None:
             return None
         shards = sorted(p.name for p in root.glob("*.safetensors"))
         if shards:
-            raise CheckpointError(f"{escape_name(root / names[0])}: GGUF file beside safetensors shards "
-                                  f"({escape_name(shards[0])}{' ...' if len(shards) > 1 else ''}) in one folder; "
-                                  "which checkpoint is meant? Keep one format per folder")
+            raise CheckpointError(
+                f"{escape_name(root / names[0])}: GGUF file beside safetensors shards "
+                f"({escape_name(shards[0])}{' ...' if len(shards) > 1 else ''}) in one folder; "
+                "which checkpoint is meant? Keep one format per folder"
+            )
     else:
         return None
     return [root / n for n in _split_set(root, names)]
@@ -294,28 +367,36 @@ def _split_set(root: Path, names: list[str]) -> list[str]:
     plain = [n for n in names if SPLIT_NAME.fullmatch(n) is None]
     parts = [SPLIT_NAME.fullmatch(n) for n in names if SPLIT_NAME.fullmatch(n)]
     if plain and (len(plain) > 1 or parts):
-        raise CheckpointError(f"{escape_name(root / (plain[1] if len(plain) > 1 else plain[0]))}: more than one GGUF "
-                              f"checkpoint in {escape_name(root)} ({', '.join(escape_name(n) for n in names[:4])}); "
-                              "keep one per folder, or name the file")
+        raise CheckpointError(
+            f"{escape_name(root / (plain[1] if len(plain) > 1 else plain[0]))}: more than one GGUF "
+            f"checkpoint in {escape_name(root)} ({', '.join(escape_name(n) for n in names[:4])}); "
+            "keep one per folder, or name the file"
+        )
     if plain:
         return plain
     stems = sorted({m["stem"] for m in parts})
     if len(stems) > 1:
-        raise CheckpointError(f"{escape_name(root / parts[-1].string)}: split sets {', '.join(map(escape_name, stems))} "
-                              f"in one folder; keep one per folder")
+        raise CheckpointError(
+            f"{escape_name(root / parts[-1].string)}: split sets {', '.join(map(escape_name, stems))} "
+            f"in one folder; keep one per folder"
+        )
     counts = {int(m["count"]) for m in parts}
     count = max(counts)
     for m in parts:
         no, n = int(m["no"]), int(m["count"])
         if n != count or not 1 <= no <= count:
-            raise CheckpointError(f"{escape_name(root / m.string)}: part {no} of {n} does not fit the split set of "
-                                  f"{count} parts beside it")
+            raise CheckpointError(
+                f"{escape_name(root / m.string)}: part {no} of {n} does not fit the split set of "
+                f"{count} parts beside it"
+            )
     have = {int(m["no"]) for m in parts}
     missing = [i for i in range(1, count + 1) if i not in have]
     if missing:
         name = f"{stems[0]}-{missing[0]:05d}-of-{count:05d}.gguf"
-        raise CheckpointError(f"{escape_name(root / name)}: part {missing[0]} of the {count}-part split set is missing"
-                              + (f" ({len(missing)} parts missing)" if len(missing) > 1 else ""))
+        raise CheckpointError(
+            f"{escape_name(root / name)}: part {missing[0]} of the {count}-part split set is missing"
+            + (f" ({len(missing)} parts missing)" if len(missing) > 1 else "")
+        )
     return sorted((m.string for m in parts), key=lambda s: int(SPLIT_NAME.fullmatch(s)["no"]))
 
 
@@ -328,18 +409,28 @@ def read_set(files: list[Path], root: Path) -> list[GGUFHeader]:
             headers.append(read_header(path, path.relative_to(root).as_posix()))
         except CheckpointError as e:
             problems.append(str(e))
-    raise_all(CheckpointError, problems, what=f"problems with the GGUF files of {escape_name(root)}")
+    raise_all(
+        CheckpointError, problems, what=f"problems with the GGUF files of {escape_name(root)}"
+    )
     seen: dict[str, Path] = {}
     for i, h in enumerate(headers):
         no, count = h.kv.get("split.no"), h.kv.get("split.count")
-        if len(files) > 1 and ((no is not None and no != i) or (count is not None and count != len(files))):
-            problems.append(f"{escape_name(h.path)}: split.no {no} / split.count {count} disagree with its name "
-                            f"(part {i + 1} of {len(files)})")
+        if len(files) > 1 and (
+            (no is not None and no != i) or (count is not None and count != len(files))
+        ):
+            problems.append(
+                f"{escape_name(h.path)}: split.no {no} / split.count {count} disagree with its name "
+                f"(part {i + 1} of {len(files)})"
+            )
         for name in h.order:
             if name in seen:
-                problems.append(f"{escape_name(h.path)}: tensor {escape_name(name)} is also in {escape_name(seen[name])}")
+                problems.append(
+                    f"{escape_name(h.path)}: tensor {escape_name(name)} is also in {escape_name(seen[name])}"
+                )
             seen.setdefault(name, h.path)
-    raise_all(CheckpointError, problems, what=f"problems with the GGUF split set of {escape_name(root)}")
+    raise_all(
+        CheckpointError, problems, what=f"problems with the GGUF split set of {escape_name(root)}"
+    )
     return headers
 
 
@@ -354,11 +445,19 @@ def model_config(root: Path) -> dict | None:
     kv = read_header(files[0], files[0].name).kv
     arch = kv.get("general.architecture")
     if not isinstance(arch, str):
-        raise CheckpointError(f"{escape_name(files[0])}: GGUF header has no general.architecture string")
-    doc: dict[str, object] = {"architectures": [f"gguf:{arch}"], "quantization_config": {"quant_method": "gguf"}}
-    for key, field_name in (("block_count", "num_hidden_layers"), ("expert_count", "n_routed_experts"),
-                            ("attention.head_count", "num_attention_heads"),
-                            ("attention.head_count_kv", "num_key_value_heads")):
+        raise CheckpointError(
+            f"{escape_name(files[0])}: GGUF header has no general.architecture string"
+        )
+    doc: dict[str, object] = {
+        "architectures": [f"gguf:{arch}"],
+        "quantization_config": {"quant_method": "gguf"},
+    }
+    for key, field_name in (
+        ("block_count", "num_hidden_layers"),
+        ("expert_count", "n_routed_experts"),
+        ("attention.head_count", "num_attention_heads"),
+        ("attention.head_count_kv", "num_key_value_heads"),
+    ):
         value = kv.get(f"{arch}.{key}")
         if type(value) is int:
             doc[field_name] = value

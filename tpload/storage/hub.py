@@ -57,11 +57,16 @@ class FileSource:
     locators_vouched_by: str
 
 
-SNAPSHOT = FileSource(kind="hub cache snapshot", against="their blob sha256",
-                      named_by="the hash its hub blob is named by", each="the hub blob it is named by", names="hub blob names",
-                      vouched_by="the sha256 each hub blob is named by (files hashed whole)",
-                      locators_vouched_by="the sha256 taken of it while its file was hashed whole against its hub blob "
-                                          "name")
+SNAPSHOT = FileSource(
+    kind="hub cache snapshot",
+    against="their blob sha256",
+    named_by="the hash its hub blob is named by",
+    each="the hub blob it is named by",
+    names="hub blob names",
+    vouched_by="the sha256 each hub blob is named by (files hashed whole)",
+    locators_vouched_by="the sha256 taken of it while its file was hashed whole against its hub blob "
+    "name",
+)
 
 
 def git_blob_sha1(data: bytes) -> str:
@@ -93,17 +98,23 @@ def blobs(root: Path, files: list[str]) -> dict[str, Blob]:
         target = link.resolve()
         where = f"{escape_name(link)}"
         if not link.is_symlink() or target.parent != store:
-            problems.append(f"{where}: not a link into {escape_name(store)} (a hub snapshot's files are links to "
-                            "blobs named by their hash; this one cannot be checked)")
+            problems.append(
+                f"{where}: not a link into {escape_name(store)} (a hub snapshot's files are links to "
+                "blobs named by their hash; this one cannot be checked)"
+            )
         elif SHA256_NAME.fullmatch(target.name):
             out[name] = Blob("sha256", target.name)
         elif SHA1_NAME.fullmatch(target.name):
             out[name] = Blob("git-sha1", target.name)
         else:
-            problems.append(f"{where}: its blob {escape_name(target.name)} is not named by a sha256 or a git SHA-1")
+            problems.append(
+                f"{where}: its blob {escape_name(target.name)} is not named by a sha256 or a git SHA-1"
+            )
     if problems:
-        raise CheckpointError(f"{len(problems)} file(s) of the hub snapshot {escape_name(root)} cannot be "
-                              "verified by their blob names:\n  - " + "\n  - ".join(problems))
+        raise CheckpointError(
+            f"{len(problems)} file(s) of the hub snapshot {escape_name(root)} cannot be "
+            "verified by their blob names:\n  - " + "\n  - ".join(problems)
+        )
     return out
 
 
@@ -113,8 +124,10 @@ def check_small(path: Path, blob: Blob, *, named: str = "its blob is named") -> 
     data = read_small(path, "small file")
     got = git_blob_sha1(data) if blob.algorithm == "git-sha1" else hashlib.sha256(data).hexdigest()
     if got != blob.digest:
-        raise CheckpointError(f"{escape_name(path)}: its bytes have {blob.algorithm} {got[:16]}..., but {named} "
-                              f"{blob.digest[:16]}...: the file is corrupt (re-download it)")
+        raise CheckpointError(
+            f"{escape_name(path)}: its bytes have {blob.algorithm} {got[:16]}..., but {named} "
+            f"{blob.digest[:16]}...: the file is corrupt (re-download it)"
+        )
     return hashlib.sha256(data).hexdigest()
 
 
@@ -123,8 +136,11 @@ def check_small_files(root: Path) -> None:
     before anything reads them."""
     # a NATIVE_MANIFEST.json that `tpload manifest` wrote into the snapshot is the operator's own file
     # (a regular file, not a blob): the catalogue reads it as any manifest, and it outranks blob names
-    small = sorted(p.name for p in root.iterdir() if p.name.endswith(".json")
-                   and not (p.name == MANIFEST_NAME and not p.is_symlink()))
+    small = sorted(
+        p.name
+        for p in root.iterdir()
+        if p.name.endswith(".json") and not (p.name == MANIFEST_NAME and not p.is_symlink())
+    )
     named = blobs(root, small)
     for name in small:
         check_small(root / name, named[name])
@@ -141,7 +157,9 @@ def shard_digests(root: Path, shards: list[str]) -> dict[str, str]:
         if b.algorithm == "sha256":
             out[shard] = b.digest
         else:
-            out[shard] = check_small(root / shard, b)  # a tiny shard committed without LFS: whole, now
+            out[shard] = check_small(
+                root / shard, b
+            )  # a tiny shard committed without LFS: whole, now
     return out
 
 

@@ -80,10 +80,14 @@ def read_metadata(root: Path, rel: str) -> Metadata | None:
     real = Path(os.path.realpath(path))
     if path.is_symlink() or not real.is_relative_to(Path(os.path.realpath(root))):
         what = "is a link" if path.is_symlink() else "lies out of the folder"
-        raise CheckpointError(f"{where}: download metadata {what} (at {escape_name(real)}); huggingface_hub writes "
-                              "regular files inside the folder, so it is not trusted")
+        raise CheckpointError(
+            f"{where}: download metadata {what} (at {escape_name(real)}); huggingface_hub writes "
+            "regular files inside the folder, so it is not trusted"
+        )
     try:  # O_NOFOLLOW: no link swapped in after the check; O_NONBLOCK: a FIFO cannot block the open
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(
+            path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+        )
     except OSError as e:
         why = "is a link" if e.errno == errno.ELOOP else f"cannot be opened ({e.strerror})"
         raise CheckpointError(f"{where}: download metadata {why}; not trusted") from None
@@ -92,8 +96,10 @@ def read_metadata(root: Path, rel: str) -> Metadata | None:
         if not stat.S_ISREG(st.st_mode):
             raise CheckpointError(f"{where}: download metadata is not a regular file; not trusted")
         if st.st_size > MAX_METADATA_BYTES:
-            raise CheckpointError(f"{where}: download metadata is {st.st_size} bytes, not three short lines "
-                                  f"(at most {MAX_METADATA_BYTES}); not trusted")
+            raise CheckpointError(
+                f"{where}: download metadata is {st.st_size} bytes, not three short lines "
+                f"(at most {MAX_METADATA_BYTES}); not trusted"
+            )
         raw = os.pread(fd, MAX_METADATA_BYTES + 1, 0)
     finally:
         os.close(fd)
@@ -106,23 +112,33 @@ def parse_metadata(raw: bytes, path: Path) -> Metadata:
     try:
         lines = raw.decode("ascii").split("\n")
     except UnicodeDecodeError:
-        raise CheckpointError(f"{where}: download metadata is not ASCII text; not trusted") from None
+        raise CheckpointError(
+            f"{where}: download metadata is not ASCII text; not trusted"
+        ) from None
     if len(lines) < 3:
-        raise CheckpointError(f"{where}: download metadata has {len(lines)} line(s), not three (commit, etag, "
-                              "timestamp); not trusted")
+        raise CheckpointError(
+            f"{where}: download metadata has {len(lines)} line(s), not three (commit, etag, "
+            "timestamp); not trusted"
+        )
     commit, etag, when = (s.strip() for s in lines[:3])
     if not commit:
-        raise CheckpointError(f"{where}: download metadata has no commit hash on its first line; not trusted")
+        raise CheckpointError(
+            f"{where}: download metadata has no commit hash on its first line; not trusted"
+        )
     if not _ETAG.fullmatch(etag):
-        raise CheckpointError(f"{where}: download metadata's etag {escape_name(etag[:80])} is not a sha256 (64 hex "
-                              "digits) or a git SHA-1 (40); not trusted")
+        raise CheckpointError(
+            f"{where}: download metadata's etag {escape_name(etag[:80])} is not a sha256 (64 hex "
+            "digits) or a git SHA-1 (40); not trusted"
+        )
     try:
         timestamp = float(when)
     except ValueError:
         timestamp = math.nan
     if not math.isfinite(timestamp):
-        raise CheckpointError(f"{where}: download metadata's timestamp {escape_name(when[:40])} is not a number of "
-                              "seconds; not trusted")
+        raise CheckpointError(
+            f"{where}: download metadata's timestamp {escape_name(when[:40])} is not a number of "
+            "seconds; not trusted"
+        )
     algorithm = "sha256" if len(etag) == 64 else "git-sha1"
     return Metadata(path, commit, Blob(algorithm, etag.lower()), timestamp)
 
@@ -141,8 +157,10 @@ def judge(root: Path, rel: str) -> Metadata | str:
     except OSError as e:
         return f"{name}: cannot stat it ({e.strerror})"
     if mtime - SLACK_S > meta.timestamp:  # huggingface_hub's rule, word for word
-        return (f"{name}: stale download metadata: the file was modified {mtime - meta.timestamp:.1f} s after its "
-                f"metadata was written (huggingface_hub ignores it then too), so its etag no longer vouches for it")
+        return (
+            f"{name}: stale download metadata: the file was modified {mtime - meta.timestamp:.1f} s after its "
+            f"metadata was written (huggingface_hub ignores it then too), so its etag no longer vouches for it"
+        )
     return meta
 
 
@@ -172,7 +190,9 @@ class LocalDir:
         metadata are left to :meth:`problems` (refused without a manifest, pinned by one otherwise)."""
         present = [n for n in (*PLAN_FILES, MANIFEST_NAME) if os.path.lexists(self.root / n)]
         self.judge(present)
-        if MANIFEST_NAME in self.unvouched:  # the operator's own (`tpload manifest`): read as any folder's
+        if (
+            MANIFEST_NAME in self.unvouched
+        ):  # the operator's own (`tpload manifest`): read as any folder's
             del self.unvouched[MANIFEST_NAME]
         problems = []
         for name in present:
@@ -183,9 +203,12 @@ class LocalDir:
                 except CheckpointError as e:
                     problems.append(str(e))
         if problems:
-            raise CheckpointError("\n".join(problems) if len(problems) == 1 else
-                                  f"{len(problems)} file(s) do not match their local-dir etags:\n  - "
-                                  + "\n  - ".join(problems))
+            raise CheckpointError(
+                "\n".join(problems)
+                if len(problems) == 1
+                else f"{len(problems)} file(s) do not match their local-dir etags:\n  - "
+                + "\n  - ".join(problems)
+            )
 
     def shard_digests(self, shards: list[str]) -> dict[Path, str]:
         """Each vouched shard's expected sha256 (its etag), by path; a shard stored as a plain git object
@@ -194,8 +217,11 @@ class LocalDir:
         for shard in shards:
             meta = self.fresh.get(shard)
             if meta is not None:
-                self.digests[self.root / shard] = meta.blob.digest if meta.blob.algorithm == "sha256" else \
-                    check_small(self.root / shard, meta.blob, named=_named(meta))
+                self.digests[self.root / shard] = (
+                    meta.blob.digest
+                    if meta.blob.algorithm == "sha256"
+                    else check_small(self.root / shard, meta.blob, named=_named(meta))
+                )
         return self.digests
 
     def problems(self) -> list[str]:
@@ -204,20 +230,32 @@ class LocalDir:
             return []
         total = len(self.unvouched) + len(self.fresh)
         root = escape_name(self.root)
-        head = (f"{root}: a huggingface_hub local-dir download without {MANIFEST_NAME}, but {len(self.unvouched)} of "
-                f"its {total} file(s) have no fresh download metadata, so nothing vouches for their bytes. Either write "
-                f"a manifest: `python -m tpload manifest {root}` (hashes every tensor once; it vouches for the bytes as "
-                "they are now), or load with --verify off (nothing is checked; every report says so), or download "
-                "them again with `hf download ... --local-dir`. The files")
-        return [head + ":" + "".join(f"\n    - {self.unvouched[f]}" for f in sorted(self.unvouched))]
+        head = (
+            f"{root}: a huggingface_hub local-dir download without {MANIFEST_NAME}, but {len(self.unvouched)} of "
+            f"its {total} file(s) have no fresh download metadata, so nothing vouches for their bytes. Either write "
+            f"a manifest: `python -m tpload manifest {root}` (hashes every tensor once; it vouches for the bytes as "
+            "they are now), or load with --verify off (nothing is checked; every report says so), or download "
+            "them again with `hf download ... --local-dir`. The files"
+        )
+        return [
+            head + ":" + "".join(f"\n    - {self.unvouched[f]}" for f in sorted(self.unvouched))
+        ]
 
     def source(self) -> FileSource:
         commits = sorted({m.commit for m in self.fresh.values()}) or ["none"]
-        which = (f"commit {escape_name(commits[0][:12])}" if len(commits) == 1 else  # one download, or several
-                 f"{len(commits)} commits: {', '.join(escape_name(c[:12]) for c in commits)}")
-        return FileSource(kind=f"local-dir download ({which})", against="their local-dir etags",
-                          named_by="the etag its local-dir download metadata records",
-                          each="the etag its local-dir download metadata records", names="local-dir etags",
-                          vouched_by="the etag each file's local-dir download metadata records (files hashed whole)",
-                          locators_vouched_by="the sha256 taken of it while its file was hashed whole against its "
-                                              "local-dir etag")
+        which = (
+            f"commit {escape_name(commits[0][:12])}"
+            if len(commits) == 1
+            # one download, or several
+            else f"{len(commits)} commits: {', '.join(escape_name(c[:12]) for c in commits)}"
+        )
+        return FileSource(
+            kind=f"local-dir download ({which})",
+            against="their local-dir etags",
+            named_by="the etag its local-dir download metadata records",
+            each="the etag its local-dir download metadata records",
+            names="local-dir etags",
+            vouched_by="the etag each file's local-dir download metadata records (files hashed whole)",
+            locators_vouched_by="the sha256 taken of it while its file was hashed whole against its "
+            "local-dir etag",
+        )

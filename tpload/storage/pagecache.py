@@ -40,7 +40,14 @@ MAX_SAMPLED_PAGES = 1 << 16  # per file: the estimate's cost stays ~30 ms howeve
 def _libc() -> ctypes.CDLL:
     libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mmap.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    ]
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
     return libc
@@ -55,6 +62,7 @@ def resident_bytes(path: Path, *, sample: int = 1) -> int:
     checkpoint walked whole would take over a minute). Files too small to sample are counted whole.
     """
     from .files import open_regular
+
     fd = open_regular(path, "shard")
     try:
         size = os.fstat(fd).st_size
@@ -72,7 +80,14 @@ def resident_bytes(path: Path, *, sample: int = 1) -> int:
             asked = 0
             for first in range(0, pages, stride):
                 n = min(run, pages - first)
-                if libc.mincore(addr + first * page, min(n * page, size - first * page), ctypes.byref(vec, asked)) != 0:
+                if (
+                    libc.mincore(
+                        addr + first * page,
+                        min(n * page, size - first * page),
+                        ctypes.byref(vec, asked),
+                    )
+                    != 0
+                ):
                     raise OSError(ctypes.get_errno(), f"mincore failed: {path}")
                 asked += n
         finally:
@@ -91,7 +106,9 @@ def checkpoint_resident(paths: Iterable[Path], *, sample: int = 1) -> int | None
     """Page-cache bytes of all these files (estimated if ``sample`` > 1); None where the platform cannot tell."""
     try:
         return sum(resident_bytes(p, sample=sample) for p in paths)
-    except Exception as e:  # no mincore (not Linux), an odd filesystem, a file gone: a figure, never a failure
+    except (
+        Exception
+    ) as e:  # no mincore (not Linux), an odd filesystem, a file gone: a figure, never a failure
         log.debug("cannot measure page-cache residency: %s", e)
         return None
 

@@ -13,8 +13,6 @@ import hashlib
 import os
 from pathlib import Path
 
-import numpy as np
-
 from ..errors import CheckpointError, LayoutError, raise_all
 from ..text import escape_name
 from . import Stored
@@ -35,16 +33,24 @@ def is_partitioned(root: Path) -> bool:
 
 def _source_table(table: object, path: Path) -> dict[str, TensorMeta]:
     if not isinstance(table, dict):
-        raise CheckpointError(f"{escape_name(path)}: export manifest has no \"tensors\" table")
+        raise CheckpointError(f'{escape_name(path)}: export manifest has no "tensors" table')
     out, bad = {}, []
     for name, e in table.items():
-        ok = (isinstance(e, dict) and isinstance(e.get("file"), str) and isinstance(e.get("dtype"), str)
-              and e["dtype"] in ITEMSIZE and isinstance(e.get("shape"), list) and len(e["shape"]) <= 8
-              and all(type(d) is int and 0 <= d < MAX_DIM for d in e["shape"]))
+        ok = (
+            isinstance(e, dict)
+            and isinstance(e.get("file"), str)
+            and isinstance(e.get("dtype"), str)
+            and e["dtype"] in ITEMSIZE
+            and isinstance(e.get("shape"), list)
+            and len(e["shape"]) <= 8
+            and all(type(d) is int and 0 <= d < MAX_DIM for d in e["shape"])
+        )
         if ok:
             out[name] = TensorMeta(name, e["file"], e["dtype"], tuple(e["shape"]))
         else:
-            bad.append(f"{escape_name(path)}: source entry for {escape_name(name)} is not {{file, dtype, shape}}")
+            bad.append(
+                f"{escape_name(path)}: source entry for {escape_name(name)} is not {{file, dtype, shape}}"
+            )
     raise_all(CheckpointError, bad, what=f"bad entries in {escape_name(path)}")
     return out
 
@@ -69,8 +75,10 @@ class PartitionedStorage(FileReads):
         self.root = root
         path = root / MANIFEST_NAME
         if not os.path.lexists(path):
-            raise CheckpointError(f"{escape_name(path)}: a pre-partitioned checkpoint needs its manifest "
-                                  "(the export writes it last)")
+            raise CheckpointError(
+                f"{escape_name(path)}: a pre-partitioned checkpoint needs its manifest "
+                "(the export writes it last)"
+            )
         raw = read_small(path, "export manifest")
         doc = parse_json(raw, path, "export manifest")
         try:
@@ -80,20 +88,28 @@ class PartitionedStorage(FileReads):
             if not all(type(v) is int and v >= 1 for v in (self.tp, self.ep)):
                 raise ValueError("tp and ep must be integers >= 1")
         except (KeyError, TypeError, ValueError):
-            raise CheckpointError(f"{escape_name(path)}: not a tpload export manifest (partitioned/tensors/ranks)") from None
+            raise CheckpointError(
+                f"{escape_name(path)}: not a tpload export manifest (partitioned/tensors/ranks)"
+            ) from None
         self.source = str(meta.get("source", "?"))
         if (tp, ep, world) != (self.tp, self.ep, self.tp * self.ep) or len(files) != world:
-            raise LayoutError(f"{escape_name(root)} is pre-partitioned for tp {self.tp} x ep {self.ep} "
-                              f"({self.tp * self.ep} ranks); this load asks for tp {tp} x ep {ep} on {world} ranks. "
-                              f"Load it with --tp {self.tp} --ep {self.ep} on {self.tp * self.ep} ranks, or load "
-                              f"the source checkpoint {escape_name(self.source)} for another layout")
+            raise LayoutError(
+                f"{escape_name(root)} is pre-partitioned for tp {self.tp} x ep {self.ep} "
+                f"({self.tp * self.ep} ranks); this load asks for tp {tp} x ep {ep} on {world} ranks. "
+                f"Load it with --tp {self.tp} --ep {self.ep} on {self.tp * self.ep} ranks, or load "
+                f"the source checkpoint {escape_name(self.source)} for another layout"
+            )
         if files[rank] != rank_file(rank, world):
-            raise CheckpointError(f"{escape_name(path)}: rank {rank}'s file is listed as {escape_name(files[rank])!r}, "
-                                  f"expected {rank_file(rank, world)}")
+            raise CheckpointError(
+                f"{escape_name(path)}: rank {rank}'s file is listed as {escape_name(files[rank])!r}, "
+                f"expected {rank_file(rank, world)}"
+            )
         self.file, self.rank = files[rank], rank
         self.path = root / self.file
         table = _source_table(doc.get("tensors"), path)
-        self.catalogue = Catalogue(root, table, None, manifest_path=path, manifest_sha256=hashlib.sha256(raw).hexdigest())
+        self.catalogue = Catalogue(
+            root, table, None, manifest_path=path, manifest_sha256=hashlib.sha256(raw).hexdigest()
+        )
         self.listed = self._listed(ranks[rank], path)
         self.windows = self._read_windows(path)
         self.files = Files()
@@ -101,7 +117,9 @@ class PartitionedStorage(FileReads):
     def _listed(self, entry: object, path: Path) -> dict[str, dict]:
         listed = entry.get("tensors") if isinstance(entry, dict) else None
         if not isinstance(listed, dict) or not all(isinstance(v, dict) for v in listed.values()):
-            raise CheckpointError(f"{escape_name(path)}: the entry for {escape_name(self.file)} lists no tensors")
+            raise CheckpointError(
+                f"{escape_name(path)}: the entry for {escape_name(self.file)} lists no tensors"
+            )
         return listed
 
     def _read_windows(self, path: Path) -> dict:
@@ -111,19 +129,36 @@ class PartitionedStorage(FileReads):
         listed = self.listed
         where = escape_name(self.path)
         said = (meta.get("rank"), meta.get("tp"), meta.get("ep"))
-        problems = [] if said == (str(self.rank), str(self.tp), str(self.ep)) else [
-            f"{where}: its metadata says rank {escape_name(said[0])} of tp {escape_name(said[1])} x ep "
-            f"{escape_name(said[2])}; it is loaded as rank {self.rank} of tp {self.tp} x ep {self.ep}"]
-        problems += [f"{where}: tensor {escape_name(n)} is in the manifest's list for this file but not in the file"
-                    for n in listed if n not in header]
-        problems += [f"{where}: tensor {escape_name(n)} is in the file but not in the manifest" for n in header
-                     if n not in listed]
-        problems += [f"{where}: tensor {escape_name(n)}: header says {i.dtype} {list(i.shape)}, manifest says "
-                     f"{escape_name(listed[n].get('dtype'))} {escape_name(listed[n].get('shape'))}"
-                     for n, i in header.items() if n in listed
-                     and (i.dtype, list(i.shape)) != (listed[n].get("dtype"), listed[n].get("shape"))]
-        problems += [f"{where}: tensor {escape_name(n)}: manifest sha256 is not 64 hex digits" for n in listed
-                     if not (isinstance(listed[n].get("sha256"), str) and len(listed[n]["sha256"]) == 64)]
+        problems = (
+            []
+            if said == (str(self.rank), str(self.tp), str(self.ep))
+            else [
+                f"{where}: its metadata says rank {escape_name(said[0])} of tp {escape_name(said[1])} x ep "
+                f"{escape_name(said[2])}; it is loaded as rank {self.rank} of tp {self.tp} x ep {self.ep}"
+            ]
+        )
+        problems += [
+            f"{where}: tensor {escape_name(n)} is in the manifest's list for this file but not in the file"
+            for n in listed
+            if n not in header
+        ]
+        problems += [
+            f"{where}: tensor {escape_name(n)} is in the file but not in the manifest"
+            for n in header
+            if n not in listed
+        ]
+        problems += [
+            f"{where}: tensor {escape_name(n)}: header says {i.dtype} {list(i.shape)}, manifest says "
+            f"{escape_name(listed[n].get('dtype'))} {escape_name(listed[n].get('shape'))}"
+            for n, i in header.items()
+            if n in listed
+            and (i.dtype, list(i.shape)) != (listed[n].get("dtype"), listed[n].get("shape"))
+        ]
+        problems += [
+            f"{where}: tensor {escape_name(n)}: manifest sha256 is not 64 hex digits"
+            for n in listed
+            if not (isinstance(listed[n].get("sha256"), str) and len(listed[n]["sha256"]) == 64)
+        ]
         raise_all(CheckpointError, problems, what=f"disagreements between {where} and its manifest")
         return header
 
@@ -131,20 +166,27 @@ class PartitionedStorage(FileReads):
         try:
             i = self.windows[name]
         except KeyError:
-            raise CheckpointError(f"{escape_name(self.path)}: tensor {escape_name(name)} is not in this rank's file "
-                                  "(another rank holds it, or it was skipped at export)") from None
-        return Stored(name, i.path, i.begin, i.rows, i.row_bytes, str(self.listed[name]["sha256"]).lower())
+            raise CheckpointError(
+                f"{escape_name(self.path)}: tensor {escape_name(name)} is not in this rank's file "
+                "(another rank holds it, or it was skipped at export)"
+            ) from None
+        return Stored(
+            name, i.path, i.begin, i.rows, i.row_bytes, str(self.listed[name]["sha256"]).lower()
+        )
 
-    def box(self, name: str, view: tuple[int, int], rows: tuple[int, int],
-            cols: tuple[int, int]) -> tuple[Stored, tuple[int, int], tuple[int, int]]:
+    def box(
+        self, name: str, view: tuple[int, int], rows: tuple[int, int], cols: tuple[int, int]
+    ) -> tuple[Stored, tuple[int, int], tuple[int, int]]:
         """The window is all this file holds of ``name`` (written in its view's row order): its size must
         be the plan's window's."""
         stored = self.stored(name)
         want = (rows[1] - rows[0], cols[1] - cols[0])
         if stored.nbytes != want[0] * want[1]:
-            raise CheckpointError(f"{escape_name(self.path)}: tensor {escape_name(name)}: the file holds a "
-                                  f"{[stored.rows, stored.row_bytes]} byte window, this load's plan wants {list(want)} "
-                                  "(exported with another config?)")
+            raise CheckpointError(
+                f"{escape_name(self.path)}: tensor {escape_name(name)}: the file holds a "
+                f"{[stored.rows, stored.row_bytes]} byte window, this load's plan wants {list(want)} "
+                "(exported with another config?)"
+            )
         return stored.seen_as(want), (0, want[0]), (0, want[1])
 
     def paths(self) -> list[Path]:
@@ -157,7 +199,9 @@ class PartitionedStorage(FileReads):
         extra = sorted(set(self.windows) - set(names), key=natural_key)
         if not missing and not extra:
             return []
-        return [f"{escape_name(self.path)} does not match this load's plan: missing "
-                f"{', '.join(escape_name(n) for n in missing[:10]) or 'nothing'}; not planned "
-                f"{', '.join(escape_name(n) for n in extra[:10]) or 'nothing'} (load it with the config, skip and "
-                "defer rules it was exported with)"]
+        return [
+            f"{escape_name(self.path)} does not match this load's plan: missing "
+            f"{', '.join(escape_name(n) for n in missing[:10]) or 'nothing'}; not planned "
+            f"{', '.join(escape_name(n) for n in extra[:10]) or 'nothing'} (load it with the config, skip and "
+            "defer rules it was exported with)"
+        ]

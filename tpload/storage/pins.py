@@ -33,14 +33,21 @@ INDEX_NAME = "model.safetensors.index.json"
 MANIFEST_NAME = "NATIVE_MANIFEST.json"
 PLAN_FILES = ("config.json", "hf_quant_config.json", INDEX_NAME)
 """The JSON files that shape a plan, in the order they are checked."""
-WHAT = {"config.json": "model config", "hf_quant_config.json": "ModelOpt quantization config", INDEX_NAME: "index"}
+WHAT = {
+    "config.json": "model config",
+    "hf_quant_config.json": "ModelOpt quantization config",
+    INDEX_NAME: "index",
+}
 
 
 def renew(what: str) -> str:
     """How to pin ``what`` again, and what that costs (one wording everywhere)."""
-    return (f"`python -m tpload manifest DIR --force` pins {what}, which changes the manifest's sha256: "
-            "--manifest-sha256 pins and stored predictions (`plan --write`, `manifest --hash blake3`) made from the "
-            "old manifest must then be renewed")
+    return (
+        f"`python -m tpload manifest DIR --force` pins {what}, which changes the manifest's sha256: "
+        "--manifest-sha256 pins and stored predictions (`plan --write`, `manifest --hash blake3`) made from the "
+        "old manifest must then be renewed"
+    )
+
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _KNOWN: OrderedDict[str, tuple[dict[str, str] | None, bool]] = OrderedDict()
@@ -55,8 +62,11 @@ def pins_to_write(root: Path, *, known: dict[str, str] | None = None) -> dict[st
     """The manifest's ``"files"`` for ``root``: the sha256 of each plan-shaping JSON file present
     (``known``: digests of bytes already read and used, which win over reading the file again)."""
     known = known or {}
-    return {name: {"sha256": known.get(name) or file_sha256(root / name, name)}
-            for name in PLAN_FILES if name in known or os.path.lexists(root / name)}
+    return {
+        name: {"sha256": known.get(name) or file_sha256(root / name, name)}
+        for name in PLAN_FILES
+        if name in known or os.path.lexists(root / name)
+    }
 
 
 def parse_pins(doc: object, path: Path) -> tuple[dict[str, str] | None, bool]:
@@ -68,7 +78,7 @@ def parse_pins(doc: object, path: Path) -> tuple[dict[str, str] | None, bool]:
     files = doc.get("files")
     if files is None:
         return None, export
-    bad = f"{escape_name(path)}: \"files\" must map each pinned JSON file to {{\"sha256\": 64 hex digits}}"
+    bad = f'{escape_name(path)}: "files" must map each pinned JSON file to {{"sha256": 64 hex digits}}'
     if not isinstance(files, dict):
         raise CheckpointError(bad)
     out = {}
@@ -124,19 +134,25 @@ class Pins:
         manifest = escape_name(self.root / MANIFEST_NAME)
         if want is None:
             if present:
-                raise CheckpointError(f"{escape_name(path)}: {what} is not pinned by {manifest} (added after the "
-                                      f"manifest was written?); refused: it shapes what every rank serves. If it "
-                                      f"belongs there, {renew('it')}")
+                raise CheckpointError(
+                    f"{escape_name(path)}: {what} is not pinned by {manifest} (added after the "
+                    f"manifest was written?); refused: it shapes what every rank serves. If it "
+                    f"belongs there, {renew('it')}"
+                )
             return None
         if not present:
-            raise CheckpointError(f"{escape_name(path)}: {what} is missing, but {manifest} pins its sha256 "
-                                  f"{want[:16]}...; restore it")
+            raise CheckpointError(
+                f"{escape_name(path)}: {what} is missing, but {manifest} pins its sha256 "
+                f"{want[:16]}...; restore it"
+            )
         data = read_small(path, what)
         got = hashlib.sha256(data).hexdigest()
         if got != want:
-            raise CheckpointError(f"{escape_name(path)}: {what} has sha256 {got[:16]}..., but {manifest} pins "
-                                  f"{want[:16]}...: it changed after the manifest was written; restore it, or if the "
-                                  f"change is meant, {renew('it again')}")
+            raise CheckpointError(
+                f"{escape_name(path)}: {what} has sha256 {got[:16]}..., but {manifest} pins "
+                f"{want[:16]}...: it changed after the manifest was written; restore it, or if the "
+                f"change is meant, {renew('it again')}"
+            )
         return data
 
     def problems(self) -> list[str]:
@@ -150,24 +166,34 @@ class Pins:
         return out
 
 
-def check_plan_files(root: Path, manifest_sha256: str | None, pins: Pins | None = None) -> list[str]:
+def check_plan_files(
+    root: Path, manifest_sha256: str | None, pins: Pins | None = None
+) -> list[str]:
     """Check every plan-shaping JSON file of ``root`` against the manifest that was opened (its
     bytes' sha256; ``pins``: those parsed from its very bytes, else read from disk now and required
     to be the same manifest); raise CheckpointError listing each mismatch. Returns notes: a manifest
     that pins nothing while such files are present."""
     pins = pins or Pins.of(root)
     if manifest_sha256 is not None and pins.manifest_sha256 != manifest_sha256:
-        raise CheckpointError(f"{escape_name(root / MANIFEST_NAME)}: changed since the checkpoint was opened "
-                              f"(sha256 {manifest_sha256[:16]}... then, {(pins.manifest_sha256 or 'none')[:16]}... "
-                              "now); nothing read under the old one is trusted")
+        raise CheckpointError(
+            f"{escape_name(root / MANIFEST_NAME)}: changed since the checkpoint was opened "
+            f"(sha256 {manifest_sha256[:16]}... then, {(pins.manifest_sha256 or 'none')[:16]}... "
+            "now); nothing read under the old one is trusted"
+        )
     if pins.manifest_sha256 is None:
         return []  # nothing vouches for the folder: the load says so itself (or a hub snapshot's blob names do)
     if pins.files is None:
         present = [n for n in PLAN_FILES if os.path.lexists(root / n)]
         if not present or pins.export:
             return []
-        note = (f"{MANIFEST_NAME} pins none of {', '.join(present)} (written before tpload pinned the JSON files "
-                f"that shape a plan), so an edit to them would change what is served unnoticed; {renew('them')}")
+        note = (
+            f"{MANIFEST_NAME} pins none of {', '.join(present)} (written before tpload pinned the JSON files "
+            f"that shape a plan), so an edit to them would change what is served unnoticed; {renew('them')}"
+        )
         return [note]
-    raise_all(CheckpointError, pins.problems(), what="JSON files that do not match their pins in the manifest")
+    raise_all(
+        CheckpointError,
+        pins.problems(),
+        what="JSON files that do not match their pins in the manifest",
+    )
     return []

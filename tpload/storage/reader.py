@@ -23,7 +23,9 @@ import numpy as np
 
 from . import Storage, Stored
 
-CHUNK_BYTES = 2 << 20  # cache-sized: a block is copied, checked and hashed while it is still in the L2/L3 cache
+CHUNK_BYTES = (
+    2 << 20
+)  # cache-sized: a block is copied, checked and hashed while it is still in the L2/L3 cache
 RING = 4
 PAGE = mmap.PAGESIZE
 
@@ -76,10 +78,18 @@ class Reader:
         if self._ring[i].size < nbytes + PAGE:
             self._ring[i] = _aligned(nbytes)
         shift = offset % PAGE
-        return i, self._ring[i][shift:shift + nbytes]
+        return i, self._ring[i][shift : shift + nbytes]
 
-    def blocks(self, stored: Stored, rows: tuple[int, int], cols: tuple[int, int], *, tap: Tap | None = None,
-               row_multiple: int = 1, split_rows: bool = True) -> Iterator[tuple[int, int, np.ndarray]]:
+    def blocks(
+        self,
+        stored: Stored,
+        rows: tuple[int, int],
+        cols: tuple[int, int],
+        *,
+        tap: Tap | None = None,
+        row_multiple: int = 1,
+        split_rows: bool = True,
+    ) -> Iterator[tuple[int, int, np.ndarray]]:
         """The window ``rows`` x ``cols`` (byte columns) of ``stored``, as ``(first window row, first
         window byte column, view)`` pieces in order; with a ``tap``, every stored row is read and fed
         to it whole, in order. Blocks start on multiples of ``row_multiple`` rows (a scale block);
@@ -104,12 +114,18 @@ class Reader:
                     self._busy[i] = tap.feed(Block((a, b), (0, width), data))
                 lo, hi = max(a, rows[0]), min(b, rows[1])
                 if lo < hi:
-                    yield lo - rows[0], 0, data[lo - a:hi - a, cols[0]:cols[1]]
+                    yield lo - rows[0], 0, data[lo - a : hi - a, cols[0] : cols[1]]
         if tap is not None:
             tap.close()
 
-    def _wide(self, stored: Stored, span: tuple[int, int], rows: tuple[int, int], cols: tuple[int, int],
-              tap: Tap | None) -> Iterator[tuple[int, int, np.ndarray]]:
+    def _wide(
+        self,
+        stored: Stored,
+        span: tuple[int, int],
+        rows: tuple[int, int],
+        cols: tuple[int, int],
+        tap: Tap | None,
+    ) -> Iterator[tuple[int, int, np.ndarray]]:
         """Rows wider than a buffer: each row in pieces of whole 4 KiB (so pieces keep every word
         and scale group whole)."""
         width, piece = stored.row_bytes, max(4096, self.chunk_bytes // 4096 * 4096)
@@ -125,7 +141,7 @@ class Reader:
                     self._busy[i] = tap.feed(Block((r, r + 1), (c, d), data))
                 a, b = max(c, cols[0]), min(d, cols[1])
                 if inside and a < b:
-                    yield r - rows[0], a - cols[0], data[:, a - c:b - c]
+                    yield r - rows[0], a - cols[0], data[:, a - c : b - c]
 
     def drain(self) -> None:
         """Wait for every tap still reading a buffer."""
@@ -137,6 +153,12 @@ class Reader:
 
 def _read_piece(storage: Storage, stored: Stored, row: int, col: int, out: np.ndarray) -> None:
     """Bytes ``[col, col + len)`` of one stored row (a row too wide for one buffer)."""
-    piece = Stored(stored.name, stored.path, stored.offset + row * stored.row_bytes + col, 1, out.shape[1],
-                   stored.sha256)
+    piece = Stored(
+        stored.name,
+        stored.path,
+        stored.offset + row * stored.row_bytes + col,
+        1,
+        out.shape[1],
+        stored.sha256,
+    )
     storage.read(piece, 0, 1, out)

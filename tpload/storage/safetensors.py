@@ -27,15 +27,29 @@ from ..text import escape_name
 from .files import atomic_file, open_regular, parse_json, read_exact
 
 MAX_HEADER_BYTES = 256 << 20  # a header larger than this is corrupt, not big
-MAX_DIM = 1 << 48  # a dimension this long is corrupt (the manifest's bound); it keeps every product printable
+MAX_DIM = (
+    1 << 48
+)  # a dimension this long is corrupt (the manifest's bound); it keeps every product printable
 
 # Every safetensors dtype of whole bytes, with its size. Whether tpload *serves* a dtype is the
 # codecs' business: an unserved tensor can still be skipped or deferred by a rule.
 ITEMSIZE: dict[str, int] = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1,
-    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-    "I32": 4, "U32": 4, "F32": 4,
-    "I64": 8, "U64": 8, "F64": 8,
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E5M2": 1,
+    "F8_E4M3": 1,
+    "F8_E8M0": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
 }
 _HEADER_ITEMSIZE = dict(ITEMSIZE)  # what a safetensors header may say (GGUF's types below are not)
 # GGUF's block-quantised types, seen as bytes: a tensor of them has the shape [..., rows, row bytes]
@@ -76,10 +90,17 @@ class TensorMeta:
         fields (the catalogue holds TensorInfos; a pre-partitioned export's holds TensorMetas)."""
         if not isinstance(other, TensorMeta):
             return NotImplemented
-        return (self.name, self.file, self.dtype, self.shape) == (other.name, other.file, other.dtype, other.shape)
+        return (self.name, self.file, self.dtype, self.shape) == (
+            other.name,
+            other.file,
+            other.dtype,
+            other.shape,
+        )
 
     def describe(self) -> str:
-        return f"{escape_name(self.name)} ({escape_name(self.file)}, {self.dtype} {list(self.shape)})"
+        return (
+            f"{escape_name(self.name)} ({escape_name(self.file)}, {self.dtype} {list(self.shape)})"
+        )
 
 
 @dataclass(frozen=True, eq=False)
@@ -103,10 +124,14 @@ def read_header(path: Path, file: str) -> tuple[dict[str, TensorInfo], dict[str,
     try:
         size = os.fstat(fd).st_size
         if size < 8:
-            raise CheckpointError(f"{escape_name(path)}: {size} bytes, too short for a safetensors header length")
+            raise CheckpointError(
+                f"{escape_name(path)}: {size} bytes, too short for a safetensors header length"
+            )
         (hlen,) = struct.unpack("<Q", read_exact(fd, 0, 8, path, "shard"))
         if hlen > MAX_HEADER_BYTES or 8 + hlen > size:
-            raise CheckpointError(f"{escape_name(path)}: header length {hlen} runs past the file ({size} bytes)")
+            raise CheckpointError(
+                f"{escape_name(path)}: header length {hlen} runs past the file ({size} bytes)"
+            )
         raw = read_exact(fd, 8, hlen, path, "shard header")
     finally:
         os.close(fd)
@@ -116,12 +141,16 @@ def read_header(path: Path, file: str) -> tuple[dict[str, TensorInfo], dict[str,
     data_start, data_len = 8 + hlen, size - 8 - hlen
     meta = header.get("__metadata__", {})
     infos = _sound_entries(path, file, header, data_start, data_len)
-    if infos is None:  # something is wrong: the entry by entry pass below says what, every problem at once
+    if (
+        infos is None
+    ):  # something is wrong: the entry by entry pass below says what, every problem at once
         infos = _checked_entries(path, file, header, data_start, data_len)
     return infos, {str(k): str(v) for k, v in meta.items()} if isinstance(meta, dict) else {}
 
 
-def _checked_entries(path: Path, file: str, header: dict, data_start: int, data_len: int) -> dict[str, TensorInfo]:
+def _checked_entries(
+    path: Path, file: str, header: dict, data_start: int, data_len: int
+) -> dict[str, TensorInfo]:
     """Every entry checked one by one, every problem raised at once (the message-making pass)."""
     problems: list[str] = []
     infos: dict[str, TensorInfo] = {}
@@ -140,7 +169,9 @@ _FIELDS = operator.itemgetter("dtype", "shape", "data_offsets")
 _FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
 
 
-def _sound_entries(path: Path, file: str, header: dict, data_start: int, data_len: int) -> dict[str, TensorInfo] | None:
+def _sound_entries(
+    path: Path, file: str, header: dict, data_start: int, data_len: int
+) -> dict[str, TensorInfo] | None:
     """Every entry as a TensorInfo when the whole header is sound, else None (nothing said: the
     checked pass finds and words the problems).
 
@@ -154,31 +185,56 @@ def _sound_entries(path: Path, file: str, header: dict, data_start: int, data_le
         return None
     try:
         dtypes, shapes, offsets = zip(*map(_FIELDS, entries))
-        itemsizes = list(map(_HEADER_ITEMSIZE.get, dtypes))  # a non-string dtype gets None (or TypeError: a list)
+        itemsizes = list(
+            map(_HEADER_ITEMSIZE.get, dtypes)
+        )  # a non-string dtype gets None (or TypeError: a list)
     except (KeyError, TypeError):
         return None
     if None in itemsizes or set(map(type, dtypes)) != {str}:
         return None
     dims = list(itertools.chain.from_iterable(shapes)) if set(map(type, shapes)) == {list} else None
-    if dims is None or max(map(len, shapes)) > 8 or not set(map(type, dims)) <= {int} \
-            or (dims and not (min(dims) >= 0 and max(dims) < MAX_DIM)):
+    if (
+        dims is None
+        or max(map(len, shapes)) > 8
+        or not set(map(type, dims)) <= {int}
+        or (dims and not (min(dims) >= 0 and max(dims) < MAX_DIM))
+    ):
         return None
-    if set(map(type, offsets)) != {list} or set(map(len, offsets)) != {2} \
-            or set(map(type, itertools.chain.from_iterable(offsets))) != {int}:
+    if (
+        set(map(type, offsets)) != {list}
+        or set(map(len, offsets)) != {2}
+        or set(map(type, itertools.chain.from_iterable(offsets))) != {int}
+    ):
         return None
     begins, ends = list(map(_FIRST, offsets)), list(map(_SECOND, offsets))
     sizes = list(map(operator.mul, map(math.prod, shapes), itemsizes))
-    if min(begins) < 0 or max(ends) > data_len or not all(map(operator.le, begins, ends)) \
-            or list(map(operator.sub, ends, begins)) != sizes:
+    if (
+        min(begins) < 0
+        or max(ends) > data_len
+        or not all(map(operator.le, begins, ends))
+        or list(map(operator.sub, ends, begins)) != sizes
+    ):
         return None
-    spans = sorted(itertools.compress(zip(begins, ends), sizes))  # tensors with bytes, by first byte
+    spans = sorted(
+        itertools.compress(zip(begins, ends), sizes)
+    )  # tensors with bytes, by first byte
     if any(map(operator.lt, map(_FIRST, spans[1:]), map(_SECOND, spans))):  # one overlaps the next
         return None
     shapes = list(map(tuple, shapes))
-    rows = [shape[0] if len(shape) > 1 else 1 for shape in shapes]  # the sizes a plan asks for, known here
-    columns = {"name": names, "file": itertools.repeat(file), "dtype": dtypes, "shape": shapes,
-               "path": itertools.repeat(path), "begin": map(operator.add, itertools.repeat(data_start), begins),
-               "nbytes": sizes, "rows": rows, "row_bytes": [n // r if r else 0 for n, r in zip(sizes, rows)]}
+    rows = [
+        shape[0] if len(shape) > 1 else 1 for shape in shapes
+    ]  # the sizes a plan asks for, known here
+    columns = {
+        "name": names,
+        "file": itertools.repeat(file),
+        "dtype": dtypes,
+        "shape": shapes,
+        "path": itertools.repeat(path),
+        "begin": map(operator.add, itertools.repeat(data_start), begins),
+        "nbytes": sizes,
+        "rows": rows,
+        "row_bytes": [n // r if r else 0 for n, r in zip(sizes, rows)],
+    }
     return dict(zip(names, frozen_instances(TensorInfo, columns, len(names))))
 
 
@@ -197,7 +253,9 @@ def frozen_instances(cls: type, columns: dict[str, Iterable], n: int) -> list:
     return made
 
 
-def _info(name: str, file: str, dtype: str, shape: tuple[int, ...], path: Path, begin: int, nbytes: int) -> TensorInfo:
+def _info(
+    name: str, file: str, dtype: str, shape: tuple[int, ...], path: Path, begin: int, nbytes: int
+) -> TensorInfo:
     """A TensorInfo of a checked entry, with the sizes a plan asks for filled in."""
     info = TensorInfo(name, file, dtype, shape, path, begin)
     rows = shape[0] if len(shape) > 1 else 1
@@ -205,16 +263,30 @@ def _info(name: str, file: str, dtype: str, shape: tuple[int, ...], path: Path, 
     return info
 
 
-def _entry(path: Path, file: str, name: str, meta: object, data_start: int, data_len: int,
-           problems: list[str]) -> TensorInfo | None:
+def _entry(
+    path: Path,
+    file: str,
+    name: str,
+    meta: object,
+    data_start: int,
+    data_len: int,
+    problems: list[str],
+) -> TensorInfo | None:
     """One header entry checked, as a TensorInfo with its sizes filled in; or its problem filed.
     (Run for every tensor of a checkpoint, 92,000 of them: the message is made only for a problem.)"""
     if isinstance(meta, dict):
         dtype, shape, offsets = meta.get("dtype"), meta.get("shape"), meta.get("data_offsets")
         itemsize = _HEADER_ITEMSIZE.get(dtype) if isinstance(dtype, str) else None
-        if (itemsize is not None and type(shape) is list and len(shape) <= 8
-                and all(type(d) is int and 0 <= d < MAX_DIM for d in shape)
-                and type(offsets) is list and len(offsets) == 2 and type(offsets[0]) is int and type(offsets[1]) is int):
+        if (
+            itemsize is not None
+            and type(shape) is list
+            and len(shape) <= 8
+            and all(type(d) is int and 0 <= d < MAX_DIM for d in shape)
+            and type(offsets) is list
+            and len(offsets) == 2
+            and type(offsets[0]) is int
+            and type(offsets[1]) is int
+        ):
             begin, end = offsets
             want = math.prod(shape) * itemsize
             if 0 <= begin <= end <= data_len and end - begin == want:
@@ -230,10 +302,21 @@ def _entry_problem(path: Path, name: str, meta: object, data_len: int) -> str:
     dtype, shape, offsets = meta.get("dtype"), meta.get("shape"), meta.get("data_offsets")
     if not isinstance(dtype, str) or dtype not in _HEADER_ITEMSIZE:
         return f"{where}: dtype {escape_name(repr(dtype))[:60]} is not served (not a safetensors dtype of whole bytes)"
-    if not (isinstance(shape, list) and len(shape) <= 8 and all(type(d) is int and 0 <= d < MAX_DIM for d in shape)):
-        return (f"{where}: shape {escape_name(repr(shape))[:80]} is not a list of non-negative integers "
-                "(at most 8, each below 2**48)")
-    if not (isinstance(offsets, list) and len(offsets) == 2 and type(offsets[0]) is int and type(offsets[1]) is int):
+    if not (
+        isinstance(shape, list)
+        and len(shape) <= 8
+        and all(type(d) is int and 0 <= d < MAX_DIM for d in shape)
+    ):
+        return (
+            f"{where}: shape {escape_name(repr(shape))[:80]} is not a list of non-negative integers "
+            "(at most 8, each below 2**48)"
+        )
+    if not (
+        isinstance(offsets, list)
+        and len(offsets) == 2
+        and type(offsets[0]) is int
+        and type(offsets[1]) is int
+    ):
         return f"{where}: data_offsets {escape_name(repr(offsets))[:80]} is not [begin, end]"
     begin, end = offsets
     want = math.prod(shape) * ITEMSIZE[dtype]
@@ -244,8 +327,12 @@ def _entry_problem(path: Path, name: str, meta: object, data_len: int) -> str:
     return f"{where}: data_offsets span {end - begin} bytes but {dtype} x {shape} is {want}"
 
 
-def write_safetensors(path: Path, tensors: list[tuple[str, str, tuple[int, ...]]],
-                      chunks: Callable[[str], Iterable[np.ndarray]], metadata: dict[str, str]) -> dict[str, str]:
+def write_safetensors(
+    path: Path,
+    tensors: list[tuple[str, str, tuple[int, ...]]],
+    chunks: Callable[[str], Iterable[np.ndarray]],
+    metadata: dict[str, str],
+) -> dict[str, str]:
     """Write a safetensors file one chunk at a time; return {name: sha256 of its stored bytes}.
 
     ``tensors`` gives (name, dtype, shape) in file order and ``chunks(name)`` the
@@ -279,6 +366,9 @@ def overlaps(path: Path, infos: Iterable[TensorInfo], data_start: int) -> list[s
     let one tensor's check vouch for another's bytes), as offsets into the data section. One rule for
     every container format (safetensors headers, GGUF headers)."""
     spans = sorted((i.begin, i.begin + i.nbytes, i.name) for i in infos if i.nbytes)
-    return [f"{escape_name(path)}: tensors {escape_name(n0)} and {escape_name(n1)} overlap "
-            f"(bytes {b0 - data_start}..{e0 - data_start} and {b1 - data_start}..)"
-            for (b0, e0, n0), (b1, _, n1) in zip(spans, spans[1:]) if b1 < e0]
+    return [
+        f"{escape_name(path)}: tensors {escape_name(n0)} and {escape_name(n1)} overlap "
+        f"(bytes {b0 - data_start}..{e0 - data_start} and {b1 - data_start}..)"
+        for (b0, e0, n0), (b1, _, n1) in zip(spans, spans[1:])
+        if b1 < e0
+    ]

@@ -36,8 +36,11 @@ class Files:
     def changed(self) -> list[str]:
         with self._lock:
             opened = list(self._open.items())
-        return [f"{escape_name(p)}: {why}; what was read from it cannot be trusted"
-                for p, s in opened if (why := s.changed())]
+        return [
+            f"{escape_name(p)}: {why}; what was read from it cannot be trusted"
+            for p, s in opened
+            if (why := s.changed())
+        ]
 
     def close(self) -> None:
         with self._lock:
@@ -53,7 +56,9 @@ class FileReads:
     files: Files
 
     def read(self, stored: Stored, r0: int, r1: int, out: np.ndarray) -> None:
-        self.files.get(stored.path).read_into(stored.offset + r0 * stored.row_bytes, out, tensor=stored.name)
+        self.files.get(stored.path).read_into(
+            stored.offset + r0 * stored.row_bytes, out, tensor=stored.name
+        )
 
     def will_need(self, stored: Stored) -> None:
         if hasattr(os, "POSIX_FADV_WILLNEED"):
@@ -109,18 +114,23 @@ class ShardedStorage(FileReads):
         try:
             return self.locations[name]
         except KeyError:
-            raise CheckpointError(f"{escape_name(self.root)}: no tensor named {escape_name(name)}") from None
+            raise CheckpointError(
+                f"{escape_name(self.root)}: no tensor named {escape_name(name)}"
+            ) from None
 
     def stored(self, name: str) -> Stored:
         s = self._stored.get(name)
         if s is None:
             i = self.info(name)
             entry = self.catalogue.manifest.get(name) if self.catalogue.manifest else None
-            s = self._stored[name] = Stored(name, i.path, i.begin, i.rows, i.row_bytes, entry.sha256 if entry else None)
+            s = self._stored[name] = Stored(
+                name, i.path, i.begin, i.rows, i.row_bytes, entry.sha256 if entry else None
+            )
         return s
 
-    def box(self, name: str, view: tuple[int, int], rows: tuple[int, int],
-            cols: tuple[int, int]) -> tuple[Stored, tuple[int, int], tuple[int, int]]:
+    def box(
+        self, name: str, view: tuple[int, int], rows: tuple[int, int], cols: tuple[int, int]
+    ) -> tuple[Stored, tuple[int, int], tuple[int, int]]:
         return self.stored(name).seen_as(view), rows, cols
 
     def paths(self) -> list[Path]:
@@ -129,6 +139,8 @@ class ShardedStorage(FileReads):
     def manifest_problems(self, names: list[str]) -> list[str]:
         if self.file_digests is not None:
             return []  # every shard is named by its sha256 or has its etag (checked whole while loading)
-        if self.local is not None:  # a local-dir download with unvouched files: each named, and the ways on
+        if (
+            self.local is not None
+        ):  # a local-dir download with unvouched files: each named, and the ways on
             return self.local.problems()
         return self.catalogue.manifest_problems(names)

@@ -24,19 +24,30 @@ from pathlib import Path
 
 import torch
 
-from ..pick import choose
-from ..errors import LoadError
-from ..options import COUNT, DEFAULT_CONFIG, RANKS, SECONDS, Parser
 from ..codecs import Cut
+from ..errors import LoadError
 from ..loop import decode_rows
+from ..options import COUNT, DEFAULT_CONFIG, RANKS, SECONDS, Parser
+from ..pick import choose
 from ..plan import Item, Layout, Planner
 from ..storage.pagecache import resident_bytes
 from ..storage.sharded import ShardedStorage
 from .published import cached_published, loadable_presets
 from .synth import PRESETS, cached_checkpoint
 
-PACKED_METHODS = ("floor", "tpload", "tpload-rank", "tpload-digest", "tpload-noverify", "tpload-blake3",
-                  "safetensors", "fastsafetensors", "runai", "instanttensor", "seed")
+PACKED_METHODS = (
+    "floor",
+    "tpload",
+    "tpload-rank",
+    "tpload-digest",
+    "tpload-noverify",
+    "tpload-blake3",
+    "safetensors",
+    "fastsafetensors",
+    "runai",
+    "instanttensor",
+    "seed",
+)
 ALL_METHODS = PACKED_METHODS + ("tpload-expanded",)
 MIB, GIB = 1 << 20, 1 << 30
 
@@ -79,6 +90,7 @@ class MethodResult:
 
 # -- page cache ----------------------------------------------------------------------------------
 
+
 def resident_fraction(files: list[Path]) -> float:
     """Fraction of the files' bytes in the page cache (mincore via pagecache.py; touches nothing)."""
     total = sum(p.stat().st_size for p in files)
@@ -106,25 +118,33 @@ OPTIONAL: dict[str, tuple[str, bool]] = {
 """The peers that are not tpload's dependencies: method -> (package to import, CUDA only)."""
 
 
-def available_methods(wanted: tuple[str, ...], *, cuda: bool | None = None) -> tuple[list[str], list[str]]:
+def available_methods(
+    wanted: tuple[str, ...], *, cuda: bool | None = None
+) -> tuple[list[str], list[str]]:
     """(methods to run, notes about dropped ones); ``cuda``: whether the workers will have CUDA
     devices (default: whether this process does)."""
     import importlib.util
+
     notes, out = [], []
     for m in wanted:
         if m not in ALL_METHODS:
             raise ValueError(f"unknown method {m!r}; choose from {', '.join(ALL_METHODS)}")
         package, cuda_only = OPTIONAL.get(m, ("", False))
         if package and importlib.util.find_spec(package) is None:
-            notes.append(f"{m}: {package} is not installed (pip install -e '.[bench]' in tpload's clone); skipped")
+            notes.append(
+                f"{m}: {package} is not installed (pip install -e '.[bench]' in tpload's clone); skipped"
+            )
             continue
         if cuda_only and not (torch.cuda.is_available() if cuda is None else cuda):
             notes.append(f"{m}: CUDA devices only, and there are none; skipped")
             continue
         if m == "tpload-blake3":
             from ..verification.blake3sums import INSTALL, available
+
             if not available():
-                notes.append(f"tpload-blake3: the blake3 package is not installed ({INSTALL}); skipped")
+                notes.append(
+                    f"tpload-blake3: the blake3 package is not installed ({INSTALL}); skipped"
+                )
                 continue
         out.append(m)
     return out, notes
@@ -134,9 +154,15 @@ def prepare_digest(opts: BenchOptions) -> str:
     """Write the sha256-verified predictions tpload-digest trusts (what ``tpload plan --write`` does,
     outside the timed runs, into the bench's own store). Returns why the method cannot run, or ""."""
     from .offline import record_verified
+
     try:
-        record_verified(opts.checkpoint, choose(opts.config, Path(opts.checkpoint).absolute())[0], Layout(opts.tp, opts.nproc // opts.tp), "packed",
-                        store=opts.digest_store)
+        record_verified(
+            opts.checkpoint,
+            choose(opts.config, Path(opts.checkpoint).absolute())[0],
+            Layout(opts.tp, opts.nproc // opts.tp),
+            "packed",
+            store=opts.digest_store,
+        )
     except (LoadError, OSError) as e:
         return f"no verified predictions could be written: {e}"
     return ""
@@ -151,6 +177,7 @@ def prepare_blake3(opts: BenchOptions) -> str:
     """Write the blake3 sidecar tpload-blake3 loads with (what ``tpload manifest --hash blake3`` does,
     outside the timed runs). Returns why the method cannot run, or ""."""
     from .offline import write_blake3
+
     try:
         write_blake3(opts.checkpoint, store=blake3_store(opts.digest_store))
     except (LoadError, OSError) as e:
@@ -161,7 +188,9 @@ def prepare_blake3(opts: BenchOptions) -> str:
 def _worker_env(nproc: int) -> dict[str, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     # Pin the workers to this checkout of tpload, whatever is installed.
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH", "")]
+    )
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     return env
 
@@ -169,11 +198,31 @@ def _worker_env(nproc: int) -> dict[str, str]:
 def run_once(method: str, opts: BenchOptions, out_dir: Path) -> list[dict] | str:
     """One torchrun of ``method``: every rank's figures, or the failure's text."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(opts.nproc),
-           "--max-restarts", "0", "-m", "tpload.bench_worker", method, opts.checkpoint, str(out_dir),
-           "--tp", str(opts.tp), "--config", opts.config, "--digest-store", opts.digest_store]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(opts.nproc),
+        "--max-restarts",
+        "0",
+        "-m",
+        "tpload.bench_worker",
+        method,
+        opts.checkpoint,
+        str(out_dir),
+        "--tp",
+        str(opts.tp),
+        "--config",
+        opts.config,
+        "--digest-store",
+        opts.digest_store,
+    ]
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=opts.timeout_s, env=_worker_env(opts.nproc))
+        p = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=opts.timeout_s, env=_worker_env(opts.nproc)
+        )
     except subprocess.TimeoutExpired:
         return f"timed out after {opts.timeout_s:.0f} s"
     files = [out_dir / f"{method}-rank{r}.json" for r in range(opts.nproc)]
@@ -203,7 +252,9 @@ def run_all(opts: BenchOptions, methods: list[str], log=print) -> dict[str, Meth
                     log(f"round {k + 1}: {m}: FAILED ({got})")
                     continue
                 results[m].runs.append(got)
-                log(f"round {k + 1}: {m}: {max(r['seconds'] for r in got):.2f} s ({time.perf_counter() - t0:.1f} s with launch)")
+                log(
+                    f"round {k + 1}: {m}: {max(r['seconds'] for r in got):.2f} s ({time.perf_counter() - t0:.1f} s with launch)"
+                )
     check_agreement(results)
     return results
 
@@ -227,12 +278,15 @@ def check_agreement(results: dict[str, MethodResult]) -> None:
             got = [x["digest"] for x in run]
             bad = [r for r, (g, w) in enumerate(zip(got, want)) if g != w]
             if bad or len(got) != len(want):
-                res.refused = (f"window digest of rank {bad[0] if bad else '?'} in round {k + 1} differs from "
-                               f"{base.name}'s ({got[bad[0]][:16] if bad else '?'} != {want[bad[0]][:16] if bad else '?'})")
+                res.refused = (
+                    f"window digest of rank {bad[0] if bad else '?'} in round {k + 1} differs from "
+                    f"{base.name}'s ({got[bad[0]][:16] if bad else '?'} != {want[bad[0]][:16] if bad else '?'})"
+                )
                 break
 
 
 # -- figures -------------------------------------------------------------------------------------
+
 
 def _med(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
@@ -242,26 +296,46 @@ def summarize(res: MethodResult) -> dict:
     """Medians (and min-max) over rounds of the per-run figures (each run: the slowest rank / the worst peak)."""
     walls = [max(x["seconds"] for x in run) for run in res.runs]
     per_rank = [statistics.mean(x["window_bytes"] for x in run) for run in res.runs]
-    transient = [max(x["anon_peak"] - x["anon_before"] - x["window_bytes"] for x in run) for run in res.runs]
+    transient = [
+        max(x["anon_peak"] - x["anon_before"] - x["window_bytes"] for x in run) for run in res.runs
+    ]
     largest = max((x["largest_window"] for run in res.runs for x in run), default=0)
     tensors = _med([statistics.mean(x.get("tensors", 0) for x in run) for run in res.runs])
     return {
-        "method": res.name, "rounds": len(res.runs), "seconds": _med(walls),
-        "seconds_min": min(walls, default=float("nan")), "seconds_max": max(walls, default=float("nan")),
+        "method": res.name,
+        "rounds": len(res.runs),
+        "seconds": _med(walls),
+        "seconds_min": min(walls, default=float("nan")),
+        "seconds_max": max(walls, default=float("nan")),
         "gb_per_s_per_rank": _med(per_rank) / 1e9 / max(_med(walls), 1e-9),
         # CPU seconds of the busiest rank (all its threads): its own work, whatever the ranks share cores with.
-        "cpu_seconds": _med([max(x.get("cpu_seconds", float("nan")) for x in run) for run in res.runs]),
+        "cpu_seconds": _med(
+            [max(x.get("cpu_seconds", float("nan")) for x in run) for run in res.runs]
+        ),
         "window_bytes_per_rank": _med(per_rank),
-        "bytes_hashed_per_rank": _med([statistics.mean(x["bytes_hashed"] for x in run) for run in res.runs]),
+        "bytes_hashed_per_rank": _med(
+            [statistics.mean(x["bytes_hashed"] for x in run) for run in res.runs]
+        ),
         "rss_peak": _med([max(x["rss_peak"] for x in run) for run in res.runs]),
         "anon_peak": _med([max(x["anon_peak"] for x in run) for run in res.runs]),
-        "transient": _med(transient), "largest_window": largest, "transient_limit": 2 * largest + 64 * MIB,
+        "transient": _med(transient),
+        "largest_window": largest,
+        "transient_limit": 2 * largest + 64 * MIB,
         "device_peak": _med([max(x["device_peak"] for x in run) for run in res.runs]),
-        "page_cache_before": _med(res.cache), "digests": [x["digest"] for x in res.runs[0]] if res.runs else [],
-        "import_seconds": _med([max(x.get("import_seconds", float("nan")) for x in run) for run in res.runs]),
-        "startup_seconds": _med([max(x.get("startup_seconds", float("nan")) for x in run) for run in res.runs]),
-        "bytes_read_per_rank": _med([statistics.mean(x.get("bytes_read", x["window_bytes"]) for x in run)
-                                     for run in res.runs]),
+        "page_cache_before": _med(res.cache),
+        "digests": [x["digest"] for x in res.runs[0]] if res.runs else [],
+        "import_seconds": _med(
+            [max(x.get("import_seconds", float("nan")) for x in run) for run in res.runs]
+        ),
+        "startup_seconds": _med(
+            [max(x.get("startup_seconds", float("nan")) for x in run) for run in res.runs]
+        ),
+        "bytes_read_per_rank": _med(
+            [
+                statistics.mean(x.get("bytes_read", x["window_bytes"]) for x in run)
+                for run in res.runs
+            ]
+        ),
         "reads": next((x["reads"] for run in res.runs for x in run if x.get("reads")), "windows"),
         "tensors_per_rank": tensors,
         # per-tensor cost beside bytes: the load's seconds over the tensors each rank ends up with
@@ -270,8 +344,9 @@ def summarize(res: MethodResult) -> dict:
     }
 
 
-def decode_bandwidth(ckpt_dir: str, *, threads: int, reps: int = 5, config: str = DEFAULT_CONFIG,
-                     device: str = "cpu") -> dict:
+def decode_bandwidth(
+    ckpt_dir: str, *, threads: int, reps: int = 5, config: str = DEFAULT_CONFIG, device: str = "cpu"
+) -> dict:
     """Each decoded format's decode to bf16 on the CPU (bf16 bytes out per second) against a copy of the
     same output size, on the format's biggest tensor in the plan: picked by the codec the plan gave it,
     never by name, so any layout (the reference one, a published family's) has its formats measured.
@@ -281,10 +356,14 @@ def decode_bandwidth(ckpt_dir: str, *, threads: int, reps: int = 5, config: str 
     device decode against a device-to-device copy of the output: the HBM figure of that device."""
     storage = ShardedStorage(Path(ckpt_dir).absolute())
     try:
-        plan = Planner(storage.catalogue, choose(config, storage.root)[0]).plan(Layout(1), "expanded", 0)
+        plan = Planner(storage.catalogue, choose(config, storage.root)[0]).plan(
+            Layout(1), "expanded", 0
+        )
         torch.set_num_threads(threads)
-        codecs = {label: _measure_decode(storage, item, reps, torch.device(device))
-                  for label, item in biggest_decodes(plan.items).items()}
+        codecs = {
+            label: _measure_decode(storage, item, reps, torch.device(device))
+            for label, item in biggest_decodes(plan.items).items()
+        }
     finally:
         storage.close()
     return {"threads": threads, "device": device, "codecs": codecs}
@@ -313,29 +392,40 @@ def _measure_decode(storage: ShardedStorage, item: Item, reps: int, device: torc
     scale, scale2 = (scales + [None, None])[:2]
     out = torch.zeros(item.outputs[0].shape, dtype=torch.bfloat16, device=device)
     rows = out.reshape(item.weight.rows[1] - item.weight.rows[0], -1)
-    unfold = item.weight.row_bytes // codec.decode_row_bytes(fit, item.weight)  # decode rows per view row
-    seconds = _best(lambda: decode_rows(codec.decode, fit, unfold, weight, scale, rows, scale2), reps, device)
+    unfold = item.weight.row_bytes // codec.decode_row_bytes(
+        fit, item.weight
+    )  # decode rows per view row
+    seconds = _best(
+        lambda: decode_rows(codec.decode, fit, unfold, weight, scale, rows, scale2), reps, device
+    )
     copy = torch.zeros_like(out)
     memcpy = _best(lambda: copy.copy_(out), reps, device)
     nbytes = out.numel() * out.element_size()
-    return {"tensor": item.name, "bytes_out": nbytes, "gb_per_s": nbytes / seconds / 1e9,
-            "memcpy_gb_per_s": nbytes / memcpy / 1e9, "vs_memcpy": memcpy / seconds}
+    return {
+        "tensor": item.name,
+        "bytes_out": nbytes,
+        "gb_per_s": nbytes / seconds / 1e9,
+        "memcpy_gb_per_s": nbytes / memcpy / 1e9,
+        "vs_memcpy": memcpy / seconds,
+    }
 
 
-def _read(storage: ShardedStorage, cut: Cut) -> "np.ndarray":
+def _read(storage: ShardedStorage, cut: Cut) -> np.ndarray:
     """A cut's box of its stored tensor, as host bytes in the cut's 2-D view."""
     import numpy as np
+
     stored = storage.stored(cut.name)
     buf = np.empty((stored.rows, stored.row_bytes), dtype=np.uint8)
     storage.read(stored, 0, stored.rows, buf)
-    return buf.reshape(cut.view)[cut.rows[0]:cut.rows[1], cut.cols[0]:cut.cols[1]]
+    return buf.reshape(cut.view)[cut.rows[0] : cut.rows[1], cut.cols[0] : cut.cols[1]]
 
 
-def _on(host: "np.ndarray", device: torch.device) -> "np.ndarray | torch.Tensor":
+def _on(host: np.ndarray, device: torch.device) -> np.ndarray | torch.Tensor:
     """Host bytes where the decode runs: as they are on the CPU, a device tensor on a GPU."""
     if device.type == "cpu":
         return host
     import numpy as np
+
     return torch.from_numpy(np.ascontiguousarray(host)).to(device)
 
 
@@ -368,23 +458,29 @@ def table(summaries: list[dict], refused: dict[str, str], opts: BenchOptions) ->
     """The human table: one line per method, ratios to floor and seed."""
     by = {s["method"]: s for s in summaries}
     floor, seed = by.get("floor", {}).get("seconds"), by.get("seed", {}).get("seconds")
-    head = (f"tpload bench: {opts.checkpoint}\n  nproc {opts.nproc}, tp {opts.tp}, {opts.rounds} round(s), "
-            f"{'cold' if opts.cold else 'warm'} page cache; seconds: median [min-max] of the slowest rank, "
-            "memory: worst rank, median over rounds\n")
-    cols = (f"{'method':<16} {'sec':>6} {'[min-max]':>13} {'import s':>8} {'cpu s':>6} {'GB/s/rank':>9} {'x floor':>7} "
-            f"{'x seed':>6} {'tensors':>7} {'us/tensor':>9} {'reads':>7} {'read MB':>8} {'hashed GB':>9} {'rss GiB':>7} "
-            f"{'anon GiB':>8} {'trans MiB':>9} {'limit MiB':>9} {'dev GiB':>7} {'cache':>5}")
+    head = (
+        f"tpload bench: {opts.checkpoint}\n  nproc {opts.nproc}, tp {opts.tp}, {opts.rounds} round(s), "
+        f"{'cold' if opts.cold else 'warm'} page cache; seconds: median [min-max] of the slowest rank, "
+        "memory: worst rank, median over rounds\n"
+    )
+    cols = (
+        f"{'method':<16} {'sec':>6} {'[min-max]':>13} {'import s':>8} {'cpu s':>6} {'GB/s/rank':>9} {'x floor':>7} "
+        f"{'x seed':>6} {'tensors':>7} {'us/tensor':>9} {'reads':>7} {'read MB':>8} {'hashed GB':>9} {'rss GiB':>7} "
+        f"{'anon GiB':>8} {'trans MiB':>9} {'limit MiB':>9} {'dev GiB':>7} {'cache':>5}"
+    )
     lines = [head, cols]
     for s in summaries:
         ratio = lambda ref: f"{s['seconds'] / ref:.2f}" if ref else "-"  # noqa: E731
         span = f"[{s['seconds_min']:.2f}-{s['seconds_max']:.2f}]"
-        lines.append(f"{s['method']:<16} {s['seconds']:>6.2f} {span:>13} {s['import_seconds']:>8.2f} {s['cpu_seconds']:>6.2f} "
-                     f"{s['gb_per_s_per_rank']:>9.2f} {ratio(floor):>7} {ratio(seed):>6} "
-                     f"{s['tensors_per_rank']:>7.0f} {s['us_per_tensor']:>9.1f} {READS.get(s['reads'], s['reads']):>7} "
-                     f"{s['bytes_read_per_rank'] / 1e6:>8.1f} {s['bytes_hashed_per_rank'] / 1e9:>9.3f} "
-                     f"{s['rss_peak'] / GIB:>7.2f} {s['anon_peak'] / GIB:>8.2f} "
-                     f"{s['transient'] / MIB:>9.0f} {s['transient_limit'] / MIB:>9.0f} {s['device_peak'] / GIB:>7.2f} "
-                     f"{s['page_cache_before'] * 100:>4.0f}%" + (f"  ({s['note']})" if s["note"] else ""))
+        lines.append(
+            f"{s['method']:<16} {s['seconds']:>6.2f} {span:>13} {s['import_seconds']:>8.2f} {s['cpu_seconds']:>6.2f} "
+            f"{s['gb_per_s_per_rank']:>9.2f} {ratio(floor):>7} {ratio(seed):>6} "
+            f"{s['tensors_per_rank']:>7.0f} {s['us_per_tensor']:>9.1f} {READS.get(s['reads'], s['reads']):>7} "
+            f"{s['bytes_read_per_rank'] / 1e6:>8.1f} {s['bytes_hashed_per_rank'] / 1e9:>9.3f} "
+            f"{s['rss_peak'] / GIB:>7.2f} {s['anon_peak'] / GIB:>8.2f} "
+            f"{s['transient'] / MIB:>9.0f} {s['transient_limit'] / MIB:>9.0f} {s['device_peak'] / GIB:>7.2f} "
+            f"{s['page_cache_before'] * 100:>4.0f}%" + (f"  ({s['note']})" if s["note"] else "")
+        )
     for m, why in refused.items():
         lines.append(f"{m:<16} REFUSED: {why}")
     lines += [
@@ -394,11 +490,16 @@ def table(summaries: list[dict], refused: dict[str, str], opts: BenchOptions) ->
         "tensor it has a window of: its window, the whole tensor (tensors), or whole files shared out (files); "
         "read MB = bytes a rank read out of the files that way (hashing reads are hashed GB)",
         "trans = anonymous peak beyond the process before the run and the windows it owns; "
-        "limit = 2 x largest window + 64 MiB"]
-    startup = [s["startup_seconds"] for s in summaries if s["startup_seconds"] == s["startup_seconds"]]
+        "limit = 2 x largest window + 64 MiB",
+    ]
+    startup = [
+        s["startup_seconds"] for s in summaries if s["startup_seconds"] == s["startup_seconds"]
+    ]
     if startup:
-        lines.append(f"before its own imports every worker spent {statistics.median(startup):.2f} s (median) starting "
-                     "python, torch and the bench's planner")
+        lines.append(
+            f"before its own imports every worker spent {statistics.median(startup):.2f} s (median) starting "
+            "python, torch and the bench's planner"
+        )
     return "\n".join(lines)
 
 
@@ -408,10 +509,12 @@ def decode_lines(d: dict) -> list[str]:
     if not d["codecs"]:
         return [f"decode {where}: nothing to decode (every tensor is served as stored)"]
     threads = f" ({d['threads']} thread(s))" if where == "on CPU" else ""
-    return [f"decode {where}{threads}, {label}: {c['gb_per_s']:.2f} GB/s bf16 out, "
-            f"{c['vs_memcpy'] * 100:.0f}% of a {'memcpy' if where == 'on CPU' else 'device copy (HBM)'} of the same "
-            f"{c['bytes_out'] / MIB:.1f} MiB ({c['memcpy_gb_per_s']:.2f} GB/s); biggest such tensor: {c['tensor']}"
-            for label, c in d["codecs"].items()]
+    return [
+        f"decode {where}{threads}, {label}: {c['gb_per_s']:.2f} GB/s bf16 out, "
+        f"{c['vs_memcpy'] * 100:.0f}% of a {'memcpy' if where == 'on CPU' else 'device copy (HBM)'} of the same "
+        f"{c['bytes_out'] / MIB:.1f} MiB ({c['memcpy_gb_per_s']:.2f} GB/s); biggest such tensor: {c['tensor']}"
+        for label, c in d["codecs"].items()
+    ]
 
 
 def gpu_figures(ckpt: str, config: str, summaries: list[dict], *, decode: bool) -> dict:
@@ -423,8 +526,11 @@ def gpu_figures(ckpt: str, config: str, summaries: list[dict], *, decode: bool) 
     for s in summaries:
         rate = s.get("gb_per_s_per_rank")
         if rate:
-            print(f"  {s['method']}: {rate:.2f} GB/s per rank = {rate / pcie * 100:.0f}% of the slowest GPU's "
-                  "host-to-device", flush=True)
+            print(
+                f"  {s['method']}: {rate:.2f} GB/s per rank = {rate / pcie * 100:.0f}% of the slowest GPU's "
+                "host-to-device",
+                flush=True,
+            )
     out: dict = {"h2d_gb_per_s": h2d}
     if decode:
         out["decode"] = decode_bandwidth(ckpt, threads=1, config=config, device="cuda:0")
@@ -442,33 +548,63 @@ def preset_checkpoint(preset: str, *, tensors: int | None = None) -> Path:
 def cmd_bench(argv: list[str]) -> int:
     if "--engine" in argv:  # a serving engine's default loader beside tpload's (bench_engine.py)
         from .bench_engine import cmd_bench_engine
+
         return cmd_bench_engine(argv)
-    p = Parser(prog="python -m tpload bench", description="Run tpload beside its peers on the same "
-                                "job (every rank's windows in its own memory) and print a table of ratios.")
-    p.add_argument("--preset", choices=list(PRESETS) + loadable_presets(), default="medium",
-                   help="synthetic checkpoint, made once and cached: the reference layout (small, medium, seed) or a "
-                   "published family's (NAME-tiny, deepseek-v3-deep; many-tensors: per-tensor cost apart from bytes)")
-    p.add_argument("--tensors", type=COUNT, metavar="N", help="(--preset many-tensors) how many tiny tensors "
-                   "(default 10000)")
+    p = Parser(
+        prog="python -m tpload bench",
+        description="Run tpload beside its peers on the same "
+        "job (every rank's windows in its own memory) and print a table of ratios.",
+    )
+    p.add_argument(
+        "--preset",
+        choices=list(PRESETS) + loadable_presets(),
+        default="medium",
+        help="synthetic checkpoint, made once and cached: the reference layout (small, medium, seed) or a "
+        "published family's (NAME-tiny, deepseek-v3-deep; many-tensors: per-tensor cost apart from bytes)",
+    )
+    p.add_argument(
+        "--tensors",
+        type=COUNT,
+        metavar="N",
+        help="(--preset many-tensors) how many tiny tensors (default 10000)",
+    )
     p.add_argument("--checkpoint", help="an existing checkpoint instead of a preset")
     p.add_argument("--config", default=DEFAULT_CONFIG)
     p.add_argument("--nproc", type=RANKS, default=2)
     p.add_argument("--tp", type=RANKS, help="default: nproc")
     p.add_argument("--rounds", type=COUNT, default=3)
     p.add_argument("--methods", default=",".join(ALL_METHODS), help="comma-separated subset")
-    p.add_argument("--cold", action="store_true", help="drop the checkpoint's pages before every run")
+    p.add_argument(
+        "--cold", action="store_true", help="drop the checkpoint's pages before every run"
+    )
     p.add_argument("--json", help="write every figure here")
     p.add_argument("--no-decode", action="store_true", help="skip the decode-vs-memcpy measure")
     p.add_argument("--timeout", type=SECONDS, default=1800.0, help="seconds per method run")
     args = p.parse_args(argv)
-    if args.nproc < 1 or args.rounds < 1 or (args.tp or 1) < 1 or args.nproc % (args.tp or args.nproc):
+    if (
+        args.nproc < 1
+        or args.rounds < 1
+        or (args.tp or 1) < 1
+        or args.nproc % (args.tp or args.nproc)
+    ):
         p.error("nproc >= 1, rounds >= 1 and a tp dividing nproc are required")
-    if args.tensors is not None and (args.preset != "many-tensors" or args.checkpoint or args.tensors < 1):
+    if args.tensors is not None and (
+        args.preset != "many-tensors" or args.checkpoint or args.tensors < 1
+    ):
         p.error("--tensors N (N >= 1) goes with --preset many-tensors")
     ckpt = args.checkpoint or str(preset_checkpoint(args.preset, tensors=args.tensors))
     store = tempfile.mkdtemp(prefix="tpload-bench-digests-")
-    opts = BenchOptions(ckpt, args.nproc, args.tp or args.nproc, args.rounds, tuple(args.methods.split(",")),
-                        args.cold, args.config, args.timeout, store)
+    opts = BenchOptions(
+        ckpt,
+        args.nproc,
+        args.tp or args.nproc,
+        args.rounds,
+        tuple(args.methods.split(",")),
+        args.cold,
+        args.config,
+        args.timeout,
+        store,
+    )
     try:
         methods, notes = available_methods(opts.methods)
     except ValueError as e:
@@ -486,12 +622,24 @@ def cmd_bench(argv: list[str]) -> int:
     print(table(summaries, refused, opts), flush=True)
     decode = None
     if not args.no_decode:
-        decode = decode_bandwidth(ckpt, threads=int(_worker_env(opts.nproc)["OMP_NUM_THREADS"]), config=opts.config)
+        decode = decode_bandwidth(
+            ckpt, threads=int(_worker_env(opts.nproc)["OMP_NUM_THREADS"]), config=opts.config
+        )
         print("\n".join(decode_lines(decode)), flush=True)
-    gpu = gpu_figures(ckpt, opts.config, summaries, decode=not args.no_decode) if torch.cuda.is_available() else None
+    gpu = (
+        gpu_figures(ckpt, opts.config, summaries, decode=not args.no_decode)
+        if torch.cuda.is_available()
+        else None
+    )
     if args.json:
-        doc = {"options": {k: getattr(opts, k) for k in BenchOptions.__dataclass_fields__}, "notes": notes,
-               "methods": summaries, "refused": refused, "decode": decode, "gpu": gpu,
-               "runs": {m: {"runs": r.runs, "page_cache_before": r.cache} for m, r in results.items()}}
+        doc = {
+            "options": {k: getattr(opts, k) for k in BenchOptions.__dataclass_fields__},
+            "notes": notes,
+            "methods": summaries,
+            "refused": refused,
+            "decode": decode,
+            "gpu": gpu,
+            "runs": {m: {"runs": r.runs, "page_cache_before": r.cache} for m, r in results.items()},
+        }
         Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
     return 0 if not refused else 1

@@ -30,17 +30,46 @@ def default_python() -> str:
 def engine_env() -> dict[str, str]:
     """vLLM's CPU build on a small host: a 1 GiB KV cache, one OpenMP core per worker, and the
     worker RPC allowed to carry the digest function."""
-    return {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-            "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "0|1"),
-            "VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "TOKENIZERS_PARALLELISM": "false"}
+    return {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "0|1"),
+        "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
 
 
-def run_formats(python: str, model: str, *, tp: int, formats: list[str], extra: dict, work: Path,
-                timeout: float, dtype: str = "bfloat16") -> tuple[list[dict], str]:
+def run_formats(
+    python: str,
+    model: str,
+    *,
+    tp: int,
+    formats: list[str],
+    extra: dict,
+    work: Path,
+    timeout: float,
+    dtype: str = "bfloat16",
+) -> tuple[list[dict], str]:
     """One engine process starting each format in turn: (results, its output)."""
     out = work / f"run-{len(list(work.iterdir()))}.json"
-    cmd = [python, "-m", "tpload.integrations.vllm_run", model, "--tp", str(tp), "--formats", ",".join(formats),
-           "--extra", json.dumps(extra), "--report-dir", str(work), "--out", str(out), "--dtype", dtype]
+    cmd = [
+        python,
+        "-m",
+        "tpload.integrations.vllm_run",
+        model,
+        "--tp",
+        str(tp),
+        "--formats",
+        ",".join(formats),
+        "--extra",
+        json.dumps(extra),
+        "--report-dir",
+        str(work),
+        "--out",
+        str(out),
+        "--dtype",
+        dtype,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=engine_env())
     text = proc.stdout + proc.stderr
     if proc.returncode != 0 or not out.exists():
@@ -57,8 +86,10 @@ def disagreement(results: list[dict]) -> str:
         for w, (a, b) in enumerate(zip(first["parameters"], r["parameters"])):
             differ = sorted(n for n in a if a[n] != b.get(n)) + sorted(set(b) - set(a))
             if differ:
-                return f"worker {w}: {len(differ)} parameter(s) differ between {first['format']} and {r['format']}: " \
-                       + ", ".join(differ[:5])
+                return (
+                    f"worker {w}: {len(differ)} parameter(s) differ between {first['format']} and {r['format']}: "
+                    + ", ".join(differ[:5])
+                )
     return ""
 
 
@@ -75,28 +106,48 @@ def summary(runs: dict[str, list[dict]], model: str, tp: int) -> list[dict]:
             rise = [r["rss_rise"] for r in report["engine"]["ranks"]]
         else:
             read, how, rise = [whole] * tp, "every tensor whole (vLLM's safetensors iterator)", None
-        rows.append({"method": name, "start_to_first_token_s": statistics.median(seconds), "min_s": min(seconds),
-                     "max_s": max(seconds), "bytes_read_per_worker": read, "read": how, "rss_rise": rise})
+        rows.append(
+            {
+                "method": name,
+                "start_to_first_token_s": statistics.median(seconds),
+                "min_s": min(seconds),
+                "max_s": max(seconds),
+                "bytes_read_per_worker": read,
+                "read": how,
+                "rss_rise": rise,
+            }
+        )
     return rows
 
 
 def table(rows: list[dict], model: str, tp: int) -> str:
-    out = [f"vLLM on {model}, tp {tp}: engine start to first token (median, min-max), bytes read per worker",
-           f"{'method':<14} {'start->token s':>15} {'min-max':>13} {'read MB/worker':>15}  what it read"]
+    out = [
+        f"vLLM on {model}, tp {tp}: engine start to first token (median, min-max), bytes read per worker",
+        f"{'method':<14} {'start->token s':>15} {'min-max':>13} {'read MB/worker':>15}  what it read",
+    ]
     for r in rows:
         mb = "/".join(f"{b / 1e6:.2f}" for b in r["bytes_read_per_worker"])
-        out.append(f"{r['method']:<14} {r['start_to_first_token_s']:>15.1f} {r['min_s']:>6.1f}-{r['max_s']:<6.1f} "
-                   f"{mb:>15}  {r['read']}")
+        out.append(
+            f"{r['method']:<14} {r['start_to_first_token_s']:>15.1f} {r['min_s']:>6.1f}-{r['max_s']:<6.1f} "
+            f"{mb:>15}  {r['read']}"
+        )
     return "\n".join(out)
 
 
 def cmd_bench_engine(argv: list[str]) -> int:
     p = Parser(prog="python -m tpload bench --engine vllm", description=__doc__.split("\n\n")[0])
     p.add_argument("--engine", choices=["vllm"], required=True)
-    p.add_argument("checkpoint", help="a model folder vLLM can serve (config.json, safetensors, a tpload manifest)")
+    p.add_argument(
+        "checkpoint",
+        help="a model folder vLLM can serve (config.json, safetensors, a tpload manifest)",
+    )
     p.add_argument("--tp", type=RANKS, default=2)
     p.add_argument("--rounds", type=COUNT, default=1)
-    p.add_argument("--vllm-python", default=default_python(), help="the Python that has vLLM (and tpload) installed")
+    p.add_argument(
+        "--vllm-python",
+        default=default_python(),
+        help="the Python that has vLLM (and tpload) installed",
+    )
     p.add_argument("--extra", default="{}", help="tpload's model loader extra config (JSON)")
     p.add_argument("--dtype", default="bfloat16", help="the engine's compute dtype")
     p.add_argument("--json", help="write every figure here")
@@ -106,9 +157,16 @@ def cmd_bench_engine(argv: list[str]) -> int:
     work = Path(tempfile.mkdtemp(prefix="tpload-bench-engine-"))
     for k in range(args.rounds):
         order = list(FORMATS) if k % 2 == 0 else list(reversed(FORMATS))
-        results, text = run_formats(args.vllm_python, args.checkpoint, tp=args.tp,
-                                    formats=[FORMATS[n] for n in order], extra=json.loads(args.extra), work=work,
-                                    timeout=args.timeout, dtype=args.dtype)
+        results, text = run_formats(
+            args.vllm_python,
+            args.checkpoint,
+            tp=args.tp,
+            formats=[FORMATS[n] for n in order],
+            extra=json.loads(args.extra),
+            work=work,
+            timeout=args.timeout,
+            dtype=args.dtype,
+        )
         if not results:
             print(f"round {k + 1}: vLLM failed; its output ends:\n{text[-3000:]}", file=sys.stderr)
             return 1
@@ -121,5 +179,7 @@ def cmd_bench_engine(argv: list[str]) -> int:
     rows = summary(runs, args.checkpoint, args.tp)
     print(table(rows, args.checkpoint, args.tp), flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"tp": args.tp, "rows": rows, "runs": runs}, indent=1) + "\n")
+        Path(args.json).write_text(
+            json.dumps({"tp": args.tp, "rows": rows, "runs": runs}, indent=1) + "\n"
+        )
     return 0

@@ -30,10 +30,11 @@ import torch.distributed as dist
 
 import tpload
 
+from ..options import DEFAULT_CONFIG
+
 # The bench's own pieces that every method shares (the plan of the windows, the map); none of these
 # imports tpload's kernels (numba), so a method's own imports are timed in a process without them.
 from ..pick import choose
-from ..options import DEFAULT_CONFIG
 from ..plan import Cut, Item, Layout, Output, Planner, RankPlan
 from ..storage.safetensors import ITEMSIZE
 from ..storage.sharded import ShardedStorage
@@ -58,20 +59,39 @@ class Mapped:
         arr = self._maps.get(i.path)
         if arr is None:
             with open(i.path, "rb") as f:
-                arr = self._maps[i.path] = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY), np.uint8)
-        return arr[i.begin:i.begin + i.nbytes]
+                arr = self._maps[i.path] = np.frombuffer(
+                    mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY), np.uint8
+                )
+        return arr[i.begin : i.begin + i.nbytes]
 
     def window(self, cut: Cut) -> np.ndarray:
         """The cut's box, in the 2-D view it is cut in (a stacked tensor's: experts x rows, or one row per expert)."""
-        return self.raw(cut.name).reshape(cut.view)[cut.rows[0]:cut.rows[1], cut.cols[0]:cut.cols[1]]
+        return self.raw(cut.name).reshape(cut.view)[
+            cut.rows[0] : cut.rows[1], cut.cols[0] : cut.cols[1]
+        ]
 
 
 class Job:
     """What every method is given: the checkpoint, this rank's plan and device."""
 
-    def __init__(self, root: str, config: str, tp: int, rank: int, world: int, device: torch.device,
-                 digest_store: str = "") -> None:
-        self.root, self.config, self.tp, self.rank, self.world, self.device = root, config, tp, rank, world, device
+    def __init__(
+        self,
+        root: str,
+        config: str,
+        tp: int,
+        rank: int,
+        world: int,
+        device: torch.device,
+        digest_store: str = "",
+    ) -> None:
+        self.root, self.config, self.tp, self.rank, self.world, self.device = (
+            root,
+            config,
+            tp,
+            rank,
+            world,
+            device,
+        )
         self.digest_store = digest_store or None
         self.layout = Layout(tp, world // tp)
         self.bytes_hashed = 0
@@ -94,7 +114,11 @@ class Job:
 
     def outputs(self) -> list[tuple[Output, Cut]]:
         """(served tensor, cut) of every packed output (a weight, its scale, a global scale), in plan order."""
-        return [(o, c) for item in self.plan.items for o, c in zip(item.outputs, (item.weight, *item.scales))]
+        return [
+            (o, c)
+            for item in self.plan.items
+            for o, c in zip(item.outputs, (item.weight, *item.scales))
+        ]
 
     def cuts(self) -> list[tuple[str, Cut]]:
         """(served name, cut) of every packed output, in plan order."""
@@ -112,18 +136,26 @@ def _served(cut: Cut, t: torch.Tensor) -> torch.Tensor:
     """A peer's window as tpload serves it: F16 becomes BF16 (tiny norms; the same rule as tpload)."""
     if cut.dtype == "F16":
         values = t.view(torch.float16)
-        return torch.empty(values.shape, dtype=torch.bfloat16, device=t.device).copy_(values.to(torch.float32))
+        return torch.empty(values.shape, dtype=torch.bfloat16, device=t.device).copy_(
+            values.to(torch.float32)
+        )
     return t
 
 
 def run_floor(job: Job) -> Windows:
     """Only the copies: each window out of the map into its slot of an arena (tpload's allocator), no checks."""
     from ..transfer.cpu import new_arena
-    arena = new_arena(job.plan.arena_bytes) if job.device.type == "cpu" else \
-        torch.empty(job.plan.arena_bytes, dtype=torch.uint8, device=job.device)
+
+    arena = (
+        new_arena(job.plan.arena_bytes)
+        if job.device.type == "cpu"
+        else torch.empty(job.plan.arena_bytes, dtype=torch.uint8, device=job.device)
+    )
     out: Windows = {}
     for o, cut in job.outputs():
-        out[o.name] = _place(o, cut, torch.from_numpy(job.ckpt.window(cut)), arena[o.offset:o.offset + o.nbytes])
+        out[o.name] = _place(
+            o, cut, torch.from_numpy(job.ckpt.window(cut)), arena[o.offset : o.offset + o.nbytes]
+        )
     return out
 
 
@@ -143,28 +175,53 @@ def _rows(o: Output, flat: torch.Tensor) -> torch.Tensor:
 
 def _window_of(whole: torch.Tensor, cut: Cut) -> torch.Tensor:
     """The cut's box of a whole stored tensor (any dtype, any device), as 2-D bytes (a view)."""
-    return whole.reshape(-1).view(torch.uint8).view(cut.view)[cut.rows[0]:cut.rows[1], cut.cols[0]:cut.cols[1]]
+    return (
+        whole.reshape(-1)
+        .view(torch.uint8)
+        .view(cut.view)[cut.rows[0] : cut.rows[1], cut.cols[0] : cut.cols[1]]
+    )
 
 
 def _own_window(job: Job, o: Output, cut: Cut, whole: torch.Tensor) -> torch.Tensor:
     """This rank's window of a whole tensor a peer handed over, copied into memory of its own on its device."""
-    return _place(o, cut, _window_of(whole, cut), torch.empty(cut.nbytes, dtype=torch.uint8, device=job.device))
+    return _place(
+        o,
+        cut,
+        _window_of(whole, cut),
+        torch.empty(cut.nbytes, dtype=torch.uint8, device=job.device),
+    )
 
 
 def _tpload(kind: str, verify: str, *, blake3: bool = False) -> Callable[[Job], Windows]:
     """A tpload load; ``blake3``: from the store that holds the bench's blake3 sidecar (bench.prepare_blake3),
     refused unless the load really hashed by blake3."""
+
     def run(job: Job) -> Windows:
         from .bench import blake3_store
-        store = str(blake3_store(job.digest_store)) if blake3 and job.digest_store else job.digest_store
-        shards = tpload.load(job.root, config=job.config, kind=kind, tp=job.tp, ep=job.world // job.tp,
-                             device=str(job.device), verify=verify, progress=False, digest_store=store)
+
+        store = (
+            str(blake3_store(job.digest_store)) if blake3 and job.digest_store else job.digest_store
+        )
+        shards = tpload.load(
+            job.root,
+            config=job.config,
+            kind=kind,
+            tp=job.tp,
+            ep=job.world // job.tp,
+            device=str(job.device),
+            verify=verify,
+            progress=False,
+            digest_store=store,
+        )
         if blake3 and shards.report.hash != "blake3":
-            raise SystemExit(f"tpload-blake3: the load hashed by {shards.report.hash} "
-                             f"({'; '.join(shards.report.notes)})")
+            raise SystemExit(
+                f"tpload-blake3: the load hashed by {shards.report.hash} "
+                f"({'; '.join(shards.report.notes)})"
+            )
         job.bytes_hashed = shards.report.mine.bytes_hashed
         job.shards = shards  # keep the arena alive until the digest is taken
         return shards.state_dict()
+
     return run
 
 
@@ -173,7 +230,9 @@ def _element_slices(shape: tuple[int, ...], cut: Cut) -> tuple[slice, ...]:
     get_slice: the view's rows are the leading dimensions flattened, its row bytes the trailing ones."""
     k = next(k for k in range(len(shape) + 1) if math.prod(shape[:k]) == cut.view[0])
     item = ITEMSIZE[cut.dtype]
-    return _flat_slices(shape[:k], *cut.rows) + _flat_slices(shape[k:], cut.cols[0] // item, cut.cols[1] // item)
+    return _flat_slices(shape[:k], *cut.rows) + _flat_slices(
+        shape[k:], cut.cols[0] // item, cut.cols[1] // item
+    )
 
 
 def _flat_slices(dims: tuple[int, ...], a: int, b: int) -> tuple[slice, ...]:
@@ -195,15 +254,22 @@ def run_safetensors(job: Job) -> Windows:
     device (``param.copy_(loaded)``); no verification. safetensors >= 0.6 hands back views of its map,
     so without that copy a CPU rank would own nothing."""
     from safetensors import safe_open
+
     handles, out = {}, {}
     try:
         for name, cut in job.cuts():
             info = job.ckpt.info(cut.name)
             f = handles.get(info.path)
             if f is None:
-                f = handles[info.path] = safe_open(str(info.path), framework="pt", device="cpu").__enter__()
+                f = handles[info.path] = safe_open(
+                    str(info.path), framework="pt", device="cpu"
+                ).__enter__()
             # a scalar (NVFP4's global scale) has no slices: it is whole on every rank
-            t = f.get_slice(cut.name)[_element_slices(info.shape, cut)] if cut.shape else f.get_tensor(cut.name)
+            t = (
+                f.get_slice(cut.name)[_element_slices(info.shape, cut)]
+                if cut.shape
+                else f.get_tensor(cut.name)
+            )
             param = torch.empty(t.shape, dtype=t.dtype, device=job.device)
             out[name] = _served(cut, param.copy_(t))
     finally:
@@ -221,6 +287,7 @@ def run_fastsafetensors(job: Job) -> Windows:
     from fastsafetensors import SafeTensorsFileLoader
     from fastsafetensors.frameworks import _torch as fst_torch
     from fastsafetensors.st_types import DType
+
     if dist.get_backend() == "gloo":
         plain = fst_torch._needs_uint8_view
         fst_torch._needs_uint8_view = lambda d: d in (DType.F8_E4M3, DType.F8_E5M2) or plain(d)
@@ -228,16 +295,25 @@ def run_fastsafetensors(job: Job) -> Windows:
     if job.world != job.tp:
         raise SystemExit("fastsafetensors: only a tp-only layout (tp = world) is comparable")
     files = sorted({str(job.ckpt.info(c.name).path) for _, c in job.cuts()})
-    loader = SafeTensorsFileLoader(dist.group.WORLD, str(job.device), nogds=True, max_threads=max(1, torch.get_num_threads()))
+    loader = SafeTensorsFileLoader(
+        dist.group.WORLD, str(job.device), nogds=True, max_threads=max(1, torch.get_num_threads())
+    )
     out: Windows = {}
-    job.reads, job.bytes_read = "whole files", sum(os.path.getsize(f) for f in files[job.rank::job.world])
+    job.reads, job.bytes_read = (
+        "whole files",
+        sum(os.path.getsize(f) for f in files[job.rank :: job.world]),
+    )
     try:
-        loader.add_filenames({r: files[r::job.world] for r in range(job.world)})
+        loader.add_filenames({r: files[r :: job.world] for r in range(job.world)})
         buffers = loader.copy_files_to_device()
         for item in job.plan.items:
             split = _split_of(job, item)
             for o, cut in zip(item.outputs, (item.weight, item.scale)):
-                t = buffers.get_tensor(cut.name) if split is None else buffers.get_sharded(cut.name, split)
+                t = (
+                    buffers.get_tensor(cut.name)
+                    if split is None
+                    else buffers.get_sharded(cut.name, split)
+                )
                 out[o.name] = _served(cut, t)
         buffers.close()
     finally:
@@ -259,9 +335,12 @@ def run_runai(job: Job) -> Windows:
     copies its window of each into memory of its own on its device. Not distributed (the library
     distributes only over NCCL): every rank reads its tensors in full."""
     from runai_model_streamer import SafetensorsStreamer
+
     wanted = job.by_tensor()
     with SafetensorsStreamer() as streamer:
-        streamer.stream_files(_files(job, wanted), device="cpu", tensor_names=list(wanted), owned=False)
+        streamer.stream_files(
+            _files(job, wanted), device="cpu", tensor_names=list(wanted), owned=False
+        )
         out = _windows_of_whole(job, wanted, streamer.get_tensors())
         job.bytes_read = streamer.total_size
     return out
@@ -272,12 +351,20 @@ def run_instanttensor(job: Job) -> Windows:
     no process group, so its NCCL-coordinated mode, which gives every rank every tensor, is not used);
     buffered reads (the page cache, as every other method here) unless INSTANTTENSOR_BACKEND says."""
     from instanttensor import BackendPolicy, safe_open
+
     if job.device.type != "cuda":
         raise SystemExit("instanttensor: CUDA devices only")
     wanted = job.by_tensor()
     backend = None if os.environ.get("INSTANTTENSOR_BACKEND") else BackendPolicy.BUFFERED
-    with safe_open(_files(job, wanted), framework="pt", device=job.device, copy=False, backend=backend,
-                   tensor_filter=list(wanted), tensor_name_match_mode="exact") as f:
+    with safe_open(
+        _files(job, wanted),
+        framework="pt",
+        device=job.device,
+        copy=False,
+        backend=backend,
+        tensor_filter=list(wanted),
+        tensor_name_match_mode="exact",
+    ) as f:
         out = _windows_of_whole(job, wanted, f.tensors())
         job.bytes_read = f.total_tensor_size
     return out
@@ -287,8 +374,11 @@ def _files(job: Job, names: Iterable[str]) -> list[str]:
     return sorted({str(job.ckpt.info(name).path) for name in names})
 
 
-def _windows_of_whole(job: Job, wanted: dict[str, list[tuple[Output, Cut]]],
-                      tensors: Iterable[tuple[str, torch.Tensor]]) -> Windows:
+def _windows_of_whole(
+    job: Job,
+    wanted: dict[str, list[tuple[Output, Cut]]],
+    tensors: Iterable[tuple[str, torch.Tensor]],
+) -> Windows:
     """This rank's windows of the whole tensors a peer hands over (views into buffers it reuses: each
     window is copied out before the next tensor comes)."""
     out: Windows = {}
@@ -360,11 +450,19 @@ def import_method(method: str) -> float:
 def window_digest(windows: Windows) -> str:
     """Digest of a rank's windows as bytes: ``name|uint8|rows x row_bytes|fingerprint`` lines (README, Digests)."""
     from ..verification.fingerprint import as_bytes2d, digest, fingerprint
+
     entries = []
     for name, t in windows.items():
         b = as_bytes2d(t.contiguous())
         fp = fingerprint(b)
-        entries.append((name, torch.uint8, tuple(b.shape), tuple(fp.tolist()) if isinstance(fp, torch.Tensor) else fp))
+        entries.append(
+            (
+                name,
+                torch.uint8,
+                tuple(b.shape),
+                tuple(fp.tolist()) if isinstance(fp, torch.Tensor) else fp,
+            )
+        )
     return digest(entries)
 
 
@@ -385,10 +483,15 @@ def main(argv: list[str] | None = None) -> int:
     # Process start to here: python, torch and the bench's plan (every method alike); then the method's own.
     startup_seconds = time.time() - psutil.Process().create_time()
     import_seconds = import_method(args.method)
-    from ..report.memory import MemoryPeaks  # the harness's (it pulls in tpload's kernels): after the timed import
+    from ..report.memory import (
+        MemoryPeaks,
+    )  # the harness's (it pulls in tpload's kernels): after the timed import
+
     cuda = torch.cuda.is_available()
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device("cuda", local % torch.cuda.device_count()) if cuda else torch.device("cpu")
+    device = (
+        torch.device("cuda", local % torch.cuda.device_count()) if cuda else torch.device("cpu")
+    )
     if cuda:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
@@ -406,14 +509,27 @@ def main(argv: list[str] | None = None) -> int:
         dist.barrier()
         seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
     result = {
-        "method": args.method, "rank": rank, "world": world, "seconds": seconds, "import_seconds": import_seconds,
-        "startup_seconds": startup_seconds, "cpu_seconds": cpu_seconds, "reads": job.reads,
+        "method": args.method,
+        "rank": rank,
+        "world": world,
+        "seconds": seconds,
+        "import_seconds": import_seconds,
+        "startup_seconds": startup_seconds,
+        "cpu_seconds": cpu_seconds,
+        "reads": job.reads,
         "window_bytes": sum(t.numel() * t.element_size() for t in windows.values()),
         "largest_window": max((t.numel() * t.element_size() for t in windows.values()), default=0),
-        "bytes_read": job.bytes_read if job.bytes_read is not None else sum(c.nbytes for _, c in job.cuts()),
-        "bytes_hashed": job.bytes_hashed, "rss_peak": mem.rss_peak, "anon_peak": mem.anon_peak,
-        "anon_before": anon_before, "device_peak": torch.cuda.max_memory_allocated(device) if cuda else 0,
-        "tensors": len(windows), "digest": window_digest(windows), "note": job.note,
+        "bytes_read": job.bytes_read
+        if job.bytes_read is not None
+        else sum(c.nbytes for _, c in job.cuts()),
+        "bytes_hashed": job.bytes_hashed,
+        "rss_peak": mem.rss_peak,
+        "anon_peak": mem.anon_peak,
+        "anon_before": anon_before,
+        "device_peak": torch.cuda.max_memory_allocated(device) if cuda else 0,
+        "tensors": len(windows),
+        "digest": window_digest(windows),
+        "note": job.note,
     }
     Path(args.out, f"{args.method}-rank{rank}.json").write_text(json.dumps(result))
     dist.barrier()

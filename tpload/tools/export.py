@@ -24,8 +24,8 @@ from ..config import Config
 from ..errors import CheckpointError
 from ..plan import Layout, Planner, RankPlan
 from ..storage.catalogue import MANIFEST_NAME, natural_key
-from ..storage.pins import pins_to_write
 from ..storage.partitioned import rank_file
+from ..storage.pins import pins_to_write
 from ..storage.reader import Reader
 from ..storage.safetensors import write_safetensors
 from ..storage.sharded import ShardedStorage
@@ -52,7 +52,9 @@ def _verify_sources(storage: ShardedStorage, names: list[str], threads: int) -> 
     return gate.at_rest(storage, names, threads=threads, what="nothing exported")
 
 
-def _rank_tensors(storage: ShardedStorage, plan: RankPlan) -> dict[str, tuple[str, tuple[int, ...], tuple, tuple, tuple]]:
+def _rank_tensors(
+    storage: ShardedStorage, plan: RankPlan
+) -> dict[str, tuple[str, tuple[int, ...], tuple, tuple, tuple]]:
     """{name: (dtype, window shape, rows, cols, view)} of everything the rank's file holds: each window
     a box of its tensor's bytes seen as ``view`` (a stacked tensor cut on an inner dimension is seen
     as [experts x rows, cols]), written in that view's row order."""
@@ -62,12 +64,24 @@ def _rank_tensors(storage: ShardedStorage, plan: RankPlan) -> dict[str, tuple[st
             out[cut.name] = (cut.dtype, cut.shape, cut.rows, cut.cols, cut.view)
     for name in plan.deferred:  # whole: the model streams them from this file
         meta = storage.catalogue.get(name)
-        out[name] = (meta.dtype, meta.shape, (0, meta.rows), (0, meta.row_bytes), (meta.rows, meta.row_bytes))
+        out[name] = (
+            meta.dtype,
+            meta.shape,
+            (0, meta.rows),
+            (0, meta.row_bytes),
+            (meta.rows, meta.row_bytes),
+        )
     return dict(sorted(out.items(), key=lambda kv: natural_key(kv[0])))
 
 
-def export(src: str | os.PathLike, out: str | os.PathLike, layout: Layout, config: Config, *,
-           hash_threads: int = 2) -> ExportSummary:
+def export(
+    src: str | os.PathLike,
+    out: str | os.PathLike,
+    layout: Layout,
+    config: Config,
+    *,
+    hash_threads: int = 2,
+) -> ExportSummary:
     """Write ``out``: one file per rank of ``layout`` and a manifest; see the module doc."""
     storage = ShardedStorage(Path(src).absolute())
     dst = Path(out).absolute()
@@ -78,16 +92,31 @@ def export(src: str | os.PathLike, out: str | os.PathLike, layout: Layout, confi
         planner = Planner(storage.catalogue, config)
         planner.check_layout(layout, layout.world)
         plans = [planner.plan(layout, "packed", r) for r in range(layout.world)]
-        copied = sorted({n for p in plans for n in p.used_tensors + list(p.deferred)}, key=natural_key)
+        copied = sorted(
+            {n for p in plans for n in p.used_tensors + list(p.deferred)}, key=natural_key
+        )
         checked = _verify_sources(storage, copied, hash_threads)
-        if set(checked.names) != set(copied):  # every byte it copies was checked, or nothing is written
-            raise CheckpointError("the gate did not vouch for every source tensor; nothing exported")
+        if set(checked.names) != set(
+            copied
+        ):  # every byte it copies was checked, or nothing is written
+            raise CheckpointError(
+                "the gate did not vouch for every source tensor; nothing exported"
+            )
         dst.mkdir(parents=True, exist_ok=True)
-        model = storage.catalogue.pins.read("config.json", "model config")  # checked against the source's pins
-        if model is not None:  # head counts for rules that cut by heads; pinned by the export's manifest below
+        model = storage.catalogue.pins.read(
+            "config.json", "model config"
+        )  # checked against the source's pins
+        if (
+            model is not None
+        ):  # head counts for rules that cut by heads; pinned by the export's manifest below
             (dst / "config.json").write_bytes(model)
-        meta = {"tp": layout.tp, "ep": layout.ep, "world": layout.world, "config": config.name,
-                "source": str(storage.root)}
+        meta = {
+            "tp": layout.tp,
+            "ep": layout.ep,
+            "world": layout.world,
+            "config": config.name,
+            "source": str(storage.root),
+        }
         reader = Reader(storage)
         ranks, sizes = [], []
         for plan in plans:
@@ -101,22 +130,46 @@ def export(src: str | os.PathLike, out: str | os.PathLike, layout: Layout, confi
 
             file = rank_file(plan.rank, layout.world)
             digests = write_safetensors(
-                dst / file, [(n, d, s) for n, (d, s, *_) in held.items()], chunks,
-                {"format": "pt", "writer": "tpload.export", "rank": str(plan.rank)} | {k: str(v) for k, v in meta.items()})
-            ranks.append({"file": file, "tensors": {n: {"dtype": d, "shape": list(s), "sha256": digests[n]}
-                                                    for n, (d, s, *_) in held.items()}})
+                dst / file,
+                [(n, d, s) for n, (d, s, *_) in held.items()],
+                chunks,
+                {"format": "pt", "writer": "tpload.export", "rank": str(plan.rank)}
+                | {k: str(v) for k, v in meta.items()},
+            )
+            ranks.append(
+                {
+                    "file": file,
+                    "tensors": {
+                        n: {"dtype": d, "shape": list(s), "sha256": digests[n]}
+                        for n, (d, s, *_) in held.items()
+                    },
+                }
+            )
             sizes.append(sum((r[1] - r[0]) * (c[1] - c[0]) for _, _, r, c, _ in held.values()))
         changed = storage.changed()
         if changed:
-            raise CheckpointError("the source changed during the export; nothing exported:\n  - " + "\n  - ".join(changed))
+            raise CheckpointError(
+                "the source changed during the export; nothing exported:\n  - "
+                + "\n  - ".join(changed)
+            )
         # The source's whole table (skipped tensors too: a load must classify every name the same way).
         cat = storage.catalogue
-        table = {n: {"file": m.file, "dtype": m.dtype, "shape": list(m.shape),
-                     "sha256": cat.manifest[n].sha256 if cat.manifest and n in cat.manifest else None}
-                 for n, m in cat.tensors.items()}
-        pins = pins_to_write(dst, known={"config.json": hashlib.sha256(model).hexdigest()} if model else None)
+        table = {
+            n: {
+                "file": m.file,
+                "dtype": m.dtype,
+                "shape": list(m.shape),
+                "sha256": cat.manifest[n].sha256 if cat.manifest and n in cat.manifest else None,
+            }
+            for n, m in cat.tensors.items()
+        }
+        pins = pins_to_write(
+            dst, known={"config.json": hashlib.sha256(model).hexdigest()} if model else None
+        )
         doc = {"format": 1, "partitioned": meta, "files": pins, "tensors": table, "ranks": ranks}
-        (dst / MANIFEST_NAME).write_text(json.dumps(doc, indent=1))  # last: a folder without it is no export
+        (dst / MANIFEST_NAME).write_text(
+            json.dumps(doc, indent=1)
+        )  # last: a folder without it is no export
     finally:
         storage.close()
     return ExportSummary(dst, layout, tuple(sizes))

@@ -18,7 +18,6 @@ import json
 import os
 from pathlib import Path
 
-
 from ..config import Config
 from ..errors import CheckpointError, LoadError
 from ..loop import value_feed
@@ -29,17 +28,23 @@ from ..storage.files import atomic_write
 from ..storage.pins import Pins, pins_to_write
 from ..storage.sharded import ShardedStorage
 from ..text import escape_name
-from ..verification.files import FileHasher, file_problems
-from ..verification.blake3sums import Digests, require, write_sidecar
-from ..verification.hashing import hash_whole, mismatches
 from ..verification import gate
+from ..verification.blake3sums import Digests, require, write_sidecar
+from ..verification.files import FileHasher, file_problems
 from ..verification.gate import layout_key
+from ..verification.hashing import hash_whole, mismatches
 from ..verification.predict import predict, spare_threads
 from ..verification.store import DigestStore, checkpoint_stamp, stale
 
 
-def record_verified(root: str | os.PathLike, config: Config, layout: Layout, kind: str, *,
-                    store: str | os.PathLike | None = None) -> tuple[list[str], Path]:
+def record_verified(
+    root: str | os.PathLike,
+    config: Config,
+    layout: Layout,
+    kind: str,
+    *,
+    store: str | os.PathLike | None = None,
+) -> tuple[list[str], Path]:
     """``tpload plan --write``: hash every tensor the layout uses, then store every rank's digest,
     stamped with what was verified (raises LoadError listing every mismatch; nothing is written then).
 
@@ -51,39 +56,54 @@ def record_verified(root: str | os.PathLike, config: Config, layout: Layout, kin
     try:
         cat = storage.catalogue
         if cat.manifest_sha256 is None:
-            raise CheckpointError(f"{escape_name(storage.root)}: no {MANIFEST_NAME}: trusted digests are verified "
-                                  f"against it; write one with `python -m tpload manifest {escape_name(storage.root)}`")
+            raise CheckpointError(
+                f"{escape_name(storage.root)}: no {MANIFEST_NAME}: trusted digests are verified "
+                f"against it; write one with `python -m tpload manifest {escape_name(storage.root)}`"
+            )
         stamp = checkpoint_stamp(storage)
         manifest_sha = cat.manifest_sha256
         digests = predict(root, config, layout, kind, verify=True, storage=storage)
-        moved = [f"{what} changed while the digests were computed" for what in stale(stamp, checkpoint_stamp(storage))]
+        moved = [
+            f"{what} changed while the digests were computed"
+            for what in stale(stamp, checkpoint_stamp(storage))
+        ]
         moved += storage.changed()
         now = Pins.of(storage.root).manifest_sha256
         if now != manifest_sha:
-            moved.insert(0, f"the manifest changed while the digests were computed (sha256 {manifest_sha[:16]}... "
-                            f"then, {(now or 'none')[:16]}... now)")
+            moved.insert(
+                0,
+                f"the manifest changed while the digests were computed (sha256 {manifest_sha[:16]}... "
+                f"then, {(now or 'none')[:16]}... now)",
+            )
         if not moved:
             try:
                 cat.check_plan_files()
             except LoadError as e:
                 moved.append(str(e))
         if moved:
-            raise CheckpointError(f"nothing stored: {escape_name(storage.root)} moved under `plan --write` (run it "
-                                  "again once nothing writes the checkpoint):\n  - " + "\n  - ".join(moved))
+            raise CheckpointError(
+                f"nothing stored: {escape_name(storage.root)} moved under `plan --write` (run it "
+                "again once nothing writes the checkpoint):\n  - " + "\n  - ".join(moved)
+            )
     finally:
         storage.close()
-    path = DigestStore(store).write(manifest_sha, Path(root).absolute(), layout_key(config.id(), layout, kind),
-                                    digests, stamp)
+    path = DigestStore(store).write(
+        manifest_sha, Path(root).absolute(), layout_key(config.id(), layout, kind), digests, stamp
+    )
     return digests, path
 
 
 # -- at rest ----------------------------------------------------------------------------------------
 
-def verify_checkpoint(root: str | os.PathLike, config: Config | None, *, threads: int = 2) -> list[str]:
+
+def verify_checkpoint(
+    root: str | os.PathLike, config: Config | None, *, threads: int = 2
+) -> list[str]:
     """Every problem with the checkpoint at rest: headers, index, manifest, every sha256, and (with a
     config) scale bytes, NaN codes and decodes that would overflow bf16. An export is checked rank
     file by rank file against its own manifest."""
     from ..storage.partitioned import is_partitioned
+
     path = Path(root).absolute()
     if path.is_dir() and is_partitioned(path):
         return _verify_export(path, threads)
@@ -94,19 +114,32 @@ def verify_checkpoint(root: str | os.PathLike, config: Config | None, *, threads
     try:
         cat = storage.catalogue
         cat.refuse_headers_only("verifying it")
-        if storage.file_digests is not None:  # a hub snapshot or local-dir download without a manifest: whole files
+        if (
+            storage.file_digests is not None
+        ):  # a hub snapshot or local-dir download without a manifest: whole files
             problems = _file_problems(storage)
             names, compare = cat.names(), False
         else:
             problems = storage.manifest_problems(cat.names())
-            if cat.manifest is None:  # a local-dir download with unvouched files: its vouched ones still checked
-                return problems + (_file_problems(storage, storage.local.digests) if storage.local else [])
-            problems += Pins.of(path).problems()  # config.json, hf_quant_config.json, the index against their pins
+            if (
+                cat.manifest is None
+            ):  # a local-dir download with unvouched files: its vouched ones still checked
+                return problems + (
+                    _file_problems(storage, storage.local.digests) if storage.local else []
+                )
+            problems += Pins.of(
+                path
+            ).problems()  # config.json, hf_quant_config.json, the index against their pins
             names, compare = [n for n in cat.names() if n in cat.manifest], True
         checkers = _value_checkers(storage, config, problems) if config is not None else {}
         if compare or checkers:
-            problems += _scan(storage, names if compare else [n for n in names if n in checkers], checkers, threads,
-                              compare=compare)
+            problems += _scan(
+                storage,
+                names if compare else [n for n in names if n in checkers],
+                checkers,
+                threads,
+                compare=compare,
+            )
         return problems
     finally:
         storage.close()
@@ -138,10 +171,14 @@ def _file_problems(storage: ShardedStorage, digests: dict[Path, str] | None = No
     return file_problems(results, digests, named_by=storage.file_source.named_by)
 
 
-def _scan(storage: Storage, names: list[str], checkers: dict, threads: int, *, compare: bool = True) -> list[str]:
+def _scan(
+    storage: Storage, names: list[str], checkers: dict, threads: int, *, compare: bool = True
+) -> list[str]:
     """Read every named tensor once: sha256 against the manifest (``compare``), and the value checks on
     the way (a scale before its weight, as the checkers need)."""
-    order = sorted(names, key=lambda n: (checkers[n][0].name, checkers[n][3]) if n in checkers else (n, 0))
+    order = sorted(
+        names, key=lambda n: (checkers[n][0].name, checkers[n][3]) if n in checkers else (n, 0)
+    )
     feeds = {n: feed for n, (_, _, feed, _) in checkers.items()}
     hashed = hash_whole(storage, order, threads=max(0, min(threads, spare_threads())), feeds=feeds)
     problems = mismatches(hashed) if compare else []
@@ -152,19 +189,24 @@ def _scan(storage: Storage, names: list[str], checkers: dict, threads: int, *, c
         seen.add(item.name)
         for count, what, about in checker.problems():
             if count:
-                problems.append(f"{escape_name(storage.stored(about).path)}: tensor {escape_name(about)}: {count} {what}")
+                problems.append(
+                    f"{escape_name(storage.stored(about).path)}: tensor {escape_name(about)}: {count} {what}"
+                )
     return problems
 
 
 def _verify_export(root: Path, threads: int) -> list[str]:
     """An export at rest: each rank file's header against its manifest list, and every window's sha256."""
     from ..storage.partitioned import PartitionedStorage
+
     try:
         doc = json.loads((root / MANIFEST_NAME).read_text())
         meta = doc["partitioned"]
         tp, ep = int(meta["tp"]), int(meta["ep"])
     except (OSError, ValueError, KeyError, TypeError) as e:
-        return [f"{escape_name(root / MANIFEST_NAME)}: not a readable export manifest ({escape_name(e)})"]
+        return [
+            f"{escape_name(root / MANIFEST_NAME)}: not a readable export manifest ({escape_name(e)})"
+        ]
     problems = []
     for rank in range(tp * ep):
         try:
@@ -185,32 +227,52 @@ def write_manifest(root: str | os.PathLike, *, force: bool = False, threads: int
     path = Path(root).absolute() / MANIFEST_NAME
     if os.path.lexists(path) and not force:
         raise CheckpointError(f"{escape_name(path)} exists; pass --force to overwrite it")
-    storage = ShardedStorage(Path(root).absolute(), manifest=False)  # the old one may be what is being replaced
+    storage = ShardedStorage(
+        Path(root).absolute(), manifest=False
+    )  # the old one may be what is being replaced
     catalogue = storage.catalogue
     names = catalogue.names()
     try:
         catalogue.refuse_headers_only("a manifest of it")
         # a hub snapshot or a local-dir download: vouch only for files that match their blob names or etags
         # (a local-dir file without fresh metadata is vouched for as it is now, as in any plain folder)
-        digests = storage.file_digests if storage.file_digests is not None else \
-            storage.local.digests if storage.local is not None else None
+        digests = (
+            storage.file_digests
+            if storage.file_digests is not None
+            else storage.local.digests
+            if storage.local is not None
+            else None
+        )
         if digests:
             bad = _file_problems(storage, digests)
             if bad:
-                raise CheckpointError(f"no manifest written: {len(bad)} file(s) do not match their "
-                                      f"{storage.file_source.names}:\n  - " + "\n  - ".join(bad))
+                raise CheckpointError(
+                    f"no manifest written: {len(bad)} file(s) do not match their "
+                    f"{storage.file_source.names}:\n  - " + "\n  - ".join(bad)
+                )
         hashed = hash_whole(storage, names, threads=max(0, min(threads, spare_threads())))
     finally:
         storage.close()
-    tensors = {n: {"file": catalogue.tensors[n].file, "dtype": catalogue.tensors[n].dtype,
-                   "shape": list(catalogue.tensors[n].shape), "sha256": hashed[n].sha256} for n in names}
+    tensors = {
+        n: {
+            "file": catalogue.tensors[n].file,
+            "dtype": catalogue.tensors[n].dtype,
+            "shape": list(catalogue.tensors[n].shape),
+            "sha256": hashed[n].sha256,
+        }
+        for n in names
+    }
     # the JSON files that shape a plan, pinned (storage/pins.py); the index as it was read for the table
     files = pins_to_write(path.parent, known=catalogue.files_read)
-    atomic_write(path, json.dumps({"format": 1, "files": files, "tensors": tensors}, indent=1) + "\n")
+    atomic_write(
+        path, json.dumps({"format": 1, "files": files, "tensors": tensors}, indent=1) + "\n"
+    )
     return path
 
 
-def write_blake3(root: str | os.PathLike, *, threads: int = 2, store: str | os.PathLike | None = None) -> Path:
+def write_blake3(
+    root: str | os.PathLike, *, threads: int = 2, store: str | os.PathLike | None = None
+) -> Path:
     """``tpload manifest DIR --hash blake3``: read every tensor the manifest lists once, checking its
     sha256 against the manifest and taking its blake3 from the same bytes; only if every one matches,
     keep the blake3 digests in the operator's store, stamped with what was checked (the stamp is taken
@@ -223,17 +285,27 @@ def write_blake3(root: str | os.PathLike, *, threads: int = 2, store: str | os.P
         cat = storage.catalogue
         cat.refuse_headers_only("blake3 digests of it")
         if cat.manifest is None or cat.manifest_sha256 is None:
-            raise CheckpointError(f"{escape_name(path)}: no {MANIFEST_NAME}: blake3 digests are checked against it; "
-                                  f"write one with `python -m tpload manifest {escape_name(path)} --hash blake3`")
+            raise CheckpointError(
+                f"{escape_name(path)}: no {MANIFEST_NAME}: blake3 digests are checked against it; "
+                f"write one with `python -m tpload manifest {escape_name(path)} --hash blake3`"
+            )
         stamp = checkpoint_stamp(storage)
         names = [n for n in cat.names() if n in cat.manifest]
-        problems = cat.manifest_problems(cat.names())  # a tensor the manifest omits: no sidecar for a partial one
+        problems = cat.manifest_problems(
+            cat.names()
+        )  # a tensor the manifest omits: no sidecar for a partial one
         if problems:
-            raise CheckpointError(f"no blake3 digests written: {len(problems)} problem(s) against the manifest:\n  - "
-                                  + "\n  - ".join(problems))
-        checked = gate.at_rest(storage, names, threads=max(0, min(threads, spare_threads())),
-                               digests=Digests(threads=max(1, spare_threads()), also=("blake3",)),
-                               what="no blake3 digests written")
+            raise CheckpointError(
+                f"no blake3 digests written: {len(problems)} problem(s) against the manifest:\n  - "
+                + "\n  - ".join(problems)
+            )
+        checked = gate.at_rest(
+            storage,
+            names,
+            threads=max(0, min(threads, spare_threads())),
+            digests=Digests(threads=max(1, spare_threads()), also=("blake3",)),
+            what="no blake3 digests written",
+        )
         return write_sidecar(DigestStore(store), cat.manifest_sha256, path, checked, stamp)
     finally:
         storage.close()

@@ -15,7 +15,6 @@ Values are random but legal for their format, a pure function of (seed, name), a
 from __future__ import annotations
 
 import copy
-
 import json
 import os
 from collections.abc import Callable
@@ -27,9 +26,19 @@ import numpy as np
 from ..errors import CheckpointError
 from ..storage.catalogue import HEADERS_ONLY, INDEX_NAME, MANIFEST_NAME
 from ..storage.safetensors import write_safetensors
-from .synth import (bf16_bytes, chunks, e4m3_bytes, e8m0_bytes, f32_bytes, fp4_bytes, Planned,
-                    split_shards, cache_root, cached)
 from ..text import escape_name
+from .synth import (
+    Planned,
+    bf16_bytes,
+    cache_root,
+    cached,
+    chunks,
+    e4m3_bytes,
+    e8m0_bytes,
+    f32_bytes,
+    fp4_bytes,
+    split_shards,
+)
 
 B = 128  # the FP8 block of every published FP8 family
 
@@ -40,12 +49,14 @@ def _cdiv(a: int, b: int) -> int:
 
 def _pos_f32(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
     """Positive F32 scales (2^-10 .. 2^-5): legal block scales that never overflow a decode."""
-    return rng.uniform(2.0 ** -10, 2.0 ** -5, rows * cols).astype(np.float32).view(np.uint8)
+    return rng.uniform(2.0**-10, 2.0**-5, rows * cols).astype(np.float32).view(np.uint8)
 
 
 def _pos_bf16(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
     n = rows * cols
-    return ((rng.integers(117, 123, n, dtype=np.uint16) << 7) | rng.integers(0, 128, n, dtype=np.uint16)).view(np.uint8)
+    return (
+        (rng.integers(117, 123, n, dtype=np.uint16) << 7) | rng.integers(0, 128, n, dtype=np.uint16)
+    ).view(np.uint8)
 
 
 def _e4m3_scale(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
@@ -69,13 +80,23 @@ class _Tensors:
         self.scale_dtype = scale_dtype
 
     def add(self, name: str, dtype: str, shape: tuple[int, ...], fill=None) -> None:
-        fill = fill or {"BF16": bf16_bytes, "F32": f32_bytes, "U8": fp4_bytes, "I8": fp4_bytes}[dtype]
+        fill = (
+            fill or {"BF16": bf16_bytes, "F32": f32_bytes, "U8": fp4_bytes, "I8": fp4_bytes}[dtype]
+        )
         self.out.append(Planned(name, dtype, tuple(shape), fill))
 
     def bf16(self, name: str, *shape: int) -> None:
         self.add(name, "BF16", shape)
 
-    def fp8(self, stem: str, n: int, k: int, *, scale: str = ".weight_scale_inv", dtype: str | None = None) -> None:
+    def fp8(
+        self,
+        stem: str,
+        n: int,
+        k: int,
+        *,
+        scale: str = ".weight_scale_inv",
+        dtype: str | None = None,
+    ) -> None:
         """An F8_E4M3 ``[n, k]`` weight and its 128x128 block scale (F32, BF16, or E8M0 bytes)."""
         dtype = dtype or self.scale_dtype
         self.add(f"{stem}.weight", "F8_E4M3", (n, k), e4m3_bytes)
@@ -97,14 +118,26 @@ class _Tensors:
 
 # -- DeepSeek-V3 (and R1-FP4, its NVFP4 release) --------------------------------------------------
 
+
 def _deepseek_v3(c: dict, *, nvfp4: bool = False) -> list[Planned]:
     t = _Tensors()
     h, nh, v = c["hidden_size"], c["num_attention_heads"], c["vocab_size"]
-    nope, rope, vd, qr, kr = (c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"], c["q_lora_rank"],
-                              c["kv_lora_rank"])
-    layers, mtp, dense = c["num_hidden_layers"], c["num_nextn_predict_layers"], c["first_k_dense_replace"]
+    nope, rope, vd, qr, kr = (
+        c["qk_nope_head_dim"],
+        c["qk_rope_head_dim"],
+        c["v_head_dim"],
+        c["q_lora_rank"],
+        c["kv_lora_rank"],
+    )
+    layers, mtp, dense = (
+        c["num_hidden_layers"],
+        c["num_nextn_predict_layers"],
+        c["first_k_dense_replace"],
+    )
     experts, mi, shared = c["n_routed_experts"], c["moe_intermediate_size"], c["n_shared_experts"]
-    fp8 = "quantization_config" in c and not nvfp4  # neither: a BF16 checkpoint (the -bf16 conversions)
+    fp8 = (
+        "quantization_config" in c and not nvfp4
+    )  # neither: a BF16 checkpoint (the -bf16 conversions)
     attn = None if fp8 else t.bf16  # R1-FP4 keeps attention in BF16
 
     def linear(stem: str, n: int, k: int, *, quantized_in_fp4: bool = True) -> None:
@@ -130,9 +163,13 @@ def _deepseek_v3(c: dict, *, nvfp4: bool = False) -> list[Planned]:
         t.bf16(f"{p}.input_layernorm.weight", h)
         t.bf16(f"{p}.post_attention_layernorm.weight", h)
         s = f"{p}.self_attn"
-        for stem, n, k in ((f"{s}.q_a_proj", qr, h), (f"{s}.q_b_proj", nh * (nope + rope), qr),
-                           (f"{s}.kv_a_proj_with_mqa", kr + rope, h), (f"{s}.kv_b_proj", nh * (nope + vd), kr),
-                           (f"{s}.o_proj", h, nh * vd)):
+        for stem, n, k in (
+            (f"{s}.q_a_proj", qr, h),
+            (f"{s}.q_b_proj", nh * (nope + rope), qr),
+            (f"{s}.kv_a_proj_with_mqa", kr + rope, h),
+            (f"{s}.kv_b_proj", nh * (nope + vd), kr),
+            (f"{s}.o_proj", h, nh * vd),
+        ):
             if attn is not None:
                 attn(f"{stem}.weight", n, k)
             else:
@@ -167,21 +204,50 @@ def _deepseek_v3(c: dict, *, nvfp4: bool = False) -> list[Planned]:
     return t.out
 
 
-_V3_CONFIG = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 7168,
-        "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
-        "num_nextn_predict_layers": 1, "first_k_dense_replace": 3, "n_routed_experts": 256, "n_shared_experts": 1,
-        "num_experts_per_tok": 8, "num_attention_heads": 128, "num_key_value_heads": 128, "q_lora_rank": 1536,
-        "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
-        "vocab_size": 129280, "topk_method": "noaux_tc", "scoring_func": "sigmoid", "torch_dtype": "bfloat16",
-        "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
-                                "weight_block_size": [128, 128]}}
+_V3_CONFIG = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "num_hidden_layers": 61,
+    "num_nextn_predict_layers": 1,
+    "first_k_dense_replace": 3,
+    "n_routed_experts": 256,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 8,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 128,
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "vocab_size": 129280,
+    "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid",
+    "torch_dtype": "bfloat16",
+    "quantization_config": {
+        "activation_scheme": "dynamic",
+        "fmt": "e4m3",
+        "quant_method": "fp8",
+        "weight_block_size": [128, 128],
+    },
+}
 
 
 # -- DeepSeek-V4 ---------------------------------------------------------------------------------
 
+
 def _deepseek_v4(c: dict) -> list[Planned]:
     t = _Tensors("F8_E8M0")
-    h, nh, hd, qr, v = c["hidden_size"], c["num_attention_heads"], c["head_dim"], c["q_lora_rank"], c["vocab_size"]
+    h, nh, hd, qr, v = (
+        c["hidden_size"],
+        c["num_attention_heads"],
+        c["head_dim"],
+        c["q_lora_rank"],
+        c["vocab_size"],
+    )
     og, olr, hc = c["o_groups"], c["o_lora_rank"], c["hc_mult"]
     experts, mi, shared = c["n_routed_experts"], c["moe_intermediate_size"], c["n_shared_experts"]
     ih, idim, ratios = c["index_n_heads"], c["index_head_dim"], c["compress_ratios"]
@@ -255,18 +321,43 @@ def _deepseek_v4(c: dict) -> list[Planned]:
     return t.out
 
 
-_V4_CONFIG = {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "hidden_size": 4096,
-        "num_hidden_layers": 43, "num_attention_heads": 64, "num_key_value_heads": 1, "head_dim": 512,
-        "q_lora_rank": 1024, "qk_rope_head_dim": 64, "o_groups": 8, "o_lora_rank": 1024, "index_n_heads": 64,
-        "index_head_dim": 128, "index_topk": 512, "hc_mult": 4, "num_hash_layers": 3, "n_routed_experts": 256,
-        "n_shared_experts": 1, "moe_intermediate_size": 2048, "num_experts_per_tok": 6, "vocab_size": 129280,
-        "num_nextn_predict_layers": 1, "expert_dtype": "fp4",
-        "compress_ratios": [0, 0] + [4, 128] * 20 + [4, 0],
-        "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
-                                "scale_fmt": "ue8m0", "weight_block_size": [128, 128]}}
+_V4_CONFIG = {
+    "architectures": ["DeepseekV4ForCausalLM"],
+    "model_type": "deepseek_v4",
+    "hidden_size": 4096,
+    "num_hidden_layers": 43,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 1,
+    "head_dim": 512,
+    "q_lora_rank": 1024,
+    "qk_rope_head_dim": 64,
+    "o_groups": 8,
+    "o_lora_rank": 1024,
+    "index_n_heads": 64,
+    "index_head_dim": 128,
+    "index_topk": 512,
+    "hc_mult": 4,
+    "num_hash_layers": 3,
+    "n_routed_experts": 256,
+    "n_shared_experts": 1,
+    "moe_intermediate_size": 2048,
+    "num_experts_per_tok": 6,
+    "vocab_size": 129280,
+    "num_nextn_predict_layers": 1,
+    "expert_dtype": "fp4",
+    "compress_ratios": [0, 0] + [4, 128] * 20 + [4, 0],
+    "quantization_config": {
+        "activation_scheme": "dynamic",
+        "fmt": "e4m3",
+        "quant_method": "fp8",
+        "scale_fmt": "ue8m0",
+        "weight_block_size": [128, 128],
+    },
+}
 
 
 # -- gpt-oss ---------------------------------------------------------------------------------------
+
 
 def _gpt_oss(c: dict) -> list[Planned]:
     t = _Tensors()
@@ -297,22 +388,50 @@ def _gpt_oss(c: dict) -> list[Planned]:
     return t.out
 
 
-_GPT_OSS_CONFIG = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": 2880,
-        "intermediate_size": 2880, "num_hidden_layers": 36, "num_local_experts": 128, "num_experts_per_tok": 4,
-        "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 201088,
-        "attention_bias": True, "tie_word_embeddings": False,
-        "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": [
-            "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}}
+_GPT_OSS_CONFIG = {
+    "architectures": ["GptOssForCausalLM"],
+    "model_type": "gpt_oss",
+    "hidden_size": 2880,
+    "intermediate_size": 2880,
+    "num_hidden_layers": 36,
+    "num_local_experts": 128,
+    "num_experts_per_tok": 4,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "vocab_size": 201088,
+    "attention_bias": True,
+    "tie_word_embeddings": False,
+    "quantization_config": {
+        "quant_method": "mxfp4",
+        "modules_to_not_convert": [
+            "model.layers.*.self_attn",
+            "model.layers.*.mlp.router",
+            "model.embed_tokens",
+            "lm_head",
+        ],
+    },
+}
 
 
 # -- Qwen3(-MoE) FP8 and Llama ---------------------------------------------------------------------
 
+
 def _qwen3(c: dict, *, scale_dtype: str = "F32") -> list[Planned]:
     t = _Tensors(scale_dtype)
-    h, v, nq, nkv, d = (c["hidden_size"], c["vocab_size"], c["num_attention_heads"], c["num_key_value_heads"],
-                        c["head_dim"])
+    h, v, nq, nkv, d = (
+        c["hidden_size"],
+        c["vocab_size"],
+        c["num_attention_heads"],
+        c["num_key_value_heads"],
+        c["head_dim"],
+    )
     quantized = "quantization_config" in c
-    lin = (lambda stem, n, k: t.fp8(stem, n, k)) if quantized else (lambda stem, n, k: t.bf16(f"{stem}.weight", n, k))
+    lin = (
+        (lambda stem, n, k: t.fp8(stem, n, k))
+        if quantized
+        else (lambda stem, n, k: t.bf16(f"{stem}.weight", n, k))
+    )
     t.bf16("model.embed_tokens.weight", v, h)
     for layer in range(c["num_hidden_layers"]):
         p = f"model.layers.{layer}"
@@ -343,20 +462,45 @@ def _qwen3(c: dict, *, scale_dtype: str = "F32") -> list[Planned]:
     return t.out
 
 
-_QWEN3_CONFIG = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 4096,
-        "num_hidden_layers": 94, "num_attention_heads": 64, "num_key_value_heads": 4, "head_dim": 128,
-        "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 1536, "vocab_size": 151936,
-        "tie_word_embeddings": False,
-        "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
-                                "weight_block_size": [128, 128]}}
+_QWEN3_CONFIG = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "hidden_size": 4096,
+    "num_hidden_layers": 94,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "moe_intermediate_size": 1536,
+    "vocab_size": 151936,
+    "tie_word_embeddings": False,
+    "quantization_config": {
+        "activation_scheme": "dynamic",
+        "fmt": "e4m3",
+        "quant_method": "fp8",
+        "weight_block_size": [128, 128],
+    },
+}
 
 
-_LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-        "head_dim": 128, "vocab_size": 128256, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+_LLAMA_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 128256,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
 
 
 # -- many tiny tensors (per-tensor cost) ------------------------------------------------------------
+
 
 def _many(c: dict) -> list[Planned]:
     """``tpload_tensors`` tiny 8x8 BF16 tensors, whole on every rank (the catch-all rule), in layers
@@ -369,9 +513,15 @@ def _many(c: dict) -> list[Planned]:
 
 # -- presets ---------------------------------------------------------------------------------------
 
-NVFP4_QUANT = {"producer": {"name": "modelopt"},
-               "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16,
-                                "exclude_modules": ["lm_head", "model.layers.*.self_attn*", "model.layers.61*"]}}
+NVFP4_QUANT = {
+    "producer": {"name": "modelopt"},
+    "quantization": {
+        "quant_algo": "NVFP4",
+        "kv_cache_quant_algo": None,
+        "group_size": 16,
+        "exclude_modules": ["lm_head", "model.layers.*.self_attn*", "model.layers.61*"],
+    },
+}
 
 
 @dataclass(frozen=True)
@@ -392,21 +542,58 @@ class Published:
         return self.tensors(self.config)
 
 
-_V3_TINY = dict(hidden_size=256, intermediate_size=512, moe_intermediate_size=512, num_hidden_layers=2,
-                first_k_dense_replace=1, n_routed_experts=8, num_attention_heads=8, num_key_value_heads=8,
-                q_lora_rank=128, kv_lora_rank=128, vocab_size=512, index_topk=64, index_n_heads=4,
-                index_head_dim=128, architectures=["DeepseekV32ForCausalLM"], model_type="deepseek_v32")
-_V3_DEEP = dict(hidden_size=128, intermediate_size=256, moe_intermediate_size=256, num_attention_heads=4,
-                num_key_value_heads=4, q_lora_rank=128, kv_lora_rank=128, vocab_size=1024)
+_V3_TINY = dict(
+    hidden_size=256,
+    intermediate_size=512,
+    moe_intermediate_size=512,
+    num_hidden_layers=2,
+    first_k_dense_replace=1,
+    n_routed_experts=8,
+    num_attention_heads=8,
+    num_key_value_heads=8,
+    q_lora_rank=128,
+    kv_lora_rank=128,
+    vocab_size=512,
+    index_topk=64,
+    index_n_heads=4,
+    index_head_dim=128,
+    architectures=["DeepseekV32ForCausalLM"],
+    model_type="deepseek_v32",
+)
+_V3_DEEP = dict(
+    hidden_size=128,
+    intermediate_size=256,
+    moe_intermediate_size=256,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    q_lora_rank=128,
+    kv_lora_rank=128,
+    vocab_size=1024,
+)
 
 
 # A BF16 DeepSeek-V3 that vLLM's CPU build runs: MLA at the dimensions its CPU attention takes
 # (kv_lora_rank 512, rope 64), one expert group, and the MTP layer vLLM skips.
-_V3_VLLM = dict(hidden_size=256, intermediate_size=512, moe_intermediate_size=256, num_hidden_layers=2,
-                first_k_dense_replace=1, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
-                num_attention_heads=4, num_key_value_heads=4, q_lora_rank=128, kv_lora_rank=512,
-                qk_nope_head_dim=64, qk_rope_head_dim=64, v_head_dim=64, vocab_size=512,
-                max_position_embeddings=256)
+_V3_VLLM = dict(
+    hidden_size=256,
+    intermediate_size=512,
+    moe_intermediate_size=256,
+    num_hidden_layers=2,
+    first_k_dense_replace=1,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    n_group=1,
+    topk_group=1,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    q_lora_rank=128,
+    kv_lora_rank=512,
+    qk_nope_head_dim=64,
+    qk_rope_head_dim=64,
+    v_head_dim=64,
+    vocab_size=512,
+    max_position_embeddings=256,
+)
 
 
 def _config(base: dict, **dims: object) -> dict:
@@ -422,71 +609,186 @@ def _bf16_config(base: dict, **dims: object) -> dict:
 
 
 def _v3_nvfp4_config(**dims: object) -> dict:
-    return _bf16_config(_V3_CONFIG, **dims)  # the NVFP4 release says its quantization in hf_quant_config.json
+    return _bf16_config(
+        _V3_CONFIG, **dims
+    )  # the NVFP4 release says its quantization in hf_quant_config.json
 
 
 PUBLISHED: dict[str, Callable[[], Published]] = {
-    "deepseek-v3-tiny": lambda: Published("deepseek-v3", _config(_V3_CONFIG, **_V3_TINY), _deepseek_v3),
-    "deepseek-v3-bf16-tiny": lambda: Published("deepseek-v3", _bf16_config(_V3_CONFIG, **_V3_VLLM), _deepseek_v3),
-    "deepseek-v3-deep": lambda: Published("deepseek-v3", _config(_V3_CONFIG, **_V3_DEEP), _deepseek_v3, shards=8),
-    "deepseek-v3-full": lambda: Published("deepseek-v3", _config(_V3_CONFIG), _deepseek_v3, shards=163,
-                                          shard_name="model-{k:05d}-of-{n:06d}.safetensors", headers_only=True),
-    "deepseek-v4-tiny": lambda: Published("deepseek-v4", _config(_V4_CONFIG,
-        hidden_size=256, num_hidden_layers=3, num_attention_heads=8, head_dim=128, q_lora_rank=128, o_groups=4,
-        o_lora_rank=128, index_n_heads=4, index_head_dim=128, hc_mult=4, num_hash_layers=1, n_routed_experts=8,
-        moe_intermediate_size=512, num_experts_per_tok=2, vocab_size=512, compress_ratios=[0, 4, 128, 0]),
-        _deepseek_v4),
-    "deepseek-v4-full": lambda: Published("deepseek-v4", _config(_V4_CONFIG), _deepseek_v4, shards=46, headers_only=True),
-    "gpt-oss-tiny": lambda: Published("gpt-oss", _config(_GPT_OSS_CONFIG,
-        hidden_size=256, intermediate_size=352, num_hidden_layers=2, num_local_experts=4, num_experts_per_tok=2,
-        num_attention_heads=8, num_key_value_heads=2, head_dim=32, vocab_size=512), _gpt_oss),
-    "gpt-oss-full": lambda: Published("gpt-oss", _config(_GPT_OSS_CONFIG), _gpt_oss, shards=15,
-                                      shard_name="model-{k0:05d}-of-{n_minus_1:05d}.safetensors", headers_only=True),
-    "qwen3-fp8-tiny": lambda: Published("qwen3-fp8", _config(_QWEN3_CONFIG,
-        hidden_size=256, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2, head_dim=128,
-        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=512, vocab_size=512),
-        lambda c: _qwen3(c, scale_dtype="BF16")),
-    "qwen3-fp8-full": lambda: Published("qwen3-fp8", _config(_QWEN3_CONFIG), _qwen3, shards=48, headers_only=True),
-    "nvfp4-tiny": lambda: Published("nvfp4", _v3_nvfp4_config(**{**_V3_TINY, "index_topk": 0}),
-                                    lambda c: _deepseek_v3(c, nvfp4=True), extra={"hf_quant_config.json": NVFP4_QUANT}),
-    "nvfp4-full": lambda: Published("nvfp4", _v3_nvfp4_config(), lambda c: _deepseek_v3(c, nvfp4=True), shards=163,
-                                    extra={"hf_quant_config.json": NVFP4_QUANT}, headers_only=True),
-    "llama-tiny": lambda: Published("llama", _config(_LLAMA_CONFIG,
-        hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=32, vocab_size=512), _qwen3),
-    "many-tensors": lambda: Published("llama", _config(_LLAMA_CONFIG, tpload_tensors=10_000), _many, shards=4),
+    "deepseek-v3-tiny": lambda: Published(
+        "deepseek-v3", _config(_V3_CONFIG, **_V3_TINY), _deepseek_v3
+    ),
+    "deepseek-v3-bf16-tiny": lambda: Published(
+        "deepseek-v3", _bf16_config(_V3_CONFIG, **_V3_VLLM), _deepseek_v3
+    ),
+    "deepseek-v3-deep": lambda: Published(
+        "deepseek-v3", _config(_V3_CONFIG, **_V3_DEEP), _deepseek_v3, shards=8
+    ),
+    "deepseek-v3-full": lambda: Published(
+        "deepseek-v3",
+        _config(_V3_CONFIG),
+        _deepseek_v3,
+        shards=163,
+        shard_name="model-{k:05d}-of-{n:06d}.safetensors",
+        headers_only=True,
+    ),
+    "deepseek-v4-tiny": lambda: Published(
+        "deepseek-v4",
+        _config(
+            _V4_CONFIG,
+            hidden_size=256,
+            num_hidden_layers=3,
+            num_attention_heads=8,
+            head_dim=128,
+            q_lora_rank=128,
+            o_groups=4,
+            o_lora_rank=128,
+            index_n_heads=4,
+            index_head_dim=128,
+            hc_mult=4,
+            num_hash_layers=1,
+            n_routed_experts=8,
+            moe_intermediate_size=512,
+            num_experts_per_tok=2,
+            vocab_size=512,
+            compress_ratios=[0, 4, 128, 0],
+        ),
+        _deepseek_v4,
+    ),
+    "deepseek-v4-full": lambda: Published(
+        "deepseek-v4", _config(_V4_CONFIG), _deepseek_v4, shards=46, headers_only=True
+    ),
+    "gpt-oss-tiny": lambda: Published(
+        "gpt-oss",
+        _config(
+            _GPT_OSS_CONFIG,
+            hidden_size=256,
+            intermediate_size=352,
+            num_hidden_layers=2,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            head_dim=32,
+            vocab_size=512,
+        ),
+        _gpt_oss,
+    ),
+    "gpt-oss-full": lambda: Published(
+        "gpt-oss",
+        _config(_GPT_OSS_CONFIG),
+        _gpt_oss,
+        shards=15,
+        shard_name="model-{k0:05d}-of-{n_minus_1:05d}.safetensors",
+        headers_only=True,
+    ),
+    "qwen3-fp8-tiny": lambda: Published(
+        "qwen3-fp8",
+        _config(
+            _QWEN3_CONFIG,
+            hidden_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            head_dim=128,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=512,
+            vocab_size=512,
+        ),
+        lambda c: _qwen3(c, scale_dtype="BF16"),
+    ),
+    "qwen3-fp8-full": lambda: Published(
+        "qwen3-fp8", _config(_QWEN3_CONFIG), _qwen3, shards=48, headers_only=True
+    ),
+    "nvfp4-tiny": lambda: Published(
+        "nvfp4",
+        _v3_nvfp4_config(**{**_V3_TINY, "index_topk": 0}),
+        lambda c: _deepseek_v3(c, nvfp4=True),
+        extra={"hf_quant_config.json": NVFP4_QUANT},
+    ),
+    "nvfp4-full": lambda: Published(
+        "nvfp4",
+        _v3_nvfp4_config(),
+        lambda c: _deepseek_v3(c, nvfp4=True),
+        shards=163,
+        extra={"hf_quant_config.json": NVFP4_QUANT},
+        headers_only=True,
+    ),
+    "llama-tiny": lambda: Published(
+        "llama",
+        _config(
+            _LLAMA_CONFIG,
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            vocab_size=512,
+        ),
+        _qwen3,
+    ),
+    "many-tensors": lambda: Published(
+        "llama", _config(_LLAMA_CONFIG, tpload_tensors=10_000), _many, shards=4
+    ),
 }
 """Every published-layout preset, by name (``synth --preset NAME``)."""
 
 
-def write_published(out_dir: str | os.PathLike, name: str, *, seed: int = 0, manifest: bool = True,
-                    tensors: int | None = None) -> Path:
+def write_published(
+    out_dir: str | os.PathLike,
+    name: str,
+    *,
+    seed: int = 0,
+    manifest: bool = True,
+    tensors: int | None = None,
+) -> Path:
     """Write preset ``name`` into ``out_dir`` (new or empty): shards, index, config.json (and any
     quantization file), and NATIVE_MANIFEST.json when ``manifest`` (never for a headers-only one).
     ``tensors``: how many tiny tensors ``many-tensors`` has (default 10,000)."""
     pub = PUBLISHED[name]()
     if tensors is not None:
         if "tpload_tensors" not in pub.config:
-            raise CheckpointError(f"preset {name} has a fixed tensor count (only many-tensors takes one)")
+            raise CheckpointError(
+                f"preset {name} has a fixed tensor count (only many-tensors takes one)"
+            )
         pub = replace(pub, config={**pub.config, "tpload_tensors": tensors})
     root = Path(out_dir)
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
-        raise CheckpointError(f"{escape_name(root)}: not an empty folder; synth writes only into a new or empty one")
+        raise CheckpointError(
+            f"{escape_name(root)}: not an empty folder; synth writes only into a new or empty one"
+        )
     root.mkdir(parents=True, exist_ok=True)
     groups = split_shards(pub.planned(), pub.shards)
     weight_map, entries, total = {}, {}, 0
     for k, group in enumerate(groups, 1):
-        file = pub.shard_name.format(k=k, k0=k - 1, n=len(groups), n_minus_1=len(groups) - 1)  # gpt-oss counts from 0
-        digests = _write_headers_only(root / file, group) if pub.headers_only else \
-            write_safetensors(root / file, [(t.name, t.dtype, t.shape) for t in group],
-                              lambda n, by={t.name: t for t in group}: chunks(by[n], seed),
-                              {"format": "pt", "writer": "tpload.synth"})
+        file = pub.shard_name.format(
+            k=k, k0=k - 1, n=len(groups), n_minus_1=len(groups) - 1
+        )  # gpt-oss counts from 0
+        digests = (
+            _write_headers_only(root / file, group)
+            if pub.headers_only
+            else write_safetensors(
+                root / file,
+                [(t.name, t.dtype, t.shape) for t in group],
+                lambda n, by={t.name: t for t in group}: chunks(by[n], seed),
+                {"format": "pt", "writer": "tpload.synth"},
+            )
+        )
         for t in group:
             weight_map[t.name] = file
-            entries[t.name] = {"file": file, "dtype": t.dtype, "shape": list(t.shape), "sha256": digests.get(t.name)}
+            entries[t.name] = {
+                "file": file,
+                "dtype": t.dtype,
+                "shape": list(t.shape),
+                "sha256": digests.get(t.name),
+            }
             total += t.nbytes
-    index = {"metadata": {"total_size": total} | ({HEADERS_ONLY: "1"} if pub.headers_only else {}),
-             "weight_map": weight_map}
+    index = {
+        "metadata": {"total_size": total} | ({HEADERS_ONLY: "1"} if pub.headers_only else {}),
+        "weight_map": weight_map,
+    }
     (root / INDEX_NAME).write_text(json.dumps(index, indent=1))
     (root / "config.json").write_text(json.dumps(pub.config, indent=1))
     for file, doc in pub.extra.items():
@@ -498,10 +800,16 @@ def write_published(out_dir: str | os.PathLike, name: str, *, seed: int = 0, man
 
 def _write_headers_only(path: Path, tensors: list[Planned]) -> dict[str, str]:
     """A safetensors file whose header is real and whose data are a hole of the right size."""
-    header: dict[str, object] = {"__metadata__": {"format": "pt", "writer": "tpload.synth", HEADERS_ONLY: "1"}}
+    header: dict[str, object] = {
+        "__metadata__": {"format": "pt", "writer": "tpload.synth", HEADERS_ONLY: "1"}
+    }
     offset = 0
     for t in tensors:
-        header[t.name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [offset, offset + t.nbytes]}
+        header[t.name] = {
+            "dtype": t.dtype,
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + t.nbytes],
+        }
         offset += t.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
@@ -511,11 +819,15 @@ def _write_headers_only(path: Path, tensors: list[Planned]) -> dict[str, str]:
     return {}
 
 
-def cached_published(name: str, *, tensors: int | None = None, cache_dir: str | os.PathLike | None = None) -> Path:
+def cached_published(
+    name: str, *, tensors: int | None = None, cache_dir: str | os.PathLike | None = None
+) -> Path:
     """Preset ``name``'s checkpoint (with its manifest) under the user cache, written once (the bench's
     ``--preset``; ``tensors`` as in :func:`write_published`). Only presets with data: not a ``full`` one."""
     if PUBLISHED[name]().headers_only:
-        raise CheckpointError(f"preset {name} is headers only (no data to load); use a tiny or deep preset")
+        raise CheckpointError(
+            f"preset {name} is headers only (no data to load); use a tiny or deep preset"
+        )
     base = Path(cache_dir) if cache_dir else cache_root()
     key = f"published-{name}" + (f"-tensors{tensors}" if tensors is not None else "")
     return cached(base / key, lambda tmp: write_published(tmp, name, tensors=tensors), what=name)
@@ -532,4 +844,11 @@ def tensor_count(name: str) -> tuple[int, int]:
     return len(planned), sum(t.nbytes for t in planned)
 
 
-__all__ = ["PUBLISHED", "Published", "cached_published", "loadable_presets", "tensor_count", "write_published"]
+__all__ = [
+    "PUBLISHED",
+    "Published",
+    "cached_published",
+    "loadable_presets",
+    "tensor_count",
+    "write_published",
+]

@@ -55,9 +55,14 @@ class NodeCost:
     """Hub snapshot: every file its ranks touch, hashed whole (None for an export's rank files)."""
 
 
-def costs(plans: Sequence[RankPlan], catalogue: Catalogue, nproc_per_node: int) -> tuple[list[RankCost], list[NodeCost]]:
+def costs(
+    plans: Sequence[RankPlan], catalogue: Catalogue, nproc_per_node: int
+) -> tuple[list[RankCost], list[NodeCost]]:
     """Every rank's and every node's figures; ranks fill nodes in order (torchrun's assignment)."""
-    nodes = [list(range(k, min(k + nproc_per_node, len(plans)))) for k in range(0, len(plans), nproc_per_node)]
+    nodes = [
+        list(range(k, min(k + nproc_per_node, len(plans))))
+        for k in range(0, len(plans), nproc_per_node)
+    ]
     tensors = catalogue.tensors
     ranks: list[RankCost] = []
     node_costs: list[NodeCost] = []
@@ -71,10 +76,26 @@ def costs(plans: Sequence[RankPlan], catalogue: Catalogue, nproc_per_node: int) 
         files = {tensors[n].file for n in users}
         for r in members:
             p = plans[r]
-            ranks.append(RankCost(r, node, p.served, p.read_bytes, sum(sizes[n] for n in split[r]), p.arena_bytes,
-                                  p.largest_transient))
-        node_costs.append(NodeCost(node, tuple(members), sum(plans[r].read_bytes for r in members),
-                                   sum(sizes.values()), _file_bytes(catalogue, files)))
+            ranks.append(
+                RankCost(
+                    r,
+                    node,
+                    p.served,
+                    p.read_bytes,
+                    sum(sizes[n] for n in split[r]),
+                    p.arena_bytes,
+                    p.largest_transient,
+                )
+            )
+        node_costs.append(
+            NodeCost(
+                node,
+                tuple(members),
+                sum(plans[r].read_bytes for r in members),
+                sum(sizes.values()),
+                _file_bytes(catalogue, files),
+            )
+        )
     return ranks, node_costs
 
 
@@ -107,39 +128,69 @@ class HostMemory:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def render_costs(ranks: list[RankCost], nodes: list[NodeCost], digests: Sequence[str], host: HostMemory, *,
-                 every_rank: bool, headers_only: bool = False) -> str:
+def render_costs(
+    ranks: list[RankCost],
+    nodes: list[NodeCost],
+    digests: Sequence[str],
+    host: HostMemory,
+    *,
+    every_rank: bool,
+    headers_only: bool = False,
+) -> str:
     """The table ``tpload plan`` prints: each rank (or only the busiest of each node), then each node."""
     gb = lambda b: f"{b / 1e9:.3f}"  # noqa: E731
-    lines = [f"{'rank':>5} {'node':>4} {'tensors':>8} {'read GB':>9} {'hash GB':>9} {'device GB':>9} "
-             f"{'transient MiB':>13} {'peak dev GB':>11}  digest"]
-    shown = ranks if every_rank else [max((r for r in ranks if r.node == n.node), key=lambda r: r.device_peak)
-                                      for n in nodes]
+    lines = [
+        f"{'rank':>5} {'node':>4} {'tensors':>8} {'read GB':>9} {'hash GB':>9} {'device GB':>9} "
+        f"{'transient MiB':>13} {'peak dev GB':>11}  digest"
+    ]
+    shown = (
+        ranks
+        if every_rank
+        else [
+            max((r for r in ranks if r.node == n.node), key=lambda r: r.device_peak) for n in nodes
+        ]
+    )
     for r in shown:
-        lines.append(f"{r.rank:>5} {r.node:>4} {r.tensors:>8} {gb(r.read_bytes):>9} {gb(r.hash_bytes):>9} "
-                     f"{gb(r.arena_bytes):>9} {r.transient_bytes / 2**20:>13.1f} {gb(r.device_peak):>11}  "
-                     f"{digests[r.rank]}")
+        lines.append(
+            f"{r.rank:>5} {r.node:>4} {r.tensors:>8} {gb(r.read_bytes):>9} {gb(r.hash_bytes):>9} "
+            f"{gb(r.arena_bytes):>9} {r.transient_bytes / 2**20:>13.1f} {gb(r.device_peak):>11}  "
+            f"{digests[r.rank]}"
+        )
     if not every_rank:
-        lines.append(f"(the rank of each node with the highest device peak; --ranks all lists every rank)")
-    lines.append(f"{'node':>5} {'ranks':>9} {'read GB':>9} {'hash GB':>9} {'whole-file hash GB':>19}")
+        lines.append(
+            "(the rank of each node with the highest device peak; --ranks all lists every rank)"
+        )
+    lines.append(
+        f"{'node':>5} {'ranks':>9} {'read GB':>9} {'hash GB':>9} {'whole-file hash GB':>19}"
+    )
     for n in nodes:
         whole = "-" if n.file_bytes is None else gb(n.file_bytes)
         if n.file_bytes and n.hash_bytes and n.file_bytes > 1.05 * n.hash_bytes:
             whole += f" ({n.file_bytes / n.hash_bytes:.1f}x)"
-        lines.append(f"{n.node:>5} {f'{n.ranks[0]}-{n.ranks[-1]}':>9} {gb(n.read_bytes):>9} {gb(n.hash_bytes):>9} "
-                     f"{whole:>19}")
+        lines.append(
+            f"{n.node:>5} {f'{n.ranks[0]}-{n.ranks[-1]}':>9} {gb(n.read_bytes):>9} {gb(n.hash_bytes):>9} "
+            f"{whole:>19}"
+        )
     top = max(ranks, key=lambda r: r.device_peak)
     peers = max(len(n.ranks) for n in nodes)
     held = host.start + host.catalogue + peers * host.per_plan + STAGING_BYTES + PINNED_BYTES
     mib = lambda b: f"{b / 2**20:,.0f} MiB"  # noqa: E731
-    lines.append(f"peak device memory {gb(top.device_peak)} GB (rank {top.rank}: arena {gb(top.arena_bytes)} GB, one "
-                 f"staged window and its decode {top.transient_bytes / 2**20:.1f} MiB)")
-    lines.append(f"peak host memory about {mib(held)} a rank: imports {mib(host.start)}, catalogue and classification "
-                 f"{mib(host.catalogue)}, its node's {peers} plan(s) {mib(peers * host.per_plan)}, read ring "
-                 f"{mib(STAGING_BYTES)}, pinned (CUDA) {mib(PINNED_BYTES)} (measured in this process; the page cache "
-                 "is the kernel's)")
-    lines.append("hash GB: node verification with a per-tensor manifest (each tensor once per node); whole-file: a hub "
-                 "snapshot checked by blob sha256 (every file a node's ranks touch)")
+    lines.append(
+        f"peak device memory {gb(top.device_peak)} GB (rank {top.rank}: arena {gb(top.arena_bytes)} GB, one "
+        f"staged window and its decode {top.transient_bytes / 2**20:.1f} MiB)"
+    )
+    lines.append(
+        f"peak host memory about {mib(held)} a rank: imports {mib(host.start)}, catalogue and classification "
+        f"{mib(host.catalogue)}, its node's {peers} plan(s) {mib(peers * host.per_plan)}, read ring "
+        f"{mib(STAGING_BYTES)}, pinned (CUDA) {mib(PINNED_BYTES)} (measured in this process; the page cache "
+        "is the kernel's)"
+    )
+    lines.append(
+        "hash GB: node verification with a per-tensor manifest (each tensor once per node); whole-file: a hub "
+        "snapshot checked by blob sha256 (every file a node's ranks touch)"
+    )
     if headers_only:
-        lines.append("headers-only checkpoint: these are the plans of the real sizes; loading it is refused")
+        lines.append(
+            "headers-only checkpoint: these are the plans of the real sizes; loading it is refused"
+        )
     return "\n".join(lines)

@@ -58,7 +58,9 @@ class SynthSpec:
 
     def __post_init__(self) -> None:
         if self.hidden % (2 * FP4_GROUP) or self.inter % (2 * FP4_GROUP):
-            raise ValueError(f"hidden {self.hidden} and inter {self.inter} must be multiples of {2 * FP4_GROUP}")
+            raise ValueError(
+                f"hidden {self.hidden} and inter {self.inter} must be multiples of {2 * FP4_GROUP}"
+            )
         for field in ("experts", "stages", "vocab", "block", "shards"):
             if getattr(self, field) < 1:
                 raise ValueError(f"{field} must be >= 1, got {getattr(self, field)}")
@@ -96,8 +98,11 @@ def e4m3_bytes(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
 def bf16_bytes(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
     # Random sign, exponent 2^-7..2^-1, random mantissa: built as bits, no float math.
     n = rows * cols
-    bits = (rng.integers(0, 2, n, dtype=np.uint16) << 15) | (rng.integers(120, 127, n, dtype=np.uint16) << 7) \
+    bits = (
+        (rng.integers(0, 2, n, dtype=np.uint16) << 15)
+        | (rng.integers(120, 127, n, dtype=np.uint16) << 7)
         | rng.integers(0, 128, n, dtype=np.uint16)
+    )
     return bits.view(np.uint8)
 
 
@@ -178,15 +183,21 @@ def split_shards(tensors: list[Planned], shards: int) -> list[list[Planned]]:
 def write_shard(path: Path, tensors: list[Planned], seed: int) -> dict[str, str]:
     """Write one safetensors file; return {name: sha256 of its stored bytes}."""
     by_name = {t.name: t for t in tensors}
-    return write_safetensors(path, [(t.name, t.dtype, t.shape) for t in tensors],
-                             lambda name: chunks(by_name[name], seed), {"format": "pt", "writer": "tpload.synth"})
+    return write_safetensors(
+        path,
+        [(t.name, t.dtype, t.shape) for t in tensors],
+        lambda name: chunks(by_name[name], seed),
+        {"format": "pt", "writer": "tpload.synth"},
+    )
 
 
 def write_checkpoint(out_dir: str | os.PathLike, spec: SynthSpec) -> Path:
     """Write shards, index and NATIVE_MANIFEST.json for ``spec`` into ``out_dir`` (new or empty)."""
     root = Path(out_dir)
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
-        raise CheckpointError(f"{escape_name(root)}: not an empty folder; synth writes only into a new or empty one")
+        raise CheckpointError(
+            f"{escape_name(root)}: not an empty folder; synth writes only into a new or empty one"
+        )
     root.mkdir(parents=True, exist_ok=True)
     groups = split_shards(planned_tensors(spec), spec.shards)
     weight_map, manifest, total = {}, {}, 0
@@ -195,9 +206,16 @@ def write_checkpoint(out_dir: str | os.PathLike, spec: SynthSpec) -> Path:
         digests = write_shard(root / file, group, spec.seed)
         for t in group:
             weight_map[t.name] = file
-            manifest[t.name] = {"file": file, "dtype": t.dtype, "shape": list(t.shape), "sha256": digests[t.name]}
+            manifest[t.name] = {
+                "file": file,
+                "dtype": t.dtype,
+                "shape": list(t.shape),
+                "sha256": digests[t.name],
+            }
             total += t.nbytes
-    (root / INDEX_NAME).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+    (root / INDEX_NAME).write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1)
+    )
     (root / MANIFEST_NAME).write_text(json.dumps({"format": 1, "tensors": manifest}, indent=1))
     (root / "tpload_synth.json").write_text(json.dumps(asdict(spec)))
     return root
@@ -213,16 +231,21 @@ def write_hub(cache: str | os.PathLike, repo: str, write: Callable[[Path], Path]
     snapshot folder. A cache that holds ``repo`` already is refused before anything is written
     (it would mix two writes' blobs under one snapshot)."""
     from ..storage.hub import to_hub_cache
+
     if not HUB_REPO.fullmatch(repo) or ".." in repo:
-        raise OptionsError(f"--hub {escape_name(repo)!r}: expected a repository id ORG/NAME (letters, digits, '.', "
-                           "'_', '-'; one slash)")
+        raise OptionsError(
+            f"--hub {escape_name(repo)!r}: expected a repository id ORG/NAME (letters, digits, '.', "
+            "'_', '-'; one slash)"
+        )
     root = Path(cache)
     if why := not_a_folder(str(root)):
         raise CheckpointError(f"{escape_name(root)}: {why}; --hub writes a hub cache into a folder")
     top = root / f"models--{repo.replace('/', '--')}"
     if top.exists() or top.is_symlink():
-        raise CheckpointError(f"{escape_name(top)}: this cache already holds {repo}; write it into another folder (or "
-                              "give another --hub name)")
+        raise CheckpointError(
+            f"{escape_name(top)}: this cache already holds {repo}; write it into another folder (or "
+            "give another --hub name)"
+        )
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root, prefix=".synth-") as tmp:
         return to_hub_cache(write(Path(tmp) / "ckpt"), root, repo)
@@ -249,8 +272,10 @@ def cached(final: Path, write: Callable[[Path], object], *, what: str) -> Path:
         base.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".synth-", dir=base))
     except OSError as e:
-        raise CheckpointError(f"cannot write the built-in checkpoint under {escape_name(base)} ({e.strerror}); "
-                              "set TPLOAD_CACHE to a writable folder, or pass --checkpoint DIR") from None
+        raise CheckpointError(
+            f"cannot write the built-in checkpoint under {escape_name(base)} ({e.strerror}); "
+            "set TPLOAD_CACHE to a writable folder, or pass --checkpoint DIR"
+        ) from None
     log.info("writing the built-in synthetic checkpoint (%s) under %s, once", what, base)
     write(tmp)
     try:

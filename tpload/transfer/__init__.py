@@ -39,16 +39,26 @@ class Transfer(Protocol):
     def arena(self, nbytes: int) -> torch.Tensor:
         """One uint8 buffer on the device holding every served tensor of the rank."""
 
-    def copy(self, view: np.ndarray, dst: np.ndarray | torch.Tensor, fp: HostFingerprint, first_row: int,
-             first_col: int) -> None:
+    def copy(
+        self,
+        view: np.ndarray,
+        dst: np.ndarray | torch.Tensor,
+        fp: HostFingerprint,
+        first_row: int,
+        first_col: int,
+    ) -> None:
         """``view`` (host bytes) into ``dst`` (the same-shaped part of a slot's 2-D bytes: numpy on the
         CPU, a device tensor elsewhere), adding it to ``fp``."""
 
-    def served(self, slot: np.ndarray | torch.Tensor, fp: HostFingerprint) -> tuple[Triple | torch.Tensor, Triple | None]:
+    def served(
+        self, slot: np.ndarray | torch.Tensor, fp: HostFingerprint
+    ) -> tuple[Triple | torch.Tensor, Triple | None]:
         """(the fingerprint of the slot bytes ``copy`` filled, what it must equal or None when it is
         by construction the copy's own)."""
 
-    def stage(self, view: np.ndarray, fp: HostFingerprint, first_row: int, first_col: int) -> np.ndarray | torch.Tensor:
+    def stage(
+        self, view: np.ndarray, fp: HostFingerprint, first_row: int, first_col: int
+    ) -> np.ndarray | torch.Tensor:
         """``view`` where the decoder can read it (adding it to ``fp``)."""
 
     def upload(self, host: np.ndarray) -> np.ndarray | torch.Tensor:
@@ -62,6 +72,8 @@ class Transfer(Protocol):
 def for_device(device: torch.device) -> Transfer:
     if device.type == "cuda":
         from .cuda import CudaTransfer
+
         return CudaTransfer(device)
     from .cpu import CpuTransfer
+
     return CpuTransfer(device)

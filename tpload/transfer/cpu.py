@@ -30,7 +30,9 @@ def new_arena(nbytes: int) -> torch.Tensor:
             mm.madvise(_MADV_POPULATE_WRITE)
         except OSError:  # kernel < 5.14: the pages fault in on first touch instead
             pass
-    return torch.frombuffer(mm, dtype=torch.uint8)  # keeps the map alive; unmapped with the last view
+    return torch.frombuffer(
+        mm, dtype=torch.uint8
+    )  # keeps the map alive; unmapped with the last view
 
 
 class CpuTransfer:
@@ -45,13 +47,17 @@ class CpuTransfer:
     def arena(self, nbytes: int) -> torch.Tensor:
         return new_arena(nbytes)
 
-    def copy(self, view: np.ndarray, dst: np.ndarray, fp: HostFingerprint, first_row: int, first_col: int) -> None:
+    def copy(
+        self, view: np.ndarray, dst: np.ndarray, fp: HostFingerprint, first_row: int, first_col: int
+    ) -> None:
         fp.add(view, first_row, dst=dst, first_col=first_col)
 
     def served(self, slot: np.ndarray, fp: HostFingerprint) -> tuple[Triple, None]:
         return fp.value(), None
 
-    def stage(self, view: np.ndarray, fp: HostFingerprint, first_row: int, first_col: int) -> np.ndarray:
+    def stage(
+        self, view: np.ndarray, fp: HostFingerprint, first_row: int, first_col: int
+    ) -> np.ndarray:
         fp.add(view, first_row, first_col=first_col)
         return view
 

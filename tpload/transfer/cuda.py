@@ -26,7 +26,9 @@ import torch
 from ..verification.fingerprint import DeviceFingerprint, HostFingerprint, Triple, as_bytes2d
 from . import CUDA_CHUNK_BYTES
 
-CHUNK_BYTES = CUDA_CHUNK_BYTES  # a PCIe copy this size amortizes its launch; the staging ring holds four
+CHUNK_BYTES = (
+    CUDA_CHUNK_BYTES  # a PCIe copy this size amortizes its launch; the staging ring holds four
+)
 
 
 @dataclass
@@ -40,8 +42,12 @@ class Backend:
 
     @classmethod
     def cuda(cls, device: torch.device) -> Backend:
-        return cls(pinned=lambda n: torch.empty(n, dtype=torch.uint8, pin_memory=True),
-                   stream=lambda: torch.cuda.Stream(device), event=torch.cuda.Event, on_stream=torch.cuda.stream)
+        return cls(
+            pinned=lambda n: torch.empty(n, dtype=torch.uint8, pin_memory=True),
+            stream=lambda: torch.cuda.Stream(device),
+            event=torch.cuda.Event,
+            on_stream=torch.cuda.stream,
+        )
 
 
 class CudaTransfer:
@@ -50,7 +56,13 @@ class CudaTransfer:
     chunk_bytes = CHUNK_BYTES
     host_slots = False
 
-    def __init__(self, device: torch.device, backend: Backend | None = None, *, chunk_bytes: int = CHUNK_BYTES) -> None:
+    def __init__(
+        self,
+        device: torch.device,
+        backend: Backend | None = None,
+        *,
+        chunk_bytes: int = CHUNK_BYTES,
+    ) -> None:
         self.device = device
         self.chunk_bytes = chunk_bytes
         self.backend = backend or Backend.cuda(device)
@@ -63,18 +75,29 @@ class CudaTransfer:
     def arena(self, nbytes: int) -> torch.Tensor:
         return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
 
-    def _pinned(self, view: np.ndarray, fp: HostFingerprint, first_row: int, first_col: int) -> tuple[torch.Tensor, int]:
+    def _pinned(
+        self, view: np.ndarray, fp: HostFingerprint, first_row: int, first_col: int
+    ) -> tuple[torch.Tensor, int]:
         """``view`` in the next pinned buffer (fingerprinted on the way); that buffer's index."""
         n = view.size
         i = self.turn = 1 - self.turn
         self.events[i].synchronize()  # the copy that last read this pinned buffer is done
-        if self.pinned[i].numel() < n:  # a block wider than a buffer (the reader never makes one): grow
+        if (
+            self.pinned[i].numel() < n
+        ):  # a block wider than a buffer (the reader never makes one): grow
             self.pinned[i] = self.backend.pinned(n)
         host = self.pinned[i][:n].view(view.shape)
         fp.add(view, first_row, dst=host.numpy(), first_col=first_col)
         return host, i
 
-    def copy(self, view: np.ndarray, dst: torch.Tensor, fp: HostFingerprint, first_row: int, first_col: int) -> None:
+    def copy(
+        self,
+        view: np.ndarray,
+        dst: torch.Tensor,
+        fp: HostFingerprint,
+        first_row: int,
+        first_col: int,
+    ) -> None:
         host, i = self._pinned(view, fp, first_row, first_col)
         with self.backend.on_stream(self.stream):
             dst.copy_(host, non_blocking=True)
@@ -86,7 +109,9 @@ class CudaTransfer:
         device_fp.add(b, 0)
         return device_fp.value(), fp.value()
 
-    def stage(self, view: np.ndarray, fp: HostFingerprint, first_row: int, first_col: int) -> torch.Tensor:
+    def stage(
+        self, view: np.ndarray, fp: HostFingerprint, first_row: int, first_col: int
+    ) -> torch.Tensor:
         host, i = self._pinned(view, fp, first_row, first_col)
         with self.backend.on_stream(self.stream):
             out = torch.empty(view.shape, dtype=torch.uint8, device=self.device)
@@ -96,7 +121,9 @@ class CudaTransfer:
 
     def upload(self, host: np.ndarray) -> torch.Tensor:
         with self.backend.on_stream(self.stream):
-            out = torch.from_numpy(np.ascontiguousarray(host)).to(self.device)  # small: a synchronous copy
+            out = torch.from_numpy(np.ascontiguousarray(host)).to(
+                self.device
+            )  # small: a synchronous copy
         return out
 
     def __enter__(self) -> CudaTransfer:

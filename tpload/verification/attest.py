@@ -41,11 +41,14 @@ Window = list[int]
 
 # -- signing (model-signing, optional) --------------------------------------------------------------
 
+
 def signing_missing() -> str | None:
     """Why attestations cannot be signed or their signatures checked here (None: they can)."""
     try:
         import model_signing  # noqa: F401  # only probing that the optional extra is installed
-    except ImportError as e:  # model-signing 1.1.1 also imports OpenSSL (pyopenssl) without declaring it
+    except (
+        ImportError
+    ) as e:  # model-signing 1.1.1 also imports OpenSSL (pyopenssl) without declaring it
         return f"signing needs model-signing, which is not importable ({e.name or e}); {SIGNING_INSTALL}"
     return None
 
@@ -57,6 +60,7 @@ def key_problem(key: str | os.PathLike) -> str | None:
         return why
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
     try:
         loaded = load_pem_private_key(Path(key).read_bytes(), password=None)
     except OSError as e:
@@ -73,6 +77,7 @@ def _model_signing() -> object:
     if why:
         raise LoadError(why)
     import model_signing
+
     return model_signing
 
 
@@ -91,8 +96,10 @@ def sign(path: Path, key: str | os.PathLike) -> Path:
         ms.signing.Config().use_elliptic_key_signer(private_key=Path(key)).sign(path, tmp)
         os.replace(tmp, out)
     except Exception as e:  # noqa: BLE001 - model-signing raises ValueError, OSError, cryptography's types
-        raise LoadError(f"could not sign {escape_name(path)} with {escape_name(key)}: "
-                        f"{type(e).__name__}: {_first_line(e)}") from None
+        raise LoadError(
+            f"could not sign {escape_name(path)} with {escape_name(key)}: "
+            f"{type(e).__name__}: {_first_line(e)}"
+        ) from None
     finally:
         if os.path.lexists(tmp):
             os.unlink(tmp)
@@ -111,7 +118,9 @@ def signature_problems(path: Path, key: str | os.PathLike) -> list[str]:
     except Exception as e:  # noqa: BLE001 - ValueError for a mismatch; cryptography's, protobuf's for a bad file
         text = _first_line(e)
         if text.startswith("Signature mismatch"):
-            return [f"{escape_name(path)}: its bytes are not the ones {escape_name(sig)} signed (changed since)"]
+            return [
+                f"{escape_name(path)}: its bytes are not the ones {escape_name(sig)} signed (changed since)"
+            ]
         return [f"{escape_name(sig)}: does not verify with the key {escape_name(key)}: {text}"]
     return []
 
@@ -123,9 +132,13 @@ def _first_line(e: BaseException) -> str:
 
 # -- what a load serves -------------------------------------------------------------------------
 
+
 def windows(plan: object) -> dict[str, Window]:
     """Every stored tensor this rank reads a window of, and the window (from ``RankPlan.reads``)."""
-    return {n: [int(rows[0]), int(rows[1]), int(cols[0]), int(cols[1])] for n, (rows, cols) in plan.reads.items()}
+    return {
+        n: [int(rows[0]), int(rows[1]), int(cols[0]), int(cols[1])]
+        for n, (rows, cols) in plan.reads.items()
+    }
 
 
 def views(plans: Sequence[object]) -> dict[str, list[int]]:
@@ -164,8 +177,13 @@ def replicas(view: Sequence[int], boxes: Sequence[Window]) -> tuple[int, int]:
     return min(cells), max(cells)
 
 
-def coverage(names: Sequence[str], per_rank: Sequence[Mapping[str, Window]], tensor_views: Mapping[str, list[int]],
-             skipped: Sequence[str], deferred: Sequence[str]) -> dict:
+def coverage(
+    names: Sequence[str],
+    per_rank: Sequence[Mapping[str, Window]],
+    tensor_views: Mapping[str, list[int]],
+    skipped: Sequence[str],
+    deferred: Sequence[str],
+) -> dict:
     """For every tensor of the checkpoint: served (its view and how many ranks serve each byte, fewest
     and most), skipped or deferred. A tensor no rank reads has no view: its replicas are [0, 0]."""
     boxes: dict[str, list[Window]] = {}
@@ -185,47 +203,105 @@ def coverage(names: Sequence[str], per_rank: Sequence[Mapping[str, Window]], ten
     return {"served": served, "skipped": sorted(skipped), "deferred": sorted(deferred)}
 
 
-def subject(catalogue: object, file_digests: Mapping[Path, str] | None, *,
-            signature: Path | None = None) -> list[dict]:
+def subject(
+    catalogue: object, file_digests: Mapping[Path, str] | None, *, signature: Path | None = None
+) -> list[dict]:
     """The checkpoint's identity: the signature bundle's sha256 when a model.sig vouched for the load
     (it names every file's digest, and a signer), its manifest's sha256, or each file's whole-file
     sha256 when the folder is vouched for file by file (hub blob names, local-dir etags)."""
     out = []
     if signature is not None:
-        out.append({"name": signature.name, "digest": {"sha256": hashlib.sha256(read_small(signature, "signature "
-                                                                                             "bundle")).hexdigest()}})
+        out.append(
+            {
+                "name": signature.name,
+                "digest": {
+                    "sha256": hashlib.sha256(read_small(signature, "signature bundle")).hexdigest()
+                },
+            }
+        )
     if catalogue.manifest_sha256:
-        return out + [{"name": Path(catalogue.manifest_path).name, "digest": {"sha256": catalogue.manifest_sha256}}]
+        return out + [
+            {
+                "name": Path(catalogue.manifest_path).name,
+                "digest": {"sha256": catalogue.manifest_sha256},
+            }
+        ]
     if signature is not None:
         return out  # the bundle signs each file's digest: it is the identity
     root = Path(catalogue.root)
-    return [{"name": os.path.relpath(p, root), "digest": {"sha256": d}}
-            for p, d in sorted((file_digests or {}).items())]
+    return [
+        {"name": os.path.relpath(p, root), "digest": {"sha256": d}}
+        for p, d in sorted((file_digests or {}).items())
+    ]
 
 
-def statement(planner: object, layout: object, *, kind: str, verify: str, config_spec: str,
-              skip: Sequence[str] = (), defer: Sequence[str] = (), ranks: Sequence[Mapping[str, object]],
-              file_digests: Mapping[Path, str] | None, vouched_by: str, signature: Path | None = None) -> dict:
+def statement(
+    planner: object,
+    layout: object,
+    *,
+    kind: str,
+    verify: str,
+    config_spec: str,
+    skip: Sequence[str] = (),
+    defer: Sequence[str] = (),
+    ranks: Sequence[Mapping[str, object]],
+    file_digests: Mapping[Path, str] | None,
+    vouched_by: str,
+    signature: Path | None = None,
+) -> dict:
     """The in-toto statement of a passed load. ``ranks``: each rank's ``node``, ``device`` and ``digest``
     (from the exchanged table); everything else is derived here from ``planner`` (the load's)."""
     from .. import __version__
+
     catalogue, config = planner.catalogue, planner.config
     plans = [planner.plan(layout, kind, r) for r in range(layout.world)]
     per_rank = [windows(p) for p in plans]
-    rank_docs = [{"rank": r, "node": ranks[r]["node"], "device": ranks[r]["device"], "digest": ranks[r]["digest"],
-                  "windows": per_rank[r], "deferred": list(plans[r].deferred)} for r in range(layout.world)]
-    options = {"tp": layout.tp, "ep": layout.ep, "kind": kind, "verify": verify, "skip": list(skip),
-               "defer": list(defer), "config": config_spec, "config_name": config.name, "config_id": config.id()}
-    if any(r.origin == "skip_activation_scales" for r in config.rules):  # the switch's rule is in config_id
+    rank_docs = [
+        {
+            "rank": r,
+            "node": ranks[r]["node"],
+            "device": ranks[r]["device"],
+            "digest": ranks[r]["digest"],
+            "windows": per_rank[r],
+            "deferred": list(plans[r].deferred),
+        }
+        for r in range(layout.world)
+    ]
+    options = {
+        "tp": layout.tp,
+        "ep": layout.ep,
+        "kind": kind,
+        "verify": verify,
+        "skip": list(skip),
+        "defer": list(defer),
+        "config": config_spec,
+        "config_name": config.name,
+        "config_id": config.id(),
+    }
+    if any(
+        r.origin == "skip_activation_scales" for r in config.rules
+    ):  # the switch's rule is in config_id
         options["skip_activation_scales"] = True
-    cover = coverage(catalogue.names(), per_rank, views(plans), plans[0].skipped if plans else (),
-                     sorted({n for p in plans for n in p.deferred}))
-    return {"_type": STATEMENT_TYPE, "subject": subject(catalogue, file_digests, signature=signature),
-            "predicateType": PREDICATE_TYPE,
-            "predicate": {"tpload": {"version": __version__},
-                          "checkpoint": {"path": str(catalogue.root), "vouched_by": vouched_by},
-                          "written": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                          "options": options, "ranks": rank_docs, "coverage": cover}}
+    cover = coverage(
+        catalogue.names(),
+        per_rank,
+        views(plans),
+        plans[0].skipped if plans else (),
+        sorted({n for p in plans for n in p.deferred}),
+    )
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": subject(catalogue, file_digests, signature=signature),
+        "predicateType": PREDICATE_TYPE,
+        "predicate": {
+            "tpload": {"version": __version__},
+            "checkpoint": {"path": str(catalogue.root), "vouched_by": vouched_by},
+            "written": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "options": options,
+            "ranks": rank_docs,
+            "coverage": cover,
+        },
+    }
 
 
 def dumps(doc: Mapping) -> str:
@@ -244,13 +320,17 @@ def dumps(doc: Mapping) -> str:
             for k, r in enumerate(pred["ranks"]):
                 if isinstance(r.get("windows"), dict):
                     big[f"{token}-w{k}"], r["windows"] = r["windows"], f"{token}-w{k}"
-        if isinstance(pred.get("coverage"), dict) and isinstance(pred["coverage"].get("served"), dict):
+        if isinstance(pred.get("coverage"), dict) and isinstance(
+            pred["coverage"].get("served"), dict
+        ):
             pred["coverage"] = dict(pred["coverage"])
             big[f"{token}-c"], pred["coverage"]["served"] = pred["coverage"]["served"], f"{token}-c"
     parts = [json.dumps(shell, indent=1)]
     for key, table in big.items():  # each placeholder once, in the order the shell holds them
         head, _, tail = parts.pop().partition(json.dumps(key))
-        lines = ",\n".join(f"{json.dumps(n)}: {json.dumps(v, separators=(',', ':'))}" for n, v in table.items())
+        lines = ",\n".join(
+            f"{json.dumps(n)}: {json.dumps(v, separators=(',', ':'))}" for n, v in table.items()
+        )
         parts += [head, "{\n" + lines + "\n}" if lines else "{}", tail]
     return "".join(parts) + "\n"
 
@@ -259,6 +339,7 @@ def write(path: str | os.PathLike, doc: Mapping, key: str | os.PathLike | None =
     """Write the statement (renamed into place: a reader never sees half of one) and, with ``key``, its
     signature beside it. A stale signature of an earlier statement is removed first."""
     from ..storage.files import atomic_write
+
     out = Path(path).absolute()
     sig = signature_path(out)
     if os.path.lexists(sig):
@@ -269,22 +350,44 @@ def write(path: str | os.PathLike, doc: Mapping, key: str | os.PathLike | None =
     return out
 
 
-def after_load(opts: object, rank_figures: Sequence[object], planner: object, layout: object, chosen: object,
-               vouched_by: str) -> Path:
+def after_load(
+    opts: object,
+    rank_figures: Sequence[object],
+    planner: object,
+    layout: object,
+    chosen: object,
+    vouched_by: str,
+) -> Path:
     """Rank 0, after a passed verdict: the statement of this load, written (and signed) where asked."""
     storage = chosen.job.storage
-    signed = getattr(chosen, "signed", None)  # a model.sig vouched for the load: its bundle is the identity
+    signed = getattr(
+        chosen, "signed", None
+    )  # a model.sig vouched for the load: its bundle is the identity
     signature = signed.bundle if signed is not None else None
     files = None if signed is not None else getattr(storage, "file_digests", None)
     ranks = [{"node": f.node, "device": f.device, "digest": f.digest} for f in rank_figures]
-    spec = opts.config  # a TOML path as an absolute one: `attest verify` may run from another folder
+    spec = (
+        opts.config
+    )  # a TOML path as an absolute one: `attest verify` may run from another folder
     spec = str(Path(spec).absolute()) if spec.endswith(".toml") and Path(spec).is_file() else spec
-    doc = statement(planner, layout, kind=opts.kind, verify=opts.verify, config_spec=spec, skip=opts.skip,
-                    defer=opts.defer, ranks=ranks, file_digests=files, vouched_by=vouched_by, signature=signature)
+    doc = statement(
+        planner,
+        layout,
+        kind=opts.kind,
+        verify=opts.verify,
+        config_spec=spec,
+        skip=opts.skip,
+        defer=opts.defer,
+        ranks=ranks,
+        file_digests=files,
+        vouched_by=vouched_by,
+        signature=signature,
+    )
     return write(opts.attest, doc, opts.attest_key)
 
 
 # -- checking one -----------------------------------------------------------------------------------
+
 
 def _fmt(w: Sequence[int]) -> str:
     return f"rows {w[0]}-{w[1]}, bytes {w[2]}-{w[3]}"
@@ -300,38 +403,62 @@ def _shape_problems(doc: object) -> list[str]:
     if doc.get("predicateType") != PREDICATE_TYPE:
         problems.append(f"predicateType is {doc.get('predicateType')!r}, not {PREDICATE_TYPE}")
     subj = doc.get("subject")
-    if not (isinstance(subj, list) and subj and all(isinstance(s, dict) and isinstance(s.get("name"), str)
-                                                    and isinstance(s.get("digest"), dict) for s in subj)):
+    if not (
+        isinstance(subj, list)
+        and subj
+        and all(
+            isinstance(s, dict)
+            and isinstance(s.get("name"), str)
+            and isinstance(s.get("digest"), dict)
+            for s in subj
+        )
+    ):
         problems.append("subject is not a list of {name, digest}")
     pred = doc.get("predicate")
     if not isinstance(pred, dict):
         return problems + ["predicate is not an object"]
     opts = pred.get("options")
-    ints = isinstance(opts, dict) and all(type(opts.get(k)) is int and opts[k] >= 1 for k in ("tp", "ep"))
-    texts = isinstance(opts, dict) and all(isinstance(opts.get(k), str) for k in ("kind", "verify", "config",
-                                                                                  "config_id"))
-    globs = isinstance(opts, dict) and all(isinstance(opts.get(k), list) and all(isinstance(g, str) for g in opts[k])
-                                           for k in ("skip", "defer"))
+    ints = isinstance(opts, dict) and all(
+        type(opts.get(k)) is int and opts[k] >= 1 for k in ("tp", "ep")
+    )
+    texts = isinstance(opts, dict) and all(
+        isinstance(opts.get(k), str) for k in ("kind", "verify", "config", "config_id")
+    )
+    globs = isinstance(opts, dict) and all(
+        isinstance(opts.get(k), list) and all(isinstance(g, str) for g in opts[k])
+        for k in ("skip", "defer")
+    )
     if not (ints and texts and globs):
-        problems.append("predicate.options lacks tp, ep (integers >= 1), kind, verify, config, config_id or "
-                        "skip, defer (lists of globs)")
+        problems.append(
+            "predicate.options lacks tp, ep (integers >= 1), kind, verify, config, config_id or "
+            "skip, defer (lists of globs)"
+        )
     ranks = pred.get("ranks")
     if not isinstance(ranks, list) or not all(isinstance(r, dict) for r in ranks):
         problems.append("predicate.ranks is not a list of objects")
     else:
         for k, r in enumerate(ranks):
             ws = r.get("windows")
-            good = isinstance(ws, dict) and all(isinstance(w, list) and len(w) == 4 and all(type(v) is int for v in w)
-                                                for w in ws.values())
+            good = isinstance(ws, dict) and all(
+                isinstance(w, list) and len(w) == 4 and all(type(v) is int for v in w)
+                for w in ws.values()
+            )
             deferred = r.get("deferred", [])
             names = isinstance(deferred, list) and all(isinstance(n, str) for n in deferred)
             if not (good and isinstance(r.get("digest"), str) and names):
-                problems.append(f"predicate.ranks[{k}]: needs windows ({{tensor: [row0, row1, byte0, byte1]}}), "
-                                "a digest and a deferred list")
+                problems.append(
+                    f"predicate.ranks[{k}]: needs windows ({{tensor: [row0, row1, byte0, byte1]}}), "
+                    "a digest and a deferred list"
+                )
     cover = pred.get("coverage")
-    if not (isinstance(cover, dict) and isinstance(cover.get("served"), dict)
-            and all(isinstance(cover.get(k), list) and all(isinstance(n, str) for n in cover[k])
-                    for k in ("skipped", "deferred"))):
+    if not (
+        isinstance(cover, dict)
+        and isinstance(cover.get("served"), dict)
+        and all(
+            isinstance(cover.get(k), list) and all(isinstance(n, str) for n in cover[k])
+            for k in ("skipped", "deferred")
+        )
+    ):
         problems.append("predicate.coverage lacks served, skipped and deferred")
     return problems
 
@@ -342,28 +469,42 @@ def _subject_problems(attested: list[dict], now: list[dict], root: str) -> list[
     out = []
     for name in sorted(set(got) | set(want)):
         if name not in want:
-            out.append(f"subject {escape_name(name)}: attested, but {root} has no such digest (its identity is "
-                       f"{', '.join(map(escape_name, sorted(want))) or 'nothing'})")
+            out.append(
+                f"subject {escape_name(name)}: attested, but {root} has no such digest (its identity is "
+                f"{', '.join(map(escape_name, sorted(want))) or 'nothing'})"
+            )
         elif name not in got:
-            out.append(f"subject {escape_name(name)}: {root}'s sha256 {want[name][:16]}... is not attested")
+            out.append(
+                f"subject {escape_name(name)}: {root}'s sha256 {want[name][:16]}... is not attested"
+            )
         elif got[name] != want[name]:
-            out.append(f"subject {escape_name(name)}: attested sha256 {str(got[name])[:16]}..., {root}'s is "
-                       f"{want[name][:16]}... (another checkpoint)")
+            out.append(
+                f"subject {escape_name(name)}: attested sha256 {str(got[name])[:16]}..., {root}'s is "
+                f"{want[name][:16]}... (another checkpoint)"
+            )
     return out
 
 
-def _window_problems(rank: int, attested: Mapping[str, Window], planned: Mapping[str, Window]) -> list[str]:
+def _window_problems(
+    rank: int, attested: Mapping[str, Window], planned: Mapping[str, Window]
+) -> list[str]:
     out = []
     for n in sorted(set(attested) | set(planned)):
         a, p = attested.get(n), planned.get(n)
         if a == p:
             continue
         if a is None:
-            out.append(f"rank {rank}: tensor {escape_name(n)}: not attested; the plan serves {_fmt(p)}")
+            out.append(
+                f"rank {rank}: tensor {escape_name(n)}: not attested; the plan serves {_fmt(p)}"
+            )
         elif p is None:
-            out.append(f"rank {rank}: tensor {escape_name(n)}: attested {_fmt(a)}; the plan serves no window of it")
+            out.append(
+                f"rank {rank}: tensor {escape_name(n)}: attested {_fmt(a)}; the plan serves no window of it"
+            )
         else:
-            out.append(f"rank {rank}: tensor {escape_name(n)}: attested {_fmt(a)}; the plan's window is {_fmt(p)}")
+            out.append(
+                f"rank {rank}: tensor {escape_name(n)}: attested {_fmt(a)}; the plan's window is {_fmt(p)}"
+            )
     return out
 
 
@@ -371,22 +512,36 @@ def _coverage_problems(attested: Mapping, planned: Mapping) -> list[str]:
     out = []
     for what, verb in (("skipped", "skip"), ("deferred", "defer")):
         a, p = set(attested[what]), set(planned[what])
-        out += [f"tensor {escape_name(n)}: attested {what}; the plan does not {verb} it" for n in sorted(a - p)]
-        out += [f"tensor {escape_name(n)}: the plan {verb}s it; not attested {what}" for n in sorted(p - a)]
+        out += [
+            f"tensor {escape_name(n)}: attested {what}; the plan does not {verb} it"
+            for n in sorted(a - p)
+        ]
+        out += [
+            f"tensor {escape_name(n)}: the plan {verb}s it; not attested {what}"
+            for n in sorted(p - a)
+        ]
     got, want = attested["served"], planned["served"]
     for n in sorted(set(got) | set(want)):
         a, p = got.get(n), want.get(n)
-        if p is not None and p["replicas"][0] < 1:  # a gap in the plan itself, whatever was attested
+        if (
+            p is not None and p["replicas"][0] < 1
+        ):  # a gap in the plan itself, whatever was attested
             out.append(f"tensor {escape_name(n)}: some of its bytes are served by no rank")
         if a == p:
             continue
         if p is None:
-            out.append(f"tensor {escape_name(n)}: attested served; the checkpoint has no such tensor to serve")
+            out.append(
+                f"tensor {escape_name(n)}: attested served; the checkpoint has no such tensor to serve"
+            )
         elif a is None:
-            out.append(f"tensor {escape_name(n)}: not in the attested coverage; the plan serves each byte "
-                       f"{_times(p['replicas'])}")
+            out.append(
+                f"tensor {escape_name(n)}: not in the attested coverage; the plan serves each byte "
+                f"{_times(p['replicas'])}"
+            )
         else:
-            out.append(f"tensor {escape_name(n)}: attested coverage {_cover(a)}; the plan's is {_cover(p)}")
+            out.append(
+                f"tensor {escape_name(n)}: attested coverage {_cover(a)}; the plan's is {_cover(p)}"
+            )
     return out
 
 
@@ -396,39 +551,59 @@ def _times(replicas: Sequence[int]) -> str:
 
 
 def _cover(c: object) -> str:
-    if not isinstance(c, dict) or not isinstance(c.get("replicas"), list) or len(c["replicas"]) != 2:
+    if (
+        not isinstance(c, dict)
+        or not isinstance(c.get("replicas"), list)
+        or len(c["replicas"]) != 2
+    ):
         return repr(c)[:80]
     return f"view {c.get('view')}, each byte {_times(c['replicas'])}"
 
 
-def check(path: str | os.PathLike, checkpoint: str | os.PathLike, *, key: str | os.PathLike | None = None,
-          config: str | None = None) -> tuple[list[str], list[str]]:
+def check(
+    path: str | os.PathLike,
+    checkpoint: str | os.PathLike,
+    *,
+    key: str | os.PathLike | None = None,
+    config: str | None = None,
+) -> tuple[list[str], list[str]]:
     """Every difference between the attestation at ``path`` and what ``checkpoint`` gives now, and notes
     (what was not checked). Raises LoadError when the file cannot be read at all."""
     from .. import __version__
     from ..config import with_rules
-    from .predict import predict
     from ..pick import choose
     from ..plan import Layout, Planner
     from ..storage import open_storage
+    from .predict import predict
+
     path = Path(path)
     problems, notes = [], []
     if key is not None:
         problems += signature_problems(path, key)
     elif signature_path(path).is_file():
-        notes.append(f"{escape_name(signature_path(path))} not checked (give --key PEM to check the signature)")
+        notes.append(
+            f"{escape_name(signature_path(path))} not checked (give --key PEM to check the signature)"
+        )
     try:
         doc = json.loads(path.read_bytes())
     except (OSError, ValueError) as e:
-        raise LoadError(f"{escape_name(path)}: not a readable attestation ({escape_name(e)})") from None
+        raise LoadError(
+            f"{escape_name(path)}: not a readable attestation ({escape_name(e)})"
+        ) from None
     shape = _shape_problems(doc)
     if shape:
-        return problems + [f"{escape_name(path)}: not a tpload load attestation: {p}" for p in shape], notes
+        return problems + [
+            f"{escape_name(path)}: not a tpload load attestation: {p}" for p in shape
+        ], notes
     pred = doc["predicate"]
     opts, ranks = pred["options"], pred["ranks"]
-    version = pred.get("tpload", {}).get("version") if isinstance(pred.get("tpload"), dict) else None
+    version = (
+        pred.get("tpload", {}).get("version") if isinstance(pred.get("tpload"), dict) else None
+    )
     if version != __version__:
-        notes.append(f"written by tpload {version}, checked by {__version__}: digests are recomputed by this version")
+        notes.append(
+            f"written by tpload {version}, checked by {__version__}: digests are recomputed by this version"
+        )
     if opts["verify"] == "off":
         problems.append("options.verify is off: tpload attests only verified loads")
     layout = Layout(opts["tp"], opts["ep"])
@@ -437,37 +612,70 @@ def check(path: str | os.PathLike, checkpoint: str | os.PathLike, *, key: str | 
     try:
         cat = storage.catalogue
         cat.refuse_headers_only("checking an attestation against it")
-        bundle = next((Path(checkpoint) / e["name"] for e in doc["subject"] if isinstance(e, dict)
-                       and str(e.get("name", "")).endswith(".sig") and "/" not in str(e["name"])), None)
-        problems += _subject_problems(doc["subject"], subject(cat, getattr(storage, "file_digests", None),
-                                                              signature=bundle), root)
+        bundle = next(
+            (
+                Path(checkpoint) / e["name"]
+                for e in doc["subject"]
+                if isinstance(e, dict)
+                and str(e.get("name", "")).endswith(".sig")
+                and "/" not in str(e["name"])
+            ),
+            None,
+        )
+        problems += _subject_problems(
+            doc["subject"],
+            subject(cat, getattr(storage, "file_digests", None), signature=bundle),
+            root,
+        )
         chosen, _ = choose(config or opts["config"], storage.root, pins=cat.pins)
-        cfg = with_rules(chosen, skip=tuple(opts["skip"]), defer=tuple(opts["defer"]),
-                         skip_activation_scales=opts.get("skip_activation_scales") is True)
+        cfg = with_rules(
+            chosen,
+            skip=tuple(opts["skip"]),
+            defer=tuple(opts["defer"]),
+            skip_activation_scales=opts.get("skip_activation_scales") is True,
+        )
         if cfg.id() != opts["config_id"]:
-            differs = (f"config: attested {escape_name(opts.get('config_name', opts['config']))} (id "
-                       f"{escape_name(opts['config_id'])}); {escape_name(config or opts['config'])} gives "
-                       f"{escape_name(cfg.name)} (id {cfg.id()}) for {root} (pass --config)")
+            differs = (
+                f"config: attested {escape_name(opts.get('config_name', opts['config']))} (id "
+                f"{escape_name(opts['config_id'])}); {escape_name(config or opts['config'])} gives "
+                f"{escape_name(cfg.name)} (id {cfg.id()}) for {root} (pass --config)"
+            )
             return [*problems, differs], notes
         planner = Planner(cat, cfg)
         planner.check_layout(layout, layout.world)
         plans = [planner.plan(layout, opts["kind"], r) for r in range(layout.world)]
         if len(ranks) != layout.world:
-            problems.append(f"{len(ranks)} rank(s) attested; tp {layout.tp} x ep {layout.ep} has {layout.world}")
-        for r, plan in enumerate(plans[:len(ranks)]):
+            problems.append(
+                f"{len(ranks)} rank(s) attested; tp {layout.tp} x ep {layout.ep} has {layout.world}"
+            )
+        for r, plan in enumerate(plans[: len(ranks)]):
             problems += _window_problems(r, ranks[r]["windows"], windows(plan))
             a, p = set(ranks[r].get("deferred", [])), set(plan.deferred)
-            problems += [f"rank {r}: tensor {escape_name(n)}: attested deferred; the plan does not defer it here"
-                         for n in sorted(a - p)]
-            problems += [f"rank {r}: tensor {escape_name(n)}: deferred by the plan; not attested" for n in sorted(p - a)]
-        planned = coverage(cat.names(), [windows(p) for p in plans], views(plans), plans[0].skipped,
-                           sorted({n for p in plans for n in p.deferred}))
+            problems += [
+                f"rank {r}: tensor {escape_name(n)}: attested deferred; the plan does not defer it here"
+                for n in sorted(a - p)
+            ]
+            problems += [
+                f"rank {r}: tensor {escape_name(n)}: deferred by the plan; not attested"
+                for n in sorted(p - a)
+            ]
+        planned = coverage(
+            cat.names(),
+            [windows(p) for p in plans],
+            views(plans),
+            plans[0].skipped,
+            sorted({n for p in plans for n in p.deferred}),
+        )
         problems += _coverage_problems(pred["coverage"], planned)
-        digests = predict(checkpoint, cfg, layout, opts["kind"], storage=None if storage.per_rank else storage)
+        digests = predict(
+            checkpoint, cfg, layout, opts["kind"], storage=None if storage.per_rank else storage
+        )
     finally:
         storage.close()
-    for r, d in enumerate(digests[:len(ranks)]):
+    for r, d in enumerate(digests[: len(ranks)]):
         if ranks[r]["digest"] != d:
-            problems.append(f"rank {r}: digest attested {escape_name(ranks[r]['digest'][:16])}..., {root}'s bytes "
-                            f"give {d[:16]}... for its windows")
+            problems.append(
+                f"rank {r}: digest attested {escape_name(ranks[r]['digest'][:16])}..., {root}'s bytes "
+                f"give {d[:16]}... for its windows"
+            )
     return problems, notes

@@ -31,8 +31,8 @@ from pathlib import Path
 from ..errors import LoadError
 from ..storage.catalogue import Catalogue
 from ..text import escape_name
-from .vouched import Vouched
 from .store import DigestStore, stale
+from .vouched import Vouched
 
 try:  # an optional extra: tpload works without it
     import blake3 as _blake3
@@ -41,7 +41,9 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 FORMAT = 1
 INSTALL = 'pip install blake3 (or, in tpload\'s clone, pip install -e ".[blake3]")'
-THREADED_FROM = 4 << 20  # a tensor this big is hashed on several threads when the rank has cores to spare
+THREADED_FROM = (
+    4 << 20
+)  # a tensor this big is hashed on several threads when the rank has cores to spare
 
 
 def available() -> bool:
@@ -51,7 +53,9 @@ def available() -> bool:
 def require() -> None:
     """Raise a clear LoadError when the blake3 package is missing."""
     if _blake3 is None:
-        raise LoadError(f"--hash blake3 needs the blake3 package, which is not installed: {INSTALL}")
+        raise LoadError(
+            f"--hash blake3 needs the blake3 package, which is not installed: {INSTALL}"
+        )
 
 
 def new_blake3(nbytes: int, threads: int) -> object:
@@ -66,8 +70,11 @@ def sidecar_path(store: DigestStore, manifest_sha256: str) -> Path:
 
 def fix_command(root: str | Path, store: str | Path | None) -> str:
     """The command that (re)writes the sidecar."""
-    return (f"`python -m tpload manifest {escape_name(root)} --hash blake3"
-            + (f" --digest-store {escape_name(store)}" if store else "") + "`")
+    return (
+        f"`python -m tpload manifest {escape_name(root)} --hash blake3"
+        + (f" --digest-store {escape_name(store)}" if store else "")
+        + "`"
+    )
 
 
 @dataclass(frozen=True)
@@ -79,28 +86,45 @@ class Sidecar:
     stamp: dict
 
 
-def write_sidecar(store: DigestStore, manifest_sha256: str, checkpoint: Path, checked: Vouched,
-                  stamp: dict) -> Path:
+def write_sidecar(
+    store: DigestStore, manifest_sha256: str, checkpoint: Path, checked: Vouched, stamp: dict
+) -> Path:
     """Keep the blake3 of every tensor the gate ``checked`` (gate.at_rest: each sha256 matched the manifest
     with this sha256, and the blake3 was taken of the same bytes)."""
     if not isinstance(checked, Vouched) or "blake3" not in checked.also:
-        raise LoadError("a blake3 sidecar is written only from tensors the gate checked, with their blake3")
-    doc = {"format": FORMAT, "hash": "blake3", "manifest_sha256": manifest_sha256, "checkpoint": str(checkpoint),
-           "verified": stamp, "tensors": dict(sorted(checked.hexes("blake3").items()))}
+        raise LoadError(
+            "a blake3 sidecar is written only from tensors the gate checked, with their blake3"
+        )
+    doc = {
+        "format": FORMAT,
+        "hash": "blake3",
+        "manifest_sha256": manifest_sha256,
+        "checkpoint": str(checkpoint),
+        "verified": stamp,
+        "tensors": dict(sorted(checked.hexes("blake3").items())),
+    }
     return store.replace_doc(sidecar_path(store, manifest_sha256), doc)
 
 
 def read_sidecar(store: DigestStore, manifest_sha256: str, *, fix: str = "") -> Sidecar | None:
     """The sidecar of the manifest with this sha256 (None if there is none), after the store's checks."""
     path = sidecar_path(store, manifest_sha256)
-    doc = store.read_doc(path, manifest_sha256, f"write it again with {fix or fix_command('DIR', None)}")
+    doc = store.read_doc(
+        path, manifest_sha256, f"write it again with {fix or fix_command('DIR', None)}"
+    )
     if doc is None:
         return None
     tensors, stamp = doc.get("tensors"), doc.get("verified")
-    if (doc.get("hash") != "blake3" or not isinstance(tensors, dict) or not isinstance(stamp, dict)
-            or not all(isinstance(v, str) and len(v) == 64 for v in tensors.values())):
-        raise LoadError(f"{escape_name(path)}: not a blake3 sidecar (hash, tensors of 64 hex digits, verified stamp); "
-                        f"remove it and write it again with {fix or fix_command('DIR', None)}")
+    if (
+        doc.get("hash") != "blake3"
+        or not isinstance(tensors, dict)
+        or not isinstance(stamp, dict)
+        or not all(isinstance(v, str) and len(v) == 64 for v in tensors.values())
+    ):
+        raise LoadError(
+            f"{escape_name(path)}: not a blake3 sidecar (hash, tensors of 64 hex digits, verified stamp); "
+            f"remove it and write it again with {fix or fix_command('DIR', None)}"
+        )
     return Sidecar(path, {str(k): v.lower() for k, v in tensors.items()}, stamp)
 
 
@@ -129,16 +153,19 @@ class Digests:
 
     def mismatch(self, path: Path | str, name: str, got: str, want: str) -> str:
         """The blake3 wording of a failed check (sha256's is catalogue.sha256_mismatch)."""
-        return (f"{escape_name(path)}: tensor {escape_name(name)}: blake3 {got[:16]}... does not match "
-                f"{want[:16]}... from {escape_name(self.source)} (the blake3 sidecar, written after every sha256 "
-                "matched the manifest)")
+        return (
+            f"{escape_name(path)}: tensor {escape_name(name)}: blake3 {got[:16]}... does not match "
+            f"{want[:16]}... from {escape_name(self.source)} (the blake3 sidecar, written after every sha256 "
+            "matched the manifest)"
+        )
 
 
 SHA256 = Digests()
 
 
-def content_hash(store: DigestStore, catalogue: Catalogue, stamp: Callable[[], dict], *, threads: int,
-                 fix: str) -> tuple[Digests, str]:
+def content_hash(
+    store: DigestStore, catalogue: Catalogue, stamp: Callable[[], dict], *, threads: int, fix: str
+) -> tuple[Digests, str]:
     """blake3 when the store holds a fresh sidecar for this manifest that covers every tensor it
     lists, sha256 otherwise; and, when a sidecar exists but is not used, why (a report note).
     ``stamp``: the checkpoint's stamp now (taken only when there is a sidecar to compare it with)."""
@@ -156,8 +183,13 @@ def content_hash(store: DigestStore, catalogue: Catalogue, stamp: Callable[[], d
     elif changed:
         why = f"{', '.join(changed)} changed (size or mtime) since it was written; rewrite it with {fix}"
     elif missing:
-        why = (f"it lacks {len(missing)} of the manifest's tensors (first {escape_name(missing[0])}); rewrite it "
-               f"with {fix}")
+        why = (
+            f"it lacks {len(missing)} of the manifest's tensors (first {escape_name(missing[0])}); rewrite it "
+            f"with {fix}"
+        )
     if why:
-        return SHA256, f"blake3 sidecar {escape_name(side.path)} not used, tensors checked by sha256: {why}"
+        return (
+            SHA256,
+            f"blake3 sidecar {escape_name(side.path)} not used, tensors checked by sha256: {why}",
+        )
     return Digests("blake3", side.tensors, str(side.path), threads=threads), ""

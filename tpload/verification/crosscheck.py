@@ -40,8 +40,12 @@ def fold(lines: Iterable[tuple[str, Box, Triple]]) -> bytes:
     if not lines:
         return bytes(DIGEST_BYTES)
     # one update of every line joined: the same sha256 as line by line, without a call per tensor
-    text = "".join([f"{name}|{r0}|{r1}|{c0}|{c1}|{fp[0]}|{fp[1]}|{fp[2]}\n"
-                    for name, ((r0, r1), (c0, c1)), fp in lines])
+    text = "".join(
+        [
+            f"{name}|{r0}|{r1}|{c0}|{c1}|{fp[0]}|{fp[1]}|{fp[2]}\n"
+            for name, ((r0, r1), (c0, c1)), fp in lines
+        ]
+    )
     return hashlib.sha256(text.encode()).digest()
 
 
@@ -53,8 +57,12 @@ def _slots(values: Mapping[int, bytes], node: list[int]) -> list[bytes]:
     return out
 
 
-def claims(peers_of: Mapping[str, Mapping[int, Box]], fingerprints: Mapping[str, Mapping[int, Triple]],
-           node: list[int], me: int) -> list[bytes]:
+def claims(
+    peers_of: Mapping[str, Mapping[int, Box]],
+    fingerprints: Mapping[str, Mapping[int, Triple]],
+    node: list[int],
+    me: int,
+) -> list[bytes]:
     """The :data:`SLOTS` values of what this rank, as hasher, says each node peer's windows hold."""
     per_peer: dict[int, list] = {p: [] for p in node if p != me}
     for name, peers in peers_of.items():
@@ -63,7 +71,9 @@ def claims(peers_of: Mapping[str, Mapping[int, Box]], fingerprints: Mapping[str,
     return _slots({p: fold(lines) for p, lines in per_peer.items()}, node)
 
 
-def seen(owner: Mapping[str, int], windows: Mapping[str, tuple[Box, Triple]], node: list[int], me: int) -> list[bytes]:
+def seen(
+    owner: Mapping[str, int], windows: Mapping[str, tuple[Box, Triple]], node: list[int], me: int
+) -> list[bytes]:
     """The :data:`SLOTS` values of what this rank read of the tensors each node peer hashed."""
     per_owner: dict[int, list] = {p: [] for p in node if p != me}
     for name, hasher in owner.items():
@@ -72,7 +82,11 @@ def seen(owner: Mapping[str, int], windows: Mapping[str, tuple[Box, Triple]], no
     return _slots({p: fold(lines) for p, lines in per_owner.items()}, node)
 
 
-def verdict(nodes: list[list[int]], claim_rows: Mapping[int, list[bytes]], seen_rows: Mapping[int, list[bytes]]) -> list[str]:
+def verdict(
+    nodes: list[list[int]],
+    claim_rows: Mapping[int, list[bytes]],
+    seen_rows: Mapping[int, list[bytes]],
+) -> list[str]:
     """Every (hasher, reader) pair of a node whose claim and sighting differ: a pure function of the
     exchanged table, so every rank reaches the same verdict. On a node of more than :data:`SLOTS`
     ranks, peers sharing a slot are checked together (XOR of their values)."""
@@ -85,12 +99,24 @@ def verdict(nodes: list[list[int]], claim_rows: Mapping[int, list[bytes]], seen_
             for j, readers in classes.items():
                 if i == j and len(hashers) == 1:
                     continue  # a rank serves what it hashed itself from the same bytes
-                if xor_fold([claim_rows[h][j] for h in hashers]) == xor_fold([seen_rows[r][i] for r in readers]):
+                if xor_fold([claim_rows[h][j] for h in hashers]) == xor_fold(
+                    [seen_rows[r][i] for r in readers]
+                ):
                     continue
-                who = f"rank {readers[0]}" if len(readers) == 1 else f"one of ranks {', '.join(map(str, readers))}"
-                by = f"rank {hashers[0]}" if len(hashers) == 1 else f"one of ranks {', '.join(map(str, hashers))}"
-                problems.append(f"{who} served bytes of tensors hashed by {by} that differ from the bytes that "
-                                "were hashed (a file changed while the node loaded it?)")
+                who = (
+                    f"rank {readers[0]}"
+                    if len(readers) == 1
+                    else f"one of ranks {', '.join(map(str, readers))}"
+                )
+                by = (
+                    f"rank {hashers[0]}"
+                    if len(hashers) == 1
+                    else f"one of ranks {', '.join(map(str, hashers))}"
+                )
+                problems.append(
+                    f"{who} served bytes of tensors hashed by {by} that differ from the bytes that "
+                    "were hashed (a file changed while the node loaded it?)"
+                )
     return problems
 
 

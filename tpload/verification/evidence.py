@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..text import escape_name
-from .fingerprint import Triple
 from .blake3sums import SHA256, Digests
+from .fingerprint import Triple
 from .hashing import Hashed, mismatches
 from .policy import Box
 
@@ -69,10 +69,19 @@ class Evidence:
         self.checks.append(check)
 
     def settle(self, hashed: dict[str, Hashed], content: Digests = SHA256) -> Settled:
-        values = _to_host([c.served for c in self.checks] + [c.want for c in self.checks]
-                          + [c.digest for c in self.checks] + [n for c in self.checks for n, _ in c.bad])
+        values = _to_host(
+            [c.served for c in self.checks]
+            + [c.want for c in self.checks]
+            + [c.digest for c in self.checks]
+            + [n for c in self.checks for n, _ in c.bad]
+        )
         k = len(self.checks)
-        served, wants, digests, counts = values[:k], values[k:2 * k], values[2 * k:3 * k], iter(values[3 * k:])
+        served, wants, digests, counts = (
+            values[:k],
+            values[k : 2 * k],
+            values[2 * k : 3 * k],
+            iter(values[3 * k :]),
+        )
         out = Settled({}, [])
         fingerprints, problems, checked = out.fingerprints, out.problems, 0
         for c, fp, want, dig in zip(self.checks, served, wants, digests):
@@ -82,8 +91,10 @@ class Evidence:
                     problems.append(f"{_where(c)}: {n} {what} in this rank's window")
             if want is not None:
                 if fp != tuple(want):
-                    problems.append(f"{_where(c)}: served bytes differ from the {c.want_what} "
-                                    f"(fingerprint {list(fp)} != {list(want)})")
+                    problems.append(
+                        f"{_where(c)}: served bytes differ from the {c.want_what} "
+                        f"(fingerprint {list(fp)} != {list(want)})"
+                    )
                 else:
                     checked += 1
             fingerprints[c.name] = fp if dig is None else tuple(dig)
@@ -112,6 +123,6 @@ def _to_host(values: list) -> list:
         at = 0
         for i in idx:
             n = values[i].numel()
-            out[i] = flat[at] if values[i].dim() == 0 else tuple(flat[at:at + n])
+            out[i] = flat[at] if values[i].dim() == 0 else tuple(flat[at : at + n])
             at += n
     return out

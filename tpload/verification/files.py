@@ -71,7 +71,9 @@ class PieceDigests:
             return
         view = memoryview(data).cast("B")
         while len(view):
-            if self.index >= len(self.cuts):  # bytes past the last signed piece: counted, not hashed
+            if self.index >= len(
+                self.cuts
+            ):  # bytes past the last signed piece: counted, not hashed
                 self.pos += len(view)
                 return
             start, end = self.cuts[self.index]
@@ -108,19 +110,30 @@ class FileHashed:
     """The sha256 of each deferred tensor's stored bytes, taken in the same pass (gate.FileDigests)."""
 
 
-def assign_files(users: Mapping[Path, list[int]], sizes: Mapping[Path, int], ranks: list[int]) -> dict[int, list[Path]]:
+def assign_files(
+    users: Mapping[Path, list[int]], sizes: Mapping[Path, int], ranks: list[int]
+) -> dict[int, list[Path]]:
     """Split whole files between a node's ranks, balanced by bytes, each to one of its readers
     (deterministic: every rank of the node computes the same split)."""
     keys = {str(p): p for p in sizes}
-    split = assign_hashing({str(p): n for p, n in sizes.items()}, ranks, {str(p): users[p] for p in users})
+    split = assign_hashing(
+        {str(p): n for p, n in sizes.items()}, ranks, {str(p): users[p] for p in users}
+    )
     return {r: [keys[k] for k in names] for r, names in split.items()}
 
 
 class FileHasher:
     """This rank's files, hashed whole on a background thread (:meth:`start`, then :meth:`finish`)."""
 
-    def __init__(self, storage, files: list[Path], peers: Mapping[str, Mapping[int, Box]],
-                 views: Mapping[str, tuple[int, int]], *, deferred: set[str] | frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        storage,
+        files: list[Path],
+        peers: Mapping[str, Mapping[int, Box]],
+        views: Mapping[str, tuple[int, int]],
+        *,
+        deferred: set[str] | frozenset[str] = frozenset(),
+    ) -> None:
         self.storage, self.files, self.peers, self.views = storage, files, peers, views
         self.deferred = deferred
         """Tensors whose own sha256 is taken along (the load defers them: nothing else reads them)."""
@@ -173,7 +186,9 @@ class FileHasher:
         want = _expected(self.want.get(path, ""))
         out = FileHashed(path, nbytes=shard.opened.size, hash=want.hash)
         sha = PieceDigests(want)
-        infos = sorted((i for i in storage.locations.values() if i.path == path), key=lambda i: i.begin)
+        infos = sorted(
+            (i for i in storage.locations.values() if i.path == path), key=lambda i: i.begin
+        )
         pos = 0
         for info in infos:
             self._raw(shard, sha, pos, info.begin)
@@ -188,6 +203,7 @@ class FileHasher:
 
             def keep(h: Hashed, name: str = info.name) -> None:
                 out.peers[name] = h.peers
+
             tap = HashTap(stored, dict(self.peers.get(info.name, {})), None, keep, sha=sha)
             for _ in reader.blocks(stored, (0, 0), (0, 0), tap=tap):
                 pass
@@ -206,8 +222,12 @@ class FileHasher:
                 also.update(memoryview(buf))
 
 
-def file_problems(results: list[FileHashed], expected: Mapping[Path, str | Expected], *,
-                  named_by: str | None = None) -> list[str]:
+def file_problems(
+    results: list[FileHashed],
+    expected: Mapping[Path, str | Expected],
+    *,
+    named_by: str | None = None,
+) -> list[str]:
     """Each hashed file whose digest (or a piece's) is not what its source says (``named_by``: where a
     plain digest comes from, in words: the hub blob name by default, a local-dir etag...)."""
     out = []
@@ -218,8 +238,10 @@ def file_problems(results: list[FileHashed], expected: Mapping[Path, str | Expec
         where = escape_name(r.path)
         if not want.pieces:
             if r.sha256 != want.whole:
-                out.append(f"{where}: file {want.hash} {r.sha256[:16]}... is not {want.whole[:16]}... "
-                           f"({want.source}): {want.fix}")
+                out.append(
+                    f"{where}: file {want.hash} {r.sha256[:16]}... is not {want.whole[:16]}... "
+                    f"({want.source}): {want.fix}"
+                )
             continue
         end = max(e for _, e in want.pieces)
         if r.nbytes != end:
@@ -232,13 +254,17 @@ def file_problems(results: list[FileHashed], expected: Mapping[Path, str | Expec
     return out
 
 
-def own_problems(results: list[FileHashed], me: int, windows: Mapping[str, tuple[Box, Triple]]) -> list[str]:
+def own_problems(
+    results: list[FileHashed], me: int, windows: Mapping[str, tuple[Box, Triple]]
+) -> list[str]:
     """This rank's windows of tensors in files it hashed itself, against the fingerprints taken from
     the hashed bytes (its two reads of the file agree, or the file changed in between)."""
     out = []
     for r in results:
         for name, by_peer in r.peers.items():
             if me in by_peer and name in windows and windows[name][1] != by_peer[me]:
-                out.append(f"{escape_name(r.path)}: tensor {escape_name(name)}: the window this rank served differs "
-                           "from the same window of the bytes it hashed (the file changed while loading?)")
+                out.append(
+                    f"{escape_name(r.path)}: tensor {escape_name(name)}: the window this rank served differs "
+                    "from the same window of the bytes it hashed (the file changed while loading?)"
+                )
     return out

@@ -45,7 +45,9 @@ def word_width(row_bytes: int) -> int:
 
 def word_widths(row_bytes: np.ndarray) -> np.ndarray:
     """:func:`word_width` of many row lengths at once (a batch of small tensors)."""
-    widths = np.where(row_bytes % 8 == 0, 8, np.where(row_bytes % 4 == 0, 4, np.where(row_bytes % 2 == 0, 2, 1)))
+    widths = np.where(
+        row_bytes % 8 == 0, 8, np.where(row_bytes % 4 == 0, 4, np.where(row_bytes % 2 == 0, 2, 1))
+    )
     widths[row_bytes == 0] = 1
     return widths.astype(np.int64)
 
@@ -80,7 +82,9 @@ class HostFingerprint:
         self.group = group
         self.width = word_width(row_bytes * group)
         if row_bytes % self.width:
-            raise ValueError(f"{group} pieces of {row_bytes} bytes split {self.width}-byte words: see fits()")
+            raise ValueError(
+                f"{group} pieces of {row_bytes} bytes split {self.width}-byte words: see fits()"
+            )
         self.dtype = np.dtype(_NP_WORDS[self.width])
         self.cols = row_bytes * group // self.width
         self.col_sums = np.zeros(self.cols, dtype=np.int64)
@@ -94,7 +98,9 @@ class HostFingerprint:
         """Whether rows of ``row_bytes`` grouped by ``group`` keep the fingerprint's words whole."""
         return row_bytes % word_width(row_bytes * group) == 0
 
-    def add(self, block: np.ndarray, first_row: int, dst: np.ndarray | None = None, first_col: int = 0) -> None:
+    def add(
+        self, block: np.ndarray, first_row: int, dst: np.ndarray | None = None, first_col: int = 0
+    ) -> None:
         """Add the block at window row ``first_row`` and byte column ``first_col`` (a row piece, for
         rows wider than a buffer); copy it into ``dst`` (contiguous uint8 of the block's shape) if
         given, in the same pass."""
@@ -103,9 +109,13 @@ class HostFingerprint:
         if rows == 0 or width == 0:
             return
         if width % w or first_col % w or (dst is not None and not dst.flags.c_contiguous):
-            raise ValueError(f"a block of {width} bytes at column {first_col} does not hold whole {w}-byte words")
+            raise ValueError(
+                f"a block of {width} bytes at column {first_col} does not hold whole {w}-byte words"
+            )
         base = block.__array_interface__["data"][0]
-        if block.flags.c_contiguous and base % w == 0:  # the common case: the block's words as they lie
+        if (
+            block.flags.c_contiguous and base % w == 0
+        ):  # the common case: the block's words as they lie
             words, stride = block.reshape(-1).view(self.dtype), width
         else:
             stride = block.strides[0] if rows > 1 else width
@@ -114,17 +124,33 @@ class HostFingerprint:
                 # new buffer (np.ascontiguousarray would hand back a contiguous block as it is, misaligned)
                 block = block.copy(order="C")
                 stride = width
-            words = np.lib.stride_tricks.as_strided(block, shape=((rows - 1) * stride + width,), strides=(1,)).view(self.dtype)
+            words = np.lib.stride_tricks.as_strided(
+                block, shape=((rows - 1) * stride + width,), strides=(1,)
+            ).view(self.dtype)
         out = self._empty if dst is None else dst.reshape(-1).view(self.dtype)
-        total, weighted = kernels.copy_fingerprint(words, 0, stride // w, rows, width // w, out, self.col_sums,
-                                                   first_row, first_col // w, self.group)
+        total, weighted = kernels.copy_fingerprint(
+            words,
+            0,
+            stride // w,
+            rows,
+            width // w,
+            out,
+            self.col_sums,
+            first_row,
+            first_col // w,
+            self.group,
+        )
         self.total += total
         self.rows += weighted
         self._value = None
 
     def value(self) -> Triple:
         if self._value is None:
-            self._value = kernels.wrap64(self.total), kernels.wrap64(self.rows), _cols_term(self.col_sums)
+            self._value = (
+                kernels.wrap64(self.total),
+                kernels.wrap64(self.rows),
+                _cols_term(self.col_sums),
+            )
         return self._value
 
 
@@ -185,7 +211,7 @@ def fingerprint(t: torch.Tensor, *, block_bytes: int = 4 << 20) -> Triple | torc
     fp = DeviceFingerprint(b.shape[1], b.device)
     step = max(1, block_bytes // max(b.shape[1], 1))
     for r0 in range(0, b.shape[0], step):
-        fp.add(b[r0:r0 + step], r0)
+        fp.add(b[r0 : r0 + step], r0)
     return fp.value()
 
 
@@ -193,11 +219,20 @@ def decoded_fingerprint(slot: torch.Tensor) -> tuple[Triple | torch.Tensor, int 
     """(fingerprint, count of non-finite elements or a 0/1 flag) of a decoded bf16 slot: one compiled
     read on the CPU when its rows are whole int64 words, torch ops otherwise (a device scalar)."""
     b = as_bytes2d(slot)
-    if b.device.type == "cpu" and b.shape[1] % 8 == 0 and b.is_contiguous() and b.data_ptr() % 8 == 0:
+    if (
+        b.device.type == "cpu"
+        and b.shape[1] % 8 == 0
+        and b.is_contiguous()
+        and b.data_ptr() % 8 == 0
+    ):
         words = b.numpy().view(np.int64)
         col_sums = np.zeros(words.shape[1], dtype=np.int64)
         total, weighted, bad = kernels.bf16_fingerprint(words, col_sums)
-        return (kernels.wrap64(int(total)), kernels.wrap64(int(weighted)), _cols_term(col_sums)), int(bad)
+        return (
+            kernels.wrap64(int(total)),
+            kernels.wrap64(int(weighted)),
+            _cols_term(col_sums),
+        ), int(bad)
     return fingerprint(slot), not_finite(slot)
 
 
@@ -219,4 +254,6 @@ def digest(entries: Iterable[tuple[str, torch.dtype, tuple[int, ...], Triple]]) 
         if d is None:
             d = dtypes[dtype] = str(dtype).removeprefix("torch.")
         lines.append(f"{name}|{d}|{'x'.join(map(str, shape))}|{fp[0]}|{fp[1]}|{fp[2]}\n")
-    return hashlib.sha256("".join(lines).encode()).hexdigest()  # one update: the same sha256 as line by line
+    return hashlib.sha256(
+        "".join(lines).encode()
+    ).hexdigest()  # one update: the same sha256 as line by line

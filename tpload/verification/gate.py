@@ -169,7 +169,9 @@ class Strategy(ABC):
         """Every tensor the plan reads or defers has the digest this strategy needs."""
         job = self.job
         plan = job.plan
-        problems = job.storage.manifest_problems(sorted(set(plan.used_tensors) | set(plan.deferred)))
+        problems = job.storage.manifest_problems(
+            sorted(set(plan.used_tensors) | set(plan.deferred))
+        )
         if problems:
             raise LoadError(f"{len(problems)} manifest problem(s):\n  - " + "\n  - ".join(problems))
 
@@ -204,13 +206,17 @@ class Strategy(ABC):
     def verdict(self, ranks: list[object]) -> list[str]:
         """Problems only the exchanged table shows: a rank whose digest is not its prediction, a
         node peer that served other bytes than its hasher hashed."""
-        problems = [f"rank {r.rank}: digest {r.digest[:16]}... differs from the prediction stored in "
-                    f"{escape_name(self.store_path)} ({self.key}): its memory does not hold what was verified"
-                    for r in ranks if r.prediction == PredictionState.DIFFERS]
+        problems = [
+            f"rank {r.rank}: digest {r.digest[:16]}... differs from the prediction stored in "
+            f"{escape_name(self.store_path)} ({self.key}): its memory does not hold what was verified"
+            for r in ranks
+            if r.prediction == PredictionState.DIFFERS
+        ]
         ctx = self.job.ctx
         if ctx.group is not None:
-            problems += crosscheck.verdict(ctx.node_lists, {r.rank: r.claims for r in ranks},
-                                           {r.rank: r.seen for r in ranks})
+            problems += crosscheck.verdict(
+                ctx.node_lists, {r.rank: r.claims for r in ranks}, {r.rank: r.seen for r in ranks}
+            )
             problems += replicas.verdict(ranks, getattr(self.job.opts, "replicas", 1))
         return problems
 
@@ -222,7 +228,9 @@ class Unchecked(Strategy):
     locators_vouched_by = ""
 
     def _check_manifest(self) -> None:
-        if self.job.storage.per_rank:  # an export's rank file must still hold exactly the plan's windows
+        if (
+            self.job.storage.per_rank
+        ):  # an export's rank file must still hold exactly the plan's windows
             super()._check_manifest()
 
     def _prepare(self) -> Prepared:
@@ -240,22 +248,31 @@ class Predicted(Strategy):
     def _prepare(self) -> Prepared:
         job, opts = self.job, self.job.opts
         layout = job.layout
-        fix = (f"run `python -m tpload plan {escape_name(opts.checkpoint)} --tp {layout.tp} --ep {layout.ep} "
-               f"--kind {opts.kind} --config {escape_name(opts.config)} --write"
-               + (f" --digest-store {escape_name(opts.digest_store)}" if opts.digest_store else "")
-               + "`, or load with --verify node")
+        fix = (
+            f"run `python -m tpload plan {escape_name(opts.checkpoint)} --tp {layout.tp} --ep {layout.ep} "
+            f"--kind {opts.kind} --config {escape_name(opts.config)} --write"
+            + (f" --digest-store {escape_name(opts.digest_store)}" if opts.digest_store else "")
+            + "`, or load with --verify node"
+        )
         storage = job.storage
         if storage.catalogue.manifest_sha256 is None or storage.per_rank:
-            raise LoadError(f"--verify digest needs a native checkpoint with a manifest; {escape_name(opts.checkpoint)} "
-                            "has none" + ("" if storage.per_rank else "; write one with `python -m tpload manifest DIR`"))
+            raise LoadError(
+                f"--verify digest needs a native checkpoint with a manifest; {escape_name(opts.checkpoint)} "
+                "has none"
+                + ("" if storage.per_rank else "; write one with `python -m tpload manifest DIR`")
+            )
         stored = self._stored()
         if stored is None:
-            raise LoadError(f"--verify digest: the digest store {escape_name(self.store_path)} holds nothing for "
-                            f"{self.key}; {fix}")
+            raise LoadError(
+                f"--verify digest: the digest store {escape_name(self.store_path)} holds nothing for "
+                f"{self.key}; {fix}"
+            )
         changed = stale(stored.stamp, job.stamp())
         if changed:
-            raise LoadError(f"--verify digest: {', '.join(changed)} changed (size or mtime) since the digests in "
-                            f"{escape_name(self.store_path)} were verified ({self.key}); {fix}")
+            raise LoadError(
+                f"--verify digest: {', '.join(changed)} changed (size or mtime) since the digests in "
+                f"{escape_name(self.store_path)} were verified ({self.key}); {fix}"
+            )
         return Prepared(HashPlan(Verify.DIGEST, job.me), stored=stored)
 
 
@@ -279,8 +296,13 @@ class TensorDigests(Strategy):
         job, opts = self.job, self.job.opts
         if job.storage.per_rank:
             return SHA256
-        digests, why = content_hash(DigestStore(opts.digest_store), job.storage.catalogue, job.stamp,
-                                    threads=max(1, job.threads), fix=fix_command(opts.checkpoint, opts.digest_store))
+        digests, why = content_hash(
+            DigestStore(opts.digest_store),
+            job.storage.catalogue,
+            job.stamp,
+            threads=max(1, job.threads),
+            fix=fix_command(opts.checkpoint, opts.digest_store),
+        )
         if why:
             job.notes.append(why)
         job.fig.blake3 = int(digests.hash == "blake3")
@@ -303,7 +325,10 @@ class FileDigests(Strategy):
         super().__init__(job)
         # the words of the digests' source (hub blob names, local-dir etags, a signature bundle)
         self.source = source or getattr(job.storage, "file_source", None) or SNAPSHOT
-        self.vouched_by, self.locators_vouched_by = self.source.vouched_by, self.source.locators_vouched_by
+        self.vouched_by, self.locators_vouched_by = (
+            self.source.vouched_by,
+            self.source.locators_vouched_by,
+        )
 
     def _check_manifest(self) -> None:
         return  # every file is vouched for whole (expected()), checked while loading
@@ -315,7 +340,9 @@ class FileDigests(Strategy):
     def _prepare(self) -> Prepared:
         job, me, storage = self.job, self.job.me, self.job.storage
         reads = job.reads if job.reads is not None else {p: q.reads for p, q in job.plans.items()}
-        if job.opts.verify == Verify.RANK:  # each rank hashes the files it reads, for its own windows only
+        if (
+            job.opts.verify == Verify.RANK
+        ):  # each rank hashes the files it reads, for its own windows only
             reads = {me: reads[me]}
         file_of = {n: storage.info(n).path for r in reads.values() for n in r}
         users: dict[Path, list[int]] = {}
@@ -326,13 +353,21 @@ class FileDigests(Strategy):
         if job.opts.verify == Verify.RANK or len(reads) == 1:
             split = {me: sorted({file_of[n] for n in reads[me]})}
         else:
-            split = assign_files(users, {f: storage.files.get(f).opened.size for f in users}, sorted(reads))
+            split = assign_files(
+                users, {f: storage.files.get(f).opened.size for f in users}, sorted(reads)
+            )
         hasher_of = {f: r for r, fs in split.items() for f in fs}
         mine = set(split.get(me, []))
-        peers = {n: {p: reads[p][n] for p in sorted(reads) if n in reads[p]} for n, f in file_of.items() if f in mine}
+        peers = {
+            n: {p: reads[p][n] for p in sorted(reads) if n in reads[p]}
+            for n, f in file_of.items()
+            if f in mine
+        }
         owner = {n: hasher_of[file_of[n]] for n in reads[me] if hasher_of.get(file_of[n], me) != me}
         deferred = set(job.plan.deferred)
-        extra = {storage.info(n).path for n in deferred} - mine  # files hashed only for this rank's deferrals
+        extra = {
+            storage.info(n).path for n in deferred
+        } - mine  # files hashed only for this rank's deferrals
         views = {c.name: c.view for q in job.plans.values() for item in q.items for c in item.cuts}
         self.split, self.extra = split, extra
         files = FileHasher(storage, sorted(mine | extra), peers, views, deferred=deferred)
@@ -342,18 +377,23 @@ class FileDigests(Strategy):
         job, me, fig = self.job, self.job.me, self.job.fig
         files = self.prepared.files
         hashed: list[FileHashed] = files.results
-        problems = (file_problems(hashed, self.expected(), named_by=self.source.named_by)
-                    + own_problems(hashed, me, result.windows))
+        problems = file_problems(
+            hashed, self.expected(), named_by=self.source.named_by
+        ) + own_problems(hashed, me, result.windows)
         if problems:
             raise LoadError(f"{len(problems)} problem(s):\n  - " + "\n  - ".join(problems))
         self.derived = {n: d for h in hashed for n, d in h.deferred.items()}
         super().settle(result)
         fig.hashed = sum(len(h.peers) for h in hashed)
         fig.bytes_hashed = sum(h.nbytes for h in hashed)
-        claims = {n: {p: b for p, b in by_peer.items() if p != me} for n, by_peer in files.peers.items()}
+        claims = {
+            n: {p: b for p, b in by_peer.items() if p != me} for n, by_peer in files.peers.items()
+        }
         fingerprints = {n: fp for h in hashed for n, fp in h.peers.items()}
         fig.claims = crosscheck.claims(claims, fingerprints, job.ctx.node_peers, me)
-        fig.seen = crosscheck.seen(self.prepared.hashes.owner, result.windows, job.ctx.node_peers, me)
+        fig.seen = crosscheck.seen(
+            self.prepared.hashes.owner, result.windows, job.ctx.node_peers, me
+        )
         job.notes.append(self._note())
 
     def _note(self) -> str:
@@ -363,22 +403,30 @@ class FileDigests(Strategy):
         hashed_bytes = sum(storage.files.get(f).opened.size for f in node_files)
         read_bytes = sum(q.read_bytes for q in job.plans.values()) if node else job.plan.read_bytes
         scope = "this node" if node else "this rank"
-        note = (f"{self.source.kind}: {len(node_files)} file(s) checked whole against {self.source.against}, "
-                f"{hashed_bytes / 1e9:.3f} GB hashed for {read_bytes / 1e9:.3f} GB {scope} reads")
+        note = (
+            f"{self.source.kind}: {len(node_files)} file(s) checked whole against {self.source.against}, "
+            f"{hashed_bytes / 1e9:.3f} GB hashed for {read_bytes / 1e9:.3f} GB {scope} reads"
+        )
         if read_bytes and hashed_bytes > 1.2 * read_bytes:
-            note += (f" ({hashed_bytes / read_bytes:.1f}x: whole files hold bytes no rank here serves; `python -m "
-                     f"tpload manifest DIR` hashes per tensor, so each node hashes only what it serves)")
+            note += (
+                f" ({hashed_bytes / read_bytes:.1f}x: whole files hold bytes no rank here serves; `python -m "
+                f"tpload manifest DIR` hashes per tensor, so each node hashes only what it serves)"
+            )
         if self.extra:
             extra = sum(storage.files.get(f).opened.size for f in self.extra)
-            note += (f"; {len(self.extra)} more file(s), {extra / 1e9:.3f} GB, hashed by this rank for the "
-                     "tensors it defers")
+            note += (
+                f"; {len(self.extra)} more file(s), {extra / 1e9:.3f} GB, hashed by this rank for the "
+                "tensors it defers"
+            )
         return note
 
     def locators(self, names: tuple[str, ...]) -> dict[str, str | None]:
         missing = [n for n in names if n not in self.derived]
         if missing:  # never a locator without a digest from this load
-            raise LoadError(f"deferred tensor(s) {', '.join(map(escape_name, missing))}: their files were not hashed "
-                            "in this load")
+            raise LoadError(
+                f"deferred tensor(s) {', '.join(map(escape_name, missing))}: their files were not hashed "
+                "in this load"
+            )
         return {n: self.derived[n] for n in names}
 
 
@@ -389,10 +437,18 @@ class SignedFiles(FileDigests):
 
     def __init__(self, job: Job, signed: object) -> None:
         what = f"the digests {signed.what} signs"
-        super().__init__(job, FileSource(
-            kind=signed.bundle.name, against="their signed digests", named_by=f"{what} for it",
-            each=f"{what} for it", names=what, vouched_by=f"{what} for each file (files hashed whole)",
-            locators_vouched_by="the sha256 taken of it while its file was hashed whole against its signed digest"))
+        super().__init__(
+            job,
+            FileSource(
+                kind=signed.bundle.name,
+                against="their signed digests",
+                named_by=f"{what} for it",
+                each=f"{what} for it",
+                names=what,
+                vouched_by=f"{what} for each file (files hashed whole)",
+                locators_vouched_by="the sha256 taken of it while its file was hashed whole against its signed digest",
+            ),
+        )
         self.signed = signed
 
     def expected(self) -> Mapping[Path, object]:
@@ -402,8 +458,10 @@ class SignedFiles(FileDigests):
         storage = self.job.storage
         self.signed.check_covered(storage.paths())
         if storage.catalogue.manifest is not None:
-            self.job.notes.append(f"{escape_name(storage.catalogue.manifest_path)} is not signed: it is not an anchor; "
-                                  f"{self.signed.bundle.name}'s file digests are")
+            self.job.notes.append(
+                f"{escape_name(storage.catalogue.manifest_path)} is not signed: it is not an anchor; "
+                f"{self.signed.bundle.name}'s file digests are"
+            )
         prepared = super()._prepare()
         prepared.files.expect(self.expected())
         return prepared
@@ -435,7 +493,9 @@ def strategy(job: Job) -> Strategy:
         return Unchecked(job)
     if mode == Verify.DIGEST:
         return Predicted(job)
-    if (signed := signing.precheck(job.opts)) is not None:  # checked before the storage opened; reused here
+    if (
+        signed := signing.precheck(job.opts)
+    ) is not None:  # checked before the storage opened; reused here
         return (SignedManifest if signed.manifest_sha256 else SignedFiles)(job, signed)
     if getattr(job.storage, "file_digests", None) is not None:
         return FileDigests(job)
@@ -447,26 +507,50 @@ def judge(ranks: list[object], chosen: Strategy | None) -> Verdict:
     seqs = {r.seq for r in ranks}
     if len(seqs) > 1:
         calls = ", ".join(f"rank {r.rank} in call {r.seq}" for r in ranks)
-        return Verdict((f"load failed: the ranks are in different load() calls ({calls}); a caller that retries "
-                        "after a failure must retry on every rank; no rank returned weights",), "")
+        return Verdict(
+            (
+                f"load failed: the ranks are in different load() calls ({calls}); a caller that retries "
+                "after a failure must retry on every rank; no rank returned weights",
+            ),
+            "",
+        )
     bad = [r for r in ranks if r.failed]
     if bad:
         said: dict[str, list[int]] = {}
         for r in bad:
             said.setdefault(r.message.removeprefix(f"rank {r.rank}: "), []).append(r.rank)
-        head = (f"load failed on rank {', '.join(str(r.rank) for r in bad)} ({len(bad)} of {len(ranks)} ranks); "
-                "no rank returned weights")
-        return Verdict((head + "".join(f"\nrank {', '.join(map(str, who))}: {msg}" for msg, who in said.items()),), "",
-                       reporter=bad[0].rank)
+        head = (
+            f"load failed on rank {', '.join(str(r.rank) for r in bad)} ({len(bad)} of {len(ranks)} ranks); "
+            "no rank returned weights"
+        )
+        return Verdict(
+            (
+                head
+                + "".join(f"\nrank {', '.join(map(str, who))}: {msg}" for msg, who in said.items()),
+            ),
+            "",
+            reporter=bad[0].rank,
+        )
     problems = chosen.verdict(ranks)
     if problems:
-        return Verdict(("load failed: the ranks' evidence disagrees; no rank returned weights\n"
-                        + "\n".join(problems),), "")
+        return Verdict(
+            (
+                "load failed: the ranks' evidence disagrees; no rank returned weights\n"
+                + "\n".join(problems),
+            ),
+            "",
+        )
     return Verdict((), chosen.vouched_by)
 
 
-def at_rest(storage: object, names: list[str], *, threads: int, digests: Digests = SHA256,
-            what: str = "nothing written") -> Vouched:
+def at_rest(
+    storage: object,
+    names: list[str],
+    *,
+    threads: int,
+    digests: Digests = SHA256,
+    what: str = "nothing written",
+) -> Vouched:
     """The offline exit paths' gate (an export's sources, the blake3 sidecar): every named tensor read
     once and its sha256 checked against the manifest; raise CheckpointError listing every problem
     (manifest entries missing, mismatches, a file changed during the reads), else the digests as
@@ -474,25 +558,36 @@ def at_rest(storage: object, names: list[str], *, threads: int, digests: Digests
     from ..errors import CheckpointError
     from .hashing import hash_whole, mismatches
     from .vouched import vouched
+
     problems = storage.manifest_problems(names)
     if not problems:
         hashed = hash_whole(storage, names, threads=threads, digests=digests)
         problems = mismatches(hashed) + storage.changed()
     if problems:
-        raise CheckpointError(f"{what}: {len(problems)} problem(s) against the manifest:\n  - " + "\n  - ".join(problems))
-    return vouched(tuple(names), {n: h.sha256 for n, h in hashed.items()},
-                   {a: {n: getattr(h, a) for n, h in hashed.items()} for a in digests.also})
+        raise CheckpointError(
+            f"{what}: {len(problems)} problem(s) against the manifest:\n  - "
+            + "\n  - ".join(problems)
+        )
+    return vouched(
+        tuple(names),
+        {n: h.sha256 for n, h in hashed.items()},
+        {a: {n: getattr(h, a) for n, h in hashed.items()} for a in digests.also},
+    )
 
 
 def check_pin(storage: object, pin: str | None) -> None:
     """``--manifest-sha256``: the manifest must be the pinned one, before anything else is read."""
     got = storage.catalogue.manifest_sha256
     if pin is not None and (got is None or got != pin.lower()):
-        raise LoadError(f"{escape_name(storage.catalogue.manifest_path)}: sha256 {(got or 'none')[:16]}... is not "
-                        f"the pinned {pin[:16]}... (--manifest-sha256): this is not the checkpoint you pinned")
+        raise LoadError(
+            f"{escape_name(storage.catalogue.manifest_path)}: sha256 {(got or 'none')[:16]}... is not "
+            f"the pinned {pin[:16]}... (--manifest-sha256): this is not the checkpoint you pinned"
+        )
 
 
 def spare_cores(node_ranks: int) -> int:
     """Cores a rank may use beyond its main thread: its share of the node's cores, less one."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    )
     return cores // max(1, node_ranks) - 1

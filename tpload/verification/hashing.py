@@ -31,7 +31,9 @@ from .blake3sums import SHA256, Digests, new_blake3
 from .fingerprint import HostFingerprint, Triple
 from .policy import Box, HashPlan
 
-INLINE_BELOW = 1 << 20  # smaller tensors are hashed on the spot: a hand-off costs more than their hash
+INLINE_BELOW = (
+    1 << 20
+)  # smaller tensors are hashed on the spot: a hand-off costs more than their hash
 
 
 @dataclass(slots=True)
@@ -47,34 +49,53 @@ class Hashed:
 
 def new_hashes(digests: Digests, nbytes: int) -> dict[str, object]:
     """A fresh hasher for each hash ``digests`` takes, for a tensor of ``nbytes``."""
-    return {h: new_blake3(nbytes, digests.threads) if h == "blake3" else hashlib.sha256() for h in digests.hashes}
+    return {
+        h: new_blake3(nbytes, digests.threads) if h == "blake3" else hashlib.sha256()
+        for h in digests.hashes
+    }
 
 
 class HashTap:
     """Feeds one tensor's blocks to its hash(es) and to its peers' window fingerprints."""
 
-    def __init__(self, stored: Stored, peers: dict[int, Box], lane: ThreadPoolExecutor | None,
-                 done: Callable[[Hashed], None], *, sha: object | None = None, digests: Digests = SHA256) -> None:
+    def __init__(
+        self,
+        stored: Stored,
+        peers: dict[int, Box],
+        lane: ThreadPoolExecutor | None,
+        done: Callable[[Hashed], None],
+        *,
+        sha: object | None = None,
+        digests: Digests = SHA256,
+    ) -> None:
         self.result = Hashed(stored.name, stored)
         self.shared = sha is not None
         """The sha256 belongs to the whole file (its bytes in order, verification/files.py), not this tensor."""
         self.hashes = {"sha256": sha} if sha is not None else new_hashes(digests, stored.nbytes)
         boxes: dict[Box, HostFingerprint] = {}
-        for box in peers.values():  # a replicated tensor: every peer has the same box, fingerprinted once
+        for (
+            box
+        ) in peers.values():  # a replicated tensor: every peer has the same box, fingerprinted once
             if box not in boxes:
                 boxes[box] = HostFingerprint(box[1][1] - box[1][0])
         self.boxes, self.peer_boxes = boxes, dict(peers)
         self.lane, self.done = lane, done
 
     def _take(self, block: Block) -> None:
-        data = memoryview(block.data).cast("B") if block.data.flags.c_contiguous else block.data.tobytes()
+        data = (
+            memoryview(block.data).cast("B")
+            if block.data.flags.c_contiguous
+            else block.data.tobytes()
+        )
         for h in self.hashes.values():
             h.update(data)
         (a, b), (c, d) = block.rows, block.cols
         for ((r0, r1), (c0, c1)), fp in self.boxes.items():
             lo, hi, left, right = max(a, r0), min(b, r1), max(c, c0), min(d, c1)
             if lo < hi and left < right:
-                fp.add(block.data[lo - a:hi - a, left - c:right - c], lo - r0, first_col=left - c0)
+                fp.add(
+                    block.data[lo - a : hi - a, left - c : right - c], lo - r0, first_col=left - c0
+                )
 
     def feed(self, block: Block) -> Future | None:
         if self.lane is None:
@@ -99,14 +120,23 @@ class HashTap:
 class Hasher:
     """This rank's hashing work (:class:`HashPlan`), inline or on worker threads, by ``digests``' hash."""
 
-    def __init__(self, plan: HashPlan, *, threads: int = 0, on_done: Callable[[str], None] | None = None,
-                 digests: Digests = SHA256) -> None:
+    def __init__(
+        self,
+        plan: HashPlan,
+        *,
+        threads: int = 0,
+        on_done: Callable[[str], None] | None = None,
+        digests: Digests = SHA256,
+    ) -> None:
         self.plan = plan
         self.digests = digests
         self._sha256_only = digests.hashes == ("sha256",)
         self.todo = set(plan.mine)
         self.done: dict[str, Hashed] = {}
-        self._lanes = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"tpload-sha{i}") for i in range(threads)]
+        self._lanes = [
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"tpload-sha{i}")
+            for i in range(threads)
+        ]
         self._next = 0
         self.on_done = on_done
 
@@ -119,7 +149,13 @@ class Hasher:
         lane = None
         if self._lanes and stored.nbytes >= INLINE_BELOW:
             lane, self._next = self._lanes[self._next % len(self._lanes)], self._next + 1
-        return HashTap(stored, dict(self.plan.peers.get(stored.name, {})), lane, self._record, digests=self.digests)
+        return HashTap(
+            stored,
+            dict(self.plan.peers.get(stored.name, {})),
+            lane,
+            self._record,
+            digests=self.digests,
+        )
 
     def peer_boxes(self, name: str) -> Mapping[int, Box] | None:
         """None when this rank does not (or no longer) hash ``name``; else each node peer's window of it
@@ -163,9 +199,14 @@ class Hasher:
         self._lanes = []
 
 
-def hash_whole(storage: Storage, names: list[str], *, threads: int = 0,
-               feeds: dict[str, Callable[[np.ndarray, int], None]] | None = None,
-               digests: Digests = SHA256) -> dict[str, Hashed]:
+def hash_whole(
+    storage: Storage,
+    names: list[str],
+    *,
+    threads: int = 0,
+    feeds: dict[str, Callable[[np.ndarray, int], None]] | None = None,
+    digests: Digests = SHA256,
+) -> dict[str, Hashed]:
     """``digests``' hashes (sha256 by default) of every named tensor, each read whole once, in the given
     order (offline tools: a manifest, a verification at rest, an export's sources). ``feeds``: also
     hand each block of a tensor, whole rows at a time, to its callable (the value checks)."""
@@ -175,8 +216,13 @@ def hash_whole(storage: Storage, names: list[str], *, threads: int = 0,
         for name in names:
             stored = storage.stored(name)
             feed = (feeds or {}).get(name)
-            for r, _, view in reader.blocks(stored, (0, stored.rows), (0, stored.row_bytes), tap=hasher.tap(stored),
-                                            split_rows=feed is None):
+            for r, _, view in reader.blocks(
+                stored,
+                (0, stored.rows),
+                (0, stored.row_bytes),
+                tap=hasher.tap(stored),
+                split_rows=feed is None,
+            ):
                 if feed is not None:
                     feed(view, r)
         reader.drain()
@@ -192,8 +238,13 @@ def mismatches(hashed: dict[str, Hashed], digests: Digests = SHA256) -> list[str
     for name, h in hashed.items():
         want, got = digests.expected(name, h.stored.sha256), getattr(h, digests.hash)
         if want is None:
-            out.append(f"{escape_name(h.stored.path)}: tensor {escape_name(name)} has no {digests.hash} to check")
+            out.append(
+                f"{escape_name(h.stored.path)}: tensor {escape_name(name)} has no {digests.hash} to check"
+            )
         elif got != want:
-            out.append(sha256_mismatch(h.stored.path, name, got, want) if digests.hash == "sha256"
-                       else digests.mismatch(h.stored.path, name, got, want))
+            out.append(
+                sha256_mismatch(h.stored.path, name, got, want)
+                if digests.hash == "sha256"
+                else digests.mismatch(h.stored.path, name, got, want)
+            )
     return out

@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-
 Box = tuple[tuple[int, int], tuple[int, int]]
 """A window of a stored tensor: (rows, byte columns) of its 2-D view."""
 
@@ -38,8 +37,9 @@ class HashPlan:
     """For every tensor this rank hashes: each node peer that reads a window of it, and the window."""
 
 
-def assign_hashing(sizes: Mapping[str, int], ranks: list[int],
-                   users: Mapping[str, list[int]] | None = None) -> dict[int, list[str]]:
+def assign_hashing(
+    sizes: Mapping[str, int], ranks: list[int], users: Mapping[str, list[int]] | None = None
+) -> dict[int, list[str]]:
     """Split whole tensors between ranks, balanced by bytes (largest first, to the lightest rank).
 
     With ``users`` (tensor -> the ranks that read a window of it), a tensor goes only
@@ -64,8 +64,14 @@ def assign_hashing(sizes: Mapping[str, int], ranks: list[int],
     return out
 
 
-def hash_plan(mode: str, rank: int, reads: Mapping[int, Mapping[str, Box]], sizes: Mapping[str, int], *,
-              per_rank: bool) -> HashPlan:
+def hash_plan(
+    mode: str,
+    rank: int,
+    reads: Mapping[int, Mapping[str, Box]],
+    sizes: Mapping[str, int],
+    *,
+    per_rank: bool,
+) -> HashPlan:
     """This rank's :class:`HashPlan`. ``reads``: for this rank and each peer on its node, the windows it
     reads (tensor -> box); ``sizes``: stored bytes of each tensor; ``per_rank``: each rank has files of its own."""
     if mode in ("off", "digest"):

@@ -26,8 +26,15 @@ def spare_threads() -> int:
     return max(0, (os.cpu_count() or 1) - 1)
 
 
-def predict(root: str | os.PathLike, config: Config, layout: Layout, kind: str, *, verify: bool = False,
-            storage: Storage | None = None) -> list[str]:
+def predict(
+    root: str | os.PathLike,
+    config: Config,
+    layout: Layout,
+    kind: str,
+    *,
+    verify: bool = False,
+    storage: Storage | None = None,
+) -> list[str]:
     """Every rank's digest for this layout and kind, computed on the CPU by the load's own code.
 
     ``verify``: also hash every tensor the layout uses against the manifest (each once);
@@ -38,7 +45,11 @@ def predict(root: str | os.PathLike, config: Config, layout: Layout, kind: str, 
     out, hashed = [], set()
     for rank in range(layout.world):
         mine_open = storage is None
-        opened = open_storage(root, tp=layout.tp, ep=layout.ep, rank=rank, world=layout.world) if mine_open else storage
+        opened = (
+            open_storage(root, tp=layout.tp, ep=layout.ep, rank=rank, world=layout.world)
+            if mine_open
+            else storage
+        )
         try:
             opened.catalogue.refuse_headers_only("computing digests")
             planner = Planner(opened.catalogue, config)
@@ -46,14 +57,21 @@ def predict(root: str | os.PathLike, config: Config, layout: Layout, kind: str, 
             plan = planner.plan(layout, kind, rank)
             mine: frozenset[str] = frozenset()
             if verify:
-                problems = opened.manifest_problems(sorted(set(plan.used_tensors) | set(plan.deferred)))
+                problems = opened.manifest_problems(
+                    sorted(set(plan.used_tensors) | set(plan.deferred))
+                )
                 if problems:
                     raise CheckpointError("\n".join(problems))
                 mine = frozenset(n for n in plan.used_tensors if opened.per_rank or n not in hashed)
                 hashed |= mine
-            result = run(opened, plan, transfer=CpuTransfer(torch.device("cpu")),
-                         hasher=Hasher(HashPlan("rank", rank, mine), threads=min(2, spare_threads())), samples=0,
-                         progress=Silent())
+            result = run(
+                opened,
+                plan,
+                transfer=CpuTransfer(torch.device("cpu")),
+                hasher=Hasher(HashPlan("rank", rank, mine), threads=min(2, spare_threads())),
+                samples=0,
+                progress=Silent(),
+            )
             out.append(result.digest())
             del result  # one rank's arena at a time
         finally:

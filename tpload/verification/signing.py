@@ -97,22 +97,30 @@ class SignedModel:
         """Every file the load may read is signed (raised once, naming each that is not)."""
         bare = [p for p in paths if not self.covers(self._rel(p))]
         if bare:
-            raise LoadError(f"{len(bare)} file(s) the load reads are not covered by {self.what}; an unsigned file "
-                            "is never loaded from a signed folder:\n  - "
-                            + "\n  - ".join(f"{escape_name(p)}: not in the signed statement" for p in bare))
+            raise LoadError(
+                f"{len(bare)} file(s) the load reads are not covered by {self.what}; an unsigned file "
+                "is never loaded from a signed folder:\n  - "
+                + "\n  - ".join(f"{escape_name(p)}: not in the signed statement" for p in bare)
+            )
 
     def check_manifest(self, parsed_sha256: str | None) -> None:
         """The manifest the catalogue parsed is the one whose signed bytes were checked."""
         if parsed_sha256 != self.manifest_sha256:
-            raise LoadError(f"{escape_name(self.root / MANIFEST_NAME)}: the manifest read (sha256 "
-                            f"{(parsed_sha256 or 'none')[:16]}...) is not the one checked against {self.what}: "
-                            "it changed while loading")
+            raise LoadError(
+                f"{escape_name(self.root / MANIFEST_NAME)}: the manifest read (sha256 "
+                f"{(parsed_sha256 or 'none')[:16]}...) is not the one checked against {self.what}: "
+                "it changed while loading"
+            )
 
 
 def bundle_path(opts: object) -> Path | None:
     """The bundle this load checks: ``--signature``, else DIR/model.sig when present; None when the
     load does not hash (``--verify off`` or ``digest``) or ``--signature none``."""
-    if getattr(opts, "checkpoint", None) is None or opts.verify not in ("node", "rank") or opts.signature == NONE:
+    if (
+        getattr(opts, "checkpoint", None) is None
+        or opts.verify not in ("node", "rank")
+        or opts.signature == NONE
+    ):
         return None  # (a stand-in for LoadOptions without a checkpoint: no folder, no bundle)
     if opts.signature:
         return Path(opts.signature).absolute()
@@ -129,16 +137,22 @@ def precheck(opts: object) -> SignedModel | None:
     signer = _signer(opts)
     if path is None:
         if signer and opts.signature != NONE and opts.verify in ("node", "rank"):
-            raise LoadError(f"{signer[0]} given, but {escape_name(Path(opts.checkpoint or '.') / BUNDLE)} does not "
-                            "exist: name the bundle with --signature PATH")
+            raise LoadError(
+                f"{signer[0]} given, but {escape_name(Path(opts.checkpoint or '.') / BUNDLE)} does not "
+                "exist: name the bundle with --signature PATH"
+            )
         return None
     if not signer:
-        raise LoadError(f"{escape_name(path)}: the folder is signed, but no signer was given to check it against: "
-                        f"add {SIGNER_FLAGS} (or --signature none to load by the folder's other anchors)")
+        raise LoadError(
+            f"{escape_name(path)}: the folder is signed, but no signer was given to check it against: "
+            f"add {SIGNER_FLAGS} (or --signature none to load by the folder's other anchors)"
+        )
     try:
         raw = path.read_bytes()
     except OSError as e:
-        raise LoadError(f"{escape_name(path)}: cannot read the signature bundle: {e.strerror or e}") from None
+        raise LoadError(
+            f"{escape_name(path)}: cannot read the signature bundle: {e.strerror or e}"
+        ) from None
     root = Path(opts.checkpoint).absolute()
     key = (str(path), str(root), hashlib.sha256(raw).hexdigest(), signer)
     model = _CACHE.get(key)
@@ -157,7 +171,10 @@ def _signer(opts: object) -> tuple[str, str] | None:
         pin = f", certificate {opts.signer_cert}" if opts.signer_cert else ""
         return "--signer-chain", f"certificate chain {opts.signer_chain}{pin}"
     if opts.signer_identity:
-        return "--signer-identity", f"sigstore identity {opts.signer_identity} from {opts.signer_issuer}"
+        return (
+            "--signer-identity",
+            f"sigstore identity {opts.signer_identity} from {opts.signer_issuer}",
+        )
     return None
 
 
@@ -167,9 +184,11 @@ def _library(path: Path) -> object:
         from model_signing import verifying
         from model_signing._signing import sign_sigstore, sign_sigstore_pb
     except ImportError as e:
-        raise LoadError(f"{escape_name(path)}: the checkpoint is signed, but checking signatures needs model-signing "
-                        f"{PINNED} and pyopenssl ({e.name or e} is missing): {INSTALL}; it is not loaded "
-                        "unverified") from None
+        raise LoadError(
+            f"{escape_name(path)}: the checkpoint is signed, but checking signatures needs model-signing "
+            f"{PINNED} and pyopenssl ({e.name or e} is missing): {INSTALL}; it is not loaded "
+            "unverified"
+        ) from None
     return verifying, sign_sigstore, sign_sigstore_pb
 
 
@@ -190,25 +209,35 @@ def _verify(path: Path, root: Path, opts: object, signer: str) -> SignedModel:
         elif opts.signer_chain:
             config.use_certificate_verifier(certificate_chain=[opts.signer_chain])
         else:
-            config.use_sigstore_verifier(identity=opts.signer_identity, oidc_issuer=opts.signer_issuer)
+            config.use_sigstore_verifier(
+                identity=opts.signer_identity, oidc_issuer=opts.signer_issuer
+            )
     except Exception as e:  # noqa: BLE001 - the library's errors, reported in one line
         if opts.signer_identity:
-            raise LoadError(f"--signer-identity: checking {escape_name(path)} against a sigstore identity needs "
-                            f"the network (sigstore's trust root), which failed: {_why(e)}; sign with a key or "
-                            "a certificate to check offline") from None
+            raise LoadError(
+                f"--signer-identity: checking {escape_name(path)} against a sigstore identity needs "
+                f"the network (sigstore's trust root), which failed: {_why(e)}; sign with a key or "
+                "a certificate to check offline"
+            ) from None
         flag = "--signer-key" if opts.signer_key else "--signer-chain"
-        raise LoadError(f"{flag} {escape_name(opts.signer_key or opts.signer_chain)}: cannot be used to check "
-                        f"signatures: {_why(e)}") from None
+        raise LoadError(
+            f"{flag} {escape_name(opts.signer_key or opts.signer_chain)}: cannot be used to check "
+            f"signatures: {_why(e)}"
+        ) from None
     reader = sign_sigstore if opts.signer_identity else sign_sigstore_pb
     try:
         signature = reader.Signature.read(path)
     except Exception as e:  # noqa: BLE001
         raise LoadError(f"{escape_name(path)}: not a model-signing bundle: {_why(e)}") from None
     try:
-        manifest = config._verifier.verify(signature)  # the bundle alone (not public: see the module's doc)
+        manifest = config._verifier.verify(
+            signature
+        )  # the bundle alone (not public: see the module's doc)
     except Exception as e:  # noqa: BLE001
-        raise LoadError(f"{escape_name(path)}: the signature does not verify with {signer}: {_why(e)}; the folder "
-                        "is not vouched for by that signer") from None
+        raise LoadError(
+            f"{escape_name(path)}: the signature does not verify with {signer}: {_why(e)}; the folder "
+            "is not vouched for by that signer"
+        ) from None
     if opts.signer_cert:
         _check_leaf(path, signature, opts.signer_cert)
     return _digests(path, root, manifest, signer)
@@ -218,15 +247,22 @@ def _check_leaf(path: Path, signature: object, cert: str) -> None:
     """``--signer-cert``: the chain verified, the signing certificate must also be this one."""
     from cryptography import x509
     from cryptography.hazmat.primitives.serialization import Encoding
+
     try:
         want = x509.load_pem_x509_certificate(Path(cert).read_bytes()).public_bytes(Encoding.DER)
-        got = signature.bundle.verification_material.x509_certificate_chain.certificates[0].raw_bytes
+        got = signature.bundle.verification_material.x509_certificate_chain.certificates[
+            0
+        ].raw_bytes
     except (OSError, ValueError, AttributeError, IndexError) as e:
-        raise LoadError(f"--signer-cert {escape_name(cert)}: cannot compare with the certificate in "
-                        f"{escape_name(path)}: {_why(e)}") from None
+        raise LoadError(
+            f"--signer-cert {escape_name(cert)}: cannot compare with the certificate in "
+            f"{escape_name(path)}: {_why(e)}"
+        ) from None
     if got != want:
-        raise LoadError(f"{escape_name(path)}: signed by another certificate than --signer-cert {escape_name(cert)} "
-                        "(it chains to --signer-chain, but is not the one pinned)")
+        raise LoadError(
+            f"{escape_name(path)}: signed by another certificate than --signer-cert {escape_name(cert)} "
+            "(it chains to --signer-chain, but is not the one pinned)"
+        )
 
 
 def _digests(path: Path, root: Path, manifest: object, signer: str) -> SignedModel:
@@ -247,15 +283,21 @@ def _digests(path: Path, root: Path, manifest: object, signer: str) -> SignedMod
                 refused.add(algorithm)
             whole[rd.identifier] = (algorithm, digest)
     if refused:
-        raise LoadError(f"{escape_name(path)}: signed with {', '.join(sorted(refused))}, which tpload does not check; "
-                        "it checks sha256 digests (whole files or shards) and blake3 (whole files): re-sign with one")
+        raise LoadError(
+            f"{escape_name(path)}: signed with {', '.join(sorted(refused))}, which tpload does not check; "
+            "it checks sha256 digests (whole files or shards) and blake3 (whole files): re-sign with one"
+        )
     if any(h == "blake3" for h, _ in whole.values()) and not blake3sums.available():
-        raise LoadError(f"{escape_name(path)}: signed with blake3 digests, but the blake3 package is not installed: "
-                        f"{blake3sums.INSTALL}")
+        raise LoadError(
+            f"{escape_name(path)}: signed with blake3 digests, but the blake3 package is not installed: "
+            f"{blake3sums.INSTALL}"
+        )
     for name, cuts in pieces.items():
         ends = [0] + [b for _, b in sorted(cuts)][:-1]
         if [a for a, _ in sorted(cuts)] != ends:
-            raise LoadError(f"{escape_name(path)}: the signed shards of {escape_name(name)} do not tile the file")
+            raise LoadError(
+                f"{escape_name(path)}: the signed shards of {escape_name(name)} do not tile the file"
+            )
     return SignedModel(path, root, signer, whole, pieces)
 
 
@@ -264,12 +306,17 @@ def _digest_problems(model: SignedModel, name: str, data: bytes) -> str | None:
     want = model.expected_of(name)
     if want.pieces:
         ok = max(e for _, e in want.pieces) == len(data) and all(
-            hashlib.sha256(data[a:b]).hexdigest() == d for (a, b), d in want.pieces.items())
+            hashlib.sha256(data[a:b]).hexdigest() == d for (a, b), d in want.pieces.items()
+        )
     else:
         h = blake3sums.new_blake3(len(data), 1) if want.hash == "blake3" else hashlib.sha256()
         h.update(data)
         ok = h.hexdigest() == want.whole
-    return None if ok else f"{escape_name(model.root / name)}: its bytes do not match {want.source}: {FIX}"
+    return (
+        None
+        if ok
+        else f"{escape_name(model.root / name)}: its bytes do not match {want.source}: {FIX}"
+    )
 
 
 def _check_plan_files(model: SignedModel) -> str | None:
@@ -280,12 +327,18 @@ def _check_plan_files(model: SignedModel) -> str | None:
         p = model.root / name
         if not os.path.lexists(p):
             if model.covers(name):
-                problems.append(f"{escape_name(p)}: signed by {escape_name(model.bundle.name)}, but missing")
+                problems.append(
+                    f"{escape_name(p)}: signed by {escape_name(model.bundle.name)}, but missing"
+                )
             continue
         if not model.covers(name):
-            if name != MANIFEST_NAME:  # an unsigned manifest is not an anchor (gate.SignedFiles notes it)
-                problems.append(f"{escape_name(p)}: not covered by {model.what}; it shapes the plan, so it must be "
-                                "signed")
+            if (
+                name != MANIFEST_NAME
+            ):  # an unsigned manifest is not an anchor (gate.SignedFiles notes it)
+                problems.append(
+                    f"{escape_name(p)}: not covered by {model.what}; it shapes the plan, so it must be "
+                    "signed"
+                )
             continue
         data = read_small(p, name)
         why = _digest_problems(model, name, data)
@@ -294,9 +347,14 @@ def _check_plan_files(model: SignedModel) -> str | None:
         elif name == MANIFEST_NAME:
             manifest_sha = hashlib.sha256(data).hexdigest()
     shards = sorted(n for n in (*model.whole, *model.pieces) if n.endswith(".safetensors"))
-    problems += [f"{escape_name(model.root / n)}: signed by {escape_name(model.bundle.name)}, but missing"
-                 for n in shards if not os.path.lexists(model.root / n)]
+    problems += [
+        f"{escape_name(model.root / n)}: signed by {escape_name(model.bundle.name)}, but missing"
+        for n in shards
+        if not os.path.lexists(model.root / n)
+    ]
     if problems:
-        raise LoadError(f"{len(problems)} problem(s) with the signed folder {escape_name(model.root)}:\n  - "
-                        + "\n  - ".join(problems))
+        raise LoadError(
+            f"{len(problems)} problem(s) with the signed folder {escape_name(model.root)}:\n  - "
+            + "\n  - ".join(problems)
+        )
     return manifest_sha

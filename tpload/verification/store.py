@@ -64,11 +64,15 @@ def _check_private(path: Path, what: str) -> None:
     """Refuse a store path another user could have written (owner, group/other write bits)."""
     st = os.stat(path)
     if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        raise LoadError(f"{escape_name(path)}: {what} belongs to uid {st.st_uid}, not to this user ({os.getuid()}); "
-                        "trusted digests must be the operator's own")
+        raise LoadError(
+            f"{escape_name(path)}: {what} belongs to uid {st.st_uid}, not to this user ({os.getuid()}); "
+            "trusted digests must be the operator's own"
+        )
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise LoadError(f"{escape_name(path)}: {what} is writable by others (mode {stat.S_IMODE(st.st_mode):o}); "
-                        "refused: whoever can write it decides what is served")
+        raise LoadError(
+            f"{escape_name(path)}: {what} is writable by others (mode {stat.S_IMODE(st.st_mode):o}); "
+            "refused: whoever can write it decides what is served"
+        )
 
 
 class DigestStore:
@@ -82,16 +86,24 @@ class DigestStore:
 
     def read(self, manifest_sha256: str) -> dict[str, Prediction]:
         """Every stored layout of the checkpoint whose manifest has this sha256 ({} if none)."""
-        doc = self.read_doc(self.path(manifest_sha256), manifest_sha256,
-                            "write them again with `python -m tpload plan DIR --tp T --write`")
+        doc = self.read_doc(
+            self.path(manifest_sha256),
+            manifest_sha256,
+            "write them again with `python -m tpload plan DIR --tp T --write`",
+        )
         if doc is None:
             return {}
         try:
-            return {k: Prediction([str(d) for d in v["digests"]], v.get("verified"))
-                    for k, v in doc["layouts"].items()}
+            return {
+                k: Prediction([str(d) for d in v["digests"]], v.get("verified"))
+                for k, v in doc["layouts"].items()
+            }
         except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise _unreadable(self.path(manifest_sha256), e, "write them again with `python -m tpload plan DIR "
-                              "--tp T --write`") from None
+            raise _unreadable(
+                self.path(manifest_sha256),
+                e,
+                "write them again with `python -m tpload plan DIR --tp T --write`",
+            ) from None
 
     def read_doc(self, path: Path, manifest_sha256: str, fix: str) -> dict | None:
         """The JSON document at ``path`` in this store (None if there is none), after the store's trust
@@ -116,14 +128,23 @@ class DigestStore:
             fcntl.flock(lock, fcntl.LOCK_EX)
             yield
 
-    def write(self, manifest_sha256: str, checkpoint: Path, key: str, digests: list[str], stamp: dict) -> Path:
+    def write(
+        self, manifest_sha256: str, checkpoint: Path, key: str, digests: list[str], stamp: dict
+    ) -> Path:
         """Store ``digests`` for ``key`` (read-modify-write under a lock, atomic replace, mode 0600)."""
         path = self.path(manifest_sha256)
         with self._locked():
-            layouts = {k: {"digests": v.digests, "verified": v.stamp} for k, v in self.read(manifest_sha256).items()}
+            layouts = {
+                k: {"digests": v.digests, "verified": v.stamp}
+                for k, v in self.read(manifest_sha256).items()
+            }
             layouts[key] = {"digests": digests, "verified": stamp}
-            doc = {"format": FORMAT, "manifest_sha256": manifest_sha256, "checkpoint": str(checkpoint),
-                   "layouts": layouts}
+            doc = {
+                "format": FORMAT,
+                "manifest_sha256": manifest_sha256,
+                "checkpoint": str(checkpoint),
+                "layouts": layouts,
+            }
             atomic_write(path, json.dumps(doc, indent=1) + "\n", mode=0o600)
         return path
 
@@ -135,16 +156,20 @@ class DigestStore:
 
 
 def _unreadable(path: Path, e: Exception, fix: str) -> LoadError:
-    return LoadError(f"{escape_name(path)}: stored digests are unreadable ({escape_name(e)}); remove the file and {fix}")
+    return LoadError(
+        f"{escape_name(path)}: stored digests are unreadable ({escape_name(e)}); remove the file and {fix}"
+    )
 
 
 def stale(stamp: dict | None, now: dict) -> list[str]:
     """What changed since ``stamp`` was taken (manifest, shards by size and mtime); [] if nothing."""
     if stamp is None:
         return ["the entry was never verified by sha256"]
-    changed = [f"shard {escape_name(name)}" for name in sorted(set(now["shards"]) | set(stamp.get("shards", {})))
-               if now["shards"].get(name) != stamp.get("shards", {}).get(name)]
+    changed = [
+        f"shard {escape_name(name)}"
+        for name in sorted(set(now["shards"]) | set(stamp.get("shards", {})))
+        if now["shards"].get(name) != stamp.get("shards", {}).get(name)
+    ]
     if now["manifest_sha256"] != stamp.get("manifest_sha256"):
         changed.insert(0, "the manifest")
     return changed
-

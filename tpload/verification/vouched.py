@@ -29,7 +29,9 @@ class Vouched:
 
     def __post_init__(self) -> None:
         if self._token is not _GATE:
-            raise LoadError("offline digests are vouched for only by the gate (verification/gate.at_rest)")
+            raise LoadError(
+                "offline digests are vouched for only by the gate (verification/gate.at_rest)"
+            )
 
     def hexes(self, hash: str) -> dict[str, str]:
         """{name: hex digest} of ``hash`` (``sha256`` or one taken along)."""
@@ -42,7 +44,11 @@ _GATE = object()
 """Held by gate.at_rest alone (a constructor argument the gate passes; anything else is refused)."""
 
 
-def vouched(names: tuple[str, ...], sha256: Mapping[str, str], also: Mapping[str, Mapping[str, str]]) -> Vouched:
+def vouched(
+    names: tuple[str, ...], sha256: Mapping[str, str], also: Mapping[str, Mapping[str, str]]
+) -> Vouched:
     """Made by the gate only, after every sha256 matched (gate.at_rest)."""
-    rows = np.frombuffer(b"".join(bytes.fromhex(sha256[n]) for n in names), dtype=np.uint8).reshape(len(names), 32)
+    rows = np.frombuffer(b"".join(bytes.fromhex(sha256[n]) for n in names), dtype=np.uint8).reshape(
+        len(names), 32
+    )
     return Vouched(names, rows, {h: tuple(d[n] for n in names) for h, d in also.items()}, _GATE)

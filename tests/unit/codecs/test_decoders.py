@@ -40,20 +40,31 @@ def fp4_fit(n: int, k: int) -> Fit:
 
 
 def fp8_fit(n: int, k: int, block: int, scale_dtype: str = "F8_E8M0") -> Fit:
-    fit = FP8.fit(meta("w", "F8_E4M3", (n, k)), meta("s", scale_dtype, (-(-n // block), -(-k // block))),
-                  block=block)
+    fit = FP8.fit(
+        meta("w", "F8_E4M3", (n, k)),
+        meta("s", scale_dtype, (-(-n // block), -(-k // block))),
+        block=block,
+    )
     assert isinstance(fit, Fit)
     return fit
 
 
-def decode(codec: Codec, path: str, weight: np.ndarray, scale: np.ndarray | None, shape: tuple[int, int],
-           fit: Fit) -> np.ndarray:
+def decode(
+    codec: Codec,
+    path: str,
+    weight: np.ndarray,
+    scale: np.ndarray | None,
+    shape: tuple[int, int],
+    fit: Fit,
+) -> np.ndarray:
     """The bf16 bits (uint16) of ``weight`` decoded by one of the codec's three implementations."""
     out = torch.empty(shape, dtype=torch.bfloat16)
     if path == "kernel":
         codec.decode(weight, scale, out, fit)
     elif path == "torch":
-        codec.decode(torch.from_numpy(weight), None if scale is None else torch.from_numpy(scale), out, fit)
+        codec.decode(
+            torch.from_numpy(weight), None if scale is None else torch.from_numpy(scale), out, fit
+        )
     else:
         codec.reference(weight, scale, out, fit)
     return out.view(torch.int16).numpy().view(np.uint16)
@@ -85,7 +96,9 @@ def test_e2m1_table_is_the_ml_dtypes_table() -> None:
 def test_e8m0_conversions_match_ml_dtypes_on_every_legal_byte() -> None:
     want = LEGAL_E8M0.view(ml_dtypes.float8_e8m0fnu).astype(np.float32)
     np.testing.assert_array_equal(tables.e8m0_to_f32(torch.from_numpy(LEGAL_E8M0)).numpy(), want)
-    np.testing.assert_array_equal(tables.e8m0_to_bf16(torch.from_numpy(LEGAL_E8M0)).float().numpy(), want)
+    np.testing.assert_array_equal(
+        tables.e8m0_to_bf16(torch.from_numpy(LEGAL_E8M0)).float().numpy(), want
+    )
     np.testing.assert_array_equal(tables.e8m0_values(LEGAL_E8M0), want)
 
 
@@ -95,11 +108,18 @@ def test_e4m3_values_match_ml_dtypes_on_every_code() -> None:
     got = tables.e4m3_values()
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     assert np.isnan(got[[0x7F, 0xFF]]).all() and np.isnan(got).sum() == 2
-    np.testing.assert_array_equal(got.view(np.uint32)[~np.isnan(want)], want.view(np.uint32)[~np.isnan(want)])
+    np.testing.assert_array_equal(
+        got.view(np.uint32)[~np.isnan(want)], want.view(np.uint32)[~np.isnan(want)]
+    )
 
 
 def test_round_bf16_matches_ml_dtypes_and_keeps_nan() -> None:
-    x = np.random.default_rng(0).integers(0, 1 << 32, 200_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    x = (
+        np.random.default_rng(0)
+        .integers(0, 1 << 32, 200_000, dtype=np.uint64)
+        .astype(np.uint32)
+        .view(np.float32)
+    )
     finite = ~np.isnan(x)
     np.testing.assert_array_equal(tables.round_bf16(x)[finite], bf16_bits(x[finite]))
     assert np.isnan(tables.round_bf16(x[~finite]).view(ml_dtypes.bfloat16).astype(np.float32)).all()
@@ -140,11 +160,13 @@ def test_fp4_column_windows_decode_in_place(path: str, tp: int) -> None:
     packed = in_map(rng.integers(0, 256, (n, inter // 2), dtype=np.uint8))
     scale = in_map(rng.integers(110, 145, (n, inter // 32), dtype=np.uint8), skew=5)
     for r in range(tp):
-        pw = packed[:, r * inter // (2 * tp):(r + 1) * inter // (2 * tp)]
-        sw = scale[:, r * inter // (32 * tp):(r + 1) * inter // (32 * tp)]
+        pw = packed[:, r * inter // (2 * tp) : (r + 1) * inter // (2 * tp)]
+        sw = scale[:, r * inter // (32 * tp) : (r + 1) * inter // (32 * tp)]
         assert not pw.flags.c_contiguous and not sw.flags.c_contiguous
         got = decode(FP4, path, pw, sw, (n, inter // tp), fp4_fit(n, inter // tp))
-        np.testing.assert_array_equal(got, bf16_bits(ref_fp4(np.ascontiguousarray(pw), np.ascontiguousarray(sw))))
+        np.testing.assert_array_equal(
+            got, bf16_bits(ref_fp4(np.ascontiguousarray(pw), np.ascontiguousarray(sw)))
+        )
 
 
 @PATHS
@@ -158,7 +180,9 @@ def test_fp4_read_only_and_column_strided_inputs(path: str) -> None:
     ro.flags.writeable = False  # a read-only map
     np.testing.assert_array_equal(decode(FP4, path, ro, scale, (9, 192), fp4_fit(9, 192)), want)
     transposed = np.ascontiguousarray(packed.T).T  # strides (1, 9): columns are not runs of bytes
-    np.testing.assert_array_equal(decode(FP4, path, transposed, scale, (9, 192), fp4_fit(9, 192)), want)
+    np.testing.assert_array_equal(
+        decode(FP4, path, transposed, scale, (9, 192), fp4_fit(9, 192)), want
+    )
 
 
 @PATHS
@@ -170,8 +194,19 @@ def test_fp4_decoded_in_row_blocks_like_the_loader(path: str) -> None:
     scale = rng.integers(100, 150, (n, k // 32), dtype=np.uint8)
     fit = fp4_fit(n, k)
     step = FP4.row_multiple(fit) * 7
-    got = np.concatenate([decode(FP4, path, packed[r:r + step], scale[slice(*FP4.scale_rows(fit, r, min(n, r + step)))],
-                                 (min(n, r + step) - r, k), fit) for r in range(0, n, step)])
+    got = np.concatenate(
+        [
+            decode(
+                FP4,
+                path,
+                packed[r : r + step],
+                scale[slice(*FP4.scale_rows(fit, r, min(n, r + step)))],
+                (min(n, r + step) - r, k),
+                fit,
+            )
+            for r in range(0, n, step)
+        ]
+    )
     np.testing.assert_array_equal(got, bf16_bits(ref_fp4(packed, scale)))
 
 
@@ -183,15 +218,21 @@ def test_fp4_decode_torch_works_in_row_chunks_of_wide_rows() -> None:
     scale = rng.integers(100, 150, (10, 40960 // 32), dtype=np.uint8)
     out = torch.empty(10, 40960, dtype=torch.bfloat16)
     fp4_decode_torch(torch.from_numpy(packed), torch.from_numpy(scale), out)
-    np.testing.assert_array_equal(out.view(torch.int16).numpy().view(np.uint16), bf16_bits(ref_fp4(packed, scale)))
+    np.testing.assert_array_equal(
+        out.view(torch.int16).numpy().view(np.uint16), bf16_bits(ref_fp4(packed, scale))
+    )
 
 
 def test_fp4_decoders_refuse_k_not_a_multiple_of_32() -> None:
     out = torch.empty(2, 16, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="multiple of 32"):
-        FP4.decode(np.zeros((2, 8), dtype=np.uint8), np.ones((2, 0), dtype=np.uint8), out, fp4_fit(2, 32))
+        FP4.decode(
+            np.zeros((2, 8), dtype=np.uint8), np.ones((2, 0), dtype=np.uint8), out, fp4_fit(2, 32)
+        )
     with pytest.raises(ValueError, match="multiple of 32"):
-        fp4_decode_torch(torch.zeros(2, 8, dtype=torch.uint8), torch.ones(2, 0, dtype=torch.uint8), out)
+        fp4_decode_torch(
+            torch.zeros(2, 8, dtype=torch.uint8), torch.ones(2, 0, dtype=torch.uint8), out
+        )
 
 
 # -- FP8 (E4M3 with block scales)
@@ -219,14 +260,18 @@ def test_e4m3_nan_codes_decode_to_nan(path: str) -> None:
 
 
 @PATHS
-@pytest.mark.parametrize("block, n, k", [(32, 70, 45), (128, 300, 200), (128, 129, 1), (128, 128, 256), (32, 33, 71),
-                                         (128, 576, 7168)])
+@pytest.mark.parametrize(
+    "block, n, k",
+    [(32, 70, 45), (128, 300, 200), (128, 129, 1), (128, 128, 256), (32, 33, 71), (128, 576, 7168)],
+)
 def test_fp8_ragged_blocks_match_ml_dtypes(path: str, block: int, n: int, k: int) -> None:
     rng = np.random.default_rng(n * k)
     w = rng.integers(0, 0x7E, (n, k), dtype=np.uint8)
     w[:, ::5] |= 0x80  # negative codes too
     s = rng.integers(110, 145, (-(-n // block), -(-k // block)), dtype=np.uint8)
-    np.testing.assert_array_equal(decode(FP8, path, w, s, (n, k), fp8_fit(n, k, block)), bf16_bits(ref_fp8(w, s, block)))
+    np.testing.assert_array_equal(
+        decode(FP8, path, w, s, (n, k), fp8_fit(n, k, block)), bf16_bits(ref_fp8(w, s, block))
+    )
 
 
 @pytest.mark.parametrize("path", ["kernel", "torch"])
@@ -237,10 +282,14 @@ def test_fp8_block_whose_words_straddle_two_scales(path: str) -> None:
     s = rng.integers(110, 145, (8, 13), dtype=np.uint8)
     out = torch.empty(30, 50, dtype=torch.bfloat16)
     if path == "kernel":
-        kernels.decode_fp8(w, s, tables.scaled_table("fp8").numpy(), out.view(torch.int16).numpy(), 4)
+        kernels.decode_fp8(
+            w, s, tables.scaled_table("fp8").numpy(), out.view(torch.int16).numpy(), 4
+        )
     else:
         fp8_decode_torch(torch.from_numpy(w), torch.from_numpy(s), out, block=4)
-    np.testing.assert_array_equal(out.view(torch.int16).numpy().view(np.uint16), bf16_bits(ref_fp8(w, s, 4)))
+    np.testing.assert_array_equal(
+        out.view(torch.int16).numpy().view(np.uint16), bf16_bits(ref_fp8(w, s, 4))
+    )
 
 
 @PATHS
@@ -250,23 +299,35 @@ def test_fp8_row_and_column_windows_decode_in_place(path: str, block: int) -> No
     # column block of the tensor is ragged
     rng = np.random.default_rng(block)
     n, k = 3 * block + 5, 4 * block + 17
-    w = in_map(rng.integers(0, 0x7E, (n, k), dtype=np.uint8) | (rng.integers(0, 2, (n, k), dtype=np.uint8) << 7))
+    w = in_map(
+        rng.integers(0, 0x7E, (n, k), dtype=np.uint8)
+        | (rng.integers(0, 2, (n, k), dtype=np.uint8) << 7)
+    )
     s = in_map(rng.integers(110, 145, (-(-n // block), -(-k // block)), dtype=np.uint8), skew=1)
-    cuts = [((0, n), (block, 3 * block)), ((0, n), (2 * block, k)), ((block, 2 * block), (0, k)), ((2 * block, n), (0, k))]
+    cuts = [
+        ((0, n), (block, 3 * block)),
+        ((0, n), (2 * block, k)),
+        ((block, 2 * block), (0, k)),
+        ((2 * block, n), (0, k)),
+    ]
     for (r0, r1), (c0, c1) in cuts:
-        ww, sw = w[r0:r1, c0:c1], s[r0 // block:-(-r1 // block), c0 // block:-(-c1 // block)]
+        ww, sw = w[r0:r1, c0:c1], s[r0 // block : -(-r1 // block), c0 // block : -(-c1 // block)]
         got = decode(FP8, path, ww, sw, ww.shape, fp8_fit(*ww.shape, block))
         want = ref_fp8(np.ascontiguousarray(ww), np.ascontiguousarray(sw), block)
         np.testing.assert_array_equal(got, bf16_bits(want))
 
 
 @PATHS
-@pytest.mark.parametrize("k", [10240, 3000])  # torch row steps of 6 and 21: neither divides the block of 32
+@pytest.mark.parametrize(
+    "k", [10240, 3000]
+)  # torch row steps of 6 and 21: neither divides the block of 32
 def test_wide_fp8_rows_match_ml_dtypes(path: str, k: int) -> None:
     rng = np.random.default_rng(k)
     w = rng.integers(0, 0x7E, (100, k), dtype=np.uint8)
     s = rng.integers(100, 150, (4, -(-k // 32)), dtype=np.uint8)
-    np.testing.assert_array_equal(decode(FP8, path, w, s, (100, k), fp8_fit(100, k, 32)), bf16_bits(ref_fp8(w, s, 32)))
+    np.testing.assert_array_equal(
+        decode(FP8, path, w, s, (100, k), fp8_fit(100, k, 32)), bf16_bits(ref_fp8(w, s, 32))
+    )
 
 
 @PATHS
@@ -278,8 +339,19 @@ def test_fp8_decoded_in_row_blocks_like_the_loader(path: str) -> None:
     fit = fp8_fit(n, k, block)
     step = FP8.row_multiple(fit)
     assert step == block
-    got = np.concatenate([decode(FP8, path, w[r:r + step], s[slice(*FP8.scale_rows(fit, r, min(n, r + step)))],
-                                 (min(n, r + step) - r, k), fit) for r in range(0, n, step)])
+    got = np.concatenate(
+        [
+            decode(
+                FP8,
+                path,
+                w[r : r + step],
+                s[slice(*FP8.scale_rows(fit, r, min(n, r + step)))],
+                (min(n, r + step) - r, k),
+                fit,
+            )
+            for r in range(0, n, step)
+        ]
+    )
     np.testing.assert_array_equal(got, bf16_bits(ref_fp8(w, s, block)))
 
 
@@ -296,34 +368,65 @@ def test_fp8_with_f32_scale_inv_matches_ml_dtypes(path: str) -> None:
     s[1, 0] = np.float32(-0.3)
     got = decode(FP8, path, w, s, (n, k), fp8_fit(n, k, block, "F32"))
     with np.errstate(over="ignore"):
-        want = w.view(ml_dtypes.float8_e4m3fn).astype(np.float32) * np.repeat(np.repeat(s, block, 0), block, 1)[:n, :k]
+        want = (
+            w.view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+            * np.repeat(np.repeat(s, block, 0), block, 1)[:n, :k]
+        )
     assert np.isinf(bf16_bits(want).view(ml_dtypes.bfloat16).astype(np.float32)).any()
     np.testing.assert_array_equal(got, bf16_bits(want))
 
 
-def test_numpy_inputs_run_the_kernels_except_for_f32_scales(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_numpy_inputs_run_the_kernels_except_for_f32_scales(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # a pass-through spy: the CPU path decodes host arrays by the compiled kernel, tensors by torch ops
     calls: list[str] = []
     for name in ("decode_fp4", "decode_fp8"):
         real = getattr(kernels, name)
-        monkeypatch.setattr(kernels, name, lambda *a, _real=real, _name=name: (calls.append(_name), _real(*a))[1])
+        monkeypatch.setattr(
+            kernels, name, lambda *a, _real=real, _name=name: (calls.append(_name), _real(*a))[1]
+        )
     out4, out8 = torch.empty(2, 32, dtype=torch.bfloat16), torch.empty(2, 3, dtype=torch.bfloat16)
-    FP4.decode(np.full((2, 16), 0x22, dtype=np.uint8), np.full((2, 1), 127, dtype=np.uint8), out4, fp4_fit(2, 32))
-    FP8.decode(np.full((2, 3), 0x38, dtype=np.uint8), np.full((1, 1), 128, dtype=np.uint8), out8, fp8_fit(2, 3, 32))
+    FP4.decode(
+        np.full((2, 16), 0x22, dtype=np.uint8),
+        np.full((2, 1), 127, dtype=np.uint8),
+        out4,
+        fp4_fit(2, 32),
+    )
+    FP8.decode(
+        np.full((2, 3), 0x38, dtype=np.uint8),
+        np.full((1, 1), 128, dtype=np.uint8),
+        out8,
+        fp8_fit(2, 3, 32),
+    )
     assert calls == ["decode_fp4", "decode_fp8"]
-    assert out4.eq(1.0).all() and out8.eq(2.0).all()  # E2M1 code 2 = 1.0; E4M3 0x38 = 1.0, times 2^1
-    FP8.decode(np.full((2, 3), 0x38, dtype=np.uint8), np.full((1, 1), 0.25, dtype=np.float32), out8,
-               fp8_fit(2, 3, 32, "F32"))
-    FP4.decode(torch.full((2, 16), 0x44, dtype=torch.uint8), torch.full((2, 1), 127, dtype=torch.uint8), out4,
-               fp4_fit(2, 32))
+    assert (
+        out4.eq(1.0).all() and out8.eq(2.0).all()
+    )  # E2M1 code 2 = 1.0; E4M3 0x38 = 1.0, times 2^1
+    FP8.decode(
+        np.full((2, 3), 0x38, dtype=np.uint8),
+        np.full((1, 1), 0.25, dtype=np.float32),
+        out8,
+        fp8_fit(2, 3, 32, "F32"),
+    )
+    FP4.decode(
+        torch.full((2, 16), 0x44, dtype=torch.uint8),
+        torch.full((2, 1), 127, dtype=torch.uint8),
+        out4,
+        fp4_fit(2, 32),
+    )
     assert calls == ["decode_fp4", "decode_fp8"]
     assert out8.eq(0.25).all() and out4.eq(2.0).all()
 
 
 def test_fp8_decode_torch_refuses_shapes_that_disagree() -> None:
     with pytest.raises(ValueError, match="disagree"):
-        fp8_decode_torch(torch.zeros(4, 40, dtype=torch.uint8), torch.ones(1, 1, dtype=torch.uint8),
-                         torch.empty(4, 40, dtype=torch.bfloat16), block=32)
+        fp8_decode_torch(
+            torch.zeros(4, 40, dtype=torch.uint8),
+            torch.ones(1, 1, dtype=torch.uint8),
+            torch.empty(4, 40, dtype=torch.bfloat16),
+            block=32,
+        )
 
 
 # -- plain: F16 served as BF16
@@ -333,7 +436,9 @@ def f16_bytes(h: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(h).view(np.uint8).reshape(1, -1)
 
 
-@pytest.mark.parametrize("path", ["kernel", "torch", "reference"])  # "kernel": decode() of a host array
+@pytest.mark.parametrize(
+    "path", ["kernel", "torch", "reference"]
+)  # "kernel": decode() of a host array
 def test_f16_to_bf16_rounds_to_nearest_even_like_ml_dtypes(path: str) -> None:
     h = np.arange(0, 1 << 16, dtype=np.uint16).view(np.float16)
     h = h[~np.isnan(h)]  # every finite value and both infinities

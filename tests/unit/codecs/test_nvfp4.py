@@ -27,18 +27,25 @@ import torch
 from tpload.codecs import Codec, Cut, Fit
 from tpload.codecs.nvfp4 import NVFP4_CODEC as NVFP4
 from tpload.config import load_config
+from tpload.storage.catalogue import TensorMeta
 from tpload.tools.offline import verify_checkpoint
 from tpload.tools.published import write_published
-from tpload.storage.catalogue import TensorMeta
 
 PATHS = pytest.mark.parametrize("path", ["kernel", "torch", "reference"])
 GROUP = 16
 ORDER_SENSITIVE = np.array([1004059182], dtype=np.uint32).view(np.float32)[0]
 """A global scale (about 0.00661) for which (code x scale) x scale_2 and code x (scale x scale_2)
 round to different bf16 values for some (code, scale) pairs: it pins the order of the products."""
-SCALE2 = {"one": np.float32(1.0), "tiny": np.float32(1e-30), "subnormal": np.float32(2.0 ** -140),
-          "huge": np.float32(1e36), "power": np.float32(2.0 ** 100), "zero": np.float32(0.0),
-          "odd": np.float32(0.0123456), "order": ORDER_SENSITIVE}
+SCALE2 = {
+    "one": np.float32(1.0),
+    "tiny": np.float32(1e-30),
+    "subnormal": np.float32(2.0**-140),
+    "huge": np.float32(1e36),
+    "power": np.float32(2.0**100),
+    "zero": np.float32(0.0),
+    "odd": np.float32(0.0123456),
+    "order": ORDER_SENSITIVE,
+}
 
 
 def meta(name: str, dtype: str, shape: tuple[int, ...]) -> TensorMeta:
@@ -46,8 +53,11 @@ def meta(name: str, dtype: str, shape: tuple[int, ...]) -> TensorMeta:
 
 
 def nvfp4_fit(n: int, k: int, weight_dtype: str = "U8", scale2_shape: tuple[int, ...] = ()) -> Fit:
-    fit = NVFP4.fit(meta("w.weight", weight_dtype, (n, k // 2)), meta("w.weight_scale", "F8_E4M3", (n, k // GROUP)),
-                    scale2=meta("w.weight_scale_2", "F32", scale2_shape))
+    fit = NVFP4.fit(
+        meta("w.weight", weight_dtype, (n, k // 2)),
+        meta("w.weight_scale", "F8_E4M3", (n, k // GROUP)),
+        scale2=meta("w.weight_scale_2", "F32", scale2_shape),
+    )
     assert isinstance(fit, Fit), fit
     return fit
 
@@ -62,23 +72,36 @@ def expected(packed: np.ndarray, scale: np.ndarray, scale2: np.float32) -> np.nd
     codes = np.empty((packed.shape[0], packed.shape[1] * 2), dtype=np.uint8)
     codes[:, 0::2], codes[:, 1::2] = packed & 0x0F, packed >> 4
     values = codes.view(ml_dtypes.float4_e2m1fn).astype(np.float32)
-    scales = np.repeat(np.ascontiguousarray(scale).view(ml_dtypes.float8_e4m3fn).astype(np.float32), GROUP, axis=1)
+    scales = np.repeat(
+        np.ascontiguousarray(scale).view(ml_dtypes.float8_e4m3fn).astype(np.float32), GROUP, axis=1
+    )
     with np.errstate(over="ignore", invalid="ignore"):
         product = (values * scales).astype(np.float32) * np.float32(scale2)
     assert product.dtype == np.float32
     return product.astype(ml_dtypes.bfloat16).view(np.uint16)
 
 
-def decode(path: str, packed: np.ndarray, scale: np.ndarray, scale2: np.float32, fit: Fit,
-           codec: Codec = NVFP4) -> np.ndarray:
+def decode(
+    path: str,
+    packed: np.ndarray,
+    scale: np.ndarray,
+    scale2: np.float32,
+    fit: Fit,
+    codec: Codec = NVFP4,
+) -> np.ndarray:
     """bf16 bits of one decode path's output."""
     out = torch.empty((packed.shape[0], packed.shape[1] * 2), dtype=torch.bfloat16)
     raw2 = f32_bytes(scale2)
     if path == "kernel":
         codec.decode(packed, scale, out, fit, scale2=raw2)
     elif path == "torch":
-        codec.decode(torch.from_numpy(np.ascontiguousarray(packed)), torch.from_numpy(np.ascontiguousarray(scale)),
-                     out, fit, scale2=raw2)
+        codec.decode(
+            torch.from_numpy(np.ascontiguousarray(packed)),
+            torch.from_numpy(np.ascontiguousarray(scale)),
+            out,
+            fit,
+            scale2=raw2,
+        )
     else:
         codec.reference(packed, scale, out, fit, scale2=raw2)
     return out.view(torch.int16).numpy().view(np.uint16)
@@ -105,9 +128,20 @@ def every_byte_under_every_scale() -> tuple[np.ndarray, np.ndarray]:
 def test_the_reference_formula_reads_e2m1_and_e4m3_as_documented() -> None:
     # the independent side itself: E2M1 codes 0..15 and E4M3 scale classes
     codes = np.arange(16, dtype=np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float32)
-    assert codes.tolist() == [0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6]
-    e4m3 = np.array([0x00, 0x01, 0x07, 0x08, 0x38, 0x7E, 0xB8, 0xFE], np.uint8).view(ml_dtypes.float8_e4m3fn)
-    assert e4m3.astype(np.float32).tolist() == [0.0, 2.0 ** -9, 7 * 2.0 ** -9, 2.0 ** -6, 1.0, 448.0, -1.0, -448.0]
+    assert codes.tolist() == [0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6]
+    e4m3 = np.array([0x00, 0x01, 0x07, 0x08, 0x38, 0x7E, 0xB8, 0xFE], np.uint8).view(
+        ml_dtypes.float8_e4m3fn
+    )
+    assert e4m3.astype(np.float32).tolist() == [
+        0.0,
+        2.0**-9,
+        7 * 2.0**-9,
+        2.0**-6,
+        1.0,
+        448.0,
+        -1.0,
+        -448.0,
+    ]
 
 
 @PATHS
@@ -133,10 +167,21 @@ def test_the_order_sensitive_global_scale_does_tell_the_two_orders_apart() -> No
 
 
 @PATHS
-@pytest.mark.parametrize("scale_byte, name", [(0x00, "zero"), (0x80, "negative zero"), (0x01, "smallest subnormal"),
-                                              (0x05, "subnormal"), (0x08, "smallest normal"), (0x38, "one"),
-                                              (0x7E, "448"), (0xFE, "-448"), (0xB3, "negative normal"),
-                                              (0x83, "negative subnormal")])
+@pytest.mark.parametrize(
+    "scale_byte, name",
+    [
+        (0x00, "zero"),
+        (0x80, "negative zero"),
+        (0x01, "smallest subnormal"),
+        (0x05, "subnormal"),
+        (0x08, "smallest normal"),
+        (0x38, "one"),
+        (0x7E, "448"),
+        (0xFE, "-448"),
+        (0xB3, "negative normal"),
+        (0x83, "negative subnormal"),
+    ],
+)
 def test_each_scale_class_times_all_16_codes(path: str, scale_byte: int, name: str) -> None:
     # one row: the 16 codes in order (packed pairs 0x10, 0x32, ...), one scale byte
     packed = np.array([[c | (c + 1) << 4 for c in range(0, 16, 2)]], dtype=np.uint8)
@@ -147,7 +192,9 @@ def test_each_scale_class_times_all_16_codes(path: str, scale_byte: int, name: s
     if scale_byte == 0x7E:  # 448 x the 16 codes, times 1: exact in bf16
         got = decode(path, packed, scale, np.float32(1.0), nvfp4_fit(1, 16))
         values = (got.astype(np.uint32) << 16).view(np.float32)[0]
-        assert values.tolist() == [448 * v for v in (0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6)]
+        assert values.tolist() == [
+            448 * v for v in (0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6)
+        ]
 
 
 @PATHS
@@ -162,7 +209,9 @@ def test_nan_scale_bytes_decode_to_nan(path: str) -> None:
 def test_random_rows_with_i8_weights_and_a_one_element_global_scale(path: str) -> None:
     rng = np.random.default_rng(7)
     packed = rng.integers(0, 256, (33, 64), dtype=np.uint8)
-    scale = rng.integers(0, 0x7F, (33, 8), dtype=np.uint8) | (rng.integers(0, 2, (33, 8), dtype=np.uint8) << 7)
+    scale = rng.integers(0, 0x7F, (33, 8), dtype=np.uint8) | (
+        rng.integers(0, 2, (33, 8), dtype=np.uint8) << 7
+    )
     fit = nvfp4_fit(33, 128, weight_dtype="I8", scale2_shape=(1,))
     s2 = np.float32(0.0029)
     got = decode(path, packed.view(np.int8).view(np.uint8), scale, s2, fit)
@@ -172,22 +221,33 @@ def test_random_rows_with_i8_weights_and_a_one_element_global_scale(path: str) -
 # -- fit
 
 
-@pytest.mark.parametrize("weight, scale, scale2, words", [
-    (("U8", (4, 8)), ("F8_E4M3", (4, 1)), ("BF16", ()), "must be one F32 value, not BF16"),
-    (("U8", (4, 8)), ("F8_E4M3", (4, 1)), ("F32", (2,)), "must be one F32 value, not F32 [2]"),
-    (("U8", (4, 8)), ("F8_E4M3", (4, 2)), ("F32", ()), "expected [4, 1]"),
-    (("U8", (4, 8)), ("F8_E8M0", (4, 1)), ("F32", ()), "F8_E4M3 scale"),
-    (("F8_E4M3", (4, 8)), ("F8_E4M3", (4, 1)), ("F32", ()), "2-D U8 weight"),
-    (("U8", (4, 8)), ("F8_E4M3", (4, 1)), None, "F32 global scale"),
-])
+@pytest.mark.parametrize(
+    "weight, scale, scale2, words",
+    [
+        (("U8", (4, 8)), ("F8_E4M3", (4, 1)), ("BF16", ()), "must be one F32 value, not BF16"),
+        (("U8", (4, 8)), ("F8_E4M3", (4, 1)), ("F32", (2,)), "must be one F32 value, not F32 [2]"),
+        (("U8", (4, 8)), ("F8_E4M3", (4, 2)), ("F32", ()), "expected [4, 1]"),
+        (("U8", (4, 8)), ("F8_E8M0", (4, 1)), ("F32", ()), "F8_E4M3 scale"),
+        (("F8_E4M3", (4, 8)), ("F8_E4M3", (4, 1)), ("F32", ()), "2-D U8 weight"),
+        (("U8", (4, 8)), ("F8_E4M3", (4, 1)), None, "F32 global scale"),
+    ],
+)
 def test_fit_refuses(weight: tuple, scale: tuple, scale2: tuple | None, words: str) -> None:
-    why = NVFP4.fit(meta("w.weight", *weight), meta("w.weight_scale", *scale),
-                    scale2=None if scale2 is None else meta("w.weight_scale_2", *scale2))
+    why = NVFP4.fit(
+        meta("w.weight", *weight),
+        meta("w.weight_scale", *scale),
+        scale2=None if scale2 is None else meta("w.weight_scale_2", *scale2),
+    )
     assert isinstance(why, str) and words in why
 
 
 def test_fit_refuses_a_stacked_weight() -> None:
-    why = NVFP4.fit(meta("w", "U8", (4, 8)), meta("s", "F8_E4M3", (4, 1)), scale2=meta("s2", "F32", ()), stacked=True)
+    why = NVFP4.fit(
+        meta("w", "U8", (4, 8)),
+        meta("s", "F8_E4M3", (4, 1)),
+        scale2=meta("s2", "F32", ()),
+        stacked=True,
+    )
     assert isinstance(why, str) and "not stacked" in why
 
 
@@ -195,12 +255,14 @@ def test_fit_refuses_a_stacked_weight() -> None:
 
 
 def box(whole: np.ndarray, cut: Cut) -> np.ndarray:
-    return whole.reshape(cut.view)[cut.rows[0]:cut.rows[1], cut.cols[0]:cut.cols[1]]
+    return whole.reshape(cut.view)[cut.rows[0] : cut.rows[1], cut.cols[0] : cut.cols[1]]
 
 
 @pytest.mark.parametrize("path", ["kernel", "torch"])
 @pytest.mark.parametrize("tp", [1, 2, 4])
-def test_column_windows_cut_whole_16_groups_and_decode_to_the_column_slice(path: str, tp: int) -> None:
+def test_column_windows_cut_whole_16_groups_and_decode_to_the_column_slice(
+    path: str, tp: int
+) -> None:
     n, k = 24, 256
     rng = np.random.default_rng(tp)
     packed = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
@@ -215,10 +277,14 @@ def test_column_windows_cut_whole_16_groups_and_decode_to_the_column_slice(path:
         wc, sc = cuts
         lo, hi = r * per, (r + 1) * per
         assert (wc.rows, wc.cols, wc.shape) == ((0, n), (lo // 2, hi // 2), (n, per // 2))
-        assert (sc.rows, sc.cols, sc.shape) == ((0, n), (lo // GROUP, hi // GROUP), (n, per // GROUP))
+        assert (sc.rows, sc.cols, sc.shape) == (
+            (0, n),
+            (lo // GROUP, hi // GROUP),
+            (n, per // GROUP),
+        )
         pw, ps = box(packed, wc), box(scale, sc)  # strided rows of the whole tensors, read in place
-        np.testing.assert_array_equal(pw, packed[:, lo // 2:hi // 2])
-        np.testing.assert_array_equal(ps, scale[:, lo // GROUP:hi // GROUP])
+        np.testing.assert_array_equal(pw, packed[:, lo // 2 : hi // 2])
+        np.testing.assert_array_equal(ps, scale[:, lo // GROUP : hi // GROUP])
         got = decode(path, pw, ps, s2, fit)
         np.testing.assert_array_equal(got, full[:, lo:hi])
         assert NVFP4.decoded_shape(fit, wc) == (n, per)
@@ -245,8 +311,11 @@ def test_served_packed_keeps_the_stored_dtypes_and_the_whole_global_scale() -> N
     assert NVFP4.served(fit, wc, sc, "packed") == [
         ("w.weight", torch.uint8, (64, 32), 64 * 32),
         ("w.weight_scale", torch.float8_e4m3fn, (64, 4), 64 * 4),
-        ("w.weight_scale_2", torch.float32, (), 4)]
-    assert NVFP4.served(fit, wc, sc, "expanded") == [("w.weight", torch.bfloat16, (64, 64), 64 * 64 * 2)]
+        ("w.weight_scale_2", torch.float32, (), 4),
+    ]
+    assert NVFP4.served(fit, wc, sc, "expanded") == [
+        ("w.weight", torch.bfloat16, (64, 64), 64 * 64 * 2)
+    ]
     assert NVFP4.copies(fit, "packed") and not NVFP4.copies(fit, "expanded")
 
 
@@ -276,14 +345,22 @@ def test_checker_counts_nan_scale_bytes_and_accepts_negative_ones() -> None:
     assert sum(run_checker(np.full((1, 8), 0x77, np.uint8), negative, 1.0).values()) == 0
 
 
-@pytest.mark.parametrize("scale2, bad", [(-1.0, 1), (float("inf"), 1), (float("nan"), 1), (0.0, 0), (3e-3, 0)])
-def test_checker_refuses_a_global_scale_not_finite_and_non_negative(scale2: float, bad: int) -> None:
+@pytest.mark.parametrize(
+    "scale2, bad", [(-1.0, 1), (float("inf"), 1), (float("nan"), 1), (0.0, 0), (3e-3, 0)]
+)
+def test_checker_refuses_a_global_scale_not_finite_and_non_negative(
+    scale2: float, bad: int
+) -> None:
     problems = run_checker(np.zeros((1, 8), np.uint8), np.full((1, 1), 0x38, np.uint8), scale2)
     assert _count(problems, "global") == bad
 
 
-@pytest.mark.parametrize("scale2, overflows", [(1e36, True), (2.0 ** 117, True), (2.0 ** 115, False), (1.0, False)])
-def test_checker_counts_exactly_the_decodes_that_overflow_bf16(scale2: float, overflows: bool) -> None:
+@pytest.mark.parametrize(
+    "scale2, overflows", [(1e36, True), (2.0**117, True), (2.0**115, False), (1.0, False)]
+)
+def test_checker_counts_exactly_the_decodes_that_overflow_bf16(
+    scale2: float, overflows: bool
+) -> None:
     # 2^117: only the largest |code x scale| (from 2^11) reach bf16's limit; 2^115: none does
     packed, scale = every_byte_under_every_scale()
     want = expected(packed, scale, np.float32(scale2))
@@ -301,9 +378,9 @@ def _set_tensor_bytes(root: Path, name: str, data: bytes) -> None:
     path = root / index[name]
     raw = bytearray(path.read_bytes())
     n = struct.unpack("<Q", raw[:8])[0]
-    begin, end = json.loads(raw[8:8 + n])[name]["data_offsets"]
+    begin, end = json.loads(raw[8 : 8 + n])[name]["data_offsets"]
     assert end - begin == len(data)
-    raw[8 + n + begin:8 + n + end] = data
+    raw[8 + n + begin : 8 + n + end] = data
     path.write_bytes(bytes(raw))
     manifest = json.loads((root / "NATIVE_MANIFEST.json").read_text())
     manifest["tensors"][name]["sha256"] = hashlib.sha256(data).hexdigest()
@@ -311,12 +388,16 @@ def _set_tensor_bytes(root: Path, name: str, data: bytes) -> None:
 
 
 BAD_SCALE2 = "model.layers.1.mlp.shared_experts.down_proj.weight_scale_2"
-BAD = {-1.0: r"weight_scale_2.*global scales \(weight_scale_2\) not a finite number >= 0",
-       1e36: r"down_proj.weight.*elements whose decode overflows bf16"}
+BAD = {
+    -1.0: r"weight_scale_2.*global scales \(weight_scale_2\) not a finite number >= 0",
+    1e36: r"down_proj.weight.*elements whose decode overflows bf16",
+}
 
 
 @pytest.fixture(scope="module", params=list(BAD), ids=["negative", "huge"])
-def bad_global_scale(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]:
+def bad_global_scale(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, float]:
     """nvfp4-tiny with one weight_scale_2 set to -1.0, or to 1e36 (its decode overflows bf16); the
     manifest updated to match."""
     root = write_published(tmp_path_factory.mktemp("nvfp4") / "ckpt", "nvfp4-tiny")
@@ -326,6 +407,7 @@ def bad_global_scale(request: pytest.FixtureRequest, tmp_path_factory: pytest.Te
 
 def test_load_refuses_a_bad_global_scale(bad_global_scale: tuple[Path, float]) -> None:
     import tpload
+
     root, value = bad_global_scale
     with pytest.raises(tpload.LoadError, match=BAD[value]):
         tpload.load(root, kind="packed", progress=False)

@@ -40,7 +40,7 @@ def stored(m: TensorMeta, seed: int = 0) -> np.ndarray:
 def box(whole: np.ndarray, cut: Cut) -> np.ndarray:
     """The cut's box of the tensor's bytes seen as ``cut.view`` (flattened)."""
     view = np.ascontiguousarray(whole).reshape(-1).reshape(cut.view)
-    return view[cut.rows[0]:cut.rows[1], cut.cols[0]:cut.cols[1]].reshape(-1)
+    return view[cut.rows[0] : cut.rows[1], cut.cols[0] : cut.cols[1]].reshape(-1)
 
 
 def assert_cut(cut: Cut, m: TensorMeta, whole: np.ndarray, want: np.ndarray) -> None:
@@ -57,7 +57,9 @@ def spans(n: int, tp: int, **kw: object) -> list[tuple[int, int] | str]:
 # -- vLLM's uneven gpt-oss rule
 
 
-@pytest.mark.parametrize("tp, sizes", [(2, [1440, 1440]), (4, [736, 736, 736, 672]), (8, [384] * 7 + [192])])
+@pytest.mark.parametrize(
+    "tp, sizes", [(2, [1440, 1440]), (4, [736, 736, 736, 672]), (8, [384] * 7 + [192])]
+)
 def test_gpt_oss_uneven_shares_of_2880(tp: int, sizes: list[int]) -> None:
     got = spans(2880, tp, atom=32, align=32, uneven=True)
     assert [hi - lo for lo, hi in got] == sizes
@@ -71,28 +73,40 @@ def test_gpt_oss_uneven_tp16_leaves_the_last_rank_nothing_and_is_refused() -> No
     for r in (0, 15):
         why = channel_window(2880, 16, r, atom=32, align=32, uneven=True)
         assert isinstance(why, str)
-        assert "2880" in why and "192" in why and "rank 15" in why and "tp 16" in why and "nothing" in why
+        assert (
+            "2880" in why
+            and "192" in why
+            and "rank 15" in why
+            and "tp 16" in why
+            and "nothing" in why
+        )
 
 
 def test_gpt_oss_stacked_down_proj_window_follows_the_uneven_rule() -> None:
     # down_proj_blocks [E, H, I/32, 16] split cols (I) with align 32, as gpt-oss.toml says
     e, h = 2, 8
-    w, s = meta("down_proj_blocks", "U8", (e, h, 90, 16)), meta("down_proj_scales", "U8", (e, h, 90))
+    w, s = (
+        meta("down_proj_blocks", "U8", (e, h, 90, 16)),
+        meta("down_proj_scales", "U8", (e, h, 90)),
+    )
     fit = fit_of(FP4, w, s, stacked=True)
     pw, ps = stored(w, 1), stored(s, 2)
     for r, (lo, hi) in enumerate([(0, 736), (736, 1472), (1472, 2208), (2208, 2880)]):
         cuts = FP4.window(fit, "cols", 4, r, align=32, uneven=True)
         assert not isinstance(cuts, str), cuts
         wc, sc = cuts
-        assert_cut(wc, w, pw, pw[:, :, lo // 32:hi // 32])
-        assert_cut(sc, s, ps, ps[:, :, lo // 32:hi // 32])
+        assert_cut(wc, w, pw, pw[:, :, lo // 32 : hi // 32])
+        assert_cut(sc, s, ps, ps[:, :, lo // 32 : hi // 32])
         assert FP4.decoded_shape(fit, wc) == (e, h, hi - lo)
     assert isinstance(FP4.window(fit, "cols", 16, 0, align=32, uneven=True), str)
 
 
 def test_gpt_oss_stacked_gate_up_rows_take_twice_the_share() -> None:
     # gate_up_proj_blocks [E, 2I, H/32, 16] split rows with align 64: shares of 2 x 736 rows
-    w, s = meta("gate_up_proj_blocks", "U8", (2, 5760, 1, 16)), meta("gate_up_proj_scales", "U8", (2, 5760, 1))
+    w, s = (
+        meta("gate_up_proj_blocks", "U8", (2, 5760, 1, 16)),
+        meta("gate_up_proj_scales", "U8", (2, 5760, 1)),
+    )
     fit = fit_of(FP4, w, s, stacked=True)
     pw, ps = stored(w, 3), stored(s, 4)
     edges = [0, 1472, 2944, 4416, 5760]
@@ -115,7 +129,7 @@ def test_query_heads_are_split_whole() -> None:
     for r in range(4):
         wc, sc = PLAIN.window(fit, "rows", 4, r, units=8)
         assert sc is None
-        assert_cut(wc, q, whole, whole[64 * r:64 * (r + 1)])
+        assert_cut(wc, q, whole, whole[64 * r : 64 * (r + 1)])
 
 
 @pytest.mark.parametrize("tp, kv_heads", [(4, 2), (8, 2), (8, 4), (4, 1)])
@@ -127,21 +141,32 @@ def test_kv_heads_are_shared_by_consecutive_ranks(tp: int, kv_heads: int) -> Non
     fit = fit_of(PLAIN, k, split="rows")
     for r in range(tp):
         head = r // (tp // kv_heads)
-        assert channel_window(kv_heads * size, tp, r, units=kv_heads) == (head * size, (head + 1) * size)
+        assert channel_window(kv_heads * size, tp, r, units=kv_heads) == (
+            head * size,
+            (head + 1) * size,
+        )
         wc, _ = PLAIN.window(fit, "rows", tp, r, units=kv_heads)
-        assert_cut(wc, k, whole, whole[head * size:(head + 1) * size])
+        assert_cut(wc, k, whole, whole[head * size : (head + 1) * size])
 
 
 def test_two_kv_heads_at_tp4_rank_by_rank() -> None:
     assert spans(256, 4, units=2) == [(0, 128), (0, 128), (128, 256), (128, 256)]
 
 
-@pytest.mark.parametrize("n, tp, units, words", [
-    (96, 2, 3, "3 heads / tp 2 is not whole"),
-    (96, 4, 3, "tp 4 is neither a divisor nor a multiple of the 3 heads"),
-    (100, 2, 8, "100 channels are not 8 equal heads"),
-    (6 * 64, 2, 6, "6 heads of 64 channels: a window of 192 channels does not start and end on whole 128-channel"),
-])
+@pytest.mark.parametrize(
+    "n, tp, units, words",
+    [
+        (96, 2, 3, "3 heads / tp 2 is not whole"),
+        (96, 4, 3, "tp 4 is neither a divisor nor a multiple of the 3 heads"),
+        (100, 2, 8, "100 channels are not 8 equal heads"),
+        (
+            6 * 64,
+            2,
+            6,
+            "6 heads of 64 channels: a window of 192 channels does not start and end on whole 128-channel",
+        ),
+    ],
+)
 def test_heads_that_cannot_be_cut_are_refused(n: int, tp: int, units: int, words: str) -> None:
     atom = 128 if "128" in words else 1
     why = channel_window(n, tp, 0, units=units, atom=atom)
@@ -150,7 +175,10 @@ def test_heads_that_cannot_be_cut_are_refused(n: int, tp: int, units: int, words
 
 def test_fp8_heads_must_start_on_whole_blocks() -> None:
     # an FP8 k_proj of 4 heads of 64 rows: tp 2 takes 128 rows (one block), tp 4 half a block
-    w, s = meta("k_proj.weight", "F8_E4M3", (256, 256)), meta("k_proj.weight_scale_inv", "F32", (2, 2))
+    w, s = (
+        meta("k_proj.weight", "F8_E4M3", (256, 256)),
+        meta("k_proj.weight_scale_inv", "F32", (2, 2)),
+    )
     fit = fit_of(FP8, w, s)
     wc, sc = FP8.window(fit, "rows", 2, 1, units=4)
     assert (wc.rows, sc.rows) == ((128, 256), (1, 2))
@@ -159,8 +187,14 @@ def test_fp8_heads_must_start_on_whole_blocks() -> None:
 
 
 def _heads_planner(share_units: bool) -> Planner:
-    rule = Rule(match="*.k_proj.weight", role="plain", split="rows", units="num_key_value_heads",
-                share_units=share_units, index=1)
+    rule = Rule(
+        match="*.k_proj.weight",
+        role="plain",
+        split="rows",
+        units="num_key_value_heads",
+        share_units=share_units,
+        index=1,
+    )
     config = Config("test-heads", (rule,))
     k = meta("model.layers.0.self_attn.k_proj.weight", "BF16", (2 * 32, 16))
     catalogue = Catalogue(Path("/nonexistent"), {k.name: k}, None)
@@ -174,7 +208,11 @@ def test_unit_sharing_is_allowed_by_default_and_refused_when_the_rule_says_so() 
     assert plan.items[0].weight.rows == (32, 64)  # rank 3: kv head 1
     refused = _heads_planner(False)
     problems = refused.layout_problems(Layout(4))
-    assert len(problems) == 1 and "2 units / tp 4" in problems[0] and "not shared between ranks" in problems[0]
+    assert (
+        len(problems) == 1
+        and "2 units / tp 4" in problems[0]
+        and "not shared between ranks" in problems[0]
+    )
     assert refused.layout_problems(Layout(2)) == []
 
 
@@ -182,7 +220,9 @@ def test_unit_sharing_is_allowed_by_default_and_refused_when_the_rule_says_so() 
 
 
 def fp8_pair(n: int, k: int, scale_dtype: str = "F32") -> tuple[TensorMeta, TensorMeta]:
-    return meta("w.weight", "F8_E4M3", (n, k)), meta("w.weight_scale_inv", scale_dtype, (-(-n // 128), -(-k // 128)))
+    return meta("w.weight", "F8_E4M3", (n, k)), meta(
+        "w.weight_scale_inv", scale_dtype, (-(-n // 128), -(-k // 128))
+    )
 
 
 @pytest.mark.parametrize("split", ["rows", "cols"])
@@ -254,20 +294,26 @@ def test_share_is_equal_parts_with_the_remainder_last(n: int, parts: int) -> Non
 @pytest.mark.parametrize("ep", [1, 2, 3])
 def test_ep_cut_of_stacked_blocks_picks_the_shared_experts(ep: int) -> None:
     e = 5
-    w, s = meta("gate_up_proj_blocks", "U8", (e, 128, 2, 16)), meta("gate_up_proj_scales", "U8", (e, 128, 2))
-    d, ds = meta("down_proj_blocks", "U8", (e, 64, 4, 16)), meta("down_proj_scales", "U8", (e, 64, 4))
+    w, s = (
+        meta("gate_up_proj_blocks", "U8", (e, 128, 2, 16)),
+        meta("gate_up_proj_scales", "U8", (e, 128, 2)),
+    )
+    d, ds = (
+        meta("down_proj_blocks", "U8", (e, 64, 4, 16)),
+        meta("down_proj_scales", "U8", (e, 64, 4)),
+    )
     pw, ps, pd, pds = stored(w, 11), stored(s, 12), stored(d, 13), stored(ds, 14)
     up, down = fit_of(FP4, w, s, stacked=True), fit_of(FP4, d, ds, stacked=True)
     for g in range(ep):
         e0, e1 = experts = share(e, ep, g)
         for r in range(2):  # tp 2 inside each group
             wc, sc = FP4.window(up, "rows", 2, r, align=32, experts=experts)
-            assert_cut(wc, w, pw, pw[e0:e1, 64 * r:64 * (r + 1)])
-            assert_cut(sc, s, ps, ps[e0:e1, 64 * r:64 * (r + 1)])
+            assert_cut(wc, w, pw, pw[e0:e1, 64 * r : 64 * (r + 1)])
+            assert_cut(sc, s, ps, ps[e0:e1, 64 * r : 64 * (r + 1)])
             wc, sc = FP4.window(down, "cols", 2, r, align=32, experts=experts)
             assert wc.group == 64  # 64 view rows of each expert make its rows
-            assert_cut(wc, d, pd, pd[e0:e1, :, 2 * r:2 * (r + 1)])
-            assert_cut(sc, ds, pds, pds[e0:e1, :, 2 * r:2 * (r + 1)])
+            assert_cut(wc, d, pd, pd[e0:e1, :, 2 * r : 2 * (r + 1)])
+            assert_cut(sc, ds, pds, pds[e0:e1, :, 2 * r : 2 * (r + 1)])
         wc, sc = FP4.window(up, "replicate", 2, 0, experts=experts)
         assert_cut(wc, w, pw, pw[e0:e1])
         assert_cut(sc, s, ps, ps[e0:e1])
@@ -290,7 +336,11 @@ def test_planner_gives_each_ep_group_its_share_of_stacked_experts() -> None:
     tensors = (up_w, up_s, down_w, down_s)
     data = {t.name: stored(t, n) for n, t in enumerate(tensors)}
     catalogue = Catalogue(Path("/nonexistent"), {t.name: t for t in tensors}, None)
-    planner = Planner(catalogue, load_config("gpt-oss"), model={"num_attention_heads": 8, "num_key_value_heads": 2})
+    planner = Planner(
+        catalogue,
+        load_config("gpt-oss"),
+        model={"num_attention_heads": 8, "num_key_value_heads": 2},
+    )
     layout = Layout(2, 2)
     assert planner.layout_problems(layout) == []
     for rank in range(layout.world):
@@ -299,7 +349,13 @@ def test_planner_gives_each_ep_group_its_share_of_stacked_experts() -> None:
         items = {it.name: it for it in planner.plan(layout, "packed", rank).items}
         up, down = items[up_w.name], items[down_w.name]
         # gate_up: rows of 2I = 256 in uneven 64-steps (128 each); down: cols of I = 128 (64 each)
-        assert_cut(up.weight, up_w, data[up_w.name], data[up_w.name][e0:e1, 128 * r:128 * (r + 1)])
-        assert_cut(up.scale, up_s, data[up_s.name], data[up_s.name][e0:e1, 128 * r:128 * (r + 1)])
-        assert_cut(down.weight, down_w, data[down_w.name], data[down_w.name][e0:e1, :, 2 * r:2 * (r + 1)])
-        assert_cut(down.scale, down_s, data[down_s.name], data[down_s.name][e0:e1, :, 2 * r:2 * (r + 1)])
+        assert_cut(
+            up.weight, up_w, data[up_w.name], data[up_w.name][e0:e1, 128 * r : 128 * (r + 1)]
+        )
+        assert_cut(up.scale, up_s, data[up_s.name], data[up_s.name][e0:e1, 128 * r : 128 * (r + 1)])
+        assert_cut(
+            down.weight, down_w, data[down_w.name], data[down_w.name][e0:e1, :, 2 * r : 2 * (r + 1)]
+        )
+        assert_cut(
+            down.scale, down_s, data[down_s.name], data[down_s.name][e0:e1, :, 2 * r : 2 * (r + 1)]
+        )

@@ -35,13 +35,15 @@ from tpload.integrations.handoff import (
 )
 from tpload.pick import choose, model_config
 from tpload.plan import Layout, Planner
-from tpload.tools.published import write_published
 from tpload.storage.catalogue import read_native
+from tpload.tools.published import write_published
 
 from ...ckpt_tools import whole
 
 TP = 2
-COLUMN = re.compile(r"(q_b_proj|kv_b_proj|gate_proj|up_proj|embed_tokens|lm_head)\.")  # vLLM's column parallel
+COLUMN = re.compile(
+    r"(q_b_proj|kv_b_proj|gate_proj|up_proj|embed_tokens|lm_head)\."
+)  # vLLM's column parallel
 ROW = re.compile(r"(o_proj|down_proj)\.")  # row parallel (the rest is replicated)
 EXPERT = re.compile(r"\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.")
 SHARD = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
@@ -56,8 +58,13 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def stand_in(shapes: dict[str, tuple[int, ...]], rank: int, params: dict[str, torch.Tensor], *,
-             forget: str = "") -> Callable[[Iterable[tuple[str, torch.Tensor]]], None]:
+def stand_in(
+    shapes: dict[str, tuple[int, ...]],
+    rank: int,
+    params: dict[str, torch.Tensor],
+    *,
+    forget: str = "",
+) -> Callable[[Iterable[tuple[str, torch.Tensor]]], None]:
     """vLLM's quantized load_weights, reduced to what it does with each loaded tensor (module
     docstring). ``shapes``: the stored shapes, as vLLM knows its layers' sizes from the config;
     ``params`` receives the parameters it fills."""
@@ -102,7 +109,11 @@ def stand_in(shapes: dict[str, tuple[int, ...]], rank: int, params: dict[str, to
                 size = per_rank(stem, leaf, dim)
                 other = t.shape[1 - dim]
                 shape = (2 * size, other) if dim == 0 else (other, size)
-                data = param(f"{stem.replace(expert.group(2), 'w2' if dim else 'w13')}.{leaf}", shape, t.dtype)
+                data = param(
+                    f"{stem.replace(expert.group(2), 'w2' if dim else 'w13')}.{leaf}",
+                    shape,
+                    t.dtype,
+                )
                 loaded = t.narrow(dim, size * rank, size)
                 if dim == 0:
                     data = data.narrow(0, 0 if shard == "w1" else size, size)
@@ -111,7 +122,9 @@ def stand_in(shapes: dict[str, tuple[int, ...]], rank: int, params: dict[str, to
                 size = per_rank(stem, leaf, 0)
                 part = t.narrow(0, rank * size, size)
                 param(name, tuple(part.shape), t.dtype).copy_(part)
-            elif ROW.search(name):  # load_row_parallel_weight: the parameter's input size, packed or blocked
+            elif ROW.search(
+                name
+            ):  # load_row_parallel_weight: the parameter's input size, packed or blocked
                 size = per_rank(stem, leaf, 1)
                 part = t.narrow(1, rank * size, size)
                 param(name, tuple(part.shape), t.dtype).copy_(part)
@@ -119,6 +132,7 @@ def stand_in(shapes: dict[str, tuple[int, ...]], rank: int, params: dict[str, to
                 p = param(name, tuple(t.shape), t.dtype)
                 assert p.size() == t.size()
                 p.copy_(t)
+
     return load_weights
 
 
@@ -130,9 +144,13 @@ def handed_over(root: Path, rank: int) -> tuple[Handoff, dict[str, torch.Tensor]
     plan = Planner(read_native(root)[0], config).plan(Layout(TP), "packed", rank)
     state = {}
     for item in plan.items:
-        metas = {m.name: m for m in (item.fit.weight, item.fit.scale, item.fit.scale2) if m is not None}
+        metas = {
+            m.name: m for m in (item.fit.weight, item.fit.scale, item.fit.scale2) if m is not None
+        }
         for c in item.cuts:
-            state[c.name] = full[c.name][tuple(slice(lo, hi) for lo, hi in box_of(c, metas[c.name]))].clone()
+            state[c.name] = full[c.name][
+                tuple(slice(lo, hi) for lo, hi in box_of(c, metas[c.name]))
+            ].clone()
     return Handoff(state, plan.items, rank=rank), full, skips
 
 
@@ -141,17 +159,23 @@ def raw(t: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("rank", range(TP))
-def test_a_quantized_loader_consumes_every_window_and_gets_the_whole_tensors_bytes(checkpoint: Path, rank: int) -> None:
+def test_a_quantized_loader_consumes_every_window_and_gets_the_whole_tensors_bytes(
+    checkpoint: Path, rank: int
+) -> None:
     handoff, full, skips = handed_over(checkpoint, rank)
     dtypes = {t.dtype for t in full.values()}
-    assert {torch.float8_e4m3fn, torch.float32} <= dtypes  # FP8 weights or FP4 group scales, F32 scales
+    assert {
+        torch.float8_e4m3fn,
+        torch.float32,
+    } <= dtypes  # FP8 weights or FP4 group scales, F32 scales
     assert (torch.uint8 in dtypes) == (checkpoint.name == "nvfp4-tiny")  # packed FP4
     shapes = {n: tuple(t.shape) for n, t in full.items()}
     ours, want = {}, {}
     stand_in(shapes, rank, ours)(handoff.tensors())
     layers = model_config(checkpoint)["num_hidden_layers"]
-    stand_in(shapes, rank, want)((n, t) for n, t in sorted(full.items())
-                                 if not n.startswith(f"model.layers.{layers}."))  # vLLM's own: MTP skipped
+    stand_in(shapes, rank, want)(
+        (n, t) for n, t in sorted(full.items()) if not n.startswith(f"model.layers.{layers}.")
+    )  # vLLM's own: MTP skipped
     assert set(ours) == set(want) and len(ours) > 50
     for key in want:
         assert torch.equal(raw(ours[key]), raw(want[key])), key
@@ -160,9 +184,17 @@ def test_a_quantized_loader_consumes_every_window_and_gets_the_whole_tensors_byt
     assert sum(not h.whole for h in handoff.handed.values()) > 50  # windows, not only whole tensors
 
 
-@pytest.mark.parametrize("forget", [r"experts\.3\.down_proj\.weight_scale(_inv)?$", r"experts\.1\.up_proj\.weight$",
-                                    r"layers\.0\.mlp\.gate_proj\.weight_scale(_inv)?$"])
-def test_a_quantized_loader_that_forgets_a_tensor_fails_naming_it(checkpoint: Path, forget: str) -> None:
+@pytest.mark.parametrize(
+    "forget",
+    [
+        r"experts\.3\.down_proj\.weight_scale(_inv)?$",
+        r"experts\.1\.up_proj\.weight$",
+        r"layers\.0\.mlp\.gate_proj\.weight_scale(_inv)?$",
+    ],
+)
+def test_a_quantized_loader_that_forgets_a_tensor_fails_naming_it(
+    checkpoint: Path, forget: str
+) -> None:
     handoff, full, skips = handed_over(checkpoint, 1)
     name = next(n for n in handoff.handed if re.search(forget, n))
     shapes = {n: tuple(t.shape) for n, t in full.items()}
@@ -170,4 +202,5 @@ def test_a_quantized_loader_that_forgets_a_tensor_fails_naming_it(checkpoint: Pa
     unread, _ = handoff.unconsumed(skips)
     assert [h.name for h in unread] == [name]
     assert unconsumed_message(unread, "vllm").startswith(
-        f"1 tensor(s) tpload handed over were not consumed by vllm's weight loaders: {name} (taken, never read")
+        f"1 tensor(s) tpload handed over were not consumed by vllm's weight loaders: {name} (taken, never read"
+    )

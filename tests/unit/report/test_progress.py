@@ -32,7 +32,10 @@ def test_the_eta_comes_from_bytes_not_tensors(caplog: pytest.LogCaptureFixture) 
     clock.t += 3.0
     with caplog.at_level("INFO", logger="tpload"):
         p.close()
-    assert "read 4 tensors (0.00 GB) in 6 s; finishing the last hashes, then the ranks' verdict" in caplog.text
+    assert (
+        "read 4 tensors (0.00 GB) in 6 s; finishing the last hashes, then the ranks' verdict"
+        in caplog.text
+    )
 
 
 def test_a_load_counts_what_the_table_counts(small_ckpt: Path) -> None:
@@ -53,6 +56,8 @@ def test_a_load_counts_what_the_table_counts(small_ckpt: Path) -> None:
     try:
         rank = shards.report.ranks[0]
         assert sink.tensors == rank.tensors and sink.nbytes == rank.bytes_read
-        assert rank.tensors > len(shards.plan.items)  # packed scales are served tensors of their own
+        assert rank.tensors > len(
+            shards.plan.items
+        )  # packed scales are served tensors of their own
     finally:
         shards.release()

@@ -35,7 +35,11 @@ def write_tensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
     """A well-formed shard of uint8 arrays (stored as U8, in order, no padding between)."""
     header, offset, data = {}, 0, []
     for name, a in tensors.items():
-        header[name] = {"dtype": "U8", "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
+        header[name] = {
+            "dtype": "U8",
+            "shape": list(a.shape),
+            "data_offsets": [offset, offset + a.nbytes],
+        }
         offset += a.nbytes
         data.append(a.tobytes())
     write_raw(path, header, b"".join(data))
@@ -46,7 +50,12 @@ def write_index(root: Path, wmap: dict) -> None:
 
 
 def manifest_entry(file: str, dtype: str, shape: list, data: bytes) -> dict:
-    return {"file": file, "dtype": dtype, "shape": shape, "sha256": hashlib.sha256(data).hexdigest()}
+    return {
+        "file": file,
+        "dtype": dtype,
+        "shape": shape,
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
 
 
 def write_manifest(root: Path, tensors: dict[str, dict]) -> None:
@@ -70,6 +79,7 @@ class Deadline(Exception):
 def deadline(seconds: float) -> Iterator[None]:
     """Raise :class:`Deadline` in the main thread if the block runs past ``seconds`` (SIGALRM
     interrupts a blocking ``open()`` of a FIFO, which a thread join could not)."""
+
     def expire(signum: int, frame: object) -> None:
         raise Deadline(f"still blocked after {seconds} s")
 

@@ -27,7 +27,13 @@ def test_reads_every_tensor_of_the_small_preset(small_ckpt: Path) -> None:
     name = "mtp.0.ffn.experts.3.w2.weight"
     path, offset, nbytes = tensor_offset(small_ckpt, name)
     info = locations[name]
-    assert (info.path, info.begin, info.nbytes, info.rows, info.row_bytes) == (path, offset, nbytes, 256, 128)
+    assert (info.path, info.begin, info.nbytes, info.rows, info.row_bytes) == (
+        path,
+        offset,
+        nbytes,
+        256,
+        128,
+    )
     assert cat.get(name).shape == (256, 128) and cat.get(name).dtype == "I8"
     assert cat.manifest[name].sha256 == hashlib.sha256(stored_bytes(small_ckpt, name)).hexdigest()
 
@@ -48,22 +54,47 @@ def test_sharded_storage_reads_the_stored_rows(small_ckpt: Path) -> None:
 
 
 def test_natural_order() -> None:
-    assert sorted(["x.10", "x.2", "x.1", "x.02.y"], key=natural_key) == ["x.1", "x.02.y", "x.2", "x.10"]
+    assert sorted(["x.10", "x.2", "x.1", "x.02.y"], key=natural_key) == [
+        "x.1",
+        "x.02.y",
+        "x.2",
+        "x.10",
+    ]
 
 
-@pytest.mark.parametrize("header, data, needle", [
-    (b"{not json", b"", "header is not readable JSON"),
-    ({"a": f32(2)}, b"\0" * 4, "runs past the data"),
-    ({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, b"\0" * 8, r"F32 x \[3\] is 12"),
-    ({"a": f32(2), "b": f32(2, begin=4)}, b"\0" * 12, "tensors a and b overlap"),
-    ({"a": {"dtype": "C64", "shape": [1], "data_offsets": [0, 8]}}, b"\0" * 8, "dtype 'C64' is not served"),
-    ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}}, b"\0" * 8,
-     r"data_offsets \[8, 0\] are not ordered"),
-    ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0]}}, b"\0" * 8, "is not \\[begin, end\\]"),
-    ({"a": [1, 2]}, b"", "header entry is not an object"),
-    (b"[1, 2]", b"", "header is not a JSON object"),
-])
-def test_bad_headers_are_named(tmp_path: Path, header: dict | bytes, data: bytes, needle: str) -> None:
+@pytest.mark.parametrize(
+    "header, data, needle",
+    [
+        (b"{not json", b"", "header is not readable JSON"),
+        ({"a": f32(2)}, b"\0" * 4, "runs past the data"),
+        (
+            {"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}},
+            b"\0" * 8,
+            r"F32 x \[3\] is 12",
+        ),
+        ({"a": f32(2), "b": f32(2, begin=4)}, b"\0" * 12, "tensors a and b overlap"),
+        (
+            {"a": {"dtype": "C64", "shape": [1], "data_offsets": [0, 8]}},
+            b"\0" * 8,
+            "dtype 'C64' is not served",
+        ),
+        (
+            {"a": {"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}},
+            b"\0" * 8,
+            r"data_offsets \[8, 0\] are not ordered",
+        ),
+        (
+            {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0]}},
+            b"\0" * 8,
+            "is not \\[begin, end\\]",
+        ),
+        ({"a": [1, 2]}, b"", "header entry is not an object"),
+        (b"[1, 2]", b"", "header is not a JSON object"),
+    ],
+)
+def test_bad_headers_are_named(
+    tmp_path: Path, header: dict | bytes, data: bytes, needle: str
+) -> None:
     write_raw(tmp_path / "m.safetensors", header, data)
     with pytest.raises(CheckpointError, match=needle) as e:
         read_native(tmp_path)
@@ -71,10 +102,14 @@ def test_bad_headers_are_named(tmp_path: Path, header: dict | bytes, data: bytes
 
 
 def test_every_header_problem_is_listed_at_once(tmp_path: Path) -> None:
-    write_raw(tmp_path / "m.safetensors", {
-        "a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]},
-        "b": {"dtype": "Q9", "shape": [1], "data_offsets": [8, 9]},
-    }, b"\0" * 9)
+    write_raw(
+        tmp_path / "m.safetensors",
+        {
+            "a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]},
+            "b": {"dtype": "Q9", "shape": [1], "data_offsets": [8, 9]},
+        },
+        b"\0" * 9,
+    )
     with pytest.raises(CheckpointError) as e:
         read_native(tmp_path)
     msg = str(e.value)
@@ -97,15 +132,21 @@ def test_every_broken_shard_is_listed_at_once(tmp_path: Path) -> None:
 
 def test_header_length_past_the_file(tmp_path: Path) -> None:
     (tmp_path / "m.safetensors").write_bytes(struct.pack("<Q", 1 << 20) + b"{}")
-    with pytest.raises(CheckpointError, match="m.safetensors: header length 1048576 runs past the file"):
+    with pytest.raises(
+        CheckpointError, match="m.safetensors: header length 1048576 runs past the file"
+    ):
         read_native(tmp_path)
 
 
-@pytest.mark.parametrize("file", ["../x.safetensors", "/etc/x.safetensors", "a/../../x.safetensors"])
+@pytest.mark.parametrize(
+    "file", ["../x.safetensors", "/etc/x.safetensors", "a/../../x.safetensors"]
+)
 def test_index_paths_outside_the_folder_are_refused(tmp_path: Path, file: str) -> None:
     root = tmp_path / "ckpt"
     root.mkdir()
-    write_raw(tmp_path / "x.safetensors", {"t": f32(1)}, b"\0" * 4)  # there to be read, were it allowed
+    write_raw(
+        tmp_path / "x.safetensors", {"t": f32(1)}, b"\0" * 4
+    )  # there to be read, were it allowed
     write_index(root, {"t": file})
     with pytest.raises(CheckpointError, match="points outside the checkpoint folder") as e:
         read_native(root)
@@ -132,27 +173,35 @@ def test_symlinked_shards_stay_allowed(tmp_path: Path) -> None:
 def test_index_naming_a_missing_file(tmp_path: Path) -> None:
     write_raw(tmp_path / "here.safetensors", {"s": f32(1)}, b"\0" * 4)
     write_index(tmp_path, {"s": "here.safetensors", "t": "nope.safetensors"})
-    with pytest.raises(CheckpointError, match="model.safetensors.index.json: shard nope.safetensors does not exist"):
+    with pytest.raises(
+        CheckpointError, match="model.safetensors.index.json: shard nope.safetensors does not exist"
+    ):
         read_native(tmp_path)
 
 
 def test_index_naming_a_tensor_its_shard_lacks(tmp_path: Path) -> None:
     write_raw(tmp_path / "m.safetensors", {"s": f32(1)}, b"\0" * 4)
     write_index(tmp_path, {"s": "m.safetensors", "ghost": "m.safetensors"})
-    with pytest.raises(CheckpointError, match="tensor ghost is mapped to m.safetensors but its header has no such"):
+    with pytest.raises(
+        CheckpointError, match="tensor ghost is mapped to m.safetensors but its header has no such"
+    ):
         read_native(tmp_path)
 
 
 def test_a_tensor_in_two_shards_without_an_index(tmp_path: Path) -> None:
     write_raw(tmp_path / "a.safetensors", {"t": f32(1)}, b"\0" * 4)
     write_raw(tmp_path / "b.safetensors", {"t": f32(1)}, b"\0" * 4)
-    with pytest.raises(CheckpointError, match="tensor t is in both a.safetensors and b.safetensors"):
+    with pytest.raises(
+        CheckpointError, match="tensor t is in both a.safetensors and b.safetensors"
+    ):
         read_native(tmp_path)
 
 
 def test_manifest_not_json(ckpt_copy: Path) -> None:
     (ckpt_copy / MANIFEST).write_text("{oops")
-    with pytest.raises(CheckpointError, match="NATIVE_MANIFEST.json: manifest is not readable JSON"):
+    with pytest.raises(
+        CheckpointError, match="NATIVE_MANIFEST.json: manifest is not readable JSON"
+    ):
         read_native(ckpt_copy)
 
 
@@ -171,14 +220,19 @@ def test_manifest_disagreeing_with_header_is_listed(ckpt_copy: Path) -> None:
     def mutate(m: dict) -> None:
         m["tensors"]["head.weight"]["shape"] = [1, 2]
         del m["tensors"]["mtp.0.enorm.weight"]
+
     edit_json(ckpt_copy / MANIFEST, mutate)
     cat, _ = read_native(ckpt_copy)
     problems = cat.manifest_problems(cat.names())
     assert len(problems) == 2, problems
     assert all(p.startswith(f"{ckpt_copy / MANIFEST}: tensor ") for p in problems)
-    assert any("head.weight: manifest says" in p and "[1, 2]" in p and "[512, 256]" in p for p in problems)
-    assert any("mtp.0.enorm.weight (in model-00001-of-00002.safetensors) is not in the manifest" in p
-               for p in problems)
+    assert any(
+        "head.weight: manifest says" in p and "[1, 2]" in p and "[512, 256]" in p for p in problems
+    )
+    assert any(
+        "mtp.0.enorm.weight (in model-00001-of-00002.safetensors) is not in the manifest" in p
+        for p in problems
+    )
 
 
 def test_a_missing_manifest_is_one_problem(ckpt_copy: Path) -> None:
@@ -198,6 +252,7 @@ def test_bad_manifest_entries_are_listed_at_once(ckpt_copy: Path) -> None:
     def mutate(m: dict) -> None:
         m["tensors"]["head.weight"]["sha256"] = "abc"
         del m["tensors"]["mtp.0.enorm.weight"]["file"]
+
     edit_json(ckpt_copy / MANIFEST, mutate)
     with pytest.raises(CheckpointError) as e:
         read_native(ckpt_copy)

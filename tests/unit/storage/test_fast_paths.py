@@ -29,14 +29,52 @@ def old_natural_key(name: str) -> tuple:
 
 
 def tricky_name(rng: random.Random) -> str:
-    pieces = ["", "x", ".", "a.b", "\x00", "\x01", "é", "٣", "０", "_", "\n"]  # Arabic-Indic and fullwidth digits
-    runs = ["0", "00", "1", "01", "001", "2", "02", "10", "9" * 50, "0" * 20 + "7", "1" + "0" * 5000, "9" * 5000]
-    return "".join(rng.choice(runs) if rng.random() < 0.4 else rng.choice(pieces) for _ in range(rng.randrange(0, 7)))
+    pieces = [
+        "",
+        "x",
+        ".",
+        "a.b",
+        "\x00",
+        "\x01",
+        "é",
+        "٣",
+        "０",
+        "_",
+        "\n",
+    ]  # Arabic-Indic and fullwidth digits
+    runs = [
+        "0",
+        "00",
+        "1",
+        "01",
+        "001",
+        "2",
+        "02",
+        "10",
+        "9" * 50,
+        "0" * 20 + "7",
+        "1" + "0" * 5000,
+        "9" * 5000,
+    ]
+    return "".join(
+        rng.choice(runs) if rng.random() < 0.4 else rng.choice(pieces)
+        for _ in range(rng.randrange(0, 7))
+    )
 
 
 def test_natural_key_orders_tricky_names_as_before() -> None:
     rng = random.Random(20261130)
-    names = [tricky_name(rng) for _ in range(3000)] + ["", "0", "00", "x.02", "x.2", "x.1", "x.10", "x1y", "x01y"]
+    names = [tricky_name(rng) for _ in range(3000)] + [
+        "",
+        "0",
+        "00",
+        "x.02",
+        "x.2",
+        "x.1",
+        "x.10",
+        "x1y",
+        "x01y",
+    ]
     assert sorted(names, key=natural_key) == sorted(names, key=old_natural_key)
     for _ in range(20000):  # every comparison too, ties included (a sort could hide one)
         a, b = rng.choice(names), rng.choice(names)
@@ -46,10 +84,14 @@ def test_natural_key_orders_tricky_names_as_before() -> None:
 
 def sound_header() -> dict:
     """Entries out of file order (as a header's sorted names put them), a scalar, an empty tensor."""
-    return {"__metadata__": {"format": "pt"}, "z": f32(4, begin=0), "b.2": {"dtype": "BF16", "shape": [3, 5],
-            "data_offsets": [16, 46]}, "a": {"dtype": "U8", "shape": [], "data_offsets": [46, 47]},
-            "empty": {"dtype": "F32", "shape": [0, 7], "data_offsets": [47, 47]},
-            "m": {"dtype": "I64", "shape": [2, 1, 3], "data_offsets": [48, 96]}}
+    return {
+        "__metadata__": {"format": "pt"},
+        "z": f32(4, begin=0),
+        "b.2": {"dtype": "BF16", "shape": [3, 5], "data_offsets": [16, 46]},
+        "a": {"dtype": "U8", "shape": [], "data_offsets": [46, 47]},
+        "empty": {"dtype": "F32", "shape": [0, 7], "data_offsets": [47, 47]},
+        "m": {"dtype": "I64", "shape": [2, 1, 3], "data_offsets": [48, 96]},
+    }
 
 
 def checked(header: dict) -> dict[str, TensorInfo] | str:
@@ -61,8 +103,29 @@ def checked(header: dict) -> dict[str, TensorInfo] | str:
 
 def mutations(header: dict) -> list[dict]:
     """The sound header spoilt one field at a time, in every way a JSON value can be wrong."""
-    bad_values = [None, True, 1.0, -1, 1 << 48, 1 << 60, "F32", [], [1], [0, 1, 2], {}, [True, 2], [1.0, 2], [-4, 0],
-                  [0, DATA_LEN + 1], [10, 4], "BOOL", "C64", ["F32"], [1] * 9, 0]
+    bad_values = [
+        None,
+        True,
+        1.0,
+        -1,
+        1 << 48,
+        1 << 60,
+        "F32",
+        [],
+        [1],
+        [0, 1, 2],
+        {},
+        [True, 2],
+        [1.0, 2],
+        [-4, 0],
+        [0, DATA_LEN + 1],
+        [10, 4],
+        "BOOL",
+        "C64",
+        ["F32"],
+        [1] * 9,
+        0,
+    ]
     out = []
     for name in [n for n in header if n != "__metadata__"]:
         for field in ("dtype", "shape", "data_offsets", None):
@@ -88,10 +151,17 @@ def test_the_quick_header_pass_accepts_exactly_what_the_checked_pass_accepts() -
     assert quick == checked(header) and list(quick) == ["z", "b.2", "a", "empty", "m"]
     for name, info in quick.items():  # the sizes filled in are the ones the properties compute
         fresh = TensorInfo(info.name, info.file, info.dtype, info.shape, info.path, info.begin)
-        assert (info.nbytes, info.rows, info.row_bytes) == (fresh.nbytes, fresh.rows, fresh.row_bytes), name
+        assert (info.nbytes, info.rows, info.row_bytes) == (
+            fresh.nbytes,
+            fresh.rows,
+            fresh.row_bytes,
+        ), name
     seen_refusals = 0
     for spoilt in mutations(header):
-        quick, slow = safetensors._sound_entries(PATH, PATH.name, spoilt, 8, DATA_LEN), checked(spoilt)
+        quick, slow = (
+            safetensors._sound_entries(PATH, PATH.name, spoilt, 8, DATA_LEN),
+            checked(spoilt),
+        )
         if isinstance(slow, str):
             seen_refusals += 1
             assert quick is None, slow
@@ -107,8 +177,10 @@ def test_a_spoilt_header_is_worded_by_the_checked_pass(tmp_path: Path) -> None:
     write_raw(path, header, b"\0" * 96)
     with pytest.raises(CheckpointError) as e:
         safetensors.read_header(path, path.name)
-    assert str(e.value) == (f"2 problems in the header of {path}:\n  - {path}: tensors b.2 and m overlap (bytes 16..46 "
-                            f"and 40..)\n  - {path}: tensors m and a overlap (bytes 40..88 and 46..)")
+    assert str(e.value) == (
+        f"2 problems in the header of {path}:\n  - {path}: tensors b.2 and m overlap (bytes 16..46 "
+        f"and 40..)\n  - {path}: tensors m and a overlap (bytes 40..88 and 46..)"
+    )
 
 
 def test_a_tensor_info_equals_the_meta_of_its_four_fields() -> None:
@@ -116,9 +188,13 @@ def test_a_tensor_info_equals_the_meta_of_its_four_fields() -> None:
     metas = [TensorMeta(i.name, i.file, i.dtype, i.shape) for i in infos.values()]
     assert list(infos.values()) == metas and metas == list(infos.values())
     assert [hash(i) for i in infos.values()] == [hash(m) for m in metas]
-    assert [(m.nbytes, m.rows, m.row_bytes) for m in metas] == [(i.nbytes, i.rows, i.row_bytes) for i in infos.values()]
+    assert [(m.nbytes, m.rows, m.row_bytes) for m in metas] == [
+        (i.nbytes, i.rows, i.row_bytes) for i in infos.values()
+    ]
     z = infos["z"]
-    assert z != TensorMeta(z.name, z.file, "I32", z.shape) and z != TensorMeta(z.name, "other", z.dtype, z.shape)
+    assert z != TensorMeta(z.name, z.file, "I32", z.shape) and z != TensorMeta(
+        z.name, "other", z.dtype, z.shape
+    )
     assert z != (z.name, z.file, z.dtype, z.shape)
 
 
@@ -132,8 +208,15 @@ def test_the_catalogue_holds_the_located_tensors(tmp_path: Path) -> None:
 
 
 def sound_manifest() -> dict:
-    return {f"t.{i}": {"file": f"s{i % 3}.safetensors", "dtype": "BF16", "shape": [i, 2, 3][: i % 4],
-                       "sha256": ("aB" * 32 if i % 2 else "0" * 64)} for i in range(12)}
+    return {
+        f"t.{i}": {
+            "file": f"s{i % 3}.safetensors",
+            "dtype": "BF16",
+            "shape": [i, 2, 3][: i % 4],
+            "sha256": ("aB" * 32 if i % 2 else "0" * 64),
+        }
+        for i in range(12)
+    }
 
 
 def slow_manifest(tensors: dict) -> dict[str, ManifestEntry] | str:
@@ -150,10 +233,33 @@ def slow_manifest(tensors: dict) -> dict[str, ManifestEntry] | str:
 
 def test_the_quick_manifest_pass_accepts_exactly_what_the_checked_pass_accepts() -> None:
     tensors = sound_manifest()
-    assert catalogue._sound_manifest(tensors) == slow_manifest(tensors) == parse_manifest_entries(tensors, PATH)
+    assert (
+        catalogue._sound_manifest(tensors)
+        == slow_manifest(tensors)
+        == parse_manifest_entries(tensors, PATH)
+    )
     assert parse_manifest_entries(tensors, PATH)["t.1"].sha256 == "ab" * 32
-    bad_values = [None, True, 1.0, -1, 1 << 48, "x", [], [1.5], [True], [-1], [1 << 48], [1] * 9, {}, "0" * 63,
-                  "0" * 65, "g" * 64, "Ａ" * 64, 7, [1, 2]]
+    bad_values = [
+        None,
+        True,
+        1.0,
+        -1,
+        1 << 48,
+        "x",
+        [],
+        [1.5],
+        [True],
+        [-1],
+        [1 << 48],
+        [1] * 9,
+        {},
+        "0" * 63,
+        "0" * 65,
+        "g" * 64,
+        "Ａ" * 64,
+        7,
+        [1, 2],
+    ]
     refusals = 0
     for name in list(tensors)[:4]:
         for field in ("file", "dtype", "shape", "sha256", None):

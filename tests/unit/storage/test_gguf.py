@@ -39,12 +39,20 @@ def _array(ttype: T, shape: tuple[int, ...], rng: np.random.Generator) -> np.nda
     return rng.integers(0, 256, byte_shape, dtype=np.uint8)
 
 
-def write(path: Path, tensors: list = TENSORS, *, arch: str = "deepseek2", alignment: int = 0,
-          split_max_tensors: int = 0) -> None:
+def write(
+    path: Path,
+    tensors: list = TENSORS,
+    *,
+    arch: str = "deepseek2",
+    alignment: int = 0,
+    split_max_tensors: int = 0,
+) -> None:
     rng = np.random.default_rng(0)
     w = gguf.GGUFWriter(path, arch, split_max_tensors=split_max_tensors)
     w.add_block_count(1)
-    w.add_array("tokenizer.ggml.tokens", [f"t{i}" for i in range(5000)])  # a long array, walked not kept
+    w.add_array(
+        "tokenizer.ggml.tokens", [f"t{i}" for i in range(5000)]
+    )  # a long array, walked not kept
     w.add_string("general.name", "tiny")
     if alignment:
         w.add_custom_alignment(alignment)
@@ -53,8 +61,12 @@ def write(path: Path, tensors: list = TENSORS, *, arch: str = "deepseek2", align
         if ttype in (T.F32, T.F16):
             w.add_tensor(name, a)
         else:
-            w.add_tensor(name, a.view(np.uint8) if ttype == T.BF16 else a, raw_dtype=ttype,
-                         raw_shape=shape if ttype == T.BF16 else None)
+            w.add_tensor(
+                name,
+                a.view(np.uint8) if ttype == T.BF16 else a,
+                raw_dtype=ttype,
+                raw_shape=shape if ttype == T.BF16 else None,
+            )
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -71,7 +83,7 @@ def _compare(path: Path) -> None:
         assert info.elements == tuple(int(d) for d in reversed(t.shape))
         assert info.begin == t.data_offset
         assert info.nbytes == t.n_bytes
-        raw = path.read_bytes()[info.begin:info.begin + info.nbytes]
+        raw = path.read_bytes()[info.begin : info.begin + info.nbytes]
         assert raw == t.data.tobytes()
         if info.dtype in BLOCK and info.dtype not in ("F32", "F16", "BF16"):
             assert info.shape == tuple(t.data.shape)  # the byte view gguf's reader gives too
@@ -106,8 +118,9 @@ def test_split_set(tmp_path: Path) -> None:
 def _compare_set_part(path: Path) -> None:
     ref = gguf.GGUFReader(path)
     mine = read_header(path, path.name)
-    assert [(t.name, t.data_offset, t.n_bytes) for t in ref.tensors] == \
-        [(n, mine.tensors[n].begin, mine.tensors[n].nbytes) for n in mine.order]
+    assert [(t.name, t.data_offset, t.n_bytes) for t in ref.tensors] == [
+        (n, mine.tensors[n].begin, mine.tensors[n].nbytes) for n in mine.order
+    ]
 
 
 def test_set_problems(tmp_path: Path) -> None:
@@ -115,7 +128,9 @@ def test_set_problems(tmp_path: Path) -> None:
     files = gguf_files(tmp_path)
     assert len(files) == 3
     files[1].unlink()
-    with pytest.raises(CheckpointError, match=r"m-00002-of-00003\.gguf: part 2 of the 3-part split set is missing"):
+    with pytest.raises(
+        CheckpointError, match=r"m-00002-of-00003\.gguf: part 2 of the 3-part split set is missing"
+    ):
         gguf_files(tmp_path)
     files[1].write_bytes(files[0].read_bytes())
     (tmp_path / "m-00004-of-00003.gguf").write_bytes(b"")
@@ -129,7 +144,9 @@ def test_set_problems(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match=r"m-00002-of-00003\.gguf: split\.no 0 .*disagree"):
         read_set(gguf_files(tmp_path), tmp_path)  # part 2 holds part 1's header
     (tmp_path / "x.safetensors").write_bytes(b"")
-    with pytest.raises(CheckpointError, match=r"m-00001-of-00003\.gguf: GGUF file beside safetensors shards"):
+    with pytest.raises(
+        CheckpointError, match=r"m-00001-of-00003\.gguf: GGUF file beside safetensors shards"
+    ):
         gguf_files(tmp_path)
 
 
@@ -143,17 +160,27 @@ def test_two_unsplit_files(tmp_path: Path) -> None:
 
 # --- hand-made headers ----------------------------------------------------------------------------------
 
+
 def _s(text: str) -> bytes:
     raw = text.encode()
     return struct.pack("<Q", len(raw)) + raw
 
 
-def handmade(tensors: list[tuple[str, tuple[int, ...], int, int]], data: int, kv: bytes = b"", n_kv: int = 0,
-             version: int = 3) -> bytes:
+def handmade(
+    tensors: list[tuple[str, tuple[int, ...], int, int]],
+    data: int,
+    kv: bytes = b"",
+    n_kv: int = 0,
+    version: int = 3,
+) -> bytes:
     """A GGUF file from (name, GGUF-order dims, type id, offset) entries and ``data`` bytes of data."""
     head = b"GGUF" + struct.pack("<IQQ", version, len(tensors), n_kv) + kv
     for name, dims, ttype, offset in tensors:
-        head += _s(name) + struct.pack(f"<I{len(dims)}Q", len(dims), *dims) + struct.pack("<IQ", ttype, offset)
+        head += (
+            _s(name)
+            + struct.pack(f"<I{len(dims)}Q", len(dims), *dims)
+            + struct.pack("<IQ", ttype, offset)
+        )
     head += b"\0" * (-len(head) % 32)
     return head + bytes(data)
 
@@ -162,18 +189,37 @@ def test_handmade_is_read(tmp_path: Path) -> None:
     path = tmp_path / "h.gguf"
     path.write_bytes(handmade([("a", (256, 2), 12, 0), ("b", (4,), 0, 288)], 320, version=2))
     h = read_header(path, "h.gguf")
-    assert h.version == 2 and h.tensors["a"].shape == (2, 144) and h.tensors["b"].begin == h.data_start + 288
+    assert (
+        h.version == 2
+        and h.tensors["a"].shape == (2, 144)
+        and h.tensors["b"].begin == h.data_start + 288
+    )
 
 
-@pytest.mark.parametrize("entries,data,message", [
-    ([("a", (256, 2), 12, 0), ("b", (4,), 0, 256)], 320, r"h\.gguf: tensors a and b overlap"),
-    ([("a", (256, 2), 12, 0)], 200, r"h\.gguf: tensor a: data bytes 0\.\.288 run past the end of the file"),
-    ([("a", (256, 2), 12, 0), ("a", (4,), 0, 288)], 320, r"h\.gguf: tensor a appears twice"),
-    ([("a", (100, 2), 12, 0)], 320, r"tensor a: Q4_K innermost dimension 100 is not a multiple of its 256-weight"),
-    ([("a", (64, 2), 2, 0)], 320, r"h\.gguf: tensor a: ggml type Q4_0 is not served"),
-    ([("a", (64, 2), 99, 0)], 320, r"h\.gguf: tensor a: ggml type type 99 is not served"),
-    ([("a", (4,), 0, 8)], 320, r"tensor a: offset 8 is not a multiple of general\.alignment 32"),
-])
+@pytest.mark.parametrize(
+    "entries,data,message",
+    [
+        ([("a", (256, 2), 12, 0), ("b", (4,), 0, 256)], 320, r"h\.gguf: tensors a and b overlap"),
+        (
+            [("a", (256, 2), 12, 0)],
+            200,
+            r"h\.gguf: tensor a: data bytes 0\.\.288 run past the end of the file",
+        ),
+        ([("a", (256, 2), 12, 0), ("a", (4,), 0, 288)], 320, r"h\.gguf: tensor a appears twice"),
+        (
+            [("a", (100, 2), 12, 0)],
+            320,
+            r"tensor a: Q4_K innermost dimension 100 is not a multiple of its 256-weight",
+        ),
+        ([("a", (64, 2), 2, 0)], 320, r"h\.gguf: tensor a: ggml type Q4_0 is not served"),
+        ([("a", (64, 2), 99, 0)], 320, r"h\.gguf: tensor a: ggml type type 99 is not served"),
+        (
+            [("a", (4,), 0, 8)],
+            320,
+            r"tensor a: offset 8 is not a multiple of general\.alignment 32",
+        ),
+    ],
+)
 def test_bad_tensor_entries(tmp_path: Path, entries: list, data: int, message: str) -> None:
     path = tmp_path / "h.gguf"
     path.write_bytes(handmade(entries, data))
@@ -181,24 +227,57 @@ def test_bad_tensor_entries(tmp_path: Path, entries: list, data: int, message: s
         read_header(path, "h.gguf")
 
 
-@pytest.mark.parametrize("raw,message", [
-    (b"GGUX" + bytes(20), r"h\.gguf: GGUF header: magic is not GGUF"),
-    (b"GGUF" + struct.pack("<IQQ", 1, 0, 0), r"version 1 is not read"),
-    (b"GGUF" + struct.pack("<IQQ", 3, 1 << 40, 0), r"tensor count 1099511627776 is more than"),
-    (b"GGUF" + struct.pack("<IQQ", 3, 0, 1 << 40), r"key-value count .* is more than"),
-    (b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 1 << 60), r"key 0: string length .* is more than"),
-    (b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + _s("k") + struct.pack("<IIQ", 9, 4, 1 << 40),
-     r"key k: array length 1099511627776 is more than"),
-    (b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + _s("k") + struct.pack("<IIQIQIQ", 9, 9, 1, 9, 1, 9, 1),
-     r"key k\[0\]\[0\]: arrays nested more than 2 deep"),
-    (b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + _s("k") + struct.pack("<I", 13), r"key k: value type 13 is not a GGUF"),
-    (b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + _s("general.alignment") + struct.pack("<II", 4, 48),
-     r"general\.alignment 48 is not a power of two"),
-    (b"GGUF" + struct.pack("<IQQ", 3, 0, 2) + (_s("k") + struct.pack("<IB", 0, 1)) * 2, r"key k appears twice"),
-    (b"GGUF" + struct.pack("<IQQ", 3, 1, 0) + _s("t") + struct.pack("<I", 7), r"tensor t: 7 dimensions"),
-    (b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + _s("k") + struct.pack("<IQ", 8, 2) + b"\xff\xfe",
-     r"key k: not UTF-8"),
-])
+@pytest.mark.parametrize(
+    "raw,message",
+    [
+        (b"GGUX" + bytes(20), r"h\.gguf: GGUF header: magic is not GGUF"),
+        (b"GGUF" + struct.pack("<IQQ", 1, 0, 0), r"version 1 is not read"),
+        (b"GGUF" + struct.pack("<IQQ", 3, 1 << 40, 0), r"tensor count 1099511627776 is more than"),
+        (b"GGUF" + struct.pack("<IQQ", 3, 0, 1 << 40), r"key-value count .* is more than"),
+        (
+            b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 1 << 60),
+            r"key 0: string length .* is more than",
+        ),
+        (
+            b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + _s("k") + struct.pack("<IIQ", 9, 4, 1 << 40),
+            r"key k: array length 1099511627776 is more than",
+        ),
+        (
+            b"GGUF"
+            + struct.pack("<IQQ", 3, 0, 1)
+            + _s("k")
+            + struct.pack("<IIQIQIQ", 9, 9, 1, 9, 1, 9, 1),
+            r"key k\[0\]\[0\]: arrays nested more than 2 deep",
+        ),
+        (
+            b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + _s("k") + struct.pack("<I", 13),
+            r"key k: value type 13 is not a GGUF",
+        ),
+        (
+            b"GGUF"
+            + struct.pack("<IQQ", 3, 0, 1)
+            + _s("general.alignment")
+            + struct.pack("<II", 4, 48),
+            r"general\.alignment 48 is not a power of two",
+        ),
+        (
+            b"GGUF" + struct.pack("<IQQ", 3, 0, 2) + (_s("k") + struct.pack("<IB", 0, 1)) * 2,
+            r"key k appears twice",
+        ),
+        (
+            b"GGUF" + struct.pack("<IQQ", 3, 1, 0) + _s("t") + struct.pack("<I", 7),
+            r"tensor t: 7 dimensions",
+        ),
+        (
+            b"GGUF"
+            + struct.pack("<IQQ", 3, 0, 1)
+            + _s("k")
+            + struct.pack("<IQ", 8, 2)
+            + b"\xff\xfe",
+            r"key k: not UTF-8",
+        ),
+    ],
+)
 def test_bad_headers(tmp_path: Path, raw: bytes, message: str) -> None:
     path = tmp_path / "h.gguf"
     path.write_bytes(raw)
@@ -238,9 +317,23 @@ def test_headers_only_full_set_for_plan(tmp_path: Path) -> None:
     """deepseek-r1-gguf-full: our own header writer read back by gguf's reader; `plan` gives per-rank figures."""
     import subprocess
     import sys
+
     root = tmp_path / "r1"
-    run = subprocess.run([sys.executable, "-m", "tpload", "synth", str(root), "--preset", "deepseek-r1-gguf-full",
-                          "--headers-only"], capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tpload",
+            "synth",
+            str(root),
+            "--preset",
+            "deepseek-r1-gguf-full",
+            "--headers-only",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
     files = gguf_files(root)
     assert len(files) == 9
@@ -249,9 +342,16 @@ def test_headers_only_full_set_for_plan(tmp_path: Path) -> None:
     tensors = {n: h.tensors[n] for h in headers for n in h.order}
     assert len(tensors) == 1025  # as llama.cpp's DeepSeek-R1 Q4_K_M
     assert sum(t.nbytes for t in tensors.values()) == 404_424_884_224
-    assert (tensors["blk.3.ffn_down_exps.weight"].dtype, tensors["blk.7.ffn_down_exps.weight"].dtype) == ("Q6_K", "Q4_K")
+    assert (
+        tensors["blk.3.ffn_down_exps.weight"].dtype,
+        tensors["blk.7.ffn_down_exps.weight"].dtype,
+    ) == ("Q6_K", "Q4_K")
     assert tensors["blk.3.ffn_down_exps.weight"].elements == (256, 7168, 2048)
-    plan = subprocess.run([sys.executable, "-m", "tpload", "plan", str(root), "--tp", "8"], capture_output=True,
-                          text=True, timeout=120)
+    plan = subprocess.run(
+        [sys.executable, "-m", "tpload", "plan", str(root), "--tp", "8"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert plan.returncode == 0, plan.stderr
     assert "headers-only checkpoint" in plan.stdout and "51.384" in plan.stdout, plan.stdout

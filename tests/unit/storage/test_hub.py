@@ -18,9 +18,9 @@ import pytest
 
 import tpload
 from tpload.errors import CheckpointError
-from tpload.tools.published import write_published
 from tpload.storage import hub
 from tpload.storage.sharded import ShardedStorage
+from tpload.tools.published import write_published
 
 REPO = "org/tiny-llama"
 
@@ -47,7 +47,7 @@ def blob_of(link: Path) -> Path:
 # -- git's blob hash
 
 
-@pytest.mark.parametrize("data", [b"", b"hello\n", bytes(range(256)) * 41, b"{\"a\": 1}"])
+@pytest.mark.parametrize("data", [b"", b"hello\n", bytes(range(256)) * 41, b'{"a": 1}'])
 def test_git_blob_sha1_is_gits_object_name(data: bytes) -> None:
     assert hub.git_blob_sha1(data) == sha1_blob(data)
 
@@ -75,11 +75,14 @@ def test_to_hub_cache_links_every_file_to_its_hash_named_blob(tmp_path: Path) ->
         target = os.readlink(link)
         assert link.is_symlink() and not os.path.isabs(target)
         assert Path(os.path.normpath(snap / target)).parent == top / "blobs"
-        want = hashlib.sha256(data).hexdigest() if name.endswith(".safetensors") else sha1_blob(data)
+        want = (
+            hashlib.sha256(data).hexdigest() if name.endswith(".safetensors") else sha1_blob(data)
+        )
         assert Path(target).name == want
         assert blob_of(link).read_bytes() == data
-    assert sorted(p.name for p in (top / "blobs").iterdir()) == sorted(Path(os.readlink(snap / n)).name
-                                                                        for n in contents)
+    assert sorted(p.name for p in (top / "blobs").iterdir()) == sorted(
+        Path(os.readlink(snap / n)).name for n in contents
+    )
 
 
 def test_is_snapshot(snapshot: Path, tmp_path: Path) -> None:
@@ -112,14 +115,18 @@ def test_a_regular_file_in_a_snapshot_is_refused_naming_it(snapshot: Path) -> No
     with pytest.raises(CheckpointError) as e:
         hub.blobs(snapshot, ["config.json", "model.safetensors.index.json"])
     message = str(e.value)
-    assert "config.json: not a link into" in message and "model.safetensors.index.json" not in message
+    assert (
+        "config.json: not a link into" in message and "model.safetensors.index.json" not in message
+    )
     with pytest.raises(CheckpointError, match="config.json: not a link into"):
         hub.check_small_files(snapshot)
 
 
 def test_a_link_out_of_blobs_is_refused_naming_it(snapshot: Path, tmp_path: Path) -> None:
     shard = sorted(snapshot.glob("*.safetensors"))[0]
-    elsewhere = tmp_path / "elsewhere" / Path(os.readlink(shard)).name  # even named by the right hash
+    elsewhere = (
+        tmp_path / "elsewhere" / Path(os.readlink(shard)).name
+    )  # even named by the right hash
     elsewhere.parent.mkdir()
     elsewhere.write_bytes(shard.read_bytes())
     shard.unlink()
@@ -135,7 +142,10 @@ def test_a_blob_not_named_by_a_hash_is_refused(snapshot: Path) -> None:
     os.replace(blob_of(index), blobs / "index-blob")
     index.unlink()
     index.symlink_to(os.path.relpath(blobs / "index-blob", snapshot))
-    with pytest.raises(CheckpointError, match=r"model\.safetensors\.index\.json: its blob index-blob is not named by"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"model\.safetensors\.index\.json: its blob index-blob is not named by",
+    ):
         hub.blobs(snapshot, [index.name])
 
 
@@ -194,7 +204,8 @@ def test_a_shard_stored_as_a_git_object_is_checked_whole_by_sha1(snapshot: Path)
     # the LFS shard by its blob name; the git object by the sha256 of the bytes its SHA-1 vouched for
     assert hub.shard_digests(snapshot, [first, second]) == {
         first: hashlib.sha256((snapshot / first).read_bytes()).hexdigest(),
-        second: Path(os.readlink(snapshot / second)).name}
+        second: Path(os.readlink(snapshot / second)).name,
+    }
     blob = blob_of(snapshot / first)
     raw = bytearray(blob.read_bytes())
     raw[-1] ^= 0xFF
@@ -218,7 +229,9 @@ def test_a_corrupt_shard_fails_the_load_naming_the_file(snapshot: Path) -> None:
     raw = bytearray(blob.read_bytes())
     raw[-3] ^= 0x01  # inside the last tensor's data
     blob.write_bytes(bytes(raw))
-    with pytest.raises(tpload.LoadError, match=f"{shard.name}: file sha256 .* is not .*the file is corrupt"):
+    with pytest.raises(
+        tpload.LoadError, match=f"{shard.name}: file sha256 .* is not .*the file is corrupt"
+    ):
         tpload.load(snapshot, progress=False)
 
 
@@ -231,15 +244,21 @@ def test_a_manifest_written_into_a_snapshot_is_used_and_keeps_it_loadable(snapsh
     """`tpload manifest` on a snapshot (what the amplification note recommends for ep layouts) writes
     a regular file among the links; the snapshot stays loadable, now verified per tensor."""
     from tpload.tools.offline import write_manifest
+
     write_manifest(snapshot)
-    assert (snapshot / "NATIVE_MANIFEST.json").is_file() and not (snapshot / "NATIVE_MANIFEST.json").is_symlink()
+    assert (snapshot / "NATIVE_MANIFEST.json").is_file() and not (
+        snapshot / "NATIVE_MANIFEST.json"
+    ).is_symlink()
     shards = tpload.load(snapshot, progress=False)
-    assert not any("hub cache snapshot" in n for n in shards.report.notes)  # per tensor, not whole files
+    assert not any(
+        "hub cache snapshot" in n for n in shards.report.notes
+    )  # per tensor, not whole files
     assert shards.report.mine.hashed == len(shards.state_dict())
 
 
 def test_auto_config_checks_a_snapshots_config_json_before_believing_it(snapshot: Path) -> None:
     from tpload.pick import choose
+
     blob = blob_of(snapshot / "config.json")
     blob.write_text(blob.read_text().replace("LlamaForCausalLM", "GptOssForCausalLM"))
     with pytest.raises(CheckpointError, match="config.json.*corrupt"):
@@ -249,6 +268,7 @@ def test_auto_config_checks_a_snapshots_config_json_before_believing_it(snapshot
 def test_verify_at_rest_checks_a_snapshot_by_its_blob_names(snapshot: Path) -> None:
     from tpload.config import load_config
     from tpload.tools.offline import verify_checkpoint
+
     assert verify_checkpoint(snapshot, load_config("llama")) == []
     shard = sorted(snapshot.glob("*.safetensors"))[1]
     blob = blob_of(shard)
@@ -261,6 +281,7 @@ def test_verify_at_rest_checks_a_snapshot_by_its_blob_names(snapshot: Path) -> N
 
 def test_a_manifest_is_not_written_over_a_corrupt_snapshot(snapshot: Path) -> None:
     from tpload.tools.offline import write_manifest
+
     shard = sorted(snapshot.glob("*.safetensors"))[0]
     blob = blob_of(shard)
     raw = bytearray(blob.read_bytes())

@@ -18,9 +18,9 @@ import pytest
 
 import tpload
 from tpload.errors import CheckpointError, LoadError
-from tpload.tools.published import write_published
 from tpload.storage import localdir
 from tpload.storage.sharded import ShardedStorage
+from tpload.tools.published import write_published
 
 hf_local = pytest.importorskip("huggingface_hub._local_folder")
 
@@ -69,7 +69,11 @@ def test_tpload_reads_the_metadata_as_huggingface_hub_does(local: Path) -> None:
         theirs = hf_local.read_download_metadata(local, f)
         ours = localdir.judge(local, f)
         assert theirs is not None and isinstance(ours, localdir.Metadata), (f, ours)
-        assert (ours.commit, ours.blob.digest, ours.timestamp) == (theirs.commit_hash, theirs.etag, theirs.timestamp)
+        assert (ours.commit, ours.blob.digest, ours.timestamp) == (
+            theirs.commit_hash,
+            theirs.etag,
+            theirs.timestamp,
+        )
         assert ours.blob.algorithm == ("sha256" if f.endswith(".safetensors") else "git-sha1")
         assert ours.path == hf_local.get_local_download_paths(local, f).metadata_path
 
@@ -92,27 +96,41 @@ def test_stale_as_huggingface_hub_judges_it(local: Path, after: float, fresh: bo
 def test_a_local_dir_download_loads_verified_with_no_flag(local: Path) -> None:
     s = tpload.load(local, progress=False)
     note = next(n for n in s.report.notes if n.startswith("local-dir download"))
-    assert note.startswith(f"local-dir download (commit {COMMIT[:12]}): 2 file(s) checked whole against their "
-                           "local-dir etags"), note
-    assert s.vouched_by == "the etag each file's local-dir download metadata records (files hashed whole)"
+    assert note.startswith(
+        f"local-dir download (commit {COMMIT[:12]}): 2 file(s) checked whole against their "
+        "local-dir etags"
+    ), note
+    assert (
+        s.vouched_by
+        == "the etag each file's local-dir download metadata records (files hashed whole)"
+    )
     assert s.report.mine.bytes_hashed == sum(p.stat().st_size for p in shards(local))
     assert len(s.state_dict()) > 0
 
 
 def test_a_flipped_byte_fails_naming_the_file_and_its_etag(local: Path) -> None:
     shard = shards(local)[1]
-    flip(shard, shard.stat().st_size - 2)  # the data, not the header: only the whole-file hash sees it
-    with pytest.raises(LoadError, match=f"{shard.name}: file sha256 .* is not .*local-dir download metadata.*corrupt"):
+    flip(
+        shard, shard.stat().st_size - 2
+    )  # the data, not the header: only the whole-file hash sees it
+    with pytest.raises(
+        LoadError,
+        match=f"{shard.name}: file sha256 .* is not .*local-dir download metadata.*corrupt",
+    ):
         tpload.load(local, progress=False)
 
 
 def test_config_json_is_checked_by_its_git_sha1_before_it_picks_the_config(local: Path) -> None:
     from tpload.pick import choose
+
     cfg = local / "config.json"
     st = cfg.stat()
     cfg.write_text(cfg.read_text().replace("GptOssForCausalLM", "LlamaForCausalLM"))
     os.utime(cfg, ns=(st.st_atime_ns, st.st_mtime_ns))  # fresh by mtime: only the SHA-1 sees it
-    with pytest.raises(CheckpointError, match="config.json: its bytes have git-sha1 .* its local-dir etag .*corrupt"):
+    with pytest.raises(
+        CheckpointError,
+        match="config.json: its bytes have git-sha1 .* its local-dir etag .*corrupt",
+    ):
         choose("auto", local)
     with pytest.raises(LoadError, match="config.json: .*local-dir etag"):
         tpload.load(local, progress=False)
@@ -133,12 +151,18 @@ def test_a_file_without_metadata_is_named_with_the_ways_on(tmp_path: Path) -> No
 
 
 def test_a_json_file_without_metadata_is_unvouched_too(tmp_path: Path) -> None:
-    src = as_local_dir(write_published(tmp_path / "dl", "gpt-oss-tiny", manifest=False), skip=("config.json",))
-    with pytest.raises(LoadError, match="1 of its 4 file\\(s\\).*\n    - config.json: no download metadata"):
+    src = as_local_dir(
+        write_published(tmp_path / "dl", "gpt-oss-tiny", manifest=False), skip=("config.json",)
+    )
+    with pytest.raises(
+        LoadError, match="1 of its 4 file\\(s\\).*\n    - config.json: no download metadata"
+    ):
         tpload.load(src, progress=False)
 
 
-def test_a_metadata_folder_linked_out_of_the_folder_is_not_trusted(local: Path, tmp_path: Path) -> None:
+def test_a_metadata_folder_linked_out_of_the_folder_is_not_trusted(
+    local: Path, tmp_path: Path
+) -> None:
     meta = local / ".cache" / "huggingface"
     os.replace(meta, tmp_path / "elsewhere")
     meta.symlink_to(tmp_path / "elsewhere")
@@ -149,8 +173,13 @@ def test_a_metadata_folder_linked_out_of_the_folder_is_not_trusted(local: Path, 
 def test_stale_metadata_is_reported(local: Path) -> None:
     shard = shards(local)[0]
     later = shard.stat().st_mtime + 3600
-    os.utime(shard, (later, later))  # rewritten since the download, as huggingface_hub would judge it
-    with pytest.raises(LoadError, match=f"{shard.name}: stale download metadata: the file was modified 3[56]\\d\\d\\.\\d s after"):
+    os.utime(
+        shard, (later, later)
+    )  # rewritten since the download, as huggingface_hub would judge it
+    with pytest.raises(
+        LoadError,
+        match=f"{shard.name}: stale download metadata: the file was modified 3[56]\\d\\d\\.\\d s after",
+    ):
         tpload.load(local, progress=False)
 
 
@@ -162,7 +191,7 @@ def _hostile(local: Path, kind: str) -> Path:
         meta.write_text(meta.read_text() + "x" * 100_000)
     elif kind == "not hex":
         lines = meta.read_text().split("\n")
-        meta.write_text("\n".join([lines[0], "W/\"zz" + lines[1][5:] + "\"", *lines[2:]]))
+        meta.write_text("\n".join([lines[0], 'W/"zz' + lines[1][5:] + '"', *lines[2:]]))
     elif kind == "timestamp":
         lines = meta.read_text().split("\n")
         meta.write_text("\n".join([*lines[:2], "nan", *lines[3:]]))
@@ -174,9 +203,16 @@ def _hostile(local: Path, kind: str) -> Path:
     return meta
 
 
-@pytest.mark.parametrize(("kind", "said"), [("malformed", "has 2 line"), ("huge", "bytes, not three short lines"),
-                                            ("not hex", "is not a sha256"), ("timestamp", "is not a number"),
-                                            ("link out", "is a link")])
+@pytest.mark.parametrize(
+    ("kind", "said"),
+    [
+        ("malformed", "has 2 line"),
+        ("huge", "bytes, not three short lines"),
+        ("not hex", "is not a sha256"),
+        ("timestamp", "is not a number"),
+        ("link out", "is a link"),
+    ],
+)
 def test_hostile_metadata_is_one_line_naming_it(local: Path, kind: str, said: str) -> None:
     meta = _hostile(local, kind)
     with pytest.raises(LoadError) as e:
@@ -188,6 +224,7 @@ def test_hostile_metadata_is_one_line_naming_it(local: Path, kind: str, said: st
 
 def test_a_manifest_outranks_the_metadata(local: Path) -> None:
     from tpload.tools.offline import write_manifest
+
     write_manifest(local)
     s = tpload.load(local, progress=False)
     assert not any(n.startswith("local-dir") for n in s.report.notes)  # per tensor, not whole files
@@ -211,16 +248,22 @@ def test_a_plain_folder_is_not_a_local_dir(tmp_path: Path) -> None:
 def test_verify_checks_it_by_its_etags(local: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from tpload.__main__ import main
     from tpload.tools.offline import verify_checkpoint
+
     assert main(["verify", str(local)]) == 0
     assert "against the etag its local-dir download metadata records" in capsys.readouterr().out
     shard = shards(local)[0]
     flip(shard, shard.stat().st_size - 1)
     problems = verify_checkpoint(local, None)
-    assert len(problems) == 1 and shard.name in problems[0] and "local-dir download metadata" in problems[0], problems
+    assert (
+        len(problems) == 1
+        and shard.name in problems[0]
+        and "local-dir download metadata" in problems[0]
+    ), problems
 
 
 def test_verify_names_the_unvouched_and_checks_the_rest(tmp_path: Path) -> None:
     from tpload.tools.offline import verify_checkpoint
+
     src = write_published(tmp_path / "dl", "gpt-oss-tiny", manifest=False)
     first, second = (p.name for p in shards(src))
     as_local_dir(src, skip=(second,))
@@ -232,17 +275,24 @@ def test_verify_names_the_unvouched_and_checks_the_rest(tmp_path: Path) -> None:
 
 def test_manifest_refuses_to_vouch_for_a_file_that_fails_its_etag(local: Path) -> None:
     from tpload.tools.offline import write_manifest
+
     shard = shards(local)[1]
     flip(shard, shard.stat().st_size - 1)
-    with pytest.raises(CheckpointError, match=f"no manifest written: 1 file\\(s\\) do not match their local-dir "
-                                              f"etags:\n  - .*{shard.name}"):
+    with pytest.raises(
+        CheckpointError,
+        match=f"no manifest written: 1 file\\(s\\) do not match their local-dir "
+        f"etags:\n  - .*{shard.name}",
+    ):
         write_manifest(local)
     assert not (local / "NATIVE_MANIFEST.json").exists()
 
 
 def test_manifest_vouches_for_unvouched_files_as_they_are(tmp_path: Path) -> None:
     from tpload.tools.offline import write_manifest
+
     src = write_published(tmp_path / "dl", "gpt-oss-tiny", manifest=False)
     as_local_dir(src, skip=(shards(src)[1].name,))
-    write_manifest(src)  # the way on the refusal names: trust on first use for the file without metadata
+    write_manifest(
+        src
+    )  # the way on the refusal names: trust on first use for the file without metadata
     assert len(tpload.load(src, progress=False).state_dict()) > 0

@@ -26,8 +26,12 @@ needs_fincore = pytest.mark.skipif(FINCORE is None, reason="util-linux fincore n
 
 
 def fincore(path: Path) -> int:
-    out = subprocess.run([FINCORE, "--bytes", "--noheadings", "--output", "RES", str(path)], capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        [FINCORE, "--bytes", "--noheadings", "--output", "RES", str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return int(out.split()[0])
 
 
@@ -68,7 +72,9 @@ def test_resident_bytes_cap_a_partial_last_page_at_the_file_size(tmp_path: Path)
     f = tmp_path / "f.bin"
     f.write_bytes(b"x" * (3 * PAGE + 100))
     warm(f)
-    assert fincore(f) == 4 * PAGE and resident_bytes(f) == 3 * PAGE + 100  # fincore counts whole pages
+    assert (
+        fincore(f) == 4 * PAGE and resident_bytes(f) == 3 * PAGE + 100
+    )  # fincore counts whole pages
 
 
 def test_drop_ranges_drops_the_whole_file(tmp_path: Path) -> None:
@@ -82,7 +88,9 @@ def test_drop_ranges_drops_the_whole_file(tmp_path: Path) -> None:
 @needs_fincore
 def test_drop_ranges_drops_the_ranges_and_the_header_only(tmp_path: Path) -> None:
     path = tmp_path / "m.safetensors"
-    write_tensors(path, {"a": np.ones((256, 4096), dtype=np.uint8), "b": np.ones((256, 4096), dtype=np.uint8)})
+    write_tensors(
+        path, {"a": np.ones((256, 4096), dtype=np.uint8), "b": np.ones((256, 4096), dtype=np.uint8)}
+    )
     written_back(path)
     warm(path)
     size = os.path.getsize(path)
@@ -91,7 +99,10 @@ def test_drop_ranges_drops_the_ranges_and_the_header_only(tmp_path: Path) -> Non
         data = 8 + int.from_bytes(f.read(8), "little")  # "a" starts here, "b" 1 MiB later
     drop_ranges(path, [(data + 4096 * 10 + 1, 5000)])  # a range inside "a", not page aligned
     first, last = (data + 4096 * 10 + 1) // PAGE, (data + 4096 * 10 + 5000) // PAGE
-    dropped = {*range(0, -(-data // PAGE)), *range(first, last + 1)}  # the header's pages and the range's
+    dropped = {
+        *range(0, -(-data // PAGE)),
+        *range(first, last + 1),
+    }  # the header's pages and the range's
     assert resident_bytes(path) == fincore(path) == (-(-size // PAGE) - len(dropped)) * PAGE
 
 
@@ -100,7 +111,9 @@ def test_drop_ranges_survives_a_header_length_rewritten_to_garbage(tmp_path: Pat
     f.write_bytes(b"\xff" * 8 + os.urandom(1 << 20))  # a header "length" of 2**64 - 1
     written_back(f)
     warm(f)
-    drop_ranges(f, [(10 * PAGE, 2 * PAGE)])  # advice only: never raises; the "header" is the whole file
+    drop_ranges(
+        f, [(10 * PAGE, 2 * PAGE)]
+    )  # advice only: never raises; the "header" is the whole file
     assert resident_bytes(f) == 0
 
 
@@ -113,14 +126,18 @@ def test_sampled_residency_estimates_a_half_cached_file(tmp_path: Path) -> None:
     assert abs(resident_bytes(f, sample=8) - exact) < 0.05 * size
     small = tmp_path / "small.bin"
     small.write_bytes(b"x" * 10_000)
-    assert resident_bytes(small, sample=8) == resident_bytes(small)  # too small to sample: counted whole
+    assert resident_bytes(small, sample=8) == resident_bytes(
+        small
+    )  # too small to sample: counted whole
 
 
 def test_residency_of_empty_and_missing_files(tmp_path: Path) -> None:
     (tmp_path / "empty").write_bytes(b"")
     assert resident_bytes(tmp_path / "empty") == 0
     assert checkpoint_resident([tmp_path / "empty"]) == 0
-    assert checkpoint_resident([tmp_path / "empty", tmp_path / "missing"]) is None  # a figure, never a failure
+    assert (
+        checkpoint_resident([tmp_path / "empty", tmp_path / "missing"]) is None
+    )  # a figure, never a failure
 
 
 def test_a_shard_is_released_when_its_last_job_is_done() -> None:
@@ -144,7 +161,10 @@ def test_jobs_done_on_many_threads_release_each_shard_once() -> None:
     for p in paths:
         for j in range(500):
             release.expect(p, j, 1)
-    threads = [threading.Thread(target=lambda: [release.done(p) for p in paths for _ in range(125)]) for _ in range(4)]
+    threads = [
+        threading.Thread(target=lambda: [release.done(p) for p in paths for _ in range(125)])
+        for _ in range(4)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -160,7 +180,9 @@ def test_a_shard_is_released_only_after_its_own_hash_jobs(small_ckpt: Path) -> N
         released: list[Path] = []
         release = ShardRelease(lambda path, ranges: released.append(path))
         hashed = next(n for n in plan.used_tensors if storage.stored(n).path == shards[0])
-        for item in plan.items:  # as a load expects them: every window it copies, then its own hashes
+        for (
+            item
+        ) in plan.items:  # as a load expects them: every window it copies, then its own hashes
             for cut in item.cuts:
                 s = storage.stored(cut.name)
                 release.expect(s.path, s.offset, s.nbytes)
@@ -169,7 +191,9 @@ def test_a_shard_is_released_only_after_its_own_hash_jobs(small_ckpt: Path) -> N
         for item in plan.items:
             for cut in item.cuts:
                 release.done(storage.stored(cut.name).path)
-        assert released == shards[1:]  # every window copied, but the hash on the first shard is still to come
+        assert (
+            released == shards[1:]
+        )  # every window copied, but the hash on the first shard is still to come
         release.done(storage.stored(hashed).path)
         assert released == shards[1:] + shards[:1]  # each shard released exactly once
     finally:

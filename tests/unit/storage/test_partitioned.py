@@ -14,12 +14,12 @@ import pytest
 
 from tpload.config import load_config
 from tpload.errors import CheckpointError, LayoutError
-from tpload.tools.export import export
 from tpload.plan import Layout, Planner, RankPlan
 from tpload.storage import open_storage
 from tpload.storage.partitioned import PartitionedStorage, is_partitioned, rank_file
 from tpload.storage.reader import Reader
 from tpload.storage.sharded import ShardedStorage
+from tpload.tools.export import export
 
 from ...ckpt_tools import stored_bytes
 from ...helpers import edit_json
@@ -59,25 +59,35 @@ def test_an_export_folder_is_recognised(exported: Path, small_ckpt: Path) -> Non
     storage = open_storage(exported, tp=TP, ep=EP, rank=3, world=WORLD)
     try:
         assert isinstance(storage, PartitionedStorage) and storage.per_rank
-        assert storage.paths() == [exported / rank_file(3, WORLD)] == [exported / "rank-00003-of-00004.safetensors"]
+        assert (
+            storage.paths()
+            == [exported / rank_file(3, WORLD)]
+            == [exported / "rank-00003-of-00004.safetensors"]
+        )
     finally:
         storage.close()
 
 
 @pytest.mark.parametrize("tp, ep, world", [(4, 1, 4), (1, 4, 4), (2, 1, 2), (2, 2, 8)])
-def test_another_layout_is_refused_naming_both(exported: Path, tp: int, ep: int, world: int) -> None:
+def test_another_layout_is_refused_naming_both(
+    exported: Path, tp: int, ep: int, world: int
+) -> None:
     with pytest.raises(LayoutError) as e:
         PartitionedStorage(exported, tp=tp, ep=ep, rank=0, world=world)
     msg = str(e.value)
-    assert msg.startswith(f"{exported} is pre-partitioned for tp 2 x ep 2 (4 ranks); this load asks for "
-                          f"tp {tp} x ep {ep} on {world} ranks")
+    assert msg.startswith(
+        f"{exported} is pre-partitioned for tp 2 x ep 2 (4 ranks); this load asks for "
+        f"tp {tp} x ep {ep} on {world} ranks"
+    )
     assert "--tp 2 --ep 2 on 4 ranks" in msg
 
 
 def test_the_catalogue_is_the_source_table(rank1: PartitionedStorage, small_ckpt: Path) -> None:
     source = ShardedStorage(small_ckpt)
     source.close()
-    assert rank1.catalogue.tensors == source.catalogue.tensors  # whole shapes: the planner cuts the same windows
+    assert (
+        rank1.catalogue.tensors == source.catalogue.tensors
+    )  # whole shapes: the planner cuts the same windows
     assert rank1.source == str(small_ckpt)
 
 
@@ -91,14 +101,16 @@ def test_stored_is_the_rank_files_window(rank1: PartitionedStorage, small_ckpt: 
         assert stored == rank1.stored(cut.name) and stored.path == rank1.path
         assert (rows, cols) == ((0, cut.rows[1] - cut.rows[0]), (0, cut.cols[1] - cut.cols[0]))
         meta = rank1.catalogue.get(cut.name)
-        whole = np.frombuffer(stored_bytes(small_ckpt, cut.name), dtype=np.uint8).reshape(meta.rows, meta.row_bytes)
-        window = whole[cut.rows[0]:cut.rows[1], cut.cols[0]:cut.cols[1]]
+        whole = np.frombuffer(stored_bytes(small_ckpt, cut.name), dtype=np.uint8).reshape(
+            meta.rows, meta.row_bytes
+        )
+        window = whole[cut.rows[0] : cut.rows[1], cut.cols[0] : cut.cols[1]]
         got = np.empty((stored.rows, stored.row_bytes), dtype=np.uint8)
         rank1.read(stored, 0, stored.rows, got)
         assert np.array_equal(got, window), cut
         assert stored.sha256 == hashlib.sha256(window.tobytes()).hexdigest()
         for r, c, view in reader.blocks(stored, rows, cols):
-            assert np.array_equal(view, window[r:r + view.shape[0], c:c + view.shape[1]])
+            assert np.array_equal(view, window[r : r + view.shape[0], c : c + view.shape[1]])
 
 
 def test_a_window_of_another_shape_is_refused(rank1: PartitionedStorage, small_ckpt: Path) -> None:
@@ -109,7 +121,9 @@ def test_a_window_of_another_shape_is_refused(rank1: PartitionedStorage, small_c
     assert "exported with another config?" in str(e.value)
 
 
-def test_a_tensor_of_another_rank_is_not_in_this_file(rank1: PartitionedStorage, small_ckpt: Path) -> None:
+def test_a_tensor_of_another_rank_is_not_in_this_file(
+    rank1: PartitionedStorage, small_ckpt: Path
+) -> None:
     theirs = set(plan_of(small_ckpt, 3).used_tensors) - set(plan_of(small_ckpt, 1).used_tensors)
     name = sorted(theirs)[0]  # an expert of the other expert-parallel group
     with pytest.raises(CheckpointError, match="is not in this rank's file") as e:
@@ -124,37 +138,57 @@ def test_header_and_manifest_disagreements_are_listed_at_once(export_copy: Path)
         del listed["mtp.0.enorm.weight"]
         listed[EVIL] = {"dtype": "BF16", "shape": [1], "sha256": "0" * 64}
         listed["mtp.0.hnorm.weight"]["sha256"] = "abc"
+
     edit_json(export_copy / MANIFEST, mutate)
     with pytest.raises(CheckpointError) as e:
         PartitionedStorage(export_copy, tp=TP, ep=EP, rank=0, world=WORLD)
     msg, where = str(e.value), export_copy / rank_file(0, WORLD)
     assert msg.startswith(f"4 disagreements between {where} and its manifest")
-    assert f"{where}: tensor {EVIL_SHOWN} is in the manifest's list for this file but not in the file" in msg
+    assert (
+        f"{where}: tensor {EVIL_SHOWN} is in the manifest's list for this file but not in the file"
+        in msg
+    )
     assert "\x1b" not in msg
     assert f"{where}: tensor mtp.0.enorm.weight is in the file but not in the manifest" in msg
-    assert f"{where}: tensor head.weight: header says BF16 [256, 256], manifest says BF16 [1, 2]" in msg
+    assert (
+        f"{where}: tensor head.weight: header says BF16 [256, 256], manifest says BF16 [1, 2]"
+        in msg
+    )
     assert f"{where}: tensor mtp.0.hnorm.weight: manifest sha256 is not 64 hex digits" in msg
-    PartitionedStorage(export_copy, tp=TP, ep=EP, rank=1, world=WORLD).close()  # another rank's file is sound
+    PartitionedStorage(
+        export_copy, tp=TP, ep=EP, rank=1, world=WORLD
+    ).close()  # another rank's file is sound
 
 
-def test_manifest_problems_report_a_plan_that_does_not_match(rank1: PartitionedStorage, small_ckpt: Path) -> None:
+def test_manifest_problems_report_a_plan_that_does_not_match(
+    rank1: PartitionedStorage, small_ckpt: Path
+) -> None:
     names = list(plan_of(small_ckpt, 1).used_tensors)
     assert rank1.manifest_problems(names) == []
     held = names.pop(0)
     names.append("mtp.0.not.planned")
     [problem] = rank1.manifest_problems(names)
-    assert problem.startswith(f"{rank1.path} does not match this load's plan: missing mtp.0.not.planned; "
-                              f"not planned {held} (load it with the config")
+    assert problem.startswith(
+        f"{rank1.path} does not match this load's plan: missing mtp.0.not.planned; "
+        f"not planned {held} (load it with the config"
+    )
 
 
-@pytest.mark.parametrize("field, value, needle", [
-    ("dtype", ["BF16"], "source entry for head.weight is not {file, dtype, shape}"),
-    ("shape", [True, 256], "source entry for head.weight is not {file, dtype, shape}"),
-    ("shape", [10 ** 1000] * 8, "source entry for head.weight is not {file, dtype, shape}"),
-    ("file", 5, "source entry for head.weight is not {file, dtype, shape}"),
-])
-def test_a_bad_source_table_entry_is_named(export_copy: Path, field: str, value: object, needle: str) -> None:
-    edit_json(export_copy / MANIFEST, lambda doc: doc["tensors"]["head.weight"].__setitem__(field, value))
+@pytest.mark.parametrize(
+    "field, value, needle",
+    [
+        ("dtype", ["BF16"], "source entry for head.weight is not {file, dtype, shape}"),
+        ("shape", [True, 256], "source entry for head.weight is not {file, dtype, shape}"),
+        ("shape", [10**1000] * 8, "source entry for head.weight is not {file, dtype, shape}"),
+        ("file", 5, "source entry for head.weight is not {file, dtype, shape}"),
+    ],
+)
+def test_a_bad_source_table_entry_is_named(
+    export_copy: Path, field: str, value: object, needle: str
+) -> None:
+    edit_json(
+        export_copy / MANIFEST, lambda doc: doc["tensors"]["head.weight"].__setitem__(field, value)
+    )
     with pytest.raises(CheckpointError) as e:
         PartitionedStorage(export_copy, tp=TP, ep=EP, rank=0, world=WORLD)
     assert str(e.value) == f"{export_copy / MANIFEST}: {needle}"
@@ -173,9 +207,14 @@ def test_a_manifest_that_is_no_export_manifest(export_copy: Path) -> None:
 
 
 def test_a_rank_file_listed_under_another_name(export_copy: Path) -> None:
-    edit_json(export_copy / MANIFEST, lambda doc: doc["ranks"][2].__setitem__("file", "../x.safetensors"))
-    with pytest.raises(CheckpointError, match="rank 2's file is listed as '../x.safetensors', expected "
-                                              "rank-00002-of-00004.safetensors"):
+    edit_json(
+        export_copy / MANIFEST, lambda doc: doc["ranks"][2].__setitem__("file", "../x.safetensors")
+    )
+    with pytest.raises(
+        CheckpointError,
+        match="rank 2's file is listed as '../x.safetensors', expected "
+        "rank-00002-of-00004.safetensors",
+    ):
         PartitionedStorage(export_copy, tp=TP, ep=EP, rank=2, world=WORLD)
 
 
@@ -196,8 +235,8 @@ def test_an_exports_config_json_is_pinned_by_its_manifest(tmp_path: Path) -> Non
     # the export copies config.json (checked against the source's pins) and pins its own copy:
     # an edit afterwards is refused by the reader, before it shapes a plan
     from tpload.pick import choose, model_config
-    from tpload.tools.published import write_published
     from tpload.storage.pins import Pins
+    from tpload.tools.published import write_published
 
     src = write_published(tmp_path / "src", "llama-tiny")
     out = tmp_path / "out"

@@ -11,10 +11,10 @@ import pytest
 
 import tpload
 from tpload.errors import CheckpointError, LoadError
-from tpload.tools.offline import verify_checkpoint, write_manifest
 from tpload.pick import choose, model_config
-from tpload.tools.published import write_published
 from tpload.storage.catalogue import INDEX_NAME, MANIFEST_NAME, read_native
+from tpload.tools.offline import verify_checkpoint, write_manifest
+from tpload.tools.published import write_published
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +27,7 @@ def llama_old(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def pinned(llama_old: Path, tmp_path: Path) -> Path:
     """A private copy whose manifest `tpload manifest --force` rewrote with pins."""
     import shutil
+
     root = tmp_path / "pinned"
     shutil.copytree(llama_old, root)
     write_manifest(root, force=True)
@@ -45,17 +46,25 @@ def sha(path: Path) -> str:
 
 def test_manifest_pins_each_plan_file_present(pinned: Path) -> None:
     doc = json.loads((pinned / MANIFEST_NAME).read_text())
-    assert doc["files"] == {"config.json": {"sha256": sha(pinned / "config.json")},
-                            INDEX_NAME: {"sha256": sha(pinned / INDEX_NAME)}}
+    assert doc["files"] == {
+        "config.json": {"sha256": sha(pinned / "config.json")},
+        INDEX_NAME: {"sha256": sha(pinned / INDEX_NAME)},
+    }
     assert len(doc["tensors"]) == len(read_native(pinned)[0].tensors)
 
 
 def test_an_edited_config_json_is_refused_by_every_reader(pinned: Path) -> None:
     edit(pinned / "config.json", num_key_value_heads=4)
-    for read in (lambda: model_config(pinned), lambda: choose("auto", pinned),
-                 lambda: read_native(pinned)[0].check_plan_files()):
-        with pytest.raises(CheckpointError, match=r"config\.json: model config has sha256 .* but .*NATIVE_MANIFEST"
-                                                  r"\.json pins .*manifest DIR --force"):
+    for read in (
+        lambda: model_config(pinned),
+        lambda: choose("auto", pinned),
+        lambda: read_native(pinned)[0].check_plan_files(),
+    ):
+        with pytest.raises(
+            CheckpointError,
+            match=r"config\.json: model config has sha256 .* but .*NATIVE_MANIFEST"
+            r"\.json pins .*manifest DIR --force",
+        ):
             read()
     problems = verify_checkpoint(pinned, None)
     assert len(problems) == 1 and "config.json" in problems[0]
@@ -68,34 +77,53 @@ def test_an_edited_index_is_refused_before_it_is_parsed(pinned: Path) -> None:
     assert read_native(pinned, manifest=False)[0].tensors  # writing a new manifest still reads it
 
 
-def test_a_pinned_file_that_vanished_or_an_unpinned_one_that_appeared_is_refused(pinned: Path) -> None:
-    (pinned / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "NVFP4"}}))
-    with pytest.raises(CheckpointError, match=r"hf_quant_config\.json: ModelOpt quantization config is not pinned"):
+def test_a_pinned_file_that_vanished_or_an_unpinned_one_that_appeared_is_refused(
+    pinned: Path,
+) -> None:
+    (pinned / "hf_quant_config.json").write_text(
+        json.dumps({"quantization": {"quant_algo": "NVFP4"}})
+    )
+    with pytest.raises(
+        CheckpointError, match=r"hf_quant_config\.json: ModelOpt quantization config is not pinned"
+    ):
         choose("auto", pinned)
     (pinned / "hf_quant_config.json").unlink()
-    (pinned / "config.json").unlink()  # a missing config.json would make auto read the reference layout
-    with pytest.raises(CheckpointError, match=r"config\.json: model config is missing, but .* pins its sha256"):
+    (
+        pinned / "config.json"
+    ).unlink()  # a missing config.json would make auto read the reference layout
+    with pytest.raises(
+        CheckpointError, match=r"config\.json: model config is missing, but .* pins its sha256"
+    ):
         choose("auto", pinned)
 
 
-def test_an_old_manifest_loads_with_a_note_and_force_pins_it(llama_old: Path, tmp_path: Path) -> None:
+def test_an_old_manifest_loads_with_a_note_and_force_pins_it(
+    llama_old: Path, tmp_path: Path
+) -> None:
     import shutil
+
     root = tmp_path / "old"
     shutil.copytree(llama_old, root)
     old_sha = sha(root / MANIFEST_NAME)
     notes = tpload.load(root, progress=False, manifest_sha256=old_sha).report.notes
     note = [n for n in notes if "pins none of" in n]
     assert len(note) == 1 and "config.json" in note[0] and "manifest DIR --force" in note[0]
-    assert "--manifest-sha256 pins and stored predictions" in note[0] and "must then be renewed" in note[0]
+    assert (
+        "--manifest-sha256 pins and stored predictions" in note[0]
+        and "must then be renewed" in note[0]
+    )
     write_manifest(root, force=True)
     assert sha(root / MANIFEST_NAME) != old_sha  # as the note said: the pin must be renewed
-    with pytest.raises(LoadError, match="is not the pinned .* this is not the checkpoint you pinned"):
+    with pytest.raises(
+        LoadError, match="is not the pinned .* this is not the checkpoint you pinned"
+    ):
         tpload.load(root, progress=False, manifest_sha256=old_sha)
     assert not any("pins none of" in n for n in tpload.load(root, progress=False).report.notes)
 
 
 def test_a_folder_without_plan_files_gets_no_note(small_ckpt: Path, tmp_path: Path) -> None:
     import shutil
+
     root = tmp_path / "single"
     shutil.copytree(small_ckpt, root)
     cat = read_native(root)[0]
@@ -108,5 +136,7 @@ def test_a_malformed_files_entry_is_refused(pinned: Path) -> None:
     doc = json.loads((pinned / MANIFEST_NAME).read_text())
     doc["files"]["config.json"] = {"sha256": "xyz"}
     (pinned / MANIFEST_NAME).write_text(json.dumps(doc))
-    with pytest.raises(CheckpointError, match=r"\"files\" must map each pinned JSON file.*config\.json"):
+    with pytest.raises(
+        CheckpointError, match=r"\"files\" must map each pinned JSON file.*config\.json"
+    ):
         read_native(pinned)

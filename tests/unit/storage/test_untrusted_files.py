@@ -17,8 +17,20 @@ from tpload.storage.catalogue import natural_key, read_native
 from tpload.storage.reader import Reader
 from tpload.storage.sharded import ShardedStorage
 
-from .shards import (ESC, EVIL, EVIL_SHOWN, INDEX, MANIFEST, deadline, f32, manifest_entry, one_tensor_ckpt,
-                     write_index, write_manifest, write_raw)
+from .shards import (
+    ESC,
+    EVIL,
+    EVIL_SHOWN,
+    INDEX,
+    MANIFEST,
+    deadline,
+    f32,
+    manifest_entry,
+    one_tensor_ckpt,
+    write_index,
+    write_manifest,
+    write_raw,
+)
 
 
 def refusal(root: Path) -> str:
@@ -31,17 +43,25 @@ def refusal(root: Path) -> str:
 
 # -- file kinds -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("file, what", [("m.safetensors", "shard"), (INDEX, "index"), (MANIFEST, "manifest")])
+
+@pytest.mark.parametrize(
+    "file, what", [("m.safetensors", "shard"), (INDEX, "index"), (MANIFEST, "manifest")]
+)
 def test_a_fifo_is_refused_by_name_without_blocking(tmp_path: Path, file: str, what: str) -> None:
     root = one_tensor_ckpt(tmp_path / "c")
     (root / file).unlink()
     os.mkfifo(root / file)  # no writer: a plain open() would wait for one forever
-    assert refusal(root) == f"{root / file}: {what} is a FIFO; refused (only regular files are read)"
+    assert (
+        refusal(root) == f"{root / file}: {what} is a FIFO; refused (only regular files are read)"
+    )
 
 
 def test_a_fifo_shard_found_by_glob_is_refused(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "m.safetensors")
-    assert refusal(tmp_path) == f"{tmp_path / 'm.safetensors'}: shard is a FIFO; refused (only regular files are read)"
+    assert (
+        refusal(tmp_path)
+        == f"{tmp_path / 'm.safetensors'}: shard is a FIFO; refused (only regular files are read)"
+    )
 
 
 @pytest.mark.parametrize("indexed", [False, True])
@@ -49,12 +69,15 @@ def test_a_directory_named_like_a_shard_is_refused(tmp_path: Path, indexed: bool
     (tmp_path / "m.safetensors").mkdir()
     if indexed:
         write_index(tmp_path, {"a": "m.safetensors"})
-    assert refusal(tmp_path) == (f"{tmp_path / 'm.safetensors'}: shard is a directory; refused "
-                                 "(only regular files are read)")
+    assert refusal(tmp_path) == (
+        f"{tmp_path / 'm.safetensors'}: shard is a directory; refused (only regular files are read)"
+    )
 
 
 @pytest.mark.parametrize("file, what", [(INDEX, "index"), (MANIFEST, "manifest")])
-def test_a_directory_named_like_an_index_or_manifest_is_refused(tmp_path: Path, file: str, what: str) -> None:
+def test_a_directory_named_like_an_index_or_manifest_is_refused(
+    tmp_path: Path, file: str, what: str
+) -> None:
     root = one_tensor_ckpt(tmp_path / "c")
     (root / file).unlink()
     (root / file).mkdir()
@@ -63,7 +86,9 @@ def test_a_directory_named_like_an_index_or_manifest_is_refused(tmp_path: Path, 
 
 @pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="no /dev/zero")
 def test_a_device_linked_as_a_shard_is_refused(tmp_path: Path) -> None:
-    os.symlink("/dev/zero", tmp_path / "m.safetensors")  # endless bytes: reading it would never finish
+    os.symlink(
+        "/dev/zero", tmp_path / "m.safetensors"
+    )  # endless bytes: reading it would never finish
     assert f"{tmp_path / 'm.safetensors'}: shard is a device; refused" in refusal(tmp_path)
 
 
@@ -80,7 +105,9 @@ def test_deeply_nested_index_is_refused(tmp_path: Path) -> None:
 
 def test_deeply_nested_header_is_refused(tmp_path: Path) -> None:
     write_raw(tmp_path / "m.safetensors", ('{"a": ' + DEEP + "}").encode(), b"")
-    assert f"{tmp_path / 'm.safetensors'}: header is JSON nested too deeply; refused" in refusal(tmp_path)
+    assert f"{tmp_path / 'm.safetensors'}: header is JSON nested too deeply; refused" in refusal(
+        tmp_path
+    )
 
 
 def test_deeply_nested_manifest_is_refused(tmp_path: Path) -> None:
@@ -92,11 +119,14 @@ def test_deeply_nested_manifest_is_refused(tmp_path: Path) -> None:
 BIG = "9" * 5000
 
 
-@pytest.mark.parametrize("entry", [
-    f'{{"dtype": "F32", "shape": [{BIG}], "data_offsets": [0, 8]}}',
-    f'{{"dtype": "F32", "shape": [2], "data_offsets": [0, {BIG}]}}',
-    f'{{"dtype": "F32", "shape": [2], "data_offsets": [{BIG}, 8]}}',
-])
+@pytest.mark.parametrize(
+    "entry",
+    [
+        f'{{"dtype": "F32", "shape": [{BIG}], "data_offsets": [0, 8]}}',
+        f'{{"dtype": "F32", "shape": [2], "data_offsets": [0, {BIG}]}}',
+        f'{{"dtype": "F32", "shape": [2], "data_offsets": [{BIG}, 8]}}',
+    ],
+)
 def test_integers_of_5000_digits_in_a_header_are_refused(tmp_path: Path, entry: str) -> None:
     write_raw(tmp_path / "m.safetensors", f'{{"a": {entry}}}'.encode(), b"\0" * 8)
     msg = refusal(tmp_path)
@@ -105,48 +135,80 @@ def test_integers_of_5000_digits_in_a_header_are_refused(tmp_path: Path, entry: 
 
 @pytest.mark.parametrize("dtype", [5, ["F32"], {"F32": 1}, None, True])
 def test_a_non_string_dtype_is_named(tmp_path: Path, dtype: object) -> None:
-    write_raw(tmp_path / "m.safetensors", {"a": {"dtype": dtype, "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 8)
-    assert refusal(tmp_path).startswith(f"{tmp_path / 'm.safetensors'}: tensor a: dtype {dtype!r} is not served")
+    write_raw(
+        tmp_path / "m.safetensors",
+        {"a": {"dtype": dtype, "shape": [2], "data_offsets": [0, 8]}},
+        b"\0" * 8,
+    )
+    assert refusal(tmp_path).startswith(
+        f"{tmp_path / 'm.safetensors'}: tensor a: dtype {dtype!r} is not served"
+    )
 
 
 @pytest.mark.parametrize("value", [5, ["m.safetensors"], {"f": "m.safetensors"}, None])
 def test_non_string_index_values_are_refused(tmp_path: Path, value: object) -> None:
     root = one_tensor_ckpt(tmp_path / "c")
     write_index(root, {"a": "m.safetensors", "b": value})
-    assert refusal(root) == f"{root / INDEX}: weight_map values must be file names; b map to something else"
+    assert (
+        refusal(root)
+        == f"{root / INDEX}: weight_map values must be file names; b map to something else"
+    )
 
 
 @pytest.mark.parametrize("constant", ["Infinity", "-Infinity", "NaN"])
 def test_non_finite_numbers_in_a_manifest_shape_are_refused(tmp_path: Path, constant: str) -> None:
     root = one_tensor_ckpt(tmp_path / "c")
-    (root / MANIFEST).write_text((root / MANIFEST).read_text().replace('"shape": [2]', f'"shape": [{constant}]'))
-    assert refusal(root) == f"{root / MANIFEST}: manifest is not readable JSON ({constant} is not a JSON number)"
+    (root / MANIFEST).write_text(
+        (root / MANIFEST).read_text().replace('"shape": [2]', f'"shape": [{constant}]')
+    )
+    assert (
+        refusal(root)
+        == f"{root / MANIFEST}: manifest is not readable JSON ({constant} is not a JSON number)"
+    )
 
 
 def test_true_is_not_a_header_dimension(tmp_path: Path) -> None:
-    write_raw(tmp_path / "m.safetensors", {"a": {"dtype": "F32", "shape": [True, 2], "data_offsets": [0, 8]}},
-              b"\0" * 8)  # True == 1: read as an int, [True, 2] would pass for [1, 2]
-    assert refusal(tmp_path).startswith(f"{tmp_path / 'm.safetensors'}: tensor a: shape [True, 2] is not a list of "
-                                        "non-negative integers")
+    write_raw(
+        tmp_path / "m.safetensors",
+        {"a": {"dtype": "F32", "shape": [True, 2], "data_offsets": [0, 8]}},
+        b"\0" * 8,
+    )  # True == 1: read as an int, [True, 2] would pass for [1, 2]
+    assert refusal(tmp_path).startswith(
+        f"{tmp_path / 'm.safetensors'}: tensor a: shape [True, 2] is not a list of "
+        "non-negative integers"
+    )
 
 
 def test_true_is_not_a_manifest_dimension(tmp_path: Path) -> None:
     root = one_tensor_ckpt(tmp_path / "c")
     write_manifest(root, {"a": manifest_entry("m.safetensors", "F32", [True, 2], b"\0" * 8)})
-    assert refusal(root) == (f"{root / MANIFEST}: entry for a is not "
-                             "{file, dtype, shape (integers), sha256 (64 hex digits)}")
+    assert refusal(root) == (
+        f"{root / MANIFEST}: entry for a is not "
+        "{file, dtype, shape (integers), sha256 (64 hex digits)}"
+    )
 
 
-@pytest.mark.parametrize("shape", [[10 ** 1000] * 8, [10 ** 4000, 10 ** 4000], [2 ** 63] * 8, [0, 10 ** 4000]])
-def test_an_astronomical_shape_is_refused_with_a_short_message(tmp_path: Path, shape: list[int]) -> None:
-    write_raw(tmp_path / "m.safetensors", {"a": {"dtype": "F32", "shape": shape, "data_offsets": [0, 8]}}, b"\0" * 8)
+@pytest.mark.parametrize(
+    "shape", [[10**1000] * 8, [10**4000, 10**4000], [2**63] * 8, [0, 10**4000]]
+)
+def test_an_astronomical_shape_is_refused_with_a_short_message(
+    tmp_path: Path, shape: list[int]
+) -> None:
+    write_raw(
+        tmp_path / "m.safetensors",
+        {"a": {"dtype": "F32", "shape": shape, "data_offsets": [0, 8]}},
+        b"\0" * 8,
+    )
     msg = refusal(tmp_path)  # its element count has more digits than Python prints
     assert msg.startswith(f"{tmp_path / 'm.safetensors'}: tensor a: shape [") and len(msg) < 400
 
 
 def test_an_astronomical_empty_shape_is_refused(tmp_path: Path) -> None:
-    write_raw(tmp_path / "m.safetensors", {"a": {"dtype": "F32", "shape": [0, 10 ** 4000], "data_offsets": [0, 0]}},
-              b"")  # zero bytes, so the offsets agree; 10**4000 rows of nothing is still not a tensor
+    write_raw(
+        tmp_path / "m.safetensors",
+        {"a": {"dtype": "F32", "shape": [0, 10**4000], "data_offsets": [0, 0]}},
+        b"",
+    )  # zero bytes, so the offsets agree; 10**4000 rows of nothing is still not a tensor
     assert refusal(tmp_path).startswith(f"{tmp_path / 'm.safetensors'}: tensor a: shape [0, 1000")
 
 
@@ -157,32 +219,50 @@ def test_numbers_of_5000_digits_in_names_still_sort() -> None:
 
 # -- left out ---------------------------------------------------------------------------------
 
+
 def test_an_index_that_leaves_a_tensor_out_is_refused(tmp_path: Path) -> None:
     write_raw(tmp_path / "m.safetensors", {"a": f32(2), "hidden": f32(1, begin=8)}, b"\0" * 12)
     write_index(tmp_path, {"a": "m.safetensors"})
-    assert refusal(tmp_path) == (f"{tmp_path / INDEX}: 1 tensor(s) in the header of m.safetensors are not mapped "
-                                 "to it by the index (an index that leaves tensors out): hidden")
+    assert refusal(tmp_path) == (
+        f"{tmp_path / INDEX}: 1 tensor(s) in the header of m.safetensors are not mapped "
+        "to it by the index (an index that leaves tensors out): hidden"
+    )
 
 
 def test_a_manifest_entry_no_shard_holds_is_a_problem(tmp_path: Path) -> None:
     root = one_tensor_ckpt(tmp_path / "c")
-    write_manifest(root, {"a": manifest_entry("m.safetensors", "F32", [2], b"\0" * 8),
-                          "gone": manifest_entry("n.safetensors", "F32", [1], b"\0" * 4)})
+    write_manifest(
+        root,
+        {
+            "a": manifest_entry("m.safetensors", "F32", [2], b"\0" * 8),
+            "gone": manifest_entry("n.safetensors", "F32", [1], b"\0" * 4),
+        },
+    )
     cat, _ = read_native(root)  # opening is fine: the manifest is checked against what a load reads
     assert cat.manifest_problems(["a"]) == [
         f"{root / MANIFEST}: the manifest lists 1 tensor(s) no shard holds (an index or shard that leaves them "
-        "out?): gone"]
+        "out?): gone"
+    ]
 
 
 # -- hostile names ----------------------------------------------------------------------------
 
+
 def _header_problem(root: Path) -> str:
-    write_raw(root / "m.safetensors", {EVIL: {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, b"\0" * 8)
+    write_raw(
+        root / "m.safetensors",
+        {EVIL: {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}},
+        b"\0" * 8,
+    )
     return refusal(root)
 
 
 def _bad_dtype(root: Path) -> str:
-    write_raw(root / "m.safetensors", {EVIL: {"dtype": ESC, "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 8)
+    write_raw(
+        root / "m.safetensors",
+        {EVIL: {"dtype": ESC, "shape": [2], "data_offsets": [0, 8]}},
+        b"\0" * 8,
+    )
     return refusal(root)
 
 
@@ -217,8 +297,13 @@ def _bad_manifest_entry(root: Path) -> str:
 
 def _manifest_problems(root: Path) -> str:
     write_raw(root / "m.safetensors", {EVIL: f32(2), "b": f32(1, begin=8)}, b"\0" * 12)
-    write_manifest(root, {"b": manifest_entry("m.safetensors", "F32", [9], b""),
-                          EVIL + ".gone": manifest_entry("m.safetensors", "F32", [1], b"")})
+    write_manifest(
+        root,
+        {
+            "b": manifest_entry("m.safetensors", "F32", [9], b""),
+            EVIL + ".gone": manifest_entry("m.safetensors", "F32", [1], b""),
+        },
+    )
     cat, _ = read_native(root)
     problems = cat.manifest_problems(cat.names())
     assert len(problems) == 3  # b disagrees; EVIL is not in the manifest; EVIL.gone is in no shard
@@ -259,11 +344,27 @@ def _shard_name(root: Path) -> str:
     return refusal(root)
 
 
-@pytest.mark.parametrize("scenario", [_header_problem, _bad_dtype, _overlap, _mapped_but_absent, _left_out,
-                                      _in_two_shards, _bad_manifest_entry, _manifest_problems, _disagreeing_manifest,
-                                      _unknown_name, _truncated_read, _shard_name],
-                         ids=lambda f: f.__name__.strip("_"))
-def test_an_escape_in_a_name_is_shown_escaped(tmp_path: Path, scenario: Callable[[Path], str]) -> None:
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        _header_problem,
+        _bad_dtype,
+        _overlap,
+        _mapped_but_absent,
+        _left_out,
+        _in_two_shards,
+        _bad_manifest_entry,
+        _manifest_problems,
+        _disagreeing_manifest,
+        _unknown_name,
+        _truncated_read,
+        _shard_name,
+    ],
+    ids=lambda f: f.__name__.strip("_"),
+)
+def test_an_escape_in_a_name_is_shown_escaped(
+    tmp_path: Path, scenario: Callable[[Path], str]
+) -> None:
     msg = scenario(tmp_path)
     assert "\x1b" not in msg
     assert (EVIL_SHOWN if scenario is not _shard_name else "m\\x1b[2J.safetensors") in msg
@@ -287,7 +388,9 @@ def test_an_escape_in_a_read_error_names_file_and_tensor(tmp_path: Path) -> None
         os.truncate(tmp_path / "m.safetensors", 8)
         with pytest.raises(CheckpointError) as e:
             storage.read(storage.stored(EVIL), 0, 1, out)
-        assert str(e.value).startswith(f"{tmp_path / 'm.safetensors'}: tensor {EVIL_SHOWN}: file ends at byte")
+        assert str(e.value).startswith(
+            f"{tmp_path / 'm.safetensors'}: tensor {EVIL_SHOWN}: file ends at byte"
+        )
     finally:
         storage.close()
 
@@ -295,4 +398,7 @@ def test_an_escape_in_a_read_error_names_file_and_tensor(tmp_path: Path) -> None
 def test_a_header_json_error_names_the_file(tmp_path: Path) -> None:
     write_raw(tmp_path / "m.safetensors", b'{"a": ' + json.dumps(ESC).encode(), b"")
     msg = refusal(tmp_path)
-    assert msg.startswith(f"{tmp_path / 'm.safetensors'}: header is not readable JSON") and "\x1b" not in msg
+    assert (
+        msg.startswith(f"{tmp_path / 'm.safetensors'}: header is not readable JSON")
+        and "\x1b" not in msg
+    )

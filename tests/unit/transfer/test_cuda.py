@@ -48,8 +48,12 @@ class StandInStream:
 
 
 def stand_in() -> Backend:
-    return Backend(pinned=lambda n: torch.empty(n, dtype=torch.uint8), stream=StandInStream, event=StandInEvent,
-                   on_stream=lambda s: contextlib.nullcontext())
+    return Backend(
+        pinned=lambda n: torch.empty(n, dtype=torch.uint8),
+        stream=StandInStream,
+        event=StandInEvent,
+        on_stream=lambda s: contextlib.nullcontext(),
+    )
 
 
 def test_blocks_go_through_both_pinned_buffers_and_arrive_exactly() -> None:
@@ -60,10 +64,12 @@ def test_blocks_go_through_both_pinned_buffers_and_arrive_exactly() -> None:
     fp = HostFingerprint(window.shape[1])
     with t:
         for r0 in range(0, 64, 8):
-            t.copy(window[r0:r0 + 8], slot[r0:r0 + 8], fp, r0, 0)
+            t.copy(window[r0 : r0 + 8], slot[r0 : r0 + 8], fp, r0, 0)
         served, want = t.served(slot, fp)
     assert np.array_equal(slot.numpy(), window)
-    assert tuple(served.tolist()) == want == host_fingerprint(window)  # device fingerprint == host window's
+    assert (
+        tuple(served.tolist()) == want == host_fingerprint(window)
+    )  # device fingerprint == host window's
     assert [e.recorded for e in t.events] == [4, 4] and [e.waited for e in t.events] == [4, 4]
 
 
@@ -80,19 +86,31 @@ def _load_with(transfer: object, root: Path, kind: str, tp: int, rank: int) -> t
     storage = ShardedStorage(root)
     try:
         plan = Planner(storage.catalogue, load_config()).plan(Layout(tp), kind, rank)
-        result = run(storage, plan, transfer=transfer, hasher=Hasher(HashPlan("rank", rank, frozenset(plan.used_tensors))),
-                     samples=2, progress=Silent())
-        return result.digest(), {n: as_bytes2d(t).cpu().numpy().copy() for n, t in result.tensors.items()}
+        result = run(
+            storage,
+            plan,
+            transfer=transfer,
+            hasher=Hasher(HashPlan("rank", rank, frozenset(plan.used_tensors))),
+            samples=2,
+            progress=Silent(),
+        )
+        return result.digest(), {
+            n: as_bytes2d(t).cpu().numpy().copy() for n, t in result.tensors.items()
+        }
     finally:
         storage.close()
 
 
 @pytest.mark.parametrize("kind", ["packed", "expanded"])
-def test_the_cuda_path_on_a_stand_in_serves_what_the_cpu_path_serves(small_ckpt: Path, kind: str) -> None:
+def test_the_cuda_path_on_a_stand_in_serves_what_the_cpu_path_serves(
+    small_ckpt: Path, kind: str
+) -> None:
     # expanded: the torch decoders (what a GPU runs), fed by stage() and upload(), against the compiled
     # CPU kernels of the CPU path; packed: pinned copies checked by device fingerprints
     cpu_digest, cpu = _load_with(CpuTransfer(torch.device("cpu")), small_ckpt, kind, 2, 1)
-    cuda_digest, cuda = _load_with(CudaTransfer(torch.device("cpu"), stand_in(), chunk_bytes=8192), small_ckpt, kind, 2, 1)
+    cuda_digest, cuda = _load_with(
+        CudaTransfer(torch.device("cpu"), stand_in(), chunk_bytes=8192), small_ckpt, kind, 2, 1
+    )
     assert cuda_digest == cpu_digest
     assert set(cuda) == set(cpu) and all(np.array_equal(cuda[n], cpu[n]) for n in cpu)
 
@@ -104,14 +122,20 @@ def test_device_decodes_equal_host_decodes() -> None:
     packed = rng.integers(0, 256, (64, 512), dtype=np.uint8)
     scale = rng.integers(100, 150, (64, 32), dtype=np.uint8)
     fit = FP4.fit(*_metas(packed, scale, "I8", "F8_E8M0"))
-    cpu, gpu = torch.empty(64, 1024, dtype=torch.bfloat16), torch.empty(64, 1024, dtype=torch.bfloat16, device=dev)
+    cpu, gpu = (
+        torch.empty(64, 1024, dtype=torch.bfloat16),
+        torch.empty(64, 1024, dtype=torch.bfloat16, device=dev),
+    )
     FP4.decode(packed, scale, cpu, fit)
     FP4.decode(torch.from_numpy(packed).to(dev), torch.from_numpy(scale).to(dev), gpu, fit)
     assert torch.equal(gpu.cpu().view(torch.int16), cpu.view(torch.int16))
     w = rng.integers(0, 0x7E, (96, 320), dtype=np.uint8)
     s = rng.integers(110, 140, (3, 10), dtype=np.uint8)
     fit = FP8.fit(*_metas(w, s, "F8_E4M3", "F8_E8M0"))
-    cpu, gpu = torch.empty(96, 320, dtype=torch.bfloat16), torch.empty(96, 320, dtype=torch.bfloat16, device=dev)
+    cpu, gpu = (
+        torch.empty(96, 320, dtype=torch.bfloat16),
+        torch.empty(96, 320, dtype=torch.bfloat16, device=dev),
+    )
     FP8.decode(w, s, cpu, fit)
     FP8.decode(torch.from_numpy(w).to(dev), torch.from_numpy(s).to(dev), gpu, fit)
     assert torch.equal(gpu.cpu().view(torch.int16), cpu.view(torch.int16))
@@ -119,6 +143,7 @@ def test_device_decodes_equal_host_decodes() -> None:
 
 def _metas(w: np.ndarray, s: np.ndarray, wd: str, sd: str):
     from tpload.storage.catalogue import TensorMeta
+
     return TensorMeta("x.weight", "f", wd, w.shape), TensorMeta("x.scale", "f", sd, s.shape)
 
 
@@ -132,7 +157,9 @@ def test_a_gpu_load_serves_the_bytes_and_digest_of_a_cpu_load(small_ckpt: Path, 
     for name in c:
         assert g[name].device.type == "cuda"
         assert torch.equal(as_bytes2d(g[name]).cpu(), as_bytes2d(c[name])), name
-    assert on_gpu.report.mine.digest == on_cpu.report.mine.digest  # fingerprints are device independent
+    assert (
+        on_gpu.report.mine.digest == on_cpu.report.mine.digest
+    )  # fingerprints are device independent
     assert on_gpu.report.mine.device_alloc_peak > 0 and on_gpu.report.mine.device_checked > 0
     on_gpu.release()
     on_cpu.release()
@@ -142,17 +169,29 @@ def test_a_gpu_load_serves_the_bytes_and_digest_of_a_cpu_load(small_ckpt: Path, 
 @pytest.mark.parametrize("kind", ["packed", "expanded"])
 def test_a_gpu_load_serves_exactly_the_reference(small_ckpt: Path, kind: str) -> None:
     from ...reference import expected
+
     got = tpload.load(small_ckpt, kind=kind, device="cuda:0", progress=False).state_dict()
     want = expected(small_ckpt, 1, 0, kind)
     assert set(got) == set(want)
     for name, exp in want.items():
-        b = got[name].contiguous().view(-1).view(torch.uint8).cpu().numpy().reshape(exp.shape[0], -1)
+        b = (
+            got[name]
+            .contiguous()
+            .view(-1)
+            .view(torch.uint8)
+            .cpu()
+            .numpy()
+            .reshape(exp.shape[0], -1)
+        )
         np.testing.assert_array_equal(b, exp.view(np.uint8).reshape(exp.shape[0], -1), err_msg=name)
 
 
 @CUDA
 def test_a_flipped_byte_fails_a_gpu_load_naming_the_tensor(ckpt_copy: Path) -> None:
     from ...helpers import poke
+
     poke(ckpt_copy, "mtp.0.ffn.experts.3.w1.weight", 1000)
-    with pytest.raises(tpload.LoadError, match="mtp.0.ffn.experts.3.w1.weight: sha256 .* does not match"):
+    with pytest.raises(
+        tpload.LoadError, match="mtp.0.ffn.experts.3.w1.weight: sha256 .* does not match"
+    ):
         tpload.load(ckpt_copy, device="cuda:0", progress=False)

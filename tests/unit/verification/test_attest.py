@@ -13,21 +13,23 @@ import pytest
 
 from tpload.config import with_rules
 from tpload.errors import OptionsError
-from tpload.verification.predict import predict
 from tpload.options import LoadOptions
 from tpload.pick import choose
 from tpload.plan import Layout, Planner
-from tpload.tools.published import write_published
 from tpload.storage import open_storage
 from tpload.storage.hub import to_hub_cache
+from tpload.tools.published import write_published
 from tpload.verification import attest
+from tpload.verification.predict import predict
 
 from ...ckpt_tools import ec_keypair
 
 pytest.importorskip("model_signing")
 
 
-def make_statement(root: Path, layout: Layout, *, kind: str = "packed", defer: tuple[str, ...] = ()) -> dict:
+def make_statement(
+    root: Path, layout: Layout, *, kind: str = "packed", defer: tuple[str, ...] = ()
+) -> dict:
     """What rank 0 writes after a passed load of ``root`` at ``layout``: every rank's plan from the one
     catalogue, each rank's digest as the load computes it (offline.predict runs the load's code)."""
     storage = open_storage(root, tp=layout.tp, ep=layout.ep, rank=0, world=layout.world)
@@ -40,8 +42,17 @@ def make_statement(root: Path, layout: Layout, *, kind: str = "packed", defer: t
         storage.close()
     digests = predict(root, config, layout, kind)
     ranks = [{"node": 0, "device": "cpu", "digest": d} for d in digests]
-    return attest.statement(planner, layout, kind=kind, verify="node", config_spec="auto", defer=defer, ranks=ranks,
-                            file_digests=files, vouched_by="test")
+    return attest.statement(
+        planner,
+        layout,
+        kind=kind,
+        verify="node",
+        config_spec="auto",
+        defer=defer,
+        ranks=ranks,
+        file_digests=files,
+        vouched_by="test",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -60,17 +71,28 @@ def write(doc: dict, path: Path) -> Path:
     return path
 
 
-def test_a_tp2_x_ep2_attestation_verifies_and_covers_every_tensor(ds: Path, tp2ep2: dict, tmp_path: Path) -> None:
+def test_a_tp2_x_ep2_attestation_verifies_and_covers_every_tensor(
+    ds: Path, tp2ep2: dict, tmp_path: Path
+) -> None:
     doc = tp2ep2
-    assert doc["_type"] == "https://in-toto.io/Statement/v1" and doc["predicateType"] == attest.PREDICATE_TYPE
+    assert (
+        doc["_type"] == "https://in-toto.io/Statement/v1"
+        and doc["predicateType"] == attest.PREDICATE_TYPE
+    )
     manifest_sha = open_storage(ds, tp=1, ep=1, rank=0, world=1).catalogue.manifest_sha256
     assert doc["subject"] == [{"name": "NATIVE_MANIFEST.json", "digest": {"sha256": manifest_sha}}]
     pred = doc["predicate"]
-    assert {k: pred["options"][k] for k in ("tp", "ep", "kind", "verify")} == {"tp": 2, "ep": 2, "kind": "packed",
-                                                                                "verify": "node"}
+    assert {k: pred["options"][k] for k in ("tp", "ep", "kind", "verify")} == {
+        "tp": 2,
+        "ep": 2,
+        "kind": "packed",
+        "verify": "node",
+    }
     assert [r["rank"] for r in pred["ranks"]] == [0, 1, 2, 3]
     index = json.loads((ds / "model.safetensors.index.json").read_text())["weight_map"]
-    assert sorted(pred["coverage"]["served"]) == sorted(index)  # every tensor of the checkpoint is accounted for
+    assert sorted(pred["coverage"]["served"]) == sorted(
+        index
+    )  # every tensor of the checkpoint is accounted for
     served = pred["coverage"]["served"]
     experts = [n for n in served if ".mlp.experts." in n]
     assert experts, "the preset has routed experts"
@@ -78,7 +100,9 @@ def test_a_tp2_x_ep2_attestation_verifies_and_covers_every_tensor(ds: Path, tp2e
     # a tp-split dense matrix is held by both ep groups: twice; a replicated norm by all 4 ranks
     assert all(served[n]["replicas"] == [1, 1] for n in experts)
     holders = {n: [r["rank"] for r in pred["ranks"] if n in r["windows"]] for n in experts}
-    assert all(h in ([0, 1], [2, 3]) for h in holders.values()) and {tuple(h) for h in holders.values()} == {(0, 1), (2, 3)}
+    assert all(h in ([0, 1], [2, 3]) for h in holders.values()) and {
+        tuple(h) for h in holders.values()
+    } == {(0, 1), (2, 3)}
     assert served["model.layers.0.input_layernorm.weight"]["replicas"] == [4, 4]
     assert {tuple(c["replicas"]) for c in served.values()} == {(1, 1), (2, 2), (4, 4)}
     problems, _ = attest.check(write(doc, tmp_path / "a.json"), ds)
@@ -88,13 +112,17 @@ def test_a_tp2_x_ep2_attestation_verifies_and_covers_every_tensor(ds: Path, tp2e
 def _split_tensor(doc: dict) -> str:
     """A tensor the two tp ranks of the first ep group hold different windows of."""
     ranks = doc["predicate"]["ranks"]
-    return next(n for n, w in ranks[1]["windows"].items() if ranks[0]["windows"].get(n) not in (None, w))
+    return next(
+        n for n, w in ranks[1]["windows"].items() if ranks[0]["windows"].get(n) not in (None, w)
+    )
 
 
 def _forge_window(doc: dict) -> str:
     name = _split_tensor(doc)
     ranks = doc["predicate"]["ranks"]
-    ranks[1]["windows"][name] = list(ranks[0]["windows"][name])  # rank 1 claims rank 0's window: a shard twice
+    ranks[1]["windows"][name] = list(
+        ranks[0]["windows"][name]
+    )  # rank 1 claims rank 0's window: a shard twice
     return f"rank 1: tensor {name}: attested rows"
 
 
@@ -118,31 +146,52 @@ def _forge_coverage(doc: dict) -> str:
     return f"tensor {name}: attested coverage view"
 
 
-@pytest.mark.parametrize("forge", [_forge_window, _forge_drop, _forge_digest, _forge_coverage],
-                         ids=["window-moved", "tensor-dropped", "digest-changed", "coverage-changed"])
-def test_a_forged_attestation_fails_naming_the_difference(ds: Path, tp2ep2: dict, tmp_path: Path, forge) -> None:
+@pytest.mark.parametrize(
+    "forge",
+    [_forge_window, _forge_drop, _forge_digest, _forge_coverage],
+    ids=["window-moved", "tensor-dropped", "digest-changed", "coverage-changed"],
+)
+def test_a_forged_attestation_fails_naming_the_difference(
+    ds: Path, tp2ep2: dict, tmp_path: Path, forge
+) -> None:
     doc = copy.deepcopy(tp2ep2)
     expected = forge(doc)
     problems, _ = attest.check(write(doc, tmp_path / "forged.json"), ds)
     assert len(problems) == 1 and problems[0].startswith(expected), problems
 
 
-def test_an_attestation_of_another_checkpoint_names_the_subject(tp2ep2: dict, tmp_path: Path) -> None:
-    other = write_published(tmp_path / "other", "deepseek-v3-tiny", seed=1)  # same names and shapes, other bytes
+def test_an_attestation_of_another_checkpoint_names_the_subject(
+    tp2ep2: dict, tmp_path: Path
+) -> None:
+    other = write_published(
+        tmp_path / "other", "deepseek-v3-tiny", seed=1
+    )  # same names and shapes, other bytes
     problems, _ = attest.check(write(tp2ep2, tmp_path / "a.json"), other)
     assert problems[0].startswith("subject NATIVE_MANIFEST.json: attested sha256"), problems
-    assert [p.split(":")[0] for p in problems[1:]] == ["rank 0", "rank 1", "rank 2", "rank 3"]  # every digest differs
+    assert [p.split(":")[0] for p in problems[1:]] == [
+        "rank 0",
+        "rank 1",
+        "rank 2",
+        "rank 3",
+    ]  # every digest differs
     assert all("digest attested" in p for p in problems[1:])
 
 
-def test_a_signed_attestation_verifies_with_its_key_only(ds: Path, tp2ep2: dict, tmp_path: Path) -> None:
+def test_a_signed_attestation_verifies_with_its_key_only(
+    ds: Path, tp2ep2: dict, tmp_path: Path
+) -> None:
 
-    (signer, signer_pub), (_, stranger_pub) = ec_keypair(tmp_path, "signer"), ec_keypair(tmp_path, "stranger")
+    (signer, signer_pub), (_, stranger_pub) = (
+        ec_keypair(tmp_path, "signer"),
+        ec_keypair(tmp_path, "stranger"),
+    )
     path = attest.write(tmp_path / "signed.json", tp2ep2, signer)
     assert attest.signature_path(path).is_file()
     assert attest.check(path, ds, key=signer_pub)[0] == []
     problems, _ = attest.check(path, ds, key=stranger_pub)
-    assert len(problems) == 1 and "signed.json.sig: does not verify with the key" in problems[0], problems
+    assert len(problems) == 1 and "signed.json.sig: does not verify with the key" in problems[0], (
+        problems
+    )
     unchecked, notes = attest.check(path, ds)
     assert unchecked == [] and any("not checked (give --key PEM" in n for n in notes)
     # the statement edited after signing (a digest changed): the signature and the digest both say so
@@ -150,7 +199,11 @@ def test_a_signed_attestation_verifies_with_its_key_only(ds: Path, tp2ep2: dict,
     _forge_digest(doc)
     path.write_text(attest.dumps(doc))
     problems, _ = attest.check(path, ds, key=signer_pub)
-    assert len(problems) == 2 and "its bytes are not the ones" in problems[0] and problems[1].startswith("rank 3: digest")
+    assert (
+        len(problems) == 2
+        and "its bytes are not the ones" in problems[0]
+        and problems[1].startswith("rank 3: digest")
+    )
 
 
 def test_a_hub_snapshot_is_identified_by_its_file_digests(tmp_path: Path) -> None:
@@ -159,7 +212,9 @@ def test_a_hub_snapshot_is_identified_by_its_file_digests(tmp_path: Path) -> Non
     doc = make_statement(snap, Layout(1))
     shards = sorted(p.name for p in snap.glob("*.safetensors"))
     assert [s["name"] for s in doc["subject"]] == shards
-    assert all(s["digest"]["sha256"] == Path(snap / s["name"]).resolve().name for s in doc["subject"])
+    assert all(
+        s["digest"]["sha256"] == Path(snap / s["name"]).resolve().name for s in doc["subject"]
+    )
     assert attest.check(write(doc, tmp_path / "a.json"), snap)[0] == []
 
 
@@ -171,13 +226,18 @@ def test_deferred_tensors_are_listed_as_such(ds: Path, tmp_path: Path) -> None:
     assert attest.check(write(doc, tmp_path / "a.json"), ds)[0] == []
     doc["predicate"]["coverage"]["deferred"].pop()  # a deferred tensor no longer accounted for
     problems, _ = attest.check(write(doc, tmp_path / "b.json"), ds)
-    assert len(problems) == 1 and "the plan defers it; not attested deferred" in problems[0], problems
+    assert len(problems) == 1 and "the plan defers it; not attested deferred" in problems[0], (
+        problems
+    )
 
 
 def test_replicas_counts_the_fewest_and_most_windows_over_every_byte() -> None:
     assert attest.replicas([4, 8], [[0, 4, 0, 4], [0, 4, 4, 8]]) == (1, 1)
     assert attest.replicas([4, 8], [[0, 4, 0, 4], [0, 4, 2, 8]]) == (1, 2)  # overlap
-    assert attest.replicas([4, 8], [[0, 2, 0, 8], [0, 4, 0, 6]]) == (0, 2)  # rows 2-4, bytes 6-8: nobody
+    assert attest.replicas([4, 8], [[0, 2, 0, 8], [0, 4, 0, 6]]) == (
+        0,
+        2,
+    )  # rows 2-4, bytes 6-8: nobody
     assert attest.replicas([4, 8], []) == (0, 0)
 
 
@@ -205,7 +265,10 @@ def test_a_signed_folder_is_identified_by_its_signature_bundle(tmp_path: Path) -
     tpload.load(folder, progress=False, signer_key=str(pub), attest=str(out)).release()
     doc = json.loads(out.read_text())
     import hashlib
-    assert doc["subject"] == [{"name": "model.sig", "digest": {"sha256": hashlib.sha256(bundle.read_bytes()).hexdigest()}}]
+
+    assert doc["subject"] == [
+        {"name": "model.sig", "digest": {"sha256": hashlib.sha256(bundle.read_bytes()).hexdigest()}}
+    ]
     assert attest.check(out, folder)[0] == []
     bundle.write_bytes(bundle.read_bytes() + b" ")  # another bundle: not the identity attested
     problems, _ = attest.check(out, folder)

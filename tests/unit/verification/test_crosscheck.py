@@ -18,7 +18,10 @@ Files = dict[str, np.ndarray]
 
 def checkpoint(ranks: int) -> Files:
     rng = np.random.default_rng(ranks)
-    files = {f"layers.{i}.w": rng.integers(0, 256, (8 * ranks, 64), dtype=np.uint8) for i in range(3 * ranks)}
+    files = {
+        f"layers.{i}.w": rng.integers(0, 256, (8 * ranks, 64), dtype=np.uint8)
+        for i in range(3 * ranks)
+    }
     files["norm"] = rng.integers(0, 256, (1, 32), dtype=np.uint8)
     return files
 
@@ -28,7 +31,10 @@ def reads_of(files: Files, node: list[int]) -> dict[int, dict[str, Box]]:
     tp = len(node)
     out: dict[int, dict[str, Box]] = {}
     for k, r in enumerate(node):
-        out[r] = {n: ((k * a.shape[0] // tp, (k + 1) * a.shape[0] // tp), (0, a.shape[1])) for n, a in files.items()}
+        out[r] = {
+            n: ((k * a.shape[0] // tp, (k + 1) * a.shape[0] // tp), (0, a.shape[1]))
+            for n, a in files.items()
+        }
     return out
 
 
@@ -37,7 +43,9 @@ def window(a: np.ndarray, box: Box) -> np.ndarray:
     return a[r0:r1, c0:c1]
 
 
-def exchange(node: list[int], files: Files, view_of: dict[int, Files] | None = None) -> tuple[dict, dict]:
+def exchange(
+    node: list[int], files: Files, view_of: dict[int, Files] | None = None
+) -> tuple[dict, dict]:
     """Every rank's claim row and seen row; ``view_of[r]``: the files as rank r read them (default: ``files``)."""
     reads = reads_of(files, node)
     sizes = {n: a.nbytes for n, a in files.items()}
@@ -45,10 +53,14 @@ def exchange(node: list[int], files: Files, view_of: dict[int, Files] | None = N
     for r in node:
         mine = (view_of or {}).get(r, files)
         plan: HashPlan = hash_plan("node", r, reads, sizes, per_rank=False)
-        fingerprints = {n: {p: host_fingerprint(window(mine[n], box)) for p, box in plan.peers[n].items()}
-                        for n in plan.mine}
+        fingerprints = {
+            n: {p: host_fingerprint(window(mine[n], box)) for p, box in plan.peers[n].items()}
+            for n in plan.mine
+        }
         claim_rows[r] = claims(plan.peers, fingerprints, node, r)
-        windows = {n: (reads[r][n], host_fingerprint(window(mine[n], reads[r][n]))) for n in plan.owner}
+        windows = {
+            n: (reads[r][n], host_fingerprint(window(mine[n], reads[r][n]))) for n in plan.owner
+        }
         seen_rows[r] = seen(plan.owner, windows, node, r)
     return claim_rows, seen_rows
 
@@ -71,7 +83,10 @@ def test_every_window_matching_gives_no_verdict(ranks: int) -> None:
     node = list(range(100, 100 + ranks))
     files = checkpoint(ranks)
     claim_rows, seen_rows = exchange(node, files)
-    assert all(len(row) == SLOTS and all(len(v) == DIGEST_BYTES for v in row) for row in claim_rows.values())
+    assert all(
+        len(row) == SLOTS and all(len(v) == DIGEST_BYTES for v in row)
+        for row in claim_rows.values()
+    )
     assert any(v != bytes(DIGEST_BYTES) for row in claim_rows.values() for v in row)
     assert verdict([node], claim_rows, seen_rows) == []
 
@@ -86,7 +101,8 @@ def test_one_reader_that_read_other_bytes_is_named_with_its_hasher(ranks: int) -
     claim_rows, seen_rows = exchange(node, files, {reader: changed(files, name)})
     assert verdict([node], claim_rows, seen_rows) == [
         f"rank {reader} served bytes of tensors hashed by rank {hasher} that differ from the bytes that were hashed "
-        "(a file changed while the node loaded it?)"]
+        "(a file changed while the node loaded it?)"
+    ]
 
 
 def test_a_hasher_that_read_other_bytes_is_named_with_the_reader() -> None:
@@ -97,7 +113,8 @@ def test_a_hasher_that_read_other_bytes_is_named_with_the_reader() -> None:
     claim_rows, seen_rows = exchange(node, files, {hasher: changed(files, name)})
     assert verdict([node], claim_rows, seen_rows) == [
         f"rank 3 served bytes of tensors hashed by rank {hasher} that differ from the bytes that were hashed "
-        "(a file changed while the node loaded it?)"]
+        "(a file changed while the node loaded it?)"
+    ]
 
 
 def test_a_change_outside_every_peer_window_is_not_a_crosscheck_failure() -> None:
@@ -119,7 +136,8 @@ def test_on_a_node_of_more_ranks_than_slots_a_difference_is_still_caught() -> No
     by = f"rank {hasher}" if hasher not in (0, 8) else "one of ranks 0, 8"
     assert verdict([node], claim_rows, seen_rows) == [
         f"one of ranks 1, 9 served bytes of tensors hashed by {by} that differ from the bytes that were hashed "
-        "(a file changed while the node loaded it?)"]
+        "(a file changed while the node loaded it?)"
+    ]
 
 
 def test_verdict_judges_each_node_on_its_own() -> None:
@@ -129,8 +147,9 @@ def test_verdict_judges_each_node_on_its_own() -> None:
     claims_a, seen_a = exchange(a, files)
     claims_b, seen_b = exchange(b, files, {7: changed(files, name)})
     problems = verdict([a, b], claims_a | claims_b, seen_a | seen_b)
-    assert len(problems) == 1 and problems[0].startswith(f"rank 7 served bytes of tensors hashed by rank "
-                                                         f"{hasher_of(name, b, files)} ")
+    assert len(problems) == 1 and problems[0].startswith(
+        f"rank 7 served bytes of tensors hashed by rank {hasher_of(name, b, files)} "
+    )
 
 
 def test_fold_is_zero_for_nothing_order_free_and_sensitive() -> None:
@@ -138,8 +157,12 @@ def test_fold_is_zero_for_nothing_order_free_and_sensitive() -> None:
     assert fold([]) == bytes(DIGEST_BYTES)
     assert fold(lines) == fold(reversed(lines)) != bytes(DIGEST_BYTES)
     assert len(fold(lines)) == DIGEST_BYTES
-    variants = [[lines[0], ("x.2", ((4, 8), (0, 9)), (4, 5, 6))], [lines[0], ("x.2", ((5, 8), (0, 8)), (4, 5, 6))],
-                [lines[0], ("x.2", ((4, 8), (0, 8)), (4, 5, 7))], [lines[0], ("x.3", ((4, 8), (0, 8)), (4, 5, 6))]]
+    variants = [
+        [lines[0], ("x.2", ((4, 8), (0, 9)), (4, 5, 6))],
+        [lines[0], ("x.2", ((5, 8), (0, 8)), (4, 5, 6))],
+        [lines[0], ("x.2", ((4, 8), (0, 8)), (4, 5, 7))],
+        [lines[0], ("x.3", ((4, 8), (0, 8)), (4, 5, 6))],
+    ]
     assert len({fold(v) for v in variants} | {fold(lines)}) == len(variants) + 1
 
 
@@ -151,4 +174,5 @@ def test_on_a_node_of_more_ranks_than_slots_a_pair_sharing_a_slot_is_caught() ->
     claim_rows, seen_rows = exchange(node, files, {9: changed(files, name)})
     assert verdict([node], claim_rows, seen_rows) == [
         "one of ranks 1, 9 served bytes of tensors hashed by one of ranks 1, 9 that differ from the bytes that were "
-        "hashed (a file changed while the node loaded it?)"]
+        "hashed (a file changed while the node loaded it?)"
+    ]

@@ -7,9 +7,17 @@ import numpy as np
 import pytest
 import torch
 
-from tpload.verification.fingerprint import (DeviceFingerprint, HostFingerprint, decoded_fingerprint, digest,
-                                             fingerprint, host_fingerprint, not_finite, word_width,
-                                             word_widths)
+from tpload.verification.fingerprint import (
+    DeviceFingerprint,
+    HostFingerprint,
+    decoded_fingerprint,
+    digest,
+    fingerprint,
+    host_fingerprint,
+    not_finite,
+    word_width,
+    word_widths,
+)
 
 Triple = tuple[int, int, int]
 
@@ -20,7 +28,9 @@ def definition(window: np.ndarray) -> Triple:
     rows, width = window.shape
     w = next((k for k in (8, 4, 2, 1) if width % k == 0), 1) if width else 1
     data = np.ascontiguousarray(window).tobytes()
-    words = np.frombuffer(data, dtype=f"<i{w}" if w > 1 else "u1").reshape(rows, width // w).tolist()
+    words = (
+        np.frombuffer(data, dtype=f"<i{w}" if w > 1 else "u1").reshape(rows, width // w).tolist()
+    )
     total = sum(sum(row) for row in words)
     by_rows = sum((r + 1) * sum(row) for r, row in enumerate(words))
     by_cols = sum((j + 1) * sum(row[j] for row in words) for j in range(width // w))
@@ -34,17 +44,19 @@ def definition(window: np.ndarray) -> Triple:
 
 def device(window: np.ndarray, block_rows: int = 1 << 30) -> Triple:
     """DeviceFingerprint (torch ops, here on the CPU), fed ``block_rows`` rows at a time."""
-    t = torch.from_numpy(window if all(s >= 0 for s in window.strides) else np.ascontiguousarray(window))
+    t = torch.from_numpy(
+        window if all(s >= 0 for s in window.strides) else np.ascontiguousarray(window)
+    )
     fp = DeviceFingerprint(window.shape[1], t.device)
     for r in range(0, window.shape[0], block_rows):
-        fp.add(t[r:r + block_rows], r)
+        fp.add(t[r : r + block_rows], r)
     return tuple(fp.value().tolist())
 
 
 def host(window: np.ndarray, block_rows: int = 1 << 30) -> Triple:
     fp = HostFingerprint(window.shape[1])
     for r in range(0, window.shape[0], block_rows):
-        fp.add(window[r:r + block_rows], r)
+        fp.add(window[r : r + block_rows], r)
     return fp.value()
 
 
@@ -88,24 +100,30 @@ def test_host_and_device_fingerprints_follow_the_definition(name: str) -> None:
     assert device(window) == want
 
 
-@pytest.mark.parametrize("name", ["contiguous", "cols-of-wider-rows", "misaligned-window", "width-7", "reversed-rows"])
+@pytest.mark.parametrize(
+    "name", ["contiguous", "cols-of-wider-rows", "misaligned-window", "width-7", "reversed-rows"]
+)
 @pytest.mark.parametrize("block_rows", [1, 5, 16])
-def test_fingerprints_summed_in_row_blocks_are_the_whole_windows(name: str, block_rows: int) -> None:
+def test_fingerprints_summed_in_row_blocks_are_the_whole_windows(
+    name: str, block_rows: int
+) -> None:
     window = WINDOWS[name]
     assert host(window, block_rows) == device(window, block_rows) == definition(window)
 
 
-@pytest.mark.parametrize("width, pieces", [(64, [0, 24, 64]), (1152, [0, 512, 1024, 1152]), (38, [0, 2, 30, 38]),
-                                           (36, [0, 4, 36])])
+@pytest.mark.parametrize(
+    "width, pieces",
+    [(64, [0, 24, 64]), (1152, [0, 512, 1024, 1152]), (38, [0, 2, 30, 38]), (36, [0, 4, 36])],
+)
 def test_row_pieces_add_up_to_the_whole_rows(width: int, pieces: list[int]) -> None:
     # rows wider than a buffer come in pieces; each piece at its byte column, in any order
     stored = random_bytes((9, width + 10), width)
-    window = stored[:, 5:5 + width]
+    window = stored[:, 5 : 5 + width]
     fp = HostFingerprint(width)
     spans = list(zip(pieces, pieces[1:]))
     for r in reversed(range(9)):
         for c0, c1 in reversed(spans):
-            fp.add(window[r:r + 1, c0:c1], r, first_col=c0)
+            fp.add(window[r : r + 1, c0:c1], r, first_col=c0)
     assert fp.value() == definition(window)
 
 
@@ -114,7 +132,7 @@ def test_add_copies_the_block_it_fingerprints() -> None:
     out = np.zeros(window.shape, dtype=np.uint8)
     fp = HostFingerprint(window.shape[1])
     for r in range(0, window.shape[0], 4):
-        fp.add(window[r:r + 4], r, dst=out[r:r + 4])
+        fp.add(window[r : r + 4], r, dst=out[r : r + 4])
     np.testing.assert_array_equal(out, window)
     assert fp.value() == definition(window)
 
@@ -128,7 +146,20 @@ def test_add_refuses_pieces_that_split_words() -> None:
 
 
 def test_word_width_is_the_largest_dividing_power() -> None:
-    assert [word_width(n) for n in (0, 1, 2, 3, 4, 6, 8, 12, 36, 38, 64, 1152)] == [1, 1, 2, 1, 4, 2, 8, 4, 4, 2, 8, 8]
+    assert [word_width(n) for n in (0, 1, 2, 3, 4, 6, 8, 12, 36, 38, 64, 1152)] == [
+        1,
+        1,
+        2,
+        1,
+        4,
+        2,
+        8,
+        4,
+        4,
+        2,
+        8,
+        8,
+    ]
 
 
 def test_word_widths_agrees_with_word_width() -> None:
@@ -164,7 +195,10 @@ def test_moved_words_change_the_row_or_column_sum() -> None:
     rows[[1, 2]] = rows[[2, 1]]  # two rows swapped: the total stays, the row sum moves
     assert host_fingerprint(rows)[0] == base[0] and host_fingerprint(rows)[1] != base[1]
     cols = a.copy()
-    cols[:, 0:8], cols[:, 8:16] = a[:, 8:16], a[:, 0:8]  # two word columns swapped: the column sum moves
+    cols[:, 0:8], cols[:, 8:16] = (
+        a[:, 8:16],
+        a[:, 0:8],
+    )  # two word columns swapped: the column sum moves
     assert host_fingerprint(cols)[:2] == base[:2] and host_fingerprint(cols)[2] != base[2]
 
 
@@ -172,7 +206,9 @@ def test_moved_words_change_the_row_or_column_sum() -> None:
 
 
 @pytest.mark.parametrize("shape", [(), (5,), (3, 4), (2, 3, 5), (6, 1, 2, 2)])
-def test_fingerprint_of_a_tensor_reads_it_as_first_dimension_by_the_rest(shape: tuple[int, ...]) -> None:
+def test_fingerprint_of_a_tensor_reads_it_as_first_dimension_by_the_rest(
+    shape: tuple[int, ...],
+) -> None:
     t = torch.randn(shape).to(torch.bfloat16)
     rows = shape[0] if len(shape) > 1 else 1
     want = definition(t.reshape(-1).view(torch.int16).numpy().view(np.uint8).reshape(rows, -1))
@@ -181,7 +217,9 @@ def test_fingerprint_of_a_tensor_reads_it_as_first_dimension_by_the_rest(shape: 
 
 
 @pytest.mark.parametrize("shape", [(37, 64), (4, 3), (7,)])  # rows of whole int64 words, and not
-def test_decoded_fingerprint_gives_the_fingerprint_and_a_non_finite_count(shape: tuple[int, ...]) -> None:
+def test_decoded_fingerprint_gives_the_fingerprint_and_a_non_finite_count(
+    shape: tuple[int, ...],
+) -> None:
     t = torch.randn(shape).to(torch.bfloat16)
     flat = t.view(-1)
     flat[0], flat[-1] = float("nan"), float("-inf")
@@ -215,9 +253,14 @@ def test_digest_is_order_free_and_sensitive_to_every_field() -> None:
     e = [("x.10", torch.bfloat16, (2, 2), (1, 2, 3)), ("x.2", torch.int8, (4,), (4, 5, 6))]
     base = digest(e)
     assert base == digest(list(reversed(e)))
-    changed = [("x.3", torch.int8, (4,), (4, 5, 6)), ("x.2", torch.uint8, (4,), (4, 5, 6)),
-               ("x.2", torch.int8, (2, 2), (4, 5, 6)), ("x.2", torch.int8, (4,), (7, 5, 6)),
-               ("x.2", torch.int8, (4,), (4, 7, 6)), ("x.2", torch.int8, (4,), (4, 5, 7))]
+    changed = [
+        ("x.3", torch.int8, (4,), (4, 5, 6)),
+        ("x.2", torch.uint8, (4,), (4, 5, 6)),
+        ("x.2", torch.int8, (2, 2), (4, 5, 6)),
+        ("x.2", torch.int8, (4,), (7, 5, 6)),
+        ("x.2", torch.int8, (4,), (4, 7, 6)),
+        ("x.2", torch.int8, (4,), (4, 5, 7)),
+    ]
     digests = {digest([e[0], c]) for c in changed}
     assert base not in digests and len(digests) == len(changed)
     assert digest(e[:1]) != base

@@ -43,17 +43,28 @@ def test_shards_are_made_only_from_a_passing_verdict() -> None:
 
 
 def _job(verify: str, *, files: bool = False, manifest: bool = True) -> gate.Job:
-    storage = SimpleNamespace(catalogue=SimpleNamespace(manifest_sha256="ab" * 32 if manifest else None),
-                              per_rank=False, file_digests={} if files else None)
+    storage = SimpleNamespace(
+        catalogue=SimpleNamespace(manifest_sha256="ab" * 32 if manifest else None),
+        per_rank=False,
+        file_digests={} if files else None,
+    )
     opts = SimpleNamespace(kind="packed", digest_store="/nonexistent-store", verify=verify)
     ctx = SimpleNamespace(rank=0, group=None)
     return gate.Job(opts, ctx, RankFigures(), storage, {}, "x", Layout(1, 1), dict)
 
 
-@pytest.mark.parametrize(("verify", "files", "want"), [
-    ("off", False, gate.Unchecked), ("off", True, gate.Unchecked), ("digest", False, gate.Predicted),
-    ("node", False, gate.TensorDigests), ("rank", False, gate.TensorDigests),
-    ("node", True, gate.FileDigests), ("rank", True, gate.FileDigests)])
+@pytest.mark.parametrize(
+    ("verify", "files", "want"),
+    [
+        ("off", False, gate.Unchecked),
+        ("off", True, gate.Unchecked),
+        ("digest", False, gate.Predicted),
+        ("node", False, gate.TensorDigests),
+        ("rank", False, gate.TensorDigests),
+        ("node", True, gate.FileDigests),
+        ("rank", True, gate.FileDigests),
+    ],
+)
 def test_one_strategy_per_mode_and_anchor(verify: str, files: bool, want: type) -> None:
     assert type(gate.strategy(_job(verify, files=files))) is want
 
@@ -82,9 +93,9 @@ def test_the_verdict_names_what_vouched() -> None:
 def test_offline_writers_take_only_what_the_gate_checked(tmp_path: Path) -> None:
     import numpy as np
 
-    from tpload.tools.published import write_published
     from tpload.storage.hub import to_hub_cache
     from tpload.storage.sharded import ShardedStorage
+    from tpload.tools.published import write_published
     from tpload.verification.blake3sums import write_sidecar
     from tpload.verification.store import DigestStore
     from tpload.verification.vouched import Vouched
@@ -94,7 +105,9 @@ def test_offline_writers_take_only_what_the_gate_checked(tmp_path: Path) -> None
     with pytest.raises(LoadError, match="only from tensors the gate checked"):
         write_sidecar(DigestStore(tmp_path / "store"), "ab" * 32, tmp_path, {"a": "cd" * 32}, {})  # type: ignore[arg-type]
     # a hub snapshot has no per-tensor digests: the gate vouches for none of its tensors at rest
-    snap = to_hub_cache(write_published(tmp_path / "p", "gpt-oss-tiny", manifest=False), tmp_path / "hub", "o/m")
+    snap = to_hub_cache(
+        write_published(tmp_path / "p", "gpt-oss-tiny", manifest=False), tmp_path / "hub", "o/m"
+    )
     storage = ShardedStorage(snap)
     try:
         names = storage.catalogue.names()[:2]

@@ -31,7 +31,9 @@ def test_assign_hashing_is_deterministic_whatever_the_dict_order() -> None:
     assert assign_hashing(sizes, [0, 1, 2, 3]) == assign_hashing(again, [0, 1, 2, 3])
 
 
-def _greedy(sizes: dict[str, int], ranks: list[int], users: dict[str, list[int]]) -> dict[int, list[str]]:
+def _greedy(
+    sizes: dict[str, int], ranks: list[int], users: dict[str, list[int]]
+) -> dict[int, list[str]]:
     """The split rule written plainly: largest first (names in order among equals), each to its
     lightest reader (the lowest rank among equals)."""
     load, out = dict.fromkeys(ranks, 0), {r: [] for r in ranks}
@@ -45,11 +47,18 @@ def _greedy(sizes: dict[str, int], ranks: list[int], users: dict[str, list[int]]
 def test_assign_hashing_is_the_plain_greedy_rule() -> None:
     """Ties everywhere (a few sizes, shared readers): the fast split is exactly the rule's."""
     import random
+
     rng = random.Random(7)
     for trial in range(20):
         ranks = list(range(rng.randint(1, 8)))
-        sizes = {f"m.{rng.randint(0, 999)}.w{i}": rng.choice([64, 64, 128, 4096]) for i in range(300)}
-        users = {n: sorted(rng.sample(ranks, rng.randint(1, len(ranks)))) for n in sizes if rng.random() < 0.8}
+        sizes = {
+            f"m.{rng.randint(0, 999)}.w{i}": rng.choice([64, 64, 128, 4096]) for i in range(300)
+        }
+        users = {
+            n: sorted(rng.sample(ranks, rng.randint(1, len(ranks))))
+            for n in sizes
+            if rng.random() < 0.8
+        }
         assert assign_hashing(sizes, ranks, users) == _greedy(sizes, ranks, users), trial
 
 
@@ -57,14 +66,22 @@ def node_reads() -> dict[int, dict[str, Box]]:
     """Four ranks of tp 4: a replicated norm, a row-cut head, a column-cut w2, experts of two ep groups."""
     reads: dict[int, dict[str, Box]] = {}
     for r in range(4):
-        reads[r] = {"norm": ((0, 1), (0, 128)),
-                    "head": ((r * 256, (r + 1) * 256), (0, 2048)),
-                    "w2": ((0, 512), (r * 64, (r + 1) * 64)),
-                    f"expert.{r % 2}": ((r // 2 * 32, r // 2 * 32 + 32), (0, 512))}
+        reads[r] = {
+            "norm": ((0, 1), (0, 128)),
+            "head": ((r * 256, (r + 1) * 256), (0, 2048)),
+            "w2": ((0, 512), (r * 64, (r + 1) * 64)),
+            f"expert.{r % 2}": ((r // 2 * 32, r // 2 * 32 + 32), (0, 512)),
+        }
     return reads
 
 
-SIZES = {"norm": 128, "head": 1024 * 2048, "w2": 512 * 256, "expert.0": 64 * 512, "expert.1": 64 * 512}
+SIZES = {
+    "norm": 128,
+    "head": 1024 * 2048,
+    "w2": 512 * 256,
+    "expert.0": 64 * 512,
+    "expert.1": 64 * 512,
+}
 
 
 def test_node_mode_gives_each_tensor_to_exactly_one_of_its_readers() -> None:
@@ -99,13 +116,19 @@ def test_node_mode_expert_of_an_ep_group_is_hashed_inside_that_group() -> None:
 
 def test_rank_mode_hashes_everything_a_rank_reads() -> None:
     reads = node_reads()
-    assert hash_plan("rank", 2, reads, SIZES, per_rank=False) == HashPlan("rank", 2, frozenset(reads[2]))
+    assert hash_plan("rank", 2, reads, SIZES, per_rank=False) == HashPlan(
+        "rank", 2, frozenset(reads[2])
+    )
 
 
 def test_node_mode_falls_back_to_rank_for_per_rank_files_and_a_lone_rank() -> None:
     reads = node_reads()
-    assert hash_plan("node", 1, reads, SIZES, per_rank=True) == HashPlan("node", 1, frozenset(reads[1]))
-    assert hash_plan("node", 1, {1: reads[1]}, SIZES, per_rank=False) == HashPlan("node", 1, frozenset(reads[1]))
+    assert hash_plan("node", 1, reads, SIZES, per_rank=True) == HashPlan(
+        "node", 1, frozenset(reads[1])
+    )
+    assert hash_plan("node", 1, {1: reads[1]}, SIZES, per_rank=False) == HashPlan(
+        "node", 1, frozenset(reads[1])
+    )
 
 
 @pytest.mark.parametrize("mode", ["off", "digest"])

@@ -44,8 +44,14 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"priv": priv, "pub": pub, "other": other}
 
 
-def sign(folder: Path, priv: Path, *, shard_size: int | None = None, hash_: str = "sha256",
-         ignore: tuple[str, ...] = ()) -> Path:
+def sign(
+    folder: Path,
+    priv: Path,
+    *,
+    shard_size: int | None = None,
+    hash_: str = "sha256",
+    ignore: tuple[str, ...] = (),
+) -> Path:
     h = ms_hashing.Config()
     if shard_size:
         h.use_shard_serialization(shard_size=shard_size)
@@ -53,7 +59,9 @@ def sign(folder: Path, priv: Path, *, shard_size: int | None = None, hash_: str 
         h.use_file_serialization(hashing_algorithm=hash_)
     if ignore:
         h.set_ignored_paths(paths=[folder / i for i in ignore])
-    ms_signing.Config().use_elliptic_key_signer(private_key=priv).set_hashing_config(h).sign(folder, folder / "model.sig")
+    ms_signing.Config().use_elliptic_key_signer(private_key=priv).set_hashing_config(h).sign(
+        folder, folder / "model.sig"
+    )
     return folder / "model.sig"
 
 
@@ -80,13 +88,16 @@ def shard_bytes(folder: Path) -> int:
 # -- the library call tpload depends on
 
 
-def test_the_bundle_only_check_is_where_tpload_calls_it_and_hashes_no_file(folder: Path, keys: dict) -> None:
+def test_the_bundle_only_check_is_where_tpload_calls_it_and_hashes_no_file(
+    folder: Path, keys: dict
+) -> None:
     """The pinned, non-public call (Config._verifier.verify(Signature.read(path))): if model-signing
     moves it, this fails, and the pin in pyproject.toml must move with a fix."""
     from importlib.metadata import version
 
     from model_signing import verifying
     from model_signing._signing import sign_sigstore_pb
+
     assert version("model-signing") == signing.PINNED
     bundle = sign(folder, keys["priv"])
     config = verifying.Config().use_elliptic_key_verifier(public_key=keys["pub"])
@@ -100,12 +111,17 @@ def test_the_bundle_only_check_is_where_tpload_calls_it_and_hashes_no_file(folde
 # -- loads
 
 
-def test_a_signed_folder_loads_checked_whole_against_the_signed_digests(folder: Path, keys: dict) -> None:
+def test_a_signed_folder_loads_checked_whole_against_the_signed_digests(
+    folder: Path, keys: dict
+) -> None:
     sign(folder, keys["priv"])
     shards = tpload.load(folder, progress=False, signer_key=str(keys["pub"]))
     assert "model.sig" in shards.vouched_by and "signs for each file" in shards.vouched_by
     assert shards.report.mine.bytes_hashed == shard_bytes(folder)  # every shard byte, once
-    assert any("model.sig: 2 file(s) checked whole against their signed digests" in n for n in shards.report.notes)
+    assert any(
+        "model.sig: 2 file(s) checked whole against their signed digests" in n
+        for n in shards.report.notes
+    )
     index = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
     assert sorted(shards.state_dict()) == sorted(index)
 
@@ -115,13 +131,20 @@ def test_a_shard_mode_signature_checks_each_piece(folder: Path, keys: dict) -> N
     shards = tpload.load(folder, progress=False, signer_key=str(keys["pub"]))
     assert shards.report.mine.bytes_hashed == shard_bytes(folder)
     flip(folder / SHARD2, 70_000)  # inside the second piece
-    with pytest.raises(tpload.LoadError, match=rf"{SHARD2}: bytes 65536:131072 do not hash to the digest model.sig"):
+    with pytest.raises(
+        tpload.LoadError, match=rf"{SHARD2}: bytes 65536:131072 do not hash to the digest model.sig"
+    ):
         tpload.load(folder, progress=False, signer_key=str(keys["pub"]))
 
 
-def test_a_blake3_signature_loads_and_a_blake2_one_is_refused_naming_it(folder: Path, keys: dict) -> None:
+def test_a_blake3_signature_loads_and_a_blake2_one_is_refused_naming_it(
+    folder: Path, keys: dict
+) -> None:
     sign(folder, keys["priv"], hash_="blake3")
-    assert tpload.load(folder, progress=False, signer_key=str(keys["pub"])).report.mine.bytes_hashed > 0
+    assert (
+        tpload.load(folder, progress=False, signer_key=str(keys["pub"])).report.mine.bytes_hashed
+        > 0
+    )
     flip(folder / SHARD2)
     with pytest.raises(tpload.LoadError, match=rf"{SHARD2}: file blake3 .* is not .*signs for it"):
         tpload.load(folder, progress=False, signer_key=str(keys["pub"]))
@@ -130,11 +153,15 @@ def test_a_blake3_signature_loads_and_a_blake2_one_is_refused_naming_it(folder: 
         tpload.load(folder, progress=False, signer_key=str(keys["pub"]))
 
 
-def test_a_signed_manifest_is_the_anchor_so_only_used_tensors_are_hashed(tmp_path: Path, keys: dict) -> None:
+def test_a_signed_manifest_is_the_anchor_so_only_used_tensors_are_hashed(
+    tmp_path: Path, keys: dict
+) -> None:
     folder = write_published(tmp_path / "m", "gpt-oss-tiny")  # with NATIVE_MANIFEST.json
     twin = shutil.copytree(folder, tmp_path / "twin")
     sign(folder, keys["priv"])
-    sign(twin, keys["priv"], ignore=("NATIVE_MANIFEST.json",))  # the manifest beside it is not signed
+    sign(
+        twin, keys["priv"], ignore=("NATIVE_MANIFEST.json",)
+    )  # the manifest beside it is not signed
     skip = "model.layers.1.mlp.experts.*"
     per_tensor = tpload.load(folder, progress=False, signer_key=str(keys["pub"]), skip=skip)
     whole = tpload.load(twin, progress=False, signer_key=str(keys["pub"]), skip=skip)
@@ -142,11 +169,15 @@ def test_a_signed_manifest_is_the_anchor_so_only_used_tensors_are_hashed(tmp_pat
     assert "signs for each file" in whole.vouched_by
     assert any("NATIVE_MANIFEST.json is not signed" in n for n in whole.report.notes)
     assert whole.report.mine.bytes_hashed == shard_bytes(twin)
-    assert per_tensor.report.mine.bytes_hashed < whole.report.mine.bytes_hashed * 0.8  # the skipped experts unread
+    assert (
+        per_tensor.report.mine.bytes_hashed < whole.report.mine.bytes_hashed * 0.8
+    )  # the skipped experts unread
     # the signed manifest changed by a writer of the folder: refused by name before it is read
     doc = json.loads((folder / "NATIVE_MANIFEST.json").read_text())
     (folder / "NATIVE_MANIFEST.json").write_text(json.dumps(doc, indent=3))
-    with pytest.raises(tpload.LoadError, match="NATIVE_MANIFEST.json: its bytes do not match the digest model.sig"):
+    with pytest.raises(
+        tpload.LoadError, match="NATIVE_MANIFEST.json: its bytes do not match the digest model.sig"
+    ):
         tpload.load(folder, progress=False, signer_key=str(keys["pub"]))
 
 
@@ -156,13 +187,17 @@ def test_a_signed_manifest_is_the_anchor_so_only_used_tensors_are_hashed(tmp_pat
 def test_a_tampered_shard_fails_naming_it(folder: Path, keys: dict) -> None:
     sign(folder, keys["priv"])
     flip(folder / SHARD2)
-    with pytest.raises(tpload.LoadError, match=rf"{SHARD2}: file sha256 .* is not .*the digest model.sig signs"):
+    with pytest.raises(
+        tpload.LoadError, match=rf"{SHARD2}: file sha256 .* is not .*the digest model.sig signs"
+    ):
         tpload.load(folder, progress=False, signer_key=str(keys["pub"]))
 
 
 def test_a_tampered_bundle_and_the_wrong_key_fail(folder: Path, keys: dict) -> None:
     bundle = sign(folder, keys["priv"])
-    with pytest.raises(tpload.LoadError, match="model.sig: the signature does not verify with key .*other"):
+    with pytest.raises(
+        tpload.LoadError, match="model.sig: the signature does not verify with key .*other"
+    ):
         tpload.load(folder, progress=False, signer_key=str(keys["other"]))
     # a writer of the folder edits the signed statement (a shard's digest) and keeps the signature
     doc = json.loads(bundle.read_text())
@@ -180,7 +215,9 @@ def test_a_tampered_bundle_and_the_wrong_key_fail(folder: Path, keys: dict) -> N
 @pytest.mark.parametrize("unsigned", [SHARD2, "config.json", "model.safetensors.index.json"])
 def test_a_file_the_load_reads_must_be_signed(folder: Path, keys: dict, unsigned: str) -> None:
     sign(folder, keys["priv"], ignore=(unsigned,))
-    with pytest.raises(tpload.LoadError, match=rf"{unsigned}: not (covered by|in the signed statement)"):
+    with pytest.raises(
+        tpload.LoadError, match=rf"{unsigned}: not (covered by|in the signed statement)"
+    ):
         tpload.load(folder, progress=False, signer_key=str(keys["pub"]))
 
 
@@ -195,37 +232,56 @@ def test_a_signed_config_changed_is_refused_before_it_is_read(folder: Path, keys
     sign(folder, keys["priv"])
     cfg = folder / "config.json"
     cfg.write_text(cfg.read_text().replace("GptOssForCausalLM", "LlamaForCausalLM"))
-    with pytest.raises(tpload.LoadError, match="config.json: its bytes do not match the digest model.sig"):
+    with pytest.raises(
+        tpload.LoadError, match="config.json: its bytes do not match the digest model.sig"
+    ):
         signing.precheck(LoadOptions(checkpoint=str(folder), signer_key=str(keys["pub"])))
 
 
-def test_a_signature_without_a_signer_and_a_signer_without_a_signature(folder: Path, keys: dict) -> None:
-    with pytest.raises(tpload.LoadError, match="--signer-key given, but .*model.sig does not exist"):
+def test_a_signature_without_a_signer_and_a_signer_without_a_signature(
+    folder: Path, keys: dict
+) -> None:
+    with pytest.raises(
+        tpload.LoadError, match="--signer-key given, but .*model.sig does not exist"
+    ):
         tpload.load(folder, progress=False, signer_key=str(keys["pub"]))
     sign(folder, keys["priv"])
-    with pytest.raises(tpload.LoadError, match="model.sig: the folder is signed, but no signer was given"):
+    with pytest.raises(
+        tpload.LoadError, match="model.sig: the folder is signed, but no signer was given"
+    ):
         tpload.load(folder, progress=False)
     # --signature PATH: a bundle kept elsewhere
     moved = folder.parent / "elsewhere.sig"
     (folder / "model.sig").rename(moved)
-    assert tpload.load(folder, progress=False, signature=str(moved), signer_key=str(keys["pub"])).state_dict()
+    assert tpload.load(
+        folder, progress=False, signature=str(moved), signer_key=str(keys["pub"])
+    ).state_dict()
 
 
 def test_without_model_signing_a_signed_folder_is_refused_naming_the_install(
-        folder: Path, keys: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder: Path, keys: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
     sign(folder, keys["priv"])
-    monkeypatch.setitem(sys.modules, "model_signing", None)  # what an environment without the extra sees
+    monkeypatch.setitem(
+        sys.modules, "model_signing", None
+    )  # what an environment without the extra sees
     with pytest.raises(tpload.LoadError) as e:
         tpload.load(folder, progress=False, signer_key=str(keys["pub"]))
     line = str(e.value).splitlines()[-1]
-    assert "model.sig: the checkpoint is signed" in line and signing.INSTALL in line and "not loaded unverified" in line
+    assert (
+        "model.sig: the checkpoint is signed" in line
+        and signing.INSTALL in line
+        and "not loaded unverified" in line
+    )
 
 
 # -- the signer options
 
 
 def test_signer_options_are_one_way_each_complete() -> None:
-    with pytest.raises(OptionsError, match="--signer-key, --signer-chain and --signer-identity are three ways"):
+    with pytest.raises(
+        OptionsError, match="--signer-key, --signer-chain and --signer-identity are three ways"
+    ):
         LoadOptions.from_values({"signer_key": "a.pem", "signer_chain": "c.pem"}, style="cli")
     with pytest.raises(OptionsError, match="signer_identity= needs signer_issuer="):
         LoadOptions.from_values({"signer_identity": "me@example.com"})
@@ -237,43 +293,85 @@ def test_a_sigstore_identity_check_offline_fails_in_one_line(folder: Path, keys:
     """Untested against sigstore itself (no network here): the arguments reach the library, and its
     failure to fetch the trust root is one line saying so."""
     sign(folder, keys["priv"])
-    opts = LoadOptions(checkpoint=str(folder), signer_identity="me@example.com",
-                       signer_issuer="https://accounts.example.com")
+    opts = LoadOptions(
+        checkpoint=str(folder),
+        signer_identity="me@example.com",
+        signer_issuer="https://accounts.example.com",
+    )
     with pytest.raises(tpload.LoadError) as e:
         signing.precheck(opts)
     assert "\n" not in str(e.value)
-    assert str(e.value).startswith("--signer-identity: checking") and "needs the network" in str(e.value)
+    assert str(e.value).startswith("--signer-identity: checking") and "needs the network" in str(
+        e.value
+    )
 
 
-def _cert(subject: str, key: ec.EllipticCurvePrivateKey, issuer: tuple[str, ec.EllipticCurvePrivateKey] | None,
-          *, ca: bool) -> x509.Certificate:
+def _cert(
+    subject: str,
+    key: ec.EllipticCurvePrivateKey,
+    issuer: tuple[str, ec.EllipticCurvePrivateKey] | None,
+    *,
+    ca: bool,
+) -> x509.Certificate:
     now = datetime.datetime.now(datetime.UTC)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
     iname = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer[0])]) if issuer else name
-    b = (x509.CertificateBuilder().subject_name(name).issuer_name(iname).public_key(key.public_key())
-         .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
-         .not_valid_after(now + datetime.timedelta(days=1))
-         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-         .add_extension(x509.KeyUsage(digital_signature=not ca, key_cert_sign=ca, crl_sign=ca, content_commitment=False,
-                                      key_encipherment=False, data_encipherment=False, key_agreement=False,
-                                      encipher_only=False, decipher_only=False), critical=True))
+    b = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(iname)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=not ca,
+                key_cert_sign=ca,
+                crl_sign=ca,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+    )
     return b.sign(issuer[1] if issuer else key, hashes.SHA256())
 
 
-def test_a_certificate_signature_checks_the_chain_and_the_pinned_leaf(folder: Path, tmp_path: Path) -> None:
+def test_a_certificate_signature_checks_the_chain_and_the_pinned_leaf(
+    folder: Path, tmp_path: Path
+) -> None:
     ca_key, leaf_key, other_key = (ec.generate_private_key(ec.SECP256R1()) for _ in range(3))
     ca = _cert("test ca", ca_key, None, ca=True)
-    files = {"ca": ca, "leaf": _cert("signer", leaf_key, ("test ca", ca_key), ca=False),
-             "other": _cert("other", other_key, ("test ca", ca_key), ca=False)}
+    files = {
+        "ca": ca,
+        "leaf": _cert("signer", leaf_key, ("test ca", ca_key), ca=False),
+        "other": _cert("other", other_key, ("test ca", ca_key), ca=False),
+    }
     for n, c in files.items():
         (tmp_path / f"{n}.pem").write_bytes(c.public_bytes(ser.Encoding.PEM))
-    (tmp_path / "leaf.key").write_bytes(leaf_key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.PKCS8,
-                                                               ser.NoEncryption()))
-    ms_signing.Config().use_certificate_signer(private_key=tmp_path / "leaf.key", signing_certificate=tmp_path / "leaf.pem",
-                                               certificate_chain=[tmp_path / "ca.pem"]).sign(folder, folder / "model.sig")
+    (tmp_path / "leaf.key").write_bytes(
+        leaf_key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.PKCS8, ser.NoEncryption())
+    )
+    ms_signing.Config().use_certificate_signer(
+        private_key=tmp_path / "leaf.key",
+        signing_certificate=tmp_path / "leaf.pem",
+        certificate_chain=[tmp_path / "ca.pem"],
+    ).sign(folder, folder / "model.sig")
     chain = str(tmp_path / "ca.pem")
-    assert tpload.load(folder, progress=False, signer_chain=chain, signer_cert=str(tmp_path / "leaf.pem")).state_dict()
+    assert tpload.load(
+        folder, progress=False, signer_chain=chain, signer_cert=str(tmp_path / "leaf.pem")
+    ).state_dict()
     with pytest.raises(tpload.LoadError, match="signed by another certificate than --signer-cert"):
-        tpload.load(folder, progress=False, signer_chain=chain, signer_cert=str(tmp_path / "other.pem"))
-    with pytest.raises(tpload.LoadError, match="the signature does not verify with certificate chain"):
+        tpload.load(
+            folder, progress=False, signer_chain=chain, signer_cert=str(tmp_path / "other.pem")
+        )
+    with pytest.raises(
+        tpload.LoadError, match="the signature does not verify with certificate chain"
+    ):
         tpload.load(folder, progress=False, signer_chain=str(tmp_path / "other.pem"))

@@ -13,9 +13,14 @@ import torch
 
 from tpload.config import load_config
 from tpload.plan import Layout, Planner
-from tpload.tools.published import write_published
 from tpload.storage.catalogue import read_native
-from tpload.verification.fingerprint import DeviceFingerprint, HostFingerprint, as_bytes2d, fingerprint
+from tpload.tools.published import write_published
+from tpload.verification.fingerprint import (
+    DeviceFingerprint,
+    HostFingerprint,
+    as_bytes2d,
+    fingerprint,
+)
 
 from ...formats_reference import read_all
 
@@ -33,8 +38,10 @@ def windows(root: Path, layout: Layout, rank: int) -> list[tuple[object, np.ndar
     for item in planner.plan(layout, "packed", rank).items:
         for cut in item.cuts:
             if ".experts." in cut.name:
-                view = arrays[cut.name].reshape(-1).view(np.uint8).copy().reshape(cut.view)  # writable, as staging is
-                out.append((cut, view[cut.rows[0]:cut.rows[1], cut.cols[0]:cut.cols[1]]))
+                view = (
+                    arrays[cut.name].reshape(-1).view(np.uint8).copy().reshape(cut.view)
+                )  # writable, as staging is
+                out.append((cut, view[cut.rows[0] : cut.rows[1], cut.cols[0] : cut.cols[1]]))
     return out
 
 
@@ -58,11 +65,15 @@ def host_triple(window: np.ndarray, piece_bytes: int, group: int) -> tuple[int, 
 
 
 @pytest.mark.parametrize("tp,ep,rank", [(2, 1, 1), (4, 1, 3), (2, 2, 3)])
-def test_a_stacked_window_fingerprints_alike_on_host_and_device(gpt_oss: Path, tp: int, ep: int, rank: int) -> None:
+def test_a_stacked_window_fingerprints_alike_on_host_and_device(
+    gpt_oss: Path, tp: int, ep: int, rank: int
+) -> None:
     cuts = windows(gpt_oss, Layout(tp, ep), rank)
     assert any(cut.group > 1 for cut, _ in cuts)  # the down_proj cuts really are read in pieces
     for cut, window in cuts:
-        served = torch.from_numpy(np.ascontiguousarray(window)).reshape(cut.shape[0], -1)  # [experts, ...]
+        served = torch.from_numpy(np.ascontiguousarray(window)).reshape(
+            cut.shape[0], -1
+        )  # [experts, ...]
         assert host_triple(window, cut.row_bytes, cut.group) == device_triple(served), cut.name
 
 

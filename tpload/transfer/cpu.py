@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import sys
 
@@ -18,25 +19,25 @@ def new_arena(nbytes: int) -> torch.Tensor:
     """The rank's arena on the CPU: an anonymous map populated in one call (MADV_POPULATE_WRITE).
 
     Faulting fresh memory page by page during the copies costs more than the
-    copies themselves (0.4-1.5 GB/s against ~10 GB/s into touched memory on a
-    2-core VM; one populate call runs at ~2 GB/s). No MADV_HUGEPAGE: with THP
-    defrag on "madvise" the faults stall in compaction (0.25 GB/s measured).
+    copies themselves, and one populate call is faster than the faults. No
+    MADV_HUGEPAGE: with THP defrag on "madvise" the faults stall in compaction.
+    (Figures: docs/benchmarks.md.)
     """
     if nbytes == 0:
         return torch.empty(0, dtype=torch.uint8)
     mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if sys.platform == "linux":
-        try:
+        # kernel < 5.14: the pages fault in on first touch instead
+        with contextlib.suppress(OSError):
             mm.madvise(_MADV_POPULATE_WRITE)
-        except OSError:  # kernel < 5.14: the pages fault in on first touch instead
-            pass
     return torch.frombuffer(
         mm, dtype=torch.uint8
     )  # keeps the map alive; unmapped with the last view
 
 
 class CpuTransfer:
-    """Serves windows on the CPU: the served fingerprint is the fingerprint of the words the copy wrote."""
+    """Serves windows on the CPU: the served fingerprint is the fingerprint of the words the copy
+    wrote."""
 
     chunk_bytes = CHUNK_BYTES
     host_slots = True

@@ -88,8 +88,9 @@ def config_with(tmp_path: Path, first_rules: str, base: str = "deepseek-v4-mtp")
 
 
 def renamed(src: Path, dst: Path, rename, extra: dict[str, torch.Tensor] | None = None) -> Path:
-    """A copy of checkpoint ``src`` at ``dst`` with every tensor named ``rename(name)`` (shards, index and
-    manifest; the bytes, hence each tensor's sha256, unchanged), plus ``extra`` tensors in a new shard."""
+    """A copy of checkpoint ``src`` at ``dst`` with every tensor named ``rename(name)`` (shards,
+    index and manifest; the bytes, hence each tensor's sha256, unchanged), plus ``extra`` tensors in
+    a new shard."""
     import shutil
 
     from safetensors.torch import load_file

@@ -25,8 +25,9 @@ def many(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("seed", range(4))
 def test_the_kernel_gives_each_window_the_per_tensor_fingerprint(seed: int) -> None:
-    """Whole tensors and windows of them (rows and byte columns, at odd starts: words are read at any
-    alignment), each copied row after row into its slot with the fingerprint HostFingerprint gives."""
+    """Whole tensors and windows of them (rows and byte columns, at odd starts: words are read at
+    any alignment), each copied row after row into its slot with the fingerprint HostFingerprint
+    gives."""
     rng = np.random.default_rng(seed)
     src = rng.integers(0, 256, 1 << 16, dtype=np.uint8)
     shapes = [(int(rng.integers(1, 9)), int(rng.integers(1, 70))) for _ in range(40)]

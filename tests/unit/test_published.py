@@ -1,4 +1,5 @@
-"""Published-layout presets (tpload/tools/published.py), read back with the ``safetensors`` library, not tpload.
+"""Published-layout presets (tpload/tools/published.py), read back with the ``safetensors`` library,
+not tpload.
 
 * every tiny preset writes a loadable folder: config.json, an index listing every tensor of the
   shards (and only those), a manifest whose sha256s are those of the bytes, ``total_size``;
@@ -46,7 +47,8 @@ def cdiv(a: int, b: int) -> int:
 
 
 def headers(root: Path) -> dict[str, tuple[str, tuple[int, ...], str]]:
-    """{tensor: (dtype, shape, file)} from every shard, by the safetensors library (no data read)."""
+    """{tensor: (dtype, shape, file)} from every shard, by the safetensors library (no data
+    read)."""
     out = {}
     for path in sorted(root.glob("*.safetensors")):
         with safe_open(str(path), "pt") as f:
@@ -127,7 +129,8 @@ def test_nothing_but_the_expected_files(tiny: dict[str, Path]) -> None:
 
 
 def _fp8_pairs(found: dict, scale: str) -> list[tuple[str, tuple[int, ...], str, tuple[int, ...]]]:
-    """(weight, shape, scale dtype, scale shape) of every F8_E4M3 weight; each must have its scale."""
+    """(weight, shape, scale dtype, scale shape) of every F8_E4M3 weight; each must have its
+    scale."""
     out = []
     for n, (dtype, shape, _) in found.items():
         if dtype == "F8_E4M3" and n.endswith(".weight"):
@@ -164,7 +167,8 @@ def test_deepseek_v3_fp8_weights_have_f32_128_block_scales(tiny: dict[str, Path]
 
 
 def test_deepseek_v3_bf16_is_all_bf16_or_f32_with_its_mtp_layer(tiny: dict[str, Path]) -> None:
-    """The vLLM test model: no quantization anywhere, the dimensions vLLM's CPU MLA takes, one MTP layer."""
+    """The vLLM test model: no quantization anywhere, the dimensions vLLM's CPU MLA takes, one MTP
+    layer."""
     root = tiny["deepseek-v3-bf16-tiny"]
     found = headers(root)
     config = json.loads((root / "config.json").read_text())

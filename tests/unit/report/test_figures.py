@@ -1,4 +1,5 @@
-"""The exchange row: every figure survives the wire; 'not measured' is None (null in JSON), never -1."""
+"""The exchange row: every figure survives the wire; 'not measured' is None (null in JSON), never
+-1."""
 
 from __future__ import annotations
 

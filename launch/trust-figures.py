@@ -1,7 +1,7 @@
 """Hashing per node for each trust source on the medium checkpoint (issue 20's figure).
 
-python launch/trust-figures.py /tmp/trust   (writes the variants, loads each at tp 2 on 2 ranks, prints a table;
-needs the [test] extras: huggingface_hub, model-signing)
+python launch/trust-figures.py /tmp/trust   (writes the variants, loads each at tp 2 on 2 ranks,
+prints a table; needs the [test] extras: huggingface_hub, model-signing)
 """
 
 import json

@@ -1,18 +1,19 @@
 """The load attestation: an exit path of the gate that carries no bytes, only what they were.
 
-After a passed verdict, ``--attest FILE`` makes rank 0 write an in-toto statement (docs/attestation.md):
-its subject is the checkpoint's identity (the manifest's sha256, or each file's whole-file digest
-when the folder is vouched for file by file), and its predicate every rank's node, device, digest
-and windows (boxes of the stored tensors' 2-D byte views, as the plan cuts them), with the coverage
-that follows: for every tensor of the checkpoint, how many ranks serve each of its bytes (at least
-one; skipped and deferred tensors listed as such). Rank 0 derives every rank's plan from the
-catalogue the load planned with (the planner is deterministic), so no extra collective is made.
+After a passed verdict, ``--attest FILE`` makes rank 0 write an in-toto statement
+(docs/attestation.md): its subject is the checkpoint's identity (the manifest's sha256, or each
+file's whole-file digest when the folder is vouched for file by file), and its predicate every
+rank's node, device, digest and windows (boxes of the stored tensors' 2-D byte views, as the plan
+cuts them), with the coverage that follows: for every tensor of the checkpoint, how many ranks serve
+each of its bytes (at least one; skipped and deferred tensors listed as such). Rank 0 derives every
+rank's plan from the catalogue the load planned with (the planner is deterministic), so no extra
+collective is made.
 
 ``tpload attest verify FILE --checkpoint DIR`` re-derives the plan from DIR's headers and the
 recorded options, recomputes every rank's digest from DIR's bytes with the load's own code
-(:func:`tpload.verification.predict.predict`), and lists every difference. With ``--attest-key`` the statement
-is signed as model-signing signs a model (the statement as a one-file model, ``FILE.sig`` beside
-it), so one verifier checks both a signed model and a signed attestation.
+(:func:`tpload.verification.predict.predict`), and lists every difference. With ``--attest-key`` the
+statement is signed as model-signing signs a model (the statement as a one-file model, ``FILE.sig``
+beside it), so one verifier checks both a signed model and a signed attestation.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ Window = list[int]
 """[first row, end row, first byte column, end byte column) of a stored tensor's 2-D byte view."""
 
 
-# -- signing (model-signing, optional) --------------------------------------------------------------
+# -- signing (model-signing, optional)
+# --------------------------------------------------------------
 
 
 def signing_missing() -> str | None:
@@ -49,7 +51,10 @@ def signing_missing() -> str | None:
     except (
         ImportError
     ) as e:  # model-signing 1.1.1 also imports OpenSSL (pyopenssl) without declaring it
-        return f"signing needs model-signing, which is not importable ({e.name or e}); {SIGNING_INSTALL}"
+        return (
+            f"signing needs model-signing, which is not importable ({e.name or e}); "
+            f"{SIGNING_INSTALL}"
+        )
     return None
 
 
@@ -68,7 +73,10 @@ def key_problem(key: str | os.PathLike) -> str | None:
     except (ValueError, TypeError) as e:  # not PEM, or encrypted
         return f"{escape_name(key)}: not an unencrypted private key in PEM ({_first_line(e)})"
     if not isinstance(loaded, ec.EllipticCurvePrivateKey):
-        return f"{escape_name(key)}: a {type(loaded).__name__}, not an elliptic-curve private key (model-signing's key method)"
+        return (
+            f"{escape_name(key)}: a {type(loaded).__name__}, not an elliptic-curve private key "
+            "(model-signing's key method)"
+        )
     return None
 
 
@@ -107,8 +115,9 @@ def sign(path: Path, key: str | os.PathLike) -> Path:
 
 
 def signature_problems(path: Path, key: str | os.PathLike) -> list[str]:
-    """The signature beside ``path`` checked with the public key ``key`` by model-signing (the bundle,
-    the key and the attestation's own sha256): [] when it verifies, else one line saying why."""
+    """The signature beside ``path`` checked with the public key ``key`` by model-signing (the
+    bundle, the key and the attestation's own sha256): [] when it verifies, else one line saying
+    why."""
     ms = _model_signing()
     sig = signature_path(path)
     if not sig.is_file():
@@ -119,7 +128,8 @@ def signature_problems(path: Path, key: str | os.PathLike) -> list[str]:
         text = _first_line(e)
         if text.startswith("Signature mismatch"):
             return [
-                f"{escape_name(path)}: its bytes are not the ones {escape_name(sig)} signed (changed since)"
+                f"{escape_name(path)}: its bytes are not the ones {escape_name(sig)} signed "
+                "(changed since)"
             ]
         return [f"{escape_name(sig)}: does not verify with the key {escape_name(key)}: {text}"]
     return []
@@ -142,9 +152,10 @@ def windows(plan: object) -> dict[str, Window]:
 
 
 def views(plans: Sequence[object]) -> dict[str, list[int]]:
-    """Each read tensor's 2-D byte view, [rows, row bytes], that its windows are boxes of. Read from the
-    plans' compact entries as ``RankPlan.reads`` reads its boxes (a cut's fields after its name: rows,
-    cols, shape, dtype, view): making every rank's items would cost 10 s for 64 ranks of DeepSeek-V3."""
+    """Each read tensor's 2-D byte view, [rows, row bytes], that its windows are boxes of. Read from
+    the plans' compact entries as ``RankPlan.reads`` reads its boxes (a cut's fields after its name:
+    rows, cols, shape, dtype, view): making every rank's items would cost 10 s for 64 ranks of
+    DeepSeek-V3."""
     out: dict[str, list[int]] = {}
     for plan in plans:
         for e, s in zip(plan.entries, plan.shapes):
@@ -184,8 +195,9 @@ def coverage(
     skipped: Sequence[str],
     deferred: Sequence[str],
 ) -> dict:
-    """For every tensor of the checkpoint: served (its view and how many ranks serve each byte, fewest
-    and most), skipped or deferred. A tensor no rank reads has no view: its replicas are [0, 0]."""
+    """For every tensor of the checkpoint: served (its view and how many ranks serve each byte,
+    fewest and most), skipped or deferred. A tensor no rank reads has no view: its replicas are [0,
+    0]."""
     boxes: dict[str, list[Window]] = {}
     for ws in per_rank:
         for n, w in ws.items():
@@ -206,9 +218,10 @@ def coverage(
 def subject(
     catalogue: object, file_digests: Mapping[Path, str] | None, *, signature: Path | None = None
 ) -> list[dict]:
-    """The checkpoint's identity: the signature bundle's sha256 when a model.sig vouched for the load
-    (it names every file's digest, and a signer), its manifest's sha256, or each file's whole-file
-    sha256 when the folder is vouched for file by file (hub blob names, local-dir etags)."""
+    """The checkpoint's identity: the signature bundle's sha256 when a model.sig vouched for the
+    load (it names every file's digest, and a signer), its manifest's sha256, or each file's
+    whole-file sha256 when the folder is vouched for file by file (hub blob names, local-dir
+    etags)."""
     out = []
     if signature is not None:
         out.append(
@@ -249,8 +262,9 @@ def statement(
     vouched_by: str,
     signature: Path | None = None,
 ) -> dict:
-    """The in-toto statement of a passed load. ``ranks``: each rank's ``node``, ``device`` and ``digest``
-    (from the exchanged table); everything else is derived here from ``planner`` (the load's)."""
+    """The in-toto statement of a passed load. ``ranks``: each rank's ``node``, ``device`` and
+    ``digest`` (from the exchanged table); everything else is derived here from ``planner`` (the
+    load's)."""
     from .. import __version__
 
     catalogue, config = planner.catalogue, planner.config
@@ -305,10 +319,10 @@ def statement(
 
 
 def dumps(doc: Mapping) -> str:
-    """The statement as JSON, indented, with each window and each coverage entry on one line of its own
-    (a 64-rank DeepSeek-V3 statement holds 800,000 windows: one line each stays readable and diffable).
-    The big maps are rendered apart and put in where a placeholder string stands (a token that does not
-    occur in the rest of the text, so no tensor name can be mistaken for one)."""
+    """The statement as JSON, indented, with each window and each coverage entry on one line of its
+    own (a 64-rank DeepSeek-V3 statement holds 800,000 windows: one line each stays readable and
+    diffable). The big maps are rendered apart and put in where a placeholder string stands (a token
+    that does not occur in the rest of the text, so no tensor name can be mistaken for one)."""
     token = uuid.uuid4().hex
     pred = doc.get("predicate", {})
     big: dict[str, Mapping] = {}
@@ -336,8 +350,8 @@ def dumps(doc: Mapping) -> str:
 
 
 def write(path: str | os.PathLike, doc: Mapping, key: str | os.PathLike | None = None) -> Path:
-    """Write the statement (renamed into place: a reader never sees half of one) and, with ``key``, its
-    signature beside it. A stale signature of an earlier statement is removed first."""
+    """Write the statement (renamed into place: a reader never sees half of one) and, with ``key``,
+    its signature beside it. A stale signature of an earlier statement is removed first."""
     from ..storage.files import atomic_write
 
     out = Path(path).absolute()
@@ -358,7 +372,8 @@ def after_load(
     chosen: object,
     vouched_by: str,
 ) -> Path:
-    """Rank 0, after a passed verdict: the statement of this load, written (and signed) where asked."""
+    """Rank 0, after a passed verdict: the statement of this load, written (and signed) where
+    asked."""
     storage = chosen.job.storage
     signed = getattr(
         chosen, "signed", None
@@ -386,7 +401,8 @@ def after_load(
     return write(opts.attest, doc, opts.attest_key)
 
 
-# -- checking one -----------------------------------------------------------------------------------
+# -- checking one
+# -----------------------------------------------------------------------------------
 
 
 def _fmt(w: Sequence[int]) -> str:
@@ -447,8 +463,8 @@ def _shape_problems(doc: object) -> list[str]:
             names = isinstance(deferred, list) and all(isinstance(n, str) for n in deferred)
             if not (good and isinstance(r.get("digest"), str) and names):
                 problems.append(
-                    f"predicate.ranks[{k}]: needs windows ({{tensor: [row0, row1, byte0, byte1]}}), "
-                    "a digest and a deferred list"
+                    f"predicate.ranks[{k}]: needs windows ({{tensor: [row0, row1, byte0, "
+                    "byte1]}), a digest and a deferred list"
                 )
     cover = pred.get("coverage")
     if not (
@@ -470,8 +486,8 @@ def _subject_problems(attested: list[dict], now: list[dict], root: str) -> list[
     for name in sorted(set(got) | set(want)):
         if name not in want:
             out.append(
-                f"subject {escape_name(name)}: attested, but {root} has no such digest (its identity is "
-                f"{', '.join(map(escape_name, sorted(want))) or 'nothing'})"
+                f"subject {escape_name(name)}: attested, but {root} has no such digest (its "
+                f"identity is {', '.join(map(escape_name, sorted(want))) or 'nothing'})"
             )
         elif name not in got:
             out.append(
@@ -479,8 +495,8 @@ def _subject_problems(attested: list[dict], now: list[dict], root: str) -> list[
             )
         elif got[name] != want[name]:
             out.append(
-                f"subject {escape_name(name)}: attested sha256 {str(got[name])[:16]}..., {root}'s is "
-                f"{want[name][:16]}... (another checkpoint)"
+                f"subject {escape_name(name)}: attested sha256 {str(got[name])[:16]}..., {root}'s "
+                f"is {want[name][:16]}... (another checkpoint)"
             )
     return out
 
@@ -499,11 +515,13 @@ def _window_problems(
             )
         elif p is None:
             out.append(
-                f"rank {rank}: tensor {escape_name(n)}: attested {_fmt(a)}; the plan serves no window of it"
+                f"rank {rank}: tensor {escape_name(n)}: attested {_fmt(a)}; the plan serves no "
+                "window of it"
             )
         else:
             out.append(
-                f"rank {rank}: tensor {escape_name(n)}: attested {_fmt(a)}; the plan's window is {_fmt(p)}"
+                f"rank {rank}: tensor {escape_name(n)}: attested {_fmt(a)}; the plan's window is "
+                f"{_fmt(p)}"
             )
     return out
 
@@ -531,7 +549,8 @@ def _coverage_problems(attested: Mapping, planned: Mapping) -> list[str]:
             continue
         if p is None:
             out.append(
-                f"tensor {escape_name(n)}: attested served; the checkpoint has no such tensor to serve"
+                f"tensor {escape_name(n)}: attested served; the checkpoint has no such tensor to "
+                "serve"
             )
         elif a is None:
             out.append(
@@ -567,8 +586,8 @@ def check(
     key: str | os.PathLike | None = None,
     config: str | None = None,
 ) -> tuple[list[str], list[str]]:
-    """Every difference between the attestation at ``path`` and what ``checkpoint`` gives now, and notes
-    (what was not checked). Raises LoadError when the file cannot be read at all."""
+    """Every difference between the attestation at ``path`` and what ``checkpoint`` gives now, and
+    notes (what was not checked). Raises LoadError when the file cannot be read at all."""
     from .. import __version__
     from ..config import with_rules
     from ..pick import choose
@@ -582,7 +601,8 @@ def check(
         problems += signature_problems(path, key)
     elif signature_path(path).is_file():
         notes.append(
-            f"{escape_name(signature_path(path))} not checked (give --key PEM to check the signature)"
+            f"{escape_name(signature_path(path))} not checked (give --key PEM to check the "
+            "signature)"
         )
     try:
         doc = json.loads(path.read_bytes())
@@ -602,7 +622,8 @@ def check(
     )
     if version != __version__:
         notes.append(
-            f"written by tpload {version}, checked by {__version__}: digests are recomputed by this version"
+            f"written by tpload {version}, checked by {__version__}: digests are recomputed by "
+            "this version"
         )
     if opts["verify"] == "off":
         problems.append("options.verify is off: tpload attests only verified loads")
@@ -652,7 +673,8 @@ def check(
             problems += _window_problems(r, ranks[r]["windows"], windows(plan))
             a, p = set(ranks[r].get("deferred", [])), set(plan.deferred)
             problems += [
-                f"rank {r}: tensor {escape_name(n)}: attested deferred; the plan does not defer it here"
+                f"rank {r}: tensor {escape_name(n)}: attested deferred; the plan does not defer "
+                "it here"
                 for n in sorted(a - p)
             ]
             problems += [
@@ -675,7 +697,7 @@ def check(
     for r, d in enumerate(digests[: len(ranks)]):
         if ranks[r]["digest"] != d:
             problems.append(
-                f"rank {r}: digest attested {escape_name(ranks[r]['digest'][:16])}..., {root}'s bytes "
-                f"give {d[:16]}... for its windows"
+                f"rank {r}: digest attested {escape_name(ranks[r]['digest'][:16])}..., {root}'s "
+                f"bytes give {d[:16]}... for its windows"
             )
     return problems, notes

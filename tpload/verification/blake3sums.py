@@ -1,4 +1,5 @@
-"""The optional second digest: blake3 of every tensor, kept by the operator beside the trusted digests.
+"""The optional second digest: blake3 of every tensor, kept by the operator beside the trusted
+digests.
 
 sha256 runs about 1 GB/s a core; blake3 two to three times that on one thread, and
 it can spread one large tensor over several. ``tpload manifest DIR --hash blake3``
@@ -89,8 +90,8 @@ class Sidecar:
 def write_sidecar(
     store: DigestStore, manifest_sha256: str, checkpoint: Path, checked: Vouched, stamp: dict
 ) -> Path:
-    """Keep the blake3 of every tensor the gate ``checked`` (gate.at_rest: each sha256 matched the manifest
-    with this sha256, and the blake3 was taken of the same bytes)."""
+    """Keep the blake3 of every tensor the gate ``checked`` (gate.at_rest: each sha256 matched the
+    manifest with this sha256, and the blake3 was taken of the same bytes)."""
     if not isinstance(checked, Vouched) or "blake3" not in checked.also:
         raise LoadError(
             "a blake3 sidecar is written only from tensors the gate checked, with their blake3"
@@ -107,7 +108,8 @@ def write_sidecar(
 
 
 def read_sidecar(store: DigestStore, manifest_sha256: str, *, fix: str = "") -> Sidecar | None:
-    """The sidecar of the manifest with this sha256 (None if there is none), after the store's checks."""
+    """The sidecar of the manifest with this sha256 (None if there is none), after the store's
+    checks."""
     path = sidecar_path(store, manifest_sha256)
     doc = store.read_doc(
         path, manifest_sha256, f"write it again with {fix or fix_command('DIR', None)}"
@@ -122,8 +124,8 @@ def read_sidecar(store: DigestStore, manifest_sha256: str, *, fix: str = "") -> 
         or not all(isinstance(v, str) and len(v) == 64 for v in tensors.values())
     ):
         raise LoadError(
-            f"{escape_name(path)}: not a blake3 sidecar (hash, tensors of 64 hex digits, verified stamp); "
-            f"remove it and write it again with {fix or fix_command('DIR', None)}"
+            f"{escape_name(path)}: not a blake3 sidecar (hash, tensors of 64 hex digits, verified "
+            f"stamp); remove it and write it again with {fix or fix_command('DIR', None)}"
         )
     return Sidecar(path, {str(k): v.lower() for k, v in tensors.items()}, stamp)
 
@@ -154,9 +156,9 @@ class Digests:
     def mismatch(self, path: Path | str, name: str, got: str, want: str) -> str:
         """The blake3 wording of a failed check (sha256's is catalogue.sha256_mismatch)."""
         return (
-            f"{escape_name(path)}: tensor {escape_name(name)}: blake3 {got[:16]}... does not match "
-            f"{want[:16]}... from {escape_name(self.source)} (the blake3 sidecar, written after every sha256 "
-            "matched the manifest)"
+            f"{escape_name(path)}: tensor {escape_name(name)}: blake3 {got[:16]}... does not "
+            f"match {want[:16]}... from {escape_name(self.source)} (the blake3 sidecar, written "
+            "after every sha256 matched the manifest)"
         )
 
 
@@ -168,7 +170,8 @@ def content_hash(
 ) -> tuple[Digests, str]:
     """blake3 when the store holds a fresh sidecar for this manifest that covers every tensor it
     lists, sha256 otherwise; and, when a sidecar exists but is not used, why (a report note).
-    ``stamp``: the checkpoint's stamp now (taken only when there is a sidecar to compare it with)."""
+    ``stamp``: the checkpoint's stamp now (taken only when there is a sidecar to compare it
+    with)."""
     sha = catalogue.manifest_sha256
     if sha is None or catalogue.manifest is None:
         return SHA256, ""
@@ -181,11 +184,14 @@ def content_hash(
     if not available():
         why = f"the blake3 package is not installed ({INSTALL})"
     elif changed:
-        why = f"{', '.join(changed)} changed (size or mtime) since it was written; rewrite it with {fix}"
+        why = (
+            f"{', '.join(changed)} changed (size or mtime) since it was written; rewrite it with "
+            f"{fix}"
+        )
     elif missing:
         why = (
-            f"it lacks {len(missing)} of the manifest's tensors (first {escape_name(missing[0])}); rewrite it "
-            f"with {fix}"
+            f"it lacks {len(missing)} of the manifest's tensors (first "
+            f"{escape_name(missing[0])}); rewrite it with {fix}"
         )
     if why:
         return (

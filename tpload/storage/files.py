@@ -184,8 +184,9 @@ class Shard:
             return "it was replaced by another file while it was loaded"
         if now != self.opened:
             return (
-                f"it changed while it was loaded (size {self.opened.size} -> {now.size}, "
-                f"mtime {self.opened.mtime_ns} -> {now.mtime_ns}, ctime {self.opened.ctime_ns} -> {now.ctime_ns})"
+                f"it changed while it was loaded (size {self.opened.size} -> {now.size}, mtime "
+                f"{self.opened.mtime_ns} -> {now.mtime_ns}, ctime {self.opened.ctime_ns} -> "
+                f"{now.ctime_ns})"
             )
         return ""
 

@@ -36,7 +36,8 @@ def new_arena(nbytes: int) -> torch.Tensor:
 
 
 class CpuTransfer:
-    """Serves windows on the CPU: the served fingerprint is the fingerprint of the words the copy wrote."""
+    """Serves windows on the CPU: the served fingerprint is the fingerprint of the words the copy
+    wrote."""
 
     chunk_bytes = CHUNK_BYTES
     host_slots = True

@@ -280,9 +280,9 @@ class Family:
             full = self._decode(name, a, scales, sc)
             return {name: _bf16_bits(_cut(full, axis, lo, hi) if split.axis else full)}
         if not split.axis:
-            return {name: a, **{s: x for s, x in zip(scales, sc)}}
+            return {name: a, **{s: x for s, x in zip(scales, sc, strict=True)}}
         served = {name: self._cut_stored(name, a, axis, lo, hi, n)}
-        for s, x in zip(scales, sc):
+        for s, x in zip(scales, sc, strict=True):
             if not self.shapes[s]:
                 served[s] = x  # a scalar (NVFP4's weight_scale_2): whole on every rank
                 continue

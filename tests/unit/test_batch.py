@@ -48,7 +48,7 @@ def test_the_kernel_gives_each_window_the_per_tensor_fingerprint(seed: int) -> N
     dst_off = np.array([k * 600 for k in range(len(shapes))], dtype=np.int64)
     out = np.zeros((len(shapes), 3), dtype=np.int64)
     start = np.array(
-        [a + r0 * c + c0 for a, (_, c), ((r0, _), (c0, _)) in zip(off, shapes, boxes)],
+        [a + r0 * c + c0 for a, (_, c), ((r0, _), (c0, _)) in zip(off, shapes, boxes, strict=True)],
         dtype=np.int64,
     )
     rows = np.array([r1 - r0 for (r0, r1), _ in boxes], dtype=np.int64)

@@ -44,7 +44,10 @@ def test_each_node_hashes_what_its_ranks_read_once_and_whole_files_cost_more(qwe
         assert node.file_bytes == sum(os.path.getsize(qwen / f) for f in {index[n] for n in read})
         assert node.file_bytes > node.hash_bytes  # the other group's experts share the files
     assert [r.read_bytes for r in ranks] == [p.read_bytes for p in plans]
-    assert all(r.device_peak == p.arena_bytes + p.largest_transient for r, p in zip(ranks, plans))
+    assert all(
+        r.device_peak == p.arena_bytes + p.largest_transient
+        for r, p in zip(ranks, plans, strict=True)
+    )
 
 
 def test_planning_imports_neither_numba_nor_the_kernels() -> None:

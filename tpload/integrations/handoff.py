@@ -31,6 +31,7 @@ import fnmatch
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 import torch
 from torch.utils._pytree import tree_leaves
@@ -91,7 +92,7 @@ def _covers(box: Box, parts: list[Box], dim: int = 0) -> bool:
         return bool(parts)
     lo, hi = box[dim]
     edges = sorted({lo, hi} | {min(max(e, lo), hi) for p in parts for e in p[dim]})
-    for a, b in zip(edges, edges[1:]):
+    for a, b in pairwise(edges):
         spanning = [p for p in parts if p[dim][0] <= a and b <= p[dim][1]]
         if not spanning or not _covers(box, spanning, dim + 1):
             return False
@@ -540,9 +541,9 @@ def _take(t: WindowTensor, ranges: Mapping[int, tuple[int, int]], asked: str) ->
         window = window.narrow(dim, start - lo, length)
         full[dim], box[dim] = length, (0, length)
         origin[dim] += start
-    if all(b == (0, n) for b, n in zip(box, full)):
+    if all(b == (0, n) for b, n in zip(box, full, strict=False)):
         if t._handed is not None:
-            t._handed.read(tuple((o, o + n) for o, n in zip(origin, full)))
+            t._handed.read(tuple((o, o + n) for o, n in zip(origin, full, strict=False)))
         return window
     return WindowTensor(window, full, box, t._label, handed=t._handed, origin=origin)
 
@@ -562,8 +563,8 @@ def box_of(cut: Cut, meta: TensorMeta) -> tuple[Range, ...]:
         rest, i = divmod(rest, n)
         index.append(i)
     index.reverse()
-    box = tuple((i, i + w) for i, w in zip(index, cut.shape))
-    cut_dims = [d for d, (w, n) in enumerate(zip(cut.shape, full)) if w != n]
+    box = tuple((i, i + w) for i, w in zip(index, cut.shape, strict=False))
+    cut_dims = [d for d, (w, n) in enumerate(zip(cut.shape, full, strict=False)) if w != n]
     if (
         len(cut.shape) != len(full)
         or any(index[d] for d in range(len(full)) if d not in cut_dims)

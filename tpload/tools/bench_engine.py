@@ -84,7 +84,7 @@ def disagreement(results: list[dict]) -> str:
     for r in results[1:]:
         if r["tokens"] != first["tokens"]:
             return f"{r['format']} generated {r['tokens']}, {first['format']} {first['tokens']}"
-        for w, (a, b) in enumerate(zip(first["parameters"], r["parameters"])):
+        for w, (a, b) in enumerate(zip(first["parameters"], r["parameters"], strict=False)):
             differ = sorted(n for n in a if a[n] != b.get(n)) + sorted(set(b) - set(a))
             if differ:
                 return (
@@ -177,7 +177,7 @@ def cmd_bench_engine(argv: list[str]) -> int:
         if why:
             print(f"refused: the formats served different models: {why}", file=sys.stderr)
             return 1
-        for name, result in zip(order, results):
+        for name, result in zip(order, results, strict=False):
             runs[name].append(result)
     rows = summary(runs, args.checkpoint, args.tp)
     print(table(rows, args.checkpoint, args.tp), flush=True)

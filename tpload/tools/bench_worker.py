@@ -121,7 +121,7 @@ class Job:
         return [
             (o, c)
             for item in self.plan.items
-            for o, c in zip(item.outputs, (item.weight, *item.scales))
+            for o, c in zip(item.outputs, (item.weight, *item.scales), strict=False)
         ]
 
     def cuts(self) -> list[tuple[str, Cut]]:
@@ -319,7 +319,7 @@ def run_fastsafetensors(job: Job) -> Windows:
         buffers = loader.copy_files_to_device()
         for item in job.plan.items:
             split = _split_of(job, item)
-            for o, cut in zip(item.outputs, (item.weight, item.scale)):
+            for o, cut in zip(item.outputs, (item.weight, item.scale), strict=False):
                 t = (
                     buffers.get_tensor(cut.name)
                     if split is None

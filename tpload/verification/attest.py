@@ -158,7 +158,7 @@ def views(plans: Sequence[object]) -> dict[str, list[int]]:
     DeepSeek-V3."""
     out: dict[str, list[int]] = {}
     for plan in plans:
-        for e, s in zip(plan.entries, plan.shapes):
+        for e, s in zip(plan.entries, plan.shapes, strict=True):
             if e.name in out:
                 continue
             f = e.fit

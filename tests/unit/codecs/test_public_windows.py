@@ -13,6 +13,7 @@ Every cut is checked against a plain numpy slice of the whole tensor's bytes.
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -65,7 +66,7 @@ def test_gpt_oss_uneven_shares_of_2880(tp: int, sizes: list[int]) -> None:
     got = spans(2880, tp, atom=32, align=32, uneven=True)
     assert [hi - lo for lo, hi in got] == sizes
     assert got[0][0] == 0 and got[-1][1] == 2880
-    assert all(a[1] == b[0] for a, b in zip(got, got[1:]))  # contiguous, no gap, no overlap
+    assert all(a[1] == b[0] for a, b in pairwise(got))  # contiguous, no gap, no overlap
     assert all(lo % 32 == 0 for lo, _ in got)
 
 

@@ -52,9 +52,9 @@ def _refuse_a_shadowing_folder() -> None:
 
 _refuse_a_shadowing_folder()  # before the imports below: they are what fails in a shadowed tpload
 
-from . import __version__
-from .errors import LoadError
-from .options import (
+from . import __version__  # noqa: E402  after the shadowing check
+from .errors import LoadError  # noqa: E402  after the shadowing check
+from .options import (  # noqa: E402  after the shadowing check
     COUNT,
     KINDS,
     RANKS,
@@ -65,7 +65,7 @@ from .options import (
     check_flags,
     from_args,
 )
-from .text import printable
+from .text import printable  # noqa: E402  after the shadowing check
 
 
 def _load_parser() -> argparse.ArgumentParser:

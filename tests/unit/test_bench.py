@@ -3,6 +3,7 @@ measure (the end-to-end run is the slow tier's). Figures are never asserted."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -178,7 +179,7 @@ def test_every_peer_serves_the_floors_windows_of_a_published_layout(
         ["runai"] if importlib.util.find_spec("runai_model_streamer") else []
     )
     for rank in range(2):
-        job = lambda: Job(str(root), "auto", 2, rank, 2, torch.device("cpu"))  # noqa: E731
+        job = functools.partial(Job, str(root), "auto", 2, rank, 2, torch.device("cpu"))
         want = window_digest(METHODS["floor"](job()))
         for m in peers:
             assert window_digest(METHODS[m](job())) == want, (m, rank)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import sys
 
@@ -26,10 +27,9 @@ def new_arena(nbytes: int) -> torch.Tensor:
         return torch.empty(0, dtype=torch.uint8)
     mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if sys.platform == "linux":
-        try:
+        # kernel < 5.14: the pages fault in on first touch instead
+        with contextlib.suppress(OSError):
             mm.madvise(_MADV_POPULATE_WRITE)
-        except OSError:  # kernel < 5.14: the pages fault in on first touch instead
-            pass
     return torch.frombuffer(
         mm, dtype=torch.uint8
     )  # keeps the map alive; unmapped with the last view

@@ -1,7 +1,7 @@
-"""GGUF -> bf16 decode speed against a plain copy: the numba kernel (one thread) and the torch ops (the
-device path; on the CPU here, on cuda:0 with --cuda), in bf16 bytes out, beside a memcpy of as many
-bytes (the fp8/fp4 figure's measure, README). Not a test: `python launch/gguf-decode-speed.py [TYPE]`
-(TYPE one of Q8_0, Q2_K ... Q6_K; Q4_K when none)."""
+"""GGUF -> bf16 decode speed against a plain copy: the numba kernel (one thread) and the torch ops
+(the device path; on the CPU here, on cuda:0 with --cuda), in bf16 bytes out, beside a memcpy of as
+many bytes (the fp8/fp4 figure's measure, README). Not a test: `python launch/gguf-decode-speed.py
+[TYPE]` (TYPE one of Q8_0, Q2_K ... Q6_K; Q4_K when none)."""
 
 import sys
 import time
@@ -47,6 +47,7 @@ tt = best(lambda: (decode_torch(ggml, src_d, out_d), sync()), 3)
 mb = src.nbytes / 1e6
 ob = out.nbytes / 1e9
 print(
-    f"{ggml} -> bf16, {ob:.3f} GB out, 1 thread, bf16 bytes out: numba {ob / td:.2f} GB/s ({tc / td:.0%} of memcpy), "
-    f"torch ops on {dev} {ob / tt:.2f} GB/s; memcpy of the same output {ob / tc:.2f} GB/s"
+    f"{ggml} -> bf16, {ob:.3f} GB out, 1 thread, bf16 bytes out: numba {ob / td:.2f} GB/s "
+    f"({tc / td:.0%} of memcpy), torch ops on {dev} {ob / tt:.2f} GB/s; memcpy of the same output "
+    f"{ob / tc:.2f} GB/s"
 )

@@ -1,7 +1,7 @@
 """Hashing per node for each trust source on the medium checkpoint (issue 20's figure).
 
-python launch/trust-figures.py /tmp/trust   (writes the variants, loads each at tp 2 on 2 ranks, prints a table;
-needs the [test] extras: huggingface_hub, model-signing)
+python launch/trust-figures.py /tmp/trust   (writes the variants, loads each at tp 2 on 2 ranks,
+prints a table; needs the [test] extras: huggingface_hub, model-signing)
 """
 
 import json
@@ -10,6 +10,13 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from huggingface_hub._local_folder import write_download_metadata
+from model_signing import signing as ms_signing
+
+from tpload.storage.hub import git_blob_sha1, lfs_sha256, to_hub_cache
 
 root = Path(sys.argv[1])
 root.mkdir(parents=True, exist_ok=True)
@@ -30,21 +37,12 @@ def linked(name: str, *, manifest: bool) -> Path:
     return d
 
 
-from tpload.storage.hub import to_hub_cache
-
 hub = to_hub_cache(linked("plain-hub", manifest=False), root / "hub", "tpload/medium")
 
 local = linked("local", manifest=False)
-from huggingface_hub._local_folder import write_download_metadata
-
-from tpload.storage.hub import git_blob_sha1, lfs_sha256
-
 for f in sorted(p for p in local.iterdir() if p.is_file()):
     etag = lfs_sha256(f) if f.suffix == ".safetensors" else git_blob_sha1(f.read_bytes())
     write_download_metadata(local, f.name, "0" * 40, etag)
-
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
 
 key = ec.generate_private_key(ec.SECP256R1())
 priv, pub = root / "k.pem", root / "k.pub.pem"
@@ -58,8 +56,6 @@ pub.write_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     )
 )
-from model_signing import signing as ms_signing
-
 signed = linked("signed", manifest=False)
 ms_signing.Config().use_elliptic_key_signer(private_key=priv).sign(signed, signed / "model.sig")
 signed_m = linked("signed-manifest", manifest=True)

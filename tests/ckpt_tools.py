@@ -88,8 +88,9 @@ def config_with(tmp_path: Path, first_rules: str, base: str = "deepseek-v4-mtp")
 
 
 def renamed(src: Path, dst: Path, rename, extra: dict[str, torch.Tensor] | None = None) -> Path:
-    """A copy of checkpoint ``src`` at ``dst`` with every tensor named ``rename(name)`` (shards, index and
-    manifest; the bytes, hence each tensor's sha256, unchanged), plus ``extra`` tensors in a new shard."""
+    """A copy of checkpoint ``src`` at ``dst`` with every tensor named ``rename(name)`` (shards,
+    index and manifest; the bytes, hence each tensor's sha256, unchanged), plus ``extra`` tensors in
+    a new shard."""
     import shutil
 
     from safetensors.torch import load_file
@@ -137,5 +138,5 @@ def whole(root: Path) -> dict[str, torch.Tensor]:
     out = {}
     for path in sorted(root.glob("*.safetensors")):
         with safe_open(str(path), "pt") as f:
-            out.update({n: f.get_tensor(n) for n in f.keys()})
+            out.update({n: f.get_tensor(n) for n in f.keys()})  # noqa: SIM118  a safe_open handle is no mapping: keys() is how it lists its tensors
     return out

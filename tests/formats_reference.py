@@ -170,7 +170,8 @@ def _codes(packed: np.ndarray) -> np.ndarray:
 
 
 def _decode_mxfp4(packed: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """[..., K/2] bytes (or gpt-oss [E, N, K/32, 16] blocks) with [..., K/32] E8M0 -> f32 [..., K]."""
+    """[..., K/2] bytes (or gpt-oss [E, N, K/32, 16] blocks) with [..., K/32] E8M0 -> f32 [...,
+    K]."""
     packed = packed.reshape(scale.shape[:-1] + (-1,))
     s = scale.view(ml_dtypes.float8_e8m0fnu).astype(np.float32)
     with np.errstate(over="ignore"):
@@ -279,9 +280,9 @@ class Family:
             full = self._decode(name, a, scales, sc)
             return {name: _bf16_bits(_cut(full, axis, lo, hi) if split.axis else full)}
         if not split.axis:
-            return {name: a, **{s: x for s, x in zip(scales, sc)}}
+            return {name: a, **{s: x for s, x in zip(scales, sc, strict=True)}}
         served = {name: self._cut_stored(name, a, axis, lo, hi, n)}
-        for s, x in zip(scales, sc):
+        for s, x in zip(scales, sc, strict=True):
             if not self.shapes[s]:
                 served[s] = x  # a scalar (NVFP4's weight_scale_2): whole on every rank
                 continue
@@ -292,7 +293,8 @@ class Family:
     def _cut_stored(
         self, name: str, a: np.ndarray, axis: int, lo: int, hi: int, n: int
     ) -> np.ndarray:
-        """A window of the stored elements (packed FP4: bytes of two codes; gpt-oss blocks: 32 a block)."""
+        """A window of the stored elements (packed FP4: bytes of two codes; gpt-oss blocks: 32 a
+        block)."""
         if self.dtypes[name] in ("U8", "I8") and axis == a.ndim - 1 and name.endswith(".weight"):
             return _cut(a, axis, lo // 2, hi // 2)
         if name.endswith("_blocks") and axis == 2:

@@ -100,7 +100,8 @@ def error_of(text: str, rank: int | None = None) -> str:
 
 def load_error(run: Run) -> tuple[int, str]:
     """(reporter, message) of a failed load run with per-rank logs: exactly one rank printed the
-    message in full, and every other rank only ``[rank R] tpload: load failed (see rank reporter)``."""
+    message in full, and every other rank only ``[rank R] tpload: load failed (see rank
+    reporter)``."""
     assert run.rank_err is not None, "run with logs= to keep each rank's stderr"
     full = {r: error_of(text, r) for r, text in run.rank_err.items() if error_of(text, r)}
     assert len(full) == 1, (
@@ -127,7 +128,8 @@ def tensor_offset(root: Path, name: str) -> tuple[Path, int, int]:
 def poke(
     root: Path, name: str, index: int, value: int | None = None, *, fix_manifest: bool = False
 ) -> int:
-    """Set (or bit-flip) byte ``index`` of tensor ``name``; optionally re-hash it in the manifest."""
+    """Set (or bit-flip) byte ``index`` of tensor ``name``; optionally re-hash it in the
+    manifest."""
     path, off, n = tensor_offset(root, name)
     with open(path, "r+b") as f:
         f.seek(off + index)

@@ -17,7 +17,7 @@ def read_all(root: Path) -> dict[str, np.ndarray]:
     out = {}
     for file in sorted(set(index.values())):
         with safe_open(str(root / file), "pt") as f:
-            for name in f.keys():
+            for name in f.keys():  # noqa: SIM118  a safe_open handle is no mapping: keys() is how it lists its tensors
                 t = f.get_tensor(name)
                 b = t.contiguous().view(-1).view(__import__("torch").uint8).numpy()
                 rows = t.shape[0] if t.dim() > 1 else 1
@@ -66,10 +66,7 @@ def expected(root: Path, tp: int, r: int, kind: str, block: int = 32) -> dict[st
         base = name[: -len(".weight")] if name.endswith(".weight") else name
         if ".experts." in name or "shared_experts" in name or "eh_proj" in name:
             s = raw[base + ".scale"]
-            if ".experts." in name:
-                full = fp4(b, s)
-            else:
-                full = fp8(b, s, block)
+            full = fp4(b, s) if ".experts." in name else fp8(b, s, block)
             win = (
                 expert_window(name, full, tp, r)
                 if "eh_proj" not in name

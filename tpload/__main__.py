@@ -1,13 +1,21 @@
 """Command line: ``torchrun --nproc-per-node N -m tpload [DIR] [flags]`` and the subcommands.
 
-    python -m tpload [DIR] [--kind packed|expanded] [--tp T] ...              load (the main job; flags: --help)
-    python -m tpload synth DIR [--preset small|medium|seed] [--hidden H ...]  write a synthetic checkpoint
-    python -m tpload plan DIR --tp T [--ep E] [--kind K] [--digest [--write]] per-rank plan, predicted digests
-    python -m tpload verify DIR [--config C]                                  check a checkpoint at rest
-    python -m tpload manifest DIR [--force] [--hash blake3]                   write NATIVE_MANIFEST.json (+ blake3)
-    python -m tpload bench [--preset medium] [--nproc 2 --tp 2 --rounds 3]    tpload beside its peers
-    python -m tpload export DIR OUT --tp T [--ep E] [--config C]              write a pre-partitioned checkpoint
-    python -m tpload attest verify FILE --checkpoint DIR [--key PEM]          check a load attestation (--attest)
+    python -m tpload [DIR] [--kind packed|expanded] [--tp T] ...
+        load (the main job; flags: --help)
+    python -m tpload synth DIR [--preset small|medium|seed] [--hidden H ...]
+        write a synthetic checkpoint
+    python -m tpload plan DIR --tp T [--ep E] [--kind K] [--digest [--write]]
+        per-rank plan, predicted digests
+    python -m tpload verify DIR [--config C]
+        check a checkpoint at rest
+    python -m tpload manifest DIR [--force] [--hash blake3]
+        write NATIVE_MANIFEST.json (+ blake3)
+    python -m tpload bench [--preset medium] [--nproc 2 --tp 2 --rounds 3]
+        tpload beside its peers
+    python -m tpload export DIR OUT --tp T [--ep E] [--config C]
+        write a pre-partitioned checkpoint
+    python -m tpload attest verify FILE --checkpoint DIR [--key PEM]
+        check a load attestation (--attest)
 
 The load's flags are generated from :class:`tpload.options.LoadOptions`.
 """
@@ -26,26 +34,27 @@ from pathlib import Path
 
 
 def _refuse_a_shadowing_folder() -> None:
-    """``python -m tpload`` puts the current folder first on the path: run from the folder that holds
-    a clone, its ``tpload/`` (the clone, with no ``__init__.py``) becomes an empty namespace package
-    that hides the installed one, and every import from it fails. Say so in one line."""
+    """``python -m tpload`` puts the current folder first on the path: run from the folder that
+    holds a clone, its ``tpload/`` (the clone, with no ``__init__.py``) becomes an empty namespace
+    package that hides the installed one, and every import from it fails. Say so in one line."""
     package = sys.modules.get(__package__ or "tpload")
     if package is not None and getattr(package, "__file__", None) is None:
         where = (
             ", ".join(dict.fromkeys(map(os.path.abspath, getattr(package, "__path__", [])))) or "?"
         )
         sys.exit(
-            f"tpload: error: the folder {where} hides the installed tpload: Python imports it (from the current "
-            "folder) as an empty package, since it holds the source rather than being it (a clone?). Run from "
-            "another folder, or from inside the clone to use its source"
+            f"tpload: error: the folder {where} hides the installed tpload: Python imports it "
+            "(from the current folder) as an empty package, since it holds the source rather "
+            "than being it (a clone?). Run from another folder, or from inside the clone to use "
+            "its source"
         )
 
 
 _refuse_a_shadowing_folder()  # before the imports below: they are what fails in a shadowed tpload
 
-from . import __version__
-from .errors import LoadError
-from .options import (
+from . import __version__  # noqa: E402  after the shadowing check
+from .errors import LoadError  # noqa: E402  after the shadowing check
+from .options import (  # noqa: E402  after the shadowing check
     COUNT,
     KINDS,
     RANKS,
@@ -56,7 +65,7 @@ from .options import (
     check_flags,
     from_args,
 )
-from .text import printable
+from .text import printable  # noqa: E402  after the shadowing check
 
 
 def _load_parser() -> argparse.ArgumentParser:
@@ -114,9 +123,10 @@ def _fail(e: BaseException, rank: str | None = None) -> int:
 
 
 def _fail_rank(e: LoadError, rank: str) -> int:
-    """A failed load's end on one rank. A verdict every rank holds is printed in full by its reporter
-    (the lowest failing rank) and pointed to by the others, so N ranks show it once; under torchrun
-    it also goes to the elastic error file, so torchrun's summary shows it as the root cause."""
+    """A failed load's end on one rank. A verdict every rank holds is printed in full by its
+    reporter (the lowest failing rank) and pointed to by the others, so N ranks show it once; under
+    torchrun it also goes to the elastic error file, so torchrun's summary shows it as the root
+    cause."""
     reporter = e.reporter
     if reporter is None or str(reporter) == rank:
         line, first = f"[rank {rank}] tpload: error: {printable(str(e))}", True
@@ -128,11 +138,12 @@ def _fail_rank(e: LoadError, rank: str) -> int:
 
 
 def _error_file(line: str, *, root_cause: bool) -> None:
-    """Write torch.distributed.elastic's error file (``TORCHELASTIC_ERROR_FILE``, set by torchrun for
-    each worker) with ``line``, in the JSON its ``record`` decorator writes. torchrun names the failure
-    with the earliest timestamp (whole seconds; ties: the first it saw exit) as the root cause, so a
-    rank that only points to the reporter dates its own a second past the next whole second: the
-    reporter's (written within moments of it) is then the earliest, whichever rank exits first."""
+    """Write torch.distributed.elastic's error file (``TORCHELASTIC_ERROR_FILE``, set by torchrun
+    for each worker) with ``line``, in the JSON its ``record`` decorator writes. torchrun names the
+    failure with the earliest timestamp (whole seconds; ties: the first it saw exit) as the root
+    cause, so a rank that only points to the reporter dates its own a second past the next whole
+    second: the reporter's (written within moments of it) is then the earliest, whichever rank exits
+    first."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
         return
@@ -151,15 +162,16 @@ def _error_file(line: str, *, root_cause: bool) -> None:
 
 
 def _configure_logging(spec: str) -> None:
-    """``LEVEL[,NAME=LEVEL...]``: tpload's loggers at LEVEL, each named logger at its own; every other
-    library's stays at WARNING (numba's compiler alone logs ~77,000 DEBUG lines), and each line names
-    the logger it came from, so nothing foreign reads as tpload's."""
+    """``LEVEL[,NAME=LEVEL...]``: tpload's loggers at LEVEL, each named logger at its own; every
+    other library's stays at WARNING (numba's compiler alone logs ~77,000 DEBUG lines), and each
+    line names the logger it came from, so nothing foreign reads as tpload's."""
     levels: dict[str, str] = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
         name, _, level = part.rpartition("=")
         if not isinstance(logging.getLevelName(level.upper()), int):
             raise LoadError(
-                f"--log-level {spec}: {level!r} is not a level (DEBUG, INFO, WARNING, ERROR, CRITICAL)"
+                f"--log-level {spec}: {level!r} is not a level (DEBUG, INFO, WARNING, ERROR, "
+                "CRITICAL)"
             )
         levels[name or "tpload"] = level.upper()
     logging.basicConfig(
@@ -192,8 +204,8 @@ def _one_line(cmd: Callable[[list[str]], int]) -> Callable[[list[str]], int]:
                 raise
             return _fail(
                 LoadError(
-                    f"unexpected {type(e).__name__}: {e} (a bug in tpload; TPLOAD_TRACEBACK=1 shows "
-                    "where)"
+                    f"unexpected {type(e).__name__}: {e} (a bug in tpload; TPLOAD_TRACEBACK=1 "
+                    "shows where)"
                 ),
                 rank,
             )
@@ -213,7 +225,8 @@ def _first_run_notes(opts_checkpoint: str | None) -> None:
         from .tools.synth import PRESETS, cache_root
 
         log.info(
-            "using the built-in synthetic checkpoint (%s) under %s; writing it if it is not there yet",
+            "using the built-in synthetic checkpoint (%s) under %s; writing it if it is not there "
+            "yet",
             PRESETS["small"],
             cache_root(),
         )
@@ -283,8 +296,8 @@ def cmd_synth(argv: list[str]) -> int:
     p.add_argument(
         "--hub",
         metavar="ORG/NAME",
-        help="(published presets) lay the files out as a hub cache under DIR "
-        "(blobs named by hash, snapshots/REV linking to them), without a manifest; load the printed folder",
+        help="(published presets) lay the files out as a hub cache under DIR (blobs named by "
+        "hash, snapshots/REV linking to them), without a manifest; load the printed folder",
     )
     dims = ("hidden", "inter", "experts", "stages", "vocab", "block", "shards", "seed")
     for f in dims:
@@ -307,15 +320,16 @@ def cmd_synth(argv: list[str]) -> int:
             else write_gguf_preset(args.dir, args.preset, seed=args.seed or 0)
         )
         print(
-            f"wrote {printable(str(root))}: {len(list(root.glob('*.gguf')))} GGUF files, preset {args.preset}"
+            f"wrote {printable(str(root))}: {len(list(root.glob('*.gguf')))} GGUF files, preset "
+            f"{args.preset}"
         )
         return 0
     if args.preset in PUBLISHED:
         return _synth_published(p, args, dims)
     if args.headers_only or args.hub or args.tensors:
         p.error(
-            "--headers-only, --hub and --tensors are for the published presets (NAME-tiny, NAME-full, "
-            "deepseek-v3-deep, many-tensors)"
+            "--headers-only, --hub and --tensors are for the published presets (NAME-tiny, "
+            "NAME-full, deepseek-v3-deep, many-tensors)"
         )
     try:
         spec = spec_from(args.preset, **{f: getattr(args, f) for f in dims})
@@ -352,14 +366,15 @@ def _synth_published(
     size = sum(f.stat().st_size for f in shards)
     used = sum(f.stat().st_blocks * 512 for f in shards)
     print(
-        f"wrote {printable(str(root))}: {len(shards)} shards, {size / 1e9:.3f} GB ({used / 1e9:.3f} GB on disk), "
-        f"preset {args.preset}"
+        f"wrote {printable(str(root))}: {len(shards)} shards, {size / 1e9:.3f} GB "
+        f"({used / 1e9:.3f} GB on disk), preset {args.preset}"
     )
     return 0
 
 
 def _config(args: argparse.Namespace, root: str):
-    """The config ``--config`` names for the checkpoint at ``root`` (auto: found from its files, saying why)."""
+    """The config ``--config`` names for the checkpoint at ``root`` (auto: found from its files,
+    saying why)."""
     from pathlib import Path
 
     from .config import with_rules
@@ -406,7 +421,8 @@ def cmd_plan(argv: list[str]) -> int:
         type=RANKS,
         default=1,
         metavar="R",
-        help="also print, for R replicas sharing the reads, storage and interconnect bytes per node",
+        help="also print, for R replicas sharing the reads, storage and interconnect bytes per "
+        "node",
     )
     add_flags(p, only=("config", "skip", "defer", "skip_activation_scales", "digest_store"))
     p.add_argument("--digest", action="store_true", help="compute each rank's digest on the CPU")
@@ -451,8 +467,8 @@ def cmd_plan(argv: list[str]) -> int:
     except LoadError as e:
         return _fail(e)
     print(
-        f"plan for {printable(args.dir)} (config {printable(config.name)}, tp {args.tp} x ep {args.ep}, kind "
-        f"{args.kind}, {len(nodes)} node(s) of {per_node} rank(s))"
+        f"plan for {printable(args.dir)} (config {printable(config.name)}, tp {args.tp} x ep "
+        f"{args.ep}, kind {args.kind}, {len(nodes)} node(s) of {per_node} rank(s))"
     )
     if config.description:
         print(f"config {printable(config.name)}: {printable(config.description)}")
@@ -473,13 +489,15 @@ def cmd_plan(argv: list[str]) -> int:
 
         print("\n".join(plan_lines(plans, args.replicas, per_node)))
     print(
-        f"planned {len(plans)} rank(s) of {len(catalogue.tensors):,} tensors in {seconds:.2f} s (headers, classification, "
-        f"plans, figures; imports {imported:.2f} s before); peak RSS {host.peak / 2**20:,.0f} MiB"
+        f"planned {len(plans)} rank(s) of {len(catalogue.tensors):,} tensors in {seconds:.2f} s "
+        f"(headers, classification, plans, figures; imports {imported:.2f} s before); peak RSS "
+        f"{host.peak / 2**20:,.0f} MiB"
     )
     if path is not None:
         print(
-            f"wrote {path}: every tensor checked by sha256 first; loads with this layout, kind and config are "
-            "checked against these digests, and --verify digest loads may trust them in place of hashing"
+            f"wrote {path}: every tensor checked by sha256 first; loads with this layout, kind "
+            "and config are checked against these digests, and --verify digest loads may trust "
+            "them in place of hashing"
         )
     return 0
 
@@ -539,8 +557,8 @@ def _verified(root: str, config: object | None) -> str:
             finally:
                 storage.close()
         return (
-            f"checked {count:,} windows in {tp * ep} rank file(s), {nbytes / 1e9:.3f} GB: each window's sha256 "
-            f"against the export's {MANIFEST_NAME}"
+            f"checked {count:,} windows in {tp * ep} rank file(s), {nbytes / 1e9:.3f} GB: each "
+            f"window's sha256 against the export's {MANIFEST_NAME}"
         )
     storage = ShardedStorage(path)
     try:
@@ -548,9 +566,15 @@ def _verified(root: str, config: object | None) -> str:
         names = cat.names()
         nbytes = sum(cat.get(n).nbytes for n in names)
         if storage.file_digests is not None:
-            vouch = f"each of its {len(storage.file_digests)} files whole, by sha256 against {storage.file_source.each}"
+            vouch = (
+                f"each of its {len(storage.file_digests)} files whole, by sha256 against "
+                f"{storage.file_source.each}"
+            )
         else:
-            vouch = f"each tensor by sha256 against {MANIFEST_NAME} (sha256 {(cat.manifest_sha256 or '?')[:16]}...)"
+            vouch = (
+                f"each tensor by sha256 against {MANIFEST_NAME} (sha256 "
+                f"{(cat.manifest_sha256 or '?')[:16]}...)"
+            )
     finally:
         storage.close()
     values = (
@@ -579,8 +603,9 @@ def cmd_manifest(argv: list[str]) -> int:
         "--hash",
         choices=("sha256", "blake3"),
         default="sha256",
-        help="blake3: also write blake3 digests to the digest store (writes the manifest first if there is "
-        "none; the manifest's bytes are not changed); needs the blake3 package (`pip install blake3`)",
+        help="blake3: also write blake3 digests to the digest store (writes the manifest first if "
+        "there is none; the manifest's bytes are not changed); needs the blake3 package (`pip "
+        "install blake3`)",
     )
     add_flags(p, only=("digest_store",))
     args = p.parse_args(argv)
@@ -599,16 +624,15 @@ def cmd_manifest(argv: list[str]) -> int:
             or args.force
             or not os.path.lexists(Path(args.dir).absolute() / MANIFEST_NAME)
         ):
-            print(
-                f"wrote {printable(str(write_manifest(args.dir, force=args.force, threads=args.threads)))}"
-            )
+            written = write_manifest(args.dir, force=args.force, threads=args.threads)
+            print(f"wrote {printable(str(written))}")
         if blake3:
             side = write_blake3(
                 args.dir, threads=args.threads, store=getattr(args, "digest_store", None)
             )
             print(
-                f"wrote {printable(str(side))}: every tensor's sha256 matched the manifest; loads (--verify node or "
-                "rank) now check bytes by blake3 against it"
+                f"wrote {printable(str(side))}: every tensor's sha256 matched the manifest; loads "
+                "(--verify node or rank) now check bytes by blake3 against it"
             )
     except LoadError as e:
         return _fail(e)
@@ -646,7 +670,8 @@ def cmd_export(argv: list[str]) -> int:
     for rank, n in enumerate(done.rank_bytes):
         print(f"rank {rank}: {rank_file(rank, done.layout.world)} {n / 1e9:.3f} GB")
     print(
-        f"wrote {done.out}: tp {done.layout.tp} x ep {done.layout.ep}, {sum(done.rank_bytes) / 1e9:.3f} GB"
+        f"wrote {done.out}: tp {done.layout.tp} x ep {done.layout.ep}, "
+        f"{sum(done.rank_bytes) / 1e9:.3f} GB"
     )
     return 0
 
@@ -655,10 +680,10 @@ def cmd_export(argv: list[str]) -> int:
 def cmd_attest(argv: list[str]) -> int:
     p = Parser(
         prog="python -m tpload attest",
-        description="Check a load attestation (written by "
-        "--attest FILE): re-derive every rank's plan from the checkpoint's headers and the "
-        "attested options, recompute every rank's digest from its bytes, and compare windows, "
-        "coverage, digests and the signature. Prints one line per difference (docs/attestation.md).",
+        description="Check a load attestation (written by --attest FILE): re-derive every rank's "
+        "plan from the checkpoint's headers and the attested options, recompute every rank's "
+        "digest from its bytes, and compare windows, coverage, digests and the signature. Prints "
+        "one line per difference (docs/attestation.md).",
     )
     sub = p.add_subparsers(dest="action", required=True)
     v = sub.add_parser("verify", help="check FILE against the checkpoint")

@@ -18,7 +18,8 @@ from .text import escape_name
 
 BOTH = "kv"
 SPELLINGS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    # (spelling, pattern: group "stem" ends at the layer's "layers.N.", "layer" its number, "which" k or v)
+    # (spelling, pattern: group "stem" ends at the layer's "layers.N.", "layer" its number, "which"
+    # k or v)
     (
         "self_attn.attn.{k,v}_scale",
         re.compile(
@@ -71,7 +72,8 @@ class LayerScales:
     v: list[str] = field(default_factory=list)
 
     def canonical(self, which: str) -> str:
-        """vLLM's name of this layer's ``which`` scale (a GGUF layer as vLLM's GGUF loader names it)."""
+        """vLLM's name of this layer's ``which`` scale (a GGUF layer as vLLM's GGUF loader names
+        it)."""
         stem = re.sub(r"^blk\.(\d+)\.$", r"model.layers.\1.", self.stem)
         return f"{stem}self_attn.attn.{which}_scale"
 
@@ -120,13 +122,14 @@ class Census:
             bare = [a for a in self.attention if a not in self.layers]
             if bare:
                 out.append(
-                    f"kv-cache scales on {len(self.layers)} of {len(self.attention)} attention layers; none "
-                    f"on {_names(bare)}"
+                    f"kv-cache scales on {len(self.layers)} of {len(self.attention)} attention "
+                    f"layers; none on {_names(bare)}"
                 )
         return out
 
     def describe(self) -> list[str]:
-        """The census for ``plan`` and the report: the layers of each spelling, and what was found."""
+        """The census for ``plan`` and the report: the layers of each spelling, and what was
+        found."""
         if not self.layers:
             return []
         by: dict[str, list[LayerScales]] = {}
@@ -144,8 +147,9 @@ class Census:
         ]
 
     def engine_names(self) -> dict[str, tuple[str, ...]]:
-        """{stored name: the names vLLM's attention layers expect it under}: a deprecated ``kv_scale``
-        under both k and v (vLLM itself maps it to k only, and leaves v at its sentinel)."""
+        """{stored name: the names vLLM's attention layers expect it under}: a deprecated
+        ``kv_scale`` under both k and v (vLLM itself maps it to k only, and leaves v at its
+        sentinel)."""
         out: dict[str, tuple[str, ...]] = {}
         for s in self.layers.values():
             for which in "kv":

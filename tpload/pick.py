@@ -33,8 +33,8 @@ AUTO = "auto"
 
 def choose(spec: str, root: Path, *, pins: Pins | None = None) -> tuple[Config, str]:
     """The config ``spec`` names for the checkpoint at ``root``, and why ("" when named outright).
-    ``pins``: those of the manifest the caller opened (a load: its catalogue's), so the JSON files are
-    checked against that very manifest, not one read again later.
+    ``pins``: those of the manifest the caller opened (a load: its catalogue's), so the JSON files
+    are checked against that very manifest, not one read again later.
 
     ``auto`` detects both halves; a codec family alone (``nvfp4``) detects the architecture and
     keeps the family; anything else is loaded as named. A pre-partitioned export is loaded with
@@ -58,8 +58,8 @@ def choose(spec: str, root: Path, *, pins: Pins | None = None) -> tuple[Config, 
     if model is None:
         if head != AUTO:
             raise ConfigError(
-                f"--config {spec}: {escape_name(root)} has no config.json to find the architecture in; "
-                f"name it (ARCH+{head}; {available()})"
+                f"--config {spec}: {escape_name(root)} has no config.json to find the "
+                f"architecture in; name it (ARCH+{head}; {available()})"
             )
         _refuse_other_layouts(root, pins)
         return load_config(REFERENCE_CONFIG), (
@@ -81,8 +81,8 @@ def choose(spec: str, root: Path, *, pins: Pins | None = None) -> tuple[Config, 
 
 
 def model_config(root: Path, *, pins: Pins | None = None) -> dict | None:
-    """The checkpoint's config.json, or None: checked by its blob name first in a hub snapshot (by its
-    etag in a local-dir download), and against its pin in the manifest (``pins``: those of the
+    """The checkpoint's config.json, or None: checked by its blob name first in a hub snapshot (by
+    its etag in a local-dir download), and against its pin in the manifest (``pins``: those of the
     manifest on disk now, by default)."""
     path = root / "config.json"
     if (
@@ -118,15 +118,16 @@ def _refuse_other_layouts(root: Path, pins: Pins) -> None:
     if names and not any(n.startswith(_REFERENCE_NAMES) for n in names):
         example = escape_name(min(names))
         raise ConfigError(
-            f"{escape_name(root)}: no config.json, so --config auto cannot tell which model this is "
-            f"(its tensors, e.g. {example}, are not tpload's reference layout of docs/format.md). Copy "
-            "the model's config.json beside its shards, or name the config with --config NAME "
-            f"({available()})"
+            f"{escape_name(root)}: no config.json, so --config auto cannot tell which model this "
+            f"is (its tensors, e.g. {example}, are not tpload's reference layout of "
+            "docs/format.md). Copy the model's config.json beside its shards, or name the config "
+            f"with --config NAME ({available()})"
         )
 
 
 def _tensor_names(root: Path, pins: Pins) -> list[str]:
-    """The tensor names of a native folder: its index's (checked against its pin), else its shards' headers."""
+    """The tensor names of a native folder: its index's (checked against its pin), else its shards'
+    headers."""
     raw = pins.read(INDEX_NAME, "index")
     if raw is not None:
         doc = parse_json(raw, root / INDEX_NAME, "index")
@@ -145,8 +146,9 @@ def _architectures() -> tuple[Config, ...]:
 
 
 def _architecture(model: dict, root: Path) -> tuple[Config, str]:
-    """The shipped config of the first name config.json gives (``architectures`` in their order, then
-    ``model_type``) that one of them is for: the list's order decides, not the shipped configs' names."""
+    """The shipped config of the first name config.json gives (``architectures`` in their order,
+    then ``model_type``) that one of them is for: the list's order decides, not the shipped configs'
+    names."""
     said = _names(model.get("architectures"), root, "architectures", listed=True)
     kind = _names(model.get("model_type"), root, "model_type", listed=False)
     for name in said + kind:
@@ -157,14 +159,14 @@ def _architecture(model: dict, root: Path) -> tuple[Config, str]:
     kind = kind[0] if kind else None
     raise ConfigError(
         f"{escape_name(root / 'config.json')}: architectures {said or 'none'}, model_type "
-        f"{kind or 'none'}: no shipped config is for this model ({available()}). Pass --config with "
-        "one whose names fit, or write a TOML config of [[rules]] (docs/configs.md)"
+        f"{kind or 'none'}: no shipped config is for this model ({available()}). Pass --config "
+        "with one whose names fit, or write a TOML config of [[rules]] (docs/configs.md)"
     )
 
 
 def _names(value: object, root: Path, field: str, *, listed: bool) -> list[str]:
-    """config.json's ``architectures`` (a list of names) or ``model_type`` (a name) as a list; absent
-    or null is none; anything else is refused naming the field."""
+    """config.json's ``architectures`` (a list of names) or ``model_type`` (a name) as a list;
+    absent or null is none; anything else is refused naming the field."""
     if value is None:
         return []
     if listed and isinstance(value, list) and all(isinstance(a, str) for a in value):
@@ -224,8 +226,9 @@ def _families(model: dict, root: Path, pins: Pins) -> tuple[tuple[str, ...], str
     if method == "modelopt" and quant.get("quant_algo") == "NVFP4":
         return ("nvfp4",), "from config.json quant_method modelopt, quant_algo NVFP4"
     raise ConfigError(
-        f"{escape_name(root / 'config.json')}: quantization_config quant_method {method!r} is not a "
-        f"format tpload serves (codec families: {', '.join(FAMILIES)}); name a config with --config"
+        f"{escape_name(root / 'config.json')}: quantization_config quant_method {method!r} is not "
+        f"a format tpload serves (codec families: {', '.join(FAMILIES)}); name a config with "
+        "--config"
     )
 
 

@@ -4,9 +4,9 @@ Checkpoints name the same weights under different prefixes: ``model.layers.N...`
 ``language_model.model.layers.N...`` (multimodal wrappers), ``model.language_model.layers.N...``
 (newer transformers' multimodal classes) or none (``layers.N...``); MTP heads sit under ``mtp.`` or
 as layers past ``num_hidden_layers``. A config's rules are written for one prefix (its
-``weight_prefix``: said in its ``[layout]``, or read off its globs). :class:`Prefix` rewrites a stored
-name into the config's prefix *for matching only*: what is served keeps the stored name, so digests
-and stored predictions do not change with the prefix.
+``weight_prefix``: said in its ``[layout]``, or read off its globs). :class:`Prefix` rewrites a
+stored name into the config's prefix *for matching only*: what is served keeps the stored name, so
+digests and stored predictions do not change with the prefix.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from .errors import ConfigError
 from .text import escape_name
 
 CANDIDATES = ("language_model.model.", "model.language_model.", "model.", "")
-"""The prefixes looked for, the longest first (a vision tower's ``...encoder.layers.N`` is none of them)."""
+"""The prefixes looked for, the longest first (a vision tower's ``...encoder.layers.N`` is none of
+them)."""
 OUTSIDE = ("mtp.", "lm_head.")
 """Top-level names that stay where they are when the body moves (no prefix -> ``model.``)."""
 _LAYER = re.compile(r"(.*?)layers\.(\d+)\.")
@@ -65,7 +66,10 @@ class Prefix:
         said = f"weight prefix {self.found!r} ({self.layers} layers"
         said += f"; {self.mtp})" if self.mtp else ")"
         if self.rewrites:
-            said += f"; the config's rules, written for {self.wanted!r}, match its names rewritten (served as stored)"
+            said += (
+                f"; the config's rules, written for {self.wanted!r}, match its names rewritten "
+                "(served as stored)"
+            )
         return said
 
 
@@ -76,9 +80,9 @@ def detect(
     model: Mapping[str, object] | None = None,
     where: object = "the checkpoint",
 ) -> Prefix:
-    """The layers' prefix among :data:`CANDIDATES`; ConfigError naming both when two prefixes hold layers
-    (one weight stored twice, or two models in one folder). ``model``: config.json, for MTP layers past
-    ``num_hidden_layers``."""
+    """The layers' prefix among :data:`CANDIDATES`; ConfigError naming both when two prefixes hold
+    layers (one weight stored twice, or two models in one folder). ``model``: config.json, for MTP
+    layers past ``num_hidden_layers``."""
     held: dict[str, dict[str, str]] = {}  # prefix -> {the rest of the name: the stored name}
     indices: dict[str, set[int]] = {}
     mtp = False
@@ -98,12 +102,13 @@ def detect(
         example = (
             f"{escape_name(a[both[0]])} and {escape_name(b[both[0]])} are one weight"
             if both
-            else f"e.g. {escape_name(next(iter(a.values())))} and {escape_name(next(iter(b.values())))}"
+            else f"e.g. {escape_name(next(iter(a.values())))} and "
+            f"{escape_name(next(iter(b.values())))}"
         )
         raise ConfigError(
             f"{escape_name(where)}: ambiguous weight prefix: layers under both {p1!r} and {p2!r} "
-            f"({example}{f', {len(both)} such weights' if len(both) > 1 else ''}); keep one model per "
-            "folder"
+            f"({example}{f', {len(both)} such weights' if len(both) > 1 else ''}); keep one model "
+            "per folder"
         )
     if not held:
         return Prefix(None, wanted, mtp="MTP under 'mtp.'" if mtp else "")
@@ -118,8 +123,9 @@ def detect(
 
 
 def config_prefix(globs: Iterable[str]) -> str | None:
-    """The prefix a config's globs are written for, read off them: the literal text before ``layers.``
-    in a glob (``model.layers.61.*``), else ``model.`` when a glob starts with it; None (prefix-blind)."""
+    """The prefix a config's globs are written for, read off them: the literal text before
+    ``layers.`` in a glob (``model.layers.61.*``), else ``model.`` when a glob starts with it; None
+    (prefix-blind)."""
     globs = list(globs)
     for g in globs:
         m = _LAYER.match(g.replace("*", "0"))

@@ -80,12 +80,14 @@ def _message(
 ) -> str:
     who = f"the {needs.ranks} ranks of this node need" if needs.ranks > 1 else "this rank needs"
     head = (
-        f"out of memory before the load: {who} {needs.total / GIB:.2f} GiB on {device} "
-        f"(arena {needs.arena / GIB:.2f} GiB + largest transient {needs.transient / GIB:.2f} GiB), "
-        f"free {free / GIB:.2f} GiB - reserve {reserve / GIB:.2f} GiB = {(free - reserve) / GIB:.2f} GiB usable"
+        f"out of memory before the load: {who} {needs.total / GIB:.2f} GiB on {device} (arena "
+        f"{needs.arena / GIB:.2f} GiB + largest transient {needs.transient / GIB:.2f} GiB), free "
+        f"{free / GIB:.2f} GiB - reserve {reserve / GIB:.2f} GiB = {(free - reserve) / GIB:.2f} "
+        "GiB usable"
     )
     advice = [
-        f"more ranks: a larger tp x ep (now tp {layout.tp} x ep {layout.ep}) spreads the bytes thinner"
+        f"more ranks: a larger tp x ep (now tp {layout.tp} x ep {layout.ep}) spreads the bytes "
+        "thinner"
     ]
     if planner.expert_counts:
         advice.append(f"--ep {layout.ep * 2} (with 2x the ranks) halves each rank's routed experts")

@@ -22,7 +22,8 @@ from .verification.gate import Verdict, Verify
 
 @dataclass(frozen=True)
 class Released:
-    """What :meth:`RankShards.release` freed: the load's own tensors, and the derived buffers apart."""
+    """What :meth:`RankShards.release` freed: the load's own tensors, and the derived buffers
+    apart."""
 
     tensors: int
     """Served tensors (views of the arena)."""
@@ -71,14 +72,16 @@ class RankShards:
         return sorted(self._result.hashed) if self._result is not None else []
 
     def deferred(self) -> list[DeferredTensor]:
-        """A locator (file, offset, length, dtype, shape, the sha256 its bytes must hash to) for each
-        deferred tensor this rank holds, in natural name order; they are not in :meth:`state_dict`."""
+        """A locator (file, offset, length, dtype, shape, the sha256 its bytes must hash to) for
+        each deferred tensor this rank holds, in natural name order; they are not in
+        :meth:`state_dict`."""
         return list(self._deferred)
 
     def derive(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        """Register a buffer the model derived from served tensors (a fused concat, a transposed twin),
-        so that :meth:`release` frees it with the rest; returns ``tensor``. Its name must be new (neither
-        served nor derived already): it is never in :meth:`state_dict`, whose bytes were verified."""
+        """Register a buffer the model derived from served tensors (a fused concat, a transposed
+        twin), so that :meth:`release` frees it with the rest; returns ``tensor``. Its name must be
+        new (neither served nor derived already): it is never in :meth:`state_dict`, whose bytes
+        were verified."""
         if self._result is None:
             raise LoadError(f"derive {escape_name(name)}: these shards were released")
         if not isinstance(tensor, torch.Tensor):
@@ -137,8 +140,9 @@ def served(
     planner: object = None,
     chosen: object = None,
 ) -> RankShards:
-    """After a verdict that passed: the report and the attestation (written by rank 0 when asked; ``planner``
-    and ``chosen``, the load's planner and gate strategy, for the attestation), and this rank's shards."""
+    """After a verdict that passed: the report and the attestation (written by rank 0 when asked;
+    ``planner`` and ``chosen``, the load's planner and gate strategy, for the attestation), and this
+    rank's shards."""
     prefix, census = getattr(planner, "prefix", None), getattr(planner, "census", None)
     report = LoadReport(
         str(opts.checkpoint),
@@ -180,9 +184,10 @@ def _attest(
     chosen: object,
     verdict: Verdict,
 ) -> None:
-    """Rank 0 writes the attestation of a passed load. Its options were checked before loading (key, folder),
-    so only the write itself can fail here, on rank 0 alone: the peers already hold their shards, so it is
-    a warning, like the report's, and no older statement is left at the path to be mistaken for this one."""
+    """Rank 0 writes the attestation of a passed load. Its options were checked before loading (key,
+    folder), so only the write itself can fail here, on rank 0 alone: the peers already hold their
+    shards, so it is a warning, like the report's, and no older statement is left at the path to be
+    mistaken for this one."""
     verdict.require()  # an exit path of the gate: only a passed verdict is attested
     from .verification import attest
 

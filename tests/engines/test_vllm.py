@@ -66,7 +66,8 @@ def served_bytes(root: Path, tp: int) -> int:
 
 
 def bench(python: Path, model: Path, tp: int, out: Path) -> dict:
-    """``tpload bench --engine vllm``: both formats in one engine process, compared before figures."""
+    """``tpload bench --engine vllm``: both formats in one engine process, compared before
+    figures."""
     cmd = [
         str(python),
         "-m",
@@ -113,9 +114,10 @@ def test_tpload_serves_what_the_default_loader_serves(
 
 def test_the_plugin_registers_the_format_and_imports_nothing_heavy(python: Path) -> None:
     probe = (
-        "import sys; from vllm.plugins import load_general_plugins; load_general_plugins(); "
-        "from vllm.model_executor.model_loader import _LOAD_FORMAT_TO_MODEL_LOADER as f; "
-        "print(f['tpload'].__name__, 'numba' in sys.modules, sorted(m for m in sys.modules if m.startswith('tpload')))"
+        "import sys; from vllm.plugins import load_general_plugins; load_general_plugins(); from "
+        "vllm.model_executor.model_loader import _LOAD_FORMAT_TO_MODEL_LOADER as f; "
+        "print(f['tpload'].__name__, 'numba' in sys.modules, sorted(m for m in sys.modules if "
+        "m.startswith('tpload')))"
     )
     proc = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]

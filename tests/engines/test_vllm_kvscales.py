@@ -1,5 +1,5 @@
-"""The KV-cache scale census against vLLM's own ``maybe_remap_kv_scale_name``, in-process in vLLM's venv
-(its CPU build cannot start an FP8-KV model here): every scale the hand-off passes lands on the
+"""The KV-cache scale census against vLLM's own ``maybe_remap_kv_scale_name``, in-process in vLLM's
+venv (its CPU build cannot start an FP8-KV model here): every scale the hand-off passes lands on the
 attention layer's parameter vLLM names it by; the stored output_scale spelling would not.
 
 Engine tier (``python -m pytest -q -m engine``): one subprocess, seconds once the venv exists.
@@ -41,8 +41,8 @@ for name, t in handoff.tensors():
         landed[name] = maybe_remap_kv_scale_name(name, params)
     t.float().sum()  # read, as a loader would
 stored = {n: maybe_remap_kv_scale_name(n, params) for n in c.engine_names()}
-print(json.dumps({"landed": landed, "stored": stored, "unread": [h.name for h in handoff.unconsumed()[0]],
-                  "params": sorted(params)}))
+unread = [h.name for h in handoff.unconsumed()[0]]
+print(json.dumps({"landed": landed, "stored": stored, "unread": unread, "params": sorted(params)}))
 """
 
 
@@ -74,7 +74,8 @@ def test_the_handoff_passes_every_spelling_under_vllms_names(tmp_path: Path) -> 
     assert all(
         doc["landed"][n] == n for n in doc["params"]
     )  # vLLM takes each handed name as its parameter's
-    # the stored compressed-tensors spelling is not one vLLM remaps: it would be dropped without the hand-off
+    # the stored compressed-tensors spelling is not one vLLM remaps: it would be dropped without the
+    # hand-off
     assert doc["stored"][L.format(0) + "k_proj.output_scale"] not in doc["params"]
     assert doc["stored"][L.format(1) + "k_proj.k_scale"] == L.format(1) + "attn.k_scale"
     assert doc["unread"] == []

@@ -37,7 +37,8 @@ def _works(python: Path) -> bool:
 
 
 def vllm_python() -> tuple[Path | None, str]:
-    """(the venv's python, "") once vLLM and this checkout's tpload import there, or (None, why not)."""
+    """(the venv's python, "") once vLLM and this checkout's tpload import there, or (None, why
+    not)."""
     python = VENV / "bin" / "python"
     log = VENV.parent / f"{VENV.name}.log"
     try:

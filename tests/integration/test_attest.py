@@ -1,6 +1,6 @@
-"""A load attestation written by a real tp 2 launch (rank 0, after the verdict, signed with an EC key
-the test makes) is checked by `tpload attest verify`: it verifies against the checkpoint with the
-signer's key, fails with another key, and a forged copy fails with one line per difference."""
+"""A load attestation written by a real tp 2 launch (rank 0, after the verdict, signed with an EC
+key the test makes) is checked by `tpload attest verify`: it verifies against the checkpoint with
+the signer's key, fails with another key, and a forged copy fails with one line per difference."""
 
 from __future__ import annotations
 
@@ -67,8 +67,9 @@ def test_a_tp2_load_attests_what_each_rank_serves(
     )
     lines = capsys.readouterr().out.splitlines()
     mismatch = (
-        f"DIFFERS {out}.sig: does not verify with the key {stranger_pub}: Key mismatch: The public key hash "
-        "in the signature's verification material does not match the provided public key."
+        f"DIFFERS {out}.sig: does not verify with the key {stranger_pub}: Key mismatch: The "
+        "public key hash in the signature's verification material does not match the provided "
+        "public key."
     )
     assert [line for line in lines if line.startswith("DIFFERS")] == [mismatch]
 
@@ -92,7 +93,8 @@ def test_a_tp2_load_attests_what_each_rank_serves(
 
 
 def test_attest_is_refused_with_verify_off(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    # refused before any world or checkpoint is touched: nothing was checked, so nothing can be attested
+    # refused before any world or checkpoint is touched: nothing was checked, so nothing can be
+    # attested
     assert (
         main(
             ["--checkpoint", str(tmp_path), "--verify", "off", "--attest", str(tmp_path / "a.json")]

@@ -1,4 +1,5 @@
-"""README's first command under real torchrun: the built-in checkpoint, made once, loaded on 2 ranks."""
+"""README's first command under real torchrun: the built-in checkpoint, made once, loaded on 2
+ranks."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Failing together: one rank's early failure, a dead rank, and embedded callers that call load() more
-than once. Each is a real torchrun launch (gloo); every rank must end with the same message, in
+"""Failing together: one rank's early failure, a dead rank, and embedded callers that call load()
+more than once. Each is a real torchrun launch (gloo); every rank must end with the same message, in
 bounded time, with no weights handed back."""
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ def test_one_rank_failing_to_open_the_checkpoint_fails_every_rank(
 
 
 def test_a_failed_call_does_not_desynchronise_the_next(small_ckpt: Path, tmp_path: Path) -> None:
-    # call 1 fails on rank 1 only, before anything else (an invalid option); call 2 is fine everywhere.
-    # Both ranks must fail call 1 with rank 1's message, and both must load call 2.
+    # call 1 fails on rank 1 only, before anything else (an invalid option); call 2 is fine
+    # everywhere. Both ranks must fail call 1 with rank 1's message, and both must load call 2.
     calls = [
         {"checkpoint": str(small_ckpt), "per_rank": {"1": {"samples": -1}}},
         {"checkpoint": str(small_ckpt)},
@@ -54,7 +54,8 @@ def test_a_killed_rank_is_named_and_nobody_hangs(small_ckpt: Path, tmp_path: Pat
     assert run.rc != 0 and run.seconds < BOUND_S
     assert "SIGKILL" in run.err or "-9" in run.err  # torchrun saw rank 1 die
     msg = error_of(run.rank_err[0], 0)
-    # torchrun may also SIGTERM rank 0 once rank 1 is gone: it still reaches the exchange, and names rank 1
+    # torchrun may also SIGTERM rank 0 once rank 1 is gone: it still reaches the exchange, and names
+    # rank 1
     assert (
         "lost the other ranks in the final exchange: rank 1 never reached it (died or hung)" in msg
     ), run.rank_err[0]

@@ -1,7 +1,7 @@
-"""Node verification against an accidental concurrent write: rank 0 hashes a tensor and finishes (its
-files unchanged when it looks), then the file changes, then rank 1 opens it and copies its window of
-the tensor. Rank 1 served bytes nobody hashed, and nothing rank 1 can see tells it so; the cross-check
-carried by the one exchange must fail every rank."""
+"""Node verification against an accidental concurrent write: rank 0 hashes a tensor and finishes
+(its files unchanged when it looks), then the file changes, then rank 1 opens it and copies its
+window of the tensor. Rank 1 served bytes nobody hashed, and nothing rank 1 can see tells it so; the
+cross-check carried by the one exchange must fail every rank."""
 
 from __future__ import annotations
 
@@ -41,6 +41,6 @@ def test_a_write_between_hash_and_copy_fails_every_rank(ckpt_copy: Path, tmp_pat
     assert not outcomes[0]["returned"] and not outcomes[1]["returned"]
     assert outcomes[0]["error"] == outcomes[1]["error"]
     assert (
-        "rank 1 served bytes of tensors hashed by rank 0 that differ from the bytes that were hashed"
-        in outcomes[0]["error"]
+        "rank 1 served bytes of tensors hashed by rank 0 that differ from the bytes that were "
+        "hashed" in outcomes[0]["error"]
     )

@@ -2,7 +2,8 @@
 report carries the hand-off's figures, a hand-off that fails on one rank only (a loader asking for
 another rank's rows, a parameter left unfilled, a window put in torch.cat under map()) fails every
 rank with the same message, and a tensor no loader read fails both ranks, naming it, with a
-non-zero exit, even with no set of expected parameters (as vLLM gives none for a quantized model)."""
+non-zero exit, even with no set of expected parameters (as vLLM gives none for a quantized
+model)."""
 
 from __future__ import annotations
 
@@ -48,8 +49,9 @@ def test_a_hand_off_failing_on_one_rank_fails_both_with_one_message(tmp_path: Pa
     )
     forgotten = (
         "1 tensor(s) tpload handed over were not consumed by test's weight loaders: "
-        "model.layers.1.self_attn.o_proj.weight (taken, never read (this rank holds {})); every handed "
-        "tensor must be read, or be declared skipped on purpose by the engine integration (docs/engines.md)"
+        "model.layers.1.self_attn.o_proj.weight (taken, never read (this rank holds {})); every "
+        "handed tensor must be read, or be declared skipped on purpose by the engine integration "
+        "(docs/engines.md)"
     )
     assert said[0]["unconsumed"] == (
         "tpload hand-off to test failed on rank 0, 1 of 2; the engine must not serve:"

@@ -1,6 +1,7 @@
-"""The GGUF miniature (a split set of 2 files written by the gguf package) loaded by real torchrun ranks
-at tp 2: packed bytes exactly gguf's reader's, expanded bf16 exactly gguf's dequantisation rounded once;
-a flipped byte fails every rank naming the tensor (manifest written by `tpload manifest`)."""
+"""The GGUF miniature (a split set of 2 files written by the gguf package) loaded by real torchrun
+ranks at tp 2: packed bytes exactly gguf's reader's, expanded bf16 exactly gguf's dequantisation
+rounded once; a flipped byte fails every rank naming the tensor (manifest written by `tpload
+manifest`)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from ..helpers import HERE, load_error, torchrun, tpload_cli
 
 gguf = pytest.importorskip("gguf")
 
-# How the shipped configs cut each name (torch order): rows, or the innermost dimension; others whole.
+# How the shipped configs cut each name (torch order): rows, or the innermost dimension; others
+# whole.
 ROWS = re.compile(
     r"(token_embd|output)\.weight|blk\.\d+\.(attn_q_b|attn_kv_b|attn_[qkv]|ffn_gate|ffn_up|"
     r"ffn_gate_shexp|ffn_up_shexp|ffn_gate_exps|ffn_up_exps)\.weight"
@@ -62,7 +64,8 @@ def expected(root: Path, tp: int, ep: int, rank: int, kind: str) -> dict[str, np
 
 
 def load_and_check(roots: dict[str, Path], out: Path, tp: int, ep: int) -> None:
-    """Both miniatures, both kinds, every rank of tp x ep in one launch: every served tensor exactly."""
+    """Both miniatures, both kinds, every rank of tp x ep in one launch: every served tensor
+    exactly."""
     out.mkdir()
     run = torchrun(
         tp * ep,
@@ -90,7 +93,8 @@ def load_and_check(roots: dict[str, Path], out: Path, tp: int, ep: int) -> None:
                         or got[name].numpy().tobytes() != arr.tobytes()
                     ):
                         problems.append(
-                            f"{label} {kind} rank {rank}: {name} {got['__shapes__'][name]} vs {arr.shape}"
+                            f"{label} {kind} rank {rank}: {name} {got['__shapes__'][name]} vs "
+                            f"{arr.shape}"
                         )
     assert not problems, "\n".join(problems[:20])
 
@@ -168,6 +172,6 @@ def test_nan_super_scale_refused_naming_tensor_and_block(tiny: Path, tmp_path: P
         )
     assert run.returncode != 0
     assert (
-        "tensor blk.1.ffn_gate_exps.weight: 1 Q4_K blocks whose f16 scale (d/dmin) is NaN or infinite "
-        "(first: view row 0, block 3 of the row)"
+        "tensor blk.1.ffn_gate_exps.weight: 1 Q4_K blocks whose f16 scale (d/dmin) is NaN or "
+        "infinite (first: view row 0, block 3 of the row)"
     ) in run.stdout + run.stderr, run.stdout + run.stderr

@@ -46,7 +46,8 @@ def test_a_hub_snapshot_loads_verified_by_its_blob_names(
     assert any("2 file(s) checked whole against their blob sha256" in n for n in doc["notes"]), doc[
         "notes"
     ]
-    # whole files: once on this one node (every shard byte hashed once among the ranks), or by each rank
+    # whole files: once on this one node (every shard byte hashed once among the ranks), or by each
+    # rank
     per_node = sum(os.path.getsize(s) for s in shards)
     assert sum(r["bytes_hashed"] for r in doc["ranks"]) == (
         per_node if verify == "node" else 2 * per_node
@@ -57,7 +58,8 @@ def test_a_hub_snapshot_loads_verified_by_its_blob_names(
 def test_a_flipped_byte_in_one_blob_fails_every_rank_naming_the_file(
     snapshot: Path, tmp_path: Path
 ) -> None:
-    # flip the last byte of a tensor in the second shard (data, not header): only the file hash sees it
+    # flip the last byte of a tensor in the second shard (data, not header): only the file hash sees
+    # it
     index = json.loads((snapshot / "model.safetensors.index.json").read_text())["weight_map"]
     name = next(
         n for n, f in sorted(index.items()) if f.endswith("00002.safetensors") and "norm" in n

@@ -1,4 +1,5 @@
-"""tpload.load() under real torchrun (gloo): every rank's state_dict against an independent reference."""
+"""tpload.load() under real torchrun (gloo): every rank's state_dict against an independent
+reference."""
 
 from __future__ import annotations
 

@@ -52,7 +52,8 @@ def test_a_local_dir_loads_verified_at_tp2_as_its_hub_snapshot_twin(
         sum(r["bytes_hashed"] for r in doc["ranks"]) == per_node
     )  # each shard hashed whole once on the node
 
-    # the twin: the same bytes as a hub cache snapshot, every rank's digest computed by the load's own code
+    # the twin: the same bytes as a hub cache snapshot, every rank's digest computed by the load's
+    # own code
     twin_src = tmp_path / "twin"
     twin_src.mkdir()
     for f in local.iterdir():
@@ -74,6 +75,7 @@ def test_a_flipped_byte_fails_every_rank_naming_the_file(local: Path, tmp_path: 
         2, ["-m", "tpload", "--checkpoint", str(local), "--no-progress"], logs=tmp_path / "logs"
     )
     assert run.rc != 0 and "verified:" not in run.out
-    # the node's one hasher of the file finds it; the verdict fails both ranks, one prints it in full
+    # the node's one hasher of the file finds it; the verdict fails both ranks, one prints it in
+    # full
     _, msg = load_error(run)  # (and checks that the other rank failed, pointing to it)
     assert path.name in msg and "the etag its local-dir download metadata records" in msg, msg

@@ -170,7 +170,8 @@ def test_slurm_example_runs_multi_node_script_tp2_ep2(
     assert p.returncode == 0, p.stdout + p.stderr
     doc = json.loads(report.read_text())
     assert (doc["tp"], doc["ep"]) == (2, 2) and [r["node"] for r in doc["ranks"]] == [0, 0, 1, 1]
-    # ep group g is node g here: each node hashes the shared tensors and its own half of the experts, once
+    # ep group g is node g here: each node hashes the shared tensors and its own half of the
+    # experts, once
     names = all_names(small_ckpt)
     for node in (0, 1):
         used = [n for n in names if not (m := EXPERT.search(n)) or int(m.group(1)) // 4 == node]

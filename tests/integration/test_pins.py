@@ -1,4 +1,5 @@
-"""A pinned config.json under real torchrun: edited after `tpload manifest`, every rank fails naming it."""
+"""A pinned config.json under real torchrun: edited after `tpload manifest`, every rank fails naming
+it."""
 
 from __future__ import annotations
 

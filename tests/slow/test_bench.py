@@ -1,4 +1,5 @@
-"""The bench end to end on the small preset: every method a real torchrun job, and they all agree."""
+"""The bench end to end on the small preset: every method a real torchrun job, and they all
+agree."""
 
 from __future__ import annotations
 

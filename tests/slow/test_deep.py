@@ -52,5 +52,6 @@ def test_deepseek_v3_deep_loads_at_tp2_ep4_on_8_ranks(
     assert {r["tensors"] for r in ranks} == {len(tensors) - len(experts) + len(experts) // 4}
     print(
         f"deepseek-v3-deep tp2xep4: {doc['seconds']:.1f} s, {ranks[0]['tensors']} tensors a rank, "
-        f"{doc['seconds'] / ranks[0]['tensors'] * 1e6:.0f} us per tensor per rank (8 ranks on this machine's cores)"
+        f"{doc['seconds'] / ranks[0]['tensors'] * 1e6:.0f} us per tensor per rank (8 ranks on "
+        "this machine's cores)"
     )

@@ -1,7 +1,7 @@
 """Replicas in the slow tier, each a real torchrun launch (gloo): a replica killed mid-transfer ends
 every rank in bounded time with no weights; two agents as two nodes read the checkpoint once between
-them; a hub snapshot is hashed once per cluster; 2 replicas x tp 2 x ep 2 (8 processes) serve a plain
-tp 2 x ep 2 load's bytes."""
+them; a hub snapshot is hashed once per cluster; 2 replicas x tp 2 x ep 2 (8 processes) serve a
+plain tp 2 x ep 2 load's bytes."""
 
 from __future__ import annotations
 
@@ -54,7 +54,8 @@ def planned(ckpt: Path, store: Path, tp: int, ep: int = 1) -> list[str]:
 
 
 def halved(ranks: list[dict], size: int) -> int:
-    """Check that each position's windows were read once between the replicas; the cluster's storage bytes."""
+    """Check that each position's windows were read once between the replicas; the cluster's storage
+    bytes."""
     for position in range(size):
         mine = ranks[position::size]
         whole = sum(r["bytes_from_storage"] for r in mine)
@@ -121,7 +122,8 @@ def test_two_agents_as_two_nodes_read_the_checkpoint_once_between_them(
     per_node = [sum(r["bytes_from_storage"] for r in ranks if r["node"] == n) for n in (0, 1)]
     assert sum(per_node) == storage
     assert all(0.25 * storage <= s <= 0.75 * storage for s in per_node), per_node  # about half each
-    # each tensor hashed by the one node that read it: the checkpoint once per cluster, not once per node
+    # each tensor hashed by the one node that read it: the checkpoint once per cluster, not once per
+    # node
     hashed = doc["bytes_hashed_per_node"]
     assert set(hashed) == {"0", "1"} and all(v > 0 for v in hashed.values())
     assert sum(hashed.values()) == nbytes(small_ckpt, all_names(small_ckpt)), hashed

@@ -1,5 +1,6 @@
-"""``skip_activation_scales``: ModelOpt NVFP4's single-value ``*.input_scale`` tensors skipped by a named
-switch (load(), the flag, the engine's extra config); ``plan`` counts them and their per-tensor cost."""
+"""``skip_activation_scales``: ModelOpt NVFP4's single-value ``*.input_scale`` tensors skipped by a
+named switch (load(), the flag, the engine's extra config); ``plan`` counts them and their
+per-tensor cost."""
 
 from __future__ import annotations
 

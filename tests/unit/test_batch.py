@@ -25,8 +25,9 @@ def many(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("seed", range(4))
 def test_the_kernel_gives_each_window_the_per_tensor_fingerprint(seed: int) -> None:
-    """Whole tensors and windows of them (rows and byte columns, at odd starts: words are read at any
-    alignment), each copied row after row into its slot with the fingerprint HostFingerprint gives."""
+    """Whole tensors and windows of them (rows and byte columns, at odd starts: words are read at
+    any alignment), each copied row after row into its slot with the fingerprint HostFingerprint
+    gives."""
     rng = np.random.default_rng(seed)
     src = rng.integers(0, 256, 1 << 16, dtype=np.uint8)
     shapes = [(int(rng.integers(1, 9)), int(rng.integers(1, 70))) for _ in range(40)]
@@ -47,7 +48,7 @@ def test_the_kernel_gives_each_window_the_per_tensor_fingerprint(seed: int) -> N
     dst_off = np.array([k * 600 for k in range(len(shapes))], dtype=np.int64)
     out = np.zeros((len(shapes), 3), dtype=np.int64)
     start = np.array(
-        [a + r0 * c + c0 for a, (_, c), ((r0, _), (c0, _)) in zip(off, shapes, boxes)],
+        [a + r0 * c + c0 for a, (_, c), ((r0, _), (c0, _)) in zip(off, shapes, boxes, strict=True)],
         dtype=np.int64,
     )
     rows = np.array([r1 - r0 for (r0, r1), _ in boxes], dtype=np.int64)

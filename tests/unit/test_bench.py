@@ -3,6 +3,7 @@ measure (the end-to-end run is the slow tier's). Figures are never asserted."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -167,7 +168,8 @@ def test_many_tensors_preset_is_written_once_with_its_count(capsys: pytest.Captu
 def test_every_peer_serves_the_floors_windows_of_a_published_layout(
     preset: str, tmp_path: Path
 ) -> None:
-    # each method's job on one rank, in this process (no process group needed): the same bytes as the floor's
+    # each method's job on one rank, in this process (no process group needed): the same bytes as
+    # the floor's
     import torch
 
     from tpload.tools.bench_worker import METHODS, Job, window_digest
@@ -177,7 +179,7 @@ def test_every_peer_serves_the_floors_windows_of_a_published_layout(
         ["runai"] if importlib.util.find_spec("runai_model_streamer") else []
     )
     for rank in range(2):
-        job = lambda: Job(str(root), "auto", 2, rank, 2, torch.device("cpu"))  # noqa: E731
+        job = functools.partial(Job, str(root), "auto", 2, rank, 2, torch.device("cpu"))
         want = window_digest(METHODS["floor"](job()))
         for m in peers:
             assert window_digest(METHODS[m](job())) == want, (m, rank)
@@ -189,7 +191,8 @@ def test_every_peer_serves_the_floors_windows_of_a_published_layout(
 
 def test_decode_lines_name_the_device_and_its_copy() -> None:
     MIB = 1 << 20
-    """On a GPU the decode is judged against a device copy (the HBM figure), on the CPU against a memcpy."""
+    """On a GPU the decode is judged against a device copy (the HBM figure), on the CPU against a
+    memcpy."""
     c = {
         "x": {
             "tensor": "t",

@@ -194,8 +194,8 @@ def test_a_folder_holding_a_clone_is_named_not_an_import_error(tmp_path: Path) -
 
     (tmp_path / "tpload" / "tpload").mkdir(parents=True)  # the clone, its package inside
     code = SHADOWED.format(parent=str(tmp_path), main=tpload.__main__.__file__)
-    # -S and no PYTHONPATH: no regular tpload on the path (in real life pip install -e's finder, which
-    # comes after the path, serves tpload.__main__ from the checkout)
+    # -S and no PYTHONPATH: no regular tpload on the path (in real life pip install -e's finder,
+    # which comes after the path, serves tpload.__main__ from the checkout)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     p = subprocess.run(
         [sys.executable, "-S", "-c", code],

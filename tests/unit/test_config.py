@@ -1,4 +1,5 @@
-"""Configs: shipped by name, validated on load, fitted to the checkpoint with every problem listed."""
+"""Configs: shipped by name, validated on load, fitted to the checkpoint with every problem
+listed."""
 
 from __future__ import annotations
 
@@ -53,7 +54,8 @@ def test_bad_configs_are_named(tmp_path: Path, text: str, needle: str) -> None:
 def test_a_folder_named_like_a_shipped_config_does_not_shadow_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A checkpoint folder called ``llama`` in the working directory (as engines' users keep them)."""
+    """A checkpoint folder called ``llama`` in the working directory (as engines' users keep
+    them)."""
     (tmp_path / "llama").mkdir()
     monkeypatch.chdir(tmp_path)
     assert load_config("llama").name == "llama"

@@ -50,7 +50,8 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def fingerprint(raw: bytes, rows: int) -> tuple[int, int, int]:
-    """README "Digests", written out with numpy: int64 words (uint8 for 1-byte rows), wrapping sums."""
+    """README "Digests", written out with numpy: int64 words (uint8 for 1-byte rows), wrapping
+    sums."""
     b = np.frombuffer(raw, dtype=np.uint8).reshape(rows, -1)
     if b.size == 0:
         return 0, 0, 0

@@ -383,7 +383,8 @@ def test_names_with_control_characters_are_escaped_everywhere(ckpt_copy: Path) -
 def test_bad_options_are_load_errors_before_any_byte(small_ckpt: Path) -> None:
     fails(
         small_ckpt,
-        "invalid option: timeout_s= must be a finite number > 0 and at most 604800 (7 days), got nan",
+        "invalid option: timeout_s= must be a finite number > 0 and at most 604800 (7 days), got "
+        "nan",
         timeout_s=float("nan"),
     )
     fails(small_ckpt, "device 'meta'", device="meta")
@@ -471,7 +472,8 @@ def test_offsets_are_read_through_the_header_not_the_index(ckpt_copy: Path) -> N
     index(ckpt_copy, lambda m: m.update({"head.weight": S1}))
     fails(
         ckpt_copy,
-        "tensor head.weight is mapped to model-00001-of-00002.safetensors but its header has no such tensor",
+        "tensor head.weight is mapped to model-00001-of-00002.safetensors but its header has no "
+        "such tensor",
     )
     assert tensor_offset  # the helper reads headers independently of tpload
     assert shard_of(ckpt_copy, "head.weight") == S1

@@ -1,6 +1,6 @@
-"""The KV-cache scale census (tpload/kvscales.py): every spelling per layer, the canonical (vLLM) names,
-what a strict config refuses and a report config says, on name lists and a real checkpoint with three
-spellings in one census."""
+"""The KV-cache scale census (tpload/kvscales.py): every spelling per layer, the canonical (vLLM)
+names, what a strict config refuses and a report config says, on name lists and a real checkpoint
+with three spellings in one census."""
 
 from __future__ import annotations
 
@@ -88,7 +88,8 @@ def test_half_doubled_and_partial_layers_are_each_named() -> None:
 
 @pytest.fixture(scope="module")
 def three(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """llama-tiny with a third layer (layer 1's tensors again) and FP8 KV scales in three spellings."""
+    """llama-tiny with a third layer (layer 1's tensors again) and FP8 KV scales in three
+    spellings."""
     base = tmp_path_factory.mktemp("kv")
     plain = write_published(base / "plain", "llama-tiny")
     layer1 = {}

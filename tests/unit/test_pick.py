@@ -1,5 +1,5 @@
-"""``--config auto``: :func:`tpload.pick.choose` picks the config from a checkpoint's config.json (and
-hf_quant_config.json) and says why in one line.
+"""``--config auto``: :func:`tpload.pick.choose` picks the config from a checkpoint's config.json
+(and hf_quant_config.json) and says why in one line.
 
 Folders are written by hand (config.json only, as the published models spell it) for each family;
 then every tiny published preset (real shards, tpload.tools.published) is checked to get the config
@@ -60,8 +60,8 @@ def picked(root: Path, spec: str = "auto") -> tuple[Config, str]:
             None,
             "deepseek-v3+fp8-block",
             ("fp8-block",),
-            "config deepseek-v3+fp8-block: config.json architectures DeepseekV3ForCausalLM; fp8-block from config.json "
-            "quant_method fp8, weight_block_size [128, 128]",
+            "config deepseek-v3+fp8-block: config.json architectures DeepseekV3ForCausalLM; "
+            "fp8-block from config.json quant_method fp8, weight_block_size [128, 128]",
         ),
         (
             {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3"},
@@ -80,7 +80,8 @@ def picked(root: Path, spec: str = "auto") -> tuple[Config, str]:
             None,
             "gpt-oss+mxfp4",
             ("mxfp4",),
-            "config gpt-oss+mxfp4: config.json architectures GptOssForCausalLM; mxfp4 from config.json quant_method mxfp4",
+            "config gpt-oss+mxfp4: config.json architectures GptOssForCausalLM; mxfp4 from "
+            "config.json quant_method mxfp4",
         ),
         (
             {
@@ -91,8 +92,8 @@ def picked(root: Path, spec: str = "auto") -> tuple[Config, str]:
             None,
             "qwen3+fp8-block",
             ("fp8-block",),
-            "config qwen3+fp8-block: config.json architectures Qwen3MoeForCausalLM; fp8-block from config.json "
-            "quant_method fp8, weight_block_size [128, 128]",
+            "config qwen3+fp8-block: config.json architectures Qwen3MoeForCausalLM; fp8-block "
+            "from config.json quant_method fp8, weight_block_size [128, 128]",
         ),
         (
             {
@@ -103,8 +104,8 @@ def picked(root: Path, spec: str = "auto") -> tuple[Config, str]:
             None,
             "llama+bf16",
             ("bf16",),
-            "config llama+bf16: config.json architectures LlamaForCausalLM; bf16 (config.json has no "
-            "quantization_config)",
+            "config llama+bf16: config.json architectures LlamaForCausalLM; bf16 (config.json has "
+            "no quantization_config)",
         ),
     ],
     ids=["deepseek-v3-fp8", "deepseek-v3-nvfp4", "gpt-oss", "qwen3-moe-fp8", "llama-bf16"],
@@ -312,7 +313,8 @@ def test_no_two_shipped_configs_claim_one_name() -> None:
         (
             {"architectures": ["LlamaForCausalLM"]},
             {"quantization": "NVFP4"},
-            r"hf_quant_config\.json: quantization must be an object \(with quant_algo\), not \"NVFP4\"",
+            r"hf_quant_config\.json: quantization must be an object \(with quant_algo\), not "
+            r"\"NVFP4\"",
         ),
         (
             {"architectures": ["LlamaForCausalLM"]},

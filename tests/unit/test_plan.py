@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -61,7 +62,7 @@ def test_head_is_vocabulary_parallel(planner: Planner) -> None:
 def test_slots_do_not_overlap_and_are_aligned(planner: Planner) -> None:
     plan = planner.plan(Layout(2), "packed", 1)
     spans = sorted((o.offset, o.offset + o.nbytes) for i in plan.items for o in i.outputs)
-    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    assert all(a[1] <= b[0] for a, b in pairwise(spans))
     assert all(o % 256 == 0 for o, _ in spans)
     assert plan.arena_bytes >= spans[-1][1]
 

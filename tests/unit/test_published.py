@@ -1,4 +1,5 @@
-"""Published-layout presets (tpload/tools/published.py), read back with the ``safetensors`` library, not tpload.
+"""Published-layout presets (tpload/tools/published.py), read back with the ``safetensors`` library,
+not tpload.
 
 * every tiny preset writes a loadable folder: config.json, an index listing every tensor of the
   shards (and only those), a manifest whose sha256s are those of the bytes, ``total_size``;
@@ -46,11 +47,12 @@ def cdiv(a: int, b: int) -> int:
 
 
 def headers(root: Path) -> dict[str, tuple[str, tuple[int, ...], str]]:
-    """{tensor: (dtype, shape, file)} from every shard, by the safetensors library (no data read)."""
+    """{tensor: (dtype, shape, file)} from every shard, by the safetensors library (no data
+    read)."""
     out = {}
     for path in sorted(root.glob("*.safetensors")):
         with safe_open(str(path), "pt") as f:
-            for name in f.keys():
+            for name in f.keys():  # noqa: SIM118  a safe_open handle is no mapping: keys() is how it lists its tensors
                 s = f.get_slice(name)
                 assert name not in out, f"{name} in two shards"
                 out[name] = (s.get_dtype(), tuple(s.get_shape()), path.name)
@@ -107,7 +109,7 @@ def test_tiny_manifest_sha256_is_that_of_the_stored_bytes(tiny: dict[str, Path],
     manifest = json.loads((root / "NATIVE_MANIFEST.json").read_text())["tensors"]
     for path in sorted(root.glob("*.safetensors")):
         with safe_open(str(path), "pt") as f:
-            for n in f.keys():
+            for n in f.keys():  # noqa: SIM118  a safe_open handle is no mapping: keys() is how it lists its tensors
                 data = f.get_tensor(n).contiguous().view(-1).view(torch.uint8).numpy().tobytes()
                 assert hashlib.sha256(data).hexdigest() == manifest[n]["sha256"], n
 
@@ -127,7 +129,8 @@ def test_nothing_but_the_expected_files(tiny: dict[str, Path]) -> None:
 
 
 def _fp8_pairs(found: dict, scale: str) -> list[tuple[str, tuple[int, ...], str, tuple[int, ...]]]:
-    """(weight, shape, scale dtype, scale shape) of every F8_E4M3 weight; each must have its scale."""
+    """(weight, shape, scale dtype, scale shape) of every F8_E4M3 weight; each must have its
+    scale."""
     out = []
     for n, (dtype, shape, _) in found.items():
         if dtype == "F8_E4M3" and n.endswith(".weight"):
@@ -164,7 +167,8 @@ def test_deepseek_v3_fp8_weights_have_f32_128_block_scales(tiny: dict[str, Path]
 
 
 def test_deepseek_v3_bf16_is_all_bf16_or_f32_with_its_mtp_layer(tiny: dict[str, Path]) -> None:
-    """The vLLM test model: no quantization anywhere, the dimensions vLLM's CPU MLA takes, one MTP layer."""
+    """The vLLM test model: no quantization anywhere, the dimensions vLLM's CPU MLA takes, one MTP
+    layer."""
     root = tiny["deepseek-v3-bf16-tiny"]
     found = headers(root)
     config = json.loads((root / "config.json").read_text())

@@ -1,4 +1,5 @@
-"""What `tpload plan` says a layout costs (sizing.py), checked against the checkpoint's own headers."""
+"""What `tpload plan` says a layout costs (sizing.py), checked against the checkpoint's own
+headers."""
 
 from __future__ import annotations
 
@@ -43,19 +44,24 @@ def test_each_node_hashes_what_its_ranks_read_once_and_whole_files_cost_more(qwe
         assert node.file_bytes == sum(os.path.getsize(qwen / f) for f in {index[n] for n in read})
         assert node.file_bytes > node.hash_bytes  # the other group's experts share the files
     assert [r.read_bytes for r in ranks] == [p.read_bytes for p in plans]
-    assert all(r.device_peak == p.arena_bytes + p.largest_transient for r, p in zip(ranks, plans))
+    assert all(
+        r.device_peak == p.arena_bytes + p.largest_transient
+        for r, p in zip(ranks, plans, strict=True)
+    )
 
 
 def test_planning_imports_neither_numba_nor_the_kernels() -> None:
-    """``tpload plan`` cuts and sizes without the compiled kernels (about a second of import saved)."""
+    """``tpload plan`` cuts and sizes without the compiled kernels (about a second of import
+    saved)."""
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
     code = (
-        "import sys, tpload.plan, tpload.tools.sizing, tpload.pick, tpload.codecs.fp8_block, tpload.codecs.nvfp4; "
-        "print(sorted(m for m in ('numba', 'tpload.kernels') if m in sys.modules))"
+        "import sys, tpload.plan, tpload.tools.sizing, tpload.pick, tpload.codecs.fp8_block, "
+        "tpload.codecs.nvfp4; print(sorted(m for m in ('numba', 'tpload.kernels') if m in "
+        "sys.modules))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120

@@ -1,4 +1,5 @@
-"""Untrusted names reach the terminal escaped: no ANSI sequence from a checkpoint reaches a screen."""
+"""Untrusted names reach the terminal escaped: no ANSI sequence from a checkpoint reaches a
+screen."""
 
 from __future__ import annotations
 

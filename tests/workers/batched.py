@@ -1,6 +1,6 @@
-"""Worker: the same checkpoint loaded at tp 2, node verification, with small tensors batched (windows of
-cut ones included) and then one by one; writes each rank's digests, hashed counts, and whether
-every served tensor is byte-identical, to OUT/rankR.json."""
+"""Worker: the same checkpoint loaded at tp 2, node verification, with small tensors batched
+(windows of cut ones included) and then one by one; writes each rank's digests, hashed counts, and
+whether every served tensor is byte-identical, to OUT/rankR.json."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from tpload.storage.sharded import ShardedStorage
 
 
 def _cut_windows_batched(root: Path, rank: int) -> int:
-    """Items of this rank's plan that go in batches although their window is a part of the tensor."""
+    """Items of this rank's plan that go in batches although their window is a part of the
+    tensor."""
     storage = ShardedStorage(root)
     try:
         plan = Planner(storage.catalogue, choose("auto", root)[0]).plan(Layout(2), "packed", rank)

@@ -1,8 +1,9 @@
 """Run under torchrun: an embedding caller making one or more load() calls; records each outcome.
 
 argv: OUT_DIR CALLS_JSON, where CALLS_JSON is a list of calls, each
-{"checkpoint": PATH, "options": {load() keywords}, "per_rank": {"RANK": {keywords for that rank only}}}.
-Writes OUT_DIR/rank{R}.json: for each call, {"returned": bool, "error": str, "digest": str, "tensors": int}.
+{"checkpoint": PATH, "options": {load() keywords}, "per_rank": {"RANK": {keywords for that rank
+only}}}. Writes OUT_DIR/rank{R}.json: for each call, {"returned": bool, "error": str, "digest": str,
+"tensors": int}.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Run under torchrun (2 ranks, gloo): one worker's load into an engine (integrations/engine.py) with
-a stand-in engine whose loader narrows the way vLLM's do, five times in one world:
+"""Run under torchrun (2 ranks, gloo): one worker's load into an engine (integrations/engine.py)
+with a stand-in engine whose loader narrows the way vLLM's do, five times in one world:
 
 * ``ok``: every window handed over, the report written with the hand-off's figures;
 * ``outside``: rank 1's loader asks a split tensor for rows another rank holds;

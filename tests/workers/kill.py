@@ -33,9 +33,10 @@ def main() -> None:
     verify = sys.argv[4] if len(sys.argv) > 4 else "node"
     sink = KillAfter(n) if int(os.environ["RANK"]) == victim else None
     if sink is None:
-        # torchrun SIGTERMs the survivors once the victim is gone; whether that comes before they reach
-        # the exchange is a race on a loaded machine. What is tested is the exchange's verdict, so the
-        # survivors wait for it (torchrun's SIGKILL after its grace period still bounds them).
+        # torchrun SIGTERMs the survivors once the victim is gone; whether that comes before they
+        # reach the exchange is a race on a loaded machine. What is tested is the exchange's
+        # verdict, so the survivors wait for it (torchrun's SIGKILL after its grace period still
+        # bounds them).
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         tpload.load(ckpt, progress=False, verify=verify, timeout_s=60.0, progress_sink=sink)

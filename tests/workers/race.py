@@ -1,10 +1,11 @@
-"""Run under torchrun (2 ranks, node verification): a write lands between the hashing rank's read of a
-tensor and its peer's read of its own window (an accidental concurrent write: a sync tool, a re-download).
+"""Run under torchrun (2 ranks, node verification): a write lands between the hashing rank's read of
+a tensor and its peer's read of its own window (an accidental concurrent write: a sync tool, a
+re-download).
 
 argv: CHECKPOINT OUT_DIR TENSOR OFFSET. Rank 1 waits after its first tensor until rank 0 has loaded
-and checked everything (so rank 0 hashed TENSOR from the original bytes, and its files were unchanged
-when it looked) and byte OFFSET of TENSOR was flipped on disk (inside rank 1's window); then rank 1
-reads its window. Each rank records its outcome.
+and checked everything (so rank 0 hashed TENSOR from the original bytes, and its files were
+unchanged when it looked) and byte OFFSET of TENSOR was flipped on disk (inside rank 1's window);
+then rank 1 reads its window. Each rank records its outcome.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ class Hold:
 
 
 class Flip:
-    """Rank 0's sink: once its loop is over, and after the moment it takes rank 0 to check its evidence
-    and its files and reach the exchange, flip the byte and raise the flag."""
+    """Rank 0's sink: once its loop is over, and after the moment it takes rank 0 to check its
+    evidence and its files and reach the exchange, flip the byte and raise the flag."""
 
     def __init__(self, root: Path, tensor: str, offset: int, flag: Path) -> None:
         self.root, self.tensor, self.offset, self.flag = root, tensor, offset, flag

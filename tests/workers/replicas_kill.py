@@ -1,9 +1,10 @@
-"""Run under torchrun (2 replicas x tp WORLD/2; the tests use 4 ranks): rank VICTIM dies (os._exit, no
-cleanup, as the OOM killer leaves it) right after its first window piece went to or came from the
+"""Run under torchrun (2 replicas x tp WORLD/2; the tests use 4 ranks): rank VICTIM dies (os._exit,
+no cleanup, as the OOM killer leaves it) right after its first window piece went to or came from the
 other replica, mid-transfer. Injected here, in this process, by wrapping tpload.replicas.send and
 recv: the product has no switch.
 
-argv: CHECKPOINT OUT_DIR VICTIM TIMEOUT_S. Each surviving rank records its outcome in OUT_DIR/rank{R}.json.
+argv: CHECKPOINT OUT_DIR VICTIM TIMEOUT_S. Each surviving rank records its outcome in
+OUT_DIR/rank{R}.json.
 """
 
 from __future__ import annotations
@@ -45,8 +46,9 @@ def main() -> None:
         tpload.replicas.send = dying(tpload.replicas.send)
         tpload.replicas.recv = dying(tpload.replicas.recv)
     else:
-        # torchrun SIGTERMs the survivors once the victim is gone; what is tested is that they end on
-        # their own, in bounded time, with no weights (torchrun's SIGKILL after its grace still bounds them)
+        # torchrun SIGTERMs the survivors once the victim is gone; what is tested is that they end
+        # on their own, in bounded time, with no weights (torchrun's SIGKILL after its grace still
+        # bounds them)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     outcome = {"rank": rank, "returned": False, "error": ""}
     try:

@@ -2,9 +2,9 @@
 against the sidecar in STORE.
 
 argv: CHECKPOINT STORE OUT_DIR TENSOR. The first load must pass; then, once both ranks are through
-it, rank 0 flips a byte of TENSOR keeping the shard's size and mtime (the sidecar's stamp cannot tell),
-and the second load runs. Each rank writes OUT_DIR/rank{R}.json: the first load's digest and hash, and
-the second load's error ("" if it loaded).
+it, rank 0 flips a byte of TENSOR keeping the shard's size and mtime (the sidecar's stamp cannot
+tell), and the second load runs. Each rank writes OUT_DIR/rank{R}.json: the first load's digest and
+hash, and the second load's error ("" if it loaded).
 """
 
 from __future__ import annotations

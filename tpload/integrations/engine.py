@@ -50,7 +50,8 @@ OPTIONS = (
     "attest_key",
     "device",
 )
-"""The keys an engine's extra config may give (LoadOptions' fields; the rest is the engine's to set)."""
+"""The keys an engine's extra config may give (LoadOptions' fields; the rest is the engine's to
+set)."""
 
 Weights = Iterator[tuple[str, torch.Tensor]]
 
@@ -133,10 +134,12 @@ class EngineLoad:
         excuses), and agree on the outcome with every worker.
 
         ``gguf_names``: for a GGUF checkpoint, the engine's {GGUF name: its name} map, built when
-        needed (integrations/gguf_names.py: vLLM's GGUF names and ``qweight``/``qweight_type`` entries).
+        needed (integrations/gguf_names.py: vLLM's GGUF names and ``qweight``/``qweight_type``
+        entries).
 
         ``skips``: what the engine's load_weights ignores on purpose, declared by its integration
-        (default: :func:`~tpload.integrations.handoff.declared_skips` of the checkpoint's config.json)."""
+        (default: :func:`~tpload.integrations.handoff.declared_skips` of the checkpoint's
+        config.json)."""
         import tpload
 
         from ..options import LoadOptions
@@ -184,8 +187,8 @@ class EngineLoad:
         if bad:
             raise LoadError(
                 f"tpload hand-off to {self.engine} failed on rank "
-                f"{', '.join(str(r['rank']) for r in bad)} of {self.world}; the engine must not serve:"
-                + "".join(f"\nrank {r['rank']}: {r['problem']}" for r in bad)
+                f"{', '.join(str(r['rank']) for r in bad)} of {self.world}; the engine must not "
+                "serve:" + "".join(f"\nrank {r['rank']}: {r['problem']}" for r in bad)
             )
         self._say(shards.report, everyone, skipped, load_s=t1 - t0)
 
@@ -212,14 +215,15 @@ class EngineLoad:
             except Exception as e:  # noqa: BLE001 (transformers building the model: every worker must hear it)
                 return (
                     (
-                        f"GGUF hand-off: {self.engine}'s GGUF name map could not be built: {type(e).__name__}: "
-                        f"{escape_name(e)}"
+                        f"GGUF hand-off: {self.engine}'s GGUF name map could not be built: "
+                        f"{type(e).__name__}: {escape_name(e)}"
                     ),
                     0,
                     {},
                 )
         else:
-            # vLLM's attention layers take FP8 KV scales under one spelling (kvscales.py): hand them so
+            # vLLM's attention layers take FP8 KV scales under one spelling (kvscales.py): hand them
+            # so
             rename = kv_census(state).engine_names() if self.engine == "vllm" else None
             handoff = Handoff(state, shards.plan.items, rank=self.rank, rename=rename)
         taken = lambda: sum(h.taken for h in handoff.handed.values())  # noqa: E731
@@ -243,10 +247,12 @@ class EngineLoad:
                     f" and {len(missing) - 8} more" if len(missing) > 8 else ""
                 )
                 problems.append(
-                    f"{len(missing)} parameter(s) of the {self.engine} model were not filled: {shown}"
+                    f"{len(missing)} parameter(s) of the {self.engine} model were not filled: "
+                    f"{shown}"
                 )
         # Whatever the engine checks (vLLM checks nothing for quantized models): every byte handed
-        # over must have been read, or a loader dropped weights and the engine would serve without them.
+        # over must have been read, or a loader dropped weights and the engine would serve without
+        # them.
         unread, excused = handoff.unconsumed(skips)
         if unread:
             problems.append(unconsumed_message(unread, self.engine))
@@ -260,7 +266,8 @@ class EngineLoad:
     def _say(
         self, report: object, everyone: list[dict], skipped: list[dict], *, load_s: float
     ) -> None:
-        """TP rank 0 logs the figures through the engine's logger, and what the engine skipped on purpose."""
+        """TP rank 0 logs the figures through the engine's logger, and what the engine skipped on
+        purpose."""
         if self.rank != 0:
             return
         for s in skipped:
@@ -273,8 +280,8 @@ class EngineLoad:
                 )
         per_node = report.bytes_hashed_per_node()
         self.log.info(
-            "tpload: %d tensors verified (%s) in %.2f s + %.2f s hand-off; read per rank %s MB; hashed per node %s MB; "
-            "peak RSS rise per rank %s MiB (windows %s MiB); digests %s",
+            "tpload: %d tensors verified (%s) in %.2f s + %.2f s hand-off; read per rank %s MB; "
+            "hashed per node %s MB; peak RSS rise per rank %s MiB (windows %s MiB); digests %s",
             sum(r.tensors for r in report.ranks),
             report.verify,
             load_s,
@@ -310,7 +317,8 @@ class EngineLoad:
 
 def _skipped(skips: Sequence[Skip], everyone: list[dict]) -> list[dict]:
     """The report's list of declared skips: glob, reason, whether tpload read them, and the handed
-    tensors each excused on some rank (never-read ones are not handed: the load's skip covers them)."""
+    tensors each excused on some rank (never-read ones are not handed: the load's skip covers
+    them)."""
     out = []
     for s in skips:
         names = sorted({n for r in everyone for n in r["excused"].get(s.glob, ())})

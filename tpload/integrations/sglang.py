@@ -36,7 +36,8 @@ log = logging.getLogger("sglang.tpload")  # a child of SGLang's logger, as its l
 
 
 class TploadModelLoader(BaseModelLoader):
-    """Each TP worker loads its verified windows and hands them to the model's own ``load_weights``."""
+    """Each TP worker loads its verified windows and hands them to the model's own
+    ``load_weights``."""
 
     def download_model(self, model_config) -> None:  # noqa: ANN001 (SGLang's ModelConfig)
         pass  # a local folder (or a hub snapshot already downloaded): tpload reads it where it is

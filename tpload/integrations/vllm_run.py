@@ -1,5 +1,6 @@
 """Start vLLM on a checkpoint with given load formats, one engine after another, and write what
-each served: ``python -m tpload.integrations.vllm_run DIR --tp 2 --formats auto,tpload --out r.json``.
+each served: ``python -m tpload.integrations.vllm_run DIR --tp 2 --formats auto,tpload --out
+r.json``.
 
 For each format: seconds from engine start to the first generated token, the greedy tokens of
 fixed prompt ids, and every worker's sha256 of every parameter's bytes after loading (through
@@ -22,7 +23,8 @@ PROMPTS = ([1, 5, 9, 33, 100], [7, 7, 3, 250, 19, 2])
 
 def parameter_digests(worker: object) -> dict[str, str]:
     """Run in each worker: {name: sha256 of its bytes} of every tensor the loaded model holds:
-    parameters, buffers, and the tensors its layers derive after loading (MLA's absorbed weights)."""
+    parameters, buffers, and the tensors its layers derive after loading (MLA's absorbed
+    weights)."""
     import hashlib
 
     import torch
@@ -66,8 +68,9 @@ def run(
         SamplingParams(temperature=0, max_tokens=1),
     )
     to_first = time.perf_counter() - t0
-    # One prompt at a time: a batch's composition depends on the engine's timing, and vLLM's CPU kernels
-    # are not batch-invariant (seen: one prompt's greedy tokens changed with a neighbour in the batch).
+    # One prompt at a time: a batch's composition depends on the engine's timing, and vLLM's CPU
+    # kernels are not batch-invariant (seen: one prompt's greedy tokens changed with a neighbour in
+    # the batch).
     outs = [
         llm.generate(
             [TokensPrompt(prompt_token_ids=list(p))],
@@ -128,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
                 result["report"] = json.load(f)
         results.append(result)
         print(
-            f"{fmt}: start to first token {result['start_to_first_token_s']} s, tokens {result['tokens']}",
+            f"{fmt}: start to first token {result['start_to_first_token_s']} s, tokens "
+            f"{result['tokens']}",
             flush=True,
         )
     with open(args.out, "w") as f:

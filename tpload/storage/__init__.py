@@ -62,11 +62,12 @@ class Storage(Protocol):
         self, name: str, view: tuple[int, int], rows: tuple[int, int], cols: tuple[int, int]
     ) -> tuple[Stored, tuple[int, int], tuple[int, int]]:
         """Where a window lies (rows and byte columns of the tensor's bytes seen as ``view``, a
-        ``(rows, row bytes)`` split of them): the stored bytes holding it, seen so that the window is
-        a box of them, and its rows and byte columns there."""
+        ``(rows, row bytes)`` split of them): the stored bytes holding it, seen so that the window
+        is a box of them, and its rows and byte columns there."""
 
     def read(self, stored: Stored, r0: int, r1: int, out: np.ndarray) -> None:
-        """Rows ``[r0, r1)`` of ``stored`` into ``out`` (contiguous uint8 ``[r1 - r0, row_bytes]``)."""
+        """Rows ``[r0, r1)`` of ``stored`` into ``out`` (contiguous uint8 ``[r1 - r0,
+        row_bytes]``)."""
 
     def will_need(self, stored: Stored) -> None:
         """Ask the kernel to read ``stored`` ahead (a cold page cache overlaps with the copies)."""

@@ -10,7 +10,8 @@ file is untrusted input, the ``gguf`` package is used only as the independent re
 How tensors appear to the planner: dims in torch order (outermost first, the reverse of GGUF's
 listing); F32/F16/BF16 as those dtypes; a block-quantised type as its own dtype (``Q4_K``, one
 byte per element) over its bytes, shape ``[..., rows, row bytes]`` (blocks run along the innermost
-dimension, so a row is whole blocks), its shape in weights beside it (:attr:`GGUFTensorInfo.elements`).
+dimension, so a row is whole blocks), its shape in weights beside it
+(:attr:`GGUFTensorInfo.elements`).
 """
 
 from __future__ import annotations
@@ -102,7 +103,8 @@ _SCALARS = {
 _STRING, _ARRAY = 8, 9
 
 HEADERS_ONLY_KEY = "tpload.headers_only"
-"""Key of a ``synth --headers-only`` GGUF set: real headers, holes for data (only ``plan`` reads it)."""
+"""Key of a ``synth --headers-only`` GGUF set: real headers, holes for data (only ``plan`` reads
+it)."""
 
 SPLIT_NAME = re.compile(r"(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf")
 
@@ -114,8 +116,8 @@ class GGUFTensorInfo(TensorInfo):
     ggml_type: str = "F32"
     """ggml type name (``Q4_K``)."""
     elements: tuple[int, ...] = ()
-    """Shape in weights, torch order (for quantised types the innermost is ``row bytes / block bytes x
-    block weights``)."""
+    """Shape in weights, torch order (for quantised types the innermost is ``row bytes / block bytes
+    x block weights``)."""
 
 
 @dataclass
@@ -145,11 +147,13 @@ class _Cursor:
     def take(self, n: int, what: str) -> bytes:
         if n < 0 or self.pos + n > self.size:
             raise self.fail(
-                f"{what} at byte {self.pos} ({n} bytes) runs past the end of the file ({self.size} bytes)"
+                f"{what} at byte {self.pos} ({n} bytes) runs past the end of the file "
+                f"({self.size} bytes)"
             )
         if self.pos + n > MAX_HEADER:
             raise self.fail(
-                f"{what} at byte {self.pos} lies past {MAX_HEADER} bytes, more than any header needs"
+                f"{what} at byte {self.pos} lies past {MAX_HEADER} bytes, more than any header "
+                "needs"
             )
         end = self.pos + n
         if end > self.base + len(self.buf):
@@ -202,7 +206,8 @@ class _Cursor:
 
 
 class _Long(int):
-    """A long array's length, standing in for the array (tokenizer vocabularies: never needed here)."""
+    """A long array's length, standing in for the array (tokenizer vocabularies: never needed
+    here)."""
 
 
 def read_header(path: Path, file: str) -> GGUFHeader:
@@ -259,8 +264,8 @@ def read_header(path: Path, file: str) -> GGUFHeader:
     problems: list[str] = []
     if data_start > size and raw:
         problems.append(
-            f"{escape_name(path)}: GGUF header: the data would start at byte {data_start}, past the end "
-            f"of the file ({size} bytes)"
+            f"{escape_name(path)}: GGUF header: the data would start at byte {data_start}, past "
+            f"the end of the file ({size} bytes)"
         )
     for name, dims, ttype, offset in raw:
         info = _tensor(path, file, name, dims, ttype, offset, alignment, data_start, size, problems)
@@ -304,7 +309,8 @@ def _tensor(
         return None
     if dims[0] % per:
         problems.append(
-            f"{where}: {tname} innermost dimension {dims[0]} is not a multiple of its {per}-weight block"
+            f"{where}: {tname} innermost dimension {dims[0]} is not a multiple of its "
+            f"{per}-weight block"
         )
         return None
     if offset % alignment:
@@ -328,13 +334,14 @@ def _tensor(
     return info
 
 
-# --- finding the files --------------------------------------------------------------------------------
+# --- finding the files
+# --------------------------------------------------------------------------------
 
 
 def gguf_files(root: Path) -> list[Path] | None:
     """The GGUF files a path names: a file, or a folder's single file or split set (in part order);
-    None when a folder holds no ``.gguf``. CheckpointError naming the file for a broken set, more than
-    one unsplit file, or GGUF files beside safetensors shards."""
+    None when a folder holds no ``.gguf``. CheckpointError naming the file for a broken set, more
+    than one unsplit file, or GGUF files beside safetensors shards."""
     if root.is_file():
         m = SPLIT_NAME.fullmatch(root.name)
         if not root.name.endswith(".gguf"):
@@ -377,8 +384,8 @@ def _split_set(root: Path, names: list[str]) -> list[str]:
     stems = sorted({m["stem"] for m in parts})
     if len(stems) > 1:
         raise CheckpointError(
-            f"{escape_name(root / parts[-1].string)}: split sets {', '.join(map(escape_name, stems))} "
-            f"in one folder; keep one per folder"
+            f"{escape_name(root / parts[-1].string)}: split sets "
+            f"{', '.join(map(escape_name, stems))} in one folder; keep one per folder"
         )
     counts = {int(m["count"]) for m in parts}
     count = max(counts)
@@ -394,8 +401,8 @@ def _split_set(root: Path, names: list[str]) -> list[str]:
     if missing:
         name = f"{stems[0]}-{missing[0]:05d}-of-{count:05d}.gguf"
         raise CheckpointError(
-            f"{escape_name(root / name)}: part {missing[0]} of the {count}-part split set is missing"
-            + (f" ({len(missing)} parts missing)" if len(missing) > 1 else "")
+            f"{escape_name(root / name)}: part {missing[0]} of the {count}-part split set is "
+            "missing" + (f" ({len(missing)} parts missing)" if len(missing) > 1 else "")
         )
     return sorted((m.string for m in parts), key=lambda s: int(SPLIT_NAME.fullmatch(s)["no"]))
 
@@ -419,13 +426,14 @@ def read_set(files: list[Path], root: Path) -> list[GGUFHeader]:
             (no is not None and no != i) or (count is not None and count != len(files))
         ):
             problems.append(
-                f"{escape_name(h.path)}: split.no {no} / split.count {count} disagree with its name "
-                f"(part {i + 1} of {len(files)})"
+                f"{escape_name(h.path)}: split.no {no} / split.count {count} disagree with its "
+                f"name (part {i + 1} of {len(files)})"
             )
         for name in h.order:
             if name in seen:
                 problems.append(
-                    f"{escape_name(h.path)}: tensor {escape_name(name)} is also in {escape_name(seen[name])}"
+                    f"{escape_name(h.path)}: tensor {escape_name(name)} is also in "
+                    f"{escape_name(seen[name])}"
                 )
             seen.setdefault(name, h.path)
     raise_all(
@@ -437,8 +445,8 @@ def read_set(files: list[Path], root: Path) -> list[GGUFHeader]:
 def model_config(root: Path) -> dict | None:
     """What ``--config auto`` and head-counted rules read from config.json, from a GGUF folder's
     header instead (None: not a GGUF folder): ``general.architecture`` as the architecture
-    (``gguf:deepseek2``, matched by the shipped configs' ``[detect]`` lists), the ``{arch}.*`` counts
-    under config.json's field names, and the codec family ``gguf``."""
+    (``gguf:deepseek2``, matched by the shipped configs' ``[detect]`` lists), the ``{arch}.*``
+    counts under config.json's field names, and the codec family ``gguf``."""
     files = gguf_files(root) if root.is_dir() else None
     if not files:
         return None

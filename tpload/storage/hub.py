@@ -9,7 +9,8 @@ what a checkpoint without NATIVE_MANIFEST.json otherwise lacks: an expected dige
 That proves integrity against corruption (a bad disk, a torn download, a stray write), not against
 someone who can write the cache: they can store any bytes under a matching name
 (docs/threat-model.md). Whole files are hashed, so an expert-parallel layout hashes bytes no rank
-of the node serves: the report gives the amplification, and ``tpload manifest`` (per tensor) avoids it.
+of the node serves: the report gives the amplification, and ``tpload manifest`` (per tensor) avoids
+it.
 """
 
 from __future__ import annotations
@@ -64,8 +65,8 @@ SNAPSHOT = FileSource(
     each="the hub blob it is named by",
     names="hub blob names",
     vouched_by="the sha256 each hub blob is named by (files hashed whole)",
-    locators_vouched_by="the sha256 taken of it while its file was hashed whole against its hub blob "
-    "name",
+    locators_vouched_by="the sha256 taken of it while its file was hashed whole against its hub "
+    "blob name",
 )
 
 
@@ -84,13 +85,14 @@ def lfs_sha256(path: Path) -> str:
 
 
 def is_snapshot(root: Path) -> bool:
-    """Whether ``root`` looks like ``.../snapshots/REV`` of a hub cache (a sibling ``blobs`` folder)."""
+    """Whether ``root`` looks like ``.../snapshots/REV`` of a hub cache (a sibling ``blobs``
+    folder)."""
     return root.parent.name == "snapshots" and (root.parent.parent / "blobs").is_dir()
 
 
 def blobs(root: Path, files: list[str]) -> dict[str, Blob]:
-    """Each named file's :class:`Blob`, for a snapshot folder; CheckpointError for a file that is not a
-    link to a hash-named blob of this cache (copied in by hand, or pointing elsewhere)."""
+    """Each named file's :class:`Blob`, for a snapshot folder; CheckpointError for a file that is
+    not a link to a hash-named blob of this cache (copied in by hand, or pointing elsewhere)."""
     store = (root.parent.parent / "blobs").resolve()
     out, problems = {}, []
     for name in files:
@@ -99,8 +101,8 @@ def blobs(root: Path, files: list[str]) -> dict[str, Blob]:
         where = f"{escape_name(link)}"
         if not link.is_symlink() or target.parent != store:
             problems.append(
-                f"{where}: not a link into {escape_name(store)} (a hub snapshot's files are links to "
-                "blobs named by their hash; this one cannot be checked)"
+                f"{where}: not a link into {escape_name(store)} (a hub snapshot's files are links "
+                "to blobs named by their hash; this one cannot be checked)"
             )
         elif SHA256_NAME.fullmatch(target.name):
             out[name] = Blob("sha256", target.name)
@@ -108,7 +110,8 @@ def blobs(root: Path, files: list[str]) -> dict[str, Blob]:
             out[name] = Blob("git-sha1", target.name)
         else:
             problems.append(
-                f"{where}: its blob {escape_name(target.name)} is not named by a sha256 or a git SHA-1"
+                f"{where}: its blob {escape_name(target.name)} is not named by a sha256 or a git "
+                "SHA-1"
             )
     if problems:
         raise CheckpointError(
@@ -132,10 +135,11 @@ def check_small(path: Path, blob: Blob, *, named: str = "its blob is named") -> 
 
 
 def check_small_files(root: Path) -> None:
-    """Check a snapshot's JSON files (config.json, the index, quantization files) by their blob names,
-    before anything reads them."""
-    # a NATIVE_MANIFEST.json that `tpload manifest` wrote into the snapshot is the operator's own file
-    # (a regular file, not a blob): the catalogue reads it as any manifest, and it outranks blob names
+    """Check a snapshot's JSON files (config.json, the index, quantization files) by their blob
+    names, before anything reads them."""
+    # a NATIVE_MANIFEST.json that `tpload manifest` wrote into the snapshot is the operator's own
+    # file (a regular file, not a blob): the catalogue reads it as any manifest, and it outranks
+    # blob names
     small = sorted(
         p.name
         for p in root.iterdir()
@@ -148,8 +152,8 @@ def check_small_files(root: Path) -> None:
 
 def shard_digests(root: Path, shards: list[str]) -> dict[str, str]:
     """Each shard's expected sha256 (its LFS blob name). A shard stored as a plain git object (no
-    LFS) is checked whole by its SHA-1 now, and expected to keep the sha256 of the bytes checked (the
-    load hashes every shard again as it reads: a file changed since is caught there)."""
+    LFS) is checked whole by its SHA-1 now, and expected to keep the sha256 of the bytes checked
+    (the load hashes every shard again as it reads: a file changed since is caught there)."""
     named = blobs(root, list(shards))
     out = {}
     for shard in shards:

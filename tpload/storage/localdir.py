@@ -1,4 +1,5 @@
-"""A ``huggingface_hub`` local-dir download: each file's download metadata names its expected digest.
+"""A ``huggingface_hub`` local-dir download: each file's download metadata names its expected
+digest.
 
 ``hf download ORG/MODEL --local-dir DIR`` (and ``snapshot_download(local_dir=...)``) writes the
 files themselves into ``DIR`` and, for each, ``DIR/.cache/huggingface/download/<path>.metadata``:
@@ -35,7 +36,8 @@ DOWNLOAD_DIR = Path(".cache") / "huggingface" / "download"
 MAX_METADATA_BYTES = 4096
 """The three lines are about 120 bytes; anything much larger is not huggingface_hub's."""
 SLACK_S = 1.0
-"""huggingface_hub's own allowance: fresh while ``st_mtime - 1 <= timestamp`` (mtime is not precise)."""
+"""huggingface_hub's own allowance: fresh while ``st_mtime - 1 <= timestamp`` (mtime is not
+precise)."""
 _ETAG = re.compile(r"[0-9a-fA-F]{40}|[0-9a-fA-F]{64}")
 
 
@@ -70,9 +72,10 @@ def metadata_path(root: Path, rel: str) -> Path:
 
 
 def read_metadata(root: Path, rel: str) -> Metadata | None:
-    """``rel``'s metadata (None: it has none); CheckpointError, one line naming the metadata file, for
-    one that is not a regular file inside ``root``, is too large, or does not parse as huggingface_hub
-    writes it (a commit line, an etag of 40 or 64 hex digits, a finite timestamp)."""
+    """``rel``'s metadata (None: it has none); CheckpointError, one line naming the metadata file,
+    for one that is not a regular file inside ``root``, is too large, or does not parse as
+    huggingface_hub writes it (a commit line, an etag of 40 or 64 hex digits, a finite
+    timestamp)."""
     path = metadata_path(root, rel)
     if not os.path.lexists(path):
         return None
@@ -107,7 +110,8 @@ def read_metadata(root: Path, rel: str) -> Metadata | None:
 
 
 def parse_metadata(raw: bytes, path: Path) -> Metadata:
-    """The three lines (huggingface_hub reads each with ``readline().strip()``; more are ignored)."""
+    """The three lines (huggingface_hub reads each with ``readline().strip()``; more are
+    ignored)."""
     where = escape_name(path)
     try:
         lines = raw.decode("ascii").split("\n")
@@ -158,8 +162,9 @@ def judge(root: Path, rel: str) -> Metadata | str:
         return f"{name}: cannot stat it ({e.strerror})"
     if mtime - SLACK_S > meta.timestamp:  # huggingface_hub's rule, word for word
         return (
-            f"{name}: stale download metadata: the file was modified {mtime - meta.timestamp:.1f} s after its "
-            f"metadata was written (huggingface_hub ignores it then too), so its etag no longer vouches for it"
+            f"{name}: stale download metadata: the file was modified {mtime - meta.timestamp:.1f} "
+            "s after its metadata was written (huggingface_hub ignores it then too), so its etag "
+            "no longer vouches for it"
         )
     return meta
 
@@ -185,9 +190,10 @@ class LocalDir:
         return self
 
     def check_small_files(self) -> None:
-        """Check the JSON files that shape a plan (and a manifest that came with the download) by their
-        git SHA-1 etags, before anything reads them; every mismatch listed at once. Files without fresh
-        metadata are left to :meth:`problems` (refused without a manifest, pinned by one otherwise)."""
+        """Check the JSON files that shape a plan (and a manifest that came with the download) by
+        their git SHA-1 etags, before anything reads them; every mismatch listed at once. Files
+        without fresh metadata are left to :meth:`problems` (refused without a manifest, pinned by
+        one otherwise)."""
         present = [n for n in (*PLAN_FILES, MANIFEST_NAME) if os.path.lexists(self.root / n)]
         self.judge(present)
         if (
@@ -211,8 +217,9 @@ class LocalDir:
             )
 
     def shard_digests(self, shards: list[str]) -> dict[Path, str]:
-        """Each vouched shard's expected sha256 (its etag), by path; a shard stored as a plain git object
-        (no LFS) is checked whole by its SHA-1 now, and expected to keep the sha256 of the bytes checked."""
+        """Each vouched shard's expected sha256 (its etag), by path; a shard stored as a plain git
+        object (no LFS) is checked whole by its SHA-1 now, and expected to keep the sha256 of the
+        bytes checked."""
         self.judge(shards)
         for shard in shards:
             meta = self.fresh.get(shard)
@@ -225,17 +232,19 @@ class LocalDir:
         return self.digests
 
     def problems(self) -> list[str]:
-        """The refusal when some file is unvouched (and no manifest vouches instead): what, and the ways on."""
+        """The refusal when some file is unvouched (and no manifest vouches instead): what, and the
+        ways on."""
         if not self.unvouched:
             return []
         total = len(self.unvouched) + len(self.fresh)
         root = escape_name(self.root)
         head = (
-            f"{root}: a huggingface_hub local-dir download without {MANIFEST_NAME}, but {len(self.unvouched)} of "
-            f"its {total} file(s) have no fresh download metadata, so nothing vouches for their bytes. Either write "
-            f"a manifest: `python -m tpload manifest {root}` (hashes every tensor once; it vouches for the bytes as "
-            "they are now), or load with --verify off (nothing is checked; every report says so), or download "
-            "them again with `hf download ... --local-dir`. The files"
+            f"{root}: a huggingface_hub local-dir download without {MANIFEST_NAME}, but "
+            f"{len(self.unvouched)} of its {total} file(s) have no fresh download metadata, so "
+            "nothing vouches for their bytes. Either write a manifest: `python -m tpload "
+            f"manifest {root}` (hashes every tensor once; it vouches for the bytes as they are "
+            "now), or load with --verify off (nothing is checked; every report says so), or "
+            "download them again with `hf download ... --local-dir`. The files"
         )
         return [
             head + ":" + "".join(f"\n    - {self.unvouched[f]}" for f in sorted(self.unvouched))
@@ -255,7 +264,8 @@ class LocalDir:
             named_by="the etag its local-dir download metadata records",
             each="the etag its local-dir download metadata records",
             names="local-dir etags",
-            vouched_by="the etag each file's local-dir download metadata records (files hashed whole)",
-            locators_vouched_by="the sha256 taken of it while its file was hashed whole against its "
-            "local-dir etag",
+            vouched_by="the etag each file's local-dir download metadata records (files hashed "
+            "whole)",
+            locators_vouched_by="the sha256 taken of it while its file was hashed whole against "
+            "its local-dir etag",
         )

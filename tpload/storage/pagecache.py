@@ -103,7 +103,8 @@ REPORT_SAMPLE = 8
 
 
 def checkpoint_resident(paths: Iterable[Path], *, sample: int = 1) -> int | None:
-    """Page-cache bytes of all these files (estimated if ``sample`` > 1); None where the platform cannot tell."""
+    """Page-cache bytes of all these files (estimated if ``sample`` > 1); None where the platform
+    cannot tell."""
     try:
         return sum(resident_bytes(p, sample=sample) for p in paths)
     except (
@@ -133,7 +134,8 @@ def drop_ranges(path: Path, ranges: Iterable[tuple[int, int]] | None = None) -> 
             if ranges is None:
                 spans = [(0, 0)]  # length 0: to the end of the file
             else:
-                # capped at the file's size: a header length rewritten since it was checked is any 64-bit value
+                # capped at the file's size: a header length rewritten since it was checked is any
+                # 64-bit value
                 header = min(8 + int.from_bytes(os.pread(fd, 8, 0), "little"), os.fstat(fd).st_size)
                 spans = _spans([(0, header), *ranges], mmap.PAGESIZE)
             for offset, length in spans:

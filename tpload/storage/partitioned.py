@@ -27,7 +27,8 @@ def rank_file(rank: int, world: int) -> str:
 
 
 def is_partitioned(root: Path) -> bool:
-    """An export's folder: rank files and no index (a native checkpoint has an index or plain shards)."""
+    """An export's folder: rank files and no index (a native checkpoint has an index or plain
+    shards)."""
     return not os.path.lexists(root / INDEX_NAME) and any(root.glob("rank-00000-of-*.safetensors"))
 
 
@@ -49,7 +50,8 @@ def _source_table(table: object, path: Path) -> dict[str, TensorMeta]:
             out[name] = TensorMeta(name, e["file"], e["dtype"], tuple(e["shape"]))
         else:
             bad.append(
-                f"{escape_name(path)}: source entry for {escape_name(name)} is not {{file, dtype, shape}}"
+                f"{escape_name(path)}: source entry for {escape_name(name)} is not {{file, dtype, "
+                "shape}"
             )
     raise_all(CheckpointError, bad, what=f"bad entries in {escape_name(path)}")
     return out
@@ -95,14 +97,14 @@ class PartitionedStorage(FileReads):
         if (tp, ep, world) != (self.tp, self.ep, self.tp * self.ep) or len(files) != world:
             raise LayoutError(
                 f"{escape_name(root)} is pre-partitioned for tp {self.tp} x ep {self.ep} "
-                f"({self.tp * self.ep} ranks); this load asks for tp {tp} x ep {ep} on {world} ranks. "
-                f"Load it with --tp {self.tp} --ep {self.ep} on {self.tp * self.ep} ranks, or load "
-                f"the source checkpoint {escape_name(self.source)} for another layout"
+                f"({self.tp * self.ep} ranks); this load asks for tp {tp} x ep {ep} on {world} "
+                f"ranks. Load it with --tp {self.tp} --ep {self.ep} on {self.tp * self.ep} ranks, "
+                f"or load the source checkpoint {escape_name(self.source)} for another layout"
             )
         if files[rank] != rank_file(rank, world):
             raise CheckpointError(
-                f"{escape_name(path)}: rank {rank}'s file is listed as {escape_name(files[rank])!r}, "
-                f"expected {rank_file(rank, world)}"
+                f"{escape_name(path)}: rank {rank}'s file is listed as "
+                f"{escape_name(files[rank])!r}, expected {rank_file(rank, world)}"
             )
         self.file, self.rank = files[rank], rank
         self.path = root / self.file
@@ -124,7 +126,8 @@ class PartitionedStorage(FileReads):
 
     def _read_windows(self, path: Path) -> dict:
         """The rank file's header, checked against what the manifest lists for it, and its own
-        metadata against the rank it is loaded as (two swapped rank files match by names and shapes)."""
+        metadata against the rank it is loaded as (two swapped rank files match by names and
+        shapes)."""
         header, meta = read_header(self.path, self.file)
         listed = self.listed
         where = escape_name(self.path)
@@ -133,12 +136,14 @@ class PartitionedStorage(FileReads):
             []
             if said == (str(self.rank), str(self.tp), str(self.ep))
             else [
-                f"{where}: its metadata says rank {escape_name(said[0])} of tp {escape_name(said[1])} x ep "
-                f"{escape_name(said[2])}; it is loaded as rank {self.rank} of tp {self.tp} x ep {self.ep}"
+                f"{where}: its metadata says rank {escape_name(said[0])} of tp "
+                f"{escape_name(said[1])} x ep {escape_name(said[2])}; it is loaded as rank "
+                f"{self.rank} of tp {self.tp} x ep {self.ep}"
             ]
         )
         problems += [
-            f"{where}: tensor {escape_name(n)} is in the manifest's list for this file but not in the file"
+            f"{where}: tensor {escape_name(n)} is in the manifest's list for this file but not in "
+            "the file"
             for n in listed
             if n not in header
         ]
@@ -148,8 +153,8 @@ class PartitionedStorage(FileReads):
             if n not in listed
         ]
         problems += [
-            f"{where}: tensor {escape_name(n)}: header says {i.dtype} {list(i.shape)}, manifest says "
-            f"{escape_name(listed[n].get('dtype'))} {escape_name(listed[n].get('shape'))}"
+            f"{where}: tensor {escape_name(n)}: header says {i.dtype} {list(i.shape)}, manifest "
+            f"says {escape_name(listed[n].get('dtype'))} {escape_name(listed[n].get('shape'))}"
             for n, i in header.items()
             if n in listed
             and (i.dtype, list(i.shape)) != (listed[n].get("dtype"), listed[n].get("shape"))
@@ -177,15 +182,15 @@ class PartitionedStorage(FileReads):
     def box(
         self, name: str, view: tuple[int, int], rows: tuple[int, int], cols: tuple[int, int]
     ) -> tuple[Stored, tuple[int, int], tuple[int, int]]:
-        """The window is all this file holds of ``name`` (written in its view's row order): its size must
-        be the plan's window's."""
+        """The window is all this file holds of ``name`` (written in its view's row order): its size
+        must be the plan's window's."""
         stored = self.stored(name)
         want = (rows[1] - rows[0], cols[1] - cols[0])
         if stored.nbytes != want[0] * want[1]:
             raise CheckpointError(
                 f"{escape_name(self.path)}: tensor {escape_name(name)}: the file holds a "
-                f"{[stored.rows, stored.row_bytes]} byte window, this load's plan wants {list(want)} "
-                "(exported with another config?)"
+                f"{[stored.rows, stored.row_bytes]} byte window, this load's plan wants "
+                f"{list(want)} (exported with another config?)"
             )
         return stored.seen_as(want), (0, want[0]), (0, want[1])
 
@@ -202,6 +207,6 @@ class PartitionedStorage(FileReads):
         return [
             f"{escape_name(self.path)} does not match this load's plan: missing "
             f"{', '.join(escape_name(n) for n in missing[:10]) or 'nothing'}; not planned "
-            f"{', '.join(escape_name(n) for n in extra[:10]) or 'nothing'} (load it with the config, skip and "
-            "defer rules it was exported with)"
+            f"{', '.join(escape_name(n) for n in extra[:10]) or 'nothing'} (load it with the "
+            "config, skip and defer rules it was exported with)"
         ]

@@ -43,9 +43,9 @@ WHAT = {
 def renew(what: str) -> str:
     """How to pin ``what`` again, and what that costs (one wording everywhere)."""
     return (
-        f"`python -m tpload manifest DIR --force` pins {what}, which changes the manifest's sha256: "
-        "--manifest-sha256 pins and stored predictions (`plan --write`, `manifest --hash blake3`) made from the "
-        "old manifest must then be renewed"
+        f"`python -m tpload manifest DIR --force` pins {what}, which changes the manifest's "
+        "sha256: --manifest-sha256 pins and stored predictions (`plan --write`, `manifest --hash "
+        "blake3`) made from the old manifest must then be renewed"
     )
 
 
@@ -70,15 +70,18 @@ def pins_to_write(root: Path, *, known: dict[str, str] | None = None) -> dict[st
 
 
 def parse_pins(doc: object, path: Path) -> tuple[dict[str, str] | None, bool]:
-    """A parsed manifest's pins ({file name: sha256}; None when it has no ``"files"``) and whether it is
-    an export's. Names tpload does not pin are ignored (a later tpload may pin more)."""
+    """A parsed manifest's pins ({file name: sha256}; None when it has no ``"files"``) and whether
+    it is an export's. Names tpload does not pin are ignored (a later tpload may pin more)."""
     if not isinstance(doc, dict):
         return None, False
     export = "partitioned" in doc
     files = doc.get("files")
     if files is None:
         return None, export
-    bad = f'{escape_name(path)}: "files" must map each pinned JSON file to {{"sha256": 64 hex digits}}'
+    bad = (
+        f'{escape_name(path)}: "files" must map each pinned JSON file to {{"sha256": 64 hex '
+        "digits}"
+    )
     if not isinstance(files, dict):
         raise CheckpointError(bad)
     out = {}
@@ -107,12 +110,14 @@ class Pins:
     manifest_sha256: str | None
     """The sha256 of the manifest's bytes the pins come from (None: the folder has no manifest)."""
     files: dict[str, str] | None
-    """{pinned file: sha256}; None when the manifest pins nothing (no manifest, or written before pins)."""
+    """{pinned file: sha256}; None when the manifest pins nothing (no manifest, or written before
+    pins)."""
     export: bool = False
 
     @classmethod
     def of(cls, root: Path) -> Pins:
-        """The pins of the manifest in ``root`` as it is now (read whole; parsed only if not seen before)."""
+        """The pins of the manifest in ``root`` as it is now (read whole; parsed only if not seen
+        before)."""
         path = root / MANIFEST_NAME
         if not os.path.lexists(path):
             return cls(root, None, None)
@@ -125,7 +130,8 @@ class Pins:
         return cls(root, sha, *known)
 
     def read(self, name: str, what: str) -> bytes | None:
-        """The bytes of ``root/name`` (None when it is absent and may be), checked against the pin."""
+        """The bytes of ``root/name`` (None when it is absent and may be), checked against the
+        pin."""
         path = self.root / name
         present = os.path.lexists(path)
         if self.files is None:
@@ -181,14 +187,17 @@ def check_plan_files(
             "now); nothing read under the old one is trusted"
         )
     if pins.manifest_sha256 is None:
-        return []  # nothing vouches for the folder: the load says so itself (or a hub snapshot's blob names do)
+        # nothing vouches for the folder: the load says so itself (or a hub snapshot's blob names
+        # do)
+        return []
     if pins.files is None:
         present = [n for n in PLAN_FILES if os.path.lexists(root / n)]
         if not present or pins.export:
             return []
         note = (
-            f"{MANIFEST_NAME} pins none of {', '.join(present)} (written before tpload pinned the JSON files "
-            f"that shape a plan), so an edit to them would change what is served unnoticed; {renew('them')}"
+            f"{MANIFEST_NAME} pins none of {', '.join(present)} (written before tpload pinned the "
+            "JSON files that shape a plan), so an edit to them would change what is served "
+            f"unnoticed; {renew('them')}"
         )
         return [note]
     raise_all(

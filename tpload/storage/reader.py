@@ -32,8 +32,9 @@ PAGE = mmap.PAGESIZE
 
 def _aligned(nbytes: int) -> np.ndarray:
     """A page-aligned buffer (an anonymous map) with a page to spare: reads land at the same offset
-    within a page as they have in the file. The kernel copies several times faster that way (measured
-    1.7 GB/s with the buffer 8 or 16 bytes ahead of the file's page offset, ~7 GB/s matched)."""
+    within a page as they have in the file. The kernel copies several times faster that way
+    (measured 1.7 GB/s with the buffer 8 or 16 bytes ahead of the file's page offset, ~7 GB/s
+    matched)."""
     return np.frombuffer(mmap.mmap(-1, nbytes + PAGE), dtype=np.uint8)
 
 
@@ -49,7 +50,8 @@ class Block:
 
 
 class Tap(Protocol):
-    """Sees every block of a stored tensor, in order (the hashing rank's sha256 and peer fingerprints)."""
+    """Sees every block of a stored tensor, in order (the hashing rank's sha256 and peer
+    fingerprints)."""
 
     def feed(self, block: Block) -> Future | None:
         """Take ``block``; a future if its bytes are still being read on another thread."""
@@ -69,7 +71,8 @@ class Reader:
         self._turn = 0
 
     def _buffer(self, nbytes: int, offset: int) -> tuple[int, np.ndarray]:
-        """The next ring buffer, as ``nbytes`` starting at the file ``offset``'s place within a page."""
+        """The next ring buffer, as ``nbytes`` starting at the file ``offset``'s place within a
+        page."""
         i = self._turn = (self._turn + 1) % RING
         busy = self._busy[i]
         if busy is not None:
@@ -90,10 +93,11 @@ class Reader:
         row_multiple: int = 1,
         split_rows: bool = True,
     ) -> Iterator[tuple[int, int, np.ndarray]]:
-        """The window ``rows`` x ``cols`` (byte columns) of ``stored``, as ``(first window row, first
-        window byte column, view)`` pieces in order; with a ``tap``, every stored row is read and fed
-        to it whole, in order. Blocks start on multiples of ``row_multiple`` rows (a scale block);
-        ``split_rows``: a row wider than a buffer may be read in pieces (not for decodes)."""
+        """The window ``rows`` x ``cols`` (byte columns) of ``stored``, as ``(first window row,
+        first window byte column, view)`` pieces in order; with a ``tap``, every stored row is read
+        and fed to it whole, in order. Blocks start on multiples of ``row_multiple`` rows (a scale
+        block); ``split_rows``: a row wider than a buffer may be read in pieces (not for
+        decodes)."""
         r0, r1 = (0, stored.rows) if tap is not None else rows
         width = stored.row_bytes
         if width == 0 or r1 <= r0:

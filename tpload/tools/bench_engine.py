@@ -1,5 +1,5 @@
-"""``python -m tpload bench --engine vllm DIR``: vLLM's default loader beside ``--load-format tpload``
-on the same model, in one run: engine start to first token, and bytes read per worker.
+"""``python -m tpload bench --engine vllm DIR``: vLLM's default loader beside ``--load-format
+tpload`` on the same model, in one run: engine start to first token, and bytes read per worker.
 
 Each format is started by :mod:`tpload.integrations.vllm_run` under the Python that has vLLM
 (``--vllm-python``), in alternating order over rounds. Before a figure is shown, both formats
@@ -23,7 +23,8 @@ FORMATS = {"vllm-default": "auto", "vllm-tpload": "tpload"}
 
 
 def default_python() -> str:
-    """The Python with vLLM: $TPLOAD_VLLM_PYTHON, else this one (``--vllm-python`` names another)."""
+    """The Python with vLLM: $TPLOAD_VLLM_PYTHON, else this one (``--vllm-python`` names
+    another)."""
     return os.environ.get("TPLOAD_VLLM_PYTHON") or sys.executable
 
 
@@ -83,12 +84,12 @@ def disagreement(results: list[dict]) -> str:
     for r in results[1:]:
         if r["tokens"] != first["tokens"]:
             return f"{r['format']} generated {r['tokens']}, {first['format']} {first['tokens']}"
-        for w, (a, b) in enumerate(zip(first["parameters"], r["parameters"])):
+        for w, (a, b) in enumerate(zip(first["parameters"], r["parameters"], strict=False)):
             differ = sorted(n for n in a if a[n] != b.get(n)) + sorted(set(b) - set(a))
             if differ:
                 return (
-                    f"worker {w}: {len(differ)} parameter(s) differ between {first['format']} and {r['format']}: "
-                    + ", ".join(differ[:5])
+                    f"worker {w}: {len(differ)} parameter(s) differ between {first['format']} and "
+                    f"{r['format']}: " + ", ".join(differ[:5])
                 )
     return ""
 
@@ -122,14 +123,16 @@ def summary(runs: dict[str, list[dict]], model: str, tp: int) -> list[dict]:
 
 def table(rows: list[dict], model: str, tp: int) -> str:
     out = [
-        f"vLLM on {model}, tp {tp}: engine start to first token (median, min-max), bytes read per worker",
-        f"{'method':<14} {'start->token s':>15} {'min-max':>13} {'read MB/worker':>15}  what it read",
+        f"vLLM on {model}, tp {tp}: engine start to first token (median, min-max), bytes read per "
+        "worker",
+        f"{'method':<14} {'start->token s':>15} {'min-max':>13} {'read MB/worker':>15}  what it "
+        "read",
     ]
     for r in rows:
         mb = "/".join(f"{b / 1e6:.2f}" for b in r["bytes_read_per_worker"])
         out.append(
-            f"{r['method']:<14} {r['start_to_first_token_s']:>15.1f} {r['min_s']:>6.1f}-{r['max_s']:<6.1f} "
-            f"{mb:>15}  {r['read']}"
+            f"{r['method']:<14} {r['start_to_first_token_s']:>15.1f} "
+            f"{r['min_s']:>6.1f}-{r['max_s']:<6.1f} {mb:>15}  {r['read']}"
         )
     return "\n".join(out)
 
@@ -174,7 +177,7 @@ def cmd_bench_engine(argv: list[str]) -> int:
         if why:
             print(f"refused: the formats served different models: {why}", file=sys.stderr)
             return 1
-        for name, result in zip(order, results):
+        for name, result in zip(order, results, strict=False):
             runs[name].append(result)
     rows = summary(runs, args.checkpoint, args.tp)
     print(table(rows, args.checkpoint, args.tp), flush=True)

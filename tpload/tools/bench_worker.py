@@ -43,7 +43,8 @@ Windows = dict[str, torch.Tensor]
 
 
 class Mapped:
-    """The peers' way to the bytes: each shard mapped whole (private, never written), zero-copy views."""
+    """The peers' way to the bytes: each shard mapped whole (private, never written), zero-copy
+    views."""
 
     def __init__(self, root: str) -> None:
         self.storage = ShardedStorage(Path(root).absolute())
@@ -65,7 +66,8 @@ class Mapped:
         return arr[i.begin : i.begin + i.nbytes]
 
     def window(self, cut: Cut) -> np.ndarray:
-        """The cut's box, in the 2-D view it is cut in (a stacked tensor's: experts x rows, or one row per expert)."""
+        """The cut's box, in the 2-D view it is cut in (a stacked tensor's: experts x rows, or one
+        row per expert)."""
         return self.raw(cut.name).reshape(cut.view)[
             cut.rows[0] : cut.rows[1], cut.cols[0] : cut.cols[1]
         ]
@@ -97,7 +99,8 @@ class Job:
         self.bytes_hashed = 0
         self.note = ""
         self.reads = "windows"
-        """What the method reads of each tensor: "windows", or more ("whole tensors", "whole files")."""
+        """What the method reads of each tensor: "windows", or more ("whole tensors", "whole
+        files")."""
         self.bytes_read: int | None = None
         """Bytes this rank read out of the files, when the method reads more than its windows."""
 
@@ -113,11 +116,12 @@ class Job:
         return planner.plan(self.layout, "packed", self.rank)
 
     def outputs(self) -> list[tuple[Output, Cut]]:
-        """(served tensor, cut) of every packed output (a weight, its scale, a global scale), in plan order."""
+        """(served tensor, cut) of every packed output (a weight, its scale, a global scale), in
+        plan order."""
         return [
             (o, c)
             for item in self.plan.items
-            for o, c in zip(item.outputs, (item.weight, *item.scales))
+            for o, c in zip(item.outputs, (item.weight, *item.scales), strict=False)
         ]
 
     def cuts(self) -> list[tuple[str, Cut]]:
@@ -125,7 +129,8 @@ class Job:
         return [(o.name, c) for o, c in self.outputs()]
 
     def by_tensor(self) -> dict[str, list[tuple[Output, Cut]]]:
-        """Every stored tensor this rank has a window of, with its outputs (for methods that read whole tensors)."""
+        """Every stored tensor this rank has a window of, with its outputs (for methods that read
+        whole tensors)."""
         out: dict[str, list[tuple[Output, Cut]]] = {}
         for o, cut in self.outputs():
             out.setdefault(cut.name, []).append((o, cut))
@@ -133,7 +138,8 @@ class Job:
 
 
 def _served(cut: Cut, t: torch.Tensor) -> torch.Tensor:
-    """A peer's window as tpload serves it: F16 becomes BF16 (tiny norms; the same rule as tpload)."""
+    """A peer's window as tpload serves it: F16 becomes BF16 (tiny norms; the same rule as
+    tpload)."""
     if cut.dtype == "F16":
         values = t.view(torch.float16)
         return torch.empty(values.shape, dtype=torch.bfloat16, device=t.device).copy_(
@@ -143,7 +149,8 @@ def _served(cut: Cut, t: torch.Tensor) -> torch.Tensor:
 
 
 def run_floor(job: Job) -> Windows:
-    """Only the copies: each window out of the map into its slot of an arena (tpload's allocator), no checks."""
+    """Only the copies: each window out of the map into its slot of an arena (tpload's allocator),
+    no checks."""
     from ..transfer.cpu import new_arena
 
     arena = (
@@ -160,8 +167,8 @@ def run_floor(job: Job) -> Windows:
 
 
 def _place(o: Output, cut: Cut, window: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
-    """Copy a window (2-D bytes, as the cut's view has them: a stacked tensor's rows are experts x rows)
-    into ``dst`` (flat bytes on the device) and serve it as every method does."""
+    """Copy a window (2-D bytes, as the cut's view has them: a stacked tensor's rows are experts x
+    rows) into ``dst`` (flat bytes on the device) and serve it as every method does."""
     dst.view(window.shape[0], -1).copy_(window)
     if cut.dtype == "F16":
         return _served(cut, dst.view(torch.float16).view(cut.shape))
@@ -169,7 +176,8 @@ def _place(o: Output, cut: Cut, window: torch.Tensor, dst: torch.Tensor) -> torc
 
 
 def _rows(o: Output, flat: torch.Tensor) -> torch.Tensor:
-    """An output's bytes as the floor serves them: ``[first dimension, the rest]`` (a 0-D or 1-D one: one row)."""
+    """An output's bytes as the floor serves them: ``[first dimension, the rest]`` (a 0-D or 1-D
+    one: one row)."""
     return flat.view(o.shape[0] if len(o.shape) > 1 else 1, -1)
 
 
@@ -183,7 +191,8 @@ def _window_of(whole: torch.Tensor, cut: Cut) -> torch.Tensor:
 
 
 def _own_window(job: Job, o: Output, cut: Cut, whole: torch.Tensor) -> torch.Tensor:
-    """This rank's window of a whole tensor a peer handed over, copied into memory of its own on its device."""
+    """This rank's window of a whole tensor a peer handed over, copied into memory of its own on its
+    device."""
     return _place(
         o,
         cut,
@@ -193,8 +202,8 @@ def _own_window(job: Job, o: Output, cut: Cut, whole: torch.Tensor) -> torch.Ten
 
 
 def _tpload(kind: str, verify: str, *, blake3: bool = False) -> Callable[[Job], Windows]:
-    """A tpload load; ``blake3``: from the store that holds the bench's blake3 sidecar (bench.prepare_blake3),
-    refused unless the load really hashed by blake3."""
+    """A tpload load; ``blake3``: from the store that holds the bench's blake3 sidecar
+    (bench.prepare_blake3), refused unless the load really hashed by blake3."""
 
     def run(job: Job) -> Windows:
         from .bench import blake3_store
@@ -227,7 +236,8 @@ def _tpload(kind: str, verify: str, *, blake3: bool = False) -> Callable[[Job], 
 
 def _element_slices(shape: tuple[int, ...], cut: Cut) -> tuple[slice, ...]:
     """The cut as one element slice per dimension of the stored tensor (``shape``), for safetensors'
-    get_slice: the view's rows are the leading dimensions flattened, its row bytes the trailing ones."""
+    get_slice: the view's rows are the leading dimensions flattened, its row bytes the trailing
+    ones."""
     k = next(k for k in range(len(shape) + 1) if math.prod(shape[:k]) == cut.view[0])
     item = ITEMSIZE[cut.dtype]
     return _flat_slices(shape[:k], *cut.rows) + _flat_slices(
@@ -250,9 +260,9 @@ def _flat_slices(dims: tuple[int, ...], a: int, b: int) -> tuple[slice, ...]:
 
 
 def run_safetensors(job: Job) -> Windows:
-    """vLLM-style: ``safe_open`` + ``get_slice`` of each window, copied into a parameter allocated on the
-    device (``param.copy_(loaded)``); no verification. safetensors >= 0.6 hands back views of its map,
-    so without that copy a CPU rank would own nothing."""
+    """vLLM-style: ``safe_open`` + ``get_slice`` of each window, copied into a parameter allocated
+    on the device (``param.copy_(loaded)``); no verification. safetensors >= 0.6 hands back views of
+    its map, so without that copy a CPU rank would own nothing."""
     from safetensors import safe_open
 
     handles, out = {}, {}
@@ -279,7 +289,8 @@ def run_safetensors(job: Job) -> Windows:
 
 
 def run_fastsafetensors(job: Job) -> Windows:
-    """fastsafetensors: each rank reads whole files, then get_sharded/get_tensor scatter or broadcast windows.
+    """fastsafetensors: each rank reads whole files, then get_sharded/get_tensor scatter or
+    broadcast windows.
 
     gloo has no float8 collectives: F8_E4M3 (like F8_E8M0, which the library
     already sends as bytes) is reinterpreted as uint8 on both sides.
@@ -308,7 +319,7 @@ def run_fastsafetensors(job: Job) -> Windows:
         buffers = loader.copy_files_to_device()
         for item in job.plan.items:
             split = _split_of(job, item)
-            for o, cut in zip(item.outputs, (item.weight, item.scale)):
+            for o, cut in zip(item.outputs, (item.weight, item.scale), strict=False):
                 t = (
                     buffers.get_tensor(cut.name)
                     if split is None
@@ -330,10 +341,10 @@ def _split_of(job: Job, item: Item) -> int | None:
 
 
 def run_runai(job: Job) -> Windows:
-    """Run:ai Model Streamer: it reads whole tensors (it has no windows) through its own threads into
-    CPU buffers it reuses; each rank asks for the tensors it has a window of (``tensor_names``), then
-    copies its window of each into memory of its own on its device. Not distributed (the library
-    distributes only over NCCL): every rank reads its tensors in full."""
+    """Run:ai Model Streamer: it reads whole tensors (it has no windows) through its own threads
+    into CPU buffers it reuses; each rank asks for the tensors it has a window of
+    (``tensor_names``), then copies its window of each into memory of its own on its device. Not
+    distributed (the library distributes only over NCCL): every rank reads its tensors in full."""
     from runai_model_streamer import SafetensorsStreamer
 
     wanted = job.by_tensor()
@@ -347,9 +358,10 @@ def run_runai(job: Job) -> Windows:
 
 
 def run_instanttensor(job: Job) -> Windows:
-    """InstantTensor (CUDA only): like runai, whole tensors, each rank its own (``tensor_filter`` needs
-    no process group, so its NCCL-coordinated mode, which gives every rank every tensor, is not used);
-    buffered reads (the page cache, as every other method here) unless INSTANTTENSOR_BACKEND says."""
+    """InstantTensor (CUDA only): like runai, whole tensors, each rank its own (``tensor_filter``
+    needs no process group, so its NCCL-coordinated mode, which gives every rank every tensor, is
+    not used); buffered reads (the page cache, as every other method here) unless
+    INSTANTTENSOR_BACKEND says."""
     from instanttensor import BackendPolicy, safe_open
 
     if job.device.type != "cuda":
@@ -379,8 +391,8 @@ def _windows_of_whole(
     wanted: dict[str, list[tuple[Output, Cut]]],
     tensors: Iterable[tuple[str, torch.Tensor]],
 ) -> Windows:
-    """This rank's windows of the whole tensors a peer hands over (views into buffers it reuses: each
-    window is copied out before the next tensor comes)."""
+    """This rank's windows of the whole tensors a peer hands over (views into buffers it reuses:
+    each window is copied out before the next tensor comes)."""
     out: Windows = {}
     for name, whole in tensors:
         for o, cut in wanted[name]:
@@ -440,7 +452,8 @@ method imports the loader (``tpload.api``: its kernels too)."""
 
 
 def import_method(method: str) -> float:
-    """Seconds to import ``method``'s own modules (in a process that has torch and the plan already)."""
+    """Seconds to import ``method``'s own modules (in a process that has torch and the plan
+    already)."""
     t0 = time.perf_counter()
     for module in IMPORTS.get(method, ("tpload.api",) if method.startswith("tpload") else ()):
         importlib.import_module(module)
@@ -448,7 +461,8 @@ def import_method(method: str) -> float:
 
 
 def window_digest(windows: Windows) -> str:
-    """Digest of a rank's windows as bytes: ``name|uint8|rows x row_bytes|fingerprint`` lines (README, Digests)."""
+    """Digest of a rank's windows as bytes: ``name|uint8|rows x row_bytes|fingerprint`` lines
+    (README, Digests)."""
     from ..verification.fingerprint import as_bytes2d, digest, fingerprint
 
     entries = []
@@ -480,7 +494,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", default=DEFAULT_CONFIG)
     p.add_argument("--digest-store", default="")
     args = p.parse_args(argv)
-    # Process start to here: python, torch and the bench's plan (every method alike); then the method's own.
+    # Process start to here: python, torch and the bench's plan (every method alike); then the
+    # method's own.
     startup_seconds = time.time() - psutil.Process().create_time()
     import_seconds = import_method(args.method)
     from ..report.memory import (

@@ -48,16 +48,17 @@ class ExportSummary:
 
 def _verify_sources(storage: ShardedStorage, names: list[str], threads: int) -> Vouched:
     """sha256 of every tensor the export copies from, against the source manifest, through the gate
-    (all problems at once): a source without per-tensor digests is refused, never exported unchecked."""
+    (all problems at once): a source without per-tensor digests is refused, never exported
+    unchecked."""
     return gate.at_rest(storage, names, threads=threads, what="nothing exported")
 
 
 def _rank_tensors(
     storage: ShardedStorage, plan: RankPlan
 ) -> dict[str, tuple[str, tuple[int, ...], tuple, tuple, tuple]]:
-    """{name: (dtype, window shape, rows, cols, view)} of everything the rank's file holds: each window
-    a box of its tensor's bytes seen as ``view`` (a stacked tensor cut on an inner dimension is seen
-    as [experts x rows, cols]), written in that view's row order."""
+    """{name: (dtype, window shape, rows, cols, view)} of everything the rank's file holds: each
+    window a box of its tensor's bytes seen as ``view`` (a stacked tensor cut on an inner dimension
+    is seen as [experts x rows, cols]), written in that view's row order."""
     out = {}
     for item in plan.items:
         for cut in item.cuts:
@@ -152,7 +153,8 @@ def export(
                 "the source changed during the export; nothing exported:\n  - "
                 + "\n  - ".join(changed)
             )
-        # The source's whole table (skipped tensors too: a load must classify every name the same way).
+        # The source's whole table (skipped tensors too: a load must classify every name the same
+        # way).
         cat = storage.catalogue
         table = {
             n: {

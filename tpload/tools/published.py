@@ -152,7 +152,8 @@ def _deepseek_v3(c: dict, *, nvfp4: bool = False) -> list[Planned]:
     for layer in range(layers + mtp):
         p = f"model.layers.{layer}"
         is_mtp = layer >= layers
-        if is_mtp:  # the MTP layer's own tensors (BF16: the NVFP4 release leaves the whole layer unquantized)
+        # the MTP layer's own tensors (BF16: the NVFP4 release leaves the whole layer unquantized)
+        if is_mtp:
             t.bf16(f"{p}.embed_tokens.weight", v, h)
             t.bf16(f"{p}.enorm.weight", h)
             t.bf16(f"{p}.hnorm.weight", h)
@@ -499,7 +500,8 @@ _LLAMA_CONFIG = {
 }
 
 
-# -- many tiny tensors (per-tensor cost) ------------------------------------------------------------
+# -- many tiny tensors (per-tensor cost)
+# ------------------------------------------------------------
 
 
 def _many(c: dict) -> list[Planned]:
@@ -597,7 +599,8 @@ _V3_VLLM = dict(
 
 
 def _config(base: dict, **dims: object) -> dict:
-    """A family's config.json with some dimensions changed (a fresh copy: presets never share one)."""
+    """A family's config.json with some dimensions changed (a fresh copy: presets never share
+    one)."""
     return {**copy.deepcopy(base), **dims}
 
 
@@ -822,8 +825,9 @@ def _write_headers_only(path: Path, tensors: list[Planned]) -> dict[str, str]:
 def cached_published(
     name: str, *, tensors: int | None = None, cache_dir: str | os.PathLike | None = None
 ) -> Path:
-    """Preset ``name``'s checkpoint (with its manifest) under the user cache, written once (the bench's
-    ``--preset``; ``tensors`` as in :func:`write_published`). Only presets with data: not a ``full`` one."""
+    """Preset ``name``'s checkpoint (with its manifest) under the user cache, written once (the
+    bench's ``--preset``; ``tensors`` as in :func:`write_published`). Only presets with data: not a
+    ``full`` one."""
     if PUBLISHED[name]().headers_only:
         raise CheckpointError(
             f"preset {name} is headers only (no data to load); use a tiny or deep preset"
@@ -834,7 +838,8 @@ def cached_published(
 
 
 def loadable_presets() -> list[str]:
-    """The published presets with data (tiny, deep, many-tensors): the ones a load or the bench can read."""
+    """The published presets with data (tiny, deep, many-tensors): the ones a load or the bench can
+    read."""
     return [name for name, make in PUBLISHED.items() if not make().headers_only]
 
 

@@ -222,7 +222,8 @@ def write_checkpoint(out_dir: str | os.PathLike, spec: SynthSpec) -> Path:
 
 
 HUB_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
-"""A hub repository id, ORG/NAME (no other slash, no leading dot: it names a folder of the cache)."""
+"""A hub repository id, ORG/NAME (no other slash, no leading dot: it names a folder of the
+cache)."""
 
 
 def write_hub(cache: str | os.PathLike, repo: str, write: Callable[[Path], Path]) -> Path:
@@ -234,8 +235,8 @@ def write_hub(cache: str | os.PathLike, repo: str, write: Callable[[Path], Path]
 
     if not HUB_REPO.fullmatch(repo) or ".." in repo:
         raise OptionsError(
-            f"--hub {escape_name(repo)!r}: expected a repository id ORG/NAME (letters, digits, '.', "
-            "'_', '-'; one slash)"
+            f"--hub {escape_name(repo)!r}: expected a repository id ORG/NAME (letters, digits, "
+            "'.', '_', '-'; one slash)"
         )
     root = Path(cache)
     if why := not_a_folder(str(root)):
@@ -243,8 +244,8 @@ def write_hub(cache: str | os.PathLike, repo: str, write: Callable[[Path], Path]
     top = root / f"models--{repo.replace('/', '--')}"
     if top.exists() or top.is_symlink():
         raise CheckpointError(
-            f"{escape_name(top)}: this cache already holds {repo}; write it into another folder (or "
-            "give another --hub name)"
+            f"{escape_name(top)}: this cache already holds {repo}; write it into another folder "
+            "(or give another --hub name)"
         )
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root, prefix=".synth-") as tmp:
@@ -286,8 +287,9 @@ def cached(final: Path, write: Callable[[Path], object], *, what: str) -> Path:
 
 
 def cache_root() -> Path:
-    """``$TPLOAD_CACHE``, else ``$XDG_CACHE_HOME/tpload``, else ``~/.cache/tpload`` (empty variables count as
-    unset, and a relative one too: it would write into whatever folder the job started in)."""
+    """``$TPLOAD_CACHE``, else ``$XDG_CACHE_HOME/tpload``, else ``~/.cache/tpload`` (empty variables
+    count as unset, and a relative one too: it would write into whatever folder the job started
+    in)."""
     explicit = os.environ.get("TPLOAD_CACHE") or ""
     if explicit:
         return Path(explicit)
@@ -303,7 +305,8 @@ def spec_from(preset: str, **overrides: int | None) -> SynthSpec:
 
 
 def resolve_checkpoint(checkpoint: str | os.PathLike | None) -> str:
-    """The command line's checkpoint: the given one, or the built-in small synthetic one (written once)."""
+    """The command line's checkpoint: the given one, or the built-in small synthetic one (written
+    once)."""
     if checkpoint is not None:
         return os.fspath(checkpoint)
     return str(cached_checkpoint(PRESETS["small"]))

@@ -1,10 +1,11 @@
-"""GGUF miniatures (``synth --preset deepseek-v3-gguf-tiny``), written with the ``gguf`` package's writer.
+"""GGUF miniatures (``synth --preset deepseek-v3-gguf-tiny``), written with the ``gguf`` package's
+writer.
 
-DeepSeek-V3 as llama.cpp names it (architecture ``deepseek2``), shrunk: Q4_K routed, shared and dense
-experts (Q6_K down projections where Q4_K_M puts them on the dense and shared ones), a Q6_K output
-head, Q8_0 attention and embeddings, F32 norms and router; a split set of 2 files. Block bytes are
-random, with every f16 super-scale overwritten by a small finite value, so every block is valid.
-Dimensions let tp 2 cut every innermost dimension on whole blocks.
+DeepSeek-V3 as llama.cpp names it (architecture ``deepseek2``), shrunk: Q4_K routed, shared and
+dense experts (Q6_K down projections where Q4_K_M puts them on the dense and shared ones), a Q6_K
+output head, Q8_0 attention and embeddings, F32 norms and router; a split set of 2 files. Block
+bytes are random, with every f16 super-scale overwritten by a small finite value, so every block is
+valid. Dimensions let tp 2 cut every innermost dimension on whole blocks.
 """
 
 from __future__ import annotations
@@ -82,7 +83,8 @@ def _deepseek_v3() -> tuple[str, dict[str, object], list[tuple[str, str, tuple[i
 
 
 def _qwen3_moe() -> tuple[str, dict[str, object], list[tuple[str, str, tuple[int, ...]]]]:
-    """Qwen3-MoE as llama.cpp names it (``qwen3moe``): GQA attention with q/k norms, every layer MoE."""
+    """Qwen3-MoE as llama.cpp names it (``qwen3moe``): GQA attention with q/k norms, every layer
+    MoE."""
     kv_heads, head_dim = 2, 64
     t: list[tuple[str, str, tuple[int, ...]]] = [("token_embd.weight", "Q4_K", (VOCAB, HIDDEN))]
     for i in range(2):
@@ -190,8 +192,9 @@ def _nbytes(ggml: str, shape: tuple[int, ...]) -> int:
 
 
 def write_headers_only(out_dir: str | os.PathLike, name: str) -> Path:
-    """A full-size GGUF split set whose data are holes: real headers (our own writer, GGUF v3, alignment
-    32, llama.cpp's split keys), each file extended to its size without writing (sparse)."""
+    """A full-size GGUF split set whose data are holes: real headers (our own writer, GGUF v3,
+    alignment 32, llama.cpp's split keys), each file extended to its size without writing
+    (sparse)."""
     from ..storage.gguf import TYPES
 
     type_id = {v[0]: k for k, v in TYPES.items()}
@@ -249,7 +252,8 @@ GGUF_PRESETS: dict[
 
 
 def _data(rng: np.random.Generator, ggml: str, shape: tuple[int, ...]) -> np.ndarray:
-    """Random but valid stored data: F32 values, or blocks whose f16 super-scales are small and finite."""
+    """Random but valid stored data: F32 values, or blocks whose f16 super-scales are small and
+    finite."""
     if ggml == "F32":
         return rng.standard_normal(shape, dtype=np.float32)
     per, size = BLOCKS[ggml]
@@ -263,7 +267,8 @@ def _data(rng: np.random.Generator, ggml: str, shape: tuple[int, ...]) -> np.nda
 def write_gguf_preset(
     out_dir: str | os.PathLike, name: str, *, seed: int = 0, parts: int = 2
 ) -> Path:
-    """Write preset ``name`` into ``out_dir`` (new or empty) as a split set of ``parts`` GGUF files."""
+    """Write preset ``name`` into ``out_dir`` (new or empty) as a split set of ``parts`` GGUF
+    files."""
     try:
         import gguf
     except ImportError:

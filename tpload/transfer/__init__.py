@@ -47,8 +47,8 @@ class Transfer(Protocol):
         first_row: int,
         first_col: int,
     ) -> None:
-        """``view`` (host bytes) into ``dst`` (the same-shaped part of a slot's 2-D bytes: numpy on the
-        CPU, a device tensor elsewhere), adding it to ``fp``."""
+        """``view`` (host bytes) into ``dst`` (the same-shaped part of a slot's 2-D bytes: numpy on
+        the CPU, a device tensor elsewhere), adding it to ``fp``."""
 
     def served(
         self, slot: np.ndarray | torch.Tensor, fp: HostFingerprint

@@ -1,4 +1,5 @@
-"""The CUDA transfer: fused copy + fingerprint into pinned memory, then host-to-device on a side stream.
+"""The CUDA transfer: fused copy + fingerprint into pinned memory, then host-to-device on a side
+stream.
 
 Each block goes into one of two pinned buffers by the compiled pass that also
 fingerprints it (one read of the staging buffer); a non-blocking copy on a

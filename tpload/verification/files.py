@@ -35,7 +35,8 @@ RAW_CHUNK = 4 << 20  # bytes outside any tensor (the header) are read in pieces 
 
 @dataclass(frozen=True)
 class Expected:
-    """What a source vouches for one file: its whole digest by ``hash``, or each byte range's sha256."""
+    """What a source vouches for one file: its whole digest by ``hash``, or each byte range's
+    sha256."""
 
     hash: str = "sha256"
     """``sha256`` or ``blake3`` (the whole file); pieces are always sha256."""
@@ -52,7 +53,8 @@ def _expected(want: str | Expected) -> Expected:
 
 
 class PieceDigests:
-    """A file's bytes fed in order (``update``), hashed whole by one hash, or in fixed byte ranges."""
+    """A file's bytes fed in order (``update``), hashed whole by one hash, or in fixed byte
+    ranges."""
 
     def __init__(self, want: Expected) -> None:
         if want.pieces:
@@ -97,17 +99,20 @@ def _new_hash(name: str) -> object:
 
 @dataclass
 class FileHashed:
-    """One hashed file: its digest (or its pieces'), and each peer's window fingerprint of each tensor in it."""
+    """One hashed file: its digest (or its pieces'), and each peer's window fingerprint of each
+    tensor in it."""
 
     path: Path
     sha256: str = ""
-    """The whole file's digest by ``hash`` (sha256 unless the source says otherwise; empty for pieces)."""
+    """The whole file's digest by ``hash`` (sha256 unless the source says otherwise; empty for
+    pieces)."""
     nbytes: int = 0
     hash: str = "sha256"
     pieces: dict[tuple[int, int], str] = field(default_factory=dict)
     peers: dict[str, dict[int, Triple]] = field(default_factory=dict)
     deferred: dict[str, str] = field(default_factory=dict)
-    """The sha256 of each deferred tensor's stored bytes, taken in the same pass (gate.FileDigests)."""
+    """The sha256 of each deferred tensor's stored bytes, taken in the same pass
+    (gate.FileDigests)."""
 
 
 def assign_files(
@@ -123,7 +128,8 @@ def assign_files(
 
 
 class FileHasher:
-    """This rank's files, hashed whole on a background thread (:meth:`start`, then :meth:`finish`)."""
+    """This rank's files, hashed whole on a background thread (:meth:`start`, then
+    :meth:`finish`)."""
 
     def __init__(
         self,
@@ -136,16 +142,19 @@ class FileHasher:
     ) -> None:
         self.storage, self.files, self.peers, self.views = storage, files, peers, views
         self.deferred = deferred
-        """Tensors whose own sha256 is taken along (the load defers them: nothing else reads them)."""
+        """Tensors whose own sha256 is taken along (the load defers them: nothing else reads
+        them)."""
         self.want: Mapping[Path, str | Expected] = {}
-        """What each file must hash to, when not a whole sha256 (set by :meth:`expect` before start)."""
+        """What each file must hash to, when not a whole sha256 (set by :meth:`expect` before
+        start)."""
         self.results: list[FileHashed] = []
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tpload-files", daemon=True)
 
     def expect(self, want: Mapping[Path, str | Expected]) -> FileHasher:
-        """Hash each file the way ``want`` says (another hash, or in pieces), in the same one pass."""
+        """Hash each file the way ``want`` says (another hash, or in pieces), in the same one
+        pass."""
         self.want = want
         return self
 
@@ -179,8 +188,8 @@ class FileHasher:
             self.error = e
 
     def _hash(self, reader: Reader, path: Path) -> FileHashed:
-        """The file's bytes in order: the header and any gap raw, each tensor through a tap that also
-        fingerprints the peers' windows of it."""
+        """The file's bytes in order: the header and any gap raw, each tensor through a tap that
+        also fingerprints the peers' windows of it."""
         storage = self.storage
         shard = storage.files.get(path)
         want = _expected(self.want.get(path, ""))
@@ -228,8 +237,8 @@ def file_problems(
     *,
     named_by: str | None = None,
 ) -> list[str]:
-    """Each hashed file whose digest (or a piece's) is not what its source says (``named_by``: where a
-    plain digest comes from, in words: the hub blob name by default, a local-dir etag...)."""
+    """Each hashed file whose digest (or a piece's) is not what its source says (``named_by``: where
+    a plain digest comes from, in words: the hub blob name by default, a local-dir etag...)."""
     out = []
     for r in results:
         want = _expected(expected[r.path])
@@ -264,7 +273,8 @@ def own_problems(
         for name, by_peer in r.peers.items():
             if me in by_peer and name in windows and windows[name][1] != by_peer[me]:
                 out.append(
-                    f"{escape_name(r.path)}: tensor {escape_name(name)}: the window this rank served differs "
-                    "from the same window of the bytes it hashed (the file changed while loading?)"
+                    f"{escape_name(r.path)}: tensor {escape_name(name)}: the window this rank "
+                    "served differs from the same window of the bytes it hashed (the file "
+                    "changed while loading?)"
                 )
     return out

@@ -46,7 +46,8 @@ from .vouched import Vouched
 
 
 class PredictionState(IntEnum):
-    """A rank's digest against the stored prediction for its layout (a number: it rides in the row)."""
+    """A rank's digest against the stored prediction for its layout (a number: it rides in the
+    row)."""
 
     NONE = 0
     MATCH = 1
@@ -61,7 +62,8 @@ class Verdict:
     vouched_by: str
     """What vouched for the served bytes, in words (the report's)."""
     reporter: int = 0
-    """The rank that prints a failed verdict in full (the lowest failing one; the others point to it)."""
+    """The rank that prints a failed verdict in full (the lowest failing one; the others point to
+    it)."""
 
     @property
     def passed(self) -> bool:
@@ -99,7 +101,8 @@ class Job:
     threads: int = 1
     """Spare cores of this rank, for hashing on the side."""
     reads: Mapping[int, Mapping[str, object]] | None = None
-    """With replicas (replicas.py): each plan's windows its rank reads from storage itself (default: all)."""
+    """With replicas (replicas.py): each plan's windows its rank reads from storage itself (default:
+    all)."""
 
     @property
     def me(self) -> int:
@@ -112,7 +115,8 @@ class Job:
 
 @dataclass
 class Prepared:
-    """What a strategy hands the copy loop: who hashes what, by which hash, and a whole-file hasher."""
+    """What a strategy hands the copy loop: who hashes what, by which hash, and a whole-file
+    hasher."""
 
     hashes: HashPlan
     digests: Digests = SHA256
@@ -156,7 +160,8 @@ class Strategy(ABC):
 
     # -- before any read ------------------------------------------------------------------------
     def prepare(self) -> Prepared:
-        """Check the preconditions (raise LoadError naming what is missing) and say who hashes what."""
+        """Check the preconditions (raise LoadError naming what is missing) and say who hashes
+        what."""
         self._check_manifest()
         self.prepared = self._prepare()
         self.prepared.stored = self.prepared.stored or self._stored()
@@ -208,7 +213,8 @@ class Strategy(ABC):
         node peer that served other bytes than its hasher hashed."""
         problems = [
             f"rank {r.rank}: digest {r.digest[:16]}... differs from the prediction stored in "
-            f"{escape_name(self.store_path)} ({self.key}): its memory does not hold what was verified"
+            f"{escape_name(self.store_path)} ({self.key}): its memory does not hold what was "
+            "verified"
             for r in ranks
             if r.prediction == PredictionState.DIFFERS
         ]
@@ -222,7 +228,8 @@ class Strategy(ABC):
 
 
 class Unchecked(Strategy):
-    """``--verify off``: nothing is checked against the checkpoint; the report and a warning say so."""
+    """``--verify off``: nothing is checked against the checkpoint; the report and a warning say
+    so."""
 
     vouched_by = "nothing (--verify off)"
     locators_vouched_by = ""
@@ -241,7 +248,8 @@ class Unchecked(Strategy):
 
 
 class Predicted(Strategy):
-    """``--verify digest``: the stored prediction must exist and be fresh before any byte is read."""
+    """``--verify digest``: the stored prediction must exist and be fresh before any byte is
+    read."""
 
     vouched_by = "the stored prediction of every rank's digest (--verify digest)"
 
@@ -249,35 +257,36 @@ class Predicted(Strategy):
         job, opts = self.job, self.job.opts
         layout = job.layout
         fix = (
-            f"run `python -m tpload plan {escape_name(opts.checkpoint)} --tp {layout.tp} --ep {layout.ep} "
-            f"--kind {opts.kind} --config {escape_name(opts.config)} --write"
+            f"run `python -m tpload plan {escape_name(opts.checkpoint)} --tp {layout.tp} --ep "
+            f"{layout.ep} --kind {opts.kind} --config {escape_name(opts.config)} --write"
             + (f" --digest-store {escape_name(opts.digest_store)}" if opts.digest_store else "")
             + "`, or load with --verify node"
         )
         storage = job.storage
         if storage.catalogue.manifest_sha256 is None or storage.per_rank:
             raise LoadError(
-                f"--verify digest needs a native checkpoint with a manifest; {escape_name(opts.checkpoint)} "
-                "has none"
+                "--verify digest needs a native checkpoint with a manifest; "
+                f"{escape_name(opts.checkpoint)} has none"
                 + ("" if storage.per_rank else "; write one with `python -m tpload manifest DIR`")
             )
         stored = self._stored()
         if stored is None:
             raise LoadError(
-                f"--verify digest: the digest store {escape_name(self.store_path)} holds nothing for "
-                f"{self.key}; {fix}"
+                f"--verify digest: the digest store {escape_name(self.store_path)} holds nothing "
+                f"for {self.key}; {fix}"
             )
         changed = stale(stored.stamp, job.stamp())
         if changed:
             raise LoadError(
-                f"--verify digest: {', '.join(changed)} changed (size or mtime) since the digests in "
-                f"{escape_name(self.store_path)} were verified ({self.key}); {fix}"
+                f"--verify digest: {', '.join(changed)} changed (size or mtime) since the digests "
+                f"in {escape_name(self.store_path)} were verified ({self.key}); {fix}"
             )
         return Prepared(HashPlan(Verify.DIGEST, job.me), stored=stored)
 
 
 class TensorDigests(Strategy):
-    """``node``/``rank`` on a checkpoint with a manifest: each tensor's sha256 (or the blake3 sidecar)."""
+    """``node``/``rank`` on a checkpoint with a manifest: each tensor's sha256 (or the blake3
+    sidecar)."""
 
     vouched_by = "the manifest's per-tensor digests"
 
@@ -291,8 +300,9 @@ class TensorDigests(Strategy):
         return Prepared(hashes, digests)
 
     def _content_hash(self) -> Digests:
-        """blake3 against the operator's sidecar when one fits (the same choice on every rank that sees
-        the same store), sha256 otherwise; a sidecar that exists but does not fit leaves a note."""
+        """blake3 against the operator's sidecar when one fits (the same choice on every rank that
+        sees the same store), sha256 otherwise; a sidecar that exists but does not fit leaves a
+        note."""
         job, opts = self.job, self.job.opts
         if job.storage.per_rank:
             return SHA256
@@ -404,19 +414,21 @@ class FileDigests(Strategy):
         read_bytes = sum(q.read_bytes for q in job.plans.values()) if node else job.plan.read_bytes
         scope = "this node" if node else "this rank"
         note = (
-            f"{self.source.kind}: {len(node_files)} file(s) checked whole against {self.source.against}, "
-            f"{hashed_bytes / 1e9:.3f} GB hashed for {read_bytes / 1e9:.3f} GB {scope} reads"
+            f"{self.source.kind}: {len(node_files)} file(s) checked whole against "
+            f"{self.source.against}, {hashed_bytes / 1e9:.3f} GB hashed for "
+            f"{read_bytes / 1e9:.3f} GB {scope} reads"
         )
         if read_bytes and hashed_bytes > 1.2 * read_bytes:
             note += (
-                f" ({hashed_bytes / read_bytes:.1f}x: whole files hold bytes no rank here serves; `python -m "
-                f"tpload manifest DIR` hashes per tensor, so each node hashes only what it serves)"
+                f" ({hashed_bytes / read_bytes:.1f}x: whole files hold bytes no rank here serves; "
+                "`python -m tpload manifest DIR` hashes per tensor, so each node hashes only "
+                "what it serves)"
             )
         if self.extra:
             extra = sum(storage.files.get(f).opened.size for f in self.extra)
             note += (
-                f"; {len(self.extra)} more file(s), {extra / 1e9:.3f} GB, hashed by this rank for the "
-                "tensors it defers"
+                f"; {len(self.extra)} more file(s), {extra / 1e9:.3f} GB, hashed by this rank for "
+                "the tensors it defers"
             )
         return note
 
@@ -424,16 +436,16 @@ class FileDigests(Strategy):
         missing = [n for n in names if n not in self.derived]
         if missing:  # never a locator without a digest from this load
             raise LoadError(
-                f"deferred tensor(s) {', '.join(map(escape_name, missing))}: their files were not hashed "
-                "in this load"
+                f"deferred tensor(s) {', '.join(map(escape_name, missing))}: their files were not "
+                "hashed in this load"
             )
         return {n: self.derived[n] for n in names}
 
 
 class SignedFiles(FileDigests):
-    """A model.sig over the folder's files (verification/signing.py): each file a node reads is hashed
-    whole once per node against the digest the bundle signs for it (or its signed pieces'), exactly
-    like hub blobs; every file the load reads must be signed."""
+    """A model.sig over the folder's files (verification/signing.py): each file a node reads is
+    hashed whole once per node against the digest the bundle signs for it (or its signed pieces'),
+    exactly like hub blobs; every file the load reads must be signed."""
 
     def __init__(self, job: Job, signed: object) -> None:
         what = f"the digests {signed.what} signs"
@@ -446,7 +458,8 @@ class SignedFiles(FileDigests):
                 each=f"{what} for it",
                 names=what,
                 vouched_by=f"{what} for each file (files hashed whole)",
-                locators_vouched_by="the sha256 taken of it while its file was hashed whole against its signed digest",
+                locators_vouched_by="the sha256 taken of it while its file was hashed whole "
+                "against its signed digest",
             ),
         )
         self.signed = signed
@@ -459,8 +472,8 @@ class SignedFiles(FileDigests):
         self.signed.check_covered(storage.paths())
         if storage.catalogue.manifest is not None:
             self.job.notes.append(
-                f"{escape_name(storage.catalogue.manifest_path)} is not signed: it is not an anchor; "
-                f"{self.signed.bundle.name}'s file digests are"
+                f"{escape_name(storage.catalogue.manifest_path)} is not signed: it is not an "
+                f"anchor; {self.signed.bundle.name}'s file digests are"
             )
         prepared = super()._prepare()
         prepared.files.expect(self.expected())
@@ -468,8 +481,8 @@ class SignedFiles(FileDigests):
 
 
 class SignedManifest(TensorDigests):
-    """A model.sig that signs NATIVE_MANIFEST.json: the manifest's per-tensor digests are the anchor, so
-    each rank checks only its windows' tensors (no whole-file hashing)."""
+    """A model.sig that signs NATIVE_MANIFEST.json: the manifest's per-tensor digests are the
+    anchor, so each rank checks only its windows' tensors (no whole-file hashing)."""
 
     def __init__(self, job: Job, signed: object) -> None:
         super().__init__(job)
@@ -487,7 +500,8 @@ class SignedManifest(TensorDigests):
 
 
 def strategy(job: Job) -> Strategy:
-    """The strategy for this load: from the verify mode and what vouches for the checkpoint's files."""
+    """The strategy for this load: from the verify mode and what vouches for the checkpoint's
+    files."""
     mode = Verify(job.opts.verify)
     if mode == Verify.OFF:
         return Unchecked(job)
@@ -509,8 +523,8 @@ def judge(ranks: list[object], chosen: Strategy | None) -> Verdict:
         calls = ", ".join(f"rank {r.rank} in call {r.seq}" for r in ranks)
         return Verdict(
             (
-                f"load failed: the ranks are in different load() calls ({calls}); a caller that retries "
-                "after a failure must retry on every rank; no rank returned weights",
+                f"load failed: the ranks are in different load() calls ({calls}); a caller that "
+                "retries after a failure must retry on every rank; no rank returned weights",
             ),
             "",
         )
@@ -520,8 +534,8 @@ def judge(ranks: list[object], chosen: Strategy | None) -> Verdict:
         for r in bad:
             said.setdefault(r.message.removeprefix(f"rank {r.rank}: "), []).append(r.rank)
         head = (
-            f"load failed on rank {', '.join(str(r.rank) for r in bad)} ({len(bad)} of {len(ranks)} ranks); "
-            "no rank returned weights"
+            f"load failed on rank {', '.join(str(r.rank) for r in bad)} ({len(bad)} of "
+            f"{len(ranks)} ranks); no rank returned weights"
         )
         return Verdict(
             (
@@ -551,10 +565,10 @@ def at_rest(
     digests: Digests = SHA256,
     what: str = "nothing written",
 ) -> Vouched:
-    """The offline exit paths' gate (an export's sources, the blake3 sidecar): every named tensor read
-    once and its sha256 checked against the manifest; raise CheckpointError listing every problem
-    (manifest entries missing, mismatches, a file changed during the reads), else the digests as
-    :class:`~tpload.verification.vouched.Vouched`, the only thing those writers take."""
+    """The offline exit paths' gate (an export's sources, the blake3 sidecar): every named tensor
+    read once and its sha256 checked against the manifest; raise CheckpointError listing every
+    problem (manifest entries missing, mismatches, a file changed during the reads), else the
+    digests as :class:`~tpload.verification.vouched.Vouched`, the only thing those writers take."""
     from ..errors import CheckpointError
     from .hashing import hash_whole, mismatches
     from .vouched import vouched
@@ -580,8 +594,9 @@ def check_pin(storage: object, pin: str | None) -> None:
     got = storage.catalogue.manifest_sha256
     if pin is not None and (got is None or got != pin.lower()):
         raise LoadError(
-            f"{escape_name(storage.catalogue.manifest_path)}: sha256 {(got or 'none')[:16]}... is not "
-            f"the pinned {pin[:16]}... (--manifest-sha256): this is not the checkpoint you pinned"
+            f"{escape_name(storage.catalogue.manifest_path)}: sha256 {(got or 'none')[:16]}... is "
+            f"not the pinned {pin[:16]}... (--manifest-sha256): this is not the checkpoint you "
+            "pinned"
         )
 
 

@@ -46,8 +46,12 @@ INSTALL = "pip install -e '.[signing]'"
 PINNED = "1.1.1"
 """The model-signing release whose non-public bundle check this module calls."""
 PLAN_FILES = ("config.json", "hf_quant_config.json", INDEX_NAME, MANIFEST_NAME)
-"""JSON files that shape the plan: each present one must be signed, and is checked before it is read."""
-SIGNER_FLAGS = "--signer-key PEM, --signer-chain PEM [--signer-cert PEM] or --signer-identity ID --signer-issuer URL"
+"""JSON files that shape the plan: each present one must be signed, and is checked before it is
+read."""
+SIGNER_FLAGS = (
+    "--signer-key PEM, --signer-chain PEM [--signer-cert PEM] or --signer-identity ID "
+    "--signer-issuer URL"
+)
 FIX = "the file changed since it was signed (or the signature is not for this folder)"
 _CACHE: OrderedDict[tuple, SignedModel] = OrderedDict()
 """Bundles already verified in this process (the bundle's bytes, the signer): the gate reuses the
@@ -67,7 +71,8 @@ class SignedModel:
     pieces: Mapping[str, Mapping[tuple[int, int], str]]
     """Relative path -> {(start, end): sha256} of shard-mode signatures."""
     manifest_sha256: str | None = None
-    """The sha256 of NATIVE_MANIFEST.json's bytes, when it is signed and matched (the anchor then)."""
+    """The sha256 of NATIVE_MANIFEST.json's bytes, when it is signed and matched (the anchor
+    then)."""
 
     def covers(self, name: str) -> bool:
         return name in self.whole or name in self.pieces
@@ -98,8 +103,8 @@ class SignedModel:
         bare = [p for p in paths if not self.covers(self._rel(p))]
         if bare:
             raise LoadError(
-                f"{len(bare)} file(s) the load reads are not covered by {self.what}; an unsigned file "
-                "is never loaded from a signed folder:\n  - "
+                f"{len(bare)} file(s) the load reads are not covered by {self.what}; an unsigned "
+                "file is never loaded from a signed folder:\n  - "
                 + "\n  - ".join(f"{escape_name(p)}: not in the signed statement" for p in bare)
             )
 
@@ -129,8 +134,9 @@ def bundle_path(opts: object) -> Path | None:
 
 
 def precheck(opts: object) -> SignedModel | None:
-    """Verify the load's bundle (if any) and its plan-shaping JSON files; raise LoadError naming what
-    fails. Called before the storage opens, and again by the gate (the bundle check is reused)."""
+    """Verify the load's bundle (if any) and its plan-shaping JSON files; raise LoadError naming
+    what fails. Called before the storage opens, and again by the gate (the bundle check is
+    reused)."""
     path = bundle_path(opts)
     if path is None and getattr(opts, "checkpoint", None) is None:
         return None
@@ -138,14 +144,15 @@ def precheck(opts: object) -> SignedModel | None:
     if path is None:
         if signer and opts.signature != NONE and opts.verify in ("node", "rank"):
             raise LoadError(
-                f"{signer[0]} given, but {escape_name(Path(opts.checkpoint or '.') / BUNDLE)} does not "
-                "exist: name the bundle with --signature PATH"
+                f"{signer[0]} given, but {escape_name(Path(opts.checkpoint or '.') / BUNDLE)} "
+                "does not exist: name the bundle with --signature PATH"
             )
         return None
     if not signer:
         raise LoadError(
-            f"{escape_name(path)}: the folder is signed, but no signer was given to check it against: "
-            f"add {SIGNER_FLAGS} (or --signature none to load by the folder's other anchors)"
+            f"{escape_name(path)}: the folder is signed, but no signer was given to check it "
+            f"against: add {SIGNER_FLAGS} (or --signature none to load by the folder's other "
+            "anchors)"
         )
     try:
         raw = path.read_bytes()
@@ -179,15 +186,16 @@ def _signer(opts: object) -> tuple[str, str] | None:
 
 
 def _library(path: Path) -> object:
-    """model_signing's modules, or one line naming the install (a signed folder is never loaded unverified)."""
+    """model_signing's modules, or one line naming the install (a signed folder is never loaded
+    unverified)."""
     try:
         from model_signing import verifying
         from model_signing._signing import sign_sigstore, sign_sigstore_pb
     except ImportError as e:
         raise LoadError(
-            f"{escape_name(path)}: the checkpoint is signed, but checking signatures needs model-signing "
-            f"{PINNED} and pyopenssl ({e.name or e} is missing): {INSTALL}; it is not loaded "
-            "unverified"
+            f"{escape_name(path)}: the checkpoint is signed, but checking signatures needs "
+            f"model-signing {PINNED} and pyopenssl ({e.name or e} is missing): {INSTALL}; it is "
+            "not loaded unverified"
         ) from None
     return verifying, sign_sigstore, sign_sigstore_pb
 
@@ -201,8 +209,8 @@ def _verify(path: Path, root: Path, opts: object, signer: str) -> SignedModel:
     """The library checks the bundle alone and returns the signed manifest (no file is hashed)."""
     verifying, sign_sigstore, sign_sigstore_pb = _library(path)
     config = verifying.Config()
-    # Any error below comes from the library (key parsing, certificate stores, sigstore's trust root,
-    # the bundle's JSON and protobuf, the signature): many types, each turned into one line.
+    # Any error below comes from the library (key parsing, certificate stores, sigstore's trust
+    # root, the bundle's JSON and protobuf, the signature): many types, each turned into one line.
     try:
         if opts.signer_key:
             config.use_elliptic_key_verifier(public_key=opts.signer_key)
@@ -215,9 +223,9 @@ def _verify(path: Path, root: Path, opts: object, signer: str) -> SignedModel:
     except Exception as e:  # noqa: BLE001 - the library's errors, reported in one line
         if opts.signer_identity:
             raise LoadError(
-                f"--signer-identity: checking {escape_name(path)} against a sigstore identity needs "
-                f"the network (sigstore's trust root), which failed: {_why(e)}; sign with a key or "
-                "a certificate to check offline"
+                f"--signer-identity: checking {escape_name(path)} against a sigstore identity "
+                f"needs the network (sigstore's trust root), which failed: {_why(e)}; sign with a "
+                "key or a certificate to check offline"
             ) from None
         flag = "--signer-key" if opts.signer_key else "--signer-chain"
         raise LoadError(
@@ -235,8 +243,8 @@ def _verify(path: Path, root: Path, opts: object, signer: str) -> SignedModel:
         )  # the bundle alone (not public: see the module's doc)
     except Exception as e:  # noqa: BLE001
         raise LoadError(
-            f"{escape_name(path)}: the signature does not verify with {signer}: {_why(e)}; the folder "
-            "is not vouched for by that signer"
+            f"{escape_name(path)}: the signature does not verify with {signer}: {_why(e)}; the "
+            "folder is not vouched for by that signer"
         ) from None
     if opts.signer_cert:
         _check_leaf(path, signature, opts.signer_cert)
@@ -260,13 +268,14 @@ def _check_leaf(path: Path, signature: object, cert: str) -> None:
         ) from None
     if got != want:
         raise LoadError(
-            f"{escape_name(path)}: signed by another certificate than --signer-cert {escape_name(cert)} "
-            "(it chains to --signer-chain, but is not the one pinned)"
+            f"{escape_name(path)}: signed by another certificate than --signer-cert "
+            f"{escape_name(cert)} (it chains to --signer-chain, but is not the one pinned)"
         )
 
 
 def _digests(path: Path, root: Path, manifest: object, signer: str) -> SignedModel:
-    """The signed manifest as expected digests; any hash but sha256 (and blake3 with its extra) refused."""
+    """The signed manifest as expected digests; any hash but sha256 (and blake3 with its extra)
+    refused."""
     method = manifest.serialization_type.get("method", "files")
     whole: dict[str, tuple[str, str]] = {}
     pieces: dict[str, dict[tuple[int, int], str]] = {}
@@ -284,19 +293,21 @@ def _digests(path: Path, root: Path, manifest: object, signer: str) -> SignedMod
             whole[rd.identifier] = (algorithm, digest)
     if refused:
         raise LoadError(
-            f"{escape_name(path)}: signed with {', '.join(sorted(refused))}, which tpload does not check; "
-            "it checks sha256 digests (whole files or shards) and blake3 (whole files): re-sign with one"
+            f"{escape_name(path)}: signed with {', '.join(sorted(refused))}, which tpload does "
+            "not check; it checks sha256 digests (whole files or shards) and blake3 (whole "
+            "files): re-sign with one"
         )
     if any(h == "blake3" for h, _ in whole.values()) and not blake3sums.available():
         raise LoadError(
-            f"{escape_name(path)}: signed with blake3 digests, but the blake3 package is not installed: "
-            f"{blake3sums.INSTALL}"
+            f"{escape_name(path)}: signed with blake3 digests, but the blake3 package is not "
+            f"installed: {blake3sums.INSTALL}"
         )
     for name, cuts in pieces.items():
         ends = [0] + [b for _, b in sorted(cuts)][:-1]
         if [a for a, _ in sorted(cuts)] != ends:
             raise LoadError(
-                f"{escape_name(path)}: the signed shards of {escape_name(name)} do not tile the file"
+                f"{escape_name(path)}: the signed shards of {escape_name(name)} do not tile the "
+                "file"
             )
     return SignedModel(path, root, signer, whole, pieces)
 
@@ -336,8 +347,8 @@ def _check_plan_files(model: SignedModel) -> str | None:
                 name != MANIFEST_NAME
             ):  # an unsigned manifest is not an anchor (gate.SignedFiles notes it)
                 problems.append(
-                    f"{escape_name(p)}: not covered by {model.what}; it shapes the plan, so it must be "
-                    "signed"
+                    f"{escape_name(p)}: not covered by {model.what}; it shapes the plan, so it "
+                    "must be signed"
                 )
             continue
         data = read_small(p, name)

@@ -8,6 +8,8 @@ computation: decode in float32 with ml_dtypes, cast to bfloat16, look for infini
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -50,7 +52,7 @@ def check(
         checker.scale(as_rows(scale)[sc.rows[0] : sc.rows[1], sc.cols[0] : sc.cols[1]], 0)
     box = as_rows(weight)[wc.rows[0] : wc.rows[1], wc.cols[0] : wc.cols[1]]
     edges = (splits or [0]) + [box.shape[0]]
-    for a, b in zip(edges, edges[1:]):
+    for a, b in pairwise(edges):
         checker.weight(box[a:b], a)
     return checker.problems()
 

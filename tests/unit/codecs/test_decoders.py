@@ -76,7 +76,8 @@ def bf16_bits(x: np.ndarray) -> np.ndarray:
 
 
 def in_map(a: np.ndarray, skew: int = 3) -> np.ndarray:
-    """A copy of ``a`` placed ``skew`` bytes into a buffer, as a tensor lies at any offset in a shard map."""
+    """A copy of ``a`` placed ``skew`` bytes into a buffer, as a tensor lies at any offset in a
+    shard map."""
     buf = np.zeros(a.nbytes + skew, dtype=np.uint8)
     out = buf[skew:].reshape(a.shape)
     out[...] = a
@@ -276,7 +277,8 @@ def test_fp8_ragged_blocks_match_ml_dtypes(path: str, block: int, n: int, k: int
 
 @pytest.mark.parametrize("path", ["kernel", "torch"])
 def test_fp8_block_whose_words_straddle_two_scales(path: str) -> None:
-    # a block of 4 (not a multiple of 8): the kernel's word loop cannot be used; the result is the same
+    # a block of 4 (not a multiple of 8): the kernel's word loop cannot be used; the result is the
+    # same
     rng = np.random.default_rng(12)
     w = rng.integers(0, 0x7E, (30, 50), dtype=np.uint8)
     s = rng.integers(110, 145, (8, 13), dtype=np.uint8)
@@ -379,7 +381,8 @@ def test_fp8_with_f32_scale_inv_matches_ml_dtypes(path: str) -> None:
 def test_numpy_inputs_run_the_kernels_except_for_f32_scales(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # a pass-through spy: the CPU path decodes host arrays by the compiled kernel, tensors by torch ops
+    # a pass-through spy: the CPU path decodes host arrays by the compiled kernel, tensors by torch
+    # ops
     calls: list[str] = []
     for name in ("decode_fp4", "decode_fp8"):
         real = getattr(kernels, name)

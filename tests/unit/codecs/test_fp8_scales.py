@@ -1,4 +1,5 @@
-"""FP8 (E4M3) 128x128 block decode with every scale dtype the codec takes (tpload/codecs/fp8_block.py).
+"""FP8 (E4M3) 128x128 block decode with every scale dtype the codec takes
+(tpload/codecs/fp8_block.py).
 
 Scales stored as F32, BF16 and F16 values (V3's and Qwen3's ``weight_scale_inv``) or as E8M0 / U8
 exponent bytes (V4's ``.scale``). Every decode path (kernel for host arrays, torch, the numpy

@@ -1,5 +1,5 @@
-"""The gguf codec: decodes (numba kernel and torch ops) against the gguf package's dequantisation, windows
-on whole blocks, the NaN/inf super-scale check, and --config auto from a GGUF header."""
+"""The gguf codec: decodes (numba kernel and torch ops) against the gguf package's dequantisation,
+windows on whole blocks, the NaN/inf super-scale check, and --config auto from a GGUF header."""
 
 from __future__ import annotations
 
@@ -96,8 +96,8 @@ def test_expert_windows_decode_as_the_slice_of_the_whole(
     ggml: str, split: str, experts: tuple[int, int]
 ) -> None:
     """A stacked [3, 6, 3 blocks] tensor: rank 1 of tp 3 (its middle block, or rows 2-3), two of the
-    experts, decoded the way the load does (view rows, unfolded per expert) by the kernel and the torch
-    ops: the matching slice of gguf's dequantisation of the whole tensor."""
+    experts, decoded the way the load does (view rows, unfolded per expert) by the kernel and the
+    torch ops: the matching slice of gguf's dequantisation of the whole tensor."""
     from tpload.loop import decode_rows
 
     per = BLOCKS[ggml][0]
@@ -185,7 +185,8 @@ def test_preset_without_gguf_says_so(tmp_path: Path) -> None:
         run.stderr.strip()
         .splitlines()[-1]
         .endswith(
-            "which is not installed (pip install gguf, or in tpload's clone pip install -e '.[gguf]')"
+            "which is not installed (pip install gguf, or in tpload's clone pip install -e "
+            "'.[gguf]')"
         )
     ), run.stderr
     assert "Traceback" not in run.stderr

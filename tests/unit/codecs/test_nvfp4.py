@@ -1,4 +1,5 @@
-"""NVFP4 (ModelOpt) expanded decode, windows, served tensors and value checks (tpload/codecs/nvfp4.py).
+"""NVFP4 (ModelOpt) expanded decode, windows, served tensors and value checks
+(tpload/codecs/nvfp4.py).
 
 Stored: weight U8 ``[out, in/2]`` (low nibble = even element), ``weight_scale`` F8_E4M3
 ``[out, in/16]``, ``weight_scale_2`` one F32. Every decode path (the compiled kernel for host
@@ -116,7 +117,8 @@ def assert_bits_equal(got: np.ndarray, want: np.ndarray) -> None:
 
 
 def every_byte_under_every_scale() -> tuple[np.ndarray, np.ndarray]:
-    """Row ``s`` holds all 256 packed bytes (512 elements: every E2M1 pair) under scale byte ``s``."""
+    """Row ``s`` holds all 256 packed bytes (512 elements: every E2M1 pair) under scale byte
+    ``s``."""
     packed = np.tile(np.arange(256, dtype=np.uint8), (256, 1))
     scale = np.repeat(np.arange(256, dtype=np.uint8)[:, None], 512 // GROUP, axis=1)
     return packed, scale
@@ -373,7 +375,8 @@ def test_checker_counts_exactly_the_decodes_that_overflow_bf16(
 
 
 def _set_tensor_bytes(root: Path, name: str, data: bytes) -> None:
-    """Overwrite one tensor's bytes in its shard and its sha256 in the manifest (a consistent checkpoint)."""
+    """Overwrite one tensor's bytes in its shard and its sha256 in the manifest (a consistent
+    checkpoint)."""
     index = json.loads((root / "model.safetensors.index.json").read_text())["weight_map"]
     path = root / index[name]
     raw = bytearray(path.read_bytes())

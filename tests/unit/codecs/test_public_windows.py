@@ -13,6 +13,7 @@ Every cut is checked against a plain numpy slice of the whole tensor's bytes.
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +45,8 @@ def box(whole: np.ndarray, cut: Cut) -> np.ndarray:
 
 
 def assert_cut(cut: Cut, m: TensorMeta, whole: np.ndarray, want: np.ndarray) -> None:
-    """The cut names ``m``, has the element shape of ``want`` (a numpy slice of ``whole``) and its bytes."""
+    """The cut names ``m``, has the element shape of ``want`` (a numpy slice of ``whole``) and its
+    bytes."""
     assert (cut.name, cut.dtype, cut.shape) == (m.name, m.dtype, want.shape[:-1])
     assert cut.nbytes == want.size
     np.testing.assert_array_equal(box(whole, cut), np.ascontiguousarray(want).reshape(-1))
@@ -64,12 +66,13 @@ def test_gpt_oss_uneven_shares_of_2880(tp: int, sizes: list[int]) -> None:
     got = spans(2880, tp, atom=32, align=32, uneven=True)
     assert [hi - lo for lo, hi in got] == sizes
     assert got[0][0] == 0 and got[-1][1] == 2880
-    assert all(a[1] == b[0] for a, b in zip(got, got[1:]))  # contiguous, no gap, no overlap
+    assert all(a[1] == b[0] for a, b in pairwise(got))  # contiguous, no gap, no overlap
     assert all(lo % 32 == 0 for lo, _ in got)
 
 
 def test_gpt_oss_uneven_tp16_leaves_the_last_rank_nothing_and_is_refused() -> None:
-    # ceil(2880/32) = 90 steps; ceil(90/16) = 6 steps = 192 per rank; 15 x 192 = 2880: rank 15 gets nothing
+    # ceil(2880/32) = 90 steps; ceil(90/16) = 6 steps = 192 per rank; 15 x 192 = 2880: rank 15 gets
+    # nothing
     for r in (0, 15):
         why = channel_window(2880, 16, r, atom=32, align=32, uneven=True)
         assert isinstance(why, str)
@@ -163,7 +166,8 @@ def test_two_kv_heads_at_tp4_rank_by_rank() -> None:
             6 * 64,
             2,
             6,
-            "6 heads of 64 channels: a window of 192 channels does not start and end on whole 128-channel",
+            "6 heads of 64 channels: a window of 192 channels does not start and end on whole "
+            "128-channel",
         ),
     ],
 )
@@ -327,7 +331,8 @@ def test_cut_axis_of_a_stacked_1d_tensor_takes_one_value_per_expert() -> None:
 
 
 def test_planner_gives_each_ep_group_its_share_of_stacked_experts() -> None:
-    # gpt-oss's own config on an in-memory catalogue: 5 experts at tp 2 x ep 2 -> experts [0, 2), [2, 5)
+    # gpt-oss's own config on an in-memory catalogue: 5 experts at tp 2 x ep 2 -> experts [0, 2),
+    # [2, 5)
     e, h, i = 5, 64, 128
     up_w = meta("model.layers.0.mlp.experts.gate_up_proj_blocks", "U8", (e, 2 * i, h // 32, 16))
     up_s = meta("model.layers.0.mlp.experts.gate_up_proj_scales", "U8", (e, 2 * i, h // 32))

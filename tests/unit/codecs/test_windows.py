@@ -52,7 +52,8 @@ def cut_bytes(whole: np.ndarray, cut: Cut) -> np.ndarray:
 
 
 def assert_cut_is(cut: Cut, m: TensorMeta, whole: np.ndarray, want: np.ndarray) -> None:
-    """The cut names ``m``, has the shape of ``want`` (a numpy slice of ``whole``) and holds its bytes."""
+    """The cut names ``m``, has the shape of ``want`` (a numpy slice of ``whole``) and holds its
+    bytes."""
     assert (cut.name, cut.dtype, cut.shape) == (m.name, m.dtype, want.shape)
     got = cut_bytes(whole, cut)
     assert cut.nbytes == got.size == want.nbytes and cut.row_bytes == got.shape[1]

@@ -1,9 +1,9 @@
 """The GGUF hand-off's names and entries without vLLM: the name map as vLLM builds it (gguf's tensor
 map, the by-hand stacked-expert entries, transformers 5's fused expert names counted as covered, the
 unmapped refused in one line), and on the qwen3-moe-gguf-tiny miniature at tp 2 the sequence vLLM's
-GGUF iterator yields (``qweight_type`` then ``qweight``, header order), with windows that serve vLLM's
-GGUF narrows (rows; row bytes for row-parallel and down experts) from the bytes gguf's reader reads,
-and refuse the other rank's part."""
+GGUF iterator yields (``qweight_type`` then ``qweight``, header order), with windows that serve
+vLLM's GGUF narrows (rows; row bytes for row-parallel and down experts) from the bytes gguf's reader
+reads, and refuse the other rank's part."""
 
 from __future__ import annotations
 
@@ -113,7 +113,8 @@ def qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _tp2(root: Path, rank: int) -> tuple[dict, list, dict[str, np.ndarray]]:
-    """The rank's plan, its windows cut from gguf's reader (not tpload's), and gguf's whole tensors."""
+    """The rank's plan, its windows cut from gguf's reader (not tpload's), and gguf's whole
+    tensors."""
     from tpload.pick import choose
     from tpload.plan import Layout, Planner
     from tpload.storage.catalogue import read_native
@@ -167,7 +168,8 @@ def test_the_handoff_yields_vllms_entries_and_serves_its_narrows(qwen3: Path) ->
         if not isinstance(t, WindowTensor):
             assert torch.equal(t, ref), n
             continue
-        # vLLM's GGUF loaders: row-parallel layers and down experts narrow the row bytes, the rest rows
+        # vLLM's GGUF loaders: row-parallel layers and down experts narrow the row bytes, the rest
+        # rows
         dim = t.dim() - 1 if ("o_proj" in n or "down_proj" in n) else t.dim() - 2
         size = t.shape[dim] // 2
         assert torch.equal(t.narrow(dim, size, size), ref.narrow(dim, size, size)), n

@@ -151,7 +151,8 @@ def test_every_access_outside_the_allow_list_is_refused_naming_tensor_rank_and_a
 
 
 def test_a_window_in_torch_cat_under_map_raises_instead_of_ending_the_iteration_silently() -> None:
-    """torch.cat([w, x]) once raised a bare StopIteration, which list(map(...)) takes for the end."""
+    """torch.cat([w, x]) once raised a bare StopIteration, which list(map(...)) takes for the
+    end."""
     _, w, _ = tracked()
     weights = [("a", w), ("b", w)]
     calls = []
@@ -275,7 +276,8 @@ def test_cuts_become_element_ranges(llama: Path) -> None:
 
 
 def vllm_like(name: str, t: torch.Tensor, rank: int, tp: int, kv_heads: int) -> torch.Tensor:
-    """What vLLM's weight loaders do with a whole checkpoint tensor (linear.py, vocab_parallel_embedding.py)."""
+    """What vLLM's weight loaders do with a whole checkpoint tensor (linear.py,
+    vocab_parallel_embedding.py)."""
     if name.endswith(("k_proj.weight", "v_proj.weight")):
         if tp <= kv_heads:
             return t.narrow(0, rank * (t.shape[0] // tp), t.shape[0] // tp)
@@ -334,8 +336,8 @@ def test_engine_skips_the_mtp_layers_only() -> None:
 
 
 def test_declared_skips_follow_the_models_config() -> None:
-    """What vLLM's Llama/DeepSeek load_weights skip: MTP layers (never read), a tied lm_head and rotary
-    tables (handed over, their consumption not required)."""
+    """What vLLM's Llama/DeepSeek load_weights skip: MTP layers (never read), a tied lm_head and
+    rotary tables (handed over, their consumption not required)."""
     skips = {
         s.glob: s
         for s in declared_skips(
@@ -474,7 +476,8 @@ def test_extra_config_values_are_checked_as_load_checks_them_in_one_line(
 
 
 def test_windows_come_in_the_order_vllms_default_loader_yields_tensors(llama: Path) -> None:
-    """Files in natural order, names sorted within each: what vLLM's own safetensors iterator yields."""
+    """Files in natural order, names sorted within each: what vLLM's own safetensors iterator
+    yields."""
     plan = Planner(read_native(llama)[0], load_config("llama")).plan(Layout(1), "packed", 0)
     full = whole(llama)
     names = [n for n, _ in windows(full, plan.items, rank=0)]

@@ -7,11 +7,12 @@ narrows them as vLLM's layers do:
 
 * FusedMoE.weight_loader: ``_load_w13`` (gate/up: dimension 0, shard = param rows / 2) and
   ``_load_w2`` (down: dimension 1) for weights and block/group scales; per-tensor scales by
-  ``param_data[expert_id][idx] = loaded_weight`` (ModelOpt), ``input_scale`` through ``.to(device)``;
+  ``param_data[expert_id][idx] = loaded_weight`` (ModelOpt), ``input_scale`` through
+  ``.to(device)``;
 * linear parameters (vllm/model_executor/parameter.py): ``load_merged_column_weight`` /
-  ``load_column_parallel_weight`` narrow the output dimension, ``load_row_parallel_weight`` the input
-  one (packed FP4 columns and block scales by the parameter's own, already divided, sizes), and
-  ``PerTensorScaleParameter`` copies scalars whole; replicated layers and norms copy whole.
+  ``load_column_parallel_weight`` narrow the output dimension, ``load_row_parallel_weight`` the
+  input one (packed FP4 columns and block scales by the parameter's own, already divided, sizes),
+  and ``PerTensorScaleParameter`` copies scalars whole; replicated layers and norms copy whole.
 
 It must get exactly the bytes the same loader gets from the whole tensors, leave nothing unread,
 and a stand-in that forgets one tensor (a scale, the way a name vLLM does not map is dropped) must
@@ -73,7 +74,8 @@ def stand_in(
         return params.setdefault(key, torch.zeros(shape, dtype=dtype))
 
     def per_rank(stem: str, leaf: str, dim: int) -> int:
-        """The parameter's size along the sharded dimension, as vLLM builds it from the layer's sizes."""
+        """The parameter's size along the sharded dimension, as vLLM builds it from the layer's
+        sizes."""
         weight = shapes[f"{stem}.weight"]
         if leaf == "weight_scale_inv":  # block FP8: one scale per 128 of the rank's rows / columns
             return cdiv(weight[dim] // TP, 128)
@@ -137,7 +139,8 @@ def stand_in(
 
 
 def handed_over(root: Path, rank: int) -> tuple[Handoff, dict[str, torch.Tensor], tuple]:
-    """tpload's hand-off of ``rank``'s real windows (the plan the engine's load uses: MTP layers skipped)."""
+    """tpload's hand-off of ``rank``'s real windows (the plan the engine's load uses: MTP layers
+    skipped)."""
     full = whole(root)
     skips = declared_skips(model_config(root))
     config = with_rules(choose("auto", root)[0], skip=tuple(s.glob for s in skips if not s.read))
@@ -202,5 +205,6 @@ def test_a_quantized_loader_that_forgets_a_tensor_fails_naming_it(
     unread, _ = handoff.unconsumed(skips)
     assert [h.name for h in unread] == [name]
     assert unconsumed_message(unread, "vllm").startswith(
-        f"1 tensor(s) tpload handed over were not consumed by vllm's weight loaders: {name} (taken, never read"
+        f"1 tensor(s) tpload handed over were not consumed by vllm's weight loaders: {name} "
+        "(taken, never read"
     )

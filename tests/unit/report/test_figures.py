@@ -1,4 +1,5 @@
-"""The exchange row: every figure survives the wire; 'not measured' is None (null in JSON), never -1."""
+"""The exchange row: every figure survives the wire; 'not measured' is None (null in JSON), never
+-1."""
 
 from __future__ import annotations
 
@@ -63,15 +64,10 @@ def test_json_says_null_for_what_was_not_measured_and_to_json_is_text() -> None:
 
 
 def test_predictions_word_needs_every_rank() -> None:
-    mk = lambda *states: LoadReport(
-        "c",
-        "packed",
-        2,
-        1,
-        "node",
-        "cpu",  # noqa: E731
-        [RankFigures(rank=i, prediction=s) for i, s in enumerate(states)],
-    )
+    def mk(*states: int) -> LoadReport:
+        figures = [RankFigures(rank=i, prediction=s) for i, s in enumerate(states)]
+        return LoadReport("c", "packed", 2, 1, "node", "cpu", figures)
+
     assert mk(1, 1).predictions == "matched" and mk(0, 0).predictions == "none stored"
     assert mk(1, 2).predictions == "differs" and mk(1, 0).predictions == "partly stored"
 

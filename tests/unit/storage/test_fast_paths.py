@@ -1,6 +1,7 @@
 """The quick passes over a checkpoint's tables (whole columns checked at once) against the entry by
 entry passes that word the problems: they must accept exactly what those accept, build the same
-objects, and leave every refusal to them; and natural_key must order names exactly as it always did."""
+objects, and leave every refusal to them; and natural_key must order names exactly as it always
+did."""
 
 from __future__ import annotations
 
@@ -83,7 +84,8 @@ def test_natural_key_orders_tricky_names_as_before() -> None:
 
 
 def sound_header() -> dict:
-    """Entries out of file order (as a header's sorted names put them), a scalar, an empty tensor."""
+    """Entries out of file order (as a header's sorted names put them), a scalar, an empty
+    tensor."""
     return {
         "__metadata__": {"format": "pt"},
         "z": f32(4, begin=0),

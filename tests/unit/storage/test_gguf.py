@@ -1,4 +1,5 @@
-"""tpload's GGUF header reader against the ``gguf`` package (the independent reference), and hostile headers."""
+"""tpload's GGUF header reader against the ``gguf`` package (the independent reference), and hostile
+headers."""
 
 from __future__ import annotations
 
@@ -158,7 +159,8 @@ def test_two_unsplit_files(tmp_path: Path) -> None:
     assert gguf_files(tmp_path / "a.gguf") == [tmp_path / "a.gguf"]
 
 
-# --- hand-made headers ----------------------------------------------------------------------------------
+# --- hand-made headers
+# ----------------------------------------------------------------------------------
 
 
 def _s(text: str) -> bytes:
@@ -173,7 +175,8 @@ def handmade(
     n_kv: int = 0,
     version: int = 3,
 ) -> bytes:
-    """A GGUF file from (name, GGUF-order dims, type id, offset) entries and ``data`` bytes of data."""
+    """A GGUF file from (name, GGUF-order dims, type id, offset) entries and ``data`` bytes of
+    data."""
     head = b"GGUF" + struct.pack("<IQQ", version, len(tensors), n_kv) + kv
     for name, dims, ttype, offset in tensors:
         head += (
@@ -314,7 +317,8 @@ def test_fuzz_one_line(tmp_path: Path) -> None:
 
 
 def test_headers_only_full_set_for_plan(tmp_path: Path) -> None:
-    """deepseek-r1-gguf-full: our own header writer read back by gguf's reader; `plan` gives per-rank figures."""
+    """deepseek-r1-gguf-full: our own header writer read back by gguf's reader; `plan` gives
+    per-rank figures."""
     import subprocess
     import sys
 

@@ -201,7 +201,8 @@ def _as_git_object(snapshot: Path, name: str) -> None:
 def test_a_shard_stored_as_a_git_object_is_checked_whole_by_sha1(snapshot: Path) -> None:
     first, second = sorted(p.name for p in snapshot.glob("*.safetensors"))
     _as_git_object(snapshot, first)
-    # the LFS shard by its blob name; the git object by the sha256 of the bytes its SHA-1 vouched for
+    # the LFS shard by its blob name; the git object by the sha256 of the bytes its SHA-1 vouched
+    # for
     assert hub.shard_digests(snapshot, [first, second]) == {
         first: hashlib.sha256((snapshot / first).read_bytes()).hexdigest(),
         second: Path(os.readlink(snapshot / second)).name,
@@ -241,8 +242,8 @@ def test_a_snapshot_with_a_shard_stored_as_a_git_object_loads(snapshot: Path) ->
 
 
 def test_a_manifest_written_into_a_snapshot_is_used_and_keeps_it_loadable(snapshot: Path) -> None:
-    """`tpload manifest` on a snapshot (what the amplification note recommends for ep layouts) writes
-    a regular file among the links; the snapshot stays loadable, now verified per tensor."""
+    """`tpload manifest` on a snapshot (what the amplification note recommends for ep layouts)
+    writes a regular file among the links; the snapshot stays loadable, now verified per tensor."""
     from tpload.tools.offline import write_manifest
 
     write_manifest(snapshot)

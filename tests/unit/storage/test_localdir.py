@@ -32,8 +32,9 @@ def git_sha1(data: bytes) -> str:
 
 
 def as_local_dir(folder: Path, commit: str = COMMIT, *, skip: tuple[str, ...] = ()) -> Path:
-    """Give each file of ``folder`` the download metadata ``hf download --local-dir`` leaves, written by
-    huggingface_hub itself: the sha256 etag of an LFS file (the shards), the git SHA-1 of the rest."""
+    """Give each file of ``folder`` the download metadata ``hf download --local-dir`` leaves,
+    written by huggingface_hub itself: the sha256 etag of an LFS file (the shards), the git SHA-1 of
+    the rest."""
     for f in sorted(p for p in folder.iterdir() if p.is_file() and p.name not in skip):
         data = f.read_bytes()
         etag = hashlib.sha256(data).hexdigest() if f.suffix == ".safetensors" else git_sha1(data)
@@ -42,7 +43,8 @@ def as_local_dir(folder: Path, commit: str = COMMIT, *, skip: tuple[str, ...] = 
 
 
 def flip(path: Path, offset: int) -> None:
-    """One byte flipped in place, the file's times kept (so its metadata stays fresh: only the hash sees it)."""
+    """One byte flipped in place, the file's times kept (so its metadata stays fresh: only the hash
+    sees it)."""
     st = path.stat()
     with open(path, "r+b") as fh:
         fh.seek(offset)
@@ -178,7 +180,8 @@ def test_stale_metadata_is_reported(local: Path) -> None:
     )  # rewritten since the download, as huggingface_hub would judge it
     with pytest.raises(
         LoadError,
-        match=f"{shard.name}: stale download metadata: the file was modified 3[56]\\d\\d\\.\\d s after",
+        match=f"{shard.name}: stale download metadata: the file was modified 3[56]\\d\\d\\.\\d s "
+        "after",
     ):
         tpload.load(local, progress=False)
 

@@ -1,5 +1,6 @@
-"""The manifest pins the JSON files that shape a plan (config.json, hf_quant_config.json, the index):
-each reader checks them before believing a byte; an old manifest without pins still loads, with a note."""
+"""The manifest pins the JSON files that shape a plan (config.json, hf_quant_config.json, the
+index): each reader checks them before believing a byte; an old manifest without pins still loads,
+with a note."""
 
 from __future__ import annotations
 

@@ -185,7 +185,8 @@ def test_wide_rows_are_read_whole_when_they_may_not_be_split(
 
 
 def test_a_slow_tap_holds_its_buffer_until_done(storage: ShardedStorage, tensors: dict) -> None:
-    """A tap still reading a buffer on another thread: the reader waits before reusing that buffer."""
+    """A tap still reading a buffer on another thread: the reader waits before reusing that
+    buffer."""
 
     class SlowTap(ShaTap):
         def __init__(self, pool: ThreadPoolExecutor) -> None:

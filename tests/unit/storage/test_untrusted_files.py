@@ -34,7 +34,8 @@ from .shards import (
 
 
 def refusal(root: Path) -> str:
-    """The CheckpointError opening ``root`` gives (within a few seconds: a blocked open fails the test)."""
+    """The CheckpointError opening ``root`` gives (within a few seconds: a blocked open fails the
+    test)."""
     with deadline(5), pytest.raises(CheckpointError) as e:
         storage = ShardedStorage(root)
         storage.close()
@@ -240,8 +241,8 @@ def test_a_manifest_entry_no_shard_holds_is_a_problem(tmp_path: Path) -> None:
     )
     cat, _ = read_native(root)  # opening is fine: the manifest is checked against what a load reads
     assert cat.manifest_problems(["a"]) == [
-        f"{root / MANIFEST}: the manifest lists 1 tensor(s) no shard holds (an index or shard that leaves them "
-        "out?): gone"
+        f"{root / MANIFEST}: the manifest lists 1 tensor(s) no shard holds (an index or shard "
+        "that leaves them out?): gone"
     ]
 
 

@@ -1,7 +1,7 @@
-"""The CUDA transfer. Its logic (two pinned buffers guarded by events, copies on a side stream, device
-fingerprints checked against the host window, torch decodes on the device) runs here on the CPU with a
-stand-in stream and pinned allocator, through the same load loop; the tests marked for CUDA run it on a
-GPU (launch/gpu-check.sh)."""
+"""The CUDA transfer. Its logic (two pinned buffers guarded by events, copies on a side stream,
+device fingerprints checked against the host window, torch decodes on the device) runs here on the
+CPU with a stand-in stream and pinned allocator, through the same load loop; the tests marked for
+CUDA run it on a GPU (launch/gpu-check.sh)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
 class StandInEvent:
-    """Counts what the transfer asks of its events, so the tests can see the buffers being guarded."""
+    """Counts what the transfer asks of its events, so the tests can see the buffers being
+    guarded."""
 
     def __init__(self) -> None:
         self.recorded = self.waited = 0
@@ -105,8 +106,8 @@ def _load_with(transfer: object, root: Path, kind: str, tp: int, rank: int) -> t
 def test_the_cuda_path_on_a_stand_in_serves_what_the_cpu_path_serves(
     small_ckpt: Path, kind: str
 ) -> None:
-    # expanded: the torch decoders (what a GPU runs), fed by stage() and upload(), against the compiled
-    # CPU kernels of the CPU path; packed: pinned copies checked by device fingerprints
+    # expanded: the torch decoders (what a GPU runs), fed by stage() and upload(), against the
+    # compiled CPU kernels of the CPU path; packed: pinned copies checked by device fingerprints
     cpu_digest, cpu = _load_with(CpuTransfer(torch.device("cpu")), small_ckpt, kind, 2, 1)
     cuda_digest, cuda = _load_with(
         CudaTransfer(torch.device("cpu"), stand_in(), chunk_bytes=8192), small_ckpt, kind, 2, 1

@@ -1,7 +1,8 @@
-"""The load attestation checked without a world: a tp 2 x ep 2 statement made by the code rank 0 runs
-(every rank's plan from one catalogue, the digests from the load's own code on the CPU) verifies against
-its checkpoint; forged ones (a window moved, a rank's tensor dropped, a digest or coverage changed,
-another checkpoint) fail naming exactly what differs; a signed one verifies with its key only."""
+"""The load attestation checked without a world: a tp 2 x ep 2 statement made by the code rank 0
+runs (every rank's plan from one catalogue, the digests from the load's own code on the CPU)
+verifies against its checkpoint; forged ones (a window moved, a rank's tensor dropped, a digest or
+coverage changed, another checkpoint) fail naming exactly what differs; a signed one verifies with
+its key only."""
 
 from __future__ import annotations
 
@@ -30,8 +31,9 @@ pytest.importorskip("model_signing")
 def make_statement(
     root: Path, layout: Layout, *, kind: str = "packed", defer: tuple[str, ...] = ()
 ) -> dict:
-    """What rank 0 writes after a passed load of ``root`` at ``layout``: every rank's plan from the one
-    catalogue, each rank's digest as the load computes it (offline.predict runs the load's code)."""
+    """What rank 0 writes after a passed load of ``root`` at ``layout``: every rank's plan from the
+    one catalogue, each rank's digest as the load computes it (offline.predict runs the load's
+    code)."""
     storage = open_storage(root, tp=layout.tp, ep=layout.ep, rank=0, world=layout.world)
     try:
         chosen, _ = choose("auto", storage.root, pins=storage.catalogue.pins)
@@ -96,8 +98,9 @@ def test_a_tp2_x_ep2_attestation_verifies_and_covers_every_tensor(
     served = pred["coverage"]["served"]
     experts = [n for n in served if ".mlp.experts." in n]
     assert experts, "the preset has routed experts"
-    # an expert's bytes are split between the 2 tp ranks of the one ep group that holds it: each byte once;
-    # a tp-split dense matrix is held by both ep groups: twice; a replicated norm by all 4 ranks
+    # an expert's bytes are split between the 2 tp ranks of the one ep group that holds it: each
+    # byte once; a tp-split dense matrix is held by both ep groups: twice; a replicated norm by all
+    # 4 ranks
     assert all(served[n]["replicas"] == [1, 1] for n in experts)
     holders = {n: [r["rank"] for r in pred["ranks"] if n in r["windows"]] for n in experts}
     assert all(h in ([0, 1], [2, 3]) for h in holders.values()) and {
@@ -194,7 +197,8 @@ def test_a_signed_attestation_verifies_with_its_key_only(
     )
     unchecked, notes = attest.check(path, ds)
     assert unchecked == [] and any("not checked (give --key PEM" in n for n in notes)
-    # the statement edited after signing (a digest changed): the signature and the digest both say so
+    # the statement edited after signing (a digest changed): the signature and the digest both say
+    # so
     doc = json.loads(path.read_text())
     _forge_digest(doc)
     path.write_text(attest.dumps(doc))
@@ -254,7 +258,8 @@ def test_attest_options_are_checked_before_loading(tmp_path: Path) -> None:
 
 
 def test_a_signed_folder_is_identified_by_its_signature_bundle(tmp_path: Path) -> None:
-    # a model.sig vouched for the load: the bundle's sha256 is the subject (it signs every file's digest)
+    # a model.sig vouched for the load: the bundle's sha256 is the subject (it signs every file's
+    # digest)
     import tpload
     from tests.unit.verification.test_signing import sign
 

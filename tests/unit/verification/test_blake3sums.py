@@ -1,5 +1,5 @@
-"""The blake3 sidecar: written only after every sha256 matched, kept in the operator's store, used by a
-load only while fresh and complete (else sha256, with a note saying why), and optional."""
+"""The blake3 sidecar: written only after every sha256 matched, kept in the operator's store, used
+by a load only while fresh and complete (else sha256, with a note saying why), and optional."""
 
 from __future__ import annotations
 

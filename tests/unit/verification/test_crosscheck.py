@@ -46,7 +46,8 @@ def window(a: np.ndarray, box: Box) -> np.ndarray:
 def exchange(
     node: list[int], files: Files, view_of: dict[int, Files] | None = None
 ) -> tuple[dict, dict]:
-    """Every rank's claim row and seen row; ``view_of[r]``: the files as rank r read them (default: ``files``)."""
+    """Every rank's claim row and seen row; ``view_of[r]``: the files as rank r read them (default:
+    ``files``)."""
     reads = reads_of(files, node)
     sizes = {n: a.nbytes for n, a in files.items()}
     claim_rows, seen_rows = {}, {}
@@ -100,8 +101,8 @@ def test_one_reader_that_read_other_bytes_is_named_with_its_hasher(ranks: int) -
     reader = node[-1]  # the changed row is in its window only
     claim_rows, seen_rows = exchange(node, files, {reader: changed(files, name)})
     assert verdict([node], claim_rows, seen_rows) == [
-        f"rank {reader} served bytes of tensors hashed by rank {hasher} that differ from the bytes that were hashed "
-        "(a file changed while the node loaded it?)"
+        f"rank {reader} served bytes of tensors hashed by rank {hasher} that differ from the "
+        "bytes that were hashed (a file changed while the node loaded it?)"
     ]
 
 
@@ -112,8 +113,8 @@ def test_a_hasher_that_read_other_bytes_is_named_with_the_reader() -> None:
     hasher = hasher_of(name, node, files)
     claim_rows, seen_rows = exchange(node, files, {hasher: changed(files, name)})
     assert verdict([node], claim_rows, seen_rows) == [
-        f"rank 3 served bytes of tensors hashed by rank {hasher} that differ from the bytes that were hashed "
-        "(a file changed while the node loaded it?)"
+        f"rank 3 served bytes of tensors hashed by rank {hasher} that differ from the bytes that "
+        "were hashed (a file changed while the node loaded it?)"
     ]
 
 
@@ -135,8 +136,8 @@ def test_on_a_node_of_more_ranks_than_slots_a_difference_is_still_caught() -> No
     claim_rows, seen_rows = exchange(node, files, {9: changed(files, name)})
     by = f"rank {hasher}" if hasher not in (0, 8) else "one of ranks 0, 8"
     assert verdict([node], claim_rows, seen_rows) == [
-        f"one of ranks 1, 9 served bytes of tensors hashed by {by} that differ from the bytes that were hashed "
-        "(a file changed while the node loaded it?)"
+        f"one of ranks 1, 9 served bytes of tensors hashed by {by} that differ from the bytes "
+        "that were hashed (a file changed while the node loaded it?)"
     ]
 
 
@@ -173,6 +174,6 @@ def test_on_a_node_of_more_ranks_than_slots_a_pair_sharing_a_slot_is_caught() ->
     name = next(n for n in files if n != "norm" and hasher_of(n, node, files) == 1)
     claim_rows, seen_rows = exchange(node, files, {9: changed(files, name)})
     assert verdict([node], claim_rows, seen_rows) == [
-        "one of ranks 1, 9 served bytes of tensors hashed by one of ranks 1, 9 that differ from the bytes that were "
-        "hashed (a file changed while the node loaded it?)"
+        "one of ranks 1, 9 served bytes of tensors hashed by one of ranks 1, 9 that differ from "
+        "the bytes that were hashed (a file changed while the node loaded it?)"
     ]

@@ -3,6 +3,8 @@ reading of the definition in verification/fingerprint.py, what it catches, and t
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
 import pytest
 import torch
@@ -120,7 +122,7 @@ def test_row_pieces_add_up_to_the_whole_rows(width: int, pieces: list[int]) -> N
     stored = random_bytes((9, width + 10), width)
     window = stored[:, 5 : 5 + width]
     fp = HostFingerprint(width)
-    spans = list(zip(pieces, pieces[1:]))
+    spans = list(pairwise(pieces))
     for r in reversed(range(9)):
         for c0, c1 in reversed(spans):
             fp.add(window[r : r + 1, c0:c1], r, first_col=c0)

@@ -63,7 +63,8 @@ def test_assign_hashing_is_the_plain_greedy_rule() -> None:
 
 
 def node_reads() -> dict[int, dict[str, Box]]:
-    """Four ranks of tp 4: a replicated norm, a row-cut head, a column-cut w2, experts of two ep groups."""
+    """Four ranks of tp 4: a replicated norm, a row-cut head, a column-cut w2, experts of two ep
+    groups."""
     reads: dict[int, dict[str, Box]] = {}
     for r in range(4):
         reads[r] = {

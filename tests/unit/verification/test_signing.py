@@ -28,11 +28,11 @@ from tpload.options import LoadOptions
 from tpload.tools.published import write_published
 from tpload.verification import signing
 
-model_signing = pytest.importorskip("model_signing")
-from model_signing import hashing as ms_hashing
-from model_signing import signing as ms_signing
-
 from ...ckpt_tools import ec_keypair
+
+model_signing = pytest.importorskip("model_signing")
+from model_signing import hashing as ms_hashing  # noqa: E402  only once importorskip found it
+from model_signing import signing as ms_signing  # noqa: E402  only once importorskip found it
 
 SHARD2 = "model-00002-of-00002.safetensors"
 

@@ -2,8 +2,8 @@
 checked on receipt.
 
 With ``replicas`` R the load's group holds R copies of one tp x ep plan: rank ``r`` is replica
-``r // (tp*ep)`` at position ``r % (tp*ep)``, and every rank at a position has the same plan, run in
-the same order. The plan's runs (loop.py: one item, or a batch of small ones) are split between the
+``r // (tp*ep)`` at position ``r % (tp*ep)`` (or where the caller's ``replica_group`` puts it:
+:class:`Placement`), and every rank at a position has the same plan, run in the same order. The plan's runs (loop.py: one item, or a batch of small ones) are split between the
 position's R ranks, balanced by bytes (:func:`split`, the same on every rank); the owner of a run reads
 it from storage, as a rank reading alone would, and sends each piece it yields to the position's
 other ranks (point-to-point on the CPU group: gloo here, the same calls on any backend that has
@@ -60,13 +60,67 @@ def recv(tensor: torch.Tensor, group_src: int, group: dist.ProcessGroup) -> dist
     return dist.irecv(tensor, group=group, group_src=group_src)
 
 
-def check_world(world: int, replicas: int, tp: int, ep: int) -> None:
-    """One line naming the option and the sizes when the group is not ``replicas x tp x ep``."""
+def check_world(
+    world: int, replicas: int, tp: int, ep: int, groups: Sequence[Sequence[int]] | None = None
+) -> None:
+    """One line naming the option and the sizes when the group is not ``replicas x tp x ep``, or the
+    caller's ``groups`` (one per position, one rank per replica) do not place every rank of it."""
+    what = f"replicas {replicas}"
+    if groups:
+        what = f"replica_group ({len(groups)} groups of {replicas})"
     if world != replicas * tp * ep:
         raise OptionsError(
-            f"replicas {replicas}: a group of {world} ranks is not replicas {replicas} x tp {tp} x "
+            f"{what}: a group of {world} ranks is not replicas {replicas} x tp {tp} x "
             f"ep {ep} = {replicas * tp * ep} ranks"
         )
+    if groups is None:
+        return
+    if len(groups) != tp * ep:
+        raise OptionsError(
+            f"{what}: tp {tp} x ep {ep} has {tp * ep} positions, so {tp * ep} groups are needed "
+            f"(one per position), not {len(groups)}"
+        )
+    if outside := sorted(r for g in groups for r in g if r >= world):
+        raise OptionsError(
+            f"{what}: rank(s) {', '.join(map(str, outside[:8]))} outside the load's group of "
+            f"{world} ranks (the groups hold ranks of the load's group)"
+        )
+
+
+class Placement:
+    """Where each rank of the load's group stands: ``groups[position][replica]`` is its rank (the
+    caller's ``replica_group``, already checked: equal sizes, no rank twice, :func:`check_world`)."""
+
+    def __init__(self, groups: Sequence[Sequence[int]]) -> None:
+        self.groups = tuple(tuple(g) for g in groups)
+        self.replicas, self.size = len(self.groups[0]), len(self.groups)
+        self._where = {r: (q, p) for p, g in enumerate(self.groups) for q, r in enumerate(g)}
+
+    @classmethod
+    def in_order(cls, replicas: int, size: int) -> Placement:
+        """``--replicas R``: rank ``r`` is replica ``r // size`` at position ``r % size``."""
+        return cls([[q * size + p for q in range(replicas)] for p in range(size)])
+
+    def where(self, rank: int) -> tuple[int, int]:
+        """(replica, position) of a group rank."""
+        return self._where[rank]
+
+    def rank(self, replica: int, position: int) -> int:
+        return self.groups[position][replica]
+
+
+def count(opts: object) -> int:
+    """The number of replicas the options ask for (``replica_group``: the groups' size)."""
+    groups = getattr(opts, "replica_group", None)
+    return len(groups[0]) if groups else getattr(opts, "replicas", 1)
+
+
+def placement(opts: object, world: int) -> Placement | None:
+    """Where each rank stands (None without replicas)."""
+    groups, n = getattr(opts, "replica_group", None), count(opts)
+    if n <= 1:
+        return None
+    return Placement(groups) if groups else Placement.in_order(n, world // n)
 
 
 @dataclass
@@ -134,52 +188,35 @@ def load_runs(plan: object, storage: object) -> list[Run]:
 class PositionPlanner:
     """A planner that plans each rank of the group as its position in its replica."""
 
-    def __init__(self, planner: object, replicas: int) -> None:
-        self._inner, self.replicas = planner, replicas
+    def __init__(
+        self, planner: object, replicas: int, groups: Sequence[Sequence[int]] | None = None
+    ) -> None:
+        self._inner, self.replicas, self.groups = planner, replicas, groups
+        self._at = Placement(groups) if groups else None
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._inner, name)
 
     def check_layout(self, layout: object, world: int) -> None:
-        check_world(world, self.replicas, layout.tp, layout.ep)
+        check_world(world, self.replicas, layout.tp, layout.ep, self.groups)
         self._inner.check_layout(layout, world // self.replicas)
 
     def plan(self, layout: object, kind: str, rank: int) -> object:
-        return self._inner.plan(layout, kind, rank % layout.world)
+        position = self._at.where(rank)[1] if self._at else rank % layout.world
+        return self._inner.plan(layout, kind, position)
+
+    def position_plan(self, layout: object, kind: str, position: int) -> object:
+        return self._inner.plan(layout, kind, position)
 
 
-def positions(planner: object, replicas: int) -> object:
+def positions(planner: object, opts: object) -> object:
     """``planner`` itself without replicas; else one that plans ranks by their position."""
-    return planner if replicas <= 1 else PositionPlanner(planner, replicas)
+    n = count(opts)
+    return planner if n <= 1 else PositionPlanner(planner, n, getattr(opts, "replica_group", None))
 
 
 def _tag(name: str) -> int:
     return zlib.crc32(name.encode())
-
-
-def _ownership(
-    plan: object, storage: object, replicas: int
-) -> tuple[dict[str, int], dict[tuple[str, int], int]]:
-    """The reading replica of each tensor the plan reads, and of each batch (by file and first byte)."""
-    items = plan.items
-    found = list(runs(items, plan.kind, storage, classes=plan.shapes))
-    weights = [
-        (
-            [c.name for item in items[k:end] for c in item.cuts],
-            sum(i.read_bytes for i in items[k:end]),
-        )
-        for k, end, _ in found
-    ]
-    owners = split(weights, replicas)
-    by_name: dict[str, int] = {}
-    by_batch: dict[tuple[str, int], int] = {}
-    for (names, _), (k, end, pieces), r in zip(weights, found, owners):
-        for n in names:
-            by_name.setdefault(n, r)
-        if end - k > 1:
-            stored = [s for per_item in pieces for s, _, _ in per_item]
-            by_batch[(str(stored[0].path), min(s.offset for s in stored))] = r
-    return by_name, by_batch
 
 
 class Link:
@@ -190,16 +227,17 @@ class Link:
         ctx: object,
         storage: object,
         plans: Sequence[object],
-        replicas: int,
+        at: Placement,
         timeout_s: float,
         fig: object,
         unit: Callable[[str], object] | None = None,
     ) -> None:
-        self.ctx, self.replicas, self.timeout_s, self.fig = ctx, replicas, timeout_s, fig
-        self.size = ctx.world // replicas
-        self.replica, self.position = divmod(ctx.rank, self.size)
+        self.ctx, self.at, self.timeout_s, self.fig = ctx, at, timeout_s, fig
+        self.replicas = replicas = at.replicas
+        self.size = at.size
+        self.replica, self.position = at.where(ctx.rank)
         self.group = ctx.cpu_group
-        self.others = [q * self.size + self.position for q in range(replicas) if q != self.replica]
+        self.others = [at.rank(q, self.position) for q in range(replicas) if q != self.replica]
         self.split = split([load_runs(plan, storage) for plan in plans], replicas, unit)
         mine = self.split[self.position]
         self.by_name, self.by_batch = mine.by_name, mine.by_batch
@@ -216,7 +254,8 @@ class Link:
         """Each plan's windows its rank reads from storage itself (the hash plan's input)."""
         out = {}
         for p, plan in plans.items():
-            own = self.split[p % self.size].reads[p // self.size]
+            q, position = self.at.where(p)
+            own = self.split[position].reads[q]
             out[p] = {n: box for n, box in plan.reads.items() if n in own}
         return out
 
@@ -299,7 +338,7 @@ class Link:
         Receive-ahead: the next piece's bytes (and the header after them) are asked for before this
         piece goes to the loop, so its copy overlaps their transfer (messages from one sender are
         matched in the order they are asked for)."""
-        src = owner * self.size + self.position
+        src = self.at.rank(owner, self.position)
         what = (
             f"rank {self.ctx.rank} receiving {escape_name(name)} from rank {src} (replica {owner})"
         )
@@ -435,7 +474,8 @@ def link(strategy: object, planner: object) -> Link | None:
 
     job = strategy.job
     opts, ctx, storage = job.opts, job.ctx, job.storage
-    if opts.replicas <= 1:
+    n = count(opts)
+    if n <= 1:
         return None
     why = None
     if storage.per_rank:
@@ -443,15 +483,14 @@ def link(strategy: object, planner: object) -> Link | None:
     elif opts.verify == Verify.DIGEST:
         why = "--verify digest is not shared between replicas yet (its predictions are per rank); use node"
     if why:
-        raise OptionsError(f"replicas {opts.replicas}: {why}")
-    every = [
-        planner.plan(job.layout, opts.kind, p) for p in range(job.layout.world)
-    ]  # every position's plan
+        raise OptionsError(f"replicas {n}: {why}")
+    at = placement(opts, ctx.world)
+    every = [planner.position_plan(job.layout, opts.kind, p) for p in range(job.layout.world)]
     # files vouched for whole (hub snapshots, local-dir downloads, signed files) are shared out whole: a
     # file's windows are all read by one replica, whose node hashes the file once for the cluster
     whole = isinstance(strategy, FileDigests) or getattr(storage, "file_digests", None) is not None
     unit = (lambda n: storage.info(n).path) if whole else None
-    out = Link(ctx, storage, every, opts.replicas, opts.timeout_s, job.fig, unit)
+    out = Link(ctx, storage, every, at, opts.timeout_s, job.fig, unit)
     job.reads = out.reads(job.plans)
     return out
 
@@ -506,16 +545,18 @@ def plan_lines(plans: Sequence[object], replicas: int, per_node: int) -> list[st
     return lines
 
 
-def verdict(ranks: Sequence[object], replicas: int) -> list[str]:
+def verdict(ranks: Sequence[object], at: Placement | int | None) -> list[str]:
     """From the exchanged table: every receiver whose folded sightings differ from what the ranks at its
     position sent (the per-window check on receipt names the tensor; this one does not trust the values
-    that travelled with the bytes)."""
-    if replicas <= 1:
+    that travelled with the bytes). ``at``: where each rank stands (an int R: in rank order)."""
+    if isinstance(at, int):
+        at = Placement.in_order(at, len(ranks) // at) if at > 1 else None
+    if at is None or at.replicas <= 1:
         return []
-    size, out = len(ranks) // replicas, []
+    out = []
     for t in ranks:
-        q, p = divmod(t.rank, size)
-        senders = [s * size + p for s in range(replicas) if s != q]
+        q, p = at.where(t.rank)
+        senders = [at.rank(s, p) for s in range(at.replicas) if s != q]
         want = xor_fold(
             bytes.fromhex(ranks[s].replicas_sent) if ranks[s].replicas_sent else bytes(DIGEST_BYTES)
             for s in senders

@@ -217,7 +217,7 @@ class Strategy(ABC):
             problems += crosscheck.verdict(
                 ctx.node_lists, {r.rank: r.claims for r in ranks}, {r.rank: r.seen for r in ranks}
             )
-            problems += replicas.verdict(ranks, getattr(self.job.opts, "replicas", 1))
+            problems += replicas.verdict(ranks, replicas.placement(self.job.opts, len(ranks)))
         return problems
 
 

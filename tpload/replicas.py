@@ -231,7 +231,12 @@ class Link:
         timeout_s: float,
         fig: object,
         unit: Callable[[str], object] | None = None,
+        *,
+        predicted: bool = False,
     ) -> None:
+        self.predicted = predicted
+        """``--verify digest``: the receiver's served bytes are checked against its position's stored
+        prediction instead (verification/gate.py names the tensor and its sender)."""
         self.ctx, self.at, self.timeout_s, self.fig = ctx, at, timeout_s, fig
         self.replicas = replicas = at.replicas
         self.size = at.size
@@ -261,6 +266,13 @@ class Link:
 
     def mine(self, name: str) -> bool:
         return self.by_name.get(name, self.replica) == self.replica
+
+    def source(self, name: str) -> str:
+        """Where this rank's window of ``name`` came from, in words ("" when read from storage)."""
+        if self.mine(name):
+            return ""
+        owner = self.by_name[name]
+        return f" (received from rank {self.at.rank(owner, self.position)}, replica {owner})"
 
     # -- sending -----------------------------------------------------------------------------------
 
@@ -364,7 +376,7 @@ class Link:
             if posted is None:  # the window's end: its fingerprint as the sender took it
                 want = tuple(head[2:5])
                 self._seen.setdefault(owner, []).append((name, box, fp.value()))
-                if fp.value() != want:
+                if fp.value() != want and not self.predicted:
                     self.problems.append(
                         f"tensor {escape_name(name)}: the bytes rank {self.ctx.rank} received from rank {src} "
                         f"(replica {owner}) differ from those rank {src} read from storage (fingerprint "
@@ -480,8 +492,6 @@ def link(strategy: object, planner: object) -> Link | None:
     why = None
     if storage.per_rank:
         why = "a pre-partitioned export (each rank reads its own rank file) is not shared between replicas yet"
-    elif opts.verify == Verify.DIGEST:
-        why = "--verify digest is not shared between replicas yet (its predictions are per rank); use node"
     if why:
         raise OptionsError(f"replicas {n}: {why}")
     at = placement(opts, ctx.world)
@@ -490,8 +500,9 @@ def link(strategy: object, planner: object) -> Link | None:
     # file's windows are all read by one replica, whose node hashes the file once for the cluster
     whole = isinstance(strategy, FileDigests) or getattr(storage, "file_digests", None) is not None
     unit = (lambda n: storage.info(n).path) if whole else None
-    out = Link(ctx, storage, every, at, opts.timeout_s, job.fig, unit)
-    job.reads = out.reads(job.plans)
+    digest = opts.verify == Verify.DIGEST
+    out = Link(ctx, storage, every, at, opts.timeout_s, job.fig, unit, predicted=digest)
+    job.reads, job.link = out.reads(job.plans), out
     return out
 
 

@@ -96,3 +96,45 @@ def test_replica_groups_given_to_load_place_the_replicas_as_the_caller_says(
     assert all(storage) and 2 * sum(storage) == sum(
         r["bytes_from_storage"] + r["bytes_from_peers"] for r in ranks
     )  # each position's windows read once, by one of its two ranks
+
+
+def test_verify_digest_with_replicas_checks_every_rank_against_its_position_s_prediction(
+    small_ckpt: Path, tmp_path: Path
+) -> None:
+    """``--verify digest``: nothing hashed; every rank, reader or receiver, serves its position's
+    stored prediction; a byte changed in transit fails every rank naming the tensor, from the
+    per-tensor predictions ``plan --write`` stored beside the digests, and its sender."""
+    store = tmp_path / "store"
+    plain = _plain_tp2(small_ckpt, store)
+    report = tmp_path / "r.json"
+    run = tpload_cli(
+        4,
+        str(small_ckpt),
+        "--tp",
+        "2",
+        "--replicas",
+        "2",
+        "--verify",
+        "digest",
+        "--digest-store",
+        str(store),
+        "--report",
+        str(report),
+        timeout=240,
+    )
+    assert run.rc == 0, run.text
+    ranks = json.loads(report.read_text())["ranks"]
+    assert [r["digest"] for r in ranks] == [plain[0], plain[1], plain[0], plain[1]]
+    assert all(r["bytes_hashed"] == 0 for r in ranks)
+    assert sum(r["bytes_from_peers"] for r in ranks) > 0
+    out = tmp_path / "corrupt"
+    out.mkdir()
+    extra = json.dumps({"verify": "digest", "digest_store": str(store)})
+    run = torchrun(4, [CORRUPT, str(small_ckpt), str(out), "1", extra], timeout=240)
+    assert run.rc == 0, run.text
+    outcomes = [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
+    assert not any(o["returned"] for o in outcomes)
+    error = outcomes[0]["error"]
+    assert len({o["error"] for o in outcomes}) == 1 and "load failed on rank 3" in error
+    assert "differs from the prediction stored in" in error and "position 1): 1 served" in error
+    assert "(received from rank 1, replica 0)" in error

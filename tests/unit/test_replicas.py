@@ -77,7 +77,6 @@ def test_verify_rank_with_replicas_is_refused_saying_why() -> None:
 @pytest.mark.parametrize(
     "verify, per_rank, files, why",
     [  # whole-file anchors are shared (by file)
-        (Verify.DIGEST, False, None, "--verify digest is not shared between replicas yet"),
         (Verify.NODE, True, None, "a pre-partitioned export"),
     ],
 )

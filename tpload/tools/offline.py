@@ -62,7 +62,8 @@ def record_verified(
             )
         stamp = checkpoint_stamp(storage)
         manifest_sha = cat.manifest_sha256
-        digests = predict(root, config, layout, kind, verify=True, storage=storage)
+        windows: list[dict] = []
+        digests = predict(root, config, layout, kind, verify=True, storage=storage, windows=windows)
         moved = [
             f"{what} changed while the digests were computed"
             for what in stale(stamp, checkpoint_stamp(storage))
@@ -87,9 +88,10 @@ def record_verified(
             )
     finally:
         storage.close()
-    path = DigestStore(store).write(
-        manifest_sha, Path(root).absolute(), layout_key(config.id(), layout, kind), digests, stamp
-    )
+    key = layout_key(config.id(), layout, kind)
+    # the per-tensor predictions first: a store whose digests are written always has its windows
+    DigestStore(store).write_windows(manifest_sha, key, digests, windows)
+    path = DigestStore(store).write(manifest_sha, Path(root).absolute(), key, digests, stamp)
     return digests, path
 
 

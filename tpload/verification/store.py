@@ -13,7 +13,9 @@ write is refused. One file per checkpoint, named by its manifest's sha256:
      "layouts": {"tp2-ep1-packed-config-<id>": {"digests": [...], "verified": {stamp}}}}
 
 The stamp (the manifest's sha256, each shard's size and mtime) makes an entry
-stale once a shard is rewritten. Writes take a lock, write beside the file and
+stale once a shard is rewritten. Beside it, ``<sha256>.<layout key>.windows`` (JSON) holds each rank's
+fingerprint of every tensor it serves (the lines its digest is made of), written by the same
+``plan --write``: read only when a rank's digest differs, so that the mismatch names its tensors. Writes take a lock, write beside the file and
 rename: never a half-written store, never a lost update.
 """
 
@@ -147,6 +149,34 @@ class DigestStore:
             }
             atomic_write(path, json.dumps(doc, indent=1) + "\n", mode=0o600)
         return path
+
+    def windows_path(self, manifest_sha256: str, key: str) -> Path:
+        return self.root / f"{manifest_sha256}.{key}.windows"
+
+    def write_windows(
+        self, manifest_sha256: str, key: str, digests: list[str], windows: list[dict]
+    ) -> Path:
+        """Each rank's fingerprint of every served tensor (``windows[rank][name]``: the triple), tied
+        to the rank ``digests`` stored with them."""
+        doc = {
+            "format": FORMAT,
+            "manifest_sha256": manifest_sha256,
+            "layout": key,
+            "digests": digests,
+            "windows": windows,
+        }
+        return self.replace_doc(self.windows_path(manifest_sha256, key), doc)
+
+    def read_windows(self, manifest_sha256: str, key: str, digests: list[str]) -> list[dict] | None:
+        """The per-tensor predictions stored with ``digests`` (None: none, or written with others)."""
+        path = self.windows_path(manifest_sha256, key)
+        doc = self.read_doc(path, manifest_sha256, "write them again with `tpload plan --write`")
+        if doc is None or doc.get("digests") != digests or doc.get("layout") != key:
+            return None
+        try:
+            return [{str(n): tuple(map(int, t)) for n, t in w.items()} for w in doc["windows"]]
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise _unreadable(path, e, "write them again with `tpload plan --write`") from None
 
     def replace_doc(self, path: Path, doc: dict) -> Path:
         """Write ``doc`` whole at ``path`` in this store (under the lock, atomic replace, mode 0600)."""

@@ -550,6 +550,10 @@ def cmd_bench(argv: list[str]) -> int:
         from .bench_engine import cmd_bench_engine
 
         return cmd_bench_engine(argv)
+    if "--replicas" in argv:  # replicas sharing the reads against each reading alone
+        from .bench_replicas import cmd_bench_replicas
+
+        return cmd_bench_replicas(argv)
     p = Parser(
         prog="python -m tpload bench",
         description="Run tpload beside its peers on the same "

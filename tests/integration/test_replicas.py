@@ -1,6 +1,6 @@
-"""Replicas under real torchrun (4 ranks, gloo): 2 replicas x tp 2 read each window from storage once
-per cluster and serve exactly what a replica reading alone serves; a byte changed in transit fails
-every rank naming the tensor, the sender and the receiver."""
+"""Replicas under real torchrun (4 ranks, gloo): 2 replicas x tp 2 read each window from storage
+once per cluster and serve exactly what a replica reading alone serves; a byte changed in transit
+fails every rank naming the tensor, the sender and the receiver."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""plan (predicted and trusted digests), verify and manifest: the tools that need no GPU and no world,
-and single-rank --verify digest loads against the operator's digest store."""
+"""plan (predicted and trusted digests), verify and manifest: the tools that need no GPU and no
+world, and single-rank --verify digest loads against the operator's digest store."""
 
 from __future__ import annotations
 
@@ -151,8 +151,9 @@ def test_plan_write_refuses_a_checkpoint_that_fails_sha256(
 def hooked_run(
     monkeypatch: pytest.MonkeyPatch, after_first: Callable[[], None], at: int = 1
 ) -> list[object]:
-    """Wrap the load's own run() as predict calls it: ``after_first`` runs once rank ``at - 1`` is done
-    (a writer changing the checkpoint between the opening and the end); the storages it ran on."""
+    """Wrap the load's own run() as predict calls it: ``after_first`` runs once rank ``at - 1`` is
+    done (a writer changing the checkpoint between the opening and the end); the storages it ran on.
+    """
     from tpload.verification import predict as offline
 
     real, seen = offline.run, []
@@ -205,7 +206,8 @@ def test_plan_write_stores_nothing_when_the_manifest_moves_meanwhile(
     ckpt_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     manifest = ckpt_copy / "NATIVE_MANIFEST.json"
-    # the same entries, other bytes: another manifest sha256, the key the digests would be stored under
+    # the same entries, other bytes: another manifest sha256, the key the digests would be stored
+    # under
     hooked_run(
         monkeypatch, lambda: manifest.write_text(json.dumps(json.loads(manifest.read_text()))), at=2
     )

@@ -1,4 +1,5 @@
-"""One options dataclass drives load()'s keywords and the command line; every value checked in one place."""
+"""One options dataclass drives load()'s keywords and the command line; every value checked in one
+place."""
 
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
-"""Run under torchrun (4 ranks): 2 replicas x tp 2 placed by the caller, as an engine's data-parallel
-groups would place them: ``load(replica_group=GROUPS)``, one list per position, each the ranks holding
-it (one per replica).
+"""Run under torchrun (4 ranks): 2 replicas x tp 2 placed by the caller, as an engine's
+data-parallel groups would place them: ``load(replica_group=GROUPS)``, one list per position, each
+the ranks holding it (one per replica).
 
 argv: CHECKPOINT OUT_DIR GROUPS_JSON. Rank 0 writes the report to OUT_DIR/report.json; each rank
-records its outcome in OUT_DIR/rank{R}.json.
-"""
+records its outcome in OUT_DIR/rank{R}.json."""
 
 from __future__ import annotations
 

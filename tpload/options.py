@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import numbers
 import os
 import types
 import typing
@@ -383,11 +384,11 @@ def _coerce(name: str, value: object) -> object:
     if base == tuple[tuple[int, ...], ...]:  # replica_group: lists of ranks
         ok = isinstance(value, (list, tuple)) and all(
             isinstance(g, (list, tuple))
-            and all(isinstance(r, int) and not isinstance(r, bool) for r in g)
+            and all(isinstance(r, numbers.Integral) and not isinstance(r, bool) for r in g)
             for g in value
         )
-        if ok:
-            return tuple(tuple(g) for g in value)
+        if ok:  # numpy or torch integers too (an engine's rank lists)
+            return tuple(tuple(int(r) for r in g) for g in value)
         raise TypeError(f"expected a list of lists of ranks, got {type(value).__name__} {value!r}")
     if typing.get_origin(base) is tuple:  # globs: one string is one glob, never its characters
         if isinstance(value, str):
@@ -450,9 +451,9 @@ def validate(values: Mapping[str, object], *, style: str) -> list[str]:
     groups = values.get("replica_group")
     if groups and (values.get("replicas") or 1) != 1:
         problems.append(
-            f"{_spell('replicas', style)} {values['replicas']} with {_spell('replica_group', style)} "
-            f"({len(groups)} groups of {len(groups[0])}): give one of them (the groups' size is the "
-            "number of replicas)"
+            f"{_spell('replicas', style)} {values['replicas']} with "
+            f"{_spell('replica_group', style)} ({len(groups)} groups of {len(groups[0])}): give "
+            "one of them (the groups' size is the number of replicas)"
         )
     if ((values.get("replicas") or 1) > 1 or groups) and values.get("verify") == "rank":
         what = (
@@ -461,9 +462,9 @@ def validate(values: Mapping[str, object], *, style: str) -> list[str]:
             else f"{_spell('replicas', style)} {values['replicas']}"
         )
         problems.append(
-            f"{what} with {_spell('verify', style)} rank: a "
-            "receiving rank never sees the whole stored tensor, so it cannot hash what it serves; use "
-            "node (the reading rank hashes, receivers check its fingerprints)"
+            f"{what} with {_spell('verify', style)} rank: a receiving rank never sees the whole "
+            "stored tensor, so it cannot hash what it serves; use node (the reading rank hashes, "
+            "receivers check its fingerprints)"
         )
     return problems + _attest_problems(values, style)
 

@@ -167,7 +167,8 @@ def test_many_tensors_preset_is_written_once_with_its_count(capsys: pytest.Captu
 def test_every_peer_serves_the_floors_windows_of_a_published_layout(
     preset: str, tmp_path: Path
 ) -> None:
-    # each method's job on one rank, in this process (no process group needed): the same bytes as the floor's
+    # each method's job on one rank, in this process (no process group needed): the same bytes as
+    # the floor's
     import torch
 
     from tpload.tools.bench_worker import METHODS, Job, window_digest
@@ -177,7 +178,7 @@ def test_every_peer_serves_the_floors_windows_of_a_published_layout(
         ["runai"] if importlib.util.find_spec("runai_model_streamer") else []
     )
     for rank in range(2):
-        job = lambda: Job(str(root), "auto", 2, rank, 2, torch.device("cpu"))  # noqa: E731
+        job = lambda r=rank: Job(str(root), "auto", 2, r, 2, torch.device("cpu"))  # noqa: E731
         want = window_digest(METHODS["floor"](job()))
         for m in peers:
             assert window_digest(METHODS[m](job())) == want, (m, rank)
@@ -189,7 +190,8 @@ def test_every_peer_serves_the_floors_windows_of_a_published_layout(
 
 def test_decode_lines_name_the_device_and_its_copy() -> None:
     MIB = 1 << 20
-    """On a GPU the decode is judged against a device copy (the HBM figure), on the CPU against a memcpy."""
+    # On a GPU the decode is judged against a device copy (the HBM figure), on the CPU against a
+    # memcpy.
     c = {
         "x": {
             "tensor": "t",
@@ -205,3 +207,34 @@ def test_decode_lines_name_the_device_and_its_copy() -> None:
         gpu.startswith("decode on cuda:0, x: 100.00 GB/s") and "50% of a device copy (HBM)" in gpu
     )
     assert cpu.startswith("decode on CPU (2 thread(s)), x:") and "of a memcpy" in cpu
+
+
+def test_the_replicas_arm_counts_storage_from_the_reports_and_says_how() -> None:
+    from tpload.tools.bench_replicas import ReplicaBench, figures, summarize, table
+
+    def row(storage: int | None, peers: int | None, digest: str) -> dict:
+        return {
+            "bytes_from_storage": storage,
+            "bytes_from_peers": peers,
+            "bytes_read": 100,
+            "bytes_hashed": 10,
+            "ns": 2_000_000_000,
+            "rss_peak": 1 << 30,
+            "anon_peak": 1 << 29,
+            "digest": digest,
+        }
+
+    shared = figures(
+        {
+            "wall": 3.0,
+            "ranks": [row(60, 40, "a"), row(30, 70, "b"), row(40, 60, "a"), row(70, 30, "b")],
+        }
+    )
+    assert shared["storage_bytes"] == 200 and shared["peer_bytes"] == 200
+    assert shared["window_bytes"] == 400 and shared["load_s"] == 2.0
+    alone = figures({"wall": 2.0, "ranks": [row(None, None, d) for d in "abab"]})
+    assert alone["storage_bytes"] is None  # a load without replicas does not count its reads
+    res = {"shared": summarize([shared]), "alone": summarize([alone])}
+    res["alone"]["storage_bytes"] = 400  # run_bench: the shared arm's storage plus peers
+    text = table(ReplicaBench("ckpt"), res)
+    assert "200 shared (1.00 x one replica's reads), 400 alone (2 x; derived" in text

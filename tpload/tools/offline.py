@@ -1,4 +1,5 @@
-"""Checks and records that need no GPU and no world: predicted digests, verification at rest, manifests.
+"""Checks and records that need no GPU and no world: predicted digests, verification at rest,
+manifests.
 
 * ``tpload plan DIR --digest`` runs every rank's plan through the load's own
   code (:func:`tpload.load.run`) on the CPU, one rank at a time, so the digests
@@ -46,19 +47,21 @@ def record_verified(
     store: str | os.PathLike | None = None,
 ) -> tuple[list[str], Path]:
     """``tpload plan --write``: hash every tensor the layout uses, then store every rank's digest,
-    stamped with what was verified (raises LoadError listing every mismatch; nothing is written then).
+    stamped with what was verified (raises LoadError listing every mismatch; nothing is written
+    then).
 
-    One opening serves all: the store key (the manifest's sha256), the stamp and every rank's
-    digest come from the same catalogue and file handles, and at the end the stamp, the open
-    shards, the manifest's bytes and the JSON files it pins are checked again: if any moved while
-    the digests were computed, nothing is stored."""
+    One opening serves all: the store key (the manifest's sha256), the stamp and every rank's digest
+    come from the same catalogue and file handles, and at the end the stamp, the open shards, the
+    manifest's bytes and the JSON files it pins are checked again: if any moved while the digests
+    were computed, nothing is stored."""
     storage = ShardedStorage(Path(root).absolute())
     try:
         cat = storage.catalogue
         if cat.manifest_sha256 is None:
             raise CheckpointError(
                 f"{escape_name(storage.root)}: no {MANIFEST_NAME}: trusted digests are verified "
-                f"against it; write one with `python -m tpload manifest {escape_name(storage.root)}`"
+                "against it; write one with "
+                f"`python -m tpload manifest {escape_name(storage.root)}`"
             )
         stamp = checkpoint_stamp(storage)
         manifest_sha = cat.manifest_sha256
@@ -73,7 +76,8 @@ def record_verified(
         if now != manifest_sha:
             moved.insert(
                 0,
-                f"the manifest changed while the digests were computed (sha256 {manifest_sha[:16]}... "
+                "the manifest changed while the digests were computed "
+                f"(sha256 {manifest_sha[:16]}... "
                 f"then, {(now or 'none')[:16]}... now)",
             )
         if not moved:
@@ -95,14 +99,14 @@ def record_verified(
     return digests, path
 
 
-# -- at rest ----------------------------------------------------------------------------------------
+# -- at rest -------------------------------------------------------------------------------------
 
 
 def verify_checkpoint(
     root: str | os.PathLike, config: Config | None, *, threads: int = 2
 ) -> list[str]:
-    """Every problem with the checkpoint at rest: headers, index, manifest, every sha256, and (with a
-    config) scale bytes, NaN codes and decodes that would overflow bf16. An export is checked rank
+    """Every problem with the checkpoint at rest: headers, index, manifest, every sha256, and (with
+    a config) scale bytes, NaN codes and decodes that would overflow bf16. An export is checked rank
     file by rank file against its own manifest."""
     from ..storage.partitioned import is_partitioned
 
@@ -148,9 +152,9 @@ def verify_checkpoint(
 
 
 def _value_checkers(storage: Storage, config: Config, problems: list[str]) -> dict:
-    """{tensor name: (its item, its item's checker, the check its blocks feed, its place in the item's
-    order)} for every tensor the config classifies: an item's cuts in order, scales before the weight,
-    as a load feeds them (loop.value_feed)."""
+    """{tensor name: (its item, its item's checker, the check its blocks feed, its place in the
+    item's order)} for every tensor the config classifies: an item's cuts in order, scales before
+    the weight, as a load feeds them (loop.value_feed)."""
     try:
         planner = Planner(storage.catalogue, config)
     except LoadError as e:
@@ -166,8 +170,9 @@ def _value_checkers(storage: Storage, config: Config, problems: list[str]) -> di
 
 
 def _file_problems(storage: ShardedStorage, digests: dict[Path, str] | None = None) -> list[str]:
-    """Each shard of a hub snapshot or a local-dir download whose sha256 is not the one its blob is named
-    by or its etag records (the load's own whole-file hasher and verdict, run here in the foreground)."""
+    """Each shard of a hub snapshot or a local-dir download whose sha256 is not the one its blob is
+    named by or its etag records (the load's own whole-file hasher and verdict, run here in the
+    foreground)."""
     digests = storage.file_digests if digests is None else digests
     results = FileHasher(storage, sorted(digests), {}, {}).start().finish()
     return file_problems(results, digests, named_by=storage.file_source.named_by)
@@ -176,8 +181,8 @@ def _file_problems(storage: ShardedStorage, digests: dict[Path, str] | None = No
 def _scan(
     storage: Storage, names: list[str], checkers: dict, threads: int, *, compare: bool = True
 ) -> list[str]:
-    """Read every named tensor once: sha256 against the manifest (``compare``), and the value checks on
-    the way (a scale before its weight, as the checkers need)."""
+    """Read every named tensor once: sha256 against the manifest (``compare``), and the value checks
+    on the way (a scale before its weight, as the checkers need)."""
     order = sorted(
         names, key=lambda n: (checkers[n][0].name, checkers[n][3]) if n in checkers else (n, 0)
     )
@@ -192,13 +197,15 @@ def _scan(
         for count, what, about in checker.problems():
             if count:
                 problems.append(
-                    f"{escape_name(storage.stored(about).path)}: tensor {escape_name(about)}: {count} {what}"
+                    f"{escape_name(storage.stored(about).path)}: tensor {escape_name(about)}: "
+                    f"{count} {what}"
                 )
     return problems
 
 
 def _verify_export(root: Path, threads: int) -> list[str]:
-    """An export at rest: each rank file's header against its manifest list, and every window's sha256."""
+    """An export at rest: each rank file's header against its manifest list, and every window's
+    sha256."""
     from ..storage.partitioned import PartitionedStorage
 
     try:
@@ -207,7 +214,8 @@ def _verify_export(root: Path, threads: int) -> list[str]:
         tp, ep = int(meta["tp"]), int(meta["ep"])
     except (OSError, ValueError, KeyError, TypeError) as e:
         return [
-            f"{escape_name(root / MANIFEST_NAME)}: not a readable export manifest ({escape_name(e)})"
+            f"{escape_name(root / MANIFEST_NAME)}: not a readable export manifest "
+            f"({escape_name(e)})"
         ]
     problems = []
     for rank in range(tp * ep):
@@ -236,8 +244,9 @@ def write_manifest(root: str | os.PathLike, *, force: bool = False, threads: int
     names = catalogue.names()
     try:
         catalogue.refuse_headers_only("a manifest of it")
-        # a hub snapshot or a local-dir download: vouch only for files that match their blob names or etags
-        # (a local-dir file without fresh metadata is vouched for as it is now, as in any plain folder)
+        # a hub snapshot or a local-dir download: vouch only for files that match their blob names
+        # or etags (a local-dir file without fresh metadata is vouched for as it is now, as in any
+        # plain folder)
         digests = (
             storage.file_digests
             if storage.file_digests is not None
@@ -264,7 +273,8 @@ def write_manifest(root: str | os.PathLike, *, force: bool = False, threads: int
         }
         for n in names
     }
-    # the JSON files that shape a plan, pinned (storage/pins.py); the index as it was read for the table
+    # the JSON files that shape a plan, pinned (storage/pins.py); the index as it was read for the
+    # table
     files = pins_to_write(path.parent, known=catalogue.files_read)
     atomic_write(
         path, json.dumps({"format": 1, "files": files, "tensors": tensors}, indent=1) + "\n"
@@ -275,11 +285,12 @@ def write_manifest(root: str | os.PathLike, *, force: bool = False, threads: int
 def write_blake3(
     root: str | os.PathLike, *, threads: int = 2, store: str | os.PathLike | None = None
 ) -> Path:
-    """``tpload manifest DIR --hash blake3``: read every tensor the manifest lists once, checking its
-    sha256 against the manifest and taking its blake3 from the same bytes; only if every one matches,
-    keep the blake3 digests in the operator's store, stamped with what was checked (the stamp is taken
-    before the first read, so a shard written since makes them stale). Raises LoadError listing every
-    problem; nothing is written then. The checkpoint folder is not touched."""
+    """``tpload manifest DIR --hash blake3``: read every tensor the manifest lists once, checking
+    its sha256 against the manifest and taking its blake3 from the same bytes; only if every one
+    matches, keep the blake3 digests in the operator's store, stamped with what was checked (the
+    stamp is taken before the first read, so a shard written since makes them stale). Raises
+    LoadError listing every problem; nothing is written then. The checkpoint folder is not touched.
+    """
     require()
     path = Path(root).absolute()
     storage = ShardedStorage(path)

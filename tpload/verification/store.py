@@ -172,7 +172,10 @@ class DigestStore:
             "digests": digests,
             "windows": windows,
         }
-        return self.replace_doc(self.windows_path(manifest_sha256, key), doc)
+        path = self.windows_path(manifest_sha256, key)
+        with self._locked():  # compact: one line a tensor a rank adds up at full size
+            atomic_write(path, json.dumps(doc, separators=(",", ":")) + "\n", mode=0o600)
+        return path
 
     def read_windows(self, manifest_sha256: str, key: str, digests: list[str]) -> list[dict] | None:
         """The per-tensor predictions stored with ``digests`` (None: none, or written with other

@@ -12,8 +12,11 @@
 #                                             beside the CUDA-only peers: InstantTensor, and Run:ai Model
 #                                             Streamer), multi (the NCCL world with the gloo exchange at tp =
 #                                             GPUs, and a killed rank; skipped with the reason on one GPU),
-#                                             replicas (2 replicas x tp GPUs/2 on CUDA, their shared bytes on
-#                                             the gloo CPU group, and a byte changed in transit; skipped on one GPU)
+#                                             replicas (2 replicas x tp 1 on 2 GPUs in the NCCL world: NCCL p2p
+#                                             GB/s per rank (the interconnect; the replicas' own bytes go over
+#                                             the gloo CPU group), digests equal at each position, a byte changed
+#                                             in transit, a killed replica ending in bounded time; skipped on
+#                                             one GPU: launch/replicas_nccl.py)
 #   launch/gpu-check.sh --only scale          not in the default run (its own ~5 minutes): the bench on a
 #                                             fixed ~16 GB checkpoint (the seed dimensions, 256 experts x 3
 #                                             stages: 16.03 GB, written once into the cache) at tp = GPUs
@@ -77,15 +80,25 @@ peers() {
     python -m tpload bench --preset medium --nproc "$gpus" --tp "$gpus" --rounds 1 --no-decode \
         --methods floor,tpload,safetensors,runai,instanttensor --json "$out/peers.json"
 }
-replicas() {  # 2 replicas share the reads: each window read once, sent to the other (gloo), checked on receipt
-    if (( gpus < 2 )); then echo "replicas: skipped: one GPU (2 replicas need a GPU per rank)"; return 0; fi
-    local ckpt half=$(( gpus / 2 )) dir
+replicas() {  # 2 replicas share the reads: each window read once, sent to the other, checked on receipt
+    if (( gpus < 2 )); then
+        echo "replicas: skipped: one GPU (2 replicas x tp 1 over NCCL need a GPU per rank)"; return 0
+    fi
+    local ckpt dir t0
     ckpt=$(python -c 'from tpload.tools.synth import resolve_checkpoint; print(resolve_checkpoint(None))')
-    torchrun --standalone --nproc-per-node $(( half * 2 )) -m tpload "$ckpt" --tp "$half" --replicas 2 \
-        --no-progress --report "$out/replicas.json" || return 1
+    # 2 replicas x tp 1 in the NCCL world: NCCL p2p GB/s per rank, digests equal at each position
+    torchrun --standalone --nproc-per-node 2 launch/replicas_nccl.py "$ckpt" "$out/replicas.json" || return 1
     dir=$(mktemp -d)  # rank 0 changes a byte of what it sends: every rank must fail naming it
-    torchrun --standalone --nproc-per-node $(( half * 2 )) tests/workers/replicas_corrupt.py "$ckpt" "$dir" 0 || return 1
-    grep -q "changed in transit" "$dir/rank0.json" || { echo "replicas: a changed byte was not caught"; return 1; }
+    torchrun --standalone --nproc-per-node 2 tests/workers/replicas_corrupt.py "$ckpt" "$dir" 0 || return 1
+    grep -q "changed in transit" "$dir/rank1.json" || { echo "replicas: a changed byte was not caught"; return 1; }
+    # a replica killed mid-transfer (rank 1, --timeout 20): the other ends in bounded time, no weights
+    dir=$(mktemp -d) t0=$SECONDS
+    if timeout 90 torchrun --standalone --nproc-per-node 2 tests/workers/replicas_kill.py "$ckpt" "$dir" 1 20; then
+        echo "replicas: the killed replica's peer exited 0"; return 1
+    fi
+    echo "replicas: killed replica: the launch ended in $((SECONDS - t0)) s (bound 90 s)"
+    if (( SECONDS - t0 >= 90 )); then echo "replicas: not ended in bounded time"; return 1; fi
+    grep -q '"returned": false' "$dir/rank0.json" || { echo "replicas: the survivor returned weights"; return 1; }
 }
 scale() {
     local ckpt="${TPLOAD_CACHE:-$HOME/.cache/tpload}/scale-16gb" tp=$(( gpus > 4 ? 4 : gpus ))
@@ -99,7 +112,7 @@ export -f multi peers scale replicas
 export gpus out
 section peers 240 bash -c peers
 section multi 150 bash -c multi
-section replicas 150 bash -c replicas
+section replicas 300 bash -c replicas
 section scale 330 bash -c scale
 printf '%s\n' "${summary[@]}"
 [[ "${summary[*]}" != *FAILED* ]]

@@ -78,7 +78,7 @@ class _RankLoad:
             )
             reset_device_peaks(device)
             layout = Layout(
-                self.opts.tp or max(1, self.ctx.world // self.opts.ep // self.opts.replicas),
+                self.opts.tp or max(1, self.ctx.world // self.opts.ep // replicas.count(self.opts)),
                 self.opts.ep,
             )
             signing.precheck(
@@ -129,9 +129,7 @@ class _RankLoad:
             defer=opts.defer,
             skip_activation_scales=opts.skip_activation_scales,
         )
-        planner = self.planner = replicas.positions(
-            Planner(storage.catalogue, config), opts.replicas
-        )
+        planner = self.planner = replicas.positions(Planner(storage.catalogue, config), opts)
         planner.check_layout(layout, ctx.world)
         plans, sharing = self._plans(planner, layout)
         plan = self.plan = plans[ctx.rank]

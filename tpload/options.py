@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import numbers
 import os
 import types
 import typing
@@ -135,6 +136,31 @@ def _sha256_hex(v: object) -> str | None:
     )
 
 
+def _replica_group_problem(v: object) -> str | None:
+    """Groups of one size, no rank in two (the world's checks come with the layout: replicas.py)."""
+    sizes = [len(g) for g in v]  # type: ignore[attr-defined]
+    if not sizes or not all(sizes):
+        return f"must hold one non-empty list of ranks per position, got {len(sizes)} group(s)"
+    if len(set(sizes)) > 1:
+        return (
+            f"groups of unequal size ({', '.join(map(str, sizes))}): each holds one rank per "
+            "replica, so every group has the same size"
+        )
+    seen: dict[int, int] = {}
+    for k, group in enumerate(v):  # type: ignore[arg-type]
+        for r in group:
+            if r < 0:
+                return f"rank {r} in group {k} is negative"
+            if r in seen:
+                where = f"groups {seen[r]} and {k}" if seen[r] != k else f"group {k} twice"
+                return (
+                    f"overlapping groups: rank {r} is in {where} ({len(sizes)} groups of "
+                    f"{sizes[0]}); a rank holds one position of one replica"
+                )
+            seen[r] = k
+    return None
+
+
 @dataclass(frozen=True, kw_only=True)
 class LoadOptions:
     """What one load does. ``load(DIR, tp=2, ...)`` and ``python -m tpload DIR --tp 2 ...`` both build one."""
@@ -163,6 +189,14 @@ class LoadOptions:
         "from storage by one replica and sent to the others, checked on receipt",
         bound=RANKS,
         metavar="R",
+    )
+    replica_group: tuple[tuple[int, ...], ...] | None = opt(
+        None,
+        "replicas placed by the caller (an engine's data-parallel groups): one list per position "
+        "of the tp x ep plan, in position order, each the group ranks holding that position, "
+        "one per replica; instead of replicas",
+        check=_replica_group_problem,
+        cli=False,
     )
     verify: Verify = opt(
         Verify.NODE,
@@ -347,6 +381,15 @@ def _coerce(name: str, value: object) -> object:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         raise TypeError(f"expected a number, got {type(value).__name__} {value!r}")
+    if base == tuple[tuple[int, ...], ...]:  # replica_group: lists of ranks
+        ok = isinstance(value, (list, tuple)) and all(
+            isinstance(g, (list, tuple))
+            and all(isinstance(r, numbers.Integral) and not isinstance(r, bool) for r in g)
+            for g in value
+        )
+        if ok:  # numpy or torch integers too (an engine's rank lists)
+            return tuple(tuple(int(r) for r in g) for g in value)
+        raise TypeError(f"expected a list of lists of ranks, got {type(value).__name__} {value!r}")
     if typing.get_origin(base) is tuple:  # globs: one string is one glob, never its characters
         if isinstance(value, str):
             return (value,)
@@ -405,11 +448,23 @@ def validate(values: Mapping[str, object], *, style: str) -> list[str]:
             f"{_spell('digest_store', style)} {store}: {why} (the digest store is a folder, made if "
             "missing; give a folder, or leave the option out for the default)"
         )
-    if (values.get("replicas") or 1) > 1 and values.get("verify") == "rank":
+    groups = values.get("replica_group")
+    if groups and (values.get("replicas") or 1) != 1:
         problems.append(
-            f"{_spell('replicas', style)} {values['replicas']} with {_spell('verify', style)} rank: a "
-            "receiving rank never sees the whole stored tensor, so it cannot hash what it serves; use "
-            "node (the reading rank hashes, receivers check its fingerprints)"
+            f"{_spell('replicas', style)} {values['replicas']} with "
+            f"{_spell('replica_group', style)} ({len(groups)} groups of {len(groups[0])}): give "
+            "one of them (the groups' size is the number of replicas)"
+        )
+    if ((values.get("replicas") or 1) > 1 or groups) and values.get("verify") == "rank":
+        what = (
+            f"{_spell('replica_group', style)} ({len(groups)} groups)"
+            if groups
+            else f"{_spell('replicas', style)} {values['replicas']}"
+        )
+        problems.append(
+            f"{what} with {_spell('verify', style)} rank: a receiving rank never sees the whole "
+            "stored tensor, so it cannot hash what it serves; use node (the reading rank hashes, "
+            "receivers check its fingerprints)"
         )
     return problems + _attest_problems(values, style)
 

@@ -1,26 +1,27 @@
-"""Replicas in one launch: each window read from storage once per cluster, sent to the other replicas,
-checked on receipt.
+"""Replicas in one launch: each window read from storage once per cluster, sent to the other
+replicas, checked on receipt.
 
 With ``replicas`` R the load's group holds R copies of one tp x ep plan: rank ``r`` is replica
-``r // (tp*ep)`` at position ``r % (tp*ep)``, and every rank at a position has the same plan, run in
-the same order. The plan's runs (loop.py: one item, or a batch of small ones) are split between the
-position's R ranks, balanced by bytes (:func:`split`, the same on every rank); the owner of a run reads
-it from storage, as a rank reading alone would, and sends each piece it yields to the position's
-other ranks (point-to-point on the CPU group: gloo here, the same calls on any backend that has
-them), which place it in their arena exactly where the read would have put it.
+``r // (tp*ep)`` at position ``r % (tp*ep)`` (or where the caller's ``replica_group`` puts it:
+:class:`Placement`), and every rank at a position has the same plan, run in the same order. The
+plan's runs (loop.py: one item, or a batch of small ones) are split between the position's R ranks,
+balanced by bytes (:func:`split`, the same on every rank); the owner of a run reads it from storage,
+as a rank reading alone would, and sends each piece it yields to the position's other ranks
+(point-to-point on the CPU group: gloo here, the same calls on any backend that has them), which
+place it in their arena exactly where the read would have put it.
 
 The transport is not trusted. The owner fingerprints every window it sends from the very bytes it
 read (and hashed, or had its node peer hash: crosscheck.py), with the loop's fingerprint
 (verification/fingerprint.py), and sends the value after the window's last piece; the receiver
-fingerprints what it received and compares. A difference is a problem of the receiver's load,
-naming the tensor, the sender and the receiver; it fails every rank in the one exchange. Receivers
-never hash a window they received: the hash plan (verification/policy.py) is made over the windows
-each rank reads from storage itself (:meth:`Link.reads`), so every stored byte is hashed once per
-node that reads it, not once per replica.
+fingerprints what it received and compares. A difference is a problem of the receiver's load, naming
+the tensor, the sender and the receiver; it fails every rank in the one exchange. Receivers never
+hash a window they received: the hash plan (verification/policy.py) is made over the windows each
+rank reads from storage itself (:meth:`Link.reads`), so every stored byte is hashed once per node
+that reads it, not once per replica.
 
-Bounded: sends go through a ring of :data:`RING` buffers of the reader's chunk size (a send buffer is
-reused only when its sends completed), receives through a ring of the same size; every wait has the
-load's timeout, and a dead peer fails the wait at once (gloo: the connection closes) naming it.
+Bounded: sends go through a ring of :data:`RING` buffers of the reader's chunk size (a send buffer
+is reused only when its sends completed), receives through a ring of the same size; every wait has
+the load's timeout, and a dead peer fails the wait at once (gloo: the connection closes) naming it.
 """
 
 from __future__ import annotations
@@ -60,13 +61,68 @@ def recv(tensor: torch.Tensor, group_src: int, group: dist.ProcessGroup) -> dist
     return dist.irecv(tensor, group=group, group_src=group_src)
 
 
-def check_world(world: int, replicas: int, tp: int, ep: int) -> None:
-    """One line naming the option and the sizes when the group is not ``replicas x tp x ep``."""
+def check_world(
+    world: int, replicas: int, tp: int, ep: int, groups: Sequence[Sequence[int]] | None = None
+) -> None:
+    """One line naming the option and the sizes when the group is not ``replicas x tp x ep``, or the
+    caller's ``groups`` (one per position, one rank per replica) do not place every rank of it."""
+    what = f"replicas {replicas}"
+    if groups:
+        what = f"replica_group ({len(groups)} groups of {replicas})"
     if world != replicas * tp * ep:
         raise OptionsError(
-            f"replicas {replicas}: a group of {world} ranks is not replicas {replicas} x tp {tp} x "
+            f"{what}: a group of {world} ranks is not replicas {replicas} x tp {tp} x "
             f"ep {ep} = {replicas * tp * ep} ranks"
         )
+    if groups is None:
+        return
+    if len(groups) != tp * ep:
+        raise OptionsError(
+            f"{what}: tp {tp} x ep {ep} has {tp * ep} positions, so {tp * ep} groups are needed "
+            f"(one per position), not {len(groups)}"
+        )
+    if outside := sorted(r for g in groups for r in g if r >= world):
+        raise OptionsError(
+            f"{what}: rank(s) {', '.join(map(str, outside[:8]))} outside the load's group of "
+            f"{world} ranks (the groups hold ranks of the load's group)"
+        )
+
+
+class Placement:
+    """Where each rank of the load's group stands: ``groups[position][replica]`` is its rank (the
+    caller's ``replica_group``, already checked: equal sizes, no rank twice, :func:`check_world`).
+    """
+
+    def __init__(self, groups: Sequence[Sequence[int]]) -> None:
+        self.groups = tuple(tuple(g) for g in groups)
+        self.replicas, self.size = len(self.groups[0]), len(self.groups)
+        self._where = {r: (q, p) for p, g in enumerate(self.groups) for q, r in enumerate(g)}
+
+    @classmethod
+    def in_order(cls, replicas: int, size: int) -> Placement:
+        """``--replicas R``: rank ``r`` is replica ``r // size`` at position ``r % size``."""
+        return cls([[q * size + p for q in range(replicas)] for p in range(size)])
+
+    def where(self, rank: int) -> tuple[int, int]:
+        """(replica, position) of a group rank."""
+        return self._where[rank]
+
+    def rank(self, replica: int, position: int) -> int:
+        return self.groups[position][replica]
+
+
+def count(opts: object) -> int:
+    """The number of replicas the options ask for (``replica_group``: the groups' size)."""
+    groups = getattr(opts, "replica_group", None)
+    return len(groups[0]) if groups else getattr(opts, "replicas", 1)
+
+
+def placement(opts: object, world: int) -> Placement | None:
+    """Where each rank stands (None without replicas)."""
+    groups, n = getattr(opts, "replica_group", None), count(opts)
+    if n <= 1:
+        return None
+    return Placement(groups) if groups else Placement.in_order(n, world // n)
 
 
 @dataclass
@@ -82,17 +138,19 @@ class Position:
 
 
 Run = tuple[Sequence[str], int, "tuple[str, int] | None"]
-"""A run of a position's plan: its tensor names, its window bytes, and its batch key (None: one item)."""
+"""A run of a position's plan: its tensor names, its window bytes, and its batch key (None: one
+item)."""
 
 
 def split(
     positions: Sequence[Sequence[Run]], replicas: int, unit: Callable[[str], object] | None = None
 ) -> list[Position]:
-    """Each position's runs split between the replicas, in order: a run goes to the replica that reads
-    one of its units already (a tensor; a file, with ``unit`` naming each tensor's file, for anchors that
-    vouch for whole files), at this position or another (so a unit is read, and hashed, by one replica,
-    whose node then holds every window of it), else to the replica with the fewest bytes so far (the
-    lowest among equals). Deterministic: every rank computes the same from the same plans."""
+    """Each position's runs split between the replicas, in order: a run goes to the replica that
+    reads one of its units already (a tensor; a file, with ``unit`` naming each tensor's file, for
+    anchors that vouch for whole files), at this position or another (so a unit is read, and hashed,
+    by one replica, whose node then holds every window of it), else to the replica with the fewest
+    bytes so far (the lowest among equals). Deterministic: every rank computes the same from the
+    same plans."""
     load = [0] * replicas
     fixed: dict[object, int] = {}
     unit = unit or (lambda n: n)
@@ -134,52 +192,35 @@ def load_runs(plan: object, storage: object) -> list[Run]:
 class PositionPlanner:
     """A planner that plans each rank of the group as its position in its replica."""
 
-    def __init__(self, planner: object, replicas: int) -> None:
-        self._inner, self.replicas = planner, replicas
+    def __init__(
+        self, planner: object, replicas: int, groups: Sequence[Sequence[int]] | None = None
+    ) -> None:
+        self._inner, self.replicas, self.groups = planner, replicas, groups
+        self._at = Placement(groups) if groups else None
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._inner, name)
 
     def check_layout(self, layout: object, world: int) -> None:
-        check_world(world, self.replicas, layout.tp, layout.ep)
+        check_world(world, self.replicas, layout.tp, layout.ep, self.groups)
         self._inner.check_layout(layout, world // self.replicas)
 
     def plan(self, layout: object, kind: str, rank: int) -> object:
-        return self._inner.plan(layout, kind, rank % layout.world)
+        position = self._at.where(rank)[1] if self._at else rank % layout.world
+        return self._inner.plan(layout, kind, position)
+
+    def position_plan(self, layout: object, kind: str, position: int) -> object:
+        return self._inner.plan(layout, kind, position)
 
 
-def positions(planner: object, replicas: int) -> object:
+def positions(planner: object, opts: object) -> object:
     """``planner`` itself without replicas; else one that plans ranks by their position."""
-    return planner if replicas <= 1 else PositionPlanner(planner, replicas)
+    n = count(opts)
+    return planner if n <= 1 else PositionPlanner(planner, n, getattr(opts, "replica_group", None))
 
 
 def _tag(name: str) -> int:
     return zlib.crc32(name.encode())
-
-
-def _ownership(
-    plan: object, storage: object, replicas: int
-) -> tuple[dict[str, int], dict[tuple[str, int], int]]:
-    """The reading replica of each tensor the plan reads, and of each batch (by file and first byte)."""
-    items = plan.items
-    found = list(runs(items, plan.kind, storage, classes=plan.shapes))
-    weights = [
-        (
-            [c.name for item in items[k:end] for c in item.cuts],
-            sum(i.read_bytes for i in items[k:end]),
-        )
-        for k, end, _ in found
-    ]
-    owners = split(weights, replicas)
-    by_name: dict[str, int] = {}
-    by_batch: dict[tuple[str, int], int] = {}
-    for (names, _), (k, end, pieces), r in zip(weights, found, owners):
-        for n in names:
-            by_name.setdefault(n, r)
-        if end - k > 1:
-            stored = [s for per_item in pieces for s, _, _ in per_item]
-            by_batch[(str(stored[0].path), min(s.offset for s in stored))] = r
-    return by_name, by_batch
 
 
 class Link:
@@ -190,16 +231,22 @@ class Link:
         ctx: object,
         storage: object,
         plans: Sequence[object],
-        replicas: int,
+        at: Placement,
         timeout_s: float,
         fig: object,
         unit: Callable[[str], object] | None = None,
+        *,
+        predicted: bool = False,
     ) -> None:
-        self.ctx, self.replicas, self.timeout_s, self.fig = ctx, replicas, timeout_s, fig
-        self.size = ctx.world // replicas
-        self.replica, self.position = divmod(ctx.rank, self.size)
+        self.predicted = predicted
+        """``--verify digest``: the receiver's served bytes are checked against its position's
+        stored prediction instead (verification/gate.py names the tensor and its sender)."""
+        self.ctx, self.at, self.timeout_s, self.fig = ctx, at, timeout_s, fig
+        self.replicas = replicas = at.replicas
+        self.size = at.size
+        self.replica, self.position = at.where(ctx.rank)
         self.group = ctx.cpu_group
-        self.others = [q * self.size + self.position for q in range(replicas) if q != self.replica]
+        self.others = [at.rank(q, self.position) for q in range(replicas) if q != self.replica]
         self.split = split([load_runs(plan, storage) for plan in plans], replicas, unit)
         mine = self.split[self.position]
         self.by_name, self.by_batch = mine.by_name, mine.by_batch
@@ -216,12 +263,20 @@ class Link:
         """Each plan's windows its rank reads from storage itself (the hash plan's input)."""
         out = {}
         for p, plan in plans.items():
-            own = self.split[p % self.size].reads[p // self.size]
+            q, position = self.at.where(p)
+            own = self.split[position].reads[q]
             out[p] = {n: box for n, box in plan.reads.items() if n in own}
         return out
 
     def mine(self, name: str) -> bool:
         return self.by_name.get(name, self.replica) == self.replica
+
+    def source(self, name: str) -> str:
+        """Where this rank's window of ``name`` came from, in words ("" when read from storage)."""
+        if self.mine(name):
+            return ""
+        owner = self.by_name[name]
+        return f" (received from rank {self.at.rank(owner, self.position)}, replica {owner})"
 
     # -- sending -----------------------------------------------------------------------------------
 
@@ -253,7 +308,8 @@ class Link:
         works = self._works[i]
         self._wait(
             [w for w in works if not isinstance(w, torch.Tensor)],
-            f"rank {self.ctx.rank} sending {escape_name(name)} to rank(s) {', '.join(map(str, self.others))}",
+            f"rank {self.ctx.rank} sending {escape_name(name)} to rank(s) "
+            f"{', '.join(map(str, self.others))}",
         )
         works.clear()
         if self._send[i].size < nbytes:
@@ -263,8 +319,8 @@ class Link:
     def sending(
         self, name: str, box: Box, pieces: Iterable[tuple[int, int, np.ndarray]]
     ) -> Iterator[tuple[int, int, np.ndarray]]:
-        """Pass ``pieces`` (a window of ``width`` bytes a row, read from storage) on, sending each to the
-        other replicas first, then the window's fingerprint, taken from the bytes read."""
+        """Pass ``pieces`` (a window of ``width`` bytes a row, read from storage) on, sending each
+        to the other replicas first, then the window's fingerprint, taken from the bytes read."""
         fp, tag = HostFingerprint(box[1][1] - box[1][0]), _tag(name)
         for r, c, view in pieces:
             h, w = view.shape
@@ -278,10 +334,12 @@ class Link:
         self._sent.append((name, box, fp.value()))
 
     def finish(self) -> None:
-        """Wait for every send still under way (before the exchange); the counts into the rank's figures."""
+        """Wait for every send still under way (before the exchange); the counts into the rank's
+        figures."""
         self.fig.bytes_from_storage, self.fig.bytes_from_peers = self.from_storage, self.from_peers
-        # the exchange's own check, apart from the values sent with the bytes: what this rank sent, and
-        # what it received from each sender, folded (crosscheck.fold) and XOR-ed over its senders
+        # the exchange's own check, apart from the values sent with the bytes: what this rank sent,
+        # and what it received from each sender, folded (crosscheck.fold) and XOR-ed over its
+        # senders
         self.fig.replicas_sent = fold(self._sent).hex()
         self.fig.replicas_seen = xor_fold([fold(lines) for lines in self._seen.values()]).hex()
         for works in self._works:
@@ -299,7 +357,7 @@ class Link:
         Receive-ahead: the next piece's bytes (and the header after them) are asked for before this
         piece goes to the loop, so its copy overlaps their transfer (messages from one sender are
         matched in the order they are asked for)."""
-        src = owner * self.size + self.position
+        src = self.at.rank(owner, self.position)
         what = (
             f"rank {self.ctx.rank} receiving {escape_name(name)} from rank {src} (replica {owner})"
         )
@@ -325,10 +383,11 @@ class Link:
             if posted is None:  # the window's end: its fingerprint as the sender took it
                 want = tuple(head[2:5])
                 self._seen.setdefault(owner, []).append((name, box, fp.value()))
-                if fp.value() != want:
+                if fp.value() != want and not self.predicted:
                     self.problems.append(
-                        f"tensor {escape_name(name)}: the bytes rank {self.ctx.rank} received from rank {src} "
-                        f"(replica {owner}) differ from those rank {src} read from storage (fingerprint "
+                        f"tensor {escape_name(name)}: the bytes rank {self.ctx.rank} received "
+                        f"from rank {src} (replica {owner}) differ from those rank {src} read "
+                        "from storage (fingerprint "
                         f"{list(fp.value())} != {list(want)}): changed in transit"
                     )
                 return
@@ -349,10 +408,11 @@ class Link:
             )
         return head
 
-    # -- the two places the loop reads storage -------------------------------------------------------
+    # -- the two places the loop reads storage -----------------------------------------------
 
     def read_batch(self, inner: object, stored: Stored, r0: int, r1: int, out: np.ndarray) -> None:
-        """A batch's one read (batch.py): from storage by its owner, then sent; received by the others."""
+        """A batch's one read (batch.py): from storage by its owner, then sent; received by the
+        others."""
         owner = self.by_batch.get((str(stored.path), stored.offset))
         if owner is None:
             raise LoadError(
@@ -372,7 +432,8 @@ class Link:
 
 
 class SharedStorage:
-    """The storage as the copy loop sees it with replicas: batch reads and readahead go through the link."""
+    """The storage as the copy loop sees it with replicas: batch reads and readahead go through the
+    link."""
 
     def __init__(self, inner: object, link: Link) -> None:
         self.inner, self.link = inner, link
@@ -391,8 +452,8 @@ class SharedStorage:
 
 
 class SharedReader(Reader):
-    """The loop's reader with replicas: a window this replica reads comes from storage (and is sent);
-    any other, from the replica that reads it."""
+    """The loop's reader with replicas: a window this replica reads comes from storage (and is
+    sent); any other, from the replica that reads it."""
 
     def __init__(self, storage: SharedStorage, *, chunk_bytes: int) -> None:
         super().__init__(storage.inner, chunk_bytes=chunk_bytes)
@@ -427,44 +488,47 @@ class SharedReader(Reader):
 
 def link(strategy: object, planner: object) -> Link | None:
     """The link of a load with replicas (None without), made after the gate's strategy is chosen and
-    before it prepares: it refuses what replicas cannot share yet, and gives the hash plan each rank's
-    own reads."""
+    before it prepares: it refuses what replicas cannot share yet, and gives the hash plan each
+    rank's own reads."""
     from .verification.gate import (
         FileDigests,  # the gate imports the loop's modules: imported when used
     )
 
     job = strategy.job
     opts, ctx, storage = job.opts, job.ctx, job.storage
-    if opts.replicas <= 1:
+    n = count(opts)
+    if n <= 1:
         return None
     why = None
     if storage.per_rank:
-        why = "a pre-partitioned export (each rank reads its own rank file) is not shared between replicas yet"
-    elif opts.verify == Verify.DIGEST:
-        why = "--verify digest is not shared between replicas yet (its predictions are per rank); use node"
+        why = (
+            "a pre-partitioned export (each rank reads its own rank file) is not shared between "
+            "replicas yet"
+        )
     if why:
-        raise OptionsError(f"replicas {opts.replicas}: {why}")
-    every = [
-        planner.plan(job.layout, opts.kind, p) for p in range(job.layout.world)
-    ]  # every position's plan
-    # files vouched for whole (hub snapshots, local-dir downloads, signed files) are shared out whole: a
-    # file's windows are all read by one replica, whose node hashes the file once for the cluster
+        raise OptionsError(f"replicas {n}: {why}")
+    at = placement(opts, ctx.world)
+    every = [planner.position_plan(job.layout, opts.kind, p) for p in range(job.layout.world)]
+    # files vouched for whole (hub snapshots, local-dir downloads, signed files) are shared out
+    # whole: a file's windows are all read by one replica, whose node hashes the file once for the
+    # cluster
     whole = isinstance(strategy, FileDigests) or getattr(storage, "file_digests", None) is not None
     unit = (lambda n: storage.info(n).path) if whole else None
-    out = Link(ctx, storage, every, opts.replicas, opts.timeout_s, job.fig, unit)
-    job.reads = out.reads(job.plans)
+    digest = opts.verify == Verify.DIGEST
+    out = Link(ctx, storage, every, at, opts.timeout_s, job.fig, unit, predicted=digest)
+    job.reads, job.link = out.reads(job.plans), out
     return out
 
 
 def shares(plans: Sequence[object], replicas: int) -> list[list[int]]:
-    """Window bytes each replica reads at each position (``plans``: one per position), split as the load
-    splits its runs (each item a run here: batches of small items are the load's)."""
+    """Window bytes each replica reads at each position (``plans``: one per position), split as the
+    load splits its runs (each item a run here: batches of small items are the load's)."""
     positions = [
         [([c.name for c in item.cuts], item.read_bytes, None) for item in plan.items]
         for plan in plans
     ]
     out = []
-    for pos, runs_of in zip(split(positions, replicas), positions):
+    for pos, runs_of in zip(split(positions, replicas), positions, strict=True):
         per = [0] * replicas
         for names, nbytes, _ in runs_of:
             per[pos.by_name[names[0]]] += nbytes
@@ -473,8 +537,9 @@ def shares(plans: Sequence[object], replicas: int) -> list[list[int]]:
 
 
 def plan_lines(plans: Sequence[object], replicas: int, per_node: int) -> list[str]:
-    """``tpload plan --replicas R``: storage bytes and interconnect bytes (in and out, between nodes)
-    per node, with ranks placed node by node (rank r: replica r // len(plans), position r % len(plans))."""
+    """``tpload plan --replicas R``: storage bytes and interconnect bytes (in and out, between
+    nodes) per node, with ranks placed node by node (rank r: replica r // len(plans), position r %
+    len(plans))."""
     size, got = len(plans), shares(plans, replicas)
     nodes: dict[int, list[int]] = {}
     for g in range(size * replicas):
@@ -496,7 +561,8 @@ def plan_lines(plans: Sequence[object], replicas: int, per_node: int) -> list[st
     lines = [
         (
             f"replicas {replicas} x {size} rank(s), {per_node} rank(s) a node: the cluster reads "
-            f"{total / 1e9:.3f} GB from storage (one replica's windows; {replicas * alone / 1e9:.3f} GB "
+            f"{total / 1e9:.3f} GB from storage (one replica's windows; "
+            f"{replicas * alone / 1e9:.3f} GB "
             "when each replica reads alone)"
         ),
         f"{'node':>5} {'storage GB':>11} {'in GB':>9} {'out GB':>9} {'within GB':>10}",
@@ -506,16 +572,19 @@ def plan_lines(plans: Sequence[object], replicas: int, per_node: int) -> list[st
     return lines
 
 
-def verdict(ranks: Sequence[object], replicas: int) -> list[str]:
-    """From the exchanged table: every receiver whose folded sightings differ from what the ranks at its
-    position sent (the per-window check on receipt names the tensor; this one does not trust the values
-    that travelled with the bytes)."""
-    if replicas <= 1:
+def verdict(ranks: Sequence[object], at: Placement | int | None) -> list[str]:
+    """From the exchanged table: every receiver whose folded sightings differ from what the ranks at
+    its position sent (the per-window check on receipt names the tensor; this one does not trust the
+    values that travelled with the bytes). ``at``: where each rank stands (an int R: in rank order).
+    """
+    if isinstance(at, int):
+        at = Placement.in_order(at, len(ranks) // at) if at > 1 else None
+    if at is None or at.replicas <= 1:
         return []
-    size, out = len(ranks) // replicas, []
+    out = []
     for t in ranks:
-        q, p = divmod(t.rank, size)
-        senders = [s * size + p for s in range(replicas) if s != q]
+        q, p = at.where(t.rank)
+        senders = [at.rank(s, p) for s in range(at.replicas) if s != q]
         want = xor_fold(
             bytes.fromhex(ranks[s].replicas_sent) if ranks[s].replicas_sent else bytes(DIGEST_BYTES)
             for s in senders
@@ -523,7 +592,8 @@ def verdict(ranks: Sequence[object], replicas: int) -> list[str]:
         got = bytes.fromhex(t.replicas_seen) if t.replicas_seen else bytes(DIGEST_BYTES)
         if want != got:
             out.append(
-                f"rank {t.rank} (replica {q}) holds windows from rank(s) {', '.join(map(str, senders))} that "
-                "differ from what they read from storage and sent (the exchange's check of the transfers)"
+                f"rank {t.rank} (replica {q}) holds windows from rank(s) "
+                f"{', '.join(map(str, senders))} that differ from what they read from storage and "
+                "sent (the exchange's check of the transfers)"
             )
     return out

@@ -14,21 +14,23 @@ from tpload.verification.store import DigestStore
 from ..helpers import HERE, torchrun, tpload_cli
 
 CORRUPT = str(HERE / "workers" / "replicas_corrupt.py")
+GROUPS = str(HERE / "workers" / "replicas_group.py")
+
+
+def _plain_tp2(ckpt: Path, store: Path) -> list[str]:
+    """What a plain tp 2 load serves, predicted offline (one process, no launch)."""
+    assert main(["plan", str(ckpt), "--tp", "2", "--write", "--digest-store", str(store)]) == 0
+    sha = hashlib.sha256((ckpt / "NATIVE_MANIFEST.json").read_bytes()).hexdigest()
+    (plain,) = [
+        p.digests for k, p in DigestStore(store).read(sha).items() if k.startswith("tp2-ep1-packed")
+    ]
+    return plain
 
 
 def test_two_replicas_of_tp2_serve_a_plain_tp2_load_s_bytes_reading_half(
     small_ckpt: Path, tmp_path: Path
 ) -> None:
-    store = (
-        tmp_path / "store"
-    )  # what a plain tp 2 load serves, predicted offline (one process, no launch)
-    assert (
-        main(["plan", str(small_ckpt), "--tp", "2", "--write", "--digest-store", str(store)]) == 0
-    )
-    sha = hashlib.sha256((small_ckpt / "NATIVE_MANIFEST.json").read_bytes()).hexdigest()
-    (plain,) = [
-        p.digests for k, p in DigestStore(store).read(sha).items() if k.startswith("tp2-ep1-packed")
-    ]
+    plain = _plain_tp2(small_ckpt, tmp_path / "store")
     report = tmp_path / "r.json"
     run = tpload_cli(
         4, str(small_ckpt), "--tp", "2", "--replicas", "2", "--report", str(report), timeout=240
@@ -76,3 +78,63 @@ def test_a_byte_changed_in_transit_fails_every_rank_naming_tensor_sender_and_rec
         "the bytes rank 3 received from rank 1 (replica 0) differ from those rank 1 read" in error
     )
     assert "changed in transit" in error
+
+
+def test_replica_groups_given_to_load_place_the_replicas_as_the_caller_says(
+    small_ckpt: Path, tmp_path: Path
+) -> None:
+    """An engine's data-parallel groups, placed unlike ``--replicas`` (rank order): position 0 is
+    held by ranks 0 and 1, position 1 by ranks 2 and 3; every rank serves its position's bytes."""
+    plain = _plain_tp2(small_ckpt, tmp_path / "store")
+    run = torchrun(4, [GROUPS, str(small_ckpt), str(tmp_path), "[[0, 1], [2, 3]]"], timeout=240)
+    assert run.rc == 0, run.text
+    outcomes = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    assert all(o["returned"] for o in outcomes), outcomes
+    ranks = json.loads((tmp_path / "report.json").read_text())["ranks"]
+    assert [r["digest"] for r in ranks] == [plain[0], plain[0], plain[1], plain[1]]
+    storage = [r["bytes_from_storage"] for r in ranks]
+    assert all(storage) and 2 * sum(storage) == sum(
+        r["bytes_from_storage"] + r["bytes_from_peers"] for r in ranks
+    )  # each position's windows read once, by one of its two ranks
+
+
+def test_verify_digest_with_replicas_checks_every_rank_against_its_position_s_prediction(
+    small_ckpt: Path, tmp_path: Path
+) -> None:
+    """``--verify digest``: nothing hashed; every rank, reader or receiver, serves its position's
+    stored prediction; a byte changed in transit fails every rank naming the tensor, from the
+    per-tensor predictions ``plan --write`` stored beside the digests, and its sender."""
+    store = tmp_path / "store"
+    plain = _plain_tp2(small_ckpt, store)
+    report = tmp_path / "r.json"
+    run = tpload_cli(
+        4,
+        str(small_ckpt),
+        "--tp",
+        "2",
+        "--replicas",
+        "2",
+        "--verify",
+        "digest",
+        "--digest-store",
+        str(store),
+        "--report",
+        str(report),
+        timeout=240,
+    )
+    assert run.rc == 0, run.text
+    ranks = json.loads(report.read_text())["ranks"]
+    assert [r["digest"] for r in ranks] == [plain[0], plain[1], plain[0], plain[1]]
+    assert all(r["bytes_hashed"] == 0 for r in ranks)
+    assert sum(r["bytes_from_peers"] for r in ranks) > 0
+    out = tmp_path / "corrupt"
+    out.mkdir()
+    extra = json.dumps({"verify": "digest", "digest_store": str(store)})
+    run = torchrun(4, [CORRUPT, str(small_ckpt), str(out), "1", extra], timeout=240)
+    assert run.rc == 0, run.text
+    outcomes = [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
+    assert not any(o["returned"] for o in outcomes)
+    error = outcomes[0]["error"]
+    assert len({o["error"] for o in outcomes}) == 1 and "load failed on rank 3" in error
+    assert "differs from the prediction stored in" in error and "position 1): 1 served" in error
+    assert "(received from rank 1, replica 0)" in error

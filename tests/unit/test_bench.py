@@ -208,3 +208,34 @@ def test_decode_lines_name_the_device_and_its_copy() -> None:
         gpu.startswith("decode on cuda:0, x: 100.00 GB/s") and "50% of a device copy (HBM)" in gpu
     )
     assert cpu.startswith("decode on CPU (2 thread(s)), x:") and "of a memcpy" in cpu
+
+
+def test_the_replicas_arm_counts_storage_from_the_reports_and_says_how() -> None:
+    from tpload.tools.bench_replicas import ReplicaBench, figures, summarize, table
+
+    def row(storage: int | None, peers: int | None, digest: str) -> dict:
+        return {
+            "bytes_from_storage": storage,
+            "bytes_from_peers": peers,
+            "bytes_read": 100,
+            "bytes_hashed": 10,
+            "ns": 2_000_000_000,
+            "rss_peak": 1 << 30,
+            "anon_peak": 1 << 29,
+            "digest": digest,
+        }
+
+    shared = figures(
+        {
+            "wall": 3.0,
+            "ranks": [row(60, 40, "a"), row(30, 70, "b"), row(40, 60, "a"), row(70, 30, "b")],
+        }
+    )
+    assert shared["storage_bytes"] == 200 and shared["peer_bytes"] == 200
+    assert shared["window_bytes"] == 400 and shared["load_s"] == 2.0
+    alone = figures({"wall": 2.0, "ranks": [row(None, None, d) for d in "abab"]})
+    assert alone["storage_bytes"] is None  # a load without replicas does not count its reads
+    res = {"shared": summarize([shared]), "alone": summarize([alone])}
+    res["alone"]["storage_bytes"] = 400  # run_bench: the shared arm's storage plus peers
+    text = table(ReplicaBench("ckpt"), res)
+    assert "200 shared (1.00 x one replica's reads), 400 alone (2 x; derived" in text

@@ -331,3 +331,32 @@ def test_an_export_of_stacked_experts_serves_what_the_source_serves(
     config, layout = load_config("gpt-oss"), Layout(2, 2)
     export(src, tmp_path / "x", layout, config)
     assert predict(tmp_path / "x", config, layout, kind) == predict(src, config, layout, kind)
+
+
+def test_plan_write_stores_each_rank_s_tensor_fingerprints_and_a_mismatch_names_the_tensor(
+    ckpt_copy: Path, tmp_path: Path
+) -> None:
+    from tpload.verification.store import DigestStore
+
+    store = tmp_path / "store"
+    assert write(ckpt_copy, store) == 0
+    (path,) = store.glob("*.json")
+    (side,) = store.glob("*.windows")  # beside the digests, not one more *.json
+    assert oct(side.stat().st_mode & 0o777) == "0o600"
+    doc = json.loads(path.read_text())
+    (key,) = doc["layouts"]
+    sha, digests = doc["manifest_sha256"], doc["layouts"][key]["digests"]
+    (windows,) = DigestStore(store).read_windows(sha, key, digests)
+    assert len(windows) == 62  # every tensor the rank serves
+    assert DigestStore(store).read_windows(sha, key, ["0" * 64]) is None  # other digests: not these
+    # a prediction that differs in one tensor's line: the load names that tensor
+    side_doc = json.loads(side.read_text())
+    name = sorted(side_doc["windows"][0])[3]
+    side_doc["windows"][0][name][0] += 1
+    side_doc["digests"][0] = doc["layouts"][key]["digests"][0] = "0" * 64
+    side.write_text(json.dumps(side_doc))
+    path.write_text(json.dumps(doc))
+    with pytest.raises(LoadError) as e:
+        digest_load(ckpt_copy, store)
+    assert f"differs from the prediction stored in {path} ({key}, position 0)" in str(e.value)
+    assert f": 1 served tensor(s) differ: {name}" in str(e.value)

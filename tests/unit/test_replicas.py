@@ -77,7 +77,6 @@ def test_verify_rank_with_replicas_is_refused_saying_why() -> None:
 @pytest.mark.parametrize(
     "verify, per_rank, files, why",
     [  # whole-file anchors are shared (by file)
-        (Verify.DIGEST, False, None, "--verify digest is not shared between replicas yet"),
         (Verify.NODE, True, None, "a pre-partitioned export"),
     ],
 )
@@ -133,3 +132,75 @@ def test_the_exchange_checks_every_receiver_against_its_senders_apart_from_the_i
             "from storage and sent (the exchange's check of the transfers)"
         )
     ]
+
+
+@pytest.mark.parametrize(
+    "values, needle",
+    [
+        (
+            {"replica_group": [[0, 2], [1, 3, 5]]},
+            "replica_group= groups of unequal size (2, 3): each holds one rank per replica",
+        ),
+        (
+            {"replica_group": [[0, 2], [2, 3]]},
+            "replica_group= overlapping groups: rank 2 is in groups 0 and 1 (2 groups of 2)",
+        ),
+        ({"replica_group": [[0, 0]]}, "overlapping groups: rank 0 is in group 0 twice"),
+        (
+            {"replica_group": []},
+            "replica_group= must hold one non-empty list of ranks per position",
+        ),
+        ({"replica_group": [[0, -1]]}, "replica_group= rank -1 in group 0 is negative"),
+        ({"replica_group": [[0, "1"]]}, "replica_group=: expected a list of lists of ranks"),
+        (
+            {"replica_group": [[0, 2], [1, 3]], "replicas": 2},
+            "replicas= 2 with replica_group= (2 groups of 2): give one of them",
+        ),
+        (
+            {"replica_group": [[0, 2], [1, 3]], "verify": "rank"},
+            "replica_group= (2 groups) with verify= rank: a receiving rank never sees",
+        ),
+    ],
+)
+def test_bad_replica_groups_are_one_line_naming_the_option_and_the_sizes(
+    values: dict, needle: str
+) -> None:
+    with pytest.raises(OptionsError) as e:
+        LoadOptions.from_values({"checkpoint": "x", **values})
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_replica_groups_are_kept_as_given_and_count_the_replicas() -> None:
+    from tpload.replicas import count, placement
+
+    opts = LoadOptions.from_values({"checkpoint": "x", "replica_group": [[3, 0], (1, 2)]})
+    assert opts.replica_group == ((3, 0), (1, 2)) and opts.replicas == 1
+    assert count(opts) == 2 and count(LoadOptions(checkpoint="x", replicas=3)) == 3
+    at = placement(opts, 4)
+    # position 0 is held by rank 3 (replica 0) and rank 0 (replica 1)
+    assert [at.where(r) for r in range(4)] == [(1, 0), (0, 1), (1, 1), (0, 0)]
+    assert at.rank(0, 0) == 3 and at.rank(1, 1) == 2
+    plain = placement(LoadOptions(checkpoint="x", replicas=2), 4)
+    assert plain.groups == ((0, 2), (1, 3))  # --replicas R: rank order
+    assert placement(LoadOptions(checkpoint="x"), 4) is None
+
+
+def test_replica_groups_that_do_not_place_the_world_are_refused_with_the_sizes() -> None:
+    groups = [[0, 2], [1, 3]]
+    check_world(4, 2, 2, 1, groups)
+    for world, tp, ep, g, needle in (
+        (6, 2, 1, groups, "a group of 6 ranks is not replicas 2 x tp 2 x ep 1 = 4 ranks"),
+        (4, 1, 1, groups[:1], "a group of 4 ranks is not replicas 2 x tp 1 x ep 1 = 2 ranks"),
+        (4, 2, 1, [[0, 2], [1, 5]], "rank(s) 5 outside the load's group of 4 ranks"),
+        (8, 2, 2, [[0, 4], [1, 5], [2, 6]], "tp 2 x ep 2 has 4 positions, so 4 groups are needed"),
+    ):
+        with pytest.raises(OptionsError) as e:
+            check_world(world, 2, tp, ep, g)
+        assert str(e.value).startswith(f"replica_group ({len(g)} groups of 2): ") and needle in str(
+            e.value
+        )
+    # the planner plans each rank as the position its group gives it
+    inner = SimpleNamespace(plan=lambda layout, kind, rank: rank, check_layout=lambda *a: None)
+    planner = PositionPlanner(inner, 2, [[3, 0], [1, 2]])
+    layout = SimpleNamespace(tp=2, ep=1, world=2)
+    assert [planner.plan(layout, "packed", r) for r in range(4)] == [0, 1, 1, 0]

@@ -3,8 +3,8 @@ of the first window piece it sends to the other replica, after it fingerprinted 
 transport that flips a bit). Injected here, in this process, by wrapping tpload.replicas.send: the
 product has no switch.
 
-argv: CHECKPOINT OUT_DIR SENDER. Each rank records its outcome in OUT_DIR/rank{R}.json.
-"""
+argv: CHECKPOINT OUT_DIR SENDER [OPTIONS_JSON] (more load() keywords, e.g. verify and digest_store).
+Each rank records its outcome in OUT_DIR/rank{R}.json."""
 
 from __future__ import annotations
 
@@ -35,13 +35,19 @@ def corrupting(send):
 
 def main() -> None:
     ckpt, out, sender = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+    extra = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
     rank = int(os.environ["RANK"])
     if rank == sender:
         tpload.replicas.send = corrupting(tpload.replicas.send)
     outcome = {"rank": rank, "returned": False, "error": ""}
     try:
         tpload.load(
-            ckpt, tp=int(os.environ["WORLD_SIZE"]) // 2, replicas=2, progress=False, timeout_s=60.0
+            ckpt,
+            tp=int(os.environ["WORLD_SIZE"]) // 2,
+            replicas=2,
+            progress=False,
+            timeout_s=60.0,
+            **extra,
         )
         outcome["returned"] = True
     except tpload.LoadError as e:

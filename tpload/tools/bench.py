@@ -21,6 +21,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -34,6 +35,9 @@ from ..storage.pagecache import resident_bytes
 from ..storage.sharded import ShardedStorage
 from .published import cached_published, loadable_presets
 from .synth import PRESETS, cached_checkpoint
+
+if TYPE_CHECKING:
+    import numpy as np
 
 PACKED_METHODS = (
     "floor",
@@ -73,7 +77,8 @@ class BenchOptions:
     timeout_s: float = 1800.0
     """Per method run."""
     digest_store: str = ""
-    """Where tpload-digest's trusted digests are kept (the bench's own folder, never the operator's)."""
+    """Where tpload-digest's trusted digests are kept (the bench's own folder, never the
+    operator's)."""
 
 
 @dataclass
@@ -92,7 +97,8 @@ class MethodResult:
 
 
 def resident_fraction(files: list[Path]) -> float:
-    """Fraction of the files' bytes in the page cache (mincore via pagecache.py; touches nothing)."""
+    """Fraction of the files' bytes in the page cache (mincore via pagecache.py; touches
+    nothing)."""
     total = sum(p.stat().st_size for p in files)
     return sum(resident_bytes(p) for p in files) / max(total, 1)
 
@@ -132,7 +138,8 @@ def available_methods(
         package, cuda_only = OPTIONAL.get(m, ("", False))
         if package and importlib.util.find_spec(package) is None:
             notes.append(
-                f"{m}: {package} is not installed (pip install -e '.[bench]' in tpload's clone); skipped"
+                f"{m}: {package} is not installed (pip install -e '.[bench]' in tpload's clone); "
+                "skipped"
             )
             continue
         if cuda_only and not (torch.cuda.is_available() if cuda is None else cuda):
@@ -151,8 +158,9 @@ def available_methods(
 
 
 def prepare_digest(opts: BenchOptions) -> str:
-    """Write the sha256-verified predictions tpload-digest trusts (what ``tpload plan --write`` does,
-    outside the timed runs, into the bench's own store). Returns why the method cannot run, or ""."""
+    """Write the sha256-verified predictions tpload-digest trusts (what ``tpload plan --write``
+    does, outside the timed runs, into the bench's own store). Returns why the method cannot run, or
+    ""."""
     from .offline import record_verified
 
     try:
@@ -169,13 +177,14 @@ def prepare_digest(opts: BenchOptions) -> str:
 
 
 def blake3_store(digest_store: str) -> Path:
-    """tpload-blake3's own store, inside the bench's: the other tpload methods must not find its sidecar."""
+    """tpload-blake3's own store, inside the bench's: the other tpload methods must not find its
+    sidecar."""
     return Path(digest_store) / "blake3"
 
 
 def prepare_blake3(opts: BenchOptions) -> str:
-    """Write the blake3 sidecar tpload-blake3 loads with (what ``tpload manifest --hash blake3`` does,
-    outside the timed runs). Returns why the method cannot run, or ""."""
+    """Write the blake3 sidecar tpload-blake3 loads with (what ``tpload manifest --hash blake3``
+    does, outside the timed runs). Returns why the method cannot run, or ""."""
     from .offline import write_blake3
 
     try:
@@ -252,9 +261,8 @@ def run_all(opts: BenchOptions, methods: list[str], log=print) -> dict[str, Meth
                     log(f"round {k + 1}: {m}: FAILED ({got})")
                     continue
                 results[m].runs.append(got)
-                log(
-                    f"round {k + 1}: {m}: {max(r['seconds'] for r in got):.2f} s ({time.perf_counter() - t0:.1f} s with launch)"
-                )
+                slowest, launch = max(r["seconds"] for r in got), time.perf_counter() - t0
+                log(f"round {k + 1}: {m}: {slowest:.2f} s ({launch:.1f} s with launch)")
     check_agreement(results)
     return results
 
@@ -276,11 +284,12 @@ def check_agreement(results: dict[str, MethodResult]) -> None:
         want = [x["digest"] for x in base.runs[0]]
         for k, run in enumerate(res.runs):
             got = [x["digest"] for x in run]
-            bad = [r for r, (g, w) in enumerate(zip(got, want)) if g != w]
+            bad = [r for r, (g, w) in enumerate(zip(got, want, strict=False)) if g != w]
             if bad or len(got) != len(want):
+                g, w = (got[bad[0]][:16], want[bad[0]][:16]) if bad else ("?", "?")
                 res.refused = (
                     f"window digest of rank {bad[0] if bad else '?'} in round {k + 1} differs from "
-                    f"{base.name}'s ({got[bad[0]][:16] if bad else '?'} != {want[bad[0]][:16] if bad else '?'})"
+                    f"{base.name}'s ({g} != {w})"
                 )
                 break
 
@@ -293,7 +302,8 @@ def _med(xs: list[float]) -> float:
 
 
 def summarize(res: MethodResult) -> dict:
-    """Medians (and min-max) over rounds of the per-run figures (each run: the slowest rank / the worst peak)."""
+    """Medians (and min-max) over rounds of the per-run figures (each run: the slowest rank / the
+    worst peak)."""
     walls = [max(x["seconds"] for x in run) for run in res.runs]
     per_rank = [statistics.mean(x["window_bytes"] for x in run) for run in res.runs]
     transient = [
@@ -308,7 +318,8 @@ def summarize(res: MethodResult) -> dict:
         "seconds_min": min(walls, default=float("nan")),
         "seconds_max": max(walls, default=float("nan")),
         "gb_per_s_per_rank": _med(per_rank) / 1e9 / max(_med(walls), 1e-9),
-        # CPU seconds of the busiest rank (all its threads): its own work, whatever the ranks share cores with.
+        # CPU seconds of the busiest rank (all its threads): its own work, whatever the ranks share
+        # cores with.
         "cpu_seconds": _med(
             [max(x.get("cpu_seconds", float("nan")) for x in run) for run in res.runs]
         ),
@@ -347,13 +358,14 @@ def summarize(res: MethodResult) -> dict:
 def decode_bandwidth(
     ckpt_dir: str, *, threads: int, reps: int = 5, config: str = DEFAULT_CONFIG, device: str = "cpu"
 ) -> dict:
-    """Each decoded format's decode to bf16 on the CPU (bf16 bytes out per second) against a copy of the
-    same output size, on the format's biggest tensor in the plan: picked by the codec the plan gave it,
-    never by name, so any layout (the reference one, a published family's) has its formats measured.
-    Every buffer is touched first, so page faults count for neither. The decodes go the way a CPU load's
-    do (the codec's own path, row blocks unfolded for stacked tensors): the compiled kernels
-    (single-threaded whatever ``threads`` is; it sets torch's count). On a GPU (``device``), the
-    device decode against a device-to-device copy of the output: the HBM figure of that device."""
+    """Each decoded format's decode to bf16 on the CPU (bf16 bytes out per second) against a copy of
+    the same output size, on the format's biggest tensor in the plan: picked by the codec the plan
+    gave it, never by name, so any layout (the reference one, a published family's) has its formats
+    measured. Every buffer is touched first, so page faults count for neither. The decodes go the
+    way a CPU load's do (the codec's own path, row blocks unfolded for stacked tensors): the
+    compiled kernels (single-threaded whatever ``threads`` is; it sets torch's count). On a GPU
+    (``device``), the device decode against a device-to-device copy of the output: the HBM figure of
+    that device."""
     storage = ShardedStorage(Path(ckpt_dir).absolute())
     try:
         plan = Planner(storage.catalogue, choose(config, storage.root)[0]).plan(
@@ -370,12 +382,14 @@ def decode_bandwidth(
 
 
 def decode_label(item: Item) -> str:
-    """A decoded format: its codec and stored dtypes (weight/scales; the kernels differ by scale dtype)."""
+    """A decoded format: its codec and stored dtypes (weight/scales; the kernels differ by scale
+    dtype)."""
     return f"{item.codec.name} {'/'.join(c.dtype for c in (item.weight, *item.scales))}"
 
 
 def biggest_decodes(items: list[Item]) -> dict[str, Item]:
-    """Each decoded format's biggest item (by decoded bytes) in a plan of the expanded kind, by label."""
+    """Each decoded format's biggest item (by decoded bytes) in a plan of the expanded kind, by
+    label."""
     out: dict[str, Item] = {}
     for item in items:
         if item.codec.copies(item.fit, "expanded"):
@@ -429,7 +443,8 @@ def _on(host: np.ndarray, device: torch.device) -> np.ndarray | torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(host)).to(device)
 
 
-def _best(fn, reps: int, device: torch.device = torch.device("cpu")) -> float:
+def _best(fn, reps: int, device: torch.device | None = None) -> float:
+    device = device or torch.device("cpu")
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     fn()
     sync()
@@ -443,15 +458,16 @@ def _best(fn, reps: int, device: torch.device = torch.device("cpu")) -> float:
 
 
 def h2d_bandwidth(device: torch.device, *, nbytes: int = 256 * MIB, reps: int = 5) -> float:
-    """GB/s of one pinned host buffer copied to ``device``: this machine's host-to-device (PCIe) figure,
-    which a rank's load rate is judged against."""
+    """GB/s of one pinned host buffer copied to ``device``: this machine's host-to-device (PCIe)
+    figure, which a rank's load rate is judged against."""
     host = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
     dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
     return nbytes / _best(lambda: dev.copy_(host, non_blocking=True), reps, device) / 1e9
 
 
 READS = {"windows": "windows", "whole tensors": "tensors", "whole files": "files"}
-"""What a method reads of each tensor it has a window of, as the table's ``reads`` column says it."""
+"""What a method reads of each tensor it has a window of, as the table's ``reads`` column says it.
+"""
 
 
 def table(summaries: list[dict], refused: dict[str, str], opts: BenchOptions) -> str:
@@ -459,36 +475,42 @@ def table(summaries: list[dict], refused: dict[str, str], opts: BenchOptions) ->
     by = {s["method"]: s for s in summaries}
     floor, seed = by.get("floor", {}).get("seconds"), by.get("seed", {}).get("seconds")
     head = (
-        f"tpload bench: {opts.checkpoint}\n  nproc {opts.nproc}, tp {opts.tp}, {opts.rounds} round(s), "
-        f"{'cold' if opts.cold else 'warm'} page cache; seconds: median [min-max] of the slowest rank, "
-        "memory: worst rank, median over rounds\n"
+        f"tpload bench: {opts.checkpoint}\n  nproc {opts.nproc}, tp {opts.tp}, "
+        f"{opts.rounds} round(s), {'cold' if opts.cold else 'warm'} page cache; seconds: median "
+        "[min-max] of the slowest rank, memory: worst rank, median over rounds\n"
     )
     cols = (
-        f"{'method':<16} {'sec':>6} {'[min-max]':>13} {'import s':>8} {'cpu s':>6} {'GB/s/rank':>9} {'x floor':>7} "
-        f"{'x seed':>6} {'tensors':>7} {'us/tensor':>9} {'reads':>7} {'read MB':>8} {'hashed GB':>9} {'rss GiB':>7} "
+        f"{'method':<16} {'sec':>6} {'[min-max]':>13} {'import s':>8} {'cpu s':>6} "
+        f"{'GB/s/rank':>9} {'x floor':>7} {'x seed':>6} {'tensors':>7} {'us/tensor':>9} "
+        f"{'reads':>7} {'read MB':>8} {'hashed GB':>9} {'rss GiB':>7} "
         f"{'anon GiB':>8} {'trans MiB':>9} {'limit MiB':>9} {'dev GiB':>7} {'cache':>5}"
     )
     lines = [head, cols]
     for s in summaries:
-        ratio = lambda ref: f"{s['seconds'] / ref:.2f}" if ref else "-"  # noqa: E731
+        ratio = lambda ref, s=s: f"{s['seconds'] / ref:.2f}" if ref else "-"  # noqa: E731
         span = f"[{s['seconds_min']:.2f}-{s['seconds_max']:.2f}]"
         lines.append(
-            f"{s['method']:<16} {s['seconds']:>6.2f} {span:>13} {s['import_seconds']:>8.2f} {s['cpu_seconds']:>6.2f} "
+            f"{s['method']:<16} {s['seconds']:>6.2f} {span:>13} {s['import_seconds']:>8.2f} "
+            f"{s['cpu_seconds']:>6.2f} "
             f"{s['gb_per_s_per_rank']:>9.2f} {ratio(floor):>7} {ratio(seed):>6} "
-            f"{s['tensors_per_rank']:>7.0f} {s['us_per_tensor']:>9.1f} {READS.get(s['reads'], s['reads']):>7} "
+            f"{s['tensors_per_rank']:>7.0f} {s['us_per_tensor']:>9.1f} "
+            f"{READS.get(s['reads'], s['reads']):>7} "
             f"{s['bytes_read_per_rank'] / 1e6:>8.1f} {s['bytes_hashed_per_rank'] / 1e9:>9.3f} "
             f"{s['rss_peak'] / GIB:>7.2f} {s['anon_peak'] / GIB:>8.2f} "
-            f"{s['transient'] / MIB:>9.0f} {s['transient_limit'] / MIB:>9.0f} {s['device_peak'] / GIB:>7.2f} "
+            f"{s['transient'] / MIB:>9.0f} {s['transient_limit'] / MIB:>9.0f} "
+            f"{s['device_peak'] / GIB:>7.2f} "
             f"{s['page_cache_before'] * 100:>4.0f}%" + (f"  ({s['note']})" if s["note"] else "")
         )
     for m, why in refused.items():
         lines.append(f"{m:<16} REFUSED: {why}")
     lines += [
-        "import s = the method's own imports (tpload: its loader and numba kernels; a peer: its package), once per "
-        "process, outside the clock; cpu s = CPU seconds (all threads) of the busiest rank",
-        "tensors = tensors each rank ends up with; us/tensor = sec over them; reads = what a method reads of each "
-        "tensor it has a window of: its window, the whole tensor (tensors), or whole files shared out (files); "
-        "read MB = bytes a rank read out of the files that way (hashing reads are hashed GB)",
+        "import s = the method's own imports (tpload: its loader and numba kernels; a peer: its "
+        "package), once per process, outside the clock; cpu s = CPU seconds (all threads) of the "
+        "busiest rank",
+        "tensors = tensors each rank ends up with; us/tensor = sec over them; reads = what a "
+        "method reads of each tensor it has a window of: its window, the whole tensor "
+        "(tensors), or whole files shared out (files); read MB = bytes a rank read out of the "
+        "files that way (hashing reads are hashed GB)",
         "trans = anonymous peak beyond the process before the run and the windows it owns; "
         "limit = 2 x largest window + 64 MiB",
     ]
@@ -497,8 +519,8 @@ def table(summaries: list[dict], refused: dict[str, str], opts: BenchOptions) ->
     ]
     if startup:
         lines.append(
-            f"before its own imports every worker spent {statistics.median(startup):.2f} s (median) starting "
-            "python, torch and the bench's planner"
+            f"before its own imports every worker spent {statistics.median(startup):.2f} s "
+            "(median) starting python, torch and the bench's planner"
         )
     return "\n".join(lines)
 
@@ -509,17 +531,18 @@ def decode_lines(d: dict) -> list[str]:
     if not d["codecs"]:
         return [f"decode {where}: nothing to decode (every tensor is served as stored)"]
     threads = f" ({d['threads']} thread(s))" if where == "on CPU" else ""
+    copy = "memcpy" if where == "on CPU" else "device copy (HBM)"
     return [
         f"decode {where}{threads}, {label}: {c['gb_per_s']:.2f} GB/s bf16 out, "
-        f"{c['vs_memcpy'] * 100:.0f}% of a {'memcpy' if where == 'on CPU' else 'device copy (HBM)'} of the same "
-        f"{c['bytes_out'] / MIB:.1f} MiB ({c['memcpy_gb_per_s']:.2f} GB/s); biggest such tensor: {c['tensor']}"
+        f"{c['vs_memcpy'] * 100:.0f}% of a {copy} of the same {c['bytes_out'] / MIB:.1f} MiB "
+        f"({c['memcpy_gb_per_s']:.2f} GB/s); biggest such tensor: {c['tensor']}"
         for label, c in d["codecs"].items()
     ]
 
 
 def gpu_figures(ckpt: str, config: str, summaries: list[dict], *, decode: bool) -> dict:
-    """On a GPU machine: each GPU's pinned host-to-device GB/s (the PCIe figure) beside each method's
-    per-rank load rate, and the device decode against a device copy (the HBM figure)."""
+    """On a GPU machine: each GPU's pinned host-to-device GB/s (the PCIe figure) beside each
+    method's per-rank load rate, and the device decode against a device copy (the HBM figure)."""
     h2d = [h2d_bandwidth(torch.device("cuda", k)) for k in range(torch.cuda.device_count())]
     pcie = min(h2d)
     print(f"host-to-device, pinned, per GPU: {', '.join(f'{g:.1f}' for g in h2d)} GB/s", flush=True)
@@ -527,8 +550,8 @@ def gpu_figures(ckpt: str, config: str, summaries: list[dict], *, decode: bool) 
         rate = s.get("gb_per_s_per_rank")
         if rate:
             print(
-                f"  {s['method']}: {rate:.2f} GB/s per rank = {rate / pcie * 100:.0f}% of the slowest GPU's "
-                "host-to-device",
+                f"  {s['method']}: {rate:.2f} GB/s per rank = {rate / pcie * 100:.0f}% of the "
+                "slowest GPU's host-to-device",
                 flush=True,
             )
     out: dict = {"h2d_gb_per_s": h2d}
@@ -539,7 +562,8 @@ def gpu_figures(ckpt: str, config: str, summaries: list[dict], *, decode: bool) 
 
 
 def preset_checkpoint(preset: str, *, tensors: int | None = None) -> Path:
-    """A bench preset's checkpoint, written once under the cache: the reference layout or a published one."""
+    """A bench preset's checkpoint, written once under the cache: the reference layout or a
+    published one."""
     if preset in PRESETS:
         return cached_checkpoint(PRESETS[preset])
     return cached_published(preset, tensors=tensors)
@@ -550,6 +574,10 @@ def cmd_bench(argv: list[str]) -> int:
         from .bench_engine import cmd_bench_engine
 
         return cmd_bench_engine(argv)
+    if "--replicas" in argv:  # replicas sharing the reads against each reading alone
+        from .bench_replicas import cmd_bench_replicas
+
+        return cmd_bench_replicas(argv)
     p = Parser(
         prog="python -m tpload bench",
         description="Run tpload beside its peers on the same "
@@ -559,8 +587,9 @@ def cmd_bench(argv: list[str]) -> int:
         "--preset",
         choices=list(PRESETS) + loadable_presets(),
         default="medium",
-        help="synthetic checkpoint, made once and cached: the reference layout (small, medium, seed) or a "
-        "published family's (NAME-tiny, deepseek-v3-deep; many-tensors: per-tensor cost apart from bytes)",
+        help="synthetic checkpoint, made once and cached: the reference layout (small, medium, "
+        "seed) or a published family's (NAME-tiny, deepseek-v3-deep; many-tensors: per-tensor cost "
+        "apart from bytes)",
     )
     p.add_argument(
         "--tensors",

@@ -50,22 +50,23 @@ def record_verified(
     stamped with what was verified (raises LoadError listing every mismatch; nothing is written
     then).
 
-    One opening serves all: the store key (the manifest's sha256), the stamp and every rank's
-    digest come from the same catalogue and file handles, and at the end the stamp, the open
-    shards, the manifest's bytes and the JSON files it pins are checked again: if any moved while
-    the digests were computed, nothing is stored."""
+    One opening serves all: the store key (the manifest's sha256), the stamp and every rank's digest
+    come from the same catalogue and file handles, and at the end the stamp, the open shards, the
+    manifest's bytes and the JSON files it pins are checked again: if any moved while the digests
+    were computed, nothing is stored."""
     storage = ShardedStorage(Path(root).absolute())
     try:
         cat = storage.catalogue
         if cat.manifest_sha256 is None:
             raise CheckpointError(
                 f"{escape_name(storage.root)}: no {MANIFEST_NAME}: trusted digests are verified "
-                "against it; write one with `python -m tpload manifest "
-                f"{escape_name(storage.root)}`"
+                "against it; write one with "
+                f"`python -m tpload manifest {escape_name(storage.root)}`"
             )
         stamp = checkpoint_stamp(storage)
         manifest_sha = cat.manifest_sha256
-        digests = predict(root, config, layout, kind, verify=True, storage=storage)
+        windows: list[dict] = []
+        digests = predict(root, config, layout, kind, verify=True, storage=storage, windows=windows)
         moved = [
             f"{what} changed while the digests were computed"
             for what in stale(stamp, checkpoint_stamp(storage))
@@ -75,8 +76,9 @@ def record_verified(
         if now != manifest_sha:
             moved.insert(
                 0,
-                "the manifest changed while the digests were computed (sha256 "
-                f"{manifest_sha[:16]}... then, {(now or 'none')[:16]}... now)",
+                "the manifest changed while the digests were computed "
+                f"(sha256 {manifest_sha[:16]}... "
+                f"then, {(now or 'none')[:16]}... now)",
             )
         if not moved:
             try:
@@ -90,14 +92,14 @@ def record_verified(
             )
     finally:
         storage.close()
-    path = DigestStore(store).write(
-        manifest_sha, Path(root).absolute(), layout_key(config.id(), layout, kind), digests, stamp
-    )
+    key = layout_key(config.id(), layout, kind)
+    # the per-tensor predictions first: a store whose digests are written always has its windows
+    DigestStore(store).write_windows(manifest_sha, key, digests, windows)
+    path = DigestStore(store).write(manifest_sha, Path(root).absolute(), key, digests, stamp)
     return digests, path
 
 
-# -- at rest
-# ----------------------------------------------------------------------------------------
+# -- at rest -------------------------------------------------------------------------------------
 
 
 def verify_checkpoint(
@@ -287,8 +289,8 @@ def write_blake3(
     its sha256 against the manifest and taking its blake3 from the same bytes; only if every one
     matches, keep the blake3 digests in the operator's store, stamped with what was checked (the
     stamp is taken before the first read, so a shard written since makes them stale). Raises
-    LoadError listing every problem; nothing is written then. The checkpoint folder is not
-    touched."""
+    LoadError listing every problem; nothing is written then. The checkpoint folder is not touched.
+    """
     require()
     path = Path(root).absolute()
     storage = ShardedStorage(path)

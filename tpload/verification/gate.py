@@ -103,6 +103,8 @@ class Job:
     reads: Mapping[int, Mapping[str, object]] | None = None
     """With replicas (replicas.py): each plan's windows its rank reads from storage itself (default:
     all)."""
+    link: object = None
+    """With replicas: this rank's replicas.Link (who read each window it received)."""
 
     @property
     def me(self) -> int:
@@ -194,13 +196,36 @@ class Strategy(ABC):
         fig, ctx, stored = self.job.fig, self.job.ctx, self.prepared.stored
         fig.digest = result.digest()
         if stored is not None:
-            match = len(stored.digests) == ctx.world and stored.digests[ctx.rank] == fig.digest
+            at = replicas.placement(self.job.opts, ctx.world)  # replicas: one prediction a position
+            me, world = (at.where(ctx.rank)[1], at.size) if at else (ctx.rank, ctx.world)
+            match = len(stored.digests) == world and stored.digests[me] == fig.digest
             fig.prediction = PredictionState.MATCH if match else PredictionState.DIFFERS
+            if not match and len(stored.digests) == world:
+                self._name_differing(result, stored, me)
         hashes = self.prepared.hashes
         if hashes.peers or hashes.owner:
             fingerprints = {n: h.peers for n, h in result.hashed.items()}
             fig.claims = crosscheck.claims(hashes.peers, fingerprints, ctx.node_peers, ctx.rank)
             fig.seen = crosscheck.seen(hashes.owner, result.windows, ctx.node_peers, ctx.rank)
+
+    def _name_differing(self, result: object, stored: Prediction, me: int) -> None:
+        """A digest that differs from its prediction: raise naming the served tensors that differ,
+        from the per-tensor predictions stored with it (nothing to name without them)."""
+        sha = self.job.storage.catalogue.manifest_sha256
+        store = DigestStore(self.job.opts.digest_store)
+        windows = store.read_windows(sha, self.key, stored.digests)
+        if windows is None or len(windows) != len(stored.digests):
+            return
+        want, link = windows[me], self.job.link
+        bad = [o.name for o in result.outputs if want.get(o.name) != result.fingerprints[o.name]]
+        bad += sorted(set(want) - {o.name for o in result.outputs})
+        said = [escape_name(n) + (link.source(n) if link else "") for n in bad[:8]]
+        more = f" and {len(bad) - 8} more" if len(bad) > 8 else ""
+        raise LoadError(
+            f"digest {self.job.fig.digest[:16]}... differs from the prediction stored in "
+            f"{escape_name(self.store_path)} ({self.key}, position {me}): {len(bad)} served "
+            f"tensor(s) differ: {', '.join(said)}{more}"
+        )
 
     def locators(self, names: tuple[str, ...]) -> dict[str, str | None]:
         """The digest each deferred tensor's locator checks its streamed bytes against."""
@@ -223,7 +248,7 @@ class Strategy(ABC):
             problems += crosscheck.verdict(
                 ctx.node_lists, {r.rank: r.claims for r in ranks}, {r.rank: r.seen for r in ranks}
             )
-            problems += replicas.verdict(ranks, getattr(self.job.opts, "replicas", 1))
+            problems += replicas.verdict(ranks, replicas.placement(self.job.opts, len(ranks)))
         return problems
 
 

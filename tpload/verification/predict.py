@@ -34,13 +34,15 @@ def predict(
     *,
     verify: bool = False,
     storage: Storage | None = None,
+    windows: list[dict] | None = None,
 ) -> list[str]:
     """Every rank's digest for this layout and kind, computed on the CPU by the load's own code.
 
     ``verify``: also hash every tensor the layout uses against the manifest (each once);
     any mismatch raises :class:`LoadError`, listing them all. ``storage``: an opened native folder
     to compute every rank from (the caller keeps it open and closes it); by default each rank's
-    own storage is opened here.
+    own storage is opened here. ``windows``: a list that gets, rank by rank, the fingerprint of each
+    tensor the rank serves (its digest's lines: verification/store.py stores them).
     """
     out, hashed = [], set()
     for rank in range(layout.world):
@@ -73,6 +75,10 @@ def predict(
                 progress=Silent(),
             )
             out.append(result.digest())
+            if windows is not None:
+                windows.append(
+                    {o.name: [int(x) for x in result.fingerprints[o.name]] for o in result.outputs}
+                )
             del result  # one rank's arena at a time
         finally:
             if mine_open:

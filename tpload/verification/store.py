@@ -1,4 +1,5 @@
-"""Trusted digests: what ``tpload plan --write`` verified by sha256, kept where the checkpoint's writer cannot reach.
+"""Trusted digests: what ``tpload plan --write`` verified by sha256, kept where the checkpoint's
+writer cannot reach.
 
 A ``--verify digest`` load hashes nothing: it trusts digests written after
 every tensor the layout uses was hashed against the manifest, and checks every
@@ -13,8 +14,11 @@ write is refused. One file per checkpoint, named by its manifest's sha256:
      "layouts": {"tp2-ep1-packed-config-<id>": {"digests": [...], "verified": {stamp}}}}
 
 The stamp (the manifest's sha256, each shard's size and mtime) makes an entry
-stale once a shard is rewritten. Writes take a lock, write beside the file and
-rename: never a half-written store, never a lost update.
+stale once a shard is rewritten. Beside it, ``<sha256>.<layout key>.windows`` (JSON) holds each
+rank's fingerprint of every tensor it serves (the lines its digest is made of), written by the same
+``plan --write``: read only when a rank's digest differs, so that the mismatch names its tensors.
+Writes take a lock, write beside the file and rename: never a half-written store, never a lost
+update.
 """
 
 from __future__ import annotations
@@ -40,13 +44,15 @@ FORMAT = 3
 
 
 def checkpoint_stamp(storage: Storage) -> dict:
-    """What a verified prediction vouches for: the manifest's sha256 and each shard's size and mtime."""
+    """What a verified prediction vouches for: the manifest's sha256 and each shard's size and
+    mtime."""
     shards = {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(storage.paths())}
     return {"manifest_sha256": storage.catalogue.manifest_sha256, "shards": shards}
 
 
 def default_store() -> Path:
-    """``$XDG_STATE_HOME/tpload`` (an empty variable counts as unset), else ``~/.local/state/tpload``."""
+    """``$XDG_STATE_HOME/tpload`` (an empty variable counts as unset), else
+    ``~/.local/state/tpload``."""
     state = os.environ.get("XDG_STATE_HOME") or ""
     base = Path(state) if os.path.isabs(state) else Path.home() / ".local" / "state"
     return base / "tpload"
@@ -65,12 +71,14 @@ def _check_private(path: Path, what: str) -> None:
     st = os.stat(path)
     if hasattr(os, "getuid") and st.st_uid != os.getuid():
         raise LoadError(
-            f"{escape_name(path)}: {what} belongs to uid {st.st_uid}, not to this user ({os.getuid()}); "
+            f"{escape_name(path)}: {what} belongs to uid {st.st_uid}, not to this user "
+            f"({os.getuid()}); "
             "trusted digests must be the operator's own"
         )
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise LoadError(
-            f"{escape_name(path)}: {what} is writable by others (mode {stat.S_IMODE(st.st_mode):o}); "
+            f"{escape_name(path)}: {what} is writable by others "
+            f"(mode {stat.S_IMODE(st.st_mode):o}); "
             "refused: whoever can write it decides what is served"
         )
 
@@ -106,8 +114,8 @@ class DigestStore:
             ) from None
 
     def read_doc(self, path: Path, manifest_sha256: str, fix: str) -> dict | None:
-        """The JSON document at ``path`` in this store (None if there is none), after the store's trust
-        checks; it must name the manifest with this sha256. ``fix``: how to write it again."""
+        """The JSON document at ``path`` in this store (None if there is none), after the store's
+        trust checks; it must name the manifest with this sha256. ``fix``: how to write it again."""
         if not path.exists():
             return None
         _check_private(self.root, "the digest store")
@@ -131,7 +139,8 @@ class DigestStore:
     def write(
         self, manifest_sha256: str, checkpoint: Path, key: str, digests: list[str], stamp: dict
     ) -> Path:
-        """Store ``digests`` for ``key`` (read-modify-write under a lock, atomic replace, mode 0600)."""
+        """Store ``digests`` for ``key`` (read-modify-write under a lock, atomic replace, mode
+        0600)."""
         path = self.path(manifest_sha256)
         with self._locked():
             layouts = {
@@ -148,8 +157,41 @@ class DigestStore:
             atomic_write(path, json.dumps(doc, indent=1) + "\n", mode=0o600)
         return path
 
+    def windows_path(self, manifest_sha256: str, key: str) -> Path:
+        return self.root / f"{manifest_sha256}.{key}.windows"
+
+    def write_windows(
+        self, manifest_sha256: str, key: str, digests: list[str], windows: list[dict]
+    ) -> Path:
+        """Each rank's fingerprint of every served tensor (``windows[rank][name]``: the triple),
+        tied to the rank ``digests`` stored with them."""
+        doc = {
+            "format": FORMAT,
+            "manifest_sha256": manifest_sha256,
+            "layout": key,
+            "digests": digests,
+            "windows": windows,
+        }
+        path = self.windows_path(manifest_sha256, key)
+        with self._locked():  # compact: one line a tensor a rank adds up at full size
+            atomic_write(path, json.dumps(doc, separators=(",", ":")) + "\n", mode=0o600)
+        return path
+
+    def read_windows(self, manifest_sha256: str, key: str, digests: list[str]) -> list[dict] | None:
+        """The per-tensor predictions stored with ``digests`` (None: none, or written with other
+        digests)."""
+        path = self.windows_path(manifest_sha256, key)
+        doc = self.read_doc(path, manifest_sha256, "write them again with `tpload plan --write`")
+        if doc is None or doc.get("digests") != digests or doc.get("layout") != key:
+            return None
+        try:
+            return [{str(n): tuple(map(int, t)) for n, t in w.items()} for w in doc["windows"]]
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise _unreadable(path, e, "write them again with `tpload plan --write`") from None
+
     def replace_doc(self, path: Path, doc: dict) -> Path:
-        """Write ``doc`` whole at ``path`` in this store (under the lock, atomic replace, mode 0600)."""
+        """Write ``doc`` whole at ``path`` in this store (under the lock, atomic replace, mode
+        0600)."""
         with self._locked():
             atomic_write(path, json.dumps(doc, indent=1) + "\n", mode=0o600)
         return path
@@ -157,12 +199,14 @@ class DigestStore:
 
 def _unreadable(path: Path, e: Exception, fix: str) -> LoadError:
     return LoadError(
-        f"{escape_name(path)}: stored digests are unreadable ({escape_name(e)}); remove the file and {fix}"
+        f"{escape_name(path)}: stored digests are unreadable ({escape_name(e)}); remove the file "
+        f"and {fix}"
     )
 
 
 def stale(stamp: dict | None, now: dict) -> list[str]:
-    """What changed since ``stamp`` was taken (manifest, shards by size and mtime); [] if nothing."""
+    """What changed since ``stamp`` was taken (manifest, shards by size and mtime); [] if
+    nothing."""
     if stamp is None:
         return ["the entry was never verified by sha256"]
     changed = [

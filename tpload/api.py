@@ -22,7 +22,7 @@ import torch.distributed as dist
 from . import preflight, replicas
 from .config import with_rules
 from .deferred import locate
-from .distributed import DistContext, context, keep_world, pick_device, with_device
+from .distributed import DistContext, call_world, context, pick_device, with_device
 from .errors import LoadError, OptionsError
 from .exchange import CALLS, exchange, group_id, share_nodes
 from .loop import LoadResult, run
@@ -277,12 +277,14 @@ def load(
     progress_sink: ProgressSink | None = None,
     **options: object,
 ) -> RankShards:
-    """Load this rank's verified shards of ``checkpoint``; the keywords are :class:`LoadOptions`' fields.
+    """Load this rank's verified shards of ``checkpoint``; the keywords are :class:`LoadOptions`'
+    fields.
 
-    Ranks are counted in ``group`` (default: the world); the exchange runs on ``cpu_group`` (default:
-    ``group`` if it has a CPU backend). Under torchrun without a world it makes the default group
-    (``cpu:gloo,cuda:nccl``), never one inside an existing world. Raises :class:`LoadError` on every
-    rank if any rank fails; ``progress_sink`` replaces rank 0's progress (one call per tensor)."""
+    Ranks are counted in ``group`` (default: the world); the exchange runs on ``cpu_group``
+    (default: ``group`` if it has a CPU backend). Under torchrun without a world it makes the
+    default group (``cpu:gloo,cuda:nccl``) for this call only and destroys it before returning.
+    Raises :class:`LoadError` on every rank if any rank fails; ``progress_sink`` replaces rank 0's
+    progress (one call per tensor)."""
     error: LoadError | None = None
     try:
         if checkpoint is None:  # only the command line writes and loads the built-in checkpoint
@@ -293,9 +295,10 @@ def load(
         opts = LoadOptions.from_values({**options, "checkpoint": checkpoint})
     except LoadError as e:  # still reach the exchange with it, so no peer waits
         opts, error = None, e
-    if group is None and cpu_group is None:
-        keep_world(timeout_s=opts.timeout_s if opts else LoadOptions().timeout_s)
-    return load_in(opts, context(group, cpu_group), error=error, progress_sink=progress_sink)
+    if group is not None or cpu_group is not None:
+        return load_in(opts, context(group, cpu_group), error=error, progress_sink=progress_sink)
+    with call_world(timeout_s=opts.timeout_s if opts else LoadOptions().timeout_s):
+        return load_in(opts, context(), error=error, progress_sink=progress_sink)
 
 
 with_option_signature(load, RankShards)

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from .errors import LoadError, OptionsError
 from .text import escape_name
+from .torch_private import has_cpu_backend
 
 
 @dataclass(frozen=True)
@@ -200,16 +201,12 @@ def _cpu_group_of(
     if cpu_group is not None:
         return cpu_group
     g = group or dist.group.WORLD
-    try:
-        g._get_backend(
-            torch.device("cpu")
-        )  # has a backend for CPU tensors (gloo, or cpu:gloo,cuda:nccl)
+    if has_cpu_backend(g):  # gloo, or cpu:gloo,cuda:nccl
         return g
-    except (RuntimeError, AttributeError):
-        raise OptionsError(
-            "the process group has no CPU backend (NCCL only): pass cpu_group= (a gloo group over "
-            "the same ranks; vLLM has get_tp_group().cpu_group) so the exchange cannot hang in NCCL"
-        ) from None
+    raise OptionsError(
+        "the process group has no CPU backend (NCCL only): pass cpu_group= (a gloo group over "
+        "the same ranks; vLLM has get_tp_group().cpu_group) so the exchange cannot hang in NCCL"
+    )
 
 
 def context(

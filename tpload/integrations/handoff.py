@@ -33,12 +33,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
-from torch.utils._pytree import tree_leaves
 
 from ..codecs import Cut
 from ..errors import LoadError
 from ..storage.catalogue import natural_key
 from ..storage.safetensors import TensorMeta
+from ..torch_private import torch_function_off, tree_leaves
 
 Range = tuple[int, int]
 Box = tuple[Range, ...]
@@ -49,7 +49,7 @@ class HandoffError(LoadError):
     the hand-off does not serve."""
 
 
-# -- what the engine read -----------------------------------------------------------------------------
+# -- what the engine read --------------------------------------------------------------------------
 
 
 class Handed:
@@ -90,7 +90,7 @@ def _covers(box: Box, parts: list[Box], dim: int = 0) -> bool:
         return bool(parts)
     lo, hi = box[dim]
     edges = sorted({lo, hi} | {min(max(e, lo), hi) for p in parts for e in p[dim]})
-    for a, b in zip(edges, edges[1:]):
+    for a, b in zip(edges, edges[1:], strict=False):  # each edge with the next
         spanning = [p for p in parts if p[dim][0] <= a and b <= p[dim][1]]
         if not spanning or not _covers(box, spanning, dim + 1):
             return False
@@ -120,7 +120,8 @@ def declared_skips(model_config: Mapping[str, object]) -> tuple[Skip, ...]:
     * the MTP layers ``model.layers.{num_hidden_layers + i}`` (DeepSeek-V3 style): the main model
       has no parameter for them; engines load them only into a separate draft model;
     * ``lm_head.*`` when ``tie_word_embeddings``: the head is the embedding (``skip_prefixes``);
-    * rotary tables (``rotary_emb.inv_freq``, ``cos_cached``, ``sin_cached``): computed, never loaded.
+    * rotary tables (``rotary_emb.inv_freq``, ``cos_cached``, ``sin_cached``): computed, never
+      loaded.
     """
     out = []
     layers, mtp = (
@@ -155,7 +156,7 @@ def engine_skips(model_config: Mapping[str, object]) -> tuple[str, ...]:
     return tuple(s.glob for s in declared_skips(model_config) if not s.read)
 
 
-# -- the tensors handed over ------------------------------------------------------------------------
+# -- the tensors handed over -----------------------------------------------------------------------
 
 # Queries of a tensor's metadata: answered, and never a read.
 _QUERIES = frozenset(
@@ -226,7 +227,8 @@ _ATTRIBUTES = frozenset(
 
 
 def _access(func: Callable) -> str:
-    """How the engine's call reads in a message: ``torch.cat``, ``Tensor.numpy``, ``attribute .data``."""
+    """How the engine's call reads in a message: ``torch.cat``, ``Tensor.numpy``,
+    ``attribute .data``."""
     owner = getattr(func, "__self__", None)
     if getattr(func, "__name__", "") in ("__get__", "__set__") and owner is not None:
         attr = getattr(owner, "__name__", None) or getattr(
@@ -281,8 +283,9 @@ class WindowTensor(torch.Tensor):
         handed: Handed | None = None,
         origin: Sequence[int] | None = None,
     ) -> WindowTensor:
-        # "sizes": sizes, strides and numel come from Python (answered below, in __torch_function__);
-        # C code that reads them (DLPack export, an extension) reaches __torch_dispatch__ and is refused.
+        # "sizes": sizes, strides and numel come from Python (answered below, in
+        # __torch_function__); C code that reads them (DLPack export, an extension) reaches
+        # __torch_dispatch__ and is refused.
         t = torch.Tensor._make_wrapper_subclass(
             cls,
             tuple(full),
@@ -370,7 +373,7 @@ class WindowTensor(torch.Tensor):
         if (
             not windows
         ):  # pragma: no cover - torch calls this only with a window among the arguments
-            with torch._C.DisableTorchFunctionSubclass():
+            with torch_function_off():
                 return func(*args, **kwargs)
         self = args[0] if args and isinstance(args[0], WindowTensor) else None
         if self is None or len(windows) > 1 or windows[0] is not self:
@@ -399,7 +402,7 @@ class WindowTensor(torch.Tensor):
             if attr == "nbytes":
                 return math.prod(full) * self.dtype.itemsize
             if attr in _ATTRIBUTES:
-                with torch._C.DisableTorchFunctionSubclass():
+                with torch_function_off():
                     out = func(self, *args, **kwargs)
                 return _REFUSED if isinstance(out, torch.Tensor) else out
             return _REFUSED
@@ -427,14 +430,15 @@ class WindowTensor(torch.Tensor):
         if name == "__repr__":
             return repr(self)
         if name in ("element_size", "is_floating_point", "is_complex", "get_device", "is_signed"):
-            with torch._C.DisableTorchFunctionSubclass():
+            with torch_function_off():
                 return func(self, *args, **kwargs)
         return _REFUSED
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
-        # Reached only from C (Python calls end in __torch_function__): the window's sizes or bytes
-        # asked for by code that did not go through the allow-list, e.g. torch.utils.dlpack.to_dlpack.
+        # Reached only from C (Python calls end in __torch_function__): the window's sizes or
+        # bytes asked for by code that did not go through the allow-list, e.g.
+        # torch.utils.dlpack.to_dlpack.
         windows = _windows_in((args, kwargs or {}))
         if not windows:  # pragma: no cover
             raise HandoffError(
@@ -466,7 +470,7 @@ class WholeTensor(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206 (torch's protocol)
         kwargs = kwargs or {}
-        with torch._C.DisableTorchFunctionSubclass():
+        with torch_function_off():
             out = func(*args, **kwargs)
         if getattr(func, "__name__", "") not in _QUERIES or any(
             isinstance(o, torch.Tensor) for o in tree_leaves(out)
@@ -519,9 +523,9 @@ def _getitem(t: WindowTensor, index: object) -> torch.Tensor:
 
 
 def _take(t: WindowTensor, ranges: Mapping[int, tuple[int, int]], asked: str) -> torch.Tensor:
-    """The part ``ranges`` ({dim: (start, length)}) of ``t``: inside the window, its bytes (a plain
-    tensor once every dimension is inside it, recorded as read; else a smaller window tensor); across
-    the window's edge, a HandoffError."""
+    """The part ``ranges`` ({dim: (start, length)}) of ``t``: inside the window, its bytes (a
+    plain tensor once every dimension is inside it, recorded as read; else a smaller window
+    tensor); across the window's edge, a HandoffError."""
     window, box, full, origin = t._window, list(t._box), list(t._full), list(t._origin)
     for dim, (start, length) in ranges.items():
         lo, hi = box[dim]
@@ -534,9 +538,9 @@ def _take(t: WindowTensor, ranges: Mapping[int, tuple[int, int]], asked: str) ->
         window = window.narrow(dim, start - lo, length)
         full[dim], box[dim] = length, (0, length)
         origin[dim] += start
-    if all(b == (0, n) for b, n in zip(box, full)):
+    if all(b == (0, n) for b, n in zip(box, full, strict=False)):
         if t._handed is not None:
-            t._handed.read(tuple((o, o + n) for o, n in zip(origin, full)))
+            t._handed.read(tuple((o, o + n) for o, n in zip(origin, full, strict=False)))
         return window
     return WindowTensor(window, full, box, t._label, handed=t._handed, origin=origin)
 
@@ -556,8 +560,8 @@ def box_of(cut: Cut, meta: TensorMeta) -> tuple[Range, ...]:
         rest, i = divmod(rest, n)
         index.append(i)
     index.reverse()
-    box = tuple((i, i + w) for i, w in zip(index, cut.shape))
-    cut_dims = [d for d, (w, n) in enumerate(zip(cut.shape, full)) if w != n]
+    box = tuple((i, i + w) for i, w in zip(index, cut.shape, strict=False))
+    cut_dims = [d for d, (w, n) in enumerate(zip(cut.shape, full, strict=False)) if w != n]
     if (
         len(cut.shape) != len(full)
         or any(index[d] for d in range(len(full)) if d not in cut_dims)
@@ -595,7 +599,8 @@ class Handoff:
         rename: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         """``rename``: {stored name: the names the engine expects it under} (the KV-cache scales'
-        canonical names, kvscales.py); each name gets its own copy, and any of them being read counts."""
+        canonical names, kvscales.py); each name gets its own copy, and any of them being read
+        counts."""
         self.state, self.rank, self.rename = state, rank, dict(rename or {})
         cuts = []
         for item in plan_items:
@@ -636,7 +641,8 @@ class Handoff:
                 )
 
     def unconsumed(self, skips: Sequence[Skip] = ()) -> tuple[list[Handed], dict[str, list[str]]]:
-        """(tensors not read whole and not declared, {declared skip's glob: the tensors it excused})."""
+        """(tensors not read whole and not declared, {declared skip's glob: the tensors it
+        excused})."""
         missing, excused = [], {}
         for h in self.handed.values():
             if h.consumed:
@@ -654,9 +660,9 @@ def unconsumed_message(missing: Sequence[Handed], engine: str) -> str:
     shown = ", ".join(f"{h.name} ({h.what()})" for h in missing[:8])
     more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
     return (
-        f"{len(missing)} tensor(s) tpload handed over were not consumed by {engine}'s weight loaders: "
-        f"{shown}{more}; every handed tensor must be read, or be declared skipped on purpose by the engine "
-        "integration (docs/engines.md)"
+        f"{len(missing)} tensor(s) tpload handed over were not consumed by {engine}'s weight "
+        f"loaders: {shown}{more}; every handed tensor must be read, or be declared skipped on "
+        "purpose by the engine integration (docs/engines.md)"
     )
 
 

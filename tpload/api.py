@@ -20,6 +20,7 @@ import time
 import torch.distributed as dist
 
 from . import preflight, replicas
+from .codecs._lazy import warm
 from .config import with_rules
 from .deferred import locate
 from .distributed import DistContext, call_world, context, pick_device, with_device
@@ -30,6 +31,7 @@ from .options import LoadOptions, with_option_signature
 from .pick import choose
 from .plan import Layout, Planner, RankPlan, paused_gc
 from .report import RankFigures, rank_log
+from .report.figures import process_first_load
 from .report.memory import MemoryPeaks, device_peaks, reset_device_peaks
 from .report.progress import Progress, ProgressSink, Silent
 from .shards import RankShards, served
@@ -58,6 +60,7 @@ class _RankLoad:
         self.gate: gate.Strategy | None = None
         self.deferred: tuple = ()
         self.notes: list[str] = []
+        self.started, self.first = time.perf_counter_ns(), process_first_load()
 
     def attempt(self, seq: int, error: LoadError | None) -> None:
         """Everything before the exchange; every failure becomes this rank's status and message."""
@@ -195,6 +198,7 @@ class _RankLoad:
         sink = self.sink or (
             Progress(plan.read_bytes, plan.served) if opts.progress and ctx.rank == 0 else Silent()
         )
+        self.fig.read_started(self.started, first=self.first)  # the loop reads first
         return run(
             storage,
             plan,
@@ -241,6 +245,7 @@ def load_in(
 ) -> RankShards:
     """Load in an existing context (``ctx``: this rank's group, before a device is picked).
     ``error``: a problem found before the context existed, raised inside so it still reaches the exchange."""
+    warm()  # the kernels load on a thread, beside the load's first steps
     seq = CALLS.next(group_id(ctx))
     job = _RankLoad(opts or LoadOptions(), ctx, RankFigures(rank=ctx.rank, seq=seq), progress_sink)
     t0 = time.perf_counter_ns()

@@ -49,7 +49,7 @@ class HandoffError(LoadError):
     the hand-off does not serve."""
 
 
-# -- what the engine read --------------------------------------------------------------------------
+# -- what the engine read -----------------------------------------------------------------------------
 
 
 class Handed:
@@ -90,7 +90,7 @@ def _covers(box: Box, parts: list[Box], dim: int = 0) -> bool:
         return bool(parts)
     lo, hi = box[dim]
     edges = sorted({lo, hi} | {min(max(e, lo), hi) for p in parts for e in p[dim]})
-    for a, b in zip(edges, edges[1:], strict=False):  # each edge with the next
+    for a, b in zip(edges, edges[1:]):
         spanning = [p for p in parts if p[dim][0] <= a and b <= p[dim][1]]
         if not spanning or not _covers(box, spanning, dim + 1):
             return False
@@ -120,8 +120,7 @@ def declared_skips(model_config: Mapping[str, object]) -> tuple[Skip, ...]:
     * the MTP layers ``model.layers.{num_hidden_layers + i}`` (DeepSeek-V3 style): the main model
       has no parameter for them; engines load them only into a separate draft model;
     * ``lm_head.*`` when ``tie_word_embeddings``: the head is the embedding (``skip_prefixes``);
-    * rotary tables (``rotary_emb.inv_freq``, ``cos_cached``, ``sin_cached``): computed, never
-      loaded.
+    * rotary tables (``rotary_emb.inv_freq``, ``cos_cached``, ``sin_cached``): computed, never loaded.
     """
     out = []
     layers, mtp = (
@@ -156,7 +155,7 @@ def engine_skips(model_config: Mapping[str, object]) -> tuple[str, ...]:
     return tuple(s.glob for s in declared_skips(model_config) if not s.read)
 
 
-# -- the tensors handed over -----------------------------------------------------------------------
+# -- the tensors handed over ------------------------------------------------------------------------
 
 # Queries of a tensor's metadata: answered, and never a read.
 _QUERIES = frozenset(
@@ -227,8 +226,7 @@ _ATTRIBUTES = frozenset(
 
 
 def _access(func: Callable) -> str:
-    """How the engine's call reads in a message: ``torch.cat``, ``Tensor.numpy``,
-    ``attribute .data``."""
+    """How the engine's call reads in a message: ``torch.cat``, ``Tensor.numpy``, ``attribute .data``."""
     owner = getattr(func, "__self__", None)
     if getattr(func, "__name__", "") in ("__get__", "__set__") and owner is not None:
         attr = getattr(owner, "__name__", None) or getattr(
@@ -283,9 +281,8 @@ class WindowTensor(torch.Tensor):
         handed: Handed | None = None,
         origin: Sequence[int] | None = None,
     ) -> WindowTensor:
-        # "sizes": sizes, strides and numel come from Python (answered below, in
-        # __torch_function__); C code that reads them (DLPack export, an extension) reaches
-        # __torch_dispatch__ and is refused.
+        # "sizes": sizes, strides and numel come from Python (answered below, in __torch_function__);
+        # C code that reads them (DLPack export, an extension) reaches __torch_dispatch__ and is refused.
         t = torch.Tensor._make_wrapper_subclass(
             cls,
             tuple(full),
@@ -436,9 +433,8 @@ class WindowTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
-        # Reached only from C (Python calls end in __torch_function__): the window's sizes or
-        # bytes asked for by code that did not go through the allow-list, e.g.
-        # torch.utils.dlpack.to_dlpack.
+        # Reached only from C (Python calls end in __torch_function__): the window's sizes or bytes
+        # asked for by code that did not go through the allow-list, e.g. torch.utils.dlpack.to_dlpack.
         windows = _windows_in((args, kwargs or {}))
         if not windows:  # pragma: no cover
             raise HandoffError(
@@ -523,9 +519,9 @@ def _getitem(t: WindowTensor, index: object) -> torch.Tensor:
 
 
 def _take(t: WindowTensor, ranges: Mapping[int, tuple[int, int]], asked: str) -> torch.Tensor:
-    """The part ``ranges`` ({dim: (start, length)}) of ``t``: inside the window, its bytes (a
-    plain tensor once every dimension is inside it, recorded as read; else a smaller window
-    tensor); across the window's edge, a HandoffError."""
+    """The part ``ranges`` ({dim: (start, length)}) of ``t``: inside the window, its bytes (a plain
+    tensor once every dimension is inside it, recorded as read; else a smaller window tensor); across
+    the window's edge, a HandoffError."""
     window, box, full, origin = t._window, list(t._box), list(t._full), list(t._origin)
     for dim, (start, length) in ranges.items():
         lo, hi = box[dim]
@@ -538,9 +534,9 @@ def _take(t: WindowTensor, ranges: Mapping[int, tuple[int, int]], asked: str) ->
         window = window.narrow(dim, start - lo, length)
         full[dim], box[dim] = length, (0, length)
         origin[dim] += start
-    if all(b == (0, n) for b, n in zip(box, full, strict=False)):
+    if all(b == (0, n) for b, n in zip(box, full)):
         if t._handed is not None:
-            t._handed.read(tuple((o, o + n) for o, n in zip(origin, full, strict=False)))
+            t._handed.read(tuple((o, o + n) for o, n in zip(origin, full)))
         return window
     return WindowTensor(window, full, box, t._label, handed=t._handed, origin=origin)
 
@@ -560,8 +556,8 @@ def box_of(cut: Cut, meta: TensorMeta) -> tuple[Range, ...]:
         rest, i = divmod(rest, n)
         index.append(i)
     index.reverse()
-    box = tuple((i, i + w) for i, w in zip(index, cut.shape, strict=False))
-    cut_dims = [d for d, (w, n) in enumerate(zip(cut.shape, full, strict=False)) if w != n]
+    box = tuple((i, i + w) for i, w in zip(index, cut.shape))
+    cut_dims = [d for d, (w, n) in enumerate(zip(cut.shape, full)) if w != n]
     if (
         len(cut.shape) != len(full)
         or any(index[d] for d in range(len(full)) if d not in cut_dims)
@@ -599,8 +595,7 @@ class Handoff:
         rename: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         """``rename``: {stored name: the names the engine expects it under} (the KV-cache scales'
-        canonical names, kvscales.py); each name gets its own copy, and any of them being read
-        counts."""
+        canonical names, kvscales.py); each name gets its own copy, and any of them being read counts."""
         self.state, self.rank, self.rename = state, rank, dict(rename or {})
         cuts = []
         for item in plan_items:
@@ -641,8 +636,7 @@ class Handoff:
                 )
 
     def unconsumed(self, skips: Sequence[Skip] = ()) -> tuple[list[Handed], dict[str, list[str]]]:
-        """(tensors not read whole and not declared, {declared skip's glob: the tensors it
-        excused})."""
+        """(tensors not read whole and not declared, {declared skip's glob: the tensors it excused})."""
         missing, excused = [], {}
         for h in self.handed.values():
             if h.consumed:
@@ -660,9 +654,9 @@ def unconsumed_message(missing: Sequence[Handed], engine: str) -> str:
     shown = ", ".join(f"{h.name} ({h.what()})" for h in missing[:8])
     more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
     return (
-        f"{len(missing)} tensor(s) tpload handed over were not consumed by {engine}'s weight "
-        f"loaders: {shown}{more}; every handed tensor must be read, or be declared skipped on "
-        "purpose by the engine integration (docs/engines.md)"
+        f"{len(missing)} tensor(s) tpload handed over were not consumed by {engine}'s weight loaders: "
+        f"{shown}{more}; every handed tensor must be read, or be declared skipped on purpose by the engine "
+        "integration (docs/engines.md)"
     )
 
 

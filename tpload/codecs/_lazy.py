@@ -23,14 +23,16 @@ _MODULE = "tpload.kernels"
 
 
 class _Kernels:
-    """Stands for :mod:`tpload.kernels` until an attribute of it is first asked for; then each
-    attribute asked for is kept on this object, so later calls cost a plain attribute lookup."""
+    """Stands for :mod:`tpload.kernels` until an attribute of it is first asked for; the module is
+    then kept, and every attribute is read from it (so a test's monkeypatch of it is seen)."""
+
+    _module: ModuleType | None = None
 
     def __getattr__(self, name: str) -> object:
-        module: ModuleType = importlib.import_module(_MODULE)
-        value = getattr(module, name)
-        setattr(self, name, value)
-        return value
+        module = self._module
+        if module is None:
+            module = self._module = importlib.import_module(_MODULE)
+        return getattr(module, name)
 
 
 kernels = _Kernels()

@@ -81,12 +81,14 @@ class RankFigures:
     page_cache_after: int | None = None
     """The same when this rank finished (measured only when the load evicts the page cache)."""
     first_read_ns: int | None = None
-    """Nanoseconds from this ``load()``'s entry (its group made) to its first read of weight bytes
-    (the per-tensor loop's start); None: it failed before."""
+    """Nanoseconds from this ``load()``'s entry (its group made) to the start of its per-tensor
+    loop, whose first steps are the arena's allocation and the first read of weight bytes; None:
+    it failed before."""
     first_call_ns: int | None = None
     """On the process's first ``load()`` only: ``first_read_ns`` plus the import of the load path
-    (``tpload.api``, timed when ``tpload.load`` is first asked for), i.e. the once-per-process work
-    that stands before the first read. None on later loads, and when the load failed before."""
+    (``tpload.api``, timed when ``tpload.load`` is first asked for), so the once-per-process work
+    that stands before the loop (the kernels load on a thread beside it, see codecs/_lazy.py).
+    None on later loads, and when the load failed before."""
     prediction: int = 0
     """This rank's digest against a stored prediction: 0 none stored, 1 matched, 2 differs."""
     digest: str = field(default="", metadata=_bytes(DIGEST_BYTES))
@@ -112,8 +114,8 @@ class RankFigures:
         return None if self.first_call_ns is None else self.first_call_ns / 1e9
 
     def read_started(self, since_ns: int, *, first: bool) -> None:
-        """The load's first read of weight bytes begins now; ``since_ns``: the load's entry;
-        ``first``: this is the process's first load (see :func:`process_first_load`)."""
+        """The load's per-tensor loop (and with it its first read) begins now; ``since_ns``: the
+        load's entry; ``first``: this is the process's first load (:func:`process_first_load`)."""
         self.first_read_ns = time.perf_counter_ns() - since_ns
         if first:
             self.first_call_ns = load_path_import_ns() + self.first_read_ns

@@ -246,11 +246,16 @@ def cmd_load(argv: list[str]) -> int:
         _first_run_notes(opts.checkpoint)
         from dataclasses import replace
 
+        from .codecs._lazy import warm
+
+        kernels = warm()  # beside the imports (and the built-in checkpoint's writing)
         from .api import load_in
         from .distributed import init_distributed
         from .tools.synth import resolve_checkpoint
 
         opts = replace(opts, checkpoint=resolve_checkpoint(opts.checkpoint))
+        if kernels is not None:
+            kernels.join()  # before the rendezvous, so every rank's load starts together
         with init_distributed(timeout_s=opts.timeout_s) as ctx:
             shards = load_in(opts, ctx)
             if ctx.rank == 0:

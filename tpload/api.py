@@ -20,9 +20,10 @@ import time
 import torch.distributed as dist
 
 from . import preflight, replicas
+from .codecs._lazy import warm
 from .config import with_rules
 from .deferred import locate
-from .distributed import DistContext, context, keep_world, pick_device, with_device
+from .distributed import DistContext, call_world, context, pick_device, with_device
 from .errors import LoadError, OptionsError
 from .exchange import CALLS, exchange, group_id, share_nodes
 from .loop import LoadResult, run
@@ -30,6 +31,7 @@ from .options import LoadOptions, with_option_signature
 from .pick import choose
 from .plan import Layout, Planner, RankPlan, paused_gc
 from .report import RankFigures, rank_log
+from .report.figures import process_first_load
 from .report.memory import MemoryPeaks, device_peaks, reset_device_peaks
 from .report.progress import Progress, ProgressSink, Silent
 from .shards import RankShards, served
@@ -58,6 +60,7 @@ class _RankLoad:
         self.gate: gate.Strategy | None = None
         self.deferred: tuple = ()
         self.notes: list[str] = []
+        self.started, self.first = time.perf_counter_ns(), process_first_load()
 
     def attempt(self, seq: int, error: LoadError | None) -> None:
         """Everything before the exchange; every failure becomes this rank's status and message."""
@@ -193,6 +196,7 @@ class _RankLoad:
         sink = self.sink or (
             Progress(plan.read_bytes, plan.served) if opts.progress and ctx.rank == 0 else Silent()
         )
+        self.fig.read_started(self.started, first=self.first)  # the loop reads first
         return run(
             storage,
             plan,
@@ -239,6 +243,7 @@ def load_in(
 ) -> RankShards:
     """Load in an existing context (``ctx``: this rank's group, before a device is picked).
     ``error``: a problem found before the context existed, raised inside so it still reaches the exchange."""
+    warm()  # the kernels load on a thread, beside the load's first steps
     seq = CALLS.next(group_id(ctx))
     job = _RankLoad(opts or LoadOptions(), ctx, RankFigures(rank=ctx.rank, seq=seq), progress_sink)
     t0 = time.perf_counter_ns()
@@ -275,12 +280,14 @@ def load(
     progress_sink: ProgressSink | None = None,
     **options: object,
 ) -> RankShards:
-    """Load this rank's verified shards of ``checkpoint``; the keywords are :class:`LoadOptions`' fields.
+    """Load this rank's verified shards of ``checkpoint``; the keywords are :class:`LoadOptions`'
+    fields.
 
-    Ranks are counted in ``group`` (default: the world); the exchange runs on ``cpu_group`` (default:
-    ``group`` if it has a CPU backend). Under torchrun without a world it makes the default group
-    (``cpu:gloo,cuda:nccl``), never one inside an existing world. Raises :class:`LoadError` on every
-    rank if any rank fails; ``progress_sink`` replaces rank 0's progress (one call per tensor)."""
+    Ranks are counted in ``group`` (default: the world); the exchange runs on ``cpu_group``
+    (default: ``group`` if it has a CPU backend). Under torchrun without a world it makes the
+    default group (``cpu:gloo,cuda:nccl``) for this call only and destroys it before returning.
+    Raises :class:`LoadError` on every rank if any rank fails; ``progress_sink`` replaces rank 0's
+    progress (one call per tensor)."""
     error: LoadError | None = None
     try:
         if checkpoint is None:  # only the command line writes and loads the built-in checkpoint
@@ -291,9 +298,10 @@ def load(
         opts = LoadOptions.from_values({**options, "checkpoint": checkpoint})
     except LoadError as e:  # still reach the exchange with it, so no peer waits
         opts, error = None, e
-    if group is None and cpu_group is None:
-        keep_world(timeout_s=opts.timeout_s if opts else LoadOptions().timeout_s)
-    return load_in(opts, context(group, cpu_group), error=error, progress_sink=progress_sink)
+    if group is not None or cpu_group is not None:
+        return load_in(opts, context(group, cpu_group), error=error, progress_sink=progress_sink)
+    with call_world(timeout_s=opts.timeout_s if opts else LoadOptions().timeout_s):
+        return load_in(opts, context(), error=error, progress_sink=progress_sink)
 
 
 with_option_signature(load, RankShards)

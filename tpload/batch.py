@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from . import kernels
+from .codecs._lazy import kernels
 from .plan import Item
 from .storage import Storage, Stored
 from .verification.fingerprint import Triple, word_widths

@@ -1,18 +1,18 @@
-"""Where one rank stands: its place in the load's group, its device, its node, and the groups it talks on.
+"""Where one rank stands: its place in the load's group, its device, its node, and its groups.
 
-``init_distributed`` is for processes that tpload itself starts (``torchrun -m
-tpload``): it makes the default group with a CPU backend beside the device's
-(``cpu:gloo,cuda:nccl``), so the one exchange always runs on the CPU (gloo),
-whatever the weights' device; ``context`` wraps a world some serving startup
-already made (its group, and its CPU group for the exchange). The device
-comes from ``LOCAL_RANK`` (never the global rank), and two ranks are never
-put on one GPU by accident.
+``init_distributed`` is for processes that tpload itself starts (``torchrun -m tpload``): it
+makes the default group with a CPU backend beside the device's (``cpu:gloo,cuda:nccl``), so the
+one exchange always runs on the CPU (gloo), whatever the weights' device; ``call_world`` makes
+that group for one ``load()`` under torchrun when there is none, and destroys it before the call
+returns; ``context`` wraps a world some serving startup already made (its group, and its CPU group
+for the exchange). The device comes from ``LOCAL_RANK`` (never the global rank), and two ranks are
+never put on one GPU by accident.
 """
 
 from __future__ import annotations
 
-import atexit
 import datetime
+import itertools
 import os
 import socket
 from collections.abc import Iterator
@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from .errors import LoadError, OptionsError
 from .text import escape_name
+from .torch_private import has_cpu_backend
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,8 @@ class DistContext:
     group: dist.ProcessGroup | None
     """The load's process group; None for a single process."""
     cpu_group: dist.ProcessGroup | None
-    """The group the exchange runs on: a CPU (gloo) backend, so its failures are gloo's on any device."""
+    """The group the exchange runs on: a CPU (gloo) backend, so its failures are gloo's on any
+    device."""
     nodes: tuple[int, ...] = (0,)
     """Node id of every group rank (filled in by :func:`tpload.exchange.share_nodes`)."""
     shared_device: bool = False
@@ -108,12 +110,14 @@ def pick_device(
     if not cuda:
         raise OptionsError(
             f"device {escape_name(device)!r} asked for, but this process sees no CUDA device "
-            f"(torch {torch.__version__}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})"
+            f"(torch {torch.__version__}, "
+            f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})"
         )
     index = local_rank if dev.index is None else dev.index
     if index >= torch.cuda.device_count():
         raise OptionsError(
-            f"device cuda:{index} asked for, but this process sees {torch.cuda.device_count()} GPU(s)"
+            f"device cuda:{index} asked for, but this process sees "
+            f"{torch.cuda.device_count()} GPU(s)"
         )
     return torch.device("cuda", index)
 
@@ -144,34 +148,65 @@ def init_world(*, timeout_s: float) -> bool:
     return True
 
 
-def keep_world(*, timeout_s: float) -> None:
-    """Like :func:`init_world`, but the group stays for the life of the process.
+_CALL_WORLDS = itertools.count(1)
+"""How many call-scoped worlds this process made: each one's keys in the rendezvous store get their
+own prefix. A counter, not a cache: every rank makes the same calls, so the numbers agree."""
 
-    For ``load()`` called by a plain torchrun worker: re-creating a default group
-    on torchrun's store after destroying it can hang, so a second load must
-    find the first one's group. It is destroyed at exit.
+
+@contextmanager
+def call_world(*, timeout_s: float) -> Iterator[None]:
+    """For one ``load()`` under torchrun when nobody made a world: the default group for this call
+    only, destroyed in ``finally`` (whoever makes a group tears it down; a caller's group is the
+    caller's). Nothing is left behind, no exit hook either.
+
+    Re-creating the default group on torchrun's store reads the last group's stale keys (a slow peer
+    makes gloo connect to a closed port), so each call's group has its own prefix in the store
+    (``tpload/world/N``). That needs torchrun's agent to hold the store: a launcher whose rank 0
+    hosts it would close the store under a faster peer's next call, so there the caller inits.
     """
-    if init_world(timeout_s=timeout_s):
-        atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
+    world = env_int("WORLD_SIZE", 1)
+    if world <= 1 or dist.is_initialized():
+        yield
+        return
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        raise OptionsError(
+            f"WORLD_SIZE={world} but no process group, and no torchrun agent holds the store: "
+            "init torch.distributed (init_process_group) before load(), or start under torchrun"
+        )
+    rank, number = env_int("RANK", 0), next(_CALL_WORLDS)
+    backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+    timeout = datetime.timedelta(seconds=timeout_s)
+    try:
+        store, _, _ = next(dist.rendezvous("env://", rank, world, timeout=timeout))
+        store = dist.PrefixStore(f"tpload/world/{number}", store)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+    except (RuntimeError, ValueError, OSError) as e:  # a peer that never came, a store timeout
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise LoadError(
+            f"rank {rank}: could not form the process group of {world} ranks within "
+            f"{timeout_s:g} s ({escape_name(first)})"
+        ) from None
+    try:
+        yield
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def _cpu_group_of(
     group: dist.ProcessGroup | None, cpu_group: dist.ProcessGroup | None
 ) -> dist.ProcessGroup | None:
-    """The group the exchange runs on: the caller's CPU group, or the load's group if it has a CPU backend."""
+    """The group the exchange runs on: the caller's CPU group, or the load's group if it has a CPU
+    backend."""
     if cpu_group is not None:
         return cpu_group
     g = group or dist.group.WORLD
-    try:
-        g._get_backend(
-            torch.device("cpu")
-        )  # has a backend for CPU tensors (gloo, or cpu:gloo,cuda:nccl)
+    if has_cpu_backend(g):  # gloo, or cpu:gloo,cuda:nccl
         return g
-    except (RuntimeError, AttributeError):
-        raise OptionsError(
-            "the process group has no CPU backend (NCCL only): pass cpu_group= (a gloo group over the "
-            "same ranks; vLLM has get_tp_group().cpu_group) so the exchange cannot hang in NCCL"
-        ) from None
+    raise OptionsError(
+        "the process group has no CPU backend (NCCL only): pass cpu_group= (a gloo group over "
+        "the same ranks; vLLM has get_tp_group().cpu_group) so the exchange cannot hang in NCCL"
+    )
 
 
 def context(
@@ -192,7 +227,8 @@ def context(
     rank, world = dist.get_rank(g), dist.get_world_size(g)
     if rank < 0:
         raise OptionsError(
-            f"this process (global rank {dist.get_rank()}) is not a member of the group it was given"
+            f"this process (global rank {dist.get_rank()}) is not a member of the group it was "
+            "given"
         )
     cg = _cpu_group_of(group, cpu_group)
     if dist.get_world_size(cg) != world or dist.get_rank(cg) != rank:
@@ -221,8 +257,8 @@ def node_key() -> str:
 
 @contextmanager
 def init_distributed(*, timeout_s: float = 600.0) -> Iterator[DistContext]:
-    """Init the default group (``cpu:gloo,cuda:nccl`` with CUDA, ``gloo`` without), yield this rank's
-    context (its device is picked by the load, from LOCAL_RANK), and tear the group down in
+    """Init the default group (``cpu:gloo,cuda:nccl`` with CUDA, ``gloo`` without), yield this
+    rank's context (its device is picked by the load, from LOCAL_RANK), and tear the group down in
     ``finally`` if this call made it."""
     created = init_world(timeout_s=timeout_s)
     try:

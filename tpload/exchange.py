@@ -27,6 +27,7 @@ import torch.distributed as dist
 from .distributed import DistContext, node_key
 from .errors import LoadError
 from .text import escape_name
+from .torch_private import default_store
 
 
 class _Calls:
@@ -55,10 +56,9 @@ def group_id(ctx: DistContext) -> str:
 
 def _store() -> dist.Store | None:
     """The world's rendezvous store (it outlives a dead rank: torchrun's agent holds it)."""
-    try:
-        return dist.distributed_c10d._get_default_store()
-    except (RuntimeError, AttributeError, ValueError):
-        pass
+    store = default_store()
+    if store is not None:
+        return store
     host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if not host or not port:
         return None

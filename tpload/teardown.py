@@ -17,6 +17,8 @@ from collections.abc import Callable
 
 import torch
 
+from .torch_private import empty_host_cache
+
 log = logging.getLogger("tpload")
 
 
@@ -25,9 +27,7 @@ def give_back(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
-        host_empty = getattr(torch._C, "_host_emptyCache", None)  # pinned staging buffers
-        if host_empty is not None:
-            host_empty()
+        empty_host_cache()  # pinned staging buffers
     _trim_heap()
 
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tpload.distributed import DistContext, node_key, pick_device
+from tpload.distributed import DistContext, call_world, node_key, pick_device
 from tpload.errors import OptionsError
 from tpload.plan import Layout
 from tpload.report import RankFigures
@@ -107,3 +107,28 @@ def test_a_clean_table_passes() -> None:
         RankFigures(rank=r, seq=1, claims=[bytes(32)] * 8, seen=[bytes(32)] * 8) for r in range(2)
     ]
     assert _verdict(ranks, ctx((0, 0)), Job()) == ""
+
+
+def test_a_world_without_torchrun_agent_store_is_the_callers_to_make(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # rank 0 would host the store, and close it under a faster peer's next call
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    with (
+        pytest.raises(OptionsError, match="init torch.distributed .* before load"),
+        call_world(timeout_s=1),
+    ):
+        pass
+
+
+def test_a_single_process_makes_no_world(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with call_world(timeout_s=1):
+        assert not torch.distributed.is_initialized()
+
+
+def test_load_registers_no_exit_hook() -> None:
+    import tpload.distributed as distributed
+
+    assert "atexit" not in vars(distributed)  # whoever makes a group tears it down, in the call

@@ -452,6 +452,7 @@ def test_a_world_that_cannot_form_fails_in_bounded_time(
         "LOCAL_RANK": "0",
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(free_port()),
+        "TORCHELASTIC_USE_AGENT_STORE": "True",  # as under torchrun, whose agent holds the store
     }.items():
         monkeypatch.setenv(k, v)
     with pytest.raises(LoadError, match="could not form the process group of 2 ranks within 3 s"):

@@ -35,6 +35,8 @@ def main() -> None:
         torch.save(sd, out / f"{kind}-rank{rank}.pt")
         (out / f"{kind}-rank{rank}.json").write_text(shards.report.to_json())
         shards.release()
+        if group is None and dist.is_initialized():  # load() made a group for the call alone
+            raise SystemExit("load() left the process group it made behind")
     if dist.is_initialized():
         dist.destroy_process_group()
 

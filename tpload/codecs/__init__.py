@@ -1,4 +1,5 @@
-"""Stored formats: one small module per format, each saying how its tensors are packed, cut and decoded.
+"""Stored formats: one small module per format, each saying how its tensors are packed, cut and
+decoded (the abstract base they implement: base.py).
 
 A codec answers, for one weight (and its scale, if the format has one):
 
@@ -23,11 +24,10 @@ import math
 from typing import NamedTuple, Protocol
 
 import numpy as np
-import torch
 
 from ..storage.catalogue import TensorMeta
 from ..storage.safetensors import ITEMSIZE
-from .tables import SERVED, SERVED_SCALE
+from .tables import SERVED
 
 Problem = tuple[int, str, str]
 """(how many, what, the tensor they are in): a count of bad values found, what they are, where."""
@@ -40,7 +40,8 @@ class Cut(NamedTuple):
     ``[shape[0], rest]`` (a 0-D or 1-D tensor is one row), or another split of the same bytes
     when the cut dimension is not the first (``[experts x rows, cols]`` for a stacked tensor cut on
     its last dimension). ``group`` says how the window's view rows make the served tensor's rows:
-    every ``group`` consecutive ones form one (its fingerprint is taken in the served tensor's view).
+    every ``group`` consecutive ones form one (its fingerprint is taken in the served tensor's
+    view).
     A named tuple: a plan of a 92,000-tensor checkpoint makes hundreds of thousands of them.
     """
 
@@ -126,172 +127,6 @@ class Checker:
         return []
 
 
-class Codec:
-    """One stored format. Subclasses set the class attributes and override what differs."""
-
-    role: str = ""
-    """The config's name for it (``role = "fp4"``)."""
-    name: str = ""
-    """Its own name, for messages and docs (``fp4-e8m0``)."""
-    weight_dtypes: tuple[str, ...] = ()
-    scale_dtypes: tuple[str, ...] = ()
-    """Empty: the format has no scale tensor."""
-
-    @property
-    def scaled(self) -> bool:
-        return bool(self.scale_dtypes)
-
-    @property
-    def checked(self) -> bool:
-        """Whether copies (packed kind) go through :meth:`checker` too: scaled formats, and formats whose
-        blocks carry their own scales (GGUF)."""
-        return self.scaled
-
-    def fit(
-        self,
-        weight: TensorMeta,
-        scale: TensorMeta | None,
-        *,
-        block: int = 0,
-        split: str = "replicate",
-        scale2: TensorMeta | None = None,
-    ) -> Fit | str:
-        """The weight (and scales) as this format, or why they do not fit it (``block``: a scale block
-        size the rule insists on; ``split``: how the rule cuts it; ``scale2``: a global scale)."""
-        raise NotImplementedError
-
-    def copies(self, fit: Fit, kind: str) -> bool:
-        """Whether this kind serves the stored bytes as they are (else it serves a decode)."""
-        return kind == "packed"
-
-    def row_multiple(self, fit: Fit) -> int:
-        """Decoding in row blocks: each block must start on a multiple of this (a scale block's rows)."""
-        return fit.group[0]
-
-    def scale_rows(self, fit: Fit, r0: int, r1: int) -> tuple[int, int]:
-        """The scale window's rows that weight window rows ``[r0, r1)`` use."""
-        g = fit.group[0]
-        return r0 // g, -(-r1 // g)
-
-    tiled: bool = False
-    """Windows must also be whole multiples of the layout's ``channel_align`` (a kernel tile)."""
-
-    def axis(self, fit: Fit, split: str) -> int:
-        """The dimension of the weight (in elements) a split cuts: after the experts of a stacked one."""
-        return (0 if split == "rows" else 1) + int(fit.stacked)
-
-    def channels(self, fit: Fit, split: str) -> tuple[int, int]:
-        """(channels along the split, channels per scale entry along it)."""
-        return fit.weight.shape[self.axis(fit, split)], 1
-
-    def cuts(
-        self, fit: Fit, split: str, span: tuple[int, int] | None, experts: tuple[int, int] | None
-    ) -> tuple[Cut, Cut | None]:
-        """The weight's and the scale's cuts for channels ``span`` (None: all of them) of experts
-        ``experts`` (a stacked tensor's; None: all)."""
-        raise NotImplementedError
-
-    def window(
-        self,
-        fit: Fit,
-        split: str,
-        tp: int,
-        rank: int,
-        *,
-        align: int = 0,
-        units: int = 0,
-        uneven: bool = False,
-        experts: tuple[int, int] | None = None,
-    ) -> tuple[Cut, Cut | None] | str:
-        """Rank ``rank`` of ``tp``'s cuts of the weight and scale, or why tp cannot cut them
-        (:func:`channel_window` says how ``align``, ``units`` and ``uneven`` share the channels)."""
-        span = None
-        if split != "replicate" and tp > 1:
-            n, atom = self.channels(fit, split)
-            span = channel_window(
-                n,
-                tp,
-                rank,
-                atom=atom,
-                align=align,
-                units=units,
-                uneven=uneven,
-                what=split if atom == 1 and not align and not self.scaled else "channels",
-            )
-            if isinstance(span, str):
-                return span
-        return self.cuts(fit, split, span, experts)
-
-    def served(
-        self, fit: Fit, weight: Cut, scale: Cut | None, kind: str
-    ) -> list[tuple[str, torch.dtype, tuple[int, ...], int]]:
-        """(name, dtype, shape, bytes) of every tensor served for these cuts: packed, the weight and
-        its scales as stored (scales keep their dtype: F16 stays F16); decoded, one bf16 tensor."""
-        if kind == "packed" or not self.scaled:
-            out = [
-                (
-                    weight.name,
-                    SERVED[weight.dtype],
-                    weight.shape,
-                    _nbytes(weight.shape, SERVED[weight.dtype]),
-                )
-            ]
-            for cut in (scale, whole(fit.scale2) if fit.scale2 is not None else None):
-                if cut is not None:
-                    out.append((cut.name, SERVED_SCALE[cut.dtype], cut.shape, cut.nbytes))
-            return out
-        shape = self.decoded_shape(fit, weight)
-        return [(weight.name, torch.bfloat16, shape, math.prod(shape) * 2)]
-
-    def decoded_shape(self, fit: Fit, weight: Cut) -> tuple[int, ...]:
-        """The window's shape in decoded elements."""
-        return weight.shape
-
-    def decode_row_bytes(self, fit: Fit, weight: Cut) -> int:
-        """Stored bytes of one row of the decode (its last dimension): a view row of the window holds
-        a whole number of them (a stacked tensor's expert row holds many)."""
-        return weight.shape[-1] * ITEMSIZE[weight.dtype] if weight.shape else weight.row_bytes
-
-    def checker(self, fit: Fit, weight: Cut, scale: Cut | None) -> Checker:
-        return Checker()
-
-    def clean(self, fit: Fit, scales: Windows, weights: Windows) -> bool:
-        """Whether the value checks of many items of this codec, alike in ``fit``'s formats (their
-        windows in one batch), would all find nothing: decided over all of them at once. False when
-        not sure: then each item's :meth:`checker` runs and words what it finds."""
-        return False
-
-    def decode(
-        self,
-        weight: np.ndarray | torch.Tensor,
-        scale: np.ndarray | torch.Tensor,
-        out: torch.Tensor,
-        fit: Fit,
-        *,
-        scale2: np.ndarray | torch.Tensor | None = None,
-    ) -> None:
-        """Decode a window (or a block of its rows, with the scale rows they use) into ``out``
-        (``scale2``: the global scale's stored bytes, for formats that have one)."""
-        raise NotImplementedError(f"{self.name} has nothing to decode")
-
-    def reference(
-        self,
-        weight: np.ndarray,
-        scale: np.ndarray,
-        out: torch.Tensor,
-        fit: Fit,
-        *,
-        scale2: np.ndarray | None = None,
-    ) -> None:
-        """The same decode by the other implementation (torch ops on the CPU when :meth:`decode`
-        runs the compiled kernel): an independent check of a sampled window."""
-        raise NotImplementedError(f"{self.name} has nothing to decode")
-
-
-def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
-    return math.prod(shape) * dtype.itemsize
-
-
 def channel_window(
     n: int,
     tp: int,
@@ -306,8 +141,8 @@ def channel_window(
     """Rank ``rank`` of ``tp``'s channels ``[lo, hi)`` of ``n``, or why tp cannot cut them.
 
     ``atom``: channels per scale entry along the split (a window starts on one; the last may be
-    short, as a 576-row FP8 matrix ends in half a block); ``align``: a kernel tile every share must be
-    a multiple of. Three ways to share:
+    short, as a 576-row FP8 matrix ends in half a block); ``align``: a kernel tile every share must
+    be a multiple of. Three ways to share:
 
     * even (the default): ``tp`` equal shares of whole atoms (and tiles);
     * ``units`` (attention heads): whole heads per rank; with fewer heads than ranks, each head is
@@ -320,11 +155,12 @@ def channel_window(
     if units:
         return _heads(n, tp, rank, units, step, what)
     if uneven:
-        per = -(-(-(-n // step)) // tp) * step
+        steps = -(-n // step)
+        per = -(-steps // tp) * step
         if (tp - 1) * per >= n:
             return (
-                f"{n} {what} in shares of {per} (the even share rounded up to {step}) leave rank {tp - 1} of "
-                f"tp {tp} nothing"
+                f"{n} {what} in shares of {per} (the even share rounded up to {step}) leave "
+                f"rank {tp - 1} of tp {tp} nothing"
             )
         return rank * per, min(n, (rank + 1) * per)
     if align:
@@ -344,7 +180,8 @@ def channel_window(
 
 
 def _heads(n: int, tp: int, rank: int, units: int, step: int, what: str) -> tuple[int, int] | str:
-    """Whole heads per rank (see :func:`channel_window`); every window edge inside ``n`` on a ``step``."""
+    """Whole heads per rank (see :func:`channel_window`); every window edge inside ``n`` on a
+    ``step``."""
     if n % units:
         return f"{n} {what} are not {units} equal heads"
     size = n // units
@@ -360,8 +197,8 @@ def _heads(n: int, tp: int, rank: int, units: int, step: int, what: str) -> tupl
         lo, edge = rank // (tp // units) * size, size if units > 1 else 0
     if edge % step:
         return (
-            f"{units} heads of {size} {what}: a window of {edge} {what} does not start and end on whole "
-            f"{step}-channel blocks"
+            f"{units} heads of {size} {what}: a window of {edge} {what} does not start and end on "
+            f"whole {step}-channel blocks"
         )
     return lo, lo + per
 
@@ -374,7 +211,8 @@ def even_split(n: int, atom: int, tp: int, rank: int) -> tuple[int, int] | None:
 
 
 def meets(rows: np.ndarray, r0: int, r1: int) -> bool:
-    """Whether the sorted ``rows`` hold one in ``[r0, r1)`` (the checkers' rows of dangerous scales)."""
+    """Whether the sorted ``rows`` hold one in ``[r0, r1)`` (the checkers' rows of dangerous
+    scales)."""
     i = int(np.searchsorted(rows, r0))
     return i < rows.size and rows[i] < r1
 
@@ -387,12 +225,13 @@ def cut_axis(
     *,
     experts: tuple[int, int] | None = None,
 ) -> Cut:
-    """Indices ``[lo, hi)`` of dimension ``axis`` of a stored tensor (``axis`` None: all of them) and, for
-    a stacked tensor (``experts`` given), only experts ``[e0, e1)`` of dimension 0: a box of a 2-D view.
+    """Indices ``[lo, hi)`` of dimension ``axis`` of a stored tensor (``axis`` None: all of them)
+    and, for a stacked tensor (``experts`` given), only experts ``[e0, e1)`` of dimension 0: a box
+    of a 2-D view.
 
-    The view splits the bytes before ``axis`` (rows) from the rest, so the box is rows x a byte range;
-    a 1-D tensor is one row. For ``axis`` >= 2, every ``prod(shape[1:axis])`` view rows make one row
-    of the served tensor (``Cut.group``).
+    The view splits the bytes before ``axis`` (rows) from the rest, so the box is rows x a byte
+    range; a 1-D tensor is one row. For ``axis`` >= 2, every ``prod(shape[1:axis])`` view rows
+    make one row of the served tensor (``Cut.group``).
     """
     shape, item, name, dtype = meta.shape, ITEMSIZE[meta.dtype], meta.name, meta.dtype
     if axis is None:
@@ -433,6 +272,9 @@ def cut_axis(
         r = (experts[0] * group, experts[1] * group)
         out = (experts[1] - experts[0],) + out[1:]
     return Cut(name, r, (lo * inner, hi * inner), out, dtype, (rows, shape[axis] * inner), group)
+
+
+from .base import Codec  # noqa: E402  base.py builds on the types above
 
 
 @functools.cache

@@ -198,11 +198,11 @@ class FP4E8M0(Codec):
     def decode(
         self,
         weight: np.ndarray | torch.Tensor,
-        scale: np.ndarray | torch.Tensor,
+        scale: np.ndarray | torch.Tensor | None,
         out: torch.Tensor,
         fit: Fit,
         *,
-        scale2: object = None,
+        scale2: np.ndarray | torch.Tensor | None = None,
     ) -> None:
         """Packed ``[n, K/2]`` with E8M0 ``[n, K/32]`` into bf16 ``out [n, K]`` (contiguous): host arrays
         by the compiled kernel (rows read in place), device tensors by torch lookups."""
@@ -220,11 +220,11 @@ class FP4E8M0(Codec):
     def reference(
         self,
         weight: np.ndarray,
-        scale: np.ndarray,
+        scale: np.ndarray | None,
         out: torch.Tensor,
         fit: Fit,
         *,
-        scale2: object = None,
+        scale2: np.ndarray | None = None,
     ) -> None:
         """numpy: the E2M1 table times the E8M0 power of two in fp32, rounded once to bf16."""
         b = weight.view(np.uint8)

@@ -254,11 +254,11 @@ class FP8Block(Codec):
     def decode(
         self,
         weight: np.ndarray | torch.Tensor,
-        scale: np.ndarray | torch.Tensor,
+        scale: np.ndarray | torch.Tensor | None,
         out: torch.Tensor,
         fit: Fit,
         *,
-        scale2: object = None,
+        scale2: np.ndarray | torch.Tensor | None = None,
     ) -> None:
         """E4M3 rows (starting on a block boundary) with the scale rows they use into bf16 ``out``:
         host arrays with E8M0 scales by the compiled kernel, everything else by torch ops."""
@@ -283,11 +283,11 @@ class FP8Block(Codec):
     def reference(
         self,
         weight: np.ndarray,
-        scale: np.ndarray,
+        scale: np.ndarray | None,
         out: torch.Tensor,
         fit: Fit,
         *,
-        scale2: object = None,
+        scale2: np.ndarray | None = None,
     ) -> None:
         """numpy: E4M3 values from their bits times the block scale in fp32, rounded once to bf16."""
         b = fit.group[0]

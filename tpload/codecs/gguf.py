@@ -125,20 +125,32 @@ class GGUF(Codec):
         return fit.weight.shape[axis], 1
 
     def window(
-        self, fit: Fit, split: str, tp: int, rank: int, **kw: object
+        self,
+        fit: Fit,
+        split: str,
+        tp: int,
+        rank: int,
+        *,
+        align: int = 0,
+        units: int = 0,
+        uneven: bool = False,
+        experts: tuple[int, int] | None = None,
     ) -> tuple[Cut, Cut | None] | str:
-        got = super().window(fit, split, tp, rank, **kw)
+        got = super().window(
+            fit, split, tp, rank, align=align, units=units, uneven=uneven, experts=experts
+        )
         if (
             isinstance(got, str)
             and split != "replicate"
-            and not kw.get("units")
+            and not units
             and _innermost(fit, self.axis(fit, split))
         ):
             n, per = self.channels(fit, split)
             works = [t for t in range(1, min(n // per, 64) + 1) if (n // per) % t == 0]
             return (
-                f"{got}: {fit.weight.dtype} is cut along its innermost dimension only on {per}-weight block "
-                f"boundaries ({n} weights = {n // per} blocks; tp {', '.join(map(str, works))} work)"
+                f"{got}: {fit.weight.dtype} is cut along its innermost dimension only on "
+                f"{per}-weight block boundaries ({n} weights = {n // per} blocks; "
+                f"tp {', '.join(map(str, works))} work)"
             )
         return got
 
@@ -172,11 +184,11 @@ class GGUF(Codec):
     def decode(
         self,
         weight: np.ndarray | torch.Tensor,
-        scale: object,
+        scale: np.ndarray | torch.Tensor | None,
         out: torch.Tensor,
         fit: Fit,
         *,
-        scale2: object = None,
+        scale2: np.ndarray | torch.Tensor | None = None,
     ) -> None:
         """Rows of blocks into bf16 ``out`` rows: the compiled kernel for host arrays, torch ops else."""
         dtype = fit.weight.dtype
@@ -192,11 +204,11 @@ class GGUF(Codec):
     def reference(
         self,
         weight: np.ndarray,
-        scale: object,
+        scale: np.ndarray | None,
         out: torch.Tensor,
         fit: Fit,
         *,
-        scale2: object = None,
+        scale2: np.ndarray | None = None,
     ) -> None:
         """torch ops on the CPU: the other implementation of the compiled kernel."""
         decode_torch(fit.weight.dtype, torch.from_numpy(np.ascontiguousarray(weight)), out)

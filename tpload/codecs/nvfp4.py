@@ -174,11 +174,11 @@ class NVFP4(Codec):
     def decode(
         self,
         weight: np.ndarray | torch.Tensor,
-        scale: np.ndarray | torch.Tensor,
+        scale: np.ndarray | torch.Tensor | None,
         out: torch.Tensor,
         fit: Fit,
         *,
-        scale2: np.ndarray | None = None,
+        scale2: np.ndarray | torch.Tensor | None = None,
     ) -> None:
         """Packed ``[n, K/2]`` with E4M3 ``[n, K/16]`` into bf16 ``out [n, K]``; ``scale2``: the global
         scale's stored bytes (host). One table lookup per packed byte, the table built for this
@@ -206,7 +206,7 @@ class NVFP4(Codec):
     def reference(
         self,
         weight: np.ndarray,
-        scale: np.ndarray,
+        scale: np.ndarray | None,
         out: torch.Tensor,
         fit: Fit,
         *,

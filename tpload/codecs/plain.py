@@ -61,11 +61,11 @@ class Plain(Codec):
     def decode(
         self,
         weight: np.ndarray | torch.Tensor,
-        scale: object,
+        scale: np.ndarray | torch.Tensor | None,
         out: torch.Tensor,
         fit: Fit,
         *,
-        scale2: object = None,
+        scale2: np.ndarray | torch.Tensor | None = None,
     ) -> None:
         """F16 rows -> BF16 ``out`` rows (``out``: the slot's rows as 2-D bf16)."""
         src = torch.from_numpy(weight) if isinstance(weight, np.ndarray) else weight
@@ -74,11 +74,11 @@ class Plain(Codec):
     def reference(
         self,
         weight: np.ndarray,
-        scale: object,
+        scale: np.ndarray | None,
         out: torch.Tensor,
         fit: Fit,
         *,
-        scale2: object = None,
+        scale2: np.ndarray | None = None,
     ) -> None:
         values = np.ascontiguousarray(weight).view(np.float16).astype(np.float32)
         rounded = round_bf16(

@@ -34,12 +34,12 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 import torch
-from torch.utils._pytree import tree_leaves
 
 from ..codecs import Cut
 from ..errors import LoadError
 from ..storage.catalogue import natural_key
 from ..storage.safetensors import TensorMeta
+from ..torch_private import torch_function_off, tree_leaves
 
 Range = tuple[int, int]
 Box = tuple[Range, ...]
@@ -376,7 +376,7 @@ class WindowTensor(torch.Tensor):
         if (
             not windows
         ):  # pragma: no cover - torch calls this only with a window among the arguments
-            with torch._C.DisableTorchFunctionSubclass():
+            with torch_function_off():
                 return func(*args, **kwargs)
         self = args[0] if args and isinstance(args[0], WindowTensor) else None
         if self is None or len(windows) > 1 or windows[0] is not self:
@@ -405,7 +405,7 @@ class WindowTensor(torch.Tensor):
             if attr == "nbytes":
                 return math.prod(full) * self.dtype.itemsize
             if attr in _ATTRIBUTES:
-                with torch._C.DisableTorchFunctionSubclass():
+                with torch_function_off():
                     out = func(self, *args, **kwargs)
                 return _REFUSED if isinstance(out, torch.Tensor) else out
             return _REFUSED
@@ -433,7 +433,7 @@ class WindowTensor(torch.Tensor):
         if name == "__repr__":
             return repr(self)
         if name in ("element_size", "is_floating_point", "is_complex", "get_device", "is_signed"):
-            with torch._C.DisableTorchFunctionSubclass():
+            with torch_function_off():
                 return func(self, *args, **kwargs)
         return _REFUSED
 
@@ -473,7 +473,7 @@ class WholeTensor(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206 (torch's protocol)
         kwargs = kwargs or {}
-        with torch._C.DisableTorchFunctionSubclass():
+        with torch_function_off():
             out = func(*args, **kwargs)
         if getattr(func, "__name__", "") not in _QUERIES or any(
             isinstance(o, torch.Tensor) for o in tree_leaves(out)

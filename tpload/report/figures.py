@@ -9,12 +9,15 @@ field's metadata), then the per-node-peer cross-check values.
 
 from __future__ import annotations
 
+import itertools
+import time
 import typing
 from dataclasses import dataclass, field, fields
 
 import numpy as np
 import torch
 
+from .. import load_path_import_ns
 from ..verification.crosscheck import DIGEST_BYTES, SLOTS
 
 MESSAGE_BYTES = 4096
@@ -42,18 +45,21 @@ class RankFigures:
     bytes_read: int = 0
     """Window bytes this rank reads and copies."""
     bytes_from_storage: int | None = None
-    """With replicas: window bytes this rank read from storage itself (counted as read); None: no replicas."""
+    """With replicas: window bytes this rank read from storage itself (counted as read); None: no
+    replicas."""
     bytes_from_peers: int | None = None
-    """With replicas: window bytes this rank received from its replica peers (counted as received)."""
+    """With replicas: window bytes this rank received from its replica peers (counted as
+    received)."""
     bytes_hashed: int = 0
     """Bytes this rank fed to its content hash."""
     bytes_device: int = 0
     """Bytes of served tensors on the device."""
     hashed: int = 0
-    """Official tensors whose content hash this rank checked (sha256 against the manifest, or blake3)."""
+    """Official tensors whose content hash this rank checked (sha256 against the manifest, or
+    blake3)."""
     blake3: int = 0
-    """1: this rank checked its share by blake3 against the operator's sidecar (verification/blake3sums.py);
-    0: by sha256 against the manifest (or the mode hashes nothing)."""
+    """1: this rank checked its share by blake3 against the operator's sidecar
+    (verification/blake3sums.py); 0: by sha256 against the manifest (or the mode hashes nothing)."""
     device_checked: int = 0
     """Served tensors whose device fingerprint matched the host window."""
     sampled: int = 0
@@ -63,7 +69,8 @@ class RankFigures:
     ns: int = 0
     """Wall nanoseconds of this rank's load (plan to verified weights)."""
     device_alloc_peak: int | None = None
-    """CUDA allocator peaks of the load's device; None on the CPU (the arena is host memory: see rss)."""
+    """CUDA allocator peaks of the load's device; None on the CPU (the arena is host memory: see
+    rss)."""
     device_reserved_peak: int | None = None
     rss_peak: int = 0
     anon_peak: int = 0
@@ -73,6 +80,15 @@ class RankFigures:
     cache is the node's, so only the node's first rank measures it. None: not measured."""
     page_cache_after: int | None = None
     """The same when this rank finished (measured only when the load evicts the page cache)."""
+    first_read_ns: int | None = None
+    """Nanoseconds from this ``load()``'s entry (its group made) to the start of its per-tensor
+    loop, whose first steps are the arena's allocation and the first read of weight bytes; None:
+    it failed before."""
+    first_call_ns: int | None = None
+    """On the process's first ``load()`` only: ``first_read_ns`` plus the import of the load path
+    (``tpload.api``, timed when ``tpload.load`` is first asked for), so the once-per-process work
+    that stands before the loop (the kernels load on a thread beside it, see codecs/_lazy.py).
+    None on later loads, and when the load failed before."""
     prediction: int = 0
     """This rank's digest against a stored prediction: 0 none stored, 1 matched, 2 differs."""
     digest: str = field(default="", metadata=_bytes(DIGEST_BYTES))
@@ -91,6 +107,18 @@ class RankFigures:
     @property
     def seconds(self) -> float:
         return self.ns / 1e9
+
+    @property
+    def first_call_seconds(self) -> float | None:
+        """:attr:`first_call_ns` in seconds (None where it is)."""
+        return None if self.first_call_ns is None else self.first_call_ns / 1e9
+
+    def read_started(self, since_ns: int, *, first: bool) -> None:
+        """The load's per-tensor loop (and with it its first read) begins now; ``since_ns``: the
+        load's entry; ``first``: this is the process's first load (:func:`process_first_load`)."""
+        self.first_read_ns = time.perf_counter_ns() - since_ns
+        if first:
+            self.first_call_ns = load_path_import_ns() + self.first_read_ns
 
     # -- wire --------------------------------------------------------------------------------------
 
@@ -126,7 +154,7 @@ class RankFigures:
         hints = typing.get_type_hints(cls)
         vals = row.numpy()
         kw: dict[str, object] = {}
-        for name, v in zip(ints, vals[: len(ints)]):
+        for name, v in zip(ints, vals[: len(ints)], strict=True):
             kw[name] = None if hints[name] == int | None and v == NOT_MEASURED else int(v)
         raw, at = vals[len(ints) :].astype("<i8").tobytes(), 0
         for name, size in blobs:
@@ -140,8 +168,18 @@ class RankFigures:
         return cls(**kw)
 
 
+_LOADS = itertools.count()
+"""``load()`` calls this process began (a counter, as the exchange's sequence numbers are)."""
+
+
+def process_first_load() -> bool:
+    """True for the process's first ``load()`` call, False for every later one."""
+    return next(_LOADS) == 0
+
+
 def _pack(value: str, size: int) -> bytes:
-    """A digest (hex) as its bytes; any other text as UTF-8, cut to ``size`` on a character boundary."""
+    """A digest (hex) as its bytes; any other text as UTF-8, cut to ``size`` on a character
+    boundary."""
     if size == DIGEST_BYTES:
         return bytes.fromhex(value) if value else bytes(size)
     raw = value.encode()[:size]

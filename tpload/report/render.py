@@ -34,9 +34,11 @@ class LoadReport:
     notes: list[str] = field(default_factory=list)
     """Warnings every rank agrees on (what the load assumed or could not measure)."""
     weight_prefix: str | None = None
-    """The prefix the checkpoint's layers are stored under (``model.``; ``""``: none; None: no layers)."""
+    """The prefix the checkpoint's layers are stored under (``model.``; ``""``: none; None: no
+    layers)."""
     kv_scales: dict = field(default_factory=dict)
-    """The KV-cache scale census (kvscales.py): each layer's stored scales and vLLM's names for them."""
+    """The KV-cache scale census (kvscales.py): each layer's stored scales and vLLM's names for
+    them."""
 
     @property
     def mine(self) -> RankFigures:
@@ -48,7 +50,8 @@ class LoadReport:
 
     @property
     def predictions(self) -> str:
-        """Every rank's digest against the stored prediction: ``matched`` only if every rank matched."""
+        """Every rank's digest against the stored prediction: ``matched`` only if every rank
+        matched."""
         states = {r.prediction for r in self.ranks}
         word = PREDICTION[max(states)] if states else PREDICTION[0]
         if word == "matched" and len(states) > 1:
@@ -96,7 +99,7 @@ class LoadReport:
             bytes_hashed_per_node={str(k): v for k, v in self.bytes_hashed_per_node().items()},
             ranks=[
                 {k: v for k, v in asdict(r).items() if k not in ("claims", "seen")}
-                | {"seconds": r.seconds}
+                | {"seconds": r.seconds, "first_call_seconds": r.first_call_seconds}
                 for r in self.ranks
             ],
         )
@@ -117,26 +120,30 @@ class LoadReport:
             else ""
         )
         head = (
-            f"tpload: {printable(self.checkpoint)}\n  kind {self.kind}, tp {self.tp} x ep {self.ep}, "
+            f"tpload: {printable(self.checkpoint)}\n"
+            f"  kind {self.kind}, tp {self.tp} x ep {self.ep}, "
             f"verify {self.verify}{off}, device {self.device}\n"
         )
         cols = (
-            f"{'rank':>4} {'node':>4} {'tensors':>8} {'read GB':>8} {'hashed GB':>9} {'served GB':>9} {'sec':>7} "
-            f"{'GB/s':>6} {'dev peak GiB':>12} {'rss GiB':>8} {'anon GiB':>8} {'cache GB before>after':>21}  digest"
+            f"{'rank':>4} {'node':>4} {'tensors':>8} {'read GB':>8} {'hashed GB':>9} "
+            f"{'served GB':>9} {'sec':>7} {'GB/s':>6} {'dev peak GiB':>12} {'rss GiB':>8} "
+            f"{'anon GiB':>8} {'cache GB before>after':>21}  digest"
         )
         lines = [head, cols]
         for r in self.ranks:
             dev = f"{r.device_alloc_peak / GIB:.2f}" if r.device_alloc_peak is not None else "-"
             cache = f"{_gb(r.page_cache_before)}>{_gb(r.page_cache_after)}"
             lines.append(
-                f"{r.rank:>4} {r.node:>4} {r.tensors:>8} {r.bytes_read / 1e9:>8.3f} {r.bytes_hashed / 1e9:>9.3f} "
-                f"{r.bytes_device / 1e9:>9.3f} {r.seconds:>7.2f} {r.bytes_read / 1e9 / max(r.seconds, 1e-9):>6.2f} "
-                f"{dev:>12} {r.rss_peak / GIB:>8.2f} {r.anon_peak / GIB:>8.2f} {cache:>21}  {r.digest[:16]}"
+                f"{r.rank:>4} {r.node:>4} {r.tensors:>8} {r.bytes_read / 1e9:>8.3f} "
+                f"{r.bytes_hashed / 1e9:>9.3f} {r.bytes_device / 1e9:>9.3f} {r.seconds:>7.2f} "
+                f"{r.bytes_read / 1e9 / max(r.seconds, 1e-9):>6.2f} {dev:>12} "
+                f"{r.rss_peak / GIB:>8.2f} {r.anon_peak / GIB:>8.2f} {cache:>21}  {r.digest[:16]}"
             )
         t = self.total
         lines.append(
-            f"{'all':>4} {'':>4} {t('tensors'):>8} {t('bytes_read') / 1e9:>8.3f} {t('bytes_hashed') / 1e9:>9.3f} "
-            f"{t('bytes_device') / 1e9:>9.3f} {self.seconds:>7.2f} {t('bytes_read') / 1e9 / max(self.seconds, 1e-9):>6.2f}"
+            f"{'all':>4} {'':>4} {t('tensors'):>8} {t('bytes_read') / 1e9:>8.3f} "
+            f"{t('bytes_hashed') / 1e9:>9.3f} {t('bytes_device') / 1e9:>9.3f} {self.seconds:>7.2f} "
+            f"{t('bytes_read') / 1e9 / max(self.seconds, 1e-9):>6.2f}"
         )
         if any(r.bytes_from_peers is not None for r in self.ranks):
             lines.append(_replicas_line(self.ranks))
@@ -149,7 +156,8 @@ class LoadReport:
             else "host-vs-device checks (on the CPU the copy fingerprints what it writes)"
         )
         lines.append(
-            f"verified: {t('hashed')} tensors by {self._by_hash()} ({per_node} hashed), {t('device_checked')} {device_fps}, "
+            f"verified: {t('hashed')} tensors by {self._by_hash()} ({per_node} hashed), "
+            f"{t('device_checked')} {device_fps}, "
             f"{t('sampled')} independent decodes; digests vs predictions: {self.predictions}; "
             f"skipped {self.ranks[0].skipped}, deferred {self.ranks[0].deferred}"
             + ("; page cache evicted shard by shard" if self.evict_page_cache else "")
@@ -159,7 +167,8 @@ class LoadReport:
 
 
 def _replicas_line(ranks: list) -> str:
-    """Replicas: each rank's window bytes from storage and from peers, as counted, and each node's."""
+    """Replicas: each rank's window bytes from storage and from peers, as counted, and each
+    node's."""
     nodes: dict[int, list[int]] = {}
     for r in ranks:
         got = nodes.setdefault(r.node, [0, 0])

@@ -30,7 +30,7 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 
-from .. import kernels
+from ..codecs._lazy import kernels
 from ..storage.catalogue import natural_key
 
 Triple = tuple[int, int, int]

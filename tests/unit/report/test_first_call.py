@@ -1,0 +1,60 @@
+"""The first-call figure: what it counts, how it travels, and the lazy kernels behind it."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tpload.codecs import _lazy
+from tpload.report import LoadReport, RankFigures
+from tpload.report import figures as figures_module
+
+
+def test_only_the_process_first_load_is_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(figures_module, "_LOADS", itertools.count())
+    assert [figures_module.process_first_load() for _ in range(3)] == [True, False, False]
+
+
+def test_the_first_read_counts_from_the_entry_and_the_first_call_adds_the_imports(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(figures_module, "load_path_import_ns", lambda: 7_000_000)
+    fig = RankFigures()
+    fig.read_started(time.perf_counter_ns() - 50_000_000, first=True)
+    assert 50_000_000 <= fig.first_read_ns < 10**10
+    assert fig.first_call_ns == fig.first_read_ns + 7_000_000
+    later = RankFigures()
+    later.read_started(time.perf_counter_ns(), first=False)
+    assert later.first_read_ns is not None and later.first_call_ns is None
+    assert later.first_call_seconds is None
+
+
+def test_the_figure_travels_in_the_row_and_the_json() -> None:
+    fig = RankFigures(rank=0, first_read_ns=400_000_000, first_call_ns=500_000_000)
+    back = RankFigures.from_row(fig.to_row())
+    assert back.first_call_seconds == 0.5 and back.first_read_ns == 400_000_000
+    assert RankFigures.from_row(RankFigures().to_row()).first_call_ns is None
+    whole = LoadReport("ckpt", "packed", 1, 1, "node", "cpu", ranks=[back])
+    report = json.loads(whole.to_json())
+    assert report["ranks"][0]["first_call_seconds"] == 0.5
+
+
+def test_the_load_path_imports_no_numba() -> None:
+    code = "import sys, torch, tpload; tpload.load; print('numba' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"  # the kernels load on a thread when a load begins
+
+
+def test_warming_imports_the_kernels_once() -> None:
+    thread = _lazy.warm()
+    if thread is not None:
+        thread.join(120)
+    assert "tpload.kernels" in sys.modules
+    assert _lazy.warm() is None  # imported: nothing to start
+    assert callable(_lazy.kernels.wrap64)
+    assert _lazy.kernels._module is sys.modules["tpload.kernels"]  # kept, and read each time

@@ -7,21 +7,32 @@ export give the planner the same table and it cuts the same windows.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import itertools
 import operator
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from ..errors import CheckpointError, raise_all
 from ..text import escape_name
 from . import gguf
 from .files import parse_json, read_small
 from .pins import INDEX_NAME, MANIFEST_NAME, Pins, check_plan_files, parse_pins, remember
-from .safetensors import TensorInfo, TensorMeta, frozen_instances, read_header
+from .safetensors import (
+    TensorInfo,
+    TensorMeta,
+    _bad_per_row,
+    _dims_ok,
+    _is,
+    _where,
+    frozen_instances,
+    read_header,
+)
 
 PICKLES = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 """Checkpoint files in Python's pickle format (pytorch_model*.bin): never read."""
@@ -29,11 +40,9 @@ HEADERS_ONLY = "tpload_headers_only"
 """Metadata key of a ``synth --headers-only`` checkpoint's shards: their data are holes."""
 
 
-@functools.lru_cache(
-    maxsize=1 << 18
-)  # a checkpoint's names are sorted several times (plans, digests, checks)
 def natural_key(name: str) -> tuple:
-    """Sort key that orders ``x.2`` before ``x.10`` (numbers compared as numbers)."""
+    """Sort key that orders ``x.2`` before ``x.10`` (numbers compared as numbers). Computed per call
+    (no cache outlives a sort: a catalogue keeps its names sorted instead, :meth:`Catalogue.names`)."""
     # re.split with a group alternates text and digit runs. A run compares as (its length without
     # leading zeros, its digits without them, its text): numeric order for any length (int() would
     # refuse 5,000 digits), and "02" after "1"; equal values ("2", "02") tie-break on the text.
@@ -68,74 +77,48 @@ def _sha_ok(s: object) -> bool:
 
 
 def parse_manifest_entries(tensors: object, path: Path) -> dict[str, ManifestEntry]:
-    """``{"name": {"file", "dtype", "shape", "sha256"}}`` as entries; every bad one listed at once."""
+    """``{"name": {"file", "dtype", "shape", "sha256"}}`` as entries; every bad one listed at once.
+
+    Each rule is one pass over a column (a manifest has 92,000 entries): an object, a string file
+    and dtype, a shape of at most 8 non-negative integers below 2**48, a sha256 of 64 hex digits."""
     if not isinstance(tensors, dict):
         raise CheckpointError(f'{escape_name(path)}: manifest has no "tensors" object')
-    sound = _sound_manifest(tensors)
-    if sound is not None:
-        return sound
-    out: dict[str, ManifestEntry] = {}
-    problems: list[str] = []
-    for name, e in tensors.items():
-        ok = (
-            isinstance(e, dict)
-            and isinstance(e.get("file"), str)
-            and isinstance(e.get("dtype"), str)
-            and isinstance(e.get("shape"), list)
-            and len(e["shape"]) <= 8
-            and all(
-                isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 48
-                for d in e["shape"]
-            )
-            and _sha_ok(e.get("sha256"))
-        )
-        if ok:
-            out[name] = ManifestEntry(e["file"], e["dtype"], tuple(e["shape"]), e["sha256"].lower())
-        else:
-            problems.append(
-                f"{escape_name(path)}: entry for {escape_name(name)} is not "
-                "{file, dtype, shape (integers), sha256 (64 hex digits)}"
-            )
+    names = list(tensors)
+    n = len(names)
+    raw = list(tensors.values())
+    ok = _is(raw, dict)
+    objs = _where(ok, raw, {})
+    files, dtypes, shapes, digests = (list(map(_get(k), objs)) for k in _MANIFEST_KEYS)
+    ok &= _is(files, str) & _is(dtypes, str) & _is(shapes, list) & _is(digests, str)
+    shapes = _where(ok, shapes, [])
+    lens = np.fromiter(map(len, shapes), np.int64, n)
+    ok &= (lens <= 8) & (
+        _bad_per_row(_dims_ok(list(itertools.chain.from_iterable(shapes))), lens) == 0
+    )
+    digests = _where(ok, digests, "")
+    ok &= np.fromiter(map(len, digests), np.int64, n) == 64
+    ok &= np.fromiter(map(_is_hex, digests), bool, n)
+    problems = [
+        f"{escape_name(path)}: entry for {escape_name(names[i])} is not "
+        "{file, dtype, shape (integers), sha256 (64 hex digits)}"
+        for i in np.flatnonzero(~ok).tolist()
+    ]
     raise_all(CheckpointError, problems, what=f"bad entries in {escape_name(path)}")
-    return out
-
-
-_MANIFEST_FIELDS = operator.itemgetter("file", "dtype", "shape", "sha256")
-_HEX = re.compile(r"[0-9a-fA-F]*")
-
-
-def _sound_manifest(tensors: dict) -> dict[str, ManifestEntry] | None:
-    """Every entry when all are sound, else None (the entry by entry pass then words each problem):
-    the same checks run over whole columns in C, not entry by entry (a manifest has 92,000)."""
-    entries = list(tensors.values())
-    if not entries:
-        return {}
-    if set(map(type, entries)) != {dict}:
-        return None
-    try:
-        files, dtypes, shapes, digests = zip(*map(_MANIFEST_FIELDS, entries))
-    except KeyError:
-        return None
-    if (
-        set(map(type, files)) != {str}
-        or set(map(type, dtypes)) != {str}
-        or set(map(type, shapes)) != {list}
-        or max(map(len, shapes)) > 8
-        or set(map(type, digests)) != {str}
-        or set(map(len, digests)) != {64}
-        or _HEX.fullmatch("".join(digests)) is None
-    ):
-        return None
-    dims = list(itertools.chain.from_iterable(shapes))
-    if dims and (set(map(type, dims)) != {int} or min(dims) < 0 or max(dims) >= 1 << 48):
-        return None
     columns = {
         "file": files,
         "dtype": dtypes,
         "shape": map(tuple, shapes),
         "sha256": map(str.lower, digests),
     }
-    return dict(zip(tensors, frozen_instances(ManifestEntry, columns, len(entries))))
+    return dict(zip(names, frozen_instances(ManifestEntry, columns, n), strict=True))
+
+
+_MANIFEST_KEYS = ("file", "dtype", "shape", "sha256")
+_is_hex = re.compile(r"[0-9a-fA-F]*").fullmatch
+
+
+def _get(key: str) -> Callable[[dict], object]:
+    return operator.methodcaller("get", key)
 
 
 def read_manifest(root: Path) -> tuple[dict[str, ManifestEntry] | None, str | None]:

@@ -17,6 +17,8 @@ config's ``channel_align`` (a kernel tile) applies to every share.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -34,7 +36,15 @@ from .tables import (
 )
 
 GROUP = 32  # elements sharing one E8M0 scale byte
-OVERFLOW_FROM = 253  # E8M0 bytes from which some E2M1 code overflows bf16 (see overflow_groups)
+E2M1_MAX = float(np.abs(e2m1_values()).max())  # 6: the largest E2M1 magnitude
+# An E8M0 byte e scales by 2**(e - 127): some code overflows bf16 iff E2M1_MAX >= 2**(255 - e).
+OVERFLOW_FROM = 255 - math.floor(math.log2(E2M1_MAX))  # 253
+
+
+def danger_scales(scale: np.ndarray) -> np.ndarray:
+    """Where an E8M0 byte could take some E2M1 code past bf16 (only there are the codes looked at);
+    0xFF is not one (it is refused on its own)."""
+    return (scale >= OVERFLOW_FROM) & (scale != E8M0_INVALID[1])
 
 
 def overflow_groups(
@@ -44,9 +54,7 @@ def overflow_groups(
     scale byte). ``value * 2**(e - 127)`` is exact in fp32 and overflows once it reaches 2**128,
     so a group overflows iff some ``|code| >= 2**(255 - e)``: at e = 254 the codes 2, 3, 4, 6; at
     e = 253 the codes 4 and 6; never below. Only groups with such a scale are looked at."""
-    rows, groups = np.nonzero(
-        (scale >= OVERFLOW_FROM) & (scale != 0xFF)
-    )  # 0xFF is refused on its own
+    rows, groups = np.nonzero(danger_scales(scale))
     if rows.size == 0:
         return 0, None
     cols = groups[:, None] * (GROUP // 2) + np.arange(GROUP // 2)
@@ -76,7 +84,7 @@ class _Check(Checker):
 
     def scale(self, view: np.ndarray, first_row: int) -> None:
         self.bad_scale += kernels.count_either(view, *E8M0_INVALID)
-        if kernels.count_between(view, OVERFLOW_FROM, 0xFE):
+        if danger_scales(view).any():
             self.danger.append((first_row, np.array(view)))
 
     def weight(self, view: np.ndarray, first_row: int) -> None:

@@ -32,7 +32,7 @@ GROUP = 16  # elements sharing one E4M3 scale
 BF16_LIMIT = float(
     np.array([0x7F7F8000], dtype=np.uint32).view(np.float32)[0]
 )  # rounds to inf in bf16
-MAX_PRODUCT = 6.0 * 448.0  # the largest |E2M1 x E4M3|
+MAX_PRODUCT = float(np.abs(e2m1_values()).max() * np.nanmax(np.abs(e4m3_values())))  # |E2M1 x E4M3|
 
 
 def global_scale(raw: np.ndarray) -> float:

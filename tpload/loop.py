@@ -95,6 +95,8 @@ class LoadResult:
     bytes_hashed: int = 0
     device_checked: int = 0
     sampled: int = 0
+    ranks: dict[str, int] | None = None
+    """Each stored name's place in natural order (the catalogue's), for the digest's sort."""
     _tensors: dict[str, torch.Tensor] | None = None
 
     @property
@@ -106,7 +108,10 @@ class LoadResult:
 
     def digest(self) -> str:
         """This rank's digest of what it serves (verification/fingerprint.py)."""
-        return digest((o.name, o.dtype, o.shape, self.fingerprints[o.name]) for o in self.outputs)
+        return digest(
+            ((o.name, o.dtype, o.shape, self.fingerprints[o.name]) for o in self.outputs),
+            ranks=self.ranks,
+        )
 
 
 SAMPLE_ROWS = 32  # rows checked at each end of a sampled decode (at least one scale block)
@@ -518,6 +523,7 @@ def run(
         settled.bytes_hashed,
         settled.device_checked,
         loader.sampled,
+        storage.catalogue.ranks(),
     )
 
 

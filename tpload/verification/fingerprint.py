@@ -25,7 +25,8 @@ kernels, fused with the copy that makes the bytes) and :class:`DeviceFingerprint
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+import operator
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import torch
@@ -245,11 +246,24 @@ def not_finite(t: torch.Tensor) -> torch.Tensor:
     return (~(torch.isfinite(lo) & torch.isfinite(hi))).to(torch.int64)
 
 
-def digest(entries: Iterable[tuple[str, torch.dtype, tuple[int, ...], Triple]]) -> str:
-    """A rank's digest: sha256 over ``name|dtype|shape|total|rows|cols`` lines, names in natural order."""
+_NAME = operator.itemgetter(0)
+
+
+def digest(
+    entries: Iterable[tuple[str, torch.dtype, tuple[int, ...], Triple]],
+    *,
+    ranks: Mapping[str, int] | None = None,
+) -> str:
+    """A rank's digest: sha256 over ``name|dtype|shape|total|rows|cols`` lines, names in natural
+    order (``ranks``: each name's place in that order, when known: the catalogue's)."""
+    entries = list(entries)
+    if ranks is not None and all(map(ranks.__contains__, map(_NAME, entries))):
+        entries.sort(key=lambda e: ranks[e[0]])
+    else:
+        entries.sort(key=lambda e: natural_key(e[0]))
     dtypes: dict[torch.dtype, str] = {}
     lines = []
-    for name, dtype, shape, fp in sorted(entries, key=lambda e: natural_key(e[0])):
+    for name, dtype, shape, fp in entries:
         d = dtypes.get(dtype)
         if d is None:
             d = dtypes[dtype] = str(dtype).removeprefix("torch.")

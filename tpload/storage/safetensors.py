@@ -153,6 +153,8 @@ _DTYPE, _SHAPE, _OFFSETS = (
 
 def _is(values: list, kind: type) -> np.ndarray:
     """Whether each value's type is exactly ``kind`` (bool is not int), as a mask made in C."""
+    if set(map(type, values)) <= {kind}:  # the usual column: one type throughout
+        return np.ones(len(values), bool)
     return np.fromiter(
         map(operator.is_, map(type, values), itertools.repeat(kind)), bool, len(values)
     )
@@ -160,6 +162,8 @@ def _is(values: list, kind: type) -> np.ndarray:
 
 def _where(mask: np.ndarray, values: list, other: object) -> list:
     """``values`` with ``other`` wherever ``mask`` is False (so the next rule can read them all)."""
+    if mask.all():
+        return values
     return [v if ok else other for v, ok in zip(values, mask.tolist(), strict=True)]
 
 
@@ -243,6 +247,8 @@ def _dims_ok(dims: list) -> np.ndarray:
     """Whether each value of a flattened column of shapes is a dimension: an int (not a bool) in
     0 .. 2**48 - 1."""
     dims = _where(_is(dims, int), dims, -1)
+    if not dims or (min(dims) >= 0 and max(dims) < MAX_DIM):  # the usual column: all of them
+        return np.ones(len(dims), bool)
     return np.fromiter(map(_dim_ok, dims), bool, len(dims))
 
 

@@ -347,31 +347,35 @@ class _Loader:
                     "host image",
                 )
             )
-        where, evidence = b.path.name, self.evidence
-        triples = list(map(tuple, b.fingerprints.tolist()))
-        self._hash(b, triples)
+        where, evidence, fps = b.path.name, self.evidence, b.fingerprints
+        cuts = [c for item in items for c in item.cuts]  # in the order of the batch's pieces
+        evidence.windows_of([c.name for c in cuts], [c.box for c in cuts], fps)
+        self._hash(b)
+        checked = [item.codec.checked for item in items]
+        if not any(checked):  # the common batch: every fingerprint is the copy's own, in columns
+            evidence.served([o.name for o in outs], fps)
+            return
         clean = self._clean(b, items)
         k = 0
-        for item in items:
-            if not item.codec.checked:  # one cut, one served tensor: the common case, kept short
-                cut, triple = item.weight, triples[k]
-                evidence.window(cut.name, cut.box, triple)
-                evidence.add(Check(outs[k].name, where, triple, None, "host window"))
-                k += 1
+        for item, value_checked in zip(items, checked, strict=True):
+            n = len(item.cuts)
+            if not value_checked:
+                evidence.served([o.name for o in outs[k : k + n]], fps[k : k + n])
+                k += n
                 continue
             checks = {}
-            for cut in item.cuts:
-                triple = triples[k]
-                evidence.window(cut.name, cut.box, triple)
-                checks[cut.name] = Check(outs[k].name, where, triple, None, "host window")
-                k += 1
+            for cut, out, triple in zip(
+                item.cuts, outs[k : k + n], fps[k : k + n].tolist(), strict=True
+            ):
+                checks[cut.name] = Check(out.name, where, tuple(triple), None, "host window")
             if item.name not in clean:  # the value checks, scales first, on the batch's bytes
                 checker = item.codec.checker(item.fit, item.weight, item.scale)
-                for j, cut in enumerate(item.cuts, k - len(item.cuts)):
+                for j, cut in enumerate(item.cuts, k):
                     value_feed(item, checker, cut)(b.view(j), 0)
                 self._problems(item, checker.problems(), checks)
             for check in checks.values():
                 evidence.add(check)
+            k += n
 
     @staticmethod
     def _clean(b: Batch, items: Sequence[Item]) -> set[str]:
@@ -398,25 +402,23 @@ class _Loader:
                 clean.update(item.name for item in members)
         return clean
 
-    def _hash(self, b: Batch, own: list[Triple]) -> None:
+    def _hash(self, b: Batch) -> None:
         """The batch's stored tensors this rank hashes, each hashed whole from the batch's bytes, with its
         node peers' windows fingerprinted there (all of them in one pass; a peer's window that is this
-        rank's own has its fingerprint already: ``own``)."""
-        mine = [
-            (k, boxes)
-            for k, s in enumerate(b.stored)
-            if (boxes := self.hasher.peer_boxes(s.name)) is not None
-        ]
+        rank's own has its fingerprint already)."""
+        mine = self.hasher.wanted([s.name for s in b.stored])
         other = [
             (k, box)
             for k, boxes in mine
             for box in dict.fromkeys(boxes.values())
             if box != b.boxes[k]
         ]
-        found = dict(zip(other, b.fingerprints_of(other)))
+        found = dict(zip(other, b.fingerprints_of(other), strict=True))
+        own = b.fingerprints
         for k, boxes in mine:
             peers = {
-                p: own[k] if box == b.boxes[k] else found[(k, box)] for p, box in boxes.items()
+                p: tuple(own[k].tolist()) if box == b.boxes[k] else found[(k, box)]
+                for p, box in boxes.items()
             }
             self.hasher.record(b.stored[k], b.raw(k), peers)
 

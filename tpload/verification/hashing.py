@@ -17,7 +17,7 @@ With 0 they run inline, on a block still in the cache.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -117,6 +117,9 @@ class HashTap:
             self.lane.submit(self._finish)
 
 
+_NO_PEERS: Mapping[int, Box] = {}
+
+
 class Hasher:
     """This rank's hashing work (:class:`HashPlan`), inline or on worker threads, by ``digests``' hash."""
 
@@ -157,17 +160,16 @@ class Hasher:
             digests=self.digests,
         )
 
-    def peer_boxes(self, name: str) -> Mapping[int, Box] | None:
-        """None when this rank does not (or no longer) hash ``name``; else each node peer's window of it
-        (empty: no peer reads it), which :meth:`record` wants the fingerprints of."""
-        if name not in self.todo:
-            return None
-        return self.plan.peers.get(name, {})
+    def wanted(self, names: Sequence[str]) -> list[tuple[int, Mapping[int, Box]]]:
+        """Which of ``names`` this rank still hashes: (its place in ``names``, each node peer's
+        window of it (empty: no peer reads it)), whose fingerprints :meth:`record` wants."""
+        todo, peers = self.todo, self.plan.peers
+        return [(k, peers.get(n, _NO_PEERS)) for k, n in enumerate(names) if n in todo]
 
     def record(self, stored: Stored, data: np.ndarray, peers: Mapping[int, Triple]) -> None:
         """A small tensor hashed whole on the spot from a batch's bytes (``data``, contiguous), with the
         fingerprints of its node peers' windows taken from the same bytes (``peers``: one for each
-        box :meth:`peer_boxes` gave); nothing when this rank does not hash it."""
+        box :meth:`wanted` gave); nothing when this rank does not hash it."""
         name = stored.name
         if name not in self.todo:
             return

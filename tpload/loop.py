@@ -414,13 +414,12 @@ class _Loader:
             if box != b.boxes[k]
         ]
         found = dict(zip(other, b.fingerprints_of(other), strict=True))
-        own = b.fingerprints
-        for k, boxes in mine:
-            peers = {
-                p: tuple(own[k].tolist()) if box == b.boxes[k] else found[(k, box)]
-                for p, box in boxes.items()
-            }
-            self.hasher.record(b.stored[k], b.raw(k), peers)
+        own = b.fingerprints.tolist() if mine else []
+        peers = [
+            {p: tuple(own[k]) if box == b.boxes[k] else found[(k, box)] for p, box in boxes.items()}
+            for k, boxes in mine
+        ]
+        self.hasher.record_all([b.stored[k] for k, _ in mine], [b.raw(k) for k, _ in mine], peers)
 
     def done(self, item: Item) -> None:
         if self.release is not None:

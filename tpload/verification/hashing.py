@@ -167,21 +167,32 @@ class Hasher:
         return [(k, peers.get(n, _NO_PEERS)) for k, n in enumerate(names) if n in todo]
 
     def record(self, stored: Stored, data: np.ndarray, peers: Mapping[int, Triple]) -> None:
-        """A small tensor hashed whole on the spot from a batch's bytes (``data``, contiguous), with the
-        fingerprints of its node peers' windows taken from the same bytes (``peers``: one for each
-        box :meth:`wanted` gave); nothing when this rank does not hash it."""
-        name = stored.name
-        if name not in self.todo:
-            return
-        self.todo.discard(name)
-        hashed = Hashed(name, stored, peers=dict(peers))
-        if self._sha256_only:  # the default: no hasher objects to make for a few hundred bytes
-            hashed.sha256 = hashlib.sha256(memoryview(data)).hexdigest()
-        else:
-            for hash_name, h in new_hashes(self.digests, stored.nbytes).items():
-                h.update(memoryview(data))
-                setattr(hashed, hash_name, h.hexdigest())
-        self._record(hashed)
+        """A small tensor hashed whole on the spot (:meth:`record_all` of one)."""
+        self.record_all([stored], [data], [dict(peers)])
+
+    def record_all(
+        self, stored: list[Stored], data: list[np.ndarray], peers: list[dict[int, Triple]]
+    ) -> None:
+        """Small tensors hashed whole on the spot from a batch's bytes (``data[i]``, contiguous, is
+        ``stored[i]``'s), with the fingerprints of their node peers' windows taken from the same
+        bytes (``peers[i]``: one for each box :meth:`wanted` gave, kept as given); nothing for a
+        tensor this rank does not (or no longer) hash."""
+        todo, done, on_done = self.todo, self.done, self.on_done
+        for s, raw, fps in zip(stored, data, peers, strict=True):
+            name = s.name
+            if name not in todo:
+                continue
+            todo.discard(name)
+            hashed = Hashed(name, s, peers=fps)
+            if self._sha256_only:  # the default: no hasher objects to make for a few hundred bytes
+                hashed.sha256 = hashlib.sha256(memoryview(raw)).hexdigest()
+            else:
+                for hash_name, h in new_hashes(self.digests, s.nbytes).items():
+                    h.update(memoryview(raw))
+                    setattr(hashed, hash_name, h.hexdigest())
+            done[name] = hashed  # one writer per name; dict assignment is atomic
+            if on_done is not None:
+                on_done(name)
 
     def _record(self, hashed: Hashed) -> None:
         self.done[hashed.name] = hashed  # one writer per name; dict assignment is atomic

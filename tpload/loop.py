@@ -76,7 +76,8 @@ class Arena:
         return typed.as_strided(out.shape, strides, out.offset // item)
 
     def bytes2d(self, out: Output, rows: int) -> np.ndarray | torch.Tensor:
-        """The slot's bytes as ``[rows, row_bytes]``: numpy on the CPU, a device tensor elsewhere."""
+        """The slot's bytes as ``[rows, row_bytes]``: numpy on the CPU, a device tensor
+        elsewhere."""
         if self.host is not None:
             return self.host[out.offset : out.offset + out.nbytes].reshape(rows, -1)
         return self.buffer[out.offset : out.offset + out.nbytes].view(rows, -1)
@@ -118,7 +119,8 @@ SAMPLE_ROWS = 32  # rows checked at each end of a sampled decode (at least one s
 
 
 def _sample_spans(n: int, multiple: int) -> list[tuple[int, int]]:
-    """The first rows and the last rows of ``n`` (each at least one scale block, starting on one)."""
+    """The first rows and the last rows of ``n`` (each at least one scale block, starting on
+    one)."""
     k = max(SAMPLE_ROWS, multiple)
     head = (0, min(k, n))
     start = max(head[1], (n - k) // multiple * multiple)
@@ -144,7 +146,8 @@ def _sampled(plan: RankPlan, per_codec: int) -> set[str]:
 
 
 class _Loader:
-    """One rank's loop state: the storage, reader, transfer, hasher and evidence it shares across items."""
+    """One rank's loop state: the storage, reader, transfer, hasher and evidence it shares across
+    items."""
 
     def __init__(
         self,
@@ -169,8 +172,8 @@ class _Loader:
         self._batch_buffer: np.ndarray | None = None
 
     def _blocks(self, cut: Cut, **kw: object):
-        """(where the cut's bytes are, the blocks of its window): the tensor goes to the hasher whole
-        on its first read, when this rank hashes it."""
+        """(where the cut's bytes are, the blocks of its window): the tensor goes to the hasher
+        whole on its first read, when this rank hashes it."""
         stored, rows, cols = self.storage.box(cut.name, cut.view, cut.rows, cut.cols)
         return stored.path.name, self.reader.blocks(
             stored, rows, cols, tap=self.hasher.tap(stored), **kw
@@ -186,13 +189,15 @@ class _Loader:
             feed = value_feed(item, checker, cut)
             # the served tensor's fingerprint, in its own view; the window's, in the cut's (the node
             # cross-check compares it with the hasher's): the same when the views are (group 1)
-            # (a piece narrower than the served row's words cannot be grouped: then compare in the cut's view)
+            # (a piece narrower than the served row's words cannot be grouped: then compare in the
+            # cut's view)
             fp = HostFingerprint(
                 cut.row_bytes,
                 group=cut.group if HostFingerprint.fits(cut.row_bytes, cut.group) else 1,
             )
             window = fp if fp.group == 1 else HostFingerprint(cut.row_bytes)
-            # the value checkers read whole rows (a scale group never straddles a piece); plain rows may split
+            # the value checkers read whole rows (a scale group never straddles a piece); plain rows
+            # may split
             where, blocks = self._blocks(cut, split_rows=not item.codec.checked and cut.group == 1)
             for r, c, view in blocks:
                 feed(view, r)
@@ -218,14 +223,15 @@ class _Loader:
         host = np.empty((cut.rows[1] - cut.rows[0], cut.row_bytes), dtype=np.uint8)
         fp = HostFingerprint(cut.row_bytes)
         _, blocks = self._blocks(cut, split_rows=False)
-        for r, c, view in blocks:
+        for r, _, view in blocks:
             feed(view, r)
             fp.add(view, r, dst=host[r : r + view.shape[0]])
         self.evidence.window(cut.name, cut.box, fp.value())
         return host
 
     def decode(self, item: Item, sampled: bool) -> None:
-        """A decoded kind: the scale windows gathered whole, then the weight decoded block by block."""
+        """A decoded kind: the scale windows gathered whole, then the weight decoded block by
+        block."""
         codec, fit = item.codec, item.fit
         checker = codec.checker(fit, item.weight, item.scale)
         scale_host = scale = scale2 = None
@@ -330,7 +336,7 @@ class _Loader:
         offsets = np.fromiter((o.offset for o in outs), np.int64, len(outs))
         if self.arena.host is not None:  # host slots: written in place
             b.copy(self.arena.host, offsets)
-        else:  # a device: the slots' range built on the host, uploaded at once, and its upload checked
+        else:  # a device: the slots' range built on the host, uploaded at once, its upload checked
             lo, hi = int(offsets.min()), max(o.offset + o.nbytes for o in outs)
             image = np.zeros(hi - lo, dtype=np.uint8)
             b.copy(image, offsets - lo)
@@ -379,8 +385,9 @@ class _Loader:
 
     @staticmethod
     def _clean(b: Batch, items: Sequence[Item]) -> set[str]:
-        """The scaled items whose value checks would find nothing, decided per format over all of the
-        batch's items of that format at once (Codec.clean); the others are checked one by one."""
+        """The scaled items whose value checks would find nothing, decided per format over all of
+        the batch's items of that format at once (Codec.clean); the others are checked one by
+        one."""
         alike: dict[tuple, tuple[Item, list[Item], list[int], list[int]]] = {}
         k = 0
         for item in items:
@@ -403,9 +410,9 @@ class _Loader:
         return clean
 
     def _hash(self, b: Batch) -> None:
-        """The batch's stored tensors this rank hashes, each hashed whole from the batch's bytes, with its
-        node peers' windows fingerprinted there (all of them in one pass; a peer's window that is this
-        rank's own has its fingerprint already)."""
+        """The batch's stored tensors this rank hashes, each hashed whole from the batch's bytes,
+        with its node peers' windows fingerprinted there (all of them in one pass; a peer's window
+        that is this rank's own has its fingerprint already)."""
         mine = self.hasher.wanted([s.name for s in b.stored])
         other = [
             (k, box)
@@ -447,8 +454,9 @@ def decode_rows(
     decode, fit: Fit, unfold: int, weight, scale, out: torch.Tensor, scale2: np.ndarray | None
 ) -> None:
     """``decode(weight, scale, out, fit, scale2=...)`` on view rows, or, when one view row holds
-    ``unfold`` rows of the decode (a stacked tensor cut on its rows: one view row per expert), on each
-    view row seen as those rows (its scale row too: such formats have one scale row per row)."""
+    ``unfold`` rows of the decode (a stacked tensor cut on its rows: one view row per expert), on
+    each view row seen as those rows (its scale row too: such formats have one scale row per
+    row)."""
     if unfold == 1:
         decode(weight, scale, out, fit, scale2=scale2)
         return
@@ -473,9 +481,9 @@ def run(
     release: ShardRelease | None = None,
     link: Link | None = None,
 ) -> LoadResult:
-    """Load ``plan`` through ``transfer``, hashing what ``hasher`` says; raise LoadError listing every
-    problem of this rank (nothing it loaded survives a failure). ``link``: replicas share the reads
-    (replicas.py): windows another replica reads arrive from it, checked on receipt."""
+    """Load ``plan`` through ``transfer``, hashing what ``hasher`` says; raise LoadError listing
+    every problem of this rank (nothing it loaded survives a failure). ``link``: replicas share the
+    reads (replicas.py): windows another replica reads arrive from it, checked on receipt."""
     if link is not None:
         storage = SharedStorage(storage, link)
     loader = _Loader(

@@ -73,8 +73,9 @@ def overflow_groups(
 
 
 class _Check(Checker):
-    """Bad scale bytes, and groups whose decode overflows bf16. Scale rows are kept (copied) only where
-    a scale byte could overflow: almost never, and then only those rows' weights are looked at."""
+    """Bad scale bytes, and groups whose decode overflows bf16. Scale rows are kept (copied) only
+    where a scale byte could overflow: almost never, and then only those rows' weights are looked
+    at."""
 
     def __init__(self, weight: Cut, scale: Cut) -> None:
         self.weight_cut, self.scale_name = weight, scale.name
@@ -148,8 +149,8 @@ class FP4E8M0(Codec):
             or len(scale.shape) != 2 + int(stacked)
         ):
             return (
-                f"fp4 wants a {'/'.join(self.weight_dtypes)} weight {want} and a {'/'.join(self.scale_dtypes)} "
-                "scale with one byte per 32 elements"
+                f"fp4 wants a {'/'.join(self.weight_dtypes)} weight {want} and a "
+                f"{'/'.join(self.scale_dtypes)} scale with one byte per 32 elements"
             )
         blocks = base == 3
         if blocks and weight.shape[-1] != GROUP // 2:
@@ -158,8 +159,8 @@ class FP4E8M0(Codec):
         expected = weight.shape[:-1] if blocks else weight.shape[:-1] + (k // GROUP,)
         if scale.shape != expected or k % GROUP:
             return (
-                f"fp4 scales hold one E8M0 byte per {GROUP} elements: scale {scale.name} is {list(scale.shape)}, "
-                f"expected {list(expected)}"
+                f"fp4 scales hold one E8M0 byte per {GROUP} elements: scale {scale.name} is "
+                f"{list(scale.shape)}, expected {list(expected)}"
             )
         return Fit(weight, scale, (1, GROUP), stacked=stacked)
 
@@ -212,8 +213,8 @@ class FP4E8M0(Codec):
         *,
         scale2: object = None,
     ) -> None:
-        """Packed ``[n, K/2]`` with E8M0 ``[n, K/32]`` into bf16 ``out [n, K]`` (contiguous): host arrays
-        by the compiled kernel (rows read in place), device tensors by torch lookups."""
+        """Packed ``[n, K/2]`` with E8M0 ``[n, K/32]`` into bf16 ``out [n, K]`` (contiguous): host
+        arrays by the compiled kernel (rows read in place), device tensors by torch lookups."""
         if isinstance(weight, np.ndarray):
             table = scaled_table("fp4").numpy()
             kernels.decode_fp4(

@@ -41,7 +41,8 @@ VALUE_SCALES = ("F32", "BF16", "F16")  # scales stored as values (else E8M0 expo
 
 
 def scale_values(view: np.ndarray, dtype: str) -> np.ndarray:
-    """Stored scale bytes (2-D) of a value dtype as float32 (exact: BF16 and F16 widen losslessly)."""
+    """Stored scale bytes (2-D) of a value dtype as float32 (exact: BF16 and F16 widen
+    losslessly)."""
     raw = np.ascontiguousarray(view)
     if dtype == "F32":
         return raw.view(np.float32)
@@ -110,9 +111,10 @@ def overflow_blocks(
     """How many rows of blocks (a row of a block: up to B codes sharing a scale) decode to a value
     that overflows bf16, and the first (row, block column) in row-major order. ``codes`` are window
     rows from window row ``first_row`` (any row: a block of rows need not start on a scale block);
-    ``scale`` the scale rows they use, from scale row ``first_row // block``. E8M0: ``|v| * 2**(e - 127)``
-    is exact in fp32, so it overflows iff ``|v| >= 2**(255 - e)`` (only from DANGER_E8M0). F32: the product is rounded in fp32, then to bf16; only scales from 2**127/448 can get
-    there. A NaN (a NaN code, counted on its own) is not an overflow."""
+    ``scale`` the scale rows they use, from scale row ``first_row // block``. E8M0: ``|v| * 2**(e -
+    127)`` is exact in fp32, so it overflows iff ``|v| >= 2**(255 - e)`` (only from DANGER_E8M0).
+    F32: the product is rounded in fp32, then to bf16; only scales from 2**127/448 can get there. A
+    NaN (a NaN code, counted on its own) is not an overflow."""
     f32 = scale.dtype == np.float32
     brow, bcol = np.nonzero(danger_scales(scale))
     if brow.size == 0:
@@ -121,7 +123,8 @@ def overflow_blocks(
     skip = first_row % block  # rows of the first scale block that come before codes[0]
     bad_rows = 0
     first = None
-    for br, bc in zip(brow.tolist(), bcol.tolist(), strict=True):  # rare: only blocks whose scale is dangerous
+    # rare: only blocks whose scale is dangerous
+    for br, bc in zip(brow.tolist(), bcol.tolist(), strict=True):
         r0 = max(0, br * block - skip)
         box = codes[r0 : (br + 1) * block - skip, bc * block : (bc + 1) * block]
         if box.size == 0:
@@ -229,8 +232,8 @@ class FP8Block(Codec):
             or stacked
         ):
             return (
-                f"fp8 wants a 2-D {'/'.join(self.weight_dtypes)} weight and a 2-D {'/'.join(self.scale_dtypes)} "
-                "scale (not stacked)"
+                f"fp8 wants a 2-D {'/'.join(self.weight_dtypes)} weight and a 2-D "
+                f"{'/'.join(self.scale_dtypes)} scale (not stacked)"
             )
         b = infer_block(weight, scale, block)
         if isinstance(b, str):
@@ -299,7 +302,8 @@ class FP8Block(Codec):
         *,
         scale2: object = None,
     ) -> None:
-        """numpy: E4M3 values from their bits times the block scale in fp32, rounded once to bf16."""
+        """numpy: E4M3 values from their bits times the block scale in fp32, rounded once to
+        bf16."""
         b = fit.group[0]
         n, k = weight.shape
         s = (

@@ -1,4 +1,5 @@
-"""What a checkpoint holds: every tensor's name, dtype, shape and file, and what its manifest promises.
+"""What a checkpoint holds: every tensor's name, dtype, shape and file, and what its manifest
+promises.
 
 The catalogue is what the planner reads; it says nothing about where bytes
 are (that is the storage's job), so a native folder and a pre-partitioned
@@ -41,7 +42,8 @@ HEADERS_ONLY = "tpload_headers_only"
 
 def natural_key(name: str) -> tuple:
     """Sort key that orders ``x.2`` before ``x.10`` (numbers compared as numbers). Computed per call
-    (no cache outlives a sort: a catalogue keeps its names sorted instead, :meth:`Catalogue.names`)."""
+    (no cache outlives a sort: a catalogue keeps its names sorted instead,
+    :meth:`Catalogue.names`)."""
     # re.split with a group alternates text and digit runs. A run compares as (its length without
     # leading zeros, its digits without them, its text): numeric order for any length (int() would
     # refuse 5,000 digits), and "02" after "1"; equal values ("2", "02") tie-break on the text.
@@ -55,7 +57,10 @@ _RUNS = re.compile(r"(\d+)").split
 
 def sha256_mismatch(path: Path | str, name: str, got: str, want: str) -> str:
     """The one wording of a hash failure, wherever a tensor is checked against the manifest."""
-    return f"{escape_name(path)}: tensor {escape_name(name)}: sha256 {got[:16]}... does not match the manifest's {want[:16]}..."
+    return (
+        f"{escape_name(path)}: tensor {escape_name(name)}: sha256 {got[:16]}... does not match "
+        f"the manifest's {want[:16]}..."
+    )
 
 
 class ManifestEntry(NamedTuple):
@@ -123,7 +128,8 @@ def read_manifest(root: Path) -> tuple[dict[str, ManifestEntry] | None, str | No
 
 
 def _read_manifest(root: Path) -> tuple[dict[str, ManifestEntry] | None, str | None, Pins]:
-    """:func:`read_manifest`, and the pins of its JSON files from the same bytes (storage/pins.py)."""
+    """:func:`read_manifest`, and the pins of its JSON files from the same bytes
+    (storage/pins.py)."""
     path = root / MANIFEST_NAME
     if not os.path.lexists(path):
         return None, None, Pins(root, None, None)
@@ -160,12 +166,15 @@ class Catalogue:
         self.tensors = tensors
         self.manifest = manifest
         self.manifest_sha256 = manifest_sha256
-        """sha256 of the manifest file's bytes as read (the checkpoint's identity for stored digests)."""
+        """sha256 of the manifest file's bytes as read (the checkpoint's identity for stored
+        digests)."""
         self.manifest_path = manifest_path or root / MANIFEST_NAME
         self.pins: Pins | None = None
-        """What the manifest read for this table pins (None: not read here; read again from disk when asked)."""
+        """What the manifest read for this table pins (None: not read here; read again from disk
+        when asked)."""
         self.files_read: dict[str, str] = {}
-        """The sha256 of each plan-shaping JSON file read to make this table (the index), as read."""
+        """The sha256 of each plan-shaping JSON file read to make this table (the index), as
+        read."""
         self._names: list[str] | None = None
         self._ranks: dict[str, int] | None = None
         self.gguf: dict[str, object] | None = None
@@ -180,14 +189,16 @@ class Catalogue:
             ) from None
 
     def check_plan_files(self) -> list[str]:
-        """Check the JSON files that shape a plan (config.json, hf_quant_config.json, the index) against
-        the pins of the manifest this catalogue was opened with; raise CheckpointError naming each
-        that does not match. Returns notes (a manifest written before pins: its JSON files are unpinned)."""
+        """Check the JSON files that shape a plan (config.json, hf_quant_config.json, the index)
+        against the pins of the manifest this catalogue was opened with; raise CheckpointError
+        naming each that does not match. Returns notes (a manifest written before pins: its JSON
+        files are unpinned)."""
         return check_plan_files(self.root, self.manifest_sha256, self.pins)
 
     def refuse_headers_only(self, what: str) -> None:
         """Raise for a headers-only checkpoint: ``what`` (a load, a verification, a manifest) would
-        read holes (gigabytes of zeros) and prove nothing; ``plan`` is what such a checkpoint is for."""
+        read holes (gigabytes of zeros) and prove nothing; ``plan`` is what such a checkpoint is
+        for."""
         if self.headers_only:
             raise CheckpointError(
                 f"{escape_name(self.root)} is a headers-only checkpoint (synth --headers-only: "
@@ -210,21 +221,24 @@ class Catalogue:
 
     def manifest_problems(self, names: list[str]) -> list[str]:
         """Every named tensor missing from the manifest or disagreeing with its header, and every
-        manifest entry no shard holds (the manifest is the trust anchor: nothing it lists may vanish)."""
+        manifest entry no shard holds (the manifest is the trust anchor: nothing it lists may
+        vanish)."""
         path = escape_name(self.manifest_path)
         if self.manifest is None:
             return [
-                f"{path}: manifest missing, and {escape_name(self.root)} is not a hub cache snapshot (whose files "
-                "are named by their hashes), so nothing vouches for its bytes. Either write a manifest: `python "
-                f"-m tpload manifest {escape_name(self.root)}` (hashes every tensor once), or load with --verify "
-                "off (nothing is checked; every report says so)"
+                f"{path}: manifest missing, and {escape_name(self.root)} is not a hub cache "
+                "snapshot (whose files are named by their hashes), so nothing vouches for its "
+                "bytes. Either write a manifest: `python -m tpload manifest "
+                f"{escape_name(self.root)}` (hashes every tensor once), or load with --verify off "
+                "(nothing is checked; every report says so)"
             ]
         problems = []
         for name in names:
             meta, entry = self.tensors[name], self.manifest.get(name)
             if entry is None:
                 problems.append(
-                    f"{path}: tensor {escape_name(name)} (in {escape_name(meta.file)}) is not in the manifest"
+                    f"{path}: tensor {escape_name(name)} (in {escape_name(meta.file)}) is not in "
+                    "the manifest"
                 )
             elif (entry.file, entry.dtype, entry.shape) != (meta.file, meta.dtype, meta.shape):
                 problems.append(
@@ -295,10 +309,10 @@ def _shard_names(
                 f" (and {len(pickles) - 3} more)" if len(pickles) > 3 else ""
             )
             raise CheckpointError(
-                f"{escape_name(root)}: holds pickle checkpoint files ({shown}) and no *.safetensors "
-                "shard; tpload does not read pickles: unpickling runs whatever code the file names "
-                "(arbitrary code execution), so no check could come first. Convert them to "
-                "safetensors (e.g. torch.load them once in a sandbox and "
+                f"{escape_name(root)}: holds pickle checkpoint files ({shown}) and no "
+                "*.safetensors shard; tpload does not read pickles: unpickling runs whatever code "
+                "the file names (arbitrary code execution), so no check could come first. Convert "
+                "them to safetensors (e.g. torch.load them once in a sandbox and "
                 "safetensors.torch.save_file each state dict), then load the safetensors"
             )
         raise CheckpointError(f"{escape_name(root)}: no {INDEX_NAME} and no *.safetensors shard")
@@ -354,8 +368,9 @@ def read_native(root: Path, *, manifest: bool = True) -> tuple[Catalogue, dict[s
             problems.append(str(e))
     raise_all(CheckpointError, problems, what=f"problems with the shards of {escape_name(root)}")
     locations = _by_index(wmap, headers, source) if wmap is not None else _by_shard(headers, root)
-    # The planner's table holds the same objects (a TensorInfo is a TensorMeta: a copy of each cost a
-    # third of the opening), in a dict of its own so that nothing done to one table changes the other.
+    # The planner's table holds the same objects (a TensorInfo is a TensorMeta: a copy of each cost
+    # a third of the opening), in a dict of its own so that nothing done to one table changes the
+    # other.
     catalogue = Catalogue(
         root, dict(locations), entries, manifest_sha256=manifest_sha, headers_only=headers_only
     )
@@ -386,22 +401,27 @@ def _by_index(
 ) -> dict[str, TensorInfo]:
     try:
         out = dict(
-            zip(names, map(operator.getitem, map(headers.__getitem__, names.values()), names))
+            zip(
+                names,
+                map(operator.getitem, map(headers.__getitem__, names.values()), names),
+                strict=True,
+            )
         )
     except KeyError:
         pass  # an index entry its header lacks: said below
     else:
         if len(out) == sum(map(len, headers.values())):
             # Every index entry is in the header of its file, and the headers hold no more tensors
-            # than the index names: none is left out (the checks below word what is wrong otherwise).
+            # than the index names: none is left out (the checks below word what is wrong
+            # otherwise).
             return out
     out, problems = {}, []
     for name, file in names.items():
         info = headers[file].get(name)
         if info is None:
             problems.append(
-                f"{escape_name(source)}: tensor {escape_name(name)} is mapped to {escape_name(file)} "
-                "but its header has no such tensor"
+                f"{escape_name(source)}: tensor {escape_name(name)} is mapped to "
+                f"{escape_name(file)} but its header has no such tensor"
             )
         else:
             out[name] = info
@@ -412,8 +432,9 @@ def _by_index(
                 f" (and {len(left_out) - 12} more)" if len(left_out) > 12 else ""
             )
             problems.append(
-                f"{escape_name(source)}: {len(left_out)} tensor(s) in the header of {escape_name(file)} are "
-                f"not mapped to it by the index (an index that leaves tensors out): {listed}"
+                f"{escape_name(source)}: {len(left_out)} tensor(s) in the header of "
+                f"{escape_name(file)} are not mapped to it by the index (an index that leaves "
+                f"tensors out): {listed}"
             )
     raise_all(CheckpointError, problems, what="index entries that do not match the shards")
     return out

@@ -1,4 +1,5 @@
-"""A native checkpoint folder: shards, index, manifest; each rank reads its windows of shared shards."""
+"""A native checkpoint folder: shards, index, manifest; each rank reads its windows of shared
+shards."""
 
 from __future__ import annotations
 
@@ -88,14 +89,15 @@ class ShardedStorage(FileReads):
         if snapshot:
             hub.check_small_files(root)
         elif local is not None:
-            local.check_small_files()  # the JSON files with fresh download metadata, before they are read
+            # the JSON files with fresh download metadata, before they are read
+            local.check_small_files()
         self.catalogue: Catalogue
         self.catalogue, self.locations = read_native(root, manifest=manifest)
         self.files = Files()
         self._stored: dict[str, Stored] = {}
         self.file_digests: dict[Path, str] | None = None
-        """Without a manifest, each shard's expected sha256: a hub snapshot's blob name, or a local-dir
-        download's etag (set only when every file the load reads has one)."""
+        """Without a manifest, each shard's expected sha256: a hub snapshot's blob name, or a
+        local-dir download's etag (set only when every file the load reads has one)."""
         self.file_source: hub.FileSource | None = None
         """What :attr:`file_digests` come from, in words (the gate's note and messages)."""
         self.local: localdir.LocalDir | None = None
@@ -139,7 +141,8 @@ class ShardedStorage(FileReads):
 
     def manifest_problems(self, names: list[str]) -> list[str]:
         if self.file_digests is not None:
-            return []  # every shard is named by its sha256 or has its etag (checked whole while loading)
+            # every shard is named by its sha256 or has its etag (checked whole while loading)
+            return []
         if (
             self.local is not None
         ):  # a local-dir download with unvouched files: each named, and the ways on

@@ -35,10 +35,12 @@ class Check:
     served: Triple | torch.Tensor
     """The served tensor's fingerprint (a device tensor until settled)."""
     want: Triple | torch.Tensor | None = None
-    """What ``served`` must equal (the host window's); None: nothing to compare (it is the copy's own)."""
+    """What ``served`` must equal (the host window's); None: nothing to compare (it is the copy's
+    own)."""
     want_what: str = ""
     bad: list[tuple[Count, str]] = field(default_factory=list)
-    """(count, what) of invalid values: bad scale bytes, NaN codes, overflowing or non-finite decodes."""
+    """(count, what) of invalid values: bad scale bytes, NaN codes, overflowing or non-finite
+    decodes."""
     digest: Triple | torch.Tensor | None = None
     """The fingerprint in the served tensor's own view, when ``served`` was taken in another (the
     cut's) to compare it with the host window; None: ``served`` is it."""
@@ -58,8 +60,8 @@ class Settled:
 class Evidence:
     """Everything one rank collected, in load order; :meth:`settle` judges it.
 
-    A batch of small tensors leaves columns, not a :class:`Check` each: its windows' names, boxes and
-    fingerprints (an ``[n, 3]`` array), and the served names whose fingerprint is the copy's own
+    A batch of small tensors leaves columns, not a :class:`Check` each: its windows' names, boxes
+    and fingerprints (an ``[n, 3]`` array), and the served names whose fingerprint is the copy's own
     (nothing to compare, no value to count): 92,000 tensors a rank, most of them such."""
 
     def __init__(self) -> None:
@@ -140,7 +142,8 @@ class Evidence:
 
 
 def _where(c: Check) -> str:
-    """The served tensor and its file, for a message (made only for a problem: 92,000 checks a rank)."""
+    """The served tensor and its file, for a message (made only for a problem: 92,000 checks a
+    rank)."""
     return f"tensor {escape_name(c.name)} ({escape_name(c.where)})"
 
 

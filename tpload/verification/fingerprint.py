@@ -40,7 +40,8 @@ _TORCH_WORDS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
 
 
 def word_width(row_bytes: int) -> int:
-    """The fingerprint's word size for rows of ``row_bytes``: the largest of 8, 4, 2, 1 dividing it."""
+    """The fingerprint's word size for rows of ``row_bytes``: the largest of 8, 4, 2, 1 dividing
+    it."""
     return next(w for w in (8, 4, 2, 1) if row_bytes % w == 0) if row_bytes else 1
 
 
@@ -121,8 +122,9 @@ class HostFingerprint:
         else:
             stride = block.strides[0] if rows > 1 else width
             if block.strides[1] != 1 or base % w or stride % w or stride < 0:
-                # words not in place (an odd or negative row stride, a misaligned start): gather first, into a
-                # new buffer (np.ascontiguousarray would hand back a contiguous block as it is, misaligned)
+                # words not in place (an odd or negative row stride, a misaligned start): gather
+                # first, into a new buffer (np.ascontiguousarray would hand back a contiguous block
+                # as it is, misaligned)
                 block = block.copy(order="C")
                 stride = width
             words = np.lib.stride_tricks.as_strided(
@@ -217,8 +219,9 @@ def fingerprint(t: torch.Tensor, *, block_bytes: int = 4 << 20) -> Triple | torc
 
 
 def decoded_fingerprint(slot: torch.Tensor) -> tuple[Triple | torch.Tensor, int | torch.Tensor]:
-    """(fingerprint, count of non-finite elements or a 0/1 flag) of a decoded bf16 slot: one compiled
-    read on the CPU when its rows are whole int64 words, torch ops otherwise (a device scalar)."""
+    """(fingerprint, count of non-finite elements or a 0/1 flag) of a decoded bf16 slot: one
+    compiled read on the CPU when its rows are whole int64 words, torch ops otherwise (a device
+    scalar)."""
     b = as_bytes2d(slot)
     if (
         b.device.type == "cpu"

@@ -70,7 +70,8 @@ class HashTap:
     ) -> None:
         self.result = Hashed(stored.name, stored)
         self.shared = sha is not None
-        """The sha256 belongs to the whole file (its bytes in order, verification/files.py), not this tensor."""
+        """The sha256 belongs to the whole file (its bytes in order, verification/files.py), not
+        this tensor."""
         self.hashes = {"sha256": sha} if sha is not None else new_hashes(digests, stored.nbytes)
         boxes: dict[Box, HostFingerprint] = {}
         for (
@@ -121,7 +122,8 @@ _NO_PEERS: Mapping[int, Box] = {}
 
 
 class Hasher:
-    """This rank's hashing work (:class:`HashPlan`), inline or on worker threads, by ``digests``' hash."""
+    """This rank's hashing work (:class:`HashPlan`), inline or on worker threads, by ``digests``'
+    hash."""
 
     def __init__(
         self,
@@ -220,9 +222,9 @@ def hash_whole(
     feeds: dict[str, Callable[[np.ndarray, int], None]] | None = None,
     digests: Digests = SHA256,
 ) -> dict[str, Hashed]:
-    """``digests``' hashes (sha256 by default) of every named tensor, each read whole once, in the given
-    order (offline tools: a manifest, a verification at rest, an export's sources). ``feeds``: also
-    hand each block of a tensor, whole rows at a time, to its callable (the value checks)."""
+    """``digests``' hashes (sha256 by default) of every named tensor, each read whole once, in the
+    given order (offline tools: a manifest, a verification at rest, an export's sources). ``feeds``:
+    also hand each block of a tensor, whole rows at a time, to its callable (the value checks)."""
     hasher = Hasher(HashPlan("rank", 0, frozenset(names)), threads=threads, digests=digests)
     reader = Reader(storage)
     try:
@@ -252,7 +254,8 @@ def mismatches(hashed: dict[str, Hashed], digests: Digests = SHA256) -> list[str
         want, got = digests.expected(name, h.stored.sha256), getattr(h, digests.hash)
         if want is None:
             out.append(
-                f"{escape_name(h.stored.path)}: tensor {escape_name(name)} has no {digests.hash} to check"
+                f"{escape_name(h.stored.path)}: tensor {escape_name(name)} has no "
+                f"{digests.hash} to check"
             )
         elif got != want:
             out.append(

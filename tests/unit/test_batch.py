@@ -25,8 +25,9 @@ def many(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("seed", range(4))
 def test_the_kernel_gives_each_window_the_per_tensor_fingerprint(seed: int) -> None:
-    """Whole tensors and windows of them (rows and byte columns, at odd starts: words are read at any
-    alignment), each copied row after row into its slot with the fingerprint HostFingerprint gives."""
+    """Whole tensors and windows of them (rows and byte columns, at odd starts: words are read at
+    any alignment), each copied row after row into its slot with the fingerprint HostFingerprint
+    gives."""
     rng = np.random.default_rng(seed)
     src = rng.integers(0, 256, 1 << 16, dtype=np.uint8)
     shapes = [(int(rng.integers(1, 9)), int(rng.integers(1, 70))) for _ in range(40)]
@@ -47,7 +48,7 @@ def test_the_kernel_gives_each_window_the_per_tensor_fingerprint(seed: int) -> N
     dst_off = np.array([k * 600 for k in range(len(shapes))], dtype=np.int64)
     out = np.zeros((len(shapes), 3), dtype=np.int64)
     start = np.array(
-        [a + r0 * c + c0 for a, (_, c), ((r0, _), (c0, _)) in zip(off, shapes, boxes)],
+        [a + r0 * c + c0 for a, (_, c), ((r0, _), (c0, _)) in zip(off, shapes, boxes, strict=True)],
         dtype=np.int64,
     )
     rows = np.array([r1 - r0 for (r0, r1), _ in boxes], dtype=np.int64)
@@ -215,7 +216,15 @@ class _Windows:
         return np.concatenate([x.reshape(-1) for x in self.arrays])
 
 
-@pytest.mark.parametrize("scale_dtype", ["F32", "F8_E8M0"])
+def _value_scales(values: list, dtype: str) -> np.ndarray:
+    """Scale values as the stored bytes of ``dtype`` (a 2 x 2 scale)."""
+    f32 = np.array(values, "<f4").reshape(2, 2)
+    if dtype == "BF16":
+        return (f32.view(np.uint32) >> 16).astype("<u2").view(np.uint8)
+    return f32.astype("<f2" if dtype == "F16" else "<f4").view(np.uint8)
+
+
+@pytest.mark.parametrize("scale_dtype", ["F32", "BF16", "F16", "F8_E8M0"])
 def test_fp8_clean_says_clean_only_when_no_item_check_could_find_anything(scale_dtype: str) -> None:
     """FP8 batches skip the item checks only when nothing is there to find: a NaN code, a bad scale,
     a scale that could overflow bf16 (what triggers the overflow check) each make it say no."""
@@ -229,15 +238,13 @@ def test_fp8_clean_says_clean_only_when_no_item_check_could_find_anything(scale_
     )
     codec = fp8_block.FP8Block()
     weights = np.full((256, 256), 0x38, dtype=np.uint8)  # 1.0 in E4M3
-    if scale_dtype == "F32":
-        good = np.full((2, 2), 2.0**-7, dtype="<f4").view(np.uint8)
+    if scale_dtype != "F8_E8M0":  # values (F16 cannot hold a scale large enough to overflow)
+        good = _value_scales([2.0**-7] * 4, scale_dtype)
+        big = [2.0**120] if scale_dtype != "F16" else []
         bad = [
-            np.array([[0.0, 1.0], [1.0, 1.0]], "<f4"),
-            np.array([[np.inf, 1.0], [1.0, 1.0]], "<f4"),
-            np.array([[-1.0, 1.0], [1.0, 1.0]], "<f4"),
-            np.array([[2.0**120, 1.0], [1.0, 1.0]], "<f4"),
+            _value_scales([v, 1.0, 1.0, 1.0], scale_dtype)
+            for v in [0.0, np.inf, np.nan, -1.0, *big]
         ]
-        bad = [b.view(np.uint8) for b in bad]
     else:
         good = np.full((2, 2), 120, dtype=np.uint8)
         bad = [

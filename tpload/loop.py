@@ -353,35 +353,41 @@ class _Loader:
                     "host image",
                 )
             )
-        where, evidence, fps = b.path.name, self.evidence, b.fingerprints
+        evidence, fps = self.evidence, b.fingerprints
         cuts = [c for item in items for c in item.cuts]  # in the order of the batch's pieces
         evidence.windows_of([c.name for c in cuts], [c.box for c in cuts], fps)
         self._hash(b)
         checked = [item.codec.checked for item in items]
-        if not any(checked):  # the common batch: every fingerprint is the copy's own, in columns
-            evidence.served([o.name for o in outs], fps)
-            return
-        clean = self._clean(b, items)
+        clean = self._clean(b, items) if any(checked) else set()
+        plain: list[int] = []  # rows of fps whose fingerprint is all there is to keep (the copy's)
         k = 0
         for item, value_checked in zip(items, checked, strict=True):
             n = len(item.cuts)
-            if not value_checked:
-                evidence.served([o.name for o in outs[k : k + n]], fps[k : k + n])
-                k += n
-                continue
-            checks = {}
-            for cut, out, triple in zip(
-                item.cuts, outs[k : k + n], fps[k : k + n].tolist(), strict=True
-            ):
-                checks[cut.name] = Check(out.name, where, tuple(triple), None, "host window")
-            if item.name not in clean:  # the value checks, scales first, on the batch's bytes
-                checker = item.codec.checker(item.fit, item.weight, item.scale)
-                for j, cut in enumerate(item.cuts, k):
-                    value_feed(item, checker, cut)(b.view(j), 0)
-                self._problems(item, checker.problems(), checks)
-            for check in checks.values():
-                evidence.add(check)
+            if value_checked and item.name not in clean:  # the value checks, on the batch's bytes
+                self._value_checks(b, item, outs[k : k + n], fps[k : k + n].tolist(), k)
+            else:
+                plain.extend(range(k, k + n))
             k += n
+        if len(plain) == len(outs):  # the common batch: every fingerprint in columns
+            evidence.served([o.name for o in outs], fps)
+        elif plain:
+            evidence.served([outs[i].name for i in plain], fps[plain])
+
+    def _value_checks(
+        self, b: Batch, item: Item, outs: Sequence[Output], triples: list[list[int]], first: int
+    ) -> None:
+        """A batched item's value checks (scales first) on the batch's bytes, each problem filed on
+        the check of the served tensor it is about (``first``: the item's first piece)."""
+        checks = {
+            cut.name: Check(out.name, b.path.name, tuple(triple), None, "host window")
+            for cut, out, triple in zip(item.cuts, outs, triples, strict=True)
+        }
+        checker = item.codec.checker(item.fit, item.weight, item.scale)
+        for j, cut in enumerate(item.cuts, first):
+            value_feed(item, checker, cut)(b.view(j), 0)
+        self._problems(item, checker.problems(), checks)
+        for check in checks.values():
+            self.evidence.add(check)
 
     @staticmethod
     def _clean(b: Batch, items: Sequence[Item]) -> set[str]:

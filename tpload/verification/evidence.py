@@ -150,6 +150,8 @@ def _where(c: Check) -> str:
 def _to_host(values: list) -> list:
     """Device tensors among ``values`` as Python numbers (a scalar) or tuples, in one transfer per
     device; everything else as it is."""
+    if not any(issubclass(t, torch.Tensor) for t in set(map(type, values))):
+        return values  # all on the host already (host slots): nothing to gather
     out = list(values)
     by_device: dict[torch.device, list[int]] = {}
     for i, v in enumerate(values):

@@ -502,7 +502,7 @@ def run(
             _ask(storage, item)
         with transfer:
             for k, end, pieces in runs(items, plan.kind, storage, classes=plan.shapes):
-                if end - k > 1:
+                if pieces:  # small items, even one alone: one read, one pass (batch.py)
                     loader.batch(items[k:end], pieces)
                     for item in items[k:end]:
                         loader.done(item)

@@ -59,9 +59,10 @@ def _small(item: Item, kind: str) -> bool:
 def runs(
     items: Sequence[Item], kind: str, storage: Storage, *, classes: Sequence[object] | None = None
 ) -> Iterator[tuple[int, int, list[list[Piece]]]]:
-    """The plan in runs ``[i, j)``: a batch of small items (with each one's pieces, in cut order) when
-    ``j - i > 1``, one item otherwise. A batch stays in one file, within ``BATCH_BYTES``, and reads
-    at most its stored tensors' bytes twice over plus ``GAP_BYTES`` of others'.
+    """The plan in runs ``[i, j)``: a batch of small items (with each one's pieces, in cut order;
+    a small item alone is a batch of one), or one item read block by block (no pieces). A batch
+    stays in one file, within ``BATCH_BYTES``, and reads at most its stored tensors' bytes twice
+    over plus ``GAP_BYTES`` of others'.
     ``classes``: one token per item, equal for items cut alike (the plan's shared shapes), so
     whether a class can batch is worked out once, not per tensor."""
     small: dict[int, bool] = {}
@@ -88,6 +89,9 @@ def runs(
             lo = min(s.offset for s in first)
             hi = max(s.offset + s.nbytes for s in first)
             total = sum(s.nbytes for s in first)
+            if any(s.path != path for s in first) or not _readable(lo, hi, total):
+                batch = []  # its own pieces are too far apart for one read
+        if batch:
             while nxt is not None:
                 lo2, hi2, total2 = lo, hi, total
                 for s, _, _ in nxt:
@@ -99,7 +103,7 @@ def runs(
                         total2 + s.nbytes,
                     )
                 else:
-                    if hi2 - lo2 <= BATCH_BYTES and hi2 - lo2 <= 2 * total2 + GAP_BYTES:
+                    if _readable(lo2, hi2, total2):
                         batch.append(nxt)
                         lo, hi, total, j = lo2, hi2, total2, j + 1
                         nxt = batchable(j) if j < n else None
@@ -107,6 +111,12 @@ def runs(
                 break
         yield i, j, batch
         i = j
+
+
+def _readable(lo: int, hi: int, total: int) -> bool:
+    """Whether one read of bytes ``[lo, hi)`` holding ``total`` bytes of a batch's own is worth it:
+    within ``BATCH_BYTES``, at most twice its own bytes plus ``GAP_BYTES`` of others'."""
+    return hi - lo <= BATCH_BYTES and hi - lo <= 2 * total + GAP_BYTES
 
 
 def _pieces(item: Item, storage: Storage) -> list[Piece] | None:
@@ -121,8 +131,9 @@ def _pieces(item: Item, storage: Storage) -> list[Piece] | None:
 
 
 class Batch:
-    """One batch's bytes read, its windows copied and fingerprinted: each piece's triple (``pieces``:
-    the batch's items' cuts in order), and each stored tensor's bytes for the hasher."""
+    """One batch's bytes read, its windows copied and fingerprinted: each piece's triple
+    (``pieces``: the batch's items' cuts in order), and each stored tensor's bytes for the
+    hasher."""
 
     def __init__(
         self, storage: Storage, items: Sequence[Item], pieces: list[list[Piece]], buffer: np.ndarray
@@ -146,7 +157,8 @@ class Batch:
         self.fingerprints = np.zeros((n, 3), dtype=np.int64)
 
     def windows(self, ks: Sequence[int], boxes: Sequence[Box]) -> tuple[np.ndarray, ...]:
-        """Box ``boxes[i]`` of stored tensor ``ks[i]``: where its first byte is, its rows, stride and width."""
+        """Box ``boxes[i]`` of stored tensor ``ks[i]``: where its first byte is, its rows, stride
+        and width."""
         k = np.asarray(ks, dtype=np.int64)
         r0 = np.fromiter((b[0][0] for b in boxes), np.int64, len(boxes))
         rows = np.fromiter((b[0][1] - b[0][0] for b in boxes), np.int64, len(boxes))
@@ -156,10 +168,12 @@ class Batch:
         return self.at[k] + r0 * stride + c0, rows, stride, width
 
     def copy(self, dst: np.ndarray, dst_offsets: np.ndarray) -> None:
-        """Each window into ``dst`` at its offset (an empty ``dst``: fingerprints only), fingerprinted."""
+        """Each window into ``dst`` at its offset (an empty ``dst``: fingerprints only),
+        fingerprinted."""
         src, rows, stride, width = self.windows(range(len(self.stored)), self.boxes)
         # the kernel does not check bounds: every window lies in the span read (the storage's box is
-        # inside its stored tensor), and every destination in dst (_small holds each slot to its window)
+        # inside its stored tensor), and every destination in dst (_small holds each slot to its
+        # window)
         if dst.size and int((dst_offsets + rows * width).max()) > dst.size:
             raise RuntimeError("a batch's slots run past its destination (a planner bug)")
         kernels.gather_windows(
@@ -175,8 +189,8 @@ class Batch:
         )
 
     def fingerprints_of(self, boxes: Sequence[tuple[int, Box]]) -> list[Triple]:
-        """The fingerprint of each ``(k, box)``: a window of stored tensor ``k`` (a node peer's, of a
-        tensor this rank hashes), from this batch's bytes, in one pass."""
+        """The fingerprint of each ``(k, box)``: a window of stored tensor ``k`` (a node peer's, of
+        a tensor this rank hashes), from this batch's bytes, in one pass."""
         if not boxes:
             return []
         src, rows, stride, width = self.windows([k for k, _ in boxes], [box for _, box in boxes])

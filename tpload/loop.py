@@ -76,7 +76,8 @@ class Arena:
         return typed.as_strided(out.shape, strides, out.offset // item)
 
     def bytes2d(self, out: Output, rows: int) -> np.ndarray | torch.Tensor:
-        """The slot's bytes as ``[rows, row_bytes]``: numpy on the CPU, a device tensor elsewhere."""
+        """The slot's bytes as ``[rows, row_bytes]``: numpy on the CPU, a device tensor
+        elsewhere."""
         if self.host is not None:
             return self.host[out.offset : out.offset + out.nbytes].reshape(rows, -1)
         return self.buffer[out.offset : out.offset + out.nbytes].view(rows, -1)
@@ -95,6 +96,8 @@ class LoadResult:
     bytes_hashed: int = 0
     device_checked: int = 0
     sampled: int = 0
+    ranks: dict[str, int] | None = None
+    """Each stored name's place in natural order (the catalogue's), for the digest's sort."""
     _tensors: dict[str, torch.Tensor] | None = None
 
     @property
@@ -106,14 +109,18 @@ class LoadResult:
 
     def digest(self) -> str:
         """This rank's digest of what it serves (verification/fingerprint.py)."""
-        return digest((o.name, o.dtype, o.shape, self.fingerprints[o.name]) for o in self.outputs)
+        return digest(
+            ((o.name, o.dtype, o.shape, self.fingerprints[o.name]) for o in self.outputs),
+            ranks=self.ranks,
+        )
 
 
 SAMPLE_ROWS = 32  # rows checked at each end of a sampled decode (at least one scale block)
 
 
 def _sample_spans(n: int, multiple: int) -> list[tuple[int, int]]:
-    """The first rows and the last rows of ``n`` (each at least one scale block, starting on one)."""
+    """The first rows and the last rows of ``n`` (each at least one scale block, starting on
+    one)."""
     k = max(SAMPLE_ROWS, multiple)
     head = (0, min(k, n))
     start = max(head[1], (n - k) // multiple * multiple)
@@ -139,7 +146,8 @@ def _sampled(plan: RankPlan, per_codec: int) -> set[str]:
 
 
 class _Loader:
-    """One rank's loop state: the storage, reader, transfer, hasher and evidence it shares across items."""
+    """One rank's loop state: the storage, reader, transfer, hasher and evidence it shares across
+    items."""
 
     def __init__(
         self,
@@ -164,8 +172,8 @@ class _Loader:
         self._batch_buffer: np.ndarray | None = None
 
     def _blocks(self, cut: Cut, **kw: object):
-        """(where the cut's bytes are, the blocks of its window): the tensor goes to the hasher whole
-        on its first read, when this rank hashes it."""
+        """(where the cut's bytes are, the blocks of its window): the tensor goes to the hasher
+        whole on its first read, when this rank hashes it."""
         stored, rows, cols = self.storage.box(cut.name, cut.view, cut.rows, cut.cols)
         return stored.path.name, self.reader.blocks(
             stored, rows, cols, tap=self.hasher.tap(stored), **kw
@@ -181,13 +189,15 @@ class _Loader:
             feed = value_feed(item, checker, cut)
             # the served tensor's fingerprint, in its own view; the window's, in the cut's (the node
             # cross-check compares it with the hasher's): the same when the views are (group 1)
-            # (a piece narrower than the served row's words cannot be grouped: then compare in the cut's view)
+            # (a piece narrower than the served row's words cannot be grouped: then compare in the
+            # cut's view)
             fp = HostFingerprint(
                 cut.row_bytes,
                 group=cut.group if HostFingerprint.fits(cut.row_bytes, cut.group) else 1,
             )
             window = fp if fp.group == 1 else HostFingerprint(cut.row_bytes)
-            # the value checkers read whole rows (a scale group never straddles a piece); plain rows may split
+            # the value checkers read whole rows (a scale group never straddles a piece); plain rows
+            # may split
             where, blocks = self._blocks(cut, split_rows=not item.codec.checked and cut.group == 1)
             for r, c, view in blocks:
                 feed(view, r)
@@ -213,14 +223,15 @@ class _Loader:
         host = np.empty((cut.rows[1] - cut.rows[0], cut.row_bytes), dtype=np.uint8)
         fp = HostFingerprint(cut.row_bytes)
         _, blocks = self._blocks(cut, split_rows=False)
-        for r, c, view in blocks:
+        for r, _, view in blocks:
             feed(view, r)
             fp.add(view, r, dst=host[r : r + view.shape[0]])
         self.evidence.window(cut.name, cut.box, fp.value())
         return host
 
     def decode(self, item: Item, sampled: bool) -> None:
-        """A decoded kind: the scale windows gathered whole, then the weight decoded block by block."""
+        """A decoded kind: the scale windows gathered whole, then the weight decoded block by
+        block."""
         codec, fit = item.codec, item.fit
         checker = codec.checker(fit, item.weight, item.scale)
         scale_host = scale = scale2 = None
@@ -325,7 +336,7 @@ class _Loader:
         offsets = np.fromiter((o.offset for o in outs), np.int64, len(outs))
         if self.arena.host is not None:  # host slots: written in place
             b.copy(self.arena.host, offsets)
-        else:  # a device: the slots' range built on the host, uploaded at once, and its upload checked
+        else:  # a device: the slots' range built on the host, uploaded at once, its upload checked
             lo, hi = int(offsets.min()), max(o.offset + o.nbytes for o in outs)
             image = np.zeros(hi - lo, dtype=np.uint8)
             b.copy(image, offsets - lo)
@@ -342,36 +353,47 @@ class _Loader:
                     "host image",
                 )
             )
-        where, evidence = b.path.name, self.evidence
-        triples = list(map(tuple, b.fingerprints.tolist()))
-        self._hash(b, triples)
-        clean = self._clean(b, items)
+        evidence, fps = self.evidence, b.fingerprints
+        cuts = [c for item in items for c in item.cuts]  # in the order of the batch's pieces
+        evidence.windows_of([c.name for c in cuts], [c.box for c in cuts], fps)
+        self._hash(b)
+        checked = [item.codec.checked for item in items]
+        clean = self._clean(b, items) if any(checked) else set()
+        plain: list[int] = []  # rows of fps whose fingerprint is all there is to keep (the copy's)
         k = 0
-        for item in items:
-            if not item.codec.checked:  # one cut, one served tensor: the common case, kept short
-                cut, triple = item.weight, triples[k]
-                evidence.window(cut.name, cut.box, triple)
-                evidence.add(Check(outs[k].name, where, triple, None, "host window"))
-                k += 1
-                continue
-            checks = {}
-            for cut in item.cuts:
-                triple = triples[k]
-                evidence.window(cut.name, cut.box, triple)
-                checks[cut.name] = Check(outs[k].name, where, triple, None, "host window")
-                k += 1
-            if item.name not in clean:  # the value checks, scales first, on the batch's bytes
-                checker = item.codec.checker(item.fit, item.weight, item.scale)
-                for j, cut in enumerate(item.cuts, k - len(item.cuts)):
-                    value_feed(item, checker, cut)(b.view(j), 0)
-                self._problems(item, checker.problems(), checks)
-            for check in checks.values():
-                evidence.add(check)
+        for item, value_checked in zip(items, checked, strict=True):
+            n = len(item.cuts)
+            if value_checked and item.name not in clean:  # the value checks, on the batch's bytes
+                self._value_checks(b, item, outs[k : k + n], fps[k : k + n].tolist(), k)
+            else:
+                plain.extend(range(k, k + n))
+            k += n
+        if len(plain) == len(outs):  # the common batch: every fingerprint in columns
+            evidence.served([o.name for o in outs], fps)
+        elif plain:
+            evidence.served([outs[i].name for i in plain], fps[plain])
+
+    def _value_checks(
+        self, b: Batch, item: Item, outs: Sequence[Output], triples: list[list[int]], first: int
+    ) -> None:
+        """A batched item's value checks (scales first) on the batch's bytes, each problem filed on
+        the check of the served tensor it is about (``first``: the item's first piece)."""
+        checks = {
+            cut.name: Check(out.name, b.path.name, tuple(triple), None, "host window")
+            for cut, out, triple in zip(item.cuts, outs, triples, strict=True)
+        }
+        checker = item.codec.checker(item.fit, item.weight, item.scale)
+        for j, cut in enumerate(item.cuts, first):
+            value_feed(item, checker, cut)(b.view(j), 0)
+        self._problems(item, checker.problems(), checks)
+        for check in checks.values():
+            self.evidence.add(check)
 
     @staticmethod
     def _clean(b: Batch, items: Sequence[Item]) -> set[str]:
-        """The scaled items whose value checks would find nothing, decided per format over all of the
-        batch's items of that format at once (Codec.clean); the others are checked one by one."""
+        """The scaled items whose value checks would find nothing, decided per format over all of
+        the batch's items of that format at once (Codec.clean); the others are checked one by
+        one."""
         alike: dict[tuple, tuple[Item, list[Item], list[int], list[int]]] = {}
         k = 0
         for item in items:
@@ -393,27 +415,24 @@ class _Loader:
                 clean.update(item.name for item in members)
         return clean
 
-    def _hash(self, b: Batch, own: list[Triple]) -> None:
-        """The batch's stored tensors this rank hashes, each hashed whole from the batch's bytes, with its
-        node peers' windows fingerprinted there (all of them in one pass; a peer's window that is this
-        rank's own has its fingerprint already: ``own``)."""
-        mine = [
-            (k, boxes)
-            for k, s in enumerate(b.stored)
-            if (boxes := self.hasher.peer_boxes(s.name)) is not None
-        ]
+    def _hash(self, b: Batch) -> None:
+        """The batch's stored tensors this rank hashes, each hashed whole from the batch's bytes,
+        with its node peers' windows fingerprinted there (all of them in one pass; a peer's window
+        that is this rank's own has its fingerprint already)."""
+        mine = self.hasher.wanted([s.name for s in b.stored])
         other = [
             (k, box)
             for k, boxes in mine
             for box in dict.fromkeys(boxes.values())
             if box != b.boxes[k]
         ]
-        found = dict(zip(other, b.fingerprints_of(other)))
-        for k, boxes in mine:
-            peers = {
-                p: own[k] if box == b.boxes[k] else found[(k, box)] for p, box in boxes.items()
-            }
-            self.hasher.record(b.stored[k], b.raw(k), peers)
+        found = dict(zip(other, b.fingerprints_of(other), strict=True))
+        own = b.fingerprints.tolist() if mine else []
+        peers = [
+            {p: tuple(own[k]) if box == b.boxes[k] else found[(k, box)] for p, box in boxes.items()}
+            for k, boxes in mine
+        ]
+        self.hasher.record_all([b.stored[k] for k, _ in mine], [b.raw(k) for k, _ in mine], peers)
 
     def done(self, item: Item) -> None:
         if self.release is not None:
@@ -441,8 +460,9 @@ def decode_rows(
     decode, fit: Fit, unfold: int, weight, scale, out: torch.Tensor, scale2: np.ndarray | None
 ) -> None:
     """``decode(weight, scale, out, fit, scale2=...)`` on view rows, or, when one view row holds
-    ``unfold`` rows of the decode (a stacked tensor cut on its rows: one view row per expert), on each
-    view row seen as those rows (its scale row too: such formats have one scale row per row)."""
+    ``unfold`` rows of the decode (a stacked tensor cut on its rows: one view row per expert), on
+    each view row seen as those rows (its scale row too: such formats have one scale row per
+    row)."""
     if unfold == 1:
         decode(weight, scale, out, fit, scale2=scale2)
         return
@@ -467,9 +487,9 @@ def run(
     release: ShardRelease | None = None,
     link: Link | None = None,
 ) -> LoadResult:
-    """Load ``plan`` through ``transfer``, hashing what ``hasher`` says; raise LoadError listing every
-    problem of this rank (nothing it loaded survives a failure). ``link``: replicas share the reads
-    (replicas.py): windows another replica reads arrive from it, checked on receipt."""
+    """Load ``plan`` through ``transfer``, hashing what ``hasher`` says; raise LoadError listing
+    every problem of this rank (nothing it loaded survives a failure). ``link``: replicas share the
+    reads (replicas.py): windows another replica reads arrive from it, checked on receipt."""
     if link is not None:
         storage = SharedStorage(storage, link)
     loader = _Loader(
@@ -482,7 +502,7 @@ def run(
             _ask(storage, item)
         with transfer:
             for k, end, pieces in runs(items, plan.kind, storage, classes=plan.shapes):
-                if end - k > 1:
+                if pieces:  # small items, even one alone: one read, one pass (batch.py)
                     loader.batch(items[k:end], pieces)
                     for item in items[k:end]:
                         loader.done(item)
@@ -518,6 +538,7 @@ def run(
         settled.bytes_hashed,
         settled.device_checked,
         loader.sampled,
+        storage.catalogue.ranks(),
     )
 
 

@@ -216,7 +216,15 @@ class _Windows:
         return np.concatenate([x.reshape(-1) for x in self.arrays])
 
 
-@pytest.mark.parametrize("scale_dtype", ["F32", "F8_E8M0"])
+def _value_scales(values: list, dtype: str) -> np.ndarray:
+    """Scale values as the stored bytes of ``dtype`` (a 2 x 2 scale)."""
+    f32 = np.array(values, "<f4").reshape(2, 2)
+    if dtype == "BF16":
+        return (f32.view(np.uint32) >> 16).astype("<u2").view(np.uint8)
+    return f32.astype("<f2" if dtype == "F16" else "<f4").view(np.uint8)
+
+
+@pytest.mark.parametrize("scale_dtype", ["F32", "BF16", "F16", "F8_E8M0"])
 def test_fp8_clean_says_clean_only_when_no_item_check_could_find_anything(scale_dtype: str) -> None:
     """FP8 batches skip the item checks only when nothing is there to find: a NaN code, a bad scale,
     a scale that could overflow bf16 (what triggers the overflow check) each make it say no."""
@@ -230,15 +238,13 @@ def test_fp8_clean_says_clean_only_when_no_item_check_could_find_anything(scale_
     )
     codec = fp8_block.FP8Block()
     weights = np.full((256, 256), 0x38, dtype=np.uint8)  # 1.0 in E4M3
-    if scale_dtype == "F32":
-        good = np.full((2, 2), 2.0**-7, dtype="<f4").view(np.uint8)
+    if scale_dtype != "F8_E8M0":  # values (F16 cannot hold a scale large enough to overflow)
+        good = _value_scales([2.0**-7] * 4, scale_dtype)
+        big = [2.0**120] if scale_dtype != "F16" else []
         bad = [
-            np.array([[0.0, 1.0], [1.0, 1.0]], "<f4"),
-            np.array([[np.inf, 1.0], [1.0, 1.0]], "<f4"),
-            np.array([[-1.0, 1.0], [1.0, 1.0]], "<f4"),
-            np.array([[2.0**120, 1.0], [1.0, 1.0]], "<f4"),
+            _value_scales([v, 1.0, 1.0, 1.0], scale_dtype)
+            for v in [0.0, np.inf, np.nan, -1.0, *big]
         ]
-        bad = [b.view(np.uint8) for b in bad]
     else:
         good = np.full((2, 2), 120, dtype=np.uint8)
         bad = [

@@ -17,6 +17,8 @@ config's ``channel_align`` (a kernel tile) applies to every share.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -34,7 +36,15 @@ from .tables import (
 )
 
 GROUP = 32  # elements sharing one E8M0 scale byte
-OVERFLOW_FROM = 253  # E8M0 bytes from which some E2M1 code overflows bf16 (see overflow_groups)
+E2M1_MAX = float(np.abs(e2m1_values()).max())  # 6: the largest E2M1 magnitude
+# An E8M0 byte e scales by 2**(e - 127): some code overflows bf16 iff E2M1_MAX >= 2**(255 - e).
+OVERFLOW_FROM = 255 - math.floor(math.log2(E2M1_MAX))  # 253
+
+
+def danger_scales(scale: np.ndarray) -> np.ndarray:
+    """Where an E8M0 byte could take some E2M1 code past bf16 (only there are the codes looked at);
+    0xFF is not one (it is refused on its own)."""
+    return (scale >= OVERFLOW_FROM) & (scale != E8M0_INVALID[1])
 
 
 def overflow_groups(
@@ -44,9 +54,7 @@ def overflow_groups(
     scale byte). ``value * 2**(e - 127)`` is exact in fp32 and overflows once it reaches 2**128,
     so a group overflows iff some ``|code| >= 2**(255 - e)``: at e = 254 the codes 2, 3, 4, 6; at
     e = 253 the codes 4 and 6; never below. Only groups with such a scale are looked at."""
-    rows, groups = np.nonzero(
-        (scale >= OVERFLOW_FROM) & (scale != 0xFF)
-    )  # 0xFF is refused on its own
+    rows, groups = np.nonzero(danger_scales(scale))
     if rows.size == 0:
         return 0, None
     cols = groups[:, None] * (GROUP // 2) + np.arange(GROUP // 2)
@@ -65,8 +73,9 @@ def overflow_groups(
 
 
 class _Check(Checker):
-    """Bad scale bytes, and groups whose decode overflows bf16. Scale rows are kept (copied) only where
-    a scale byte could overflow: almost never, and then only those rows' weights are looked at."""
+    """Bad scale bytes, and groups whose decode overflows bf16. Scale rows are kept (copied) only
+    where a scale byte could overflow: almost never, and then only those rows' weights are looked
+    at."""
 
     def __init__(self, weight: Cut, scale: Cut) -> None:
         self.weight_cut, self.scale_name = weight, scale.name
@@ -76,7 +85,7 @@ class _Check(Checker):
 
     def scale(self, view: np.ndarray, first_row: int) -> None:
         self.bad_scale += kernels.count_either(view, *E8M0_INVALID)
-        if kernels.count_between(view, OVERFLOW_FROM, 0xFE):
+        if danger_scales(view).any():
             self.danger.append((first_row, np.array(view)))
 
     def weight(self, view: np.ndarray, first_row: int) -> None:
@@ -140,8 +149,8 @@ class FP4E8M0(Codec):
             or len(scale.shape) != 2 + int(stacked)
         ):
             return (
-                f"fp4 wants a {'/'.join(self.weight_dtypes)} weight {want} and a {'/'.join(self.scale_dtypes)} "
-                "scale with one byte per 32 elements"
+                f"fp4 wants a {'/'.join(self.weight_dtypes)} weight {want} and a "
+                f"{'/'.join(self.scale_dtypes)} scale with one byte per 32 elements"
             )
         blocks = base == 3
         if blocks and weight.shape[-1] != GROUP // 2:
@@ -150,8 +159,8 @@ class FP4E8M0(Codec):
         expected = weight.shape[:-1] if blocks else weight.shape[:-1] + (k // GROUP,)
         if scale.shape != expected or k % GROUP:
             return (
-                f"fp4 scales hold one E8M0 byte per {GROUP} elements: scale {scale.name} is {list(scale.shape)}, "
-                f"expected {list(expected)}"
+                f"fp4 scales hold one E8M0 byte per {GROUP} elements: scale {scale.name} is "
+                f"{list(scale.shape)}, expected {list(expected)}"
             )
         return Fit(weight, scale, (1, GROUP), stacked=stacked)
 
@@ -204,8 +213,8 @@ class FP4E8M0(Codec):
         *,
         scale2: np.ndarray | torch.Tensor | None = None,
     ) -> None:
-        """Packed ``[n, K/2]`` with E8M0 ``[n, K/32]`` into bf16 ``out [n, K]`` (contiguous): host arrays
-        by the compiled kernel (rows read in place), device tensors by torch lookups."""
+        """Packed ``[n, K/2]`` with E8M0 ``[n, K/32]`` into bf16 ``out [n, K]`` (contiguous): host
+        arrays by the compiled kernel (rows read in place), device tensors by torch lookups."""
         if isinstance(weight, np.ndarray):
             table = scaled_table("fp4").numpy()
             kernels.decode_fp4(

@@ -33,12 +33,16 @@ from .tables import (
 )
 
 BF16_OVERFLOW = 0x7F7F8000  # float32 bits from which bf16 rounding (to nearest even) gives infinity
-DANGER_F32 = 2.0**127 / 448  # an F32 scale below this cannot take any E4M3 code to bf16's limit
+E4M3_MAX = float(np.nanmax(e4m3_values()))  # 448: the largest E4M3 (fn) magnitude
+DANGER_F32 = 2.0**127 / E4M3_MAX  # a value scale below this takes no E4M3 code to bf16's limit
+# An E8M0 byte e scales by 2**(e - 127): some code overflows iff E4M3_MAX >= 2**(255 - e).
+DANGER_E8M0 = 255 - math.floor(math.log2(E4M3_MAX))  # 247
 VALUE_SCALES = ("F32", "BF16", "F16")  # scales stored as values (else E8M0 exponent bytes)
 
 
 def scale_values(view: np.ndarray, dtype: str) -> np.ndarray:
-    """Stored scale bytes (2-D) of a value dtype as float32 (exact: BF16 and F16 widen losslessly)."""
+    """Stored scale bytes (2-D) of a value dtype as float32 (exact: BF16 and F16 widen
+    losslessly)."""
     raw = np.ascontiguousarray(view)
     if dtype == "F32":
         return raw.view(np.float32)
@@ -56,6 +60,29 @@ def scale_torch(scale: torch.Tensor, dtype: str) -> torch.Tensor:
     if dtype in ("BF16", "F16"):
         return scale.view(torch.bfloat16 if dtype == "BF16" else torch.float16).to(torch.float32)
     return scale.view(torch.uint8)
+
+
+def as_scale(raw: np.ndarray, dtype: str) -> np.ndarray:
+    """Stored scale bytes as the value rules read them: float32 values, or E8M0 exponent bytes."""
+    if dtype in VALUE_SCALES:
+        return scale_values(raw, dtype)
+    return np.asarray(raw).view(np.uint8)
+
+
+def bad_scales(scale: np.ndarray) -> np.ndarray:
+    """Where a scale is refused: a value not finite and positive, or an E8M0 byte 0x00/0xFF (the
+    serving kernels assume 1..254)."""
+    if scale.dtype == np.float32:
+        return ~np.isfinite(scale) | (scale <= 0)
+    return (scale == E8M0_INVALID[0]) | (scale == E8M0_INVALID[1])
+
+
+def danger_scales(scale: np.ndarray) -> np.ndarray:
+    """Where a scale could take some E4M3 code past bf16 (only there are the codes looked at); a
+    refused scale is not one (it is counted on its own)."""
+    if scale.dtype == np.float32:
+        return np.abs(scale) >= DANGER_F32
+    return (scale >= DANGER_E8M0) & (scale != E8M0_INVALID[1])
 
 
 def infer_block(w: TensorMeta, s: TensorMeta, insist: int = 0) -> int | str:
@@ -84,22 +111,20 @@ def overflow_blocks(
     """How many rows of blocks (a row of a block: up to B codes sharing a scale) decode to a value
     that overflows bf16, and the first (row, block column) in row-major order. ``codes`` are window
     rows from window row ``first_row`` (any row: a block of rows need not start on a scale block);
-    ``scale`` the scale rows they use, from scale row ``first_row // block``. E8M0: ``|v| * 2**(e - 127)``
-    is exact in fp32, so it overflows iff ``|v| >= 2**(255 - e)`` (only from e = 247: E4M3's max is
-    448). F32: the product is rounded in fp32, then to bf16; only scales from 2**127/448 can get
-    there. A NaN (a NaN code, counted on its own) is not an overflow."""
+    ``scale`` the scale rows they use, from scale row ``first_row // block``. E8M0: ``|v| * 2**(e -
+    127)`` is exact in fp32, so it overflows iff ``|v| >= 2**(255 - e)`` (only from DANGER_E8M0).
+    F32: the product is rounded in fp32, then to bf16; only scales from 2**127/448 can get there. A
+    NaN (a NaN code, counted on its own) is not an overflow."""
     f32 = scale.dtype == np.float32
-    danger = (
-        (np.abs(scale) >= DANGER_F32) if f32 else ((scale >= 247) & (scale != 0xFF))
-    )  # 0xFF: refused apart
-    brow, bcol = np.nonzero(danger)
+    brow, bcol = np.nonzero(danger_scales(scale))
     if brow.size == 0:
         return 0, None
     magnitude = np.abs(e4m3_values())
     skip = first_row % block  # rows of the first scale block that come before codes[0]
     bad_rows = 0
     first = None
-    for br, bc in zip(brow.tolist(), bcol.tolist()):  # rare: only blocks whose scale is dangerous
+    # rare: only blocks whose scale is dangerous
+    for br, bc in zip(brow.tolist(), bcol.tolist(), strict=True):
         r0 = max(0, br * block - skip)
         box = codes[r0 : (br + 1) * block - skip, bc * block : (bc + 1) * block]
         if box.size == 0:
@@ -129,13 +154,9 @@ class _Check(Checker):
         self._scale: np.ndarray | None = None
 
     def scale(self, view: np.ndarray, first_row: int) -> None:
-        if self.f32:
-            values = scale_values(view, self.dtype)
-            self.bad_scale += int((~np.isfinite(values) | (values <= 0)).sum())
-            self.scale_rows.append(values)
-        else:
-            self.bad_scale += kernels.count_either(view, *E8M0_INVALID)
-            self.scale_rows.append(np.array(view))
+        values = as_scale(view, self.dtype)
+        self.bad_scale += int(bad_scales(values).sum())
+        self.scale_rows.append(np.array(values))
 
     def weight(self, view: np.ndarray, first_row: int) -> None:
         self.nan += kernels.count_either(view, *E4M3_NAN)
@@ -144,8 +165,9 @@ class _Check(Checker):
                 np.concatenate(self.scale_rows) if self.scale_rows else np.zeros((0, 0), np.uint8)
             )
             s = self._scale
-            danger = (np.abs(s) >= DANGER_F32) if self.f32 else ((s >= 247) & (s != 0xFF))
-            self._danger = np.flatnonzero(danger.any(axis=1)) if s.size else np.zeros(0, np.int64)
+            self._danger = (
+                np.flatnonzero(danger_scales(s).any(axis=1)) if s.size else np.zeros(0, np.int64)
+            )
         b = self.block
         if not self._danger.size or not meets(
             self._danger, first_row // b, -(-(first_row + view.shape[0]) // b)
@@ -210,8 +232,8 @@ class FP8Block(Codec):
             or stacked
         ):
             return (
-                f"fp8 wants a 2-D {'/'.join(self.weight_dtypes)} weight and a 2-D {'/'.join(self.scale_dtypes)} "
-                "scale (not stacked)"
+                f"fp8 wants a 2-D {'/'.join(self.weight_dtypes)} weight and a 2-D "
+                f"{'/'.join(self.scale_dtypes)} scale (not stacked)"
             )
         b = infer_block(weight, scale, block)
         if isinstance(b, str):
@@ -232,19 +254,10 @@ class FP8Block(Codec):
         return cut_axis(w, ax, lo, hi), cut_axis(s, ax, lo // b, -(-hi // b))
 
     def clean(self, fit: Fit, scales: Windows, weights: Windows) -> bool:
-        """No bad scale, no scale that could take a code past bf16 (the overflow check's trigger), no
-        NaN code, in any of the windows: _Check would find nothing in any of them."""
-        dtype = fit.scale.dtype
-        if dtype in ("F8_E8M0", "U8"):
-            if scales.count_either(*E8M0_INVALID) or scales.count_between(247, 254):
-                return False
-        elif dtype == "F32":
-            values = scales.gathered().view("<f4")
-            if not (
-                np.isfinite(values).all() and (values > 0).all() and (values < DANGER_F32).all()
-            ):
-                return False
-        else:
+        """No refused scale, no scale that could take a code past bf16 (the overflow check's
+        trigger), no NaN code, in any of the windows: _Check's rules, over all windows at once."""
+        scale = as_scale(scales.gathered(), fit.scale.dtype)
+        if bad_scales(scale).any() or danger_scales(scale).any():
             return False
         return weights.count_either(*E4M3_NAN) == 0
 
@@ -289,7 +302,8 @@ class FP8Block(Codec):
         *,
         scale2: np.ndarray | None = None,
     ) -> None:
-        """numpy: E4M3 values from their bits times the block scale in fp32, rounded once to bf16."""
+        """numpy: E4M3 values from their bits times the block scale in fp32, rounded once to
+        bf16."""
         b = fit.group[0]
         n, k = weight.shape
         s = (

@@ -32,7 +32,7 @@ GROUP = 16  # elements sharing one E4M3 scale
 BF16_LIMIT = float(
     np.array([0x7F7F8000], dtype=np.uint32).view(np.float32)[0]
 )  # rounds to inf in bf16
-MAX_PRODUCT = 6.0 * 448.0  # the largest |E2M1 x E4M3|
+MAX_PRODUCT = float(np.abs(e2m1_values()).max() * np.nanmax(np.abs(e4m3_values())))  # |E2M1 x E4M3|
 
 
 def global_scale(raw: np.ndarray) -> float:
@@ -138,11 +138,14 @@ class NVFP4(Codec):
             or stacked
         ):
             return (
-                "nvfp4 wants a 2-D U8 weight [N, K/2], a 2-D F8_E4M3 scale [N, K/16] and an F32 global scale "
-                "(not stacked)"
+                "nvfp4 wants a 2-D U8 weight [N, K/2], a 2-D F8_E4M3 scale [N, K/16] and an F32 "
+                "global scale (not stacked)"
             )
         if scale2.dtype != "F32" or scale2.nbytes != 4:
-            return f"nvfp4's global scale {scale2.name} must be one F32 value, not {scale2.dtype} {list(scale2.shape)}"
+            return (
+                f"nvfp4's global scale {scale2.name} must be one F32 value, not {scale2.dtype} "
+                f"{list(scale2.shape)}"
+            )
         n, kb = weight.shape
         if scale.shape != (n, 2 * kb // GROUP) or (2 * kb) % GROUP:
             return (
@@ -180,9 +183,9 @@ class NVFP4(Codec):
         *,
         scale2: np.ndarray | torch.Tensor | None = None,
     ) -> None:
-        """Packed ``[n, K/2]`` with E4M3 ``[n, K/16]`` into bf16 ``out [n, K]``; ``scale2``: the global
-        scale's stored bytes (host). One table lookup per packed byte, the table built for this
-        global scale (the compiled kernel for host arrays, torch on a device)."""
+        """Packed ``[n, K/2]`` with E4M3 ``[n, K/16]`` into bf16 ``out [n, K]``; ``scale2``: the
+        global scale's stored bytes (host). One table lookup per packed byte, the table built for
+        this global scale (the compiled kernel for host arrays, torch on a device)."""
         from .fp4_e8m0 import decode_torch
 
         value = global_scale(scale2)
@@ -212,8 +215,8 @@ class NVFP4(Codec):
         *,
         scale2: np.ndarray | None = None,
     ) -> None:
-        """numpy, element by element: E2M1 value times the E4M3 scale's value (both from their bits) in
-        fp32, times the global scale in fp32, rounded once to bf16."""
+        """numpy, element by element: E2M1 value times the E4M3 scale's value (both from their bits)
+        in fp32, times the global scale in fp32, rounded once to bf16."""
         b = weight.view(np.uint8)
         codes = np.empty((b.shape[0], b.shape[1] * 2), dtype=np.uint8)
         codes[:, 0::2], codes[:, 1::2] = b & 0x0F, b >> 4

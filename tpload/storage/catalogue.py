@@ -1,4 +1,5 @@
-"""What a checkpoint holds: every tensor's name, dtype, shape and file, and what its manifest promises.
+"""What a checkpoint holds: every tensor's name, dtype, shape and file, and what its manifest
+promises.
 
 The catalogue is what the planner reads; it says nothing about where bytes
 are (that is the storage's job), so a native folder and a pre-partitioned
@@ -7,21 +8,31 @@ export give the planner the same table and it cuts the same windows.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import itertools
 import operator
 import os
 import re
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
 
 from ..errors import CheckpointError, raise_all
 from ..text import escape_name
 from . import gguf
 from .files import parse_json, read_small
 from .pins import INDEX_NAME, MANIFEST_NAME, Pins, check_plan_files, parse_pins, remember
-from .safetensors import TensorInfo, TensorMeta, frozen_instances, read_header
+from .safetensors import (
+    TensorInfo,
+    TensorMeta,
+    _bad_per_row,
+    _dims_ok,
+    _is,
+    _where,
+    read_header,
+)
 
 PICKLES = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 """Checkpoint files in Python's pickle format (pytorch_model*.bin): never read."""
@@ -29,11 +40,10 @@ HEADERS_ONLY = "tpload_headers_only"
 """Metadata key of a ``synth --headers-only`` checkpoint's shards: their data are holes."""
 
 
-@functools.lru_cache(
-    maxsize=1 << 18
-)  # a checkpoint's names are sorted several times (plans, digests, checks)
 def natural_key(name: str) -> tuple:
-    """Sort key that orders ``x.2`` before ``x.10`` (numbers compared as numbers)."""
+    """Sort key that orders ``x.2`` before ``x.10`` (numbers compared as numbers). Computed per call
+    (no cache outlives a sort: a catalogue keeps its names sorted instead,
+    :meth:`Catalogue.names`)."""
     # re.split with a group alternates text and digit runs. A run compares as (its length without
     # leading zeros, its digits without them, its text): numeric order for any length (int() would
     # refuse 5,000 digits), and "02" after "1"; equal values ("2", "02") tie-break on the text.
@@ -47,12 +57,14 @@ _RUNS = re.compile(r"(\d+)").split
 
 def sha256_mismatch(path: Path | str, name: str, got: str, want: str) -> str:
     """The one wording of a hash failure, wherever a tensor is checked against the manifest."""
-    return f"{escape_name(path)}: tensor {escape_name(name)}: sha256 {got[:16]}... does not match the manifest's {want[:16]}..."
+    return (
+        f"{escape_name(path)}: tensor {escape_name(name)}: sha256 {got[:16]}... does not match "
+        f"the manifest's {want[:16]}..."
+    )
 
 
-@dataclass(frozen=True)
-class ManifestEntry:
-    """What NATIVE_MANIFEST.json promises about one tensor."""
+class ManifestEntry(NamedTuple):
+    """What NATIVE_MANIFEST.json promises about one tensor (a tuple: 92,000 are made at once)."""
 
     file: str
     dtype: str
@@ -68,74 +80,44 @@ def _sha_ok(s: object) -> bool:
 
 
 def parse_manifest_entries(tensors: object, path: Path) -> dict[str, ManifestEntry]:
-    """``{"name": {"file", "dtype", "shape", "sha256"}}`` as entries; every bad one listed at once."""
+    """``{"name": {"file", "dtype", "shape", "sha256"}}`` as entries; every bad one listed at once.
+
+    Each rule is one pass over a column (a manifest has 92,000 entries): an object, a string file
+    and dtype, a shape of at most 8 non-negative integers below 2**48, a sha256 of 64 hex digits."""
     if not isinstance(tensors, dict):
         raise CheckpointError(f'{escape_name(path)}: manifest has no "tensors" object')
-    sound = _sound_manifest(tensors)
-    if sound is not None:
-        return sound
-    out: dict[str, ManifestEntry] = {}
-    problems: list[str] = []
-    for name, e in tensors.items():
-        ok = (
-            isinstance(e, dict)
-            and isinstance(e.get("file"), str)
-            and isinstance(e.get("dtype"), str)
-            and isinstance(e.get("shape"), list)
-            and len(e["shape"]) <= 8
-            and all(
-                isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 48
-                for d in e["shape"]
-            )
-            and _sha_ok(e.get("sha256"))
-        )
-        if ok:
-            out[name] = ManifestEntry(e["file"], e["dtype"], tuple(e["shape"]), e["sha256"].lower())
-        else:
-            problems.append(
-                f"{escape_name(path)}: entry for {escape_name(name)} is not "
-                "{file, dtype, shape (integers), sha256 (64 hex digits)}"
-            )
+    names = list(tensors)
+    n = len(names)
+    raw = list(tensors.values())
+    ok = _is(raw, dict)
+    objs = _where(ok, raw, {})
+    files, dtypes, shapes, digests = (list(map(_get(k), objs)) for k in _MANIFEST_KEYS)
+    ok &= _is(files, str) & _is(dtypes, str) & _is(shapes, list) & _is(digests, str)
+    shapes = _where(ok, shapes, [])
+    lens = np.fromiter(map(len, shapes), np.int64, n)
+    ok &= (lens <= 8) & (
+        _bad_per_row(_dims_ok(list(itertools.chain.from_iterable(shapes))), lens) == 0
+    )
+    digests = _where(ok, digests, "")
+    ok &= np.fromiter(map(len, digests), np.int64, n) == 64
+    ok &= np.fromiter(map(_is_hex, digests), bool, n)
+    problems = [
+        f"{escape_name(path)}: entry for {escape_name(names[i])} is not "
+        "{file, dtype, shape (integers), sha256 (64 hex digits)}"
+        for i in np.flatnonzero(~ok).tolist()
+    ]
     raise_all(CheckpointError, problems, what=f"bad entries in {escape_name(path)}")
-    return out
+    rows = zip(files, dtypes, map(tuple, shapes), map(str.lower, digests), strict=True)
+    return dict(zip(names, map(_new_tuple, itertools.repeat(ManifestEntry), rows), strict=True))
 
 
-_MANIFEST_FIELDS = operator.itemgetter("file", "dtype", "shape", "sha256")
-_HEX = re.compile(r"[0-9a-fA-F]*")
+_MANIFEST_KEYS = ("file", "dtype", "shape", "sha256")
+_new_tuple = tuple.__new__  # a NamedTuple made in C, without its __new__'s Python frame
+_is_hex = re.compile(r"[0-9a-fA-F]*").fullmatch
 
 
-def _sound_manifest(tensors: dict) -> dict[str, ManifestEntry] | None:
-    """Every entry when all are sound, else None (the entry by entry pass then words each problem):
-    the same checks run over whole columns in C, not entry by entry (a manifest has 92,000)."""
-    entries = list(tensors.values())
-    if not entries:
-        return {}
-    if set(map(type, entries)) != {dict}:
-        return None
-    try:
-        files, dtypes, shapes, digests = zip(*map(_MANIFEST_FIELDS, entries))
-    except KeyError:
-        return None
-    if (
-        set(map(type, files)) != {str}
-        or set(map(type, dtypes)) != {str}
-        or set(map(type, shapes)) != {list}
-        or max(map(len, shapes)) > 8
-        or set(map(type, digests)) != {str}
-        or set(map(len, digests)) != {64}
-        or _HEX.fullmatch("".join(digests)) is None
-    ):
-        return None
-    dims = list(itertools.chain.from_iterable(shapes))
-    if dims and (set(map(type, dims)) != {int} or min(dims) < 0 or max(dims) >= 1 << 48):
-        return None
-    columns = {
-        "file": files,
-        "dtype": dtypes,
-        "shape": map(tuple, shapes),
-        "sha256": map(str.lower, digests),
-    }
-    return dict(zip(tensors, frozen_instances(ManifestEntry, columns, len(entries))))
+def _get(key: str) -> Callable[[dict], object]:
+    return operator.methodcaller("get", key)
 
 
 def read_manifest(root: Path) -> tuple[dict[str, ManifestEntry] | None, str | None]:
@@ -146,7 +128,8 @@ def read_manifest(root: Path) -> tuple[dict[str, ManifestEntry] | None, str | No
 
 
 def _read_manifest(root: Path) -> tuple[dict[str, ManifestEntry] | None, str | None, Pins]:
-    """:func:`read_manifest`, and the pins of its JSON files from the same bytes (storage/pins.py)."""
+    """:func:`read_manifest`, and the pins of its JSON files from the same bytes
+    (storage/pins.py)."""
     path = root / MANIFEST_NAME
     if not os.path.lexists(path):
         return None, None, Pins(root, None, None)
@@ -183,13 +166,17 @@ class Catalogue:
         self.tensors = tensors
         self.manifest = manifest
         self.manifest_sha256 = manifest_sha256
-        """sha256 of the manifest file's bytes as read (the checkpoint's identity for stored digests)."""
+        """sha256 of the manifest file's bytes as read (the checkpoint's identity for stored
+        digests)."""
         self.manifest_path = manifest_path or root / MANIFEST_NAME
         self.pins: Pins | None = None
-        """What the manifest read for this table pins (None: not read here; read again from disk when asked)."""
+        """What the manifest read for this table pins (None: not read here; read again from disk
+        when asked)."""
         self.files_read: dict[str, str] = {}
-        """The sha256 of each plan-shaping JSON file read to make this table (the index), as read."""
+        """The sha256 of each plan-shaping JSON file read to make this table (the index), as
+        read."""
         self._names: list[str] | None = None
+        self._ranks: dict[str, int] | None = None
         self.gguf: dict[str, object] | None = None
         """A GGUF checkpoint's key-values (its first file's header); None for safetensors."""
 
@@ -202,14 +189,16 @@ class Catalogue:
             ) from None
 
     def check_plan_files(self) -> list[str]:
-        """Check the JSON files that shape a plan (config.json, hf_quant_config.json, the index) against
-        the pins of the manifest this catalogue was opened with; raise CheckpointError naming each
-        that does not match. Returns notes (a manifest written before pins: its JSON files are unpinned)."""
+        """Check the JSON files that shape a plan (config.json, hf_quant_config.json, the index)
+        against the pins of the manifest this catalogue was opened with; raise CheckpointError
+        naming each that does not match. Returns notes (a manifest written before pins: its JSON
+        files are unpinned)."""
         return check_plan_files(self.root, self.manifest_sha256, self.pins)
 
     def refuse_headers_only(self, what: str) -> None:
         """Raise for a headers-only checkpoint: ``what`` (a load, a verification, a manifest) would
-        read holes (gigabytes of zeros) and prove nothing; ``plan`` is what such a checkpoint is for."""
+        read holes (gigabytes of zeros) and prove nothing; ``plan`` is what such a checkpoint is
+        for."""
         if self.headers_only:
             raise CheckpointError(
                 f"{escape_name(self.root)} is a headers-only checkpoint (synth --headers-only: "
@@ -223,23 +212,33 @@ class Catalogue:
             self._names = sorted(self.tensors, key=natural_key)
         return self._names
 
+    def ranks(self) -> dict[str, int]:
+        """Each tensor name's place in natural order: a sort key read from a column, computed once
+        for this catalogue (:func:`natural_key` is exact but costs microseconds a name)."""
+        if self._ranks is None:
+            self._ranks = dict(zip(self.names(), range(len(self.tensors)), strict=True))
+        return self._ranks
+
     def manifest_problems(self, names: list[str]) -> list[str]:
         """Every named tensor missing from the manifest or disagreeing with its header, and every
-        manifest entry no shard holds (the manifest is the trust anchor: nothing it lists may vanish)."""
+        manifest entry no shard holds (the manifest is the trust anchor: nothing it lists may
+        vanish)."""
         path = escape_name(self.manifest_path)
         if self.manifest is None:
             return [
-                f"{path}: manifest missing, and {escape_name(self.root)} is not a hub cache snapshot (whose files "
-                "are named by their hashes), so nothing vouches for its bytes. Either write a manifest: `python "
-                f"-m tpload manifest {escape_name(self.root)}` (hashes every tensor once), or load with --verify "
-                "off (nothing is checked; every report says so)"
+                f"{path}: manifest missing, and {escape_name(self.root)} is not a hub cache "
+                "snapshot (whose files are named by their hashes), so nothing vouches for its "
+                "bytes. Either write a manifest: `python -m tpload manifest "
+                f"{escape_name(self.root)}` (hashes every tensor once), or load with --verify off "
+                "(nothing is checked; every report says so)"
             ]
         problems = []
         for name in names:
             meta, entry = self.tensors[name], self.manifest.get(name)
             if entry is None:
                 problems.append(
-                    f"{path}: tensor {escape_name(name)} (in {escape_name(meta.file)}) is not in the manifest"
+                    f"{path}: tensor {escape_name(name)} (in {escape_name(meta.file)}) is not in "
+                    "the manifest"
                 )
             elif (entry.file, entry.dtype, entry.shape) != (meta.file, meta.dtype, meta.shape):
                 problems.append(
@@ -310,10 +309,10 @@ def _shard_names(
                 f" (and {len(pickles) - 3} more)" if len(pickles) > 3 else ""
             )
             raise CheckpointError(
-                f"{escape_name(root)}: holds pickle checkpoint files ({shown}) and no *.safetensors "
-                "shard; tpload does not read pickles: unpickling runs whatever code the file names "
-                "(arbitrary code execution), so no check could come first. Convert them to "
-                "safetensors (e.g. torch.load them once in a sandbox and "
+                f"{escape_name(root)}: holds pickle checkpoint files ({shown}) and no "
+                "*.safetensors shard; tpload does not read pickles: unpickling runs whatever code "
+                "the file names (arbitrary code execution), so no check could come first. Convert "
+                "them to safetensors (e.g. torch.load them once in a sandbox and "
                 "safetensors.torch.save_file each state dict), then load the safetensors"
             )
         raise CheckpointError(f"{escape_name(root)}: no {INDEX_NAME} and no *.safetensors shard")
@@ -369,8 +368,9 @@ def read_native(root: Path, *, manifest: bool = True) -> tuple[Catalogue, dict[s
             problems.append(str(e))
     raise_all(CheckpointError, problems, what=f"problems with the shards of {escape_name(root)}")
     locations = _by_index(wmap, headers, source) if wmap is not None else _by_shard(headers, root)
-    # The planner's table holds the same objects (a TensorInfo is a TensorMeta: a copy of each cost a
-    # third of the opening), in a dict of its own so that nothing done to one table changes the other.
+    # The planner's table holds the same objects (a TensorInfo is a TensorMeta: a copy of each cost
+    # a third of the opening), in a dict of its own so that nothing done to one table changes the
+    # other.
     catalogue = Catalogue(
         root, dict(locations), entries, manifest_sha256=manifest_sha, headers_only=headers_only
     )
@@ -401,22 +401,27 @@ def _by_index(
 ) -> dict[str, TensorInfo]:
     try:
         out = dict(
-            zip(names, map(operator.getitem, map(headers.__getitem__, names.values()), names))
+            zip(
+                names,
+                map(operator.getitem, map(headers.__getitem__, names.values()), names),
+                strict=True,
+            )
         )
     except KeyError:
         pass  # an index entry its header lacks: said below
     else:
         if len(out) == sum(map(len, headers.values())):
             # Every index entry is in the header of its file, and the headers hold no more tensors
-            # than the index names: none is left out (the checks below word what is wrong otherwise).
+            # than the index names: none is left out (the checks below word what is wrong
+            # otherwise).
             return out
     out, problems = {}, []
     for name, file in names.items():
         info = headers[file].get(name)
         if info is None:
             problems.append(
-                f"{escape_name(source)}: tensor {escape_name(name)} is mapped to {escape_name(file)} "
-                "but its header has no such tensor"
+                f"{escape_name(source)}: tensor {escape_name(name)} is mapped to "
+                f"{escape_name(file)} but its header has no such tensor"
             )
         else:
             out[name] = info
@@ -427,8 +432,9 @@ def _by_index(
                 f" (and {len(left_out) - 12} more)" if len(left_out) > 12 else ""
             )
             problems.append(
-                f"{escape_name(source)}: {len(left_out)} tensor(s) in the header of {escape_name(file)} are "
-                f"not mapped to it by the index (an index that leaves tensors out): {listed}"
+                f"{escape_name(source)}: {len(left_out)} tensor(s) in the header of "
+                f"{escape_name(file)} are not mapped to it by the index (an index that leaves "
+                f"tensors out): {listed}"
             )
     raise_all(CheckpointError, problems, what="index entries that do not match the shards")
     return out

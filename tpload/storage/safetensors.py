@@ -105,7 +105,8 @@ class TensorMeta:
 
 @dataclass(frozen=True, eq=False)
 class TensorInfo(TensorMeta):
-    """A tensor and where its bytes are in its shard (equal to any TensorMeta of the same tensor)."""
+    """A tensor and where its bytes are in its shard (equal to any TensorMeta of the same
+    tensor)."""
 
     path: Path
     """Absolute path of the shard (symlinks not resolved: HF caches link blobs)."""
@@ -140,190 +141,171 @@ def read_header(path: Path, file: str) -> tuple[dict[str, TensorInfo], dict[str,
         raise CheckpointError(f"{escape_name(path)}: header is not a JSON object")
     data_start, data_len = 8 + hlen, size - 8 - hlen
     meta = header.get("__metadata__", {})
-    infos = _sound_entries(path, file, header, data_start, data_len)
-    if (
-        infos is None
-    ):  # something is wrong: the entry by entry pass below says what, every problem at once
-        infos = _checked_entries(path, file, header, data_start, data_len)
+    infos = entries(path, file, header, data_start, data_len)
     return infos, {str(k): str(v) for k, v in meta.items()} if isinstance(meta, dict) else {}
 
 
-def _checked_entries(
+_NOTHING: dict = {}
+_DTYPE, _SHAPE, _OFFSETS = (
+    operator.methodcaller("get", k) for k in ("dtype", "shape", "data_offsets")
+)
+
+
+def _is(values: list, kind: type) -> np.ndarray:
+    """Whether each value's type is exactly ``kind`` (bool is not int), as a mask made in C."""
+    if set(map(type, values)) <= {kind}:  # the usual column: one type throughout
+        return np.ones(len(values), bool)
+    return np.fromiter(
+        map(operator.is_, map(type, values), itertools.repeat(kind)), bool, len(values)
+    )
+
+
+def _where(mask: np.ndarray, values: list, other: object) -> list:
+    """``values`` with ``other`` wherever ``mask`` is False (so the next rule can read them all)."""
+    if mask.all():
+        return values
+    return [v if ok else other for v, ok in zip(values, mask.tolist(), strict=True)]
+
+
+def entries(
     path: Path, file: str, header: dict, data_start: int, data_len: int
 ) -> dict[str, TensorInfo]:
-    """Every entry checked one by one, every problem raised at once (the message-making pass)."""
-    problems: list[str] = []
-    infos: dict[str, TensorInfo] = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        info = _entry(path, file, name, entry, data_start, data_len, problems)
-        if info is not None:
-            infos[name] = info
-    problems += overlaps(path, infos.values(), data_start)
-    raise_all(CheckpointError, problems, what=f"problems in the header of {escape_name(path)}")
-    return infos
+    """Every entry of a parsed header as a TensorInfo (sizes filled in), or every problem raised
+    at once.
 
-
-_FIELDS = operator.itemgetter("dtype", "shape", "data_offsets")
-_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
-
-
-def _sound_entries(
-    path: Path, file: str, header: dict, data_start: int, data_len: int
-) -> dict[str, TensorInfo] | None:
-    """Every entry as a TensorInfo when the whole header is sound, else None (nothing said: the
-    checked pass finds and words the problems).
-
-    The same checks as :func:`_entry` and the overlap test, each run over whole columns in C
-    (``map``, ``min``, ``set``) instead of entry by entry: a checkpoint has 92,000 entries."""
+    Each rule is one pass over a column of the header (a checkpoint has 92,000 entries), and an
+    entry is worded by the first rule it breaks: an object, a dtype of whole bytes, a shape of at
+    most 8 non-negative integers below 2**48, ``data_offsets`` [begin, end] in order, inside the
+    data and spanning dtype x shape; then no two tensors' bytes overlap."""
     names = [n for n in header if n != "__metadata__"]
-    entries = list(map(header.__getitem__, names))
-    if not entries:
-        return {}
-    if set(map(type, entries)) != {dict}:
-        return None
-    try:
-        dtypes, shapes, offsets = zip(*map(_FIELDS, entries))
-        itemsizes = list(
-            map(_HEADER_ITEMSIZE.get, dtypes)
-        )  # a non-string dtype gets None (or TypeError: a list)
-    except (KeyError, TypeError):
-        return None
-    if None in itemsizes or set(map(type, dtypes)) != {str}:
-        return None
-    dims = list(itertools.chain.from_iterable(shapes)) if set(map(type, shapes)) == {list} else None
-    if (
-        dims is None
-        or max(map(len, shapes)) > 8
-        or not set(map(type, dims)) <= {int}
-        or (dims and not (min(dims) >= 0 and max(dims) < MAX_DIM))
-    ):
-        return None
-    if (
-        set(map(type, offsets)) != {list}
-        or set(map(len, offsets)) != {2}
-        or set(map(type, itertools.chain.from_iterable(offsets))) != {int}
-    ):
-        return None
-    begins, ends = list(map(_FIRST, offsets)), list(map(_SECOND, offsets))
-    sizes = list(map(operator.mul, map(math.prod, shapes), itemsizes))
-    if (
-        min(begins) < 0
-        or max(ends) > data_len
-        or not all(map(operator.le, begins, ends))
-        or list(map(operator.sub, ends, begins)) != sizes
-    ):
-        return None
-    spans = sorted(
-        itertools.compress(zip(begins, ends), sizes)
-    )  # tensors with bytes, by first byte
-    if any(map(operator.lt, map(_FIRST, spans[1:]), map(_SECOND, spans))):  # one overlaps the next
-        return None
-    shapes = list(map(tuple, shapes))
-    rows = [
-        shape[0] if len(shape) > 1 else 1 for shape in shapes
-    ]  # the sizes a plan asks for, known here
+    n = len(names)
+    raw = list(map(header.__getitem__, names))
+    is_obj = _is(raw, dict)
+    objs = _where(is_obj, raw, _NOTHING)
+    dtypes = list(map(_DTYPE, objs))
+    itemsize = np.array(
+        list(
+            map(_HEADER_ITEMSIZE.get, _where(_is(dtypes, str), dtypes, None), itertools.repeat(0))
+        ),
+        dtype=np.int64,
+    )
+    shapes = list(map(_SHAPE, objs))
+    shape_ok = _is(shapes, list)
+    shapes = _where(shape_ok, shapes, [])
+    lens = np.fromiter(map(len, shapes), np.int64, n)
+    dims_ok = _dims_ok(list(itertools.chain.from_iterable(shapes)))
+    shape_ok &= (lens <= 8) & (_bad_per_row(dims_ok, lens) == 0)
+    offsets = list(map(_OFFSETS, objs))
+    offsets_ok = _is(offsets, list)
+    offsets = _where(offsets_ok, offsets, ())
+    offsets_ok &= np.fromiter(map(len, offsets), np.int64, n) == 2
+    offsets = _where(offsets_ok, offsets, (0, 0))
+    pair = list(itertools.chain.from_iterable(offsets))
+    offsets_ok &= _is(pair[0::2], int) & _is(pair[1::2], int)
+    offsets = _where(offsets_ok, offsets, (0, 0))
+    begins = list(map(_FIRST, offsets))
+    stops = list(map(_SECOND, offsets))
+    # Python ints until each is known to fit: a hostile header may hold any integer
+    want = list(map(operator.mul, map(math.prod, _where(shape_ok, shapes, [0])), itemsize.tolist()))
+    ordered = np.fromiter(map(operator.le, map(abs, begins), begins), bool, n) & np.fromiter(
+        map(operator.le, begins, stops), bool, n
+    )
+    inside = np.fromiter(map(operator.le, stops, itertools.repeat(data_len)), bool, n)
+    spans = np.fromiter(map(operator.eq, map(operator.sub, stops, begins), want), bool, n)
+    rules = (is_obj, itemsize > 0, shape_ok, offsets_ok, ordered, inside, spans)
+    sound = np.logical_and.reduce(rules) if n else np.zeros(0, bool)
+    problems = [
+        _problem(path, names[i], raw[i], data_len, [bool(r[i]) for r in rules])
+        for i in np.flatnonzero(~sound).tolist()
+    ]
+    good = np.flatnonzero(sound).tolist()  # their offsets and sizes are inside the data: int64s
+    at = np.fromiter(map(begins.__getitem__, good), np.int64, len(good))
+    size = np.fromiter(map(want.__getitem__, good), np.int64, len(good))
+    good_names = list(map(names.__getitem__, good))
+    problems += overlap_problems(path, good_names, at, size, 0)
+    raise_all(CheckpointError, problems, what=f"problems in the header of {escape_name(path)}")
+    good_shapes = list(map(tuple, map(shapes.__getitem__, good)))
+    rows = [s[0] if len(s) > 1 else 1 for s in good_shapes]  # the sizes a plan asks for, known here
+    sizes = size.tolist()
     columns = {
-        "name": names,
+        "name": good_names,
         "file": itertools.repeat(file),
-        "dtype": dtypes,
-        "shape": shapes,
+        "dtype": list(map(dtypes.__getitem__, good)),
+        "shape": good_shapes,
         "path": itertools.repeat(path),
-        "begin": map(operator.add, itertools.repeat(data_start), begins),
+        "begin": (at + data_start).tolist(),
         "nbytes": sizes,
         "rows": rows,
-        "row_bytes": [n // r if r else 0 for n, r in zip(sizes, rows)],
+        "row_bytes": [b // r if r else 0 for b, r in zip(sizes, rows, strict=True)],
     }
-    return dict(zip(names, frozen_instances(TensorInfo, columns, len(names))))
+    return dict(
+        zip(good_names, frozen_instances(TensorInfo, columns, len(good_names)), strict=True)
+    )
 
 
+def _dims_ok(dims: list) -> np.ndarray:
+    """Whether each value of a flattened column of shapes is a dimension: an int (not a bool) in
+    0 .. 2**48 - 1."""
+    dims = _where(_is(dims, int), dims, -1)
+    if not dims or (min(dims) >= 0 and max(dims) < MAX_DIM):  # the usual column: all of them
+        return np.ones(len(dims), bool)
+    return np.fromiter(map(_dim_ok, dims), bool, len(dims))
+
+
+def _bad_per_row(ok: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """How many of each row's values fail, for a flattened column (``lens``: each row's length)."""
+    failed = np.concatenate(([0], np.cumsum(~ok)))
+    ends = np.cumsum(lens)
+    return failed[ends] - failed[ends - lens]
+
+
+def _dim_ok(d: int) -> bool:
+    return 0 <= d < MAX_DIM
+
+
+_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
 _new = object.__new__
 _set = object.__setattr__
 
 
 def frozen_instances(cls: type, columns: dict[str, Iterable], n: int) -> list:
-    """``n`` instances of the frozen dataclass ``cls``, the i-th given the i-th value of each column
-    (its fields, and cached properties already known), made in C: ``map`` over whole columns, no
-    Python frame per instance (its ``__init__`` sets each frozen field through ``object.__setattr__``
-    in Python: for 92,000 tensors, most of the time of opening a checkpoint)."""
+    """``n`` instances of the frozen dataclass ``cls``, the i-th given the i-th value of each
+    column (its fields, and cached properties already known), made in C: ``map`` over whole
+    columns, no Python frame per instance (its ``__init__`` sets each frozen field through
+    ``object.__setattr__`` in Python: for 92,000 tensors, most of the time of opening a
+    checkpoint)."""
     made = list(map(_new, itertools.repeat(cls, n)))
     for key, column in columns.items():
         collections.deque(map(_set, made, itertools.repeat(key), column), maxlen=0)
     return made
 
 
-def _info(
-    name: str, file: str, dtype: str, shape: tuple[int, ...], path: Path, begin: int, nbytes: int
-) -> TensorInfo:
-    """A TensorInfo of a checked entry, with the sizes a plan asks for filled in."""
-    info = TensorInfo(name, file, dtype, shape, path, begin)
-    rows = shape[0] if len(shape) > 1 else 1
-    info.__dict__.update(nbytes=nbytes, rows=rows, row_bytes=nbytes // rows if rows else 0)
-    return info
-
-
-def _entry(
-    path: Path,
-    file: str,
-    name: str,
-    meta: object,
-    data_start: int,
-    data_len: int,
-    problems: list[str],
-) -> TensorInfo | None:
-    """One header entry checked, as a TensorInfo with its sizes filled in; or its problem filed.
-    (Run for every tensor of a checkpoint, 92,000 of them: the message is made only for a problem.)"""
-    if isinstance(meta, dict):
-        dtype, shape, offsets = meta.get("dtype"), meta.get("shape"), meta.get("data_offsets")
-        itemsize = _HEADER_ITEMSIZE.get(dtype) if isinstance(dtype, str) else None
-        if (
-            itemsize is not None
-            and type(shape) is list
-            and len(shape) <= 8
-            and all(type(d) is int and 0 <= d < MAX_DIM for d in shape)
-            and type(offsets) is list
-            and len(offsets) == 2
-            and type(offsets[0]) is int
-            and type(offsets[1]) is int
-        ):
-            begin, end = offsets
-            want = math.prod(shape) * itemsize
-            if 0 <= begin <= end <= data_len and end - begin == want:
-                return _info(name, file, dtype, tuple(shape), path, data_start + begin, want)
-    problems.append(_entry_problem(path, name, meta, data_len))
-    return None
-
-
-def _entry_problem(path: Path, name: str, meta: object, data_len: int) -> str:
+def _problem(path: Path, name: str, meta: object, data_len: int, passed: list[bool]) -> str:
+    """The words for an entry's first broken rule (``passed``: each rule of :func:`entries`, in
+    order)."""
     where = f"{escape_name(path)}: tensor {escape_name(name)}"
-    if not isinstance(meta, dict):
+    is_obj, dtype_ok, shape_ok, offsets_ok, ordered, inside, _ = passed
+    if not is_obj:
         return f"{where}: header entry is not an object"
     dtype, shape, offsets = meta.get("dtype"), meta.get("shape"), meta.get("data_offsets")
-    if not isinstance(dtype, str) or dtype not in _HEADER_ITEMSIZE:
-        return f"{where}: dtype {escape_name(repr(dtype))[:60]} is not served (not a safetensors dtype of whole bytes)"
-    if not (
-        isinstance(shape, list)
-        and len(shape) <= 8
-        and all(type(d) is int and 0 <= d < MAX_DIM for d in shape)
-    ):
+    if not dtype_ok:
         return (
-            f"{where}: shape {escape_name(repr(shape))[:80]} is not a list of non-negative integers "
-            "(at most 8, each below 2**48)"
+            f"{where}: dtype {escape_name(repr(dtype))[:60]} is not served (not a safetensors "
+            "dtype of whole bytes)"
         )
-    if not (
-        isinstance(offsets, list)
-        and len(offsets) == 2
-        and type(offsets[0]) is int
-        and type(offsets[1]) is int
-    ):
+    if not shape_ok:
+        return (
+            f"{where}: shape {escape_name(repr(shape))[:80]} is not a list of non-negative "
+            "integers (at most 8, each below 2**48)"
+        )
+    if not offsets_ok:
         return f"{where}: data_offsets {escape_name(repr(offsets))[:80]} is not [begin, end]"
     begin, end = offsets
-    want = math.prod(shape) * ITEMSIZE[dtype]
-    if not 0 <= begin <= end:
+    if not ordered:
         return f"{where}: data_offsets {offsets} are not ordered"
-    if end > data_len:
+    if not inside:
         return f"{where}: data_offsets end {end} runs past the data ({data_len} bytes)"
+    want = math.prod(shape) * ITEMSIZE[dtype]
     return f"{where}: data_offsets span {end - begin} bytes but {dtype} x {shape} is {want}"
 
 
@@ -362,13 +344,34 @@ def write_safetensors(
 
 
 def overlaps(path: Path, infos: Iterable[TensorInfo], data_start: int) -> list[str]:
-    """Each pair of tensors whose stored bytes overlap (a crafted header: two names for one range would
-    let one tensor's check vouch for another's bytes), as offsets into the data section. One rule for
-    every container format (safetensors headers, GGUF headers)."""
-    spans = sorted((i.begin, i.begin + i.nbytes, i.name) for i in infos if i.nbytes)
+    """:func:`overlap_problems` of tensors as TensorInfos (a GGUF header's)."""
+    infos = list(infos)
+    return overlap_problems(
+        path,
+        [i.name for i in infos],
+        np.fromiter((i.begin for i in infos), np.int64, len(infos)),
+        np.fromiter((i.nbytes for i in infos), np.int64, len(infos)),
+        data_start,
+    )
+
+
+def overlap_problems(
+    path: Path, names: list[str], begins: np.ndarray, sizes: np.ndarray, data_start: int
+) -> list[str]:
+    """Each pair of tensors whose stored bytes overlap (a crafted header: two names for one range
+    would let one tensor's check vouch for another's bytes), as offsets into the data section:
+    tensors with bytes in order of (first byte, end, name), each against the next. One rule for
+    every container format (safetensors headers, GGUF headers); the columns are sorted in C, names
+    only to word a pair found."""
+    ends = begins + sizes
+    keep = np.flatnonzero(sizes > 0)
+    order = keep[np.lexsort((ends[keep], begins[keep]))]
+    if not (begins[order[1:]] < ends[order[:-1]]).any():
+        return []
+    spans = sorted((int(begins[i]), int(ends[i]), names[i]) for i in keep.tolist())
     return [
         f"{escape_name(path)}: tensors {escape_name(n0)} and {escape_name(n1)} overlap "
         f"(bytes {b0 - data_start}..{e0 - data_start} and {b1 - data_start}..)"
-        for (b0, e0, n0), (b1, _, n1) in zip(spans, spans[1:])
+        for (b0, e0, n0), (b1, _, n1) in zip(spans, spans[1:], strict=False)
         if b1 < e0
     ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from ..text import escape_name
@@ -34,10 +35,12 @@ class Check:
     served: Triple | torch.Tensor
     """The served tensor's fingerprint (a device tensor until settled)."""
     want: Triple | torch.Tensor | None = None
-    """What ``served`` must equal (the host window's); None: nothing to compare (it is the copy's own)."""
+    """What ``served`` must equal (the host window's); None: nothing to compare (it is the copy's
+    own)."""
     want_what: str = ""
     bad: list[tuple[Count, str]] = field(default_factory=list)
-    """(count, what) of invalid values: bad scale bytes, NaN codes, overflowing or non-finite decodes."""
+    """(count, what) of invalid values: bad scale bytes, NaN codes, overflowing or non-finite
+    decodes."""
     digest: Triple | torch.Tensor | None = None
     """The fingerprint in the served tensor's own view, when ``served`` was taken in another (the
     cut's) to compare it with the host window; None: ``served`` is it."""
@@ -55,38 +58,71 @@ class Settled:
 
 
 class Evidence:
-    """Everything one rank collected; :meth:`settle` judges it."""
+    """Everything one rank collected, in load order; :meth:`settle` judges it.
+
+    A batch of small tensors leaves columns, not a :class:`Check` each: its windows' names, boxes
+    and fingerprints (an ``[n, 3]`` array), and the served names whose fingerprint is the copy's own
+    (nothing to compare, no value to count): 92,000 tensors a rank, most of them such."""
 
     def __init__(self) -> None:
-        self.checks: list[Check] = []
-        self.windows: dict[str, tuple[Box, Triple]] = {}
-        """Every window read: (its box, the fingerprint of its stored bytes), for the node cross-check."""
+        self._log: list[Check | tuple[list[str], np.ndarray]] = []
+        """Checks, and blocks of (served names, their fingerprints), in load order."""
+        self._windows: list[tuple[list[str], list[Box], np.ndarray | list[Triple]]] = []
+        self._window_map: dict[str, tuple[Box, Triple]] | None = None
 
     def window(self, name: str, box: Box, fp: Triple) -> None:
-        self.windows[name] = (box, fp)
+        """A window read: its box and the fingerprint of its stored bytes (the node cross-check)."""
+        self._windows.append(([name], [box], [fp]))
+        self._window_map = None
+
+    def windows_of(self, names: list[str], boxes: list[Box], fps: np.ndarray) -> None:
+        """Windows read together (a batch's): row ``i`` of ``fps`` is ``names[i]``'s fingerprint."""
+        self._windows.append((names, boxes, fps))
+        self._window_map = None
+
+    @property
+    def windows(self) -> dict[str, tuple[Box, Triple]]:
+        """Every window read: (its box, the fingerprint of its stored bytes), by name."""
+        if self._window_map is None:
+            out: dict[str, tuple[Box, Triple]] = {}
+            for names, boxes, fps in self._windows:
+                triples = map(tuple, fps.tolist()) if isinstance(fps, np.ndarray) else fps
+                out.update(zip(names, zip(boxes, triples, strict=True), strict=True))
+            self._window_map = out
+        return self._window_map
 
     def add(self, check: Check) -> None:
-        self.checks.append(check)
+        self._log.append(check)
+
+    def served(self, names: list[str], fps: np.ndarray) -> None:
+        """Served tensors whose fingerprints are the copy's own (host slots): row ``i`` of ``fps``
+        is ``names[i]``'s."""
+        self._log.append((names, fps))
 
     def settle(self, hashed: dict[str, Hashed], content: Digests = SHA256) -> Settled:
+        checks = [c for c in self._log if isinstance(c, Check)]
         values = _to_host(
-            [c.served for c in self.checks]
-            + [c.want for c in self.checks]
-            + [c.digest for c in self.checks]
-            + [n for c in self.checks for n, _ in c.bad]
+            [c.served for c in checks]
+            + [c.want for c in checks]
+            + [c.digest for c in checks]
+            + [n for c in checks for n, _ in c.bad]
         )
-        k = len(self.checks)
+        k = len(checks)
         served, wants, digests, counts = (
-            values[:k],
-            values[k : 2 * k],
-            values[2 * k : 3 * k],
+            iter(values[:k]),
+            iter(values[k : 2 * k]),
+            iter(values[2 * k : 3 * k]),
             iter(values[3 * k :]),
         )
         out = Settled({}, [])
         fingerprints, problems, checked = out.fingerprints, out.problems, 0
-        for c, fp, want, dig in zip(self.checks, served, wants, digests):
-            fp = tuple(fp)
-            for (_, what), n in zip(c.bad, counts):
+        for c in self._log:
+            if not isinstance(c, Check):
+                names, fps = c
+                fingerprints.update(zip(names, map(tuple, fps.tolist()), strict=True))
+                continue
+            fp, want, dig = tuple(next(served)), next(wants), next(digests)
+            for (_, what), n in zip(c.bad, counts, strict=False):
                 if n:
                     problems.append(f"{_where(c)}: {n} {what} in this rank's window")
             if want is not None:
@@ -106,13 +142,16 @@ class Evidence:
 
 
 def _where(c: Check) -> str:
-    """The served tensor and its file, for a message (made only for a problem: 92,000 checks a rank)."""
+    """The served tensor and its file, for a message (made only for a problem: 92,000 checks a
+    rank)."""
     return f"tensor {escape_name(c.name)} ({escape_name(c.where)})"
 
 
 def _to_host(values: list) -> list:
     """Device tensors among ``values`` as Python numbers (a scalar) or tuples, in one transfer per
     device; everything else as it is."""
+    if not any(issubclass(t, torch.Tensor) for t in set(map(type, values))):
+        return values  # all on the host already (host slots): nothing to gather
     out = list(values)
     by_device: dict[torch.device, list[int]] = {}
     for i, v in enumerate(values):

@@ -25,7 +25,8 @@ kernels, fused with the copy that makes the bytes) and :class:`DeviceFingerprint
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+import operator
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import torch
@@ -39,7 +40,8 @@ _TORCH_WORDS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
 
 
 def word_width(row_bytes: int) -> int:
-    """The fingerprint's word size for rows of ``row_bytes``: the largest of 8, 4, 2, 1 dividing it."""
+    """The fingerprint's word size for rows of ``row_bytes``: the largest of 8, 4, 2, 1 dividing
+    it."""
     return next(w for w in (8, 4, 2, 1) if row_bytes % w == 0) if row_bytes else 1
 
 
@@ -120,8 +122,9 @@ class HostFingerprint:
         else:
             stride = block.strides[0] if rows > 1 else width
             if block.strides[1] != 1 or base % w or stride % w or stride < 0:
-                # words not in place (an odd or negative row stride, a misaligned start): gather first, into a
-                # new buffer (np.ascontiguousarray would hand back a contiguous block as it is, misaligned)
+                # words not in place (an odd or negative row stride, a misaligned start): gather
+                # first, into a new buffer (np.ascontiguousarray would hand back a contiguous block
+                # as it is, misaligned)
                 block = block.copy(order="C")
                 stride = width
             words = np.lib.stride_tricks.as_strided(
@@ -216,8 +219,9 @@ def fingerprint(t: torch.Tensor, *, block_bytes: int = 4 << 20) -> Triple | torc
 
 
 def decoded_fingerprint(slot: torch.Tensor) -> tuple[Triple | torch.Tensor, int | torch.Tensor]:
-    """(fingerprint, count of non-finite elements or a 0/1 flag) of a decoded bf16 slot: one compiled
-    read on the CPU when its rows are whole int64 words, torch ops otherwise (a device scalar)."""
+    """(fingerprint, count of non-finite elements or a 0/1 flag) of a decoded bf16 slot: one
+    compiled read on the CPU when its rows are whole int64 words, torch ops otherwise (a device
+    scalar)."""
     b = as_bytes2d(slot)
     if (
         b.device.type == "cpu"
@@ -245,11 +249,24 @@ def not_finite(t: torch.Tensor) -> torch.Tensor:
     return (~(torch.isfinite(lo) & torch.isfinite(hi))).to(torch.int64)
 
 
-def digest(entries: Iterable[tuple[str, torch.dtype, tuple[int, ...], Triple]]) -> str:
-    """A rank's digest: sha256 over ``name|dtype|shape|total|rows|cols`` lines, names in natural order."""
+_NAME = operator.itemgetter(0)
+
+
+def digest(
+    entries: Iterable[tuple[str, torch.dtype, tuple[int, ...], Triple]],
+    *,
+    ranks: Mapping[str, int] | None = None,
+) -> str:
+    """A rank's digest: sha256 over ``name|dtype|shape|total|rows|cols`` lines, names in natural
+    order (``ranks``: each name's place in that order, when known: the catalogue's)."""
+    entries = list(entries)
+    if ranks is not None and all(map(ranks.__contains__, map(_NAME, entries))):
+        entries.sort(key=lambda e: ranks[e[0]])
+    else:
+        entries.sort(key=lambda e: natural_key(e[0]))
     dtypes: dict[torch.dtype, str] = {}
     lines = []
-    for name, dtype, shape, fp in sorted(entries, key=lambda e: natural_key(e[0])):
+    for name, dtype, shape, fp in entries:
         d = dtypes.get(dtype)
         if d is None:
             d = dtypes[dtype] = str(dtype).removeprefix("torch.")

@@ -17,7 +17,7 @@ With 0 they run inline, on a block still in the cache.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -70,7 +70,8 @@ class HashTap:
     ) -> None:
         self.result = Hashed(stored.name, stored)
         self.shared = sha is not None
-        """The sha256 belongs to the whole file (its bytes in order, verification/files.py), not this tensor."""
+        """The sha256 belongs to the whole file (its bytes in order, verification/files.py), not
+        this tensor."""
         self.hashes = {"sha256": sha} if sha is not None else new_hashes(digests, stored.nbytes)
         boxes: dict[Box, HostFingerprint] = {}
         for (
@@ -117,8 +118,12 @@ class HashTap:
             self.lane.submit(self._finish)
 
 
+_NO_PEERS: Mapping[int, Box] = {}
+
+
 class Hasher:
-    """This rank's hashing work (:class:`HashPlan`), inline or on worker threads, by ``digests``' hash."""
+    """This rank's hashing work (:class:`HashPlan`), inline or on worker threads, by ``digests``'
+    hash."""
 
     def __init__(
         self,
@@ -157,29 +162,39 @@ class Hasher:
             digests=self.digests,
         )
 
-    def peer_boxes(self, name: str) -> Mapping[int, Box] | None:
-        """None when this rank does not (or no longer) hash ``name``; else each node peer's window of it
-        (empty: no peer reads it), which :meth:`record` wants the fingerprints of."""
-        if name not in self.todo:
-            return None
-        return self.plan.peers.get(name, {})
+    def wanted(self, names: Sequence[str]) -> list[tuple[int, Mapping[int, Box]]]:
+        """Which of ``names`` this rank still hashes: (its place in ``names``, each node peer's
+        window of it (empty: no peer reads it)), whose fingerprints :meth:`record` wants."""
+        todo, peers = self.todo, self.plan.peers
+        return [(k, peers.get(n, _NO_PEERS)) for k, n in enumerate(names) if n in todo]
 
     def record(self, stored: Stored, data: np.ndarray, peers: Mapping[int, Triple]) -> None:
-        """A small tensor hashed whole on the spot from a batch's bytes (``data``, contiguous), with the
-        fingerprints of its node peers' windows taken from the same bytes (``peers``: one for each
-        box :meth:`peer_boxes` gave); nothing when this rank does not hash it."""
-        name = stored.name
-        if name not in self.todo:
-            return
-        self.todo.discard(name)
-        hashed = Hashed(name, stored, peers=dict(peers))
-        if self._sha256_only:  # the default: no hasher objects to make for a few hundred bytes
-            hashed.sha256 = hashlib.sha256(memoryview(data)).hexdigest()
-        else:
-            for hash_name, h in new_hashes(self.digests, stored.nbytes).items():
-                h.update(memoryview(data))
-                setattr(hashed, hash_name, h.hexdigest())
-        self._record(hashed)
+        """A small tensor hashed whole on the spot (:meth:`record_all` of one)."""
+        self.record_all([stored], [data], [dict(peers)])
+
+    def record_all(
+        self, stored: list[Stored], data: list[np.ndarray], peers: list[dict[int, Triple]]
+    ) -> None:
+        """Small tensors hashed whole on the spot from a batch's bytes (``data[i]``, contiguous, is
+        ``stored[i]``'s), with the fingerprints of their node peers' windows taken from the same
+        bytes (``peers[i]``: one for each box :meth:`wanted` gave, kept as given); nothing for a
+        tensor this rank does not (or no longer) hash."""
+        todo, done, on_done = self.todo, self.done, self.on_done
+        for s, raw, fps in zip(stored, data, peers, strict=True):
+            name = s.name
+            if name not in todo:
+                continue
+            todo.discard(name)
+            hashed = Hashed(name, s, peers=fps)
+            if self._sha256_only:  # the default: no hasher objects to make for a few hundred bytes
+                hashed.sha256 = hashlib.sha256(memoryview(raw)).hexdigest()
+            else:
+                for hash_name, h in new_hashes(self.digests, s.nbytes).items():
+                    h.update(memoryview(raw))
+                    setattr(hashed, hash_name, h.hexdigest())
+            done[name] = hashed  # one writer per name; dict assignment is atomic
+            if on_done is not None:
+                on_done(name)
 
     def _record(self, hashed: Hashed) -> None:
         self.done[hashed.name] = hashed  # one writer per name; dict assignment is atomic
@@ -207,9 +222,9 @@ def hash_whole(
     feeds: dict[str, Callable[[np.ndarray, int], None]] | None = None,
     digests: Digests = SHA256,
 ) -> dict[str, Hashed]:
-    """``digests``' hashes (sha256 by default) of every named tensor, each read whole once, in the given
-    order (offline tools: a manifest, a verification at rest, an export's sources). ``feeds``: also
-    hand each block of a tensor, whole rows at a time, to its callable (the value checks)."""
+    """``digests``' hashes (sha256 by default) of every named tensor, each read whole once, in the
+    given order (offline tools: a manifest, a verification at rest, an export's sources). ``feeds``:
+    also hand each block of a tensor, whole rows at a time, to its callable (the value checks)."""
     hasher = Hasher(HashPlan("rank", 0, frozenset(names)), threads=threads, digests=digests)
     reader = Reader(storage)
     try:
@@ -239,7 +254,8 @@ def mismatches(hashed: dict[str, Hashed], digests: Digests = SHA256) -> list[str
         want, got = digests.expected(name, h.stored.sha256), getattr(h, digests.hash)
         if want is None:
             out.append(
-                f"{escape_name(h.stored.path)}: tensor {escape_name(name)} has no {digests.hash} to check"
+                f"{escape_name(h.stored.path)}: tensor {escape_name(name)} has no "
+                f"{digests.hash} to check"
             )
         elif got != want:
             out.append(

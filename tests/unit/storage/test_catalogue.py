@@ -62,6 +62,17 @@ def test_natural_order() -> None:
     ]
 
 
+def test_natural_order_is_a_column_of_the_catalogue_not_a_process_cache(small_ckpt: Path) -> None:
+    """natural_key keeps nothing between calls (a library must not grow for the life of its host
+    process); a catalogue keeps its own names' order, as ranks any sort of them can use."""
+    assert not hasattr(natural_key, "cache_info")
+    cat, _ = read_native(small_ckpt)
+    ranks = cat.ranks()
+    assert list(ranks) == cat.names() == sorted(cat.tensors, key=natural_key)
+    assert list(ranks.values()) == list(range(len(cat.tensors)))
+    assert cat.ranks() is ranks
+
+
 @pytest.mark.parametrize(
     "header, data, needle",
     [

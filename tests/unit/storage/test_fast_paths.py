@@ -1,11 +1,12 @@
-"""The quick passes over a checkpoint's tables (whole columns checked at once) against the entry by
-entry passes that word the problems: they must accept exactly what those accept, build the same
-objects, and leave every refusal to them; and natural_key must order names exactly as it always
-did."""
+"""The column passes over a checkpoint's tables (each rule run over whole columns at once) against
+entry by entry references written here from the rules: they must accept exactly what those accept,
+build the same objects and word every refusal the same way; and natural_key must order names exactly
+as it always did."""
 
 from __future__ import annotations
 
 import copy
+import math
 import random
 import re
 from pathlib import Path
@@ -97,10 +98,67 @@ def sound_header() -> dict:
 
 
 def checked(header: dict) -> dict[str, TensorInfo] | str:
+    """The column pass: its tensors, or the words of its refusal."""
     try:
-        return safetensors._checked_entries(PATH, PATH.name, header, 8, DATA_LEN)
+        return safetensors.entries(PATH, PATH.name, header, 8, DATA_LEN)
     except CheckpointError as e:
         return str(e)
+
+
+def reference(header: dict) -> dict[str, TensorInfo] | str:
+    """The header rules entry by entry (the spec the column pass must meet): tensors, or the
+    words."""
+    problems, infos = [], {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        why = reference_problem(name, meta)
+        if why:
+            problems.append(f"{PATH}: tensor {name}: {why}")
+            continue
+        begin = 8 + meta["data_offsets"][0]
+        infos[name] = TensorInfo(name, PATH.name, meta["dtype"], tuple(meta["shape"]), PATH, begin)
+    spans = sorted((i.begin, i.begin + i.nbytes, i.name) for i in infos.values() if i.nbytes)
+    problems += [
+        f"{PATH}: tensors {n0} and {n1} overlap (bytes {b0 - 8}..{e0 - 8} and {b1 - 8}..)"
+        for (b0, e0, n0), (b1, _, n1) in zip(spans, spans[1:], strict=False)
+        if b1 < e0
+    ]
+    if not problems:
+        return infos
+    if len(problems) == 1:
+        return problems[0]
+    return f"{len(problems)} problems in the header of {PATH}:\n  - " + "\n  - ".join(problems)
+
+
+def reference_problem(name: str, meta: object) -> str:
+    if not isinstance(meta, dict):
+        return "header entry is not an object"
+    dtype, shape, offsets = meta.get("dtype"), meta.get("shape"), meta.get("data_offsets")
+    if not isinstance(dtype, str) or dtype not in safetensors._HEADER_ITEMSIZE:
+        return f"dtype {repr(dtype)[:60]} is not served (not a safetensors dtype of whole bytes)"
+    if not (
+        isinstance(shape, list)
+        and len(shape) <= 8
+        and all(type(d) is int and 0 <= d < 1 << 48 for d in shape)
+    ):
+        return (
+            f"shape {repr(shape)[:80]} is not a list of non-negative integers "
+            "(at most 8, each below 2**48)"
+        )
+    if not (
+        isinstance(offsets, list) and len(offsets) == 2 and {type(o) for o in offsets} == {int}
+    ):
+        return f"data_offsets {repr(offsets)[:80]} is not [begin, end]"
+    begin, end = offsets
+    want = math.prod(shape) * safetensors.ITEMSIZE[dtype]
+    if not 0 <= begin <= end:
+        return f"data_offsets {offsets} are not ordered"
+    if end > DATA_LEN:
+        return f"data_offsets end {end} runs past the data ({DATA_LEN} bytes)"
+    if end - begin != want:
+        return f"data_offsets span {end - begin} bytes but {dtype} x {shape} is {want}"
+    return ""
 
 
 def mutations(header: dict) -> list[dict]:
@@ -147,32 +205,31 @@ def mutations(header: dict) -> list[dict]:
     return out + [moved]
 
 
-def test_the_quick_header_pass_accepts_exactly_what_the_checked_pass_accepts() -> None:
+def test_the_header_pass_accepts_and_words_exactly_what_the_rules_say() -> None:
     header = sound_header()
-    quick = safetensors._sound_entries(PATH, PATH.name, header, 8, DATA_LEN)
-    assert quick == checked(header) and list(quick) == ["z", "b.2", "a", "empty", "m"]
-    for name, info in quick.items():  # the sizes filled in are the ones the properties compute
+    infos = checked(header)
+    assert infos == reference(header) and list(infos) == ["z", "b.2", "a", "empty", "m"]
+    for name, info in infos.items():  # the sizes filled in are the ones the properties compute
         fresh = TensorInfo(info.name, info.file, info.dtype, info.shape, info.path, info.begin)
-        assert (info.nbytes, info.rows, info.row_bytes) == (
+        assert (info.begin, info.nbytes, info.rows, info.row_bytes) == (
+            fresh.begin,
             fresh.nbytes,
             fresh.rows,
             fresh.row_bytes,
         ), name
     seen_refusals = 0
     for spoilt in mutations(header):
-        quick, slow = (
-            safetensors._sound_entries(PATH, PATH.name, spoilt, 8, DATA_LEN),
-            checked(spoilt),
-        )
-        if isinstance(slow, str):
-            seen_refusals += 1
-            assert quick is None, slow
-        else:
-            assert quick == slow
+        got, want = checked(spoilt), reference(spoilt)
+        seen_refusals += isinstance(want, str)
+        assert got == want
     assert seen_refusals > 300
+    many = copy.deepcopy(header)  # every problem of a header at once, each entry by its first rule
+    many["z"]["dtype"], many["a"] = "C64", 7
+    many["m"]["data_offsets"] = [40, 88]
+    assert checked(many) == reference(many) and checked(many).startswith("3 problems")
 
 
-def test_a_spoilt_header_is_worded_by_the_checked_pass(tmp_path: Path) -> None:
+def test_a_spoilt_header_is_worded_in_full(tmp_path: Path) -> None:
     header = sound_header()
     header["m"]["data_offsets"] = [40, 88]  # listed last, overlapping two listed before it
     path = tmp_path / "m.safetensors"
@@ -186,7 +243,7 @@ def test_a_spoilt_header_is_worded_by_the_checked_pass(tmp_path: Path) -> None:
 
 
 def test_a_tensor_info_equals_the_meta_of_its_four_fields() -> None:
-    infos = safetensors._sound_entries(PATH, PATH.name, sound_header(), 8, DATA_LEN)
+    infos = safetensors.entries(PATH, PATH.name, sound_header(), 8, DATA_LEN)
     metas = [TensorMeta(i.name, i.file, i.dtype, i.shape) for i in infos.values()]
     assert list(infos.values()) == metas and metas == list(infos.values())
     assert [hash(i) for i in infos.values()] == [hash(m) for m in metas]
@@ -221,25 +278,36 @@ def sound_manifest() -> dict:
     }
 
 
-def slow_manifest(tensors: dict) -> dict[str, ManifestEntry] | str:
-    """parse_manifest_entries with its quick pass turned off."""
-    quick = catalogue._sound_manifest
-    catalogue._sound_manifest = lambda tensors: None
-    try:
-        return parse_manifest_entries(tensors, PATH)
-    except CheckpointError as e:
-        return str(e)
-    finally:
-        catalogue._sound_manifest = quick
+def reference_manifest(tensors: dict) -> dict[str, ManifestEntry] | str:
+    """The manifest's rules entry by entry (the spec the column pass must meet)."""
+    out, problems = {}, []
+    for name, e in tensors.items():
+        if (
+            isinstance(e, dict)
+            and type(e.get("file")) is str
+            and type(e.get("dtype")) is str
+            and type(e.get("shape")) is list
+            and len(e["shape"]) <= 8
+            and all(type(d) is int and 0 <= d < 1 << 48 for d in e["shape"])
+            and type(e.get("sha256")) is str
+            and re.fullmatch(r"[0-9a-fA-F]{64}", e["sha256"])
+        ):
+            out[name] = ManifestEntry(e["file"], e["dtype"], tuple(e["shape"]), e["sha256"].lower())
+        else:
+            problems.append(
+                f"{PATH}: entry for {name} is not "
+                "{file, dtype, shape (integers), sha256 (64 hex digits)}"
+            )
+    if not problems:
+        return out
+    if len(problems) == 1:
+        return problems[0]
+    return f"{len(problems)} bad entries in {PATH}:\n  - " + "\n  - ".join(problems)
 
 
-def test_the_quick_manifest_pass_accepts_exactly_what_the_checked_pass_accepts() -> None:
+def test_the_manifest_pass_accepts_and_words_exactly_what_the_rules_say() -> None:
     tensors = sound_manifest()
-    assert (
-        catalogue._sound_manifest(tensors)
-        == slow_manifest(tensors)
-        == parse_manifest_entries(tensors, PATH)
-    )
+    assert _parsed(tensors) == reference_manifest(tensors)
     assert parse_manifest_entries(tensors, PATH)["t.1"].sha256 == "ab" * 32
     bad_values = [
         None,
@@ -273,18 +341,17 @@ def test_the_quick_manifest_pass_accepts_exactly_what_the_checked_pass_accepts()
                     del spoilt[name][field]
                 else:
                     spoilt[name][field] = value
-                quick, slow = catalogue._sound_manifest(spoilt), slow_manifest(spoilt)
-                if isinstance(slow, str):
-                    refusals += 1
-                    assert quick is None and _refusal(spoilt) == slow
-                else:
-                    assert quick == slow
+                want = reference_manifest(spoilt)
+                refusals += isinstance(want, str)
+                assert _parsed(spoilt) == want
     assert refusals > 200
+    spoilt = copy.deepcopy(tensors)  # every bad entry at once
+    spoilt["t.1"], spoilt["t.5"]["shape"] = 7, [True]
+    assert _parsed(spoilt) == reference_manifest(spoilt) and _parsed(spoilt).startswith("2 bad")
 
 
-def _refusal(tensors: dict) -> str:
+def _parsed(tensors: dict) -> dict[str, ManifestEntry] | str:
     try:
-        parse_manifest_entries(tensors, PATH)
+        return parse_manifest_entries(tensors, PATH)
     except CheckpointError as e:
         return str(e)
-    return ""

@@ -266,3 +266,18 @@ def test_digest_is_order_free_and_sensitive_to_every_field() -> None:
     digests = {digest([e[0], c]) for c in changed}
     assert base not in digests and len(digests) == len(changed)
     assert digest(e[:1]) != base
+
+
+def test_the_digest_sorts_by_ranks_as_by_natural_key() -> None:
+    """Ranks (the catalogue's natural order) give the digest natural_key's order; a name outside
+    them falls back to natural_key for all."""
+    from tpload.storage.catalogue import natural_key
+    from tpload.verification.fingerprint import digest
+
+    names = ["x.10", "x.2", "x.02", "y", "x.1"]
+    entries = [(n, torch.bfloat16, (2, 3), (i, 2, 3)) for i, n in enumerate(names)]
+    ranks = {n: i for i, n in enumerate(sorted(names, key=natural_key))}
+    plain = digest(entries)
+    assert digest(entries, ranks=ranks) == plain
+    assert digest(entries, ranks={"x.1": 0}) == plain
+    assert digest(list(reversed(entries)), ranks=ranks) == plain

@@ -30,7 +30,8 @@ _WORDS = (nb.int64, nb.int32, nb.int16, nb.uint8)
 def _load8(typingctx, arr, i):  # pragma: no cover - compiled
     """Bytes ``arr[i:i + 8]`` (the caller keeps ``i + 8 <= arr.size``) as one uint64, at any
     alignment; byte ``i`` is the low byte (little-endian, as the tables already assume).
-    numba has no unaligned load, and eight byte loads cost the kernels about a fifth of their speed."""
+    numba has no unaligned load, and eight byte loads cost the kernels about a fifth of their
+    speed."""
 
     def codegen(context, builder, sig, args):
         data = context.make_array(sig.args[0])(context, builder, args[0]).data
@@ -62,13 +63,15 @@ def _copy_fingerprint_sigs() -> list:
 def _copy_fingerprint(
     src, start, stride, rows, cols, dst, col_sums, first_row, col0, group
 ):  # pragma: no cover
-    """Add ``rows`` rows of ``cols`` words (row ``r`` at ``src[start + r*stride:]``) to a fingerprint,
-    and copy them into ``dst`` (contiguous) unless it is empty: returns (total, row-weighted) and adds
-    column sums into ``col_sums``. int64 arithmetic wraps, exactly like torch's.
+    """Add ``rows`` rows of ``cols`` words (row ``r`` at ``src[start + r*stride:]``) to a
+    fingerprint, and copy them into ``dst`` (contiguous) unless it is empty: returns (total,
+    row-weighted) and adds column sums into ``col_sums``. int64 arithmetic wraps, exactly like
+    torch's.
 
     Rows here may be pieces of the fingerprinted tensor's rows: every ``group`` consecutive rows
-    (counting from 0 at ``first_row``) are one row of it, each the next ``cols`` words along; ``col0``
-    is the first piece's word offset (a row read in pieces). ``group`` 1 and ``col0`` 0: plain rows."""
+    (counting from 0 at ``first_row``) are one row of it, each the next ``cols`` words along;
+    ``col0`` is the first piece's word offset (a row read in pieces). ``group`` 1 and ``col0`` 0:
+    plain rows."""
     total = np.int64(0)
     weighted = np.int64(0)
     copy = dst.size > 0
@@ -146,8 +149,8 @@ def gather_windows(src, src_off, rows, stride, width, words, dst, dst_off, out):
     first at ``src[src_off[i]:]`` and each ``stride[i]`` bytes after the last (a whole tensor: its
     row length), read as words of ``words[i]`` bytes; copy it, rows one after another, to
     ``dst[dst_off[i]:]`` (unless ``dst`` is empty) and put its fingerprint (total, row-weighted,
-    column-weighted) in ``out[i]``. The same triple :class:`~tpload.verification.fingerprint.HostFingerprint`
-    gives the window."""
+    column-weighted) in ``out[i]``. The same triple
+    :class:`~tpload.verification.fingerprint.HostFingerprint` gives the window."""
     copy = dst.size > 0
     for i in range(src_off.size):
         a, n, st, wb, w = src_off[i], rows[i], stride[i], width[i], words[i]
@@ -205,10 +208,10 @@ def _zero_bytes(x):  # pragma: no cover - compiled
     **_JIT,
 )
 def count_windows(src, src_off, rows, stride, width, a, b, between):  # pragma: no cover - compiled
-    """How many bytes of many windows of ``src`` (laid out as in :func:`gather_windows`) are ``a`` or
-    ``b`` (``between``: lie in ``[a, b]``), all windows together: one call for a batch's items, or for
-    one window (:func:`count_either`, :func:`count_between`). ``a`` or ``b`` go eight bytes at a time
-    (one unaligned load, a zero-byte count per value), each row's tail one by one."""
+    """How many bytes of many windows of ``src`` (laid out as in :func:`gather_windows`) are ``a``
+    or ``b`` (``between``: lie in ``[a, b]``), all windows together: one call for a batch's items,
+    or for one window (:func:`count_either`, :func:`count_between`). ``a`` or ``b`` go eight bytes
+    at a time (one unaligned load, a zero-byte count per value), each row's tail one by one."""
     n = np.uint64(0)
     pa, pb = np.uint64(a) * _ONES, np.uint64(b) * _ONES
     for i in range(src_off.size):
@@ -288,7 +291,8 @@ def count_either(x: np.ndarray, a: int, b: int) -> int:
 def _count_one(
     span: np.ndarray, stride: int, shape: tuple[int, int], a: int, b: int, *, between: bool
 ) -> int:
-    """count_windows on one window: ``shape`` rows and columns, rows ``stride`` apart in ``span``."""
+    """count_windows on one window: ``shape`` rows and columns, rows ``stride`` apart in
+    ``span``."""
     one = np.zeros(1, dtype=np.int64)
     return int(
         count_windows(span, one, one + shape[0], one + stride, one + shape[1], a, b, between)
@@ -408,17 +412,18 @@ def _check_table(table: np.ndarray, dtype: type) -> None:
     # the kernels index it without bounds checks: a short table would be read past its end
     if table.shape != (_TABLE,) or table.dtype != dtype or not table.flags.c_contiguous:
         raise ValueError(
-            f"table: expected contiguous {np.dtype(dtype)}[{_TABLE}], got {table.dtype}{list(table.shape)}"
+            f"table: expected contiguous {np.dtype(dtype)}[{_TABLE}], got "
+            f"{table.dtype}{list(table.shape)}"
         )
 
 
 def decode_fp4(
     packed: np.ndarray, scale: np.ndarray, table: np.ndarray, out: np.ndarray, *, group: int = 32
 ) -> None:
-    """FP4 ``packed [N, K/2]`` bytes with one scale byte per ``group`` elements, ``scale [N, K/group]``,
-    into ``out``, the contiguous int32 ``[N, K/2]`` view of a bf16 ``[N, K]`` (each word: two
-    elements, low nibble in the low half): ``out[n, j] = table[scale[n, j // (group/2)] * 256 +
-    packed[n, j]]``, ``table`` an int32[65536] of decoded pairs per (scale byte, packed byte):
+    """FP4 ``packed [N, K/2]`` bytes with one scale byte per ``group`` elements, ``scale [N,
+    K/group]``, into ``out``, the contiguous int32 ``[N, K/2]`` view of a bf16 ``[N, K]`` (each
+    word: two elements, low nibble in the low half): ``out[n, j] = table[scale[n, j // (group/2)] *
+    256 + packed[n, j]]``, ``table`` an int32[65536] of decoded pairs per (scale byte, packed byte):
     ``codecs.tables.scaled_table("fp4")`` for MXFP4 (group 32), NVFP4's table for group 16.
 
     ``packed`` and ``scale`` may be row windows of wider rows (a tensor-parallel column
@@ -433,8 +438,8 @@ def decode_fp4(
         or out.shape != (n, half_k)
     ):
         raise ValueError(
-            f"decode_fp4: packed {packed.shape}, scale {scale.shape}, out {out.shape}, group {group} "
-            f"disagree (K must be a multiple of {group}; the group is 16 or 32)"
+            f"decode_fp4: packed {packed.shape}, scale {scale.shape}, out {out.shape}, group "
+            f"{group} disagree (K must be a multiple of {group}; the group is 16 or 32)"
         )
     if out.dtype != np.int32 or not out.flags.c_contiguous:
         raise ValueError(f"decode_fp4: out must be contiguous int32, got {out.dtype}")
@@ -455,7 +460,8 @@ def decode_fp8(
     n, k = codes.shape
     if block < 1 or scale.shape != (-(-n // block), -(-k // block)) or out.shape != (n, k):
         raise ValueError(
-            f"decode_fp8: codes {codes.shape}, scale {scale.shape}, block {block}, out {out.shape} disagree"
+            f"decode_fp8: codes {codes.shape}, scale {scale.shape}, block {block}, out "
+            f"{out.shape} disagree"
         )
     if out.dtype != np.int16 or not out.flags.c_contiguous:
         raise ValueError(f"decode_fp8: out must be contiguous int16, got {out.dtype}")

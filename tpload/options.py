@@ -70,10 +70,11 @@ def opt(
 
 @dataclass(frozen=True)
 class Bound:
-    """One kind of number an option holds, and its one rule: the type and the range, checked where the
-    number is parsed (a flag of any subcommand: ``type=SECONDS``) and where it is given (``load()``'s
-    keywords, :func:`validate`). The limits are far beyond any real use and small enough that what
-    consumes the number (a ``timedelta``, a socket timeout, a thread pool built up front, a seed) takes it."""
+    """One kind of number an option holds, and its one rule: the type and the range, checked where
+    the number is parsed (a flag of any subcommand: ``type=SECONDS``) and where it is given
+    (``load()``'s keywords, :func:`validate`). The limits are far beyond any real use and small
+    enough that what consumes the number (a ``timedelta``, a socket timeout, a thread pool built up
+    front, a seed) takes it."""
 
     kind: type
     """int or float."""
@@ -112,7 +113,8 @@ def _num(x: float) -> str:
 
 
 SECONDS = Bound(float, 0, 7 * 86400, above=True, note=" (7 days)")
-"""Timeouts: a wait longer than a week is a typo, and 1e300 s overflows timedelta and socket timeouts."""
+"""Timeouts: a wait longer than a week is a typo, and 1e300 s overflows timedelta and socket
+timeouts."""
 GIB = Bound(float, 0, 1 << 20, note=" (a PiB)")
 """Memory sizes in GiB."""
 THREADS = Bound(int, 0, 1024)
@@ -163,7 +165,8 @@ def _replica_group_problem(v: object) -> str | None:
 
 @dataclass(frozen=True, kw_only=True)
 class LoadOptions:
-    """What one load does. ``load(DIR, tp=2, ...)`` and ``python -m tpload DIR --tp 2 ...`` both build one."""
+    """What one load does. ``load(DIR, tp=2, ...)`` and ``python -m tpload DIR --tp 2 ...`` both
+    build one."""
 
     checkpoint: str | None = opt(
         None,
@@ -409,7 +412,8 @@ def _spell(name: str, style: str) -> str:
 
 
 def validate(values: Mapping[str, object], *, style: str) -> list[str]:
-    """Every problem with these (already typed) values, each naming the option as ``style`` spells it."""
+    """Every problem with these (already typed) values, each naming the option as ``style`` spells
+    it."""
     problems = []
     for f in fields(LoadOptions):
         if f.name not in values:
@@ -439,14 +443,14 @@ def validate(values: Mapping[str, object], *, style: str) -> list[str]:
             why := report_in_checkpoint(str(report), str(values["checkpoint"]))
         ):
             problems.append(
-                f"{where} {report} {why}; the report never writes into the checkpoint it loads: name a "
-                "file outside it"
+                f"{where} {report} {why}; the report never writes into the checkpoint it loads: "
+                "name a file outside it"
             )
     store = values.get("digest_store")
     if store and (why := not_a_folder(str(store))):
         problems.append(
-            f"{_spell('digest_store', style)} {store}: {why} (the digest store is a folder, made if "
-            "missing; give a folder, or leave the option out for the default)"
+            f"{_spell('digest_store', style)} {store}: {why} (the digest store is a folder, made "
+            "if missing; give a folder, or leave the option out for the default)"
         )
     groups = values.get("replica_group")
     if groups and (values.get("replicas") or 1) != 1:
@@ -470,18 +474,19 @@ def validate(values: Mapping[str, object], *, style: str) -> list[str]:
 
 
 def _attest_problems(values: Mapping[str, object], style: str) -> list[str]:
-    """``attest``/``attest_key``: checked before loading, so nothing fails after the verdict but a write."""
+    """``attest``/``attest_key``: checked before loading, so nothing fails after the verdict but a
+    write."""
     attest, key = values.get("attest"), values.get("attest_key")
     problems = []
     if attest and values.get("verify") == "off":
         problems.append(
-            f"{_spell('attest', style)} {attest}: nothing to attest with {_spell('verify', style)} off "
-            "(no byte was checked)"
+            f"{_spell('attest', style)} {attest}: nothing to attest with "
+            f"{_spell('verify', style)} off (no byte was checked)"
         )
     if attest and not Path(str(attest)).absolute().parent.is_dir():
         problems.append(
-            f"{_spell('attest', style)} {attest}: folder {Path(str(attest)).absolute().parent} does "
-            "not exist"
+            f"{_spell('attest', style)} {attest}: folder {Path(str(attest)).absolute().parent} "
+            "does not exist"
         )
     elif (
         attest
@@ -489,12 +494,13 @@ def _attest_problems(values: Mapping[str, object], style: str) -> list[str]:
         and (why := report_in_checkpoint(str(attest), str(values["checkpoint"])))
     ):
         problems.append(
-            f"{_spell('attest', style)} {attest} {why}; the attestation never writes into the checkpoint "
-            "it vouches for: name a file outside it"
+            f"{_spell('attest', style)} {attest} {why}; the attestation never writes into the "
+            "checkpoint it vouches for: name a file outside it"
         )
     if key and not attest:
         problems.append(
-            f"{_spell('attest_key', style)} signs the attestation: give {_spell('attest', style)} too"
+            f"{_spell('attest_key', style)} signs the attestation: give {_spell('attest', style)} "
+            "too"
         )
     if key and not Path(str(key)).is_file():
         problems.append(
@@ -516,9 +522,9 @@ def _field_problem(meta: Mapping[str, object], v: object) -> str | None:
 
 
 def report_in_checkpoint(report: str, checkpoint: str) -> str | None:
-    """Why writing a report at ``report`` would write into the checkpoint folder ``checkpoint`` (a path
-    inside it, spelled directly or through symlinks, or a file elsewhere that one of its entries is:
-    a hub snapshot's blob, a hard link), or None."""
+    """Why writing a report at ``report`` would write into the checkpoint folder ``checkpoint`` (a
+    path inside it, spelled directly or through symlinks, or a file elsewhere that one of its
+    entries is: a hub snapshot's blob, a hard link), or None."""
     ckpt = Path(checkpoint)
     if not ckpt.is_dir():
         return None  # no checkpoint there: the load says so
@@ -542,13 +548,16 @@ def report_in_checkpoint(report: str, checkpoint: str) -> str | None:
             except OSError:
                 continue
             if (e.st_dev, e.st_ino) == (st.st_dev, st.st_ino):
-                return f"is the checkpoint's {entry.name} (the same file as {Path(checkpoint) / entry.name})"
+                return (
+                    f"is the checkpoint's {entry.name} (the same file as "
+                    f"{Path(checkpoint) / entry.name})"
+                )
     return None
 
 
 def not_a_folder(path: str) -> str | None:
-    """Why ``path`` cannot be (or be made) a folder: it, or the nearest of its parents that exists, is
-    not a folder; None if it can."""
+    """Why ``path`` cannot be (or be made) a folder: it, or the nearest of its parents that exists,
+    is not a folder; None if it can."""
     p = Path(os.path.abspath(path))
     for q in (p, *p.parents):
         if q.exists():
@@ -586,8 +595,8 @@ def _signer_problems(values: Mapping[str, object], style: str) -> list[str]:
     if len(ways) > 1:
         return [
             (
-                f"{s('signer_key')}, {s('signer_chain')} and {s('signer_identity')} are three ways to check a "
-                f"signature; give one (got {' and '.join(ways)})"
+                f"{s('signer_key')}, {s('signer_chain')} and {s('signer_identity')} are three "
+                f"ways to check a signature; give one (got {' and '.join(ways)})"
             )
         ]
     pairs = (
@@ -610,8 +619,8 @@ class Parser(argparse.ArgumentParser):
 
 
 def check_flags(ns: argparse.Namespace) -> None:
-    """The load's path checks for the options a subcommand takes from :func:`add_flags` (``plan --write
-    --digest-store``...), before it reads anything; OptionsError listing every problem."""
+    """The load's path checks for the options a subcommand takes from :func:`add_flags` (``plan
+    --write --digest-store``...), before it reads anything; OptionsError listing every problem."""
     values = {f.name: getattr(ns, f.name) for f in fields(LoadOptions) if hasattr(ns, f.name)}
     problems = validate(values, style="cli")
     if problems:
@@ -660,7 +669,8 @@ def from_args(ns: argparse.Namespace, *, extra: Mapping[str, object] = ()) -> Lo
 
 
 def flags_markdown() -> str:
-    """README's table of the load's flags, generated from the fields (a test keeps README in step)."""
+    """README's table of the load's flags, generated from the fields (a test keeps README in
+    step)."""
     hints = _field_types()
     rows = ["| flag | `load()` keyword | default | meaning |", "|---|---|---|---|"]
     for f in fields(LoadOptions):

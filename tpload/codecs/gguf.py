@@ -51,7 +51,8 @@ def _innermost(fit: Fit, axis: int) -> bool:
 
 
 class _Check(Checker):
-    """Blocks whose f16 super-scales are NaN or infinite (every value of such a block is garbage)."""
+    """Blocks whose f16 super-scales are NaN or infinite (every value of such a block is
+    garbage)."""
 
     def __init__(self, weight: Cut) -> None:
         self.cut = weight
@@ -83,8 +84,8 @@ class _Check(Checker):
         return [
             (
                 self.bad,
-                f"{self.cut.dtype} blocks whose f16 scale (d/dmin) is NaN or infinite (first: view row "
-                f"{row}, block {block} of the row)",
+                f"{self.cut.dtype} blocks whose f16 scale (d/dmin) is NaN or infinite (first: "
+                f"view row {row}, block {block} of the row)",
                 self.cut.name,
             )
         ]
@@ -190,7 +191,8 @@ class GGUF(Codec):
         *,
         scale2: np.ndarray | torch.Tensor | None = None,
     ) -> None:
-        """Rows of blocks into bf16 ``out`` rows: the compiled kernel for host arrays, torch ops else."""
+        """Rows of blocks into bf16 ``out`` rows: the compiled kernel for host arrays, torch ops
+        else."""
         dtype = fit.weight.dtype
         if isinstance(weight, np.ndarray):
             from . import gguf_kernels
@@ -220,8 +222,9 @@ def _f16(blocks: torch.Tensor, offset: int) -> torch.Tensor:
 
 
 def decode_torch(dtype: str, weight: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """Rows of ``dtype`` blocks (uint8 ``[rows, row bytes]``, any device) into bf16 ``out [rows, weights]``:
-    the ``gguf`` package's numpy dequantisation, op for op in fp32, then one rounding to bf16."""
+    """Rows of ``dtype`` blocks (uint8 ``[rows, row bytes]``, any device) into bf16 ``out [rows,
+    weights]``: the ``gguf`` package's numpy dequantisation, op for op in fp32, then one rounding to
+    bf16."""
     per, size = BLOCKS[dtype]
     rows = weight.shape[0]
     blocks = weight.reshape(-1, size)

@@ -149,7 +149,8 @@ def _q2_k(src: np.ndarray, out: np.ndarray, f16: np.ndarray) -> None:
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def _q3_k(src: np.ndarray, out: np.ndarray, f16: np.ndarray) -> None:
     """110-byte blocks: 32 bytes of high-bit mask (bit ``i >> 5`` of byte ``i & 31``; a clear bit
-    subtracts 4), 64 bytes of low 2 bits (as Q2_K), 12 bytes of 6-bit scales (biased by 32), f16 ``d``."""
+    subtracts 4), 64 bytes of low 2 bits (as Q2_K), 12 bytes of 6-bit scales (biased by 32), f16
+    ``d``."""
     tmp = np.empty(256, dtype=np.float32)
     dl = np.empty(16, dtype=np.float32)
     for r in range(src.shape[0]):
@@ -184,7 +185,8 @@ _KERNELS = {
 
 
 def decode(dtype: str, src: np.ndarray, out: np.ndarray) -> None:
-    """Rows of ``dtype`` blocks (uint8 ``[rows, row bytes]``) into bf16 bits (int16 ``[rows, weights]``)."""
+    """Rows of ``dtype`` blocks (uint8 ``[rows, row bytes]``) into bf16 bits (int16 ``[rows,
+    weights]``)."""
     if out.dtype != np.uint16:
         out = out.view(np.uint16)
     _KERNELS[dtype](src.reshape(src.shape[0], -1), out.reshape(out.shape[0], -1), F16_TO_F32)

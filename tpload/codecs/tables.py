@@ -63,7 +63,8 @@ SERVED_SCALE: dict[str, torch.dtype] = {**SERVED, "F16": torch.float16}
 
 
 def e8m0_to_f32(scale: torch.Tensor) -> torch.Tensor:
-    """E8M0 bytes (1..254) -> exact fp32 powers of two (the byte placed in fp32's exponent field)."""
+    """E8M0 bytes (1..254) -> exact fp32 powers of two (the byte placed in fp32's exponent
+    field)."""
     return (scale.view(torch.uint8).to(torch.int32) << 23).view(torch.float32)
 
 
@@ -115,7 +116,8 @@ def lookup(
     table: torch.Tensor, codes: torch.Tensor, scale_shift: torch.Tensor, out: torch.Tensor
 ) -> None:
     """``out = table[scale * 256 + code]`` for a ``[rows, groups, per]`` block of codes whose scale
-    bytes (already shifted left by 8, as int32) are ``[rows, groups, 1]`` (torch ops, any device)."""
+    bytes (already shifted left by 8, as int32) are ``[rows, groups, 1]`` (torch ops, any
+    device)."""
     idx = codes.to(torch.int32)
     idx += scale_shift
     torch.index_select(table, 0, idx.reshape(-1), out=out.reshape(-1))

@@ -1,4 +1,5 @@
-"""Peak host memory of a load, sampled on a thread (the kernel keeps no peak of anonymous memory)."""
+"""Peak host memory of a load, sampled on a thread (the kernel keeps no peak of anonymous
+memory)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import torch
 
 
 class MemoryPeaks:
-    """Samples this process's RSS and anonymous memory (RSS less file-backed) every few milliseconds;
-    anonymous memory is what a loader costs beyond the page cache."""
+    """Samples this process's RSS and anonymous memory (RSS less file-backed) every few
+    milliseconds; anonymous memory is what a loader costs beyond the page cache."""
 
     def __init__(self, interval_s: float = 0.005) -> None:
         self.interval_s = interval_s
@@ -40,7 +41,8 @@ class MemoryPeaks:
 
 
 def device_peaks(device: torch.device) -> tuple[int | None, int | None]:
-    """The caching allocator's peaks on a CUDA device (allocated, reserved); (None, None) elsewhere."""
+    """The caching allocator's peaks on a CUDA device (allocated, reserved); (None, None)
+    elsewhere."""
     if device.type != "cuda":
         return None, None
     torch.cuda.synchronize(device)

@@ -1,4 +1,5 @@
-"""Rank-0 progress while a load runs: a live bar on a terminal, a plain line every few seconds otherwise."""
+"""Rank-0 progress while a load runs: a live bar on a terminal, a plain line every few seconds
+otherwise."""
 
 from __future__ import annotations
 
@@ -33,11 +34,11 @@ class Silent:
 class Progress:
     """Rank-0 progress: a tqdm bar on a terminal, lazy-``%s`` log lines every ``every_s`` otherwise.
 
-    ``total_tensors`` is the plan's served tensors (``RankPlan.served``), the count the report's table
-    gives. The ETA is bytes left over the byte rate so far: tensors differ in size by 10,000x (a norm
-    next to an expert's matrix), so a count says nothing about time left. It covers reading only:
-    after the last byte the load still finishes its hashes and meets the other ranks, which close()
-    says, so the silence after "ETA 0 s" has a name.
+    ``total_tensors`` is the plan's served tensors (``RankPlan.served``), the count the report's
+    table gives. The ETA is bytes left over the byte rate so far: tensors differ in size by 10,000x
+    (a norm next to an expert's matrix), so a count says nothing about time left. It covers reading
+    only: after the last byte the load still finishes its hashes and meets the other ranks, which
+    close() says, so the silence after "ETA 0 s" has a name.
     """
 
     def __init__(
@@ -97,8 +98,8 @@ class Progress:
             return
         if self._now() - self.t0 >= self.every_s:  # a load long enough to have shown progress
             log.info(
-                "[rank 0] read %d tensors (%.2f GB) in %.0f s; finishing the last hashes, then the ranks' "
-                "verdict",
+                "[rank 0] read %d tensors (%.2f GB) in %.0f s; finishing the last hashes, then "
+                "the ranks' verdict",
                 self.tensors,
                 self.bytes / 1e9,
                 self._now() - self.t0,

@@ -33,9 +33,9 @@ share slots, their values folded by XOR (still compared, no longer told apart)."
 
 
 def fold(lines: Iterable[tuple[str, Box, Triple]]) -> bytes:
-    """The 32-byte value of a set of (tensor, window, fingerprint) lines, in name order (plain string
-    order: any order both sides share will do, and this one sorts in C, 92,000 names in a blink);
-    zero bytes for no lines (what a rank that computed nothing sends, too)."""
+    """The 32-byte value of a set of (tensor, window, fingerprint) lines, in name order (plain
+    string order: any order both sides share will do, and this one sorts in C, 92,000 names in a
+    blink); zero bytes for no lines (what a rank that computed nothing sends, too)."""
     lines = sorted(lines, key=itemgetter(0))
     if not lines:
         return bytes(DIGEST_BYTES)
@@ -53,7 +53,9 @@ def _slots(values: Mapping[int, bytes], node: list[int]) -> list[bytes]:
     out = [bytes(DIGEST_BYTES)] * SLOTS
     for i, peer in enumerate(node):
         if peer in values:
-            out[i % SLOTS] = bytes(a ^ b for a, b in zip(out[i % SLOTS], values[peer]))
+            out[i % SLOTS] = bytes(
+                a ^ b for a, b in zip(out[i % SLOTS], values[peer], strict=False)
+            )
     return out
 
 
@@ -124,5 +126,5 @@ def xor_fold(values: Iterable[bytes]) -> bytes:
     """The XOR of 32-byte values (order-free: how several ranks' values combine into one slot)."""
     out = bytes(DIGEST_BYTES)
     for v in values:
-        out = bytes(a ^ b for a, b in zip(out, v))
+        out = bytes(a ^ b for a, b in zip(out, v, strict=False))
     return out

@@ -30,5 +30,8 @@ def test_each_codec_implements_every_abstract_method_with_the_bases_signature(ro
         if inspect.isfunction(member) and name in vars(cls)
     ]
     for name in overridden:
-        mine, theirs = inspect.signature(getattr(cls, name)), inspect.signature(getattr(Codec, name))
+        mine, theirs = (
+            inspect.signature(getattr(cls, name)),
+            inspect.signature(getattr(Codec, name)),
+        )
         assert mine == theirs, f"{cls.__name__}.{name}{mine} is not Codec.{name}{theirs}"

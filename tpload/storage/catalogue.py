@@ -23,7 +23,7 @@ from ..errors import CheckpointError, raise_all
 from ..text import escape_name
 from . import gguf
 from .files import parse_json, read_small
-from .pins import INDEX_NAME, MANIFEST_NAME, Pins, check_plan_files, parse_pins, remember
+from .pins import INDEX_NAME, MANIFEST_NAME, Pins, check_plan_files, parse_pins
 from .safetensors import (
     TensorInfo,
     TensorMeta,
@@ -137,9 +137,6 @@ def _read_manifest(root: Path) -> tuple[dict[str, ManifestEntry] | None, str | N
     doc = parse_json(raw, path, "manifest")
     sha = hashlib.sha256(raw).hexdigest()
     pins = parse_pins(doc, path)
-    remember(
-        sha, pins
-    )  # a reader of config.json finds these pins by the manifest's sha256, unparsed
     return (
         parse_manifest_entries(doc.get("tensors") if isinstance(doc, dict) else None, path),
         sha,

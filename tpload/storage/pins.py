@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,8 +49,6 @@ def renew(what: str) -> str:
 
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-_KNOWN: OrderedDict[str, tuple[dict[str, str] | None, bool]] = OrderedDict()
-"""manifest sha256 -> (its pins, whether it is an export's): the last few manifests parsed."""
 
 
 def file_sha256(path: Path, what: str) -> str:
@@ -94,14 +91,6 @@ def parse_pins(doc: object, path: Path) -> tuple[dict[str, str] | None, bool]:
     return out, export
 
 
-def remember(manifest_sha256: str, pins: tuple[dict[str, str] | None, bool]) -> None:
-    """Keep the pins parsed from the manifest with this sha256 (a few, most recent last)."""
-    _KNOWN[manifest_sha256] = pins
-    _KNOWN.move_to_end(manifest_sha256)
-    while len(_KNOWN) > 8:
-        _KNOWN.popitem(last=False)
-
-
 @dataclass(frozen=True)
 class Pins:
     """What the manifest on disk pins about a checkpoint folder's JSON files."""
@@ -116,18 +105,14 @@ class Pins:
 
     @classmethod
     def of(cls, root: Path) -> Pins:
-        """The pins of the manifest in ``root`` as it is now (read whole; parsed only if not seen
-        before)."""
+        """The pins of the manifest in ``root`` as it is now (read and parsed whole: a load passes
+        the pins its catalogue parsed instead)."""
         path = root / MANIFEST_NAME
         if not os.path.lexists(path):
             return cls(root, None, None)
         raw = read_small(path, "manifest")
         sha = hashlib.sha256(raw).hexdigest()
-        known = _KNOWN.get(sha)
-        if known is None:
-            known = parse_pins(parse_json(raw, path, "manifest"), path)
-            remember(sha, known)
-        return cls(root, sha, *known)
+        return cls(root, sha, *parse_pins(parse_json(raw, path, "manifest"), path))
 
     def read(self, name: str, what: str) -> bytes | None:
         """The bytes of ``root/name`` (None when it is absent and may be), checked against the

@@ -27,8 +27,8 @@ from .errors import LoadError, OptionsError
 from .exchange import CALLS, exchange, group_id, share_nodes
 from .loop import LoadResult, run
 from .options import LoadOptions, with_option_signature
-from .pick import choose
-from .plan import Layout, Planner, RankPlan, paused_gc
+from .pick import choose, model_for
+from .plan import Layout, Planner, RankPlan
 from .report import RankFigures, rank_log
 from .report.memory import MemoryPeaks, device_peaks, reset_device_peaks
 from .report.progress import Progress, ProgressSink, Silent
@@ -84,19 +84,17 @@ class _RankLoad:
             signing.precheck(
                 self.opts
             )  # a model.sig: its bundle and the JSON files it signs, before any is read
-            # GC paused (plan.paused_gc): scanning a big checkpoint's many small objects costs more than making them
-            with paused_gc():
-                storage = open_storage(
-                    self.opts.checkpoint,
-                    tp=layout.tp,
-                    ep=layout.ep,
-                    rank=self.ctx.rank,
-                    world=self.ctx.world,
-                )
-                try:
-                    self._load(storage, layout)
-                finally:
-                    storage.close()
+            storage = open_storage(
+                self.opts.checkpoint,
+                tp=layout.tp,
+                ep=layout.ep,
+                rank=self.ctx.rank,
+                world=self.ctx.world,
+            )
+            try:
+                self._load(storage, layout)
+            finally:
+                storage.close()
             fig.device_alloc_peak, fig.device_reserved_peak = device_peaks(device)
         except LoadError as e:
             fig.failed, fig.message = 1, f"rank {self.ctx.rank}: {e}"
@@ -130,7 +128,8 @@ class _RankLoad:
             skip_activation_scales=opts.skip_activation_scales,
         )
         planner = self.planner = replicas.positions(
-            Planner(storage.catalogue, config), opts.replicas
+            Planner(storage.catalogue, config, model=model_for(storage.root, config)),
+            opts.replicas,
         )
         planner.check_layout(layout, ctx.world)
         plans, sharing = self._plans(planner, layout)

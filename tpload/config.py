@@ -37,13 +37,14 @@ from pathlib import Path
 
 from . import codecs
 from .errors import ConfigError
+from .modes import Role, Split
 from .options import REFERENCE_CONFIG
 from .prefix import CANDIDATES, config_prefix
 
-SPLITS = ("rows", "cols", "replicate")
+SPLITS = tuple(Split)
 KV_SCALES = ("strict", "report")
-READS_NOTHING = ("skip", "defer")
-AUTO = "auto"
+READS_NOTHING = (Role.SKIP, Role.DEFER)
+AUTO = Role.AUTO
 
 
 def roles() -> tuple[str, ...]:
@@ -89,10 +90,10 @@ class Rule:
 
     match: str
     """fnmatch glob over the official tensor name (``*`` crosses dots)."""
-    role: str
+    role: Role
     """``fp4`` expert matrix, ``fp8`` block-scaled dense, ``plain`` BF16/F32/F16/I64,
     ``skip`` (never read), ``defer`` (not uploaded; a locator is returned)."""
-    split: str = "replicate"
+    split: Split = Split.REPLICATE
     """How tensor parallelism cuts it: ``rows`` (column parallel, or vocabulary
     parallel), ``cols`` (row parallel), or ``replicate``."""
     scale: str = ".scale"
@@ -134,6 +135,9 @@ class Rule:
             raise ConfigError(f"{where}: role {self.role!r} is not one of {', '.join(roles())}")
         if self.split not in SPLITS:
             raise ConfigError(f"{where}: split {self.split!r} is not one of {', '.join(SPLITS)}")
+        # the TOML's and the command line's strings become the named modes
+        object.__setattr__(self, "role", Role(self.role))
+        object.__setattr__(self, "split", Split(self.split))
         if self.block < 0:
             raise ConfigError(f"{where}: block must be >= 0, got {self.block}")
         if not self.scale or not self.suffix:
@@ -144,6 +148,11 @@ class Rule:
             raise ConfigError(f"{where}: a split is in whole units or uneven, not both")
         if not isinstance(self.units, (int, str)) or isinstance(self.units, bool):
             raise ConfigError(f"{where}: units must be a number or a config.json field name")
+        # the planner groups tensors by rule: a rule's hash is taken once, not once per tensor
+        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self))))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def matches(self, name: str) -> bool:
         return fnmatch.fnmatchcase(name, self.match)
@@ -308,7 +317,7 @@ class Config:
         made = self._resolved.get(key)
         if made is None:
             made = self._resolved[key] = (
-                replace(rule, role="plain")
+                replace(rule, role=Role.PLAIN)
                 if pick is None
                 else replace(
                     rule, role=pick.role, scale=pick.scale, scale2=pick.scale2, suffix=pick.suffix
@@ -378,12 +387,12 @@ def with_rules(
         return config
     # the switch's rule skips only single-value tensors (the planner checks): it may match none
     first = (
-        [Rule(match=ACTIVATION_SCALES, role="skip", origin=ACTIVATION_ORIGIN)]
+        [Rule(match=ACTIVATION_SCALES, role=Role.SKIP, origin=ACTIVATION_ORIGIN)]
         if skip_activation_scales
         else []
     )
-    first += [Rule(match=g, role="skip", origin="skip") for g in skip]
-    first += [Rule(match=g, role="defer", experts=True, origin="defer") for g in defer]
+    first += [Rule(match=g, role=Role.SKIP, origin="skip") for g in skip]
+    first += [Rule(match=g, role=Role.DEFER, experts=True, origin="defer") for g in defer]
     return replace(config, rules=tuple(first) + config.rules)
 
 

@@ -16,3 +16,40 @@ class Verify(StrEnum):
     """Every served byte fingerprinted against the operator's stored prediction; nothing hashed."""
     OFF = "off"
     """Nothing checked against the checkpoint (the report says so)."""
+
+
+class Kind(StrEnum):
+    """What a rank serves (``--kind``)."""
+
+    PACKED = "packed"
+    """The stored bytes as they are: quantized weights and their scales, each a window."""
+    EXPANDED = "expanded"
+    """Quantized weights decoded to BF16 on the device."""
+
+
+class Split(StrEnum):
+    """How tensor parallelism cuts a tensor (a rule's ``split``)."""
+
+    ROWS = "rows"
+    """Column parallel (or vocabulary parallel): each rank a window of rows."""
+    COLS = "cols"
+    """Row parallel: each rank a window of columns."""
+    REPLICATE = "replicate"
+    """Every rank the whole tensor."""
+
+
+class Role(StrEnum):
+    """What a rule makes of its tensors (a rule's ``role``): a codec's name, or one of the three
+    roles no codec has."""
+
+    PLAIN = "plain"
+    FP4 = "fp4"
+    FP8 = "fp8"
+    NVFP4 = "nvfp4"
+    GGUF = "gguf"
+    AUTO = "auto"
+    """The stored format decides, through the config's codec families."""
+    SKIP = "skip"
+    """Never read."""
+    DEFER = "defer"
+    """Not uploaded; a locator is returned."""

@@ -8,7 +8,8 @@ import pytest
 
 from tpload.config import Config, Rule, load_config, shipped_configs, with_rules
 from tpload.errors import ConfigError
-from tpload.plan import Layout, Planner
+from tpload.pick import planner_of
+from tpload.plan import Layout
 from tpload.storage.catalogue import read_native
 
 
@@ -68,7 +69,7 @@ def test_unknown_config_name_lists_shipped_ones() -> None:
 def test_unmatched_tensors_are_all_listed(small_ckpt: Path, tmp_path: Path) -> None:
     cfg = write(tmp_path, '[[rules]]\nmatch = "mtp.*"\nrole = "plain"\n')
     with pytest.raises(ConfigError) as e:
-        Planner(Checkpoint(small_ckpt), load_config(cfg))
+        planner_of(Checkpoint(small_ckpt), load_config(cfg))
     assert "head.weight" in str(e.value) and "match no rule" in str(e.value)
 
 
@@ -81,7 +82,7 @@ def test_role_that_does_not_fit_the_dtype_names_tensor_and_rule(
         '[[rules]]\nmatch = "*"\nrole = "plain"\n',
     )
     with pytest.raises(ConfigError) as e:
-        Planner(Checkpoint(small_ckpt), load_config(cfg))
+        planner_of(Checkpoint(small_ckpt), load_config(cfg))
     msg = str(e.value)
     assert "head.weight" in msg and "rule 1" in msg and "head.scale" in msg
 
@@ -96,7 +97,7 @@ def test_skip_and_defer_rules(small_ckpt: Path, tmp_path: Path) -> None:
         '[[rules]]\nmatch = "mtp.*.eh_proj.*"\nrole = "skip"\n'
         '[[rules]]\nmatch = "*"\nrole = "plain"\n',
     )
-    planner = Planner(Checkpoint(small_ckpt), load_config(cfg))
+    planner = planner_of(Checkpoint(small_ckpt), load_config(cfg))
     plan = planner.plan(Layout(1), "packed", 0)
     assert "head.weight" in plan.skipped and "head.weight" not in {i.name for i in plan.items}
     assert sorted(plan.deferred) == ["mtp.0.ffn.gate.bias", "mtp.0.ffn.gate.weight"]
@@ -112,7 +113,7 @@ def test_a_plain_rule_over_fp8_weights_is_refused_naming_them(
 ) -> None:
     cfg = write(tmp_path, '[[rules]]\nmatch = "*"\nrole = "plain"\n')
     with pytest.raises(ConfigError) as e:
-        Planner(Checkpoint(small_ckpt), load_config(cfg))
+        planner_of(Checkpoint(small_ckpt), load_config(cfg))
     assert "plain tensors must be BF16/F32/F16/I64" in str(e.value) and "eh_proj.weight" in str(
         e.value
     )
@@ -122,13 +123,13 @@ def test_a_skip_glob_that_matches_nothing_is_refused(small_ckpt: Path) -> None:
     with pytest.raises(
         ConfigError, match="skip rule \\(match 'mpt.\\*', role skip\\) matched no tensor"
     ):
-        Planner(Checkpoint(small_ckpt), with_rules(load_config(), skip=("mpt.*",)))
+        planner_of(Checkpoint(small_ckpt), with_rules(load_config(), skip=("mpt.*",)))
 
 
 def test_a_skip_glob_shadowed_by_an_earlier_one_is_not_idle(small_ckpt: Path) -> None:
     # "mtp.*" takes every tensor "mtp.0.*" matches: the second rule is no tensor's first match, yet
     # it matches some, so it is no typo
-    planner = Planner(Checkpoint(small_ckpt), with_rules(load_config(), skip=("mtp.*", "mtp.0.*")))
+    planner = planner_of(Checkpoint(small_ckpt), with_rules(load_config(), skip=("mtp.*", "mtp.0.*")))
     assert planner.skipped and all(n.startswith("mtp.") for n in planner.skipped)
 
 

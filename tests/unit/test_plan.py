@@ -10,6 +10,7 @@ import pytest
 
 from tpload.config import load_config
 from tpload.errors import ConfigError, LayoutError
+from tpload.pick import planner_of
 from tpload.plan import Layout, Planner
 from tpload.storage.catalogue import read_native
 from tpload.tools.synth import SynthSpec, write_checkpoint
@@ -18,7 +19,7 @@ from ..reference import expert_window, fp4, fp8, read_all
 
 
 def planner_for(root: Path, config: object = None) -> Planner:
-    return Planner(read_native(root)[0], config or load_config())
+    return planner_of(read_native(root)[0], config or load_config())
 
 
 @pytest.fixture(scope="module")
@@ -186,53 +187,24 @@ def test_unmatched_tensors_of_a_real_layout_are_listed_grouped(tmp_path: Path) -
     assert "(and 19 more)" in msg  # twelve classes shown, the rest counted
 
 
-class _Node:
-    """A tracked object the collector can be asked about."""
-
-
-def test_paused_gc_promotes_what_it_made_without_a_pass_and_restores_the_collector() -> None:
+def test_planning_leaves_the_collector_as_it_found_it(small_ckpt: Path) -> None:
+    """A library call has no collector policy: the collector stays on, nothing is frozen."""
     import gc
 
-    from tpload.plan import paused_gc
-
-    assert gc.isenabled()
-    with paused_gc():
-        assert not gc.isenabled()
-        made = [_Node() for _ in range(1000)]
-    assert gc.isenabled() and gc.get_freeze_count() == 0
-    oldest = {id(o) for o in gc.get_objects(generation=2)}
-    assert all(id(o) in oldest for o in made)  # promoted, not left for a young pass over them all
-    assert gc.get_count()[0] < 100
+    frozen = gc.get_freeze_count()
+    planner = planner_for(small_ckpt)
+    plans = [planner.plan(Layout(2), "packed", r) for r in range(2)]
+    assert plans[1].items and gc.isenabled() and gc.get_freeze_count() == frozen
 
 
-def test_paused_gc_leaves_the_callers_frozen_objects_frozen() -> None:
-    import gc
-
-    from tpload.plan import paused_gc
-
-    gc.freeze()
-    try:
-        frozen = gc.get_freeze_count()
-        with paused_gc():
-            made = [_Node() for _ in range(10)]
-        assert gc.get_freeze_count() == frozen and gc.isenabled()
-        assert made
-    finally:
-        gc.unfreeze()
-
-
-def test_paused_gc_leaves_a_disabled_collector_disabled() -> None:
-    import gc
-
-    from tpload.plan import paused_gc
-
-    gc.disable()
-    try:
-        with paused_gc():
-            pass
-        assert not gc.isenabled()
-    finally:
-        gc.enable()
+def test_a_plan_is_held_as_columns(planner: Planner) -> None:
+    plan = planner.plan(Layout(2), "packed", 1)
+    assert plan.index.dtype.kind == "i" and plan.offsets.dtype.kind == "i"
+    assert len(plan.index) == len(plan.klass) == len(plan.offsets) == len(plan.items)
+    assert [o.offset for i in plan.items for o in i.outputs[:1]] == plan.offsets.tolist()
+    # entries cut alike share one class, and so one object of cuts
+    assert len(plan.table) < len(plan.items)
+    assert {id(s) for s in plan.shapes} == {id(s) for s in plan.table.values()}
 
 
 def test_part_of_is_the_inverse_of_share() -> None:

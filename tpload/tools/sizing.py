@@ -9,14 +9,19 @@ is more than it reads, and the figures say by how much.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import psutil
 
-from ..plan import RankPlan
+from ..config import Config
+from ..pick import model_for
+from ..plan import Layout, Planner, RankPlan
+from ..planning.reads import readers
+from ..storage import open_storage
 from ..storage.catalogue import Catalogue
 from ..storage.reader import CHUNK_BYTES, RING
 from ..transfer import CUDA_CHUNK_BYTES as PINNED_CHUNK
@@ -67,10 +72,7 @@ def costs(
     ranks: list[RankCost] = []
     node_costs: list[NodeCost] = []
     for node, members in enumerate(nodes):
-        users: dict[str, list[int]] = {}
-        for r in members:
-            for name in plans[r].used_tensors:
-                users.setdefault(name, []).append(r)
+        users = readers({r: plans[r].reads for r in members})
         sizes = {n: tensors[n].nbytes for n in users}
         split = assign_hashing(sizes, members, users)
         files = {tensors[n].file for n in users}
@@ -97,6 +99,19 @@ def costs(
             )
         )
     return ranks, node_costs
+
+
+@contextlib.contextmanager
+def planning(root: str | os.PathLike, config: Config, layout: Layout) -> Iterator[Planner]:
+    """An offline planner of ``root`` (its storage closed once the tensors are classified), the
+    layout checked."""
+    storage = open_storage(root, tp=layout.tp, ep=layout.ep, rank=0, world=layout.world)
+    try:
+        planner = Planner(storage.catalogue, config, model=model_for(storage.root, config))
+    finally:
+        storage.close()
+    planner.check_layout(layout, layout.world)
+    yield planner
 
 
 def _file_bytes(catalogue: Catalogue, files: set[str]) -> int | None:

@@ -40,7 +40,7 @@ from ..text import escape_name
 from . import crosscheck, signing
 from .blake3sums import SHA256, Digests, content_hash, fix_command
 from .files import FileHashed, FileHasher, assign_files, file_problems, own_problems
-from .policy import HashPlan, hash_plan
+from .policy import HashPlan, hash_plan, readers
 from .store import DigestStore, Prediction, stale
 from .vouched import Vouched
 
@@ -234,7 +234,7 @@ class Unchecked(Strategy):
             super()._check_manifest()
 
     def _prepare(self) -> Prepared:
-        return Prepared(HashPlan(Verify.OFF, self.job.me))
+        return Prepared(HashPlan(self.job.me))
 
     def locators(self, names: tuple[str, ...]) -> dict[str, str | None]:
         return dict.fromkeys(names)
@@ -273,7 +273,7 @@ class Predicted(Strategy):
                 f"--verify digest: {', '.join(changed)} changed (size or mtime) since the digests in "
                 f"{escape_name(self.store_path)} were verified ({self.key}); {fix}"
             )
-        return Prepared(HashPlan(Verify.DIGEST, job.me), stored=stored)
+        return Prepared(HashPlan(job.me), stored=stored)
 
 
 class TensorDigests(Strategy):
@@ -345,11 +345,9 @@ class FileDigests(Strategy):
         ):  # each rank hashes the files it reads, for its own windows only
             reads = {me: reads[me]}
         file_of = {n: storage.info(n).path for r in reads.values() for n in r}
-        users: dict[Path, list[int]] = {}
-        for p in sorted(reads):
-            for n in reads[p]:
-                if p not in users.setdefault(file_of[n], []):
-                    users[file_of[n]].append(p)
+        users: dict[Path, list[int]] = {}  # each file: the ranks that read from it
+        for n, ranks in readers(reads).items():
+            users[file_of[n]] = sorted({*users.get(file_of[n], ()), *ranks})
         if job.opts.verify == Verify.RANK or len(reads) == 1:
             split = {me: sorted({file_of[n] for n in reads[me]})}
         else:
@@ -371,7 +369,7 @@ class FileDigests(Strategy):
         views = {c.name: c.view for q in job.plans.values() for item in q.items for c in item.cuts}
         self.split, self.extra = split, extra
         files = FileHasher(storage, sorted(mine | extra), peers, views, deferred=deferred)
-        return Prepared(HashPlan(job.opts.verify, me, frozenset(), owner, {}), files=files)
+        return Prepared(HashPlan(me, frozenset(), owner, {}), files=files)
 
     def settle(self, result: object) -> None:
         job, me, fig = self.job, self.job.me, self.job.fig

@@ -19,15 +19,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-Box = tuple[tuple[int, int], tuple[int, int]]
-"""A window of a stored tensor: (rows, byte columns) of its 2-D view."""
+from ..modes import Verify
+from ..planning.reads import Box, readers
+
+__all__ = ["Box", "HashPlan", "assign_hashing", "hash_plan", "readers"]
 
 
 @dataclass(frozen=True)
 class HashPlan:
     """This rank's part of the node's sha256 work, and who does the rest."""
 
-    mode: str
     rank: int
     mine: frozenset[str] = frozenset()
     """Tensors this rank hashes."""
@@ -65,7 +66,7 @@ def assign_hashing(
 
 
 def hash_plan(
-    mode: str,
+    mode: Verify,
     rank: int,
     reads: Mapping[int, Mapping[str, Box]],
     sizes: Mapping[str, int],
@@ -74,16 +75,13 @@ def hash_plan(
 ) -> HashPlan:
     """This rank's :class:`HashPlan`. ``reads``: for this rank and each peer on its node, the windows it
     reads (tensor -> box); ``sizes``: stored bytes of each tensor; ``per_rank``: each rank has files of its own."""
-    if mode in ("off", "digest"):
-        return HashPlan(mode, rank)
-    if mode == "rank" or per_rank or len(reads) == 1:
-        return HashPlan(mode, rank, frozenset(reads[rank]))
-    users: dict[str, list[int]] = {}
-    for peer in sorted(reads):
-        for name in reads[peer]:
-            users.setdefault(name, []).append(peer)
+    if mode in (Verify.OFF, Verify.DIGEST):
+        return HashPlan(rank)
+    if mode == Verify.RANK or per_rank or len(reads) == 1:
+        return HashPlan(rank, frozenset(reads[rank]))
+    users = readers(reads)
     split = assign_hashing({n: sizes[n] for n in users}, sorted(reads), users)
     owner = {n: r for r, names in split.items() for n in names}
     mine = frozenset(split[rank])
     peers = {n: {p: reads[p][n] for p in users[n] if p != rank} for n in mine}
-    return HashPlan(mode, rank, mine, {n: owner[n] for n in reads[rank] if owner[n] != rank}, peers)
+    return HashPlan(rank, mine, {n: owner[n] for n in reads[rank] if owner[n] != rank}, peers)

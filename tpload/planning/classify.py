@@ -1,0 +1,405 @@
+"""Classification: each stored tensor of a catalogue under a config's rules, once for every layout.
+
+A tensor's first matching rule (``auto`` ones resolved by its dtype and the scale tensors beside
+it) makes it an entry (a weight, its scales folded in), a skipped or a deferred tensor; every
+problem found is raised at once. Entries cut alike on every rank (the rule, the codec, the dtypes
+and the shapes) share a class: the 256 experts of a layer are one, fitted once. The expert-parallel
+columns say which expert set each entry belongs to and where in it, so a layout shares them out in
+one pass over arrays.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import NamedTuple
+
+import numpy as np
+
+from .. import codecs
+from ..codecs import Codec, Fit
+from ..config import ACTIVATION_ORIGIN, AUTO, READS_NOTHING, Config, Rule
+from ..config import _alternatives as alternatives_of
+from ..errors import ConfigError, raise_all
+from ..modes import Role
+from ..prefix import Prefix
+from ..storage.catalogue import TensorMeta, natural_key
+from ..text import escape_name
+
+
+class Entry(NamedTuple):
+    """A classified stored tensor (weight side; its scales are folded in). A named tuple: one per
+    weight (46,000 for DeepSeek-V3)."""
+
+    name: str
+    rule: Rule
+    codec: Codec
+    fit: Fit
+    expert: tuple[str, int] | None = None
+    """(expert set, index within it) for expert-parallel tensors."""
+    stacked_experts: int = 0
+    """Experts stacked in dimension 0 that expert parallelism shares out (0: not such a tensor)."""
+    klass: int = 0
+    """Tensors of one class are cut alike on every rank."""
+
+
+@dataclass(frozen=True, eq=False)
+class Classified:
+    """A catalogue classified under a config."""
+
+    entries: list[Entry]
+    skipped: tuple[str, ...]
+    deferred: tuple[str, ...]
+    deferred_experts: dict[str, tuple[str, int]]
+    """Deferred expert tensors: located only by the ep group holding the expert."""
+    units: dict[Rule, int]
+    """Each rule that counts heads: its head count."""
+    expert_counts: dict[str, list[int]]
+    """Each expert set: its expert indices, ascending."""
+    expert_at: np.ndarray
+    """Per entry: its expert's position in its set, and the set's size (columns 0, 1); (0, 0) for
+    an entry every ep group holds."""
+
+    @functools.cached_property
+    def firsts(self) -> list[Entry]:
+        """The first entry of each class, in order: the others cut as it does."""
+        firsts: dict[int, Entry] = {}
+        for e in self.entries:
+            firsts.setdefault(e.klass, e)
+        return list(firsts.values())
+
+
+def activation_scale(name: str, meta: TensorMeta) -> bool:
+    """A ModelOpt activation scale: ``*.input_scale`` holding one value (0-d, or [1])."""
+    return name.endswith(".input_scale") and math.prod(meta.shape) == 1
+
+
+def classify(
+    tensors: Mapping[str, TensorMeta],
+    config: Config,
+    *,
+    prefix: Prefix,
+    problems: list[str],
+    model: Mapping[str, object] | None,
+    root: object,
+) -> Classified:
+    """Entries, skipped and deferred tensors (natural order) and the expert columns; or a
+    ConfigError listing every problem (``problems``: those found before, the KV-scale census's).
+    ``model``: the checkpoint's config.json, for rules that count heads by one of its fields."""
+    units = {r: _units(r, model, root) for r in config.rules if r.units}
+    rules, unresolved, needs, matched = _rules(tensors, config, prefix)
+    broken = _scales(tensors, rules, needs, problems)
+    if any(r.role in READS_NOTHING for r in config.rules):
+        problems += _scale_globs(rules, needs)
+    scales = {m for needed in needs.values() for m in needed}
+    expert_rx = config.expert_regex
+    entries: list[Entry] = []
+    skipped, deferred, unmatched = [], [], []
+    deferred_experts: dict[str, tuple[str, int]] = {}
+    grouped: dict[str, list[str]] = {}
+    fits: dict[tuple, tuple[Fit | str, int, int]] = {}
+    codec_of = {role: codecs.for_role(role) for role in codecs.roles()}
+    for n in sorted((n for n in tensors if n not in scales and n not in broken), key=natural_key):
+        r = rules[n]
+        if n in unresolved:
+            grouped.setdefault(unresolved[n], []).append(tensors[n].describe())
+        elif r is None:
+            unmatched.append(escape_name(n))
+        elif r.role == Role.SKIP:
+            skipped.append(n)
+        elif r.role == Role.DEFER:
+            deferred.append(n)
+            if x := _expert_of(expert_rx, n, r):
+                deferred_experts[n] = x
+        else:
+            e = _entry(n, r, tensors, needs.get(n), codec_of[r.role], expert_rx, fits, grouped)
+            if e is not None:
+                entries.append(e)
+    for reason, listed in grouped.items():
+        problems.append(f"{reason}: {_listing(listed)}")
+    if unmatched:
+        problems.append(
+            f"{len(unmatched)} tensors match no rule of {config.name} (add a rule; a final "
+            f'match = "*" with role = "auto" keeps the rest whole): {_grouped(unmatched)}'
+        )
+    problems += _idle(config, tensors, prefix, matched, root)
+    if not problems and not entries and not deferred:  # a load of nothing would pass every check
+        problems.append(
+            f"nothing to load: {_nothing(config.rules, skipped, root)}; a load serves at least "
+            "one tensor (narrow the skip globs)"
+        )
+    raise_all(
+        ConfigError,
+        problems,
+        what=f"problems fitting config {config.name} to {escape_name(root)}",
+    )
+    counts, at = _experts(entries, deferred_experts)
+    return Classified(entries, tuple(skipped), tuple(deferred), deferred_experts, units, counts, at)
+
+
+def _rules(
+    tensors: Mapping[str, TensorMeta], config: Config, prefix: Prefix
+) -> tuple[dict[str, Rule | None], dict[str, str], dict[str, list[str]], set[Rule]]:
+    """Each tensor's rule, ``auto`` ones resolved; for tensors an ``auto`` rule could not resolve,
+    why; the scales found for a weight an ``auto`` rule made scaled; the rules that are some
+    tensor's first match."""
+    matched = _matched(tensors, config, prefix)
+    rules: dict[str, Rule | None] = {}
+    unresolved: dict[str, str] = {}
+    needs: dict[str, list[str]] = {}
+    resolve = config.resolve_scaled
+    scaled = {role for role in codecs.roles() if codecs.for_role(role).scaled}
+    for (n, meta), r in zip(tensors.items(), matched, strict=True):
+        if r is not None and r.role == AUTO:
+            got = resolve(r, n, meta.dtype, tensors)
+            if isinstance(got, str):
+                unresolved[n] = f"{r.describe()}: {got}"
+                r = None
+            else:
+                r, found = got
+                if found and r.role in scaled:
+                    needs[n] = found
+        rules[n] = r
+    return rules, unresolved, needs, {r for r in matched if r is not None}
+
+
+def _matched(
+    tensors: Mapping[str, TensorMeta], config: Config, prefix: Prefix
+) -> list[Rule | None]:
+    """Each tensor's first rule: the config's rules see its name under the config's prefix
+    (prefix.py), a rule given at run time (``--skip``) its stored name too; the activation-scale
+    switch takes single-value tensors only."""
+    rules = config.rules
+    if not prefix.rewrites:
+        matched = config.rules_for(tensors)
+    else:
+        matched = config.rules_for(map(prefix.rewrite, tensors))
+        given = alternatives_of([(i, r) for i, r in enumerate(rules) if r.origin])
+        if given is not None:
+            at = {r: i for i, r in enumerate(rules)}
+            for k, n in enumerate(tensors):
+                if (m := given.match(n)) is not None:
+                    i = int(m.lastgroup[1:])
+                    if matched[k] is None or i < at[matched[k]]:
+                        matched[k] = rules[i]
+    act = [i for i, r in enumerate(rules) if r.origin == ACTIVATION_ORIGIN]
+    if act:
+        rest = None
+        for k, n in enumerate(tensors):
+            if matched[k] is rules[act[0]] and not activation_scale(n, tensors[n]):
+                rest = rest or replace(config, rules=rules[: act[0]] + rules[act[0] + 1 :])
+                matched[k] = rest.rule_for(prefix.rewrite(n))
+    return matched
+
+
+def _scales(
+    tensors: Mapping[str, TensorMeta],
+    rules: Mapping[str, Rule | None],
+    needs: dict[str, list[str]],
+    problems: list[str],
+) -> set[str]:
+    """The weights of a scaled rule given outright (not ``auto``) whose scales are missing or whose
+    name lacks the rule's suffix (each a problem, in natural order); the scales of the others are
+    filed in ``needs``."""
+    scaled = {role for role in codecs.roles() if codecs.for_role(role).scaled}
+    first: list[tuple[str, str]] = []  # (weight, problem), in the catalogue's order
+    for n, r in rules.items():
+        if r is None or r.role not in scaled or n in needs:
+            continue
+        needed = _scale_names(n, r)
+        missing = [m for m in needed if m not in tensors]
+        if not n.endswith(r.suffix):
+            why = f"{r.describe()} is {r.role} but the name does not end in {r.suffix}"
+        elif missing:
+            why = (
+                f"{r.describe()} needs its scale {escape_name(missing[0])}, which the "
+                "checkpoint lacks"
+            )
+        else:
+            needs[n] = needed
+            continue
+        first.append((n, f"tensor {escape_name(n)}: {why}"))
+    problems[:0] = [why for _, why in sorted(first, key=lambda nw: natural_key(nw[0]))]
+    return {n for n, _ in first}
+
+
+def _entry(
+    name: str,
+    rule: Rule,
+    tensors: Mapping[str, TensorMeta],
+    needed: list[str] | None,
+    codec: Codec,
+    expert_rx: re.Pattern[str],
+    fits: dict[tuple, tuple[Fit | str, int, int]],
+    grouped: dict[str, list[str]],
+) -> Entry | None:
+    """Classify one tensor under its rule (``needed``: its scales' names, for a scaled codec), or
+    file why it does not fit under (rule, reason). ``fits``: each class's fit (or why it does not
+    fit), number and stacked experts, by what the cuts depend on."""
+    meta = tensors[name]
+    expert = None
+    if rule.experts and not rule.stacked:
+        expert = _expert_of(expert_rx, name, rule)
+        if expert is None:
+            grouped.setdefault(
+                f"{rule.describe()}: experts = true but expert_pattern "
+                f"{expert_rx.pattern!r} finds no index in",
+                [],
+            ).append(meta.describe())
+            return None
+    scale = tensors[needed[0]] if needed else None
+    scale2 = tensors[needed[1]] if needed and len(needed) > 1 else None
+    key = (
+        rule,
+        meta.dtype,
+        meta.shape,
+        scale and (scale.dtype, scale.shape),
+        scale2 and (scale2.dtype, scale2.shape),
+    )
+    known = fits.get(key)
+    if known is None:
+        fit = codec.fit(
+            meta, scale, block=rule.block, split=rule.split, scale2=scale2, stacked=rule.stacked
+        )
+        stacked = meta.shape[0] if rule.stacked and rule.experts and not isinstance(fit, str) else 0
+        known = fits[key] = (fit, -1 if isinstance(fit, str) else len(fits), stacked)
+    fit, klass, stacked = known
+    if isinstance(fit, str):
+        detail = (
+            f": scale {escape_name(scale.name)} is {scale.dtype} {list(scale.shape)}"
+            if scale
+            else ""
+        )
+        grouped.setdefault(f"{rule.describe()}: {fit}", []).append(meta.describe() + detail)
+        return None
+    if fit.weight is not meta:
+        fit = Fit(meta, scale, fit.group, scale2, fit.stacked)
+    return Entry(name, rule, codec, fit, expert, stacked, klass)
+
+
+def _expert_of(rx: re.Pattern[str], name: str, rule: Rule | None) -> tuple[str, int] | None:
+    """(expert set, index) of an expert-parallel tensor; None when the rule is not
+    expert-parallel or the name has no expert index."""
+    m = rx.search(name) if rule is not None and rule.experts and not rule.stacked else None
+    return (name[: m.start()], int(m.group(1))) if m and len(m.group(1)) < 19 else None
+
+
+def _experts(
+    entries: list[Entry], deferred: Mapping[str, tuple[str, int]]
+) -> tuple[dict[str, list[int]], np.ndarray]:
+    """Each expert set's indices, ascending; and per entry, its expert's position in its set and
+    the set's size."""
+    sets: dict[str, set[int]] = {}
+    for key, index in [e.expert for e in entries if e.expert] + list(deferred.values()):
+        sets.setdefault(key, set()).add(index)
+    counts = {k: sorted(v) for k, v in sets.items()}
+    where = {k: {x: i for i, x in enumerate(v)} for k, v in counts.items()}
+    at = np.zeros((len(entries), 2), dtype=np.int64)
+    for k, e in enumerate(entries):
+        if e.expert is not None:
+            at[k] = where[e.expert[0]][e.expert[1]], len(counts[e.expert[0]])
+    return counts, at
+
+
+def _units(rule: Rule, model: Mapping[str, object] | None, root: object) -> int:
+    """A rule's head count: the number it gives, or its config.json field's value."""
+    if isinstance(rule.units, int):
+        return rule.units
+    why = f"{rule.describe()} counts heads by its field {rule.units!r}"
+    if model is None:
+        raise ConfigError(
+            f"{why}, but {escape_name(root)} has no config.json (copy the model's config.json "
+            "beside its shards)"
+        )
+    value = model.get(rule.units)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(
+            f"{rule.describe()} counts heads by config.json's {rule.units!r}, which is "
+            f"{'missing' if value is None else repr(value)} in {escape_name(root)} "
+            "(expected a positive integer)"
+        )
+    return value
+
+
+def _idle(
+    config: Config,
+    tensors: Mapping[str, TensorMeta],
+    prefix: Prefix,
+    matched: set[Rule],
+    root: object,
+) -> list[str]:
+    """Rules given at run time that match no tensor (a rule no tensor matches first may still match
+    one a rule before it took)."""
+    idle = [
+        r.describe()
+        for r in config.rules
+        if r.origin
+        and r.origin != ACTIVATION_ORIGIN
+        and r not in matched
+        and not any(r.matches(n) or r.matches(prefix.rewrite(n)) for n in tensors)
+    ]
+    if not idle:
+        return []
+    return [
+        f"{', '.join(idle)} matched no tensor of {escape_name(root)} (a typo? the names are in "
+        "the index)"
+    ]
+
+
+def _scale_globs(rules: Mapping[str, Rule | None], needs: Mapping[str, list[str]]) -> list[str]:
+    """Skip or defer rules that are the first match of scale tensors whose weight is served: a
+    scale goes wherever its weight goes, so such a rule would do nothing (and say "skipped 0")."""
+    taken: dict[Rule, list[tuple[str, str]]] = {}
+    for weight, scales in needs.items():
+        for m in scales:
+            r = rules.get(m)
+            if r is not None and r.role in READS_NOTHING:
+                taken.setdefault(r, []).append((m, weight))
+    out = []
+    for r, pairs in taken.items():
+        pairs.sort(key=lambda mw: natural_key(mw[0]))
+        m, w = pairs[0]
+        out.append(
+            f"{r.describe()} matches {len(pairs)} scale tensor(s) of weights it does not {r.role} "
+            f"(e.g. {escape_name(m)}, the scale of {escape_name(w)}): scales follow their "
+            f"weights, so {r.role} the weights instead (e.g. {escape_name(w)!r})"
+        )
+    return out
+
+
+def _nothing(rules: tuple[Rule, ...], skipped: list[str], root: object) -> str:
+    """Which rules left nothing to load, for the message."""
+    globs = [r.describe() for r in rules if r.role == Role.SKIP]
+    if globs and skipped:
+        return (
+            f"every tensor of {escape_name(root)} is skipped ({len(skipped)} tensors, by "
+            f"{', '.join(globs)})"
+        )
+    return f"{escape_name(root)} has no tensor to serve"
+
+
+def _scale_names(weight: str, rule: Rule) -> list[str]:
+    """The scale tensors a scaled weight needs: its suffix replaced by the rule's ``scale`` (and
+    ``scale2``)."""
+    stem = weight[: -len(rule.suffix)] if weight.endswith(rule.suffix) else weight
+    return [stem + rule.scale] + ([stem + rule.scale2] if rule.scale2 else [])
+
+
+def _grouped(names: list[str]) -> str:
+    """Names grouped by their shape with numbers as N (``model.layers.N.mlp.x.weight (58)``): a
+    real checkpoint's thousands of unmatched tensors are a few classes."""
+    groups: dict[str, int] = {}
+    for n in names:
+        key = re.sub(r"\d+", "N", n)
+        groups[key] = groups.get(key, 0) + 1
+    ranked = sorted(groups.items(), key=lambda kc: -kc[1])  # the biggest classes first
+    return _listing([k if c == 1 else f"{k} ({c})" for k, c in ranked])
+
+
+def _listing(names: list[str], limit: int = 12) -> str:
+    """``a, b, c (and N more)``: long lists stay readable in one error line."""
+    more = f" (and {len(names) - limit} more)" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more

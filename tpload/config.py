@@ -281,11 +281,10 @@ class Config:
         self, rule: Rule, name: str, dtype: str, present: Mapping[str, object]
     ) -> tuple[Rule, list[str]] | str:
         """:meth:`resolve`, with the names of the scale tensors found (none for plain)."""
-        ways = self._ways.get((id(rule), dtype))
-        if (
-            ways is None
-        ):  # the families' ways for this dtype, in order, each with its rule; the plain rule or None
-            ways = self._ways[id(rule), dtype] = (
+        ways = self._ways.get((rule, dtype))
+        if ways is None:
+            # the families' ways for this dtype, in order, each with its rule; the plain rule or None
+            ways = self._ways[rule, dtype] = (
                 [
                     (p, self._made(rule, p))
                     for f in self.families
@@ -313,7 +312,7 @@ class Config:
 
     def _made(self, rule: Rule, pick: Pick | None) -> Rule:
         """``rule`` with ``pick``'s role and names (plain when None), made once per pair."""
-        key = (id(rule), pick)
+        key = (rule, pick)
         made = self._resolved.get(key)
         if made is None:
             made = self._resolved[key] = (

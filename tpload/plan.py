@@ -12,19 +12,18 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
-import torch
 
-from .codecs import Codec, Cut, Fit
+from .codecs import Cut
 from .config import Config
 from .errors import ConfigError, LayoutError
 from .kvscales import census as kv_census
 from .modes import Kind
 from .planning import checks
 from .planning.classify import Classified, Entry, activation_scale, classify
-from .planning.cutting import SLOT_ALIGN, Shaped, shaped, slot
+from .planning.cutting import SLOT_ALIGN, Shaped, shaped
+from .planning.items import Item, Output, item_of
 from .planning.layout import Layout, part_of, parts_of, share
 from .planning.reads import Box
 from .prefix import detect as detect_prefix
@@ -33,51 +32,6 @@ from .text import escape_name
 
 __all__ = ["Box", "Cut", "Item", "Layout", "Output", "Planner", "RankPlan", "SLOT_ALIGN"]
 __all__ += ["part_of", "share"]
-
-
-class Output(NamedTuple):
-    """One served tensor: a slot of the rank's arena."""
-
-    name: str
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    offset: int
-    nbytes: int
-
-
-class Item(NamedTuple):
-    """One unit of work: a weight (and its scales) becoming one or more served tensors."""
-
-    name: str
-    codec: Codec
-    rule: str
-    """The rule that classified it, for messages."""
-    fit: Fit
-    weight: Cut
-    scales: tuple[Cut, ...]
-    """The scale's cut, and a second (global) scale's when the format has one; () if none."""
-    outputs: tuple[Output, ...]
-
-    @property
-    def role(self) -> str:
-        return self.codec.role
-
-    @property
-    def scale(self) -> Cut | None:
-        return self.scales[0] if self.scales else None
-
-    @property
-    def read_bytes(self) -> int:
-        return self.weight.nbytes + sum(s.nbytes for s in self.scales)
-
-    @property
-    def cuts(self) -> list[Cut]:
-        """The scales' cuts, then the weight's: the value checks need the scales first."""
-        return [*self.scales, self.weight]
-
-    def output(self, name: str) -> Output:
-        """The served tensor named ``name`` (a packed weight's or scale's; a decode's)."""
-        return next(o for o in self.outputs if o.name == name)
 
 
 @dataclass(frozen=True, eq=False)
@@ -114,7 +68,7 @@ class RankPlan:
 
     @functools.cached_property
     def items(self) -> tuple[Item, ...]:
-        return tuple(map(_item, self.entries, self.shapes, self.offsets.tolist()))
+        return tuple(map(item_of, self.entries, self.shapes, self.offsets.tolist()))
 
     @functools.cached_property
     def reads(self) -> dict[str, Box]:
@@ -161,20 +115,6 @@ class RankPlan:
 
 def _figure(s: Shaped, value: str) -> int:
     return len(s.served) if value == "served" else s.read_bytes
-
-
-def _item(e: Entry, s: Shaped, offset: int) -> Item:
-    """One tensor's item: its class's cuts and outputs, named, at its arena offset."""
-    f = e.fit
-    scales = (Cut(f.scale.name, *s.scale),) if s.scale is not None else ()
-    if s.scale2 is not None:
-        scales += (Cut(f.scale2.name, *s.scale2),)
-    names = (e.name, *(c.name for c in scales))  # served() lists the weight, then its scales
-    outputs = []
-    for name, (dtype, shape, nbytes) in zip(names, s.served, strict=False):
-        outputs.append(Output(name, dtype, shape, offset, nbytes))
-        offset += slot(nbytes)
-    return Item(e.name, e.codec, s.rule, f, Cut(e.name, *s.weight), scales, tuple(outputs))
 
 
 class Planner:

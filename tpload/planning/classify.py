@@ -55,8 +55,9 @@ class Classified:
     deferred: tuple[str, ...]
     deferred_experts: dict[str, tuple[str, int]]
     """Deferred expert tensors: located only by the ep group holding the expert."""
-    units: dict[Rule, int]
-    """Each rule that counts heads: its head count."""
+    units: dict[tuple[int, str], int]
+    """Each rule that counts heads (by its place and glob, which an ``auto`` rule's resolved forms
+    keep): its head count."""
     expert_counts: dict[str, list[int]]
     """Each expert set: its expert indices, ascending."""
     expert_at: np.ndarray
@@ -89,7 +90,7 @@ def classify(
     """Entries, skipped and deferred tensors (natural order) and the expert columns; or a
     ConfigError listing every problem (``problems``: those found before, the KV-scale census's).
     ``model``: the checkpoint's config.json, for rules that count heads by one of its fields."""
-    units = {r: _units(r, model, root) for r in config.rules if r.units}
+    units = {(r.index, r.match): _units(r, model, root) for r in config.rules if r.units}
     rules, unresolved, needs, matched = _rules(tensors, config, prefix)
     broken = _scales(tensors, rules, needs, problems)
     if any(r.role in READS_NOTHING for r in config.rules):
@@ -142,10 +143,9 @@ def classify(
 
 def _rules(
     tensors: Mapping[str, TensorMeta], config: Config, prefix: Prefix
-) -> tuple[dict[str, Rule | None], dict[str, str], dict[str, list[str]], set[Rule]]:
+) -> tuple[dict[str, Rule | None], dict[str, str], dict[str, list[str]], list[Rule | None]]:
     """Each tensor's rule, ``auto`` ones resolved; for tensors an ``auto`` rule could not resolve,
-    why; the scales found for a weight an ``auto`` rule made scaled; the rules that are some
-    tensor's first match."""
+    why; the scales found for a weight an ``auto`` rule made scaled; each tensor's first match."""
     matched = _matched(tensors, config, prefix)
     rules: dict[str, Rule | None] = {}
     unresolved: dict[str, str] = {}
@@ -163,7 +163,7 @@ def _rules(
                 if found and r.role in scaled:
                     needs[n] = found
         rules[n] = r
-    return rules, unresolved, needs, {r for r in matched if r is not None}
+    return rules, unresolved, needs, matched
 
 
 def _matched(
@@ -328,18 +328,17 @@ def _idle(
     config: Config,
     tensors: Mapping[str, TensorMeta],
     prefix: Prefix,
-    matched: set[Rule],
+    matched: list[Rule | None],
     root: object,
 ) -> list[str]:
     """Rules given at run time that match no tensor (a rule no tensor matches first may still match
     one a rule before it took)."""
+    given = [r for r in config.rules if r.origin and r.origin != ACTIVATION_ORIGIN]
+    first = set(matched) if given else set()
     idle = [
         r.describe()
-        for r in config.rules
-        if r.origin
-        and r.origin != ACTIVATION_ORIGIN
-        and r not in matched
-        and not any(r.matches(n) or r.matches(prefix.rewrite(n)) for n in tensors)
+        for r in given
+        if r not in first and not any(r.matches(n) or r.matches(prefix.rewrite(n)) for n in tensors)
     ]
     if not idle:
         return []

@@ -10,7 +10,6 @@ from typing import NamedTuple
 import torch
 
 from ..codecs import Cut, whole
-from ..config import Rule
 from ..modes import Kind
 from .classify import Entry
 from .layout import Layout, share
@@ -42,7 +41,7 @@ def slot(nbytes: int) -> int:
 
 
 def cuts(
-    e: Entry, layout: Layout, rank: int, *, units: Mapping[Rule, int], channel_align: int
+    e: Entry, layout: Layout, rank: int, *, units: Mapping[tuple[int, str], int], channel_align: int
 ) -> tuple[Cut, Cut | None] | str:
     """This rank's window of the weight (and scale), or why the layout cannot cut it."""
     group, tpr = layout.position(rank)
@@ -50,7 +49,7 @@ def cuts(
     experts = (
         share(e.stacked_experts, layout.ep, group) if e.stacked_experts and layout.ep > 1 else None
     )
-    n = units.get(e.rule, 0)
+    n = units.get((e.rule.index, e.rule.match), 0)
     if n and n < layout.tp and not e.rule.share_units:
         return (
             f"{n} units / tp {layout.tp}: tp must divide them (they are not shared between ranks)"
@@ -73,7 +72,7 @@ def shaped(
     rank: int,
     kind: Kind,
     *,
-    units: Mapping[Rule, int],
+    units: Mapping[tuple[int, str], int],
     channel_align: int,
 ) -> Shaped | str:
     """The cuts and served tensors of ``e``'s class on this rank (or why the layout cannot cut

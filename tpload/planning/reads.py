@@ -1,5 +1,6 @@
 """The windows ranks read of stored tensors: the one Box type, and the one map of which ranks
-read each stored tensor (node hashing, whole-file hashing and ``tpload plan``'s figures share it)."""
+read each stored tensor (node hashing, whole-file hashing and ``tpload plan``'s figures share
+it)."""
 
 from __future__ import annotations
 

@@ -23,7 +23,6 @@ from tpload.codecs.fp4_e8m0 import FP4
 from tpload.codecs.fp8_block import FP8
 from tpload.codecs.plain import PLAIN
 from tpload.config import Config, Rule, load_config
-from tpload.pick import planner_of
 from tpload.plan import Layout, Planner, share
 from tpload.storage.catalogue import Catalogue, TensorMeta
 
@@ -337,7 +336,7 @@ def test_planner_gives_each_ep_group_its_share_of_stacked_experts() -> None:
     tensors = (up_w, up_s, down_w, down_s)
     data = {t.name: stored(t, n) for n, t in enumerate(tensors)}
     catalogue = Catalogue(Path("/nonexistent"), {t.name: t for t in tensors}, None)
-    planner = planner_of(
+    planner = Planner(
         catalogue,
         load_config("gpt-oss"),
         model={"num_attention_heads": 8, "num_key_value_heads": 2},

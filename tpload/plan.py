@@ -10,7 +10,7 @@ class and arena offset in arrays), and its named items are made only by the rank
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,8 +21,9 @@ from .errors import ConfigError, LayoutError
 from .kvscales import census as kv_census
 from .modes import Kind
 from .planning import checks
-from .planning.classify import Classified, Entry, activation_scale, classify
+from .planning.classify import Classified, activation_scale, classify
 from .planning.cutting import SLOT_ALIGN, Shaped, shaped
+from .planning.entries import Entries, Entry
 from .planning.items import Item, Output, item_of
 from .planning.layout import Layout, part_of, parts_of, share
 from .planning.reads import Box
@@ -52,7 +53,7 @@ class RankPlan:
     """Each held class's cuts and served tensors on this rank."""
     offsets: np.ndarray
     """Arena offset of each entry's first output."""
-    all_entries: Sequence[Entry]
+    all_entries: Entries
     skipped: tuple[str, ...]
     deferred: tuple[str, ...]
     arena_bytes: int
@@ -74,14 +75,17 @@ class RankPlan:
     def reads(self) -> dict[str, Box]:
         """Every stored tensor this rank reads a window of (each item's scales, then its weight):
         its box."""
+        boxes = {k: _boxes(s) for k, s in self.table.items()}  # one tuple per class, shared
+        rows = self.all_entries
+        names, scales, scales2 = rows.names, rows.scales, rows.scales2
         out: dict[str, Box] = {}
-        for e, s in zip(self.entries, self.shapes, strict=True):
-            f = e.fit
-            if s.scale is not None:
-                out[f.scale.name] = (s.scale[0], s.scale[1])
-            if s.scale2 is not None:
-                out[f.scale2.name] = (s.scale2[0], s.scale2[1])
-            out[e.name] = (s.weight[0], s.weight[1])
+        for k, c in zip(self.index.tolist(), self.klass.tolist(), strict=True):
+            weight, scale, scale2 = boxes[c]
+            if scale is not None:
+                out[scales[k]] = scale
+            if scale2 is not None:
+                out[scales2[k]] = scale2
+            out[names[k]] = weight
         return out
 
     @property
@@ -111,6 +115,15 @@ class RankPlan:
         if self.kind == Kind.PACKED:
             return staged
         return staged + max(s.decode_bytes for s in self.table.values())
+
+
+def _boxes(s: Shaped) -> tuple[Box, Box | None, Box | None]:
+    """The boxes of a class's weight, scale and second scale."""
+    return (
+        (s.weight[0], s.weight[1]),
+        (s.scale[0], s.scale[1]) if s.scale is not None else None,
+        (s.scale2[0], s.scale2[1]) if s.scale2 is not None else None,
+    )
 
 
 def _figure(s: Shaped, value: str) -> int:
@@ -145,7 +158,7 @@ class Planner:
         c = self.classified
         self.entries, self.skipped, self.deferred = c.entries, list(c.skipped), c.deferred
         self.expert_counts = c.expert_counts
-        self._klass = np.fromiter((e.klass for e in c.entries), np.int64, len(c.entries))
+        self._klass = c.entries.klass
         self._plans: dict[tuple[Layout, Kind, int], RankPlan] = {}
         self._shapes: dict[tuple, Shaped | str] = {}
 

@@ -15,12 +15,11 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import NamedTuple
 
 import numpy as np
 
 from .. import codecs
-from ..codecs import Codec, Fit
+from ..codecs import Codec
 from ..config import ACTIVATION_ORIGIN, AUTO, READS_NOTHING, Config, Rule
 from ..config import _alternatives as alternatives_of
 from ..errors import ConfigError, raise_all
@@ -28,29 +27,14 @@ from ..modes import Role
 from ..prefix import Prefix
 from ..storage.catalogue import TensorMeta, natural_key
 from ..text import escape_name
-
-
-class Entry(NamedTuple):
-    """A classified stored tensor (weight side; its scales are folded in). A named tuple: one per
-    weight (46,000 for DeepSeek-V3)."""
-
-    name: str
-    rule: Rule
-    codec: Codec
-    fit: Fit
-    expert: tuple[str, int] | None = None
-    """(expert set, index within it) for expert-parallel tensors."""
-    stacked_experts: int = 0
-    """Experts stacked in dimension 0 that expert parallelism shares out (0: not such a tensor)."""
-    klass: int = 0
-    """Tensors of one class are cut alike on every rank."""
+from .entries import Columns, Entries, Entry, Klass
 
 
 @dataclass(frozen=True, eq=False)
 class Classified:
     """A catalogue classified under a config."""
 
-    entries: list[Entry]
+    entries: Entries
     skipped: tuple[str, ...]
     deferred: tuple[str, ...]
     deferred_experts: dict[str, tuple[str, int]]
@@ -67,10 +51,7 @@ class Classified:
     @functools.cached_property
     def firsts(self) -> list[Entry]:
         """The first entry of each class, in order: the others cut as it does."""
-        firsts: dict[int, Entry] = {}
-        for e in self.entries:
-            firsts.setdefault(e.klass, e)
-        return list(firsts.values())
+        return self.entries.firsts()
 
 
 def activation_scale(name: str, meta: TensorMeta) -> bool:
@@ -97,11 +78,11 @@ def classify(
         problems += _scale_globs(rules, needs)
     scales = {m for needed in needs.values() for m in needed}
     expert_rx = config.expert_regex
-    entries: list[Entry] = []
+    rows, classes = Columns(), []
     skipped, deferred, unmatched = [], [], []
     deferred_experts: dict[str, tuple[str, int]] = {}
     grouped: dict[str, list[str]] = {}
-    fits: dict[tuple, tuple[Fit | str, int, int]] = {}
+    fits: dict[tuple, int | str] = {}
     codec_of = {role: codecs.for_role(role) for role in codecs.roles()}
     for n in sorted((n for n in tensors if n not in scales and n not in broken), key=natural_key):
         r = rules[n]
@@ -116,9 +97,17 @@ def classify(
             if x := _expert_of(expert_rx, n, r):
                 deferred_experts[n] = x
         else:
-            e = _entry(n, r, tensors, needs.get(n), codec_of[r.role], expert_rx, fits, grouped)
-            if e is not None:
-                entries.append(e)
+            need, expert = needs.get(n), _expert_of(expert_rx, n, r)
+            if expert is None and r.experts and not r.stacked:
+                grouped.setdefault(
+                    f"{r.describe()}: experts = true but expert_pattern "
+                    f"{expert_rx.pattern!r} finds no index in",
+                    [],
+                ).append(tensors[n].describe())
+            elif (
+                k := _class(n, r, tensors, need, codec_of[r.role], (fits, classes), grouped)
+            ) >= 0:
+                rows.add(n, k, need, expert)
     for reason, listed in grouped.items():
         problems.append(f"{reason}: {_listing(listed)}")
     if unmatched:
@@ -127,7 +116,7 @@ def classify(
             f'match = "*" with role = "auto" keeps the rest whole): {_grouped(unmatched)}'
         )
     problems += _idle(config, tensors, prefix, matched, root)
-    if not problems and not entries and not deferred:  # a load of nothing would pass every check
+    if not problems and not rows.names and not deferred:  # a load of nothing would pass every check
         problems.append(
             f"nothing to load: {_nothing(config.rules, skipped, root)}; a load serves at least "
             "one tensor (narrow the skip globs)"
@@ -137,19 +126,20 @@ def classify(
         problems,
         what=f"problems fitting config {config.name} to {escape_name(root)}",
     )
-    counts, at = _experts(entries, deferred_experts)
+    entries = Entries(rows, classes, tensors)
+    counts, at = entries.experts(deferred_experts)
     return Classified(entries, tuple(skipped), tuple(deferred), deferred_experts, units, counts, at)
 
 
 def _rules(
     tensors: Mapping[str, TensorMeta], config: Config, prefix: Prefix
-) -> tuple[dict[str, Rule | None], dict[str, str], dict[str, list[str]], list[Rule | None]]:
+) -> tuple[dict[str, Rule | None], dict[str, str], dict[str, tuple[str, ...]], list[Rule | None]]:
     """Each tensor's rule, ``auto`` ones resolved; for tensors an ``auto`` rule could not resolve,
     why; the scales found for a weight an ``auto`` rule made scaled; each tensor's first match."""
     matched = _matched(tensors, config, prefix)
     rules: dict[str, Rule | None] = {}
     unresolved: dict[str, str] = {}
-    needs: dict[str, list[str]] = {}
+    needs: dict[str, tuple[str, ...]] = {}  # tuples: the collector untracks them
     resolve = config.resolve_scaled
     scaled = {role for role in codecs.roles() if codecs.for_role(role).scaled}
     for (n, meta), r in zip(tensors.items(), matched, strict=True):
@@ -161,7 +151,7 @@ def _rules(
             else:
                 r, found = got
                 if found and r.role in scaled:
-                    needs[n] = found
+                    needs[n] = tuple(found)
         rules[n] = r
     return rules, unresolved, needs, matched
 
@@ -198,7 +188,7 @@ def _matched(
 def _scales(
     tensors: Mapping[str, TensorMeta],
     rules: Mapping[str, Rule | None],
-    needs: dict[str, list[str]],
+    needs: dict[str, tuple[str, ...]],
     problems: list[str],
 ) -> set[str]:
     """The weights of a scaled rule given outright (not ``auto``) whose scales are missing or whose
@@ -219,37 +209,27 @@ def _scales(
                 "checkpoint lacks"
             )
         else:
-            needs[n] = needed
+            needs[n] = tuple(needed)
             continue
         first.append((n, f"tensor {escape_name(n)}: {why}"))
     problems[:0] = [why for _, why in sorted(first, key=lambda nw: natural_key(nw[0]))]
     return {n for n, _ in first}
 
 
-def _entry(
+def _class(
     name: str,
     rule: Rule,
     tensors: Mapping[str, TensorMeta],
-    needed: list[str] | None,
+    needed: tuple[str, ...] | None,
     codec: Codec,
-    expert_rx: re.Pattern[str],
-    fits: dict[tuple, tuple[Fit | str, int, int]],
+    known: tuple[dict[tuple, int | str], list[Klass]],
     grouped: dict[str, list[str]],
-) -> Entry | None:
-    """Classify one tensor under its rule (``needed``: its scales' names, for a scaled codec), or
-    file why it does not fit under (rule, reason). ``fits``: each class's fit (or why it does not
-    fit), number and stacked experts, by what the cuts depend on."""
+) -> int:
+    """The class of one tensor under its rule (``needed``: its scales' names, for a scaled codec),
+    or -1, filing why it does not fit under (rule, reason). ``known``: each class's number (or
+    why it does not fit) by what the cuts depend on, and the classes so far."""
+    fits, classes = known
     meta = tensors[name]
-    expert = None
-    if rule.experts and not rule.stacked:
-        expert = _expert_of(expert_rx, name, rule)
-        if expert is None:
-            grouped.setdefault(
-                f"{rule.describe()}: experts = true but expert_pattern "
-                f"{expert_rx.pattern!r} finds no index in",
-                [],
-            ).append(meta.describe())
-            return None
     scale = tensors[needed[0]] if needed else None
     scale2 = tensors[needed[1]] if needed and len(needed) > 1 else None
     key = (
@@ -259,25 +239,26 @@ def _entry(
         scale and (scale.dtype, scale.shape),
         scale2 and (scale2.dtype, scale2.shape),
     )
-    known = fits.get(key)
-    if known is None:
+    klass = fits.get(key)
+    if klass is None:
         fit = codec.fit(
             meta, scale, block=rule.block, split=rule.split, scale2=scale2, stacked=rule.stacked
         )
-        stacked = meta.shape[0] if rule.stacked and rule.experts and not isinstance(fit, str) else 0
-        known = fits[key] = (fit, -1 if isinstance(fit, str) else len(fits), stacked)
-    fit, klass, stacked = known
-    if isinstance(fit, str):
+        if isinstance(fit, str):
+            klass = fits[key] = fit
+        else:
+            stacked = meta.shape[0] if rule.stacked and rule.experts else 0
+            klass = fits[key] = len(classes)
+            classes.append(Klass(rule, codec, fit, stacked))
+    if isinstance(klass, str):
         detail = (
             f": scale {escape_name(scale.name)} is {scale.dtype} {list(scale.shape)}"
             if scale
             else ""
         )
-        grouped.setdefault(f"{rule.describe()}: {fit}", []).append(meta.describe() + detail)
-        return None
-    if fit.weight is not meta:
-        fit = Fit(meta, scale, fit.group, scale2, fit.stacked)
-    return Entry(name, rule, codec, fit, expert, stacked, klass)
+        grouped.setdefault(f"{rule.describe()}: {klass}", []).append(meta.describe() + detail)
+        return -1
+    return klass
 
 
 def _expert_of(rx: re.Pattern[str], name: str, rule: Rule | None) -> tuple[str, int] | None:
@@ -285,23 +266,6 @@ def _expert_of(rx: re.Pattern[str], name: str, rule: Rule | None) -> tuple[str, 
     expert-parallel or the name has no expert index."""
     m = rx.search(name) if rule is not None and rule.experts and not rule.stacked else None
     return (name[: m.start()], int(m.group(1))) if m and len(m.group(1)) < 19 else None
-
-
-def _experts(
-    entries: list[Entry], deferred: Mapping[str, tuple[str, int]]
-) -> tuple[dict[str, list[int]], np.ndarray]:
-    """Each expert set's indices, ascending; and per entry, its expert's position in its set and
-    the set's size."""
-    sets: dict[str, set[int]] = {}
-    for key, index in [e.expert for e in entries if e.expert] + list(deferred.values()):
-        sets.setdefault(key, set()).add(index)
-    counts = {k: sorted(v) for k, v in sets.items()}
-    where = {k: {x: i for i, x in enumerate(v)} for k, v in counts.items()}
-    at = np.zeros((len(entries), 2), dtype=np.int64)
-    for k, e in enumerate(entries):
-        if e.expert is not None:
-            at[k] = where[e.expert[0]][e.expert[1]], len(counts[e.expert[0]])
-    return counts, at
 
 
 def _units(rule: Rule, model: Mapping[str, object] | None, root: object) -> int:
@@ -348,7 +312,9 @@ def _idle(
     ]
 
 
-def _scale_globs(rules: Mapping[str, Rule | None], needs: Mapping[str, list[str]]) -> list[str]:
+def _scale_globs(
+    rules: Mapping[str, Rule | None], needs: Mapping[str, tuple[str, ...]]
+) -> list[str]:
     """Skip or defer rules that are the first match of scale tensors whose weight is served: a
     scale goes wherever its weight goes, so such a rule would do nothing (and say "skipped 0")."""
     taken: dict[Rule, list[tuple[str, str]]] = {}

@@ -144,7 +144,9 @@ class Planner:
             names, wanted=config.rules_prefix, model=model, where=catalogue.root
         )
         self.census = kv_census(names)
-        self.activation_scales = [n for n in names if activation_scale(n, names[n])]
+        self.activation_scales = [
+            n for n in names if n.endswith(".input_scale") and activation_scale(n, names[n])
+        ]
         """Single-value ``*.input_scale`` tensors (ModelOpt NVFP4's activation scales)."""
         refused = []
         if config.kv_scales == "strict":

@@ -97,7 +97,8 @@ def classify(
             if x := _expert_of(expert_rx, n, r):
                 deferred_experts[n] = x
         else:
-            need, expert = needs.get(n), _expert_of(expert_rx, n, r)
+            need = needs.get(n)
+            expert = _expert_of(expert_rx, n, r) if r.experts and not r.stacked else None
             if expert is None and r.experts and not r.stacked:
                 grouped.setdefault(
                     f"{r.describe()}: experts = true but expert_pattern "

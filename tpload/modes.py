@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from enum import StrEnum
+from enum import IntEnum, StrEnum
 
 
 class Verify(StrEnum):
@@ -53,3 +53,13 @@ class Role(StrEnum):
     """Never read."""
     DEFER = "defer"
     """Not uploaded; a locator is returned."""
+
+
+class PredictionState(IntEnum):
+    """A rank's digest against the stored prediction for its layout (a number: it rides in the
+    exchanged row)."""
+
+    NONE = 0
+    """No prediction stored for this layout."""
+    MATCH = 1
+    DIFFERS = 2

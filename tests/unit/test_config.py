@@ -196,3 +196,16 @@ def test_shipped_configs_are_in_the_wheel(tmp_path: Path) -> None:
         "report",
     ):  # every subpackage ships
         assert f"tpload/{package}/__init__.py" in names
+
+
+def test_roles_and_splits_are_named_modes_read_from_the_same_strings() -> None:
+    from tpload.modes import Role, Split
+
+    rule = Rule(match="*.w", role="fp8", split="rows")
+    assert rule.role is Role.FP8 and rule.split is Split.ROWS
+    assert rule.role == "fp8" and f"{rule.split}" == "rows"  # messages and TOML keep the strings
+    assert all(isinstance(r.role, Role) for r in load_config("deepseek-v3").rules)
+    with pytest.raises(ConfigError, match="split 'diagonal' is not one of rows, cols, replicate"):
+        Rule(match="*", role="plain", split="diagonal")
+    with pytest.raises(ConfigError, match="role 'fp3' is not one of"):
+        Rule(match="*", role="fp3")

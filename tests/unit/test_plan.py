@@ -215,3 +215,32 @@ def test_part_of_is_the_inverse_of_share() -> None:
             for k in range(parts):
                 lo, hi = share(n, parts, k)
                 assert all(part_of(i, n, parts) == k for i in range(lo, hi)), (n, parts, k)
+
+
+def test_the_planner_reads_no_file_and_says_when_config_json_is_needed(small_ckpt: Path) -> None:
+    """plan.py and planning/ open nothing: config.json comes in as ``model=``."""
+    import ast
+
+    import tpload.plan
+    import tpload.planning
+
+    sources = [Path(tpload.plan.__file__), *Path(tpload.planning.__file__).parent.glob("*.py")]
+    for path in sources:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                assert node.module not in ("pick", "storage", "pathlib", "gc"), path
+                assert not (node.module or "").startswith("storage.") or node.module == (
+                    "storage.catalogue"
+                ), path
+            assert not (isinstance(node, ast.Name) and node.id == "open"), path
+    catalogue = read_native(small_ckpt)[0]
+    with pytest.raises(ConfigError, match="counts heads by its field 'num_attention_heads', but"):
+        Planner(catalogue, load_config("llama"))
+
+
+def test_a_kind_is_a_named_mode(planner: Planner) -> None:
+    from tpload.modes import Kind
+
+    assert planner.plan(Layout(1), "expanded", 0).kind is Kind.EXPANDED
+    with pytest.raises(ConfigError, match="kind 'unpacked' is not one of packed, expanded"):
+        planner.plan(Layout(1), "unpacked", 0)

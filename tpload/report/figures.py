@@ -15,12 +15,17 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 import torch
 
+from ..modes import PredictionState
 from ..verification.crosscheck import DIGEST_BYTES, SLOTS
 
 MESSAGE_BYTES = 4096
 DEVICE_BYTES = 24  # a multiple of 8 (the row is int64 words), and not DIGEST_BYTES (_pack)
 NOT_MEASURED = -1
-PREDICTION = ("none stored", "matched", "differs")  # RankFigures.prediction
+PREDICTION = {
+    PredictionState.NONE: "none stored",
+    PredictionState.MATCH: "matched",
+    PredictionState.DIFFERS: "differs",
+}  # RankFigures.prediction
 
 
 def _bytes(size: int) -> dict:
@@ -73,8 +78,8 @@ class RankFigures:
     cache is the node's, so only the node's first rank measures it. None: not measured."""
     page_cache_after: int | None = None
     """The same when this rank finished (measured only when the load evicts the page cache)."""
-    prediction: int = 0
-    """This rank's digest against a stored prediction: 0 none stored, 1 matched, 2 differs."""
+    prediction: int = PredictionState.NONE
+    """This rank's digest against a stored prediction (a PredictionState)."""
     digest: str = field(default="", metadata=_bytes(DIGEST_BYTES))
     device: str = field(default="", metadata=_bytes(DEVICE_BYTES))
     """The device this rank served on (``cuda:3``, ``cpu``): the attestation records it."""

@@ -29,12 +29,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from enum import IntEnum
 from pathlib import Path
 
 from .. import replicas
 from ..errors import LoadError
-from ..modes import Verify
+from ..modes import PredictionState, Verify
 from ..storage.hub import SNAPSHOT, FileSource
 from ..text import escape_name
 from . import crosscheck, signing
@@ -43,14 +42,6 @@ from .files import FileHashed, FileHasher, assign_files, file_problems, own_prob
 from .policy import HashPlan, hash_plan, readers
 from .store import DigestStore, Prediction, stale
 from .vouched import Vouched
-
-
-class PredictionState(IntEnum):
-    """A rank's digest against the stored prediction for its layout (a number: it rides in the row)."""
-
-    NONE = 0
-    MATCH = 1
-    DIFFERS = 2
 
 
 @dataclass(frozen=True)

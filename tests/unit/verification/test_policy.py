@@ -129,3 +129,13 @@ def test_node_mode_falls_back_to_rank_for_per_rank_files_and_a_lone_rank() -> No
 def test_off_and_digest_modes_hash_nothing(mode: str) -> None:
     plan = hash_plan(mode, 0, node_reads(), SIZES, per_rank=False)
     assert plan == HashPlan(0) and not plan.mine and not plan.owner and not plan.peers
+
+
+def test_one_readers_map_and_one_box() -> None:
+    from tpload.plan import Box as PlanBox
+    from tpload.planning.reads import readers
+
+    assert Box is PlanBox
+    reads = {1: {"a": ((0, 1), (0, 4)), "b": ((0, 2), (0, 4))}, 0: {"b": ((0, 2), (0, 4))}}
+    assert readers(reads) == {"b": [0, 1], "a": [1]}
+    assert list(readers(reads)) == ["b", "a"]  # in the order the lowest rank reads them

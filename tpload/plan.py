@@ -93,18 +93,19 @@ class RankPlan:
         """Stored tensors this rank reads a window of (each item's scales, then its weight)."""
         return list(self.reads)
 
-    def _per_class(self, value: str) -> int:
-        """The sum over entries of a class figure (read bytes, served tensors)."""
-        counts = np.bincount(self.klass, minlength=max(self.table, default=0) + 1)
-        return sum(int(counts[k]) * _figure(s, value) for k, s in self.table.items())
+    @functools.cached_property
+    def _counts(self) -> dict[int, int]:
+        """How many held entries each class has."""
+        classes, counts = np.unique(self.klass, return_counts=True)
+        return dict(zip(classes.tolist(), counts.tolist(), strict=True))
 
     @functools.cached_property
     def read_bytes(self) -> int:
-        return self._per_class("read_bytes")
+        return sum(n * self.table[k].read_bytes for k, n in self._counts.items())
 
     @functools.cached_property
     def served(self) -> int:
-        return self._per_class("served")
+        return sum(n * len(self.table[k].served) for k, n in self._counts.items())
 
     @functools.cached_property
     def largest_transient(self) -> int:
@@ -124,10 +125,6 @@ def _boxes(s: Shaped) -> tuple[Box, Box | None, Box | None]:
         (s.scale[0], s.scale[1]) if s.scale is not None else None,
         (s.scale2[0], s.scale2[1]) if s.scale2 is not None else None,
     )
-
-
-def _figure(s: Shaped, value: str) -> int:
-    return len(s.served) if value == "served" else s.read_bytes
 
 
 class Planner:
@@ -162,7 +159,6 @@ class Planner:
         self.expert_counts = c.expert_counts
         self._klass = c.entries.klass
         self._plans: dict[tuple[Layout, Kind, int], RankPlan] = {}
-        self._shapes: dict[tuple, Shaped | str] = {}
 
     def notes(self) -> list[str]:
         """What ``plan`` prints and the report keeps: the prefix found, the KV-cache scale census,
@@ -227,22 +223,6 @@ class Planner:
         everyone = at[:, 1] == 0
         return np.flatnonzero(everyone | (parts_of(at[:, 0], at[:, 1], layout.ep) == group))
 
-    def _shaped(self, e: Entry, layout: Layout, rank: int, kind: Kind) -> Shaped | str:
-        """The cuts of ``e``'s class on this rank, found once for the ranks that cut it alike."""
-        group, tpr = layout.position(rank)
-        stacked = bool(e.stacked_experts)
-        key = (e.klass, layout.tp, layout.ep if stacked else 1, tpr, group if stacked else 0, kind)
-        if key not in self._shapes:
-            self._shapes[key] = shaped(
-                e,
-                layout,
-                rank,
-                kind,
-                units=self.classified.units,
-                channel_align=self.config.channel_align,
-            )
-        return self._shapes[key]
-
     def _make(self, layout: Layout, kind: Kind, rank: int) -> RankPlan:
         group = layout.position(rank)[0]
         index = self._held(layout, group)
@@ -253,7 +233,14 @@ class Planner:
         # classes in order of first appearance: the first tensor that fails is named
         for at in np.sort(first).tolist():
             e = self.entries[int(index[at])]
-            got = self._shaped(e, layout, rank, kind)
+            got = shaped(
+                e,
+                layout,
+                rank,
+                kind,
+                units=self.classified.units,
+                channel_align=self.config.channel_align,
+            )
             if isinstance(got, str):
                 raise LayoutError(
                     f"rank {rank}: tensor {escape_name(e.name)} under {e.rule.describe()}: {got}"

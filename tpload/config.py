@@ -255,10 +255,8 @@ class Config:
         none = len(rules)  # "no rule"
         memo: dict[bytes, int] = {}
         out: list[Rule | None] = []
-        for n in names:
-            key = n.encode("utf-8", "surrogatepass").translate(
-                _DIGITS_AS_ZERO
-            )  # one-to-one but for digits
+        names = list(names)
+        for n, key in zip(names, _shapes_of(names), strict=True):
             i = memo.get(key)
             if i is None:
                 m = blind.match(n) if blind is not None else None
@@ -283,7 +281,8 @@ class Config:
         """:meth:`resolve`, with the names of the scale tensors found (none for plain)."""
         ways = self._ways.get((rule, dtype))
         if ways is None:
-            # the families' ways for this dtype, in order, each with its rule; the plain rule or None
+            # the families' ways for this dtype, in order, each with its rule; the plain rule
+            # or None
             ways = self._ways[rule, dtype] = (
                 [
                     (p, self._made(rule, p))
@@ -355,6 +354,15 @@ class Config:
 _DIGIT_SIGHTED = set("0123456789[")
 """A glob holding one of these may match a name and not the same name with other digits."""
 _DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+
+
+def _shapes_of(names: list[str]) -> list[bytes]:
+    """Each name with its digits as 0 (one-to-one but for digits), for all the names at once
+    when none holds a newline."""
+    joined = "\n".join(names)
+    if joined.count("\n") != len(names) - 1:
+        return [n.encode("utf-8", "surrogatepass").translate(_DIGITS_AS_ZERO) for n in names]
+    return joined.encode("utf-8", "surrogatepass").translate(_DIGITS_AS_ZERO).split(b"\n")
 
 
 def _alternatives(rules: Iterable[tuple[int, Rule]]) -> re.Pattern[str] | None:

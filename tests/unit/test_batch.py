@@ -139,7 +139,8 @@ def test_packed_weights_with_their_scales_batch_alike(
 
     storage = ShardedStorage(fp8)
     try:
-        plan = planner_of(storage.catalogue, load_config("deepseek-v3")).plan(Layout(2), "packed", 0)
+        planner = planner_of(storage.catalogue, load_config("deepseek-v3"))
+        plan = planner.plan(Layout(2), "packed", 0)
         batched = [
             plan.items[k]
             for i, j, _ in batch.runs(plan.items, "packed", storage)

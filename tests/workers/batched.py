@@ -20,7 +20,8 @@ def _cut_windows_batched(root: Path, rank: int) -> int:
     """Items of this rank's plan that go in batches although their window is a part of the tensor."""
     storage = ShardedStorage(root)
     try:
-        plan = planner_of(storage.catalogue, choose("auto", root)[0]).plan(Layout(2), "packed", rank)
+        planner = planner_of(storage.catalogue, choose("auto", root)[0])
+        plan = planner.plan(Layout(2), "packed", rank)
         return sum(
             1
             for i, j, _ in batch.runs(plan.items, "packed", storage, classes=plan.shapes)

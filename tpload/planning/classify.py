@@ -138,22 +138,22 @@ def _rules(
     """Each tensor's rule, ``auto`` ones resolved; for tensors an ``auto`` rule could not resolve,
     why; the scales found for a weight an ``auto`` rule made scaled; each tensor's first match."""
     matched = _matched(tensors, config, prefix)
-    rules: dict[str, Rule | None] = {}
+    rules = dict(zip(tensors, matched, strict=True))
     unresolved: dict[str, str] = {}
     needs: dict[str, tuple[str, ...]] = {}  # tuples: the collector untracks them
     resolve = config.resolve_scaled
     scaled = {role for role in codecs.roles() if codecs.for_role(role).scaled}
-    for (n, meta), r in zip(tensors.items(), matched, strict=True):
-        if r is not None and r.role == AUTO:
-            got = resolve(r, n, meta.dtype, tensors)
-            if isinstance(got, str):
-                unresolved[n] = f"{r.describe()}: {got}"
-                r = None
-            else:
-                r, found = got
-                if found and r.role in scaled:
-                    needs[n] = tuple(found)
-        rules[n] = r
+    auto = {r for r in config.rules if r.role == AUTO}
+    for n in [n for n, r in rules.items() if r in auto]:
+        r = rules[n]
+        got = resolve(r, n, tensors[n].dtype, tensors)
+        if isinstance(got, str):
+            unresolved[n] = f"{r.describe()}: {got}"
+            rules[n] = None
+        else:
+            rules[n], found = got
+            if found and rules[n].role in scaled:
+                needs[n] = tuple(found)
     return rules, unresolved, needs, matched
 
 

@@ -109,7 +109,8 @@ class Job:
 
     @functools.cached_property
     def plan(self) -> RankPlan:
-        planner = planner_of(self.ckpt.catalogue, choose(self.config, Path(self.root).absolute())[0])
+        config = choose(self.config, Path(self.root).absolute())[0]
+        planner = planner_of(self.ckpt.catalogue, config)
         return planner.plan(self.layout, "packed", self.rank)
 
     def outputs(self) -> list[tuple[Output, Cut]]:

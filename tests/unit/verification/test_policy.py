@@ -122,7 +122,8 @@ def test_rank_mode_hashes_everything_a_rank_reads() -> None:
 def test_node_mode_falls_back_to_rank_for_per_rank_files_and_a_lone_rank() -> None:
     reads = node_reads()
     assert hash_plan("node", 1, reads, SIZES, per_rank=True) == HashPlan(1, frozenset(reads[1]))
-    assert hash_plan("node", 1, {1: reads[1]}, SIZES, per_rank=False) == HashPlan(1, frozenset(reads[1]))
+    alone = hash_plan("node", 1, {1: reads[1]}, SIZES, per_rank=False)
+    assert alone == HashPlan(1, frozenset(reads[1]))
 
 
 @pytest.mark.parametrize("mode", ["off", "digest"])

@@ -143,8 +143,7 @@ def _rules(
     needs: dict[str, tuple[str, ...]] = {}  # tuples: the collector untracks them
     resolve = config.resolve_scaled
     scaled = {role for role in codecs.roles() if codecs.for_role(role).scaled}
-    auto = {r for r in config.rules if r.role == AUTO}
-    for n in [n for n, r in rules.items() if r in auto]:
+    for n in [n for n, r in rules.items() if r is not None and r.role == AUTO]:
         r = rules[n]
         got = resolve(r, n, tensors[n].dtype, tensors)
         if isinstance(got, str):

@@ -54,7 +54,8 @@ def roles() -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Pick:
-    """One way a codec family stores a weight: its dtype, its name's ending and its scale tensors'."""
+    """One way a codec family stores a weight: its dtype, its name's ending and its scale
+    tensors'."""
 
     dtype: str
     role: str
@@ -81,7 +82,8 @@ FAMILIES: dict[str, tuple[Pick, ...]] = {
         for t in ("Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
     ),
 }
-"""Codec families: what ``role = "auto"`` may resolve to, tried in order (a plain dtype is plain)."""
+"""Codec families: what ``role = "auto"`` may resolve to, tried in order (a plain dtype is
+plain)."""
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,8 @@ class Rule:
     units: int | str = 0
     """The split dimension is made of this many indivisible units (attention heads), an integer or
     a config.json field (``num_key_value_heads``): each rank takes whole units, and when there are
-    fewer units than ranks, each unit is replicated on tp / units ranks (as vLLM does). 0: no units."""
+    fewer units than ranks, each unit is replicated on tp / units ranks (as vLLM does). 0: no
+    units."""
     align: int = 0
     """A rank's share of the split dimension must be a multiple of this (0: the layout's
     ``channel_align`` for FP4 experts, else the codec's scale group)."""
@@ -180,13 +183,16 @@ class Config:
     families: tuple[str, ...] = ()
     """Codec families ``role = "auto"`` rules resolve through (:data:`FAMILIES`)."""
     architectures: tuple[str, ...] = ()
-    """config.json ``architectures`` / ``model_type`` values this config is for (``--config auto``)."""
+    """config.json ``architectures`` / ``model_type`` values this config is for (``--config
+    auto``)."""
     weight_prefix: str | None = None
-    """The prefix the rules are written for (``model.``, ``""``...): a checkpoint whose layers sit under
-    another has its names rewritten to it for matching (prefix.py). None: read off the globs."""
+    """The prefix the rules are written for (``model.``, ``""``...): a checkpoint whose layers sit
+    under another has its names rewritten to it for matching (prefix.py). None: read off the
+    globs."""
     kv_scales: str = "strict"
-    """What the KV-cache scale census does with a layer with k but no v, two spellings on one layer, or
-    scales on some attention layers only: ``strict`` refuses the checkpoint, ``report`` says so."""
+    """What the KV-cache scale census does with a layer with k but no v, two spellings on one layer,
+    or scales on some attention layers only: ``strict`` refuses the checkpoint, ``report`` says
+    so."""
     expert_regex: re.Pattern[str] = field(init=False, repr=False, compare=False)
     _matcher: re.Pattern[str] = field(init=False, repr=False, compare=False)
     _blind: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
@@ -207,10 +213,12 @@ class Config:
             ) from None
         if rx.groups < 1:
             raise ConfigError(
-                f"{self.name}: expert_pattern {self.expert_pattern!r} needs one group (the expert index)"
+                f"{self.name}: expert_pattern {self.expert_pattern!r} needs one group (the expert "
+                "index)"
             )
         object.__setattr__(self, "expert_regex", rx)
-        # every glob in one regex, in rule order: the first alternative that matches is the first rule
+        # every glob in one regex, in rule order: the first alternative that matches is the first
+        # rule
         object.__setattr__(self, "_matcher", _alternatives(enumerate(self.rules)))
         # rules_for's two parts: the globs blind to which digit a name has, and the others
         sighted = [bool(_DIGIT_SIGHTED & set(r.match)) for r in self.rules]
@@ -236,7 +244,8 @@ class Config:
         unknown = [f for f in self.families if f not in FAMILIES]
         if unknown:
             raise ConfigError(
-                f"{self.name}: unknown codec families {', '.join(unknown)} (known: {', '.join(FAMILIES)})"
+                f"{self.name}: unknown codec families {', '.join(unknown)} (known: "
+                f"{', '.join(FAMILIES)})"
             )
 
     def rule_for(self, name: str) -> Rule | None:
@@ -269,9 +278,9 @@ class Config:
     def resolve(
         self, rule: Rule, name: str, dtype: str, present: Mapping[str, object]
     ) -> Rule | str:
-        """An ``auto`` rule made concrete for one tensor: the first of the families' ways of storing a
-        weight that fits its dtype, its name and the scale tensors ``present`` beside it; plain for a
-        plain dtype; else why not."""
+        """An ``auto`` rule made concrete for one tensor: the first of the families' ways of
+        storing a weight that fits its dtype, its name and the scale tensors ``present`` beside it;
+        plain for a plain dtype; else why not."""
         got = self.resolve_scaled(rule, name, dtype, present)
         return got if isinstance(got, str) else got[0]
 
@@ -305,8 +314,9 @@ class Config:
         if ways[1] is not None:
             return ways[1], []
         return (
-            f"{dtype} tensors that no codec of {'+'.join(self.families) or 'this config'} takes (is a scale "
-            f"tensor missing, or is it another family? shipped families: {', '.join(FAMILIES)})"
+            f"{dtype} tensors that no codec of {'+'.join(self.families) or 'this config'} takes "
+            f"(is a scale tensor missing, or is it another family? shipped families: "
+            f"{', '.join(FAMILIES)})"
         )
 
     def _made(self, rule: Rule, pick: Pick | None) -> Rule:
@@ -325,15 +335,16 @@ class Config:
 
     @property
     def rules_prefix(self) -> str | None:
-        """The prefix the rules are written for: ``weight_prefix``, or read off the globs of the rules
-        the config file wrote (not ``--skip``'s); None: prefix-blind."""
+        """The prefix the rules are written for: ``weight_prefix``, or read off the globs of the
+        rules the config file wrote (not ``--skip``'s); None: prefix-blind."""
         if self.weight_prefix is not None:
             return self.weight_prefix
         return config_prefix(r.match for r in self.rules if not r.origin)
 
     def id(self) -> str:
-        """A short hash of what the config decides (rules and layout constants, not where it came from).
-        Fields left at their defaults are left out, so adding a field keeps every existing id."""
+        """A short hash of what the config decides (rules and layout constants, not where it came
+        from). Fields left at their defaults are left out, so adding a field keeps every existing
+        id."""
         rules = [
             {
                 k: v
@@ -418,8 +429,9 @@ def shipped_configs() -> list[str]:
 def available() -> str:
     """What ``--config`` accepts, for messages."""
     return (
-        f"shipped configs: {', '.join(shipped_configs())}; codec families: {', '.join(FAMILIES)}; compose them "
-        "as ARCH+FAMILY (deepseek-v3+nvfp4), or write a TOML file (docs/configs.md)"
+        f"shipped configs: {', '.join(shipped_configs())}; codec families: "
+        f"{', '.join(FAMILIES)}; compose them as ARCH+FAMILY (deepseek-v3+nvfp4), or write a "
+        "TOML file (docs/configs.md)"
     )
 
 
@@ -487,8 +499,8 @@ def load_config(name_or_path: str | os.PathLike | Config = REFERENCE_CONFIG) -> 
     head, families = split_spec(os.fspath(name_or_path))
     if head in FAMILIES:
         raise ConfigError(
-            f"{head!r} is a codec family, not a config: name the architecture too (ARCH+{head}), or "
-            f"let --config auto find it from the checkpoint's config.json ({available()})"
+            f"{head!r} is a codec family, not a config: name the architecture too (ARCH+{head}), "
+            f"or let --config auto find it from the checkpoint's config.json ({available()})"
         )
     unknown_families = [f for f in families if f not in FAMILIES]
     if unknown_families:

@@ -1,4 +1,5 @@
-"""The named modes of a load (the command line and TOML keep their strings: each mode is a StrEnum)."""
+"""The named modes of a load (the command line and TOML keep their strings: each mode is a
+StrEnum), and the state of a rank's digest against a stored prediction."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ class Verify(StrEnum):
     """How a load proves the bytes it serves (``--verify``; verification/gate.py owns each)."""
 
     NODE = "node"
-    """Each tensor (or whole file) hashed once per node; peers' windows cross-checked in the exchange."""
+    """Each tensor (or whole file) hashed once per node; peers' windows cross-checked in the
+    exchange."""
     RANK = "rank"
     """Every rank hashes everything it serves."""
     DIGEST = "digest"

@@ -120,8 +120,8 @@ def _file_bytes(catalogue: Catalogue, files: set[str]) -> int | None:
 
 
 class HostMemory:
-    """This process's resident memory at the steps of planning: what a rank holds besides its staging
-    (the interpreter and imports, the catalogue and classification, its plans)."""
+    """This process's resident memory at the steps of planning: what a rank holds besides its
+    staging (the interpreter and imports, the catalogue and classification, its plans)."""
 
     def __init__(self) -> None:
         self._proc = psutil.Process()
@@ -152,7 +152,8 @@ def render_costs(
     every_rank: bool,
     headers_only: bool = False,
 ) -> str:
-    """The table ``tpload plan`` prints: each rank (or only the busiest of each node), then each node."""
+    """The table ``tpload plan`` prints: each rank (or only the busiest of each node), then each
+    node."""
     gb = lambda b: f"{b / 1e9:.3f}"  # noqa: E731
     lines = [
         f"{'rank':>5} {'node':>4} {'tensors':>8} {'read GB':>9} {'hash GB':>9} {'device GB':>9} "
@@ -183,26 +184,27 @@ def render_costs(
         if n.file_bytes and n.hash_bytes and n.file_bytes > 1.05 * n.hash_bytes:
             whole += f" ({n.file_bytes / n.hash_bytes:.1f}x)"
         lines.append(
-            f"{n.node:>5} {f'{n.ranks[0]}-{n.ranks[-1]}':>9} {gb(n.read_bytes):>9} {gb(n.hash_bytes):>9} "
-            f"{whole:>19}"
+            f"{n.node:>5} {f'{n.ranks[0]}-{n.ranks[-1]}':>9} {gb(n.read_bytes):>9} "
+            f"{gb(n.hash_bytes):>9} {whole:>19}"
         )
     top = max(ranks, key=lambda r: r.device_peak)
     peers = max(len(n.ranks) for n in nodes)
     held = host.start + host.catalogue + peers * host.per_plan + STAGING_BYTES + PINNED_BYTES
     mib = lambda b: f"{b / 2**20:,.0f} MiB"  # noqa: E731
     lines.append(
-        f"peak device memory {gb(top.device_peak)} GB (rank {top.rank}: arena {gb(top.arena_bytes)} GB, one "
-        f"staged window and its decode {top.transient_bytes / 2**20:.1f} MiB)"
+        f"peak device memory {gb(top.device_peak)} GB (rank {top.rank}: arena "
+        f"{gb(top.arena_bytes)} GB, one staged window and its decode "
+        f"{top.transient_bytes / 2**20:.1f} MiB)"
     )
     lines.append(
-        f"peak host memory about {mib(held)} a rank: imports {mib(host.start)}, catalogue and classification "
-        f"{mib(host.catalogue)}, its node's {peers} plan(s) {mib(peers * host.per_plan)}, read ring "
-        f"{mib(STAGING_BYTES)}, pinned (CUDA) {mib(PINNED_BYTES)} (measured in this process; the page cache "
-        "is the kernel's)"
+        f"peak host memory about {mib(held)} a rank: imports {mib(host.start)}, catalogue and "
+        f"classification {mib(host.catalogue)}, its node's {peers} plan(s) "
+        f"{mib(peers * host.per_plan)}, read ring {mib(STAGING_BYTES)}, pinned (CUDA) "
+        f"{mib(PINNED_BYTES)} (measured in this process; the page cache is the kernel's)"
     )
     lines.append(
-        "hash GB: node verification with a per-tensor manifest (each tensor once per node); whole-file: a hub "
-        "snapshot checked by blob sha256 (every file a node's ranks touch)"
+        "hash GB: node verification with a per-tensor manifest (each tensor once per node); "
+        "whole-file: a hub snapshot checked by blob sha256 (every file a node's ranks touch)"
     )
     if headers_only:
         lines.append(

@@ -35,7 +35,8 @@ class HashPlan:
     owner: Mapping[str, int] = field(default_factory=dict)
     """For every tensor this rank reads that a node peer hashes: that peer."""
     peers: Mapping[str, Mapping[int, Box]] = field(default_factory=dict)
-    """For every tensor this rank hashes: each node peer that reads a window of it, and the window."""
+    """For every tensor this rank hashes: each node peer that reads a window of it, and the
+    window."""
 
 
 def assign_hashing(
@@ -51,8 +52,8 @@ def assign_hashing(
     load = {r: 0 for r in ranks}
     out: dict[int, list[str]] = {r: [] for r in ranks}
     users = users or {}
-    # largest first, names in order among equals (sorts are stable, reversed ones too): an order every
-    # rank agrees on, made with C-level keys (92,000 tensors)
+    # largest first, names in order among equals (sorts are stable, reversed ones too): an order
+    # every rank agrees on, made with C-level keys
     for name in sorted(sorted(sizes), key=sizes.__getitem__, reverse=True):
         readers = users.get(name) or ranks
         r = readers[0]
@@ -73,8 +74,9 @@ def hash_plan(
     *,
     per_rank: bool,
 ) -> HashPlan:
-    """This rank's :class:`HashPlan`. ``reads``: for this rank and each peer on its node, the windows it
-    reads (tensor -> box); ``sizes``: stored bytes of each tensor; ``per_rank``: each rank has files of its own."""
+    """This rank's :class:`HashPlan`. ``reads``: for this rank and each peer on its node, the
+    windows it reads (tensor -> box); ``sizes``: stored bytes of each tensor; ``per_rank``: each
+    rank has files of its own."""
     if mode in (Verify.OFF, Verify.DIGEST):
         return HashPlan(rank)
     if mode == Verify.RANK or per_rank or len(reads) == 1:

@@ -181,14 +181,6 @@ class Planner:
             )
         return out
 
-    def owns(self, expert: tuple[str, int] | None, layout: Layout, group: int) -> bool:
-        """Does expert-parallel group ``group`` hold this expert? (the last group takes the
-        remainder)"""
-        if expert is None or layout.ep == 1:
-            return True
-        indices = self.expert_counts[expert[0]]
-        return part_of(indices.index(expert[1]), len(indices), layout.ep) == group
-
     def layout_problems(self, layout: Layout) -> list[str]:
         """Every reason this tp x ep layout cannot be cut (empty when it can)."""
         return checks.layout_problems(
@@ -214,10 +206,10 @@ class Planner:
             self._plans[key] = self._make(layout, Kind(kind), rank)
         return self._plans[key]
 
-    def _held(self, layout: Layout, group: int) -> np.ndarray:
-        """The positions of the entries expert-parallel group ``group`` holds (one pass over the
-        expert columns: an entry not of an expert set is held by every group)."""
-        at = self.classified.expert_at
+    @staticmethod
+    def _held(at: np.ndarray, layout: Layout, group: int) -> np.ndarray:
+        """The rows that expert-parallel group ``group`` holds, given each row's expert position
+        and set size ``at`` (one pass over the columns: a row of no expert set is everyone's)."""
         if layout.ep == 1 or not len(at):
             return np.arange(len(at))
         everyone = at[:, 1] == 0
@@ -225,7 +217,7 @@ class Planner:
 
     def _make(self, layout: Layout, kind: Kind, rank: int) -> RankPlan:
         group = layout.position(rank)[0]
-        index = self._held(layout, group)
+        index = self._held(self.classified.expert_at, layout, group)
         klass = self._klass[index]
         classes, first = np.unique(klass, return_index=True)
         table: dict[int, Shaped] = {}
@@ -248,11 +240,8 @@ class Planner:
             table[e.klass], arena[e.klass] = got, got.arena
         ends = np.cumsum(arena[klass])
         offsets = ends - arena[klass]
-        deferred = tuple(
-            n
-            for n in self.deferred
-            if self.owns(self.classified.deferred_experts.get(n), layout, group)
-        )
+        held = self._held(self.classified.deferred_at, layout, group).tolist()
+        deferred = tuple(map(self.deferred.__getitem__, held))
         total = int(ends[-1]) if len(ends) else 0
         return RankPlan(
             rank,

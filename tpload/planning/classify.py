@@ -47,6 +47,8 @@ class Classified:
     expert_at: np.ndarray
     """Per entry: its expert's position in its set, and the set's size (columns 0, 1); (0, 0) for
     an entry every ep group holds."""
+    deferred_at: np.ndarray
+    """The same for each deferred tensor: a deferred expert is located only by its ep group."""
 
     @functools.cached_property
     def firsts(self) -> list[Entry]:
@@ -129,7 +131,14 @@ def classify(
     )
     entries = Entries(rows, classes, tensors)
     counts, at = entries.experts(deferred_experts)
-    return Classified(entries, tuple(skipped), tuple(deferred), deferred_experts, units, counts, at)
+    positions = {k: {x: i for i, x in enumerate(v)} for k, v in counts.items()}
+    deferred_at = np.zeros((len(deferred), 2), dtype=np.int64)
+    for k, n in enumerate(deferred):
+        if (x := deferred_experts.get(n)) is not None:
+            deferred_at[k] = positions[x[0]][x[1]], len(counts[x[0]])
+    return Classified(
+        entries, tuple(skipped), tuple(deferred), deferred_experts, units, counts, at, deferred_at
+    )
 
 
 def _rules(

@@ -441,8 +441,8 @@ def cmd_plan(argv: list[str]) -> int:
     check_flags(args)
     t0 = time.monotonic()
     try:
-        from .plan import Layout, planning
-        from .tools.sizing import HostMemory, costs, render_costs
+        from .plan import Layout
+        from .tools.sizing import HostMemory, costs, planning, render_costs
 
         imported = time.monotonic() - t0
         config = _config(args, args.dir)

@@ -28,8 +28,8 @@ from .errors import LoadError, OptionsError
 from .exchange import CALLS, exchange, group_id, share_nodes
 from .loop import LoadResult, run
 from .options import LoadOptions, with_option_signature
-from .pick import choose
-from .plan import Layout, Planner, RankPlan, paused_gc
+from .pick import choose, planner_of
+from .plan import Layout, Planner, RankPlan
 from .report import RankFigures, rank_log
 from .report.figures import process_first_load
 from .report.memory import MemoryPeaks, device_peaks, reset_device_peaks
@@ -87,19 +87,17 @@ class _RankLoad:
             signing.precheck(
                 self.opts
             )  # a model.sig: its bundle and the JSON files it signs, before any is read
-            # GC paused (plan.paused_gc): scanning a big checkpoint's many small objects costs more than making them
-            with paused_gc():
-                storage = open_storage(
-                    self.opts.checkpoint,
-                    tp=layout.tp,
-                    ep=layout.ep,
-                    rank=self.ctx.rank,
-                    world=self.ctx.world,
-                )
-                try:
-                    self._load(storage, layout)
-                finally:
-                    storage.close()
+            storage = open_storage(
+                self.opts.checkpoint,
+                tp=layout.tp,
+                ep=layout.ep,
+                rank=self.ctx.rank,
+                world=self.ctx.world,
+            )
+            try:
+                self._load(storage, layout)
+            finally:
+                storage.close()
             fig.device_alloc_peak, fig.device_reserved_peak = device_peaks(device)
         except LoadError as e:
             fig.failed, fig.message = 1, f"rank {self.ctx.rank}: {e}"
@@ -132,7 +130,7 @@ class _RankLoad:
             defer=opts.defer,
             skip_activation_scales=opts.skip_activation_scales,
         )
-        planner = self.planner = replicas.positions(Planner(storage.catalogue, config), opts)
+        planner = self.planner = replicas.positions(planner_of(storage.catalogue, config), opts)
         planner.check_layout(layout, ctx.world)
         plans, sharing = self._plans(planner, layout)
         plan = self.plan = plans[ctx.rank]

@@ -37,13 +37,14 @@ from pathlib import Path
 
 from . import codecs
 from .errors import ConfigError
+from .modes import Role, Split
 from .options import REFERENCE_CONFIG
 from .prefix import CANDIDATES, config_prefix
 
-SPLITS = ("rows", "cols", "replicate")
+SPLITS = tuple(Split)
 KV_SCALES = ("strict", "report")
-READS_NOTHING = ("skip", "defer")
-AUTO = "auto"
+READS_NOTHING = (Role.SKIP, Role.DEFER)
+AUTO = Role.AUTO
 
 
 def roles() -> tuple[str, ...]:
@@ -53,7 +54,8 @@ def roles() -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Pick:
-    """One way a codec family stores a weight: its dtype, its name's ending and its scale tensors'."""
+    """One way a codec family stores a weight: its dtype, its name's ending and its scale
+    tensors'."""
 
     dtype: str
     role: str
@@ -80,7 +82,8 @@ FAMILIES: dict[str, tuple[Pick, ...]] = {
         for t in ("Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
     ),
 }
-"""Codec families: what ``role = "auto"`` may resolve to, tried in order (a plain dtype is plain)."""
+"""Codec families: what ``role = "auto"`` may resolve to, tried in order (a plain dtype is
+plain)."""
 
 
 @dataclass(frozen=True)
@@ -89,10 +92,10 @@ class Rule:
 
     match: str
     """fnmatch glob over the official tensor name (``*`` crosses dots)."""
-    role: str
+    role: Role
     """``fp4`` expert matrix, ``fp8`` block-scaled dense, ``plain`` BF16/F32/F16/I64,
     ``skip`` (never read), ``defer`` (not uploaded; a locator is returned)."""
-    split: str = "replicate"
+    split: Split = Split.REPLICATE
     """How tensor parallelism cuts it: ``rows`` (column parallel, or vocabulary
     parallel), ``cols`` (row parallel), or ``replicate``."""
     scale: str = ".scale"
@@ -113,7 +116,8 @@ class Rule:
     units: int | str = 0
     """The split dimension is made of this many indivisible units (attention heads), an integer or
     a config.json field (``num_key_value_heads``): each rank takes whole units, and when there are
-    fewer units than ranks, each unit is replicated on tp / units ranks (as vLLM does). 0: no units."""
+    fewer units than ranks, each unit is replicated on tp / units ranks (as vLLM does). 0: no
+    units."""
     align: int = 0
     """A rank's share of the split dimension must be a multiple of this (0: the layout's
     ``channel_align`` for FP4 experts, else the codec's scale group)."""
@@ -134,6 +138,9 @@ class Rule:
             raise ConfigError(f"{where}: role {self.role!r} is not one of {', '.join(roles())}")
         if self.split not in SPLITS:
             raise ConfigError(f"{where}: split {self.split!r} is not one of {', '.join(SPLITS)}")
+        # the TOML's and the command line's strings become the named modes
+        object.__setattr__(self, "role", Role(self.role))
+        object.__setattr__(self, "split", Split(self.split))
         if self.block < 0:
             raise ConfigError(f"{where}: block must be >= 0, got {self.block}")
         if not self.scale or not self.suffix:
@@ -144,6 +151,11 @@ class Rule:
             raise ConfigError(f"{where}: a split is in whole units or uneven, not both")
         if not isinstance(self.units, (int, str)) or isinstance(self.units, bool):
             raise ConfigError(f"{where}: units must be a number or a config.json field name")
+        # the planner groups tensors by rule: a rule's hash is taken once, not once per tensor
+        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self))))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def matches(self, name: str) -> bool:
         return fnmatch.fnmatchcase(name, self.match)
@@ -171,13 +183,16 @@ class Config:
     families: tuple[str, ...] = ()
     """Codec families ``role = "auto"`` rules resolve through (:data:`FAMILIES`)."""
     architectures: tuple[str, ...] = ()
-    """config.json ``architectures`` / ``model_type`` values this config is for (``--config auto``)."""
+    """config.json ``architectures`` / ``model_type`` values this config is for (``--config
+    auto``)."""
     weight_prefix: str | None = None
-    """The prefix the rules are written for (``model.``, ``""``...): a checkpoint whose layers sit under
-    another has its names rewritten to it for matching (prefix.py). None: read off the globs."""
+    """The prefix the rules are written for (``model.``, ``""``...): a checkpoint whose layers sit
+    under another has its names rewritten to it for matching (prefix.py). None: read off the
+    globs."""
     kv_scales: str = "strict"
-    """What the KV-cache scale census does with a layer with k but no v, two spellings on one layer, or
-    scales on some attention layers only: ``strict`` refuses the checkpoint, ``report`` says so."""
+    """What the KV-cache scale census does with a layer with k but no v, two spellings on one layer,
+    or scales on some attention layers only: ``strict`` refuses the checkpoint, ``report`` says
+    so."""
     expert_regex: re.Pattern[str] = field(init=False, repr=False, compare=False)
     _matcher: re.Pattern[str] = field(init=False, repr=False, compare=False)
     _blind: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
@@ -198,10 +213,12 @@ class Config:
             ) from None
         if rx.groups < 1:
             raise ConfigError(
-                f"{self.name}: expert_pattern {self.expert_pattern!r} needs one group (the expert index)"
+                f"{self.name}: expert_pattern {self.expert_pattern!r} needs one group (the expert "
+                "index)"
             )
         object.__setattr__(self, "expert_regex", rx)
-        # every glob in one regex, in rule order: the first alternative that matches is the first rule
+        # every glob in one regex, in rule order: the first alternative that matches is the first
+        # rule
         object.__setattr__(self, "_matcher", _alternatives(enumerate(self.rules)))
         # rules_for's two parts: the globs blind to which digit a name has, and the others
         sighted = [bool(_DIGIT_SIGHTED & set(r.match)) for r in self.rules]
@@ -227,7 +244,8 @@ class Config:
         unknown = [f for f in self.families if f not in FAMILIES]
         if unknown:
             raise ConfigError(
-                f"{self.name}: unknown codec families {', '.join(unknown)} (known: {', '.join(FAMILIES)})"
+                f"{self.name}: unknown codec families {', '.join(unknown)} (known: "
+                f"{', '.join(FAMILIES)})"
             )
 
     def rule_for(self, name: str) -> Rule | None:
@@ -246,10 +264,8 @@ class Config:
         none = len(rules)  # "no rule"
         memo: dict[bytes, int] = {}
         out: list[Rule | None] = []
-        for n in names:
-            key = n.encode("utf-8", "surrogatepass").translate(
-                _DIGITS_AS_ZERO
-            )  # one-to-one but for digits
+        names = list(names)
+        for n, key in zip(names, _shapes_of(names), strict=True):
             i = memo.get(key)
             if i is None:
                 m = blind.match(n) if blind is not None else None
@@ -262,9 +278,9 @@ class Config:
     def resolve(
         self, rule: Rule, name: str, dtype: str, present: Mapping[str, object]
     ) -> Rule | str:
-        """An ``auto`` rule made concrete for one tensor: the first of the families' ways of storing a
-        weight that fits its dtype, its name and the scale tensors ``present`` beside it; plain for a
-        plain dtype; else why not."""
+        """An ``auto`` rule made concrete for one tensor: the first of the families' ways of
+        storing a weight that fits its dtype, its name and the scale tensors ``present`` beside it;
+        plain for a plain dtype; else why not."""
         got = self.resolve_scaled(rule, name, dtype, present)
         return got if isinstance(got, str) else got[0]
 
@@ -272,11 +288,11 @@ class Config:
         self, rule: Rule, name: str, dtype: str, present: Mapping[str, object]
     ) -> tuple[Rule, list[str]] | str:
         """:meth:`resolve`, with the names of the scale tensors found (none for plain)."""
-        ways = self._ways.get((id(rule), dtype))
-        if (
-            ways is None
-        ):  # the families' ways for this dtype, in order, each with its rule; the plain rule or None
-            ways = self._ways[id(rule), dtype] = (
+        ways = self._ways.get((rule, dtype))
+        if ways is None:
+            # the families' ways for this dtype, in order, each with its rule; the plain rule
+            # or None
+            ways = self._ways[rule, dtype] = (
                 [
                     (p, self._made(rule, p))
                     for f in self.families
@@ -298,17 +314,18 @@ class Config:
         if ways[1] is not None:
             return ways[1], []
         return (
-            f"{dtype} tensors that no codec of {'+'.join(self.families) or 'this config'} takes (is a scale "
-            f"tensor missing, or is it another family? shipped families: {', '.join(FAMILIES)})"
+            f"{dtype} tensors that no codec of {'+'.join(self.families) or 'this config'} takes "
+            f"(is a scale tensor missing, or is it another family? shipped families: "
+            f"{', '.join(FAMILIES)})"
         )
 
     def _made(self, rule: Rule, pick: Pick | None) -> Rule:
         """``rule`` with ``pick``'s role and names (plain when None), made once per pair."""
-        key = (id(rule), pick)
+        key = (rule, pick)
         made = self._resolved.get(key)
         if made is None:
             made = self._resolved[key] = (
-                replace(rule, role="plain")
+                replace(rule, role=Role.PLAIN)
                 if pick is None
                 else replace(
                     rule, role=pick.role, scale=pick.scale, scale2=pick.scale2, suffix=pick.suffix
@@ -318,15 +335,16 @@ class Config:
 
     @property
     def rules_prefix(self) -> str | None:
-        """The prefix the rules are written for: ``weight_prefix``, or read off the globs of the rules
-        the config file wrote (not ``--skip``'s); None: prefix-blind."""
+        """The prefix the rules are written for: ``weight_prefix``, or read off the globs of the
+        rules the config file wrote (not ``--skip``'s); None: prefix-blind."""
         if self.weight_prefix is not None:
             return self.weight_prefix
         return config_prefix(r.match for r in self.rules if not r.origin)
 
     def id(self) -> str:
-        """A short hash of what the config decides (rules and layout constants, not where it came from).
-        Fields left at their defaults are left out, so adding a field keeps every existing id."""
+        """A short hash of what the config decides (rules and layout constants, not where it came
+        from). Fields left at their defaults are left out, so adding a field keeps every existing
+        id."""
         rules = [
             {
                 k: v
@@ -347,6 +365,15 @@ class Config:
 _DIGIT_SIGHTED = set("0123456789[")
 """A glob holding one of these may match a name and not the same name with other digits."""
 _DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+
+
+def _shapes_of(names: list[str]) -> list[bytes]:
+    """Each name with its digits as 0 (one-to-one but for digits), for all the names at once
+    when none holds a newline."""
+    joined = "\n".join(names)
+    if joined.count("\n") != len(names) - 1:
+        return [n.encode("utf-8", "surrogatepass").translate(_DIGITS_AS_ZERO) for n in names]
+    return joined.encode("utf-8", "surrogatepass").translate(_DIGITS_AS_ZERO).split(b"\n")
 
 
 def _alternatives(rules: Iterable[tuple[int, Rule]]) -> re.Pattern[str] | None:
@@ -378,12 +405,12 @@ def with_rules(
         return config
     # the switch's rule skips only single-value tensors (the planner checks): it may match none
     first = (
-        [Rule(match=ACTIVATION_SCALES, role="skip", origin=ACTIVATION_ORIGIN)]
+        [Rule(match=ACTIVATION_SCALES, role=Role.SKIP, origin=ACTIVATION_ORIGIN)]
         if skip_activation_scales
         else []
     )
-    first += [Rule(match=g, role="skip", origin="skip") for g in skip]
-    first += [Rule(match=g, role="defer", experts=True, origin="defer") for g in defer]
+    first += [Rule(match=g, role=Role.SKIP, origin="skip") for g in skip]
+    first += [Rule(match=g, role=Role.DEFER, experts=True, origin="defer") for g in defer]
     return replace(config, rules=tuple(first) + config.rules)
 
 
@@ -402,8 +429,9 @@ def shipped_configs() -> list[str]:
 def available() -> str:
     """What ``--config`` accepts, for messages."""
     return (
-        f"shipped configs: {', '.join(shipped_configs())}; codec families: {', '.join(FAMILIES)}; compose them "
-        "as ARCH+FAMILY (deepseek-v3+nvfp4), or write a TOML file (docs/configs.md)"
+        f"shipped configs: {', '.join(shipped_configs())}; codec families: "
+        f"{', '.join(FAMILIES)}; compose them as ARCH+FAMILY (deepseek-v3+nvfp4), or write a "
+        "TOML file (docs/configs.md)"
     )
 
 
@@ -471,8 +499,8 @@ def load_config(name_or_path: str | os.PathLike | Config = REFERENCE_CONFIG) -> 
     head, families = split_spec(os.fspath(name_or_path))
     if head in FAMILIES:
         raise ConfigError(
-            f"{head!r} is a codec family, not a config: name the architecture too (ARCH+{head}), or "
-            f"let --config auto find it from the checkpoint's config.json ({available()})"
+            f"{head!r} is a codec family, not a config: name the architecture too (ARCH+{head}), "
+            f"or let --config auto find it from the checkpoint's config.json ({available()})"
         )
     unknown_families = [f for f in families if f not in FAMILIES]
     if unknown_families:

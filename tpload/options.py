@@ -23,9 +23,9 @@ from enum import StrEnum
 from pathlib import Path
 
 from .errors import OptionsError
-from .modes import Verify
+from .modes import Kind, Verify
 
-KINDS = ("packed", "expanded")
+KINDS = tuple(Kind)
 VERIFY_MODES = tuple(Verify)
 DEFAULT_CONFIG = "auto"
 REFERENCE_CONFIG = (
@@ -179,8 +179,8 @@ class LoadOptions:
         "auto (from the checkpoint's config.json), a shipped config or ARCH+FAMILY, or a TOML path",
         metavar="NAME|PATH",
     )
-    kind: str = opt(
-        "packed",
+    kind: Kind = opt(
+        Kind.PACKED,
         "packed: stored bytes (FP4/FP8 weights and their scales); expanded: bf16 decodes",
         choices=KINDS,
     )
@@ -321,6 +321,7 @@ class LoadOptions:
         object.__setattr__(
             self, "verify", Verify(self.verify)
         )  # the string given, as its named mode
+        object.__setattr__(self, "kind", Kind(self.kind))
 
     @classmethod
     def from_values(cls, values: Mapping[str, object], *, style: str = "api") -> LoadOptions:

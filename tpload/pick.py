@@ -18,6 +18,7 @@ import json
 from functools import cache
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .config import FAMILIES, Config, available, load_config, split_spec
 from .errors import ConfigError, LoadError
@@ -27,6 +28,10 @@ from .storage.files import parse_json
 from .storage.pins import INDEX_NAME, Pins
 from .storage.safetensors import read_header
 from .text import escape_name
+
+if TYPE_CHECKING:
+    from .plan import Planner
+    from .storage.catalogue import Catalogue
 
 AUTO = "auto"
 
@@ -100,6 +105,27 @@ def model_config(root: Path, *, pins: Pins | None = None) -> dict | None:
     if not isinstance(doc, dict):
         raise ConfigError(f"{escape_name(path)}: model config is not a JSON object")
     return doc
+
+
+def model_for(root: Path, config: Config, *, pins: Pins | None = None) -> dict | None:
+    """The checkpoint's config.json for the planner (``Planner(..., model=)``), or None when it has
+    none. An unreadable one is an error only when one of ``config``'s rules counts heads by it."""
+    try:
+        return model_config(Path(root), pins=pins)
+    except LoadError:
+        if any(isinstance(r.units, str) for r in config.rules):
+            raise
+        return None
+
+
+def planner_of(catalogue: Catalogue, config: Config) -> Planner:
+    """A planner of ``catalogue`` under ``config``, given the checkpoint's config.json (the planner
+    itself reads no file)."""
+    from .plan import Planner
+
+    return Planner(
+        catalogue, config, model=model_for(Path(catalogue.root), config, pins=catalogue.pins)
+    )
 
 
 _REFERENCE_NAMES = ("mtp.", "head.")

@@ -24,6 +24,7 @@ them)."""
 OUTSIDE = ("mtp.", "lm_head.")
 """Top-level names that stay where they are when the body moves (no prefix -> ``model.``)."""
 _LAYER = re.compile(r"(.*?)layers\.(\d+)\.")
+_LAYER_LINES = re.compile(r"^(.*?)layers\.(\d+)\.", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,20 @@ def detect(
     """The layers' prefix among :data:`CANDIDATES`; ConfigError naming both when two prefixes hold
     layers (one weight stored twice, or two models in one folder). ``model``: config.json, for MTP
     layers past ``num_hidden_layers``."""
+    names = list(names)
+    text = "\n".join(names)
+    if text.count("\n") == len(names) - 1:  # no name holds a newline: one C-level scan of them all
+        layers_of: dict[str, set[str]] = {}
+        for p, i in set(_LAYER_LINES.findall(text)):
+            if p in CANDIDATES:
+                layers_of.setdefault(p, set()).add(i)
+        if len(layers_of) == 1:
+            ((found, held_layers),) = layers_of.items()
+            mtp = text.startswith("mtp.") or "\nmtp." in text
+            return _found(found, wanted, sorted(set(map(int, held_layers))), mtp, model)
+        if not layers_of:
+            mtp = text.startswith("mtp.") or "\nmtp." in text
+            return Prefix(None, wanted, mtp="MTP under 'mtp.'" if mtp else "")
     held: dict[str, dict[str, str]] = {}  # prefix -> {the rest of the name: the stored name}
     indices: dict[str, set[int]] = {}
     mtp = False
@@ -113,7 +128,13 @@ def detect(
     if not held:
         return Prefix(None, wanted, mtp="MTP under 'mtp.'" if mtp else "")
     found = next(iter(held))
-    layers = sorted(indices[found])
+    return _found(found, wanted, sorted(indices[found]), mtp, model)
+
+
+def _found(
+    found: str, wanted: str | None, layers: list[int], mtp: bool, model: Mapping[str, object] | None
+) -> Prefix:
+    """The prefix ``found``, its layers' indices ascending, and what says MTP layers are there."""
     words = ["MTP under 'mtp.'"] if mtp else []
     hidden = (model or {}).get("num_hidden_layers")
     if isinstance(hidden, int) and not isinstance(hidden, bool) and layers[-1] >= hidden:

@@ -9,7 +9,8 @@ import json
 from pathlib import Path
 
 from tpload.config import load_config
-from tpload.plan import Layout, Planner
+from tpload.pick import planner_of
+from tpload.plan import Layout
 from tpload.storage.sharded import ShardedStorage
 from tpload.verification.policy import hash_plan
 
@@ -24,7 +25,7 @@ def _reads(plan) -> dict:
 
 def test_a_write_between_hash_and_copy_fails_every_rank(ckpt_copy: Path, tmp_path: Path) -> None:
     storage = ShardedStorage(ckpt_copy)
-    planner = Planner(storage.catalogue, load_config())
+    planner = planner_of(storage.catalogue, load_config())
     plans = {r: planner.plan(Layout(2), "packed", r) for r in (0, 1)}
     sizes = {n: storage.catalogue.get(n).nbytes for n in storage.catalogue.names()}
     hashes = hash_plan("node", 0, {r: _reads(p) for r, p in plans.items()}, sizes, per_rank=False)

@@ -104,12 +104,13 @@ def test_a_changed_small_tensor_fails_the_batched_load_naming_it(
 
 def test_batches_stop_at_a_file_a_gap_or_a_tensor_they_cannot_take(many: Path) -> None:
     from tpload.config import load_config
-    from tpload.plan import Layout, Planner
+    from tpload.pick import planner_of
+    from tpload.plan import Layout
     from tpload.storage.sharded import ShardedStorage
 
     storage = ShardedStorage(many)
     try:
-        plan = Planner(storage.catalogue, load_config("llama")).plan(Layout(1), "packed", 0)
+        plan = planner_of(storage.catalogue, load_config("llama")).plan(Layout(1), "packed", 0)
         items = plan.items
         runs = list(batch.runs(items, "packed", storage))
         files = [{storage.stored(items[k].name).path for k in range(i, j)} for i, j, _ in runs]
@@ -133,12 +134,14 @@ def test_packed_weights_with_their_scales_batch_alike(
     """Whole small FP8 weights and their scales (DeepSeek-V3's q_a/kv_a projections, replicated) go
     in batches too: the same digest and bytes as one by one."""
     from tpload.config import load_config
-    from tpload.plan import Layout, Planner
+    from tpload.pick import planner_of
+    from tpload.plan import Layout
     from tpload.storage.sharded import ShardedStorage
 
     storage = ShardedStorage(fp8)
     try:
-        plan = Planner(storage.catalogue, load_config("deepseek-v3")).plan(Layout(2), "packed", 0)
+        planner = planner_of(storage.catalogue, load_config("deepseek-v3"))
+        plan = planner.plan(Layout(2), "packed", 0)
         batched = [
             plan.items[k]
             for i, j, _ in batch.runs(plan.items, "packed", storage)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tpload.pick import choose
-from tpload.plan import Layout, Planner
+from tpload.pick import choose, planner_of
+from tpload.plan import Layout
 from tpload.storage.sharded import ShardedStorage
 from tpload.tools.bench import (
     OPTIONAL,
@@ -86,7 +86,7 @@ def test_decode_measure_picks_the_biggest_tensor_of_each_format(tmp_path: Path) 
     d = decode_bandwidth(str(root), threads=1, reps=1)
     assert set(d["codecs"]) == {"fp8-block F8_E4M3/F8_E8M0", "fp4-e8m0 I8/F8_E8M0", "plain F16"}
     storage = ShardedStorage(root)
-    plan = Planner(storage.catalogue, choose("auto", root)[0]).plan(Layout(1), "expanded", 0)
+    plan = planner_of(storage.catalogue, choose("auto", root)[0]).plan(Layout(1), "expanded", 0)
     storage.close()
     fp8 = [i for i in plan.items if i.codec.role == "fp8"]
     biggest = max(fp8, key=lambda i: i.outputs[0].nbytes)

@@ -9,7 +9,8 @@ import pytest
 
 from tpload.config import Config, Rule, load_config, shipped_configs, with_rules
 from tpload.errors import ConfigError
-from tpload.plan import Layout, Planner
+from tpload.pick import planner_of
+from tpload.plan import Layout
 from tpload.storage.catalogue import read_native
 
 
@@ -70,7 +71,7 @@ def test_unknown_config_name_lists_shipped_ones() -> None:
 def test_unmatched_tensors_are_all_listed(small_ckpt: Path, tmp_path: Path) -> None:
     cfg = write(tmp_path, '[[rules]]\nmatch = "mtp.*"\nrole = "plain"\n')
     with pytest.raises(ConfigError) as e:
-        Planner(Checkpoint(small_ckpt), load_config(cfg))
+        planner_of(Checkpoint(small_ckpt), load_config(cfg))
     assert "head.weight" in str(e.value) and "match no rule" in str(e.value)
 
 
@@ -83,7 +84,7 @@ def test_role_that_does_not_fit_the_dtype_names_tensor_and_rule(
         '[[rules]]\nmatch = "*"\nrole = "plain"\n',
     )
     with pytest.raises(ConfigError) as e:
-        Planner(Checkpoint(small_ckpt), load_config(cfg))
+        planner_of(Checkpoint(small_ckpt), load_config(cfg))
     msg = str(e.value)
     assert "head.weight" in msg and "rule 1" in msg and "head.scale" in msg
 
@@ -98,7 +99,7 @@ def test_skip_and_defer_rules(small_ckpt: Path, tmp_path: Path) -> None:
         '[[rules]]\nmatch = "mtp.*.eh_proj.*"\nrole = "skip"\n'
         '[[rules]]\nmatch = "*"\nrole = "plain"\n',
     )
-    planner = Planner(Checkpoint(small_ckpt), load_config(cfg))
+    planner = planner_of(Checkpoint(small_ckpt), load_config(cfg))
     plan = planner.plan(Layout(1), "packed", 0)
     assert "head.weight" in plan.skipped and "head.weight" not in {i.name for i in plan.items}
     assert sorted(plan.deferred) == ["mtp.0.ffn.gate.bias", "mtp.0.ffn.gate.weight"]
@@ -114,7 +115,7 @@ def test_a_plain_rule_over_fp8_weights_is_refused_naming_them(
 ) -> None:
     cfg = write(tmp_path, '[[rules]]\nmatch = "*"\nrole = "plain"\n')
     with pytest.raises(ConfigError) as e:
-        Planner(Checkpoint(small_ckpt), load_config(cfg))
+        planner_of(Checkpoint(small_ckpt), load_config(cfg))
     assert "plain tensors must be BF16/F32/F16/I64" in str(e.value) and "eh_proj.weight" in str(
         e.value
     )
@@ -124,13 +125,14 @@ def test_a_skip_glob_that_matches_nothing_is_refused(small_ckpt: Path) -> None:
     with pytest.raises(
         ConfigError, match="skip rule \\(match 'mpt.\\*', role skip\\) matched no tensor"
     ):
-        Planner(Checkpoint(small_ckpt), with_rules(load_config(), skip=("mpt.*",)))
+        planner_of(Checkpoint(small_ckpt), with_rules(load_config(), skip=("mpt.*",)))
 
 
 def test_a_skip_glob_shadowed_by_an_earlier_one_is_not_idle(small_ckpt: Path) -> None:
     # "mtp.*" takes every tensor "mtp.0.*" matches: the second rule is no tensor's first match, yet
     # it matches some, so it is no typo
-    planner = Planner(Checkpoint(small_ckpt), with_rules(load_config(), skip=("mtp.*", "mtp.0.*")))
+    config = with_rules(load_config(), skip=("mtp.*", "mtp.0.*"))
+    planner = planner_of(Checkpoint(small_ckpt), config)
     assert planner.skipped and all(n.startswith("mtp.") for n in planner.skipped)
 
 
@@ -197,3 +199,16 @@ def test_shipped_configs_are_in_the_wheel(tmp_path: Path) -> None:
         "report",
     ):  # every subpackage ships
         assert f"tpload/{package}/__init__.py" in names
+
+
+def test_roles_and_splits_are_named_modes_read_from_the_same_strings() -> None:
+    from tpload.modes import Role, Split
+
+    rule = Rule(match="*.w", role="fp8", split="rows")
+    assert rule.role is Role.FP8 and rule.split is Split.ROWS
+    assert rule.role == "fp8" and f"{rule.split}" == "rows"  # messages and TOML keep the strings
+    assert all(isinstance(r.role, Role) for r in load_config("deepseek-v3").rules)
+    with pytest.raises(ConfigError, match="split 'diagonal' is not one of rows, cols, replicate"):
+        Rule(match="*", role="plain", split="diagonal")
+    with pytest.raises(ConfigError, match="role 'fp3' is not one of"):
+        Rule(match="*", role="fp3")

@@ -14,7 +14,8 @@ import torch
 
 import tpload
 from tpload.config import load_config
-from tpload.plan import Layout, Planner
+from tpload.pick import planner_of
+from tpload.plan import Layout
 from tpload.storage.catalogue import read_native
 from tpload.tools.synth import SynthSpec, write_checkpoint
 
@@ -98,7 +99,7 @@ def test_i64_and_f16_and_numeric_order(mixed: Path) -> None:
 
 
 def test_expert_groups_count_numerically(mixed: Path) -> None:
-    planner = Planner(read_native(mixed)[0], load_config())
+    planner = planner_of(read_native(mixed)[0], load_config())
     held = [
         sorted(
             {

@@ -15,8 +15,8 @@ import pytest
 
 from tpload.config import Config, shipped_configs
 from tpload.errors import ConfigError
-from tpload.pick import choose
-from tpload.plan import Layout, Planner
+from tpload.pick import choose, planner_of
+from tpload.plan import Layout
 from tpload.storage.catalogue import read_native
 from tpload.tools.published import write_published
 
@@ -260,7 +260,7 @@ def test_each_tiny_preset_gets_a_config_that_cuts_it(
     root = write_published(tmp_path / preset, preset, manifest=False)
     config, why = picked(root)
     assert config.name == name and why.startswith(f"config {name}: ")
-    planner = Planner(read_native(root)[0], config)
+    planner = planner_of(read_native(root)[0], config)
     assert planner.layout_problems(Layout(2)) == []
     plan = planner.plan(Layout(2), "packed", 1)
     assert len(plan.items) > 0

@@ -11,6 +11,7 @@ import pytest
 
 from tpload.config import load_config
 from tpload.errors import ConfigError, LayoutError
+from tpload.pick import planner_of
 from tpload.plan import Layout, Planner
 from tpload.storage.catalogue import read_native
 from tpload.tools.synth import SynthSpec, write_checkpoint
@@ -19,7 +20,7 @@ from ..reference import expert_window, fp4, fp8, read_all
 
 
 def planner_for(root: Path, config: object = None) -> Planner:
-    return Planner(read_native(root)[0], config or load_config())
+    return planner_of(read_native(root)[0], config or load_config())
 
 
 @pytest.fixture(scope="module")
@@ -187,53 +188,24 @@ def test_unmatched_tensors_of_a_real_layout_are_listed_grouped(tmp_path: Path) -
     assert "(and 19 more)" in msg  # twelve classes shown, the rest counted
 
 
-class _Node:
-    """A tracked object the collector can be asked about."""
-
-
-def test_paused_gc_promotes_what_it_made_without_a_pass_and_restores_the_collector() -> None:
+def test_planning_leaves_the_collector_as_it_found_it(small_ckpt: Path) -> None:
+    """A library call has no collector policy: the collector stays on, nothing is frozen."""
     import gc
 
-    from tpload.plan import paused_gc
-
-    assert gc.isenabled()
-    with paused_gc():
-        assert not gc.isenabled()
-        made = [_Node() for _ in range(1000)]
-    assert gc.isenabled() and gc.get_freeze_count() == 0
-    oldest = {id(o) for o in gc.get_objects(generation=2)}
-    assert all(id(o) in oldest for o in made)  # promoted, not left for a young pass over them all
-    assert gc.get_count()[0] < 100
+    frozen = gc.get_freeze_count()
+    planner = planner_for(small_ckpt)
+    plans = [planner.plan(Layout(2), "packed", r) for r in range(2)]
+    assert plans[1].items and gc.isenabled() and gc.get_freeze_count() == frozen
 
 
-def test_paused_gc_leaves_the_callers_frozen_objects_frozen() -> None:
-    import gc
-
-    from tpload.plan import paused_gc
-
-    gc.freeze()
-    try:
-        frozen = gc.get_freeze_count()
-        with paused_gc():
-            made = [_Node() for _ in range(10)]
-        assert gc.get_freeze_count() == frozen and gc.isenabled()
-        assert made
-    finally:
-        gc.unfreeze()
-
-
-def test_paused_gc_leaves_a_disabled_collector_disabled() -> None:
-    import gc
-
-    from tpload.plan import paused_gc
-
-    gc.disable()
-    try:
-        with paused_gc():
-            pass
-        assert not gc.isenabled()
-    finally:
-        gc.enable()
+def test_a_plan_is_held_as_columns(planner: Planner) -> None:
+    plan = planner.plan(Layout(2), "packed", 1)
+    assert plan.index.dtype.kind == "i" and plan.offsets.dtype.kind == "i"
+    assert len(plan.index) == len(plan.klass) == len(plan.offsets) == len(plan.items)
+    assert [o.offset for i in plan.items for o in i.outputs[:1]] == plan.offsets.tolist()
+    # entries cut alike share one class, and so one object of cuts
+    assert len(plan.table) < len(plan.items)
+    assert {id(s) for s in plan.shapes} == {id(s) for s in plan.table.values()}
 
 
 def test_part_of_is_the_inverse_of_share() -> None:
@@ -244,3 +216,32 @@ def test_part_of_is_the_inverse_of_share() -> None:
             for k in range(parts):
                 lo, hi = share(n, parts, k)
                 assert all(part_of(i, n, parts) == k for i in range(lo, hi)), (n, parts, k)
+
+
+def test_the_planner_reads_no_file_and_says_when_config_json_is_needed(small_ckpt: Path) -> None:
+    """plan.py and planning/ open nothing: config.json comes in as ``model=``."""
+    import ast
+
+    import tpload.plan
+    import tpload.planning
+
+    sources = [Path(tpload.plan.__file__), *Path(tpload.planning.__file__).parent.glob("*.py")]
+    for path in sources:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                assert node.module not in ("pick", "storage", "pathlib", "gc"), path
+                assert not (node.module or "").startswith("storage.") or node.module == (
+                    "storage.catalogue"
+                ), path
+            assert not (isinstance(node, ast.Name) and node.id == "open"), path
+    catalogue = read_native(small_ckpt)[0]
+    with pytest.raises(ConfigError, match="counts heads by its field 'num_attention_heads', but"):
+        Planner(catalogue, load_config("llama"))
+
+
+def test_a_kind_is_a_named_mode(planner: Planner) -> None:
+    from tpload.modes import Kind
+
+    assert planner.plan(Layout(1), "expanded", 0).kind is Kind.EXPANDED
+    with pytest.raises(ConfigError, match="kind 'unpacked' is not one of packed, expanded"):
+        planner.plan(Layout(1), "unpacked", 0)

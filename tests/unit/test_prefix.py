@@ -12,7 +12,8 @@ import torch
 import tpload
 from tpload.config import load_config
 from tpload.errors import ConfigError
-from tpload.plan import Layout, Planner
+from tpload.pick import planner_of
+from tpload.plan import Layout
 from tpload.prefix import detect
 from tpload.storage import open_storage
 from tpload.tools.published import write_published
@@ -112,7 +113,7 @@ def test_a_wrapped_checkpoint_plans_as_the_plain_one(llama: tuple[Path, Path]) -
     for root in (plain, wrapped):
         storage = open_storage(root, tp=2, ep=1, rank=0, world=2)
         try:
-            planner = Planner(storage.catalogue, load_config("llama"))
+            planner = planner_of(storage.catalogue, load_config("llama"))
         finally:
             storage.close()
         plans.append(planner.plan(Layout(2), "packed", 1))

@@ -12,6 +12,7 @@ import tpload
 from tpload import preflight
 from tpload.config import load_config
 from tpload.errors import LoadError
+from tpload.pick import planner_of
 from tpload.plan import Layout, Planner
 from tpload.storage.catalogue import read_native
 
@@ -20,7 +21,7 @@ MIB = 1 << 20
 
 @pytest.fixture(scope="module")
 def planner(small_ckpt: Path) -> Planner:
-    return Planner(read_native(small_ckpt)[0], load_config())
+    return planner_of(read_native(small_ckpt)[0], load_config())
 
 
 def test_fits_or_names_needed_free_reserve_and_what_to_change(

@@ -24,8 +24,8 @@ from safetensors import safe_open
 
 import tpload
 from tpload.errors import CheckpointError
-from tpload.pick import choose
-from tpload.plan import Layout, Planner
+from tpload.pick import choose, planner_of
+from tpload.plan import Layout
 from tpload.storage.catalogue import read_native
 from tpload.tools.offline import verify_checkpoint, write_manifest
 from tpload.tools.published import PUBLISHED, tensor_count, write_published
@@ -315,7 +315,7 @@ def test_plan_cuts_the_headers_only_checkpoint_with_vllms_uneven_shares(gpt_oss_
     assert config.name == "gpt-oss+mxfp4"
     catalogue = read_native(gpt_oss_full)[0]
     assert catalogue.headers_only
-    planner = Planner(catalogue, config)
+    planner = planner_of(catalogue, config)
     assert planner.layout_problems(Layout(4)) == []
     assert planner.layout_problems(Layout(8)) == []
     assert planner.layout_problems(Layout(16))  # the last rank would get no expert channel

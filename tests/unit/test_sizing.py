@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from tpload.config import load_config
-from tpload.plan import Layout, planning
+from tpload.plan import Layout
 from tpload.tools.published import write_published
-from tpload.tools.sizing import costs
+from tpload.tools.sizing import costs, planning
 
 
 @pytest.fixture(scope="module")

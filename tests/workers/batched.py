@@ -11,8 +11,8 @@ from pathlib import Path
 
 import tpload
 from tpload import batch
-from tpload.pick import choose
-from tpload.plan import Layout, Planner
+from tpload.pick import choose, planner_of
+from tpload.plan import Layout
 from tpload.storage.sharded import ShardedStorage
 
 
@@ -21,7 +21,8 @@ def _cut_windows_batched(root: Path, rank: int) -> int:
     tensor."""
     storage = ShardedStorage(root)
     try:
-        plan = Planner(storage.catalogue, choose("auto", root)[0]).plan(Layout(2), "packed", rank)
+        planner = planner_of(storage.catalogue, choose("auto", root)[0])
+        plan = planner.plan(Layout(2), "packed", rank)
         return sum(
             1
             for i, j, _ in batch.runs(plan.items, "packed", storage, classes=plan.shapes)

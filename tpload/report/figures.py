@@ -18,12 +18,17 @@ import numpy as np
 import torch
 
 from .. import load_path_import_ns
+from ..modes import PredictionState
 from ..verification.crosscheck import DIGEST_BYTES, SLOTS
 
 MESSAGE_BYTES = 4096
 DEVICE_BYTES = 24  # a multiple of 8 (the row is int64 words), and not DIGEST_BYTES (_pack)
 NOT_MEASURED = -1
-PREDICTION = ("none stored", "matched", "differs")  # RankFigures.prediction
+PREDICTION = {
+    PredictionState.NONE: "none stored",
+    PredictionState.MATCH: "matched",
+    PredictionState.DIFFERS: "differs",
+}  # RankFigures.prediction
 
 
 def _bytes(size: int) -> dict:
@@ -89,8 +94,8 @@ class RankFigures:
     (``tpload.api``, timed when ``tpload.load`` is first asked for), so the once-per-process work
     that stands before the loop (the kernels load on a thread beside it, see codecs/_lazy.py).
     None on later loads, and when the load failed before."""
-    prediction: int = 0
-    """This rank's digest against a stored prediction: 0 none stored, 1 matched, 2 differs."""
+    prediction: int = PredictionState.NONE
+    """This rank's digest against a stored prediction (a PredictionState)."""
     digest: str = field(default="", metadata=_bytes(DIGEST_BYTES))
     device: str = field(default="", metadata=_bytes(DEVICE_BYTES))
     """The device this rank served on (``cuda:3``, ``cpu``): the attestation records it."""

@@ -7,6 +7,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..modes import PredictionState
 from ..storage.files import atomic_write
 from ..text import printable
 from .figures import PREDICTION, RankFigures
@@ -53,7 +54,7 @@ class LoadReport:
         """Every rank's digest against the stored prediction: ``matched`` only if every rank
         matched."""
         states = {r.prediction for r in self.ranks}
-        word = PREDICTION[max(states)] if states else PREDICTION[0]
+        word = PREDICTION[PredictionState(max(states, default=PredictionState.NONE))]
         if word == "matched" and len(states) > 1:
             word = "partly stored"
         return word + (

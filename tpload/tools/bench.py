@@ -29,8 +29,8 @@ from ..codecs import Cut
 from ..errors import LoadError
 from ..loop import decode_rows
 from ..options import COUNT, DEFAULT_CONFIG, RANKS, SECONDS, Parser
-from ..pick import choose
-from ..plan import Item, Layout, Planner
+from ..pick import choose, planner_of
+from ..plan import Item, Layout
 from ..storage.pagecache import resident_bytes
 from ..storage.sharded import ShardedStorage
 from .published import cached_published, loadable_presets
@@ -368,7 +368,7 @@ def decode_bandwidth(
     that device."""
     storage = ShardedStorage(Path(ckpt_dir).absolute())
     try:
-        plan = Planner(storage.catalogue, choose(config, storage.root)[0]).plan(
+        plan = planner_of(storage.catalogue, choose(config, storage.root)[0]).plan(
             Layout(1), "expanded", 0
         )
         torch.set_num_threads(threads)

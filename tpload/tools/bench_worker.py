@@ -34,8 +34,8 @@ from ..options import DEFAULT_CONFIG
 
 # The bench's own pieces that every method shares (the plan of the windows, the map); none of these
 # imports tpload's kernels (numba), so a method's own imports are timed in a process without them.
-from ..pick import choose
-from ..plan import Cut, Item, Layout, Output, Planner, RankPlan
+from ..pick import choose, planner_of
+from ..plan import Cut, Item, Layout, Output, RankPlan
 from ..storage.safetensors import ITEMSIZE
 from ..storage.sharded import ShardedStorage
 
@@ -112,7 +112,8 @@ class Job:
 
     @functools.cached_property
     def plan(self) -> RankPlan:
-        planner = Planner(self.ckpt.catalogue, choose(self.config, Path(self.root).absolute())[0])
+        config = choose(self.config, Path(self.root).absolute())[0]
+        planner = planner_of(self.ckpt.catalogue, config)
         return planner.plan(self.layout, "packed", self.rank)
 
     def outputs(self) -> list[tuple[Output, Cut]]:

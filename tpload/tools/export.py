@@ -22,7 +22,8 @@ import numpy as np
 
 from ..config import Config
 from ..errors import CheckpointError
-from ..plan import Layout, Planner, RankPlan
+from ..pick import planner_of
+from ..plan import Layout, RankPlan
 from ..storage.catalogue import MANIFEST_NAME, natural_key
 from ..storage.partitioned import rank_file
 from ..storage.pins import pins_to_write
@@ -90,7 +91,7 @@ def export(
         raise CheckpointError(f"{escape_name(dst)}: export folder is not empty; give a new folder")
     try:
         storage.catalogue.refuse_headers_only("exporting it")
-        planner = Planner(storage.catalogue, config)
+        planner = planner_of(storage.catalogue, config)
         planner.check_layout(layout, layout.world)
         plans = [planner.plan(layout, "packed", r) for r in range(layout.world)]
         copied = sorted(

@@ -22,7 +22,8 @@ from pathlib import Path
 from ..config import Config
 from ..errors import CheckpointError, LoadError
 from ..loop import value_feed
-from ..plan import Layout, Planner
+from ..pick import planner_of
+from ..plan import Layout
 from ..storage import Storage
 from ..storage.catalogue import MANIFEST_NAME
 from ..storage.files import atomic_write
@@ -156,7 +157,7 @@ def _value_checkers(storage: Storage, config: Config, problems: list[str]) -> di
     item's order)} for every tensor the config classifies: an item's cuts in order, scales before
     the weight, as a load feeds them (loop.value_feed)."""
     try:
-        planner = Planner(storage.catalogue, config)
+        planner = planner_of(storage.catalogue, config)
     except LoadError as e:
         problems.append(f"config {config.name} does not fit: {e}")
         return {}

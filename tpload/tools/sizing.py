@@ -9,14 +9,19 @@ is more than it reads, and the figures say by how much.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import psutil
 
-from ..plan import RankPlan
+from ..config import Config
+from ..pick import model_for
+from ..plan import Layout, Planner, RankPlan
+from ..planning.reads import readers
+from ..storage import open_storage
 from ..storage.catalogue import Catalogue
 from ..storage.reader import CHUNK_BYTES, RING
 from ..transfer import CUDA_CHUNK_BYTES as PINNED_CHUNK
@@ -67,10 +72,7 @@ def costs(
     ranks: list[RankCost] = []
     node_costs: list[NodeCost] = []
     for node, members in enumerate(nodes):
-        users: dict[str, list[int]] = {}
-        for r in members:
-            for name in plans[r].used_tensors:
-                users.setdefault(name, []).append(r)
+        users = readers({r: plans[r].reads for r in members})
         sizes = {n: tensors[n].nbytes for n in users}
         split = assign_hashing(sizes, members, users)
         files = {tensors[n].file for n in users}
@@ -99,14 +101,27 @@ def costs(
     return ranks, node_costs
 
 
+@contextlib.contextmanager
+def planning(root: str | os.PathLike, config: Config, layout: Layout) -> Iterator[Planner]:
+    """An offline planner of ``root`` (its storage closed once the tensors are classified), the
+    layout checked."""
+    storage = open_storage(root, tp=layout.tp, ep=layout.ep, rank=0, world=layout.world)
+    try:
+        planner = Planner(storage.catalogue, config, model=model_for(storage.root, config))
+    finally:
+        storage.close()
+    planner.check_layout(layout, layout.world)
+    yield planner
+
+
 def _file_bytes(catalogue: Catalogue, files: set[str]) -> int | None:
     paths = [catalogue.root / f for f in files]
     return sum(os.path.getsize(p) for p in paths) if all(p.is_file() for p in paths) else None
 
 
 class HostMemory:
-    """This process's resident memory at the steps of planning: what a rank holds besides its staging
-    (the interpreter and imports, the catalogue and classification, its plans)."""
+    """This process's resident memory at the steps of planning: what a rank holds besides its
+    staging (the interpreter and imports, the catalogue and classification, its plans)."""
 
     def __init__(self) -> None:
         self._proc = psutil.Process()
@@ -137,7 +152,8 @@ def render_costs(
     every_rank: bool,
     headers_only: bool = False,
 ) -> str:
-    """The table ``tpload plan`` prints: each rank (or only the busiest of each node), then each node."""
+    """The table ``tpload plan`` prints: each rank (or only the busiest of each node), then each
+    node."""
     gb = lambda b: f"{b / 1e9:.3f}"  # noqa: E731
     lines = [
         f"{'rank':>5} {'node':>4} {'tensors':>8} {'read GB':>9} {'hash GB':>9} {'device GB':>9} "
@@ -168,26 +184,27 @@ def render_costs(
         if n.file_bytes and n.hash_bytes and n.file_bytes > 1.05 * n.hash_bytes:
             whole += f" ({n.file_bytes / n.hash_bytes:.1f}x)"
         lines.append(
-            f"{n.node:>5} {f'{n.ranks[0]}-{n.ranks[-1]}':>9} {gb(n.read_bytes):>9} {gb(n.hash_bytes):>9} "
-            f"{whole:>19}"
+            f"{n.node:>5} {f'{n.ranks[0]}-{n.ranks[-1]}':>9} {gb(n.read_bytes):>9} "
+            f"{gb(n.hash_bytes):>9} {whole:>19}"
         )
     top = max(ranks, key=lambda r: r.device_peak)
     peers = max(len(n.ranks) for n in nodes)
     held = host.start + host.catalogue + peers * host.per_plan + STAGING_BYTES + PINNED_BYTES
     mib = lambda b: f"{b / 2**20:,.0f} MiB"  # noqa: E731
     lines.append(
-        f"peak device memory {gb(top.device_peak)} GB (rank {top.rank}: arena {gb(top.arena_bytes)} GB, one "
-        f"staged window and its decode {top.transient_bytes / 2**20:.1f} MiB)"
+        f"peak device memory {gb(top.device_peak)} GB (rank {top.rank}: arena "
+        f"{gb(top.arena_bytes)} GB, one staged window and its decode "
+        f"{top.transient_bytes / 2**20:.1f} MiB)"
     )
     lines.append(
-        f"peak host memory about {mib(held)} a rank: imports {mib(host.start)}, catalogue and classification "
-        f"{mib(host.catalogue)}, its node's {peers} plan(s) {mib(peers * host.per_plan)}, read ring "
-        f"{mib(STAGING_BYTES)}, pinned (CUDA) {mib(PINNED_BYTES)} (measured in this process; the page cache "
-        "is the kernel's)"
+        f"peak host memory about {mib(held)} a rank: imports {mib(host.start)}, catalogue and "
+        f"classification {mib(host.catalogue)}, its node's {peers} plan(s) "
+        f"{mib(peers * host.per_plan)}, read ring {mib(STAGING_BYTES)}, pinned (CUDA) "
+        f"{mib(PINNED_BYTES)} (measured in this process; the page cache is the kernel's)"
     )
     lines.append(
-        "hash GB: node verification with a per-tensor manifest (each tensor once per node); whole-file: a hub "
-        "snapshot checked by blob sha256 (every file a node's ranks touch)"
+        "hash GB: node verification with a per-tensor manifest (each tensor once per node); "
+        "whole-file: a hub snapshot checked by blob sha256 (every file a node's ranks touch)"
     )
     if headers_only:
         lines.append(

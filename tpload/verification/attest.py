@@ -589,8 +589,8 @@ def check(
     notes (what was not checked). Raises LoadError when the file cannot be read at all."""
     from .. import __version__
     from ..config import with_rules
-    from ..pick import choose
-    from ..plan import Layout, Planner
+    from ..pick import choose, planner_of
+    from ..plan import Layout
     from ..storage import open_storage
     from .predict import predict
 
@@ -661,7 +661,7 @@ def check(
                 f"{escape_name(cfg.name)} (id {cfg.id()}) for {root} (pass --config)"
             )
             return [*problems, differs], notes
-        planner = Planner(cat, cfg)
+        planner = planner_of(cat, cfg)
         planner.check_layout(layout, layout.world)
         plans = [planner.plan(layout, opts["kind"], r) for r in range(layout.world)]
         if len(ranks) != layout.world:

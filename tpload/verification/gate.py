@@ -29,29 +29,19 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from enum import IntEnum
 from pathlib import Path
 
 from .. import replicas
 from ..errors import LoadError
-from ..modes import Verify
+from ..modes import PredictionState, Verify
 from ..storage.hub import SNAPSHOT, FileSource
 from ..text import escape_name
 from . import crosscheck, signing
 from .blake3sums import SHA256, Digests, content_hash, fix_command
 from .files import FileHashed, FileHasher, assign_files, file_problems, own_problems
-from .policy import HashPlan, hash_plan
+from .policy import HashPlan, hash_plan, readers
 from .store import DigestStore, Prediction, stale
 from .vouched import Vouched
-
-
-class PredictionState(IntEnum):
-    """A rank's digest against the stored prediction for its layout (a number: it rides in the
-    row)."""
-
-    NONE = 0
-    MATCH = 1
-    DIFFERS = 2
 
 
 @dataclass(frozen=True)
@@ -266,7 +256,7 @@ class Unchecked(Strategy):
             super()._check_manifest()
 
     def _prepare(self) -> Prepared:
-        return Prepared(HashPlan(Verify.OFF, self.job.me))
+        return Prepared(HashPlan(self.job.me))
 
     def locators(self, names: tuple[str, ...]) -> dict[str, str | None]:
         return dict.fromkeys(names)
@@ -306,7 +296,7 @@ class Predicted(Strategy):
                 f"--verify digest: {', '.join(changed)} changed (size or mtime) since the digests "
                 f"in {escape_name(self.store_path)} were verified ({self.key}); {fix}"
             )
-        return Prepared(HashPlan(Verify.DIGEST, job.me), stored=stored)
+        return Prepared(HashPlan(job.me), stored=stored)
 
 
 class TensorDigests(Strategy):
@@ -380,11 +370,9 @@ class FileDigests(Strategy):
         ):  # each rank hashes the files it reads, for its own windows only
             reads = {me: reads[me]}
         file_of = {n: storage.info(n).path for r in reads.values() for n in r}
-        users: dict[Path, list[int]] = {}
-        for p in sorted(reads):
-            for n in reads[p]:
-                if p not in users.setdefault(file_of[n], []):
-                    users[file_of[n]].append(p)
+        users: dict[Path, list[int]] = {}  # each file: the ranks that read from it
+        for n, ranks in readers(reads).items():
+            users[file_of[n]] = sorted({*users.get(file_of[n], ()), *ranks})
         if job.opts.verify == Verify.RANK or len(reads) == 1:
             split = {me: sorted({file_of[n] for n in reads[me]})}
         else:
@@ -406,7 +394,7 @@ class FileDigests(Strategy):
         views = {c.name: c.view for q in job.plans.values() for item in q.items for c in item.cuts}
         self.split, self.extra = split, extra
         files = FileHasher(storage, sorted(mine | extra), peers, views, deferred=deferred)
-        return Prepared(HashPlan(job.opts.verify, me, frozenset(), owner, {}), files=files)
+        return Prepared(HashPlan(me, frozenset(), owner, {}), files=files)
 
     def settle(self, result: object) -> None:
         job, me, fig = self.job, self.job.me, self.job.fig

@@ -225,7 +225,7 @@ def hash_whole(
     """``digests``' hashes (sha256 by default) of every named tensor, each read whole once, in the
     given order (offline tools: a manifest, a verification at rest, an export's sources). ``feeds``:
     also hand each block of a tensor, whole rows at a time, to its callable (the value checks)."""
-    hasher = Hasher(HashPlan("rank", 0, frozenset(names)), threads=threads, digests=digests)
+    hasher = Hasher(HashPlan(0, frozenset(names)), threads=threads, digests=digests)
     reader = Reader(storage)
     try:
         for name in names:

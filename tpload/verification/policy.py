@@ -19,22 +19,24 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-Box = tuple[tuple[int, int], tuple[int, int]]
-"""A window of a stored tensor: (rows, byte columns) of its 2-D view."""
+from ..modes import Verify
+from ..planning.reads import Box, readers
+
+__all__ = ["Box", "HashPlan", "assign_hashing", "hash_plan", "readers"]
 
 
 @dataclass(frozen=True)
 class HashPlan:
     """This rank's part of the node's sha256 work, and who does the rest."""
 
-    mode: str
     rank: int
     mine: frozenset[str] = frozenset()
     """Tensors this rank hashes."""
     owner: Mapping[str, int] = field(default_factory=dict)
     """For every tensor this rank reads that a node peer hashes: that peer."""
     peers: Mapping[str, Mapping[int, Box]] = field(default_factory=dict)
-    """For every tensor this rank hashes: each node peer that reads a window of it, and the window."""
+    """For every tensor this rank hashes: each node peer that reads a window of it, and the
+    window."""
 
 
 def assign_hashing(
@@ -50,8 +52,8 @@ def assign_hashing(
     load = {r: 0 for r in ranks}
     out: dict[int, list[str]] = {r: [] for r in ranks}
     users = users or {}
-    # largest first, names in order among equals (sorts are stable, reversed ones too): an order every
-    # rank agrees on, made with C-level keys (92,000 tensors)
+    # largest first, names in order among equals (sorts are stable, reversed ones too): an order
+    # every rank agrees on, made with C-level keys
     for name in sorted(sorted(sizes), key=sizes.__getitem__, reverse=True):
         readers = users.get(name) or ranks
         r = readers[0]
@@ -65,25 +67,23 @@ def assign_hashing(
 
 
 def hash_plan(
-    mode: str,
+    mode: Verify,
     rank: int,
     reads: Mapping[int, Mapping[str, Box]],
     sizes: Mapping[str, int],
     *,
     per_rank: bool,
 ) -> HashPlan:
-    """This rank's :class:`HashPlan`. ``reads``: for this rank and each peer on its node, the windows it
-    reads (tensor -> box); ``sizes``: stored bytes of each tensor; ``per_rank``: each rank has files of its own."""
-    if mode in ("off", "digest"):
-        return HashPlan(mode, rank)
-    if mode == "rank" or per_rank or len(reads) == 1:
-        return HashPlan(mode, rank, frozenset(reads[rank]))
-    users: dict[str, list[int]] = {}
-    for peer in sorted(reads):
-        for name in reads[peer]:
-            users.setdefault(name, []).append(peer)
+    """This rank's :class:`HashPlan`. ``reads``: for this rank and each peer on its node, the
+    windows it reads (tensor -> box); ``sizes``: stored bytes of each tensor; ``per_rank``: each
+    rank has files of its own."""
+    if mode in (Verify.OFF, Verify.DIGEST):
+        return HashPlan(rank)
+    if mode == Verify.RANK or per_rank or len(reads) == 1:
+        return HashPlan(rank, frozenset(reads[rank]))
+    users = readers(reads)
     split = assign_hashing({n: sizes[n] for n in users}, sorted(reads), users)
     owner = {n: r for r, names in split.items() for n in names}
     mine = frozenset(split[rank])
     peers = {n: {p: reads[p][n] for p in users[n] if p != rank} for n in mine}
-    return HashPlan(mode, rank, mine, {n: owner[n] for n in reads[rank] if owner[n] != rank}, peers)
+    return HashPlan(rank, mine, {n: owner[n] for n in reads[rank] if owner[n] != rank}, peers)

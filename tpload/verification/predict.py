@@ -14,7 +14,8 @@ import torch
 from ..config import Config
 from ..errors import CheckpointError
 from ..loop import run
-from ..plan import Layout, Planner
+from ..pick import planner_of
+from ..plan import Layout
 from ..report.progress import Silent
 from ..storage import Storage, open_storage
 from ..transfer.cpu import CpuTransfer
@@ -54,7 +55,7 @@ def predict(
         )
         try:
             opened.catalogue.refuse_headers_only("computing digests")
-            planner = Planner(opened.catalogue, config)
+            planner = planner_of(opened.catalogue, config)
             planner.check_layout(layout, layout.world)
             plan = planner.plan(layout, kind, rank)
             mine: frozenset[str] = frozenset()
@@ -70,7 +71,7 @@ def predict(
                 opened,
                 plan,
                 transfer=CpuTransfer(torch.device("cpu")),
-                hasher=Hasher(HashPlan("rank", rank, mine), threads=min(2, spare_threads())),
+                hasher=Hasher(HashPlan(rank, mine), threads=min(2, spare_threads())),
                 samples=0,
                 progress=Silent(),
             )

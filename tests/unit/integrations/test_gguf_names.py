@@ -115,8 +115,8 @@ def qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _tp2(root: Path, rank: int) -> tuple[dict, list, dict[str, np.ndarray]]:
     """The rank's plan, its windows cut from gguf's reader (not tpload's), and gguf's whole
     tensors."""
-    from tpload.pick import choose
-    from tpload.plan import Layout, Planner
+    from tpload.pick import choose, planner_of
+    from tpload.plan import Layout
     from tpload.storage.catalogue import read_native
 
     whole = {
@@ -125,7 +125,7 @@ def _tp2(root: Path, rank: int) -> tuple[dict, list, dict[str, np.ndarray]]:
         for t in gguf.GGUFReader(f).tensors
     }
     config, _ = choose("auto", root)
-    plan = Planner(read_native(root)[0], config).plan(Layout(2), "packed", rank)
+    plan = planner_of(read_native(root)[0], config).plan(Layout(2), "packed", rank)
     state = {}
     for item in plan.items:
         for c in item.cuts:

@@ -35,7 +35,8 @@ from tpload.integrations.handoff import (
     unconsumed_message,
     windows,
 )
-from tpload.plan import Layout, Planner
+from tpload.pick import planner_of
+from tpload.plan import Layout
 from tpload.storage.catalogue import read_native
 from tpload.tools.published import write_published
 
@@ -257,7 +258,7 @@ def test_a_whole_tensor_serves_every_op_and_counts_any_but_metadata_as_a_read() 
 
 
 def test_cuts_become_element_ranges(llama: Path) -> None:
-    planner = Planner(read_native(llama)[0], load_config("llama"))
+    planner = planner_of(read_native(llama)[0], load_config("llama"))
     metas = {}
     for rank in (0, 1):
         for item in planner.plan(Layout(2), "packed", rank).items:
@@ -305,7 +306,7 @@ def test_a_vllm_style_loader_gets_exactly_the_bytes_of_the_whole_tensors_slice(
     llama: Path, tp: int
 ) -> None:
     full = whole(llama)
-    planner = Planner(read_native(llama)[0], load_config("llama"))
+    planner = planner_of(read_native(llama)[0], load_config("llama"))
     for rank in range(tp):
         plan = planner.plan(Layout(tp), "packed", rank)
         state = {}
@@ -365,7 +366,7 @@ def test_declared_skips_follow_the_models_config() -> None:
 
 def test_a_handoff_names_every_tensor_left_unread_and_excuses_declared_skips(llama: Path) -> None:
     full = whole(llama)
-    plan = Planner(read_native(llama)[0], load_config("llama")).plan(Layout(2), "packed", 1)
+    plan = planner_of(read_native(llama)[0], load_config("llama")).plan(Layout(2), "packed", 1)
     state = {
         c.name: full[c.name][tuple(slice(lo, hi) for lo, hi in box_of(c, item.fit.weight))].clone()
         for item in plan.items
@@ -478,7 +479,7 @@ def test_extra_config_values_are_checked_as_load_checks_them_in_one_line(
 def test_windows_come_in_the_order_vllms_default_loader_yields_tensors(llama: Path) -> None:
     """Files in natural order, names sorted within each: what vLLM's own safetensors iterator
     yields."""
-    plan = Planner(read_native(llama)[0], load_config("llama")).plan(Layout(1), "packed", 0)
+    plan = planner_of(read_native(llama)[0], load_config("llama")).plan(Layout(1), "packed", 0)
     full = whole(llama)
     names = [n for n, _ in windows(full, plan.items, rank=0)]
     want = []

@@ -34,8 +34,8 @@ from tpload.integrations.handoff import (
     declared_skips,
     unconsumed_message,
 )
-from tpload.pick import choose, model_config
-from tpload.plan import Layout, Planner
+from tpload.pick import choose, model_config, planner_of
+from tpload.plan import Layout
 from tpload.storage.catalogue import read_native
 from tpload.tools.published import write_published
 
@@ -144,7 +144,7 @@ def handed_over(root: Path, rank: int) -> tuple[Handoff, dict[str, torch.Tensor]
     full = whole(root)
     skips = declared_skips(model_config(root))
     config = with_rules(choose("auto", root)[0], skip=tuple(s.glob for s in skips if not s.read))
-    plan = Planner(read_native(root)[0], config).plan(Layout(TP), "packed", rank)
+    plan = planner_of(read_native(root)[0], config).plan(Layout(TP), "packed", rank)
     state = {}
     for item in plan.items:
         metas = {

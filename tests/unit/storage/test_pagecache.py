@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from tpload.config import load_config
-from tpload.plan import Layout, Planner
+from tpload.pick import planner_of
+from tpload.plan import Layout
 from tpload.storage.pagecache import ShardRelease, checkpoint_resident, drop_ranges, resident_bytes
 from tpload.storage.sharded import ShardedStorage
 
@@ -175,7 +176,7 @@ def test_jobs_done_on_many_threads_release_each_shard_once() -> None:
 def test_a_shard_is_released_only_after_its_own_hash_jobs(small_ckpt: Path) -> None:
     storage = ShardedStorage(small_ckpt)
     try:
-        plan = Planner(storage.catalogue, load_config()).plan(Layout(1), "packed", 0)
+        plan = planner_of(storage.catalogue, load_config()).plan(Layout(1), "packed", 0)
         shards = storage.paths()
         released: list[Path] = []
         release = ShardRelease(lambda path, ranges: released.append(path))

@@ -14,7 +14,8 @@ import pytest
 
 from tpload.config import load_config
 from tpload.errors import CheckpointError, LayoutError
-from tpload.plan import Layout, Planner, RankPlan
+from tpload.pick import planner_of
+from tpload.plan import Layout, RankPlan
 from tpload.storage import open_storage
 from tpload.storage.partitioned import PartitionedStorage, is_partitioned, rank_file
 from tpload.storage.reader import Reader
@@ -51,7 +52,7 @@ def rank1(exported: Path) -> Iterator[PartitionedStorage]:
 def plan_of(small_ckpt: Path, rank: int) -> RankPlan:
     storage = ShardedStorage(small_ckpt)
     storage.close()
-    return Planner(storage.catalogue, load_config()).plan(Layout(TP, EP), "packed", rank)
+    return planner_of(storage.catalogue, load_config()).plan(Layout(TP, EP), "packed", rank)
 
 
 def test_an_export_folder_is_recognised(exported: Path, small_ckpt: Path) -> None:

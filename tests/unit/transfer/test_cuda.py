@@ -17,7 +17,8 @@ from tpload.codecs.fp4_e8m0 import FP4
 from tpload.codecs.fp8_block import FP8
 from tpload.config import load_config
 from tpload.loop import run
-from tpload.plan import Layout, Planner
+from tpload.pick import planner_of
+from tpload.plan import Layout
 from tpload.report.progress import Silent
 from tpload.storage.sharded import ShardedStorage
 from tpload.transfer.cpu import CpuTransfer
@@ -86,12 +87,12 @@ def test_a_block_wider_than_a_pinned_buffer_grows_it() -> None:
 def _load_with(transfer: object, root: Path, kind: str, tp: int, rank: int) -> tuple[str, dict]:
     storage = ShardedStorage(root)
     try:
-        plan = Planner(storage.catalogue, load_config()).plan(Layout(tp), kind, rank)
+        plan = planner_of(storage.catalogue, load_config()).plan(Layout(tp), kind, rank)
         result = run(
             storage,
             plan,
             transfer=transfer,
-            hasher=Hasher(HashPlan("rank", rank, frozenset(plan.used_tensors))),
+            hasher=Hasher(HashPlan(rank, frozenset(plan.used_tensors))),
             samples=2,
             progress=Silent(),
         )

@@ -15,8 +15,8 @@ import pytest
 from tpload.config import with_rules
 from tpload.errors import OptionsError
 from tpload.options import LoadOptions
-from tpload.pick import choose
-from tpload.plan import Layout, Planner
+from tpload.pick import choose, planner_of
+from tpload.plan import Layout
 from tpload.storage import open_storage
 from tpload.storage.hub import to_hub_cache
 from tpload.tools.published import write_published
@@ -38,7 +38,7 @@ def make_statement(
     try:
         chosen, _ = choose("auto", storage.root, pins=storage.catalogue.pins)
         config = with_rules(chosen, defer=defer)
-        planner = Planner(storage.catalogue, config)
+        planner = planner_of(storage.catalogue, config)
         files = storage.file_digests
     finally:
         storage.close()

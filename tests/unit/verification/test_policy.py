@@ -90,7 +90,7 @@ def test_node_mode_gives_each_tensor_to_exactly_one_of_its_readers() -> None:
     plans = {r: hash_plan("node", r, reads, SIZES, per_rank=False) for r in reads}
     hashers: dict[str, list[int]] = {}
     for r, plan in plans.items():
-        assert plan.mode == "node" and plan.rank == r
+        assert plan.rank == r
         assert plan.mine <= set(reads[r])  # a rank hashes only what it reads
         for n in plan.mine:
             hashers.setdefault(n, []).append(r)
@@ -117,22 +117,27 @@ def test_node_mode_expert_of_an_ep_group_is_hashed_inside_that_group() -> None:
 
 def test_rank_mode_hashes_everything_a_rank_reads() -> None:
     reads = node_reads()
-    assert hash_plan("rank", 2, reads, SIZES, per_rank=False) == HashPlan(
-        "rank", 2, frozenset(reads[2])
-    )
+    assert hash_plan("rank", 2, reads, SIZES, per_rank=False) == HashPlan(2, frozenset(reads[2]))
 
 
 def test_node_mode_falls_back_to_rank_for_per_rank_files_and_a_lone_rank() -> None:
     reads = node_reads()
-    assert hash_plan("node", 1, reads, SIZES, per_rank=True) == HashPlan(
-        "node", 1, frozenset(reads[1])
-    )
-    assert hash_plan("node", 1, {1: reads[1]}, SIZES, per_rank=False) == HashPlan(
-        "node", 1, frozenset(reads[1])
-    )
+    assert hash_plan("node", 1, reads, SIZES, per_rank=True) == HashPlan(1, frozenset(reads[1]))
+    alone = hash_plan("node", 1, {1: reads[1]}, SIZES, per_rank=False)
+    assert alone == HashPlan(1, frozenset(reads[1]))
 
 
 @pytest.mark.parametrize("mode", ["off", "digest"])
 def test_off_and_digest_modes_hash_nothing(mode: str) -> None:
     plan = hash_plan(mode, 0, node_reads(), SIZES, per_rank=False)
-    assert plan == HashPlan(mode, 0) and not plan.mine and not plan.owner and not plan.peers
+    assert plan == HashPlan(0) and not plan.mine and not plan.owner and not plan.peers
+
+
+def test_one_readers_map_and_one_box() -> None:
+    from tpload.plan import Box as PlanBox
+    from tpload.planning.reads import readers
+
+    assert Box is PlanBox
+    reads = {1: {"a": ((0, 1), (0, 4)), "b": ((0, 2), (0, 4))}, 0: {"b": ((0, 2), (0, 4))}}
+    assert readers(reads) == {"b": [0, 1], "a": [1]}
+    assert list(readers(reads)) == ["b", "a"]  # in the order the lowest rank reads them

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from tpload.config import load_config
-from tpload.plan import Layout, Planner
+from tpload.pick import planner_of
+from tpload.plan import Layout
 from tpload.storage.catalogue import read_native
 from tpload.tools.published import write_published
 from tpload.verification.fingerprint import (
@@ -32,7 +33,7 @@ def gpt_oss(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def windows(root: Path, layout: Layout, rank: int) -> list[tuple[object, np.ndarray]]:
     """Each stacked cut of the rank's plan with its stored bytes in the cut's own 2-D view."""
-    planner = Planner(read_native(root)[0], load_config("gpt-oss"))
+    planner = planner_of(read_native(root)[0], load_config("gpt-oss"))
     arrays = read_all(root)[0]
     out = []
     for item in planner.plan(layout, "packed", rank).items:

@@ -1,0 +1,379 @@
+"""Classification: each stored tensor of a catalogue under a config's rules, once for every layout.
+
+A tensor's first matching rule (``auto`` ones resolved by its dtype and the scale tensors beside
+it) makes it an entry (a weight, its scales folded in), a skipped or a deferred tensor; every
+problem found is raised at once. Entries cut alike on every rank (the rule, the codec, the dtypes
+and the shapes) share a class: the 256 experts of a layer are one, fitted once. The expert-parallel
+columns say which expert set each entry belongs to and where in it, so a layout shares them out in
+one pass over arrays.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .. import codecs
+from ..codecs import Codec
+from ..config import ACTIVATION_ORIGIN, AUTO, READS_NOTHING, Config, Rule
+from ..config import _alternatives as alternatives_of
+from ..errors import ConfigError, raise_all
+from ..modes import Role
+from ..prefix import Prefix
+from ..storage.catalogue import TensorMeta, natural_key
+from ..text import escape_name
+from .entries import Columns, Entries, Entry, Klass
+
+
+@dataclass(frozen=True, eq=False)
+class Classified:
+    """A catalogue classified under a config."""
+
+    entries: Entries
+    skipped: tuple[str, ...]
+    deferred: tuple[str, ...]
+    deferred_experts: dict[str, tuple[str, int]]
+    """Deferred expert tensors: located only by the ep group holding the expert."""
+    units: dict[tuple[int, str], int]
+    """Each rule that counts heads (by its place and glob, which an ``auto`` rule's resolved forms
+    keep): its head count."""
+    expert_counts: dict[str, list[int]]
+    """Each expert set: its expert indices, ascending."""
+    expert_at: np.ndarray
+    """Per entry: its expert's position in its set, and the set's size (columns 0, 1); (0, 0) for
+    an entry every ep group holds."""
+    deferred_at: np.ndarray
+    """The same for each deferred tensor: a deferred expert is located only by its ep group."""
+
+    @functools.cached_property
+    def firsts(self) -> list[Entry]:
+        """The first entry of each class, in order: the others cut as it does."""
+        return self.entries.firsts()
+
+
+def activation_scale(name: str, meta: TensorMeta) -> bool:
+    """A ModelOpt activation scale: ``*.input_scale`` holding one value (0-d, or [1])."""
+    return name.endswith(".input_scale") and math.prod(meta.shape) == 1
+
+
+def classify(
+    tensors: Mapping[str, TensorMeta],
+    config: Config,
+    *,
+    prefix: Prefix,
+    problems: list[str],
+    model: Mapping[str, object] | None,
+    root: object,
+) -> Classified:
+    """Entries, skipped and deferred tensors (natural order) and the expert columns; or a
+    ConfigError listing every problem (``problems``: those found before, the KV-scale census's).
+    ``model``: the checkpoint's config.json, for rules that count heads by one of its fields."""
+    units = {(r.index, r.match): _units(r, model, root) for r in config.rules if r.units}
+    rules, unresolved, needs, matched = _rules(tensors, config, prefix)
+    broken = _scales(tensors, rules, needs, problems)
+    if any(r.role in READS_NOTHING for r in config.rules):
+        problems += _scale_globs(rules, needs)
+    scales = {m for needed in needs.values() for m in needed}
+    expert_rx = config.expert_regex
+    rows, classes = Columns(), []
+    skipped, deferred, unmatched = [], [], []
+    deferred_experts: dict[str, tuple[str, int]] = {}
+    grouped: dict[str, list[str]] = {}
+    fits: dict[tuple, int | str] = {}
+    codec_of = {role: codecs.for_role(role) for role in codecs.roles()}
+    for n in sorted((n for n in tensors if n not in scales and n not in broken), key=natural_key):
+        r = rules[n]
+        if n in unresolved:
+            grouped.setdefault(unresolved[n], []).append(tensors[n].describe())
+        elif r is None:
+            unmatched.append(escape_name(n))
+        elif r.role == Role.SKIP:
+            skipped.append(n)
+        elif r.role == Role.DEFER:
+            deferred.append(n)
+            if x := _expert_of(expert_rx, n, r):
+                deferred_experts[n] = x
+        else:
+            need = needs.get(n)
+            expert = _expert_of(expert_rx, n, r) if r.experts and not r.stacked else None
+            if expert is None and r.experts and not r.stacked:
+                grouped.setdefault(
+                    f"{r.describe()}: experts = true but expert_pattern "
+                    f"{expert_rx.pattern!r} finds no index in",
+                    [],
+                ).append(tensors[n].describe())
+            elif (
+                k := _class(n, r, tensors, need, codec_of[r.role], (fits, classes), grouped)
+            ) >= 0:
+                rows.add(n, k, need, expert)
+    for reason, listed in grouped.items():
+        problems.append(f"{reason}: {_listing(listed)}")
+    if unmatched:
+        problems.append(
+            f"{len(unmatched)} tensors match no rule of {config.name} (add a rule; a final "
+            f'match = "*" with role = "auto" keeps the rest whole): {_grouped(unmatched)}'
+        )
+    problems += _idle(config, tensors, prefix, matched, root)
+    if not problems and not rows.names and not deferred:  # a load of nothing would pass every check
+        problems.append(
+            f"nothing to load: {_nothing(config.rules, skipped, root)}; a load serves at least "
+            "one tensor (narrow the skip globs)"
+        )
+    raise_all(
+        ConfigError,
+        problems,
+        what=f"problems fitting config {config.name} to {escape_name(root)}",
+    )
+    entries = Entries(rows, classes, tensors)
+    counts, at = entries.experts(deferred_experts)
+    positions = {k: {x: i for i, x in enumerate(v)} for k, v in counts.items()}
+    deferred_at = np.zeros((len(deferred), 2), dtype=np.int64)
+    for k, n in enumerate(deferred):
+        if (x := deferred_experts.get(n)) is not None:
+            deferred_at[k] = positions[x[0]][x[1]], len(counts[x[0]])
+    return Classified(
+        entries, tuple(skipped), tuple(deferred), deferred_experts, units, counts, at, deferred_at
+    )
+
+
+def _rules(
+    tensors: Mapping[str, TensorMeta], config: Config, prefix: Prefix
+) -> tuple[dict[str, Rule | None], dict[str, str], dict[str, tuple[str, ...]], list[Rule | None]]:
+    """Each tensor's rule, ``auto`` ones resolved; for tensors an ``auto`` rule could not resolve,
+    why; the scales found for a weight an ``auto`` rule made scaled; each tensor's first match."""
+    matched = _matched(tensors, config, prefix)
+    rules = dict(zip(tensors, matched, strict=True))
+    unresolved: dict[str, str] = {}
+    needs: dict[str, tuple[str, ...]] = {}  # tuples: the collector untracks them
+    resolve = config.resolve_scaled
+    scaled = {role for role in codecs.roles() if codecs.for_role(role).scaled}
+    for n in [n for n, r in rules.items() if r is not None and r.role == AUTO]:
+        r = rules[n]
+        got = resolve(r, n, tensors[n].dtype, tensors)
+        if isinstance(got, str):
+            unresolved[n] = f"{r.describe()}: {got}"
+            rules[n] = None
+        else:
+            rules[n], found = got
+            if found and rules[n].role in scaled:
+                needs[n] = tuple(found)
+    return rules, unresolved, needs, matched
+
+
+def _matched(
+    tensors: Mapping[str, TensorMeta], config: Config, prefix: Prefix
+) -> list[Rule | None]:
+    """Each tensor's first rule: the config's rules see its name under the config's prefix
+    (prefix.py), a rule given at run time (``--skip``) its stored name too; the activation-scale
+    switch takes single-value tensors only."""
+    rules = config.rules
+    if not prefix.rewrites:
+        matched = config.rules_for(tensors)
+    else:
+        matched = config.rules_for(map(prefix.rewrite, tensors))
+        given = alternatives_of([(i, r) for i, r in enumerate(rules) if r.origin])
+        if given is not None:
+            at = {r: i for i, r in enumerate(rules)}
+            for k, n in enumerate(tensors):
+                if (m := given.match(n)) is not None:
+                    i = int(m.lastgroup[1:])
+                    if matched[k] is None or i < at[matched[k]]:
+                        matched[k] = rules[i]
+    act = [i for i, r in enumerate(rules) if r.origin == ACTIVATION_ORIGIN]
+    if act:
+        rest = None
+        for k, n in enumerate(tensors):
+            if matched[k] is rules[act[0]] and not activation_scale(n, tensors[n]):
+                rest = rest or replace(config, rules=rules[: act[0]] + rules[act[0] + 1 :])
+                matched[k] = rest.rule_for(prefix.rewrite(n))
+    return matched
+
+
+def _scales(
+    tensors: Mapping[str, TensorMeta],
+    rules: Mapping[str, Rule | None],
+    needs: dict[str, tuple[str, ...]],
+    problems: list[str],
+) -> set[str]:
+    """The weights of a scaled rule given outright (not ``auto``) whose scales are missing or whose
+    name lacks the rule's suffix (each a problem, in natural order); the scales of the others are
+    filed in ``needs``."""
+    scaled = {role for role in codecs.roles() if codecs.for_role(role).scaled}
+    first: list[tuple[str, str]] = []  # (weight, problem), in the catalogue's order
+    for n, r in rules.items():
+        if r is None or r.role not in scaled or n in needs:
+            continue
+        needed = _scale_names(n, r)
+        missing = [m for m in needed if m not in tensors]
+        if not n.endswith(r.suffix):
+            why = f"{r.describe()} is {r.role} but the name does not end in {r.suffix}"
+        elif missing:
+            why = (
+                f"{r.describe()} needs its scale {escape_name(missing[0])}, which the "
+                "checkpoint lacks"
+            )
+        else:
+            needs[n] = tuple(needed)
+            continue
+        first.append((n, f"tensor {escape_name(n)}: {why}"))
+    problems[:0] = [why for _, why in sorted(first, key=lambda nw: natural_key(nw[0]))]
+    return {n for n, _ in first}
+
+
+def _class(
+    name: str,
+    rule: Rule,
+    tensors: Mapping[str, TensorMeta],
+    needed: tuple[str, ...] | None,
+    codec: Codec,
+    known: tuple[dict[tuple, int | str], list[Klass]],
+    grouped: dict[str, list[str]],
+) -> int:
+    """The class of one tensor under its rule (``needed``: its scales' names, for a scaled codec),
+    or -1, filing why it does not fit under (rule, reason). ``known``: each class's number (or
+    why it does not fit) by what the cuts depend on, and the classes so far."""
+    fits, classes = known
+    meta = tensors[name]
+    scale = tensors[needed[0]] if needed else None
+    scale2 = tensors[needed[1]] if needed and len(needed) > 1 else None
+    key = (
+        rule,
+        meta.dtype,
+        meta.shape,
+        scale and (scale.dtype, scale.shape),
+        scale2 and (scale2.dtype, scale2.shape),
+    )
+    klass = fits.get(key)
+    if klass is None:
+        fit = codec.fit(
+            meta, scale, block=rule.block, split=rule.split, scale2=scale2, stacked=rule.stacked
+        )
+        if isinstance(fit, str):
+            klass = fits[key] = fit
+        else:
+            stacked = meta.shape[0] if rule.stacked and rule.experts else 0
+            klass = fits[key] = len(classes)
+            classes.append(Klass(rule, codec, fit, stacked))
+    if isinstance(klass, str):
+        detail = (
+            f": scale {escape_name(scale.name)} is {scale.dtype} {list(scale.shape)}"
+            if scale
+            else ""
+        )
+        grouped.setdefault(f"{rule.describe()}: {klass}", []).append(meta.describe() + detail)
+        return -1
+    return klass
+
+
+def _expert_of(rx: re.Pattern[str], name: str, rule: Rule | None) -> tuple[str, int] | None:
+    """(expert set, index) of an expert-parallel tensor; None when the rule is not
+    expert-parallel or the name has no expert index."""
+    m = rx.search(name) if rule is not None and rule.experts and not rule.stacked else None
+    return (name[: m.start()], int(m.group(1))) if m and len(m.group(1)) < 19 else None
+
+
+def _units(rule: Rule, model: Mapping[str, object] | None, root: object) -> int:
+    """A rule's head count: the number it gives, or its config.json field's value."""
+    if isinstance(rule.units, int):
+        return rule.units
+    why = f"{rule.describe()} counts heads by its field {rule.units!r}"
+    if model is None:
+        raise ConfigError(
+            f"{why}, but {escape_name(root)} has no config.json (copy the model's config.json "
+            "beside its shards)"
+        )
+    value = model.get(rule.units)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(
+            f"{rule.describe()} counts heads by config.json's {rule.units!r}, which is "
+            f"{'missing' if value is None else repr(value)} in {escape_name(root)} "
+            "(expected a positive integer)"
+        )
+    return value
+
+
+def _idle(
+    config: Config,
+    tensors: Mapping[str, TensorMeta],
+    prefix: Prefix,
+    matched: list[Rule | None],
+    root: object,
+) -> list[str]:
+    """Rules given at run time that match no tensor (a rule no tensor matches first may still match
+    one a rule before it took)."""
+    given = [r for r in config.rules if r.origin and r.origin != ACTIVATION_ORIGIN]
+    first = set(matched) if given else set()
+    idle = [
+        r.describe()
+        for r in given
+        if r not in first and not any(r.matches(n) or r.matches(prefix.rewrite(n)) for n in tensors)
+    ]
+    if not idle:
+        return []
+    return [
+        f"{', '.join(idle)} matched no tensor of {escape_name(root)} (a typo? the names are in "
+        "the index)"
+    ]
+
+
+def _scale_globs(
+    rules: Mapping[str, Rule | None], needs: Mapping[str, tuple[str, ...]]
+) -> list[str]:
+    """Skip or defer rules that are the first match of scale tensors whose weight is served: a
+    scale goes wherever its weight goes, so such a rule would do nothing (and say "skipped 0")."""
+    taken: dict[Rule, list[tuple[str, str]]] = {}
+    for weight, scales in needs.items():
+        for m in scales:
+            r = rules.get(m)
+            if r is not None and r.role in READS_NOTHING:
+                taken.setdefault(r, []).append((m, weight))
+    out = []
+    for r, pairs in taken.items():
+        pairs.sort(key=lambda mw: natural_key(mw[0]))
+        m, w = pairs[0]
+        out.append(
+            f"{r.describe()} matches {len(pairs)} scale tensor(s) of weights it does not {r.role} "
+            f"(e.g. {escape_name(m)}, the scale of {escape_name(w)}): scales follow their "
+            f"weights, so {r.role} the weights instead (e.g. {escape_name(w)!r})"
+        )
+    return out
+
+
+def _nothing(rules: tuple[Rule, ...], skipped: list[str], root: object) -> str:
+    """Which rules left nothing to load, for the message."""
+    globs = [r.describe() for r in rules if r.role == Role.SKIP]
+    if globs and skipped:
+        return (
+            f"every tensor of {escape_name(root)} is skipped ({len(skipped)} tensors, by "
+            f"{', '.join(globs)})"
+        )
+    return f"{escape_name(root)} has no tensor to serve"
+
+
+def _scale_names(weight: str, rule: Rule) -> list[str]:
+    """The scale tensors a scaled weight needs: its suffix replaced by the rule's ``scale`` (and
+    ``scale2``)."""
+    stem = weight[: -len(rule.suffix)] if weight.endswith(rule.suffix) else weight
+    return [stem + rule.scale] + ([stem + rule.scale2] if rule.scale2 else [])
+
+
+def _grouped(names: list[str]) -> str:
+    """Names grouped by their shape with numbers as N (``model.layers.N.mlp.x.weight (58)``): a
+    real checkpoint's thousands of unmatched tensors are a few classes."""
+    groups: dict[str, int] = {}
+    for n in names:
+        key = re.sub(r"\d+", "N", n)
+        groups[key] = groups.get(key, 0) + 1
+    ranked = sorted(groups.items(), key=lambda kc: -kc[1])  # the biggest classes first
+    return _listing([k if c == 1 else f"{k} ({c})" for k, c in ranked])
+
+
+def _listing(names: list[str], limit: int = 12) -> str:
+    """``a, b, c (and N more)``: long lists stay readable in one error line."""
+    more = f" (and {len(names) - limit} more)" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more

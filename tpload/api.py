@@ -1,4 +1,5 @@
-"""The one door for callers: :func:`load` returns this rank's verified shards, or raises on every rank.
+"""The one door for callers: :func:`load` returns this rank's verified shards, or raises on
+every rank.
 
     shards = tpload.load(DIR, config="deepseek-v4-mtp", kind="expanded")
     shards.state_dict()   # {official name: this rank's tensor on its device}
@@ -19,37 +20,33 @@ import time
 
 import torch.distributed as dist
 
-from . import preflight, replicas
+from . import preflight, replicas, steps
 from .codecs._lazy import warm
-from .config import with_rules
 from .deferred import locate
 from .distributed import DistContext, call_world, context, pick_device, with_device
-from .errors import LoadError, OptionsError
+from .errors import LoadError
 from .exchange import CALLS, exchange, group_id, share_nodes
-from .loop import LoadResult, run
+from .loop import LoadResult
 from .options import LoadOptions, with_option_signature
-from .pick import choose, planner_of
-from .plan import Layout, Planner, RankPlan
-from .report import RankFigures, rank_log
+from .pick import planner_of
+from .plan import Layout, RankPlan
+from .report import RankFigures
 from .report.figures import process_first_load
 from .report.memory import MemoryPeaks, device_peaks, reset_device_peaks
-from .report.progress import Progress, ProgressSink, Silent
+from .report.progress import ProgressSink
 from .shards import RankShards, served
 from .storage import Storage, open_storage
-from .storage.pagecache import REPORT_SAMPLE, ShardRelease, checkpoint_resident
 from .teardown import give_back
 from .text import escape_name
-from .transfer import for_device
 from .verification import gate, signing
-from .verification.gate import Verify, check_pin, spare_cores
-from .verification.hashing import Hasher
+from .verification.gate import check_pin, spare_cores
 from .verification.store import checkpoint_stamp
 
 log = logging.getLogger("tpload")
 
 
 class _RankLoad:
-    """Everything one rank does before the exchange, for one call; raises LoadError on any problem."""
+    """Everything one rank does before the exchange, for one call."""
 
     def __init__(
         self, opts: LoadOptions, ctx: DistContext, fig: RankFigures, sink: ProgressSink | None
@@ -66,9 +63,8 @@ class _RankLoad:
         """Everything before the exchange; every failure becomes this rank's status and message."""
         fig = self.fig
         try:
-            self.ctx, note = share_nodes(
-                self.ctx, seq, self.opts.timeout_s
-            )  # first: peers wait for this node name
+            # first: peers wait for this node name
+            self.ctx, note = share_nodes(self.ctx, seq, self.opts.timeout_s)
             self.notes += [note] if note else []
             fig.node = self.ctx.nodes[self.ctx.rank]
             if error is not None:
@@ -84,16 +80,12 @@ class _RankLoad:
                 self.opts.tp or max(1, self.ctx.world // self.opts.ep // replicas.count(self.opts)),
                 self.opts.ep,
             )
-            signing.precheck(
-                self.opts
-            )  # a model.sig: its bundle and the JSON files it signs, before any is read
+            # a model.sig: its bundle and the JSON files it signs, before any is read
+            signing.precheck(self.opts)
             storage = open_storage(
-                self.opts.checkpoint,
-                tp=layout.tp,
-                ep=layout.ep,
-                rank=self.ctx.rank,
+                self.opts.checkpoint, tp=layout.tp, ep=layout.ep, rank=self.ctx.rank,
                 world=self.ctx.world,
-            )
+            )  # fmt: skip
             try:
                 self._load(storage, layout)
             finally:
@@ -105,131 +97,43 @@ class _RankLoad:
             fig.failed, fig.message = 1, f"rank {self.ctx.rank}: interrupted (Ctrl-C)"
         except Exception as e:  # a bug or an OS error: still reach the exchange so no peer hangs
             log.debug("[rank %d] load failed", self.ctx.rank, exc_info=True)
-            fig.failed, fig.message = (
-                1,
-                f"rank {self.ctx.rank}: unexpected {type(e).__name__}: {escape_name(e)}",
-            )
+            why = f"unexpected {type(e).__name__}: {escape_name(e)}"
+            fig.failed, fig.message = 1, f"rank {self.ctx.rank}: {why}"
 
     def _load(self, storage: Storage, layout: Layout) -> None:
         """Open, plan, pre-flight, prepare, run, settle: everything up to the exchange."""
         opts, ctx = self.opts, self.ctx
         storage.catalogue.refuse_headers_only("loading it")
         check_pin(storage, opts.manifest_sha256)
-        self.notes += (
-            storage.catalogue.check_plan_files()
-        )  # the JSON files the manifest pins (storage/pins.py)
-        self._measure_cache(storage, before=True)
-        config, why = choose(opts.config, storage.root, pins=storage.catalogue.pins)
-        if why:
-            self.notes.append(why)
-            if ctx.rank == 0:
-                rank_log(0).info("%s", why)
-        config = with_rules(
-            config,
-            skip=opts.skip,
-            defer=opts.defer,
-            skip_activation_scales=opts.skip_activation_scales,
-        )
+        self.notes += storage.catalogue.check_plan_files()  # the JSON files the manifest pins
+        steps.measure_cache(self.fig, storage, ctx, opts, before=True)
+        config = steps.config_of(storage, opts, ctx, self.notes)
         planner = self.planner = replicas.positions(planner_of(storage.catalogue, config), opts)
         planner.check_layout(layout, ctx.world)
-        plans, sharing = self._plans(planner, layout)
+        plans, sharing = steps.node_plans(planner, layout, opts, ctx)
         plan = self.plan = plans[ctx.rank]
         preflight.check(
             planner, layout, plan, ctx.device, sharing, int(opts.reserve_gib * preflight.GIB)
         )
         job = gate.Job(
-            opts,
-            ctx,
-            self.fig,
-            storage,
-            plans,
-            config.id(),
-            layout,
-            lambda: checkpoint_stamp(storage),
-            self.notes,
-            threads=spare_cores(len(ctx.node_peers)),
-        )
+            opts, ctx, self.fig, storage, plans, config.id(), layout,
+            lambda: checkpoint_stamp(storage), self.notes, threads=spare_cores(len(ctx.node_peers)),
+        )  # fmt: skip
         self.gate = gate.strategy(job)
-        link = replicas.link(
-            self.gate, planner
-        )  # replicas: who reads what from storage, before the hash plan
+        # replicas: who reads what from storage, before the hash plan
+        link = replicas.link(self.gate, planner)
         prepared = self.gate.prepare()  # before any read: preconditions, who hashes what
         with prepared.alongside():  # whole-file hashing on its own thread, beside the copies
-            self.result = self._run(storage, plan, prepared, link)
-        self._measure_cache(storage, before=False)
-        self._figures(self.result, plan)
+            self.fig.read_started(self.started, first=self.first)  # the loop reads first
+            self.result = steps.run_rank(
+                storage, plan, prepared, opts=opts, ctx=ctx, sink=self.sink, link=link
+            )
+        steps.measure_cache(self.fig, storage, ctx, opts, before=False)
+        steps.count(self.fig, self.result, plan, ctx)
         self.gate.settle(self.result)  # this rank's own verdicts; raises every problem at once
         self.deferred = locate(
             storage, self.gate.locators(plan.deferred), self.gate.locators_vouched_by
         )
-
-    def _plans(
-        self, planner: Planner, layout: Layout
-    ) -> tuple[dict[int, RankPlan], list[RankPlan]]:
-        """This rank's plan and its node peers' (node hashing splits the node's work; on the CPU or a shared
-        GPU, the peers' arenas share this rank's memory), each made once; and the plans sharing its memory."""
-        ctx = self.ctx
-        shares_memory = ctx.device.type == "cpu" or ctx.shared_device
-        peers = ctx.node_peers if shares_memory or self.opts.verify == Verify.NODE else [ctx.rank]
-        plans = {p: planner.plan(layout, self.opts.kind, p) for p in peers}
-        return plans, [plans[p] for p in (peers if shares_memory else [ctx.rank])]
-
-    def _run(
-        self, storage: Storage, plan: RankPlan, prepared: gate.Prepared, link: object
-    ) -> LoadResult:
-        opts, ctx = self.opts, self.ctx
-        release = (
-            ShardRelease.expecting(storage, plan, prepared.hashes.mine)
-            if opts.evict_page_cache
-            else None
-        )
-        spare = spare_cores(len(ctx.node_peers))
-        threads = min(opts.hash_threads, spare) if ctx.device.type == "cpu" else opts.hash_threads
-        hasher = Hasher(
-            prepared.hashes,
-            threads=max(0, threads),
-            digests=prepared.digests,
-            on_done=(lambda n: release.done(storage.stored(n).path)) if release else None,
-        )
-        sink = self.sink or (
-            Progress(plan.read_bytes, plan.served) if opts.progress and ctx.rank == 0 else Silent()
-        )
-        self.fig.read_started(self.started, first=self.first)  # the loop reads first
-        return run(
-            storage,
-            plan,
-            transfer=for_device(ctx.device),
-            hasher=hasher,
-            samples=opts.samples,
-            progress=sink,
-            release=release,
-            link=link,
-        )
-
-    def _figures(self, result: LoadResult, plan: RankPlan) -> None:
-        """This rank's counts (the gate adds its evidence)."""
-        fig = self.fig
-        fig.tensors, fig.bytes_read, fig.bytes_device = (
-            len(result.outputs),
-            plan.read_bytes,
-            plan.arena_bytes,
-        )
-        fig.hashed, fig.bytes_hashed = len(result.hashed), result.bytes_hashed
-        fig.device_checked, fig.sampled = result.device_checked, result.sampled
-        fig.skipped, fig.deferred, fig.device = (
-            len(plan.skipped),
-            len(plan.deferred),
-            str(self.ctx.device),
-        )
-
-    def _measure_cache(self, storage: Storage, *, before: bool) -> None:
-        """The page cache is the node's: its first rank measures it, before, and after when evicting."""
-        if self.ctx.rank == self.ctx.node_peers[0] and (before or self.opts.evict_page_cache):
-            setattr(
-                self.fig,
-                "page_cache_before" if before else "page_cache_after",
-                checkpoint_resident(storage.paths(), sample=REPORT_SAMPLE),
-            )
 
 
 def load_in(
@@ -240,7 +144,8 @@ def load_in(
     progress_sink: ProgressSink | None = None,
 ) -> RankShards:
     """Load in an existing context (``ctx``: this rank's group, before a device is picked).
-    ``error``: a problem found before the context existed, raised inside so it still reaches the exchange."""
+    ``error``: a problem found before the context existed, raised inside so it still reaches the
+    exchange."""
     warm()  # the kernels load on a thread, beside the load's first steps
     seq = CALLS.next(group_id(ctx))
     job = _RankLoad(opts or LoadOptions(), ctx, RankFigures(rank=ctx.rank, seq=seq), progress_sink)
@@ -257,17 +162,9 @@ def load_in(
         give_back(job.ctx.device)
         raise verdict.error()
     return served(
-        job.opts,
-        job.ctx,
-        job.plan,
-        job.result,
-        job.deferred,
-        ranks,
-        job.notes,
-        verdict,
-        job.planner,
-        job.gate,
-    )
+        job.opts, job.ctx, job.plan, job.result, job.deferred, ranks, job.notes, verdict,
+        job.planner, job.gate,
+    )  # fmt: skip
 
 
 def load(
@@ -288,12 +185,7 @@ def load(
     progress (one call per tensor)."""
     error: LoadError | None = None
     try:
-        if checkpoint is None:  # only the command line writes and loads the built-in checkpoint
-            raise OptionsError(
-                "checkpoint: load() needs a checkpoint folder (the built-in synthetic one is "
-                "`python -m tpload`'s default, not the library's)"
-            )
-        opts = LoadOptions.from_values({**options, "checkpoint": checkpoint})
+        opts = LoadOptions.for_load(checkpoint, options)
     except LoadError as e:  # still reach the exchange with it, so no peer waits
         opts, error = None, e
     if group is not None or cpu_group is not None:

@@ -324,6 +324,17 @@ class LoadOptions:
         object.__setattr__(self, "kind", Kind(self.kind))
 
     @classmethod
+    def for_load(cls, checkpoint: object, options: Mapping[str, object]) -> LoadOptions:
+        """``load(checkpoint, **options)``'s options. The library needs a folder: only the command
+        line writes and loads the built-in synthetic checkpoint."""
+        if checkpoint is None:
+            raise OptionsError(
+                "checkpoint: load() needs a checkpoint folder (the built-in synthetic one is "
+                "`python -m tpload`'s default, not the library's)"
+            )
+        return cls.from_values({**options, "checkpoint": checkpoint})
+
+    @classmethod
     def from_values(cls, values: Mapping[str, object], *, style: str = "api") -> LoadOptions:
         """Build from ``load()`` keywords (``style="api"``) or parsed flags (``"cli"``): unknown
         names, wrong types and bad values are all reported in one OptionsError."""

@@ -50,3 +50,10 @@ def test_the_check_sees_a_relative_import_of_a_tool(tmp_path: Path) -> None:
         assert tool_imports(planted) == ["verification/_planted_for_test.py:1"]
     finally:
         planted.unlink()
+
+
+def test_the_sequence_and_the_planner_stay_short() -> None:
+    """api.py is the load's sequence (under 200 lines), plan.py the planner's core (under 300):
+    what grows goes into a module with its own job."""
+    lines = {name: len((PACKAGE / name).read_text().splitlines()) for name in ("api.py", "plan.py")}
+    assert lines["api.py"] < 200 and lines["plan.py"] < 300, lines

@@ -2,8 +2,8 @@
 
 A checkpoint's tens of thousands of small tensors (norms, biases, routers, a small layer's
 scales, a miniature's experts) each cost loop.py's per-tensor sequence (a read, a tap, a
-fingerprint, a check) far more than their bytes: about 0.3-1 ms a tensor, DeepSeek-V3's 92,000
-tensors a minute a rank. Consecutive items served as stored (plain tensors; a packed weight with
+fingerprint, a check) far more than their bytes (docs/benchmarks.md has the figures).
+Consecutive items served as stored (plain tensors; a packed weight with
 its scales) whose stored tensors are small and close together in one file are loaded together
 instead, whole or cut to the rank's window:
 
@@ -30,7 +30,7 @@ from .storage import Storage, Stored
 from .verification.fingerprint import Triple, word_widths
 from .verification.policy import Box
 
-SMALL_BYTES = 256 << 10  # smaller tensors cost more in per-tensor calls (0.3-1 ms) than in bytes
+SMALL_BYTES = 256 << 10  # smaller tensors cost more in per-tensor calls than in bytes
 BATCH_BYTES = (
     4 << 20
 )  # one read and one pass at most this long (cache-friendly, and bounded memory)

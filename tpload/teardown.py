@@ -34,7 +34,7 @@ def give_back(device: torch.device) -> None:
 @functools.cache
 def _malloc_trim() -> Callable[[int], int] | None:
     """glibc's malloc_trim, found once per process: ``find_library`` runs ``ldconfig``/``gcc``
-    subprocesses (seconds on a worker bound to one busy core, measured inside vLLM)."""
+    subprocesses (slow on a worker bound to one busy core)."""
     name = ctypes.util.find_library("c")
     try:
         return ctypes.CDLL(name).malloc_trim if name else None

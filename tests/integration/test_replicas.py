@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 from tpload.__main__ import main
 from tpload.verification.store import DigestStore
 
-from ..helpers import HERE, torchrun, tpload_cli
+from ..helpers import HERE, poke, shard_of, tensor_offset, torchrun, tpload_cli
 
 CORRUPT = str(HERE / "workers" / "replicas_corrupt.py")
 GROUPS = str(HERE / "workers" / "replicas_group.py")
@@ -99,17 +100,18 @@ def test_replica_groups_given_to_load_place_the_replicas_as_the_caller_says(
 
 
 def test_verify_digest_with_replicas_checks_every_rank_against_its_position_s_prediction(
-    small_ckpt: Path, tmp_path: Path
+    ckpt_copy: Path, tmp_path: Path
 ) -> None:
     """``--verify digest``: nothing hashed; every rank, reader or receiver, serves its position's
-    stored prediction; a byte changed in transit fails every rank naming the tensor, from the
-    per-tensor predictions ``plan --write`` stored beside the digests, and its sender."""
+    stored prediction; a byte changed under the predictions fails the load naming the tensor (the
+    per-tensor predictions ``plan --write`` stores beside the digests) and where a receiver's
+    window came from. (A byte changed in transit fails by the check on receipt, in every mode.)"""
     store = tmp_path / "store"
-    plain = _plain_tp2(small_ckpt, store)
+    plain = _plain_tp2(ckpt_copy, store)
     report = tmp_path / "r.json"
     run = tpload_cli(
         4,
-        str(small_ckpt),
+        str(ckpt_copy),
         "--tp",
         "2",
         "--replicas",
@@ -127,14 +129,15 @@ def test_verify_digest_with_replicas_checks_every_rank_against_its_position_s_pr
     assert [r["digest"] for r in ranks] == [plain[0], plain[1], plain[0], plain[1]]
     assert all(r["bytes_hashed"] == 0 for r in ranks)
     assert sum(r["bytes_from_peers"] for r in ranks) > 0
-    out = tmp_path / "corrupt"
-    out.mkdir()
-    extra = json.dumps({"verify": "digest", "digest_store": str(store)})
-    run = torchrun(4, [CORRUPT, str(small_ckpt), str(out), "1", extra], timeout=240)
-    assert run.rc == 0, run.text
-    outcomes = [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
-    assert not any(o["returned"] for o in outcomes)
-    error = outcomes[0]["error"]
-    assert len({o["error"] for o in outcomes}) == 1 and "load failed on rank 3" in error
-    assert "differs from the prediction stored in" in error and "position 1): 1 served" in error
-    assert "(received from rank 1, replica 0)" in error
+    # a byte changed in the checkpoint under the stored predictions (its mtime put back): nothing
+    # is hashed, so only the predictions catch it, per tensor, on the readers and the receivers
+    shard = ckpt_copy / shard_of(ckpt_copy, "head.weight")
+    stat = shard.stat()
+    _, _, nbytes = tensor_offset(ckpt_copy, "head.weight")
+    poke(ckpt_copy, "head.weight", nbytes - 1)  # the last row: position 1's window
+    os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    args = ["--tp", "2", "--replicas", "2", "--verify", "digest", "--digest-store", str(store)]
+    run = tpload_cli(4, str(ckpt_copy), *args, timeout=240)
+    assert run.rc != 0
+    assert "differs from the prediction stored in" in run.text and "head.weight" in run.text
+    assert "(received from rank" in run.text  # the receiver names where its window came from

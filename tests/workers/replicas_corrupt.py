@@ -1,4 +1,4 @@
-"""Run under torchrun (2 replicas x tp WORLD/2; the tests use 4 ranks): rank SENDER changes one byte
+"""Run under torchrun (2 replicas x tp WORLD/2; the tests use 4 ranks): rank SENDER changes the last byte
 of the first window piece it sends to the other replica, after it fingerprinted the bytes it read (a
 transport that flips a bit). Injected here, in this process, by wrapping tpload.replicas.send: the
 product has no switch.
@@ -25,9 +25,10 @@ def corrupting(send):
     def wrapped(tensor: torch.Tensor, group_dst: int, group: object):
         if not state["done"] and tensor.dtype == torch.uint8 and tensor.numel() > 0:
             state["done"] = True
-            tensor[0] = (
-                tensor[0] ^ 0x01
-            )  # the send buffer: what the receiver gets, not what was read
+            # the send buffer's last byte (what the receiver gets, not what was read): the
+            # window's last row, which the receiving position serves whether the read was its
+            # window or a whole small tensor (a batch)
+            tensor[-1] = tensor[-1] ^ 0x01
         return send(tensor, group_dst, group)
 
     return wrapped

@@ -25,6 +25,16 @@ from tests.helpers import poke, shard_of  # noqa: E402
 
 def main() -> None:
     root, store, out, tensor = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), sys.argv[4]
+    # the worker keeps a world between its two loads (for its barrier): it makes its own, as a
+    # caller must (load() makes one only for its own call)
+    dist.init_process_group("gloo")
+    try:
+        run(root, store, out, tensor)
+    finally:
+        dist.destroy_process_group()
+
+
+def run(root: Path, store: str, out: Path, tensor: str) -> None:
     first = tpload.load(root, verify="node", digest_store=store, progress=False)
     rank = dist.get_rank()
     done = {

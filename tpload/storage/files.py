@@ -193,7 +193,7 @@ class Shard:
     def advise(self, offset: int, length: int, advice: int) -> None:
         """posix_fadvise on this file (readahead, eviction); advice only: never fails a load."""
         if hasattr(os, "posix_fadvise"):
-            try:  # noqa: SIM105  called per tensor: contextlib.suppress costs ~1.5 us more a call
+            try:  # noqa: SIM105  called per tensor: contextlib.suppress costs more a call
                 os.posix_fadvise(self.fd, offset, length, advice)
             except OSError:
                 pass

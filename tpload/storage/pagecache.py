@@ -33,7 +33,7 @@ from ..text import escape_name
 log = logging.getLogger("tpload")
 _MAP_FAILED = ctypes.c_void_p(-1).value
 SAMPLE_RUN_PAGES = 64  # a sampled residency asks about runs of this many pages (256 KiB)
-MAX_SAMPLED_PAGES = 1 << 16  # per file: the estimate's cost stays ~30 ms however big the file
+MAX_SAMPLED_PAGES = 1 << 16  # per file: the estimate's cost is bounded however big the file
 
 
 @functools.cache
@@ -58,7 +58,7 @@ def resident_bytes(path: Path, *, sample: int = 1) -> int:
 
     ``sample`` > 1 asks about one run of :data:`SAMPLE_RUN_PAGES` pages in every
     ``sample`` runs (and never more than :data:`MAX_SAMPLED_PAGES` pages of one file) and scales up:
-    an estimate at a fraction of the cost (the kernel looks each page up: ~0.1 s a GB, so a 700 GB
+    an estimate at a fraction of the cost (the kernel looks each page up, so a 700 GB
     checkpoint walked whole would take over a minute). Files too small to sample are counted whole.
     """
     from .files import open_regular

@@ -20,6 +20,7 @@ import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import numpy as np
 
@@ -36,6 +37,9 @@ INLINE_BELOW = (
 )  # smaller tensors are hashed on the spot: a hand-off costs more than their hash
 
 
+NO_PEERS: Mapping[int, Triple] = MappingProxyType({})
+
+
 @dataclass(slots=True)
 class Hashed:
     """One hashed tensor: its content hash(es) and the fingerprints of its node peers' windows."""
@@ -44,7 +48,9 @@ class Hashed:
     stored: Stored
     sha256: str = ""
     blake3: str = ""
-    peers: dict[int, Triple] = field(default_factory=dict)
+    peers: Mapping[int, Triple] = field(default_factory=lambda: NO_PEERS)
+    """Fingerprints of the node peers' windows of it, by peer rank (most tensors have none: they
+    share one empty mapping rather than hold a dict each, which the collector would walk)."""
 
 
 def new_hashes(digests: Digests, nbytes: int) -> dict[str, object]:
@@ -185,7 +191,7 @@ class Hasher:
             if name not in todo:
                 continue
             todo.discard(name)
-            hashed = Hashed(name, s, peers=fps)
+            hashed = Hashed(name, s, peers=fps or NO_PEERS)
             if self._sha256_only:  # the default: no hasher objects to make for a few hundred bytes
                 hashed.sha256 = hashlib.sha256(memoryview(raw)).hexdigest()
             else:

@@ -1,7 +1,7 @@
-"""Run under torchrun (2 replicas x tp WORLD/2; the tests use 4 ranks): rank SENDER changes the last byte
-of the first window piece it sends to the other replica, after it fingerprinted the bytes it read (a
-transport that flips a bit). Injected here, in this process, by wrapping tpload.replicas.send: the
-product has no switch.
+"""Run under torchrun (2 replicas x tp WORLD/2; the tests use 4 ranks): rank SENDER changes the last
+byte of the first window piece it sends to the other replica, after it fingerprinted the bytes it
+read (a transport that flips a bit). Injected here, in this process, by wrapping
+tpload.replicas.send: the product has no switch.
 
 argv: CHECKPOINT OUT_DIR SENDER [OPTIONS_JSON] (more load() keywords, e.g. verify and digest_store).
 Each rank records its outcome in OUT_DIR/rank{R}.json."""

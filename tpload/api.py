@@ -81,7 +81,7 @@ class _RankLoad:
                 self.opts.ep,
             )
             # a model.sig: its bundle and the JSON files it signs, before any is read
-            signing.precheck(self.opts)
+            self.signed = signing.precheck(self.opts)
             storage = open_storage(
                 self.opts.checkpoint, tp=layout.tp, ep=layout.ep, rank=self.ctx.rank,
                 world=self.ctx.world,
@@ -119,7 +119,7 @@ class _RankLoad:
             opts, ctx, self.fig, storage, plans, config.id(), layout,
             lambda: checkpoint_stamp(storage), self.notes, threads=spare_cores(len(ctx.node_peers)),
         )  # fmt: skip
-        self.gate = gate.strategy(job)
+        self.gate = gate.strategy(job, signed=self.signed)
         # replicas: who reads what from storage, before the hash plan
         link = replicas.link(self.gate, planner)
         prepared = self.gate.prepare()  # before any read: preconditions, who hashes what

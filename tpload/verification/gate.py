@@ -512,17 +512,18 @@ class SignedManifest(TensorDigests):
         return super()._prepare()
 
 
-def strategy(job: Job) -> Strategy:
+def strategy(job: Job, *, signed: object = ...) -> Strategy:
     """The strategy for this load: from the verify mode and what vouches for the checkpoint's
-    files."""
+    files. ``signed``: what ``signing.precheck`` found before the storage opened (a SignedModel or
+    None), so the bundle is verified once a load; left out, it is checked here."""
     mode = Verify(job.opts.verify)
     if mode == Verify.OFF:
         return Unchecked(job)
     if mode == Verify.DIGEST:
         return Predicted(job)
-    if (
-        signed := signing.precheck(job.opts)
-    ) is not None:  # checked before the storage opened; reused here
+    if signed is ...:
+        signed = signing.precheck(job.opts)
+    if signed is not None:
         return (SignedManifest if signed.manifest_sha256 else SignedFiles)(job, signed)
     if getattr(job.storage, "file_digests", None) is not None:
         return FileDigests(job)

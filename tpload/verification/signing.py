@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -53,7 +52,6 @@ SIGNER_FLAGS = (
     "--signer-issuer URL"
 )
 FIX = "the file changed since it was signed (or the signature is not for this folder)"
-_CACHE: OrderedDict[tuple, SignedModel] = OrderedDict()
 """Bundles already verified in this process (the bundle's bytes, the signer): the gate reuses the
 check made before the storage opened, and a sigstore check goes to the network once."""
 
@@ -154,19 +152,15 @@ def precheck(opts: object) -> SignedModel | None:
             f"against: add {SIGNER_FLAGS} (or --signature none to load by the folder's other "
             "anchors)"
         )
-    try:
-        raw = path.read_bytes()
+    try:  # readable, or one line saying why (before the library's own error for it)
+        with open(path, "rb"):
+            pass
     except OSError as e:
         raise LoadError(
             f"{escape_name(path)}: cannot read the signature bundle: {e.strerror or e}"
         ) from None
     root = Path(opts.checkpoint).absolute()
-    key = (str(path), str(root), hashlib.sha256(raw).hexdigest(), signer)
-    model = _CACHE.get(key)
-    if model is None:
-        model = _CACHE[key] = _verify(path, root, opts, signer[1])
-        while len(_CACHE) > 8:
-            _CACHE.popitem(last=False)
+    model = _verify(path, root, opts, signer[1])
     return replace(model, manifest_sha256=_check_plan_files(model))
 
 

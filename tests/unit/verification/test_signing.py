@@ -12,7 +12,6 @@ import datetime
 import json
 import shutil
 import sys
-from collections import OrderedDict
 from pathlib import Path
 
 import pytest
@@ -68,11 +67,6 @@ def sign(
 @pytest.fixture
 def folder(tmp_path: Path) -> Path:
     return write_published(tmp_path / "m", "gpt-oss-tiny", manifest=False)
-
-
-@pytest.fixture(autouse=True)
-def fresh_cache(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(signing, "_CACHE", OrderedDict())
 
 
 def flip(path: Path, at: int = -3) -> None:

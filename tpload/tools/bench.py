@@ -1,6 +1,6 @@
 """``python -m tpload bench``: tpload beside its peers, on the same job, in one run.
 
-Each method (see :mod:`tpload.bench_worker`) runs as a real torchrun job with
+Each method (see :mod:`tpload.tools.bench_worker`) runs as a real torchrun job with
 the same world size, alternating round by round (A B C ..., then C B A ...)
 so that drift on a shared machine falls on every method alike. Figures are
 medians over rounds with min-max; ratios are to the ``floor`` (copies only)
@@ -217,7 +217,7 @@ def run_once(method: str, opts: BenchOptions, out_dir: Path) -> list[dict] | str
         "--max-restarts",
         "0",
         "-m",
-        "tpload.bench_worker",
+        "tpload.tools.bench_worker",
         method,
         opts.checkpoint,
         str(out_dir),

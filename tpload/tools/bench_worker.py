@@ -1,6 +1,7 @@
 """One bench run of one method on one rank, started by ``tpload bench`` under torchrun.
 
-    torchrun --nproc-per-node N -m tpload.bench_worker METHOD CHECKPOINT OUT_DIR --tp T [--config C]
+    torchrun --nproc-per-node N -m tpload.tools.bench_worker METHOD CHECKPOINT OUT_DIR --tp T
+        [--config C]
 
 Every method does the same job: this rank ends up owning its window of every
 tensor (the windows :class:`tpload.plan.Planner` cuts) on its device. The
@@ -441,7 +442,7 @@ METHODS: dict[str, Callable[[Job], Windows]] = {
 """Every method the bench knows, by name (the peers' packages only when importable)."""
 
 IMPORTS: dict[str, tuple[str, ...]] = {
-    "floor": ("tpload.transfer.cpu",),  # tpload's arena allocator (it pulls in the kernels)
+    "floor": ("tpload.transfer.cpu", "tpload.kernels"),  # tpload's arena allocator, its kernels
     "safetensors": ("safetensors",),
     "fastsafetensors": ("fastsafetensors",),
     "runai": ("runai_model_streamer",),
@@ -449,14 +450,16 @@ IMPORTS: dict[str, tuple[str, ...]] = {
     "seed": (),
 }
 """What each method imports of its own, timed once per process before its clock; a ``tpload*``
-method imports the loader (``tpload.api``: its kernels too)."""
+method imports the loader and its kernels (``load()`` would otherwise load them on a thread
+inside its own clock: once per process, not per load)."""
 
 
 def import_method(method: str) -> float:
     """Seconds to import ``method``'s own modules (in a process that has torch and the plan
     already)."""
     t0 = time.perf_counter()
-    for module in IMPORTS.get(method, ("tpload.api",) if method.startswith("tpload") else ()):
+    loader = ("tpload.api", "tpload.kernels") if method.startswith("tpload") else ()
+    for module in IMPORTS.get(method, loader):
         importlib.import_module(module)
     return time.perf_counter() - t0
 
@@ -487,7 +490,7 @@ def _anon() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tpload.bench_worker")
+    p = argparse.ArgumentParser(prog="python -m tpload.tools.bench_worker")
     p.add_argument("method", choices=list(METHODS))
     p.add_argument("checkpoint")
     p.add_argument("out")

@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 from tpload.__main__ import main
 from tpload.verification.store import DigestStore
 
-from ..helpers import HERE, poke, shard_of, tensor_offset, torchrun, tpload_cli
+from ..helpers import HERE, torchrun, tpload_cli
 
 CORRUPT = str(HERE / "workers" / "replicas_corrupt.py")
-GROUPS = str(HERE / "workers" / "replicas_group.py")
 
 
 def _plain_tp2(ckpt: Path, store: Path) -> list[str]:
@@ -79,65 +77,3 @@ def test_a_byte_changed_in_transit_fails_every_rank_naming_tensor_sender_and_rec
         "the bytes rank 3 received from rank 1 (replica 0) differ from those rank 1 read" in error
     )
     assert "changed in transit" in error
-
-
-def test_replica_groups_given_to_load_place_the_replicas_as_the_caller_says(
-    small_ckpt: Path, tmp_path: Path
-) -> None:
-    """An engine's data-parallel groups, placed unlike ``--replicas`` (rank order): position 0 is
-    held by ranks 0 and 1, position 1 by ranks 2 and 3; every rank serves its position's bytes."""
-    plain = _plain_tp2(small_ckpt, tmp_path / "store")
-    run = torchrun(4, [GROUPS, str(small_ckpt), str(tmp_path), "[[0, 1], [2, 3]]"], timeout=240)
-    assert run.rc == 0, run.text
-    outcomes = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
-    assert all(o["returned"] for o in outcomes), outcomes
-    ranks = json.loads((tmp_path / "report.json").read_text())["ranks"]
-    assert [r["digest"] for r in ranks] == [plain[0], plain[0], plain[1], plain[1]]
-    storage = [r["bytes_from_storage"] for r in ranks]
-    assert all(storage) and 2 * sum(storage) == sum(
-        r["bytes_from_storage"] + r["bytes_from_peers"] for r in ranks
-    )  # each position's windows read once, by one of its two ranks
-
-
-def test_verify_digest_with_replicas_checks_every_rank_against_its_position_s_prediction(
-    ckpt_copy: Path, tmp_path: Path
-) -> None:
-    """``--verify digest``: nothing hashed; every rank, reader or receiver, serves its position's
-    stored prediction; a byte changed under the predictions fails the load naming the tensor (the
-    per-tensor predictions ``plan --write`` stores beside the digests) and where a receiver's
-    window came from. (A byte changed in transit fails by the check on receipt, in every mode.)"""
-    store = tmp_path / "store"
-    plain = _plain_tp2(ckpt_copy, store)
-    report = tmp_path / "r.json"
-    run = tpload_cli(
-        4,
-        str(ckpt_copy),
-        "--tp",
-        "2",
-        "--replicas",
-        "2",
-        "--verify",
-        "digest",
-        "--digest-store",
-        str(store),
-        "--report",
-        str(report),
-        timeout=240,
-    )
-    assert run.rc == 0, run.text
-    ranks = json.loads(report.read_text())["ranks"]
-    assert [r["digest"] for r in ranks] == [plain[0], plain[1], plain[0], plain[1]]
-    assert all(r["bytes_hashed"] == 0 for r in ranks)
-    assert sum(r["bytes_from_peers"] for r in ranks) > 0
-    # a byte changed in the checkpoint under the stored predictions (its mtime put back): nothing
-    # is hashed, so only the predictions catch it, per tensor, on the readers and the receivers
-    shard = ckpt_copy / shard_of(ckpt_copy, "head.weight")
-    stat = shard.stat()
-    _, _, nbytes = tensor_offset(ckpt_copy, "head.weight")
-    poke(ckpt_copy, "head.weight", nbytes - 1)  # the last row: position 1's window
-    os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    args = ["--tp", "2", "--replicas", "2", "--verify", "digest", "--digest-store", str(store)]
-    run = tpload_cli(4, str(ckpt_copy), *args, timeout=240)
-    assert run.rc != 0
-    assert "differs from the prediction stored in" in run.text and "head.weight" in run.text
-    assert "(received from rank" in run.text  # the receiver names where its window came from

@@ -37,7 +37,6 @@ import torch.distributed as dist
 
 from .batch import runs
 from .errors import LoadError, OptionsError
-from .modes import Verify
 from .storage import Stored
 from .storage.reader import CHUNK_BYTES, Reader
 from .text import escape_name
@@ -235,12 +234,7 @@ class Link:
         timeout_s: float,
         fig: object,
         unit: Callable[[str], object] | None = None,
-        *,
-        predicted: bool = False,
     ) -> None:
-        self.predicted = predicted
-        """``--verify digest``: the receiver's served bytes are checked against its position's
-        stored prediction instead (verification/gate.py names the tensor and its sender)."""
         self.ctx, self.at, self.timeout_s, self.fig = ctx, at, timeout_s, fig
         self.replicas = replicas = at.replicas
         self.size = at.size
@@ -514,8 +508,7 @@ def link(strategy: object, planner: object) -> Link | None:
     # cluster
     whole = isinstance(strategy, FileDigests) or getattr(storage, "file_digests", None) is not None
     unit = (lambda n: storage.info(n).path) if whole else None
-    digest = opts.verify == Verify.DIGEST
-    out = Link(ctx, storage, every, at, opts.timeout_s, job.fig, unit, predicted=digest)
+    out = Link(ctx, storage, every, at, opts.timeout_s, job.fig, unit)
     job.reads, job.link = out.reads(job.plans), out
     return out
 

@@ -10,7 +10,7 @@ class and arena offset in arrays), and its named items are made only by the rank
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,9 +58,11 @@ class RankPlan:
     deferred: tuple[str, ...]
     arena_bytes: int
 
-    @functools.cached_property
-    def entries(self) -> list[Entry]:
-        return list(map(self.all_entries.__getitem__, self.index.tolist()))
+    @property
+    def entries(self) -> Iterator[Entry]:
+        """Each held entry, made as it is reached (kept by nobody: the items are what the load
+        keeps)."""
+        return map(self.all_entries.__getitem__, self.index.tolist())
 
     @functools.cached_property
     def shapes(self) -> list[Shaped]:

@@ -9,18 +9,19 @@ a file of their own (:mod:`.partitioned`). Both hand the planner a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
 from .catalogue import Catalogue
 
 
-@dataclass(frozen=True, slots=True)
-class Stored:
-    """Stored bytes a rank reads: a whole tensor of a shard, or one window in a rank file."""
+class Stored(NamedTuple):
+    """Stored bytes a rank reads: a whole tensor of a shard, or one window in a rank file.
+
+    A named tuple, made when asked for and dropped after (a tuple is made in C; a load of 92,000
+    tensors keeps none of them to the end, so the collector has none to walk)."""
 
     name: str
     """The official tensor name."""
@@ -44,7 +45,7 @@ class Stored:
             return self
         if view[0] * view[1] != self.nbytes:
             raise ValueError(f"{self.name}: {self.nbytes} bytes cannot be seen as {list(view)}")
-        return replace(self, rows=view[0], row_bytes=view[1])
+        return self._replace(rows=view[0], row_bytes=view[1])
 
 
 class Storage(Protocol):

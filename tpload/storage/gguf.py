@@ -109,7 +109,7 @@ it)."""
 SPLIT_NAME = re.compile(r"(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf")
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, slots=True)
 class GGUFTensorInfo(TensorInfo):
     """A GGUF tensor: a TensorInfo (bytes, torch-order shape) plus what the format says of it."""
 
@@ -328,10 +328,7 @@ def _tensor(
         )
         return None
     shape = elements if per == 1 else elements[:-1] + (elements[-1] // per * bsize,)
-    info = GGUFTensorInfo(name, file, dtype, shape, path, begin, tname, elements)
-    rows = shape[0] if len(shape) > 1 else 1
-    info.__dict__.update(nbytes=nbytes, rows=rows, row_bytes=nbytes // rows if rows else 0)
-    return info
+    return GGUFTensorInfo(name, file, dtype, shape, path, begin, tname, elements)
 
 
 # --- finding the files

@@ -8,7 +8,6 @@ then the data. Every problem in a header is collected and raised at once.
 from __future__ import annotations
 
 import collections
-import functools
 import hashlib
 import itertools
 import json
@@ -17,7 +16,7 @@ import operator
 import os
 import struct
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +25,8 @@ from ..errors import CheckpointError, raise_all
 from ..text import escape_name
 from .files import atomic_file, open_regular, parse_json, read_exact
 
+_new = object.__new__
+_set = object.__setattr__
 MAX_HEADER_BYTES = 256 << 20  # a header larger than this is corrupt, not big
 MAX_DIM = (
     1 << 48
@@ -57,9 +58,12 @@ _HEADER_ITEMSIZE = dict(ITEMSIZE)  # what a safetensors header may say (GGUF's t
 ITEMSIZE.update({t: 1 for t in ("Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TensorMeta:
-    """One stored tensor as a header names it, and as the planner sees it."""
+    """One stored tensor as a header names it, and as the planner sees it.
+
+    Slotted: a catalogue holds one a tensor for the whole load, and an instance without a
+    ``__dict__`` is one object for the collector to walk, not two."""
 
     name: str
     file: str
@@ -67,23 +71,21 @@ class TensorMeta:
     dtype: str
     """Stored dtype, safetensors spelling."""
     shape: tuple[int, ...]
+    nbytes: int = field(init=False, repr=False, compare=False)
+    rows: int = field(init=False, repr=False, compare=False)
+    """Rows of the 2-D byte view ``[rows, row_bytes]`` (a 0-D or 1-D tensor is one row)."""
+    row_bytes: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        nbytes = math.prod(self.shape) * ITEMSIZE[self.dtype]
+        rows = self.shape[0] if len(self.shape) > 1 else 1
+        _set(self, "nbytes", nbytes)
+        _set(self, "rows", rows)
+        _set(self, "row_bytes", nbytes // rows if rows else 0)
 
     @property
     def itemsize(self) -> int:
         return ITEMSIZE[self.dtype]
-
-    @functools.cached_property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * self.itemsize
-
-    @functools.cached_property
-    def rows(self) -> int:
-        """Rows of the 2-D byte view ``[rows, row_bytes]`` (a 0-D or 1-D tensor is one row)."""
-        return self.shape[0] if len(self.shape) > 1 else 1
-
-    @functools.cached_property
-    def row_bytes(self) -> int:
-        return self.nbytes // self.rows if self.rows else 0
 
     def __eq__(self, other: object) -> bool:
         """The same tensor as the planner sees it: a TensorInfo equals the TensorMeta of its four
@@ -103,7 +105,7 @@ class TensorMeta:
         )
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, slots=True)
 class TensorInfo(TensorMeta):
     """A tensor and where its bytes are in its shard (equal to any TensorMeta of the same
     tensor)."""
@@ -264,8 +266,6 @@ def _dim_ok(d: int) -> bool:
 
 
 _FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
-_new = object.__new__
-_set = object.__setattr__
 
 
 def frozen_instances(cls: type, columns: dict[str, Iterable], n: int) -> list:

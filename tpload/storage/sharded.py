@@ -3,8 +3,6 @@ shards."""
 
 from __future__ import annotations
 
-import itertools
-import operator
 import os
 import threading
 from pathlib import Path
@@ -14,10 +12,10 @@ import numpy as np
 from ..errors import CheckpointError
 from ..text import escape_name
 from . import Stored, hub, localdir
-from .catalogue import Catalogue, ManifestEntry, read_native
+from .catalogue import Catalogue, read_native
 from .files import Shard
 from .pagecache import drop_ranges
-from .safetensors import TensorInfo, frozen_instances
+from .safetensors import TensorInfo
 
 
 class Files:
@@ -94,7 +92,6 @@ class ShardedStorage(FileReads):
         self.catalogue: Catalogue
         self.catalogue, self.locations = read_native(root, manifest=manifest)
         self.files = Files()
-        self._stored: dict[str, Stored] = {}
         self.file_digests: dict[Path, str] | None = None
         """Without a manifest, each shard's expected sha256: a hub snapshot's blob name, or a
         local-dir download's etag (set only when every file the load reads has one)."""
@@ -123,13 +120,19 @@ class ShardedStorage(FileReads):
             ) from None
 
     def stored(self, name: str) -> Stored:
-        s = self._stored.get(name)
-        if s is None and not self._stored:  # every tensor's at once, from the catalogue's columns
-            self._stored = _all_stored(self.locations, self.catalogue.manifest)
-            s = self._stored.get(name)
-        if s is None:
+        """Made per call from the catalogue (a tuple made in C), not kept: see :class:`Stored`."""
+        info = self.locations.get(name)
+        if info is None:
             self.info(name)  # no such tensor: raises, naming it
-        return s
+        entry = self.catalogue.manifest.get(name) if self.catalogue.manifest else None
+        return Stored(
+            name,
+            info.path,
+            info.begin,
+            info.rows,
+            info.row_bytes,
+            entry.sha256 if entry is not None else None,
+        )
 
     def box(
         self, name: str, view: tuple[int, int], rows: tuple[int, int], cols: tuple[int, int]
@@ -148,30 +151,3 @@ class ShardedStorage(FileReads):
         ):  # a local-dir download with unvouched files: each named, and the ways on
             return self.local.problems()
         return self.catalogue.manifest_problems(names)
-
-
-def _all_stored(
-    locations: dict[str, TensorInfo], manifest: dict[str, ManifestEntry] | None
-) -> dict[str, Stored]:
-    """A :class:`Stored` for every located tensor, made in C over columns (no Python frame a
-    tensor: 92,000 of them), each with its manifest sha256 (None: no entry)."""
-    names, infos = list(locations), list(locations.values())
-    sha = (
-        [getattr(manifest.get(n), "sha256", None) for n in names]
-        if manifest
-        else itertools.repeat(None)
-    )
-    columns = {
-        "name": names,
-        "path": map(_PATH, infos),
-        "offset": map(_BEGIN, infos),
-        "rows": map(_ROWS, infos),
-        "row_bytes": map(_ROW_BYTES, infos),
-        "sha256": sha,
-    }
-    return dict(zip(names, frozen_instances(Stored, columns, len(names)), strict=True))
-
-
-_PATH, _BEGIN, _ROWS, _ROW_BYTES = (
-    operator.attrgetter(a) for a in ("path", "begin", "rows", "row_bytes")
-)

@@ -36,7 +36,7 @@ from ..errors import LoadError
 from ..modes import PredictionState, Verify
 from ..storage.hub import SNAPSHOT, FileSource
 from ..text import escape_name
-from . import crosscheck, signing
+from . import crosscheck, hashing, signing
 from .blake3sums import SHA256, Digests, content_hash, fix_command
 from .files import FileHashed, FileHasher, assign_files, file_problems, own_problems
 from .policy import HashPlan, hash_plan, readers
@@ -194,7 +194,7 @@ class Strategy(ABC):
                 self._name_differing(result, stored, me)
         hashes = self.prepared.hashes
         if hashes.peers or hashes.owner:
-            fingerprints = {n: h.peers for n, h in result.hashed.items()}
+            fingerprints = hashing.column(result.hashed, "peers")
             fig.claims = crosscheck.claims(hashes.peers, fingerprints, ctx.node_peers, ctx.rank)
             fig.seen = crosscheck.seen(hashes.owner, result.windows, ctx.node_peers, ctx.rank)
 
@@ -598,8 +598,8 @@ def at_rest(
         )
     return vouched(
         tuple(names),
-        {n: h.sha256 for n, h in hashed.items()},
-        {a: {n: getattr(h, a) for n, h in hashed.items()} for a in digests.also},
+        hashing.column(hashed, "sha256"),
+        {a: hashing.column(hashed, a) for a in digests.also},
     )
 
 

@@ -17,9 +17,12 @@ With 0 they run inline, on a block still in the cache.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping, Sequence
+import operator
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 
 import numpy as np
@@ -127,6 +130,65 @@ class HashTap:
 _NO_PEERS: Mapping[int, Box] = {}
 
 
+class HashResults(Mapping[str, Hashed]):
+    """Every tensor a rank hashed, as columns: a load hashes tens of thousands of small tensors,
+    and an object a tensor held to the end of the load is one more for the collector to walk at
+    every full collection. A :class:`Hashed` is made when one is asked for (the report's few, a
+    mismatch's words). Rows are added from the hashing threads too: under a lock, so a row's
+    columns stay together."""
+
+    def __init__(self) -> None:
+        self._row: dict[str, int] = {}
+        self._paths: list[Path] = []
+        self._sizes: list[int] = []
+        """offset, rows, row bytes of each row's stored bytes, flattened."""
+        self._want: list[str | None] = []
+        self._sha256: list[str] = []
+        self._blake3: list[str] = []
+        self._peers: dict[int, Mapping[int, Triple]] = {}
+        """Only rows whose node peers read a window of the tensor (most have none)."""
+        self._lock = threading.Lock()
+
+    def add(self, s: Stored, sha256: str, blake3: str, peers: Mapping[int, Triple] | None) -> None:
+        with self._lock:
+            k = self._row[s.name] = len(self._sha256)
+            self._paths.append(s.path)
+            self._sizes += (s.offset, s.rows, s.row_bytes)
+            self._want.append(s.sha256)
+            self._sha256.append(sha256)
+            self._blake3.append(blake3)
+            if peers:
+                self._peers[k] = peers
+
+    def __getitem__(self, name: str) -> Hashed:
+        k = self._row[name]
+        offset, rows, row_bytes = self._sizes[3 * k : 3 * k + 3]
+        stored = Stored(name, self._paths[k], offset, rows, row_bytes, self._want[k])
+        return Hashed(name, stored, self._sha256[k], self._blake3[k], self._peers.get(k, NO_PEERS))
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._row
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._row)
+
+    def __len__(self) -> int:
+        return len(self._row)
+
+    def column(self, attr: str) -> dict[str, object]:
+        """``{name: value}`` of one of the results (``sha256``, ``blake3``, ``peers``), read from
+        its column."""
+        if attr == "peers":
+            return {n: self._peers.get(k, NO_PEERS) for n, k in self._row.items()}
+        values = {"sha256": self._sha256, "blake3": self._blake3}[attr]
+        return dict(zip(self._row, values, strict=True))
+
+    def nbytes(self) -> int:
+        """Stored bytes hashed, all rows."""
+        sizes = self._sizes
+        return sum(map(operator.mul, sizes[1::3], sizes[2::3]))
+
+
 class Hasher:
     """This rank's hashing work (:class:`HashPlan`), inline or on worker threads, by ``digests``'
     hash."""
@@ -143,7 +205,7 @@ class Hasher:
         self.digests = digests
         self._sha256_only = digests.hashes == ("sha256",)
         self.todo = set(plan.mine)
-        self.done: dict[str, Hashed] = {}
+        self.done = HashResults()
         self._lanes = [
             ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"tpload-sha{i}")
             for i in range(threads)
@@ -191,23 +253,23 @@ class Hasher:
             if name not in todo:
                 continue
             todo.discard(name)
-            hashed = Hashed(name, s, peers=fps or NO_PEERS)
             if self._sha256_only:  # the default: no hasher objects to make for a few hundred bytes
-                hashed.sha256 = hashlib.sha256(memoryview(raw)).hexdigest()
+                done.add(s, hashlib.sha256(memoryview(raw)).hexdigest(), "", fps)
             else:
+                got = {}
                 for hash_name, h in new_hashes(self.digests, s.nbytes).items():
                     h.update(memoryview(raw))
-                    setattr(hashed, hash_name, h.hexdigest())
-            done[name] = hashed  # one writer per name; dict assignment is atomic
+                    got[hash_name] = h.hexdigest()
+                done.add(s, got.get("sha256", ""), got.get("blake3", ""), fps)
             if on_done is not None:
                 on_done(name)
 
     def _record(self, hashed: Hashed) -> None:
-        self.done[hashed.name] = hashed  # one writer per name; dict assignment is atomic
+        self.done.add(hashed.stored, hashed.sha256, hashed.blake3, hashed.peers)
         if self.on_done is not None:
             self.on_done(hashed.name)
 
-    def finish(self) -> dict[str, Hashed]:
+    def finish(self) -> HashResults:
         """Wait for every tap; the results by tensor name."""
         for lane in self._lanes:
             lane.shutdown(wait=True)
@@ -227,7 +289,7 @@ def hash_whole(
     threads: int = 0,
     feeds: dict[str, Callable[[np.ndarray, int], None]] | None = None,
     digests: Digests = SHA256,
-) -> dict[str, Hashed]:
+) -> HashResults:
     """``digests``' hashes (sha256 by default) of every named tensor, each read whole once, in the
     given order (offline tools: a manifest, a verification at rest, an export's sources). ``feeds``:
     also hand each block of a tensor, whole rows at a time, to its callable (the value checks)."""
@@ -252,7 +314,14 @@ def hash_whole(
         hasher.close()
 
 
-def mismatches(hashed: dict[str, Hashed], digests: Digests = SHA256) -> list[str]:
+def column(hashed: Mapping[str, Hashed], attr: str) -> dict[str, object]:
+    """``{name: value}`` of one result of every hashed tensor."""
+    if isinstance(hashed, HashResults):
+        return hashed.column(attr)
+    return {n: getattr(h, attr) for n, h in hashed.items()}
+
+
+def mismatches(hashed: Mapping[str, Hashed], digests: Digests = SHA256) -> list[str]:
     """Every hashed tensor whose hash is not the one promised for it (one line each): the manifest's
     sha256, or the sidecar's blake3."""
     out = []

@@ -13,7 +13,7 @@ import itertools
 import operator
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
@@ -79,7 +79,7 @@ def _sha_ok(s: object) -> bool:
     return isinstance(s, str) and _HEX64.fullmatch(s) is not None
 
 
-def parse_manifest_entries(tensors: object, path: Path) -> dict[str, ManifestEntry]:
+def parse_manifest_entries(tensors: object, path: Path) -> Manifest:
     """``{"name": {"file", "dtype", "shape", "sha256"}}`` as entries; every bad one listed at once.
 
     Each rule is one pass over a column (a manifest has 92,000 entries): an object, a string file
@@ -107,8 +107,42 @@ def parse_manifest_entries(tensors: object, path: Path) -> dict[str, ManifestEnt
         for i in np.flatnonzero(~ok).tolist()
     ]
     raise_all(CheckpointError, problems, what=f"bad entries in {escape_name(path)}")
-    rows = zip(files, dtypes, map(tuple, shapes), map(str.lower, digests), strict=True)
-    return dict(zip(names, map(_new_tuple, itertools.repeat(ManifestEntry), rows), strict=True))
+    return Manifest(names, files, dtypes, list(map(tuple, shapes)), list(map(str.lower, digests)))
+
+
+class Manifest(Mapping[str, ManifestEntry]):
+    """A parsed manifest as columns, name -> :class:`ManifestEntry` made when asked for: a load
+    holds its manifest to the end, and 92,000 entries held as tuples would be 92,000 more objects
+    for the collector to walk at every full collection (these columns are a handful)."""
+
+    def __init__(
+        self,
+        names: list[str],
+        files: list[str],
+        dtypes: list[str],
+        shapes: list[tuple[int, ...]],
+        digests: list[str],
+    ) -> None:
+        self._row = dict(zip(names, range(len(names)), strict=True))
+        self._columns = (files, dtypes, shapes, digests)
+
+    def __getitem__(self, name: str) -> ManifestEntry:
+        k = self._row[name]
+        return _new_tuple(ManifestEntry, [column[k] for column in self._columns])
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._row
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._row)
+
+    def __len__(self) -> int:
+        return len(self._row)
+
+    def sha256(self, name: str) -> str | None:
+        """The promised sha256 of ``name`` (None: not in the manifest), read from its column."""
+        k = self._row.get(name)
+        return None if k is None else self._columns[3][k]
 
 
 _MANIFEST_KEYS = ("file", "dtype", "shape", "sha256")
@@ -120,14 +154,14 @@ def _get(key: str) -> Callable[[dict], object]:
     return operator.methodcaller("get", key)
 
 
-def read_manifest(root: Path) -> tuple[dict[str, ManifestEntry] | None, str | None]:
+def read_manifest(root: Path) -> tuple[Mapping[str, ManifestEntry] | None, str | None]:
     """NATIVE_MANIFEST.json as entries and the sha256 of the very bytes parsed; (None, None) when
     the checkpoint has none."""
     entries, sha, _ = _read_manifest(root)
     return entries, sha
 
 
-def _read_manifest(root: Path) -> tuple[dict[str, ManifestEntry] | None, str | None, Pins]:
+def _read_manifest(root: Path) -> tuple[Mapping[str, ManifestEntry] | None, str | None, Pins]:
     """:func:`read_manifest`, and the pins of its JSON files from the same bytes
     (storage/pins.py)."""
     path = root / MANIFEST_NAME
@@ -151,7 +185,7 @@ class Catalogue:
         self,
         root: Path,
         tensors: dict[str, TensorMeta],
-        manifest: dict[str, ManifestEntry] | None,
+        manifest: Mapping[str, ManifestEntry] | None,
         *,
         manifest_path: Path | None = None,
         manifest_sha256: str | None = None,
@@ -184,6 +218,14 @@ class Catalogue:
             raise CheckpointError(
                 f"{escape_name(self.root)}: no tensor named {escape_name(name)}"
             ) from None
+
+    def promised(self, name: str) -> str | None:
+        """The manifest's sha256 of ``name`` (None: no manifest, or no entry for it)."""
+        m = self.manifest
+        if isinstance(m, Manifest):
+            return m.sha256(name)
+        entry = m.get(name) if m else None
+        return entry.sha256 if entry is not None else None
 
     def check_plan_files(self) -> list[str]:
         """Check the JSON files that shape a plan (config.json, hf_quant_config.json, the index)

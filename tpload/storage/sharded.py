@@ -124,14 +124,8 @@ class ShardedStorage(FileReads):
         info = self.locations.get(name)
         if info is None:
             self.info(name)  # no such tensor: raises, naming it
-        entry = self.catalogue.manifest.get(name) if self.catalogue.manifest else None
         return Stored(
-            name,
-            info.path,
-            info.begin,
-            info.rows,
-            info.row_bytes,
-            entry.sha256 if entry is not None else None,
+            name, info.path, info.begin, info.rows, info.row_bytes, self.catalogue.promised(name)
         )
 
     def box(

@@ -150,15 +150,29 @@ class HashResults(Mapping[str, Hashed]):
         self._lock = threading.Lock()
 
     def add(self, s: Stored, sha256: str, blake3: str, peers: Mapping[int, Triple] | None) -> None:
+        self.add_all([(s, sha256, blake3, peers)])
+
+    def add_all(self, rows: Sequence[tuple[Stored, str, str, Mapping[int, Triple] | None]]) -> None:
+        """Rows of (stored bytes, sha256, blake3, peers' fingerprints), under one lock."""
         with self._lock:
-            k = self._row[s.name] = len(self._sha256)
-            self._paths.append(s.path)
-            self._sizes += (s.offset, s.rows, s.row_bytes)
-            self._want.append(s.sha256)
-            self._sha256.append(sha256)
-            self._blake3.append(blake3)
-            if peers:
-                self._peers[k] = peers
+            for s, sha256, blake3, peers in rows:
+                k = self._row[s.name] = len(self._sha256)
+                self._paths.append(s.path)
+                self._sizes += (s.offset, s.rows, s.row_bytes)
+                self._want.append(s.sha256)
+                self._sha256.append(sha256)
+                self._blake3.append(blake3)
+                if peers:
+                    self._peers[k] = peers
+
+    def mismatched(self, digests: Digests) -> list[str]:
+        """The names whose ``digests.hash`` is not the one promised (found over the columns)."""
+        got = self._sha256 if digests.hash == "sha256" else self._blake3
+        if digests.hash == "sha256":
+            want = self._want
+        else:
+            want = [digests.expected(n, w) for n, w in zip(self._row, self._want, strict=True)]
+        return [n for n, g, w in zip(self._row, got, want, strict=True) if w is None or g != w]
 
     def __getitem__(self, name: str) -> Hashed:
         k = self._row[name]
@@ -247,22 +261,23 @@ class Hasher:
         ``stored[i]``'s), with the fingerprints of their node peers' windows taken from the same
         bytes (``peers[i]``: one for each box :meth:`wanted` gave, kept as given); nothing for a
         tensor this rank does not (or no longer) hash."""
-        todo, done, on_done = self.todo, self.done, self.on_done
+        todo, rows = self.todo, []
         for s, raw, fps in zip(stored, data, peers, strict=True):
-            name = s.name
-            if name not in todo:
+            if s.name not in todo:
                 continue
-            todo.discard(name)
+            todo.discard(s.name)
             if self._sha256_only:  # the default: no hasher objects to make for a few hundred bytes
-                done.add(s, hashlib.sha256(memoryview(raw)).hexdigest(), "", fps)
+                rows.append((s, hashlib.sha256(memoryview(raw)).hexdigest(), "", fps))
             else:
                 got = {}
                 for hash_name, h in new_hashes(self.digests, s.nbytes).items():
                     h.update(memoryview(raw))
                     got[hash_name] = h.hexdigest()
-                done.add(s, got.get("sha256", ""), got.get("blake3", ""), fps)
-            if on_done is not None:
-                on_done(name)
+                rows.append((s, got.get("sha256", ""), got.get("blake3", ""), fps))
+        self.done.add_all(rows)
+        if self.on_done is not None:
+            for s, _, _, _ in rows:
+                self.on_done(s.name)
 
     def _record(self, hashed: Hashed) -> None:
         self.done.add(hashed.stored, hashed.sha256, hashed.blake3, hashed.peers)
@@ -325,6 +340,8 @@ def mismatches(hashed: Mapping[str, Hashed], digests: Digests = SHA256) -> list[
     """Every hashed tensor whose hash is not the one promised for it (one line each): the manifest's
     sha256, or the sidecar's blake3."""
     out = []
+    if isinstance(hashed, HashResults):  # a load's: the few mismatched rows, found over columns
+        hashed = {n: hashed[n] for n in hashed.mismatched(digests)}
     for name, h in hashed.items():
         want, got = digests.expected(name, h.stored.sha256), getattr(h, digests.hash)
         if want is None:

@@ -25,10 +25,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..bounds import COUNT, RANKS, SECONDS
 from ..codecs import Cut
 from ..errors import LoadError
+from ..flags import Parser
 from ..loop import decode_rows
-from ..options import COUNT, DEFAULT_CONFIG, RANKS, SECONDS, Parser
+from ..options import DEFAULT_CONFIG
 from ..pick import choose, planner_of
 from ..plan import Item, Layout
 from ..storage.pagecache import resident_bytes

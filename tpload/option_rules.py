@@ -89,7 +89,7 @@ def _attest_problems(values: Mapping[str, object], spell: Spell) -> list[str]:
     if key and not Path(str(key)).is_file():
         problems.append(f"{spell('attest_key')} {key}: no such file (an EC private key in PEM)")
     elif key:
-        from .verification.attest import key_problem
+        from .verification.attest_signing import key_problem
 
         if why := key_problem(str(key)):
             problems.append(f"{spell('attest_key')}: {why}")

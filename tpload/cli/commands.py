@@ -312,7 +312,7 @@ def cmd_export(argv: list[str]) -> int:
 @one_line
 def cmd_attest(argv: list[str]) -> int:
     args = attest_parser().parse_args(argv)
-    from ..verification.attest import check
+    from ..verification.attest_check import check
 
     problems, notes = check(
         args.file, args.checkpoint, key=args.key, config=args.config

@@ -92,7 +92,7 @@ def _synth_published(p: argparse.ArgumentParser, args: argparse.Namespace) -> in
     return 0
 
 
-def config_for(args: argparse.Namespace, root: str):
+def _config_for(args: argparse.Namespace, root: str):
     """The config ``--config`` names for the checkpoint at ``root`` (auto: found from its files,
     saying why)."""
     from ..config import with_rules
@@ -120,7 +120,7 @@ def cmd_plan(argv: list[str]) -> int:
         from ..tools.sizing import HostMemory, costs, planning, render_costs
 
         imported = time.monotonic() - t0
-        config = config_for(args, args.dir)
+        config = _config_for(args, args.dir)
         layout = Layout(args.tp, args.ep)
         per_node = args.nproc_per_node or layout.world
         t1, host = time.monotonic(), HostMemory()
@@ -188,7 +188,7 @@ def cmd_verify(argv: list[str]) -> int:
     try:
         from ..tools.offline import verify_checkpoint
 
-        config = None if args.config == "none" else config_for(args, args.dir)
+        config = None if args.config == "none" else _config_for(args, args.dir)
         problems = verify_checkpoint(args.dir, config, threads=args.threads)
     except LoadError as e:
         return fail(e)
@@ -295,7 +295,7 @@ def cmd_export(argv: list[str]) -> int:
             args.dir,
             args.out,
             Layout(args.tp, args.ep),
-            config_for(args, args.dir),
+            _config_for(args, args.dir),
             hash_threads=getattr(args, "hash_threads", 2),
         )
     except LoadError as e:

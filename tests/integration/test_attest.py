@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tpload.__main__ import main
+from tpload.cli import main
 from tpload.tools.published import write_published
 
 from ..ckpt_tools import ec_keypair

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tpload.__main__ import main
+from tpload.cli import main
 from tpload.config import load_config
 from tpload.plan import Layout
 from tpload.verification.predict import predict

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tpload.__main__ import main
+from tpload.cli import main
 
 from ..helpers import tpload_cli
 

@@ -8,7 +8,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from tpload.__main__ import main
+from tpload.cli import main
 from tpload.verification.store import DigestStore
 
 from ..helpers import HERE, torchrun, tpload_cli

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tpload.__main__ import main
+from tpload.cli import main
 from tpload.storage.hub import to_hub_cache
 from tpload.tools.published import write_published
 from tpload.verification.store import DigestStore

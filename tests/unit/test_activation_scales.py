@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import tpload
-from tpload.__main__ import main
+from tpload.cli import main
 from tpload.integrations.engine import load_options
 from tpload.storage.catalogue import read_native
 from tpload.tools.published import write_published

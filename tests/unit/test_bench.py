@@ -21,14 +21,13 @@ from tpload.tools.bench import (
     available_methods,
     check_agreement,
     cmd_bench,
-    decode_bandwidth,
-    decode_lines,
     drop_cache,
     preset_checkpoint,
     resident_fraction,
     summarize,
     table,
 )
+from tpload.tools.bench_bandwidth import decode_bandwidth, decode_lines
 from tpload.tools.published import write_published
 
 
@@ -172,7 +171,8 @@ def test_every_peer_serves_the_floors_windows_of_a_published_layout(
     # the floor's
     import torch
 
-    from tpload.tools.bench_worker import METHODS, Job, window_digest
+    from tpload.tools.bench_job import Job
+    from tpload.tools.bench_worker import METHODS, window_digest
 
     root = write_published(tmp_path / "c", preset)
     peers = ["safetensors", "seed"] + (

@@ -11,7 +11,7 @@ import pytest
 from safetensors import safe_open
 
 from tpload import __version__
-from tpload.__main__ import main
+from tpload.cli import main
 
 
 def test_the_folder_is_taken_positionally_like_every_subcommand(
@@ -87,7 +87,7 @@ def test_export_refuses_a_folder_that_is_not_empty(
 def test_a_verdict_is_printed_by_its_reporter_and_pointed_to_by_the_others(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    from tpload.__main__ import _fail_rank
+    from tpload.cli.output import fail_rank
     from tpload.errors import LoadError
 
     files = {rank: tmp_path / f"error-{rank}.json" for rank in ("0", "1")}
@@ -96,7 +96,7 @@ def test_a_verdict_is_printed_by_its_reporter_and_pointed_to_by_the_others(
     )
     for rank, file in files.items():
         monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(file))
-        assert _fail_rank(verdict, rank) == 1
+        assert fail_rank(verdict, rank) == 1
     err = capsys.readouterr().err
     assert err == (
         "[rank 0] tpload: error: load failed on rank 0, 1 (2 of 2 ranks)\nrank 0, 1: /x: missing\n"
@@ -110,19 +110,19 @@ def test_a_verdict_is_printed_by_its_reporter_and_pointed_to_by_the_others(
 
 
 def test_a_rank_own_error_is_printed_in_full_by_that_rank(capsys: pytest.CaptureFixture) -> None:
-    from tpload.__main__ import _fail_rank
+    from tpload.cli.output import fail_rank
     from tpload.errors import LoadError
 
     assert (
-        _fail_rank(LoadError("lost the other ranks"), "3") == 1
+        fail_rank(LoadError("lost the other ranks"), "3") == 1
     )  # no reporter: not a shared verdict
     assert capsys.readouterr().err == "[rank 3] tpload: error: lost the other ranks\n"
 
 
 LOGS = """
 import logging
-from tpload.__main__ import _configure_logging
-_configure_logging({spec!r})
+from tpload.cli.output import configure_logging
+configure_logging({spec!r})
 logging.getLogger("numba.core.ssa").debug("numba internals")
 logging.getLogger("tpload").debug("tpload detail")
 logging.getLogger("numba").warning("numba warns")
@@ -302,7 +302,7 @@ def test_a_bad_flag_is_one_line(capsys: pytest.CaptureFixture) -> None:
 
 
 def test_no_progress_s_help_describes_the_flag() -> None:
-    from tpload.__main__ import _load_parser
+    from tpload.cli.parsers import load_parser
 
-    helps = {a.option_strings[0]: a.help for a in _load_parser()._actions if a.option_strings}
+    helps = {a.option_strings[0]: a.help for a in load_parser()._actions if a.option_strings}
     assert helps["--no-progress"].startswith("turn off rank 0's progress")

@@ -460,12 +460,12 @@ def test_a_world_that_cannot_form_fails_in_bounded_time(
 
 
 def test_sigterm_says_what_stopped_the_rank() -> None:
-    from tpload.__main__ import _on_sigterm
+    from tpload.cli.load import on_sigterm
 
     with pytest.raises(
         LoadError, match="stopped by signal SIGTERM .* or when it is stopped itself"
     ):
-        _on_sigterm(signal.SIGTERM, None)
+        on_sigterm(signal.SIGTERM, None)
 
 
 def test_offsets_are_read_through_the_header_not_the_index(ckpt_copy: Path) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import tpload
-from tpload.__main__ import main
+from tpload.cli import main
 from tpload.config import load_config
 from tpload.errors import LoadError
 from tpload.plan import Layout

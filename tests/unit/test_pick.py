@@ -355,7 +355,7 @@ def test_cli_says_one_line_for_a_field_of_the_wrong_type(
     hf_quant: dict | None,
     words: str,
 ) -> None:
-    from tpload.__main__ import main
+    from tpload.cli import main
 
     root = write_published(tmp_path / "llama", "llama-tiny", manifest=False)
     folder(root, model, hf_quant)

@@ -128,7 +128,7 @@ def test_a_glob_taking_weights_takes_their_scales(small_ckpt: Path) -> None:
 
 
 def test_a_load_that_serves_nothing_fails(small_ckpt: Path, capsys: pytest.CaptureFixture) -> None:
-    from tpload.__main__ import main
+    from tpload.cli import main
 
     with pytest.raises(
         LoadError,
@@ -146,7 +146,7 @@ def test_a_load_that_serves_nothing_fails(small_ckpt: Path, capsys: pytest.Captu
 def test_a_published_layout_s_scale_globs_are_refused_by_plan_too(
     tmp_path: Path, glob: str, capsys: pytest.CaptureFixture
 ) -> None:
-    from tpload.__main__ import main
+    from tpload.cli import main
     from tpload.tools.published import write_published
 
     root = write_published(

@@ -24,7 +24,7 @@ from ..errors import LoadError
 from ..text import escape_name
 
 if TYPE_CHECKING:
-    from .handoff import Skip
+    from .skips import Skip
 
 MIB = 1 << 20
 OPTIONS = (
@@ -138,13 +138,13 @@ class EngineLoad:
         entries).
 
         ``skips``: what the engine's load_weights ignores on purpose, declared by its integration
-        (default: :func:`~tpload.integrations.handoff.declared_skips` of the checkpoint's
+        (default: :func:`~tpload.integrations.skips.declared_skips` of the checkpoint's
         config.json)."""
         import tpload
 
         from ..options import LoadOptions
         from ..report.memory import MemoryPeaks
-        from .handoff import declared_skips
+        from .skips import declared_skips
 
         rss0 = psutil.Process().memory_info().rss
         t0 = time.perf_counter()

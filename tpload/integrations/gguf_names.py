@@ -25,7 +25,7 @@ windows: vLLM's GGUF linear and MoE weight loaders take ``qweight`` whole and na
 column-parallel layers and gate/up experts, row *bytes* (``row_bytes // tp``) for row-parallel
 layers and down experts; tpload's ``gguf`` codec cuts the same ranges on whole blocks, and refuses
 at plan time a tp that would split a block (vLLM would narrow mid-block). Any other access, or a
-range a rank does not hold, fails the start through the window tensor (handoff.py).
+range a rank does not hold, fails the start through the window tensor (window_tensor.py).
 """
 
 from __future__ import annotations
@@ -38,7 +38,10 @@ import torch
 from ..errors import LoadError
 from ..storage.catalogue import natural_key
 from ..storage.gguf import TYPES
-from .handoff import Handoff, HandoffError, Skip, WindowTensor, whole_tensor
+from .handed import HandoffError
+from .handoff import Handoff
+from .skips import Skip
+from .window_tensor import WindowTensor, whole_tensor
 
 UNQUANTIZED = ("F32", "BF16", "F16")
 """Types vLLM yields under the plain name (no ``qweight_type``)."""
@@ -253,7 +256,7 @@ class GGUFHandoff(Handoff):
                     WindowTensor(
                         window,
                         meta.shape,
-                        handed.box,
+                        handed.held,
                         f"{cut.name} as {hf} (rank {self.rank})",
                         handed=handed,
                     ),

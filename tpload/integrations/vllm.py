@@ -90,7 +90,7 @@ def _skips(model_config: ModelConfig) -> tuple:
     """What vLLM's load_weights skips on purpose (MTP layers, a tied lm_head, rotary tables), from
     the config object vLLM built the model from: its class defaults count (a config.json without
     ``tie_word_embeddings`` ties or not as its transformers class says), as they do for vLLM."""
-    from .handoff import declared_skips
+    from .skips import declared_skips
 
     hf = getattr(model_config, "hf_text_config", None) or model_config.hf_config
     return declared_skips(hf.to_dict())

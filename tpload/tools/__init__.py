@@ -1,7 +1,8 @@
 """tpload's tools: what serves the load path from outside it.
 
 Synthetic and published-layout checkpoints (``synth``, ``synth_gguf``, ``published``), the bench
-(``bench``, ``bench_worker``, ``bench_engine``), what a layout costs (``sizing``) and the offline
+(``bench``, ``bench_bandwidth``, ``bench_worker`` with ``bench_job``, ``bench_engine``,
+``bench_replicas``), what a layout costs (``sizing``) and the offline
 writers (``offline``: manifests, stored predictions, the blake3 sidecar; ``export``). Tools call the
 core; the core never imports a tool (tests/unit/test_layering.py holds it to that). The offline
 writers still pass their bytes through the core's gate (``verification.gate.at_rest``).

@@ -16,7 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..options import COUNT, RANKS, SECONDS, Parser
+from ..bounds import COUNT, RANKS, SECONDS
+from ..flags import Parser
 from ..storage.catalogue import read_native
 
 FORMATS = {"vllm-default": "auto", "vllm-tpload": "tpload"}

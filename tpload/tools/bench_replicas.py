@@ -23,7 +23,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..options import COUNT, DEFAULT_CONFIG, RANKS, SECONDS, Parser
+from ..bounds import COUNT, RANKS, SECONDS
+from ..flags import Parser
+from ..options import DEFAULT_CONFIG
 from .bench import _worker_env, preset_checkpoint
 from .synth import PRESETS
 

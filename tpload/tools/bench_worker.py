@@ -13,12 +13,10 @@ method served the same bytes costs no method anything.
 from __future__ import annotations
 
 import argparse
-import functools
 import hashlib
 import importlib
 import json
 import math
-import mmap
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -35,108 +33,9 @@ from ..options import DEFAULT_CONFIG
 
 # The bench's own pieces that every method shares (the plan of the windows, the map); none of these
 # imports tpload's kernels (numba), so a method's own imports are timed in a process without them.
-from ..pick import choose, planner_of
-from ..plan import Cut, Item, Layout, Output, RankPlan
+from ..plan import Cut, Item, Output
 from ..storage.safetensors import ITEMSIZE
-from ..storage.sharded import ShardedStorage
-
-Windows = dict[str, torch.Tensor]
-
-
-class Mapped:
-    """The peers' way to the bytes: each shard mapped whole (private, never written), zero-copy
-    views."""
-
-    def __init__(self, root: str) -> None:
-        self.storage = ShardedStorage(Path(root).absolute())
-        self.catalogue = self.storage.catalogue
-        self.manifest = self.catalogue.manifest
-        self._maps: dict[Path, np.ndarray] = {}
-
-    def info(self, name: str):
-        return self.storage.info(name)
-
-    def raw(self, name: str) -> np.ndarray:
-        i = self.storage.info(name)
-        arr = self._maps.get(i.path)
-        if arr is None:
-            with open(i.path, "rb") as f:
-                arr = self._maps[i.path] = np.frombuffer(
-                    mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY), np.uint8
-                )
-        return arr[i.begin : i.begin + i.nbytes]
-
-    def window(self, cut: Cut) -> np.ndarray:
-        """The cut's box, in the 2-D view it is cut in (a stacked tensor's: experts x rows, or one
-        row per expert)."""
-        return self.raw(cut.name).reshape(cut.view)[
-            cut.rows[0] : cut.rows[1], cut.cols[0] : cut.cols[1]
-        ]
-
-
-class Job:
-    """What every method is given: the checkpoint, this rank's plan and device."""
-
-    def __init__(
-        self,
-        root: str,
-        config: str,
-        tp: int,
-        rank: int,
-        world: int,
-        device: torch.device,
-        digest_store: str = "",
-    ) -> None:
-        self.root, self.config, self.tp, self.rank, self.world, self.device = (
-            root,
-            config,
-            tp,
-            rank,
-            world,
-            device,
-        )
-        self.digest_store = digest_store or None
-        self.layout = Layout(tp, world // tp)
-        self.bytes_hashed = 0
-        self.note = ""
-        self.reads = "windows"
-        """What the method reads of each tensor: "windows", or more ("whole tensors", "whole
-        files")."""
-        self.bytes_read: int | None = None
-        """Bytes this rank read out of the files, when the method reads more than its windows."""
-
-    # The harness's own map and plan, made when a method first asks: a method that plans for itself
-    # (tpload) is timed with its own planning only, not with this one too.
-    @functools.cached_property
-    def ckpt(self) -> Mapped:
-        return Mapped(self.root)
-
-    @functools.cached_property
-    def plan(self) -> RankPlan:
-        config = choose(self.config, Path(self.root).absolute())[0]
-        planner = planner_of(self.ckpt.catalogue, config)
-        return planner.plan(self.layout, "packed", self.rank)
-
-    def outputs(self) -> list[tuple[Output, Cut]]:
-        """(served tensor, cut) of every packed output (a weight, its scale, a global scale), in
-        plan order."""
-        return [
-            (o, c)
-            for item in self.plan.items
-            for o, c in zip(item.outputs, (item.weight, *item.scales), strict=False)
-        ]
-
-    def cuts(self) -> list[tuple[str, Cut]]:
-        """(served name, cut) of every packed output, in plan order."""
-        return [(o.name, c) for o, c in self.outputs()]
-
-    def by_tensor(self) -> dict[str, list[tuple[Output, Cut]]]:
-        """Every stored tensor this rank has a window of, with its outputs (for methods that read
-        whole tensors)."""
-        out: dict[str, list[tuple[Output, Cut]]] = {}
-        for o, cut in self.outputs():
-            out.setdefault(cut.name, []).append((o, cut))
-        return out
+from .bench_job import Job, Windows
 
 
 def _served(cut: Cut, t: torch.Tensor) -> torch.Tensor:

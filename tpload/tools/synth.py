@@ -24,9 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..bounds import SEED
 from ..codecs.fp4_e8m0 import GROUP as FP4_GROUP
 from ..errors import CheckpointError, OptionsError
-from ..options import SEED, not_a_folder
+from ..option_rules import not_a_folder
 from ..storage.catalogue import INDEX_NAME, MANIFEST_NAME
 from ..storage.safetensors import ITEMSIZE, write_safetensors
 from ..text import escape_name

@@ -176,7 +176,7 @@ def test_config_auto_reads_the_header(tmp_path: Path) -> None:
 
 def test_preset_without_gguf_says_so(tmp_path: Path) -> None:
     code = (
-        "import sys; sys.modules['gguf'] = None; from tpload.__main__ import main; "
+        "import sys; sys.modules['gguf'] = None; from tpload.cli import main; "
         f"sys.exit(main(['synth', {str(tmp_path / 'x')!r}, '--preset', 'deepseek-v3-gguf-tiny']))"
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -22,13 +22,10 @@ from tpload.integrations.gguf_names import (
     manual_entries,
     weights_map,
 )
-from tpload.integrations.handoff import (
-    HandoffError,
-    Skip,
-    WindowTensor,
-    box_of,
-    declared_skips,
-)
+from tpload.integrations.handed import HandoffError
+from tpload.integrations.handoff import element_ranges
+from tpload.integrations.skips import Skip, declared_skips
+from tpload.integrations.window_tensor import WindowTensor
 
 gguf = pytest.importorskip("gguf")
 
@@ -129,9 +126,9 @@ def _tp2(root: Path, rank: int) -> tuple[dict, list, dict[str, np.ndarray]]:
     state = {}
     for item in plan.items:
         for c in item.cuts:
-            box = box_of(c, item.fit.weight)
+            held = element_ranges(c, item.fit.weight)
             state[c.name] = torch.from_numpy(
-                np.array(whole[c.name][tuple(slice(a, b) for a, b in box)])
+                np.array(whole[c.name][tuple(slice(a, b) for a, b in held)])
             )
     return state, plan.items, whole
 

@@ -28,12 +28,8 @@ import pytest
 import torch
 
 from tpload.config import with_rules
-from tpload.integrations.handoff import (
-    Handoff,
-    box_of,
-    declared_skips,
-    unconsumed_message,
-)
+from tpload.integrations.handoff import Handoff, element_ranges, unconsumed_message
+from tpload.integrations.skips import declared_skips
 from tpload.pick import choose, model_config, planner_of
 from tpload.plan import Layout
 from tpload.storage.catalogue import read_native
@@ -152,7 +148,7 @@ def handed_over(root: Path, rank: int) -> tuple[Handoff, dict[str, torch.Tensor]
         }
         for c in item.cuts:
             state[c.name] = full[c.name][
-                tuple(slice(lo, hi) for lo, hi in box_of(c, metas[c.name]))
+                tuple(slice(lo, hi) for lo, hi in element_ranges(c, metas[c.name]))
             ].clone()
     return Handoff(state, plan.items, rank=rank), full, skips
 

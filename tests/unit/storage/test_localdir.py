@@ -249,7 +249,7 @@ def test_a_plain_folder_is_not_a_local_dir(tmp_path: Path) -> None:
 
 
 def test_verify_checks_it_by_its_etags(local: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from tpload.__main__ import main
+    from tpload.cli import main
     from tpload.tools.offline import verify_checkpoint
 
     assert main(["verify", str(local)]) == 0

@@ -20,7 +20,7 @@ from tpload.plan import Layout
 from tpload.storage import open_storage
 from tpload.storage.hub import to_hub_cache
 from tpload.tools.published import write_published
-from tpload.verification import attest
+from tpload.verification import attest, attest_check, attest_signing
 from tpload.verification.predict import predict
 
 from ...ckpt_tools import ec_keypair
@@ -108,7 +108,7 @@ def test_a_tp2_x_ep2_attestation_verifies_and_covers_every_tensor(
     } == {(0, 1), (2, 3)}
     assert served["model.layers.0.input_layernorm.weight"]["replicas"] == [4, 4]
     assert {tuple(c["replicas"]) for c in served.values()} == {(1, 1), (2, 2), (4, 4)}
-    problems, _ = attest.check(write(doc, tmp_path / "a.json"), ds)
+    problems, _ = attest_check.check(write(doc, tmp_path / "a.json"), ds)
     assert problems == []
 
 
@@ -159,7 +159,7 @@ def test_a_forged_attestation_fails_naming_the_difference(
 ) -> None:
     doc = copy.deepcopy(tp2ep2)
     expected = forge(doc)
-    problems, _ = attest.check(write(doc, tmp_path / "forged.json"), ds)
+    problems, _ = attest_check.check(write(doc, tmp_path / "forged.json"), ds)
     assert len(problems) == 1 and problems[0].startswith(expected), problems
 
 
@@ -169,7 +169,7 @@ def test_an_attestation_of_another_checkpoint_names_the_subject(
     other = write_published(
         tmp_path / "other", "deepseek-v3-tiny", seed=1
     )  # same names and shapes, other bytes
-    problems, _ = attest.check(write(tp2ep2, tmp_path / "a.json"), other)
+    problems, _ = attest_check.check(write(tp2ep2, tmp_path / "a.json"), other)
     assert problems[0].startswith("subject NATIVE_MANIFEST.json: attested sha256"), problems
     assert [p.split(":")[0] for p in problems[1:]] == [
         "rank 0",
@@ -189,20 +189,20 @@ def test_a_signed_attestation_verifies_with_its_key_only(
         ec_keypair(tmp_path, "stranger"),
     )
     path = attest.write(tmp_path / "signed.json", tp2ep2, signer)
-    assert attest.signature_path(path).is_file()
-    assert attest.check(path, ds, key=signer_pub)[0] == []
-    problems, _ = attest.check(path, ds, key=stranger_pub)
+    assert attest_signing.signature_path(path).is_file()
+    assert attest_check.check(path, ds, key=signer_pub)[0] == []
+    problems, _ = attest_check.check(path, ds, key=stranger_pub)
     assert len(problems) == 1 and "signed.json.sig: does not verify with the key" in problems[0], (
         problems
     )
-    unchecked, notes = attest.check(path, ds)
+    unchecked, notes = attest_check.check(path, ds)
     assert unchecked == [] and any("not checked (give --key PEM" in n for n in notes)
     # the statement edited after signing (a digest changed): the signature and the digest both say
     # so
     doc = json.loads(path.read_text())
     _forge_digest(doc)
     path.write_text(attest.dumps(doc))
-    problems, _ = attest.check(path, ds, key=signer_pub)
+    problems, _ = attest_check.check(path, ds, key=signer_pub)
     assert (
         len(problems) == 2
         and "its bytes are not the ones" in problems[0]
@@ -219,7 +219,7 @@ def test_a_hub_snapshot_is_identified_by_its_file_digests(tmp_path: Path) -> Non
     assert all(
         s["digest"]["sha256"] == Path(snap / s["name"]).resolve().name for s in doc["subject"]
     )
-    assert attest.check(write(doc, tmp_path / "a.json"), snap)[0] == []
+    assert attest_check.check(write(doc, tmp_path / "a.json"), snap)[0] == []
 
 
 def test_deferred_tensors_are_listed_as_such(ds: Path, tmp_path: Path) -> None:
@@ -227,9 +227,9 @@ def test_deferred_tensors_are_listed_as_such(ds: Path, tmp_path: Path) -> None:
     cover = doc["predicate"]["coverage"]
     assert cover["deferred"] and all(".mlp.experts." in n for n in cover["deferred"])
     assert not any(".mlp.experts." in n for n in cover["served"])
-    assert attest.check(write(doc, tmp_path / "a.json"), ds)[0] == []
+    assert attest_check.check(write(doc, tmp_path / "a.json"), ds)[0] == []
     doc["predicate"]["coverage"]["deferred"].pop()  # a deferred tensor no longer accounted for
-    problems, _ = attest.check(write(doc, tmp_path / "b.json"), ds)
+    problems, _ = attest_check.check(write(doc, tmp_path / "b.json"), ds)
     assert len(problems) == 1 and "the plan defers it; not attested deferred" in problems[0], (
         problems
     )
@@ -274,7 +274,7 @@ def test_a_signed_folder_is_identified_by_its_signature_bundle(tmp_path: Path) -
     assert doc["subject"] == [
         {"name": "model.sig", "digest": {"sha256": hashlib.sha256(bundle.read_bytes()).hexdigest()}}
     ]
-    assert attest.check(out, folder)[0] == []
+    assert attest_check.check(out, folder)[0] == []
     bundle.write_bytes(bundle.read_bytes() + b" ")  # another bundle: not the identity attested
-    problems, _ = attest.check(out, folder)
+    problems, _ = attest_check.check(out, folder)
     assert len(problems) == 1 and "subject model.sig" in problems[0], problems

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import tpload
-from tpload.__main__ import main
+from tpload.cli import main
 from tpload.errors import LoadError
 from tpload.storage.sharded import ShardedStorage
 from tpload.tools.offline import write_blake3

@@ -1,0 +1,340 @@
+"""Each subcommand's runner but the load's (cli/load.py): what it does with its parsed flags, and
+what it prints."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+from ..errors import LoadError
+from ..flags import check_flags
+from ..text import printable
+from .output import fail, one_line
+from .parsers import (
+    SYNTH_DIMS,
+    attest_parser,
+    export_parser,
+    manifest_parser,
+    plan_parser,
+    synth_parser,
+    verify_parser,
+)
+
+
+@one_line
+def cmd_synth(argv: list[str]) -> int:
+    from ..tools.published import PUBLISHED
+    from ..tools.synth import spec_from, write_checkpoint
+    from ..tools.synth_gguf import GGUF_PRESETS, HEADERS_ONLY, write_gguf_preset, write_headers_only
+
+    p = synth_parser()
+    args = p.parse_args(argv)
+    if args.preset in HEADERS_ONLY and not args.headers_only:
+        p.error(f"{args.preset} is written only --headers-only")
+    if (
+        args.preset in GGUF_PRESETS or args.preset in HEADERS_ONLY
+    ):  # GGUF split sets (docs/formats/gguf.md)
+        root = (
+            write_headers_only(args.dir, args.preset)
+            if args.preset in HEADERS_ONLY
+            else write_gguf_preset(args.dir, args.preset, seed=args.seed or 0)
+        )
+        print(
+            f"wrote {printable(str(root))}: {len(list(root.glob('*.gguf')))} GGUF files, preset "
+            f"{args.preset}"
+        )
+        return 0
+    if args.preset in PUBLISHED:
+        return _synth_published(p, args)
+    if args.headers_only or args.hub or args.tensors:
+        p.error(
+            "--headers-only, --hub and --tensors are for the published presets (NAME-tiny, "
+            "NAME-full, deepseek-v3-deep, many-tensors)"
+        )
+    try:
+        spec = spec_from(args.preset, **{f: getattr(args, f) for f in SYNTH_DIMS})
+    except ValueError as e:
+        p.error(str(e))
+    root = write_checkpoint(args.dir, spec)
+    size = sum(f.stat().st_size for f in root.glob("*.safetensors"))
+    print(f"wrote {root}: {size / 1e9:.3f} GB ({spec})")
+    return 0
+
+
+def _synth_published(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from ..tools.published import PUBLISHED, write_published
+    from ..tools.synth import write_hub
+
+    if any(getattr(args, f) is not None for f in SYNTH_DIMS if f != "seed"):
+        p.error("the published presets take no dimension flags (their dimensions are the family's)")
+    full = PUBLISHED[args.preset]().headers_only
+    if full != args.headers_only:
+        p.error(f"{args.preset} {'is written only' if full else 'is not written'} --headers-only")
+    if args.hub and full:
+        p.error("--hub is for presets with data")
+    if args.hub:
+        root = write_hub(
+            args.dir,
+            args.hub,
+            lambda out: write_published(out, args.preset, seed=args.seed or 0, manifest=False),
+        )
+    else:
+        root = write_published(args.dir, args.preset, seed=args.seed or 0, tensors=args.tensors)
+    shards = list(root.glob("*.safetensors"))
+    size = sum(f.stat().st_size for f in shards)
+    used = sum(f.stat().st_blocks * 512 for f in shards)
+    print(
+        f"wrote {printable(str(root))}: {len(shards)} shards, {size / 1e9:.3f} GB "
+        f"({used / 1e9:.3f} GB on disk), preset {args.preset}"
+    )
+    return 0
+
+
+def _config_for(args: argparse.Namespace, root: str):
+    """The config ``--config`` names for the checkpoint at ``root`` (auto: found from its files,
+    saying why)."""
+    from ..config import with_rules
+    from ..pick import choose
+
+    config, why = choose(getattr(args, "config", None) or "auto", Path(root).absolute())
+    if why:
+        print(printable(why))
+    return with_rules(
+        config,
+        skip=tuple(getattr(args, "skip", ()) or ()),
+        defer=tuple(getattr(args, "defer", ()) or ()),
+        skip_activation_scales=getattr(args, "skip_activation_scales", False),
+    )
+
+
+@one_line
+def cmd_plan(argv: list[str]) -> int:
+    p = plan_parser()
+    args = p.parse_args(argv)
+    check_flags(args)
+    t0 = time.monotonic()
+    try:
+        from ..plan import Layout
+        from ..tools.sizing import HostMemory, costs, planning, render_costs
+
+        imported = time.monotonic() - t0
+        config = _config_for(args, args.dir)
+        layout = Layout(args.tp, args.ep)
+        per_node = args.nproc_per_node or layout.world
+        t1, host = time.monotonic(), HostMemory()
+        with planning(args.dir, config, layout) as planner:
+            host.classified()
+            plans = [planner.plan(layout, args.kind, r) for r in range(layout.world)]
+            ranks, nodes = costs(plans, planner.catalogue, per_node)
+            host.planned(len(plans))
+            catalogue, notes = planner.catalogue, planner.notes()
+        seconds = time.monotonic() - t1
+        path = None
+        if (
+            args.write or args.digest
+        ):  # the load's own code (numba's kernels): imported only to run it
+            from ..tools.offline import predict, record_verified
+        if args.write:
+            digests, path = record_verified(
+                args.dir, config, layout, args.kind, store=getattr(args, "digest_store", None)
+            )
+        else:
+            digests = (
+                predict(args.dir, config, layout, args.kind) if args.digest else ["-"] * len(plans)
+            )
+    except LoadError as e:
+        return fail(e)
+    print(
+        f"plan for {printable(args.dir)} (config {printable(config.name)}, tp {args.tp} x ep "
+        f"{args.ep}, kind {args.kind}, {len(nodes)} node(s) of {per_node} rank(s))"
+    )
+    if config.description:
+        print(f"config {printable(config.name)}: {printable(config.description)}")
+    for line in notes:  # the weight prefix, the KV-cache scale census, the activation scales
+        print(printable(line))
+    print(
+        render_costs(
+            ranks,
+            nodes,
+            digests,
+            host,
+            every_rank=(args.ranks or ("all" if len(plans) <= 16 else "summary")) == "all",
+            headers_only=catalogue.headers_only,
+        )
+    )
+    if args.replicas > 1:
+        from ..replicas import plan_lines
+
+        print("\n".join(plan_lines(plans, args.replicas, per_node)))
+    print(
+        f"planned {len(plans)} rank(s) of {len(catalogue.tensors):,} tensors in {seconds:.2f} s "
+        f"(headers, classification, plans, figures; imports {imported:.2f} s before); peak RSS "
+        f"{host.peak / 2**20:,.0f} MiB"
+    )
+    if path is not None:
+        print(
+            f"wrote {path}: every tensor checked by sha256 first; loads with this layout, kind "
+            "and config are checked against these digests, and --verify digest loads may trust "
+            "them in place of hashing"
+        )
+    return 0
+
+
+@one_line
+def cmd_verify(argv: list[str]) -> int:
+    args = verify_parser().parse_args(argv)
+    try:
+        from ..tools.offline import verify_checkpoint
+
+        config = None if args.config == "none" else _config_for(args, args.dir)
+        problems = verify_checkpoint(args.dir, config, threads=args.threads)
+    except LoadError as e:
+        return fail(e)
+    for line in problems:
+        print(f"BAD {printable(line)}")
+    if not problems:
+        print(printable(_verified(args.dir, config)))
+    print(f"{printable(args.dir)}: {'OK' if not problems else f'{len(problems)} problem(s)'}")
+    return 1 if problems else 0
+
+
+def _verified(root: str, config: object | None) -> str:
+    """What a passing ``verify`` checked and what vouched for it, counted from the headers (no data
+    read again; the checkpoint just passed, so it opens)."""
+    import json
+
+    from ..storage.catalogue import MANIFEST_NAME
+    from ..storage.partitioned import PartitionedStorage, is_partitioned
+    from ..storage.sharded import ShardedStorage
+
+    path = Path(root).absolute()
+    if is_partitioned(path):
+        meta = json.loads((path / MANIFEST_NAME).read_text())["partitioned"]
+        tp, ep = int(meta["tp"]), int(meta["ep"])
+        count = nbytes = 0
+        for rank in range(tp * ep):
+            storage = PartitionedStorage(path, tp=tp, ep=ep, rank=rank, world=tp * ep)
+            try:
+                count += len(storage.windows)
+                nbytes += sum(storage.stored(n).nbytes for n in storage.windows)
+            finally:
+                storage.close()
+        return (
+            f"checked {count:,} windows in {tp * ep} rank file(s), {nbytes / 1e9:.3f} GB: each "
+            f"window's sha256 against the export's {MANIFEST_NAME}"
+        )
+    storage = ShardedStorage(path)
+    try:
+        cat = storage.catalogue
+        names = cat.names()
+        nbytes = sum(cat.get(n).nbytes for n in names)
+        if storage.file_digests is not None:
+            vouch = (
+                f"each of its {len(storage.file_digests)} files whole, by sha256 against "
+                f"{storage.file_source.each}"
+            )
+        else:
+            vouch = (
+                f"each tensor by sha256 against {MANIFEST_NAME} (sha256 "
+                f"{(cat.manifest_sha256 or '?')[:16]}...)"
+            )
+    finally:
+        storage.close()
+    values = (
+        f"; values (scales, NaN codes, bf16 overflow) by config {getattr(config, 'name', config)}"
+        if config is not None
+        else "; no value checks (--config none)"
+    )
+    return f"checked {len(names):,} tensors, {nbytes / 1e9:.3f} GB: {vouch}{values}"
+
+
+@one_line
+def cmd_manifest(argv: list[str]) -> int:
+    args = manifest_parser().parse_args(argv)
+    check_flags(args)
+    try:
+        from ..storage.catalogue import MANIFEST_NAME
+        from ..tools.offline import write_blake3, write_manifest
+
+        blake3 = args.hash == "blake3"
+        if blake3:
+            from ..verification.blake3sums import require
+
+            require()  # before hours of hashing
+        if (
+            not blake3
+            or args.force
+            or not os.path.lexists(Path(args.dir).absolute() / MANIFEST_NAME)
+        ):
+            written = write_manifest(args.dir, force=args.force, threads=args.threads)
+            print(f"wrote {printable(str(written))}")
+        if blake3:
+            side = write_blake3(
+                args.dir, threads=args.threads, store=getattr(args, "digest_store", None)
+            )
+            print(
+                f"wrote {printable(str(side))}: every tensor's sha256 matched the manifest; loads "
+                "(--verify node or rank) now check bytes by blake3 against it"
+            )
+    except LoadError as e:
+        return fail(e)
+    return 0
+
+
+@one_line
+def cmd_export(argv: list[str]) -> int:
+    args = export_parser().parse_args(argv)
+    try:
+        from ..plan import Layout
+        from ..storage.partitioned import rank_file
+        from ..tools.export import export
+
+        done = export(
+            args.dir,
+            args.out,
+            Layout(args.tp, args.ep),
+            _config_for(args, args.dir),
+            hash_threads=getattr(args, "hash_threads", 2),
+        )
+    except LoadError as e:
+        return fail(e)
+    for rank, n in enumerate(done.rank_bytes):
+        print(f"rank {rank}: {rank_file(rank, done.layout.world)} {n / 1e9:.3f} GB")
+    print(
+        f"wrote {done.out}: tp {done.layout.tp} x ep {done.layout.ep}, "
+        f"{sum(done.rank_bytes) / 1e9:.3f} GB"
+    )
+    return 0
+
+
+@one_line
+def cmd_attest(argv: list[str]) -> int:
+    args = attest_parser().parse_args(argv)
+    from ..verification.attest_check import check
+
+    problems, notes = check(
+        args.file, args.checkpoint, key=args.key, config=args.config
+    )  # errors: @one_line
+    for line in notes:
+        print(f"note: {printable(line)}")
+    for line in problems:
+        print(f"DIFFERS {printable(line)}")
+    print(
+        f"{printable(args.file)}: "
+        + (
+            f"{len(problems)} difference(s)"
+            if problems
+            else "OK: every rank's windows, digest and the coverage match the checkpoint"
+            + (", signature verified" if args.key else "")
+        )
+    )
+    return 1 if problems else 0
+
+
+@one_line
+def cmd_bench(argv: list[str]) -> int:
+    from ..tools.bench import cmd_bench as bench
+
+    return bench(argv)

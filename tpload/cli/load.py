@@ -1,0 +1,81 @@
+"""The load's command: ``torchrun --nproc-per-node N -m tpload [DIR] [flags]``, one rank each."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from pathlib import Path
+
+from ..errors import LoadError
+from ..flags import from_args
+from .output import configure_logging, fail_rank, one_line, say
+from .parsers import load_parser
+
+
+def on_sigterm(signum: int, frame: object) -> None:
+    # torchrun stops every worker with SIGTERM once one of them failed (or when it is stopped
+    # itself): say so, and let the normal error path reach the exchange and exit non-zero.
+    raise LoadError(
+        f"stopped by signal {signal.Signals(signum).name} (the launcher stops every rank once one "
+        "rank fails, or when it is stopped itself)"
+    )
+
+
+def first_run_notes(opts_checkpoint: str | None) -> None:
+    """Rank 0 says what the first run spends its first seconds on, before it spends them."""
+    if os.environ.get("RANK", "0") != "0":
+        return
+    log = logging.getLogger("tpload")
+    cache = Path(__file__).parents[1] / "__pycache__"  # tpload's own, where numba keeps them
+    if not any(cache.glob("kernels.*.nbi")):
+        log.info("compiling tpload's CPU kernels once (about 10 s; cached in %s)", cache)
+    if opts_checkpoint is None:
+        from ..tools.synth import PRESETS, cache_root
+
+        log.info(
+            "using the built-in synthetic checkpoint (%s) under %s; writing it if it is not there "
+            "yet",
+            PRESETS["small"],
+            cache_root(),
+        )
+
+
+@one_line
+def cmd_load(argv: list[str]) -> int:
+    args = load_parser().parse_args(argv)
+    rank = os.environ.get("RANK", "0")
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        configure_logging(args.log_level)
+        given = getattr(args, "checkpoint", None)
+        if args.dir and given and args.dir != given:
+            raise LoadError(f"two checkpoints given: {args.dir} and --checkpoint {given}")
+        opts = from_args(args, extra={"checkpoint": args.dir or given})
+        first_run_notes(opts.checkpoint)
+        from dataclasses import replace
+
+        from ..codecs._lazy import warm
+
+        kernels = warm()  # beside the imports (and the built-in checkpoint's writing)
+        from ..api import load_in
+        from ..distributed import init_distributed
+        from ..tools.synth import resolve_checkpoint
+
+        opts = replace(opts, checkpoint=resolve_checkpoint(opts.checkpoint))
+        if kernels is not None:
+            kernels.join()  # before the rendezvous, so every rank's load starts together
+        with init_distributed(timeout_s=opts.timeout_s) as ctx:
+            shards = load_in(opts, ctx)
+            if ctx.rank == 0:
+                print(shards.report.table(), flush=True)
+            shards.release()
+    except LoadError as e:
+        # torchrun SIGTERMs the others as soon as one rank exits: finish this message first.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        return fail_rank(e, rank)
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        say(f"[rank {rank}] tpload: interrupted")
+        return 130
+    return 0

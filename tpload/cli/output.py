@@ -1,0 +1,131 @@
+"""How the command line speaks: one line per error on stderr (one write, so ranks sharing
+torchrun's stderr do not interleave), torchrun's error file, and the logging levels."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ..errors import LoadError
+from ..text import printable
+
+
+def say(text: str) -> None:
+    """``text`` and its newline on stderr in one write: ranks share torchrun's stderr, and a message
+    written apart from its newline lets another rank's line run on after it."""
+    sys.stderr.flush()
+    data = (text + "\n").encode(sys.stderr.encoding or "utf-8", "backslashreplace")
+    try:
+        fd = sys.stderr.fileno()
+    except (
+        AttributeError,
+        OSError,
+        ValueError,
+    ):  # a replaced stderr (pytest's capture): no fd of its own
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+        return
+    while data:  # one write unless the pipe takes part (over PIPE_BUF, 4 KiB: not atomic anyway)
+        data = data[os.write(fd, data) :]
+
+
+def fail(e: BaseException, rank: str | None = None) -> int:
+    prefix = f"[rank {rank}] " if rank is not None else ""
+    say(f"{prefix}tpload: error: {printable(str(e))}")
+    return 1
+
+
+def fail_rank(e: LoadError, rank: str) -> int:
+    """A failed load's end on one rank. A verdict every rank holds is printed in full by its
+    reporter (the lowest failing rank) and pointed to by the others, so N ranks show it once; under
+    torchrun it also goes to the elastic error file, so torchrun's summary shows it as the root
+    cause."""
+    reporter = e.reporter
+    if reporter is None or str(reporter) == rank:
+        line, first = f"[rank {rank}] tpload: error: {printable(str(e))}", True
+    else:
+        line, first = f"[rank {rank}] tpload: load failed (see rank {reporter})", False
+    say(line)
+    _error_file(line, root_cause=first or reporter is None)
+    return 1
+
+
+def _error_file(line: str, *, root_cause: bool) -> None:
+    """Write torch.distributed.elastic's error file (``TORCHELASTIC_ERROR_FILE``, set by torchrun
+    for each worker) with ``line``, in the JSON its ``record`` decorator writes. torchrun names the
+    failure with the earliest timestamp (whole seconds; ties: the first it saw exit) as the root
+    cause, so a rank that only points to the reporter dates its own a second past the next whole
+    second: the reporter's (written within moments of it) is then the earliest, whichever rank exits
+    first."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    import json
+    import math
+
+    now = time.time()
+    stamp = int(now) if root_cause else math.ceil(now) + 1
+    doc = {
+        "message": {"message": line, "extraInfo": {"py_callstack": line, "timestamp": str(stamp)}}
+    }
+    try:
+        Path(path).write_text(json.dumps(doc))
+    except OSError as e:  # the message is on stderr already: the summary only loses it
+        say(f"tpload: could not write torchrun's error file {printable(path)}: {e.strerror}")
+
+
+def configure_logging(spec: str) -> None:
+    """``LEVEL[,NAME=LEVEL...]``: tpload's loggers at LEVEL, each named logger at its own; every
+    other library's stays at WARNING (numba's compiler alone logs ~77,000 DEBUG lines), and each
+    line names the logger it came from, so nothing foreign reads as tpload's."""
+    levels: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        name, _, level = part.rpartition("=")
+        if not isinstance(logging.getLevelName(level.upper()), int):
+            raise LoadError(
+                f"--log-level {spec}: {level!r} is not a level (DEBUG, INFO, WARNING, ERROR, "
+                "CRITICAL)"
+            )
+        levels[name or "tpload"] = level.upper()
+    logging.basicConfig(
+        level=logging.WARNING,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
+
+
+def one_line(cmd: Callable[[list[str]], int]) -> Callable[[list[str]], int]:
+    """A subcommand that ends in one line whatever fails: its own errors (LoadError), the system's
+    (a full disk, a file in the way: named by path) and, for a bug, its type and message (the
+    traceback with TPLOAD_TRACEBACK=1)."""
+
+    @functools.wraps(cmd)
+    def run(argv: list[str]) -> int:
+        rank = os.environ.get("RANK")
+        try:
+            return cmd(argv)
+        except LoadError as e:
+            return fail(e, rank)
+        except OSError as e:
+            where = f"{e.filename}: " if e.filename is not None else ""
+            to = f" -> {e.filename2}" if e.filename2 is not None else ""
+            return fail(LoadError(f"{where}{e.strerror or e}{to}"), rank)
+        except Exception as e:
+            if os.environ.get("TPLOAD_TRACEBACK"):
+                raise
+            return fail(
+                LoadError(
+                    f"unexpected {type(e).__name__}: {e} (a bug in tpload; TPLOAD_TRACEBACK=1 "
+                    "shows where)"
+                ),
+                rank,
+            )
+
+    return run

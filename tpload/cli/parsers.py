@@ -1,0 +1,206 @@
+"""Every subcommand's parser. The load's flags (and those the subcommands share with it) come from
+the options table (:func:`tpload.flags.add_flags`); the rest are each subcommand's own."""
+
+from __future__ import annotations
+
+import argparse
+
+from .. import __version__
+from ..bounds import COUNT, RANKS, SEED, THREADS
+from ..flags import Parser, add_flags
+from ..options import KINDS
+
+SUBCOMMANDS = ("synth", "plan", "verify", "manifest", "bench", "export", "attest")
+"""``python -m tpload NAME ...``; anything else is the load's flags."""
+SYNTH_DIMS = ("hidden", "inter", "experts", "stages", "vocab", "block", "shards", "seed")
+"""The reference layout's dimensions ``synth`` takes as flags."""
+
+
+def load_parser() -> argparse.ArgumentParser:
+    p = Parser(
+        prog="python -m tpload",
+        description="Load every rank's verified shards of a "
+        "checkpoint (run under torchrun). Subcommands: " + ", ".join(SUBCOMMANDS) + ".",
+    )
+    p.add_argument(
+        "dir", nargs="?", metavar="DIR", help="checkpoint directory (or --checkpoint DIR)"
+    )
+    add_flags(p)
+    p.add_argument(
+        "--log-level",
+        default="INFO",
+        help="tpload's logging level (default INFO); other libraries' "
+        "loggers stay at WARNING unless named: --log-level DEBUG,numba=DEBUG",
+    )
+    p.add_argument("--version", action="version", version=f"tpload {__version__}")
+    return p
+
+
+def synth_parser() -> argparse.ArgumentParser:
+    from ..tools.published import PUBLISHED
+    from ..tools.synth import PRESETS
+    from ..tools.synth_gguf import GGUF_PRESETS, HEADERS_ONLY
+
+    p = Parser(
+        prog="python -m tpload synth",
+        description="Write a synthetic checkpoint: the "
+        "reference native layout of docs/format.md (small, medium, seed), or a published "
+        "family's layout (NAME-tiny, NAME-full --headers-only, deepseek-v3-deep; "
+        "docs/formats/), with shards, index, config.json and NATIVE_MANIFEST.json.",
+    )
+    p.add_argument("dir", help="a new or empty folder")
+
+    p.add_argument(
+        "--preset",
+        choices=list(PRESETS) + list(PUBLISHED) + list(GGUF_PRESETS) + list(HEADERS_ONLY),
+        default="small",
+    )
+    p.add_argument(
+        "--headers-only",
+        action="store_true",
+        help="(NAME-full presets) real headers and index, holes "
+        "for data: sparse files that use no disk; only `plan` reads them",
+    )
+    p.add_argument(
+        "--hub",
+        metavar="ORG/NAME",
+        help="(published presets) lay the files out as a hub cache under DIR (blobs named by "
+        "hash, snapshots/REV linking to them), without a manifest; load the printed folder",
+    )
+    for f in SYNTH_DIMS:
+        p.add_argument(f"--{f}", type=SEED if f == "seed" else COUNT)
+    p.add_argument(
+        "--tensors",
+        type=COUNT,
+        metavar="N",
+        help="(many-tensors) how many tiny 8x8 tensors (default 10000)",
+    )
+    return p
+
+
+def plan_parser() -> argparse.ArgumentParser:
+    p = Parser(
+        prog="python -m tpload plan",
+        description="Print every rank's plan without a GPU "
+        "(reads, hashing, device and host memory; each node's share); with --digest the digests "
+        "a load must produce (computed on the CPU by the load's code).",
+    )
+    p.add_argument("dir")
+    p.add_argument("--tp", type=RANKS, required=True)
+    p.add_argument("--ep", type=RANKS, default=1)
+    p.add_argument("--kind", choices=KINDS, default="packed")
+    p.add_argument(
+        "--nproc-per-node",
+        type=RANKS,
+        default=None,
+        metavar="N",
+        help="ranks per node (default: all on one node): node verification splits hashing per node",
+    )
+    p.add_argument(
+        "--ranks",
+        choices=("all", "summary"),
+        default=None,
+        help="print every rank, or one line per node (default: every rank up to 16 ranks)",
+    )
+    p.add_argument(
+        "--replicas",
+        type=RANKS,
+        default=1,
+        metavar="R",
+        help="also print, for R replicas sharing the reads, storage and interconnect bytes per "
+        "node",
+    )
+    add_flags(p, only=("config", "skip", "defer", "skip_activation_scales", "digest_store"))
+    p.add_argument("--digest", action="store_true", help="compute each rank's digest on the CPU")
+    p.add_argument(
+        "--write",
+        action="store_true",
+        help="check every tensor by sha256, then keep the digests in the "
+        "digest store (implies --digest); --verify digest loads may then trust them",
+    )
+    return p
+
+
+def verify_parser() -> argparse.ArgumentParser:
+    p = Parser(
+        prog="python -m tpload verify",
+        description="Check a checkpoint at rest: headers, "
+        "index, manifest, every sha256, scale bytes, NaN codes and overflowing decodes; list "
+        "every bad tensor. An export is checked rank file by rank file.",
+    )
+    p.add_argument("dir")
+    p.add_argument(
+        "--config",
+        default="auto",
+        help="roles for the value checks (auto: from DIR's config.json; 'none' to skip them)",
+    )
+    p.add_argument(
+        "--threads", type=THREADS, default=2, help="hash worker threads (0: on the main thread)"
+    )
+    return p
+
+
+def manifest_parser() -> argparse.ArgumentParser:
+    p = Parser(
+        prog="python -m tpload manifest",
+        description="Hash every tensor and write "
+        "NATIVE_MANIFEST.json for a checkpoint that lacks one; with --hash blake3, also keep "
+        "a blake3 of every tensor in the digest store, after checking each one's sha256 "
+        "against the manifest (loads then hash with blake3).",
+    )
+    p.add_argument("dir")
+    p.add_argument("--force", action="store_true", help="overwrite an existing manifest")
+    p.add_argument(
+        "--threads", type=THREADS, default=2, help="hash worker threads (0: on the main thread)"
+    )
+    p.add_argument(
+        "--hash",
+        choices=("sha256", "blake3"),
+        default="sha256",
+        help="blake3: also write blake3 digests to the digest store (writes the manifest first if "
+        "there is none; the manifest's bytes are not changed); needs the blake3 package (`pip "
+        "install blake3`)",
+    )
+    add_flags(p, only=("digest_store",))
+    return p
+
+
+def export_parser() -> argparse.ArgumentParser:
+    p = Parser(
+        prog="python -m tpload export",
+        description="Write a pre-partitioned checkpoint: "
+        "one packed safetensors file per rank of a tp x ep layout, with its own manifest. "
+        "Loading it with the same layout reads only each rank's own file.",
+    )
+    p.add_argument("dir", help="the native checkpoint to cut")
+    p.add_argument("out", help="a new (or empty) folder for the rank files")
+    p.add_argument("--tp", type=RANKS, required=True, help="tensor-parallel degree")
+    p.add_argument("--ep", type=RANKS, default=1, help="expert-parallel degree (world = tp x ep)")
+    add_flags(p, only=("config", "skip", "defer", "hash_threads"))
+    return p
+
+
+def attest_parser() -> argparse.ArgumentParser:
+    p = Parser(
+        prog="python -m tpload attest",
+        description="Check a load attestation (written by --attest FILE): re-derive every rank's "
+        "plan from the checkpoint's headers and the attested options, recompute every rank's "
+        "digest from its bytes, and compare windows, coverage, digests and the signature. Prints "
+        "one line per difference (docs/attestation.md).",
+    )
+    sub = p.add_subparsers(dest="action", required=True)
+    v = sub.add_parser("verify", help="check FILE against the checkpoint")
+    v.add_argument("file", metavar="FILE")
+    v.add_argument(
+        "--checkpoint", required=True, metavar="DIR", help="the checkpoint the load read"
+    )
+    v.add_argument(
+        "--key", metavar="PEM", help="the EC public key the attestation was signed with (FILE.sig)"
+    )
+    v.add_argument(
+        "--config",
+        metavar="NAME|PATH",
+        help="the config to plan with (default: the attested one, as "
+        "given to the load); its id must be the attested id",
+    )
+    return p

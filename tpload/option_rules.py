@@ -1,0 +1,182 @@
+"""The rules across options and on the paths they name, checked before any byte is read: a problem
+found after the load (or after all the hashing) costs the whole load, and a report written into the
+checkpoint destroys it. Each rule returns its problems worded with the option spelled as the
+caller spelled it (``spell``: ``report=`` for ``load()``, ``--report`` on the command line)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+Spell = Callable[[str], str]
+
+
+def problems_across(values: Mapping[str, object], spell: Spell) -> list[str]:
+    """Every problem of these (already typed) values that no one option has alone."""
+    problems = _signer_problems(values, spell)
+    report = values.get("report")
+    if report:
+        where = spell("report")
+        folder = Path(str(report)).absolute().parent
+        if not folder.is_dir():
+            problems.append(
+                f"{where} {report}: folder {folder} does not exist (checked before "
+                "loading, so the report cannot fail after the load)"
+            )
+        elif Path(str(report)).is_dir():
+            problems.append(f"{where} {report} is a folder; name the file to write")
+        elif values.get("checkpoint") and (
+            why := report_in_checkpoint(str(report), str(values["checkpoint"]))
+        ):
+            problems.append(
+                f"{where} {report} {why}; the report never writes into the checkpoint it loads: "
+                "name a file outside it"
+            )
+    store = values.get("digest_store")
+    if store and (why := not_a_folder(str(store))):
+        problems.append(
+            f"{spell('digest_store')} {store}: {why} (the digest store is a folder, made "
+            "if missing; give a folder, or leave the option out for the default)"
+        )
+    groups = values.get("replica_group")
+    if groups and (values.get("replicas") or 1) != 1:
+        problems.append(
+            f"{spell('replicas')} {values['replicas']} with "
+            f"{spell('replica_group')} ({len(groups)} groups of {len(groups[0])}): give "
+            "one of them (the groups' size is the number of replicas)"
+        )
+    if ((values.get("replicas") or 1) > 1 or groups) and values.get("verify") == "rank":
+        what = (
+            f"{spell('replica_group')} ({len(groups)} groups)"
+            if groups
+            else f"{spell('replicas')} {values['replicas']}"
+        )
+        problems.append(
+            f"{what} with {spell('verify')} rank: a receiving rank never sees the whole "
+            "stored tensor, so it cannot hash what it serves; use node (the reading rank hashes, "
+            "receivers check its fingerprints)"
+        )
+    return problems + _attest_problems(values, spell)
+
+
+def _attest_problems(values: Mapping[str, object], spell: Spell) -> list[str]:
+    """``attest``/``attest_key``: checked before loading, so nothing fails after the verdict but a
+    write."""
+    attest, key = values.get("attest"), values.get("attest_key")
+    problems = []
+    if attest and values.get("verify") == "off":
+        problems.append(
+            f"{spell('attest')} {attest}: nothing to attest with "
+            f"{spell('verify')} off (no byte was checked)"
+        )
+    if attest and not Path(str(attest)).absolute().parent.is_dir():
+        problems.append(
+            f"{spell('attest')} {attest}: folder {Path(str(attest)).absolute().parent} "
+            "does not exist"
+        )
+    elif (
+        attest
+        and values.get("checkpoint")
+        and (why := report_in_checkpoint(str(attest), str(values["checkpoint"])))
+    ):
+        problems.append(
+            f"{spell('attest')} {attest} {why}; the attestation never writes into the "
+            "checkpoint it vouches for: name a file outside it"
+        )
+    if key and not attest:
+        problems.append(f"{spell('attest_key')} signs the attestation: give {spell('attest')} too")
+    if key and not Path(str(key)).is_file():
+        problems.append(f"{spell('attest_key')} {key}: no such file (an EC private key in PEM)")
+    elif key:
+        from .verification.attest_signing import key_problem
+
+        if why := key_problem(str(key)):
+            problems.append(f"{spell('attest_key')}: {why}")
+    return problems
+
+
+def report_in_checkpoint(report: str, checkpoint: str) -> str | None:
+    """Why writing a report at ``report`` would write into the checkpoint folder ``checkpoint`` (a
+    path inside it, spelled directly or through symlinks, or a file elsewhere that one of its
+    entries is: a hub snapshot's blob, a hard link), or None."""
+    ckpt = Path(checkpoint)
+    if not ckpt.is_dir():
+        return None  # no checkpoint there: the load says so
+    try:
+        folders = {Path(os.path.abspath(ckpt)), ckpt.resolve()}
+        targets = {Path(os.path.abspath(report)), Path(report).resolve()}
+    except (OSError, RuntimeError) as e:  # a symlink loop: refuse rather than guess where it points
+        return f"cannot be resolved ({e})"
+    for t in targets:
+        for f in folders:
+            if t.is_relative_to(f):
+                return f"is inside the checkpoint {f}"
+    try:
+        st = os.stat(report)
+    except OSError:
+        return None  # a new file outside the folder
+    with os.scandir(ckpt) as entries:
+        for entry in entries:
+            try:
+                e = os.stat(entry.path)
+            except OSError:
+                continue
+            if (e.st_dev, e.st_ino) == (st.st_dev, st.st_ino):
+                return (
+                    f"is the checkpoint's {entry.name} (the same file as "
+                    f"{Path(checkpoint) / entry.name})"
+                )
+    return None
+
+
+def not_a_folder(path: str) -> str | None:
+    """Why ``path`` cannot be (or be made) a folder: it, or the nearest of its parents that exists,
+    is not a folder; None if it can."""
+    p = Path(os.path.abspath(path))
+    for q in (p, *p.parents):
+        if q.exists():
+            return (
+                None
+                if q.is_dir()
+                else (
+                    f"{q} is not a folder"
+                    if q == p
+                    else f"{q} is a file, so the folder cannot be made"
+                )
+            )
+        if q.is_symlink():
+            return f"{q} is a broken symlink"
+    return None
+
+
+def _signer_problems(values: Mapping[str, object], spell: Spell) -> list[str]:
+    """One way to check a signature at a time, each complete (verification/signing.py uses it)."""
+    given = {
+        k
+        for k in ("signer_key", "signer_cert", "signer_chain", "signer_identity", "signer_issuer")
+        if values.get(k)
+    }
+    ways = [
+        w
+        for w, keys in (
+            ("a key", {"signer_key"}),
+            ("a certificate", {"signer_cert", "signer_chain"}),
+            ("a sigstore identity", {"signer_identity", "signer_issuer"}),
+        )
+        if given & keys
+    ]
+    if len(ways) > 1:
+        return [
+            (
+                f"{spell('signer_key')}, {spell('signer_chain')} and "
+                f"{spell('signer_identity')} are three ways to check a signature; give one (got "
+                f"{' and '.join(ways)})"
+            )
+        ]
+    pairs = (
+        ("signer_cert", "signer_chain"),
+        ("signer_identity", "signer_issuer"),
+        ("signer_issuer", "signer_identity"),
+    )
+    return [f"{spell(a)} needs {spell(b)}" for a, b in pairs if a in given and b not in given]

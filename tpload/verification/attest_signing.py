@@ -1,0 +1,112 @@
+"""Signing a load attestation, and checking its signature, the way model-signing signs a model (the
+statement as a one-file model, ``FILE.sig`` beside it), so one verifier checks both a signed model
+and a signed attestation. model-signing is an optional extra: every entry says what to install when
+it is missing."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from ..errors import LoadError
+from ..text import escape_name
+
+SIGNATURE_SUFFIX = ".sig"
+SIGNING_INSTALL = "pip install -e '.[signing]' in tpload's clone (model-signing and pyopenssl)"
+
+
+def signing_missing() -> str | None:
+    """Why attestations cannot be signed or their signatures checked here (None: they can)."""
+    try:
+        import model_signing  # noqa: F401  # only probing that the optional extra is installed
+    except (
+        ImportError
+    ) as e:  # model-signing 1.1.1 also imports OpenSSL (pyopenssl) without declaring it
+        return (
+            f"signing needs model-signing, which is not importable ({e.name or e}); "
+            f"{SIGNING_INSTALL}"
+        )
+    return None
+
+
+def key_problem(key: str | os.PathLike) -> str | None:
+    """Why ``key`` cannot sign an attestation (None: it is an unencrypted EC private key in PEM)."""
+    why = signing_missing()
+    if why:
+        return why
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    try:
+        loaded = load_pem_private_key(Path(key).read_bytes(), password=None)
+    except OSError as e:
+        return f"{escape_name(key)}: cannot read it ({e.strerror})"
+    except (ValueError, TypeError) as e:  # not PEM, or encrypted
+        return f"{escape_name(key)}: not an unencrypted private key in PEM ({_first_line(e)})"
+    if not isinstance(loaded, ec.EllipticCurvePrivateKey):
+        return (
+            f"{escape_name(key)}: a {type(loaded).__name__}, not an elliptic-curve private key "
+            "(model-signing's key method)"
+        )
+    return None
+
+
+def _model_signing() -> object:
+    why = signing_missing()
+    if why:
+        raise LoadError(why)
+    import model_signing
+
+    return model_signing
+
+
+def signature_path(path: str | os.PathLike) -> Path:
+    return Path(str(path) + SIGNATURE_SUFFIX)
+
+
+def sign(path: Path, key: str | os.PathLike) -> Path:
+    """Sign the attestation at ``path`` with an EC private key, the way model-signing signs a model
+    (the file as a one-file model); the bundle is written beside it and renamed into place."""
+    ms = _model_signing()
+    out = signature_path(path)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.")
+    os.close(fd)
+    try:
+        ms.signing.Config().use_elliptic_key_signer(private_key=Path(key)).sign(path, tmp)
+        os.replace(tmp, out)
+    except Exception as e:  # noqa: BLE001 - model-signing raises ValueError, OSError, cryptography's types
+        raise LoadError(
+            f"could not sign {escape_name(path)} with {escape_name(key)}: "
+            f"{type(e).__name__}: {_first_line(e)}"
+        ) from None
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+    return out
+
+
+def signature_problems(path: Path, key: str | os.PathLike) -> list[str]:
+    """The signature beside ``path`` checked with the public key ``key`` by model-signing (the
+    bundle, the key and the attestation's own sha256): [] when it verifies, else one line saying
+    why."""
+    ms = _model_signing()
+    sig = signature_path(path)
+    if not sig.is_file():
+        return [f"{escape_name(sig)}: no signature beside the attestation (--key was given)"]
+    try:
+        ms.verifying.Config().use_elliptic_key_verifier(public_key=Path(key)).verify(path, sig)
+    except Exception as e:  # noqa: BLE001 - ValueError for a mismatch; cryptography's, protobuf's for a bad file
+        text = _first_line(e)
+        if text.startswith("Signature mismatch"):
+            return [
+                f"{escape_name(path)}: its bytes are not the ones {escape_name(sig)} signed "
+                "(changed since)"
+            ]
+        return [f"{escape_name(sig)}: does not verify with the key {escape_name(key)}: {text}"]
+    return []
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return escape_name(text[0][:300]) if text else type(e).__name__

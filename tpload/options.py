@@ -21,7 +21,6 @@ from dataclasses import dataclass, field, fields
 from enum import StrEnum
 
 from .bounds import COUNT, GIB, RANKS, SECONDS, THREADS, Bound
-from .bounds import MAX_WORLD as MAX_WORLD  # noqa: F401  planning/layout.py imports it from here
 from .errors import OptionsError
 from .modes import Kind, Verify
 from .option_rules import problems_across

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..bounds import MAX_WORLD
 from ..errors import LayoutError
-from ..options import MAX_WORLD
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import itertools
 import operator
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -138,6 +138,17 @@ class Manifest(Mapping[str, ManifestEntry]):
 
     def __len__(self) -> int:
         return len(self._row)
+
+    def disagreeing(self, names: Sequence[str], tensors: Mapping[str, TensorMeta]) -> list[str]:
+        """Those of ``names`` missing from the manifest or whose file, dtype or shape differ from
+        ``tensors``' (one pass over the columns; the caller words each)."""
+        files, dtypes, shapes, _ = self._columns
+        rows = map(self._row.get, names)
+        return [
+            n
+            for n, k, m in zip(names, rows, map(tensors.__getitem__, names), strict=True)
+            if k is None or files[k] != m.file or dtypes[k] != m.dtype or shapes[k] != m.shape
+        ]
 
     def sha256(self, name: str) -> str | None:
         """The promised sha256 of ``name`` (None: not in the manifest), read from its column."""
@@ -272,6 +283,8 @@ class Catalogue:
                 "(nothing is checked; every report says so)"
             ]
         problems = []
+        if isinstance(self.manifest, Manifest):  # word only the rows its columns find wrong
+            names = self.manifest.disagreeing(names, self.tensors)
         for name in names:
             meta, entry = self.tensors[name], self.manifest.get(name)
             if entry is None:

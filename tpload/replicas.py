@@ -5,8 +5,8 @@ With ``replicas`` R the load's group holds R copies of one tp x ep plan: rank ``
 ``r // (tp*ep)`` at position ``r % (tp*ep)`` (or where the caller's ``replica_group`` puts it:
 :class:`Placement`), and every rank at a position has the same plan, run in the same order. The
 plan's runs (loop.py: one item, or a batch of small ones) are split between the position's R ranks,
-balanced by bytes (:func:`split`, the same on every rank); the owner of a run reads it from storage,
-as a rank reading alone would, and sends each piece it yields to the position's other ranks
+balanced by bytes (replica_split.py, the same on every rank); the owner of a run reads it from
+storage, as a rank reading alone would, and sends each piece it yields to the position's other ranks
 (point-to-point on the wire, transfer/wire.py: NCCL with device tensors on GPUs whose group has it,
 gloo with host tensors otherwise; the same calls and the same code either way), which place it in
 their arena exactly where the read would have put it.

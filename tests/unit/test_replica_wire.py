@@ -34,6 +34,7 @@ def test_device_tensors_go_over_the_load_s_group_only_for_a_cuda_load_with_nccl(
     backend: str, device: torch.device, nccl: bool
 ) -> None:
     assert device_wire(backend, device) is nccl
+    assert not device_wire(backend, device, shared_device=True)  # NCCL refuses two ranks a GPU
 
 
 def test_a_cpu_load_sends_host_buffers_over_its_cpu_group_without_a_copy() -> None:

@@ -32,10 +32,12 @@ import torch
 import torch.distributed as dist
 
 
-def device_wire(backend: str, device: torch.device) -> bool:
+def device_wire(backend: str, device: torch.device, *, shared_device: bool = False) -> bool:
     """Whether messages go as device tensors over the load's group: a CUDA load whose group's
-    backend (``dist.get_backend``: ``nccl``, ``cpu:gloo,cuda:nccl``, ``gloo``) includes NCCL."""
-    return device.type == "cuda" and "nccl" in backend.lower()
+    backend (``dist.get_backend``: ``nccl``, ``cpu:gloo,cuda:nccl``, ``gloo``) includes NCCL,
+    unless several ranks share the device (``--allow-shared-device``: NCCL refuses two ranks on one
+    GPU)."""
+    return device.type == "cuda" and not shared_device and "nccl" in backend.lower()
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,11 @@ class Wire:
     def of(cls, ctx: object) -> Wire:
         """The load's wire: its device over its group when that has NCCL, else host tensors over
         its CPU group."""
-        if ctx.device.type == "cuda" and device_wire(dist.get_backend(ctx.group), ctx.device):
+        # only a CUDA load asks its group's backend (a CPU load's group may be any object)
+        shared = getattr(ctx, "shared_device", False)
+        if ctx.device.type == "cuda" and device_wire(
+            dist.get_backend(ctx.group), ctx.device, shared_device=shared
+        ):
             return cls(ctx.group, ctx.device, staged=True)
         return cls(ctx.cpu_group, torch.device("cpu"))
 

@@ -101,3 +101,17 @@ def test_the_split_from_columns_is_the_split_of_the_loop_s_runs(
             per[pos.by_name[item_names[0]]] += nbytes
         want.append(per)
     assert shares(plans, replicas) == want
+
+
+def test_plan_replicas_prints_storage_and_interconnect_bytes_per_node(
+    small_ckpt: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tpload.__main__ import main
+
+    argv = ["plan", str(small_ckpt), "--tp", "2", "--replicas", "2", "--nproc-per-node", "2"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "replicas 2 x 2 rank(s), 2 rank(s) a node: the cluster reads" in out
+    rows = out.split(" node  storage GB     in GB    out GB  within GB\n")[1].splitlines()[:2]
+    storage = [float(r.split()[1]) for r in rows]
+    assert rows[0].split()[0] == "0" and rows[1].split()[0] == "1" and min(storage) > 0

@@ -13,10 +13,12 @@
 #                                             Streamer), multi (the NCCL world with the gloo exchange at tp =
 #                                             GPUs, and a killed rank; skipped with the reason on one GPU),
 #                                             replicas (2 replicas x tp 1 on 2 GPUs in the NCCL world: NCCL p2p
-#                                             GB/s per rank (the interconnect; the replicas' own bytes go over
-#                                             the gloo CPU group), digests equal at each position, a byte changed
-#                                             in transit, a killed replica ending in bounded time; skipped on
-#                                             one GPU: launch/replicas_nccl.py)
+#                                             GB/s per rank (the interconnect), then the load, whose replicas'
+#                                             bytes go over NCCL as device tensors, so its peer GB/s is an NCCL
+#                                             figure; digests equal at each position, a byte changed in transit
+#                                             on the NCCL wire, a killed replica ending in bounded time (the
+#                                             wait's timeout, or NCCL's watchdog); skipped on one GPU:
+#                                             launch/replicas_nccl.py)
 #   launch/gpu-check.sh --only scale          not in the default run (its own ~5 minutes): the bench on a
 #                                             fixed ~16 GB checkpoint (the seed dimensions, 256 experts x 3
 #                                             stages: 16.03 GB, written once into the cache) at tp = GPUs
@@ -86,7 +88,8 @@ replicas() {  # 2 replicas share the reads: each window read once, sent to the o
     fi
     local ckpt dir t0
     ckpt=$(python -c 'from tpload.tools.synth import resolve_checkpoint; print(resolve_checkpoint(None))')
-    # 2 replicas x tp 1 in the NCCL world: NCCL p2p GB/s per rank, digests equal at each position
+    # 2 replicas x tp 1 in the NCCL world: NCCL p2p GB/s per rank, the load's replica bytes over
+    # NCCL (its peer GB/s), digests equal at each position
     torchrun --standalone --nproc-per-node 2 launch/replicas_nccl.py "$ckpt" "$out/replicas.json" || return 1
     dir=$(mktemp -d)  # rank 0 changes a byte of what it sends: every rank must fail naming it
     torchrun --standalone --nproc-per-node 2 tests/workers/replicas_corrupt.py "$ckpt" "$dir" 0 || return 1

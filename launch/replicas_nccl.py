@@ -3,13 +3,14 @@ WORLD/2 on CUDA, in the world tpload makes under torchrun (``cpu:gloo,cuda:nccl`
 
 1. NCCL point-to-point GB/s per rank: each rank sends 256 MiB to the rank at its position in the
    other replica while receiving as much from it (batched isend/irecv on the NCCL backend), best of
-   5 after a warm-up. That is the GPUs' interconnect between replicas; tpload's replicas transport
-   does not use NCCL yet (its bytes go through host memory on the gloo group), so it is printed as
-   the interconnect's figure, never as the load's.
-2. The load: ``tpload.load(CKPT, tp=WORLD/2, replicas=2)`` onto ``cuda:LOCAL_RANK``; every rank
-   prints its bytes from storage and from peers and its peer GB/s over the load (gloo, host memory);
-   rank 0 checks that the two ranks at every position serve equal digests, and that the cluster
-   read each position's windows once (storage + peers = each rank's windows), exiting 1 otherwise.
+   5 after a warm-up: the GPUs' interconnect between replicas, the most the load's transfers can
+   reach.
+2. The load: ``tpload.load(CKPT, tp=WORLD/2, replicas=2)`` onto ``cuda:LOCAL_RANK``. Its replicas'
+   bytes travel over NCCL as device tensors (transfer/wire.py: the group has an NCCL backend), so
+   the peer GB/s every rank prints (bytes from peers over the load's time) is an NCCL figure, beside
+   its bytes from storage; rank 0 checks that the two ranks at every position serve equal digests,
+   and that the cluster read each position's windows once (storage + peers = each rank's windows),
+   exiting 1 otherwise.
 
 argv: CHECKPOINT REPORT_JSON
 """
@@ -48,9 +49,9 @@ def nccl_gbps(rank: int, peer: int, device: object) -> float:
 
 def main() -> int:
     import torch
+    import torch.distributed as dist
 
-    import tpload
-    from tpload.distributed import keep_world
+    from tpload.distributed import init_world
 
     ckpt, report = sys.argv[1], sys.argv[2]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -59,7 +60,18 @@ def main() -> int:
         raise SystemExit("replicas_nccl: run 2 replicas: an even number of ranks, one GPU each")
     device = torch.device("cuda", local)
     torch.cuda.set_device(device)
-    keep_world(timeout_s=120.0)  # the group tpload.load() would make: cpu:gloo,cuda:nccl
+    # the group tpload.load() would make (cpu:gloo,cuda:nccl), kept for the p2p figure and the load
+    made = init_world(timeout_s=120.0)
+    try:
+        return _run(ckpt, report, rank, world, device)
+    finally:
+        if made and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _run(ckpt: str, report: str, rank: int, world: int, device: object) -> int:
+    import tpload
+
     size = world // 2
     peer = (rank + size) % world
     gbps = nccl_gbps(rank, peer, device)
@@ -79,7 +91,7 @@ def main() -> int:
     print(
         f"rank {rank}: load {seconds:.2f} s, {(mine.bytes_from_storage or 0) / 1e9:.3f} GB from "
         f"storage, {(mine.bytes_from_peers or 0) / 1e9:.3f} GB from peers "
-        f"({(mine.bytes_from_peers or 0) / 1e9 / max(seconds, 1e-9):.2f} GB/s over the load, gloo)",
+        f"({(mine.bytes_from_peers or 0) / 1e9 / max(seconds, 1e-9):.2f} GB/s over the load, NCCL)",
         flush=True,
     )
     if rank != 0:

@@ -40,7 +40,7 @@ Piece = tuple[Stored, tuple[int, int], tuple[int, int]]
 """A cut's stored tensor (seen in the cut's view) and the window's rows and byte columns in it."""
 
 
-def _small(item: Item, kind: str) -> bool:
+def fits_batch(item: Item, kind: str) -> bool:
     """Served as stored, every cut small and served as one plain window (a plain tensor, or a packed
     weight with its scales, whole or cut): what a batch can take."""
     if not item.codec.copies(item.fit, kind) or len(item.outputs) != len(item.cuts):
@@ -70,12 +70,12 @@ def runs(
     def batchable(k: int) -> list[Piece] | None:
         item = items[k]
         if classes is None:
-            ok = _small(item, kind)
+            ok = fits_batch(item, kind)
         else:
             token = id(classes[k])
             ok = small.get(token)
             if ok is None:
-                ok = small[token] = _small(item, kind)
+                ok = small[token] = fits_batch(item, kind)
         return _pieces(item, storage) if ok else None
 
     i, n = 0, len(items)
@@ -172,7 +172,7 @@ class Batch:
         fingerprinted."""
         src, rows, stride, width = self.windows(range(len(self.stored)), self.boxes)
         # the kernel does not check bounds: every window lies in the span read (the storage's box is
-        # inside its stored tensor), and every destination in dst (_small holds each slot to its
+        # inside its stored tensor), and every destination in dst (fits_batch holds each slot to its
         # window)
         if dst.size and int((dst_offsets + rows * width).max()) > dst.size:
             raise RuntimeError("a batch's slots run past its destination (a planner bug)")

@@ -5,10 +5,11 @@ With ``replicas`` R the load's group holds R copies of one tp x ep plan: rank ``
 ``r // (tp*ep)`` at position ``r % (tp*ep)`` (or where the caller's ``replica_group`` puts it:
 :class:`Placement`), and every rank at a position has the same plan, run in the same order. The
 plan's runs (loop.py: one item, or a batch of small ones) are split between the position's R ranks,
-balanced by bytes (:func:`split`, the same on every rank); the owner of a run reads it from storage,
-as a rank reading alone would, and sends each piece it yields to the position's other ranks
-(point-to-point on the CPU group: gloo here, the same calls on any backend that has them), which
-place it in their arena exactly where the read would have put it.
+balanced by bytes (replica_split.py, the same on every rank); the owner of a run reads it from
+storage, as a rank reading alone would, and sends each piece it yields to the position's other ranks
+(point-to-point on the wire, transfer/wire.py: NCCL with device tensors on GPUs whose group has it,
+gloo with host tensors otherwise; the same calls and the same code either way), which place it in
+their arena exactly where the read would have put it.
 
 The transport is not trusted. The owner fingerprints every window it sends from the very bytes it
 read (and hashed, or had its node peer hash: crosscheck.py), with the loop's fingerprint
@@ -20,26 +21,27 @@ rank reads from storage itself (:meth:`Link.reads`), so every stored byte is has
 that reads it, not once per replica.
 
 Bounded: sends go through a ring of :data:`RING` buffers of the reader's chunk size (a send buffer
-is reused only when its sends completed), receives through a ring of the same size; every wait has
-the load's timeout, and a dead peer fails the wait at once (gloo: the connection closes) naming it.
+is reused only when its sends completed), receives through a ring of the same size (on a device
+wire, each with its device buffer beside it); every wait has the load's timeout and fails naming
+the peer (how a dead peer is bounded on gloo and on NCCL: transfer/wire.py).
 """
 
 from __future__ import annotations
 
 import datetime
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from .batch import runs
 from .errors import LoadError, OptionsError
+from .replica_split import Names, Position, file_units, split_runs
 from .storage import Stored
 from .storage.reader import CHUNK_BYTES, Reader
 from .text import escape_name
+from .transfer.wire import Wire
 from .verification.crosscheck import DIGEST_BYTES, fold, xor_fold
 from .verification.fingerprint import HostFingerprint
 from .verification.policy import Box
@@ -124,70 +126,6 @@ def placement(opts: object, world: int) -> Placement | None:
     return Placement(groups) if groups else Placement.in_order(n, world // n)
 
 
-@dataclass
-class Position:
-    """Who reads what at one position: each run's reader, and each replica's tensors."""
-
-    by_name: dict[str, int] = field(default_factory=dict)
-    """The replica reading each tensor's window (a tensor read in several runs: its first run's)."""
-    by_batch: dict[tuple[str, int], int] = field(default_factory=dict)
-    """The replica reading each batch, by (file, first byte)."""
-    reads: list[set[str]] = field(default_factory=list)
-    """Each replica's tensors read from storage at this position (what its hash plan covers)."""
-
-
-Run = tuple[Sequence[str], int, "tuple[str, int] | None"]
-"""A run of a position's plan: its tensor names, its window bytes, and its batch key (None: one
-item)."""
-
-
-def split(
-    positions: Sequence[Sequence[Run]], replicas: int, unit: Callable[[str], object] | None = None
-) -> list[Position]:
-    """Each position's runs split between the replicas, in order: a run goes to the replica that
-    reads one of its units already (a tensor; a file, with ``unit`` naming each tensor's file, for
-    anchors that vouch for whole files), at this position or another (so a unit is read, and hashed,
-    by one replica, whose node then holds every window of it), else to the replica with the fewest
-    bytes so far (the lowest among equals). Deterministic: every rank computes the same from the
-    same plans."""
-    load = [0] * replicas
-    fixed: dict[object, int] = {}
-    unit = unit or (lambda n: n)
-    out = []
-    for runs_of in positions:
-        pos = Position(reads=[set() for _ in range(replicas)])
-        for names, nbytes, batch in runs_of:
-            known = next((fixed[unit(n)] for n in names if unit(n) in fixed), None)
-            r = known if known is not None else min(range(replicas), key=lambda q: (load[q], q))
-            for n in names:
-                fixed.setdefault(unit(n), r)
-                pos.by_name.setdefault(n, r)
-                pos.reads[r].add(n)
-            if batch is not None:
-                pos.by_batch[batch] = r
-            load[r] += nbytes
-        out.append(pos)
-    return out
-
-
-def load_runs(plan: object, storage: object) -> list[Run]:
-    """A plan's runs as the copy loop makes them (loop.py, batch.py)."""
-    items, out = plan.items, []
-    for k, end, pieces in runs(items, plan.kind, storage, classes=plan.shapes):
-        batch = None
-        if pieces:  # a batch (batch.py), a small item alone included: one read, keyed by its start
-            stored = [s for per_item in pieces for s, _, _ in per_item]
-            batch = (str(stored[0].path), min(s.offset for s in stored))
-        out.append(
-            (
-                [c.name for item in items[k:end] for c in item.cuts],
-                sum(i.read_bytes for i in items[k:end]),
-                batch,
-            )
-        )
-    return out
-
-
 class PositionPlanner:
     """A planner that plans each rank of the group as its position in its replica."""
 
@@ -228,29 +166,35 @@ class Link:
     def __init__(
         self,
         ctx: object,
-        storage: object,
-        plans: Sequence[object],
         at: Placement,
+        shared: Sequence[Position],
         timeout_s: float,
         fig: object,
-        unit: Callable[[str], object] | None = None,
+        wire: Wire | None = None,
     ) -> None:
+        """``shared``: the split of positions 0 to this rank's position at least (those of the
+        plans :meth:`reads` is asked about too); ``wire``: where the messages go (default: the
+        load's, transfer/wire.py)."""
         self.ctx, self.at, self.timeout_s, self.fig = ctx, at, timeout_s, fig
         self.replicas = replicas = at.replicas
         self.size = at.size
         self.replica, self.position = at.where(ctx.rank)
-        self.group = ctx.cpu_group
+        self.wire = Wire.of(ctx) if wire is None else wire
         self.others = [at.rank(q, self.position) for q in range(replicas) if q != self.replica]
-        self.split = split([load_runs(plan, storage) for plan in plans], replicas, unit)
+        self.split = shared
         mine = self.split[self.position]
         self.by_name, self.by_batch = mine.by_name, mine.by_batch
         self.problems: list[str] = []
         self._sent: list[tuple[str, Box, tuple]] = []
         self._seen: dict[int, list[tuple[str, Box, tuple]]] = {}
         self.from_storage = self.from_peers = 0
+        # the rings: host buffers (the loop and the fingerprint read them) and, beside each, its
+        # wire buffer (the same memory on the CPU: transfer/wire.py)
         self._send = [np.empty(0, np.uint8)] * RING
+        self._send_wire = [torch.empty(0, dtype=torch.uint8)] * RING
         self._works: list[list] = [[] for _ in range(RING)]
         self._recv = [np.empty(0, np.uint8)] * RING
+        self._recv_wire = [torch.empty(0, dtype=torch.uint8)] * RING
         self._turn = self._rturn = 0
 
     def reads(self, plans: Mapping[int, object]) -> dict[int, dict[str, object]]:
@@ -288,13 +232,17 @@ class Link:
             if ok is False:
                 raise LoadError(f"replicas: {what}: no answer within {self.timeout_s:g} s")
 
-    def _ship(self, header: list[int], data: np.ndarray | None, i: int | None) -> None:
-        h = torch.tensor(header + [0] * (HEADER_WORDS - len(header)), dtype=torch.int64)
+    def _ship(self, header: list[int], data: torch.Tensor | None, i: int | None) -> None:
+        h = self.wire.header(header + [0] * (HEADER_WORDS - len(header)))
         works = self._works[i if i is not None else self._turn]
+        group = self.wire.group
+        # every rank of a position runs the same plan in the same order, so each pair of ranks
+        # posts its sends and receives in one order on both sides: NCCL's point-to-point calls
+        # (which block until matched) cannot wait on each other in a cycle
         for t in self.others:
-            works.append(send(h, t, self.group))
+            works.append(send(h, t, group))
             if data is not None:
-                works.append(send(torch.from_numpy(data), t, self.group))
+                works.append(send(data, t, group))
         works.append(h)  # kept alive until its sends are done
 
     def _buffer(self, nbytes: int, name: str) -> int:
@@ -307,7 +255,8 @@ class Link:
         )
         works.clear()
         if self._send[i].size < nbytes:
-            self._send[i] = np.empty(nbytes, np.uint8)
+            self._send[i] = self.wire.host(nbytes)
+            self._send_wire[i] = self.wire.buffer(self._send[i])
         return i
 
     def sending(
@@ -321,7 +270,7 @@ class Link:
             i = self._buffer(h * w, name)
             data = self._send[i][: h * w]
             fp.add(view, r, dst=data.reshape(h, w), first_col=c)
-            self._ship([PIECE, tag, r, c, h, w], data, i)
+            self._ship([PIECE, tag, r, c, h, w], self.wire.put(data, self._send_wire[i]), i)
             self.from_storage += h * w
             yield r, c, view
         self._ship([END, tag, *fp.value()], None, None)
@@ -356,9 +305,10 @@ class Link:
             f"rank {self.ctx.rank} receiving {escape_name(name)} from rank {src} (replica {owner})"
         )
         fp, tag = HostFingerprint(box[1][1] - box[1][0]), _tag(name)
-        headers = [torch.zeros(HEADER_WORDS, dtype=torch.int64) for _ in range(2)]
+        headers = [self.wire.header(size=HEADER_WORDS) for _ in range(2)]
+        group = self.wire.group
         k = 0
-        self._wait([recv(headers[k], src, self.group)], what)
+        self._wait([recv(headers[k], src, group)], what)
         head = self._header(headers[k], tag, what)
         ready = None
         while True:
@@ -367,11 +317,13 @@ class Link:
                 r, c, h, w = head[2:6]
                 i = self._rturn = (self._rturn + 1) % RING
                 if self._recv[i].size < h * w:
-                    self._recv[i] = np.empty(h * w, np.uint8)
-                data = self._recv[i][: h * w]
-                got = recv(torch.from_numpy(data), src, self.group)
+                    self._recv[i] = self.wire.host(h * w)
+                    self._recv_wire[i] = self.wire.buffer(self._recv[i])
+                data, wire = self._recv[i][: h * w], self._recv_wire[i][: h * w]
+                got = recv(wire, src, group)
                 k ^= 1
-                posted = (r, c, data.reshape(h, w), [got, recv(headers[k], src, self.group)])
+                works = [got, recv(headers[k], src, group)]
+                posted = (r, c, data.reshape(h, w), data, wire, works)
             if ready is not None:
                 yield ready
             if posted is None:  # the window's end: its fingerprint as the sender took it
@@ -385,8 +337,9 @@ class Link:
                         f"{list(fp.value())} != {list(want)}): changed in transit"
                     )
                 return
-            r, c, view, works = posted
+            r, c, view, data, wire, works = posted
             self._wait(works, what)
+            self.wire.take(wire, data)  # a device wire's bytes into the host piece
             head = self._header(headers[k], tag, what)
             fp.add(view, r, first_col=c)
             self.from_peers += view.size
@@ -502,67 +455,20 @@ def link(strategy: object, planner: object) -> Link | None:
     if why:
         raise OptionsError(f"replicas {n}: {why}")
     at = placement(opts, ctx.world)
-    every = [planner.position_plan(job.layout, opts.kind, p) for p in range(job.layout.world)]
+    # the split of a position depends on the positions before it: those up to the last one this
+    # rank asks about (its own, its node peers' for the hash plan) are split, no further
+    last = max(at.where(r)[1] for r in (ctx.rank, *job.plans))
+    every = [planner.position_plan(job.layout, opts.kind, p) for p in range(last + 1)]
+    names = Names(every[0].all_entries)
     # files vouched for whole (hub snapshots, local-dir downloads, signed files) are shared out
     # whole: a file's windows are all read by one replica, whose node hashes the file once for the
     # cluster
     whole = isinstance(strategy, FileDigests) or getattr(storage, "file_digests", None) is not None
-    unit = (lambda n: storage.info(n).path) if whole else None
-    out = Link(ctx, storage, every, at, opts.timeout_s, job.fig, unit)
+    units = file_units(names.names, storage) if whole else None
+    shared = split_runs([names.runs(p, storage) for p in every], n, names.names, units)
+    out = Link(ctx, at, shared, opts.timeout_s, job.fig)
     job.reads, job.link = out.reads(job.plans), out
     return out
-
-
-def shares(plans: Sequence[object], replicas: int) -> list[list[int]]:
-    """Window bytes each replica reads at each position (``plans``: one per position), split as the
-    load splits its runs (each item a run here: batches of small items are the load's)."""
-    positions = [
-        [([c.name for c in item.cuts], item.read_bytes, None) for item in plan.items]
-        for plan in plans
-    ]
-    out = []
-    for pos, runs_of in zip(split(positions, replicas), positions, strict=True):
-        per = [0] * replicas
-        for names, nbytes, _ in runs_of:
-            per[pos.by_name[names[0]]] += nbytes
-        out.append(per)
-    return out
-
-
-def plan_lines(plans: Sequence[object], replicas: int, per_node: int) -> list[str]:
-    """``tpload plan --replicas R``: storage bytes and interconnect bytes (in and out, between
-    nodes) per node, with ranks placed node by node (rank r: replica r // len(plans), position r %
-    len(plans))."""
-    size, got = len(plans), shares(plans, replicas)
-    nodes: dict[int, list[int]] = {}
-    for g in range(size * replicas):
-        q, p = divmod(g, size)
-        n = nodes.setdefault(
-            g // per_node, [0, 0, 0, 0]
-        )  # storage; in, out (other nodes); received within
-        n[0] += got[p][q]
-        for q2 in range(replicas):
-            if q2 == q:
-                continue
-            if (q2 * size + p) // per_node != g // per_node:  # the peer is on another node
-                n[1] += got[p][q2]
-                n[2] += got[p][q]
-            else:
-                n[3] += got[p][q2]
-    alone = sum(plan.read_bytes for plan in plans)
-    total = sum(map(sum, got))
-    lines = [
-        (
-            f"replicas {replicas} x {size} rank(s), {per_node} rank(s) a node: the cluster reads "
-            f"{total / 1e9:.3f} GB from storage (one replica's windows; "
-            f"{replicas * alone / 1e9:.3f} GB "
-            "when each replica reads alone)"
-        ),
-        f"{'node':>5} {'storage GB':>11} {'in GB':>9} {'out GB':>9} {'within GB':>10}",
-    ]
-    for k, (a, b, c, d) in sorted(nodes.items()):
-        lines.append(f"{k:>5} {a / 1e9:>11.3f} {b / 1e9:>9.3f} {c / 1e9:>9.3f} {d / 1e9:>10.3f}")
-    return lines
 
 
 def verdict(ranks: Sequence[object], at: Placement | int | None) -> list[str]:

@@ -10,7 +10,8 @@ import pytest
 from tpload.errors import OptionsError
 from tpload.modes import Verify
 from tpload.options import LoadOptions
-from tpload.replicas import PositionPlanner, check_world, link, split
+from tpload.replica_split import split
+from tpload.replicas import PositionPlanner, check_world, link
 
 
 def test_the_split_balances_bytes_and_keeps_a_tensor_with_one_reader_at_every_position() -> None:

@@ -165,7 +165,7 @@ def cmd_plan(argv: list[str]) -> int:
         )
     )
     if args.replicas > 1:
-        from ..replicas import plan_lines
+        from ..replica_split import plan_lines
 
         print("\n".join(plan_lines(plans, args.replicas, per_node)))
     print(

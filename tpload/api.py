@@ -26,7 +26,6 @@ from .deferred import locate
 from .distributed import DistContext, call_world, context, pick_device, with_device
 from .errors import LoadError
 from .exchange import CALLS, exchange, group_id, share_nodes
-from .loop import LoadResult
 from .options import LoadOptions, with_option_signature
 from .pick import planner_of
 from .plan import Layout, RankPlan
@@ -34,11 +33,12 @@ from .report import RankFigures
 from .report.figures import process_first_load
 from .report.memory import MemoryPeaks, device_peaks, reset_device_peaks
 from .report.progress import ProgressSink
+from .result import LoadResult
 from .shards import RankShards, served
 from .storage import Storage, open_storage
 from .teardown import give_back
 from .text import escape_name
-from .verification import gate, signing
+from .verification import gate, signing, strategy
 from .verification.gate import check_pin, spare_cores
 from .verification.store import checkpoint_stamp
 
@@ -54,7 +54,7 @@ class _RankLoad:
         self.opts, self.ctx, self.fig, self.sink = opts, ctx, fig, sink
         self.result: LoadResult | None = None
         self.plan: RankPlan | None = None
-        self.gate: gate.Strategy | None = None
+        self.gate: strategy.Strategy | None = None
         self.deferred: tuple = ()
         self.notes: list[str] = []
         self.started, self.first = time.perf_counter_ns(), process_first_load()
@@ -115,7 +115,7 @@ class _RankLoad:
         preflight.check(
             planner, layout, plan, ctx.device, sharing, int(opts.reserve_gib * preflight.GIB)
         )
-        job = gate.Job(
+        job = strategy.Job(
             opts, ctx, self.fig, storage, plans, config.id(), layout,
             lambda: checkpoint_stamp(storage), self.notes, threads=spare_cores(len(ctx.node_peers)),
         )  # fmt: skip

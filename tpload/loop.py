@@ -18,7 +18,6 @@ The per-tensor sequence, and nothing else:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -29,6 +28,7 @@ from .errors import LoadError
 from .plan import Item, Output, RankPlan
 from .replicas import Link, SharedReader, SharedStorage
 from .report.progress import ProgressSink
+from .result import Arena, LoadResult
 from .storage import Storage
 from .storage.pagecache import ShardRelease
 from .storage.reader import Reader
@@ -36,83 +36,17 @@ from .transfer import Transfer
 from .verification.evidence import Check, Evidence
 from .verification.fingerprint import (
     HostFingerprint,
-    Triple,
     as_bytes2d,
     decoded_fingerprint,
-    digest,
     fingerprint,
 )
-from .verification.hashing import Hashed, Hasher
-from .verification.policy import Box
+from .verification.hashing import Hasher
 
 READAHEAD_ITEMS = 2  # how many items ahead the kernel is asked to read (a cold page cache)
 READAHEAD_FROM = (
     256 << 10
 )  # smaller items are not worth a system call: the kernel's own readahead has them
 NOT_FINITE = "decode(s) not finite everywhere (it overflows bf16, or decodes a bad code)"
-
-
-class Arena:
-    """The rank's one device buffer, and each served tensor's slot in it."""
-
-    def __init__(self, buffer: torch.Tensor, *, host: bool) -> None:
-        self.buffer = buffer
-        self.host = buffer.numpy() if host else None
-        """The same bytes as numpy, when the transfer writes host memory: slicing it costs a
-        fraction of a torch view."""
-        self._typed: dict[torch.dtype, torch.Tensor] = {}
-
-    def tensor(self, out: Output) -> torch.Tensor:
-        """The served tensor: one strided view of the arena reinterpreted as its dtype."""
-        typed = self._typed.get(out.dtype)
-        if typed is None:
-            typed = self._typed[out.dtype] = self.buffer.view(
-                out.dtype
-            )  # slots are 256-aligned, the arena too
-        item = out.dtype.itemsize
-        strides = [1] * len(out.shape)
-        for i in range(len(out.shape) - 2, -1, -1):
-            strides[i] = strides[i + 1] * out.shape[i + 1]
-        return typed.as_strided(out.shape, strides, out.offset // item)
-
-    def bytes2d(self, out: Output, rows: int) -> np.ndarray | torch.Tensor:
-        """The slot's bytes as ``[rows, row_bytes]``: numpy on the CPU, a device tensor
-        elsewhere."""
-        if self.host is not None:
-            return self.host[out.offset : out.offset + out.nbytes].reshape(rows, -1)
-        return self.buffer[out.offset : out.offset + out.nbytes].view(rows, -1)
-
-
-@dataclass
-class LoadResult:
-    """What one rank holds after :func:`run`: the arena, its served tensors and the evidence."""
-
-    arena: Arena
-    outputs: list[Output]
-    fingerprints: dict[str, Triple]
-    hashed: dict[str, Hashed] = field(default_factory=dict)
-    windows: dict[str, tuple[Box, Triple]] = field(default_factory=dict)
-    """Every window read: its box and the fingerprint of its stored bytes."""
-    bytes_hashed: int = 0
-    device_checked: int = 0
-    sampled: int = 0
-    ranks: dict[str, int] | None = None
-    """Each stored name's place in natural order (the catalogue's), for the digest's sort."""
-    _tensors: dict[str, torch.Tensor] | None = None
-
-    @property
-    def tensors(self) -> dict[str, torch.Tensor]:
-        """{served name: its view of the arena}, in plan order (made on first use)."""
-        if self._tensors is None:
-            self._tensors = {o.name: self.arena.tensor(o) for o in self.outputs}
-        return self._tensors
-
-    def digest(self) -> str:
-        """This rank's digest of what it serves (verification/fingerprint.py)."""
-        return digest(
-            ((o.name, o.dtype, o.shape, self.fingerprints[o.name]) for o in self.outputs),
-            ranks=self.ranks,
-        )
 
 
 SAMPLE_ROWS = 32  # rows checked at each end of a sampled decode (at least one scale block)

@@ -437,7 +437,7 @@ def link(strategy: object, planner: object) -> Link | None:
     """The link of a load with replicas (None without), made after the gate's strategy is chosen and
     before it prepares: it refuses what replicas cannot share yet, and gives the hash plan each
     rank's own reads."""
-    from .verification.gate import (
+    from .verification.whole_files import (
         FileDigests,  # the gate imports the loop's modules: imported when used
     )
 

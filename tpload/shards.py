@@ -11,10 +11,10 @@ import torch
 from .deferred import DeferredTensor
 from .distributed import DistContext
 from .errors import LoadError
-from .loop import LoadResult
 from .options import LoadOptions
 from .plan import RankPlan
 from .report import LoadReport, RankFigures, rank_log
+from .result import LoadResult
 from .teardown import give_back
 from .text import escape_name
 from .verification.gate import Verdict, Verify

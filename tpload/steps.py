@@ -9,16 +9,17 @@ from __future__ import annotations
 
 from .config import Config, with_rules
 from .distributed import DistContext
-from .loop import LoadResult, run
+from .loop import run
 from .options import LoadOptions
 from .pick import choose
 from .plan import Layout, Planner, RankPlan
 from .report import RankFigures, rank_log
 from .report.progress import Progress, ProgressSink, Silent
+from .result import LoadResult
 from .storage import Storage
 from .storage.pagecache import REPORT_SAMPLE, ShardRelease, checkpoint_resident
 from .transfer import for_device
-from .verification import gate
+from .verification import strategy
 from .verification.gate import Verify, spare_cores
 from .verification.hashing import Hasher
 
@@ -55,7 +56,7 @@ def node_plans(
 def run_rank(
     storage: Storage,
     plan: RankPlan,
-    prepared: gate.Prepared,
+    prepared: strategy.Prepared,
     *,
     opts: LoadOptions,
     ctx: DistContext,

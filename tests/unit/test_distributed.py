@@ -12,7 +12,7 @@ from tpload.distributed import DistContext, call_world, node_key, pick_device
 from tpload.errors import OptionsError
 from tpload.plan import Layout
 from tpload.report import RankFigures
-from tpload.verification import gate
+from tpload.verification import gate, strategy
 
 
 def test_the_cpu_is_picked_without_cuda() -> None:
@@ -63,7 +63,7 @@ def _verdict(ranks: list[RankFigures], context: DistContext, store: str) -> str:
     passed)."""
     storage = SimpleNamespace(catalogue=SimpleNamespace(manifest_sha256="ab" * 32), per_rank=False)
     opts = SimpleNamespace(kind="packed", digest_store=store, verify="node")
-    job = gate.Job(opts, context, None, storage, {}, "x", Layout(2, 1), dict)
+    job = strategy.Job(opts, context, None, storage, {}, "x", Layout(2, 1), dict)
     return "\n".join(gate.judge(ranks, gate.strategy(job)).problems)
 
 

@@ -79,7 +79,7 @@ def test_the_sequence_and_the_planner_stay_short() -> None:
 
 MAX_LINES = 550
 DATA_TABLES = {"tools/published.py"}  # the published families' layouts: a table, not logic
-SPLIT_ELSEWHERE = {"loop.py", "verification/gate.py"}
+SPLIT_ELSEWHERE: set[str] = set()
 """Modules over the limit that other work is reshaping now; each must still be over it (so the
 entry is removed once it is not), and the set only shrinks."""
 

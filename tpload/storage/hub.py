@@ -42,7 +42,7 @@ class Blob:
 @dataclass(frozen=True)
 class FileSource:
     """Where a folder's whole-file digests come from, in words: what the gate's note, verdict and
-    messages say (gate.FileDigests, offline.py)."""
+    messages say (whole_files.FileDigests, offline.py)."""
 
     kind: str
     """What the folder is (the note's first words)."""

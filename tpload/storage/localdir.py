@@ -7,7 +7,8 @@ three lines, the commit hash, the etag and the time the metadata was written (hu
 ``_local_folder.py``). For a file stored in Git LFS (every safetensors shard) the etag is the sha256
 of its bytes; for a plain git file (the JSON files) it is the git blob SHA-1. So such a folder, like
 a hub cache snapshot (:mod:`.hub`), carries an expected digest per file: shards are hashed whole
-while the load reads them (gate.FileDigests), the JSON files that shape a plan are checked now.
+while the load reads them (whole_files.FileDigests), the JSON files that shape a plan are checked
+now.
 
 huggingface_hub itself trusts the metadata only while the file's mtime is at most 1 s newer than
 the metadata's timestamp; tpload judges freshness by the same rule. A file with no metadata, stale

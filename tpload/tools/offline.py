@@ -33,10 +33,10 @@ from ..text import escape_name
 from ..verification import gate
 from ..verification.blake3sums import Digests, require, write_sidecar
 from ..verification.files import FileHasher, file_problems
-from ..verification.gate import layout_key
 from ..verification.hashing import hash_whole, mismatches
 from ..verification.predict import predict, spare_threads
 from ..verification.store import DigestStore, checkpoint_stamp, stale
+from ..verification.strategy import layout_key
 
 
 def record_verified(

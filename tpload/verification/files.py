@@ -112,7 +112,7 @@ class FileHashed:
     peers: dict[str, dict[int, Triple]] = field(default_factory=dict)
     deferred: dict[str, str] = field(default_factory=dict)
     """The sha256 of each deferred tensor's stored bytes, taken in the same pass
-    (gate.FileDigests)."""
+    (whole_files.FileDigests)."""
 
 
 def assign_files(

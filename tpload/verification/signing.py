@@ -9,7 +9,8 @@ a sigstore identity. tpload splits the library's ``verify`` in two:
   chain or the sigstore identity; the statement's type and root digest) and returns the signed
   manifest. Nothing of DSSE, in-toto or X.509 is re-implemented here;
 * tpload's own hashing checks the bytes against that manifest while loading, once per node: the
-  signed file (or piece) digests are expected like hub blob names (``gate.SignedFiles``), or, when
+  signed file (or piece) digests are expected like hub blob names
+  (``whole_files.SignedFiles``), or, when
   ``NATIVE_MANIFEST.json`` is among the signed files, its per-tensor digests are the anchor
   (``gate.SignedManifest``: each rank hashes only its windows' tensors).
 
@@ -93,7 +94,7 @@ class SignedModel:
             return str(path)
 
     def expected(self, paths: Iterable[Path]) -> dict[Path, Expected]:
-        """Each file's signed digest(s), for the whole-file hasher (gate.SignedFiles)."""
+        """Each file's signed digest(s), for the whole-file hasher (whole_files.SignedFiles)."""
         return {p: self.expected_of(self._rel(p)) for p in paths if self.covers(self._rel(p))}
 
     def check_covered(self, paths: Iterable[Path]) -> None:
@@ -339,7 +340,7 @@ def _check_plan_files(model: SignedModel) -> str | None:
         if not model.covers(name):
             if (
                 name != MANIFEST_NAME
-            ):  # an unsigned manifest is not an anchor (gate.SignedFiles notes it)
+            ):  # an unsigned manifest is not an anchor (whole_files.SignedFiles notes it)
                 problems.append(
                     f"{escape_name(p)}: not covered by {model.what}; it shapes the plan, so it "
                     "must be signed"

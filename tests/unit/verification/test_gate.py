@@ -12,7 +12,7 @@ from tpload.errors import LoadError
 from tpload.plan import Layout
 from tpload.report import RankFigures
 from tpload.shards import RankShards
-from tpload.verification import gate
+from tpload.verification import gate, strategy, whole_files
 
 
 def _locator(tmp_path: Path, sha: str | None, vouched_by: str) -> DeferredTensor:
@@ -42,7 +42,7 @@ def test_shards_are_made_only_from_a_passing_verdict() -> None:
         RankShards(None, None, None, gate.Verdict(("rank 1: digest differs",), ""))  # type: ignore[arg-type]
 
 
-def _job(verify: str, *, files: bool = False, manifest: bool = True) -> gate.Job:
+def _job(verify: str, *, files: bool = False, manifest: bool = True) -> strategy.Job:
     storage = SimpleNamespace(
         catalogue=SimpleNamespace(manifest_sha256="ab" * 32 if manifest else None),
         per_rank=False,
@@ -50,7 +50,7 @@ def _job(verify: str, *, files: bool = False, manifest: bool = True) -> gate.Job
     )
     opts = SimpleNamespace(kind="packed", digest_store="/nonexistent-store", verify=verify)
     ctx = SimpleNamespace(rank=0, group=None)
-    return gate.Job(opts, ctx, RankFigures(), storage, {}, "x", Layout(1, 1), dict)
+    return strategy.Job(opts, ctx, RankFigures(), storage, {}, "x", Layout(1, 1), dict)
 
 
 @pytest.mark.parametrize(
@@ -61,8 +61,8 @@ def _job(verify: str, *, files: bool = False, manifest: bool = True) -> gate.Job
         ("digest", False, gate.Predicted),
         ("node", False, gate.TensorDigests),
         ("rank", False, gate.TensorDigests),
-        ("node", True, gate.FileDigests),
-        ("rank", True, gate.FileDigests),
+        ("node", True, whole_files.FileDigests),
+        ("rank", True, whole_files.FileDigests),
     ],
 )
 def test_one_strategy_per_mode_and_anchor(verify: str, files: bool, want: type) -> None:

@@ -1,4 +1,4 @@
-"""Signed models (tpload/verification/signing.py, gate.SignedFiles / gate.SignedManifest).
+"""Signed models (tpload/verification/signing.py, whole_files.SignedFiles / gate.SignedManifest).
 
 Folders are signed with model_signing's own API and EC keys (and a certificate) made here with
 ``cryptography``; loads are in-process, world 1 (tests/integration/test_signing.py runs torchrun).

@@ -55,7 +55,7 @@ def run_floor(job: Job) -> Windows:
     from ..transfer.cpu import new_arena
 
     arena = (
-        new_arena(job.plan.arena_bytes)
+        new_arena(job.plan.arena_bytes)[0]
         if job.device.type == "cpu"
         else torch.empty(job.plan.arena_bytes, dtype=torch.uint8, device=job.device)
     )

@@ -154,13 +154,7 @@ class Planner:
                 for p in self.census.problems()
             ]
         self.classified: Classified = classify(
-            names,
-            config,
-            prefix=self.prefix,
-            problems=refused,
-            model=model,
-            root=catalogue.root,
-            order=catalogue.names(),
+            names, config, prefix=self.prefix, problems=refused, model=model, root=catalogue.root
         )
         c = self.classified
         self.entries, self.skipped, self.deferred = c.entries, list(c.skipped), c.deferred

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -69,13 +69,10 @@ def classify(
     problems: list[str],
     model: Mapping[str, object] | None,
     root: object,
-    order: Sequence[str] | None = None,
 ) -> Classified:
     """Entries, skipped and deferred tensors (natural order) and the expert columns; or a
     ConfigError listing every problem (``problems``: those found before, the KV-scale census's).
-    ``model``: the checkpoint's config.json, for rules that count heads by one of its fields.
-    ``order``: every name of ``tensors`` in natural order, when the caller has it (the
-    catalogue's), so they are not sorted again."""
+    ``model``: the checkpoint's config.json, for rules that count heads by one of its fields."""
     units = {(r.index, r.match): _units(r, model, root) for r in config.rules if r.units}
     rules, unresolved, needs, matched = _rules(tensors, config, prefix)
     broken = _scales(tensors, rules, needs, problems)
@@ -89,9 +86,7 @@ def classify(
     grouped: dict[str, list[str]] = {}
     fits: dict[tuple, int | str] = {}
     codec_of = {role: codecs.for_role(role) for role in codecs.roles()}
-    if order is None:
-        order = sorted(tensors, key=natural_key)
-    for n in (n for n in order if n not in scales and n not in broken):
+    for n in sorted((n for n in tensors if n not in scales and n not in broken), key=natural_key):
         r = rules[n]
         if n in unresolved:
             grouped.setdefault(unresolved[n], []).append(tensors[n].describe())

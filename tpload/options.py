@@ -129,7 +129,8 @@ class LoadOptions:
     replicas: int = opt(
         1,
         "replicas of the tp x ep plan in the group (world = R x tp x ep): each window is read "
-        "from storage by one replica and sent to the others, checked on receipt",
+        "from storage by one replica and sent to the others (over NCCL on GPUs whose group has "
+        "it, gloo otherwise), checked on receipt",
         bound=RANKS,
         metavar="R",
     )

@@ -13,12 +13,13 @@ import itertools
 import operator
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
+from ..columns import RowTable
 from ..errors import CheckpointError, raise_all
 from ..text import escape_name
 from . import gguf
@@ -110,7 +111,7 @@ def parse_manifest_entries(tensors: object, path: Path) -> Manifest:
     return Manifest(names, files, dtypes, list(map(tuple, shapes)), list(map(str.lower, digests)))
 
 
-class Manifest(Mapping[str, ManifestEntry]):
+class Manifest(RowTable[ManifestEntry]):
     """A parsed manifest as columns, name -> :class:`ManifestEntry` made when asked for: a load
     holds its manifest to the end, and 92,000 entries held as tuples would be 92,000 more objects
     for the collector to walk at every full collection (these columns are a handful)."""
@@ -123,21 +124,12 @@ class Manifest(Mapping[str, ManifestEntry]):
         shapes: list[tuple[int, ...]],
         digests: list[str],
     ) -> None:
-        self._row = dict(zip(names, range(len(names)), strict=True))
+        super().__init__()
+        self._row.update(zip(names, range(len(names)), strict=True))
         self._columns = (files, dtypes, shapes, digests)
 
-    def __getitem__(self, name: str) -> ManifestEntry:
-        k = self._row[name]
+    def _record(self, name: str, k: int) -> ManifestEntry:
         return _new_tuple(ManifestEntry, [column[k] for column in self._columns])
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._row
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._row)
-
-    def __len__(self) -> int:
-        return len(self._row)
 
     def disagreeing(self, names: Sequence[str], tensors: Mapping[str, TensorMeta]) -> list[str]:
         """Those of ``names`` missing from the manifest or whose file, dtype or shape differ from

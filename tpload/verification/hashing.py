@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import operator
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +27,7 @@ from types import MappingProxyType
 
 import numpy as np
 
+from ..columns import RowTable
 from ..storage import Storage, Stored
 from ..storage.catalogue import sha256_mismatch
 from ..storage.reader import Block, Reader
@@ -130,7 +131,7 @@ class HashTap:
 _NO_PEERS: Mapping[int, Box] = {}
 
 
-class HashResults(Mapping[str, Hashed]):
+class HashResults(RowTable[Hashed]):
     """Every tensor a rank hashed, as columns: a load hashes tens of thousands of small tensors,
     and an object a tensor held to the end of the load is one more for the collector to walk at
     every full collection. A :class:`Hashed` is made when one is asked for (the report's few, a
@@ -138,7 +139,7 @@ class HashResults(Mapping[str, Hashed]):
     columns stay together."""
 
     def __init__(self) -> None:
-        self._row: dict[str, int] = {}
+        super().__init__()
         self._paths: list[Path] = []
         self._sizes: list[int] = []
         """offset, rows, row bytes of each row's stored bytes, flattened."""
@@ -174,20 +175,10 @@ class HashResults(Mapping[str, Hashed]):
             want = [digests.expected(n, w) for n, w in zip(self._row, self._want, strict=True)]
         return [n for n, g, w in zip(self._row, got, want, strict=True) if w is None or g != w]
 
-    def __getitem__(self, name: str) -> Hashed:
-        k = self._row[name]
+    def _record(self, name: str, k: int) -> Hashed:
         offset, rows, row_bytes = self._sizes[3 * k : 3 * k + 3]
         stored = Stored(name, self._paths[k], offset, rows, row_bytes, self._want[k])
         return Hashed(name, stored, self._sha256[k], self._blake3[k], self._peers.get(k, NO_PEERS))
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._row
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._row)
-
-    def __len__(self) -> int:
-        return len(self._row)
 
     def column(self, attr: str) -> dict[str, object]:
         """``{name: value}`` of one of the results (``sha256``, ``blake3``, ``peers``), read from

@@ -1,0 +1,49 @@
+"""Hash results held as columns (tpload/verification/hashing.py, HashResults)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from tpload.storage import Stored
+from tpload.verification.blake3sums import SHA256
+from tpload.verification.hashing import NO_PEERS, HashResults, column, mismatches
+
+
+def _stored(i: int, want: str | None) -> Stored:
+    return Stored(f"t.{i}", Path(f"/ckpt/s{i % 3}.safetensors"), 8 * i, 2, 4 + i, want)
+
+
+def test_rows_added_from_many_threads_keep_their_columns_together() -> None:
+    table = HashResults()
+
+    def add(first: int) -> None:
+        for i in range(first, 4000, 4):
+            peers = {1: (i, i, i)} if i % 7 else None
+            table.add(_stored(i, f"{i:064x}"), f"{i:064x}", f"b{i}", peers)
+
+    threads = [threading.Thread(target=add, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(table) == 4000 and "t.3999" in table and "t.4000" not in table
+    for i in (0, 7, 1234, 3999):
+        h = table[f"t.{i}"]
+        assert h.stored == _stored(i, f"{i:064x}") and h.sha256 == f"{i:064x}"
+        assert h.blake3 == f"b{i}" and h.peers == ({1: (i, i, i)} if i % 7 else NO_PEERS)
+    assert table.nbytes() == sum(2 * (4 + i) for i in range(4000))
+    assert column(table, "sha256")["t.42"] == f"{42:064x}"
+    assert mismatches(table, SHA256) == []
+
+
+def test_mismatches_found_over_the_columns_match_those_found_record_by_record() -> None:
+    table, records = HashResults(), {}
+    for i in range(50):
+        want = None if i == 3 else f"{i:064x}"
+        got = f"{i + 1:064x}" if i in (5, 17) else f"{i:064x}"
+        table.add(_stored(i, want), got, "", None)
+        records[f"t.{i}"] = table[f"t.{i}"]
+    found = mismatches(table, SHA256)
+    assert found == mismatches(records, SHA256)  # the plain-dict path, one record at a time
+    assert len(found) == 3 and "t.3" in found[0] and "t.5" in found[1] and "t.17" in found[2]

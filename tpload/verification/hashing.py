@@ -17,7 +17,6 @@ With 0 they run inline, on a block still in the cache.
 from __future__ import annotations
 
 import hashlib
-import operator
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -168,12 +167,15 @@ class HashResults(RowTable[Hashed]):
 
     def mismatched(self, digests: Digests) -> list[str]:
         """The names whose ``digests.hash`` is not the one promised (found over the columns)."""
-        got = self._sha256 if digests.hash == "sha256" else self._blake3
+        got, want = self._sha256 if digests.hash == "sha256" else self._blake3, self._want
         if digests.hash == "sha256":
-            want = self._want
-        else:
-            want = [digests.expected(n, w) for n, w in zip(self._row, self._want, strict=True)]
-        return [n for n, g, w in zip(self._row, got, want, strict=True) if w is None or g != w]
+            return [n for n, k in self._row.items() if want[k] is None or got[k] != want[k]]
+        out = []
+        for n, k in self._row.items():
+            w = digests.expected(n, want[k])
+            if w is None or got[k] != w:
+                out.append(n)
+        return out
 
     def _record(self, name: str, k: int) -> Hashed:
         offset, rows, row_bytes = self._sizes[3 * k : 3 * k + 3]
@@ -186,12 +188,12 @@ class HashResults(RowTable[Hashed]):
         if attr == "peers":
             return {n: self._peers.get(k, NO_PEERS) for n, k in self._row.items()}
         values = {"sha256": self._sha256, "blake3": self._blake3}[attr]
-        return dict(zip(self._row, values, strict=True))
+        return {n: values[k] for n, k in self._row.items()}
 
     def nbytes(self) -> int:
-        """Stored bytes hashed, all rows."""
+        """Stored bytes hashed, all rows (a name added again counts once, as its latest row)."""
         sizes = self._sizes
-        return sum(map(operator.mul, sizes[1::3], sizes[2::3]))
+        return sum(sizes[3 * k + 1] * sizes[3 * k + 2] for k in self._row.values())
 
 
 class Hasher:

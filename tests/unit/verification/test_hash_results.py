@@ -47,3 +47,14 @@ def test_mismatches_found_over_the_columns_match_those_found_record_by_record() 
     found = mismatches(table, SHA256)
     assert found == mismatches(records, SHA256)  # the plain-dict path, one record at a time
     assert len(found) == 3 and "t.3" in found[0] and "t.5" in found[1] and "t.17" in found[2]
+
+
+def test_a_name_added_again_reads_as_its_latest_row_everywhere() -> None:
+    table = HashResults()
+    table.add(_stored(1, "a" * 64), "a" * 64, "", None)
+    table.add(_stored(2, "b" * 64), "b" * 64, "", None)
+    table.add(_stored(1, "a" * 64), "c" * 64, "", None)  # as a dict assignment would: the latest
+    assert len(table) == 2 and table["t.1"].sha256 == "c" * 64
+    assert column(table, "sha256") == {"t.1": "c" * 64, "t.2": "b" * 64}
+    assert table.nbytes() == 2 * 5 + 2 * 6
+    assert [m.split(": tensor ")[1].split(":")[0] for m in mismatches(table, SHA256)] == ["t.1"]

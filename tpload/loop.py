@@ -429,12 +429,12 @@ def run(
     loader = _Loader(
         storage, plan, transfer, hasher, release, Reader if link is None else SharedReader
     )
-    sampled = _sampled(plan, samples)
-    items = plan.items
     try:
-        for item in items[:READAHEAD_ITEMS]:
-            _ask(storage, item)
-        with transfer:
+        with transfer:  # from the arena's making: its exit waits for what the transfer started
+            sampled = _sampled(plan, samples)
+            items = plan.items
+            for item in items[:READAHEAD_ITEMS]:
+                _ask(storage, item)
             for k, end, pieces in runs(items, plan.kind, storage, classes=plan.shapes):
                 if pieces:  # small items, even one alone: one read, one pass (batch.py)
                     loader.batch(items[k:end], pieces)

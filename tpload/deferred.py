@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .errors import CheckpointError
 from .storage import Storage
-from .storage.catalogue import natural_key, sha256_mismatch
+from .storage.catalogue import natural_sorted, sha256_mismatch
 from .storage.files import open_regular
 from .text import escape_name
 
@@ -94,7 +94,7 @@ def locate(
     """A locator for each tensor of ``digests`` (name -> the sha256 the gate vouches for, None only
     with verify off), in natural name order."""
     out = []
-    for name in sorted(digests, key=natural_key):
+    for name in natural_sorted(digests):
         s = storage.stored(name)
         meta = storage.catalogue.get(name)
         sha = digests[name]

@@ -25,7 +25,7 @@ from ..config import _alternatives as alternatives_of
 from ..errors import ConfigError, raise_all
 from ..modes import Role
 from ..prefix import Prefix
-from ..storage.catalogue import TensorMeta, natural_key
+from ..storage.catalogue import TensorMeta, natural_key, natural_sorted
 from ..text import escape_name
 from .entries import Columns, Entries, Entry, Klass
 
@@ -86,7 +86,7 @@ def classify(
     grouped: dict[str, list[str]] = {}
     fits: dict[tuple, int | str] = {}
     codec_of = {role: codecs.for_role(role) for role in codecs.roles()}
-    for n in sorted((n for n in tensors if n not in scales and n not in broken), key=natural_key):
+    for n in natural_sorted(n for n in tensors if n not in scales and n not in broken):
         r = rules[n]
         if n in unresolved:
             grouped.setdefault(unresolved[n], []).append(tensors[n].describe())

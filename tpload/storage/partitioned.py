@@ -16,7 +16,7 @@ from pathlib import Path
 from ..errors import CheckpointError, LayoutError, raise_all
 from ..text import escape_name
 from . import Stored
-from .catalogue import INDEX_NAME, MANIFEST_NAME, Catalogue, TensorMeta, natural_key
+from .catalogue import INDEX_NAME, MANIFEST_NAME, Catalogue, TensorMeta, natural_sorted
 from .files import parse_json, read_small
 from .safetensors import ITEMSIZE, MAX_DIM, read_header
 from .sharded import FileReads, Files
@@ -200,8 +200,8 @@ class PartitionedStorage(FileReads):
     def manifest_problems(self, names: list[str]) -> list[str]:
         """Each named tensor (read or deferred by this rank's plan) its file does not hold, and each
         tensor the file holds that the plan does not use (then the configs differ)."""
-        missing = sorted(set(names) - set(self.windows), key=natural_key)
-        extra = sorted(set(self.windows) - set(names), key=natural_key)
+        missing = natural_sorted(set(names) - set(self.windows))
+        extra = natural_sorted(set(self.windows) - set(names))
         if not missing and not extra:
             return []
         return [

@@ -24,7 +24,7 @@ from ..config import Config
 from ..errors import CheckpointError
 from ..pick import planner_of
 from ..plan import Layout, RankPlan
-from ..storage.catalogue import MANIFEST_NAME, natural_key
+from ..storage.catalogue import MANIFEST_NAME, natural_key, natural_sorted
 from ..storage.partitioned import rank_file
 from ..storage.pins import pins_to_write
 from ..storage.reader import Reader
@@ -94,9 +94,7 @@ def export(
         planner = planner_of(storage.catalogue, config)
         planner.check_layout(layout, layout.world)
         plans = [planner.plan(layout, "packed", r) for r in range(layout.world)]
-        copied = sorted(
-            {n for p in plans for n in p.used_tensors + list(p.deferred)}, key=natural_key
-        )
+        copied = natural_sorted({n for p in plans for n in p.used_tensors + list(p.deferred)})
         checked = _verify_sources(storage, copied, hash_threads)
         if set(checked.names) != set(
             copied

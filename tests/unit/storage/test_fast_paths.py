@@ -15,7 +15,12 @@ import pytest
 
 from tpload.errors import CheckpointError
 from tpload.storage import catalogue, safetensors
-from tpload.storage.catalogue import ManifestEntry, natural_key, parse_manifest_entries
+from tpload.storage.catalogue import (
+    ManifestEntry,
+    natural_key,
+    natural_sorted,
+    parse_manifest_entries,
+)
 from tpload.storage.safetensors import TensorInfo, TensorMeta
 
 from .shards import f32, write_raw
@@ -82,6 +87,22 @@ def test_natural_key_orders_tricky_names_as_before() -> None:
         a, b = rng.choice(names), rng.choice(names)
         ka, kb, oa, ob = natural_key(a), natural_key(b), old_natural_key(a), old_natural_key(b)
         assert ((ka < kb), (ka == kb), (ka > kb)) == ((oa < ob), (oa == ob), (oa > ob)), (a, b)
+
+
+def test_natural_sorted_is_the_sort_by_natural_key_ties_and_all() -> None:
+    rng = random.Random(20261201)
+    names = [tricky_name(rng) for _ in range(3000)]
+    names += rng.sample(names, 500)  # equal names: a stable sort keeps their input order
+    names += [
+        f"model.layers.{i}.mlp.experts.{e}.w{k}"
+        for i in (0, 2, 10, 61)
+        for e in range(40)
+        for k in (1, 2, 3)
+    ]
+    rng.shuffle(names)
+    assert natural_sorted(names) == sorted(names, key=old_natural_key)
+    assert natural_sorted(iter(names)) == sorted(names, key=natural_key)
+    assert natural_sorted([]) == []
 
 
 def sound_header() -> dict:

@@ -44,9 +44,13 @@ def free_bytes(device: torch.device) -> int:
     return psutil.virtual_memory().available
 
 
-def need(plans: list[RankPlan]) -> Need:
+def need(plans: list[RankPlan], *, beyond: int = 0) -> Need:
+    """What ``plans`` (the ranks sharing a device) allocate on it; ``beyond``: bytes each rank
+    holds beyond its plan (the replicas' device ring)."""
     return Need(
-        sum(p.arena_bytes for p in plans), sum(p.largest_transient for p in plans), len(plans)
+        sum(p.arena_bytes for p in plans),
+        sum(p.largest_transient for p in plans) + beyond * len(plans),
+        len(plans),
     )
 
 
@@ -62,7 +66,9 @@ def check(
     the plans of every rank allocating from the same memory (this one included): the node's ranks
     on the CPU, or the ranks sharing one GPU."""
     sharing = sharing or [plan]
-    needs, free = need(sharing), free_bytes(device)
+    beyond = getattr(planner, "device_bytes", None)  # replicas (replicas.PositionPlanner)
+    needs = need(sharing, beyond=beyond(device) if beyond is not None else 0)
+    free = free_bytes(device)
     if needs.total <= free - reserve_bytes:
         return
     raise LoadError(_message(planner, layout, plan, device, sharing, needs, free, reserve_bytes))

@@ -41,6 +41,7 @@ from .replica_split import Names, Position, file_units, split_runs
 from .storage import Stored
 from .storage.reader import CHUNK_BYTES, Reader
 from .text import escape_name
+from .transfer import CUDA_CHUNK_BYTES
 from .transfer.wire import Wire
 from .verification.crosscheck import DIGEST_BYTES, fold, xor_fold
 from .verification.fingerprint import HostFingerprint
@@ -148,6 +149,14 @@ class PositionPlanner:
 
     def position_plan(self, layout: object, kind: str, position: int) -> object:
         return self._inner.plan(layout, kind, position)
+
+    def device_bytes(self, device: torch.device) -> int:
+        """Device memory the replicas' wire holds beyond the plan (the out-of-memory pre-flight
+        counts it): on a GPU, a send and a receive ring of the largest piece; counted for any CUDA
+        load with replicas, an upper bound for one whose group turns out to have no NCCL."""
+        if device.type != "cuda":
+            return 0
+        return 2 * RING * max(CUDA_CHUNK_BYTES, CHUNK_BYTES)
 
 
 def positions(planner: object, opts: object) -> object:

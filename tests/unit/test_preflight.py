@@ -14,7 +14,10 @@ from tpload.config import load_config
 from tpload.errors import LoadError
 from tpload.pick import planner_of
 from tpload.plan import Layout, Planner
+from tpload.replicas import RING, PositionPlanner
 from tpload.storage.catalogue import read_native
+from tpload.storage.reader import CHUNK_BYTES
+from tpload.transfer import CUDA_CHUNK_BYTES
 
 MIB = 1 << 20
 
@@ -53,6 +56,24 @@ def test_ranks_sharing_memory_add_up(planner: Planner, monkeypatch) -> None:
     preflight.check(planner, layout, plans[0], torch.device("cpu"), plans[:1], reserve_bytes=0)
     with pytest.raises(LoadError, match="the 2 ranks of this node need"):
         preflight.check(planner, layout, plans[0], torch.device("cpu"), plans, reserve_bytes=0)
+
+
+def test_replicas_count_their_device_ring_on_a_gpu_only(planner: Planner, monkeypatch) -> None:
+    layout = Layout(2)
+    plan = planner.plan(layout, "packed", 0)
+    need = plan.arena_bytes + plan.largest_transient
+    positions = PositionPlanner(planner, 2)
+    ring = positions.device_bytes(torch.device("cuda", 0))
+    assert ring == 2 * RING * max(CUDA_CHUNK_BYTES, CHUNK_BYTES)
+    assert positions.device_bytes(torch.device("cpu")) == 0
+    monkeypatch.setattr(preflight, "free_bytes", lambda device: need + ring)
+    cuda = torch.device("cuda", 0)
+    preflight.check(positions, layout, plan, cuda, [plan], reserve_bytes=0)  # fits with its ring
+    preflight.check(planner, layout, plan, cuda, [plan], reserve_bytes=ring)  # no replicas: no ring
+    with pytest.raises(LoadError, match="on cuda:0"):
+        preflight.check(positions, layout, plan, cuda, [plan], reserve_bytes=1)
+    monkeypatch.setattr(preflight, "free_bytes", lambda device: need)
+    preflight.check(positions, layout, plan, torch.device("cpu"), [plan], reserve_bytes=0)
 
 
 def test_a_load_that_cannot_fit_is_refused_before_copying(small_ckpt: Path) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import mmap
 import sys
@@ -22,9 +21,9 @@ def new_arena(nbytes: int, *, in_background: bool = False) -> tuple[torch.Tensor
     (MADV_POPULATE_WRITE), and the thread doing it when ``in_background`` (else None).
 
     Faulting fresh memory page by page during the copies costs more than the copies themselves,
-    and one populate call is faster than the faults. In the background the call goes through
-    ctypes, which lets go of the GIL, so the first reads start at once instead of after the
-    populate (seconds for a large rank); a copy that reaches a page first simply faults it in. No
+    and one populate call is faster than the faults. The call lets go of the GIL (it goes through
+    ctypes), so in the background the first reads start at once instead of after the populate
+    (seconds for a large rank); a copy that reaches a page first simply faults it in. No
     MADV_HUGEPAGE: with THP defrag on "madvise" the faults stall in compaction. (Figures:
     docs/benchmarks.md.)
     """
@@ -35,9 +34,7 @@ def new_arena(nbytes: int, *, in_background: bool = False) -> tuple[torch.Tensor
     if sys.platform != "linux":
         return arena, None
     if not in_background:
-        # kernel < 5.14: the pages fault in on first touch instead
-        with contextlib.suppress(OSError):
-            mm.madvise(_MADV_POPULATE_WRITE)
+        _populate(arena, nbytes)
         return arena, None
     worker = Thread(
         target=_populate, args=(arena, nbytes), name="tpload-arena-populate", daemon=True

@@ -178,14 +178,14 @@ def _get(key: str) -> Callable[[dict], object]:
     return operator.methodcaller("get", key)
 
 
-def read_manifest(root: Path) -> tuple[Mapping[str, ManifestEntry] | None, str | None]:
+def read_manifest(root: Path) -> tuple[Manifest | None, str | None]:
     """NATIVE_MANIFEST.json as entries and the sha256 of the very bytes parsed; (None, None) when
     the checkpoint has none."""
     entries, sha, _ = _read_manifest(root)
     return entries, sha
 
 
-def _read_manifest(root: Path) -> tuple[Mapping[str, ManifestEntry] | None, str | None, Pins]:
+def _read_manifest(root: Path) -> tuple[Manifest | None, str | None, Pins]:
     """:func:`read_manifest`, and the pins of its JSON files from the same bytes
     (storage/pins.py)."""
     path = root / MANIFEST_NAME
@@ -209,7 +209,7 @@ class Catalogue:
         self,
         root: Path,
         tensors: dict[str, TensorMeta],
-        manifest: Mapping[str, ManifestEntry] | None,
+        manifest: Manifest | None,
         *,
         manifest_path: Path | None = None,
         manifest_sha256: str | None = None,
@@ -245,11 +245,7 @@ class Catalogue:
 
     def promised(self, name: str) -> str | None:
         """The manifest's sha256 of ``name`` (None: no manifest, or no entry for it)."""
-        m = self.manifest
-        if isinstance(m, Manifest):
-            return m.sha256(name)
-        entry = m.get(name) if m else None
-        return entry.sha256 if entry is not None else None
+        return self.manifest.sha256(name) if self.manifest is not None else None
 
     def check_plan_files(self) -> list[str]:
         """Check the JSON files that shape a plan (config.json, hf_quant_config.json, the index)
@@ -296,16 +292,14 @@ class Catalogue:
                 "(nothing is checked; every report says so)"
             ]
         problems = []
-        if isinstance(self.manifest, Manifest):  # word only the rows its columns find wrong
-            names = self.manifest.disagreeing(names, self.tensors)
-        for name in names:
+        for name in self.manifest.disagreeing(names, self.tensors):  # only the wrong rows, worded
             meta, entry = self.tensors[name], self.manifest.get(name)
             if entry is None:
                 problems.append(
                     f"{path}: tensor {escape_name(name)} (in {escape_name(meta.file)}) is not in "
                     "the manifest"
                 )
-            elif (entry.file, entry.dtype, entry.shape) != (meta.file, meta.dtype, meta.shape):
+            else:  # disagreeing found its file, dtype or shape different
                 problems.append(
                     f"{path}: tensor {escape_name(name)}: manifest says {escape_name(entry.file)} "
                     f"{escape_name(entry.dtype)} {list(entry.shape)}, shard header says "

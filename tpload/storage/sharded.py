@@ -121,9 +121,7 @@ class ShardedStorage(FileReads):
 
     def stored(self, name: str) -> Stored:
         """Made per call from the catalogue (a tuple made in C), not kept: see :class:`Stored`."""
-        info = self.locations.get(name)
-        if info is None:
-            self.info(name)  # no such tensor: raises, naming it
+        info = self.info(name)  # no such tensor: raises, naming it
         return Stored(
             name, info.path, info.begin, info.rows, info.row_bytes, self.catalogue.promised(name)
         )

@@ -160,7 +160,7 @@ def export(
                 "file": m.file,
                 "dtype": m.dtype,
                 "shape": list(m.shape),
-                "sha256": cat.manifest[n].sha256 if cat.manifest and n in cat.manifest else None,
+                "sha256": cat.promised(n),
             }
             for n, m in cat.tensors.items()
         }

@@ -10,7 +10,7 @@ import torch
 
 from .plan import Output
 from .verification.fingerprint import Triple, digest
-from .verification.hashing import Hashed
+from .verification.hashing import HashResults
 from .verification.policy import Box
 
 
@@ -52,7 +52,7 @@ class LoadResult:
     arena: Arena
     outputs: list[Output]
     fingerprints: dict[str, Triple]
-    hashed: dict[str, Hashed] = field(default_factory=dict)
+    hashed: HashResults = field(default_factory=HashResults)
     windows: dict[str, tuple[Box, Triple]] = field(default_factory=dict)
     """Every window read: its box and the fingerprint of its stored bytes."""
     bytes_hashed: int = 0

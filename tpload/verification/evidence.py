@@ -10,7 +10,6 @@ the rank is listed at once, with the hash results of its hashing share (sha256, 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,7 +18,7 @@ import torch
 from ..text import escape_name
 from .blake3sums import SHA256, Digests
 from .fingerprint import Triple
-from .hashing import Hashed, HashResults, mismatches
+from .hashing import HashResults, mismatches
 from .policy import Box
 
 Count = int | torch.Tensor
@@ -100,7 +99,7 @@ class Evidence:
         is ``names[i]``'s."""
         self._log.append((names, fps))
 
-    def settle(self, hashed: Mapping[str, Hashed], content: Digests = SHA256) -> Settled:
+    def settle(self, hashed: HashResults, content: Digests = SHA256) -> Settled:
         checks = [c for c in self._log if isinstance(c, Check)]
         values = _to_host(
             [c.served for c in checks]
@@ -137,16 +136,9 @@ class Evidence:
             fingerprints[c.name] = fp if dig is None else tuple(dig)
         out.device_checked = checked
         out.hashed = list(hashed)
-        out.bytes_hashed = _nbytes(hashed)
+        out.bytes_hashed = hashed.nbytes()
         out.problems += mismatches(hashed, content)
         return out
-
-
-def _nbytes(hashed: Mapping[str, Hashed]) -> int:
-    """Stored bytes hashed (a rank's columns sum them without making a record a tensor)."""
-    if isinstance(hashed, HashResults):
-        return hashed.nbytes()
-    return sum(h.stored.nbytes for h in hashed.values())
 
 
 def _where(c: Check) -> str:

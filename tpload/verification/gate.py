@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from ..errors import LoadError
 from ..modes import Verify
 from ..text import escape_name
-from . import hashing, signing
+from . import signing
 from .blake3sums import SHA256, Digests, content_hash, fix_command
 from .policy import HashPlan, hash_plan
 from .store import DigestStore, stale
@@ -262,8 +262,8 @@ def at_rest(
         )
     return vouched(
         tuple(names),
-        hashing.column(hashed, "sha256"),
-        {a: hashing.column(hashed, a) for a in digests.also},
+        hashed.column("sha256"),
+        {a: hashed.column(a) for a in digests.also},
     )
 
 

@@ -167,15 +167,11 @@ class HashResults(RowTable[Hashed]):
 
     def mismatched(self, digests: Digests) -> list[str]:
         """The names whose ``digests.hash`` is not the one promised (found over the columns)."""
-        got, want = self._sha256 if digests.hash == "sha256" else self._blake3, self._want
-        if digests.hash == "sha256":
-            return [n for n, k in self._row.items() if want[k] is None or got[k] != want[k]]
-        out = []
-        for n, k in self._row.items():
-            w = digests.expected(n, want[k])
-            if w is None or got[k] != w:
-                out.append(n)
-        return out
+        got = self._sha256 if digests.hash == "sha256" else self._blake3
+        expected, want = digests.expected, self._want
+        return [
+            n for n, k in self._row.items() if (w := expected(n, want[k])) is None or got[k] != w
+        ]
 
     def _record(self, name: str, k: int) -> Hashed:
         offset, rows, row_bytes = self._sizes[3 * k : 3 * k + 3]
@@ -322,27 +318,19 @@ def hash_whole(
         hasher.close()
 
 
-def column(hashed: Mapping[str, Hashed], attr: str) -> dict[str, object]:
-    """``{name: value}`` of one result of every hashed tensor."""
-    if isinstance(hashed, HashResults):
-        return hashed.column(attr)
-    return {n: getattr(h, attr) for n, h in hashed.items()}
-
-
-def mismatches(hashed: Mapping[str, Hashed], digests: Digests = SHA256) -> list[str]:
+def mismatches(hashed: HashResults, digests: Digests = SHA256) -> list[str]:
     """Every hashed tensor whose hash is not the one promised for it (one line each): the manifest's
-    sha256, or the sidecar's blake3."""
+    sha256, or the sidecar's blake3. The few wrong rows are found over the columns, then worded."""
     out = []
-    if isinstance(hashed, HashResults):  # a load's: the few mismatched rows, found over columns
-        hashed = {n: hashed[n] for n in hashed.mismatched(digests)}
-    for name, h in hashed.items():
+    for name in hashed.mismatched(digests):
+        h = hashed[name]
         want, got = digests.expected(name, h.stored.sha256), getattr(h, digests.hash)
         if want is None:
             out.append(
                 f"{escape_name(h.stored.path)}: tensor {escape_name(name)} has no "
                 f"{digests.hash} to check"
             )
-        elif got != want:
+        else:  # mismatched found it different
             out.append(
                 sha256_mismatch(h.stored.path, name, got, want)
                 if digests.hash == "sha256"

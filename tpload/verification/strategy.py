@@ -14,7 +14,7 @@ from .. import replicas
 from ..errors import LoadError
 from ..modes import PredictionState
 from ..text import escape_name
-from . import crosscheck, hashing
+from . import crosscheck
 from .blake3sums import SHA256, Digests
 from .files import FileHasher
 from .policy import HashPlan
@@ -146,7 +146,7 @@ class Strategy(ABC):
                 self._name_differing(result, stored, me)
         hashes = self.prepared.hashes
         if hashes.peers or hashes.owner:
-            fingerprints = hashing.column(result.hashed, "peers")
+            fingerprints = result.hashed.column("peers")
             fig.claims = crosscheck.claims(hashes.peers, fingerprints, ctx.node_peers, ctx.rank)
             fig.seen = crosscheck.seen(hashes.owner, result.windows, ctx.node_peers, ctx.rank)
 

@@ -6,8 +6,9 @@ import threading
 from pathlib import Path
 
 from tpload.storage import Stored
+from tpload.storage.catalogue import sha256_mismatch
 from tpload.verification.blake3sums import SHA256
-from tpload.verification.hashing import NO_PEERS, HashResults, column, mismatches
+from tpload.verification.hashing import NO_PEERS, HashResults, mismatches
 
 
 def _stored(i: int, want: str | None) -> Stored:
@@ -33,7 +34,7 @@ def test_rows_added_from_many_threads_keep_their_columns_together() -> None:
         assert h.stored == _stored(i, f"{i:064x}") and h.sha256 == f"{i:064x}"
         assert h.blake3 == f"b{i}" and h.peers == ({1: (i, i, i)} if i % 7 else NO_PEERS)
     assert table.nbytes() == sum(2 * (4 + i) for i in range(4000))
-    assert column(table, "sha256")["t.42"] == f"{42:064x}"
+    assert table.column("sha256")["t.42"] == f"{42:064x}"
     assert mismatches(table, SHA256) == []
 
 
@@ -45,7 +46,13 @@ def test_mismatches_found_over_the_columns_match_those_found_record_by_record() 
         table.add(_stored(i, want), got, "", None)
         records[f"t.{i}"] = table[f"t.{i}"]
     found = mismatches(table, SHA256)
-    assert found == mismatches(records, SHA256)  # the plain-dict path, one record at a time
+    reference = []  # the rule record by record, as it was written before the columns
+    for name, h in records.items():
+        if h.stored.sha256 is None:
+            reference.append(f"{h.stored.path}: tensor {name} has no sha256 to check")
+        elif h.sha256 != h.stored.sha256:
+            reference.append(sha256_mismatch(h.stored.path, name, h.sha256, h.stored.sha256))
+    assert found == reference
     assert len(found) == 3 and "t.3" in found[0] and "t.5" in found[1] and "t.17" in found[2]
 
 
@@ -55,6 +62,6 @@ def test_a_name_added_again_reads_as_its_latest_row_everywhere() -> None:
     table.add(_stored(2, "b" * 64), "b" * 64, "", None)
     table.add(_stored(1, "a" * 64), "c" * 64, "", None)  # as a dict assignment would: the latest
     assert len(table) == 2 and table["t.1"].sha256 == "c" * 64
-    assert column(table, "sha256") == {"t.1": "c" * 64, "t.2": "b" * 64}
+    assert table.column("sha256") == {"t.1": "c" * 64, "t.2": "b" * 64}
     assert table.nbytes() == 2 * 5 + 2 * 6
     assert [m.split(": tensor ")[1].split(":")[0] for m in mismatches(table, SHA256)] == ["t.1"]

@@ -41,19 +41,24 @@ HEADERS_ONLY = "tpload_headers_only"
 """Metadata key of a ``synth --headers-only`` checkpoint's shards: their data are holes."""
 
 
-def natural_key(name: str) -> tuple:
+def natural_key(name: str, run: Callable[[str], tuple[int, str, str]] | None = None) -> tuple:
     """Sort key that orders ``x.2`` before ``x.10`` (numbers compared as numbers). Computed per call
     (no cache outlives a sort: a catalogue keeps its names sorted instead,
-    :meth:`Catalogue.names`)."""
-    # re.split with a group alternates text and digit runs. A run compares as (its length without
-    # leading zeros, its digits without them, its text): numeric order for any length (int() would
-    # refuse 5,000 digits), and "02" after "1"; equal values ("2", "02") tie-break on the text.
+    :meth:`Catalogue.names`); ``run``: how a digit run's key is made (default :func:`run_key`)."""
     parts = _RUNS(name)  # text, run, text, ..., text: the runs at the odd places
-    parts[1::2] = [(len(d := p.lstrip("0")), d, p) for p in parts[1::2]]
+    parts[1::2] = map(run or run_key, parts[1::2])
     return tuple(parts)
 
 
-_RUNS = re.compile(r"(\d+)").split
+def run_key(p: str) -> tuple[int, str, str]:
+    """A digit run's place in natural order: (its length without leading zeros, its digits without
+    them, its text). Numeric order for any length (int() would refuse 5,000 digits), and "02" after
+    "1"; equal values ("2", "02") tie-break on the text."""
+    d = p.lstrip("0")
+    return len(d), d, p
+
+
+_RUNS = re.compile(r"(\d+)").split  # re.split with a group alternates text and digit runs
 
 
 def natural_sorted(names: Iterable[str]) -> list[str]:
@@ -65,16 +70,10 @@ def natural_sorted(names: Iterable[str]) -> list[str]:
     def run(p: str) -> tuple[int, str, str]:
         k = runs.get(p)
         if k is None:
-            d = p.lstrip("0")
-            k = runs[p] = (len(d), d, p)
+            k = runs[p] = run_key(p)
         return k
 
-    def key(name: str) -> tuple:
-        parts = _RUNS(name)
-        parts[1::2] = map(run, parts[1::2])
-        return tuple(parts)
-
-    return sorted(names, key=key)
+    return sorted(names, key=lambda name: natural_key(name, run))
 
 
 def sha256_mismatch(path: Path | str, name: str, got: str, want: str) -> str:

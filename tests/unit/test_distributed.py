@@ -3,6 +3,7 @@ every rank computes from the exchanged table alone."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -61,7 +62,11 @@ def ctx(nodes: tuple[int, ...]) -> DistContext:
 def _verdict(ranks: list[RankFigures], context: DistContext, store: str) -> str:
     """The gate's verdict of a node-mode load on a manifest checkpoint, as one text ("" when
     passed)."""
-    storage = SimpleNamespace(catalogue=SimpleNamespace(manifest_sha256="ab" * 32), per_rank=False)
+    storage = SimpleNamespace(
+        catalogue=SimpleNamespace(manifest_sha256="ab" * 32),
+        per_rank=False,
+        root=Path("/nonexistent-checkpoint"),
+    )
     opts = SimpleNamespace(kind="packed", digest_store=store, verify="node")
     job = strategy.Job(opts, context, None, storage, {}, "x", Layout(2, 1), dict)
     return "\n".join(gate.judge(ranks, gate.strategy(job)).problems)

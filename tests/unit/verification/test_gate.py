@@ -47,6 +47,7 @@ def _job(verify: str, *, files: bool = False, manifest: bool = True) -> strategy
         catalogue=SimpleNamespace(manifest_sha256="ab" * 32 if manifest else None),
         per_rank=False,
         file_digests={} if files else None,
+        root=Path("/nonexistent-checkpoint"),
     )
     opts = SimpleNamespace(kind="packed", digest_store="/nonexistent-store", verify=verify)
     ctx = SimpleNamespace(rank=0, group=None)

@@ -186,10 +186,8 @@ def differences(table: torch.Tensor) -> str | None:
     more = f"; and {len(sides) - 4} more value(s)" if len(sides) > 4 else ""
     also = [FIELDS[j][1] for j in differ[1:]]
     return (
-        f"the ranks do not load the same thing the same way: {what} differs between ranks "
-        f"({'; '.join(said)}{more})"
-        + (f"; {', '.join(also)} differ too" if also else "")
-        + f"; {fix}"
+        f"the ranks do not load the same thing the same way: they differ in {what} "
+        f"({'; '.join(said)}{more})" + (f", and in {', '.join(also)}" if also else "") + f"; {fix}"
     )
 
 
@@ -276,5 +274,5 @@ def disagreement(ranks: Sequence[object]) -> list[str]:
             sides.setdefault(r.agreed[16 * k : 16 * (k + 1)], []).append(r.rank)
         if len(sides) > 1:
             said = "; ".join(f"rank {_ranks(who)}: hash {h}" for h, who in sides.items())
-            return [f"{what} differs between the ranks' rows ({said}); {fix}"]
+            return [f"the ranks' rows differ in {what} ({said}); {fix}"]
     return []

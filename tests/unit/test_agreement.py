@@ -60,17 +60,19 @@ def test_ranks_that_agree_pass_and_a_different_anchor_is_named_with_both_values(
         decide(table(a, a, b, b))
     assert not isinstance(e.value, StoodDown)  # a difference is every rank's failure
     msg = str(e.value)
-    assert msg.startswith("the ranks do not load the same thing the same way: the trust anchor ")
+    assert msg.startswith(
+        "the ranks do not load the same thing the same way: they differ in the trust anchor ("
+    )
     assert f"rank 0, 1: 'manifest sha256 {SHA_A[:45]}...'" in msg
     assert f"rank 2, 3: 'manifest sha256 {SHA_B[:45]}...'" in msg
-    assert "--manifest-sha256" in msg and "differ too" not in msg
+    assert "--manifest-sha256" in msg and ", and in" not in msg
 
 
 def test_the_first_difference_in_field_order_is_named_and_the_others_listed() -> None:
     node, off = terms(), terms(verify="off", anchor=f"manifest sha256 {SHA_B}")
     msg = differences(table(node, node, off, off))
-    assert "the verify mode differs between ranks (rank 0, 1: 'node'; rank 2, 3: 'off')" in msg
-    assert "the trust anchor differ too; give every rank the same --verify" in msg
+    assert "they differ in the verify mode (rank 0, 1: 'node'; rank 2, 3: 'off')" in msg
+    assert "'off'), and in the trust anchor; give every rank the same --verify" in msg
     # every option that shapes the served bytes is compared, each by its own name
     for option, label in [
         ({"kind": "expanded"}, "the kind"),
@@ -81,7 +83,7 @@ def test_the_first_difference_in_field_order_is_named_and_the_others_listed() ->
         ({"skip_activation_scales": True}, "skip_activation_scales"),
     ]:
         msg = differences(table(node, terms(**option)))
-        assert msg and msg.split(": ", 1)[1].startswith(f"{label} differs"), (option, msg)
+        assert msg and msg.split(": ", 1)[1].startswith(f"they differ in {label} ("), (option, msg)
 
 
 def test_values_are_escaped_cut_on_a_character_boundary_and_runs_of_ranks_shortened() -> None:
@@ -100,8 +102,10 @@ def test_replicas_placed_in_rank_order_agree_with_replicas_and_other_placements_
     other = terms(placement=Placement([[0, 1], [2, 3]]))
     assert in_order == same
     msg = differences(table(in_order, other))
-    assert "the replicas differ" in msg and "'2, placed [[0, 1], [2, 3]]'" in msg
-    assert "the replicas differ" in differences(table(in_order, terms()))
+    assert "they differ in the replicas" in msg and "'2, placed [[0, 1], [2, 3]]'" in msg
+    assert "they differ in the replicas (rank 0: '2'; rank 1: '1')" in differences(
+        table(in_order, terms())
+    )
 
 
 def test_a_rank_that_failed_before_it_stops_the_others_naming_it() -> None:
@@ -164,7 +168,7 @@ def test_the_verdict_names_the_failed_rank_and_lists_those_that_only_stopped() -
 def test_the_verdict_refuses_rows_whose_terms_differ_or_say_nothing() -> None:
     a, b = terms().hex(), terms(anchor=f"manifest sha256 {SHA_B}").hex()
     (problem,) = disagreement([_rank(0, a), _rank(1, a), _rank(2, b)])
-    assert problem.startswith("the trust anchor differs between the ranks' rows (rank 0, 1: hash ")
+    assert problem.startswith("the ranks' rows differ in the trust anchor (rank 0, 1: hash ")
     assert f"rank 2: hash {b[-16:]}" in problem
     assert disagreement([_rank(0, a), _rank(1, "")]) == [
         "rank 1: its row does not say what it loaded (no handshake)"
@@ -172,7 +176,7 @@ def test_the_verdict_refuses_rows_whose_terms_differ_or_say_nothing() -> None:
     assert disagreement([_rank(0, a), _rank(1, a)]) == []
     chosen = SimpleNamespace(verdict=lambda ranks: [], vouched_by="x")
     verdict = judge([_rank(0, a), _rank(1, b)], chosen)
-    assert not verdict.passed and "the trust anchor differs" in verdict.problems[0]
+    assert not verdict.passed and "differ in the trust anchor" in verdict.problems[0]
     assert judge([_rank(0, a), _rank(1, a)], chosen).passed
 
 

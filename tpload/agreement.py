@@ -182,8 +182,13 @@ def differences(table: torch.Tensor) -> str | None:
         cut = raw[r * width + k * SHOWN_BYTES : r * width + (k + 1) * SHOWN_BYTES]
         return escape_name(cut.rstrip(b"\0").decode(errors="replace"))
 
-    said = [f"rank {_ranks(who)}: '{shown(who[0])}'" for who in list(sides.values())[:4]]
+    values = [shown(who[0]) for who in sides.values()]
+    said = [
+        f"rank {_ranks(who)}: '{v}'" for who, v in zip(sides.values(), values[:4], strict=False)
+    ]
     more = f"; and {len(sides) - 4} more value(s)" if len(sides) > 4 else ""
+    if len(set(values)) < len(values):  # a row carries a value's first bytes only
+        more += f"; they differ after the first {SHOWN_BYTES} bytes"
     also = [FIELDS[j][1] for j in differ[1:]]
     return (
         f"the ranks do not load the same thing the same way: they differ in {what} "

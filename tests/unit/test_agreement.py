@@ -94,6 +94,8 @@ def test_values_are_escaped_cut_on_a_character_boundary_and_runs_of_ranks_shorte
     long = terms(skip=tuple(f"é{i}.*" for i in range(40)))
     shown = differences(table(plain, long)).split("rank 1: '")[1].split("'")[0]
     assert shown.endswith("...") and len(shown.encode()) <= 64 and "\ufffd" not in shown
+    longer = terms(skip=tuple(f"é{i}.*" for i in range(41)))  # é40.* sorts far in
+    assert "; they differ after the first 64 bytes)" in differences(table(long, longer))
 
 
 def test_replicas_placed_in_rank_order_agree_with_replicas_and_other_placements_do_not() -> None:

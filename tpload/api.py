@@ -6,10 +6,11 @@ every rank.
     shards.report         # figures of every rank (the same table on each)
     shards.release()      # frees every buffer the load made
 
-One call is a fixed sequence: open, plan, pre-flight, ``gate.prepare``, run, ``gate.settle``,
-exchange, verdict. Whatever fails on this rank before the exchange becomes its row's status, so a
-call reaches the one exchange exactly once and no peer waits; after it, the verdict is a function
-of the exchanged table alone, the same on every rank (verification/gate.py owns it).
+One call is a fixed sequence: open, plan, pre-flight, ``gate.prepare``, handshake, run,
+``gate.settle``, exchange, verdict. Whatever fails on this rank becomes its rows' status, so a call
+meets the handshake (agreement.py: every rank loads the same thing the same way, or none copies)
+and the exchange exactly once each and no peer waits; after it, the verdict is a function of the
+exchanged table alone, the same on every rank (verification/gate.py owns it).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import time
 import torch.distributed as dist
 
 from . import preflight, replicas, steps
+from .agreement import Handshake, Terms, outcome
 from .codecs._lazy import warm
 from .deferred import locate
 from .distributed import DistContext, call_world, context, pick_device, with_device
@@ -37,12 +39,9 @@ from .result import LoadResult
 from .shards import RankShards, served
 from .storage import Storage, open_storage
 from .teardown import give_back
-from .text import escape_name
 from .verification import gate, signing, strategy
 from .verification.gate import check_pin, spare_cores
 from .verification.store import checkpoint_stamp
-
-log = logging.getLogger("tpload")
 
 
 class _RankLoad:
@@ -58,9 +57,11 @@ class _RankLoad:
         self.deferred: tuple = ()
         self.notes: list[str] = []
         self.started, self.first = time.perf_counter_ns(), process_first_load()
+        self.meeting = Handshake(fig.seq, self.opts.timeout_s)
 
     def attempt(self, seq: int, error: LoadError | None) -> None:
-        """Everything before the exchange; every failure becomes this rank's status and message."""
+        """Everything before the exchange; every failure becomes this rank's status and message,
+        and the handshake is met exactly once (a rank that failed before it, with its status)."""
         fig = self.fig
         try:
             # first: peers wait for this node name
@@ -91,17 +92,13 @@ class _RankLoad:
             finally:
                 storage.close()
             fig.device_alloc_peak, fig.device_reserved_peak = device_peaks(device)
-        except LoadError as e:
-            fig.failed, fig.message = 1, f"rank {self.ctx.rank}: {e}"
-        except KeyboardInterrupt:
-            fig.failed, fig.message = 1, f"rank {self.ctx.rank}: interrupted (Ctrl-C)"
-        except Exception as e:  # a bug or an OS error: still reach the exchange so no peer hangs
-            log.debug("[rank %d] load failed", self.ctx.rank, exc_info=True)
-            why = f"unexpected {type(e).__name__}: {escape_name(e)}"
-            fig.failed, fig.message = 1, f"rank {self.ctx.rank}: {why}"
+        except (Exception, KeyboardInterrupt) as e:  # a bug or an OS error too: no peer hangs
+            fig.failed, fig.message = outcome(self.ctx.rank, e)
+        self.meeting.unmet(fig, self.ctx)  # failed before the handshake: meet it with that
 
     def _load(self, storage: Storage, layout: Layout) -> None:
-        """Open, plan, pre-flight, prepare, run, settle: everything up to the exchange."""
+        """Open, plan, pre-flight, prepare, handshake, run, settle: everything up to the
+        exchange."""
         opts, ctx = self.opts, self.ctx
         storage.catalogue.refuse_headers_only("loading it")
         check_pin(storage, opts.manifest_sha256)
@@ -123,6 +120,8 @@ class _RankLoad:
         # replicas: who reads what from storage, before the hash plan
         link = replicas.link(self.gate, planner)
         prepared = self.gate.prepare()  # before any read: preconditions, who hashes what
+        at = replicas.placement(opts, ctx.world)  # every rank: the same anchor and options
+        self.meeting.meet(self.fig, ctx, Terms.of(opts, layout, config, self.gate.anchor(), at))
         with prepared.alongside():  # whole-file hashing on its own thread, beside the copies
             self.fig.read_started(self.started, first=self.first)  # the loop reads first
             self.result = steps.run_rank(
@@ -154,6 +153,7 @@ def load_in(
         job.attempt(seq, error)  # never raises: whatever fails goes into this rank's row
     job.fig.ns = time.perf_counter_ns() - t0
     job.fig.rss_peak, job.fig.anon_peak = mem.rss_peak, mem.anon_peak
+    job.meeting.raise_lost()  # the handshake lost the group: no exchange can follow
     table = exchange(job.fig.to_row(), job.ctx, seq=seq, timeout_s=job.opts.timeout_s)
     ranks = [RankFigures.from_row(table[r]) for r in range(job.ctx.world)]
     verdict = gate.judge(ranks, job.gate)

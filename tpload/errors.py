@@ -20,6 +20,11 @@ class LoadError(Exception):
         self.reporter = reporter
 
 
+class StoodDown(LoadError):
+    """This rank stopped because another rank failed (in the handshake before the copy loop, or a
+    replica that stopped sending mid-window): the cause is that rank's message, not this one's."""
+
+
 class CheckpointError(LoadError):
     """The checkpoint on disk is malformed, incomplete or corrupt."""
 

@@ -1,16 +1,17 @@
-"""The one collective a load makes, and the rendezvous-store marks around it.
+"""The two collectives a load makes, and the rendezvous-store marks around them.
 
-Every rank, failed or not, arrives at :func:`exchange` exactly once per
-``load()`` call with its figures, status and evidence in one int64 row; a SUM
-all-reduce of rows each rank filled alone is an all-gather, so afterwards
-every rank holds every row and reaches the same verdict with no second
-collective. It runs on the context's CPU group (gloo), with a deadline.
+Every rank, failed or not, arrives at :func:`handshake` and then at :func:`exchange` exactly once
+per ``load()`` call, each time with one int64 row; a SUM all-reduce of rows each rank filled
+alone is an all-gather, so afterwards every rank holds every row. The handshake (before the copy
+loop: agreement.py) carries each rank's status and what it is about to load; the exchange (after
+it) its figures, status and evidence, from which every rank reaches the same verdict. Both run on
+the context's CPU group (gloo), with a deadline.
 
 Rows carry the call's sequence number: a process that calls ``load()`` again
 after a call that failed elsewhere cannot meet another call's rows unnoticed.
 
 Before planning, ranks leave their node's name in the rendezvous store
-(:func:`share_nodes`); while exchanging, an arrival mark, so survivors can
+(:func:`share_nodes`); before each collective, an arrival mark, so survivors can
 name a rank that died (SIGKILL, the OOM killer) instead of only timing out.
 """
 
@@ -101,11 +102,11 @@ def share_nodes(ctx: DistContext, seq: int, timeout_s: float) -> tuple[DistConte
 
 
 class Arrivals:
-    """Marks in the rendezvous store of who reached the final exchange."""
+    """Marks in the rendezvous store of who reached one of the load's collectives (``mark``)."""
 
-    def __init__(self, ctx: DistContext, seq: int) -> None:
+    def __init__(self, ctx: DistContext, seq: int, mark: str = "arrived") -> None:
         self.ctx, self.store = ctx, _store()
-        self.prefix = f"tpload/{group_id(ctx)}/{seq}/arrived"
+        self.prefix = f"tpload/{group_id(ctx)}/{seq}/{mark}"
 
     def arrive(self) -> None:
         if self.store is not None:
@@ -131,11 +132,32 @@ def exchange(row: torch.Tensor, ctx: DistContext, *, seq: int, timeout_s: float)
     One collective for everything (figures, digest, status, message, evidence); each rank
     fills only its own row. Runs on the CPU group with a deadline of ``timeout_s``.
     """
+    return _all_rows(row, ctx, seq=seq, timeout_s=timeout_s, step="the final exchange")
+
+
+def handshake(row: torch.Tensor, ctx: DistContext, *, seq: int, timeout_s: float) -> torch.Tensor:
+    """The same for the handshake before the copy loop (agreement.py): a small row (status and
+    what the rank is about to load), met once per call whatever failed before it."""
+    return _all_rows(
+        row, ctx, seq=seq, timeout_s=timeout_s, step="the handshake before the copy loop",
+        mark="agreed",
+    )  # fmt: skip
+
+
+def _all_rows(
+    row: torch.Tensor,
+    ctx: DistContext,
+    *,
+    seq: int,
+    timeout_s: float,
+    step: str,
+    mark: str = "arrived",
+) -> torch.Tensor:
     table = torch.zeros(ctx.world, row.numel(), dtype=torch.int64)
     table[ctx.rank] = row
     if ctx.cpu_group is None:
         return table
-    arrivals = Arrivals(ctx, seq)
+    arrivals = Arrivals(ctx, seq, mark)
     arrivals.arrive()
     try:
         work = dist.all_reduce(table, op=dist.ReduceOp.SUM, group=ctx.cpu_group, async_op=True)
@@ -150,7 +172,7 @@ def exchange(row: torch.Tensor, ctx: DistContext, *, seq: int, timeout_s: float)
         )
         first = str(e).splitlines()[0] if str(e) else ""
         raise LoadError(
-            f"rank {ctx.rank}: lost the other ranks in the final exchange: {who} "
+            f"rank {ctx.rank}: lost the other ranks in {step}: {who} "
             f"({type(e).__name__}: {escape_name(first)[:300]})"
         ) from None
     return table

@@ -455,6 +455,10 @@ def run(
         if link is not None:
             link.finish()
         hashed = hasher.finish()
+    except BaseException:
+        if link is not None:  # replicas waiting for a window this rank was sending: stop them
+            link.abort()
+        raise
     finally:
         hasher.close()
         progress.close()

@@ -1,5 +1,6 @@
 """The named modes of a load (the command line and TOML keep their strings: each mode is a
-StrEnum), and the state of a rank's digest against a stored prediction."""
+StrEnum), how a rank's load ended, and the state of a rank's digest against a stored
+prediction."""
 
 from __future__ import annotations
 
@@ -55,6 +56,16 @@ class Role(StrEnum):
     """Never read."""
     DEFER = "defer"
     """Not uploaded; a locator is returned."""
+
+
+class RankStatus(IntEnum):
+    """How a rank's load ended (a number: it rides in the exchanged row as ``failed``)."""
+
+    OK = 0
+    FAILED = 1
+    """This rank failed: its message is a cause."""
+    STOOD_DOWN = 2
+    """This rank stopped because another failed (errors.StoodDown): its message points there."""
 
 
 class PredictionState(IntEnum):

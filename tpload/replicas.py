@@ -28,6 +28,7 @@ the peer (how a dead peer is bounded on gloo and on NCCL: transfer/wire.py).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -36,7 +37,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .errors import LoadError, OptionsError
+from .errors import LoadError, OptionsError, StoodDown
 from .replica_split import Names, Position, file_units, split_runs
 from .storage import Stored
 from .storage.reader import CHUNK_BYTES, Reader
@@ -48,7 +49,10 @@ from .verification.fingerprint import HostFingerprint
 from .verification.policy import Box
 
 RING = 4
-PIECE, END = 1, 2
+PIECE, END, ABORT = 1, 2, 3
+"""A header's kinds: a piece of a window, the window's end (its fingerprint), and the owner's abort:
+its loop failed before the window's end (the call's sequence number beside the tag), so the ranks
+waiting for the rest stop at once rather than after --timeout."""
 HEADER_WORDS = (
     8  # kind, name tag, first row, first column, rows, columns (or the fingerprint's 3 words)
 )
@@ -197,6 +201,8 @@ class Link:
         self._sent: list[tuple[str, Box, tuple]] = []
         self._seen: dict[int, list[tuple[str, Box, tuple]]] = {}
         self.from_storage = self.from_peers = 0
+        self._owning: str | None = None
+        """The window this rank is reading and sending now (its END not shipped yet)."""
         # the rings: host buffers (the loop and the fingerprint read them) and, beside each, its
         # wire buffer (the same memory on the CPU: transfer/wire.py)
         self._send = [np.empty(0, np.uint8)] * RING
@@ -274,6 +280,7 @@ class Link:
         """Pass ``pieces`` (a window of ``width`` bytes a row, read from storage) on, sending each
         to the other replicas first, then the window's fingerprint, taken from the bytes read."""
         fp, tag = HostFingerprint(box[1][1] - box[1][0]), _tag(name)
+        self._owning = name
         for r, c, view in pieces:
             h, w = view.shape
             i = self._buffer(h * w, name)
@@ -283,7 +290,22 @@ class Link:
             self.from_storage += h * w
             yield r, c, view
         self._ship([END, tag, *fp.value()], None, None)
+        self._owning = None
         self._sent.append((name, box, fp.value()))
+
+    def abort(self) -> None:
+        """This rank's loop failed. If it was reading and sending a window, the position's other
+        ranks wait for that window's next piece from it: an ABORT header in its place stops them at
+        once (errors.StoodDown: the cause is this rank's). Never waits, never raises: this rank's
+        own failure is what it reports. A failure elsewhere (receiving, between windows) sends
+        nothing: no peer may be waiting to receive from it, and an unmatched send would be left in
+        the group."""
+        name, self._owning = self._owning, None
+        if name is None:
+            return
+        # a peer already gone learns of the failure from the exchange
+        with contextlib.suppress(RuntimeError, OSError, ValueError):
+            self._ship([ABORT, _tag(name), self.fig.seq], None, None)
 
     def finish(self) -> None:
         """Wait for every send still under way (before the exchange); the counts into the rank's
@@ -318,7 +340,11 @@ class Link:
         group = self.wire.group
         k = 0
         self._wait([recv(headers[k], src, group)], what)
-        head = self._header(headers[k], tag, what)
+        stopped = (
+            f"replicas: stopped receiving {escape_name(name)} from rank {src} (replica {owner}), "
+            f"which failed while reading it"
+        )
+        head = self._header(headers[k], tag, what, stopped)
         ready = None
         while True:
             posted = None
@@ -349,14 +375,15 @@ class Link:
             r, c, view, data, wire, works = posted
             self._wait(works, what)
             self.wire.take(wire, data)  # a device wire's bytes into the host piece
-            head = self._header(headers[k], tag, what)
+            head = self._header(headers[k], tag, what, stopped)
             fp.add(view, r, first_col=c)
             self.from_peers += view.size
             ready = r, c, view
 
-    @staticmethod
-    def _header(header: torch.Tensor, tag: int, what: str) -> list[int]:
+    def _header(self, header: torch.Tensor, tag: int, what: str, stopped: str) -> list[int]:
         head = header.tolist()
+        if head[0] == ABORT and head[1:3] == [tag, self.fig.seq]:
+            raise StoodDown(stopped)
         if head[1] != tag or head[0] not in (PIECE, END):
             raise LoadError(
                 f"replicas: {what}: the stream is out of step (got a piece of another tensor); "
@@ -377,6 +404,7 @@ class Link:
         flat = out.reshape(1, -1)
         n = flat.shape[1]
         if owner == self.replica:
+            self._owning = stored.name  # the receivers wait for it from here: see abort()
             inner.read(stored, r0, r1, out)
             step = CHUNK_BYTES
             pieces = ((0, c, flat[:, c : c + step]) for c in range(0, n, step))

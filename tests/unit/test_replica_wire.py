@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import tpload.replicas as replicas
+from tpload.errors import LoadError, StoodDown
 from tpload.replica_split import split
 from tpload.replicas import Link, Placement
 from tpload.transfer.wire import Wire, device_wire
@@ -130,3 +131,60 @@ def test_a_byte_changed_on_the_wire_is_a_problem_naming_tensor_sender_and_receiv
     (problem,) = receiver.problems
     assert problem.startswith("tensor w: the bytes rank 1 received from rank 0 (replica 0)")
     assert problem.endswith("changed in transit")
+
+
+def _failing(pieces: list, after: int):
+    """A window's reads that fail (an I/O error) after ``after`` pieces."""
+    yield from pieces[:after]
+    raise OSError(5, "Input/output error")
+
+
+def test_an_owner_that_fails_mid_window_stops_its_receivers_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The owner's loop fails after sending the first piece (a read error): abort() sends an ABORT
+    header where the next piece's would be, and the receiver, waiting for it, stops with the owner
+    named (errors.StoodDown: the owner's message is the cause) instead of waiting out --timeout."""
+    box = Mailbox()
+    monkeypatch.setattr(replicas, "send", box.send)
+    monkeypatch.setattr(replicas, "recv", box.recv)
+    sender, receiver = _links(False)
+    sender.fig = receiver.fig = SimpleNamespace(seq=4)
+    _, pieces = _window()
+    with pytest.raises(OSError):
+        for _ in sender.sending("w", ((0, 6), (0, 16)), _failing(pieces, 1)):
+            pass
+    sender.abort()  # what the loop does when it fails (loop.run)
+    with pytest.raises(StoodDown) as e:  # at the ABORT it asked for ahead of the first piece's use
+        list(receiver.receiving("w", ((0, 6), (0, 16)), 0))
+    assert str(e.value) == (
+        "replicas: stopped receiving w from rank 0 (replica 0), which failed while reading it"
+    )
+    assert receiver.problems == [] and not any(box.queues.values())  # every message taken
+    sent = len(box.sent)
+    sender.abort()  # once: nothing more is sent
+    assert len(box.sent) == sent
+
+
+def test_a_rank_that_fails_while_not_sending_sends_nothing_and_a_stale_abort_is_out_of_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    box = Mailbox()
+    monkeypatch.setattr(replicas, "send", box.send)
+    monkeypatch.setattr(replicas, "recv", box.recv)
+    sender, receiver = _links(False)
+    sender.fig, receiver.fig = SimpleNamespace(seq=1), SimpleNamespace(seq=2)
+    _, pieces = _window()
+    list(sender.sending("w", ((0, 6), (0, 16)), pieces))  # a whole window: nobody waits now
+    sent = len(box.sent)
+    sender.abort()
+    assert len(box.sent) == sent
+    list(receiver.receiving("w", ((0, 6), (0, 16)), 0))
+    # an ABORT of another call (an earlier load() on the same group) never stops this one
+    with pytest.raises(OSError):
+        for _ in sender.sending("w", ((0, 6), (0, 16)), _failing(pieces, 0)):
+            pass
+    sender.abort()
+    with pytest.raises(LoadError, match="out of step") as e:
+        list(receiver.receiving("w", ((0, 6), (0, 16)), 0))
+    assert not isinstance(e.value, StoodDown)

@@ -3,7 +3,7 @@
 argv: OUT_DIR CALLS_JSON, where CALLS_JSON is a list of calls, each
 {"checkpoint": PATH, "options": {load() keywords}, "per_rank": {"RANK": {keywords for that rank
 only}}}. Writes OUT_DIR/rank{R}.json: for each call, {"returned": bool, "error": str, "digest": str,
-"tensors": int}.
+"tensors": int, "seconds": float (the call's, load() to its return or raise)}.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import tpload
@@ -28,6 +29,7 @@ def main() -> None:
         }
         ckpt = kw.pop("checkpoint", call.get("checkpoint"))
         outcome: dict[str, object] = {"returned": False, "error": "", "digest": "", "tensors": 0}
+        t0 = time.monotonic()
         try:
             shards = tpload.load(ckpt, **kw)
             sd = shards.state_dict()
@@ -35,6 +37,7 @@ def main() -> None:
             shards.release()
         except tpload.LoadError as e:
             outcome["error"] = str(e)
+        outcome["seconds"] = time.monotonic() - t0
         outcomes.append(outcome)
     (out / f"rank{rank}.json").write_text(json.dumps(outcomes))
 

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from .. import load_path_import_ns
+from ..agreement import AGREED_BYTES
 from ..modes import PredictionState
 from ..verification.crosscheck import DIGEST_BYTES, SLOTS
 
@@ -45,6 +46,8 @@ class RankFigures:
     """Which ``load()`` call of this process in this group (1, 2, ...): ranks in different calls
     must not mix their rows."""
     failed: int = 0
+    """How the rank's load ended (a RankStatus): 0 ok, 1 failed, 2 stopped because another
+    failed."""
     tensors: int = 0
     """Served tensors (a packed FP4 matrix serves two: weight and scale)."""
     bytes_read: int = 0
@@ -104,6 +107,9 @@ class RankFigures:
     """Replicas: the fold of every window this rank read and sent (replicas.py); empty: none."""
     replicas_seen: str = field(default="", metadata=_bytes(DIGEST_BYTES))
     """Replicas: the folds of the windows it received, one per sender, XOR-ed."""
+    agreed: str = field(default="", metadata=_bytes(AGREED_BYTES))
+    """What this rank loaded and how, as the handshake's hashes (agreement.py), for the verdict to
+    compare again; empty: it did not pass the handshake."""
     claims: list[bytes] = field(default_factory=lambda: [bytes(DIGEST_BYTES)] * SLOTS)
     """Node mode: what this rank, as hasher, says each node peer's windows hold (crosscheck.py)."""
     seen: list[bytes] = field(default_factory=lambda: [bytes(DIGEST_BYTES)] * SLOTS)

@@ -28,8 +28,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from ..agreement import disagreement
 from ..errors import LoadError
-from ..modes import Verify
+from ..modes import RankStatus, Verify
 from ..text import escape_name
 from . import signing
 from .blake3sums import SHA256, Digests, content_hash, fix_command
@@ -37,7 +38,7 @@ from .policy import HashPlan, hash_plan
 from .store import stale
 from .strategy import Job, Prepared, Strategy
 from .vouched import Vouched
-from .whole_files import FileDigests, SignedFiles
+from .whole_files import FileDigests, SignedFiles, statement
 
 
 @dataclass(frozen=True)
@@ -169,6 +170,9 @@ class SignedManifest(TensorDigests):
     def vouched_by(self) -> str:
         return f"the manifest's per-tensor digests, the manifest signed by {self.signed.what}"
 
+    def anchor(self) -> str:
+        return f"{super().anchor()}, {self.signed.bundle.name} signs {statement(self.signed)}"
+
     def _prepare(self) -> Prepared:
         storage = self.job.storage
         self.signed.check_covered(storage.paths())
@@ -206,10 +210,13 @@ def judge(ranks: list[object], chosen: Strategy | None) -> Verdict:
             ),
             "",
         )
-    bad = [r for r in ranks if r.failed]
+    # the ranks that failed; those that only stopped because one did follow them (all of them
+    # when none says it failed: a row is never taken as a pass unless it says so)
+    bad = [r for r in ranks if r.failed == RankStatus.FAILED] or [r for r in ranks if r.failed]
     if bad:
         said: dict[str, list[int]] = {}
-        for r in bad:
+        failed = {r.rank for r in bad}
+        for r in bad + [r for r in ranks if r.failed and r.rank not in failed]:
             said.setdefault(r.message.removeprefix(f"rank {r.rank}: "), []).append(r.rank)
         head = (
             f"load failed on rank {', '.join(str(r.rank) for r in bad)} ({len(bad)} of "
@@ -223,7 +230,7 @@ def judge(ranks: list[object], chosen: Strategy | None) -> Verdict:
             "",
             reporter=bad[0].rank,
         )
-    problems = chosen.verdict(ranks)
+    problems = disagreement(ranks) or chosen.verdict(ranks)
     if problems:
         return Verdict(
             (

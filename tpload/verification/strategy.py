@@ -5,10 +5,12 @@ none) and whole_files.py (files vouched for whole)."""
 
 from __future__ import annotations
 
+import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .. import replicas
 from ..errors import LoadError
@@ -83,6 +85,18 @@ class Prepared:
             self.files.cancel()
 
 
+def digest_map(digests: Mapping[object, object], root: object = None) -> str:
+    """One sha256 over a map of files to their digests, by path relative to ``root`` (each node's
+    copy may sit elsewhere; None: the names as they are), in name order."""
+    lines = []
+    for path, digest in digests.items():
+        name = str(path)  # outside the folder (a storage never lists one): its path as it is
+        if root is not None and Path(path).is_relative_to(root):
+            name = Path(path).relative_to(root).as_posix()
+        lines.append(f"{name}\0{digest}\n")
+    return hashlib.sha256("".join(sorted(lines)).encode("utf-8", "surrogatepass")).hexdigest()
+
+
 def layout_key(config_id: str, layout: object, kind: str) -> str:
     return f"tp{layout.tp}-ep{layout.ep}-{kind}-config-{config_id}"
 
@@ -104,6 +118,21 @@ class Strategy(ABC):
         self.store_path = str(store.path(manifest_sha)) if manifest_sha else str(store.root)
 
     # -- before any read ------------------------------------------------------------------------
+    def anchor(self) -> str:
+        """What vouches for this load's bytes, in one line that is the same on every rank loading
+        the same checkpoint through the same anchor (the handshake compares it: agreement.py): the
+        manifest's sha256, else the whole-file digests the folder carries (hub blob names,
+        local-dir etags), as one sha256 over them in name order; "none" when it has neither."""
+        storage = self.job.storage
+        sha = storage.catalogue.manifest_sha256
+        if sha:
+            return f"manifest sha256 {sha}"
+        digests = getattr(storage, "file_digests", None)
+        if digests:
+            kind = getattr(getattr(storage, "file_source", None), "kind", "file")
+            return f"{kind} digests {digest_map(digests, storage.root)}"
+        return "none (no manifest, no file digests)"
+
     def prepare(self) -> Prepared:
         """Check the preconditions (raise LoadError naming what is missing) and say who hashes
         what."""

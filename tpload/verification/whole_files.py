@@ -15,7 +15,7 @@ from ..text import escape_name
 from . import crosscheck
 from .files import FileHashed, FileHasher, assign_files, file_problems, own_problems
 from .policy import HashPlan, readers
-from .strategy import Job, Prepared, Strategy
+from .strategy import Job, Prepared, Strategy, digest_map
 
 
 class FileDigests(Strategy):
@@ -164,6 +164,9 @@ class SignedFiles(FileDigests):
     def expected(self) -> Mapping[Path, object]:
         return self.signed.expected(self.job.storage.paths())
 
+    def anchor(self) -> str:
+        return f"{self.signed.bundle.name} signs digests {statement(self.signed)}"
+
     def _prepare(self) -> Prepared:
         storage = self.job.storage
         self.signed.check_covered(storage.paths())
@@ -175,3 +178,12 @@ class SignedFiles(FileDigests):
         prepared = super()._prepare()
         prepared.files.expect(self.expected())
         return prepared
+
+
+def statement(signed: object) -> str:
+    """One sha256 over what a verified model.sig signs (each file's digest, or its pieces'): the
+    same on every node holding the same signed statement, wherever its folder sits."""
+    lines = {name: f"{h}:{d}" for name, (h, d) in signed.whole.items()}
+    for name, cuts in signed.pieces.items():
+        lines[name] = ",".join(f"{a}-{b}:{d}" for (a, b), d in sorted(cuts.items()))
+    return digest_map(lines)

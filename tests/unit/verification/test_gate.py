@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from tpload.agreement import AGREED_BYTES
 from tpload.deferred import DeferredTensor
 from tpload.errors import LoadError
 from tpload.plan import Layout
@@ -70,6 +71,41 @@ def test_one_strategy_per_mode_and_anchor(verify: str, files: bool, want: type) 
     assert type(gate.strategy(_job(verify, files=files))) is want
 
 
+def test_each_strategy_names_its_anchor_the_same_whatever_the_mode() -> None:
+    """The handshake compares anchors (agreement.py): a manifest's sha256 whatever the mode (so
+    --verify off on one node is named as the verify mode, not as another anchor), else the folder's
+    whole-file digests, each file by its name inside the folder."""
+    sha = "ab" * 32
+    for verify in ("node", "rank", "digest", "off"):
+        assert gate.strategy(_job(verify)).anchor() == f"manifest sha256 {sha}"
+    assert gate.strategy(_job("off", manifest=False)).anchor() == (
+        "none (no manifest, no file digests)"
+    )
+    job = _job("node", files=True, manifest=False)
+    job.storage.root = Path("/n0/snap")
+    job.storage.file_digests = {Path("/n0/snap/a.safetensors"): "11"}
+    named = gate.strategy(job).anchor()
+    assert named == "file digests " + strategy.digest_map({"a.safetensors": "11"})
+    job.storage.file_digests = {Path("/n0/snap/a.safetensors"): "12"}
+    assert gate.strategy(job).anchor() != named
+
+
+def test_a_signed_folder_s_anchor_is_what_its_bundle_signs_wherever_the_folder_sits() -> None:
+    def bundle(folder: str, a: str = "11") -> SimpleNamespace:
+        pieces = {"b": {(4, 8): "33", (0, 4): "22"}}
+        path = Path(folder) / "model.sig"
+        return SimpleNamespace(whole={"a": ("sha256", a)}, pieces=pieces, bundle=path, what="k")
+
+    here, there = bundle("/n0/x"), bundle("/n1/y")
+    files = whole_files.SignedFiles(_job("node", manifest=False), here)
+    assert files.anchor() == f"model.sig signs digests {whole_files.statement(there)}"
+    assert whole_files.statement(bundle("/n1/y", a="12")) != whole_files.statement(here)
+    signed = gate.SignedManifest(_job("node"), here)
+    assert signed.anchor() == (
+        f"manifest sha256 {'ab' * 32}, model.sig signs {whole_files.statement(here)}"
+    )
+
+
 def test_an_unknown_mode_is_refused() -> None:
     with pytest.raises(ValueError):
         gate.strategy(_job("sometimes"))
@@ -85,8 +121,11 @@ def test_whole_file_locators_need_a_digest_from_this_load() -> None:
 
 def test_the_verdict_names_what_vouched() -> None:
     s = gate.strategy(_job("node"))
-    v = gate.judge([RankFigures(rank=0, seq=1)], s)
+    agreed = "0f" * (AGREED_BYTES // 2)  # what the handshake put in the row (agreement.py)
+    v = gate.judge([RankFigures(rank=0, seq=1, agreed=agreed)], s)
     assert v.passed and v.vouched_by == "the manifest's per-tensor digests"
+    v = gate.judge([RankFigures(rank=0, seq=1)], s)  # a row that never said what it loaded
+    assert not v.passed and "its row does not say what it loaded" in v.problems[0]
     v = gate.judge([RankFigures(rank=0, seq=1, failed=1, message="rank 0: boom")], s)
     assert not v.passed and "boom" in v.problems[0]
 

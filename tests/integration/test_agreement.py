@@ -1,0 +1,140 @@
+"""Every rank proves, before any window is read, that it loads the same thing the same way
+(tpload/agreement.py), on two nodes: two torchrun agents (--nnodes 2, c10d), each with its own
+TPLOAD_NODE_ID and its own copy of the checkpoint, 2 replicas x tp 2. The rest of the cases (another
+checkpoint, a pin on one node, differences through the API, an owner failing mid-window) are in
+tests/slow/test_agreement.py."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from tpload.cli import main
+
+from ..helpers import HERE, free_port, poke
+from .test_multinode import agent
+
+EMBED = str(HERE / "workers" / "embed.py")
+WORLD = 4
+
+
+def ends(procs: list[subprocess.Popen], timeout: float = 240) -> tuple[list[int], str, float]:
+    """Wait for every agent: their exit codes, their output together, the seconds it took."""
+    t0, outs = time.monotonic(), []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=timeout)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    return [p.returncode for p in procs], "\n".join(outs), time.monotonic() - t0
+
+
+def two_nodes(args_of, **extra: str) -> tuple[list[int], str, float]:
+    """Two agents as two nodes; ``args_of(node)``: node's command after torchrun's options."""
+    port = free_port()
+    return ends([agent(n, port, args_of(n), TPLOAD_NODE_ID=f"box{n}", **extra) for n in (0, 1)])
+
+
+def verdict_of(text: str) -> tuple[int, str]:
+    """(reporter, message) of a failed command-line load: every rank ends, one printing the
+    verdict in full (to the next rank's line) and each other pointing to it."""
+    full = {
+        int(m.group(1)): m.group(2)
+        for m in re.finditer(
+            r"\[rank (\d)\] tpload: error: (.*?)(?=\n\S*\[rank \d\]|\Z)", text, re.S
+        )
+    }
+    assert len(full) == 1, text
+    ((reporter, message),) = full.items()
+    for r in range(WORLD):
+        if r != reporter:
+            assert f"[rank {r}] tpload: load failed (see rank {reporter})" in text, (r, text)
+    return reporter, message
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_node_whose_copy_was_tampered_and_remanifested_fails_every_rank_naming_the_anchor(
+    small_ckpt: Path, tmp_path: Path
+) -> None:
+    """Node 1's copy has a flipped weight byte and a manifest written over it (`manifest --force`:
+    the copy agrees with itself). Before the handshake node 0 served node 1's bytes under its own
+    verified table, with exit 0 on every rank."""
+    tampered = tmp_path / "node1"
+    shutil.copytree(small_ckpt, tampered)
+    poke(tampered, "head.weight", 5)
+    assert main(["manifest", str(tampered), "--force"]) == 0
+    mine, theirs = (
+        sha256(small_ckpt / "NATIVE_MANIFEST.json"),
+        sha256(tampered / "NATIVE_MANIFEST.json"),
+    )
+    assert mine != theirs
+    folder = {0: small_ckpt, 1: tampered}
+    rcs, text, _ = two_nodes(
+        lambda n: ["-m", "tpload", "--no-progress", str(folder[n]), "--tp", "2", "--replicas", "2"]
+    )
+    assert rcs[0] != 0 and rcs[1] != 0, text
+    reporter, message = verdict_of(text)
+    assert reporter == 0  # every rank refuses: the lowest prints it
+    assert message.startswith("load failed on rank 0, 1, 2, 3 (4 of 4 ranks); no rank returned")
+    assert (
+        "the ranks do not load the same thing the same way: they differ in the trust anchor "
+        f"(rank 0, 1: 'manifest sha256 {mine[:45]}...'; rank 2, 3: 'manifest sha256 "
+        f"{theirs[:45]}...'); every node must hold the same checkpoint" in message
+    ), message
+    assert "served GB" not in text  # no table: nothing was loaded
+
+
+def test_an_early_failure_or_an_option_that_differs_on_one_node_fails_every_rank_in_seconds(
+    small_ckpt: Path, tmp_path: Path
+) -> None:
+    """Through the API, 2 replicas x tp 2 with --timeout 60: (1) a wrong pin on rank 3 alone, which
+    before the handshake made every rank wait out the timeout and then name rank 3 as dead;
+    (2) node 1 with a flipped copy and `verify="off"`, which node 0 served unhashed; (3) the same
+    group loads together again after both."""
+    flipped = tmp_path / "flipped"
+    shutil.copytree(small_ckpt, flipped)
+    poke(flipped, "head.weight", 5)  # its manifest unchanged: only the verify mode differs
+    common = {"tp": 2, "replicas": 2, "timeout_s": 60.0}
+    off = {"checkpoint": str(flipped), "verify": "off"}
+    calls = [
+        {
+            "checkpoint": str(small_ckpt),
+            "options": common,
+            "per_rank": {"3": {"manifest_sha256": "0" * 64}},
+        },
+        {"checkpoint": str(small_ckpt), "options": common, "per_rank": {"2": off, "3": off}},
+        {"checkpoint": str(small_ckpt), "options": common},
+    ]
+    out = tmp_path / "out"
+    out.mkdir()
+    rcs, text, _ = two_nodes(lambda n: [EMBED, str(out), json.dumps(calls)])
+    assert rcs == [0, 0], text
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    pin, verify, again = zip(*ranks, strict=True)
+    assert not any(o["returned"] for o in pin + verify)
+    assert len({o["error"] for o in pin}) == 1 and len({o["error"] for o in verify}) == 1
+    error = pin[0]["error"]
+    assert error.startswith("load failed on rank 3 (1 of 4 ranks); no rank returned weights\n")
+    assert (
+        "\nrank 3: " in error
+        and "is not the pinned 0000000000000000... (--manifest-sha256)" in error
+    )
+    assert error.endswith("\nrank 0, 1, 2: stopped before the copy loop: rank 3 failed before it")
+    assert "never reached it" not in error
+    assert all(o["seconds"] < 30 for o in pin), [o["seconds"] for o in pin]  # not --timeout
+    assert (
+        "they differ in the verify mode (rank 0, 1: 'node'; rank 2, 3: 'off'); give every rank "
+        "the same --verify" in verify[0]["error"]
+    )
+    assert all(o["returned"] and o["tensors"] > 0 for o in again), again
+    assert again[0]["digest"] == again[2]["digest"] != again[1]["digest"] == again[3]["digest"]

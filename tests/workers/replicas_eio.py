@@ -1,0 +1,64 @@
+"""Run under torchrun (2 replicas x tp WORLD/2; the tests use 4 ranks): rank VICTIM's read fails
+with an OS error mid-load, on its third window read (a read it owns: its receivers wait for the
+window). Injected here, in this process, by putting a directory's descriptor in place of the
+shard's just before that read, so the product's own read path meets a real OSError (EISDIR): the
+product has no switch.
+
+argv: CHECKPOINT OUT_DIR VICTIM TIMEOUT_S. Each rank records its outcome (and the seconds load()
+took) in OUT_DIR/rank{R}.json."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import tpload
+from tpload.storage import files
+
+
+def failing(read_into, after: int):
+    calls = {"n": 0}
+
+    def wrapped(self, offset, out, *, tensor=""):
+        calls["n"] += 1
+        if calls["n"] == after:
+            directory = os.open("/", os.O_RDONLY)
+            os.dup2(directory, self.fd)  # the shard's descriptor now names a directory
+            os.close(directory)
+        return read_into(self, offset, out, tensor=tensor)
+
+    return wrapped
+
+
+def main() -> None:
+    ckpt, out, victim, timeout_s = (
+        sys.argv[1],
+        Path(sys.argv[2]),
+        int(sys.argv[3]),
+        float(sys.argv[4]),
+    )
+    rank = int(os.environ["RANK"])
+    if rank == victim:
+        files.Shard.read_into = failing(files.Shard.read_into, 3)
+    outcome = {"rank": rank, "returned": False, "error": "", "seconds": 0.0}
+    t0 = time.monotonic()
+    try:
+        tpload.load(
+            ckpt,
+            tp=int(os.environ["WORLD_SIZE"]) // 2,
+            replicas=2,
+            progress=False,
+            timeout_s=timeout_s,
+        )
+        outcome["returned"] = True
+    except tpload.LoadError as e:
+        outcome["error"] = str(e)
+    outcome["seconds"] = time.monotonic() - t0
+    (out / f"rank{rank}.json").write_text(json.dumps(outcome))
+
+
+if __name__ == "__main__":
+    main()

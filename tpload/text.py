@@ -31,3 +31,10 @@ def escape_name(name: object) -> str:
     newlines and tabs included, so a name cannot start a line of its own."""
     s = str(name)
     return s if s.isprintable() else "".join(ch if ch.isprintable() else _escape(ch) for ch in s)
+
+
+def plural(count: int, word: str, many: str | None = None) -> str:
+    """``count`` and ``word``, in the plural unless ``count`` is 1 ("1 rank", "2 ranks"; ``many``:
+    an irregular plural). Counts from 10,000 up get thousands separators, as tables print them."""
+    number = f"{count:,}" if abs(count) >= 10_000 else str(count)
+    return f"{number} {word if count == 1 else many or word + 's'}"

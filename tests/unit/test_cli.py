@@ -42,7 +42,7 @@ def test_version(capsys: pytest.CaptureFixture) -> None:
 def test_an_error_exits_1_with_one_line_per_rank(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    assert main([str(tmp_path / "nothing"), "--no-progress"]) == 1
+    assert main([str(tmp_path), "--no-progress"]) == 1  # a folder with no checkpoint in it
     err = capsys.readouterr().err
     assert (
         err.startswith("[rank 0] tpload: error: load failed on rank 0") and "Traceback" not in err

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import signal
 from pathlib import Path
 
 from ..errors import LoadError
-from ..flags import from_args
-from .output import configure_logging, fail_rank, one_line, say
-from .parsers import load_parser
+from ..flags import did_you_mean, from_args
+from ..options import LoadOptions
+from ..text import escape_name, plural
+from .output import configure_logging, fail_rank, one_line, refuse_launch, say
+from .parsers import SUBCOMMANDS, load_parser
 
 
 def on_sigterm(signum: int, frame: object) -> None:
@@ -41,6 +44,30 @@ def first_run_notes(opts_checkpoint: str | None) -> None:
         )
 
 
+def launch_problem(opts: LoadOptions, argv: list[str]) -> str | None:
+    """What is wrong with how the load was started, found in a moment instead of at the rendezvous
+    or the first read: several ranks asked of a process torchrun did not start, or a checkpoint
+    path that is not there."""
+    world = (opts.tp or 1) * opts.ep * opts.replicas
+    if world > 1 and "WORLD_SIZE" not in os.environ:  # no launcher set up a group
+        asked = " ".join(
+            f"--{name} {n}"
+            for name, n in (("tp", opts.tp or 1), ("ep", opts.ep), ("replicas", opts.replicas))
+            if n > 1
+        )
+        return (
+            f"{asked} needs {plural(world, 'rank')}, one process each, but this process was not "
+            f"launched by torchrun; run: torchrun --nproc-per-node {world} -m tpload "
+            f"{shlex.join(argv)}"
+        )
+    if opts.checkpoint is not None and not os.path.exists(opts.checkpoint):
+        guess = did_you_mean(os.fspath(opts.checkpoint), SUBCOMMANDS)  # `tpload verfy DIR`
+        return f"{escape_name(opts.checkpoint)}: checkpoint directory does not exist" + (
+            f"{guess[:-1]} (a subcommand)?" if guess else ""
+        )
+    return None
+
+
 @one_line
 def cmd_load(argv: list[str]) -> int:
     args = load_parser().parse_args(argv)
@@ -52,6 +79,9 @@ def cmd_load(argv: list[str]) -> int:
         if args.dir and given and args.dir != given:
             raise LoadError(f"two checkpoints given: {args.dir} and --checkpoint {given}")
         opts = from_args(args, extra={"checkpoint": args.dir or given})
+        problem = launch_problem(opts, argv)
+        if problem is not None:
+            return refuse_launch(problem, rank)
         first_run_notes(opts.checkpoint)
         from dataclasses import replace
 

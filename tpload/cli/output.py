@@ -10,9 +10,14 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import LoadError
+from ..flags import first_on_node
 from ..text import printable
+
+if TYPE_CHECKING:  # annotations only: report/ imports torch, which a command may never need
+    from ..report.progress import Meter
 
 
 def say(text: str) -> None:
@@ -53,6 +58,30 @@ def fail_rank(e: LoadError, rank: str) -> int:
     say(line)
     _error_file(line, root_cause=first or reporter is None)
     return 1
+
+
+def refuse_launch(message: str, rank: str, *, code: int = 1) -> int:
+    """A load refused before it starts (no rendezvous, no heavy imports): every rank of a node finds
+    the same fault, so its lowest local rank says it, one line, and names it in torchrun's error
+    file; the others exit ``code`` quietly, their error files pointing to it."""
+    if first_on_node():
+        line = f"[rank {rank}] tpload: error: {printable(message)}"
+        say(line)
+        _error_file(line, root_cause=True)
+    else:
+        _error_file(
+            f"[rank {rank}] tpload: refused before the load (see local rank 0)", root_cause=False
+        )
+    return code
+
+
+def progress_of(command: str) -> Meter:
+    """``command``'s progress, as a load's (report/progress.py): a bar on a terminal, else a log
+    line every few seconds, both on stderr; tpload's log at INFO, so the lines show."""
+    from ..report.progress import meter
+
+    configure_logging("INFO")
+    return meter(command)
 
 
 def _error_file(line: str, *, root_cause: bool) -> None:

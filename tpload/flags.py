@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import os
 import re
 import typing
 from collections.abc import Callable, Iterable, Mapping
@@ -20,12 +19,6 @@ def choice_words(choices: Iterable[object]) -> list[object]:
     """A flag's choices as the words typed: a StrEnum member is its value (argparse lists choices
     by ``repr``, which for a member is ``<Kind.PACKED: 'packed'>``)."""
     return [c.value if isinstance(c, Enum) else c for c in choices]
-
-
-def first_on_node() -> bool:
-    """Whether this process speaks for its node: the lowest local rank under torchrun (every rank
-    parses the same flags, so one message a node says it), or a process on its own."""
-    return os.environ.get("LOCAL_RANK", "0") == "0"
 
 
 def closest(word: str, known: Iterable[str]) -> str | None:
@@ -44,8 +37,8 @@ def did_you_mean(word: str, known: Iterable[str]) -> str:
 class Parser(argparse.ArgumentParser):
     """Every subcommand's parser: a bad flag ends in one line (``tpload: error: ...``, exit 2), like
     every other error, instead of the usage block and a second line, with the closest flag or choice
-    to a mistyped one; under torchrun only the node's lowest local rank prints it (the others exit
-    2 as quietly)."""
+    to a mistyped one (the command line's parsers also say it once under torchrun:
+    ``tpload.cli.parsers``)."""
 
     def add_argument(self, *args: typing.Any, **kwargs: typing.Any) -> argparse.Action:
         if kwargs.get("choices") is not None:
@@ -63,8 +56,10 @@ class Parser(argparse.ArgumentParser):
             )
 
     def error(self, message: str) -> typing.NoReturn:
-        if not first_on_node():
-            self.exit(2)
+        self.exit(2, self.error_line(message) + "\n")
+
+    def error_line(self, message: str) -> str:
+        """argparse's ``message`` as tpload says it, with the closest flag to an unknown one."""
         unknown = re.fullmatch(r"unrecognized arguments: (.*)", message)
         if unknown:
             flags = [a.split("=", 1)[0] for a in unknown.group(1).split() if a.startswith("-")]
@@ -74,7 +69,7 @@ class Parser(argparse.ArgumentParser):
                 message += f"; did you mean {guesses[0][1]}?"
             else:
                 message += "".join(f"; {a}: did you mean {g}?" for a, g in guesses)
-        self.exit(2, f"tpload: error: {message} (usage: {self.prog} --help)\n")
+        return f"tpload: error: {message} (usage: {self.prog} --help)"
 
 
 @dataclass(frozen=True)
@@ -109,7 +104,9 @@ def add_cli_only(parser: argparse.ArgumentParser, version: str) -> None:
         metavar=log_level.metavar,
         help=f"{log_level.help} (default {log_level.default})",
     )
-    parser.add_argument(version_flag.flag, action="version", version=f"tpload {version}")
+    parser.add_argument(
+        version_flag.flag, action="version", version=f"tpload {version}", help=version_flag.help
+    )
 
 
 def check_flags(ns: argparse.Namespace, *, checkpoint: str | None = None) -> None:

@@ -35,6 +35,5 @@ def escape_name(name: object) -> str:
 
 def plural(count: int, word: str, many: str | None = None) -> str:
     """``count`` and ``word``, in the plural unless ``count`` is 1 ("1 rank", "2 ranks"; ``many``:
-    an irregular plural). Counts from 10,000 up get thousands separators, as tables print them."""
-    number = f"{count:,}" if abs(count) >= 10_000 else str(count)
-    return f"{number} {word if count == 1 else many or word + 's'}"
+    an irregular plural), the count with thousands separators ("91,991 tensors")."""
+    return f"{count:,} {word if count == 1 else many or word + 's'}"

@@ -9,7 +9,7 @@ import signal
 from pathlib import Path
 
 from ..errors import LoadError
-from ..flags import did_you_mean, from_args
+from ..flags import closest, from_args
 from ..options import LoadOptions
 from ..text import escape_name, plural
 from .output import configure_logging, fail_rank, one_line, refuse_launch, say
@@ -61,17 +61,25 @@ def launch_problem(opts: LoadOptions, argv: list[str]) -> str | None:
             f"{shlex.join(argv)}"
         )
     if opts.checkpoint is not None and not os.path.exists(opts.checkpoint):
-        guess = did_you_mean(os.fspath(opts.checkpoint), SUBCOMMANDS)  # `tpload verfy DIR`
-        return f"{escape_name(opts.checkpoint)}: checkpoint directory does not exist" + (
-            f"{guess[:-1]} (a subcommand)?" if guess else ""
-        )
+        return missing(os.fspath(opts.checkpoint))
     return None
+
+
+def missing(path: str) -> str:
+    """A checkpoint path that is not there, and the subcommand it may be a typo of."""
+    guess = closest(path, SUBCOMMANDS)
+    return f"{escape_name(path)}: checkpoint directory does not exist" + (
+        f"; did you mean {guess} (a subcommand)?" if guess else ""
+    )
 
 
 @one_line
 def cmd_load(argv: list[str]) -> int:
-    args = load_parser().parse_args(argv)
     rank = os.environ.get("RANK", "0")
+    typo = argv[0] if argv and not argv[0].startswith("-") else None
+    if typo and closest(typo, SUBCOMMANDS) and not os.path.exists(typo):  # `tpload verfy DIR`
+        return refuse_launch(missing(typo), rank)  # (before the parser: DIR would be one too many)
+    args = load_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, on_sigterm)
     try:
         configure_logging(args.log_level)

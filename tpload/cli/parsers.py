@@ -4,11 +4,25 @@ the options table (:func:`tpload.flags.add_flags`); the rest are each subcommand
 from __future__ import annotations
 
 import argparse
+import os
+import typing
 
-from .. import __version__
+from .. import __version__, flags
 from ..bounds import COUNT, GIB, RANKS, SEED, THREADS
-from ..flags import Parser, add_cli_only, add_flags
+from ..flags import add_cli_only, add_flags
 from ..options import KINDS
+from .output import once_a_node
+
+
+class Parser(flags.Parser):
+    """The command line's parsers: under torchrun every rank parses the same flags, so a bad one is
+    said once a node (:func:`~tpload.cli.output.once_a_node`), and every rank exits 2."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        rank = os.environ.get("RANK", "?")
+        once_a_node(self.error_line(message), f"[rank {rank}] tpload: bad flags (see local rank 0)")
+        self.exit(2)
+
 
 SUBCOMMANDS = ("synth", "plan", "verify", "manifest", "bench", "export", "attest")
 """``python -m tpload NAME ...``; anything else is the load's flags."""

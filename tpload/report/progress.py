@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from ..text import plural
+
 log = logging.getLogger("tpload")
 
 EVERY_S = 2.0
@@ -35,7 +37,7 @@ class Meter(Protocol):
     what each update counts)."""
 
     def __call__(
-        self, total_bytes: int, total_tensors: int, what: str = "", unit: str = "tensors"
+        self, total_bytes: int, total_tensors: int, what: str = "", unit: str = "tensor"
     ) -> ProgressSink: ...
 
 
@@ -50,7 +52,7 @@ class Silent:
 
 
 def silent(
-    total_bytes: int, total_tensors: int, what: str = "", unit: str = "tensors"
+    total_bytes: int, total_tensors: int, what: str = "", unit: str = "tensor"
 ) -> ProgressSink:
     """The :class:`Meter` of a caller that shows no progress (the library's, the tests')."""
     return Silent()
@@ -61,7 +63,7 @@ def meter(command: str) -> Meter:
     pass), and no closing line (the command prints its own result)."""
 
     def sink(
-        total_bytes: int, total_tensors: int, what: str = "", unit: str = "tensors"
+        total_bytes: int, total_tensors: int, what: str = "", unit: str = "tensor"
     ) -> ProgressSink:
         label = f"{command} {what}" if what else command
         return Progress(total_bytes, total_tensors, label=label, unit=unit, done=None)
@@ -86,7 +88,7 @@ class Progress:
         total_tensors: int,
         *,
         label: str = "[rank 0]",
-        unit: str = "tensors",
+        unit: str = "tensor",
         done: str | None = LOAD_DONE,
         every_s: float | None = None,
         now: Callable[[], float] = time.perf_counter,
@@ -118,11 +120,10 @@ class Progress:
         if now - self._last >= self.every_s:
             self._last = now
             log.info(
-                "%s %d/%d %s, %.2f/%.2f GB, %.2f GB/s, ETA %.0f s",
+                "%s %s/%s, %.2f/%.2f GB, %.2f GB/s, ETA %.0f s",
                 self.label,
-                self.tensors,
-                self.total_tensors,
-                self.unit,
+                f"{self.tensors:,}",
+                plural(self.total_tensors, self.unit),
                 self.bytes / 1e9,
                 self.total_bytes / 1e9,
                 self.rate() / 1e9,
@@ -147,10 +148,9 @@ class Progress:
         interrupted = sys.exc_info()[1] is not None
         if self.done and not interrupted and self._now() - self.t0 >= self.every_s:
             log.info(
-                "%s read %d %s (%.2f GB) in %.0f s; %s",
+                "%s read %s (%.2f GB) in %.0f s; %s",
                 self.label,
-                self.tensors,
-                self.unit,
+                plural(self.tensors, self.unit),
                 self.bytes / 1e9,
                 self._now() - self.t0,
                 self.done,

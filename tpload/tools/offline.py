@@ -200,7 +200,7 @@ def _file_problems(
     digests = storage.file_digests if digests is None else digests
     files = sorted(digests)
     sink = (
-        progress(sum(_size(f) for f in files), len(files), unit="files")
+        progress(sum(_size(f) for f in files), len(files), unit="file")
         if progress is not None
         else None
     )

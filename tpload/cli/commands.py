@@ -110,9 +110,12 @@ def _gpu_memory(asked: float | None) -> tuple[int, str] | None:
         return int(asked * 2**30), f"--gpu-memory {asked:g}"
     import torch
 
-    if not torch.cuda.is_available():
+    try:
+        if not torch.cuda.is_available():
+            return None
+        props = torch.cuda.get_device_properties(0)
+    except RuntimeError:  # a driver that cannot start: the plan stands without a verdict
         return None
-    props = torch.cuda.get_device_properties(0)
     return int(props.total_memory), f"this machine's cuda:0, {printable(props.name)}"
 
 

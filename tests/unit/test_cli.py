@@ -380,6 +380,22 @@ def test_a_missing_folder_is_one_line_a_node_and_exit_1_on_every_rank(
     ) and int(docs["1"]["extraInfo"]["timestamp"]) > int(docs["0"]["extraInfo"]["timestamp"])
 
 
+def test_on_several_nodes_a_missing_folder_is_left_to_the_load_s_exchanged_verdict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tpload.cli.load import launch_problem
+    from tpload.options import LoadOptions
+
+    opts = LoadOptions(checkpoint=str(tmp_path / "nowhere"))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # one node: every rank sees the same folder
+    assert "checkpoint directory does not exist" in launch_problem(opts, [])
+    # two nodes: the folder may be there on the other one, whose ranks would wait at the
+    # rendezvous for ranks that never come; the load's check reaches every rank instead
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert launch_problem(opts, []) is None
+
+
 def test_launch_mistakes_are_found_before_torch_is_imported(tmp_path: Path) -> None:
     import subprocess
     import sys

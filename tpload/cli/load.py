@@ -47,7 +47,9 @@ def first_run_notes(opts_checkpoint: str | None) -> None:
 def launch_problem(opts: LoadOptions, argv: list[str]) -> str | None:
     """What is wrong with how the load was started, found in a moment instead of at the rendezvous
     or the first read: several ranks asked of a process torchrun did not start, or a checkpoint
-    path that is not there."""
+    path that is not there (on one node only: on several, a folder missing on one node would leave
+    the others waiting at the rendezvous until --timeout, so there the load's own check says it,
+    on every rank through the exchange)."""
     world = (opts.tp or 1) * opts.ep * opts.replicas
     if world > 1 and "WORLD_SIZE" not in os.environ:  # no launcher set up a group
         asked = " ".join(
@@ -60,7 +62,8 @@ def launch_problem(opts: LoadOptions, argv: list[str]) -> str | None:
             f"launched by torchrun; run: torchrun --nproc-per-node {world} -m tpload "
             f"{shlex.join(argv)}"
         )
-    if opts.checkpoint is not None and not os.path.exists(opts.checkpoint):
+    one_node = os.environ.get("WORLD_SIZE", "1") == os.environ.get("LOCAL_WORLD_SIZE", "1")
+    if one_node and opts.checkpoint is not None and not os.path.exists(opts.checkpoint):
         return missing(os.fspath(opts.checkpoint))
     return None
 
@@ -77,7 +80,7 @@ def missing(path: str) -> str:
 def cmd_load(argv: list[str]) -> int:
     rank = os.environ.get("RANK", "0")
     typo = argv[0] if argv and not argv[0].startswith("-") else None
-    if typo and closest(typo, SUBCOMMANDS) and not os.path.exists(typo):  # `tpload verfy DIR`
+    if typo and closest(typo, SUBCOMMANDS) and not os.path.exists(typo):  # `tpload verfy DIR`:
         return refuse_launch(missing(typo), rank)  # (before the parser: DIR would be one too many)
     args = load_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, on_sigterm)

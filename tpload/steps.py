@@ -27,12 +27,12 @@ from .verification.hashing import Hasher
 def config_of(storage: Storage, opts: LoadOptions, ctx: DistContext, notes: list[str]) -> Config:
     """The config the load plans by (``--config``, or picked from config.json against the
     catalogue's pins) with the load's skip and defer rules; why it was picked goes into ``notes``
-    (and rank 0's log)."""
+    (the report's, which the table prints: at DEBUG rank 0's log says it as it is picked too)."""
     config, why = choose(opts.config, storage.root, pins=storage.catalogue.pins)
     if why:
         notes.append(why)
         if ctx.rank == 0:
-            rank_log(0).info("%s", why)
+            rank_log(0).debug("%s", why)
     return with_rules(
         config,
         skip=opts.skip,

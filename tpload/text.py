@@ -31,3 +31,9 @@ def escape_name(name: object) -> str:
     newlines and tabs included, so a name cannot start a line of its own."""
     s = str(name)
     return s if s.isprintable() else "".join(ch if ch.isprintable() else _escape(ch) for ch in s)
+
+
+def plural(count: int, word: str, many: str | None = None) -> str:
+    """``count`` and ``word``, in the plural unless ``count`` is 1 ("1 rank", "2 ranks"; ``many``:
+    an irregular plural), the count with thousands separators ("91,991 tensors")."""
+    return f"{count:,} {word if count == 1 else many or word + 's'}"

@@ -25,7 +25,7 @@ def test_readme_default_loads_the_builtin_checkpoint(tmp_path: Path) -> None:
 
 
 def test_a_failed_load_prints_its_message_once_and_torchrun_names_it(tmp_path: Path) -> None:
-    run = tpload_cli(2, str(tmp_path / "nowhere"))
+    run = tpload_cli(2, str(tmp_path))  # a folder with no checkpoint: found by the load itself
     assert run.rc != 0
     lines = run.text.splitlines()
     head = (
@@ -49,3 +49,16 @@ def test_a_failed_load_prints_its_message_once_and_torchrun_names_it(tmp_path: P
     assert len(ours) <= 4 and len(lines) <= 50, (
         run.text
     )  # torchrun's summary and traceback: ~40 lines
+
+
+def test_a_mistyped_flag_under_torchrun_is_said_once_with_the_closest() -> None:
+    run = tpload_cli(2, "--tpp", "2")
+    said = (
+        "tpload: error: unrecognized arguments: --tpp; did you mean --tp? (usage: python -m tpload "
+        "--help)"
+    )
+    assert run.rc != 0 and said in run.err.splitlines()
+    assert run.err.count("did you mean --tp?") == 2  # once from the ranks, once in the summary
+    # the speaker exits first (the others wait a moment): torchrun names its line the root cause
+    summary = run.err.split("Root Cause (first observed failure):", 1)[1]
+    assert f"traceback : {said}" in summary and "exitcode  : 2" in summary, run.err

@@ -42,7 +42,7 @@ def test_version(capsys: pytest.CaptureFixture) -> None:
 def test_an_error_exits_1_with_one_line_per_rank(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    assert main([str(tmp_path / "nothing"), "--no-progress"]) == 1
+    assert main([str(tmp_path), "--no-progress"]) == 1  # a folder with no checkpoint in it
     err = capsys.readouterr().err
     assert (
         err.startswith("[rank 0] tpload: error: load failed on rank 0") and "Traceback" not in err
@@ -341,3 +341,343 @@ def test_readme_s_exit_codes_are_what_its_examples_exit_with(
             assert got == code, (example, err)
             assert ("(usage: " in err) == (code == 2) and ("invalid option" in err) == (code == 1)
     assert list(tmp_path.iterdir()) == []  # refused before anything was written
+
+
+# -- what a new user meets first (issue 28) ---------------------------------------------------
+
+
+def test_several_ranks_asked_outside_torchrun_name_the_torchrun_line(
+    small_ckpt: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert main([str(small_ckpt), "--tp", "2", "--ep", "2", "--no-progress"]) == 1
+    assert capsys.readouterr().err == (
+        "[rank 0] tpload: error: --tp 2 --ep 2 needs 4 ranks, one process each, but this process "
+        f"was not launched by torchrun; run: torchrun --nproc-per-node 4 -m tpload {small_ckpt} "
+        "--tp 2 --ep 2 --no-progress\n"
+    )
+
+
+def test_a_missing_folder_is_one_line_a_node_and_exit_1_on_every_rank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    import tpload.cli.output
+
+    monkeypatch.setattr(tpload.cli.output, "QUIET_GRACE_S", 0.0)
+    missing = tmp_path / "nowhere"
+    files = {rank: tmp_path / f"error-{rank}.json" for rank in ("0", "1")}
+    for rank, file in files.items():  # two ranks of one node, as torchrun starts them
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("LOCAL_RANK", rank)
+        monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(file))
+        assert main([str(missing)]) == 1
+    line = f"[rank 0] tpload: error: {missing}: checkpoint directory does not exist"
+    assert capsys.readouterr().err == line + "\n"
+    docs = {rank: json.loads(file.read_text())["message"] for rank, file in files.items()}
+    assert docs["0"]["message"] == line  # torchrun's summary quotes it as the root cause
+    assert docs["1"]["message"] == (
+        "[rank 1] tpload: refused before the load (see local rank 0)"
+    ) and int(docs["1"]["extraInfo"]["timestamp"]) > int(docs["0"]["extraInfo"]["timestamp"])
+
+
+def test_on_several_nodes_a_missing_folder_is_left_to_the_load_s_exchanged_verdict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tpload.cli.load import launch_problem
+    from tpload.options import LoadOptions
+
+    opts = LoadOptions(checkpoint=str(tmp_path / "nowhere"))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # one node: every rank sees the same folder
+    assert "checkpoint directory does not exist" in launch_problem(opts, [])
+    # two nodes: the folder may be there on the other one, whose ranks would wait at the
+    # rendezvous for ranks that never come; the load's check reaches every rank instead
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert launch_problem(opts, []) is None
+
+
+def test_launch_mistakes_are_found_before_torch_is_imported(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from tpload.cli import main; rc = main(sys.argv[1:]); "
+        "print(rc, 'torch' in sys.modules)"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    said = {}
+    for argv in ([str(tmp_path / "nowhere")], [str(tmp_path), "--tp", "2"], ["verfy", "DIR"]):
+        p = subprocess.run(
+            [sys.executable, "-c", code, *argv],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=Path(__file__).parents[2],
+            timeout=120,
+        )
+        assert p.stdout.split() == ["1", "False"], (argv, p.stdout, p.stderr)
+        said[argv[0]] = one_line(p.stderr)
+    assert said["verfy"] == (
+        "[rank 0] tpload: error: verfy: checkpoint directory does not exist; did you mean verify "
+        "(a subcommand)?\n"
+    )
+    assert "this process was not launched by torchrun" in said[str(tmp_path)]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["verify", "{x}"],
+        ["plan", "{x}", "--tp", "1"],
+        ["manifest", "{x}"],
+        ["export", "{x}", "{out}", "--tp", "1"],
+        ["attest", "verify", "{out}", "--checkpoint", "{x}"],
+    ],
+)
+def test_a_subcommand_on_a_missing_folder_says_so_first(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    missing = tmp_path / "nowhere"
+    argv = [a.format(x=missing, out=tmp_path / "out") for a in argv]
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    # no config line about "the reference native layout" first: nothing is chosen for no folder
+    assert out == "" and err == f"tpload: error: {missing}: checkpoint directory does not exist\n"
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["--tpp", "2"], "unrecognized arguments: --tpp; did you mean --tp?"),
+        (
+            ["DIR", "--kind", "expand"],
+            "argument --kind: invalid choice: 'expand' (choose from packed, expanded); did you "
+            "mean expanded?",
+        ),
+        (
+            ["DIR", "--verify", "nodes"],
+            "argument --verify: invalid choice: 'nodes' (choose from node, rank, digest, off); did "
+            "you mean node?",
+        ),
+        (
+            ["plan", "DIR", "--tp", "1", "--kind", "expand"],
+            "(choose from packed, expanded); did you mean expanded?",
+        ),
+        (
+            ["DIR", "--kindd", "packed", "--tpp", "2"],
+            "unrecognized arguments: --kindd packed --tpp 2; --kindd: did you mean --kind?; --tpp: "
+            "did you mean --tp?",
+        ),
+    ],
+)
+def test_a_mistyped_flag_or_choice_is_one_line_with_the_closest(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture
+) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = one_line(capsys.readouterr().err)
+    assert e.value.code == 2 and said in err and "<Kind" not in err and "Verify." not in err
+
+
+def test_a_bad_flag_on_a_node_s_other_ranks_exits_2_quietly(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    import tpload.cli.output
+
+    monkeypatch.setattr(tpload.cli.output, "QUIET_GRACE_S", 0.0)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(SystemExit) as e:
+        main(["--tpp", "2"])
+    assert e.value.code == 2 and capsys.readouterr().err == ""
+
+
+def test_a_load_names_its_config_once(
+    small_ckpt: Path, capsys: pytest.CaptureFixture, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("INFO", logger="tpload"):
+        assert main([str(small_ckpt), "--no-progress"]) == 0
+    said = capsys.readouterr().out + caplog.text
+    assert said.count("so it is read as tpload's reference native layout") == 1, said
+
+
+def test_manifest_prints_the_pin_that_a_load_then_accepts(
+    ckpt_copy: Path, capsys: pytest.CaptureFixture
+) -> None:
+    import hashlib
+
+    assert main(["manifest", str(ckpt_copy), "--force"]) == 0
+    out = capsys.readouterr().out.strip()
+    sha = hashlib.sha256((ckpt_copy / "NATIVE_MANIFEST.json").read_bytes()).hexdigest()
+    assert out == (
+        f"wrote {ckpt_copy / 'NATIVE_MANIFEST.json'}; pin loads to it with --manifest-sha256 {sha}"
+    )
+    assert main(["verify", str(ckpt_copy), "--config", "none"]) == 0
+    assert f"(pin loads to it with --manifest-sha256 {sha})" in capsys.readouterr().out
+    assert main([str(ckpt_copy), "--no-progress", *out.split()[-2:]]) == 0  # the flag as printed
+
+
+def test_plan_judges_the_peak_against_a_gpu_in_the_load_table_s_units(
+    small_ckpt: Path, capsys: pytest.CaptureFixture
+) -> None:
+    import torch
+
+    assert main(["plan", str(small_ckpt), "--tp", "2"]) == 0
+    out = capsys.readouterr().out
+    head = next(line for line in out.splitlines() if line.split()[:2] == ["rank", "node"])
+    assert "read GB" in head and "hash GB" in head  # bytes moved: GB, as the load table
+    assert "device GiB" in head and "transient GiB" in head and "peak dev GiB" in head
+    peak = float(re.search(r"peak device memory ([\d.]+) GiB", out).group(1))
+    assert peak > 0 and re.search(r"peak RSS [\d.]+ GiB$", out.strip())
+    if not torch.cuda.is_available():  # no GPU and no --gpu-memory: no size to judge against
+        assert "fit" not in out
+    assert main(["plan", str(small_ckpt), "--tp", "2", "--gpu-memory", "1"]) == 0
+    fits = [line for line in capsys.readouterr().out.splitlines() if "fit" in line]
+    assert fits == [
+        f"fits a GPU of 1.00 GiB (--gpu-memory 1): the highest peak, rank 0's {peak:.3f} GiB, "
+        f"leaves {1 - peak:.3f} GiB (a load's pre-flight checks the device's free memory less "
+        "--reserve-gib)"
+    ]
+    assert main(["plan", str(small_ckpt), "--tp", "2", "--gpu-memory", "1e-6"]) == 0
+    assert "does not fit a GPU of 0.00 GiB (--gpu-memory 1e-06): 2 of 2 ranks peak above it" in (
+        capsys.readouterr().out
+    )
+
+
+def test_synth_s_help_says_which_presets_write_config_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["synth", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert (
+        "small, medium, seed: the reference native layout of docs/format.md (shards, index and "
+        "NATIVE_MANIFEST.json; no config.json" in help_text
+    )
+    assert "NAME-tiny, deepseek-v3-deep, many-tensors: a published family's layout" in help_text
+    assert main(["synth", str(tmp_path / "small")]) == 0
+    assert main(["synth", str(tmp_path / "llama"), "--preset", "llama-tiny"]) == 0
+    assert not (tmp_path / "small" / "config.json").exists()
+    assert (tmp_path / "llama" / "config.json").is_file()
+
+
+# -- progress (issue 28 item 7, 14) ------------------------------------------------------------
+
+LINE = r"{label} \d+/\d+ (tensors|files), [\d.]+/[\d.]+ GB, [\d.]+ GB/s, ETA \d+ s"
+
+
+def test_the_long_commands_show_the_load_s_progress_and_never_on_stdout(
+    small_ckpt: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import shutil
+
+    import tpload.report.progress
+
+    attestation = tmp_path / "att.json"
+    assert main([str(small_ckpt), "--no-progress", "--attest", str(attestation)]) == 0
+    copy = tmp_path / "copy"
+    shutil.copytree(small_ckpt, copy)
+    # a line at every tensor: none of these takes the 2 s the first line waits for
+    monkeypatch.setattr(tpload.report.progress, "EVERY_S", 0.0)
+    runs = {
+        "synth writing": ["synth", str(tmp_path / "s")],
+        "manifest": ["manifest", str(copy), "--force"],
+        "verify": ["verify", str(small_ckpt)],
+        "export checking": ["export", str(small_ckpt), str(tmp_path / "x"), "--tp", "2"],
+        "export writing rank": ["export", str(small_ckpt), str(tmp_path / "y"), "--tp", "2"],
+        "plan --digest rank 1 of 2": ["plan", str(small_ckpt), "--tp", "2", "--digest"],
+        "attest verify rank 0 of 1": [
+            "attest",
+            "verify",
+            str(attestation),
+            "--checkpoint",
+            str(small_ckpt),
+        ],
+    }
+    for label, argv in runs.items():
+        capsys.readouterr()
+        caplog.clear()
+        with caplog.at_level("INFO", logger="tpload"):
+            assert main(argv) == 0, argv
+        said = [r.getMessage() for r in caplog.records if r.name == "tpload"]
+        pattern = LINE.format(label=re.escape(label) + r"\S*")
+        assert any(re.fullmatch(pattern, m) for m in said), (label, said)
+        assert "GB/s" not in capsys.readouterr().out, label
+
+
+def test_progress_is_a_bar_on_a_terminal_and_lines_otherwise_both_on_stderr(
+    small_ckpt: Path,
+) -> None:
+    import fcntl
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+    import threading
+
+    code = (
+        "import sys, tpload.report.progress as p; p.EVERY_S = 0.0; from tpload.cli import main; "
+        "sys.exit(main(sys.argv[1:]))"
+    )
+    argv = [sys.executable, "-c", code, "verify", str(small_ckpt), "--config", "none"]
+    root = Path(__file__).parents[2]
+    piped = subprocess.run(argv, capture_output=True, text=True, cwd=root, timeout=120)
+    assert piped.returncode == 0 and "GB/s" not in piped.stdout
+    assert re.search(LINE.format(label="verify"), piped.stderr), piped.stderr
+    main_fd, term = pty.openpty()
+    fcntl.ioctl(term, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a sized terminal
+    shown = bytearray()
+
+    def pump() -> None:
+        while True:
+            try:
+                chunk = os.read(main_fd, 65536)
+            except OSError:  # the terminal closed
+                return
+            if not chunk:
+                return
+            shown.extend(chunk)
+
+    reader = threading.Thread(target=pump)
+    reader.start()
+    on_tty = subprocess.run(argv, stdout=subprocess.PIPE, stderr=term, cwd=root, timeout=120)
+    os.close(term)
+    reader.join(timeout=10)
+    os.close(main_fd)
+    text = shown.decode(errors="replace")
+    assert on_tty.returncode == 0 and b"B/s" not in on_tty.stdout
+    assert re.search(r"verify: +\d+%\|.*B/s\]", text), text  # tqdm's bar: rate and time left
+    assert "tpload INFO" not in text  # no plain lines on a terminal
+
+
+def test_ctrl_c_during_a_load_says_interrupted_and_not_that_hashes_are_finishing(
+    small_ckpt: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import tpload.report.progress as progress
+
+    monkeypatch.setattr(progress, "EVERY_S", 0.0)
+    with caplog.at_level("INFO", logger="tpload"):
+        assert main([str(small_ckpt)]) == 0  # a finished load ends its progress with the line
+    assert "finishing the last hashes, then the ranks' verdict" in caplog.text
+    caplog.clear()
+    capsys.readouterr()
+    real = progress.Progress.update
+
+    def update(self: progress.Progress, nbytes: int) -> None:
+        real(self, nbytes)
+        if self.tensors == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(progress.Progress, "update", update)
+    with caplog.at_level("INFO", logger="tpload"):  # the ranks' verdict: rank 0 was interrupted
+        assert main([str(small_ckpt)]) == 1
+    err = capsys.readouterr().err
+    assert "[rank 0] 3/" in caplog.text and "rank 0: interrupted (Ctrl-C)" in err
+    assert "finishing" not in caplog.text + err and "Traceback" not in err

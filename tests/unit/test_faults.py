@@ -259,7 +259,7 @@ FAULTS: dict[str, tuple[Callable[[Path], None], dict, tuple[str, ...]]] = {
     "config-misses-tensors": (
         lambda r: (r / "c.toml").write_text('[[rules]]\nmatch = "mtp.*"\nrole = "plain"\n'),
         {"config": "CKPT/c.toml"},
-        ("match no rule", "head.weight"),
+        ("1 tensor matches no rule", "head.weight"),
     ),
     "checkpoint-missing": (
         lambda r: os.rename(r, r.with_name("gone")),

@@ -107,3 +107,26 @@ def test_subcommand_numbers_use_the_same_rules(capsys: pytest.CaptureFixture) ->
             and err.count("\n") == 1
             and err.startswith("tpload: error: " + needle)
         ), (argv, err)
+
+
+def test_the_command_line_s_own_flags_are_in_readme_s_table_and_the_parser() -> None:
+    from tpload.cli.parsers import load_parser
+    from tpload.flags import CLI_ONLY, flags_markdown
+
+    table = flags_markdown()
+    assert "| `--log-level LEVEL` | - | INFO | tpload's logging level;" in table
+    assert "| `--version` | - | - | print tpload's version and exit |" in table
+    actions = {a.option_strings[0]: a for a in load_parser()._actions if a.option_strings}
+    for extra in CLI_ONLY:
+        assert extra.flag in actions and actions[extra.flag].help.startswith(extra.help[:40])
+
+
+def test_a_strenum_flag_lists_its_choices_as_typed() -> None:
+    from tpload.cli.parsers import plan_parser
+
+    generated = argparse.ArgumentParser()  # a plain parser given the options' flags
+    add_flags(generated, only=("kind",))
+    for parser in (plan_parser(), generated):
+        kinds = next(a for a in parser._actions if a.dest == "kind")
+        assert kinds.choices == ["packed", "expanded"]
+        assert all(type(c) is str for c in kinds.choices)  # not the members: argparse reprs them

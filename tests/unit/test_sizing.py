@@ -68,3 +68,35 @@ def test_planning_imports_neither_numba_nor_the_kernels() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_plan_speaks_the_load_table_s_units_and_judges_a_gpu(qwen: Path) -> None:
+    from tpload.tools.sizing import GIB, HostMemory, RankCost, fit_line, render_costs
+
+    layout = Layout(2, 2)
+    with planning(qwen, load_config("qwen3+fp8-block"), layout) as planner:
+        plans = [planner.plan(layout, "packed", r) for r in range(4)]
+        ranks, nodes = costs(plans, planner.catalogue, 2)
+    text = render_costs(ranks, nodes, ["-"] * 4, HostMemory(), every_rank=True, fit="FIT")
+    lines = text.splitlines()
+    for r in ranks:  # memory in GiB, bytes moved in GB, each from the plan's own figures
+        row = lines[1 + r.rank].split()
+        assert row[3:5] == [f"{r.read_bytes / 1e9:.3f}", f"{r.hash_bytes / 1e9:.3f}"]
+        assert row[5:8] == [
+            f"{b / 2**30:.3f}" for b in (r.arena_bytes, r.transient_bytes, r.device_peak)
+        ]
+    at = next(k for k, line in enumerate(lines) if line.startswith("peak device memory"))
+    assert lines[at].endswith("GiB)") and lines[at + 1] == "FIT"  # the verdict under the peak
+    two = [RankCost(r, 0, 1, 0, 0, arena, GIB // 2) for r, arena in ((0, 81 * GIB), (1, 70 * GIB))]
+    assert fit_line(two, 80 * GIB, "--gpu-memory 80") == (
+        "does not fit a GPU of 80.00 GiB (--gpu-memory 80): 1 of 2 ranks peak above it, rank 0 at "
+        "81.500 GiB, 1.500 GiB over; more ranks (a larger tp x ep) spread the bytes thinner"
+    )
+    assert fit_line(two, 141 * GIB, "cuda:0") == (
+        "fits a GPU of 141.00 GiB (cuda:0): the highest peak, rank 0's 81.500 GiB, leaves 59.500 "
+        "GiB (a load's pre-flight checks the device's free memory less --reserve-gib)"
+    )
+    exact = [RankCost(0, 0, 1, 0, 0, 80 * GIB - GIB // 2, GIB // 2)]  # at the size: it fits
+    assert fit_line(exact, 80 * GIB, "x").startswith("fits") and "leaves 0.000 GiB" in fit_line(
+        exact, 80 * GIB, "x"
+    )

@@ -4,7 +4,7 @@
         load (the main job; flags: --help)
     python -m tpload synth DIR [--preset small|medium|seed] [--hidden H ...]
         write a synthetic checkpoint
-    python -m tpload plan DIR --tp T [--ep E] [--kind K] [--digest [--write]]
+    python -m tpload plan DIR --tp T [--ep E] [--kind K] [--gpu-memory GIB] [--digest [--write]]
         per-rank plan, predicted digests
     python -m tpload verify DIR [--config C]
         check a checkpoint at rest

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from ..errors import LoadError
 from ..flags import check_flags
-from ..text import printable
-from .output import fail, one_line
+from ..text import escape_name, plural, printable
+from .output import fail, one_line, progress_of
 from .parsers import (
     SYNTH_DIMS,
     attest_parser,
@@ -57,7 +57,7 @@ def cmd_synth(argv: list[str]) -> int:
         spec = spec_from(args.preset, **{f: getattr(args, f) for f in SYNTH_DIMS})
     except ValueError as e:
         p.error(str(e))
-    root = write_checkpoint(args.dir, spec)
+    root = write_checkpoint(args.dir, spec, progress=progress_of("synth"))
     size = sum(f.stat().st_size for f in root.glob("*.safetensors"))
     print(f"wrote {root}: {size / 1e9:.3f} GB ({spec})")
     return 0
@@ -74,14 +74,19 @@ def _synth_published(p: argparse.ArgumentParser, args: argparse.Namespace) -> in
         p.error(f"{args.preset} {'is written only' if full else 'is not written'} --headers-only")
     if args.hub and full:
         p.error("--hub is for presets with data")
+    progress = progress_of("synth")
     if args.hub:
         root = write_hub(
             args.dir,
             args.hub,
-            lambda out: write_published(out, args.preset, seed=args.seed or 0, manifest=False),
+            lambda out: write_published(
+                out, args.preset, seed=args.seed or 0, manifest=False, progress=progress
+            ),
         )
     else:
-        root = write_published(args.dir, args.preset, seed=args.seed or 0, tensors=args.tensors)
+        root = write_published(
+            args.dir, args.preset, seed=args.seed or 0, tensors=args.tensors, progress=progress
+        )
     shards = list(root.glob("*.safetensors"))
     size = sum(f.stat().st_size for f in shards)
     used = sum(f.stat().st_blocks * 512 for f in shards)
@@ -90,6 +95,28 @@ def _synth_published(p: argparse.ArgumentParser, args: argparse.Namespace) -> in
         f"({used / 1e9:.3f} GB on disk), preset {args.preset}"
     )
     return 0
+
+
+def _require(root: str) -> None:
+    """A checkpoint path that is not there, said before anything is read or chosen for it."""
+    if not os.path.exists(root):
+        raise LoadError(f"{escape_name(root)}: checkpoint directory does not exist")
+
+
+def _gpu_memory(asked: float | None) -> tuple[int, str] | None:
+    """The GPU size ``plan`` judges the peaks against: ``--gpu-memory``, else this machine's first
+    CUDA device's, else none (no verdict on a machine without a GPU: its size is not known)."""
+    if asked is not None:
+        return int(asked * 2**30), f"--gpu-memory {asked:g}"
+    import torch
+
+    try:
+        if not torch.cuda.is_available():
+            return None
+        props = torch.cuda.get_device_properties(0)
+    except RuntimeError:  # a driver that cannot start: the plan stands without a verdict
+        return None
+    return int(props.total_memory), f"this machine's cuda:0, {printable(props.name)}"
 
 
 def _config_for(args: argparse.Namespace, root: str):
@@ -116,8 +143,9 @@ def cmd_plan(argv: list[str]) -> int:
     check_flags(args, checkpoint=args.dir if args.write else None)  # --write: the store's place
     t0 = time.monotonic()
     try:
+        _require(args.dir)
         from ..plan import Layout
-        from ..tools.sizing import HostMemory, costs, planning, render_costs
+        from ..tools.sizing import HostMemory, costs, fit_line, planning, render_costs
 
         imported = time.monotonic() - t0
         config = _config_for(args, args.dir)
@@ -138,17 +166,26 @@ def cmd_plan(argv: list[str]) -> int:
             from ..tools.offline import predict, record_verified
         if args.write:
             digests, path = record_verified(
-                args.dir, config, layout, args.kind, store=getattr(args, "digest_store", None)
+                args.dir,
+                config,
+                layout,
+                args.kind,
+                store=getattr(args, "digest_store", None),
+                progress=progress_of("plan --write"),
             )
         else:
             digests = (
-                predict(args.dir, config, layout, args.kind) if args.digest else ["-"] * len(plans)
+                predict(args.dir, config, layout, args.kind, progress=progress_of("plan --digest"))
+                if args.digest
+                else ["-"] * len(plans)
             )
+        gpu = _gpu_memory(args.gpu_memory)
     except LoadError as e:
         return fail(e)
     print(
         f"plan for {printable(args.dir)} (config {printable(config.name)}, tp {args.tp} x ep "
-        f"{args.ep}, kind {args.kind}, {len(nodes)} node(s) of {per_node} rank(s))"
+        f"{args.ep}, kind {args.kind}, {plural(len(nodes), 'node')} of "
+        f"{plural(per_node, 'rank')})"
     )
     if config.description:
         print(f"config {printable(config.name)}: {printable(config.description)}")
@@ -162,6 +199,7 @@ def cmd_plan(argv: list[str]) -> int:
             host,
             every_rank=(args.ranks or ("all" if len(plans) <= 16 else "summary")) == "all",
             headers_only=catalogue.headers_only,
+            fit=fit_line(ranks, *gpu) if gpu is not None else None,
         )
     )
     if args.replicas > 1:
@@ -169,9 +207,9 @@ def cmd_plan(argv: list[str]) -> int:
 
         print("\n".join(plan_lines(plans, args.replicas, per_node)))
     print(
-        f"planned {len(plans)} rank(s) of {len(catalogue.tensors):,} tensors in {seconds:.2f} s "
-        f"(headers, classification, plans, figures; imports {imported:.2f} s before); peak RSS "
-        f"{host.peak / 2**20:,.0f} MiB"
+        f"planned {plural(len(plans), 'rank')} of {plural(len(catalogue.tensors), 'tensor')} in "
+        f"{seconds:.2f} s (headers, classification, plans, figures; imports {imported:.2f} s "
+        f"before); peak RSS {host.peak / 2**30:.2f} GiB"
     )
     if path is not None:
         print(
@@ -186,10 +224,13 @@ def cmd_plan(argv: list[str]) -> int:
 def cmd_verify(argv: list[str]) -> int:
     args = verify_parser().parse_args(argv)
     try:
+        _require(args.dir)
         from ..tools.offline import verify_checkpoint
 
         config = None if args.config == "none" else _config_for(args, args.dir)
-        problems = verify_checkpoint(args.dir, config, threads=args.threads)
+        problems = verify_checkpoint(
+            args.dir, config, threads=args.threads, progress=progress_of("verify")
+        )
     except LoadError as e:
         return fail(e)
     for line in problems:
@@ -236,10 +277,7 @@ def _verified(root: str, config: object | None) -> str:
                 f"{storage.file_source.each}"
             )
         else:
-            vouch = (
-                f"each tensor by sha256 against {MANIFEST_NAME} (sha256 "
-                f"{(cat.manifest_sha256 or '?')[:16]}...)"
-            )
+            vouch = f"each tensor by sha256 against {MANIFEST_NAME} ({_pin(cat.manifest_sha256)})"
     finally:
         storage.close()
     values = (
@@ -250,12 +288,20 @@ def _verified(root: str, config: object | None) -> str:
     return f"checked {len(names):,} tensors, {nbytes / 1e9:.3f} GB: {vouch}{values}"
 
 
+def _pin(sha256: str | None) -> str:
+    """The flag that pins a load to the manifest, with its whole sha256 (README: pin it from
+    outside the folder)."""
+    return f"pin loads to it with --manifest-sha256 {sha256 or '?'}"
+
+
 @one_line
 def cmd_manifest(argv: list[str]) -> int:
     args = manifest_parser().parse_args(argv)
     check_flags(args, checkpoint=args.dir if args.hash == "blake3" else None)
     try:
+        _require(args.dir)
         from ..storage.catalogue import MANIFEST_NAME
+        from ..storage.pins import Pins
         from ..tools.offline import write_blake3, write_manifest
 
         blake3 = args.hash == "blake3"
@@ -268,11 +314,17 @@ def cmd_manifest(argv: list[str]) -> int:
             or args.force
             or not os.path.lexists(Path(args.dir).absolute() / MANIFEST_NAME)
         ):
-            written = write_manifest(args.dir, force=args.force, threads=args.threads)
-            print(f"wrote {printable(str(written))}")
+            written = write_manifest(
+                args.dir, force=args.force, threads=args.threads, progress=progress_of("manifest")
+            )
+            sha = Pins.of(written.parent).manifest_sha256
+            print(f"wrote {printable(str(written))}; {_pin(sha)}")
         if blake3:
             side = write_blake3(
-                args.dir, threads=args.threads, store=getattr(args, "digest_store", None)
+                args.dir,
+                threads=args.threads,
+                store=getattr(args, "digest_store", None),
+                progress=progress_of("manifest --hash blake3"),
             )
             print(
                 f"wrote {printable(str(side))}: every tensor's sha256 matched the manifest; loads "
@@ -287,6 +339,7 @@ def cmd_manifest(argv: list[str]) -> int:
 def cmd_export(argv: list[str]) -> int:
     args = export_parser().parse_args(argv)
     try:
+        _require(args.dir)
         from ..plan import Layout
         from ..storage.partitioned import rank_file
         from ..tools.export import export
@@ -297,6 +350,7 @@ def cmd_export(argv: list[str]) -> int:
             Layout(args.tp, args.ep),
             _config_for(args, args.dir),
             hash_threads=getattr(args, "hash_threads", 2),
+            progress=progress_of("export"),
         )
     except LoadError as e:
         return fail(e)
@@ -312,10 +366,15 @@ def cmd_export(argv: list[str]) -> int:
 @one_line
 def cmd_attest(argv: list[str]) -> int:
     args = attest_parser().parse_args(argv)
+    _require(args.checkpoint)
     from ..verification.attest_check import check
 
     problems, notes = check(
-        args.file, args.checkpoint, key=args.key, config=args.config
+        args.file,
+        args.checkpoint,
+        key=args.key,
+        config=args.config,
+        progress=progress_of("attest verify"),
     )  # errors: @one_line
     for line in notes:
         print(f"note: {printable(line)}")

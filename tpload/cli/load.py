@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import signal
 from pathlib import Path
 
 from ..errors import LoadError
-from ..flags import from_args
-from .output import configure_logging, fail_rank, one_line, say
-from .parsers import load_parser
+from ..flags import closest, from_args
+from ..options import LoadOptions
+from ..text import escape_name, plural
+from .output import configure_logging, fail_rank, one_line, refuse_launch, say
+from .parsers import SUBCOMMANDS, load_parser
 
 
 def on_sigterm(signum: int, frame: object) -> None:
@@ -41,10 +44,45 @@ def first_run_notes(opts_checkpoint: str | None) -> None:
         )
 
 
+def launch_problem(opts: LoadOptions, argv: list[str]) -> str | None:
+    """What is wrong with how the load was started, found in a moment instead of at the rendezvous
+    or the first read: several ranks asked of a process torchrun did not start, or a checkpoint
+    path that is not there (on one node only: on several, a folder missing on one node would leave
+    the others waiting at the rendezvous until --timeout, so there the load's own check says it,
+    on every rank through the exchange)."""
+    world = (opts.tp or 1) * opts.ep * opts.replicas
+    if world > 1 and "WORLD_SIZE" not in os.environ:  # no launcher set up a group
+        asked = " ".join(
+            f"--{name} {n}"
+            for name, n in (("tp", opts.tp or 1), ("ep", opts.ep), ("replicas", opts.replicas))
+            if n > 1
+        )
+        return (
+            f"{asked} needs {plural(world, 'rank')}, one process each, but this process was not "
+            f"launched by torchrun; run: torchrun --nproc-per-node {world} -m tpload "
+            f"{shlex.join(argv)}"
+        )
+    one_node = os.environ.get("WORLD_SIZE", "1") == os.environ.get("LOCAL_WORLD_SIZE", "1")
+    if one_node and opts.checkpoint is not None and not os.path.exists(opts.checkpoint):
+        return missing(os.fspath(opts.checkpoint))
+    return None
+
+
+def missing(path: str) -> str:
+    """A checkpoint path that is not there, and the subcommand it may be a typo of."""
+    guess = closest(path, SUBCOMMANDS)
+    return f"{escape_name(path)}: checkpoint directory does not exist" + (
+        f"; did you mean {guess} (a subcommand)?" if guess else ""
+    )
+
+
 @one_line
 def cmd_load(argv: list[str]) -> int:
-    args = load_parser().parse_args(argv)
     rank = os.environ.get("RANK", "0")
+    typo = argv[0] if argv and not argv[0].startswith("-") else None
+    if typo and closest(typo, SUBCOMMANDS) and not os.path.exists(typo):  # `tpload verfy DIR`:
+        return refuse_launch(missing(typo), rank)  # (before the parser: DIR would be one too many)
+    args = load_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, on_sigterm)
     try:
         configure_logging(args.log_level)
@@ -52,6 +90,9 @@ def cmd_load(argv: list[str]) -> int:
         if args.dir and given and args.dir != given:
             raise LoadError(f"two checkpoints given: {args.dir} and --checkpoint {given}")
         opts = from_args(args, extra={"checkpoint": args.dir or given})
+        problem = launch_problem(opts, argv)
+        if problem is not None:
+            return refuse_launch(problem, rank)
         first_run_notes(opts.checkpoint)
         from dataclasses import replace
 

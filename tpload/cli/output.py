@@ -10,9 +10,13 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import LoadError
 from ..text import printable
+
+if TYPE_CHECKING:  # annotations only: report/ imports torch, which a command may never need
+    from ..report.progress import Meter
 
 
 def say(text: str) -> None:
@@ -53,6 +57,50 @@ def fail_rank(e: LoadError, rank: str) -> int:
     say(line)
     _error_file(line, root_cause=first or reporter is None)
     return 1
+
+
+QUIET_GRACE_S = 5.0
+"""How long a quiet rank waits before it exits (:func:`once_a_node`): no wait in practice, since
+torchrun stops it as soon as the speaking rank exits."""
+
+
+def first_on_node() -> bool:
+    """Whether this process speaks for its node: the lowest local rank under torchrun, or a process
+    on its own."""
+    return os.environ.get("LOCAL_RANK", "0") == "0"
+
+
+def once_a_node(line: str, pointer: str) -> None:
+    """A fault every rank of a node finds alike (a flag, a path, the launch), said once: the node's
+    lowest local rank prints ``line`` and names it in torchrun's error file; each other rank writes
+    only ``pointer`` there and waits a moment before exiting, since torchrun stops every rank at
+    the first exit (the speaker could be stopped before it spoke) and names that one the root
+    cause."""
+    if first_on_node():
+        say(line)
+        _error_file(line, root_cause=True)
+        return
+    _error_file(pointer, root_cause=False)
+    time.sleep(QUIET_GRACE_S)
+
+
+def refuse_launch(message: str, rank: str) -> int:
+    """A load refused before it starts (no rendezvous, no heavy imports): one line a node, exit 1
+    on every rank."""
+    once_a_node(
+        f"[rank {rank}] tpload: error: {printable(message)}",
+        f"[rank {rank}] tpload: refused before the load (see local rank 0)",
+    )
+    return 1
+
+
+def progress_of(command: str) -> Meter:
+    """``command``'s progress, as a load's (report/progress.py): a bar on a terminal, else a log
+    line every few seconds, both on stderr; tpload's log at INFO, so the lines show."""
+    from ..report.progress import meter
+
+    configure_logging("INFO")
+    return meter(command)
 
 
 def _error_file(line: str, *, root_cause: bool) -> None:

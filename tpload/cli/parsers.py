@@ -4,11 +4,25 @@ the options table (:func:`tpload.flags.add_flags`); the rest are each subcommand
 from __future__ import annotations
 
 import argparse
+import os
+import typing
 
-from .. import __version__
-from ..bounds import COUNT, RANKS, SEED, THREADS
-from ..flags import Parser, add_flags
+from .. import __version__, flags
+from ..bounds import COUNT, GIB, RANKS, SEED, THREADS
+from ..flags import add_cli_only, add_flags
 from ..options import KINDS
+from .output import once_a_node
+
+
+class Parser(flags.Parser):
+    """The command line's parsers: under torchrun every rank parses the same flags, so a bad one is
+    said once a node (:func:`~tpload.cli.output.once_a_node`), and every rank exits 2."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        rank = os.environ.get("RANK", "?")
+        once_a_node(self.error_line(message), f"[rank {rank}] tpload: bad flags (see local rank 0)")
+        self.exit(2)
+
 
 SUBCOMMANDS = ("synth", "plan", "verify", "manifest", "bench", "export", "attest")
 """``python -m tpload NAME ...``; anything else is the load's flags."""
@@ -26,13 +40,7 @@ def load_parser() -> argparse.ArgumentParser:
         "dir", nargs="?", metavar="DIR", help="checkpoint directory (or --checkpoint DIR)"
     )
     add_flags(p)
-    p.add_argument(
-        "--log-level",
-        default="INFO",
-        help="tpload's logging level (default INFO); other libraries' "
-        "loggers stay at WARNING unless named: --log-level DEBUG,numba=DEBUG",
-    )
-    p.add_argument("--version", action="version", version=f"tpload {__version__}")
+    add_cli_only(p, __version__)
     return p
 
 
@@ -43,10 +51,12 @@ def synth_parser() -> argparse.ArgumentParser:
 
     p = Parser(
         prog="python -m tpload synth",
-        description="Write a synthetic checkpoint: the "
-        "reference native layout of docs/format.md (small, medium, seed), or a published "
-        "family's layout (NAME-tiny, NAME-full --headers-only, deepseek-v3-deep; "
-        "docs/formats/), with shards, index, config.json and NATIVE_MANIFEST.json.",
+        description="Write a synthetic checkpoint. small, medium, seed: the reference native "
+        "layout of docs/format.md (shards, index and NATIVE_MANIFEST.json; no config.json: a load "
+        "reads it as that layout). NAME-tiny, deepseek-v3-deep, many-tensors: a published "
+        "family's layout (docs/formats/: shards, index, config.json, any quantization file, and "
+        "NATIVE_MANIFEST.json). NAME-full --headers-only: the same headers at full size, with "
+        "holes for data and no manifest. NAME-gguf-tiny: a GGUF split set (no manifest).",
     )
     p.add_argument("dir", help="a new or empty folder")
 
@@ -111,6 +121,14 @@ def plan_parser() -> argparse.ArgumentParser:
         "node",
     )
     add_flags(p, only=("config", "skip", "defer", "skip_activation_scales", "digest_store"))
+    p.add_argument(
+        "--gpu-memory",
+        type=GIB,
+        metavar="GIB",
+        default=None,
+        help="the memory of one GPU, in GiB, for a line saying whether each rank's peak fits it "
+        "(default: this machine's GPU, cuda:0; none on a machine without CUDA)",
+    )
     p.add_argument("--digest", action="store_true", help="compute each rank's digest on the CPU")
     p.add_argument(
         "--write",

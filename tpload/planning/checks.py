@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..errors import LayoutError
-from ..text import escape_name
+from ..text import escape_name, plural
 from .classify import Classified
 from .cutting import cuts
 from .layout import Layout
@@ -61,7 +61,8 @@ def check_layout(classified: Classified, layout: Layout, world: int, *, channel_
     problems = []
     if layout.world != world:
         problems.append(
-            f"tp {layout.tp} x ep {layout.ep} = {layout.world} ranks, but the group has {world}"
+            f"tp {layout.tp} x ep {layout.ep} = {plural(layout.world, 'rank')}, but the group "
+            f"has {world}"
         )
     problems += layout_problems(classified, layout, channel_align=channel_align)
     if not problems:
@@ -76,9 +77,11 @@ def check_layout(classified: Classified, layout: Layout, world: int, *, channel_
         and not layout_problems(classified, Layout(t, world // t), channel_align=channel_align)
     ]
     hint = f"tp values that cut this checkpoint: {', '.join(map(str, tps)) or 'none'}"
-    hint += f"; for {world} ranks use " + (" or ".join(splits) if splits else "another world size")
+    hint += f"; for {plural(world, 'rank')} use " + (
+        " or ".join(splits) if splits else "another world size"
+    )
     raise LayoutError(
-        f"cannot load with tp {layout.tp} x ep {layout.ep} on {world} ranks:\n  - "
+        f"cannot load with tp {layout.tp} x ep {layout.ep} on {plural(world, 'rank')}:\n  - "
         + "\n  - ".join(problems)
         + f"\n{hint}"
     )

@@ -29,7 +29,7 @@ from ..kvscales import census as kv_census
 from ..modes import Role
 from ..prefix import Prefix
 from ..storage.catalogue import TensorMeta, natural_key, natural_sorted
-from ..text import escape_name
+from ..text import escape_name, plural
 from .entries import Columns, Entries, Entry, Klass
 
 
@@ -131,7 +131,8 @@ def classify(
         problems.append(f"{reason}: {_listing(listed)}")
     if unmatched:
         problems.append(
-            f"{len(unmatched)} tensors match no rule of {config.name} (add a rule; a final "
+            f"{plural(len(unmatched), 'tensor')} {'matches' if len(unmatched) == 1 else 'match'} "
+            f"no rule of {config.name} (add a rule; a final "
             f'match = "*" with role = "auto" keeps the rest whole): {_grouped(unmatched)}'
         )
     problems += _idle(config, tensors, prefix, matched, root)

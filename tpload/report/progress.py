@@ -1,5 +1,8 @@
-"""Rank-0 progress while a load runs: a live bar on a terminal, a plain line every few seconds
-otherwise."""
+"""Progress while something long runs: a live bar on a terminal, a plain line every few seconds
+otherwise. Rank 0 of a load shows the loop's; the offline commands (``verify``, ``manifest``,
+``synth``, ``export``, ``attest verify``, ``plan --digest``) show theirs through a :class:`Meter`,
+one pass at a time. Everything goes to stderr (tqdm's and the log's): a command's stdout stays its
+own."""
 
 from __future__ import annotations
 
@@ -9,7 +12,14 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from ..text import plural
+
 log = logging.getLogger("tpload")
+
+EVERY_S = 2.0
+"""Seconds between plain lines (and before the first): a run shorter than this prints none."""
+LOAD_DONE = "finishing the last hashes, then the ranks' verdict"
+"""What a load does after its last byte is read (said at the end of its progress)."""
 
 
 class ProgressSink(Protocol):
@@ -19,6 +29,16 @@ class ProgressSink(Protocol):
     def update(self, nbytes: int) -> None: ...
 
     def close(self) -> None: ...
+
+
+class Meter(Protocol):
+    """An offline command's progress: one sink per pass over the bytes (``what`` names the pass when
+    a command makes several: each rank of ``plan --digest``, each rank file of an export; ``unit``
+    what each update counts)."""
+
+    def __call__(
+        self, total_bytes: int, total_tensors: int, what: str = "", unit: str = "tensor"
+    ) -> ProgressSink: ...
 
 
 class Silent:
@@ -31,14 +51,35 @@ class Silent:
         pass
 
 
+def silent(
+    total_bytes: int, total_tensors: int, what: str = "", unit: str = "tensor"
+) -> ProgressSink:
+    """The :class:`Meter` of a caller that shows no progress (the library's, the tests')."""
+    return Silent()
+
+
+def meter(command: str) -> Meter:
+    """The :class:`Meter` of the command ``command``: :class:`Progress` labelled with it (and the
+    pass), and no closing line (the command prints its own result)."""
+
+    def sink(
+        total_bytes: int, total_tensors: int, what: str = "", unit: str = "tensor"
+    ) -> ProgressSink:
+        label = f"{command} {what}" if what else command
+        return Progress(total_bytes, total_tensors, label=label, unit=unit, done=None)
+
+    return sink
+
+
 class Progress:
-    """Rank-0 progress: a tqdm bar on a terminal, lazy-``%s`` log lines every ``every_s`` otherwise.
+    """Progress of one pass: a tqdm bar on a terminal, lazy-``%s`` log lines every ``every_s``
+    otherwise, each starting with ``label`` (a load's ``[rank 0]``, a command's name).
 
     ``total_tensors`` is the plan's served tensors (``RankPlan.served``), the count the report's
     table gives. The ETA is bytes left over the byte rate so far: tensors differ in size by 10,000x
     (a norm next to an expert's matrix), so a count says nothing about time left. It covers reading
-    only: after the last byte the load still finishes its hashes and meets the other ranks, which
-    close() says, so the silence after "ETA 0 s" has a name.
+    only: after the last byte a load still finishes its hashes and meets the other ranks, which
+    close() says (``done``), so the silence after "ETA 0 s" has a name.
     """
 
     def __init__(
@@ -46,15 +87,15 @@ class Progress:
         total_bytes: int,
         total_tensors: int,
         *,
-        every_s: float = 2.0,
+        label: str = "[rank 0]",
+        unit: str = "tensor",
+        done: str | None = LOAD_DONE,
+        every_s: float | None = None,
         now: Callable[[], float] = time.perf_counter,
     ) -> None:
-        self.total_bytes, self.total_tensors, self.every_s, self._now = (
-            total_bytes,
-            total_tensors,
-            every_s,
-            now,
-        )
+        self.total_bytes, self.total_tensors, self._now = total_bytes, total_tensors, now
+        self.every_s = EVERY_S if every_s is None else every_s
+        self.label, self.unit, self.done = label, unit, done
         self.bytes = self.tensors = 0
         self.t0 = self._last = now()
         self._bar = None
@@ -62,7 +103,11 @@ class Progress:
             from tqdm import tqdm
 
             self._bar = tqdm(
-                total=total_bytes, unit="B", unit_scale=True, desc="tpload", leave=False
+                total=total_bytes,
+                unit="B",
+                unit_scale=True,
+                desc="tpload" if label == "[rank 0]" else label,
+                leave=False,
             )
 
     def update(self, nbytes: int) -> None:
@@ -75,9 +120,10 @@ class Progress:
         if now - self._last >= self.every_s:
             self._last = now
             log.info(
-                "[rank 0] %d/%d tensors, %.2f/%.2f GB, %.2f GB/s, ETA %.0f s",
-                self.tensors,
-                self.total_tensors,
+                "%s %s/%s, %.2f/%.2f GB, %.2f GB/s, ETA %.0f s",
+                self.label,
+                f"{self.tensors:,}",
+                plural(self.total_tensors, self.unit),
                 self.bytes / 1e9,
                 self.total_bytes / 1e9,
                 self.rate() / 1e9,
@@ -96,11 +142,16 @@ class Progress:
         if self._bar is not None:
             self._bar.close()
             return
-        if self._now() - self.t0 >= self.every_s:  # a load long enough to have shown progress
+        # The loop closes its sink in a `finally`: with an exception on its way (Ctrl-C, a failed
+        # read) no hashes are finished and the exception's own message comes next, so nothing
+        # here may announce what follows a finished read.
+        interrupted = sys.exc_info()[1] is not None
+        if self.done and not interrupted and self._now() - self.t0 >= self.every_s:
             log.info(
-                "[rank 0] read %d tensors (%.2f GB) in %.0f s; finishing the last hashes, then "
-                "the ranks' verdict",
-                self.tensors,
+                "%s read %s (%.2f GB) in %.0f s; %s",
+                self.label,
+                plural(self.tensors, self.unit),
                 self.bytes / 1e9,
                 self._now() - self.t0,
+                self.done,
             )

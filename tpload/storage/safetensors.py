@@ -18,12 +18,16 @@ import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import CheckpointError, raise_all
 from ..text import escape_name
 from .files import atomic_file, open_regular, parse_json, read_exact
+
+if TYPE_CHECKING:  # annotations only: the storage layer imports nothing of the report's
+    from ..report.progress import ProgressSink
 
 _new = object.__new__
 _set = object.__setattr__
@@ -314,8 +318,10 @@ def write_safetensors(
     tensors: list[tuple[str, str, tuple[int, ...]]],
     chunks: Callable[[str], Iterable[np.ndarray]],
     metadata: dict[str, str],
+    progress: ProgressSink | None = None,
 ) -> dict[str, str]:
     """Write a safetensors file one chunk at a time; return {name: sha256 of its stored bytes}.
+    ``progress`` is told of each tensor once written (a command's; the caller closes it).
 
     ``tensors`` gives (name, dtype, shape) in file order and ``chunks(name)`` the
     tensor's stored bytes in order, so memory stays bounded whatever the sizes
@@ -333,13 +339,15 @@ def write_safetensors(
     digests = {}
     with atomic_file(path) as f:
         f.write(struct.pack("<Q", len(raw)) + raw)
-        for name, _, _ in tensors:
+        for name, dtype, shape in tensors:
             h = hashlib.sha256()
             for chunk in chunks(name):
                 data = memoryview(np.ascontiguousarray(chunk)).cast("B")
                 h.update(data)
                 f.write(data)
             digests[name] = h.hexdigest()
+            if progress is not None:
+                progress.update(math.prod(shape) * ITEMSIZE[dtype])
     return digests
 
 

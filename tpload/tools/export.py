@@ -24,6 +24,7 @@ from ..config import Config
 from ..errors import CheckpointError
 from ..pick import planner_of
 from ..plan import Layout, RankPlan
+from ..report.progress import Meter, silent
 from ..storage.catalogue import MANIFEST_NAME, natural_key, natural_sorted
 from ..storage.partitioned import rank_file
 from ..storage.pins import pins_to_write
@@ -47,11 +48,13 @@ class ExportSummary:
     """Data bytes of each rank's file (its windows plus deferred tensors)."""
 
 
-def _verify_sources(storage: ShardedStorage, names: list[str], threads: int) -> Vouched:
+def _verify_sources(
+    storage: ShardedStorage, names: list[str], threads: int, progress: Meter | None
+) -> Vouched:
     """sha256 of every tensor the export copies from, against the source manifest, through the gate
     (all problems at once): a source without per-tensor digests is refused, never exported
     unchecked."""
-    return gate.at_rest(storage, names, threads=threads, what="nothing exported")
+    return gate.at_rest(storage, names, threads=threads, what="nothing exported", progress=progress)
 
 
 def _rank_tensors(
@@ -83,8 +86,10 @@ def export(
     config: Config,
     *,
     hash_threads: int = 2,
+    progress: Meter | None = None,
 ) -> ExportSummary:
-    """Write ``out``: one file per rank of ``layout`` and a manifest; see the module doc."""
+    """Write ``out``: one file per rank of ``layout`` and a manifest; see the module doc.
+    ``progress``: the command's meter (the sources' check, then each rank file)."""
     storage = ShardedStorage(Path(src).absolute())
     dst = Path(out).absolute()
     if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
@@ -95,7 +100,7 @@ def export(
         planner.check_layout(layout, layout.world)
         plans = [planner.plan(layout, "packed", r) for r in range(layout.world)]
         copied = natural_sorted({n for p in plans for n in p.used_tensors + list(p.deferred)})
-        checked = _verify_sources(storage, copied, hash_threads)
+        checked = _verify_sources(storage, copied, hash_threads, progress)
         if set(checked.names) != set(
             copied
         ):  # every byte it copies was checked, or nothing is written
@@ -129,13 +134,17 @@ def export(
                     yield block
 
             file = rank_file(plan.rank, layout.world)
+            size = sum((r[1] - r[0]) * (c[1] - c[0]) for _, _, r, c, _ in held.values())
+            sink = (progress or silent)(size, len(held), f"writing {file}")
             digests = write_safetensors(
                 dst / file,
                 [(n, d, s) for n, (d, s, *_) in held.items()],
                 chunks,
                 {"format": "pt", "writer": "tpload.export", "rank": str(plan.rank)}
                 | {k: str(v) for k, v in meta.items()},
+                sink,
             )
+            sink.close()
             ranks.append(
                 {
                     "file": file,
@@ -145,7 +154,7 @@ def export(
                     },
                 }
             )
-            sizes.append(sum((r[1] - r[0]) * (c[1] - c[0]) for _, _, r, c, _ in held.values()))
+            sizes.append(size)
         changed = storage.changed()
         if changed:
             raise CheckpointError(

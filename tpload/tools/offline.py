@@ -24,6 +24,7 @@ from ..errors import CheckpointError, LoadError
 from ..loop import value_feed
 from ..pick import planner_of
 from ..plan import Layout
+from ..report.progress import Meter
 from ..storage import Storage
 from ..storage.catalogue import MANIFEST_NAME
 from ..storage.files import atomic_write
@@ -46,6 +47,7 @@ def record_verified(
     kind: str,
     *,
     store: str | os.PathLike | None = None,
+    progress: Meter | None = None,
 ) -> tuple[list[str], Path]:
     """``tpload plan --write``: hash every tensor the layout uses, then store every rank's digest,
     stamped with what was verified (raises LoadError listing every mismatch; nothing is written
@@ -68,7 +70,16 @@ def record_verified(
         stamp = checkpoint_stamp(storage)
         manifest_sha = cat.manifest_sha256
         windows: list[dict] = []
-        digests = predict(root, config, layout, kind, verify=True, storage=storage, windows=windows)
+        digests = predict(
+            root,
+            config,
+            layout,
+            kind,
+            verify=True,
+            storage=storage,
+            windows=windows,
+            progress=progress,
+        )
         moved = [
             f"{what} changed while the digests were computed"
             for what in stale(stamp, checkpoint_stamp(storage))
@@ -105,16 +116,20 @@ def record_verified(
 
 
 def verify_checkpoint(
-    root: str | os.PathLike, config: Config | None, *, threads: int = 2
+    root: str | os.PathLike,
+    config: Config | None,
+    *,
+    threads: int = 2,
+    progress: Meter | None = None,
 ) -> list[str]:
     """Every problem with the checkpoint at rest: headers, index, manifest, every sha256, and (with
     a config) scale bytes, NaN codes and decodes that would overflow bf16. An export is checked rank
-    file by rank file against its own manifest."""
+    file by rank file against its own manifest. ``progress``: the command's meter."""
     from ..storage.partitioned import is_partitioned
 
     path = Path(root).absolute()
     if path.is_dir() and is_partitioned(path):
-        return _verify_export(path, threads)
+        return _verify_export(path, threads, progress)
     try:
         storage = ShardedStorage(path)
     except LoadError as e:
@@ -125,7 +140,7 @@ def verify_checkpoint(
         if (
             storage.file_digests is not None
         ):  # a hub snapshot or local-dir download without a manifest: whole files
-            problems = _file_problems(storage)
+            problems = _file_problems(storage, progress=progress)
             names, compare = cat.names(), False
         else:
             problems = storage.manifest_problems(cat.names())
@@ -133,7 +148,9 @@ def verify_checkpoint(
                 cat.manifest is None
             ):  # a local-dir download with unvouched files: its vouched ones still checked
                 return problems + (
-                    _file_problems(storage, storage.local.digests) if storage.local else []
+                    _file_problems(storage, storage.local.digests, progress)
+                    if storage.local
+                    else []
                 )
             problems += Pins.of(
                 path
@@ -147,6 +164,7 @@ def verify_checkpoint(
                 checkers,
                 threads,
                 compare=compare,
+                progress=progress,
             )
         return problems
     finally:
@@ -171,17 +189,46 @@ def _value_checkers(storage: Storage, config: Config, problems: list[str]) -> di
     return out
 
 
-def _file_problems(storage: ShardedStorage, digests: dict[Path, str] | None = None) -> list[str]:
+def _file_problems(
+    storage: ShardedStorage,
+    digests: dict[Path, str] | None = None,
+    progress: Meter | None = None,
+) -> list[str]:
     """Each shard of a hub snapshot or a local-dir download whose sha256 is not the one its blob is
     named by or its etag records (the load's own whole-file hasher and verdict, run here in the
     foreground)."""
     digests = storage.file_digests if digests is None else digests
-    results = FileHasher(storage, sorted(digests), {}, {}).start().finish()
+    files = sorted(digests)
+    sink = (
+        progress(sum(_size(f) for f in files), len(files), unit="file")
+        if progress is not None
+        else None
+    )
+    try:
+        results = FileHasher(storage, files, {}, {}, progress=sink).start().finish()
+    finally:
+        if sink is not None:
+            sink.close()
     return file_problems(results, digests, named_by=storage.file_source.named_by)
 
 
+def _size(path: Path) -> int:
+    """A file's size for the progress's total (0 if it cannot be read: the hasher says why)."""
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
 def _scan(
-    storage: Storage, names: list[str], checkers: dict, threads: int, *, compare: bool = True
+    storage: Storage,
+    names: list[str],
+    checkers: dict,
+    threads: int,
+    *,
+    compare: bool = True,
+    progress: Meter | None = None,
+    what: str = "",
 ) -> list[str]:
     """Read every named tensor once: sha256 against the manifest (``compare``), and the value checks
     on the way (a scale before its weight, as the checkers need)."""
@@ -189,7 +236,14 @@ def _scan(
         names, key=lambda n: (checkers[n][0].name, checkers[n][3]) if n in checkers else (n, 0)
     )
     feeds = {n: feed for n, (_, _, feed, _) in checkers.items()}
-    hashed = hash_whole(storage, order, threads=max(0, min(threads, spare_threads())), feeds=feeds)
+    hashed = hash_whole(
+        storage,
+        order,
+        threads=max(0, min(threads, spare_threads())),
+        feeds=feeds,
+        progress=progress,
+        what=what,
+    )
     problems = mismatches(hashed) if compare else []
     seen = set()
     for item, checker, _, _ in checkers.values():
@@ -205,7 +259,7 @@ def _scan(
     return problems
 
 
-def _verify_export(root: Path, threads: int) -> list[str]:
+def _verify_export(root: Path, threads: int, progress: Meter | None) -> list[str]:
     """An export at rest: each rank file's header against its manifest list, and every window's
     sha256."""
     from ..storage.partitioned import PartitionedStorage
@@ -227,15 +281,29 @@ def _verify_export(root: Path, threads: int) -> list[str]:
             problems.append(str(e))
             continue
         try:
-            problems += _scan(storage, sorted(storage.windows), {}, threads)
+            problems += _scan(
+                storage,
+                sorted(storage.windows),
+                {},
+                threads,
+                progress=progress,
+                what=f"rank file {rank + 1} of {tp * ep}",
+            )
         finally:
             storage.close()
     return problems
 
 
-def write_manifest(root: str | os.PathLike, *, force: bool = False, threads: int = 2) -> Path:
+def write_manifest(
+    root: str | os.PathLike,
+    *,
+    force: bool = False,
+    threads: int = 2,
+    progress: Meter | None = None,
+) -> Path:
     """Hash every tensor and write NATIVE_MANIFEST.json (refusing to overwrite unless ``force``);
-    written beside and renamed, so a reader never sees half a manifest."""
+    written beside and renamed, so a reader never sees half a manifest. ``progress``: the command's
+    meter."""
     path = Path(root).absolute() / MANIFEST_NAME
     if os.path.lexists(path) and not force:
         raise CheckpointError(f"{escape_name(path)} exists; pass --force to overwrite it")
@@ -257,13 +325,15 @@ def write_manifest(root: str | os.PathLike, *, force: bool = False, threads: int
             else None
         )
         if digests:
-            bad = _file_problems(storage, digests)
+            bad = _file_problems(storage, digests, progress)
             if bad:
                 raise CheckpointError(
                     f"no manifest written: {len(bad)} file(s) do not match their "
                     f"{storage.file_source.names}:\n  - " + "\n  - ".join(bad)
                 )
-        hashed = hash_whole(storage, names, threads=max(0, min(threads, spare_threads())))
+        hashed = hash_whole(
+            storage, names, threads=max(0, min(threads, spare_threads())), progress=progress
+        )
     finally:
         storage.close()
     tensors = {
@@ -285,7 +355,11 @@ def write_manifest(root: str | os.PathLike, *, force: bool = False, threads: int
 
 
 def write_blake3(
-    root: str | os.PathLike, *, threads: int = 2, store: str | os.PathLike | None = None
+    root: str | os.PathLike,
+    *,
+    threads: int = 2,
+    store: str | os.PathLike | None = None,
+    progress: Meter | None = None,
 ) -> Path:
     """``tpload manifest DIR --hash blake3``: read every tensor the manifest lists once, checking
     its sha256 against the manifest and taking its blake3 from the same bytes; only if every one
@@ -322,6 +396,7 @@ def write_blake3(
             threads=max(0, min(threads, spare_threads())),
             digests=Digests(threads=max(1, spare_threads()), also=("blake3",)),
             what="no blake3 digests written",
+            progress=progress,
         )
         return write_sidecar(digest_store, cat.manifest_sha256, path, checked, stamp)
     finally:

@@ -20,6 +20,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,6 +28,9 @@ from ..errors import CheckpointError
 from ..storage.catalogue import HEADERS_ONLY, INDEX_NAME, MANIFEST_NAME
 from ..storage.safetensors import write_safetensors
 from ..text import escape_name
+
+if TYPE_CHECKING:  # annotations only: report/ imports torch, which synth does not need
+    from ..report.progress import Meter
 from .synth import (
     Planned,
     bf16_bytes,
@@ -746,10 +750,12 @@ def write_published(
     seed: int = 0,
     manifest: bool = True,
     tensors: int | None = None,
+    progress: Meter | None = None,
 ) -> Path:
     """Write preset ``name`` into ``out_dir`` (new or empty): shards, index, config.json (and any
     quantization file), and NATIVE_MANIFEST.json when ``manifest`` (never for a headers-only one).
-    ``tensors``: how many tiny tensors ``many-tensors`` has (default 10,000)."""
+    ``tensors``: how many tiny tensors ``many-tensors`` has (default 10,000); ``progress``: the
+    command's meter, told of each tensor as it is written."""
     pub = PUBLISHED[name]()
     if tensors is not None:
         if "tpload_tensors" not in pub.config:
@@ -763,7 +769,13 @@ def write_published(
             f"{escape_name(root)}: not an empty folder; synth writes only into a new or empty one"
         )
     root.mkdir(parents=True, exist_ok=True)
-    groups = split_shards(pub.planned(), pub.shards)
+    planned = pub.planned()
+    groups = split_shards(planned, pub.shards)
+    sink = (  # headers-only: no data written, nothing to wait for
+        progress(sum(t.nbytes for t in planned), len(planned), "writing")
+        if progress and not pub.headers_only
+        else None
+    )
     weight_map, entries, total = {}, {}, 0
     for k, group in enumerate(groups, 1):
         file = pub.shard_name.format(
@@ -777,6 +789,7 @@ def write_published(
                 [(t.name, t.dtype, t.shape) for t in group],
                 lambda n, by={t.name: t for t in group}: chunks(by[n], seed),
                 {"format": "pt", "writer": "tpload.synth"},
+                sink,
             )
         )
         for t in group:
@@ -788,6 +801,8 @@ def write_published(
                 "sha256": digests.get(t.name),
             }
             total += t.nbytes
+    if sink is not None:
+        sink.close()
     index = {
         "metadata": {"total_size": total} | ({HEADERS_ONLY: "1"} if pub.headers_only else {}),
         "weight_map": weight_map,

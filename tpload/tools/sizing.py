@@ -24,8 +24,11 @@ from ..planning.reads import readers
 from ..storage import open_storage
 from ..storage.catalogue import Catalogue
 from ..storage.reader import CHUNK_BYTES, RING
+from ..text import plural
 from ..transfer import CUDA_CHUNK_BYTES as PINNED_CHUNK
 from ..verification.policy import assign_hashing
+
+GIB = 1 << 30
 
 STAGING_BYTES = RING * CHUNK_BYTES
 """Host staging per rank: the reader's ring of private buffers."""
@@ -151,13 +154,16 @@ def render_costs(
     *,
     every_rank: bool,
     headers_only: bool = False,
+    fit: str | None = None,
 ) -> str:
     """The table ``tpload plan`` prints: each rank (or only the busiest of each node), then each
-    node."""
+    node. In the load table's units: bytes moved in GB, memory in GiB; ``fit``: the verdict against
+    a GPU's memory (:func:`fit_line`), under the device peak."""
     gb = lambda b: f"{b / 1e9:.3f}"  # noqa: E731
+    gib = lambda b: f"{b / GIB:.3f}"  # noqa: E731
     lines = [
-        f"{'rank':>5} {'node':>4} {'tensors':>8} {'read GB':>9} {'hash GB':>9} {'device GB':>9} "
-        f"{'transient MiB':>13} {'peak dev GB':>11}  digest"
+        f"{'rank':>5} {'node':>4} {'tensors':>8} {'read GB':>9} {'hash GB':>9} {'device GiB':>10} "
+        f"{'transient GiB':>13} {'peak dev GiB':>12}  digest"
     ]
     shown = (
         ranks
@@ -169,7 +175,7 @@ def render_costs(
     for r in shown:
         lines.append(
             f"{r.rank:>5} {r.node:>4} {r.tensors:>8} {gb(r.read_bytes):>9} {gb(r.hash_bytes):>9} "
-            f"{gb(r.arena_bytes):>9} {r.transient_bytes / 2**20:>13.1f} {gb(r.device_peak):>11}  "
+            f"{gib(r.arena_bytes):>10} {gib(r.transient_bytes):>13} {gib(r.device_peak):>12}  "
             f"{digests[r.rank]}"
         )
     if not every_rank:
@@ -190,17 +196,18 @@ def render_costs(
     top = max(ranks, key=lambda r: r.device_peak)
     peers = max(len(n.ranks) for n in nodes)
     held = host.start + host.catalogue + peers * host.per_plan + STAGING_BYTES + PINNED_BYTES
-    mib = lambda b: f"{b / 2**20:,.0f} MiB"  # noqa: E731
     lines.append(
-        f"peak device memory {gb(top.device_peak)} GB (rank {top.rank}: arena "
-        f"{gb(top.arena_bytes)} GB, one staged window and its decode "
-        f"{top.transient_bytes / 2**20:.1f} MiB)"
+        f"peak device memory {gib(top.device_peak)} GiB (rank {top.rank}: arena "
+        f"{gib(top.arena_bytes)} GiB, one staged window and its decode "
+        f"{gib(top.transient_bytes)} GiB)"
     )
+    if fit:
+        lines.append(fit)
     lines.append(
-        f"peak host memory about {mib(held)} a rank: imports {mib(host.start)}, catalogue and "
-        f"classification {mib(host.catalogue)}, its node's {peers} plan(s) "
-        f"{mib(peers * host.per_plan)}, read ring {mib(STAGING_BYTES)}, pinned (CUDA) "
-        f"{mib(PINNED_BYTES)} (measured in this process; the page cache is the kernel's)"
+        f"peak host memory about {gib(held)} GiB a rank: imports {gib(host.start)}, catalogue and "
+        f"classification {gib(host.catalogue)}, its node's {plural(peers, 'plan')} "
+        f"{gib(peers * host.per_plan)}, read ring {gib(STAGING_BYTES)}, pinned (CUDA) "
+        f"{gib(PINNED_BYTES)} (GiB, measured in this process; the page cache is the kernel's)"
     )
     lines.append(
         "hash GB: node verification with a per-tensor manifest (each tensor once per node); "
@@ -211,3 +218,23 @@ def render_costs(
             "headers-only checkpoint: these are the plans of the real sizes; loading it is refused"
         )
     return "\n".join(lines)
+
+
+def fit_line(ranks: Sequence[RankCost], gpu_bytes: int, source: str) -> str:
+    """Whether every rank's device peak fits a GPU of ``gpu_bytes`` (``source``: where that size
+    came from), with the margin of the busiest rank: the room left, or how far over it is."""
+    top = max(ranks, key=lambda r: r.device_peak)
+    over = [r for r in ranks if r.device_peak > gpu_bytes]
+    size = f"a GPU of {gpu_bytes / GIB:.2f} GiB ({source})"
+    peak = f"{top.device_peak / GIB:.3f} GiB"
+    if not over:
+        return (
+            f"fits {size}: the highest peak, rank {top.rank}'s {peak}, leaves "
+            f"{(gpu_bytes - top.device_peak) / GIB:.3f} GiB (a load's pre-flight checks the "
+            "device's free memory less --reserve-gib)"
+        )
+    return (
+        f"does not fit {size}: {len(over)} of {plural(len(ranks), 'rank')} peak above it, rank "
+        f"{top.rank} at {peak}, {(top.device_peak - gpu_bytes) / GIB:.3f} GiB over; more ranks "
+        "(a larger tp x ep) spread the bytes thinner"
+    )

@@ -21,6 +21,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -31,6 +32,9 @@ from ..option_rules import not_a_folder
 from ..storage.catalogue import INDEX_NAME, MANIFEST_NAME
 from ..storage.safetensors import ITEMSIZE, write_safetensors
 from ..text import escape_name
+
+if TYPE_CHECKING:  # annotations only: report/ imports torch, which synth does not need
+    from ..report.progress import Meter, ProgressSink
 
 CHUNK_BYTES = 32 << 20
 log = logging.getLogger("tpload")
@@ -181,7 +185,9 @@ def split_shards(tensors: list[Planned], shards: int) -> list[list[Planned]]:
     return [s for s in out if s]
 
 
-def write_shard(path: Path, tensors: list[Planned], seed: int) -> dict[str, str]:
+def write_shard(
+    path: Path, tensors: list[Planned], seed: int, progress: ProgressSink | None = None
+) -> dict[str, str]:
     """Write one safetensors file; return {name: sha256 of its stored bytes}."""
     by_name = {t.name: t for t in tensors}
     return write_safetensors(
@@ -189,22 +195,28 @@ def write_shard(path: Path, tensors: list[Planned], seed: int) -> dict[str, str]
         [(t.name, t.dtype, t.shape) for t in tensors],
         lambda name: chunks(by_name[name], seed),
         {"format": "pt", "writer": "tpload.synth"},
+        progress,
     )
 
 
-def write_checkpoint(out_dir: str | os.PathLike, spec: SynthSpec) -> Path:
-    """Write shards, index and NATIVE_MANIFEST.json for ``spec`` into ``out_dir`` (new or empty)."""
+def write_checkpoint(
+    out_dir: str | os.PathLike, spec: SynthSpec, *, progress: Meter | None = None
+) -> Path:
+    """Write shards, index and NATIVE_MANIFEST.json for ``spec`` into ``out_dir`` (new or empty).
+    ``progress``: the command's meter, told of each tensor as it is written."""
     root = Path(out_dir)
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise CheckpointError(
             f"{escape_name(root)}: not an empty folder; synth writes only into a new or empty one"
         )
     root.mkdir(parents=True, exist_ok=True)
-    groups = split_shards(planned_tensors(spec), spec.shards)
+    planned = planned_tensors(spec)
+    groups = split_shards(planned, spec.shards)
+    sink = progress(sum(t.nbytes for t in planned), len(planned), "writing") if progress else None
     weight_map, manifest, total = {}, {}, 0
     for k, group in enumerate(groups, 1):
         file = f"model-{k:05d}-of-{len(groups):05d}.safetensors"
-        digests = write_shard(root / file, group, spec.seed)
+        digests = write_shard(root / file, group, spec.seed, sink)
         for t in group:
             weight_map[t.name] = file
             manifest[t.name] = {
@@ -214,6 +226,8 @@ def write_checkpoint(out_dir: str | os.PathLike, spec: SynthSpec) -> Path:
                 "sha256": digests[t.name],
             }
             total += t.nbytes
+    if sink is not None:  # (a failed write leaves it to the collector: tqdm's bar closes then)
+        sink.close()
     (root / INDEX_NAME).write_text(
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1)
     )

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..errors import LoadError
+from ..report.progress import Meter
 from ..text import escape_name
 from .attest import PREDICATE_TYPE, STATEMENT_TYPE, Window, coverage, subject, views, windows
 from .attest_signing import signature_path, signature_problems
@@ -199,9 +200,11 @@ def check(
     *,
     key: str | os.PathLike | None = None,
     config: str | None = None,
+    progress: Meter | None = None,
 ) -> tuple[list[str], list[str]]:
     """Every difference between the attestation at ``path`` and what ``checkpoint`` gives now, and
-    notes (what was not checked). Raises LoadError when the file cannot be read at all."""
+    notes (what was not checked). Raises LoadError when the file cannot be read at all.
+    ``progress``: the command's meter, for recomputing the digests."""
     from .. import __version__
     from ..config import with_rules
     from ..pick import choose, planner_of
@@ -304,7 +307,12 @@ def check(
         )
         problems += _coverage_problems(pred["coverage"], planned)
         digests = predict(
-            checkpoint, cfg, layout, opts["kind"], storage=None if storage.per_rank else storage
+            checkpoint,
+            cfg,
+            layout,
+            opts["kind"],
+            storage=None if storage.per_rank else storage,
+            progress=progress,
         )
     finally:
         storage.close()

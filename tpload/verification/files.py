@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..report.progress import ProgressSink
 from ..storage.reader import Reader
 from ..text import escape_name
 from .blake3sums import new_blake3
@@ -139,8 +140,11 @@ class FileHasher:
         views: Mapping[str, tuple[int, int]],
         *,
         deferred: set[str] | frozenset[str] = frozenset(),
+        progress: ProgressSink | None = None,
     ) -> None:
         self.storage, self.files, self.peers, self.views = storage, files, peers, views
+        self.progress = progress
+        """Told of each file once hashed (an offline command's; the caller closes it)."""
         self.deferred = deferred
         """Tensors whose own sha256 is taken along (the load defers them: nothing else reads
         them)."""
@@ -183,6 +187,8 @@ class FileHasher:
                 if self._stop.is_set():
                     return
                 self.results.append(self._hash(reader, path))
+                if self.progress is not None:
+                    self.progress.update(self.results[-1].nbytes)
             reader.drain()
         except BaseException as e:  # noqa: BLE001 - handed to the loading thread by finish()
             self.error = e

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from ..agreement import disagreement
 from ..errors import LoadError
 from ..modes import RankStatus, Verify
+from ..report.progress import Meter
 from ..text import escape_name
 from . import signing
 from .blake3sums import SHA256, Digests, content_hash, fix_command
@@ -249,18 +250,22 @@ def at_rest(
     threads: int,
     digests: Digests = SHA256,
     what: str = "nothing written",
+    progress: Meter | None = None,
 ) -> Vouched:
     """The offline exit paths' gate (an export's sources, the blake3 sidecar): every named tensor
     read once and its sha256 checked against the manifest; raise CheckpointError listing every
     problem (manifest entries missing, mismatches, a file changed during the reads), else the
-    digests as :class:`~tpload.verification.vouched.Vouched`, the only thing those writers take."""
+    digests as :class:`~tpload.verification.vouched.Vouched`, the only thing those writers take.
+    ``progress``: the command's meter, for the reads."""
     from ..errors import CheckpointError
     from .hashing import hash_whole, mismatches
     from .vouched import vouched
 
     problems = storage.manifest_problems(names)
     if not problems:
-        hashed = hash_whole(storage, names, threads=threads, digests=digests)
+        hashed = hash_whole(
+            storage, names, threads=threads, digests=digests, progress=progress, what="checking"
+        )
         problems = mismatches(hashed) + storage.changed()
     if problems:
         raise CheckpointError(

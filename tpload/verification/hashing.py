@@ -27,6 +27,7 @@ from types import MappingProxyType
 import numpy as np
 
 from ..columns import RowTable
+from ..report.progress import Meter, Silent
 from ..storage import Storage, Stored
 from ..storage.catalogue import sha256_mismatch
 from ..storage.reader import Block, Reader
@@ -293,12 +294,20 @@ def hash_whole(
     threads: int = 0,
     feeds: dict[str, Callable[[np.ndarray, int], None]] | None = None,
     digests: Digests = SHA256,
+    progress: Meter | None = None,
+    what: str = "",
 ) -> HashResults:
     """``digests``' hashes (sha256 by default) of every named tensor, each read whole once, in the
     given order (offline tools: a manifest, a verification at rest, an export's sources). ``feeds``:
-    also hand each block of a tensor, whole rows at a time, to its callable (the value checks)."""
+    also hand each block of a tensor, whole rows at a time, to its callable (the value checks).
+    ``progress``: the command's meter, told of each tensor as it is read (``what``: this pass)."""
     hasher = Hasher(HashPlan(0, frozenset(names)), threads=threads, digests=digests)
     reader = Reader(storage)
+    sink = (
+        progress(sum(storage.stored(n).nbytes for n in names), len(names), what)
+        if progress is not None
+        else Silent()
+    )
     try:
         for name in names:
             stored = storage.stored(name)
@@ -312,10 +321,12 @@ def hash_whole(
             ):
                 if feed is not None:
                     feed(view, r)
+            sink.update(stored.nbytes)
         reader.drain()
         return hasher.finish()
     finally:
         hasher.close()
+        sink.close()
 
 
 def mismatches(hashed: HashResults, digests: Digests = SHA256) -> list[str]:

@@ -16,7 +16,7 @@ from ..errors import CheckpointError
 from ..loop import run
 from ..pick import planner_of
 from ..plan import Layout
-from ..report.progress import Silent
+from ..report.progress import Meter, Silent
 from ..storage import Storage, open_storage
 from ..transfer.cpu import CpuTransfer
 from .hashing import Hasher
@@ -36,6 +36,7 @@ def predict(
     verify: bool = False,
     storage: Storage | None = None,
     windows: list[dict] | None = None,
+    progress: Meter | None = None,
 ) -> list[str]:
     """Every rank's digest for this layout and kind, computed on the CPU by the load's own code.
 
@@ -43,7 +44,8 @@ def predict(
     any mismatch raises :class:`LoadError`, listing them all. ``storage``: an opened native folder
     to compute every rank from (the caller keeps it open and closes it); by default each rank's
     own storage is opened here. ``windows``: a list that gets, rank by rank, the fingerprint of each
-    tensor the rank serves (its digest's lines: verification/store.py stores them).
+    tensor the rank serves (its digest's lines: verification/store.py stores them). ``progress``:
+    the command's meter, one pass a rank.
     """
     out, hashed = [], set()
     for rank in range(layout.world):
@@ -73,7 +75,9 @@ def predict(
                 transfer=CpuTransfer(torch.device("cpu")),
                 hasher=Hasher(HashPlan(rank, mine), threads=min(2, spare_threads())),
                 samples=0,
-                progress=Silent(),
+                progress=Silent()
+                if progress is None
+                else progress(plan.read_bytes, plan.served, f"rank {rank} of {layout.world}"),
             )
             out.append(result.digest())
             if windows is not None:

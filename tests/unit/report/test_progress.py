@@ -61,3 +61,41 @@ def test_a_load_counts_what_the_table_counts(small_ckpt: Path) -> None:
         )  # packed scales are served tensors of their own
     finally:
         shards.release()
+
+
+def test_a_command_s_meter_labels_each_pass_and_counts_its_unit(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from tpload.report.progress import meter
+
+    clock = Clock()
+    sink = meter("verify")(3000, 3, "rank file 2 of 4", unit="file")
+    sink._now = clock  # the pass's own clock, as Progress takes one
+    sink.t0 = sink._last = clock.t
+    with caplog.at_level("INFO", logger="tpload"):
+        sink.update(1000)
+        clock.t += 2.0
+        sink.update(1000)
+        clock.t += 2.0
+        sink.close()  # a command prints its own result: no closing line
+    assert [r.getMessage() for r in caplog.records] == [
+        "verify rank file 2 of 4 2/3 files, 0.00/0.00 GB, 0.00 GB/s, ETA 1 s"
+    ]
+
+
+def test_a_pass_ended_by_an_exception_does_not_announce_what_follows_a_finished_read(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = Clock()
+    p = Progress(1000, 4, every_s=2.0, now=clock)
+    p.update(500)
+    clock.t += 3.0
+    with caplog.at_level("INFO", logger="tpload"), pytest.raises(KeyboardInterrupt):
+        try:
+            raise KeyboardInterrupt
+        finally:  # as the load loop closes its sink
+            p.close()
+    assert "finishing" not in caplog.text
+    with caplog.at_level("INFO", logger="tpload"):
+        p.close()  # the same pass, ended normally
+    assert "read 1 tensor (0.00 GB) in 3 s; finishing the last hashes" in caplog.text

@@ -17,7 +17,7 @@ from tpload.errors import LoadError
 from tpload.kvscales import census
 from tpload.tools.published import write_published
 
-from ..ckpt_tools import renamed
+from ..ckpt_tools import renamed, repin
 
 L = "model.layers.{}.self_attn."
 SPELLED = {  # layer: its stored k and v scale names
@@ -108,6 +108,7 @@ def three(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = renamed(plain, base / "three", lambda n: n, extra={**layer1, **scales})
     cfg = json.loads((root / "config.json").read_text())
     (root / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 3}))
+    repin(root)
     return root
 
 

@@ -27,7 +27,7 @@ from ..plan import Layout
 from ..storage import Storage
 from ..storage.catalogue import MANIFEST_NAME
 from ..storage.files import atomic_write
-from ..storage.pins import Pins, pins_to_write
+from ..storage.pins import Pins, pins_doc
 from ..storage.sharded import ShardedStorage
 from ..text import escape_name
 from ..verification import gate
@@ -275,11 +275,13 @@ def write_manifest(root: str | os.PathLike, *, force: bool = False, threads: int
         for n in names
     }
     # the JSON files that shape a plan, pinned (storage/pins.py); the index as it was read for the
-    # table
-    files = pins_to_write(path.parent, known=catalogue.files_read)
-    atomic_write(
-        path, json.dumps({"format": 1, "files": files, "tensors": tensors}, indent=1) + "\n"
+    # table, a GGUF set's key-values as its headers were read
+    pins = pins_doc(
+        path.parent,
+        known=catalogue.files_read,
+        gguf_kv={f: sha for f, (sha, _) in catalogue.gguf_kv.items()},
     )
+    atomic_write(path, json.dumps({"format": 1, **pins, "tensors": tensors}, indent=1) + "\n")
     return path
 
 

@@ -18,10 +18,18 @@ from tpload.tools.offline import verify_checkpoint, write_manifest
 from tpload.tools.published import write_published
 
 
+def unpin(root: Path) -> Path:
+    """``root``'s manifest as a tpload before pins wrote it: no ``"files"``."""
+    doc = json.loads((root / MANIFEST_NAME).read_text())
+    del doc["files"]
+    (root / MANIFEST_NAME).write_text(json.dumps({"format": 1, **doc}, indent=1))
+    return root
+
+
 @pytest.fixture(scope="module")
 def llama_old(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A llama-tiny folder with a manifest written the old way (no "files")."""
-    return write_published(tmp_path_factory.mktemp("llama") / "ckpt", "llama-tiny")
+    return unpin(write_published(tmp_path_factory.mktemp("llama") / "ckpt", "llama-tiny"))
 
 
 @pytest.fixture
@@ -33,6 +41,20 @@ def pinned(llama_old: Path, tmp_path: Path) -> Path:
     shutil.copytree(llama_old, root)
     write_manifest(root, force=True)
     return root
+
+
+def test_tploads_own_writers_pin_what_the_load_checks(small_ckpt: Path, tmp_path: Path) -> None:
+    """synth and the published presets write manifests that pin their JSON files (what `tpload
+    manifest` would write), so their loads print no stale-manifest note."""
+    llama = write_published(tmp_path / "llama", "llama-tiny")
+    for root, pinned_names in (
+        (small_ckpt, [INDEX_NAME]),
+        (llama, ["config.json", INDEX_NAME]),
+    ):
+        doc = json.loads((root / MANIFEST_NAME).read_text())
+        assert doc["files"] == {n: {"sha256": sha(root / n)} for n in pinned_names}
+        assert read_native(root)[0].check_plan_files() == []
+    assert not any("pins none of" in n for n in tpload.load(llama, progress=False).report.notes)
 
 
 def edit(path: Path, **changes: object) -> None:
@@ -127,9 +149,13 @@ def test_a_folder_without_plan_files_gets_no_note(small_ckpt: Path, tmp_path: Pa
 
     root = tmp_path / "single"
     shutil.copytree(small_ckpt, root)
+    unpin(root)
     cat = read_native(root)[0]
-    assert cat.check_plan_files()  # the small preset's index is not pinned by its old manifest
+    assert cat.check_plan_files()  # the index is not pinned by an old manifest
     write_manifest(root, force=True)
+    assert read_native(root)[0].check_plan_files() == []
+    (root / INDEX_NAME).unlink()  # no JSON file left to pin: no note even unpinned
+    unpin(root)
     assert read_native(root)[0].check_plan_files() == []
 
 

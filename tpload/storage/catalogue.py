@@ -76,12 +76,15 @@ def natural_sorted(names: Iterable[str]) -> list[str]:
     return sorted(names, key=lambda name: natural_key(name, run))
 
 
-def sha256_mismatch(path: Path | str, name: str, got: str, want: str) -> str:
-    """The one wording of a hash failure, wherever a tensor is checked against the manifest."""
-    return (
-        f"{escape_name(path)}: tensor {escape_name(name)}: sha256 {got[:16]}... does not match "
-        f"the manifest's {want[:16]}..."
-    )
+def sha256_mismatch(
+    path: Path | str, name: str, got: str, want: str, *, vouched_by: str | None = None
+) -> str:
+    """The one wording of a hash failure, wherever a tensor is checked against the manifest
+    (``vouched_by``: what else vouched for ``want``, in words, when it was not the manifest)."""
+    head = f"{escape_name(path)}: tensor {escape_name(name)}: sha256 {got[:16]}... does not match "
+    if vouched_by is None:
+        return head + f"the manifest's {want[:16]}..."
+    return head + f"{want[:16]}..., {vouched_by}"
 
 
 class ManifestEntry(NamedTuple):

@@ -52,10 +52,11 @@ WHAT = {
 }
 
 
-def renew(what: str) -> str:
-    """How to pin ``what`` again, and what that costs (one wording everywhere)."""
+def renew(what: str, target: str = "DIR") -> str:
+    """How to pin ``what`` again, and what that costs (one wording everywhere; ``target``: what to
+    give ``tpload manifest``, the folder or a GGUF set's first file)."""
     return (
-        f"`python -m tpload manifest DIR --force` pins {what}, which changes the manifest's "
+        f"`python -m tpload manifest {target} --force` pins {what}, which changes the manifest's "
         "sha256: --manifest-sha256 pins and stored predictions (`plan --write`, `manifest --hash "
         "blake3`) made from the old manifest must then be renewed"
     )
@@ -202,6 +203,7 @@ class Pins:
         if self.manifest_sha256 is None or self.gguf_kv is None:
             return []
         manifest = escape_name(self.root / MANIFEST_NAME)
+        first = escape_name(self.root / next(iter(kv), ""))  # what names the set to `manifest`
         out = []
         for file, (got, size) in kv.items():
             want = self.gguf_kv.get(file)
@@ -211,14 +213,14 @@ class Pins:
                 out.append(
                     f"{where} are not pinned by {manifest}, which pins those of {pinned} (a "
                     "manifest written for another GGUF file of this folder?); refused: they say "
-                    f"what the model is. If this file belongs there, {renew('it')}"
+                    f"what the model is. If this file belongs there, {renew('it', first)}"
                 )
             elif got != want:
                 out.append(
                     f"{where} have sha256 {got[:16]}..., but {manifest} pins {want[:16]}...: the "
                     "header (head or expert counts, rope settings, the tokenizer) changed after "
                     f"the manifest was written; restore the file, or if the change is meant, "
-                    f"{renew('them again')}"
+                    f"{renew('them again', first)}"
                 )
         return out
 

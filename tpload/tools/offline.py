@@ -27,6 +27,7 @@ from ..plan import Layout
 from ..storage import Storage
 from ..storage.catalogue import MANIFEST_NAME
 from ..storage.files import atomic_write
+from ..storage.gguf import folder_of
 from ..storage.pins import Pins, pins_doc
 from ..storage.sharded import ShardedStorage
 from ..text import escape_name
@@ -135,7 +136,7 @@ def verify_checkpoint(
                     _file_problems(storage, storage.local.digests) if storage.local else []
                 )
             problems += Pins.of(
-                path
+                storage.root
             ).problems()  # config.json, hf_quant_config.json, the index against their pins
             names, compare = [n for n in cat.names() if n in cat.manifest], True
         checkers = _value_checkers(storage, config, problems) if config is not None else {}
@@ -234,8 +235,10 @@ def _verify_export(root: Path, threads: int) -> list[str]:
 
 def write_manifest(root: str | os.PathLike, *, force: bool = False, threads: int = 2) -> Path:
     """Hash every tensor and write NATIVE_MANIFEST.json (refusing to overwrite unless ``force``);
-    written beside and renamed, so a reader never sees half a manifest."""
-    path = Path(root).absolute() / MANIFEST_NAME
+    written beside and renamed, so a reader never sees half a manifest. ``root``: a folder, or a
+    ``.gguf`` file (the manifest goes into its folder, and vouches for that file or split set
+    alone)."""
+    path = folder_of(Path(root).absolute()) / MANIFEST_NAME
     if os.path.lexists(path) and not force:
         raise CheckpointError(f"{escape_name(path)} exists; pass --force to overwrite it")
     storage = ShardedStorage(

@@ -10,6 +10,7 @@ bytes whatever the shard count.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -266,6 +267,28 @@ as done). Older folders are left alone (another install may still use them); del
 def cache_folder(base: Path, key: str) -> Path:
     """Where checkpoint ``key`` is cached under ``base``, in this :data:`CACHE_FORMAT`."""
     return base / f"{key}-format{CACHE_FORMAT}"
+
+
+def write_local_dir(out_dir: str | os.PathLike, name: str, write: Callable[[Path], Path]) -> Path:
+    """A checkpoint laid out as ``hf download ORG/NAME --local-dir OUT_DIR`` leaves it: ``write``
+    writes the files into ``out_dir`` (new or empty; no manifest), then each gets its download
+    metadata, written by huggingface_hub's own function (so its format and its freshness rule are
+    the library's): a made-up commit of ``name``, and the etag the hub would give the file (the
+    sha256 of an LFS file, the git blob SHA-1 of the rest). Returns the folder."""
+    try:
+        from huggingface_hub._local_folder import write_download_metadata
+    except ImportError:
+        raise OptionsError(
+            "--local-dir writes the download metadata with huggingface_hub's own function, and "
+            "huggingface_hub is not installed (pip install huggingface_hub)"
+        ) from None
+    from ..storage.hub import upload_digest
+
+    root = write(Path(out_dir))
+    commit = hashlib.sha1(f"{name}@main".encode()).hexdigest()
+    for f in sorted(p for p in root.iterdir() if p.is_file()):
+        write_download_metadata(root, f.name, commit, upload_digest(f))
+    return root
 
 
 def cached_checkpoint(spec: SynthSpec, cache_dir: str | os.PathLike | None = None) -> Path:

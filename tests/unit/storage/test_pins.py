@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -167,3 +168,27 @@ def test_a_malformed_files_entry_is_refused(pinned: Path) -> None:
         CheckpointError, match=r"\"files\" must map each pinned JSON file.*config\.json"
     ):
         read_native(pinned)
+
+
+def test_a_checkpoint_cached_by_an_older_tpload_is_written_again(
+    small_ckpt: Path, tmp_path: Path
+) -> None:
+    """The built-in checkpoint's cache names its format: a folder an older tpload wrote (a manifest
+    without pins, under the old name) is not reused, so its stale-manifest note goes for good."""
+    from dataclasses import asdict
+
+    from tpload.tools.synth import CACHE_FORMAT, PRESETS, cached_checkpoint
+
+    spec = PRESETS["small"]
+    old = tmp_path / ("synth-" + "-".join(f"{k}{v}" for k, v in asdict(spec).items()))
+    shutil.copytree(small_ckpt, old)
+    unpin(old)
+    got = cached_checkpoint(spec, tmp_path)
+    assert got != old and got.name == f"{old.name}-format{CACHE_FORMAT}"
+    assert read_native(got)[0].check_plan_files() == []  # pinned: no note
+    assert sha(got / "model-00001-of-00002.safetensors") == sha(
+        small_ckpt / "model-00001-of-00002.safetensors"
+    )  # the same bytes: every digest unchanged
+    stamp = (got / MANIFEST_NAME).stat().st_mtime_ns
+    assert cached_checkpoint(spec, tmp_path) == got  # the current format's folder is reused
+    assert (got / MANIFEST_NAME).stat().st_mtime_ns == stamp

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import tpload
+from tpload.cli import main
 from tpload.config import load_config
 from tpload.errors import CheckpointError, ConfigError, LoadError
 from tpload.pick import choose, planner_of
@@ -239,6 +240,10 @@ def test_a_sibling_set_is_never_mixed_in(qwen: Path, two_sets: Path) -> None:
     ), message
     with pytest.raises(LoadError, match=f"is inside the checkpoint {two_sets}"):
         tpload.load(two_sets / PART1, progress=False, report=str(two_sets / "r.json"))
+    # the subcommands see the same selection: plan and verify the set named, refuse the other
+    assert main(["plan", str(two_sets / PART1), "--tp", "2"]) == 0
+    assert main(["verify", str(two_sets / PART1)]) == 0
+    assert main(["verify", str(two_sets / "other-00001-of-00002.gguf")]) == 1
 
 
 def test_a_gguf_file_of_a_hub_snapshot_is_vouched_for_by_its_blob_alone(

@@ -209,7 +209,9 @@ class Pins:
             want = self.gguf_kv.get(file)
             where = f"{escape_name(self.root / file)}: GGUF key-values (its first {size} bytes)"
             if want is None:
-                pinned = ", ".join(escape_name(f) for f in sorted(self.gguf_kv)[:3]) or "none"
+                names = sorted(self.gguf_kv)
+                pinned = ", ".join(escape_name(f) for f in names[:3]) or "none"
+                pinned += f" (and {len(names) - 3} more)" if len(names) > 3 else ""
                 out.append(
                     f"{where} are not pinned by {manifest}, which pins those of {pinned} (a "
                     "manifest written for another GGUF file of this folder?); refused: they say "

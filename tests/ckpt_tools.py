@@ -42,6 +42,7 @@ def add_tensors(
     index = json.loads(index_path.read_text())
     index["weight_map"].update({n: file for n in tensors})
     index_path.write_text(json.dumps(index))
+    repin(root)  # the index changed on purpose: what is tested is the manifest's tensors
     if manifest == "none":
         return
     m = json.loads((root / "NATIVE_MANIFEST.json").read_text())
@@ -54,6 +55,26 @@ def add_tensors(
         dtype = json.loads(_header(root / file))[name]["dtype"]
         m["tensors"][name] = {"file": file, "dtype": dtype, "shape": list(t.shape), "sha256": sha}
     (root / "NATIVE_MANIFEST.json").write_text(json.dumps(m))
+
+
+PLAN_FILES = ("config.json", "hf_quant_config.json", "model.safetensors.index.json")
+"""The JSON files a manifest pins (docs/format.md), spelled here independently of tpload."""
+
+
+def repin(root: Path) -> None:
+    """Pin ``root``'s JSON files as they are now in its manifest's ``"files"`` (what `tpload
+    manifest --force` would write there): for a test that edits one on purpose, so the load reaches
+    the check the test is about instead of refusing the edit."""
+    path = root / "NATIVE_MANIFEST.json"
+    if not path.exists():
+        return
+    m = json.loads(path.read_text())
+    m["files"] = {
+        n: {"sha256": hashlib.sha256((root / n).read_bytes()).hexdigest()}
+        for n in PLAN_FILES
+        if (root / n).exists()
+    }
+    path.write_text(json.dumps(m))
 
 
 def _header(path: Path) -> bytes:
@@ -108,6 +129,7 @@ def renamed(src: Path, dst: Path, rename, extra: dict[str, torch.Tensor] | None 
     m = json.loads((dst / "NATIVE_MANIFEST.json").read_text())
     m["tensors"] = {rename(n): e for n, e in m["tensors"].items()}
     (dst / "NATIVE_MANIFEST.json").write_text(json.dumps(m))
+    repin(dst)
     if extra:  # a new shard each time (a copy of a copy keeps the first's)
         add_tensors(
             dst, extra, file=f"extra-{len(list(dst.glob('extra*.safetensors')))}.safetensors"

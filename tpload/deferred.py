@@ -85,7 +85,12 @@ class DeferredTensor:
         finally:
             os.close(fd)
         if self.sha256 is not None and h.hexdigest() != self.sha256:
-            raise CheckpointError(sha256_mismatch(self.path, self.name, h.hexdigest(), self.sha256))
+            raise CheckpointError(
+                sha256_mismatch(
+                    self.path, self.name, h.hexdigest(), self.sha256, vouched_by=self.vouched_by
+                )
+                + " (the file changed since the load?)"
+            )
 
 
 def locate(

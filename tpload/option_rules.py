@@ -105,8 +105,11 @@ def _attest_problems(values: Mapping[str, object], spell: Spell) -> list[str]:
 def report_in_checkpoint(report: str, checkpoint: str) -> str | None:
     """Why writing a report at ``report`` would write into the checkpoint folder ``checkpoint`` (a
     path inside it, spelled directly or through symlinks, or a file elsewhere that one of its
-    entries is: a hub snapshot's blob, a hard link), or None."""
-    ckpt = Path(checkpoint)
+    entries is: a hub snapshot's blob, a hard link), or None. A ``.gguf`` file named as the
+    checkpoint stands for its folder (its manifest, snapshot or download metadata are there)."""
+    from .storage.gguf import folder_of
+
+    ckpt = folder_of(Path(checkpoint))
     if not ckpt.is_dir():
         return None  # no checkpoint there: the load says so
     try:
@@ -129,10 +132,7 @@ def report_in_checkpoint(report: str, checkpoint: str) -> str | None:
             except OSError:
                 continue
             if (e.st_dev, e.st_ino) == (st.st_dev, st.st_ino):
-                return (
-                    f"is the checkpoint's {entry.name} (the same file as "
-                    f"{Path(checkpoint) / entry.name})"
-                )
+                return f"is the checkpoint's {entry.name} (the same file as {ckpt / entry.name})"
     return None
 
 

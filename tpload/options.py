@@ -110,8 +110,8 @@ class LoadOptions:
 
     checkpoint: str | None = opt(
         None,
-        "checkpoint directory (default: a built-in small synthetic one, written once "
-        "under ~/.cache/tpload)",
+        "checkpoint directory, or a .gguf file (a split set's first part: the set) (default: a "
+        "built-in small synthetic one, written once under ~/.cache/tpload)",
         metavar="DIR",
     )
     config: str = opt(
@@ -146,7 +146,7 @@ class LoadOptions:
         Verify.NODE,
         "node: each tensor hashed once per node; rank: by every rank that reads it; digest: "
         "no hashing, every served byte checked against digests `tpload plan --write` stored after "
-        "hashing; off: nothing checked against the manifest (loudly marked)",
+        "hashing; off: nothing checked against any trust source (loudly marked)",
         choices=VERIFY_MODES,
     )
     device: str | None = opt(None, "target device (default: cuda:LOCAL_RANK, or cpu without CUDA)")

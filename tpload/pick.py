@@ -36,10 +36,13 @@ if TYPE_CHECKING:
 AUTO = "auto"
 
 
-def choose(spec: str, root: Path, *, pins: Pins | None = None) -> tuple[Config, str]:
-    """The config ``spec`` names for the checkpoint at ``root``, and why ("" when named outright).
-    ``pins``: those of the manifest the caller opened (a load: its catalogue's), so the JSON files
-    are checked against that very manifest, not one read again later.
+def choose(
+    spec: str, root: Path, *, pins: Pins | None = None, header: gguf.GGUFHeader | None = None
+) -> tuple[Config, str]:
+    """The config ``spec`` names for the checkpoint at ``root`` (a folder, or a ``.gguf`` file),
+    and why ("" when named outright). ``pins``: those of the manifest the caller opened (a load:
+    its catalogue's), so the JSON files are checked against that very manifest, not one read again
+    later; ``header``: a GGUF checkpoint's first header as the catalogue read and checked it.
 
     ``auto`` detects both halves; a codec family alone (``nvfp4``) detects the architecture and
     keeps the family; anything else is loaded as named. A pre-partitioned export is loaded with
@@ -48,6 +51,7 @@ def choose(spec: str, root: Path, *, pins: Pins | None = None) -> tuple[Config, 
     head, families = split_spec(spec)
     if head != AUTO and head not in FAMILIES:
         return load_config(spec), ""
+    folder = gguf.folder_of(root)
     export_config = partitioned.export_config(root) if root.is_dir() else None
     if export_config is not None:
         if head != AUTO:
@@ -58,8 +62,8 @@ def choose(spec: str, root: Path, *, pins: Pins | None = None) -> tuple[Config, 
         return load_config(
             export_config
         ), f"config {export_config}: the one this export was made with"
-    pins = pins or (Pins.of(root) if root.is_dir() else Pins(root, None, None))
-    model = model_config(root, pins=pins)
+    pins = pins or (Pins.of(folder) if folder.is_dir() else Pins(folder, None, None))
+    model = model_config(root, pins=pins, header=header)
     if model is None:
         if head != AUTO:
             raise ConfigError(
@@ -71,9 +75,9 @@ def choose(spec: str, root: Path, *, pins: Pins | None = None) -> tuple[Config, 
             f"config {REFERENCE_CONFIG}: {escape_name(root)} has no config.json, "
             "so it is read as tpload's reference native layout (docs/format.md)"
         )
-    arch, arch_why = _architecture(model, root)
+    arch, arch_why = _architecture(model, folder)
     if head == AUTO:
-        picked, fam_why = _families(model, root, pins)
+        picked, fam_why = _families(model, folder, pins)
         if all(f in arch.families for f in picked):
             own = [f for f in arch.families if f not in picked]
             if own:  # the architecture's own list covers what was found, and says more
@@ -85,10 +89,15 @@ def choose(spec: str, root: Path, *, pins: Pins | None = None) -> tuple[Config, 
     return config, f"config {config.name}: {arch_why}; {'+'.join(picked)} {fam_why}"
 
 
-def model_config(root: Path, *, pins: Pins | None = None) -> dict | None:
+def model_config(
+    root: Path, *, pins: Pins | None = None, header: gguf.GGUFHeader | None = None
+) -> dict | None:
     """The checkpoint's config.json, or None: checked by its blob name first in a hub snapshot (by
     its etag in a local-dir download), and against its pin in the manifest (``pins``: those of the
-    manifest on disk now, by default)."""
+    manifest on disk now, by default). Without one, a GGUF checkpoint's header stands for it
+    (``header``: the one its catalogue read and checked against the manifest's pins; else read
+    now): a :class:`~.storage.gguf.HeaderConfig`, which says where each field came from."""
+    root = gguf.folder_of(file := root)
     path = root / "config.json"
     if (
         hub.is_snapshot(root) and path.exists()
@@ -99,19 +108,25 @@ def model_config(root: Path, *, pins: Pins | None = None) -> dict | None:
     ):  # by its local-dir etag, when it has fresh metadata
         localdir.LocalDir(root).check_small_files()
     raw = (pins or Pins.of(root)).read("config.json", "model config")
-    if raw is None:
-        return gguf.model_config(root)  # a GGUF folder: its header says what config.json would
+    if raw is None:  # a GGUF checkpoint: its header says what config.json would
+        return gguf.header_config(header) if header is not None else gguf.model_config(file)
     doc = parse_json(raw, path, "model config")
     if not isinstance(doc, dict):
         raise ConfigError(f"{escape_name(path)}: model config is not a JSON object")
     return doc
 
 
-def model_for(root: Path, config: Config, *, pins: Pins | None = None) -> dict | None:
+def model_for(
+    root: Path,
+    config: Config,
+    *,
+    pins: Pins | None = None,
+    header: gguf.GGUFHeader | None = None,
+) -> dict | None:
     """The checkpoint's config.json for the planner (``Planner(..., model=)``), or None when it has
     none. An unreadable one is an error only when one of ``config``'s rules counts heads by it."""
     try:
-        return model_config(Path(root), pins=pins)
+        return model_config(Path(root), pins=pins, header=header)
     except LoadError:
         if any(isinstance(r.units, str) for r in config.rules):
             raise
@@ -123,9 +138,8 @@ def planner_of(catalogue: Catalogue, config: Config) -> Planner:
     itself reads no file)."""
     from .plan import Planner
 
-    return Planner(
-        catalogue, config, model=model_for(Path(catalogue.root), config, pins=catalogue.pins)
-    )
+    model = model_for(Path(catalogue.root), config, pins=catalogue.pins, header=catalogue.gguf)
+    return Planner(catalogue, config, model=model)
 
 
 _REFERENCE_NAMES = ("mtp.", "head.")
@@ -177,16 +191,24 @@ def _architecture(model: dict, root: Path) -> tuple[Config, str]:
     names."""
     said = _names(model.get("architectures"), root, "architectures", listed=True)
     kind = _names(model.get("model_type"), root, "model_type", listed=False)
+    header = model.path if isinstance(model, gguf.HeaderConfig) else None
     for name in said + kind:
         for config in _architectures():
             if name in config.architectures:
+                if header is not None:
+                    return config, f"{model.source('architectures')} is {name[5:]} ({name})"
                 field = "architectures" if name in said else "model_type"
                 return config, f"config.json {field} {name}"
     kind = kind[0] if kind else None
+    what = (
+        f"general.architecture {said[0][5:]}"
+        if header is not None
+        else f"architectures {said or 'none'}, model_type {kind or 'none'}"
+    )
     raise ConfigError(
-        f"{escape_name(root / 'config.json')}: architectures {said or 'none'}, model_type "
-        f"{kind or 'none'}: no shipped config is for this model ({available()}). Pass --config "
-        "with one whose names fit, or write a TOML config of [[rules]] (docs/configs.md)"
+        f"{escape_name(header or root / 'config.json')}: {what}: no shipped config is for this "
+        f"model ({available()}). Pass --config with one whose names fit, or write a TOML config "
+        "of [[rules]] (docs/configs.md)"
     )
 
 

@@ -161,7 +161,8 @@ def served(
     )
     if opts.verify == Verify.OFF:
         rank_log(ctx.rank).warning(
-            "verification is OFF: %d tensors served without any check against the manifest",
+            "verification is OFF: %d tensors served without any check against a manifest, hub blob "
+            "names, etags or a signature",
             ranks[ctx.rank].tensors,
         )
     if opts.report and ctx.rank == 0:

@@ -28,7 +28,8 @@ def config_of(storage: Storage, opts: LoadOptions, ctx: DistContext, notes: list
     """The config the load plans by (``--config``, or picked from config.json against the
     catalogue's pins) with the load's skip and defer rules; why it was picked goes into ``notes``
     (the report's, which the table prints: at DEBUG rank 0's log says it as it is picked too)."""
-    config, why = choose(opts.config, storage.root, pins=storage.catalogue.pins)
+    cat = storage.catalogue
+    config, why = choose(opts.config, storage.root, pins=cat.pins, header=cat.gguf)
     if why:
         notes.append(why)
         if ctx.rank == 0:

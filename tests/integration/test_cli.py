@@ -22,6 +22,24 @@ def test_readme_default_loads_the_builtin_checkpoint(tmp_path: Path) -> None:
     assert len(doc["ranks"]) == 2 and doc["tp"] == 2 and doc["verify"] == "node"
     assert all(r["failed"] == 0 and r["tensors"] > 0 for r in doc["ranks"])
     assert any((tmp_path / "cache").glob("synth-*/NATIVE_MANIFEST.json"))  # made once, cached
+    # tpload's own checkpoint pins what its load checks: no stale-manifest note on the first run
+    assert "pins none of" not in run.text and not any("pins none" in n for n in doc["notes"])
+    assert_matches_readme(run.out)
+
+
+def assert_matches_readme(out: str) -> None:
+    """README's sample of this run ("The first load"): the same header, the same verified line,
+    and per rank the same counts, bytes and digest (times and memory differ from run to run)."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = readme.split("## The first load", 1)[1]
+    sample = re.search(r"\n```\n(rank node.*?)\n```", section, re.S).group(1).splitlines()
+    lines = out.splitlines()
+    head = lines.index(sample[0])  # the header, verbatim
+    assert sample[-1].startswith("verified: ") and sample[-1] in lines, (sample[-1], out)
+    fixed = lambda row: row.split()[:6] + row.split()[-1:]  # noqa: E731  rank..served, digest
+    rows = lines[head + 1 : head + len(sample) - 2]
+    assert [fixed(r) for r in rows] == [fixed(r) for r in sample[1:-2]], (rows, sample)
+    assert fixed(sample[1])[-1] == "70e17cbcd71a5fc6" and fixed(sample[2])[-1] == "42c10de7a592cd9a"
 
 
 def test_a_failed_load_prints_its_message_once_and_torchrun_names_it(tmp_path: Path) -> None:

@@ -235,6 +235,73 @@ def test_synth_hub_twice_into_one_folder_is_one_line(
     )
 
 
+def test_synth_local_dir_lays_out_an_hf_download_that_loads_verified(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """``--local-dir``: the files and huggingface_hub's own download metadata (read back by
+    huggingface_hub as fresh, each etag what the hub gives the file), no manifest; it loads
+    verified by the etags alone."""
+    import hashlib
+
+    import tpload
+
+    hf_local = pytest.importorskip("huggingface_hub._local_folder")
+    root = tmp_path / "dl"
+    assert main(["synth", str(root), "--preset", "llama-tiny", "--local-dir"]) == 0
+    assert capsys.readouterr().out.startswith(f"wrote {root}: 2 shards")
+    files = sorted(p.name for p in root.iterdir() if p.is_file())
+    assert files == [
+        "config.json",
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json",
+    ]  # no manifest: the etags vouch
+    for name in files:
+        data = (root / name).read_bytes()
+        lfs = name.endswith(".safetensors")
+        meta = hf_local.read_download_metadata(root, name)
+        assert meta is not None and meta.etag == (
+            hashlib.sha256(data).hexdigest()
+            if lfs
+            else hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+        )
+    shards = tpload.load(root, progress=False)
+    assert any(
+        n.startswith("local-dir download (commit ")
+        and "2 file(s) checked whole against their local-dir etags" in n
+        for n in shards.report.notes
+    ), shards.report.notes
+    shards.release()
+    with pytest.raises(SystemExit) as e:
+        main(["synth", str(tmp_path / "x"), "--preset", "llama-tiny", "--local-dir", "--hub", "o"])
+    assert e.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+
+
+def test_synth_of_a_gguf_preset_prints_the_step_its_load_needs(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    import shlex
+
+    import tpload
+
+    pytest.importorskip("gguf")
+    root = tmp_path / "g"
+    assert main(["synth", str(root), "--preset", "qwen3-moe-gguf-tiny"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"wrote {root}: 2 GGUF files, preset qwen3-moe-gguf-tiny"
+    step = out[1].removeprefix("next: ").split("   (")[0]
+    assert step == f"python -m tpload manifest {root}", out
+    with pytest.raises(tpload.LoadError, match="manifest missing"):
+        tpload.load(root, progress=False)  # what the step is for
+    assert main(shlex.split(step)[3:]) == 0  # the step as printed
+    assert len(tpload.load(root / "model-00001-of-00002.gguf", progress=False).state_dict()) == 27
+    local = tmp_path / "gl"  # laid out as a download instead: the etags vouch, no step to take
+    assert main(["synth", str(local), "--preset", "qwen3-moe-gguf-tiny", "--local-dir"]) == 0
+    assert "next:" not in capsys.readouterr().out
+    notes = tpload.load(local / "model-00001-of-00002.gguf", progress=False).report.notes
+    assert any("2 file(s) checked whole against their local-dir etags" in n for n in notes)
+
+
 def test_an_os_error_names_its_file_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:

@@ -20,7 +20,7 @@ import tpload
 from tpload.errors import LoadError
 from tpload.tools.synth import SynthSpec, write_checkpoint
 
-from ..ckpt_tools import add_tensors
+from ..ckpt_tools import add_tensors, repin
 from ..helpers import edit_json, poke, rewrite_header, shard_of, tensor_offset
 
 S1, S2 = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
@@ -46,7 +46,10 @@ def manifest(root: Path, mutate: Callable[[dict], None]) -> None:
 
 
 def index(root: Path, mutate: Callable[[dict], None]) -> None:
+    """Edit the index, then pin it again: the fault tested is the index's content, which its pin
+    in the manifest would otherwise refuse first."""
     edit_json(root / "model.safetensors.index.json", lambda m: mutate(m["weight_map"]))
+    repin(root)
 
 
 def _truncate(root: Path) -> None:

@@ -19,7 +19,7 @@ from tpload.errors import LoadError
 from tpload.kvscales import census
 from tpload.tools.published import write_published
 
-from ..ckpt_tools import renamed
+from ..ckpt_tools import renamed, repin
 
 L = "model.layers.{}.self_attn."
 SPELLED = {  # layer: its stored k and v scale names
@@ -113,6 +113,7 @@ def with_scales(plain: Path, root: Path, **given: torch.Tensor) -> Path:
     root = renamed(plain, root, lambda n: n, extra={**layer1, **scales})
     cfg = json.loads((root / "config.json").read_text())
     (root / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 3}))
+    repin(root)
     return root
 
 

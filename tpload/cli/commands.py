@@ -36,22 +36,32 @@ def cmd_synth(argv: list[str]) -> int:
     if (
         args.preset in GGUF_PRESETS or args.preset in HEADERS_ONLY
     ):  # GGUF split sets (docs/formats/gguf.md)
+        if args.preset in HEADERS_ONLY and (args.hub or args.local_dir):
+            p.error("--hub and --local-dir are for presets with data")
         root = (
             write_headers_only(args.dir, args.preset)
             if args.preset in HEADERS_ONLY
-            else write_gguf_preset(args.dir, args.preset, seed=args.seed or 0)
+            else _laid_out(
+                args, lambda out: write_gguf_preset(out, args.preset, seed=args.seed or 0)
+            )
         )
         print(
             f"wrote {printable(str(root))}: {len(list(root.glob('*.gguf')))} GGUF files, preset "
             f"{args.preset}"
         )
+        if args.preset in GGUF_PRESETS and not (args.hub or args.local_dir):
+            # GGUF carries no digests: nothing vouches for the set until a manifest does
+            print(
+                f"next: python -m tpload manifest {printable(str(root))}   (GGUF carries no "
+                "digests: the load needs the manifest's)"
+            )
         return 0
     if args.preset in PUBLISHED:
         return _synth_published(p, args)
-    if args.headers_only or args.hub or args.tensors:
+    if args.headers_only or args.hub or args.local_dir or args.tensors:
         p.error(
-            "--headers-only, --hub and --tensors are for the published presets (NAME-tiny, "
-            "NAME-full, deepseek-v3-deep, many-tensors)"
+            "--headers-only, --hub, --local-dir and --tensors are for the published presets "
+            "(NAME-tiny, NAME-full, deepseek-v3-deep, many-tensors)"
         )
     try:
         spec = spec_from(args.preset, **{f: getattr(args, f) for f in SYNTH_DIMS})
@@ -63,24 +73,39 @@ def cmd_synth(argv: list[str]) -> int:
     return 0
 
 
+def _laid_out(args: argparse.Namespace, write) -> Path:
+    """``write(folder)`` (a preset, without a manifest) into DIR: as a hub cache (``--hub``), as a
+    local-dir download (``--local-dir``), else as it writes it."""
+    from ..tools.synth import write_hub, write_local_dir
+
+    if args.hub:
+        return write_hub(args.dir, args.hub, write)
+    if args.local_dir:
+        return write_local_dir(args.dir, args.preset, write)
+    return write(Path(args.dir))
+
+
 def _synth_published(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from ..tools.published import PUBLISHED, write_published
-    from ..tools.synth import write_hub
 
     if any(getattr(args, f) is not None for f in SYNTH_DIMS if f != "seed"):
         p.error("the published presets take no dimension flags (their dimensions are the family's)")
     full = PUBLISHED[args.preset]().headers_only
     if full != args.headers_only:
         p.error(f"{args.preset} {'is written only' if full else 'is not written'} --headers-only")
-    if args.hub and full:
-        p.error("--hub is for presets with data")
+    if (args.hub or args.local_dir) and full:
+        p.error("--hub and --local-dir are for presets with data")
     progress = progress_of("synth")
-    if args.hub:
-        root = write_hub(
-            args.dir,
-            args.hub,
+    if args.hub or args.local_dir:
+        root = _laid_out(
+            args,
             lambda out: write_published(
-                out, args.preset, seed=args.seed or 0, manifest=False, progress=progress
+                out,
+                args.preset,
+                seed=args.seed or 0,
+                manifest=False,
+                tensors=args.tensors,
+                progress=progress,
             ),
         )
     else:
@@ -301,6 +326,7 @@ def cmd_manifest(argv: list[str]) -> int:
     try:
         _require(args.dir)
         from ..storage.catalogue import MANIFEST_NAME
+        from ..storage.gguf import folder_of
         from ..storage.pins import Pins
         from ..tools.offline import write_blake3, write_manifest
 
@@ -312,7 +338,7 @@ def cmd_manifest(argv: list[str]) -> int:
         if (
             not blake3
             or args.force
-            or not os.path.lexists(Path(args.dir).absolute() / MANIFEST_NAME)
+            or not os.path.lexists(folder_of(Path(args.dir).absolute()) / MANIFEST_NAME)
         ):
             written = write_manifest(
                 args.dir, force=args.force, threads=args.threads, progress=progress_of("manifest")

@@ -37,7 +37,10 @@ def load_parser() -> argparse.ArgumentParser:
         "checkpoint (run under torchrun). Subcommands: " + ", ".join(SUBCOMMANDS) + ".",
     )
     p.add_argument(
-        "dir", nargs="?", metavar="DIR", help="checkpoint directory (or --checkpoint DIR)"
+        "dir",
+        nargs="?",
+        metavar="DIR",
+        help="checkpoint directory or .gguf file (or --checkpoint DIR)",
     )
     add_flags(p)
     add_cli_only(p, __version__)
@@ -71,11 +74,19 @@ def synth_parser() -> argparse.ArgumentParser:
         help="(NAME-full presets) real headers and index, holes "
         "for data: sparse files that use no disk; only `plan` reads them",
     )
-    p.add_argument(
+    layout = p.add_mutually_exclusive_group()
+    layout.add_argument(
         "--hub",
         metavar="ORG/NAME",
-        help="(published presets) lay the files out as a hub cache under DIR (blobs named by "
-        "hash, snapshots/REV linking to them), without a manifest; load the printed folder",
+        help="(published and GGUF presets) lay the files out as a hub cache under DIR (blobs named "
+        "by hash, snapshots/REV linking to them), without a manifest; load the printed folder",
+    )
+    layout.add_argument(
+        "--local-dir",
+        action="store_true",
+        help="(published and GGUF presets) lay DIR out as `hf download ORG/NAME --local-dir DIR` "
+        "leaves it (each file's etag in DIR/.cache/huggingface/download, written by "
+        "huggingface_hub), without a manifest; load DIR",
     )
     for f in SYNTH_DIMS:
         p.add_argument(f"--{f}", type=SEED if f == "seed" else COUNT)

@@ -74,9 +74,11 @@ class TploadModelLoader(BaseModelLoader):
 
     @staticmethod
     def _checkpoint(model_config: ModelConfig) -> str:
-        """The checkpoint folder: ``model`` itself, or its hub snapshot (downloaded if missing)."""
-        if os.path.isdir(model_config.model):
-            return model_config.model
+        """The checkpoint: ``model`` itself (a folder, or a ``.gguf`` file as vLLM takes one), or
+        its hub snapshot (downloaded if missing)."""
+        model = model_config.model
+        if os.path.isdir(model) or (model.endswith(".gguf") and os.path.isfile(model)):
+            return model
         from huggingface_hub import snapshot_download
 
         return snapshot_download(

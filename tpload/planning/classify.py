@@ -322,11 +322,18 @@ def _units(rule: Rule, model: Mapping[str, object] | None, root: object) -> int:
     value = model.get(rule.units)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ConfigError(
-            f"{rule.describe()} counts heads by config.json's {rule.units!r}, which is "
-            f"{'missing' if value is None else repr(value)} in {escape_name(root)} "
-            "(expected a positive integer)"
+            f"{rule.describe()} counts heads by {_source(model, rule.units, root)}, which is "
+            f"{'missing' if value is None else repr(value)} (expected a positive integer)"
         )
     return value
+
+
+def _source(model: Mapping[str, object], field: str, root: object) -> str:
+    """Where the model config's ``field`` was read, in words: a GGUF header's stand-in for
+    config.json says which key of which file (``storage/gguf.py``, ``HeaderConfig.source``);
+    config.json otherwise."""
+    source = getattr(model, "source", None)
+    return source(field) if callable(source) else f"config.json's {field!r} in {escape_name(root)}"
 
 
 def _idle(

@@ -116,7 +116,8 @@ class LoadReport:
     def table(self) -> str:
         """The rank-0 table (every name in it escaped for the terminal)."""
         off = (
-            "  ** VERIFICATION OFF: bytes served unchecked against the manifest **"
+            "  ** VERIFICATION OFF: bytes served unchecked (no manifest, blob name, etag or "
+            "signature consulted) **"
             if self.verify == "off"
             else ""
         )

@@ -76,12 +76,15 @@ def natural_sorted(names: Iterable[str]) -> list[str]:
     return sorted(names, key=lambda name: natural_key(name, run))
 
 
-def sha256_mismatch(path: Path | str, name: str, got: str, want: str) -> str:
-    """The one wording of a hash failure, wherever a tensor is checked against the manifest."""
-    return (
-        f"{escape_name(path)}: tensor {escape_name(name)}: sha256 {got[:16]}... does not match "
-        f"the manifest's {want[:16]}..."
-    )
+def sha256_mismatch(
+    path: Path | str, name: str, got: str, want: str, *, vouched_by: str | None = None
+) -> str:
+    """The one wording of a hash failure, wherever a tensor is checked against the manifest
+    (``vouched_by``: what else vouched for ``want``, in words, when it was not the manifest)."""
+    head = f"{escape_name(path)}: tensor {escape_name(name)}: sha256 {got[:16]}... does not match "
+    if vouched_by is None:
+        return head + f"the manifest's {want[:16]}..."
+    return head + f"{want[:16]}..., {vouched_by}"
 
 
 class ManifestEntry(NamedTuple):
@@ -231,8 +234,12 @@ class Catalogue:
         read."""
         self._names: list[str] | None = None
         self._ranks: dict[str, int] | None = None
-        self.gguf: dict[str, object] | None = None
-        """A GGUF checkpoint's key-values (its first file's header); None for safetensors."""
+        self.gguf: gguf.GGUFHeader | None = None
+        """A GGUF checkpoint's first file's header (its key-values say what config.json would);
+        None for safetensors."""
+        self.gguf_kv: dict[str, tuple[str, int]] = {}
+        """Each GGUF file's key-value section as read: {file: (sha256, length in bytes)}, checked
+        against the manifest's pins when the table was made."""
 
     def get(self, name: str) -> TensorMeta:
         try:
@@ -251,7 +258,9 @@ class Catalogue:
         against the pins of the manifest this catalogue was opened with; raise CheckpointError
         naming each that does not match. Returns notes (a manifest written before pins: its JSON
         files are unpinned)."""
-        return check_plan_files(self.root, self.manifest_sha256, self.pins)
+        return check_plan_files(
+            self.root, self.manifest_sha256, self.pins, gguf=list(self.gguf_kv) or None
+        )
 
     def refuse_headers_only(self, what: str) -> None:
         """Raise for a headers-only checkpoint: ``what`` (a load, a verification, a manifest) would
@@ -378,16 +387,19 @@ def _shard_names(
 
 
 def read_native(root: Path, *, manifest: bool = True) -> tuple[Catalogue, dict[str, TensorInfo]]:
-    """Open a native checkpoint folder: its catalogue and where each tensor's bytes are.
+    """Open a native checkpoint folder (or a ``.gguf`` file: the folder that holds it, limited to
+    that file or split set): its catalogue and where each tensor's bytes are.
 
     Every shard's header is read, so one error lists every broken shard (``manifest``: False to
     leave NATIVE_MANIFEST.json unread, for writing a new one); an index
     must name exactly the tensors the headers hold (no more, and no fewer: an index
     that leaves a tensor out would otherwise load the rest and report success).
     """
+    named, root = root, gguf.folder_of(root)
     if not root.is_dir():
         what = (
-            "is a file, not a checkpoint directory"
+            "is a file, not a checkpoint directory: give the folder that holds the shards (a GGUF "
+            "checkpoint may be named by its .gguf file, or a split set's first part)"
             if root.exists()
             else "checkpoint directory does not exist"
         )
@@ -397,9 +409,16 @@ def read_native(root: Path, *, manifest: bool = True) -> tuple[Catalogue, dict[s
         _read_manifest(root) if manifest else (None, None, Pins(root, None, None))
     )
     read: dict[str, str] = {}
-    found = gguf.gguf_files(root)
+    found = gguf.gguf_files(named)
     if found is not None:  # a GGUF file or split set: its headers are the table (storage/gguf.py)
         headers = gguf.read_set(found, root)
+        kv = {h.path.relative_to(root).as_posix(): (h.kv_sha256, h.kv_bytes) for h in headers}
+        if manifest:  # the key-values say what the model is: checked before anything believes them
+            raise_all(
+                CheckpointError,
+                pins.gguf_problems(kv),
+                what="GGUF key-values that do not match their pins in the manifest",
+            )
         locations = {n: h.tensors[n] for h in headers for n in h.order}
         catalogue = Catalogue(
             root,
@@ -408,7 +427,8 @@ def read_native(root: Path, *, manifest: bool = True) -> tuple[Catalogue, dict[s
             manifest_sha256=manifest_sha,
             headers_only=any(gguf.HEADERS_ONLY_KEY in h.kv for h in headers),
         )
-        catalogue.pins, catalogue.gguf = (pins if manifest else None), headers[0].kv
+        catalogue.pins, catalogue.gguf = (pins if manifest else None), headers[0]
+        catalogue.gguf_kv = kv
         return catalogue, locations
     wmap, files, source = _shard_names(root, pins, read)
     headers: dict[str, dict[str, TensorInfo]] = {}

@@ -16,6 +16,7 @@ dimension, so a row is whole blocks), its shape in weights beside it
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import re
@@ -129,6 +130,11 @@ class GGUFHeader:
     alignment: int
     data_start: int
     kv: dict[str, object] = field(default_factory=dict)
+    kv_sha256: str = ""
+    """The sha256 of the file's bytes from its start through its last key-value pair, as read (what
+    the manifest pins: storage/pins.py)."""
+    kv_bytes: int = 0
+    """How many bytes that is."""
     tensors: dict[str, GGUFTensorInfo] = field(default_factory=dict)
     order: list[str] = field(default_factory=list)
     """Tensor names in header order."""
@@ -140,6 +146,13 @@ class _Cursor:
     def __init__(self, fd: int, path: Path, size: int) -> None:
         self.fd, self.path, self.size = fd, path, size
         self.buf, self.base, self.pos = b"", 0, 0
+        self.digest: hashlib._Hash | None = hashlib.sha256()
+        """Every byte taken, in order, until :meth:`seal` (the key-value section's pin)."""
+
+    def seal(self) -> str:
+        """The sha256 of every byte taken so far (bytes 0 to :attr:`pos`); stops hashing."""
+        digest, self.digest = self.digest, None
+        return digest.hexdigest()
 
     def fail(self, what: str) -> CheckpointError:
         return CheckpointError(f"{escape_name(self.path)}: GGUF header: {what}")
@@ -167,6 +180,8 @@ class _Cursor:
                 )
         out = self.buf[self.pos - self.base : end - self.base]
         self.pos = end
+        if self.digest is not None:
+            self.digest.update(out)
         return out
 
     def unpack(self, fmt: str, what: str) -> object:
@@ -236,6 +251,7 @@ def read_header(path: Path, file: str) -> GGUFHeader:
             if key in kv:
                 raise cur.fail(f"key {escape_name(key)} appears twice")
             kv[key] = value
+        kv_bytes, kv_sha256 = cur.pos, cur.seal()
         alignment = kv.get("general.alignment", DEFAULT_ALIGNMENT)
         if (
             type(alignment) is not int
@@ -260,7 +276,7 @@ def read_header(path: Path, file: str) -> GGUFHeader:
         data_start = -(-cur.pos // alignment) * alignment
     finally:
         os.close(fd)
-    header = GGUFHeader(path, version, alignment, data_start, kv)
+    header = GGUFHeader(path, version, alignment, data_start, kv, kv_sha256, kv_bytes)
     problems: list[str] = []
     if data_start > size and raw:
         problems.append(
@@ -335,6 +351,13 @@ def _tensor(
 # --------------------------------------------------------------------------------
 
 
+def folder_of(path: Path) -> Path:
+    """The checkpoint folder a path names: the folder itself, or the folder holding a ``.gguf``
+    file named instead (its manifest, hub snapshot or local-dir metadata vouch for the file; the
+    file, or the split set it is part of, limits what is read there: :func:`gguf_files`)."""
+    return path.parent if path.name.endswith(".gguf") and path.is_file() else path
+
+
 def gguf_files(root: Path) -> list[Path] | None:
     """The GGUF files a path names: a file, or a folder's single file or split set (in part order);
     None when a folder holds no ``.gguf``. CheckpointError naming the file for a broken set, more
@@ -345,8 +368,12 @@ def gguf_files(root: Path) -> list[Path] | None:
             raise CheckpointError(f"{escape_name(root)}: not a .gguf file")
         if m is None:
             return [root]
-        root = root.parent
-        names = sorted(p.name for p in root.glob(f"{glob_escape(m['stem'])}-*-of-*.gguf"))
+        root = root.parent  # its own set only: a sibling set whose stem begins the same is not
+        names = sorted(
+            p.name
+            for p in root.glob(f"{glob_escape(m['stem'])}-*-of-*.gguf")
+            if (part := SPLIT_NAME.fullmatch(p.name)) and part["stem"] == m["stem"]
+        )
     elif root.is_dir():
         names = sorted(p.name for p in root.glob("*.gguf"))
         if not names:
@@ -439,31 +466,61 @@ def read_set(files: list[Path], root: Path) -> list[GGUFHeader]:
     return headers
 
 
-def model_config(root: Path) -> dict | None:
-    """What ``--config auto`` and head-counted rules read from config.json, from a GGUF folder's
-    header instead (None: not a GGUF folder): ``general.architecture`` as the architecture
-    (``gguf:deepseek2``, matched by the shipped configs' ``[detect]`` lists), the ``{arch}.*``
-    counts under config.json's field names, and the codec family ``gguf``."""
-    files = gguf_files(root) if root.is_dir() else None
-    if not files:
-        return None
-    kv = read_header(files[0], files[0].name).kv
+class HeaderConfig(dict):
+    """config.json's fields as a GGUF header gives them (a dict, read as config.json is), and
+    which file and key each came from: messages name the header, not a config.json that is not
+    there."""
+
+    def __init__(self, doc: dict[str, object], *, path: Path, keys: dict[str, str]) -> None:
+        super().__init__(doc)
+        self.path = path
+        """The GGUF file whose header was read (a split set's first part)."""
+        self.keys = keys
+        """{config.json field: the GGUF key it came from}."""
+
+    def source(self, field: str) -> str:
+        """Where ``field`` comes from, in words (``deepseek2.attention.head_count in the GGUF
+        header of FILE``)."""
+        return f"{self.keys.get(field, field)} in the GGUF header of {escape_name(self.path.name)}"
+
+
+_FIELDS = (
+    ("block_count", "num_hidden_layers"),
+    ("expert_count", "n_routed_experts"),
+    ("attention.head_count", "num_attention_heads"),
+    ("attention.head_count_kv", "num_key_value_heads"),
+)
+
+
+def header_config(header: GGUFHeader) -> HeaderConfig:
+    """What ``--config auto`` and head-counted rules read from config.json, from a GGUF header
+    instead: ``general.architecture`` as the architecture (``gguf:deepseek2``, matched by the
+    shipped configs' ``[detect]`` lists), the ``{arch}.*`` counts under config.json's field names,
+    and the codec family ``gguf``."""
+    kv = header.kv
     arch = kv.get("general.architecture")
     if not isinstance(arch, str):
         raise CheckpointError(
-            f"{escape_name(files[0])}: GGUF header has no general.architecture string"
+            f"{escape_name(header.path)}: GGUF header has no general.architecture string"
         )
     doc: dict[str, object] = {
         "architectures": [f"gguf:{arch}"],
         "quantization_config": {"quant_method": "gguf"},
     }
-    for key, field_name in (
-        ("block_count", "num_hidden_layers"),
-        ("expert_count", "n_routed_experts"),
-        ("attention.head_count", "num_attention_heads"),
-        ("attention.head_count_kv", "num_key_value_heads"),
-    ):
+    keys = {"architectures": "general.architecture"}
+    for key, field_name in _FIELDS:
+        keys[field_name] = f"{arch}.{key}"
         value = kv.get(f"{arch}.{key}")
         if type(value) is int:
             doc[field_name] = value
-    return doc
+    return HeaderConfig(doc, path=header.path, keys=keys)
+
+
+def model_config(root: Path) -> HeaderConfig | None:
+    """:func:`header_config` of the GGUF checkpoint ``root`` names (a folder, or a ``.gguf`` file),
+    read from disk now (a load passes the header its catalogue read and checked instead); None:
+    not a GGUF checkpoint."""
+    files = gguf_files(root) if folder_of(root) != root or root.is_dir() else None
+    if not files:
+        return None
+    return header_config(read_header(files[0], files[0].name))

@@ -28,6 +28,15 @@ from .files import read_small
 
 SHA256_NAME = re.compile(r"[0-9a-f]{64}")
 SHA1_NAME = re.compile(r"[0-9a-f]{40}")
+LFS_SUFFIXES = (".safetensors", ".gguf")
+"""The files the hub stores in Git LFS (its default ``.gitattributes``), named and etagged by their
+sha256; the rest (the JSON files) are plain git objects."""
+
+
+def upload_digest(path: Path) -> str:
+    """What the hub names (and etags) ``path`` by once uploaded: the sha256 of an LFS file, the git
+    blob SHA-1 of the rest (the writers of a hub cache and of a local-dir download, synth's)."""
+    return lfs_sha256(path) if path.suffix in LFS_SUFFIXES else git_blob_sha1(path.read_bytes())
 
 
 @dataclass(frozen=True)
@@ -170,14 +179,15 @@ def shard_digests(root: Path, shards: list[str]) -> dict[str, str]:
 def to_hub_cache(src: Path, cache: Path, repo: str, revision: str = "main") -> Path:
     """Move a checkpoint folder's files into a hub cache layout (what ``huggingface_hub`` downloads
     make): ``cache/models--ORG--NAME/{blobs,snapshots/REV,refs/main}``; return the snapshot folder.
-    ``*.safetensors`` become LFS blobs (sha256 names), everything else git blobs (SHA-1 names)."""
+    ``*.safetensors`` and ``*.gguf`` become LFS blobs (sha256 names), everything else git blobs
+    (SHA-1 names)."""
     top = cache / f"models--{repo.replace('/', '--')}"
     rev = hashlib.sha1(f"{repo}@{revision}".encode()).hexdigest()
     store, snap = top / "blobs", top / "snapshots" / rev
     store.mkdir(parents=True, exist_ok=True)
     snap.mkdir(parents=True, exist_ok=True)
     for f in sorted(p for p in src.iterdir() if p.is_file()):
-        digest = lfs_sha256(f) if f.suffix == ".safetensors" else git_blob_sha1(f.read_bytes())
+        digest = upload_digest(f)
         os.replace(f, store / digest)
         (snap / f.name).symlink_to(os.path.relpath(store / digest, snap))
     (top / "refs").mkdir(exist_ok=True)

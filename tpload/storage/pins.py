@@ -11,6 +11,19 @@ against the manifest: a pinned file that changed, vanished, or appeared after th
 written is refused by name before a byte of it is believed. A manifest written before pins existed
 has no ``"files"``: its JSON files are read unchecked, and the load says so in a note.
 
+A GGUF file has no config.json: its header's key-values (the architecture, head and expert
+counts, rope settings, the tokenizer) say what config.json would. The manifest pins them the same
+way, one sha256 per GGUF file of the bytes from the file's start through its last key-value pair
+(the magic, version, counts and every pair, exactly as stored):
+
+    {"format": 1, "files": {}, "gguf_kv": {"model-00001-of-00002.gguf": {"sha256": "..."}}, ...}
+
+Those raw bytes, not a canonical encoding of the parsed pairs: the reader keeps a long array (the
+tokenizer's 150,000 tokens) only as its length, so an encoding of what it parsed would leave the
+tokenizer out; the bytes cover every pair whatever the reader keeps, and need no second encoder to
+agree with llama.cpp's. The catalogue checks them as it reads the headers, before the config is
+picked; a manifest without ``"gguf_kv"`` (written before tpload pinned them) loads with a note.
+
 Pins are looked up by the sha256 of the manifest's bytes (read again at each use), so a reader
 never believes pins of another manifest than the one on disk, and a manifest parsed once by the
 catalogue is not parsed again for its pins.
@@ -39,10 +52,11 @@ WHAT = {
 }
 
 
-def renew(what: str) -> str:
-    """How to pin ``what`` again, and what that costs (one wording everywhere)."""
+def renew(what: str, target: str = "DIR") -> str:
+    """How to pin ``what`` again, and what that costs (one wording everywhere; ``target``: what to
+    give ``tpload manifest``, the folder or a GGUF set's first file)."""
     return (
-        f"`python -m tpload manifest DIR --force` pins {what}, which changes the manifest's "
+        f"`python -m tpload manifest {target} --force` pins {what}, which changes the manifest's "
         "sha256: --manifest-sha256 pins and stored predictions (`plan --write`, `manifest --hash "
         "blake3`) made from the old manifest must then be renewed"
     )
@@ -66,29 +80,52 @@ def pins_to_write(root: Path, *, known: dict[str, str] | None = None) -> dict[st
     }
 
 
-def parse_pins(doc: object, path: Path) -> tuple[dict[str, str] | None, bool]:
-    """A parsed manifest's pins ({file name: sha256}; None when it has no ``"files"``) and whether
-    it is an export's. Names tpload does not pin are ignored (a later tpload may pin more)."""
+GGUF_KV = "gguf_kv"
+"""The manifest's key for the GGUF files' key-value pins."""
+
+
+def pins_doc(
+    root: Path, *, known: dict[str, str] | None = None, gguf_kv: dict[str, str] | None = None
+) -> dict[str, object]:
+    """What a manifest tpload writes pins, beside its ``"tensors"``: ``"files"`` (the plan-shaping
+    JSON files present, :func:`pins_to_write`) and, for a GGUF set, ``"gguf_kv"`` ({file: the
+    sha256 of its key-value section as the catalogue read it})."""
+    doc: dict[str, object] = {"files": pins_to_write(root, known=known)}
+    if gguf_kv:
+        doc[GGUF_KV] = {f: {"sha256": sha} for f, sha in sorted(gguf_kv.items())}
+    return doc
+
+
+def parse_pins(
+    doc: object, path: Path
+) -> tuple[dict[str, str] | None, bool, dict[str, str] | None]:
+    """A parsed manifest's pins ({file name: sha256}; None when it has no ``"files"``), whether it
+    is an export's, and its GGUF key-value pins ({GGUF file: sha256}; None when it has no
+    ``"gguf_kv"``). Names tpload does not pin are ignored (a later tpload may pin more)."""
     if not isinstance(doc, dict):
-        return None, False
+        return None, False, None
     export = "partitioned" in doc
-    files = doc.get("files")
-    if files is None:
-        return None, export
-    bad = (
-        f'{escape_name(path)}: "files" must map each pinned JSON file to {{"sha256": 64 hex '
-        "digits}"
-    )
-    if not isinstance(files, dict):
+    files = _sha_map(doc.get("files"), path, "files", "pinned JSON file")
+    kv = _sha_map(doc.get(GGUF_KV), path, GGUF_KV, "GGUF file")
+    if files is not None:
+        files = {n: sha for n, sha in files.items() if n in PLAN_FILES}
+    return files, export, kv
+
+
+def _sha_map(value: object, path: Path, key: str, what: str) -> dict[str, str] | None:
+    """``{name: {"sha256": 64 hex digits}}`` as {name: sha256}; None when absent."""
+    if value is None:
+        return None
+    bad = f'{escape_name(path)}: "{key}" must map each {what} to {{"sha256": 64 hex digits}}'
+    if not isinstance(value, dict):
         raise CheckpointError(bad)
     out = {}
-    for name, entry in files.items():
+    for name, entry in value.items():
         sha = entry.get("sha256") if isinstance(entry, dict) else None
         if not isinstance(sha, str) or not _HEX64.fullmatch(sha.lower()):
             raise CheckpointError(f"{bad}; the entry for {escape_name(name)} is not")
-        if name in PLAN_FILES:
-            out[name] = sha.lower()
-    return out, export
+        out[name] = sha.lower()
+    return out
 
 
 @dataclass(frozen=True)
@@ -102,6 +139,9 @@ class Pins:
     """{pinned file: sha256}; None when the manifest pins nothing (no manifest, or written before
     pins)."""
     export: bool = False
+    gguf_kv: dict[str, str] | None = None
+    """{GGUF file: sha256 of its key-value section}; None when the manifest pins none (no manifest,
+    or written before tpload pinned them)."""
 
     @classmethod
     def of(cls, root: Path) -> Pins:
@@ -156,14 +196,49 @@ class Pins:
                 out.append(str(e))
         return out
 
+    def gguf_problems(self, kv: dict[str, tuple[str, int]]) -> list[str]:
+        """Each GGUF file whose key-value section (``kv``: {file: (its sha256, its length in bytes)}
+        as read) the manifest does not pin as it is now; none when the manifest pins no key-values
+        (no manifest, or an older one: :func:`check_plan_files` notes that)."""
+        if self.manifest_sha256 is None or self.gguf_kv is None:
+            return []
+        manifest = escape_name(self.root / MANIFEST_NAME)
+        first = escape_name(self.root / next(iter(kv), ""))  # what names the set to `manifest`
+        out = []
+        for file, (got, size) in kv.items():
+            want = self.gguf_kv.get(file)
+            where = f"{escape_name(self.root / file)}: GGUF key-values (its first {size} bytes)"
+            if want is None:
+                names = sorted(self.gguf_kv)
+                pinned = ", ".join(escape_name(f) for f in names[:3]) or "none"
+                pinned += f" (and {len(names) - 3} more)" if len(names) > 3 else ""
+                out.append(
+                    f"{where} are not pinned by {manifest}, which pins those of {pinned} (a "
+                    "manifest written for another GGUF file of this folder?); refused: they say "
+                    f"what the model is. If this file belongs there, {renew('it', first)}"
+                )
+            elif got != want:
+                out.append(
+                    f"{where} have sha256 {got[:16]}..., but {manifest} pins {want[:16]}...: the "
+                    "header (head or expert counts, rope settings, the tokenizer) changed after "
+                    f"the manifest was written; restore the file, or if the change is meant, "
+                    f"{renew('them again', first)}"
+                )
+        return out
+
 
 def check_plan_files(
-    root: Path, manifest_sha256: str | None, pins: Pins | None = None
+    root: Path,
+    manifest_sha256: str | None,
+    pins: Pins | None = None,
+    *,
+    gguf: list[str] | None = None,
 ) -> list[str]:
     """Check every plan-shaping JSON file of ``root`` against the manifest that was opened (its
     bytes' sha256; ``pins``: those parsed from its very bytes, else read from disk now and required
     to be the same manifest); raise CheckpointError listing each mismatch. Returns notes: a manifest
-    that pins nothing while such files are present."""
+    that pins nothing while such files are present, or (``gguf``: the GGUF files read, whose
+    key-values the catalogue checked against the pins as it read them) no GGUF key-values."""
     pins = pins or Pins.of(root)
     if manifest_sha256 is not None and pins.manifest_sha256 != manifest_sha256:
         raise CheckpointError(
@@ -175,19 +250,26 @@ def check_plan_files(
         # nothing vouches for the folder: the load says so itself (or a hub snapshot's blob names
         # do)
         return []
+    notes = []
+    if gguf and pins.gguf_kv is None and not pins.export:
+        notes.append(
+            f"{MANIFEST_NAME} pins no GGUF key-values of {', '.join(gguf)} (written before tpload "
+            "pinned GGUF headers), so an edit to them (head or expert counts, rope settings, the "
+            f"tokenizer) would change the model unnoticed; {renew('them')}"
+        )
     if pins.files is None:
         present = [n for n in PLAN_FILES if os.path.lexists(root / n)]
         if not present or pins.export:
-            return []
+            return notes
         note = (
             f"{MANIFEST_NAME} pins none of {', '.join(present)} (written before tpload pinned the "
             "JSON files that shape a plan), so an edit to them would change what is served "
             f"unnoticed; {renew('them')}"
         )
-        return [note]
+        return [note, *notes]
     raise_all(
         CheckpointError,
         pins.problems(),
         what="JSON files that do not match their pins in the manifest",
     )
-    return []
+    return notes

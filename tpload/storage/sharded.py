@@ -11,7 +11,7 @@ import numpy as np
 
 from ..errors import CheckpointError
 from ..text import escape_name
-from . import Stored, hub, localdir
+from . import Stored, gguf, hub, localdir
 from .catalogue import Catalogue, read_native
 from .files import Shard
 from .pagecache import drop_ranges
@@ -81,6 +81,7 @@ class ShardedStorage(FileReads):
     per_rank = False
 
     def __init__(self, root: Path, *, manifest: bool = True) -> None:
+        named, root = root, gguf.folder_of(root)  # a .gguf file: its folder vouches for it
         self.root = root
         snapshot = hub.is_snapshot(root)
         local = localdir.LocalDir(root) if not snapshot and localdir.is_local_dir(root) else None
@@ -90,7 +91,7 @@ class ShardedStorage(FileReads):
             # the JSON files with fresh download metadata, before they are read
             local.check_small_files()
         self.catalogue: Catalogue
-        self.catalogue, self.locations = read_native(root, manifest=manifest)
+        self.catalogue, self.locations = read_native(named, manifest=manifest)
         self.files = Files()
         self.file_digests: dict[Path, str] | None = None
         """Without a manifest, each shard's expected sha256: a hub snapshot's blob name, or a

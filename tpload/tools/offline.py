@@ -28,7 +28,8 @@ from ..report.progress import Meter
 from ..storage import Storage
 from ..storage.catalogue import MANIFEST_NAME
 from ..storage.files import atomic_write
-from ..storage.pins import Pins, pins_to_write
+from ..storage.gguf import folder_of
+from ..storage.pins import Pins, pins_doc
 from ..storage.sharded import ShardedStorage
 from ..text import escape_name
 from ..verification import gate
@@ -153,7 +154,7 @@ def verify_checkpoint(
                     else []
                 )
             problems += Pins.of(
-                path
+                storage.root
             ).problems()  # config.json, hf_quant_config.json, the index against their pins
             names, compare = [n for n in cat.names() if n in cat.manifest], True
         checkers = _value_checkers(storage, config, problems) if config is not None else {}
@@ -302,9 +303,10 @@ def write_manifest(
     progress: Meter | None = None,
 ) -> Path:
     """Hash every tensor and write NATIVE_MANIFEST.json (refusing to overwrite unless ``force``);
-    written beside and renamed, so a reader never sees half a manifest. ``progress``: the command's
-    meter."""
-    path = Path(root).absolute() / MANIFEST_NAME
+    written beside and renamed, so a reader never sees half a manifest. ``root``: a folder, or a
+    ``.gguf`` file (the manifest goes into its folder, and vouches for that file or split set
+    alone). ``progress``: the command's meter."""
+    path = folder_of(Path(root).absolute()) / MANIFEST_NAME
     if os.path.lexists(path) and not force:
         raise CheckpointError(f"{escape_name(path)} exists; pass --force to overwrite it")
     storage = ShardedStorage(
@@ -346,11 +348,13 @@ def write_manifest(
         for n in names
     }
     # the JSON files that shape a plan, pinned (storage/pins.py); the index as it was read for the
-    # table
-    files = pins_to_write(path.parent, known=catalogue.files_read)
-    atomic_write(
-        path, json.dumps({"format": 1, "files": files, "tensors": tensors}, indent=1) + "\n"
+    # table, a GGUF set's key-values as its headers were read
+    pins = pins_doc(
+        path.parent,
+        known=catalogue.files_read,
+        gguf_kv={f: sha for f, (sha, _) in catalogue.gguf_kv.items()},
     )
+    atomic_write(path, json.dumps({"format": 1, **pins, "tensors": tensors}, indent=1) + "\n")
     return path
 
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..errors import CheckpointError
 from ..storage.catalogue import HEADERS_ONLY, INDEX_NAME, MANIFEST_NAME
+from ..storage.pins import pins_doc
 from ..storage.safetensors import write_safetensors
 from ..text import escape_name
 
@@ -34,6 +35,7 @@ if TYPE_CHECKING:  # annotations only: report/ imports torch, which synth does n
 from .synth import (
     Planned,
     bf16_bytes,
+    cache_folder,
     cache_root,
     cached,
     chunks,
@@ -811,8 +813,9 @@ def write_published(
     (root / "config.json").write_text(json.dumps(pub.config, indent=1))
     for file, doc in pub.extra.items():
         (root / file).write_text(json.dumps(doc, indent=1))
-    if manifest and not pub.headers_only:
-        (root / MANIFEST_NAME).write_text(json.dumps({"format": 1, "tensors": entries}, indent=1))
+    if manifest and not pub.headers_only:  # pinning the JSON files as `tpload manifest` does
+        doc = {"format": 1, **pins_doc(root), "tensors": entries}
+        (root / MANIFEST_NAME).write_text(json.dumps(doc, indent=1))
     return root
 
 
@@ -849,7 +852,9 @@ def cached_published(
         )
     base = Path(cache_dir) if cache_dir else cache_root()
     key = f"published-{name}" + (f"-tensors{tensors}" if tensors is not None else "")
-    return cached(base / key, lambda tmp: write_published(tmp, name, tensors=tensors), what=name)
+    return cached(
+        cache_folder(base, key), lambda tmp: write_published(tmp, name, tensors=tensors), what=name
+    )
 
 
 def loadable_presets() -> list[str]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import psutil
 
 from ..config import Config
-from ..pick import model_for
+from ..pick import planner_of
 from ..plan import Layout, Planner, RankPlan
 from ..planning.reads import readers
 from ..storage import open_storage
@@ -110,7 +110,7 @@ def planning(root: str | os.PathLike, config: Config, layout: Layout) -> Iterato
     layout checked."""
     storage = open_storage(root, tp=layout.tp, ep=layout.ep, rank=0, world=layout.world)
     try:
-        planner = Planner(storage.catalogue, config, model=model_for(storage.root, config))
+        planner = planner_of(storage.catalogue, config)  # the header or config.json it read
     finally:
         storage.close()
     planner.check_layout(layout, layout.world)

@@ -10,6 +10,7 @@ bytes whatever the shard count.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -30,6 +31,7 @@ from ..codecs.fp4_e8m0 import GROUP as FP4_GROUP
 from ..errors import CheckpointError, OptionsError
 from ..option_rules import not_a_folder
 from ..storage.catalogue import INDEX_NAME, MANIFEST_NAME
+from ..storage.pins import pins_doc
 from ..storage.safetensors import ITEMSIZE, write_safetensors
 from ..text import escape_name
 
@@ -231,7 +233,9 @@ def write_checkpoint(
     (root / INDEX_NAME).write_text(
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1)
     )
-    (root / MANIFEST_NAME).write_text(json.dumps({"format": 1, "tensors": manifest}, indent=1))
+    # pinning what the load checks (the index), as `tpload manifest` does (storage/pins.py)
+    doc = {"format": 1, **pins_doc(root), "tensors": manifest}
+    (root / MANIFEST_NAME).write_text(json.dumps(doc, indent=1))
     (root / "tpload_synth.json").write_text(json.dumps(asdict(spec)))
     return root
 
@@ -267,15 +271,52 @@ def write_hub(cache: str | os.PathLike, repo: str, write: Callable[[Path], Path]
         return to_hub_cache(write(Path(tmp) / "ckpt"), root, repo)
 
 
+CACHE_FORMAT = 2
+"""The format of the checkpoints cached under :func:`cache_root`, in their folder names: raised
+whenever the writers change what a cached folder holds (2: manifests pin the JSON files), so a
+folder an older tpload wrote is never reused (:func:`cached` takes any folder that holds a manifest
+as done). Older folders are left alone (another install may still use them); delete them at will."""
+
+
+def cache_folder(base: Path, key: str) -> Path:
+    """Where checkpoint ``key`` is cached under ``base``, in this :data:`CACHE_FORMAT`."""
+    return base / f"{key}-format{CACHE_FORMAT}"
+
+
+def write_local_dir(out_dir: str | os.PathLike, name: str, write: Callable[[Path], Path]) -> Path:
+    """A checkpoint laid out as ``hf download ORG/NAME --local-dir OUT_DIR`` leaves it: ``write``
+    writes the files into ``out_dir`` (new or empty; no manifest), then each gets its download
+    metadata, written by huggingface_hub's own function (so its format and its freshness rule are
+    the library's): a made-up commit of ``name``, and the etag the hub would give the file (the
+    sha256 of an LFS file, the git blob SHA-1 of the rest). Returns the folder."""
+    try:
+        from huggingface_hub._local_folder import write_download_metadata
+    except ImportError:
+        raise OptionsError(
+            "--local-dir writes the download metadata with huggingface_hub's own function, and "
+            "huggingface_hub is not installed (pip install huggingface_hub)"
+        ) from None
+    from ..storage.hub import upload_digest
+
+    root = write(Path(out_dir))
+    commit = hashlib.sha1(f"{name}@main".encode()).hexdigest()
+    for f in sorted(p for p in root.iterdir() if p.is_file()):
+        write_download_metadata(root, f.name, commit, upload_digest(f))
+    return root
+
+
 def cached_checkpoint(spec: SynthSpec, cache_dir: str | os.PathLike | None = None) -> Path:
     """``spec``'s checkpoint under the user cache, written once (see :func:`cached`)."""
     base = Path(cache_dir) if cache_dir else cache_root()
     key = "-".join(f"{k}{v}" for k, v in asdict(spec).items())
-    return cached(base / f"synth-{key}", lambda tmp: write_checkpoint(tmp, spec), what=str(spec))
+    return cached(
+        cache_folder(base, f"synth-{key}"), lambda tmp: write_checkpoint(tmp, spec), what=str(spec)
+    )
 
 
 def cached(final: Path, write: Callable[[Path], object], *, what: str) -> Path:
-    """``final``, written once by ``write(tmp)`` if it holds no manifest yet.
+    """``final``, written once by ``write(tmp)`` if it holds no manifest yet (``final`` names the
+    cache's format: :func:`cache_folder`).
 
     Several ranks (or nodes) may race here: each writes into its own temporary
     folder and renames it into place; the loser's copy is discarded. The bytes

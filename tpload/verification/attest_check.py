@@ -252,7 +252,7 @@ def check(
         cat.refuse_headers_only("checking an attestation against it")
         bundle = next(
             (
-                Path(checkpoint) / e["name"]
+                storage.root / e["name"]
                 for e in doc["subject"]
                 if isinstance(e, dict)
                 and str(e.get("name", "")).endswith(".sig")
@@ -265,7 +265,7 @@ def check(
             subject(cat, getattr(storage, "file_digests", None), signature=bundle),
             root,
         )
-        chosen, _ = choose(config or opts["config"], storage.root, pins=cat.pins)
+        chosen, _ = choose(config or opts["config"], storage.root, pins=cat.pins, header=cat.gguf)
         cfg = with_rules(
             chosen,
             skip=tuple(opts["skip"]),

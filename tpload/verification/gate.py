@@ -261,6 +261,15 @@ def at_rest(
     from .hashing import hash_whole, mismatches
     from .vouched import vouched
 
+    cat = storage.catalogue
+    if cat.manifest is None:  # whole-file digests (blob names, etags) vouch for no tensor alone
+        raise CheckpointError(
+            f"{what}: {escape_name(cat.root)} has no {escape_name(cat.manifest_path.name)}, and "
+            "this checks each tensor against the manifest's sha256 (a hub snapshot's blob names "
+            "or a local-dir download's etags vouch for whole files only); write one with "
+            f"`python -m tpload manifest {escape_name(cat.root)}` (it checks each file against "
+            "them first)"
+        )
     problems = storage.manifest_problems(names)
     if not problems:
         hashed = hash_whole(
@@ -282,7 +291,13 @@ def at_rest(
 def check_pin(storage: object, pin: str | None) -> None:
     """``--manifest-sha256``: the manifest must be the pinned one, before anything else is read."""
     got = storage.catalogue.manifest_sha256
-    if pin is not None and (got is None or got != pin.lower()):
+    if pin is not None and got is None:
+        raise LoadError(
+            f"{escape_name(storage.catalogue.manifest_path)}: no manifest, but --manifest-sha256 "
+            f"pins {pin[:16]}...: this is not the checkpoint you pinned (whatever else vouches for "
+            "this folder, the pin names a manifest)"
+        )
+    if pin is not None and got != pin.lower():
         raise LoadError(
             f"{escape_name(storage.catalogue.manifest_path)}: sha256 {(got or 'none')[:16]}... is "
             f"not the pinned {pin[:16]}... (--manifest-sha256): this is not the checkpoint you "

@@ -152,7 +152,12 @@ class Strategy(ABC):
             sorted(set(plan.used_tensors) | set(plan.deferred))
         )
         if problems:
-            raise LoadError(f"{len(problems)} manifest problem(s):\n  - " + "\n  - ".join(problems))
+            what = (  # without a manifest, they are about what else could have vouched
+                "manifest problem(s)"
+                if job.storage.catalogue.manifest is not None
+                else "problem(s) with what vouches for the bytes"
+            )
+            raise LoadError(f"{len(problems)} {what}:\n  - " + "\n  - ".join(problems))
 
     def _stored(self) -> Prediction | None:
         """The store's prediction for this layout, if any (any mode compares with one it finds)."""

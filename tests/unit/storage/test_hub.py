@@ -236,6 +236,36 @@ def test_a_corrupt_shard_fails_the_load_naming_the_file(snapshot: Path) -> None:
         tpload.load(snapshot, progress=False)
 
 
+def test_a_deferred_tensor_changed_after_the_load_names_its_blob_not_a_manifest(
+    snapshot: Path,
+) -> None:
+    """A snapshot has no manifest: the locator's digest was taken while its file was hashed whole
+    against the blob name, and its stream's refusal says so."""
+    shards = tpload.load(snapshot, progress=False, defer=("lm_head.weight",))
+    (d,) = shards.deferred()
+    assert d.vouched_by.endswith("against its hub blob name")
+    b"".join(d.chunks())  # as loaded: it streams
+    blob = blob_of(snapshot / Path(d.path).name)
+    with open(blob, "r+b") as fh:
+        fh.seek(d.offset + 5)
+        byte = fh.read(1)
+        fh.seek(d.offset + 5)
+        fh.write(bytes([byte[0] ^ 0x01]))
+    with pytest.raises(CheckpointError) as e:
+        b"".join(d.chunks())
+    message = str(e.value)
+    assert "lm_head.weight: sha256 " in message, message
+    assert "manifest" not in message, message  # the folder has none
+    assert (
+        f"{d.sha256[:16]}..., the sha256 taken of it while its file was hashed whole against its "
+        "hub blob name (the file changed since the load?)"
+    ) in message, message
+    with pytest.raises(
+        tpload.LoadError, match="no manifest, but --manifest-sha256 pins 0000000000000000"
+    ):
+        tpload.load(snapshot, progress=False, manifest_sha256="0" * 64)
+
+
 def test_a_snapshot_with_a_shard_stored_as_a_git_object_loads(snapshot: Path) -> None:
     _as_git_object(snapshot, sorted(p.name for p in snapshot.glob("*.safetensors"))[0])
     assert len(tpload.load(snapshot, progress=False).state_dict()) == 21

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -18,10 +19,18 @@ from tpload.tools.offline import verify_checkpoint, write_manifest
 from tpload.tools.published import write_published
 
 
+def unpin(root: Path) -> Path:
+    """``root``'s manifest as a tpload before pins wrote it: no ``"files"``."""
+    doc = json.loads((root / MANIFEST_NAME).read_text())
+    del doc["files"]
+    (root / MANIFEST_NAME).write_text(json.dumps({"format": 1, **doc}, indent=1))
+    return root
+
+
 @pytest.fixture(scope="module")
 def llama_old(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A llama-tiny folder with a manifest written the old way (no "files")."""
-    return write_published(tmp_path_factory.mktemp("llama") / "ckpt", "llama-tiny")
+    return unpin(write_published(tmp_path_factory.mktemp("llama") / "ckpt", "llama-tiny"))
 
 
 @pytest.fixture
@@ -33,6 +42,20 @@ def pinned(llama_old: Path, tmp_path: Path) -> Path:
     shutil.copytree(llama_old, root)
     write_manifest(root, force=True)
     return root
+
+
+def test_tploads_own_writers_pin_what_the_load_checks(small_ckpt: Path, tmp_path: Path) -> None:
+    """synth and the published presets write manifests that pin their JSON files (what `tpload
+    manifest` would write), so their loads print no stale-manifest note."""
+    llama = write_published(tmp_path / "llama", "llama-tiny")
+    for root, pinned_names in (
+        (small_ckpt, [INDEX_NAME]),
+        (llama, ["config.json", INDEX_NAME]),
+    ):
+        doc = json.loads((root / MANIFEST_NAME).read_text())
+        assert doc["files"] == {n: {"sha256": sha(root / n)} for n in pinned_names}
+        assert read_native(root)[0].check_plan_files() == []
+    assert not any("pins none of" in n for n in tpload.load(llama, progress=False).report.notes)
 
 
 def edit(path: Path, **changes: object) -> None:
@@ -127,9 +150,13 @@ def test_a_folder_without_plan_files_gets_no_note(small_ckpt: Path, tmp_path: Pa
 
     root = tmp_path / "single"
     shutil.copytree(small_ckpt, root)
+    unpin(root)
     cat = read_native(root)[0]
-    assert cat.check_plan_files()  # the small preset's index is not pinned by its old manifest
+    assert cat.check_plan_files()  # the index is not pinned by an old manifest
     write_manifest(root, force=True)
+    assert read_native(root)[0].check_plan_files() == []
+    (root / INDEX_NAME).unlink()  # no JSON file left to pin: no note even unpinned
+    unpin(root)
     assert read_native(root)[0].check_plan_files() == []
 
 
@@ -141,3 +168,27 @@ def test_a_malformed_files_entry_is_refused(pinned: Path) -> None:
         CheckpointError, match=r"\"files\" must map each pinned JSON file.*config\.json"
     ):
         read_native(pinned)
+
+
+def test_a_checkpoint_cached_by_an_older_tpload_is_written_again(
+    small_ckpt: Path, tmp_path: Path
+) -> None:
+    """The built-in checkpoint's cache names its format: a folder an older tpload wrote (a manifest
+    without pins, under the old name) is not reused, so its stale-manifest note goes for good."""
+    from dataclasses import asdict
+
+    from tpload.tools.synth import CACHE_FORMAT, PRESETS, cached_checkpoint
+
+    spec = PRESETS["small"]
+    old = tmp_path / ("synth-" + "-".join(f"{k}{v}" for k, v in asdict(spec).items()))
+    shutil.copytree(small_ckpt, old)
+    unpin(old)
+    got = cached_checkpoint(spec, tmp_path)
+    assert got != old and got.name == f"{old.name}-format{CACHE_FORMAT}"
+    assert read_native(got)[0].check_plan_files() == []  # pinned: no note
+    assert sha(got / "model-00001-of-00002.safetensors") == sha(
+        small_ckpt / "model-00001-of-00002.safetensors"
+    )  # the same bytes: every digest unchanged
+    stamp = (got / MANIFEST_NAME).stat().st_mtime_ns
+    assert cached_checkpoint(spec, tmp_path) == got  # the current format's folder is reused
+    assert (got / MANIFEST_NAME).stat().st_mtime_ns == stamp

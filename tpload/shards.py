@@ -57,6 +57,8 @@ class RankShards:
         self.report = report
         self.vouched_by = verdict.vouched_by
         """What vouched for the served bytes, in words."""
+        self.trust = verdict.trust
+        """The same as a record (verification/trust.py): kind, file, sha256, signer."""
         self._deferred = deferred
         self._derived: dict[str, torch.Tensor] = {}
 
@@ -153,7 +155,8 @@ def served(
         str(ctx.device),
         ranks,
         ctx.rank,
-        trusted=opts.verify == Verify.DIGEST,
+        predictions_trusted=opts.verify == Verify.DIGEST,
+        trust=verdict.trust,
         evict_page_cache=opts.evict_page_cache,
         notes=[*notes, *(planner.notes() if hasattr(planner, "notes") else ())],
         weight_prefix=prefix.found if prefix is not None else None,

@@ -19,6 +19,7 @@ from .blake3sums import SHA256, Digests
 from .files import FileHasher
 from .policy import HashPlan
 from .store import DigestStore, Prediction
+from .trust import TrustKind, TrustSource
 
 
 @dataclass
@@ -101,6 +102,12 @@ class Strategy(ABC):
         manifest_sha = job.storage.catalogue.manifest_sha256
         store = DigestStore(job.opts.digest_store)
         self.store_path = str(store.path(manifest_sha)) if manifest_sha else str(store.root)
+
+    def trust(self) -> TrustSource:
+        """What this strategy checks served bytes against, as a record (verification/trust.py): by
+        default the manifest's per-tensor digests."""
+        cat = self.job.storage.catalogue
+        return TrustSource(TrustKind.MANIFEST, str(cat.manifest_path), cat.manifest_sha256)
 
     # -- before any read ------------------------------------------------------------------------
     def prepare(self) -> Prepared:

@@ -162,9 +162,7 @@ class LoadReport:
             if self.device.startswith("cuda")
             else "host-vs-device checks (on the CPU the copy fingerprints what it writes)"
         )
-        against = (
-            f" against {self.trust.words(self.checkpoint)}" if self.trust is not None else ""
-        )
+        against = f" against {self.trust.words(self.checkpoint)}" if self.trust is not None else ""
         lines.append(
             f"verified: {t('hashed')} tensors by {self._by_hash()} ({per_node} hashed){against}, "
             f"{t('device_checked')} {device_fps}, "

@@ -21,6 +21,7 @@ import os
 import threading
 from dataclasses import replace
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -101,11 +102,11 @@ def share_nodes(ctx: DistContext, seq: int, timeout_s: float) -> tuple[DistConte
 
 
 class Arrivals:
-    """Marks in the rendezvous store of who reached the final exchange."""
+    """Marks in the rendezvous store of who reached the final exchange (``mark``: which one)."""
 
-    def __init__(self, ctx: DistContext, seq: int) -> None:
+    def __init__(self, ctx: DistContext, seq: int, mark: str = "arrived") -> None:
         self.ctx, self.store = ctx, _store()
-        self.prefix = f"tpload/{group_id(ctx)}/{seq}/arrived"
+        self.prefix = f"tpload/{group_id(ctx)}/{seq}/{mark}"
 
     def arrive(self) -> None:
         if self.store is not None:
@@ -125,17 +126,25 @@ class Arrivals:
             return []
 
 
-def exchange(row: torch.Tensor, ctx: DistContext, *, seq: int, timeout_s: float) -> torch.Tensor:
+def exchange(
+    row: torch.Tensor,
+    ctx: DistContext,
+    *,
+    seq: int,
+    timeout_s: float,
+    step: str = "the final exchange",
+) -> torch.Tensor:
     """All-reduce every rank's int64 row into a ``[world, K]`` table held by every rank.
 
     One collective for everything (figures, digest, status, message, evidence); each rank
-    fills only its own row. Runs on the CPU group with a deadline of ``timeout_s``.
+    fills only its own row. Runs on the CPU group with a deadline of ``timeout_s``. ``step``: which
+    collective, in an error (:func:`agree` makes the only other one).
     """
     table = torch.zeros(ctx.world, row.numel(), dtype=torch.int64)
     table[ctx.rank] = row
     if ctx.cpu_group is None:
         return table
-    arrivals = Arrivals(ctx, seq)
+    arrivals = Arrivals(ctx, seq, "arrived" if step == "the final exchange" else "agreed")
     arrivals.arrive()
     try:
         work = dist.all_reduce(table, op=dist.ReduceOp.SUM, group=ctx.cpu_group, async_op=True)
@@ -150,7 +159,21 @@ def exchange(row: torch.Tensor, ctx: DistContext, *, seq: int, timeout_s: float)
         )
         first = str(e).splitlines()[0] if str(e) else ""
         raise LoadError(
-            f"rank {ctx.rank}: lost the other ranks in the final exchange: {who} "
+            f"rank {ctx.rank}: lost the other ranks in {step}: {who} "
             f"({type(e).__name__}: {escape_name(first)[:300]})"
         ) from None
     return table
+
+
+AGREE_BYTES = 4096
+
+
+def agree(failure: str, ctx: DistContext, *, seq: int, timeout_s: float, step: str) -> str:
+    """After a passed verdict, rank 0's outcome of a step only rank 0 runs (writing the
+    attestation), learnt by every rank in one more collective: "" when it went well, else rank 0's
+    one-line ``failure``. Every rank calls it or none (rank 0's row in the exchange said whether),
+    so a failure there fails every rank instead of rank 0 alone."""
+    raw = failure.encode()[:AGREE_BYTES].decode(errors="ignore").encode() if ctx.rank == 0 else b""
+    words = torch.from_numpy(np.frombuffer(raw.ljust(AGREE_BYTES, b"\0"), dtype="<i8").copy())
+    table = exchange(words, ctx, seq=seq, timeout_s=timeout_s, step=step)
+    return table[0].numpy().astype("<i8").tobytes().rstrip(b"\0").decode(errors="replace")

@@ -312,25 +312,33 @@ def cmd_export(argv: list[str]) -> int:
 @one_line
 def cmd_attest(argv: list[str]) -> int:
     args = attest_parser().parse_args(argv)
+    check_flags(args)
     from ..verification.attest_check import check
+    from ..verification.signing import SignerOptions
 
-    problems, notes = check(
-        args.file, args.checkpoint, key=args.key, config=args.config
+    checked = check(
+        args.file,
+        args.checkpoint,
+        key=args.key,
+        config=args.config,
+        require_whole=args.require_whole,
+        signer=SignerOptions.of(args, args.checkpoint),
     )  # errors: @one_line
-    for line in notes:
+    for line in checked.notes:
         print(f"note: {printable(line)}")
-    for line in problems:
+    for line in checked.problems:
         print(f"DIFFERS {printable(line)}")
-    print(
-        f"{printable(args.file)}: "
-        + (
-            f"{len(problems)} difference(s)"
-            if problems
-            else "OK: every rank's windows, digest and the coverage match the checkpoint"
-            + (", signature verified" if args.key else "")
-        )
+    if checked.problems:
+        print(f"{printable(args.file)}: {len(checked.problems)} difference(s)")
+        return 1
+    ok = "OK: every rank's windows, digest and the coverage match the checkpoint" + (
+        ", signature verified" if args.key else ""
     )
-    return 1 if problems else 0
+    print(
+        f"{printable(args.file)}: {ok}"
+        + (f"; partial: {printable(checked.partial)}" if checked.partial else "; whole")
+    )
+    return 0
 
 
 @one_line

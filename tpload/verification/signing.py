@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import LoadError
+from ..option_rules import SIGNER_FIELDS
 from ..storage.files import parse_json, read_small
 from ..storage.pins import INDEX_NAME, MANIFEST_NAME
 from ..text import escape_name
@@ -62,16 +63,6 @@ MAX_BUNDLE_BYTES = 64 << 20
 holds some 250,000: far more than any checkpoint, and little for a rank to hold."""
 MAX_PEM_BYTES = 1 << 20
 """A key, a certificate or a certificate chain in PEM (a whole system CA bundle is about 300 KB)."""
-SIGNER_FIELDS = (
-    "signature",
-    "signer_key",
-    "signer_cert",
-    "signer_chain",
-    "signer_identity",
-    "signer_issuer",
-)
-"""The options that say which bundle and which signer (the load's, and ``verify``, ``manifest`` and
-``attest verify``'s)."""
 
 
 class Held:

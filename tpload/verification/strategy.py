@@ -144,6 +144,8 @@ class Strategy(ABC):
         """This rank's own verdicts (raise every problem at once) and its row's evidence figures."""
         fig, ctx, stored = self.job.fig, self.job.ctx, self.prepared.stored
         fig.digest = result.digest()
+        # the attestation is an exit path of the gate: rank 0's row says it will write one
+        fig.attest = int(bool(getattr(self.job.opts, "attest", None)))
         if stored is not None:
             at = replicas.placement(self.job.opts, ctx.world)  # replicas: one prediction a position
             me, world = (at.where(ctx.rank)[1], at.size) if at else (ctx.rank, ctx.world)

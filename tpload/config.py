@@ -36,7 +36,7 @@ from importlib import resources
 from pathlib import Path
 
 from . import codecs
-from .errors import ConfigError
+from .errors import ConfigError, LoadError
 from .modes import Role, Split
 from .options import REFERENCE_CONFIG
 from .prefix import CANDIDATES, config_prefix
@@ -435,15 +435,26 @@ def available() -> str:
     )
 
 
+MAX_CONFIG_BYTES = 4 << 20
+"""A --config TOML file's size limit: the shipped ones are a few KB."""
+
+
 def _read_toml(name_or_path: str | os.PathLike) -> tuple[str, dict]:
     path = Path(name_or_path)
     if path.suffix == ".toml" or path.is_file() or os.sep in str(name_or_path):
-        try:
-            return str(path), tomllib.loads(path.read_text())
-        except OSError as e:
-            raise ConfigError(f"{path}: cannot read config ({e.strerror})") from None
+        from .storage.files import read_small
+
+        try:  # the bounded reader: a FIFO or a device named by --config is refused, not waited on
+            text = read_small(path, "config", limit=MAX_CONFIG_BYTES).decode("utf-8")
+            return str(path), tomllib.loads(text)
+        except LoadError as e:
+            raise ConfigError(str(e)) from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{path}: config is not UTF-8 text ({e.reason})") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path}: config is not valid TOML ({e})") from None
+        except RecursionError:
+            raise ConfigError(f"{path}: config is TOML nested too deeply; refused") from None
     res = resources.files("tpload.configs") / f"{name_or_path}.toml"
     if not res.is_file():
         raise ConfigError(

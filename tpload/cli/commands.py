@@ -182,36 +182,50 @@ def cmd_plan(argv: list[str]) -> int:
     return 0
 
 
+def _signed(args: argparse.Namespace, root: str) -> object:
+    """A signed folder's model.sig, verified with the signer options as a load verifies it (None:
+    no bundle, or ``--signature none``); a signer option that nothing uses is said in a note. Raises
+    LoadError for a signed folder without a signer, or a signature that does not verify."""
+    from ..verification import signing
+
+    notes: list[str] = []
+    signed = signing.precheck(signing.SignerOptions.of(args, root), notes=notes)
+    for line in notes:
+        print(f"note: {printable(line)}")
+    return signed
+
+
 @one_line
 def cmd_verify(argv: list[str]) -> int:
     args = verify_parser().parse_args(argv)
+    check_flags(args)
     try:
         from ..tools.offline import verify_checkpoint
 
+        signed = _signed(args, args.dir)
         config = None if args.config == "none" else _config_for(args, args.dir)
-        problems = verify_checkpoint(args.dir, config, threads=args.threads)
+        problems = verify_checkpoint(args.dir, config, threads=args.threads, signed=signed)
     except LoadError as e:
         return fail(e)
     for line in problems:
         print(f"BAD {printable(line)}")
     if not problems:
-        print(printable(_verified(args.dir, config)))
+        print(printable(_verified(args.dir, config, signed)))
     print(f"{printable(args.dir)}: {'OK' if not problems else f'{len(problems)} problem(s)'}")
     return 1 if problems else 0
 
 
-def _verified(root: str, config: object | None) -> str:
+def _verified(root: str, config: object | None, signed: object = None) -> str:
     """What a passing ``verify`` checked and what vouched for it, counted from the headers (no data
     read again; the checkpoint just passed, so it opens)."""
-    import json
-
     from ..storage.catalogue import MANIFEST_NAME
+    from ..storage.files import read_json
     from ..storage.partitioned import PartitionedStorage, is_partitioned
     from ..storage.sharded import ShardedStorage
 
     path = Path(root).absolute()
     if is_partitioned(path):
-        meta = json.loads((path / MANIFEST_NAME).read_text())["partitioned"]
+        meta = read_json(path / MANIFEST_NAME, "export manifest")["partitioned"]
         tp, ep = int(meta["tp"]), int(meta["ep"])
         count = nbytes = 0
         for rank in range(tp * ep):
@@ -230,7 +244,10 @@ def _verified(root: str, config: object | None) -> str:
         cat = storage.catalogue
         names = cat.names()
         nbytes = sum(cat.get(n).nbytes for n in names)
-        if storage.file_digests is not None:
+        by = f"{signed.bundle.name} (signer {signed.signer_id})" if signed is not None else ""
+        if signed is not None and not signed.manifest_sha256:
+            vouch = f"each of its {len(storage.paths())} files whole against the digests {by} signs"
+        elif storage.file_digests is not None and signed is None:
             vouch = (
                 f"each of its {len(storage.file_digests)} files whole, by sha256 against "
                 f"{storage.file_source.each}"
@@ -239,6 +256,7 @@ def _verified(root: str, config: object | None) -> str:
             vouch = (
                 f"each tensor by sha256 against {MANIFEST_NAME} (sha256 "
                 f"{(cat.manifest_sha256 or '?')[:16]}...)"
+                + (f", the manifest signed by {by}" if signed is not None else "")
             )
     finally:
         storage.close()
@@ -263,16 +281,27 @@ def cmd_manifest(argv: list[str]) -> int:
             from ..verification.blake3sums import require
 
             require()  # before hours of hashing
+        signed = _signed(args, args.dir)  # a signed folder: nothing written over unsigned bytes
         if (
             not blake3
             or args.force
             or not os.path.lexists(Path(args.dir).absolute() / MANIFEST_NAME)
         ):
-            written = write_manifest(args.dir, force=args.force, threads=args.threads)
+            written = write_manifest(
+                args.dir, force=args.force, threads=args.threads, signed=signed
+            )
             print(f"wrote {printable(str(written))}")
+            if signed is not None and signed.covers(MANIFEST_NAME):
+                print(
+                    f"note: {printable(signed.bundle.name)} signs the {MANIFEST_NAME} this "
+                    "replaced: loads of the folder fail until it is signed again"
+                )
         if blake3:
             side = write_blake3(
-                args.dir, threads=args.threads, store=getattr(args, "digest_store", None)
+                args.dir,
+                threads=args.threads,
+                store=getattr(args, "digest_store", None),
+                signed=signed,
             )
             print(
                 f"wrote {printable(str(side))}: every tensor's sha256 matched the manifest; loads "

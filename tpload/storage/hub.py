@@ -177,7 +177,9 @@ def to_hub_cache(src: Path, cache: Path, repo: str, revision: str = "main") -> P
     store.mkdir(parents=True, exist_ok=True)
     snap.mkdir(parents=True, exist_ok=True)
     for f in sorted(p for p in src.iterdir() if p.is_file()):
-        digest = lfs_sha256(f) if f.suffix == ".safetensors" else git_blob_sha1(f.read_bytes())
+        digest = (
+            lfs_sha256(f) if f.suffix == ".safetensors" else git_blob_sha1(read_small(f, f.name))
+        )
         os.replace(f, store / digest)
         (snap / f.name).symlink_to(os.path.relpath(store / digest, snap))
     (top / "refs").mkdir(exist_ok=True)

@@ -206,12 +206,8 @@ def precheck(opts: object, *, notes: list[str] | None = None) -> SignedModel | N
                 "does not exist: name the bundle with --signature PATH"
             )
         if signer and notes is not None:
-            why = (
-                "--signature none"
-                if opts.signature == NONE
-                else f"--verify {opts.verify} checks no signature"
-            )
-            notes.append(f"{signer[0]} is ignored: {why}")
+            why = "--signature none" if opts.signature == NONE else f"--verify {opts.verify}"
+            notes.append(f"{signer[0]} is ignored: {why} checks no signature")
         return None
     if not signer:
         raise LoadError(

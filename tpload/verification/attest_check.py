@@ -406,6 +406,13 @@ def check(
         if cfg.id() != opts["config_id"]:
             problems.append(_config_problem(opts, chosen, cfg, config, root))
             return out
+        base = opts.get("config_base_id")
+        if base is not None and base != base_config(cfg).id():
+            problems.append(
+                f"config_base_id: attested {escape_name(str(base))}; config {escape_name(cfg.name)}"
+                f" without the load's globs is {base_config(cfg).id()} (the attestation was "
+                "edited)"
+            )
         planner = planner_of(cat, cfg)
         planner.check_layout(layout, layout.world)
         plans = [planner.plan(layout, opts["kind"], r) for r in range(layout.world)]

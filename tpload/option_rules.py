@@ -104,7 +104,7 @@ def _attest_problems(values: Mapping[str, object], spell: Spell) -> list[str]:
         )
     if key and not attest:
         problems.append(f"{spell('attest_key')} signs the attestation: give {spell('attest')} too")
-    if key and not Path(str(key)).is_file():
+    if key and not os.path.exists(str(key)):  # a FIFO or a folder: the bounded reader says which
         problems.append(f"{spell('attest_key')} {key}: no such file (an EC private key in PEM)")
     elif key:
         from .verification.attest_signing import key_problem

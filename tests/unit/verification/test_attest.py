@@ -264,6 +264,25 @@ def test_attest_options_are_checked_before_loading(tmp_path: Path) -> None:
         LoadOptions(attest=str(tmp_path / "a.json"), attest_key=str(tmp_path / "k.pem"))
     with pytest.raises(OptionsError, match="does not exist"):
         LoadOptions(attest=str(tmp_path / "nowhere" / "a.json"))
+    # a folder at the path: refused now, as --report is (after the verdict it failed rank 0 alone)
+    (tmp_path / "out").mkdir()
+    with pytest.raises(
+        OptionsError, match=rf"attest= {tmp_path / 'out'} is a folder; name the file"
+    ):
+        LoadOptions(attest=str(tmp_path / "out"))
+    signer, _ = ec_keypair(tmp_path, "signer")
+    (tmp_path / "a.json.sig").mkdir()  # where the signature goes
+    with pytest.raises(OptionsError, match=r"attest= .*a.json.sig is a folder; name the file"):
+        LoadOptions(attest=str(tmp_path / "a.json"), attest_key=str(signer))
+
+
+def test_attest_at_a_folder_is_refused_before_any_world(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from tpload.cli import main
+
+    assert main(["--checkpoint", str(tmp_path), "--attest", str(tmp_path)]) == 1
+    assert f"--attest {tmp_path} is a folder; name the file to write" in capsys.readouterr().err
 
 
 def test_a_signed_folder_is_identified_by_its_signature_bundle(tmp_path: Path) -> None:

@@ -435,26 +435,18 @@ def available() -> str:
     )
 
 
-MAX_CONFIG_BYTES = 4 << 20
-"""A --config TOML file's size limit: the shipped ones are a few KB."""
-
-
 def _read_toml(name_or_path: str | os.PathLike) -> tuple[str, dict]:
     path = Path(name_or_path)
     if path.suffix == ".toml" or path.is_file() or os.sep in str(name_or_path):
-        from .storage.files import read_small
+        from .storage.files import read_small  # bounded: a FIFO or a device is refused, not waited
 
-        try:  # the bounded reader: a FIFO or a device named by --config is refused, not waited on
-            text = read_small(path, "config", limit=MAX_CONFIG_BYTES).decode("utf-8")
-            return str(path), tomllib.loads(text)
+        try:  # a TOML config is a few KB: 4 MiB at most
+            return str(path), tomllib.loads(read_small(path, "config", limit=4 << 20).decode())
         except LoadError as e:
             raise ConfigError(str(e)) from None
-        except UnicodeDecodeError as e:
-            raise ConfigError(f"{path}: config is not UTF-8 text ({e.reason})") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{path}: config is not valid TOML ({e})") from None
-        except RecursionError:
-            raise ConfigError(f"{path}: config is TOML nested too deeply; refused") from None
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError) as e:  # bad input
+            why = "nested too deeply" if isinstance(e, RecursionError) else e
+            raise ConfigError(f"{path}: config is not valid TOML ({why})") from None
     res = resources.files("tpload.configs") / f"{name_or_path}.toml"
     if not res.is_file():
         raise ConfigError(

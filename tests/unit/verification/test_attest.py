@@ -428,6 +428,12 @@ def test_bad_json_is_named_as_bad_input(ds: Path, tmp_path: Path) -> None:
     (tmp_path / "a.json").write_text("{not json")
     with pytest.raises(LoadError, match=r"a.json: attestation is not readable JSON"):
         attest_check.check(tmp_path / "a.json", ds)
+    # its signature, with --key: read bounded too (a FIFO there would hang the library's read)
+    _, pub = ec_keypair(tmp_path, "k")
+    good = write(make_statement(ds, Layout(1)), tmp_path / "good.json")
+    os.mkfifo(attest_signing.signature_path(good))
+    with pytest.raises(LoadError, match=r"good.json.sig: attestation signature is a FIFO; refused"):
+        attest_check.check(good, ds, key=pub)
 
 
 def test_attest_verify_says_partial_and_require_whole_exits_1(

@@ -61,7 +61,12 @@ def ctx(nodes: tuple[int, ...]) -> DistContext:
 def _verdict(ranks: list[RankFigures], context: DistContext, store: str) -> str:
     """The gate's verdict of a node-mode load on a manifest checkpoint, as one text ("" when
     passed)."""
-    storage = SimpleNamespace(catalogue=SimpleNamespace(manifest_sha256="ab" * 32), per_rank=False)
+    storage = SimpleNamespace(
+        catalogue=SimpleNamespace(
+            manifest_sha256="ab" * 32, manifest_path="/c/NATIVE_MANIFEST.json"
+        ),
+        per_rank=False,
+    )
     opts = SimpleNamespace(kind="packed", digest_store=store, verify="node")
     job = strategy.Job(opts, context, None, storage, {}, "x", Layout(2, 1), dict)
     return "\n".join(gate.judge(ranks, gate.strategy(job)).problems)

@@ -535,3 +535,21 @@ def test_manifest_of_a_signed_folder_writes_over_signed_bytes_only(
     # the manifest is not signed: the load still checks the signed file digests, and says so
     shards = tpload.load(folder, progress=False, signer_key=str(keys["pub"]))
     assert shards.trust.kind == TrustKind.SIGNATURE and shards.trust.manifest is None
+
+
+def test_verify_of_a_signed_manifest_checks_tensors_against_it(
+    tmp_path: Path, keys: dict, capsys: pytest.CaptureFixture
+) -> None:
+    from tpload.cli import main
+
+    folder = write_published(tmp_path / "m", "gpt-oss-tiny")  # NATIVE_MANIFEST.json signed too
+    sign(folder, keys["priv"])
+    key = ["--signer-key", str(keys["pub"]), "--config", "none"]
+    assert main(["verify", str(folder), *key]) == 0
+    assert "NATIVE_MANIFEST.json (sha256" in capsys.readouterr().out
+    flip(folder / SHARD2)  # a data byte: the per-tensor sha256 against the signed manifest sees it
+    assert main(["verify", str(folder), *key]) == 1
+    out = capsys.readouterr().out
+    assert f"BAD {folder / SHARD2}: tensor " in out and "does not match the manifest's" in out
+    assert main(["manifest", str(folder), "--force", "--signer-key", str(keys["pub"])]) == 1
+    assert "no manifest written: 1 problem(s) against" in capsys.readouterr().err

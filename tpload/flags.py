@@ -20,10 +20,13 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"tpload: error: {message} (usage: {self.prog} --help)\n")
 
 
-def check_flags(ns: argparse.Namespace) -> None:
+def check_flags(ns: argparse.Namespace, *, checkpoint: str | None = None) -> None:
     """The load's path checks for the options a subcommand takes from :func:`add_flags` (``plan
-    --write --digest-store``...), before it reads anything; OptionsError listing every problem."""
+    --write --digest-store``...), before it reads anything; OptionsError listing every problem.
+    ``checkpoint``: the folder the subcommand reads (a digest store inside it is refused)."""
     values = {f.name: getattr(ns, f.name) for f in fields(LoadOptions) if hasattr(ns, f.name)}
+    if checkpoint:
+        values["checkpoint"] = checkpoint
     problems = validate(values, style="cli")
     if problems:
         raise OptionsError(listing(problems))

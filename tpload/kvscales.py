@@ -4,8 +4,11 @@ Checkpoints spell them many ways; vLLM remaps them (``maybe_remap_kv_scale_name`
 when one is not loaded, leaving the scale at a sentinel. The census finds every spelling per layer,
 gives each layer's canonical name (vLLM's ``...self_attn.attn.k_scale``) beside the stored one, and
 says what is wrong: a layer with k but no v, two spellings on one layer, scales on some attention
-layers only (refused or reported, by the config's ``kv_scales``). ``state_dict()`` keeps the stored
-names; the vLLM hand-off passes the scales under the canonical ones (:meth:`Census.engine_names`).
+layers only (refused or reported, by the config's ``kv_scales``). The planner takes it of what a
+load serves or defers (planning/classify.py): a layer a skip rule removes (a vision tower's
+attention, an MTP layer) is not counted. ``state_dict()`` keeps the stored names; the vLLM hand-off
+passes the scales under the canonical ones (:meth:`Census.engine_names`); their values are checked
+as they are read (codecs/plain.py: finite and > 0).
 """
 
 from __future__ import annotations

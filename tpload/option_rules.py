@@ -1,7 +1,8 @@
 """The rules across options and on the paths they name, checked before any byte is read: a problem
-found after the load (or after all the hashing) costs the whole load, and a report written into the
-checkpoint destroys it. Each rule returns its problems worded with the option spelled as the
-caller spelled it (``spell``: ``report=`` for ``load()``, ``--report`` on the command line)."""
+found after the load (or after all the hashing) costs the whole load, a report written into the
+checkpoint destroys it, and a digest store inside it would let its writer vouch for it. Each rule
+returns its problems worded with the option spelled as the caller spelled it (``spell``:
+``report=`` for ``load()``, ``--report`` on the command line)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,11 @@ def problems_across(values: Mapping[str, object], spell: Spell) -> list[str]:
             f"{spell('digest_store')} {store}: {why} (the digest store is a folder, made "
             "if missing; give a folder, or leave the option out for the default)"
         )
+    elif values.get("checkpoint"):
+        from .verification.store import in_checkpoint
+
+        if why := in_checkpoint(str(store) if store else None, str(values["checkpoint"])):
+            problems.append(f"{why}: give {spell('digest_store')} a folder outside it")
     groups = values.get("replica_group")
     if groups and (values.get("replicas") or 1) != 1:
         problems.append(

@@ -18,7 +18,6 @@ import numpy as np
 from .codecs import Cut
 from .config import Config
 from .errors import ConfigError, LayoutError
-from .kvscales import census as kv_census
 from .modes import Kind
 from .planning import checks
 from .planning.classify import Classified, activation_scale, classify
@@ -142,21 +141,15 @@ class Planner:
         self.prefix = detect_prefix(
             names, wanted=config.rules_prefix, model=model, where=catalogue.root
         )
-        self.census = kv_census(names)
         self.activation_scales = [
             n for n in names if n.endswith(".input_scale") and activation_scale(n, names[n])
         ]
         """Single-value ``*.input_scale`` tensors (ModelOpt NVFP4's activation scales)."""
-        refused = []
-        if config.kv_scales == "strict":
-            refused = [
-                f'{p} (refused: set kv_scales = "report" in the config to load it anyway)'
-                for p in self.census.problems()
-            ]
         self.classified: Classified = classify(
-            names, config, prefix=self.prefix, problems=refused, model=model, root=catalogue.root
+            names, config, prefix=self.prefix, problems=[], model=model, root=catalogue.root
         )
         c = self.classified
+        self.census = c.census  # of what is served or deferred: skipped layers are not counted
         self.entries, self.skipped, self.deferred = c.entries, list(c.skipped), c.deferred
         self.expert_counts = c.expert_counts
         self._klass = c.entries.klass

@@ -7,6 +7,14 @@ as layers past ``num_hidden_layers``. A config's rules are written for one prefi
 ``weight_prefix``: said in its ``[layout]``, or read off its globs). :class:`Prefix` rewrites a
 stored name into the config's prefix *for matching only*: what is served keeps the stored name, so
 digests and stored predictions do not change with the prefix.
+
+Two prefixes in one folder are refused when they hold the same weight: layers under both, or one
+tensor outside the layers under both (``model.embed_tokens.weight`` beside
+``language_model.model.embed_tokens.weight``: two models, or one weight stored twice). A tensor
+outside the layers under another prefix with no twin loads, matched as stored, and the prefix line
+says so: multimodal checkpoints keep a vision tower and a projector beside the language model
+(``vision_tower.*``, ``model.visual.*`` beside ``model.language_model.*``); those sit under no
+candidate or under the wrapper of the layers' own prefix, and are not noted.
 """
 
 from __future__ import annotations
@@ -39,6 +47,8 @@ class Prefix:
     """Layers found under ``found``."""
     mtp: str = ""
     """How the checkpoint holds MTP heads, in words ("" when it holds none)."""
+    elsewhere: str = ""
+    """Tensors outside the layers under another prefix (no twin under this one), in words."""
 
     @property
     def rewrites(self) -> bool:
@@ -66,6 +76,8 @@ class Prefix:
             return "weight prefix: no decoder layers found (names matched as stored)"
         said = f"weight prefix {self.found!r} ({self.layers} layers"
         said += f"; {self.mtp})" if self.mtp else ")"
+        if self.elsewhere:
+            said += f"; {self.elsewhere}"
         if self.rewrites:
             said += (
                 f"; the config's rules, written for {self.wanted!r}, match its names rewritten "
@@ -94,7 +106,8 @@ def detect(
         if len(layers_of) == 1:
             ((found, held_layers),) = layers_of.items()
             mtp = text.startswith("mtp.") or "\nmtp." in text
-            return _found(found, wanted, sorted(set(map(int, held_layers))), mtp, model)
+            elsewhere = _elsewhere(names, found, where)
+            return _found(found, wanted, sorted(set(map(int, held_layers))), mtp, model, elsewhere)
         if not layers_of:
             mtp = text.startswith("mtp.") or "\nmtp." in text
             return Prefix(None, wanted, mtp="MTP under 'mtp.'" if mtp else "")
@@ -128,19 +141,66 @@ def detect(
     if not held:
         return Prefix(None, wanted, mtp="MTP under 'mtp.'" if mtp else "")
     found = next(iter(held))
-    return _found(found, wanted, sorted(indices[found]), mtp, model)
+    elsewhere = _elsewhere(names, found, where)
+    return _found(found, wanted, sorted(indices[found]), mtp, model, elsewhere)
+
+
+def _elsewhere(names: list[str], found: str, where: object) -> str:
+    """Tensors outside the layers under a candidate prefix other than the layers' ``found``:
+    ConfigError naming both prefixes when one is a tensor ``found`` holds too (the same name after
+    its prefix); the others under a prefix that is not ``found``'s wrapper, in words ("" none)."""
+    # the layers' wrapper holds the body's head: language_model.lm_head.weight beside
+    # language_model.model.*
+    wrapper = found[: -len("model.")] if found.endswith("model.") and found != "model." else ""
+    body: dict[str, str] = {}  # the rest of a name after the layers' prefix: the stored name
+    other: dict[str, dict[str, str]] = {}
+    # a layer's tensor under two prefixes is refused by detect(): only the few outside them here
+    for n in (n for n in names if "layers." not in n):
+        c = next(c for c in CANDIDATES if n.startswith(c))  # the longest ("" holds every name)
+        if c == found or (not c and wrapper and n.startswith(wrapper)):
+            body[n[len(c or wrapper) :]] = n
+        else:
+            other.setdefault(c, {})[n[len(c) :]] = n
+    for c, held in other.items():
+        both = sorted(set(held) & set(body))
+        if both:
+            raise ConfigError(
+                f"{escape_name(where)}: ambiguous weight prefix: tensors under both {_said(found)} "
+                f"(the layers') and {_said(c)} ({escape_name(body[both[0]])} and "
+                f"{escape_name(held[both[0]])} are one weight"
+                + (f", {len(both)} such weights" if len(both) > 1 else "")
+                + "); keep one model per folder"
+            )
+    noted = {c: held for c, held in other.items() if c and not found.startswith(c)}
+    if not noted:
+        return ""
+    return "; ".join(
+        f"{len(held)} tensor(s) outside the layers under {c!r} instead (first "
+        f"{escape_name(next(iter(held.values())))}): matched and served as stored"
+        for c, held in noted.items()
+    )
+
+
+def _said(prefix: str) -> str:
+    return repr(prefix) if prefix else "no prefix"
 
 
 def _found(
-    found: str, wanted: str | None, layers: list[int], mtp: bool, model: Mapping[str, object] | None
+    found: str,
+    wanted: str | None,
+    layers: list[int],
+    mtp: bool,
+    model: Mapping[str, object] | None,
+    elsewhere: str = "",
 ) -> Prefix:
-    """The prefix ``found``, its layers' indices ascending, and what says MTP layers are there."""
+    """The prefix ``found``, its layers' indices ascending, what says MTP layers are there, and
+    what lies outside the layers under another prefix."""
     words = ["MTP under 'mtp.'"] if mtp else []
     hidden = (model or {}).get("num_hidden_layers")
     if isinstance(hidden, int) and not isinstance(hidden, bool) and layers[-1] >= hidden:
         extra = [i for i in layers if i >= hidden]
         words.append(f"MTP as extra layers {extra[0]}..{extra[-1]} (num_hidden_layers {hidden})")
-    return Prefix(found, wanted, len(layers), "; ".join(words))
+    return Prefix(found, wanted, len(layers), "; ".join(words), elsewhere)
 
 
 def config_prefix(globs: Iterable[str]) -> str | None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -306,3 +308,36 @@ def test_no_progress_s_help_describes_the_flag() -> None:
 
     helps = {a.option_strings[0]: a.help for a in load_parser()._actions if a.option_strings}
     assert helps["--no-progress"].startswith("turn off rank 0's progress")
+
+
+def readme_exit_codes() -> dict[int, str]:
+    """README's "Exit codes:" paragraph, as {code: its clause}."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    start = readme.index("Exit codes: ")
+    text = " ".join(readme[start : readme.index("\n\n", start)].split())
+    clauses = re.findall(r"`(\d+)` (.*?)(?=; `\d+` |\. torchrun)", text)
+    return {int(code): clause for code, clause in clauses}
+
+
+def test_readme_s_exit_codes_are_what_its_examples_exit_with(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """Every flag README quotes under exit 2 is the parser's refusal (exit 2, one usage line, before
+    a rank starts); every one under exit 1 passes the parser and is refused by the load's option
+    rules (exit 1, ``invalid option``)."""
+    clauses = readme_exit_codes()
+    assert set(clauses) == {0, 1, 2, 130}
+    assert "unknown flag" in clauses[2] and "on every rank" in clauses[1], clauses
+    monkeypatch.chdir(tmp_path)  # README's relative paths: nowhere/ does not exist here
+    for code in (2, 1):
+        examples = re.findall(r"`(--[^`]*)`", clauses[code])
+        assert len(examples) >= 3, clauses[code]
+        for example in examples:
+            try:
+                got = main([*shlex.split(example), "--no-progress"])
+            except SystemExit as e:
+                got = e.code
+            err = capsys.readouterr().err
+            assert got == code, (example, err)
+            assert ("(usage: " in err) == (code == 2) and ("invalid option" in err) == (code == 1)
+    assert list(tmp_path.iterdir()) == []  # refused before anything was written

@@ -3,6 +3,7 @@ every rank computes from the exchanged table alone."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -66,6 +67,7 @@ def _verdict(ranks: list[RankFigures], context: DistContext, store: str) -> str:
             manifest_sha256="ab" * 32, manifest_path="/c/NATIVE_MANIFEST.json"
         ),
         per_rank=False,
+        root=Path("/nonexistent-checkpoint"),
     )
     opts = SimpleNamespace(kind="packed", digest_store=store, verify="node")
     job = strategy.Job(opts, context, None, storage, {}, "x", Layout(2, 1), dict)

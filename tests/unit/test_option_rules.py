@@ -1,16 +1,20 @@
 """The rules across options and on the paths they name, checked before any byte is read: a report
-never written into the checkpoint, a digest store that can be a folder."""
+never written into the checkpoint, a digest store that can be a folder and is not inside the
+checkpoint."""
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 
 import tpload
+from tpload.config import load_config
 from tpload.errors import LoadError, OptionsError
 from tpload.options import LoadOptions
+from tpload.plan import Layout
 
 
 def test_a_report_into_a_missing_folder_is_refused_before_loading(tmp_path: Path) -> None:
@@ -83,3 +87,65 @@ def test_a_digest_store_that_cannot_be_a_folder_is_refused_first(
     LoadOptions.from_values(
         {"digest_store": str(tmp_path / "new" / "store")}
     )  # made when first written
+
+
+INSIDE = "is inside the checkpoint"
+NEVER = "trusted digests never live in the checkpoint they vouch for"
+
+
+def test_a_digest_store_inside_the_checkpoint_is_refused_at_write_and_at_load(
+    ckpt_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """``plan --write`` (and ``manifest --hash blake3``) never writes trusted digests into the
+    checkpoint they vouch for, however the store is spelled; a store already there (planted, or
+    written by an older tpload) is refused by the load in every mode, before any byte is read."""
+    from tpload.cli import main
+    from tpload.tools.offline import record_verified
+
+    (tmp_path / "link").symlink_to(ckpt_copy)
+    spelled = [  # (argv tail, the environment's XDG_STATE_HOME, the store the message names)
+        (["--digest-store", str(ckpt_copy / "store")], None, ckpt_copy / "store"),
+        (["--digest-store", str(tmp_path / "link" / "s")], None, tmp_path / "link" / "s"),
+        ([], str(ckpt_copy / "state"), ckpt_copy / "state" / "tpload"),
+        ([], str(tmp_path / "link" / "state"), tmp_path / "link" / "state" / "tpload"),
+    ]
+    for tail, xdg, store in spelled:
+        if xdg:
+            monkeypatch.setenv("XDG_STATE_HOME", xdg)
+        for argv in (
+            ["plan", str(ckpt_copy), "--tp", "1", "--write", *tail],
+            ["manifest", str(ckpt_copy), "--hash", "blake3", *tail],
+            [str(ckpt_copy), "--no-progress", "--verify", "off", *tail],
+        ):
+            assert main(argv) == 1, argv
+            err = " ".join(capsys.readouterr().err.split())
+            assert f"the digest store {store}" in err and INSIDE in err and NEVER in err, err
+            assert ("(the default, $XDG_STATE_HOME/tpload)" in err) == bool(xdg), err
+        monkeypatch.undo()
+    assert sorted(p.name for p in ckpt_copy.iterdir() if p.is_dir()) == []  # nothing written
+    with pytest.raises(LoadError, match=f"the digest store {ckpt_copy / 's2'} {INSIDE}"):
+        record_verified(  # the tool's own refusal, under whatever calls it (bench, the API)
+            ckpt_copy, load_config("deepseek-v4-mtp"), Layout(1), "packed", store=ckpt_copy / "s2"
+        )
+
+    # a store written where it belongs, then put inside the checkpoint: never trusted from there
+    outside = tmp_path / "store"
+    assert (
+        main(["plan", str(ckpt_copy), "--tp", "1", "--write", "--digest-store", str(outside)]) == 0
+    )
+    assert (
+        main(
+            [str(ckpt_copy), "--no-progress", "--verify", "digest", "--digest-store", str(outside)]
+        )
+        == 0
+    )
+    shutil.copytree(outside, ckpt_copy / "store")
+    capsys.readouterr()
+    for mode in ("digest", "node"):
+        with pytest.raises(LoadError, match=f"the digest store {ckpt_copy / 'store'} {INSIDE}"):
+            tpload.load(
+                ckpt_copy, verify=mode, digest_store=str(ckpt_copy / "store"), progress=False
+            )
+    # beside the checkpoint, in a folder whose name starts like it: fine
+    beside = ckpt_copy.parent / (ckpt_copy.name + "-store")
+    LoadOptions.from_values({"digest_store": str(beside), "checkpoint": str(ckpt_copy)})

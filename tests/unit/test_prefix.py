@@ -4,6 +4,7 @@ prefix serving the stored names with the plain checkpoint's bytes and per-tensor
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 
 import tpload
 from tpload.config import load_config
-from tpload.errors import ConfigError
+from tpload.errors import ConfigError, LoadError
 from tpload.pick import planner_of
 from tpload.plan import Layout
 from tpload.prefix import detect
@@ -141,3 +142,108 @@ def test_a_load_under_a_prefix_serves_the_stored_names_and_the_same_bytes(
         "weight prefix 'language_model.model.'" in n and "rewritten" in n for n in b.report.notes
     )
     a.release(), b.release()
+
+
+@pytest.mark.parametrize(
+    "prefix, head, twin, other",
+    [
+        ("language_model.model.", "language_model.lm_head.weight", "embed_tokens.weight", "model."),
+        ("language_model.model.", "language_model.lm_head.weight", "lm_head.weight", ""),
+        ("model.language_model.", "lm_head.weight", "norm.weight", "model."),
+        ("model.", "lm_head.weight", "norm.weight", "language_model.model."),
+        ("", "lm_head.weight", "embed_tokens.weight", "model."),
+    ],
+)
+def test_a_tensor_outside_the_layers_under_two_prefixes_is_refused_naming_both(
+    prefix: str, head: str, twin: str, other: str
+) -> None:
+    """``model.embed_tokens.weight`` beside ``language_model.model.embed_tokens.weight``: two
+    models, or one weight stored twice; which one the config's rule serves is a guess."""
+    stored = names(prefix, head=head)
+    mine = next(n for n in stored if n.endswith(twin))
+    said = lambda p: repr(p) if p else "no prefix"  # noqa: E731
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(
+            f"/ckpt: ambiguous weight prefix: tensors under both {said(prefix)} (the layers') and "
+            f"{said(other)} ({mine} and {other + twin} are one weight); keep one model per folder"
+        ),
+    ):
+        detect([*stored, other + twin], wanted="model.", where="/ckpt")
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [
+        # Llava, Gemma-3, Llama-4 as transformers wrote them before 4.52: the tower beside
+        names("language_model.model.", head="language_model.lm_head.weight")
+        + [
+            "vision_tower.vision_model.encoder.layers.0.self_attn.q_proj.weight",
+            "vision_tower.vision_model.embeddings.patch_embedding.weight",
+            "multi_modal_projector.linear_1.weight",
+            "vision_model.model.norm.weight",
+        ],
+        # the same classes since: everything under model., the language model one level down
+        names("model.language_model.")
+        + [
+            "model.vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight",
+            "model.vision_tower.vision_model.post_layernorm.weight",
+            "model.multi_modal_projector.linear_1.weight",
+            "model.visual.blocks.0.attn.qkv.weight",
+        ],
+        # Qwen2-VL: the tower beside model.
+        names("model.") + ["visual.blocks.0.attn.qkv.weight", "visual.merger.mlp.0.weight"],
+    ],
+)
+def test_multimodal_checkpoints_load_with_no_note(stored: list[str]) -> None:
+    got = detect(stored, wanted="model.", where="/ckpt")
+    assert got.layers == 2 and got.elsewhere == "" and "outside the layers" not in got.describe()
+
+
+def test_a_lone_tensor_under_another_prefix_is_noted() -> None:
+    stored = [
+        n
+        for n in names("language_model.model.", head="language_model.lm_head.weight")
+        if not n.endswith("embed_tokens.weight")
+    ] + ["model.embed_tokens.weight"]
+    got = detect(stored, wanted="model.")
+    assert got.found == "language_model.model." and got.rewrite("model.embed_tokens.weight") == (
+        "model.embed_tokens.weight"
+    )
+    assert (
+        "; 1 tensor(s) outside the layers under 'model.' instead (first "
+        "model.embed_tokens.weight): matched and served as stored" in got.describe()
+    )
+
+
+def test_a_load_refuses_the_twin_and_notes_the_lone_one(
+    llama: tuple[Path, Path], tmp_path: Path
+) -> None:
+    _, wrapped = llama
+    embed = "language_model.model.embed_tokens.weight"
+    twin = renamed(
+        wrapped,
+        tmp_path / "twin",
+        lambda n: n,
+        extra={"model.embed_tokens.weight": torch.zeros(2, 2)},
+    )
+    with pytest.raises(
+        LoadError,
+        match=re.escape(
+            f"tensors under both 'language_model.model.' (the layers') and 'model.' ({embed} and "
+            "model.embed_tokens.weight are one weight)"
+        ),
+    ):
+        tpload.load(twin, progress=False, device="cpu")
+    lone = renamed(
+        wrapped, tmp_path / "lone", lambda n: n, extra={"model.extra_norm.weight": torch.ones(4)}
+    )
+    shards = tpload.load(lone, progress=False, device="cpu")
+    assert "model.extra_norm.weight" in shards.state_dict()
+    assert any(
+        n.startswith("weight prefix 'language_model.model.'")
+        and "1 tensor(s) outside the layers under 'model.' instead (first model.extra_norm.weight)"
+        in n
+        for n in shards.report.notes
+    )
+    shards.release()

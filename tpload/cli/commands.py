@@ -113,7 +113,7 @@ def _config_for(args: argparse.Namespace, root: str):
 def cmd_plan(argv: list[str]) -> int:
     p = plan_parser()
     args = p.parse_args(argv)
-    check_flags(args)
+    check_flags(args, checkpoint=args.dir if args.write else None)  # --write: the store's place
     t0 = time.monotonic()
     try:
         from ..plan import Layout
@@ -271,7 +271,7 @@ def _verified(root: str, config: object | None, signed: object = None) -> str:
 @one_line
 def cmd_manifest(argv: list[str]) -> int:
     args = manifest_parser().parse_args(argv)
-    check_flags(args)
+    check_flags(args, checkpoint=args.dir if args.hash == "blake3" else None)
     try:
         from ..storage.catalogue import MANIFEST_NAME
         from ..tools.offline import write_blake3, write_manifest

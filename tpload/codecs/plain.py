@@ -5,6 +5,10 @@ BF16, F32 and I64 are served byte for byte; F16 is served as BF16 (f16 -> f32
 makes it the one plain dtype that is decoded rather than copied. Tensor
 parallelism cuts rows (a vocabulary-parallel head; the one dimension of a 1-D
 tensor) or columns of a 2-D tensor, in equal shares, or replicates.
+
+A KV-cache scale (kvscales.py's census names them) is served plain too, with one value check: each
+value must be finite and > 0 (an engine divides by it; NaN, 0, a negative or an infinity would be
+served silently into every attention layer that reads it).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import numpy as np
 import torch
 
 from ..storage.catalogue import TensorMeta
-from . import Codec, Cut, Fit, cut_axis
+from . import Checker, Codec, Cut, Fit, Problem, cut_axis
 from .tables import round_bf16
 
 DTYPES = ("BF16", "F32", "F16", "I64")
@@ -87,4 +91,55 @@ class Plain(Codec):
         out.view(torch.int16).copy_(torch.from_numpy(rounded.view(np.int16)).reshape(out.shape))
 
 
+class KVScale(Plain):
+    """A KV-cache scale: served as :class:`Plain` serves it, its values checked on the way."""
+
+    @property
+    def checked(self) -> bool:
+        return True
+
+    def checker(self, fit: Fit, weight: Cut, scale: Cut | None) -> Checker:
+        return _PositiveValues(weight)
+
+
+class _PositiveValues(Checker):
+    """Counts the values that are not finite and > 0, keeping the first."""
+
+    def __init__(self, cut: Cut) -> None:
+        self.cut, self.bad, self.first = cut, 0, 0.0
+
+    def weight(self, view: np.ndarray, first_row: int) -> None:
+        values = _values(view, self.cut.dtype)
+        bad = ~np.isfinite(values) | (values <= 0)
+        if bad.any():
+            if not self.bad:
+                self.first = float(values[bad][0])
+            self.bad += int(bad.sum())
+
+    def problems(self) -> list[Problem]:
+        if not self.bad:
+            return []
+        return [
+            (
+                self.bad,
+                f"KV-cache scale value(s) not finite and > 0 (first: {self.first:g}; an engine "
+                "divides by it: a scale must be a finite number > 0)",
+                self.cut.name,
+            )
+        ]
+
+
+def _values(view: np.ndarray, dtype: str) -> np.ndarray:
+    """Stored bytes (2-D) of a plain dtype as numbers (BF16 and F16 widened exactly to fp32)."""
+    raw = np.ascontiguousarray(view)
+    if dtype == "I64":
+        return raw.view(np.int64)
+    if dtype == "F32":
+        return raw.view(np.float32)
+    if dtype == "F16":
+        return raw.view(np.float16).astype(np.float32)
+    return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)  # BF16: fp32's top half
+
+
 PLAIN = Plain()
+KV_SCALE = KVScale()

@@ -20,9 +20,12 @@ import numpy as np
 
 from .. import codecs
 from ..codecs import Codec
+from ..codecs.plain import KV_SCALE, PLAIN
 from ..config import ACTIVATION_ORIGIN, AUTO, READS_NOTHING, Config, Rule
 from ..config import _alternatives as alternatives_of
 from ..errors import ConfigError, raise_all
+from ..kvscales import Census
+from ..kvscales import census as kv_census
 from ..modes import Role
 from ..prefix import Prefix
 from ..storage.catalogue import TensorMeta, natural_key, natural_sorted
@@ -49,6 +52,8 @@ class Classified:
     an entry every ep group holds."""
     deferred_at: np.ndarray
     """The same for each deferred tensor: a deferred expert is located only by its ep group."""
+    census: Census
+    """The KV-cache scale census of what the load serves or defers (not of what it skips)."""
 
     @functools.cached_property
     def firsts(self) -> list[Entry]:
@@ -70,11 +75,20 @@ def classify(
     model: Mapping[str, object] | None,
     root: object,
 ) -> Classified:
-    """Entries, skipped and deferred tensors (natural order) and the expert columns; or a
-    ConfigError listing every problem (``problems``: those found before, the KV-scale census's).
+    """Entries, skipped and deferred tensors (natural order), the expert columns and the KV-cache
+    scale census; or a ConfigError listing every problem (``problems``: those found before).
     ``model``: the checkpoint's config.json, for rules that count heads by one of its fields."""
     units = {(r.index, r.match): _units(r, model, root) for r in config.rules if r.units}
     rules, unresolved, needs, matched = _rules(tensors, config, prefix)
+    # the census counts what will be served: a skipped vision tower's or MTP layer's attention is
+    # no layer without scales
+    census = kv_census(n for n, r in rules.items() if r is None or r.role != Role.SKIP)
+    if config.kv_scales == "strict":
+        problems += [
+            f'{p} (refused: set kv_scales = "report" in the config to load it anyway)'
+            for p in census.problems()
+        ]
+    kv = census.engine_names()
     broken = _scales(tensors, rules, needs, problems)
     if any(r.role in READS_NOTHING for r in config.rules):
         problems += _scale_globs(rules, needs)
@@ -108,7 +122,9 @@ def classify(
                     [],
                 ).append(tensors[n].describe())
             elif (
-                k := _class(n, r, tensors, need, codec_of[r.role], (fits, classes), grouped)
+                k := _class(
+                    n, r, tensors, need, _codec(n, r, codec_of, kv), (fits, classes), grouped
+                )
             ) >= 0:
                 rows.add(n, k, need, expert)
     for reason, listed in grouped.items():
@@ -137,8 +153,22 @@ def classify(
         if (x := deferred_experts.get(n)) is not None:
             deferred_at[k] = positions[x[0]][x[1]], len(counts[x[0]])
     return Classified(
-        entries, tuple(skipped), tuple(deferred), deferred_experts, units, counts, at, deferred_at
+        entries,
+        tuple(skipped),
+        tuple(deferred),
+        deferred_experts,
+        units,
+        counts,
+        at,
+        deferred_at,
+        census,
     )
+
+
+def _codec(name: str, rule: Rule, codec_of: Mapping[str, Codec], kv: Mapping[str, object]) -> Codec:
+    """The rule's codec for this tensor: a KV-cache scale served plain has its values checked."""
+    codec = codec_of[rule.role]
+    return KV_SCALE if codec is PLAIN and name in kv else codec
 
 
 def _rules(
@@ -243,6 +273,7 @@ def _class(
     scale2 = tensors[needed[1]] if needed and len(needed) > 1 else None
     key = (
         rule,
+        codec,  # a KV-cache scale is no class with a plain scalar under the same rule
         meta.dtype,
         meta.shape,
         scale and (scale.dtype, scale.shape),

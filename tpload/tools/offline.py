@@ -60,7 +60,8 @@ def record_verified(
     One opening serves all: the store key (the manifest's sha256), the stamp and every rank's digest
     come from the same catalogue and file handles, and at the end the stamp, the open shards, the
     manifest's bytes and the JSON files it pins are checked again: if any moved while the digests
-    were computed, nothing is stored."""
+    were computed, nothing is stored. A store inside the checkpoint is refused first."""
+    digest_store = DigestStore(store, checkpoint=root)
     storage = ShardedStorage(Path(root).absolute())
     try:
         cat = storage.catalogue
@@ -101,8 +102,8 @@ def record_verified(
         storage.close()
     key = layout_key(config.id(), layout, kind)
     # the per-tensor predictions first: a store whose digests are written always has its windows
-    DigestStore(store).write_windows(manifest_sha, key, digests, windows)
-    path = DigestStore(store).write(manifest_sha, Path(root).absolute(), key, digests, stamp)
+    digest_store.write_windows(manifest_sha, key, digests, windows)
+    path = digest_store.write(manifest_sha, Path(root).absolute(), key, digests, stamp)
     return digests, path
 
 
@@ -352,12 +353,14 @@ def write_blake3(
     its sha256 against the manifest and taking its blake3 from the same bytes; only if every one
     matches, keep the blake3 digests in the operator's store, stamped with what was checked (the
     stamp is taken before the first read, so a shard written since makes them stale). Raises
-    LoadError listing every problem; nothing is written then. The checkpoint folder is not touched.
-    ``signed``: the folder's verified model.sig: its manifest must be the signed one, or, unsigned,
-    every file is first checked whole against its signed digest.
+    LoadError listing every problem; nothing is written then. The checkpoint folder is not touched
+    (a store inside it is refused first). ``signed``: the folder's verified model.sig: its manifest
+    must be the signed one, or, unsigned, every file is first checked whole against its signed
+    digest.
     """
     require()
     path = Path(root).absolute()
+    digest_store = DigestStore(store, checkpoint=path)
     storage = ShardedStorage(path)
     try:
         cat = storage.catalogue
@@ -386,6 +389,6 @@ def write_blake3(
             digests=Digests(threads=max(1, spare_threads()), also=("blake3",)),
             what="no blake3 digests written",
         )
-        return write_sidecar(DigestStore(store), cat.manifest_sha256, path, checked, stamp)
+        return write_sidecar(digest_store, cat.manifest_sha256, path, checked, stamp)
     finally:
         storage.close()

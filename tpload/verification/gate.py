@@ -34,7 +34,7 @@ from ..text import escape_name
 from . import signing
 from .blake3sums import SHA256, Digests, content_hash, fix_command
 from .policy import HashPlan, hash_plan
-from .store import DigestStore, stale
+from .store import stale
 from .strategy import Job, Prepared, Strategy
 from .trust import UNCHECKED, TrustKind, TrustSource
 from .vouched import Vouched
@@ -160,7 +160,7 @@ class TensorDigests(Strategy):
         if job.storage.per_rank:
             return SHA256
         digests, why = content_hash(
-            DigestStore(opts.digest_store),
+            self.store,
             job.storage.catalogue,
             job.stamp,
             threads=max(1, job.threads),

@@ -8,7 +8,9 @@ digests decides what is served, so they are never read from the checkpoint
 folder: they live in the operator's own store (``$XDG_STATE_HOME/tpload``, else
 ``~/.local/state/tpload``, or ``digest_store=``), a folder of mode 0700 with
 files of mode 0600, owned by the user who loads; a store that others can
-write is refused. One file per checkpoint, named by its manifest's sha256:
+write is refused, and so is a store inside the checkpoint it would vouch for
+(spelled directly, through a symlink, or by ``$XDG_STATE_HOME``): its writer
+could write the digests too. One file per checkpoint, named by its manifest's sha256:
 
     {"format": 3, "manifest_sha256": ..., "checkpoint": "/path (informational)",
      "layouts": {"tp2-ep1-packed-config-<id>": {"digests": [...], "verified": {stamp}}}}
@@ -58,6 +60,29 @@ def default_store() -> Path:
     return base / "tpload"
 
 
+def default_spelled() -> str:
+    """How :func:`default_store` was found, for messages."""
+    state = os.environ.get("XDG_STATE_HOME") or ""
+    return "$XDG_STATE_HOME/tpload" if os.path.isabs(state) else "~/.local/state/tpload"
+
+
+def in_checkpoint(root: str | os.PathLike | None, checkpoint: str | os.PathLike) -> str | None:
+    """Why the digest store ``root`` (None: the default) lies in the checkpoint folder
+    ``checkpoint`` (inside it, through symlinks too, or one of its entries), in words naming the
+    store; None when it does not."""
+    from ..option_rules import report_in_checkpoint  # the one rule for "inside the checkpoint"
+
+    path = Path(root) if root else default_store()
+    why = report_in_checkpoint(str(path), str(checkpoint))
+    if why is None:
+        return None
+    said = "" if root else f" (the default, {default_spelled()})"
+    return (
+        f"the digest store {escape_name(path)}{said} {why}; trusted digests never live in the "
+        "checkpoint they vouch for (whoever writes it could write them too)"
+    )
+
+
 @dataclass(frozen=True)
 class Prediction:
     """One layout's stored digests, and what they were verified against (None: not verified)."""
@@ -86,8 +111,19 @@ def _check_private(path: Path, what: str) -> None:
 class DigestStore:
     """The operator's store of trusted digests (see the module doc)."""
 
-    def __init__(self, root: str | os.PathLike | None = None) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike | None = None,
+        *,
+        checkpoint: str | os.PathLike | None = None,
+    ) -> None:
+        """``checkpoint``: the folder the store is about to vouch for; a store inside it is
+        refused (LoadError) before it is read or written."""
         self.root = Path(root) if root else default_store()
+        if checkpoint is not None and (why := in_checkpoint(root, checkpoint)):
+            raise LoadError(
+                f"{why}: give --digest-store (digest_store=) a folder outside the checkpoint"
+            )
 
     def path(self, manifest_sha256: str) -> Path:
         return self.root / f"{manifest_sha256}.json"

@@ -100,7 +100,8 @@ class Strategy(ABC):
         self.prepared: Prepared | None = None
         self.key = layout_key(job.config_id, job.layout, job.opts.kind)
         manifest_sha = job.storage.catalogue.manifest_sha256
-        store = DigestStore(job.opts.digest_store)
+        # refused here (as by the options) when it lies in the checkpoint it would vouch for
+        self.store = store = DigestStore(job.opts.digest_store, checkpoint=job.storage.root)
         self.store_path = str(store.path(manifest_sha)) if manifest_sha else str(store.root)
 
     def trust(self) -> TrustSource:
@@ -137,7 +138,7 @@ class Strategy(ABC):
         sha = storage.catalogue.manifest_sha256
         if not sha or storage.per_rank:
             return None
-        return DigestStore(self.job.opts.digest_store).read(sha).get(self.key)
+        return self.store.read(sha).get(self.key)
 
     # -- after the copies ----------------------------------------------------------------------
     def settle(self, result: object) -> None:
@@ -163,8 +164,7 @@ class Strategy(ABC):
         """A digest that differs from its prediction: raise naming the served tensors that differ,
         from the per-tensor predictions stored with it (nothing to name without them)."""
         sha = self.job.storage.catalogue.manifest_sha256
-        store = DigestStore(self.job.opts.digest_store)
-        windows = store.read_windows(sha, self.key, stored.digests)
+        windows = self.store.read_windows(sha, self.key, stored.digests)
         if windows is None or len(windows) != len(stored.digests):
             return
         want, link = windows[me], self.job.link

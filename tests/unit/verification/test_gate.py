@@ -50,6 +50,7 @@ def _job(verify: str, *, files: bool = False, manifest: bool = True) -> strategy
         ),
         per_rank=False,
         file_digests={} if files else None,
+        root=Path("/nonexistent-checkpoint"),
     )
     opts = SimpleNamespace(kind="packed", digest_store="/nonexistent-store", verify=verify)
     ctx = SimpleNamespace(rank=0, group=None)

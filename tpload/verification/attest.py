@@ -1,13 +1,15 @@
 """The load attestation: an exit path of the gate that carries no bytes, only what they were.
 
 After a passed verdict, ``--attest FILE`` makes rank 0 write an in-toto statement
-(docs/attestation.md): its subject is the checkpoint's identity (the manifest's sha256, or each
-file's whole-file digest when the folder is vouched for file by file), and its predicate every
+(docs/attestation.md): its subject is the checkpoint's identity (a signature bundle's sha256, the
+manifest's sha256, or each file's whole-file digest when the folder is vouched for file by file),
+its predicate the trust source that vouched (verification/trust.py) and every
 rank's node, device, digest and windows (boxes of the stored tensors' 2-D byte views, as the plan
 cuts them), with the coverage that follows: for every tensor of the checkpoint, how many ranks serve
 each of its bytes (at least one; skipped and deferred tensors listed as such). Rank 0 derives every
-rank's plan from the catalogue the load planned with (the planner is deterministic), so no extra
-collective is made.
+rank's plan from the catalogue the load planned with (the planner is deterministic), so no
+collective gathers the windows; the one small collective after the write only tells every rank
+whether it succeeded (shards.served: a failed write fails every rank).
 
 Building the statement is this module's job; checking one, ``tpload attest verify``, is
 :mod:`tpload.verification.attest_check`'s, and signing it (``--attest-key``) is

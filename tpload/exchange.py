@@ -4,7 +4,9 @@ Every rank, failed or not, arrives at :func:`exchange` exactly once per
 ``load()`` call with its figures, status and evidence in one int64 row; a SUM
 all-reduce of rows each rank filled alone is an all-gather, so afterwards
 every rank holds every row and reaches the same verdict with no second
-collective. It runs on the context's CPU group (gloo), with a deadline.
+collective. It runs on the context's CPU group (gloo), with a deadline. The
+only other collective, :func:`agree`, follows a passed verdict when rank 0
+writes the load attestation, so that a failed write fails every rank.
 
 Rows carry the call's sequence number: a process that calls ``load()`` again
 after a call that failed elsewhere cannot meet another call's rows unnoticed.

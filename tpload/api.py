@@ -82,7 +82,7 @@ class _RankLoad:
                 self.opts.ep,
             )
             # a model.sig: its bundle and the JSON files it signs, before any is read
-            self.signed = signing.precheck(self.opts)
+            self.signed = signing.precheck(self.opts, notes=self.notes)
             storage = open_storage(
                 self.opts.checkpoint, tp=layout.tp, ep=layout.ep, rank=self.ctx.rank,
                 world=self.ctx.world,

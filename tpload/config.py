@@ -36,7 +36,7 @@ from importlib import resources
 from pathlib import Path
 
 from . import codecs
-from .errors import ConfigError
+from .errors import ConfigError, LoadError
 from .modes import Role, Split
 from .options import REFERENCE_CONFIG
 from .prefix import CANDIDATES, config_prefix
@@ -438,12 +438,15 @@ def available() -> str:
 def _read_toml(name_or_path: str | os.PathLike) -> tuple[str, dict]:
     path = Path(name_or_path)
     if path.suffix == ".toml" or path.is_file() or os.sep in str(name_or_path):
-        try:
-            return str(path), tomllib.loads(path.read_text())
-        except OSError as e:
-            raise ConfigError(f"{path}: cannot read config ({e.strerror})") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{path}: config is not valid TOML ({e})") from None
+        from .storage.files import read_small  # bounded: a FIFO or a device is refused, not waited
+
+        try:  # a TOML config is a few KB: 4 MiB at most
+            return str(path), tomllib.loads(read_small(path, "config", limit=4 << 20).decode())
+        except LoadError as e:
+            raise ConfigError(str(e)) from None
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError) as e:  # bad input
+            why = "nested too deeply" if isinstance(e, RecursionError) else e
+            raise ConfigError(f"{path}: config is not valid TOML ({why})") from None
     res = resources.files("tpload.configs") / f"{name_or_path}.toml"
     if not res.is_file():
         raise ConfigError(

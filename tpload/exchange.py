@@ -5,7 +5,9 @@ per ``load()`` call, each time with one int64 row; a SUM all-reduce of rows each
 alone is an all-gather, so afterwards every rank holds every row. The handshake (before the copy
 loop: agreement.py) carries each rank's status and what it is about to load; the exchange (after
 it) its figures, status and evidence, from which every rank reaches the same verdict. Both run on
-the context's CPU group (gloo), with a deadline.
+the context's CPU group (gloo), with a deadline. The only other collective, :func:`agree`,
+follows a passed verdict when rank 0 writes the load attestation, so that a failed write fails
+every rank.
 
 Rows carry the call's sequence number: a process that calls ``load()`` again
 after a call that failed elsewhere cannot meet another call's rows unnoticed.
@@ -22,6 +24,7 @@ import os
 import threading
 from dataclasses import replace
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -126,11 +129,19 @@ class Arrivals:
             return []
 
 
-def exchange(row: torch.Tensor, ctx: DistContext, *, seq: int, timeout_s: float) -> torch.Tensor:
+def exchange(
+    row: torch.Tensor,
+    ctx: DistContext,
+    *,
+    seq: int,
+    timeout_s: float,
+    step: str = "the final exchange",
+) -> torch.Tensor:
     """All-reduce every rank's int64 row into a ``[world, K]`` table held by every rank.
 
     One collective for everything (figures, digest, status, message, evidence); each rank
-    fills only its own row. Runs on the CPU group with a deadline of ``timeout_s``.
+    fills only its own row. Runs on the CPU group with a deadline of ``timeout_s``. ``step``: which
+    collective, in an error (:func:`agree` makes the only other one).
     """
     return _all_rows(row, ctx, seq=seq, timeout_s=timeout_s, step="the final exchange")
 
@@ -176,3 +187,17 @@ def _all_rows(
             f"({type(e).__name__}: {escape_name(first)[:300]})"
         ) from None
     return table
+
+
+AGREE_BYTES = 4096
+
+
+def agree(failure: str, ctx: DistContext, *, seq: int, timeout_s: float, step: str) -> str:
+    """After a passed verdict, rank 0's outcome of a step only rank 0 runs (writing the
+    attestation), learnt by every rank in one more collective: "" when it went well, else rank 0's
+    one-line ``failure``. Every rank calls it or none (rank 0's row in the exchange said whether),
+    so a failure there fails every rank instead of rank 0 alone."""
+    raw = failure.encode()[:AGREE_BYTES].decode(errors="ignore").encode() if ctx.rank == 0 else b""
+    words = torch.from_numpy(np.frombuffer(raw.ljust(AGREE_BYTES, b"\0"), dtype="<i8").copy())
+    table = _all_rows(words, ctx, seq=seq, timeout_s=timeout_s, step=step, mark="attested")
+    return table[0].numpy().astype("<i8").tobytes().rstrip(b"\0").decode(errors="replace")

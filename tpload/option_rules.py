@@ -11,6 +11,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 Spell = Callable[[str], str]
+SIGNER_FIELDS = (
+    "signature",
+    "signer_key",
+    "signer_cert",
+    "signer_chain",
+    "signer_identity",
+    "signer_issuer",
+)
+"""The options that say which bundle and which signer: the load's, and ``verify``, ``manifest`` and
+``attest verify``'s (verification/signing.py checks them)."""
 
 
 def problems_across(values: Mapping[str, object], spell: Spell) -> list[str]:
@@ -76,10 +86,18 @@ def _attest_problems(values: Mapping[str, object], spell: Spell) -> list[str]:
             f"{spell('attest')} {attest}: nothing to attest with "
             f"{spell('verify')} off (no byte was checked)"
         )
-    if attest and not Path(str(attest)).absolute().parent.is_dir():
+    folder = Path(str(attest)).absolute().parent if attest else None
+    if attest and not folder.is_dir():
+        problems.append(f"{spell('attest')} {attest}: folder {folder} does not exist")
+    elif attest and (
+        Path(str(attest)).is_dir() or (key and Path(str(attest) + ".sig").is_dir())
+    ):  # refused now, as --report is: after the verdict it would fail rank 0 alone
+        what = attest if Path(str(attest)).is_dir() else f"{attest}.sig"
+        problems.append(f"{spell('attest')} {what} is a folder; name the file to write")
+    elif attest and not os.access(folder, os.W_OK | os.X_OK):
         problems.append(
-            f"{spell('attest')} {attest}: folder {Path(str(attest)).absolute().parent} "
-            "does not exist"
+            f"{spell('attest')} {attest}: folder {folder} is not writable (checked before "
+            "loading, so the statement cannot fail after the load)"
         )
     elif (
         attest
@@ -92,7 +110,7 @@ def _attest_problems(values: Mapping[str, object], spell: Spell) -> list[str]:
         )
     if key and not attest:
         problems.append(f"{spell('attest_key')} signs the attestation: give {spell('attest')} too")
-    if key and not Path(str(key)).is_file():
+    if key and not os.path.exists(str(key)):  # a FIFO or a folder: the bounded reader says which
         problems.append(f"{spell('attest_key')} {key}: no such file (an EC private key in PEM)")
     elif key:
         from .verification.attest_signing import key_problem

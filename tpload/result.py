@@ -69,6 +69,13 @@ class LoadResult:
             self._tensors = {o.name: self.arena.tensor(o) for o in self.outputs}
         return self._tensors
 
+    def drop(self) -> None:
+        """Let go of the arena and its views: a load that fails after its verdict (the attestation
+        could not be written) leaves nothing of it behind."""
+        self._tensors = None
+        self.arena = None  # type: ignore[assignment]
+        self.outputs = []
+
     def digest(self) -> str:
         """This rank's digest of what it serves (verification/fingerprint.py)."""
         return digest(

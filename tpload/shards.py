@@ -11,6 +11,7 @@ import torch
 from .deferred import DeferredTensor
 from .distributed import DistContext
 from .errors import LoadError
+from .exchange import agree
 from .options import LoadOptions
 from .plan import RankPlan
 from .report import LoadReport, RankFigures, rank_log
@@ -57,6 +58,8 @@ class RankShards:
         self.report = report
         self.vouched_by = verdict.vouched_by
         """What vouched for the served bytes, in words."""
+        self.trust = verdict.trust
+        """The same as a record (verification/trust.py): kind, file, sha256, signer."""
         self._deferred = deferred
         self._derived: dict[str, torch.Tensor] = {}
 
@@ -153,7 +156,8 @@ def served(
         str(ctx.device),
         ranks,
         ctx.rank,
-        trusted=opts.verify == Verify.DIGEST,
+        predictions_trusted=opts.verify == Verify.DIGEST,
+        trust=verdict.trust,
         evict_page_cache=opts.evict_page_cache,
         notes=[*notes, *(planner.notes() if hasattr(planner, "notes") else ())],
         weight_prefix=prefix.found if prefix is not None else None,
@@ -172,8 +176,15 @@ def served(
             rank_log(ctx.rank).warning(
                 "could not write the report %s: %s", escape_name(opts.report), e.strerror
             )
-    if opts.attest and ctx.rank == 0:
-        _attest(opts, ranks, planner, plan, chosen, verdict)
+    if ranks[0].attest:  # rank 0 attests: every rank learns whether it could, or fails with it
+        why = _attest(opts, ranks, planner, plan, chosen, verdict) if ctx.rank == 0 else ""
+        why = agree(
+            why, ctx, seq=ranks[ctx.rank].seq, timeout_s=opts.timeout_s, step="the attestation"
+        )
+        if why:
+            result.drop()  # nothing of a load that fails survives it
+            give_back(ctx.device)
+            raise LoadError(why, reporter=0)
     return RankShards(result, plan, report, verdict, deferred)
 
 
@@ -184,27 +195,36 @@ def _attest(
     plan: RankPlan,
     chosen: object,
     verdict: Verdict,
-) -> None:
-    """Rank 0 writes the attestation of a passed load. Its options were checked before loading (key,
-    folder), so only the write itself can fail here, on rank 0 alone: the peers already hold their
-    shards, so it is a warning, like the report's, and no older statement is left at the path to be
-    mistaken for this one."""
+) -> str:
+    """Rank 0 writes the attestation of a passed load; "" when it did, else why not (every rank then
+    fails with it: served). Its options were checked before loading (the key, the folder, not a
+    folder itself), so only the write can fail here (a full disk, a folder gone): no statement is
+    left at the path to be mistaken for this load's, and no rank returns weights, so a node never
+    serves a load whose attestation a controller waits for in vain."""
     verdict.require()  # an exit path of the gate: only a passed verdict is attested
     from .verification import attest
 
     try:
-        path = attest.after_load(opts, ranks, planner, plan.layout, chosen, verdict.vouched_by)
-        rank_log(0).info(
-            "wrote the load attestation %s%s",
-            escape_name(path),
-            f" (signed: {escape_name(attest.signature_path(path))})" if opts.attest_key else "",
-        )
-    except (OSError, LoadError) as e:
+        path = attest.after_load(opts, ranks, planner, plan.layout, chosen, verdict)
+    except Exception as e:  # noqa: BLE001 - whatever stops it, the peers wait for the word
         for stale in (opts.attest, attest.signature_path(opts.attest)):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(stale)
-        rank_log(0).warning(
-            "could not write the load attestation %s: %s",
-            escape_name(opts.attest),
-            getattr(e, "strerror", None) or e,
+            with contextlib.suppress(OSError):
+                if not os.path.isdir(stale):
+                    os.unlink(stale)
+        why = (
+            getattr(e, "strerror", None) or (str(e).splitlines() or [""])[0]
+            if isinstance(e, OSError | LoadError)
+            else f"unexpected {type(e).__name__}: {e} (a bug in tpload)"
         )
+        return (
+            f"the load passed, but rank 0 could not write the load attestation "
+            f"{escape_name(opts.attest)} ({escape_name(why)}); no rank returned weights (a load "
+            "asked to attest fails without its statement): free the space or fix the folder and "
+            "load again"
+        )
+    rank_log(0).info(
+        "wrote the load attestation %s%s",
+        escape_name(path),
+        f" (signed: {escape_name(attest.signature_path(path))})" if opts.attest_key else "",
+    )
+    return ""

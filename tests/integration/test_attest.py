@@ -13,7 +13,9 @@ from tpload.cli import main
 from tpload.tools.published import write_published
 
 from ..ckpt_tools import ec_keypair
-from ..helpers import tpload_cli
+from ..helpers import torchrun, tpload_cli
+
+GONE = str(Path(__file__).resolve().parents[1] / "workers" / "attest_gone.py")
 
 pytest.importorskip("model_signing")
 
@@ -105,3 +107,22 @@ def test_attest_is_refused_with_verify_off(tmp_path: Path, capsys: pytest.Captur
         "nothing to attest with --verify off" in capsys.readouterr().err
         and not (tmp_path / "a.json").exists()
     )
+
+
+def test_a_failed_attestation_write_fails_every_rank(tmp_path: Path) -> None:
+    """The folder of --attest FILE disappears while the load runs (rank 0 removes it): the write
+    after the passed verdict fails on rank 0, and every rank fails with rank 0's reason: no rank
+    returns weights (a split verdict would let rank 1 serve while no statement exists)."""
+    ckpt = write_published(tmp_path / "ckpt", "gpt-oss-tiny")
+    out = tmp_path / "attest" / "a.json"
+    out.parent.mkdir()
+    run = torchrun(2, [GONE, str(ckpt), str(out)])
+    assert run.rc != 0, run.text
+    lines = sorted(line for line in run.out.splitlines() if line.startswith("rank "))
+    assert len(lines) == 2 and not any(": weights " in line for line in lines), run.text
+    want = (
+        f"failed: the load passed, but rank 0 could not write the load attestation {out} (No such "
+        "file or directory); no rank returned weights"
+    )
+    assert lines[0].startswith(f"rank 0: {want}") and lines[1].startswith(f"rank 1: {want}"), lines
+    assert not out.exists()

@@ -176,7 +176,7 @@ def test_the_verdict_refuses_rows_whose_terms_differ_or_say_nothing() -> None:
         "rank 1: its row does not say what it loaded (no handshake)"
     ]
     assert disagreement([_rank(0, a), _rank(1, a)]) == []
-    chosen = SimpleNamespace(verdict=lambda ranks: [], vouched_by="x")
+    chosen = SimpleNamespace(verdict=lambda ranks: [], vouched_by="x", trust=lambda: None)
     verdict = judge([_rank(0, a), _rank(1, b)], chosen)
     assert not verdict.passed and "differ in the trust anchor" in verdict.problems[0]
     assert judge([_rank(0, a), _rank(1, a)], chosen).passed

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tpload.agreement import AGREED_BYTES
 from tpload.distributed import DistContext, call_world, node_key, pick_device
 from tpload.errors import OptionsError
 from tpload.plan import Layout
@@ -63,13 +64,18 @@ def _verdict(ranks: list[RankFigures], context: DistContext, store: str) -> str:
     """The gate's verdict of a node-mode load on a manifest checkpoint, as one text ("" when
     passed)."""
     storage = SimpleNamespace(
-        catalogue=SimpleNamespace(manifest_sha256="ab" * 32),
+        catalogue=SimpleNamespace(
+            manifest_sha256="ab" * 32, manifest_path="/c/NATIVE_MANIFEST.json"
+        ),
         per_rank=False,
         root=Path("/nonexistent-checkpoint"),
     )
     opts = SimpleNamespace(kind="packed", digest_store=store, verify="node")
     job = strategy.Job(opts, context, None, storage, {}, "x", Layout(2, 1), dict)
     return "\n".join(gate.judge(ranks, gate.strategy(job)).problems)
+
+
+AGREED = "0f" * (AGREED_BYTES // 2)  # what the handshake puts in a row (agreement.py)
 
 
 def Job() -> str:  # noqa: N802 - the digest store the messages name
@@ -96,8 +102,8 @@ def test_ranks_in_different_calls_are_caught_before_anything_else() -> None:
 
 def test_a_rank_differing_from_the_stored_prediction_fails_everyone() -> None:
     ranks = [
-        RankFigures(rank=0, seq=1, prediction=1),
-        RankFigures(rank=1, seq=1, prediction=2, digest="ab" * 32),
+        RankFigures(rank=0, seq=1, prediction=1, agreed=AGREED),
+        RankFigures(rank=1, seq=1, prediction=2, digest="ab" * 32, agreed=AGREED),
     ]
     why = _verdict(ranks, ctx((0, 0)), Job())
     assert (
@@ -109,7 +115,8 @@ def test_a_rank_differing_from_the_stored_prediction_fails_everyone() -> None:
 
 def test_a_clean_table_passes() -> None:
     ranks = [
-        RankFigures(rank=r, seq=1, claims=[bytes(32)] * 8, seen=[bytes(32)] * 8) for r in range(2)
+        RankFigures(rank=r, seq=1, claims=[bytes(32)] * 8, seen=[bytes(32)] * 8, agreed=AGREED)
+        for r in range(2)
     ]
     assert _verdict(ranks, ctx((0, 0)), Job()) == ""
 

@@ -245,39 +245,53 @@ def cmd_plan(argv: list[str]) -> int:
     return 0
 
 
+def _signed(args: argparse.Namespace, root: str) -> object:
+    """A signed folder's model.sig, verified with the signer options as a load verifies it (None:
+    no bundle, or ``--signature none``); a signer option that nothing uses is said in a note. Raises
+    LoadError for a signed folder without a signer, or a signature that does not verify."""
+    from ..verification import signing
+
+    notes: list[str] = []
+    signed = signing.precheck(signing.SignerOptions.of(args, root), notes=notes)
+    for line in notes:
+        print(f"note: {printable(line)}")
+    return signed
+
+
 @one_line
 def cmd_verify(argv: list[str]) -> int:
     args = verify_parser().parse_args(argv)
+    check_flags(args)
     try:
         _require(args.dir)
         from ..tools.offline import verify_checkpoint
 
+        signed = _signed(args, args.dir)
         config = None if args.config == "none" else _config_for(args, args.dir)
         problems = verify_checkpoint(
-            args.dir, config, threads=args.threads, progress=progress_of("verify")
+            args.dir, config, threads=args.threads, signed=signed, progress=progress_of("verify")
         )
     except LoadError as e:
         return fail(e)
     for line in problems:
         print(f"BAD {printable(line)}")
     if not problems:
-        print(printable(_verified(args.dir, config)))
+        print(printable(_verified(args.dir, config, signed)))
     print(f"{printable(args.dir)}: {'OK' if not problems else f'{len(problems)} problem(s)'}")
     return 1 if problems else 0
 
 
-def _verified(root: str, config: object | None) -> str:
+def _verified(root: str, config: object | None, signed: object = None) -> str:
     """What a passing ``verify`` checked and what vouched for it, counted from the headers (no data
     read again; the checkpoint just passed, so it opens)."""
-    import json
-
     from ..storage.catalogue import MANIFEST_NAME
+    from ..storage.files import read_json
     from ..storage.partitioned import PartitionedStorage, is_partitioned
     from ..storage.sharded import ShardedStorage
 
     path = Path(root).absolute()
     if is_partitioned(path):
-        meta = json.loads((path / MANIFEST_NAME).read_text())["partitioned"]
+        meta = read_json(path / MANIFEST_NAME, "export manifest")["partitioned"]
         tp, ep = int(meta["tp"]), int(meta["ep"])
         count = nbytes = 0
         for rank in range(tp * ep):
@@ -296,13 +310,18 @@ def _verified(root: str, config: object | None) -> str:
         cat = storage.catalogue
         names = cat.names()
         nbytes = sum(cat.get(n).nbytes for n in names)
-        if storage.file_digests is not None:
+        by = f"{signed.bundle.name} (signer {signed.signer_id})" if signed is not None else ""
+        if signed is not None and not signed.manifest_sha256:
+            vouch = f"each of its {len(storage.paths())} files whole against the digests {by} signs"
+        elif storage.file_digests is not None and signed is None:
             vouch = (
                 f"each of its {len(storage.file_digests)} files whole, by sha256 against "
                 f"{storage.file_source.each}"
             )
         else:
+            signer = f", the manifest signed by {by}" if signed is not None else ""
             vouch = f"each tensor by sha256 against {MANIFEST_NAME} ({_pin(cat.manifest_sha256)})"
+            vouch += signer
     finally:
         storage.close()
     values = (
@@ -335,22 +354,33 @@ def cmd_manifest(argv: list[str]) -> int:
             from ..verification.blake3sums import require
 
             require()  # before hours of hashing
+        signed = _signed(args, args.dir)  # a signed folder: nothing written over unsigned bytes
         if (
             not blake3
             or args.force
             or not os.path.lexists(folder_of(Path(args.dir).absolute()) / MANIFEST_NAME)
         ):
             written = write_manifest(
-                args.dir, force=args.force, threads=args.threads, progress=progress_of("manifest")
+                args.dir,
+                force=args.force,
+                threads=args.threads,
+                signed=signed,
+                progress=progress_of("manifest"),
             )
             sha = Pins.of(written.parent).manifest_sha256
             print(f"wrote {printable(str(written))}; {_pin(sha)}")
+            if signed is not None and signed.covers(MANIFEST_NAME):
+                print(
+                    f"note: {printable(signed.bundle.name)} signs the {MANIFEST_NAME} this "
+                    "replaced: loads of the folder fail until it is signed again"
+                )
         if blake3:
             side = write_blake3(
                 args.dir,
                 threads=args.threads,
                 store=getattr(args, "digest_store", None),
                 progress=progress_of("manifest --hash blake3"),
+                signed=signed,
             )
             print(
                 f"wrote {printable(str(side))}: every tensor's sha256 matched the manifest; loads "
@@ -393,29 +423,34 @@ def cmd_export(argv: list[str]) -> int:
 def cmd_attest(argv: list[str]) -> int:
     args = attest_parser().parse_args(argv)
     _require(args.checkpoint)
+    check_flags(args)
     from ..verification.attest_check import check
+    from ..verification.signing import SignerOptions
 
-    problems, notes = check(
+    checked = check(
         args.file,
         args.checkpoint,
         key=args.key,
         config=args.config,
         progress=progress_of("attest verify"),
+        require_whole=args.require_whole,
+        signer=SignerOptions.of(args, args.checkpoint),
     )  # errors: @one_line
-    for line in notes:
+    for line in checked.notes:
         print(f"note: {printable(line)}")
-    for line in problems:
+    for line in checked.problems:
         print(f"DIFFERS {printable(line)}")
-    print(
-        f"{printable(args.file)}: "
-        + (
-            f"{len(problems)} difference(s)"
-            if problems
-            else "OK: every rank's windows, digest and the coverage match the checkpoint"
-            + (", signature verified" if args.key else "")
-        )
+    if checked.problems:
+        print(f"{printable(args.file)}: {len(checked.problems)} difference(s)")
+        return 1
+    ok = "OK: every rank's windows, digest and the coverage match the checkpoint" + (
+        ", signature verified" if args.key else ""
     )
-    return 1 if problems else 0
+    print(
+        f"{printable(args.file)}: {ok}"
+        + (f"; partial: {printable(checked.partial)}" if checked.partial else "; whole")
+    )
+    return 0
 
 
 @one_line

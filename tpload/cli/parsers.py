@@ -10,6 +10,7 @@ import typing
 from .. import __version__, flags
 from ..bounds import COUNT, GIB, RANKS, SEED, THREADS
 from ..flags import add_cli_only, add_flags
+from ..option_rules import SIGNER_FIELDS
 from ..options import KINDS
 from .output import once_a_node
 
@@ -166,6 +167,7 @@ def verify_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--threads", type=THREADS, default=2, help="hash worker threads (0: on the main thread)"
     )
+    add_flags(p, only=SIGNER_FIELDS)  # a signed DIR: checked against its model.sig, as a load
     return p
 
 
@@ -190,7 +192,7 @@ def manifest_parser() -> argparse.ArgumentParser:
         "there is none; the manifest's bytes are not changed); needs the blake3 package (`pip "
         "install blake3`)",
     )
-    add_flags(p, only=("digest_store",))
+    add_flags(p, only=("digest_store", *SIGNER_FIELDS))
     return p
 
 
@@ -232,4 +234,11 @@ def attest_parser() -> argparse.ArgumentParser:
         help="the config to plan with (default: the attested one, as "
         "given to the load); its id must be the attested id",
     )
+    v.add_argument(
+        "--require-whole",
+        action="store_true",
+        help="fail (exit 1) when the attested load skipped or deferred any tensor; without it the "
+        "OK line says what was left out",
+    )
+    add_flags(v, only=SIGNER_FIELDS)  # a signed DIR: its model.sig checked as the load checks it
     return p

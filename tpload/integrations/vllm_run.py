@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 PROMPTS = ([1, 5, 9, 33, 100], [7, 7, 3, 250, 19, 2])
 """Fixed prompt token ids (no tokenizer: the test models are random)."""
@@ -127,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
             extra = {**extra, "report": report}
         result = run(args.model, args.tp, fmt, extra, args.max_tokens, args.dtype)
         if report:
-            with open(report) as f:
-                result["report"] = json.load(f)
+            from ..storage.files import read_json
+
+            result["report"] = read_json(Path(report), "load report")
         results.append(result)
         print(
             f"{fmt}: start to first token {result['start_to_first_token_s']} s, tokens "

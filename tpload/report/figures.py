@@ -97,6 +97,9 @@ class RankFigures:
     (``tpload.api``, timed when ``tpload.load`` is first asked for), so the once-per-process work
     that stands before the loop (the kernels load on a thread beside it, see codecs/_lazy.py).
     None on later loads, and when the load failed before."""
+    attest: int = 0
+    """1: this rank writes the load attestation after a passed verdict (``--attest``). Rank 0's
+    decides: every rank then learns whether it was written (exchange.agree) before returning."""
     prediction: int = PredictionState.NONE
     """This rank's digest against a stored prediction (a PredictionState)."""
     digest: str = field(default="", metadata=_bytes(DIGEST_BYTES))

@@ -10,6 +10,7 @@ from pathlib import Path
 from ..modes import PredictionState
 from ..storage.files import atomic_write
 from ..text import printable
+from ..verification.trust import TrustSource
 from .figures import PREDICTION, RankFigures
 
 GIB = 1 << 30
@@ -28,8 +29,12 @@ class LoadReport:
     ranks: list[RankFigures] = field(default_factory=list)
     rank: int = 0
     """The rank holding this report."""
-    trusted: bool = False
-    """``--verify digest``: the stored digests were trusted in place of hashing."""
+    predictions_trusted: bool = False
+    """``--verify digest``: the stored digests were trusted in place of hashing (what vouched, for
+    every mode, is :attr:`trust`)."""
+    trust: TrustSource | None = None
+    """The trust source the served bytes were checked against (verification/trust.py): kind,
+    file, sha256, signer; None where no verdict made one (a report made by hand)."""
     evict_page_cache: bool = False
     """Whether ranks dropped each shard's page cache once done with it."""
     notes: list[str] = field(default_factory=list)
@@ -59,7 +64,7 @@ class LoadReport:
             word = "partly stored"
         return word + (
             " (sha256-verified when written; trusted in place of hashing)"
-            if self.trusted and word == "matched"
+            if self.predictions_trusted and word == "matched"
             else ""
         )
 
@@ -92,6 +97,7 @@ class LoadReport:
         """Everything in the report as plain JSON values (figures not measured are None)."""
         doc = {k: v for k, v in asdict(self).items() if k not in ("ranks", "rank")}
         doc.update(
+            trust=self.trust.to_dict() if self.trust is not None else None,
             hash=self.hash,
             predictions=self.predictions,
             seconds=self.seconds,
@@ -157,8 +163,9 @@ class LoadReport:
             if self.device.startswith("cuda")
             else "host-vs-device checks (on the CPU the copy fingerprints what it writes)"
         )
+        against = f" against {self.trust.words(self.checkpoint)}" if self.trust is not None else ""
         lines.append(
-            f"verified: {t('hashed')} tensors by {self._by_hash()} ({per_node} hashed), "
+            f"verified: {t('hashed')} tensors by {self._by_hash()} ({per_node} hashed){against}, "
             f"{t('device_checked')} {device_fps}, "
             f"{t('sampled')} independent decodes; digests vs predictions: {self.predictions}; "
             f"skipped {self.ranks[0].skipped}, deferred {self.ranks[0].deferred}"

@@ -67,21 +67,23 @@ def _no_constants(token: str) -> object:
     raise ValueError(f"{token} is not a JSON number")
 
 
-def read_json(path: Path, what: str) -> object:
+def read_json(path: Path, what: str, *, limit: int = MAX_JSON_BYTES) -> object:
     """A small JSON file (index, manifest), read whole from a regular file; CheckpointError saying
     what is wrong otherwise (NaN/Infinity, nesting too deep, numbers too long are refused)."""
-    return parse_json(read_small(path, what), path, what)
+    return parse_json(read_small(path, what, limit=limit), path, what)
 
 
-def read_small(path: Path, what: str) -> bytes:
-    """A whole small file (at most :data:`MAX_JSON_BYTES`), from a regular file only."""
+def read_small(path: Path, what: str, *, limit: int = MAX_JSON_BYTES) -> bytes:
+    """A whole small file (at most ``limit`` bytes, refused by its size before a byte is read),
+    from a regular file only. Every file tpload reads whole comes through here (docs/threat-model.md
+    lists them with their limits)."""
     fd = open_regular(path, what)
     try:
         size = os.fstat(fd).st_size
-        if size > MAX_JSON_BYTES:
+        if size > limit:
             raise CheckpointError(
                 f"{escape_name(path)}: {what} is {size} bytes, more than any {what} needs "
-                f"({MAX_JSON_BYTES}); refused"
+                f"(at most {limit}); refused"
             )
         return read_exact(fd, 0, size, path, what)
     finally:

@@ -36,7 +36,9 @@ sha256; the rest (the JSON files) are plain git objects."""
 def upload_digest(path: Path) -> str:
     """What the hub names (and etags) ``path`` by once uploaded: the sha256 of an LFS file, the git
     blob SHA-1 of the rest (the writers of a hub cache and of a local-dir download, synth's)."""
-    return lfs_sha256(path) if path.suffix in LFS_SUFFIXES else git_blob_sha1(path.read_bytes())
+    if path.suffix in LFS_SUFFIXES:
+        return lfs_sha256(path)
+    return git_blob_sha1(read_small(path, path.name))
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from ..flags import Parser
 from ..options import DEFAULT_CONFIG
 from ..pick import choose
 from ..plan import Layout
+from ..storage.files import read_json
 from ..storage.pagecache import resident_bytes
 from .bench_bandwidth import decode_bandwidth, decode_lines, gpu_figures
 from .published import cached_published, loadable_presets
@@ -235,7 +236,7 @@ def run_once(method: str, opts: BenchOptions, out_dir: Path) -> list[dict] | str
         lines = (p.stdout + p.stderr).strip().splitlines()
         errors = [ln for ln in lines if "Error" in ln or "SystemExit" in ln or ": error" in ln]
         return f"exit {p.returncode}: " + " | ".join(dict.fromkeys(errors[-3:] or lines[-3:]))
-    return [json.loads(f.read_text()) for f in files]
+    return [read_json(f, "bench result") for f in files]
 
 
 def run_all(opts: BenchOptions, methods: list[str], log=print) -> dict[str, MethodResult]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from ..bounds import COUNT, RANKS, SECONDS
 from ..flags import Parser
 from ..storage.catalogue import read_native
+from ..storage.files import read_json
 
 FORMATS = {"vllm-default": "auto", "vllm-tpload": "tpload"}
 
@@ -76,7 +77,7 @@ def run_formats(
     text = proc.stdout + proc.stderr
     if proc.returncode != 0 or not out.exists():
         return [], text
-    return json.loads(out.read_text()), text
+    return read_json(out, "engine results"), text
 
 
 def disagreement(results: list[dict]) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import mmap
+import os
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ import torch
 
 from ..pick import choose, planner_of
 from ..plan import Cut, Layout, Output, RankPlan
+from ..storage.files import open_regular
 from ..storage.sharded import ShardedStorage
 
 Windows = dict[str, torch.Tensor]
@@ -36,10 +38,13 @@ class Mapped:
         i = self.storage.info(name)
         arr = self._maps.get(i.path)
         if arr is None:
-            with open(i.path, "rb") as f:
+            fd = open_regular(i.path, "shard")  # a regular file only, as every tpload read
+            try:
                 arr = self._maps[i.path] = np.frombuffer(
-                    mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY), np.uint8
+                    mmap.mmap(fd, 0, access=mmap.ACCESS_COPY), np.uint8
                 )
+            finally:
+                os.close(fd)
         return arr[i.begin : i.begin + i.nbytes]
 
     def window(self, cut: Cut) -> np.ndarray:

@@ -26,6 +26,7 @@ from pathlib import Path
 from ..bounds import COUNT, RANKS, SECONDS
 from ..flags import Parser
 from ..options import DEFAULT_CONFIG
+from ..storage.files import read_json
 from .bench import _worker_env, preset_checkpoint
 from .synth import PRESETS
 
@@ -98,7 +99,7 @@ def _launch(b: ReplicaBench, runs: list[tuple[int, Path, tuple[str, ...]]]) -> d
     for p, out in zip(procs, outs, strict=True):
         if p.returncode != 0:
             return f"exit {p.returncode}: " + " | ".join(out.strip().splitlines()[-3:])
-    ranks = [r for _, report, _ in runs for r in json.loads(report.read_text())["ranks"]]
+    ranks = [r for _, report, _ in runs for r in read_json(report, "load report")["ranks"]]
     return {"wall": wall, "ranks": ranks}
 
 

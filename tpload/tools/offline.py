@@ -11,6 +11,11 @@ manifests.
 * ``tpload manifest DIR`` hashes every tensor and writes NATIVE_MANIFEST.json; ``--hash blake3``
   then checks every tensor against it by sha256 and keeps a blake3 of each in the operator's
   digest store (verification/blake3sums.py).
+
+A signed folder (a model.sig: verification/signing.py) is checked against its signature by both,
+as a load checks it: the caller verifies the bundle first (``signing.precheck``, with the load's
+signer options) and hands the :class:`~tpload.verification.signing.SignedModel` in; neither
+vouches for bytes the signature does not.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from ..plan import Layout
 from ..report.progress import Meter
 from ..storage import Storage
 from ..storage.catalogue import MANIFEST_NAME
-from ..storage.files import atomic_write
+from ..storage.files import atomic_write, read_json
 from ..storage.gguf import folder_of
 from ..storage.pins import Pins, pins_doc
 from ..storage.sharded import ShardedStorage
@@ -37,6 +42,7 @@ from ..verification.blake3sums import Digests, require, write_sidecar
 from ..verification.files import FileHasher, file_problems
 from ..verification.hashing import hash_whole, mismatches
 from ..verification.predict import predict, spare_threads
+from ..verification.signing import SignedModel
 from ..verification.store import DigestStore, checkpoint_stamp, stale
 from ..verification.strategy import layout_key
 
@@ -121,11 +127,14 @@ def verify_checkpoint(
     config: Config | None,
     *,
     threads: int = 2,
+    signed: SignedModel | None = None,
     progress: Meter | None = None,
 ) -> list[str]:
     """Every problem with the checkpoint at rest: headers, index, manifest, every sha256, and (with
     a config) scale bytes, NaN codes and decodes that would overflow bf16. An export is checked rank
-    file by rank file against its own manifest. ``progress``: the command's meter."""
+    file by rank file against its own manifest. ``signed``: the folder's verified model.sig, the
+    anchor then, as in a load (its signed manifest's per-tensor digests, or every file whole against
+    its signed digest). ``progress``: the command's meter."""
     from ..storage.partitioned import is_partitioned
 
     path = Path(root).absolute()
@@ -138,8 +147,17 @@ def verify_checkpoint(
     try:
         cat = storage.catalogue
         cat.refuse_headers_only("verifying it")
+        if signed is not None and not signed.manifest_sha256:  # every file whole: the anchor
+            problems = _signed_problems(storage, signed)
+            checkers = _value_checkers(storage, config, problems) if config is not None else {}
+            names = [n for n in cat.names() if n in checkers]
+            return problems + (_scan(storage, names, checkers, threads, compare=False))
+        if signed is not None:  # its signed manifest, the one checked against its signed bytes
+            problems = _signed_problems(storage, signed)
+            if problems:
+                return problems
         if (
-            storage.file_digests is not None
+            signed is None and storage.file_digests is not None
         ):  # a hub snapshot or local-dir download without a manifest: whole files
             problems = _file_problems(storage, progress=progress)
             names, compare = cat.names(), False
@@ -188,6 +206,26 @@ def _value_checkers(storage: Storage, config: Config, problems: list[str]) -> di
         for k, cut in enumerate(item.cuts):
             out[cut.name] = (item, checker, value_feed(item, checker, cut), k)
     return out
+
+
+def _signed_problems(
+    storage: ShardedStorage, signed: SignedModel, *, whole: bool = False
+) -> list[str]:
+    """What a verified model.sig says of the folder's files: every file read must be signed; a
+    signed manifest must be the one whose signed bytes were checked; without one (or ``whole``),
+    every file hashed whole against the digest the bundle signs for it (the load's
+    whole_files.SignedFiles, run here in the foreground)."""
+    paths = storage.paths()
+    try:
+        signed.check_covered(paths)
+        if signed.manifest_sha256 and not whole:
+            signed.check_manifest(storage.catalogue.manifest_sha256)
+            return []
+    except LoadError as e:
+        return [str(e)]
+    expected = signed.expected(paths)
+    results = FileHasher(storage, sorted(expected), {}, {}).expect(expected).start().finish()
+    return file_problems(results, expected)
 
 
 def _file_problems(
@@ -266,10 +304,12 @@ def _verify_export(root: Path, threads: int, progress: Meter | None) -> list[str
     from ..storage.partitioned import PartitionedStorage
 
     try:
-        doc = json.loads((root / MANIFEST_NAME).read_text())
+        doc = read_json(root / MANIFEST_NAME, "export manifest")
         meta = doc["partitioned"]
         tp, ep = int(meta["tp"]), int(meta["ep"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except LoadError as e:
+        return [str(e)]
+    except (ValueError, KeyError, TypeError) as e:
         return [
             f"{escape_name(root / MANIFEST_NAME)}: not a readable export manifest "
             f"({escape_name(e)})"
@@ -300,12 +340,15 @@ def write_manifest(
     *,
     force: bool = False,
     threads: int = 2,
+    signed: SignedModel | None = None,
     progress: Meter | None = None,
 ) -> Path:
     """Hash every tensor and write NATIVE_MANIFEST.json (refusing to overwrite unless ``force``);
     written beside and renamed, so a reader never sees half a manifest. ``root``: a folder, or a
     ``.gguf`` file (the manifest goes into its folder, and vouches for that file or split set
-    alone). ``progress``: the command's meter."""
+    alone). ``signed``: the folder's verified model.sig; every file is first checked whole against
+    its signed digest, so a manifest is never written over bytes the signature does not vouch for.
+    ``progress``: the command's meter."""
     path = folder_of(Path(root).absolute()) / MANIFEST_NAME
     if os.path.lexists(path) and not force:
         raise CheckpointError(f"{escape_name(path)} exists; pass --force to overwrite it")
@@ -326,7 +369,14 @@ def write_manifest(
             if storage.local is not None
             else None
         )
-        if digests:
+        if signed is not None:
+            bad = _signed_problems(storage, signed, whole=True)
+            if bad:
+                raise CheckpointError(
+                    f"no manifest written: {len(bad)} problem(s) against {signed.what}:\n  - "
+                    + "\n  - ".join(bad)
+                )
+        elif digests:
             bad = _file_problems(storage, digests, progress)
             if bad:
                 raise CheckpointError(
@@ -364,13 +414,16 @@ def write_blake3(
     threads: int = 2,
     store: str | os.PathLike | None = None,
     progress: Meter | None = None,
+    signed: SignedModel | None = None,
 ) -> Path:
     """``tpload manifest DIR --hash blake3``: read every tensor the manifest lists once, checking
     its sha256 against the manifest and taking its blake3 from the same bytes; only if every one
     matches, keep the blake3 digests in the operator's store, stamped with what was checked (the
     stamp is taken before the first read, so a shard written since makes them stale). Raises
     LoadError listing every problem; nothing is written then. The checkpoint folder is not touched
-    (a store inside it is refused first).
+    (a store inside it is refused first). ``signed``: the folder's verified model.sig: its manifest
+    must be the signed one, or, unsigned, every file is first checked whole against its signed
+    digest.
     """
     require()
     path = Path(root).absolute()
@@ -389,6 +442,8 @@ def write_blake3(
         problems = cat.manifest_problems(
             cat.names()
         )  # a tensor the manifest omits: no sidecar for a partial one
+        if signed is not None:
+            problems += _signed_problems(storage, signed)
         if problems:
             raise CheckpointError(
                 f"no blake3 digests written: {len(problems)} problem(s) against the manifest:\n  - "

@@ -1,13 +1,15 @@
 """The load attestation: an exit path of the gate that carries no bytes, only what they were.
 
 After a passed verdict, ``--attest FILE`` makes rank 0 write an in-toto statement
-(docs/attestation.md): its subject is the checkpoint's identity (the manifest's sha256, or each
-file's whole-file digest when the folder is vouched for file by file), and its predicate every
+(docs/attestation.md): its subject is the checkpoint's identity (a signature bundle's sha256, the
+manifest's sha256, or each file's whole-file digest when the folder is vouched for file by file),
+its predicate the trust source that vouched (verification/trust.py) and every
 rank's node, device, digest and windows (boxes of the stored tensors' 2-D byte views, as the plan
 cuts them), with the coverage that follows: for every tensor of the checkpoint, how many ranks serve
 each of its bytes (at least one; skipped and deferred tensors listed as such). Rank 0 derives every
-rank's plan from the catalogue the load planned with (the planner is deterministic), so no extra
-collective is made.
+rank's plan from the catalogue the load planned with (the planner is deterministic), so no
+collective gathers the windows; the one small collective after the write only tells every rank
+whether it succeeded (shards.served: a failed write fails every rank).
 
 Building the statement is this module's job; checking one, ``tpload attest verify``, is
 :mod:`tpload.verification.attest_check`'s, and signing it (``--attest-key``) is
@@ -17,14 +19,14 @@ Building the statement is this module's job; checking one, ``tpload attest verif
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import os
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
-from ..storage.files import read_small
+from ..config import ACTIVATION_ORIGIN
 from .attest_signing import sign, signature_path
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -110,22 +112,19 @@ def coverage(
 
 
 def subject(
-    catalogue: object, file_digests: Mapping[Path, str] | None, *, signature: Path | None = None
+    catalogue: object,
+    file_digests: Mapping[Path, str] | None,
+    *,
+    signature: tuple[str, str] | None = None,
 ) -> list[dict]:
     """The checkpoint's identity: the signature bundle's sha256 when a model.sig vouched for the
     load (it names every file's digest, and a signer), its manifest's sha256, or each file's
     whole-file sha256 when the folder is vouched for file by file (hub blob names, local-dir
-    etags)."""
+    etags). ``signature``: the bundle's name and the sha256 of the bytes that were verified
+    (signing.SignedModel: the bundle is read once)."""
     out = []
     if signature is not None:
-        out.append(
-            {
-                "name": signature.name,
-                "digest": {
-                    "sha256": hashlib.sha256(read_small(signature, "signature bundle")).hexdigest()
-                },
-            }
-        )
+        out.append({"name": signature[0], "digest": {"sha256": signature[1]}})
     if catalogue.manifest_sha256:
         return out + [
             {
@@ -154,11 +153,12 @@ def statement(
     ranks: Sequence[Mapping[str, object]],
     file_digests: Mapping[Path, str] | None,
     vouched_by: str,
-    signature: Path | None = None,
+    signature: tuple[str, str] | None = None,
+    trust: object = None,
 ) -> dict:
     """The in-toto statement of a passed load. ``ranks``: each rank's ``node``, ``device`` and
-    ``digest`` (from the exchanged table); everything else is derived here from ``planner`` (the
-    load's)."""
+    ``digest`` (from the exchanged table); ``trust``: the verdict's trust source
+    (verification/trust.py); everything else is derived here from ``planner`` (the load's)."""
     from .. import __version__
 
     catalogue, config = planner.catalogue, planner.config
@@ -185,6 +185,9 @@ def statement(
         "config": config_spec,
         "config_name": config.name,
         "config_id": config.id(),
+        # the config without the load's skip, defer and activation-scale rules: `attest verify`
+        # tells a changed config from changed globs by it
+        "config_base_id": base_config(config).id(),
     }
     if any(
         r.origin == "skip_activation_scales" for r in config.rules
@@ -203,7 +206,11 @@ def statement(
         "predicateType": PREDICATE_TYPE,
         "predicate": {
             "tpload": {"version": __version__},
-            "checkpoint": {"path": str(catalogue.root), "vouched_by": vouched_by},
+            "checkpoint": {
+                "path": str(catalogue.root),
+                "vouched_by": vouched_by,
+                "trust": trust.to_dict() if trust is not None else None,
+            },
             "written": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "options": options,
             "ranks": rank_docs,
@@ -258,13 +265,20 @@ def write(path: str | os.PathLike, doc: Mapping, key: str | os.PathLike | None =
     return out
 
 
+def base_config(config: object) -> object:
+    """``config`` without the rules a load adds from its options (config.with_rules: ``--skip``,
+    ``--defer``, ``--skip-activation-scales``)."""
+    added = ("skip", "defer", ACTIVATION_ORIGIN)
+    return replace(config, rules=tuple(r for r in config.rules if r.origin not in added))
+
+
 def after_load(
     opts: object,
     rank_figures: Sequence[object],
     planner: object,
     layout: object,
     chosen: object,
-    vouched_by: str,
+    verdict: object,
 ) -> Path:
     """Rank 0, after a passed verdict: the statement of this load, written (and signed) where
     asked."""
@@ -272,7 +286,7 @@ def after_load(
     signed = getattr(
         chosen, "signed", None
     )  # a model.sig vouched for the load: its bundle is the identity
-    signature = signed.bundle if signed is not None else None
+    signature = (signed.bundle.name, signed.bundle_sha256) if signed is not None else None
     files = None if signed is not None else getattr(storage, "file_digests", None)
     ranks = [{"node": f.node, "device": f.device, "digest": f.digest} for f in rank_figures]
     spec = (
@@ -289,7 +303,8 @@ def after_load(
         defer=opts.defer,
         ranks=ranks,
         file_digests=files,
-        vouched_by=vouched_by,
+        vouched_by=verdict.vouched_by,
         signature=signature,
+        trust=verdict.trust,
     )
     return write(opts.attest, doc, opts.attest_key)

@@ -1,22 +1,51 @@
 """Checking a load attestation: ``tpload attest verify FILE --checkpoint DIR``.
 
-The plan is derived again from DIR's headers and the attested options, every rank's digest is
-recomputed from DIR's bytes with the load's own code (:func:`tpload.verification.predict.predict`),
-and every difference is listed: the subject, each rank's windows and deferred tensors, the
-coverage, the digests and, with a key, the signature."""
+The attestation is read once, by the bounded reader (bad JSON, or JSON nested too deeply, is named
+as bad input); a signed folder's model.sig is checked as the load checks it, with the same signer
+options (or refused without them); the plan is derived again from DIR's headers and the attested
+options, every rank's digest is recomputed from DIR's bytes with the load's own code
+(:func:`tpload.verification.predict.predict`), and every difference is listed: the subject, each
+rank's entry (its ``rank`` field, windows and deferred tensors), the coverage, the digests and,
+with a key, the attestation's own signature. What the load left out (skipped or deferred tensors)
+is said with its globs, and fails with ``--require-whole``."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import LoadError
+from ..modes import Kind, Verify
 from ..report.progress import Meter
+from ..storage.files import parse_json, read_small
 from ..text import escape_name
-from .attest import PREDICATE_TYPE, STATEMENT_TYPE, Window, coverage, subject, views, windows
+from . import signing
+from .attest import (
+    PREDICATE_TYPE,
+    STATEMENT_TYPE,
+    Window,
+    base_config,
+    coverage,
+    subject,
+    views,
+    windows,
+)
 from .attest_signing import signature_path, signature_problems
+
+ATTESTED_MODES = (Verify.NODE, Verify.RANK, Verify.DIGEST)
+"""The verify modes a load attests (``--verify off`` is refused before loading)."""
+
+
+@dataclass
+class Checked:
+    """What ``attest verify`` found: every difference, notes on what was not checked, and what the
+    attested load left out (empty when it served every tensor)."""
+
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    partial: str = ""
+    """``96 of 190 tensors skipped (--skip 'model.visual.*')...``: the OK line says it."""
 
 
 def _fmt(w: Sequence[int]) -> str:
@@ -63,6 +92,17 @@ def _shape_problems(doc: object) -> list[str]:
             "predicate.options lacks tp, ep (integers >= 1), kind, verify, config, config_id or "
             "skip, defer (lists of globs)"
         )
+    else:
+        if opts["verify"] not in ATTESTED_MODES:
+            problems.append(
+                f"predicate.options.verify is {escape_name(opts['verify'])!r}, not a mode tpload "
+                f"attests ({', '.join(ATTESTED_MODES)})"
+            )
+        if opts["kind"] not in tuple(Kind):
+            problems.append(
+                f"predicate.options.kind is {escape_name(opts['kind'])!r}, not one of "
+                f"{', '.join(Kind)}"
+            )
     ranks = pred.get("ranks")
     if not isinstance(ranks, list) or not all(isinstance(r, dict) for r in ranks):
         problems.append("predicate.ranks is not a list of objects")
@@ -81,6 +121,8 @@ def _shape_problems(doc: object) -> list[str]:
                     f"({{tensor: [row0, row1, byte0, byte1]}}), "
                     "a digest and a deferred list"
                 )
+            if type(r.get("rank")) is not int:
+                problems.append(f"predicate.ranks[{k}]: needs its rank (an integer)")
     cover = pred.get("coverage")
     if not (
         isinstance(cover, dict)
@@ -194,17 +236,111 @@ def _cover(c: object) -> str:
     return f"view {c.get('view')}, each byte {_times(c['replicas'])}"
 
 
+def _rank_problems(ranks: Sequence[Mapping]) -> list[str]:
+    """Entry k is rank k's: each entry's ``rank`` field must be its place (two entries saying rank
+    0, or two ranks swapped, would otherwise pass as the plan's ranks in list order)."""
+    return [
+        f"predicate.ranks[{k}] says rank {r['rank']}: entries are each rank's once, in rank "
+        f"order (entry {k} must be rank {k}'s)"
+        for k, r in enumerate(ranks)
+        if r["rank"] != k
+    ]
+
+
+def _globs(flag: str, globs: Sequence[str]) -> str:
+    return " ".join(f"{flag} {escape_name(g)!r}" for g in globs)
+
+
+def _partial(opts: Mapping, planned: Mapping, total: int) -> str:
+    """What the attested load left out, with the options that did it ("" when it served every
+    tensor)."""
+    parts = []
+    skipped, deferred = len(planned["skipped"]), len(planned["deferred"])
+    if skipped:
+        why = [_globs("--skip", opts["skip"])] if opts["skip"] else []
+        why += ["--skip-activation-scales"] if opts.get("skip_activation_scales") is True else []
+        why += [] if why else ["the config's skip rules"]
+        parts.append(f"{skipped} of {total} tensors skipped ({'; '.join(why)})")
+    if deferred:
+        why = _globs("--defer", opts["defer"]) if opts["defer"] else "the config's defer rules"
+        parts.append(f"{deferred} of {total} deferred ({why}: located, not served)")
+    return ", ".join(parts)
+
+
+def _config_problem(
+    opts: Mapping, chosen: object, cfg: object, given: str | None, root: str
+) -> str:
+    """Why the config resolved now does not give the attested id, worded by which part differs: the
+    config itself (``--config`` picks another), or the skip/defer globs (the config is the one the
+    load used; the attested globs are not the ones that made the attested id)."""
+    spec = escape_name(given or opts["config"])
+    base = opts.get("config_base_id")
+    if isinstance(base, str) and base == base_config(chosen).id():
+        globs = [
+            g
+            for g in (
+                _globs("--skip", opts["skip"]),
+                _globs("--defer", opts["defer"]),
+                "--skip-activation-scales" if opts.get("skip_activation_scales") is True else "",
+            )
+            if g
+        ]
+        return (
+            f"config id: attested {escape_name(opts['config_id'])}; the attested skip and defer "
+            f"globs ({', '.join(globs) or 'none'}) with config {escape_name(cfg.name)} (the one "
+            f"the load used: id {base} without them) give {cfg.id()}: the skip or defer globs "
+            "differ from the ones the load used (the attestation was edited)"
+        )
+    return (
+        f"config: attested {escape_name(opts.get('config_name', opts['config']))} (id "
+        f"{escape_name(opts['config_id'])}); {spec} gives {escape_name(cfg.name)} (id "
+        f"{cfg.id()}) for {root}: another config than the load's (pass the load's with --config)"
+    )
+
+
+def _signed(
+    doc: Mapping, checkpoint: str | os.PathLike, signer: signing.SignerOptions | None
+) -> tuple[signing.SignedModel | None, list[str]]:
+    """The folder's model.sig checked as the load checks it (raises LoadError: a signed folder
+    without a signer is refused, a bad signature named), and what differs from the attested
+    signature."""
+    opts = signer or signing.SignerOptions(str(checkpoint))
+    signed = signing.precheck(opts)
+    attested = [e["name"] for e in doc["subject"] if str(e["name"]).endswith(".sig")]
+    problems = []
+    if signed is None and attested:
+        why = "--signature none" if opts.signature == signing.NONE else "the folder has none"
+        problems.append(
+            f"subject {escape_name(attested[0])}: the load was signed, but no signature was "
+            f"checked here ({why}): give the bundle and signer the load used "
+            f"({signing.SIGNER_FLAGS})"
+        )
+    trust = doc["predicate"].get("checkpoint", {})
+    trust = trust.get("trust") if isinstance(trust, dict) else None
+    said = trust.get("signer") if isinstance(trust, dict) else None
+    if signed is not None and isinstance(said, str) and said != signed.signer_id:
+        problems.append(
+            f"signer: attested {escape_name(said)}; {escape_name(signed.bundle)} verifies with "
+            f"{signed.signer_id}"
+        )
+    return signed, problems
+
+
 def check(
     path: str | os.PathLike,
     checkpoint: str | os.PathLike,
     *,
     key: str | os.PathLike | None = None,
     config: str | None = None,
+    require_whole: bool = False,
+    signer: signing.SignerOptions | None = None,
     progress: Meter | None = None,
-) -> tuple[list[str], list[str]]:
-    """Every difference between the attestation at ``path`` and what ``checkpoint`` gives now, and
-    notes (what was not checked). Raises LoadError when the file cannot be read at all.
-    ``progress``: the command's meter, for recomputing the digests."""
+) -> Checked:
+    """Every difference between the attestation at ``path`` and what ``checkpoint`` gives now, notes
+    (what was not checked) and what the load left out. ``signer``: the bundle and signer options
+    for a signed folder (the load's). Raises LoadError when the file cannot be read at all, or
+    the folder is signed and cannot be checked. ``progress``: the command's meter, for recomputing
+    the digests."""
     from .. import __version__
     from ..config import with_rules
     from ..pick import choose, planner_of
@@ -213,25 +349,21 @@ def check(
     from .predict import predict
 
     path = Path(path)
-    problems, notes = [], []
+    out = Checked()
+    problems, notes = out.problems, out.notes
+    data = read_small(path, "attestation")  # read once: the signature is checked on these bytes
+    doc = parse_json(data, path, "attestation")
     if key is not None:
-        problems += signature_problems(path, key)
-    elif signature_path(path).is_file():
+        problems += signature_problems(path, data, key)
+    elif os.path.lexists(signature_path(path)):
         notes.append(
             f"{escape_name(signature_path(path))} not checked (give --key PEM to check the "
             "signature)"
         )
-    try:
-        doc = json.loads(path.read_bytes())
-    except (OSError, ValueError) as e:
-        raise LoadError(
-            f"{escape_name(path)}: not a readable attestation ({escape_name(e)})"
-        ) from None
     shape = _shape_problems(doc)
     if shape:
-        return problems + [
-            f"{escape_name(path)}: not a tpload load attestation: {p}" for p in shape
-        ], notes
+        problems += [f"{escape_name(path)}: not a tpload load attestation: {p}" for p in shape]
+        return out
     pred = doc["predicate"]
     opts, ranks = pred["options"], pred["ranks"]
     version = (
@@ -242,27 +374,29 @@ def check(
             f"written by tpload {version}, checked by {__version__}: digests are recomputed by "
             "this version"
         )
-    if opts["verify"] == "off":
-        problems.append("options.verify is off: tpload attests only verified loads")
+    problems += _rank_problems(ranks)
+    signed, differs = _signed(doc, checkpoint, signer)
+    problems += differs
     layout = Layout(opts["tp"], opts["ep"])
     root = escape_name(Path(checkpoint))
     storage = open_storage(checkpoint, tp=layout.tp, ep=layout.ep, rank=0, world=layout.world)
     try:
         cat = storage.catalogue
         cat.refuse_headers_only("checking an attestation against it")
-        bundle = next(
-            (
-                storage.root / e["name"]
-                for e in doc["subject"]
-                if isinstance(e, dict)
-                and str(e.get("name", "")).endswith(".sig")
-                and "/" not in str(e["name"])
-            ),
-            None,
-        )
+        if signed is not None:
+            signed.check_covered(storage.paths())  # as the load: every file it reads is signed
+            if signed.manifest_sha256:
+                signed.check_manifest(cat.manifest_sha256)
+        claimed = [  # an unchecked bundle is said once, by _signed
+            e for e in doc["subject"] if signed is not None or not str(e["name"]).endswith(".sig")
+        ]
         problems += _subject_problems(
-            doc["subject"],
-            subject(cat, getattr(storage, "file_digests", None), signature=bundle),
+            claimed,
+            subject(
+                cat,
+                getattr(storage, "file_digests", None),
+                signature=(signed.bundle.name, signed.bundle_sha256) if signed else None,
+            ),
             root,
         )
         chosen, _ = choose(config or opts["config"], storage.root, pins=cat.pins, header=cat.gguf)
@@ -273,12 +407,15 @@ def check(
             skip_activation_scales=opts.get("skip_activation_scales") is True,
         )
         if cfg.id() != opts["config_id"]:
-            differs = (
-                f"config: attested {escape_name(opts.get('config_name', opts['config']))} (id "
-                f"{escape_name(opts['config_id'])}); {escape_name(config or opts['config'])} gives "
-                f"{escape_name(cfg.name)} (id {cfg.id()}) for {root} (pass --config)"
+            problems.append(_config_problem(opts, chosen, cfg, config, root))
+            return out
+        base = opts.get("config_base_id")
+        if base is not None and base != base_config(cfg).id():
+            problems.append(
+                f"config_base_id: attested {escape_name(str(base))}; config {escape_name(cfg.name)}"
+                f" without the load's globs is {base_config(cfg).id()} (the attestation was "
+                "edited)"
             )
-            return [*problems, differs], notes
         planner = planner_of(cat, cfg)
         planner.check_layout(layout, layout.world)
         plans = [planner.plan(layout, opts["kind"], r) for r in range(layout.world)]
@@ -306,6 +443,7 @@ def check(
             sorted({n for p in plans for n in p.deferred}),
         )
         problems += _coverage_problems(pred["coverage"], planned)
+        out.partial = _partial(opts, planned, len(cat.names()))
         digests = predict(
             checkpoint,
             cfg,
@@ -323,4 +461,6 @@ def check(
                 "bytes "
                 f"give {d[:16]}... for its windows"
             )
-    return problems, notes
+    if require_whole and out.partial:
+        problems.append(f"not whole: {out.partial} (--require-whole refuses a partial load)")
+    return out

@@ -1,16 +1,23 @@
 """Signing a load attestation, and checking its signature, the way model-signing signs a model (the
 statement as a one-file model, ``FILE.sig`` beside it), so one verifier checks both a signed model
 and a signed attestation. model-signing is an optional extra: every entry says what to install when
-it is missing."""
+it is missing.
+
+Keys and bundles are read once by the bounded reader (signing.read_pem, ``read_small``) and handed
+to the library as bytes (signing.Held); a signature is checked against the attestation's bytes as
+``attest verify`` read and parsed them, not against the file read again."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from pathlib import Path
 
 from ..errors import LoadError
+from ..storage.files import read_small
 from ..text import escape_name
+from .signing import MAX_BUNDLE_BYTES, Held, read_pem
 
 SIGNATURE_SUFFIX = ".sig"
 SIGNING_INSTALL = "pip install -e '.[signing]' in tpload's clone (model-signing and pyopenssl)"
@@ -39,9 +46,9 @@ def key_problem(key: str | os.PathLike) -> str | None:
     from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
     try:
-        loaded = load_pem_private_key(Path(key).read_bytes(), password=None)
-    except OSError as e:
-        return f"{escape_name(key)}: cannot read it ({e.strerror})"
+        loaded = load_pem_private_key(read_pem(key, "--attest-key"), password=None)
+    except LoadError as e:  # not a regular file, too big, unreadable: the bounded reader says which
+        return str(e)
     except (ValueError, TypeError) as e:  # not PEM, or encrypted
         return f"{escape_name(key)}: not an unencrypted private key in PEM ({_first_line(e)})"
     if not isinstance(loaded, ec.EllipticCurvePrivateKey):
@@ -69,11 +76,16 @@ def sign(path: Path, key: str | os.PathLike) -> Path:
     """Sign the attestation at ``path`` with an EC private key, the way model-signing signs a model
     (the file as a one-file model); the bundle is written beside it and renamed into place."""
     ms = _model_signing()
+    from model_signing._signing import sign_ec_key
+
     out = signature_path(path)
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.")
     os.close(fd)
     try:
-        ms.signing.Config().use_elliptic_key_signer(private_key=Path(key)).sign(path, tmp)
+        pem = read_pem(key, "--attest-key")  # the key's bytes, bounded; the library gets them
+        config = ms.signing.Config()
+        config._signer = sign_ec_key.Signer(Held(pem, key))  # what use_elliptic_key_signer sets
+        config.sign(path, tmp)
         os.replace(tmp, out)
     except Exception as e:  # noqa: BLE001 - model-signing raises ValueError, OSError, cryptography's types
         raise LoadError(
@@ -86,24 +98,33 @@ def sign(path: Path, key: str | os.PathLike) -> Path:
     return out
 
 
-def signature_problems(path: Path, key: str | os.PathLike) -> list[str]:
+def signature_problems(path: Path, data: bytes, key: str | os.PathLike) -> list[str]:
     """The signature beside ``path`` checked with the public key ``key`` by model-signing (the
-    bundle, the key and the attestation's own sha256): [] when it verifies, else one line saying
-    why."""
-    ms = _model_signing()
+    bundle against the key, then the sha256 it signs against ``data``: the attestation's bytes as
+    they were read): [] when it verifies, else one line saying why."""
+    _model_signing()
+    from model_signing._signing import sign_ec_key, sign_sigstore_pb
+
     sig = signature_path(path)
-    if not sig.is_file():
+    if not os.path.lexists(sig):
         return [f"{escape_name(sig)}: no signature beside the attestation (--key was given)"]
+    bundle = read_small(sig, "attestation signature", limit=MAX_BUNDLE_BYTES)
+    pem = read_pem(key, "--key")
     try:
-        ms.verifying.Config().use_elliptic_key_verifier(public_key=Path(key)).verify(path, sig)
-    except Exception as e:  # noqa: BLE001 - ValueError for a mismatch; cryptography's, protobuf's for a bad file
-        text = _first_line(e)
-        if text.startswith("Signature mismatch"):
-            return [
-                f"{escape_name(path)}: its bytes are not the ones {escape_name(sig)} signed "
-                "(changed since)"
-            ]
-        return [f"{escape_name(sig)}: does not verify with the key {escape_name(key)}: {text}"]
+        verifier = sign_ec_key.Verifier(Held(pem, key))
+        signed = verifier.verify(sign_sigstore_pb.Signature.read(Held(bundle, sig)))
+    except RecursionError:
+        return [f"{escape_name(sig)}: not a signature bundle (JSON nested too deeply)"]
+    except Exception as e:  # noqa: BLE001 - ValueError for another key; cryptography's, protobuf's for a bad file
+        return [
+            f"{escape_name(sig)}: does not verify with the key {escape_name(key)}: {_first_line(e)}"
+        ]
+    digests = [(rd.digest.algorithm, rd.digest.digest_hex) for rd in signed.resource_descriptors()]
+    if digests != [("sha256", hashlib.sha256(data).hexdigest())]:
+        return [
+            f"{escape_name(path)}: its bytes are not the ones {escape_name(sig)} signed "
+            "(changed since)"
+        ]
     return []
 
 

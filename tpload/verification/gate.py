@@ -38,6 +38,7 @@ from .blake3sums import SHA256, Digests, content_hash, fix_command
 from .policy import HashPlan, hash_plan
 from .store import stale
 from .strategy import Job, Prepared, Strategy
+from .trust import UNCHECKED, TrustKind, TrustSource
 from .vouched import Vouched
 from .whole_files import FileDigests, SignedFiles, statement
 
@@ -49,6 +50,8 @@ class Verdict:
     problems: tuple[str, ...]
     vouched_by: str
     """What vouched for the served bytes, in words (the report's)."""
+    trust: TrustSource | None = None
+    """The same as a record: kind, file, sha256, signer (a passed verdict's; the report's)."""
     reporter: int = 0
     """The rank that prints a failed verdict in full (the lowest failing one; the others point to
     it)."""
@@ -74,6 +77,9 @@ class Unchecked(Strategy):
     vouched_by = "nothing (--verify off)"
     locators_vouched_by = ""
 
+    def trust(self) -> TrustSource:
+        return UNCHECKED
+
     def _check_manifest(self) -> None:
         if (
             self.job.storage.per_rank
@@ -92,6 +98,15 @@ class Predicted(Strategy):
     read."""
 
     vouched_by = "the stored prediction of every rank's digest (--verify digest)"
+
+    def trust(self) -> TrustSource:
+        cat = self.job.storage.catalogue
+        return TrustSource(
+            TrustKind.PREDICTION,
+            self.store_path,
+            manifest=str(cat.manifest_path),
+            manifest_sha256=cat.manifest_sha256,
+        )
 
     def _prepare(self) -> Prepared:
         job, opts = self.job, self.job.opts
@@ -174,6 +189,17 @@ class SignedManifest(TensorDigests):
     def anchor(self) -> str:
         return f"{super().anchor()}, {self.signed.bundle.name} signs {statement(self.signed)}"
 
+    def trust(self) -> TrustSource:
+        signed, cat = self.signed, self.job.storage.catalogue
+        return TrustSource(
+            TrustKind.SIGNATURE,
+            str(signed.bundle),
+            signed.bundle_sha256,
+            signed.signer_id,
+            manifest=str(cat.manifest_path),
+            manifest_sha256=signed.manifest_sha256,
+        )
+
     def _prepare(self) -> Prepared:
         storage = self.job.storage
         self.signed.check_covered(storage.paths())
@@ -240,7 +266,7 @@ def judge(ranks: list[object], chosen: Strategy | None) -> Verdict:
             ),
             "",
         )
-    return Verdict((), chosen.vouched_by)
+    return Verdict((), chosen.vouched_by, chosen.trust())
 
 
 def at_rest(

@@ -15,9 +15,12 @@ a sigstore identity. tpload splits the library's ``verify`` in two:
   (``gate.SignedManifest``: each rank hashes only its windows' tensors).
 
 The library's public ``verify`` hashes every file of the folder again. Checking the bundle alone is
-``Config._verifier.verify(Signature.read(path))``, which is not public: the ``[signing]`` extra pins
+``Verifier(key).verify(Signature.read(path))``, which is not public: the ``[signing]`` extra pins
 model-signing to the version read (:data:`PINNED`), and tests/unit/verification/test_signing.py
-fails when the call moves.
+fails when the call moves. The bundle, the key and the certificates are read once, by the bounded
+reader of regular files (``storage/files.read_small``, with :data:`MAX_BUNDLE_BYTES` and
+:data:`MAX_PEM_BYTES`), and their bytes handed to the library (:class:`Held`): a FIFO, a device or
+a huge file in their place is refused by name, and what is verified is what was read.
 
 :func:`precheck` runs before the storage opens (api.py), on every rank: the bundle, then the JSON
 files that shape the plan (config.json, hf_quant_config.json, the index, a signed manifest), each
@@ -33,7 +36,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import LoadError
-from ..storage.files import read_small
+from ..option_rules import SIGNER_FIELDS
+from ..storage.files import parse_json, read_small
 from ..storage.pins import INDEX_NAME, MANIFEST_NAME
 from ..text import escape_name
 from . import blake3sums
@@ -53,8 +57,57 @@ SIGNER_FLAGS = (
     "--signer-issuer URL"
 )
 FIX = "the file changed since it was signed (or the signature is not for this folder)"
-"""Bundles already verified in this process (the bundle's bytes, the signer): the gate reuses the
-check made before the storage opened, and a sigstore check goes to the network once."""
+MAX_BUNDLE_BYTES = 64 << 20
+"""model.sig's size limit. A bundle names each signed file (or shard-mode piece) in about 250 bytes
+(200 files: 50 KB; a 700 GB model in model-signing's default 1 GB pieces: under 200 KB), so 64 MiB
+holds some 250,000: far more than any checkpoint, and little for a rank to hold."""
+MAX_PEM_BYTES = 1 << 20
+"""A key, a certificate or a certificate chain in PEM (a whole system CA bundle is about 300 KB)."""
+
+
+class Held:
+    """Bytes read once by the bounded reader, offered to model-signing where it takes a path: its
+    readers (``Signature.read``, the key and certificate verifiers) call only ``read_bytes`` or
+    ``read_text`` on it, so the library never opens the file again."""
+
+    def __init__(self, data: bytes, path: str | os.PathLike) -> None:
+        self.data, self.path = data, Path(path)
+
+    def read_bytes(self) -> bytes:
+        return self.data
+
+    def read_text(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+        return self.data.decode(encoding, errors)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+
+def read_pem(path: str | os.PathLike, flag: str) -> bytes:
+    """A PEM file named by an option (``--signer-key``, ``--attest-key``...), read whole by the
+    bounded reader: a FIFO, a device or a file over :data:`MAX_PEM_BYTES` is refused naming it."""
+    return read_small(Path(path), f"{flag} file", limit=MAX_PEM_BYTES)
+
+
+@dataclass(frozen=True)
+class SignerOptions:
+    """The options :func:`precheck` reads, for the subcommands that check a folder without loading
+    it (``verify``, ``manifest``, ``attest verify``): their flags are the load's."""
+
+    checkpoint: str
+    signature: str | None = None
+    signer_key: str | None = None
+    signer_cert: str | None = None
+    signer_chain: str | None = None
+    signer_identity: str | None = None
+    signer_issuer: str | None = None
+    verify: str = "node"
+    """Always a hashing mode: these commands hash every byte they vouch for."""
+
+    @classmethod
+    def of(cls, ns: object, checkpoint: str | os.PathLike) -> SignerOptions:
+        """From parsed flags (absent ones are None)."""
+        return cls(str(checkpoint), **{f: getattr(ns, f, None) for f in SIGNER_FIELDS})
 
 
 @dataclass(frozen=True)
@@ -65,6 +118,12 @@ class SignedModel:
     root: Path
     signer: str
     """The signer checked, in words (``key k.pem``)."""
+    bundle_sha256: str
+    """The sha256 of the bundle's bytes as read and verified (the attestation's subject)."""
+    signer_id: str
+    """Who signed, as the bundle proves it: ``key sha256:<16 hex>`` (of the public key's DER),
+    ``certificate <subject> (sha256:<16 hex>)`` (the signing certificate), or the sigstore
+    identity and issuer (the report and the attestation name it)."""
     whole: Mapping[str, tuple[str, str]]
     """Relative path -> (hash, hex digest) of whole files."""
     pieces: Mapping[str, Mapping[tuple[int, int], str]]
@@ -132,10 +191,10 @@ def bundle_path(opts: object) -> Path | None:
     return default if os.path.lexists(default) else None
 
 
-def precheck(opts: object) -> SignedModel | None:
+def precheck(opts: object, *, notes: list[str] | None = None) -> SignedModel | None:
     """Verify the load's bundle (if any) and its plan-shaping JSON files; raise LoadError naming
     what fails. Called before the storage opens, and again by the gate (the bundle check is
-    reused)."""
+    reused). ``notes`` gets a line when a signer option is given but no signature is checked."""
     path = bundle_path(opts)
     if path is None and getattr(opts, "checkpoint", None) is None:
         return None
@@ -146,22 +205,20 @@ def precheck(opts: object) -> SignedModel | None:
                 f"{signer[0]} given, but {escape_name(Path(opts.checkpoint or '.') / BUNDLE)} "
                 "does not exist: name the bundle with --signature PATH"
             )
+        if signer and notes is not None:
+            why = "--signature none" if opts.signature == NONE else f"--verify {opts.verify}"
+            notes.append(f"{signer[0]} is ignored: {why} checks no signature")
         return None
     if not signer:
         raise LoadError(
             f"{escape_name(path)}: the folder is signed, but no signer was given to check it "
-            f"against: add {SIGNER_FLAGS} (or --signature none to load by the folder's other "
+            f"against: add {SIGNER_FLAGS} (or --signature none to use the folder's other "
             "anchors)"
         )
-    try:  # readable, or one line saying why (before the library's own error for it)
-        with open(path, "rb"):
-            pass
-    except OSError as e:
-        raise LoadError(
-            f"{escape_name(path)}: cannot read the signature bundle: {e.strerror or e}"
-        ) from None
+    # read once, bounded: a FIFO, a device or a huge file here is refused before the library
+    data = read_small(path, "signature bundle", limit=MAX_BUNDLE_BYTES)
     root = Path(opts.checkpoint).absolute()
-    model = _verify(path, root, opts, signer[1])
+    model = _verify(path, data, root, opts, signer[1])
     return replace(model, manifest_sha256=_check_plan_files(model))
 
 
@@ -180,19 +237,24 @@ def _signer(opts: object) -> tuple[str, str] | None:
     return None
 
 
-def _library(path: Path) -> object:
+def _library(path: Path) -> tuple[object, object, object, object]:
     """model_signing's modules, or one line naming the install (a signed folder is never loaded
     unverified)."""
     try:
-        from model_signing import verifying
-        from model_signing._signing import sign_sigstore, sign_sigstore_pb
+        import model_signing  # noqa: F401  the package first: without the extra, this fails
+        from model_signing._signing import (
+            sign_certificate,
+            sign_ec_key,
+            sign_sigstore,
+            sign_sigstore_pb,
+        )
     except ImportError as e:
         raise LoadError(
             f"{escape_name(path)}: the checkpoint is signed, but checking signatures needs "
             f"model-signing {PINNED} and pyopenssl ({e.name or e} is missing): {INSTALL}; it is "
             "not loaded unverified"
         ) from None
-    return verifying, sign_sigstore, sign_sigstore_pb
+    return sign_ec_key, sign_certificate, sign_sigstore, sign_sigstore_pb
 
 
 def _why(e: BaseException) -> str:
@@ -200,21 +262,34 @@ def _why(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[:300]}" if text else type(e).__name__
 
 
-def _verify(path: Path, root: Path, opts: object, signer: str) -> SignedModel:
-    """The library checks the bundle alone and returns the signed manifest (no file is hashed)."""
-    verifying, sign_sigstore, sign_sigstore_pb = _library(path)
-    config = verifying.Config()
+def key_id(pem: bytes) -> str:
+    """``key sha256:<16 hex>``: the sha256 of a public key's DER (SubjectPublicKeyInfo), the
+    signer's name in the report and the attestation (raises ValueError for what is not one)."""
+    from cryptography.hazmat.primitives.serialization import (
+        Encoding,
+        PublicFormat,
+        load_pem_public_key,
+    )
+
+    der = load_pem_public_key(pem).public_bytes(Encoding.DER, PublicFormat.SubjectPublicKeyInfo)
+    return f"key sha256:{hashlib.sha256(der).hexdigest()[:16]}"
+
+
+def _verifier(path: Path, opts: object, modules: tuple) -> tuple[object, bytes | None]:
+    """The library's verifier for the signer options, and the key's bytes (for its fingerprint)."""
+    ec_key, certificate, sigstore, _ = modules
+    # the files first, each read once and bounded (their errors name the flag and the file)
+    key = read_pem(opts.signer_key, "--signer-key") if opts.signer_key else None
+    chain = read_pem(opts.signer_chain, "--signer-chain") if opts.signer_chain else None
     # Any error below comes from the library (key parsing, certificate stores, sigstore's trust
-    # root, the bundle's JSON and protobuf, the signature): many types, each turned into one line.
+    # root): many types, each turned into one line.
     try:
-        if opts.signer_key:
-            config.use_elliptic_key_verifier(public_key=opts.signer_key)
-        elif opts.signer_chain:
-            config.use_certificate_verifier(certificate_chain=[opts.signer_chain])
-        else:
-            config.use_sigstore_verifier(
-                identity=opts.signer_identity, oidc_issuer=opts.signer_issuer
-            )
+        if key is not None:
+            return ec_key.Verifier(Held(key, opts.signer_key)), key
+        if chain is not None:
+            return certificate.Verifier([Held(chain, opts.signer_chain)]), None
+        identity, issuer = opts.signer_identity, opts.signer_issuer
+        return sigstore.Verifier(identity=identity, oidc_issuer=issuer), None
     except Exception as e:  # noqa: BLE001 - the library's errors, reported in one line
         if opts.signer_identity:
             raise LoadError(
@@ -227,48 +302,72 @@ def _verify(path: Path, root: Path, opts: object, signer: str) -> SignedModel:
             f"{flag} {escape_name(opts.signer_key or opts.signer_chain)}: cannot be used to check "
             f"signatures: {_why(e)}"
         ) from None
-    reader = sign_sigstore if opts.signer_identity else sign_sigstore_pb
+
+
+def _verify(path: Path, data: bytes, root: Path, opts: object, signer: str) -> SignedModel:
+    """The library checks the bundle's bytes alone and returns the signed manifest (no file is
+    hashed, none is opened again)."""
+    modules = _library(path)
+    verifier, key = _verifier(path, opts, modules)
+    try:  # bad JSON (or JSON nested past the parser's depth) is the bundle's fault, said as such
+        parse_json(data, path, "signature bundle")
+    except LoadError as e:
+        raise LoadError(f"{escape_name(path)}: not a model-signing bundle: {e}") from None
+    _, _, sigstore, sigstore_pb = modules
+    reader = sigstore if opts.signer_identity else sigstore_pb
     try:
-        signature = reader.Signature.read(path)
+        signature = reader.Signature.read(Held(data, path))
     except Exception as e:  # noqa: BLE001
         raise LoadError(f"{escape_name(path)}: not a model-signing bundle: {_why(e)}") from None
     try:
-        manifest = config._verifier.verify(
-            signature
-        )  # the bundle alone (not public: see the module's doc)
+        manifest = verifier.verify(signature)  # the bundle alone (not public: the module's doc)
     except Exception as e:  # noqa: BLE001
         raise LoadError(
             f"{escape_name(path)}: the signature does not verify with {signer}: {_why(e)}; the "
             "folder is not vouched for by that signer"
         ) from None
-    if opts.signer_cert:
-        _check_leaf(path, signature, opts.signer_cert)
-    return _digests(path, root, manifest, signer)
+    if key is not None:
+        signer_id = key_id(key)  # the library parsed it: it is a public key
+    elif opts.signer_chain:
+        signer_id = _check_leaf(path, signature, opts.signer_cert)
+    else:
+        signer_id = f"sigstore identity {opts.signer_identity} (issuer {opts.signer_issuer})"
+    digest = hashlib.sha256(data).hexdigest()
+    return _digests(path, root, manifest, signer, digest, signer_id)
 
 
-def _check_leaf(path: Path, signature: object, cert: str) -> None:
-    """``--signer-cert``: the chain verified, the signing certificate must also be this one."""
+def _check_leaf(path: Path, signature: object, cert: str | None) -> str:
+    """The signing certificate in the bundle (its chain verified), named by subject and sha256;
+    ``--signer-cert``: it must also be this one."""
     from cryptography import x509
     from cryptography.hazmat.primitives.serialization import Encoding
 
+    pinned = read_pem(cert, "--signer-cert") if cert else None
     try:
-        want = x509.load_pem_x509_certificate(Path(cert).read_bytes()).public_bytes(Encoding.DER)
         got = signature.bundle.verification_material.x509_certificate_chain.certificates[
             0
         ].raw_bytes
-    except (OSError, ValueError, AttributeError, IndexError) as e:
+        leaf = x509.load_der_x509_certificate(got)
+        want = x509.load_pem_x509_certificate(pinned).public_bytes(Encoding.DER) if pinned else got
+    except (ValueError, AttributeError, IndexError) as e:
         raise LoadError(
             f"--signer-cert {escape_name(cert)}: cannot compare with the certificate in "
             f"{escape_name(path)}: {_why(e)}"
+            if cert
+            else f"{escape_name(path)}: cannot read its signing certificate: {_why(e)}"
         ) from None
     if got != want:
         raise LoadError(
             f"{escape_name(path)}: signed by another certificate than --signer-cert "
             f"{escape_name(cert)} (it chains to --signer-chain, but is not the one pinned)"
         )
+    subject = leaf.subject.rfc4514_string() or "(no subject)"
+    return f"certificate {escape_name(subject)} (sha256:{hashlib.sha256(got).hexdigest()[:16]})"
 
 
-def _digests(path: Path, root: Path, manifest: object, signer: str) -> SignedModel:
+def _digests(
+    path: Path, root: Path, manifest: object, signer: str, bundle_sha256: str, signer_id: str
+) -> SignedModel:
     """The signed manifest as expected digests; any hash but sha256 (and blake3 with its extra)
     refused."""
     method = manifest.serialization_type.get("method", "files")
@@ -304,7 +403,7 @@ def _digests(path: Path, root: Path, manifest: object, signer: str) -> SignedMod
                 f"{escape_name(path)}: the signed shards of {escape_name(name)} do not tile the "
                 "file"
             )
-    return SignedModel(path, root, signer, whole, pieces)
+    return SignedModel(path, root, signer, bundle_sha256, signer_id, whole, pieces)
 
 
 def _digest_problems(model: SignedModel, name: str, data: bytes) -> str | None:

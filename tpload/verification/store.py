@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import LoadError
-from ..storage.files import atomic_write
+from ..storage.files import atomic_write, read_json
 from ..text import escape_name
 
 if TYPE_CHECKING:
@@ -156,12 +156,12 @@ class DigestStore:
             return None
         _check_private(self.root, "the digest store")
         _check_private(path, "the digest file")
-        try:
-            doc = json.loads(path.read_text())
+        try:  # the bounded reader: a FIFO or a device planted in the store is refused by name
+            doc = read_json(path, "digest file")
             if not isinstance(doc, dict) or doc.get("manifest_sha256") != manifest_sha256:
                 raise ValueError("it names another manifest")
             return doc
-        except (OSError, ValueError) as e:
+        except (LoadError, ValueError) as e:
             raise _unreadable(path, e, fix) from None
 
     @contextlib.contextmanager

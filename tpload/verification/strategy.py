@@ -21,6 +21,7 @@ from .blake3sums import SHA256, Digests
 from .files import FileHasher
 from .policy import HashPlan
 from .store import DigestStore, Prediction
+from .trust import TrustKind, TrustSource
 
 
 @dataclass
@@ -117,6 +118,12 @@ class Strategy(ABC):
         self.store = store = DigestStore(job.opts.digest_store, checkpoint=job.storage.root)
         self.store_path = str(store.path(manifest_sha)) if manifest_sha else str(store.root)
 
+    def trust(self) -> TrustSource:
+        """What this strategy checks served bytes against, as a record (verification/trust.py): by
+        default the manifest's per-tensor digests."""
+        cat = self.job.storage.catalogue
+        return TrustSource(TrustKind.MANIFEST, str(cat.manifest_path), cat.manifest_sha256)
+
     # -- before any read ------------------------------------------------------------------------
     def anchor(self) -> str:
         """What vouches for this load's bytes, in one line that is the same on every rank loading
@@ -172,6 +179,8 @@ class Strategy(ABC):
         """This rank's own verdicts (raise every problem at once) and its row's evidence figures."""
         fig, ctx, stored = self.job.fig, self.job.ctx, self.prepared.stored
         fig.digest = result.digest()
+        # the attestation is an exit path of the gate: rank 0's row says it will write one
+        fig.attest = int(bool(getattr(self.job.opts, "attest", None)))
         if stored is not None:
             at = replicas.placement(self.job.opts, ctx.world)  # replicas: one prediction a position
             me, world = (at.where(ctx.rank)[1], at.size) if at else (ctx.rank, ctx.world)

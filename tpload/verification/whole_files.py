@@ -11,11 +11,13 @@ from pathlib import Path
 from ..errors import LoadError
 from ..modes import Verify
 from ..storage.hub import SNAPSHOT, FileSource
+from ..storage.localdir import DOWNLOAD_DIR
 from ..text import escape_name
 from . import crosscheck
 from .files import FileHashed, FileHasher, assign_files, file_problems, own_problems
 from .policy import HashPlan, readers
 from .strategy import Job, Prepared, Strategy, digest_map
+from .trust import TrustKind, TrustSource
 
 
 class FileDigests(Strategy):
@@ -41,6 +43,13 @@ class FileDigests(Strategy):
 
     def _check_manifest(self) -> None:
         return  # every file is vouched for whole (expected()), checked while loading
+
+    def trust(self) -> TrustSource:
+        storage = self.job.storage
+        local = getattr(storage, "local", None)
+        if local is not None:  # the etags in the download's metadata folder
+            return TrustSource(TrustKind.LOCAL_DIR, str(local.root / DOWNLOAD_DIR))
+        return TrustSource(TrustKind.HUB_SNAPSHOT, str(storage.root))
 
     def expected(self) -> Mapping[Path, str]:
         """Each file's expected sha256 (a source of whole-file digests overrides this)."""
@@ -166,6 +175,12 @@ class SignedFiles(FileDigests):
 
     def anchor(self) -> str:
         return f"{self.signed.bundle.name} signs digests {statement(self.signed)}"
+
+    def trust(self) -> TrustSource:
+        signed = self.signed
+        return TrustSource(
+            TrustKind.SIGNATURE, str(signed.bundle), signed.bundle_sha256, signed.signer_id
+        )
 
     def _prepare(self) -> Prepared:
         storage = self.job.storage

@@ -8,19 +8,20 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from tpload.config import with_rules
-from tpload.errors import OptionsError
+from tpload.errors import LoadError, OptionsError
 from tpload.options import LoadOptions
 from tpload.pick import choose, planner_of
 from tpload.plan import Layout
 from tpload.storage import open_storage
 from tpload.storage.hub import to_hub_cache
 from tpload.tools.published import write_published
-from tpload.verification import attest, attest_check, attest_signing
+from tpload.verification import attest, attest_check, attest_signing, signing
 from tpload.verification.predict import predict
 
 from ...ckpt_tools import ec_keypair
@@ -29,7 +30,12 @@ pytest.importorskip("model_signing")
 
 
 def make_statement(
-    root: Path, layout: Layout, *, kind: str = "packed", defer: tuple[str, ...] = ()
+    root: Path,
+    layout: Layout,
+    *,
+    kind: str = "packed",
+    skip: tuple[str, ...] = (),
+    defer: tuple[str, ...] = (),
 ) -> dict:
     """What rank 0 writes after a passed load of ``root`` at ``layout``: every rank's plan from the
     one catalogue, each rank's digest as the load computes it (offline.predict runs the load's
@@ -37,7 +43,7 @@ def make_statement(
     storage = open_storage(root, tp=layout.tp, ep=layout.ep, rank=0, world=layout.world)
     try:
         chosen, _ = choose("auto", storage.root, pins=storage.catalogue.pins)
-        config = with_rules(chosen, defer=defer)
+        config = with_rules(chosen, skip=skip, defer=defer)
         planner = planner_of(storage.catalogue, config)
         files = storage.file_digests
     finally:
@@ -50,6 +56,7 @@ def make_statement(
         kind=kind,
         verify="node",
         config_spec="auto",
+        skip=skip,
         defer=defer,
         ranks=ranks,
         file_digests=files,
@@ -108,7 +115,7 @@ def test_a_tp2_x_ep2_attestation_verifies_and_covers_every_tensor(
     } == {(0, 1), (2, 3)}
     assert served["model.layers.0.input_layernorm.weight"]["replicas"] == [4, 4]
     assert {tuple(c["replicas"]) for c in served.values()} == {(1, 1), (2, 2), (4, 4)}
-    problems, _ = attest_check.check(write(doc, tmp_path / "a.json"), ds)
+    problems = attest_check.check(write(doc, tmp_path / "a.json"), ds).problems
     assert problems == []
 
 
@@ -159,7 +166,7 @@ def test_a_forged_attestation_fails_naming_the_difference(
 ) -> None:
     doc = copy.deepcopy(tp2ep2)
     expected = forge(doc)
-    problems, _ = attest_check.check(write(doc, tmp_path / "forged.json"), ds)
+    problems = attest_check.check(write(doc, tmp_path / "forged.json"), ds).problems
     assert len(problems) == 1 and problems[0].startswith(expected), problems
 
 
@@ -169,7 +176,7 @@ def test_an_attestation_of_another_checkpoint_names_the_subject(
     other = write_published(
         tmp_path / "other", "deepseek-v3-tiny", seed=1
     )  # same names and shapes, other bytes
-    problems, _ = attest_check.check(write(tp2ep2, tmp_path / "a.json"), other)
+    problems = attest_check.check(write(tp2ep2, tmp_path / "a.json"), other).problems
     assert problems[0].startswith("subject NATIVE_MANIFEST.json: attested sha256"), problems
     assert [p.split(":")[0] for p in problems[1:]] == [
         "rank 0",
@@ -190,19 +197,21 @@ def test_a_signed_attestation_verifies_with_its_key_only(
     )
     path = attest.write(tmp_path / "signed.json", tp2ep2, signer)
     assert attest_signing.signature_path(path).is_file()
-    assert attest_check.check(path, ds, key=signer_pub)[0] == []
-    problems, _ = attest_check.check(path, ds, key=stranger_pub)
+    assert attest_check.check(path, ds, key=signer_pub).problems == []
+    problems = attest_check.check(path, ds, key=stranger_pub).problems
     assert len(problems) == 1 and "signed.json.sig: does not verify with the key" in problems[0], (
         problems
     )
-    unchecked, notes = attest_check.check(path, ds)
-    assert unchecked == [] and any("not checked (give --key PEM" in n for n in notes)
+    unchecked = attest_check.check(path, ds)
+    assert unchecked.problems == [] and any(
+        "not checked (give --key PEM" in n for n in unchecked.notes
+    )
     # the statement edited after signing (a digest changed): the signature and the digest both say
     # so
     doc = json.loads(path.read_text())
     _forge_digest(doc)
     path.write_text(attest.dumps(doc))
-    problems, _ = attest_check.check(path, ds, key=signer_pub)
+    problems = attest_check.check(path, ds, key=signer_pub).problems
     assert (
         len(problems) == 2
         and "its bytes are not the ones" in problems[0]
@@ -219,7 +228,7 @@ def test_a_hub_snapshot_is_identified_by_its_file_digests(tmp_path: Path) -> Non
     assert all(
         s["digest"]["sha256"] == Path(snap / s["name"]).resolve().name for s in doc["subject"]
     )
-    assert attest_check.check(write(doc, tmp_path / "a.json"), snap)[0] == []
+    assert attest_check.check(write(doc, tmp_path / "a.json"), snap).problems == []
 
 
 def test_deferred_tensors_are_listed_as_such(ds: Path, tmp_path: Path) -> None:
@@ -227,9 +236,9 @@ def test_deferred_tensors_are_listed_as_such(ds: Path, tmp_path: Path) -> None:
     cover = doc["predicate"]["coverage"]
     assert cover["deferred"] and all(".mlp.experts." in n for n in cover["deferred"])
     assert not any(".mlp.experts." in n for n in cover["served"])
-    assert attest_check.check(write(doc, tmp_path / "a.json"), ds)[0] == []
+    assert attest_check.check(write(doc, tmp_path / "a.json"), ds).problems == []
     doc["predicate"]["coverage"]["deferred"].pop()  # a deferred tensor no longer accounted for
-    problems, _ = attest_check.check(write(doc, tmp_path / "b.json"), ds)
+    problems = attest_check.check(write(doc, tmp_path / "b.json"), ds).problems
     assert len(problems) == 1 and "the plan defers it; not attested deferred" in problems[0], (
         problems
     )
@@ -255,26 +264,190 @@ def test_attest_options_are_checked_before_loading(tmp_path: Path) -> None:
         LoadOptions(attest=str(tmp_path / "a.json"), attest_key=str(tmp_path / "k.pem"))
     with pytest.raises(OptionsError, match="does not exist"):
         LoadOptions(attest=str(tmp_path / "nowhere" / "a.json"))
+    # a folder at the path: refused now, as --report is (after the verdict it failed rank 0 alone)
+    (tmp_path / "out").mkdir()
+    with pytest.raises(
+        OptionsError, match=rf"attest= {tmp_path / 'out'} is a folder; name the file"
+    ):
+        LoadOptions(attest=str(tmp_path / "out"))
+    signer, _ = ec_keypair(tmp_path, "signer")
+    (tmp_path / "a.json.sig").mkdir()  # where the signature goes
+    with pytest.raises(OptionsError, match=r"attest= .*a.json.sig is a folder; name the file"):
+        LoadOptions(attest=str(tmp_path / "a.json"), attest_key=str(signer))
+
+
+def test_attest_at_a_folder_is_refused_before_any_world(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from tpload.cli import main
+
+    assert main(["--checkpoint", str(tmp_path), "--attest", str(tmp_path)]) == 1
+    assert f"--attest {tmp_path} is a folder; name the file to write" in capsys.readouterr().err
 
 
 def test_a_signed_folder_is_identified_by_its_signature_bundle(tmp_path: Path) -> None:
     # a model.sig vouched for the load: the bundle's sha256 is the subject (it signs every file's
-    # digest)
+    # digest), and `attest verify` checks the bundle as the load did, with the load's signer
+    import hashlib
+
     import tpload
     from tests.unit.verification.test_signing import sign
 
     folder = write_published(tmp_path / "m", "gpt-oss-tiny", manifest=False)
-    priv, pub = ec_keypair(tmp_path, "signer")
+    (priv, pub), (_, other) = ec_keypair(tmp_path, "signer"), ec_keypair(tmp_path, "other")
     bundle = sign(folder, priv)
     out = tmp_path / "att.json"
     tpload.load(folder, progress=False, signer_key=str(pub), attest=str(out)).release()
     doc = json.loads(out.read_text())
-    import hashlib
-
     assert doc["subject"] == [
         {"name": "model.sig", "digest": {"sha256": hashlib.sha256(bundle.read_bytes()).hexdigest()}}
     ]
-    assert attest_check.check(out, folder)[0] == []
+    trust = doc["predicate"]["checkpoint"]["trust"]
+    assert trust["kind"] == "signature" and trust["signer"] == signing.key_id(pub.read_bytes())
+    signer = signing.SignerOptions(str(folder), signer_key=str(pub))
+    assert attest_check.check(out, folder, signer=signer).problems == []
+    # without the signer it is not vouched for: refused, naming the options to give
+    with pytest.raises(LoadError, match="model.sig: the folder is signed, but no signer was given"):
+        attest_check.check(out, folder)
+    with pytest.raises(LoadError, match="model.sig: the signature does not verify with key"):
+        attest_check.check(out, folder, signer=signing.SignerOptions(str(folder), signer_key=other))
+    unchecked = signing.SignerOptions(str(folder), signature="none")
+    problems = attest_check.check(out, folder, signer=unchecked).problems
+    assert problems == [
+        "subject model.sig: the load was signed, but no signature was checked here (--signature "
+        f"none): give the bundle and signer the load used ({signing.SIGNER_FLAGS})"
+    ]
     bundle.write_bytes(bundle.read_bytes() + b" ")  # another bundle: not the identity attested
-    problems, _ = attest_check.check(out, folder)
+    problems = attest_check.check(out, folder, signer=signer).problems
     assert len(problems) == 1 and "subject model.sig" in problems[0], problems
+
+
+# -- forged and partial attestations that must not verify OK (issue 28, item 2)
+
+
+def test_rank_entries_must_say_their_own_rank(ds: Path, tp2ep2: dict, tmp_path: Path) -> None:
+    swapped = copy.deepcopy(tp2ep2)
+    ranks = swapped["predicate"]["ranks"]
+    ranks[0]["rank"], ranks[1]["rank"] = 1, 0  # the windows stay where they are
+    problems = attest_check.check(write(swapped, tmp_path / "swapped.json"), ds).problems
+    assert problems == [
+        "predicate.ranks[0] says rank 1: entries are each rank's once, in rank order (entry 0 "
+        "must be rank 0's)",
+        "predicate.ranks[1] says rank 0: entries are each rank's once, in rank order (entry 1 "
+        "must be rank 1's)",
+    ]
+    twice = copy.deepcopy(tp2ep2)
+    twice["predicate"]["ranks"][3]["rank"] = 0
+    problems = attest_check.check(write(twice, tmp_path / "twice.json"), ds).problems
+    assert len(problems) == 1 and problems[0].startswith("predicate.ranks[3] says rank 0"), problems
+    missing = copy.deepcopy(tp2ep2)
+    del missing["predicate"]["ranks"][2]["rank"]
+    problems = attest_check.check(write(missing, tmp_path / "missing.json"), ds).problems
+    assert problems == [
+        f"{tmp_path / 'missing.json'}: not a tpload load attestation: predicate.ranks[2]: needs "
+        "its rank (an integer)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "said"),
+    [
+        ("verify", "bogus-mode", "predicate.options.verify is 'bogus-mode', not a mode tpload"),
+        ("verify", "off", "predicate.options.verify is 'off', not a mode tpload attests"),
+        ("kind", "sideways", "predicate.options.kind is 'sideways', not one of packed, expanded"),
+    ],
+)
+def test_options_outside_their_modes_are_refused(
+    ds: Path, tp2ep2: dict, tmp_path: Path, key: str, value: str, said: str
+) -> None:
+    doc = copy.deepcopy(tp2ep2)
+    doc["predicate"]["options"][key] = value
+    problems = attest_check.check(write(doc, tmp_path / "a.json"), ds).problems
+    assert len(problems) == 1 and said in problems[0], problems
+
+
+def test_a_partial_load_is_said_and_fails_with_require_whole(ds: Path, tmp_path: Path) -> None:
+    doc = make_statement(
+        ds, Layout(2), skip=("model.layers.2.*",), defer=("model.layers.1.mlp.experts.*",)
+    )
+    path = write(doc, tmp_path / "partial.json")
+    checked = attest_check.check(path, ds)
+    total = len(doc["predicate"]["coverage"]["served"]) + sum(
+        len(doc["predicate"]["coverage"][k]) for k in ("skipped", "deferred")
+    )
+    skipped, deferred = (len(doc["predicate"]["coverage"][k]) for k in ("skipped", "deferred"))
+    assert skipped and deferred
+    assert checked.problems == [] and checked.partial == (
+        f"{skipped} of {total} tensors skipped (--skip 'model.layers.2.*'), {deferred} of {total} "
+        "deferred (--defer 'model.layers.1.mlp.experts.*': located, not served)"
+    )
+    whole = attest_check.check(path, ds, require_whole=True)
+    assert whole.problems == [
+        f"not whole: {checked.partial} (--require-whole refuses a partial load)"
+    ]
+    assert (
+        attest_check.check(write(make_statement(ds, Layout(2)), tmp_path / "w.json"), ds).partial
+        == ""
+    )
+
+
+def test_changed_globs_and_another_config_are_told_apart(ds: Path, tmp_path: Path) -> None:
+    doc = make_statement(ds, Layout(2), skip=("model.layers.1.*",))
+    edited = copy.deepcopy(doc)
+    edited["predicate"]["options"]["skip"] = []  # the skip glob removed after the load
+    problems = attest_check.check(write(edited, tmp_path / "globs.json"), ds).problems
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(f"config id: attested {doc['predicate']['options']['config_id']}")
+    assert "the skip or defer globs differ from the ones the load used" in problems[0]
+    assert "--config" not in problems[0]
+    # another config given to the check than the load's: the config differs, --config is the fix
+    path = write(doc, tmp_path / "config.json")
+    problems = attest_check.check(path, ds, config="llama").problems
+    assert len(problems) == 1, problems
+    assert problems[0].startswith("config: attested deepseek-v3") and problems[0].endswith(
+        "another config than the load's (pass the load's with --config)"
+    )
+    # the base id edited alone (the full id still matches): the fields disagree
+    other = copy.deepcopy(doc)
+    other["predicate"]["options"]["config_base_id"] = "0" * 12
+    problems = attest_check.check(write(other, tmp_path / "base.json"), ds).problems
+    assert len(problems) == 1 and problems[0].startswith("config_base_id: attested 000000000000")
+
+
+def test_bad_json_is_named_as_bad_input(ds: Path, tmp_path: Path) -> None:
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(
+        LoadError, match=r"deep.json: attestation is JSON nested too deeply; refused"
+    ):
+        attest_check.check(deep, ds)
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    with pytest.raises(LoadError, match=r"fifo.json: attestation is a FIFO; refused"):
+        attest_check.check(fifo, ds)
+    (tmp_path / "a.json").write_text("{not json")
+    with pytest.raises(LoadError, match=r"a.json: attestation is not readable JSON"):
+        attest_check.check(tmp_path / "a.json", ds)
+    # its signature, with --key: read bounded too (a FIFO there would hang the library's read)
+    _, pub = ec_keypair(tmp_path, "k")
+    good = write(make_statement(ds, Layout(1)), tmp_path / "good.json")
+    os.mkfifo(attest_signing.signature_path(good))
+    with pytest.raises(LoadError, match=r"good.json.sig: attestation signature is a FIFO; refused"):
+        attest_check.check(good, ds, key=pub)
+
+
+def test_attest_verify_says_partial_and_require_whole_exits_1(
+    ds: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from tpload.cli import main
+
+    path = write(make_statement(ds, Layout(2), skip=("model.layers.1.*",)), tmp_path / "a.json")
+    assert main(["attest", "verify", str(path), "--checkpoint", str(ds)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "OK: every rank's windows, digest and the coverage match the checkpoint; partial: " in out
+    )
+    assert "tensors skipped (--skip 'model.layers.1.*')" in out
+    assert main(["attest", "verify", str(path), "--checkpoint", str(ds), "--require-whole"]) == 1
+    out = capsys.readouterr().out
+    assert "DIFFERS not whole: " in out and "1 difference(s)" in out

@@ -14,6 +14,7 @@ from tpload.plan import Layout
 from tpload.report import RankFigures
 from tpload.shards import RankShards
 from tpload.verification import gate, strategy, whole_files
+from tpload.verification.trust import TrustKind, TrustSource
 
 
 def _locator(tmp_path: Path, sha: str | None, vouched_by: str) -> DeferredTensor:
@@ -45,7 +46,9 @@ def test_shards_are_made_only_from_a_passing_verdict() -> None:
 
 def _job(verify: str, *, files: bool = False, manifest: bool = True) -> strategy.Job:
     storage = SimpleNamespace(
-        catalogue=SimpleNamespace(manifest_sha256="ab" * 32 if manifest else None),
+        catalogue=SimpleNamespace(
+            manifest_sha256="ab" * 32 if manifest else None, manifest_path="/c/NATIVE_MANIFEST.json"
+        ),
         per_rank=False,
         file_digests={} if files else None,
         root=Path("/nonexistent-checkpoint"),
@@ -124,6 +127,10 @@ def test_the_verdict_names_what_vouched() -> None:
     agreed = "0f" * (AGREED_BYTES // 2)  # what the handshake put in the row (agreement.py)
     v = gate.judge([RankFigures(rank=0, seq=1, agreed=agreed)], s)
     assert v.passed and v.vouched_by == "the manifest's per-tensor digests"
+    assert v.trust == TrustSource(TrustKind.MANIFEST, "/c/NATIVE_MANIFEST.json", "ab" * 32)
+    assert v.trust.words("/c") == f"NATIVE_MANIFEST.json (sha256 {'ab' * 8}...)"
+    off = gate.judge([RankFigures(rank=0, seq=1, agreed=agreed)], gate.strategy(_job("off")))
+    assert off.trust.kind == TrustKind.NONE and off.trust.words() == "nothing (--verify off)"
     v = gate.judge([RankFigures(rank=0, seq=1)], s)  # a row that never said what it loaded
     assert not v.passed and "its row does not say what it loaded" in v.problems[0]
     v = gate.judge([RankFigures(rank=0, seq=1, failed=1, message="rank 0: boom")], s)

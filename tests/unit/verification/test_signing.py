@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import base64
 import datetime
+import hashlib
 import json
+import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -26,6 +29,7 @@ from tpload.errors import OptionsError
 from tpload.options import LoadOptions
 from tpload.tools.published import write_published
 from tpload.verification import signing
+from tpload.verification.trust import TrustKind
 
 from ...ckpt_tools import ec_keypair
 
@@ -85,19 +89,20 @@ def shard_bytes(folder: Path) -> int:
 def test_the_bundle_only_check_is_where_tpload_calls_it_and_hashes_no_file(
     folder: Path, keys: dict
 ) -> None:
-    """The pinned, non-public call (Config._verifier.verify(Signature.read(path))): if model-signing
-    moves it, this fails, and the pin in pyproject.toml must move with a fix."""
+    """The pinned, non-public call (``Verifier(key).verify(Signature.read(path))``), given the bytes
+    tpload read (signing.Held): if model-signing moves it, or reads a path again, this fails, and
+    the pin in pyproject.toml must move with a fix."""
     from importlib.metadata import version
 
-    from model_signing import verifying
-    from model_signing._signing import sign_sigstore_pb
+    from model_signing._signing import sign_ec_key, sign_sigstore_pb
 
     assert version("model-signing") == signing.PINNED
     bundle = sign(folder, keys["priv"])
-    config = verifying.Config().use_elliptic_key_verifier(public_key=keys["pub"])
-    for shard in folder.glob("*.safetensors"):  # the bundle alone: no file is read
-        shard.unlink()
-    manifest = config._verifier.verify(sign_sigstore_pb.Signature.read(bundle))
+    data, key = bundle.read_bytes(), keys["pub"].read_bytes()
+    for f in folder.iterdir():  # no file left: the library gets bytes only
+        f.unlink()
+    verifier = sign_ec_key.Verifier(signing.Held(key, folder / "gone.pub.pem"))
+    manifest = verifier.verify(sign_sigstore_pb.Signature.read(signing.Held(data, bundle)))
     names = {rd.identifier for rd in manifest.resource_descriptors()}
     assert {"config.json", SHARD2, "model.safetensors.index.json"} <= names
 
@@ -337,6 +342,26 @@ def _cert(
     return b.sign(issuer[1] if issuer else key, hashes.SHA256())
 
 
+def _certificate_signed(folder: Path, tmp_path: Path) -> tuple[str, str]:
+    """Sign ``folder`` with a leaf certificate of a CA made here; (the CA chain, the leaf) PEMs."""
+    ca_key, leaf_key = (ec.generate_private_key(ec.SECP256R1()) for _ in range(2))
+    ca = _cert("test ca", ca_key, None, ca=True)
+    for n, c in {
+        "ca": ca,
+        "leaf": _cert("signer", leaf_key, ("test ca", ca_key), ca=False),
+    }.items():
+        (tmp_path / f"{n}.pem").write_bytes(c.public_bytes(ser.Encoding.PEM))
+    (tmp_path / "leaf.key").write_bytes(
+        leaf_key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.PKCS8, ser.NoEncryption())
+    )
+    ms_signing.Config().use_certificate_signer(
+        private_key=tmp_path / "leaf.key",
+        signing_certificate=tmp_path / "leaf.pem",
+        certificate_chain=[tmp_path / "ca.pem"],
+    ).sign(folder, folder / "model.sig")
+    return str(tmp_path / "ca.pem"), str(tmp_path / "leaf.pem")
+
+
 def test_a_certificate_signature_checks_the_chain_and_the_pinned_leaf(
     folder: Path, tmp_path: Path
 ) -> None:
@@ -369,3 +394,164 @@ def test_a_certificate_signature_checks_the_chain_and_the_pinned_leaf(
         tpload.LoadError, match="the signature does not verify with certificate chain"
     ):
         tpload.load(folder, progress=False, signer_chain=str(tmp_path / "other.pem"))
+
+
+# -- the bounded reader: model.sig and the PEM files (issue 28, item 1)
+
+
+def test_a_bundle_that_is_a_fifo_a_device_or_too_big_is_refused_by_name(
+    folder: Path, keys: dict
+) -> None:
+    opts = LoadOptions(checkpoint=str(folder), signer_key=str(keys["pub"]))
+    bundle = folder / "model.sig"
+    os.mkfifo(bundle)  # a plain open() would wait for a writer forever
+    with pytest.raises(tpload.LoadError, match=r"model.sig: signature bundle is a FIFO; refused"):
+        signing.precheck(opts)
+    bundle.unlink()
+    bundle.symlink_to("/dev/zero")  # read whole, it would fill memory
+    with pytest.raises(tpload.LoadError, match=r"model.sig: signature bundle is a device; refused"):
+        signing.precheck(opts)
+    bundle.unlink()
+    with open(bundle, "wb") as f:  # sparse: refused by its size, before a byte is read
+        f.truncate(3 << 30)
+    with pytest.raises(tpload.LoadError) as e:
+        signing.precheck(opts)
+    assert str(e.value) == (
+        f"{bundle}: signature bundle is {3 << 30} bytes, more than any signature bundle needs "
+        f"(at most {signing.MAX_BUNDLE_BYTES}); refused"
+    )
+    bundle.write_text("[" * 100_000 + "]" * 100_000)  # bad JSON is the bundle's fault
+    with pytest.raises(
+        tpload.LoadError, match=r"model.sig: not a model-signing bundle: .*nested too deeply"
+    ):
+        signing.precheck(opts)
+
+
+def test_pem_files_named_by_options_go_through_the_bounded_reader(
+    folder: Path, keys: dict, tmp_path: Path
+) -> None:
+    sign(folder, keys["priv"])
+    fifo = tmp_path / "key.pem"
+    os.mkfifo(fifo)
+    with pytest.raises(tpload.LoadError, match=r"key.pem: --signer-key file is a FIFO; refused"):
+        signing.precheck(LoadOptions(checkpoint=str(folder), signer_key=str(fifo)))
+    with pytest.raises(tpload.LoadError, match=r"key.pem: --signer-chain file is a FIFO; refused"):
+        signing.precheck(LoadOptions(checkpoint=str(folder), signer_chain=str(fifo)))
+    big = tmp_path / "big.pem"
+    big.write_bytes(b"-" * (signing.MAX_PEM_BYTES + 1))
+    with pytest.raises(
+        tpload.LoadError, match=rf"big.pem: --signer-key file is {signing.MAX_PEM_BYTES + 1} bytes"
+    ):
+        signing.precheck(LoadOptions(checkpoint=str(folder), signer_key=str(big)))
+    with pytest.raises(OptionsError, match=r"key.pem: --attest-key file is a FIFO; refused"):
+        LoadOptions(attest=str(tmp_path / "a.json"), attest_key=str(fifo))
+
+
+def test_a_signature_none_with_a_signer_says_the_signer_is_ignored(
+    tmp_path: Path, keys: dict
+) -> None:
+    folder = write_published(tmp_path / "m", "gpt-oss-tiny")  # a manifest: loads without model.sig
+    sign(folder, keys["priv"])
+    shards = tpload.load(folder, progress=False, signature="none", signer_key=str(keys["pub"]))
+    assert "--signer-key is ignored: --signature none checks no signature" in shards.report.notes
+    assert shards.trust.kind == TrustKind.MANIFEST  # the folder's other anchor vouched
+
+
+# -- what the report says vouched (issue 28, item 8)
+
+
+def test_a_signed_load_names_the_bundle_and_its_signer(tmp_path: Path, keys: dict) -> None:
+    folder = write_published(tmp_path / "m", "gpt-oss-tiny")
+    twin = shutil.copytree(folder, tmp_path / "twin")
+    (twin / "NATIVE_MANIFEST.json").unlink()
+    bundle, files = sign(folder, keys["priv"]), sign(twin, keys["priv"])
+    fingerprint = signing.key_id(keys["pub"].read_bytes())
+    assert re.fullmatch(r"key sha256:[0-9a-f]{16}", fingerprint)
+    for root, sig, manifest in ((folder, bundle, True), (twin, files, False)):
+        shards = tpload.load(root, progress=False, signer_key=str(keys["pub"]))
+        trust = shards.report.to_dict()["trust"]
+        assert trust["kind"] == "signature" and trust["file"] == str(sig)
+        assert trust["sha256"] == hashlib.sha256(sig.read_bytes()).hexdigest()
+        assert trust["signer"] == fingerprint
+        assert (trust["manifest"] is not None) == manifest
+        line = next(x for x in shards.report.table().splitlines() if x.startswith("verified:"))
+        want = f"against model.sig (sha256 {trust['sha256'][:16]}..., signer {fingerprint}"
+        assert want in line, line
+        if manifest:
+            assert (
+                f"; it signs NATIVE_MANIFEST.json (sha256 {trust['manifest_sha256'][:16]}" in line
+            )
+
+
+def test_a_certificate_signer_is_named_by_its_subject(folder: Path, tmp_path: Path) -> None:
+    chain, leaf = _certificate_signed(folder, tmp_path)
+    shards = tpload.load(folder, progress=False, signer_chain=chain, signer_cert=leaf)
+    der = x509.load_pem_x509_certificate(Path(leaf).read_bytes()).public_bytes(ser.Encoding.DER)
+    assert shards.trust.signer == (
+        f"certificate CN=signer (sha256:{hashlib.sha256(der).hexdigest()[:16]})"
+    )
+
+
+# -- verify and manifest on a signed folder (issue 28, item 3)
+
+
+def test_verify_and_manifest_check_the_signature(
+    folder: Path, keys: dict, capsys: pytest.CaptureFixture
+) -> None:
+    from tpload.cli import main
+
+    sign(folder, keys["priv"])
+    key = ["--signer-key", str(keys["pub"])]
+    assert main(["verify", str(folder)]) == 1  # no signer: refused, naming the options
+    assert "model.sig: the folder is signed, but no signer was given" in capsys.readouterr().err
+    assert main(["verify", str(folder), *key]) == 0
+    out = capsys.readouterr().out
+    fingerprint = signing.key_id(keys["pub"].read_bytes())
+    assert f"whole against the digests model.sig (signer {fingerprint}) signs" in out
+    assert out.rstrip().endswith(f"{folder}: OK")
+    flip(folder / SHARD2)
+    assert main(["verify", str(folder), *key]) == 1
+    out = capsys.readouterr().out
+    assert f"BAD {folder / SHARD2}: file sha256" in out and "the digest model.sig signs" in out
+    assert main(["manifest", str(folder), *key]) == 1
+    err = capsys.readouterr().err
+    assert "no manifest written: 1 problem(s) against" in err and SHARD2 in err
+    assert not (folder / "NATIVE_MANIFEST.json").exists()  # nothing vouched over tampered bytes
+    assert main(["manifest", str(folder)]) == 1
+    assert "the folder is signed, but no signer was given" in capsys.readouterr().err
+    assert main(["verify", str(folder), "--signature", "none", *key]) == 1  # no other anchor
+    out = capsys.readouterr().out
+    assert "note: --signer-key is ignored: --signature none checks no signature" in out
+
+
+def test_manifest_of_a_signed_folder_writes_over_signed_bytes_only(
+    folder: Path, keys: dict, capsys: pytest.CaptureFixture
+) -> None:
+    from tpload.cli import main
+
+    sign(folder, keys["priv"])
+    assert main(["manifest", str(folder), "--signer-key", str(keys["pub"])]) == 0
+    assert (folder / "NATIVE_MANIFEST.json").is_file()
+    # the manifest is not signed: the load still checks the signed file digests, and says so
+    shards = tpload.load(folder, progress=False, signer_key=str(keys["pub"]))
+    assert shards.trust.kind == TrustKind.SIGNATURE and shards.trust.manifest is None
+
+
+def test_verify_of_a_signed_manifest_checks_tensors_against_it(
+    tmp_path: Path, keys: dict, capsys: pytest.CaptureFixture
+) -> None:
+    from tpload.cli import main
+
+    folder = write_published(tmp_path / "m", "gpt-oss-tiny")  # NATIVE_MANIFEST.json signed too
+    sign(folder, keys["priv"])
+    key = ["--signer-key", str(keys["pub"]), "--config", "none"]
+    assert main(["verify", str(folder), *key]) == 0
+    out = capsys.readouterr().out
+    assert "NATIVE_MANIFEST.json (pin loads to it with --manifest-sha256" in out
+    assert "the manifest signed by" in out
+    flip(folder / SHARD2)  # a data byte: the per-tensor sha256 against the signed manifest sees it
+    assert main(["verify", str(folder), *key]) == 1
+    out = capsys.readouterr().out
+    assert f"BAD {folder / SHARD2}: tensor " in out and "does not match the manifest's" in out
+    assert main(["manifest", str(folder), "--force", "--signer-key", str(keys["pub"])]) == 1
+    assert "no manifest written: 1 problem(s) against" in capsys.readouterr().err

@@ -14,12 +14,13 @@ Python's json and serde_json share the grammar but differ where a crafted header
   cannot be printed or encoded later): :func:`lone_surrogate`;
 - serde refuses containers nested :data:`MAX_DEPTH` + 1 deep; Python reads a thousand.
 
-The last three can only matter where the header rules accept any value (a field of an entry that
+A float beyond a double is refused as it is read. An integer beyond one, a lone surrogate or deep
+nesting can only matter where the header's rules accept any value (a field of an entry that
 safetensors ignores: :func:`ignored_value_problem`) or any string (names, ``__metadata__``);
 anywhere else such a value already breaks a rule. The reading itself is Python's C parser: a
 header without a backslash, a ``-0`` or a key named twice (proved by counting its colons) is read
-once with no hook per object; any other is read again with one (a 92,000-tensor header: 0.26 s
-read plainly, 0.34 s with the hook).
+once with no hook per object; any other is read again with the hooks (a 92,000-tensor header:
+0.29 s read plainly, 0.49 s with the hooks, CPU time on a busy 2-core machine).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def _int(token: str) -> int | float:
 def _finite(token: str) -> float:
     value = float(token)
     if math.isinf(value):
-        raise ValueError(f"number {token[:40]} is out of range (beyond a double)")
+        raise ValueError(f"number {token[:40]} is beyond a double")
     return value
 
 

@@ -33,16 +33,19 @@ class Arena:
             )  # slots are 256-aligned, the arena too
         item = out.dtype.itemsize
         strides = [1] * len(out.shape)
-        for i in range(len(out.shape) - 2, -1, -1):
-            strides[i] = strides[i + 1] * out.shape[i + 1]
+        if 0 not in out.shape:  # no elements: any strides address nothing (and its contiguous
+            for i in range(len(out.shape) - 2, -1, -1):  # ones may overflow: [0, 2**40, 2**40])
+                strides[i] = strides[i + 1] * out.shape[i + 1]
         return typed.as_strided(out.shape, strides, out.offset // item)
 
     def bytes2d(self, out: Output, rows: int) -> np.ndarray | torch.Tensor:
         """The slot's bytes as ``[rows, row_bytes]``: numpy on the CPU, a device tensor
-        elsewhere."""
+        elsewhere. Row bytes are worked out, not inferred: a tensor with no rows (shape ``[0, 4]``)
+        has none to infer them from."""
+        shape = (rows, out.nbytes // rows if rows else 0)
         if self.host is not None:
-            return self.host[out.offset : out.offset + out.nbytes].reshape(rows, -1)
-        return self.buffer[out.offset : out.offset + out.nbytes].view(rows, -1)
+            return self.host[out.offset : out.offset + out.nbytes].reshape(shape)
+        return self.buffer[out.offset : out.offset + out.nbytes].view(shape)
 
 
 @dataclass

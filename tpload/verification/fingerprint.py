@@ -60,8 +60,8 @@ def as_bytes2d(t: torch.Tensor) -> torch.Tensor:
         t = t.reshape(1)
     if t.dim() == 1:
         t = t.reshape(1, -1)
-    elif t.dim() > 2:
-        t = t.reshape(t.shape[0], -1)
+    elif t.dim() > 2:  # no rows: nothing to infer the row's width from ([0, 4, 5] is [0, 0])
+        t = t.reshape(t.shape[0], -1 if t.shape[0] else 0)
     return t.view(torch.uint8)
 
 

@@ -6,6 +6,7 @@ as it always did."""
 from __future__ import annotations
 
 import copy
+import json
 import math
 import random
 import re
@@ -25,7 +26,7 @@ from tpload.storage.safetensors import TensorInfo, TensorMeta
 
 from .shards import f32, write_raw
 
-DATA_LEN = 4096
+DATA_LEN = 96  # the sound header's tensors cover it
 PATH = Path("/ckpt/m.safetensors")
 
 
@@ -107,13 +108,13 @@ def test_natural_sorted_is_the_sort_by_natural_key_ties_and_all() -> None:
 
 def sound_header() -> dict:
     """Entries out of file order (as a header's sorted names put them), a scalar, an empty
-    tensor."""
+    tensor, covering the data back to back."""
     return {
         "__metadata__": {"format": "pt"},
         "z": f32(4, begin=0),
         "b.2": {"dtype": "BF16", "shape": [3, 5], "data_offsets": [16, 46]},
-        "a": {"dtype": "U8", "shape": [], "data_offsets": [46, 47]},
-        "empty": {"dtype": "F32", "shape": [0, 7], "data_offsets": [47, 47]},
+        "a": {"dtype": "I16", "shape": [], "data_offsets": [46, 48]},
+        "empty": {"dtype": "F32", "shape": [0, 7], "data_offsets": [48, 48]},
         "m": {"dtype": "I64", "shape": [2, 1, 3], "data_offsets": [48, 96]},
     }
 
@@ -129,22 +130,55 @@ def checked(header: dict) -> dict[str, TensorInfo] | str:
 def reference(header: dict) -> dict[str, TensorInfo] | str:
     """The header rules entry by entry (the spec the column pass must meet): tensors, or the
     words."""
-    problems, infos = [], {}
-    for name, meta in header.items():
+    problems, infos, spans = [], {}, []
+    meta = header.get("__metadata__")
+    if meta is not None and not (
+        isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())
+    ):
+        problems.append(
+            f"{PATH}: __metadata__ {repr(meta)[:60]} is not a map of strings to strings"
+        )
+    for name, entry in header.items():
         if name == "__metadata__":
             continue
-        why = reference_problem(name, meta)
+        why = reference_problem(name, entry)
         if why:
             problems.append(f"{PATH}: tensor {name}: {why}")
-            continue
-        begin = 8 + meta["data_offsets"][0]
-        infos[name] = TensorInfo(name, PATH.name, meta["dtype"], tuple(meta["shape"]), PATH, begin)
-    spans = sorted((i.begin, i.begin + i.nbytes, i.name) for i in infos.values() if i.nbytes)
-    problems += [
-        f"{PATH}: tensors {n0} and {n1} overlap (bytes {b0 - 8}..{e0 - 8} and {b1 - 8}..)"
-        for (b0, e0, n0), (b1, _, n1) in zip(spans, spans[1:], strict=False)
-        if b1 < e0
-    ]
+        else:
+            begin = 8 + entry["data_offsets"][0]
+            infos[name] = TensorInfo(
+                name, PATH.name, entry["dtype"], tuple(entry["shape"]), PATH, begin
+            )
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and {type(o) for o in offsets} == {int}
+            and 0 <= offsets[0] <= offsets[1] <= DATA_LEN
+        ):
+            spans.append((*offsets, name))
+    complete = len(spans) == len(header) - ("__metadata__" in header)
+    reach = (0, 0, "")  # the span that ends last so far
+    for b, e, name in sorted(spans):  # safetensors' order: by first byte, then end
+        b0, e0, n0 = reach
+        if b < e0:
+            problems.append(f"{PATH}: tensors {n0} and {name} overlap (bytes {b0}..{e0} and {b}..)")
+        elif b > e0 and complete:
+            after = f"after tensor {n0}" if n0 else "before the first tensor"
+            problems.append(
+                f"{PATH}: bytes {e0}..{b} of the data belong to no tensor ({after}): safetensors "
+                "requires the tensors to cover the data back to back"
+            )
+        if e > e0 or not n0:
+            reach = (b, e, name)
+    last = max((e for _, e, _ in spans), default=0)
+    if complete and last < DATA_LEN:
+        after = f"after the last, {reach[2]}" if spans else "the header has none"
+        problems.append(
+            f"{PATH}: bytes {last}..{DATA_LEN} of the data belong to no tensor ({after}): the "
+            f"file runs {DATA_LEN - last} byte{'s' * (DATA_LEN - last != 1)} past its tensors, or "
+            "its header length is short"
+        )
     if not problems:
         return infos
     if len(problems) == 1:
@@ -157,7 +191,12 @@ def reference_problem(name: str, meta: object) -> str:
         return "header entry is not an object"
     dtype, shape, offsets = meta.get("dtype"), meta.get("shape"), meta.get("data_offsets")
     if not isinstance(dtype, str) or dtype not in safetensors._HEADER_ITEMSIZE:
-        return f"dtype {repr(dtype)[:60]} is not served (not a safetensors dtype of whole bytes)"
+        why = (
+            "a safetensors dtype tpload refuses: complex, or narrower than a byte"
+            if dtype in ("C64", "F4", "F6_E2M3", "F6_E3M2")
+            else "not a safetensors dtype of whole bytes"
+        )
+        return f"dtype {repr(dtype)[:60]} is not served ({why})"
     if not (
         isinstance(shape, list)
         and len(shape) <= 8
@@ -167,19 +206,40 @@ def reference_problem(name: str, meta: object) -> str:
             f"shape {repr(shape)[:80]} is not a list of non-negative integers "
             "(at most 8, each below 2**48)"
         )
+    running = 1
+    for d in shape:  # safetensors checks each product as it goes (bits in 64), torch's int64 too
+        running *= d
+        if running and running >= 1 << 63:
+            break
+    want = math.prod(shape) * safetensors.ITEMSIZE[dtype]
+    if (running and running >= 1 << 63) or want * 8 >= 1 << 64:
+        return (
+            f"shape {shape} overflows: its bytes' bits reach 2**64, or the dimensions before a "
+            "zero multiply to 2**63 or more"
+        )
     if not (
         isinstance(offsets, list) and len(offsets) == 2 and {type(o) for o in offsets} == {int}
     ):
         return f"data_offsets {repr(offsets)[:80]} is not [begin, end]"
     begin, end = offsets
-    want = math.prod(shape) * safetensors.ITEMSIZE[dtype]
     if not 0 <= begin <= end:
         return f"data_offsets {offsets} are not ordered"
     if end > DATA_LEN:
         return f"data_offsets end {end} runs past the data ({DATA_LEN} bytes)"
     if end - begin != want:
         return f"data_offsets span {end - begin} bytes but {dtype} x {shape} is {want}"
+    for key, value in meta.items():
+        if key not in ("dtype", "shape", "data_offsets") and not ignored_ok(value, 3):
+            return f"field {key!r} is nested more than 127 levels deep (safetensors' JSON limit)"
     return ""
+
+
+def ignored_ok(value: object, depth: int) -> bool:
+    """Whether a field safetensors ignores is nested no deeper than serde_json reads (127)."""
+    if isinstance(value, dict | list):
+        children = value.values() if isinstance(value, dict) else value
+        return depth <= 127 and all(ignored_ok(v, depth + 1) for v in children)
+    return True
 
 
 def mutations(header: dict) -> list[dict]:
@@ -206,6 +266,14 @@ def mutations(header: dict) -> list[dict]:
         ["F32"],
         [1] * 9,
         0,
+        [1 << 40, 1 << 40, 0],  # overflows as safetensors multiplies it
+        [0, 1 << 40, 1 << 40],  # does not: no elements
+        [1 << 40, 1 << 23, 0],  # 2**63 before the zero: torch cannot hold it
+        [2, 0],
+        [[[[[]]]]],
+        "F8_E4M3FNUZ",
+        "F4",
+        {"F32": None},  # safetensors reads a dtype as a map too; tpload does not
     ]
     out = []
     for name in [n for n in header if n != "__metadata__"]:
@@ -223,7 +291,26 @@ def mutations(header: dict) -> list[dict]:
                 out.append(h)
     moved = copy.deepcopy(header)
     moved["m"]["data_offsets"] = [40, 88]  # overlaps b.2 and a, listed before them
-    return out + [moved]
+    out.append(moved)
+    for offsets in ([47, 95], [49, 97], [46, 94]):  # overlaps; a byte past the data; bytes after
+        h = copy.deepcopy(header)
+        h["m"]["data_offsets"] = offsets
+        out.append(h)
+    gap = copy.deepcopy(header)
+    del gap["a"]  # its two bytes belong to no tensor
+    out.append(gap)
+    inside = copy.deepcopy(header)
+    inside["empty"]["data_offsets"] = [20, 20]  # no bytes, but inside b.2's
+    out.append(inside)
+    for depth in (124, 125):  # a field safetensors ignores, nested 127 and 128 deep in all
+        h = copy.deepcopy(header)
+        h["a"]["x"] = json.loads("[" * depth + "]" * depth)
+        out.append(h)
+    for meta in (None, {}, {"k": 1}, [], "pt", {"k": None}):
+        h = copy.deepcopy(header)
+        h["__metadata__"] = meta
+        out.append(h)
+    return out
 
 
 def test_the_header_pass_accepts_and_words_exactly_what_the_rules_say() -> None:
@@ -247,19 +334,20 @@ def test_the_header_pass_accepts_and_words_exactly_what_the_rules_say() -> None:
     many = copy.deepcopy(header)  # every problem of a header at once, each entry by its first rule
     many["z"]["dtype"], many["a"] = "C64", 7
     many["m"]["data_offsets"] = [40, 88]
-    assert checked(many) == reference(many) and checked(many).startswith("3 problems")
+    assert checked(many) == reference(many) and checked(many).startswith("4 problems")
 
 
 def test_a_spoilt_header_is_worded_in_full(tmp_path: Path) -> None:
     header = sound_header()
     header["m"]["data_offsets"] = [40, 88]  # listed last, overlapping two listed before it
     path = tmp_path / "m.safetensors"
-    write_raw(path, header, b"\0" * 96)
+    write_raw(path, header, b"\0" * 88)  # the data ends with m: no bytes after it
     with pytest.raises(CheckpointError) as e:
         safetensors.read_header(path, path.name)
     assert str(e.value) == (
-        f"2 problems in the header of {path}:\n  - {path}: tensors b.2 and m overlap (bytes 16..46 "
-        f"and 40..)\n  - {path}: tensors m and a overlap (bytes 40..88 and 46..)"
+        f"3 problems in the header of {path}:\n  - {path}: tensors b.2 and m overlap (bytes 16..46 "
+        f"and 40..)\n  - {path}: tensors m and a overlap (bytes 40..88 and 46..)\n  - {path}: "
+        "tensors m and empty overlap (bytes 40..88 and 48..)"  # no bytes, but inside m's
     )
 
 

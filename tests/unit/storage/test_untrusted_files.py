@@ -106,8 +106,9 @@ def test_deeply_nested_index_is_refused(tmp_path: Path) -> None:
 
 def test_deeply_nested_header_is_refused(tmp_path: Path) -> None:
     write_raw(tmp_path / "m.safetensors", ('{"a": ' + DEEP + "}").encode(), b"")
-    assert f"{tmp_path / 'm.safetensors'}: header is JSON nested too deeply; refused" in refusal(
-        tmp_path
+    assert (
+        f"{tmp_path / 'm.safetensors'}: header is JSON nested too deeply (safetensors reads at "
+        "most 127 levels); refused" in refusal(tmp_path)
     )
 
 

@@ -84,9 +84,12 @@ class _RankLoad:
             # a model.sig: its bundle and the JSON files it signs, before any is read
             self.signed = signing.precheck(self.opts, notes=self.notes)
             storage = open_storage(
-                self.opts.checkpoint, tp=layout.tp, ep=layout.ep, rank=self.ctx.rank,
+                self.opts.checkpoint,
+                tp=layout.tp,
+                ep=layout.ep,
+                rank=self.ctx.rank,
                 world=self.ctx.world,
-            )  # fmt: skip
+            )
             try:
                 self._load(storage, layout)
             finally:
@@ -113,9 +116,17 @@ class _RankLoad:
             planner, layout, plan, ctx.device, sharing, int(opts.reserve_gib * preflight.GIB)
         )
         job = strategy.Job(
-            opts, ctx, self.fig, storage, plans, config.id(), layout,
-            lambda: checkpoint_stamp(storage), self.notes, threads=spare_cores(len(ctx.node_peers)),
-        )  # fmt: skip
+            opts,
+            ctx,
+            self.fig,
+            storage,
+            plans,
+            config.id(),
+            layout,
+            lambda: checkpoint_stamp(storage),
+            self.notes,
+            threads=spare_cores(len(ctx.node_peers)),
+        )
         self.gate = gate.strategy(job, signed=self.signed)
         # replicas: who reads what from storage, before the hash plan
         link = replicas.link(self.gate, planner)
@@ -162,9 +173,17 @@ def load_in(
         give_back(job.ctx.device)
         raise verdict.error()
     return served(
-        job.opts, job.ctx, job.plan, job.result, job.deferred, ranks, job.notes, verdict,
-        job.planner, job.gate,
-    )  # fmt: skip
+        job.opts,
+        job.ctx,
+        job.plan,
+        job.result,
+        job.deferred,
+        ranks,
+        job.notes,
+        verdict,
+        job.planner,
+        job.gate,
+    )
 
 
 def load(

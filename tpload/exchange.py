@@ -150,9 +150,13 @@ def handshake(row: torch.Tensor, ctx: DistContext, *, seq: int, timeout_s: float
     """The same for the handshake before the copy loop (agreement.py): a small row (status and
     what the rank is about to load), met once per call whatever failed before it."""
     return _all_rows(
-        row, ctx, seq=seq, timeout_s=timeout_s, step="the handshake before the copy loop",
+        row,
+        ctx,
+        seq=seq,
+        timeout_s=timeout_s,
+        step="the handshake before the copy loop",
         mark="agreed",
-    )  # fmt: skip
+    )
 
 
 def _all_rows(

@@ -37,7 +37,7 @@ import json, os, sys
 import tpload
 shards = tpload.load(sys.argv[1], progress=False, **json.loads(sys.argv[2]))
 if int(os.environ["RANK"]) == 0:
-    print("REPORT " + shards.report.to_json())
+    print("REPORT " + json.dumps(shards.report.to_dict()))
 """
 
 

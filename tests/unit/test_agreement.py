@@ -1,6 +1,7 @@
-"""What every rank must agree on before its copy loop (tpload/agreement.py): the handshake's row and
-decision, the wording of a difference, and the verdict's second look at the exchanged rows. The
-collective itself runs in tests/integration/test_agreement.py (real torchrun launches)."""
+"""What every rank must agree on before its copy loop (tpload/distributed/agreement.py, with
+verification/terms.py): the handshake's row and decision, the wording of a difference, and the
+verdict's second look at the exchanged rows. The collective itself runs in
+tests/integration/test_agreement.py (real torchrun launches)."""
 
 from __future__ import annotations
 
@@ -11,27 +12,18 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tpload.agreement import (
-    AGREED_BYTES,
-    FIELDS,
-    Handshake,
-    Terms,
-    decide,
-    differences,
-    disagreement,
-    outcome,
-    row,
-)
-from tpload.config import load_config, with_rules
-from tpload.distributed import DistContext
-from tpload.errors import CheckpointError, StoodDown
-from tpload.modes import RankStatus
-from tpload.options import LoadOptions
-from tpload.plan import Layout
-from tpload.replicas import Placement
-from tpload.report import RankFigures
+from tpload.distributed.agreement import Handshake, decide, differences, outcome, row
+from tpload.distributed.placement import Placement
+from tpload.distributed.world import DistContext
+from tpload.model.errors import CheckpointError, StoodDown
+from tpload.model.modes import RankStatus
+from tpload.options.load_options import LoadOptions
+from tpload.planning.layout import Layout
+from tpload.report.figures import RankFigures
+from tpload.selection.config import load_config, with_rules
 from tpload.verification.gate import judge
 from tpload.verification.strategy import digest_map
+from tpload.verification.terms import AGREED_BYTES, FIELDS, Terms, disagreement
 
 SHA_A, SHA_B = "a" * 64, "b" * 64
 

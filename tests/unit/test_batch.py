@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 import tpload
-from tpload import batch, kernels
-from tpload.codecs import whole
-from tpload.errors import LoadError
+from tpload.codecs.base import whole
+from tpload.kernels import compiled as kernels
+from tpload.kernels.fingerprint import host_fingerprint, word_width
+from tpload.model.errors import LoadError
+from tpload.planning import batches as batch
 from tpload.tools.published import write_published
-from tpload.verification.fingerprint import host_fingerprint, word_width
 
 from ..helpers import tensor_offset
 
@@ -103,9 +104,9 @@ def test_a_changed_small_tensor_fails_the_batched_load_naming_it(
 
 
 def test_batches_stop_at_a_file_a_gap_or_a_tensor_they_cannot_take(many: Path) -> None:
-    from tpload.config import load_config
-    from tpload.pick import planner_of
-    from tpload.plan import Layout
+    from tpload.loading.planner import planner_of
+    from tpload.planning.layout import Layout
+    from tpload.selection.config import load_config
     from tpload.storage.sharded import ShardedStorage
 
     storage = ShardedStorage(many)
@@ -133,9 +134,9 @@ def test_packed_weights_with_their_scales_batch_alike(
 ) -> None:
     """Whole small FP8 weights and their scales (DeepSeek-V3's q_a/kv_a projections, replicated) go
     in batches too: the same digest and bytes as one by one."""
-    from tpload.config import load_config
-    from tpload.pick import planner_of
-    from tpload.plan import Layout
+    from tpload.loading.planner import planner_of
+    from tpload.planning.layout import Layout
+    from tpload.selection.config import load_config
     from tpload.storage.sharded import ShardedStorage
 
     storage = ShardedStorage(fp8)
@@ -231,7 +232,8 @@ def _value_scales(values: list, dtype: str) -> np.ndarray:
 def test_fp8_clean_says_clean_only_when_no_item_check_could_find_anything(scale_dtype: str) -> None:
     """FP8 batches skip the item checks only when nothing is there to find: a NaN code, a bad scale,
     a scale that could overflow bf16 (what triggers the overflow check) each make it say no."""
-    from tpload.codecs import Fit, fp8_block
+    from tpload.codecs import fp8_block
+    from tpload.codecs.base import Fit
     from tpload.storage.safetensors import TensorMeta
 
     fit = Fit(

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tpload.pick import choose, planner_of
-from tpload.plan import Layout
+from tpload.loading.planner import planner_of
+from tpload.planning.layout import Layout
+from tpload.selection.pick import choose
 from tpload.storage.sharded import ShardedStorage
 from tpload.tools.bench import (
     OPTIONAL,

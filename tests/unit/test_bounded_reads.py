@@ -14,9 +14,9 @@ import pytest
 
 import tpload
 from tpload.cli import main
-from tpload.config import load_config
-from tpload.errors import ConfigError, LoadError
-from tpload.plan import Layout
+from tpload.model.errors import ConfigError, LoadError
+from tpload.planning.layout import Layout
+from tpload.selection.config import load_config
 from tpload.storage.files import MAX_JSON_BYTES, read_small
 from tpload.tools.export import export
 from tpload.verification.store import DigestStore
@@ -25,7 +25,7 @@ PACKAGE = Path(tpload.__file__).parent
 
 ALLOWED = {
     # package data shipped inside tpload (the shipped TOML configs), not a file a user names
-    ("config.py", "res.read_text()"),
+    ("selection/config.py", "res.read_text()"),
     # writes and the store's lock file: nothing is read from them
     ("verification/store.py", 'open(self.root / ".lock", "a")'),
     ("integrations/vllm_run.py", 'open(args.out, "w")'),

@@ -52,12 +52,12 @@ def test_an_error_exits_1_with_one_line_per_rank(
 def test_ctrl_c_exits_130_without_a_traceback(
     small_ckpt: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    import tpload.api
+    import tpload.loading.sequence
 
     def interrupted(*a: object, **k: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(tpload.api, "load_in", interrupted)
+    monkeypatch.setattr(tpload.loading.sequence, "load_in", interrupted)
     assert main([str(small_ckpt), "--no-progress"]) == 130
     err = capsys.readouterr().err
     assert "interrupted" in err and "Traceback" not in err
@@ -90,7 +90,7 @@ def test_a_verdict_is_printed_by_its_reporter_and_pointed_to_by_the_others(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     from tpload.cli.output import fail_rank
-    from tpload.errors import LoadError
+    from tpload.model.errors import LoadError
 
     files = {rank: tmp_path / f"error-{rank}.json" for rank in ("0", "1")}
     verdict = LoadError(
@@ -113,7 +113,7 @@ def test_a_verdict_is_printed_by_its_reporter_and_pointed_to_by_the_others(
 
 def test_a_rank_own_error_is_printed_in_full_by_that_rank(capsys: pytest.CaptureFixture) -> None:
     from tpload.cli.output import fail_rank
-    from tpload.errors import LoadError
+    from tpload.model.errors import LoadError
 
     assert (
         fail_rank(LoadError("lost the other ranks"), "3") == 1
@@ -451,7 +451,7 @@ def test_on_several_nodes_a_missing_folder_is_left_to_the_load_s_exchanged_verdi
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from tpload.cli.load import launch_problem
-    from tpload.options import LoadOptions
+    from tpload.options.load_options import LoadOptions
 
     opts = LoadOptions(checkpoint=str(tmp_path / "nowhere"))
     monkeypatch.setenv("WORLD_SIZE", "2")

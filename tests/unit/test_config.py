@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from tpload.config import Config, Rule, load_config, shipped_configs, with_rules
-from tpload.errors import ConfigError
-from tpload.pick import planner_of
-from tpload.plan import Layout
+from tpload.loading.planner import planner_of
+from tpload.model.errors import ConfigError
+from tpload.planning.layout import Layout
+from tpload.selection.config import Config, Rule, load_config, shipped_configs, with_rules
 from tpload.storage.catalogue import read_native
 
 
@@ -202,7 +202,7 @@ def test_shipped_configs_are_in_the_wheel(tmp_path: Path) -> None:
 
 
 def test_roles_and_splits_are_named_modes_read_from_the_same_strings() -> None:
-    from tpload.modes import Role, Split
+    from tpload.model.modes import Role, Split
 
     rule = Rule(match="*.w", role="fp8", split="rows")
     assert rule.role is Role.FP8 and rule.split is Split.ROWS

@@ -9,12 +9,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tpload.agreement import AGREED_BYTES
-from tpload.distributed import DistContext, call_world, node_key, pick_device
-from tpload.errors import OptionsError
-from tpload.plan import Layout
-from tpload.report import RankFigures
+from tpload.distributed.world import DistContext, call_world, node_key, pick_device
+from tpload.model.errors import OptionsError
+from tpload.planning.layout import Layout
+from tpload.report.figures import RankFigures
 from tpload.verification import gate, strategy
+from tpload.verification.terms import AGREED_BYTES
 
 
 def test_the_cpu_is_picked_without_cuda() -> None:
@@ -75,7 +75,7 @@ def _verdict(ranks: list[RankFigures], context: DistContext, store: str) -> str:
     return "\n".join(gate.judge(ranks, gate.strategy(job)).problems)
 
 
-AGREED = "0f" * (AGREED_BYTES // 2)  # what the handshake puts in a row (agreement.py)
+AGREED = "0f" * (AGREED_BYTES // 2)  # what the handshake puts in a row (distributed/agreement.py)
 
 
 def Job() -> str:  # noqa: N802 - the digest store the messages name
@@ -141,6 +141,6 @@ def test_a_single_process_makes_no_world(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_load_registers_no_exit_hook() -> None:
-    import tpload.distributed as distributed
+    import tpload.distributed.world as distributed
 
     assert "atexit" not in vars(distributed)  # whoever makes a group tears it down, in the call

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import tpload
-from tpload.config import load_config
-from tpload.pick import planner_of
-from tpload.plan import Layout
+from tpload.loading.planner import planner_of
+from tpload.planning.layout import Layout
+from tpload.selection.config import load_config
 from tpload.storage.catalogue import read_native
 from tpload.tools.synth import SynthSpec, write_checkpoint
 

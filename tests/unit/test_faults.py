@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import tpload
-from tpload.errors import LoadError
+from tpload.model.errors import LoadError
 from tpload.tools.synth import SynthSpec, write_checkpoint
 
 from ..ckpt_tools import add_tensors, repin

@@ -10,8 +10,8 @@ from dataclasses import fields
 import pytest
 
 import tpload
-from tpload.flags import Parser, add_flags, from_args
-from tpload.options import LoadOptions
+from tpload.options.flags import Parser, add_flags, from_args
+from tpload.options.load_options import LoadOptions
 
 
 def cli(*argv: str) -> LoadOptions:
@@ -111,7 +111,7 @@ def test_subcommand_numbers_use_the_same_rules(capsys: pytest.CaptureFixture) ->
 
 def test_the_command_line_s_own_flags_are_in_readme_s_table_and_the_parser() -> None:
     from tpload.cli.parsers import load_parser
-    from tpload.flags import CLI_ONLY, flags_markdown
+    from tpload.options.flags import CLI_ONLY, flags_markdown
 
     table = flags_markdown()
     assert "| `--log-level LEVEL` | - | INFO | tpload's logging level;" in table

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from tests.reference import fp4 as ref_fp4
-from tpload import kernels
 from tpload.codecs.tables import E4M3_NAN, E8M0_INVALID, scaled_table
+from tpload.kernels import compiled as kernels
 
 WORDS = [np.int64, np.int32, np.int16, np.uint8]
 

@@ -1,6 +1,6 @@
-"""The KV-cache scale census (tpload/kvscales.py): every spelling per layer, the canonical (vLLM)
-names, what a strict config refuses and a report config says, on name lists and a real checkpoint
-with three spellings in one census."""
+"""The KV-cache scale census (tpload/selection/kvscales.py): every spelling per layer, the canonical
+(vLLM) names, what a strict config refuses and a report config says, on name lists and a real
+checkpoint with three spellings in one census."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import torch
 from safetensors.torch import load_file
 
 import tpload
-from tpload.config import load_config
-from tpload.errors import LoadError
-from tpload.kvscales import census
+from tpload.model.errors import LoadError
+from tpload.selection.config import load_config
+from tpload.selection.kvscales import census
 from tpload.tools.published import write_published
 
 from ..ckpt_tools import renamed, repin

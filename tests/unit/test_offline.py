@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 import tpload
+from tpload.attest.predict import predict
 from tpload.cli import main
-from tpload.config import load_config
-from tpload.errors import LoadError
-from tpload.plan import Layout
+from tpload.model.errors import LoadError
+from tpload.planning.layout import Layout
+from tpload.selection.config import load_config
 from tpload.tools.export import export
 from tpload.tools.offline import verify_checkpoint
-from tpload.verification.predict import predict
 
 from ..helpers import edit_json, poke, shard_of
 
@@ -154,7 +154,7 @@ def hooked_run(
     """Wrap the load's own run() as predict calls it: ``after_first`` runs once rank ``at - 1`` is
     done (a writer changing the checkpoint between the opening and the end); the storages it ran
     on."""
-    from tpload.verification import predict as offline
+    from tpload.attest import predict as offline
 
     real, seen = offline.run, []
 

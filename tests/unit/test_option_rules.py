@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 import tpload
-from tpload.config import load_config
-from tpload.errors import LoadError, OptionsError
-from tpload.options import LoadOptions
-from tpload.plan import Layout
+from tpload.model.errors import LoadError, OptionsError
+from tpload.options.load_options import LoadOptions
+from tpload.planning.layout import Layout
+from tpload.selection.config import load_config
 
 
 def test_a_report_into_a_missing_folder_is_refused_before_loading(tmp_path: Path) -> None:

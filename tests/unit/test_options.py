@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tpload.bounds import COUNT, GIB, RANKS, SECONDS, SEED, THREADS
-from tpload.errors import OptionsError
-from tpload.flags import Parser, add_flags, from_args
-from tpload.options import LoadOptions
+from tpload.model.bounds import COUNT, GIB, RANKS, SECONDS, SEED, THREADS
+from tpload.model.errors import OptionsError
+from tpload.options.flags import Parser, add_flags, from_args
+from tpload.options.load_options import LoadOptions
 
 
 def cli(*argv: str) -> LoadOptions:

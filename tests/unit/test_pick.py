@@ -1,5 +1,5 @@
-"""``--config auto``: :func:`tpload.pick.choose` picks the config from a checkpoint's config.json
-(and hf_quant_config.json) and says why in one line.
+"""``--config auto``: :func:`tpload.selection.pick.choose` picks the config from a checkpoint's
+config.json (and hf_quant_config.json) and says why in one line.
 
 Folders are written by hand (config.json only, as the published models spell it) for each family;
 then every tiny published preset (real shards, tpload.tools.published) is checked to get the config
@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tpload.config import Config, shipped_configs
-from tpload.errors import ConfigError
-from tpload.pick import choose, planner_of
-from tpload.plan import Layout
+from tpload.loading.planner import planner_of
+from tpload.model.errors import ConfigError
+from tpload.planning.layout import Layout
+from tpload.selection.config import Config, shipped_configs
+from tpload.selection.pick import choose
 from tpload.storage.catalogue import read_native
 from tpload.tools.published import write_published
 
@@ -286,7 +287,7 @@ def test_architectures_follow_the_lists_order(tmp_path: Path) -> None:
 
 
 def test_no_two_shipped_configs_claim_one_name() -> None:
-    from tpload.pick import _architectures
+    from tpload.selection.pick import _architectures
 
     claimed = [n for c in _architectures() for n in c.architectures]
     assert len(claimed) == len(set(claimed)) and claimed
@@ -393,7 +394,7 @@ def test_a_folder_of_pickles_is_refused_saying_why(tmp_path: Path) -> None:
     (root / "pytorch_model-00001-of-00002.bin").write_bytes(b"\x80\x04N.")
     (root / "pytorch_model-00002-of-00002.bin").write_bytes(b"\x80\x04N.")
     import tpload
-    from tpload.errors import LoadError
+    from tpload.model.errors import LoadError
 
     with pytest.raises(LoadError) as e:
         tpload.load(root, progress=False)

@@ -9,10 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tpload.config import load_config
-from tpload.errors import ConfigError, LayoutError
-from tpload.pick import planner_of
-from tpload.plan import Layout, Planner
+from tpload.loading.planner import planner_of
+from tpload.model.errors import ConfigError, LayoutError
+from tpload.planning.layout import Layout
+from tpload.planning.planner import Planner
+from tpload.selection.config import load_config
 from tpload.storage.catalogue import read_native
 from tpload.tools.synth import SynthSpec, write_checkpoint
 
@@ -160,7 +161,7 @@ experts = false
 
 
 def test_deferred_experts_are_located_only_by_their_group(small_ckpt: Path) -> None:
-    from tpload.config import with_rules
+    from tpload.selection.config import with_rules
 
     p = planner_for(small_ckpt, with_rules(load_config(), defer=("mtp.0.ffn.experts.*",)))
     held = [
@@ -209,7 +210,7 @@ def test_a_plan_is_held_as_columns(planner: Planner) -> None:
 
 
 def test_part_of_is_the_inverse_of_share() -> None:
-    from tpload.plan import part_of, share
+    from tpload.planning.layout import part_of, share
 
     for n in range(0, 40):
         for parts in range(1, 10):
@@ -219,13 +220,16 @@ def test_part_of_is_the_inverse_of_share() -> None:
 
 
 def test_the_planner_reads_no_file_and_says_when_config_json_is_needed(small_ckpt: Path) -> None:
-    """plan.py and planning/ open nothing: config.json comes in as ``model=``."""
+    """planning/ opens nothing: config.json comes in as ``model=``."""
     import ast
 
-    import tpload.plan
     import tpload.planning
+    import tpload.planning.planner
 
-    sources = [Path(tpload.plan.__file__), *Path(tpload.planning.__file__).parent.glob("*.py")]
+    sources = [
+        Path(tpload.planning.planner.__file__),
+        *Path(tpload.planning.__file__).parent.glob("*.py"),
+    ]
     for path in sources:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
@@ -240,7 +244,7 @@ def test_the_planner_reads_no_file_and_says_when_config_json_is_needed(small_ckp
 
 
 def test_a_kind_is_a_named_mode(planner: Planner) -> None:
-    from tpload.modes import Kind
+    from tpload.model.modes import Kind
 
     assert planner.plan(Layout(1), "expanded", 0).kind is Kind.EXPANDED
     with pytest.raises(ConfigError, match="kind 'unpacked' is not one of packed, expanded"):

@@ -1,5 +1,5 @@
-"""Weight-prefix detection (tpload/prefix.py): the four shapes, MTP, ambiguity, and a load under a
-prefix serving the stored names with the plain checkpoint's bytes and per-tensor digests."""
+"""Weight-prefix detection (tpload/selection/prefix.py): the four shapes, MTP, ambiguity, and a load
+under a prefix serving the stored names with the plain checkpoint's bytes and per-tensor digests."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import pytest
 import torch
 
 import tpload
-from tpload.config import load_config
-from tpload.errors import ConfigError, LoadError
-from tpload.pick import planner_of
-from tpload.plan import Layout
-from tpload.prefix import detect
-from tpload.storage import open_storage
+from tpload.loading.planner import planner_of
+from tpload.model.errors import ConfigError, LoadError
+from tpload.planning.layout import Layout
+from tpload.selection.config import load_config
+from tpload.selection.prefix import detect
+from tpload.storage.open import open_storage
 from tpload.tools.published import write_published
 
 from ..ckpt_tools import renamed

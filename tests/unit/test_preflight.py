@@ -9,15 +9,16 @@ import pytest
 import torch
 
 import tpload
-from tpload import preflight
-from tpload.config import load_config
-from tpload.errors import LoadError
-from tpload.pick import planner_of
-from tpload.plan import Layout, Planner
-from tpload.replicas import RING, PositionPlanner
+from tpload.distributed.placement import RING, PositionPlanner
+from tpload.loading import preflight
+from tpload.loading.planner import planner_of
+from tpload.model.errors import LoadError
+from tpload.planning.layout import Layout
+from tpload.planning.planner import Planner
+from tpload.selection.config import load_config
 from tpload.storage.catalogue import read_native
 from tpload.storage.reader import CHUNK_BYTES
-from tpload.transfer import CUDA_CHUNK_BYTES
+from tpload.transfer.base import CUDA_CHUNK_BYTES
 
 MIB = 1 << 20
 

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from tpload.batch import runs
-from tpload.config import with_rules
-from tpload.pick import choose, model_for
-from tpload.plan import Layout, Planner
-from tpload.replica_split import Names, file_units, shares, split_runs
-from tpload.storage import open_storage
+from tpload.distributed.replica_split import Names, file_units, shares, split_runs
+from tpload.planning.batches import runs
+from tpload.planning.layout import Layout
+from tpload.planning.planner import Planner
+from tpload.selection.config import with_rules
+from tpload.selection.pick import choose, model_for
+from tpload.storage.open import open_storage
 
 
 @dataclass
@@ -106,7 +107,7 @@ def test_the_split_from_columns_is_the_split_of_the_loop_s_runs(
 def test_plan_replicas_prints_storage_and_interconnect_bytes_per_node(
     small_ckpt: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tpload.__main__ import main
+    from tpload.cli import main
 
     argv = ["plan", str(small_ckpt), "--tp", "2", "--replicas", "2", "--nproc-per-node", "2"]
     assert main(argv) == 0

@@ -1,4 +1,4 @@
-"""The replicas' wire (transfer/wire.py): which group and device the messages travel on, and the
+"""The replicas' wire (distributed/wire.py): which group and device the messages travel on, and the
 staged path a device wire takes (a copy on each side of the transfer), run here on the CPU between
 two links in one process, through the same Link code a GPU load runs."""
 
@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-import tpload.replicas as replicas
-from tpload.errors import LoadError, StoodDown
-from tpload.replica_split import split
-from tpload.replicas import Link, Placement
-from tpload.transfer.wire import Wire, device_wire
+import tpload.sources.replicas as replicas
+from tpload.distributed.placement import Placement
+from tpload.distributed.replica_split import split
+from tpload.distributed.wire import Wire, device_wire
+from tpload.model.errors import LoadError, StoodDown
+from tpload.sources.replicas import Link
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 

@@ -7,11 +7,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from tpload.errors import OptionsError
-from tpload.modes import Verify
-from tpload.options import LoadOptions
-from tpload.replica_split import split
-from tpload.replicas import PositionPlanner, check_world, link
+from tpload.distributed.placement import PositionPlanner, check_world
+from tpload.distributed.replica_split import split
+from tpload.model.errors import OptionsError
+from tpload.model.modes import Verify
+from tpload.options.load_options import LoadOptions
+from tpload.sources.replicas import link
 
 
 def test_the_split_balances_bytes_and_keeps_a_tensor_with_one_reader_at_every_position() -> None:
@@ -109,8 +110,8 @@ def test_with_whole_file_anchors_a_file_is_read_by_one_replica() -> None:
 def test_the_exchange_checks_every_receiver_against_its_senders_apart_from_the_in_band_values() -> (
     None
 ):
-    from tpload.replicas import verdict
     from tpload.report.figures import RankFigures
+    from tpload.sources.replicas import verdict
     from tpload.verification.crosscheck import fold
 
     a = [("w", ((0, 4), (0, 8)), (1, 2, 3))]
@@ -172,7 +173,7 @@ def test_bad_replica_groups_are_one_line_naming_the_option_and_the_sizes(
 
 
 def test_replica_groups_are_kept_as_given_and_count_the_replicas() -> None:
-    from tpload.replicas import count, placement
+    from tpload.distributed.placement import count, placement
 
     opts = LoadOptions.from_values({"checkpoint": "x", "replica_group": [[3, 0], (1, 2)]})
     assert opts.replica_group == ((3, 0), (1, 2)) and opts.replicas == 1

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import tpload
-from tpload.errors import LoadError
+from tpload.model.errors import LoadError
 from tpload.tools.published import write_published
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tpload.config import load_config
-from tpload.plan import Layout
+from tpload.planning.layout import Layout
+from tpload.selection.config import load_config
 from tpload.tools.published import write_published
 from tpload.tools.sizing import costs, planning
 
@@ -59,8 +59,9 @@ def test_planning_imports_neither_numba_nor_the_kernels() -> None:
 
     root = Path(__file__).resolve().parents[2]
     code = (
-        "import sys, tpload.plan, tpload.tools.sizing, tpload.pick, tpload.codecs.fp8_block, "
-        "tpload.codecs.nvfp4; print(sorted(m for m in ('numba', 'tpload.kernels') if m in "
+        "import sys, tpload.planning.planner, tpload.tools.sizing, tpload.selection.pick, "
+        "tpload.codecs.fp8_block, "
+        "tpload.codecs.nvfp4; print(sorted(m for m in ('numba', 'tpload.kernels.compiled') if m in "
         "sys.modules))"
     )
     out = subprocess.run(

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import tpload
-from tpload.deferred import DeferredTensor
-from tpload.errors import CheckpointError, LoadError
+from tpload.loading.deferred import DeferredTensor
+from tpload.model.errors import CheckpointError, LoadError
 
 from ..ckpt_tools import add_tensors, all_names, config_with, nbytes, stored_bytes
 from ..helpers import poke, tensor_offset

@@ -3,7 +3,7 @@ screen."""
 
 from __future__ import annotations
 
-from tpload.text import escape_name, printable
+from tpload.model.text import escape_name, printable
 
 
 def test_control_characters_become_visible_escapes() -> None:
@@ -25,7 +25,7 @@ def test_printable_text_is_unchanged_including_unicode() -> None:
 
 
 def test_plural_counts_as_english_does() -> None:
-    from tpload.text import plural
+    from tpload.model.text import plural
 
     assert [plural(n, "rank") for n in (0, 1, 2)] == ["0 ranks", "1 rank", "2 ranks"]
     assert plural(91_991, "tensor") == "91,991 tensors"

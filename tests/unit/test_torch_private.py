@@ -13,7 +13,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tpload import torch_private as tp
+import tpload
+from tpload.distributed import torch_private as tp
 
 
 @pytest.fixture
@@ -113,7 +114,7 @@ def test_tree_leaves_by_torch_and_by_the_fallback() -> None:
 
 
 def test_no_private_torch_name_outside_this_module() -> None:
-    root = os.path.dirname(tp.__file__)
+    root = os.path.dirname(tpload.__file__)  # the whole package, not only distributed/
     private = re.compile(r"torch\._(?!_)|_c10d|\._get_backend|utils\._pytree")  # not __version__
     found = []
     for folder, _, files in os.walk(root):

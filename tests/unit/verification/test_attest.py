@@ -13,16 +13,20 @@ from pathlib import Path
 
 import pytest
 
-from tpload.config import with_rules
-from tpload.errors import LoadError, OptionsError
-from tpload.options import LoadOptions
-from tpload.pick import choose, planner_of
-from tpload.plan import Layout
-from tpload.storage import open_storage
+from tpload.attest import build as attest
+from tpload.attest import check as attest_check
+from tpload.attest import signing as attest_signing
+from tpload.attest.predict import predict
+from tpload.loading.planner import planner_of
+from tpload.model.errors import LoadError, OptionsError
+from tpload.options.load_options import LoadOptions
+from tpload.planning.layout import Layout
+from tpload.selection.config import with_rules
+from tpload.selection.pick import choose
 from tpload.storage.hub import to_hub_cache
+from tpload.storage.open import open_storage
 from tpload.tools.published import write_published
-from tpload.verification import attest, attest_check, attest_signing, signing
-from tpload.verification.predict import predict
+from tpload.verification import signing
 
 from ...ckpt_tools import ec_keypair
 

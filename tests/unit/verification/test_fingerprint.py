@@ -1,5 +1,5 @@
 """The fingerprint: its two implementations (compiled host pass, torch ops) against a plain Python
-reading of the definition in verification/fingerprint.py, what it catches, and the rank digest."""
+reading of the definition in kernels/fingerprint.py, what it catches, and the rank digest."""
 
 from __future__ import annotations
 
@@ -9,17 +9,17 @@ import numpy as np
 import pytest
 import torch
 
-from tpload.verification.fingerprint import (
+from tpload.kernels.fingerprint import (
     DeviceFingerprint,
     HostFingerprint,
     decoded_fingerprint,
-    digest,
     fingerprint,
     host_fingerprint,
     not_finite,
     word_width,
     word_widths,
 )
+from tpload.verification.digest import digest
 
 Triple = tuple[int, int, int]
 
@@ -271,8 +271,8 @@ def test_digest_is_order_free_and_sensitive_to_every_field() -> None:
 def test_the_digest_sorts_by_ranks_as_by_natural_key() -> None:
     """Ranks (the catalogue's natural order) give the digest natural_key's order; a name outside
     them falls back to natural_key for all."""
-    from tpload.storage.catalogue import natural_key
-    from tpload.verification.fingerprint import digest
+    from tpload.model.templates import natural_key
+    from tpload.verification.digest import digest
 
     names = ["x.10", "x.2", "x.02", "y", "x.1"]
     entries = [(n, torch.bfloat16, (2, 3), (i, 2, 3)) for i, n in enumerate(names)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from tpload.storage import Stored
+from tpload.model.values import Stored
 from tpload.storage.catalogue import sha256_mismatch
 from tpload.verification.blake3sums import SHA256
 from tpload.verification.hashing import NO_PEERS, HashResults, mismatches

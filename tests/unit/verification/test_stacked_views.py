@@ -11,17 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from tpload.config import load_config
-from tpload.pick import planner_of
-from tpload.plan import Layout
+from tpload.kernels.fingerprint import DeviceFingerprint, HostFingerprint, as_bytes2d, fingerprint
+from tpload.loading.planner import planner_of
+from tpload.planning.layout import Layout
+from tpload.selection.config import load_config
 from tpload.storage.catalogue import read_native
 from tpload.tools.published import write_published
-from tpload.verification.fingerprint import (
-    DeviceFingerprint,
-    HostFingerprint,
-    as_bytes2d,
-    fingerprint,
-)
 
 from ...formats_reference import read_all
 

@@ -19,7 +19,7 @@ from tpload.selection.config import load_config
 from tpload.tools.export import export
 from tpload.tools.offline import verify_checkpoint
 
-from ..helpers import edit_json, poke, shard_of
+from ...helpers import edit_json, poke, shard_of
 
 
 def rank_rows(out: str) -> list[list[str]]:

@@ -20,8 +20,8 @@ import tpload
 from tpload.model.errors import LoadError
 from tpload.tools.synth import SynthSpec, write_checkpoint
 
-from ..ckpt_tools import add_tensors, repin
-from ..helpers import edit_json, poke, rewrite_header, shard_of, tensor_offset
+from ...ckpt_tools import add_tensors, repin
+from ...helpers import edit_json, poke, rewrite_header, shard_of, tensor_offset
 
 S1, S2 = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
 W1 = "mtp.0.ffn.experts.3.w1.weight"
@@ -447,7 +447,7 @@ def test_load_twice_then_release_and_the_released_shards_refuse(small_ckpt: Path
 def test_a_world_that_cannot_form_fails_in_bounded_time(
     monkeypatch: pytest.MonkeyPatch, small_ckpt: Path
 ) -> None:
-    from ..helpers import free_port
+    from ...helpers import free_port
 
     for k, v in {
         "WORLD_SIZE": "2",

@@ -57,7 +57,7 @@ def test_planning_imports_neither_numba_nor_the_kernels() -> None:
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     code = (
         "import sys, tpload.planning.planner, tpload.tools.sizing, tpload.selection.pick, "
         "tpload.codecs.fp8_block, "

@@ -379,7 +379,7 @@ def test_no_progress_s_help_describes_the_flag() -> None:
 
 def readme_exit_codes() -> dict[int, str]:
     """README's "Exit codes:" paragraph, as {code: its clause}."""
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    readme = (Path(__file__).parents[3] / "README.md").read_text()
     start = readme.index("Exit codes: ")
     text = " ".join(readme[start : readme.index("\n\n", start)].split())
     clauses = re.findall(r"`(\d+)` (.*?)(?=; `\d+` |\. torchrun)", text)
@@ -479,7 +479,7 @@ def test_launch_mistakes_are_found_before_torch_is_imported(tmp_path: Path) -> N
             capture_output=True,
             text=True,
             env=env,
-            cwd=Path(__file__).parents[2],
+            cwd=Path(__file__).parents[3],
             timeout=120,
         )
         assert p.stdout.split() == ["1", "False"], (argv, p.stdout, p.stderr)
@@ -691,7 +691,7 @@ def test_progress_is_a_bar_on_a_terminal_and_lines_otherwise_both_on_stderr(
         "sys.exit(main(sys.argv[1:]))"
     )
     argv = [sys.executable, "-c", code, "verify", str(small_ckpt), "--config", "none"]
-    root = Path(__file__).parents[2]
+    root = Path(__file__).parents[3]
     piped = subprocess.run(argv, capture_output=True, text=True, cwd=root, timeout=120)
     assert piped.returncode == 0 and "GB/s" not in piped.stdout
     assert re.search(LINE.format(label="verify"), piped.stderr), piped.stderr

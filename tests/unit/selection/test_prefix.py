@@ -19,7 +19,7 @@ from tpload.selection.prefix import detect
 from tpload.storage.open import open_storage
 from tpload.tools.published import write_published
 
-from ..ckpt_tools import renamed
+from ...ckpt_tools import renamed
 
 BODY = [
     "layers.0.self_attn.q_proj.weight",

@@ -16,8 +16,8 @@ import tpload
 from tpload.loading.deferred import DeferredTensor
 from tpload.model.errors import CheckpointError, LoadError
 
-from ..ckpt_tools import add_tensors, all_names, config_with, nbytes, stored_bytes
-from ..helpers import poke, tensor_offset
+from ...ckpt_tools import add_tensors, all_names, config_with, nbytes, stored_bytes
+from ...helpers import poke, tensor_offset
 
 EXPERTS = 8
 

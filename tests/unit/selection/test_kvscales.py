@@ -19,7 +19,7 @@ from tpload.selection.config import load_config
 from tpload.selection.kvscales import census
 from tpload.tools.published import write_published
 
-from ..ckpt_tools import renamed, repin
+from ...ckpt_tools import renamed, repin
 
 L = "model.layers.{}.self_attn."
 SPELLED = {  # layer: its stored k and v scale names

@@ -17,7 +17,7 @@ from tpload.selection.config import load_config
 from tpload.storage.catalogue import read_native
 from tpload.tools.synth import SynthSpec, write_checkpoint
 
-from ..reference import expert_window, fp4, fp8, read_all
+from ...reference import expert_window, fp4, fp8, read_all
 
 
 def planner_for(root: Path, config: object = None) -> Planner:
@@ -129,7 +129,7 @@ def test_a_large_tp_that_cannot_cut_is_refused_quickly_with_suggestions(planner:
 def test_replicated_experts_by_config_land_on_every_ep_group(
     small_ckpt: Path, tmp_path: Path
 ) -> None:
-    from ..ckpt_tools import config_with
+    from ...ckpt_tools import config_with
 
     config = config_with(
         tmp_path,

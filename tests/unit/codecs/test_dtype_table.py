@@ -19,7 +19,7 @@ from tpload.selection.config import load_config
 from tpload.storage.catalogue import read_native
 from tpload.tools.synth import SynthSpec, write_checkpoint
 
-from ..ckpt_tools import add_tensors, stored_bytes
+from ...ckpt_tools import add_tensors, stored_bytes
 
 # f16 values whose f32 lies exactly between two bf16 values: ties go to the even mantissa
 TIES = [1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 3 * (1 + 5 * 2**-8), 65504.0, 2**-14, -0.0, 0.1]

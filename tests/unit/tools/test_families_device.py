@@ -13,7 +13,7 @@ import torch
 import tpload
 from tpload.tools.published import write_published
 
-from ..formats_reference import Family
+from ...formats_reference import Family
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 PRESETS = {

@@ -172,7 +172,7 @@ def test_shipped_configs_are_in_the_wheel(tmp_path: Path) -> None:
     import sys
     import zipfile
 
-    root = Path(__file__).parents[2]
+    root = Path(__file__).parents[3]
     subprocess.run(
         [
             sys.executable,

@@ -16,7 +16,7 @@ from tpload.model.errors import LoadError
 from tpload.planning import batches as batch
 from tpload.tools.published import write_published
 
-from ..helpers import tensor_offset
+from ...helpers import tensor_offset
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +168,7 @@ def test_packed_weights_with_their_scales_batch_alike(
 def test_a_nan_code_in_a_batched_fp8_weight_is_refused_naming_it(fp8: Path, tmp_path: Path) -> None:
     import shutil
 
-    from ..helpers import poke
+    from ...helpers import poke
 
     root = Path(shutil.copytree(fp8, tmp_path / "v3"))
     name = (
@@ -274,7 +274,7 @@ def test_fp8_clean_says_clean_only_when_no_item_check_could_find_anything(scale_
 def test_a_bad_scale_in_a_batched_fp8_item_is_refused_naming_it(fp8: Path, tmp_path: Path) -> None:
     import shutil
 
-    from ..helpers import poke
+    from ...helpers import poke
 
     root = Path(shutil.copytree(fp8, tmp_path / "v3"))
     name = "model.layers.1.mlp.experts.2.down_proj.weight_scale_inv"  # a small expert's F32 scale

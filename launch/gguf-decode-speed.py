@@ -9,8 +9,8 @@ import time
 import numpy as np
 import torch
 
-from tpload.codecs import gguf_kernels
 from tpload.codecs.gguf import BLOCKS, SCALE_OFFSETS, decode_torch
+from tpload.kernels import gguf as gguf_kernels
 
 ggml = next((a for a in sys.argv[1:] if not a.startswith("-")), "Q4_K")
 per, size = BLOCKS[ggml]

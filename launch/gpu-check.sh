@@ -67,7 +67,7 @@ multi() {
     return 0
 }
 section tests 240 python -m pytest -q -p no:cacheprovider tests/unit/transfer/test_cuda.py tests/unit/test_api.py \
-    tests/unit/test_families_device.py
+    tests/unit/tools/test_families_device.py
 # GGUF: the torch-op decodes on cuda:0 against the numba kernel, and the Q4_K decode's speed there
 section gguf 120 bash -c "python -m pytest -q -p no:cacheprovider tests/unit/codecs/test_gguf.py && python launch/gguf-decode-speed.py --cuda"
 section bench 300 python -m tpload bench --preset medium --nproc "$gpus" --tp "$gpus" --rounds 1 \

@@ -34,12 +34,13 @@ def main() -> None:
             + ["--headers-only"],
             check=True,
         )
-    from tpload.pick import choose
-    from tpload.plan import Layout, Planner
-    from tpload.storage import open_storage
+    from tpload.planning.layout import Layout
+    from tpload.planning.planner import Planner
+    from tpload.selection.pick import choose
+    from tpload.storage.open import open_storage
 
     try:
-        from tpload.pick import planner_of
+        from tpload.loading.planner import planner_of
     except ImportError:  # before the planner took config.json as an argument: it read it itself
         planner_of = Planner
     layout = Layout(args.tp, args.ep)

@@ -22,10 +22,17 @@ from pathlib import Path
 
 
 def once(root: Path, tp: int, replicas: int) -> float:
-    from tpload.config import with_rules
-    from tpload.pick import choose, model_for
-    from tpload.plan import Layout, Planner
-    from tpload.storage import open_storage
+    try:
+        from tpload.planning.layout import Layout
+        from tpload.planning.planner import Planner
+        from tpload.selection.config import with_rules
+        from tpload.selection.pick import choose, model_for
+        from tpload.storage.open import open_storage
+    except ImportError:  # a tree from before the packages (issue 29)
+        from tpload.config import with_rules
+        from tpload.pick import choose, model_for
+        from tpload.plan import Layout, Planner
+        from tpload.storage import open_storage
 
     layout = Layout(tp, 1)
     storage = open_storage(root, tp=tp, ep=1, rank=0, world=tp)
@@ -34,12 +41,16 @@ def once(root: Path, tp: int, replicas: int) -> float:
     plans = [planner.plan(layout, "packed", p) for p in range(tp)]
     t0 = time.perf_counter()
     try:
-        from tpload.replica_split import Names, split_runs
-    except ImportError:  # before replica_split.py
-        from tpload.replicas import load_runs, split
+        from tpload.distributed.replica_split import Names, split_runs
+    except ImportError:  # a tree from before the packages (issue 29), or before replica_split.py
+        try:
+            from tpload.replica_split import Names, split_runs
+        except ImportError:
+            from tpload.replicas import load_runs, split
 
-        got = split([load_runs(p, storage) for p in plans], replicas)
-    else:
+            got = split([load_runs(p, storage) for p in plans], replicas)
+            Names = None
+    if Names is not None:
         names = Names(plans[0].all_entries)
         got = split_runs([names.runs(p, storage) for p in plans], replicas, names.names)
     _ = got[0].by_name, got[0].by_batch, [p.reads for p in got]

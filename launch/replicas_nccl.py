@@ -6,7 +6,7 @@ WORLD/2 on CUDA, in the world tpload makes under torchrun (``cpu:gloo,cuda:nccl`
    5 after a warm-up: the GPUs' interconnect between replicas, the most the load's transfers can
    reach.
 2. The load: ``tpload.load(CKPT, tp=WORLD/2, replicas=2)`` onto ``cuda:LOCAL_RANK``. Its replicas'
-   bytes travel over NCCL as device tensors (transfer/wire.py: the group has an NCCL backend), so
+   bytes travel over NCCL as device tensors (distributed/wire.py: the group has an NCCL backend), so
    the peer GB/s every rank prints (bytes from peers over the load's time) is an NCCL figure, beside
    its bytes from storage; rank 0 checks that the two ranks at every position serve equal digests,
    and that the cluster read each position's windows once (storage + peers = each rank's windows),
@@ -51,7 +51,7 @@ def main() -> int:
     import torch
     import torch.distributed as dist
 
-    from tpload.distributed import init_world
+    from tpload.distributed.world import init_world
 
     ckpt, report = sys.argv[1], sys.argv[2]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

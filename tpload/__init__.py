@@ -16,13 +16,13 @@ __version__ = "0.2.0"
 
 _LAZY = {
     "load": ".api",
-    "RankShards": ".api",
-    "LoadOptions": ".options",
-    "LoadError": ".errors",
-    "CheckpointError": ".errors",
-    "ConfigError": ".errors",
-    "LayoutError": ".errors",
-    "OptionsError": ".errors",
+    "RankShards": ".loading.shards",
+    "LoadOptions": ".options.load_options",
+    "LoadError": ".model.errors",
+    "CheckpointError": ".model.errors",
+    "ConfigError": ".model.errors",
+    "LayoutError": ".model.errors",
+    "OptionsError": ".model.errors",
 }
 __all__ = [
     "CheckpointError",
@@ -37,9 +37,10 @@ __all__ = [
 ]  # sorted(_LAZY) and the version
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .api import RankShards, load
-    from .errors import CheckpointError, ConfigError, LayoutError, LoadError, OptionsError
-    from .options import LoadOptions
+    from .api import load
+    from .loading.shards import RankShards
+    from .model.errors import CheckpointError, ConfigError, LayoutError, LoadError, OptionsError
+    from .options.load_options import LoadOptions
 
 
 _LOAD_PATH_IMPORT_NS = 0

@@ -26,7 +26,7 @@ SCRIPT = r"""
 import json, sys
 import tpload
 from tpload.integrations.handoff import Handoff
-from tpload.kvscales import census
+from tpload.selection.kvscales import census
 from vllm.model_executor.model_loader.weight_utils import maybe_remap_kv_scale_name
 
 shards = tpload.load(sys.argv[1], progress=False, device="cpu")

@@ -1,8 +1,8 @@
 """Every rank proves, before any window is read, that it loads the same thing the same way
-(tpload/agreement.py), on two nodes: two torchrun agents (--nnodes 2, c10d), each with its own
-TPLOAD_NODE_ID and its own copy of the checkpoint, 2 replicas x tp 2. The rest of the cases (another
-checkpoint, a pin on one node, differences through the API, an owner failing mid-window) are in
-tests/slow/test_agreement.py."""
+(tpload/distributed/agreement.py), on two nodes: two torchrun agents (--nnodes 2, c10d), each with
+its own TPLOAD_NODE_ID and its own copy of the checkpoint, 2 replicas x tp 2. The rest of the cases
+(another checkpoint, a pin on one node, differences through the API, an owner failing mid-window)
+are in tests/slow/test_agreement.py."""
 
 from __future__ import annotations
 

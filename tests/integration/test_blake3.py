@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from tpload.attest.predict import predict
 from tpload.cli import main
-from tpload.config import load_config
-from tpload.plan import Layout
-from tpload.verification.predict import predict
+from tpload.planning.layout import Layout
+from tpload.selection.config import load_config
 
 from ..helpers import HERE, torchrun
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tpload.config import load_config
-from tpload.pick import planner_of
-from tpload.plan import Layout
+from tpload.loading.planner import planner_of
+from tpload.planning.layout import Layout
+from tpload.selection.config import load_config
 from tpload.storage.sharded import ShardedStorage
 from tpload.verification.policy import hash_plan
 

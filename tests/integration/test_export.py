@@ -8,10 +8,10 @@ from pathlib import Path
 
 import torch
 
-from tpload.config import load_config
-from tpload.plan import Layout
+from tpload.attest.predict import predict
+from tpload.planning.layout import Layout
+from tpload.selection.config import load_config
 from tpload.tools.export import export
-from tpload.verification.predict import predict
 
 from ..ckpt_tools import serve
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tpload.pick import choose
-from tpload.plan import Layout
+from tpload.attest.predict import predict
+from tpload.planning.layout import Layout
+from tpload.selection.pick import choose
 from tpload.storage.hub import to_hub_cache
 from tpload.tools.published import write_published
-from tpload.verification.predict import predict
 
 from ..helpers import load_error, tensor_offset, torchrun
 from ..unit.storage.test_localdir import COMMIT, as_local_dir, flip

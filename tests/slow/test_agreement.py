@@ -1,9 +1,10 @@
-"""The handshake's other cases in the slow tier (tpload/agreement.py), each a real torchrun launch
-(gloo): two nodes that differ in their checkpoint, their pin or their verify mode; ranks given
-different options through the API (a path, the kind, the skip globs, the replicas' placement),
-an early failure on one rank (a missing device, a missing shard), each ending every rank in seconds
-with the cause; and a replica owner whose read fails mid-window, whose receiver stops at once
-instead of waiting out --timeout. The quick tier's launches: tests/integration/test_agreement.py.
+"""The handshake's other cases in the slow tier (tpload/distributed/agreement.py), each a real
+torchrun launch (gloo): two nodes that differ in their checkpoint, their pin or their verify mode;
+ranks given different options through the API (a path, the kind, the skip globs, the replicas'
+placement), an early failure on one rank (a missing device, a missing shard), each ending every rank
+in seconds with the cause; and a replica owner whose read fails mid-window, whose receiver stops at
+once instead of waiting out --timeout. The quick tier's launches:
+tests/integration/test_agreement.py.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import tpload
-from tpload import distributed
-from tpload.errors import OptionsError
+from tpload.distributed import world as distributed
+from tpload.model.errors import OptionsError
 
 from ..helpers import poke
 from ..reference import expected

@@ -16,7 +16,7 @@ import pytest
 
 from tpload.cli import main
 from tpload.cli.parsers import SUBCOMMANDS
-from tpload.flags import Parser
+from tpload.options.flags import Parser
 
 ROOT = Path(__file__).parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]

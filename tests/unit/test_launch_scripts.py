@@ -75,24 +75,24 @@ def test_the_check_catches_a_name_that_is_gone(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text(
         "import os\n"
-        "import tpload.replicas\n"
+        "import tpload.sources.replicas\n"
         "import tpload.no_such_module\n"
-        "from tpload.distributed import init_world, keep_world\n"
+        "from tpload.distributed.world import init_world, keep_world\n"
         "\n"
         "def main():\n"
-        "    from tpload.transfer import wire\n"
+        "    from tpload.distributed import wire\n"
         "    from tpload.gone import thing\n"
         "    try:\n"
-        "        from tpload.replicas import gone_too\n"
+        "        from tpload.sources.replicas import gone_too\n"
         "    except ImportError:  # an older tree\n"
-        "        from tpload.replicas import old_name\n"
+        "        from tpload.sources.replicas import old_name\n"
     )
     found = missing(bad)
     assert [f.split(" (")[0] for f in found] == [
         "3: tpload.no_such_module",
-        "4: tpload.distributed.keep_world",
+        "4: tpload.distributed.world.keep_world",
         "8: tpload.gone",
-        "10: tpload.replicas.gone_too",
+        "10: tpload.sources.replicas.gone_too",
     ]
 
 

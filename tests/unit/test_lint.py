@@ -1,9 +1,12 @@
-"""The tree is ruff-clean (lint and format, pyproject.toml's settings), so the README's test
-command catches what CI's `ruff check` would."""
+"""The tree is ruff-clean (lint and format, pyproject.toml's settings) and keeps its shape
+(import-linter's contracts in pyproject.toml, the gate's import closure within .ci/run's limit), so
+the README's test command catches what CI's `ruff check`, `lint-imports` and
+`.ci/gate-closure.py` would."""
 
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +14,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+LINT_IMPORTS = (  # the lint-imports command, run by this interpreter
+    "import sys; from importlinter.cli import lint_imports_command as c; sys.exit(c())"
+)
+needs_importlinter = pytest.mark.skipif(
+    importlib.util.find_spec("importlinter") is None, reason="import-linter is in the [test] extra"
+)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("ruff") is None, reason="ruff is in the [test] extra")
@@ -20,3 +29,57 @@ def test_ruff_finds_nothing(args: list[str]) -> None:
         [sys.executable, "-m", "ruff", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+
+
+def lint_imports() -> subprocess.CompletedProcess:
+    """`lint-imports` on this checkout (it puts the working directory first on the path), with no
+    cache: a planted module must be seen."""
+    return subprocess.run(
+        [sys.executable, "-c", LINT_IMPORTS, "--no-cache"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@needs_importlinter
+def test_the_import_contracts_hold() -> None:
+    run = lint_imports()
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert "0 broken" in run.stdout
+
+
+@needs_importlinter
+def test_a_planted_upward_import_and_a_core_import_of_a_tool_break_the_contracts() -> None:
+    planted = {
+        ROOT / "tpload" / "model" / "_planted_for_test.py": "from ..loading import loop\n",
+        ROOT / "tpload" / "verification" / "_planted_for_test.py": "from ..tools import synth\n",
+    }
+    try:
+        for path, text in planted.items():
+            path.write_text(text)
+        run = lint_imports()
+    finally:
+        for path in planted:
+            path.unlink()
+    out = run.stdout
+    assert run.returncode == 1, out[-4000:] + run.stderr[-2000:]
+    assert "tpload.model is not allowed to import tpload.loading" in out
+    assert "tpload.model._planted_for_test -> tpload.loading.loop" in out
+    assert "tpload.verification is not allowed to import tpload.tools" in out
+    assert re.search(r"the library never imports its tools or its command line\s+BROKEN", out)
+
+
+def test_the_gate_closure_stays_within_the_ci_limit() -> None:
+    limit = re.search(r"gate-closure\.py (.*)--max (\d+)", (ROOT / ".ci" / "run").read_text())
+    assert limit is not None
+    run = subprocess.run(
+        [sys.executable, ".ci/gate-closure.py", *limit.group(1).split(), "--max", limit.group(2)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert re.match(r"tpload\.verification\.gate: \d+ modules", run.stdout)

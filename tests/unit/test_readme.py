@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tpload.flags import flags_markdown
+from tpload.options.flags import flags_markdown
 
 ROOT = Path(__file__).parents[2]
 README = (ROOT / "README.md").read_text()
@@ -27,7 +27,7 @@ def test_readme_is_at_most_250_lines() -> None:
 
 
 def test_the_flags_table_is_the_generated_one() -> None:
-    # regenerate with: python -c "from tpload.flags import flags_markdown as f; print(f())"
+    # regenerate with: python -c "from tpload.options.flags import flags_markdown as f; print(f())"
     assert flags_markdown() in README
 
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import tpload
-from tpload.errors import LoadError
+from tpload.model.errors import LoadError
 
 
 def main() -> None:

@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from tpload.errors import LoadError
 from tpload.integrations.engine import EngineLoad
+from tpload.model.errors import LoadError
 
 SPLIT = "model.layers.0.mlp.up_proj.weight"  # column parallel: rank r holds rows [r*n/2, (r+1)*n/2)
 FORGOTTEN = "model.layers.1.self_attn.o_proj.weight"

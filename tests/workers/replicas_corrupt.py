@@ -1,7 +1,7 @@
 """Run under torchrun (2 replicas x tp WORLD/2; the tests use 4 ranks): rank SENDER changes the last
 byte of the first window piece it sends to the other replica, after it fingerprinted the bytes it
 read (a transport that flips a bit). Injected here, in this process, by wrapping
-tpload.replicas.send: the product has no switch.
+tpload.sources.replicas.send: the product has no switch.
 
 argv: CHECKPOINT OUT_DIR SENDER [OPTIONS_JSON] (more load() keywords, e.g. verify and digest_store).
 Each rank records its outcome in OUT_DIR/rank{R}.json."""
@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 import tpload
-import tpload.replicas
+import tpload.sources.replicas
 
 
 def corrupting(send):
@@ -39,7 +39,7 @@ def main() -> None:
     extra = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
     rank = int(os.environ["RANK"])
     if rank == sender:
-        tpload.replicas.send = corrupting(tpload.replicas.send)
+        tpload.sources.replicas.send = corrupting(tpload.sources.replicas.send)
     outcome = {"rank": rank, "returned": False, "error": ""}
     try:
         tpload.load(

@@ -1,7 +1,7 @@
 """Run under torchrun (2 replicas x tp WORLD/2; the tests use 4 ranks): rank VICTIM dies (os._exit,
 no cleanup, as the OOM killer leaves it) right after its first window piece went to or came from the
-other replica, mid-transfer. Injected here, in this process, by wrapping tpload.replicas.send and
-recv: the product has no switch.
+other replica, mid-transfer. Injected here, in this process, by wrapping
+tpload.sources.replicas.send and recv: the product has no switch.
 
 argv: CHECKPOINT OUT_DIR VICTIM TIMEOUT_S. Each surviving rank records its outcome in
 OUT_DIR/rank{R}.json.
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 import tpload
-import tpload.replicas
+import tpload.sources.replicas
 
 
 def dying(transfer):
@@ -43,8 +43,8 @@ def main() -> None:
     )
     rank = int(os.environ["RANK"])
     if rank == victim:
-        tpload.replicas.send = dying(tpload.replicas.send)
-        tpload.replicas.recv = dying(tpload.replicas.recv)
+        tpload.sources.replicas.send = dying(tpload.sources.replicas.send)
+        tpload.sources.replicas.recv = dying(tpload.sources.replicas.recv)
     else:
         # torchrun SIGTERMs the survivors once the victim is gone; what is tested is that they end
         # on their own, in bounded time, with no weights (torchrun's SIGKILL after its grace still

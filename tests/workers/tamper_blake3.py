@@ -17,7 +17,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 import tpload
-from tpload.errors import LoadError
+from tpload.model.errors import LoadError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.helpers import poke, shard_of  # noqa: E402

@@ -13,7 +13,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from tpload.errors import LoadError
+from tpload.model.errors import LoadError
 
 
 def anon() -> int:
@@ -36,7 +36,7 @@ def main() -> None:
     # `import tpload` is lazy, and so are the kernels: their compiler's memory is a first use's,
     # not a buffer, so the baseline is taken after both
     import tpload.api
-    import tpload.kernels  # noqa: F401
+    import tpload.kernels.compiled  # noqa: F401
 
     steps = {"baseline": [anon(), *device_bytes()]}
     for i in (1, 2):

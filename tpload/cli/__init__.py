@@ -17,10 +17,10 @@
     python -m tpload attest verify FILE --checkpoint DIR [--key PEM]
         check a load attestation (--attest)
 
-The load's flags are generated from :class:`tpload.options.LoadOptions` (``tpload.flags``); each
-subcommand's parser is in ``parsers.py``, its runner in ``load.py`` or ``commands.py``, and how
-errors and logs are written in ``output.py``. The CLI sits above the core and the tools: it is the
-only place that writes the built-in synthetic checkpoint.
+The load's flags are generated from :class:`tpload.options.load_options.LoadOptions`
+(``tpload.options.flags``); each subcommand's parser is in ``parsers.py``, its runner in ``load.py``
+or ``commands.py``, and how errors and logs are written in ``output.py``. The CLI sits above the
+core and the tools: it is the only place that writes the built-in synthetic checkpoint.
 """
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ import os
 import time
 from pathlib import Path
 
-from ..errors import LoadError
-from ..flags import check_flags
-from ..text import escape_name, plural, printable
+from ..model.errors import LoadError
+from ..model.text import escape_name, plural, printable
+from ..options.flags import check_flags
 from .output import fail, one_line, progress_of
 from .parsers import (
     SYNTH_DIMS,
@@ -147,8 +147,8 @@ def _gpu_memory(asked: float | None) -> tuple[int, str] | None:
 def _config_for(args: argparse.Namespace, root: str):
     """The config ``--config`` names for the checkpoint at ``root`` (auto: found from its files,
     saying why)."""
-    from ..config import with_rules
-    from ..pick import choose
+    from ..selection.config import with_rules
+    from ..selection.pick import choose
 
     config, why = choose(getattr(args, "config", None) or "auto", Path(root).absolute())
     if why:
@@ -169,7 +169,7 @@ def cmd_plan(argv: list[str]) -> int:
     t0 = time.monotonic()
     try:
         _require(args.dir)
-        from ..plan import Layout
+        from ..planning.layout import Layout
         from ..tools.sizing import HostMemory, costs, fit_line, planning, render_costs
 
         imported = time.monotonic() - t0
@@ -188,7 +188,8 @@ def cmd_plan(argv: list[str]) -> int:
         if (
             args.write or args.digest
         ):  # the load's own code (numba's kernels): imported only to run it
-            from ..tools.offline import predict, record_verified
+            from ..attest.predict import predict
+            from ..tools.offline import record_verified
         if args.write:
             digests, path = record_verified(
                 args.dir,
@@ -228,7 +229,7 @@ def cmd_plan(argv: list[str]) -> int:
         )
     )
     if args.replicas > 1:
-        from ..replica_split import plan_lines
+        from ..distributed.replica_split import plan_lines
 
         print("\n".join(plan_lines(plans, args.replicas, per_node)))
     print(
@@ -284,7 +285,7 @@ def cmd_verify(argv: list[str]) -> int:
 def _verified(root: str, config: object | None, signed: object = None) -> str:
     """What a passing ``verify`` checked and what vouched for it, counted from the headers (no data
     read again; the checkpoint just passed, so it opens)."""
-    from ..storage.catalogue import MANIFEST_NAME
+    from ..model.values import MANIFEST_NAME
     from ..storage.files import read_json
     from ..storage.partitioned import PartitionedStorage, is_partitioned
     from ..storage.sharded import ShardedStorage
@@ -344,8 +345,8 @@ def cmd_manifest(argv: list[str]) -> int:
     check_flags(args, checkpoint=args.dir if args.hash == "blake3" else None)
     try:
         _require(args.dir)
-        from ..storage.catalogue import MANIFEST_NAME
-        from ..storage.gguf import folder_of
+        from ..model.values import MANIFEST_NAME
+        from ..storage.files import folder_of
         from ..storage.pins import Pins
         from ..tools.offline import write_blake3, write_manifest
 
@@ -396,7 +397,7 @@ def cmd_export(argv: list[str]) -> int:
     args = export_parser().parse_args(argv)
     try:
         _require(args.dir)
-        from ..plan import Layout
+        from ..planning.layout import Layout
         from ..storage.partitioned import rank_file
         from ..tools.export import export
 
@@ -424,7 +425,7 @@ def cmd_attest(argv: list[str]) -> int:
     args = attest_parser().parse_args(argv)
     _require(args.checkpoint)
     check_flags(args)
-    from ..verification.attest_check import check
+    from ..attest.check import check
     from ..verification.signing import SignerOptions
 
     checked = check(
@@ -455,6 +456,14 @@ def cmd_attest(argv: list[str]) -> int:
 
 @one_line
 def cmd_bench(argv: list[str]) -> int:
+    if "--engine" in argv:  # a serving engine's default loader beside tpload's (bench_engine.py)
+        from ..tools.bench_engine import cmd_bench_engine
+
+        return cmd_bench_engine(argv)
+    if "--replicas" in argv:  # replicas sharing the reads against each reading alone
+        from ..tools.bench_replicas import cmd_bench_replicas
+
+        return cmd_bench_replicas(argv)
     from ..tools.bench import cmd_bench as bench
 
     return bench(argv)

@@ -8,10 +8,10 @@ import shlex
 import signal
 from pathlib import Path
 
-from ..errors import LoadError
-from ..flags import closest, from_args
-from ..options import LoadOptions
-from ..text import escape_name, plural
+from ..model.errors import LoadError
+from ..model.text import escape_name, plural
+from ..options.flags import closest, from_args
+from ..options.load_options import LoadOptions
 from .output import configure_logging, fail_rank, one_line, refuse_launch, say
 from .parsers import SUBCOMMANDS, load_parser
 
@@ -96,11 +96,11 @@ def cmd_load(argv: list[str]) -> int:
         first_run_notes(opts.checkpoint)
         from dataclasses import replace
 
-        from ..codecs._lazy import warm
+        from ..kernels.lazy import warm
 
         kernels = warm()  # beside the imports (and the built-in checkpoint's writing)
-        from ..api import load_in
-        from ..distributed import init_distributed
+        from ..distributed.world import init_distributed
+        from ..loading.sequence import load_in
         from ..tools.synth import resolve_checkpoint
 
         opts = replace(opts, checkpoint=resolve_checkpoint(opts.checkpoint))

@@ -12,11 +12,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import LoadError
-from ..text import printable
+from ..model.errors import LoadError
+from ..model.text import printable
 
 if TYPE_CHECKING:  # annotations only: report/ imports torch, which a command may never need
-    from ..report.progress import Meter
+    from ..model.progress import Meter
 
 
 def say(text: str) -> None:

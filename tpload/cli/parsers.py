@@ -1,5 +1,5 @@
 """Every subcommand's parser. The load's flags (and those the subcommands share with it) come from
-the options table (:func:`tpload.flags.add_flags`); the rest are each subcommand's own."""
+the options table (:func:`tpload.options.flags.add_flags`); the rest are each subcommand's own."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ import argparse
 import os
 import typing
 
-from .. import __version__, flags
-from ..bounds import COUNT, GIB, RANKS, SEED, THREADS
-from ..flags import add_cli_only, add_flags
-from ..option_rules import SIGNER_FIELDS
-from ..options import KINDS
+from .. import __version__
+from ..model.bounds import COUNT, GIB, RANKS, SEED, THREADS
+from ..model.values import SIGNER_FIELDS
+from ..options import flags
+from ..options.flags import add_cli_only, add_flags
+from ..options.load_options import KINDS
 from .output import once_a_node
 
 

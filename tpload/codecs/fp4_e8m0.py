@@ -22,9 +22,9 @@ import math
 import numpy as np
 import torch
 
-from ..storage.catalogue import TensorMeta
-from . import Checker, Codec, Cut, Fit, Problem, cut_axis
-from ._lazy import kernels
+from ..kernels.lazy import kernels
+from ..storage.safetensors import TensorMeta
+from .base import Checker, Codec, Cut, Fit, Problem, cut_axis
 from .tables import (
     DECODE_CHUNK,
     E8M0_INVALID,

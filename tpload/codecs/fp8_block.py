@@ -17,9 +17,9 @@ import math
 import numpy as np
 import torch
 
-from ..storage.catalogue import TensorMeta
-from . import Checker, Codec, Cut, Fit, Problem, Windows, cut_axis, meets, whole
-from ._lazy import kernels
+from ..kernels.lazy import kernels
+from ..storage.safetensors import TensorMeta
+from .base import Checker, Codec, Cut, Fit, Problem, Windows, cut_axis, meets, whole
 from .tables import (
     DECODE_CHUNK,
     E4M3_NAN,

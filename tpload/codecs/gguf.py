@@ -21,8 +21,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..storage.catalogue import TensorMeta
-from . import Checker, Codec, Cut, Fit, Problem, cut_axis
+from ..storage.safetensors import TensorMeta
+from .base import Checker, Codec, Cut, Fit, Problem, cut_axis
 
 BLOCKS: dict[str, tuple[int, int]] = {
     "Q8_0": (32, 34),
@@ -195,7 +195,7 @@ class GGUF(Codec):
         else."""
         dtype = fit.weight.dtype
         if isinstance(weight, np.ndarray):
-            from . import gguf_kernels
+            from ..kernels import gguf as gguf_kernels
 
             gguf_kernels.decode(
                 dtype, np.ascontiguousarray(weight).view(np.uint8), out.view(torch.int16).numpy()

@@ -23,9 +23,10 @@ import functools
 import numpy as np
 import torch
 
-from ..storage.catalogue import TensorMeta
-from . import Checker, Codec, Cut, Fit, Problem, cut_axis, whole
-from ._lazy import kernels
+from ..kernels.lazy import kernels
+from ..storage.safetensors import TensorMeta
+from .base import Checker, Codec, Cut, Fit, Problem, cut_axis, whole
+from .fp4_e8m0 import decode_torch
 from .tables import E4M3_NAN, e2m1_values, e4m3_values, round_bf16
 
 GROUP = 16  # elements sharing one E4M3 scale
@@ -186,8 +187,6 @@ class NVFP4(Codec):
         """Packed ``[n, K/2]`` with E4M3 ``[n, K/16]`` into bf16 ``out [n, K]``; ``scale2``: the
         global scale's stored bytes (host). One table lookup per packed byte, the table built for
         this global scale (the compiled kernel for host arrays, torch on a device)."""
-        from .fp4_e8m0 import decode_torch
-
         value = global_scale(scale2)
         if isinstance(weight, np.ndarray):
             kernels.decode_fp4(

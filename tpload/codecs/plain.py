@@ -6,9 +6,9 @@ makes it the one plain dtype that is decoded rather than copied. Tensor
 parallelism cuts rows (a vocabulary-parallel head; the one dimension of a 1-D
 tensor) or columns of a 2-D tensor, in equal shares, or replicates.
 
-A KV-cache scale (kvscales.py's census names them) is served plain too, with one value check: each
-value must be finite and > 0 (an engine divides by it; NaN, 0, a negative or an infinity would be
-served silently into every attention layer that reads it).
+A KV-cache scale (selection/kvscales.py's census names them) is served plain too, with one value
+check: each value must be finite and > 0 (an engine divides by it; NaN, 0, a negative or an infinity
+would be served silently into every attention layer that reads it).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..storage.catalogue import TensorMeta
-from . import Checker, Codec, Cut, Fit, Problem, cut_axis
+from ..storage.safetensors import TensorMeta
+from .base import Checker, Codec, Cut, Fit, Problem, cut_axis
 from .tables import round_bf16
 
 DTYPES = ("BF16", "F32", "F16", "I64")

@@ -14,17 +14,23 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import psutil
 import torch
 import torch.distributed as dist
 
-from ..errors import LoadError
-from ..text import escape_name
+import tpload
 
-if TYPE_CHECKING:
-    from .skips import Skip
+from ..model.errors import LoadError, OptionsError
+from ..model.text import escape_name
+from ..options.load_options import LoadOptions
+from ..report.memory import MemoryPeaks
+from ..selection.kvscales import census
+from ..selection.pick import model_config
+from ..storage.files import atomic_write
+from .gguf_names import GGUFHandoff, is_gguf
+from .handoff import Handoff, unconsumed_message
+from .skips import Skip, declared_skips
 
 MIB = 1 << 20
 OPTIONS = (
@@ -70,8 +76,6 @@ def load_options(
     ``device``: where the windows are staged before the engine's loaders copy them into its
     parameters: ``cpu`` (default: like the engines' own loaders, and no second copy of the
     weights on the GPU) or ``engine`` (the engine's device for this worker)."""
-    from ..options import LoadOptions, OptionsError
-
     unknown = sorted(set(extra) - set(OPTIONS))
     if unknown:
         raise OptionsError(
@@ -140,12 +144,6 @@ class EngineLoad:
         ``skips``: what the engine's load_weights ignores on purpose, declared by its integration
         (default: :func:`~tpload.integrations.skips.declared_skips` of the checkpoint's
         config.json)."""
-        import tpload
-
-        from ..options import LoadOptions
-        from ..report.memory import MemoryPeaks
-        from .skips import declared_skips
-
         rss0 = psutil.Process().memory_info().rss
         t0 = time.perf_counter()
         with MemoryPeaks() as mem:
@@ -202,10 +200,6 @@ class EngineLoad:
     ) -> tuple[str, int, dict[str, list[str]]]:
         """The windows into the engine's loaders: (why not, or "", tensors taken, {declared skip's
         glob: the handed tensors it excused from being read})."""
-        from ..kvscales import census as kv_census
-        from .gguf_names import GGUFHandoff, is_gguf
-        from .handoff import Handoff, unconsumed_message
-
         state = shards.state_dict()
         if gguf_names is not None and is_gguf(shards.plan.items):
             try:  # the engine's GGUF names (gguf_names.py); an unnamed tensor is refused here
@@ -222,9 +216,9 @@ class EngineLoad:
                     {},
                 )
         else:
-            # vLLM's attention layers take FP8 KV scales under one spelling (kvscales.py): hand them
-            # so
-            rename = kv_census(state).engine_names() if self.engine == "vllm" else None
+            # vLLM's attention layers take FP8 KV scales under one spelling (selection/kvscales.py):
+            # hand them so
+            rename = census(state).engine_names() if self.engine == "vllm" else None
             handoff = Handoff(state, shards.plan.items, rank=self.rank, rename=rename)
         taken = lambda: sum(h.taken for h in handoff.handed.values())  # noqa: E731
         try:
@@ -298,8 +292,6 @@ class EngineLoad:
     ) -> None:
         """The load's JSON report with the hand-off's figures under ``engine`` (a failed write is a
         warning, as for a plain load: the weights are not at stake)."""
-        from ..storage.files import atomic_write
-
         doc = report.to_dict()
         doc["engine"] = {
             "name": self.engine,
@@ -328,8 +320,6 @@ def _skipped(skips: Sequence[Skip], everyone: list[dict]) -> list[dict]:
 
 def _model_config(checkpoint: str) -> dict:
     """config.json, or {} when there is none or it is unreadable (the load itself then says why)."""
-    from ..pick import model_config
-
     try:
         return model_config(Path(checkpoint)) or {}
     except LoadError:

@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 
 import torch
 
-from ..errors import LoadError
-from ..storage.catalogue import natural_key
-from ..storage.gguf import TYPES
+from ..model.errors import LoadError
+from ..model.templates import natural_key
+from ..storage.gguf import TYPES, gguf_files, read_set
 from .handed import HandoffError
 from .handoff import Handoff
 from .skips import Skip
@@ -271,10 +272,6 @@ def gguf_skips(skips: Sequence[Skip], checkpoint: str) -> tuple[Skip, ...]:
     ``model.layers.N.*`` becomes ``blk.N.*`` (vLLM's GGUF map covers the main layers only), kept
     only where the set has that block (llama.cpp's converters often leave the MTP layer out, and a
     load skip that matches nothing is refused)."""
-    from pathlib import Path
-
-    from ..storage.gguf import gguf_files, read_set
-
     root = Path(checkpoint)
     try:
         files = gguf_files(root)

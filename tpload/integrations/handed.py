@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import pairwise
 
-from ..errors import LoadError
+from ..model.errors import LoadError
 
 Range = tuple[int, int]
 ElementRanges = tuple[Range, ...]

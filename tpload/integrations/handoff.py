@@ -32,9 +32,9 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 
-from ..codecs import Cut
-from ..errors import LoadError
-from ..storage.catalogue import natural_key
+from ..codecs.base import Cut
+from ..model.errors import LoadError
+from ..model.templates import natural_key
 from ..storage.safetensors import TensorMeta
 from .handed import ElementRanges, Handed, ranges_text
 from .skips import Skip
@@ -95,8 +95,8 @@ class Handoff:
         rename: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         """``rename``: {stored name: the names the engine expects it under} (the KV-cache scales'
-        canonical names, kvscales.py); each name gets its own copy, and any of them being read
-        counts."""
+        canonical names, selection/kvscales.py); each name gets its own copy, and any of them being
+        read counts."""
         self.state, self.rank, self.rename = state, rank, dict(rename or {})
         cuts = []
         for item in plan_items:

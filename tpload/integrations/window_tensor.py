@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from ..torch_private import torch_function_off, tree_leaves
+from ..distributed.torch_private import torch_function_off, tree_leaves
 from .handed import ElementRanges, Handed, HandoffError, Range, ranges_text
 
 # Queries of a tensor's metadata: answered, and never a read.

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..errors import LayoutError
-from ..text import escape_name, plural
+from ..model.errors import LayoutError
+from ..model.text import escape_name, plural
 from .classify import Classified
 from .cutting import cuts
 from .layout import Layout

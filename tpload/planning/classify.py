@@ -18,18 +18,19 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .. import codecs
-from ..codecs import Codec
+from ..codecs import registry
+from ..codecs.base import Codec
 from ..codecs.plain import KV_SCALE, PLAIN
-from ..config import ACTIVATION_ORIGIN, AUTO, READS_NOTHING, Config, Rule
-from ..config import _alternatives as alternatives_of
-from ..errors import ConfigError, raise_all
-from ..kvscales import Census
-from ..kvscales import census as kv_census
-from ..modes import Role
-from ..prefix import Prefix
-from ..storage.catalogue import TensorMeta, natural_key, natural_sorted
-from ..text import escape_name, plural
+from ..model.errors import ConfigError, raise_all
+from ..model.modes import Role
+from ..model.templates import natural_key, natural_sorted
+from ..model.text import escape_name, plural
+from ..selection.config import ACTIVATION_ORIGIN, AUTO, READS_NOTHING, Config, Rule
+from ..selection.config import _alternatives as alternatives_of
+from ..selection.kvscales import Census
+from ..selection.kvscales import census as kv_census
+from ..selection.prefix import Prefix
+from ..storage.catalogue import TensorMeta
 from .entries import Columns, Entries, Entry, Klass
 
 
@@ -99,7 +100,7 @@ def classify(
     deferred_experts: dict[str, tuple[str, int]] = {}
     grouped: dict[str, list[str]] = {}
     fits: dict[tuple, int | str] = {}
-    codec_of = {role: codecs.for_role(role) for role in codecs.roles()}
+    codec_of = {role: registry.for_role(role) for role in registry.roles()}
     for n in natural_sorted(n for n in tensors if n not in scales and n not in broken):
         r = rules[n]
         if n in unresolved:
@@ -182,7 +183,7 @@ def _rules(
     unresolved: dict[str, str] = {}
     needs: dict[str, tuple[str, ...]] = {}  # tuples: the collector untracks them
     resolve = config.resolve_scaled
-    scaled = {role for role in codecs.roles() if codecs.for_role(role).scaled}
+    scaled = {role for role in registry.roles() if registry.for_role(role).scaled}
     for n in [n for n, r in rules.items() if r is not None and r.role == AUTO]:
         r = rules[n]
         got = resolve(r, n, tensors[n].dtype, tensors)
@@ -200,8 +201,8 @@ def _matched(
     tensors: Mapping[str, TensorMeta], config: Config, prefix: Prefix
 ) -> list[Rule | None]:
     """Each tensor's first rule: the config's rules see its name under the config's prefix
-    (prefix.py), a rule given at run time (``--skip``) its stored name too; the activation-scale
-    switch takes single-value tensors only."""
+    (selection/prefix.py), a rule given at run time (``--skip``) its stored name too; the
+    activation-scale switch takes single-value tensors only."""
     rules = config.rules
     if not prefix.rewrites:
         matched = config.rules_for(tensors)
@@ -234,7 +235,7 @@ def _scales(
     """The weights of a scaled rule given outright (not ``auto``) whose scales are missing or whose
     name lacks the rule's suffix (each a problem, in natural order); the scales of the others are
     filed in ``needs``."""
-    scaled = {role for role in codecs.roles() if codecs.for_role(role).scaled}
+    scaled = {role for role in registry.roles() if registry.for_role(role).scaled}
     first: list[tuple[str, str]] = []  # (weight, problem), in the catalogue's order
     for n, r in rules.items():
         if r is None or r.role not in scaled or n in needs:

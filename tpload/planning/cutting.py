@@ -9,9 +9,9 @@ from typing import NamedTuple
 
 import torch
 
-from ..codecs import Cut, whole
-from ..modes import Kind
-from .classify import Entry
+from ..codecs.base import Cut, whole
+from ..model.modes import Kind
+from .entries import Entry
 from .layout import Layout, share
 
 SLOT_ALIGN = 256  # every served tensor starts on a 256-byte boundary of the arena

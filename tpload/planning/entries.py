@@ -11,8 +11,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..codecs import Codec, Fit
-from ..config import Rule
+from ..codecs.base import Codec, Fit
+from ..selection.config import Rule
 from ..storage.catalogue import TensorMeta
 
 

@@ -7,9 +7,9 @@ from typing import NamedTuple
 
 import torch
 
-from ..codecs import Codec, Cut, Fit
-from .classify import Entry
+from ..codecs.base import Codec, Cut, Fit
 from .cutting import Shaped, slot
+from .entries import Entry
 
 
 class Output(NamedTuple):

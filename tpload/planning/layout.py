@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..bounds import MAX_WORLD
-from ..errors import LayoutError
+from ..model.bounds import MAX_WORLD
+from ..model.errors import LayoutError
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """One rank's figures for one load, and their wire form for the one exchange.
 
 Every rank's :class:`RankFigures` travels as one int64 row of the final
-all-reduce (:mod:`tpload.exchange`); the row's layout is derived from the
+all-reduce (:mod:`tpload.distributed.exchange`); the row's layout is derived from the
 dataclass fields, so a new figure is one new field: integers (``None``, not
 measured, travels as -1), then fixed-size byte fields (their size in the
 field's metadata), then the per-node-peer cross-check values.
@@ -18,9 +18,9 @@ import numpy as np
 import torch
 
 from .. import load_path_import_ns
-from ..agreement import AGREED_BYTES
-from ..modes import PredictionState
-from ..verification.crosscheck import DIGEST_BYTES, SLOTS
+from ..model.modes import PredictionState
+from ..model.values import DIGEST_BYTES, SLOTS
+from ..verification.terms import AGREED_BYTES
 
 MESSAGE_BYTES = 4096
 DEVICE_BYTES = 24  # a multiple of 8 (the row is int64 words), and not DIGEST_BYTES (_pack)
@@ -95,7 +95,7 @@ class RankFigures:
     first_call_ns: int | None = None
     """On the process's first ``load()`` only: ``first_read_ns`` plus the import of the load path
     (``tpload.api``, timed when ``tpload.load`` is first asked for), so the once-per-process work
-    that stands before the loop (the kernels load on a thread beside it, see codecs/_lazy.py).
+    that stands before the loop (the kernels load on a thread beside it, see kernels/lazy.py).
     None on later loads, and when the load failed before."""
     attest: int = 0
     """1: this rank writes the load attestation after a passed verdict (``--attest``). Rank 0's
@@ -107,12 +107,13 @@ class RankFigures:
     """The device this rank served on (``cuda:3``, ``cpu``): the attestation records it."""
     message: str = field(default="", metadata=_bytes(MESSAGE_BYTES))
     replicas_sent: str = field(default="", metadata=_bytes(DIGEST_BYTES))
-    """Replicas: the fold of every window this rank read and sent (replicas.py); empty: none."""
+    """Replicas: the fold of every window this rank read and sent (sources/replicas.py); empty:
+    none."""
     replicas_seen: str = field(default="", metadata=_bytes(DIGEST_BYTES))
     """Replicas: the folds of the windows it received, one per sender, XOR-ed."""
     agreed: str = field(default="", metadata=_bytes(AGREED_BYTES))
-    """What this rank loaded and how, as the handshake's hashes (agreement.py), for the verdict to
-    compare again; empty: it did not pass the handshake."""
+    """What this rank loaded and how, as the handshake's hashes (distributed/agreement.py), for the
+    verdict to compare again; empty: it did not pass the handshake."""
     claims: list[bytes] = field(default_factory=lambda: [bytes(DIGEST_BYTES)] * SLOTS)
     """Node mode: what this rank, as hasher, says each node peer's windows hold (crosscheck.py)."""
     seen: list[bytes] = field(default_factory=lambda: [bytes(DIGEST_BYTES)] * SLOTS)

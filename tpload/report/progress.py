@@ -10,9 +10,9 @@ import logging
 import sys
 import time
 from collections.abc import Callable
-from typing import Protocol
 
-from ..text import plural
+from ..model.progress import Meter, ProgressSink
+from ..model.text import plural
 
 log = logging.getLogger("tpload")
 
@@ -20,42 +20,6 @@ EVERY_S = 2.0
 """Seconds between plain lines (and before the first): a run shorter than this prints none."""
 LOAD_DONE = "finishing the last hashes, then the ranks' verdict"
 """What a load does after its last byte is read (said at the end of its progress)."""
-
-
-class ProgressSink(Protocol):
-    """What the load loop reports to: one call per served tensor (a packed weight and its scale are
-    two, as the report's table counts them) with the bytes read for it, one call at the end."""
-
-    def update(self, nbytes: int) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class Meter(Protocol):
-    """An offline command's progress: one sink per pass over the bytes (``what`` names the pass when
-    a command makes several: each rank of ``plan --digest``, each rank file of an export; ``unit``
-    what each update counts)."""
-
-    def __call__(
-        self, total_bytes: int, total_tensors: int, what: str = "", unit: str = "tensor"
-    ) -> ProgressSink: ...
-
-
-class Silent:
-    """The sink of every rank but 0, and of ``progress=False``."""
-
-    def update(self, nbytes: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def silent(
-    total_bytes: int, total_tensors: int, what: str = "", unit: str = "tensor"
-) -> ProgressSink:
-    """The :class:`Meter` of a caller that shows no progress (the library's, the tests')."""
-    return Silent()
 
 
 def meter(command: str) -> Meter:

@@ -7,9 +7,9 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..modes import PredictionState
+from ..model.modes import PredictionState
+from ..model.text import printable
 from ..storage.files import atomic_write
-from ..text import printable
 from ..verification.trust import TrustSource
 from .figures import PREDICTION, RankFigures
 
@@ -43,8 +43,8 @@ class LoadReport:
     """The prefix the checkpoint's layers are stored under (``model.``; ``""``: none; None: no
     layers)."""
     kv_scales: dict = field(default_factory=dict)
-    """The KV-cache scale census (kvscales.py): each layer's stored scales and vLLM's names for
-    them."""
+    """The KV-cache scale census (selection/kvscales.py): each layer's stored scales and vLLM's
+    names for them."""
 
     @property
     def mine(self) -> RankFigures:

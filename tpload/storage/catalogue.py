@@ -13,18 +13,20 @@ import itertools
 import operator
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
-from ..columns import RowTable
-from ..errors import CheckpointError, raise_all
-from ..text import escape_name
+from ..model.columns import RowTable
+from ..model.errors import CheckpointError, raise_all
+from ..model.templates import natural_sorted
+from ..model.text import escape_name
+from ..model.values import INDEX_NAME, MANIFEST_NAME
 from . import gguf
-from .files import parse_json, read_small
-from .pins import INDEX_NAME, MANIFEST_NAME, Pins, check_plan_files, parse_pins
+from .files import folder_of, parse_json, read_small
+from .pins import Pins, check_plan_files, parse_pins
 from .safetensors import (
     TensorInfo,
     TensorMeta,
@@ -39,41 +41,6 @@ PICKLES = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 """Checkpoint files in Python's pickle format (pytorch_model*.bin): never read."""
 HEADERS_ONLY = "tpload_headers_only"
 """Metadata key of a ``synth --headers-only`` checkpoint's shards: their data are holes."""
-
-
-def natural_key(name: str, run: Callable[[str], tuple[int, str, str]] | None = None) -> tuple:
-    """Sort key that orders ``x.2`` before ``x.10`` (numbers compared as numbers). Computed per call
-    (no cache outlives a sort: a catalogue keeps its names sorted instead,
-    :meth:`Catalogue.names`); ``run``: how a digit run's key is made (default :func:`run_key`)."""
-    parts = _RUNS(name)  # text, run, text, ..., text: the runs at the odd places
-    parts[1::2] = map(run or run_key, parts[1::2])
-    return tuple(parts)
-
-
-def run_key(p: str) -> tuple[int, str, str]:
-    """A digit run's place in natural order: (its length without leading zeros, its digits without
-    them, its text). Numeric order for any length (int() would refuse 5,000 digits), and "02" after
-    "1"; equal values ("2", "02") tie-break on the text."""
-    d = p.lstrip("0")
-    return len(d), d, p
-
-
-_RUNS = re.compile(r"(\d+)").split  # re.split with a group alternates text and digit runs
-
-
-def natural_sorted(names: Iterable[str]) -> list[str]:
-    """``sorted(names, key=natural_key)``, faster on a checkpoint's names: each distinct digit
-    run's key is made once for this sort and shared, so equal runs compare by identity; the keys go
-    with the sort (no cache outlives it). Figures: docs/benchmarks.md."""
-    runs: dict[str, tuple[int, str, str]] = {}
-
-    def run(p: str) -> tuple[int, str, str]:
-        k = runs.get(p)
-        if k is None:
-            k = runs[p] = run_key(p)
-        return k
-
-    return sorted(names, key=lambda name: natural_key(name, run))
 
 
 def sha256_mismatch(
@@ -395,7 +362,7 @@ def read_native(root: Path, *, manifest: bool = True) -> tuple[Catalogue, dict[s
     must name exactly the tensors the headers hold (no more, and no fewer: an index
     that leaves a tensor out would otherwise load the rest and report success).
     """
-    named, root = root, gguf.folder_of(root)
+    named, root = root, folder_of(root)
     if not root.is_dir():
         what = (
             "is a file, not a checkpoint directory: give the folder that holds the shards (a GGUF "

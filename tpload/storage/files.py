@@ -12,6 +12,9 @@ message naming the file (a map would kill the process with SIGBUS), a shard
 larger than memory costs nothing but the reads, and the bytes a rank checks
 are the bytes it keeps (another process writing the file cannot change them
 afterwards).
+
+The path rules every writer shares live here too: which folder a checkpoint path names
+(:func:`folder_of`) and whether a path to write lies inside it (:func:`report_in_checkpoint`).
 """
 
 from __future__ import annotations
@@ -25,12 +28,13 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
-import numpy as np
+from ..model.errors import CheckpointError
+from ..model.text import escape_name
 
-from ..errors import CheckpointError
-from ..text import escape_name
+if TYPE_CHECKING:  # an annotation only: the bounded reader imports no numpy (`--help` is cheap)
+    import numpy as np
 
 MAX_JSON_BYTES = 1 << 30  # an index or manifest larger than this is not a checkpoint's
 
@@ -225,3 +229,53 @@ def atomic_write(path: Path, data: bytes | str, *, mode: int = 0o644) -> None:
     """:func:`atomic_file` for data already in memory."""
     with atomic_file(path, mode=mode) as f:
         f.write(data.encode() if isinstance(data, str) else data)
+
+
+def folder_of(path: Path) -> Path:
+    """The checkpoint folder a path names: the folder itself, or the folder holding a ``.gguf``
+    file named instead (its manifest, hub snapshot or local-dir metadata vouch for the file; the
+    file, or the split set it is part of, limits what is read there: storage/gguf.py's
+    ``gguf_files``)."""
+    return path.parent if path.name.endswith(".gguf") and path.is_file() else path
+
+
+def report_in_checkpoint(report: str, checkpoint: str) -> str | None:
+    """Why writing a report at ``report`` would write into the checkpoint folder ``checkpoint`` (a
+    path inside it, spelled directly or through symlinks, or a file elsewhere that one of its
+    entries is: a hub snapshot's blob, a hard link), or None. A ``.gguf`` file named as the
+    checkpoint stands for its folder (its manifest, snapshot or download metadata are there)."""
+    ckpt = folder_of(Path(checkpoint))
+    if not ckpt.is_dir():
+        return None  # no checkpoint there: the load says so
+    try:
+        folders = {Path(os.path.abspath(ckpt)), ckpt.resolve()}
+        targets = {Path(os.path.abspath(report)), Path(report).resolve()}
+    except (OSError, RuntimeError) as e:  # a symlink loop: refuse rather than guess where it points
+        return f"cannot be resolved ({e})"
+    for t in targets:
+        for f in folders:
+            if t.is_relative_to(f):
+                return f"is inside the checkpoint {f}"
+    try:
+        st = os.stat(report)
+    except OSError:
+        return None  # a new file outside the folder
+    with os.scandir(ckpt) as entries:
+        for entry in entries:
+            try:
+                e = os.stat(entry.path)
+            except OSError:
+                continue
+            if (e.st_dev, e.st_ino) == (st.st_dev, st.st_ino):
+                return f"is the checkpoint's {entry.name} (the same file as {ckpt / entry.name})"
+    return None
+
+
+MAX_PEM_BYTES = 1 << 20
+"""A key, a certificate or a certificate chain in PEM (a whole system CA bundle is about 300 KB)."""
+
+
+def read_pem(path: str | os.PathLike, flag: str) -> bytes:
+    """A PEM file named by an option (``--signer-key``, ``--attest-key``...), read whole by the
+    bounded reader: a FIFO, a device or a file over :data:`MAX_PEM_BYTES` is refused naming it."""
+    return read_small(Path(path), f"{flag} file", limit=MAX_PEM_BYTES)

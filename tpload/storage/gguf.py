@@ -24,9 +24,9 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import CheckpointError, raise_all
-from ..text import escape_name
-from .files import open_regular
+from ..model.errors import CheckpointError, raise_all
+from ..model.text import escape_name
+from .files import folder_of, open_regular
 from .safetensors import TensorInfo, overlaps
 
 MAGIC = b"GGUF"
@@ -349,13 +349,6 @@ def _tensor(
 
 # --- finding the files
 # --------------------------------------------------------------------------------
-
-
-def folder_of(path: Path) -> Path:
-    """The checkpoint folder a path names: the folder itself, or the folder holding a ``.gguf``
-    file named instead (its manifest, hub snapshot or local-dir metadata vouch for the file; the
-    file, or the split set it is part of, limits what is read there: :func:`gguf_files`)."""
-    return path.parent if path.name.endswith(".gguf") and path.is_file() else path
 
 
 def gguf_files(root: Path) -> list[Path] | None:

@@ -29,8 +29,8 @@ import json
 import math
 from pathlib import Path
 
-from ..errors import CheckpointError
-from ..text import escape_name
+from ..model.errors import CheckpointError
+from ..model.text import escape_name
 
 MAX_DEPTH = 127
 """The deepest nesting of objects and arrays serde_json reads (its recursion limit, 128)."""

@@ -21,9 +21,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import CheckpointError
-from ..text import escape_name
-from .catalogue import MANIFEST_NAME
+from ..model.errors import CheckpointError
+from ..model.text import escape_name
+from ..model.values import MANIFEST_NAME
 from .files import read_small
 
 SHA256_NAME = re.compile(r"[0-9a-f]{64}")

@@ -28,10 +28,11 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import CheckpointError
-from ..text import escape_name
+from ..model.errors import CheckpointError
+from ..model.text import escape_name
+from ..model.values import MANIFEST_NAME
 from .hub import Blob, FileSource, check_small
-from .pins import MANIFEST_NAME, PLAN_FILES
+from .pins import PLAN_FILES
 
 DOWNLOAD_DIR = Path(".cache") / "huggingface" / "download"
 MAX_METADATA_BYTES = 4096

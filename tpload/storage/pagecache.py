@@ -28,7 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..text import escape_name
+from ..model.text import escape_name
+from .files import open_regular
 
 log = logging.getLogger("tpload")
 _MAP_FAILED = ctypes.c_void_p(-1).value
@@ -61,8 +62,6 @@ def resident_bytes(path: Path, *, sample: int = 1) -> int:
     an estimate at a fraction of the cost (the kernel looks each page up, so a 700 GB
     checkpoint walked whole would take over a minute). Files too small to sample are counted whole.
     """
-    from .files import open_regular
-
     fd = open_regular(path, "shard")
     try:
         size = os.fstat(fd).st_size

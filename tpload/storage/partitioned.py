@@ -13,12 +13,13 @@ import hashlib
 import os
 from pathlib import Path
 
-from ..errors import CheckpointError, LayoutError, raise_all
-from ..text import escape_name
-from . import Stored
-from .catalogue import INDEX_NAME, MANIFEST_NAME, Catalogue, TensorMeta, natural_sorted
+from ..model.errors import CheckpointError, LayoutError, raise_all
+from ..model.templates import natural_sorted
+from ..model.text import escape_name
+from ..model.values import INDEX_NAME, MANIFEST_NAME, Stored
+from .catalogue import Catalogue
 from .files import parse_json, read_small
-from .safetensors import ITEMSIZE, MAX_DIM, read_header
+from .safetensors import ITEMSIZE, MAX_DIM, TensorMeta, read_header
 from .sharded import FileReads, Files
 
 

@@ -37,12 +37,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import CheckpointError, raise_all
-from ..text import escape_name
+from ..model.errors import CheckpointError, raise_all
+from ..model.text import escape_name
+from ..model.values import INDEX_NAME, MANIFEST_NAME
 from .files import parse_json, read_small
 
-INDEX_NAME = "model.safetensors.index.json"
-MANIFEST_NAME = "NATIVE_MANIFEST.json"
 PLAN_FILES = ("config.json", "hf_quant_config.json", INDEX_NAME)
 """The JSON files that shape a plan, in the order they are checked."""
 WHAT = {

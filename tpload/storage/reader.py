@@ -21,7 +21,8 @@ from typing import Protocol
 
 import numpy as np
 
-from . import Storage, Stored
+from ..model.values import Stored
+from .base import Storage
 
 CHUNK_BYTES = (
     2 << 20

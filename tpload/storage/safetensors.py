@@ -18,17 +18,14 @@ import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import CheckpointError, raise_all
-from ..text import escape_name
+from ..model.errors import CheckpointError, raise_all
+from ..model.progress import ProgressSink
+from ..model.text import escape_name
 from .files import atomic_file, open_regular, read_exact
 from .header_json import Twice, ignored_value_problem, lone_surrogate, parse_header_json
-
-if TYPE_CHECKING:  # annotations only: the storage layer imports nothing of the report's
-    from ..report.progress import ProgressSink
 
 _new = object.__new__
 _set = object.__setattr__

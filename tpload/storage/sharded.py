@@ -9,11 +9,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import CheckpointError
-from ..text import escape_name
-from . import Stored, gguf, hub, localdir
+from ..model.errors import CheckpointError
+from ..model.text import escape_name
+from ..model.values import Stored
+from . import hub, localdir
 from .catalogue import Catalogue, read_native
-from .files import Shard
+from .files import Shard, folder_of
 from .pagecache import drop_ranges
 from .safetensors import TensorInfo
 
@@ -81,7 +82,7 @@ class ShardedStorage(FileReads):
     per_rank = False
 
     def __init__(self, root: Path, *, manifest: bool = True) -> None:
-        named, root = root, gguf.folder_of(root)  # a .gguf file: its folder vouches for it
+        named, root = root, folder_of(root)  # a .gguf file: its folder vouches for it
         self.root = root
         snapshot = hub.is_snapshot(root)
         local = localdir.LocalDir(root) if not snapshot and localdir.is_local_dir(root) else None

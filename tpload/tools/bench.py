@@ -24,15 +24,16 @@ from pathlib import Path
 
 import torch
 
-from ..bounds import COUNT, RANKS, SECONDS
-from ..errors import LoadError
-from ..flags import Parser
-from ..options import DEFAULT_CONFIG
-from ..pick import choose
-from ..plan import Layout
+from ..model.bounds import COUNT, RANKS, SECONDS
+from ..model.errors import LoadError
+from ..options.flags import Parser
+from ..planning.layout import Layout
+from ..selection.defaults import DEFAULT_CONFIG
+from ..selection.pick import choose
 from ..storage.files import read_json
 from ..storage.pagecache import resident_bytes
 from .bench_bandwidth import decode_bandwidth, decode_lines, gpu_figures
+from .bench_job import blake3_store, worker_env
 from .published import cached_published, loadable_presets
 from .synth import PRESETS, cached_checkpoint
 
@@ -173,12 +174,6 @@ def prepare_digest(opts: BenchOptions) -> str:
     return ""
 
 
-def blake3_store(digest_store: str) -> Path:
-    """tpload-blake3's own store, inside the bench's: the other tpload methods must not find its
-    sidecar."""
-    return Path(digest_store) / "blake3"
-
-
 def prepare_blake3(opts: BenchOptions) -> str:
     """Write the blake3 sidecar tpload-blake3 loads with (what ``tpload manifest --hash blake3``
     does, outside the timed runs). Returns why the method cannot run, or ""."""
@@ -189,16 +184,6 @@ def prepare_blake3(opts: BenchOptions) -> str:
     except (LoadError, OSError) as e:
         return f"no blake3 sidecar could be written: {e}"
     return ""
-
-
-def _worker_env(nproc: int) -> dict[str, str]:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    # Pin the workers to this checkout of tpload, whatever is installed.
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH", "")]
-    )
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    return env
 
 
 def run_once(method: str, opts: BenchOptions, out_dir: Path) -> list[dict] | str:
@@ -227,7 +212,7 @@ def run_once(method: str, opts: BenchOptions, out_dir: Path) -> list[dict] | str
     ]
     try:
         p = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=opts.timeout_s, env=_worker_env(opts.nproc)
+            cmd, capture_output=True, text=True, timeout=opts.timeout_s, env=worker_env(opts.nproc)
         )
     except subprocess.TimeoutExpired:
         return f"timed out after {opts.timeout_s:.0f} s"
@@ -421,14 +406,6 @@ def preset_checkpoint(preset: str, *, tensors: int | None = None) -> Path:
 
 
 def cmd_bench(argv: list[str]) -> int:
-    if "--engine" in argv:  # a serving engine's default loader beside tpload's (bench_engine.py)
-        from .bench_engine import cmd_bench_engine
-
-        return cmd_bench_engine(argv)
-    if "--replicas" in argv:  # replicas sharing the reads against each reading alone
-        from .bench_replicas import cmd_bench_replicas
-
-        return cmd_bench_replicas(argv)
     p = Parser(
         prog="python -m tpload bench",
         description="Run tpload beside its peers on the same "
@@ -503,7 +480,7 @@ def cmd_bench(argv: list[str]) -> int:
     decode = None
     if not args.no_decode:
         decode = decode_bandwidth(
-            ckpt, threads=int(_worker_env(opts.nproc)["OMP_NUM_THREADS"]), config=opts.config
+            ckpt, threads=int(worker_env(opts.nproc)["OMP_NUM_THREADS"]), config=opts.config
         )
         print("\n".join(decode_lines(decode)), flush=True)
     gpu = (

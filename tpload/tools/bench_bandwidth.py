@@ -10,11 +10,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..codecs import Cut
-from ..loop import decode_rows
-from ..options import DEFAULT_CONFIG
-from ..pick import choose, planner_of
-from ..plan import Item, Layout
+from ..codecs.base import Cut
+from ..loading.loop import decode_rows
+from ..loading.planner import planner_of
+from ..planning.items import Item
+from ..planning.layout import Layout
+from ..selection.defaults import DEFAULT_CONFIG
+from ..selection.pick import choose
 from ..storage.sharded import ShardedStorage
 
 if TYPE_CHECKING:

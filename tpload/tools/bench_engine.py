@@ -16,8 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..bounds import COUNT, RANKS, SECONDS
-from ..flags import Parser
+from ..model.bounds import COUNT, RANKS, SECONDS
+from ..options.flags import Parser
 from ..storage.catalogue import read_native
 from ..storage.files import read_json
 

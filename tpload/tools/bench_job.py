@@ -1,5 +1,6 @@
 """What every bench method is given: the checkpoint mapped whole (the peers' way to the bytes) and
-this rank's plan of the windows it must end up owning. None of this imports tpload's kernels
+this rank's plan of the windows it must end up owning; and what every arm of the bench shares
+(a worker's environment, tpload-blake3's store). None of this imports tpload's kernels
 (numba), so a method's own imports are timed in a process without them."""
 
 from __future__ import annotations
@@ -12,8 +13,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..pick import choose, planner_of
-from ..plan import Cut, Layout, Output, RankPlan
+from ..codecs.base import Cut
+from ..loading.planner import planner_of
+from ..planning.items import Output
+from ..planning.layout import Layout
+from ..planning.planner import RankPlan
+from ..selection.pick import choose
 from ..storage.files import open_regular
 from ..storage.sharded import ShardedStorage
 
@@ -118,3 +123,21 @@ class Job:
         for o, cut in self.outputs():
             out.setdefault(cut.name, []).append((o, cut))
         return out
+
+
+def blake3_store(digest_store: str) -> Path:
+    """tpload-blake3's own store, inside the bench's: the other tpload methods must not find its
+    sidecar."""
+    return Path(digest_store) / "blake3"
+
+
+def worker_env(nproc: int) -> dict[str, str]:
+    """The environment of a bench run's torchrun job of ``nproc`` workers (the table's and the
+    replicas' arms alike)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # Pin the workers to this checkout of tpload, whatever is installed.
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH", "")]
+    )
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    return env

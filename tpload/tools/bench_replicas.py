@@ -1,6 +1,6 @@
 """``python -m tpload bench --replicas R``: R replicas of one tp plan in one launch, sharing the
-reads (each window read from storage once per cluster: replicas.py), against the R replicas each
-reading alone (R launches of tp ranks at once, as R nodes would), alternating round by round.
+reads (each window read from storage once per cluster: sources/replicas.py), against the R replicas
+each reading alone (R launches of tp ranks at once, as R nodes would), alternating round by round.
 
 Both arms are the command line's own load (``torchrun -m tpload DIR --tp T [--replicas R]``) with
 its JSON report; the figures come from the reports (bytes counted as read and as received) and from
@@ -23,11 +23,12 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..bounds import COUNT, RANKS, SECONDS
-from ..flags import Parser
-from ..options import DEFAULT_CONFIG
+from ..model.bounds import COUNT, RANKS, SECONDS
+from ..options.flags import Parser
+from ..selection.defaults import DEFAULT_CONFIG
 from ..storage.files import read_json
-from .bench import _worker_env, preset_checkpoint
+from .bench import preset_checkpoint
+from .bench_job import worker_env
 from .synth import PRESETS
 
 GIB = 1 << 30
@@ -83,7 +84,7 @@ def _launch(b: ReplicaBench, runs: list[tuple[int, Path, tuple[str, ...]]]) -> d
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env=_worker_env(n * len(runs)),
+            env=worker_env(n * len(runs)),
         )
         for n, report, extra in runs
     ]

@@ -4,7 +4,7 @@
         [--config C]
 
 Every method does the same job: this rank ends up owning its window of every
-tensor (the windows :class:`tpload.plan.Planner` cuts) on its device. The
+tensor (the windows :class:`tpload.planning.planner.Planner` cuts) on its device. The
 clock runs from after process-group init (and a barrier) to a final barrier;
 the window digest is taken after the clock stops, so checking that every
 method served the same bytes costs no method anything.
@@ -29,13 +29,13 @@ import torch.distributed as dist
 
 import tpload
 
-from ..options import DEFAULT_CONFIG
-
 # The bench's own pieces that every method shares (the plan of the windows, the map); none of these
 # imports tpload's kernels (numba), so a method's own imports are timed in a process without them.
-from ..plan import Cut, Item, Output
+from ..codecs.base import Cut
+from ..planning.items import Item, Output
+from ..selection.defaults import DEFAULT_CONFIG
 from ..storage.safetensors import ITEMSIZE
-from .bench_job import Job, Windows
+from .bench_job import Job, Windows, blake3_store
 
 
 def _served(cut: Cut, t: torch.Tensor) -> torch.Tensor:
@@ -107,8 +107,6 @@ def _tpload(kind: str, verify: str, *, blake3: bool = False) -> Callable[[Job], 
     (bench.prepare_blake3), refused unless the load really hashed by blake3."""
 
     def run(job: Job) -> Windows:
-        from .bench import blake3_store
-
         store = (
             str(blake3_store(job.digest_store)) if blake3 and job.digest_store else job.digest_store
         )
@@ -341,7 +339,10 @@ METHODS: dict[str, Callable[[Job], Windows]] = {
 """Every method the bench knows, by name (the peers' packages only when importable)."""
 
 IMPORTS: dict[str, tuple[str, ...]] = {
-    "floor": ("tpload.transfer.cpu", "tpload.kernels"),  # tpload's arena allocator, its kernels
+    "floor": (
+        "tpload.transfer.cpu",
+        "tpload.kernels.compiled",
+    ),  # tpload's arena allocator, its kernels
     "safetensors": ("safetensors",),
     "fastsafetensors": ("fastsafetensors",),
     "runai": ("runai_model_streamer",),
@@ -357,7 +358,7 @@ def import_method(method: str) -> float:
     """Seconds to import ``method``'s own modules (in a process that has torch and the plan
     already)."""
     t0 = time.perf_counter()
-    loader = ("tpload.api", "tpload.kernels") if method.startswith("tpload") else ()
+    loader = ("tpload.api", "tpload.kernels.compiled") if method.startswith("tpload") else ()
     for module in IMPORTS.get(method, loader):
         importlib.import_module(module)
     return time.perf_counter() - t0
@@ -366,7 +367,8 @@ def import_method(method: str) -> float:
 def window_digest(windows: Windows) -> str:
     """Digest of a rank's windows as bytes: ``name|uint8|rows x row_bytes|fingerprint`` lines
     (README, Digests)."""
-    from ..verification.fingerprint import as_bytes2d, digest, fingerprint
+    from ..kernels.fingerprint import as_bytes2d, fingerprint
+    from ..verification.digest import digest
 
     entries = []
     for name, t in windows.items():

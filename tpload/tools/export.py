@@ -20,18 +20,20 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import Config
-from ..errors import CheckpointError
-from ..pick import planner_of
-from ..plan import Layout, RankPlan
-from ..report.progress import Meter, silent
-from ..storage.catalogue import MANIFEST_NAME, natural_key, natural_sorted
+from ..loading.planner import planner_of
+from ..model.errors import CheckpointError
+from ..model.progress import Meter, silent
+from ..model.templates import natural_key, natural_sorted
+from ..model.text import escape_name
+from ..model.values import MANIFEST_NAME
+from ..planning.layout import Layout
+from ..planning.planner import RankPlan
+from ..selection.config import Config
 from ..storage.partitioned import rank_file
 from ..storage.pins import pins_to_write
 from ..storage.reader import Reader
 from ..storage.safetensors import write_safetensors
 from ..storage.sharded import ShardedStorage
-from ..text import escape_name
 from ..verification import gate
 from ..verification.vouched import Vouched
 

@@ -2,7 +2,7 @@
 manifests.
 
 * ``tpload plan DIR --digest`` runs every rank's plan through the load's own
-  code (:func:`tpload.load.run`) on the CPU, one rank at a time, so the digests
+  code (:func:`tpload.loading.loop.run`) on the CPU, one rank at a time, so the digests
   it prints are exactly what a load on any device must produce; ``--write``
   first checks every tensor the layout uses by sha256 against the manifest,
   then keeps the digests in the operator's digest store (verification/store.py)
@@ -24,24 +24,23 @@ import json
 import os
 from pathlib import Path
 
-from ..config import Config
-from ..errors import CheckpointError, LoadError
-from ..loop import value_feed
-from ..pick import planner_of
-from ..plan import Layout
-from ..report.progress import Meter
-from ..storage import Storage
-from ..storage.catalogue import MANIFEST_NAME
-from ..storage.files import atomic_write, read_json
-from ..storage.gguf import folder_of
+from ..attest.predict import predict, spare_threads
+from ..loading.loop import value_feed
+from ..loading.planner import planner_of
+from ..model.errors import CheckpointError, LoadError
+from ..model.progress import Meter
+from ..model.text import escape_name
+from ..model.values import MANIFEST_NAME
+from ..planning.layout import Layout
+from ..selection.config import Config
+from ..storage.base import Storage
+from ..storage.files import atomic_write, folder_of, read_json
 from ..storage.pins import Pins, pins_doc
 from ..storage.sharded import ShardedStorage
-from ..text import escape_name
 from ..verification import gate
 from ..verification.blake3sums import Digests, require, write_sidecar
 from ..verification.files import FileHasher, file_problems
 from ..verification.hashing import hash_whole, mismatches
-from ..verification.predict import predict, spare_threads
 from ..verification.signing import SignedModel
 from ..verification.store import DigestStore, checkpoint_stamp, stale
 from ..verification.strategy import layout_key

@@ -24,14 +24,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import CheckpointError
-from ..storage.catalogue import HEADERS_ONLY, INDEX_NAME, MANIFEST_NAME
+from ..model.errors import CheckpointError
+from ..model.text import escape_name
+from ..model.values import INDEX_NAME, MANIFEST_NAME
+from ..storage.catalogue import HEADERS_ONLY
 from ..storage.pins import pins_doc
 from ..storage.safetensors import write_safetensors
-from ..text import escape_name
 
 if TYPE_CHECKING:  # annotations only: report/ imports torch, which synth does not need
-    from ..report.progress import Meter
+    from ..model.progress import Meter
 from .synth import (
     Planned,
     bf16_bytes,

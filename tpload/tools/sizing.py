@@ -17,15 +17,16 @@ from dataclasses import dataclass
 
 import psutil
 
-from ..config import Config
-from ..pick import planner_of
-from ..plan import Layout, Planner, RankPlan
-from ..planning.reads import readers
-from ..storage import open_storage
+from ..loading.planner import planner_of
+from ..model.text import plural
+from ..model.windows import readers
+from ..planning.layout import Layout
+from ..planning.planner import Planner, RankPlan
+from ..selection.config import Config
 from ..storage.catalogue import Catalogue
+from ..storage.open import open_storage
 from ..storage.reader import CHUNK_BYTES, RING
-from ..text import plural
-from ..transfer import CUDA_CHUNK_BYTES as PINNED_CHUNK
+from ..transfer.base import CUDA_CHUNK_BYTES as PINNED_CHUNK
 from ..verification.policy import assign_hashing
 
 GIB = 1 << 30

@@ -26,17 +26,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..bounds import SEED
 from ..codecs.fp4_e8m0 import GROUP as FP4_GROUP
-from ..errors import CheckpointError, OptionsError
-from ..option_rules import not_a_folder
-from ..storage.catalogue import INDEX_NAME, MANIFEST_NAME
+from ..model.bounds import SEED
+from ..model.errors import CheckpointError, OptionsError
+from ..model.text import escape_name
+from ..model.values import INDEX_NAME, MANIFEST_NAME
+from ..options.rules import not_a_folder
 from ..storage.pins import pins_doc
 from ..storage.safetensors import ITEMSIZE, write_safetensors
-from ..text import escape_name
 
 if TYPE_CHECKING:  # annotations only: report/ imports torch, which synth does not need
-    from ..report.progress import Meter, ProgressSink
+    from ..model.progress import Meter, ProgressSink
 
 CHUNK_BYTES = 32 << 20
 log = logging.getLogger("tpload")

@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from ..codecs.gguf import BLOCKS, SCALE_OFFSETS
-from ..errors import CheckpointError, OptionsError
+from ..model.errors import CheckpointError, OptionsError
+from ..model.text import escape_name
 from ..storage.gguf import HEADERS_ONLY_KEY
-from ..text import escape_name
 
 HIDDEN, INTER, MOE_INTER, EXPERTS, HEADS, VOCAB = 256, 512, 512, 4, 4, 512
 NOPE, ROPE, V, Q_LORA, KV_LORA = 32, 16, 32, 64, 64

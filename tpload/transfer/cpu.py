@@ -10,8 +10,9 @@ from threading import Thread
 import numpy as np
 import torch
 
+from ..kernels.fingerprint import HostFingerprint
+from ..model.values import Triple
 from ..storage.reader import CHUNK_BYTES
-from ..verification.fingerprint import HostFingerprint, Triple
 
 _MADV_POPULATE_WRITE = 23  # Linux >= 5.14; not in the mmap module of Python 3.11
 

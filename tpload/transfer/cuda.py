@@ -24,8 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..verification.fingerprint import DeviceFingerprint, HostFingerprint, Triple, as_bytes2d
-from . import CUDA_CHUNK_BYTES
+from ..kernels.fingerprint import DeviceFingerprint, HostFingerprint, as_bytes2d
+from ..model.values import Triple
+from .base import CUDA_CHUNK_BYTES
 
 CHUNK_BYTES = (
     CUDA_CHUNK_BYTES  # a PCIe copy this size amortizes its launch; the staging ring holds four

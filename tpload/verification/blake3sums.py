@@ -29,9 +29,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import LoadError
+from ..model.errors import LoadError
+from ..model.text import escape_name
 from ..storage.catalogue import Catalogue
-from ..text import escape_name
 from .store import DigestStore, stale
 from .vouched import Vouched
 

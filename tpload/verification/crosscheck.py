@@ -23,13 +23,7 @@ import hashlib
 from collections.abc import Iterable, Mapping
 from operator import itemgetter
 
-from .fingerprint import Triple
-from .policy import Box
-
-DIGEST_BYTES = 32
-SLOTS = 8
-"""Values per row: one per node peer (by position on the node); on a node of more ranks, peers
-share slots, their values folded by XOR (still compared, no longer told apart)."""
+from ..model.values import DIGEST_BYTES, SLOTS, Box, Triple
 
 
 def fold(lines: Iterable[tuple[str, Box, Triple]]) -> bytes:
@@ -66,7 +60,7 @@ def claims(
     me: int,
 ) -> list[bytes]:
     """The :data:`SLOTS` values of what this rank, as hasher, says each node peer's windows hold."""
-    per_peer: dict[int, list] = {p: [] for p in node if p != me}
+    per_peer: dict[int, list[tuple[str, Box, Triple]]] = {p: [] for p in node if p != me}
     for name, peers in peers_of.items():
         for p, box in peers.items():
             per_peer[p].append((name, box, fingerprints[name][p]))
@@ -77,7 +71,7 @@ def seen(
     owner: Mapping[str, int], windows: Mapping[str, tuple[Box, Triple]], node: list[int], me: int
 ) -> list[bytes]:
     """The :data:`SLOTS` values of what this rank read of the tensors each node peer hashed."""
-    per_owner: dict[int, list] = {p: [] for p in node if p != me}
+    per_owner: dict[int, list[tuple[str, Box, Triple]]] = {p: [] for p in node if p != me}
     for name, hasher in owner.items():
         box, fp = windows[name]
         per_owner[hasher].append((name, box, fp))

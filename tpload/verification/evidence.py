@@ -15,11 +15,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..text import escape_name
+from ..model.text import escape_name
+from ..model.values import Box, Triple
 from .blake3sums import SHA256, Digests
-from .fingerprint import Triple
 from .hashing import HashResults, mismatches
-from .policy import Box
 
 Count = int | torch.Tensor
 

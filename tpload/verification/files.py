@@ -23,13 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..report.progress import ProgressSink
+from ..model.progress import ProgressSink
+from ..model.text import escape_name
+from ..model.values import Box, Triple
 from ..storage.reader import Reader
-from ..text import escape_name
 from .blake3sums import new_blake3
-from .fingerprint import Triple
 from .hashing import Hashed, HashTap
-from .policy import Box, assign_hashing
+from .policy import assign_hashing
 
 RAW_CHUNK = 4 << 20  # bytes outside any tensor (the header) are read in pieces of this
 

@@ -19,7 +19,7 @@ checked before any byte is read, and who hashes what), :meth:`Strategy.settle` (
 this rank's own problems raised at once, its figures written into its row) and
 :meth:`Strategy.verdict` (after the exchange: problems only the whole table shows). The exit types
 take the gate's output when they are made: :class:`Verdict` (only :func:`judge` makes a passing
-one) for the served shards, a :class:`~tpload.deferred.DeferredTensor`'s digest from
+one) for the served shards, a :class:`~tpload.loading.deferred.DeferredTensor`'s digest from
 :meth:`Strategy.locators`; neither can be made from bytes nothing vouched for.
 """
 
@@ -28,18 +28,19 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..agreement import disagreement
-from ..errors import LoadError
-from ..modes import RankStatus, Verify
-from ..report.progress import Meter
-from ..text import escape_name
+from ..model.errors import CheckpointError, LoadError
+from ..model.modes import RankStatus, Verify
+from ..model.progress import Meter
+from ..model.text import escape_name
 from . import signing
 from .blake3sums import SHA256, Digests, content_hash, fix_command
+from .hashing import hash_whole, mismatches
 from .policy import HashPlan, hash_plan
 from .store import stale
 from .strategy import Job, Prepared, Strategy
+from .terms import disagreement
 from .trust import UNCHECKED, TrustKind, TrustSource
-from .vouched import Vouched
+from .vouched import Vouched, vouched
 from .whole_files import FileDigests, SignedFiles, statement
 
 
@@ -283,10 +284,6 @@ def at_rest(
     problem (manifest entries missing, mismatches, a file changed during the reads), else the
     digests as :class:`~tpload.verification.vouched.Vouched`, the only thing those writers take.
     ``progress``: the command's meter, for the reads."""
-    from ..errors import CheckpointError
-    from .hashing import hash_whole, mismatches
-    from .vouched import vouched
-
     cat = storage.catalogue
     if cat.manifest is None:  # whole-file digests (blob names, etags) vouch for no tensor alone
         raise CheckpointError(

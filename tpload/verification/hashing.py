@@ -26,15 +26,16 @@ from types import MappingProxyType
 
 import numpy as np
 
-from ..columns import RowTable
-from ..report.progress import Meter, Silent
-from ..storage import Storage, Stored
+from ..kernels.fingerprint import HostFingerprint
+from ..model.columns import RowTable
+from ..model.progress import Meter, Silent
+from ..model.text import escape_name
+from ..model.values import Box, Stored, Triple
+from ..storage.base import Storage
 from ..storage.catalogue import sha256_mismatch
 from ..storage.reader import Block, Reader
-from ..text import escape_name
 from .blake3sums import SHA256, Digests, new_blake3
-from .fingerprint import HostFingerprint, Triple
-from .policy import Box, HashPlan
+from .policy import HashPlan
 
 INLINE_BELOW = (
     1 << 20

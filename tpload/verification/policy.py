@@ -19,10 +19,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..modes import Verify
-from ..planning.reads import Box, readers
-
-__all__ = ["Box", "HashPlan", "assign_hashing", "hash_plan", "readers"]
+from ..model.modes import Verify
+from ..model.values import Box
+from ..model.windows import readers
 
 
 @dataclass(frozen=True)

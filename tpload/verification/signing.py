@@ -19,12 +19,14 @@ The library's public ``verify`` hashes every file of the folder again. Checking 
 model-signing to the version read (:data:`PINNED`), and tests/unit/verification/test_signing.py
 fails when the call moves. The bundle, the key and the certificates are read once, by the bounded
 reader of regular files (``storage/files.read_small``, with :data:`MAX_BUNDLE_BYTES` and
-:data:`MAX_PEM_BYTES`), and their bytes handed to the library (:class:`Held`): a FIFO, a device or
-a huge file in their place is refused by name, and what is verified is what was read.
+storage/files.py's ``MAX_PEM_BYTES``), and their bytes handed to the library (:class:`Held`): a
+FIFO, a device or a huge file in their place is refused by name, and what is verified is what was
+read.
 
-:func:`precheck` runs before the storage opens (api.py), on every rank: the bundle, then the JSON
-files that shape the plan (config.json, hf_quant_config.json, the index, a signed manifest), each
-checked against its signed digest before anything reads it. An uncovered one is refused.
+:func:`precheck` runs before the storage opens (loading/sequence.py), on every rank: the bundle,
+then the JSON files that shape the plan (config.json, hf_quant_config.json, the index, a signed
+manifest), each checked against its signed digest before anything reads it. An uncovered one is
+refused.
 """
 
 from __future__ import annotations
@@ -35,11 +37,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..errors import LoadError
-from ..option_rules import SIGNER_FIELDS
-from ..storage.files import parse_json, read_small
-from ..storage.pins import INDEX_NAME, MANIFEST_NAME
-from ..text import escape_name
+from ..model.errors import LoadError
+from ..model.text import escape_name
+from ..model.values import INDEX_NAME, MANIFEST_NAME, SIGNER_FIELDS
+from ..storage.files import parse_json, read_pem, read_small
 from . import blake3sums
 from .files import Expected
 
@@ -61,8 +62,6 @@ MAX_BUNDLE_BYTES = 64 << 20
 """model.sig's size limit. A bundle names each signed file (or shard-mode piece) in about 250 bytes
 (200 files: 50 KB; a 700 GB model in model-signing's default 1 GB pieces: under 200 KB), so 64 MiB
 holds some 250,000: far more than any checkpoint, and little for a rank to hold."""
-MAX_PEM_BYTES = 1 << 20
-"""A key, a certificate or a certificate chain in PEM (a whole system CA bundle is about 300 KB)."""
 
 
 class Held:
@@ -81,12 +80,6 @@ class Held:
 
     def __str__(self) -> str:
         return str(self.path)
-
-
-def read_pem(path: str | os.PathLike, flag: str) -> bytes:
-    """A PEM file named by an option (``--signer-key``, ``--attest-key``...), read whole by the
-    bounded reader: a FIFO, a device or a file over :data:`MAX_PEM_BYTES` is refused naming it."""
-    return read_small(Path(path), f"{flag} file", limit=MAX_PEM_BYTES)
 
 
 @dataclass(frozen=True)

@@ -35,12 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import LoadError
-from ..storage.files import atomic_write, read_json
-from ..text import escape_name
+from ..model.errors import LoadError
+from ..model.text import escape_name
+from ..storage.files import atomic_write, read_json, report_in_checkpoint
 
 if TYPE_CHECKING:
-    from ..storage import Storage
+    from ..storage.base import Storage
 
 FORMAT = 3
 
@@ -70,8 +70,6 @@ def in_checkpoint(root: str | os.PathLike | None, checkpoint: str | os.PathLike)
     """Why the digest store ``root`` (None: the default) lies in the checkpoint folder
     ``checkpoint`` (inside it, through symlinks too, or one of its entries), in words naming the
     store; None when it does not."""
-    from ..option_rules import report_in_checkpoint  # the one rule for "inside the checkpoint"
-
     path = Path(root) if root else default_store()
     why = report_in_checkpoint(str(path), str(checkpoint))
     if why is None:

@@ -12,10 +12,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import replicas
-from ..errors import LoadError
-from ..modes import PredictionState
-from ..text import escape_name
+from ..distributed import placement
+from ..model.errors import LoadError
+from ..model.modes import PredictionState
+from ..model.text import escape_name
+from ..sources import replicas
 from . import crosscheck
 from .blake3sums import SHA256, Digests
 from .files import FileHasher
@@ -46,8 +47,8 @@ class Job:
     threads: int = 1
     """Spare cores of this rank, for hashing on the side."""
     reads: Mapping[int, Mapping[str, object]] | None = None
-    """With replicas (replicas.py): each plan's windows its rank reads from storage itself (default:
-    all)."""
+    """With replicas (sources/replicas.py): each plan's windows its rank reads from storage itself
+    (default: all)."""
     link: object = None
     """With replicas: this rank's replicas.Link (who read each window it received)."""
 
@@ -108,6 +109,9 @@ class Strategy(ABC):
     vouched_by = ""
     locators_vouched_by = "the manifest's sha256 of the tensor"
     """What vouches for the digest a deferred tensor's locator checks (see :meth:`locators`)."""
+    whole_files = False
+    """Whether it vouches for whole files (then replicas share a file's windows out whole: one
+    replica reads them all, and its node hashes the file once for the cluster)."""
 
     def __init__(self, job: Job) -> None:
         self.job = job
@@ -127,9 +131,10 @@ class Strategy(ABC):
     # -- before any read ------------------------------------------------------------------------
     def anchor(self) -> str:
         """What vouches for this load's bytes, in one line that is the same on every rank loading
-        the same checkpoint through the same anchor (the handshake compares it: agreement.py): the
-        manifest's sha256, else the whole-file digests the folder carries (hub blob names,
-        local-dir etags), as one sha256 over them in name order; "none" when it has neither."""
+        the same checkpoint through the same anchor (the handshake compares it:
+        distributed/agreement.py): the manifest's sha256, else the whole-file digests the folder
+        carries (hub blob names, local-dir etags), as one sha256 over them in name order; "none"
+        when it has neither."""
         storage = self.job.storage
         sha = storage.catalogue.manifest_sha256
         if sha:
@@ -182,7 +187,9 @@ class Strategy(ABC):
         # the attestation is an exit path of the gate: rank 0's row says it will write one
         fig.attest = int(bool(getattr(self.job.opts, "attest", None)))
         if stored is not None:
-            at = replicas.placement(self.job.opts, ctx.world)  # replicas: one prediction a position
+            at = placement.placement(
+                self.job.opts, ctx.world
+            )  # replicas: one prediction a position
             me, world = (at.where(ctx.rank)[1], at.size) if at else (ctx.rank, ctx.world)
             match = len(stored.digests) == world and stored.digests[me] == fig.digest
             fig.prediction = PredictionState.MATCH if match else PredictionState.DIFFERS
@@ -233,5 +240,5 @@ class Strategy(ABC):
             problems += crosscheck.verdict(
                 ctx.node_lists, {r.rank: r.claims for r in ranks}, {r.rank: r.seen for r in ranks}
             )
-            problems += replicas.verdict(ranks, replicas.placement(self.job.opts, len(ranks)))
+            problems += replicas.verdict(ranks, placement.placement(self.job.opts, len(ranks)))
         return problems

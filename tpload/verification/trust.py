@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from ..text import escape_name
+from ..model.text import escape_name
 
 
 class TrustKind(StrEnum):
@@ -53,7 +53,7 @@ class TrustSource:
     def to_dict(self) -> dict[str, str | None]:
         return {k: (str(v) if v is not None else None) for k, v in asdict(self).items()}
 
-    def words(self, root: str | os.PathLike | None = None) -> str:
+    def words(self, root: str | os.PathLike[str] | None = None) -> str:
         """The source in one phrase, files named relative to the checkpoint ``root`` when inside it
         (the ``verified:`` line: "... against {words}")."""
 

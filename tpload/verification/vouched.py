@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import LoadError
+from ..model.errors import LoadError
 
 
 @dataclass(frozen=True)

@@ -8,14 +8,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..errors import LoadError
-from ..modes import Verify
+from ..model.errors import LoadError
+from ..model.modes import Verify
+from ..model.text import escape_name
+from ..model.windows import readers
 from ..storage.hub import SNAPSHOT, FileSource
 from ..storage.localdir import DOWNLOAD_DIR
-from ..text import escape_name
 from . import crosscheck
 from .files import FileHashed, FileHasher, assign_files, file_problems, own_problems
-from .policy import HashPlan, readers
+from .policy import HashPlan
 from .strategy import Job, Prepared, Strategy, digest_map
 from .trust import TrustKind, TrustSource
 
@@ -31,6 +32,8 @@ class FileDigests(Strategy):
     sha256 from the same pass; the locator then checks what the model streams against that digest
     (chosen over refusing the deferral: hub snapshots are the common case, and deferred tables are
     few; the cost, a file hashed by each rank that defers from it, is in the report's notes)."""
+
+    whole_files = True
 
     def __init__(self, job: Job, source: FileSource | None = None) -> None:
         super().__init__(job)

@@ -6,7 +6,9 @@ import inspect
 
 import pytest
 
-from tpload.codecs import Codec, base, for_role, roles
+from tpload.codecs import base
+from tpload.codecs.base import Codec
+from tpload.codecs.registry import for_role, roles
 
 
 def test_the_base_is_abstract_and_re_exported() -> None:

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from tests.reference import fp4 as ref_fp4
-from tpload.codecs import Codec, Cut, Fit, Problem
+from tpload.codecs.base import Codec, Cut, Fit, Problem
 from tpload.codecs.fp4_e8m0 import FP4, overflow_groups
 from tpload.codecs.fp8_block import FP8, overflow_blocks
 from tpload.codecs.plain import PLAIN
-from tpload.storage.catalogue import TensorMeta
+from tpload.storage.safetensors import TensorMeta
 
 BF16_MAX_HALFWAY = np.array([0x7F7F8000], dtype=np.uint32).view(np.float32)[
     0

@@ -15,14 +15,15 @@ import torch
 
 from tests.reference import fp4 as ref_fp4
 from tests.reference import fp8 as ref_fp8
-from tpload import kernels
-from tpload.codecs import Codec, Fit, tables
+from tpload.codecs import tables
+from tpload.codecs.base import Codec, Fit
 from tpload.codecs.fp4_e8m0 import FP4
 from tpload.codecs.fp4_e8m0 import decode_torch as fp4_decode_torch
 from tpload.codecs.fp8_block import FP8
 from tpload.codecs.fp8_block import decode_torch as fp8_decode_torch
 from tpload.codecs.plain import PLAIN
-from tpload.storage.catalogue import TensorMeta
+from tpload.kernels import compiled as kernels
+from tpload.storage.safetensors import TensorMeta
 
 PATHS = pytest.mark.parametrize("path", ["kernel", "torch", "reference"])
 LEGAL_E8M0 = np.arange(1, 255, dtype=np.uint8)

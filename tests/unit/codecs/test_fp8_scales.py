@@ -21,11 +21,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from tpload.codecs import Fit
+from tpload.codecs.base import Fit
 from tpload.codecs.fp8_block import FP8
 from tpload.codecs.plain import PLAIN
 from tpload.codecs.tables import SERVED, SERVED_SCALE
-from tpload.storage.catalogue import TensorMeta
+from tpload.storage.safetensors import TensorMeta
 
 B = 128
 PATHS = pytest.mark.parametrize("path", ["kernel", "torch", "reference"])

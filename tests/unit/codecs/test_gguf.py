@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from tpload.codecs import for_role
 from tpload.codecs.gguf import BLOCKS, DECODED, SCALE_OFFSETS, decode_torch
+from tpload.codecs.registry import for_role
 from tpload.codecs.tables import round_bf16
 from tpload.storage.safetensors import TensorMeta
 
@@ -42,7 +42,7 @@ def blocks(ggml: str, rows: int, per_row: int, seed: int = 0) -> np.ndarray:
 @needs_gguf
 @pytest.mark.parametrize("ggml", DECODED)
 def test_decodes_equal_gguf_dequantize_rounded_once(ggml: str) -> None:
-    from tpload.codecs import gguf_kernels
+    from tpload.kernels import gguf as gguf_kernels
 
     raw = blocks(ggml, 5, 3)
     want = round_bf16(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[ggml])).view(np.int16)
@@ -98,7 +98,7 @@ def test_expert_windows_decode_as_the_slice_of_the_whole(
     """A stacked [3, 6, 3 blocks] tensor: rank 1 of tp 3 (its middle block, or rows 2-3), two of the
     experts, decoded the way the load does (view rows, unfolded per expert) by the kernel and the
     torch ops: the matching slice of gguf's dequantisation of the whole tensor."""
-    from tpload.loop import decode_rows
+    from tpload.loading.loop import decode_rows
 
     per = BLOCKS[ggml][0]
     raw = blocks(ggml, 3 * 6, 3, seed=7)
@@ -148,13 +148,13 @@ def test_nan_or_inf_super_scale_is_refused_naming_the_block(ggml: str) -> None:
 
 @needs_gguf
 def test_config_auto_reads_the_header(tmp_path: Path) -> None:
-    from tpload.pick import choose
+    from tpload.selection.pick import choose
     from tpload.tools.synth_gguf import write_gguf_preset
 
     root = write_gguf_preset(tmp_path / "g", "deepseek-v3-gguf-tiny")
     config, why = choose("auto", root)
     assert config.name == "deepseek-v3-gguf+gguf" and "gguf:deepseek2" in why
-    from tpload.pick import model_config
+    from tpload.selection.pick import model_config
 
     model = model_config(root)
     assert (
@@ -197,7 +197,7 @@ def test_preset_without_gguf_says_so(tmp_path: Path) -> None:
 )
 @pytest.mark.parametrize("ggml", DECODED)
 def test_device_decode_equals_the_kernel(ggml: str) -> None:
-    from tpload.codecs import gguf_kernels
+    from tpload.kernels import gguf as gguf_kernels
 
     raw = blocks(ggml, 64, 8, seed=3)
     per = BLOCKS[ggml][0]

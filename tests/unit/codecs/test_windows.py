@@ -10,11 +10,12 @@ import torch
 
 from tests.reference import fp4 as ref_fp4
 from tests.reference import fp8 as ref_fp8
-from tpload.codecs import Codec, Cut, Fit, even_split, for_role, roles
+from tpload.codecs.base import Codec, Cut, Fit, even_split
 from tpload.codecs.fp4_e8m0 import FP4
 from tpload.codecs.fp8_block import FP8
 from tpload.codecs.plain import PLAIN
-from tpload.storage.catalogue import TensorMeta
+from tpload.codecs.registry import for_role, roles
+from tpload.storage.safetensors import TensorMeta
 
 NP = {
     "BF16": ml_dtypes.bfloat16,

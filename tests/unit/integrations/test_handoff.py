@@ -12,8 +12,6 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from tpload.config import load_config
-from tpload.errors import OptionsError
 from tpload.integrations.engine import OPTIONS, _skipped, load_options
 from tpload.integrations.handoff import (
     Handoff,
@@ -24,8 +22,10 @@ from tpload.integrations.handoff import (
 )
 from tpload.integrations.skips import Skip, declared_skips
 from tpload.integrations.window_tensor import WholeTensor
-from tpload.pick import planner_of
-from tpload.plan import Layout
+from tpload.loading.planner import planner_of
+from tpload.model.errors import OptionsError
+from tpload.planning.layout import Layout
+from tpload.selection.config import load_config
 from tpload.storage.catalogue import read_native
 from tpload.tools.published import write_published
 

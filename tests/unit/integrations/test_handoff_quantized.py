@@ -27,11 +27,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from tpload.config import with_rules
 from tpload.integrations.handoff import Handoff, element_ranges, unconsumed_message
 from tpload.integrations.skips import declared_skips
-from tpload.pick import choose, model_config, planner_of
-from tpload.plan import Layout
+from tpload.loading.planner import planner_of
+from tpload.planning.layout import Layout
+from tpload.selection.config import with_rules
+from tpload.selection.pick import choose, model_config
 from tpload.storage.catalogue import read_native
 from tpload.tools.published import write_published
 

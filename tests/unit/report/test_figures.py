@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from tpload.report import LoadReport, RankFigures
-from tpload.report.figures import MESSAGE_BYTES
+from tpload.report.figures import MESSAGE_BYTES, RankFigures
+from tpload.report.render import LoadReport
 
 
 def test_a_row_round_trips_every_field() -> None:

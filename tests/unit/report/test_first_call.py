@@ -10,9 +10,10 @@ import time
 
 import pytest
 
-from tpload.codecs import _lazy
-from tpload.report import LoadReport, RankFigures
+from tpload.kernels import lazy as _lazy
 from tpload.report import figures as figures_module
+from tpload.report.figures import RankFigures
+from tpload.report.render import LoadReport
 
 
 def test_only_the_process_first_load_is_first(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -54,7 +55,9 @@ def test_warming_imports_the_kernels_once() -> None:
     thread = _lazy.warm()
     if thread is not None:
         thread.join(120)
-    assert "tpload.kernels" in sys.modules
+    assert "tpload.kernels.compiled" in sys.modules
     assert _lazy.warm() is None  # imported: nothing to start
     assert callable(_lazy.kernels.wrap64)
-    assert _lazy.kernels._module is sys.modules["tpload.kernels"]  # kept, and read each time
+    assert (
+        _lazy.kernels._module is sys.modules["tpload.kernels.compiled"]
+    )  # kept, and read each time

@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tpload.errors import CheckpointError
-from tpload.storage.catalogue import natural_key, read_native
+from tpload.model.errors import CheckpointError
+from tpload.model.templates import natural_key
+from tpload.storage.catalogue import read_native
 from tpload.storage.sharded import ShardedStorage
 
 from ...ckpt_tools import all_names, stored_bytes

@@ -14,14 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tpload.errors import CheckpointError
+from tpload.model.errors import CheckpointError
+from tpload.model.templates import natural_key, natural_sorted
 from tpload.storage import catalogue, safetensors
-from tpload.storage.catalogue import (
-    ManifestEntry,
-    natural_key,
-    natural_sorted,
-    parse_manifest_entries,
-)
+from tpload.storage.catalogue import ManifestEntry, parse_manifest_entries
 from tpload.storage.safetensors import TensorInfo, TensorMeta
 
 from .shards import f32, write_raw

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tpload.errors import CheckpointError
+from tpload.model.errors import CheckpointError
 from tpload.storage.gguf import BLOCK, gguf_files, read_header, read_set
 
 gguf = pytest.importorskip("gguf")

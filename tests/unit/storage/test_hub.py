@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import tpload
-from tpload.errors import CheckpointError
+from tpload.model.errors import CheckpointError
 from tpload.storage import hub
 from tpload.storage.sharded import ShardedStorage
 from tpload.tools.published import write_published
@@ -288,7 +288,7 @@ def test_a_manifest_written_into_a_snapshot_is_used_and_keeps_it_loadable(snapsh
 
 
 def test_auto_config_checks_a_snapshots_config_json_before_believing_it(snapshot: Path) -> None:
-    from tpload.pick import choose
+    from tpload.selection.pick import choose
 
     blob = blob_of(snapshot / "config.json")
     blob.write_text(blob.read_text().replace("LlamaForCausalLM", "GptOssForCausalLM"))
@@ -297,7 +297,7 @@ def test_auto_config_checks_a_snapshots_config_json_before_believing_it(snapshot
 
 
 def test_verify_at_rest_checks_a_snapshot_by_its_blob_names(snapshot: Path) -> None:
-    from tpload.config import load_config
+    from tpload.selection.config import load_config
     from tpload.tools.offline import verify_checkpoint
 
     assert verify_checkpoint(snapshot, load_config("llama")) == []

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import tpload
-from tpload.errors import CheckpointError, LoadError
+from tpload.model.errors import CheckpointError, LoadError
 from tpload.storage import localdir
 from tpload.storage.sharded import ShardedStorage
 from tpload.tools.published import write_published
@@ -123,7 +123,7 @@ def test_a_flipped_byte_fails_naming_the_file_and_its_etag(local: Path) -> None:
 
 
 def test_config_json_is_checked_by_its_git_sha1_before_it_picks_the_config(local: Path) -> None:
-    from tpload.pick import choose
+    from tpload.selection.pick import choose
 
     cfg = local / "config.json"
     st = cfg.stat()

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tpload.config import load_config
-from tpload.pick import planner_of
-from tpload.plan import Layout
+from tpload.loading.planner import planner_of
+from tpload.planning.layout import Layout
+from tpload.selection.config import load_config
 from tpload.storage.pagecache import ShardRelease, checkpoint_resident, drop_ranges, resident_bytes
 from tpload.storage.sharded import ShardedStorage
 

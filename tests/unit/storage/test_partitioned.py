@@ -12,11 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tpload.config import load_config
-from tpload.errors import CheckpointError, LayoutError
-from tpload.pick import planner_of
-from tpload.plan import Layout, RankPlan
-from tpload.storage import open_storage
+from tpload.loading.planner import planner_of
+from tpload.model.errors import CheckpointError, LayoutError
+from tpload.planning.layout import Layout
+from tpload.planning.planner import RankPlan
+from tpload.selection.config import load_config
+from tpload.storage.open import open_storage
 from tpload.storage.partitioned import PartitionedStorage, is_partitioned, rank_file
 from tpload.storage.reader import Reader
 from tpload.storage.sharded import ShardedStorage
@@ -235,7 +236,7 @@ def test_a_rank_file_rewritten_while_open_is_reported(export_copy: Path) -> None
 def test_an_exports_config_json_is_pinned_by_its_manifest(tmp_path: Path) -> None:
     # the export copies config.json (checked against the source's pins) and pins its own copy:
     # an edit afterwards is refused by the reader, before it shapes a plan
-    from tpload.pick import choose, model_config
+    from tpload.selection.pick import choose, model_config
     from tpload.storage.pins import Pins
     from tpload.tools.published import write_published
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tpload.errors import CheckpointError
-from tpload.storage import Stored
+from tpload.model.errors import CheckpointError
+from tpload.model.values import Stored
 from tpload.storage.reader import Block, Reader
 from tpload.storage.sharded import ShardedStorage
 

@@ -24,10 +24,10 @@ import safetensors
 import torch
 
 import tpload
-from tpload.errors import CheckpointError, LoadError
+from tpload.model.errors import CheckpointError, LoadError
+from tpload.model.text import escape_name
 from tpload.storage import header_json
 from tpload.storage.safetensors import MAX_HEADER_BYTES, entries, read_header
-from tpload.text import escape_name
 
 SIZES = {  # safetensors' dtypes of whole bytes, with their sizes
     "BOOL": 1,

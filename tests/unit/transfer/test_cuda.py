@@ -15,15 +15,15 @@ import torch
 import tpload
 from tpload.codecs.fp4_e8m0 import FP4
 from tpload.codecs.fp8_block import FP8
-from tpload.config import load_config
-from tpload.loop import run
-from tpload.pick import planner_of
-from tpload.plan import Layout
-from tpload.report.progress import Silent
+from tpload.kernels.fingerprint import HostFingerprint, as_bytes2d, host_fingerprint
+from tpload.loading.loop import run
+from tpload.loading.planner import planner_of
+from tpload.model.progress import Silent
+from tpload.planning.layout import Layout
+from tpload.selection.config import load_config
 from tpload.storage.sharded import ShardedStorage
 from tpload.transfer.cpu import CpuTransfer
 from tpload.transfer.cuda import Backend, CudaTransfer
-from tpload.verification.fingerprint import HostFingerprint, as_bytes2d, host_fingerprint
 from tpload.verification.hashing import Hasher
 from tpload.verification.policy import HashPlan
 
@@ -144,7 +144,7 @@ def test_device_decodes_equal_host_decodes() -> None:
 
 
 def _metas(w: np.ndarray, s: np.ndarray, wd: str, sd: str):
-    from tpload.storage.catalogue import TensorMeta
+    from tpload.storage.safetensors import TensorMeta
 
     return TensorMeta("x.weight", "f", wd, w.shape), TensorMeta("x.scale", "f", sd, s.shape)
 

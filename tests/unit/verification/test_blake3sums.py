@@ -11,7 +11,7 @@ import pytest
 
 import tpload
 from tpload.cli import main
-from tpload.errors import LoadError
+from tpload.model.errors import LoadError
 from tpload.storage.sharded import ShardedStorage
 from tpload.tools.offline import write_blake3
 from tpload.verification import blake3sums

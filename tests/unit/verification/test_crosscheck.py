@@ -9,9 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tpload.verification.crosscheck import DIGEST_BYTES, SLOTS, claims, fold, seen, verdict
-from tpload.verification.fingerprint import host_fingerprint
-from tpload.verification.policy import Box, HashPlan, hash_plan
+from tpload.kernels.fingerprint import host_fingerprint
+from tpload.model.values import DIGEST_BYTES, SLOTS, Box
+from tpload.verification.crosscheck import claims, fold, seen, verdict
+from tpload.verification.policy import HashPlan, hash_plan
 
 Files = dict[str, np.ndarray]
 

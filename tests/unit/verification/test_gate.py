@@ -7,13 +7,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from tpload.agreement import AGREED_BYTES
-from tpload.deferred import DeferredTensor
-from tpload.errors import LoadError
-from tpload.plan import Layout
-from tpload.report import RankFigures
-from tpload.shards import RankShards
+from tpload.loading.deferred import DeferredTensor
+from tpload.loading.shards import RankShards
+from tpload.model.errors import LoadError
+from tpload.planning.layout import Layout
+from tpload.report.figures import RankFigures
 from tpload.verification import gate, strategy, whole_files
+from tpload.verification.terms import AGREED_BYTES
 from tpload.verification.trust import TrustKind, TrustSource
 
 
@@ -75,9 +75,9 @@ def test_one_strategy_per_mode_and_anchor(verify: str, files: bool, want: type) 
 
 
 def test_each_strategy_names_its_anchor_the_same_whatever_the_mode() -> None:
-    """The handshake compares anchors (agreement.py): a manifest's sha256 whatever the mode (so
-    --verify off on one node is named as the verify mode, not as another anchor), else the folder's
-    whole-file digests, each file by its name inside the folder."""
+    """The handshake compares anchors (distributed/agreement.py): a manifest's sha256 whatever the
+    mode (so --verify off on one node is named as the verify mode, not as another anchor), else the
+    folder's whole-file digests, each file by its name inside the folder."""
     sha = "ab" * 32
     for verify in ("node", "rank", "digest", "off"):
         assert gate.strategy(_job(verify)).anchor() == f"manifest sha256 {sha}"
@@ -124,7 +124,9 @@ def test_whole_file_locators_need_a_digest_from_this_load() -> None:
 
 def test_the_verdict_names_what_vouched() -> None:
     s = gate.strategy(_job("node"))
-    agreed = "0f" * (AGREED_BYTES // 2)  # what the handshake put in the row (agreement.py)
+    agreed = "0f" * (
+        AGREED_BYTES // 2
+    )  # what the handshake put in the row (distributed/agreement.py)
     v = gate.judge([RankFigures(rank=0, seq=1, agreed=agreed)], s)
     assert v.passed and v.vouched_by == "the manifest's per-tensor digests"
     assert v.trust == TrustSource(TrustKind.MANIFEST, "/c/NATIVE_MANIFEST.json", "ab" * 32)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tpload.verification.policy import Box, HashPlan, assign_hashing, hash_plan
+from tpload.model.values import Box
+from tpload.verification.policy import HashPlan, assign_hashing, hash_plan
 
 
 def test_assign_hashing_covers_everything_once_and_balances() -> None:
@@ -134,8 +135,8 @@ def test_off_and_digest_modes_hash_nothing(mode: str) -> None:
 
 
 def test_one_readers_map_and_one_box() -> None:
-    from tpload.plan import Box as PlanBox
-    from tpload.planning.reads import readers
+    from tpload.model.values import Box as PlanBox
+    from tpload.model.windows import readers
 
     assert Box is PlanBox
     reads = {1: {"a": ((0, 1), (0, 4)), "b": ((0, 2), (0, 4))}, 0: {"b": ((0, 2), (0, 4))}}

@@ -25,8 +25,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 import tpload
-from tpload.errors import OptionsError
-from tpload.options import LoadOptions
+from tpload.model.errors import OptionsError
+from tpload.options.load_options import LoadOptions
+from tpload.storage.files import MAX_PEM_BYTES
 from tpload.tools.published import write_published
 from tpload.verification import signing
 from tpload.verification.trust import TrustKind
@@ -438,9 +439,9 @@ def test_pem_files_named_by_options_go_through_the_bounded_reader(
     with pytest.raises(tpload.LoadError, match=r"key.pem: --signer-chain file is a FIFO; refused"):
         signing.precheck(LoadOptions(checkpoint=str(folder), signer_chain=str(fifo)))
     big = tmp_path / "big.pem"
-    big.write_bytes(b"-" * (signing.MAX_PEM_BYTES + 1))
+    big.write_bytes(b"-" * (MAX_PEM_BYTES + 1))
     with pytest.raises(
-        tpload.LoadError, match=rf"big.pem: --signer-key file is {signing.MAX_PEM_BYTES + 1} bytes"
+        tpload.LoadError, match=rf"big.pem: --signer-key file is {MAX_PEM_BYTES + 1} bytes"
     ):
         signing.precheck(LoadOptions(checkpoint=str(folder), signer_key=str(big)))
     with pytest.raises(OptionsError, match=r"key.pem: --attest-key file is a FIFO; refused"):

@@ -1,0 +1,470 @@
+"""CPU kernels, compiled with numba: one pass over the bytes where torch ops take several.
+
+On a CUDA device the same work is done by torch ops (``verification.fingerprint``,
+the codecs' torch decoders); on the CPU those ops each make their own pass over memory
+(a copy, two int64 reductions, a bincount...), and with one core per rank
+the passes, not the arithmetic, are what cost. Each kernel here reads its
+input once, while it is in the cache, and releases the GIL.
+
+The kernels are compiled when this module is imported (with ``cache=True``
+the machine code is kept in ``__pycache__``, so only the first import on a
+machine compiles), which keeps compilation out of the timed load.
+Every kernel's result is defined by the torch code it replaces, and the
+tests check the two agree bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+
+import llvmlite.ir
+import numba as nb
+import numba.extending
+import numpy as np
+
+_JIT = {"nogil": True, "cache": True, "boundscheck": False}
+_WORDS = (nb.int64, nb.int32, nb.int16, nb.uint8)
+
+
+@nb.extending.intrinsic
+def _load8(typingctx, arr, i):  # pragma: no cover - compiled
+    """Bytes ``arr[i:i + 8]`` (the caller keeps ``i + 8 <= arr.size``) as one uint64, at any
+    alignment; byte ``i`` is the low byte (little-endian, as the tables already assume).
+    numba has no unaligned load, and eight byte loads cost the kernels about a fifth of their
+    speed."""
+
+    def codegen(context, builder, sig, args):
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        ptr = builder.bitcast(builder.gep(data, [args[1]]), llvmlite.ir.IntType(64).as_pointer())
+        return builder.load(ptr, align=1)
+
+    return nb.uint64(arr, nb.int64), codegen
+
+
+def _copy_fingerprint_sigs() -> list:
+    return [
+        nb.types.UniTuple(nb.int64, 2)(
+            w[::1],
+            nb.int64,
+            nb.int64,
+            nb.int64,
+            nb.int64,
+            w[::1],
+            nb.int64[::1],
+            nb.int64,
+            nb.int64,
+            nb.int64,
+        )
+        for w in _WORDS
+    ]
+
+
+@nb.njit(_copy_fingerprint_sigs(), **_JIT)
+def _copy_fingerprint(
+    src, start, stride, rows, cols, dst, col_sums, first_row, col0, group
+):  # pragma: no cover
+    """Add ``rows`` rows of ``cols`` words (row ``r`` at ``src[start + r*stride:]``) to a
+    fingerprint, and copy them into ``dst`` (contiguous) unless it is empty: returns (total,
+    row-weighted) and adds column sums into ``col_sums``. int64 arithmetic wraps, exactly like
+    torch's.
+
+    Rows here may be pieces of the fingerprinted tensor's rows: every ``group`` consecutive rows
+    (counting from 0 at ``first_row``) are one row of it, each the next ``cols`` words along;
+    ``col0`` is the first piece's word offset (a row read in pieces). ``group`` 1 and ``col0`` 0:
+    plain rows."""
+    total = np.int64(0)
+    weighted = np.int64(0)
+    copy = dst.size > 0
+    for r in range(rows):
+        base = start + r * stride
+        out = r * cols
+        row, piece = divmod(first_row + r, group)
+        c = col0 + piece * cols
+        s = np.int64(0)
+        if copy:
+            for j in range(cols):
+                v = src[base + j]
+                dst[out + j] = v
+                s += np.int64(v)
+                col_sums[c + j] += np.int64(v)
+        else:
+            for j in range(cols):
+                v = src[base + j]
+                s += np.int64(v)
+                col_sums[c + j] += np.int64(v)
+        total += s
+        weighted += (row + 1) * s
+    return total, weighted
+
+
+def copy_fingerprint(
+    src: np.ndarray,
+    start: int,
+    stride: int,
+    rows: int,
+    cols: int,
+    dst: np.ndarray,
+    col_sums: np.ndarray,
+    first_row: int,
+    col0: int = 0,
+    group: int = 1,
+) -> tuple[int, int]:
+    """:func:`_copy_fingerprint` (``src`` and ``dst`` 1-D word arrays of one dtype; ``dst`` empty
+    for a fingerprint without a copy)."""
+    t, w = _copy_fingerprint(src, start, stride, rows, cols, dst, col_sums, first_row, col0, group)
+    return int(t), int(w)
+
+
+@nb.njit(nb.int64(nb.uint8[::1], nb.int64, nb.int64), **_JIT)
+def _word(src, k, width):  # pragma: no cover - compiled
+    """The little-endian word of ``width`` bytes at ``src[k]`` as the fingerprint reads it: signed
+    for 2, 4 and 8 bytes, unsigned for 1."""
+    if width == 8:
+        return np.int64(_load8(src, k))  # the uint64's bits as int64
+    if width == 1:
+        return np.int64(src[k])
+    v = np.int64(0)
+    for b in range(width):
+        v |= np.int64(src[k + b]) << (8 * b)
+    top = np.int64(1) << (8 * width - 1)
+    return v - (top << 1) if v >= top else v
+
+
+@nb.njit(
+    nb.void(
+        nb.uint8[::1],
+        nb.int64[::1],
+        nb.int64[::1],
+        nb.int64[::1],
+        nb.int64[::1],
+        nb.int64[::1],
+        nb.uint8[::1],
+        nb.int64[::1],
+        nb.int64[:, ::1],
+    ),
+    **_JIT,
+)
+def gather_windows(src, src_off, rows, stride, width, words, dst, dst_off, out):  # pragma: no cover
+    """Many small windows in one pass: window ``i`` is ``rows[i]`` rows of ``width[i]`` bytes, the
+    first at ``src[src_off[i]:]`` and each ``stride[i]`` bytes after the last (a whole tensor: its
+    row length), read as words of ``words[i]`` bytes; copy it, rows one after another, to
+    ``dst[dst_off[i]:]`` (unless ``dst`` is empty) and put its fingerprint (total, row-weighted,
+    column-weighted) in ``out[i]``. The same triple
+    :class:`~tpload.kernels.fingerprint.HostFingerprint` gives the window."""
+    copy = dst.size > 0
+    for i in range(src_off.size):
+        a, n, st, wb, w = src_off[i], rows[i], stride[i], width[i], words[i]
+        total = np.int64(0)
+        weighted = np.int64(0)
+        cols = np.int64(0)
+        d = dst_off[i]
+        for r in range(n if wb > 0 else 0):
+            base = a + r * st
+            if copy:
+                dst[d : d + wb] = src[base : base + wb]
+                d += wb
+            s = np.int64(0)
+            if w == 8:  # the common width, without _word's branches (2.5x the speed)
+                for j in range(wb // 8):
+                    v = np.int64(_load8(src, base + 8 * j))
+                    s += v
+                    cols += (j + 1) * v
+            else:
+                for j in range(wb // w):
+                    v = _word(src, base + j * w, w)
+                    s += v
+                    cols += (j + 1) * v
+            total += s
+            weighted += (r + 1) * s
+        out[i, 0] = total
+        out[i, 1] = weighted
+        out[i, 2] = cols
+
+
+_LOW7 = np.uint64(0x7F7F7F7F7F7F7F7F)
+_ONES = np.uint64(0x0101010101010101)
+_HIGH = np.uint64(0x8080808080808080)
+
+
+@nb.njit(nb.uint64(nb.uint64), **_JIT)
+def _zero_bytes(x):  # pragma: no cover - compiled
+    """How many of the 8 bytes of ``x`` are zero (exact: no carry crosses a byte)."""
+    nonzero = ((x & _LOW7) + _LOW7) | x  # the high bit of each nonzero byte
+    zero = ~nonzero & _HIGH
+    return ((zero >> np.uint64(7)) * _ONES) >> np.uint64(56)
+
+
+@nb.njit(
+    nb.int64(
+        nb.types.Array(nb.uint8, 1, "C", readonly=True),
+        nb.int64[::1],
+        nb.int64[::1],
+        nb.int64[::1],
+        nb.int64[::1],
+        nb.uint8,
+        nb.uint8,
+        nb.boolean,
+    ),
+    **_JIT,
+)
+def count_windows(src, src_off, rows, stride, width, a, b, between):  # pragma: no cover - compiled
+    """How many bytes of many windows of ``src`` (laid out as in :func:`gather_windows`) are ``a``
+    or ``b`` (``between``: lie in ``[a, b]``), all windows together: one call for a batch's items,
+    or for one window (:func:`count_either`, :func:`count_between`). ``a`` or ``b`` go eight bytes
+    at a time (one unaligned load, a zero-byte count per value), each row's tail one by one."""
+    n = np.uint64(0)
+    pa, pb = np.uint64(a) * _ONES, np.uint64(b) * _ONES
+    for i in range(src_off.size):
+        for r in range(rows[i]):
+            base = src_off[i] + r * stride[i]
+            j = 0
+            if not between:
+                while j + 8 <= width[i]:
+                    w = _load8(src, base + j)
+                    n += _zero_bytes(w ^ pa)
+                    if a != b:
+                        n += _zero_bytes(w ^ pb)
+                    j += 8
+            for k in range(base + j, base + width[i]):
+                v = src[k]
+                n += np.uint64(((v >= a) & (v <= b)) if between else ((v == a) | (v == b)))
+    return np.int64(n)
+
+
+@nb.njit(nb.types.UniTuple(nb.int64, 3)(nb.int64[:, ::1], nb.int64[::1]), **_JIT)
+def bf16_fingerprint(words, col_sums):  # pragma: no cover - compiled
+    """Fingerprint sums of a bf16 tensor seen as int64 words (4 elements each), and how many of its
+    elements are not finite (exponent bits all ones: inf or NaN), in one read."""
+    total = np.int64(0)
+    weighted = np.int64(0)
+    bad = np.int64(0)
+    rows, cols = words.shape
+    for r in range(rows):
+        s = np.int64(0)
+        for j in range(cols):
+            v = words[r, j]
+            s += v
+            col_sums[j] += v
+            for lane in range(4):
+                bad += ((v >> (16 * lane)) & 0x7F80) == 0x7F80
+        total += s
+        weighted += (r + 1) * s
+    return total, weighted, bad
+
+
+@nb.njit(nb.int64(nb.int64[::1]), **_JIT)
+def cols_term(col_sums):  # pragma: no cover - compiled
+    """The fingerprint's ``cols``: sum (j + 1) * col_sums[j], wrapping in int64 like torch."""
+    t = np.int64(0)
+    for j in range(col_sums.size):
+        t += (j + 1) * col_sums[j]
+    return t
+
+
+def wrap64(x: int) -> int:
+    """A Python int as the int64 it is modulo 2**64 (what torch's wrapping sums give)."""
+    return (x + (1 << 63)) % (1 << 64) - (1 << 63)
+
+
+def count_between(x: np.ndarray, lo: int, hi: int) -> int:
+    """How many bytes of a 2-D byte window (rows read in place) lie in ``[lo, hi]``: the scale bytes
+    from which a decode can overflow, counted without a temporary."""
+    b2 = x.reshape(1, -1) if x.ndim < 2 else x
+    span, stride = _rows(b2.view(np.uint8), "count_between")
+    return _count_one(span, stride, b2.shape, lo, hi, between=True)
+
+
+def count_either(x: np.ndarray, a: int, b: int) -> int:
+    """How many bytes of ``x`` equal ``a`` or ``b``: any array of 1-byte elements, or a 2-D byte
+    window of wider rows (read in place, as the decoders do)."""
+    b2 = (
+        x.reshape(1, -1)
+        if x.ndim < 2
+        else x
+        if x.ndim == 2
+        else x.reshape(x.shape[0], math.prod(x.shape[1:]))
+    )
+    span, stride = _rows(b2.view(np.uint8), "count_either")
+    return _count_one(span, stride, b2.shape, a, b, between=False)
+
+
+def _count_one(
+    span: np.ndarray, stride: int, shape: tuple[int, int], a: int, b: int, *, between: bool
+) -> int:
+    """count_windows on one window: ``shape`` rows and columns, rows ``stride`` apart in
+    ``span``."""
+    one = np.zeros(1, dtype=np.int64)
+    return int(
+        count_windows(span, one, one + shape[0], one + stride, one + shape[1], a, b, between)
+    )
+
+
+# -- decode
+# FP4 / FP8 -> bf16 by one lookup per packed byte or code in codecs.tables.scaled_table:
+# [256 scale bytes x 256 codes] of decoded bf16 bits (int32 per FP4 byte = its two
+# elements, int16 per E4M3 code). torch's index_select wants an int32 index tensor
+# built first (more passes over memory); here each byte is read once and its word
+# written once. What bounds these loops is memory operations per element (load the
+# code, load the entry, store it), so codes are read eight at a time, and the table
+# row of a scale byte (1 KiB / 512 B, in L1) is found once per run of codes sharing it.
+
+_RO_BYTES = nb.types.Array(nb.uint8, 1, "C", readonly=True)  # also accepts writable arrays
+_TABLE = 256 * 256
+
+
+@nb.njit(
+    nb.void(
+        _RO_BYTES,
+        nb.int64,
+        _RO_BYTES,
+        nb.int64,
+        nb.types.Array(nb.int32, 1, "C", readonly=True),
+        nb.int32[::1],
+        nb.int64,
+        nb.int64,
+        nb.int64,
+    ),
+    **_JIT,
+)
+def _decode_fp4(
+    packed, p_stride, scale, s_stride, table, out, rows, half_k, gb
+):  # pragma: no cover - compiled
+    """Row ``r`` of the packed window is ``packed[r*p_stride:][:half_k]``, its scale bytes
+    ``scale[r*s_stride:]``; ``out`` is the contiguous int32 view of bf16 ``[rows, 2*half_k]``.
+    ``half_k`` is a multiple of ``gb`` (packed bytes per scale byte: 16 for MXFP4, 8 for NVFP4),
+    itself a multiple of 8."""
+    for r in range(rows):
+        src = packed[r * p_stride : r * p_stride + half_k]
+        sc = scale[r * s_stride : r * s_stride + half_k // gb]
+        dst = out[r * half_k : (r + 1) * half_k]
+        for g in range(half_k // gb):
+            base = np.int64(sc[g]) << 8
+            t = table[base : base + 256]
+            for h in range(gb * g, gb * g + gb, 8):
+                w = _load8(src, h)
+                for i in range(8):
+                    dst[h + i] = t[(w >> np.uint64(8 * i)) & np.uint64(0xFF)]
+
+
+@nb.njit(
+    nb.void(
+        _RO_BYTES,
+        nb.int64,
+        _RO_BYTES,
+        nb.int64,
+        nb.types.Array(nb.int16, 1, "C", readonly=True),
+        nb.int16[::1],
+        nb.int64,
+        nb.int64,
+        nb.int64,
+    ),
+    **_JIT,
+)
+def _decode_fp8(
+    codes, c_stride, scale, s_stride, table, out, rows, k, block
+):  # pragma: no cover - compiled
+    """Row ``r`` of the code window is ``codes[r*c_stride:][:k]``; scale row ``r // block`` is
+    ``scale[(r // block)*s_stride:]``; ``out`` is the contiguous int16 view of bf16 ``[rows, k]``.
+    The last block of a row or column may be short (ragged N, K)."""
+    blocks = (k + block - 1) // block
+    for r in range(rows):
+        src = codes[r * c_stride : r * c_stride + k]
+        s0 = (r // block) * s_stride
+        sc = scale[s0 : s0 + blocks]
+        dst = out[r * k : (r + 1) * k]
+        if block % 8:  # a word of 8 codes can straddle two scales (no checkpoint has such a block)
+            for j in range(k):
+                dst[j] = table[(np.int64(sc[j // block]) << 8) + src[j]]
+            continue
+        # One loop over the row's words; the scale changes every block // 8 words. With B = 32 a
+        # loop per block (slicing the table, the codes, the output) costs a fifth of the time.
+        # Indices count up from 0 so LLVM sees them non-negative: numba wraps negative indices,
+        # and an index it cannot prove non-negative costs every store that check.
+        left, b, base = 0, 0, np.int64(0)
+        for q in range(k // 8):
+            if left == 0:
+                base, b, left = np.int64(sc[b]) << 8, b + 1, block // 8
+            left -= 1
+            w = _load8(src, 8 * q)
+            for i in range(8):
+                dst[8 * q + i] = table[base + np.int64((w >> np.uint64(8 * i)) & np.uint64(0xFF))]
+        for j in range(k - k % 8, k):  # the last few codes of the row
+            dst[j] = table[(np.int64(sc[j // block]) << 8) + src[j]]
+
+
+def _rows(a: np.ndarray, name: str) -> tuple[np.ndarray, int]:
+    """A 2-D byte array whose rows may be windows of wider rows (contiguous within a row) as
+    (the 1-D span from its first byte to its last, its row stride): what the kernels index.
+    No copy: the span is a view of the memory the rows already lie in."""
+    if a.ndim != 2 or a.dtype != np.uint8:
+        raise ValueError(f"{name}: expected 2-D uint8 bytes, got {a.ndim}-D {a.dtype}")
+    rows, cols = a.shape
+    if cols > 1 and a.strides[1] != 1:
+        a = np.ascontiguousarray(a)  # a column-strided view: the kernels read rows as runs of bytes
+    stride = a.strides[0] if rows > 1 else cols
+    if stride < 0:
+        a, stride = np.ascontiguousarray(a), cols
+    span = (rows - 1) * stride + cols if rows and cols else 0
+    return np.lib.stride_tricks.as_strided(a, shape=(span,), strides=(1,), writeable=False), stride
+
+
+def _check_table(table: np.ndarray, dtype: type) -> None:
+    # the kernels index it without bounds checks: a short table would be read past its end
+    if table.shape != (_TABLE,) or table.dtype != dtype or not table.flags.c_contiguous:
+        raise ValueError(
+            f"table: expected contiguous {np.dtype(dtype)}[{_TABLE}], got "
+            f"{table.dtype}{list(table.shape)}"
+        )
+
+
+def decode_fp4(
+    packed: np.ndarray, scale: np.ndarray, table: np.ndarray, out: np.ndarray, *, group: int = 32
+) -> None:
+    """FP4 ``packed [N, K/2]`` bytes with one scale byte per ``group`` elements, ``scale [N,
+    K/group]``, into ``out``, the contiguous int32 ``[N, K/2]`` view of a bf16 ``[N, K]`` (each
+    word: two elements, low nibble in the low half): ``out[n, j] = table[scale[n, j // (group/2)] *
+    256 + packed[n, j]]``, ``table`` an int32[65536] of decoded pairs per (scale byte, packed byte):
+    ``codecs.tables.scaled_table("fp4")`` for MXFP4 (group 32), NVFP4's table for group 16.
+
+    ``packed`` and ``scale`` may be row windows of wider rows (a tensor-parallel column
+    cut); rows are read in place. K must be a multiple of ``group``.
+    """
+    n, half_k = packed.shape
+    gb = group // 2
+    if (
+        group not in (16, 32)
+        or half_k % gb
+        or scale.shape != (n, half_k // gb)
+        or out.shape != (n, half_k)
+    ):
+        raise ValueError(
+            f"decode_fp4: packed {packed.shape}, scale {scale.shape}, out {out.shape}, group "
+            f"{group} disagree (K must be a multiple of {group}; the group is 16 or 32)"
+        )
+    if out.dtype != np.int32 or not out.flags.c_contiguous:
+        raise ValueError(f"decode_fp4: out must be contiguous int32, got {out.dtype}")
+    _check_table(table, np.int32)
+    (p, p_stride), (s, s_stride) = _rows(packed, "packed"), _rows(scale, "scale")
+    _decode_fp4(p, p_stride, s, s_stride, table, out.reshape(-1), n, half_k, gb)
+
+
+def decode_fp8(
+    codes: np.ndarray, scale: np.ndarray, table: np.ndarray, out: np.ndarray, block: int
+) -> None:
+    """E4M3 ``codes [N, K]`` with E8M0 block scale bytes ``scale [ceil(N/B), ceil(K/B)]`` into
+    ``out``, the contiguous int16 ``[N, K]`` view of a bf16 ``[N, K]``:
+    ``out[n, k] = table[scale[n // B, k // B] * 256 + codes[n, k]]``, ``table`` being
+    ``codecs.tables.scaled_table("fp8")`` as int16[65536]. ``codes`` and ``scale`` may be
+    row windows of wider rows; the last block in either direction may be short.
+    """
+    n, k = codes.shape
+    if block < 1 or scale.shape != (-(-n // block), -(-k // block)) or out.shape != (n, k):
+        raise ValueError(
+            f"decode_fp8: codes {codes.shape}, scale {scale.shape}, block {block}, out "
+            f"{out.shape} disagree"
+        )
+    if out.dtype != np.int16 or not out.flags.c_contiguous:
+        raise ValueError(f"decode_fp8: out must be contiguous int16, got {out.dtype}")
+    _check_table(table, np.int16)
+    (c, c_stride), (s, s_stride) = _rows(codes, "codes"), _rows(scale, "scale")
+    _decode_fp8(c, c_stride, s, s_stride, table, out.reshape(-1), n, k, block)

@@ -1,0 +1,492 @@
+"""Run one rank's plan: each tensor's window, read once, checked, onto the device, into its slot.
+
+The per-tensor sequence, and nothing else:
+
+1. the reader (storage/reader.py) streams the stored rows holding the window
+   through a private staging buffer, feeding the whole tensor to a sha256 tap
+   when this rank hashes it (verification/hashing.py);
+2. the codec's checker looks at each block's host bytes (bad scale bytes, NaN
+   codes, decodes that would overflow bf16) (codecs/);
+3. the transfer copies the block into its slot, fingerprinting it in the same
+   pass (transfer/); a decoded kind stages the block and the codec decodes it
+   into the slot instead;
+4. the served tensor's fingerprint, what it must equal and the counts go to
+   the evidence (verification/evidence.py), judged once at the end in one
+   device-to-host transfer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from ..codecs.base import Checker, Cut, Fit
+from ..kernels.fingerprint import HostFingerprint, as_bytes2d, decoded_fingerprint, fingerprint
+from ..model.errors import LoadError
+from ..model.progress import ProgressSink
+from ..planning.batches import BATCH_BYTES, Piece, runs
+from ..planning.items import Item, Output
+from ..planning.planner import RankPlan
+from ..sources.replicas import Link, SharedReader, SharedStorage
+from ..storage.base import Storage
+from ..storage.pagecache import ShardRelease
+from ..storage.reader import Reader
+from ..transfer.base import Transfer
+from ..verification.evidence import Check, Evidence
+from ..verification.hashing import Hasher
+from .batch import Batch, BatchWindows
+from .result import Arena, LoadResult
+
+READAHEAD_ITEMS = 2  # how many items ahead the kernel is asked to read (a cold page cache)
+READAHEAD_FROM = (
+    256 << 10
+)  # smaller items are not worth a system call: the kernel's own readahead has them
+NOT_FINITE = "decode(s) not finite everywhere (it overflows bf16, or decodes a bad code)"
+
+
+SAMPLE_ROWS = 32  # rows checked at each end of a sampled decode (at least one scale block)
+
+
+def _sample_spans(n: int, multiple: int) -> list[tuple[int, int]]:
+    """The first rows and the last rows of ``n`` (each at least one scale block, starting on
+    one)."""
+    k = max(SAMPLE_ROWS, multiple)
+    head = (0, min(k, n))
+    start = max(head[1], (n - k) // multiple * multiple)
+    return [head] + ([(start, n)] if start < n else [])
+
+
+def _sampled(plan: RankPlan, per_codec: int) -> set[str]:
+    """The decoded items checked against an independent decode: ``per_codec`` of each codec's,
+    spread evenly (first and last included)."""
+    if plan.kind != "expanded" or per_codec <= 0:
+        return set()
+    by_codec: dict[str, list[str]] = {}
+    for item in plan.items:
+        if not item.codec.copies(item.fit, plan.kind):
+            by_codec.setdefault(item.codec.name, []).append(item.name)
+    picks = set()
+    for names in by_codec.values():
+        n = len(names)
+        picks |= {
+            names[round(j * (n - 1) / max(per_codec - 1, 1))] for j in range(min(per_codec, n))
+        }
+    return picks
+
+
+class _Loader:
+    """One rank's loop state: the storage, reader, transfer, hasher and evidence it shares across
+    items."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        plan: RankPlan,
+        transfer: Transfer,
+        hasher: Hasher,
+        release: ShardRelease | None,
+        reader: type[Reader] = Reader,
+    ) -> None:
+        self.storage, self.plan, self.transfer, self.hasher, self.release = (
+            storage,
+            plan,
+            transfer,
+            hasher,
+            release,
+        )
+        self.reader = reader(storage, chunk_bytes=transfer.chunk_bytes)
+        self.evidence = Evidence()
+        self.arena = Arena(transfer.arena(plan.arena_bytes), host=transfer.host_slots)
+        self.sampled = 0
+        self._batch_buffer: np.ndarray | None = None
+
+    def _blocks(self, cut: Cut, **kw: object):
+        """(where the cut's bytes are, the blocks of its window): the tensor goes to the hasher
+        whole on its first read, when this rank hashes it."""
+        stored, rows, cols = self.storage.box(cut.name, cut.view, cut.rows, cut.cols)
+        return stored.path.name, self.reader.blocks(
+            stored, rows, cols, tap=self.hasher.tap(stored), **kw
+        )
+
+    def copy(self, item: Item) -> None:
+        """Stored bytes served as they are (packed kind; plain tensors): each cut into its slot."""
+        checker = item.codec.checker(item.fit, item.weight, item.scale)
+        checks = {}
+        for cut in item.cuts:
+            out = item.output(cut.name)
+            dst = self.arena.bytes2d(out, cut.rows[1] - cut.rows[0])
+            feed = value_feed(item, checker, cut)
+            # the served tensor's fingerprint, in its own view; the window's, in the cut's (the node
+            # cross-check compares it with the hasher's): the same when the views are (group 1)
+            # (a piece narrower than the served row's words cannot be grouped: then compare in the
+            # cut's view)
+            fp = HostFingerprint(
+                cut.row_bytes,
+                group=cut.group if HostFingerprint.fits(cut.row_bytes, cut.group) else 1,
+            )
+            window = fp if fp.group == 1 else HostFingerprint(cut.row_bytes)
+            # the value checkers read whole rows (a scale group never straddles a piece); plain rows
+            # may split
+            where, blocks = self._blocks(cut, split_rows=not item.codec.checked and cut.group == 1)
+            for r, c, view in blocks:
+                feed(view, r)
+                self.transfer.copy(
+                    view, dst[r : r + view.shape[0], c : c + view.shape[1]], fp, r, c
+                )
+                if window is not fp:
+                    window.add(view, r, first_col=c)
+            mine = (
+                dst if cut.group == 1 else dst.reshape(dst.shape[0] // cut.group, -1)
+            )  # the served tensor's view
+            served, want = self.transfer.served(mine if fp.group == cut.group else dst, fp)
+            digest = None if fp.group == cut.group else fingerprint(torch.as_tensor(mine))
+            self.evidence.window(cut.name, cut.box, window.value())
+            checks[cut.name] = Check(out.name, where, served, want, "host window", digest=digest)
+        if item.codec.checked:
+            self._problems(item, checker.problems(), checks)
+        for check in checks.values():
+            self.evidence.add(check)
+
+    def _gather(self, cut: Cut, feed) -> np.ndarray:
+        """A scale window read whole into host memory (fed to its value check, fingerprinted)."""
+        host = np.empty((cut.rows[1] - cut.rows[0], cut.row_bytes), dtype=np.uint8)
+        fp = HostFingerprint(cut.row_bytes)
+        _, blocks = self._blocks(cut, split_rows=False)
+        for r, _, view in blocks:
+            feed(view, r)
+            fp.add(view, r, dst=host[r : r + view.shape[0]])
+        self.evidence.window(cut.name, cut.box, fp.value())
+        return host
+
+    def decode(self, item: Item, sampled: bool) -> None:
+        """A decoded kind: the scale windows gathered whole, then the weight decoded block by
+        block."""
+        codec, fit = item.codec, item.fit
+        checker = codec.checker(fit, item.weight, item.scale)
+        scale_host = scale = scale2 = None
+        for cut in item.scales:
+            host = self._gather(cut, value_feed(item, checker, cut))
+            if cut is item.scale:
+                scale_host, scale = host, self.transfer.upload(host)
+            else:
+                scale2 = (
+                    host  # a global scale: its value shapes the decode table, built on the host
+                )
+        out = item.outputs[0]
+        slot = self.arena.tensor(out)
+        rows = slot.reshape(item.weight.rows[1] - item.weight.rows[0], -1)
+        unfold = item.weight.row_bytes // codec.decode_row_bytes(
+            fit, item.weight
+        )  # decode rows per view row
+        fp = HostFingerprint(item.weight.row_bytes)
+        spans = _sample_spans(rows.shape[0], codec.row_multiple(fit)) if sampled else []
+        kept: dict[int, np.ndarray] = {}
+        where, blocks = self._blocks(
+            item.weight, row_multiple=codec.row_multiple(fit), split_rows=False
+        )
+        for r, _, view in blocks:
+            checker.weight(view, r)
+            staged = self.transfer.stage(view, fp, r, 0)
+            n = view.shape[0]
+            for a, b in spans:  # keep the sampled rows' stored bytes for the independent decode
+                if max(a, r) < min(b, r + n):
+                    kept.setdefault(a, np.empty((b - a, view.shape[1]), np.uint8))[
+                        max(a, r) - a : min(b, r + n) - a
+                    ] = view[max(a, r) - r : min(b, r + n) - r]
+            s0, s1 = codec.scale_rows(fit, r, r + n)
+            decode_rows(
+                codec.decode,
+                fit,
+                unfold,
+                staged,
+                scale[s0:s1] if scale is not None else None,
+                rows[r : r + n],
+                scale2,
+            )
+        self.evidence.window(item.weight.name, item.weight.box, fp.value())
+        served, not_finite = decoded_fingerprint(slot)
+        check = Check(out.name, where, served)
+        if sampled:
+            check.bad.append(
+                self._sampled_check(item, rows, spans, kept, scale_host, scale2, unfold)
+            )
+        check.bad.append((not_finite, NOT_FINITE))
+        self._problems(item, checker.problems(), {item.weight.name: check})
+        self.evidence.add(check)
+
+    def _sampled_check(
+        self,
+        item: Item,
+        rows: torch.Tensor,
+        spans: list[tuple[int, int]],
+        kept: dict[int, np.ndarray],
+        scale_host: np.ndarray | None,
+        scale2: np.ndarray | None,
+        unfold: int,
+    ) -> tuple[int, str]:
+        """The first and last rows of a sampled decode, decoded again by the codec's independent
+        reference (numpy) and compared exactly: (1 if they differ, what). Edge rows: where a window
+        starts and where a short last scale block ends."""
+        codec, fit = item.codec, item.fit
+        mine, theirs = HostFingerprint(rows.shape[1] * 2), HostFingerprint(rows.shape[1] * 2)
+        for a, b in spans:
+            s0, s1 = codec.scale_rows(fit, a, b)
+            reference = torch.empty((b - a, rows.shape[1]), dtype=rows.dtype)
+            decode_rows(
+                codec.reference,
+                fit,
+                unfold,
+                kept[a],
+                scale_host[s0:s1] if scale_host is not None else None,
+                reference,
+                scale2,
+            )
+            theirs.add(reference.view(torch.uint8).numpy(), a)
+            mine.add(as_bytes2d(rows[a:b]).cpu().numpy(), a)
+        self.sampled += 1
+        return int(mine.value() != theirs.value()), (
+            f"decoded rows that differ from an independent decode (rows "
+            f"{', '.join(f'{a}..{b - 1}' for a, b in spans)})"
+        )
+
+    @staticmethod
+    def _problems(item: Item, problems: list, checks: dict[str, Check]) -> None:
+        """Each value problem to the check of the tensor it is about (the weight's when a decode
+        serves only the weight)."""
+        for count, what, about in problems:
+            checks[about if about in checks else item.weight.name].bad.append((count, what))
+
+    def batch(self, items: Sequence[Item], pieces: list[list[Piece]]) -> None:
+        """Small items of one file together (batch.py): one read, one pass into their slots."""
+        if self._batch_buffer is None:
+            self._batch_buffer = np.empty(BATCH_BYTES, dtype=np.uint8)
+        b = Batch(self.storage, items, pieces, self._batch_buffer)
+        outs = [o for item in items for o in _cut_outputs(item)]
+        offsets = np.fromiter((o.offset for o in outs), np.int64, len(outs))
+        if self.arena.host is not None:  # host slots: written in place
+            b.copy(self.arena.host, offsets)
+        else:  # a device: the slots' range built on the host, uploaded at once, its upload checked
+            lo, hi = int(offsets.min()), max(o.offset + o.nbytes for o in outs)
+            image = np.zeros(hi - lo, dtype=np.uint8)
+            b.copy(image, offsets - lo)
+            fp = HostFingerprint(hi - lo)
+            region = self.arena.buffer[lo:hi].view(1, -1)
+            self.transfer.copy(image.reshape(1, -1), region, fp, 0, 0)
+            served, want = self.transfer.served(region, fp)
+            self.evidence.add(
+                Check(
+                    f"{b.data_label} (arena bytes {lo}..{hi})",
+                    b.path.name,
+                    served,
+                    want,
+                    "host image",
+                )
+            )
+        evidence, fps = self.evidence, b.fingerprints
+        cuts = [c for item in items for c in item.cuts]  # in the order of the batch's pieces
+        evidence.windows_of([c.name for c in cuts], [c.box for c in cuts], fps)
+        self._hash(b)
+        checked = [item.codec.checked for item in items]
+        clean = self._clean(b, items) if any(checked) else set()
+        plain: list[int] = []  # rows of fps whose fingerprint is all there is to keep (the copy's)
+        k = 0
+        for item, value_checked in zip(items, checked, strict=True):
+            n = len(item.cuts)
+            if value_checked and item.name not in clean:  # the value checks, on the batch's bytes
+                self._value_checks(b, item, outs[k : k + n], fps[k : k + n].tolist(), k)
+            else:
+                plain.extend(range(k, k + n))
+            k += n
+        if len(plain) == len(outs):  # the common batch: every fingerprint in columns
+            evidence.served([o.name for o in outs], fps)
+        elif plain:
+            evidence.served([outs[i].name for i in plain], fps[plain])
+
+    def _value_checks(
+        self, b: Batch, item: Item, outs: Sequence[Output], triples: list[list[int]], first: int
+    ) -> None:
+        """A batched item's value checks (scales first) on the batch's bytes, each problem filed on
+        the check of the served tensor it is about (``first``: the item's first piece)."""
+        checks = {
+            cut.name: Check(out.name, b.path.name, tuple(triple), None, "host window")
+            for cut, out, triple in zip(item.cuts, outs, triples, strict=True)
+        }
+        checker = item.codec.checker(item.fit, item.weight, item.scale)
+        for j, cut in enumerate(item.cuts, first):
+            value_feed(item, checker, cut)(b.view(j), 0)
+        self._problems(item, checker.problems(), checks)
+        for check in checks.values():
+            self.evidence.add(check)
+
+    @staticmethod
+    def _clean(b: Batch, items: Sequence[Item]) -> set[str]:
+        """The scaled items whose value checks would find nothing, decided per format over all of
+        the batch's items of that format at once (Codec.clean); the others are checked one by
+        one."""
+        alike: dict[tuple, tuple[Item, list[Item], list[int], list[int]]] = {}
+        k = 0
+        for item in items:
+            n = len(item.scales) + 1
+            if (
+                item.codec.scaled and len(item.scales) == 1
+            ):  # scale windows first, then the weight's
+                f = item.fit
+                group = alike.setdefault(
+                    (item.codec.name, f.weight.dtype, f.scale.dtype), (item, [], [], [])
+                )
+                group[1].append(item)
+                group[2].append(k)
+                group[3].append(k + 1)
+            k += n
+        clean: set[str] = set()
+        for first, members, scales, weights in alike.values():
+            if first.codec.clean(first.fit, BatchWindows(b, scales), BatchWindows(b, weights)):
+                clean.update(item.name for item in members)
+        return clean
+
+    def _hash(self, b: Batch) -> None:
+        """The batch's stored tensors this rank hashes, each hashed whole from the batch's bytes,
+        with its node peers' windows fingerprinted there (all of them in one pass; a peer's window
+        that is this rank's own has its fingerprint already)."""
+        mine = self.hasher.wanted([s.name for s in b.stored])
+        other = [
+            (k, box)
+            for k, boxes in mine
+            for box in dict.fromkeys(boxes.values())
+            if box != b.boxes[k]
+        ]
+        found = dict(zip(other, b.fingerprints_of(other), strict=True))
+        own = b.fingerprints.tolist() if mine else []
+        peers = [
+            {p: tuple(own[k]) if box == b.boxes[k] else found[(k, box)] for p, box in boxes.items()}
+            for k, boxes in mine
+        ]
+        self.hasher.record_all([b.stored[k] for k, _ in mine], [b.raw(k) for k, _ in mine], peers)
+
+    def done(self, item: Item) -> None:
+        if self.release is not None:
+            for cut in item.cuts:
+                self.release.done(self.storage.stored(cut.name).path)
+
+
+def _cut_outputs(item: Item) -> Sequence[Output]:
+    """The served tensor of each cut, in cut order (an item served as stored: one per cut)."""
+    if len(item.cuts) == 1:
+        return item.outputs
+    return [item.output(c.name) for c in item.cuts]
+
+
+def value_feed(item: Item, checker: Checker, cut: Cut) -> Callable[[np.ndarray, int], None]:
+    """The value check a cut's blocks go to: the scale's, the global scale's, or the weight's."""
+    if cut is item.weight:
+        return checker.weight
+    if cut is item.scale:
+        return checker.scale
+    return lambda view, first_row: checker.scale2(view)
+
+
+def decode_rows(
+    decode, fit: Fit, unfold: int, weight, scale, out: torch.Tensor, scale2: np.ndarray | None
+) -> None:
+    """``decode(weight, scale, out, fit, scale2=...)`` on view rows, or, when one view row holds
+    ``unfold`` rows of the decode (a stacked tensor cut on its rows: one view row per expert), on
+    each view row seen as those rows (its scale row too: such formats have one scale row per
+    row)."""
+    if unfold == 1:
+        decode(weight, scale, out, fit, scale2=scale2)
+        return
+    for i in range(weight.shape[0]):
+        decode(
+            weight[i].reshape(unfold, -1),
+            scale[i].reshape(unfold, -1) if scale is not None else None,
+            out[i].reshape(unfold, -1),
+            fit,
+            scale2=scale2,
+        )
+
+
+def run(
+    storage: Storage,
+    plan: RankPlan,
+    *,
+    transfer: Transfer,
+    hasher: Hasher,
+    samples: int,
+    progress: ProgressSink,
+    release: ShardRelease | None = None,
+    link: Link | None = None,
+) -> LoadResult:
+    """Load ``plan`` through ``transfer``, hashing what ``hasher`` says; raise LoadError listing
+    every problem of this rank (nothing it loaded survives a failure). ``link``: replicas share the
+    reads (sources/replicas.py): windows another replica reads arrive from it, checked on
+    receipt."""
+    if link is not None:
+        storage = SharedStorage(storage, link)
+    loader = _Loader(
+        storage, plan, transfer, hasher, release, Reader if link is None else SharedReader
+    )
+    try:
+        with transfer:  # from the arena's making: its exit waits for what the transfer started
+            sampled = _sampled(plan, samples)
+            items = plan.items
+            for item in items[:READAHEAD_ITEMS]:
+                _ask(storage, item)
+            for k, end, pieces in runs(items, plan.kind, storage, classes=plan.shapes):
+                if pieces:  # small items, even one alone: one read, one pass (batch.py)
+                    loader.batch(items[k:end], pieces)
+                    for item in items[k:end]:
+                        loader.done(item)
+                        _advance(progress, item)
+                    continue
+                item = items[k]
+                if k + READAHEAD_ITEMS < len(items):
+                    _ask(storage, items[k + READAHEAD_ITEMS])
+                if item.codec.copies(item.fit, plan.kind):
+                    loader.copy(item)
+                else:
+                    loader.decode(item, item.name in sampled)
+                loader.done(item)
+                _advance(progress, item)
+        loader.reader.drain()
+        if link is not None:
+            link.finish()
+        hashed = hasher.finish()
+    except BaseException:
+        if link is not None:  # replicas waiting for a window this rank was sending: stop them
+            link.abort()
+        raise
+    finally:
+        hasher.close()
+        progress.close()
+    settled = loader.evidence.settle(hashed, hasher.digests)
+    problems = settled.problems + storage.changed() + (link.problems if link is not None else [])
+    if problems:
+        raise LoadError(f"{len(problems)} problem(s):\n  - " + "\n  - ".join(problems))
+    outputs = [o for item in items for o in item.outputs]
+    return LoadResult(
+        loader.arena,
+        outputs,
+        settled.fingerprints,
+        hashed,
+        loader.evidence.windows,
+        settled.bytes_hashed,
+        settled.device_checked,
+        loader.sampled,
+        storage.catalogue.ranks(),
+    )
+
+
+def _advance(progress: ProgressSink, item: Item) -> None:
+    """One call per served tensor, as the report's table counts them (a packed weight and its scale
+    are two); the item's read bytes go with its first, so bytes add up to the plan's read_bytes."""
+    progress.update(item.read_bytes)
+    for _ in item.outputs[1:]:
+        progress.update(0)
+
+
+def _ask(storage: Storage, item: Item) -> None:
+    if item.read_bytes >= READAHEAD_FROM:
+        for cut in item.cuts:
+            storage.will_need(storage.stored(cut.name))

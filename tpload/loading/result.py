@@ -1,0 +1,87 @@
+"""What one rank's loop leaves: its arena (the one device buffer every served tensor is a view of)
+and the :class:`LoadResult` that names the slots and carries the evidence."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..model.values import Box, Triple
+from ..planning.items import Output
+from ..verification.digest import digest
+from ..verification.hashing import HashResults
+
+
+class Arena:
+    """The rank's one device buffer, and each served tensor's slot in it."""
+
+    def __init__(self, buffer: torch.Tensor, *, host: bool) -> None:
+        self.buffer = buffer
+        self.host = buffer.numpy() if host else None
+        """The same bytes as numpy, when the transfer writes host memory: slicing it costs a
+        fraction of a torch view."""
+        self._typed: dict[torch.dtype, torch.Tensor] = {}
+
+    def tensor(self, out: Output) -> torch.Tensor:
+        """The served tensor: one strided view of the arena reinterpreted as its dtype."""
+        typed = self._typed.get(out.dtype)
+        if typed is None:
+            typed = self._typed[out.dtype] = self.buffer.view(
+                out.dtype
+            )  # slots are 256-aligned, the arena too
+        item = out.dtype.itemsize
+        strides = [1] * len(out.shape)
+        if 0 not in out.shape:  # no elements: any strides address nothing (and its contiguous
+            for i in range(len(out.shape) - 2, -1, -1):  # ones may overflow: [0, 2**40, 2**40])
+                strides[i] = strides[i + 1] * out.shape[i + 1]
+        return typed.as_strided(out.shape, strides, out.offset // item)
+
+    def bytes2d(self, out: Output, rows: int) -> np.ndarray | torch.Tensor:
+        """The slot's bytes as ``[rows, row_bytes]``: numpy on the CPU, a device tensor
+        elsewhere. Row bytes are worked out, not inferred: a tensor with no rows (shape ``[0, 4]``)
+        has none to infer them from."""
+        shape = (rows, out.nbytes // rows if rows else 0)
+        if self.host is not None:
+            return self.host[out.offset : out.offset + out.nbytes].reshape(shape)
+        return self.buffer[out.offset : out.offset + out.nbytes].view(shape)
+
+
+@dataclass
+class LoadResult:
+    """What one rank holds after :func:`run`: the arena, its served tensors and the evidence."""
+
+    arena: Arena
+    outputs: list[Output]
+    fingerprints: dict[str, Triple]
+    hashed: HashResults = field(default_factory=HashResults)
+    windows: dict[str, tuple[Box, Triple]] = field(default_factory=dict)
+    """Every window read: its box and the fingerprint of its stored bytes."""
+    bytes_hashed: int = 0
+    device_checked: int = 0
+    sampled: int = 0
+    ranks: dict[str, int] | None = None
+    """Each stored name's place in natural order (the catalogue's), for the digest's sort."""
+    _tensors: dict[str, torch.Tensor] | None = None
+
+    @property
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """{served name: its view of the arena}, in plan order (made on first use)."""
+        if self._tensors is None:
+            self._tensors = {o.name: self.arena.tensor(o) for o in self.outputs}
+        return self._tensors
+
+    def drop(self) -> None:
+        """Let go of the arena and its views: a load that fails after its verdict (the attestation
+        could not be written) leaves nothing of it behind."""
+        self._tensors = None
+        self.arena = None  # type: ignore[assignment]
+        self.outputs = []
+
+    def digest(self) -> str:
+        """This rank's digest of what it serves (verification/digest.py)."""
+        return digest(
+            ((o.name, o.dtype, o.shape, self.fingerprints[o.name]) for o in self.outputs),
+            ranks=self.ranks,
+        )

@@ -1,0 +1,233 @@
+"""What a passed load hands its caller: this rank's verified shards (the gate's main exit type)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+
+import torch
+
+from ..distributed.exchange import agree
+from ..distributed.world import DistContext
+from ..model.errors import LoadError
+from ..model.modes import Verify
+from ..model.text import escape_name
+from ..options.load_options import LoadOptions
+from ..planning.planner import RankPlan
+from ..report.figures import RankFigures
+from ..report.log import rank_log
+from ..report.render import LoadReport
+from ..verification.gate import Verdict
+from .deferred import DeferredTensor
+from .result import LoadResult
+from .teardown import give_back
+
+
+@dataclass(frozen=True)
+class Released:
+    """What :meth:`RankShards.release` freed: the load's own tensors, and the derived buffers
+    apart."""
+
+    tensors: int
+    """Served tensors (views of the arena)."""
+    bytes: int
+    """The arena's bytes."""
+    derived: int
+    """Buffers registered with :meth:`RankShards.derive`."""
+    derived_bytes: int
+    """Their bytes outside the arena (a derived view of a served tensor frees nothing more)."""
+
+
+class RankShards:
+    """This rank's verified shards. ``state_dict()`` is a view of one preallocated arena.
+
+    Made only from a passing :class:`~tpload.verification.gate.Verdict` (the constructor checks):
+    no code path can wrap a load's arena in shards the gate did not pass."""
+
+    def __init__(
+        self,
+        result: LoadResult,
+        plan: RankPlan,
+        report: LoadReport,
+        verdict: Verdict,
+        deferred: tuple[DeferredTensor, ...] = (),
+    ) -> None:
+        if not isinstance(verdict, Verdict):
+            raise LoadError("shards are made only from the gate's verdict")
+        verdict.require()
+        self._result: LoadResult | None = result
+        self.plan = plan
+        self.report = report
+        self.vouched_by = verdict.vouched_by
+        """What vouched for the served bytes, in words."""
+        self.trust = verdict.trust
+        """The same as a record (verification/trust.py): kind, file, sha256, signer."""
+        self._deferred = deferred
+        self._derived: dict[str, torch.Tensor] = {}
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """{official name: this rank's tensor on its device}; views, not copies."""
+        if self._result is None:
+            raise LoadError("these shards were released")
+        return dict(self._result.tensors)
+
+    @property
+    def hashed(self) -> list[str]:
+        """Official tensors this rank checked by sha256 (its share of the node's hashing)."""
+        return sorted(self._result.hashed) if self._result is not None else []
+
+    def deferred(self) -> list[DeferredTensor]:
+        """A locator (file, offset, length, dtype, shape, the sha256 its bytes must hash to) for
+        each deferred tensor this rank holds, in natural name order; they are not in
+        :meth:`state_dict`."""
+        return list(self._deferred)
+
+    def derive(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """Register a buffer the model derived from served tensors (a fused concat, a transposed
+        twin), so that :meth:`release` frees it with the rest; returns ``tensor``. Its name must be
+        new (neither served nor derived already): it is never in :meth:`state_dict`, whose bytes
+        were verified."""
+        if self._result is None:
+            raise LoadError(f"derive {escape_name(name)}: these shards were released")
+        if not isinstance(tensor, torch.Tensor):
+            raise LoadError(
+                f"derive {escape_name(name)}: expected a torch.Tensor, got {type(tensor).__name__}"
+            )
+        if name in self._derived or name in self._result.tensors:
+            what = "derived" if name in self._derived else "served"
+            raise LoadError(f"derive {escape_name(name)}: a {what} tensor already has this name")
+        self._derived[name] = tensor
+        return tensor
+
+    def derived(self) -> dict[str, torch.Tensor]:
+        """{name: buffer} of every derived buffer registered, in order."""
+        return dict(self._derived)
+
+    def release(self) -> Released:
+        """Free every buffer the load made: the arena (each served and decoded tensor is a
+        view of it; views the caller still holds keep it alive), the derived buffers registered
+        with :meth:`derive`, the allocators' cached device blocks and pinned staging buffers, and
+        freed host heap pages. Returns what it freed (nothing the second time)."""
+        freed = Released(0, 0, 0, 0)
+        if self._result is not None:
+            arena = {self._storage_key(t) for t in self._result.tensors.values()}
+            own: dict[tuple, int] = {}
+            for t in self._derived.values():
+                key = self._storage_key(t)
+                if key not in arena:  # a view of the arena is freed with it, not twice
+                    own[key] = t.untyped_storage().nbytes()
+            freed = Released(
+                len(self._result.outputs),
+                self.plan.arena_bytes,
+                len(self._derived),
+                sum(own.values()),
+            )
+        self._result = None
+        self._derived = {}
+        give_back(torch.device(self.report.device))
+        return freed
+
+    @staticmethod
+    def _storage_key(t: torch.Tensor) -> tuple:
+        st = t.untyped_storage()
+        return (st.device.type, st.device.index, st.data_ptr())
+
+
+def served(
+    opts: LoadOptions,
+    ctx: DistContext,
+    plan: RankPlan,
+    result: LoadResult,
+    deferred: tuple,
+    ranks: list[RankFigures],
+    notes: list[str],
+    verdict: Verdict,
+    planner: object = None,
+    chosen: object = None,
+) -> RankShards:
+    """After a verdict that passed: the report and the attestation (written by rank 0 when asked;
+    ``planner`` and ``chosen``, the load's planner and gate strategy, for the attestation), and this
+    rank's shards."""
+    prefix, census = getattr(planner, "prefix", None), getattr(planner, "census", None)
+    report = LoadReport(
+        str(opts.checkpoint),
+        opts.kind,
+        plan.layout.tp,
+        plan.layout.ep,
+        opts.verify,
+        str(ctx.device),
+        ranks,
+        ctx.rank,
+        predictions_trusted=opts.verify == Verify.DIGEST,
+        trust=verdict.trust,
+        evict_page_cache=opts.evict_page_cache,
+        notes=[*notes, *(planner.notes() if hasattr(planner, "notes") else ())],
+        weight_prefix=prefix.found if prefix is not None else None,
+        kv_scales=census.to_dict() if census else {},
+    )
+    if opts.verify == Verify.OFF:
+        rank_log(ctx.rank).warning(
+            "verification is OFF: %d tensors served without any check against a manifest, hub blob "
+            "names, etags or a signature",
+            ranks[ctx.rank].tensors,
+        )
+    if opts.report and ctx.rank == 0:
+        try:
+            report.write(opts.report)
+        except OSError as e:
+            rank_log(ctx.rank).warning(
+                "could not write the report %s: %s", escape_name(opts.report), e.strerror
+            )
+    if ranks[0].attest:  # rank 0 attests: every rank learns whether it could, or fails with it
+        why = _attest(opts, ranks, planner, plan, chosen, verdict) if ctx.rank == 0 else ""
+        why = agree(
+            why, ctx, seq=ranks[ctx.rank].seq, timeout_s=opts.timeout_s, step="the attestation"
+        )
+        if why:
+            result.drop()  # nothing of a load that fails survives it
+            give_back(ctx.device)
+            raise LoadError(why, reporter=0)
+    return RankShards(result, plan, report, verdict, deferred)
+
+
+def _attest(
+    opts: LoadOptions,
+    ranks: list[RankFigures],
+    planner: object,
+    plan: RankPlan,
+    chosen: object,
+    verdict: Verdict,
+) -> str:
+    """Rank 0 writes the attestation of a passed load; "" when it did, else why not (every rank then
+    fails with it: served). Its options were checked before loading (the key, the folder, not a
+    folder itself), so only the write can fail here (a full disk, a folder gone): no statement is
+    left at the path to be mistaken for this load's, and no rank returns weights, so a node never
+    serves a load whose attestation a controller waits for in vain."""
+    verdict.require()  # an exit path of the gate: only a passed verdict is attested
+    from ..attest import build as attest
+
+    try:
+        path = attest.after_load(opts, ranks, planner, plan.layout, chosen, verdict)
+    except Exception as e:  # noqa: BLE001 - whatever stops it, the peers wait for the word
+        for stale in (opts.attest, attest.signature_path(opts.attest)):
+            with contextlib.suppress(OSError):
+                if not os.path.isdir(stale):
+                    os.unlink(stale)
+        why = (
+            getattr(e, "strerror", None) or (str(e).splitlines() or [""])[0]
+            if isinstance(e, OSError | LoadError)
+            else f"unexpected {type(e).__name__}: {e} (a bug in tpload)"
+        )
+        return (
+            f"the load passed, but rank 0 could not write the load attestation "
+            f"{escape_name(opts.attest)} ({escape_name(why)}); no rank returned weights (a load "
+            "asked to attest fails without its statement): free the space or fix the folder and "
+            "load again"
+        )
+    rank_log(0).info(
+        "wrote the load attestation %s%s",
+        escape_name(path),
+        f" (signed: {escape_name(attest.signature_path(path))})" if opts.attest_key else "",
+    )
+    return ""

@@ -1,0 +1,123 @@
+"""The steps of one rank's load that are more than a call: sequence.py sequences them.
+
+Each takes what it needs as arguments (options, the rank's context, the plan) and returns what the
+next step uses, so sequence.py reads as the sequence alone: the config, the node's plans, the loop
+with its hasher and progress, this rank's counts and the node's page-cache figures.
+"""
+
+from __future__ import annotations
+
+from ..distributed.world import DistContext
+from ..model.modes import Verify
+from ..model.progress import ProgressSink, Silent
+from ..options.load_options import LoadOptions
+from ..planning.layout import Layout
+from ..planning.planner import Planner, RankPlan
+from ..report.figures import RankFigures
+from ..report.log import rank_log
+from ..report.progress import Progress
+from ..selection.config import Config, with_rules
+from ..selection.pick import choose
+from ..storage.base import Storage
+from ..storage.pagecache import REPORT_SAMPLE, ShardRelease, checkpoint_resident
+from ..transfer.device import for_device
+from ..verification import strategy
+from ..verification.gate import spare_cores
+from ..verification.hashing import Hasher
+from .loop import run
+from .result import LoadResult
+
+
+def config_of(storage: Storage, opts: LoadOptions, ctx: DistContext, notes: list[str]) -> Config:
+    """The config the load plans by (``--config``, or picked from config.json against the
+    catalogue's pins) with the load's skip and defer rules; why it was picked goes into ``notes``
+    (the report's, which the table prints: at DEBUG rank 0's log says it as it is picked too)."""
+    cat = storage.catalogue
+    config, why = choose(opts.config, storage.root, pins=cat.pins, header=cat.gguf)
+    if why:
+        notes.append(why)
+        if ctx.rank == 0:
+            rank_log(0).debug("%s", why)
+    return with_rules(
+        config,
+        skip=opts.skip,
+        defer=opts.defer,
+        skip_activation_scales=opts.skip_activation_scales,
+    )
+
+
+def node_plans(
+    planner: Planner, layout: Layout, opts: LoadOptions, ctx: DistContext
+) -> tuple[dict[int, RankPlan], list[RankPlan]]:
+    """This rank's plan and its node peers' (node hashing splits the node's work; on the CPU or a
+    shared GPU the peers' arenas share this rank's memory), each made once; and the plans that
+    share this rank's memory (the pre-flight sums them)."""
+    shares_memory = ctx.device.type == "cpu" or ctx.shared_device
+    peers = ctx.node_peers if shares_memory or opts.verify == Verify.NODE else [ctx.rank]
+    plans = {p: planner.plan(layout, opts.kind, p) for p in peers}
+    return plans, [plans[p] for p in (peers if shares_memory else [ctx.rank])]
+
+
+def run_rank(
+    storage: Storage,
+    plan: RankPlan,
+    prepared: strategy.Prepared,
+    *,
+    opts: LoadOptions,
+    ctx: DistContext,
+    sink: ProgressSink | None,
+    link: object,
+) -> LoadResult:
+    """The loop over ``plan`` with the hasher the gate prepared (on the CPU, on the node's spare
+    cores only: the copies need the others), page-cache eviction when asked, and rank 0's
+    progress unless the caller gave its own sink."""
+    release = (
+        ShardRelease.expecting(storage, plan, prepared.hashes.mine)
+        if opts.evict_page_cache
+        else None
+    )
+    spare = spare_cores(len(ctx.node_peers))
+    threads = min(opts.hash_threads, spare) if ctx.device.type == "cpu" else opts.hash_threads
+    hasher = Hasher(
+        prepared.hashes,
+        threads=max(0, threads),
+        digests=prepared.digests,
+        on_done=(lambda n: release.done(storage.stored(n).path)) if release else None,
+    )
+    if sink is None:
+        sink = (
+            Progress(plan.read_bytes, plan.served) if opts.progress and ctx.rank == 0 else Silent()
+        )
+    return run(
+        storage,
+        plan,
+        transfer=for_device(ctx.device),
+        hasher=hasher,
+        samples=opts.samples,
+        progress=sink,
+        release=release,
+        link=link,
+    )
+
+
+def count(fig: RankFigures, result: LoadResult, plan: RankPlan, ctx: DistContext) -> None:
+    """This rank's counts in its figures (the gate adds its evidence)."""
+    fig.tensors, fig.bytes_read, fig.bytes_device = (
+        len(result.outputs),
+        plan.read_bytes,
+        plan.arena_bytes,
+    )
+    fig.hashed, fig.bytes_hashed = len(result.hashed), result.bytes_hashed
+    fig.device_checked, fig.sampled = result.device_checked, result.sampled
+    fig.skipped, fig.deferred = len(plan.skipped), len(plan.deferred)
+    fig.device = str(ctx.device)
+
+
+def measure_cache(
+    fig: RankFigures, storage: Storage, ctx: DistContext, opts: LoadOptions, *, before: bool
+) -> None:
+    """The page cache is the node's: its first rank measures it, before, and after when the load
+    evicts."""
+    if ctx.rank == ctx.node_peers[0] and (before or opts.evict_page_cache):
+        resident = checkpoint_resident(storage.paths(), sample=REPORT_SAMPLE)
+        setattr(fig, "page_cache_before" if before else "page_cache_after", resident)

@@ -1,0 +1,70 @@
+"""The value types several layers exchange, and the names they share.
+
+Small immutable things: a fingerprint's triple, a window's box, where stored bytes are, the sizes
+of the node cross-check's values, the file names a checkpoint's anchors have. Nothing here reads a
+file or imports anything of tpload."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple
+
+Triple = tuple[int, int, int]
+"""A fingerprint: (total, rows, cols), int64 sums of a window's words (kernels/fingerprint.py)."""
+
+
+Box = tuple[tuple[int, int], tuple[int, int]]
+"""A window of a stored tensor: (rows, byte columns) of its 2-D view."""
+
+
+class Stored(NamedTuple):
+    """Stored bytes a rank reads: a whole tensor of a shard, or one window in a rank file.
+
+    A named tuple, made when asked for and dropped after (a tuple is made in C; a load of 92,000
+    tensors keeps none of them to the end, so the collector has none to walk)."""
+
+    name: str
+    """The official tensor name."""
+    path: Path
+    """The file that holds them."""
+    offset: int
+    """Absolute offset of their first byte in that file."""
+    rows: int
+    """Rows of their 2-D byte view (a 0-D or 1-D tensor is one row)."""
+    row_bytes: int
+    sha256: str | None
+    """What the manifest promises for exactly these bytes (None: no manifest entry)."""
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows * self.row_bytes
+
+    def seen_as(self, view: tuple[int, int]) -> Stored:
+        """The same bytes as ``view`` rows of ``view`` bytes (any split of them)."""
+        if view == (self.rows, self.row_bytes):
+            return self
+        if view[0] * view[1] != self.nbytes:
+            raise ValueError(f"{self.name}: {self.nbytes} bytes cannot be seen as {list(view)}")
+        return self._replace(rows=view[0], row_bytes=view[1])
+
+
+DIGEST_BYTES = 32
+"""Bytes of a folded value in the exchange's row (the node cross-check's, the replicas')."""
+SLOTS = 8
+"""Values per row: one per node peer (by position on the node); on a node of more ranks, peers
+share slots, their values folded by XOR (still compared, no longer told apart)."""
+
+INDEX_NAME = "model.safetensors.index.json"
+MANIFEST_NAME = "NATIVE_MANIFEST.json"
+"""The manifest: every tensor's file, dtype, shape and sha256 (docs/format.md)."""
+
+SIGNER_FIELDS = (
+    "signature",
+    "signer_key",
+    "signer_cert",
+    "signer_chain",
+    "signer_identity",
+    "signer_issuer",
+)
+"""The options that say which bundle and which signer: the load's, and ``verify``, ``manifest`` and
+``attest verify``'s (verification/signing.py checks them)."""

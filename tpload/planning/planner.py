@@ -1,0 +1,249 @@
+"""Per-rank plans: which bytes of which tensor each rank reads, and where they land.
+
+A plan is pure arithmetic on the catalogue (names, dtypes, shapes), the config and the model's
+config.json, each given as an argument; it reads no file and touches no tensor data and no device,
+so any rank can compute any other rank's plan (node verification, the pre-flight and ``tpload plan
+--digest`` rely on that). The parts are in planning/; a plan is held as columns (each entry's index,
+class and arena offset in arrays), and its named items are made only by the rank that loads it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..model.errors import ConfigError, LayoutError
+from ..model.modes import Kind
+from ..model.text import escape_name
+from ..model.values import Box
+from ..selection.config import Config
+from ..selection.prefix import detect as detect_prefix
+from ..storage.catalogue import Catalogue
+from . import checks
+from .classify import Classified, activation_scale, classify
+from .cutting import SLOT_ALIGN, Shaped, shaped
+from .entries import Entries, Entry
+from .items import Item, item_of
+from .layout import Layout, parts_of
+
+
+@dataclass(frozen=True, eq=False)
+class RankPlan:
+    """Everything one rank will do, decided before any byte is copied, as columns: the index of
+    each entry it holds, its class (whose cuts it shares with every tensor of the class on this
+    rank) and its arena offset. Named items are made when first asked for, which only the rank
+    that loads the plan does: a node's peers' plans are read for names and windows only."""
+
+    rank: int
+    layout: Layout
+    kind: Kind
+    index: np.ndarray
+    """Each held entry's position among the planner's entries."""
+    klass: np.ndarray
+    """Each held entry's class."""
+    table: Mapping[int, Shaped]
+    """Each held class's cuts and served tensors on this rank."""
+    offsets: np.ndarray
+    """Arena offset of each entry's first output."""
+    all_entries: Entries
+    skipped: tuple[str, ...]
+    deferred: tuple[str, ...]
+    arena_bytes: int
+
+    @property
+    def entries(self) -> Iterator[Entry]:
+        """Each held entry, made as it is reached (kept by nobody: the items are what the load
+        keeps)."""
+        return map(self.all_entries.__getitem__, self.index.tolist())
+
+    @functools.cached_property
+    def shapes(self) -> list[Shaped]:
+        """Each entry's class's cuts: the same object for entries cut alike."""
+        return list(map(self.table.__getitem__, self.klass.tolist()))
+
+    @functools.cached_property
+    def items(self) -> tuple[Item, ...]:
+        return tuple(map(item_of, self.entries, self.shapes, self.offsets.tolist()))
+
+    @functools.cached_property
+    def reads(self) -> dict[str, Box]:
+        """Every stored tensor this rank reads a window of (each item's scales, then its weight):
+        its box."""
+        boxes = {k: _boxes(s) for k, s in self.table.items()}  # one tuple per class, shared
+        rows = self.all_entries
+        names, scales, scales2 = rows.names, rows.scales, rows.scales2
+        out: dict[str, Box] = {}
+        for k, c in zip(self.index.tolist(), self.klass.tolist(), strict=True):
+            weight, scale, scale2 = boxes[c]
+            if scale is not None:
+                out[scales[k]] = scale
+            if scale2 is not None:
+                out[scales2[k]] = scale2
+            out[names[k]] = weight
+        return out
+
+    @property
+    def used_tensors(self) -> list[str]:
+        """Stored tensors this rank reads a window of (each item's scales, then its weight)."""
+        return list(self.reads)
+
+    @functools.cached_property
+    def _counts(self) -> dict[int, int]:
+        """How many held entries each class has."""
+        classes, counts = np.unique(self.klass, return_counts=True)
+        return dict(zip(classes.tolist(), counts.tolist(), strict=True))
+
+    @functools.cached_property
+    def read_bytes(self) -> int:
+        return sum(n * self.table[k].read_bytes for k, n in self._counts.items())
+
+    @functools.cached_property
+    def served(self) -> int:
+        return sum(n * len(self.table[k].served) for k, n in self._counts.items())
+
+    @functools.cached_property
+    def largest_transient(self) -> int:
+        """Device bytes beyond the arena: one staged window plus, expanded, its fp32 decode rows."""
+        if not self.table:
+            return 0
+        staged = max(s.read_bytes for s in self.table.values())
+        if self.kind == Kind.PACKED:
+            return staged
+        return staged + max(s.decode_bytes for s in self.table.values())
+
+
+def _boxes(s: Shaped) -> tuple[Box, Box | None, Box | None]:
+    """The boxes of a class's weight, scale and second scale."""
+    return (
+        (s.weight[0], s.weight[1]),
+        (s.scale[0], s.scale[1]) if s.scale is not None else None,
+        (s.scale2[0], s.scale2[1]) if s.scale2 is not None else None,
+    )
+
+
+class Planner:
+    """Classifies a catalogue once against a config, then cuts plans for any layout."""
+
+    def __init__(
+        self, catalogue: Catalogue, config: Config, *, model: Mapping[str, object] | None = None
+    ) -> None:
+        """``model``: the checkpoint's config.json (None: it has none); rules that count heads
+        read it, and the prefix's note counts MTP layers by it."""
+        self.catalogue, self.config = catalogue, config
+        names = catalogue.tensors
+        self.prefix = detect_prefix(
+            names, wanted=config.rules_prefix, model=model, where=catalogue.root
+        )
+        self.activation_scales = [
+            n for n in names if n.endswith(".input_scale") and activation_scale(n, names[n])
+        ]
+        """Single-value ``*.input_scale`` tensors (ModelOpt NVFP4's activation scales)."""
+        self.classified: Classified = classify(
+            names, config, prefix=self.prefix, problems=[], model=model, root=catalogue.root
+        )
+        c = self.classified
+        self.census = c.census  # of what is served or deferred: skipped layers are not counted
+        self.entries, self.skipped, self.deferred = c.entries, list(c.skipped), c.deferred
+        self.expert_counts = c.expert_counts
+        self._klass = c.entries.klass
+        self._plans: dict[tuple[Layout, Kind, int], RankPlan] = {}
+
+    def notes(self) -> list[str]:
+        """What ``plan`` prints and the report keeps: the prefix found, the KV-cache scale census,
+        the activation scales."""
+        out = [self.prefix.describe()] if self.prefix.found is not None else []
+        out += self.census.describe()
+        if self.census and self.config.kv_scales == "report":
+            out += [
+                f'{p} (reported: config {self.config.name} has kv_scales = "report")'
+                for p in self.census.problems()
+            ]
+        if self.activation_scales:
+            skipped = set(self.skipped)
+            n, off = len(self.activation_scales), sum(a in skipped for a in self.activation_scales)
+            out.append(
+                f"activation scales: {n:,} single-value *.input_scale tensors (4 B stored, a "
+                f"{SLOT_ALIGN} B arena slot, one tensor and one hash each when served: "
+                f"{n * SLOT_ALIGN / 2**20:,.2f} MiB of slots per rank holding them all); "
+                + (f"{off:,} skipped" if off else "served (--skip-activation-scales skips them)")
+            )
+        return out
+
+    def layout_problems(self, layout: Layout) -> list[str]:
+        """Every reason this tp x ep layout cannot be cut (empty when it can)."""
+        return checks.layout_problems(
+            self.classified, layout, channel_align=self.config.channel_align
+        )
+
+    def working_tps(self, limit: int = checks.SUGGEST_UP_TO) -> list[int]:
+        """The tp values (up to ``limit``, itself bounded) that cut every tensor."""
+        return checks.working_tps(
+            self.classified, channel_align=self.config.channel_align, limit=limit
+        )
+
+    def check_layout(self, layout: Layout, world: int) -> None:
+        """Raise a LayoutError naming what fails and which layouts would work."""
+        checks.check_layout(self.classified, layout, world, channel_align=self.config.channel_align)
+
+    def plan(self, layout: Layout, kind: str, rank: int) -> RankPlan:
+        """Rank ``rank``'s plan (made once per layout, kind and rank; plans are immutable)."""
+        if kind not in tuple(Kind):
+            raise ConfigError(f"kind {kind!r} is not one of {', '.join(Kind)}")
+        key = (layout, Kind(kind), rank)
+        if key not in self._plans:
+            self._plans[key] = self._make(layout, Kind(kind), rank)
+        return self._plans[key]
+
+    @staticmethod
+    def _held(at: np.ndarray, layout: Layout, group: int) -> np.ndarray:
+        """The rows that expert-parallel group ``group`` holds, given each row's expert position
+        and set size ``at`` (one pass over the columns: a row of no expert set is everyone's)."""
+        if layout.ep == 1 or not len(at):
+            return np.arange(len(at))
+        everyone = at[:, 1] == 0
+        return np.flatnonzero(everyone | (parts_of(at[:, 0], at[:, 1], layout.ep) == group))
+
+    def _make(self, layout: Layout, kind: Kind, rank: int) -> RankPlan:
+        group = layout.position(rank)[0]
+        index = self._held(self.classified.expert_at, layout, group)
+        klass = self._klass[index]
+        classes, first = np.unique(klass, return_index=True)
+        table: dict[int, Shaped] = {}
+        arena = np.zeros(int(classes[-1]) + 1 if len(classes) else 0, dtype=np.int64)
+        # classes in order of first appearance: the first tensor that fails is named
+        for at in np.sort(first).tolist():
+            e = self.entries[int(index[at])]
+            got = shaped(
+                e,
+                layout,
+                rank,
+                kind,
+                units=self.classified.units,
+                channel_align=self.config.channel_align,
+            )
+            if isinstance(got, str):
+                raise LayoutError(
+                    f"rank {rank}: tensor {escape_name(e.name)} under {e.rule.describe()}: {got}"
+                )
+            table[e.klass], arena[e.klass] = got, got.arena
+        ends = np.cumsum(arena[klass])
+        offsets = ends - arena[klass]
+        held = self._held(self.classified.deferred_at, layout, group).tolist()
+        deferred = tuple(map(self.deferred.__getitem__, held))
+        total = int(ends[-1]) if len(ends) else 0
+        return RankPlan(
+            rank,
+            layout,
+            kind,
+            index,
+            klass,
+            table,
+            offsets,
+            self.entries,
+            tuple(self.skipped),
+            deferred,
+            total,
+        )

@@ -1,0 +1,427 @@
+"""Replicas in one launch: each window read from storage once per cluster, sent to the other
+replicas, checked on receipt.
+
+With ``replicas`` R the load's group holds R copies of one tp x ep plan: rank ``r`` is replica ``r
+// (tp*ep)`` at position ``r % (tp*ep)`` (or where the caller's ``replica_group`` puts it:
+:class:`Placement`), and every rank at a position has the same plan, run in the same order. The
+plan's runs (loading/loop.py: one item, or a batch of small ones) are split between the position's R
+ranks, balanced by bytes (distributed/replica_split.py, the same on every rank); the owner of a run
+reads it from storage, as a rank reading alone would, and sends each piece it yields to the
+position's other ranks (point-to-point on the wire, distributed/wire.py: NCCL with device tensors on
+GPUs whose group has it, gloo with host tensors otherwise; the same calls and the same code either
+way), which place it in their arena exactly where the read would have put it.
+
+The transport is not trusted. The owner fingerprints every window it sends from the very bytes it
+read (and hashed, or had its node peer hash: crosscheck.py), with the loop's fingerprint
+(kernels/fingerprint.py), and sends the value after the window's last piece; the receiver
+fingerprints what it received and compares. A difference is a problem of the receiver's load, naming
+the tensor, the sender and the receiver; it fails every rank in the one exchange. Receivers never
+hash a window they received: the hash plan (verification/policy.py) is made over the windows each
+rank reads from storage itself (:meth:`Link.reads`), so every stored byte is hashed once per node
+that reads it, not once per replica.
+
+Bounded: sends go through a ring of :data:`RING` buffers of the reader's chunk size (a send buffer
+is reused only when its sends completed), receives through a ring of the same size (on a device
+wire, each with its device buffer beside it); every wait has the load's timeout and fails naming
+the peer (how a dead peer is bounded on gloo and on NCCL: distributed/wire.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import zlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ..distributed.placement import RING, Placement, count, placement
+from ..distributed.replica_split import Names, Position, file_units, split_runs
+from ..distributed.wire import Wire
+from ..kernels.fingerprint import HostFingerprint
+from ..model.errors import LoadError, OptionsError, StoodDown
+from ..model.text import escape_name
+from ..model.values import DIGEST_BYTES, Box, Stored
+from ..storage.reader import CHUNK_BYTES, Reader
+from ..verification.crosscheck import fold, xor_fold
+
+PIECE, END, ABORT = 1, 2, 3
+"""A header's kinds: a piece of a window, the window's end (its fingerprint), and the owner's abort:
+its loop failed before the window's end (the call's sequence number beside the tag), so the ranks
+waiting for the rest stop at once rather than after --timeout."""
+HEADER_WORDS = (
+    8  # kind, name tag, first row, first column, rows, columns (or the fingerprint's 3 words)
+)
+
+
+def send(tensor: torch.Tensor, group_dst: int, group: dist.ProcessGroup) -> dist.Work:
+    """Send ``tensor`` to ``group_dst`` (asynchronous); a module function, so a test can wrap it."""
+    return dist.isend(tensor, group=group, group_dst=group_dst)
+
+
+def recv(tensor: torch.Tensor, group_src: int, group: dist.ProcessGroup) -> dist.Work:
+    return dist.irecv(tensor, group=group, group_src=group_src)
+
+
+def _tag(name: str) -> int:
+    return zlib.crc32(name.encode())
+
+
+class Link:
+    """This rank's share of the replicas' traffic for one load."""
+
+    def __init__(
+        self,
+        ctx: object,
+        at: Placement,
+        shared: Sequence[Position],
+        timeout_s: float,
+        fig: object,
+        wire: Wire | None = None,
+    ) -> None:
+        """``shared``: the split of positions 0 to this rank's position at least (those of the
+        plans :meth:`reads` is asked about too); ``wire``: where the messages go (default: the
+        load's, distributed/wire.py)."""
+        self.ctx, self.at, self.timeout_s, self.fig = ctx, at, timeout_s, fig
+        self.replicas = replicas = at.replicas
+        self.size = at.size
+        self.replica, self.position = at.where(ctx.rank)
+        self.wire = Wire.of(ctx) if wire is None else wire
+        self.others = [at.rank(q, self.position) for q in range(replicas) if q != self.replica]
+        self.split = shared
+        mine = self.split[self.position]
+        self.by_name, self.by_batch = mine.by_name, mine.by_batch
+        self.problems: list[str] = []
+        self._sent: list[tuple[str, Box, tuple]] = []
+        self._seen: dict[int, list[tuple[str, Box, tuple]]] = {}
+        self.from_storage = self.from_peers = 0
+        self._owning: str | None = None
+        """The window this rank is reading and sending now (its END not shipped yet)."""
+        # the rings: host buffers (the loop and the fingerprint read them) and, beside each, its
+        # wire buffer (the same memory on the CPU: distributed/wire.py)
+        self._send = [np.empty(0, np.uint8)] * RING
+        self._send_wire = [torch.empty(0, dtype=torch.uint8)] * RING
+        self._works: list[list] = [[] for _ in range(RING)]
+        self._recv = [np.empty(0, np.uint8)] * RING
+        self._recv_wire = [torch.empty(0, dtype=torch.uint8)] * RING
+        self._turn = self._rturn = 0
+
+    def reads(self, plans: Mapping[int, object]) -> dict[int, dict[str, object]]:
+        """Each plan's windows its rank reads from storage itself (the hash plan's input)."""
+        out = {}
+        for p, plan in plans.items():
+            q, position = self.at.where(p)
+            own = self.split[position].reads[q]
+            out[p] = {n: box for n, box in plan.reads.items() if n in own}
+        return out
+
+    def mine(self, name: str) -> bool:
+        return self.by_name.get(name, self.replica) == self.replica
+
+    def source(self, name: str) -> str:
+        """Where this rank's window of ``name`` came from, in words ("" when read from storage)."""
+        if self.mine(name):
+            return ""
+        owner = self.by_name[name]
+        return f" (received from rank {self.at.rank(owner, self.position)}, replica {owner})"
+
+    # -- sending -----------------------------------------------------------------------------------
+
+    def _wait(self, works: Iterable[dist.Work], what: str) -> None:
+        for work in works:
+            try:
+                ok = work.wait(datetime.timedelta(seconds=self.timeout_s))
+            except (
+                RuntimeError,
+                TimeoutError,
+                OSError,
+            ) as e:  # a dead or hung peer (gloo: DistBackendError)
+                first = str(e).splitlines()[0] if str(e) else type(e).__name__
+                raise LoadError(f"replicas: {what}: {escape_name(first)[:300]}") from None
+            if ok is False:
+                raise LoadError(f"replicas: {what}: no answer within {self.timeout_s:g} s")
+
+    def _ship(self, header: list[int], data: torch.Tensor | None, i: int | None) -> None:
+        h = self.wire.header(header + [0] * (HEADER_WORDS - len(header)))
+        works = self._works[i if i is not None else self._turn]
+        group = self.wire.group
+        # every rank of a position runs the same plan in the same order, so each pair of ranks
+        # posts its sends and receives in one order on both sides: NCCL's point-to-point calls
+        # (which block until matched) cannot wait on each other in a cycle
+        for t in self.others:
+            works.append(send(h, t, group))
+            if data is not None:
+                works.append(send(data, t, group))
+        works.append(h)  # kept alive until its sends are done
+
+    def _buffer(self, nbytes: int, name: str) -> int:
+        i = self._turn = (self._turn + 1) % RING
+        works = self._works[i]
+        self._wait(
+            [w for w in works if not isinstance(w, torch.Tensor)],
+            f"rank {self.ctx.rank} sending {escape_name(name)} to rank(s) "
+            f"{', '.join(map(str, self.others))}",
+        )
+        works.clear()
+        if self._send[i].size < nbytes:
+            self._send[i] = self.wire.host(nbytes)
+            self._send_wire[i] = self.wire.buffer(self._send[i])
+        return i
+
+    def sending(
+        self, name: str, box: Box, pieces: Iterable[tuple[int, int, np.ndarray]]
+    ) -> Iterator[tuple[int, int, np.ndarray]]:
+        """Pass ``pieces`` (a window of ``width`` bytes a row, read from storage) on, sending each
+        to the other replicas first, then the window's fingerprint, taken from the bytes read."""
+        fp, tag = HostFingerprint(box[1][1] - box[1][0]), _tag(name)
+        self._owning = name
+        for r, c, view in pieces:
+            h, w = view.shape
+            i = self._buffer(h * w, name)
+            data = self._send[i][: h * w]
+            fp.add(view, r, dst=data.reshape(h, w), first_col=c)
+            self._ship([PIECE, tag, r, c, h, w], self.wire.put(data, self._send_wire[i]), i)
+            self.from_storage += h * w
+            yield r, c, view
+        self._ship([END, tag, *fp.value()], None, None)
+        self._owning = None
+        self._sent.append((name, box, fp.value()))
+
+    def abort(self) -> None:
+        """This rank's loop failed. If it was reading and sending a window, the position's other
+        ranks wait for that window's next piece from it: an ABORT header in its place stops them at
+        once (errors.StoodDown: the cause is this rank's). Never waits, never raises: this rank's
+        own failure is what it reports. A failure elsewhere (receiving, between windows) sends
+        nothing: no peer may be waiting to receive from it, and an unmatched send would be left in
+        the group."""
+        name, self._owning = self._owning, None
+        if name is None:
+            return
+        # a peer already gone learns of the failure from the exchange
+        with contextlib.suppress(RuntimeError, OSError, ValueError):
+            self._ship([ABORT, _tag(name), self.fig.seq], None, None)
+
+    def finish(self) -> None:
+        """Wait for every send still under way (before the exchange); the counts into the rank's
+        figures."""
+        self.fig.bytes_from_storage, self.fig.bytes_from_peers = self.from_storage, self.from_peers
+        # the exchange's own check, apart from the values sent with the bytes: what this rank sent,
+        # and what it received from each sender, folded (crosscheck.fold) and XOR-ed over its
+        # senders
+        self.fig.replicas_sent = fold(self._sent).hex()
+        self.fig.replicas_seen = xor_fold([fold(lines) for lines in self._seen.values()]).hex()
+        for works in self._works:
+            self._wait(
+                [w for w in works if not isinstance(w, torch.Tensor)],
+                f"rank {self.ctx.rank} sending to rank(s) {', '.join(map(str, self.others))}",
+            )
+            works.clear()
+
+    # -- receiving ---------------------------------------------------------------------------------
+
+    def receiving(self, name: str, box: Box, owner: int) -> Iterator[tuple[int, int, np.ndarray]]:
+        """The window ``name`` as the rank of replica ``owner`` at this position read it, piece by
+        piece; its fingerprint compared with the sender's at the end (a difference: a problem).
+        Receive-ahead: the next piece's bytes (and the header after them) are asked for before this
+        piece goes to the loop, so its copy overlaps their transfer (messages from one sender are
+        matched in the order they are asked for)."""
+        src = self.at.rank(owner, self.position)
+        what = (
+            f"rank {self.ctx.rank} receiving {escape_name(name)} from rank {src} (replica {owner})"
+        )
+        fp, tag = HostFingerprint(box[1][1] - box[1][0]), _tag(name)
+        headers = [self.wire.header(size=HEADER_WORDS) for _ in range(2)]
+        group = self.wire.group
+        k = 0
+        self._wait([recv(headers[k], src, group)], what)
+        stopped = (
+            f"replicas: stopped receiving {escape_name(name)} from rank {src} (replica {owner}), "
+            f"which failed while reading it"
+        )
+        head = self._header(headers[k], tag, what, stopped)
+        ready = None
+        while True:
+            posted = None
+            if head[0] == PIECE:
+                r, c, h, w = head[2:6]
+                i = self._rturn = (self._rturn + 1) % RING
+                if self._recv[i].size < h * w:
+                    self._recv[i] = self.wire.host(h * w)
+                    self._recv_wire[i] = self.wire.buffer(self._recv[i])
+                data, wire = self._recv[i][: h * w], self._recv_wire[i][: h * w]
+                got = recv(wire, src, group)
+                k ^= 1
+                works = [got, recv(headers[k], src, group)]
+                posted = (r, c, data.reshape(h, w), data, wire, works)
+            if ready is not None:
+                yield ready
+            if posted is None:  # the window's end: its fingerprint as the sender took it
+                want = tuple(head[2:5])
+                self._seen.setdefault(owner, []).append((name, box, fp.value()))
+                if fp.value() != want:  # with --verify digest too: it names the tensor
+                    self.problems.append(
+                        f"tensor {escape_name(name)}: the bytes rank {self.ctx.rank} received "
+                        f"from rank {src} (replica {owner}) differ from those rank {src} read "
+                        "from storage (fingerprint "
+                        f"{list(fp.value())} != {list(want)}): changed in transit"
+                    )
+                return
+            r, c, view, data, wire, works = posted
+            self._wait(works, what)
+            self.wire.take(wire, data)  # a device wire's bytes into the host piece
+            head = self._header(headers[k], tag, what, stopped)
+            fp.add(view, r, first_col=c)
+            self.from_peers += view.size
+            ready = r, c, view
+
+    def _header(self, header: torch.Tensor, tag: int, what: str, stopped: str) -> list[int]:
+        head = header.tolist()
+        if head[0] == ABORT and head[1:3] == [tag, self.fig.seq]:
+            raise StoodDown(stopped)
+        if head[1] != tag or head[0] not in (PIECE, END):
+            raise LoadError(
+                f"replicas: {what}: the stream is out of step (got a piece of another tensor); "
+                "the ranks of a position must load the same plan"
+            )
+        return head
+
+    # -- the two places the loop reads storage -----------------------------------------------
+
+    def read_batch(self, inner: object, stored: Stored, r0: int, r1: int, out: np.ndarray) -> None:
+        """A batch's one read (loading/batch.py): from storage by its owner, then sent; received by
+        the others."""
+        owner = self.by_batch.get((str(stored.path), stored.offset))
+        if owner is None:
+            raise LoadError(
+                f"replicas: {escape_name(stored.name)}: a read outside the plan the replicas share"
+            )
+        flat = out.reshape(1, -1)
+        n = flat.shape[1]
+        if owner == self.replica:
+            self._owning = stored.name  # the receivers wait for it from here: see abort()
+            inner.read(stored, r0, r1, out)
+            step = CHUNK_BYTES
+            pieces = ((0, c, flat[:, c : c + step]) for c in range(0, n, step))
+            for _ in self.sending(stored.name, ((0, 1), (0, n)), pieces):
+                pass
+            return
+        for r, c, view in self.receiving(stored.name, ((0, 1), (0, n)), owner):
+            flat[r : r + view.shape[0], c : c + view.shape[1]] = view
+
+
+class SharedStorage:
+    """The storage as the copy loop sees it with replicas: batch reads and readahead go through the
+    link."""
+
+    def __init__(self, inner: object, link: Link) -> None:
+        self.inner, self.link = inner, link
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    def read(self, stored: Stored, r0: int, r1: int, out: np.ndarray) -> None:
+        self.link.read_batch(self.inner, stored, r0, r1, out)
+
+    def will_need(self, stored: Stored) -> None:
+        if self.link.mine(
+            stored.name
+        ):  # a window another replica reads is not worth this node's readahead
+            self.inner.will_need(stored)
+
+
+class SharedReader(Reader):
+    """The loop's reader with replicas: a window this replica reads comes from storage (and is
+    sent); any other, from the replica that reads it."""
+
+    def __init__(self, storage: SharedStorage, *, chunk_bytes: int) -> None:
+        super().__init__(storage.inner, chunk_bytes=chunk_bytes)
+        self.link = storage.link
+
+    def blocks(
+        self,
+        stored: Stored,
+        rows: tuple[int, int],
+        cols: tuple[int, int],
+        *,
+        tap: object = None,
+        row_multiple: int = 1,
+        split_rows: bool = True,
+    ) -> Iterator[tuple[int, int, np.ndarray]]:
+        link, box = self.link, (rows, cols)
+        if link.mine(stored.name):
+            yield from link.sending(
+                stored.name,
+                box,
+                super().blocks(
+                    stored, rows, cols, tap=tap, row_multiple=row_multiple, split_rows=split_rows
+                ),
+            )
+            return
+        if tap is not None:  # the hash plan is made over each rank's own reads: this cannot happen
+            raise LoadError(
+                f"replicas: {escape_name(stored.name)} is hashed by a rank that does not read it"
+            )
+        yield from link.receiving(stored.name, box, link.by_name[stored.name])
+
+
+def link(strategy: object, planner: object) -> Link | None:
+    """The link of a load with replicas (None without), made after the gate's strategy is chosen and
+    before it prepares: it refuses what replicas cannot share yet, and gives the hash plan each
+    rank's own reads."""
+    job = strategy.job
+    opts, ctx, storage = job.opts, job.ctx, job.storage
+    n = count(opts)
+    if n <= 1:
+        return None
+    why = None
+    if storage.per_rank:
+        why = (
+            "a pre-partitioned export (each rank reads its own rank file) is not shared between "
+            "replicas yet"
+        )
+    if why:
+        raise OptionsError(f"replicas {n}: {why}")
+    at = placement(opts, ctx.world)
+    # the split of a position depends on the positions before it: those up to the last one this
+    # rank asks about (its own, its node peers' for the hash plan) are split, no further
+    last = max(at.where(r)[1] for r in (ctx.rank, *job.plans))
+    every = [planner.position_plan(job.layout, opts.kind, p) for p in range(last + 1)]
+    names = Names(every[0].all_entries)
+    # files vouched for whole (hub snapshots, local-dir downloads, signed files) are shared out
+    # whole: a file's windows are all read by one replica, whose node hashes the file once for the
+    # cluster
+    whole = strategy.whole_files or getattr(storage, "file_digests", None) is not None
+    units = file_units(names.names, storage) if whole else None
+    shared = split_runs([names.runs(p, storage) for p in every], n, names.names, units)
+    out = Link(ctx, at, shared, opts.timeout_s, job.fig)
+    job.reads, job.link = out.reads(job.plans), out
+    return out
+
+
+def verdict(ranks: Sequence[object], at: Placement | int | None) -> list[str]:
+    """From the exchanged table: every receiver whose folded sightings differ from what the ranks at
+    its position sent (the per-window check on receipt names the tensor; this one does not trust the
+    values that travelled with the bytes). ``at``: where each rank stands (an int R: in rank order).
+    """
+    if isinstance(at, int):
+        at = Placement.in_order(at, len(ranks) // at) if at > 1 else None
+    if at is None or at.replicas <= 1:
+        return []
+    out = []
+    for t in ranks:
+        q, p = at.where(t.rank)
+        senders = [at.rank(s, p) for s in range(at.replicas) if s != q]
+        want = xor_fold(
+            bytes.fromhex(ranks[s].replicas_sent) if ranks[s].replicas_sent else bytes(DIGEST_BYTES)
+            for s in senders
+        )
+        got = bytes.fromhex(t.replicas_seen) if t.replicas_seen else bytes(DIGEST_BYTES)
+        if want != got:
+            out.append(
+                f"rank {t.rank} (replica {q}) holds windows from rank(s) "
+                f"{', '.join(map(str, senders))} that differ from what they read from storage and "
+                "sent (the exchange's check of the transfers)"
+            )
+    return out

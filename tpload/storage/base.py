@@ -1,0 +1,54 @@
+"""What the load needs from a checkpoint on disk: the one small interface every storage implements
+(:class:`Storage`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from ..model.values import Stored
+from .catalogue import Catalogue
+
+
+class Storage(Protocol):
+    """What the load needs from a checkpoint on disk."""
+
+    root: Path
+    catalogue: Catalogue
+    per_rank: bool
+    """True when each rank reads files of its own: then no rank can hash for another."""
+
+    def stored(self, name: str) -> Stored:
+        """The stored bytes of ``name`` this rank reads."""
+
+    def box(
+        self, name: str, view: tuple[int, int], rows: tuple[int, int], cols: tuple[int, int]
+    ) -> tuple[Stored, tuple[int, int], tuple[int, int]]:
+        """Where a window lies (rows and byte columns of the tensor's bytes seen as ``view``, a
+        ``(rows, row bytes)`` split of them): the stored bytes holding it, seen so that the window
+        is a box of them, and its rows and byte columns there."""
+
+    def read(self, stored: Stored, r0: int, r1: int, out: np.ndarray) -> None:
+        """Rows ``[r0, r1)`` of ``stored`` into ``out`` (contiguous uint8 ``[r1 - r0,
+        row_bytes]``)."""
+
+    def will_need(self, stored: Stored) -> None:
+        """Ask the kernel to read ``stored`` ahead (a cold page cache overlaps with the copies)."""
+
+    def evict(self, path: Path, ranges: list[tuple[int, int]]) -> None:
+        """Drop these (offset, length) ranges of ``path`` from the page cache."""
+
+    def paths(self) -> list[Path]:
+        """Every file this rank may read."""
+
+    def manifest_problems(self, names: list[str]) -> list[str]:
+        """Each named tensor the manifest does not vouch for (missing, disagreeing), and each
+        manifest entry that nothing holds."""
+
+    def changed(self) -> list[str]:
+        """A problem for each file read that changed since it was opened."""
+
+    def close(self) -> None:
+        """Close every file."""

@@ -1,0 +1,39 @@
+"""A rank's digest: one sha256 over the fingerprints of everything it serves, in natural order
+(docs/format.md). What is compared with a stored prediction and across a node."""
+
+from __future__ import annotations
+
+import hashlib
+import operator
+from collections.abc import Iterable, Mapping
+
+import torch
+
+from ..model.templates import natural_key
+from ..model.values import Triple
+
+_NAME = operator.itemgetter(0)
+
+
+def digest(
+    entries: Iterable[tuple[str, torch.dtype, tuple[int, ...], Triple]],
+    *,
+    ranks: Mapping[str, int] | None = None,
+) -> str:
+    """A rank's digest: sha256 over ``name|dtype|shape|total|rows|cols`` lines, names in natural
+    order (``ranks``: each name's place in that order, when known: the catalogue's)."""
+    entries = list(entries)
+    if ranks is not None and all(map(ranks.__contains__, map(_NAME, entries))):
+        entries.sort(key=lambda e: ranks[e[0]])
+    else:
+        entries.sort(key=lambda e: natural_key(e[0]))
+    dtypes: dict[torch.dtype, str] = {}
+    lines = []
+    for name, dtype, shape, fp in entries:
+        d = dtypes.get(dtype)
+        if d is None:
+            d = dtypes[dtype] = str(dtype).removeprefix("torch.")
+        lines.append(f"{name}|{d}|{'x'.join(map(str, shape))}|{fp[0]}|{fp[1]}|{fp[2]}\n")
+    return hashlib.sha256(
+        "".join(lines).encode()
+    ).hexdigest()  # one update: the same sha256 as line by line

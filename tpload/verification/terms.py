@@ -1,0 +1,129 @@
+"""What every rank of a load must agree on (the terms: the trust anchor's identity, the config,
+every option that shapes the served bytes), and the verdict's check that the exchanged rows agree.
+
+The handshake before the copy loop compares the terms first (distributed/agreement.py); the
+exchange's row carries their hashes again (``RankFigures.agreed``), and the verdict refuses rows
+that differ (:func:`disagreement`, from verification/gate.py's ``judge``): no load passes on a table
+whose ranks disagree."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..model.text import rank_ranges
+
+FIELDS = (
+    ("verify", "the verify mode", "give every rank the same --verify"),
+    ("kind", "the kind", "give every rank the same --kind"),
+    ("tp", "tp", "give every rank the same --tp"),
+    ("ep", "ep", "give every rank the same --ep"),
+    ("replicas", "the replicas", "give every rank the same --replicas (or replica_group)"),
+    ("skip", "the skip globs", "give every rank the same --skip globs"),
+    ("defer", "the defer globs", "give every rank the same --defer globs"),
+    (
+        "skip_activation_scales",
+        "skip_activation_scales",
+        "give every rank the same --skip-activation-scales",
+    ),
+    ("config", "the config", "give every rank the same --config (and the same config.json)"),
+    (
+        "anchor",
+        "the trust anchor",
+        "every node must hold the same checkpoint: check each copy with `python -m tpload verify "
+        "DIR`, and pin it with --manifest-sha256 HEX on every rank",
+    ),
+)
+"""(name, what a message calls it, the fix), in the order a difference is named: the options a
+rank was given first, then what it found (the config, the anchor)."""
+
+
+SHOWN_BYTES = 64
+"""Bytes of each value a row carries to name it (a multiple of 8: the row is int64 words)."""
+
+
+AGREED_BYTES = 16 * len(FIELDS)
+"""The hashes as hex in the exchange's row (``RankFigures.agreed``)."""
+
+
+def _hash(value: str) -> int:
+    raw = hashlib.sha256(value.encode("utf-8", "surrogatepass")).digest()
+    return int.from_bytes(raw[:8], "little", signed=True)
+
+
+def shown_bytes(value: str) -> bytes:
+    """The first :data:`SHOWN_BYTES` of a value (cut on a character boundary, ``...`` where cut)."""
+    raw = value.encode("utf-8", "backslashreplace")
+    if len(raw) > SHOWN_BYTES:
+        raw = raw[: SHOWN_BYTES - 3].decode(errors="ignore").encode() + b"..."
+    return raw.ljust(SHOWN_BYTES, b"\0")
+
+
+def _globs(globs: Sequence[str]) -> str:
+    return ", ".join(sorted(set(globs))) or "none"
+
+
+@dataclass(frozen=True)
+class Terms:
+    """What this rank is about to load, one value per field of :data:`FIELDS`: ``values`` are
+    hashed (and compared), ``shown`` name them in a message."""
+
+    values: tuple[str, ...]
+    shown: tuple[str, ...]
+
+    @classmethod
+    def of(
+        cls,
+        opts: object,
+        layout: object,
+        config: object,
+        anchor: str,
+        placement: object | None,
+    ) -> Terms:
+        """``anchor``: the gate's strategy's (Strategy.anchor); ``placement``: where the replicas
+        stand (replicas.placement's, None without replicas)."""
+        replicas, groups = "1", placement.groups if placement is not None else None
+        if groups:
+            n, size = len(groups[0]), len(groups)
+            in_order = [[q * size + p for q in range(n)] for p in range(size)]
+            placed = [list(g) for g in groups]
+            replicas = str(n) if placed == in_order else f"{n}, placed {placed}"
+        cid = config.id()
+        values = {
+            "verify": str(opts.verify),
+            "kind": str(opts.kind),
+            "tp": str(layout.tp),
+            "ep": str(layout.ep),
+            "replicas": replicas,
+            "skip": _globs(opts.skip),
+            "defer": _globs(opts.defer),
+            "skip_activation_scales": "on" if opts.skip_activation_scales else "off",
+            "config": cid,
+            "anchor": anchor,
+        }
+        shown = dict(values, config=f"{config.name} (id {cid})")
+        return cls(tuple(values[f] for f, _, _ in FIELDS), tuple(shown[f] for f, _, _ in FIELDS))
+
+    def hashes(self) -> list[int]:
+        return [_hash(v) for v in self.values]
+
+    def hex(self) -> str:
+        """The hashes for the exchange's row (16 hex digits a field)."""
+        return "".join((h & (2**64 - 1)).to_bytes(8, "big").hex() for h in self.hashes())
+
+
+def disagreement(ranks: Sequence[object]) -> list[str]:
+    """From the exchanged rows (the verdict's second look): a passed rank whose row does not say
+    what it loaded, or rows whose terms differ, naming the first field and the ranks by hash."""
+    silent = [r.rank for r in ranks if len(r.agreed) != AGREED_BYTES]
+    if silent:
+        return [f"rank {rank_ranges(silent)}: its row does not say what it loaded (no handshake)"]
+    for k, (_, what, fix) in enumerate(FIELDS):
+        sides: dict[str, list[int]] = {}
+        for r in ranks:
+            sides.setdefault(r.agreed[16 * k : 16 * (k + 1)], []).append(r.rank)
+        if len(sides) > 1:
+            said = "; ".join(f"rank {rank_ranges(who)}: hash {h}" for h, who in sides.items())
+            return [f"the ranks' rows differ in {what} ({said}); {fix}"]
+    return []

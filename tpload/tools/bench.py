@@ -144,7 +144,7 @@ def available_methods(
             notes.append(f"{m}: CUDA devices only, and there are none; skipped")
             continue
         if m == "tpload-blake3":
-            from ..verification.blake3sums import INSTALL, available
+            from ..verification.hashes import INSTALL, available
 
             if not available():
                 notes.append(

@@ -29,12 +29,12 @@ from ..model.values import MANIFEST_NAME
 from ..planning.layout import Layout
 from ..planning.planner import RankPlan
 from ..selection.config import Config
+from ..sources.hashing import at_rest
 from ..storage.partitioned import rank_file
 from ..storage.pins import pins_to_write
 from ..storage.reader import Reader
 from ..storage.safetensors import write_safetensors
 from ..storage.sharded import ShardedStorage
-from ..verification import gate
 from ..verification.vouched import Vouched
 
 
@@ -56,7 +56,7 @@ def _verify_sources(
     """sha256 of every tensor the export copies from, against the source manifest, through the gate
     (all problems at once): a source without per-tensor digests is refused, never exported
     unchecked."""
-    return gate.at_rest(storage, names, threads=threads, what="nothing exported", progress=progress)
+    return at_rest(storage, names, threads=threads, what="nothing exported", progress=progress)
 
 
 def _rank_tensors(

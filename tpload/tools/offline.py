@@ -33,16 +33,15 @@ from ..model.text import escape_name
 from ..model.values import MANIFEST_NAME
 from ..planning.layout import Layout
 from ..selection.config import Config
+from ..sources.hashing import at_rest, hash_whole
+from ..sources.whole_files import FileHasher
 from ..storage.base import Storage
 from ..storage.files import atomic_write, folder_of, read_json
 from ..storage.pins import Pins, pins_doc
 from ..storage.sharded import ShardedStorage
-from ..verification import gate
-from ..verification.blake3sums import Digests, require, write_sidecar
-from ..verification.files import FileHasher, file_problems
-from ..verification.hashing import hash_whole, mismatches
+from ..verification.hashes import Digests, file_problems, mismatches, require
 from ..verification.signing import SignedModel
-from ..verification.store import DigestStore, checkpoint_stamp, stale
+from ..verification.store import DigestStore, checkpoint_stamp, stale, write_sidecar
 from ..verification.strategy import layout_key
 
 
@@ -448,7 +447,7 @@ def write_blake3(
                 f"no blake3 digests written: {len(problems)} problem(s) against the manifest:\n  - "
                 + "\n  - ".join(problems)
             )
-        checked = gate.at_rest(
+        checked = at_rest(
             storage,
             names,
             threads=max(0, min(threads, spare_threads())),

@@ -19,7 +19,6 @@ import psutil
 
 from ..loading.planner import planner_of
 from ..model.text import plural
-from ..model.windows import readers
 from ..planning.layout import Layout
 from ..planning.planner import Planner, RankPlan
 from ..selection.config import Config
@@ -27,7 +26,7 @@ from ..storage.catalogue import Catalogue
 from ..storage.open import open_storage
 from ..storage.reader import CHUNK_BYTES, RING
 from ..transfer.base import CUDA_CHUNK_BYTES as PINNED_CHUNK
-from ..verification.policy import assign_hashing
+from ..verification.node import assign_hashing, readers
 
 GIB = 1 << 30
 

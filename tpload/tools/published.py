@@ -27,9 +27,7 @@ import numpy as np
 from ..model.errors import CheckpointError
 from ..model.text import escape_name
 from ..model.values import INDEX_NAME, MANIFEST_NAME
-from ..storage.catalogue import HEADERS_ONLY
-from ..storage.pins import pins_doc
-from ..storage.safetensors import write_safetensors
+from ..toolkit import HEADERS_ONLY_KEY, pins_doc, write_safetensors
 
 if TYPE_CHECKING:  # annotations only: report/ imports torch, which synth does not need
     from ..model.progress import Meter
@@ -807,7 +805,7 @@ def write_published(
     if sink is not None:
         sink.close()
     index = {
-        "metadata": {"total_size": total} | ({HEADERS_ONLY: "1"} if pub.headers_only else {}),
+        "metadata": {"total_size": total} | ({HEADERS_ONLY_KEY: "1"} if pub.headers_only else {}),
         "weight_map": weight_map,
     }
     (root / INDEX_NAME).write_text(json.dumps(index, indent=1))
@@ -823,7 +821,7 @@ def write_published(
 def _write_headers_only(path: Path, tensors: list[Planned]) -> dict[str, str]:
     """A safetensors file whose header is real and whose data are a hole of the right size."""
     header: dict[str, object] = {
-        "__metadata__": {"format": "pt", "writer": "tpload.synth", HEADERS_ONLY: "1"}
+        "__metadata__": {"format": "pt", "writer": "tpload.synth", HEADERS_ONLY_KEY: "1"}
     }
     offset = 0
     for t in tensors:

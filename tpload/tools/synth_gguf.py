@@ -18,10 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..codecs.gguf import BLOCKS, SCALE_OFFSETS
 from ..model.errors import CheckpointError, OptionsError
 from ..model.text import escape_name
-from ..storage.gguf import HEADERS_ONLY_KEY
+from ..toolkit import GGUF_BLOCKS, GGUF_HEADERS_ONLY_KEY, GGUF_SCALE_OFFSETS
 
 HIDDEN, INTER, MOE_INTER, EXPERTS, HEADS, VOCAB = 256, 512, 512, 4, 4, 512
 NOPE, ROPE, V, Q_LORA, KV_LORA = 32, 16, 32, 64, 64
@@ -187,7 +186,7 @@ HEADERS_ONLY = {"deepseek-r1-gguf-full": (_deepseek_r1_full, 9)}
 
 
 def _nbytes(ggml: str, shape: tuple[int, ...]) -> int:
-    per, size = BLOCKS.get(ggml, (1, 4))  # F32 is the only other type written here
+    per, size = GGUF_BLOCKS.get(ggml, (1, 4))  # F32 is the only other type written here
     return math.prod(shape) // per * size
 
 
@@ -195,9 +194,9 @@ def write_headers_only(out_dir: str | os.PathLike, name: str) -> Path:
     """A full-size GGUF split set whose data are holes: real headers (our own writer, GGUF v3,
     alignment 32, llama.cpp's split keys), each file extended to its size without writing
     (sparse)."""
-    from ..storage.gguf import TYPES
+    from ..toolkit import GGUF_TYPES
 
-    type_id = {v[0]: k for k, v in TYPES.items()}
+    type_id = {v[0]: k for k, v in GGUF_TYPES.items()}
     root = Path(out_dir)
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise CheckpointError(
@@ -218,7 +217,7 @@ def write_headers_only(out_dir: str | os.PathLike, name: str) -> Path:
         keys: list[tuple[str, int, bytes]] = [
             ("general.architecture", 8, _string(arch)),
             ("general.name", 8, _string(name)),
-            (HEADERS_ONLY_KEY, 7, b"\1"),
+            (GGUF_HEADERS_ONLY_KEY, 7, b"\1"),
             ("split.no", 2, struct.pack("<H", k)),
             ("split.count", 2, struct.pack("<H", len(groups))),
             ("split.tensors.count", 5, struct.pack("<i", len(tensors))),
@@ -256,9 +255,9 @@ def _data(rng: np.random.Generator, ggml: str, shape: tuple[int, ...]) -> np.nda
     finite."""
     if ggml == "F32":
         return rng.standard_normal(shape, dtype=np.float32)
-    per, size = BLOCKS[ggml]
+    per, size = GGUF_BLOCKS[ggml]
     blocks = rng.integers(0, 256, (math.prod(shape) // per, size), dtype=np.uint8)
-    for off in SCALE_OFFSETS[ggml]:
+    for off in GGUF_SCALE_OFFSETS[ggml]:
         d = rng.uniform(1e-4, 1e-2, blocks.shape[0]).astype(np.float16)
         blocks[:, off : off + 2] = d.view(np.uint8).reshape(-1, 2)
     return blocks.reshape(shape[:-1] + (shape[-1] // per * size,))

@@ -69,6 +69,7 @@ FACE: dict[str, tuple[str, str]] = {
     "decode_rows": ("loading.loop", "a codec's decode on a cut's rows, as the load runs it"),
     "value_feed": ("loading.loop", "the value check a cut's blocks go to, as the load feeds"),
     "FP4_GROUP": ("codecs.fp4_e8m0:GROUP", "FP4 elements sharing one E8M0 scale"),
+    "NVFP4_GROUP": ("codecs.nvfp4:GROUP", "NVFP4 elements sharing one E4M3 scale"),
     "GGUF_BLOCKS": ("codecs.gguf:BLOCKS", "each GGUF quant type's (weights, bytes) per block"),
     "GGUF_SCALE_OFFSETS": ("codecs.gguf:SCALE_OFFSETS", "where a GGUF block keeps its f16s"),
     "gguf_decode_torch": ("codecs.gguf:decode_torch", "GGUF blocks to bf16 by torch ops"),
@@ -127,6 +128,7 @@ if TYPE_CHECKING:  # the face for the type checker and import-linter (the same n
     from .codecs.gguf import BLOCKS as GGUF_BLOCKS  # noqa: F401  re-exported
     from .codecs.gguf import SCALE_OFFSETS as GGUF_SCALE_OFFSETS  # noqa: F401  re-exported
     from .codecs.gguf import decode_torch as gguf_decode_torch  # noqa: F401  re-exported
+    from .codecs.nvfp4 import GROUP as NVFP4_GROUP  # noqa: F401  re-exported
     from .distributed.world import init_world as init_world
     from .kernels.fingerprint import as_bytes2d as as_bytes2d
     from .kernels.fingerprint import fingerprint as fingerprint

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -204,22 +204,9 @@ def _published(name: str) -> Published:
     )
 
 
-class _Presets(Mapping[str, Callable[[], Published]]):
-    """Every published preset by name, read from the families' files when first asked."""
-
-    def __getitem__(self, name: str) -> Callable[[], Published]:
-        if name not in _index():
-            raise KeyError(name)
-        return functools.partial(_published, name)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(_index())
-
-    def __len__(self) -> int:
-        return len(_index())
-
-
-PUBLISHED: Mapping[str, Callable[[], Published]] = _Presets()
+PUBLISHED: Mapping[str, Callable[[], Published]] = families.Lazy(
+    lambda: {name: functools.partial(_published, name) for name in _index()}
+)
 """Every published-layout preset, by name (``synth --preset NAME``): ``PUBLISHED[name]()`` is its
 :class:`Published`."""
 

@@ -53,7 +53,6 @@ FACE: dict[str, tuple[str, str]] = {
     # -- a config chosen, a layout planned
     "choose": ("selection.pick", "the config a spec names for a checkpoint (auto: detected)"),
     "model_for": ("selection.pick", "the checkpoint's config.json for the planner"),
-    "load_config": ("selection.config", "a shipped config by name, or a TOML file"),
     "with_rules": ("selection.config", "a config with skip and defer rules put first"),
     "Config": ("selection.config", "a parsed config: rules in order, layout constants"),
     "DEFAULT_CONFIG": ("selection.defaults", "the config a command picks unless told (auto)"),
@@ -145,7 +144,6 @@ if TYPE_CHECKING:  # the face for the type checker and import-linter (the same n
     from .planning.planner import RankPlan as RankPlan
     from .report.memory import MemoryPeaks as MemoryPeaks
     from .selection.config import Config as Config
-    from .selection.config import load_config as load_config
     from .selection.config import with_rules as with_rules
     from .selection.defaults import DEFAULT_CONFIG as DEFAULT_CONFIG
     from .selection.pick import choose as choose

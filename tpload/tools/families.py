@@ -88,15 +88,24 @@ def _parsed(source: object, *, template: bool = False) -> ast.expr:
     return tree.body
 
 
-def _compiled(expr: ast.expr, what: str) -> CodeType:
-    return compile(ast.fix_missing_locations(ast.Expression(expr)), f"<preset {what}>", "eval")
+def _compiled(expr: ast.expr, source: object) -> CodeType:
+    """``expr`` compiled; its file name, ``source``'s repr, is what an error names."""
+    return compile(ast.fix_missing_locations(ast.Expression(expr)), repr(source), "eval")
+
+
+def _code(source: object) -> CodeType:
+    return _compiled(_parsed(source), source)
+
+
+def _template(source: str) -> CodeType:
+    return _compiled(_parsed(source, template=True), source)
 
 
 def _run(code: CodeType, scope: dict[str, Any]) -> Any:
     try:  # checked: it reads names and never binds one, so the scope is not copied
         return eval(code, _NO_BUILTINS, scope)
     except _WRONG as e:
-        raise ConfigError(f"preset data: {code.co_filename[8:-1]}: {e}") from None
+        raise ConfigError(f"preset data: {code.co_filename}: {e}") from None
 
 
 def evaluate(source: object, scope: dict[str, Any]) -> Any:
@@ -148,6 +157,8 @@ class _Entry:
 
 
 _TENSOR = {"name", "stem", "as", "shape", "if"}
+_ARGS = {"below"}
+"""A tensor's other keys, the writer's: ``below`` (an ``i64`` tensor's values are below it)."""
 _GROUP = {"each", "use", "at", "for", "in", "let", "if"}
 
 
@@ -171,24 +182,30 @@ def _entry(raw: dict[str, Any], where: str) -> _Entry:
             var=raw.get("for", ""),
             over=None if over is None else tuple(over) if isinstance(over, list) else _code(over),
             lets=tuple((k, _code(v)) for k, v in raw.get("let", {}).items()),
-            at=None if at is None else _compiled(_parsed(at, template=True), repr(at)),
+            at=None if at is None else _template(at),
             body=raw["use"] if "use" in raw else tuple(_entry(e, where) for e in raw["each"]),
         )
     named = "stem" if "stem" in raw else "name"
     if not {named, "as", "shape"} <= raw.keys():
         raise ConfigError(f"preset data {where}: {raw!r}: a tensor says name (or stem), as, shape")
+    if raw.keys() - _TENSOR - _ARGS:
+        raise ConfigError(f"preset data {where}: {raw!r}: a tensor has no {raw.keys() - _TENSOR}")
     parts = [_parsed(raw[named], template=True), _parsed(raw["as"])]
     shape = ast.Tuple([_parsed(d) for d in raw["shape"]], ast.Load())
     return _Entry(
         test,
-        _compiled(ast.Tuple([*parts, shape], ast.Load()), repr(raw[named])),
+        _compiled(ast.Tuple([*parts, shape], ast.Load()), raw[named]),
         stem=named == "stem",
-        extra=tuple((k, _code(raw[k])) for k in sorted(raw.keys() - _TENSOR)),
+        extra=tuple((k, _code(raw[k])) for k in sorted(raw.keys() & _ARGS)),
     )
 
 
-def _code(source: object) -> CodeType:
-    return _compiled(_parsed(source), repr(source))
+def compile_list(raw: list[Any], where: str) -> tuple[_Entry, ...]:
+    """A tensor list as TOML parsed it, checked and compiled (what :func:`expand` takes);
+    ``where``: its file and name, for messages."""
+    if not isinstance(raw, list):
+        raise ConfigError(f"preset data {where}: not a list of entries")
+    return tuple(_entry(e, where) for e in raw)
 
 
 def expand(
@@ -231,6 +248,27 @@ def _walk(
             _walk(body, step, lists, out)
 
 
+_FILE_KEYS = {
+    "like",
+    "loads_as",
+    "published",
+    "defaults",
+    "let",
+    "files",
+    "lists",
+    "presets",
+    "archs",
+}
+"""What a family file may hold (docs/tools.md, "The presets' data"; ``archs``: gguf.toml's)."""
+
+
+def preset(name: str, table: dict[str, Any], keys: set[str]) -> dict[str, Any]:
+    """Preset ``name``'s table, refused if it holds a key its writer does not read (``keys``)."""
+    if table.keys() - keys:
+        raise ConfigError(f"preset data: preset {name}: no {sorted(table.keys() - keys)}")
+    return table
+
+
 @functools.cache
 def read(name: str) -> dict[str, Any]:
     """The family file ``name`` (``tpload/configs/presets/NAME.toml``), parsed, its lists checked
@@ -241,8 +279,10 @@ def read(name: str) -> dict[str, Any]:
         doc = tomllib.loads(res.read_text())
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise ConfigError(f"preset data {FOLDER}/{name}.toml: {e}") from None
+    if doc.keys() - _FILE_KEYS:
+        raise ConfigError(f"preset data {FOLDER}/{name}.toml: no {sorted(doc.keys() - _FILE_KEYS)}")
     doc["lists"] = {
-        key: tuple(_entry(raw, f"{FOLDER}/{name}.toml, {key}") for raw in entries)
+        key: compile_list(entries, f"{FOLDER}/{name}.toml, {key}")
         for key, entries in doc.get("lists", {}).items()
     }
     if "like" in doc:

@@ -187,8 +187,16 @@ def _index() -> dict[str, tuple[str, dict]]:
     }
 
 
+_PRESET_KEYS = {
+    *("base", "config", "drop", "set", "tensors"),  # its config.json and its tensors
+    *("shards", "shard_name", "files", "headers_only"),  # its files
+}
+"""What a preset of a safetensors family may say (docs/tools.md, "The presets' data")."""
+
+
 def _published(name: str) -> Published:
-    family, preset = _index()[name]
+    family, table = _index()[name]
+    preset = families.preset(name, table, _PRESET_KEYS)
     doc = families.read(family)
     presets = {n: p for n, (_, p) in _index().items()}
     files = doc.get("files", {})

@@ -26,11 +26,14 @@ Listed = tuple[str, dict[str, object], list[tuple[str, str, tuple[int, ...]]]]
 """A preset: (architecture, key-values, [(name, ggml type, torch-order shape)])."""
 
 
+_PRESET_KEYS = {"arch", "tensors", "dims", "headers_only", "parts"}
+
+
 def _preset(name: str) -> Listed:
     """Preset ``name`` of gguf.toml: its architecture's key-values from its dimensions, and its
     tensor list (each ggml type a name of the list's expressions: ``Q6_K if ... else Q4_K``)."""
     doc = families.read("gguf")
-    preset = doc["presets"][name]
+    preset = families.preset(name, doc["presets"][name], _PRESET_KEYS)
     arch = preset["arch"]
     scope: dict[str, object] = {t: t for t in ("F32", *GGUF_BLOCKS)} | preset["dims"]
     kv = {f"{arch}.{k}": families.evaluate(v, scope) for k, v in doc["archs"][arch]["kv"].items()}

@@ -6,8 +6,9 @@ A family file holds its ``published`` config.json, its ``presets`` and ``lists``
 ``stem`` whose format names its tensors; ``as``, its stored format; ``shape``) or a group (``each``:
 entries; or ``use``: another list of the file, ``at`` its prefix), and either may say ``if``; a
 group may say ``for`` (a name) ``in`` (a count, or an array of values) and ``let`` (names it binds,
-in order). ``as``, each of ``shape``, ``if``, ``in``, the values of ``let`` and any other key of a
-tensor are expressions; ``name``, ``stem`` and ``at`` are templates (``blk.{i}.attn_q.weight``).
+in order). ``as``, each of ``shape``, ``if``, ``in``, the values of ``let`` and a tensor's ``below``
+(an ``i64``'s bound) are expressions; ``name``, ``stem`` and ``at`` are templates
+(``blk.{i}.attn_q.weight``). A key no writer reads is refused, never ignored.
 
 Expressions are a small part of Python: names, numbers and strings, ``+ - * // %``, comparisons,
 ``and or not``, ``a if c else b`` and indexing (``compress_ratios[layer]``); templates are f-strings

@@ -9,19 +9,18 @@ import time
 import numpy as np
 import torch
 
-from tpload.codecs.gguf import BLOCKS, SCALE_OFFSETS, decode_torch
-from tpload.kernels import gguf as gguf_kernels
+from tpload.toolkit import GGUF_BLOCKS, GGUF_SCALE_OFFSETS, gguf_decode_kernel, gguf_decode_torch
 
 ggml = next((a for a in sys.argv[1:] if not a.startswith("-")), "Q4_K")
-per, size = BLOCKS[ggml]
+per, size = GGUF_BLOCKS[ggml]
 rows, nb = 8192, 7168 // per  # 8192 rows x 7168 weights: 117 MB of bf16 out
 rng = np.random.default_rng(0)
 src = rng.integers(0, 256, (rows, nb * size), dtype=np.uint8)
 blocks = src.reshape(rows, nb, size)
-for off in SCALE_OFFSETS[ggml]:  # finite super-scales
+for off in GGUF_SCALE_OFFSETS[ggml]:  # finite super-scales
     blocks[:, :, off : off + 2] = np.array([1e-3], np.float16).view(np.uint8)
 out = np.empty((rows, nb * per), np.int16)
-gguf_kernels.decode(ggml, src, out)
+gguf_decode_kernel(ggml, src, out)
 
 
 def best(f, n=7):
@@ -36,14 +35,14 @@ def best(f, n=7):
 big = np.empty(out.nbytes, np.uint8)
 big2 = np.ones_like(big)
 tc = best(lambda: np.copyto(big, big2))
-td = best(lambda: gguf_kernels.decode(ggml, src, out))
+td = best(lambda: gguf_decode_kernel(ggml, src, out))
 dev = "cuda" if "--cuda" in sys.argv else "cpu"
 src_d, out_d = (
     torch.from_numpy(src).to(dev),
     torch.empty(out.shape, dtype=torch.bfloat16, device=dev),
 )
 sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
-tt = best(lambda: (decode_torch(ggml, src_d, out_d), sync()), 3)
+tt = best(lambda: (gguf_decode_torch(ggml, src_d, out_d), sync()), 3)
 mb = src.nbytes / 1e6
 ob = out.nbytes / 1e9
 print(

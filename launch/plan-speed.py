@@ -34,15 +34,19 @@ def main() -> None:
             + ["--headers-only"],
             check=True,
         )
-    from tpload.planning.layout import Layout
-    from tpload.planning.planner import Planner
-    from tpload.selection.pick import choose
-    from tpload.storage.open import open_storage
-
     try:
-        from tpload.loading.planner import planner_of
-    except ImportError:  # before the planner took config.json as an argument: it read it itself
-        planner_of = Planner
+        from tpload.toolkit import Layout, choose, open_storage, planner_of
+    except ImportError:  # a tree from before the tools' face (issue 29)
+        try:
+            from tpload.loading.planner import planner_of
+            from tpload.planning.layout import Layout
+            from tpload.selection.pick import choose
+            from tpload.storage.open import open_storage
+        except ImportError:  # before the packages: the planner read config.json itself
+            from tpload.pick import choose
+            from tpload.plan import Layout
+            from tpload.plan import Planner as planner_of
+            from tpload.storage import open_storage
     layout = Layout(args.tp, args.ep)
     best = float("inf")
     for k in range(args.repeats):

@@ -24,16 +24,19 @@ from pathlib import Path
 
 def once(root: Path, tp: int, replicas: int) -> float:
     try:
-        from tpload.planning.layout import Layout
-        from tpload.planning.planner import Planner
-        from tpload.selection.config import with_rules
-        from tpload.selection.pick import choose, model_for
-        from tpload.storage.open import open_storage
-    except ImportError:  # a tree from before the packages (issue 29)
-        from tpload.config import with_rules
-        from tpload.pick import choose, model_for
-        from tpload.plan import Layout, Planner
-        from tpload.storage import open_storage
+        from tpload.toolkit import Layout, Planner, choose, model_for, open_storage, with_rules
+    except ImportError:  # a tree from before the tools' face (issue 29)
+        try:
+            from tpload.planning.layout import Layout
+            from tpload.planning.planner import Planner
+            from tpload.selection.config import with_rules
+            from tpload.selection.pick import choose, model_for
+            from tpload.storage.open import open_storage
+        except ImportError:  # before the packages
+            from tpload.config import with_rules
+            from tpload.pick import choose, model_for
+            from tpload.plan import Layout, Planner
+            from tpload.storage import open_storage
 
     layout = Layout(tp, 1)
     storage = open_storage(root, tp=tp, ep=1, rank=0, world=tp)
@@ -41,7 +44,7 @@ def once(root: Path, tp: int, replicas: int) -> float:
     planner = Planner(storage.catalogue, with_rules(config), model=model_for(storage.root, config))
     plans = [planner.plan(layout, "packed", p) for p in range(tp)]
     t0 = time.perf_counter()
-    try:
+    try:  # what this script times: the replicas' split itself, an internal of distributed/
         from tpload.distributed.replica_split import Names, split_runs
     except ImportError:  # a tree from before the packages (issue 29), or before replica_split.py
         try:

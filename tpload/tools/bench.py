@@ -26,12 +26,7 @@ import torch
 
 from ..model.bounds import COUNT, RANKS, SECONDS
 from ..model.errors import LoadError
-from ..options.flags import Parser
-from ..planning.layout import Layout
-from ..selection.defaults import DEFAULT_CONFIG
-from ..selection.pick import choose
-from ..storage.files import read_json
-from ..storage.pagecache import resident_bytes
+from ..toolkit import DEFAULT_CONFIG, Layout, Parser, choose, read_json, resident_bytes
 from .bench_bandwidth import decode_bandwidth, decode_lines, gpu_figures
 from .bench_job import blake3_store, worker_env
 from .published import cached_published, loadable_presets
@@ -144,11 +139,12 @@ def available_methods(
             notes.append(f"{m}: CUDA devices only, and there are none; skipped")
             continue
         if m == "tpload-blake3":
-            from ..verification.hashes import INSTALL, available
+            from ..toolkit import BLAKE3_INSTALL, blake3_available
 
-            if not available():
+            if not blake3_available():
                 notes.append(
-                    f"tpload-blake3: the blake3 package is not installed ({INSTALL}); skipped"
+                    f"tpload-blake3: the blake3 package is not installed ({BLAKE3_INSTALL}); "
+                    "skipped"
                 )
                 continue
         out.append(m)

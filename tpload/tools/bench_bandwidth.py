@@ -10,14 +10,16 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..codecs.base import Cut
-from ..loading.loop import decode_rows
-from ..loading.planner import planner_of
-from ..planning.items import Item
-from ..planning.layout import Layout
-from ..selection.defaults import DEFAULT_CONFIG
-from ..selection.pick import choose
-from ..storage.sharded import ShardedStorage
+from ..toolkit import (
+    DEFAULT_CONFIG,
+    Cut,
+    Item,
+    Layout,
+    ShardedStorage,
+    choose,
+    decode_rows,
+    planner_of,
+)
 
 if TYPE_CHECKING:
     import numpy as np

@@ -17,9 +17,7 @@ import tempfile
 from pathlib import Path
 
 from ..model.bounds import COUNT, RANKS, SECONDS
-from ..options.flags import Parser
-from ..storage.catalogue import read_native
-from ..storage.files import read_json
+from ..toolkit import Parser, read_json, read_native
 
 FORMATS = {"vllm-default": "auto", "vllm-tpload": "tpload"}
 

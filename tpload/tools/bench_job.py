@@ -13,14 +13,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..codecs.base import Cut
-from ..loading.planner import planner_of
-from ..planning.items import Output
-from ..planning.layout import Layout
-from ..planning.planner import RankPlan
-from ..selection.pick import choose
-from ..storage.files import open_regular
-from ..storage.sharded import ShardedStorage
+from ..toolkit import (
+    Cut,
+    Layout,
+    Output,
+    RankPlan,
+    ShardedStorage,
+    choose,
+    open_regular,
+    planner_of,
+)
 
 Windows = dict[str, torch.Tensor]
 """A rank's served windows by name: what every method returns."""

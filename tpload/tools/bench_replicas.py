@@ -24,9 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..model.bounds import COUNT, RANKS, SECONDS
-from ..options.flags import Parser
-from ..selection.defaults import DEFAULT_CONFIG
-from ..storage.files import read_json
+from ..toolkit import DEFAULT_CONFIG, Parser, read_json
 from .bench import preset_checkpoint
 from .bench_job import worker_env
 from .synth import PRESETS

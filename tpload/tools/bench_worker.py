@@ -31,10 +31,7 @@ import tpload
 
 # The bench's own pieces that every method shares (the plan of the windows, the map); none of these
 # imports tpload's kernels (numba), so a method's own imports are timed in a process without them.
-from ..codecs.base import Cut
-from ..planning.items import Item, Output
-from ..selection.defaults import DEFAULT_CONFIG
-from ..storage.safetensors import ITEMSIZE
+from ..toolkit import DEFAULT_CONFIG, ITEMSIZE, Cut, Item, Output
 from .bench_job import Job, Windows, blake3_store
 
 
@@ -52,7 +49,7 @@ def _served(cut: Cut, t: torch.Tensor) -> torch.Tensor:
 def run_floor(job: Job) -> Windows:
     """Only the copies: each window out of the map into its slot of an arena (tpload's allocator),
     no checks."""
-    from ..transfer.cpu import new_arena
+    from ..toolkit import new_arena
 
     arena = (
         new_arena(job.plan.arena_bytes)[0]
@@ -367,8 +364,7 @@ def import_method(method: str) -> float:
 def window_digest(windows: Windows) -> str:
     """Digest of a rank's windows as bytes: ``name|uint8|rows x row_bytes|fingerprint`` lines
     (README, Digests)."""
-    from ..kernels.fingerprint import as_bytes2d, fingerprint
-    from ..verification.digest import digest
+    from ..toolkit import as_bytes2d, digest, fingerprint
 
     entries = []
     for name, t in windows.items():
@@ -403,9 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     # method's own.
     startup_seconds = time.time() - psutil.Process().create_time()
     import_seconds = import_method(args.method)
-    from ..report.memory import (
-        MemoryPeaks,
-    )  # the harness's (it pulls in tpload's kernels): after the timed import
+    # the harness's (it pulls in tpload's kernels): after the timed import
+    from ..toolkit import MemoryPeaks
 
     cuda = torch.cuda.is_available()
     local = int(os.environ.get("LOCAL_RANK", "0"))

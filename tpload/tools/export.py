@@ -20,22 +20,24 @@ from pathlib import Path
 
 import numpy as np
 
-from ..loading.planner import planner_of
 from ..model.errors import CheckpointError
 from ..model.progress import Meter, silent
 from ..model.templates import natural_key, natural_sorted
 from ..model.text import escape_name
 from ..model.values import MANIFEST_NAME
-from ..planning.layout import Layout
-from ..planning.planner import RankPlan
-from ..selection.config import Config
-from ..sources.hashing import at_rest
-from ..storage.partitioned import rank_file
-from ..storage.pins import pins_to_write
-from ..storage.reader import Reader
-from ..storage.safetensors import write_safetensors
-from ..storage.sharded import ShardedStorage
-from ..verification.vouched import Vouched
+from ..toolkit import (
+    Config,
+    Layout,
+    RankPlan,
+    Reader,
+    ShardedStorage,
+    Vouched,
+    gate_at_rest,
+    pins_to_write,
+    planner_of,
+    rank_file,
+    write_safetensors,
+)
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,7 @@ def _verify_sources(
     """sha256 of every tensor the export copies from, against the source manifest, through the gate
     (all problems at once): a source without per-tensor digests is refused, never exported
     unchecked."""
-    return at_rest(storage, names, threads=threads, what="nothing exported", progress=progress)
+    return gate_at_rest(storage, names, threads=threads, what="nothing exported", progress=progress)
 
 
 def _rank_tensors(

@@ -24,25 +24,38 @@ import json
 import os
 from pathlib import Path
 
-from ..attest.predict import predict, spare_threads
-from ..loading.loop import value_feed
-from ..loading.planner import planner_of
 from ..model.errors import CheckpointError, LoadError
 from ..model.progress import Meter
 from ..model.text import escape_name
 from ..model.values import MANIFEST_NAME
-from ..planning.layout import Layout
-from ..selection.config import Config
-from ..sources.hashing import at_rest, hash_whole
-from ..sources.whole_files import FileHasher
-from ..storage.base import Storage
-from ..storage.files import atomic_write, folder_of, read_json
-from ..storage.pins import Pins, pins_doc
-from ..storage.sharded import ShardedStorage
-from ..verification.hashes import Digests, file_problems, mismatches, require
-from ..verification.signing import SignedModel
-from ..verification.store import DigestStore, checkpoint_stamp, stale, write_sidecar
-from ..verification.strategy import layout_key
+from ..toolkit import (
+    Config,
+    Digests,
+    DigestStore,
+    FileHasher,
+    Layout,
+    Pins,
+    ShardedStorage,
+    SignedModel,
+    Storage,
+    atomic_write,
+    checkpoint_stamp,
+    file_problems,
+    folder_of,
+    gate_at_rest,
+    hash_whole,
+    layout_key,
+    mismatches,
+    pins_doc,
+    planner_of,
+    predict,
+    read_json,
+    require_blake3,
+    spare_threads,
+    stale,
+    value_feed,
+    write_sidecar,
+)
 
 
 def record_verified(
@@ -133,7 +146,7 @@ def verify_checkpoint(
     file by rank file against its own manifest. ``signed``: the folder's verified model.sig, the
     anchor then, as in a load (its signed manifest's per-tensor digests, or every file whole against
     its signed digest). ``progress``: the command's meter."""
-    from ..storage.partitioned import is_partitioned
+    from ..toolkit import is_partitioned
 
     path = Path(root).absolute()
     if path.is_dir() and is_partitioned(path):
@@ -299,7 +312,7 @@ def _scan(
 def _verify_export(root: Path, threads: int, progress: Meter | None) -> list[str]:
     """An export at rest: each rank file's header against its manifest list, and every window's
     sha256."""
-    from ..storage.partitioned import PartitionedStorage
+    from ..toolkit import PartitionedStorage
 
     try:
         doc = read_json(root / MANIFEST_NAME, "export manifest")
@@ -423,7 +436,7 @@ def write_blake3(
     must be the signed one, or, unsigned, every file is first checked whole against its signed
     digest.
     """
-    require()
+    require_blake3()
     path = Path(root).absolute()
     digest_store = DigestStore(store, checkpoint=path)
     storage = ShardedStorage(path)
@@ -447,7 +460,7 @@ def write_blake3(
                 f"no blake3 digests written: {len(problems)} problem(s) against the manifest:\n  - "
                 + "\n  - ".join(problems)
             )
-        checked = at_rest(
+        checked = gate_at_rest(
             storage,
             names,
             threads=max(0, min(threads, spare_threads())),

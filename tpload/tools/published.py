@@ -1,7 +1,9 @@
 """Synthetic checkpoints in the layouts the model hub publishes (docs/formats/): every name, dtype,
 scale layout and config.json field of a family, at any size.
 
-Three sizes per family (``synth --preset NAME-SIZE``):
+The families are data beside the configs, ``tpload/configs/presets/*.toml`` (families.py reads
+them): each one's published config.json, its tensor list, and its presets. Three sizes per family
+(``synth --preset NAME-SIZE``):
 
 * ``tiny``: small dimensions that every tp of 1, 2 and 4 cuts, the real tensor classes;
 * ``full``: the published dimensions, written ``--headers-only`` as sparse files (real headers and
@@ -9,31 +11,33 @@ Three sizes per family (``synth --preset NAME-SIZE``):
 * ``deep`` (DeepSeek-V3 only): every tensor of the real checkpoint (all layers, all 256 experts)
   with dimensions shrunk to the smallest that the 128-block rules allow at tp 2.
 
-Values are random but legal for their format, a pure function of (seed, name), as in synth.py.
+This module is the writer: each stored format a list names (``bf16``, ``fp8``, ``nvfp4``...) as the
+tensors it stores, their values random but legal for their format, a pure function of (seed, name),
+as in synth.py.
 """
 
 from __future__ import annotations
 
-import copy
+import functools
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..model.errors import CheckpointError
+from ..model.errors import CheckpointError, ConfigError
 from ..model.text import escape_name
 from ..model.values import INDEX_NAME, MANIFEST_NAME
-from ..storage.catalogue import HEADERS_ONLY
-from ..storage.pins import pins_doc
-from ..storage.safetensors import write_safetensors
+from ..toolkit import FP4_GROUP, HEADERS_ONLY_KEY, NVFP4_GROUP, pins_doc, write_safetensors
+from . import families
 
 if TYPE_CHECKING:  # annotations only: report/ imports torch, which synth does not need
     from ..model.progress import Meter
 from .synth import (
+    Fill,
     Planned,
     bf16_bytes,
     cache_folder,
@@ -47,7 +51,8 @@ from .synth import (
     split_shards,
 )
 
-B = 128  # the FP8 block of every published FP8 family
+FAMILIES = ("deepseek-v3", "deepseek-v4", "gpt-oss", "qwen3-fp8", "nvfp4", "llama")
+"""The safetensors families' files under ``tpload/configs/presets/``, in the presets' order."""
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -75,462 +80,73 @@ def _global_scale(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
     return rng.uniform(1e-4, 1e-2, rows * cols).astype(np.float32).view(np.uint8)
 
 
-def _i64(high: int) -> Callable[[np.random.Generator, int, int], np.ndarray]:
+def _i64(high: int) -> Fill:
     return lambda rng, rows, cols: rng.integers(0, high, rows * cols, dtype=np.int64).view(np.uint8)
 
 
-class _Tensors:
-    """A family's tensor list under construction, with one helper per stored format."""
+_SCALE_FILLS = {"F32": _pos_f32, "BF16": _pos_bf16, "F8_E8M0": e8m0_bytes}
+"""An FP8 weight's block scales by their dtype: legal, positive, never overflowing a decode."""
 
-    def __init__(self, scale_dtype: str = "F32") -> None:
-        self.out: list[Planned] = []
-        self.scale_dtype = scale_dtype
-
-    def add(self, name: str, dtype: str, shape: tuple[int, ...], fill=None) -> None:
-        fill = (
-            fill or {"BF16": bf16_bytes, "F32": f32_bytes, "U8": fp4_bytes, "I8": fp4_bytes}[dtype]
-        )
-        self.out.append(Planned(name, dtype, tuple(shape), fill))
-
-    def bf16(self, name: str, *shape: int) -> None:
-        self.add(name, "BF16", shape)
-
-    def fp8(
-        self,
-        stem: str,
-        n: int,
-        k: int,
-        *,
-        scale: str = ".weight_scale_inv",
-        dtype: str | None = None,
-    ) -> None:
-        """An F8_E4M3 ``[n, k]`` weight and its 128x128 block scale (F32, BF16, or E8M0 bytes)."""
-        dtype = dtype or self.scale_dtype
-        self.add(f"{stem}.weight", "F8_E4M3", (n, k), e4m3_bytes)
-        fill = {"F32": _pos_f32, "BF16": _pos_bf16, "F8_E8M0": e8m0_bytes}[dtype]
-        self.add(f"{stem}{scale}", dtype, (_cdiv(n, B), _cdiv(k, B)), fill)
-
-    def mxfp4(self, stem: str, n: int, k: int) -> None:
-        """DeepSeek-V4's FP4 experts: I8 ``[n, k/2]`` and E8M0 ``[n, k/32]``."""
-        self.add(f"{stem}.weight", "I8", (n, k // 2), fp4_bytes)
-        self.add(f"{stem}.scale", "F8_E8M0", (n, k // 32), e8m0_bytes)
-
-    def nvfp4(self, stem: str, n: int, k: int) -> None:
-        """ModelOpt NVFP4: U8 ``[n, k/2]``, E4M3 ``[n, k/16]``, two F32 scalars."""
-        self.add(f"{stem}.weight", "U8", (n, k // 2), fp4_bytes)
-        self.add(f"{stem}.weight_scale", "F8_E4M3", (n, k // 16), _e4m3_scale)
-        self.add(f"{stem}.weight_scale_2", "F32", (), _global_scale)
-        self.add(f"{stem}.input_scale", "F32", (), _global_scale)
-
-
-# -- DeepSeek-V3 (and R1-FP4, its NVFP4 release) --------------------------------------------------
-
-
-def _deepseek_v3(c: dict, *, nvfp4: bool = False) -> list[Planned]:
-    t = _Tensors()
-    h, nh, v = c["hidden_size"], c["num_attention_heads"], c["vocab_size"]
-    nope, rope, vd, qr, kr = (
-        c["qk_nope_head_dim"],
-        c["qk_rope_head_dim"],
-        c["v_head_dim"],
-        c["q_lora_rank"],
-        c["kv_lora_rank"],
-    )
-    layers, mtp, dense = (
-        c["num_hidden_layers"],
-        c["num_nextn_predict_layers"],
-        c["first_k_dense_replace"],
-    )
-    experts, mi, shared = c["n_routed_experts"], c["moe_intermediate_size"], c["n_shared_experts"]
-    fp8 = (
-        "quantization_config" in c and not nvfp4
-    )  # neither: a BF16 checkpoint (the -bf16 conversions)
-    attn = None if fp8 else t.bf16  # R1-FP4 keeps attention in BF16
-
-    def linear(stem: str, n: int, k: int, *, quantized_in_fp4: bool = True) -> None:
-        if nvfp4 and quantized_in_fp4:
-            t.nvfp4(stem, n, k)
-        elif fp8:
-            t.fp8(stem, n, k)
-        else:
-            t.bf16(f"{stem}.weight", n, k)
-
-    t.bf16("model.embed_tokens.weight", v, h)
-    for layer in range(layers + mtp):
-        p = f"model.layers.{layer}"
-        is_mtp = layer >= layers
-        # the MTP layer's own tensors (BF16: the NVFP4 release leaves the whole layer unquantized)
-        if is_mtp:
-            t.bf16(f"{p}.embed_tokens.weight", v, h)
-            t.bf16(f"{p}.enorm.weight", h)
-            t.bf16(f"{p}.hnorm.weight", h)
-            t.bf16(f"{p}.eh_proj.weight", h, 2 * h)
-            t.bf16(f"{p}.shared_head.norm.weight", h)
-            t.bf16(f"{p}.shared_head.head.weight", v, h)
-        q4 = not is_mtp  # what NVFP4 quantizes: the MLPs of the main layers
-        t.bf16(f"{p}.input_layernorm.weight", h)
-        t.bf16(f"{p}.post_attention_layernorm.weight", h)
-        s = f"{p}.self_attn"
-        for stem, n, k in (
-            (f"{s}.q_a_proj", qr, h),
-            (f"{s}.q_b_proj", nh * (nope + rope), qr),
-            (f"{s}.kv_a_proj_with_mqa", kr + rope, h),
-            (f"{s}.kv_b_proj", nh * (nope + vd), kr),
-            (f"{s}.o_proj", h, nh * vd),
-        ):
-            if attn is not None:
-                attn(f"{stem}.weight", n, k)
-            else:
-                t.fp8(stem, n, k)
-        t.bf16(f"{s}.q_a_layernorm.weight", qr)
-        t.bf16(f"{s}.kv_a_layernorm.weight", kr)
-        if c.get("index_topk"):  # V3.2's lightning indexer (replicated)
-            ih, idim = c["index_n_heads"], c["index_head_dim"]
-            t.fp8(f"{s}.indexer.wq_b", ih * idim, qr)
-            t.fp8(f"{s}.indexer.wk", idim, h)
-            t.add(f"{s}.indexer.k_norm.weight", "F32", (idim,))
-            t.add(f"{s}.indexer.k_norm.bias", "F32", (idim,))
-            t.bf16(f"{s}.indexer.weights_proj.weight", ih, h)
-        m = f"{p}.mlp"
-        if layer < dense:
-            inter = c["intermediate_size"]
-            linear(f"{m}.gate_proj", inter, h, quantized_in_fp4=q4)
-            linear(f"{m}.up_proj", inter, h, quantized_in_fp4=q4)
-            linear(f"{m}.down_proj", h, inter, quantized_in_fp4=q4)
-            continue
-        t.bf16(f"{m}.gate.weight", experts, h)
-        t.add(f"{m}.gate.e_score_correction_bias", "F32", (experts,))
-        for e in range(experts):
-            linear(f"{m}.experts.{e}.gate_proj", mi, h, quantized_in_fp4=q4)
-            linear(f"{m}.experts.{e}.up_proj", mi, h, quantized_in_fp4=q4)
-            linear(f"{m}.experts.{e}.down_proj", h, mi, quantized_in_fp4=q4)
-        linear(f"{m}.shared_experts.gate_proj", shared * mi, h, quantized_in_fp4=q4)
-        linear(f"{m}.shared_experts.up_proj", shared * mi, h, quantized_in_fp4=q4)
-        linear(f"{m}.shared_experts.down_proj", h, shared * mi, quantized_in_fp4=q4)
-    t.bf16("model.norm.weight", h)
-    t.bf16("lm_head.weight", v, h)
-    return t.out
-
-
-_V3_CONFIG = {
-    "architectures": ["DeepseekV3ForCausalLM"],
-    "model_type": "deepseek_v3",
-    "hidden_size": 7168,
-    "intermediate_size": 18432,
-    "moe_intermediate_size": 2048,
-    "num_hidden_layers": 61,
-    "num_nextn_predict_layers": 1,
-    "first_k_dense_replace": 3,
-    "n_routed_experts": 256,
-    "n_shared_experts": 1,
-    "num_experts_per_tok": 8,
-    "num_attention_heads": 128,
-    "num_key_value_heads": 128,
-    "q_lora_rank": 1536,
-    "kv_lora_rank": 512,
-    "qk_nope_head_dim": 128,
-    "qk_rope_head_dim": 64,
-    "v_head_dim": 128,
-    "vocab_size": 129280,
-    "topk_method": "noaux_tc",
-    "scoring_func": "sigmoid",
-    "torch_dtype": "bfloat16",
-    "quantization_config": {
-        "activation_scheme": "dynamic",
-        "fmt": "e4m3",
-        "quant_method": "fp8",
-        "weight_block_size": [128, 128],
-    },
+_ONE: dict[str, Callable[[dict[str, Any]], tuple[str, Fill]]] = {
+    "bf16": lambda scope: ("BF16", bf16_bytes),
+    "f32": lambda scope: ("F32", f32_bytes),
+    "u8": lambda scope: ("U8", fp4_bytes),  # random bytes: packed FP4
+    "e8m0_u8": lambda scope: ("U8", e8m0_bytes),  # E8M0 scales stored as U8 (gpt-oss)
+    "i64": lambda scope: ("I64", _i64(scope["below"])),  # indices below ``below``
 }
+"""Formats of one named tensor: its dtype and values, from the names in its scope."""
 
 
-# -- DeepSeek-V4 ---------------------------------------------------------------------------------
+def _fp8(stem: str, n: int, k: int, scope: dict[str, Any]) -> list[Planned]:
+    """An F8_E4M3 ``[n, k]`` weight and its block scales: the block from config.json's
+    ``weight_block_size``, the scale's name and dtype from the family's ``scale_name`` and
+    ``scale_dtype``."""
+    rows, cols = scope["quantization_config"]["weight_block_size"]
+    dtype = scope["scale_dtype"]
+    scale = (_cdiv(n, rows), _cdiv(k, cols))
+    return [
+        Planned(f"{stem}.weight", "F8_E4M3", (n, k), e4m3_bytes),
+        Planned(f"{stem}{scope['scale_name']}", dtype, scale, _SCALE_FILLS[dtype]),
+    ]
 
 
-def _deepseek_v4(c: dict) -> list[Planned]:
-    t = _Tensors("F8_E8M0")
-    h, nh, hd, qr, v = (
-        c["hidden_size"],
-        c["num_attention_heads"],
-        c["head_dim"],
-        c["q_lora_rank"],
-        c["vocab_size"],
-    )
-    og, olr, hc = c["o_groups"], c["o_lora_rank"], c["hc_mult"]
-    experts, mi, shared = c["n_routed_experts"], c["moe_intermediate_size"], c["n_shared_experts"]
-    ih, idim, ratios = c["index_n_heads"], c["index_head_dim"], c["compress_ratios"]
-    fp8 = lambda stem, n, k: t.fp8(stem, n, k, scale=".scale")  # noqa: E731
-
-    def hc_mixers(p: str, parts: tuple[str, ...]) -> None:
-        for part in parts:
-            t.add(f"{p}.hc_{part}_fn", "F32", ((2 + hc) * hc, hc * h))
-            t.add(f"{p}.hc_{part}_base", "F32", ((2 + hc) * hc,))
-            t.add(f"{p}.hc_{part}_scale", "F32", (3,))
-
-    def block(p: str, ratio: int, hashed: bool) -> None:
-        t.bf16(f"{p}.attn_norm.weight", h)
-        t.bf16(f"{p}.ffn_norm.weight", h)
-        hc_mixers(p, ("attn", "ffn"))
-        a = f"{p}.attn"
-        t.add(f"{a}.attn_sink", "F32", (nh,))
-        fp8(f"{a}.wq_a", qr, h)
-        t.bf16(f"{a}.q_norm.weight", qr)
-        fp8(f"{a}.wq_b", nh * hd, qr)
-        fp8(f"{a}.wkv", hd, h)
-        t.bf16(f"{a}.kv_norm.weight", hd)
-        fp8(f"{a}.wo_a", og * olr, nh * hd // og)
-        fp8(f"{a}.wo_b", h, og * olr)
-        if ratio:
-            coff = 2 if ratio == 4 else 1
-            t.add(f"{a}.compressor.ape", "F32", (ratio, coff * hd))
-            t.bf16(f"{a}.compressor.wkv.weight", coff * hd, h)
-            t.bf16(f"{a}.compressor.wgate.weight", coff * hd, h)
-            t.bf16(f"{a}.compressor.norm.weight", hd)
-        if ratio == 4:
-            fp8(f"{a}.indexer.wq_b", ih * idim, qr)
-            t.bf16(f"{a}.indexer.weights_proj.weight", ih, h)
-            t.add(f"{a}.indexer.compressor.ape", "F32", (4, 2 * idim))
-            t.bf16(f"{a}.indexer.compressor.wkv.weight", 2 * idim, h)
-            t.bf16(f"{a}.indexer.compressor.wgate.weight", 2 * idim, h)
-            t.bf16(f"{a}.indexer.compressor.norm.weight", idim)
-        f = f"{p}.ffn"
-        t.bf16(f"{f}.gate.weight", experts, h)
-        if hashed:
-            t.add(f"{f}.gate.tid2eid", "I64", (v, c["num_experts_per_tok"]), _i64(experts))
-        else:
-            t.add(f"{f}.gate.bias", "F32", (experts,))
-        for e in range(experts):
-            t.mxfp4(f"{f}.experts.{e}.w1", mi, h)
-            t.mxfp4(f"{f}.experts.{e}.w2", h, mi)
-            t.mxfp4(f"{f}.experts.{e}.w3", mi, h)
-        fp8(f"{f}.shared_experts.w1", shared * mi, h)
-        fp8(f"{f}.shared_experts.w2", h, shared * mi)
-        fp8(f"{f}.shared_experts.w3", shared * mi, h)
-
-    t.bf16("embed.weight", v, h)
-    layers = c["num_hidden_layers"]
-    for layer in range(layers):
-        block(f"layers.{layer}", ratios[layer], layer < c["num_hash_layers"])
-    for k in range(c["num_nextn_predict_layers"]):
-        p = f"mtp.{k}"
-        block(p, ratios[layers + k], False)
-        fp8(f"{p}.e_proj", h, h)
-        fp8(f"{p}.h_proj", h, h)
-        for norm in ("enorm", "hnorm", "norm"):
-            t.bf16(f"{p}.{norm}.weight", h)
-        t.add(f"{p}.hc_head_fn", "F32", (hc, hc * h))
-        t.add(f"{p}.hc_head_base", "F32", (hc,))
-        t.add(f"{p}.hc_head_scale", "F32", (1,))
-    t.bf16("norm.weight", h)
-    t.add("hc_head_fn", "F32", (hc, hc * h))
-    t.add("hc_head_base", "F32", (hc,))
-    t.add("hc_head_scale", "F32", (1,))
-    t.bf16("head.weight", v, h)
-    return t.out
+def _mxfp4(stem: str, n: int, k: int, scope: dict[str, Any]) -> list[Planned]:
+    """DeepSeek-V4's FP4 experts: I8 ``[n, k/2]`` and E8M0 ``[n, k/group]`` (the codec's group)."""
+    return [
+        Planned(f"{stem}.weight", "I8", (n, k // 2), fp4_bytes),
+        Planned(f"{stem}.scale", "F8_E8M0", (n, k // FP4_GROUP), e8m0_bytes),
+    ]
 
 
-_V4_CONFIG = {
-    "architectures": ["DeepseekV4ForCausalLM"],
-    "model_type": "deepseek_v4",
-    "hidden_size": 4096,
-    "num_hidden_layers": 43,
-    "num_attention_heads": 64,
-    "num_key_value_heads": 1,
-    "head_dim": 512,
-    "q_lora_rank": 1024,
-    "qk_rope_head_dim": 64,
-    "o_groups": 8,
-    "o_lora_rank": 1024,
-    "index_n_heads": 64,
-    "index_head_dim": 128,
-    "index_topk": 512,
-    "hc_mult": 4,
-    "num_hash_layers": 3,
-    "n_routed_experts": 256,
-    "n_shared_experts": 1,
-    "moe_intermediate_size": 2048,
-    "num_experts_per_tok": 6,
-    "vocab_size": 129280,
-    "num_nextn_predict_layers": 1,
-    "expert_dtype": "fp4",
-    "compress_ratios": [0, 0] + [4, 128] * 20 + [4, 0],
-    "quantization_config": {
-        "activation_scheme": "dynamic",
-        "fmt": "e4m3",
-        "quant_method": "fp8",
-        "scale_fmt": "ue8m0",
-        "weight_block_size": [128, 128],
-    },
-}
+def _nvfp4(stem: str, n: int, k: int, scope: dict[str, Any]) -> list[Planned]:
+    """ModelOpt NVFP4: U8 ``[n, k/2]``, E4M3 ``[n, k/group]`` (the codec's group), two F32
+    scalars."""
+    return [
+        Planned(f"{stem}.weight", "U8", (n, k // 2), fp4_bytes),
+        Planned(f"{stem}.weight_scale", "F8_E4M3", (n, k // NVFP4_GROUP), _e4m3_scale),
+        Planned(f"{stem}.weight_scale_2", "F32", (), _global_scale),
+        Planned(f"{stem}.input_scale", "F32", (), _global_scale),
+    ]
 
 
-# -- gpt-oss ---------------------------------------------------------------------------------------
+_LINEAR = {"fp8": _fp8, "mxfp4": _mxfp4, "nvfp4": _nvfp4}
+"""Formats of a linear (a ``stem``): its weight and scales; a linear in ``bf16`` is its
+``.weight``."""
+FORMATS = (*_ONE, *_LINEAR)
+"""The formats a list may name (each bound to its own name in a list's expressions)."""
 
 
-def _gpt_oss(c: dict) -> list[Planned]:
-    t = _Tensors()
-    h, v, e, i = c["hidden_size"], c["vocab_size"], c["num_local_experts"], c["intermediate_size"]
-    nq, nkv, d = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
-    t.bf16("model.embed_tokens.weight", v, h)
-    for layer in range(c["num_hidden_layers"]):
-        p = f"model.layers.{layer}"
-        t.bf16(f"{p}.input_layernorm.weight", h)
-        t.bf16(f"{p}.post_attention_layernorm.weight", h)
-        for proj, rows in (("q_proj", nq * d), ("k_proj", nkv * d), ("v_proj", nkv * d)):
-            t.bf16(f"{p}.self_attn.{proj}.weight", rows, h)
-            t.bf16(f"{p}.self_attn.{proj}.bias", rows)
-        t.bf16(f"{p}.self_attn.o_proj.weight", h, nq * d)
-        t.bf16(f"{p}.self_attn.o_proj.bias", h)
-        t.bf16(f"{p}.self_attn.sinks", nq)
-        m = f"{p}.mlp"
-        t.bf16(f"{m}.router.weight", e, h)
-        t.bf16(f"{m}.router.bias", e)
-        t.add(f"{m}.experts.gate_up_proj_blocks", "U8", (e, 2 * i, h // 32, 16))
-        t.add(f"{m}.experts.gate_up_proj_scales", "U8", (e, 2 * i, h // 32), e8m0_bytes)
-        t.bf16(f"{m}.experts.gate_up_proj_bias", e, 2 * i)
-        t.add(f"{m}.experts.down_proj_blocks", "U8", (e, h, i // 32, 16))
-        t.add(f"{m}.experts.down_proj_scales", "U8", (e, h, i // 32), e8m0_bytes)
-        t.bf16(f"{m}.experts.down_proj_bias", e, h)
-    t.bf16("model.norm.weight", h)
-    t.bf16("lm_head.weight", v, h)
-    return t.out
-
-
-_GPT_OSS_CONFIG = {
-    "architectures": ["GptOssForCausalLM"],
-    "model_type": "gpt_oss",
-    "hidden_size": 2880,
-    "intermediate_size": 2880,
-    "num_hidden_layers": 36,
-    "num_local_experts": 128,
-    "num_experts_per_tok": 4,
-    "num_attention_heads": 64,
-    "num_key_value_heads": 8,
-    "head_dim": 64,
-    "vocab_size": 201088,
-    "attention_bias": True,
-    "tie_word_embeddings": False,
-    "quantization_config": {
-        "quant_method": "mxfp4",
-        "modules_to_not_convert": [
-            "model.layers.*.self_attn",
-            "model.layers.*.mlp.router",
-            "model.embed_tokens",
-            "lm_head",
-        ],
-    },
-}
-
-
-# -- Qwen3(-MoE) FP8 and Llama ---------------------------------------------------------------------
-
-
-def _qwen3(c: dict, *, scale_dtype: str = "F32") -> list[Planned]:
-    t = _Tensors(scale_dtype)
-    h, v, nq, nkv, d = (
-        c["hidden_size"],
-        c["vocab_size"],
-        c["num_attention_heads"],
-        c["num_key_value_heads"],
-        c["head_dim"],
-    )
-    quantized = "quantization_config" in c
-    lin = (
-        (lambda stem, n, k: t.fp8(stem, n, k))
-        if quantized
-        else (lambda stem, n, k: t.bf16(f"{stem}.weight", n, k))
-    )
-    t.bf16("model.embed_tokens.weight", v, h)
-    for layer in range(c["num_hidden_layers"]):
-        p = f"model.layers.{layer}"
-        t.bf16(f"{p}.input_layernorm.weight", h)
-        t.bf16(f"{p}.post_attention_layernorm.weight", h)
-        a = f"{p}.self_attn"
-        lin(f"{a}.q_proj", nq * d, h)
-        lin(f"{a}.k_proj", nkv * d, h)
-        lin(f"{a}.v_proj", nkv * d, h)
-        lin(f"{a}.o_proj", h, nq * d)
-        if c["model_type"].startswith("qwen3"):
-            t.bf16(f"{a}.q_norm.weight", d)
-            t.bf16(f"{a}.k_norm.weight", d)
-        m = f"{p}.mlp"
-        if c.get("num_experts"):
-            t.bf16(f"{m}.gate.weight", c["num_experts"], h)
-            for e in range(c["num_experts"]):
-                lin(f"{m}.experts.{e}.gate_proj", c["moe_intermediate_size"], h)
-                lin(f"{m}.experts.{e}.up_proj", c["moe_intermediate_size"], h)
-                lin(f"{m}.experts.{e}.down_proj", h, c["moe_intermediate_size"])
-        else:
-            lin(f"{m}.gate_proj", c["intermediate_size"], h)
-            lin(f"{m}.up_proj", c["intermediate_size"], h)
-            lin(f"{m}.down_proj", h, c["intermediate_size"])
-    t.bf16("model.norm.weight", h)
-    if not c.get("tie_word_embeddings"):
-        t.bf16("lm_head.weight", v, h)
-    return t.out
-
-
-_QWEN3_CONFIG = {
-    "architectures": ["Qwen3MoeForCausalLM"],
-    "model_type": "qwen3_moe",
-    "hidden_size": 4096,
-    "num_hidden_layers": 94,
-    "num_attention_heads": 64,
-    "num_key_value_heads": 4,
-    "head_dim": 128,
-    "num_experts": 128,
-    "num_experts_per_tok": 8,
-    "moe_intermediate_size": 1536,
-    "vocab_size": 151936,
-    "tie_word_embeddings": False,
-    "quantization_config": {
-        "activation_scheme": "dynamic",
-        "fmt": "e4m3",
-        "quant_method": "fp8",
-        "weight_block_size": [128, 128],
-    },
-}
-
-
-_LLAMA_CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "vocab_size": 128256,
-    "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
-}
-
-
-# -- many tiny tensors (per-tensor cost)
-# ------------------------------------------------------------
-
-
-def _many(c: dict) -> list[Planned]:
-    """``tpload_tensors`` tiny 8x8 BF16 tensors, whole on every rank (the catch-all rule), in layers
-    of 100 like a real model's names: what per-tensor bookkeeping costs, apart from bytes."""
-    t = _Tensors()
-    for k in range(c["tpload_tensors"]):
-        t.bf16(f"model.layers.{k // 100}.extra.{k % 100}.weight", 8, 8)
-    return t.out
-
-
-# -- presets ---------------------------------------------------------------------------------------
-
-NVFP4_QUANT = {
-    "producer": {"name": "modelopt"},
-    "quantization": {
-        "quant_algo": "NVFP4",
-        "kv_cache_quant_algo": None,
-        "group_size": 16,
-        "exclude_modules": ["lm_head", "model.layers.*.self_attn*", "model.layers.61*"],
-    },
-}
+def stored(t: families.Tensor) -> list[Planned]:
+    """The tensors a listed one stores, by its format."""
+    if t.stem and t.form in _LINEAR:
+        return _LINEAR[t.form](t.name, *t.shape, t.scope)
+    if t.stem and t.form == "bf16":
+        return [Planned(f"{t.name}.weight", "BF16", t.shape, bf16_bytes)]
+    if not t.stem and t.form in _ONE:
+        dtype, fill = _ONE[t.form](t.scope)
+        return [Planned(t.name, dtype, t.shape, fill)]
+    what = "a linear's stem" if t.stem else "a tensor"
+    raise ConfigError(f"preset data: {t.name}: no format {t.form!r} for {what}")
 
 
 @dataclass(frozen=True)
@@ -539,211 +155,68 @@ class Published:
 
     family: str
     config: dict
-    tensors: Callable[[dict], list[Planned]]
+    tensors: str = "tensors"
+    """Which of the family's lists (``many``: many-tensors')."""
     shards: int = 2
     shard_name: str = "model-{k:05d}-of-{n:05d}.safetensors"
     extra: dict[str, dict] = field(default_factory=dict)
     """Other JSON files beside config.json (``hf_quant_config.json``)."""
     headers_only: bool = False
     """Only headers and index; the data are holes (a ``full`` size)."""
+    knobs: dict[str, Any] = field(default_factory=dict)
+    """The preset's writer knobs (``set``), over the family's ``defaults``."""
 
     def planned(self) -> list[Planned]:
-        return self.tensors(self.config)
+        doc = families.read(self.family)
+        scope: dict[str, Any] = {f: f for f in FORMATS} | {"fp4_group": FP4_GROUP}
+        scope |= doc.get("defaults", {}) | self.config | self.knobs
+        scope["quantized"] = "quantization_config" in self.config
+        for key, value in doc.get("let", {}).items():
+            scope[key] = families.evaluate(value, scope)
+        lists = doc["lists"]
+        return [p for t in families.expand(lists[self.tensors], scope, lists) for p in stored(t)]
 
 
-_V3_TINY = dict(
-    hidden_size=256,
-    intermediate_size=512,
-    moe_intermediate_size=512,
-    num_hidden_layers=2,
-    first_k_dense_replace=1,
-    n_routed_experts=8,
-    num_attention_heads=8,
-    num_key_value_heads=8,
-    q_lora_rank=128,
-    kv_lora_rank=128,
-    vocab_size=512,
-    index_topk=64,
-    index_n_heads=4,
-    index_head_dim=128,
-    architectures=["DeepseekV32ForCausalLM"],
-    model_type="deepseek_v32",
-)
-_V3_DEEP = dict(
-    hidden_size=128,
-    intermediate_size=256,
-    moe_intermediate_size=256,
-    num_attention_heads=4,
-    num_key_value_heads=4,
-    q_lora_rank=128,
-    kv_lora_rank=128,
-    vocab_size=1024,
-)
+@functools.cache
+def _index() -> dict[str, tuple[str, dict]]:
+    """{preset: (its family, its table)} of every family file, in :data:`FAMILIES`' order."""
+    return {
+        name: (family, preset)
+        for family in FAMILIES
+        for name, preset in families.read(family).get("presets", {}).items()
+    }
 
 
-# A BF16 DeepSeek-V3 that vLLM's CPU build runs: MLA at the dimensions its CPU attention takes
-# (kv_lora_rank 512, rope 64), one expert group, and the MTP layer vLLM skips.
-_V3_VLLM = dict(
-    hidden_size=256,
-    intermediate_size=512,
-    moe_intermediate_size=256,
-    num_hidden_layers=2,
-    first_k_dense_replace=1,
-    n_routed_experts=4,
-    num_experts_per_tok=2,
-    n_group=1,
-    topk_group=1,
-    num_attention_heads=4,
-    num_key_value_heads=4,
-    q_lora_rank=128,
-    kv_lora_rank=512,
-    qk_nope_head_dim=64,
-    qk_rope_head_dim=64,
-    v_head_dim=64,
-    vocab_size=512,
-    max_position_embeddings=256,
-)
-
-
-def _config(base: dict, **dims: object) -> dict:
-    """A family's config.json with some dimensions changed (a fresh copy: presets never share
-    one)."""
-    return {**copy.deepcopy(base), **dims}
-
-
-def _bf16_config(base: dict, **dims: object) -> dict:
-    """``base`` with some dimensions changed and no ``quantization_config``."""
-    c = _config(base, **dims)
-    del c["quantization_config"]
-    return c
-
-
-def _v3_nvfp4_config(**dims: object) -> dict:
-    return _bf16_config(
-        _V3_CONFIG, **dims
-    )  # the NVFP4 release says its quantization in hf_quant_config.json
-
-
-PUBLISHED: dict[str, Callable[[], Published]] = {
-    "deepseek-v3-tiny": lambda: Published(
-        "deepseek-v3", _config(_V3_CONFIG, **_V3_TINY), _deepseek_v3
-    ),
-    "deepseek-v3-bf16-tiny": lambda: Published(
-        "deepseek-v3", _bf16_config(_V3_CONFIG, **_V3_VLLM), _deepseek_v3
-    ),
-    "deepseek-v3-deep": lambda: Published(
-        "deepseek-v3", _config(_V3_CONFIG, **_V3_DEEP), _deepseek_v3, shards=8
-    ),
-    "deepseek-v3-full": lambda: Published(
-        "deepseek-v3",
-        _config(_V3_CONFIG),
-        _deepseek_v3,
-        shards=163,
-        shard_name="model-{k:05d}-of-{n:06d}.safetensors",
-        headers_only=True,
-    ),
-    "deepseek-v4-tiny": lambda: Published(
-        "deepseek-v4",
-        _config(
-            _V4_CONFIG,
-            hidden_size=256,
-            num_hidden_layers=3,
-            num_attention_heads=8,
-            head_dim=128,
-            q_lora_rank=128,
-            o_groups=4,
-            o_lora_rank=128,
-            index_n_heads=4,
-            index_head_dim=128,
-            hc_mult=4,
-            num_hash_layers=1,
-            n_routed_experts=8,
-            moe_intermediate_size=512,
-            num_experts_per_tok=2,
-            vocab_size=512,
-            compress_ratios=[0, 4, 128, 0],
-        ),
-        _deepseek_v4,
-    ),
-    "deepseek-v4-full": lambda: Published(
-        "deepseek-v4", _config(_V4_CONFIG), _deepseek_v4, shards=46, headers_only=True
-    ),
-    "gpt-oss-tiny": lambda: Published(
-        "gpt-oss",
-        _config(
-            _GPT_OSS_CONFIG,
-            hidden_size=256,
-            intermediate_size=352,
-            num_hidden_layers=2,
-            num_local_experts=4,
-            num_experts_per_tok=2,
-            num_attention_heads=8,
-            num_key_value_heads=2,
-            head_dim=32,
-            vocab_size=512,
-        ),
-        _gpt_oss,
-    ),
-    "gpt-oss-full": lambda: Published(
-        "gpt-oss",
-        _config(_GPT_OSS_CONFIG),
-        _gpt_oss,
-        shards=15,
-        shard_name="model-{k0:05d}-of-{n_minus_1:05d}.safetensors",
-        headers_only=True,
-    ),
-    "qwen3-fp8-tiny": lambda: Published(
-        "qwen3-fp8",
-        _config(
-            _QWEN3_CONFIG,
-            hidden_size=256,
-            num_hidden_layers=2,
-            num_attention_heads=8,
-            num_key_value_heads=2,
-            head_dim=128,
-            num_experts=8,
-            num_experts_per_tok=2,
-            moe_intermediate_size=512,
-            vocab_size=512,
-        ),
-        lambda c: _qwen3(c, scale_dtype="BF16"),
-    ),
-    "qwen3-fp8-full": lambda: Published(
-        "qwen3-fp8", _config(_QWEN3_CONFIG), _qwen3, shards=48, headers_only=True
-    ),
-    "nvfp4-tiny": lambda: Published(
-        "nvfp4",
-        _v3_nvfp4_config(**{**_V3_TINY, "index_topk": 0}),
-        lambda c: _deepseek_v3(c, nvfp4=True),
-        extra={"hf_quant_config.json": NVFP4_QUANT},
-    ),
-    "nvfp4-full": lambda: Published(
-        "nvfp4",
-        _v3_nvfp4_config(),
-        lambda c: _deepseek_v3(c, nvfp4=True),
-        shards=163,
-        extra={"hf_quant_config.json": NVFP4_QUANT},
-        headers_only=True,
-    ),
-    "llama-tiny": lambda: Published(
-        "llama",
-        _config(
-            _LLAMA_CONFIG,
-            hidden_size=128,
-            intermediate_size=256,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=32,
-            vocab_size=512,
-        ),
-        _qwen3,
-    ),
-    "many-tensors": lambda: Published(
-        "llama", _config(_LLAMA_CONFIG, tpload_tensors=10_000), _many, shards=4
-    ),
+_PRESET_KEYS = {
+    *("base", "config", "drop", "set", "tensors"),  # its config.json and its tensors
+    *("shards", "shard_name", "files", "headers_only"),  # its files
 }
-"""Every published-layout preset, by name (``synth --preset NAME``)."""
+"""What a preset of a safetensors family may say (docs/tools.md, "The presets' data")."""
+
+
+def _published(name: str) -> Published:
+    family, table = _index()[name]
+    preset = families.preset(name, table, _PRESET_KEYS)
+    doc = families.read(family)
+    presets = {n: p for n, (_, p) in _index().items()}
+    files = doc.get("files", {})
+    return Published(
+        family,
+        families.published_config(doc, preset, presets),
+        tensors=preset.get("tensors", "tensors"),
+        shards=preset.get("shards", 2),
+        shard_name=preset.get("shard_name", Published.shard_name),
+        extra={f: json.loads(files[f]) for f in preset.get("files", ())},
+        headers_only=preset.get("headers_only", False),
+        knobs=preset.get("set", {}),
+    )
+
+
+PUBLISHED: Mapping[str, Callable[[], Published]] = families.Lazy(
+    lambda: {name: functools.partial(_published, name) for name in _index()}
+)
+"""Every published-layout preset, by name (``synth --preset NAME``): ``PUBLISHED[name]()`` is its
+:class:`Published`."""
 
 
 def write_published(
@@ -807,7 +280,7 @@ def write_published(
     if sink is not None:
         sink.close()
     index = {
-        "metadata": {"total_size": total} | ({HEADERS_ONLY: "1"} if pub.headers_only else {}),
+        "metadata": {"total_size": total} | ({HEADERS_ONLY_KEY: "1"} if pub.headers_only else {}),
         "weight_map": weight_map,
     }
     (root / INDEX_NAME).write_text(json.dumps(index, indent=1))
@@ -823,7 +296,7 @@ def write_published(
 def _write_headers_only(path: Path, tensors: list[Planned]) -> dict[str, str]:
     """A safetensors file whose header is real and whose data are a hole of the right size."""
     header: dict[str, object] = {
-        "__metadata__": {"format": "pt", "writer": "tpload.synth", HEADERS_ONLY: "1"}
+        "__metadata__": {"format": "pt", "writer": "tpload.synth", HEADERS_ONLY_KEY: "1"}
     }
     offset = 0
     for t in tensors:

@@ -17,22 +17,27 @@ from dataclasses import dataclass
 
 import psutil
 
-from ..loading.planner import planner_of
 from ..model.text import plural
-from ..planning.layout import Layout
-from ..planning.planner import Planner, RankPlan
-from ..selection.config import Config
-from ..storage.catalogue import Catalogue
-from ..storage.open import open_storage
-from ..storage.reader import CHUNK_BYTES, RING
-from ..transfer.base import CUDA_CHUNK_BYTES as PINNED_CHUNK
-from ..verification.node import assign_hashing, readers
+from ..toolkit import (
+    CUDA_CHUNK_BYTES,
+    READER_CHUNK_BYTES,
+    READER_RING,
+    Catalogue,
+    Config,
+    Layout,
+    Planner,
+    RankPlan,
+    assign_hashing,
+    open_storage,
+    planner_of,
+    readers,
+)
 
 GIB = 1 << 30
 
-STAGING_BYTES = RING * CHUNK_BYTES
+STAGING_BYTES = READER_RING * READER_CHUNK_BYTES
 """Host staging per rank: the reader's ring of private buffers."""
-PINNED_BYTES = 2 * PINNED_CHUNK
+PINNED_BYTES = 2 * CUDA_CHUNK_BYTES
 """Host pinned memory per rank on CUDA: the transfer's two buffers."""
 
 

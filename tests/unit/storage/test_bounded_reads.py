@@ -26,6 +26,7 @@ PACKAGE = Path(tpload.__file__).parent
 ALLOWED = {
     # package data shipped inside tpload (the shipped TOML configs), not a file a user names
     ("selection/config.py", "res.read_text()"),
+    ("tools/families.py", "res.read_text()"),  # and the published families' (configs/presets/)
     # writes and the store's lock file: nothing is read from them
     ("verification/store.py", 'open(self.root / ".lock", "a")'),
     ("integrations/vllm_run.py", 'open(args.out, "w")'),

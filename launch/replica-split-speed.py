@@ -5,8 +5,9 @@ x tp T (default 8 x 8).
 
 Writes a headers-only ``deepseek-v3-full`` checkpoint into DIR (default: a temporary folder) with
 ``python -m tpload synth``, plans every position (not timed: the load has its plans), then times
-what ``replicas.link()`` does with them in a fresh process per repeat: every position's runs, their
-split, this rank's maps (position 0) and every position's reads (a node of T ranks asks for all).
+what ``sources.open.open_source()`` does with them in a fresh process per repeat: every position's
+runs, their split, this rank's maps (position 0) and every position's reads (a node of T ranks asks
+for all).
 Run it against an older tree (PYTHONPATH) to compare: a tree from before replica_split.py makes
 every position's named items and splits runs of names (``replicas.split``, ``replicas.load_runs``).
 """

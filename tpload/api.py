@@ -7,7 +7,8 @@ every rank.
     shards.release()      # frees every buffer the load made
 
 One call is one fixed sequence on each rank (loading/sequence.py), whose verdict is the same on
-every rank (verification/gate.py owns it).
+every rank (verification/gate.py owns it); what builds on a passed verdict, the load attestation
+(``attest=``), is written here, after it (attest/build.py).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import os
 
 import torch.distributed as dist
 
-from .distributed.world import call_world, context
-from .loading.sequence import load_in
+from .attest import build as attest
+from .distributed.world import DistContext, call_world, context
+from .loading import sequence
 from .loading.shards import RankShards
 from .model.errors import LoadError
 from .model.progress import ProgressSink
@@ -50,6 +52,20 @@ def load(
         return load_in(opts, context(group, cpu_group), error=error, progress_sink=progress_sink)
     with call_world(timeout_s=opts.timeout_s if opts else LoadOptions().timeout_s):
         return load_in(opts, context(), error=error, progress_sink=progress_sink)
+
+
+def load_in(
+    opts: LoadOptions | None,
+    ctx: DistContext,
+    *,
+    error: LoadError | None = None,
+    progress_sink: ProgressSink | None = None,
+) -> RankShards:
+    """:func:`load` in an existing context (``ctx``: this rank's group; the command line's): the
+    load's sequence, then, after its passed verdict, the attestation when asked."""
+    loaded = sequence.load_in(opts, ctx, error=error, progress_sink=progress_sink)
+    attest.after_verdict(loaded)  # rank 0 writes it; every rank fails if it could not
+    return loaded.shards
 
 
 with_option_signature(load, RankShards)

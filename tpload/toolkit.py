@@ -63,7 +63,8 @@ FACE: dict[str, tuple[str, str]] = {
     "Item": ("planning.items", "one unit of a plan: a weight and its scales, served"),
     "Output": ("planning.items", "one served tensor: a slot of the rank's arena"),
     "Cut": ("codecs.base", "the box of one stored tensor a rank reads"),
-    "assign_hashing": ("verification.policy", "whole tensors split between ranks to hash"),
+    "assign_hashing": ("verification.node", "whole tensors split between ranks to hash"),
+    "readers": ("verification.node", "each whole-read tensor's ranks that read a window of it"),
     # -- stored formats decoded
     "decode_rows": ("loading.loop", "a codec's decode on a cut's rows, as the load runs it"),
     "value_feed": ("loading.loop", "the value check a cut's blocks go to, as the load feeds"),
@@ -74,22 +75,22 @@ FACE: dict[str, tuple[str, str]] = {
     "gguf_decode_torch": ("codecs.gguf:decode_torch", "GGUF blocks to bf16 by torch ops"),
     "gguf_decode_kernel": ("kernels.gguf:decode", "GGUF blocks to bf16 bits, compiled"),
     # -- checked: hashes, the gate, signatures, digests
-    "gate_at_rest": ("verification.gate:at_rest", "the gate's verdict on tensors at rest"),
+    "gate_at_rest": ("sources.hashing:at_rest", "the gate's verdict on tensors read whole at rest"),
     "Vouched": ("verification.vouched", "tensors the gate checked at rest, with their hashes"),
-    "hash_whole": ("verification.hashing", "hashes of named tensors, each read whole once"),
-    "mismatches": ("verification.hashing", "each hashed tensor whose hash is not the promised"),
-    "FileHasher": ("verification.files", "files hashed whole on a background thread"),
-    "file_problems": ("verification.files", "each hashed file whose digest is not its source's"),
+    "hash_whole": ("sources.hashing", "hashes of named tensors, each read whole once"),
+    "mismatches": ("verification.hashes", "each hashed tensor whose hash is not the promised"),
+    "FileHasher": ("sources.whole_files", "files hashed whole on a background thread"),
+    "file_problems": ("verification.hashes", "each hashed file whose digest is not its source's"),
     "SignedModel": ("verification.signing", "what a verified model.sig vouches for"),
     "DigestStore": ("verification.store", "the operator's store of trusted digests"),
     "checkpoint_stamp": ("verification.store", "what a stored prediction vouches for"),
     "stale": ("verification.store", "what changed since a stamp was taken"),
     "layout_key": ("verification.strategy", "the digest store's key of a config and layout"),
-    "Digests": ("verification.blake3sums", "which content hash proves a tensor's bytes"),
-    "write_sidecar": ("verification.blake3sums", "keep the blake3 of tensors the gate checked"),
-    "require_blake3": ("verification.blake3sums:require", "a clear error without blake3"),
-    "blake3_available": ("verification.blake3sums:available", "whether blake3 imports"),
-    "BLAKE3_INSTALL": ("verification.blake3sums:INSTALL", "how to install blake3"),
+    "Digests": ("verification.hashes", "which content hash proves a tensor's bytes"),
+    "write_sidecar": ("verification.store", "keep the blake3 of tensors the gate checked"),
+    "require_blake3": ("verification.hashes:require", "a clear error without blake3"),
+    "blake3_available": ("verification.hashes:available", "whether blake3 imports"),
+    "BLAKE3_INSTALL": ("verification.hashes:INSTALL", "how to install blake3"),
     "predict": ("attest.predict", "every rank's digest, computed by the load's own code"),
     "spare_threads": ("attest.predict", "hashing threads this machine can spare"),
     "digest": ("verification.digest", "a rank's digest of its served tensors"),
@@ -148,6 +149,9 @@ if TYPE_CHECKING:  # the face for the type checker and import-linter (the same n
     from .selection.defaults import DEFAULT_CONFIG as DEFAULT_CONFIG
     from .selection.pick import choose as choose
     from .selection.pick import model_for as model_for
+    from .sources.hashing import at_rest as gate_at_rest  # noqa: F401  re-exported
+    from .sources.hashing import hash_whole as hash_whole
+    from .sources.whole_files import FileHasher as FileHasher
     from .storage.base import Storage as Storage
     from .storage.catalogue import HEADERS_ONLY as HEADERS_ONLY_KEY  # noqa: F401  re-exported
     from .storage.catalogue import Catalogue as Catalogue
@@ -178,21 +182,19 @@ if TYPE_CHECKING:  # the face for the type checker and import-linter (the same n
     from .storage.sharded import ShardedStorage as ShardedStorage
     from .transfer.base import CUDA_CHUNK_BYTES as CUDA_CHUNK_BYTES
     from .transfer.cpu import new_arena as new_arena
-    from .verification.blake3sums import INSTALL as BLAKE3_INSTALL  # noqa: F401  re-exported
-    from .verification.blake3sums import Digests as Digests
-    from .verification.blake3sums import available as blake3_available  # noqa: F401  re-exported
-    from .verification.blake3sums import require as require_blake3  # noqa: F401  re-exported
-    from .verification.blake3sums import write_sidecar as write_sidecar
     from .verification.digest import digest as digest
-    from .verification.files import FileHasher as FileHasher
-    from .verification.files import file_problems as file_problems
-    from .verification.gate import at_rest as gate_at_rest  # noqa: F401  re-exported
-    from .verification.hashing import hash_whole as hash_whole
-    from .verification.hashing import mismatches as mismatches
-    from .verification.policy import assign_hashing as assign_hashing
+    from .verification.hashes import INSTALL as BLAKE3_INSTALL  # noqa: F401  re-exported
+    from .verification.hashes import Digests as Digests
+    from .verification.hashes import available as blake3_available  # noqa: F401  re-exported
+    from .verification.hashes import file_problems as file_problems
+    from .verification.hashes import mismatches as mismatches
+    from .verification.hashes import require as require_blake3  # noqa: F401  re-exported
+    from .verification.node import assign_hashing as assign_hashing
+    from .verification.node import readers as readers
     from .verification.signing import SignedModel as SignedModel
     from .verification.store import DigestStore as DigestStore
     from .verification.store import checkpoint_stamp as checkpoint_stamp
     from .verification.store import stale as stale
+    from .verification.store import write_sidecar as write_sidecar
     from .verification.strategy import layout_key as layout_key
     from .verification.vouched import Vouched as Vouched

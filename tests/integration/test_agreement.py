@@ -1,22 +1,26 @@
 """Every rank proves, before any window is read, that it loads the same thing the same way
 (tpload/distributed/agreement.py), on two nodes: two torchrun agents (--nnodes 2, c10d), each with
-its own TPLOAD_NODE_ID and its own copy of the checkpoint, 2 replicas x tp 2. The rest of the cases
-(another checkpoint, a pin on one node, differences through the API, an owner failing mid-window)
-are in tests/slow/test_agreement.py."""
+its own TPLOAD_NODE_ID and its own copy of the checkpoint, 2 replicas x tp 2. The quick tier's cases
+share one launch with tests/integration/test_multinode.py (tests/integration/conftest.py); the
+tampered copy through the command line, and the rest of the cases (another checkpoint, a pin on one
+node, differences through the API, an owner failing mid-window), are the slow tier's (here and in
+tests/slow/test_agreement.py)."""
 
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import shutil
 import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from tpload.cli import main
 
 from ..helpers import HERE, free_port, poke
+from .conftest import TwoNodes
 from .test_multinode import agent
 
 EMBED = str(HERE / "workers" / "embed.py")
@@ -63,6 +67,9 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+# The same case through the API is in the quick tier's two-node launch (below); this one, through
+# the command line, is the slow tier's.
+@pytest.mark.slow
 def test_a_node_whose_copy_was_tampered_and_remanifested_fails_every_rank_naming_the_anchor(
     small_ckpt: Path, tmp_path: Path
 ) -> None:
@@ -94,33 +101,38 @@ def test_a_node_whose_copy_was_tampered_and_remanifested_fails_every_rank_naming
     assert "served GB" not in text  # no table: nothing was loaded
 
 
+def test_through_the_api_a_node_whose_copy_was_tampered_and_remanifested_fails_every_rank(
+    small_ckpt: Path, two_nodes_launch: TwoNodes
+) -> None:
+    """Node 1's copy has a flipped weight byte and a manifest written over it (`manifest --force`:
+    the copy agrees with itself), given to load() on node 1's ranks. Before the handshake node 0
+    served node 1's bytes under its own verified table, and every rank returned weights."""
+    anchor = two_nodes_launch.outcomes["anchor"]
+    mine, theirs = (
+        sha256(small_ckpt / "NATIVE_MANIFEST.json"),
+        sha256(two_nodes_launch.tampered / "NATIVE_MANIFEST.json"),
+    )
+    assert mine != theirs
+    assert not any(o["returned"] for o in anchor)
+    assert len({o["error"] for o in anchor}) == 1, anchor  # one verdict, every rank
+    message = anchor[0]["error"]
+    assert message.startswith("load failed on rank 0, 1, 2, 3 (4 of 4 ranks); no rank returned")
+    assert (
+        "the ranks do not load the same thing the same way: they differ in the trust anchor "
+        f"(rank 0, 1: 'manifest sha256 {mine[:45]}...'; rank 2, 3: 'manifest sha256 "
+        f"{theirs[:45]}...'); every node must hold the same checkpoint" in message
+    ), message
+
+
 def test_an_early_failure_or_an_option_that_differs_on_one_node_fails_every_rank_in_seconds(
-    small_ckpt: Path, tmp_path: Path
+    two_nodes_launch: TwoNodes,
 ) -> None:
     """Through the API, 2 replicas x tp 2 with --timeout 60: (1) a wrong pin on rank 3 alone, which
     before the handshake made every rank wait out the timeout and then name rank 3 as dead;
-    (2) node 1 with a flipped copy and `verify="off"`, which node 0 served unhashed; (3) the same
-    group loads together again after both."""
-    flipped = tmp_path / "flipped"
-    shutil.copytree(small_ckpt, flipped)
-    poke(flipped, "head.weight", 5)  # its manifest unchanged: only the verify mode differs
-    common = {"tp": 2, "replicas": 2, "timeout_s": 60.0}
-    off = {"checkpoint": str(flipped), "verify": "off"}
-    calls = [
-        {
-            "checkpoint": str(small_ckpt),
-            "options": common,
-            "per_rank": {"3": {"manifest_sha256": "0" * 64}},
-        },
-        {"checkpoint": str(small_ckpt), "options": common, "per_rank": {"2": off, "3": off}},
-        {"checkpoint": str(small_ckpt), "options": common},
-    ]
-    out = tmp_path / "out"
-    out.mkdir()
-    rcs, text, _ = two_nodes(lambda n: [EMBED, str(out), json.dumps(calls)])
-    assert rcs == [0, 0], text
-    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
-    pin, verify, again = zip(*ranks, strict=True)
+    (2) node 1 with a flipped copy (its manifest unchanged: only the verify mode differs) and
+    `verify="off"`, which node 0 served unhashed; (3) the same group loads together again after
+    both (and after the tampered copy above)."""
+    pin, verify, again = (two_nodes_launch.outcomes[c] for c in ("pin", "verify", "again"))
     assert not any(o["returned"] for o in pin + verify)
     assert len({o["error"] for o in pin}) == 1 and len({o["error"] for o in verify}) == 1
     error = pin[0]["error"]

@@ -1,7 +1,7 @@
 """blake3 under real torchrun (2 ranks, gloo, node mode; one launch, two loads): a load with a fresh
 sidecar hashes by blake3 and serves the digests a sha256 load serves; a byte changed behind an
 unchanged stamp fails the next load on every rank, naming the tensor and blake3. Sidecar rules are
-unit-tested in-process (tests/unit/verification/test_blake3sums.py)."""
+unit-tested in-process (tests/unit/verification/test_store.py)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,15 @@
 """Failing together: one rank's early failure, a dead rank, and embedded callers that call load()
-more than once. Each is a real torchrun launch (gloo); every rank must end with the same message, in
-bounded time, with no weights handed back."""
+more than once. Each is a real torchrun launch (gloo; the early failure and the embedded caller's
+calls share one); every rank must end with the same message, in bounded time, with no weights
+handed back."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
+
+import pytest
 
 from ..helpers import HERE, error_of, load_error, poke, torchrun
 
@@ -17,33 +21,45 @@ def outcomes(out: Path, nproc: int) -> list[list[dict]]:
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
 
 
+@pytest.fixture(scope="module")
+def embedded(small_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> list[list[dict]]:
+    """One launch of an embedding caller, three load() calls on 2 ranks: (0) rank 1 alone gets a
+    checkpoint whose index names a shard that is not there; (1) rank 1 alone gets an invalid
+    option; (2) a good call everywhere. Each rank's outcomes, by call."""
+    holed = tmp_path_factory.mktemp("holed") / "ckpt"
+    shutil.copytree(small_ckpt, holed)
+    (holed / "model-00002-of-00002.safetensors").unlink()
+    calls = [
+        {"checkpoint": str(small_ckpt), "per_rank": {"1": {"checkpoint": str(holed)}}},
+        {"checkpoint": str(small_ckpt), "per_rank": {"1": {"samples": -1}}},
+        {"checkpoint": str(small_ckpt)},
+    ]
+    out = tmp_path_factory.mktemp("embedded")
+    run = torchrun(2, [EMBED, str(out), json.dumps(calls)])
+    assert run.rc == 0, run.text
+    assert run.seconds < BOUND_S
+    ranks = outcomes(out, 2)
+    assert all(o["seconds"] < BOUND_S for r in ranks for o in r), ranks
+    return ranks
+
+
 def test_one_rank_failing_to_open_the_checkpoint_fails_every_rank(
-    small_ckpt: Path, ckpt_copy: Path, tmp_path: Path
+    embedded: list[list[dict]],
 ) -> None:
     # rank 1 alone gets a checkpoint whose index names a shard that is not there: it fails while
     # opening it, before any collective; rank 0's load is fine and must still return nothing
-    (ckpt_copy / "model-00002-of-00002.safetensors").unlink()
-    calls = [{"checkpoint": str(small_ckpt), "per_rank": {"1": {"checkpoint": str(ckpt_copy)}}}]
-    run = torchrun(2, [EMBED, str(tmp_path), json.dumps(calls)])
-    assert run.rc == 0, run.text
-    assert run.seconds < BOUND_S
-    (a,), (b,) = outcomes(tmp_path, 2)
+    (a, _, _), (b, _, _) = embedded
     assert a["returned"] is False and b["returned"] is False
     assert a["error"] == b["error"]
     assert "load failed on rank 1 (1 of 2 ranks); no rank returned weights" in a["error"]
     assert "shard model-00002-of-00002.safetensors does not exist" in a["error"]
 
 
-def test_a_failed_call_does_not_desynchronise_the_next(small_ckpt: Path, tmp_path: Path) -> None:
+def test_a_failed_call_does_not_desynchronise_the_next(embedded: list[list[dict]]) -> None:
     # call 1 fails on rank 1 only, before anything else (an invalid option); call 2 is fine
-    # everywhere. Both ranks must fail call 1 with rank 1's message, and both must load call 2.
-    calls = [
-        {"checkpoint": str(small_ckpt), "per_rank": {"1": {"samples": -1}}},
-        {"checkpoint": str(small_ckpt)},
-    ]
-    run = torchrun(2, [EMBED, str(tmp_path), json.dumps(calls)])
-    assert run.rc == 0, run.text
-    (a1, a2), (b1, b2) = outcomes(tmp_path, 2)
+    # everywhere. Both ranks must fail call 1 with rank 1's message, and both must load call 2
+    # (after two failed calls in this launch).
+    (_, a1, a2), (_, b1, b2) = embedded
     assert not a1["returned"] and not b1["returned"] and a1["error"] == b1["error"]
     assert "rank 1: invalid option: samples= must be between 0 and 16777216, got -1" in a1["error"]
     assert a2["returned"] and b2["returned"] and a2["digest"] != b2["digest"]

@@ -12,7 +12,7 @@ from tpload.loading.planner import planner_of
 from tpload.planning.layout import Layout
 from tpload.selection.config import load_config
 from tpload.storage.sharded import ShardedStorage
-from tpload.verification.policy import hash_plan
+from tpload.verification.node import hash_plan
 
 from ..helpers import HERE, torchrun
 

@@ -6,14 +6,13 @@ manifest`)."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from tpload.cli import main
 from tpload.codecs.tables import round_bf16
 
 from ..helpers import HERE, load_error, torchrun, tpload_cli
@@ -100,11 +99,9 @@ def load_and_check(roots: dict[str, Path], out: Path, tp: int, ep: int) -> None:
 
 
 def synth(root: Path, preset: str) -> Path:
+    # the command line's own entry point, in this process (a process each cost seconds of imports)
     for cmd in (["synth", str(root), "--preset", preset], ["manifest", str(root)]):
-        run = subprocess.run(
-            [sys.executable, "-m", "tpload", *cmd], capture_output=True, text=True, timeout=120
-        )
-        assert run.returncode == 0, run.stderr
+        assert main(cmd) == 0, cmd
     return root
 
 
@@ -138,6 +135,11 @@ def test_tp2_ep2_exactly(tiny: Path, qwen: Path, tmp_path: Path) -> None:
     load_and_check({"ds3": tiny, "qwen": qwen}, tmp_path / "out", 2, 2)
 
 
+# A manifest mismatch found by one rank failing every rank is the quick tier's launch of
+# tests/integration/test_consensus.py; a flipped GGUF quant byte caught by its tensor's sha256 is
+# unit-tested in-process (tests/unit/storage/test_gguf_checkpoint.py): this launch is the slow
+# tier's.
+@pytest.mark.slow
 def test_flipped_byte_fails_every_rank(tiny: Path, tmp_path: Path) -> None:
     bad = tmp_path / "bad"
     bad.mkdir()
@@ -154,7 +156,9 @@ def test_flipped_byte_fails_every_rank(tiny: Path, tmp_path: Path) -> None:
     assert "blk.1.ffn_up_exps.weight" in message and "sha256" in message, message
 
 
-def test_nan_super_scale_refused_naming_tensor_and_block(tiny: Path, tmp_path: Path) -> None:
+def test_nan_super_scale_refused_naming_tensor_and_block(
+    tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A block whose f16 d is NaN, vouched for by a fresh manifest: the value check refuses it."""
     bad = tmp_path / "nan"
     bad.mkdir()
@@ -166,12 +170,12 @@ def test_nan_super_scale_refused_naming_tensor_and_block(tiny: Path, tmp_path: P
     at = int(t.data_offset) + 144 * 3  # block 3 of the first row: its d
     raw[at : at + 2] = np.array([np.nan], np.float16).tobytes()
     part.write_bytes(bytes(raw))
-    for cmd in (["manifest", str(bad)], ["verify", str(bad)]):
-        run = subprocess.run(
-            [sys.executable, "-m", "tpload", *cmd], capture_output=True, text=True, timeout=120
-        )
-    assert run.returncode != 0
+    for cmd in (["manifest", str(bad)], ["verify", str(bad)]):  # in this process, as synth()
+        capsys.readouterr()
+        rc = main(cmd)
+    said = capsys.readouterr()
+    assert rc != 0
     assert (
         "tensor blk.1.ffn_gate_exps.weight: 1 Q4_K blocks whose f16 scale (d/dmin) is NaN or "
         "infinite (first: view row 0, block 3 of the row)"
-    ) in run.stdout + run.stderr, run.stdout + run.stderr
+    ) in said.out + said.err, said.out + said.err

@@ -14,18 +14,26 @@ import pytest
 from tpload.storage.hub import to_hub_cache
 from tpload.tools.published import write_published
 
-from ..helpers import error_of, load_error, tensor_offset, torchrun, tpload_cli
+from ..helpers import load_error, tensor_offset, torchrun, tpload_cli
+
+
+def hub_snapshot(folder: Path) -> Path:
+    plain = write_published(folder / "plain", "gpt-oss-tiny", manifest=False)
+    return to_hub_cache(plain, folder / "hub", "openai/gpt-oss-tiny")
 
 
 @pytest.fixture
 def snapshot(tmp_path: Path) -> Path:
-    plain = write_published(tmp_path / "plain", "gpt-oss-tiny", manifest=False)
-    return to_hub_cache(plain, tmp_path / "hub", "openai/gpt-oss-tiny")
+    return hub_snapshot(tmp_path)
 
 
-# rank mode is the same launch with every reader hashing: the slow tier runs it, keeping the quick
-# tier to one launch per behaviour
-@pytest.mark.parametrize("verify", ["node", pytest.param("rank", marks=pytest.mark.slow)])
+# Whole files hashed once on the node against their anchor, and a flipped byte failing every rank,
+# are the quick tier's launches of tests/integration/test_signing.py (model.sig) and, for a hub
+# blob, of the deferral test below: these two are the slow tier's, keeping the quick tier to one
+# launch per behaviour (the blob names as an anchor are unit-tested in-process,
+# tests/unit/storage/test_hub.py).
+@pytest.mark.slow
+@pytest.mark.parametrize("verify", ["node", "rank"])
 def test_a_hub_snapshot_loads_verified_by_its_blob_names(
     snapshot: Path, tmp_path: Path, verify: str
 ) -> None:
@@ -57,6 +65,7 @@ def test_a_hub_snapshot_loads_verified_by_its_blob_names(
     assert all(r["failed"] == 0 for r in doc["ranks"])
 
 
+@pytest.mark.slow
 def test_a_flipped_byte_in_one_blob_fails_every_rank_naming_the_file(
     snapshot: Path, tmp_path: Path
 ) -> None:
@@ -91,28 +100,30 @@ def test_deferring_a_whole_blob_still_hashes_it_and_vouches_for_each_locator(
     # every tensor of the second shard deferred: no rank reads a window of it, so only the gate's
     # rule (a rank hashes the file of what it defers) keeps its blob checked
     names = _second_shard(snapshot)
-    worker = str(Path(__file__).parents[1] / "workers" / "defer_stream.py")
-    run = torchrun(2, [worker, str(snapshot), str(tmp_path), ",".join(names)])
-    assert run.rc == 0, run.text
-    for rank in range(2):
-        doc = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        assert sorted(d["name"] for d in doc["deferred"]) == names
-        for d in doc["deferred"]:
-            path, offset, nbytes = tensor_offset(snapshot, d["name"])
-            want = hashlib.sha256(path.read_bytes()[offset : offset + nbytes]).hexdigest()
-            assert d["sha256"] == want and "hub blob" in d["vouched_by"], d
-            assert doc["streamed"][d["name"]] == want
-
-    # the same deferral, the blob corrupted before the load: every rank fails naming the file
-    path, offset, nbytes = tensor_offset(snapshot, names[0])
+    # the same deferral from a second snapshot whose blob is corrupted before the load, loaded
+    # next in the same launch: every rank fails naming the file
+    corrupt = hub_snapshot(tmp_path / "corrupt")
+    assert _second_shard(corrupt) == names
+    path, offset, nbytes = tensor_offset(corrupt, names[0])
     blob = path.resolve()
     data = bytearray(blob.read_bytes())
     data[offset] ^= 0x01
     blob.write_bytes(bytes(data))
-    run = torchrun(
-        2, [worker, str(snapshot), str(tmp_path), ",".join(names)], logs=tmp_path / "logs"
-    )
-    assert run.rc != 0
+    worker = str(Path(__file__).parents[1] / "workers" / "defer_stream.py")
+    run = torchrun(2, [worker, str(tmp_path), ",".join(names), str(snapshot), str(corrupt)])
+    assert run.rc == 0, run.text
     for rank in range(2):
-        msg = error_of(run.rank_err[rank], rank) or run.rank_err[rank]
+        doc = json.loads((tmp_path / f"rank{rank}-0.json").read_text())
+        assert doc["returned"] and not doc["error"], doc["error"]
+        assert sorted(d["name"] for d in doc["deferred"]) == names
+        for d in doc["deferred"]:
+            p, o, n = tensor_offset(snapshot, d["name"])
+            want = hashlib.sha256(p.read_bytes()[o : o + n]).hexdigest()
+            assert d["sha256"] == want and "hub blob" in d["vouched_by"], d
+            assert doc["streamed"][d["name"]] == want
+
+    for rank in range(2):
+        doc = json.loads((tmp_path / f"rank{rank}-1.json").read_text())
+        msg = doc["error"]
+        assert not doc["returned"] and not doc["deferred"], (rank, doc)
         assert path.name in msg and "sha256" in msg, (rank, msg)

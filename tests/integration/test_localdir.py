@@ -24,6 +24,14 @@ from ..unit.storage.test_localdir import COMMIT, as_local_dir, flip
 pytest.importorskip("huggingface_hub._local_folder")
 
 
+# Both launches are the slow tier's: whole files hashed once on the node against their anchor, and a
+# flipped byte in one failing every rank, are the quick tier's launch of
+# tests/integration/test_signing.py (model.sig as the anchor); the local-dir metadata as an anchor
+# (a verified load, a flipped byte named with its etag) is unit-tested in-process
+# (tests/unit/storage/test_localdir.py).
+pytestmark = pytest.mark.slow
+
+
 @pytest.fixture
 def local(tmp_path: Path) -> Path:
     return as_local_dir(write_published(tmp_path / "dl", "gpt-oss-tiny", manifest=False))

@@ -1,6 +1,7 @@
 """Two nodes on one machine: two torchrun agents (--nnodes 2, c10d rendezvous) started together.
 Global ranks pick the tp/ep position, LOCAL_RANK the device, and each node hashes its own copy
-of the checkpoint once. The SLURM example runs too, with srun and scontrol stand-ins."""
+of the checkpoint once (in the quick tier's one two-node launch, tests/integration/conftest.py).
+The SLURM example runs too (the slow tier), with srun and scontrol stand-ins."""
 
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ import torch
 from ..ckpt_tools import all_names, nbytes
 from ..helpers import HERE, free_port
 from ..reference import expected
+from .conftest import TwoNodes
 
 ROOT = HERE.parent
-SERVE = str(HERE / "workers" / "serve.py")
 EXPERT = re.compile(r"\.experts\.(\d+)\.")
 
 
@@ -75,19 +76,14 @@ def agent(node: int, port: int, args: list[str], **extra: str) -> subprocess.Pop
     )
 
 
-def test_two_nodes_tp4_positions_and_per_node_hashing(small_ckpt: Path, tmp_path: Path) -> None:
+def test_two_nodes_tp4_positions_and_per_node_hashing(
+    small_ckpt: Path, two_nodes_launch: TwoNodes
+) -> None:
     # Node ids come from TPLOAD_NODE_ID here (two agents on one host); without it, from the host
-    # name and torchrun's GROUP_RANK (unit-tested), never from rank // LOCAL_WORLD_SIZE.
-    port = free_port()
-    finish(
-        [
-            agent(
-                n, port, [SERVE, str(small_ckpt), str(tmp_path), "tp=4"], TPLOAD_NODE_ID=f"box{n}"
-            )
-            for n in (0, 1)
-        ]
-    )
-    docs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    # name and torchrun's GROUP_RANK (unit-tested), never from rank // LOCAL_WORLD_SIZE. The launch
+    # is shared with tests/integration/test_agreement.py: this is its first call, tp 4.
+    docs = two_nodes_launch.outcomes["tp4"]
+    assert all(d["returned"] for d in docs), [d["error"] for d in docs]
     report = docs[0]["report"]
     assert all(
         d["report"]["ranks"] == report["ranks"] for d in docs
@@ -100,7 +96,7 @@ def test_two_nodes_tp4_positions_and_per_node_hashing(small_ckpt: Path, tmp_path
             rank % 2,
             rank // 2,
         )
-        got = torch.load(tmp_path / f"rank{rank}.pt")
+        got = torch.load(two_nodes_launch.out / f"rank{rank}-call0.pt")
         want = expected(small_ckpt, 4, rank, "packed")  # the tp position is the global rank
         assert set(got) == set(want)
         for name, arr in want.items():

@@ -6,9 +6,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from ..helpers import load_error, tpload_cli
 
 
+# Every rank failing before its first read, the message printed once, is the quick tier's launch of
+# tests/integration/test_cli.py (a folder with no checkpoint); the pin's refusal of an edited
+# config.json is unit-tested in-process (tests/unit/storage/test_pins.py): this launch is the slow
+# tier's.
+@pytest.mark.slow
 def test_an_edited_pinned_config_json_fails_every_rank(tmp_path: Path) -> None:
     from tpload.tools.offline import write_manifest
     from tpload.tools.published import write_published

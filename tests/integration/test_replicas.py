@@ -8,6 +8,8 @@ import hashlib
 import json
 from pathlib import Path
 
+import pytest
+
 from tpload.cli import main
 from tpload.verification.store import DigestStore
 
@@ -26,10 +28,32 @@ def _plain_tp2(ckpt: Path, store: Path) -> list[str]:
     return plain
 
 
+def _plan_shares(
+    ckpt: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> tuple[list[list[int]], str]:
+    """What ``tpload plan --tp 2 --replicas 2`` says (one process, no launch): the window bytes
+    each replica reads at each position, as the command computed them, and its line."""
+    from tpload.distributed import replica_split
+
+    real, got = replica_split.shares, []
+
+    def shares(plans: object, replicas: int) -> list[list[int]]:
+        got.append(real(plans, replicas))  # type: ignore[arg-type]
+        return got[-1]
+
+    monkeypatch.setattr(replica_split, "shares", shares)
+    capsys.readouterr()
+    assert main(["plan", str(ckpt), "--tp", "2", "--replicas", "2"]) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if "the cluster reads" in x]
+    monkeypatch.undo()
+    return got[0], line
+
+
 def test_two_replicas_of_tp2_serve_a_plain_tp2_load_s_bytes_reading_half(
-    small_ckpt: Path, tmp_path: Path
+    small_ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     plain = _plain_tp2(small_ckpt, tmp_path / "store")
+    planned, line = _plan_shares(small_ckpt, monkeypatch, capsys)
     report = tmp_path / "r.json"
     run = tpload_cli(
         4, str(small_ckpt), "--tp", "2", "--replicas", "2", "--report", str(report), timeout=240
@@ -60,6 +84,18 @@ def test_two_replicas_of_tp2_serve_a_plain_tp2_load_s_bytes_reading_half(
         r["bytes_from_storage"] + r["bytes_from_peers"] for r in ranks
     )  # halved
     assert "from peers" in run.text  # the table shows the split
+    # one meaning a counter (docs/format.md): window bytes, read from storage or received, adding
+    # up to what each rank serves; the cluster's storage bytes are what `tpload plan` says it
+    # reads (one replica's windows), position by position, and the peers' as much again
+    for r in ranks:
+        assert r["bytes_from_storage"] + r["bytes_from_peers"] == r["bytes_read"]
+    for position in (0, 1):
+        mine = [ranks[position], ranks[2 + position]]
+        assert sum(r["bytes_from_storage"] for r in mine) == sum(planned[position])
+    assert storage == sum(map(sum, planned)) == sum(r["bytes_read"] for r in ranks) // 2
+    assert sum(r["bytes_from_peers"] for r in ranks) == storage
+    assert f"the cluster reads {storage / 1e9:.3f} GB from storage" in line
+    assert f"{storage / 1e9:.3f} GB read from storage by the cluster" in run.text
 
 
 def test_a_byte_changed_in_transit_fails_every_rank_naming_tensor_sender_and_receiver(

@@ -1,7 +1,9 @@
-"""Run under torchrun: load with ``defer``, then stream every deferred locator through ``chunks()``.
+"""Run under torchrun: for each checkpoint in turn, load with ``defer``, then stream every deferred
+locator through ``chunks()``.
 
-argv: CHECKPOINT OUT_DIR DEFER_GLOBS (comma-separated). Writes OUT_DIR/rank{R}.json: the locators,
-and for each the sha256 of what ``chunks()`` streamed (or the error it raised).
+argv: OUT_DIR DEFER_GLOBS (comma-separated) CHECKPOINT [CHECKPOINT ...]. Writes
+OUT_DIR/rank{R}-{I}.json for the I-th checkpoint: whether load() returned or the error it raised,
+the locators, and for each the sha256 of what ``chunks()`` streamed (or the error it raised).
 """
 
 from __future__ import annotations
@@ -13,14 +15,17 @@ import sys
 from pathlib import Path
 
 import tpload
-from tpload.model.errors import LoadError
+from tpload import LoadError
 
 
-def main() -> None:
-    ckpt, out, defer = sys.argv[1], Path(sys.argv[2]), tuple(sys.argv[3].split(","))
-    rank = int(os.environ["RANK"])
-    shards = tpload.load(ckpt, progress=False, defer=defer)
-    doc = {"deferred": [], "streamed": {}}
+def load_and_stream(ckpt: str, defer: tuple[str, ...]) -> dict:
+    doc: dict = {"returned": False, "error": "", "deferred": [], "streamed": {}}
+    try:
+        shards = tpload.load(ckpt, progress=False, defer=defer)
+    except LoadError as e:
+        doc["error"] = str(e)
+        return doc
+    doc["returned"] = True
     for d in shards.deferred():
         doc["deferred"].append(
             {
@@ -39,8 +44,16 @@ def main() -> None:
             doc["streamed"][d.name] = h.hexdigest()
         except LoadError as e:
             doc["streamed"][d.name] = f"error: {e}"
-    (out / f"rank{rank}.json").write_text(json.dumps(doc))
     shards.release()
+    return doc
+
+
+def main() -> None:
+    out, defer, ckpts = Path(sys.argv[1]), tuple(sys.argv[2].split(",")), sys.argv[3:]
+    rank = int(os.environ["RANK"])
+    for i, ckpt in enumerate(ckpts):
+        doc = load_and_stream(ckpt, defer)
+        (out / f"rank{rank}-{i}.json").write_text(json.dumps(doc))
 
 
 if __name__ == "__main__":

@@ -2,8 +2,11 @@
 
 argv: OUT_DIR CALLS_JSON, where CALLS_JSON is a list of calls, each
 {"checkpoint": PATH, "options": {load() keywords}, "per_rank": {"RANK": {keywords for that rank
-only}}}. Writes OUT_DIR/rank{R}.json: for each call, {"returned": bool, "error": str, "digest": str,
-"tensors": int, "seconds": float (the call's, load() to its return or raise)}.
+only}}, "save": bool}. Writes OUT_DIR/rank{R}.json: for each call, {"returned": bool, "error": str,
+"digest": str, "tensors": int, "seconds": float (the call's, load() to its return or raise)}. A call
+with "save" that returned also saves what this rank serves to OUT_DIR/rank{R}-call{I}.pt (the
+state_dict on the CPU) and adds "report" (the report's dict) and "env" (the launcher's environment)
+to its outcome.
 """
 
 from __future__ import annotations
@@ -14,14 +17,18 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 import tpload
+
+ENV = ("RANK", "LOCAL_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE")
 
 
 def main() -> None:
     out, calls = Path(sys.argv[1]), json.loads(sys.argv[2])
     rank = os.environ["RANK"]
     outcomes = []
-    for call in calls:
+    for i, call in enumerate(calls):
         kw = {
             "progress": False,
             **call.get("options", {}),
@@ -34,6 +41,12 @@ def main() -> None:
             shards = tpload.load(ckpt, **kw)
             sd = shards.state_dict()
             outcome.update(returned=bool(sd), digest=shards.report.mine.digest, tensors=len(sd))
+            if call.get("save"):
+                torch.save(
+                    {k: v.cpu().clone() for k, v in sd.items()}, out / f"rank{rank}-call{i}.pt"
+                )
+                outcome["report"] = shards.report.to_dict()
+                outcome["env"] = {k: os.environ.get(k) for k in ENV}
             shards.release()
         except tpload.LoadError as e:
             outcome["error"] = str(e)

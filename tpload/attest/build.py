@@ -9,7 +9,8 @@ cuts them), with the coverage that follows: for every tensor of the checkpoint, 
 each of its bytes (at least one; skipped and deferred tensors listed as such). Rank 0 derives every
 rank's plan from the catalogue the load planned with (the planner is deterministic), so no
 collective gathers the windows; the one small collective after the write only tells every rank
-whether it succeeded (shards.served: a failed write fails every rank).
+whether it succeeded (:func:`after_verdict`, which the door calls: a failed write fails every
+rank).
 
 Building the statement is this module's job; checking one, ``tpload attest verify``, is
 :mod:`tpload.attest.check`'s, and signing it (``--attest-key``) is
@@ -18,6 +19,7 @@ Building the statement is this module's job; checking one, ``tpload attest verif
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -27,6 +29,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from .. import __version__
+from ..distributed.exchange import agree
+from ..loading.sequence import Loaded
+from ..model.errors import LoadError
+from ..model.text import escape_name
+from ..report.log import rank_log
 from ..selection.config import ACTIVATION_ORIGIN
 from ..storage.files import atomic_write
 from .signing import sign, signature_path
@@ -280,12 +287,12 @@ def after_load(
 ) -> Path:
     """Rank 0, after a passed verdict: the statement of this load, written (and signed) where
     asked."""
-    storage = chosen.job.storage
+    checkpoint = chosen.job.checkpoint
     signed = getattr(
         chosen, "signed", None
     )  # a model.sig vouched for the load: its bundle is the identity
     signature = (signed.bundle.name, signed.bundle_sha256) if signed is not None else None
-    files = None if signed is not None else getattr(storage, "file_digests", None)
+    files = None if signed is not None else checkpoint.file_digests
     ranks = [{"node": f.node, "device": f.device, "digest": f.digest} for f in rank_figures]
     spec = (
         opts.config
@@ -306,3 +313,54 @@ def after_load(
         trust=verdict.trust,
     )
     return write(opts.attest, doc, opts.attest_key)
+
+
+def after_verdict(loaded: Loaded) -> None:
+    """After a passed verdict, when the load was asked to attest (rank 0's row says so): rank 0
+    writes the statement, and every rank learns whether it could (one small collective), or fails
+    with it: no rank returns weights of a load whose attestation a controller waits for in vain."""
+    ranks, ctx, opts = loaded.ranks, loaded.ctx, loaded.opts
+    if not ranks[0].attest:
+        return
+    why = _attest(loaded) if ctx.rank == 0 else ""
+    why = agree(why, ctx, seq=ranks[ctx.rank].seq, timeout_s=opts.timeout_s, step="the attestation")
+    if why:
+        loaded.result.drop()  # nothing of a load that fails survives it
+        loaded.shards.release()
+        raise LoadError(why, reporter=0)
+
+
+def _attest(loaded: Loaded) -> str:
+    """Rank 0 writes the attestation of a passed load; "" when it did, else why not (every rank then
+    fails with it: :func:`after_verdict`). Its options were checked before loading (the key, the
+    folder, not a folder itself), so only the write can fail here (a full disk, a folder gone): no
+    statement is left at the path to be mistaken for this load's."""
+    opts, verdict = loaded.opts, loaded.verdict
+    verdict.require()  # an exit path of the gate: only a passed verdict is attested
+    attest = opts.attest
+    if attest is None:  # (rank 0's row said it attests only when asked)
+        return ""
+    try:
+        path = after_load(opts, loaded.ranks, loaded.planner, loaded.layout, loaded.chosen, verdict)
+    except Exception as e:  # noqa: BLE001 - whatever stops it, the peers wait for the word
+        for stale in (attest, signature_path(attest)):
+            with contextlib.suppress(OSError):
+                if not os.path.isdir(stale):
+                    os.unlink(stale)
+        why = (
+            getattr(e, "strerror", None) or (str(e).splitlines() or [""])[0]
+            if isinstance(e, OSError | LoadError)
+            else f"unexpected {type(e).__name__}: {e} (a bug in tpload)"
+        )
+        return (
+            f"the load passed, but rank 0 could not write the load attestation "
+            f"{escape_name(attest)} ({escape_name(why)}); no rank returned weights (a load "
+            "asked to attest fails without its statement): free the space or fix the folder and "
+            "load again"
+        )
+    rank_log(0).info(
+        "wrote the load attestation %s%s",
+        escape_name(path),
+        f" (signed: {escape_name(signature_path(path))})" if opts.attest_key else "",
+    )
+    return ""

@@ -17,11 +17,12 @@ from ..model.errors import CheckpointError
 from ..model.progress import Meter, Silent
 from ..planning.layout import Layout
 from ..selection.config import Config
+from ..sources.hashing import Hasher
+from ..sources.storage import StorageSource
 from ..storage.base import Storage
 from ..storage.open import open_storage
 from ..transfer.cpu import CpuTransfer
-from ..verification.hashing import Hasher
-from ..verification.policy import HashPlan
+from ..verification.node import HashPlan
 
 
 def spare_threads() -> int:
@@ -49,6 +50,7 @@ def predict(
     the command's meter, one pass a rank.
     """
     out, hashed = [], set()
+    shared = StorageSource(storage) if storage is not None else None  # one opening, every rank
     for rank in range(layout.world):
         mine_open = storage is None
         opened = (
@@ -71,7 +73,7 @@ def predict(
                 mine = frozenset(n for n in plan.used_tensors if opened.per_rank or n not in hashed)
                 hashed |= mine
             result = run(
-                opened,
+                shared if shared is not None else StorageSource(opened),
                 plan,
                 transfer=CpuTransfer(torch.device("cpu")),
                 hasher=Hasher(HashPlan(rank, mine), threads=min(2, spare_threads())),
@@ -79,6 +81,7 @@ def predict(
                 progress=Silent()
                 if progress is None
                 else progress(plan.read_bytes, plan.served, f"rank {rank} of {layout.world}"),
+                ranks=opened.catalogue.ranks(),
             )
             out.append(result.digest())
             if windows is not None:

@@ -352,7 +352,7 @@ def cmd_manifest(argv: list[str]) -> int:
 
         blake3 = args.hash == "blake3"
         if blake3:
-            from ..verification.blake3sums import require
+            from ..verification.hashes import require
 
             require()  # before hours of hashing
         signed = _signed(args, args.dir)  # a signed folder: nothing written over unsigned bytes

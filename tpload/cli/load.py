@@ -99,8 +99,8 @@ def cmd_load(argv: list[str]) -> int:
         from ..kernels.lazy import warm
 
         kernels = warm()  # beside the imports (and the built-in checkpoint's writing)
+        from ..api import load_in
         from ..distributed.world import init_distributed
-        from ..loading.sequence import load_in
         from ..tools.synth import resolve_checkpoint
 
         opts = replace(opts, checkpoint=resolve_checkpoint(opts.checkpoint))

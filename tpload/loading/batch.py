@@ -13,7 +13,7 @@ from ..kernels.lazy import kernels
 from ..model.values import Box, Stored, Triple
 from ..planning.batches import Piece
 from ..planning.items import Item
-from ..storage.base import Storage
+from ..sources.base import ReadSource
 
 
 class Batch:
@@ -22,7 +22,11 @@ class Batch:
     hasher."""
 
     def __init__(
-        self, storage: Storage, items: Sequence[Item], pieces: list[list[Piece]], buffer: np.ndarray
+        self,
+        source: ReadSource,
+        items: Sequence[Item],
+        pieces: list[list[Piece]],
+        buffer: np.ndarray,
     ) -> None:
         flat = [p for per_item in pieces for p in per_item]
         self.stored = [s for s, _, _ in flat]
@@ -37,8 +41,11 @@ class Batch:
         span = int((self.at + nbytes).max())
         self.data = buffer[:span]
         self.data_label = label = f"{items[0].name} .. {items[-1].name} ({len(items)} tensors)"
-        storage.read(
-            Stored(label, self.path, self.start, 1, span, None), 0, 1, self.data.reshape(1, span)
+        windows = sum((r1 - r0) * (c1 - c0) for (r0, r1), (c0, c1) in self.boxes)
+        source.read_run(
+            Stored(label, self.path, self.start, 1, span, None),
+            self.data.reshape(1, span),
+            window_bytes=windows,
         )
         self.fingerprints = np.zeros((n, 3), dtype=np.int64)
 

@@ -20,9 +20,8 @@ from pathlib import Path
 
 from ..model.errors import CheckpointError
 from ..model.templates import natural_sorted
-from ..model.text import escape_name
+from ..model.text import escape_name, sha256_mismatch
 from ..storage.base import Storage
-from ..storage.catalogue import sha256_mismatch
 from ..storage.files import open_regular
 
 STREAM_CHUNK = 16 << 20

@@ -2,9 +2,9 @@
 
 The per-tensor sequence, and nothing else:
 
-1. the reader (storage/reader.py) streams the stored rows holding the window
-   through a private staging buffer, feeding the whole tensor to a sha256 tap
-   when this rank hashes it (verification/hashing.py);
+1. the read source (sources/: the storage, or the replica peers) streams the
+   stored rows holding the window through a private staging buffer, feeding the
+   whole tensor to a sha256 tap when this rank hashes it (sources/hashing.py);
 2. the codec's checker looks at each block's host bytes (bad scale bytes, NaN
    codes, decodes that would overflow bf16) (codecs/);
 3. the transfer copies the block into its slot, fingerprinting it in the same
@@ -17,7 +17,7 @@ The per-tensor sequence, and nothing else:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -29,13 +29,11 @@ from ..model.progress import ProgressSink
 from ..planning.batches import BATCH_BYTES, Piece, runs
 from ..planning.items import Item, Output
 from ..planning.planner import RankPlan
-from ..sources.replicas import Link, SharedReader, SharedStorage
-from ..storage.base import Storage
+from ..sources.base import ReadSource, SourceFigures
+from ..sources.hashing import Hasher
 from ..storage.pagecache import ShardRelease
-from ..storage.reader import Reader
 from ..transfer.base import Transfer
 from ..verification.evidence import Check, Evidence
-from ..verification.hashing import Hasher
 from .batch import Batch, BatchWindows
 from .result import Arena, LoadResult
 
@@ -77,37 +75,43 @@ def _sampled(plan: RankPlan, per_codec: int) -> set[str]:
 
 
 class _Loader:
-    """One rank's loop state: the storage, reader, transfer, hasher and evidence it shares across
+    """One rank's loop state: the read source, transfer, hasher and evidence it shares across
     items."""
 
     def __init__(
         self,
-        storage: Storage,
+        source: ReadSource,
         plan: RankPlan,
         transfer: Transfer,
         hasher: Hasher,
         release: ShardRelease | None,
-        reader: type[Reader] = Reader,
     ) -> None:
-        self.storage, self.plan, self.transfer, self.hasher, self.release = (
-            storage,
+        self.source, self.plan, self.transfer, self.hasher, self.release = (
+            source,
             plan,
             transfer,
             hasher,
             release,
         )
-        self.reader = reader(storage, chunk_bytes=transfer.chunk_bytes)
+        source.start(transfer.chunk_bytes)
         self.evidence = Evidence()
         self.arena = Arena(transfer.arena(plan.arena_bytes), host=transfer.host_slots)
         self.sampled = 0
         self._batch_buffer: np.ndarray | None = None
 
-    def _blocks(self, cut: Cut, **kw: object):
+    def _blocks(
+        self, cut: Cut, *, row_multiple: int = 1, split_rows: bool = True
+    ) -> tuple[str, Iterator[tuple[int, int, np.ndarray]]]:
         """(where the cut's bytes are, the blocks of its window): the tensor goes to the hasher
         whole on its first read, when this rank hashes it."""
-        stored, rows, cols = self.storage.box(cut.name, cut.view, cut.rows, cut.cols)
-        return stored.path.name, self.reader.blocks(
-            stored, rows, cols, tap=self.hasher.tap(stored), **kw
+        stored, rows, cols = self.source.box(cut.name, cut.view, cut.rows, cut.cols)
+        return stored.path.name, self.source.blocks(
+            stored,
+            rows,
+            cols,
+            tap=self.hasher.tap(stored),
+            row_multiple=row_multiple,
+            split_rows=split_rows,
         )
 
     def copy(self, item: Item) -> None:
@@ -262,7 +266,7 @@ class _Loader:
         """Small items of one file together (batch.py): one read, one pass into their slots."""
         if self._batch_buffer is None:
             self._batch_buffer = np.empty(BATCH_BYTES, dtype=np.uint8)
-        b = Batch(self.storage, items, pieces, self._batch_buffer)
+        b = Batch(self.source, items, pieces, self._batch_buffer)
         outs = [o for item in items for o in _cut_outputs(item)]
         offsets = np.fromiter((o.offset for o in outs), np.int64, len(outs))
         if self.arena.host is not None:  # host slots: written in place
@@ -368,7 +372,7 @@ class _Loader:
     def done(self, item: Item) -> None:
         if self.release is not None:
             for cut in item.cuts:
-                self.release.done(self.storage.stored(cut.name).path)
+                self.release.done(self.source.stored(cut.name).path)
 
 
 def _cut_outputs(item: Item) -> Sequence[Output]:
@@ -408,7 +412,7 @@ def decode_rows(
 
 
 def run(
-    storage: Storage,
+    source: ReadSource,
     plan: RankPlan,
     *,
     transfer: Transfer,
@@ -416,24 +420,21 @@ def run(
     samples: int,
     progress: ProgressSink,
     release: ShardRelease | None = None,
-    link: Link | None = None,
+    ranks: Mapping[str, int] | None = None,
 ) -> LoadResult:
-    """Load ``plan`` through ``transfer``, hashing what ``hasher`` says; raise LoadError listing
-    every problem of this rank (nothing it loaded survives a failure). ``link``: replicas share the
-    reads (sources/replicas.py): windows another replica reads arrive from it, checked on
-    receipt."""
-    if link is not None:
-        storage = SharedStorage(storage, link)
-    loader = _Loader(
-        storage, plan, transfer, hasher, release, Reader if link is None else SharedReader
-    )
+    """Load ``plan`` through ``transfer``, reading every window from ``source`` (sources/: the
+    storage, or the replica peers, chosen at setup) and hashing what ``hasher`` says; raise
+    LoadError listing every problem of this rank (nothing it loaded survives a failure).
+    ``ranks``: each stored name's place in natural order (the catalogue's), for the digest's
+    sort. The source's figures are the result's :attr:`~LoadResult.source`."""
+    loader = _Loader(source, plan, transfer, hasher, release)
     try:
         with transfer:  # from the arena's making: its exit waits for what the transfer started
             sampled = _sampled(plan, samples)
             items = plan.items
             for item in items[:READAHEAD_ITEMS]:
-                _ask(storage, item)
-            for k, end, pieces in runs(items, plan.kind, storage, classes=plan.shapes):
+                _ask(source, item)
+            for k, end, pieces in runs(items, plan.kind, source, classes=plan.shapes):
                 if pieces:  # small items, even one alone: one read, one pass (batch.py)
                     loader.batch(items[k:end], pieces)
                     for item in items[k:end]:
@@ -442,26 +443,23 @@ def run(
                     continue
                 item = items[k]
                 if k + READAHEAD_ITEMS < len(items):
-                    _ask(storage, items[k + READAHEAD_ITEMS])
+                    _ask(source, items[k + READAHEAD_ITEMS])
                 if item.codec.copies(item.fit, plan.kind):
                     loader.copy(item)
                 else:
                     loader.decode(item, item.name in sampled)
                 loader.done(item)
                 _advance(progress, item)
-        loader.reader.drain()
-        if link is not None:
-            link.finish()
+        figures: SourceFigures = source.finish()
         hashed = hasher.finish()
     except BaseException:
-        if link is not None:  # replicas waiting for a window this rank was sending: stop them
-            link.abort()
+        source.abort()  # replicas waiting for a window this rank was sending: stop them
         raise
     finally:
         hasher.close()
         progress.close()
     settled = loader.evidence.settle(hashed, hasher.digests)
-    problems = settled.problems + storage.changed() + (link.problems if link is not None else [])
+    problems = settled.problems + list(figures.problems)
     if problems:
         raise LoadError(f"{len(problems)} problem(s):\n  - " + "\n  - ".join(problems))
     outputs = [o for item in items for o in item.outputs]
@@ -474,7 +472,8 @@ def run(
         settled.bytes_hashed,
         settled.device_checked,
         loader.sampled,
-        storage.catalogue.ranks(),
+        ranks,
+        figures,
     )
 
 
@@ -486,7 +485,7 @@ def _advance(progress: ProgressSink, item: Item) -> None:
         progress.update(0)
 
 
-def _ask(storage: Storage, item: Item) -> None:
+def _ask(source: ReadSource, item: Item) -> None:
     if item.read_bytes >= READAHEAD_FROM:
         for cut in item.cuts:
-            storage.will_need(storage.stored(cut.name))
+            source.will_need(source.stored(cut.name))

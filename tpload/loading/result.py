@@ -3,6 +3,7 @@ and the :class:`LoadResult` that names the slots and carries the evidence."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -10,8 +11,9 @@ import torch
 
 from ..model.values import Box, Triple
 from ..planning.items import Output
+from ..sources.base import SourceFigures
 from ..verification.digest import digest
-from ..verification.hashing import HashResults
+from ..verification.hashes import HashResults
 
 
 class Arena:
@@ -61,8 +63,10 @@ class LoadResult:
     bytes_hashed: int = 0
     device_checked: int = 0
     sampled: int = 0
-    ranks: dict[str, int] | None = None
+    ranks: Mapping[str, int] | None = None
     """Each stored name's place in natural order (the catalogue's), for the digest's sort."""
+    source: SourceFigures = field(default_factory=SourceFigures)
+    """What the read source counted (its bytes, one meaning each) and its evidence."""
     _tensors: dict[str, torch.Tensor] | None = None
 
     @property

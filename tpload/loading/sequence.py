@@ -1,12 +1,18 @@
-"""One rank's load, as one fixed sequence: open, plan, pre-flight, ``gate.prepare``, handshake, run,
-``gate.settle``, exchange, verdict. Whatever fails on this rank becomes its rows' status, so a call
-meets the handshake (distributed/agreement.py: every rank loads the same thing the same way, or none
-copies) and the exchange exactly once each and no peer waits; after it, the verdict is a function
-of the exchanged table alone, the same on every rank (verification/gate.py owns it)."""
+"""One rank's load, as one fixed sequence: open, plan, pre-flight, the gate's strategy, the read
+source, ``gate.prepare``, handshake, run, ``gate.settle``, exchange, verdict. Whatever fails on this
+rank becomes its rows' status, so a call meets the handshake (distributed/agreement.py: every rank
+loads the same thing the same way, or none copies) and the exchange exactly once each and no peer
+waits; after it, the verdict is a function of the exchanged table alone, the same on every rank
+(verification/gate.py owns it; the read source words what only it can judge).
+
+The sequence never knows where windows come from: it asks sources/open.py for the read source once,
+gives the gate the windows each rank reads from storage itself (the hash plan's input), runs the
+loop on the source, and hands the source's own verdict lines to the gate's judge."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from ..distributed import placement
 from ..distributed.agreement import Handshake, outcome
@@ -20,15 +26,17 @@ from ..planning.layout import Layout
 from ..planning.planner import RankPlan
 from ..report.figures import RankFigures, process_first_load
 from ..report.memory import MemoryPeaks, device_peaks, reset_device_peaks
-from ..sources import replicas
+from ..sources.base import ReadSource
+from ..sources.open import open_source
+from ..sources.whole_files import FileHasher, alongside
 from ..storage.base import Storage
 from ..storage.open import open_storage
 from ..verification import gate, signing, strategy
-from ..verification.gate import check_pin, spare_cores
+from ..verification.gate import Verdict, check_pin
 from ..verification.store import checkpoint_stamp
 from ..verification.terms import Terms
 from . import preflight, steps
-from .deferred import locate
+from .deferred import DeferredTensor, locate
 from .planner import planner_of
 from .result import LoadResult
 from .shards import RankShards, served
@@ -44,8 +52,10 @@ class _RankLoad:
         self.opts, self.ctx, self.fig, self.sink = opts, ctx, fig, sink
         self.result: LoadResult | None = None
         self.plan: RankPlan | None = None
+        self.planner: object = None
         self.gate: strategy.Strategy | None = None
-        self.deferred: tuple = ()
+        self.source: ReadSource | None = None
+        self.deferred: tuple[DeferredTensor, ...] = ()
         self.notes: list[str] = []
         self.started, self.first = time.perf_counter_ns(), process_first_load()
         self.meeting = Handshake(fig.seq, self.opts.timeout_s)
@@ -107,35 +117,78 @@ class _RankLoad:
         preflight.check(
             planner, layout, plan, ctx.device, sharing, int(opts.reserve_gib * preflight.GIB)
         )
+        at = placement.placement(opts, ctx.world)  # replicas: where each rank stands
         job = strategy.Job(
             opts,
             ctx,
-            self.fig,
             storage,
             plans,
             config.id(),
             layout,
             lambda: checkpoint_stamp(storage),
             self.notes,
-            threads=spare_cores(len(ctx.node_peers)),
+            threads=steps.spare_cores(len(ctx.node_peers)),
+            position=at.where(ctx.rank)[1] if at else None,  # one prediction a position
+            positions=at.size if at else None,
         )
         self.gate = gate.strategy(job, signed=self.signed)
-        # replicas: who reads what from storage, before the hash plan
-        link = replicas.link(self.gate, planner)
-        prepared = self.gate.prepare()  # before any read: preconditions, who hashes what
-        at = placement.placement(opts, ctx.world)  # every rank: the same anchor and options
+        # where windows come from, chosen once: the storage, or the replica peers
+        source = self.source = open_source(
+            storage,
+            opts=opts,
+            ctx=ctx,
+            plans=plans,
+            planner=planner,
+            layout=layout,
+            kind=opts.kind,
+            whole_files=self.gate.whole_files,
+            seq=self.fig.seq,
+        )
+        # before any read: preconditions, who hashes what (over what each rank reads from storage)
+        prepared = self.gate.prepare(source.storage_reads(plans), provenance=source)
+        self.fig.blake3 = int(prepared.digests.hash == "blake3")
+        # every rank: the same anchor and options
         self.meeting.meet(self.fig, ctx, Terms.of(opts, layout, config, self.gate.anchor(), at))
-        with prepared.alongside():  # whole-file hashing on its own thread, beside the copies
+        files = FileHasher.of(storage, prepared.files) if prepared.files is not None else None
+        with alongside(files):  # whole-file hashing on its own thread, beside the copies
             self.fig.read_started(self.started, first=self.first)  # the loop reads first
             self.result = steps.run_rank(
-                storage, plan, prepared, opts=opts, ctx=ctx, sink=self.sink, link=link
+                storage, source, plan, prepared, opts=opts, ctx=ctx, sink=self.sink
             )
         steps.measure_cache(self.fig, storage, ctx, opts, before=False)
         steps.count(self.fig, self.result, plan, ctx)
-        self.gate.settle(self.result)  # this rank's own verdicts; raises every problem at once
+        # this rank's own verdicts (raises every problem at once), and what it settled
+        found = self.gate.settle(self.result, files.results if files is not None else ())
+        steps.settled(self.fig, found)
+        # the attestation is an exit path of the gate: rank 0's row says it will write one
+        self.fig.attest = int(bool(opts.attest))
         self.deferred = locate(
             storage, self.gate.locators(plan.deferred), self.gate.locators_vouched_by
         )
+
+    def judge(self, ranks: list[RankFigures]) -> Verdict:
+        """The verdict of the exchanged table: the gate's, with what only the read source can
+        judge (every rank that reaches it opened one: a rank that did not has a failed row)."""
+        also = self.source.verdict(ranks) if self.source is not None else []
+        return gate.judge(ranks, self.gate, also)
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A load whose verdict passed: this rank's shards, and what the door needs to attest it
+    (api.py: the attestation builds on a passed verdict, above the load)."""
+
+    shards: RankShards
+    opts: LoadOptions
+    ctx: DistContext
+    ranks: list[RankFigures]
+    """The exchanged table."""
+    planner: object
+    layout: Layout
+    chosen: strategy.Strategy
+    """The gate's strategy that vouched."""
+    verdict: Verdict
+    result: LoadResult
 
 
 def load_in(
@@ -144,10 +197,10 @@ def load_in(
     *,
     error: LoadError | None = None,
     progress_sink: ProgressSink | None = None,
-) -> RankShards:
+) -> Loaded:
     """Load in an existing context (``ctx``: this rank's group, before a device is picked).
     ``error``: a problem found before the context existed, raised inside so it still reaches the
-    exchange."""
+    exchange. The attestation is not this sequence's: the door writes it after (api.py)."""
     warm()  # the kernels load on a thread, beside the load's first steps
     seq = CALLS.next(group_id(ctx))
     job = _RankLoad(opts or LoadOptions(), ctx, RankFigures(rank=ctx.rank, seq=seq), progress_sink)
@@ -159,12 +212,14 @@ def load_in(
     job.meeting.raise_lost()  # the handshake lost the group: no exchange can follow
     table = exchange(job.fig.to_row(), job.ctx, seq=seq, timeout_s=job.opts.timeout_s)
     ranks = [RankFigures.from_row(table[r]) for r in range(job.ctx.world)]
-    verdict = gate.judge(ranks, job.gate)
+    verdict = job.judge(ranks)
     if not verdict.passed:
         job.result = None  # nothing partly loaded survives a failed load
         give_back(job.ctx.device)
         raise verdict.error()
-    return served(
+    if job.plan is None or job.result is None or job.gate is None:  # a passed row loaded
+        raise LoadError("the verdict passed a rank that loaded nothing (a bug in tpload)")
+    shards = served(
         job.opts,
         job.ctx,
         job.plan,
@@ -174,5 +229,15 @@ def load_in(
         job.notes,
         verdict,
         job.planner,
+    )
+    return Loaded(
+        shards,
+        job.opts,
+        job.ctx,
+        ranks,
+        job.planner,
+        job.plan.layout,
         job.gate,
+        verdict,
+        job.result,
     )

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 from dataclasses import dataclass
 
 import torch
 
-from ..distributed.exchange import agree
 from ..distributed.world import DistContext
 from ..model.errors import LoadError
 from ..model.modes import Verify
@@ -139,16 +136,14 @@ def served(
     ctx: DistContext,
     plan: RankPlan,
     result: LoadResult,
-    deferred: tuple,
+    deferred: tuple[DeferredTensor, ...],
     ranks: list[RankFigures],
     notes: list[str],
     verdict: Verdict,
     planner: object = None,
-    chosen: object = None,
 ) -> RankShards:
-    """After a verdict that passed: the report and the attestation (written by rank 0 when asked;
-    ``planner`` and ``chosen``, the load's planner and gate strategy, for the attestation), and this
-    rank's shards."""
+    """After a verdict that passed: the report (written by rank 0 when asked), and this rank's
+    shards. The attestation, when asked, is the door's to write after this (api.py)."""
     prefix, census = getattr(planner, "prefix", None), getattr(planner, "census", None)
     report = LoadReport(
         str(opts.checkpoint),
@@ -179,55 +174,4 @@ def served(
             rank_log(ctx.rank).warning(
                 "could not write the report %s: %s", escape_name(opts.report), e.strerror
             )
-    if ranks[0].attest:  # rank 0 attests: every rank learns whether it could, or fails with it
-        why = _attest(opts, ranks, planner, plan, chosen, verdict) if ctx.rank == 0 else ""
-        why = agree(
-            why, ctx, seq=ranks[ctx.rank].seq, timeout_s=opts.timeout_s, step="the attestation"
-        )
-        if why:
-            result.drop()  # nothing of a load that fails survives it
-            give_back(ctx.device)
-            raise LoadError(why, reporter=0)
     return RankShards(result, plan, report, verdict, deferred)
-
-
-def _attest(
-    opts: LoadOptions,
-    ranks: list[RankFigures],
-    planner: object,
-    plan: RankPlan,
-    chosen: object,
-    verdict: Verdict,
-) -> str:
-    """Rank 0 writes the attestation of a passed load; "" when it did, else why not (every rank then
-    fails with it: served). Its options were checked before loading (the key, the folder, not a
-    folder itself), so only the write can fail here (a full disk, a folder gone): no statement is
-    left at the path to be mistaken for this load's, and no rank returns weights, so a node never
-    serves a load whose attestation a controller waits for in vain."""
-    verdict.require()  # an exit path of the gate: only a passed verdict is attested
-    from ..attest import build as attest
-
-    try:
-        path = attest.after_load(opts, ranks, planner, plan.layout, chosen, verdict)
-    except Exception as e:  # noqa: BLE001 - whatever stops it, the peers wait for the word
-        for stale in (opts.attest, attest.signature_path(opts.attest)):
-            with contextlib.suppress(OSError):
-                if not os.path.isdir(stale):
-                    os.unlink(stale)
-        why = (
-            getattr(e, "strerror", None) or (str(e).splitlines() or [""])[0]
-            if isinstance(e, OSError | LoadError)
-            else f"unexpected {type(e).__name__}: {e} (a bug in tpload)"
-        )
-        return (
-            f"the load passed, but rank 0 could not write the load attestation "
-            f"{escape_name(opts.attest)} ({escape_name(why)}); no rank returned weights (a load "
-            "asked to attest fails without its statement): free the space or fix the folder and "
-            "load again"
-        )
-    rank_log(0).info(
-        "wrote the load attestation %s%s",
-        escape_name(path),
-        f" (signed: {escape_name(attest.signature_path(path))})" if opts.attest_key else "",
-    )
-    return ""

@@ -2,10 +2,13 @@
 
 Each takes what it needs as arguments (options, the rank's context, the plan) and returns what the
 next step uses, so sequence.py reads as the sequence alone: the config, the node's plans, the loop
-with its hasher and progress, this rank's counts and the node's page-cache figures.
+with its hasher and progress, this rank's counts (the read source's and the gate's findings copied
+into its row) and the node's page-cache figures.
 """
 
 from __future__ import annotations
+
+import os
 
 from ..distributed.world import DistContext
 from ..model.modes import Verify
@@ -18,14 +21,22 @@ from ..report.log import rank_log
 from ..report.progress import Progress
 from ..selection.config import Config, with_rules
 from ..selection.pick import choose
+from ..sources.base import ReadSource
+from ..sources.hashing import Hasher
 from ..storage.base import Storage
 from ..storage.pagecache import REPORT_SAMPLE, ShardRelease, checkpoint_resident
 from ..transfer.device import for_device
-from ..verification import strategy
-from ..verification.gate import spare_cores
-from ..verification.hashing import Hasher
+from ..verification.strategy import Findings, Prepared
 from .loop import run
 from .result import LoadResult
+
+
+def spare_cores(node_ranks: int) -> int:
+    """Cores a rank may use beyond its main thread: its share of the node's cores, less one."""
+    cores = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    )
+    return cores // max(1, node_ranks) - 1
 
 
 def config_of(storage: Storage, opts: LoadOptions, ctx: DistContext, notes: list[str]) -> Config:
@@ -60,17 +71,17 @@ def node_plans(
 
 def run_rank(
     storage: Storage,
+    source: ReadSource,
     plan: RankPlan,
-    prepared: strategy.Prepared,
+    prepared: Prepared,
     *,
     opts: LoadOptions,
     ctx: DistContext,
     sink: ProgressSink | None,
-    link: object,
 ) -> LoadResult:
-    """The loop over ``plan`` with the hasher the gate prepared (on the CPU, on the node's spare
-    cores only: the copies need the others), page-cache eviction when asked, and rank 0's
-    progress unless the caller gave its own sink."""
+    """The loop over ``plan``, reading from ``source``, with the hasher the gate prepared (on the
+    CPU, on the node's spare cores only: the copies need the others), page-cache eviction when
+    asked, and rank 0's progress unless the caller gave its own sink."""
     release = (
         ShardRelease.expecting(storage, plan, prepared.hashes.mine)
         if opts.evict_page_cache
@@ -89,19 +100,20 @@ def run_rank(
             Progress(plan.read_bytes, plan.served) if opts.progress and ctx.rank == 0 else Silent()
         )
     return run(
-        storage,
+        source,
         plan,
         transfer=for_device(ctx.device),
         hasher=hasher,
         samples=opts.samples,
         progress=sink,
         release=release,
-        link=link,
+        ranks=storage.catalogue.ranks(),
     )
 
 
 def count(fig: RankFigures, result: LoadResult, plan: RankPlan, ctx: DistContext) -> None:
-    """This rank's counts in its figures (the gate adds its evidence)."""
+    """This rank's counts in its figures, the read source's among them (the gate's findings follow:
+    :func:`settled`)."""
     fig.tensors, fig.bytes_read, fig.bytes_device = (
         len(result.outputs),
         plan.read_bytes,
@@ -111,6 +123,22 @@ def count(fig: RankFigures, result: LoadResult, plan: RankPlan, ctx: DistContext
     fig.device_checked, fig.sampled = result.device_checked, result.sampled
     fig.skipped, fig.deferred = len(plan.skipped), len(plan.deferred)
     fig.device = str(ctx.device)
+    read = result.source
+    fig.bytes_from_storage, fig.bytes_from_peers = read.from_storage, read.from_peers
+    fig.replicas_sent, fig.replicas_seen = read.sent, read.seen
+
+
+def settled(fig: RankFigures, found: Findings) -> None:
+    """What the gate settled of this rank's evidence, into its row (the gate writes no row)."""
+    fig.digest, fig.prediction = found.digest, found.prediction
+    if found.claims is not None:
+        fig.claims = found.claims
+    if found.seen is not None:
+        fig.seen = found.seen
+    if found.hashed is not None:
+        fig.hashed = found.hashed
+    if found.bytes_hashed is not None:
+        fig.bytes_hashed = found.bytes_hashed
 
 
 def measure_cache(

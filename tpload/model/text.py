@@ -10,6 +10,7 @@ other non-printable code points become visible escapes.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 _KEEP = {"\n", "\t"}  # our own message layout; never inside a name (see escape_name)
 
@@ -60,3 +61,14 @@ def first_line(e: BaseException) -> str:
     text): what a one-line message quotes of a library's error."""
     text = str(e).strip().splitlines()
     return escape_name(text[0][:300]) if text else type(e).__name__
+
+
+def sha256_mismatch(
+    path: Path | str, name: str, got: str, want: str, *, vouched_by: str | None = None
+) -> str:
+    """The one wording of a hash failure, wherever a tensor is checked against the manifest
+    (``vouched_by``: what else vouched for ``want``, in words, when it was not the manifest)."""
+    head = f"{escape_name(path)}: tensor {escape_name(name)}: sha256 {got[:16]}... does not match "
+    if vouched_by is None:
+        return head + f"the manifest's {want[:16]}..."
+    return head + f"{want[:16]}..., {vouched_by}"

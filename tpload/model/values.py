@@ -6,6 +6,7 @@ file or imports anything of tpload."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -68,3 +69,37 @@ SIGNER_FIELDS = (
 )
 """The options that say which bundle and which signer: the load's, and ``verify``, ``manifest`` and
 ``attest verify``'s (verification/signing.py checks them)."""
+
+
+@dataclass(frozen=True)
+class FileSource:
+    """Where a folder's whole-file digests come from, in words: what the gate's note, verdict and
+    messages say (whole_files.FileDigests, offline.py)."""
+
+    kind: str
+    """What the folder is (the note's first words)."""
+    against: str
+    """"N file(s) checked whole against {against}"."""
+    named_by: str
+    """What a file's expected sha256 is, in a mismatch."""
+    each: str
+    """"by sha256 against {each}" (``tpload verify``'s summary)."""
+    names: str
+    """The digests, plural (``tpload manifest``'s refusal)."""
+    vouched_by: str
+    locators_vouched_by: str
+    metadata: Path | None = None
+    """The folder of download metadata that records the digests (a local-dir download's); None:
+    the files' own names are the digests (a hub snapshot's blobs)."""
+
+
+SNAPSHOT = FileSource(
+    kind="hub cache snapshot",
+    against="their blob sha256",
+    named_by="the hash its hub blob is named by",
+    each="the hub blob it is named by",
+    names="hub blob names",
+    vouched_by="the sha256 each hub blob is named by (files hashed whole)",
+    locators_vouched_by="the sha256 taken of it while its file was hashed whole against its hub "
+    "blob name",
+)

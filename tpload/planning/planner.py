@@ -85,6 +85,11 @@ class RankPlan:
             out[names[k]] = weight
         return out
 
+    def views(self) -> dict[str, tuple[int, int]]:
+        """Each stored tensor this rank reads a window of: the 2-D byte view (rows, row bytes) its
+        window is a box of."""
+        return {c.name: c.view for item in self.items for c in item.cuts}
+
     @property
     def used_tensors(self) -> list[str]:
         """Stored tensors this rank reads a window of (each item's scales, then its weight)."""

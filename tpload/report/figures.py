@@ -51,13 +51,14 @@ class RankFigures:
     tensors: int = 0
     """Served tensors (a packed FP4 matrix serves two: weight and scale)."""
     bytes_read: int = 0
-    """Window bytes this rank reads and copies."""
+    """Window bytes of this rank's plan: every window it serves, wherever the bytes came from
+    (docs/format.md, "The report's byte counters")."""
     bytes_from_storage: int | None = None
-    """With replicas: window bytes this rank read from storage itself (counted as read); None: no
-    replicas."""
+    """With replicas: the window bytes of :attr:`bytes_read` this rank read from storage itself;
+    None: no replicas (every window was)."""
     bytes_from_peers: int | None = None
-    """With replicas: window bytes this rank received from its replica peers (counted as
-    received)."""
+    """With replicas: the window bytes of :attr:`bytes_read` this rank received from its replica
+    peers (with :attr:`bytes_from_storage`, they add up to :attr:`bytes_read`)."""
     bytes_hashed: int = 0
     """Bytes this rank fed to its content hash."""
     bytes_device: int = 0
@@ -67,7 +68,8 @@ class RankFigures:
     blake3)."""
     blake3: int = 0
     """1: this rank checked its share by blake3 against the operator's sidecar
-    (verification/blake3sums.py); 0: by sha256 against the manifest (or the mode hashes nothing)."""
+    (verification/store.py's sidecar); 0: by sha256 against the manifest (or the mode hashes
+    nothing)."""
     device_checked: int = 0
     """Served tensors whose device fingerprint matched the host window."""
     sampled: int = 0
@@ -115,7 +117,8 @@ class RankFigures:
     """What this rank loaded and how, as the handshake's hashes (distributed/agreement.py), for the
     verdict to compare again; empty: it did not pass the handshake."""
     claims: list[bytes] = field(default_factory=lambda: [bytes(DIGEST_BYTES)] * SLOTS)
-    """Node mode: what this rank, as hasher, says each node peer's windows hold (crosscheck.py)."""
+    """Node mode: what this rank, as hasher, says each node peer's windows hold
+    (verification/node.py)."""
     seen: list[bytes] = field(default_factory=lambda: [bytes(DIGEST_BYTES)] * SLOTS)
     """Node mode: what this rank read of the tensors each node peer hashed."""
 

@@ -12,13 +12,17 @@ GPUs whose group has it, gloo with host tensors otherwise; the same calls and th
 way), which place it in their arena exactly where the read would have put it.
 
 The transport is not trusted. The owner fingerprints every window it sends from the very bytes it
-read (and hashed, or had its node peer hash: crosscheck.py), with the loop's fingerprint
+read (and hashed, or had its node peer hash: verification/node.py), with the loop's fingerprint
 (kernels/fingerprint.py), and sends the value after the window's last piece; the receiver
 fingerprints what it received and compares. A difference is a problem of the receiver's load, naming
 the tensor, the sender and the receiver; it fails every rank in the one exchange. Receivers never
-hash a window they received: the hash plan (verification/policy.py) is made over the windows each
+hash a window they received: the hash plan (verification/node.py) is made over the windows each
 rank reads from storage itself (:meth:`Link.reads`), so every stored byte is hashed once per node
 that reads it, not once per replica.
+
+:class:`ReplicaSource` is the read source (sources/base.py) the loop reads through: it wraps this
+rank's storage source, and its :class:`Link` does the traffic. What it counts: window bytes, read
+from storage or received (a batch counts the windows in its span, not the span: docs/format.md).
 
 Bounded: sends go through a ring of :data:`RING` buffers of the reader's chunk size (a send buffer
 is reused only when its sends completed), receives through a ring of the same size (on a device
@@ -37,15 +41,17 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..distributed.placement import RING, Placement, count, placement
-from ..distributed.replica_split import Names, Position, file_units, split_runs
+from ..distributed.placement import RING, Placement
+from ..distributed.replica_split import Position
 from ..distributed.wire import Wire
 from ..kernels.fingerprint import HostFingerprint
-from ..model.errors import LoadError, OptionsError, StoodDown
+from ..model.errors import LoadError, StoodDown
 from ..model.text import escape_name
 from ..model.values import DIGEST_BYTES, Box, Stored
-from ..storage.reader import CHUNK_BYTES, Reader
-from ..verification.crosscheck import fold, xor_fold
+from ..storage.reader import CHUNK_BYTES, Tap
+from ..verification.node import fold, xor_fold
+from .base import Piece, Plan, Row, SourceFigures, Span
+from .storage import StorageSource
 
 PIECE, END, ABORT = 1, 2, 3
 """A header's kinds: a piece of a window, the window's end (its fingerprint), and the owner's abort:
@@ -78,13 +84,13 @@ class Link:
         at: Placement,
         shared: Sequence[Position],
         timeout_s: float,
-        fig: object,
+        seq: int,
         wire: Wire | None = None,
     ) -> None:
         """``shared``: the split of positions 0 to this rank's position at least (those of the
-        plans :meth:`reads` is asked about too); ``wire``: where the messages go (default: the
-        load's, distributed/wire.py)."""
-        self.ctx, self.at, self.timeout_s, self.fig = ctx, at, timeout_s, fig
+        plans :meth:`reads` is asked about too); ``seq``: the load() call (an abort names it);
+        ``wire``: where the messages go (default: the load's, distributed/wire.py)."""
+        self.ctx, self.at, self.timeout_s, self.seq = ctx, at, timeout_s, seq
         self.replicas = replicas = at.replicas
         self.size = at.size
         self.replica, self.position = at.where(ctx.rank)
@@ -108,7 +114,7 @@ class Link:
         self._recv_wire = [torch.empty(0, dtype=torch.uint8)] * RING
         self._turn = self._rturn = 0
 
-    def reads(self, plans: Mapping[int, object]) -> dict[int, dict[str, object]]:
+    def reads(self, plans: Mapping[int, Plan]) -> dict[int, Mapping[str, Box]]:
         """Each plan's windows its rank reads from storage itself (the hash plan's input)."""
         out = {}
         for p, plan in plans.items():
@@ -171,8 +177,8 @@ class Link:
         return i
 
     def sending(
-        self, name: str, box: Box, pieces: Iterable[tuple[int, int, np.ndarray]]
-    ) -> Iterator[tuple[int, int, np.ndarray]]:
+        self, name: str, box: Box, pieces: Iterable[Piece], *, count: bool = True
+    ) -> Iterator[Piece]:
         """Pass ``pieces`` (a window of ``width`` bytes a row, read from storage) on, sending each
         to the other replicas first, then the window's fingerprint, taken from the bytes read."""
         fp, tag = HostFingerprint(box[1][1] - box[1][0]), _tag(name)
@@ -183,7 +189,8 @@ class Link:
             data = self._send[i][: h * w]
             fp.add(view, r, dst=data.reshape(h, w), first_col=c)
             self._ship([PIECE, tag, r, c, h, w], self.wire.put(data, self._send_wire[i]), i)
-            self.from_storage += h * w
+            if count:  # a window's bytes (a batch's span counts its windows: read_run)
+                self.from_storage += h * w
             yield r, c, view
         self._ship([END, tag, *fp.value()], None, None)
         self._owning = None
@@ -201,27 +208,25 @@ class Link:
             return
         # a peer already gone learns of the failure from the exchange
         with contextlib.suppress(RuntimeError, OSError, ValueError):
-            self._ship([ABORT, _tag(name), self.fig.seq], None, None)
+            self._ship([ABORT, _tag(name), self.seq], None, None)
 
-    def finish(self) -> None:
-        """Wait for every send still under way (before the exchange); the counts into the rank's
-        figures."""
-        self.fig.bytes_from_storage, self.fig.bytes_from_peers = self.from_storage, self.from_peers
-        # the exchange's own check, apart from the values sent with the bytes: what this rank sent,
-        # and what it received from each sender, folded (crosscheck.fold) and XOR-ed over its
-        # senders
-        self.fig.replicas_sent = fold(self._sent).hex()
-        self.fig.replicas_seen = xor_fold([fold(lines) for lines in self._seen.values()]).hex()
+    def finish(self) -> tuple[str, str]:
+        """Wait for every send still under way (before the exchange); the exchange's own check,
+        apart from the values sent with the bytes: what this rank sent, and what it received from
+        each sender, folded (verification/node.py's fold) and XOR-ed over its senders (hex)."""
         for works in self._works:
             self._wait(
                 [w for w in works if not isinstance(w, torch.Tensor)],
                 f"rank {self.ctx.rank} sending to rank(s) {', '.join(map(str, self.others))}",
             )
             works.clear()
+        sent = fold(self._sent).hex()
+        seen = xor_fold([fold(lines) for lines in self._seen.values()]).hex()
+        return sent, seen
 
     # -- receiving ---------------------------------------------------------------------------------
 
-    def receiving(self, name: str, box: Box, owner: int) -> Iterator[tuple[int, int, np.ndarray]]:
+    def receiving(self, name: str, box: Box, owner: int, *, count: bool = True) -> Iterator[Piece]:
         """The window ``name`` as the rank of replica ``owner`` at this position read it, piece by
         piece; its fingerprint compared with the sender's at the end (a difference: a problem).
         Receive-ahead: the next piece's bytes (and the header after them) are asked for before this
@@ -273,12 +278,13 @@ class Link:
             self.wire.take(wire, data)  # a device wire's bytes into the host piece
             head = self._header(headers[k], tag, what, stopped)
             fp.add(view, r, first_col=c)
-            self.from_peers += view.size
+            if count:
+                self.from_peers += view.size
             ready = r, c, view
 
     def _header(self, header: torch.Tensor, tag: int, what: str, stopped: str) -> list[int]:
         head = header.tolist()
-        if head[0] == ABORT and head[1:3] == [tag, self.fig.seq]:
+        if head[0] == ABORT and head[1:3] == [tag, self.seq]:
             raise StoodDown(stopped)
         if head[1] != tag or head[0] not in (PIECE, END):
             raise LoadError(
@@ -289,72 +295,65 @@ class Link:
 
     # -- the two places the loop reads storage -----------------------------------------------
 
-    def read_batch(self, inner: object, stored: Stored, r0: int, r1: int, out: np.ndarray) -> None:
+    def read_run(
+        self, inner: StorageSource, span: Stored, out: np.ndarray, window_bytes: int
+    ) -> None:
         """A batch's one read (loading/batch.py): from storage by its owner, then sent; received by
-        the others."""
-        owner = self.by_batch.get((str(stored.path), stored.offset))
+        the others. Counted as its windows' bytes (``window_bytes``), not the span's: a span holds
+        whole small tensors, of which a tp rank serves a window."""
+        owner = self.by_batch.get((str(span.path), span.offset))
         if owner is None:
             raise LoadError(
-                f"replicas: {escape_name(stored.name)}: a read outside the plan the replicas share"
+                f"replicas: {escape_name(span.name)}: a read outside the plan the replicas share"
             )
         flat = out.reshape(1, -1)
         n = flat.shape[1]
         if owner == self.replica:
-            self._owning = stored.name  # the receivers wait for it from here: see abort()
-            inner.read(stored, r0, r1, out)
+            self._owning = span.name  # the receivers wait for it from here: see abort()
+            inner.read_run(span, out, window_bytes=window_bytes)
             step = CHUNK_BYTES
             pieces = ((0, c, flat[:, c : c + step]) for c in range(0, n, step))
-            for _ in self.sending(stored.name, ((0, 1), (0, n)), pieces):
+            for _ in self.sending(span.name, ((0, 1), (0, n)), pieces, count=False):
                 pass
+            self.from_storage += window_bytes
             return
-        for r, c, view in self.receiving(stored.name, ((0, 1), (0, n)), owner):
+        for r, c, view in self.receiving(span.name, ((0, 1), (0, n)), owner, count=False):
             flat[r : r + view.shape[0], c : c + view.shape[1]] = view
+        self.from_peers += window_bytes
 
 
-class SharedStorage:
-    """The storage as the copy loop sees it with replicas: batch reads and readahead go through the
-    link."""
+class ReplicaSource:
+    """The read source of a load with replicas: a window this replica reads comes from this rank's
+    storage source (and is sent); any other, from the replica that reads it."""
 
-    def __init__(self, inner: object, link: Link) -> None:
+    def __init__(self, inner: StorageSource, link: Link) -> None:
         self.inner, self.link = inner, link
 
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.inner, name)
+    def box(self, name: str, view: Span, rows: Span, cols: Span) -> tuple[Stored, Span, Span]:
+        return self.inner.box(name, view, rows, cols)
 
-    def read(self, stored: Stored, r0: int, r1: int, out: np.ndarray) -> None:
-        self.link.read_batch(self.inner, stored, r0, r1, out)
+    def stored(self, name: str) -> Stored:
+        return self.inner.stored(name)
 
-    def will_need(self, stored: Stored) -> None:
-        if self.link.mine(
-            stored.name
-        ):  # a window another replica reads is not worth this node's readahead
-            self.inner.will_need(stored)
-
-
-class SharedReader(Reader):
-    """The loop's reader with replicas: a window this replica reads comes from storage (and is
-    sent); any other, from the replica that reads it."""
-
-    def __init__(self, storage: SharedStorage, *, chunk_bytes: int) -> None:
-        super().__init__(storage.inner, chunk_bytes=chunk_bytes)
-        self.link = storage.link
+    def start(self, chunk_bytes: int) -> None:
+        self.inner.start(chunk_bytes)
 
     def blocks(
         self,
         stored: Stored,
-        rows: tuple[int, int],
-        cols: tuple[int, int],
+        rows: Span,
+        cols: Span,
         *,
-        tap: object = None,
+        tap: Tap | None = None,
         row_multiple: int = 1,
         split_rows: bool = True,
-    ) -> Iterator[tuple[int, int, np.ndarray]]:
+    ) -> Iterator[Piece]:
         link, box = self.link, (rows, cols)
         if link.mine(stored.name):
             yield from link.sending(
                 stored.name,
                 box,
-                super().blocks(
+                self.inner.blocks(
                     stored, rows, cols, tap=tap, row_multiple=row_multiple, split_rows=split_rows
                 ),
             )
@@ -365,42 +364,37 @@ class SharedReader(Reader):
             )
         yield from link.receiving(stored.name, box, link.by_name[stored.name])
 
+    def read_run(self, span: Stored, out: np.ndarray, *, window_bytes: int) -> None:
+        self.link.read_run(self.inner, span, out, window_bytes)
 
-def link(strategy: object, planner: object) -> Link | None:
-    """The link of a load with replicas (None without), made after the gate's strategy is chosen and
-    before it prepares: it refuses what replicas cannot share yet, and gives the hash plan each
-    rank's own reads."""
-    job = strategy.job
-    opts, ctx, storage = job.opts, job.ctx, job.storage
-    n = count(opts)
-    if n <= 1:
-        return None
-    why = None
-    if storage.per_rank:
-        why = (
-            "a pre-partitioned export (each rank reads its own rank file) is not shared between "
-            "replicas yet"
+    def will_need(self, stored: Stored) -> None:
+        if self.link.mine(
+            stored.name
+        ):  # a window another replica reads is not worth this node's readahead
+            self.inner.will_need(stored)
+
+    def storage_reads(self, plans: Mapping[int, Plan]) -> dict[int, Mapping[str, Box]]:
+        return self.link.reads(plans)
+
+    def source(self, name: str) -> str:
+        return self.link.source(name)
+
+    def finish(self) -> SourceFigures:
+        own = self.inner.finish()
+        sent, seen = self.link.finish()
+        link = self.link
+        return SourceFigures(
+            link.from_storage, link.from_peers, sent, seen, own.problems + tuple(link.problems)
         )
-    if why:
-        raise OptionsError(f"replicas {n}: {why}")
-    at = placement(opts, ctx.world)
-    # the split of a position depends on the positions before it: those up to the last one this
-    # rank asks about (its own, its node peers' for the hash plan) are split, no further
-    last = max(at.where(r)[1] for r in (ctx.rank, *job.plans))
-    every = [planner.position_plan(job.layout, opts.kind, p) for p in range(last + 1)]
-    names = Names(every[0].all_entries)
-    # files vouched for whole (hub snapshots, local-dir downloads, signed files) are shared out
-    # whole: a file's windows are all read by one replica, whose node hashes the file once for the
-    # cluster
-    whole = strategy.whole_files or getattr(storage, "file_digests", None) is not None
-    units = file_units(names.names, storage) if whole else None
-    shared = split_runs([names.runs(p, storage) for p in every], n, names.names, units)
-    out = Link(ctx, at, shared, opts.timeout_s, job.fig)
-    job.reads, job.link = out.reads(job.plans), out
-    return out
+
+    def abort(self) -> None:
+        self.link.abort()
+
+    def verdict(self, rows: Sequence[Row]) -> list[str]:
+        return verdict(rows, self.link.at)
 
 
-def verdict(ranks: Sequence[object], at: Placement | int | None) -> list[str]:
+def verdict(ranks: Sequence[Row], at: Placement | int | None) -> list[str]:
     """From the exchanged table: every receiver whose folded sightings differ from what the ranks at
     its position sent (the per-window check on receipt names the tensor; this one does not trust the
     values that travelled with the bytes). ``at``: where each rank stands (an int R: in rank order).

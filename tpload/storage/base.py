@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
-from ..model.values import Stored
+from ..model.values import FileSource, Stored
 from .catalogue import Catalogue
 
 
@@ -19,6 +20,11 @@ class Storage(Protocol):
     catalogue: Catalogue
     per_rank: bool
     """True when each rank reads files of its own: then no rank can hash for another."""
+    file_digests: Mapping[Path, str] | None
+    """Without a manifest, each file's whole-file sha256 the folder carries (a hub snapshot's blob
+    names, a local-dir download's etags); None: none (or not for every file the load reads)."""
+    file_source: FileSource | None
+    """What :attr:`file_digests` come from, in words."""
 
     def stored(self, name: str) -> Stored:
         """The stored bytes of ``name`` this rank reads."""
@@ -42,6 +48,9 @@ class Storage(Protocol):
 
     def paths(self) -> list[Path]:
         """Every file this rank may read."""
+
+    def file_size(self, path: Path) -> int:
+        """The size of one of :meth:`paths` as opened."""
 
     def manifest_problems(self, names: list[str]) -> list[str]:
         """Each named tensor the manifest does not vouch for (missing, disagreeing), and each

@@ -43,17 +43,6 @@ HEADERS_ONLY = "tpload_headers_only"
 """Metadata key of a ``synth --headers-only`` checkpoint's shards: their data are holes."""
 
 
-def sha256_mismatch(
-    path: Path | str, name: str, got: str, want: str, *, vouched_by: str | None = None
-) -> str:
-    """The one wording of a hash failure, wherever a tensor is checked against the manifest
-    (``vouched_by``: what else vouched for ``want``, in words, when it was not the manifest)."""
-    head = f"{escape_name(path)}: tensor {escape_name(name)}: sha256 {got[:16]}... does not match "
-    if vouched_by is None:
-        return head + f"the manifest's {want[:16]}..."
-    return head + f"{want[:16]}..., {vouched_by}"
-
-
 class ManifestEntry(NamedTuple):
     """What NATIVE_MANIFEST.json promises about one tensor (a tuple: 92,000 are made at once)."""
 

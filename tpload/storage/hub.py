@@ -50,37 +50,6 @@ class Blob:
     digest: str
 
 
-@dataclass(frozen=True)
-class FileSource:
-    """Where a folder's whole-file digests come from, in words: what the gate's note, verdict and
-    messages say (whole_files.FileDigests, offline.py)."""
-
-    kind: str
-    """What the folder is (the note's first words)."""
-    against: str
-    """"N file(s) checked whole against {against}"."""
-    named_by: str
-    """What a file's expected sha256 is, in a mismatch."""
-    each: str
-    """"by sha256 against {each}" (``tpload verify``'s summary)."""
-    names: str
-    """The digests, plural (``tpload manifest``'s refusal)."""
-    vouched_by: str
-    locators_vouched_by: str
-
-
-SNAPSHOT = FileSource(
-    kind="hub cache snapshot",
-    against="their blob sha256",
-    named_by="the hash its hub blob is named by",
-    each="the hub blob it is named by",
-    names="hub blob names",
-    vouched_by="the sha256 each hub blob is named by (files hashed whole)",
-    locators_vouched_by="the sha256 taken of it while its file was hashed whole against its hub "
-    "blob name",
-)
-
-
 def git_blob_sha1(data: bytes) -> str:
     """Git's object name for a blob of these bytes."""
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()

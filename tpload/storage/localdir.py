@@ -30,8 +30,8 @@ from pathlib import Path
 
 from ..model.errors import CheckpointError
 from ..model.text import escape_name
-from ..model.values import MANIFEST_NAME
-from .hub import Blob, FileSource, check_small
+from ..model.values import MANIFEST_NAME, FileSource
+from .hub import Blob, check_small
 from .pins import PLAN_FILES
 
 DOWNLOAD_DIR = Path(".cache") / "huggingface" / "download"
@@ -270,4 +270,5 @@ class LocalDir:
             "whole)",
             locators_vouched_by="the sha256 taken of it while its file was hashed whole against "
             "its local-dir etag",
+            metadata=self.root / DOWNLOAD_DIR,
         )

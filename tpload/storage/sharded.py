@@ -11,7 +11,7 @@ import numpy as np
 
 from ..model.errors import CheckpointError
 from ..model.text import escape_name
-from ..model.values import Stored
+from ..model.values import SNAPSHOT, FileSource, Stored
 from . import hub, localdir
 from .catalogue import Catalogue, read_native
 from .files import Shard, folder_of
@@ -56,6 +56,8 @@ class FileReads:
     eviction advice, the changed-file check. Subclasses set ``files`` and say where bytes are."""
 
     files: Files
+    file_digests: dict[Path, str] | None = None
+    file_source: FileSource | None = None
 
     def read(self, stored: Stored, r0: int, r1: int, out: np.ndarray) -> None:
         self.files.get(stored.path).read_into(
@@ -71,6 +73,9 @@ class FileReads:
 
     def changed(self) -> list[str]:
         return self.files.changed()
+
+    def file_size(self, path: Path) -> int:
+        return self.files.get(path).opened.size
 
     def close(self) -> None:
         self.files.close()
@@ -97,7 +102,7 @@ class ShardedStorage(FileReads):
         self.file_digests: dict[Path, str] | None = None
         """Without a manifest, each shard's expected sha256: a hub snapshot's blob name, or a
         local-dir download's etag (set only when every file the load reads has one)."""
-        self.file_source: hub.FileSource | None = None
+        self.file_source: FileSource | None = None
         """What :attr:`file_digests` come from, in words (the gate's note and messages)."""
         self.local: localdir.LocalDir | None = None
         """A local-dir download without a manifest: its vouched etags and unvouched files (even when
@@ -105,7 +110,7 @@ class ShardedStorage(FileReads):
         shards = sorted({i.file for i in self.locations.values()})
         if snapshot and self.catalogue.manifest is None:
             self.file_digests = {root / f: d for f, d in hub.shard_digests(root, shards).items()}
-            self.file_source = hub.SNAPSHOT
+            self.file_source = SNAPSHOT
         elif local is not None and self.catalogue.manifest is None:
             self.local = local
             local.shard_digests(shards)

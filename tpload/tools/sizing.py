@@ -18,7 +18,6 @@ from dataclasses import dataclass
 import psutil
 
 from ..model.text import plural
-from ..model.windows import readers
 from ..toolkit import (
     CUDA_CHUNK_BYTES,
     READER_CHUNK_BYTES,
@@ -31,6 +30,7 @@ from ..toolkit import (
     assign_hashing,
     open_storage,
     planner_of,
+    readers,
 )
 
 GIB = 1 << 30

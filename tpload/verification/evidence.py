@@ -11,16 +11,19 @@ the rank is listed at once, with the hash results of its hashing share (sha256, 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, TypeAlias
 
 import numpy as np
 import torch
 
 from ..model.text import escape_name
 from ..model.values import Box, Triple
-from .blake3sums import SHA256, Digests
-from .hashing import HashResults, mismatches
+from .hashes import SHA256, Digests, HashResults, mismatches
 
-Count = int | torch.Tensor
+Count: TypeAlias = int | torch.Tensor
+Gathered: TypeAlias = Any
+"""A value :func:`_to_host` gathers: a device tensor, or what it is on the host (a number, a
+triple, None)."""
 
 
 @dataclass(slots=True)
@@ -146,7 +149,7 @@ def _where(c: Check) -> str:
     return f"tensor {escape_name(c.name)} ({escape_name(c.where)})"
 
 
-def _to_host(values: list) -> list:
+def _to_host(values: list[Gathered]) -> list[Gathered]:
     """Device tensors among ``values`` as Python numbers (a scalar) or tuples, in one transfer per
     device; everything else as it is."""
     if not any(issubclass(t, torch.Tensor) for t in set(map(type, values))):

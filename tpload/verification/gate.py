@@ -16,28 +16,36 @@ strategy            what vouches for a served byte
 
 Each strategy has three steps, in the load's order: :meth:`Strategy.prepare` (its preconditions,
 checked before any byte is read, and who hashes what), :meth:`Strategy.settle` (after the copies:
-this rank's own problems raised at once, its figures written into its row) and
-:meth:`Strategy.verdict` (after the exchange: problems only the whole table shows). The exit types
-take the gate's output when they are made: :class:`Verdict` (only :func:`judge` makes a passing
-one) for the served shards, a :class:`~tpload.loading.deferred.DeferredTensor`'s digest from
-:meth:`Strategy.locators`; neither can be made from bytes nothing vouched for.
+this rank's own problems raised at once, what it settled returned as
+:class:`~tpload.verification.strategy.Findings`, which the load copies into its row) and
+:meth:`Strategy.verdict` (after the exchange: problems only the whole table shows; :func:`judge`
+adds what only the read source can judge, handed in). The exit types take the gate's output when
+they are made: :class:`Verdict` (only :func:`judge` makes a passing one) for the served shards, a
+:class:`~tpload.loading.deferred.DeferredTensor`'s digest from :meth:`Strategy.locators`; neither
+can be made from bytes nothing vouched for.
+
+The gate reads no stored byte itself and imports nothing of the load: what it needs of the load is
+typed by the Protocols of strategy.py, and the evidence it judges is produced by the read sources
+(sources/: the hash taps, whole files hashed beside the copies, tensors read whole at rest).
 """
 
 from __future__ import annotations
 
-import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol
 
 from ..model.errors import CheckpointError, LoadError
 from ..model.modes import RankStatus, Verify
-from ..model.progress import Meter
 from ..model.text import escape_name
+from ..model.values import Box
 from . import signing
-from .blake3sums import SHA256, Digests, content_hash, fix_command
-from .hashing import hash_whole, mismatches
-from .policy import HashPlan, hash_plan
-from .store import stale
-from .strategy import Job, Prepared, Strategy
+from .hashes import SHA256, Digests, HashResults, mismatches
+from .node import HashPlan, hash_plan
+from .signing import SignedModel
+from .store import content_hash, fix_command, stale
+from .strategy import Checkpoint, Job, Manifest, Prepared, RankRow, Strategy
 from .terms import disagreement
 from .trust import UNCHECKED, TrustKind, TrustSource
 from .vouched import Vouched, vouched
@@ -83,14 +91,14 @@ class Unchecked(Strategy):
 
     def _check_manifest(self) -> None:
         if (
-            self.job.storage.per_rank
+            self.job.checkpoint.per_rank
         ):  # an export's rank file must still hold exactly the plan's windows
             super()._check_manifest()
 
-    def _prepare(self) -> Prepared:
+    def _prepare(self, reads: Mapping[int, Mapping[str, Box]]) -> Prepared:
         return Prepared(HashPlan(self.job.me))
 
-    def locators(self, names: tuple[str, ...]) -> dict[str, str | None]:
+    def locators(self, names: Sequence[str]) -> dict[str, str | None]:
         return dict.fromkeys(names)
 
 
@@ -101,7 +109,7 @@ class Predicted(Strategy):
     vouched_by = "the stored prediction of every rank's digest (--verify digest)"
 
     def trust(self) -> TrustSource:
-        cat = self.job.storage.catalogue
+        cat = self.job.checkpoint.catalogue
         return TrustSource(
             TrustKind.PREDICTION,
             self.store_path,
@@ -109,7 +117,7 @@ class Predicted(Strategy):
             manifest_sha256=cat.manifest_sha256,
         )
 
-    def _prepare(self) -> Prepared:
+    def _prepare(self, reads: Mapping[int, Mapping[str, Box]]) -> Prepared:
         job, opts = self.job, self.job.opts
         layout = job.layout
         fix = (
@@ -118,12 +126,16 @@ class Predicted(Strategy):
             + (f" --digest-store {escape_name(opts.digest_store)}" if opts.digest_store else "")
             + "`, or load with --verify node"
         )
-        storage = job.storage
-        if storage.catalogue.manifest_sha256 is None or storage.per_rank:
+        checkpoint = job.checkpoint
+        if checkpoint.catalogue.manifest_sha256 is None or checkpoint.per_rank:
             raise LoadError(
                 "--verify digest needs a native checkpoint with a manifest; "
                 f"{escape_name(opts.checkpoint)} has none"
-                + ("" if storage.per_rank else "; write one with `python -m tpload manifest DIR`")
+                + (
+                    ""
+                    if checkpoint.per_rank
+                    else "; write one with `python -m tpload manifest DIR`"
+                )
             )
         stored = self._stored()
         if stored is None:
@@ -146,13 +158,13 @@ class TensorDigests(Strategy):
 
     vouched_by = "the manifest's per-tensor digests"
 
-    def _prepare(self) -> Prepared:
+    def _prepare(self, reads: Mapping[int, Mapping[str, Box]]) -> Prepared:
         job = self.job
         digests = self._content_hash()
-        tensors = job.storage.catalogue.tensors
-        reads = job.reads if job.reads is not None else {p: q.reads for p, q in job.plans.items()}
-        sizes = {n: tensors[n].nbytes for q in job.plans.values() for n in q.used_tensors}
-        hashes = hash_plan(job.opts.verify, job.me, reads, sizes, per_rank=job.storage.per_rank)
+        tensors = job.checkpoint.catalogue.tensors
+        sizes = {n: tensors[n].nbytes for q in job.plans.values() for n in q.reads}
+        mode = Verify(job.opts.verify)
+        hashes = hash_plan(mode, job.me, reads, sizes, per_rank=job.checkpoint.per_rank)
         return Prepared(hashes, digests)
 
     def _content_hash(self) -> Digests:
@@ -160,18 +172,17 @@ class TensorDigests(Strategy):
         sees the same store), sha256 otherwise; a sidecar that exists but does not fit leaves a
         note."""
         job, opts = self.job, self.job.opts
-        if job.storage.per_rank:
+        if job.checkpoint.per_rank:
             return SHA256
         digests, why = content_hash(
             self.store,
-            job.storage.catalogue,
+            job.checkpoint.catalogue,
             job.stamp,
             threads=max(1, job.threads),
-            fix=fix_command(opts.checkpoint, opts.digest_store),
+            fix=fix_command(opts.checkpoint or "DIR", opts.digest_store),
         )
         if why:
             job.notes.append(why)
-        job.fig.blake3 = int(digests.hash == "blake3")
         return digests
 
 
@@ -179,19 +190,16 @@ class SignedManifest(TensorDigests):
     """A model.sig that signs NATIVE_MANIFEST.json: the manifest's per-tensor digests are the
     anchor, so each rank checks only its windows' tensors (no whole-file hashing)."""
 
-    def __init__(self, job: Job, signed: object) -> None:
+    def __init__(self, job: Job, signed: SignedModel) -> None:
         super().__init__(job)
         self.signed = signed
-
-    @property
-    def vouched_by(self) -> str:
-        return f"the manifest's per-tensor digests, the manifest signed by {self.signed.what}"
+        self.vouched_by = f"the manifest's per-tensor digests, the manifest signed by {signed.what}"
 
     def anchor(self) -> str:
         return f"{super().anchor()}, {self.signed.bundle.name} signs {statement(self.signed)}"
 
     def trust(self) -> TrustSource:
-        signed, cat = self.signed, self.job.storage.catalogue
+        signed, cat = self.signed, self.job.checkpoint.catalogue
         return TrustSource(
             TrustKind.SIGNATURE,
             str(signed.bundle),
@@ -201,14 +209,23 @@ class SignedManifest(TensorDigests):
             manifest_sha256=signed.manifest_sha256,
         )
 
-    def _prepare(self) -> Prepared:
-        storage = self.job.storage
-        self.signed.check_covered(storage.paths())
-        self.signed.check_manifest(storage.catalogue.manifest_sha256)
-        return super()._prepare()
+    def _prepare(self, reads: Mapping[int, Mapping[str, Box]]) -> Prepared:
+        checkpoint = self.job.checkpoint
+        self.signed.check_covered(checkpoint.paths())
+        self.signed.check_manifest(checkpoint.catalogue.manifest_sha256)
+        return super()._prepare(reads)
 
 
-def strategy(job: Job, *, signed: object = ...) -> Strategy:
+class NotChecked(Enum):
+    """:func:`strategy`'s ``signed`` left out: the bundle is checked there."""
+
+    NOT_CHECKED = "not checked"
+
+
+NOT_CHECKED = NotChecked.NOT_CHECKED
+
+
+def strategy(job: Job, *, signed: SignedModel | None | NotChecked = NOT_CHECKED) -> Strategy:
     """The strategy for this load: from the verify mode and what vouches for the checkpoint's
     files. ``signed``: what ``signing.precheck`` found before the storage opened (a SignedModel or
     None), so the bundle is verified once a load; left out, it is checked here."""
@@ -217,17 +234,21 @@ def strategy(job: Job, *, signed: object = ...) -> Strategy:
         return Unchecked(job)
     if mode == Verify.DIGEST:
         return Predicted(job)
-    if signed is ...:
+    if isinstance(signed, NotChecked):
         signed = signing.precheck(job.opts)
     if signed is not None:
-        return (SignedManifest if signed.manifest_sha256 else SignedFiles)(job, signed)
-    if getattr(job.storage, "file_digests", None) is not None:
+        if signed.manifest_sha256:
+            return SignedManifest(job, signed)
+        return SignedFiles(job, signed)
+    if job.checkpoint.file_digests is not None:
         return FileDigests(job)
     return TensorDigests(job)
 
 
-def judge(ranks: list[object], chosen: Strategy | None) -> Verdict:
-    """The load's verdict from the exchanged table alone, the same on every rank."""
+def judge(ranks: Sequence[RankRow], chosen: Strategy | None, also: Sequence[str] = ()) -> Verdict:
+    """The load's verdict from the exchanged table alone, the same on every rank. ``also``: the
+    problems only the read source can find in the table (replicas: what each receiver holds
+    against what its senders read; sources/), already worded."""
     seqs = {r.seq for r in ranks}
     if len(seqs) > 1:
         calls = ", ".join(f"rank {r.rank} in call {r.seq}" for r in ranks)
@@ -258,7 +279,9 @@ def judge(ranks: list[object], chosen: Strategy | None) -> Verdict:
             "",
             reporter=bad[0].rank,
         )
-    problems = disagreement(ranks) or chosen.verdict(ranks)
+    if chosen is None:  # no failed row, yet no strategy: this rank never reached the gate
+        return Verdict(("load failed: this rank reached the verdict without a gate",), "")
+    problems = disagreement(ranks) or [*chosen.verdict(ranks), *also]
     if problems:
         return Verdict(
             (
@@ -270,21 +293,27 @@ def judge(ranks: list[object], chosen: Strategy | None) -> Verdict:
     return Verdict((), chosen.vouched_by, chosen.trust())
 
 
+class HashAtRest(Protocol):
+    """A producer of hashes at rest (sources/hashing.py's ``hash_whole``, bound to its storage):
+    every named tensor read whole once, by ``digests``' hashes."""
+
+    def __call__(self, names: Sequence[str], digests: Digests) -> HashResults: ...
+
+
 def at_rest(
-    storage: object,
+    checkpoint: Checkpoint,
     names: list[str],
     *,
-    threads: int,
+    hash_whole: HashAtRest,
     digests: Digests = SHA256,
     what: str = "nothing written",
-    progress: Meter | None = None,
 ) -> Vouched:
     """The offline exit paths' gate (an export's sources, the blake3 sidecar): every named tensor
-    read once and its sha256 checked against the manifest; raise CheckpointError listing every
-    problem (manifest entries missing, mismatches, a file changed during the reads), else the
-    digests as :class:`~tpload.verification.vouched.Vouched`, the only thing those writers take.
-    ``progress``: the command's meter, for the reads."""
-    cat = storage.catalogue
+    read once (by ``hash_whole``) and its sha256 checked against the manifest; raise
+    CheckpointError listing every problem (manifest entries missing, mismatches, a tensor not
+    hashed, a file changed during the reads), else the digests as
+    :class:`~tpload.verification.vouched.Vouched`, the only thing those writers take."""
+    cat = checkpoint.catalogue
     if cat.manifest is None:  # whole-file digests (blob names, etags) vouch for no tensor alone
         raise CheckpointError(
             f"{what}: {escape_name(cat.root)} has no {escape_name(cat.manifest_path.name)}, and "
@@ -293,12 +322,16 @@ def at_rest(
             f"`python -m tpload manifest {escape_name(cat.root)}` (it checks each file against "
             "them first)"
         )
-    problems = storage.manifest_problems(names)
+    problems = checkpoint.manifest_problems(names)
+    hashed = HashResults()
     if not problems:
-        hashed = hash_whole(
-            storage, names, threads=threads, digests=digests, progress=progress, what="checking"
-        )
-        problems = mismatches(hashed) + storage.changed()
+        hashed = hash_whole(names, digests)
+        problems = mismatches(hashed) + [
+            f"tensor {escape_name(n)}: not hashed (nothing vouches for it)"
+            for n in names
+            if n not in hashed
+        ]
+        problems += checkpoint.changed()
     if problems:
         raise CheckpointError(
             f"{what}: {len(problems)} problem(s) against the manifest:\n  - "
@@ -306,31 +339,29 @@ def at_rest(
         )
     return vouched(
         tuple(names),
-        hashed.column("sha256"),
-        {a: hashed.column(a) for a in digests.also},
+        hashed.hexes("sha256"),
+        {a: hashed.hexes(a) for a in digests.also},
     )
 
 
-def check_pin(storage: object, pin: str | None) -> None:
+class Pinned(Protocol):
+    @property
+    def catalogue(self) -> Manifest: ...
+
+
+def check_pin(checkpoint: Pinned, pin: str | None) -> None:
     """``--manifest-sha256``: the manifest must be the pinned one, before anything else is read."""
-    got = storage.catalogue.manifest_sha256
+    got = checkpoint.catalogue.manifest_sha256
+    path = checkpoint.catalogue.manifest_path
     if pin is not None and got is None:
         raise LoadError(
-            f"{escape_name(storage.catalogue.manifest_path)}: no manifest, but --manifest-sha256 "
+            f"{escape_name(path)}: no manifest, but --manifest-sha256 "
             f"pins {pin[:16]}...: this is not the checkpoint you pinned (whatever else vouches for "
             "this folder, the pin names a manifest)"
         )
     if pin is not None and got != pin.lower():
         raise LoadError(
-            f"{escape_name(storage.catalogue.manifest_path)}: sha256 {(got or 'none')[:16]}... is "
+            f"{escape_name(path)}: sha256 {(got or 'none')[:16]}... is "
             f"not the pinned {pin[:16]}... (--manifest-sha256): this is not the checkpoint you "
             "pinned"
         )
-
-
-def spare_cores(node_ranks: int) -> int:
-    """Cores a rank may use beyond its main thread: its share of the node's cores, less one."""
-    cores = (
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    )
-    return cores // max(1, node_ranks) - 1

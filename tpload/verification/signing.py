@@ -31,18 +31,21 @@ refused.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import ModuleType
+from typing import Protocol
 
 from ..model.errors import LoadError
 from ..model.text import escape_name
 from ..model.values import INDEX_NAME, MANIFEST_NAME, SIGNER_FIELDS
 from ..storage.files import parse_json, read_pem, read_small
-from . import blake3sums
-from .files import Expected
+from . import hashes
+from .hashes import Expected, HashObject
 
 BUNDLE = "model.sig"
 NONE = "none"
@@ -69,7 +72,7 @@ class Held:
     readers (``Signature.read``, the key and certificate verifiers) call only ``read_bytes`` or
     ``read_text`` on it, so the library never opens the file again."""
 
-    def __init__(self, data: bytes, path: str | os.PathLike) -> None:
+    def __init__(self, data: bytes, path: str | os.PathLike[str]) -> None:
         self.data, self.path = data, Path(path)
 
     def read_bytes(self) -> bytes:
@@ -80,6 +83,35 @@ class Held:
 
     def __str__(self) -> str:
         return str(self.path)
+
+
+class Signer(Protocol):
+    """The options :func:`precheck` reads: the folder, the verify mode, which bundle and which
+    signer (LoadOptions and :class:`SignerOptions` satisfy it)."""
+
+    @property
+    def checkpoint(self) -> str | None: ...
+
+    @property
+    def verify(self) -> str: ...
+
+    @property
+    def signature(self) -> str | None: ...
+
+    @property
+    def signer_key(self) -> str | None: ...
+
+    @property
+    def signer_cert(self) -> str | None: ...
+
+    @property
+    def signer_chain(self) -> str | None: ...
+
+    @property
+    def signer_identity(self) -> str | None: ...
+
+    @property
+    def signer_issuer(self) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -98,9 +130,18 @@ class SignerOptions:
     """Always a hashing mode: these commands hash every byte they vouch for."""
 
     @classmethod
-    def of(cls, ns: object, checkpoint: str | os.PathLike) -> SignerOptions:
+    def of(cls, ns: argparse.Namespace, checkpoint: str | os.PathLike[str]) -> SignerOptions:
         """From parsed flags (absent ones are None)."""
-        return cls(str(checkpoint), **{f: getattr(ns, f, None) for f in SIGNER_FIELDS})
+        given = {f: getattr(ns, f, None) for f in SIGNER_FIELDS}
+        return cls(
+            str(checkpoint),
+            signature=given["signature"],
+            signer_key=given["signer_key"],
+            signer_cert=given["signer_cert"],
+            signer_chain=given["signer_chain"],
+            signer_identity=given["signer_identity"],
+            signer_issuer=given["signer_issuer"],
+        )
 
 
 @dataclass(frozen=True)
@@ -169,14 +210,10 @@ class SignedModel:
             )
 
 
-def bundle_path(opts: object) -> Path | None:
+def bundle_path(opts: Signer) -> Path | None:
     """The bundle this load checks: ``--signature``, else DIR/model.sig when present; None when the
     load does not hash (``--verify off`` or ``digest``) or ``--signature none``."""
-    if (
-        getattr(opts, "checkpoint", None) is None
-        or opts.verify not in ("node", "rank")
-        or opts.signature == NONE
-    ):
+    if opts.checkpoint is None or opts.verify not in ("node", "rank") or opts.signature == NONE:
         return None  # (a stand-in for LoadOptions without a checkpoint: no folder, no bundle)
     if opts.signature:
         return Path(opts.signature).absolute()
@@ -184,12 +221,12 @@ def bundle_path(opts: object) -> Path | None:
     return default if os.path.lexists(default) else None
 
 
-def precheck(opts: object, *, notes: list[str] | None = None) -> SignedModel | None:
+def precheck(opts: Signer, *, notes: list[str] | None = None) -> SignedModel | None:
     """Verify the load's bundle (if any) and its plan-shaping JSON files; raise LoadError naming
     what fails. Called before the storage opens, and again by the gate (the bundle check is
     reused). ``notes`` gets a line when a signer option is given but no signature is checked."""
     path = bundle_path(opts)
-    if path is None and getattr(opts, "checkpoint", None) is None:
+    if opts.checkpoint is None:
         return None
     signer = _signer(opts)
     if path is None:
@@ -215,7 +252,7 @@ def precheck(opts: object, *, notes: list[str] | None = None) -> SignedModel | N
     return replace(model, manifest_sha256=_check_plan_files(model))
 
 
-def _signer(opts: object) -> tuple[str, str] | None:
+def _signer(opts: Signer) -> tuple[str, str] | None:
     """(the flag used, the signer in words), or None when no signer option is set."""
     if opts.signer_key:
         return "--signer-key", f"key {opts.signer_key}"
@@ -230,7 +267,7 @@ def _signer(opts: object) -> tuple[str, str] | None:
     return None
 
 
-def _library(path: Path) -> tuple[object, object, object, object]:
+def _library(path: Path) -> tuple[ModuleType, ModuleType, ModuleType, ModuleType]:
     """model_signing's modules, or one line naming the install (a signed folder is never loaded
     unverified)."""
     try:
@@ -268,7 +305,69 @@ def key_id(pem: bytes) -> str:
     return f"key sha256:{hashlib.sha256(der).hexdigest()[:16]}"
 
 
-def _verifier(path: Path, opts: object, modules: tuple) -> tuple[object, bytes | None]:
+class _Verifier(Protocol):
+    """model-signing's verifier of a bundle (its key, certificate or sigstore kind)."""
+
+    def verify(self, signature: _Signature, /) -> _Manifest: ...
+
+
+class _Signature(Protocol):
+    """A read bundle (model-signing's ``Signature``): its sigstore bundle is read for the signing
+    certificate."""
+
+    @property
+    def bundle(self) -> _Bundle: ...
+
+
+class _Bundle(Protocol):
+    @property
+    def verification_material(self) -> _Material: ...
+
+
+class _Material(Protocol):
+    @property
+    def x509_certificate_chain(self) -> _Chain: ...
+
+
+class _Chain(Protocol):
+    @property
+    def certificates(self) -> list[_Certificate]: ...
+
+
+class _Certificate(Protocol):
+    @property
+    def raw_bytes(self) -> bytes: ...
+
+
+class _Manifest(Protocol):
+    """What a verified bundle signs (model-signing's manifest)."""
+
+    @property
+    def serialization_type(self) -> Mapping[str, str]: ...
+
+    def resource_descriptors(self) -> Iterable[_Resource]: ...
+
+
+class _Resource(Protocol):
+    @property
+    def identifier(self) -> str: ...
+
+    @property
+    def digest(self) -> _Digest: ...
+
+
+class _Digest(Protocol):
+    @property
+    def algorithm(self) -> str: ...
+
+    @property
+    def digest_hex(self) -> str: ...
+
+
+Modules = tuple[ModuleType, ModuleType, ModuleType, ModuleType]
+
+
+def _verifier(path: Path, opts: Signer, modules: Modules) -> tuple[_Verifier, bytes | None]:
     """The library's verifier for the signer options, and the key's bytes (for its fingerprint)."""
     ec_key, certificate, sigstore, _ = modules
     # the files first, each read once and bounded (their errors name the flag and the file)
@@ -277,12 +376,16 @@ def _verifier(path: Path, opts: object, modules: tuple) -> tuple[object, bytes |
     # Any error below comes from the library (key parsing, certificate stores, sigstore's trust
     # root): many types, each turned into one line.
     try:
-        if key is not None:
-            return ec_key.Verifier(Held(key, opts.signer_key)), key
-        if chain is not None:
-            return certificate.Verifier([Held(chain, opts.signer_chain)]), None
+        verifier: _Verifier
+        if key is not None and opts.signer_key is not None:
+            verifier = ec_key.Verifier(Held(key, opts.signer_key))
+            return verifier, key
+        if chain is not None and opts.signer_chain is not None:
+            verifier = certificate.Verifier([Held(chain, opts.signer_chain)])
+            return verifier, None
         identity, issuer = opts.signer_identity, opts.signer_issuer
-        return sigstore.Verifier(identity=identity, oidc_issuer=issuer), None
+        verifier = sigstore.Verifier(identity=identity, oidc_issuer=issuer)
+        return verifier, None
     except Exception as e:  # noqa: BLE001 - the library's errors, reported in one line
         if opts.signer_identity:
             raise LoadError(
@@ -297,7 +400,7 @@ def _verifier(path: Path, opts: object, modules: tuple) -> tuple[object, bytes |
         ) from None
 
 
-def _verify(path: Path, data: bytes, root: Path, opts: object, signer: str) -> SignedModel:
+def _verify(path: Path, data: bytes, root: Path, opts: Signer, signer: str) -> SignedModel:
     """The library checks the bundle's bytes alone and returns the signed manifest (no file is
     hashed, none is opened again)."""
     modules = _library(path)
@@ -309,7 +412,7 @@ def _verify(path: Path, data: bytes, root: Path, opts: object, signer: str) -> S
     _, _, sigstore, sigstore_pb = modules
     reader = sigstore if opts.signer_identity else sigstore_pb
     try:
-        signature = reader.Signature.read(Held(data, path))
+        signature: _Signature = reader.Signature.read(Held(data, path))
     except Exception as e:  # noqa: BLE001
         raise LoadError(f"{escape_name(path)}: not a model-signing bundle: {_why(e)}") from None
     try:
@@ -329,7 +432,7 @@ def _verify(path: Path, data: bytes, root: Path, opts: object, signer: str) -> S
     return _digests(path, root, manifest, signer, digest, signer_id)
 
 
-def _check_leaf(path: Path, signature: object, cert: str | None) -> str:
+def _check_leaf(path: Path, signature: _Signature, cert: str | None) -> str:
     """The signing certificate in the bundle (its chain verified), named by subject and sha256;
     ``--signer-cert``: it must also be this one."""
     from cryptography import x509
@@ -359,7 +462,7 @@ def _check_leaf(path: Path, signature: object, cert: str | None) -> str:
 
 
 def _digests(
-    path: Path, root: Path, manifest: object, signer: str, bundle_sha256: str, signer_id: str
+    path: Path, root: Path, manifest: _Manifest, signer: str, bundle_sha256: str, signer_id: str
 ) -> SignedModel:
     """The signed manifest as expected digests; any hash but sha256 (and blake3 with its extra)
     refused."""
@@ -384,10 +487,10 @@ def _digests(
             "not check; it checks sha256 digests (whole files or shards) and blake3 (whole "
             "files): re-sign with one"
         )
-    if any(h == "blake3" for h, _ in whole.values()) and not blake3sums.available():
+    if any(h == "blake3" for h, _ in whole.values()) and not hashes.available():
         raise LoadError(
             f"{escape_name(path)}: signed with blake3 digests, but the blake3 package is not "
-            f"installed: {blake3sums.INSTALL}"
+            f"installed: {hashes.INSTALL}"
         )
     for name, cuts in pieces.items():
         ends = [0] + [b for _, b in sorted(cuts)][:-1]
@@ -407,7 +510,9 @@ def _digest_problems(model: SignedModel, name: str, data: bytes) -> str | None:
             hashlib.sha256(data[a:b]).hexdigest() == d for (a, b), d in want.pieces.items()
         )
     else:
-        h = blake3sums.new_blake3(len(data), 1) if want.hash == "blake3" else hashlib.sha256()
+        h: HashObject = (
+            hashes.new_blake3(len(data), 1) if want.hash == "blake3" else hashlib.sha256()
+        )
         h.update(data)
         ok = h.hexdigest() == want.whole
     return (

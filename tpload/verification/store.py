@@ -21,6 +21,23 @@ rank's fingerprint of every tensor it serves (the lines its digest is made of), 
 ``plan --write``: read only when a rank's digest differs, so that the mismatch names its tensors.
 Writes take a lock, write beside the file and rename: never a half-written store, never a lost
 update.
+
+The optional second digest: blake3 of every tensor, kept beside the trusted digests. blake3 is
+several times faster than sha256 on one thread, and it can spread one large tensor over several
+(docs/benchmarks.md has the figures). ``tpload manifest DIR --hash blake3`` checks every tensor's
+sha256 against the manifest and, only if all match, keeps a blake3 of each, taken from the very
+same bytes, in the same store (the same folder, trust and permission checks):
+
+    <store>/<manifest sha256>.blake3.json
+    {"format": 1, "hash": "blake3", "manifest_sha256": ..., "checkpoint": "/path (informational)",
+     "verified": {stamp}, "tensors": {name: blake3 hex}}
+
+The checkpoint folder and the manifest's bytes are unchanged, so a pin and stored predictions stay
+valid. A load in ``node`` or ``rank`` mode then proves bytes by blake3 against this file instead of
+sha256 against the manifest, when the file is fresh (same stamp: the manifest's sha256, each shard's
+size and mtime) and holds every tensor the manifest lists; otherwise by sha256, and the report says
+why (:func:`content_hash`). The rule reads only the sidecar and the manifest, so every rank that
+sees the same store decides the same; the exchanged figures say which hash each rank used.
 """
 
 from __future__ import annotations
@@ -30,22 +47,48 @@ import fcntl
 import json
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol, TypedDict
 
 from ..model.errors import LoadError
 from ..model.text import escape_name
 from ..storage.files import atomic_write, read_json, report_in_checkpoint
-
-if TYPE_CHECKING:
-    from ..storage.base import Storage
+from .hashes import INSTALL, SHA256, Digests, available
+from .vouched import Vouched
 
 FORMAT = 3
+SIDECAR_FORMAT = 1
 
 
-def checkpoint_stamp(storage: Storage) -> dict:
+class Stamp(TypedDict):
+    """What a verified prediction (or sidecar) vouches for: the manifest's sha256 and each shard's
+    size and mtime (in nanoseconds), by file name."""
+
+    manifest_sha256: str | None
+    shards: dict[str, list[int]]
+
+
+Doc = dict[str, object]
+"""A JSON document of the store, as read (each field narrowed where it is used)."""
+
+
+class Identified(Protocol):
+    @property
+    def manifest_sha256(self) -> str | None: ...
+
+
+class Stamped(Protocol):
+    """What a stamp is taken of (a storage satisfies it)."""
+
+    @property
+    def catalogue(self) -> Identified: ...
+
+    def paths(self) -> list[Path]: ...
+
+
+def checkpoint_stamp(storage: Stamped) -> Stamp:
     """What a verified prediction vouches for: the manifest's sha256 and each shard's size and
     mtime."""
     shards = {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(storage.paths())}
@@ -66,7 +109,9 @@ def default_spelled() -> str:
     return "$XDG_STATE_HOME/tpload" if os.path.isabs(state) else "~/.local/state/tpload"
 
 
-def in_checkpoint(root: str | os.PathLike | None, checkpoint: str | os.PathLike) -> str | None:
+def in_checkpoint(
+    root: str | os.PathLike[str] | None, checkpoint: str | os.PathLike[str]
+) -> str | None:
     """Why the digest store ``root`` (None: the default) lies in the checkpoint folder
     ``checkpoint`` (inside it, through symlinks too, or one of its entries), in words naming the
     store; None when it does not."""
@@ -86,7 +131,7 @@ class Prediction:
     """One layout's stored digests, and what they were verified against (None: not verified)."""
 
     digests: list[str]
-    stamp: dict | None = None
+    stamp: Mapping[str, object] | None = None
 
 
 def _check_private(path: Path, what: str) -> None:
@@ -111,9 +156,9 @@ class DigestStore:
 
     def __init__(
         self,
-        root: str | os.PathLike | None = None,
+        root: str | os.PathLike[str] | None = None,
         *,
-        checkpoint: str | os.PathLike | None = None,
+        checkpoint: str | os.PathLike[str] | None = None,
     ) -> None:
         """``checkpoint``: the folder the store is about to vouch for; a store inside it is
         refused (LoadError) before it is read or written."""
@@ -136,9 +181,12 @@ class DigestStore:
         if doc is None:
             return {}
         try:
+            layouts = doc["layouts"]
+            if not isinstance(layouts, dict):
+                raise TypeError("layouts is not an object")
             return {
-                k: Prediction([str(d) for d in v["digests"]], v.get("verified"))
-                for k, v in doc["layouts"].items()
+                str(k): Prediction([str(d) for d in v["digests"]], _stamp_of(v.get("verified")))
+                for k, v in layouts.items()
             }
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise _unreadable(
@@ -147,7 +195,7 @@ class DigestStore:
                 "write them again with `python -m tpload plan DIR --tp T --write`",
             ) from None
 
-    def read_doc(self, path: Path, manifest_sha256: str, fix: str) -> dict | None:
+    def read_doc(self, path: Path, manifest_sha256: str, fix: str) -> Doc | None:
         """The JSON document at ``path`` in this store (None if there is none), after the store's
         trust checks; it must name the manifest with this sha256. ``fix``: how to write it again."""
         if not path.exists():
@@ -158,7 +206,7 @@ class DigestStore:
             doc = read_json(path, "digest file")
             if not isinstance(doc, dict) or doc.get("manifest_sha256") != manifest_sha256:
                 raise ValueError("it names another manifest")
-            return doc
+            return {str(k): v for k, v in doc.items()}
         except (LoadError, ValueError) as e:
             raise _unreadable(path, e, fix) from None
 
@@ -171,7 +219,7 @@ class DigestStore:
             yield
 
     def write(
-        self, manifest_sha256: str, checkpoint: Path, key: str, digests: list[str], stamp: dict
+        self, manifest_sha256: str, checkpoint: Path, key: str, digests: list[str], stamp: Stamp
     ) -> Path:
         """Store ``digests`` for ``key`` (read-modify-write under a lock, atomic replace, mode
         0600)."""
@@ -195,7 +243,11 @@ class DigestStore:
         return self.root / f"{manifest_sha256}.{key}.windows"
 
     def write_windows(
-        self, manifest_sha256: str, key: str, digests: list[str], windows: list[dict]
+        self,
+        manifest_sha256: str,
+        key: str,
+        digests: list[str],
+        windows: Sequence[Mapping[str, Sequence[int]]],
     ) -> Path:
         """Each rank's fingerprint of every served tensor (``windows[rank][name]``: the triple),
         tied to the rank ``digests`` stored with them."""
@@ -211,7 +263,9 @@ class DigestStore:
             atomic_write(path, json.dumps(doc, separators=(",", ":")) + "\n", mode=0o600)
         return path
 
-    def read_windows(self, manifest_sha256: str, key: str, digests: list[str]) -> list[dict] | None:
+    def read_windows(
+        self, manifest_sha256: str, key: str, digests: list[str]
+    ) -> list[dict[str, tuple[int, ...]]] | None:
         """The per-tensor predictions stored with ``digests`` (None: none, or written with other
         digests)."""
         path = self.windows_path(manifest_sha256, key)
@@ -219,11 +273,14 @@ class DigestStore:
         if doc is None or doc.get("digests") != digests or doc.get("layout") != key:
             return None
         try:
-            return [{str(n): tuple(map(int, t)) for n, t in w.items()} for w in doc["windows"]]
+            windows = doc["windows"]
+            if not isinstance(windows, list):
+                raise TypeError("windows is not a list")
+            return [{str(n): tuple(map(int, t)) for n, t in w.items()} for w in windows]
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise _unreadable(path, e, "write them again with `tpload plan --write`") from None
 
-    def replace_doc(self, path: Path, doc: dict) -> Path:
+    def replace_doc(self, path: Path, doc: Doc) -> Path:
         """Write ``doc`` whole at ``path`` in this store (under the lock, atomic replace, mode
         0600)."""
         with self._locked():
@@ -238,16 +295,138 @@ def _unreadable(path: Path, e: Exception, fix: str) -> LoadError:
     )
 
 
-def stale(stamp: dict | None, now: dict) -> list[str]:
+def _stamp_of(value: object) -> Mapping[str, object] | None:
+    """A stored stamp as read (None: never verified; anything but an object is unreadable)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise TypeError("verified is not an object")
+    return value
+
+
+def stale(stamp: Mapping[str, object] | None, now: Stamp) -> list[str]:
     """What changed since ``stamp`` was taken (manifest, shards by size and mtime); [] if
     nothing."""
     if stamp is None:
         return ["the entry was never verified by sha256"]
+    then = stamp.get("shards", {})
+    shards: Mapping[str, object] = then if isinstance(then, dict) else {}
     changed = [
         f"shard {escape_name(name)}"
-        for name in sorted(set(now["shards"]) | set(stamp.get("shards", {})))
-        if now["shards"].get(name) != stamp.get("shards", {}).get(name)
+        for name in sorted(set(now["shards"]) | set(shards))
+        if now["shards"].get(name) != shards.get(name)
     ]
     if now["manifest_sha256"] != stamp.get("manifest_sha256"):
         changed.insert(0, "the manifest")
     return changed
+
+
+# -- the blake3 sidecar ----------------------------------------------------------------------------
+
+
+def sidecar_path(store: DigestStore, manifest_sha256: str) -> Path:
+    return store.root / f"{manifest_sha256}.blake3.json"
+
+
+def fix_command(root: str | Path, store: str | Path | None) -> str:
+    """The command that (re)writes the sidecar."""
+    return (
+        f"`python -m tpload manifest {escape_name(root)} --hash blake3"
+        + (f" --digest-store {escape_name(store)}" if store else "")
+        + "`"
+    )
+
+
+@dataclass(frozen=True)
+class Sidecar:
+    """A checkpoint's blake3 digests, as the operator's store keeps them."""
+
+    path: Path
+    tensors: Mapping[str, str]
+    stamp: Mapping[str, object]
+
+
+def write_sidecar(
+    store: DigestStore, manifest_sha256: str, checkpoint: Path, checked: Vouched, stamp: Stamp
+) -> Path:
+    """Keep the blake3 of every tensor the gate ``checked`` (gate.at_rest: each sha256 matched the
+    manifest with this sha256, and the blake3 was taken of the same bytes)."""
+    if not isinstance(checked, Vouched) or "blake3" not in checked.also:
+        raise LoadError(
+            "a blake3 sidecar is written only from tensors the gate checked, with their blake3"
+        )
+    doc: Doc = {
+        "format": SIDECAR_FORMAT,
+        "hash": "blake3",
+        "manifest_sha256": manifest_sha256,
+        "checkpoint": str(checkpoint),
+        "verified": stamp,
+        "tensors": dict(sorted(checked.hexes("blake3").items())),
+    }
+    return store.replace_doc(sidecar_path(store, manifest_sha256), doc)
+
+
+def read_sidecar(store: DigestStore, manifest_sha256: str, *, fix: str = "") -> Sidecar | None:
+    """The sidecar of the manifest with this sha256 (None if there is none), after the store's
+    checks."""
+    path = sidecar_path(store, manifest_sha256)
+    doc = store.read_doc(
+        path, manifest_sha256, f"write it again with {fix or fix_command('DIR', None)}"
+    )
+    if doc is None:
+        return None
+    tensors, stamp = doc.get("tensors"), doc.get("verified")
+    if (
+        doc.get("hash") != "blake3"
+        or not isinstance(tensors, dict)
+        or not isinstance(stamp, dict)
+        or not all(isinstance(v, str) and len(v) == 64 for v in tensors.values())
+    ):
+        raise LoadError(
+            f"{escape_name(path)}: not a blake3 sidecar (hash, tensors of 64 hex digits, verified "
+            "stamp); "
+            f"remove it and write it again with {fix or fix_command('DIR', None)}"
+        )
+    return Sidecar(path, {str(k): str(v).lower() for k, v in tensors.items()}, stamp)
+
+
+class Listed(Identified, Protocol):
+    @property
+    def manifest(self) -> Collection[str] | None:
+        """The manifest's tensor names (None: no manifest)."""
+
+
+def content_hash(
+    store: DigestStore, catalogue: Listed, stamp: Callable[[], Stamp], *, threads: int, fix: str
+) -> tuple[Digests, str]:
+    """blake3 when the store holds a fresh sidecar for this manifest that covers every tensor it
+    lists, sha256 otherwise; and, when a sidecar exists but is not used, why (a report note).
+    ``stamp``: the checkpoint's stamp now (taken only when there is a sidecar to compare it
+    with)."""
+    sha = catalogue.manifest_sha256
+    if sha is None or catalogue.manifest is None:
+        return SHA256, ""
+    side = read_sidecar(store, sha, fix=fix)
+    if side is None:
+        return SHA256, ""
+    why = ""
+    missing = [n for n in catalogue.manifest if n not in side.tensors]
+    changed = stale(side.stamp, stamp())
+    if not available():
+        why = f"the blake3 package is not installed ({INSTALL})"
+    elif changed:
+        why = (
+            f"{', '.join(changed)} changed (size or mtime) since it was written; rewrite it "
+            f"with {fix}"
+        )
+    elif missing:
+        why = (
+            f"it lacks {len(missing)} of the manifest's tensors (first "
+            f"{escape_name(missing[0])}); rewrite it with {fix}"
+        )
+    if why:
+        return (
+            SHA256,
+            f"blake3 sidecar {escape_name(side.path)} not used, tensors checked by sha256: {why}",
+        )
+    return Digests("blake3", side.tensors, str(side.path), threads=threads), ""

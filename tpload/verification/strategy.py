@@ -1,93 +1,292 @@
-"""What every way of vouching for served bytes shares: the load in hand (:class:`Job`), what a
-strategy hands the copy loop (:class:`Prepared`), and the :class:`Strategy` base with its three
-steps (prepare, settle, verdict). The strategies themselves: gate.py (tensor digests, predictions,
-none) and whole_files.py (files vouched for whole)."""
+"""What every way of vouching for served bytes shares: the load in hand as the gate sees it
+(:class:`Job`, typed by the Protocols below: the gate imports nothing of the load), what a strategy
+hands the copy loop (:class:`Prepared`), what it settles (:class:`Findings`), and the
+:class:`Strategy` base with its three steps (prepare, settle, verdict). The strategies themselves:
+gate.py (tensor digests, predictions, none) and whole_files.py (files vouched for whole).
+
+The Protocols say what the gate reads of the load, and nothing more: the options it reads
+(:class:`VerifyOptions`), where this rank stands (:class:`Where`), the checkpoint as opened
+(:class:`Checkpoint`), who reads what (:class:`RankReads`, one per rank of the node: the
+placement), what a rank's loop left (:class:`Outcome`), where a received window came from
+(:class:`Provenance`) and the exchanged rows (:class:`RankRow`). The load's own types satisfy them
+as they are (LoadOptions, DistContext, a Storage, RankPlan, LoadResult, RankFigures)."""
 
 from __future__ import annotations
 
 import hashlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
-from ..distributed import placement
 from ..model.errors import LoadError
 from ..model.modes import PredictionState
 from ..model.text import escape_name
-from ..sources import replicas
-from . import crosscheck
-from .blake3sums import SHA256, Digests
-from .files import FileHasher
-from .policy import HashPlan
-from .store import DigestStore, Prediction
+from ..model.values import Box, FileSource, Stored, Triple
+from . import node
+from .hashes import SHA256, Digests, FileHashed, HashResults
+from .node import HashPlan, WholeFiles
+from .signing import Signer
+from .store import DigestStore, Prediction, Stamp
 from .trust import TrustKind, TrustSource
+
+# -- what the gate reads of the load -------------------------------------------------------------
+
+
+class VerifyOptions(Signer, Protocol):
+    """The options the gate reads (LoadOptions satisfies it): the verify mode and the signer
+    (:class:`~tpload.verification.signing.Signer`), the kind, the config and the digest store."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def config(self) -> str: ...
+
+    @property
+    def digest_store(self) -> str | None: ...
+
+
+class Where(Protocol):
+    """Where this rank stands (distributed/world.py's DistContext satisfies it)."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def world(self) -> int: ...
+
+    @property
+    def node_peers(self) -> Sequence[int]:
+        """The ranks of this rank's node, itself included."""
+
+    @property
+    def node_lists(self) -> Sequence[Sequence[int]]:
+        """The group's ranks, node by node."""
+
+
+class Shape(Protocol):
+    """The layout's degrees (planning's Layout satisfies it)."""
+
+    @property
+    def tp(self) -> int: ...
+
+    @property
+    def ep(self) -> int: ...
+
+
+class HasBytes(Protocol):
+    @property
+    def nbytes(self) -> int: ...
+
+
+class Manifest(Protocol):
+    """The checkpoint's table as the gate sees it (storage's Catalogue satisfies it)."""
+
+    @property
+    def root(self) -> Path: ...
+
+    @property
+    def manifest(self) -> Collection[str] | None:
+        """The manifest's tensor names; None: the checkpoint has no manifest."""
+
+    @property
+    def manifest_path(self) -> Path: ...
+
+    @property
+    def manifest_sha256(self) -> str | None:
+        """The sha256 of the manifest's bytes as read (the checkpoint's identity)."""
+
+    @property
+    def tensors(self) -> Mapping[str, HasBytes]: ...
+
+
+class Checkpoint(Protocol):
+    """The opened checkpoint as the gate sees it (storage/base.py's Storage satisfies it)."""
+
+    @property
+    def root(self) -> Path: ...
+
+    @property
+    def catalogue(self) -> Manifest: ...
+
+    @property
+    def per_rank(self) -> bool:
+        """Each rank reads files of its own: nobody can hash for another."""
+
+    @property
+    def file_digests(self) -> Mapping[Path, str] | None:
+        """Each file's whole-file sha256 the folder carries (hub blob names, local-dir etags)."""
+
+    @property
+    def file_source(self) -> FileSource | None:
+        """Where :attr:`file_digests` come from, in words."""
+
+    def stored(self, name: str) -> Stored: ...
+
+    def file_size(self, path: Path) -> int: ...
+
+    def paths(self) -> list[Path]: ...
+
+    def manifest_problems(self, names: list[str]) -> list[str]: ...
+
+    def changed(self) -> list[str]: ...
+
+
+class RankReads(Protocol):
+    """One rank's plan as the gate sees it: what it reads and defers (planning's RankPlan satisfies
+    it). This rank's and its node peers' together are the placement, from which who hashes what
+    follows (node.py)."""
+
+    @property
+    def reads(self) -> Mapping[str, Box]:
+        """Every stored tensor the rank reads a window of, and the window."""
+
+    @property
+    def deferred(self) -> Sequence[str]: ...
+
+    @property
+    def read_bytes(self) -> int: ...
+
+    def views(self) -> Mapping[str, tuple[int, int]]:
+        """Each read tensor's 2-D byte view (rows, row bytes) that its window is a box of."""
+
+
+class Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class Outcome(Protocol):
+    """What a rank's loop left (loading/result.py's LoadResult satisfies it)."""
+
+    @property
+    def hashed(self) -> HashResults:
+        """The tensors this rank hashed, with its node peers' window fingerprints."""
+
+    @property
+    def windows(self) -> Mapping[str, tuple[Box, Triple]]:
+        """Every window the rank read: its box and the fingerprint of its stored bytes."""
+
+    @property
+    def outputs(self) -> Sequence[Named]:
+        """The served tensors, in plan order."""
+
+    @property
+    def fingerprints(self) -> Mapping[str, Triple]:
+        """Each served tensor's fingerprint."""
+
+    def digest(self) -> str:
+        """The rank's digest of what it serves (digest.py)."""
+
+
+class Provenance(Protocol):
+    """Where each window a rank holds came from (a read source's: the replicas' link)."""
+
+    def source(self, name: str) -> str:
+        """Where this rank's window of ``name`` came from, in words ("" when read from
+        storage)."""
+
+
+class RankRow(Protocol):
+    """A rank's row of the exchanged table, as the verdict reads it (report/figures.py's
+    RankFigures satisfies it)."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def seq(self) -> int: ...
+
+    @property
+    def failed(self) -> int: ...
+
+    @property
+    def message(self) -> str: ...
+
+    @property
+    def digest(self) -> str: ...
+
+    @property
+    def prediction(self) -> int: ...
+
+    @property
+    def claims(self) -> Sequence[bytes]: ...
+
+    @property
+    def seen(self) -> Sequence[bytes]: ...
+
+    @property
+    def agreed(self) -> str: ...
+
+
+# -- the job, and what the gate gives back -------------------------------------------------------
 
 
 @dataclass
 class Job:
     """What a strategy needs of the load in hand (filled by the load as it goes)."""
 
-    opts: object
-    """The load's LoadOptions."""
-    ctx: object
-    """The rank's DistContext (device picked)."""
-    fig: object
-    """This rank's RankFigures row."""
-    storage: object
-    """The opened checkpoint."""
-    plans: Mapping[int, object]
-    """This rank's RankPlan and its node peers' (for node hashing)."""
+    opts: VerifyOptions
+    where: Where
+    checkpoint: Checkpoint
+    plans: Mapping[int, RankReads]
+    """This rank's plan and its node peers' (for node hashing): the placement."""
     config_id: str
-    layout: object
-    stamp: Callable[[], dict]
+    layout: Shape
+    stamp: Callable[[], Stamp]
     """The checkpoint's stamp now (manifest sha256, each shard's size and mtime)."""
     notes: list[str] = field(default_factory=list)
     threads: int = 1
     """Spare cores of this rank, for hashing on the side."""
-    reads: Mapping[int, Mapping[str, object]] | None = None
-    """With replicas (sources/replicas.py): each plan's windows its rank reads from storage itself
-    (default: all)."""
-    link: object = None
-    """With replicas: this rank's replicas.Link (who read each window it received)."""
+    position: int | None = None
+    """This rank's place among :attr:`positions` (a stored prediction has one digest each):
+    replicas stand several ranks at one position; None: its rank."""
+    positions: int | None = None
+    """How many digests a stored prediction holds for this load; None: the world's size."""
 
     @property
     def me(self) -> int:
-        return self.ctx.rank
+        return self.where.rank
 
     @property
-    def plan(self) -> object:
-        return self.plans[self.ctx.rank]
+    def plan(self) -> RankReads:
+        return self.plans[self.where.rank]
 
 
 @dataclass
 class Prepared:
-    """What a strategy hands the copy loop: who hashes what, by which hash, and a whole-file
-    hasher."""
+    """What a strategy hands the copy loop: who hashes what, by which hash, and which files are
+    hashed whole beside it (the read sources do the hashing: sources/)."""
 
     hashes: HashPlan
     digests: Digests = SHA256
-    files: FileHasher | None = None
+    files: WholeFiles | None = None
+    """Files this rank hashes whole on a thread of its own while its loop copies."""
     stored: Prediction | None = None
     """The stored prediction for this layout, when the store holds one."""
 
-    @contextmanager
-    def alongside(self) -> Iterator[None]:
-        """Run the whole-file hasher (if any) on its own thread while the body copies; wait for it
-        at the end (its error re-raised), and stop it if the body fails."""
-        if self.files is None:
-            yield
-            return
-        try:
-            self.files.start()
-            yield
-            self.files.finish()
-        finally:
-            self.files.cancel()
+
+@dataclass
+class Findings:
+    """What a strategy settled of one rank's evidence: the load copies it into the rank's row."""
+
+    digest: str
+    prediction: PredictionState = PredictionState.NONE
+    claims: list[bytes] | None = None
+    """Node mode: what this rank, as hasher, says each node peer's windows hold (None: nothing
+    hashed for a peer: the row's zero values stand)."""
+    seen: list[bytes] | None = None
+    """Node mode: what this rank read of the tensors each node peer hashed."""
+    hashed: int | None = None
+    """Tensors checked (whole files: the tensors fingerprinted from the hashed files); None: the
+    loop's own count stands."""
+    bytes_hashed: int | None = None
+    """Bytes fed to the content hash (whole files: the files' bytes); None: the loop's count."""
 
 
-def digest_map(digests: Mapping[object, object], root: object = None) -> str:
+def digest_map(digests: Mapping[str, str] | Mapping[Path, str], root: Path | None = None) -> str:
     """One sha256 over a map of files to their digests, by path relative to ``root`` (each node's
     copy may sit elsewhere; None: the names as they are), in name order."""
     lines = []
@@ -99,7 +298,7 @@ def digest_map(digests: Mapping[object, object], root: object = None) -> str:
     return hashlib.sha256("".join(sorted(lines)).encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def layout_key(config_id: str, layout: object, kind: str) -> str:
+def layout_key(config_id: str, layout: Shape, kind: str) -> str:
     return f"tp{layout.tp}-ep{layout.ep}-{kind}-config-{config_id}"
 
 
@@ -116,16 +315,17 @@ class Strategy(ABC):
     def __init__(self, job: Job) -> None:
         self.job = job
         self.prepared: Prepared | None = None
+        self.provenance: Provenance | None = None
         self.key = layout_key(job.config_id, job.layout, job.opts.kind)
-        manifest_sha = job.storage.catalogue.manifest_sha256
+        manifest_sha = job.checkpoint.catalogue.manifest_sha256
         # refused here (as by the options) when it lies in the checkpoint it would vouch for
-        self.store = store = DigestStore(job.opts.digest_store, checkpoint=job.storage.root)
+        self.store = store = DigestStore(job.opts.digest_store, checkpoint=job.checkpoint.root)
         self.store_path = str(store.path(manifest_sha)) if manifest_sha else str(store.root)
 
     def trust(self) -> TrustSource:
         """What this strategy checks served bytes against, as a record (verification/trust.py): by
         default the manifest's per-tensor digests."""
-        cat = self.job.storage.catalogue
+        cat = self.job.checkpoint.catalogue
         return TrustSource(TrustKind.MANIFEST, str(cat.manifest_path), cat.manifest_sha256)
 
     # -- before any read ------------------------------------------------------------------------
@@ -135,97 +335,113 @@ class Strategy(ABC):
         distributed/agreement.py): the manifest's sha256, else the whole-file digests the folder
         carries (hub blob names, local-dir etags), as one sha256 over them in name order; "none"
         when it has neither."""
-        storage = self.job.storage
-        sha = storage.catalogue.manifest_sha256
+        checkpoint = self.job.checkpoint
+        sha = checkpoint.catalogue.manifest_sha256
         if sha:
             return f"manifest sha256 {sha}"
-        digests = getattr(storage, "file_digests", None)
+        digests = checkpoint.file_digests
         if digests:
-            kind = getattr(getattr(storage, "file_source", None), "kind", "file")
-            return f"{kind} digests {digest_map(digests, storage.root)}"
+            source = checkpoint.file_source
+            kind = source.kind if source is not None else "file"
+            return f"{kind} digests {digest_map(digests, checkpoint.root)}"
         return "none (no manifest, no file digests)"
 
-    def prepare(self) -> Prepared:
+    def prepare(
+        self,
+        reads: Mapping[int, Mapping[str, Box]] | None = None,
+        *,
+        provenance: Provenance | None = None,
+    ) -> Prepared:
         """Check the preconditions (raise LoadError naming what is missing) and say who hashes
-        what."""
+        what. ``reads``: each plan's windows its rank reads from storage itself (its read source's:
+        replicas receive some); default: every window of each plan. ``provenance``: where each
+        received window came from, for messages."""
+        self.provenance = provenance
         self._check_manifest()
-        self.prepared = self._prepare()
+        if reads is None:
+            reads = {p: q.reads for p, q in self.job.plans.items()}
+        self.prepared = self._prepare(reads)
         self.prepared.stored = self.prepared.stored or self._stored()
         return self.prepared
 
     @abstractmethod
-    def _prepare(self) -> Prepared: ...
+    def _prepare(self, reads: Mapping[int, Mapping[str, Box]]) -> Prepared: ...
 
     def _check_manifest(self) -> None:
         """Every tensor the plan reads or defers has the digest this strategy needs."""
         job = self.job
         plan = job.plan
-        problems = job.storage.manifest_problems(
-            sorted(set(plan.used_tensors) | set(plan.deferred))
-        )
+        problems = job.checkpoint.manifest_problems(sorted(set(plan.reads) | set(plan.deferred)))
         if problems:
             what = (  # without a manifest, they are about what else could have vouched
                 "manifest problem(s)"
-                if job.storage.catalogue.manifest is not None
+                if job.checkpoint.catalogue.manifest is not None
                 else "problem(s) with what vouches for the bytes"
             )
             raise LoadError(f"{len(problems)} {what}:\n  - " + "\n  - ".join(problems))
 
     def _stored(self) -> Prediction | None:
         """The store's prediction for this layout, if any (any mode compares with one it finds)."""
-        storage = self.job.storage
-        sha = storage.catalogue.manifest_sha256
-        if not sha or storage.per_rank:
+        checkpoint = self.job.checkpoint
+        sha = checkpoint.catalogue.manifest_sha256
+        if not sha or checkpoint.per_rank:
             return None
         return self.store.read(sha).get(self.key)
 
-    # -- after the copies ----------------------------------------------------------------------
-    def settle(self, result: object) -> None:
-        """This rank's own verdicts (raise every problem at once) and its row's evidence figures."""
-        fig, ctx, stored = self.job.fig, self.job.ctx, self.prepared.stored
-        fig.digest = result.digest()
-        # the attestation is an exit path of the gate: rank 0's row says it will write one
-        fig.attest = int(bool(getattr(self.job.opts, "attest", None)))
-        if stored is not None:
-            at = placement.placement(
-                self.job.opts, ctx.world
-            )  # replicas: one prediction a position
-            me, world = (at.where(ctx.rank)[1], at.size) if at else (ctx.rank, ctx.world)
-            match = len(stored.digests) == world and stored.digests[me] == fig.digest
-            fig.prediction = PredictionState.MATCH if match else PredictionState.DIFFERS
-            if not match and len(stored.digests) == world:
-                self._name_differing(result, stored, me)
-        hashes = self.prepared.hashes
-        if hashes.peers or hashes.owner:
-            fingerprints = result.hashed.column("peers")
-            fig.claims = crosscheck.claims(hashes.peers, fingerprints, ctx.node_peers, ctx.rank)
-            fig.seen = crosscheck.seen(hashes.owner, result.windows, ctx.node_peers, ctx.rank)
+    def _ready(self) -> Prepared:
+        if self.prepared is None:
+            raise LoadError("the gate settles only what it prepared (prepare() first)")
+        return self.prepared
 
-    def _name_differing(self, result: object, stored: Prediction, me: int) -> None:
+    # -- after the copies ----------------------------------------------------------------------
+    def settle(self, outcome: Outcome, files: Sequence[FileHashed] = ()) -> Findings:
+        """This rank's own verdicts (raise every problem at once), and what it settled of its
+        evidence (``files``: what the whole-file hashing of :attr:`Prepared.files` found)."""
+        job, prepared = self.job, self._ready()
+        where, stored = job.where, prepared.stored
+        found = Findings(outcome.digest())
+        if stored is not None:
+            me = job.position if job.position is not None else where.rank
+            world = job.positions if job.positions is not None else where.world
+            match = len(stored.digests) == world and stored.digests[me] == found.digest
+            found.prediction = PredictionState.MATCH if match else PredictionState.DIFFERS
+            if not match and len(stored.digests) == world:
+                self._name_differing(outcome, stored, me, found.digest)
+        hashes = prepared.hashes
+        if hashes.peers or hashes.owner:
+            fingerprints = outcome.hashed.peers()
+            found.claims = node.claims(hashes.peers, fingerprints, where.node_peers, where.rank)
+            found.seen = node.seen(hashes.owner, outcome.windows, where.node_peers, where.rank)
+        return found
+
+    def _name_differing(self, outcome: Outcome, stored: Prediction, me: int, digest: str) -> None:
         """A digest that differs from its prediction: raise naming the served tensors that differ,
         from the per-tensor predictions stored with it (nothing to name without them)."""
-        sha = self.job.storage.catalogue.manifest_sha256
+        sha = self.job.checkpoint.catalogue.manifest_sha256
+        if sha is None:
+            return
         windows = self.store.read_windows(sha, self.key, stored.digests)
         if windows is None or len(windows) != len(stored.digests):
             return
-        want, link = windows[me], self.job.link
-        bad = [o.name for o in result.outputs if want.get(o.name) != result.fingerprints[o.name]]
-        bad += sorted(set(want) - {o.name for o in result.outputs})
-        said = [escape_name(n) + (link.source(n) if link else "") for n in bad[:8]]
+        want, provenance = windows[me], self.provenance
+        served = [o.name for o in outcome.outputs]
+        bad = [n for n in served if want.get(n) != outcome.fingerprints[n]]
+        bad += sorted(set(want) - set(served))
+        said = [escape_name(n) + (provenance.source(n) if provenance else "") for n in bad[:8]]
         more = f" and {len(bad) - 8} more" if len(bad) > 8 else ""
         raise LoadError(
-            f"digest {self.job.fig.digest[:16]}... differs from the prediction stored in "
+            f"digest {digest[:16]}... differs from the prediction stored in "
             f"{escape_name(self.store_path)} ({self.key}, position {me}): {len(bad)} served "
             f"tensor(s) differ: {', '.join(said)}{more}"
         )
 
-    def locators(self, names: tuple[str, ...]) -> dict[str, str | None]:
+    def locators(self, names: Sequence[str]) -> dict[str, str | None]:
         """The digest each deferred tensor's locator checks its streamed bytes against."""
-        stored = self.job.storage.stored
+        stored = self.job.checkpoint.stored
         return {n: stored(n).sha256 for n in names}
 
     # -- after the exchange --------------------------------------------------------------------
-    def verdict(self, ranks: list[object]) -> list[str]:
+    def verdict(self, ranks: Sequence[RankRow]) -> list[str]:
         """Problems only the exchanged table shows: a rank whose digest is not its prediction, a
         node peer that served other bytes than its hasher hashed."""
         problems = [
@@ -235,10 +451,9 @@ class Strategy(ABC):
             for r in ranks
             if r.prediction == PredictionState.DIFFERS
         ]
-        ctx = self.job.ctx
-        if ctx.group is not None:
-            problems += crosscheck.verdict(
-                ctx.node_lists, {r.rank: r.claims for r in ranks}, {r.rank: r.seen for r in ranks}
-            )
-            problems += replicas.verdict(ranks, placement.placement(self.job.opts, len(ranks)))
+        problems += node.verdict(
+            self.job.where.node_lists,
+            {r.rank: r.claims for r in ranks},
+            {r.rank: r.seen for r in ranks},
+        )
         return problems

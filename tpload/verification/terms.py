@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from ..model.text import rank_ranges
 
@@ -64,6 +65,57 @@ def _globs(globs: Sequence[str]) -> str:
     return ", ".join(sorted(set(globs))) or "none"
 
 
+class Asked(Protocol):
+    """The options every rank must share (LoadOptions satisfies it)."""
+
+    @property
+    def verify(self) -> str: ...
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def skip(self) -> Sequence[str]: ...
+
+    @property
+    def defer(self) -> Sequence[str]: ...
+
+    @property
+    def skip_activation_scales(self) -> bool: ...
+
+
+class Degrees(Protocol):
+    @property
+    def tp(self) -> int: ...
+
+    @property
+    def ep(self) -> int: ...
+
+
+class Rules(Protocol):
+    """The config the load plans by (selection/config.py's Config satisfies it)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def id(self) -> str: ...
+
+
+class Groups(Protocol):
+    """Where the replicas stand (distributed/placement.py's Placement satisfies it)."""
+
+    @property
+    def groups(self) -> Sequence[Sequence[int]]: ...
+
+
+class Row(Protocol):
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def agreed(self) -> str: ...
+
+
 @dataclass(frozen=True)
 class Terms:
     """What this rank is about to load, one value per field of :data:`FIELDS`: ``values`` are
@@ -75,11 +127,11 @@ class Terms:
     @classmethod
     def of(
         cls,
-        opts: object,
-        layout: object,
-        config: object,
+        opts: Asked,
+        layout: Degrees,
+        config: Rules,
         anchor: str,
-        placement: object | None,
+        placement: Groups | None,
     ) -> Terms:
         """``anchor``: the gate's strategy's (Strategy.anchor); ``placement``: where the replicas
         stand (replicas.placement's, None without replicas)."""
@@ -113,7 +165,7 @@ class Terms:
         return "".join((h & (2**64 - 1)).to_bytes(8, "big").hex() for h in self.hashes())
 
 
-def disagreement(ranks: Sequence[object]) -> list[str]:
+def disagreement(ranks: Sequence[Row]) -> list[str]:
     """From the exchanged rows (the verdict's second look): a passed rank whose row does not say
     what it loaded, or rows whose terms differ, naming the first field and the ranks by hash."""
     silent = [r.rank for r in ranks if len(r.agreed) != AGREED_BYTES]

@@ -25,7 +25,7 @@ class Vouched:
     """``(len(names), 32)`` uint8: each tensor's sha256, equal to the manifest's."""
     also: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """Other hashes of the same bytes (``blake3``), hex, in the order of :attr:`names`."""
-    _token: object = field(default=None, repr=False, compare=False)
+    _token: _GateToken | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self._token is not _GATE:
@@ -40,7 +40,11 @@ class Vouched:
         return dict(zip(self.names, self.also[hash], strict=True))
 
 
-_GATE = object()
+class _GateToken:
+    """The capability's type: its one instance, :data:`_GATE`, is held by gate.at_rest alone."""
+
+
+_GATE = _GateToken()
 """Held by gate.at_rest alone (a constructor argument the gate passes; anything else is refused)."""
 
 

@@ -1,23 +1,29 @@
 """Strategies for folders whose files are vouched for whole: a hub snapshot's blob names, a
 local-dir download's etags (:class:`FileDigests`), or a signature over the files
 (:class:`SignedFiles`). Each file is hashed whole once per node by one of its readers, beside the
-copies."""
+copies.
+
+A node's ranks split the files (whole, balanced by bytes, each to a rank that reads from it:
+node.assign_files). A rank hashes its share start to end on a thread of its own while its loop
+copies windows (the read sources do: sources/whole_files.py), and from the very bytes it hashes
+fingerprints every node peer's window of every tensor in the file, its own included. The exchange
+then compares those with what each peer served (node.py); the rank compares its own windows itself.
+A file whose bytes do not match its blob name fails the load on every rank, naming the file."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..model.errors import LoadError
 from ..model.modes import Verify
 from ..model.text import escape_name
-from ..model.windows import readers
-from ..storage.hub import SNAPSHOT, FileSource
-from ..storage.localdir import DOWNLOAD_DIR
-from . import crosscheck
-from .files import FileHashed, FileHasher, assign_files, file_problems, own_problems
-from .policy import HashPlan
-from .strategy import Job, Prepared, Strategy, digest_map
+from ..model.values import SNAPSHOT, Box, FileSource
+from . import node
+from .hashes import Expected, FileHashed, file_problems, own_problems
+from .node import HashPlan, WholeFiles, assign_files, readers
+from .signing import SignedModel
+from .strategy import Findings, Job, Outcome, Prepared, Strategy, digest_map
 from .trust import TrustKind, TrustSource
 
 
@@ -38,43 +44,42 @@ class FileDigests(Strategy):
     def __init__(self, job: Job, source: FileSource | None = None) -> None:
         super().__init__(job)
         # the words of the digests' source (hub blob names, local-dir etags, a signature bundle)
-        self.source = source or getattr(job.storage, "file_source", None) or SNAPSHOT
+        self.source = source or job.checkpoint.file_source or SNAPSHOT
         self.vouched_by, self.locators_vouched_by = (
             self.source.vouched_by,
             self.source.locators_vouched_by,
         )
+        self.split: dict[int, list[Path]] = {}
+        self.extra: set[Path] = set()
+        self.derived: dict[str, str] = {}
 
     def _check_manifest(self) -> None:
         return  # every file is vouched for whole (expected()), checked while loading
 
     def trust(self) -> TrustSource:
-        storage = self.job.storage
-        local = getattr(storage, "local", None)
-        if local is not None:  # the etags in the download's metadata folder
-            return TrustSource(TrustKind.LOCAL_DIR, str(local.root / DOWNLOAD_DIR))
-        return TrustSource(TrustKind.HUB_SNAPSHOT, str(storage.root))
+        metadata = self.source.metadata
+        if metadata is not None:  # the etags in the download's metadata folder
+            return TrustSource(TrustKind.LOCAL_DIR, str(metadata))
+        return TrustSource(TrustKind.HUB_SNAPSHOT, str(self.job.checkpoint.root))
 
-    def expected(self) -> Mapping[Path, str]:
+    def expected(self) -> Mapping[Path, str | Expected]:
         """Each file's expected sha256 (a source of whole-file digests overrides this)."""
-        return self.job.storage.file_digests
+        return self.job.checkpoint.file_digests or {}
 
-    def _prepare(self) -> Prepared:
-        job, me, storage = self.job, self.job.me, self.job.storage
-        reads = job.reads if job.reads is not None else {p: q.reads for p, q in job.plans.items()}
+    def _prepare(self, reads: Mapping[int, Mapping[str, Box]]) -> Prepared:
+        job, me, checkpoint = self.job, self.job.me, self.job.checkpoint
         if (
             job.opts.verify == Verify.RANK
         ):  # each rank hashes the files it reads, for its own windows only
             reads = {me: reads[me]}
-        file_of = {n: storage.info(n).path for r in reads.values() for n in r}
+        file_of = {n: checkpoint.stored(n).path for r in reads.values() for n in r}
         users: dict[Path, list[int]] = {}  # each file: the ranks that read from it
         for n, ranks in readers(reads).items():
             users[file_of[n]] = sorted({*users.get(file_of[n], ()), *ranks})
         if job.opts.verify == Verify.RANK or len(reads) == 1:
             split = {me: sorted({file_of[n] for n in reads[me]})}
         else:
-            split = assign_files(
-                users, {f: storage.files.get(f).opened.size for f in users}, sorted(reads)
-            )
+            split = assign_files(users, {f: checkpoint.file_size(f) for f in users}, sorted(reads))
         hasher_of = {f: r for r, fs in split.items() for f in fs}
         mine = set(split.get(me, []))
         peers = {
@@ -83,45 +88,50 @@ class FileDigests(Strategy):
             if f in mine
         }
         owner = {n: hasher_of[file_of[n]] for n in reads[me] if hasher_of.get(file_of[n], me) != me}
-        deferred = set(job.plan.deferred)
+        deferred = frozenset(job.plan.deferred)
         extra = {
-            storage.info(n).path for n in deferred
+            checkpoint.stored(n).path for n in deferred
         } - mine  # files hashed only for this rank's deferrals
-        views = {c.name: c.view for q in job.plans.values() for item in q.items for c in item.cuts}
+        views = {n: v for q in job.plans.values() for n, v in q.views().items()}
         self.split, self.extra = split, extra
-        files = FileHasher(storage, sorted(mine | extra), peers, views, deferred=deferred)
+        files = WholeFiles(sorted(mine | extra), peers, views, deferred, self._want())
         return Prepared(HashPlan(me, frozenset(), owner, {}), files=files)
 
-    def settle(self, result: object) -> None:
-        job, me, fig = self.job, self.job.me, self.job.fig
-        files = self.prepared.files
-        hashed: list[FileHashed] = files.results
+    def _want(self) -> Mapping[Path, str | Expected]:
+        """What each file must hash to, when not its whole sha256 (none here: a signature's)."""
+        return {}
+
+    def settle(self, outcome: Outcome, files: Sequence[FileHashed] = ()) -> Findings:
+        job, me, prepared = self.job, self.job.me, self._ready()
+        plan = prepared.files
         problems = file_problems(
-            hashed, self.expected(), named_by=self.source.named_by
-        ) + own_problems(hashed, me, result.windows)
+            files, self.expected(), named_by=self.source.named_by
+        ) + own_problems(files, me, outcome.windows)
         if problems:
             raise LoadError(f"{len(problems)} problem(s):\n  - " + "\n  - ".join(problems))
-        self.derived = {n: d for h in hashed for n, d in h.deferred.items()}
-        super().settle(result)
-        fig.hashed = sum(len(h.peers) for h in hashed)
-        fig.bytes_hashed = sum(h.nbytes for h in hashed)
+        self.derived = {n: d for h in files for n, d in h.deferred.items()}
+        found = super().settle(outcome, files)
+        found.hashed = sum(len(h.peers) for h in files)
+        found.bytes_hashed = sum(h.nbytes for h in files)
         claims = {
-            n: {p: b for p, b in by_peer.items() if p != me} for n, by_peer in files.peers.items()
+            n: {p: b for p, b in by_peer.items() if p != me}
+            for n, by_peer in (plan.peers if plan is not None else {}).items()
         }
-        fingerprints = {n: fp for h in hashed for n, fp in h.peers.items()}
-        fig.claims = crosscheck.claims(claims, fingerprints, job.ctx.node_peers, me)
-        fig.seen = crosscheck.seen(
-            self.prepared.hashes.owner, result.windows, job.ctx.node_peers, me
-        )
+        fingerprints = {n: fp for h in files for n, fp in h.peers.items()}
+        found.claims = node.claims(claims, fingerprints, job.where.node_peers, me)
+        found.seen = node.seen(prepared.hashes.owner, outcome.windows, job.where.node_peers, me)
         job.notes.append(self._note())
+        return found
 
     def _note(self) -> str:
-        job, storage = self.job, self.job.storage
-        node = job.opts.verify == Verify.NODE
+        job, checkpoint = self.job, self.job.checkpoint
+        whole_node = job.opts.verify == Verify.NODE
         node_files = {f for fs in self.split.values() for f in fs}
-        hashed_bytes = sum(storage.files.get(f).opened.size for f in node_files)
-        read_bytes = sum(q.read_bytes for q in job.plans.values()) if node else job.plan.read_bytes
-        scope = "this node" if node else "this rank"
+        hashed_bytes = sum(checkpoint.file_size(f) for f in node_files)
+        read_bytes = (
+            sum(q.read_bytes for q in job.plans.values()) if whole_node else job.plan.read_bytes
+        )
+        scope = "this node" if whole_node else "this rank"
         note = (
             f"{self.source.kind}: {len(node_files)} file(s) checked whole against "
             f"{self.source.against}, {hashed_bytes / 1e9:.3f} GB hashed for "
@@ -134,14 +144,14 @@ class FileDigests(Strategy):
                 "what it serves)"
             )
         if self.extra:
-            extra = sum(storage.files.get(f).opened.size for f in self.extra)
+            extra = sum(checkpoint.file_size(f) for f in self.extra)
             note += (
                 f"; {len(self.extra)} more file(s), {extra / 1e9:.3f} GB, hashed by this rank for "
                 "the tensors it defers"
             )
         return note
 
-    def locators(self, names: tuple[str, ...]) -> dict[str, str | None]:
+    def locators(self, names: Sequence[str]) -> dict[str, str | None]:
         missing = [n for n in names if n not in self.derived]
         if missing:  # never a locator without a digest from this load
             raise LoadError(
@@ -156,7 +166,7 @@ class SignedFiles(FileDigests):
     hashed whole once per node against the digest the bundle signs for it (or its signed pieces'),
     exactly like hub blobs; every file the load reads must be signed."""
 
-    def __init__(self, job: Job, signed: object) -> None:
+    def __init__(self, job: Job, signed: SignedModel) -> None:
         what = f"the digests {signed.what} signs"
         super().__init__(
             job,
@@ -173,8 +183,11 @@ class SignedFiles(FileDigests):
         )
         self.signed = signed
 
-    def expected(self) -> Mapping[Path, object]:
-        return self.signed.expected(self.job.storage.paths())
+    def expected(self) -> Mapping[Path, str | Expected]:
+        return self.signed.expected(self.job.checkpoint.paths())
+
+    def _want(self) -> Mapping[Path, str | Expected]:
+        return self.expected()
 
     def anchor(self) -> str:
         return f"{self.signed.bundle.name} signs digests {statement(self.signed)}"
@@ -185,20 +198,18 @@ class SignedFiles(FileDigests):
             TrustKind.SIGNATURE, str(signed.bundle), signed.bundle_sha256, signed.signer_id
         )
 
-    def _prepare(self) -> Prepared:
-        storage = self.job.storage
-        self.signed.check_covered(storage.paths())
-        if storage.catalogue.manifest is not None:
+    def _prepare(self, reads: Mapping[int, Mapping[str, Box]]) -> Prepared:
+        checkpoint = self.job.checkpoint
+        self.signed.check_covered(checkpoint.paths())
+        if checkpoint.catalogue.manifest is not None:
             self.job.notes.append(
-                f"{escape_name(storage.catalogue.manifest_path)} is not signed: it is not an "
+                f"{escape_name(checkpoint.catalogue.manifest_path)} is not signed: it is not an "
                 f"anchor; {self.signed.bundle.name}'s file digests are"
             )
-        prepared = super()._prepare()
-        prepared.files.expect(self.expected())
-        return prepared
+        return super()._prepare(reads)
 
 
-def statement(signed: object) -> str:
+def statement(signed: SignedModel) -> str:
     """One sha256 over what a verified model.sig signs (each file's digest, or its pieces'): the
     same on every node holding the same signed statement, wherever its folder sits."""
     lines = {name: f"{h}:{d}" for name, (h, d) in signed.whole.items()}

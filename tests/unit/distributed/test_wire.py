@@ -79,7 +79,7 @@ def _links(staged: bool) -> tuple[Link, Link]:
     for rank in (0, 1):
         ctx = SimpleNamespace(rank=rank)
         wire = Wire(SimpleNamespace(rank=rank), CPU, staged=staged)
-        out.append(Link(ctx, at, [shared], 10.0, SimpleNamespace(), wire))
+        out.append(Link(ctx, at, [shared], 10.0, 0, wire))
     return out[0], out[1]
 
 
@@ -150,7 +150,7 @@ def test_an_owner_that_fails_mid_window_stops_its_receivers_at_once(
     monkeypatch.setattr(replicas, "send", box.send)
     monkeypatch.setattr(replicas, "recv", box.recv)
     sender, receiver = _links(False)
-    sender.fig = receiver.fig = SimpleNamespace(seq=4)
+    sender.seq = receiver.seq = 4
     _, pieces = _window()
     with pytest.raises(OSError):
         for _ in sender.sending("w", ((0, 6), (0, 16)), _failing(pieces, 1)):
@@ -174,7 +174,7 @@ def test_a_rank_that_fails_while_not_sending_sends_nothing_and_a_stale_abort_is_
     monkeypatch.setattr(replicas, "send", box.send)
     monkeypatch.setattr(replicas, "recv", box.recv)
     sender, receiver = _links(False)
-    sender.fig, receiver.fig = SimpleNamespace(seq=1), SimpleNamespace(seq=2)
+    sender.seq, receiver.seq = 1, 2
     _, pieces = _window()
     list(sender.sending("w", ((0, 6), (0, 16)), pieces))  # a whole window: nobody waits now
     sent = len(box.sent)

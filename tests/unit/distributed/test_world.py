@@ -68,10 +68,11 @@ def _verdict(ranks: list[RankFigures], context: DistContext, store: str) -> str:
             manifest_sha256="ab" * 32, manifest_path="/c/NATIVE_MANIFEST.json"
         ),
         per_rank=False,
+        file_digests=None,
         root=Path("/nonexistent-checkpoint"),
     )
-    opts = SimpleNamespace(kind="packed", digest_store=store, verify="node")
-    job = strategy.Job(opts, context, None, storage, {}, "x", Layout(2, 1), dict)
+    opts = SimpleNamespace(kind="packed", digest_store=store, verify="node", checkpoint=None)
+    job = strategy.Job(opts, context, storage, {}, "x", Layout(2, 1), dict)
     return "\n".join(gate.judge(ranks, gate.strategy(job)).problems)
 
 

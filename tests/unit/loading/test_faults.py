@@ -458,8 +458,9 @@ def test_a_world_that_cannot_form_fails_in_bounded_time(
         "TORCHELASTIC_USE_AGENT_STORE": "True",  # as under torchrun, whose agent holds the store
     }.items():
         monkeypatch.setenv(k, v)
-    with pytest.raises(LoadError, match="could not form the process group of 2 ranks within 3 s"):
-        load(small_ckpt, timeout_s=3.0)
+    # 1 s proves the bound as well as any: the store's client retries until it runs out
+    with pytest.raises(LoadError, match="could not form the process group of 2 ranks within 1 s"):
+        load(small_ckpt, timeout_s=1.0)
 
 
 def test_sigterm_says_what_stopped_the_rank() -> None:

@@ -12,7 +12,8 @@ from tpload.distributed.replica_split import split
 from tpload.model.errors import OptionsError
 from tpload.model.modes import Verify
 from tpload.options.load_options import LoadOptions
-from tpload.sources.replicas import link
+from tpload.sources.open import open_source
+from tpload.sources.storage import StorageSource
 
 
 def test_the_split_balances_bytes_and_keeps_a_tensor_with_one_reader_at_every_position() -> None:
@@ -86,13 +87,25 @@ def test_what_replicas_cannot_share_yet_is_refused_before_any_read(
     verify: Verify, per_rank: bool, files: object, why: str
 ) -> None:
     storage = SimpleNamespace(per_rank=per_rank, file_digests=files)
-    job = SimpleNamespace(
-        opts=SimpleNamespace(replicas=2, verify=verify), ctx=None, storage=storage
-    )
+    opts = SimpleNamespace(replicas=2, replica_group=None, verify=verify)
+
+    def source() -> object:
+        return open_source(
+            storage,  # type: ignore[arg-type]
+            opts=opts,  # type: ignore[arg-type]
+            ctx=None,  # type: ignore[arg-type]
+            plans={},
+            planner=None,  # type: ignore[arg-type]
+            layout=None,  # type: ignore[arg-type]
+            kind="packed",
+            whole_files=False,
+            seq=1,
+        )
+
     with pytest.raises(OptionsError, match=why):
-        link(SimpleNamespace(job=job), None)
-    job.opts.replicas = 1
-    assert link(SimpleNamespace(job=job), None) is None  # no replicas: nothing changes
+        source()
+    opts.replicas = 1
+    assert type(source()) is StorageSource  # no replicas: the storage itself, as before
 
 
 def test_with_whole_file_anchors_a_file_is_read_by_one_replica() -> None:
@@ -112,7 +125,7 @@ def test_the_exchange_checks_every_receiver_against_its_senders_apart_from_the_i
 ):
     from tpload.report.figures import RankFigures
     from tpload.sources.replicas import verdict
-    from tpload.verification.crosscheck import fold
+    from tpload.verification.node import fold
 
     a = [("w", ((0, 4), (0, 8)), (1, 2, 3))]
     b = [("v", ((0, 2), (0, 8)), (4, 5, 6))]

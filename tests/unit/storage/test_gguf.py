@@ -316,29 +316,13 @@ def test_fuzz_one_line(tmp_path: Path) -> None:
     assert refused >= 24  # every truncation at least
 
 
-def test_headers_only_full_set_for_plan(tmp_path: Path) -> None:
+def test_headers_only_full_set_for_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """deepseek-r1-gguf-full: our own header writer read back by gguf's reader; `plan` gives
-    per-rank figures."""
-    import subprocess
-    import sys
+    per-rank figures (the command line's entry point, in this process)."""
+    from tpload.cli import main
 
     root = tmp_path / "r1"
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tpload",
-            "synth",
-            str(root),
-            "--preset",
-            "deepseek-r1-gguf-full",
-            "--headers-only",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert run.returncode == 0, run.stderr
+    assert main(["synth", str(root), "--preset", "deepseek-r1-gguf-full", "--headers-only"]) == 0
     files = gguf_files(root)
     assert len(files) == 9
     _compare_set_part(files[0])
@@ -351,11 +335,7 @@ def test_headers_only_full_set_for_plan(tmp_path: Path) -> None:
         tensors["blk.7.ffn_down_exps.weight"].dtype,
     ) == ("Q6_K", "Q4_K")
     assert tensors["blk.3.ffn_down_exps.weight"].elements == (256, 7168, 2048)
-    plan = subprocess.run(
-        [sys.executable, "-m", "tpload", "plan", str(root), "--tp", "8"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert plan.returncode == 0, plan.stderr
-    assert "headers-only checkpoint" in plan.stdout and "51.384" in plan.stdout, plan.stdout
+    capsys.readouterr()
+    assert main(["plan", str(root), "--tp", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "headers-only checkpoint" in out and "51.384" in out, out

@@ -157,6 +157,22 @@ def test_an_old_manifest_without_the_pin_loads_with_a_note_and_force_pins_it(
     assert not any("GGUF key-values" in n for n in tpload.load(copy, progress=False).report.notes)
 
 
+def test_a_flipped_quant_byte_fails_the_load_naming_the_tensor_and_its_sha256(copy: Path) -> None:
+    """A quant byte of expert 0's first Q4_K block changed after `tpload manifest`: the tensor's
+    sha256 against the manifest catches it (the launch of this under torchrun, every rank failing,
+    is the slow tier's: tests/integration/test_gguf.py)."""
+    part = copy / PART2
+    t = next(t for t in gguf.GGUFReader(part).tensors if t.name == "blk.1.ffn_up_exps.weight")
+    start, raw = int(t.data_offset), bytearray(part.read_bytes())
+    raw[start + 7] ^= 0x10
+    part.write_bytes(bytes(raw))
+    now = hashlib.sha256(raw[start : start + int(t.n_bytes)]).hexdigest()
+    with pytest.raises(LoadError) as e:
+        tpload.load(copy, progress=False)
+    said = f"{part}: tensor blk.1.ffn_up_exps.weight: sha256 {now[:16]}... does not match the "
+    assert said + "manifest's" in str(e.value), str(e.value)
+
+
 # -- where the architecture came from
 
 

@@ -21,11 +21,12 @@ from tpload.loading.planner import planner_of
 from tpload.model.progress import Silent
 from tpload.planning.layout import Layout
 from tpload.selection.config import load_config
+from tpload.sources.hashing import Hasher
+from tpload.sources.storage import StorageSource
 from tpload.storage.sharded import ShardedStorage
 from tpload.transfer.cpu import CpuTransfer
 from tpload.transfer.cuda import Backend, CudaTransfer
-from tpload.verification.hashing import Hasher
-from tpload.verification.policy import HashPlan
+from tpload.verification.node import HashPlan
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -89,12 +90,13 @@ def _load_with(transfer: object, root: Path, kind: str, tp: int, rank: int) -> t
     try:
         plan = planner_of(storage.catalogue, load_config()).plan(Layout(tp), kind, rank)
         result = run(
-            storage,
+            StorageSource(storage),
             plan,
             transfer=transfer,
             hasher=Hasher(HashPlan(rank, frozenset(plan.used_tensors))),
             samples=2,
             progress=Silent(),
+            ranks=storage.catalogue.ranks(),
         )
         return result.digest(), {
             n: as_bytes2d(t).cpu().numpy().copy() for n, t in result.tensors.items()

@@ -51,11 +51,14 @@ def _job(verify: str, *, files: bool = False, manifest: bool = True) -> strategy
         ),
         per_rank=False,
         file_digests={} if files else None,
+        file_source=None,
         root=Path("/nonexistent-checkpoint"),
     )
-    opts = SimpleNamespace(kind="packed", digest_store="/nonexistent-store", verify=verify)
-    ctx = SimpleNamespace(rank=0, group=None)
-    return strategy.Job(opts, ctx, RankFigures(), storage, {}, "x", Layout(1, 1), dict)
+    opts = SimpleNamespace(
+        kind="packed", digest_store="/nonexistent-store", verify=verify, checkpoint=None
+    )
+    ctx = SimpleNamespace(rank=0, world=1, node_peers=[0], node_lists=[[0]])
+    return strategy.Job(opts, ctx, storage, {}, "x", Layout(1, 1), dict)
 
 
 @pytest.mark.parametrize(
@@ -85,11 +88,11 @@ def test_each_strategy_names_its_anchor_the_same_whatever_the_mode() -> None:
         "none (no manifest, no file digests)"
     )
     job = _job("node", files=True, manifest=False)
-    job.storage.root = Path("/n0/snap")
-    job.storage.file_digests = {Path("/n0/snap/a.safetensors"): "11"}
+    job.checkpoint.root = Path("/n0/snap")
+    job.checkpoint.file_digests = {Path("/n0/snap/a.safetensors"): "11"}
     named = gate.strategy(job).anchor()
     assert named == "file digests " + strategy.digest_map({"a.safetensors": "11"})
-    job.storage.file_digests = {Path("/n0/snap/a.safetensors"): "12"}
+    job.checkpoint.file_digests = {Path("/n0/snap/a.safetensors"): "12"}
     assert gate.strategy(job).anchor() != named
 
 
@@ -142,11 +145,11 @@ def test_the_verdict_names_what_vouched() -> None:
 def test_offline_writers_take_only_what_the_gate_checked(tmp_path: Path) -> None:
     import numpy as np
 
+    from tpload.sources.hashing import at_rest
     from tpload.storage.hub import to_hub_cache
     from tpload.storage.sharded import ShardedStorage
     from tpload.tools.published import write_published
-    from tpload.verification.blake3sums import write_sidecar
-    from tpload.verification.store import DigestStore
+    from tpload.verification.store import DigestStore, write_sidecar
     from tpload.verification.vouched import Vouched
 
     with pytest.raises(LoadError, match="only by the gate"):
@@ -165,14 +168,24 @@ def test_offline_writers_take_only_what_the_gate_checked(tmp_path: Path) -> None
             match=r"nothing exported: .* has no NATIVE_MANIFEST\.json, and this checks each tensor "
             r"against the manifest's sha256 \(a hub snapshot's blob names",
         ):  # said once, up front: no manifest is named as if it were there
-            gate.at_rest(storage, names, threads=0, what="nothing exported")
+            at_rest(storage, names, threads=0, what="nothing exported")
     finally:
         storage.close()
     storage = ShardedStorage(write_published(tmp_path / "m", "gpt-oss-tiny"))
     try:
         names = storage.catalogue.names()[:3]
-        checked = gate.at_rest(storage, names, threads=0)
+        checked = at_rest(storage, names, threads=0)
         assert checked.names == tuple(names) and checked.sha256.shape == (3, 32)
         assert checked.hexes("sha256") == {n: storage.stored(n).sha256 for n in names}
+        # the gate vouches only for what the producer it is handed hashed: a tensor left out is a
+        # problem, named, never a digest nobody took
+
+        def short(asked: object, digests: object) -> object:
+            from tpload.sources.hashing import hash_whole
+
+            return hash_whole(storage, names[:2])
+
+        with pytest.raises(LoadError, match=rf"tensor {names[2]}: not hashed"):
+            gate.at_rest(storage, names, hash_whole=short)
     finally:
         storage.close()

@@ -1,56 +1,43 @@
-"""Whole-file digests, for checkpoints whose files are vouched for whole (hub cache snapshots, a
-signature over the folder: verification/signing.py).
+"""Whole-file hashing, for checkpoints whose files are vouched for whole (hub cache snapshots,
+local-dir downloads, a signature over the folder): the producer the gate's whole-file strategies
+(verification/whole_files.py) are judged on.
 
-A node's ranks split the files (whole, balanced by bytes, each to a rank that reads from it:
-:func:`assign_files`). A rank hashes its share start to end on a thread of its own while its
-loop copies windows, and from the very bytes it hashes fingerprints every node peer's window of
-every tensor in the file, its own included. The exchange then compares those with what each
-peer served (crosscheck.py); the rank compares its own windows itself. A file whose bytes do not
-match its blob name fails the load on every rank, naming the file.
-
-What a file must hash to is a sha256 hex string (a hub blob name), or an :class:`Expected`: a
-whole-file digest by another hash (blake3), or the digests of fixed byte ranges of the file (the
-``path:start:end`` pieces of a shard-mode signature), each taken in the same single pass.
+A rank hashes its share of the node's files (verification/node.py's :class:`WholeFiles`: which
+files, which windows to fingerprint, what each must hash to) start to end on a thread of its own
+(:class:`FileHasher`) while its loop copies windows, and from the very bytes it hashes fingerprints
+every node peer's window of every tensor in the file, its own included. What a file must hash to is
+a sha256 hex string (a hub blob name) or an :class:`~tpload.verification.hashes.Expected` (another
+hash, or the digests of fixed byte ranges), each taken in the same single pass
+(:class:`PieceDigests`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 from ..model.progress import ProgressSink
-from ..model.text import escape_name
-from ..model.values import Box, Triple
+from ..model.values import Box
+from ..storage.files import Shard
 from ..storage.reader import Reader
-from .blake3sums import new_blake3
-from .hashing import Hashed, HashTap
-from .policy import assign_hashing
+from ..storage.sharded import ShardedStorage
+from ..verification.hashes import (
+    Expected,
+    FileHashed,
+    Hashed,
+    HashObject,
+    expected_of,
+    new_blake3,
+)
+from ..verification.node import WholeFiles
+from .hashing import HashTap
 
 RAW_CHUNK = 4 << 20  # bytes outside any tensor (the header) are read in pieces of this
-
-
-@dataclass(frozen=True)
-class Expected:
-    """What a source vouches for one file: its whole digest by ``hash``, or each byte range's
-    sha256."""
-
-    hash: str = "sha256"
-    """``sha256`` or ``blake3`` (the whole file); pieces are always sha256."""
-    whole: str | None = None
-    pieces: Mapping[tuple[int, int], str] = field(default_factory=dict)
-    """``(start, end)`` -> sha256 of those bytes; together they tile the file from 0."""
-    source: str = "the hash its hub blob is named by"
-    """Where the expected digest comes from, in words (the failure names it)."""
-    fix: str = "the file is corrupt (re-download it)"
-
-
-def _expected(want: str | Expected) -> Expected:
-    return want if isinstance(want, Expected) else Expected(whole=want)
 
 
 class PieceDigests:
@@ -58,12 +45,8 @@ class PieceDigests:
     ranges."""
 
     def __init__(self, want: Expected) -> None:
-        if want.pieces:
-            self.cuts = sorted(want.pieces)
-            self.whole = None
-        else:
-            self.cuts = []
-            self.whole = _new_hash(want.hash)
+        self.cuts: list[tuple[int, int]] = sorted(want.pieces)
+        self.whole: HashObject | None = None if want.pieces else _new_hash(want.hash)
         self.pos, self.index = 0, 0
         self.piece = hashlib.sha256()
         self.done: dict[tuple[int, int], str] = {}
@@ -92,40 +75,10 @@ class PieceDigests:
         return self.whole.hexdigest() if self.whole is not None else ""
 
 
-def _new_hash(name: str) -> object:
+def _new_hash(name: str) -> HashObject:
     if name == "blake3":
         return new_blake3(0, 1)
     return hashlib.sha256()
-
-
-@dataclass
-class FileHashed:
-    """One hashed file: its digest (or its pieces'), and each peer's window fingerprint of each
-    tensor in it."""
-
-    path: Path
-    sha256: str = ""
-    """The whole file's digest by ``hash`` (sha256 unless the source says otherwise; empty for
-    pieces)."""
-    nbytes: int = 0
-    hash: str = "sha256"
-    pieces: dict[tuple[int, int], str] = field(default_factory=dict)
-    peers: dict[str, dict[int, Triple]] = field(default_factory=dict)
-    deferred: dict[str, str] = field(default_factory=dict)
-    """The sha256 of each deferred tensor's stored bytes, taken in the same pass
-    (whole_files.FileDigests)."""
-
-
-def assign_files(
-    users: Mapping[Path, list[int]], sizes: Mapping[Path, int], ranks: list[int]
-) -> dict[int, list[Path]]:
-    """Split whole files between a node's ranks, balanced by bytes, each to one of its readers
-    (deterministic: every rank of the node computes the same split)."""
-    keys = {str(p): p for p in sizes}
-    split = assign_hashing(
-        {str(p): n for p, n in sizes.items()}, ranks, {str(p): users[p] for p in users}
-    )
-    return {r: [keys[k] for k in names] for r, names in split.items()}
 
 
 class FileHasher:
@@ -134,8 +87,8 @@ class FileHasher:
 
     def __init__(
         self,
-        storage,
-        files: list[Path],
+        storage: ShardedStorage,
+        files: Sequence[Path],
         peers: Mapping[str, Mapping[int, Box]],
         views: Mapping[str, tuple[int, int]],
         *,
@@ -155,6 +108,12 @@ class FileHasher:
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tpload-files", daemon=True)
+
+    @classmethod
+    def of(cls, storage: ShardedStorage, plan: WholeFiles) -> FileHasher:
+        """The hasher of the gate's whole-file plan (Prepared.files)."""
+        hasher = cls(storage, plan.files, plan.peers, plan.views, deferred=plan.deferred)
+        return hasher.expect(plan.want)
 
     def expect(self, want: Mapping[Path, str | Expected]) -> FileHasher:
         """Hash each file the way ``want`` says (another hash, or in pieces), in the same one
@@ -198,7 +157,7 @@ class FileHasher:
         also fingerprints the peers' windows of it."""
         storage = self.storage
         shard = storage.files.get(path)
-        want = _expected(self.want.get(path, ""))
+        want = expected_of(self.want.get(path, ""))
         out = FileHashed(path, nbytes=shard.opened.size, hash=want.hash)
         sha = PieceDigests(want)
         infos = sorted(
@@ -228,7 +187,9 @@ class FileHasher:
         return out
 
     @staticmethod
-    def _raw(shard, sha, begin: int, end: int, *, also: object | None = None) -> None:
+    def _raw(
+        shard: Shard, sha: PieceDigests, begin: int, end: int, *, also: HashObject | None = None
+    ) -> None:
         for a in range(begin, end, RAW_CHUNK):
             buf = np.empty(min(RAW_CHUNK, end - a), dtype=np.uint8)
             shard.read_into(a, buf)
@@ -237,50 +198,16 @@ class FileHasher:
                 also.update(memoryview(buf))
 
 
-def file_problems(
-    results: list[FileHashed],
-    expected: Mapping[Path, str | Expected],
-    *,
-    named_by: str | None = None,
-) -> list[str]:
-    """Each hashed file whose digest (or a piece's) is not what its source says (``named_by``: where
-    a plain digest comes from, in words: the hub blob name by default, a local-dir etag...)."""
-    out = []
-    for r in results:
-        want = _expected(expected[r.path])
-        if named_by is not None and not isinstance(expected[r.path], Expected):
-            want = replace(want, source=named_by)
-        where = escape_name(r.path)
-        if not want.pieces:
-            if r.sha256 != want.whole:
-                out.append(
-                    f"{where}: file {want.hash} {r.sha256[:16]}... is not {want.whole[:16]}... "
-                    f"({want.source}): {want.fix}"
-                )
-            continue
-        end = max(e for _, e in want.pieces)
-        if r.nbytes != end:
-            out.append(f"{where}: {r.nbytes} bytes, but {want.source} covers {end}: {want.fix}")
-            continue
-        bad = [(a, b) for (a, b), d in sorted(want.pieces.items()) if r.pieces.get((a, b)) != d]
-        if bad:
-            (a, b), more = bad[0], f" and {len(bad) - 1} more" if len(bad) > 1 else ""
-            out.append(f"{where}: bytes {a}:{b}{more} do not hash to {want.source}: {want.fix}")
-    return out
-
-
-def own_problems(
-    results: list[FileHashed], me: int, windows: Mapping[str, tuple[Box, Triple]]
-) -> list[str]:
-    """This rank's windows of tensors in files it hashed itself, against the fingerprints taken from
-    the hashed bytes (its two reads of the file agree, or the file changed in between)."""
-    out = []
-    for r in results:
-        for name, by_peer in r.peers.items():
-            if me in by_peer and name in windows and windows[name][1] != by_peer[me]:
-                out.append(
-                    f"{escape_name(r.path)}: tensor {escape_name(name)}: the window this rank "
-                    "served differs from the same window of the bytes it hashed (the file "
-                    "changed while loading?)"
-                )
-    return out
+@contextmanager
+def alongside(hasher: FileHasher | None) -> Iterator[None]:
+    """Run the whole-file hasher (if any) on its own thread while the body copies; wait for it at
+    the end (its error re-raised), and stop it if the body fails."""
+    if hasher is None:
+        yield
+        return
+    try:
+        hasher.start()
+        yield
+        hasher.finish()
+    finally:
+        hasher.cancel()

@@ -1,64 +1,42 @@
-"""The hash scheduler: the content hash of this rank's share, from the bytes the rank read itself.
+"""The hash taps: the content hash of this rank's share, from the bytes the rank read itself.
 
 The content hash is sha256, checked against the manifest, or blake3, checked against the
-operator's sidecar when one fits (blake3sums.py); :class:`Digests` says which.
-Each tensor this rank hashes gets a :class:`HashTap` that the reader feeds
-every stored block of the tensor, in order, straight from the staging buffer
-the window is copied from. The tap updates the tensor's hash and, for each
-node peer that reads a window of the tensor, that window's fingerprint: the
-evidence that the peer served exactly these bytes (crosscheck.py).
+operator's sidecar when one fits (verification/hashes.py's :class:`Digests` says which; the gate
+judges the results). Each tensor this rank hashes gets a :class:`HashTap` that the reader feeds
+every stored block of the tensor, in order, straight from the staging buffer the window is copied
+from. The tap updates the tensor's hash and, for each node peer that reads a window of the tensor,
+that window's fingerprint: the evidence that the peer served exactly these bytes
+(verification/node.py).
 
-With ``threads`` > 0 the taps run on worker threads (hashlib and the
-fingerprint kernels release the GIL) while the main thread reads and copies
-the next block; every block of one tensor goes to the same worker, in order.
-With 0 they run inline, on a block still in the cache.
+With ``threads`` > 0 the taps run on worker threads (hashlib and the fingerprint kernels release
+the GIL) while the main thread reads and copies the next block; every block of one tensor goes to
+the same worker, in order. With 0 they run inline, on a block still in the cache.
 """
 
 from __future__ import annotations
 
 import hashlib
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from pathlib import Path
-from types import MappingProxyType
 
 import numpy as np
 
 from ..kernels.fingerprint import HostFingerprint
-from ..model.columns import RowTable
 from ..model.progress import Meter, Silent
-from ..model.text import escape_name
 from ..model.values import Box, Stored, Triple
 from ..storage.base import Storage
-from ..storage.catalogue import sha256_mismatch
 from ..storage.reader import Block, Reader
-from .blake3sums import SHA256, Digests, new_blake3
-from .policy import HashPlan
+from ..verification import gate
+from ..verification.hashes import SHA256, Digests, Hashed, HashObject, HashResults, new_blake3
+from ..verification.node import HashPlan
+from ..verification.vouched import Vouched
 
 INLINE_BELOW = (
     1 << 20
 )  # smaller tensors are hashed on the spot: a hand-off costs more than their hash
 
 
-NO_PEERS: Mapping[int, Triple] = MappingProxyType({})
-
-
-@dataclass(slots=True)
-class Hashed:
-    """One hashed tensor: its content hash(es) and the fingerprints of its node peers' windows."""
-
-    name: str
-    stored: Stored
-    sha256: str = ""
-    blake3: str = ""
-    peers: Mapping[int, Triple] = field(default_factory=lambda: NO_PEERS)
-    """Fingerprints of the node peers' windows of it, by peer rank (most tensors have none: they
-    share one empty mapping rather than hold a dict each, which the collector would walk)."""
-
-
-def new_hashes(digests: Digests, nbytes: int) -> dict[str, object]:
+def new_hashes(digests: Digests, nbytes: int) -> dict[str, HashObject]:
     """A fresh hasher for each hash ``digests`` takes, for a tensor of ``nbytes``."""
     return {
         h: new_blake3(nbytes, digests.threads) if h == "blake3" else hashlib.sha256()
@@ -76,14 +54,16 @@ class HashTap:
         lane: ThreadPoolExecutor | None,
         done: Callable[[Hashed], None],
         *,
-        sha: object | None = None,
+        sha: HashObject | None = None,
         digests: Digests = SHA256,
     ) -> None:
         self.result = Hashed(stored.name, stored)
         self.shared = sha is not None
-        """The sha256 belongs to the whole file (its bytes in order, verification/files.py), not
+        """The sha256 belongs to the whole file (its bytes in order, sources/whole_files.py), not
         this tensor."""
-        self.hashes = {"sha256": sha} if sha is not None else new_hashes(digests, stored.nbytes)
+        self.hashes: dict[str, HashObject] = (
+            {"sha256": sha} if sha is not None else new_hashes(digests, stored.nbytes)
+        )
         boxes: dict[Box, HostFingerprint] = {}
         for (
             box
@@ -130,68 +110,6 @@ class HashTap:
 
 
 _NO_PEERS: Mapping[int, Box] = {}
-
-
-class HashResults(RowTable[Hashed]):
-    """Every tensor a rank hashed, as columns: a load hashes tens of thousands of small tensors,
-    and an object a tensor held to the end of the load is one more for the collector to walk at
-    every full collection. A :class:`Hashed` is made when one is asked for (the report's few, a
-    mismatch's words). Rows are added from the hashing threads too: under a lock, so a row's
-    columns stay together."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._paths: list[Path] = []
-        self._sizes: list[int] = []
-        """offset, rows, row bytes of each row's stored bytes, flattened."""
-        self._want: list[str | None] = []
-        self._sha256: list[str] = []
-        self._blake3: list[str] = []
-        self._peers: dict[int, Mapping[int, Triple]] = {}
-        """Only rows whose node peers read a window of the tensor (most have none)."""
-        self._lock = threading.Lock()
-
-    def add(self, s: Stored, sha256: str, blake3: str, peers: Mapping[int, Triple] | None) -> None:
-        self.add_all([(s, sha256, blake3, peers)])
-
-    def add_all(self, rows: Sequence[tuple[Stored, str, str, Mapping[int, Triple] | None]]) -> None:
-        """Rows of (stored bytes, sha256, blake3, peers' fingerprints), under one lock."""
-        with self._lock:
-            for s, sha256, blake3, peers in rows:
-                k = self._row[s.name] = len(self._sha256)
-                self._paths.append(s.path)
-                self._sizes += (s.offset, s.rows, s.row_bytes)
-                self._want.append(s.sha256)
-                self._sha256.append(sha256)
-                self._blake3.append(blake3)
-                if peers:
-                    self._peers[k] = peers
-
-    def mismatched(self, digests: Digests) -> list[str]:
-        """The names whose ``digests.hash`` is not the one promised (found over the columns)."""
-        got = self._sha256 if digests.hash == "sha256" else self._blake3
-        expected, want = digests.expected, self._want
-        return [
-            n for n, k in self._row.items() if (w := expected(n, want[k])) is None or got[k] != w
-        ]
-
-    def _record(self, name: str, k: int) -> Hashed:
-        offset, rows, row_bytes = self._sizes[3 * k : 3 * k + 3]
-        stored = Stored(name, self._paths[k], offset, rows, row_bytes, self._want[k])
-        return Hashed(name, stored, self._sha256[k], self._blake3[k], self._peers.get(k, NO_PEERS))
-
-    def column(self, attr: str) -> dict[str, object]:
-        """``{name: value}`` of one of the results (``sha256``, ``blake3``, ``peers``), read from
-        its column."""
-        if attr == "peers":
-            return {n: self._peers.get(k, NO_PEERS) for n, k in self._row.items()}
-        values = {"sha256": self._sha256, "blake3": self._blake3}[attr]
-        return {n: values[k] for n, k in self._row.items()}
-
-    def nbytes(self) -> int:
-        """Stored bytes hashed, all rows (a name added again counts once, as its latest row)."""
-        sizes = self._sizes
-        return sum(sizes[3 * k + 1] * sizes[3 * k + 2] for k in self._row.values())
 
 
 class Hasher:
@@ -330,22 +248,27 @@ def hash_whole(
         sink.close()
 
 
-def mismatches(hashed: HashResults, digests: Digests = SHA256) -> list[str]:
-    """Every hashed tensor whose hash is not the one promised for it (one line each): the manifest's
-    sha256, or the sidecar's blake3. The few wrong rows are found over the columns, then worded."""
-    out = []
-    for name in hashed.mismatched(digests):
-        h = hashed[name]
-        want, got = digests.expected(name, h.stored.sha256), getattr(h, digests.hash)
-        if want is None:
-            out.append(
-                f"{escape_name(h.stored.path)}: tensor {escape_name(name)} has no "
-                f"{digests.hash} to check"
-            )
-        else:  # mismatched found it different
-            out.append(
-                sha256_mismatch(h.stored.path, name, got, want)
-                if digests.hash == "sha256"
-                else digests.mismatch(h.stored.path, name, got, want)
-            )
-    return out
+def at_rest(
+    storage: Storage,
+    names: list[str],
+    *,
+    threads: int,
+    digests: Digests = SHA256,
+    what: str = "nothing written",
+    progress: Meter | None = None,
+) -> Vouched:
+    """The gate's check at rest (verification/gate.py's ``at_rest``) of tensors read whole from
+    ``storage`` here, each once (``progress``: the command's meter, for the reads): the offline
+    writers' one way to :class:`~tpload.verification.vouched.Vouched` digests."""
+
+    def read(names: Sequence[str], digests: Digests) -> HashResults:
+        return hash_whole(
+            storage,
+            list(names),
+            threads=threads,
+            digests=digests,
+            progress=progress,
+            what="checking",
+        )
+
+    return gate.at_rest(storage, names, hash_whole=read, digests=digests, what=what)

@@ -14,16 +14,15 @@ from tpload.cli import main
 from tpload.model.errors import LoadError
 from tpload.storage.sharded import ShardedStorage
 from tpload.tools.offline import write_blake3
-from tpload.verification import blake3sums
-from tpload.verification.blake3sums import content_hash, read_sidecar, sidecar_path
-from tpload.verification.store import DigestStore
+from tpload.verification import hashes
+from tpload.verification.store import DigestStore, content_hash, read_sidecar, sidecar_path
 
 from ...helpers import edit_json, poke, shard_of
 
 pytest.importorskip("blake3")
 
 
-def _choice(root: Path, store: Path) -> tuple[blake3sums.Digests, str]:
+def _choice(root: Path, store: Path) -> tuple[hashes.Digests, str]:
     from tpload.verification.store import checkpoint_stamp
 
     storage = ShardedStorage(root)
@@ -132,7 +131,7 @@ def test_without_the_blake3_package_loads_use_sha256_and_the_command_says_how_to
 ) -> None:
     store = tmp_path / "store"
     write_blake3(ckpt_copy, store=store)
-    monkeypatch.setattr(blake3sums, "_blake3", None)
+    monkeypatch.setattr(hashes, "_blake3", None)
     digests, why = _choice(ckpt_copy, store)
     assert digests.hash == "sha256" and "not installed (pip install blake3" in why
     with pytest.raises(LoadError, match=r"pip install blake3"):

@@ -1,14 +1,13 @@
-"""Hash results held as columns (tpload/verification/hashing.py, HashResults)."""
+"""Hash results held as columns (tpload/verification/hashes.py, HashResults)."""
 
 from __future__ import annotations
 
 import threading
 from pathlib import Path
 
+from tpload.model.text import sha256_mismatch
 from tpload.model.values import Stored
-from tpload.storage.catalogue import sha256_mismatch
-from tpload.verification.blake3sums import SHA256
-from tpload.verification.hashing import NO_PEERS, HashResults, mismatches
+from tpload.verification.hashes import NO_PEERS, SHA256, HashResults, mismatches
 
 
 def _stored(i: int, want: str | None) -> Stored:
@@ -34,7 +33,7 @@ def test_rows_added_from_many_threads_keep_their_columns_together() -> None:
         assert h.stored == _stored(i, f"{i:064x}") and h.sha256 == f"{i:064x}"
         assert h.blake3 == f"b{i}" and h.peers == ({1: (i, i, i)} if i % 7 else NO_PEERS)
     assert table.nbytes() == sum(2 * (4 + i) for i in range(4000))
-    assert table.column("sha256")["t.42"] == f"{42:064x}"
+    assert table.hexes("sha256")["t.42"] == f"{42:064x}"
     assert mismatches(table, SHA256) == []
 
 
@@ -62,6 +61,6 @@ def test_a_name_added_again_reads_as_its_latest_row_everywhere() -> None:
     table.add(_stored(2, "b" * 64), "b" * 64, "", None)
     table.add(_stored(1, "a" * 64), "c" * 64, "", None)  # as a dict assignment would: the latest
     assert len(table) == 2 and table["t.1"].sha256 == "c" * 64
-    assert table.column("sha256") == {"t.1": "c" * 64, "t.2": "b" * 64}
+    assert table.hexes("sha256") == {"t.1": "c" * 64, "t.2": "b" * 64}
     assert table.nbytes() == 2 * 5 + 2 * 6
     assert [m.split(": tensor ")[1].split(":")[0] for m in mismatches(table, SHA256)] == ["t.1"]

@@ -1,0 +1,252 @@
+"""Node mode: who hashes what, and the closing argument that every rank served the bytes its node
+peer hashed.
+
+Who hashes what: the verify modes, turned into this rank's share of the sha256 work.
+
+* ``node`` (the default): the node's ranks split the tensors they read, balanced
+  by bytes, each tensor going to one of the ranks that read it; every byte is
+  hashed once per node. The ranks that read a tensor someone else hashed check,
+  through the one exchange, that they served exactly the bytes that were hashed
+  (below).
+* ``rank``: every rank hashes everything it reads, from the bytes it serves.
+* ``digest``: nothing is hashed; every served byte is checked against digests
+  that ``tpload plan --write`` stored after hashing (store.py).
+* ``off``: nothing is checked against the manifest (loudly marked).
+
+A pre-partitioned checkpoint gives each rank files of its own: nobody can hash
+for another, so ``node`` becomes ``rank`` there.
+
+The cross-check. In ``node`` mode rank A hashes a tensor and rank B copies its own window of it,
+each from its own read of the file. A write between the two reads (a
+re-download, a sync tool) would let B serve bytes nobody hashed. So A, from
+the very bytes it hashed, also fingerprints B's window; both sides fold those
+fingerprints into one 32-byte value per (hasher, reader) pair:
+
+    claim[A -> B] = sha256 over "name|rows|cols|fingerprint" of every tensor A hashed that B reads
+    seen[B <- A]  = the same lines, over the windows B itself read of those tensors
+
+Both travel in the one exchange (a row per rank: one claim and one seen value
+per node peer), and every rank checks every pair: any difference fails the
+load on every rank. The fingerprint is a checksum, so this stops accidents,
+not an attacker who rewrites the file to keep three sums; against a hostile
+writer use ``--verify rank`` (each rank hashes exactly the bytes it serves).
+See docs/threat-model.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from operator import itemgetter
+from pathlib import Path
+
+from ..model.modes import Verify
+from ..model.values import DIGEST_BYTES, SLOTS, Box, Triple
+from .hashes import Expected
+
+
+def readers(reads: Mapping[int, Iterable[str]]) -> dict[str, list[int]]:
+    """Each stored tensor some rank reads (``reads``: rank -> the tensors it reads a window of),
+    and the ranks that read it, ascending; tensors in the order the lowest rank reads them."""
+    out: dict[str, list[int]] = {}
+    for rank in sorted(reads):
+        for name in reads[rank]:
+            out.setdefault(name, []).append(rank)
+    return out
+
+
+@dataclass(frozen=True)
+class HashPlan:
+    """This rank's part of the node's sha256 work, and who does the rest."""
+
+    rank: int
+    mine: frozenset[str] = frozenset()
+    """Tensors this rank hashes."""
+    owner: Mapping[str, int] = field(default_factory=dict)
+    """For every tensor this rank reads that a node peer hashes: that peer."""
+    peers: Mapping[str, Mapping[int, Box]] = field(default_factory=dict)
+    """For every tensor this rank hashes: each node peer that reads a window of it, and the
+    window."""
+
+
+def assign_hashing(
+    sizes: Mapping[str, int], ranks: list[int], users: Mapping[str, list[int]] | None = None
+) -> dict[int, list[str]]:
+    """Split whole tensors between ranks, balanced by bytes (largest first, to the lightest rank).
+
+    With ``users`` (tensor -> the ranks that read a window of it), a tensor goes only
+    to one of its readers: no rank touches a tensor it does not serve (an expert of
+    another ep group), and a rank done with a shard is done hashing it too.
+    Deterministic given its inputs, so every rank of a node computes the same split.
+    """
+    load = {r: 0 for r in ranks}
+    out: dict[int, list[str]] = {r: [] for r in ranks}
+    users = users or {}
+    # largest first, names in order among equals (sorts are stable, reversed ones too): an order
+    # every rank agrees on, made with C-level keys
+    for name in sorted(sorted(sizes), key=sizes.__getitem__, reverse=True):
+        readers = users.get(name) or ranks
+        r = readers[0]
+        if len(readers) > 1:  # the lightest reader, the lowest rank among equals
+            for k in readers[1:]:
+                if load[k] < load[r] or (load[k] == load[r] and k < r):
+                    r = k
+        out[r].append(name)
+        load[r] += sizes[name]
+    return out
+
+
+def hash_plan(
+    mode: Verify,
+    rank: int,
+    reads: Mapping[int, Mapping[str, Box]],
+    sizes: Mapping[str, int],
+    *,
+    per_rank: bool,
+) -> HashPlan:
+    """This rank's :class:`HashPlan`. ``reads``: for this rank and each peer on its node, the
+    windows it reads (tensor -> box); ``sizes``: stored bytes of each tensor; ``per_rank``: each
+    rank has files of its own."""
+    if mode in (Verify.OFF, Verify.DIGEST):
+        return HashPlan(rank)
+    if mode == Verify.RANK or per_rank or len(reads) == 1:
+        return HashPlan(rank, frozenset(reads[rank]))
+    users = readers(reads)
+    split = assign_hashing({n: sizes[n] for n in users}, sorted(reads), users)
+    owner = {n: r for r, names in split.items() for n in names}
+    mine = frozenset(split[rank])
+    peers = {n: {p: reads[p][n] for p in users[n] if p != rank} for n in mine}
+    return HashPlan(rank, mine, {n: owner[n] for n in reads[rank] if owner[n] != rank}, peers)
+
+
+@dataclass(frozen=True)
+class WholeFiles:
+    """This rank's part of the node's whole-file hashing (files vouched for whole: hub blobs,
+    local-dir etags, a signature's file digests): the read sources hash each file start to end on a
+    thread of their own (sources/whole_files.py), the gate judges the results (whole_files.py)."""
+
+    files: Sequence[Path]
+    """The files this rank hashes whole."""
+    peers: Mapping[str, Mapping[int, Box]] = field(default_factory=dict)
+    """For every tensor in those files: each node rank that reads a window of it (this one
+    included), and the window, fingerprinted from the hashed bytes."""
+    views: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    """Each tensor's 2-D byte view its windows are boxes of (default: its stored rows)."""
+    deferred: frozenset[str] = frozenset()
+    """Tensors whose own sha256 is taken along (the load defers them: nothing else reads them)."""
+    want: Mapping[Path, str | Expected] = field(default_factory=dict)
+    """What each file must hash to, when not a whole sha256 (another hash, or in pieces)."""
+
+
+def assign_files(
+    users: Mapping[Path, list[int]], sizes: Mapping[Path, int], ranks: list[int]
+) -> dict[int, list[Path]]:
+    """Split whole files between a node's ranks, balanced by bytes, each to one of its readers
+    (deterministic: every rank of the node computes the same split)."""
+    keys = {str(p): p for p in sizes}
+    split = assign_hashing(
+        {str(p): n for p, n in sizes.items()}, ranks, {str(p): users[p] for p in users}
+    )
+    return {r: [keys[k] for k in names] for r, names in split.items()}
+
+
+def fold(lines: Iterable[tuple[str, Box, Triple]]) -> bytes:
+    """The 32-byte value of a set of (tensor, window, fingerprint) lines, in name order (plain
+    string order: any order both sides share will do, and this one sorts in C, 92,000 names in a
+    blink); zero bytes for no lines (what a rank that computed nothing sends, too)."""
+    ordered = sorted(lines, key=itemgetter(0))
+    if not ordered:
+        return bytes(DIGEST_BYTES)
+    # one update of every line joined: the same sha256 as line by line, without a call per tensor
+    text = "".join(
+        [
+            f"{name}|{r0}|{r1}|{c0}|{c1}|{fp[0]}|{fp[1]}|{fp[2]}\n"
+            for name, ((r0, r1), (c0, c1)), fp in ordered
+        ]
+    )
+    return hashlib.sha256(text.encode()).digest()
+
+
+def _slots(values: Mapping[int, bytes], node: Sequence[int]) -> list[bytes]:
+    out = [bytes(DIGEST_BYTES)] * SLOTS
+    for i, peer in enumerate(node):
+        if peer in values:
+            out[i % SLOTS] = bytes(
+                a ^ b for a, b in zip(out[i % SLOTS], values[peer], strict=False)
+            )
+    return out
+
+
+def claims(
+    peers_of: Mapping[str, Mapping[int, Box]],
+    fingerprints: Mapping[str, Mapping[int, Triple]],
+    node: Sequence[int],
+    me: int,
+) -> list[bytes]:
+    """The :data:`SLOTS` values of what this rank, as hasher, says each node peer's windows hold."""
+    per_peer: dict[int, list[tuple[str, Box, Triple]]] = {p: [] for p in node if p != me}
+    for name, peers in peers_of.items():
+        for p, box in peers.items():
+            per_peer[p].append((name, box, fingerprints[name][p]))
+    return _slots({p: fold(lines) for p, lines in per_peer.items()}, node)
+
+
+def seen(
+    owner: Mapping[str, int],
+    windows: Mapping[str, tuple[Box, Triple]],
+    node: Sequence[int],
+    me: int,
+) -> list[bytes]:
+    """The :data:`SLOTS` values of what this rank read of the tensors each node peer hashed."""
+    per_owner: dict[int, list[tuple[str, Box, Triple]]] = {p: [] for p in node if p != me}
+    for name, hasher in owner.items():
+        box, fp = windows[name]
+        per_owner[hasher].append((name, box, fp))
+    return _slots({p: fold(lines) for p, lines in per_owner.items()}, node)
+
+
+def verdict(
+    nodes: Sequence[Sequence[int]],
+    claim_rows: Mapping[int, Sequence[bytes]],
+    seen_rows: Mapping[int, Sequence[bytes]],
+) -> list[str]:
+    """Every (hasher, reader) pair of a node whose claim and sighting differ: a pure function of the
+    exchanged table, so every rank reaches the same verdict. On a node of more than :data:`SLOTS`
+    ranks, peers sharing a slot are checked together (XOR of their values)."""
+    problems = []
+    for node in nodes:
+        classes: dict[int, list[int]] = {}
+        for k, r in enumerate(node):
+            classes.setdefault(k % SLOTS, []).append(r)
+        for i, hashers in classes.items():
+            for j, readers in classes.items():
+                if i == j and len(hashers) == 1:
+                    continue  # a rank serves what it hashed itself from the same bytes
+                if xor_fold([claim_rows[h][j] for h in hashers]) == xor_fold(
+                    [seen_rows[r][i] for r in readers]
+                ):
+                    continue
+                who = (
+                    f"rank {readers[0]}"
+                    if len(readers) == 1
+                    else f"one of ranks {', '.join(map(str, readers))}"
+                )
+                by = (
+                    f"rank {hashers[0]}"
+                    if len(hashers) == 1
+                    else f"one of ranks {', '.join(map(str, hashers))}"
+                )
+                problems.append(
+                    f"{who} served bytes of tensors hashed by {by} that differ from the bytes that "
+                    "were hashed (a file changed while the node loaded it?)"
+                )
+    return problems
+
+
+def xor_fold(values: Iterable[bytes]) -> bytes:
+    """The XOR of 32-byte values (order-free: how several ranks' values combine into one slot)."""
+    out = bytes(DIGEST_BYTES)
+    for v in values:
+        out = bytes(a ^ b for a, b in zip(out, v, strict=False))
+    return out

@@ -26,6 +26,7 @@ from ..codecs.base import Checker, Cut, Fit
 from ..kernels.fingerprint import HostFingerprint, as_bytes2d, decoded_fingerprint, fingerprint
 from ..model.errors import LoadError
 from ..model.progress import ProgressSink
+from ..model.values import Box
 from ..planning.batches import BATCH_BYTES, Piece, runs
 from ..planning.items import Item, Output
 from ..planning.planner import RankPlan
@@ -353,21 +354,30 @@ class _Loader:
     def _hash(self, b: Batch) -> None:
         """The batch's stored tensors this rank hashes, each hashed whole from the batch's bytes,
         with its node peers' windows fingerprinted there (all of them in one pass; a peer's window
-        that is this rank's own has its fingerprint already)."""
-        mine = self.hasher.wanted([s.name for s in b.stored])
-        other = [
-            (k, box)
-            for k, boxes in mine
-            for box in dict.fromkeys(boxes.values())
-            if box != b.boxes[k]
-        ]
-        found = dict(zip(other, b.fingerprints_of(other), strict=True))
-        own = b.fingerprints.tolist() if mine else []
-        peers = [
-            {p: tuple(own[k]) if box == b.boxes[k] else found[(k, box)] for p, box in boxes.items()}
-            for k, boxes in mine
-        ]
-        self.hasher.record_all([b.stored[k] for k, _ in mine], [b.raw(k) for k, _ in mine], peers)
+        that is this rank's own has its fingerprint already), as columns."""
+        want = self.hasher.wanted([s.name for s in b.stored])
+        if not want.ks:
+            return
+        ks, own = want.ks, b.boxes
+        fps = np.empty((len(want.at), 3), np.int64)
+        other: dict[tuple[int, Box], list[int]] = {}
+        same: list[int] = []
+        for j, (i, box) in enumerate(zip(want.at, want.boxes, strict=True)):
+            k = ks[i]
+            if box == own[k]:
+                same.append(j)
+            else:  # each distinct window once
+                other.setdefault((k, box), []).append(j)
+        if same:
+            fps[same] = b.fingerprints[[ks[want.at[j]] for j in same]]
+        if other:
+            for rows, fp in zip(other.values(), b.fingerprints_of(list(other)), strict=True):
+                fps[rows] = fp
+        self.hasher.record_batch(
+            [b.stored[k] for k in ks],
+            [b.raw(k) for k in ks],
+            (want.at, want.ranks, fps.ravel().tolist()),
+        )
 
     def done(self, item: Item) -> None:
         if self.release is not None:

@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..model.values import Box, Triple
+from ..model.values import Triple
 from ..planning.items import Output
 from ..sources.base import SourceFigures
 from ..verification.digest import digest
+from ..verification.evidence import WindowTable
 from ..verification.hashes import HashResults
 
 
@@ -58,8 +59,8 @@ class LoadResult:
     outputs: list[Output]
     fingerprints: dict[str, Triple]
     hashed: HashResults = field(default_factory=HashResults)
-    windows: dict[str, tuple[Box, Triple]] = field(default_factory=dict)
-    """Every window read: its box and the fingerprint of its stored bytes."""
+    windows: WindowTable = field(default_factory=lambda: WindowTable([], [], np.zeros((0, 3))))
+    """Every window read: its box and the fingerprint of its stored bytes (as columns)."""
     bytes_hashed: int = 0
     device_checked: int = 0
     sampled: int = 0
@@ -82,6 +83,10 @@ class LoadResult:
         self._tensors = None
         self.arena = None  # type: ignore[assignment]
         self.outputs = []
+
+    @property
+    def window_columns(self) -> WindowTable:
+        return self.windows
 
     def digest(self) -> str:
         """This rank's digest of what it serves (verification/digest.py)."""

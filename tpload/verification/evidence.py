@@ -10,12 +10,14 @@ the rank is listed at once, with the hash results of its hashing share (sha256, 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 import numpy as np
 import torch
 
+from ..model.columns import RowTable
 from ..model.text import escape_name
 from ..model.values import Box, Triple
 from .hashes import SHA256, Digests, HashResults, mismatches
@@ -48,6 +50,33 @@ class Check:
     cut's) to compare it with the host window; None: ``served`` is it."""
 
 
+class WindowTable(RowTable[tuple[Box, Triple]]):
+    """Every window a rank read, as columns: names, boxes and an ``[n, 3]`` fingerprint array (a
+    name read twice reads as its latest window). The node cross-check reads the columns
+    (verification/node.py's ``seen_of``); a (box, fingerprint) is made when one is asked for."""
+
+    def __init__(self, names: list[str], boxes: list[Box], fps: np.ndarray) -> None:
+        super().__init__()
+        self._row.update(zip(names, range(len(names)), strict=True))
+        self._boxes, self._fps = boxes, fps
+
+    @property
+    def boxes(self) -> Sequence[Box]:
+        return self._boxes
+
+    @property
+    def fps(self) -> np.ndarray:
+        return self._fps
+
+    def rows(self, names: Iterable[str]) -> list[int]:
+        """Each name's row (its latest window); KeyError for a name never read."""
+        return list(map(self._row.__getitem__, names))
+
+    def _record(self, name: str, k: int) -> tuple[Box, Triple]:
+        a, b, c = self._fps[k].tolist()
+        return self._boxes[k], (a, b, c)
+
+
 @dataclass
 class Settled:
     """A rank's judged evidence."""
@@ -70,7 +99,7 @@ class Evidence:
         self._log: list[Check | tuple[list[str], np.ndarray]] = []
         """Checks, and blocks of (served names, their fingerprints), in load order."""
         self._windows: list[tuple[list[str], list[Box], np.ndarray | list[Triple]]] = []
-        self._window_map: dict[str, tuple[Box, Triple]] | None = None
+        self._window_map: WindowTable | None = None
 
     def window(self, name: str, box: Box, fp: Triple) -> None:
         """A window read: its box and the fingerprint of its stored bytes (the node cross-check)."""
@@ -83,14 +112,20 @@ class Evidence:
         self._window_map = None
 
     @property
-    def windows(self) -> dict[str, tuple[Box, Triple]]:
-        """Every window read: (its box, the fingerprint of its stored bytes), by name."""
+    def windows(self) -> WindowTable:
+        """Every window read: (its box, the fingerprint of its stored bytes), by name, as
+        columns."""
         if self._window_map is None:
-            out: dict[str, tuple[Box, Triple]] = {}
-            for names, boxes, fps in self._windows:
-                triples = map(tuple, fps.tolist()) if isinstance(fps, np.ndarray) else fps
-                out.update(zip(names, zip(boxes, triples, strict=True), strict=True))
-            self._window_map = out
+            names: list[str] = []
+            boxes: list[Box] = []
+            fps: list[np.ndarray] = []
+            for block_names, block_boxes, block_fps in self._windows:
+                names += block_names
+                boxes += block_boxes
+                fps.append(np.asarray(block_fps, np.int64).reshape(-1, 3))
+            self._window_map = WindowTable(
+                names, boxes, np.concatenate(fps) if fps else np.zeros((0, 3), np.int64)
+            )
         return self._window_map
 
     def add(self, check: Check) -> None:

@@ -36,11 +36,12 @@ See docs/threat-model.md.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import itemgetter
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -147,6 +148,24 @@ class PeerWindows(Mapping[str, Mapping[int, Box]]):
         reads = self._reads
         return {p: reads[p][name] for p in self._others[self._group[name]]}
 
+    def box(self, name: str, peer: int) -> Box:
+        """The window ``peer`` reads of ``name``."""
+        return self._reads[peer][name]
+
+    def columns(self, names: Sequence[str]) -> tuple[list[int], list[int], list[Box]]:
+        """Each (tensor, node peer that reads a window of it) among ``names`` as columns: the
+        tensor's place in ``names``, the peer, its window (no dict a tensor)."""
+        reads, group, others = self._reads, self._group, self._others
+        at: list[int] = []
+        ranks: list[int] = []
+        boxes: list[Box] = []
+        for k, name in enumerate(names):
+            for p in others[group[name]]:
+                at.append(k)
+                ranks.append(p)
+                boxes.append(reads[p][name])
+        return at, ranks, boxes
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._group)
 
@@ -248,7 +267,7 @@ def assign_files(
     return {r: [keys[k] for k in names] for r, names in split.items()}
 
 
-def fold(lines: Iterable[tuple[str, Box, Triple]]) -> bytes:
+def fold(lines: Iterable[tuple[str, Box, Triple | Sequence[int]]]) -> bytes:
     """The 32-byte value of a set of (tensor, window, fingerprint) lines, in name order (plain
     string order: any order both sides share will do, and this one sorts in C, 92,000 names in a
     blink); zero bytes for no lines (what a rank that computed nothing sends, too)."""
@@ -301,6 +320,79 @@ def seen(
         box, fp = windows[name]
         per_owner[hasher].append((name, box, fp))
     return _slots({p: fold(lines) for p, lines in per_owner.items()}, node)
+
+
+class WindowColumns(Protocol):
+    """The windows a rank read, as columns (verification/evidence.py's WindowTable)."""
+
+    @property
+    def boxes(self) -> Sequence[Box]: ...
+
+    @property
+    def fps(self) -> np.ndarray:
+        """Each window's fingerprint, ``[n, 3]``."""
+
+    def rows(self, names: Iterable[str]) -> list[int]:
+        """Each name's row (its latest window)."""
+
+
+def _fold_rows(names: Sequence[str], boxes: Sequence[Box], fps: np.ndarray) -> bytes:
+    """:func:`fold` of the lines ``names[i]``, ``boxes[i]``, ``fps[i]``: the same text, made from
+    the columns with no tuple a line (fewer objects for the collector to count)."""
+    if not names:
+        return bytes(DIGEST_BYTES)
+    order = sorted(range(len(names)), key=names.__getitem__)
+    f0, f1, f2 = (fps[:, i].tolist() for i in range(3))
+    text = "".join(
+        [
+            f"{names[j]}|{b[0][0]}|{b[0][1]}|{b[1][0]}|{b[1][1]}|{f0[j]}|{f1[j]}|{f2[j]}\n"
+            for j, b in zip(order, [boxes[j] for j in order], strict=True)
+        ]
+    )
+    return hashlib.sha256(text.encode()).digest()
+
+
+def claims_of(
+    names: Sequence[str],
+    ranks: np.ndarray,
+    fps: np.ndarray,
+    box: Callable[[str, int], Box],
+    node: Sequence[int],
+    me: int,
+) -> list[bytes]:
+    """:func:`claims` from columns: each (tensor, node peer) this rank fingerprinted from the bytes
+    it hashed (``names[i]``, ``ranks[i]``, ``fps[i]``), ``box(name, peer)`` the peer's window.
+    The same lines, the same values."""
+    values: dict[int, bytes] = {}
+    for p in node:
+        if p == me:
+            continue
+        at = np.flatnonzero(ranks == p)
+        mine = [names[j] for j in at.tolist()]
+        values[p] = _fold_rows(mine, [box(n, p) for n in mine], fps[at])
+    return _slots(values, node)
+
+
+def seen_of(
+    owner: Mapping[str, int], windows: WindowColumns, node: Sequence[int], me: int
+) -> list[bytes]:
+    """:func:`seen` from the windows' columns: the same lines, the same values."""
+    names = list(owner)
+    hashers = np.fromiter(owner.values(), np.int64, len(names))
+    rows = np.asarray(windows.rows(names), np.int64)
+    boxes = windows.boxes
+    values: dict[int, bytes] = {}
+    for p in node:
+        if p == me:
+            continue
+        at = np.flatnonzero(hashers == p)
+        mine = rows[at]
+        values[p] = _fold_rows(
+            [names[j] for j in at.tolist()],
+            [boxes[k] for k in mine.tolist()],
+            windows.fps[mine] if len(mine) else np.zeros((0, 3), np.int64),
+        )
+    return _slots(values, node)
 
 
 def verdict(

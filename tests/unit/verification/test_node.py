@@ -18,11 +18,13 @@ from tpload.verification.node import (
     HashPlan,
     assign_hashing,
     claims,
+    claims_of,
     fold,
     hash_plan,
     reader_sets,
     readers,
     seen,
+    seen_of,
     split_tensors,
     verdict,
 )
@@ -387,3 +389,35 @@ def test_on_a_node_of_more_ranks_than_slots_a_pair_sharing_a_slot_is_caught() ->
         "one of ranks 1, 9 served bytes of tensors hashed by one of ranks 1, 9 that differ from "
         "the bytes that were hashed (a file changed while the node loaded it?)"
     ]
+
+
+def test_claims_and_seen_from_columns_are_the_mapping_versions() -> None:
+    """The gate's columnar claims and sightings (claims_of, seen_of over the hash results' and the
+    windows' columns) give the values the mappings give, for every rank of a 4-rank node."""
+    from tpload.verification.evidence import WindowTable
+
+    reads = node_reads()
+    node = [0, 1, 2, 3]
+    rng = np.random.default_rng(5)
+    for r in node:
+        plan = hash_plan("node", r, reads, SIZES, per_rank=False)
+        fingerprints = {
+            n: {p: tuple(rng.integers(0, 1 << 40, 3).tolist()) for p in plan.peers[n]}
+            for n in plan.mine
+        }
+        flat = [(n, p, fp) for n, by in fingerprints.items() for p, fp in by.items()]
+        names = [n for n, _, _ in flat]
+        ranks = np.array([p for _, p, _ in flat], np.int64)
+        fps = np.array([fp for _, _, fp in flat], np.int64).reshape(-1, 3)
+        want = claims(plan.peers, fingerprints, node, r)
+        assert claims_of(names, ranks, fps, plan.peers.box, node, r) == want
+        windows = {
+            n: (box, tuple(rng.integers(0, 1 << 40, 3).tolist())) for n, box in reads[r].items()
+        }
+        table = WindowTable(
+            ["stale", *windows],
+            [((0, 0), (0, 0)), *(b for b, _ in windows.values())],
+            np.array([[0, 0, 0], *(fp for _, fp in windows.values())], np.int64),
+        )
+        assert dict(table.items()) == {"stale": (((0, 0), (0, 0)), (0, 0, 0)), **windows}
+        assert seen_of(plan.owner, table, node, r) == seen(plan.owner, windows, node, r)

@@ -25,7 +25,7 @@ import torch
 from ..codecs.base import Checker, Cut, Fit
 from ..kernels.fingerprint import HostFingerprint, as_bytes2d, decoded_fingerprint, fingerprint
 from ..model.errors import LoadError
-from ..model.progress import ProgressSink
+from ..model.progress import BatchSink, ProgressSink
 from ..model.values import Box
 from ..planning.batches import BATCH_BYTES, Piece, runs
 from ..planning.items import Item, Output
@@ -449,7 +449,7 @@ def run(
                     loader.batch(items[k:end], pieces)
                     for item in items[k:end]:
                         loader.done(item)
-                        _advance(progress, item)
+                    _advance_all(progress, items[k:end])
                     continue
                 item = items[k]
                 if k + READAHEAD_ITEMS < len(items):
@@ -493,6 +493,18 @@ def _advance(progress: ProgressSink, item: Item) -> None:
     progress.update(item.read_bytes)
     for _ in item.outputs[1:]:
         progress.update(0)
+
+
+def _advance_all(progress: ProgressSink, items: Sequence[Item]) -> None:
+    """A batch's served tensors in one call with their bytes, when the sink takes one (the load's
+    own); a caller's sink is told of each as :func:`_advance` does."""
+    if isinstance(progress, BatchSink):
+        progress.update_many(
+            sum(item.read_bytes for item in items), sum(len(item.outputs) for item in items)
+        )
+        return
+    for item in items:
+        _advance(progress, item)
 
 
 def _ask(source: ReadSource, item: Item) -> None:

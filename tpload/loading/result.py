@@ -9,11 +9,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..model.values import Triple
 from ..planning.items import Output
 from ..sources.base import SourceFigures
-from ..verification.digest import digest
-from ..verification.evidence import WindowTable
+from ..verification.digest import digest_of
+from ..verification.evidence import FingerprintTable, WindowTable
 from ..verification.hashes import HashResults
 
 
@@ -57,7 +56,7 @@ class LoadResult:
 
     arena: Arena
     outputs: list[Output]
-    fingerprints: dict[str, Triple]
+    fingerprints: FingerprintTable
     hashed: HashResults = field(default_factory=HashResults)
     windows: WindowTable = field(default_factory=lambda: WindowTable([], [], np.zeros((0, 3))))
     """Every window read: its box and the fingerprint of its stored bytes (as columns)."""
@@ -90,7 +89,8 @@ class LoadResult:
 
     def digest(self) -> str:
         """This rank's digest of what it serves (verification/digest.py)."""
-        return digest(
-            ((o.name, o.dtype, o.shape, self.fingerprints[o.name]) for o in self.outputs),
-            ranks=self.ranks,
-        )
+        if not self.outputs:
+            return digest_of([], [], [], np.zeros((0, 3), np.int64), ranks=self.ranks)
+        names, dtypes, shapes, _, _ = zip(*self.outputs, strict=True)
+        fps = self.fingerprints.fps[self.fingerprints.rows(names)]
+        return digest_of(names, dtypes, shapes, fps, ranks=self.ranks)

@@ -77,11 +77,63 @@ class WindowTable(RowTable[tuple[Box, Triple]]):
         return self._boxes[k], (a, b, c)
 
 
+class FingerprintTable(RowTable[Triple]):
+    """Each served tensor's fingerprint, as columns: names and an ``[n, 3]`` array (a name served
+    again reads as its latest); the digest reads the columns (:meth:`columns`), a triple is made
+    when one is asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._names: list[str] = []
+        self._blocks: list[np.ndarray] = []
+        self._single: list[int] = []
+        """Three integers a fingerprint added alone, not yet in :attr:`_blocks`."""
+        self._fps: np.ndarray | None = None
+
+    def add_block(self, names: list[str], fps: np.ndarray) -> None:
+        """Served tensors whose fingerprints are rows of ``fps``, in order."""
+        self._flush()
+        first = len(self._names)
+        self._names += names
+        self._blocks.append(np.asarray(fps, np.int64).reshape(-1, 3))
+        self._row.update(zip(names, range(first, first + len(names)), strict=True))
+        self._fps = None
+
+    def add(self, name: str, fp: Sequence[int]) -> None:
+        self._row[name] = len(self._names)
+        self._names.append(name)
+        self._single.extend(fp)
+        self._fps = None
+
+    def _flush(self) -> None:
+        if self._single:
+            self._blocks.append(np.asarray(self._single, np.int64).reshape(-1, 3))
+            self._single = []
+
+    @property
+    def fps(self) -> np.ndarray:
+        """Every row's fingerprint, ``[n, 3]`` (rows of names served again included)."""
+        if self._fps is None:
+            self._flush()
+            blocks = self._blocks
+            self._fps = np.concatenate(blocks) if blocks else np.zeros((0, 3), np.int64)
+            self._blocks = [self._fps]
+        return self._fps
+
+    def rows(self, names: Iterable[str]) -> list[int]:
+        """Each name's row (its latest); KeyError for a name not served."""
+        return list(map(self._row.__getitem__, names))
+
+    def _record(self, name: str, k: int) -> Triple:
+        a, b, c = self.fps[k].tolist()
+        return (a, b, c)
+
+
 @dataclass
 class Settled:
     """A rank's judged evidence."""
 
-    fingerprints: dict[str, Triple]
+    fingerprints: FingerprintTable
     problems: list[str]
     device_checked: int = 0
     hashed: list[str] = field(default_factory=list)
@@ -151,12 +203,11 @@ class Evidence:
             iter(values[2 * k : 3 * k]),
             iter(values[3 * k :]),
         )
-        out = Settled({}, [])
+        out = Settled(FingerprintTable(), [])
         fingerprints, problems, checked = out.fingerprints, out.problems, 0
         for c in self._log:
             if not isinstance(c, Check):
-                names, fps = c
-                fingerprints.update(zip(names, map(tuple, fps.tolist()), strict=True))
+                fingerprints.add_block(*c)
                 continue
             fp, want, dig = tuple(next(served)), next(wants), next(digests)
             for (_, what), n in zip(c.bad, counts, strict=False):
@@ -170,7 +221,7 @@ class Evidence:
                     )
                 else:
                     checked += 1
-            fingerprints[c.name] = fp if dig is None else tuple(dig)
+            fingerprints.add(c.name, fp if dig is None else tuple(dig))
         out.device_checked = checked
         out.hashed = list(hashed)
         out.bytes_hashed = hashed.nbytes()

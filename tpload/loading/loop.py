@@ -26,7 +26,6 @@ from ..codecs.base import Checker, Cut, Fit
 from ..kernels.fingerprint import HostFingerprint, as_bytes2d, decoded_fingerprint, fingerprint
 from ..model.errors import LoadError
 from ..model.progress import BatchSink, ProgressSink
-from ..model.values import Box
 from ..planning.batches import BATCH_BYTES, Piece, runs
 from ..planning.items import Item, Output
 from ..planning.planner import RankPlan
@@ -360,19 +359,16 @@ class _Loader:
             return
         ks, own = want.ks, b.boxes
         fps = np.empty((len(want.at), 3), np.int64)
-        other: dict[tuple[int, Box], list[int]] = {}
         same: list[int] = []
+        other: list[int] = []
         for j, (i, box) in enumerate(zip(want.at, want.boxes, strict=True)):
-            k = ks[i]
-            if box == own[k]:
-                same.append(j)
-            else:  # each distinct window once
-                other.setdefault((k, box), []).append(j)
+            (same if box == own[ks[i]] else other).append(j)
         if same:
             fps[same] = b.fingerprints[[ks[want.at[j]] for j in same]]
         if other:
-            for rows, fp in zip(other.values(), b.fingerprints_of(list(other)), strict=True):
-                fps[rows] = fp
+            fps[other] = b.fingerprint_windows(
+                [ks[want.at[j]] for j in other], [want.boxes[j] for j in other]
+            )
         self.hasher.record_batch(
             [b.stored[k] for k in ks],
             [b.raw(k) for k in ks],

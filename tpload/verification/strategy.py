@@ -382,8 +382,10 @@ class Strategy(ABC):
         """Every tensor the plan reads or defers has the digest this strategy needs."""
         job = self.job
         plan = job.plan
-        problems = job.checkpoint.manifest_problems(sorted(set(plan.reads) | set(plan.deferred)))
-        if problems:
+        names = list(dict.fromkeys([*plan.reads, *plan.deferred]))
+        problems = job.checkpoint.manifest_problems(names)
+        if problems:  # listed in name order (sorted only when there is something to list)
+            problems = job.checkpoint.manifest_problems(sorted(names))
             what = (  # without a manifest, they are about what else could have vouched
                 "manifest problem(s)"
                 if job.checkpoint.catalogue.manifest is not None

@@ -1,7 +1,7 @@
 """What a long pass reports its progress to: a sink per pass (:class:`ProgressSink`: one call per
-served tensor or per unit, with its bytes), a command's :class:`Meter` that makes one sink a pass,
-and the sink of a caller that shows nothing (:class:`Silent`). The bars and lines themselves:
-report/progress.py."""
+served tensor or per unit, with its bytes; :class:`BatchSink`: a batch of them in one call too), a
+command's :class:`Meter` that makes one sink a pass, and the sink of a caller that shows nothing
+(:class:`Silent`). The bars and lines themselves: report/progress.py."""
 
 from __future__ import annotations
 

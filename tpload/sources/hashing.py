@@ -222,12 +222,13 @@ class Hasher:
         bytes as columns (``peers``: the tensor's place in ``stored``, the peer, three integers
         a fingerprint, flattened); nothing for a tensor this rank does not (or no longer) hash."""
         todo = self.todo
-        keep = [s.name in todo for s in stored]
-        if not all(keep):  # some already hashed (or not this rank's): only the others, once
+        names = [s.name for s in stored]
+        if not todo.issuperset(names) or len(set(names)) < len(names):  # only those still to hash
             seen: set[str] = set()
-            for k, s in enumerate(stored):
-                keep[k] = keep[k] and s.name not in seen
-                seen.add(s.name)
+            keep = []
+            for name in names:
+                keep.append(name in todo and name not in seen)
+                seen.add(name)
             at, ranks, fps = peers
             place = list(accumulate(keep, initial=0))
             kept = [j for j, k in enumerate(at) if keep[k]]
@@ -236,11 +237,11 @@ class Hasher:
                 [ranks[j] for j in kept],
                 [v for j in kept for v in fps[3 * j : 3 * j + 3]],
             )
-            stored = list(compress(stored, keep))
-            data = list(compress(data, keep))
+            stored, data = list(compress(stored, keep)), list(compress(data, keep))
+            names = list(compress(names, keep))
         if not stored:
             return
-        todo.difference_update([s.name for s in stored])
+        todo.difference_update(names)
         if self._sha256_only:  # the default: one digest a tensor, into one column
             sha = hashlib.sha256
             digests = b"".join([sha(memoryview(raw)).digest() for raw in data])

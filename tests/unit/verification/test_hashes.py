@@ -102,3 +102,26 @@ def test_a_name_hashed_again_keeps_its_latest_peers_only() -> None:
     names, ranks, fps = table.peer_columns()
     assert names == ["t.1"] and ranks.tolist() == [2] and fps.tolist() == [[2, 2, 2]]
     assert table["t.1"].peers == {2: (2, 2, 2)}
+
+
+def test_a_batch_records_each_tensor_once_and_only_those_still_to_hash() -> None:
+    """Hasher.record_batch: a tensor given twice is hashed once, one this rank does not hash (or
+    hashed already) is left out, and the peers' columns follow the tensors kept."""
+    import hashlib
+
+    import numpy as np
+
+    from tpload.sources.hashing import Hasher
+    from tpload.verification.node import HashPlan
+
+    hasher = Hasher(HashPlan(0, frozenset({"t.1", "t.2", "t.3"})))
+    data = {i: np.full(4 + i, i, np.uint8) for i in range(4)}
+    hasher.record_batch([_stored(1, None)], [data[1]], ([0], [1], [9, 9, 9]))
+    stored = [_stored(i, None) for i in (0, 1, 2, 2, 3)]
+    peers = ([0, 1, 2, 3, 4], [1, 1, 1, 2, 1], [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4])
+    hasher.record_batch(stored, [data[i] for i in (0, 1, 2, 2, 3)], peers)
+    done = hasher.finish()
+    assert list(done) == ["t.1", "t.2", "t.3"] and not hasher.todo
+    assert done.hexes("sha256")["t.3"] == hashlib.sha256(data[3].tobytes()).hexdigest()
+    assert done["t.1"].peers == {1: (9, 9, 9)}  # its first batch's
+    assert done["t.2"].peers == {1: (2, 2, 2)} and done["t.3"].peers == {1: (4, 4, 4)}

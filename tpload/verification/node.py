@@ -178,7 +178,7 @@ def split_tensors(
 ) -> list[np.ndarray]:
     """Who hashes each tensor of each reader group (:func:`reader_sets`), balanced by bytes: a
     tensor read by one rank is that rank's; a group read by several is dealt round, largest first
-    (names in order among equals), beginning with the reader that has the least to hash so far
+    (in the group's order among equals), beginning with the reader that has the least to hash so far
     (the lowest rank among equals). Array work a group, not a step a tensor; deterministic given
     its inputs, so every rank of a node computes the same split. Each tensor goes to one of its
     readers: no rank touches a tensor it does not serve, and the bytes of any two readers of a

@@ -86,7 +86,13 @@ class Batch:
         a tensor this rank hashes), from this batch's bytes, in one pass."""
         if not boxes:
             return []
-        src, rows, stride, width = self.windows([k for k, _ in boxes], [box for _, box in boxes])
+        fps = self.fingerprint_windows([k for k, _ in boxes], [box for _, box in boxes])
+        return list(map(tuple, fps.tolist()))
+
+    def fingerprint_windows(self, ks: Sequence[int], boxes: Sequence[Box]) -> np.ndarray:
+        """:meth:`fingerprints_of` as columns: box ``boxes[i]`` of stored tensor ``ks[i]``, each
+        fingerprint a row of the ``[n, 3]`` result."""
+        src, rows, stride, width = self.windows(ks, boxes)
         fps = np.zeros((len(boxes), 3), dtype=np.int64)
         kernels.gather_windows(
             self.data,
@@ -99,7 +105,7 @@ class Batch:
             np.zeros(len(boxes), np.int64),
             fps,
         )
-        return list(map(tuple, fps.tolist()))
+        return fps
 
     def view(self, k: int) -> np.ndarray:
         """Piece ``k``'s window, 2-D (rows of its cut's view), for the value checks."""

@@ -25,7 +25,7 @@ import torch
 from ..codecs.base import Checker, Cut, Fit
 from ..kernels.fingerprint import HostFingerprint, as_bytes2d, decoded_fingerprint, fingerprint
 from ..model.errors import LoadError
-from ..model.progress import ProgressSink
+from ..model.progress import BatchSink, ProgressSink
 from ..planning.batches import BATCH_BYTES, Piece, runs
 from ..planning.items import Item, Output
 from ..planning.planner import RankPlan
@@ -353,21 +353,27 @@ class _Loader:
     def _hash(self, b: Batch) -> None:
         """The batch's stored tensors this rank hashes, each hashed whole from the batch's bytes,
         with its node peers' windows fingerprinted there (all of them in one pass; a peer's window
-        that is this rank's own has its fingerprint already)."""
-        mine = self.hasher.wanted([s.name for s in b.stored])
-        other = [
-            (k, box)
-            for k, boxes in mine
-            for box in dict.fromkeys(boxes.values())
-            if box != b.boxes[k]
-        ]
-        found = dict(zip(other, b.fingerprints_of(other), strict=True))
-        own = b.fingerprints.tolist() if mine else []
-        peers = [
-            {p: tuple(own[k]) if box == b.boxes[k] else found[(k, box)] for p, box in boxes.items()}
-            for k, boxes in mine
-        ]
-        self.hasher.record_all([b.stored[k] for k, _ in mine], [b.raw(k) for k, _ in mine], peers)
+        that is this rank's own has its fingerprint already), as columns."""
+        want = self.hasher.wanted([s.name for s in b.stored])
+        if not want.ks:
+            return
+        ks, own = want.ks, b.boxes
+        fps = np.empty((len(want.at), 3), np.int64)
+        same: list[int] = []
+        other: list[int] = []
+        for j, (i, box) in enumerate(zip(want.at, want.boxes, strict=True)):
+            (same if box == own[ks[i]] else other).append(j)
+        if same:
+            fps[same] = b.fingerprints[[ks[want.at[j]] for j in same]]
+        if other:
+            fps[other] = b.fingerprint_windows(
+                [ks[want.at[j]] for j in other], [want.boxes[j] for j in other]
+            )
+        self.hasher.record_batch(
+            [b.stored[k] for k in ks],
+            [b.raw(k) for k in ks],
+            (want.at, want.ranks, fps.ravel().tolist()),
+        )
 
     def done(self, item: Item) -> None:
         if self.release is not None:
@@ -439,7 +445,7 @@ def run(
                     loader.batch(items[k:end], pieces)
                     for item in items[k:end]:
                         loader.done(item)
-                        _advance(progress, item)
+                    _advance_all(progress, items[k:end])
                     continue
                 item = items[k]
                 if k + READAHEAD_ITEMS < len(items):
@@ -483,6 +489,18 @@ def _advance(progress: ProgressSink, item: Item) -> None:
     progress.update(item.read_bytes)
     for _ in item.outputs[1:]:
         progress.update(0)
+
+
+def _advance_all(progress: ProgressSink, items: Sequence[Item]) -> None:
+    """A batch's served tensors in one call with their bytes, when the sink takes one (the load's
+    own); a caller's sink is told of each as :func:`_advance` does."""
+    if isinstance(progress, BatchSink):
+        progress.update_many(
+            sum(item.read_bytes for item in items), sum(len(item.outputs) for item in items)
+        )
+        return
+    for item in items:
+        _advance(progress, item)
 
 
 def _ask(source: ReadSource, item: Item) -> None:

@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..model.values import Box, Triple
 from ..planning.items import Output
 from ..sources.base import SourceFigures
-from ..verification.digest import digest
+from ..verification.digest import digest_of
+from ..verification.evidence import FingerprintTable, WindowTable
 from ..verification.hashes import HashResults
 
 
@@ -56,10 +56,10 @@ class LoadResult:
 
     arena: Arena
     outputs: list[Output]
-    fingerprints: dict[str, Triple]
+    fingerprints: FingerprintTable
     hashed: HashResults = field(default_factory=HashResults)
-    windows: dict[str, tuple[Box, Triple]] = field(default_factory=dict)
-    """Every window read: its box and the fingerprint of its stored bytes."""
+    windows: WindowTable = field(default_factory=lambda: WindowTable([], [], np.zeros((0, 3))))
+    """Every window read: its box and the fingerprint of its stored bytes (as columns)."""
     bytes_hashed: int = 0
     device_checked: int = 0
     sampled: int = 0
@@ -83,9 +83,14 @@ class LoadResult:
         self.arena = None  # type: ignore[assignment]
         self.outputs = []
 
+    @property
+    def window_columns(self) -> WindowTable:
+        return self.windows
+
     def digest(self) -> str:
         """This rank's digest of what it serves (verification/digest.py)."""
-        return digest(
-            ((o.name, o.dtype, o.shape, self.fingerprints[o.name]) for o in self.outputs),
-            ranks=self.ranks,
-        )
+        if not self.outputs:
+            return digest_of([], [], [], np.zeros((0, 3), np.int64), ranks=self.ranks)
+        names, dtypes, shapes, _, _ = zip(*self.outputs, strict=True)
+        fps = self.fingerprints.fps[self.fingerprints.rows(names)]
+        return digest_of(names, dtypes, shapes, fps, ranks=self.ranks)

@@ -1,11 +1,11 @@
 """What a long pass reports its progress to: a sink per pass (:class:`ProgressSink`: one call per
-served tensor or per unit, with its bytes), a command's :class:`Meter` that makes one sink a pass,
-and the sink of a caller that shows nothing (:class:`Silent`). The bars and lines themselves:
-report/progress.py."""
+served tensor or per unit, with its bytes; :class:`BatchSink`: a batch of them in one call too), a
+command's :class:`Meter` that makes one sink a pass, and the sink of a caller that shows nothing
+(:class:`Silent`). The bars and lines themselves: report/progress.py."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 class ProgressSink(Protocol):
@@ -15,6 +15,15 @@ class ProgressSink(Protocol):
     def update(self, nbytes: int) -> None: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class BatchSink(ProgressSink, Protocol):
+    """A sink that also takes a batch of served tensors in one call (the load's own: the report's
+    bar and lines, :class:`Silent`): a batch of small tensors is one call with its bytes, not one a
+    tensor. A caller's sink without it is called once a tensor, as before."""
+
+    def update_many(self, nbytes: int, tensors: int) -> None: ...
 
 
 class Meter(Protocol):
@@ -31,6 +40,9 @@ class Silent:
     """The sink of every rank but 0, and of ``progress=False``."""
 
     def update(self, nbytes: int) -> None:
+        pass
+
+    def update_many(self, nbytes: int, tensors: int) -> None:
         pass
 
     def close(self) -> None:

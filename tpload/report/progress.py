@@ -75,8 +75,12 @@ class Progress:
             )
 
     def update(self, nbytes: int) -> None:
+        self.update_many(nbytes, 1)
+
+    def update_many(self, nbytes: int, tensors: int) -> None:
+        """``tensors`` served tensors and their ``nbytes`` at once (a batch of small ones)."""
         self.bytes += nbytes
-        self.tensors += 1
+        self.tensors += tensors
         if self._bar is not None:
             self._bar.update(nbytes)
             return

@@ -18,17 +18,19 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from itertools import accumulate, compress
+from typing import NamedTuple
 
 import numpy as np
 
 from ..kernels.fingerprint import HostFingerprint
 from ..model.progress import Meter, Silent
-from ..model.values import Box, Stored, Triple
+from ..model.values import DIGEST_BYTES, Box, Stored, Triple
 from ..storage.base import Storage
 from ..storage.reader import Block, Reader
 from ..verification import gate
 from ..verification.hashes import SHA256, Digests, Hashed, HashObject, HashResults, new_blake3
-from ..verification.node import HashPlan
+from ..verification.node import HashPlan, PeerWindows
 from ..verification.vouched import Vouched
 
 INLINE_BELOW = (
@@ -112,6 +114,17 @@ class HashTap:
 _NO_PEERS: Mapping[int, Box] = {}
 
 
+class Wanted(NamedTuple):
+    """What a batch's hashing wants (:meth:`Hasher.wanted`): the places of the tensors this rank
+    hashes, and each (tensor, node peer that reads a window of it) as columns: the tensor's place
+    among ``ks``, the peer, its window."""
+
+    ks: list[int]
+    at: list[int]
+    ranks: list[int]
+    boxes: list[Box]
+
+
 class Hasher:
     """This rank's hashing work (:class:`HashPlan`), inline or on worker threads, by ``digests``'
     hash."""
@@ -153,39 +166,104 @@ class Hasher:
             digests=self.digests,
         )
 
-    def wanted(self, names: Sequence[str]) -> list[tuple[int, Mapping[int, Box]]]:
-        """Which of ``names`` this rank still hashes: (its place in ``names``, each node peer's
-        window of it (empty: no peer reads it)), whose fingerprints :meth:`record` wants."""
-        todo, peers = self.todo, self.plan.peers
-        return [(k, peers.get(n, _NO_PEERS)) for k, n in enumerate(names) if n in todo]
+    def wanted(self, names: Sequence[str]) -> Wanted:
+        """Which of ``names`` this rank still hashes (their places in ``names``; a name given twice,
+        its first), and each node peer's window of them as columns (:class:`Wanted`), whose
+        fingerprints :meth:`record_batch` wants."""
+        todo = self.todo
+        ks = list(compress(range(len(names)), map(todo.__contains__, names)))
+        mine = [names[k] for k in ks]
+        if len(set(mine)) < len(mine):  # a tensor twice in one batch: hashed once
+            first: dict[str, int] = {}
+            for k, name in zip(ks, mine, strict=True):
+                first.setdefault(name, k)
+            ks, mine = list(first.values()), list(first)
+        peers = self.plan.peers
+        if not peers or not ks:
+            return Wanted(ks, [], [], [])
+        if isinstance(peers, PeerWindows):
+            return Wanted(ks, *peers.columns(mine))
+        at: list[int] = []
+        ranks: list[int] = []
+        boxes: list[Box] = []
+        for j, name in enumerate(mine):
+            for p, box in peers.get(name, _NO_PEERS).items():
+                at.append(j)
+                ranks.append(p)
+                boxes.append(box)
+        return Wanted(ks, at, ranks, boxes)
 
     def record(self, stored: Stored, data: np.ndarray, peers: Mapping[int, Triple]) -> None:
-        """A small tensor hashed whole on the spot (:meth:`record_all` of one)."""
+        """A small tensor hashed whole on the spot, with its node peers' window fingerprints."""
         self.record_all([stored], [data], [dict(peers)])
 
     def record_all(
         self, stored: list[Stored], data: list[np.ndarray], peers: list[dict[int, Triple]]
     ) -> None:
+        """:meth:`record_batch` with each tensor's peers' fingerprints as a mapping."""
+        at: list[int] = []
+        ranks: list[int] = []
+        fps: list[int] = []
+        for k, by_peer in enumerate(peers):
+            for p, fp in by_peer.items():
+                at.append(k)
+                ranks.append(p)
+                fps.extend(fp)
+        self.record_batch(stored, data, (at, ranks, fps))
+
+    def record_batch(
+        self,
+        stored: Sequence[Stored],
+        data: Sequence[np.ndarray],
+        peers: tuple[Sequence[int], Sequence[int], Sequence[int]] = ((), (), ()),
+    ) -> None:
         """Small tensors hashed whole on the spot from a batch's bytes (``data[i]``, contiguous, is
         ``stored[i]``'s), with the fingerprints of their node peers' windows taken from the same
-        bytes (``peers[i]``: one for each box :meth:`wanted` gave, kept as given); nothing for a
-        tensor this rank does not (or no longer) hash."""
-        todo, rows = self.todo, []
-        for s, raw, fps in zip(stored, data, peers, strict=True):
-            if s.name not in todo:
-                continue
-            todo.discard(s.name)
-            if self._sha256_only:  # the default: no hasher objects to make for a few hundred bytes
-                rows.append((s, hashlib.sha256(memoryview(raw)).hexdigest(), "", fps))
-            else:
+        bytes as columns (``peers``: the tensor's place in ``stored``, the peer, three integers
+        a fingerprint, flattened); nothing for a tensor this rank does not (or no longer) hash."""
+        todo = self.todo
+        names = [s.name for s in stored]
+        if not todo.issuperset(names) or len(set(names)) < len(names):  # only those still to hash
+            seen: set[str] = set()
+            keep = []
+            for name in names:
+                keep.append(name in todo and name not in seen)
+                seen.add(name)
+            at, ranks, fps = peers
+            place = list(accumulate(keep, initial=0))
+            kept = [j for j, k in enumerate(at) if keep[k]]
+            peers = (
+                [place[at[j]] for j in kept],
+                [ranks[j] for j in kept],
+                [v for j in kept for v in fps[3 * j : 3 * j + 3]],
+            )
+            stored, data = list(compress(stored, keep)), list(compress(data, keep))
+            names = list(compress(names, keep))
+        if not stored:
+            return
+        todo.difference_update(names)
+        if self._sha256_only:  # the default: one digest a tensor, into one column
+            sha = hashlib.sha256
+            digests = b"".join([sha(memoryview(raw)).digest() for raw in data])
+            self.done.add_digests(stored, digests, peers)
+        else:
+            sha256, blake3 = [], []
+            for s, raw in zip(stored, data, strict=True):
                 got = {}
                 for hash_name, h in new_hashes(self.digests, s.nbytes).items():
                     h.update(memoryview(raw))
                     got[hash_name] = h.hexdigest()
-                rows.append((s, got.get("sha256", ""), got.get("blake3", ""), fps))
-        self.done.add_all(rows)
+                sha256.append(got.get("sha256", ""))
+                blake3.append(got.get("blake3", ""))
+            self.done.add_digests(
+                stored,
+                b"".join(bytes.fromhex(h) if h else bytes(DIGEST_BYTES) for h in sha256),
+                peers,
+                blake3=blake3,
+                missing=[k for k, h in enumerate(sha256) if not h],
+            )
         if self.on_done is not None:
-            for s, _, _, _ in rows:
+            for s in stored:
                 self.on_done(s.name)
 
     def _record(self, hashed: Hashed) -> None:

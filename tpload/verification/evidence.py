@@ -10,12 +10,14 @@ the rank is listed at once, with the hash results of its hashing share (sha256, 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 import numpy as np
 import torch
 
+from ..model.columns import RowTable
 from ..model.text import escape_name
 from ..model.values import Box, Triple
 from .hashes import SHA256, Digests, HashResults, mismatches
@@ -48,11 +50,90 @@ class Check:
     cut's) to compare it with the host window; None: ``served`` is it."""
 
 
+class WindowTable(RowTable[tuple[Box, Triple]]):
+    """Every window a rank read, as columns: names, boxes and an ``[n, 3]`` fingerprint array (a
+    name read twice reads as its latest window). The node cross-check reads the columns
+    (verification/node.py's ``seen_of``); a (box, fingerprint) is made when one is asked for."""
+
+    def __init__(self, names: list[str], boxes: list[Box], fps: np.ndarray) -> None:
+        super().__init__()
+        self._row.update(zip(names, range(len(names)), strict=True))
+        self._boxes, self._fps = boxes, fps
+
+    @property
+    def boxes(self) -> Sequence[Box]:
+        return self._boxes
+
+    @property
+    def fps(self) -> np.ndarray:
+        return self._fps
+
+    def rows(self, names: Iterable[str]) -> list[int]:
+        """Each name's row (its latest window); KeyError for a name never read."""
+        return list(map(self._row.__getitem__, names))
+
+    def _record(self, name: str, k: int) -> tuple[Box, Triple]:
+        a, b, c = self._fps[k].tolist()
+        return self._boxes[k], (a, b, c)
+
+
+class FingerprintTable(RowTable[Triple]):
+    """Each served tensor's fingerprint, as columns: names and an ``[n, 3]`` array (a name served
+    again reads as its latest); the digest reads the columns (:meth:`columns`), a triple is made
+    when one is asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._names: list[str] = []
+        self._blocks: list[np.ndarray] = []
+        self._single: list[int] = []
+        """Three integers a fingerprint added alone, not yet in :attr:`_blocks`."""
+        self._fps: np.ndarray | None = None
+
+    def add_block(self, names: list[str], fps: np.ndarray) -> None:
+        """Served tensors whose fingerprints are rows of ``fps``, in order."""
+        self._flush()
+        first = len(self._names)
+        self._names += names
+        self._blocks.append(np.asarray(fps, np.int64).reshape(-1, 3))
+        self._row.update(zip(names, range(first, first + len(names)), strict=True))
+        self._fps = None
+
+    def add(self, name: str, fp: Sequence[int]) -> None:
+        self._row[name] = len(self._names)
+        self._names.append(name)
+        self._single.extend(fp)
+        self._fps = None
+
+    def _flush(self) -> None:
+        if self._single:
+            self._blocks.append(np.asarray(self._single, np.int64).reshape(-1, 3))
+            self._single = []
+
+    @property
+    def fps(self) -> np.ndarray:
+        """Every row's fingerprint, ``[n, 3]`` (rows of names served again included)."""
+        if self._fps is None:
+            self._flush()
+            blocks = self._blocks
+            self._fps = np.concatenate(blocks) if blocks else np.zeros((0, 3), np.int64)
+            self._blocks = [self._fps]
+        return self._fps
+
+    def rows(self, names: Iterable[str]) -> list[int]:
+        """Each name's row (its latest); KeyError for a name not served."""
+        return list(map(self._row.__getitem__, names))
+
+    def _record(self, name: str, k: int) -> Triple:
+        a, b, c = self.fps[k].tolist()
+        return (a, b, c)
+
+
 @dataclass
 class Settled:
     """A rank's judged evidence."""
 
-    fingerprints: dict[str, Triple]
+    fingerprints: FingerprintTable
     problems: list[str]
     device_checked: int = 0
     hashed: list[str] = field(default_factory=list)
@@ -70,7 +151,7 @@ class Evidence:
         self._log: list[Check | tuple[list[str], np.ndarray]] = []
         """Checks, and blocks of (served names, their fingerprints), in load order."""
         self._windows: list[tuple[list[str], list[Box], np.ndarray | list[Triple]]] = []
-        self._window_map: dict[str, tuple[Box, Triple]] | None = None
+        self._window_map: WindowTable | None = None
 
     def window(self, name: str, box: Box, fp: Triple) -> None:
         """A window read: its box and the fingerprint of its stored bytes (the node cross-check)."""
@@ -83,14 +164,20 @@ class Evidence:
         self._window_map = None
 
     @property
-    def windows(self) -> dict[str, tuple[Box, Triple]]:
-        """Every window read: (its box, the fingerprint of its stored bytes), by name."""
+    def windows(self) -> WindowTable:
+        """Every window read: (its box, the fingerprint of its stored bytes), by name, as
+        columns."""
         if self._window_map is None:
-            out: dict[str, tuple[Box, Triple]] = {}
-            for names, boxes, fps in self._windows:
-                triples = map(tuple, fps.tolist()) if isinstance(fps, np.ndarray) else fps
-                out.update(zip(names, zip(boxes, triples, strict=True), strict=True))
-            self._window_map = out
+            names: list[str] = []
+            boxes: list[Box] = []
+            fps: list[np.ndarray] = []
+            for block_names, block_boxes, block_fps in self._windows:
+                names += block_names
+                boxes += block_boxes
+                fps.append(np.asarray(block_fps, np.int64).reshape(-1, 3))
+            self._window_map = WindowTable(
+                names, boxes, np.concatenate(fps) if fps else np.zeros((0, 3), np.int64)
+            )
         return self._window_map
 
     def add(self, check: Check) -> None:
@@ -116,12 +203,11 @@ class Evidence:
             iter(values[2 * k : 3 * k]),
             iter(values[3 * k :]),
         )
-        out = Settled({}, [])
+        out = Settled(FingerprintTable(), [])
         fingerprints, problems, checked = out.fingerprints, out.problems, 0
         for c in self._log:
             if not isinstance(c, Check):
-                names, fps = c
-                fingerprints.update(zip(names, map(tuple, fps.tolist()), strict=True))
+                fingerprints.add_block(*c)
                 continue
             fp, want, dig = tuple(next(served)), next(wants), next(digests)
             for (_, what), n in zip(c.bad, counts, strict=False):
@@ -135,7 +221,7 @@ class Evidence:
                     )
                 else:
                     checked += 1
-            fingerprints[c.name] = fp if dig is None else tuple(dig)
+            fingerprints.add(c.name, fp if dig is None else tuple(dig))
         out.device_checked = checked
         out.hashed = list(hashed)
         out.bytes_hashed = hashed.nbytes()

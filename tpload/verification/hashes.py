@@ -21,14 +21,17 @@ import importlib
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import compress
 from pathlib import Path
 from types import MappingProxyType, ModuleType
 from typing import Protocol
 
+import numpy as np
+
 from ..model.columns import RowTable
 from ..model.errors import LoadError
 from ..model.text import escape_name, sha256_mismatch
-from ..model.values import Box, Stored, Triple
+from ..model.values import DIGEST_BYTES, Box, Stored, Triple
 
 
 def _optional(name: str) -> ModuleType | None:
@@ -168,64 +171,189 @@ class Hashed:
 class HashResults(RowTable[Hashed]):
     """Every tensor a rank hashed, as columns: a load hashes tens of thousands of small tensors,
     and an object a tensor held to the end of the load is one more for the collector to walk at
-    every full collection. A :class:`Hashed` is made when one is asked for (the report's few, a
-    mismatch's words). Rows are added from the hashing threads too: under a lock, so a row's
-    columns stay together."""
+    every full collection. The sha256 digests are one ``[rows, 32]`` byte column, compared with the
+    manifest's in one array compare (:meth:`mismatched`); the node peers' window fingerprints are
+    columns of (row, peer, fingerprint). A :class:`Hashed` is made when one is asked for (the
+    report's few, a mismatch's words). Rows are added from the hashing threads too: under a lock,
+    so a row's columns stay together."""
 
     def __init__(self) -> None:
         super().__init__()
+        self._names: list[str] = []
         self._paths: list[Path] = []
-        self._sizes: list[int] = []
-        """offset, rows, row bytes of each row's stored bytes, flattened."""
+        self._offsets: list[int] = []
+        self._rows: list[int] = []
+        self._row_bytes: list[int] = []
         self._want: list[str | None] = []
-        self._sha256: list[str] = []
-        self._blake3: list[str] = []
-        self._peers: dict[int, Mapping[int, Triple]] = {}
-        """Only rows whose node peers read a window of the tensor (most have none)."""
+        self._sha256 = bytearray()
+        """32 bytes a row: the sha256 digest (zeros where none was taken: :attr:`_no_sha256`)."""
+        self._no_sha256: set[int] = set()
+        self._blake3: dict[int, str] = {}
+        """Only rows that took a blake3 (``--hash blake3``, or taken along)."""
+        self._peer_row: list[int] = []
+        self._peer_rank: list[int] = []
+        self._peer_fp: list[int] = []
+        """Three integers a (row, peer): only rows whose node peers read a window of the tensor."""
+        self._peers_by_row: dict[int, dict[int, Triple]] | None = None
         self._lock = threading.Lock()
 
     def add(self, s: Stored, sha256: str, blake3: str, peers: Mapping[int, Triple] | None) -> None:
         self.add_all([(s, sha256, blake3, peers)])
 
     def add_all(self, rows: Sequence[tuple[Stored, str, str, Mapping[int, Triple] | None]]) -> None:
-        """Rows of (stored bytes, sha256, blake3, peers' fingerprints), under one lock."""
+        """Rows of (stored bytes, sha256 hex, blake3 hex, peers' fingerprints), under one lock."""
+        if not rows:
+            return
+        stored, sha256, blake3, peers = zip(*rows, strict=True)
+        at: list[int] = []
+        ranks: list[int] = []
+        fps: list[int] = []
+        for k, by_peer in enumerate(peers):
+            for p, fp in (by_peer or {}).items():
+                at.append(k)
+                ranks.append(p)
+                fps.extend(fp)
+        self.add_digests(
+            stored,
+            b"".join(bytes.fromhex(h) if h else bytes(DIGEST_BYTES) for h in sha256),
+            (at, ranks, fps),
+            blake3=blake3,
+            missing=[k for k, h in enumerate(sha256) if not h],
+        )
+
+    def add_digests(
+        self,
+        stored: Sequence[Stored],
+        digests: bytes,
+        peers: tuple[Sequence[int], Sequence[int], Sequence[int]] = ((), (), ()),
+        *,
+        blake3: Sequence[str] = (),
+        missing: Sequence[int] = (),
+    ) -> None:
+        """Rows of sha256 digests (``digests``: 32 bytes a row, in order; ``missing``: the rows
+        that took none), with the node peers' window fingerprints as columns: (the row among
+        ``stored``, the peer, its three integers flattened); ``blake3``: each row's blake3 hex, when
+        taken ("" where not)."""
+        if not stored:
+            return
+        at, ranks, fps = peers
         with self._lock:
-            for s, sha256, blake3, peers in rows:
-                k = self._row[s.name] = len(self._sha256)
-                self._paths.append(s.path)
-                self._sizes += (s.offset, s.rows, s.row_bytes)
-                self._want.append(s.sha256)
-                self._sha256.append(sha256)
-                self._blake3.append(blake3)
-                if peers:
-                    self._peers[k] = peers
+            first = len(self._names)
+            self._add(stored, digests)
+            self._peer_row.extend([first + k for k in at])
+            self._peer_rank.extend(ranks)
+            self._peer_fp.extend(fps)
+            self._no_sha256.update(first + k for k in missing)
+            self._blake3.update((first + k, h) for k, h in enumerate(blake3) if h)
+
+    def _add(self, stored: Sequence[Stored], digests: bytes) -> None:
+        """The stored columns and the digests of new rows (under the lock)."""
+        if len(digests) != DIGEST_BYTES * len(stored):
+            raise ValueError(f"{len(digests)} digest bytes for {len(stored)} rows")
+        first = len(self._names)
+        names, paths, offsets, rows, row_bytes, want = zip(*stored, strict=True)
+        self._names += names
+        self._paths += paths
+        self._offsets += offsets
+        self._rows += rows
+        self._row_bytes += row_bytes
+        self._want += want
+        self._sha256 += digests
+        self._row.update(zip(names, range(first, first + len(names)), strict=True))
+        self._peers_by_row = None
+
+    def digests(self) -> np.ndarray:
+        """The sha256 column, ``[rows, 32]`` bytes (zeros where none was taken)."""
+        column: np.ndarray = np.frombuffer(bytes(self._sha256), np.uint8)
+        return column.reshape(-1, DIGEST_BYTES)
 
     def mismatched(self, digests: Digests) -> list[str]:
         """The names whose ``digests.hash`` is not the one promised (found over the columns)."""
-        got = self._sha256 if digests.hash == "sha256" else self._blake3
-        expected, want = digests.expected, self._want
-        return [
-            n for n, k in self._row.items() if (w := expected(n, want[k])) is None or got[k] != w
-        ]
+        latest = list(self._row.values())
+        if digests.hash != "sha256":
+            expected, blake3 = digests.expected, self._blake3
+            return [
+                n
+                for n, k in self._row.items()
+                if (w := expected(n, self._want[k])) is None or blake3.get(k, "") != w
+            ]
+        want = [self._want[k] for k in latest]
+        joined = "".join([w or "" for w in want])
+        promised = _digests_of(joined, len(want)) if None not in want else None
+        if promised is None:
+            # an entry missing, or hex no lowercase digest equals (upper case): row by row
+            got = self.hexes("sha256")
+            return [n for n, w in zip(self._row, want, strict=True) if w is None or got[n] != w]
+        bad = (self.digests()[latest] != promised).any(axis=1)
+        if self._no_sha256:
+            bad |= np.isin(np.asarray(latest, np.int64), list(self._no_sha256))
+        return list(compress(self._row, bad.tolist()))
+
+    def _hex(self, k: int) -> str:
+        if k in self._no_sha256:
+            return ""
+        return self._sha256[DIGEST_BYTES * k : DIGEST_BYTES * (k + 1)].hex()
+
+    def _peers_of(self, k: int) -> Mapping[int, Triple]:
+        if self._peers_by_row is None:
+            by_row: dict[int, dict[int, Triple]] = {}
+            fps = self._peer_fp
+            for j, (row, p) in enumerate(zip(self._peer_row, self._peer_rank, strict=True)):
+                by_row.setdefault(row, {})[p] = (fps[3 * j], fps[3 * j + 1], fps[3 * j + 2])
+            self._peers_by_row = by_row
+        return self._peers_by_row.get(k, NO_PEERS)
 
     def _record(self, name: str, k: int) -> Hashed:
-        offset, rows, row_bytes = self._sizes[3 * k : 3 * k + 3]
-        stored = Stored(name, self._paths[k], offset, rows, row_bytes, self._want[k])
-        return Hashed(name, stored, self._sha256[k], self._blake3[k], self._peers.get(k, NO_PEERS))
+        stored = Stored(
+            name, self._paths[k], self._offsets[k], self._rows[k], self._row_bytes[k], self._want[k]
+        )
+        return Hashed(name, stored, self._hex(k), self._blake3.get(k, ""), self._peers_of(k))
 
     def hexes(self, hash: str) -> dict[str, str]:
         """``{name: hex digest}`` of ``hash`` (``sha256`` or ``blake3``), read from its column."""
-        values = {"sha256": self._sha256, "blake3": self._blake3}[hash]
-        return {n: values[k] for n, k in self._row.items()}
+        if hash == "blake3":
+            return {n: self._blake3.get(k, "") for n, k in self._row.items()}
+        return {n: self._hex(k) for n, k in self._row.items()}
 
     def peers(self) -> dict[str, Mapping[int, Triple]]:
         """``{name: each node peer's window fingerprint}`` (empty for most tensors)."""
-        return {n: self._peers.get(k, NO_PEERS) for n, k in self._row.items()}
+        return {n: self._peers_of(k) for n, k in self._row.items()}
+
+    def peer_columns(self) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """Each (tensor, node peer) whose window this rank fingerprinted from the bytes it hashed,
+        as columns: the tensor's name, the peer, the fingerprint (``[n, 3]``); a row added again
+        counts as its latest."""
+        rows = np.asarray(self._peer_row, np.int64)
+        ranks = np.asarray(self._peer_rank, np.int64)
+        fps = np.asarray(self._peer_fp, np.int64).reshape(-1, 3)
+        names = self._names
+        if len(self._row) != len(names):  # a name added again: only its latest row's peers
+            latest: np.ndarray = np.zeros(len(names), bool)
+            latest[list(self._row.values())] = True
+            keep = latest[rows]
+            rows, ranks, fps = rows[keep], ranks[keep], fps[keep]
+        return [names[k] for k in rows.tolist()], ranks, fps
 
     def nbytes(self) -> int:
         """Stored bytes hashed, all rows (a name added again counts once, as its latest row)."""
-        sizes = self._sizes
-        return sum(sizes[3 * k + 1] * sizes[3 * k + 2] for k in self._row.values())
+        latest = list(self._row.values())
+        rows = np.asarray(self._rows, np.int64)[latest]
+        return int((rows * np.asarray(self._row_bytes, np.int64)[latest]).sum())
+
+
+def _digests_of(joined: str, n: int) -> np.ndarray | None:
+    """``n`` lowercase hex sha256 digests joined, as ``[n, 32]`` bytes; None when they are not
+    exactly that (upper-case or other characters, another length: compared as text instead)."""
+    if len(joined) != 2 * DIGEST_BYTES * n or (not joined.islower() and not joined.isdigit()):
+        return None
+    try:
+        raw = bytes.fromhex(joined)
+    except ValueError:
+        return None
+    if len(raw) != DIGEST_BYTES * n:  # fromhex skips whitespace
+        return None
+    promised: np.ndarray = np.frombuffer(raw, np.uint8)
+    return promised.reshape(n, DIGEST_BYTES)
 
 
 def mismatches(hashed: HashResults, digests: Digests = SHA256) -> list[str]:

@@ -36,10 +36,14 @@ See docs/threat-model.md.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import compress
 from operator import itemgetter
 from pathlib import Path
+from typing import Protocol
+
+import numpy as np
 
 from ..model.modes import Verify
 from ..model.values import DIGEST_BYTES, SLOTS, Box, Triple
@@ -97,6 +101,107 @@ def assign_hashing(
     return out
 
 
+def reader_sets(reads: Mapping[int, Collection[str]]) -> list[tuple[tuple[int, ...], list[str]]]:
+    """The stored tensors some rank reads, grouped by the ranks that read them (``reads``: rank ->
+    the tensors it reads a window of, in its plan's order): (the readers ascending, their tensors
+    in the order the lowest rank reads them), the groups in the order of their readers. Every rank
+    of a node computes the node's plans alike, so every rank gets the same groups in the same
+    order. At tp only every rank reads every tensor: one group, found by one set comparison."""
+    ranks = sorted(reads)
+    first = list(reads[ranks[0]])
+    if all(len(reads[r]) == len(first) for r in ranks[1:]):
+        names = set(first)
+        if all(names.issuperset(reads[r]) for r in ranks[1:]):
+            return [(tuple(ranks), first)]
+    mask: dict[str, int] = {}
+    for bit, rank in enumerate(ranks):
+        get, one = mask.get, 1 << bit
+        for name in reads[rank]:
+            mask[name] = get(name, 0) | one
+    groups: dict[int, list[str]] = {}
+    for name, m in mask.items():
+        groups.setdefault(m, []).append(name)
+    out = [
+        (tuple(r for k, r in enumerate(ranks) if m >> k & 1), names) for m, names in groups.items()
+    ]
+    return sorted(out, key=itemgetter(0))
+
+
+class PeerWindows(Mapping[str, Mapping[int, Box]]):
+    """For each tensor a rank hashes, each node peer that reads a window of it and the window, made
+    when asked from the node's reads (a dict a tensor, held for the whole load, would be tens of
+    thousands more objects for the collector to walk)."""
+
+    def __init__(
+        self,
+        reads: Mapping[int, Mapping[str, Box]],
+        group: Mapping[str, int],
+        others: Sequence[tuple[int, ...]],
+    ) -> None:
+        self._reads, self._group, self._others = reads, group, others
+
+    def peers_of(self, name: str) -> tuple[int, ...]:
+        """The node peers that read a window of ``name`` (ascending; empty: none)."""
+        return self._others[self._group[name]]
+
+    def __getitem__(self, name: str) -> Mapping[int, Box]:
+        reads = self._reads
+        return {p: reads[p][name] for p in self._others[self._group[name]]}
+
+    def box(self, name: str, peer: int) -> Box:
+        """The window ``peer`` reads of ``name``."""
+        return self._reads[peer][name]
+
+    def columns(self, names: Sequence[str]) -> tuple[list[int], list[int], list[Box]]:
+        """Each (tensor, node peer that reads a window of it) among ``names`` as columns: the
+        tensor's place in ``names``, the peer, its window (no dict a tensor)."""
+        reads, group, others = self._reads, self._group, self._others
+        at: list[int] = []
+        ranks: list[int] = []
+        boxes: list[Box] = []
+        for k, name in enumerate(names):
+            for p in others[group[name]]:
+                at.append(k)
+                ranks.append(p)
+                boxes.append(reads[p][name])
+        return at, ranks, boxes
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._group)
+
+    def __len__(self) -> int:
+        return len(self._group)
+
+
+def split_tensors(
+    groups: Sequence[tuple[tuple[int, ...], list[str]]], sizes: Mapping[str, int]
+) -> list[np.ndarray]:
+    """Who hashes each tensor of each reader group (:func:`reader_sets`), balanced by bytes: a
+    tensor read by one rank is that rank's; a group read by several is dealt round, largest first
+    (in the group's order among equals), beginning with the reader that has the least to hash so far
+    (the lowest rank among equals). Array work a group, not a step a tensor; deterministic given
+    its inputs, so every rank of a node computes the same split. Each tensor goes to one of its
+    readers: no rank touches a tensor it does not serve, and the bytes of any two readers of a
+    group differ by at most its largest tensor."""
+    load: dict[int, int] = {}
+    out: list[np.ndarray] = [np.empty(0, np.int64)] * len(groups)
+    order = sorted(range(len(groups)), key=lambda g: len(groups[g][0]) > 1)  # forced ones first
+    for g in order:
+        who, names = groups[g]
+        nbytes = np.fromiter(map(sizes.__getitem__, names), np.int64, len(names))
+        if len(who) == 1:
+            out[g] = np.full(len(names), who[0], np.int64)
+            load[who[0]] = load.get(who[0], 0) + int(nbytes.sum())
+            continue
+        turn = np.array(sorted(who, key=lambda r: (load.get(r, 0), r)), np.int64)
+        place: np.ndarray = np.empty(len(names), np.int64)
+        place[np.argsort(-nbytes, kind="stable")] = np.arange(len(names)) % len(who)
+        out[g] = turn[place]
+        for k, r in enumerate(turn.tolist()):
+            load[r] = load.get(r, 0) + int(nbytes[place == k].sum())
+    return out
+
+
 def hash_plan(
     mode: Verify,
     rank: int,
@@ -107,17 +212,28 @@ def hash_plan(
 ) -> HashPlan:
     """This rank's :class:`HashPlan`. ``reads``: for this rank and each peer on its node, the
     windows it reads (tensor -> box); ``sizes``: stored bytes of each tensor; ``per_rank``: each
-    rank has files of its own."""
+    rank has files of its own. Who hashes what: :func:`split_tensors` over :func:`reader_sets`."""
     if mode in (Verify.OFF, Verify.DIGEST):
         return HashPlan(rank)
     if mode == Verify.RANK or per_rank or len(reads) == 1:
         return HashPlan(rank, frozenset(reads[rank]))
-    users = readers(reads)
-    split = assign_hashing({n: sizes[n] for n in users}, sorted(reads), users)
-    owner = {n: r for r, names in split.items() for n in names}
-    mine = frozenset(split[rank])
-    peers = {n: {p: reads[p][n] for p in users[n] if p != rank} for n in mine}
-    return HashPlan(rank, mine, {n: owner[n] for n in reads[rank] if owner[n] != rank}, peers)
+    groups = reader_sets(reads)
+    hashers = split_tensors(groups, sizes)
+    mine: list[str] = []
+    owner: dict[str, int] = {}
+    group: dict[str, int] = {}
+    others: list[tuple[int, ...]] = []
+    for (who, names), by in zip(groups, hashers, strict=True):
+        if rank not in who:
+            continue
+        me = (by == rank).tolist()
+        ours = list(compress(names, me))
+        mine += ours
+        group.update(dict.fromkeys(ours, len(others)))
+        others.append(tuple(p for p in who if p != rank))
+        theirs = [not m for m in me]
+        owner.update(zip(compress(names, theirs), compress(by.tolist(), theirs), strict=True))
+    return HashPlan(rank, frozenset(mine), owner, PeerWindows(reads, group, others))
 
 
 @dataclass(frozen=True)
@@ -151,7 +267,7 @@ def assign_files(
     return {r: [keys[k] for k in names] for r, names in split.items()}
 
 
-def fold(lines: Iterable[tuple[str, Box, Triple]]) -> bytes:
+def fold(lines: Iterable[tuple[str, Box, Triple | Sequence[int]]]) -> bytes:
     """The 32-byte value of a set of (tensor, window, fingerprint) lines, in name order (plain
     string order: any order both sides share will do, and this one sorts in C, 92,000 names in a
     blink); zero bytes for no lines (what a rank that computed nothing sends, too)."""
@@ -204,6 +320,79 @@ def seen(
         box, fp = windows[name]
         per_owner[hasher].append((name, box, fp))
     return _slots({p: fold(lines) for p, lines in per_owner.items()}, node)
+
+
+class WindowColumns(Protocol):
+    """The windows a rank read, as columns (verification/evidence.py's WindowTable)."""
+
+    @property
+    def boxes(self) -> Sequence[Box]: ...
+
+    @property
+    def fps(self) -> np.ndarray:
+        """Each window's fingerprint, ``[n, 3]``."""
+
+    def rows(self, names: Iterable[str]) -> list[int]:
+        """Each name's row (its latest window)."""
+
+
+def _fold_rows(names: Sequence[str], boxes: Sequence[Box], fps: np.ndarray) -> bytes:
+    """:func:`fold` of the lines ``names[i]``, ``boxes[i]``, ``fps[i]``: the same text, made from
+    the columns with no tuple a line (fewer objects for the collector to count)."""
+    if not names:
+        return bytes(DIGEST_BYTES)
+    order = sorted(range(len(names)), key=names.__getitem__)
+    f0, f1, f2 = (fps[:, i].tolist() for i in range(3))
+    text = "".join(
+        [
+            f"{names[j]}|{b[0][0]}|{b[0][1]}|{b[1][0]}|{b[1][1]}|{f0[j]}|{f1[j]}|{f2[j]}\n"
+            for j, b in zip(order, [boxes[j] for j in order], strict=True)
+        ]
+    )
+    return hashlib.sha256(text.encode()).digest()
+
+
+def claims_of(
+    names: Sequence[str],
+    ranks: np.ndarray,
+    fps: np.ndarray,
+    box: Callable[[str, int], Box],
+    node: Sequence[int],
+    me: int,
+) -> list[bytes]:
+    """:func:`claims` from columns: each (tensor, node peer) this rank fingerprinted from the bytes
+    it hashed (``names[i]``, ``ranks[i]``, ``fps[i]``), ``box(name, peer)`` the peer's window.
+    The same lines, the same values."""
+    values: dict[int, bytes] = {}
+    for p in node:
+        if p == me:
+            continue
+        at = np.flatnonzero(ranks == p)
+        mine = [names[j] for j in at.tolist()]
+        values[p] = _fold_rows(mine, [box(n, p) for n in mine], fps[at])
+    return _slots(values, node)
+
+
+def seen_of(
+    owner: Mapping[str, int], windows: WindowColumns, node: Sequence[int], me: int
+) -> list[bytes]:
+    """:func:`seen` from the windows' columns: the same lines, the same values."""
+    names = list(owner)
+    hashers = np.fromiter(owner.values(), np.int64, len(names))
+    rows = np.asarray(windows.rows(names), np.int64)
+    boxes = windows.boxes
+    values: dict[int, bytes] = {}
+    for p in node:
+        if p == me:
+            continue
+        at = np.flatnonzero(hashers == p)
+        mine = rows[at]
+        values[p] = _fold_rows(
+            [names[j] for j in at.tolist()],
+            [boxes[k] for k in mine.tolist()],
+            windows.fps[mine] if len(mine) else np.zeros((0, 3), np.int64),
+        )
+    return _slots(values, node)
 
 
 def verdict(

@@ -177,6 +177,10 @@ class Outcome(Protocol):
     def fingerprints(self) -> Mapping[str, Triple]:
         """Each served tensor's fingerprint."""
 
+    @property
+    def window_columns(self) -> node.WindowColumns:
+        """The same windows as columns (what the node cross-check reads)."""
+
     def digest(self) -> str:
         """The rank's digest of what it serves (digest.py)."""
 
@@ -298,6 +302,13 @@ def digest_map(digests: Mapping[str, str] | Mapping[Path, str], root: Path | Non
     return hashlib.sha256("".join(sorted(lines)).encode("utf-8", "surrogatepass")).hexdigest()
 
 
+def _peer_box(peers: Mapping[str, Mapping[int, Box]]) -> Callable[[str, int], Box]:
+    def box(name: str, peer: int) -> Box:
+        return peers[name][peer]
+
+    return box
+
+
 def layout_key(config_id: str, layout: Shape, kind: str) -> str:
     return f"tp{layout.tp}-ep{layout.ep}-{kind}-config-{config_id}"
 
@@ -371,8 +382,10 @@ class Strategy(ABC):
         """Every tensor the plan reads or defers has the digest this strategy needs."""
         job = self.job
         plan = job.plan
-        problems = job.checkpoint.manifest_problems(sorted(set(plan.reads) | set(plan.deferred)))
-        if problems:
+        names = list(dict.fromkeys([*plan.reads, *plan.deferred]))
+        problems = job.checkpoint.manifest_problems(names)
+        if problems:  # listed in name order (sorted only when there is something to list)
+            problems = job.checkpoint.manifest_problems(sorted(names))
             what = (  # without a manifest, they are about what else could have vouched
                 "manifest problem(s)"
                 if job.checkpoint.catalogue.manifest is not None
@@ -409,9 +422,20 @@ class Strategy(ABC):
                 self._name_differing(outcome, stored, me, found.digest)
         hashes = prepared.hashes
         if hashes.peers or hashes.owner:
-            fingerprints = outcome.hashed.peers()
-            found.claims = node.claims(hashes.peers, fingerprints, where.node_peers, where.rank)
-            found.seen = node.seen(hashes.owner, outcome.windows, where.node_peers, where.rank)
+            hashed = outcome.hashed
+            unhashed = hashes.mine.difference(hashed)
+            if unhashed:  # the loop hashes every tensor the plan gives this rank
+                raise LoadError(
+                    f"{len(unhashed)} tensor(s) this rank was to hash were not hashed (a bug in "
+                    f"tpload), {escape_name(min(unhashed))} among them"
+                )
+            peers = hashes.peers
+            box = peers.box if isinstance(peers, node.PeerWindows) else _peer_box(peers)
+            names, ranks, fps = hashed.peer_columns()
+            found.claims = node.claims_of(names, ranks, fps, box, where.node_peers, where.rank)
+            found.seen = node.seen_of(
+                hashes.owner, outcome.window_columns, where.node_peers, where.rank
+            )
         return found
 
     def _name_differing(self, outcome: Outcome, stored: Prediction, me: int, digest: str) -> None:

@@ -63,6 +63,37 @@ def test_a_load_counts_what_the_table_counts(small_ckpt: Path) -> None:
         shards.release()
 
 
+def test_a_load_tells_a_batch_sink_each_batch_at_once(small_ckpt: Path) -> None:
+    """A sink that takes a batch in one call (the load's own: the bar, Silent) is told each batch
+    of small tensors once, with its bytes; the counts add up to the table's all the same."""
+    from tpload import load
+    from tpload.model.progress import BatchSink
+
+    class Batches:
+        tensors = nbytes = calls = 0
+
+        def update(self, nbytes: int) -> None:
+            self.update_many(nbytes, 1)
+
+        def update_many(self, nbytes: int, tensors: int) -> None:
+            self.calls += 1
+            self.tensors += tensors
+            self.nbytes += nbytes
+
+        def close(self) -> None:
+            pass
+
+    sink = Batches()
+    assert isinstance(sink, BatchSink)
+    shards = load(small_ckpt, progress_sink=sink, kind="packed")
+    try:
+        rank = shards.report.ranks[0]
+        assert sink.tensors == rank.tensors and sink.nbytes == rank.bytes_read
+        assert sink.calls < rank.tensors / 4  # small tensors come in batches
+    finally:
+        shards.release()
+
+
 def test_a_command_s_meter_labels_each_pass_and_counts_its_unit(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

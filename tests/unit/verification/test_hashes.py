@@ -64,3 +64,64 @@ def test_a_name_added_again_reads_as_its_latest_row_everywhere() -> None:
     assert table.hexes("sha256") == {"t.1": "c" * 64, "t.2": "b" * 64}
     assert table.nbytes() == 2 * 5 + 2 * 6
     assert [m.split(": tensor ")[1].split(":")[0] for m in mismatches(table, SHA256)] == ["t.1"]
+
+
+def test_digests_taken_on_the_spot_are_one_column_compared_at_once() -> None:
+    """add_digests (the batches' path): 32 bytes a row and the peers' fingerprints as columns; the
+    mismatch found by one array compare is the one the text compare finds, and upper-case hex in a
+    manifest (which no digest equals as text) still mismatches."""
+    import hashlib
+
+    table = HashResults()
+    data = [bytes([i]) * (i + 1) for i in range(20)]
+    stored = [_stored(i, hashlib.sha256(d).hexdigest()) for i, d in enumerate(data)]
+    stored[4] = stored[4]._replace(sha256="0" * 64)  # promised other bytes
+    stored[9] = stored[9]._replace(sha256=stored[9].sha256.upper())
+    digests = b"".join(hashlib.sha256(d).digest() for d in data)
+    table.add_digests(stored, digests, ([0, 0, 3], [1, 2, 1], [1, 2, 3, 4, 5, 6, 7, 8, 9]))
+    assert table.hexes("sha256")["t.7"] == hashlib.sha256(data[7]).hexdigest()
+    assert table["t.0"].peers == {1: (1, 2, 3), 2: (4, 5, 6)} and table["t.3"].peers == {
+        1: (7, 8, 9)
+    }
+    assert table["t.1"].peers == NO_PEERS
+    names, ranks, fps = table.peer_columns()
+    assert names == ["t.0", "t.0", "t.3"] and ranks.tolist() == [1, 2, 1]
+    assert fps.tolist() == [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    found = mismatches(table, SHA256)
+    assert [m.split(": tensor ")[1].split(":")[0] for m in found] == ["t.4", "t.9"]
+    assert found[0] == sha256_mismatch(
+        stored[4].path, "t.4", hashlib.sha256(data[4]).hexdigest(), "0" * 64
+    )
+    assert table.nbytes() == sum(s.nbytes for s in stored)
+
+
+def test_a_name_hashed_again_keeps_its_latest_peers_only() -> None:
+    table = HashResults()
+    table.add_digests([_stored(1, "a" * 64)], bytes(32), ([0], [1], [1, 1, 1]))
+    table.add_digests([_stored(1, "a" * 64)], bytes(32), ([0], [2], [2, 2, 2]))
+    names, ranks, fps = table.peer_columns()
+    assert names == ["t.1"] and ranks.tolist() == [2] and fps.tolist() == [[2, 2, 2]]
+    assert table["t.1"].peers == {2: (2, 2, 2)}
+
+
+def test_a_batch_records_each_tensor_once_and_only_those_still_to_hash() -> None:
+    """Hasher.record_batch: a tensor given twice is hashed once, one this rank does not hash (or
+    hashed already) is left out, and the peers' columns follow the tensors kept."""
+    import hashlib
+
+    import numpy as np
+
+    from tpload.sources.hashing import Hasher
+    from tpload.verification.node import HashPlan
+
+    hasher = Hasher(HashPlan(0, frozenset({"t.1", "t.2", "t.3"})))
+    data = {i: np.full(4 + i, i, np.uint8) for i in range(4)}
+    hasher.record_batch([_stored(1, None)], [data[1]], ([0], [1], [9, 9, 9]))
+    stored = [_stored(i, None) for i in (0, 1, 2, 2, 3)]
+    peers = ([0, 1, 2, 3, 4], [1, 1, 1, 2, 1], [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4])
+    hasher.record_batch(stored, [data[i] for i in (0, 1, 2, 2, 3)], peers)
+    done = hasher.finish()
+    assert list(done) == ["t.1", "t.2", "t.3"] and not hasher.todo
+    assert done.hexes("sha256")["t.3"] == hashlib.sha256(data[3].tobytes()).hexdigest()
+    assert done["t.1"].peers == {1: (9, 9, 9)}  # its first batch's
+    assert done["t.2"].peers == {1: (2, 2, 2)} and done["t.3"].peers == {1: (4, 4, 4)}

@@ -18,9 +18,14 @@ from tpload.verification.node import (
     HashPlan,
     assign_hashing,
     claims,
+    claims_of,
     fold,
     hash_plan,
+    reader_sets,
+    readers,
     seen,
+    seen_of,
+    split_tensors,
     verdict,
 )
 
@@ -131,6 +136,65 @@ def test_node_mode_expert_of_an_ep_group_is_hashed_inside_that_group() -> None:
     reads = node_reads()
     hasher = {n: r for r in reads for n in hash_plan("node", r, reads, SIZES, per_rank=False).mine}
     assert hasher["expert.0"] in (0, 2) and hasher["expert.1"] in (1, 3)
+
+
+def test_reader_sets_are_the_readers_map_grouped() -> None:
+    """Every tensor in the group of exactly its readers, in the lowest reader's order; the one-group
+    shortcut (every rank reads every tensor) gives what the general path gives."""
+    import random
+
+    rng = random.Random(3)
+    for trial in range(20):
+        ranks = rng.sample(range(16), rng.randint(1, 6))
+        pool = [f"m.{i}.w" for i in range(200)]
+        reads = {
+            r: dict.fromkeys(rng.sample(pool, rng.randint(1, 200)), ((0, 1), (0, 1))) for r in ranks
+        }
+        if trial % 4 == 0:  # tp only: every rank reads every tensor, in its own order
+            reads = {r: dict.fromkeys(rng.sample(pool, len(pool)), ((0, 1), (0, 1))) for r in ranks}
+        groups = reader_sets(reads)
+        users = readers(reads)
+        assert [w for w, _ in groups] == sorted(w for w, _ in groups)
+        got = {n: list(who) for who, names in groups for n in names}
+        assert got == users and sum(len(names) for _, names in groups) == len(users), trial
+        for who, names in groups:  # in the order the lowest reader reads them
+            order = list(reads[who[0]])
+            assert names == sorted(names, key=order.index), trial
+
+
+def test_the_tensor_split_balances_each_group_and_counts_too() -> None:
+    """Read by several ranks: dealt round largest first, so any two readers' bytes differ by at most
+    the group's largest tensor and their counts by at most one; read by one: that rank's."""
+    import random
+
+    rng = random.Random(11)
+    for trial in range(20):
+        k = rng.randint(2, 8)
+        sizes = {f"t{i}": rng.choice([4, 4, 64, 4096, 1 << 20]) for i in range(500)}
+        alone = {f"a{i}": 7 for i in range(rng.randint(0, 30))}
+        groups = [(tuple(range(k)), list(sizes))] + [((rng.randrange(k),), list(alone))]
+        split = split_tensors(groups, sizes | alone)
+        by = split[0].tolist()
+        loads = [sum(sizes[n] for n, r in zip(sizes, by, strict=True) if r == q) for q in range(k)]
+        counts = [by.count(q) for q in range(k)]
+        assert max(loads) - min(loads) <= max(sizes.values()), trial
+        assert max(counts) - min(counts) <= 1, trial
+        assert split[1].tolist() == [groups[1][0][0]] * len(alone)
+
+
+def test_the_split_at_tp_only_is_the_same_on_every_rank() -> None:
+    """Every rank of a tp-4 node reads every tensor: each computes the same split (disjoint,
+    covering every tensor), and the hashers' peer windows are everyone else's."""
+    names = [f"layers.{i}.{w}" for i in range(50) for w in ("q", "k", "norm")]
+    reads = {r: {n: ((r, r + 1), (0, 8)) for n in names} for r in range(4)}
+    sizes = {n: 8 * (1 + len(n) % 3) for n in names}
+    plans = {r: hash_plan("node", r, reads, sizes, per_rank=False) for r in reads}
+    mine = [n for p in plans.values() for n in p.mine]
+    assert sorted(mine) == sorted(names)
+    for r, plan in plans.items():
+        for n in plan.mine:
+            assert dict(plan.peers[n]) == {p: reads[p][n] for p in range(4) if p != r}
+        assert all(n in plans[o].mine for n, o in plan.owner.items())
 
 
 def test_rank_mode_hashes_everything_a_rank_reads() -> None:
@@ -325,3 +389,35 @@ def test_on_a_node_of_more_ranks_than_slots_a_pair_sharing_a_slot_is_caught() ->
         "one of ranks 1, 9 served bytes of tensors hashed by one of ranks 1, 9 that differ from "
         "the bytes that were hashed (a file changed while the node loaded it?)"
     ]
+
+
+def test_claims_and_seen_from_columns_are_the_mapping_versions() -> None:
+    """The gate's columnar claims and sightings (claims_of, seen_of over the hash results' and the
+    windows' columns) give the values the mappings give, for every rank of a 4-rank node."""
+    from tpload.verification.evidence import WindowTable
+
+    reads = node_reads()
+    node = [0, 1, 2, 3]
+    rng = np.random.default_rng(5)
+    for r in node:
+        plan = hash_plan("node", r, reads, SIZES, per_rank=False)
+        fingerprints = {
+            n: {p: tuple(rng.integers(0, 1 << 40, 3).tolist()) for p in plan.peers[n]}
+            for n in plan.mine
+        }
+        flat = [(n, p, fp) for n, by in fingerprints.items() for p, fp in by.items()]
+        names = [n for n, _, _ in flat]
+        ranks = np.array([p for _, p, _ in flat], np.int64)
+        fps = np.array([fp for _, _, fp in flat], np.int64).reshape(-1, 3)
+        want = claims(plan.peers, fingerprints, node, r)
+        assert claims_of(names, ranks, fps, plan.peers.box, node, r) == want
+        windows = {
+            n: (box, tuple(rng.integers(0, 1 << 40, 3).tolist())) for n, box in reads[r].items()
+        }
+        table = WindowTable(
+            ["stale", *windows],
+            [((0, 0), (0, 0)), *(b for b, _ in windows.values())],
+            np.array([[0, 0, 0], *(fp for _, fp in windows.values())], np.int64),
+        )
+        assert dict(table.items()) == {"stale": (((0, 0), (0, 0)), (0, 0, 0)), **windows}
+        assert seen_of(plan.owner, table, node, r) == seen(plan.owner, windows, node, r)

@@ -5,6 +5,7 @@ the signer's key, fails with another key, and a forged copy fails with one line 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -118,7 +119,9 @@ def test_a_failed_attestation_write_fails_every_rank(tmp_path: Path) -> None:
     out.parent.mkdir()
     run = torchrun(2, [GONE, str(ckpt), str(out)])
     assert run.rc != 0, run.text
-    lines = sorted(line for line in run.out.splitlines() if line.startswith("rank "))
+    # Both ranks print to one pipe: cut at each "rank N: " so two lines written together still
+    # read as two (seen under load).
+    lines = sorted(p.strip() for p in re.split(r"(?=rank \d: )", run.out) if p.startswith("rank "))
     assert len(lines) == 2 and not any(": weights " in line for line in lines), run.text
     want = (
         f"failed: the load passed, but rank 0 could not write the load attestation {out} (No such "

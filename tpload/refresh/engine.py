@@ -43,7 +43,7 @@ from ..storage.held import HeldStorage
 from ..transfer.cpu import CpuTransfer
 from ..verification.node import HashPlan
 from .layout import EngineLayout
-from .manifest import TensorEntry, VersionManifest, WindowEntry
+from .manifest import TensorEntry, VersionManifest, WindowEntry, signature_problem
 from .rendezvous import PeerLost, Rendezvous, TransferGroup, join
 from .staged import STAGED, StagedStorage, chunks
 from .tensors import Cutting, natural
@@ -185,12 +185,23 @@ class RefreshReceiver:
         if not body:  # the trainer could not make the round: its line says why
             self._problems.append(f"{self._who()}: {signature.decode(errors='replace')[:1000]}")
             return
-        manifest = VersionManifest.from_bytes(
-            body, signature=signature or None, public_key=self.public_key
-        )  # unparsable: the streams cannot be told apart, the group is dropped below
+        try:
+            manifest = VersionManifest.from_bytes(body)
+        except RefreshError as e:  # no sizes to drain by: the trainers must not wait on this rank
+            raise PeerLost(f"{self._who()}: {first_line(e)}") from None
+        if manifest.layout.ranks != self.world:
+            raise PeerLost(
+                f"{self._who()}: the manifest is for {manifest.layout.ranks} engine ranks, this "
+                f"engine has {self.world}"
+            )
         self.manifest = manifest
-        problems = self._refusals(manifest)
-        if problems:
+        unsigned = (
+            signature_problem(body, signature or None, self.public_key)
+            if self.public_key is not None
+            else ""
+        )
+        problems = [unsigned] if unsigned else self._refusals(manifest)
+        if problems:  # refused before any window is staged: its windows are received and dropped
             self._problems += [f"{self._who()}: {p}" for p in problems]
             self._draining = True
             return

@@ -106,3 +106,40 @@ def test_the_config_must_be_the_engines_by_id() -> None:
         config_for(EngineLayout("0" * 12, 1, 1, "packed", 1, config="llama"))
     with pytest.raises(RefreshError, match="cannot be read here"):
         config_for(EngineLayout("0" * 12, 1, 1, "packed", 1, config="no-such-config"))
+
+
+def test_the_senders_digests_are_predicts_by_the_window_and_by_the_loop(
+    llama: Path, tmp_path: Path
+) -> None:
+    """The sender takes a tensor served as stored by its window's fingerprint, and runs the loop
+    for the rest (an F16 tensor is served converted to BF16): both give predict's digests."""
+    from safetensors.torch import save_file
+
+    from tpload.cli import main
+    from tpload.refresh.trainer import RefreshSender, as_stored
+
+    tensors = whole(llama)
+    for name in ("model.norm.weight", "model.layers.0.mlp.down_proj.weight"):
+        tensors[name] = tensors[name].to(torch.float16)
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    save_file(tensors, str(mixed / "model.safetensors"), metadata={"format": "pt"})
+    (mixed / "config.json").write_bytes((llama / "config.json").read_bytes())
+    assert main(["manifest", str(mixed)]) == 0
+    cutting, tensors = _cutting(mixed)
+    plan = cutting.plan(1)
+    stored = {i.name for i in plan.items if as_stored(i, plan.kind)}
+    assert "model.layers.0.mlp.down_proj.weight" not in stored and len(stored) > 10
+    sender = RefreshSender(rank=0, trainer_ranks=1)
+    part, windows = sender._cut(
+        cutting, TensorStorage(cutting.catalogue, tensors), frozenset(tensors)
+    )
+    predicted = predict(mixed, load_config("llama"), Layout(TP), "packed")
+    for rank in range(TP):
+        lines = [
+            (n, getattr(torch, d), tuple(s), tuple(fp)) for n, d, s, fp in part[str(rank)]["served"]
+        ]
+        assert digest(lines, ranks=cutting.catalogue.ranks()) == predicted[rank]
+        assert sum(w.size for w in windows[rank]) == sum(
+            (r1 - r0) * (c1 - c0) for _, _, ((r0, r1), (c0, c1)) in cutting.windows(rank)
+        )

@@ -184,7 +184,11 @@ class RefreshReceiver:
             if self.manifest is not None:
                 self._stage(self.group, windows)
         except PeerLost as e:
-            self._problems.append(str(e))
+            mine = f"engine rank {self.rank}: "
+            text = str(e)
+            self._problems.append(
+                f"{self._who()}: {text.removeprefix(mine)}" if text.startswith(mine) else text
+            )
             self._stop_check(str(e))
             if self.group is not None:
                 self.group.close()  # the trainer ranks waiting on this rank fail now

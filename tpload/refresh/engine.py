@@ -112,6 +112,7 @@ class RefreshReceiver:
         """The last round's one line when it failed (None: it passed, or none ran)."""
         self._cutting: tuple[tuple[TensorEntry, ...], Cutting] | None = None
         self._served_skips: frozenset[str] | None = None
+        self._spare: np.ndarray | None = None
         self._clear()
 
     # -- state
@@ -227,7 +228,7 @@ class RefreshReceiver:
         mine = manifest.ranks[self.rank].windows
         cutting = self._cutting_of(manifest.tensors)
         self._storage = StagedStorage(cutting.catalogue, mine)
-        self.staging = np.empty(self._storage.nbytes, dtype=np.uint8)
+        self.staging = self._buffer(self._storage.nbytes)
         self._plan = cutting.plan(self.rank)
         self._arrival = Arrival(self._storage, self.timeout_s)
         hashed = (
@@ -238,6 +239,15 @@ class RefreshReceiver:
         source = StorageSource(ArrivingStorage(self._storage, self.staging, self._arrival))
         self._check = _Check(self.rank, source, self._plan, hashed, cutting.catalogue.ranks())
         self._check.start()  # the loader's loop, reading each window as it lands
+
+    def _buffer(self, nbytes: int) -> np.ndarray:
+        """The staging's host buffer: the last round's when it is the same size (a fresh one costs
+        a page fault a page, as much as the transfer on a busy host). Its old bytes are never
+        read: every read waits for its windows to arrive in this round."""
+        if self._spare is None or self._spare.size != nbytes:
+            self._spare = None  # the old one goes before the new one is made
+            self._spare = np.empty(nbytes, dtype=np.uint8)
+        return self._spare
 
     def _refusals(self, m: VersionManifest) -> list[str]:
         """Why this manifest cannot be served here (checked before any window is staged)."""
@@ -487,7 +497,7 @@ class RefreshReceiver:
         for name in plan.deferred:
             meta = self._storage.catalogue.get(name)
             at, w = self._storage.offsets[name], self._storage.windows[name]
-            raw = torch.from_numpy(self.staging[at : at + w.nbytes])
+            raw = torch.from_numpy(self.staging[at : at + w.nbytes].copy())  # the staging is reused
             out[name] = raw.view(_torch_dtype(meta.dtype)).reshape(meta.shape)
         return out
 
@@ -526,6 +536,7 @@ class RefreshReceiver:
             self.group.close()
             self.group = None
         self._clear()
+        self._spare = None
 
 
 class _Check(threading.Thread):

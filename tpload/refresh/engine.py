@@ -17,6 +17,7 @@ failure every rank raises :class:`RefreshError` with the same one line and keeps
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -53,6 +54,8 @@ from .terms import IN_FLIGHT, TIMEOUT_S, RefreshCheck, RefreshError, RoundFigure
 
 log = logging.getLogger("tpload.refresh")
 
+HASH_THREADS = max(0, min(2, (os.cpu_count() or 1) - 1))
+"""Hash taps on worker threads (sha256 strength): the copy goes on while a block is hashed."""
 MESSAGE_BYTES = 2048
 """Bytes of a rank's one-line message in the exchange's row."""
 _ORDER = {RefreshCheck.FINGERPRINT: 0, RefreshCheck.SHA256: 1}
@@ -568,7 +571,7 @@ class _Check(threading.Thread):
                 self.source,
                 self.plan,
                 transfer=CpuTransfer(torch.device("cpu")),
-                hasher=Hasher(HashPlan(self.rank, self.hashed)),
+                hasher=Hasher(HashPlan(self.rank, self.hashed), threads=HASH_THREADS),
                 samples=0,
                 progress=Silent(),
                 ranks=self.order,

@@ -197,8 +197,13 @@ class RefreshReceiver:
             self._stop_check(str(e))
             if self.group is not None:
                 self.group.close()  # the trainer ranks waiting on this rank fail now
-        except LoadError as e:  # noqa: BLE001 - any refusal becomes this round's problem
+        except LoadError as e:  # any refusal becomes this round's problem
             self._problems.append(f"{self._who()}: {first_line(e)}")
+        except Exception as e:  # noqa: BLE001 - never raised on one rank alone: the others wait
+            self._problems.append(f"{self._who()}: {type(e).__name__}: {first_line(e)}")
+            self._stop_check(str(e))
+            if self.group is not None:
+                self.group.close()  # where the streams stand is unknown: nobody waits on them
         if final:
             self._verdict()
 
@@ -212,6 +217,11 @@ class RefreshReceiver:
             manifest = VersionManifest.from_bytes(body)
         except RefreshError as e:  # no sizes to drain by: the trainers must not wait on this rank
             raise PeerLost(f"{self._who()}: {first_line(e)}") from None
+        if manifest.trainer_ranks != group.rv.trainer_ranks:
+            raise PeerLost(
+                f"{self._who()}: the manifest names {manifest.trainer_ranks} trainer ranks, the "
+                f"transfer group has {group.rv.trainer_ranks}"
+            )
         if manifest.layout.ranks != self.world:
             raise PeerLost(
                 f"{self._who()}: the manifest is for {manifest.layout.ranks} engine ranks, this "
@@ -231,7 +241,15 @@ class RefreshReceiver:
         mine = manifest.ranks[self.rank].windows
         cutting = self._cutting_of(manifest.tensors)
         self._storage = StagedStorage(cutting.catalogue, mine)
-        self.staging = self._buffer(self._storage.nbytes)
+        try:
+            self.staging = self._buffer(self._storage.nbytes)
+        except MemoryError:
+            self._problems.append(
+                f"{self._who()}: its {self._storage.nbytes:,} bytes of windows could not be staged "
+                "(out of host memory; staging_budget_bytes refuses such a round up front)"
+            )
+            self._storage, self._draining = None, True
+            return
         self._plan = cutting.plan(self.rank)
         self._arrival = Arrival(self._storage, self.timeout_s)
         hashed = (

@@ -67,12 +67,14 @@ class RefreshReceiver:
     ``exchange_group``: the engine ranks' CPU group the verdict is reached on (vLLM's TP CPU
     group; None for one engine rank). ``layout``: this engine's layout, sent to the trainer by
     engine rank 0. ``config``: the config it plans with. ``table``: the tensors the served model
-    has (name -> (dtype, shape)): a version whose table is not exactly this one is refused (a
-    missing tensor would otherwise serve uninitialised memory); None: the first version received
-    sets it. ``check``: the weakest strength accepted (the manifest names the round's).
-    ``public_key``: an EC public key (PEM): every manifest must be signed by its private key.
+    has (name -> (dtype, shape); ``tensors.table_of(root)`` reads a checkpoint's): a version whose
+    table is not this one is refused (a missing tensor would otherwise serve uninitialised memory;
+    a tensor the config skips may be left out); None: the first version received sets it.
+    ``check``: the weakest strength accepted (the manifest names the round's). ``public_key``: an
+    EC public key (PEM): every manifest must be signed by its private key.
     ``staging_budget_bytes``: the most host bytes a round may stage on this rank (None: no
-    bound); a round over it is refused before any window is staged."""
+    bound); a round over it is refused before any window is staged. ``timeout_s``: every wait
+    (the rendezvous's replaces it at connect)."""
 
     def __init__(
         self,

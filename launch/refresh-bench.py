@@ -81,12 +81,14 @@ def worker(a: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from tpload.refresh.engine import RefreshReceiver
-    from tpload.refresh.layout import EngineLayout
-    from tpload.refresh.rendezvous import Rendezvous
-    from tpload.refresh.terms import RefreshCheck
-    from tpload.refresh.trainer import RefreshSender
-    from tpload.selection.config import load_config
+    from tpload.refresh import (
+        EngineLayout,
+        RefreshCheck,
+        RefreshReceiver,
+        RefreshSender,
+        Rendezvous,
+    )
+    from tpload.toolkit import load_config
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()

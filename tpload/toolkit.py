@@ -55,6 +55,7 @@ FACE: dict[str, tuple[str, str]] = {
     "model_for": ("selection.pick", "the checkpoint's config.json for the planner"),
     "with_rules": ("selection.config", "a config with skip and defer rules put first"),
     "Config": ("selection.config", "a parsed config: rules in order, layout constants"),
+    "load_config": ("selection.config", "a config by name or path, parsed and checked"),
     "DEFAULT_CONFIG": ("selection.defaults", "the config a command picks unless told (auto)"),
     "planner_of": ("loading.planner", "a planner of a catalogue, given its config.json"),
     "Planner": ("planning.planner", "a catalogue classified once, cut for any layout"),
@@ -145,6 +146,7 @@ if TYPE_CHECKING:  # the face for the type checker and import-linter (the same n
     from .planning.planner import RankPlan as RankPlan
     from .report.memory import MemoryPeaks as MemoryPeaks
     from .selection.config import Config as Config
+    from .selection.config import load_config as load_config
     from .selection.config import with_rules as with_rules
     from .selection.defaults import DEFAULT_CONFIG as DEFAULT_CONFIG
     from .selection.pick import choose as choose

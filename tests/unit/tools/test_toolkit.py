@@ -28,6 +28,9 @@ ALLOWED = ("tpload.toolkit", "tpload.model", "tpload.tools", "tpload.api")
 """What a tool or a launch script may import of tpload besides ``tpload`` itself (and below
 these)."""
 
+FACES = ("tpload.refresh",)
+"""Public faces a script may import by name, not their modules: the refresh (docs/refresh.md)."""
+
 ON_PURPOSE = {
     "first-call.py": {"tpload.storage"},  # its spy patches the class every read goes through
     "replica-split-speed.py": {"tpload.distributed.replica_split"},  # what it times
@@ -110,7 +113,7 @@ def core_imports(path: Path, package: str | None) -> list[str]:
             out += [
                 f"{node.lineno}: {m}"
                 for m in modules
-                if m != "tpload" and not m.startswith(ALLOWED)
+                if m != "tpload" and not m.startswith(ALLOWED) and m not in FACES
             ]
             out += [f"{node.lineno}: {module}.{n} (private)" for n in names if n.startswith("_")]
         elif isinstance(node, ast.Import):
@@ -120,6 +123,7 @@ def core_imports(path: Path, package: str | None) -> list[str]:
                 if a.name.split(".")[0] == "tpload"
                 and a.name != "tpload"
                 and not a.name.startswith(ALLOWED)
+                and a.name not in FACES
             ]
     return out
 

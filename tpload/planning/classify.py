@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -75,10 +75,13 @@ def classify(
     problems: list[str],
     model: Mapping[str, object] | None,
     root: object,
+    order: Sequence[str] | None = None,
 ) -> Classified:
     """Entries, skipped and deferred tensors (natural order), the expert columns and the KV-cache
     scale census; or a ConfigError listing every problem (``problems``: those found before).
-    ``model``: the checkpoint's config.json, for rules that count heads by one of its fields."""
+    ``model``: the checkpoint's config.json, for rules that count heads by one of its fields;
+    ``order``: every name of ``tensors`` in natural order, when the caller has it (a table's
+    permutation: natural_sorted otherwise)."""
     units = {(r.index, r.match): _units(r, model, root) for r in config.rules if r.units}
     rules, unresolved, needs, matched = _rules(tensors, config, prefix)
     # the census counts what will be served: a skipped vision tower's or MTP layer's attention is
@@ -101,7 +104,9 @@ def classify(
     grouped: dict[str, list[str]] = {}
     fits: dict[tuple, int | str] = {}
     codec_of = {role: registry.for_role(role) for role in registry.roles()}
-    for n in natural_sorted(n for n in tensors if n not in scales and n not in broken):
+    leave = scales | broken
+    ordered = natural_sorted(tensors) if order is None else order
+    for n in [n for n in ordered if n not in leave] if leave else ordered:
         r = rules[n]
         if n in unresolved:
             grouped.setdefault(unresolved[n], []).append(tensors[n].describe())

@@ -147,7 +147,13 @@ class Planner:
         ]
         """Single-value ``*.input_scale`` tensors (ModelOpt NVFP4's activation scales)."""
         self.classified: Classified = classify(
-            names, config, prefix=self.prefix, problems=[], model=model, root=catalogue.root
+            names,
+            config,
+            prefix=self.prefix,
+            problems=[],
+            model=model,
+            root=catalogue.root,
+            order=catalogue.names(),
         )
         c = self.classified
         self.census = c.census  # of what is served or deferred: skipped layers are not counted

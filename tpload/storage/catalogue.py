@@ -21,6 +21,7 @@ import numpy as np
 
 from ..model.columns import RowTable
 from ..model.errors import CheckpointError, raise_all
+from ..model.table import natural_order
 from ..model.templates import natural_sorted
 from ..model.text import escape_name
 from ..model.values import INDEX_NAME, MANIFEST_NAME
@@ -232,7 +233,8 @@ class Catalogue:
     def names(self) -> list[str]:
         """Every tensor name, in natural order."""
         if self._names is None:
-            self._names = natural_sorted(self.tensors)
+            names = list(self.tensors)
+            self._names = list(map(names.__getitem__, natural_order(names).tolist()))
         return self._names
 
     def ranks(self) -> dict[str, int]:

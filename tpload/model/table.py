@@ -175,16 +175,40 @@ class TensorTable:
         ndim: np.ndarray,
         begin: np.ndarray,
         nbytes: np.ndarray,
+        shapes: list[tuple[int, ...]] | None = None,
     ) -> None:
+        """``shapes``: each row's shape as a tuple, when the caller has them (the records a row
+        view makes share them); made from the shape column otherwise."""
         self.names = names
         self.row: dict[str, int] = dict(zip(names, range(len(names)), strict=True))
         self.files, self.file_id = files, file_id
         self.dtypes, self.dtype_code = dtypes, dtype_code
         self.shape, self.ndim = shape, ndim
         self.begin, self.nbytes = begin, nbytes
+        self.shapes = (
+            shapes
+            if shapes is not None
+            else list(map(tuple, map(list.__getitem__, shape.tolist(), map(slice, ndim.tolist()))))
+        )
 
     def __len__(self) -> int:
         return len(self.names)
+
+    def take(self, rows: np.ndarray) -> TensorTable:
+        """The table with its rows in the order ``rows`` gives (a permutation of them)."""
+        picked = rows.tolist()
+        return TensorTable(
+            list(map(self.names.__getitem__, picked)),
+            files=self.files,
+            file_id=self.file_id[rows],
+            dtypes=self.dtypes,
+            dtype_code=self.dtype_code[rows],
+            shape=self.shape[rows],
+            ndim=self.ndim[rows],
+            begin=self.begin[rows],
+            nbytes=self.nbytes[rows],
+            shapes=list(map(self.shapes.__getitem__, picked)),
+        )
 
     @functools.cached_property
     def rows(self) -> np.ndarray:
@@ -198,8 +222,20 @@ class TensorTable:
         out: np.ndarray = np.where(rows > 0, self.nbytes // np.maximum(rows, 1), 0)
         return out
 
+    @functools.cached_property
+    def dtype_names(self) -> list[str]:
+        """Each row's dtype, spelt (the vocabulary's strings, shared)."""
+        return list(map(self.dtypes.__getitem__, self.dtype_code.tolist()))
+
+    @functools.cached_property
+    def signatures(self) -> list[int]:
+        """Each row's dtype and shape as one number: equal exactly when both are."""
+        pairs = list(zip(self.dtype_code.tolist(), self.shapes, strict=True))
+        known = {p: k for k, p in enumerate(dict.fromkeys(pairs))}  # hashed in C, no sort
+        return list(map(known.__getitem__, pairs))
+
     def shape_of(self, k: int) -> tuple[int, ...]:
-        return tuple(self.shape[k, : int(self.ndim[k])].tolist())
+        return self.shapes[k]
 
     def dtype_of(self, k: int) -> str:
         return self.dtypes[int(self.dtype_code[k])]

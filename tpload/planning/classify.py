@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -23,6 +23,7 @@ from ..codecs.base import Codec
 from ..codecs.plain import KV_SCALE, PLAIN
 from ..model.errors import ConfigError, raise_all
 from ..model.modes import Role
+from ..model.table import TensorTable
 from ..model.templates import natural_key, natural_sorted
 from ..model.text import escape_name, plural
 from ..selection.config import ACTIVATION_ORIGIN, AUTO, READS_NOTHING, Config, Rule
@@ -76,14 +77,17 @@ def classify(
     model: Mapping[str, object] | None,
     root: object,
     order: Sequence[str] | None = None,
+    table: TensorTable | None = None,
 ) -> Classified:
     """Entries, skipped and deferred tensors (natural order), the expert columns and the KV-cache
     scale census; or a ConfigError listing every problem (``problems``: those found before).
     ``model``: the checkpoint's config.json, for rules that count heads by one of its fields;
     ``order``: every name of ``tensors`` in natural order, when the caller has it (a table's
-    permutation: natural_sorted otherwise)."""
+    permutation: natural_sorted otherwise); ``table``: the same tensors as columns, when the
+    caller has them (dtypes and class keys read from columns: no record made a name)."""
     units = {(r.index, r.match): _units(r, model, root) for r in config.rules if r.units}
-    rules, unresolved, needs, matched = _rules(tensors, config, prefix)
+    dtype_of, sig_of = _readers(tensors, table)
+    rules, unresolved, needs, matched = _rules(tensors, config, prefix, dtype_of)
     # the census counts what will be served: a skipped vision tower's or MTP layer's attention is
     # no layer without scales
     census = kv_census(n for n, r in rules.items() if r is None or r.role != Role.SKIP)
@@ -129,7 +133,14 @@ def classify(
                 ).append(tensors[n].describe())
             elif (
                 k := _class(
-                    n, r, tensors, need, _codec(n, r, codec_of, kv), (fits, classes), grouped
+                    n,
+                    r,
+                    tensors,
+                    need,
+                    _codec(n, r, codec_of, kv),
+                    (fits, classes),
+                    grouped,
+                    sig_of,
                 )
             ) >= 0:
                 rows.add(n, k, need, expert)
@@ -178,8 +189,23 @@ def _codec(name: str, rule: Rule, codec_of: Mapping[str, Codec], kv: Mapping[str
     return KV_SCALE if codec is PLAIN and name in kv else codec
 
 
+def _readers(
+    tensors: Mapping[str, TensorMeta], table: TensorTable | None
+) -> tuple[Callable[[str], str], Callable[[str], object]]:
+    """Each tensor's dtype, and a key that two tensors share when their dtypes and shapes are the
+    same: from the table's columns when there is one (a dict lookup and a list index, no record
+    made), from the records otherwise."""
+    if table is None:
+        return (lambda n: tensors[n].dtype), (lambda n: (tensors[n].dtype, tensors[n].shape))
+    row, dtypes, sigs = table.row, table.dtype_names, table.signatures
+    return (lambda n: dtypes[row[n]]), (lambda n: sigs[row[n]])
+
+
 def _rules(
-    tensors: Mapping[str, TensorMeta], config: Config, prefix: Prefix
+    tensors: Mapping[str, TensorMeta],
+    config: Config,
+    prefix: Prefix,
+    dtype_of: Callable[[str], str],
 ) -> tuple[dict[str, Rule | None], dict[str, str], dict[str, tuple[str, ...]], list[Rule | None]]:
     """Each tensor's rule, ``auto`` ones resolved; for tensors an ``auto`` rule could not resolve,
     why; the scales found for a weight an ``auto`` rule made scaled; each tensor's first match."""
@@ -191,7 +217,7 @@ def _rules(
     scaled = {role for role in registry.roles() if registry.for_role(role).scaled}
     for n in [n for n, r in rules.items() if r is not None and r.role == AUTO]:
         r = rules[n]
-        got = resolve(r, n, tensors[n].dtype, tensors)
+        got = resolve(r, n, dtype_of(n), tensors)
         if isinstance(got, str):
             unresolved[n] = f"{r.describe()}: {got}"
             rules[n] = None
@@ -270,23 +296,20 @@ def _class(
     codec: Codec,
     known: tuple[dict[tuple, int | str], list[Klass]],
     grouped: dict[str, list[str]],
+    sig_of: Callable[[str], object],
 ) -> int:
     """The class of one tensor under its rule (``needed``: its scales' names, for a scaled codec),
     or -1, filing why it does not fit under (rule, reason). ``known``: each class's number (or
     why it does not fit) by what the cuts depend on, and the classes so far."""
     fits, classes = known
+    # a KV-cache scale is no class with a plain scalar under the same rule: the codec is in the key
+    key = (rule, codec, sig_of(name), tuple(map(sig_of, needed)) if needed else None)
+    klass = fits.get(key)
+    if klass is not None and not isinstance(klass, str):
+        return klass  # the usual tensor: its class known, no record made
     meta = tensors[name]
     scale = tensors[needed[0]] if needed else None
     scale2 = tensors[needed[1]] if needed and len(needed) > 1 else None
-    key = (
-        rule,
-        codec,  # a KV-cache scale is no class with a plain scalar under the same rule
-        meta.dtype,
-        meta.shape,
-        scale and (scale.dtype, scale.shape),
-        scale2 and (scale2.dtype, scale2.shape),
-    )
-    klass = fits.get(key)
     if klass is None:
         fit = codec.fit(
             meta, scale, block=rule.block, split=rule.split, scale2=scale2, stacked=rule.stacked

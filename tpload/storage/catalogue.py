@@ -8,6 +8,7 @@ export give the planner the same table and it cuts the same windows.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import operator
@@ -21,7 +22,7 @@ import numpy as np
 
 from ..model.columns import RowTable
 from ..model.errors import CheckpointError, raise_all
-from ..model.table import natural_order
+from ..model.table import TensorTable
 from ..model.templates import natural_sorted
 from ..model.text import escape_name
 from ..model.values import INDEX_NAME, MANIFEST_NAME
@@ -29,13 +30,17 @@ from . import gguf
 from .files import folder_of, parse_json, read_small
 from .pins import Pins, check_plan_files, parse_pins
 from .safetensors import (
+    HeaderColumns,
+    TableRows,
     TensorInfo,
     TensorMeta,
     _bad_per_row,
     _dims_ok,
     _is,
     _where,
-    read_header,
+    read_columns,
+    rows_of,
+    table_of,
 )
 
 PICKLES = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
@@ -167,13 +172,15 @@ class Catalogue:
     def __init__(
         self,
         root: Path,
-        tensors: dict[str, TensorMeta],
+        tensors: Mapping[str, TensorMeta],
         manifest: Manifest | None,
         *,
         manifest_path: Path | None = None,
         manifest_sha256: str | None = None,
         headers_only: bool = False,
     ) -> None:
+        """``tensors``: a table's rows (:class:`TableRows`: the catalogue is a view on its table),
+        or name -> TensorMeta for a table held as objects (a GGUF header's, an export's)."""
         self.root = root
         self.headers_only = headers_only
         """Made by ``synth --headers-only``: the headers are real, the data are holes."""
@@ -197,6 +204,13 @@ class Catalogue:
         self.gguf_kv: dict[str, tuple[str, int]] = {}
         """Each GGUF file's key-value section as read: {file: (sha256, length in bytes)}, checked
         against the manifest's pins when the table was made."""
+
+    @functools.cached_property
+    def table(self) -> TensorTable:
+        """Every tensor as columns: the one the rows view, or made once from the objects."""
+        if isinstance(self.tensors, TableRows):
+            return self.tensors.table
+        return table_from(self.tensors)
 
     def get(self, name: str) -> TensorMeta:
         try:
@@ -233,8 +247,7 @@ class Catalogue:
     def names(self) -> list[str]:
         """Every tensor name, in natural order."""
         if self._names is None:
-            names = list(self.tensors)
-            self._names = list(map(names.__getitem__, natural_order(names).tolist()))
+            self._names = self.table.natural_names()
         return self._names
 
     def ranks(self) -> dict[str, int]:
@@ -344,7 +357,7 @@ def _shard_names(
     return None, shards, str(root)
 
 
-def read_native(root: Path, *, manifest: bool = True) -> tuple[Catalogue, dict[str, TensorInfo]]:
+def read_native(root: Path, *, manifest: bool = True) -> tuple[Catalogue, Mapping[str, TensorInfo]]:
     """Open a native checkpoint folder (or a ``.gguf`` file: the folder that holds it, limited to
     that file or split set): its catalogue and where each tensor's bytes are.
 
@@ -389,7 +402,8 @@ def read_native(root: Path, *, manifest: bool = True) -> tuple[Catalogue, dict[s
         catalogue.gguf_kv = kv
         return catalogue, locations
     wmap, files, source = _shard_names(root, pins, read)
-    headers: dict[str, dict[str, TensorInfo]] = {}
+    headers: dict[str, HeaderColumns] = {}
+    paths: dict[str, Path] = {}
     problems = []
     headers_only = False
     for file in files:
@@ -398,23 +412,79 @@ def read_native(root: Path, *, manifest: bool = True) -> tuple[Catalogue, dict[s
             problems.append(f"{escape_name(source)}: shard {escape_name(file)} does not exist")
             continue
         try:
-            headers[file], meta = read_header(path, file)
+            headers[file], meta = read_columns(path, file)
+            paths[file] = path
             headers_only |= HEADERS_ONLY in meta
         except CheckpointError as e:
             problems.append(str(e))
     raise_all(CheckpointError, problems, what=f"problems with the shards of {escape_name(root)}")
-    locations = _by_index(wmap, headers, source) if wmap is not None else _by_shard(headers, root)
-    # The planner's table holds the same objects (a TensorInfo is a TensorMeta: a copy of each cost
-    # a third of the opening), in a dict of its own so that nothing done to one table changes the
-    # other.
+    table = _joined(wmap, headers, paths, source, root)
+    # The catalogue and the storage share one view of the table: no object a tensor is kept.
+    locations = TableRows(table, [paths[f] for f in table.files])
     catalogue = Catalogue(
-        root, dict(locations), entries, manifest_sha256=manifest_sha, headers_only=headers_only
+        root, locations, entries, manifest_sha256=manifest_sha, headers_only=headers_only
     )
     catalogue.files_read, catalogue.pins = read, pins if manifest else None
     return catalogue, locations
 
 
-def _by_shard(headers: dict[str, dict[str, TensorInfo]], root: Path) -> dict[str, TensorInfo]:
+def _joined(
+    wmap: dict[str, str] | None,
+    headers: dict[str, HeaderColumns],
+    paths: dict[str, Path],
+    source: str,
+    root: Path,
+) -> TensorTable:
+    """The shards' columns as one table: in the index's order when there is one (which must name
+    exactly the tensors the headers hold, each in its file), in the headers' otherwise (no name in
+    two shards). A table that breaks a rule is worded by the per-name checks below, which raise."""
+    files = list(headers)
+    table = table_of(files, list(headers.values()))
+    unique = len(table.row) == len(table)
+    if wmap is None and unique:
+        return table
+    if wmap is not None and unique and len(wmap) == len(table):
+        rows = list(map(table.row.get, wmap))
+        if None not in rows:
+            at = np.array(rows, dtype=np.int64)
+            fid = {f: k for k, f in enumerate(files)}
+            want = np.fromiter(map(fid.get, wmap.values(), itertools.repeat(-1)), np.int64, len(at))
+            if (table.file_id[at] == want).all():
+                return table.take(at)
+    views = {f: rows_of(paths[f], f, c) for f, c in headers.items()}
+    if wmap is None:
+        _by_shard(views, root)
+    else:
+        _by_index(wmap, views, source)
+    raise CheckpointError(  # the checks above word every way the join can fail
+        f"{escape_name(source)}: the shards' headers and the index do not agree"
+    )
+
+
+def table_from(tensors: Mapping[str, TensorMeta]) -> TensorTable:
+    """A table of tensors held as objects (a GGUF header's, an export's source table), in their
+    order; a tensor with no place in a file (an export's source table) begins at 0."""
+    metas = list(tensors.values())
+    files = list(dict.fromkeys(m.file for m in metas))
+    fid = {f: k for k, f in enumerate(files)}
+    by_file: dict[str, HeaderColumns] = {f: HeaderColumns([], [], [], [], []) for f in files}
+    for m in metas:
+        c = by_file[m.file]
+        c.names.append(m.name)
+        c.dtypes.append(m.dtype)
+        c.shapes.append(m.shape)
+        c.begins.append(getattr(m, "begin", 0))
+        c.nbytes.append(m.nbytes)
+    table = table_of(files, list(by_file.values()))
+    order = np.argsort(
+        np.fromiter((fid[m.file] for m in metas), np.int64, len(metas)), kind="stable"
+    )
+    place = np.empty(len(metas), np.int64)  # each object's row in the file-by-file table
+    place[order] = np.arange(len(metas))
+    return table.take(place)
+
+
+def _by_shard(headers: Mapping[str, Mapping[str, TensorInfo]], root: Path) -> dict[str, TensorInfo]:
     out: dict[str, TensorInfo] = {}
     for infos in headers.values():
         out.update(infos)
@@ -433,7 +503,7 @@ def _by_shard(headers: dict[str, dict[str, TensorInfo]], root: Path) -> dict[str
 
 
 def _by_index(
-    names: dict[str, str], headers: dict[str, dict[str, TensorInfo]], source: str
+    names: dict[str, str], headers: Mapping[str, Mapping[str, TensorInfo]], source: str
 ) -> dict[str, TensorInfo]:
     try:
         out = dict(

@@ -93,13 +93,25 @@ def parse_manifest_entries(tensors: object, path: Path) -> Manifest:
         for i in np.flatnonzero(~ok).tolist()
     ]
     raise_all(CheckpointError, problems, what=f"bad entries in {escape_name(path)}")
-    return Manifest(names, files, dtypes, list(map(tuple, shapes)), list(map(str.lower, digests)))
+    raw_digests = bytes.fromhex("".join(digests))  # every one 64 hex digits: checked above
+    return Manifest(
+        names,
+        files,
+        dtypes,
+        list(map(tuple, shapes)),
+        np.frombuffer(raw_digests, np.uint8).reshape(n, DIGEST),
+    )
+
+
+DIGEST = 32
+"""Bytes of a sha256."""
 
 
 class Manifest(RowTable[ManifestEntry]):
     """A parsed manifest as columns, name -> :class:`ManifestEntry` made when asked for: a load
     holds its manifest to the end, and 92,000 entries held as tuples would be 92,000 more objects
-    for the collector to walk at every full collection (these columns are a handful)."""
+    for the collector to walk at every full collection (these columns are a handful). The digests
+    are one [n, 32] uint8 array (:attr:`digests`), not 92,000 hex strings."""
 
     def __init__(
         self,
@@ -107,34 +119,79 @@ class Manifest(RowTable[ManifestEntry]):
         files: list[str],
         dtypes: list[str],
         shapes: list[tuple[int, ...]],
-        digests: list[str],
+        digests: np.ndarray,
     ) -> None:
         super().__init__()
         self._row.update(zip(names, range(len(names)), strict=True))
-        self._columns = (files, dtypes, shapes, digests)
+        self.files, self.dtypes, self.shapes = files, dtypes, shapes
+        self.digests = digests
+        """Each entry's sha256, [n, 32] uint8, in the manifest's order."""
 
     def _record(self, name: str, k: int) -> ManifestEntry:
-        return _new_tuple(ManifestEntry, [column[k] for column in self._columns])
+        return ManifestEntry(self.files[k], self.dtypes[k], self.shapes[k], self._hex(k))
 
-    def disagreeing(self, names: Sequence[str], tensors: Mapping[str, TensorMeta]) -> list[str]:
-        """Those of ``names`` missing from the manifest or whose file, dtype or shape differ from
-        ``tensors``' (one pass over the columns; the caller words each)."""
-        files, dtypes, shapes, _ = self._columns
-        rows = map(self._row.get, names)
-        return [
-            n
-            for n, k, m in zip(names, rows, map(tensors.__getitem__, names), strict=True)
-            if k is None or files[k] != m.file or dtypes[k] != m.dtype or shapes[k] != m.shape
-        ]
+    def _hex(self, k: int) -> str:
+        hexed: str = self.digests[k].tobytes().hex()
+        return hexed
+
+    def rows_of(self, names: Sequence[str]) -> np.ndarray:
+        """Each name's row in the manifest, -1 where it has none."""
+        return np.fromiter(map(self._row.get, names, itertools.repeat(-1)), np.int64, len(names))
+
+    def disagreeing(self, table: TensorTable, rows: np.ndarray) -> np.ndarray:
+        """Which of the table's ``rows`` are missing from the manifest or differ from it in file,
+        dtype or shape: a mask, by array equality over the columns (the caller words each)."""
+        at = self.rows_of(list(map(table.names.__getitem__, rows.tolist())))
+        found = at >= 0
+        bad = ~found
+        k = np.flatnonzero(found)
+        m = at[k]
+        fid = {f: i for i, f in enumerate(table.files)}
+        code = {d: i for i, d in enumerate(table.dtypes)}
+        files = np.fromiter(
+            map(fid.get, map(self.files.__getitem__, m.tolist()), itertools.repeat(-1)),
+            np.int64,
+            len(m),
+        )
+        dtypes = np.fromiter(
+            map(code.get, map(self.dtypes.__getitem__, m.tolist()), itertools.repeat(-1)),
+            np.int64,
+            len(m),
+        )
+        shape, ndim = _shape_columns([self.shapes[i] for i in m.tolist()])
+        t = rows[k]
+        differs = (files != table.file_id[t]) | (dtypes != table.dtype_code[t])
+        differs |= (ndim != table.ndim[t]) | (shape != table.shape[t]).any(axis=1)
+        bad[k] = differs
+        return bad
+
+    def aligned(self, table: TensorTable) -> tuple[np.ndarray, np.ndarray]:
+        """The digests in the table's row order, [n, 32] uint8 (zeros where the manifest has no
+        entry), and which rows have one."""
+        at = self.rows_of(table.names)
+        present = at >= 0
+        out = np.zeros((len(at), DIGEST), np.uint8)
+        out[present] = self.digests[at[present]]
+        return out, present
 
     def sha256(self, name: str) -> str | None:
         """The promised sha256 of ``name`` (None: not in the manifest), read from its column."""
         k = self._row.get(name)
-        return None if k is None else self._columns[3][k]
+        return None if k is None else self._hex(k)
+
+
+def _shape_columns(shapes: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
+    """Shapes of at most 8 dimensions as a zero-padded [n, 8] int64 array and their lengths."""
+    n = len(shapes)
+    ndim = np.fromiter(map(len, shapes), np.int64, n)
+    flat = np.fromiter(itertools.chain.from_iterable(shapes), np.int64, int(ndim.sum()))
+    shape = np.zeros((n, 8), np.int64)
+    starts = np.repeat(np.cumsum(ndim) - ndim, ndim)
+    shape[np.repeat(np.arange(n), ndim), np.arange(len(flat)) - starts] = flat
+    return shape, ndim
 
 
 _MANIFEST_KEYS = ("file", "dtype", "shape", "sha256")
-_new_tuple = tuple.__new__  # a NamedTuple made in C, without its __new__'s Python frame
 _is_hex = re.compile(r"[0-9a-fA-F]*").fullmatch
 
 
@@ -220,6 +277,15 @@ class Catalogue:
                 f"{escape_name(self.root)}: no tensor named {escape_name(name)}"
             ) from None
 
+    @functools.cached_property
+    def digests(self) -> tuple[np.ndarray, np.ndarray]:
+        """The manifest's sha256 of each of the table's rows, [n, 32] uint8, and which rows the
+        manifest lists (no manifest: none)."""
+        if self.manifest is None:
+            n = len(self.table)
+            return np.zeros((n, DIGEST), np.uint8), np.zeros(n, bool)
+        return self.manifest.aligned(self.table)
+
     def promised(self, name: str) -> str | None:
         """The manifest's sha256 of ``name`` (None: no manifest, or no entry for it)."""
         return self.manifest.sha256(name) if self.manifest is not None else None
@@ -271,7 +337,10 @@ class Catalogue:
                 "(nothing is checked; every report says so)"
             ]
         problems = []
-        for name in self.manifest.disagreeing(names, self.tensors):  # only the wrong rows, worded
+        table = self.table
+        rows = np.fromiter(map(table.row.__getitem__, names), np.int64, len(names))
+        wrong = np.flatnonzero(self.manifest.disagreeing(table, rows)).tolist()
+        for name in map(names.__getitem__, wrong):  # only the wrong rows, worded
             meta, entry = self.tensors[name], self.manifest.get(name)
             if entry is None:
                 problems.append(
@@ -284,7 +353,7 @@ class Catalogue:
                     f"{escape_name(entry.dtype)} {list(entry.shape)}, shard header says "
                     f"{escape_name(meta.file)} {meta.dtype} {list(meta.shape)}"
                 )
-        orphans = natural_sorted(set(self.manifest) - set(self.tensors))
+        orphans = natural_sorted(n for n in self.manifest if n not in self.table.row)
         if orphans:
             listed = ", ".join(escape_name(n) for n in orphans[:12]) + (
                 f" (and {len(orphans) - 12} more)" if len(orphans) > 12 else ""

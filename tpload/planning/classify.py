@@ -110,7 +110,34 @@ def classify(
     codec_of = {role: registry.for_role(role) for role in registry.roles()}
     leave = scales | broken
     ordered = natural_sorted(tensors) if order is None else order
-    for n in [n for n in ordered if n not in leave] if leave else ordered:
+    walked = [n for n in ordered if n not in leave] if leave else ordered
+    served: list[str] = []
+    # the usual checkpoint (any name an auto rule could not resolve is a scale): each role's names
+    # sorted out, the served in bulk
+    if all(n in leave for n in unresolved):
+        for n in walked:
+            r = rules[n]
+            if r is None:
+                unmatched.append(escape_name(n))
+            elif r.role == Role.SKIP:
+                skipped.append(n)
+            elif r.role == Role.DEFER:
+                deferred.append(n)
+                if x := _expert_of(expert_rx, n, r):
+                    deferred_experts[n] = x
+            else:
+                served.append(n)
+        bulk = _served(
+            served, rules, tensors, needs, expert_rx, (codec_of, kv), (fits, classes), sig_of
+        )
+        if bulk is not None:
+            rows.extend(served, *bulk)
+            walked = []
+        else:  # a served tensor with a problem: every name again, one at a time, worded in order
+            skipped, deferred, unmatched, deferred_experts = [], [], [], {}
+            fits.clear()
+            classes.clear()
+    for n in walked:
         r = rules[n]
         if n in unresolved:
             grouped.setdefault(unresolved[n], []).append(tensors[n].describe())
@@ -181,6 +208,51 @@ def classify(
         deferred_at,
         census,
     )
+
+
+def _served(
+    names: list[str],
+    rules: Mapping[str, Rule | None],
+    tensors: Mapping[str, TensorMeta],
+    needs: Mapping[str, tuple[str, ...]],
+    expert_rx: re.Pattern[str],
+    codecs: tuple[Mapping[str, Codec], Mapping[str, object]],
+    known: tuple[dict[tuple, int | str], list[Klass]],
+    sig_of: Callable[[str], object],
+) -> tuple[list[int], list[tuple[str, ...] | None], list[tuple[str, int] | None]] | None:
+    """The served names' classes, scales and experts in bulk: each distinct class key (rule, codec,
+    the dtypes and shapes of the weight and its scales) fitted once, at its first name, and every
+    name's class a lookup; None when any name has a problem (no expert index, or a class that does
+    not fit), which the per-name walk then words in order."""
+    codec_of, kv = codecs
+    fits, classes = known
+    rs: list[Rule] = list(map(rules.__getitem__, names))  # type: ignore[arg-type]  # all matched
+    need = list(map(needs.get, names))
+    cs = [codec_of[r.role] for r in rs]
+    if kv:
+        cs = [KV_SCALE if c is PLAIN and n in kv else c for n, c in zip(names, cs, strict=True)]
+    keys = list(
+        zip(
+            map(id, rs),
+            map(id, cs),
+            map(sig_of, names),
+            [tuple(map(sig_of, nd)) if nd else None for nd in need],
+            strict=True,
+        )
+    )
+    firsts = dict(zip(reversed(keys), range(len(keys) - 1, -1, -1), strict=True))
+    for key in dict.fromkeys(keys):  # in order of first appearance: the classes' numbers
+        k = firsts[key]
+        if _class(names[k], rs[k], tensors, need[k], cs[k], known, {}, sig_of) < 0:
+            return None
+    experts = [
+        _expert_of(expert_rx, n, r) if r.experts and not r.stacked else None
+        for n, r in zip(names, rs, strict=True)
+    ]
+    if any(x is None and r.experts and not r.stacked for x, r in zip(experts, rs, strict=True)):
+        return None
+    klass: list[int] = list(map(fits.__getitem__, keys))  # every one fitted: ints
+    return klass, need, experts
 
 
 def _codec(name: str, rule: Rule, codec_of: Mapping[str, Codec], kv: Mapping[str, object]) -> Codec:
@@ -303,7 +375,8 @@ def _class(
     why it does not fit) by what the cuts depend on, and the classes so far."""
     fits, classes = known
     # a KV-cache scale is no class with a plain scalar under the same rule: the codec is in the key
-    key = (rule, codec, sig_of(name), tuple(map(sig_of, needed)) if needed else None)
+    # rules and codecs by identity (a config's rules are distinct objects; Rule's hash is Python's)
+    key = (id(rule), id(codec), sig_of(name), tuple(map(sig_of, needed)) if needed else None)
     klass = fits.get(key)
     if klass is not None and not isinstance(klass, str):
         return klass  # the usual tensor: its class known, no record made

@@ -496,6 +496,20 @@ _FIELD_SET = {
 }
 """Each slot's own setter: a row's TensorInfo made without the frozen class's ``__setattr__`` (a
 Python frame a field: half the cost of a record)."""
+(
+    _SET_NAME,
+    _SET_FILE,
+    _SET_DTYPE,
+    _SET_SHAPE,
+    _SET_PATH,
+    _SET_BEGIN,
+    _SET_NBYTES,
+    _SET_ROWS,
+    _SET_ROW_BYTES,
+) = map(
+    _FIELD_SET.__getitem__,
+    ("name", "file", "dtype", "shape", "path", "begin", "nbytes", "rows", "row_bytes"),
+)
 
 
 def table_of(files: Sequence[str], columns: Sequence[HeaderColumns]) -> TensorTable:
@@ -546,17 +560,16 @@ class TableRows(RowTable[TensorInfo]):
 
     def _record(self, name: str, k: int) -> TensorInfo:
         info = _new(TensorInfo)
-        f = _FIELD_SET
         fid = self._fid[k]
-        f["name"](info, name)
-        f["file"](info, self.table.files[fid])
-        f["dtype"](info, self._dtype[k])
-        f["shape"](info, self._shape[k])
-        f["path"](info, self._paths[fid])
-        f["begin"](info, self._begin[k])
-        f["nbytes"](info, self._nbytes[k])
-        f["rows"](info, self._rows[k])
-        f["row_bytes"](info, self._row_bytes[k])
+        _SET_NAME(info, name)
+        _SET_FILE(info, self.table.files[fid])
+        _SET_DTYPE(info, self._dtype[k])
+        _SET_SHAPE(info, self._shape[k])
+        _SET_PATH(info, self._paths[fid])
+        _SET_BEGIN(info, self._begin[k])
+        _SET_NBYTES(info, self._nbytes[k])
+        _SET_ROWS(info, self._rows[k])
+        _SET_ROW_BYTES(info, self._row_bytes[k])
         return info
 
     def stored(self, name: str, sha256: str | None) -> Stored:

@@ -94,10 +94,12 @@ def parse_manifest_entries(tensors: object, path: Path) -> Manifest:
     ]
     raise_all(CheckpointError, problems, what=f"bad entries in {escape_name(path)}")
     raw_digests = bytes.fromhex("".join(digests))  # every one 64 hex digits: checked above
+    # each file's and dtype's spelling held once (the JSON parse made a string an entry)
+    spelt: dict[str, str] = {}
     return Manifest(
         names,
-        files,
-        dtypes,
+        list(map(spelt.setdefault, files, files)),
+        list(map(spelt.setdefault, dtypes, dtypes)),
         list(map(tuple, shapes)),
         np.frombuffer(raw_digests, np.uint8).reshape(n, DIGEST),
     )

@@ -555,8 +555,6 @@ class TableRows(RowTable[TensorInfo]):
         self._shape = table.shapes
         self._begin = table.begin.tolist()
         self._nbytes = table.nbytes.tolist()
-        self._rows = table.rows.tolist()
-        self._row_bytes = table.row_bytes.tolist()
 
     def _record(self, name: str, k: int) -> TensorInfo:
         row = _new(TableRow)
@@ -564,17 +562,17 @@ class TableRows(RowTable[TensorInfo]):
         _SET_K(row, k)
         return row
 
+    def view_of(self, k: int) -> tuple[int, int]:
+        """Row ``k``'s 2-D byte view (rows, row bytes): a 0-D or 1-D tensor is one row (from the
+        shape and byte count, not a column of their own: less for a load to hold)."""
+        shape, nbytes = self._shape[k], self._nbytes[k]
+        rows = shape[0] if len(shape) > 1 else 1
+        return rows, nbytes // rows if rows else 0
+
     def stored(self, name: str, sha256: str | None) -> Stored:
         """Where ``name``'s bytes are (a tuple made in C), read from the columns."""
         k = self._row[name]
-        return Stored(
-            name,
-            self._paths[self._fid[k]],
-            self._begin[k],
-            self._rows[k],
-            self._row_bytes[k],
-            sha256,
-        )
+        return Stored(name, self._paths[self._fid[k]], self._begin[k], *self.view_of(k), sha256)
 
     def paths(self) -> list[Path]:
         """The files that hold a tensor, sorted."""
@@ -631,11 +629,11 @@ class TableRow(TensorInfo):
 
     @property  # type: ignore[override]
     def rows(self) -> int:
-        return self._view._rows[self._k]
+        return self._view.view_of(self._k)[0]
 
     @property  # type: ignore[override]
     def row_bytes(self) -> int:
-        return self._view._row_bytes[self._k]
+        return self._view.view_of(self._k)[1]
 
     def _fields(self) -> TensorInfo:
         return TensorInfo(self.name, self.file, self.dtype, self.shape, self.path, self.begin)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -23,6 +23,7 @@ from ..codecs.base import Codec
 from ..codecs.plain import KV_SCALE, PLAIN
 from ..model.errors import ConfigError, raise_all
 from ..model.modes import Role
+from ..model.table import TensorTable
 from ..model.templates import natural_key, natural_sorted
 from ..model.text import escape_name, plural
 from ..selection.config import ACTIVATION_ORIGIN, AUTO, READS_NOTHING, Config, Rule
@@ -75,12 +76,18 @@ def classify(
     problems: list[str],
     model: Mapping[str, object] | None,
     root: object,
+    order: Sequence[str] | None = None,
+    table: TensorTable | None = None,
 ) -> Classified:
     """Entries, skipped and deferred tensors (natural order), the expert columns and the KV-cache
     scale census; or a ConfigError listing every problem (``problems``: those found before).
-    ``model``: the checkpoint's config.json, for rules that count heads by one of its fields."""
+    ``model``: the checkpoint's config.json, for rules that count heads by one of its fields;
+    ``order``: every name of ``tensors`` in natural order, when the caller has it (a table's
+    permutation: natural_sorted otherwise); ``table``: the same tensors as columns, when the
+    caller has them (dtypes and class keys read from columns: no record made a name)."""
     units = {(r.index, r.match): _units(r, model, root) for r in config.rules if r.units}
-    rules, unresolved, needs, matched = _rules(tensors, config, prefix)
+    dtype_of, sig_of = _readers(tensors, table)
+    rules, unresolved, needs, matched = _rules(tensors, config, prefix, dtype_of)
     # the census counts what will be served: a skipped vision tower's or MTP layer's attention is
     # no layer without scales
     census = kv_census(n for n, r in rules.items() if r is None or r.role != Role.SKIP)
@@ -101,7 +108,36 @@ def classify(
     grouped: dict[str, list[str]] = {}
     fits: dict[tuple, int | str] = {}
     codec_of = {role: registry.for_role(role) for role in registry.roles()}
-    for n in natural_sorted(n for n in tensors if n not in scales and n not in broken):
+    leave = scales | broken
+    ordered = natural_sorted(tensors) if order is None else order
+    walked = [n for n in ordered if n not in leave] if leave else ordered
+    served: list[str] = []
+    # the usual checkpoint (any name an auto rule could not resolve is a scale): each role's names
+    # sorted out, the served in bulk
+    if all(n in leave for n in unresolved):
+        for n in walked:
+            r = rules[n]
+            if r is None:
+                unmatched.append(escape_name(n))
+            elif r.role == Role.SKIP:
+                skipped.append(n)
+            elif r.role == Role.DEFER:
+                deferred.append(n)
+                if x := _expert_of(expert_rx, n, r):
+                    deferred_experts[n] = x
+            else:
+                served.append(n)
+        bulk = _served(
+            served, rules, tensors, needs, expert_rx, (codec_of, kv), (fits, classes), sig_of
+        )
+        if bulk is not None:
+            rows.extend(served, *bulk)
+            walked = []
+        else:  # a served tensor with a problem: every name again, one at a time, worded in order
+            skipped, deferred, unmatched, deferred_experts = [], [], [], {}
+            fits.clear()
+            classes.clear()
+    for n in walked:
         r = rules[n]
         if n in unresolved:
             grouped.setdefault(unresolved[n], []).append(tensors[n].describe())
@@ -124,7 +160,14 @@ def classify(
                 ).append(tensors[n].describe())
             elif (
                 k := _class(
-                    n, r, tensors, need, _codec(n, r, codec_of, kv), (fits, classes), grouped
+                    n,
+                    r,
+                    tensors,
+                    need,
+                    _codec(n, r, codec_of, kv),
+                    (fits, classes),
+                    grouped,
+                    sig_of,
                 )
             ) >= 0:
                 rows.add(n, k, need, expert)
@@ -167,14 +210,74 @@ def classify(
     )
 
 
+def _served(
+    names: list[str],
+    rules: Mapping[str, Rule | None],
+    tensors: Mapping[str, TensorMeta],
+    needs: Mapping[str, tuple[str, ...]],
+    expert_rx: re.Pattern[str],
+    codecs: tuple[Mapping[str, Codec], Mapping[str, object]],
+    known: tuple[dict[tuple, int | str], list[Klass]],
+    sig_of: Callable[[str], object],
+) -> tuple[list[int], list[tuple[str, ...] | None], list[tuple[str, int] | None]] | None:
+    """The served names' classes, scales and experts in bulk: each distinct class key (rule, codec,
+    the dtypes and shapes of the weight and its scales) fitted once, at its first name, and every
+    name's class a lookup; None when any name has a problem (no expert index, or a class that does
+    not fit), which the per-name walk then words in order."""
+    codec_of, kv = codecs
+    fits, classes = known
+    rs: list[Rule] = list(map(rules.__getitem__, names))  # type: ignore[arg-type]  # all matched
+    need = list(map(needs.get, names))
+    cs = [codec_of[r.role] for r in rs]
+    if kv:
+        cs = [KV_SCALE if c is PLAIN and n in kv else c for n, c in zip(names, cs, strict=True)]
+    keys = list(
+        zip(
+            map(id, rs),
+            map(id, cs),
+            map(sig_of, names),
+            [tuple(map(sig_of, nd)) if nd else None for nd in need],
+            strict=True,
+        )
+    )
+    firsts = dict(zip(reversed(keys), range(len(keys) - 1, -1, -1), strict=True))
+    for key in dict.fromkeys(keys):  # in order of first appearance: the classes' numbers
+        k = firsts[key]
+        if _class(names[k], rs[k], tensors, need[k], cs[k], known, {}, sig_of) < 0:
+            return None
+    experts = [
+        _expert_of(expert_rx, n, r) if r.experts and not r.stacked else None
+        for n, r in zip(names, rs, strict=True)
+    ]
+    if any(x is None and r.experts and not r.stacked for x, r in zip(experts, rs, strict=True)):
+        return None
+    klass: list[int] = list(map(fits.__getitem__, keys))  # every one fitted: ints
+    return klass, need, experts
+
+
 def _codec(name: str, rule: Rule, codec_of: Mapping[str, Codec], kv: Mapping[str, object]) -> Codec:
     """The rule's codec for this tensor: a KV-cache scale served plain has its values checked."""
     codec = codec_of[rule.role]
     return KV_SCALE if codec is PLAIN and name in kv else codec
 
 
+def _readers(
+    tensors: Mapping[str, TensorMeta], table: TensorTable | None
+) -> tuple[Callable[[str], str], Callable[[str], object]]:
+    """Each tensor's dtype, and a key that two tensors share when their dtypes and shapes are the
+    same: from the table's columns when there is one (a dict lookup and a list index, no record
+    made), from the records otherwise."""
+    if table is None:
+        return (lambda n: tensors[n].dtype), (lambda n: (tensors[n].dtype, tensors[n].shape))
+    row, dtypes, sigs = table.row, table.dtype_names, table.signatures
+    return (lambda n: dtypes[row[n]]), (lambda n: sigs[row[n]])
+
+
 def _rules(
-    tensors: Mapping[str, TensorMeta], config: Config, prefix: Prefix
+    tensors: Mapping[str, TensorMeta],
+    config: Config,
+    prefix: Prefix,
+    dtype_of: Callable[[str], str],
 ) -> tuple[dict[str, Rule | None], dict[str, str], dict[str, tuple[str, ...]], list[Rule | None]]:
     """Each tensor's rule, ``auto`` ones resolved; for tensors an ``auto`` rule could not resolve,
     why; the scales found for a weight an ``auto`` rule made scaled; each tensor's first match."""
@@ -186,7 +289,7 @@ def _rules(
     scaled = {role for role in registry.roles() if registry.for_role(role).scaled}
     for n in [n for n, r in rules.items() if r is not None and r.role == AUTO]:
         r = rules[n]
-        got = resolve(r, n, tensors[n].dtype, tensors)
+        got = resolve(r, n, dtype_of(n), tensors)
         if isinstance(got, str):
             unresolved[n] = f"{r.describe()}: {got}"
             rules[n] = None
@@ -265,23 +368,21 @@ def _class(
     codec: Codec,
     known: tuple[dict[tuple, int | str], list[Klass]],
     grouped: dict[str, list[str]],
+    sig_of: Callable[[str], object],
 ) -> int:
     """The class of one tensor under its rule (``needed``: its scales' names, for a scaled codec),
     or -1, filing why it does not fit under (rule, reason). ``known``: each class's number (or
     why it does not fit) by what the cuts depend on, and the classes so far."""
     fits, classes = known
+    # a KV-cache scale is no class with a plain scalar under the same rule: the codec is in the key
+    # rules and codecs by identity (a config's rules are distinct objects; Rule's hash is Python's)
+    key = (id(rule), id(codec), sig_of(name), tuple(map(sig_of, needed)) if needed else None)
+    klass = fits.get(key)
+    if klass is not None and not isinstance(klass, str):
+        return klass  # the usual tensor: its class known, no record made
     meta = tensors[name]
     scale = tensors[needed[0]] if needed else None
     scale2 = tensors[needed[1]] if needed and len(needed) > 1 else None
-    key = (
-        rule,
-        codec,  # a KV-cache scale is no class with a plain scalar under the same rule
-        meta.dtype,
-        meta.shape,
-        scale and (scale.dtype, scale.shape),
-        scale2 and (scale2.dtype, scale2.shape),
-    )
-    klass = fits.get(key)
     if klass is None:
         fit = codec.fit(
             meta, scale, block=rule.block, split=rule.split, scale2=scale2, stacked=rule.stacked

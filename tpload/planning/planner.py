@@ -10,6 +10,7 @@ class and arena offset in arrays), and its named items are made only by the rank
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -23,7 +24,7 @@ from ..selection.config import Config
 from ..selection.prefix import detect as detect_prefix
 from ..storage.catalogue import Catalogue
 from . import checks
-from .classify import Classified, activation_scale, classify
+from .classify import Classified, classify
 from .cutting import SLOT_ALIGN, Shaped, shaped
 from .entries import Entries, Entry
 from .items import Item, item_of
@@ -142,12 +143,21 @@ class Planner:
         self.prefix = detect_prefix(
             names, wanted=config.rules_prefix, model=model, where=catalogue.root
         )
+        table = catalogue.table
+        row, shapes = table.row, table.shapes
         self.activation_scales = [
-            n for n in names if n.endswith(".input_scale") and activation_scale(n, names[n])
+            n for n in names if n.endswith(".input_scale") and math.prod(shapes[row[n]]) == 1
         ]
         """Single-value ``*.input_scale`` tensors (ModelOpt NVFP4's activation scales)."""
         self.classified: Classified = classify(
-            names, config, prefix=self.prefix, problems=[], model=model, root=catalogue.root
+            names,
+            config,
+            prefix=self.prefix,
+            problems=[],
+            model=model,
+            root=catalogue.root,
+            order=catalogue.names(),
+            table=table,
         )
         c = self.classified
         self.census = c.census  # of what is served or deferred: skipped layers are not counted

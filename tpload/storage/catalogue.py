@@ -8,6 +8,7 @@ export give the planner the same table and it cuts the same windows.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import operator
@@ -21,6 +22,7 @@ import numpy as np
 
 from ..model.columns import RowTable
 from ..model.errors import CheckpointError, raise_all
+from ..model.table import TensorTable
 from ..model.templates import natural_sorted
 from ..model.text import escape_name
 from ..model.values import INDEX_NAME, MANIFEST_NAME
@@ -28,13 +30,17 @@ from . import gguf
 from .files import folder_of, parse_json, read_small
 from .pins import Pins, check_plan_files, parse_pins
 from .safetensors import (
+    HeaderColumns,
+    TableRows,
     TensorInfo,
     TensorMeta,
     _bad_per_row,
     _dims_ok,
     _is,
     _where,
-    read_header,
+    read_columns,
+    rows_of,
+    table_of,
 )
 
 PICKLES = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
@@ -87,13 +93,27 @@ def parse_manifest_entries(tensors: object, path: Path) -> Manifest:
         for i in np.flatnonzero(~ok).tolist()
     ]
     raise_all(CheckpointError, problems, what=f"bad entries in {escape_name(path)}")
-    return Manifest(names, files, dtypes, list(map(tuple, shapes)), list(map(str.lower, digests)))
+    raw_digests = bytes.fromhex("".join(digests))  # every one 64 hex digits: checked above
+    # each file's and dtype's spelling held once (the JSON parse made a string an entry)
+    spelt: dict[str, str] = {}
+    return Manifest(
+        names,
+        list(map(spelt.setdefault, files, files)),
+        list(map(spelt.setdefault, dtypes, dtypes)),
+        list(map(tuple, shapes)),
+        np.frombuffer(raw_digests, np.uint8).reshape(n, DIGEST),
+    )
+
+
+DIGEST = 32
+"""Bytes of a sha256."""
 
 
 class Manifest(RowTable[ManifestEntry]):
     """A parsed manifest as columns, name -> :class:`ManifestEntry` made when asked for: a load
     holds its manifest to the end, and 92,000 entries held as tuples would be 92,000 more objects
-    for the collector to walk at every full collection (these columns are a handful)."""
+    for the collector to walk at every full collection (these columns are a handful). The digests
+    are one [n, 32] uint8 array (:attr:`digests`), not 92,000 hex strings."""
 
     def __init__(
         self,
@@ -101,34 +121,79 @@ class Manifest(RowTable[ManifestEntry]):
         files: list[str],
         dtypes: list[str],
         shapes: list[tuple[int, ...]],
-        digests: list[str],
+        digests: np.ndarray,
     ) -> None:
         super().__init__()
         self._row.update(zip(names, range(len(names)), strict=True))
-        self._columns = (files, dtypes, shapes, digests)
+        self.files, self.dtypes, self.shapes = files, dtypes, shapes
+        self.digests = digests
+        """Each entry's sha256, [n, 32] uint8, in the manifest's order."""
 
     def _record(self, name: str, k: int) -> ManifestEntry:
-        return _new_tuple(ManifestEntry, [column[k] for column in self._columns])
+        return ManifestEntry(self.files[k], self.dtypes[k], self.shapes[k], self._hex(k))
 
-    def disagreeing(self, names: Sequence[str], tensors: Mapping[str, TensorMeta]) -> list[str]:
-        """Those of ``names`` missing from the manifest or whose file, dtype or shape differ from
-        ``tensors``' (one pass over the columns; the caller words each)."""
-        files, dtypes, shapes, _ = self._columns
-        rows = map(self._row.get, names)
-        return [
-            n
-            for n, k, m in zip(names, rows, map(tensors.__getitem__, names), strict=True)
-            if k is None or files[k] != m.file or dtypes[k] != m.dtype or shapes[k] != m.shape
-        ]
+    def _hex(self, k: int) -> str:
+        hexed: str = self.digests[k].tobytes().hex()
+        return hexed
+
+    def rows_of(self, names: Sequence[str]) -> np.ndarray:
+        """Each name's row in the manifest, -1 where it has none."""
+        return np.fromiter(map(self._row.get, names, itertools.repeat(-1)), np.int64, len(names))
+
+    def disagreeing(self, table: TensorTable, rows: np.ndarray) -> np.ndarray:
+        """Which of the table's ``rows`` are missing from the manifest or differ from it in file,
+        dtype or shape: a mask, by array equality over the columns (the caller words each)."""
+        at = self.rows_of(list(map(table.names.__getitem__, rows.tolist())))
+        found = at >= 0
+        bad = ~found
+        k = np.flatnonzero(found)
+        m = at[k]
+        fid = {f: i for i, f in enumerate(table.files)}
+        code = {d: i for i, d in enumerate(table.dtypes)}
+        files = np.fromiter(
+            map(fid.get, map(self.files.__getitem__, m.tolist()), itertools.repeat(-1)),
+            np.int64,
+            len(m),
+        )
+        dtypes = np.fromiter(
+            map(code.get, map(self.dtypes.__getitem__, m.tolist()), itertools.repeat(-1)),
+            np.int64,
+            len(m),
+        )
+        shape, ndim = _shape_columns([self.shapes[i] for i in m.tolist()])
+        t = rows[k]
+        differs = (files != table.file_id[t]) | (dtypes != table.dtype_code[t])
+        differs |= (ndim != table.ndim[t]) | (shape != table.shape[t]).any(axis=1)
+        bad[k] = differs
+        return bad
+
+    def aligned(self, table: TensorTable) -> tuple[np.ndarray, np.ndarray]:
+        """The digests in the table's row order, [n, 32] uint8 (zeros where the manifest has no
+        entry), and which rows have one."""
+        at = self.rows_of(table.names)
+        present = at >= 0
+        out = np.zeros((len(at), DIGEST), np.uint8)
+        out[present] = self.digests[at[present]]
+        return out, present
 
     def sha256(self, name: str) -> str | None:
         """The promised sha256 of ``name`` (None: not in the manifest), read from its column."""
         k = self._row.get(name)
-        return None if k is None else self._columns[3][k]
+        return None if k is None else self._hex(k)
+
+
+def _shape_columns(shapes: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
+    """Shapes of at most 8 dimensions as a zero-padded [n, 8] int64 array and their lengths."""
+    n = len(shapes)
+    ndim = np.fromiter(map(len, shapes), np.int64, n)
+    flat = np.fromiter(itertools.chain.from_iterable(shapes), np.int64, int(ndim.sum()))
+    shape = np.zeros((n, 8), np.int64)
+    starts = np.repeat(np.cumsum(ndim) - ndim, ndim)
+    shape[np.repeat(np.arange(n), ndim), np.arange(len(flat)) - starts] = flat
+    return shape, ndim
 
 
 _MANIFEST_KEYS = ("file", "dtype", "shape", "sha256")
-_new_tuple = tuple.__new__  # a NamedTuple made in C, without its __new__'s Python frame
 _is_hex = re.compile(r"[0-9a-fA-F]*").fullmatch
 
 
@@ -166,13 +231,15 @@ class Catalogue:
     def __init__(
         self,
         root: Path,
-        tensors: dict[str, TensorMeta],
+        tensors: Mapping[str, TensorMeta],
         manifest: Manifest | None,
         *,
         manifest_path: Path | None = None,
         manifest_sha256: str | None = None,
         headers_only: bool = False,
     ) -> None:
+        """``tensors``: a table's rows (:class:`TableRows`: the catalogue is a view on its table),
+        or name -> TensorMeta for a table held as objects (a GGUF header's, an export's)."""
         self.root = root
         self.headers_only = headers_only
         """Made by ``synth --headers-only``: the headers are real, the data are holes."""
@@ -197,6 +264,13 @@ class Catalogue:
         """Each GGUF file's key-value section as read: {file: (sha256, length in bytes)}, checked
         against the manifest's pins when the table was made."""
 
+    @functools.cached_property
+    def table(self) -> TensorTable:
+        """Every tensor as columns: the one the rows view, or made once from the objects."""
+        if isinstance(self.tensors, TableRows):
+            return self.tensors.table
+        return table_from(self.tensors)
+
     def get(self, name: str) -> TensorMeta:
         try:
             return self.tensors[name]
@@ -204,6 +278,15 @@ class Catalogue:
             raise CheckpointError(
                 f"{escape_name(self.root)}: no tensor named {escape_name(name)}"
             ) from None
+
+    @functools.cached_property
+    def digests(self) -> tuple[np.ndarray, np.ndarray]:
+        """The manifest's sha256 of each of the table's rows, [n, 32] uint8, and which rows the
+        manifest lists (no manifest: none)."""
+        if self.manifest is None:
+            n = len(self.table)
+            return np.zeros((n, DIGEST), np.uint8), np.zeros(n, bool)
+        return self.manifest.aligned(self.table)
 
     def promised(self, name: str) -> str | None:
         """The manifest's sha256 of ``name`` (None: no manifest, or no entry for it)."""
@@ -232,7 +315,7 @@ class Catalogue:
     def names(self) -> list[str]:
         """Every tensor name, in natural order."""
         if self._names is None:
-            self._names = natural_sorted(self.tensors)
+            self._names = self.table.natural_names()
         return self._names
 
     def ranks(self) -> dict[str, int]:
@@ -256,7 +339,10 @@ class Catalogue:
                 "(nothing is checked; every report says so)"
             ]
         problems = []
-        for name in self.manifest.disagreeing(names, self.tensors):  # only the wrong rows, worded
+        table = self.table
+        rows = np.fromiter(map(table.row.__getitem__, names), np.int64, len(names))
+        wrong = np.flatnonzero(self.manifest.disagreeing(table, rows)).tolist()
+        for name in map(names.__getitem__, wrong):  # only the wrong rows, worded
             meta, entry = self.tensors[name], self.manifest.get(name)
             if entry is None:
                 problems.append(
@@ -269,7 +355,7 @@ class Catalogue:
                     f"{escape_name(entry.dtype)} {list(entry.shape)}, shard header says "
                     f"{escape_name(meta.file)} {meta.dtype} {list(meta.shape)}"
                 )
-        orphans = natural_sorted(set(self.manifest) - set(self.tensors))
+        orphans = natural_sorted(n for n in self.manifest if n not in self.table.row)
         if orphans:
             listed = ", ".join(escape_name(n) for n in orphans[:12]) + (
                 f" (and {len(orphans) - 12} more)" if len(orphans) > 12 else ""
@@ -342,7 +428,7 @@ def _shard_names(
     return None, shards, str(root)
 
 
-def read_native(root: Path, *, manifest: bool = True) -> tuple[Catalogue, dict[str, TensorInfo]]:
+def read_native(root: Path, *, manifest: bool = True) -> tuple[Catalogue, Mapping[str, TensorInfo]]:
     """Open a native checkpoint folder (or a ``.gguf`` file: the folder that holds it, limited to
     that file or split set): its catalogue and where each tensor's bytes are.
 
@@ -387,7 +473,8 @@ def read_native(root: Path, *, manifest: bool = True) -> tuple[Catalogue, dict[s
         catalogue.gguf_kv = kv
         return catalogue, locations
     wmap, files, source = _shard_names(root, pins, read)
-    headers: dict[str, dict[str, TensorInfo]] = {}
+    headers: dict[str, HeaderColumns] = {}
+    paths: dict[str, Path] = {}
     problems = []
     headers_only = False
     for file in files:
@@ -396,23 +483,79 @@ def read_native(root: Path, *, manifest: bool = True) -> tuple[Catalogue, dict[s
             problems.append(f"{escape_name(source)}: shard {escape_name(file)} does not exist")
             continue
         try:
-            headers[file], meta = read_header(path, file)
+            headers[file], meta = read_columns(path, file)
+            paths[file] = path
             headers_only |= HEADERS_ONLY in meta
         except CheckpointError as e:
             problems.append(str(e))
     raise_all(CheckpointError, problems, what=f"problems with the shards of {escape_name(root)}")
-    locations = _by_index(wmap, headers, source) if wmap is not None else _by_shard(headers, root)
-    # The planner's table holds the same objects (a TensorInfo is a TensorMeta: a copy of each cost
-    # a third of the opening), in a dict of its own so that nothing done to one table changes the
-    # other.
+    table = _joined(wmap, headers, paths, source, root)
+    # The catalogue and the storage share one view of the table: no object a tensor is kept.
+    locations = TableRows(table, [paths[f] for f in table.files])
     catalogue = Catalogue(
-        root, dict(locations), entries, manifest_sha256=manifest_sha, headers_only=headers_only
+        root, locations, entries, manifest_sha256=manifest_sha, headers_only=headers_only
     )
     catalogue.files_read, catalogue.pins = read, pins if manifest else None
     return catalogue, locations
 
 
-def _by_shard(headers: dict[str, dict[str, TensorInfo]], root: Path) -> dict[str, TensorInfo]:
+def _joined(
+    wmap: dict[str, str] | None,
+    headers: dict[str, HeaderColumns],
+    paths: dict[str, Path],
+    source: str,
+    root: Path,
+) -> TensorTable:
+    """The shards' columns as one table: in the index's order when there is one (which must name
+    exactly the tensors the headers hold, each in its file), in the headers' otherwise (no name in
+    two shards). A table that breaks a rule is worded by the per-name checks below, which raise."""
+    files = list(headers)
+    table = table_of(files, list(headers.values()))
+    unique = len(table.row) == len(table)
+    if wmap is None and unique:
+        return table
+    if wmap is not None and unique and len(wmap) == len(table):
+        rows = list(map(table.row.get, wmap))
+        if None not in rows:
+            at = np.array(rows, dtype=np.int64)
+            fid = {f: k for k, f in enumerate(files)}
+            want = np.fromiter(map(fid.get, wmap.values(), itertools.repeat(-1)), np.int64, len(at))
+            if (table.file_id[at] == want).all():
+                return table.take(at)
+    views = {f: rows_of(paths[f], f, c) for f, c in headers.items()}
+    if wmap is None:
+        _by_shard(views, root)
+    else:
+        _by_index(wmap, views, source)
+    raise CheckpointError(  # the checks above word every way the join can fail
+        f"{escape_name(source)}: the shards' headers and the index do not agree"
+    )
+
+
+def table_from(tensors: Mapping[str, TensorMeta]) -> TensorTable:
+    """A table of tensors held as objects (a GGUF header's, an export's source table), in their
+    order; a tensor with no place in a file (an export's source table) begins at 0."""
+    metas = list(tensors.values())
+    files = list(dict.fromkeys(m.file for m in metas))
+    fid = {f: k for k, f in enumerate(files)}
+    by_file: dict[str, HeaderColumns] = {f: HeaderColumns([], [], [], [], []) for f in files}
+    for m in metas:
+        c = by_file[m.file]
+        c.names.append(m.name)
+        c.dtypes.append(m.dtype)
+        c.shapes.append(m.shape)
+        c.begins.append(getattr(m, "begin", 0))
+        c.nbytes.append(m.nbytes)
+    table = table_of(files, list(by_file.values()))
+    order = np.argsort(
+        np.fromiter((fid[m.file] for m in metas), np.int64, len(metas)), kind="stable"
+    )
+    place = np.empty(len(metas), np.int64)  # each object's row in the file-by-file table
+    place[order] = np.arange(len(metas))
+    return table.take(place)
+
+
+def _by_shard(headers: Mapping[str, Mapping[str, TensorInfo]], root: Path) -> dict[str, TensorInfo]:
     out: dict[str, TensorInfo] = {}
     for infos in headers.values():
         out.update(infos)
@@ -431,7 +574,7 @@ def _by_shard(headers: dict[str, dict[str, TensorInfo]], root: Path) -> dict[str
 
 
 def _by_index(
-    names: dict[str, str], headers: dict[str, dict[str, TensorInfo]], source: str
+    names: dict[str, str], headers: Mapping[str, Mapping[str, TensorInfo]], source: str
 ) -> dict[str, TensorInfo]:
     try:
         out = dict(

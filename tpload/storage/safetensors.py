@@ -7,7 +7,6 @@ then the data. Every problem in a header is collected and raised at once.
 
 from __future__ import annotations
 
-import collections
 import hashlib
 import itertools
 import json
@@ -15,15 +14,19 @@ import math
 import operator
 import os
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
+from ..model.columns import RowTable
 from ..model.errors import CheckpointError, raise_all
 from ..model.progress import ProgressSink
+from ..model.table import TensorTable
 from ..model.text import escape_name
+from ..model.values import Stored
 from .files import atomic_file, open_regular, read_exact
 from .header_json import Twice, ignored_value_problem, lone_surrogate, parse_header_json
 
@@ -122,8 +125,14 @@ class TensorInfo(TensorMeta):
     """Absolute byte offset of the first data byte in the shard file."""
 
 
-def read_header(path: Path, file: str) -> tuple[dict[str, TensorInfo], dict[str, str]]:
-    """Parse and validate one shard's header: ({name: TensorInfo}, its ``__metadata__``).
+def read_header(path: Path, file: str) -> tuple[Mapping[str, TensorInfo], dict[str, str]]:
+    """:func:`read_columns` as {name: TensorInfo} (each made when asked for) and the metadata."""
+    columns, meta = read_columns(path, file)
+    return rows_of(path, file, columns), meta
+
+
+def read_columns(path: Path, file: str) -> tuple[HeaderColumns, dict[str, str]]:
+    """Parse and validate one shard's header: its entries as columns, and its ``__metadata__``.
 
     The rules are safetensors' own (its parser in safetensors 0.8.0: the JSON as serde_json reads
     it, then ``Metadata::validate``): a header of at most :data:`MAX_HEADER_BYTES`, a
@@ -154,9 +163,21 @@ def read_header(path: Path, file: str) -> tuple[dict[str, TensorInfo], dict[str,
     header = parse_header_json(raw, path)
     if not isinstance(header, dict):
         raise CheckpointError(f"{escape_name(path)}: header is not a JSON object")
-    infos = entries(path, file, header, 8 + hlen, size - 8 - hlen)
-    meta = header.get("__metadata__")  # entries() refused anything but strings
-    return infos, dict(meta) if meta else {}
+    columns = header_columns(path, header, 8 + hlen, size - 8 - hlen)
+    meta = header.get("__metadata__")  # header_columns() refused anything but strings
+    return columns, dict(meta) if meta else {}
+
+
+class HeaderColumns(NamedTuple):
+    """One shard's sound entries as columns, in the header's order (no object a tensor: a
+    checkpoint's table is made of these, one pass a file)."""
+
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[tuple[int, ...]]
+    begins: list[int]
+    """Absolute offset of each tensor's first byte in the file."""
+    nbytes: list[int]
 
 
 _NOTHING: dict = {}
@@ -186,9 +207,14 @@ def _where(mask: np.ndarray, values: list, other: object) -> list:
 
 def entries(
     path: Path, file: str, header: dict, data_start: int, data_len: int
-) -> dict[str, TensorInfo]:
-    """Every entry of a parsed header as a TensorInfo (sizes filled in), or every problem raised
-    at once.
+) -> Mapping[str, TensorInfo]:
+    """Every entry of a parsed header as {name: TensorInfo} (each made when asked for), or every
+    problem raised at once (:func:`header_columns`)."""
+    return rows_of(path, file, header_columns(path, header, data_start, data_len))
+
+
+def header_columns(path: Path, header: dict, data_start: int, data_len: int) -> HeaderColumns:
+    """Every entry of a parsed header as columns, or every problem raised at once.
 
     Each rule is one pass over a column of the header (a checkpoint has 92,000 entries), and an
     entry is worded by the first rule it breaks: an object, no field named twice, a dtype of whole
@@ -254,20 +280,13 @@ def entries(
         complete=len(placed) == n,
     )
     raise_all(CheckpointError, problems, what=f"problems in the header of {escape_name(path)}")
-    good_shapes = list(map(tuple, shapes))  # no problem: every entry is sound
-    rows = [s[0] if len(s) > 1 else 1 for s in good_shapes]  # the sizes a plan asks for, known here
-    columns = {
-        "name": names,
-        "file": itertools.repeat(file),
-        "dtype": dtypes,
-        "shape": good_shapes,
-        "path": itertools.repeat(path),
-        "begin": list(map(operator.add, begins, itertools.repeat(data_start))),
-        "nbytes": want,
-        "rows": rows,
-        "row_bytes": [b // r if r else 0 for b, r in zip(want, rows, strict=True)],
-    }
-    return dict(zip(names, frozen_instances(TensorInfo, columns, n), strict=True))
+    return HeaderColumns(  # no problem: every entry is sound
+        names,
+        dtypes,
+        list(map(tuple, shapes)),
+        list(map(operator.add, begins, itertools.repeat(data_start))),
+        want,
+    )
 
 
 def _objects(raw: list) -> tuple[np.ndarray, np.ndarray]:
@@ -424,18 +443,6 @@ def _dim_ok(d: int) -> bool:
 _FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
 
 
-def frozen_instances(cls: type, columns: dict[str, Iterable], n: int) -> list:
-    """``n`` instances of the frozen dataclass ``cls``, the i-th given the i-th value of each
-    column (its fields, and cached properties already known), made in C: ``map`` over whole
-    columns, no Python frame per instance (its ``__init__`` sets each frozen field through
-    ``object.__setattr__`` in Python: for 92,000 tensors, most of the time of opening a
-    checkpoint)."""
-    made = list(map(_new, itertools.repeat(cls, n)))
-    for key, column in columns.items():
-        collections.deque(map(_set, made, itertools.repeat(key), column), maxlen=0)
-    return made
-
-
 def _problem(
     path: Path, name: str, meta: object, data_len: int, passed: list[bool], ignored: str | None
 ) -> str:
@@ -477,6 +484,174 @@ def _problem(
         want = math.prod(shape) * ITEMSIZE[dtype]
         return f"{where}: data_offsets span {end - begin} bytes but {dtype} x {shape} is {want}"
     return f"{where}: {ignored}"
+
+
+_FIELD_SET = {
+    f: c.__dict__[f].__set__
+    for c, fields in (
+        (TensorMeta, ("name", "file", "dtype", "shape", "nbytes", "rows", "row_bytes")),
+        (TensorInfo, ("path", "begin")),
+    )
+    for f in fields
+}
+"""Each slot's own setter: a row's TensorInfo made without the frozen class's ``__setattr__`` (a
+Python frame a field: half the cost of a record)."""
+(
+    _SET_NAME,
+    _SET_FILE,
+    _SET_DTYPE,
+    _SET_SHAPE,
+    _SET_PATH,
+    _SET_BEGIN,
+    _SET_NBYTES,
+    _SET_ROWS,
+    _SET_ROW_BYTES,
+) = map(
+    _FIELD_SET.__getitem__,
+    ("name", "file", "dtype", "shape", "path", "begin", "nbytes", "rows", "row_bytes"),
+)
+
+
+def table_of(files: Sequence[str], columns: Sequence[HeaderColumns]) -> TensorTable:
+    """The shards' columns (``columns[i]`` of ``files[i]``) joined into one table, file by file in
+    header order (no name -> object dict: the table's index is the names')."""
+    names = list(itertools.chain.from_iterable(c.names for c in columns))
+    n = len(names)
+    counts = [len(c.names) for c in columns]
+    dtypes = list(itertools.chain.from_iterable(c.dtypes for c in columns))
+    vocab = {d: k for k, d in enumerate(dict.fromkeys(dtypes))}
+    shapes = list(itertools.chain.from_iterable(c.shapes for c in columns))
+    ndim = np.fromiter(map(len, shapes), np.int64, n)
+    flat = np.fromiter(itertools.chain.from_iterable(shapes), np.int64, int(ndim.sum()))
+    shape = np.zeros((n, 8), np.int64)
+    starts = np.repeat(np.cumsum(ndim) - ndim, ndim)  # each value's row's first value
+    shape[np.repeat(np.arange(n), ndim), np.arange(len(flat)) - starts] = flat
+    return TensorTable(
+        names,
+        files=list(files),
+        file_id=np.repeat(np.arange(len(files), dtype=np.int32), counts),
+        dtypes=list(vocab),
+        dtype_code=np.fromiter(map(vocab.__getitem__, dtypes), np.int16, n),
+        shape=shape,
+        ndim=ndim.astype(np.int8),
+        begin=np.fromiter(itertools.chain.from_iterable(c.begins for c in columns), np.int64, n),
+        nbytes=np.fromiter(itertools.chain.from_iterable(c.nbytes for c in columns), np.int64, n),
+        shapes=shapes,
+    )
+
+
+class TableRows(RowTable[TensorInfo]):
+    """A table's rows as {name: TensorInfo}, each made when asked for and kept by nobody (a
+    catalogue of 92,000 tensors holds the table's columns, not 92,000 objects); the columns the
+    records are made from as Python lists, read once from the table."""
+
+    def __init__(self, table: TensorTable, paths: Sequence[Path]) -> None:
+        super().__init__()
+        self._row, self.table = table.row, table
+        self._paths = list(paths)
+        """Each file's absolute path, by file id."""
+        self._fid = table.file_id.tolist()
+        self._dtype = list(map(table.dtypes.__getitem__, table.dtype_code.tolist()))
+        self._shape = table.shapes
+        self._begin = table.begin.tolist()
+        self._nbytes = table.nbytes.tolist()
+
+    def _record(self, name: str, k: int) -> TensorInfo:
+        row = _new(TableRow)
+        _SET_VIEW(row, self)
+        _SET_K(row, k)
+        return row
+
+    def view_of(self, k: int) -> tuple[int, int]:
+        """Row ``k``'s 2-D byte view (rows, row bytes): a 0-D or 1-D tensor is one row (from the
+        shape and byte count, not a column of their own: less for a load to hold)."""
+        shape, nbytes = self._shape[k], self._nbytes[k]
+        rows = shape[0] if len(shape) > 1 else 1
+        return rows, nbytes // rows if rows else 0
+
+    def stored(self, name: str, sha256: str | None) -> Stored:
+        """Where ``name``'s bytes are (a tuple made in C), read from the columns."""
+        k = self._row[name]
+        return Stored(name, self._paths[self._fid[k]], self._begin[k], *self.view_of(k), sha256)
+
+    def paths(self) -> list[Path]:
+        """The files that hold a tensor, sorted."""
+        return sorted({self._paths[i] for i in np.unique(self.table.file_id).tolist()})
+
+    def in_file(self, path: Path) -> list[TensorInfo]:
+        """The tensors of one file, in order of their first byte."""
+        ids = [i for i, p in enumerate(self._paths) if p == path]
+        rows = np.flatnonzero(np.isin(self.table.file_id, ids))
+        rows = rows[np.argsort(self.table.begin[rows], kind="stable")]
+        names = self.table.names
+        return [self._record(names[k], k) for k in rows.tolist()]
+
+
+class TableRow(TensorInfo):
+    """One row of a :class:`TableRows` as a TensorInfo: two slots (the view and the row), each
+    field read from the view's columns when asked for (made in a third of a full record's time:
+    a load asks for ~3 a tensor, most of them for one field). Equal to, and hashed as, the
+    TensorInfo of the same fields."""
+
+    __slots__ = ("_view", "_k")
+    _view: TableRows
+    _k: int
+
+    @property  # type: ignore[override]
+    def name(self) -> str:
+        return self._view.table.names[self._k]
+
+    @property  # type: ignore[override]
+    def file(self) -> str:
+        v = self._view
+        return v.table.files[v._fid[self._k]]
+
+    @property  # type: ignore[override]
+    def dtype(self) -> str:
+        return self._view._dtype[self._k]
+
+    @property  # type: ignore[override]
+    def shape(self) -> tuple[int, ...]:
+        return self._view._shape[self._k]
+
+    @property  # type: ignore[override]
+    def path(self) -> Path:
+        v = self._view
+        return v._paths[v._fid[self._k]]
+
+    @property  # type: ignore[override]
+    def begin(self) -> int:
+        return self._view._begin[self._k]
+
+    @property  # type: ignore[override]
+    def nbytes(self) -> int:
+        return self._view._nbytes[self._k]
+
+    @property  # type: ignore[override]
+    def rows(self) -> int:
+        return self._view.view_of(self._k)[0]
+
+    @property  # type: ignore[override]
+    def row_bytes(self) -> int:
+        return self._view.view_of(self._k)[1]
+
+    def _fields(self) -> TensorInfo:
+        return TensorInfo(self.name, self.file, self.dtype, self.shape, self.path, self.begin)
+
+    def __repr__(self) -> str:
+        return repr(self._fields())
+
+    def __reduce__(self) -> tuple:
+        """Pickled as the plain TensorInfo of its fields (the view stays behind)."""
+        return self._fields().__reduce__()
+
+
+_SET_VIEW, _SET_K = TableRow.__dict__["_view"].__set__, TableRow.__dict__["_k"].__set__
+
+
+def rows_of(path: Path, file: str, columns: HeaderColumns) -> TableRows:
+    """One shard's columns as {name: TensorInfo}."""
+    return TableRows(table_of([file], [columns]), [path])
 
 
 def write_safetensors(

@@ -16,7 +16,7 @@ from . import hub, localdir
 from .catalogue import Catalogue, read_native
 from .files import Shard, folder_of
 from .pagecache import drop_ranges
-from .safetensors import TensorInfo
+from .safetensors import TableRows, TensorInfo
 
 
 class Files:
@@ -107,7 +107,8 @@ class ShardedStorage(FileReads):
         self.local: localdir.LocalDir | None = None
         """A local-dir download without a manifest: its vouched etags and unvouched files (even when
         :attr:`file_digests` is None: `tpload manifest` still checks the vouched ones)."""
-        shards = sorted({i.file for i in self.locations.values()})
+        table = self.catalogue.table
+        shards = sorted(table.files[i] for i in np.unique(table.file_id).tolist())
         if snapshot and self.catalogue.manifest is None:
             self.file_digests = {root / f: d for f, d in hub.shard_digests(root, shards).items()}
             self.file_source = SNAPSHOT
@@ -128,6 +129,9 @@ class ShardedStorage(FileReads):
 
     def stored(self, name: str) -> Stored:
         """Made per call from the catalogue (a tuple made in C), not kept: see :class:`Stored`."""
+        rows = self.locations
+        if isinstance(rows, TableRows) and name in rows:  # read from the table's columns
+            return rows.stored(name, self.catalogue.promised(name))
         info = self.info(name)  # no such tensor: raises, naming it
         return Stored(
             name, info.path, info.begin, info.rows, info.row_bytes, self.catalogue.promised(name)
@@ -139,7 +143,15 @@ class ShardedStorage(FileReads):
         return self.stored(name).seen_as(view), rows, cols
 
     def paths(self) -> list[Path]:
+        if isinstance(self.locations, TableRows):
+            return self.locations.paths()
         return sorted({i.path for i in self.locations.values()})
+
+    def tensors_in(self, path: Path) -> list[TensorInfo]:
+        """The tensors of one file, in order of their first byte."""
+        if isinstance(self.locations, TableRows):
+            return self.locations.in_file(path)
+        return sorted((i for i in self.locations.values() if i.path == path), key=lambda i: i.begin)
 
     def manifest_problems(self, names: list[str]) -> list[str]:
         if self.file_digests is not None:

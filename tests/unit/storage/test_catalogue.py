@@ -290,3 +290,60 @@ def test_index_without_weight_map(tmp_path: Path) -> None:
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}}))
     with pytest.raises(CheckpointError, match='index has no "weight_map" object'):
         read_native(tmp_path)
+
+
+def test_manifest_problems_by_array_equality_word_each_row_as_the_per_name_rule(
+    ckpt_copy: Path,
+) -> None:
+    """Every way an entry can disagree (file, dtype, shape of another length, of the same length,
+    missing, an orphan) found by the column compare, each worded as the per-name rule words it, all
+    at once; and the digests aligned to the table are the manifest's, row for row."""
+    names = all_names(ckpt_copy)
+    by_shape = [n for n in names if n.endswith(".weight")]
+    touched = {
+        "file": by_shape[0],
+        "dtype": by_shape[1],
+        "rank": by_shape[2],
+        "dims": by_shape[3],
+        "gone": by_shape[4],
+    }
+
+    def mutate(m: dict) -> None:
+        t = m["tensors"]
+        t[touched["file"]]["file"] = "elsewhere.safetensors"
+        t[touched["dtype"]]["dtype"] = "F64" if t[touched["dtype"]]["dtype"] != "F64" else "F32"
+        t[touched["rank"]]["shape"] = t[touched["rank"]]["shape"] + [1]
+        t[touched["dims"]]["shape"] = [d + 1 for d in t[touched["dims"]]["shape"]] or [2]
+        del t[touched["gone"]]
+        t["orphan.weight"] = dict(t[by_shape[5]])
+
+    edit_json(ckpt_copy / MANIFEST, mutate)
+    cat, _ = read_native(ckpt_copy)
+    asked = cat.names()
+    got = cat.manifest_problems(asked)
+    manifest = cat.manifest
+    assert manifest is not None
+    want = []
+    path = ckpt_copy / MANIFEST
+    for n in asked:  # the rule name by name, as it was written before the table
+        meta, entry = cat.tensors[n], manifest.get(n)
+        if entry is None:
+            want.append(f"{path}: tensor {n} (in {meta.file}) is not in the manifest")
+        elif (entry.file, entry.dtype, entry.shape) != (meta.file, meta.dtype, meta.shape):
+            want.append(
+                f"{path}: tensor {n}: manifest says {entry.file} {entry.dtype} "
+                f"{list(entry.shape)}, shard header says {meta.file} {meta.dtype} "
+                f"{list(meta.shape)}"
+            )
+    want.append(
+        f"{path}: the manifest lists 1 tensor(s) no shard holds (an index or shard that leaves "
+        "them out?): orphan.weight"
+    )
+    assert got == want and len(got) == len(touched) + 1
+    digests, present = cat.digests
+    table = cat.table
+    for k, n in enumerate(table.names):
+        assert bool(present[k]) == (n != touched["gone"])
+        if present[k]:
+            assert digests[k].tobytes().hex() == manifest.sha256(n) == manifest[n].sha256
+    assert cat.manifest_problems([]) == want[-1:]

@@ -367,8 +367,25 @@ def test_the_catalogue_holds_the_located_tensors(tmp_path: Path) -> None:
     root.mkdir()
     write_raw(root / "m.safetensors", sound_header(), b"\0" * 96)
     cat, locations = catalogue.read_native(root, manifest=False)
-    assert cat.tensors == locations and cat.tensors is not locations
-    assert all(cat.tensors[n] is info for n, info in locations.items())
+    # one read-only view of the table, shared: a record a row, made when asked for and kept by
+    # nobody (no object a tensor for the load's lifetime), equal to the header's entry
+    assert cat.tensors == locations == dict(checked(sound_header()).items())
+    assert not hasattr(cat.tensors, "__setitem__") and not hasattr(cat.tensors, "pop")
+    assert cat.tensors["z"] == cat.tensors["z"] and cat.tensors["z"] is not cat.tensors["z"]
+    table = cat.table
+    assert table.names == list(locations) == ["z", "b.2", "a", "empty", "m"]
+    for k, (name, info) in enumerate(locations.items()):
+        assert (table.file_of(k), table.dtype_of(k), table.shape_of(k)) == (
+            info.file,
+            info.dtype,
+            info.shape,
+        ), name
+        assert (int(table.begin[k]), int(table.nbytes[k]), int(table.rows[k])) == (
+            info.begin,
+            info.nbytes,
+            info.rows,
+        ), name
+    assert cat.names() == ["a", "b.2", "empty", "m", "z"]
 
 
 def sound_manifest() -> dict:

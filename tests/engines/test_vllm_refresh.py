@@ -1,0 +1,135 @@
+"""The weight-transfer backend ``tpload`` in a real vLLM (the CPU build) at TP 1 and TP 2, driven by
+a 2-rank trainer process group (tests/engines/refresh_driver.py: one engine per TP size for every
+case, then one fresh engine on a checkpoint of the last version).
+
+- After an update the greedy tokens equal a fresh vLLM's on a checkpoint of the new weights, and
+  vLLM's weight_version names the version.
+- A byte flipped in transit, a missing tensor, a trainer rank killed mid-update, and a repeated or
+  older version each leave the old tokens and version served, with one line on every trainer rank
+  and the same line on every engine worker, and the next update succeeds.
+- The update's per-rank digests equal tpload.load's on a checkpoint of the same weights.
+
+Engine tier (``python -m pytest -q -m engine``): two engine starts per TP size, 40-90 s each.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tpload.tools.bench_engine import engine_env
+from tpload.tools.published import write_published
+
+from ..helpers import tpload_cli
+from .vllm_env import REPO, vllm_python
+
+pytestmark = pytest.mark.engine
+DRIVER = Path(__file__).with_name("refresh_driver.py")
+FAILURES = ("flipped byte", "missing tensor", "repeated version", "older version", "trainer killed")
+
+
+@pytest.fixture(scope="module")
+def python() -> Path:
+    found, why = vllm_python()
+    if found is None:
+        pytest.skip(why)
+    return found
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_published(tmp_path_factory.mktemp("refresh-model") / "llama", "llama-tiny")
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
+def run(request: pytest.FixtureRequest, python: Path, llama: Path, tmp_path_factory) -> dict:
+    """The driver's account of every round at one TP size (one engine for all of them)."""
+    tp = request.param
+    work = tmp_path_factory.mktemp(f"refresh-tp{tp}")
+    out = work / "result.json"
+    cmd = [str(python), str(DRIVER), "--model", str(llama), "--tp", str(tp), "--work", str(work),
+           "--out", str(out)]  # fmt: skip
+    env = {**engine_env(), "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    text = proc.stdout + proc.stderr
+    (work / "driver.log").write_text(text)
+    assert proc.returncode == 0 and out.exists(), text[-6000:]
+    doc = json.loads(out.read_text())
+    doc["log"], doc["work"] = text, work
+    return doc
+
+
+def rounds(run: dict, kind: str) -> list[dict]:
+    return [r for r in run["rounds"] if r["kind"] == kind]
+
+
+def test_an_update_serves_what_a_fresh_engine_on_its_checkpoint_serves(run: dict) -> None:
+    good = rounds(run, "good")
+    assert [r["version"] for r in good] == [1, 2, 3] and all(r["error"] == "" for r in good)
+    assert good[0]["tokens"] != run["v0"] and good[1]["tokens"] != good[0]["tokens"]
+    assert good[-1]["tokens"] == run["fresh_v3"], (good[-1]["tokens"], run["fresh_v3"])
+    for r in good:
+        assert r["weight_version"] == str(r["version"])
+        for w in r["workers"]:
+            assert w["served_version"] == r["version"] and w["refused"] == "" and not w["failed"]
+            assert not w["session_active"] and w["staged_bytes"] == 0
+    for n in (0, 1):
+        assert run[f"rank1_{n}"] is not None
+    assert [r["error"] for r in run["rank1_1"]] == [""]  # the last good round, on trainer rank 1
+
+
+@pytest.mark.parametrize("kind", FAILURES)
+def test_a_failed_round_leaves_the_old_version_and_says_so_on_every_rank(
+    run: dict, kind: str
+) -> None:
+    (bad,) = rounds(run, kind)
+    before = run["rounds"][run["rounds"].index(bad) - 1]
+    served = 2  # the rounds before the failures: v1, v2
+    assert bad["error"], f"{kind}: no error"
+    assert "\n" not in bad["error"]
+    assert bad["tokens"] == before["tokens"] == rounds(run, "good")[1]["tokens"]
+    assert bad["weight_version"] == str(served)
+    lines = {w["refused"] for w in bad["workers"]}
+    assert len(lines) == 1 and lines != {""}, bad["workers"]  # one line, on every engine worker
+    (line,) = lines
+    assert line in bad["error"] or bad["error"] in line, (line, bad["error"])
+    for w in bad["workers"]:
+        assert w["served_version"] == served and not w["session_active"] and not w["failed"]
+        assert w["staged_bytes"] == 0
+    # trainer rank 1 raised the same line (unless it was the rank killed)
+    if kind != "trainer killed":
+        (mine,) = [r for r in run["rank1_0"] if r["kind"] == kind]
+        assert mine["error"] == bad["error"]
+    else:
+        assert run["rank1_exit_0"] == -9
+    expected = {
+        "flipped byte": "model.layers.0.self_attn.o_proj.weight",
+        "missing tensor": "model.layers.1.mlp.up_proj.weight",
+        "repeated version": "version 2",
+        "older version": "version 1",
+        "trainer killed": "trainer rank 1",
+    }[kind]
+    assert expected in bad["error"], bad["error"]
+
+
+def test_the_update_digests_equal_a_load_of_its_checkpoint(run: dict, tmp_path: Path) -> None:
+    (last,) = [r for r in rounds(run, "good") if r["version"] == 3]
+    digests = last["digests"]
+    tp = run["tp"]
+    assert len(digests) == tp and all(len(d) == 64 for d in digests)
+    ckpt = Path(run["work"]) / "v3"
+    report = tmp_path / "report.json"
+    made = subprocess.run(
+        [sys.executable, "-m", "tpload", "manifest", str(ckpt)], capture_output=True, text=True
+    )
+    assert made.returncode == 0, made.stderr[-2000:]
+    r = tpload_cli(
+        tp, str(ckpt), "--tp", str(tp), "--kind", "packed", "--report", str(report), timeout=300
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    loaded = [rank["digest"] for rank in json.loads(report.read_text())["ranks"]]
+    assert digests == loaded

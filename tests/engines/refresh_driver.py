@@ -23,6 +23,7 @@ import os
 import sys
 import time
 import traceback
+from datetime import timedelta
 from pathlib import Path
 
 SHORT = [1, 5, 9, 33, 100]
@@ -67,12 +68,13 @@ def weights(model: Path, version: int) -> dict:
     return dict(sorted(out.items()))
 
 
-def source(tensors: dict, rank: int, *, drop: str | None = None):
-    """vLLM's WeightSource over ``tensors``; this trainer rank holds every other name."""
+def source(tensors: dict, rank: int, *, ranks: int = 2, drop: str | None = None):
+    """vLLM's WeightSource over ``tensors``; trainer rank ``rank`` of ``ranks`` holds every
+    ``ranks``-th name."""
     from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
 
     names = [n for n in tensors if n != drop]
-    held = set(names[rank::2])
+    held = set(names[rank::ranks])
 
     class Split(WeightSource):
         def metadata(self):
@@ -106,7 +108,11 @@ def trainer_rank1(model: str, port: int, world_port: int, rounds: list, out: str
     from tpload.integrations.vllm_trainer import TploadTrainerEngine, TploadTrainerInitInfo
 
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{world_port}", rank=1, world_size=2
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{world_port}",
+        rank=1,
+        world_size=2,
+        timeout=timedelta(seconds=60),
     )
     trainer = TploadTrainerEngine.trainer_init(TploadTrainerInitInfo(rank=1), client=None)
     seen = []
@@ -137,7 +143,7 @@ def worker_state(worker) -> dict:
         "refused": engine.refused,
         "failed": engine.failed,
         "session_active": bool(worker._weight_update_active),
-        "digest": getattr(getattr(r, "figures", None), "digest", None) if r else None,
+        "digests": list(r.figures.digests) if r is not None and r.figures is not None else None,
         "staged_bytes": r.staged_bytes if r else None,
     }
 
@@ -187,7 +193,13 @@ def spawn_rank1(ctx, model: Path, rounds: list, work: Path, n: int):
         target=trainer_rank1, args=(str(model), 0, port, rounds, str(work / f"rank1-{n}.json"))
     )
     child.start()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=2)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=0,
+        world_size=2,
+        timeout=timedelta(seconds=60),
+    )
     return child
 
 

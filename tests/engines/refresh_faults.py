@@ -1,5 +1,5 @@
-"""Faults planted in a trainer rank's transfer for tests/engines/refresh_driver.py: the wire, not
-the trainer's tensors, so the version manifest is honest and the windows are not."""
+"""Faults planted in a trainer rank's transfer for tests/engines/refresh_driver.py: on the wire, not
+in the trainer's tensors, so the version manifest is honest and the bytes sent are not."""
 
 from __future__ import annotations
 
@@ -10,37 +10,43 @@ import socket
 from pathlib import Path
 
 from tpload.refresh.rendezvous import TransferGroup
+from tpload.refresh.trainer import RefreshSender
 
-_SEND = TransferGroup.send
+_CUT = RefreshSender._cut
+_ISEND = TransferGroup.isend
 
 
 def plant(kind: str, rank: int, *, flipped: str) -> None:
-    """This round's fault on this trainer rank: ``flipped byte`` flips one bit of the first chunk
-    of ``flipped``'s window sent to engine rank 0 (by whichever trainer rank holds it); ``trainer
-    killed`` kills trainer rank 1 (SIGKILL) after its second window chunk; anything else: none."""
-    TransferGroup.send = _SEND
+    """This round's fault on this trainer rank (anything but these two: none).
+
+    ``flipped byte``: one bit of ``flipped``'s window for engine rank 0 flips after the sender
+    fingerprinted it (on whichever trainer rank sends that tensor). ``trainer killed``: trainer
+    rank 1 kills itself (SIGKILL) as it posts its third window chunk."""
+    RefreshSender._cut, TransferGroup.isend = _CUT, _ISEND
     if kind == "flipped byte":
-        done = []
 
-        def flipping(self, t, peer, what):  # noqa: ANN001
-            if not done and flipped in what and peer == self.rv.trainer_ranks:
-                t = t.clone()
-                t.reshape(-1).view(dtype=__import__("torch").uint8)[0] ^= 1
-                done.append(what)
-            return _SEND(self, t, peer, what)
+        def flipping(self, cutting, storage, owned):  # noqa: ANN001
+            part, windows = _CUT(self, cutting, storage, owned)
+            names = [n for n, _, _ in cutting.windows(0) if n in owned]
+            if flipped in names:
+                i = names.index(flipped)
+                w = windows[0][i].copy()
+                w.view("uint8")[0] ^= 1
+                windows[0][i] = w
+            return part, windows
 
-        TransferGroup.send = flipping
+        RefreshSender._cut = flipping
     elif kind == "trainer killed" and rank == 1:
-        sent = []
+        posted = []
 
-        def dying(self, t, peer, what):  # noqa: ANN001
-            if peer >= self.rv.trainer_ranks and "window" in what:
-                sent.append(what)
-                if len(sent) == 3:
+        def dying(self, t, peer):  # noqa: ANN001
+            if peer >= self.rv.trainer_ranks:
+                posted.append(peer)
+                if len(posted) == 3:
                     os.kill(os.getpid(), signal.SIGKILL)
-            return _SEND(self, t, peer, what)
+            return _ISEND(self, t, peer)
 
-        TransferGroup.send = dying
+        TransferGroup.isend = dying
 
 
 def digests(figures: object) -> list[str] | None:

@@ -24,7 +24,7 @@ import pytest
 from tpload.tools.bench_engine import engine_env
 from tpload.tools.published import write_published
 
-from ..helpers import tpload_cli
+from ..helpers import free_port, tpload_cli
 from .vllm_env import REPO, vllm_python
 
 pytestmark = pytest.mark.engine
@@ -51,8 +51,18 @@ def run(request: pytest.FixtureRequest, python: Path, llama: Path, tmp_path_fact
     tp = request.param
     work = tmp_path_factory.mktemp(f"refresh-tp{tp}")
     out = work / "result.json"
-    cmd = [str(python), str(DRIVER), "--model", str(llama), "--tp", str(tp), "--work", str(work),
-           "--out", str(out)]  # fmt: skip
+    cmd = [
+        str(python),
+        str(DRIVER),
+        "--model",
+        str(llama),
+        "--tp",
+        str(tp),
+        "--work",
+        str(work),
+        "--out",
+        str(out),
+    ]
     env = {**engine_env(), "PYTHONPATH": str(REPO)}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     text = proc.stdout + proc.stderr
@@ -133,3 +143,41 @@ def test_the_update_digests_equal_a_load_of_its_checkpoint(run: dict, tmp_path: 
     assert r.returncode == 0, r.stderr[-3000:]
     loaded = [rank["digest"] for rank in json.loads(report.read_text())["ranks"]]
     assert digests == loaded
+
+
+def test_the_http_server_takes_a_refresh_and_refuses_a_flipped_byte(
+    python: Path, llama: Path, tmp_path: Path
+) -> None:
+    """The OpenAI server at TP 2 (``python -m vllm.entrypoints.openai.api_server``, dev mode),
+    driven by vLLM's HTTPVLLMWeightSyncClient: a good round, a flipped byte (HTTP 500, the engine's
+    one line on the trainer, v1 still served), a good round; /weight_info follows, and generation
+    is resumed after each."""
+    out = tmp_path / "http.json"
+    cmd = [
+        str(python),
+        str(DRIVER.with_name("refresh_http_driver.py")),
+        "--model",
+        str(llama),
+        "--tp",
+        "2",
+        "--port",
+        str(free_port()),
+        "--work",
+        str(tmp_path),
+        "--out",
+        str(out),
+    ]
+    env = {**engine_env(), "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    server = (tmp_path / "server.log").read_text() if (tmp_path / "server.log").exists() else ""
+    assert proc.returncode == 0 and out.exists(), (proc.stdout + proc.stderr)[-4000:]
+    doc = json.loads(out.read_text())
+    assert "error" not in doc, doc.get("error", "") + server[-4000:]
+    v1, bad, v2 = doc["rounds"]
+    assert v1["error"] == "" and v1["tokens"] != doc["v0"]["tokens"]
+    assert v1["weight_info"] == {"weight_version": "1"}
+    assert "model.layers.0.self_attn.o_proj.weight" in bad["error"] and "\n" not in bad["error"]
+    assert bad["tokens"] == v1["tokens"] and bad["weight_info"] == {"weight_version": "1"}
+    assert v2["error"] == "" and v2["tokens"] != v1["tokens"]
+    assert v2["weight_info"] == {"weight_version": "2"}
+    assert all(r["is_paused"] == {"is_paused": False} for r in doc["rounds"])

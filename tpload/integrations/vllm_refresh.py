@@ -91,6 +91,7 @@ class TploadWeightTransferEngine(WeightTransferEngine[TploadInitInfo, TploadUpda
         self.rank, self.world = tp.rank_in_group, tp.world_size
         self.checkpoint = TploadModelLoader._checkpoint(self.model_config)
         self.config, self.model_doc = _config_of(self.checkpoint)
+        self.table = _served_table(self.checkpoint, self.model_config)
         self.receiver: Any = None
         self.worker: Any = None
         self.verdict: int | None = None  # the version staged and agreed by every rank
@@ -115,17 +116,23 @@ class TploadWeightTransferEngine(WeightTransferEngine[TploadInitInfo, TploadUpda
             self.receiver.close()
             self.receiver = None
         layout = EngineLayout(
-            config_id=self.config.name, tp=self.world, ep=1, kind="packed", ranks=self.world
+            self.config.id(),
+            self.world,
+            1,
+            "packed",
+            self.world,
+            config=self.config.name,
+            model=self.model_doc,
         )
         receiver = RefreshReceiver(
             rank=self.rank,
             world=self.world,
-            exchange_group=get_tp_group().cpu_group,
+            exchange_group=get_tp_group().cpu_group if self.world > 1 else None,
             layout=layout,
             config=self.config,
-            model=self.model_doc,
             device=torch.device("cpu"),  # staged in host memory, as vLLM's own loader reads
             served_version=self.served_version,
+            table=self.table,
         )
         t0 = time.perf_counter()
         receiver.connect(Rendezvous(**vars(init_info)))
@@ -151,8 +158,13 @@ class TploadWeightTransferEngine(WeightTransferEngine[TploadInitInfo, TploadUpda
         from ..refresh import RefreshError
 
         try:
-            info = self.parse_update_info(update_info)
+            info, unreadable = self.parse_update_info(update_info), ""
+        except ValueError as e:  # the same payload on every rank: the same verdict
+            info, unreadable = TploadUpdateInfo(version=-1), escape_name(e)
+        try:
             self.receive_weights(info)
+            if unreadable:
+                raise RefreshError(f"refresh refused: {unreadable}")
         except RefreshError as e:  # the same line on every rank, from the receiver's exchange
             self._refuse(str(e))
 
@@ -161,22 +173,24 @@ class TploadWeightTransferEngine(WeightTransferEngine[TploadInitInfo, TploadUpda
 
         if self.receiver is None:
             raise RefreshError(
-                "tpload refresh: update_weights before init_weight_transfer_engine; the engine "
-                "has no transfer group"
+                "refresh refused: update_weights before init_weight_transfer_engine (no transfer "
+                "group); the served version is unchanged"
             )
-        self.receiver.receive(final=update_info.final)
+        self.receiver.receive(final=update_info.final)  # drains the round whatever its info
         if not update_info.final:
             return
         manifest = self.receiver.version
-        if update_info.version != manifest:
-            # the same on every rank: one update info, one manifest
+        # the same on every rank: one update info, one manifest, one verdict
+        if update_info.version != manifest and update_info.version >= 0:
             raise RefreshError(
-                f"tpload refresh refused on every rank: update_weights names version "
-                f"{update_info.version} but the version manifest says {manifest}; the engine "
-                f"keeps version {self.served_version}"
+                f"refresh refused: update_weights names version {update_info.version}, the "
+                f"version manifest {manifest}; the served version {self.served_version} is "
+                "unchanged"
             )
         if self.failed:
-            raise RefreshError(f"tpload refresh refused: this engine is failed ({self.failed})")
+            raise RefreshError(
+                f"refresh refused: this engine is failed ({self.failed}); restart it"
+            )
         self.verdict = manifest
 
     def finish_weight_update(self) -> None:
@@ -220,10 +234,10 @@ class TploadWeightTransferEngine(WeightTransferEngine[TploadInitInfo, TploadUpda
             initialize_layerwise_reload,
         )
 
-        from .handoff import unconsumed_message
+        from .handoff import Handoff, unconsumed_message
         from .vllm import _skips
 
-        handoff = self.receiver.handoff()
+        handoff = Handoff(self.receiver.state(), self.receiver.items, rank=self.rank)
         initialize_layerwise_reload(self.model)
         self.model.load_weights(handoff.tensors())
         finalize_layerwise_reload(self.model, self.model_config)
@@ -288,3 +302,19 @@ def _config_of(checkpoint: str) -> tuple[Any, dict | None]:
             f"weight transfer backend 'tpload': no tpload config for {escape_name(checkpoint)}: {e}"
         ) from None
     return config, model_for(root, config)
+
+
+def _served_table(checkpoint: str, model_config: Any) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """The tensors the engine serves, as its checkpoint stores them (name -> dtype, shape), but
+    those vLLM's main model never loads (MTP layers): a version must send exactly these, since a
+    tensor left out would be served from uninitialised memory by vLLM's layerwise reload."""
+    from ..storage.catalogue import read_native
+    from .vllm import _skips
+
+    never = [s for s in _skips(model_config) if not s.read]
+    tensors = read_native(Path(checkpoint), manifest=False)[0].tensors
+    return {
+        name: (meta.dtype, tuple(meta.shape))
+        for name, meta in tensors.items()
+        if not any(s.matches(name) for s in never)
+    }

@@ -27,7 +27,7 @@ import logging
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch.distributed as dist
@@ -102,19 +102,26 @@ class TploadTrainerEngine(TrainerWeightTransferEngine[TploadTrainerInitInfo]):
             signer_key=init_info.signer_key,
             timeout_s=init_info.timeout_s,
         )
-        engine_ranks = _engine_ranks(client, init_info.engine_ranks) if engine.is_sender else 0
-        rv = engine.sender.rendezvous(engine_ranks=engine_ranks)
-        if not engine.is_sender:
-            engine.layout = engine.sender.connect(rv)
-            return engine
+        engine.engine_ranks = (
+            _engine_ranks(client, init_info.engine_ranks) if engine.is_sender else 0
+        )
+        engine.stale = False
+        engine._connect()
+        return engine
+
+    def _connect(self) -> None:
+        """A fresh transfer group (every trainer rank; the engine drops whatever it staged)."""
+        rv = self.sender.rendezvous(engine_ranks=self.engine_ranks)
+        if not self.is_sender:
+            self.layout = self.sender.connect(rv)
+            return
         exe = ThreadPoolExecutor(1, thread_name_prefix="tpload-init-rpc")
         try:
-            rpc = exe.submit(client.init_weight_transfer_engine, asdict(rv))
-            engine.layout = engine.sender.connect(rv)
-            _result(rpc, init_info.timeout_s, "init_weight_transfer_engine")
+            rpc = exe.submit(self.client.init_weight_transfer_engine, rv.to_json())
+            self.layout = self.sender.connect(rv)
+            _result(rpc, self.timeout_s, "init_weight_transfer_engine")
         finally:
             exe.shutdown(wait=False)  # a worker stuck in its join would hang a join of the thread
-        return engine
 
     def send_weights(self, *, version: int | None = None) -> Any:
         """One round, on every trainer rank: the version ``version`` (default: one more than the
@@ -126,16 +133,21 @@ class TploadTrainerEngine(TrainerWeightTransferEngine[TploadTrainerInitInfo]):
         if self.source is None:
             raise ValueError("tpload's trainer engine sends a WeightSource: pass source=")
         version = self.version + 1 if version is None else version
+        if self.stale:  # the last round failed: its group may be broken on some rank
+            self._connect()
+            self.stale = False
         problem, figures = "", None
         if not self.is_sender:
             try:
                 figures = self.sender.send(self.source, version=version)
             except Exception as e:  # noqa: BLE001 (every trainer rank must hear it)
                 problem = _line(e)
+                self.sender.close()  # the engine ranks waiting on this rank fail now
         else:
             problem, figures = self._drive(version)
         problems = self._agree(problem)
         if problems:
+            self.stale = True
             raise RefreshError(problems)
         self.version = version
         return figures
@@ -157,11 +169,15 @@ class TploadTrainerEngine(TrainerWeightTransferEngine[TploadTrainerInitInfo]):
                     figures = self.sender.send(self.source, version=version)
                     sent = ""
                 except Exception as e:  # noqa: BLE001
-                    sent = _line(e)
+                    sent = _line(e)  # the cause, whatever the engine says of it
+                    self.sender.close()  # the engine ranks waiting on this rank fail now
                 try:
                     _result(rpc, self.timeout_s + 30, "update_weights")
                 except Exception as e:  # noqa: BLE001
-                    return _engine_line(e), figures
+                    # the engine's verdict first (the same line on every engine rank), then what
+                    # this rank's send met: a lost peer, or a cause on the trainer's side
+                    engine = _engine_line(e)
+                    return (f"{engine}; trainer rank 0: {sent}" if sent else engine), figures
                 if sent:
                     return sent, figures
             finally:
@@ -179,7 +195,11 @@ class TploadTrainerEngine(TrainerWeightTransferEngine[TploadTrainerInitInfo]):
         if self.group is None or dist.get_world_size(self.group) == 1:
             return problem
         rows: list[Any] = [None] * dist.get_world_size(self.group)
-        dist.all_gather_object(rows, problem, group=self.group)
+        try:
+            dist.all_gather_object(rows, problem, group=self.group)
+        except Exception as e:  # noqa: BLE001 (a trainer rank died: this one says what it saw)
+            lost = f"the trainer's group lost a rank ({_line(e)})"
+            return f"{problem}; {lost}" if problem else lost
         bad = [(r, p) for r, p in enumerate(rows) if p]
         if len({p for _, p in bad}) == 1:
             return bad[0][1]

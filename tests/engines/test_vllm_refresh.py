@@ -181,3 +181,29 @@ def test_the_http_server_takes_a_refresh_and_refuses_a_flipped_byte(
     assert v2["error"] == "" and v2["tokens"] != v1["tokens"]
     assert v2["weight_info"] == {"weight_version": "2"}
     assert all(r["is_paused"] == {"is_paused": False} for r in doc["rounds"])
+
+
+def test_the_plugin_registers_the_backend_on_both_sides_once_and_lazily(python: Path) -> None:
+    """vLLM's plugins, tpload's register() again and the trainer module's import: no "already
+    registered" error, ``tpload`` known to both factories, and the worker engine's module not
+    imported until vLLM creates one."""
+    probe = (
+        "import sys; from vllm.plugins import load_general_plugins; load_general_plugins(); "
+        "import tpload.integrations.vllm as v; v.register(); v.register(); "
+        "from vllm.distributed.weight_transfer import WeightTransferEngineFactory as W, "
+        "WeightTransferTrainerFactory as T; "
+        "lazy = sorted(m for m in sys.modules if m.startswith('tpload')); "
+        "import tpload.integrations.vllm_trainer as t; t.register_trainer(); "
+        "print(lazy, 'tpload' in W._registry, T._registry['tpload']().__name__, "
+        "W._registry['tpload']().__name__)"
+    )
+    env = {**engine_env(), "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [str(python), "-c", probe], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last == (
+        "['tpload', 'tpload.integrations', 'tpload.integrations.vllm'] True TploadTrainerEngine "
+        "TploadWeightTransferEngine"
+    ), last

@@ -177,7 +177,9 @@ class TploadTrainerEngine(TrainerWeightTransferEngine[TploadTrainerInitInfo]):
                     # the engine's verdict first (the same line on every engine rank), then what
                     # this rank's send met: a lost peer, or a cause on the trainer's side
                     engine = _engine_line(e)
-                    return (f"{engine}; trainer rank 0: {sent}" if sent else engine), figures
+                    if sent and engine not in sent and sent not in engine:
+                        engine += f"; trainer rank 0: {sent}"
+                    return engine, figures
                 if sent:
                     return sent, figures
             finally:

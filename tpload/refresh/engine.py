@@ -1,0 +1,521 @@
+"""The engine's side of a refresh: one :class:`RefreshReceiver` per engine rank (an engine
+integration wraps it: tpload/integrations/ for vLLM).
+
+A round: :meth:`~RefreshReceiver.start` clears the staging and touches no parameter;
+:meth:`~RefreshReceiver.receive` takes the version manifest (its signature checked when the engine
+holds a public key; its version newer than the one served; its layout, strength and table the
+engine's; its windows the ones the loader's planner cuts for this rank) and stages this rank's
+windows in host memory under a budget, each checked on receipt against the manifest's fingerprint.
+The final call runs the loader's loop over the staging (a pre-partitioned rank file held in memory:
+its hash taps at sha256 strength, its fingerprints, this rank's digest against the manifest's), then
+the loader's one exchange across the engine ranks, and every rank reaches the same verdict: on any
+failure every rank raises :class:`RefreshError` with the same one line and keeps nothing; on success
+:meth:`~RefreshReceiver.windows` hands the verified windows over and
+:meth:`~RefreshReceiver.committed` moves the served version on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ..distributed.exchange import CALLS, exchange, group_id
+from ..distributed.world import DistContext
+from ..kernels.fingerprint import host_fingerprint
+from ..loading.loop import run
+from ..loading.result import LoadResult
+from ..model.errors import LoadError
+from ..model.progress import Silent
+from ..model.text import escape_name, first_line
+from ..planning.items import Item
+from ..planning.planner import RankPlan
+from ..selection.config import Config
+from ..sources.hashing import Hasher
+from ..sources.storage import StorageSource
+from ..storage.held import HeldStorage
+from ..transfer.cpu import CpuTransfer
+from ..verification.node import HashPlan
+from .layout import EngineLayout
+from .manifest import TensorEntry, VersionManifest, WindowEntry
+from .rendezvous import PeerLost, Rendezvous, TransferGroup, join
+from .staged import STAGED, StagedStorage, chunks
+from .tensors import Cutting, natural
+from .terms import TIMEOUT_S, RefreshCheck, RefreshError, RoundFigures
+
+log = logging.getLogger("tpload.refresh")
+
+MESSAGE_BYTES = 2048
+"""Bytes of a rank's one-line message in the exchange's row."""
+_ORDER = {RefreshCheck.FINGERPRINT: 0, RefreshCheck.SHA256: 1}
+
+
+class RefreshReceiver:
+    """One engine rank's receiver (see the module doc).
+
+    ``exchange_group``: the engine ranks' CPU group the verdict is reached on (vLLM's TP CPU
+    group; None for one engine rank). ``layout``: this engine's layout, sent to the trainer by
+    engine rank 0. ``config``: the config it plans with. ``table``: the tensors the served model
+    has (name -> (dtype, shape)): a version whose table is not exactly this one is refused (a
+    missing tensor would otherwise serve uninitialised memory); None: the first version received
+    sets it. ``check``: the weakest strength accepted (the manifest names the round's).
+    ``public_key``: an EC public key (PEM): every manifest must be signed by its private key.
+    ``staging_budget_bytes``: the most host bytes a round may stage on this rank (None: no
+    bound); a round over it is refused before any window is staged."""
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world: int,
+        exchange_group: dist.ProcessGroup | None,
+        layout: EngineLayout,
+        config: Config,
+        device: torch.device,
+        staging_budget_bytes: int | None = None,
+        served_version: int = 0,
+        table: Mapping[str, tuple[str, tuple[int, ...]]] | None = None,
+        check: RefreshCheck = RefreshCheck.FINGERPRINT,
+        public_key: Path | str | None = None,
+        timeout_s: float = TIMEOUT_S,
+    ) -> None:
+        if world != layout.ranks or not 0 <= rank < world:
+            raise RefreshError(
+                f"engine rank {rank} of {world}: the layout has {layout.ranks} engine ranks"
+            )
+        if config.id() != layout.config_id:
+            raise RefreshError(
+                f"engine rank {rank}: config {escape_name(config.name)} has id {config.id()}, the "
+                f"layout says {layout.config_id}"
+            )
+        self.rank, self.world, self.exchange_group = rank, world, exchange_group
+        self.layout, self.config, self.device = layout, config, device
+        self.budget = staging_budget_bytes
+        self.served_version = served_version
+        self.table = (
+            natural(TensorEntry(n, d, tuple(s)) for n, (d, s) in table.items())
+            if table is not None
+            else None
+        )
+        self.check, self.public_key, self.timeout_s = RefreshCheck(check), public_key, timeout_s
+        self.group: TransferGroup | None = None
+        self.figures: RoundFigures | None = None
+        self.failed: str | None = None
+        """The last round's one line when it failed (None: it passed, or none ran)."""
+        self._cutting: tuple[tuple[TensorEntry, ...], Cutting] | None = None
+        self._clear()
+
+    # -- state
+    def _clear(self) -> None:
+        self.manifest: VersionManifest | None = None
+        self.staging: np.ndarray | None = None
+        self._storage: StagedStorage | None = None
+        self._next = 0  # windows of this rank staged so far (in the manifest's order)
+        self._problems: list[str] = []
+        self._draining = False
+        self._result: LoadResult | None = None
+        self._plan: RankPlan | None = None
+        self._verified = False
+        self._started = time.perf_counter()
+
+    @property
+    def staged_bytes(self) -> int:
+        return 0 if self.staging is None else int(self.staging.size)
+
+    def _who(self) -> str:
+        v = f" version {self.manifest.version}" if self.manifest is not None else ""
+        return f"engine rank {self.rank}{v}".replace(" version", ", version")
+
+    # -- joining
+    def connect(self, rv: Rendezvous) -> None:
+        """Join the transfer group (blocks until every trainer and engine rank has); engine rank 0
+        sends the layout to every trainer rank. Any earlier group and staging is dropped (a new
+        trainer after a dead one starts clean)."""
+        if rv.engine_ranks != self.world:
+            raise RefreshError(
+                f"engine rank {self.rank}: the rendezvous is for {rv.engine_ranks} engine ranks, "
+                f"this engine has {self.world}"
+            )
+        self.close()
+        self.timeout_s = rv.timeout_s
+        self.group = join(rv, rv.trainer_ranks + self.rank, device=self.device)
+        if self.rank == 0:
+            raw = self.layout.to_bytes()
+            for t in range(rv.trainer_ranks):
+                self.group.send_bytes(raw, t, "the engine layout")
+
+    def start(self) -> None:
+        """A new round: the staging cleared. No parameter is touched."""
+        self._clear()
+
+    # -- receiving
+    def receive(self, *, final: bool, windows: int | None = None) -> None:
+        """Stage and check this call's windows: the next ``windows`` of this rank's (None: all
+        that remain). The first call of a round takes the manifest first. The ``final`` call
+        reaches the verdict on every engine rank; any failure raises :class:`RefreshError` there,
+        the same line on every rank, leaving the staging cleared and the served version
+        unchanged. A non-final call never raises for what it received (its problems wait for the
+        verdict), so every rank reaches the final call's exchange."""
+        try:
+            if self.group is None or self.group.broken is not None:
+                why = self.group.broken if self.group is not None else "connect() was not called"
+                raise PeerLost(f"{self._who()}: no transfer group ({why})")
+            if self.manifest is None and not self._problems:
+                self._take_manifest(self.group)
+            if self.manifest is not None:
+                self._stage(self.group, windows)
+        except PeerLost as e:
+            self._problems.append(str(e))
+            if self.group is not None:
+                self.group.close()  # the trainer ranks waiting on this rank fail now
+        except LoadError as e:  # noqa: BLE001 - any refusal becomes this round's problem
+            self._problems.append(f"{self._who()}: {first_line(e)}")
+        if final:
+            self._verdict()
+
+    def _take_manifest(self, group: TransferGroup) -> None:
+        body = group.recv_bytes(0, "the version manifest")
+        signature = group.recv_bytes(0, "the manifest's signature")
+        if not body:  # the trainer could not make the round: its line says why
+            self._problems.append(f"{self._who()}: {signature.decode(errors='replace')[:1000]}")
+            return
+        manifest = VersionManifest.from_bytes(
+            body, signature=signature or None, public_key=self.public_key
+        )  # unparsable: the streams cannot be told apart, the group is dropped below
+        self.manifest = manifest
+        problems = self._refusals(manifest)
+        if problems:
+            self._problems += [f"{self._who()}: {p}" for p in problems]
+            self._draining = True
+            return
+        mine = manifest.ranks[self.rank].windows
+        self._storage = StagedStorage(self._cutting_of(manifest.tensors).catalogue, mine)
+        self.staging = np.empty(self._storage.nbytes, dtype=np.uint8)
+
+    def _refusals(self, m: VersionManifest) -> list[str]:
+        """Why this manifest cannot be served here (checked before any window is staged)."""
+        if m.version <= self.served_version:
+            return [
+                f"version {m.version} is not newer than the served version "
+                f"{self.served_version} (a repeated or older version is refused)"
+            ]
+        if m.layout != self.layout:
+            return [f"the manifest was planned for {m.layout}, this engine is {self.layout}"]
+        if _ORDER[m.check] < _ORDER[self.check]:
+            return [
+                f"the manifest's check is {m.check}; this engine takes {self.check} or stronger"
+            ]
+        problems = _table_problems(self.table, m.tensors)
+        if problems:
+            return problems
+        try:
+            cutting = self._cutting_of(m.tensors)
+            planned = cutting.windows(self.rank)
+        except LoadError as e:
+            return [f"the version's tensors cannot be planned: {first_line(e)}"]
+        sent = [(w.name, w.view, w.box) for w in m.ranks[self.rank].windows]
+        if sent != planned:
+            return [_window_difference(planned, sent)]
+        nbytes = m.ranks[self.rank].nbytes
+        if self.budget is not None and nbytes > self.budget:
+            return [
+                f"its windows for this rank are {nbytes:,} bytes, over the staging budget of "
+                f"{self.budget:,} bytes"
+            ]
+        return []
+
+    def _cutting_of(self, table: tuple[TensorEntry, ...]) -> Cutting:
+        if self._cutting is None or self._cutting[0] != table:
+            self._cutting = (table, Cutting(table, self.layout, self.config))
+        return self._cutting[1]
+
+    def _stage(self, group: TransferGroup, count: int | None) -> None:
+        """Receive the next windows from every trainer stream at once (one receive posted per
+        stream), each checked on receipt; a round that is refused is drained, not staged."""
+        assert self.manifest is not None  # noqa: S101 - receive() calls it after the manifest
+        mine = self.manifest.ranks[self.rank].windows
+        end = len(mine) if count is None else min(len(mine), self._next + count)
+        todo = mine[self._next : end]
+        chunk = self.manifest.chunk_bytes
+        scratch = torch.empty(chunk, dtype=torch.uint8) if self._draining else None
+        staging = torch.from_numpy(self.staging) if self.staging is not None else None
+        offsets = self._storage.offsets if self._storage is not None else {}
+        streams: dict[int, list[tuple[WindowEntry, int, int]]] = {}
+        for w in todo:
+            for a, b in chunks(w.nbytes, chunk):
+                streams.setdefault(w.trainer, []).append((w, a, b))
+        heads = {t: 0 for t in streams}
+        posted: dict[int, tuple[object, WindowEntry, int]] = {}
+
+        def post(t: int) -> None:
+            while heads[t] < len(streams[t]):
+                w, a, b = streams[t][heads[t]]
+                heads[t] += 1
+                if b > a:
+                    if staging is not None and not self._draining:
+                        at = offsets[w.name]
+                        into = staging[at + a : at + b]
+                    else:
+                        into = scratch[: b - a]  # type: ignore[index]
+                    posted[t] = (group.irecv(into, t), w, b)
+                    return
+                self._arrived(w, b)  # an empty window: nothing to receive
+
+        for t in streams:
+            post(t)
+        while posted:
+            for t in list(posted):
+                work, w, b = posted.pop(t)
+                group.wait(work, t, f"window {escape_name(w.name)}")
+                self._arrived(w, b)
+                post(t)
+        self._next = end
+
+    def _arrived(self, w: WindowEntry, upto: int) -> None:
+        """A chunk of ``w`` ending at byte ``upto`` arrived: the window's check once it is whole."""
+        if upto != w.nbytes or self._draining or self._storage is None or self.staging is None:
+            return
+        at = self._storage.offsets[w.name]
+        got = host_fingerprint(self.staging[at : at + w.nbytes].reshape(w.rows, w.row_bytes))
+        if tuple(got) != tuple(w.fingerprint):
+            self._problems.append(
+                f"{self._who()}: tensor {escape_name(w.name)} (from trainer rank {w.trainer}): "
+                f"its window arrived with fingerprint {list(got)}, the manifest says "
+                f"{list(w.fingerprint)} (corrupted or lost in transport)"
+            )
+
+    # -- the verdict
+    def _verdict(self) -> None:
+        if not self._problems:
+            self._problems += self._check_staged()
+        mine = self._problems[0] if self._problems else ""
+        if len(self._problems) > 1:
+            mine += f" (and {len(self._problems) - 1} more problem(s) on this rank)"
+        line = self._exchange(mine)
+        self._tell_trainers(line)
+        if line:
+            self.failed = line
+            self._clear()
+            self.figures = None
+            raise RefreshError(line)
+        self.failed = None
+        self._verified = True
+        assert self.manifest is not None  # noqa: S101 - no problem means a manifest was taken
+        self.figures = RoundFigures(
+            self.manifest.version,
+            self.rank,
+            len(self.manifest.ranks[self.rank].windows),
+            self.staged_bytes,
+            time.perf_counter() - self._started,
+            self.manifest.check,
+            (self.manifest.ranks[self.rank].digest,),
+            self.staged_bytes,
+            self.budget,
+        )
+
+    def _tell_trainers(self, line: str) -> None:
+        """Engine rank 0 sends the verdict to every trainer rank ("" when it passed), so the
+        trainer's ``send`` returns or raises with the engines' own line."""
+        group = self.group
+        if self.rank != 0 or group is None or group.broken is not None:
+            return  # a lost trainer: the others lost this rank too (its group is closed)
+        try:
+            for t in range(group.rv.trainer_ranks):
+                group.send_bytes(line.encode(), t, "the verdict")
+        except PeerLost:
+            group.close()
+
+    def _check_staged(self) -> list[str]:
+        """Completeness, then the loader's loop over the staging (hash taps at sha256 strength,
+        fingerprints, this rank's digest) against the manifest."""
+        m = self.manifest
+        if m is None or self._storage is None or self.staging is None:
+            return [f"{self._who()}: the round ended before the version manifest arrived"]
+        mine = m.ranks[self.rank].windows
+        if self._next != len(mine):
+            missing = [w.name for w in mine[self._next :]]
+            return [
+                f"{self._who()}: the round ended with {len(missing)} window(s) not received: "
+                f"{', '.join(map(escape_name, missing[:5]))}"
+            ]
+        cutting = self._cutting_of(m.tensors)
+        plan = cutting.plan(self.rank)
+        storage = HeldStorage(self._storage, {STAGED: self.staging})
+        hashed = frozenset(plan.used_tensors) if m.check == RefreshCheck.SHA256 else frozenset()
+        try:
+            result = run(
+                StorageSource(storage),
+                plan,
+                transfer=CpuTransfer(torch.device("cpu")),
+                hasher=Hasher(HashPlan(self.rank, hashed)),
+                samples=0,
+                progress=Silent(),
+                ranks=cutting.catalogue.ranks(),
+            )
+        except LoadError as e:
+            return [f"{self._who()}: {first_line(e)}" + _more(e)]
+        got, want = result.digest(), m.ranks[self.rank].digest
+        if got != want:
+            return [
+                f"{self._who()}: the staged windows give digest {got[:16]}..., the manifest says "
+                f"{want[:16]}... (a window changed on the wire, or the trainer's fingerprints are "
+                "not of what it sent)"
+            ]
+        self._result, self._plan = result, plan
+        return []
+
+    def _exchange(self, mine: str) -> str:
+        """The loader's one exchange across the engine ranks: every rank's one line, and the
+        verdict every rank reaches from them (the lowest failing rank's line, and how many others
+        failed)."""
+        raw = mine.encode()[:MESSAGE_BYTES].decode(errors="ignore").encode()
+        row = torch.from_numpy(np.frombuffer(raw.ljust(MESSAGE_BYTES, b"\0"), dtype="<i8").copy())
+        ctx = DistContext(
+            self.rank,
+            self.world,
+            0,
+            torch.device("cpu"),
+            self.exchange_group,
+            self.exchange_group,
+        )
+        try:
+            table = exchange(
+                row,
+                ctx,
+                seq=CALLS.next(group_id(ctx)),
+                timeout_s=self.timeout_s,
+                step="the refresh's verdict",
+            )
+        except LoadError as e:
+            return f"engine rank {self.rank}: {first_line(e)}"
+        lines = [
+            table[r].numpy().astype("<i8").tobytes().rstrip(b"\0").decode(errors="replace")
+            for r in range(self.world)
+        ]
+        failing = [r for r, text in enumerate(lines) if text]
+        if not failing:
+            return ""
+        line = f"refresh refused: {lines[failing[0]]}"
+        if len(failing) > 1:
+            line += f" (engine ranks {', '.join(map(str, failing[1:]))} failed too)"
+        return line + "; the served version is unchanged"
+
+    # -- the hand-over
+    @property
+    def version(self) -> int | None:
+        """The version verified and not yet committed (None: none)."""
+        return self.manifest.version if self._verified and self.manifest is not None else None
+
+    @property
+    def items(self) -> tuple[Item, ...]:
+        """The verified plan's items (for integrations/handoff.py's Handoff: what each window is a
+        part of)."""
+        return self._verified_plan().items
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """{stored name: this rank's verified window} (host tensors; the served tensors of the
+        loader's arena, and each deferred tensor whole from the staging)."""
+        plan = self._verified_plan()
+        assert self._result is not None and self._storage is not None and self.staging is not None  # noqa: S101
+        out = dict(self._result.tensors)
+        for name in plan.deferred:
+            meta = self._storage.catalogue.get(name)
+            at, w = self._storage.offsets[name], self._storage.windows[name]
+            raw = torch.from_numpy(self.staging[at : at + w.nbytes])
+            out[name] = raw.view(_torch_dtype(meta.dtype)).reshape(meta.shape)
+        return out
+
+    def windows(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The verified windows, (stored name, window tensor) in natural order: what an engine's
+        loaders get (wrapped as WindowTensors by integrations/handoff.py's Handoff(state(), items,
+        rank=))."""
+        state = self.state()
+        for name in natural(TensorEntry(n, "", ()) for n in state):
+            yield name.name, state[name.name]
+
+    def _verified_plan(self) -> RankPlan:
+        if not self._verified or self._plan is None:
+            raise RefreshError(f"engine rank {self.rank}: no verified version to hand over")
+        return self._plan
+
+    def committed(self, version: int) -> None:
+        """The engine now serves ``version`` (the verified one): the served version moves on and the
+        staging is let go."""
+        if self.version != version:
+            raise RefreshError(
+                f"engine rank {self.rank}: version {version} was not the one verified "
+                f"({self.version})"
+            )
+        assert self.manifest is not None  # noqa: S101
+        self.served_version = version
+        if self.table is None:
+            self.table = self.manifest.tensors
+        figures = self.figures
+        self._clear()
+        self.figures = figures
+
+    def close(self) -> None:
+        """Leave the transfer group and drop any staging."""
+        if self.group is not None:
+            self.group.close()
+            self.group = None
+        self._clear()
+
+
+def _torch_dtype(stored: str) -> torch.dtype:
+    from .tensors import DTYPES
+
+    return next(d for d, s in DTYPES.items() if s == stored)
+
+
+def _more(e: BaseException) -> str:
+    lines = str(e).splitlines()
+    return f" ({len(lines) - 1} line(s) more)" if len(lines) > 1 else ""
+
+
+def _table_problems(
+    served: tuple[TensorEntry, ...] | None, sent: tuple[TensorEntry, ...]
+) -> list[str]:
+    if served is None or served == sent:
+        return []
+    have, got = {t.name: t for t in served}, {t.name: t for t in sent}
+    missing = [n for n in have if n not in got]
+    extra = [n for n in got if n not in have]
+    changed = [n for n in have if n in got and have[n] != got[n]]
+    parts = []
+    if missing:
+        parts.append(f"missing {', '.join(map(escape_name, missing[:5]))}")
+    if extra:
+        parts.append(f"not served here {', '.join(map(escape_name, extra[:5]))}")
+    for n in changed[:3]:
+        parts.append(
+            f"{escape_name(n)} is {got[n].dtype} {list(got[n].shape)}, served as "
+            f"{have[n].dtype} {list(have[n].shape)}"
+        )
+    return [f"the version's tensors are not the served model's: {'; '.join(parts)}"]
+
+
+def _window_difference(planned: list[Any], sent: list[Any]) -> str:
+    want = {n: (v, b) for n, v, b in planned}
+    got = {n: (v, b) for n, v, b in sent}
+    for n in want:
+        if n not in got:
+            return (
+                f"tensor {escape_name(n)}: this rank's plan has a window of it, the manifest none"
+            )
+        if want[n] != got[n]:
+            return (
+                f"tensor {escape_name(n)}: the manifest's window {list(got[n][1])} of view "
+                f"{list(got[n][0])} is not this rank's planned {list(want[n][1])} of "
+                f"{list(want[n][0])}"
+            )
+    for n in got:
+        if n not in want:
+            return f"tensor {escape_name(n)}: the manifest sends a window this rank's plan has not"
+    return "the manifest's windows are not in this rank's planned order"

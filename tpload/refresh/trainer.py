@@ -1,0 +1,421 @@
+"""The trainer's side of a refresh: one :class:`RefreshSender` per trainer rank.
+
+A round (:meth:`RefreshSender.send`):
+
+1. each trainer rank takes the tensors it holds (``held_names()`` of vLLM's ``WeightSource``, or a
+   plain mapping), and the ranks share what they hold, so each knows the whole table;
+2. every rank plans each engine rank's windows with the loader's planner, under the engine's config
+   and layout (sent by engine rank 0 at :meth:`~RefreshSender.connect`), and gives each weight and
+   its scales to one trainer rank that holds them all;
+3. each rank runs the loader's own loop over the items it sends, per engine rank
+   (attest/predict.py's way, over its tensors in memory), for the served tensors' fingerprints, and
+   cuts each window it sends: its fingerprint, and its sha256 at sha256 strength;
+4. trainer rank 0 gathers those, makes each engine rank's digest (the same a fresh ``tpload.load``
+   of a checkpoint of these weights gives it) and the version manifest, signs it when given a key,
+   and sends it to every engine rank;
+5. every rank sends each engine rank only its windows, in bounded chunks, to all engine ranks at
+   once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import astuple
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ..kernels.fingerprint import host_fingerprint
+from ..loading.loop import run
+from ..model.errors import LoadError
+from ..model.progress import Silent
+from ..model.text import escape_name, first_line
+from ..selection.config import Config
+from ..sources.hashing import Hasher
+from ..sources.storage import StorageSource
+from ..transfer.cpu import CpuTransfer
+from ..verification.digest import digest
+from ..verification.node import HashPlan
+from .layout import EngineLayout
+from .manifest import RankEntry, TensorEntry, VersionManifest, WindowEntry
+from .rendezvous import PeerLost, Rendezvous, TransferGroup, join, open_rendezvous
+from .staged import chunks
+from .tensors import Cutting, TensorStorage, config_for, entry_of, natural, owned_plan
+from .terms import CHUNK_BYTES, TIMEOUT_S, RefreshCheck, RefreshError, RoundFigures
+
+log = logging.getLogger("tpload.refresh")
+
+
+class WeightSource(Protocol):
+    """vLLM's ``WeightSource`` as the sender uses it: the names this rank holds (None: all), and
+    ``(name, tensor)`` pairs, a tensor None for a name the rank does not hold."""
+
+    def held_names(self) -> Iterable[str] | None: ...
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor | None]]: ...
+
+
+def held_tensors(source: WeightSource | Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors this trainer rank holds, by name (CPU or device: they are read to the host)."""
+    if isinstance(source, Mapping):
+        return {str(n): t for n, t in source.items()}
+    names = source.held_names()
+    wanted = None if names is None else set(names)
+    out = {}
+    for name, t in source:
+        if t is not None and (wanted is None or name in wanted):
+            out[name] = t
+    if wanted is not None and set(out) != wanted:
+        missing = sorted(wanted - set(out))[:5]
+        raise RefreshError(
+            f"the weight source says it holds {', '.join(map(escape_name, missing))} but yielded "
+            "no tensor for them"
+        )
+    return out
+
+
+class RefreshSender:
+    """One trainer rank's sender (see the module doc). ``trainer_group``: the trainer's own process
+    group (used to share the rendezvous and what each rank holds; None: those go over the transfer
+    group). ``signer_key``: an EC private key (PEM) to sign each version manifest with.
+    ``config``: the engine's config when its name cannot be read here (a TOML path on the engine's
+    machine); its id must be the engine's."""
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        trainer_ranks: int,
+        trainer_group: dist.ProcessGroup | None = None,
+        check: RefreshCheck = RefreshCheck.FINGERPRINT,
+        signer_key: Path | str | None = None,
+        chunk_bytes: int = CHUNK_BYTES,
+        timeout_s: float = TIMEOUT_S,
+        device: torch.device | None = None,
+        config: Config | str | None = None,
+    ) -> None:
+        if not 0 <= rank < trainer_ranks:
+            raise RefreshError(f"trainer rank {rank} is not in 0..{trainer_ranks - 1}")
+        if chunk_bytes < 1:
+            raise RefreshError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
+        self.rank, self.trainer_ranks, self.trainer_group = rank, trainer_ranks, trainer_group
+        self.check = RefreshCheck(check)
+        self.signer_key = signer_key
+        self.chunk_bytes, self.timeout_s = chunk_bytes, timeout_s
+        self.device = device or torch.device("cpu")
+        self.config_given = config
+        self.group: TransferGroup | None = None
+        self.layout: EngineLayout | None = None
+        self.config: Config | None = None
+        self._store: dist.Store | None = None
+        self._cutting: tuple[tuple[TensorEntry, ...], Cutting] | None = None
+
+    # -- joining
+    def rendezvous(self, *, engine_ranks: int, host: str = "127.0.0.1") -> Rendezvous:
+        """Rank 0 opens the rendezvous (a store on a free port); every other trainer rank learns it
+        through ``trainer_group`` (a collective: every trainer rank calls this)."""
+        box: list[Any] = [None]
+        if self.rank == 0:
+            rv, self._store = open_rendezvous(
+                trainer_ranks=self.trainer_ranks,
+                engine_ranks=engine_ranks,
+                host=host,
+                timeout_s=self.timeout_s,
+            )
+            box[0] = rv.to_json()
+        if self.trainer_ranks > 1:
+            if self.trainer_group is None:
+                raise RefreshError(
+                    "trainer ranks other than 0 learn the rendezvous through the trainer's group: "
+                    "give trainer_group, or pass rank 0's Rendezvous to connect() yourself"
+                )
+            dist.broadcast_object_list(
+                box, src=dist.get_global_rank(self.trainer_group, 0), group=self.trainer_group
+            )
+        return Rendezvous.from_json(box[0])
+
+    def connect(self, rv: Rendezvous) -> EngineLayout:
+        """Join the transfer group (blocks until every trainer and engine rank has) and receive the
+        engine's layout from engine rank 0."""
+        if rv.trainer_ranks != self.trainer_ranks:
+            raise RefreshError(
+                f"trainer rank {self.rank}: the rendezvous is for {rv.trainer_ranks} trainer "
+                f"ranks, this sender has {self.trainer_ranks}"
+            )
+        self.close()
+        self.group = join(rv, self.rank, device=self.device, store=self._store)
+        raw = self.group.recv_bytes(rv.trainer_ranks, "the engine layout")
+        self.layout = EngineLayout.from_bytes(raw)
+        self.config = config_for(self.layout, self.config_given)
+        self._cutting = None
+        return self.layout
+
+    # -- a round
+    def send(
+        self, source: WeightSource | Mapping[str, torch.Tensor], *, version: int
+    ) -> RoundFigures:
+        """Send version ``version`` of the weights (see the module doc); every trainer rank calls
+        it. Raises :class:`RefreshError` when the round failed: this side's problem (then every
+        trainer rank raises it, and the engines refuse the round saying so), or the engines' verdict
+        (the same line the engine ranks raise). A version is served whole or not at all."""
+        group, layout = self._joined()
+        started = time.perf_counter()
+        try:
+            return self._round(group, layout, source, version, started)
+        except PeerLost as e:
+            self.close()  # the engines waiting on this rank fail now, not at their timeout
+            raise RefreshError(f"version {version}: {e}") from None
+        except RefreshError:
+            raise
+        except BaseException:
+            self.close()  # anything unforeseen: the engines see the group closed at once
+            raise
+
+    def _round(
+        self,
+        group: TransferGroup,
+        layout: EngineLayout,
+        source: WeightSource | Mapping[str, torch.Tensor],
+        version: int,
+        started: float,
+    ) -> RoundFigures:
+        problem, mine, held_here = "", {}, []
+        try:
+            if type(version) is not int or version < 0:
+                raise RefreshError(f"version must be an integer >= 0, got {version!r}")
+            mine = held_tensors(source)
+            held_here = [list(astuple(entry_of(n, t))) for n, t in mine.items()]
+        except LoadError as e:
+            problem = f"trainer rank {self.rank}: {first_line(e)}"
+        held = self._share({"held": held_here, "error": problem})
+        problems = [h["error"] for h in held if h["error"]]
+        part: dict[str, Any] = {}
+        windows: dict[int, list[np.ndarray]] = {}
+        storage = None
+        if not problems:
+            try:
+                cutting = self._cutting_of(_table([h["held"] for h in held]))
+                owners = _owners(cutting, [{e[0] for e in h["held"]} for h in held])
+                owned = frozenset(n for n, r in owners.items() if r == self.rank)
+                storage = TensorStorage(cutting.catalogue, {n: mine[n] for n in owned})
+                part, windows = self._cut(cutting, storage, owned)
+            except LoadError as e:
+                problem = f"trainer rank {self.rank}: {first_line(e)}"
+        try:
+            parts = self._share({"part": part, "error": problem})
+            problems = [p["error"] for p in parts if p["error"]]
+            manifest = None
+            if self.rank == 0:
+                if problems:  # an empty manifest: the engines refuse the round with this line
+                    body = b""
+                    signature = f"the trainer aborted version {version}: {problems[0]}".encode()
+                else:
+                    manifest = self._manifest(version, cutting, [p["part"] for p in parts], owners)
+                    body = manifest.to_bytes()
+                    signature = manifest.sign(self.signer_key) if self.signer_key else b""
+                for engine in range(layout.ranks):
+                    what = f"version {version}'s manifest"
+                    group.send_bytes(body, self._engine(engine), what)
+                    group.send_bytes(signature, self._engine(engine), what)
+            sent = self._send_windows(group, windows) if not problems else 0
+            verdict = group.recv_bytes(self._engine(0), f"version {version}'s verdict")
+        finally:
+            if storage is not None:
+                storage.close()
+        if problems:
+            raise RefreshError(f"version {version}: {problems[0]}")
+        if verdict:
+            raise RefreshError(verdict.decode(errors="replace"))
+        figures = RoundFigures(
+            version,
+            self.rank,
+            sum(len(w) for w in windows.values()),
+            sent,
+            time.perf_counter() - started,
+            self.check,
+            tuple(r.digest for r in manifest.ranks) if manifest is not None else (),
+        )
+        log.info(
+            "trainer rank %d: version %d sent: %d windows, %d bytes in %.3f s",
+            self.rank, version, figures.windows, sent, figures.seconds,
+        )  # fmt: skip
+        return figures
+
+    def close(self) -> None:
+        """Leave the transfer group (the engines see the connection closed)."""
+        if self.group is not None:
+            self.group.close()
+            self.group = None
+
+    # -- the parts
+    def _joined(self) -> tuple[TransferGroup, EngineLayout]:
+        if self.group is None or self.layout is None:
+            raise RefreshError(f"trainer rank {self.rank}: connect() first")
+        if self.group.broken is not None:
+            raise RefreshError(
+                f"trainer rank {self.rank}: the transfer group is broken ({self.group.broken}); "
+                "connect again through a new rendezvous"
+            )
+        return self.group, self.layout
+
+    def _engine(self, e: int) -> int:
+        return self.trainer_ranks + e
+
+    def _cutting_of(self, table: tuple[TensorEntry, ...]) -> Cutting:
+        if self._cutting is None or self._cutting[0] != table:
+            assert self.layout is not None and self.config is not None  # noqa: S101 - _joined
+            self._cutting = (table, Cutting(table, self.layout, self.config))
+        return self._cutting[1]
+
+    def _share(self, mine: dict[str, Any]) -> list[dict[str, Any]]:
+        """Every trainer rank's ``mine`` (JSON-able), on every trainer rank: over the trainer's
+        group, else through rank 0 over the transfer group."""
+        if self.trainer_ranks == 1:
+            return [mine]
+        if self.trainer_group is not None:
+            out: list[Any] = [None] * self.trainer_ranks
+            dist.all_gather_object(out, mine, group=self.trainer_group)
+            return out
+        group, _ = self._joined()
+        if self.rank != 0:
+            group.send_bytes(json.dumps(mine).encode(), 0, "its part")
+            every: list[dict[str, Any]] = json.loads(group.recv_bytes(0, "every rank's part"))
+            return every
+        rest = range(1, self.trainer_ranks)
+        every = [mine] + [json.loads(group.recv_bytes(t, "its part")) for t in rest]
+        raw = json.dumps(every).encode()
+        for t in rest:
+            group.send_bytes(raw, t, "every rank's part")
+        return every
+
+    def _cut(
+        self, cutting: Cutting, storage: TensorStorage, owned: frozenset[str]
+    ) -> tuple[dict[str, Any], dict[int, list[np.ndarray]]]:
+        """This rank's part of the manifest ({engine rank: {"served": lines, "windows": {name:
+        [fingerprint, sha256]}}}) and its windows' bytes per engine rank, in send order."""
+        part: dict[str, Any] = {}
+        windows: dict[int, list[np.ndarray]] = {}
+        source = StorageSource(storage)
+        for e in range(cutting.layout.ranks):
+            plan = owned_plan(cutting.plan(e), owned)
+            result = run(
+                source,
+                plan,
+                transfer=CpuTransfer(torch.device("cpu")),
+                hasher=Hasher(HashPlan(e, frozenset())),
+                samples=0,
+                progress=Silent(),
+                ranks=cutting.catalogue.ranks(),
+            )
+            served = [
+                [o.name, str(o.dtype).removeprefix("torch."), list(o.shape),
+                 list(result.fingerprints[o.name])]
+                for o in result.outputs
+            ]  # fmt: skip
+            del result
+            cut: dict[str, list[Any]] = {}
+            sends = []
+            for name, view, box in cutting.windows(e):
+                if name not in owned:
+                    continue
+                w = np.ascontiguousarray(storage.window(name, view, box))
+                sha = hashlib.sha256(w).hexdigest() if self.check == RefreshCheck.SHA256 else None
+                cut[name] = [list(host_fingerprint(w.reshape(w.shape[0], -1))), sha]
+                sends.append(w.reshape(-1))
+            part[str(e)] = {"served": served, "windows": cut}
+            windows[e] = sends
+        return part, windows
+
+    def _manifest(
+        self, version: int, cutting: Cutting, parts: list[dict[str, Any]], owners: Mapping[str, int]
+    ) -> VersionManifest:
+        ranks = []
+        order = cutting.catalogue.ranks()
+        for e in range(cutting.layout.ranks):
+            served = [
+                (n, getattr(torch, d), tuple(s), (fp[0], fp[1], fp[2]))
+                for p in parts
+                for n, d, s, fp in p[str(e)]["served"]
+            ]
+            fps = {n: v for p in parts for n, v in p[str(e)]["windows"].items()}
+            windows = tuple(
+                WindowEntry(name, view, box, owners[name], tuple(fps[name][0]), fps[name][1])
+                for name, view, box in cutting.windows(e)
+            )
+            ranks.append(RankEntry(digest(served, ranks=order), windows))
+        assert self.layout is not None  # noqa: S101 - _joined
+        return VersionManifest(
+            version,
+            self.layout,
+            self.check,
+            cutting.entries,
+            tuple(ranks),
+            self.trainer_ranks,
+            self.chunk_bytes,
+        )
+
+    def _send_windows(self, group: TransferGroup, windows: dict[int, list[np.ndarray]]) -> int:
+        """Every window of this rank to its engine rank, chunk by chunk, one chunk in flight per
+        engine rank at a time (all engine ranks at once)."""
+        streams = {
+            e: (
+                torch.from_numpy(w[a:b])
+                for w in ws
+                for a, b in chunks(w.size, self.chunk_bytes)
+            )
+            for e, ws in windows.items()
+        }  # fmt: skip
+        sent = 0
+        while streams:
+            posted = []
+            for e, stream in list(streams.items()):
+                chunk = next(stream, None)
+                if chunk is None:
+                    del streams[e]
+                    continue
+                if chunk.numel():
+                    posted.append((e, chunk, group.isend(chunk, self._engine(e))))
+                    sent += chunk.numel()
+            for e, _, work in posted:
+                group.wait(work, self._engine(e), "the windows")
+        return sent
+
+
+def _table(held: list[list[Any]]) -> tuple[TensorEntry, ...]:  # [[name, dtype, shape]] a rank
+    """The whole table from what each rank holds; a name two ranks hold differently is refused."""
+    table: dict[str, TensorEntry] = {}
+    for r, entries in enumerate(held):
+        for name, dtype, shape in entries:
+            e = TensorEntry(name, dtype, tuple(shape))
+            if table.setdefault(name, e) != e:
+                raise RefreshError(
+                    f"tensor {escape_name(name)}: trainer ranks disagree on it "
+                    f"({table[name].dtype} {list(table[name].shape)}; rank {r}: {dtype} {shape})"
+                )
+    return natural(table.values())
+
+
+def _owners(cutting: Cutting, held: list[set[str]]) -> dict[str, int]:
+    """Each stored name's sending trainer rank: a weight and its scales go to one rank holding them
+    all, the least loaded so far (bytes), the lowest on a tie."""
+    load = [0] * len(held)
+    sizes = {m.name: m.nbytes for m in cutting.catalogue.tensors.values()}
+    out: dict[str, int] = {}
+    for names in cutting.groups():
+        able = [r for r, h in enumerate(held) if all(n in h for n in names)]
+        if not able:
+            raise RefreshError(
+                f"tensor {escape_name(names[0])}: no trainer rank holds it"
+                + (f" with {', '.join(map(escape_name, names[1:]))}" if len(names) > 1 else "")
+            )
+        r = min(able, key=lambda r: (load[r], r))
+        load[r] += sum(sizes[n] for n in names)
+        out.update(dict.fromkeys(names, r))
+    return out

@@ -148,8 +148,9 @@ def main() -> int:
             )
         )
     trainer.shutdown()
+    llm.llm_engine.engine_core.shutdown()  # its engine processes end with it
     sys.stdout.flush()
-    os._exit(0)  # vLLM's engine processes: no waiting on their teardown
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -285,11 +285,12 @@ def main() -> int:
         result[f"rank1_{n}"] = json.loads(f.read_text()) if f.exists() else None
     refresh_faults.write_checkpoint(model, weights(model, ROUNDS[-1][0]), work / "v3")
     Path(args.out).write_text(json.dumps(result, indent=1))
+    llm.llm_engine.engine_core.shutdown()
     del llm, client
     gc.collect()
-    time.sleep(3)
     fresh = make_llm(work / "v3", args.tp, None)
     result["fresh_v3"] = tokens(fresh)
+    fresh.llm_engine.engine_core.shutdown()
     note("fresh engine on v3", tokens=result["fresh_v3"])
     Path(args.out).write_text(json.dumps(result, indent=1))
     return 0

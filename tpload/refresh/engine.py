@@ -17,7 +17,9 @@ failure every rank raises :class:`RefreshError` with the same one line and keeps
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections import deque
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -34,20 +36,20 @@ from ..loading.result import LoadResult
 from ..model.errors import LoadError
 from ..model.progress import Silent
 from ..model.text import escape_name, first_line
+from ..model.values import Triple
 from ..planning.items import Item
 from ..planning.planner import RankPlan
 from ..selection.config import Config
 from ..sources.hashing import Hasher
 from ..sources.storage import StorageSource
-from ..storage.held import HeldStorage
 from ..transfer.cpu import CpuTransfer
 from ..verification.node import HashPlan
 from .layout import EngineLayout
-from .manifest import TensorEntry, VersionManifest, WindowEntry
+from .manifest import TensorEntry, VersionManifest, WindowEntry, signature_problem
 from .rendezvous import PeerLost, Rendezvous, TransferGroup, join
-from .staged import STAGED, StagedStorage, chunks
+from .staged import Arrival, ArrivingStorage, StagedStorage, chunks
 from .tensors import Cutting, natural
-from .terms import TIMEOUT_S, RefreshCheck, RefreshError, RoundFigures
+from .terms import IN_FLIGHT, TIMEOUT_S, RefreshCheck, RefreshError, RoundFigures
 
 log = logging.getLogger("tpload.refresh")
 
@@ -113,6 +115,8 @@ class RefreshReceiver:
 
     # -- state
     def _clear(self) -> None:
+        if getattr(self, "_check", None) is not None:
+            self._stop_check("the round was cleared")
         self.manifest: VersionManifest | None = None
         self.staging: np.ndarray | None = None
         self._storage: StagedStorage | None = None
@@ -123,6 +127,15 @@ class RefreshReceiver:
         self._plan: RankPlan | None = None
         self._verified = False
         self._started = time.perf_counter()
+        self._arrival: Arrival | None = None
+        self._check: _Check | None = None
+
+    def _stop_check(self, why: str) -> None:
+        """End a check still waiting for windows (a refused or failed round)."""
+        if self._arrival is not None:
+            self._arrival.abort(why)
+        if self._check is not None:
+            self._check.join(self.timeout_s)
 
     @property
     def staged_bytes(self) -> int:
@@ -172,6 +185,7 @@ class RefreshReceiver:
                 self._stage(self.group, windows)
         except PeerLost as e:
             self._problems.append(str(e))
+            self._stop_check(str(e))
             if self.group is not None:
                 self.group.close()  # the trainer ranks waiting on this rank fail now
         except LoadError as e:  # noqa: BLE001 - any refusal becomes this round's problem
@@ -185,18 +199,40 @@ class RefreshReceiver:
         if not body:  # the trainer could not make the round: its line says why
             self._problems.append(f"{self._who()}: {signature.decode(errors='replace')[:1000]}")
             return
-        manifest = VersionManifest.from_bytes(
-            body, signature=signature or None, public_key=self.public_key
-        )  # unparsable: the streams cannot be told apart, the group is dropped below
+        try:
+            manifest = VersionManifest.from_bytes(body)
+        except RefreshError as e:  # no sizes to drain by: the trainers must not wait on this rank
+            raise PeerLost(f"{self._who()}: {first_line(e)}") from None
+        if manifest.layout.ranks != self.world:
+            raise PeerLost(
+                f"{self._who()}: the manifest is for {manifest.layout.ranks} engine ranks, this "
+                f"engine has {self.world}"
+            )
         self.manifest = manifest
-        problems = self._refusals(manifest)
-        if problems:
+        unsigned = (
+            signature_problem(body, signature or None, self.public_key)
+            if self.public_key is not None
+            else ""
+        )
+        problems = [unsigned] if unsigned else self._refusals(manifest)
+        if problems:  # refused before any window is staged: its windows are received and dropped
             self._problems += [f"{self._who()}: {p}" for p in problems]
             self._draining = True
             return
         mine = manifest.ranks[self.rank].windows
-        self._storage = StagedStorage(self._cutting_of(manifest.tensors).catalogue, mine)
+        cutting = self._cutting_of(manifest.tensors)
+        self._storage = StagedStorage(cutting.catalogue, mine)
         self.staging = np.empty(self._storage.nbytes, dtype=np.uint8)
+        self._plan = cutting.plan(self.rank)
+        self._arrival = Arrival(self._storage, self.timeout_s)
+        hashed = (
+            frozenset(self._plan.used_tensors)
+            if manifest.check == RefreshCheck.SHA256
+            else frozenset()
+        )
+        source = StorageSource(ArrivingStorage(self._storage, self.staging, self._arrival))
+        self._check = _Check(self.rank, source, self._plan, hashed, cutting.catalogue.ranks())
+        self._check.start()  # the loader's loop, reading each window as it lands
 
     def _refusals(self, m: VersionManifest) -> list[str]:
         """Why this manifest cannot be served here (checked before any window is staged)."""
@@ -243,7 +279,6 @@ class RefreshReceiver:
         end = len(mine) if count is None else min(len(mine), self._next + count)
         todo = mine[self._next : end]
         chunk = self.manifest.chunk_bytes
-        scratch = torch.empty(chunk, dtype=torch.uint8) if self._draining else None
         staging = torch.from_numpy(self.staging) if self.staging is not None else None
         offsets = self._storage.offsets if self._storage is not None else {}
         streams: dict[int, list[tuple[WindowEntry, int, int]]] = {}
@@ -251,28 +286,36 @@ class RefreshReceiver:
             for a, b in chunks(w.nbytes, chunk):
                 streams.setdefault(w.trainer, []).append((w, a, b))
         heads = {t: 0 for t in streams}
-        posted: dict[int, tuple[object, WindowEntry, int]] = {}
+        flying: dict[int, deque[tuple[dist.Work | None, WindowEntry, int]]] = {
+            t: deque() for t in streams
+        }
 
-        def post(t: int) -> None:
-            while heads[t] < len(streams[t]):
+        def post(t: int) -> None:  # up to IN_FLIGHT receives per stream (matched in order)
+            while heads[t] < len(streams[t]) and len(flying[t]) < IN_FLIGHT:
                 w, a, b = streams[t][heads[t]]
                 heads[t] += 1
-                if b > a:
-                    if staging is not None and not self._draining:
-                        at = offsets[w.name]
-                        into = staging[at + a : at + b]
-                    else:
-                        into = scratch[: b - a]  # type: ignore[index]
-                    posted[t] = (group.irecv(into, t), w, b)
-                    return
-                self._arrived(w, b)  # an empty window: nothing to receive
+                if b == a:
+                    if not flying[t]:
+                        self._arrived(w, b)  # an empty window: nothing to receive
+                        continue
+                    flying[t].append((None, w, b))  # in its place among the chunks
+                    continue
+                if staging is not None and not self._draining:
+                    at = offsets[w.name]
+                    into = staging[at + a : at + b]
+                else:  # drained: each chunk its own scratch (several are in flight)
+                    into = torch.empty(b - a, dtype=torch.uint8)
+                flying[t].append((group.irecv(into, t), w, b))
 
         for t in streams:
             post(t)
-        while posted:
-            for t in list(posted):
-                work, w, b = posted.pop(t)
-                group.wait(work, t, f"window {escape_name(w.name)}")
+        while any(flying.values()):
+            for t, q in flying.items():
+                if not q:
+                    continue
+                work, w, b = q.popleft()
+                if work is not None:
+                    group.wait(work, t, f"window {escape_name(w.name)}")
                 self._arrived(w, b)
                 post(t)
         self._next = end
@@ -281,19 +324,21 @@ class RefreshReceiver:
         """A chunk of ``w`` ending at byte ``upto`` arrived: the window's check once it is whole."""
         if upto != w.nbytes or self._draining or self._storage is None or self.staging is None:
             return
-        at = self._storage.offsets[w.name]
+        if self._plan is not None and w.name in self._plan.reads:
+            if self._arrival is not None:
+                self._arrival.done(w.name)  # the loop fingerprints it as it copies it
+            return
+        at = self._storage.offsets[w.name]  # a deferred tensor: no loop reads it
         got = host_fingerprint(self.staging[at : at + w.nbytes].reshape(w.rows, w.row_bytes))
         if tuple(got) != tuple(w.fingerprint):
-            self._problems.append(
-                f"{self._who()}: tensor {escape_name(w.name)} (from trainer rank {w.trainer}): "
-                f"its window arrived with fingerprint {list(got)}, the manifest says "
-                f"{list(w.fingerprint)} (corrupted or lost in transport)"
-            )
+            self._problems.append(_garbled(self._who(), w, got))
 
     # -- the verdict
     def _verdict(self) -> None:
         if not self._problems:
             self._problems += self._check_staged()
+        else:
+            self._stop_check(self._problems[0])
         mine = self._problems[0] if self._problems else ""
         if len(self._problems) > 1:
             mine += f" (and {len(self._problems) - 1} more problem(s) on this rank)"
@@ -344,22 +389,20 @@ class RefreshReceiver:
                 f"{self._who()}: the round ended with {len(missing)} window(s) not received: "
                 f"{', '.join(map(escape_name, missing[:5]))}"
             ]
-        cutting = self._cutting_of(m.tensors)
-        plan = cutting.plan(self.rank)
-        storage = HeldStorage(self._storage, {STAGED: self.staging})
-        hashed = frozenset(plan.used_tensors) if m.check == RefreshCheck.SHA256 else frozenset()
-        try:
-            result = run(
-                StorageSource(storage),
-                plan,
-                transfer=CpuTransfer(torch.device("cpu")),
-                hasher=Hasher(HashPlan(self.rank, hashed)),
-                samples=0,
-                progress=Silent(),
-                ranks=cutting.catalogue.ranks(),
-            )
-        except LoadError as e:
-            return [f"{self._who()}: {first_line(e)}" + _more(e)]
+        check = self._check
+        if check is None:
+            return [f"{self._who()}: no check ran"]
+        check.join(self.timeout_s)
+        if check.is_alive():
+            self._stop_check("the verdict is due")
+            return [f"{self._who()}: the check did not finish within {self.timeout_s:g} s"]
+        result = check.result
+        if result is None:
+            return [f"{self._who()}: {check.error}"]
+        for w in mine:  # each window as the loop fingerprinted it when it landed
+            seen = result.windows.get(w.name)
+            if seen is not None and tuple(seen[1]) != tuple(w.fingerprint):
+                return [_garbled(self._who(), w, seen[1])]
         got, want = result.digest(), m.ranks[self.rank].digest
         if got != want:
             return [
@@ -367,7 +410,7 @@ class RefreshReceiver:
                 f"{want[:16]}... (a window changed on the wire, or the trainer's fingerprints are "
                 "not of what it sent)"
             ]
-        self._result, self._plan = result, plan
+        self._result = result
         return []
 
     def _exchange(self, mine: str) -> str:
@@ -466,6 +509,54 @@ class RefreshReceiver:
             self.group.close()
             self.group = None
         self._clear()
+
+
+class _Check(threading.Thread):
+    """The loader's loop over the staging, run while the windows arrive (each read waits for its
+    windows): its result, or the first line of why it failed."""
+
+    def __init__(
+        self,
+        rank: int,
+        source: StorageSource,
+        plan: RankPlan,
+        hashed: frozenset[str],
+        order: Mapping[str, int],
+    ) -> None:
+        super().__init__(name=f"tpload-refresh-check-{rank}", daemon=True)
+        self.rank, self.source, self.plan, self.hashed, self.order = (
+            rank,
+            source,
+            plan,
+            hashed,
+            order,
+        )
+        self.result: LoadResult | None = None
+        self.error = ""
+
+    def run(self) -> None:
+        try:
+            self.result = run(
+                self.source,
+                self.plan,
+                transfer=CpuTransfer(torch.device("cpu")),
+                hasher=Hasher(HashPlan(self.rank, self.hashed)),
+                samples=0,
+                progress=Silent(),
+                ranks=self.order,
+            )
+        except LoadError as e:
+            self.error = first_line(e) + _more(e)
+        except Exception as e:  # noqa: BLE001 - reported as the round's problem, never lost
+            self.error = f"the check failed: {type(e).__name__}: {first_line(e)}"
+
+
+def _garbled(who: str, w: WindowEntry, got: Triple) -> str:
+    return (
+        f"{who}: tensor {escape_name(w.name)} (from trainer rank {w.trainer}): its window "
+        f"arrived with fingerprint {list(got)}, the manifest says {list(w.fingerprint)} "
+        "(corrupted or lost in transport)"
+    )
 
 
 def _torch_dtype(stored: str) -> torch.dtype:

@@ -202,9 +202,8 @@ class TensorStorage:
     def read(self, stored: Stored, r0: int, r1: int, out: np.ndarray) -> None:
         held = self._bytes.get(stored.path)  # a batch's span is named for messages: go by path
         if held is None:
-            raise RefreshError(
-                f"tensor {escape_name(stored.name)}: this trainer rank does not hold it"
-            )
+            name = str(stored.path.relative_to(ROOT))  # each tensor its own file
+            raise RefreshError(f"tensor {escape_name(name)}: this trainer rank does not hold it")
         start = stored.offset + r0 * stored.row_bytes
         out.reshape(-1)[:] = held[start : start + out.size]
 

@@ -15,6 +15,9 @@ out."""
 MAX_TIMEOUT_S = 299.0
 CHUNK_BYTES = 8 << 20
 """The largest message a window is sent in: the memory a transfer holds per stream, bounded."""
+IN_FLIGHT = 4
+"""Chunks in flight per stream (trainer rank to engine rank): the wire stays busy between them;
+what a stream holds at once is at most this many chunks."""
 MAX_MESSAGE_BYTES = 1 << 30
 """The largest control message (a manifest, a layout) a peer may announce: a hostile length is
 refused before any allocation."""

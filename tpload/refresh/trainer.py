@@ -7,9 +7,10 @@ A round (:meth:`RefreshSender.send`):
 2. every rank plans each engine rank's windows with the loader's planner, under the engine's config
    and layout (sent by engine rank 0 at :meth:`~RefreshSender.connect`), and gives each weight and
    its scales to one trainer rank that holds them all;
-3. each rank runs the loader's own loop over the items it sends, per engine rank
-   (attest/predict.py's way, over its tensors in memory), for the served tensors' fingerprints, and
-   cuts each window it sends: its fingerprint, and its sha256 at sha256 strength;
+3. each rank cuts each window it sends, per engine rank: its fingerprint (the loader's), and its
+   sha256 at sha256 strength; a tensor served as stored (a plain tensor of the packed kind) has its
+   window's fingerprint, and every other item is run through the loader's own loop over the
+   trainer's tensors in memory (attest/predict.py's way) for the served tensors' fingerprints;
 4. trainer rank 0 gathers those, makes each engine rank's digest (the same a fresh ``tpload.load``
    of a checkpoint of these weights gives it) and the version manifest, signs it when given a key,
    and sends it to every engine rank;
@@ -22,8 +23,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import astuple
 from pathlib import Path
 from typing import Any, Protocol
@@ -32,11 +36,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..kernels.fingerprint import host_fingerprint
+from ..kernels.fingerprint import HostFingerprint, host_fingerprint
 from ..loading.loop import run
 from ..model.errors import LoadError
 from ..model.progress import Silent
 from ..model.text import escape_name, first_line
+from ..model.values import Triple
+from ..planning.items import Item, Output
 from ..selection.config import Config
 from ..sources.hashing import Hasher
 from ..sources.storage import StorageSource
@@ -47,8 +53,8 @@ from .layout import EngineLayout
 from .manifest import RankEntry, TensorEntry, VersionManifest, WindowEntry
 from .rendezvous import PeerLost, Rendezvous, TransferGroup, join, open_rendezvous
 from .staged import chunks
-from .tensors import Cutting, TensorStorage, config_for, entry_of, natural, owned_plan
-from .terms import CHUNK_BYTES, TIMEOUT_S, RefreshCheck, RefreshError, RoundFigures
+from .tensors import DTYPES, Cutting, TensorStorage, config_for, entry_of, natural, owned_plan
+from .terms import CHUNK_BYTES, IN_FLIGHT, TIMEOUT_S, RefreshCheck, RefreshError, RoundFigures
 
 log = logging.getLogger("tpload.refresh")
 
@@ -304,31 +310,40 @@ class RefreshSender:
         windows: dict[int, list[np.ndarray]] = {}
         source = StorageSource(storage)
         for e in range(cutting.layout.ranks):
-            plan = owned_plan(cutting.plan(e), owned)
-            result = run(
-                source,
-                plan,
-                transfer=CpuTransfer(torch.device("cpu")),
-                hasher=Hasher(HashPlan(e, frozenset())),
-                samples=0,
-                progress=Silent(),
-                ranks=cutting.catalogue.ranks(),
-            )
-            served = [
-                [o.name, str(o.dtype).removeprefix("torch."), list(o.shape),
-                 list(result.fingerprints[o.name])]
-                for o in result.outputs
-            ]  # fmt: skip
-            del result
+            full = cutting.plan(e)
+            plain = frozenset(i.name for i in full.items if as_stored(i, full.kind))
+            served: list[list[Any]] = []
+            seen: dict[str, Triple] = {}
+            looped = owned - plain
+            if any(i.name in looped for i in full.items):  # a decode, a regrouped window
+                result = run(
+                    source,
+                    owned_plan(full, looped),
+                    transfer=CpuTransfer(torch.device("cpu")),
+                    hasher=Hasher(HashPlan(e, frozenset())),
+                    samples=0,
+                    progress=Silent(),
+                    ranks=cutting.catalogue.ranks(),
+                )
+                served += [_line(o, result.fingerprints[o.name]) for o in result.outputs]
+                seen = {n: fp for n, (_, fp) in result.windows.items()}  # as the loop copied them
+                del result
             cut: dict[str, list[Any]] = {}
             sends = []
             for name, view, box in cutting.windows(e):
                 if name not in owned:
                     continue
-                w = np.ascontiguousarray(storage.window(name, view, box))
-                sha = hashlib.sha256(w).hexdigest() if self.check == RefreshCheck.SHA256 else None
-                cut[name] = [list(host_fingerprint(w.reshape(w.shape[0], -1))), sha]
-                sends.append(w.reshape(-1))
+                w, fp = _window(storage.window(name, view, box), seen.get(name))
+                cut[name] = [list(fp), None]
+                sends.append(w)
+            if self.check == RefreshCheck.SHA256:  # hashlib lets go of the GIL: a few threads
+                mine = [n for n, _, _ in cutting.windows(e) if n in owned]
+                with ThreadPoolExecutor(max_workers=HASH_THREADS) as pool:
+                    for n, sha in zip(mine, pool.map(_sha256, sends), strict=True):
+                        cut[n][1] = sha
+            for item in full.items:  # served as stored: the served tensor is its window's bytes
+                if item.name in owned and item.name in plain:
+                    served += [_line(item.output(c.name), tuple(cut[c.name][0])) for c in item.cuts]
             part[str(e)] = {"served": served, "windows": cut}
             windows[e] = sends
         return part, windows
@@ -362,8 +377,8 @@ class RefreshSender:
         )
 
     def _send_windows(self, group: TransferGroup, windows: dict[int, list[np.ndarray]]) -> int:
-        """Every window of this rank to its engine rank, chunk by chunk, one chunk in flight per
-        engine rank at a time (all engine ranks at once)."""
+        """Every window of this rank to its engine rank, chunk by chunk, a few chunks in flight per
+        engine rank (all engine ranks at once)."""
         streams = {
             e: (
                 torch.from_numpy(w[a:b])
@@ -373,19 +388,63 @@ class RefreshSender:
             for e, ws in windows.items()
         }  # fmt: skip
         sent = 0
-        while streams:
-            posted = []
-            for e, stream in list(streams.items()):
-                chunk = next(stream, None)
-                if chunk is None:
-                    del streams[e]
-                    continue
-                if chunk.numel():
-                    posted.append((e, chunk, group.isend(chunk, self._engine(e))))
-                    sent += chunk.numel()
-            for e, _, work in posted:
-                group.wait(work, self._engine(e), "the windows")
+        flying: dict[int, deque[tuple[torch.Tensor, dist.Work]]] = {e: deque() for e in streams}
+        while streams or any(flying.values()):
+            for e in list(streams):
+                while len(flying[e]) < IN_FLIGHT:
+                    chunk = next(streams[e], None)
+                    if chunk is None:
+                        del streams[e]
+                        break
+                    if chunk.numel():
+                        flying[e].append((chunk, group.isend(chunk, self._engine(e))))
+                        sent += chunk.numel()
+            for e, q in flying.items():
+                if q:
+                    group.wait(q.popleft()[1], self._engine(e), "the windows")
         return sent
+
+
+HASH_THREADS = max(1, min(4, (os.cpu_count() or 1) - 1))
+
+
+def _sha256(w: np.ndarray) -> str:
+    return hashlib.sha256(w.data).hexdigest()
+
+
+def _window(w: np.ndarray, fp: Triple | None) -> tuple[np.ndarray, Triple]:
+    """A window's bytes as sent (flat, contiguous) and its fingerprint (``fp`` when the loop took
+    it): rows whole, a view of the tensor; a column cut, copied and fingerprinted in one pass."""
+    if w.flags.c_contiguous:
+        return w.reshape(-1), fp or host_fingerprint(w)
+    out = np.empty(w.shape, dtype=np.uint8)
+    f = HostFingerprint(w.shape[1])
+    f.add(w, 0, dst=out)
+    return out.reshape(-1), fp or f.value()
+
+
+def as_stored(item: Item, kind: str) -> bool:
+    """Whether every tensor ``item`` serves is its window's bytes as stored, seen in the same rows
+    (a plain tensor of the packed kind, not regrouped, not converted): then the served tensor's
+    fingerprint is its window's, taken from the bytes sent, and the loop need not copy it."""
+    if item.codec.checked or not item.codec.copies(item.fit, kind):
+        return False
+    for cut in item.cuts:
+        out = item.output(cut.name)
+        rows = out.shape[0] if len(out.shape) > 1 else 1
+        if (
+            cut.group != 1
+            or DTYPES.get(out.dtype) != cut.dtype
+            or out.nbytes != cut.nbytes
+            or rows != cut.rows[1] - cut.rows[0]
+        ):
+            return False
+    return True
+
+
+def _line(out: Output, fp: Triple) -> list[Any]:
+    """A served tensor's digest line, as JSON (verification/digest.py makes the line)."""
+    return [out.name, str(out.dtype).removeprefix("torch."), list(out.shape), list(fp)]
 
 
 def _table(held: list[list[Any]]) -> tuple[TensorEntry, ...]:  # [[name, dtype, shape]] a rank

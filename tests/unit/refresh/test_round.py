@@ -1,0 +1,196 @@
+"""One trainer rank and one engine rank (tp 1) in two threads of this process, over a real gloo
+transfer group: the refusals a single engine rank makes before staging (the staging budget, an
+unsigned manifest where a key is held), a trainer that cannot make its round, a trainer lost
+mid-round, and a round staged over several calls; after each failure the old version is kept and
+the next round (through a new rendezvous where the group was lost) succeeds."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from tpload.refresh.engine import RefreshReceiver
+from tpload.refresh.layout import EngineLayout
+from tpload.refresh.terms import RefreshCheck, RefreshError
+from tpload.refresh.trainer import RefreshSender
+from tpload.selection.config import load_config
+from tpload.tools.published import write_published
+
+from ...ckpt_tools import ec_keypair, whole
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, Path]:
+    root = tmp_path_factory.mktemp("round")
+    v1 = write_published(root / "v1", "llama-tiny", seed=5)
+    v2 = write_published(root / "v2", "llama-tiny", seed=6)
+    return whole(v1), whole(v2), v1
+
+
+class Pair:
+    """A sender and a receiver joined through a fresh rendezvous."""
+
+    def __init__(self, root: Path, sender: RefreshSender, **kw: object) -> None:
+        config = load_config("llama")
+        model = json.loads((root / "config.json").read_text())
+        layout = EngineLayout(config.id(), 1, 1, "packed", 1, config="llama", model=model)
+        table = {n: (e.dtype, e.shape) for n, e in _entries(root).items()}
+        self.sender = sender
+        self.receiver = RefreshReceiver(
+            rank=0, world=1, exchange_group=None, layout=layout, config=config,
+            device=torch.device("cpu"), table=table, **kw,
+        )  # fmt: skip
+        self.connect()
+
+    def connect(self) -> None:
+        rv = self.sender.rendezvous(engine_ranks=1)
+        t = threading.Thread(target=self.receiver.connect, args=(rv,))
+        t.start()
+        assert self.sender.connect(rv).tp == 1
+        t.join()
+
+    def round(
+        self, source: object, version: int, calls: tuple[int | None, ...] = (None,)
+    ) -> tuple[str, str]:
+        """(the trainer's error or "", the engine's), the engine committing on success."""
+        said: dict[str, str] = {}
+
+        def send() -> None:
+            try:
+                self.sender.send(source, version=version)
+                said["trainer"] = ""
+            except RefreshError as e:
+                said["trainer"] = str(e)
+
+        t = threading.Thread(target=send)
+        t.start()
+        r = self.receiver
+        r.start()
+        try:
+            for k, n in enumerate(calls):
+                r.receive(final=k == len(calls) - 1, windows=n)
+            self.state = {n: t.clone() for n, t in r.windows()}
+            r.committed(version)
+            said["engine"] = ""
+        except RefreshError as e:
+            said["engine"] = str(e)
+        t.join(timeout=60)
+        assert not t.is_alive(), "the trainer hung"
+        return said["trainer"], said["engine"]
+
+    def close(self) -> None:
+        self.sender.close()
+        self.receiver.close()
+
+
+def _entries(root: Path) -> dict:
+    from tpload.refresh.tensors import entry_of
+
+    return {n: entry_of(n, t) for n, t in whole(root).items()}
+
+
+def _refused(pair: Pair, got: tuple[str, str], words: str, served: int) -> None:
+    trainer, engine = got
+    assert trainer == engine, got  # the trainer gets the engines' own line
+    assert engine.startswith("refresh refused: engine rank 0") and words in engine, engine
+    assert pair.receiver.served_version == served and pair.receiver.staged_bytes == 0
+    assert pair.receiver.failed == engine
+
+
+def test_a_round_over_the_staging_budget_is_refused_before_staging(weights) -> None:
+    v1, v2, root = weights
+    pair = Pair(root, RefreshSender(rank=0, trainer_ranks=1), staging_budget_bytes=1 << 10)
+    try:
+        _refused(pair, pair.round(v1, 1), "over the staging budget of 1,024 bytes", 0)
+        pair.receiver.budget = 1 << 30
+        assert pair.round(v1, 1) == ("", "")
+        assert pair.receiver.served_version == 1
+        figures = pair.receiver.figures
+        assert figures is not None and figures.budget_bytes == 1 << 30
+        assert figures.staged_bytes == sum(t.numel() * t.element_size() for t in v1.values())
+        assert pair.state.keys() == v1.keys()
+        assert all(torch.equal(pair.state[n], v1[n]) for n in v1)  # tp 1: every tensor whole
+        assert pair.round(v2, 2, calls=(3, 5, None)) == ("", "")  # staged over three calls
+        assert all(torch.equal(pair.state[n], v2[n]) for n in v2)
+    finally:
+        pair.close()
+
+
+def test_an_engine_holding_a_key_takes_only_manifests_signed_by_it(weights, tmp_path) -> None:
+    v1, _, root = weights
+    key, pub = ec_keypair(tmp_path, "trainer")
+    sender = RefreshSender(rank=0, trainer_ranks=1, check=RefreshCheck.SHA256)
+    pair = Pair(root, sender, public_key=pub, check=RefreshCheck.SHA256)
+    try:
+        _refused(pair, pair.round(v1, 1), "the version manifest is not signed", 0)
+        sender.check = RefreshCheck.FINGERPRINT
+        sender.signer_key = key
+        _refused(pair, pair.round(v1, 1), "the manifest's check is fingerprint; this engine", 0)
+        sender.check = RefreshCheck.SHA256
+        assert pair.round(v1, 1) == ("", "")
+        assert pair.receiver.figures is not None
+        assert pair.receiver.figures.check == RefreshCheck.SHA256
+    finally:
+        pair.close()
+
+
+class Claims:
+    """A weight source that says it holds a name it never yields."""
+
+    def __init__(self, weights: dict) -> None:
+        self.weights = weights
+
+    def held_names(self) -> list[str]:
+        return [*self.weights, "model.layers.9.mlp.up_proj.weight"]
+
+    def __iter__(self):
+        return iter(self.weights.items())
+
+
+def test_a_trainer_that_cannot_make_its_round_aborts_it_on_every_side(weights) -> None:
+    v1, _, root = weights
+    pair = Pair(root, RefreshSender(rank=0, trainer_ranks=1))
+    try:
+        trainer, engine = pair.round(Claims(v1), 1)
+        assert "yielded no tensor for them" in trainer and trainer.startswith("version 1: ")
+        assert engine.startswith("refresh refused: engine rank 0: the trainer aborted version 1")
+        assert "model.layers.9.mlp.up_proj.weight" in engine
+        assert pair.receiver.served_version == 0
+        assert pair.round(v1, 1) == ("", "")  # the group stayed in step
+    finally:
+        pair.close()
+
+
+class Vanishing(RefreshSender):
+    """Leaves the transfer group after sending the manifest: a trainer lost mid-update."""
+
+    vanish = False
+
+    def _send_windows(self, group, windows) -> int:  # noqa: ANN001
+        if self.vanish:
+            self.vanish = False
+            self.close()
+            raise RefreshError("this trainer is gone")
+        return super()._send_windows(group, windows)
+
+
+def test_a_trainer_lost_mid_round_is_named_and_a_new_rendezvous_serves_the_next(weights) -> None:
+    v1, v2, root = weights
+    pair = Pair(root, Vanishing(rank=0, trainer_ranks=1, timeout_s=20.0))
+    try:
+        assert pair.round(v1, 1) == ("", "")
+        pair.sender.vanish = True
+        trainer, engine = pair.round(v2, 2)
+        assert trainer == "this trainer is gone"
+        assert engine.startswith("refresh refused: engine rank 0: trainer rank 0 was lost"), engine
+        assert pair.receiver.served_version == 1
+        assert all(torch.equal(pair.state[n], v1[n]) for n in v1)  # nothing handed over
+        pair.connect()
+        assert pair.round(v2, 2) == ("", "")
+        assert all(torch.equal(pair.state[n], v2[n]) for n in v2)
+    finally:
+        pair.close()

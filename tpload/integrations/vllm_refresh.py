@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from vllm.distributed.weight_transfer.base import (
     WeightTransferEngine,
     WeightTransferInitInfo,
@@ -187,11 +188,21 @@ class TploadWeightTransferEngine(WeightTransferEngine[TploadInitInfo, TploadUpda
                 f"version manifest {manifest}; the served version {self.served_version} is "
                 "unchanged"
             )
-        if self.failed:
-            raise RefreshError(
-                f"refresh refused: this engine is failed ({self.failed}); restart it"
-            )
+        failed = self._failed_anywhere()
+        if failed:
+            raise RefreshError(f"refresh refused: this engine is failed ({failed}); restart it")
         self.verdict = manifest
+
+    def _failed_anywhere(self) -> str:
+        """Whether a commit failed on any TP rank (each knows only its own): one answer on every
+        rank, or the ranks that did not fail would commit, and vLLM's sessions would part."""
+        if self.world == 1:
+            return self.failed
+        from vllm.distributed import get_tp_group
+
+        rows: list[Any] = [None] * self.world
+        dist.all_gather_object(rows, self.failed, group=get_tp_group().cpu_group)
+        return next((f"TP rank {r}: {f}" for r, f in enumerate(rows) if f), "")
 
     def finish_weight_update(self) -> None:
         """Commit the verified windows through vLLM's layerwise reload. Never raises (vLLM's session

@@ -133,7 +133,7 @@ class TploadTrainerEngine(TrainerWeightTransferEngine[TploadTrainerInitInfo]):
         if self.source is None:
             raise ValueError("tpload's trainer engine sends a WeightSource: pass source=")
         version = self.version + 1 if version is None else version
-        if self.stale:  # the last round failed: its group may be broken on some rank
+        if self.stale:  # the last round broke the transfer group on some rank: a new one
             self._connect()
             self.stale = False
         problem, figures = "", None
@@ -147,7 +147,6 @@ class TploadTrainerEngine(TrainerWeightTransferEngine[TploadTrainerInitInfo]):
             problem, figures = self._drive(version)
         problems = self._agree(problem)
         if problems:
-            self.stale = True
             raise RefreshError(problems)
         self.version = version
         return figures
@@ -193,16 +192,22 @@ class TploadTrainerEngine(TrainerWeightTransferEngine[TploadTrainerInitInfo]):
             _resume(self.client)
 
     def _agree(self, problem: str) -> str:
-        """Every trainer rank's problem, so each raises the same line (or none does)."""
+        """Every trainer rank's problem, so each raises the same line (or none does); and whether
+        the transfer group broke on any rank (a lost peer closes it), so every rank opens a new
+        one before the next round, or none does."""
+        mine = (problem, self.sender.group is None or self.sender.group.broken is not None)
         if self.group is None or dist.get_world_size(self.group) == 1:
+            self.stale = mine[1]
             return problem
         rows: list[Any] = [None] * dist.get_world_size(self.group)
         try:
-            dist.all_gather_object(rows, problem, group=self.group)
+            dist.all_gather_object(rows, mine, group=self.group)
         except Exception as e:  # noqa: BLE001 (a trainer rank died: this one says what it saw)
+            self.stale = True
             lost = f"the trainer's group lost a rank ({_line(e)})"
             return f"{problem}; {lost}" if problem else lost
-        bad = [(r, p) for r, p in enumerate(rows) if p]
+        self.stale = any(broken for _, broken in rows)
+        bad = [(r, p) for r, (p, _) in enumerate(rows) if p]
         if len({p for _, p in bad}) == 1:
             return bad[0][1]
         return "; ".join(f"trainer rank {r}: {p}" for r, p in bad)

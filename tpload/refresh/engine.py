@@ -111,6 +111,7 @@ class RefreshReceiver:
         self.failed: str | None = None
         """The last round's one line when it failed (None: it passed, or none ran)."""
         self._cutting: tuple[tuple[TensorEntry, ...], Cutting] | None = None
+        self._served_skips: frozenset[str] | None = None
         self._clear()
 
     # -- state
@@ -184,7 +185,11 @@ class RefreshReceiver:
             if self.manifest is not None:
                 self._stage(self.group, windows)
         except PeerLost as e:
-            self._problems.append(str(e))
+            mine = f"engine rank {self.rank}: "
+            text = str(e)
+            self._problems.append(
+                f"{self._who()}: {text.removeprefix(mine)}" if text.startswith(mine) else text
+            )
             self._stop_check(str(e))
             if self.group is not None:
                 self.group.close()  # the trainer ranks waiting on this rank fail now
@@ -247,7 +252,7 @@ class RefreshReceiver:
             return [
                 f"the manifest's check is {m.check}; this engine takes {self.check} or stronger"
             ]
-        problems = _table_problems(self.table, m.tensors)
+        problems = _table_problems(self.table, m.tensors, self._skipped())
         if problems:
             return problems
         try:
@@ -265,6 +270,18 @@ class RefreshReceiver:
                 f"{self.budget:,} bytes"
             ]
         return []
+
+    def _skipped(self) -> frozenset[str]:
+        """The served table's tensors the config skips: a version need not carry them."""
+        if self.table is None:
+            return frozenset()
+        if self._served_skips is None:
+            try:
+                skipped = Cutting(self.table, self.layout, self.config).planner.skipped
+            except LoadError:
+                skipped = []
+            self._served_skips = frozenset(skipped)
+        return self._served_skips
 
     def _cutting_of(self, table: tuple[TensorEntry, ...]) -> Cutting:
         if self._cutting is None or self._cutting[0] != table:
@@ -571,14 +588,21 @@ def _more(e: BaseException) -> str:
 
 
 def _table_problems(
-    served: tuple[TensorEntry, ...] | None, sent: tuple[TensorEntry, ...]
+    served: tuple[TensorEntry, ...] | None,
+    sent: tuple[TensorEntry, ...],
+    skipped: frozenset[str] = frozenset(),
 ) -> list[str]:
+    """What makes a version's table not the served model's: a tensor missing (one the config
+    skips may be), added, or of another dtype or shape."""
     if served is None or served == sent:
         return []
-    have, got = {t.name: t for t in served}, {t.name: t for t in sent}
+    have = {t.name: t for t in served if t.name not in skipped}
+    got = {t.name: t for t in sent}
     missing = [n for n in have if n not in got]
-    extra = [n for n in got if n not in have]
+    extra = [n for n in got if n not in have and n not in skipped]
     changed = [n for n in have if n in got and have[n] != got[n]]
+    if not (missing or extra or changed):
+        return []
     parts = []
     if missing:
         parts.append(f"missing {', '.join(map(escape_name, missing[:5]))}")

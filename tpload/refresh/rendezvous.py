@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -129,8 +130,14 @@ def join(
     return TransferGroup(pg, store, group_rank, rv, device)
 
 
+_SOURCE = re.compile(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*")
+"""gloo's and c10d's source location, which leads their messages."""
+
+
 def _first(e: BaseException) -> str:
+    """The exception's first line, without torch's source location and advice."""
     text = str(e).splitlines()[0] if str(e) else ""
+    text = _SOURCE.sub("", text).split(". This is typically caused", 1)[0]
     return f"{type(e).__name__}: {escape_name(text)[:300]}"
 
 

@@ -232,3 +232,12 @@ class TensorStorage:
 
     def close(self) -> None:
         self.held, self._bytes, self._paths = {}, {}, {}
+
+
+def table_of(root: str | Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """The tensor table (name -> (dtype, shape)) of the checkpoint an engine serves, read from its
+    headers: what a :class:`~tpload.refresh.engine.RefreshReceiver` takes as ``table``."""
+    from ..storage.catalogue import read_native
+
+    catalogue, _ = read_native(Path(root), manifest=False)
+    return {n: (m.dtype, tuple(m.shape)) for n, m in catalogue.tensors.items()}

@@ -143,3 +143,26 @@ def test_the_senders_digests_are_predicts_by_the_window_and_by_the_loop(
         assert sum(w.size for w in windows[rank]) == sum(
             (r1 - r0) * (c1 - c0) for _, _, ((r0, r1), (c0, c1)) in cutting.windows(rank)
         )
+
+
+def test_the_served_table_is_read_from_the_checkpoint_and_a_skipped_tensor_may_be_left_out(
+    llama: Path,
+) -> None:
+    from tpload.refresh.engine import _table_problems
+    from tpload.refresh.manifest import TensorEntry
+    from tpload.refresh.tensors import natural, table_of
+
+    table = table_of(llama)
+    assert table == {
+        n: (e.dtype, e.shape) for n, e in ((n, entry_of(n, t)) for n, t in whole(llama).items())
+    }
+    served = natural(TensorEntry(n, d, s) for n, (d, s) in table.items())
+    left_out = tuple(t for t in served if t.name != "model.norm.weight")
+    assert _table_problems(served, left_out, frozenset({"model.norm.weight"})) == []
+    (line,) = _table_problems(served, left_out)
+    assert line.endswith("missing model.norm.weight")
+    other = tuple(
+        TensorEntry(t.name, "F32", t.shape) if t.name == "lm_head.weight" else t for t in served
+    )
+    (line,) = _table_problems(served, other)
+    assert "lm_head.weight is F32 [512, 128], served as BF16 [512, 128]" in line

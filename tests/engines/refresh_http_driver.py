@@ -31,6 +31,8 @@ def main() -> int:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--work", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--signer-key", default="", help="sign every manifest (sha256 strength)")
+    ap.add_argument("--public-key", default="", help="the server requires it (and sha256)")
     args = ap.parse_args()
     import requests
 
@@ -59,6 +61,8 @@ def main() -> int:
         '{"backend": "tpload"}',
     ]
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+    if args.public_key:  # the engine's own settings: the strong check, a signature required
+        env.update(TPLOAD_REFRESH_CHECK="sha256", TPLOAD_REFRESH_PUBLIC_KEY=args.public_key)
     log = open(work / "server.log", "w")  # noqa: SIM115
     server = subprocess.Popen(
         cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -106,11 +110,26 @@ def main() -> int:
         from tpload.integrations.vllm_trainer import TploadTrainerInitInfo
 
         result["v0"] = state()
-        trainer = WeightTransferTrainerFactory.trainer_init(
-            TploadTrainerInitInfo(rank=0), client=HTTPVLLMWeightSyncClient(base)
-        )
+        client = HTTPVLLMWeightSyncClient(base)
+        strong = {"check": "sha256", "signer_key": args.signer_key} if args.signer_key else {}
+
+        def connect(**kw: object):  # a trainer (a new transfer group: the engine ends the last)
+            return WeightTransferTrainerFactory.trainer_init(
+                TploadTrainerInitInfo(rank=0, **kw), client=client
+            )
+
+        trainer = connect(**strong)
         model = Path(args.model)
-        for version, kind in ((1, "good"), (2, "flipped byte"), (2, "good")):
+        rounds = [(1, "good"), (2, "flipped byte")]
+        rounds += [(2, "unsigned")] if args.signer_key else []
+        rounds += [(2, "good")]
+        for version, kind in rounds:
+            if kind == "unsigned":  # a trainer with the default check and no key
+                trainer.shutdown()
+                trainer = connect()
+            elif strong and trainer.sender.signer_key is None:
+                trainer.shutdown()
+                trainer = connect(**strong)
             refresh_faults.plant(kind, 0, flipped=FLIPPED)
             trainer.source = source(weights(model, version), 0, ranks=1)
             try:

@@ -27,6 +27,7 @@ import pytest
 from tpload.tools.bench_engine import engine_env
 from tpload.tools.published import write_published
 
+from ..ckpt_tools import ec_keypair
 from ..helpers import free_port, tpload_cli
 from .vllm_env import REPO, vllm_python
 
@@ -164,13 +165,15 @@ def test_the_update_digests_equal_a_load_of_its_checkpoint(run: dict, tmp_path: 
     assert digests == loaded
 
 
-def test_the_http_server_takes_a_refresh_and_refuses_a_flipped_byte(
+def test_the_http_server_takes_a_signed_refresh_and_refuses_what_it_must(
     python: Path, llama: Path, tmp_path: Path
 ) -> None:
     """The OpenAI server at TP 2 (``python -m vllm.entrypoints.openai.api_server``, dev mode),
-    driven by vLLM's HTTPVLLMWeightSyncClient: a good round, a flipped byte (HTTP 500, the engine's
-    one line on the trainer, v1 still served), a good round; /weight_info follows, and generation
-    is resumed after each."""
+    requiring the sha256 strength and a signature by the trainer's key, driven by vLLM's
+    HTTPVLLMWeightSyncClient: a signed round; a flipped byte (HTTP 500, the engine's one line on
+    the trainer, v1 still served); a trainer with the default check and no key (refused); a signed
+    round. /weight_info follows, and generation is resumed after each."""
+    key, pub = ec_keypair(tmp_path, "trainer")
     out = tmp_path / "http.json"
     cmd = [
         str(python),
@@ -185,17 +188,23 @@ def test_the_http_server_takes_a_refresh_and_refuses_a_flipped_byte(
         str(tmp_path),
         "--out",
         str(out),
+        "--signer-key",
+        str(key),
+        "--public-key",
+        str(pub),
     ]
     code, text = drive(cmd, tmp_path / "driver.log")
     server = (tmp_path / "server.log").read_text() if (tmp_path / "server.log").exists() else ""
     assert code == 0 and out.exists(), text[-4000:]
     doc = json.loads(out.read_text())
     assert "error" not in doc, doc.get("error", "") + server[-4000:]
-    v1, bad, v2 = doc["rounds"]
+    v1, bad, weak, v2 = doc["rounds"]
     assert v1["error"] == "" and v1["tokens"] != doc["v0"]["tokens"]
     assert v1["weight_info"] == {"weight_version": "1"}
     assert "model.layers.0.self_attn.o_proj.weight" in bad["error"] and "\n" not in bad["error"]
-    assert bad["tokens"] == v1["tokens"] and bad["weight_info"] == {"weight_version": "1"}
+    assert "sha256" in weak["error"] and "\n" not in weak["error"], weak["error"]
+    for r in (bad, weak):
+        assert r["tokens"] == v1["tokens"] and r["weight_info"] == {"weight_version": "1"}
     assert v2["error"] == "" and v2["tokens"] != v1["tokens"]
     assert v2["weight_info"] == {"weight_version": "2"}
     assert all(r["is_paused"] == {"is_paused": False} for r in doc["rounds"])

@@ -93,6 +93,7 @@ class TploadWeightTransferEngine(WeightTransferEngine[TploadInitInfo, TploadUpda
         self.checkpoint = TploadModelLoader._checkpoint(self.model_config)
         self.config, self.model_doc = _config_of(self.checkpoint)
         self.table = _served_table(self.checkpoint, self.model_config)
+        self.check, self.public_key = _engine_check()
         self.receiver: Any = None
         self.worker: Any = None
         self.verdict: int | None = None  # the version staged and agreed by every rank
@@ -134,6 +135,8 @@ class TploadWeightTransferEngine(WeightTransferEngine[TploadInitInfo, TploadUpda
             device=torch.device("cpu"),  # staged in host memory, as vLLM's own loader reads
             served_version=self.served_version,
             table=self.table,
+            check=self.check,
+            public_key=self.public_key,
         )
         t0 = time.perf_counter()
         receiver.connect(Rendezvous(**vars(init_info)))
@@ -329,3 +332,29 @@ def _served_table(checkpoint: str, model_config: Any) -> dict[str, tuple[str, tu
         for name, meta in tensors.items()
         if not any(s.matches(name) for s in never)
     }
+
+
+CHECK_ENV, KEY_ENV = "TPLOAD_REFRESH_CHECK", "TPLOAD_REFRESH_PUBLIC_KEY"
+
+
+def _engine_check() -> tuple[Any, str | None]:
+    """The weakest check this engine accepts and the public key every version manifest must be
+    signed for (docs/threat-model.md): the engine's own settings, from its environment, since
+    vLLM's WeightTransferConfig carries the backend's name only, and a key the trainer sent would
+    vouch for nothing."""
+    import os
+
+    from ..refresh import RefreshCheck
+
+    given = os.environ.get(CHECK_ENV, "fingerprint")
+    try:
+        check = RefreshCheck(given)
+    except ValueError:
+        raise ValueError(
+            f"{CHECK_ENV}={escape_name(given)}: expected one of "
+            f"{', '.join(c.value for c in RefreshCheck)}"
+        ) from None
+    key = os.environ.get(KEY_ENV) or None
+    if key is not None and not Path(key).is_file():
+        raise ValueError(f"{KEY_ENV}={escape_name(key)}: no such file")
+    return check, key

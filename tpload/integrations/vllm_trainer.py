@@ -175,6 +175,11 @@ class TploadTrainerEngine(TrainerWeightTransferEngine[TploadTrainerInitInfo]):
                 except Exception as e:  # noqa: BLE001
                     # the engine's verdict first (the same line on every engine rank), then what
                     # this rank's send met: a lost peer, or a cause on the trainer's side
+                    # the sender raises the engines' own verdict when it got one (unlike
+                    # vLLM's HTTP error, its text is not sanitised); else the engine's line, then
+                    # what this rank's send met: a lost peer, or a cause on the trainer's side
+                    if sent.startswith("refresh refused"):
+                        return sent, figures
                     engine = _engine_line(e)
                     if sent and engine not in sent and sent not in engine:
                         engine += f"; trainer rank 0: {sent}"

@@ -171,7 +171,7 @@ def test_the_http_server_takes_a_signed_refresh_and_refuses_what_it_must(
     """The OpenAI server at TP 2 (``python -m vllm.entrypoints.openai.api_server``, dev mode),
     requiring the sha256 strength and a signature by the trainer's key, driven by vLLM's
     HTTPVLLMWeightSyncClient: a signed round; a flipped byte (HTTP 500, the engine's one line on
-    the trainer, v1 still served); a trainer with the default check and no key (refused); a signed
+    the trainer, v1 still served); a trainer with no key (refused: the manifest is not signed); a signed
     round. /weight_info follows, and generation is resumed after each."""
     key, pub = ec_keypair(tmp_path, "trainer")
     out = tmp_path / "http.json"
@@ -202,7 +202,7 @@ def test_the_http_server_takes_a_signed_refresh_and_refuses_what_it_must(
     assert v1["error"] == "" and v1["tokens"] != doc["v0"]["tokens"]
     assert v1["weight_info"] == {"weight_version": "1"}
     assert "model.layers.0.self_attn.o_proj.weight" in bad["error"] and "\n" not in bad["error"]
-    assert "sha256" in weak["error"] and "\n" not in weak["error"], weak["error"]
+    assert "not signed" in weak["error"] and "\n" not in weak["error"], weak["error"]
     for r in (bad, weak):
         assert r["tokens"] == v1["tokens"] and r["weight_info"] == {"weight_version": "1"}
     assert v2["error"] == "" and v2["tokens"] != v1["tokens"]

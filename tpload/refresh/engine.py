@@ -17,6 +17,7 @@ failure every rank raises :class:`RefreshError` with the same one line and keeps
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -53,6 +54,8 @@ from .terms import IN_FLIGHT, TIMEOUT_S, RefreshCheck, RefreshError, RoundFigure
 
 log = logging.getLogger("tpload.refresh")
 
+HASH_THREADS = max(0, min(2, (os.cpu_count() or 1) - 1))
+"""Hash taps on worker threads (sha256 strength): the copy goes on while a block is hashed."""
 MESSAGE_BYTES = 2048
 """Bytes of a rank's one-line message in the exchange's row."""
 _ORDER = {RefreshCheck.FINGERPRINT: 0, RefreshCheck.SHA256: 1}
@@ -64,12 +67,14 @@ class RefreshReceiver:
     ``exchange_group``: the engine ranks' CPU group the verdict is reached on (vLLM's TP CPU
     group; None for one engine rank). ``layout``: this engine's layout, sent to the trainer by
     engine rank 0. ``config``: the config it plans with. ``table``: the tensors the served model
-    has (name -> (dtype, shape)): a version whose table is not exactly this one is refused (a
-    missing tensor would otherwise serve uninitialised memory); None: the first version received
-    sets it. ``check``: the weakest strength accepted (the manifest names the round's).
-    ``public_key``: an EC public key (PEM): every manifest must be signed by its private key.
+    has (name -> (dtype, shape); ``tensors.table_of(root)`` reads a checkpoint's): a version whose
+    table is not this one is refused (a missing tensor would otherwise serve uninitialised memory;
+    a tensor the config skips may be left out); None: the first version received sets it.
+    ``check``: the weakest strength accepted (the manifest names the round's). ``public_key``: an
+    EC public key (PEM): every manifest must be signed by its private key.
     ``staging_budget_bytes``: the most host bytes a round may stage on this rank (None: no
-    bound); a round over it is refused before any window is staged."""
+    bound); a round over it is refused before any window is staged. ``timeout_s``: every wait
+    (the rendezvous's replaces it at connect)."""
 
     def __init__(
         self,
@@ -112,6 +117,7 @@ class RefreshReceiver:
         """The last round's one line when it failed (None: it passed, or none ran)."""
         self._cutting: tuple[tuple[TensorEntry, ...], Cutting] | None = None
         self._served_skips: frozenset[str] | None = None
+        self._spare: np.ndarray | None = None
         self._clear()
 
     # -- state
@@ -193,8 +199,13 @@ class RefreshReceiver:
             self._stop_check(str(e))
             if self.group is not None:
                 self.group.close()  # the trainer ranks waiting on this rank fail now
-        except LoadError as e:  # noqa: BLE001 - any refusal becomes this round's problem
+        except LoadError as e:  # any refusal becomes this round's problem
             self._problems.append(f"{self._who()}: {first_line(e)}")
+        except Exception as e:  # noqa: BLE001 - never raised on one rank alone: the others wait
+            self._problems.append(f"{self._who()}: {type(e).__name__}: {first_line(e)}")
+            self._stop_check(str(e))
+            if self.group is not None:
+                self.group.close()  # where the streams stand is unknown: nobody waits on them
         if final:
             self._verdict()
 
@@ -208,6 +219,11 @@ class RefreshReceiver:
             manifest = VersionManifest.from_bytes(body)
         except RefreshError as e:  # no sizes to drain by: the trainers must not wait on this rank
             raise PeerLost(f"{self._who()}: {first_line(e)}") from None
+        if manifest.trainer_ranks != group.rv.trainer_ranks:
+            raise PeerLost(
+                f"{self._who()}: the manifest names {manifest.trainer_ranks} trainer ranks, the "
+                f"transfer group has {group.rv.trainer_ranks}"
+            )
         if manifest.layout.ranks != self.world:
             raise PeerLost(
                 f"{self._who()}: the manifest is for {manifest.layout.ranks} engine ranks, this "
@@ -227,7 +243,15 @@ class RefreshReceiver:
         mine = manifest.ranks[self.rank].windows
         cutting = self._cutting_of(manifest.tensors)
         self._storage = StagedStorage(cutting.catalogue, mine)
-        self.staging = np.empty(self._storage.nbytes, dtype=np.uint8)
+        try:
+            self.staging = self._buffer(self._storage.nbytes)
+        except MemoryError:
+            self._problems.append(
+                f"{self._who()}: its {self._storage.nbytes:,} bytes of windows could not be staged "
+                "(out of host memory; staging_budget_bytes refuses such a round up front)"
+            )
+            self._storage, self._draining = None, True
+            return
         self._plan = cutting.plan(self.rank)
         self._arrival = Arrival(self._storage, self.timeout_s)
         hashed = (
@@ -238,6 +262,15 @@ class RefreshReceiver:
         source = StorageSource(ArrivingStorage(self._storage, self.staging, self._arrival))
         self._check = _Check(self.rank, source, self._plan, hashed, cutting.catalogue.ranks())
         self._check.start()  # the loader's loop, reading each window as it lands
+
+    def _buffer(self, nbytes: int) -> np.ndarray:
+        """The staging's host buffer: the last round's when it is the same size (a fresh one costs
+        a page fault a page, as much as the transfer on a busy host). Its old bytes are never
+        read: every read waits for its windows to arrive in this round."""
+        if self._spare is None or self._spare.size != nbytes:
+            self._spare = None  # the old one goes before the new one is made
+            self._spare = np.empty(nbytes, dtype=np.uint8)
+        return self._spare
 
     def _refusals(self, m: VersionManifest) -> list[str]:
         """Why this manifest cannot be served here (checked before any window is staged)."""
@@ -487,7 +520,7 @@ class RefreshReceiver:
         for name in plan.deferred:
             meta = self._storage.catalogue.get(name)
             at, w = self._storage.offsets[name], self._storage.windows[name]
-            raw = torch.from_numpy(self.staging[at : at + w.nbytes])
+            raw = torch.from_numpy(self.staging[at : at + w.nbytes].copy())  # the staging is reused
             out[name] = raw.view(_torch_dtype(meta.dtype)).reshape(meta.shape)
         return out
 
@@ -526,6 +559,7 @@ class RefreshReceiver:
             self.group.close()
             self.group = None
         self._clear()
+        self._spare = None
 
 
 class _Check(threading.Thread):
@@ -557,7 +591,7 @@ class _Check(threading.Thread):
                 self.source,
                 self.plan,
                 transfer=CpuTransfer(torch.device("cpu")),
-                hasher=Hasher(HashPlan(self.rank, self.hashed)),
+                hasher=Hasher(HashPlan(self.rank, self.hashed), threads=HASH_THREADS),
                 samples=0,
                 progress=Silent(),
                 ranks=self.order,

@@ -122,7 +122,7 @@ def join(
             pg: dist.ProcessGroup = dist.ProcessGroupNCCL(prefixed, group_rank, rv.world, opts)
         else:
             pg = dist.ProcessGroupGloo(prefixed, group_rank, rv.world, timeout)
-    except (RuntimeError, ValueError, OSError) as e:
+    except (RuntimeError, ValueError, OSError, AttributeError) as e:  # no NCCL in this torch
         raise RefreshError(
             f"group rank {group_rank}: could not join the transfer group at "
             f"{escape_name(rv.host)}:{rv.port} within {rv.timeout_s:g} s ({_first(e)})"

@@ -196,3 +196,41 @@ def test_a_trainer_lost_mid_round_is_named_and_a_new_rendezvous_serves_the_next(
         assert all(torch.equal(pair.state[n], v2[n]) for n in v2)
     finally:
         pair.close()
+
+
+class Truncated:
+    """A manifest whose bytes lose their end on the wire."""
+
+    def __init__(self, manifest) -> None:  # noqa: ANN001
+        self.manifest, self.ranks = manifest, manifest.ranks
+
+    def to_bytes(self) -> bytes:
+        return self.manifest.to_bytes()[:-7]
+
+    def sign(self, key) -> bytes:  # noqa: ANN001
+        return b""
+
+
+class Truncating(RefreshSender):
+    truncate = False
+
+    def _manifest(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        m = super()._manifest(*args, **kwargs)
+        return Truncated(m) if self.truncate else m
+
+
+def test_a_manifest_garbled_on_the_wire_is_refused_and_nobody_waits(weights) -> None:
+    v1, _, root = weights
+    pair = Pair(root, Truncating(rank=0, trainer_ranks=1, timeout_s=20.0))
+    try:
+        pair.sender.truncate = True
+        trainer, engine = pair.round(v1, 1)
+        assert engine.startswith("refresh refused: engine rank 0: the version manifest is"), engine
+        assert "malformed" in engine
+        assert trainer.startswith("version 1: trainer rank 0: engine rank 0 was lost"), trainer
+        assert pair.receiver.served_version == 0
+        pair.sender.truncate = False
+        pair.connect()  # the group was dropped: a new rendezvous
+        assert pair.round(v1, 1) == ("", "")
+    finally:
+        pair.close()

@@ -171,8 +171,8 @@ def test_the_http_server_takes_a_signed_refresh_and_refuses_what_it_must(
     """The OpenAI server at TP 2 (``python -m vllm.entrypoints.openai.api_server``, dev mode),
     requiring the sha256 strength and a signature by the trainer's key, driven by vLLM's
     HTTPVLLMWeightSyncClient: a signed round; a flipped byte (HTTP 500, the engine's one line on
-    the trainer, v1 still served); a trainer with no key (refused: the manifest is not signed); a signed
-    round. /weight_info follows, and generation is resumed after each."""
+    the trainer, v1 still served); a trainer with no key (refused: the manifest is not signed);
+    a signed round. /weight_info follows, and generation is resumed after each."""
     key, pub = ec_keypair(tmp_path, "trainer")
     out = tmp_path / "http.json"
     cmd = [

@@ -322,16 +322,11 @@ def _served_table(checkpoint: str, model_config: Any) -> dict[str, tuple[str, tu
     """The tensors the engine serves, as its checkpoint stores them (name -> dtype, shape), but
     those vLLM's main model never loads (MTP layers): a version must send exactly these, since a
     tensor left out would be served from uninitialised memory by vLLM's layerwise reload."""
-    from ..storage.catalogue import read_native
+    from ..refresh.tensors import table_of
     from .vllm import _skips
 
     never = [s for s in _skips(model_config) if not s.read]
-    tensors = read_native(Path(checkpoint), manifest=False)[0].tensors
-    return {
-        name: (meta.dtype, tuple(meta.shape))
-        for name, meta in tensors.items()
-        if not any(s.matches(name) for s in never)
-    }
+    return {n: t for n, t in table_of(checkpoint).items() if not any(s.matches(n) for s in never)}
 
 
 CHECK_ENV, KEY_ENV = "TPLOAD_REFRESH_CHECK", "TPLOAD_REFRESH_PUBLIC_KEY"

@@ -24,15 +24,30 @@ from vllm.model_executor.model_loader import register_model_loader
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 
 LOAD_FORMAT = "tpload"
+REFRESH_BACKEND = "tpload"  # WeightTransferConfig(backend=...): vllm_refresh.py, vllm_trainer.py
 log = init_logger("vllm.tpload")  # a child of vLLM's logger: its format and level
 
 
 def register() -> None:
-    """The ``vllm.general_plugins`` hook: add ``--load-format tpload`` (safe to run many times)."""
+    """The ``vllm.general_plugins`` hook: add ``--load-format tpload`` and the weight-transfer
+    backend ``tpload`` on both sides (worker and trainer: docs/refresh.md), safe to run many
+    times: vLLM's weight-transfer registries refuse a name twice, and plugins, tpload's trainer
+    module and tests may all register. The backends are registered by module name, imported only
+    when vLLM creates one."""
+    from vllm.distributed.weight_transfer import (
+        WeightTransferEngineFactory,
+        WeightTransferTrainerFactory,
+    )
     from vllm.model_executor.model_loader import _LOAD_FORMAT_TO_MODEL_LOADER
 
     if _LOAD_FORMAT_TO_MODEL_LOADER.get(LOAD_FORMAT) is not TploadModelLoader:
         register_model_loader(LOAD_FORMAT)(TploadModelLoader)
+    for factory, module, cls in (
+        (WeightTransferEngineFactory, "vllm_refresh", "TploadWeightTransferEngine"),
+        (WeightTransferTrainerFactory, "vllm_trainer", "TploadTrainerEngine"),
+    ):
+        if REFRESH_BACKEND not in factory._registry:
+            factory.register_engine(REFRESH_BACKEND, f"{__package__}.{module}", cls)
 
 
 class TploadModelLoader(BaseModelLoader):

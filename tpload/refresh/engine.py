@@ -597,9 +597,20 @@ class _Check(threading.Thread):
                 ranks=self.order,
             )
         except LoadError as e:
-            self.error = first_line(e) + _more(e)
+            self.error = _gist(e)
         except Exception as e:  # noqa: BLE001 - reported as the round's problem, never lost
             self.error = f"the check failed: {type(e).__name__}: {first_line(e)}"
+
+
+def _gist(e: LoadError) -> str:
+    """A load error in one line that names what failed: the loader's many-problem errors open
+    with a header ("1 problem(s):"), so the first problem is joined to it."""
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):
+        head = f"{escape_name(lines[0])} {escape_name(lines[1].removeprefix('- '))[:300]}"
+        rest = len(lines) - 2
+        return head + (f" ({rest} line(s) more)" if rest else "")
+    return first_line(e) + _more(e)
 
 
 def _garbled(who: str, w: WindowEntry, got: Triple) -> str:

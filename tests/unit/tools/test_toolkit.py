@@ -28,8 +28,9 @@ ALLOWED = ("tpload.toolkit", "tpload.model", "tpload.tools", "tpload.api")
 """What a tool or a launch script may import of tpload besides ``tpload`` itself (and below
 these)."""
 
-FACES = ("tpload.refresh",)
-"""Public faces a script may import by name, not their modules: the refresh (docs/refresh.md)."""
+FACES = ("tpload.refresh", "tpload.integrations.vllm_trainer")
+"""Public faces a script may import by name, not their modules: the refresh's and its vLLM
+trainer's (docs/refresh.md)."""
 
 ON_PURPOSE = {
     "first-call.py": {"tpload.storage"},  # its spy patches the class every read goes through

@@ -111,22 +111,11 @@ def classify(
     leave = scales | broken
     ordered = natural_sorted(tensors) if order is None else order
     walked = [n for n in ordered if n not in leave] if leave else ordered
-    served: list[str] = []
     # the usual checkpoint (any name an auto rule could not resolve is a scale): each role's names
     # sorted out, the served in bulk
     if all(n in leave for n in unresolved):
-        for n in walked:
-            r = rules[n]
-            if r is None:
-                unmatched.append(escape_name(n))
-            elif r.role == Role.SKIP:
-                skipped.append(n)
-            elif r.role == Role.DEFER:
-                deferred.append(n)
-                if x := _expert_of(expert_rx, n, r):
-                    deferred_experts[n] = x
-            else:
-                served.append(n)
+        aside = (unmatched, skipped, deferred, deferred_experts)
+        served = [n for n in walked if not _set_aside(n, rules[n], expert_rx, *aside)]
         bulk = _served(
             served, rules, tensors, needs, expert_rx, (codec_of, kv), (fits, classes), sig_of
         )
@@ -141,36 +130,30 @@ def classify(
         r = rules[n]
         if n in unresolved:
             grouped.setdefault(unresolved[n], []).append(tensors[n].describe())
-        elif r is None:
-            unmatched.append(escape_name(n))
-        elif r.role == Role.SKIP:
-            skipped.append(n)
-        elif r.role == Role.DEFER:
-            deferred.append(n)
-            if x := _expert_of(expert_rx, n, r):
-                deferred_experts[n] = x
-        else:
-            need = needs.get(n)
-            expert = _expert_of(expert_rx, n, r) if r.experts and not r.stacked else None
-            if expert is None and r.experts and not r.stacked:
-                grouped.setdefault(
-                    f"{r.describe()}: experts = true but expert_pattern "
-                    f"{expert_rx.pattern!r} finds no index in",
-                    [],
-                ).append(tensors[n].describe())
-            elif (
-                k := _class(
-                    n,
-                    r,
-                    tensors,
-                    need,
-                    _codec(n, r, codec_of, kv),
-                    (fits, classes),
-                    grouped,
-                    sig_of,
-                )
-            ) >= 0:
-                rows.add(n, k, need, expert)
+            continue
+        if _set_aside(n, r, expert_rx, unmatched, skipped, deferred, deferred_experts) or r is None:
+            continue  # "or r is None" only narrows the type: _set_aside filed it as unmatched
+        need = needs.get(n)
+        expert = _expert_of(expert_rx, n, r) if r.experts and not r.stacked else None
+        if expert is None and r.experts and not r.stacked:
+            grouped.setdefault(
+                f"{r.describe()}: experts = true but expert_pattern "
+                f"{expert_rx.pattern!r} finds no index in",
+                [],
+            ).append(tensors[n].describe())
+        elif (
+            k := _class(
+                n,
+                r,
+                tensors,
+                need,
+                _codec(n, r, codec_of, kv),
+                (fits, classes),
+                grouped,
+                sig_of,
+            )
+        ) >= 0:
+            rows.add(n, k, need, expert)
     for reason, listed in grouped.items():
         problems.append(f"{reason}: {_listing(listed)}")
     if unmatched:
@@ -402,6 +385,30 @@ def _class(
         grouped.setdefault(f"{rule.describe()}: {klass}", []).append(meta.describe() + detail)
         return -1
     return klass
+
+
+def _set_aside(
+    n: str,
+    r: Rule | None,
+    expert_rx: re.Pattern[str],
+    unmatched: list[str],
+    skipped: list[str],
+    deferred: list[str],
+    deferred_experts: dict[str, tuple[str, int]],
+) -> bool:
+    """Files ``n`` by its rule as unmatched (no rule), skipped or deferred (with its expert, for
+    the deferred's positions); False for a name to serve. The bulk path and the walk share it."""
+    if r is None:
+        unmatched.append(escape_name(n))
+    elif r.role == Role.SKIP:
+        skipped.append(n)
+    elif r.role == Role.DEFER:
+        deferred.append(n)
+        if x := _expert_of(expert_rx, n, r):
+            deferred_experts[n] = x
+    else:
+        return False
+    return True
 
 
 def _expert_of(rx: re.Pattern[str], name: str, rule: Rule | None) -> tuple[str, int] | None:

@@ -25,7 +25,6 @@ from tpload.tools.bench_engine import disagreement, engine_env
 from tpload.tools.published import write_published
 
 from ..helpers import poke
-from .vllm_env import vllm_python
 
 pytestmark = pytest.mark.engine
 MIB = 1 << 20
@@ -36,14 +35,6 @@ REPLICATED = re.compile(
     r"(norm\.weight|q_a_proj\.weight|kv_a_proj_with_mqa\.weight|mlp\.gate\.weight|"
     r"e_score_correction_bias)$"
 )
-
-
-@pytest.fixture(scope="module")
-def python() -> Path:
-    found, why = vllm_python()
-    if found is None:
-        pytest.skip(why)
-    return found
 
 
 @pytest.fixture(scope="module")

@@ -29,19 +29,11 @@ from tpload.tools.published import write_published
 
 from ..ckpt_tools import ec_keypair
 from ..helpers import free_port, tpload_cli
-from .vllm_env import REPO, vllm_python
+from .vllm_env import REPO
 
 pytestmark = pytest.mark.engine
 DRIVER = Path(__file__).with_name("refresh_driver.py")
 FAILURES = ("flipped byte", "missing tensor", "repeated version", "older version", "trainer killed")
-
-
-@pytest.fixture(scope="module")
-def python() -> Path:
-    found, why = vllm_python()
-    if found is None:
-        pytest.skip(why)
-    return found
 
 
 @pytest.fixture(scope="module")

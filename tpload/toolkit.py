@@ -42,7 +42,7 @@ FACE: dict[str, tuple[str, str]] = {
     "resident_bytes": ("storage.pagecache", "bytes of a file in the page cache"),
     # -- checkpoints written
     "write_safetensors": ("storage.safetensors", "a safetensors file written chunk by chunk"),
-    "ITEMSIZE": ("storage.safetensors", "bytes per element of each safetensors dtype"),
+    "ITEMSIZE": ("model.meta", "bytes per element of each safetensors dtype"),
     "pins_doc": ("storage.pins", "the JSON files' pins a manifest tpload writes holds"),
     "pins_to_write": ("storage.pins", "an export manifest's pins of its folder's JSON files"),
     "Pins": ("storage.pins", "what a manifest on disk pins of its folder's JSON files"),
@@ -137,6 +137,7 @@ if TYPE_CHECKING:  # the face for the type checker and import-linter (the same n
     from .loading.loop import decode_rows as decode_rows
     from .loading.loop import value_feed as value_feed
     from .loading.planner import planner_of as planner_of
+    from .model.meta import ITEMSIZE as ITEMSIZE
     from .options.flags import Parser as Parser
     from .options.rules import not_a_folder as not_a_folder
     from .planning.items import Item as Item
@@ -179,7 +180,6 @@ if TYPE_CHECKING:  # the face for the type checker and import-linter (the same n
     from .storage.reader import CHUNK_BYTES as READER_CHUNK_BYTES  # noqa: F401  re-exported
     from .storage.reader import RING as READER_RING  # noqa: F401  re-exported
     from .storage.reader import Reader as Reader
-    from .storage.safetensors import ITEMSIZE as ITEMSIZE
     from .storage.safetensors import write_safetensors as write_safetensors
     from .storage.sharded import ShardedStorage as ShardedStorage
     from .transfer.base import CUDA_CHUNK_BYTES as CUDA_CHUNK_BYTES

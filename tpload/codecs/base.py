@@ -17,7 +17,7 @@ from typing import NamedTuple, Protocol
 import numpy as np
 import torch
 
-from ..storage.safetensors import ITEMSIZE, TensorMeta
+from ..model.meta import ITEMSIZE, TensorMeta
 from .tables import SERVED, SERVED_SCALE
 
 Problem = tuple[int, str, str]

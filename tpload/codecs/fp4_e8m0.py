@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ..kernels.lazy import kernels
-from ..storage.safetensors import TensorMeta
+from ..model.meta import TensorMeta
 from .base import Checker, Codec, Cut, Fit, Problem, cut_axis
 from .tables import (
     DECODE_CHUNK,

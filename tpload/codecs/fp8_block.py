@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..kernels.lazy import kernels
-from ..storage.safetensors import TensorMeta
+from ..model.meta import TensorMeta
 from .base import Checker, Codec, Cut, Fit, Problem, Windows, cut_axis, meets, whole
 from .tables import (
     DECODE_CHUNK,

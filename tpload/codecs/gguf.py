@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..storage.safetensors import TensorMeta
+from ..model.meta import TensorMeta
 from .base import Checker, Codec, Cut, Fit, Problem, cut_axis
 
 BLOCKS: dict[str, tuple[int, int]] = {

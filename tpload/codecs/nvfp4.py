@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ..kernels.lazy import kernels
-from ..storage.safetensors import TensorMeta
+from ..model.meta import TensorMeta
 from .base import Checker, Codec, Cut, Fit, Problem, cut_axis, whole
 from .fp4_e8m0 import decode_torch
 from .tables import E4M3_NAN, e2m1_values, e4m3_values, round_bf16

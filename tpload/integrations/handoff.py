@@ -34,8 +34,8 @@ import torch
 
 from ..codecs.base import Cut
 from ..model.errors import LoadError
+from ..model.meta import TensorMeta
 from ..model.templates import natural_key
-from ..storage.safetensors import TensorMeta
 from .handed import ElementRanges, Handed, ranges_text
 from .skips import Skip
 from .window_tensor import WindowTensor, whole_tensor

@@ -22,6 +22,7 @@ from ..codecs import registry
 from ..codecs.base import Codec
 from ..codecs.plain import KV_SCALE, PLAIN
 from ..model.errors import ConfigError, raise_all
+from ..model.meta import TensorMeta
 from ..model.modes import Role
 from ..model.table import TensorTable
 from ..model.templates import natural_key, natural_sorted
@@ -31,7 +32,6 @@ from ..selection.config import _alternatives as alternatives_of
 from ..selection.kvscales import Census
 from ..selection.kvscales import census as kv_census
 from ..selection.prefix import Prefix
-from ..storage.catalogue import TensorMeta
 from .entries import Columns, Entries, Entry, Klass
 
 

@@ -12,8 +12,8 @@ from typing import NamedTuple
 import numpy as np
 
 from ..codecs.base import Codec, Fit
+from ..model.meta import TensorMeta
 from ..selection.config import Rule
-from ..storage.catalogue import TensorMeta
 
 
 class Entry(NamedTuple):

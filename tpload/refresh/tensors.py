@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..model.errors import LoadError
+from ..model.meta import TensorMeta
 from ..model.templates import natural_key
 from ..model.text import escape_name
 from ..model.values import Box, FileSource, Stored
@@ -24,7 +25,6 @@ from ..planning.layout import Layout
 from ..planning.planner import Planner, RankPlan
 from ..selection.config import Config, load_config
 from ..storage.catalogue import Catalogue
-from ..storage.safetensors import TensorMeta
 from .layout import EngineLayout
 from .manifest import TensorEntry
 from .terms import RefreshError

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..model.columns import RowTable
 from ..model.errors import CheckpointError, raise_all
+from ..model.meta import TensorMeta
 from ..model.table import TensorTable
 from ..model.templates import natural_sorted
 from ..model.text import escape_name
@@ -33,7 +34,6 @@ from .safetensors import (
     HeaderColumns,
     TableRows,
     TensorInfo,
-    TensorMeta,
     _bad_per_row,
     _dims_ok,
     _is,

@@ -14,12 +14,13 @@ import os
 from pathlib import Path
 
 from ..model.errors import CheckpointError, LayoutError, raise_all
+from ..model.meta import ITEMSIZE, TensorMeta
 from ..model.templates import natural_sorted
 from ..model.text import escape_name
 from ..model.values import INDEX_NAME, MANIFEST_NAME, Stored
 from .catalogue import Catalogue
 from .files import parse_json, read_small
-from .safetensors import ITEMSIZE, MAX_DIM, TensorMeta, read_header
+from .safetensors import MAX_DIM, read_header
 from .sharded import FileReads, Files
 
 

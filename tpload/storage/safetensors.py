@@ -15,7 +15,7 @@ import operator
 import os
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -23,6 +23,7 @@ import numpy as np
 
 from ..model.columns import RowTable
 from ..model.errors import CheckpointError, raise_all
+from ..model.meta import ITEMSIZE, SAFETENSORS_ITEMSIZE, TensorMeta
 from ..model.progress import ProgressSink
 from ..model.table import TensorTable
 from ..model.text import escape_name
@@ -31,87 +32,14 @@ from .files import atomic_file, open_regular, read_exact
 from .header_json import Twice, ignored_value_problem, lone_surrogate, parse_header_json
 
 _new = object.__new__
-_set = object.__setattr__
 MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit (MAX_HEADER_SIZE): it reads no larger
 MAX_DIM = (
     1 << 48
 )  # a dimension this long is corrupt (the manifest's bound); it keeps every product printable
 
-# Every safetensors dtype of whole bytes, with its size. Whether tpload *serves* a dtype is the
-# codecs' business: an unserved tensor can still be skipped or deferred by a rule.
-ITEMSIZE: dict[str, int] = {
-    "BOOL": 1,
-    "U8": 1,
-    "I8": 1,
-    "F8_E5M2": 1,
-    "F8_E4M3": 1,
-    "F8_E8M0": 1,
-    "F8_E4M3FNUZ": 1,
-    "F8_E5M2FNUZ": 1,
-    "I16": 2,
-    "U16": 2,
-    "F16": 2,
-    "BF16": 2,
-    "I32": 4,
-    "U32": 4,
-    "F32": 4,
-    "I64": 8,
-    "U64": 8,
-    "F64": 8,
-}
-_HEADER_ITEMSIZE = dict(ITEMSIZE)  # what a safetensors header may say (GGUF's types below are not)
+_HEADER_ITEMSIZE = SAFETENSORS_ITEMSIZE  # what a safetensors header may say (not GGUF's types)
 # safetensors' dtypes tpload refuses (docs/format.md): complex, and the types narrower than a byte
 _REFUSED_DTYPES = frozenset(("C64", "F4", "F6_E2M3", "F6_E3M2"))
-# GGUF's block-quantised types, seen as bytes: a tensor of them has the shape [..., rows, row bytes]
-# (storage/gguf.py); the dtype keeps the type, so manifests and plans tell Q4_K from Q6_K.
-ITEMSIZE.update({t: 1 for t in ("Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")})
-
-
-@dataclass(frozen=True, slots=True)
-class TensorMeta:
-    """One stored tensor as a header names it, and as the planner sees it.
-
-    Slotted: a catalogue holds one a tensor for the whole load, and an instance without a
-    ``__dict__`` is one object for the collector to walk, not two."""
-
-    name: str
-    file: str
-    """Shard file name, relative to the checkpoint directory (for messages)."""
-    dtype: str
-    """Stored dtype, safetensors spelling."""
-    shape: tuple[int, ...]
-    nbytes: int = field(init=False, repr=False, compare=False)
-    rows: int = field(init=False, repr=False, compare=False)
-    """Rows of the 2-D byte view ``[rows, row_bytes]`` (a 0-D or 1-D tensor is one row)."""
-    row_bytes: int = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        nbytes = math.prod(self.shape) * ITEMSIZE[self.dtype]
-        rows = self.shape[0] if len(self.shape) > 1 else 1
-        _set(self, "nbytes", nbytes)
-        _set(self, "rows", rows)
-        _set(self, "row_bytes", nbytes // rows if rows else 0)
-
-    @property
-    def itemsize(self) -> int:
-        return ITEMSIZE[self.dtype]
-
-    def __eq__(self, other: object) -> bool:
-        """The same tensor as the planner sees it: a TensorInfo equals the TensorMeta of its four
-        fields (the catalogue holds TensorInfos; a pre-partitioned export's holds TensorMetas)."""
-        if not isinstance(other, TensorMeta):
-            return NotImplemented
-        return (self.name, self.file, self.dtype, self.shape) == (
-            other.name,
-            other.file,
-            other.dtype,
-            other.shape,
-        )
-
-    def describe(self) -> str:
-        return (
-            f"{escape_name(self.name)} ({escape_name(self.file)}, {self.dtype} {list(self.shape)})"
-        )
 
 
 @dataclass(frozen=True, eq=False, slots=True)

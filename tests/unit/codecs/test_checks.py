@@ -19,7 +19,7 @@ from tpload.codecs.base import Codec, Cut, Fit, Problem
 from tpload.codecs.fp4_e8m0 import FP4, overflow_groups
 from tpload.codecs.fp8_block import FP8, overflow_blocks
 from tpload.codecs.plain import PLAIN
-from tpload.storage.safetensors import TensorMeta
+from tpload.model.meta import TensorMeta
 
 BF16_MAX_HALFWAY = np.array([0x7F7F8000], dtype=np.uint32).view(np.float32)[
     0

@@ -23,7 +23,7 @@ from tpload.codecs.fp8_block import FP8
 from tpload.codecs.fp8_block import decode_torch as fp8_decode_torch
 from tpload.codecs.plain import PLAIN
 from tpload.kernels import compiled as kernels
-from tpload.storage.safetensors import TensorMeta
+from tpload.model.meta import TensorMeta
 
 PATHS = pytest.mark.parametrize("path", ["kernel", "torch", "reference"])
 LEGAL_E8M0 = np.arange(1, 255, dtype=np.uint8)

@@ -25,7 +25,7 @@ from tpload.codecs.base import Fit
 from tpload.codecs.fp8_block import FP8
 from tpload.codecs.plain import PLAIN
 from tpload.codecs.tables import SERVED, SERVED_SCALE
-from tpload.storage.safetensors import TensorMeta
+from tpload.model.meta import TensorMeta
 
 B = 128
 PATHS = pytest.mark.parametrize("path", ["kernel", "torch", "reference"])

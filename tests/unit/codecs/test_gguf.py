@@ -14,7 +14,7 @@ import torch
 from tpload.codecs.gguf import BLOCKS, DECODED, SCALE_OFFSETS, decode_torch
 from tpload.codecs.registry import for_role
 from tpload.codecs.tables import round_bf16
-from tpload.storage.safetensors import TensorMeta
+from tpload.model.meta import TensorMeta
 
 try:
     import gguf

@@ -27,8 +27,8 @@ import torch
 
 from tpload.codecs.base import Codec, Cut, Fit
 from tpload.codecs.nvfp4 import NVFP4_CODEC as NVFP4
+from tpload.model.meta import TensorMeta
 from tpload.selection.config import load_config
-from tpload.storage.safetensors import TensorMeta
 from tpload.tools.offline import verify_checkpoint
 from tpload.tools.published import write_published
 

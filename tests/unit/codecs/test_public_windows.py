@@ -23,11 +23,11 @@ from tpload.codecs.base import Cut, channel_window, cut_axis
 from tpload.codecs.fp4_e8m0 import FP4
 from tpload.codecs.fp8_block import FP8
 from tpload.codecs.plain import PLAIN
+from tpload.model.meta import TensorMeta
 from tpload.planning.layout import Layout, share
 from tpload.planning.planner import Planner
 from tpload.selection.config import Config, Rule, load_config
 from tpload.storage.catalogue import Catalogue
-from tpload.storage.safetensors import TensorMeta
 
 from .test_windows import fit_of, meta
 

@@ -15,7 +15,7 @@ from tpload.codecs.fp4_e8m0 import FP4
 from tpload.codecs.fp8_block import FP8
 from tpload.codecs.plain import PLAIN
 from tpload.codecs.registry import for_role, roles
-from tpload.storage.safetensors import TensorMeta
+from tpload.model.meta import TensorMeta
 
 NP = {
     "BF16": ml_dtypes.bfloat16,

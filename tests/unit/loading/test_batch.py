@@ -234,7 +234,7 @@ def test_fp8_clean_says_clean_only_when_no_item_check_could_find_anything(scale_
     a scale that could overflow bf16 (what triggers the overflow check) each make it say no."""
     from tpload.codecs import fp8_block
     from tpload.codecs.base import Fit
-    from tpload.storage.safetensors import TensorMeta
+    from tpload.model.meta import TensorMeta
 
     fit = Fit(
         TensorMeta("w", "f", "F8_E4M3", (256, 256)),

@@ -13,6 +13,7 @@ import torch
 
 from tpload.attest.predict import predict
 from tpload.loading.loop import run
+from tpload.model.meta import ITEMSIZE
 from tpload.model.progress import Silent
 from tpload.planning.layout import Layout
 from tpload.refresh.layout import EngineLayout
@@ -21,7 +22,6 @@ from tpload.refresh.terms import RefreshError
 from tpload.selection.config import load_config
 from tpload.sources.hashing import Hasher
 from tpload.sources.storage import StorageSource
-from tpload.storage.safetensors import ITEMSIZE
 from tpload.tools.export import export
 from tpload.tools.published import write_published
 from tpload.transfer.cpu import CpuTransfer

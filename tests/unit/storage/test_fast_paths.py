@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 
 from tpload.model.errors import CheckpointError
+from tpload.model.meta import TensorMeta
 from tpload.model.templates import natural_key, natural_sorted
 from tpload.storage import catalogue, safetensors
 from tpload.storage.catalogue import ManifestEntry, parse_manifest_entries
-from tpload.storage.safetensors import TensorInfo, TensorMeta
+from tpload.storage.safetensors import TensorInfo
 
 from .shards import f32, write_raw
 

@@ -146,7 +146,7 @@ def test_device_decodes_equal_host_decodes() -> None:
 
 
 def _metas(w: np.ndarray, s: np.ndarray, wd: str, sd: str):
-    from tpload.storage.safetensors import TensorMeta
+    from tpload.model.meta import TensorMeta
 
     return TensorMeta("x.weight", "f", wd, w.shape), TensorMeta("x.scale", "f", sd, s.shape)
 

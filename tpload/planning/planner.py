@@ -22,13 +22,13 @@ from ..model.text import escape_name
 from ..model.values import Box
 from ..selection.config import Config
 from ..selection.prefix import detect as detect_prefix
-from ..storage.catalogue import Catalogue
 from . import checks
 from .classify import Classified, classify
 from .cutting import SLOT_ALIGN, Shaped, shaped
 from .entries import Entries, Entry
 from .items import Item, item_of
 from .layout import Layout, parts_of
+from .view import CatalogueView
 
 
 @dataclass(frozen=True, eq=False)
@@ -134,7 +134,7 @@ class Planner:
     """Classifies a catalogue once against a config, then cuts plans for any layout."""
 
     def __init__(
-        self, catalogue: Catalogue, config: Config, *, model: Mapping[str, object] | None = None
+        self, catalogue: CatalogueView, config: Config, *, model: Mapping[str, object] | None = None
     ) -> None:
         """``model``: the checkpoint's config.json (None: it has none); rules that count heads
         read it, and the prefix's note counts MTP layers by it."""

@@ -3,7 +3,7 @@
 After a passed verdict, ``--attest FILE`` makes rank 0 write an in-toto statement
 (docs/attestation.md): its subject is the checkpoint's identity (a signature bundle's sha256, the
 manifest's sha256, or each file's whole-file digest when the folder is vouched for file by file),
-its predicate the trust source that vouched (verification/trust.py) and every
+its predicate the trust source that vouched (model/trust.py) and every
 rank's node, device, digest and windows (boxes of the stored tensors' 2-D byte views, as the plan
 cuts them), with the coverage that follows: for every tensor of the checkpoint, how many ranks serve
 each of its bytes (at least one; skipped and deferred tensors listed as such). Rank 0 derives every
@@ -167,7 +167,7 @@ def statement(
 ) -> dict:
     """The in-toto statement of a passed load. ``ranks``: each rank's ``node``, ``device`` and
     ``digest`` (from the exchanged table); ``trust``: the verdict's trust source
-    (verification/trust.py); everything else is derived here from ``planner`` (the load's)."""
+    (model/trust.py); everything else is derived here from ``planner`` (the load's)."""
     catalogue, config = planner.catalogue, planner.config
     plans = [planner.plan(layout, kind, r) for r in range(layout.world)]
     per_rank = [windows(p) for p in plans]

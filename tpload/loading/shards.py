@@ -59,7 +59,7 @@ class RankShards:
         self.vouched_by = verdict.vouched_by
         """What vouched for the served bytes, in words."""
         self.trust = verdict.trust
-        """The same as a record (verification/trust.py): kind, file, sha256, signer."""
+        """The same as a record (model/trust.py): kind, file, sha256, signer."""
         self._deferred = deferred
         self._derived: dict[str, torch.Tensor] = {}
 

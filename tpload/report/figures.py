@@ -19,8 +19,7 @@ import torch
 
 from .. import load_path_import_ns
 from ..model.modes import PredictionState
-from ..model.values import DIGEST_BYTES, SLOTS
-from ..verification.terms import AGREED_BYTES
+from ..model.values import AGREED_BYTES, DIGEST_BYTES, SLOTS
 
 MESSAGE_BYTES = 4096
 DEVICE_BYTES = 24  # a multiple of 8 (the row is int64 words), and not DIGEST_BYTES (_pack)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from ..model.modes import PredictionState
 from ..model.text import printable
+from ..model.trust import TrustSource
 from ..storage.files import atomic_write
-from ..verification.trust import TrustSource
 from .figures import PREDICTION, RankFigures
 
 GIB = 1 << 30
@@ -33,7 +33,7 @@ class LoadReport:
     """``--verify digest``: the stored digests were trusted in place of hashing (what vouched, for
     every mode, is :attr:`trust`)."""
     trust: TrustSource | None = None
-    """The trust source the served bytes were checked against (verification/trust.py): kind,
+    """The trust source the served bytes were checked against (model/trust.py): kind,
     file, sha256, signer; None where no verdict made one (a report made by hand)."""
     evict_page_cache: bool = False
     """Whether ranks dropped each shard's page cache once done with it."""

@@ -39,6 +39,7 @@ from typing import Protocol
 from ..model.errors import CheckpointError, LoadError
 from ..model.modes import RankStatus, Verify
 from ..model.text import escape_name
+from ..model.trust import UNCHECKED, TrustKind, TrustSource
 from ..model.values import Box
 from . import signing
 from .hashes import SHA256, Digests, HashResults, mismatches
@@ -47,7 +48,6 @@ from .signing import SignedModel
 from .store import content_hash, fix_command, stale
 from .strategy import Checkpoint, HasBytes, Job, Manifest, Prepared, RankRow, Strategy
 from .terms import disagreement
-from .trust import UNCHECKED, TrustKind, TrustSource
 from .vouched import Vouched, vouched
 from .whole_files import FileDigests, SignedFiles, statement
 

@@ -23,13 +23,13 @@ from typing import Protocol
 from ..model.errors import LoadError
 from ..model.modes import PredictionState
 from ..model.text import escape_name
+from ..model.trust import TrustKind, TrustSource
 from ..model.values import Box, FileSource, Stored, Triple
 from . import node
 from .hashes import SHA256, Digests, FileHashed, HashResults
 from .node import HashPlan, WholeFiles
 from .signing import Signer
 from .store import DigestStore, Prediction, Stamp
-from .trust import TrustKind, TrustSource
 
 # -- what the gate reads of the load -------------------------------------------------------------
 
@@ -334,7 +334,7 @@ class Strategy(ABC):
         self.store_path = str(store.path(manifest_sha)) if manifest_sha else str(store.root)
 
     def trust(self) -> TrustSource:
-        """What this strategy checks served bytes against, as a record (verification/trust.py): by
+        """What this strategy checks served bytes against, as a record (model/trust.py): by
         default the manifest's per-tensor digests."""
         cat = self.job.checkpoint.catalogue
         return TrustSource(TrustKind.MANIFEST, str(cat.manifest_path), cat.manifest_sha256)

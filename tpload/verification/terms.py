@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..model.text import rank_ranges
+from ..model.values import AGREED_BYTES
 
 FIELDS = (
     ("verify", "the verify mode", "give every rank the same --verify"),
@@ -42,10 +43,6 @@ rank was given first, then what it found (the config, the anchor)."""
 
 SHOWN_BYTES = 64
 """Bytes of each value a row carries to name it (a multiple of 8: the row is int64 words)."""
-
-
-AGREED_BYTES = 16 * len(FIELDS)
-"""The hashes as hex in the exchange's row (``RankFigures.agreed``)."""
 
 
 def _hash(value: str) -> int:

@@ -18,13 +18,13 @@ from pathlib import Path
 from ..model.errors import LoadError
 from ..model.modes import Verify
 from ..model.text import escape_name
+from ..model.trust import TrustKind, TrustSource
 from ..model.values import SNAPSHOT, Box, FileSource
 from . import node
 from .hashes import Expected, FileHashed, file_problems, own_problems
 from .node import HashPlan, WholeFiles, assign_files, readers
 from .signing import SignedModel
 from .strategy import Findings, Job, Outcome, Prepared, Strategy, digest_map
-from .trust import TrustKind, TrustSource
 
 
 class FileDigests(Strategy):

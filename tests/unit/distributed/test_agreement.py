@@ -17,13 +17,14 @@ from tpload.distributed.placement import Placement
 from tpload.distributed.world import DistContext
 from tpload.model.errors import CheckpointError, StoodDown
 from tpload.model.modes import RankStatus
+from tpload.model.values import AGREED_BYTES
 from tpload.options.load_options import LoadOptions
 from tpload.planning.layout import Layout
 from tpload.report.figures import RankFigures
 from tpload.selection.config import load_config, with_rules
 from tpload.verification.gate import judge
 from tpload.verification.strategy import digest_map
-from tpload.verification.terms import AGREED_BYTES, FIELDS, Terms, disagreement
+from tpload.verification.terms import FIELDS, Terms, disagreement
 
 SHA_A, SHA_B = "a" * 64, "b" * 64
 

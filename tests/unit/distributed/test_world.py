@@ -11,10 +11,10 @@ import torch
 
 from tpload.distributed.world import DistContext, call_world, node_key, pick_device
 from tpload.model.errors import OptionsError
+from tpload.model.values import AGREED_BYTES
 from tpload.planning.layout import Layout
 from tpload.report.figures import RankFigures
 from tpload.verification import gate, strategy
-from tpload.verification.terms import AGREED_BYTES
 
 
 def test_the_cpu_is_picked_without_cuda() -> None:

@@ -10,11 +10,12 @@ import pytest
 from tpload.loading.deferred import DeferredTensor
 from tpload.loading.shards import RankShards
 from tpload.model.errors import LoadError
+from tpload.model.trust import TrustKind, TrustSource
+from tpload.model.values import AGREED_BYTES
 from tpload.planning.layout import Layout
 from tpload.report.figures import RankFigures
 from tpload.verification import gate, strategy, whole_files
-from tpload.verification.terms import AGREED_BYTES
-from tpload.verification.trust import TrustKind, TrustSource
+from tpload.verification.terms import FIELDS
 
 
 def _locator(tmp_path: Path, sha: str | None, vouched_by: str) -> DeferredTensor:
@@ -123,6 +124,12 @@ def test_whole_file_locators_need_a_digest_from_this_load() -> None:
     assert s.locators(("a",)) == {"a": "cd" * 32}
     with pytest.raises(LoadError, match="were not hashed in this load"):
         s.locators(("a", "b"))
+
+
+def test_the_row_has_room_for_a_hash_of_every_term() -> None:
+    """model/values.py's AGREED_BYTES is the row's width (the report's side); terms.py's FIELDS
+    are what the handshake hashes (the gate's side): 16 hex digits each."""
+    assert 16 * len(FIELDS) == AGREED_BYTES
 
 
 def test_the_verdict_names_what_vouched() -> None:

@@ -26,11 +26,11 @@ from cryptography.x509.oid import NameOID
 
 import tpload
 from tpload.model.errors import OptionsError
+from tpload.model.trust import TrustKind
 from tpload.options.load_options import LoadOptions
 from tpload.storage.files import MAX_PEM_BYTES
 from tpload.tools.published import write_published
 from tpload.verification import signing
-from tpload.verification.trust import TrustKind
 
 from ...ckpt_tools import ec_keypair
 

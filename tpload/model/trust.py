@@ -4,7 +4,8 @@ the JSON report's ``trust`` and the attestation's ``checkpoint.trust``.
 
 One record for every anchor, so what vouched is said the same way wherever it is said: its kind,
 the file (or folder) it lives in, the sha256 of that file's bytes where the load read them whole,
-and, for a signature, who signed as the bundle proves it."""
+and, for a signature, who signed as the bundle proves it. The gate makes it, the report and the
+attestation print it: a value they share, so it stands on the data floor."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from ..model.text import escape_name
+from .text import escape_name
 
 
 class TrustKind(StrEnum):

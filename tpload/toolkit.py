@@ -51,8 +51,8 @@ FACE: dict[str, tuple[str, str]] = {
     "git_blob_sha1": ("storage.hub", "git's object name of a blob"),
     "lfs_sha256": ("storage.hub", "the sha256 an LFS object is named by"),
     # -- a config chosen, a layout planned
-    "choose": ("selection.pick", "the config a spec names for a checkpoint (auto: detected)"),
-    "model_for": ("selection.pick", "the checkpoint's config.json for the planner"),
+    "choose": ("loading.pick", "the config a spec names for a checkpoint (auto: detected)"),
+    "model_for": ("loading.pick", "the checkpoint's config.json for the planner"),
     "with_rules": ("selection.config", "a config with skip and defer rules put first"),
     "Config": ("selection.config", "a parsed config: rules in order, layout constants"),
     "load_config": ("selection.config", "a config by name or path, parsed and checked"),
@@ -136,6 +136,8 @@ if TYPE_CHECKING:  # the face for the type checker and import-linter (the same n
     from .kernels.gguf import decode as gguf_decode_kernel  # noqa: F401  re-exported
     from .loading.loop import decode_rows as decode_rows
     from .loading.loop import value_feed as value_feed
+    from .loading.pick import choose as choose
+    from .loading.pick import model_for as model_for
     from .loading.planner import planner_of as planner_of
     from .model.meta import ITEMSIZE as ITEMSIZE
     from .options.flags import Parser as Parser
@@ -150,8 +152,6 @@ if TYPE_CHECKING:  # the face for the type checker and import-linter (the same n
     from .selection.config import load_config as load_config
     from .selection.config import with_rules as with_rules
     from .selection.defaults import DEFAULT_CONFIG as DEFAULT_CONFIG
-    from .selection.pick import choose as choose
-    from .selection.pick import model_for as model_for
     from .sources.hashing import at_rest as gate_at_rest  # noqa: F401  re-exported
     from .sources.hashing import hash_whole as hash_whole
     from .sources.whole_files import FileHasher as FileHasher

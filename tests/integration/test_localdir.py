@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tpload.attest.predict import predict
+from tpload.loading.pick import choose
 from tpload.planning.layout import Layout
-from tpload.selection.pick import choose
 from tpload.storage.hub import to_hub_cache
 from tpload.tools.published import write_published
 

@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 import tpload
+from tpload.loading.pick import choose
 from tpload.loading.planner import planner_of
 from tpload.planning import batches as batch
 from tpload.planning.layout import Layout
-from tpload.selection.pick import choose
 from tpload.storage.sharded import ShardedStorage
 
 

@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import __version__
+from ..loading.pick import choose
 from ..loading.planner import planner_of
 from ..model.modes import Kind, Verify
 from ..model.progress import Meter
 from ..model.text import escape_name
 from ..planning.layout import Layout
 from ..selection.config import with_rules
-from ..selection.pick import choose
 from ..storage.files import parse_json, read_small
 from ..storage.open import open_storage
 from ..verification import signing

@@ -147,8 +147,8 @@ def _gpu_memory(asked: float | None) -> tuple[int, str] | None:
 def _config_for(args: argparse.Namespace, root: str):
     """The config ``--config`` names for the checkpoint at ``root`` (auto: found from its files,
     saying why)."""
+    from ..loading.pick import choose
     from ..selection.config import with_rules
-    from ..selection.pick import choose
 
     config, why = choose(getattr(args, "config", None) or "auto", Path(root).absolute())
     if why:

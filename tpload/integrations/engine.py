@@ -21,12 +21,12 @@ import torch.distributed as dist
 
 import tpload
 
+from ..loading.pick import model_config
 from ..model.errors import LoadError, OptionsError
 from ..model.text import escape_name
 from ..options.load_options import LoadOptions
 from ..report.memory import MemoryPeaks
 from ..selection.kvscales import census
-from ..selection.pick import model_config
 from ..storage.files import atomic_write
 from .gguf_names import GGUFHandoff, is_gguf
 from .handoff import Handoff, unconsumed_message

@@ -306,7 +306,7 @@ class TploadWeightTransferEngine(WeightTransferEngine[TploadInitInfo, TploadUpda
 def _config_of(checkpoint: str) -> tuple[Any, dict | None]:
     """tpload's config for the engine's checkpoint (as ``--load-format tpload`` picks it) and its
     config.json (the planner counts heads by it)."""
-    from ..selection.pick import choose, model_for
+    from ..loading.pick import choose, model_for
 
     root = Path(checkpoint)
     try:

@@ -1,5 +1,5 @@
 """The planner of an opened checkpoint: its config.json read (checked against the manifest's pin,
-selection/pick.py) and handed to planning's :class:`~tpload.planning.planner.Planner`, which reads
+loading/pick.py) and handed to planning's :class:`~tpload.planning.planner.Planner`, which reads
 no file itself."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 from ..planning.planner import Planner
 from ..selection.config import Config
-from ..selection.pick import model_for
 from ..storage.catalogue import Catalogue
+from .pick import model_for
 
 
 def planner_of(catalogue: Catalogue, config: Config) -> Planner:

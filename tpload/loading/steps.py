@@ -20,7 +20,6 @@ from ..report.figures import RankFigures
 from ..report.log import rank_log
 from ..report.progress import Progress
 from ..selection.config import Config, with_rules
-from ..selection.pick import choose
 from ..sources.base import ReadSource
 from ..sources.hashing import Hasher
 from ..storage.base import Storage
@@ -28,6 +27,7 @@ from ..storage.pagecache import REPORT_SAMPLE, ShardRelease, checkpoint_resident
 from ..transfer.device import for_device
 from ..verification.strategy import Findings, Prepared
 from .loop import run
+from .pick import choose
 from .result import LoadResult
 
 

@@ -17,12 +17,12 @@ from tpload.attest import build as attest
 from tpload.attest import check as attest_check
 from tpload.attest import signing as attest_signing
 from tpload.attest.predict import predict
+from tpload.loading.pick import choose
 from tpload.loading.planner import planner_of
 from tpload.model.errors import LoadError, OptionsError
 from tpload.options.load_options import LoadOptions
 from tpload.planning.layout import Layout
 from tpload.selection.config import with_rules
-from tpload.selection.pick import choose
 from tpload.storage.hub import to_hub_cache
 from tpload.storage.open import open_storage
 from tpload.tools.published import write_published

@@ -148,13 +148,13 @@ def test_nan_or_inf_super_scale_is_refused_naming_the_block(ggml: str) -> None:
 
 @needs_gguf
 def test_config_auto_reads_the_header(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from tpload.selection.pick import choose
+    from tpload.loading.pick import choose
     from tpload.tools.synth_gguf import write_gguf_preset
 
     root = write_gguf_preset(tmp_path / "g", "deepseek-v3-gguf-tiny")
     config, why = choose("auto", root)
     assert config.name == "deepseek-v3-gguf+gguf" and "gguf:deepseek2" in why
-    from tpload.selection.pick import model_config
+    from tpload.loading.pick import model_config
 
     model = model_config(root)
     assert (

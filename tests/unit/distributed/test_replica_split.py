@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from tpload.distributed.replica_split import Names, file_units, shares, split_runs
+from tpload.loading.pick import choose, model_for
 from tpload.planning.batches import runs
 from tpload.planning.layout import Layout
 from tpload.planning.planner import Planner
 from tpload.selection.config import with_rules
-from tpload.selection.pick import choose, model_for
 from tpload.storage.open import open_storage
 
 

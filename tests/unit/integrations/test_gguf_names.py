@@ -112,9 +112,9 @@ def qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _tp2(root: Path, rank: int) -> tuple[dict, list, dict[str, np.ndarray]]:
     """The rank's plan, its windows cut from gguf's reader (not tpload's), and gguf's whole
     tensors."""
+    from tpload.loading.pick import choose
     from tpload.loading.planner import planner_of
     from tpload.planning.layout import Layout
-    from tpload.selection.pick import choose
     from tpload.storage.catalogue import read_native
 
     whole = {

@@ -29,10 +29,10 @@ import torch
 
 from tpload.integrations.handoff import Handoff, element_ranges, unconsumed_message
 from tpload.integrations.skips import declared_skips
+from tpload.loading.pick import choose, model_config
 from tpload.loading.planner import planner_of
 from tpload.planning.layout import Layout
 from tpload.selection.config import with_rules
-from tpload.selection.pick import choose, model_config
 from tpload.storage.catalogue import read_native
 from tpload.tools.published import write_published
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import tpload.planning.classify as classify
+from tpload.loading.pick import choose
 from tpload.loading.planner import planner_of
 from tpload.planning.planner import Planner
-from tpload.selection.pick import choose
 from tpload.storage.catalogue import read_native
 
 TINY = [

@@ -19,11 +19,11 @@ import pytest
 
 import tpload
 from tpload.cli import main
+from tpload.loading.pick import choose
 from tpload.loading.planner import planner_of
 from tpload.model.errors import CheckpointError, ConfigError, LoadError
 from tpload.model.values import MANIFEST_NAME
 from tpload.selection.config import load_config
-from tpload.selection.pick import choose
 from tpload.storage.catalogue import read_native
 from tpload.storage.gguf import read_header
 from tpload.storage.hub import to_hub_cache

@@ -288,7 +288,7 @@ def test_a_manifest_written_into_a_snapshot_is_used_and_keeps_it_loadable(snapsh
 
 
 def test_auto_config_checks_a_snapshots_config_json_before_believing_it(snapshot: Path) -> None:
-    from tpload.selection.pick import choose
+    from tpload.loading.pick import choose
 
     blob = blob_of(snapshot / "config.json")
     blob.write_text(blob.read_text().replace("LlamaForCausalLM", "GptOssForCausalLM"))

@@ -123,7 +123,7 @@ def test_a_flipped_byte_fails_naming_the_file_and_its_etag(local: Path) -> None:
 
 
 def test_config_json_is_checked_by_its_git_sha1_before_it_picks_the_config(local: Path) -> None:
-    from tpload.selection.pick import choose
+    from tpload.loading.pick import choose
 
     cfg = local / "config.json"
     st = cfg.stat()

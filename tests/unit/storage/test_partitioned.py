@@ -236,7 +236,7 @@ def test_a_rank_file_rewritten_while_open_is_reported(export_copy: Path) -> None
 def test_an_exports_config_json_is_pinned_by_its_manifest(tmp_path: Path) -> None:
     # the export copies config.json (checked against the source's pins) and pins its own copy:
     # an edit afterwards is refused by the reader, before it shapes a plan
-    from tpload.selection.pick import choose, model_config
+    from tpload.loading.pick import choose, model_config
     from tpload.storage.pins import Pins
     from tpload.tools.published import write_published
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 import tpload
+from tpload.loading.pick import choose, model_config
 from tpload.model.errors import CheckpointError, LoadError
 from tpload.model.values import INDEX_NAME, MANIFEST_NAME
-from tpload.selection.pick import choose, model_config
 from tpload.storage.catalogue import read_native
 from tpload.tools.offline import verify_checkpoint, write_manifest
 from tpload.tools.published import write_published

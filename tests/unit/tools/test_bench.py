@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from tpload.loading.pick import choose
 from tpload.loading.planner import planner_of
 from tpload.planning.layout import Layout
-from tpload.selection.pick import choose
 from tpload.storage.sharded import ShardedStorage
 from tpload.tools.bench import (
     OPTIONAL,

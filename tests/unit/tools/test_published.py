@@ -23,10 +23,10 @@ import torch
 from safetensors import safe_open
 
 import tpload
+from tpload.loading.pick import choose
 from tpload.loading.planner import planner_of
 from tpload.model.errors import CheckpointError
 from tpload.planning.layout import Layout
-from tpload.selection.pick import choose
 from tpload.storage.catalogue import read_native
 from tpload.tools.offline import verify_checkpoint, write_manifest
 from tpload.tools.published import PUBLISHED, tensor_count, write_published

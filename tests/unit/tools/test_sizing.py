@@ -59,7 +59,7 @@ def test_planning_imports_neither_numba_nor_the_kernels() -> None:
 
     root = Path(__file__).resolve().parents[3]
     code = (
-        "import sys, tpload.planning.planner, tpload.tools.sizing, tpload.selection.pick, "
+        "import sys, tpload.planning.planner, tpload.tools.sizing, tpload.loading.pick, "
         "tpload.codecs.fp8_block, "
         "tpload.codecs.nvfp4; print(sorted(m for m in ('numba', 'tpload.kernels.compiled') if m in "
         "sys.modules))"

@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING
 from ..model.errors import ConfigError, LoadError
 from ..model.text import escape_name
 from ..model.values import INDEX_NAME
+from ..selection.config import FAMILIES, Config, available, load_config, split_spec
+from ..selection.defaults import REFERENCE_CONFIG
 from ..storage import gguf, hub, localdir, partitioned
 from ..storage.files import folder_of, parse_json
 from ..storage.pins import Pins
 from ..storage.safetensors import read_header
-from .config import FAMILIES, Config, available, load_config, split_spec
-from .defaults import REFERENCE_CONFIG
 
 if TYPE_CHECKING:
     pass

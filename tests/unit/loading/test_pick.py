@@ -1,4 +1,4 @@
-"""``--config auto``: :func:`tpload.selection.pick.choose` picks the config from a checkpoint's
+"""``--config auto``: :func:`tpload.loading.pick.choose` picks the config from a checkpoint's
 config.json (and hf_quant_config.json) and says why in one line.
 
 Folders are written by hand (config.json only, as the published models spell it) for each family;
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from tpload.loading.pick import choose
 from tpload.loading.planner import planner_of
 from tpload.model.errors import ConfigError
 from tpload.planning.layout import Layout
 from tpload.selection.config import Config, shipped_configs
-from tpload.selection.pick import choose
 from tpload.storage.catalogue import read_native
 from tpload.tools.published import write_published
 
@@ -287,7 +287,7 @@ def test_architectures_follow_the_lists_order(tmp_path: Path) -> None:
 
 
 def test_no_two_shipped_configs_claim_one_name() -> None:
-    from tpload.selection.pick import _architectures
+    from tpload.loading.pick import _architectures
 
     claimed = [n for c in _architectures() for n in c.architectures]
     assert len(claimed) == len(set(claimed)) and claimed

@@ -71,6 +71,32 @@ def test_a_planted_upward_import_and_a_core_import_of_a_tool_break_the_contracts
     assert re.search(r"the library never imports its tools or its command line\s+BROKEN", out)
 
 
+@needs_importlinter
+def test_a_plan_naming_storage_and_a_report_naming_the_gate_break_the_contracts() -> None:
+    """The nevers of docs/architecture.md's drawing that the layers allow: planning and selection
+    name no storage (but the bounded reader, for config.py alone), report nothing of the gate."""
+    planted = {
+        ROOT / "tpload" / "planning" / "_planted_for_test.py": "from ..storage import catalogue\n",
+        ROOT / "tpload" / "selection" / "_planted_for_test.py": "from ..storage import files\n",
+        ROOT / "tpload" / "report" / "_planted_for_test.py": "from ..verification import terms\n",
+    }
+    try:
+        for path, text in planted.items():
+            path.write_text(text)
+        run = lint_imports()
+    finally:
+        for path in planted:
+            path.unlink()
+    out = run.stdout
+    assert run.returncode == 1, out[-4000:] + run.stderr[-2000:]
+    assert "tpload.planning is not allowed to import tpload.storage" in out
+    assert "tpload.planning._planted_for_test -> tpload.storage.catalogue" in out
+    assert "tpload.selection is not allowed to import tpload.storage" in out
+    assert "tpload.selection._planted_for_test -> tpload.storage.files" in out
+    assert "tpload.report is not allowed to import tpload.verification" in out
+    assert "tpload.report._planted_for_test -> tpload.verification.terms" in out
+
+
 def test_the_gate_closure_stays_within_the_ci_limit() -> None:
     limit = re.search(r"gate-closure\.py (.*)--max (\d+)", (ROOT / ".ci" / "run").read_text())
     assert limit is not None

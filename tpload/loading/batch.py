@@ -11,43 +11,61 @@ import numpy as np
 from ..kernels.fingerprint import word_widths
 from ..kernels.lazy import kernels
 from ..model.values import Box, Stored, Triple
-from ..planning.batches import Piece
-from ..planning.items import Item
+from ..planning.batches import PlanRuns
 from ..sources.base import ReadSource
 
 
 class Batch:
-    """One batch's bytes read, its windows copied and fingerprinted: each piece's triple
-    (``pieces``: the batch's items' cuts in order), and each stored tensor's bytes for the
-    hasher."""
+    """One batch's bytes read, its windows copied and fingerprinted: each piece's triple (the
+    pieces ``[p, q)`` of ``runs``: the batch's entries' cuts in order), and each stored tensor's
+    bytes for the hasher, as columns."""
 
     def __init__(
-        self,
-        source: ReadSource,
-        items: Sequence[Item],
-        pieces: list[list[Piece]],
-        buffer: np.ndarray,
+        self, source: ReadSource, runs: PlanRuns, p: int, q: int, label: str, buffer: np.ndarray
     ) -> None:
-        flat = [p for per_item in pieces for p in per_item]
-        self.stored = [s for s, _, _ in flat]
-        self.boxes: list[Box] = [(rows, cols) for _, rows, cols in flat]
-        self.path = self.stored[0].path
-        n = len(flat)
-        offsets = np.fromiter((s.offset for s in self.stored), np.int64, n)
-        self.stride = np.fromiter((s.row_bytes for s in self.stored), np.int64, n)
-        nbytes = np.fromiter((s.rows for s in self.stored), np.int64, n) * self.stride
+        s = runs.spans
+        self.source = source
+        self.names = runs.names[p:q]
+        """Each piece's stored tensor."""
+        offsets = s.offset[p:q]
+        self.rows, self.stride, self.box = s.rows[p:q], s.row_bytes[p:q], s.box[p:q]
+        nbytes = self.rows * self.stride
+        self.path = source.stored(self.names[0]).path  # a batch is in one file
         self.start = int(offsets.min())
         self.at = offsets - self.start
         span = int((self.at + nbytes).max())
         self.data = buffer[:span]
-        self.data_label = label = f"{items[0].name} .. {items[-1].name} ({len(items)} tensors)"
-        windows = sum((r1 - r0) * (c1 - c0) for (r0, r1), (c0, c1) in self.boxes)
+        self.data_label = label
+        box = self.box
+        windows = int(((box[:, 1] - box[:, 0]) * (box[:, 3] - box[:, 2])).sum())
         source.read_run(
             Stored(label, self.path, self.start, 1, span, None),
             self.data.reshape(1, span),
             window_bytes=windows,
         )
-        self.fingerprints = np.zeros((n, 3), dtype=np.int64)
+        self.fingerprints = np.zeros((q - p, 3), dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def boxes(self, ks: Sequence[int]) -> list[Box]:
+        """Piece ``ks[i]``'s window box in its stored bytes' view, as tuples."""
+        return [((r0, r1), (c0, c1)) for r0, r1, c0, c1 in self.box[list(ks)].tolist()]
+
+    def stored(self, k: int) -> Stored:
+        """Piece ``k``'s stored bytes, as the source's ``box`` gives them (seen in its view)."""
+        return self.source.stored(self.names[k]).seen_as((int(self.rows[k]), int(self.stride[k])))
+
+    def own(self, ks: Sequence[int] | np.ndarray) -> tuple[np.ndarray, ...]:
+        """Piece ``ks[i]``'s own window: where its first byte is, its rows, stride and width."""
+        k = np.asarray(ks, dtype=np.int64)
+        box, stride = self.box[k], self.stride[k]
+        return (
+            self.at[k] + box[:, 0] * stride + box[:, 2],
+            box[:, 1] - box[:, 0],
+            stride,
+            box[:, 3] - box[:, 2],
+        )
 
     def windows(self, ks: Sequence[int], boxes: Sequence[Box]) -> tuple[np.ndarray, ...]:
         """Box ``boxes[i]`` of stored tensor ``ks[i]``: where its first byte is, its rows, stride
@@ -63,7 +81,7 @@ class Batch:
     def copy(self, dst: np.ndarray, dst_offsets: np.ndarray) -> None:
         """Each window into ``dst`` at its offset (an empty ``dst``: fingerprints only),
         fingerprinted."""
-        src, rows, stride, width = self.windows(range(len(self.stored)), self.boxes)
+        src, rows, stride, width = self.own(np.arange(len(self.names)))
         # the kernel does not check bounds: every window lies in the span read (the storage's box is
         # inside its stored tensor), and every destination in dst (fits_batch holds each slot to its
         # window)
@@ -109,15 +127,13 @@ class Batch:
 
     def view(self, k: int) -> np.ndarray:
         """Piece ``k``'s window, 2-D (rows of its cut's view), for the value checks."""
-        (r0, r1), (c0, c1) = self.boxes[k]
-        s = self.stored[k]
-        return self.raw(k).reshape(s.rows, s.row_bytes)[r0:r1, c0:c1]
+        r0, r1, c0, c1 = self.box[k].tolist()
+        return self.raw(k).reshape(int(self.rows[k]), int(self.stride[k]))[r0:r1, c0:c1]
 
     def raw(self, k: int) -> np.ndarray:
         """Stored tensor ``k``'s bytes, whole and flat (what the hasher hashes)."""
-        s = self.stored[k]
-        a = s.offset - self.start
-        return self.data[a : a + s.rows * s.row_bytes]
+        a = int(self.at[k])
+        return self.data[a : a + int(self.rows[k] * self.stride[k])]
 
 
 class BatchWindows:
@@ -125,9 +141,7 @@ class BatchWindows:
 
     def __init__(self, batch: Batch, ks: Sequence[int]) -> None:
         self.batch = batch
-        self.src, self.rows, self.stride, self.width = batch.windows(
-            ks, [batch.boxes[k] for k in ks]
-        )
+        self.src, self.rows, self.stride, self.width = batch.own(ks)
 
     def count_either(self, a: int, b: int) -> int:
         return int(

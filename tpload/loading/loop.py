@@ -26,7 +26,7 @@ from ..codecs.base import Checker, Cut, Fit
 from ..kernels.fingerprint import HostFingerprint, as_bytes2d, decoded_fingerprint, fingerprint
 from ..model.errors import LoadError
 from ..model.progress import BatchSink, ProgressSink
-from ..planning.batches import BATCH_BYTES, Piece, runs
+from ..planning.batches import BATCH_BYTES, PlanRuns
 from ..planning.items import Item, Output
 from ..planning.planner import RankPlan
 from ..sources.base import ReadSource, SourceFigures
@@ -58,18 +58,26 @@ def _sample_spans(n: int, multiple: int) -> list[tuple[int, int]]:
 
 def _sampled(plan: RankPlan, per_codec: int) -> set[str]:
     """The decoded items checked against an independent decode: ``per_codec`` of each codec's,
-    spread evenly (first and last included)."""
+    spread evenly (first and last included). Whether a class decodes, and by which codec, is
+    asked of its first item (the others are cut alike)."""
     if plan.kind != "expanded" or per_codec <= 0:
         return set()
-    by_codec: dict[str, list[str]] = {}
-    for item in plan.items:
+    decoded: dict[int, str] = {}
+    _, first = np.unique(plan.klass, return_index=True)
+    for t in first.tolist():
+        item = plan.item(t)
         if not item.codec.copies(item.fit, plan.kind):
-            by_codec.setdefault(item.codec.name, []).append(item.name)
+            decoded[int(plan.klass[t])] = item.codec.name
+    by_codec: dict[str, list[str]] = {}
+    if decoded:
+        names, klass = plan.names, plan.klass
+        for t in np.flatnonzero(np.isin(klass, list(decoded))).tolist():
+            by_codec.setdefault(decoded[int(klass[t])], []).append(names[t])
     picks = set()
-    for names in by_codec.values():
-        n = len(names)
+    for names_of in by_codec.values():
+        n = len(names_of)
         picks |= {
-            names[round(j * (n - 1) / max(per_codec - 1, 1))] for j in range(min(per_codec, n))
+            names_of[round(j * (n - 1) / max(per_codec - 1, 1))] for j in range(min(per_codec, n))
         }
     return picks
 
@@ -98,6 +106,8 @@ class _Loader:
         self.arena = Arena(transfer.arena(plan.arena_bytes), host=transfer.host_slots)
         self.sampled = 0
         self._batch_buffer: np.ndarray | None = None
+        self._checked_by_class: np.ndarray | None = None
+        self._formats: np.ndarray | None = None
 
     def _blocks(
         self, cut: Cut, *, row_multiple: int = 1, split_rows: bool = True
@@ -262,17 +272,23 @@ class _Loader:
         for count, what, about in problems:
             checks[about if about in checks else item.weight.name].bad.append((count, what))
 
-    def batch(self, items: Sequence[Item], pieces: list[list[Piece]]) -> None:
-        """Small items of one file together (batch.py): one read, one pass into their slots."""
+    def batch(self, runs: PlanRuns, i: int, j: int) -> Batch:
+        """Small entries ``[i, j)`` of one file together (batch.py): one read, one pass into their
+        slots, worked on the run's columns (an item is made only for a value-checked entry its
+        format's batch-wide check did not clear)."""
         if self._batch_buffer is None:
             self._batch_buffer = np.empty(BATCH_BYTES, dtype=np.uint8)
-        b = Batch(self.source, items, pieces, self._batch_buffer)
-        outs = [o for item in items for o in _cut_outputs(item)]
-        offsets = np.fromiter((o.offset for o in outs), np.int64, len(outs))
+        plan = self.plan
+        p, q = runs.pieces(i, j)
+        label = f"{plan.names[i]} .. {plan.names[j - 1]} ({j - i} tensors)"
+        b = Batch(self.source, runs, p, q, label, self._batch_buffer)
+        offsets = runs.out[p:q]
         if self.arena.host is not None:  # host slots: written in place
             b.copy(self.arena.host, offsets)
         else:  # a device: the slots' range built on the host, uploaded at once, its upload checked
-            lo, hi = int(offsets.min()), max(o.offset + o.nbytes for o in outs)
+            box = b.box
+            sizes = (box[:, 1] - box[:, 0]) * (box[:, 3] - box[:, 2])  # each slot's bytes
+            lo, hi = int(offsets.min()), int((offsets + sizes).max())
             image = np.zeros(hi - lo, dtype=np.uint8)
             b.copy(image, offsets - lo)
             fp = HostFingerprint(hi - lo)
@@ -289,24 +305,37 @@ class _Loader:
                 )
             )
         evidence, fps = self.evidence, b.fingerprints
-        cuts = [c for item in items for c in item.cuts]  # in the order of the batch's pieces
-        evidence.windows_of([c.name for c in cuts], [c.box for c in cuts], fps)
+        evidence.windows_of(b.names, runs.cut_boxes[p:q], fps)
         self._hash(b)
-        checked = [item.codec.checked for item in items]
-        clean = self._clean(b, items) if any(checked) else set()
-        plain: list[int] = []  # rows of fps whose fingerprint is all there is to keep (the copy's)
-        k = 0
-        for item, value_checked in zip(items, checked, strict=True):
-            n = len(item.cuts)
-            if value_checked and item.name not in clean:  # the value checks, on the batch's bytes
-                self._value_checks(b, item, outs[k : k + n], fps[k : k + n].tolist(), k)
-            else:
-                plain.extend(range(k, k + n))
-            k += n
-        if len(plain) == len(outs):  # the common batch: every fingerprint in columns
-            evidence.served([o.name for o in outs], fps)
-        elif plain:
-            evidence.served([outs[i].name for i in plain], fps[plain])
+        klass = plan.klass[i:j]
+        checked = self._checked(runs)[klass]
+        if not checked.any():  # the common batch: every fingerprint in columns
+            evidence.served(b.names, fps)
+            return b
+        dirty = checked & ~self._clean(b, runs, i, j)
+        if not dirty.any():
+            evidence.served(b.names, fps)
+            return b
+        plain = np.ones(q - p, bool)  # pieces whose fingerprint is all there is to keep
+        for t in (np.flatnonzero(dirty) + i).tolist():  # the value checks, on the batch's bytes
+            item = plan.item(t)
+            k = int(runs.first[t]) - p
+            n = int(runs.count[t])
+            self._value_checks(b, item, _cut_outputs(item), fps[k : k + n].tolist(), k)
+            plain[k : k + n] = False
+        if plain.any():
+            at = np.flatnonzero(plain)
+            evidence.served([b.names[k] for k in at.tolist()], fps[at])
+        return b
+
+    def _checked(self, runs: PlanRuns) -> np.ndarray:
+        """Per class, whether its items are value-checked (asked of its first item)."""
+        if self._checked_by_class is None:
+            size = int(self.plan.klass.max()) + 1 if len(self.plan.klass) else 0
+            self._checked_by_class = np.zeros(size, bool)
+            for c, cc in runs.classes.items():
+                self._checked_by_class[c] = cc.item.codec.checked
+        return self._checked_by_class
 
     def _value_checks(
         self, b: Batch, item: Item, outs: Sequence[Output], triples: list[list[int]], first: int
@@ -324,45 +353,49 @@ class _Loader:
         for check in checks.values():
             self.evidence.add(check)
 
-    @staticmethod
-    def _clean(b: Batch, items: Sequence[Item]) -> set[str]:
-        """The scaled items whose value checks would find nothing, decided per format over all of
-        the batch's items of that format at once (Codec.clean); the others are checked one by
-        one."""
-        alike: dict[tuple, tuple[Item, list[Item], list[int], list[int]]] = {}
-        k = 0
-        for item in items:
-            n = len(item.scales) + 1
-            if (
-                item.codec.scaled and len(item.scales) == 1
-            ):  # scale windows first, then the weight's
-                f = item.fit
-                group = alike.setdefault(
-                    (item.codec.name, f.weight.dtype, f.scale.dtype), (item, [], [], [])
-                )
-                group[1].append(item)
-                group[2].append(k)
-                group[3].append(k + 1)
-            k += n
-        clean: set[str] = set()
-        for first, members, scales, weights in alike.values():
-            if first.codec.clean(first.fit, BatchWindows(b, scales), BatchWindows(b, weights)):
-                clean.update(item.name for item in members)
+    def _clean(self, b: Batch, runs: PlanRuns, i: int, j: int) -> np.ndarray:
+        """Per entry of ``[i, j)``, whether it is a scaled item whose value checks would find
+        nothing, decided per format over all of the batch's entries of that format at once
+        (Codec.clean, with the fit of the format's first entry in the batch); the others are
+        checked one by one."""
+        if self._formats is None:  # each class's format (-1: not one scale and a weight)
+            size = int(self.plan.klass.max()) + 1 if len(self.plan.klass) else 0
+            self._formats = np.full(size, -1, np.int64)
+            keys: dict[tuple, int] = {}
+            for c, cc in runs.classes.items():
+                item = cc.item
+                if item.codec.scaled and len(item.scales) == 1:
+                    f = item.fit
+                    key = (item.codec.name, f.weight.dtype, f.scale.dtype)
+                    self._formats[c] = keys.setdefault(key, len(keys))
+        klass = self.plan.klass[i:j]
+        formats = self._formats[klass]
+        clean = np.zeros(j - i, bool)
+        _, first = np.unique(formats, return_index=True)
+        for at in np.sort(first).tolist():  # formats in order of first appearance
+            if formats[at] < 0:
+                continue
+            members = np.flatnonzero(formats == formats[at])
+            scales = runs.first[members + i] - runs.pieces(i, j)[0]  # scale windows first, then
+            item = runs.classes[int(klass[at])].item  # the weight's
+            if item.codec.clean(item.fit, BatchWindows(b, scales), BatchWindows(b, scales + 1)):
+                clean[members] = True
         return clean
 
     def _hash(self, b: Batch) -> None:
         """The batch's stored tensors this rank hashes, each hashed whole from the batch's bytes,
         with its node peers' windows fingerprinted there (all of them in one pass; a peer's window
         that is this rank's own has its fingerprint already), as columns."""
-        want = self.hasher.wanted([s.name for s in b.stored])
+        want = self.hasher.wanted(b.names)
         if not want.ks:
             return
-        ks, own = want.ks, b.boxes
+        ks = want.ks
+        own = b.boxes(ks)
         fps = np.empty((len(want.at), 3), np.int64)
         same: list[int] = []
         other: list[int] = []
         for j, (i, box) in enumerate(zip(want.at, want.boxes, strict=True)):
-            (same if box == own[ks[i]] else other).append(j)
+            (same if box == own[i] else other).append(j)
         if same:
             fps[same] = b.fingerprints[[ks[want.at[j]] for j in same]]
         if other:
@@ -370,10 +403,15 @@ class _Loader:
                 [ks[want.at[j]] for j in other], [want.boxes[j] for j in other]
             )
         self.hasher.record_batch(
-            [b.stored[k] for k in ks],
+            [b.stored(k) for k in ks],
             [b.raw(k) for k in ks],
             (want.at, want.ranks, fps.ravel().tolist()),
         )
+
+    def done_batch(self, b: Batch) -> None:
+        if self.release is not None:
+            for _ in range(len(b)):  # each piece's stored tensor, all in the batch's file
+                self.release.done(b.path)
 
     def done(self, item: Item) -> None:
         if self.release is not None:
@@ -437,19 +475,19 @@ def run(
     try:
         with transfer:  # from the arena's making: its exit waits for what the transfer started
             sampled = _sampled(plan, samples)
-            items = plan.items
-            for item in items[:READAHEAD_ITEMS]:
-                _ask(source, item)
-            for k, end, pieces in runs(items, plan.kind, source, classes=plan.shapes):
-                if pieces:  # small items, even one alone: one read, one pass (batch.py)
-                    loader.batch(items[k:end], pieces)
-                    for item in items[k:end]:
-                        loader.done(item)
-                    _advance_all(progress, items[k:end])
+            runs = PlanRuns(plan, plan.kind, source)
+            n = len(plan.klass)
+            read, served = _per_entry(plan)
+            for t in range(min(READAHEAD_ITEMS, n)):
+                _ask(source, plan, t)
+            for i, j, batched in runs:
+                if batched:  # small entries, even one alone: one read, one pass (batch.py)
+                    loader.done_batch(loader.batch(runs, i, j))
+                    _advance_all(progress, read, served, i, j)
                     continue
-                item = items[k]
-                if k + READAHEAD_ITEMS < len(items):
-                    _ask(source, items[k + READAHEAD_ITEMS])
+                item = plan.item(i)
+                if i + READAHEAD_ITEMS < n:
+                    _ask(source, plan, i + READAHEAD_ITEMS)
                 if item.codec.copies(item.fit, plan.kind):
                     loader.copy(item)
                 else:
@@ -468,10 +506,9 @@ def run(
     problems = settled.problems + list(figures.problems)
     if problems:
         raise LoadError(f"{len(problems)} problem(s):\n  - " + "\n  - ".join(problems))
-    outputs = [o for item in items for o in item.outputs]
     return LoadResult(
         loader.arena,
-        outputs,
+        plan.outputs,
         settled.fingerprints,
         hashed,
         loader.evidence.windows,
@@ -491,19 +528,38 @@ def _advance(progress: ProgressSink, item: Item) -> None:
         progress.update(0)
 
 
-def _advance_all(progress: ProgressSink, items: Sequence[Item]) -> None:
-    """A batch's served tensors in one call with their bytes, when the sink takes one (the load's
-    own); a caller's sink is told of each as :func:`_advance` does."""
+def _per_entry(plan: RankPlan) -> tuple[list[int], list[int]]:
+    """Running sums over the plan's entries of their read bytes and served tensors (a packed weight
+    and its scale are two), from their classes: a run's are two subtractions."""
+    size = int(plan.klass.max()) + 1 if len(plan.klass) else 0
+    read, served = np.zeros(size, np.int64), np.zeros(size, np.int64)
+    for c, s in plan.table.items():
+        read[c] = s.read_bytes
+        served[c] = min(1 + (s.scale is not None) + (s.scale2 is not None), len(s.served))
+    zero = np.zeros(1, np.int64)
+    return (
+        np.concatenate((zero, np.cumsum(read[plan.klass]))).tolist(),
+        np.concatenate((zero, np.cumsum(served[plan.klass]))).tolist(),
+    )
+
+
+def _advance_all(
+    progress: ProgressSink, read: list[int], served: list[int], i: int, j: int
+) -> None:
+    """A batch's served tensors (entries ``[i, j)``; ``read``, ``served``: :func:`_per_entry`'s
+    sums) in one call with their bytes, when the sink takes one (the load's own); a caller's sink
+    is told of each as :func:`_advance` does."""
     if isinstance(progress, BatchSink):
-        progress.update_many(
-            sum(item.read_bytes for item in items), sum(len(item.outputs) for item in items)
-        )
+        progress.update_many(read[j] - read[i], served[j] - served[i])
         return
-    for item in items:
-        _advance(progress, item)
+    for t in range(i, j):
+        progress.update(read[t + 1] - read[t])
+        for _ in range(served[t + 1] - served[t] - 1):
+            progress.update(0)
 
 
-def _ask(source: ReadSource, item: Item) -> None:
-    if item.read_bytes >= READAHEAD_FROM:
-        for cut in item.cuts:
+def _ask(source: ReadSource, plan: RankPlan, t: int) -> None:
+    """Entry ``t``'s stored tensors asked ahead, when it is large enough to be worth it."""
+    if plan.table[int(plan.klass[t])].read_bytes >= READAHEAD_FROM:
+        for cut in plan.item(t).cuts:
             source.will_need(source.stored(cut.name))

@@ -21,10 +21,15 @@ instead, whole or cut to the rank's window:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Protocol
+from collections.abc import Iterator, Mapping, Sequence
+from typing import NamedTuple, Protocol
 
-from ..model.values import Stored
+import numpy as np
+
+from ..codecs.base import Cut
+from ..model.values import Box, Stored
+from .cutting import Shaped
+from .entries import Entries
 from .items import Item
 
 SMALL_BYTES = 256 << 10  # smaller tensors cost more in per-tensor calls than in bytes
@@ -134,3 +139,187 @@ def _pieces(item: Item, storage: Boxes) -> list[Piece] | None:
             return None
         pieces.append((stored, rows, cols))
     return pieces
+
+
+class Spans(NamedTuple):
+    """Where stored tensors' bytes lie, as columns (one row a piece: a cut's stored tensor)."""
+
+    file: np.ndarray
+    """Each one's file, as a number (equal numbers: one file)."""
+    offset: np.ndarray
+    """Its first byte in that file."""
+    rows: np.ndarray
+    """Rows of the stored bytes' 2-D view the window is a box of."""
+    row_bytes: np.ndarray
+    box: np.ndarray
+    """``[n, 4]``: the window's first and end row, first and end byte column in that view."""
+
+
+def spans_of(storage: Boxes, names: Sequence[str], views: np.ndarray, boxes: np.ndarray) -> Spans:
+    """Each named cut's stored span (``views``: ``[n, 2]`` each cut's view, ``boxes``: ``[n, 4]``
+    its box), as ``storage.box`` says: from the storage's columns when it has them (``spans``: a
+    native folder's table, whose box is the stored tensor seen in the cut's view), a ``box`` a cut
+    otherwise (a rank file, bytes held in memory)."""
+    located = getattr(storage, "spans", None)
+    got = located(names) if located is not None else None
+    if got is not None:
+        file, offset, nbytes = got
+        if np.array_equal(views[:, 0] * views[:, 1], nbytes):  # else box raises: let it, below
+            return Spans(file, offset, views[:, 0].copy(), views[:, 1].copy(), boxes)
+    n = len(names)
+    files: dict[object, int] = {}
+    file, offset = np.empty(n, np.int64), np.empty(n, np.int64)
+    rows, row_bytes, box = np.empty(n, np.int64), np.empty(n, np.int64), np.empty((n, 4), np.int64)
+    for k, (name, v, b) in enumerate(zip(names, views.tolist(), boxes.tolist(), strict=True)):
+        s, (r0, r1), (c0, c1) = storage.box(name, (v[0], v[1]), (b[0], b[1]), (b[2], b[3]))
+        file[k] = files.setdefault(s.path, len(files))
+        offset[k], rows[k], row_bytes[k], box[k] = s.offset, s.rows, s.row_bytes, (r0, r1, c0, c1)
+    return Spans(file, offset, rows, row_bytes, box)
+
+
+class Kinds(Protocol):
+    """What :func:`plan_runs` reads of a rank's plan (planning/planner.py's RankPlan)."""
+
+    @property
+    def klass(self) -> np.ndarray: ...
+    @property
+    def index(self) -> np.ndarray: ...
+    @property
+    def offsets(self) -> np.ndarray: ...
+    @property
+    def all_entries(self) -> Entries: ...
+    @property
+    def table(self) -> Mapping[int, Shaped]: ...
+
+    def item(self, t: int) -> Item: ...
+
+
+class ClassCuts(NamedTuple):
+    """What every batched entry of one class shares: its cuts in order (the name column each
+    reads: 0 the weight's, 1 the scale's, 2 the second scale's), their views and boxes, where
+    each cut's served tensor lies after the entry's arena offset; its first item (whose codec and
+    fit stand for the class)."""
+
+    item: Item
+    column: tuple[int, ...]
+    cuts: tuple[Cut, ...]
+    after: tuple[int, ...]
+
+
+class PlanRuns:
+    """A plan in runs ``[i, j)`` (as :func:`runs` makes them from items, without them): a batch of
+    small entries, whose pieces (each entry's cuts in cut order) are the rows ``[p, q)`` of the
+    piece columns, or one entry loaded alone (block by block, or decoded)."""
+
+    def __init__(self, plan: Kinds, kind: str, storage: Boxes) -> None:
+        klass, index = plan.klass, plan.index
+        n = len(klass)
+        size = int(klass.max()) + 1 if n else 0
+        self.classes: dict[int, ClassCuts] = {}
+        """Each batchable class's cuts."""
+        _, first = np.unique(klass, return_index=True)
+        for t in first.tolist():
+            item = plan.item(t)
+            if fits_batch(item, kind):
+                base, shaped = item.outputs[0].offset, plan.table[int(klass[t])]
+                # cut order (planning/items.py): the scale, the second scale, then the weight
+                column = (1,) * (shaped.scale is not None) + (2,) * (shaped.scale2 is not None)
+                self.classes[int(klass[t])] = ClassCuts(
+                    item,
+                    (*column, 0),
+                    tuple(item.cuts),
+                    tuple(item.output(c.name).offset - base for c in item.cuts),
+                )
+        count = np.zeros(size, np.int64)
+        views = np.zeros((size, 3, 2), np.int64)
+        boxes = np.zeros((size, 3, 4), np.int64)
+        after = np.zeros((size, 3), np.int64)
+        col = np.zeros((size, 3), np.int64)
+        for c, cc in self.classes.items():
+            count[c] = len(cc.cuts)
+            for j, cut in enumerate(cc.cuts):
+                views[c, j], boxes[c, j] = cut.view, (*cut.rows, *cut.cols)
+                after[c, j], col[c, j] = cc.after[j], cc.column[j]
+        per = count[klass]
+        self.first = np.cumsum(per) - per
+        """Each entry's first piece (an entry that cannot batch has none)."""
+        rep = np.repeat(np.arange(n), per)
+        j = np.arange(len(rep)) - np.repeat(self.first, per)
+        k = klass[rep]
+        rows = plan.all_entries
+        cols = (rows.names, rows.scales, rows.scales2)
+        self.names: list[str] = [
+            cols[c][e]  # type: ignore[misc]
+            for c, e in zip(col[k, j].tolist(), index[rep].tolist(), strict=True)
+        ]
+        """Each piece's stored tensor (its cut's and its served tensor's name)."""
+        shared = {c: [cut.box for cut in cc.cuts] for c, cc in self.classes.items()}
+        self.cut_boxes: list[Box] = [
+            shared[c][i] for c, i in zip(k.tolist(), j.tolist(), strict=True)
+        ]
+        """Each piece's cut's box (one tuple a class's cut, shared)."""
+        self.out = plan.offsets[rep] + after[k, j]
+        """Each piece's served tensor's arena offset."""
+        self.spans = spans_of(storage, self.names, views[k, j], boxes[k, j])
+        s = self.spans
+        nbytes = s.rows * s.row_bytes
+        # an entry batches when each of its pieces' stored tensors is small (it is read whole)
+        small = ((nbytes > 0) & (nbytes <= SMALL_BYTES)).astype(np.int64)
+        starts = self.first[per > 0]
+        ok = np.zeros(n, bool)
+        lo = np.zeros(n, np.int64)
+        hi = np.zeros(n, np.int64)
+        total = np.zeros(n, np.int64)
+        one_file = np.zeros(n, bool)
+        if len(rep):
+            has = per > 0
+            ok[has] = np.add.reduceat(small, starts) == per[has]
+            lo[has] = np.minimum.reduceat(s.offset, starts)
+            hi[has] = np.maximum.reduceat(s.offset + nbytes, starts)
+            total[has] = np.add.reduceat(nbytes, starts)
+            one_file[has] = np.minimum.reduceat(s.file, starts) == np.maximum.reduceat(
+                s.file, starts
+            )
+        file = np.full(n, -1, np.int64)
+        file[per > 0] = s.file[starts]
+        self.runs = _group(
+            ok.tolist(), one_file.tolist(), file.tolist(), lo.tolist(), hi.tolist(), total.tolist()
+        )
+        """Each run: its first and end entry, and whether it is a batch."""
+        self.count = per
+
+    def pieces(self, i: int, j: int) -> tuple[int, int]:
+        """The piece rows of batched entries ``[i, j)``."""
+        return int(self.first[i]), int(self.first[j - 1] + self.count[j - 1])
+
+    def __iter__(self) -> Iterator[tuple[int, int, bool]]:
+        return iter(self.runs)
+
+
+def _group(
+    ok: list[bool],
+    one_file: list[bool],
+    file: list[int],
+    lo: list[int],
+    hi: list[int],
+    total: list[int],
+) -> list[tuple[int, int, bool]]:
+    """:func:`runs`' grouping over each entry's columns (whether it batches, whether its pieces are
+    in one file, which, the span of its stored bytes and their sum)."""
+    out: list[tuple[int, int, bool]] = []
+    i, n = 0, len(ok)
+    while i < n:
+        j = i + 1
+        if not ok[i] or not one_file[i] or not _readable(lo[i], hi[i], total[i]):
+            out.append((i, j, False))
+            i = j
+            continue
+        f, a, b, t = file[i], lo[i], hi[i], total[i]
+        while j < n and ok[j] and one_file[j] and file[j] == f:
+            a2, b2, t2 = min(a, lo[j]), max(b, hi[j]), t + total[j]
+            if not _readable(a2, b2, t2):
+                break
+            a, b, t, j = a2, b2, t2, j + 1
+        out.append((i, j, True))
+        i = j
+    return out

@@ -3,8 +3,10 @@ becomes, each a slot of the rank's arena."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple, overload
 
+import numpy as np
 import torch
 
 from ..codecs.base import Codec, Cut, Fit
@@ -69,3 +71,52 @@ def item_of(e: Entry, s: Shaped, offset: int) -> Item:
         outputs.append(Output(name, dtype, shape, offset, nbytes))
         offset += slot(nbytes)
     return Item(e.name, e.codec, s.rule, f, Cut(e.name, *s.weight), scales, tuple(outputs))
+
+
+class Outputs(Sequence[Output]):
+    """A plan's served tensors as columns, in plan order: each one's name, arena offset and bytes,
+    and its class's layout code (``layouts[code]`` is its dtype and shape). An :class:`Output` is
+    made only when one is asked for (a state dict, an engine's hand-off): a load of 92,000 tensors
+    keeps a few lists, not an object a tensor."""
+
+    def __init__(
+        self,
+        names: list[str],
+        offsets: np.ndarray,
+        nbytes: np.ndarray,
+        code: np.ndarray,
+        layouts: Sequence[tuple[torch.dtype, tuple[int, ...]]],
+    ) -> None:
+        self.names, self.offsets, self.nbytes, self.code = names, offsets, nbytes, code
+        self.layouts = layouts
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @overload
+    def __getitem__(self, k: int) -> Output: ...
+
+    @overload
+    def __getitem__(self, k: slice) -> Sequence[Output]: ...
+
+    def __getitem__(self, k: int | slice) -> Output | Sequence[Output]:
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(len(self.names)))]
+        dtype, shape = self.layouts[int(self.code[k])]
+        return Output(self.names[k], dtype, shape, int(self.offsets[k]), int(self.nbytes[k]))
+
+    def __iter__(self) -> Iterator[Output]:
+        layouts = self.layouts
+        for name, code, offset, nbytes in zip(
+            self.names, self.code.tolist(), self.offsets.tolist(), self.nbytes.tolist(), strict=True
+        ):
+            dtype, shape = layouts[code]
+            yield Output(name, dtype, shape, offset, nbytes)
+
+    @property
+    def dtypes(self) -> list[torch.dtype]:
+        return [self.layouts[c][0] for c in self.code.tolist()]
+
+    @property
+    def shapes(self) -> list[tuple[int, ...]]:
+        return [self.layouts[c][1] for c in self.code.tolist()]

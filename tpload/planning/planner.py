@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from ..model.errors import ConfigError, LayoutError
 from ..model.modes import Kind
@@ -24,9 +25,9 @@ from ..selection.config import Config
 from ..selection.prefix import detect as detect_prefix
 from . import checks
 from .classify import Classified, classify
-from .cutting import SLOT_ALIGN, Shaped, shaped
+from .cutting import SLOT_ALIGN, Shaped, shaped, slot
 from .entries import Entries, Entry
-from .items import Item, item_of
+from .items import Item, Outputs, item_of
 from .layout import Layout, parts_of
 from .view import CatalogueView
 
@@ -67,7 +68,58 @@ class RankPlan:
 
     @functools.cached_property
     def items(self) -> tuple[Item, ...]:
+        """Every entry's item (what a tool, an engine's hand-off or a test reads; the load makes
+        only the items it needs, with :meth:`item`)."""
         return tuple(map(item_of, self.entries, self.shapes, self.offsets.tolist()))
+
+    def item(self, t: int) -> Item:
+        """The named item of the ``t``-th held entry, made alone (as :attr:`items` holds it)."""
+        return item_of(
+            self.all_entries[int(self.index[t])],
+            self.table[int(self.klass[t])],
+            int(self.offsets[t]),
+        )
+
+    @functools.cached_property
+    def names(self) -> list[str]:
+        """Each held entry's weight name, in plan order."""
+        return list(map(self.all_entries.names.__getitem__, self.index.tolist()))
+
+    @functools.cached_property
+    def outputs(self) -> Outputs:
+        """Every served tensor, in plan order (each item's outputs, as :func:`item_of` names and
+        places them), as columns: no item is made."""
+        size = int(self.klass.max()) + 1 if len(self.klass) else 0
+        count = np.zeros(size, np.int64)
+        column = np.zeros((size, 3), np.int64)  # 0: the weight's name, 1: the scale's, 2: scale2's
+        after = np.zeros((size, 3), np.int64)  # each output's offset after its entry's
+        nbytes = np.zeros((size, 3), np.int64)
+        code = np.zeros((size, 3), np.int64)
+        layouts: list[tuple[torch.dtype, tuple[int, ...]]] = []
+        for c, s in self.table.items():
+            names = [0] + [1] * (s.scale is not None) + [2] * (s.scale2 is not None)
+            at = 0
+            for j, (col, (dtype, shape, n)) in enumerate(zip(names, s.served, strict=False)):
+                column[c, j], after[c, j], nbytes[c, j], code[c, j] = col, at, n, len(layouts)
+                layouts.append((dtype, shape))
+                at += slot(n)
+                count[c] = j + 1
+        per = count[self.klass]
+        rep = np.repeat(np.arange(len(self.klass)), per)
+        j = np.arange(len(rep)) - np.repeat(np.cumsum(per) - per, per)
+        k = self.klass[rep]
+        rows = self.all_entries
+        if len(rep) == len(self.klass):  # one output an entry: the weight's names
+            names = self.names
+        else:
+            cols = (rows.names, rows.scales, rows.scales2)
+            names = [
+                cols[c][e]  # type: ignore[misc]
+                for c, e in zip(column[k, j].tolist(), self.index[rep].tolist(), strict=True)
+            ]
+        return Outputs(
+            names, self.offsets[rep] + after[k, j], nbytes[k, j], code[k, j], tuple(layouts)
+        )
 
     @functools.cached_property
     def reads(self) -> dict[str, Box]:

@@ -332,6 +332,12 @@ class ReplicaSource:
     def box(self, name: str, view: Span, rows: Span, cols: Span) -> tuple[Stored, Span, Span]:
         return self.inner.box(name, view, rows, cols)
 
+    def spans(self, names: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """:meth:`box` of many names at once as columns (file id, first byte, byte count), when
+        the storage keeps them (planning/batches.py's ``spans_of``); None: ask ``box``."""
+        spans = getattr(self.inner, "spans", None)
+        return spans(names) if spans is not None else None
+
     def stored(self, name: str) -> Stored:
         return self.inner.stored(name)
 

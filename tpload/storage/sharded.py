@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -141,6 +142,20 @@ class ShardedStorage(FileReads):
         self, name: str, view: tuple[int, int], rows: tuple[int, int], cols: tuple[int, int]
     ) -> tuple[Stored, tuple[int, int], tuple[int, int]]:
         return self.stored(name).seen_as(view), rows, cols
+
+    def spans(self, names: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Where each named tensor's bytes are, as columns from the table (its file id, first
+        byte, byte count): :meth:`box` of many at once, the window a box of its stored tensor in the
+        cut's own view. None when a name is not in the table (then ``box`` words why)."""
+        rows = self.locations
+        if not isinstance(rows, TableRows):
+            return None
+        try:
+            k = np.fromiter(map(rows.table.row.__getitem__, names), np.int64, len(names))
+        except KeyError:
+            return None
+        t = rows.table
+        return t.file_id[k].astype(np.int64), t.begin[k].astype(np.int64), t.nbytes[k]
 
     def paths(self) -> list[Path]:
         if isinstance(self.locations, TableRows):

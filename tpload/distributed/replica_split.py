@@ -15,8 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..planning.batches import fits_batch, runs
-from ..planning.items import item_of
+from ..planning.batches import PlanRuns
 
 Run = tuple[Sequence[str], int, "tuple[str, int] | None"]
 """A run of a position's plan: its tensor names, its window bytes, and its batch key (None: one
@@ -91,36 +90,16 @@ class Names:
 
     @staticmethod
     def _batches(plan: object, storage: object) -> tuple[np.ndarray, dict[int, tuple[str, int]]]:
-        """Each run's first item, and each batch's key by run, as batch.runs makes them: an item of
-        a class that cannot batch is a run of its own, so only stretches of the others are made as
-        items and given to it."""
-        klass, shapes = plan.klass, plan.table
-        first = {}
-        for t, c in enumerate(klass.tolist()):
-            first.setdefault(c, t)
-        small = {c: fits_batch(_item(plan, t), plan.kind) for c, t in first.items()}
-        can = np.fromiter((small[c] for c in klass.tolist()), bool, len(klass))
-        # a run starts at every item, except inside a batch (found in the stretches below)
-        starts = np.ones(len(klass), dtype=bool)
+        """Each run's first item, and each batch's key by run (its file and first byte), as the
+        copy loop's PlanRuns makes them."""
+        runs = PlanRuns(plan, plan.kind, storage)  # type: ignore[arg-type]
         keys: dict[int, tuple[str, int]] = {}
-        edges = np.flatnonzero(np.diff(np.concatenate([[0], can.view(np.int8), [0]])))
-        for lo, hi in zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True):
-            items = [_item(plan, t) for t in range(lo, hi)]
-            classes = [shapes[c] for c in klass[lo:hi].tolist()]
-            for i, j, pieces in runs(items, plan.kind, storage, classes=classes):
-                starts[lo + i + 1 : lo + j] = False
-                if pieces:  # a batch, a small item alone included: one read, keyed by its start
-                    stored = [s for per_item in pieces for s, _, _ in per_item]
-                    keys[lo + i] = (str(stored[0].path), min(s.offset for s in stored))
-        at = np.flatnonzero(starts)
-        run_of = {int(t): k for k, t in enumerate(at.tolist()) if t in keys}
-        return at, {run_of[t]: key for t, key in keys.items()}
-
-
-def _item(plan: object, t: int) -> object:
-    """The named item of the plan's ``t``-th entry (what RankPlan.items holds, made alone)."""
-    k = int(plan.index[t])
-    return item_of(plan.all_entries[k], plan.table[int(plan.klass[t])], int(plan.offsets[t]))
+        for r, (i, j, batched) in enumerate(runs.runs):
+            if batched:  # a batch, a small item alone included: one read, keyed by its start
+                p, q = runs.pieces(i, j)
+                path = storage.stored(runs.names[p]).path  # type: ignore[attr-defined]
+                keys[r] = (str(path), int(runs.spans.offset[p:q].min()))
+        return np.array([i for i, _, _ in runs.runs], dtype=np.int64), keys
 
 
 class Position:

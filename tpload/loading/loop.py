@@ -331,7 +331,7 @@ class _Loader:
     def _checked(self, runs: PlanRuns) -> np.ndarray:
         """Per class, whether its items are value-checked (asked of its first item)."""
         if self._checked_by_class is None:
-            size = int(self.plan.klass.max()) + 1 if len(self.plan.klass) else 0
+            size = self.plan.class_count
             self._checked_by_class = np.zeros(size, bool)
             for c, cc in runs.classes.items():
                 self._checked_by_class[c] = cc.item.codec.checked
@@ -359,7 +359,7 @@ class _Loader:
         (Codec.clean, with the fit of the format's first entry in the batch); the others are
         checked one by one."""
         if self._formats is None:  # each class's format (-1: not one scale and a weight)
-            size = int(self.plan.klass.max()) + 1 if len(self.plan.klass) else 0
+            size = self.plan.class_count
             self._formats = np.full(size, -1, np.int64)
             keys: dict[tuple, int] = {}
             for c, cc in runs.classes.items():
@@ -531,7 +531,7 @@ def _advance(progress: ProgressSink, item: Item) -> None:
 def _per_entry(plan: RankPlan) -> tuple[list[int], list[int]]:
     """Running sums over the plan's entries of their read bytes and served tensors (a packed weight
     and its scale are two), from their classes: a run's are two subtractions."""
-    size = int(plan.klass.max()) + 1 if len(plan.klass) else 0
+    size = plan.class_count
     read, served = np.zeros(size, np.int64), np.zeros(size, np.int64)
     for c, s in plan.table.items():
         read[c] = s.read_bytes

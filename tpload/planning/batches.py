@@ -190,6 +190,8 @@ class Kinds(Protocol):
     def all_entries(self) -> Entries: ...
     @property
     def table(self) -> Mapping[int, Shaped]: ...
+    @property
+    def class_count(self) -> int: ...
 
     def item(self, t: int) -> Item: ...
 
@@ -214,7 +216,7 @@ class PlanRuns:
     def __init__(self, plan: Kinds, kind: str, storage: Boxes) -> None:
         klass, index = plan.klass, plan.index
         n = len(klass)
-        size = int(klass.max()) + 1 if n else 0
+        size = plan.class_count
         self.classes: dict[int, ClassCuts] = {}
         """Each batchable class's cuts."""
         _, first = np.unique(klass, return_index=True)
@@ -316,8 +318,9 @@ def _group(
             continue
         f, a, b, t = file[i], lo[i], hi[i], total[i]
         while j < n and ok[j] and one_file[j] and file[j] == f:
-            a2, b2, t2 = min(a, lo[j]), max(b, hi[j]), t + total[j]
-            if not _readable(a2, b2, t2):
+            # _readable, inlined: this loop runs once an entry (46,000 of them for DeepSeek-V3)
+            a2, b2, t2 = (a if a < lo[j] else lo[j]), (b if b > hi[j] else hi[j]), t + total[j]
+            if b2 - a2 > BATCH_BYTES or b2 - a2 > 2 * t2 + GAP_BYTES:
                 break
             a, b, t, j = a2, b2, t2, j + 1
         out.append((i, j, True))

@@ -85,11 +85,33 @@ class RankPlan:
         """Each held entry's weight name, in plan order."""
         return list(map(self.all_entries.names.__getitem__, self.index.tolist()))
 
+    @property
+    def class_count(self) -> int:
+        """One more than the largest class number the plan names (its table's or its entries':
+        a plan cut down to some entries keeps its whole table)."""
+        top = max(self.table, default=-1)
+        return max(top, int(self.klass.max()) if len(self.klass) else -1) + 1
+
+    def cut_names(self) -> list[str]:
+        """The stored tensor of each item's each cut, in plan order (its scales, then its weight,
+        as :attr:`Item.cuts`), from the columns."""
+        rows, table = self.all_entries, self.table
+        scales, scales2, names = rows.scales, rows.scales2, rows.names
+        out: list[str] = []
+        for k, c in zip(self.index.tolist(), self.klass.tolist(), strict=True):
+            s = table[c]
+            if s.scale is not None:
+                out.append(scales[k])  # type: ignore[arg-type]
+            if s.scale2 is not None:
+                out.append(scales2[k])  # type: ignore[arg-type]
+            out.append(names[k])
+        return out
+
     @functools.cached_property
     def outputs(self) -> Outputs:
         """Every served tensor, in plan order (each item's outputs, as :func:`item_of` names and
         places them), as columns: no item is made."""
-        size = int(self.klass.max()) + 1 if len(self.klass) else 0
+        size = self.class_count
         count = np.zeros(size, np.int64)
         column = np.zeros((size, 3), np.int64)  # 0: the weight's name, 1: the scale's, 2: scale2's
         after = np.zeros((size, 3), np.int64)  # each output's offset after its entry's

@@ -163,7 +163,7 @@ class ShardRelease:
     def expecting(cls, storage: object, plan: object, hashed: Iterable[str]) -> ShardRelease:
         """A release that expects every range the plan reads and every tensor this rank hashes."""
         out = cls(storage.evict)
-        for name in [c.name for item in plan.items for c in item.cuts] + sorted(hashed):
+        for name in plan.cut_names() + sorted(hashed):  # the plan's cuts, from its columns
             s = storage.stored(name)
             out.expect(s.path, s.offset, s.nbytes)
         return out

@@ -283,3 +283,63 @@ def test_a_bad_scale_in_a_batched_fp8_item_is_refused_naming_it(fp8: Path, tmp_p
     )  # the sign and exponent of its first value: NaN, with a manifest that vouches
     with pytest.raises(LoadError, match=f"(?s){name}.*not finite and positive"):
         tpload.load(root, tp=1, progress=False)
+
+
+class _BoxOnly:
+    """A storage that says where windows lie only one ``box`` at a time (a rank file's way)."""
+
+    def __init__(self, storage: object) -> None:
+        self.storage = storage
+
+    def box(self, *args: object) -> object:
+        return self.storage.box(*args)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("kind", ["packed", "expanded"])
+@pytest.mark.parametrize("tp", [1, 2])
+def test_the_plan_s_runs_as_columns_are_the_item_wise_runs(
+    many: Path, fp8: Path, kind: str, tp: int
+) -> None:
+    """PlanRuns groups the plan's entries as runs() groups its items, with each batch's pieces
+    (stored tensor, span, box, cut box, slot) the same, from the table's columns or from ``box``."""
+    from tpload.loading.planner import planner_of
+    from tpload.planning.layout import Layout
+    from tpload.selection.pick import choose
+    from tpload.storage.sharded import ShardedStorage
+
+    for root in (many, fp8):
+        storage = ShardedStorage(root)
+        try:
+            plan = planner_of(storage.catalogue, choose("auto", root)[0]).plan(
+                Layout(tp), kind, tp - 1
+            )
+            items = plan.items
+            old = list(batch.runs(items, kind, storage, classes=plan.shapes))
+            new = batch.PlanRuns(plan, kind, storage)
+            by_box = batch.PlanRuns(plan, kind, _BoxOnly(storage))
+            assert new.runs == by_box.runs == [(i, j, bool(p)) for i, j, p in old]
+            assert any(b for _, _, b in new.runs)
+            for i, j, pieces in old:
+                if not pieces:
+                    continue
+                p, q = new.pieces(i, j)
+                flat = [piece for per_item in pieces for piece in per_item]
+                cuts = [c for item in items[i:j] for c in item.cuts]
+                assert new.names[p:q] == [s.name for s, _, _ in flat] == [c.name for c in cuts]
+                assert new.cut_boxes[p:q] == [c.box for c in cuts]
+                assert new.out[p:q].tolist() == [
+                    item.output(c.name).offset for item in items[i:j] for c in item.cuts
+                ]
+                for spans in (new.spans, by_box.spans):
+                    assert [
+                        (o, r, w, (b[0], b[1]), (b[2], b[3]))
+                        for o, r, w, b in zip(
+                            spans.offset[p:q].tolist(),
+                            spans.rows[p:q].tolist(),
+                            spans.row_bytes[p:q].tolist(),
+                            spans.box[p:q].tolist(),
+                            strict=True,
+                        )
+                    ] == [(s.offset, s.rows, s.row_bytes, rows, cols) for s, rows, cols in flat]
+        finally:
+            storage.close()

@@ -249,3 +249,24 @@ def test_a_kind_is_a_named_mode(planner: Planner) -> None:
     assert planner.plan(Layout(1), "expanded", 0).kind is Kind.EXPANDED
     with pytest.raises(ConfigError, match="kind 'unpacked' is not one of packed, expanded"):
         planner.plan(Layout(1), "unpacked", 0)
+
+
+@pytest.mark.parametrize("kind", ["packed", "expanded"])
+def test_a_plan_s_outputs_as_columns_are_its_items_outputs(planner: Planner, kind: str) -> None:
+    """RankPlan.outputs names, places and shapes each served tensor as item_of does, without making
+    the items; and item(t) is items[t]."""
+    for rank in range(2):
+        plan = planner.plan(Layout(2), kind, rank)
+        want = [o for item in plan.items for o in item.outputs]
+        outs = plan.outputs
+        assert list(outs) == want == [outs[k] for k in range(len(outs))]
+        assert len(outs) == len(want) and outs.names == [o.name for o in want]
+        assert outs.dtypes == [o.dtype for o in want] and outs.shapes == [o.shape for o in want]
+        assert [plan.item(t) for t in range(len(plan.items))] == list(plan.items)
+        assert plan.names == [item.name for item in plan.items]
+
+
+def test_a_plan_s_cut_names_are_its_items_cuts(planner: Planner) -> None:
+    for kind in ("packed", "expanded"):
+        plan = planner.plan(Layout(2), kind, 1)
+        assert plan.cut_names() == [c.name for item in plan.items for c in item.cuts]

@@ -163,7 +163,17 @@ class RankPlan:
     def views(self) -> dict[str, tuple[int, int]]:
         """Each stored tensor this rank reads a window of: the 2-D byte view (rows, row bytes) its
         window is a box of."""
-        return {c.name: c.view for item in self.items for c in item.cuts}
+        rows, table = self.all_entries, self.table
+        scales, scales2, names = rows.scales, rows.scales2, rows.names
+        out: dict[str, tuple[int, int]] = {}
+        for k, c in zip(self.index.tolist(), self.klass.tolist(), strict=True):
+            s = table[c]  # a Cut's fields after its name: the view is the fifth
+            if s.scale is not None:
+                out[scales[k]] = s.scale[4]  # type: ignore[index]
+            if s.scale2 is not None:
+                out[scales2[k]] = s.scale2[4]  # type: ignore[index]
+            out[names[k]] = s.weight[4]
+        return out
 
     @property
     def used_tensors(self) -> list[str]:

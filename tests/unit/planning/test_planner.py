@@ -270,3 +270,10 @@ def test_a_plan_s_cut_names_are_its_items_cuts(planner: Planner) -> None:
     for kind in ("packed", "expanded"):
         plan = planner.plan(Layout(2), kind, 1)
         assert plan.cut_names() == [c.name for item in plan.items for c in item.cuts]
+
+
+def test_a_plan_s_views_are_its_items_cuts_views(planner: Planner) -> None:
+    for kind in ("packed", "expanded"):
+        plan = planner.plan(Layout(2), kind, 0)
+        want = {c.name: c.view for item in plan.items for c in item.cuts}
+        assert list(plan.views().items()) == list(want.items())

@@ -52,9 +52,25 @@ class Batch:
         """Piece ``ks[i]``'s window box in its stored bytes' view, as tuples."""
         return [((r0, r1), (c0, c1)) for r0, r1, c0, c1 in self.box[list(ks)].tolist()]
 
-    def stored(self, k: int) -> Stored:
-        """Piece ``k``'s stored bytes, as the source's ``box`` gives them (seen in its view)."""
-        return self.source.stored(self.names[k]).seen_as((int(self.rows[k]), int(self.stride[k])))
+    def stored(self, ks: Sequence[int]) -> list[Stored]:
+        """Pieces ``ks``' stored bytes, as the source's ``box`` gives them (seen in their views):
+        made from the batch's columns when the source says what each must hash to at once (its
+        spans are the stored tensors' own: one file, the batch's), asked one by one otherwise."""
+        names = [self.names[k] for k in ks]
+        promised = getattr(self.source, "promised", None)
+        sha = promised(names) if promised is not None else None
+        rows, stride = self.rows[ks].tolist(), self.stride[ks].tolist()
+        if sha is None:
+            return [
+                self.source.stored(n).seen_as((r, w))
+                for n, r, w in zip(names, rows, stride, strict=True)
+            ]
+        at = (self.at[ks] + self.start).tolist()
+        path = self.path
+        return [
+            Stored(n, path, o, r, w, h)
+            for n, o, r, w, h in zip(names, at, rows, stride, sha, strict=True)
+        ]
 
     def own(self, ks: Sequence[int] | np.ndarray) -> tuple[np.ndarray, ...]:
         """Piece ``ks[i]``'s own window: where its first byte is, its rows, stride and width."""

@@ -403,7 +403,7 @@ class _Loader:
                 [ks[want.at[j]] for j in other], [want.boxes[j] for j in other]
             )
         self.hasher.record_batch(
-            [b.stored(k) for k in ks],
+            b.stored(ks),
             [b.raw(k) for k in ks],
             (want.at, want.ranks, fps.ravel().tolist()),
         )

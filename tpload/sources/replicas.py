@@ -338,6 +338,12 @@ class ReplicaSource:
         spans = getattr(self.inner, "spans", None)
         return spans(names) if spans is not None else None
 
+    def promised(self, names: Sequence[str]) -> list[str | None] | None:
+        """What :meth:`stored` says each name's bytes must hash to, for many names at once, when
+        the storage has them as columns; None: ask ``stored``."""
+        promised = getattr(self.inner, "promised", None)
+        return promised(names) if promised is not None else None
+
     def stored(self, name: str) -> Stored:
         return self.inner.stored(name)
 

@@ -39,6 +39,12 @@ class StorageSource:
         spans = getattr(self.storage, "spans", None)
         return spans(names) if spans is not None else None
 
+    def promised(self, names: Sequence[str]) -> list[str | None] | None:
+        """What :meth:`stored` says each name's bytes must hash to, for many names at once, when
+        the storage has them as columns; None: ask ``stored``."""
+        promised = getattr(self.storage, "promised", None)
+        return promised(names) if promised is not None else None
+
     def stored(self, name: str) -> Stored:
         return self.storage.stored(name)
 

@@ -157,6 +157,10 @@ class ShardedStorage(FileReads):
         t = rows.table
         return t.file_id[k].astype(np.int64), t.begin[k].astype(np.int64), t.nbytes[k]
 
+    def promised(self, names: Sequence[str]) -> list[str | None]:
+        """Each name's manifest sha256, as :meth:`stored` gives it (None: no entry)."""
+        return list(map(self.catalogue.promised, names))
+
     def paths(self) -> list[Path]:
         if isinstance(self.locations, TableRows):
             return self.locations.paths()

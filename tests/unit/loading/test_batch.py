@@ -343,3 +343,35 @@ def test_the_plan_s_runs_as_columns_are_the_item_wise_runs(
                     ] == [(s.offset, s.rows, s.row_bytes, rows, cols) for s, rows, cols in flat]
         finally:
             storage.close()
+
+
+def test_a_batch_s_stored_tensors_are_the_source_s_boxes(fp8: Path) -> None:
+    """What a batch hands the hasher for each piece is what the source's ``box`` says, whether
+    made from the batch's columns (a source that says each name's sha256 at once) or asked of the
+    source one by one."""
+    from tpload.loading.batch import Batch
+    from tpload.loading.planner import planner_of
+    from tpload.planning.layout import Layout
+    from tpload.selection.pick import choose
+    from tpload.sources.storage import StorageSource
+    from tpload.storage.sharded import ShardedStorage
+
+    class OneByOne(StorageSource):
+        promised = None  # type: ignore[assignment]
+
+    storage = ShardedStorage(fp8)
+    try:
+        plan = planner_of(storage.catalogue, choose("auto", fp8)[0]).plan(Layout(2), "packed", 1)
+        buffer = np.empty(batch.BATCH_BYTES, np.uint8)
+        for source in (StorageSource(storage), OneByOne(storage)):
+            runs = batch.PlanRuns(plan, "packed", source)
+            for i, j, batched in runs:
+                if not batched:
+                    continue
+                p, q = runs.pieces(i, j)
+                b = Batch(source, runs, p, q, "a batch", buffer)
+                cuts = [c for t in range(i, j) for c in plan.item(t).cuts]
+                want = [source.box(c.name, c.view, c.rows, c.cols)[0] for c in cuts]
+                assert b.stored(list(range(q - p))) == want
+    finally:
+        storage.close()

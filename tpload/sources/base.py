@@ -17,7 +17,10 @@ which one it has:
 A window is asked for by what the planner cut: :meth:`ReadSource.box` says where it lies (the
 stored bytes holding it, seen so that the window is a box of them), :meth:`ReadSource.blocks`
 yields its bytes in order (to a hash tap too, when this rank hashes the tensor), and
-:meth:`ReadSource.read_run` reads a batch of small tensors at once.
+:meth:`ReadSource.read_run` reads a batch of small tensors at once. A source over a storage that
+keeps its tensors as columns may also say where many lie at once (``spans``: file ids, first bytes,
+byte counts; ``promised``: the sha256 each must hash to), which planning/batches.py and
+loading/batch.py use instead of a ``box`` and a ``stored`` a tensor; without them, they ask those.
 """
 
 from __future__ import annotations

@@ -71,8 +71,9 @@ def runs(
     items: Sequence[Item], kind: str, storage: Boxes, *, classes: Sequence[object] | None = None
 ) -> Iterator[tuple[int, int, list[list[Piece]]]]:
     """The rule item by item (the copy loop runs it over columns: :class:`PlanRuns`, which the
-    tests hold to this). The plan in runs ``[i, j)``: a batch of small items (with each one's pieces, in cut order;
-    a small item alone is a batch of one), or one item read block by block (no pieces). A batch
+    tests hold to this). The plan in runs ``[i, j)``: a batch of small items (with each one's
+    pieces, in cut order; a small item alone is a batch of one), or one item read block by block
+    (no pieces). A batch
     stays in one file, within ``BATCH_BYTES``, and reads at most its stored tensors' bytes twice
     over plus ``GAP_BYTES`` of others'.
     ``classes``: one token per item, equal for items cut alike (the plan's shared shapes), so

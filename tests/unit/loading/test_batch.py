@@ -302,9 +302,9 @@ def test_the_plan_s_runs_as_columns_are_the_item_wise_runs(
 ) -> None:
     """PlanRuns groups the plan's entries as runs() groups its items, with each batch's pieces
     (stored tensor, span, box, cut box, slot) the same, from the table's columns or from ``box``."""
+    from tpload.loading.pick import choose
     from tpload.loading.planner import planner_of
     from tpload.planning.layout import Layout
-    from tpload.selection.pick import choose
     from tpload.storage.sharded import ShardedStorage
 
     for root in (many, fp8):
@@ -350,9 +350,9 @@ def test_a_batch_s_stored_tensors_are_the_source_s_boxes(fp8: Path) -> None:
     made from the batch's columns (a source that says each name's sha256 at once) or asked of the
     source one by one."""
     from tpload.loading.batch import Batch
+    from tpload.loading.pick import choose
     from tpload.loading.planner import planner_of
     from tpload.planning.layout import Layout
-    from tpload.selection.pick import choose
     from tpload.sources.storage import StorageSource
     from tpload.storage.sharded import ShardedStorage
 

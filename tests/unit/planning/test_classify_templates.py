@@ -254,3 +254,16 @@ def test_the_join_finds_each_renamed_name_or_none() -> None:
                 for k in rows.tolist()
             ]
             assert got.tolist() == want
+
+
+@pytest.mark.parametrize("preset", ["nvfp4-tiny", "deepseek-v3-tiny"])
+def test_activation_scales_by_template_are_those_named_so(preset: str) -> None:
+    from tpload.planning.planner import _activation_scales
+
+    pub = PUBLISHED[preset]()
+    planned = [(t.name, t.dtype, t.shape) for t in pub.planned()]
+    planned += [("a.1.input_scale", "F32", (1, 1)), ("a.2.input_scale", "F32", (2,))]
+    tensors = _rows(planned)
+    want = [n for n, _, s in planned if n.endswith(".input_scale") and int(np.prod(s)) == 1]
+    assert _activation_scales(tensors, tensors.table) == want
+    assert preset != "nvfp4-tiny" or len(want) > 1

@@ -239,9 +239,9 @@ def _usual_columns(
     raw = list(map(header.__getitem__, names))
     if not n or set(map(type, raw)) != {dict} or set(map(len, raw)) != {3}:
         return None
-    dtypes = list(map(_DTYPE, raw))
-    shapes = list(map(_SHAPE, raw))
-    offsets = list(map(_OFFSETS, raw))
+    dtypes = list(map(dict.get, raw, itertools.repeat("dtype")))  # dict.get: no call made a row
+    shapes = list(map(dict.get, raw, itertools.repeat("shape")))
+    offsets = list(map(dict.get, raw, itertools.repeat("data_offsets")))
     if set(map(type, shapes)) != {list} or set(map(type, offsets)) != {list}:
         return None
     if set(map(type, dtypes)) != {str} or not set(dtypes) <= _HEADER_ITEMSIZE.keys():

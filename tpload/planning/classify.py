@@ -518,7 +518,7 @@ def _served_columns(
         if got < 0:
             return None
         klass[u] = got
-    at_set, index = _experts(names, made, rule_of, served, expert_rx)
+    at_set, index = _experts(table, made, rule_of, served, expert_rx)
     if at_set is None:
         return None
     rows = Columns()
@@ -541,7 +541,7 @@ def _need(names: list[str], one: int, two: int) -> tuple[str, ...] | None:
 
 
 def _experts(
-    names: list[str],
+    table: TensorTable,
     made: _Made,
     rule_of: np.ndarray,
     served: np.ndarray,
@@ -549,23 +549,82 @@ def _experts(
 ) -> tuple[list[str | None], list[int]] | tuple[None, None]:
     """Each served row's expert set (None: not an expert) and index, as :func:`_expert_of` reads
     them; (None, None) where an expert-parallel row has no index."""
+    names = table.names
     wanted = np.asarray([r.experts and not r.stacked for r in made.rules], bool)[rule_of]
     sets: list[str | None] = [None] * len(served)
     index = [0] * len(served)
-    at = np.flatnonzero(wanted).tolist()
-    if not at:
+    at = np.flatnonzero(wanted)
+    if not len(at):
         return sets, index
-    held = list(map(names.__getitem__, served[at].tolist()))
-    found = list(map(expert_rx.search, held))
-    if None in found:
-        return None, None
-    digits = list(map(_GROUP_1, found))
-    if max(map(len, digits)) >= 19:
-        return None, None
-    cut = map(str.__getitem__, held, map(slice, map(re.Match.start, found)))
-    for k, x, i in zip(at, cut, map(int, digits), strict=True):
+    rows = served[at]
+    got = _experts_by_template(table, rows, expert_rx)
+    if got is not None:
+        cut, numbers = got
+    else:
+        held = list(map(names.__getitem__, rows.tolist()))
+        found = list(map(expert_rx.search, held))
+        if None in found:
+            return None, None
+        digits = list(map(_GROUP_1, found))
+        if max(map(len, digits)) >= 19:
+            return None, None
+        cut = list(map(str.__getitem__, held, map(slice, map(re.Match.start, found))))
+        numbers = list(map(int, digits))
+    for k, x, i in zip(at.tolist(), cut, numbers, strict=True):
         sets[k], index[k] = x, i
     return sets, index
+
+
+DEFAULT_EXPERTS = r"experts\.(\d+)\."
+"""The shipped configs' expert pattern: its literals are not digits and its group is a whole digit
+run between two of them, so it finds the same run of every name of a template."""
+_POW10 = 10 ** np.arange(1, 19, dtype=np.int64)
+
+
+def _experts_by_template(
+    table: TensorTable, rows: np.ndarray, expert_rx: re.Pattern[str]
+) -> tuple[list[str], list[int]] | None:
+    """:func:`_expert_of` of each row (all expert-parallel) read off the templates: the pattern
+    searched once a template, its group a digit run whose value is each row's index and whose
+    place gives each row's set (the name before the match). None where it cannot say (another
+    pattern, names the templates cannot read, a template the pattern finds no index in, an
+    index of 19 digits or more): the caller searches name by name."""
+    tpl = table.templates
+    if tpl is None or expert_rx.pattern != DEFAULT_EXPERTS:
+        return None
+    names = table.names
+    # each run's length: its leading zeros and its significant digits (none for the value 0)
+    lengths = tpl.zeros + np.where(
+        tpl.values > 0, np.searchsorted(_POW10, tpl.values, "right") + 1, 0
+    )
+    ids = tpl.ids[rows]
+    starts: np.ndarray = np.zeros(len(rows), np.int64)
+    numbers: np.ndarray = np.zeros(len(rows), np.int64)
+    for t in np.unique(ids).tolist():
+        mine = np.flatnonzero(ids == t)
+        first = int(rows[mine[0]])
+        m = expert_rx.search(names[first])
+        if m is None:
+            return None
+        text = tpl.texts[t]
+        place = [len(text[0])]  # each run's first character in the template's first name
+        for j in range(1, len(text) - 1):
+            place.append(place[-1] + int(lengths[first, j - 1]) + len(text[j]))
+        if m.start(1) not in place:
+            return None
+        j = place.index(m.start(1))
+        if m.end(1) != place[j] + int(lengths[first, j]):
+            return None
+        here = rows[mine]
+        if (lengths[here, j] >= 19).any():
+            return None
+        shift = (lengths[here, :j] - lengths[first, :j]).sum(axis=1)
+        starts[mine] = m.start() + shift
+        numbers[mine] = tpl.values[here, j]
+    cut = list(
+        map(str.__getitem__, map(names.__getitem__, rows.tolist()), map(slice, starts.tolist()))
+    )
+    return cut, numbers.tolist()
 
 
 def _sorted_out(

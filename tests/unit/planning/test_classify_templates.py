@@ -267,3 +267,32 @@ def test_activation_scales_by_template_are_those_named_so(preset: str) -> None:
     want = [n for n, _, s in planned if n.endswith(".input_scale") and int(np.prod(s)) == 1]
     assert _activation_scales(tensors, tensors.table) == want
     assert preset != "nvfp4-tiny" or len(want) > 1
+
+
+def test_experts_read_off_the_templates_are_those_the_pattern_finds() -> None:
+    import re
+
+    planned = [(t.name, t.dtype, t.shape) for t in PUBLISHED["deepseek-v4-tiny"]().planned()]
+    planned += [(n, d, s) for n, d, s in TRICKY]
+    planned += [
+        ("a.experts." + "0" * 19 + "1.w", "F32", ()),
+        ("b.experts.1.experts.2.w", "F32", ()),
+    ]
+    table = _rows(planned).table
+    rx = re.compile(classify.DEFAULT_EXPERTS)
+    rule = load_config().rules[0]
+    took = 0
+    indexed = [n for n in table.names if rx.search(n) and "0" * 19 not in n]
+    for names in (indexed, table.names):
+        rows = np.asarray([table.row[n] for n in names], np.int64)
+        got = classify._experts_by_template(table, rows, rx)
+        want = [
+            classify._expert_of(rx, n, rule.__class__(match="*", role="plain", experts=True))
+            for n in names
+        ]
+        if got is None:
+            assert None in want  # only where a name has no index (or one too long)
+            continue
+        assert list(zip(*got, strict=True)) == want
+        took += 1
+    assert took == 1  # the names that all have an index: read off the templates

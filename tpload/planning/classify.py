@@ -298,8 +298,8 @@ def _by_columns(
         return None  # a skip or defer rule takes a served weight's scale: the walk words it
     walked = table.order[~scale[table.order]]
     kind = rule_of[walked]
-    skipped = list(map(names.__getitem__, walked[kind_in(kind, roles, Role.SKIP)].tolist()))
-    deferred = list(map(names.__getitem__, walked[kind_in(kind, roles, Role.DEFER)].tolist()))
+    skipped = list(map(names.__getitem__, walked[_kind_in(kind, roles, Role.SKIP)].tolist()))
+    deferred = list(map(names.__getitem__, walked[_kind_in(kind, roles, Role.DEFER)].tolist()))
     expert_rx = config.expert_regex
     deferred_experts = {}
     for d in deferred:  # a rule of their own: few names
@@ -323,7 +323,7 @@ def _by_columns(
     return rows, classes, skipped, deferred, deferred_experts, census
 
 
-def kind_in(kind: np.ndarray, roles: list[str], role: str) -> np.ndarray:
+def _kind_in(kind: np.ndarray, roles: list[str], role: str) -> np.ndarray:
     """Which rows' rules (``kind``: each row's rule code) have ``role``."""
     return np.asarray([r == role for r in roles], bool)[kind]
 

@@ -296,3 +296,17 @@ def test_experts_read_off_the_templates_are_those_the_pattern_finds() -> None:
         assert list(zip(*got, strict=True)) == want
         took += 1
     assert took == 1  # the names that all have an index: read off the templates
+
+
+@pytest.mark.parametrize("preset", SMALL_PRESETS)
+def test_the_census_of_the_attention_names_is_the_census_of_them_all(preset: str) -> None:
+    """classify hands the KV-cache census only the names that hold "attn": every name its patterns
+    read holds it, so the census is the same."""
+    from tpload.selection.kvscales import census
+
+    names = [t.name for t in PUBLISHED[preset]().planned()]
+    names += [n for n, _, _ in TRICKY] + ["blk.3.attn_k_scale", "blk.3.attn_v_scale.weight"]
+    names += ["model.layers.7.self_attn.kv_scale", "x.layers.2.self_attn.qkv_proj.k_scale"]
+    whole, attn = census(names), census([n for n in names if "attn" in n])
+    assert whole.to_dict() == attn.to_dict() and whole.problems() == attn.problems()
+    assert whole.engine_names() == attn.engine_names() and whole.describe() == attn.describe()

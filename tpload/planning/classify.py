@@ -11,7 +11,9 @@ one pass over arrays.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
+import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -24,15 +26,23 @@ from ..codecs.plain import KV_SCALE, PLAIN
 from ..model.errors import ConfigError, raise_all
 from ..model.meta import TensorMeta
 from ..model.modes import Role
-from ..model.table import TensorTable
+from ..model.table import Templates, TensorTable
 from ..model.templates import natural_key, natural_sorted
 from ..model.text import escape_name, plural
-from ..selection.config import ACTIVATION_ORIGIN, AUTO, READS_NOTHING, Config, Rule
+from ..selection.config import (
+    ACTIVATION_ORIGIN,
+    AUTO,
+    FAMILIES,
+    READS_NOTHING,
+    Config,
+    Rule,
+)
 from ..selection.config import _alternatives as alternatives_of
 from ..selection.kvscales import Census
 from ..selection.kvscales import census as kv_census
 from ..selection.prefix import Prefix
 from .entries import Columns, Entries, Entry, Klass
+from .templated import Join, first_rules
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,11 +96,64 @@ def classify(
     permutation: natural_sorted otherwise); ``table``: the same tensors as columns, when the
     caller has them (dtypes and class keys read from columns: no record made a name)."""
     units = {(r.index, r.match): _units(r, model, root) for r in config.rules if r.units}
+    aligned = _aligned(tensors, table)
+    usual = (
+        _by_columns(tensors, config, prefix, aligned, root)
+        if aligned is not None and not problems
+        else None
+    )
+    if usual is not None:
+        rows, classes, skipped, deferred, deferred_experts, census = usual
+    else:
+        rows, classes, skipped, deferred, deferred_experts, census = _walk(
+            tensors, config, prefix=prefix, problems=problems, root=root, order=order, table=table
+        )
+    entries = Entries(rows, classes, tensors)
+    counts, at = entries.experts(deferred_experts)
+    positions = {k: {x: i for i, x in enumerate(v)} for k, v in counts.items()}
+    deferred_at = np.zeros((len(deferred), 2), dtype=np.int64)
+    for k, n in enumerate(deferred):
+        if (x := deferred_experts.get(n)) is not None:
+            deferred_at[k] = positions[x[0]][x[1]], len(counts[x[0]])
+    return Classified(
+        entries,
+        tuple(skipped),
+        tuple(deferred),
+        deferred_experts,
+        units,
+        counts,
+        at,
+        deferred_at,
+        census,
+    )
+
+
+_Parts = tuple[Columns, list[Klass], list[str], list[str], dict[str, tuple[str, int]], Census]
+"""What a classification finds before its entries are made: the served rows, their classes, the
+skipped, the deferred and the deferred experts, the census."""
+
+
+def _walk(
+    tensors: Mapping[str, TensorMeta],
+    config: Config,
+    *,
+    prefix: Prefix,
+    problems: list[str],
+    root: object,
+    order: Sequence[str] | None,
+    table: TensorTable | None,
+) -> _Parts:
+    """Classification name by name (dicts keyed by name): what :func:`_by_columns` does not take,
+    and every problem worded, in order."""
     dtype_of, sig_of = _readers(tensors, table)
+    aligned = _aligned(tensors, table)
     rules, unresolved, needs, matched = _rules(tensors, config, prefix, dtype_of)
     # the census counts what will be served: a skipped vision tower's or MTP layer's attention is
-    # no layer without scales
-    census = kv_census(n for n, r in rules.items() if r is None or r.role != Role.SKIP)
+    # no layer without scales. It reads only attention layers' names, each of which holds "attn"
+    # (selection/kvscales.py's patterns: ``self_attn.`` or ``attn_``): the others are left out here
+    census = kv_census(
+        [n for n, r in rules.items() if "attn" in n and (r is None or r.role != Role.SKIP)]
+    )
     if config.kv_scales == "strict":
         problems += [
             f'{p} (refused: set kv_scales = "report" in the config to load it anyway)'
@@ -115,9 +178,17 @@ def classify(
     # sorted out, the served in bulk
     if all(n in leave for n in unresolved):
         aside = (unmatched, skipped, deferred, deferred_experts)
-        served = [n for n in walked if not _set_aside(n, rules[n], expert_rx, *aside)]
+        served = _sorted_out(walked, rules, expert_rx, aside)
         bulk = _served(
-            served, rules, tensors, needs, expert_rx, (codec_of, kv), (fits, classes), sig_of
+            served,
+            rules,
+            tensors,
+            needs,
+            expert_rx,
+            (codec_of, kv),
+            (fits, classes),
+            sig_of,
+            _sigs_of(sig_of, aligned),
         )
         if bulk is not None:
             rows.extend(served, *bulk)
@@ -173,24 +244,407 @@ def classify(
         problems,
         what=f"problems fitting config {config.name} to {escape_name(root)}",
     )
-    entries = Entries(rows, classes, tensors)
-    counts, at = entries.experts(deferred_experts)
-    positions = {k: {x: i for i, x in enumerate(v)} for k, v in counts.items()}
-    deferred_at = np.zeros((len(deferred), 2), dtype=np.int64)
-    for k, n in enumerate(deferred):
-        if (x := deferred_experts.get(n)) is not None:
-            deferred_at[k] = positions[x[0]][x[1]], len(counts[x[0]])
-    return Classified(
-        entries,
-        tuple(skipped),
-        tuple(deferred),
-        deferred_experts,
-        units,
-        counts,
-        at,
-        deferred_at,
-        census,
+    return rows, classes, skipped, deferred, deferred_experts, census
+
+
+def _by_columns(
+    tensors: Mapping[str, TensorMeta],
+    config: Config,
+    prefix: Prefix,
+    table: TensorTable,
+    root: object,
+) -> _Parts | None:
+    """The usual classification as columns, once per name template where it can be: each row's
+    first rule (planning/templated.py), its ``auto`` rule resolved and its scales found by template
+    and parameters (one join a template and way), the class keys as numbers. None for what it
+    does not take, which :func:`_walk` then classifies (and words every problem of): a prefix to
+    rewrite, names the templates cannot read, the activation-scale switch, a scaled rule given
+    outright, a tensor no rule matches or no way resolves, a problem of any kind."""
+    tpl = table.templates
+    rules = config.rules
+    if tpl is None or prefix.rewrites or any(r.origin == ACTIVATION_ORIGIN for r in rules):
+        return None
+    none = len(rules)
+    first = first_rules(table.names, rules, tpl)
+    if (first == none).any():
+        return None  # unmatched: the walk words it
+    scaled = {role for role in registry.roles() if registry.for_role(role).scaled}
+    if any(not p.scaled and p.role in scaled for f in config.families for p in FAMILIES[f]):
+        return None  # a way whose rule the walk would check as given outright (_scales)
+    names, n = table.names, len(table)
+    made = _Made()
+    rule_of: np.ndarray = np.asarray([made.code(r) for r in rules], np.int64)[first]
+    s1: np.ndarray = np.full(n, -1, np.int64)
+    s2: np.ndarray = np.full(n, -1, np.int64)
+    if not _outright(config, table, tpl, first, (s1, s2), scaled):
+        return None  # a weight of a scaled rule given outright lacks a scale: the walk words it
+    unresolved = _resolved(config, table, tpl, first, made, rule_of, (s1, s2), scaled)
+    roles = [r.role for r in made.rules]
+    # the census of what is served or deferred, from the attention layers' templates only (every
+    # name selection/kvscales.py's patterns read holds "attn", which no digit run can split)
+    attn = np.asarray([any("attn" in part for part in text) for text in tpl.texts], bool)
+    skip = np.asarray([role == Role.SKIP for role in roles], bool)
+    counted = np.flatnonzero(attn[tpl.ids] & ~skip[rule_of])
+    census = kv_census(list(map(names.__getitem__, counted.tolist())))
+    if config.kv_scales == "strict" and census.problems():
+        return None
+    scale = np.zeros(n, bool)
+    scale[s1[s1 >= 0]] = True
+    scale[s2[s2 >= 0]] = True
+    if not scale[unresolved].all():
+        return None  # a tensor no way resolves, not a scale: the walk words it
+    aside = np.asarray([role in READS_NOTHING for role in roles], bool)
+    if aside[rule_of[scale]].any():
+        return None  # a skip or defer rule takes a served weight's scale: the walk words it
+    walked = table.order[~scale[table.order]]
+    kind = rule_of[walked]
+    skipped = list(map(names.__getitem__, walked[_kind_in(kind, roles, Role.SKIP)].tolist()))
+    deferred = list(map(names.__getitem__, walked[_kind_in(kind, roles, Role.DEFER)].tolist()))
+    expert_rx = config.expert_regex
+    deferred_experts = {}
+    for d in deferred:  # a rule of their own: few names
+        x = _expert_of(expert_rx, d, made.rules[int(rule_of[table.row[d]])])
+        if x:
+            deferred_experts[d] = x
+    served = walked[~aside[kind]]
+    got = _served_columns(
+        tensors, table, made, rule_of[served], served, (s1[served], s2[served]), census, expert_rx
     )
+    if got is None:
+        return None
+    rows, classes = got
+    given = [r for r in rules if r.origin and r.origin != ACTIVATION_ORIGIN]
+    if given:
+        matched = list(map([*rules, None].__getitem__, first.tolist()))
+        if _idle(config, tensors, prefix, matched, root):
+            return None
+    if not rows.names and not deferred:
+        return None  # nothing to load: the walk words it
+    return rows, classes, skipped, deferred, deferred_experts, census
+
+
+def _kind_in(kind: np.ndarray, roles: list[str], role: str) -> np.ndarray:
+    """Which rows' rules (``kind``: each row's rule code) have ``role``."""
+    return np.asarray([r == role for r in roles], bool)[kind]
+
+
+class _Made:
+    """The distinct rules a classification gives its rows (matched or resolved), numbered."""
+
+    def __init__(self) -> None:
+        self.rules: list[Rule] = []
+        self._codes: dict[int, int] = {}
+
+    def code(self, rule: Rule) -> int:
+        c = self._codes.get(id(rule))
+        if c is None:
+            c = self._codes[id(rule)] = len(self.rules)
+            self.rules.append(rule)
+        return c
+
+
+def _outright(
+    config: Config,
+    table: TensorTable,
+    tpl: Templates,
+    first: np.ndarray,
+    scales: tuple[np.ndarray, np.ndarray],
+    scaled: set[str],
+) -> bool:
+    """The scales' rows of the weights of scaled rules given outright (not ``auto``), into
+    ``scales``, by the join once per (rule, template); False where a weight's name lacks the
+    rule's suffix or a scale is missing (:func:`_scales`' problems, which the walk words)."""
+    outright = np.asarray([r.role in scaled for r in config.rules], bool)
+    rows = np.flatnonzero(outright[first])
+    if not len(rows):
+        return True
+    join = Join(tpl)
+    width_t = len(tpl.texts)
+    groups, at = np.unique(first[rows] * width_t + tpl.ids[rows], return_inverse=True)
+    s1, s2 = scales
+    for g, k in enumerate(groups.tolist()):
+        mine, rule, t = rows[at == g], config.rules[k // width_t], k % width_t
+        if not _ends(table.names, mine, rule.suffix).all():
+            return False
+        one = _renamed(join, table, mine, t, rule.suffix, rule.scale)
+        two = _renamed(join, table, mine, t, rule.suffix, rule.scale2) if rule.scale2 else None
+        if (one < 0).any() or (two is not None and (two < 0).any()):
+            return False
+        s1[mine] = one
+        if two is not None:
+            s2[mine] = two
+    return True
+
+
+def _resolved(
+    config: Config,
+    table: TensorTable,
+    tpl: Templates,
+    first: np.ndarray,
+    made: _Made,
+    rule_of: np.ndarray,
+    scales: tuple[np.ndarray, np.ndarray],
+    scaled: set[str],
+) -> np.ndarray:
+    """Each ``auto`` row's rule resolved (Config.resolve_scaled's ways, in its order) into
+    ``rule_of`` and its scales' rows into ``scales``, once per (rule, dtype, template): a scale
+    found by the join. Returns the rows that resolve to nothing (they keep their ``auto`` rule:
+    the walk names them None, which counts as it does)."""
+    auto = np.asarray([r.role == AUTO for r in config.rules], bool)
+    rows = np.flatnonzero(auto[first])
+    left: list[np.ndarray] = [np.zeros(0, np.int64)]
+    if not len(rows):
+        return left[0]
+    join = Join(tpl)
+    width_d, width_t = len(table.dtypes), len(tpl.texts)
+    key = (first[rows] * width_d + table.dtype_code[rows]) * width_t + tpl.ids[rows]
+    groups, at = np.unique(key, return_inverse=True)
+    s1, s2 = scales
+    for g, k in enumerate(groups.tolist()):
+        open_ = rows[at == g]
+        rule = config.rules[k // width_t // width_d]
+        dtype, t = table.dtypes[(k // width_t) % width_d], k % width_t
+        ways, plain = config.ways(rule, dtype)
+        for p, m in ways:
+            if not len(open_):
+                break
+            if not p.scaled:
+                take = _ends(table.names, open_, p.suffix)
+                one = two = None
+            else:
+                one = _renamed(join, table, open_, t, p.suffix, p.scale)
+                take = one >= 0
+                two = _renamed(join, table, open_, t, p.suffix, p.scale2) if p.scale2 else None
+                if two is not None:
+                    take &= two >= 0
+            rule_of[open_[take]] = made.code(m)
+            if one is not None and m.role in scaled:
+                s1[open_[take]] = one[take]
+                if two is not None:
+                    s2[open_[take]] = two[take]
+            open_ = open_[~take]
+        if len(open_):
+            if plain is None:
+                left.append(open_)
+            else:
+                rule_of[open_] = made.code(plain)
+    return np.concatenate(left)
+
+
+def _ends(names: list[str], rows: np.ndarray, suffix: str) -> np.ndarray:
+    """Which rows' names end in ``suffix``."""
+    return np.fromiter((names[k].endswith(suffix) for k in rows.tolist()), bool, len(rows))
+
+
+def _renamed(
+    join: Join, table: TensorTable, rows: np.ndarray, t: int, suffix: str, replacement: str
+) -> np.ndarray:
+    """For rows of template ``t``: the row of the name with ``suffix`` replaced by
+    ``replacement`` (``name[: -len(suffix)] + replacement``, as resolve_scaled spells it), -1
+    where the name does not end in ``suffix`` or no tensor has that name: by the join, or name by
+    name where it cannot say."""
+    got = join.renamed(rows, t, suffix, replacement)
+    if got is not None:
+        return got
+    names, row = table.names, table.row
+    return np.fromiter(
+        (
+            row.get(names[k][: -len(suffix)] + replacement, -1) if names[k].endswith(suffix) else -1
+            for k in rows.tolist()
+        ),
+        np.int64,
+        len(rows),
+    )
+
+
+def _served_columns(
+    tensors: Mapping[str, TensorMeta],
+    table: TensorTable,
+    made: _Made,
+    rule_of: np.ndarray,
+    served: np.ndarray,
+    scales: tuple[np.ndarray, np.ndarray],
+    census: Census,
+    expert_rx: re.Pattern[str],
+) -> tuple[Columns, list[Klass]] | None:
+    """The served rows' classes (each distinct key fitted once, at its first row, as
+    :func:`_served` does), scales and experts; None where any has a problem."""
+    names = table.names
+    s1, s2 = scales
+    codec_of = {role: registry.for_role(role) for role in registry.roles()}
+    codecs = [codec_of.get(r.role) for r in made.rules]  # None: a rule no served row has
+    kinds = {id(c): k for k, c in enumerate(dict.fromkeys([*codecs, KV_SCALE]))}
+    codec = np.asarray([kinds[id(c)] for c in codecs], np.int64)[rule_of]
+    kv = census.engine_names()
+    if kv:  # a KV-cache scale served plain has its values checked
+        on = np.isin(served, [table.row[m] for m in kv if m in table.row])
+        plain = np.asarray([c is PLAIN for c in codecs], bool)[rule_of]
+        codec[on & plain] = kinds[id(KV_SCALE)]
+    sigs: np.ndarray = np.asarray(table.signatures, np.int64)
+    top = int(sigs.max()) + 2 if len(sigs) else 1
+    parts = [
+        (rule_of, len(made.rules)),
+        (codec, len(kinds)),
+        (sigs[served], top),
+        (np.where(s1 >= 0, sigs[s1], -1) + 1, top),
+        (np.where(s2 >= 0, sigs[s2], -1) + 1, top),
+    ]
+    key: np.ndarray = np.zeros(len(served), np.int64)
+    span = 1
+    for col, width in parts:
+        if span > (1 << 62) // max(width, 1):
+            return None
+        key, span = key * width + col, span * width
+    _, firsts, at = np.unique(key, return_index=True, return_inverse=True)
+    fits: dict[tuple, int | str] = {}
+    classes: list[Klass] = []
+    _, sig_of = _readers(tensors, table)
+    klass: np.ndarray = np.zeros(len(firsts), np.int64)
+    all_codecs = list(dict.fromkeys([*codecs, KV_SCALE]))
+    for u in np.argsort(firsts, kind="stable").tolist():  # in order of first appearance
+        j = int(firsts[u])
+        k = int(served[j])
+        need = _need(names, int(s1[j]), int(s2[j]))
+        got = _class(
+            names[k],
+            made.rules[int(rule_of[j])],
+            tensors,
+            need,
+            all_codecs[int(codec[j])],  # type: ignore[arg-type]  # a served row's: a codec
+            (fits, classes),
+            {},
+            sig_of,
+        )
+        if got < 0:
+            return None
+        klass[u] = got
+    at_set, index = _experts(table, made, rule_of, served, expert_rx)
+    if at_set is None:
+        return None
+    rows = Columns()
+    rows.extend_columns(
+        list(map(names.__getitem__, served.tolist())),
+        klass[at].tolist(),
+        [names[k] if k >= 0 else None for k in s1.tolist()],
+        [names[k] if k >= 0 else None for k in s2.tolist()],
+        at_set,
+        index,
+    )
+    return rows, classes
+
+
+def _need(names: list[str], one: int, two: int) -> tuple[str, ...] | None:
+    """A row's scales' names, as the walk keeps them (None: no scales)."""
+    if one < 0:
+        return None
+    return (names[one],) if two < 0 else (names[one], names[two])
+
+
+def _experts(
+    table: TensorTable,
+    made: _Made,
+    rule_of: np.ndarray,
+    served: np.ndarray,
+    expert_rx: re.Pattern[str],
+) -> tuple[list[str | None], list[int]] | tuple[None, None]:
+    """Each served row's expert set (None: not an expert) and index, as :func:`_expert_of` reads
+    them; (None, None) where an expert-parallel row has no index."""
+    names = table.names
+    wanted = np.asarray([r.experts and not r.stacked for r in made.rules], bool)[rule_of]
+    sets: list[str | None] = [None] * len(served)
+    index = [0] * len(served)
+    at = np.flatnonzero(wanted)
+    if not len(at):
+        return sets, index
+    rows = served[at]
+    got = _experts_by_template(table, rows, expert_rx)
+    if got is not None:
+        cut, numbers = got
+    else:
+        held = list(map(names.__getitem__, rows.tolist()))
+        found = list(map(expert_rx.search, held))
+        if None in found:
+            return None, None
+        digits = list(map(_GROUP_1, found))
+        if max(map(len, digits)) >= 19:
+            return None, None
+        cut = list(map(str.__getitem__, held, map(slice, map(re.Match.start, found))))
+        numbers = list(map(int, digits))
+    for k, x, i in zip(at.tolist(), cut, numbers, strict=True):
+        sets[k], index[k] = x, i
+    return sets, index
+
+
+DEFAULT_EXPERTS = r"experts\.(\d+)\."
+"""The shipped configs' expert pattern: its literals are not digits and its group is a whole digit
+run between two of them, so it finds the same run of every name of a template."""
+_POW10 = 10 ** np.arange(1, 19, dtype=np.int64)
+
+
+def _experts_by_template(
+    table: TensorTable, rows: np.ndarray, expert_rx: re.Pattern[str]
+) -> tuple[list[str], list[int]] | None:
+    """:func:`_expert_of` of each row (all expert-parallel) read off the templates: the pattern
+    searched once a template, its group a digit run whose value is each row's index and whose
+    place gives each row's set (the name before the match). None where it cannot say (another
+    pattern, names the templates cannot read, a template the pattern finds no index in, an
+    index of 19 digits or more): the caller searches name by name."""
+    tpl = table.templates
+    if tpl is None or expert_rx.pattern != DEFAULT_EXPERTS:
+        return None
+    names = table.names
+    # each run's length: its leading zeros and its significant digits (none for the value 0)
+    lengths = tpl.zeros + np.where(
+        tpl.values > 0, np.searchsorted(_POW10, tpl.values, "right") + 1, 0
+    )
+    ids = tpl.ids[rows]
+    starts: np.ndarray = np.zeros(len(rows), np.int64)
+    numbers: np.ndarray = np.zeros(len(rows), np.int64)
+    for t in np.unique(ids).tolist():
+        mine = np.flatnonzero(ids == t)
+        first = int(rows[mine[0]])
+        m = expert_rx.search(names[first])
+        if m is None:
+            return None
+        text = tpl.texts[t]
+        place = [len(text[0])]  # each run's first character in the template's first name
+        for j in range(1, len(text) - 1):
+            place.append(place[-1] + int(lengths[first, j - 1]) + len(text[j]))
+        if m.start(1) not in place:
+            return None
+        j = place.index(m.start(1))
+        if m.end(1) != place[j] + int(lengths[first, j]):
+            return None
+        here = rows[mine]
+        if (lengths[here, j] >= 19).any():
+            return None
+        shift = (lengths[here, :j] - lengths[first, :j]).sum(axis=1)
+        starts[mine] = m.start() + shift
+        numbers[mine] = tpl.values[here, j]
+    cut = list(
+        map(str.__getitem__, map(names.__getitem__, rows.tolist()), map(slice, starts.tolist()))
+    )
+    return cut, numbers.tolist()
+
+
+def _sorted_out(
+    walked: list[str],
+    rules: Mapping[str, Rule | None],
+    expert_rx: re.Pattern[str],
+    aside: tuple[list[str], list[str], list[str], dict[str, tuple[str, int]]],
+) -> list[str]:
+    """The names to serve, in order; each other name filed by :func:`_set_aside` in order. Which
+    is which is read off each distinct rule once (a config has tens), not off every name."""
+    rs = list(map(rules.__getitem__, walked))
+    distinct = dict(zip(map(id, rs), rs, strict=True))
+    served_ids = {k for k, r in distinct.items() if r is not None and r.role not in _ASIDE}
+    serve = list(map(served_ids.__contains__, map(id, rs)))
+    for n, r in itertools.compress(zip(walked, rs, strict=True), map(operator.not_, serve)):
+        _set_aside(n, r, expert_rx, *aside)
+    return list(itertools.compress(walked, serve))
+
+
+_ASIDE = (Role.SKIP, Role.DEFER)
 
 
 def _served(
@@ -202,40 +656,52 @@ def _served(
     codecs: tuple[Mapping[str, Codec], Mapping[str, object]],
     known: tuple[dict[tuple, int | str], list[Klass]],
     sig_of: Callable[[str], object],
+    sigs_of: Callable[[list[str | None]], list[object]],
 ) -> tuple[list[int], list[tuple[str, ...] | None], list[tuple[str, int] | None]] | None:
     """The served names' classes, scales and experts in bulk: each distinct class key (rule, codec,
     the dtypes and shapes of the weight and its scales) fitted once, at its first name, and every
     name's class a lookup; None when any name has a problem (no expert index, or a class that does
-    not fit), which the per-name walk then words in order."""
+    not fit), which the per-name walk then words in order. ``sigs_of``: :func:`_class`'s
+    ``sig_of`` of many names at once."""
     codec_of, kv = codecs
-    fits, classes = known
     rs: list[Rule] = list(map(rules.__getitem__, names))  # type: ignore[arg-type]  # all matched
+    distinct = dict(zip(map(id, rs), rs, strict=True))  # a config has tens of rules
     need = list(map(needs.get, names))
-    cs = [codec_of[r.role] for r in rs]
+    by_rule = {k: codec_of[r.role] for k, r in distinct.items()}
+    cs = list(map(by_rule.__getitem__, map(id, rs)))
     if kv:
         cs = [KV_SCALE if c is PLAIN and n in kv else c for n, c in zip(names, cs, strict=True)]
-    keys = list(
-        zip(
-            map(id, rs),
-            map(id, cs),
-            map(sig_of, names),
-            [tuple(map(sig_of, nd)) if nd else None for nd in need],
-            strict=True,
-        )
-    )
+    # the key of _class, as numbers: no scale is -1 (a signature is not), one scale (s, -1)
+    first = sigs_of([nd[0] if nd else None for nd in need])
+    second = sigs_of([nd[1] if nd and len(nd) > 1 else None for nd in need])
+    keys = list(zip(map(id, rs), map(id, cs), sigs_of(names), first, second, strict=True))
     firsts = dict(zip(reversed(keys), range(len(keys) - 1, -1, -1), strict=True))
+    klass_of: dict[tuple, int] = {}
     for key in dict.fromkeys(keys):  # in order of first appearance: the classes' numbers
         k = firsts[key]
-        if _class(names[k], rs[k], tensors, need[k], cs[k], known, {}, sig_of) < 0:
+        got = _class(names[k], rs[k], tensors, need[k], cs[k], known, {}, sig_of)
+        if got < 0:
             return None
-    experts = [
-        _expert_of(expert_rx, n, r) if r.experts and not r.stacked else None
-        for n, r in zip(names, rs, strict=True)
-    ]
-    if any(x is None and r.experts and not r.stacked for x, r in zip(experts, rs, strict=True)):
-        return None
-    klass: list[int] = list(map(fits.__getitem__, keys))  # every one fitted: ints
+        klass_of[key] = got
+    wanted = {k: r.experts and not r.stacked for k, r in distinct.items()}
+    experts: list[tuple[str, int] | None] = [None] * len(names)
+    if any(wanted.values()):
+        at = list(itertools.compress(range(len(names)), map(wanted.__getitem__, map(id, rs))))
+        held = list(map(names.__getitem__, at))
+        found = list(map(expert_rx.search, held))
+        if None in found:
+            return None
+        digits = list(map(_GROUP_1, found))
+        if max(map(len, digits)) >= 19:
+            return None
+        sets = list(map(str.__getitem__, held, map(slice, map(re.Match.start, found))))
+        for k, x in zip(at, zip(sets, map(int, digits), strict=True), strict=True):
+            experts[k] = x
+    klass: list[int] = list(map(klass_of.__getitem__, keys))
     return klass, need, experts
+
+
+_GROUP_1 = operator.methodcaller("group", 1)
 
 
 def _codec(name: str, rule: Rule, codec_of: Mapping[str, Codec], kv: Mapping[str, object]) -> Codec:
@@ -254,6 +720,25 @@ def _readers(
         return (lambda n: tensors[n].dtype), (lambda n: (tensors[n].dtype, tensors[n].shape))
     row, dtypes, sigs = table.row, table.dtype_names, table.signatures
     return (lambda n: dtypes[row[n]]), (lambda n: sigs[row[n]])
+
+
+def _sigs_of(
+    sig_of: Callable[[str], object], table: TensorTable | None
+) -> Callable[[list[str | None]], list[object]]:
+    """``sig_of`` of many names at once (-1 for None: no name), read from the table's columns when
+    the table has the tensors' rows."""
+    if table is None:
+        return lambda names: [-1 if n is None else sig_of(n) for n in names]
+    row, sigs = table.row, table.signatures
+    return lambda names: [-1 if n is None else sigs[row[n]] for n in names]
+
+
+def _aligned(tensors: Mapping[str, TensorMeta], table: TensorTable | None) -> TensorTable | None:
+    """The table when its rows are the tensors, in the tensors' order (a catalogue's table is;
+    a table passed beside other tensors is not used for bulk answers)."""
+    if table is None or len(table) != len(tensors) or table.names != list(tensors):
+        return None
+    return table
 
 
 def _rules(

@@ -90,6 +90,31 @@ class Columns:
                 self.expert_set.append(sets.setdefault(x[0], len(sets)))
                 self.expert_index.append(x[1])
 
+    def extend_columns(
+        self,
+        names: list[str],
+        klass: list[int],
+        scales: list[str | None],
+        scales2: list[str | None],
+        sets: list[str | None],
+        index: list[int],
+    ) -> None:
+        """:meth:`extend` from columns: each row's scales' names (None: none) and expert set's
+        name (None: no expert) and index (0 for none); sets numbered as first seen, as
+        :meth:`add` numbers them."""
+        known = self.sets
+        for key in dict.fromkeys(sets):
+            if key is not None:
+                known.setdefault(key, len(known))
+        self.names += names
+        self.klass += klass
+        self.scales += scales
+        self.scales2 += scales2
+        self.expert_set += [-1 if key is None else known[key] for key in sets]
+        self.expert_index += [
+            i if key is not None else 0 for key, i in zip(sets, index, strict=True)
+        ]
+
 
 class Entries(Sequence[Entry]):
     """Every classified weight, natural order, as columns (an :class:`Entry` made per access)."""

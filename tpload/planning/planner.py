@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +19,7 @@ import torch
 
 from ..model.errors import ConfigError, LayoutError
 from ..model.modes import Kind
+from ..model.table import TensorTable
 from ..model.text import escape_name
 from ..model.values import Box
 from ..selection.config import Config
@@ -214,6 +215,20 @@ def _boxes(s: Shaped) -> tuple[Box, Box | None, Box | None]:
     )
 
 
+def _activation_scales(names: Iterable[str], table: TensorTable) -> list[str]:
+    """The single-value ``*.input_scale`` tensors of ``names`` (the table's, in its order): the
+    names read off the templates that end so (the suffix has no digit: a template's names all end
+    in it or none does), each candidate's shape checked."""
+    tpl = table.templates
+    if tpl is None or table.names != list(names):
+        rows = [table.row[n] for n in names if n.endswith(".input_scale")]
+    else:
+        ends = np.asarray([text[-1].endswith(".input_scale") for text in tpl.texts], bool)
+        rows = np.flatnonzero(ends[tpl.ids]).tolist()
+    shapes, every = table.shapes, table.names
+    return [every[k] for k in rows if math.prod(shapes[k]) == 1]
+
+
 class Planner:
     """Classifies a catalogue once against a config, then cuts plans for any layout."""
 
@@ -228,10 +243,7 @@ class Planner:
             names, wanted=config.rules_prefix, model=model, where=catalogue.root
         )
         table = catalogue.table
-        row, shapes = table.row, table.shapes
-        self.activation_scales = [
-            n for n in names if n.endswith(".input_scale") and math.prod(shapes[row[n]]) == 1
-        ]
+        self.activation_scales = _activation_scales(names, table)
         """Single-value ``*.input_scale`` tensors (ModelOpt NVFP4's activation scales)."""
         self.classified: Classified = classify(
             names,

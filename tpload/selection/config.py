@@ -289,21 +289,7 @@ class Config:
         self, rule: Rule, name: str, dtype: str, present: Mapping[str, object]
     ) -> tuple[Rule, list[str]] | str:
         """:meth:`resolve`, with the names of the scale tensors found (none for plain)."""
-        ways = self._ways.get((rule, dtype))
-        if ways is None:
-            # the families' ways for this dtype, in order, each with its rule; the plain rule
-            # or None
-            ways = self._ways[rule, dtype] = (
-                [
-                    (p, self._made(rule, p))
-                    for f in self.families
-                    for p in FAMILIES[f]
-                    if p.dtype == dtype
-                ],
-                self._made(rule, None)
-                if dtype in registry.for_role("plain").weight_dtypes
-                else None,
-            )
+        ways = self.ways(rule, dtype)
         for p, made in ways[0]:
             if name.endswith(p.suffix):
                 if not p.scaled:  # a format without scale tensors (gguf)
@@ -321,6 +307,27 @@ class Config:
             f"(is a scale tensor missing, or is it another family? shipped families: "
             f"{', '.join(FAMILIES)})"
         )
+
+    def ways(self, rule: Rule, dtype: str) -> tuple[list[tuple[Pick, Rule]], Rule | None]:
+        """The families' ways of storing an ``auto`` rule's weight of ``dtype``, in the order
+        :meth:`resolve_scaled` tries them, each with the rule it makes; and the plain rule (None:
+        the dtype is not plain). Made once per pair (planning/classify.py resolves names in bulk
+        by them)."""
+        ways = self._ways.get((rule, dtype))
+        if ways is None:
+            ways = self._ways[rule, dtype] = (
+                [
+                    (p, self._made(rule, p))
+                    for f in self.families
+                    for p in FAMILIES[f]
+                    if p.dtype == dtype
+                ],
+                self._made(rule, None)
+                if dtype in registry.for_role("plain").weight_dtypes
+                else None,
+            )
+        got: tuple[list[tuple[Pick, Rule]], Rule | None] = ways
+        return got
 
     def _made(self, rule: Rule, pick: Pick | None) -> Rule:
         """``rule`` with ``pick``'s role and names (plain when None), made once per pair."""

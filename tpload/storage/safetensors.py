@@ -149,7 +149,14 @@ def header_columns(path: Path, header: dict, data_start: int, data_len: int) -> 
     bytes, a shape of at most 8 non-negative integers below 2**48 whose element count fits,
     ``data_offsets`` [begin, end] in order, inside the data and spanning dtype x shape, and any
     other field one serde_json reads. Then the header's own rules (:func:`header_problems`), and the
-    entries' offsets must cover the data back to back (:func:`coverage_problems`)."""
+    entries' offsets must cover the data back to back (:func:`coverage_problems`).
+
+    The usual header (every entry exactly the three fields, of the usual types, in range, covering
+    the data) is taken by :func:`_usual_columns` in a few passes made in C; anything else is read
+    here, rule by rule, and every problem worded."""
+    usual = _usual_columns(path, header, data_start, data_len)
+    if usual is not None:
+        return usual
     names = [n for n in header if n != "__metadata__"]
     n = len(names)
     raw = list(map(header.__getitem__, names))
@@ -214,6 +221,73 @@ def header_columns(path: Path, header: dict, data_start: int, data_len: int) -> 
         list(map(tuple, shapes)),
         list(map(operator.add, begins, itertools.repeat(data_start))),
         want,
+    )
+
+
+def _usual_columns(
+    path: Path, header: dict, data_start: int, data_len: int
+) -> HeaderColumns | None:
+    """:func:`header_columns` of a header that breaks no rule, in bulk; None for any other (which
+    header_columns then reads rule by rule and words). Each rule below is the one header_columns
+    writes, asked of the whole column at once: an object of exactly ``dtype``, ``shape`` and
+    ``data_offsets`` (of exact types: a Twice or a bool is not), a dtype of whole bytes, at most 8
+    dimensions each in 0 .. 2**48 - 1, sizes that fit (checked as floats first, so the exact
+    int64 products cannot overflow), offsets [begin, end] with 0 <= begin <= end <= the data,
+    spanning dtype x shape; no header problem; the data covered back to back."""
+    names = [n for n in header if n != "__metadata__"]
+    n = len(names)
+    raw = list(map(header.__getitem__, names))
+    if not n or set(map(type, raw)) != {dict} or set(map(len, raw)) != {3}:
+        return None
+    dtypes = list(map(dict.get, raw, itertools.repeat("dtype")))  # dict.get: no call made a row
+    shapes = list(map(dict.get, raw, itertools.repeat("shape")))
+    offsets = list(map(dict.get, raw, itertools.repeat("data_offsets")))
+    if set(map(type, shapes)) != {list} or set(map(type, offsets)) != {list}:
+        return None
+    if set(map(type, dtypes)) != {str} or not set(dtypes) <= _HEADER_ITEMSIZE.keys():
+        return None
+    if set(map(len, offsets)) != {2}:
+        return None
+    flat = list(itertools.chain.from_iterable(shapes))
+    pair = list(itertools.chain.from_iterable(offsets))
+    if not set(map(type, pair)) <= {int} or not set(map(type, flat)) <= {int}:
+        return None
+    lens = np.fromiter(map(len, shapes), np.int64, n)
+    if int(lens.max()) > 8:
+        return None
+    try:  # every value an int: one beyond int64 is refused (a crafted header), rule by rule
+        dims = np.array(flat, np.int64)
+        ends = np.array(pair, np.int64).reshape(n, 2)
+    except OverflowError:
+        return None
+    if len(dims) and (int(dims.min()) < 0 or int(dims.max()) >= MAX_DIM):
+        return None
+    itemsize = np.fromiter(map(_HEADER_ITEMSIZE.__getitem__, dtypes), np.int64, n)
+    padded = np.ones((n, 8), np.int64)  # each shape, padded with ones to 8 dimensions
+    padded[
+        np.repeat(np.arange(n), lens), np.arange(len(dims)) - np.repeat(lens.cumsum() - lens, lens)
+    ] = dims
+    # each size as a float first: the exact int64 products only where they are well below 2**63
+    if float((padded.astype(np.float64).prod(axis=1) * itemsize).max()) >= 2.0**60:
+        return None  # near the limits: the rule by rule reading decides
+    numel = padded.prod(axis=1)
+    if not numel.all():
+        return None  # a tensor of no elements: its leading dimensions are checked rule by rule
+    want = numel * itemsize
+    begins, stops = ends[:, 0], ends[:, 1]
+    if (
+        (begins < 0).any()
+        or (begins > stops).any()
+        or (stops > data_len).any()
+        or (stops - begins != want).any()
+    ):
+        return None
+    if header_problems(path, header, names):
+        return None
+    if coverage_problems(path, names, begins, stops, data_len, complete=True):
+        return None
+    return HeaderColumns(
+        names, dtypes, list(map(tuple, shapes)), (begins + data_start).tolist(), want.tolist()
     )
 
 

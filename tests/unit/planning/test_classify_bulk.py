@@ -66,16 +66,28 @@ def test_the_bulk_path_classifies_as_the_walk_does(
 ) -> None:
     root = written[preset]
     calls = []
-    bulk = classify._served
+    columns = classify._by_columns
 
     def counted(*args: object, **kwargs: object) -> object:
-        got = bulk(*args, **kwargs)  # type: ignore[arg-type]
+        got = columns(*args, **kwargs)  # type: ignore[arg-type]
         calls.append(got is not None)
         return got
 
-    monkeypatch.setattr(classify, "_served", counted)
+    monkeypatch.setattr(classify, "_by_columns", counted)
     fast = _facts(_planner(root))
-    assert calls == [True]  # the bulk path served every name
+    assert calls == [True]  # the columns path classified every name
+    monkeypatch.setattr(classify, "_by_columns", lambda *a, **k: None)  # the walk, in bulk
+    walk_calls = []
+    bulk = classify._served
+
+    def served(*args: object, **kwargs: object) -> object:
+        got = bulk(*args, **kwargs)  # type: ignore[arg-type]
+        walk_calls.append(got is not None)
+        return got
+
+    monkeypatch.setattr(classify, "_served", served)
+    assert _facts(_planner(root)) == fast
+    assert walk_calls == [True]  # the walk's bulk path served every name
     monkeypatch.setattr(classify, "_served", lambda *a, **k: None)  # the walk, name by name
     assert _facts(_planner(root)) == fast
 
@@ -84,5 +96,7 @@ def test_the_bulk_path_on_the_small_preset(
     small_ckpt: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fast = _facts(_planner(small_ckpt))
+    monkeypatch.setattr(classify, "_by_columns", lambda *a, **k: None)
+    assert _facts(_planner(small_ckpt)) == fast
     monkeypatch.setattr(classify, "_served", lambda *a, **k: None)
     assert _facts(_planner(small_ckpt)) == fast

@@ -12,6 +12,7 @@ import random
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tpload.model.errors import CheckpointError
@@ -478,3 +479,23 @@ def _parsed(tensors: dict) -> dict[str, ManifestEntry] | str:
         return parse_manifest_entries(tensors, PATH)
     except CheckpointError as e:
         return str(e)
+
+
+def test_sha256_columns_are_hex_digits_exactly_as_the_regex_reads_them() -> None:
+    """The one-pass proof (bytes.fromhex of every digest giving 32 bytes each) and the regex a
+    digest agree, whitespace and other digits included."""
+    good = "ab" * 32
+    cases = [
+        [good, good.upper()],
+        [good, "ab" * 31 + "a "],
+        [good, " " + "ab" * 31 + "a"],
+        [good, "ab" * 31 + "\ta"],
+        [good, "ab" * 31 + "٣٣"],
+        [good, "ab" * 31 + "gg"],
+        [good, "ab" * 30 + "a b c "],
+        ["ab" * 31 + "a", "b" + "ab" * 31],  # 63 and 65 digits: their lengths tell
+    ]
+    for texts in cases:
+        lengths = np.fromiter(map(len, texts), np.int64, len(texts))
+        want = [re.fullmatch(r"[0-9a-fA-F]*", t) is not None for t in texts]
+        assert catalogue._hex_digits(texts, lengths).tolist() == want, texts

@@ -942,3 +942,36 @@ def test_a_load_of_a_shifted_header_fails_naming_the_file_and_the_rule(tmp_path:
         f"{root / 'model.safetensors'}: bytes 16..18 of the data belong to no tensor (after the "
         "last, b): the file runs 2 bytes past its tensors, or its header length is short"
     ) in str(e.value)
+
+
+def test_the_usual_headers_read_in_bulk_as_rule_by_rule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the bulk reading of a usual header (``_usual_columns``) takes one, the rule-by-rule
+    reading gives the same columns; it takes none that the rule-by-rule reading refuses."""
+    import tpload.storage.safetensors as st
+
+    taken = 0
+    for seed in SEEDS:
+        raw = case(seed).blob()
+        n = int.from_bytes(raw[:8], "little")
+        if n > len(raw) - 8:
+            continue
+        try:
+            header = header_json.parse_header_json(raw[8 : 8 + n], tmp_path)
+        except CheckpointError:
+            continue
+        if not isinstance(header, dict):
+            continue
+        usual = st._usual_columns(tmp_path, header, 8 + n, len(raw) - 8 - n)
+        with monkeypatch.context() as m:
+            m.setattr(st, "_usual_columns", lambda *a, **k: None)
+            try:
+                rule_by_rule = st.header_columns(tmp_path, header, 8 + n, len(raw) - 8 - n)
+            except CheckpointError:
+                assert usual is None, seed
+                continue
+        if usual is not None:
+            taken += 1
+            assert usual == rule_by_rule, seed
+    assert taken >= 50, taken  # the bulk reading was asked of enough sound headers

@@ -22,6 +22,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import compress
+from operator import itemgetter
 from pathlib import Path
 from types import MappingProxyType, ModuleType
 from typing import Protocol
@@ -332,6 +333,8 @@ class HashResults(RowTable[Hashed]):
             latest[list(self._row.values())] = True
             keep = latest[rows]
             rows, ranks, fps = rows[keep], ranks[keep], fps[keep]
+        if len(rows) > 1:  # one C-level take
+            return list(itemgetter(*rows.tolist())(names)), ranks, fps
         return [names[k] for k in rows.tolist()], ranks, fps
 
     def nbytes(self) -> int:

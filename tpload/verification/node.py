@@ -38,16 +38,18 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import compress
+from itertools import compress, repeat
 from operator import itemgetter
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 
 from ..model.modes import Verify
 from ..model.values import DIGEST_BYTES, SLOTS, Box, Triple
 from .hashes import Expected
+
+T = TypeVar("T")
 
 
 def readers(reads: Mapping[int, Iterable[str]]) -> dict[str, list[int]]:
@@ -159,6 +161,19 @@ class PeerWindows(Mapping[str, Mapping[int, Box]]):
         at: list[int] = []
         ranks: list[int] = []
         boxes: list[Box] = []
+        n = len(names)
+        groups = set(map(group.__getitem__, names))
+        if len(groups) == 1:  # a batch read by the same peers (the usual case): column passes
+            peers = others[groups.pop()]
+            m = len(peers)
+            if not m:
+                return at, ranks, boxes
+            at = np.repeat(np.arange(n), m).tolist()
+            ranks = list(peers) * n
+            by_peer = [list(map(reads[p].__getitem__, names)) for p in peers]
+            # a name's peers next to each other, as below
+            boxes = by_peer[0] if m == 1 else [b for row in zip(*by_peer, strict=True) for b in row]
+            return at, ranks, boxes
         for k, name in enumerate(names):
             for p in others[group[name]]:
                 at.append(k)
@@ -338,18 +353,29 @@ class WindowColumns(Protocol):
 
 def _fold_rows(names: Sequence[str], boxes: Sequence[Box], fps: np.ndarray) -> bytes:
     """:func:`fold` of the lines ``names[i]``, ``boxes[i]``, ``fps[i]``: the same text, made from
-    the columns with no tuple a line (fewer objects for the collector to count)."""
-    if not names:
+    the columns with no tuple a line held: one stable sort of the names (string order, in C),
+    each distinct window spelled once, the lines formatted over zipped columns."""
+    n = len(names)
+    if not n:
         return bytes(DIGEST_BYTES)
-    order = sorted(range(len(names)), key=names.__getitem__)
-    f0, f1, f2 = (fps[:, i].tolist() for i in range(3))
+    order = sorted(range(n), key=names.__getitem__)
+    take = itemgetter(*order) if n > 1 else _first
+    spelled = {b: f"{b[0][0]}|{b[0][1]}|{b[1][0]}|{b[1][1]}" for b in set(boxes)}
+    f0, f1, f2 = fps[order].T.tolist()
     text = "".join(
         [
-            f"{names[j]}|{b[0][0]}|{b[0][1]}|{b[1][0]}|{b[1][1]}|{f0[j]}|{f1[j]}|{f2[j]}\n"
-            for j, b in zip(order, [boxes[j] for j in order], strict=True)
+            f"{name}|{box}|{a}|{b}|{c}\n"
+            for name, box, a, b, c in zip(
+                take(names), map(spelled.__getitem__, take(boxes)), f0, f1, f2, strict=True
+            )
         ]
     )
     return hashlib.sha256(text.encode()).digest()
+
+
+def _first(column: Sequence[T]) -> tuple[T]:
+    """A one-row column's take (``itemgetter`` of one place returns the item, not a tuple)."""
+    return (column[0],)
 
 
 def claims_of(
@@ -368,8 +394,8 @@ def claims_of(
         if p == me:
             continue
         at = np.flatnonzero(ranks == p)
-        mine = [names[j] for j in at.tolist()]
-        values[p] = _fold_rows(mine, [box(n, p) for n in mine], fps[at])
+        mine = _pick(names, at)
+        values[p] = _fold_rows(mine, list(map(box, mine, repeat(p, len(mine)))), fps[at])
     return _slots(values, node)
 
 
@@ -388,11 +414,19 @@ def seen_of(
         at = np.flatnonzero(hashers == p)
         mine = rows[at]
         values[p] = _fold_rows(
-            [names[j] for j in at.tolist()],
-            [boxes[k] for k in mine.tolist()],
+            _pick(names, at),
+            _pick(boxes, mine),
             windows.fps[mine] if len(mine) else np.zeros((0, 3), np.int64),
         )
     return _slots(values, node)
+
+
+def _pick(column: Sequence[T], at: np.ndarray) -> Sequence[T]:
+    """``[column[k] for k in at]``, by one C-level take."""
+    if len(at) > 1:
+        picked: tuple[T, ...] = itemgetter(*at.tolist())(column)
+        return picked
+    return [column[k] for k in at.tolist()]
 
 
 def verdict(

@@ -188,6 +188,29 @@ class PeerWindows(Mapping[str, Mapping[int, Box]]):
         return len(self._group)
 
 
+class ByteSizes(Mapping[str, int]):
+    """Stored bytes of each tensor, read from a column (``nbytes[row[name]]``): no dict of every
+    tensor, no record a tensor; :func:`split_tensors` reads a group's sizes in one take."""
+
+    def __init__(self, row: Mapping[str, int], nbytes: np.ndarray) -> None:
+        self._row, self._nbytes = row, nbytes
+
+    def __getitem__(self, name: str) -> int:
+        return int(self._nbytes[self._row[name]])
+
+    def column(self, names: Sequence[str]) -> np.ndarray:
+        """The sizes of ``names``, in order, as int64 (KeyError for a name it does not hold)."""
+        rows = np.fromiter(map(self._row.__getitem__, names), np.int64, len(names))
+        out: np.ndarray = self._nbytes[rows].astype(np.int64)
+        return out
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._row)
+
+    def __len__(self) -> int:
+        return len(self._row)
+
+
 def split_tensors(
     groups: Sequence[tuple[tuple[int, ...], list[str]]], sizes: Mapping[str, int]
 ) -> list[np.ndarray]:
@@ -203,7 +226,11 @@ def split_tensors(
     order = sorted(range(len(groups)), key=lambda g: len(groups[g][0]) > 1)  # forced ones first
     for g in order:
         who, names = groups[g]
-        nbytes = np.fromiter(map(sizes.__getitem__, names), np.int64, len(names))
+        nbytes = (
+            sizes.column(names)
+            if isinstance(sizes, ByteSizes)
+            else np.fromiter(map(sizes.__getitem__, names), np.int64, len(names))
+        )
         if len(who) == 1:
             out[g] = np.full(len(names), who[0], np.int64)
             load[who[0]] = load.get(who[0], 0) + int(nbytes.sum())

@@ -154,6 +154,10 @@ class PeerWindows(Mapping[str, Mapping[int, Box]]):
         """The window ``peer`` reads of ``name``."""
         return self._reads[peer][name]
 
+    def boxes(self, names: Iterable[str], peer: int) -> list[Box]:
+        """The windows ``peer`` reads of ``names``, in order (one C-level pass)."""
+        return list(map(self._reads[peer].__getitem__, names))
+
     def columns(self, names: Sequence[str]) -> tuple[list[int], list[int], list[Box]]:
         """Each (tensor, node peer that reads a window of it) among ``names`` as columns: the
         tensor's place in ``names``, the peer, its window (no dict a tensor)."""
@@ -409,20 +413,26 @@ def claims_of(
     names: Sequence[str],
     ranks: np.ndarray,
     fps: np.ndarray,
-    box: Callable[[str, int], Box],
+    box: Callable[[str, int], Box] | PeerWindows,
     node: Sequence[int],
     me: int,
 ) -> list[bytes]:
     """:func:`claims` from columns: each (tensor, node peer) this rank fingerprinted from the bytes
-    it hashed (``names[i]``, ``ranks[i]``, ``fps[i]``), ``box(name, peer)`` the peer's window.
-    The same lines, the same values."""
+    it hashed (``names[i]``, ``ranks[i]``, ``fps[i]``), ``box(name, peer)`` the peer's window (or
+    the :class:`PeerWindows` that hold them, read a peer at a time). The same lines, the same
+    values."""
     values: dict[int, bytes] = {}
     for p in node:
         if p == me:
             continue
         at = np.flatnonzero(ranks == p)
         mine = _pick(names, at)
-        values[p] = _fold_rows(mine, list(map(box, mine, repeat(p, len(mine)))), fps[at])
+        boxes = (
+            box.boxes(mine, p)
+            if isinstance(box, PeerWindows)
+            else list(map(box, mine, repeat(p, len(mine))))
+        )
+        values[p] = _fold_rows(mine, boxes, fps[at])
     return _slots(values, node)
 
 

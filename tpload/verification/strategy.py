@@ -448,7 +448,7 @@ class Strategy(ABC):
                     f"tpload), {escape_name(min(unhashed))} among them"
                 )
             peers = hashes.peers
-            box = peers.box if isinstance(peers, node.PeerWindows) else _peer_box(peers)
+            box = peers if isinstance(peers, node.PeerWindows) else _peer_box(peers)
             names, ranks, fps = hashed.peer_columns()
             found.claims = node.claims_of(names, ranks, fps, box, where.node_peers, where.rank)
             found.seen = node.seen_of(

@@ -434,6 +434,7 @@ def test_claims_and_seen_from_columns_are_the_mapping_versions() -> None:
         fps = np.array([fp for _, _, fp in flat], np.int64).reshape(-1, 3)
         want = claims(plan.peers, fingerprints, node, r)
         assert claims_of(names, ranks, fps, plan.peers.box, node, r) == want
+        assert claims_of(names, ranks, fps, plan.peers, node, r) == want  # a peer at a time
         windows = {
             n: (box, tuple(rng.integers(0, 1 << 40, 3).tolist())) for n, box in reads[r].items()
         }

@@ -241,11 +241,13 @@ class HashResults(RowTable[Hashed]):
         with self._lock:
             first = len(self._names)
             self._add(stored, digests)
-            self._peer_row.extend([first + k for k in at])
+            self._peer_row.extend(map(first.__add__, at))
             self._peer_rank.extend(ranks)
             self._peer_fp.extend(fps)
-            self._no_sha256.update(first + k for k in missing)
-            self._blake3.update((first + k, h) for k, h in enumerate(blake3) if h)
+            if missing:  # the default takes a sha256 of every row and no blake3
+                self._no_sha256.update(map(first.__add__, missing))
+            if blake3:
+                self._blake3.update((first + k, h) for k, h in enumerate(blake3) if h)
 
     def _add(self, stored: Sequence[Stored], digests: bytes) -> None:
         """The stored columns and the digests of new rows (under the lock)."""

@@ -19,6 +19,7 @@ import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import accumulate, compress
+from operator import itemgetter
 from typing import NamedTuple
 
 import numpy as np
@@ -112,6 +113,8 @@ class HashTap:
 
 
 _NO_PEERS: Mapping[int, Box] = {}
+_NAME = itemgetter(0)
+"""A :class:`Stored`'s name."""
 
 
 class Wanted(NamedTuple):
@@ -222,7 +225,7 @@ class Hasher:
         bytes as columns (``peers``: the tensor's place in ``stored``, the peer, three integers
         a fingerprint, flattened); nothing for a tensor this rank does not (or no longer) hash."""
         todo = self.todo
-        names = [s.name for s in stored]
+        names = list(map(_NAME, stored))
         if not todo.issuperset(names) or len(set(names)) < len(names):  # only those still to hash
             seen: set[str] = set()
             keep = []
@@ -243,8 +246,8 @@ class Hasher:
             return
         todo.difference_update(names)
         if self._sha256_only:  # the default: one digest a tensor, into one column
-            sha = hashlib.sha256
-            digests = b"".join([sha(memoryview(raw)).digest() for raw in data])
+            # one hashlib object a tensor, made from its contiguous bytes by a C-level map
+            digests = b"".join([h.digest() for h in map(hashlib.sha256, data)])
             self.done.add_digests(stored, digests, peers)
         else:
             sha256, blake3 = [], []

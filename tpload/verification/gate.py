@@ -31,7 +31,7 @@ typed by the Protocols of strategy.py, and the evidence it judges is produced by
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
@@ -43,10 +43,10 @@ from ..model.trust import UNCHECKED, TrustKind, TrustSource
 from ..model.values import Box
 from . import signing
 from .hashes import SHA256, Digests, HashResults, mismatches
-from .node import HashPlan, hash_plan
+from .node import ByteSizes, HashPlan, hash_plan
 from .signing import SignedModel
 from .store import content_hash, fix_command, stale
-from .strategy import Checkpoint, HasBytes, Job, Manifest, Prepared, RankRow, Strategy
+from .strategy import Checkpoint, Job, Manifest, Prepared, RankRow, Strategy
 from .terms import disagreement
 from .vouched import Vouched, vouched
 from .whole_files import FileDigests, SignedFiles, statement
@@ -161,7 +161,8 @@ class TensorDigests(Strategy):
     def _prepare(self, reads: Mapping[int, Mapping[str, Box]]) -> Prepared:
         job = self.job
         digests = self._content_hash()
-        sizes = _Sizes(job.checkpoint.catalogue.tensors)  # read for the tensors split, once each
+        table = job.checkpoint.catalogue.table  # the split reads the sizes as one column
+        sizes = ByteSizes(table.row, table.nbytes)
         mode = Verify(job.opts.verify)
         hashes = hash_plan(mode, job.me, reads, sizes, per_rank=job.checkpoint.per_rank)
         return Prepared(hashes, digests)
@@ -183,22 +184,6 @@ class TensorDigests(Strategy):
         if why:
             job.notes.append(why)
         return digests
-
-
-class _Sizes(Mapping[str, int]):
-    """Stored bytes of each tensor, read from the catalogue when asked (no dict of every tensor)."""
-
-    def __init__(self, tensors: Mapping[str, HasBytes]) -> None:
-        self._tensors = tensors
-
-    def __getitem__(self, name: str) -> int:
-        return self._tensors[name].nbytes
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._tensors)
-
-    def __len__(self) -> int:
-        return len(self._tensors)
 
 
 class SignedManifest(TensorDigests):

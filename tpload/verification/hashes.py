@@ -22,6 +22,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import compress
+from operator import itemgetter
 from pathlib import Path
 from types import MappingProxyType, ModuleType
 from typing import Protocol
@@ -240,11 +241,13 @@ class HashResults(RowTable[Hashed]):
         with self._lock:
             first = len(self._names)
             self._add(stored, digests)
-            self._peer_row.extend([first + k for k in at])
+            self._peer_row.extend(map(first.__add__, at))
             self._peer_rank.extend(ranks)
             self._peer_fp.extend(fps)
-            self._no_sha256.update(first + k for k in missing)
-            self._blake3.update((first + k, h) for k, h in enumerate(blake3) if h)
+            if missing:  # the default takes a sha256 of every row and no blake3
+                self._no_sha256.update(map(first.__add__, missing))
+            if blake3:
+                self._blake3.update((first + k, h) for k, h in enumerate(blake3) if h)
 
     def _add(self, stored: Sequence[Stored], digests: bytes) -> None:
         """The stored columns and the digests of new rows (under the lock)."""
@@ -332,6 +335,8 @@ class HashResults(RowTable[Hashed]):
             latest[list(self._row.values())] = True
             keep = latest[rows]
             rows, ranks, fps = rows[keep], ranks[keep], fps[keep]
+        if len(rows) > 1:  # one C-level take
+            return list(itemgetter(*rows.tolist())(names)), ranks, fps
         return [names[k] for k in rows.tolist()], ranks, fps
 
     def nbytes(self) -> int:

@@ -38,16 +38,18 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import compress
+from itertools import compress, repeat
 from operator import itemgetter
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 
 from ..model.modes import Verify
 from ..model.values import DIGEST_BYTES, SLOTS, Box, Triple
 from .hashes import Expected
+
+T = TypeVar("T")
 
 
 def readers(reads: Mapping[int, Iterable[str]]) -> dict[str, list[int]]:
@@ -152,6 +154,10 @@ class PeerWindows(Mapping[str, Mapping[int, Box]]):
         """The window ``peer`` reads of ``name``."""
         return self._reads[peer][name]
 
+    def boxes(self, names: Iterable[str], peer: int) -> list[Box]:
+        """The windows ``peer`` reads of ``names``, in order (one C-level pass)."""
+        return list(map(self._reads[peer].__getitem__, names))
+
     def columns(self, names: Sequence[str]) -> tuple[list[int], list[int], list[Box]]:
         """Each (tensor, node peer that reads a window of it) among ``names`` as columns: the
         tensor's place in ``names``, the peer, its window (no dict a tensor)."""
@@ -159,6 +165,19 @@ class PeerWindows(Mapping[str, Mapping[int, Box]]):
         at: list[int] = []
         ranks: list[int] = []
         boxes: list[Box] = []
+        n = len(names)
+        groups = set(map(group.__getitem__, names))
+        if len(groups) == 1:  # a batch read by the same peers (the usual case): column passes
+            peers = others[groups.pop()]
+            m = len(peers)
+            if not m:
+                return at, ranks, boxes
+            at = np.repeat(np.arange(n), m).tolist()
+            ranks = list(peers) * n
+            by_peer = [list(map(reads[p].__getitem__, names)) for p in peers]
+            # a name's peers next to each other, as below
+            boxes = by_peer[0] if m == 1 else [b for row in zip(*by_peer, strict=True) for b in row]
+            return at, ranks, boxes
         for k, name in enumerate(names):
             for p in others[group[name]]:
                 at.append(k)
@@ -171,6 +190,29 @@ class PeerWindows(Mapping[str, Mapping[int, Box]]):
 
     def __len__(self) -> int:
         return len(self._group)
+
+
+class ByteSizes(Mapping[str, int]):
+    """Stored bytes of each tensor, read from a column (``nbytes[row[name]]``): no dict of every
+    tensor, no record a tensor; :func:`split_tensors` reads a group's sizes in one take."""
+
+    def __init__(self, row: Mapping[str, int], nbytes: np.ndarray) -> None:
+        self._row, self._nbytes = row, nbytes
+
+    def __getitem__(self, name: str) -> int:
+        return int(self._nbytes[self._row[name]])
+
+    def column(self, names: Sequence[str]) -> np.ndarray:
+        """The sizes of ``names``, in order, as int64 (KeyError for a name it does not hold)."""
+        rows = np.fromiter(map(self._row.__getitem__, names), np.int64, len(names))
+        out: np.ndarray = self._nbytes[rows].astype(np.int64)
+        return out
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._row)
+
+    def __len__(self) -> int:
+        return len(self._row)
 
 
 def split_tensors(
@@ -188,7 +230,11 @@ def split_tensors(
     order = sorted(range(len(groups)), key=lambda g: len(groups[g][0]) > 1)  # forced ones first
     for g in order:
         who, names = groups[g]
-        nbytes = np.fromiter(map(sizes.__getitem__, names), np.int64, len(names))
+        nbytes = (
+            sizes.column(names)
+            if isinstance(sizes, ByteSizes)
+            else np.fromiter(map(sizes.__getitem__, names), np.int64, len(names))
+        )
         if len(who) == 1:
             out[g] = np.full(len(names), who[0], np.int64)
             load[who[0]] = load.get(who[0], 0) + int(nbytes.sum())
@@ -338,38 +384,55 @@ class WindowColumns(Protocol):
 
 def _fold_rows(names: Sequence[str], boxes: Sequence[Box], fps: np.ndarray) -> bytes:
     """:func:`fold` of the lines ``names[i]``, ``boxes[i]``, ``fps[i]``: the same text, made from
-    the columns with no tuple a line (fewer objects for the collector to count)."""
-    if not names:
+    the columns with no tuple a line held: one stable sort of the names (string order, in C),
+    each distinct window spelled once, the lines formatted over zipped columns."""
+    n = len(names)
+    if not n:
         return bytes(DIGEST_BYTES)
-    order = sorted(range(len(names)), key=names.__getitem__)
-    f0, f1, f2 = (fps[:, i].tolist() for i in range(3))
+    order = sorted(range(n), key=names.__getitem__)
+    take = itemgetter(*order) if n > 1 else _first
+    spelled = {b: f"{b[0][0]}|{b[0][1]}|{b[1][0]}|{b[1][1]}" for b in set(boxes)}
+    f0, f1, f2 = fps[order].T.tolist()
     text = "".join(
         [
-            f"{names[j]}|{b[0][0]}|{b[0][1]}|{b[1][0]}|{b[1][1]}|{f0[j]}|{f1[j]}|{f2[j]}\n"
-            for j, b in zip(order, [boxes[j] for j in order], strict=True)
+            f"{name}|{box}|{a}|{b}|{c}\n"
+            for name, box, a, b, c in zip(
+                take(names), map(spelled.__getitem__, take(boxes)), f0, f1, f2, strict=True
+            )
         ]
     )
     return hashlib.sha256(text.encode()).digest()
+
+
+def _first(column: Sequence[T]) -> tuple[T]:
+    """A one-row column's take (``itemgetter`` of one place returns the item, not a tuple)."""
+    return (column[0],)
 
 
 def claims_of(
     names: Sequence[str],
     ranks: np.ndarray,
     fps: np.ndarray,
-    box: Callable[[str, int], Box],
+    box: Callable[[str, int], Box] | PeerWindows,
     node: Sequence[int],
     me: int,
 ) -> list[bytes]:
     """:func:`claims` from columns: each (tensor, node peer) this rank fingerprinted from the bytes
-    it hashed (``names[i]``, ``ranks[i]``, ``fps[i]``), ``box(name, peer)`` the peer's window.
-    The same lines, the same values."""
+    it hashed (``names[i]``, ``ranks[i]``, ``fps[i]``), ``box(name, peer)`` the peer's window (or
+    the :class:`PeerWindows` that hold them, read a peer at a time). The same lines, the same
+    values."""
     values: dict[int, bytes] = {}
     for p in node:
         if p == me:
             continue
         at = np.flatnonzero(ranks == p)
-        mine = [names[j] for j in at.tolist()]
-        values[p] = _fold_rows(mine, [box(n, p) for n in mine], fps[at])
+        mine = _pick(names, at)
+        boxes = (
+            box.boxes(mine, p)
+            if isinstance(box, PeerWindows)
+            else list(map(box, mine, repeat(p, len(mine))))
+        )
+        values[p] = _fold_rows(mine, boxes, fps[at])
     return _slots(values, node)
 
 
@@ -388,11 +451,19 @@ def seen_of(
         at = np.flatnonzero(hashers == p)
         mine = rows[at]
         values[p] = _fold_rows(
-            [names[j] for j in at.tolist()],
-            [boxes[k] for k in mine.tolist()],
+            _pick(names, at),
+            _pick(boxes, mine),
             windows.fps[mine] if len(mine) else np.zeros((0, 3), np.int64),
         )
     return _slots(values, node)
+
+
+def _pick(column: Sequence[T], at: np.ndarray) -> Sequence[T]:
+    """``[column[k] for k in at]``, by one C-level take."""
+    if len(at) > 1:
+        picked: tuple[T, ...] = itemgetter(*at.tolist())(column)
+        return picked
+    return [column[k] for k in at.tolist()]
 
 
 def verdict(

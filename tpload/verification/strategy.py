@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+import numpy as np
+
 from ..model.errors import LoadError
 from ..model.modes import PredictionState
 from ..model.text import escape_name
@@ -81,6 +83,18 @@ class HasBytes(Protocol):
     def nbytes(self) -> int: ...
 
 
+class ByteColumns(Protocol):
+    """Every stored tensor's byte count as a column (model/table.py's TensorTable satisfies it)."""
+
+    @property
+    def row(self) -> Mapping[str, int]:
+        """Each tensor's row."""
+
+    @property
+    def nbytes(self) -> np.ndarray:
+        """Each row's stored bytes."""
+
+
 class Manifest(Protocol):
     """The checkpoint's table as the gate sees it (storage's Catalogue satisfies it)."""
 
@@ -100,6 +114,10 @@ class Manifest(Protocol):
 
     @property
     def tensors(self) -> Mapping[str, HasBytes]: ...
+
+    @property
+    def table(self) -> ByteColumns:
+        """The same tensors as columns (who hashes what reads their sizes from it)."""
 
 
 class Checkpoint(Protocol):
@@ -430,7 +448,7 @@ class Strategy(ABC):
                     f"tpload), {escape_name(min(unhashed))} among them"
                 )
             peers = hashes.peers
-            box = peers.box if isinstance(peers, node.PeerWindows) else _peer_box(peers)
+            box = peers if isinstance(peers, node.PeerWindows) else _peer_box(peers)
             names, ranks, fps = hashed.peer_columns()
             found.claims = node.claims_of(names, ranks, fps, box, where.node_peers, where.rank)
             found.seen = node.seen_of(

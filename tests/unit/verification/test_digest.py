@@ -45,6 +45,26 @@ def test_the_digest_from_columns_is_the_digest_over_entries() -> None:
         assert digest_of(*columns, ranks=ranks) == digest(entries, ranks=ranks) == digest(entries)
 
 
+def test_the_digest_from_columns_keeps_ties_and_falls_back_to_natural_order() -> None:
+    """A name served twice keeps its given order (a stable sort, as the entries' sort is); ranks
+    that miss a name give natural order, the same sha256."""
+    rng = random.Random(30)
+    entries = _entries(rng, 60)
+    entries += [
+        (entries[3][0], torch.uint8, (2,), (1, 2, 3)),
+        (entries[5][0], torch.uint8, (), (4, 5, 6)),
+    ]
+    rng.shuffle(entries)
+    names = [e[0] for e in entries]
+    fps = np.array([e[3] for e in entries], np.int64).reshape(-1, 3)
+    columns = (names, [e[1] for e in entries], [e[2] for e in entries], fps)
+    ranks = {name: k for k, name in enumerate(natural_sorted(set(names)))}
+    partial = dict(list(ranks.items())[1:])
+    want = digest(entries)
+    assert digest_of(*columns) == digest_of(*columns, ranks=ranks) == want
+    assert digest_of(*columns, ranks=partial) == digest(entries, ranks=partial) == want
+
+
 def test_the_fingerprint_table_reads_as_the_mapping_it_replaces() -> None:
     """Blocks and single fingerprints in load order; a name served again reads as its latest."""
     table, want = FingerprintTable(), {}

@@ -15,6 +15,7 @@ import pytest
 from tpload.kernels.fingerprint import host_fingerprint
 from tpload.model.values import DIGEST_BYTES, SLOTS, Box
 from tpload.verification.node import (
+    ByteSizes,
     HashPlan,
     assign_hashing,
     claims,
@@ -180,6 +181,28 @@ def test_the_tensor_split_balances_each_group_and_counts_too() -> None:
         assert max(loads) - min(loads) <= max(sizes.values()), trial
         assert max(counts) - min(counts) <= 1, trial
         assert split[1].tolist() == [groups[1][0][0]] * len(alone)
+
+
+def test_sizes_read_from_a_column_split_as_a_mapping_does() -> None:
+    """ByteSizes (the catalogue's nbytes column, a row a name) reads as the mapping it replaces and
+    gives the same split, and each peer group's peers and windows as columns in the same order."""
+    import random
+
+    rng = random.Random(5)
+    sizes = {f"t{i}": rng.choice([4, 64, 4096, 1 << 20]) for i in range(300)}
+    names = list(sizes)
+    rng.shuffle(names)  # rows in another order than the mapping's
+    column = ByteSizes({n: k for k, n in enumerate(names)}, np.array([sizes[n] for n in names]))
+    assert dict(column) == sizes and len(column) == len(sizes)
+    groups = [((0, 1, 2), list(sizes)[:200]), ((1,), list(sizes)[200:])]
+    got, want = split_tensors(groups, column), split_tensors(groups, sizes)
+    assert [g.tolist() for g in got] == [g.tolist() for g in want]
+    reads = {r: {n: ((r, r + 1), (0, 8)) for n in sizes} for r in range(3)}
+    plan = hash_plan("node", 0, reads, column, per_rank=False)
+    mine = sorted(plan.mine)
+    at, ranks, boxes = plan.peers.columns(mine)  # type: ignore[attr-defined]
+    want_rows = [(k, p, reads[p][n]) for k, n in enumerate(mine) for p, b in plan.peers[n].items()]
+    assert list(zip(at, ranks, boxes, strict=True)) == want_rows
 
 
 def test_the_split_at_tp_only_is_the_same_on_every_rank() -> None:
@@ -411,6 +434,7 @@ def test_claims_and_seen_from_columns_are_the_mapping_versions() -> None:
         fps = np.array([fp for _, _, fp in flat], np.int64).reshape(-1, 3)
         want = claims(plan.peers, fingerprints, node, r)
         assert claims_of(names, ranks, fps, plan.peers.box, node, r) == want
+        assert claims_of(names, ranks, fps, plan.peers, node, r) == want  # a peer at a time
         windows = {
             n: (box, tuple(rng.integers(0, 1 << 40, 3).tolist())) for n, box in reads[r].items()
         }

@@ -3,14 +3,14 @@ and the :class:`LoadResult` that names the slots and carries the evidence."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 
 import numpy as np
 import torch
 
-from ..planning.items import Output
+from ..planning.items import Output, Outputs
 from ..sources.base import SourceFigures
 from ..verification.digest import digest_of
 from ..verification.evidence import FingerprintTable, WindowTable
@@ -56,7 +56,8 @@ class LoadResult:
     """What one rank holds after :func:`run`: the arena, its served tensors and the evidence."""
 
     arena: Arena
-    outputs: list[Output]
+    outputs: Sequence[Output]
+    """Each served tensor, in plan order: a plan's :class:`Outputs` (columns) after a load."""
     fingerprints: FingerprintTable
     hashed: HashResults = field(default_factory=HashResults)
     windows: WindowTable = field(default_factory=lambda: WindowTable([], [], np.zeros((0, 3))))
@@ -93,16 +94,14 @@ class LoadResult:
         columns: each read by one C-level ``itemgetter`` pass (``zip(*outputs)`` would hold an
         iterator a tensor at once)."""
         outputs = self.outputs
-        names = list(map(_NAME, outputs))
+        if isinstance(outputs, Outputs):  # a plan's columns, as a load leaves them
+            names, dtypes, shapes = outputs.names, outputs.dtypes, outputs.shapes
+        else:
+            names = list(map(_NAME, outputs))
+            dtypes, shapes = list(map(_DTYPE, outputs)), list(map(_SHAPE, outputs))
         table = self.fingerprints
         fps = table.fps[table.rows(names)] if names else np.zeros((0, 3), np.int64)
-        return digest_of(
-            names,
-            list(map(_DTYPE, outputs)),
-            list(map(_SHAPE, outputs)),
-            fps,
-            ranks=self.ranks,
-        )
+        return digest_of(names, dtypes, shapes, fps, ranks=self.ranks)
 
 
 _NAME, _DTYPE, _SHAPE = itemgetter(0), itemgetter(1), itemgetter(2)

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 import tpload.planning.classify as classify
+from tpload.loading.pick import choose
 from tpload.model.errors import ConfigError
 from tpload.planning.templated import Join, first_rules
 from tpload.selection.config import Config, load_config, shipped_configs, with_rules
-from tpload.selection.pick import choose
 from tpload.selection.prefix import detect
 from tpload.storage.safetensors import HeaderColumns, TableRows, table_of
 from tpload.tools.published import PUBLISHED, _index

@@ -104,7 +104,8 @@ def parse_manifest_entries(tensors: object, path: Path) -> Manifest:
         names,
         list(map(spelt.setdefault, files, files)),
         list(map(spelt.setdefault, dtypes, dtypes)),
-        shapes,  # lists as parsed: a record's tuple is made when asked for
+        list(map(tuple, shapes)),  # tuples of ints: the collector stops walking them (lists it
+        # would walk at every full collection of the load)
         np.frombuffer(raw_digests, np.uint8).reshape(n, DIGEST),
     )
 
@@ -138,7 +139,7 @@ class Manifest(RowTable[ManifestEntry]):
         names: list[str],
         files: list[str],
         dtypes: list[str],
-        shapes: Sequence[Sequence[int]],
+        shapes: list[tuple[int, ...]],
         digests: np.ndarray,
     ) -> None:
         super().__init__()
@@ -148,7 +149,7 @@ class Manifest(RowTable[ManifestEntry]):
         """Each entry's sha256, [n, 32] uint8, in the manifest's order."""
 
     def _record(self, name: str, k: int) -> ManifestEntry:
-        return ManifestEntry(self.files[k], self.dtypes[k], tuple(self.shapes[k]), self._hex(k))
+        return ManifestEntry(self.files[k], self.dtypes[k], self.shapes[k], self._hex(k))
 
     def _hex(self, k: int) -> str:
         hexed: str = self.digests[k].tobytes().hex()

@@ -121,8 +121,13 @@ def _error_file(line: str, *, root_cause: bool) -> None:
     doc = {
         "message": {"message": line, "extraInfo": {"py_callstack": line, "timestamp": str(stamp)}}
     }
+    # written whole or not at all (a temporary file renamed over it): a rank stopped by torchrun's
+    # SIGTERM between opening and writing would leave an empty file, and torchrun's summary fails
+    # on it with a JSONDecodeError instead of naming the root cause
+    tmp = Path(f"{path}.{os.getpid()}.tmp")
     try:
-        Path(path).write_text(json.dumps(doc))
+        tmp.write_text(json.dumps(doc))
+        os.replace(tmp, path)
     except OSError as e:  # the message is on stderr already: the summary only loses it
         say(f"tpload: could not write torchrun's error file {printable(path)}: {e.strerror}")
 

@@ -5,6 +5,7 @@ checks and the hasher read from the same bytes (which items form a batch: planni
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 
 import numpy as np
 
@@ -13,6 +14,8 @@ from ..kernels.lazy import kernels
 from ..model.values import Box, Stored, Triple
 from ..planning.batches import PlanRuns
 from ..sources.base import ReadSource
+
+_NO_BYTES = np.empty(0, np.uint8)  # no destination: the kernel fingerprints only
 
 
 class Batch:
@@ -48,10 +51,6 @@ class Batch:
     def __len__(self) -> int:
         return len(self.names)
 
-    def boxes(self, ks: Sequence[int]) -> list[Box]:
-        """Piece ``ks[i]``'s window box in its stored bytes' view, as tuples."""
-        return [((r0, r1), (c0, c1)) for r0, r1, c0, c1 in self.box[list(ks)].tolist()]
-
     def stored(self, ks: Sequence[int]) -> list[Stored]:
         """Pieces ``ks``' stored bytes, as the source's ``box`` gives them (seen in their views):
         made from the batch's columns when the source says what each must hash to at once (its
@@ -86,13 +85,17 @@ class Batch:
     def windows(self, ks: Sequence[int], boxes: Sequence[Box]) -> tuple[np.ndarray, ...]:
         """Box ``boxes[i]`` of stored tensor ``ks[i]``: where its first byte is, its rows, stride
         and width."""
-        k = np.asarray(ks, dtype=np.int64)
-        r0 = np.fromiter((b[0][0] for b in boxes), np.int64, len(boxes))
-        rows = np.fromiter((b[0][1] - b[0][0] for b in boxes), np.int64, len(boxes))
-        c0 = np.fromiter((b[1][0] for b in boxes), np.int64, len(boxes))
-        width = np.fromiter((b[1][1] - b[1][0] for b in boxes), np.int64, len(boxes))
+        return self.box_windows(np.asarray(ks, dtype=np.int64), box_columns(boxes))
+
+    def box_windows(self, k: np.ndarray, box: np.ndarray) -> tuple[np.ndarray, ...]:
+        """:meth:`windows` of boxes as columns (``box[i]``: rows ``r0, r1``, columns ``c0, c1``)."""
         stride = self.stride[k]
-        return self.at[k] + r0 * stride + c0, rows, stride, width
+        return (
+            self.at[k] + box[:, 0] * stride + box[:, 2],
+            box[:, 1] - box[:, 0],
+            stride,
+            box[:, 3] - box[:, 2],
+        )
 
     def copy(self, dst: np.ndarray, dst_offsets: np.ndarray) -> None:
         """Each window into ``dst`` at its offset (an empty ``dst``: fingerprints only),
@@ -126,8 +129,13 @@ class Batch:
     def fingerprint_windows(self, ks: Sequence[int], boxes: Sequence[Box]) -> np.ndarray:
         """:meth:`fingerprints_of` as columns: box ``boxes[i]`` of stored tensor ``ks[i]``, each
         fingerprint a row of the ``[n, 3]`` result."""
-        src, rows, stride, width = self.windows(ks, boxes)
-        fps = np.zeros((len(boxes), 3), dtype=np.int64)
+        return self.fingerprint_boxes(np.asarray(ks, dtype=np.int64), box_columns(boxes))
+
+    def fingerprint_boxes(self, k: np.ndarray, box: np.ndarray) -> np.ndarray:
+        """:meth:`fingerprint_windows` of boxes as columns (:meth:`box_windows`)."""
+        src, rows, stride, width = self.box_windows(k, box)
+        n = len(k)
+        fps = np.zeros((n, 3), dtype=np.int64)
         kernels.gather_windows(
             self.data,
             src,
@@ -135,8 +143,8 @@ class Batch:
             stride,
             width,
             word_widths(width),
-            np.empty(0, np.uint8),
-            np.zeros(len(boxes), np.int64),
+            _NO_BYTES,
+            np.zeros(n, np.int64),
             fps,
         )
         return fps
@@ -150,6 +158,23 @@ class Batch:
         """Stored tensor ``k``'s bytes, whole and flat (what the hasher hashes)."""
         a = int(self.at[k])
         return self.data[a : a + int(self.rows[k] * self.stride[k])]
+
+    def raws(self, ks: Sequence[int]) -> list[np.ndarray]:
+        """:meth:`raw` of each of ``ks``, sliced from columns (one Python slice a tensor)."""
+        k = np.asarray(ks, dtype=np.int64)
+        at = self.at[k]
+        data = self.data
+        return [
+            data[a:e]
+            for a, e in zip(at.tolist(), (at + self.rows[k] * self.stride[k]).tolist(), strict=True)
+        ]
+
+
+def box_columns(boxes: Sequence[Box]) -> np.ndarray:
+    """Boxes ``((r0, r1), (c0, c1))`` as the rows ``r0, r1, c0, c1`` of an ``[n, 4]`` column (one
+    C-level pass over their numbers)."""
+    flat = chain.from_iterable(chain.from_iterable(boxes))
+    return np.fromiter(flat, np.int64, 4 * len(boxes)).reshape(len(boxes), 4)
 
 
 class BatchWindows:

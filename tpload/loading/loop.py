@@ -34,7 +34,7 @@ from ..sources.hashing import Hasher
 from ..storage.pagecache import ShardRelease
 from ..transfer.base import Transfer
 from ..verification.evidence import Check, Evidence
-from .batch import Batch, BatchWindows
+from .batch import Batch, BatchWindows, box_columns
 from .result import Arena, LoadResult
 
 READAHEAD_ITEMS = 2  # how many items ahead the kernel is asked to read (a cold page cache)
@@ -371,12 +371,16 @@ class _Loader:
         klass = self.plan.klass[i:j]
         formats = self._formats[klass]
         clean = np.zeros(j - i, bool)
-        _, first = np.unique(formats, return_index=True)
-        for at in np.sort(first).tolist():  # formats in order of first appearance
+        if formats[0] == formats.min() == formats.max():  # one format (the usual batch)
+            first = [0]
+        else:  # formats in order of first appearance
+            first = np.sort(np.unique(formats, return_index=True)[1]).tolist()
+        p = runs.pieces(i, j)[0]
+        for at in first:
             if formats[at] < 0:
                 continue
             members = np.flatnonzero(formats == formats[at])
-            scales = runs.first[members + i] - runs.pieces(i, j)[0]  # scale windows first, then
+            scales = runs.first[members + i] - p  # scale windows first, then
             item = runs.classes[int(klass[at])].item  # the weight's
             if item.codec.clean(item.fit, BatchWindows(b, scales), BatchWindows(b, scales + 1)):
                 clean[members] = True
@@ -390,23 +394,18 @@ class _Loader:
         if not want.ks:
             return
         ks = want.ks
-        own = b.boxes(ks)
-        fps = np.empty((len(want.at), 3), np.int64)
-        same: list[int] = []
-        other: list[int] = []
-        for j, (i, box) in enumerate(zip(want.at, want.boxes, strict=True)):
-            (same if box == own[i] else other).append(j)
-        if same:
-            fps[same] = b.fingerprints[[ks[want.at[j]] for j in same]]
-        if other:
-            fps[other] = b.fingerprint_windows(
-                [ks[want.at[j]] for j in other], [want.boxes[j] for j in other]
-            )
-        self.hasher.record_batch(
-            b.stored(ks),
-            [b.raw(k) for k in ks],
-            (want.at, want.ranks, fps.ravel().tolist()),
-        )
+        k = np.asarray(ks, dtype=np.int64)
+        flat: list[int] = []
+        if want.at:
+            at = k[want.at]  # each peer window's piece
+            box = box_columns(want.boxes)
+            same = (box == b.box[at]).all(axis=1)  # the peer's window is this rank's own
+            fps = b.fingerprints[at]
+            if not same.all():
+                other = ~same
+                fps[other] = b.fingerprint_boxes(at[other], box[other])
+            flat = fps.ravel().tolist()
+        self.hasher.record_batch(b.stored(ks), b.raws(ks), (want.at, want.ranks, flat))
 
     def done_batch(self, b: Batch) -> None:
         if self.release is not None:

@@ -252,15 +252,19 @@ class PlanRuns:
         k = klass[rep]
         rows = plan.all_entries
         cols = (rows.names, rows.scales, rows.scales2)
-        self.names: list[str] = [
-            cols[c][e]  # type: ignore[misc]
-            for c, e in zip(col[k, j].tolist(), index[rep].tolist(), strict=True)
-        ]
+        # each name column's pieces picked in one C-level pass, put in piece order by numpy
+        picked = np.empty(len(rep), object)
+        column, entry = col[k, j], index[rep]
+        for c, names in enumerate(cols):
+            at = np.flatnonzero(column == c)
+            if len(at):
+                picked[at] = list(map(names.__getitem__, entry[at].tolist()))
+        self.names: list[str] = picked.tolist()
         """Each piece's stored tensor (its cut's and its served tensor's name)."""
-        shared = {c: [cut.box for cut in cc.cuts] for c, cc in self.classes.items()}
-        self.cut_boxes: list[Box] = [
-            shared[c][i] for c, i in zip(k.tolist(), j.tolist(), strict=True)
-        ]
+        shared: list[Box | None] = [None] * (3 * size)  # class c's cut i: 3 c + i
+        for c, cc in self.classes.items():
+            shared[3 * c : 3 * c + len(cc.cuts)] = [cut.box for cut in cc.cuts]
+        self.cut_boxes: list[Box] = list(map(shared.__getitem__, (3 * k + j).tolist()))
         """Each piece's cut's box (one tuple a class's cut, shared)."""
         self.out = plan.offsets[rep] + after[k, j]
         """Each piece's served tensor's arena offset."""

@@ -431,7 +431,9 @@ def _shard_names(
     index = root / INDEX_NAME
     raw = pins.read(INDEX_NAME, "index")
     if raw is not None:
-        read[INDEX_NAME] = hashlib.sha256(raw).hexdigest()
+        pinned = pins.files.get(INDEX_NAME) if pins.files is not None else None
+        # a pinned index was read only if its bytes hash to the pin (Pins.read): not hashed twice
+        read[INDEX_NAME] = pinned or hashlib.sha256(raw).hexdigest()
         doc = parse_json(raw, index, "index")
         wmap = doc.get("weight_map") if isinstance(doc, dict) else None
         if not isinstance(wmap, dict):

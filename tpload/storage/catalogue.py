@@ -90,14 +90,16 @@ def parse_manifest_entries(tensors: object, path: Path) -> Manifest:
     digests = _where(ok, digests, "")
     lengths = np.fromiter(map(len, digests), np.int64, n)
     ok &= lengths == 64
-    ok &= _hex_digits(digests, lengths)
+    hexed, raw_digests = _hex_column(digests, lengths)
+    ok &= hexed
     problems = [
         f"{escape_name(path)}: entry for {escape_name(names[i])} is not "
         "{file, dtype, shape (integers), sha256 (64 hex digits)}"
         for i in np.flatnonzero(~ok).tolist()
     ]
     raise_all(CheckpointError, problems, what=f"bad entries in {escape_name(path)}")
-    raw_digests = bytes.fromhex("".join(digests))  # every one 64 hex digits: checked above
+    if raw_digests is None:  # every one 64 hex digits: checked above
+        raw_digests = bytes.fromhex("".join(digests))
     # each file's and dtype's spelling held once (the JSON parse made a string an entry)
     spelt: dict[str, str] = {}
     return Manifest(
@@ -111,17 +113,26 @@ def parse_manifest_entries(tensors: object, path: Path) -> Manifest:
 
 
 def _hex_digits(texts: list[str], lengths: np.ndarray) -> np.ndarray:
-    """Whether each text is hex digits only (``lengths``: each one's). The usual column, every
-    text 64 hex digits, is proved by one ``bytes.fromhex`` of them all giving 32 bytes a text
-    (fromhex refuses anything but hex digits and whitespace, and whitespace would make it
-    shorter); a regex a text otherwise."""
+    """Whether each text is hex digits only (``lengths``: each one's): :func:`_hex_column`'s
+    mask."""
+    return _hex_column(texts, lengths)[0]
+
+
+def _hex_column(texts: list[str], lengths: np.ndarray) -> tuple[np.ndarray, bytes | None]:
+    """Whether each text is hex digits only (``lengths``: each one's), and the texts' bytes when
+    that was proved in one step. The usual column, every text 64 hex digits, is proved by one
+    ``bytes.fromhex`` of them all giving 32 bytes a text (fromhex refuses anything but hex digits
+    and whitespace, and whitespace would make it shorter), whose bytes are then the digests; a
+    regex a text otherwise (None: the caller converts what passed)."""
     if (lengths == 64).all():
         try:
-            if len(bytes.fromhex("".join(texts))) == DIGEST * len(texts):
-                return np.ones(len(texts), bool)
+            raw = bytes.fromhex("".join(texts))
         except ValueError:
             pass
-    return np.fromiter(map(_is_hex, texts), bool, len(texts))
+        else:
+            if len(raw) == DIGEST * len(texts):
+                return np.ones(len(texts), bool), raw
+    return np.fromiter(map(_is_hex, texts), bool, len(texts)), None
 
 
 DIGEST = 32
@@ -392,7 +403,8 @@ class Catalogue:
                     f"{escape_name(entry.dtype)} {list(entry.shape)}, shard header says "
                     f"{escape_name(meta.file)} {meta.dtype} {list(meta.shape)}"
                 )
-        orphans = natural_sorted(n for n in self.manifest if n not in self.table.row)
+        # one set difference of the two name indexes (the sort gives the order)
+        orphans = natural_sorted(set(self.manifest).difference(self.table.row))
         if orphans:
             listed = ", ".join(escape_name(n) for n in orphans[:12]) + (
                 f" (and {len(orphans) - 12} more)" if len(orphans) > 12 else ""

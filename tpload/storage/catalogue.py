@@ -566,13 +566,17 @@ def _joined(
     if wmap is None and unique:
         return table
     if wmap is not None and unique and len(wmap) == len(table):
-        rows = list(map(table.row.get, wmap))
-        if None not in rows:
-            at = np.array(rows, dtype=np.int64)
-            fid = {f: k for k, f in enumerate(files)}
-            want = np.fromiter(map(fid.get, wmap.values(), itertools.repeat(-1)), np.int64, len(at))
-            if (table.file_id[at] == want).all():
-                return table.take(at)
+        fid = {f: k for k, f in enumerate(files)}
+        want = np.fromiter(map(fid.get, wmap.values(), itertools.repeat(-1)), np.int64, len(table))
+        if list(wmap) == table.names:  # the index lists the headers' order: the table as made
+            if (table.file_id == want).all():
+                return table
+        else:
+            rows = list(map(table.row.get, wmap))
+            if None not in rows:
+                at = np.array(rows, dtype=np.int64)
+                if (table.file_id[at] == want).all():
+                    return table.take(at)
     views = {f: rows_of(paths[f], f, c) for f, c in headers.items()}
     if wmap is None:
         _by_shard(views, root)

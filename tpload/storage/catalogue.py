@@ -173,24 +173,23 @@ class Manifest(RowTable[ManifestEntry]):
     def disagreeing(self, table: TensorTable, rows: np.ndarray) -> np.ndarray:
         """Which of the table's ``rows`` are missing from the manifest or differ from it in file,
         dtype or shape: a mask, by array equality over the columns (the caller words each)."""
-        at = self.rows_of(list(map(table.names.__getitem__, rows.tolist())))
+        if len(self._row) == len(table) and list(self._row) == table.names:
+            at = rows  # the manifest lists the table's rows in its order: no lookup a name
+        else:
+            at = self.rows_of(list(map(table.names.__getitem__, rows.tolist())))
         found = at >= 0
         bad = ~found
         k = np.flatnonzero(found)
         m = at[k]
         fid = {f: i for i, f in enumerate(table.files)}
         code = {d: i for i, d in enumerate(table.dtypes)}
-        files = np.fromiter(
-            map(fid.get, map(self.files.__getitem__, m.tolist()), itertools.repeat(-1)),
-            np.int64,
-            len(m),
-        )
-        dtypes = np.fromiter(
-            map(code.get, map(self.dtypes.__getitem__, m.tolist()), itertools.repeat(-1)),
-            np.int64,
-            len(m),
-        )
-        shape, ndim = _shape_columns([self.shapes[i] for i in m.tolist()])
+        files = _codes(self.files, fid, m)
+        dtypes = _codes(self.dtypes, code, m)
+        if 2 * len(m) >= len(self.shapes):  # most rows: the whole column, then taken
+            shape, ndim = _shape_columns(self.shapes)
+            shape, ndim = shape[m], ndim[m]
+        else:
+            shape, ndim = _shape_columns([self.shapes[i] for i in m.tolist()])
         t = rows[k]
         differs = (files != table.file_id[t]) | (dtypes != table.dtype_code[t])
         differs |= (ndim != table.ndim[t]) | (shape != table.shape[t]).any(axis=1)
@@ -226,6 +225,18 @@ class Manifest(RowTable[ManifestEntry]):
         for i, text in zip(np.flatnonzero(found).tolist(), texts, strict=True):
             out[i] = text
         return out
+
+
+def _codes(column: list[str], vocab: dict[str, int], m: np.ndarray) -> np.ndarray:
+    """Rows ``m`` of ``column`` as their codes in ``vocab`` (-1: not in it); read over the whole
+    column when ``m`` asks for most of it (one lookup a row, no fetch a row), then taken."""
+    if 2 * len(m) >= len(column):
+        whole = np.fromiter(map(vocab.get, column, itertools.repeat(-1)), np.int64, len(column))
+        taken: np.ndarray = whole[m]
+        return taken
+    return np.fromiter(
+        map(vocab.get, map(column.__getitem__, m.tolist()), itertools.repeat(-1)), np.int64, len(m)
+    )
 
 
 def _shape_columns(shapes: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:

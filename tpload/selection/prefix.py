@@ -32,7 +32,13 @@ them)."""
 OUTSIDE = ("mtp.", "lm_head.")
 """Top-level names that stay where they are when the body moves (no prefix -> ``model.``)."""
 _LAYER = re.compile(r"(.*?)layers\.(\d+)\.")
-_LAYER_LINES = re.compile(r"^(.*?)layers\.(\d+)\.", re.MULTILINE)
+_LAYER_LINES = re.compile(
+    "^(" + "|".join(map(re.escape, CANDIDATES)) + r")layers\.(\d+)\.", re.MULTILINE
+)
+r"""Each line's layer under a candidate prefix: what ``^(.*?)layers\.(\d+)\.`` finds in a line
+when its prefix is a candidate, and nothing otherwise (no candidate holds ``layers.``, so one that
+matches is the shortest prefix that does), tried at a line's start only instead of at every byte
+of it."""
 
 
 @dataclass(frozen=True)

@@ -90,14 +90,16 @@ def parse_manifest_entries(tensors: object, path: Path) -> Manifest:
     digests = _where(ok, digests, "")
     lengths = np.fromiter(map(len, digests), np.int64, n)
     ok &= lengths == 64
-    ok &= _hex_digits(digests, lengths)
+    hexed, raw_digests = _hex_column(digests, lengths)
+    ok &= hexed
     problems = [
         f"{escape_name(path)}: entry for {escape_name(names[i])} is not "
         "{file, dtype, shape (integers), sha256 (64 hex digits)}"
         for i in np.flatnonzero(~ok).tolist()
     ]
     raise_all(CheckpointError, problems, what=f"bad entries in {escape_name(path)}")
-    raw_digests = bytes.fromhex("".join(digests))  # every one 64 hex digits: checked above
+    if raw_digests is None:  # every one 64 hex digits: checked above
+        raw_digests = bytes.fromhex("".join(digests))
     # each file's and dtype's spelling held once (the JSON parse made a string an entry)
     spelt: dict[str, str] = {}
     return Manifest(
@@ -111,17 +113,26 @@ def parse_manifest_entries(tensors: object, path: Path) -> Manifest:
 
 
 def _hex_digits(texts: list[str], lengths: np.ndarray) -> np.ndarray:
-    """Whether each text is hex digits only (``lengths``: each one's). The usual column, every
-    text 64 hex digits, is proved by one ``bytes.fromhex`` of them all giving 32 bytes a text
-    (fromhex refuses anything but hex digits and whitespace, and whitespace would make it
-    shorter); a regex a text otherwise."""
+    """Whether each text is hex digits only (``lengths``: each one's): :func:`_hex_column`'s
+    mask."""
+    return _hex_column(texts, lengths)[0]
+
+
+def _hex_column(texts: list[str], lengths: np.ndarray) -> tuple[np.ndarray, bytes | None]:
+    """Whether each text is hex digits only (``lengths``: each one's), and the texts' bytes when
+    that was proved in one step. The usual column, every text 64 hex digits, is proved by one
+    ``bytes.fromhex`` of them all giving 32 bytes a text (fromhex refuses anything but hex digits
+    and whitespace, and whitespace would make it shorter), whose bytes are then the digests; a
+    regex a text otherwise (None: the caller converts what passed)."""
     if (lengths == 64).all():
         try:
-            if len(bytes.fromhex("".join(texts))) == DIGEST * len(texts):
-                return np.ones(len(texts), bool)
+            raw = bytes.fromhex("".join(texts))
         except ValueError:
             pass
-    return np.fromiter(map(_is_hex, texts), bool, len(texts))
+        else:
+            if len(raw) == DIGEST * len(texts):
+                return np.ones(len(texts), bool), raw
+    return np.fromiter(map(_is_hex, texts), bool, len(texts)), None
 
 
 DIGEST = 32
@@ -162,24 +173,23 @@ class Manifest(RowTable[ManifestEntry]):
     def disagreeing(self, table: TensorTable, rows: np.ndarray) -> np.ndarray:
         """Which of the table's ``rows`` are missing from the manifest or differ from it in file,
         dtype or shape: a mask, by array equality over the columns (the caller words each)."""
-        at = self.rows_of(list(map(table.names.__getitem__, rows.tolist())))
+        if len(self._row) == len(table) and list(self._row) == table.names:
+            at = rows  # the manifest lists the table's rows in its order: no lookup a name
+        else:
+            at = self.rows_of(list(map(table.names.__getitem__, rows.tolist())))
         found = at >= 0
         bad = ~found
         k = np.flatnonzero(found)
         m = at[k]
         fid = {f: i for i, f in enumerate(table.files)}
         code = {d: i for i, d in enumerate(table.dtypes)}
-        files = np.fromiter(
-            map(fid.get, map(self.files.__getitem__, m.tolist()), itertools.repeat(-1)),
-            np.int64,
-            len(m),
-        )
-        dtypes = np.fromiter(
-            map(code.get, map(self.dtypes.__getitem__, m.tolist()), itertools.repeat(-1)),
-            np.int64,
-            len(m),
-        )
-        shape, ndim = _shape_columns([self.shapes[i] for i in m.tolist()])
+        files = _codes(self.files, fid, m)
+        dtypes = _codes(self.dtypes, code, m)
+        if 2 * len(m) >= len(self.shapes):  # most rows: the whole column, then taken
+            shape, ndim = _shape_columns(self.shapes)
+            shape, ndim = shape[m], ndim[m]
+        else:
+            shape, ndim = _shape_columns([self.shapes[i] for i in m.tolist()])
         t = rows[k]
         differs = (files != table.file_id[t]) | (dtypes != table.dtype_code[t])
         differs |= (ndim != table.ndim[t]) | (shape != table.shape[t]).any(axis=1)
@@ -199,6 +209,34 @@ class Manifest(RowTable[ManifestEntry]):
         """The promised sha256 of ``name`` (None: not in the manifest), read from its column."""
         k = self._row.get(name)
         return None if k is None else self._hex(k)
+
+    def sha256s(self, names: Sequence[str]) -> list[str | None]:
+        """:meth:`sha256` of many names at once: their rows found in one C pass, their digests
+        taken from the column in one step and hexed as one string (no Python call a name)."""
+        at = self.rows_of(names)
+        found = at >= 0
+        every = bool(found.all())
+        hexed = (self.digests[at] if every else self.digests[at[found]]).tobytes().hex()
+        step = 2 * DIGEST
+        texts: list[str | None] = [hexed[i : i + step] for i in range(0, len(hexed), step)]
+        if every:
+            return texts
+        out: list[str | None] = [None] * len(names)
+        for i, text in zip(np.flatnonzero(found).tolist(), texts, strict=True):
+            out[i] = text
+        return out
+
+
+def _codes(column: list[str], vocab: dict[str, int], m: np.ndarray) -> np.ndarray:
+    """Rows ``m`` of ``column`` as their codes in ``vocab`` (-1: not in it); read over the whole
+    column when ``m`` asks for most of it (one lookup a row, no fetch a row), then taken."""
+    if 2 * len(m) >= len(column):
+        whole = np.fromiter(map(vocab.get, column, itertools.repeat(-1)), np.int64, len(column))
+        taken: np.ndarray = whole[m]
+        return taken
+    return np.fromiter(
+        map(vocab.get, map(column.__getitem__, m.tolist()), itertools.repeat(-1)), np.int64, len(m)
+    )
 
 
 def _shape_columns(shapes: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
@@ -307,6 +345,12 @@ class Catalogue:
         """The manifest's sha256 of ``name`` (None: no manifest, or no entry for it)."""
         return self.manifest.sha256(name) if self.manifest is not None else None
 
+    def promised_of(self, names: Sequence[str]) -> list[str | None]:
+        """:meth:`promised` of many names at once, read from the manifest's digest column."""
+        if self.manifest is None:
+            return [None] * len(names)
+        return self.manifest.sha256s(names)
+
     def check_plan_files(self) -> list[str]:
         """Check the JSON files that shape a plan (config.json, hf_quant_config.json, the index)
         against the pins of the manifest this catalogue was opened with; raise CheckpointError
@@ -370,7 +414,8 @@ class Catalogue:
                     f"{escape_name(entry.dtype)} {list(entry.shape)}, shard header says "
                     f"{escape_name(meta.file)} {meta.dtype} {list(meta.shape)}"
                 )
-        orphans = natural_sorted(n for n in self.manifest if n not in self.table.row)
+        # one set difference of the two name indexes (the sort gives the order)
+        orphans = natural_sorted(set(self.manifest).difference(self.table.row))
         if orphans:
             listed = ", ".join(escape_name(n) for n in orphans[:12]) + (
                 f" (and {len(orphans) - 12} more)" if len(orphans) > 12 else ""
@@ -409,7 +454,9 @@ def _shard_names(
     index = root / INDEX_NAME
     raw = pins.read(INDEX_NAME, "index")
     if raw is not None:
-        read[INDEX_NAME] = hashlib.sha256(raw).hexdigest()
+        pinned = pins.files.get(INDEX_NAME) if pins.files is not None else None
+        # a pinned index was read only if its bytes hash to the pin (Pins.read): not hashed twice
+        read[INDEX_NAME] = pinned or hashlib.sha256(raw).hexdigest()
         doc = parse_json(raw, index, "index")
         wmap = doc.get("weight_map") if isinstance(doc, dict) else None
         if not isinstance(wmap, dict):
@@ -530,13 +577,17 @@ def _joined(
     if wmap is None and unique:
         return table
     if wmap is not None and unique and len(wmap) == len(table):
-        rows = list(map(table.row.get, wmap))
-        if None not in rows:
-            at = np.array(rows, dtype=np.int64)
-            fid = {f: k for k, f in enumerate(files)}
-            want = np.fromiter(map(fid.get, wmap.values(), itertools.repeat(-1)), np.int64, len(at))
-            if (table.file_id[at] == want).all():
-                return table.take(at)
+        fid = {f: k for k, f in enumerate(files)}
+        want = np.fromiter(map(fid.get, wmap.values(), itertools.repeat(-1)), np.int64, len(table))
+        if list(wmap) == table.names:  # the index lists the headers' order: the table as made
+            if (table.file_id == want).all():
+                return table
+        else:
+            rows = list(map(table.row.get, wmap))
+            if None not in rows:
+                at = np.array(rows, dtype=np.int64)
+                if (table.file_id[at] == want).all():
+                    return table.take(at)
     views = {f: rows_of(paths[f], f, c) for f, c in headers.items()}
     if wmap is None:
         _by_shard(views, root)

@@ -234,9 +234,11 @@ def _usual_columns(
     dimensions each in 0 .. 2**48 - 1, sizes that fit (checked as floats first, so the exact
     int64 products cannot overflow), offsets [begin, end] with 0 <= begin <= end <= the data,
     spanning dtype x shape; no header problem; the data covered back to back."""
-    names = [n for n in header if n != "__metadata__"]
+    names, raw = list(header), list(header.values())  # copied whole: no lookup a name
+    if "__metadata__" in header:
+        at = names.index("__metadata__")
+        del names[at], raw[at]
     n = len(names)
-    raw = list(map(header.__getitem__, names))
     if not n or set(map(type, raw)) != {dict} or set(map(len, raw)) != {3}:
         return None
     dtypes = list(map(dict.get, raw, itertools.repeat("dtype")))  # dict.get: no call made a row

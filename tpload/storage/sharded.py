@@ -158,8 +158,9 @@ class ShardedStorage(FileReads):
         return t.file_id[k].astype(np.int64), t.begin[k].astype(np.int64), t.nbytes[k]
 
     def promised(self, names: Sequence[str]) -> list[str | None]:
-        """Each name's manifest sha256, as :meth:`stored` gives it (None: no entry)."""
-        return list(map(self.catalogue.promised, names))
+        """Each name's manifest sha256, as :meth:`stored` gives it (None: no entry): one column
+        read for the batch, not a call a name."""
+        return self.catalogue.promised_of(names)
 
     def paths(self) -> list[Path]:
         if isinstance(self.locations, TableRows):

@@ -499,3 +499,25 @@ def test_sha256_columns_are_hex_digits_exactly_as_the_regex_reads_them() -> None
         lengths = np.fromiter(map(len, texts), np.int64, len(texts))
         want = [re.fullmatch(r"[0-9a-fA-F]*", t) is not None for t in texts]
         assert catalogue._hex_digits(texts, lengths).tolist() == want, texts
+
+
+def test_a_manifests_sha256s_of_many_names_are_each_names_sha256() -> None:
+    """Manifest.sha256s (a batch's promised digests, one column read) gives what sha256 gives
+    name by name: lowercase hex of the entry, None for a name the manifest lacks, in the order
+    asked, none asked included; and the digests a parse proved hex in one step are the entries'."""
+    rng = random.Random(7)
+    names = [f"model.layers.{i}.w{k}" for i in range(40) for k in range(3)]
+    digests = ["".join(rng.choice("0123456789abcdefABCDEF") for _ in range(64)) for _ in names]
+    tensors = {
+        n: {"file": "a.safetensors", "dtype": "F32", "shape": [2, 3], "sha256": d}
+        for n, d in zip(names, digests, strict=True)
+    }
+    manifest = parse_manifest_entries(tensors, Path("/ckpt/NATIVE_MANIFEST.json"))
+    for n, d in zip(names, digests, strict=True):
+        assert manifest.sha256(n) == d.lower()
+    asked = [rng.choice([*names, "absent", "model.layers.99.w0"]) for _ in range(300)]
+    for k in (0, 1, 5, 300):
+        assert manifest.sha256s(asked[:k]) == [manifest.sha256(n) for n in asked[:k]]
+    present = [n for n in asked if n in manifest]
+    assert manifest.sha256s(present) == [manifest.sha256(n) for n in present]
+    assert manifest.sha256s(["absent"]) == [None]

@@ -15,6 +15,8 @@ it was made with. Anything else unknown is an error listing what ships and how t
 from __future__ import annotations
 
 import json
+import tomllib
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -167,16 +169,34 @@ def _tensor_names(root: Path, pins: Pins) -> list[str]:
     return [n for p in sorted(root.glob("*.safetensors")) for n in read_header(p, p.name)[0]]
 
 
+@dataclass(frozen=True)
+class _Detect:
+    """A shipped config's name, the architectures its ``[detect]`` list names, and its own codec
+    families (its ``codecs``): what picking needs of it, read without building its rules."""
+
+    name: str
+    architectures: tuple[str, ...]
+    families: tuple[str, ...]
+
+
 @cache
-def _architectures() -> tuple[Config, ...]:
-    """Every shipped config with a ``[detect]`` list."""
-    names = sorted(
-        p.name[:-5] for p in resources.files("tpload.configs").iterdir() if p.name.endswith(".toml")
-    )
-    return tuple(c for c in (load_config(n) for n in names) if c.architectures)
+def _architectures() -> tuple[_Detect, ...]:
+    """Every shipped config with a ``[detect]`` list: read once a process (a fixed set of files in
+    the package, not the input's), and only their ``detect`` and ``codecs`` fields; the one picked
+    is loaded (and checked) in full by :func:`load_config`, the others' rules are never compiled."""
+    found = []
+    for p in sorted(
+        (p for p in resources.files("tpload.configs").iterdir() if p.name.endswith(".toml")),
+        key=lambda p: p.name[:-5],  # by config name, as load_config names them
+    ):
+        doc = tomllib.loads(p.read_text())
+        said = tuple(doc.get("detect", {}).get("architectures", ()))
+        if said:
+            found.append(_Detect(p.name[:-5], said, tuple(doc.get("codecs", ()))))
+    return tuple(found)
 
 
-def _architecture(model: dict, root: Path) -> tuple[Config, str]:
+def _architecture(model: dict, root: Path) -> tuple[_Detect, str]:
     """The shipped config of the first name config.json gives (``architectures`` in their order,
     then ``model_type``) that one of them is for: the list's order decides, not the shipped configs'
     names."""

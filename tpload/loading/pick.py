@@ -15,17 +15,22 @@ it was made with. Anything else unknown is an error listing what ships and how t
 from __future__ import annotations
 
 import json
-import tomllib
 from dataclasses import dataclass
 from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..model.errors import ConfigError, LoadError
 from ..model.text import escape_name
 from ..model.values import INDEX_NAME
-from ..selection.config import FAMILIES, Config, available, load_config, split_spec
+from ..selection.config import (
+    FAMILIES,
+    Config,
+    available,
+    load_config,
+    shipped_detect,
+    split_spec,
+)
 from ..selection.defaults import REFERENCE_CONFIG
 from ..storage import gguf, hub, localdir, partitioned
 from ..storage.files import folder_of, parse_json
@@ -184,16 +189,7 @@ def _architectures() -> tuple[_Detect, ...]:
     """Every shipped config with a ``[detect]`` list: read once a process (a fixed set of files in
     the package, not the input's), and only their ``detect`` and ``codecs`` fields; the one picked
     is loaded (and checked) in full by :func:`load_config`, the others' rules are never compiled."""
-    found = []
-    for p in sorted(
-        (p for p in resources.files("tpload.configs").iterdir() if p.name.endswith(".toml")),
-        key=lambda p: p.name[:-5],  # by config name, as load_config names them
-    ):
-        doc = tomllib.loads(p.read_text())
-        said = tuple(doc.get("detect", {}).get("architectures", ()))
-        if said:
-            found.append(_Detect(p.name[:-5], said, tuple(doc.get("codecs", ()))))
-    return tuple(found)
+    return tuple(_Detect(*said) for said in shipped_detect())
 
 
 def _architecture(model: dict, root: Path) -> tuple[_Detect, str]:

@@ -15,15 +15,22 @@ it was made with. Anything else unknown is an error listing what ships and how t
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..model.errors import ConfigError, LoadError
 from ..model.text import escape_name
 from ..model.values import INDEX_NAME
-from ..selection.config import FAMILIES, Config, available, load_config, split_spec
+from ..selection.config import (
+    FAMILIES,
+    Config,
+    available,
+    load_config,
+    shipped_detect,
+    split_spec,
+)
 from ..selection.defaults import REFERENCE_CONFIG
 from ..storage import gguf, hub, localdir, partitioned
 from ..storage.files import folder_of, parse_json
@@ -167,16 +174,25 @@ def _tensor_names(root: Path, pins: Pins) -> list[str]:
     return [n for p in sorted(root.glob("*.safetensors")) for n in read_header(p, p.name)[0]]
 
 
+@dataclass(frozen=True)
+class _Detect:
+    """A shipped config's name, the architectures its ``[detect]`` list names, and its own codec
+    families (its ``codecs``): what picking needs of it, read without building its rules."""
+
+    name: str
+    architectures: tuple[str, ...]
+    families: tuple[str, ...]
+
+
 @cache
-def _architectures() -> tuple[Config, ...]:
-    """Every shipped config with a ``[detect]`` list."""
-    names = sorted(
-        p.name[:-5] for p in resources.files("tpload.configs").iterdir() if p.name.endswith(".toml")
-    )
-    return tuple(c for c in (load_config(n) for n in names) if c.architectures)
+def _architectures() -> tuple[_Detect, ...]:
+    """Every shipped config with a ``[detect]`` list: read once a process (a fixed set of files in
+    the package, not the input's), and only their ``detect`` and ``codecs`` fields; the one picked
+    is loaded (and checked) in full by :func:`load_config`, the others' rules are never compiled."""
+    return tuple(_Detect(*said) for said in shipped_detect())
 
 
-def _architecture(model: dict, root: Path) -> tuple[Config, str]:
+def _architecture(model: dict, root: Path) -> tuple[_Detect, str]:
     """The shipped config of the first name config.json gives (``architectures`` in their order,
     then ``model_type``) that one of them is for: the list's order decides, not the shipped configs'
     names."""

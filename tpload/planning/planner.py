@@ -215,12 +215,17 @@ def _boxes(s: Shaped) -> tuple[Box, Box | None, Box | None]:
     )
 
 
+def _in_table_order(names: Iterable[str], table: TensorTable) -> bool:
+    """Whether ``names`` are the table's, in its order (its templates' rows are then theirs)."""
+    return names is table.names or table.names == list(names)
+
+
 def _activation_scales(names: Iterable[str], table: TensorTable) -> list[str]:
     """The single-value ``*.input_scale`` tensors of ``names`` (the table's, in its order): the
     names read off the templates that end so (the suffix has no digit: a template's names all end
     in it or none does), each candidate's shape checked."""
     tpl = table.templates
-    if tpl is None or table.names != list(names):
+    if tpl is None or not _in_table_order(names, table):
         rows = [table.row[n] for n in names if n.endswith(".input_scale")]
     else:
         ends = np.asarray([text[-1].endswith(".input_scale") for text in tpl.texts], bool)
@@ -239,10 +244,15 @@ class Planner:
         read it, and the prefix's note counts MTP layers by it."""
         self.catalogue, self.config = catalogue, config
         names = catalogue.tensors
-        self.prefix = detect_prefix(
-            names, wanted=config.rules_prefix, model=model, where=catalogue.root
-        )
         table = catalogue.table
+        ordered = _in_table_order(names, table)  # then the prefix is read off the templates
+        self.prefix = detect_prefix(
+            table.names if ordered else names,
+            wanted=config.rules_prefix,
+            model=model,
+            where=catalogue.root,
+            templates=table.templates if ordered else None,
+        )
         self.activation_scales = _activation_scales(names, table)
         """Single-value ``*.input_scale`` tensors (ModelOpt NVFP4's activation scales)."""
         self.classified: Classified = classify(

@@ -436,6 +436,22 @@ def shipped_configs() -> list[str]:
     return sorted(files + list(ALIASES))
 
 
+def shipped_detect() -> list[tuple[str, tuple[str, ...], tuple[str, ...]]]:
+    """Each shipped config with a ``[detect]`` list: its name, the architectures it names, and its
+    own codec families (``codecs``), read from its TOML without building (or checking) its rules:
+    what ``--config auto`` compares config.json with; :func:`load_config` builds the one picked."""
+    found = []
+    for name in sorted(
+        p.name[:-5] for p in resources.files("tpload.configs").iterdir() if p.name.endswith(".toml")
+    ):
+        res = resources.files("tpload.configs") / f"{name}.toml"
+        doc = tomllib.loads(res.read_text())
+        said = tuple(doc.get("detect", {}).get("architectures", ()))
+        if said:
+            found.append((name, said, tuple(doc.get("codecs", ()))))
+    return found
+
+
 def available() -> str:
     """What ``--config`` accepts, for messages."""
     return (

@@ -23,7 +23,10 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..model.errors import ConfigError
+from ..model.table import Templates
 from ..model.text import escape_name
 
 CANDIDATES = ("language_model.model.", "model.language_model.", "model.", "")
@@ -39,6 +42,9 @@ r"""Each line's layer under a candidate prefix: what ``^(.*?)layers\.(\d+)\.`` f
 when its prefix is a candidate, and nothing otherwise (no candidate holds ``layers.``, so one that
 matches is the shortest prefix that does), tried at a line's start only instead of at every byte
 of it."""
+_MARK = "\xff"
+"""A digit run in a template's text (templates are of ASCII names only: no name holds it)."""
+_LAYER_TEMPLATE = re.compile(r"(.*?)layers\.\xff\.")
 
 
 @dataclass(frozen=True)
@@ -98,11 +104,15 @@ def detect(
     wanted: str | None,
     model: Mapping[str, object] | None = None,
     where: object = "the checkpoint",
+    templates: Templates | None = None,
 ) -> Prefix:
     """The layers' prefix among :data:`CANDIDATES`; ConfigError naming both when two prefixes hold
     layers (one weight stored twice, or two models in one folder). ``model``: config.json, for MTP
-    layers past ``num_hidden_layers``."""
+    layers past ``num_hidden_layers``. ``templates``: those of ``names``, in their order (the
+    table's): the layers are then read off the few templates, not the 92,000 names."""
     names = list(names)
+    if templates is not None:
+        return _by_templates(names, templates, wanted=wanted, model=model, where=where)
     text = "\n".join(names)
     if text.count("\n") == len(names) - 1:  # no name holds a newline: one C-level scan of them all
         layers_of: dict[str, set[str]] = {}
@@ -149,6 +159,38 @@ def detect(
     found = next(iter(held))
     elsewhere = _elsewhere(names, found, where)
     return _found(found, wanted, sorted(indices[found]), mtp, model, elsewhere)
+
+
+def _by_templates(
+    names: list[str],
+    tpl: Templates,
+    *,
+    wanted: str | None,
+    model: Mapping[str, object] | None,
+    where: object,
+) -> Prefix:
+    """:func:`detect` read off the names' templates: a name's first ``layers.N.`` is its
+    template's first ``layers.#.`` (the text holds no digit, and a run is whole), the prefix before
+    it the text before it (one holding a run is no candidate) and N that run's value. Two prefixes
+    holding layers take the name-by-name walk, which words the refusal."""
+    layered: dict[str, list[int]] = {}  # prefix -> the templates with layers under it
+    for t, text in enumerate(tpl.texts):
+        m = _LAYER_TEMPLATE.match(_MARK.join(text))
+        if m is not None and m.group(1) in CANDIDATES:
+            layered.setdefault(m.group(1), []).append(t)
+    mtp = any(text[0].startswith("mtp.") for text in tpl.texts)
+    if len(layered) > 1:
+        return detect(names, wanted=wanted, model=model, where=where)
+    if not layered:
+        return Prefix(None, wanted, mtp="MTP under 'mtp.'" if mtp else "")
+    ((found, layer_templates),) = layered.items()
+    # a candidate holds no digit: the layer's index is its name's first run
+    held = np.unique(tpl.values[np.isin(tpl.ids, layer_templates), 0]).tolist()
+    # the names outside the layers: those of the templates without "layers." (it holds no digit)
+    outside = np.flatnonzero([not any("layers." in part for part in text) for text in tpl.texts])
+    rows = np.flatnonzero(np.isin(tpl.ids, outside)).tolist()
+    elsewhere = _elsewhere([names[k] for k in rows], found, where)
+    return _found(found, wanted, held, mtp, model, elsewhere)
 
 
 def _elsewhere(names: list[str], found: str, where: object) -> str:

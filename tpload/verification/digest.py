@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import repeat
 from operator import itemgetter
 from typing import TypeVar
 
@@ -93,10 +94,11 @@ def _natural_order(names: Sequence[str], ranks: Mapping[str, int] | None) -> np.
     order: a stable argsort of each name's place in ``ranks`` when it has every one, else of
     :func:`natural_key` (each distinct digit run's key made once for this sort)."""
     n = len(names)
-    if ranks is not None and all(map(ranks.__contains__, names)):
-        places = np.fromiter(map(ranks.__getitem__, names), np.int64, n)
-        order: np.ndarray = np.argsort(places, kind="stable")
-        return order
+    if ranks is not None:  # one pass: a place is never negative, so -1 says a name has none
+        places = np.fromiter(map(ranks.get, names, repeat(-1)), np.int64, n)
+        if n == 0 or int(places.min()) >= 0:
+            order: np.ndarray = np.argsort(places, kind="stable")
+            return order
     runs: dict[str, tuple[int, str, str]] = {}
 
     def run(p: str) -> tuple[int, str, str]:

@@ -400,7 +400,9 @@ class Strategy(ABC):
         """Every tensor the plan reads or defers has the digest this strategy needs."""
         job = self.job
         plan = job.plan
-        names = list(dict.fromkeys([*plan.reads, *plan.deferred]))
+        names = list(plan.reads)  # a mapping's keys: one each; deferred names may repeat them
+        if plan.deferred:
+            names = list(dict.fromkeys([*names, *plan.deferred]))
         problems = job.checkpoint.manifest_problems(names)
         if problems:  # listed in name order (sorted only when there is something to list)
             problems = job.checkpoint.manifest_problems(sorted(names))

@@ -401,3 +401,13 @@ def test_a_folder_of_pickles_is_refused_saying_why(tmp_path: Path) -> None:
     msg = str(e.value)
     assert str(root) in msg and "pytorch_model-00001-of-00002.bin" in msg and "pickle" in msg
     assert "arbitrary code execution" in msg and "safetensors" in msg
+
+
+def test_the_detect_lists_are_the_configs_own() -> None:
+    # picking reads only the shipped TOMLs' [detect] and codecs: what load_config builds of them
+    from tpload.loading.pick import _architectures
+    from tpload.selection.config import ALIASES, load_config, shipped_configs
+
+    built = [load_config(n) for n in shipped_configs() if n not in ALIASES]
+    want = [(c.name, c.architectures, c.families) for c in built if c.architectures]
+    assert [(d.name, d.architectures, d.families) for d in _architectures()] == want

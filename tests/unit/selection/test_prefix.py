@@ -247,3 +247,30 @@ def test_a_load_refuses_the_twin_and_notes_the_lone_one(
         for n in shards.report.notes
     )
     shards.release()
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [
+        names("model."),
+        names("") + ["model.norm.weight"],
+        names("language_model.model.", head="language_model.lm_head.weight")
+        + ["model.visual.layers.0.w", "vision_tower.encoder.layers.0.w"],
+        names("model.language_model.") + ["model.layers.0.mlp.down_proj.weight"],
+        names("model.") + ["mtp.layers.3.w", "model.layers.007.x", "model.layers.x.layers.3.y"],
+        ["model.layers.3a.x", "a0layers.1.x", "model.layers.5", "foo"],
+        ["mtp.x"],
+        [],
+    ],
+)
+def test_the_templates_find_what_the_names_do(stored: list[str]) -> None:
+    # the planner reads the prefix off the table's templates: the same prefix, notes and refusals
+    from tpload.model.table import templates
+
+    def found(**kw: object) -> object:
+        try:
+            return detect(stored, wanted="model.", model={"num_hidden_layers": 1}, **kw)
+        except ConfigError as e:
+            return str(e)
+
+    assert found(templates=templates(stored)) == found()

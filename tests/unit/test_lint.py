@@ -43,6 +43,18 @@ def lint_imports() -> subprocess.CompletedProcess:
     )
 
 
+def lint_with(planted: dict[Path, str]) -> subprocess.CompletedProcess[str]:
+    """``lint-imports`` with ``planted`` (each file's path and text) written into the package for
+    the run, and removed after it."""
+    try:
+        for path, text in planted.items():
+            path.write_text(text)
+        return lint_imports()
+    finally:
+        for path in planted:
+            path.unlink(missing_ok=True)
+
+
 @needs_importlinter
 def test_the_import_contracts_hold() -> None:
     run = lint_imports()
@@ -56,13 +68,7 @@ def test_a_planted_upward_import_and_a_core_import_of_a_tool_break_the_contracts
         ROOT / "tpload" / "model" / "_planted_for_test.py": "from ..loading import loop\n",
         ROOT / "tpload" / "verification" / "_planted_for_test.py": "from ..tools import synth\n",
     }
-    try:
-        for path, text in planted.items():
-            path.write_text(text)
-        run = lint_imports()
-    finally:
-        for path in planted:
-            path.unlink()
+    run = lint_with(planted)
     out = run.stdout
     assert run.returncode == 1, out[-4000:] + run.stderr[-2000:]
     assert "tpload.model is not allowed to import tpload.loading" in out
@@ -80,13 +86,7 @@ def test_a_plan_naming_storage_and_a_report_naming_the_gate_break_the_contracts(
         ROOT / "tpload" / "selection" / "_planted_for_test.py": "from ..storage import files\n",
         ROOT / "tpload" / "report" / "_planted_for_test.py": "from ..verification import terms\n",
     }
-    try:
-        for path, text in planted.items():
-            path.write_text(text)
-        run = lint_imports()
-    finally:
-        for path in planted:
-            path.unlink()
+    run = lint_with(planted)
     out = run.stdout
     assert run.returncode == 1, out[-4000:] + run.stderr[-2000:]
     assert "tpload.planning is not allowed to import tpload.storage" in out

@@ -12,7 +12,7 @@ from typing import TypeVar
 import numpy as np
 import torch
 
-from ..model.templates import natural_key, run_key
+from ..model.templates import natural_key, natural_order
 from ..model.values import Triple
 
 _NAME = itemgetter(0)
@@ -99,14 +99,5 @@ def _natural_order(names: Sequence[str], ranks: Mapping[str, int] | None) -> np.
         if n == 0 or int(places.min()) >= 0:
             order: np.ndarray = np.argsort(places, kind="stable")
             return order
-    runs: dict[str, tuple[int, str, str]] = {}
-
-    def run(p: str) -> tuple[int, str, str]:
-        k = runs.get(p)
-        if k is None:
-            k = runs[p] = run_key(p)
-        return k
-
-    keys = [natural_key(name, run) for name in names]
-    slow: np.ndarray = np.asarray(sorted(range(n), key=keys.__getitem__), np.int64)
+    slow: np.ndarray = np.asarray(natural_order(names), np.int64)
     return slow

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import tpload.planning.classify as classify
@@ -14,6 +13,8 @@ from tpload.loading.pick import choose
 from tpload.loading.planner import planner_of
 from tpload.planning.planner import Planner
 from tpload.storage.catalogue import read_native
+
+from .facts import classified_facts
 
 TINY = [
     "deepseek-v3-tiny",
@@ -33,23 +34,7 @@ def _planner(root: Path) -> Planner:
 
 
 def _facts(p: Planner) -> tuple:
-    e, c = p.entries, p.classified
-    return (
-        e.names,
-        e.klass.tolist(),
-        e.scales,
-        e.scales2,
-        e.expert_set.tolist(),
-        e.expert_index.tolist(),
-        e.set_names,
-        [(k.rule, k.codec, k.fit, k.stacked_experts) for k in e.classes],
-        c.skipped,
-        c.deferred,
-        c.deferred_experts,
-        c.expert_counts,
-        c.expert_at.tolist(),
-        np.asarray(c.deferred_at).tolist(),
-    )
+    return classified_facts(p.classified)
 
 
 @pytest.fixture(scope="module")

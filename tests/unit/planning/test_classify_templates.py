@@ -22,6 +22,8 @@ from tpload.storage.safetensors import HeaderColumns, TableRows, table_of
 from tpload.tools.published import PUBLISHED, _index
 from tpload.tools.synth import PRESETS, planned_tensors
 
+from .facts import classified_facts
+
 SMALL_PRESETS = [n for n in _index() if not n.endswith(("-full", "-deep"))] + ["gpt-oss-full"]
 
 
@@ -54,22 +56,8 @@ def _facts(tensors: TableRows, config: Config, model: dict | None) -> object:
         )
     except ConfigError as e:
         return ("error", str(e))
-    e = c.entries
     return (
-        e.names,
-        e.klass.tolist(),
-        e.scales,
-        e.scales2,
-        e.expert_set.tolist(),
-        e.expert_index.tolist(),
-        e.set_names,
-        [(k.rule, k.codec, k.fit, k.stacked_experts) for k in e.classes],
-        c.skipped,
-        c.deferred,
-        c.deferred_experts,
-        c.expert_counts,
-        c.expert_at.tolist(),
-        np.asarray(c.deferred_at).tolist(),
+        *classified_facts(c),
         c.units,
         c.census.to_dict(),
         c.census.engine_names(),

@@ -71,7 +71,7 @@ def trainer(rank: int, argv: list[str], out: Path, sender: Dying, rv: Rendezvous
     sender.close()
     alone = RefreshSender(rank=0, trainer_ranks=1, timeout_s=TIMEOUT_S)
     rv3 = alone.rendezvous(engine_ranks=ENGINES)
-    (out / "rv3.tmp").write_text(json.dumps(rv3.to_json()))
+    (out / "rv3.tmp").write_text(rv3.to_json())
     (out / "rv3.tmp").rename(out / "rv3.json")
     alone.connect(rv3)
     said["v3"] = _send(alone, v2, 3)

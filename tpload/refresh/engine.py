@@ -16,6 +16,9 @@ failure every rank raises :class:`RefreshError` with the same one line and keeps
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import logging
 import os
 import threading
@@ -47,10 +50,18 @@ from ..transfer.cpu import CpuTransfer
 from ..verification.node import HashPlan
 from .layout import EngineLayout
 from .manifest import TensorEntry, VersionManifest, WindowEntry, signature_problem
-from .rendezvous import PeerLost, Rendezvous, TransferGroup, join
+from .rendezvous import Frame, PeerLost, RefreshKey, Rendezvous, TransferGroup, join, key_of
 from .staged import Arrival, ArrivingStorage, StagedStorage, chunks
 from .tensors import Cutting, natural
-from .terms import IN_FLIGHT, TIMEOUT_S, RefreshCheck, RefreshError, RoundFigures
+from .terms import (
+    IN_FLIGHT,
+    MAX_MANIFEST_BYTES,
+    MAX_VERDICT_BYTES,
+    TIMEOUT_S,
+    RefreshCheck,
+    RefreshError,
+    RoundFigures,
+)
 
 log = logging.getLogger("tpload.refresh")
 
@@ -58,6 +69,9 @@ HASH_THREADS = max(0, min(2, (os.cpu_count() or 1) - 1))
 """Hash taps on worker threads (sha256 strength): the copy goes on while a block is hashed."""
 MESSAGE_BYTES = 2048
 """Bytes of a rank's one-line message in the exchange's row."""
+ROW_HEAD = 40
+"""The exchange row's head: the sha256 of the manifest the rank verified (32 bytes) and its version
+(8): rows that differ refuse the round."""
 _ORDER = {RefreshCheck.FINGERPRINT: 0, RefreshCheck.SHA256: 1}
 
 
@@ -71,7 +85,10 @@ class RefreshReceiver:
     table is not this one is refused (a missing tensor would otherwise serve uninitialised memory;
     a tensor the config skips may be left out); None: the first version received sets it.
     ``check``: the weakest strength accepted (the manifest names the round's). ``public_key``: an
-    EC public key (PEM): every manifest must be signed by its private key.
+    EC public key (PEM): every manifest must be signed by its private key. ``key``: the refresh
+    key (a 0600 file the trainer holds too): a rendezvous not proven by it is refused before the
+    live group is touched, and only its holders join. ``max_manifest_bytes``: the largest manifest
+    accepted while no table is known (with one, what that table's manifest can need).
     ``staging_budget_bytes``: the most host bytes a round may stage on this rank (None: no
     bound); a round over it is refused before any window is staged. ``timeout_s``: every wait
     (the rendezvous's replaces it at connect)."""
@@ -90,6 +107,8 @@ class RefreshReceiver:
         table: Mapping[str, tuple[str, tuple[int, ...]]] | None = None,
         check: RefreshCheck = RefreshCheck.FINGERPRINT,
         public_key: Path | str | None = None,
+        key: RefreshKey | Path | str | None = None,
+        max_manifest_bytes: int = MAX_MANIFEST_BYTES,
         timeout_s: float = TIMEOUT_S,
     ) -> None:
         if world != layout.ranks or not 0 <= rank < world:
@@ -111,7 +130,13 @@ class RefreshReceiver:
             else None
         )
         self.check, self.public_key, self.timeout_s = RefreshCheck(check), public_key, timeout_s
+        self.key = key_of(key)
+        self.max_manifest_bytes = max_manifest_bytes
         self.group: TransferGroup | None = None
+        self._no_group = "connect() was not called"
+        self._busy = threading.Lock()
+        self._receiving = False
+        """A round's manifest was taken and its final call has not come: start() is refused."""
         self.figures: RoundFigures | None = None
         self.failed: str | None = None
         """The last round's one line when it failed (None: it passed, or none ran)."""
@@ -136,6 +161,22 @@ class RefreshReceiver:
         self._started = time.perf_counter()
         self._arrival: Arrival | None = None
         self._check: _Check | None = None
+        self._manifest_sha = b"\0" * 32
+        self._receiving = False
+
+    @contextlib.contextmanager
+    def _exclusive(self, what: str) -> Iterator[None]:
+        """One call at a time: a call made while another runs (another thread) is refused at once,
+        and the running one goes on."""
+        if not self._busy.acquire(blocking=False):
+            raise RefreshError(
+                f"engine rank {self.rank}: {what} was called while another call of this receiver "
+                "is running; refused, the running one goes on"
+            )
+        try:
+            yield
+        finally:
+            self._busy.release()
 
     def _stop_check(self, why: str) -> None:
         """End a check still waiting for windows (a refused or failed round)."""
@@ -157,22 +198,42 @@ class RefreshReceiver:
         """Join the transfer group (blocks until every trainer and engine rank has); engine rank 0
         sends the layout to every trainer rank. Any earlier group and staging is dropped (a new
         trainer after a dead one starts clean)."""
+        with self._exclusive("connect()"):
+            self._connect(rv)
+
+    def _connect(self, rv: Rendezvous) -> None:
         if rv.engine_ranks != self.world:
             raise RefreshError(
                 f"engine rank {self.rank}: the rendezvous is for {rv.engine_ranks} engine ranks, "
                 f"this engine has {self.world}"
             )
+        # proven first: a rendezvous the key does not vouch for never touches the live group
+        rv.secret(self.key, who=f"engine rank {self.rank}")
+        try:
+            group = join(rv, rv.trainer_ranks + self.rank, key=self.key)
+        except RefreshError as e:
+            self._no_group = f"connect() failed: {first_line(e)}"
+            raise
         self.close()
         self.timeout_s = rv.timeout_s
-        self.group = join(rv, rv.trainer_ranks + self.rank, device=self.device)
+        self.group = group
         if self.rank == 0:
             raw = self.layout.to_bytes()
             for t in range(rv.trainer_ranks):
                 self.group.send_bytes(raw, t, "the engine layout")
 
     def start(self) -> None:
-        """A new round: the staging cleared. No parameter is touched."""
-        self._clear()
+        """A new round: the staging cleared. No parameter is touched. Refused while a round is
+        being received (its final call has not come): that round goes on."""
+        with self._exclusive("start()"):
+            group_up = self.group is not None and self.group.broken is None
+            if self._receiving and group_up and self.manifest is not None:
+                raise RefreshError(
+                    f"engine rank {self.rank}: start() was called while version "
+                    f"{self.manifest.version} is being received; refused (finish it with "
+                    "receive(final=True) first)"
+                )
+            self._clear()
 
     # -- receiving
     def receive(self, *, final: bool, windows: int | None = None) -> None:
@@ -182,9 +243,18 @@ class RefreshReceiver:
         the same line on every rank, leaving the staging cleared and the served version
         unchanged. A non-final call never raises for what it received (its problems wait for the
         verdict), so every rank reaches the final call's exchange."""
+        with self._exclusive("receive()"):
+            self._receive(final=final, windows=windows)
+
+    def _receive(self, *, final: bool, windows: int | None) -> None:
+        if self._verified:
+            raise RefreshError(
+                f"engine rank {self.rank}: receive() was called after version {self.version} was "
+                "verified; hand it over and call committed(), or start() a new round"
+            )
         try:
             if self.group is None or self.group.broken is not None:
-                why = self.group.broken if self.group is not None else "connect() was not called"
+                why = self.group.broken if self.group is not None else self._no_group
                 raise PeerLost(f"{self._who()}: no transfer group ({why})")
             if self.manifest is None and not self._problems:
                 self._take_manifest(self.group)
@@ -207,18 +277,42 @@ class RefreshReceiver:
             if self.group is not None:
                 self.group.close()  # where the streams stand is unknown: nobody waits on them
         if final:
+            self._receiving = False
             self._verdict()
 
+    def _manifest_limit(self) -> int:
+        """The most bytes a manifest for this engine can need: from the served table when there is
+        one (its names, each with a window per engine rank, generously), else the bound given."""
+        if self.table is None:
+            return self.max_manifest_bytes
+        names = sum(len(json.dumps(t.name)) + 48 + 24 * len(t.shape) for t in self.table)
+        return 1 << 16 | (names * (1 + 4 * self.world) + 320 * 4 * self.world * len(self.table))
+
     def _take_manifest(self, group: TransferGroup) -> None:
-        body = group.recv_bytes(0, "the version manifest")
-        signature = group.recv_bytes(0, "the manifest's signature")
+        self._receiving = True
+        body, tag = group.recv_tagged(0, "the version manifest", limit=self._manifest_limit())
+        signature = group.recv_bytes(
+            0, "the manifest's signature", limit=MAX_VERDICT_BYTES, tag=tag
+        )
+        group.tag = tag  # every chunk of this round carries the version
         if not body:  # the trainer could not make the round: its line says why
-            self._problems.append(f"{self._who()}: {signature.decode(errors='replace')[:1000]}")
+            said = escape_name(signature.decode(errors="replace"))[:1000]
+            if self.public_key is not None:  # an unsigned word is shown as such, never trusted
+                said = f"the version manifest is not signed (the trainer sent instead: {said})"
+            self._problems.append(f"{self._who()}: {said}")
             return
+        unsigned = ""
+        if self.public_key is not None:  # checked over the raw bytes before any parse
+            unsigned = signature_problem(body, signature or None, self.public_key)
         try:
             manifest = VersionManifest.from_bytes(body)
         except RefreshError as e:  # no sizes to drain by: the trainers must not wait on this rank
             raise PeerLost(f"{self._who()}: {first_line(e)}") from None
+        if manifest.version != tag:
+            raise PeerLost(
+                f"{self._who()}: the manifest says version {manifest.version}, its frame "
+                f"{tag} (replayed from another round)"
+            )
         if manifest.trainer_ranks != group.rv.trainer_ranks:
             raise PeerLost(
                 f"{self._who()}: the manifest names {manifest.trainer_ranks} trainer ranks, the "
@@ -230,11 +324,9 @@ class RefreshReceiver:
                 f"engine has {self.world}"
             )
         self.manifest = manifest
-        unsigned = (
-            signature_problem(body, signature or None, self.public_key)
-            if self.public_key is not None
-            else ""
-        )
+        self._manifest_sha = hashlib.sha256(body).digest()
+        # an unsigned manifest from a member of the group (it proved the group's secret) is
+        # parsed, bounded by the limit above, only to drain its windows so no trainer waits
         problems = [unsigned] if unsigned else self._refusals(manifest)
         if problems:  # refused before any window is staged: its windows are received and dropped
             self._problems += [f"{self._who()}: {p}" for p in problems]
@@ -355,7 +447,7 @@ class RefreshReceiver:
                     into = staging[at + a : at + b]
                 else:  # drained: each chunk its own scratch (several are in flight)
                     into = torch.empty(b - a, dtype=torch.uint8)
-                flying[t].append((group.irecv(into, t), w, b))
+                flying[t].append((group.irecv(into, t, tag=group.tag), w, b))
 
         for t in streams:
             post(t)
@@ -420,11 +512,14 @@ class RefreshReceiver:
         group = self.group
         if self.rank != 0 or group is None or group.broken is not None:
             return  # a lost trainer: the others lost this rank too (its group is closed)
-        try:
-            for t in range(group.rv.trainer_ranks):
-                group.send_bytes(line.encode(), t, "the verdict")
-        except PeerLost:
-            group.close()
+        raw = line.encode()[:MAX_VERDICT_BYTES]
+        posted = []
+        for t in range(group.rv.trainer_ranks):  # every live trainer rank hears it, even when
+            with contextlib.suppress(PeerLost):  # another one is gone
+                posted.append((t, group.links[t].post(Frame.CONTROL, memoryview(raw), group.tag)))
+        for t, work in posted:
+            with contextlib.suppress(PeerLost):
+                group.wait(work, t, "the verdict")
 
     def _check_staged(self) -> list[str]:
         """Completeness, then the loader's loop over the staging (hash taps at sha256 strength,
@@ -468,7 +563,11 @@ class RefreshReceiver:
         verdict every rank reaches from them (the lowest failing rank's line, and how many others
         failed)."""
         raw = mine.encode()[:MESSAGE_BYTES].decode(errors="ignore").encode()
-        row = torch.from_numpy(np.frombuffer(raw.ljust(MESSAGE_BYTES, b"\0"), dtype="<i8").copy())
+        version = self.manifest.version if self.manifest is not None else 0
+        head = self._manifest_sha + version.to_bytes(8, "little")
+        row = torch.from_numpy(
+            np.frombuffer(head + raw.ljust(MESSAGE_BYTES, b"\0"), dtype="<i8").copy()
+        )
         ctx = DistContext(
             self.rank,
             self.world,
@@ -485,15 +584,29 @@ class RefreshReceiver:
                 timeout_s=self.timeout_s,
                 step="the refresh's verdict",
             )
-        except LoadError as e:
-            return f"engine rank {self.rank}: {first_line(e)}"
-        lines = [
-            table[r].numpy().astype("<i8").tobytes().rstrip(b"\0").decode(errors="replace")
-            for r in range(self.world)
-        ]
+        except LoadError as e:  # a rank lost mid-vote: each survivor names it, in the same form
+            return (
+                f"refresh refused: {self._who()}: the engine ranks' vote failed "
+                f"({_gist(e)}); the served version is unchanged"
+            )
+        rows = [table[r].numpy().astype("<i8").tobytes() for r in range(self.world)]
+        lines = [escape_name(row[ROW_HEAD:].rstrip(b"\0").decode(errors="replace")) for row in rows]
         failing = [r for r, text in enumerate(lines) if text]
         if not failing:
-            return ""
+            heads = {row[:ROW_HEAD] for row in rows}
+            if len(heads) == 1:
+                return ""
+            a, b = (
+                rows[0][:ROW_HEAD],
+                next(r[:ROW_HEAD] for r in rows if r[:ROW_HEAD] != rows[0][:ROW_HEAD]),
+            )
+            other = next(r for r in range(self.world) if rows[r][:ROW_HEAD] == b)
+            return (
+                f"refresh refused: the engine ranks verified different manifests: engine rank 0 "
+                f"version {int.from_bytes(a[32:], 'little')} sha256 {a[:8].hex()}..., engine rank "
+                f"{other} version {int.from_bytes(b[32:], 'little')} sha256 {b[:8].hex()}...; the "
+                "served version is unchanged"
+            )
         line = f"refresh refused: {lines[failing[0]]}"
         if len(failing) > 1:
             line += f" (engine ranks {', '.join(map(str, failing[1:]))} failed too)"

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from ..model.errors import LoadError
+from ..model.text import escape_name
 
 TIMEOUT_S = 120.0
 """Every wait of a round (a peer's message, a chunk, the exchange): below vLLM's HTTP client's
@@ -19,8 +20,23 @@ IN_FLIGHT = 4
 """Chunks in flight per stream (trainer rank to engine rank): the wire stays busy between them;
 what a stream holds at once is at most this many chunks."""
 MAX_MESSAGE_BYTES = 1 << 30
-"""The largest control message (a manifest, a layout) a peer may announce: a hostile length is
-refused before any allocation."""
+"""The largest control message (a manifest, a rank's part) any member may send: a longer announced
+length is refused before any allocation."""
+MAX_LAYOUT_BYTES = 16 << 20
+"""The engine layout (the model's config.json rides in it)."""
+MAX_VERDICT_BYTES = 16 << 10
+"""A verdict or an abort: one line."""
+MAX_MANIFEST_BYTES = 256 << 20
+"""The default bound on a version manifest an engine without a table yet accepts (with a table, the
+bound is what that table's manifest can need)."""
+MAX_VERSION = (1 << 63) - 1
+
+
+def version_problem(version: object) -> str:
+    """'' when ``version`` is a version (an int in 1..2**63-1), else why not."""
+    if type(version) is not int or not 1 <= version <= MAX_VERSION:
+        return f"version must be an integer in 1..2**63-1, got {escape_name(repr(version))[:40]}"
+    return ""
 
 
 class RefreshCheck(StrEnum):

@@ -20,10 +20,12 @@ A round (:meth:`RefreshSender.send`):
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
@@ -51,10 +53,29 @@ from ..verification.digest import digest
 from ..verification.node import HashPlan
 from .layout import EngineLayout
 from .manifest import RankEntry, TensorEntry, VersionManifest, WindowEntry
-from .rendezvous import PeerLost, Rendezvous, TransferGroup, join, open_rendezvous
+from .rendezvous import (
+    Hub,
+    PeerLost,
+    RefreshKey,
+    Rendezvous,
+    TransferGroup,
+    join,
+    key_of,
+    open_rendezvous,
+)
 from .staged import chunks
 from .tensors import DTYPES, Cutting, TensorStorage, config_for, entry_of, natural, owned_plan
-from .terms import CHUNK_BYTES, IN_FLIGHT, TIMEOUT_S, RefreshCheck, RefreshError, RoundFigures
+from .terms import (
+    CHUNK_BYTES,
+    IN_FLIGHT,
+    MAX_LAYOUT_BYTES,
+    MAX_VERDICT_BYTES,
+    TIMEOUT_S,
+    RefreshCheck,
+    RefreshError,
+    RoundFigures,
+    version_problem,
+)
 
 log = logging.getLogger("tpload.refresh")
 
@@ -89,8 +110,11 @@ def held_tensors(source: WeightSource | Mapping[str, torch.Tensor]) -> dict[str,
 
 class RefreshSender:
     """One trainer rank's sender (see the module doc). ``trainer_group``: the trainer's own process
-    group (used to share the rendezvous and what each rank holds; None: those go over the transfer
-    group). ``signer_key``: an EC private key (PEM) to sign each version manifest with.
+    group (it carries rank 0's rendezvous to the other ranks; None: pass it to :meth:`connect`
+    yourself). What the ranks share in a round crosses the transfer group, under its timeout.
+    ``key``: the refresh key (a 0600 file the engine holds too; docs/refresh.md): the rendezvous
+    is proven by it, and only its holders join. ``signer_key``: an EC private key (PEM) to sign
+    each version manifest with.
     ``config``: the engine's config when its name cannot be read here (a TOML path on the engine's
     machine); its id must be the engine's."""
 
@@ -101,6 +125,7 @@ class RefreshSender:
         trainer_ranks: int,
         trainer_group: dist.ProcessGroup | None = None,
         check: RefreshCheck = RefreshCheck.FINGERPRINT,
+        key: RefreshKey | Path | str | None = None,
         signer_key: Path | str | None = None,
         chunk_bytes: int = CHUNK_BYTES,
         timeout_s: float = TIMEOUT_S,
@@ -108,11 +133,19 @@ class RefreshSender:
         config: Config | str | None = None,
     ) -> None:
         if not 0 <= rank < trainer_ranks:
-            raise RefreshError(f"trainer rank {rank} is not in 0..{trainer_ranks - 1}")
+            hint = ""
+            if trainer_ranks == 1 and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+                hint = (
+                    f" (WORLD_SIZE is {escape_name(os.environ['WORLD_SIZE'])}: call "
+                    "torch.distributed.init_process_group() before making the sender, or pass "
+                    "trainer_ranks)"
+                )
+            raise RefreshError(f"trainer rank {rank} is not in 0..{trainer_ranks - 1}{hint}")
         if chunk_bytes < 1:
             raise RefreshError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
         self.rank, self.trainer_ranks, self.trainer_group = rank, trainer_ranks, trainer_group
         self.check = RefreshCheck(check)
+        self.key = key_of(key)
         self.signer_key = signer_key
         self.chunk_bytes, self.timeout_s = chunk_bytes, timeout_s
         self.device = device or torch.device("cpu")
@@ -120,7 +153,8 @@ class RefreshSender:
         self.group: TransferGroup | None = None
         self.layout: EngineLayout | None = None
         self.config: Config | None = None
-        self._store: dist.Store | None = None
+        self._hub: Hub | None = None
+        self._busy = threading.Lock()
         self._cutting: tuple[tuple[TensorEntry, ...], Cutting] | None = None
 
     # -- joining
@@ -129,11 +163,14 @@ class RefreshSender:
         through ``trainer_group`` (a collective: every trainer rank calls this)."""
         box: list[Any] = [None]
         if self.rank == 0:
-            rv, self._store = open_rendezvous(
+            if self._hub is not None:
+                self._hub.close()
+            rv, self._hub = open_rendezvous(
                 trainer_ranks=self.trainer_ranks,
                 engine_ranks=engine_ranks,
                 host=host,
                 timeout_s=self.timeout_s,
+                key=self.key,
             )
             box[0] = rv.to_json()
         if self.trainer_ranks > 1:
@@ -155,10 +192,14 @@ class RefreshSender:
                 f"trainer rank {self.rank}: the rendezvous is for {rv.trainer_ranks} trainer "
                 f"ranks, this sender has {self.trainer_ranks}"
             )
-        self.close()
-        self.group = join(rv, self.rank, device=self.device, store=self._store)
-        raw = self.group.recv_bytes(rv.trainer_ranks, "the engine layout")
-        self.layout = EngineLayout.from_bytes(raw)
+        with self._exclusive("connect()"):
+            self.close()
+            hub, self._hub = self._hub, None
+            self.group = join(rv, self.rank, key=self.key, hub=hub)
+            raw = self.group.recv_bytes(
+                rv.trainer_ranks, "the engine layout", limit=MAX_LAYOUT_BYTES
+            )
+            self.layout = EngineLayout.from_bytes(raw)
         self.config = config_for(self.layout, self.config_given)
         self._cutting = None
         return self.layout
@@ -171,8 +212,33 @@ class RefreshSender:
         it. Raises :class:`RefreshError` when the round failed: this side's problem (then every
         trainer rank raises it, and the engines refuse the round saying so), or the engines' verdict
         (the same line the engine ranks raise). A version is served whole or not at all."""
-        group, layout = self._joined()
-        started = time.perf_counter()
+        with self._exclusive("send()"):
+            group, layout = self._joined()
+            started = time.perf_counter()
+            return self._guarded(group, layout, source, version, started)
+
+    @contextlib.contextmanager
+    def _exclusive(self, what: str) -> Iterator[None]:
+        """This sender's one call at a time: a second call while one runs is refused at once
+        (two rounds interleaved on one group would garble both)."""
+        if not self._busy.acquire(blocking=False):
+            raise RefreshError(
+                f"trainer rank {self.rank}: {what} was called while another call of this sender "
+                "is running (one round at a time); refused, the running one goes on"
+            )
+        try:
+            yield
+        finally:
+            self._busy.release()
+
+    def _guarded(
+        self,
+        group: TransferGroup,
+        layout: EngineLayout,
+        source: WeightSource | Mapping[str, torch.Tensor],
+        version: int,
+        started: float,
+    ) -> RoundFigures:
         try:
             return self._round(group, layout, source, version, started)
         except PeerLost as e:
@@ -193,13 +259,15 @@ class RefreshSender:
         started: float,
     ) -> RoundFigures:
         problem, mine, held_here = "", {}, []
+        bad_version = version_problem(version)
+        group.tag = version if not bad_version else 0
         try:
-            if type(version) is not int or version < 0:
-                raise RefreshError(f"version must be an integer >= 0, got {version!r}")
+            if bad_version:
+                raise RefreshError(bad_version)
             mine = held_tensors(source)
             held_here = [list(astuple(entry_of(n, t))) for n, t in mine.items()]
-        except LoadError as e:
-            problem = f"trainer rank {self.rank}: {first_line(e)}"
+        except Exception as e:  # noqa: BLE001 - any failure meets the peers' share, with its cause
+            problem = _problem(self.rank, e)
         held = self._share({"held": held_here, "error": problem})
         problems = [h["error"] for h in held if h["error"]]
         part: dict[str, Any] = {}
@@ -212,8 +280,8 @@ class RefreshSender:
                 owned = frozenset(n for n, r in owners.items() if r == self.rank)
                 storage = TensorStorage(cutting.catalogue, {n: mine[n] for n in owned})
                 part, windows = self._cut(cutting, storage, owned)
-            except LoadError as e:
-                problem = f"trainer rank {self.rank}: {first_line(e)}"
+            except Exception as e:  # noqa: BLE001 - as above: the peers fail in seconds with it
+                problem = _problem(self.rank, e)
         try:
             parts = self._share({"part": part, "error": problem})
             problems = [p["error"] for p in parts if p["error"]]
@@ -231,14 +299,19 @@ class RefreshSender:
                     group.send_bytes(body, self._engine(engine), what)
                     group.send_bytes(signature, self._engine(engine), what)
             sent = self._send_windows(group, windows) if not problems else 0
-            verdict = group.recv_bytes(self._engine(0), f"version {version}'s verdict")
+            verdict = group.recv_bytes(
+                self._engine(0),
+                f"version {version}'s verdict",
+                limit=MAX_VERDICT_BYTES,
+                tag=group.tag,
+            )
         finally:
             if storage is not None:
                 storage.close()
         if problems:
             raise RefreshError(f"version {version}: {problems[0]}")
-        if verdict:
-            raise RefreshError(verdict.decode(errors="replace"))
+        if verdict:  # the engines' line, escaped again here: it reaches this process's terminal
+            raise RefreshError(escape_name(verdict.decode(errors="replace")))
         figures = RoundFigures(
             version,
             self.rank,
@@ -256,6 +329,9 @@ class RefreshSender:
 
     def close(self) -> None:
         """Leave the transfer group (the engines see the connection closed)."""
+        if self._hub is not None and self.group is not None:
+            self._hub.close()
+            self._hub = None
         if self.group is not None:
             self.group.close()
             self.group = None
@@ -281,14 +357,11 @@ class RefreshSender:
         return self._cutting[1]
 
     def _share(self, mine: dict[str, Any]) -> list[dict[str, Any]]:
-        """Every trainer rank's ``mine`` (JSON-able), on every trainer rank: over the trainer's
-        group, else through rank 0 over the transfer group."""
+        """Every trainer rank's ``mine`` (JSON-able), on every trainer rank, through rank 0 over
+        the transfer group: every wait under its timeout, and a rank that failed still sends its
+        error (its peers fail in seconds with the cause)."""
         if self.trainer_ranks == 1:
             return [mine]
-        if self.trainer_group is not None:
-            out: list[Any] = [None] * self.trainer_ranks
-            dist.all_gather_object(out, mine, group=self.trainer_group)
-            return out
         group, _ = self._joined()
         if self.rank != 0:
             group.send_bytes(json.dumps(mine).encode(), 0, "its part")
@@ -406,6 +479,14 @@ class RefreshSender:
 
 
 HASH_THREADS = max(1, min(4, (os.cpu_count() or 1) - 1))
+
+
+def _problem(rank: int, e: BaseException) -> str:
+    """A trainer rank's failure as its round's one line (a LoadError's own words; anything else
+    named by its type)."""
+    if isinstance(e, LoadError):
+        return f"trainer rank {rank}: {first_line(e)}"
+    return f"trainer rank {rank}: {type(e).__name__}: {first_line(e)}"
 
 
 def _sha256(w: np.ndarray) -> str:

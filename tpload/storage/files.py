@@ -279,3 +279,35 @@ def read_pem(path: str | os.PathLike, flag: str) -> bytes:
     """A PEM file named by an option (``--signer-key``, ``--attest-key``...), read whole by the
     bounded reader: a FIFO, a device or a file over :data:`MAX_PEM_BYTES` is refused naming it."""
     return read_small(Path(path), f"{flag} file", limit=MAX_PEM_BYTES)
+
+
+MIN_SECRET_BYTES, MAX_SECRET_BYTES = 16, 4096
+"""A shared secret (the refresh key): enough bytes to resist guessing, never a large file."""
+
+
+def read_secret(path: str | os.PathLike, what: str) -> bytes:
+    """A shared secret's file (the refresh key), read whole by the bounded reader: a regular file
+    owned by this user that no one else may read or write (mode 0600 or stricter), of
+    :data:`MIN_SECRET_BYTES` to :data:`MAX_SECRET_BYTES` bytes. Its bytes never reach a message."""
+    p = Path(path)
+    fd = open_regular(p, what)
+    try:
+        st = os.fstat(fd)
+        problems = []
+        if st.st_uid != os.geteuid():
+            problems.append(f"is owned by uid {st.st_uid}, not this user ({os.geteuid()})")
+        if st.st_mode & 0o077:
+            problems.append(
+                f"has mode {stat.S_IMODE(st.st_mode):04o}: others may read or write it "
+                "(chmod 600 it)"
+            )
+        if not MIN_SECRET_BYTES <= st.st_size <= MAX_SECRET_BYTES:
+            problems.append(
+                f"is {st.st_size} bytes, expected {MIN_SECRET_BYTES} to {MAX_SECRET_BYTES} "
+                "(make one with: (umask 077; head -c 32 /dev/urandom > FILE))"
+            )
+        if problems:
+            raise CheckpointError(f"{escape_name(p)}: {what} {'; '.join(problems)}; refused")
+        return read_exact(fd, 0, st.st_size, p, what)
+    finally:
+        os.close(fd)

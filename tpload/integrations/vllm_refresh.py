@@ -26,9 +26,10 @@ rules were found the hard way (/work/notes/refresh-research.md, summarised where
 
 from __future__ import annotations
 
+import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,10 @@ class TploadInitInfo(WeightTransferInitInfo):
     trainer_ranks: int
     engine_ranks: int
     timeout_s: float
+    session: str = ""
+    token: str = field(default="", repr=False)
+    """The group's secret when no refresh key is used (never in a repr or a log)."""
+    proof: str = ""
 
 
 @dataclass
@@ -93,7 +98,7 @@ class TploadWeightTransferEngine(WeightTransferEngine[TploadInitInfo, TploadUpda
         self.checkpoint = TploadModelLoader._checkpoint(self.model_config)
         self.config, self.model_doc = _config_of(self.checkpoint)
         self.table = _served_table(self.checkpoint, self.model_config)
-        self.check, self.public_key = _engine_check()
+        self.check, self.public_key, self.key = _engine_check()
         self.receiver: Any = None
         self.worker: Any = None
         self.verdict: int | None = None  # the version staged and agreed by every rank
@@ -112,6 +117,10 @@ class TploadWeightTransferEngine(WeightTransferEngine[TploadInitInfo, TploadUpda
         from ..refresh.layout import EngineLayout
         from ..refresh.rendezvous import Rendezvous
 
+        rv = Rendezvous.from_json(vars(init_info))
+        # proven before anything live is touched: an init from a process without the refresh key
+        # (vLLM's init arrives over plain HTTP) leaves the session, staging and group as they are
+        rv.secret(self.key, who=f"TP rank {self.rank}")
         self._capture_worker()
         self._end_session()
         if self.receiver is not None:
@@ -137,9 +146,11 @@ class TploadWeightTransferEngine(WeightTransferEngine[TploadInitInfo, TploadUpda
             table=self.table,
             check=self.check,
             public_key=self.public_key,
+            key=self.key,
+            allow_nonfinite=os.environ.get(NONFINITE_ENV) == "1",
         )
         t0 = time.perf_counter()
-        receiver.connect(Rendezvous(**vars(init_info)))
+        receiver.connect(rv)
         self.receiver = receiver
         log.info(
             "tpload refresh: TP rank %d joined the transfer group at %s:%d in %.2f s",
@@ -330,13 +341,16 @@ def _served_table(checkpoint: str, model_config: Any) -> dict[str, tuple[str, tu
 
 
 CHECK_ENV, KEY_ENV = "TPLOAD_REFRESH_CHECK", "TPLOAD_REFRESH_PUBLIC_KEY"
+REFRESH_KEY_ENV = "TPLOAD_REFRESH_KEY"
+NONFINITE_ENV = "TPLOAD_REFRESH_ALLOW_NONFINITE"
 
 
-def _engine_check() -> tuple[Any, str | None]:
-    """The weakest check this engine accepts and the public key every version manifest must be
-    signed for (docs/threat-model.md): the engine's own settings, from its environment, since
-    vLLM's WeightTransferConfig carries the backend's name only, and a key the trainer sent would
-    vouch for nothing."""
+def _engine_check() -> tuple[Any, str | None, Any]:
+    """The weakest check this engine accepts, the public key every version manifest must be
+    signed for, and the refresh key (read now: a bad file fails the engine's start)
+    (docs/threat-model.md): the engine's own settings, from its environment (the key's path,
+    never the key), since vLLM's WeightTransferConfig carries the backend's name only, and a key
+    the trainer sent would vouch for nothing."""
     import os
 
     from ..refresh import RefreshCheck
@@ -352,4 +366,7 @@ def _engine_check() -> tuple[Any, str | None]:
     key = os.environ.get(KEY_ENV) or None
     if key is not None and not Path(key).is_file():
         raise ValueError(f"{KEY_ENV}={escape_name(key)}: no such file")
-    return check, key
+    from ..refresh.rendezvous import RefreshKey
+
+    shared = os.environ.get(REFRESH_KEY_ENV) or None
+    return check, key, RefreshKey.read(shared) if shared is not None else None

@@ -24,6 +24,7 @@ served.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -57,7 +58,10 @@ class TploadTrainerInitInfo(TrainerInitInfo):
     it is initialised, else one rank). ``check``: ``fingerprint`` (default: the loader's
     fingerprints catch a window corrupted or lost in transport) or ``sha256`` (a sha256 per
     window in the version manifest; with ``signer_key``, signed: a hostile wire is caught too;
-    docs/threat-model.md). ``timeout_s``: the transfer group's, below the HTTP client's 300 s."""
+    docs/threat-model.md). ``key``: the refresh key's path (a 0600 file; the engine is given the
+    same one as ``TPLOAD_REFRESH_KEY``): only its holders join the transfer group, and an init
+    call without its proof is refused (docs/refresh.md). ``timeout_s``: the transfer group's,
+    below the HTTP client's 300 s."""
 
     backend: ClassVar[str] = BACKEND
     engine_ranks: int | None = None
@@ -65,6 +69,7 @@ class TploadTrainerInitInfo(TrainerInitInfo):
     trainer_group: Any = None
     check: str = "fingerprint"
     signer_key: str | None = None
+    key: str | None = None
     host: str = "127.0.0.1"
     timeout_s: float = 120.0
 
@@ -85,7 +90,7 @@ class TploadTrainerEngine(TrainerWeightTransferEngine[TploadTrainerInitInfo]):
         """Every trainer rank: the sender opens the rendezvous and calls the engine's
         ``init_weight_transfer_engine`` in a thread (it blocks until the workers joined) while it
         joins; the other ranks learn the rendezvous through the trainer's group and join."""
-        from ..refresh import RefreshCheck
+        from ..refresh import RefreshCheck, RefreshError
         from ..refresh.trainer import RefreshSender
 
         engine = cls(client=client, source=source, is_sender=init_info.is_sender)
@@ -93,12 +98,20 @@ class TploadTrainerEngine(TrainerWeightTransferEngine[TploadTrainerInitInfo]):
         if group is None and dist.is_available() and dist.is_initialized():
             group = dist.group.WORLD
         ranks = init_info.trainer_ranks or (dist.get_world_size(group) if group is not None else 1)
+        world = os.environ.get("WORLD_SIZE", "1")
+        if group is None and ranks == 1 and world.isdigit() and int(world) > 1:
+            raise RefreshError(
+                f"trainer rank {init_info.rank}: WORLD_SIZE is {world} but torch.distributed is "
+                "not initialised: call torch.distributed.init_process_group() before "
+                "trainer_init, or pass trainer_ranks and trainer_group"
+            )
         engine.group, engine.version, engine.timeout_s = group, 0, init_info.timeout_s
         engine.sender = RefreshSender(
             rank=init_info.rank,
             trainer_ranks=ranks,
             trainer_group=group,
             check=RefreshCheck(init_info.check),
+            key=init_info.key,
             signer_key=init_info.signer_key,
             timeout_s=init_info.timeout_s,
         )
@@ -117,7 +130,7 @@ class TploadTrainerEngine(TrainerWeightTransferEngine[TploadTrainerInitInfo]):
             return
         exe = ThreadPoolExecutor(1, thread_name_prefix="tpload-init-rpc")
         try:
-            rpc = exe.submit(self.client.init_weight_transfer_engine, rv.to_json())
+            rpc = exe.submit(self.client.init_weight_transfer_engine, rv.to_dict())
             self.layout = self.sender.connect(rv)
             _result(rpc, self.timeout_s, "init_weight_transfer_engine")
         finally:

@@ -89,6 +89,8 @@ class RefreshReceiver:
     key (a 0600 file the trainer holds too): a rendezvous not proven by it is refused before the
     live group is touched, and only its holders join. ``max_manifest_bytes``: the largest manifest
     accepted while no table is known (with one, what that table's manifest can need).
+    ``allow_nonfinite``: take windows of floating tensors holding NaN or inf (refused by default:
+    a trainer's diverged step would otherwise be served).
     ``staging_budget_bytes``: the most host bytes a round may stage on this rank (None: no
     bound); a round over it is refused before any window is staged. ``timeout_s``: every wait
     (the rendezvous's replaces it at connect)."""
@@ -109,6 +111,7 @@ class RefreshReceiver:
         public_key: Path | str | None = None,
         key: RefreshKey | Path | str | None = None,
         max_manifest_bytes: int = MAX_MANIFEST_BYTES,
+        allow_nonfinite: bool = False,
         timeout_s: float = TIMEOUT_S,
     ) -> None:
         if world != layout.ranks or not 0 <= rank < world:
@@ -132,6 +135,7 @@ class RefreshReceiver:
         self.check, self.public_key, self.timeout_s = RefreshCheck(check), public_key, timeout_s
         self.key = key_of(key)
         self.max_manifest_bytes = max_manifest_bytes
+        self.allow_nonfinite = allow_nonfinite
         self.group: TransferGroup | None = None
         self._no_group = "connect() was not called"
         self._busy = threading.Lock()
@@ -466,6 +470,16 @@ class RefreshReceiver:
         """A chunk of ``w`` ending at byte ``upto`` arrived: the window's check once it is whole."""
         if upto != w.nbytes or self._draining or self._storage is None or self.staging is None:
             return
+        if not self.allow_nonfinite:
+            at = self._storage.offsets[w.name]
+            dtype = self._storage.catalogue.get(w.name).dtype
+            bad = nonfinite(self.staging[at : at + w.nbytes], dtype)
+            if bad is not None:
+                self._problems.append(
+                    f"{self._who()}: tensor {escape_name(w.name)} (from trainer rank "
+                    f"{w.trainer}): its window holds {bad[0]:,} non-finite value(s) (NaN or inf), "
+                    f"the first at element {bad[1]:,}; refused (allow_nonfinite takes them)"
+                )
         if self._plan is not None and w.name in self._plan.reads:
             if self._arrival is not None:
                 self._arrival.done(w.name)  # the loop fingerprints it as it copies it
@@ -724,6 +738,33 @@ def _gist(e: LoadError) -> str:
         rest = len(lines) - 2
         return head + (f" ({rest} line(s) more)" if rest else "")
     return first_line(e) + _more(e)
+
+
+_EXPONENT = {  # a floating dtype's exponent bits: all set is inf or NaN
+    "BF16": (np.dtype("<u2"), 0x7F80),
+    "F16": (np.dtype("<u2"), 0x7C00),
+    "F32": (np.dtype("<u4"), 0x7F800000),
+    "F64": (np.dtype("<u8"), 0x7FF0000000000000),
+}
+_SLICE = 1 << 20
+
+
+def nonfinite(raw: np.ndarray, dtype: str) -> tuple[int, int] | None:
+    """(how many, the first's index) of the NaN and inf values in ``raw`` (a window's bytes of a
+    tensor of safetensors dtype ``dtype``), or None: none, or not a floating dtype with inf (FP8's
+    NaN codes are the codecs' check). By slices: a window is never copied whole."""
+    spec = _EXPONENT.get(dtype)
+    if spec is None or raw.size % spec[0].itemsize:
+        return None
+    words, mask = raw.view(spec[0]), spec[0].type(spec[1])
+    count, first = 0, -1
+    for at in range(0, words.size, _SLICE):
+        hit = np.bitwise_and(words[at : at + _SLICE], mask) == mask
+        n = int(np.count_nonzero(hit))
+        if n:
+            first = at + int(np.argmax(hit)) if first < 0 else first
+            count += n
+    return (count, first) if count else None
 
 
 def _garbled(who: str, w: WindowEntry, got: Triple) -> str:

@@ -23,7 +23,7 @@ from ..model.text import escape_name
 from ..model.values import Box, Triple
 from ..storage.files import read_pem
 from .layout import EngineLayout
-from .terms import RefreshCheck, RefreshError
+from .terms import RefreshCheck, RefreshError, version_problem
 
 FORMAT = 1
 MAX_NAME = 4096
@@ -176,6 +176,8 @@ def _parse(doc: object) -> VersionManifest:
     version, trainers, chunk = doc["version"], doc["trainer_ranks"], doc["chunk_bytes"]
     if not all(type(v) is int and v >= 0 for v in (version, trainers, chunk)) or not chunk:
         raise ValueError("version, trainer_ranks and chunk_bytes must be integers")
+    if version_problem(version):
+        raise ValueError(version_problem(version))
     layout = EngineLayout.from_bytes(json.dumps(doc["layout"]).encode())
     check = RefreshCheck(doc["check"])
     tensors = tuple(

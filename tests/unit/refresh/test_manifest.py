@@ -57,6 +57,9 @@ def test_the_bytes_are_canonical_and_read_back_to_the_same_manifest() -> None:
     ("change", "words"),
     [
         (lambda d: d.update(version=-1), "malformed"),
+        (lambda d: d.update(version=0), r"version must be an integer in 1\.\.2\*\*63-1"),
+        (lambda d: d.update(version=2**63), r"version must be an integer in 1\.\.2\*\*63-1"),
+        (lambda d: d.update(version=10**30), r"version must be an integer in 1\.\.2\*\*63-1"),
         (lambda d: d["ranks"].pop(), "1 rank entries for 2 engine ranks"),
         (lambda d: d["ranks"][0]["windows"][0].__setitem__(3, 7), "no trainer rank 7"),
         (lambda d: d["ranks"][0]["windows"][0][2][1].__setitem__(1, 17), "outside its view"),

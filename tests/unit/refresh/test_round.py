@@ -234,3 +234,95 @@ def test_a_manifest_garbled_on_the_wire_is_refused_and_nobody_waits(weights) -> 
         assert pair.round(v1, 1) == ("", "")
     finally:
         pair.close()
+
+
+def _key(tmp_path: Path, name: str) -> Path:
+    import os
+
+    path = tmp_path / name
+    path.write_bytes(os.urandom(32))
+    path.chmod(0o600)
+    return path
+
+
+def test_a_refresh_key_joins_its_holders_and_an_unproven_init_leaves_the_live_group(
+    weights, tmp_path
+) -> None:
+    v1, v2, root = weights
+    key = _key(tmp_path, "refresh.key")
+    pair = Pair(root, RefreshSender(rank=0, trainer_ranks=1, key=key), key=key)
+    try:
+        assert pair.round(v1, 1) == ("", "")
+        live = pair.receiver.group
+        for stranger_key in (None, _key(tmp_path, "other.key")):  # an init without the key
+            stranger = RefreshSender(rank=0, trainer_ranks=1, key=stranger_key)
+            rv = stranger.rendezvous(engine_ranks=1)
+            with pytest.raises(
+                RefreshError, match="refused before the live group|was not given|not proven"
+            ):
+                pair.receiver.connect(rv)
+            stranger.close()
+            assert pair.receiver.group is live and live.broken is None  # untouched
+        assert pair.round(v2, 2) == ("", "")  # the live group still serves the next round
+    finally:
+        pair.close()
+
+
+def test_misuse_is_refused_with_one_line_and_the_round_goes_on(weights) -> None:
+    v1, v2, root = weights
+    pair = Pair(root, RefreshSender(rank=0, trainer_ranks=1))
+    try:
+        r = pair.receiver
+        said: dict[str, str] = {}
+        t = threading.Thread(target=lambda: said.update(v=str(pair.sender.send(v1, version=1))))
+        t.start()
+        r.start()
+        r.receive(final=False, windows=1)  # the round is under way
+        with pytest.raises(RefreshError, match="start\\(\\) was called while version 1 is being"):
+            r.start()  # a second start_weight_update mid-round
+        with pytest.raises(RefreshError, match="send\\(\\) was called while another call"):
+            pair.sender.send(v1, version=1)  # the sender's round still runs
+        r.receive(final=True)
+        t.join(30)
+        assert "RoundFigures" in said["v"]
+        with pytest.raises(RefreshError, match="receive\\(\\) was called after version 1 was"):
+            r.receive(final=True)
+        r.committed(1)
+        assert r.served_version == 1
+        assert pair.round(v2, 2) == ("", "")
+    finally:
+        pair.close()
+
+
+def test_versions_outside_1_to_2_63_are_refused_before_sending(weights) -> None:
+    v1, _, root = weights
+    pair = Pair(root, RefreshSender(rank=0, trainer_ranks=1))
+    try:
+        for bad in (0, -1, 2**63, 2**64, 10**30, True):
+            trainer, engine = pair.round(v1, bad)
+            assert "version must be an integer in 1..2**63-1" in trainer, trainer
+            assert "the trainer aborted" in engine, engine
+        assert pair.round(v1, 2**63 - 1) == ("", "")
+    finally:
+        pair.close()
+
+
+def test_non_finite_values_are_refused_unless_allowed(weights) -> None:
+    v1, v2, root = weights
+    name = "model.layers.0.mlp.up_proj.weight"
+    bad = dict(v2)
+    bad[name] = v2[name].clone()
+    bad[name].view(-1)[5] = float("nan")
+    bad[name].view(-1)[9] = float("inf")
+    pair = Pair(root, RefreshSender(rank=0, trainer_ranks=1))
+    try:
+        assert pair.round(v1, 1) == ("", "")
+        trainer, engine = pair.round(bad, 2)
+        assert trainer == engine and f"tensor {name} (from trainer rank 0)" in engine, engine
+        assert "holds 2 non-finite value(s) (NaN or inf), the first at element 5" in engine
+        assert pair.receiver.served_version == 1
+        pair.receiver.allow_nonfinite = True
+        assert pair.round(bad, 2) == ("", "")
+        assert torch.equal(pair.state[name].view(torch.int16), bad[name].view(torch.int16))
+    finally:
+        pair.close()

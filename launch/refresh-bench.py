@@ -1,4 +1,4 @@
-"""The verified refresh against a plain broadcast, on the same transfer group (issue 30's bench).
+"""The verified refresh against a plain gloo broadcast among the same processes (issue 30's bench).
 
     python launch/refresh-bench.py [--layers 4] [--hidden 1024] [--inter 2816] [--vocab 16000]
                                    [--rounds 3] [--chunk-mib 8] [--out FILE.json]
@@ -7,8 +7,8 @@ One torchrun launch of 4 ranks (gloo, CPU): 2 trainer ranks holding the same lla
 weights (random, the sizes above) and 2 engine ranks (the llama config, tp 2). Each measured round
 starts after a barrier of all four and ends when the last rank is done; per round, in turn:
 
-* ``broadcast``: trainer rank 0 broadcasts every full tensor, one after another, to every rank of
-  the transfer group (what an unchecked push does: each engine rank gets every whole tensor);
+* ``broadcast``: trainer rank 0 broadcasts every full tensor, one after another, to every rank
+  over gloo (what an unchecked push does: each engine rank gets every whole tensor);
 * ``refresh``: a verified refresh at the default strength (fingerprint): the two trainer ranks
   plan, fingerprint and send each engine rank its windows; the round ends when every engine rank
   has staged and checked them (the verdict; nothing is committed into a model);
@@ -108,7 +108,6 @@ def worker(a: argparse.Namespace) -> None:
     rv = Rendezvous.from_json(box[0])
     if is_trainer:
         sender.connect(rv)
-        group = sender.group
     else:
         config = load_config("llama")
         layout = EngineLayout(config.id(), 2, 1, "packed", ENGINES, "llama", model_config(a))
@@ -119,16 +118,13 @@ def worker(a: argparse.Namespace) -> None:
                    for n, t in w.items()},
         )  # fmt: skip
         receiver.connect(rv)
-        group = receiver.group
         for t in w.values():
             t.zero_()  # the engine's buffers: what the broadcast writes into
     version = 0
 
-    def broadcast() -> int:
-        opts = dist.BroadcastOptions()
-        opts.rootRank = 0
+    def broadcast() -> int:  # a plain gloo broadcast over the same four processes
         for t in w.values():
-            group.pg.broadcast([t], opts).wait()
+            dist.broadcast(t, src=0)
         return sum(t.numel() * t.element_size() for t in w.values()) * (TRAINERS + ENGINES - 1)
 
     def refresh(check: RefreshCheck) -> int:

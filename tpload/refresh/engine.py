@@ -149,6 +149,46 @@ class RefreshReceiver:
         self._spare: np.ndarray | None = None
         self._clear()
 
+    @classmethod
+    def for_checkpoint(
+        cls,
+        root: str | Path,
+        *,
+        rank: int,
+        world: int,
+        exchange_group: dist.ProcessGroup | None,
+        device: torch.device | None = None,
+        **options: Any,
+    ) -> RefreshReceiver:
+        """A receiver for an engine serving the checkpoint at ``root`` with tensor parallelism
+        ``world``, planned as ``tpload.load`` plans it (packed kind): its config chosen from its
+        ``config.json`` as ``--config auto`` does, its table read from its headers (a version must
+        send exactly these tensors). ``options``: any other keyword of the constructor."""
+        from ..loading.pick import choose, model_for
+        from .tensors import table_of
+
+        folder = Path(root)
+        config, _ = choose("auto", folder)
+        layout = EngineLayout(
+            config.id(),
+            world,
+            1,
+            "packed",
+            world,
+            config=config.name,
+            model=model_for(folder, config),
+        )
+        return cls(
+            rank=rank,
+            world=world,
+            exchange_group=exchange_group,
+            layout=layout,
+            config=config,
+            device=device or torch.device("cpu"),
+            table=options.pop("table", None) or table_of(folder),
+            **options,
+        )
+
     # -- state
     def _clear(self) -> None:
         if getattr(self, "_check", None) is not None:

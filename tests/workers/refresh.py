@@ -9,6 +9,8 @@ another in one world:
   were taken (a fault in transit): refused;
 * ``missing``: version 2 without one tensor: refused;
 * ``old``: version 1 again (V2_DIR's weights): refused, not newer than the served version;
+* ``raising``: version 2, trainer rank 1's source raises mid-iteration (its process lives): every
+  rank fails within seconds with its cause;
 * ``v2``: version 2, V2_DIR's weights, at sha256 strength with a signed manifest: accepted, the
   digests and parameters are V2_DIR's.
 
@@ -21,6 +23,7 @@ parameters equal the expected load's}}.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -30,6 +33,7 @@ import torch.distributed as dist
 from safetensors import safe_open
 
 import tpload
+from tpload.refresh import rendezvous
 from tpload.refresh.engine import RefreshReceiver
 from tpload.refresh.layout import EngineLayout
 from tpload.refresh.rendezvous import Rendezvous
@@ -66,6 +70,14 @@ class Source:
             yield name, self.weights[name] if name in self.held else None
 
 
+class Raising(Source):
+    """A source that breaks while it is read (a trainer's bug), its process still alive."""
+
+    def __iter__(self):
+        yield from list(super().__iter__())[:3]
+        raise RuntimeError("the source broke")
+
+
 class Faulty(RefreshSender):
     """Flips one byte of one window (after its fingerprint and the manifest were made) in the round
     after ``flip`` is set."""
@@ -91,6 +103,7 @@ def trainer(rank: int, argv: list[str], sender: Faulty, rv: Rendezvous, group) -
         ("flipped", v2, 2),
         ("missing", {n: t for n, t in v2.items() if n != MISSING}, 2),
         ("old", v2, 1),
+        ("raising", v2, 2),
         ("v2", v2, 2),
     ]
     for case, weights, version in rounds:
@@ -103,6 +116,8 @@ def trainer(rank: int, argv: list[str], sender: Faulty, rv: Rendezvous, group) -
             )  # fmt: skip
             sender.connect(_next_rv(rank, sender, group))
         source = Source(weights, rank) if case != "missing" else weights
+        if case == "raising" and rank == 1:
+            source = Raising(weights, rank)
         try:
             figures = sender.send(source, version=version)
             said[case] = {"error": "", "digests": list(figures.digests), "s": figures.seconds}
@@ -117,9 +132,34 @@ def _next_rv(rank: int, sender: RefreshSender, group) -> Rendezvous:
     """A new rendezvous (the trainer re-inits the engine's transfer: a new connect), shared with
     the engine ranks over the world."""
     rv = sender.rendezvous(engine_ranks=ENGINES)
+    _announce(rank, rv)
     box = [rv.to_json()]
     dist.broadcast_object_list(box, src=0)
     return rv
+
+
+def _announce(rank: int, rv: Rendezvous) -> None:
+    """Trainer rank 0 says where the hub listens, and waits a moment, only so the test's stranger
+    (a process of the host that found the port) is at it before any member arrives."""
+    if rank == 0 and OUT is not None:
+        (OUT / f"hub-{rv.port}.port").write_text(str(rv.port))
+        time.sleep(1.0)
+
+
+_LISTENER = rendezvous._Forming._listener
+
+
+def _listener(self):  # noqa: ANN001, ANN202
+    """A member's own listener, announced the same way (a stranger scanning the host finds it)."""
+    s = _LISTENER(self)
+    if OUT is not None:
+        port = s.getsockname()[1]
+        (OUT / f"member-{port}.port").write_text(str(port))
+        time.sleep(0.5)
+    return s
+
+
+rendezvous._Forming._listener = _listener
 
 
 def engine(rank: int, argv: list[str], rv: Rendezvous, group) -> dict:
@@ -142,7 +182,7 @@ def engine(rank: int, argv: list[str], rv: Rendezvous, group) -> dict:
     recv.connect(rv)
     said = {}
     current = -expected["v1"].state_dict()[FLIPPED]
-    for case in ("v1", "flipped", "missing", "old", "v2"):
+    for case in ("v1", "flipped", "missing", "old", "raising", "v2"):
         if case == "v2":
             recv.check, recv.public_key = RefreshCheck.SHA256, pub
             recv.connect(_next_engine_rv())
@@ -178,8 +218,14 @@ def _table(root: str) -> dict:
     return json.loads((Path(root) / "NATIVE_MANIFEST.json").read_text())["tensors"]
 
 
+OUT: Path | None = None
+
+
 def main() -> None:
+    global OUT
     argv, out = sys.argv[1:5], Path(sys.argv[5])
+    OUT = out
+    (out / f"pid{os.environ['RANK']}").write_text(str(os.getpid()))
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     trainers = dist.new_group(list(range(TRAINERS)))
@@ -187,6 +233,7 @@ def main() -> None:
     if rank < TRAINERS:
         sender = Faulty(rank=rank, trainer_ranks=TRAINERS, trainer_group=trainers)
         rv = sender.rendezvous(engine_ranks=ENGINES)
+        _announce(rank, rv)
         box = [rv.to_json()]
         dist.broadcast_object_list(box, src=0)
         said = trainer(rank, argv, sender, rv, trainers)

@@ -308,7 +308,7 @@ class RefreshSender:
         finally:
             if storage is not None:
                 storage.close()
-        if problems:
+        if problems and not verdict:
             raise RefreshError(f"version {version}: {problems[0]}")
         if verdict:  # the engines' line, escaped again here: it reaches this process's terminal
             raise RefreshError(escape_name(verdict.decode(errors="replace")))

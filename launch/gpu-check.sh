@@ -18,7 +18,11 @@
 #                                             figure; digests equal at each position, a byte changed in transit
 #                                             on the NCCL wire, a killed replica ending in bounded time (the
 #                                             wait's timeout, or NCCL's watchdog); skipped on one GPU:
-#                                             launch/replicas_nccl.py)
+#                                             launch/replicas_nccl.py), refresh (the verified refresh with
+#                                             the trainer's weights on the GPU: the bench's ratio to a plain
+#                                             broadcast, a tampered round's line and a killed trainer's, the
+#                                             engine alive after each; the refresh's wire is tpload's own
+#                                             authenticated TCP links on every device, never NCCL)
 #   launch/gpu-check.sh --only scale          not in the default run (its own ~5 minutes): the bench on a
 #                                             fixed ~16 GB checkpoint (the seed dimensions, 256 experts x 3
 #                                             stages: 16.03 GB, written once into the cache) at tp = GPUs
@@ -36,7 +40,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"
-only="tests,gguf,bench,peers,multi,replicas"
+only="tests,gguf,bench,peers,multi,replicas,refresh"
 if [[ "${1:-}" == "--only" ]]; then only="${2:?--only takes a comma-separated list}"; shift 2; fi
 out="${GPU_CHECK_OUT:-gpu-check-out}"
 mkdir -p "$out"
@@ -103,6 +107,12 @@ replicas() {  # 2 replicas share the reads: each window read once, sent to the o
     if (( SECONDS - t0 >= 90 )); then echo "replicas: not ended in bounded time"; return 1; fi
     grep -q '"returned": false' "$dir/rank0.json" || { echo "replicas: the survivor returned weights"; return 1; }
 }
+refresh() {  # the trainer's weights on cuda:0; windows cross in host memory (docs/refresh.md)
+    python launch/refresh-bench.py --rounds 2 --device cuda --out "$out/refresh.json" || return 1
+    python -m pytest -q -p no:cacheprovider tests/integration/test_refresh.py tests/slow/test_refresh.py \
+        -m "slow or not slow" -rA 2>&1 | grep -E "passed|failed|refresh refused" | head -20
+    return "${PIPESTATUS[0]}"
+}
 scale() {
     local ckpt="${TPLOAD_CACHE:-$HOME/.cache/tpload}/scale-16gb" tp=$(( gpus > 4 ? 4 : gpus ))
     if [[ ! -f "$ckpt/NATIVE_MANIFEST.json" ]]; then  # the manifest is written last: present means whole
@@ -111,11 +121,12 @@ scale() {
     python -m tpload bench --checkpoint "$ckpt" --nproc "$gpus" --tp "$tp" --rounds 1 \
         --methods floor,tpload,tpload-digest,tpload-expanded --json "$out/scale.json"
 }
-export -f multi peers scale replicas
+export -f multi peers scale replicas refresh
 export gpus out
 section peers 240 bash -c peers
 section multi 150 bash -c multi
 section replicas 300 bash -c replicas
+section refresh 240 bash -c refresh
 section scale 330 bash -c scale
 printf '%s\n' "${summary[@]}"
 [[ "${summary[*]}" != *FAILED* ]]

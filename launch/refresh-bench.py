@@ -12,7 +12,9 @@ starts after a barrier of all four and ends when the last rank is done; per roun
 * ``refresh``: a verified refresh at the default strength (fingerprint): the two trainer ranks
   plan, fingerprint and send each engine rank its windows; the round ends when every engine rank
   has staged and checked them (the verdict; nothing is committed into a model);
-* ``refresh-sha256``: the same at sha256 strength.
+* ``refresh-sha256``: the same at sha256 strength;
+* ``refresh-no-nan-check``: ``refresh`` with the engine's non-finite check off
+  (``allow_nonfinite``): the check's cost is the difference.
 
 Every manifest is signed (the engine holds the public key): a signature costs milliseconds.
 
@@ -127,12 +129,17 @@ def worker(a: argparse.Namespace) -> None:
             dist.broadcast(t, src=0)
         return sum(t.numel() * t.element_size() for t in w.values()) * (TRAINERS + ENGINES - 1)
 
-    def refresh(check: RefreshCheck) -> int:
+    held = w
+    if is_trainer and a.device == "cuda":  # the trainer's weights on its GPU, as a trainer has them
+        held = {n: t.to(f"cuda:{rank}") for n, t in w.items()}
+
+    def refresh(check: RefreshCheck, *, nonfinite_check: bool = True) -> int:
         nonlocal version
         version += 1
         if is_trainer:
             sender.check = check
-            return sender.send(w, version=version).bytes
+            return sender.send(held, version=version).bytes
+        receiver.allow_nonfinite = not nonfinite_check
         receiver.start()
         receiver.receive(final=True)
         receiver.committed(version)  # the version moves on; nothing is copied into a model
@@ -142,6 +149,7 @@ def worker(a: argparse.Namespace) -> None:
         "broadcast": broadcast,
         "refresh": lambda: refresh(RefreshCheck.FINGERPRINT),
         "refresh-sha256": lambda: refresh(RefreshCheck.SHA256),
+        "refresh-no-nan-check": lambda: refresh(RefreshCheck.FINGERPRINT, nonfinite_check=False),
     }
     times: dict[str, list[float]] = {k: [] for k in arms}
     wire: dict[str, int] = {}
@@ -175,6 +183,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--chunk-mib", type=int, default=8)
     p.add_argument("--out", default="")
+    p.add_argument(
+        "--device", default="cpu", help="where the trainer ranks hold their weights (cpu or cuda)"
+    )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--key", default="", help=argparse.SUPPRESS)
     p.add_argument("--pub", default=None, help=argparse.SUPPRESS)
@@ -204,7 +215,7 @@ def main() -> None:
             "--rdzv-endpoint", f"127.0.0.1:{port}", "--max-restarts", "0",
             __file__, "--worker", "--key", str(key), "--pub", str(pub), "--out", out,
             *(f"--{k.replace('_', '-')}={v}" for k, v in vars(a).items()
-              if k in ("layers", "hidden", "inter", "vocab", "rounds", "chunk_mib")),
+              if k in ("layers", "hidden", "inter", "vocab", "rounds", "chunk_mib", "device")),
         ]  # fmt: skip
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).parents[1]))
         subprocess.run(cmd, check=True, env=env)

@@ -9,9 +9,10 @@ import signal
 import socket
 from pathlib import Path
 
-from tpload.refresh.rendezvous import TransferGroup
+from tpload.refresh.rendezvous import Frame, TransferGroup
 from tpload.refresh.trainer import RefreshSender
 
+CONTROL = Frame.CONTROL
 _CUT = RefreshSender._cut
 _ISEND = TransferGroup.isend
 

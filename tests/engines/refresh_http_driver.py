@@ -4,7 +4,10 @@ before a round and ``/resume`` after it). Run by the Python that has vLLM:
 
     python tests/engines/refresh_http_driver.py --model DIR --tp 2 --port P --work W --out R
 
-Rounds: v1 good, v2 with a byte flipped in transit, v2 good. After each: the greedy tokens
+Rounds: v1 good, v2 with a byte flipped in transit, v2 good. With ``--refresh-key`` (the server
+and the trainer hold it), then: an init call from a process without the key (refused, the live
+group untouched: the next round needs no new group), an oversized frame from a member after a
+good round (the round refused, the engine alive), v3 good. After each: the greedy tokens
 (``/v1/completions``), ``/weight_info`` and ``/is_paused``.
 """
 
@@ -33,6 +36,7 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--signer-key", default="", help="sign every manifest (sha256 strength)")
     ap.add_argument("--public-key", default="", help="the server requires it (and sha256)")
+    ap.add_argument("--refresh-key", default="", help="the refresh key (server and trainer)")
     args = ap.parse_args()
     import requests
 
@@ -63,6 +67,8 @@ def main() -> int:
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
     if args.public_key:  # the engine's own settings: the strong check, a signature required
         env.update(TPLOAD_REFRESH_CHECK="sha256", TPLOAD_REFRESH_PUBLIC_KEY=args.public_key)
+    if args.refresh_key:  # the key's path, never the key
+        env["TPLOAD_REFRESH_KEY"] = args.refresh_key
     log = open(work / "server.log", "w")  # noqa: SIM115
     server = subprocess.Popen(
         cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -112,10 +118,11 @@ def main() -> int:
         result["v0"] = state()
         client = HTTPVLLMWeightSyncClient(base)
         strong = {"check": "sha256", "signer_key": args.signer_key} if args.signer_key else {}
+        keyed = {"key": args.refresh_key} if args.refresh_key else {}
 
         def connect(**kw: object):  # a trainer (a new transfer group: the engine ends the last)
             return WeightTransferTrainerFactory.trainer_init(
-                TploadTrainerInitInfo(rank=0, **kw), client=client
+                TploadTrainerInitInfo(rank=0, **keyed, **kw), client=client
             )
 
         trainer = connect(**strong)
@@ -123,6 +130,8 @@ def main() -> int:
         rounds = [(1, "good"), (2, "flipped byte")]
         rounds += [(2, "unsigned")] if args.signer_key else []
         rounds += [(2, "good")]
+        if args.refresh_key:
+            rounds += [(3, "unproven init"), (3, "oversized frame"), (3, "good")]
         for version, kind in rounds:
             if kind == "unsigned":  # a trainer with the default check and no key
                 trainer.shutdown()
@@ -133,6 +142,16 @@ def main() -> int:
             refresh_faults.plant(kind, 0, flipped=FLIPPED)
             trainer.source = source(weights(model, version), 0, ranks=1)
             try:
+                if kind == "unproven init":  # a process without the key calls the init endpoint
+                    from tpload.refresh.rendezvous import open_rendezvous
+
+                    rv, hub = open_rendezvous(trainer_ranks=1, engine_ranks=args.tp, timeout_s=5)
+                    hub.close()
+                    client.init_weight_transfer_engine(rv.to_dict())
+                    raise RuntimeError("the unproven init was taken")
+                if kind == "oversized frame":  # a member's frame far over what a manifest needs
+                    group = trainer.sender.group
+                    group.links[1].post(refresh_faults.CONTROL, memoryview(bytes(64 << 20)), 0)
                 trainer.send_weights(version=version)
                 error = ""
             except Exception as e:  # noqa: BLE001

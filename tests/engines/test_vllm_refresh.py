@@ -164,8 +164,13 @@ def test_the_http_server_takes_a_signed_refresh_and_refuses_what_it_must(
     requiring the sha256 strength and a signature by the trainer's key, driven by vLLM's
     HTTPVLLMWeightSyncClient: a signed round; a flipped byte (HTTP 500, the engine's one line on
     the trainer, v1 still served); a trainer with no key (refused: the manifest is not signed);
-    a signed round. /weight_info follows, and generation is resumed after each."""
+    a signed round; with the refresh key on both sides, an init from a process without it (refused,
+    the live group kept), an oversized frame from a member (refused, the engine alive), a good
+    round. /weight_info follows, and generation is resumed after each."""
     key, pub = ec_keypair(tmp_path, "trainer")
+    refresh_key = tmp_path / "refresh.key"
+    refresh_key.write_bytes(os.urandom(32))
+    refresh_key.chmod(0o600)
     out = tmp_path / "http.json"
     cmd = [
         str(python),
@@ -184,13 +189,15 @@ def test_the_http_server_takes_a_signed_refresh_and_refuses_what_it_must(
         str(key),
         "--public-key",
         str(pub),
+        "--refresh-key",
+        str(refresh_key),
     ]
     code, text = drive(cmd, tmp_path / "driver.log")
     server = (tmp_path / "server.log").read_text() if (tmp_path / "server.log").exists() else ""
     assert code == 0 and out.exists(), text[-4000:]
     doc = json.loads(out.read_text())
     assert "error" not in doc, doc.get("error", "") + server[-4000:]
-    v1, bad, weak, v2 = doc["rounds"]
+    v1, bad, weak, v2, unproven, oversized, v3 = doc["rounds"]
     assert v1["error"] == "" and v1["tokens"] != doc["v0"]["tokens"]
     assert v1["weight_info"] == {"weight_version": "1"}
     assert "model.layers.0.self_attn.o_proj.weight" in bad["error"] and "\n" not in bad["error"]
@@ -199,6 +206,13 @@ def test_the_http_server_takes_a_signed_refresh_and_refuses_what_it_must(
         assert r["tokens"] == v1["tokens"] and r["weight_info"] == {"weight_version": "1"}
     assert v2["error"] == "" and v2["tokens"] != v1["tokens"]
     assert v2["weight_info"] == {"weight_version": "2"}
+    assert "not proven by a refresh key" in unproven["error"], unproven["error"]
+    assert "announced" in oversized["error"] or "protocol" in oversized["error"], oversized
+    for r in (unproven, oversized):
+        assert r["tokens"] == v2["tokens"] and r["weight_info"] == {"weight_version": "2"}
+    assert v3["error"] == "" and v3["tokens"] != v2["tokens"]
+    assert v3["weight_info"] == {"weight_version": "3"}
+    assert refresh_key.read_bytes().hex() not in server
     assert all(r["is_paused"] == {"is_paused": False} for r in doc["rounds"])
 
 

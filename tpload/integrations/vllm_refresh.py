@@ -113,14 +113,19 @@ class TploadWeightTransferEngine(WeightTransferEngine[TploadInitInfo, TploadUpda
         then join the new transfer group; engine rank 0 sends the trainer this engine's layout."""
         from vllm.distributed import get_tp_group
 
+        from ..refresh import RefreshError
         from ..refresh.engine import RefreshReceiver
         from ..refresh.layout import EngineLayout
         from ..refresh.rendezvous import Rendezvous
 
-        rv = Rendezvous.from_json(vars(init_info))
-        # proven before anything live is touched: an init from a process without the refresh key
-        # (vLLM's init arrives over plain HTTP) leaves the session, staging and group as they are
-        rv.secret(self.key, who=f"TP rank {self.rank}")
+        try:
+            rv = Rendezvous.from_json(vars(init_info))
+            # proven before anything live is touched: an init from a process without the refresh
+            # key (vLLM's init arrives over plain HTTP) leaves the session, staging and group
+            rv.secret(self.key, who="the engine")
+        except RefreshError as e:  # the same on every rank: raised on one (the module docstring)
+            self._say(f"init_weight_transfer_engine refused: {e}")
+            return
         self._capture_worker()
         self._end_session()
         if self.receiver is not None:
@@ -161,10 +166,17 @@ class TploadWeightTransferEngine(WeightTransferEngine[TploadInitInfo, TploadUpda
         )
 
     def start_weight_update(self) -> None:
-        """Clears the staging area; touches no parameter."""
-        self.verdict, self.refused = None, ""
+        """Clears the staging area; touches no parameter. Refused mid-round (a second start while
+        an update is being received): that round goes on."""
+        from ..refresh import RefreshError
+
         if self.receiver is not None:
-            self.receiver.start()
+            try:
+                self.receiver.start()
+            except RefreshError as e:  # every rank is mid-round alike: raised on one
+                self._say(str(e))
+                return
+        self.verdict, self.refused = None, ""
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
         """Stage and check this call's windows; the final call brings the verdict of every rank.
@@ -299,6 +311,12 @@ class TploadWeightTransferEngine(WeightTransferEngine[TploadInitInfo, TploadUpda
     def _refuse(self, message: str) -> None:
         self.refused = message
         self._end_session()
+        self._say(message)
+
+    def _say(self, message: str) -> None:
+        """A refusal every TP rank reached alike, raised on the last one only: vLLM's
+        collective_rpc stops at the first failing worker and leaves the others' replies queued,
+        where the next call would read them."""
         log.warning("%s", message)
         if self.rank == self.world - 1:
             raise RuntimeError(message)

@@ -83,6 +83,25 @@ GGUF_KV = "gguf_kv"
 """The manifest's key for the GGUF files' key-value pins."""
 
 
+def plan_file_digests(
+    root: Path, *, known: dict[str, str] | None = None, gguf_kv: dict[str, tuple[str, int]]
+) -> dict[str, str]:
+    """The sha256 of every file that shapes the plan as this rank holds it, pinned or not, for the
+    handshake (every rank must hold the same): each of :data:`PLAN_FILES` ("" where absent;
+    ``known``: digests of bytes already read and used, as the catalogue's index, which win over
+    reading again), and under :data:`GGUF_KV` one sha256 over a GGUF set's key-value pins by file
+    (``gguf_kv``: the catalogue's {file: (sha256, length)}; "" for no GGUF set)."""
+    known = known or {}
+    out = {
+        name: known.get(name)
+        or (file_sha256(root / name, WHAT[name]) if os.path.lexists(root / name) else "")
+        for name in PLAN_FILES
+    }
+    lines = "".join(f"{f}\t{sha}\n" for f, (sha, _) in sorted(gguf_kv.items()))
+    out[GGUF_KV] = hashlib.sha256(lines.encode()).hexdigest() if gguf_kv else ""
+    return out
+
+
 def pins_doc(
     root: Path, *, known: dict[str, str] | None = None, gguf_kv: dict[str, str] | None = None
 ) -> dict[str, object]:

@@ -143,6 +143,35 @@ class Arrivals:
             return []
 
 
+class Flags:
+    """Values ranks leave in the rendezvous store for their peers to read without a collective: a
+    rank that stops its replicas' traffic says so (sources/replicas.py), so a peer busy sending to
+    it stops too. Never raises: without a store (or once it is gone) nothing is said or read."""
+
+    def __init__(self, ctx: DistContext, seq: int, name: str) -> None:
+        self.store = _store() if ctx.group is not None else None
+        self.prefix = f"tpload/{group_id(ctx)}/{seq}/{name}" if self.store is not None else ""
+
+    def put(self, rank: int, value: str) -> None:
+        if self.store is not None:
+            try:
+                self.store.set(f"{self.prefix}/{rank}", value)
+            except (RuntimeError, OSError):
+                self.store = None
+
+    def first(self, ranks: list[int]) -> tuple[int, str] | None:
+        """The first of ``ranks`` that left a value, and the value (None: none did)."""
+        for r in ranks if self.store is not None else []:
+            key = f"{self.prefix}/{r}"
+            try:
+                if self.store.check([key]):
+                    return r, self.store.get(key).decode(errors="replace")
+            except (RuntimeError, OSError):
+                self.store = None
+                return None
+        return None
+
+
 def exchange(
     row: torch.Tensor,
     ctx: DistContext,

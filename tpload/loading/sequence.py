@@ -154,7 +154,8 @@ class _RankLoad:
         self.fig.blake3 = int(prepared.digests.hash == "blake3")
         # every rank: the same anchor, options and files that shape the plan (pinned or not)
         cat = storage.catalogue
-        shaping = plan_file_digests(storage.root, known=cat.files_read, gguf_kv=cat.gguf_kv)
+        used = {**cat.files_read, **(cat.pins.seen if cat.pins is not None else {})}
+        shaping = plan_file_digests(storage.root, known=used, gguf_kv=cat.gguf_kv)
         terms = Terms.of(opts, layout, config, self.gate.anchor(), at, shaping)
         self.meeting.meet(self.fig, ctx, terms)
         files = FileHasher.of(storage, prepared.files) if prepared.files is not None else None

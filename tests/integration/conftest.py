@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 
 from tpload.cli import main
+from tpload.tools.published import write_published
 
 from ..helpers import poke
 
 WORLD = 4
-CASES = ("tp4", "pin", "verify", "anchor", "again")
+CASES = ("tp4", "pin", "verify", "anchor", "plan_file", "version", "again")
 
 
 @dataclass(frozen=True)
@@ -31,14 +32,18 @@ class TwoNodes:
     """Each case's outcome on ranks 0..3, by case (CASES)."""
     tampered: Path
     """Node 1's copy in the "anchor" case: a weight byte flipped and a manifest written over it."""
+    heads: tuple[Path, Path]
+    """The "plan_file" case's two llama-tiny copies (node 0's, node 1's: another
+    num_key_value_heads in config.json), under the same manifest without "files" pins."""
 
 
 @pytest.fixture(scope="session")
 def two_nodes_launch(small_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> TwoNodes:
     """The cases, in order: tp 4 over both nodes, saving what each rank serves; then, at 2
     replicas x tp 2 with --timeout 60: a wrong pin on rank 3 alone; node 1 with a flipped copy and
-    ``verify="off"``; node 1 with a copy tampered and re-manifested (it agrees with itself); every
-    rank agreeing."""
+    ``verify="off"``; node 1 with a copy tampered and re-manifested (it agrees with itself); at tp
+    4, node 1's config.json with other head counts under a manifest that pins no JSON file; rank 3
+    claiming another tpload version; every rank agreeing."""
     from .test_agreement import EMBED, two_nodes  # here: after collection has rewritten it
 
     root = tmp_path_factory.mktemp("two-nodes")
@@ -47,6 +52,17 @@ def two_nodes_launch(small_ckpt: Path, tmp_path_factory: pytest.TempPathFactory)
         shutil.copytree(small_ckpt, copy)
         poke(copy, "head.weight", 5)
     assert main(["manifest", str(tampered), "--force"]) == 0  # flipped keeps its manifest
+    # node 1's config.json with another num_key_value_heads under a manifest without "files"
+    # pins (an older manifest: the same bytes on both nodes, so the same anchor)
+    llama, heads = root / "llama", root / "llama-heads"
+    write_published(llama, "llama-tiny")
+    manifest = json.loads((llama / "NATIVE_MANIFEST.json").read_text())
+    del manifest["files"]
+    (llama / "NATIVE_MANIFEST.json").write_text(json.dumps(manifest))
+    shutil.copytree(llama, heads)
+    model = json.loads((heads / "config.json").read_text())
+    assert model["num_key_value_heads"] == 2
+    (heads / "config.json").write_text(json.dumps({**model, "num_key_value_heads": 4}))
     common = {"tp": 2, "replicas": 2, "timeout_s": 60.0}
     off = {"checkpoint": str(flipped), "verify": "off"}
     other = {"checkpoint": str(tampered)}
@@ -55,6 +71,12 @@ def two_nodes_launch(small_ckpt: Path, tmp_path_factory: pytest.TempPathFactory)
         {"options": common, "per_rank": {"3": {"manifest_sha256": "0" * 64}}},
         {"options": common, "per_rank": {"2": off, "3": off}},
         {"options": common, "per_rank": {"2": other, "3": other}},
+        {
+            "checkpoint": str(llama),
+            "options": {"tp": 4, "timeout_s": 60.0},
+            "per_rank": {"2": {"checkpoint": str(heads)}, "3": {"checkpoint": str(heads)}},
+        },
+        {"options": common, "claims_version": {"3": "9.9"}},
         {"options": common},
     ]
     calls = [{"checkpoint": str(small_ckpt), **c} for c in calls]
@@ -63,4 +85,5 @@ def two_nodes_launch(small_ckpt: Path, tmp_path_factory: pytest.TempPathFactory)
     rcs, text, _ = two_nodes(lambda n: [EMBED, str(out), json.dumps(calls)])
     assert rcs == [0, 0], text
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
-    return TwoNodes(out, dict(zip(CASES, zip(*ranks, strict=True), strict=True)), tampered)
+    outcomes = dict(zip(CASES, zip(*ranks, strict=True), strict=True))
+    return TwoNodes(out, outcomes, tampered, (llama, heads))

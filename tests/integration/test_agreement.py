@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+import tpload
 from tpload.cli import main
 
 from ..helpers import HERE, free_port, poke
@@ -150,3 +151,46 @@ def test_an_early_failure_or_an_option_that_differs_on_one_node_fails_every_rank
     )
     assert all(o["returned"] and o["tensors"] > 0 for o in again), again
     assert again[0]["digest"] == again[2]["digest"] != again[1]["digest"] == again[3]["digest"]
+
+
+def test_a_node_whose_config_json_differs_unpinned_fails_every_rank_naming_config_json(
+    two_nodes_launch: TwoNodes,
+) -> None:
+    """At tp 4 over two nodes, node 1's config.json says 4 KV heads where node 0's says 2, under a
+    manifest that pins no JSON file (an older manifest: the same bytes, so the same anchor, on both
+    nodes). The config id is the same (it hashes the rules); before, ranks 2-3 served k_proj and
+    v_proj cut another way, with exit 0 on every rank."""
+    mine, theirs = (sha256(folder / "config.json") for folder in two_nodes_launch.heads)
+    assert mine != theirs
+    outcome = two_nodes_launch.outcomes["plan_file"]
+    assert not any(o["returned"] for o in outcome)
+    assert len({o["error"] for o in outcome}) == 1, outcome  # one verdict, every rank
+    message = outcome[0]["error"]
+    assert message.startswith("load failed on rank 0, 1, 2, 3 (4 of 4 ranks); no rank returned")
+    assert (
+        "the ranks do not load the same thing the same way: they differ in config.json "
+        f"(rank 0, 1: 'sha256 {mine[:16]}'; rank 2, 3: 'sha256 {theirs[:16]}'); every node must "
+        "hold the same config.json" in message
+    ), message
+    assert "the config (" not in message  # the same rules: the file is what differs
+    assert all(o["seconds"] < 30 for o in outcome), [o["seconds"] for o in outcome]
+
+
+def test_a_rank_claiming_another_tpload_version_is_named_on_every_rank_before_any_collective(
+    two_nodes_launch: TwoNodes,
+) -> None:
+    """Rank 3's tpload says it is 9.9 (the worker sets ``tpload.__version__`` for that call).
+    Before, versions were never compared (a rank whose handshake row was longer aborted its peers
+    in gloo); now every rank reads the others' stamps in the rendezvous store before the first
+    collective and fails naming them, in seconds, and the group loads together again after."""
+    outcome, again = two_nodes_launch.outcomes["version"], two_nodes_launch.outcomes["again"]
+    assert not any(o["returned"] for o in outcome)
+    mine = f"tpload {tpload.__version__}, handshake row format 2"
+    sides = f"(rank 0-2: '{mine}'; rank 3: 'tpload 9.9, handshake row format 2')"
+    for r, o in enumerate(outcome):
+        assert o["error"] == (
+            f"rank {r}: the ranks run different tploads {sides}; every rank must run the same "
+            "tpload: install one version on every node (`python -m tpload --version` on each)"
+        ), o["error"]
+    assert all(o["seconds"] < 30 for o in outcome), [o["seconds"] for o in outcome]
+    assert all(o["returned"] for o in again), again

@@ -22,6 +22,7 @@ from ..integration.test_agreement import EMBED, WORLD, sha256, two_nodes, verdic
 
 pytestmark = pytest.mark.slow
 EIO = str(HERE / "workers" / "replicas_eio.py")
+RECEIVER_EIO = str(HERE / "workers" / "replicas_receiver_eio.py")
 
 
 def remanifested(src: Path, dst: Path) -> Path:
@@ -140,3 +141,31 @@ def test_an_owner_whose_read_fails_mid_window_stops_its_receiver_at_once(
     assert "read failed (Is a directory)" in error.split("\n")[1]  # rank 1's own cause
     assert error.split("\n")[2].startswith("rank 3: replicas: stopped receiving ")
     assert error.endswith("from rank 1 (replica 0), which failed while reading it")
+
+
+def test_a_receiver_that_fails_mid_window_stops_every_rank_at_once_with_its_own_cause(
+    small_ckpt: Path, tmp_path: Path
+) -> None:
+    """Rank 3 (replica 1, position 1) fails (an I/O error) in the middle of a window rank 1 is
+    sending it. Before, every rank waited out --timeout (120 s here), rank 3's own cause was lost
+    and every message said the live sender "never reached" the exchange. Now rank 3 says it stopped
+    in the rendezvous store and drains what it is sent, rank 1 stops sending and ends its stream,
+    and every rank prints rank 3's own cause in seconds; no rank is called dead."""
+    run = torchrun(WORLD, [RECEIVER_EIO, str(small_ckpt), str(tmp_path), "3", "120"], timeout=600)
+    assert run.rc == 0, run.text
+    outcomes = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    assert not any(o["returned"] for o in outcomes)
+    assert len({o["error"] for o in outcomes}) == 1, outcomes
+    assert all(o["seconds"] < 30 for o in outcomes), [o["seconds"] for o in outcomes]
+    error = outcomes[0]["error"]
+    assert error.startswith("load failed on rank 3 (1 of 4 ranks); no rank returned weights\n")
+    lines = error.split("\n")
+    assert lines[1].startswith("rank 3: unexpected OSError: [Errno 5] Input/output error")
+    assert "injected while receiving" in lines[1]  # rank 3's own cause
+    # rank 1 stops sending when it sees rank 3's flag, or receiving when rank 3's stream ends
+    assert lines[2].startswith("rank 1: replicas: stopped ")
+    assert lines[2].endswith(
+        ("to rank(s) 3: rank 3 failed", "from rank 3 (replica 1), which failed")
+    )
+    for dead in ("never reached", "died or hung", "lost the other ranks"):
+        assert dead not in error, error

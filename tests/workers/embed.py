@@ -2,7 +2,8 @@
 
 argv: OUT_DIR CALLS_JSON, where CALLS_JSON is a list of calls, each
 {"checkpoint": PATH, "options": {load() keywords}, "per_rank": {"RANK": {keywords for that rank
-only}}, "save": bool}. Writes OUT_DIR/rank{R}.json: for each call, {"returned": bool, "error": str,
+only}}, "save": bool, "claims_version": {"RANK": the tpload version that rank claims in this
+call}}. Writes OUT_DIR/rank{R}.json: for each call, {"returned": bool, "error": str,
 "digest": str, "tensors": int, "seconds": float (the call's, load() to its return or raise)}. A call
 with "save" that returned also saves what this rank serves to OUT_DIR/rank{R}-call{I}.pt (the
 state_dict on the CPU) and adds "report" (the report's dict) and "env" (the launcher's environment)
@@ -37,6 +38,11 @@ def main() -> None:
         ckpt = kw.pop("checkpoint", call.get("checkpoint"))
         outcome: dict[str, object] = {"returned": False, "error": "", "digest": "", "tensors": 0}
         t0 = time.monotonic()
+        # a rank of another tpload: this call claims another version (the package's attribute,
+        # which the load reads when it leaves its stamp in the rendezvous store)
+        claimed, own = call.get("claims_version", {}).get(rank), tpload.__version__
+        if claimed:
+            tpload.__version__ = claimed
         try:
             shards = tpload.load(ckpt, **kw)
             sd = shards.state_dict()
@@ -50,6 +56,8 @@ def main() -> None:
             shards.release()
         except tpload.LoadError as e:
             outcome["error"] = str(e)
+        finally:
+            tpload.__version__ = own
         outcome["seconds"] = time.monotonic() - t0
         outcomes.append(outcome)
     (out / f"rank{rank}.json").write_text(json.dumps(outcomes))

@@ -35,18 +35,21 @@ from ..model.errors import LoadError, StoodDown
 from ..model.modes import RankStatus
 from ..model.text import escape_name, rank_ranges
 from ..verification.terms import FIELDS, SHOWN_BYTES, Terms, shown_bytes
+from . import versions
 from .exchange import handshake
 
 log = logging.getLogger("tpload")
 
-HEAD = 2  # the call's sequence number, the rank's status
+HEADER = 3  # versions.MAGIC, versions.FORMAT, the row's length in words: checked before use
+HEAD = HEADER + 2  # then the call's sequence number, the rank's status
 WORDS = HEAD + len(FIELDS) + len(FIELDS) * SHOWN_BYTES // 8
 
 
 def row(seq: int, status: int, terms: Terms | None) -> torch.Tensor:
-    """This rank's handshake row: the call, its status, and (when it got that far) its terms."""
+    """This rank's handshake row: the header, the call, its status, and (when it got that far)
+    its terms."""
     out = np.zeros(WORDS, dtype=np.int64)
-    out[0], out[1] = seq, status
+    out[:HEAD] = versions.MAGIC, versions.FORMAT, WORDS, seq, status
     if terms is not None:
         out[HEAD : HEAD + len(FIELDS)] = terms.hashes()
         shown = b"".join(shown_bytes(s) for s in terms.shown)
@@ -89,11 +92,32 @@ def differences(table: torch.Tensor) -> str | None:
     )
 
 
+def foreign(table: torch.Tensor, rank: int) -> versions.Incompatible | None:
+    """The ranks whose row does not lead with this tpload's header (another format, or no
+    header: a tpload from before it), named before anything of a row is read as terms; None when
+    every row is this format's."""
+    rows = table.numpy()
+    want = [versions.MAGIC, versions.FORMAT, WORDS]
+    bad = [r for r in range(len(rows)) if rows[r, :HEADER].tolist() != want]
+    if not bad:
+        return None
+    said = "; ".join(
+        f"rank {r}: magic {int(rows[r, 0]) & (2**64 - 1):#018x}, format {int(rows[r, 1])}, "
+        f"length {int(rows[r, 2])}"
+        for r in bad[:4]
+    )
+    return versions.Incompatible(
+        f"rank {rank}: the handshake rows of rank {rank_ranges(bad)} are not this tpload's "
+        f"(magic {versions.MAGIC & (2**64 - 1):#018x}, format {versions.FORMAT}, length {WORDS}; "
+        f"{said}); every rank must run the same tpload ({versions.stamp()} here)"
+    )
+
+
 def decide(table: torch.Tensor) -> None:
     """What a rank that is ready makes of the handshake's table (every such rank alike): return
     when it may copy; StoodDown when another rank failed first (or is in another call); LoadError
-    naming the first difference."""
-    rows = table.numpy()
+    naming the first difference. The headers were checked first (:func:`foreign`)."""
+    rows = table.numpy()[:, HEADER:]
     if len(set(rows[:, 0].tolist())) > 1:  # the exchange's verdict says which calls
         raise StoodDown("the ranks are in different load() calls")
     stopped = [r for r in range(len(rows)) if rows[r, 1] != RankStatus.OK]
@@ -133,9 +157,18 @@ class Handshake:
         except LoadError as e:
             self.lost = e
             raise
+        other = foreign(table, getattr(ctx, "rank", 0))
+        if other is not None:  # another tpload's row: no exchange may follow (its row may not fit)
+            self.lost = other
+            raise other
         if not failed:
             decide(table)
             fig.agreed = terms.hex()
+
+    def cannot_meet(self, e: versions.Incompatible) -> None:
+        """The ranks run different tploads (versions.py): this rank meets no collective, neither
+        this handshake nor the exchange; :meth:`raise_lost` raises ``e``."""
+        self.met, self.lost = True, e
 
     def unmet(self, fig: object, ctx: object) -> None:
         """Meet it now if this rank failed before it (its status goes to its peers); a group lost

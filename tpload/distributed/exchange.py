@@ -12,9 +12,10 @@ every rank.
 Rows carry the call's sequence number: a process that calls ``load()`` again
 after a call that failed elsewhere cannot meet another call's rows unnoticed.
 
-Before planning, ranks leave their node's name in the rendezvous store
-(:func:`share_nodes`); before each collective, an arrival mark, so survivors can
-name a rank that died (SIGKILL, the OOM killer) instead of only timing out.
+Before planning, ranks leave their tpload's stamp and their node's name in the rendezvous store
+(:func:`share_nodes`: ranks of other tploads are named there, before any collective); before each
+collective, an arrival mark, so survivors can name a rank that died (SIGKILL, the OOM killer)
+instead of only timing out.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import torch.distributed as dist
 
 from ..model.errors import LoadError
 from ..model.text import escape_name
+from . import versions
 from .torch_private import default_store
 from .world import DistContext, node_key
 
@@ -80,8 +82,10 @@ def _store() -> dist.Store | None:
 
 def share_nodes(ctx: DistContext, seq: int, timeout_s: float) -> tuple[DistContext, str]:
     """``ctx`` with every group rank's node id, from the names ranks leave in the rendezvous store
-    (no collective); and a note when nodes could not be told apart (then each rank is its own node,
-    which makes node verification hash per rank: slower, never less safe)."""
+    (no collective), once every rank is known to run this tpload (versions.py: raises
+    :class:`~.versions.Incompatible` naming the ranks that do not); and a note when nodes could
+    not be told apart (then each rank is its own node, which makes node verification hash per
+    rank: slower, never less safe)."""
     if ctx.group is None:
         return ctx, ""
     store = _store()
@@ -90,16 +94,26 @@ def share_nodes(ctx: DistContext, seq: int, timeout_s: float) -> tuple[DistConte
         return replace(
             ctx, nodes=tuple(range(ctx.world))
         ), "no rendezvous store: every rank hashed as its own node"
+    stamped = f"tpload/{group_id(ctx)}/{seq}/version"
     try:
+        # the stamp before the node name: a peer whose name is there has its stamp there too
+        store.set(f"{stamped}/{ctx.rank}", versions.stamp())
         store.set(f"{prefix}/{ctx.rank}", node_key())
         keys = [f"{prefix}/{r}" for r in range(ctx.world)]
         store.wait(keys, datetime.timedelta(seconds=timeout_s))
         names = [store.get(k).decode(errors="replace") for k in keys]
+        stamps = [
+            store.get(k).decode(errors="replace") if store.check([k]) else None
+            for k in (f"{stamped}/{r}" for r in range(ctx.world))
+        ]
     except (RuntimeError, OSError) as e:  # a peer that never came, or the store gone
         raise LoadError(
             f"rank {ctx.rank}: the other ranks did not all start this load within {timeout_s:g} s "
             f"({escape_name(str(e).splitlines()[0] if str(e) else type(e).__name__)})"
         ) from None
+    other = versions.mismatch(ctx.rank, stamps)  # before any collective: rows may not fit
+    if other is not None:
+        raise other
     ids: dict[str, int] = {}
     return replace(ctx, nodes=tuple(ids.setdefault(n, len(ids)) for n in names)), ""
 
@@ -127,6 +141,35 @@ class Arrivals:
             ]
         except (RuntimeError, OSError):  # the store may be gone with the launcher
             return []
+
+
+class Flags:
+    """Values ranks leave in the rendezvous store for their peers to read without a collective: a
+    rank that stops its replicas' traffic says so (sources/replicas.py), so a peer busy sending to
+    it stops too. Never raises: without a store (or once it is gone) nothing is said or read."""
+
+    def __init__(self, ctx: DistContext, seq: int, name: str) -> None:
+        self.store = _store() if ctx.group is not None else None
+        self.prefix = f"tpload/{group_id(ctx)}/{seq}/{name}" if self.store is not None else ""
+
+    def put(self, rank: int, value: str) -> None:
+        if self.store is not None:
+            try:
+                self.store.set(f"{self.prefix}/{rank}", value)
+            except (RuntimeError, OSError):
+                self.store = None
+
+    def first(self, ranks: list[int]) -> tuple[int, str] | None:
+        """The first of ``ranks`` that left a value, and the value (None: none did)."""
+        for r in ranks if self.store is not None else []:
+            key = f"{self.prefix}/{r}"
+            try:
+                if self.store.check([key]):
+                    return r, self.store.get(key).decode(errors="replace")
+            except (RuntimeError, OSError):
+                self.store = None
+                return None
+        return None
 
 
 def exchange(

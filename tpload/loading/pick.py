@@ -96,6 +96,25 @@ def choose(
     return config, f"config {config.name}: {arch_why}; {'+'.join(picked)} {fam_why}"
 
 
+def refuse_other_rules(root: Path, config: Config) -> None:
+    """For an export (``root``), ConfigError unless ``config`` (what the load plans by, its skip
+    and defer rules included) decides what the export's config did: its rank files hold the
+    windows of those rules, and a TOML named by its path may have been edited since. An export
+    from before tpload recorded the rules' sha256 is not checked."""
+    name, recorded = partitioned.export_rules(root)
+    if recorded is None:
+        return
+    mine = config.rules_sha256()
+    if mine != recorded:
+        raise ConfigError(
+            f"{escape_name(root)}: this export was made with config {escape_name(name)} (rules "
+            f"sha256 {escape_name(recorded[:16])}...), but this load plans by config "
+            f"{escape_name(config.name)} (rules sha256 {mine[:16]}...): the rules differ (the "
+            "config edited since the export, or other --skip/--defer globs); its rank files hold "
+            "the windows of the export's rules: load it with those, or export it again"
+        )
+
+
 def model_config(
     root: Path, *, pins: Pins | None = None, header: gguf.GGUFHeader | None = None
 ) -> dict | None:

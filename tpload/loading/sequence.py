@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from ..distributed import placement
 from ..distributed.agreement import Handshake, outcome
 from ..distributed.exchange import CALLS, exchange, group_id, share_nodes
+from ..distributed.versions import Incompatible
 from ..distributed.world import DistContext, pick_device, with_device
 from ..kernels.lazy import warm
 from ..model.errors import LoadError
@@ -31,6 +32,7 @@ from ..sources.open import open_source
 from ..sources.whole_files import FileHasher, alongside
 from ..storage.base import Storage
 from ..storage.open import open_storage
+from ..storage.pins import plan_file_digests
 from ..verification import gate, signing, strategy
 from ..verification.gate import Verdict, check_pin
 from ..verification.store import checkpoint_stamp
@@ -97,6 +99,9 @@ class _RankLoad:
             finally:
                 storage.close()
             fig.device_alloc_peak, fig.device_reserved_peak = device_peaks(device)
+        except Incompatible as e:  # ranks of other tploads: their rows may not fit a collective
+            fig.failed, fig.message = outcome(self.ctx.rank, e)
+            self.meeting.cannot_meet(e)
         except (Exception, KeyboardInterrupt) as e:  # a bug or an OS error too: no peer hangs
             fig.failed, fig.message = outcome(self.ctx.rank, e)
         self.meeting.unmet(fig, self.ctx)  # failed before the handshake: meet it with that
@@ -147,8 +152,12 @@ class _RankLoad:
         # before any read: preconditions, who hashes what (over what each rank reads from storage)
         prepared = self.gate.prepare(source.storage_reads(plans), provenance=source)
         self.fig.blake3 = int(prepared.digests.hash == "blake3")
-        # every rank: the same anchor and options
-        self.meeting.meet(self.fig, ctx, Terms.of(opts, layout, config, self.gate.anchor(), at))
+        # every rank: the same anchor, options and files that shape the plan (pinned or not)
+        cat = storage.catalogue
+        used = {**cat.files_read, **(cat.pins.seen if cat.pins is not None else {})}
+        shaping = plan_file_digests(storage.root, known=used, gguf_kv=cat.gguf_kv)
+        terms = Terms.of(opts, layout, config, self.gate.anchor(), at, shaping)
+        self.meeting.meet(self.fig, ctx, terms)
         files = FileHasher.of(storage, prepared.files) if prepared.files is not None else None
         with alongside(files):  # whole-file hashing on its own thread, beside the copies
             self.fig.read_started(self.started, first=self.first)  # the loop reads first

@@ -27,7 +27,7 @@ from ..storage.pagecache import REPORT_SAMPLE, ShardRelease, checkpoint_resident
 from ..transfer.device import for_device
 from ..verification.strategy import Findings, Prepared
 from .loop import run
-from .pick import choose
+from .pick import choose, refuse_other_rules
 from .result import LoadResult
 
 
@@ -49,12 +49,14 @@ def config_of(storage: Storage, opts: LoadOptions, ctx: DistContext, notes: list
         notes.append(why)
         if ctx.rank == 0:
             rank_log(0).debug("%s", why)
-    return with_rules(
+    config = with_rules(
         config,
         skip=opts.skip,
         defer=opts.defer,
         skip_activation_scales=opts.skip_activation_scales,
     )
+    refuse_other_rules(storage.root, config)  # an export: the rules it was cut by, or none
+    return config
 
 
 def node_plans(

@@ -38,6 +38,7 @@ class StagedStorage:
     per_rank = True  # each rank hashes what it serves, as for an export's rank file
     file_digests: Mapping[Path, str] | None = None
     file_source: FileSource | None = None
+    anchor_files: Mapping[Path, str] | None = None
 
     def __init__(self, catalogue: Catalogue, windows: tuple[WindowEntry, ...]) -> None:
         self.root = catalogue.root

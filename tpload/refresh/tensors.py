@@ -176,6 +176,7 @@ class TensorStorage:
     per_rank = False
     file_digests: Mapping[Path, str] | None = None
     file_source: FileSource | None = None
+    anchor_files: Mapping[Path, str] | None = None
 
     def __init__(self, catalogue: Catalogue, tensors: Mapping[str, torch.Tensor]) -> None:
         self.root = catalogue.root

@@ -353,8 +353,18 @@ class Config:
 
     def id(self) -> str:
         """A short hash of what the config decides (rules and layout constants, not where it came
-        from). Fields left at their defaults are left out, so adding a field keeps every existing
-        id."""
+        from): the first 12 hex digits of :meth:`rules_sha256`."""
+        return self.rules_sha256()[:12]
+
+    def rules_sha256(self) -> str:
+        """The full sha256 of the canonical rules (:meth:`canonical`): what an export records
+        beside the config's name, so a load of it can refuse other rules."""
+        return hashlib.sha256(self.canonical().encode()).hexdigest()
+
+    def canonical(self) -> str:
+        """What the config decides as canonical JSON (rules and layout constants, not where it
+        came from). Fields left at their defaults are left out, so adding a field keeps every
+        existing id."""
         rules = [
             {
                 k: v
@@ -368,8 +378,7 @@ class Config:
             what["families"] = list(self.families)
         if self.weight_prefix is not None:  # absent unless set: existing ids stay
             what["weight_prefix"] = self.weight_prefix
-        doc = json.dumps(what, sort_keys=True)
-        return hashlib.sha256(doc.encode()).hexdigest()[:12]
+        return json.dumps(what, sort_keys=True)
 
 
 _DIGIT_SIGHTED = set("0123456789[")
@@ -419,8 +428,13 @@ def with_rules(
         if skip_activation_scales
         else []
     )
-    first += [Rule(match=g, role=Role.SKIP, origin="skip") for g in skip]
-    first += [Rule(match=g, role=Role.DEFER, experts=True, origin="defer") for g in defer]
+    # sorted and each once: the same globs in any order or repeated are the same rules, so the same
+    # Config.id() (an engine building globs from a set agrees with its peers); order within one
+    # role decides nothing (the first match wins, and every rule of the role does the same)
+    first += [Rule(match=g, role=Role.SKIP, origin="skip") for g in sorted(set(skip))]
+    first += [
+        Rule(match=g, role=Role.DEFER, experts=True, origin="defer") for g in sorted(set(defer))
+    ]
     return replace(config, rules=tuple(first) + config.rules)
 
 

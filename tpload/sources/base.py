@@ -126,7 +126,8 @@ class ReadSource(Protocol):
         """The loop is done: wait for what the source started; its bytes and evidence."""
 
     def abort(self) -> None:
-        """The loop failed: stop whoever waits on this rank (never waits, never raises)."""
+        """The loop failed: stop whoever waits on this rank (never raises; a source that talks to
+        peers may wait for them, within the load's timeout)."""
 
     def verdict(self, rows: Sequence[Row]) -> list[str]:
         """What only the exchanged table shows of this source (the replicas' folds), worded: handed

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import time
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
@@ -41,6 +42,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..distributed.exchange import Flags
 from ..distributed.placement import RING, Placement
 from ..distributed.replica_split import Position
 from ..distributed.wire import Wire
@@ -53,10 +55,19 @@ from ..verification.node import fold, xor_fold
 from .base import Piece, Plan, Row, SourceFigures, Span
 from .storage import StorageSource
 
-PIECE, END, ABORT = 1, 2, 3
-"""A header's kinds: a piece of a window, the window's end (its fingerprint), and the owner's abort:
-its loop failed before the window's end (the call's sequence number beside the tag), so the ranks
-waiting for the rest stop at once rather than after --timeout."""
+PIECE, END, ABORT, BYE = 1, 2, 3, 4
+"""A header's kinds: a piece of a window, the window's end (its fingerprint), and the two ends of a
+stream (every message a rank sends to one peer in a load): BYE after its last window, or ABORT
+where its loop stopped (the call's sequence number, the reason and the rank that failed beside the
+tag), so the ranks waiting for the rest stop at once rather than after --timeout. Every stream ends
+with exactly one of them and every rank reads each stream to it (a rank that stops reads on and
+drops what comes: :meth:`Link.abort`), so no send is ever left unmatched in the group."""
+READING, FAILED, STOPPED = 1, 2, 3
+"""An ABORT's reasons: the sender failed while reading the window, the sender failed (elsewhere),
+the sender stopped because another rank (named in the header) failed."""
+CHECK_S = 0.05
+"""How often a sender looks in the rendezvous store for a receiver that stopped (a store round trip
+a look; between pieces only)."""
 HEADER_WORDS = (
     8  # kind, name tag, first row, first column, rows, columns (or the fingerprint's 3 words)
 )
@@ -113,6 +124,17 @@ class Link:
         self._recv = [np.empty(0, np.uint8)] * RING
         self._recv_wire = [torch.empty(0, dtype=torch.uint8)] * RING
         self._turn = self._rturn = 0
+        # the streams' ends (see BYE): to whom this rank sent its end, whose end it read, whose
+        # stream it can no longer read (a wait failed), and the receives it posted ahead and has
+        # not waited for (a window the loop stopped in the middle of: the drain waits for them)
+        self._ended_out: set[int] = set()
+        self._ended_in: set[int] = set()
+        self._broken: set[int] = set()
+        self._inflight: dict[int, tuple[list, torch.Tensor]] = {}
+        self._stopped_by: int | None = None
+        """The rank whose failure stopped this one (None: nothing stopped it, or it failed)."""
+        self.flags = Flags(ctx, seq, "replicas-stopped") if getattr(ctx, "group", None) else None
+        self._looked = 0.0
 
     def reads(self, plans: Mapping[int, Plan]) -> dict[int, Mapping[str, Box]]:
         """Each plan's windows its rank reads from storage itself (the hash plan's input)."""
@@ -184,6 +206,7 @@ class Link:
         fp, tag = HostFingerprint(box[1][1] - box[1][0]), _tag(name)
         self._owning = name
         for r, c, view in pieces:
+            self._look(name)
             h, w = view.shape
             i = self._buffer(h * w, name)
             data = self._send[i][: h * w]
@@ -196,33 +219,132 @@ class Link:
         self._owning = None
         self._sent.append((name, box, fp.value()))
 
-    def abort(self) -> None:
-        """This rank's loop failed. If it was reading and sending a window, the position's other
-        ranks wait for that window's next piece from it: an ABORT header in its place stops them at
-        once (errors.StoodDown: the cause is this rank's). Never waits, never raises: this rank's
-        own failure is what it reports. A failure elsewhere (receiving, between windows) sends
-        nothing: no peer may be waiting to receive from it, and an unmatched send would be left in
-        the group."""
-        name, self._owning = self._owning, None
-        if name is None:
+    def _look(self, name: str) -> None:
+        """Between pieces: a receiver that stopped (it left a flag in the rendezvous store) drains
+        what it is sent without using it, so stop sending: end the stream with an ABORT naming the
+        rank that failed, and stop (errors.StoodDown: that rank's own message is the cause)."""
+        now = time.monotonic()
+        if self.flags is None or now - self._looked < CHECK_S:
             return
+        self._looked = now
+        stopped = self.flags.first(self.others)
+        if stopped is None:
+            return
+        origin = int(stopped[1]) if stopped[1].isdigit() else stopped[0]
+        self._stopped_by = origin
+        self._end(ABORT, STOPPED, _tag(name), origin)
+        raise StoodDown(
+            f"replicas: stopped sending {escape_name(name)} to rank(s) "
+            f"{', '.join(map(str, self.others))}: rank {origin} failed"
+        )
+
+    def _end(
+        self, kind: int, reason: int, tag: int, origin: int, to: list[int] | None = None
+    ) -> None:
+        """End this rank's stream to ``to`` (default: every other rank of its position not yet
+        ended) with a BYE or an ABORT (its reason and the rank that failed)."""
+        for t in [t for t in (self.others if to is None else to) if t not in self._ended_out]:
+            h = self.wire.header([kind, tag, self.seq, reason, origin] + [0] * (HEADER_WORDS - 5))
+            self._works[self._turn] += [send(h, t, self.wire.group), h]
+            self._ended_out.add(t)
+
+    def abort(self) -> None:
+        """This rank's loop stopped (it failed, or a peer's failure stopped it). It says so in the
+        rendezvous store (a peer sending to it stops: :meth:`_look`), ends its streams with an
+        ABORT (a peer waiting for its next piece or window stops at once), then reads every stream
+        sent to it to its end, dropping what comes, so every send of the load is matched and its
+        peers' sends complete. Never raises: this rank's own failure is what it reports; bounded
+        by the load's timeout as a whole."""
+        deadline = time.monotonic() + self.timeout_s
+        me, origin = self.ctx.rank, self._stopped_by
+        name, self._owning = self._owning, None
+        reason = STOPPED if origin is not None else READING if name is not None else FAILED
+        if self.flags is not None:
+            self.flags.put(me, str(origin if origin is not None else me))
         # a peer already gone learns of the failure from the exchange
-        with contextlib.suppress(RuntimeError, OSError, ValueError):
-            self._ship([ABORT, _tag(name), self.seq], None, None)
+        with contextlib.suppress(RuntimeError, OSError, ValueError, LoadError):
+            self._end(ABORT, reason, _tag(name or ""), origin if origin is not None else me)
+        for t in self.others:
+            self._drain(t, deadline)
+        for works in self._works:  # the ends sent: matched by the peers' reads of them
+            with contextlib.suppress(RuntimeError, OSError, ValueError, TimeoutError):
+                for w in works:
+                    if not isinstance(w, torch.Tensor):
+                        w.wait(datetime.timedelta(seconds=max(0.1, deadline - time.monotonic())))
+            works.clear()
+
+    def _drain(self, src: int, deadline: float) -> None:
+        """Read ``src``'s stream to its end (BYE or ABORT), dropping what comes (never raises)."""
+        group = self.wire.group
+        while src not in self._ended_in and src not in self._broken:
+            left = datetime.timedelta(seconds=max(0.1, deadline - time.monotonic()))
+            try:
+                if src in self._inflight:  # the receives the loop left posted: the next header
+                    works, header = self._inflight.pop(src)
+                else:
+                    header = self.wire.header(size=HEADER_WORDS)
+                    works = [recv(header, src, group)]
+                for w in works:
+                    w.wait(left)
+                head = header.tolist()
+                if head[0] == PIECE:
+                    n = head[4] * head[5]
+                    i = self._rturn = (self._rturn + 1) % RING
+                    if self._recv[i].size < n:
+                        self._recv[i] = self.wire.host(n)
+                        self._recv_wire[i] = self.wire.buffer(self._recv[i])
+                    recv(self._recv_wire[i][:n], src, group).wait(left)
+                elif head[0] != END:  # its end (or a stream out of step: stop reading it)
+                    self._ended_in.add(src)
+            except (RuntimeError, OSError, ValueError, TimeoutError):  # a peer dead or hung
+                self._broken.add(src)
 
     def finish(self) -> tuple[str, str]:
-        """Wait for every send still under way (before the exchange); the exchange's own check,
-        apart from the values sent with the bytes: what this rank sent, and what it received from
-        each sender, folded (verification/node.py's fold) and XOR-ed over its senders (hex)."""
+        """Wait for every send still under way (before the exchange), end each stream with a BYE
+        and read each peer's end; the exchange's own check, apart from the values sent with the
+        bytes: what this rank sent, and what it received from each sender, folded
+        (verification/node.py's fold) and XOR-ed over its senders (hex)."""
         for works in self._works:
             self._wait(
                 [w for w in works if not isinstance(w, torch.Tensor)],
                 f"rank {self.ctx.rank} sending to rank(s) {', '.join(map(str, self.others))}",
             )
             works.clear()
+        # each pair in one order on both sides (the lower rank sends first): NCCL's point-to-point
+        # calls block until matched, and a send and a receive of one pair cannot wait on each other
+        for t in sorted(self.others):
+            if self.ctx.rank < t:
+                self._end(BYE, 0, 0, 0, [t])
+            self._end_of(t)
+            self._end(BYE, 0, 0, 0, [t])
+        for works in self._works:
+            self._wait(
+                [w for w in works if not isinstance(w, torch.Tensor)],
+                f"rank {self.ctx.rank} ending its streams to rank(s) "
+                f"{', '.join(map(str, self.others))}",
+            )
+            works.clear()
         sent = fold(self._sent).hex()
         seen = xor_fold([fold(lines) for lines in self._seen.values()]).hex()
         return sent, seen
+
+    def _end_of(self, src: int) -> None:
+        """Read ``src``'s end: a BYE, or an ABORT (errors.StoodDown, naming why)."""
+        q = self.at.where(src)[0]
+        what = f"rank {self.ctx.rank} reading the end of rank {src}'s stream (replica {q})"
+        header = self.wire.header(size=HEADER_WORDS)
+        try:
+            self._wait([recv(header, src, self.wire.group)], what)
+        except LoadError:
+            self._broken.add(src)
+            raise
+        head = header.tolist()
+        if head[0] == BYE:
+            self._ended_in.add(src)
+            return
+        self._header(
+            header, -1, what, f"stopped at the end of rank {src}'s stream (replica {q}), which", src
+        )
 
     # -- receiving ---------------------------------------------------------------------------------
 
@@ -240,12 +362,9 @@ class Link:
         headers = [self.wire.header(size=HEADER_WORDS) for _ in range(2)]
         group = self.wire.group
         k = 0
-        self._wait([recv(headers[k], src, group)], what)
-        stopped = (
-            f"replicas: stopped receiving {escape_name(name)} from rank {src} (replica {owner}), "
-            f"which failed while reading it"
-        )
-        head = self._header(headers[k], tag, what, stopped)
+        self._receive([recv(headers[k], src, group)], what, src)
+        who = f"stopped receiving {escape_name(name)} from rank {src} (replica {owner}), which"
+        head = self._header(headers[k], tag, what, who, src)
         ready = None
         while True:
             posted = None
@@ -260,6 +379,7 @@ class Link:
                 k ^= 1
                 works = [got, recv(headers[k], src, group)]
                 posted = (r, c, data.reshape(h, w), data, wire, works)
+                self._inflight[src] = (works, headers[k])  # until waited for: see _drain
             if ready is not None:
                 yield ready
             if posted is None:  # the window's end: its fingerprint as the sender took it
@@ -274,18 +394,36 @@ class Link:
                     )
                 return
             r, c, view, data, wire, works = posted
-            self._wait(works, what)
+            del self._inflight[src]
+            self._receive(works, what, src)
             self.wire.take(wire, data)  # a device wire's bytes into the host piece
-            head = self._header(headers[k], tag, what, stopped)
+            head = self._header(headers[k], tag, what, who, src)
             fp.add(view, r, first_col=c)
             if count:
                 self.from_peers += view.size
             ready = r, c, view
 
-    def _header(self, header: torch.Tensor, tag: int, what: str, stopped: str) -> list[int]:
+    def _receive(self, works: list, what: str, src: int) -> None:
+        """Wait for receives from ``src``; a failed wait leaves its stream unreadable (no drain)."""
+        try:
+            self._wait(works, what)
+        except LoadError:
+            self._broken.add(src)
+            raise
+
+    def _header(self, header: torch.Tensor, tag: int, what: str, who: str, src: int) -> list[int]:
+        """A header received from ``src`` where a piece or a window's end of ``tag`` is due: an
+        ABORT of this call stops this rank (errors.StoodDown: ``who`` and why; the rank that failed
+        has its own message), a BYE or another tensor's header is out of step."""
         head = header.tolist()
-        if head[0] == ABORT and head[1:3] == [tag, self.seq]:
-            raise StoodDown(stopped)
+        if head[0] in (ABORT, BYE):
+            self._ended_in.add(src)
+        if head[0] == ABORT and head[2] == self.seq:
+            self._stopped_by = origin = head[4]
+            why = {READING: "failed while reading it", FAILED: "failed"}.get(
+                head[3], f"stopped when rank {origin} failed"
+            )
+            raise StoodDown(f"replicas: {who} {why}")
         if head[1] != tag or head[0] not in (PIECE, END):
             raise LoadError(
                 f"replicas: {what}: the stream is out of step (got a piece of another tensor); "

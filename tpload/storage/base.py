@@ -25,6 +25,11 @@ class Storage(Protocol):
     names, a local-dir download's etags); None: none (or not for every file the load reads)."""
     file_source: FileSource | None
     """What :attr:`file_digests` come from, in words."""
+    anchor_files: Mapping[Path, str] | None
+    """Where :attr:`file_digests` are set, what the same source says of the files that shape the
+    plan (a snapshot's JSON blob names, a download's JSON etags: ``algorithm:digest`` by path),
+    which the trust anchor covers beside them (the JSON files are checked by them before they are
+    read)."""
 
     def stored(self, name: str) -> Stored:
         """The stored bytes of ``name`` this rank reads."""

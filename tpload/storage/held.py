@@ -35,6 +35,7 @@ class HeldStorage:
         self.per_rank: bool = inner.per_rank
         self.file_digests: Mapping[Path, str] | None = inner.file_digests
         self.file_source: FileSource | None = inner.file_source
+        self.anchor_files: Mapping[Path, str] | None = inner.anchor_files
 
     def stored(self, name: str) -> Stored:
         return self.inner.stored(name)

@@ -61,13 +61,24 @@ def _source_table(table: object, path: Path) -> dict[str, TensorMeta]:
 
 def export_config(root: Path) -> str | None:
     """The config an export records it was made with (None: not an export, or it names none)."""
+    return export_rules(root)[0]
+
+
+def export_rules(root: Path) -> tuple[str | None, str | None]:
+    """The config an export records it was made with, and the sha256 of its canonical rules
+    (``Config.rules_sha256``; None: not an export, or one from before tpload recorded it)."""
     if not is_partitioned(root) or not os.path.lexists(root / MANIFEST_NAME):
-        return None
+        return None, None
     path = root / MANIFEST_NAME
     doc = parse_json(read_small(path, "export manifest"), path, "export manifest")
     meta = doc.get("partitioned") if isinstance(doc, dict) else None
-    name = meta.get("config") if isinstance(meta, dict) else None
-    return name if isinstance(name, str) and name else None
+    if not isinstance(meta, dict):
+        return None, None
+    name, sha = meta.get("config"), meta.get("config_sha256")
+    return (
+        name if isinstance(name, str) and name else None,
+        sha if isinstance(sha, str) and sha else None,
+    )
 
 
 class PartitionedStorage(FileReads):

@@ -34,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..model.errors import CheckpointError, raise_all
@@ -81,6 +81,26 @@ def pins_to_write(root: Path, *, known: dict[str, str] | None = None) -> dict[st
 
 GGUF_KV = "gguf_kv"
 """The manifest's key for the GGUF files' key-value pins."""
+
+
+def plan_file_digests(
+    root: Path, *, known: dict[str, str] | None = None, gguf_kv: dict[str, tuple[str, int]]
+) -> dict[str, str]:
+    """The sha256 of every file that shapes the plan as this rank holds it, pinned or not, for the
+    handshake (every rank must hold the same): each of :data:`PLAN_FILES` ("" where absent;
+    ``known``: digests of the bytes already read and used (:attr:`Pins.seen`, the catalogue's
+    index), which win over reading again: a file nothing read is read now), and under
+    :data:`GGUF_KV` one sha256 over a GGUF set's key-value pins by file (``gguf_kv``: the
+    catalogue's {file: (sha256, length)}; "" for no GGUF set)."""
+    known = known or {}
+    out = {
+        name: known.get(name)
+        or (file_sha256(root / name, WHAT[name]) if os.path.lexists(root / name) else "")
+        for name in PLAN_FILES
+    }
+    lines = "".join(f"{f}\t{sha}\n" for f, (sha, _) in sorted(gguf_kv.items()))
+    out[GGUF_KV] = hashlib.sha256(lines.encode()).hexdigest() if gguf_kv else ""
+    return out
 
 
 def pins_doc(
@@ -141,6 +161,9 @@ class Pins:
     gguf_kv: dict[str, str] | None = None
     """{GGUF file: sha256 of its key-value section}; None when the manifest pins none (no manifest,
     or written before tpload pinned them)."""
+    seen: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+    """{file: the sha256 of the bytes :meth:`read` last returned}: what shaped the plan, as read
+    (the handshake compares it: :func:`plan_file_digests`)."""
 
     @classmethod
     def of(cls, root: Path) -> Pins:
@@ -159,7 +182,11 @@ class Pins:
         path = self.root / name
         present = os.path.lexists(path)
         if self.files is None:
-            return read_small(path, what) if present else None
+            if not present:
+                return None
+            data = read_small(path, what)
+            self.seen[name] = hashlib.sha256(data).hexdigest()
+            return data
         want = self.files.get(name)
         manifest = escape_name(self.root / MANIFEST_NAME)
         if want is None:
@@ -183,6 +210,7 @@ class Pins:
                 f"{want[:16]}...: it changed after the manifest was written; restore it, or if the "
                 f"change is meant, {renew('it again')}"
             )
+        self.seen[name] = got
         return data
 
     def problems(self) -> list[str]:

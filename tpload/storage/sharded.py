@@ -17,6 +17,7 @@ from . import hub, localdir
 from .catalogue import Catalogue, read_native
 from .files import Shard, folder_of
 from .pagecache import drop_ranges
+from .pins import PLAN_FILES
 from .safetensors import TableRows, TensorInfo
 
 
@@ -59,6 +60,7 @@ class FileReads:
     files: Files
     file_digests: dict[Path, str] | None = None
     file_source: FileSource | None = None
+    anchor_files: dict[Path, str] | None = None
 
     def read(self, stored: Stored, r0: int, r1: int, out: np.ndarray) -> None:
         self.files.get(stored.path).read_into(
@@ -110,15 +112,25 @@ class ShardedStorage(FileReads):
         :attr:`file_digests` is None: `tpload manifest` still checks the vouched ones)."""
         table = self.catalogue.table
         shards = sorted(table.files[i] for i in np.unique(table.file_id).tolist())
+        # the anchor covers the JSON files that shape the plan too, by the same names or etags
+        shaping = [n for n in PLAN_FILES if os.path.lexists(root / n)]
         if snapshot and self.catalogue.manifest is None:
             self.file_digests = {root / f: d for f, d in hub.shard_digests(root, shards).items()}
             self.file_source = SNAPSHOT
+            self.anchor_files = {
+                root / n: f"{b.algorithm}:{b.digest}" for n, b in hub.blobs(root, shaping).items()
+            }
         elif local is not None and self.catalogue.manifest is None:
             self.local = local
             local.shard_digests(shards)
             self.file_source = local.source()
             if not local.unvouched:
                 self.file_digests = dict(local.digests)
+                self.anchor_files = {
+                    root / n: f"{m.blob.algorithm}:{m.blob.digest}"
+                    for n, m in local.fresh.items()
+                    if n in shaping
+                }
 
     def info(self, name: str) -> TensorInfo:
         try:

@@ -4,7 +4,8 @@
 layout against DIR, checks every byte it copies against DIR's manifest, and
 writes one safetensors file per rank holding that rank's windows as stored
 (the packed bytes) plus its deferred tensors whole. ``OUT/NATIVE_MANIFEST.json``
-names the layout, the source's tensor table (whole shapes, which the planner
+names the layout, the config (its name and the sha256 of its canonical rules, which a load of the
+export must plan by), the source's tensor table (whole shapes, which the planner
 needs to cut the same windows again) and, per rank file, the sha256 of every
 window it holds. The reading side is :mod:`tpload.storage.partitioned`.
 """
@@ -124,6 +125,9 @@ def export(
             "ep": layout.ep,
             "world": layout.world,
             "config": config.name,
+            # what the config decides, not only its name (a TOML path can be edited after):
+            # a load of the export refuses other rules (loading/pick.py's refuse_other_rules)
+            "config_sha256": config.rules_sha256(),
             "source": str(storage.root),
         }
         reader = Reader(storage)

@@ -141,6 +141,11 @@ class Checkpoint(Protocol):
     def file_source(self) -> FileSource | None:
         """Where :attr:`file_digests` come from, in words."""
 
+    @property
+    def anchor_files(self) -> Mapping[Path, str] | None:
+        """Beside :attr:`file_digests`, what the same names or etags say of the files that shape
+        the plan (``algorithm:digest``), which the anchor covers too."""
+
     def stored(self, name: str) -> Stored: ...
 
     def file_size(self, path: Path) -> int: ...
@@ -362,8 +367,9 @@ class Strategy(ABC):
         """What vouches for this load's bytes, in one line that is the same on every rank loading
         the same checkpoint through the same anchor (the handshake compares it:
         distributed/agreement.py): the manifest's sha256, else the whole-file digests the folder
-        carries (hub blob names, local-dir etags), as one sha256 over them in name order; "none"
-        when it has neither."""
+        carries (hub blob names, local-dir etags) of every file the load reads and every file that
+        shapes the plan (config.json, hf_quant_config.json, the index), as one sha256 over them in
+        name order; "none" when it has neither."""
         checkpoint = self.job.checkpoint
         sha = checkpoint.catalogue.manifest_sha256
         if sha:
@@ -372,7 +378,8 @@ class Strategy(ABC):
         if digests:
             source = checkpoint.file_source
             kind = source.kind if source is not None else "file"
-            return f"{kind} digests {digest_map(digests, checkpoint.root)}"
+            covered = {**digests, **(checkpoint.anchor_files or {})}
+            return f"{kind} digests {digest_map(covered, checkpoint.root)}"
         return "none (no manifest, no file digests)"
 
     def prepare(

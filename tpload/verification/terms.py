@@ -1,5 +1,6 @@
 """What every rank of a load must agree on (the terms: the trust anchor's identity, the config,
-every option that shapes the served bytes), and the verdict's check that the exchanged rows agree.
+the sha256 of every file that shapes the plan, every option that shapes the served bytes), and the
+verdict's check that the exchanged rows agree.
 
 The handshake before the copy loop compares the terms first (distributed/agreement.py); the
 exchange's row carries their hashes again (``RankFigures.agreed``), and the verdict refuses rows
@@ -9,7 +10,7 @@ whose ranks disagree."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -29,6 +30,21 @@ FIELDS = (
         "skip_activation_scales",
         "give every rank the same --skip-activation-scales",
     ),
+    *(
+        (
+            name,
+            name,
+            f"every node must hold the same {name}: compare the copies (sha256sum), and pin it "
+            "with `python -m tpload manifest DIR --force` and --manifest-sha256 HEX on every rank",
+        )
+        for name in ("config.json", "hf_quant_config.json", "model.safetensors.index.json")
+    ),
+    (
+        "gguf_kv",
+        "the GGUF key-values",
+        "every node must hold the same GGUF header: compare the copies (sha256sum), and pin them "
+        "with `python -m tpload manifest FILE --force` and --manifest-sha256 HEX on every rank",
+    ),
     ("config", "the config", "give every rank the same --config (and the same config.json)"),
     (
         "anchor",
@@ -38,7 +54,12 @@ FIELDS = (
     ),
 )
 """(name, what a message calls it, the fix), in the order a difference is named: the options a
-rank was given first, then what it found (the config, the anchor)."""
+rank was given first, then what it found (the files that shape the plan, whether the manifest pins
+them or not: a config.json with other head counts cuts every window another way under the same
+config id; then the config, the anchor)."""
+
+PLAN_FIELDS = ("config.json", "hf_quant_config.json", "model.safetensors.index.json", "gguf_kv")
+"""The fields that are a file's sha256 (storage/pins.py's ``plan_file_digests`` keys them so)."""
 
 
 SHOWN_BYTES = 64
@@ -56,6 +77,10 @@ def shown_bytes(value: str) -> bytes:
     if len(raw) > SHOWN_BYTES:
         raw = raw[: SHOWN_BYTES - 3].decode(errors="ignore").encode() + b"..."
     return raw.ljust(SHOWN_BYTES, b"\0")
+
+
+def _short(sha: str) -> str:
+    return f"sha256 {sha[:16]}" if sha else "absent"
 
 
 def _globs(globs: Sequence[str]) -> str:
@@ -129,9 +154,11 @@ class Terms:
         config: Rules,
         anchor: str,
         placement: Groups | None,
+        plan_files: Mapping[str, str],
     ) -> Terms:
         """``anchor``: the gate's strategy's (Strategy.anchor); ``placement``: where the replicas
-        stand (replicas.placement's, None without replicas)."""
+        stand (replicas.placement's, None without replicas); ``plan_files``: the sha256 (hex) of
+        each of :data:`PLAN_FIELDS` as this rank holds it, "" where absent."""
         replicas, groups = "1", placement.groups if placement is not None else None
         if groups:
             n, size = len(groups[0]), len(groups)
@@ -150,8 +177,10 @@ class Terms:
             "skip_activation_scales": "on" if opts.skip_activation_scales else "off",
             "config": cid,
             "anchor": anchor,
+            **{f: plan_files[f] or "absent" for f in PLAN_FIELDS},
         }
         shown = dict(values, config=f"{config.name} (id {cid})")
+        shown.update({f: _short(plan_files[f]) for f in PLAN_FIELDS})
         return cls(tuple(values[f] for f, _, _ in FIELDS), tuple(shown[f] for f, _, _ in FIELDS))
 
     def hashes(self) -> list[int]:

@@ -12,10 +12,20 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tpload.distributed.agreement import Handshake, decide, differences, outcome, row
+import tpload
+from tpload.distributed import versions
+from tpload.distributed.agreement import (
+    WORDS,
+    Handshake,
+    decide,
+    differences,
+    foreign,
+    outcome,
+    row,
+)
 from tpload.distributed.placement import Placement
 from tpload.distributed.world import DistContext
-from tpload.model.errors import CheckpointError, StoodDown
+from tpload.model.errors import CheckpointError, LoadError, StoodDown
 from tpload.model.modes import RankStatus
 from tpload.model.values import AGREED_BYTES
 from tpload.options.load_options import LoadOptions
@@ -24,17 +34,26 @@ from tpload.report.figures import RankFigures
 from tpload.selection.config import load_config, with_rules
 from tpload.verification.gate import judge
 from tpload.verification.strategy import digest_map
-from tpload.verification.terms import FIELDS, Terms, disagreement
+from tpload.verification.terms import FIELDS, PLAN_FIELDS, Terms, disagreement
 
 SHA_A, SHA_B = "a" * 64, "b" * 64
 
 
-def terms(anchor: str = f"manifest sha256 {SHA_A}", placement: object = None, **options) -> Terms:
+NO_FILES = dict.fromkeys(PLAN_FIELDS, "")
+
+
+def terms(
+    anchor: str = f"manifest sha256 {SHA_A}",
+    placement: object = None,
+    files: dict[str, str] | None = None,
+    **options,
+) -> Terms:
     opts = LoadOptions(checkpoint="/ckpt", **options)
     config = with_rules(
         load_config(), skip=opts.skip, defer=opts.defer, skip_activation_scales=False
     )
-    return Terms.of(opts, Layout(opts.tp or 2, opts.ep), config, anchor, placement)
+    plan_files = {**NO_FILES, **(files or {})}
+    return Terms.of(opts, Layout(opts.tp or 2, opts.ep), config, anchor, placement, plan_files)
 
 
 def table(*per_rank: Terms | None, seq: int = 1, failed: tuple[int, ...] = ()) -> torch.Tensor:
@@ -77,6 +96,81 @@ def test_the_first_difference_in_field_order_is_named_and_the_others_listed() ->
     ]:
         msg = differences(table(node, terms(**option)))
         assert msg and msg.split(": ", 1)[1].startswith(f"they differ in {label} ("), (option, msg)
+
+
+def test_a_file_that_shapes_the_plan_is_compared_pinned_or_not_and_named_with_short_hex() -> None:
+    # node B's config.json with other head counts: the same config id, windows cut another way
+    mine, theirs = {"config.json": SHA_A}, {"config.json": SHA_B}
+    same_config = terms(files=mine)
+    decide(table(same_config, terms(files=mine)))
+    msg = differences(table(same_config, same_config, terms(files=theirs), terms(files=theirs)))
+    assert msg.startswith(
+        "the ranks do not load the same thing the same way: they differ in config.json "
+        f"(rank 0, 1: 'sha256 {SHA_A[:16]}'; rank 2, 3: 'sha256 {SHA_B[:16]}'); every node must "
+        "hold the same config.json"
+    ), msg
+    # before the config and the anchor, which a changed config.json may change as well
+    both = terms(files=theirs, anchor=f"manifest sha256 {SHA_B}")
+    assert ", and in the trust anchor;" in differences(table(same_config, both))
+    # a file one rank lacks, each file by its own name, and a GGUF set's key-values
+    absent = differences(table(terms(files={"hf_quant_config.json": SHA_A}), terms()))
+    assert f"hf_quant_config.json (rank 0: 'sha256 {SHA_A[:16]}'; rank 1: 'absent')" in absent
+    index = differences(table(terms(files={"model.safetensors.index.json": SHA_A}), terms()))
+    assert "they differ in model.safetensors.index.json (" in index
+    kv = differences(table(terms(files={"gguf_kv": SHA_A}), terms(files={"gguf_kv": SHA_B})))
+    assert "they differ in the GGUF key-values (" in kv and "same GGUF header" in kv
+
+
+def test_the_row_leads_with_a_header_checked_before_the_row_is_used() -> None:
+    a = terms()
+    r = row(1, RankStatus.OK, a)
+    assert (
+        r[:3].tolist()
+        == [versions.MAGIC, versions.FORMAT, WORDS]
+        == [
+            int.from_bytes(b"tpldhand", "little", signed=True),
+            2,
+            r.numel(),
+        ]
+    )
+    assert foreign(table(a, a), 0) is None
+    # a row of another format (or from a tpload before the header) is named, not read as terms
+    other = row(1, RankStatus.OK, a)
+    other[1] = 3
+    old = torch.zeros(WORDS, dtype=torch.int64)
+    old[:2] = torch.tensor([1, 0])  # the old layout: the call, the status, no header
+    e = foreign(torch.stack([row(1, RankStatus.OK, a), other, old]), 0)
+    assert isinstance(e, versions.Incompatible)
+    assert str(e).startswith(
+        f"rank 0: the handshake rows of rank 1, 2 are not this tpload's (magic "
+        f"{versions.MAGIC:#018x}, format 2, length {WORDS}; rank 1: magic {versions.MAGIC:#018x}, "
+        f"format 3, length {WORDS}; rank 2: magic 0x0000000000000001, format 0, length 0)"
+    ), e
+    assert "every rank must run the same tpload (tpload " in str(e)
+
+
+def test_ranks_of_another_tpload_or_none_named_are_named_and_meet_no_collective(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    mine = versions.stamp()
+    assert mine == f"tpload {tpload.__version__}, handshake row format 2"
+    assert versions.mismatch(1, [mine, mine]) is None
+    e = versions.mismatch(0, [mine, mine, "tpload 9.9, handshake row format 2", None])
+    assert isinstance(e, versions.Incompatible) and str(e) == (
+        f"rank 0: the ranks run different tploads (rank 0, 1: '{mine}'; rank 2: 'tpload 9.9, "
+        "handshake row format 2'; rank 3: no version (a tpload older than this one)); every rank "
+        "must run the same tpload: install one version on every node (`python -m tpload "
+        "--version` on each)"
+    )
+    monkeypatch.setattr(tpload, "__version__", "9.9")  # read at each call
+    assert versions.stamp() == "tpload 9.9, handshake row format 2"
+    # a rank that found one meets neither the handshake nor the exchange, and raises the cause
+    meeting = Handshake(1, 5.0)
+    meeting.cannot_meet(e)
+    meeting.unmet(RankFigures(seq=1, failed=RankStatus.FAILED, message=str(e)), None)
+    with pytest.raises(LoadError) as raised:
+        meeting.raise_lost()
+    assert str(raised.value) == str(e)
 
 
 def test_values_are_escaped_cut_on_a_character_boundary_and_runs_of_ranks_shortened() -> None:
@@ -187,5 +281,5 @@ def test_whole_file_anchors_are_named_by_their_digests_wherever_the_folder_sits(
 
 def test_the_row_layout_holds_a_hash_and_the_shown_bytes_of_every_field() -> None:
     r = row(3, RankStatus.OK, terms())
-    assert r.dtype == torch.int64 and r.numel() == 2 + len(FIELDS) * (1 + 64 // 8)
-    assert r[:2].tolist() == [3, 0] and row(3, RankStatus.FAILED, None)[2:].abs().sum() == 0
+    assert r.dtype == torch.int64 and r.numel() == 5 + len(FIELDS) * (1 + 64 // 8)
+    assert r[3:5].tolist() == [3, 0] and row(3, RankStatus.FAILED, None)[5:].abs().sum() == 0

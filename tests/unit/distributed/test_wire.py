@@ -68,8 +68,15 @@ class Mailbox:
         return self.done
 
     def recv(self, tensor: torch.Tensor, group_src: int, group: object) -> object:
-        tensor.copy_(self.queues[(group_src, group.rank)].pop(0))
+        queue = self.queues[(group_src, group.rank)]
+        if not queue:  # nothing sent: a real wait would time out (a drain's read past the end)
+            return SimpleNamespace(wait=self._nothing)
+        tensor.copy_(queue.pop(0))
         return self.done
+
+    @staticmethod
+    def _nothing(timeout: object = None) -> bool:
+        raise RuntimeError("no message within the timeout")
 
 
 def _links(staged: bool) -> tuple[Link, Link]:
@@ -167,25 +174,33 @@ def test_an_owner_that_fails_mid_window_stops_its_receivers_at_once(
     assert len(box.sent) == sent
 
 
-def test_a_rank_that_fails_while_not_sending_sends_nothing_and_a_stale_abort_is_out_of_step(
+def test_a_rank_that_fails_between_windows_ends_its_stream_and_a_stale_abort_is_out_of_step(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """A rank whose loop fails between windows ends its stream with an ABORT (every stream ends
+    with one, or a BYE): a peer waiting for its next window stops naming it; an ABORT of another
+    call (an earlier load() on the same group) never stops this one."""
     box = Mailbox()
     monkeypatch.setattr(replicas, "send", box.send)
     monkeypatch.setattr(replicas, "recv", box.recv)
     sender, receiver = _links(False)
-    sender.seq, receiver.seq = 1, 2
+    sender.seq = receiver.seq = 2
     _, pieces = _window()
-    list(sender.sending("w", ((0, 6), (0, 16)), pieces))  # a whole window: nobody waits now
+    list(sender.sending("w", ((0, 6), (0, 16)), pieces))  # a whole window
     sent = len(box.sent)
     sender.abort()
-    assert len(box.sent) == sent
+    assert len(box.sent) == sent + 1  # its stream's end
     list(receiver.receiving("w", ((0, 6), (0, 16)), 0))
-    # an ABORT of another call (an earlier load() on the same group) never stops this one
-    with pytest.raises(OSError):
-        for _ in sender.sending("w", ((0, 6), (0, 16)), _failing(pieces, 0)):
-            pass
-    sender.abort()
-    with pytest.raises(LoadError, match="out of step") as e:
+    with pytest.raises(StoodDown) as stopped:
         list(receiver.receiving("w", ((0, 6), (0, 16)), 0))
+    assert str(stopped.value) == (
+        "replicas: stopped receiving w from rank 0 (replica 0), which failed"
+    )
+    sender.abort()
+    assert len(box.sent) == sent + 1  # once
+    stale, now = _links(False)
+    stale.seq, now.seq = 1, 2
+    stale.abort()
+    with pytest.raises(LoadError, match="out of step") as e:
+        list(now.receiving("w", ((0, 6), (0, 16)), 0))
     assert not isinstance(e.value, StoodDown)

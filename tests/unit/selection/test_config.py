@@ -136,6 +136,23 @@ def test_a_skip_glob_shadowed_by_an_earlier_one_is_not_idle(small_ckpt: Path) ->
     assert planner.skipped and all(n.startswith("mtp.") for n in planner.skipped)
 
 
+def test_the_same_globs_in_another_order_or_repeated_give_the_same_config_id() -> None:
+    # an engine building globs from a Python set hands them in any order: before, one rank's
+    # order against another's was refused as "differ in the config"
+    base = load_config()
+    one = with_rules(base, skip=("mtp.*", "*.bias"), defer=("*.experts.1.*", "*.experts.2.*"))
+    other = with_rules(
+        base, skip=("*.bias", "mtp.*", "*.bias"), defer=("*.experts.2.*", "*.experts.1.*")
+    )
+    assert one.id() == other.id() and one.rules_sha256() == other.rules_sha256()
+    assert [r.match for r in one.rules] == [r.match for r in other.rules]
+    assert len(other.rules) == len(base.rules) + 4  # the repeated glob is one rule
+    # a glob that differs still changes the id, and skip and defer are not the same rules
+    assert with_rules(base, skip=("mtp.*",)).id() != one.id()
+    assert with_rules(base, skip=("mtp.*",)).id() != with_rules(base, defer=("mtp.*",)).id()
+    assert one.id() == one.rules_sha256()[:12] and len(one.rules_sha256()) == 64
+
+
 def test_rules_for_gives_each_name_its_first_rule_whatever_its_digits() -> None:
     # rules_for shares one regex match among names alike but for their digits when no glob can tell
     # digits apart; globs with digits or [classes] are matched per name, and the first rule wins

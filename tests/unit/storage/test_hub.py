@@ -11,16 +11,20 @@ as a plain git object).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 import tpload
 from tpload.model.errors import CheckpointError
+from tpload.planning.layout import Layout
 from tpload.storage import hub
 from tpload.storage.sharded import ShardedStorage
 from tpload.tools.published import write_published
+from tpload.verification import gate, strategy
 
 REPO = "org/tiny-llama"
 
@@ -321,3 +325,52 @@ def test_a_manifest_is_not_written_over_a_corrupt_snapshot(snapshot: Path) -> No
     with pytest.raises(CheckpointError, match=f"(?s)no manifest written.*{shard.name}"):
         write_manifest(snapshot)
     assert not (snapshot / "NATIVE_MANIFEST.json").exists()
+
+
+def anchor_of(root: Path) -> str:
+    """The trust anchor a load of ``root`` names in its handshake (the gate's strategy's)."""
+    opts = SimpleNamespace(
+        kind="packed", digest_store="/nonexistent", verify="node", checkpoint=None
+    )
+    ctx = SimpleNamespace(rank=0, world=1, node_peers=[0], node_lists=[[0]])
+    job = strategy.Job(opts, ctx, ShardedStorage(root), {}, "x", Layout(1, 1), dict)
+    return gate.strategy(job).anchor()
+
+
+def snapshot_with(tmp_path: Path, name: str, change=None) -> Path:
+    src = write_published(tmp_path / name, "llama-tiny", manifest=False)
+    if change is not None:
+        change(src)
+    return hub.to_hub_cache(src, tmp_path / f"cache-{name}", REPO)
+
+
+def test_the_anchor_covers_the_files_that_shape_the_plan_not_the_tokenizer(tmp_path: Path) -> None:
+    """Two snapshots of the same shards, one on another revision whose config.json says other head
+    counts: before, the anchor hashed the shards' digests only, so both named one anchor."""
+
+    def heads(src: Path) -> None:
+        model = json.loads((src / "config.json").read_text())
+        (src / "config.json").write_text(json.dumps({**model, "num_key_value_heads": 4}))
+
+    def tokenizer(src: Path) -> None:
+        (src / "tokenizer.json").write_text('{"model": {}}')
+        (src / "README.md").write_text("# a model card\n")
+
+    one = snapshot_with(tmp_path, "one")
+    same, other = (
+        snapshot_with(tmp_path, "same", tokenizer),
+        snapshot_with(tmp_path, "other", heads),
+    )
+    shards = {q.name: d for q, d in ShardedStorage(one).file_digests.items()}
+    for snap in (same, other):  # the same shards, by the same blob names
+        assert {q.name: d for q, d in ShardedStorage(snap).file_digests.items()} == shards
+    anchor = anchor_of(one)
+    assert anchor.startswith("hub cache snapshot digests "), anchor
+    assert anchor_of(same) == anchor  # the tokenizer and README shape nothing the load serves
+    assert anchor_of(other) != anchor
+    blob = Path(os.readlink(other / "config.json")).name
+    assert ShardedStorage(other).anchor_files == {
+        other / "config.json": f"git-sha1:{blob}",
+        other / "model.safetensors.index.json": "git-sha1:"
+        + Path(os.readlink(other / "model.safetensors.index.json")).name,
+    }

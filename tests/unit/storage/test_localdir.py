@@ -11,6 +11,7 @@ format and the staleness rule are the library's, not a copy of them. Loads run i
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -299,3 +300,29 @@ def test_manifest_vouches_for_unvouched_files_as_they_are(tmp_path: Path) -> Non
         src
     )  # the way on the refusal names: trust on first use for the file without metadata
     assert len(tpload.load(src, progress=False).state_dict()) > 0
+
+
+def test_the_anchor_covers_the_json_files_etags_not_only_the_shards(tmp_path: Path) -> None:
+    """Two downloads of the same shards whose config.json differ (another revision): their
+    anchors differ, where before they hashed the shards' etags only; a tokenizer file does not
+    count (it shapes nothing the load serves)."""
+    from .test_hub import anchor_of  # the gate's anchor of a folder
+
+    def download(name: str, model: dict | None = None, tokenizer: bool = False) -> Path:
+        src = write_published(tmp_path / name, "gpt-oss-tiny", manifest=False)
+        if model is not None:
+            (src / "config.json").write_text(json.dumps(model))
+        if tokenizer:
+            (src / "tokenizer.json").write_text("{}")
+        return as_local_dir(src)
+
+    one = download("one")
+    model = json.loads((one / "config.json").read_text())
+    other = download("other", {**model, "note": "another revision"})
+    same = download("same", tokenizer=True)
+    assert {p.name for p in ShardedStorage(one).file_digests} == {
+        p.name for p in ShardedStorage(other).file_digests
+    }
+    assert anchor_of(one) == anchor_of(same) != anchor_of(other)
+    etag = git_sha1((other / "config.json").read_bytes())
+    assert ShardedStorage(other).anchor_files[other / "config.json"] == f"git-sha1:{etag}"

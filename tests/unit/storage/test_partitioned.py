@@ -251,3 +251,41 @@ def test_an_exports_config_json_is_pinned_by_its_manifest(tmp_path: Path) -> Non
     edit_json(out / "config.json", lambda c: c.update(num_key_value_heads=1))
     with pytest.raises(CheckpointError, match="config.json: model config has sha256 .* pins"):
         model_config(out, pins=Pins.of(out))
+
+
+def test_an_export_records_its_rules_sha256_and_a_load_refuses_other_rules(
+    small_ckpt: Path, tmp_path: Path
+) -> None:
+    """Exported with a TOML named by its path, which is then edited (a rows rule made cols):
+    before, the export recorded the path only, and a load planned by the edited rules served
+    rows windows' bytes under cols windows' shapes."""
+    from importlib import resources
+
+    import tpload
+    from tpload.selection.config import with_rules
+
+    toml = tmp_path / "rules.toml"
+    text = (resources.files("tpload.configs") / "deepseek-v4-mtp.toml").read_text()
+    toml.write_text(text)
+    config = load_config(str(toml))
+    out = tmp_path / "out"
+    export(small_ckpt, out, Layout(1, 1), config)
+    meta = json.loads((out / "NATIVE_MANIFEST.json").read_text())["partitioned"]
+    assert meta["config"] == str(toml) and meta["config_sha256"] == config.rules_sha256()
+    assert len(meta["config_sha256"]) == 64
+    tpload.load(str(out), progress=False).release()  # the same rules: loads
+
+    toml.write_text(text.replace('split = "rows"', 'split = "cols"', 1))
+    edited = load_config(str(toml)).rules_sha256()
+    assert edited != config.rules_sha256()
+    with pytest.raises(tpload.LoadError) as e:
+        tpload.load(str(out), progress=False)
+    assert (
+        f"this export was made with config {toml} (rules sha256 {config.rules_sha256()[:16]}...), "
+        f"but this load plans by config {toml} (rules sha256 {edited[:16]}...): the rules differ"
+    ) in str(e.value), str(e.value)
+    # other skip globs than the export's are other rules too
+    toml.write_text(text)
+    skip = with_rules(config, skip=("mtp.*",)).rules_sha256()
+    with pytest.raises(tpload.LoadError, match=f"rules sha256 {skip[:16]}"):
+        tpload.load(str(out), progress=False, skip=("mtp.*",))

@@ -193,3 +193,29 @@ def test_a_checkpoint_cached_by_an_older_tpload_is_written_again(
     stamp = (got / MANIFEST_NAME).stat().st_mtime_ns
     assert cached_checkpoint(spec, tmp_path) == got  # the current format's folder is reused
     assert (got / MANIFEST_NAME).stat().st_mtime_ns == stamp
+
+
+def test_the_handshake_compares_the_plan_files_as_they_were_read(tmp_path: Path) -> None:
+    """What the handshake compares (storage/pins.py's plan_file_digests) is the sha256 of the bytes
+    a reader used (Pins.seen), pinned or not: a file rewritten after it shaped the plan is compared
+    as it was read; a file nothing read is hashed now; an absent one is ""."""
+    from tpload.storage.pins import GGUF_KV, Pins, plan_file_digests
+
+    (tmp_path / "config.json").write_text('{"num_key_value_heads": 2}')
+    (tmp_path / "hf_quant_config.json").write_text("{}")
+    read = hashlib.sha256(b'{"num_key_value_heads": 2}').hexdigest()
+    pins = Pins(tmp_path, None, None)  # no manifest: nothing pinned, still recorded
+    assert pins.read("config.json", "model config") is not None and pins.seen == {
+        "config.json": read
+    }
+    (tmp_path / "config.json").write_text('{"num_key_value_heads": 4}')
+    got = plan_file_digests(tmp_path, known=pins.seen, gguf_kv={})
+    assert got == {
+        "config.json": read,
+        "hf_quant_config.json": hashlib.sha256(b"{}").hexdigest(),
+        "model.safetensors.index.json": "",
+        GGUF_KV: "",
+    }
+    kv = plan_file_digests(tmp_path, gguf_kv={"a.gguf": ("11", 5), "b.gguf": ("22", 7)})
+    assert kv[GGUF_KV] == hashlib.sha256(b"a.gguf\t11\nb.gguf\t22\n").hexdigest()
+    assert kv["config.json"] == hashlib.sha256(b'{"num_key_value_heads": 4}').hexdigest()

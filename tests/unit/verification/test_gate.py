@@ -53,6 +53,7 @@ def _job(verify: str, *, files: bool = False, manifest: bool = True) -> strategy
         per_rank=False,
         file_digests={} if files else None,
         file_source=None,
+        anchor_files=None,
         root=Path("/nonexistent-checkpoint"),
     )
     opts = SimpleNamespace(
@@ -95,6 +96,12 @@ def test_each_strategy_names_its_anchor_the_same_whatever_the_mode() -> None:
     assert named == "file digests " + strategy.digest_map({"a.safetensors": "11"})
     job.checkpoint.file_digests = {Path("/n0/snap/a.safetensors"): "12"}
     assert gate.strategy(job).anchor() != named
+    # the files that shape the plan are covered too, by their blob names or etags
+    job.checkpoint.file_digests = {Path("/n0/snap/a.safetensors"): "11"}
+    job.checkpoint.anchor_files = {Path("/n0/snap/config.json"): "git-sha1:22"}
+    assert gate.strategy(job).anchor() == "file digests " + strategy.digest_map(
+        {"a.safetensors": "11", "config.json": "git-sha1:22"}
+    )
 
 
 def test_a_signed_folder_s_anchor_is_what_its_bundle_signs_wherever_the_folder_sits() -> None:

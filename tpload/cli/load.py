@@ -13,6 +13,7 @@ from ..model.errors import LoadError
 from ..model.text import escape_name, plural
 from ..options.flags import closest, from_args
 from ..options.load_options import LoadOptions
+from ..storage.files import STDOUT
 from .output import configure_logging, fail_rank, one_line, refuse_launch, say
 from .parsers import SUBCOMMANDS, load_parser
 
@@ -119,8 +120,11 @@ def cmd_load(argv: list[str]) -> int:
         collector_policy()
         with init_distributed(timeout_s=opts.timeout_s) as ctx:
             shards = load_in(opts, ctx)
-            if ctx.rank == 0:
-                print(shards.report.table(), flush=True)
+            if ctx.rank == 0:  # with --report -, the JSON is standard output's (written already)
+                if opts.report == STDOUT:
+                    say(shards.report.table())
+                else:
+                    print(shards.report.table(), flush=True)
             shards.release()
     except LoadError as e:
         # torchrun SIGTERMs the others as soon as one rank exits: finish this message first.

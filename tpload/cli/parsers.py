@@ -144,6 +144,12 @@ def plan_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--digest", action="store_true", help="compute each rank's digest on the CPU")
     p.add_argument(
+        "--json",
+        action="store_true",
+        help="the plan as JSON on standard output (every rank, node and the fit; the text on "
+        "standard error)",
+    )
+    p.add_argument(
         "--write",
         action="store_true",
         help="check every tensor by sha256, then keep the digests in the "
@@ -167,6 +173,12 @@ def verify_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--threads", type=THREADS, default=2, help="hash worker threads (0: on the main thread)"
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="the verdict and every problem as JSON on standard output (the text on standard "
+        "error)",
     )
     add_flags(p, only=SIGNER_FIELDS)  # a signed DIR: checked against its model.sig, as a load
     return p

@@ -137,12 +137,29 @@ def add_flags(parser: argparse.ArgumentParser, *, only: tuple[str, ...] | None =
             kw.update(action="append", metavar=meta["metavar"])
         else:
             kw.update(
-                metavar=meta["metavar"] or f.name.upper(), type=meta["bound"] or _cli_type(base)
+                metavar=meta["metavar"] or f.name.upper(),
+                type=meta["bound"] or _checked(meta["check"]) or _cli_type(base),
             )
             if meta["choices"]:
                 kw.update(choices=choice_words(meta["choices"]), metavar=None)
         kw["default"] = argparse.SUPPRESS  # unset flags keep the dataclass default
         parser.add_argument(flag, **kw)
+
+
+def _checked(check: Callable[[object], str | None] | None) -> Callable[[str], str] | None:
+    """A string flag's own rule (``--manifest-sha256``: 64 hex digits) as the parser's type, so a
+    malformed value is a parser refusal (exit 2, README's exit codes), as a number out of
+    range is."""
+    if check is None:
+        return None
+
+    def parse(text: str) -> str:
+        why = check(text)
+        if why:
+            raise argparse.ArgumentTypeError(why)
+        return text
+
+    return parse
 
 
 def _cli_type(hint: object) -> Callable[[str], object]:

@@ -26,7 +26,15 @@ import torch
 
 from ..model.bounds import COUNT, RANKS, SECONDS
 from ..model.errors import LoadError
-from ..toolkit import DEFAULT_CONFIG, Layout, Parser, choose, read_json, resident_bytes
+from ..toolkit import (
+    DEFAULT_CONFIG,
+    Layout,
+    Parser,
+    atomic_write,
+    choose,
+    read_json,
+    resident_bytes,
+)
 from .bench_bandwidth import decode_bandwidth, decode_lines, gpu_figures
 from .bench_job import blake3_store, worker_env
 from .published import cached_published, loadable_presets
@@ -494,5 +502,5 @@ def cmd_bench(argv: list[str]) -> int:
             "gpu": gpu,
             "runs": {m: {"runs": r.runs, "page_cache_before": r.cache} for m, r in results.items()},
         }
-        Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+        atomic_write(Path(args.json), json.dumps(doc, indent=1) + "\n")
     return 0 if not refused else 1

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from ..model.bounds import COUNT, RANKS, SECONDS
-from ..toolkit import Parser, read_json, read_native
+from ..toolkit import Parser, atomic_write, read_json, read_native
 
 FORMATS = {"vllm-default": "auto", "vllm-tpload": "tpload"}
 
@@ -182,7 +182,8 @@ def cmd_bench_engine(argv: list[str]) -> int:
     rows = summary(runs, args.checkpoint, args.tp)
     print(table(rows, args.checkpoint, args.tp), flush=True)
     if args.json:
-        Path(args.json).write_text(
-            json.dumps({"tp": args.tp, "rows": rows, "runs": runs}, indent=1) + "\n"
+        atomic_write(
+            Path(args.json),
+            json.dumps({"tp": args.tp, "rows": rows, "runs": runs}, indent=1) + "\n",
         )
     return 0

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..model.bounds import COUNT, RANKS, SECONDS
-from ..toolkit import DEFAULT_CONFIG, Parser, read_json
+from ..toolkit import DEFAULT_CONFIG, Parser, atomic_write, read_json
 from .bench import preset_checkpoint
 from .bench_job import worker_env
 from .synth import PRESETS
@@ -232,5 +232,5 @@ def cmd_bench_replicas(argv: list[str]) -> int:
         print(table(b, res), flush=True)
     if args.json:
         doc = {"options": asdict(b), **res}
-        Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+        atomic_write(Path(args.json), json.dumps(doc, indent=1) + "\n")
     return 1 if "refused" in res else 0

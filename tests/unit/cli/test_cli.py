@@ -393,8 +393,9 @@ def test_readme_s_exit_codes_are_what_its_examples_exit_with(
     a rank starts); every one under exit 1 passes the parser and is refused by the load's option
     rules (exit 1, ``invalid option``)."""
     clauses = readme_exit_codes()
-    assert set(clauses) == {0, 1, 2, 130}
+    assert set(clauses) == {0, 1, 2, 3, 130}
     assert "unknown flag" in clauses[2] and "on every rank" in clauses[1], clauses
+    assert "`plan`" in clauses[3] and "--gpu-memory" in clauses[3]  # test_json_outputs runs it
     monkeypatch.chdir(tmp_path)  # README's relative paths: nowhere/ does not exist here
     for code in (2, 1):
         examples = re.findall(r"`(--[^`]*)`", clauses[code])
@@ -604,7 +605,7 @@ def test_plan_judges_the_peak_against_a_gpu_in_the_load_table_s_units(
         f"leaves {1 - peak:.3f} GiB (a load's pre-flight checks the device's free memory less "
         "--reserve-gib)"
     ]
-    assert main(["plan", str(small_ckpt), "--tp", "2", "--gpu-memory", "1e-6"]) == 0
+    assert main(["plan", str(small_ckpt), "--tp", "2", "--gpu-memory", "1e-6"]) == 3
     assert "does not fit a GPU of 0.00 GiB (--gpu-memory 1e-06): 2 of 2 ranks peak above it" in (
         capsys.readouterr().out
     )

@@ -152,10 +152,10 @@ def _gpu_memory(asked: float | None) -> tuple[int, str] | None:
 def _config_for(args: argparse.Namespace, root: str, *, out: TextIO | None = None):
     """The config ``--config`` names for the checkpoint at ``root`` (auto: found from its files,
     saying why, on ``out``: standard output, or standard error under ``--json``)."""
-    from ..loading.pick import choose
+    from ..loading.pick import choose_pinned
     from ..selection.config import with_rules
 
-    config, why = choose(getattr(args, "config", None) or "auto", Path(root).absolute())
+    config, why = choose_pinned(getattr(args, "config", None) or "auto", Path(root).absolute())
     if why:
         print(printable(why), file=out or sys.stdout)
     return with_rules(

@@ -20,7 +20,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..model.errors import ConfigError, LoadError
+from ..model.errors import CheckpointError, ConfigError, LoadError, raise_all
 from ..model.text import escape_name
 from ..model.values import INDEX_NAME
 from ..selection.config import (
@@ -94,6 +94,33 @@ def choose(
         picked, fam_why = (head, *families), "named by --config"
     config = load_config(f"{arch.name}+{'+'.join(picked)}")
     return config, f"config {config.name}: {arch_why}; {'+'.join(picked)} {fam_why}"
+
+
+def choose_pinned(spec: str, root: Path) -> tuple[Config, str]:
+    """:func:`choose` for a command that has not opened the checkpoint (``plan``, ``verify``,
+    ``export``): the pins first, as a load checks them before it picks (the JSON files against the
+    manifest's pins, a GGUF set's key-values against theirs), so an edited architecture key is
+    named as the pin it breaks, not as a model no config ships for. CheckpointError listing every
+    pin that fails."""
+    folder = folder_of(root)
+    if not folder.is_dir() or partitioned.export_config(folder) is not None:
+        return choose(spec, root)  # no folder (the command says so), or an export's own manifest
+    pins = Pins.of(folder)
+    problems = pins.problems()
+    header = None
+    found = gguf.gguf_files(root)
+    if found is not None:
+        headers = gguf.read_set(found, folder)
+        kv = {h.path.relative_to(folder).as_posix(): (h.kv_sha256, h.kv_bytes) for h in headers}
+        problems += pins.gguf_problems(kv)
+        header = headers[0]
+    raise_all(
+        CheckpointError,
+        problems,
+        what="files that do not match their pins in the manifest (checked before a config is "
+        "chosen from them)",
+    )
+    return choose(spec, root, pins=pins, header=header)
 
 
 def model_config(

@@ -99,10 +99,26 @@ def read_small(path: Path, what: str, *, limit: int = MAX_JSON_BYTES) -> bytes:
         os.close(fd)
 
 
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """One JSON object, refused when a key appears twice: parsers disagree on which one counts
+    (Python's keeps the last, others the first), so a document that says two things is not
+    believed (a forged ``"predicate"`` before the honest one, a manifest entry given twice)."""
+    doc = dict(pairs)
+    if len(doc) != len(pairs):
+        seen: set[str] = set()
+        twice = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise ValueError(f"the key {twice!r} appears twice in one object")
+    return doc
+
+
 def parse_json(raw: bytes, path: Path, what: str) -> object:
+    """Every trust-relevant JSON document tpload reads (the manifest, the index, config.json,
+    hf_quant_config.json, an export's manifest, an attestation, the digest store's files, a
+    signature bundle) is parsed here: UTF-8, no NaN or Infinity, no key twice in one object.
+    Safetensors headers keep serde's own rules (storage/header_json.py)."""
     try:
         return json.loads(
-            raw.decode("utf-8"), parse_constant=_no_constants
+            raw.decode("utf-8"), parse_constant=_no_constants, object_pairs_hook=_unique_keys
         )  # UTF-8 only, as safetensors reads it
     except RecursionError:
         raise CheckpointError(

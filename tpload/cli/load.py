@@ -7,7 +7,6 @@ import logging
 import os
 import shlex
 import signal
-from pathlib import Path
 
 from ..model.errors import LoadError
 from ..model.text import escape_name, plural
@@ -40,9 +39,11 @@ def first_run_notes(opts_checkpoint: str | None) -> None:
     """Rank 0 says what the first run spends its first seconds on, before it spends them."""
     if os.environ.get("RANK", "0") != "0":
         return
+    from .kernel_cache import compiled, kernel_cache
+
     log = logging.getLogger("tpload")
-    cache = Path(__file__).parents[1] / "__pycache__"  # tpload's own, where numba keeps them
-    if not any(cache.glob("kernels.*.nbi")):
+    cache = kernel_cache()  # where numba will look for them, and write them
+    if not compiled(cache):
         log.info("compiling tpload's CPU kernels once (about 10 s; cached in %s)", cache)
     if opts_checkpoint is None:
         from ..tools.synth import PRESETS, cache_root

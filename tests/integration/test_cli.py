@@ -73,8 +73,8 @@ def test_a_failed_load_prints_its_message_once_and_torchrun_names_it(tmp_path: P
 def test_a_mistyped_flag_under_torchrun_is_said_once_with_the_closest() -> None:
     run = tpload_cli(2, "--tpp", "2")
     said = (
-        "tpload: error: unrecognized arguments: --tpp; did you mean --tp? (usage: python -m tpload "
-        "--help)"
+        "tpload: error: unrecognized arguments: --tpp 2; did you mean --tp? (usage: python -m "
+        "tpload --help)"
     )
     assert run.rc != 0 and said in run.err.splitlines()
     assert run.err.count("did you mean --tp?") == 2  # once from the ranks, once in the summary

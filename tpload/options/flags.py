@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import re
+import sys
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, dataclass, fields
@@ -49,11 +50,52 @@ class Parser(argparse.ArgumentParser):
         # argparse's own check, worded with the choices as typed and the closest one
         if action.choices is not None and value not in action.choices:
             words = [str(c) for c in action.choices]
+            if isinstance(action, argparse._SubParsersAction):  # `attest v3`: name the actions
+                raise argparse.ArgumentError(
+                    None,
+                    f"{self.prog} {value}: no such action; the actions: {', '.join(words)}"
+                    + did_you_mean(str(value), words),
+                )
             raise argparse.ArgumentError(
                 action,
                 f"invalid choice: {value!r} (choose from {', '.join(words)})"
                 + did_you_mean(str(value), words),
             )
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: typing.Sequence[str] | None = None, namespace: typing.Any = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        # An unknown flag first: argparse would otherwise say only that a required one is missing
+        # (`plan DIR --tpp 2`: "--tp is required", not "did you mean --tp?")
+        argv = sys.argv[1:] if args is None else list(args)
+        unknown = self._unknown_flags(argv)
+        if unknown:
+            self.error(f"unrecognized arguments: {' '.join(unknown)}")
+        return super().parse_known_args(argv, namespace)
+
+    def _unknown_flags(self, argv: list[str]) -> list[str]:
+        """The flags in ``argv`` this parser does not know (nor abbreviates), each with the word
+        after it (its value, as argparse lists them), up to ``--`` or a subcommand (whose own parser
+        checks the rest)."""
+        actions = [a for a in self._actions if isinstance(a, argparse._SubParsersAction)]
+        subcommands = {str(c) for a in actions for c in (a.choices or ())}
+        known = self._option_string_actions
+        unknown: list[str] = []
+        for k, token in enumerate(argv):
+            if token == "--" or token in subcommands:
+                break
+            flag = token.split("=", 1)[0]
+            if (
+                not token.startswith("-")
+                or token == "-"
+                or self._negative_number_matcher.match(token)
+                or flag in known
+                or (len(flag) > 2 and any(o.startswith(flag) for o in known))  # an abbreviation
+            ):
+                continue
+            after = argv[k + 1] if k + 1 < len(argv) and "=" not in token else "-"
+            unknown.append(token if after.startswith("-") else f"{token} {after}")  # its value
+        return unknown
 
     def error(self, message: str) -> typing.NoReturn:
         self.exit(2, self.error_line(message) + "\n")

@@ -516,7 +516,7 @@ def test_a_subcommand_on_a_missing_folder_says_so_first(
 @pytest.mark.parametrize(
     "argv, said",
     [
-        (["--tpp", "2"], "unrecognized arguments: --tpp; did you mean --tp?"),
+        (["--tpp", "2"], "unrecognized arguments: --tpp 2; did you mean --tp?"),
         (
             ["DIR", "--kind", "expand"],
             "argument --kind: invalid choice: 'expand' (choose from packed, expanded); did you "
@@ -751,3 +751,29 @@ def test_ctrl_c_during_a_load_says_interrupted_and_not_that_hashes_are_finishing
     err = capsys.readouterr().err
     assert f"[rank 0] {told[0]}/" in caplog.text and "rank 0: interrupted (Ctrl-C)" in err
     assert "finishing" not in caplog.text + err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["plan", "v3", "--tpp", "2"], "unrecognized arguments: --tpp 2; did you mean --tp?"),
+        (["plan", "v3", "--tp", "2", "--gpu-memroy", "8"], "did you mean --gpu-memory?"),
+        (["verify", "v3", "--treads", "2"], "did you mean --threads?"),
+        (["manifest", "v3", "--forse"], "did you mean --force?"),
+        (["export", "v3", "out", "--tp", "2", "--skp", "x"], "did you mean --skip?"),
+        (["synth", "v3", "--prest", "small"], "did you mean --preset?"),
+        (["bench", "--nprc", "2"], "did you mean --nproc?"),
+        (["attest", "verify", "f", "--checkpint", "x"], "did you mean --checkpoint?"),
+        (["attest", "v3"], "python -m tpload attest v3: no such action; the actions: verify"),
+        (["attest", "verfy"], "no such action; the actions: verify; did you mean verify?"),
+        (["v3", "--tpp", "2"], "unrecognized arguments: --tpp 2; did you mean --tp?"),
+    ],
+)
+def test_every_parser_says_did_you_mean_in_one_line(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture
+) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert said in err and "(usage: python -m tpload" in err, err

@@ -15,6 +15,7 @@ it was made with. Anything else unknown is an error listing what ships and how t
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -33,6 +34,7 @@ from ..selection.config import (
 )
 from ..selection.defaults import REFERENCE_CONFIG
 from ..storage import gguf, hub, localdir, partitioned
+from ..storage.catalogue import read_native
 from ..storage.files import folder_of, parse_json
 from ..storage.pins import Pins
 from ..storage.safetensors import read_header
@@ -77,6 +79,10 @@ def choose(
                 f"--config {spec}: {escape_name(root)} has no config.json to find the "
                 f"architecture in; name it (ARCH+{head}; {available()})"
             )
+        if not os.path.lexists(folder / INDEX_NAME) and not any(folder.glob("*.safetensors")):
+            # nothing to read as any layout (an empty folder, pickles): the storage's own words,
+            # before a note on how the folder would be read
+            read_native(folder, manifest=False)
         _refuse_other_layouts(root, pins)
         return load_config(REFERENCE_CONFIG), (
             f"config {REFERENCE_CONFIG}: {escape_name(root)} has no config.json, "

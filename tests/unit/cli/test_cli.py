@@ -777,3 +777,16 @@ def test_every_parser_says_did_you_mean_in_one_line(
     err = capsys.readouterr().err
     assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
     assert said in err and "(usage: python -m tpload" in err, err
+
+
+def test_verify_and_plan_on_an_empty_folder_say_only_that_it_is_empty(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    for argv in (["verify", str(tmp_path)], ["plan", str(tmp_path), "--tp", "1"]):
+        assert main(argv) == 1
+        out, err = capsys.readouterr()
+        assert "deepseek-v4-mtp" not in out + err and out == ""  # no note on how it would be read
+        assert err == (
+            f"tpload: error: {tmp_path}: no model.safetensors.index.json and no *.safetensors "
+            "shard\n"
+        )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import re
+import shutil
 import sys
 import typing
 from collections.abc import Callable, Iterable, Mapping
@@ -35,11 +36,49 @@ def did_you_mean(word: str, known: Iterable[str]) -> str:
     return f"; did you mean {guess}?" if guess else ""
 
 
+HELP_COLUMNS = 100
+"""The widest ``--help`` line: the terminal's width, at most this (the style's line length)."""
+
+
+class Formatter(argparse.HelpFormatter):
+    """``--help`` at most :data:`HELP_COLUMNS` wide (argparse fills the whole terminal), each flag's
+    text in one column beside it."""
+
+    def __init__(self, prog: str) -> None:
+        width = min(shutil.get_terminal_size((HELP_COLUMNS, 24)).columns, HELP_COLUMNS)
+        super().__init__(prog, max_help_position=30, width=width)
+
+
+GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("what to load", ("checkpoint", "config", "kind", "skip", "defer", "skip_activation_scales")),
+    ("layout and devices", ("tp", "ep", "replicas", "device", "allow_shared_device")),
+    ("verification", ("verify", "manifest_sha256", "digest_store", "hash_threads", "samples")),
+    (
+        "signatures (a signed folder's model.sig)",
+        (
+            "signature",
+            "signer_key",
+            "signer_cert",
+            "signer_chain",
+            "signer_identity",
+            "signer_issuer",
+        ),
+    ),
+    ("outputs", ("report", "attest", "attest_key", "progress")),
+    ("memory and time", ("reserve_gib", "evict_page_cache", "timeout_s")),
+)
+"""The load's ``--help`` in groups: every command-line option is in one (a test holds this)."""
+
+
 class Parser(argparse.ArgumentParser):
     """Every subcommand's parser: a bad flag ends in one line (``tpload: error: ...``, exit 2), like
     every other error, instead of the usage block and a second line, with the closest flag or choice
     to a mistyped one (the command line's parsers also say it once under torchrun:
     ``tpload.cli.parsers``)."""
+
+    def __init__(self, *args: typing.Any, **kwargs: typing.Any) -> None:
+        kwargs.setdefault("formatter_class", Formatter)
+        super().__init__(*args, **kwargs)
 
     def add_argument(self, *args: typing.Any, **kwargs: typing.Any) -> argparse.Action:
         if kwargs.get("choices") is not None:
@@ -163,13 +202,21 @@ def check_flags(ns: argparse.Namespace, *, checkpoint: str | None = None) -> Non
         raise OptionsError(listing(problems))
 
 
-def add_flags(parser: argparse.ArgumentParser, *, only: tuple[str, ...] | None = None) -> None:
-    """Add a flag for every command-line option (or those named in ``only``), from the fields."""
+def add_flags(
+    parser: argparse.ArgumentParser, *, only: tuple[str, ...] | None = None, grouped: bool = False
+) -> None:
+    """Add a flag for every command-line option (or those named in ``only``), from the fields;
+    ``grouped``: in :data:`GROUPS`' argument groups (the load's ``--help``)."""
     hints = field_types()
+    groups: dict[str, argparse._ActionsContainer] = {}
+    for title, names in GROUPS if grouped else ():
+        group = parser.add_argument_group(title)
+        groups.update(dict.fromkeys(names, group))
     for f in fields(LoadOptions):
         meta = f.metadata
         if not meta["cli"] or (only is not None and f.name not in only):
             continue
+        into = groups.get(f.name, parser)
         flag = meta["flag"] or "--" + f.name.replace("_", "-")
         kw: dict[str, object] = {"dest": f.name, "help": meta["help"]}
         base = hints[f.name]
@@ -185,7 +232,7 @@ def add_flags(parser: argparse.ArgumentParser, *, only: tuple[str, ...] | None =
             if meta["choices"]:
                 kw.update(choices=choice_words(meta["choices"]), metavar=None)
         kw["default"] = argparse.SUPPRESS  # unset flags keep the dataclass default
-        parser.add_argument(flag, **kw)
+        into.add_argument(flag, **kw)
 
 
 def _checked(check: Callable[[object], str | None] | None) -> Callable[[str], str] | None:

@@ -139,13 +139,13 @@ def table(rows: list[dict], model: str, tp: int) -> str:
 
 def cmd_bench_engine(argv: list[str]) -> int:
     p = Parser(prog="python -m tpload bench --engine vllm", description=__doc__.split("\n\n")[0])
-    p.add_argument("--engine", choices=["vllm"], required=True)
+    p.add_argument("--engine", choices=["vllm"], required=True, help="the serving engine")
     p.add_argument(
         "checkpoint",
         help="a model folder vLLM can serve (config.json, safetensors, a tpload manifest)",
     )
-    p.add_argument("--tp", type=RANKS, default=2)
-    p.add_argument("--rounds", type=COUNT, default=1)
+    p.add_argument("--tp", type=RANKS, default=2, help="the engine's tensor-parallel size")
+    p.add_argument("--rounds", type=COUNT, default=1, help="engine starts of each loader")
     p.add_argument(
         "--vllm-python",
         default=default_python(),

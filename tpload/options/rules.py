@@ -88,7 +88,12 @@ def _attest_problems(values: Mapping[str, object], spell: Spell) -> list[str]:
             f"{spell('verify')} off (no byte was checked)"
         )
     folder = Path(str(attest)).absolute().parent if attest else None
-    if attest and not folder.is_dir():
+    if attest == "-":  # unlike --report -: a statement is a file, with its signature beside it
+        problems.append(
+            f"{spell('attest')} -: the attestation is written to a file (FILE.sig beside it when "
+            "signed), never to standard output; name the file"
+        )
+    elif attest and not folder.is_dir():
         problems.append(f"{spell('attest')} {attest}: folder {folder} does not exist")
     elif attest and (
         Path(str(attest)).is_dir() or (key and Path(str(attest) + ".sig").is_dir())

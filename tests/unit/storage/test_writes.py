@@ -94,3 +94,12 @@ def test_report_dash_writes_the_json_on_stdout_and_the_table_on_stderr(
     assert doc["ranks"][0]["tensors"] == 62 and doc["tp"] == 1
     assert "rank node" in err and "verified: 62 tensors by sha256" in err
     assert not Path("-").exists()
+
+
+def test_attest_dash_is_refused_naming_a_file(
+    small_ckpt: Path, capsys: pytest.CaptureFixture
+) -> None:
+    assert main([str(small_ckpt), "--no-progress", "--attest", "-"]) == 1
+    err = capsys.readouterr().err
+    assert "invalid option: --attest -: the attestation is written to a file" in err, err
+    assert not Path("-").exists()

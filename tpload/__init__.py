@@ -64,3 +64,9 @@ def __getattr__(name: str) -> object:
     value = getattr(importlib.import_module(module, __name__), name)
     _LOAD_PATH_IMPORT_NS += time.perf_counter_ns() - started
     return value
+
+
+def __dir__() -> list[str]:
+    """The API (``__all__``: ``load``, the errors, ``LoadOptions``...), found lazily, rather than
+    this module's own imports (``sys``, ``time``): what ``dir(tpload)`` and completion show."""
+    return sorted([*__all__, "load_path_import_ns"])

@@ -37,6 +37,7 @@ FACE: dict[str, tuple[str, str]] = {
     "read_json": ("storage.files", "a small JSON file read whole through the bounded reader"),
     "open_regular": ("storage.files", "a read-only descriptor of a regular file, else refused"),
     "atomic_write": ("storage.files", "write a file beside and rename it into place"),
+    "atomic_file": ("storage.files", "atomic_write's open file, for data written in pieces"),
     "folder_of": ("storage.files", "the checkpoint folder a path names (a .gguf's folder)"),
     "not_a_folder": ("options.rules", "why a path cannot be (or be made) a folder"),
     "resident_bytes": ("storage.pagecache", "bytes of a file in the page cache"),
@@ -159,6 +160,7 @@ if TYPE_CHECKING:  # the face for the type checker and import-linter (the same n
     from .storage.catalogue import HEADERS_ONLY as HEADERS_ONLY_KEY  # noqa: F401  re-exported
     from .storage.catalogue import Catalogue as Catalogue
     from .storage.catalogue import read_native as read_native
+    from .storage.files import atomic_file as atomic_file
     from .storage.files import atomic_write as atomic_write
     from .storage.files import folder_of as folder_of
     from .storage.files import open_regular as open_regular

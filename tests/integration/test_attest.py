@@ -129,3 +129,34 @@ def test_a_failed_attestation_write_fails_every_rank(tmp_path: Path) -> None:
     )
     assert lines[0].startswith(f"rank 0: {want}") and lines[1].startswith(f"rank 1: {want}"), lines
     assert not out.exists()
+
+
+def test_the_docs_example_runs_as_written(tmp_path: Path) -> None:
+    """docs/attestation.md's "Try it" block, line by line in a scratch folder: the key made by
+    openssl, a real torchrun launch that attests and signs, attest verify with the public key."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("openssl") is None or shutil.which("torchrun") is None:
+        pytest.skip("needs openssl and torchrun on PATH")
+    page = (Path(__file__).parents[2] / "docs" / "attestation.md").read_text()
+    block = re.search(r"## Try it\n.*?```bash\n(.*?)```", page, re.S).group(1)
+    lines = [line.split("   #")[0].strip() for line in block.splitlines() if line.strip()]
+    assert lines[0].startswith("openssl ecparam")
+    assert lines[-1].startswith("python -m tpload attest")
+    env = dict(
+        os.environ,
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        PYTHONPATH=str(Path(__file__).parents[2]),  # this checkout's tpload
+        OMP_NUM_THREADS="1",
+        CUDA_VISIBLE_DEVICES="",
+    )
+    for line in lines:
+        run = subprocess.run(
+            line, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert run.returncode == 0, (line, run.stdout, run.stderr)
+    said = " ".join(page.split("The last line prints `", 1)[1].split("`", 1)[0].split())
+    assert run.stdout.strip() == said, run.stdout

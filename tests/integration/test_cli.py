@@ -11,20 +11,21 @@ from ..helpers import tpload_cli
 
 
 def test_readme_default_loads_the_builtin_checkpoint(tmp_path: Path) -> None:
-    report = tmp_path / "r.json"
-    run = tpload_cli(2, "--report", str(report), env={"TPLOAD_CACHE": str(tmp_path / "cache")})
+    # --report -: rank 0 alone writes standard output (the JSON), the table goes to standard error
+    run = tpload_cli(2, "--report", "-", env={"TPLOAD_CACHE": str(tmp_path / "cache")})
     assert run.rc == 0, run.text
-    assert "verified:" in run.out and "rank node" in run.out
+    assert "verified:" in run.err and "rank node" in run.err
     assert (
         "using the built-in synthetic checkpoint" in run.err
     )  # said before the silent first seconds
-    doc = json.loads(report.read_text())
+    doc = json.loads(run.out)  # the whole of standard output: one report, from rank 0 only
     assert len(doc["ranks"]) == 2 and doc["tp"] == 2 and doc["verify"] == "node"
     assert all(r["failed"] == 0 and r["tensors"] > 0 for r in doc["ranks"])
     assert any((tmp_path / "cache").glob("synth-*/NATIVE_MANIFEST.json"))  # made once, cached
     # tpload's own checkpoint pins what its load checks: no stale-manifest note on the first run
     assert "pins none of" not in run.text and not any("pins none" in n for n in doc["notes"])
-    assert_matches_readme(run.out)
+    assert not Path("-").exists()
+    assert_matches_readme(run.err)
 
 
 def assert_matches_readme(out: str) -> None:
@@ -72,8 +73,8 @@ def test_a_failed_load_prints_its_message_once_and_torchrun_names_it(tmp_path: P
 def test_a_mistyped_flag_under_torchrun_is_said_once_with_the_closest() -> None:
     run = tpload_cli(2, "--tpp", "2")
     said = (
-        "tpload: error: unrecognized arguments: --tpp; did you mean --tp? (usage: python -m tpload "
-        "--help)"
+        "tpload: error: unrecognized arguments: --tpp 2; did you mean --tp? (usage: python -m "
+        "tpload --help)"
     )
     assert run.rc != 0 and said in run.err.splitlines()
     assert run.err.count("did you mean --tp?") == 2  # once from the ranks, once in the summary

@@ -77,3 +77,11 @@ def test_more_ranks_than_gpus_is_refused_unless_asked(monkeypatch: pytest.Monkey
     )  # LOCAL_RANK, never the global rank
     with pytest.raises(OptionsError, match="cuda:5 asked for, but this process sees 2 GPU"):
         distributed.pick_device("cuda:5", 0)
+
+
+def test_dir_shows_the_api_not_the_module_s_own_imports() -> None:
+    names = dir(tpload)
+    assert set(tpload.__all__) <= set(names)
+    assert {"load", "LoadError", "LoadOptions", "RankShards"} <= set(names)
+    assert not {"sys", "time", "importlib", "TYPE_CHECKING", "annotations"} & set(names)
+    assert all(hasattr(tpload, n) for n in names)  # each one resolves (lazily)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import json
 import os
 import uuid
@@ -35,7 +36,7 @@ from ..model.errors import LoadError
 from ..model.text import escape_name
 from ..report.log import rank_log
 from ..selection.config import ACTIVATION_ORIGIN
-from ..storage.files import atomic_write
+from ..storage.files import NotRegularTarget, atomic_write, target_problem
 from .signing import sign, signature_path
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -262,6 +263,9 @@ def write(path: str | os.PathLike, doc: Mapping, key: str | os.PathLike | None =
     its signature beside it. A stale signature of an earlier statement is removed first."""
     out = Path(path).absolute()
     sig = signature_path(out)
+    for target in (out, sig):  # nothing removed nor written when either is not a regular file
+        if why := target_problem(target):
+            raise NotRegularTarget(errno.EEXIST, why, str(target))
     if os.path.lexists(sig):
         os.unlink(sig)
     atomic_write(out, dumps(doc))

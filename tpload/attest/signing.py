@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from pathlib import Path
 
 from ..model.errors import LoadError
 from ..model.text import escape_name, first_line
 from ..options.rules import signing_missing
-from ..storage.files import read_pem, read_small
+from ..storage.files import atomic_path, read_pem, read_small
 from ..verification.signing import MAX_BUNDLE_BYTES, Held
 
 SIGNATURE_SUFFIX = ".sig"
@@ -44,22 +43,17 @@ def sign(path: Path, key: str | os.PathLike) -> Path:
     from model_signing._signing import sign_ec_key
 
     out = signature_path(path)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.")
-    os.close(fd)
     try:
         pem = read_pem(key, "--attest-key")  # the key's bytes, bounded; the library gets them
         config = ms.signing.Config()
         config._signer = sign_ec_key.Signer(Held(pem, key))  # what use_elliptic_key_signer sets
-        config.sign(path, tmp)
-        os.replace(tmp, out)
+        with atomic_path(out) as tmp:
+            config.sign(path, tmp)
     except Exception as e:  # noqa: BLE001 - model-signing raises ValueError, OSError, cryptography's types
         raise LoadError(
             f"could not sign {escape_name(path)} with {escape_name(key)}: "
             f"{type(e).__name__}: {first_line(e)}"
         ) from None
-    finally:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
     return out
 
 

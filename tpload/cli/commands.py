@@ -4,14 +4,19 @@ what it prints."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
+import json
 import os
+import sys
 import time
 from pathlib import Path
+from typing import TextIO
 
 from ..model.errors import LoadError
 from ..model.text import escape_name, plural, printable
 from ..options.flags import check_flags
-from .output import fail, one_line, progress_of
+from .output import capped, fail, one_line, progress_of
 from .parsers import (
     SYNTH_DIMS,
     attest_parser,
@@ -144,15 +149,15 @@ def _gpu_memory(asked: float | None) -> tuple[int, str] | None:
     return int(props.total_memory), f"this machine's cuda:0, {printable(props.name)}"
 
 
-def _config_for(args: argparse.Namespace, root: str):
+def _config_for(args: argparse.Namespace, root: str, *, out: TextIO | None = None):
     """The config ``--config`` names for the checkpoint at ``root`` (auto: found from its files,
-    saying why)."""
-    from ..loading.pick import choose
+    saying why, on ``out``: standard output, or standard error under ``--json``)."""
+    from ..loading.pick import choose_pinned
     from ..selection.config import with_rules
 
-    config, why = choose(getattr(args, "config", None) or "auto", Path(root).absolute())
+    config, why = choose_pinned(getattr(args, "config", None) or "auto", Path(root).absolute())
     if why:
-        print(printable(why))
+        print(printable(why), file=out or sys.stdout)
     return with_rules(
         config,
         skip=tuple(getattr(args, "skip", ()) or ()),
@@ -161,11 +166,28 @@ def _config_for(args: argparse.Namespace, root: str):
     )
 
 
+DOES_NOT_FIT = 3
+"""``plan``'s exit code when a rank's peak is over the GPU it is judged against (README's exit
+codes): a script can gate a launch on it, apart from a plan that failed (1)."""
+
+
+def _human(args: argparse.Namespace) -> TextIO:
+    """Where a command's human text goes: standard output, or standard error when ``--json`` gives
+    standard output to the JSON."""
+    return sys.stderr if getattr(args, "json", False) else sys.stdout
+
+
+def _json_out(doc: dict) -> None:
+    sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+    sys.stdout.flush()
+
+
 @one_line
 def cmd_plan(argv: list[str]) -> int:
     p = plan_parser()
     args = p.parse_args(argv)
     check_flags(args, checkpoint=args.dir if args.write else None)  # --write: the store's place
+    out = _human(args)
     t0 = time.monotonic()
     try:
         _require(args.dir)
@@ -173,7 +195,7 @@ def cmd_plan(argv: list[str]) -> int:
         from ..tools.sizing import HostMemory, costs, fit_line, planning, render_costs
 
         imported = time.monotonic() - t0
-        config = _config_for(args, args.dir)
+        config = _config_for(args, args.dir, out=out)
         layout = Layout(args.tp, args.ep)
         per_node = args.nproc_per_node or layout.world
         t1, host = time.monotonic(), HostMemory()
@@ -207,17 +229,18 @@ def cmd_plan(argv: list[str]) -> int:
             )
         gpu = _gpu_memory(args.gpu_memory)
     except LoadError as e:
-        return fail(e)
-    print(
+        return _failed(args, e)
+    say = functools.partial(print, file=out)
+    say(
         f"plan for {printable(args.dir)} (config {printable(config.name)}, tp {args.tp} x ep "
         f"{args.ep}, kind {args.kind}, {plural(len(nodes), 'node')} of "
         f"{plural(per_node, 'rank')})"
     )
     if config.description:
-        print(f"config {printable(config.name)}: {printable(config.description)}")
+        say(f"config {printable(config.name)}: {printable(config.description)}")
     for line in notes:  # the weight prefix, the KV-cache scale census, the activation scales
-        print(printable(line))
-    print(
+        say(printable(line))
+    say(
         render_costs(
             ranks,
             nodes,
@@ -231,22 +254,54 @@ def cmd_plan(argv: list[str]) -> int:
     if args.replicas > 1:
         from ..distributed.replica_split import plan_lines
 
-        print("\n".join(plan_lines(plans, args.replicas, per_node)))
-    print(
+        say("\n".join(plan_lines(plans, args.replicas, per_node)))
+    say(
         f"planned {plural(len(plans), 'rank')} of {plural(len(catalogue.tensors), 'tensor')} in "
         f"{seconds:.2f} s (headers, classification, plans, figures; imports {imported:.2f} s "
         f"before); peak RSS {host.peak / 2**30:.2f} GiB"
     )
     if path is not None:
-        print(
+        say(
             f"wrote {path}: every tensor checked by sha256 first; loads with this layout, kind "
             "and config are checked against these digests, and --verify digest loads may trust "
             "them in place of hashing"
         )
-    return 0
+    over = [r.rank for r in ranks if gpu is not None and r.device_peak > gpu[0]]
+    if args.json:
+        _json_out(
+            {
+                "checkpoint": args.dir,
+                "config": config.name,
+                "tp": args.tp,
+                "ep": args.ep,
+                "kind": str(args.kind),
+                "notes": list(notes),
+                "ranks": [
+                    dataclasses.asdict(r)
+                    | {"device_peak": r.device_peak, "digest": d if d != "-" else None}
+                    for r, d in zip(ranks, digests, strict=True)
+                ],
+                "nodes": [dataclasses.asdict(n) for n in nodes],
+                "gpu": None
+                if gpu is None
+                else {"bytes": gpu[0], "source": gpu[1], "fits": not over, "over": over},
+                "digests_written": str(path) if path is not None else None,
+            }
+        )
+    return DOES_NOT_FIT if over else 0
 
 
-def _signed(args: argparse.Namespace, root: str) -> object:
+def _failed(args: argparse.Namespace, e: LoadError) -> int:
+    """A command's failure: its one line on standard error, the problems capped there
+    (:func:`~tpload.cli.output.fail`); under ``--json`` the whole of it, every problem, on
+    standard output too."""
+    if getattr(args, "json", False):
+        lines = str(e).splitlines()
+        _json_out({"ok": False, "error": lines[0] if lines else "", "lines": lines[1:]})
+    return fail(e)
+
+
+def _signed(args: argparse.Namespace, root: str, *, out: TextIO | None = None) -> object:
     """A signed folder's model.sig, verified with the signer options as a load verifies it (None:
     no bundle, or ``--signature none``); a signer option that nothing uses is said in a note. Raises
     LoadError for a signed folder without a signer, or a signature that does not verify."""
@@ -255,7 +310,7 @@ def _signed(args: argparse.Namespace, root: str) -> object:
     notes: list[str] = []
     signed = signing.precheck(signing.SignerOptions.of(args, root), notes=notes)
     for line in notes:
-        print(f"note: {printable(line)}")
+        print(f"note: {printable(line)}", file=out or sys.stdout)
     return signed
 
 
@@ -263,22 +318,35 @@ def _signed(args: argparse.Namespace, root: str) -> object:
 def cmd_verify(argv: list[str]) -> int:
     args = verify_parser().parse_args(argv)
     check_flags(args)
+    out = _human(args)
     try:
         _require(args.dir)
         from ..tools.offline import verify_checkpoint
 
-        signed = _signed(args, args.dir)
-        config = None if args.config == "none" else _config_for(args, args.dir)
+        signed = _signed(args, args.dir, out=out)
+        config = None if args.config == "none" else _config_for(args, args.dir, out=out)
         problems = verify_checkpoint(
             args.dir, config, threads=args.threads, signed=signed, progress=progress_of("verify")
         )
     except LoadError as e:
-        return fail(e)
-    for line in problems:
-        print(f"BAD {printable(line)}")
-    if not problems:
-        print(printable(_verified(args.dir, config, signed)))
-    print(f"{printable(args.dir)}: {'OK' if not problems else f'{len(problems)} problem(s)'}")
+        return _failed(args, e)
+    for line in capped([f"BAD {printable(line)}" for line in problems]):
+        print(line, file=out)
+    checked = printable(_verified(args.dir, config, signed)) if not problems else None
+    if checked:
+        print(checked, file=out)
+    verdict = "OK" if not problems else f"{len(problems)} problem(s)"
+    print(f"{printable(args.dir)}: {verdict}", file=out)
+    if args.json:
+        _json_out(
+            {
+                "checkpoint": args.dir,
+                "ok": not problems,
+                "config": getattr(config, "name", None),
+                "checked": checked,
+                "problems": list(problems),
+            }
+        )
     return 1 if problems else 0
 
 

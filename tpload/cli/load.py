@@ -7,12 +7,12 @@ import logging
 import os
 import shlex
 import signal
-from pathlib import Path
 
 from ..model.errors import LoadError
 from ..model.text import escape_name, plural
 from ..options.flags import closest, from_args
 from ..options.load_options import LoadOptions
+from ..storage.files import STDOUT
 from .output import configure_logging, fail_rank, one_line, refuse_launch, say
 from .parsers import SUBCOMMANDS, load_parser
 
@@ -39,9 +39,11 @@ def first_run_notes(opts_checkpoint: str | None) -> None:
     """Rank 0 says what the first run spends its first seconds on, before it spends them."""
     if os.environ.get("RANK", "0") != "0":
         return
+    from .kernel_cache import compiled, kernel_cache
+
     log = logging.getLogger("tpload")
-    cache = Path(__file__).parents[1] / "__pycache__"  # tpload's own, where numba keeps them
-    if not any(cache.glob("kernels.*.nbi")):
+    cache = kernel_cache()  # where numba will look for them, and write them
+    if not compiled(cache):
         log.info("compiling tpload's CPU kernels once (about 10 s; cached in %s)", cache)
     if opts_checkpoint is None:
         from ..tools.synth import PRESETS, cache_root
@@ -119,8 +121,11 @@ def cmd_load(argv: list[str]) -> int:
         collector_policy()
         with init_distributed(timeout_s=opts.timeout_s) as ctx:
             shards = load_in(opts, ctx)
-            if ctx.rank == 0:
-                print(shards.report.table(), flush=True)
+            if ctx.rank == 0:  # with --report -, the JSON is standard output's (written already)
+                if opts.report == STDOUT:
+                    say(shards.report.table())
+                else:
+                    print(shards.report.table(), flush=True)
             shards.release()
     except LoadError as e:
         # torchrun SIGTERMs the others as soon as one rank exits: finish this message first.

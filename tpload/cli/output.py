@@ -38,9 +38,45 @@ def say(text: str) -> None:
         data = data[os.write(fd, data) :]
 
 
+SHOWN_PROBLEMS = 20
+"""How many items of a list of problems the terminal shows; the rest are counted (every one is in
+``--report`` and ``--json``)."""
+
+
+def capped(lines: list[str], *, indent: str = "", limit: int = SHOWN_PROBLEMS) -> list[str]:
+    """The first ``limit`` of ``lines``, then one counting the rest: a checkpoint with a million bad
+    entries gives a screenful, not a million lines."""
+    if len(lines) <= limit:
+        return lines
+    return [*lines[:limit], f"{indent}... and {len(lines) - limit:,} more"]
+
+
+def capped_text(text: str) -> str:
+    """``text`` with each run of list items (lines starting ``- `` at one indent, as
+    :func:`tpload.model.errors` lists problems) cut by :func:`capped`."""
+    out: list[str] = []
+    run: list[str] = []
+    indent = None
+    for line in [*text.split("\n"), None]:
+        stripped = line.lstrip(" ") if line is not None else ""
+        here = line[: len(line) - len(stripped)] if line is not None else None
+        if line is not None and stripped.startswith("- ") and (not run or here == indent):
+            run.append(line)
+            indent = here
+            continue
+        out += capped(run, indent=indent or "")
+        run, indent = [], None
+        if line is not None:
+            if stripped.startswith("- "):
+                run, indent = [line], here
+            else:
+                out.append(line)
+    return "\n".join(out)
+
+
 def fail(e: BaseException, rank: str | None = None) -> int:
     prefix = f"[rank {rank}] " if rank is not None else ""
-    say(f"{prefix}tpload: error: {printable(str(e))}")
+    say(f"{prefix}tpload: error: {capped_text(printable(str(e)))}")
     return 1
 
 
@@ -51,7 +87,7 @@ def fail_rank(e: LoadError, rank: str) -> int:
     cause."""
     reporter = e.reporter
     if reporter is None or str(reporter) == rank:
-        line, first = f"[rank {rank}] tpload: error: {printable(str(e))}", True
+        line, first = f"[rank {rank}] tpload: error: {capped_text(printable(str(e)))}", True
     else:
         line, first = f"[rank {rank}] tpload: load failed (see rank {reporter})", False
     say(line)
@@ -124,10 +160,10 @@ def _error_file(line: str, *, root_cause: bool) -> None:
     # written whole or not at all (a temporary file renamed over it): a rank stopped by torchrun's
     # SIGTERM between opening and writing would leave an empty file, and torchrun's summary fails
     # on it with a JSONDecodeError instead of naming the root cause
-    tmp = Path(f"{path}.{os.getpid()}.tmp")
+    from ..storage.files import atomic_write
+
     try:
-        tmp.write_text(json.dumps(doc))
-        os.replace(tmp, path)
+        atomic_write(Path(path), json.dumps(doc))
     except OSError as e:  # the message is on stderr already: the summary only loses it
         say(f"tpload: could not write torchrun's error file {printable(path)}: {e.strerror}")
 

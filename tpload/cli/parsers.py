@@ -30,13 +30,32 @@ SUBCOMMANDS = ("synth", "plan", "verify", "manifest", "bench", "export", "attest
 """``python -m tpload NAME ...``; anything else is the load's flags."""
 SYNTH_DIMS = ("hidden", "inter", "experts", "stages", "vocab", "block", "shards", "seed")
 """The reference layout's dimensions ``synth`` takes as flags."""
+SYNTH_HELP = {
+    "hidden": "(small, medium, seed) the hidden size",
+    "inter": "(small, medium, seed) each expert's intermediate size",
+    "experts": "(small, medium, seed) routed experts per layer",
+    "stages": "(small, medium, seed) how many MTP stages (layers)",
+    "vocab": "(small, medium, seed) the vocabulary (embedding and head rows)",
+    "block": "(small, medium, seed) the FP8 scale block",
+    "shards": "(small, medium, seed) how many safetensors files",
+    "seed": "the random seed of the values (every preset; default 0)",
+}
+"""Each dimension's ``--help`` line."""
 
 
 def load_parser() -> argparse.ArgumentParser:
     p = Parser(
         prog="python -m tpload",
-        description="Load every rank's verified shards of a "
-        "checkpoint (run under torchrun). Subcommands: " + ", ".join(SUBCOMMANDS) + ".",
+        usage="torchrun --nproc-per-node N -m tpload [DIR] [flags]   (or: python -m tpload "
+        "SUBCOMMAND ...)",
+        description="Load every rank's verified shards of a checkpoint (run under torchrun; "
+        "README.md's Options table has every flag).",
+        epilog="subcommands: "
+        + ", ".join(SUBCOMMANDS)
+        + "; `python -m tpload SUBCOMMAND --help` for each (synth: a synthetic checkpoint, plan: "
+        "what each rank reads and holds, verify: check at rest, manifest: write "
+        "NATIVE_MANIFEST.json, bench, export: pre-partition, attest verify: check an "
+        "attestation)",
     )
     p.add_argument(
         "dir",
@@ -44,8 +63,8 @@ def load_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="checkpoint directory or .gguf file (or --checkpoint DIR)",
     )
-    add_flags(p)
-    add_cli_only(p, __version__)
+    add_flags(p, grouped=True)
+    add_cli_only(p.add_argument_group("the command line"), __version__)
     return p
 
 
@@ -63,12 +82,15 @@ def synth_parser() -> argparse.ArgumentParser:
         "NATIVE_MANIFEST.json). NAME-full --headers-only: the same headers at full size, with "
         "holes for data and no manifest. NAME-gguf-tiny: a GGUF split set (no manifest).",
     )
-    p.add_argument("dir", help="a new or empty folder")
+    p.add_argument("dir", metavar="DIR", help="a new or empty folder")
 
     p.add_argument(
         "--preset",
         choices=list(PRESETS) + list(PUBLISHED) + list(GGUF_PRESETS) + list(HEADERS_ONLY),
         default="small",
+        metavar="NAME",
+        help="the layout to write (default small): "
+        + ", ".join(list(PRESETS) + list(PUBLISHED) + list(GGUF_PRESETS) + list(HEADERS_ONLY)),
     )
     p.add_argument(
         "--headers-only",
@@ -91,7 +113,9 @@ def synth_parser() -> argparse.ArgumentParser:
         "huggingface_hub), without a manifest; load DIR",
     )
     for f in SYNTH_DIMS:
-        p.add_argument(f"--{f}", type=SEED if f == "seed" else COUNT)
+        p.add_argument(
+            f"--{f}", type=SEED if f == "seed" else COUNT, metavar="N", help=SYNTH_HELP[f]
+        )
     p.add_argument(
         "--tensors",
         type=COUNT,
@@ -108,10 +132,27 @@ def plan_parser() -> argparse.ArgumentParser:
         "(reads, hashing, device and host memory; each node's share); with --digest the digests "
         "a load must produce (computed on the CPU by the load's code).",
     )
-    p.add_argument("dir")
-    p.add_argument("--tp", type=RANKS, required=True)
-    p.add_argument("--ep", type=RANKS, default=1)
-    p.add_argument("--kind", choices=KINDS, default="packed")
+    p.add_argument("dir", metavar="DIR", help="the checkpoint folder (or .gguf file) to plan")
+    p.add_argument(
+        "--tp",
+        type=RANKS,
+        required=True,
+        help="tensor-parallel degree: how many ranks cut each matrix",
+    )
+    p.add_argument(
+        "--ep",
+        type=RANKS,
+        default=1,
+        help="expert-parallel degree: how many groups the experts are split among (ranks = tp x "
+        "ep; default 1)",
+    )
+    p.add_argument(
+        "--kind",
+        choices=KINDS,
+        default="packed",
+        help="packed: the stored bytes (FP4/FP8 weights with their scales); expanded: bf16 decodes "
+        "(default packed)",
+    )
     p.add_argument(
         "--nproc-per-node",
         type=RANKS,
@@ -144,6 +185,12 @@ def plan_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--digest", action="store_true", help="compute each rank's digest on the CPU")
     p.add_argument(
+        "--json",
+        action="store_true",
+        help="the plan as JSON on standard output (every rank, node and the fit; the text on "
+        "standard error)",
+    )
+    p.add_argument(
         "--write",
         action="store_true",
         help="check every tensor by sha256, then keep the digests in the "
@@ -159,7 +206,7 @@ def verify_parser() -> argparse.ArgumentParser:
         "index, manifest, every sha256, scale bytes, NaN codes and overflowing decodes; list "
         "every bad tensor. An export is checked rank file by rank file.",
     )
-    p.add_argument("dir")
+    p.add_argument("dir", metavar="DIR", help="the checkpoint folder (or .gguf file) to check")
     p.add_argument(
         "--config",
         default="auto",
@@ -167,6 +214,12 @@ def verify_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--threads", type=THREADS, default=2, help="hash worker threads (0: on the main thread)"
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="the verdict and every problem as JSON on standard output (the text on standard "
+        "error)",
     )
     add_flags(p, only=SIGNER_FIELDS)  # a signed DIR: checked against its model.sig, as a load
     return p
@@ -180,7 +233,9 @@ def manifest_parser() -> argparse.ArgumentParser:
         "a blake3 of every tensor in the digest store, after checking each one's sha256 "
         "against the manifest (loads then hash with blake3).",
     )
-    p.add_argument("dir")
+    p.add_argument(
+        "dir", metavar="DIR", help="the checkpoint folder (or .gguf file) to write it for"
+    )
     p.add_argument("--force", action="store_true", help="overwrite an existing manifest")
     p.add_argument(
         "--threads", type=THREADS, default=2, help="hash worker threads (0: on the main thread)"
@@ -220,9 +275,15 @@ def attest_parser() -> argparse.ArgumentParser:
         "digest from its bytes, and compare windows, coverage, digests and the signature. Prints "
         "one line per difference (docs/attestation.md).",
     )
-    sub = p.add_subparsers(dest="action", required=True)
+    sub = p.add_subparsers(
+        dest="action",
+        required=True,
+        metavar="ACTION",
+        title="actions",
+        help="`python -m tpload attest ACTION --help` for its flags",
+    )
     v = sub.add_parser("verify", help="check FILE against the checkpoint")
-    v.add_argument("file", metavar="FILE")
+    v.add_argument("file", metavar="FILE", help="the attestation (--attest FILE of the load)")
     v.add_argument(
         "--checkpoint", required=True, metavar="DIR", help="the checkpoint the load read"
     )

@@ -137,8 +137,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{result['tokens']}",
             flush=True,
         )
-    with open(args.out, "w") as f:
-        json.dump(results, f)
+    from ..storage.files import atomic_write
+
+    atomic_write(Path(args.out), json.dumps(results))
     return 0
 
 

@@ -15,12 +15,13 @@ it was made with. Anything else unknown is an error listing what ships and how t
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..model.errors import ConfigError, LoadError
+from ..model.errors import CheckpointError, ConfigError, LoadError, raise_all
 from ..model.text import escape_name
 from ..model.values import INDEX_NAME
 from ..selection.config import (
@@ -33,6 +34,7 @@ from ..selection.config import (
 )
 from ..selection.defaults import REFERENCE_CONFIG
 from ..storage import gguf, hub, localdir, partitioned
+from ..storage.catalogue import read_native
 from ..storage.files import folder_of, parse_json
 from ..storage.pins import Pins
 from ..storage.safetensors import read_header
@@ -77,6 +79,10 @@ def choose(
                 f"--config {spec}: {escape_name(root)} has no config.json to find the "
                 f"architecture in; name it (ARCH+{head}; {available()})"
             )
+        if not os.path.lexists(folder / INDEX_NAME) and not any(folder.glob("*.safetensors")):
+            # nothing to read as any layout (an empty folder, pickles): the storage's own words,
+            # before a note on how the folder would be read
+            read_native(folder, manifest=False)
         _refuse_other_layouts(root, pins)
         return load_config(REFERENCE_CONFIG), (
             f"config {REFERENCE_CONFIG}: {escape_name(root)} has no config.json, "
@@ -113,6 +119,33 @@ def refuse_other_rules(root: Path, config: Config) -> None:
             "config edited since the export, or other --skip/--defer globs); its rank files hold "
             "the windows of the export's rules: load it with those, or export it again"
         )
+
+
+def choose_pinned(spec: str, root: Path) -> tuple[Config, str]:
+    """:func:`choose` for a command that has not opened the checkpoint (``plan``, ``verify``,
+    ``export``): the pins first, as a load checks them before it picks (the JSON files against the
+    manifest's pins, a GGUF set's key-values against theirs), so an edited architecture key is
+    named as the pin it breaks, not as a model no config ships for. CheckpointError listing every
+    pin that fails."""
+    folder = folder_of(root)
+    if not folder.is_dir() or partitioned.export_config(folder) is not None:
+        return choose(spec, root)  # no folder (the command says so), or an export's own manifest
+    pins = Pins.of(folder)
+    problems = pins.problems()
+    header = None
+    found = gguf.gguf_files(root)
+    if found is not None:
+        headers = gguf.read_set(found, folder)
+        kv = {h.path.relative_to(folder).as_posix(): (h.kv_sha256, h.kv_bytes) for h in headers}
+        problems += pins.gguf_problems(kv)
+        header = headers[0]
+    raise_all(
+        CheckpointError,
+        problems,
+        what="files that do not match their pins in the manifest (checked before a config is "
+        "chosen from them)",
+    )
+    return choose(spec, root, pins=pins, header=header)
 
 
 def model_config(

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import difflib
 import re
+import shutil
+import sys
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, dataclass, fields
@@ -34,11 +36,49 @@ def did_you_mean(word: str, known: Iterable[str]) -> str:
     return f"; did you mean {guess}?" if guess else ""
 
 
+HELP_COLUMNS = 100
+"""The widest ``--help`` line: the terminal's width, at most this (the style's line length)."""
+
+
+class Formatter(argparse.HelpFormatter):
+    """``--help`` at most :data:`HELP_COLUMNS` wide (argparse fills the whole terminal), each flag's
+    text in one column beside it."""
+
+    def __init__(self, prog: str) -> None:
+        width = min(shutil.get_terminal_size((HELP_COLUMNS, 24)).columns, HELP_COLUMNS)
+        super().__init__(prog, max_help_position=30, width=width)
+
+
+GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("what to load", ("checkpoint", "config", "kind", "skip", "defer", "skip_activation_scales")),
+    ("layout and devices", ("tp", "ep", "replicas", "device", "allow_shared_device")),
+    ("verification", ("verify", "manifest_sha256", "digest_store", "hash_threads", "samples")),
+    (
+        "signatures (a signed folder's model.sig)",
+        (
+            "signature",
+            "signer_key",
+            "signer_cert",
+            "signer_chain",
+            "signer_identity",
+            "signer_issuer",
+        ),
+    ),
+    ("outputs", ("report", "attest", "attest_key", "progress")),
+    ("memory and time", ("reserve_gib", "evict_page_cache", "timeout_s")),
+)
+"""The load's ``--help`` in groups: every command-line option is in one (a test holds this)."""
+
+
 class Parser(argparse.ArgumentParser):
     """Every subcommand's parser: a bad flag ends in one line (``tpload: error: ...``, exit 2), like
     every other error, instead of the usage block and a second line, with the closest flag or choice
     to a mistyped one (the command line's parsers also say it once under torchrun:
     ``tpload.cli.parsers``)."""
+
+    def __init__(self, *args: typing.Any, **kwargs: typing.Any) -> None:
+        kwargs.setdefault("formatter_class", Formatter)
+        super().__init__(*args, **kwargs)
 
     def add_argument(self, *args: typing.Any, **kwargs: typing.Any) -> argparse.Action:
         if kwargs.get("choices") is not None:
@@ -49,11 +89,52 @@ class Parser(argparse.ArgumentParser):
         # argparse's own check, worded with the choices as typed and the closest one
         if action.choices is not None and value not in action.choices:
             words = [str(c) for c in action.choices]
+            if isinstance(action, argparse._SubParsersAction):  # `attest v3`: name the actions
+                raise argparse.ArgumentError(
+                    None,
+                    f"{self.prog} {value}: no such action; the actions: {', '.join(words)}"
+                    + did_you_mean(str(value), words),
+                )
             raise argparse.ArgumentError(
                 action,
                 f"invalid choice: {value!r} (choose from {', '.join(words)})"
                 + did_you_mean(str(value), words),
             )
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: typing.Sequence[str] | None = None, namespace: typing.Any = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        # An unknown flag first: argparse would otherwise say only that a required one is missing
+        # (`plan DIR --tpp 2`: "--tp is required", not "did you mean --tp?")
+        argv = sys.argv[1:] if args is None else list(args)
+        unknown = self._unknown_flags(argv)
+        if unknown:
+            self.error(f"unrecognized arguments: {' '.join(unknown)}")
+        return super().parse_known_args(argv, namespace)
+
+    def _unknown_flags(self, argv: list[str]) -> list[str]:
+        """The flags in ``argv`` this parser does not know (nor abbreviates), each with the word
+        after it (its value, as argparse lists them), up to ``--`` or a subcommand (whose own parser
+        checks the rest)."""
+        actions = [a for a in self._actions if isinstance(a, argparse._SubParsersAction)]
+        subcommands = {str(c) for a in actions for c in (a.choices or ())}
+        known = self._option_string_actions
+        unknown: list[str] = []
+        for k, token in enumerate(argv):
+            if token == "--" or token in subcommands:
+                break
+            flag = token.split("=", 1)[0]
+            if (
+                not token.startswith("-")
+                or token == "-"
+                or self._negative_number_matcher.match(token)
+                or flag in known
+                or (len(flag) > 2 and any(o.startswith(flag) for o in known))  # an abbreviation
+            ):
+                continue
+            after = argv[k + 1] if k + 1 < len(argv) and "=" not in token else "-"
+            unknown.append(token if after.startswith("-") else f"{token} {after}")  # its value
+        return unknown
 
     def error(self, message: str) -> typing.NoReturn:
         self.exit(2, self.error_line(message) + "\n")
@@ -121,13 +202,21 @@ def check_flags(ns: argparse.Namespace, *, checkpoint: str | None = None) -> Non
         raise OptionsError(listing(problems))
 
 
-def add_flags(parser: argparse.ArgumentParser, *, only: tuple[str, ...] | None = None) -> None:
-    """Add a flag for every command-line option (or those named in ``only``), from the fields."""
+def add_flags(
+    parser: argparse.ArgumentParser, *, only: tuple[str, ...] | None = None, grouped: bool = False
+) -> None:
+    """Add a flag for every command-line option (or those named in ``only``), from the fields;
+    ``grouped``: in :data:`GROUPS`' argument groups (the load's ``--help``)."""
     hints = field_types()
+    groups: dict[str, argparse._ActionsContainer] = {}
+    for title, names in GROUPS if grouped else ():
+        group = parser.add_argument_group(title)
+        groups.update(dict.fromkeys(names, group))
     for f in fields(LoadOptions):
         meta = f.metadata
         if not meta["cli"] or (only is not None and f.name not in only):
             continue
+        into = groups.get(f.name, parser)
         flag = meta["flag"] or "--" + f.name.replace("_", "-")
         kw: dict[str, object] = {"dest": f.name, "help": meta["help"]}
         base = hints[f.name]
@@ -137,12 +226,29 @@ def add_flags(parser: argparse.ArgumentParser, *, only: tuple[str, ...] | None =
             kw.update(action="append", metavar=meta["metavar"])
         else:
             kw.update(
-                metavar=meta["metavar"] or f.name.upper(), type=meta["bound"] or _cli_type(base)
+                metavar=meta["metavar"] or f.name.upper(),
+                type=meta["bound"] or _checked(meta["check"]) or _cli_type(base),
             )
             if meta["choices"]:
                 kw.update(choices=choice_words(meta["choices"]), metavar=None)
         kw["default"] = argparse.SUPPRESS  # unset flags keep the dataclass default
-        parser.add_argument(flag, **kw)
+        into.add_argument(flag, **kw)
+
+
+def _checked(check: Callable[[object], str | None] | None) -> Callable[[str], str] | None:
+    """A string flag's own rule (``--manifest-sha256``: 64 hex digits) as the parser's type, so a
+    malformed value is a parser refusal (exit 2, README's exit codes), as a number out of
+    range is."""
+    if check is None:
+        return None
+
+    def parse(text: str) -> str:
+        why = check(text)
+        if why:
+            raise argparse.ArgumentTypeError(why)
+        return text
+
+    return parse
 
 
 def _cli_type(hint: object) -> Callable[[str], object]:

@@ -201,7 +201,9 @@ class LoadOptions:
     )
     report: str | None = opt(
         None,
-        "rank 0 writes the JSON report here (its folder must exist; never inside the checkpoint)",
+        "rank 0 writes the JSON report here (its folder must exist; never inside the checkpoint; "
+        "a regular file or a new one, replaced whole); `-`: on standard output, the table then on "
+        "standard error",
         metavar="FILE",
     )
     digest_store: str | None = opt(

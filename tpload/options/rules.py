@@ -20,12 +20,12 @@ def problems_across(values: Mapping[str, object], spell: Spell) -> list[str]:
     """Every problem of these (already typed) values that no one option has alone."""
     # the path rules' modules are imported when they run: every command line builds these options'
     # flags, and `python -m tpload --help` stays cheap
-    from ..storage.files import report_in_checkpoint
+    from ..storage.files import STDOUT, report_in_checkpoint, target_problem
     from ..verification.store import in_checkpoint
 
     problems = _signer_problems(values, spell)
     report = values.get("report")
-    if report:
+    if report and report != STDOUT:  # `-`: rank 0 writes the JSON on standard output
         where = spell("report")
         folder = Path(str(report)).absolute().parent
         if not folder.is_dir():
@@ -42,6 +42,8 @@ def problems_across(values: Mapping[str, object], spell: Spell) -> list[str]:
                 f"{where} {report} {why}; the report never writes into the checkpoint it loads: "
                 "name a file outside it"
             )
+        elif why := target_problem(str(report)):
+            problems.append(f"{where} {report} {why}")
     store = values.get("digest_store")
     if store and (why := not_a_folder(str(store))):
         problems.append(
@@ -86,7 +88,12 @@ def _attest_problems(values: Mapping[str, object], spell: Spell) -> list[str]:
             f"{spell('verify')} off (no byte was checked)"
         )
     folder = Path(str(attest)).absolute().parent if attest else None
-    if attest and not folder.is_dir():
+    if attest == "-":  # unlike --report -: a statement is a file, with its signature beside it
+        problems.append(
+            f"{spell('attest')} -: the attestation is written to a file (FILE.sig beside it when "
+            "signed), never to standard output; name the file"
+        )
+    elif attest and not folder.is_dir():
         problems.append(f"{spell('attest')} {attest}: folder {folder} does not exist")
     elif attest and (
         Path(str(attest)).is_dir() or (key and Path(str(attest) + ".sig").is_dir())
@@ -107,6 +114,9 @@ def _attest_problems(values: Mapping[str, object], spell: Spell) -> list[str]:
             f"{spell('attest')} {attest} {why}; the attestation never writes into the "
             "checkpoint it vouches for: name a file outside it"
         )
+    elif attest and (target := _not_regular(str(attest), f"{attest}.sig")):
+        # the statement and any stale signature beside it (removed when a new one is written)
+        problems.append(f"{spell('attest')} {target}")
     if key and not attest:
         problems.append(f"{spell('attest_key')} signs the attestation: give {spell('attest')} too")
     if key and not os.path.exists(str(key)):  # a FIFO or a folder: the bounded reader says which
@@ -114,6 +124,16 @@ def _attest_problems(values: Mapping[str, object], spell: Spell) -> list[str]:
     elif key and (why := key_problem(str(key))):
         problems.append(f"{spell('attest_key')}: {why}")
     return problems
+
+
+def _not_regular(*paths: str) -> str | None:
+    """The first of ``paths`` tpload would not write (a FIFO, a device, a symlink...), with why."""
+    from ..storage.files import target_problem
+
+    for path in paths:
+        if why := target_problem(path):
+            return f"{path} {why}"
+    return None
 
 
 def not_a_folder(path: str) -> str | None:

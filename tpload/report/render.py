@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..model.modes import PredictionState
 from ..model.text import printable
 from ..model.trust import TrustSource
-from ..storage.files import atomic_write
+from ..storage.files import STDOUT, atomic_write
 from .figures import PREDICTION, RankFigures
 
 GIB = 1 << 30
@@ -116,7 +117,12 @@ class LoadReport:
         return json.dumps(self.to_dict(), indent=2) + "\n"
 
     def write(self, path: str | os.PathLike) -> None:
-        """Write the JSON report (beside it first, then renamed: never half a report)."""
+        """Write the JSON report (beside it first, then renamed: never half a report); ``-``: on
+        standard output (the command line then prints its table on standard error)."""
+        if os.fspath(path) == STDOUT:
+            sys.stdout.write(self.to_json())
+            sys.stdout.flush()
+            return
         atomic_write(Path(path), self.to_json())
 
     def table(self) -> str:

@@ -52,19 +52,24 @@ def open_regular(path: Path, what: str) -> int:
         raise CheckpointError(f"{escape_name(path)}: cannot stat {what} ({e.strerror})") from None
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        kind = (
-            "a FIFO"
-            if stat.S_ISFIFO(st.st_mode)
-            else "a directory"
-            if stat.S_ISDIR(st.st_mode)
-            else "a device"
-            if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
-            else "not a regular file"
-        )
         raise CheckpointError(
-            f"{escape_name(path)}: {what} is {kind}; refused (only regular files are read)"
+            f"{escape_name(path)}: {what} is {kind_of(st.st_mode)}; refused (only regular files "
+            "are read)"
         )
     return fd
+
+
+def kind_of(mode: int) -> str:
+    """What a file that is not a regular one is, in words ("a FIFO", "a device"...)."""
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
 
 
 def _no_constants(token: str) -> object:
@@ -94,10 +99,26 @@ def read_small(path: Path, what: str, *, limit: int = MAX_JSON_BYTES) -> bytes:
         os.close(fd)
 
 
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """One JSON object, refused when a key appears twice: parsers disagree on which one counts
+    (Python's keeps the last, others the first), so a document that says two things is not
+    believed (a forged ``"predicate"`` before the honest one, a manifest entry given twice)."""
+    doc = dict(pairs)
+    if len(doc) != len(pairs):
+        seen: set[str] = set()
+        twice = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise ValueError(f"the key {twice!r} appears twice in one object")
+    return doc
+
+
 def parse_json(raw: bytes, path: Path, what: str) -> object:
+    """Every trust-relevant JSON document tpload reads (the manifest, the index, config.json,
+    hf_quant_config.json, an export's manifest, an attestation, the digest store's files, a
+    signature bundle) is parsed here: UTF-8, no NaN or Infinity, no key twice in one object.
+    Safetensors headers keep serde's own rules (storage/header_json.py)."""
     try:
         return json.loads(
-            raw.decode("utf-8"), parse_constant=_no_constants
+            raw.decode("utf-8"), parse_constant=_no_constants, object_pairs_hook=_unique_keys
         )  # UTF-8 only, as safetensors reads it
     except RecursionError:
         raise CheckpointError(
@@ -210,19 +231,74 @@ class Shard:
             self.fd = -1
 
 
-@contextlib.contextmanager
-def atomic_file(path: Path, *, mode: int = 0o644) -> Iterator[BinaryIO]:
-    """A file written whole or not at all: beside ``path`` first, renamed over it on success (a
-    reader never sees half a file; a failure leaves the old one and no temporary)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+STDOUT = "-"
+"""The path that names standard output (``--report -``): the one way tpload writes to a stream."""
+
+
+def target_problem(path: str | os.PathLike) -> str | None:
+    """Why tpload will not write ``path`` (None: it may). Every file is written beside its path and
+    renamed over it (:func:`atomic_file`), which replaces whatever the path is: so an existing path
+    must be a regular file. A FIFO, a device, a socket or a folder is refused, and so is any
+    symlink, whatever it points to: renaming over a link replaces the link, not its target
+    (``/dev/stdout`` is one: renaming over it, as root, once replaced it with a file), and writing
+    through it would give up the whole-or-nothing write. The words name ``--report -``, the way to
+    get a report on standard output."""
     try:
-        with os.fdopen(fd, "wb") as f:
-            yield f
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None  # a new file (its folder is the caller's to check)
+    except OSError as e:
+        return f"cannot be examined ({e.strerror})"
+    if stat.S_ISREG(st.st_mode):
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            mode = os.stat(path).st_mode
+            to = "a regular file" if stat.S_ISREG(mode) else kind_of(mode)
+        except OSError:
+            to = "nothing (a broken link)"
+        what = f"a symlink to {to}"
+        name = "name the file itself" if to == "a regular file" else "name a regular file"
+    else:
+        what, name = kind_of(st.st_mode), "name a regular file"
+    return (
+        f"is {what}; tpload writes only regular files, whole (written beside and renamed into "
+        f"place), never into a FIFO, a device or through a symlink: {name}, or use --report - for "
+        "the JSON on standard output"
+    )
+
+
+class NotRegularTarget(OSError):
+    """A path :func:`atomic_file` refuses (:func:`target_problem`): an OSError, so every writer's
+    handling of a failed write (the report's warning, a command's one line) names it."""
+
+
+@contextlib.contextmanager
+def atomic_path(path: Path, *, mode: int = 0o644) -> Iterator[Path]:
+    """A file written whole or not at all: the caller writes the temporary path this yields (beside
+    ``path``), which is renamed over ``path`` on success (a reader never sees half a file; a failure
+    leaves the old one and no temporary). Every file tpload writes comes through here (or
+    :func:`atomic_file`, :func:`atomic_write` on top of it); a path that is not a regular file is
+    refused (:func:`target_problem`) before anything is written."""
+    why = target_problem(path)
+    if why is not None:
+        raise NotRegularTarget(errno.EEXIST, why, os.fspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path, *, mode: int = 0o644) -> Iterator[BinaryIO]:
+    """:func:`atomic_path`, open for writing."""
+    with atomic_path(path, mode=mode) as tmp, os.fdopen(os.open(tmp, os.O_WRONLY), "wb") as f:
+        yield f  # (the temporary mkstemp made, private to this process: no bounded read needed)
 
 
 def atomic_write(path: Path, data: bytes | str, *, mode: int = 0o644) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 from ..model.errors import CheckpointError
 from ..model.text import escape_name
 from ..model.values import MANIFEST_NAME
-from .files import read_small
+from .files import atomic_write, read_small
 
 SHA256_NAME = re.compile(r"[0-9a-f]{64}")
 SHA1_NAME = re.compile(r"[0-9a-f]{40}")
@@ -162,5 +162,5 @@ def to_hub_cache(src: Path, cache: Path, repo: str, revision: str = "main") -> P
         os.replace(f, store / digest)
         (snap / f.name).symlink_to(os.path.relpath(store / digest, snap))
     (top / "refs").mkdir(exist_ok=True)
-    (top / "refs" / "main").write_text(rev)
+    atomic_write(top / "refs" / "main", rev)
     return snap

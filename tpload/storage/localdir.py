@@ -11,15 +11,20 @@ while the load reads them (whole_files.FileDigests), the JSON files that shape a
 now.
 
 huggingface_hub itself trusts the metadata only while the file's mtime is at most 1 s newer than
-the metadata's timestamp; tpload judges freshness by the same rule. A file with no metadata, stale
-metadata or metadata that cannot be read is unvouched: without NATIVE_MANIFEST.json the load is
-refused, naming each one (:meth:`LocalDir.problems`). An etag proves the file is what the hub
-served for that commit (corruption since the download is caught), not that a writer of the folder
-left it alone: they can rewrite the metadata too (docs/threat-model.md).
+the metadata's timestamp (else it hashes the file again). tpload needs no such shortcut: the etag
+is the digest of the bytes, and every file it vouches for is hashed against it (a shard whole while
+the load reads it, a JSON file before it is parsed), so a download copied with ``cp -r`` (every
+mtime changed) is still vouched for by its etags. Only a file *stale* by that rule whose bytes no
+longer match its etag (modified since its download) is unvouched, as is one with no metadata or
+metadata that cannot be read: without NATIVE_MANIFEST.json the load is refused, naming each one
+(:meth:`LocalDir.problems`); with one, the manifest vouches for it. An etag proves the file is
+what the hub served for that commit (corruption since the download is caught), not that a writer of
+the folder left it alone: they can rewrite the metadata too (docs/threat-model.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import math
 import os
@@ -53,6 +58,9 @@ class Metadata:
     blob: Blob
     """The etag: ``sha256`` (64 hex digits, an LFS file) or ``git-sha1`` (40, a plain git file)."""
     timestamp: float
+    stale: bool = False
+    """The file was modified (or copied: ``cp -r``) after its metadata was written, as
+    huggingface_hub judges it: its etag is believed only once the file's bytes hash to it."""
 
 
 def _named(meta: Metadata) -> str:
@@ -149,8 +157,10 @@ def parse_metadata(raw: bytes, path: Path) -> Metadata:
     return Metadata(path, commit, Blob(algorithm, etag.lower()), timestamp)
 
 
-def judge(root: Path, rel: str) -> Metadata | str:
-    """``rel``'s fresh metadata, or why nothing vouches for it (one line, naming the file)."""
+def judge(root: Path, rel: str, *, stale_ok: bool = False) -> Metadata | str:
+    """``rel``'s fresh metadata, or why nothing vouches for it (one line, naming the file).
+    ``stale_ok``: metadata stale by huggingface_hub's rule is returned too, marked ``stale`` (its
+    etag then vouches only for bytes that hash to it)."""
     name = escape_name(rel)
     try:
         meta = read_metadata(root, rel)
@@ -163,6 +173,8 @@ def judge(root: Path, rel: str) -> Metadata | str:
     except OSError as e:
         return f"{name}: cannot stat it ({e.strerror})"
     if mtime - SLACK_S > meta.timestamp:  # huggingface_hub's rule, word for word
+        if stale_ok:
+            return dataclasses.replace(meta, stale=True)
         return (
             f"{name}: stale download metadata: the file was modified {mtime - meta.timestamp:.1f} "
             "s after its metadata was written (huggingface_hub ignores it then too), so its etag "
@@ -177,14 +189,17 @@ class LocalDir:
 
     root: Path
     fresh: dict[str, Metadata] = field(default_factory=dict)
+    """{file: the metadata whose etag it is checked against} (stale ones too,
+    :attr:`Metadata.stale`: a JSON file's bytes are checked now, a shard's as the load hashes it
+    whole)."""
     unvouched: dict[str, str] = field(default_factory=dict)
-    """{file: why nothing vouches for it} (no metadata, stale, unreadable)."""
+    """{file: why nothing vouches for it} (no metadata, unreadable, modified since the download)."""
     digests: dict[Path, str] = field(default_factory=dict)
     """Each vouched shard's expected sha256 (:meth:`shard_digests`)."""
 
     def judge(self, files: list[str]) -> LocalDir:
         for rel in files:
-            got = judge(self.root, rel)
+            got = judge(self.root, rel, stale_ok=True)
             if isinstance(got, Metadata):
                 self.fresh[rel] = got
             else:
@@ -209,7 +224,10 @@ class LocalDir:
                 try:
                     check_small(self.root / name, meta.blob, named=_named(meta))
                 except CheckpointError as e:
-                    problems.append(str(e))
+                    if meta.stale:  # modified since its download: a manifest may vouch for it
+                        self._modified(name, str(e))
+                    else:
+                        problems.append(str(e))
         if problems:
             raise CheckpointError(
                 "\n".join(problems)
@@ -225,13 +243,39 @@ class LocalDir:
         self.judge(shards)
         for shard in shards:
             meta = self.fresh.get(shard)
-            if meta is not None:
-                self.digests[self.root / shard] = (
-                    meta.blob.digest
-                    if meta.blob.algorithm == "sha256"
-                    else check_small(self.root / shard, meta.blob, named=_named(meta))
+            if meta is None:
+                continue
+            if meta.blob.algorithm == "sha256":  # hashed whole as the load reads it
+                self.digests[self.root / shard] = meta.blob.digest
+                continue
+            try:
+                self.digests[self.root / shard] = check_small(
+                    self.root / shard, meta.blob, named=_named(meta)
                 )
+            except CheckpointError as e:
+                if not meta.stale:
+                    raise
+                self._modified(shard, str(e))
         return self.digests
+
+    def fresh_digests(self) -> dict[Path, str]:
+        """:attr:`digests` of the shards whose metadata is fresh (huggingface_hub's rule): what
+        ``tpload manifest`` holds the files to; one modified or copied since its download it
+        vouches for as it is now."""
+        return {
+            path: d
+            for path, d in self.digests.items()
+            if not self.fresh[path.relative_to(self.root).as_posix()].stale
+        }
+
+    def _modified(self, rel: str, why: str) -> None:
+        """``rel``, stale by huggingface_hub's rule, does not match its etag: modified since its
+        download, so its etag vouches for nothing."""
+        del self.fresh[rel]
+        self.unvouched[rel] = (
+            f"{escape_name(rel)}: modified since its download (its mtime is later than its "
+            f"download metadata, and {why.split(': ', 1)[-1]})"
+        )
 
     def problems(self) -> list[str]:
         """The refusal when some file is unvouched (and no manifest vouches instead): what, and the
@@ -242,11 +286,11 @@ class LocalDir:
         root = escape_name(self.root)
         head = (
             f"{root}: a huggingface_hub local-dir download without {MANIFEST_NAME}, but "
-            f"{len(self.unvouched)} of its {total} file(s) have no fresh download metadata, so "
-            "nothing vouches for their bytes. Either write a manifest: `python -m tpload "
-            f"manifest {root}` (hashes every tensor once; it vouches for the bytes as they are "
-            "now), or load with --verify off (nothing is checked; every report says so), or "
-            "download them again with `hf download ... --local-dir`. The files"
+            f"{len(self.unvouched)} of its {total} file(s) have no download metadata that "
+            "vouches for them, so nothing vouches for their bytes. Either write a manifest: "
+            f"`python -m tpload manifest {root}` (hashes every tensor once; it vouches for the "
+            "bytes as they are now), or load with --verify off (nothing is checked; every report "
+            "says so), or download them again with `hf download ... --local-dir`. The files"
         )
         return [
             head + ":" + "".join(f"\n    - {self.unvouched[f]}" for f in sorted(self.unvouched))

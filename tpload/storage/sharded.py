@@ -97,7 +97,7 @@ class ShardedStorage(FileReads):
         if snapshot:
             hub.check_small_files(root)
         elif local is not None:
-            # the JSON files with fresh download metadata, before they are read
+            # the JSON files with download metadata, by their etags, before they are read
             local.check_small_files()
         self.catalogue: Catalogue
         self.catalogue, self.locations = read_native(named, manifest=manifest)

@@ -26,7 +26,15 @@ import torch
 
 from ..model.bounds import COUNT, RANKS, SECONDS
 from ..model.errors import LoadError
-from ..toolkit import DEFAULT_CONFIG, Layout, Parser, choose, read_json, resident_bytes
+from ..toolkit import (
+    DEFAULT_CONFIG,
+    Layout,
+    Parser,
+    atomic_write,
+    choose,
+    read_json,
+    resident_bytes,
+)
 from .bench_bandwidth import decode_bandwidth, decode_lines, gpu_figures
 from .bench_job import blake3_store, worker_env
 from .published import cached_published, loadable_presets
@@ -411,9 +419,10 @@ def cmd_bench(argv: list[str]) -> int:
         "--preset",
         choices=list(PRESETS) + loadable_presets(),
         default="medium",
+        metavar="NAME",
         help="synthetic checkpoint, made once and cached: the reference layout (small, medium, "
         "seed) or a published family's (NAME-tiny, deepseek-v3-deep; many-tensors: per-tensor cost "
-        "apart from bytes)",
+        "apart from bytes); default medium: " + ", ".join(list(PRESETS) + loadable_presets()),
     )
     p.add_argument(
         "--tensors",
@@ -421,18 +430,27 @@ def cmd_bench(argv: list[str]) -> int:
         metavar="N",
         help="(--preset many-tensors) how many tiny tensors (default 10000)",
     )
-    p.add_argument("--checkpoint", help="an existing checkpoint instead of a preset")
-    p.add_argument("--config", default=DEFAULT_CONFIG)
-    p.add_argument("--nproc", type=RANKS, default=2)
-    p.add_argument("--tp", type=RANKS, help="default: nproc")
-    p.add_argument("--rounds", type=COUNT, default=3)
-    p.add_argument("--methods", default=",".join(ALL_METHODS), help="comma-separated subset")
+    p.add_argument("--checkpoint", metavar="DIR", help="an existing checkpoint instead of a preset")
+    p.add_argument(
+        "--config", default=DEFAULT_CONFIG, metavar="NAME|PATH", help="as the load's (default auto)"
+    )
+    p.add_argument("--nproc", type=RANKS, default=2, metavar="N", help="ranks (default 2)")
+    p.add_argument("--tp", type=RANKS, metavar="TP", help="tensor-parallel degree (default: nproc)")
+    p.add_argument("--rounds", type=COUNT, default=3, metavar="N", help="runs of each method")
+    p.add_argument(
+        "--methods",
+        default=",".join(ALL_METHODS),
+        metavar="LIST",
+        help=f"comma-separated subset of {','.join(ALL_METHODS)}",
+    )
     p.add_argument(
         "--cold", action="store_true", help="drop the checkpoint's pages before every run"
     )
-    p.add_argument("--json", help="write every figure here")
+    p.add_argument("--json", metavar="FILE", help="write every figure here")
     p.add_argument("--no-decode", action="store_true", help="skip the decode-vs-memcpy measure")
-    p.add_argument("--timeout", type=SECONDS, default=1800.0, help="seconds per method run")
+    p.add_argument(
+        "--timeout", type=SECONDS, default=1800.0, metavar="S", help="seconds per method run"
+    )
     args = p.parse_args(argv)
     if (
         args.nproc < 1
@@ -494,5 +512,5 @@ def cmd_bench(argv: list[str]) -> int:
             "gpu": gpu,
             "runs": {m: {"runs": r.runs, "page_cache_before": r.cache} for m, r in results.items()},
         }
-        Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+        atomic_write(Path(args.json), json.dumps(doc, indent=1) + "\n")
     return 0 if not refused else 1

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from ..model.bounds import COUNT, RANKS, SECONDS
-from ..toolkit import Parser, read_json, read_native
+from ..toolkit import Parser, atomic_write, read_json, read_native
 
 FORMATS = {"vllm-default": "auto", "vllm-tpload": "tpload"}
 
@@ -139,13 +139,13 @@ def table(rows: list[dict], model: str, tp: int) -> str:
 
 def cmd_bench_engine(argv: list[str]) -> int:
     p = Parser(prog="python -m tpload bench --engine vllm", description=__doc__.split("\n\n")[0])
-    p.add_argument("--engine", choices=["vllm"], required=True)
+    p.add_argument("--engine", choices=["vllm"], required=True, help="the serving engine")
     p.add_argument(
         "checkpoint",
         help="a model folder vLLM can serve (config.json, safetensors, a tpload manifest)",
     )
-    p.add_argument("--tp", type=RANKS, default=2)
-    p.add_argument("--rounds", type=COUNT, default=1)
+    p.add_argument("--tp", type=RANKS, default=2, help="the engine's tensor-parallel size")
+    p.add_argument("--rounds", type=COUNT, default=1, help="engine starts of each loader")
     p.add_argument(
         "--vllm-python",
         default=default_python(),
@@ -182,7 +182,8 @@ def cmd_bench_engine(argv: list[str]) -> int:
     rows = summary(runs, args.checkpoint, args.tp)
     print(table(rows, args.checkpoint, args.tp), flush=True)
     if args.json:
-        Path(args.json).write_text(
-            json.dumps({"tp": args.tp, "rows": rows, "runs": runs}, indent=1) + "\n"
+        atomic_write(
+            Path(args.json),
+            json.dumps({"tp": args.tp, "rows": rows, "runs": runs}, indent=1) + "\n",
         )
     return 0

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..model.bounds import COUNT, RANKS, SECONDS
-from ..toolkit import DEFAULT_CONFIG, Parser, read_json
+from ..toolkit import DEFAULT_CONFIG, Parser, atomic_write, read_json
 from .bench import preset_checkpoint
 from .bench_job import worker_env
 from .synth import PRESETS
@@ -208,12 +208,12 @@ def cmd_bench_replicas(argv: list[str]) -> int:
         "replicas each reading alone (R launches at once): wall time, storage bytes per cluster, "
         "peak memory.",
     )
-    p.add_argument("--replicas", type=RANKS, default=2)
-    p.add_argument("--tp", type=RANKS, default=2)
-    p.add_argument("--preset", choices=list(PRESETS), default="medium")
+    p.add_argument("--replicas", type=RANKS, default=2, help="replicas sharing the reads")
+    p.add_argument("--tp", type=RANKS, default=2, help="tensor-parallel degree of each")
+    p.add_argument("--preset", choices=list(PRESETS), default="medium", help="synthetic checkpoint")
     p.add_argument("--checkpoint", help="an existing checkpoint instead of a preset")
-    p.add_argument("--config", default=DEFAULT_CONFIG)
-    p.add_argument("--rounds", type=COUNT, default=3)
+    p.add_argument("--config", default=DEFAULT_CONFIG, help="as the load's (default auto)")
+    p.add_argument("--rounds", type=COUNT, default=3, help="launches of each way")
     p.add_argument("--timeout", type=SECONDS, default=1800.0, help="seconds per launch")
     p.add_argument("--json", help="write every figure here")
     args = p.parse_args(argv)
@@ -232,5 +232,5 @@ def cmd_bench_replicas(argv: list[str]) -> int:
         print(table(b, res), flush=True)
     if args.json:
         doc = {"options": asdict(b), **res}
-        Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+        atomic_write(Path(args.json), json.dumps(doc, indent=1) + "\n")
     return 1 if "refused" in res else 0

@@ -31,7 +31,7 @@ import tpload
 
 # The bench's own pieces that every method shares (the plan of the windows, the map); none of these
 # imports tpload's kernels (numba), so a method's own imports are timed in a process without them.
-from ..toolkit import DEFAULT_CONFIG, ITEMSIZE, Cut, Item, Output
+from ..toolkit import DEFAULT_CONFIG, ITEMSIZE, Cut, Item, Output, atomic_write
 from .bench_job import Job, Windows, blake3_store
 
 
@@ -446,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
         "digest": window_digest(windows),
         "note": job.note,
     }
-    Path(args.out, f"{args.method}-rank{rank}.json").write_text(json.dumps(result))
+    atomic_write(Path(args.out, f"{args.method}-rank{rank}.json"), json.dumps(result))
     dist.barrier()
     dist.destroy_process_group()
     return 0

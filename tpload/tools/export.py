@@ -33,6 +33,7 @@ from ..toolkit import (
     Reader,
     ShardedStorage,
     Vouched,
+    atomic_write,
     gate_at_rest,
     pins_to_write,
     planner_of,
@@ -119,7 +120,7 @@ def export(
         if (
             model is not None
         ):  # head counts for rules that cut by heads; pinned by the export's manifest below
-            (dst / "config.json").write_bytes(model)
+            atomic_write(dst / "config.json", model)
         meta = {
             "tp": layout.tp,
             "ep": layout.ep,
@@ -185,9 +186,7 @@ def export(
             dst, known={"config.json": hashlib.sha256(model).hexdigest()} if model else None
         )
         doc = {"format": 1, "partitioned": meta, "files": pins, "tensors": table, "ranks": ranks}
-        (dst / MANIFEST_NAME).write_text(
-            json.dumps(doc, indent=1)
-        )  # last: a folder without it is no export
+        atomic_write(dst / MANIFEST_NAME, json.dumps(doc, indent=1))  # last: else no export
     finally:
         storage.close()
     return ExportSummary(dst, layout, tuple(sizes))

@@ -371,14 +371,10 @@ def write_manifest(
     try:
         catalogue.refuse_headers_only("a manifest of it")
         # a hub snapshot or a local-dir download: vouch only for files that match their blob names
-        # or etags (a local-dir file without fresh metadata is vouched for as it is now, as in any
-        # plain folder)
+        # or etags (a local-dir file without fresh metadata, modified or copied since its
+        # download, is vouched for as it is now, as in any plain folder)
         digests = (
-            storage.file_digests
-            if storage.file_digests is not None
-            else storage.local.digests
-            if storage.local is not None
-            else None
+            storage.local.fresh_digests() if storage.local is not None else storage.file_digests
         )
         if signed is not None:
             bad = _signed_problems(storage, signed, whole=True)

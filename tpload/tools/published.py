@@ -31,7 +31,15 @@ import numpy as np
 from ..model.errors import CheckpointError, ConfigError
 from ..model.text import escape_name
 from ..model.values import INDEX_NAME, MANIFEST_NAME
-from ..toolkit import FP4_GROUP, HEADERS_ONLY_KEY, NVFP4_GROUP, pins_doc, write_safetensors
+from ..toolkit import (
+    FP4_GROUP,
+    HEADERS_ONLY_KEY,
+    NVFP4_GROUP,
+    atomic_file,
+    atomic_write,
+    pins_doc,
+    write_safetensors,
+)
 from . import families
 
 if TYPE_CHECKING:  # annotations only: report/ imports torch, which synth does not need
@@ -283,13 +291,13 @@ def write_published(
         "metadata": {"total_size": total} | ({HEADERS_ONLY_KEY: "1"} if pub.headers_only else {}),
         "weight_map": weight_map,
     }
-    (root / INDEX_NAME).write_text(json.dumps(index, indent=1))
-    (root / "config.json").write_text(json.dumps(pub.config, indent=1))
+    atomic_write(root / INDEX_NAME, json.dumps(index, indent=1))
+    atomic_write(root / "config.json", json.dumps(pub.config, indent=1))
     for file, doc in pub.extra.items():
-        (root / file).write_text(json.dumps(doc, indent=1))
+        atomic_write(root / file, json.dumps(doc, indent=1))
     if manifest and not pub.headers_only:  # pinning the JSON files as `tpload manifest` does
         doc = {"format": 1, **pins_doc(root), "tensors": entries}
-        (root / MANIFEST_NAME).write_text(json.dumps(doc, indent=1))
+        atomic_write(root / MANIFEST_NAME, json.dumps(doc, indent=1))
     return root
 
 
@@ -308,7 +316,7 @@ def _write_headers_only(path: Path, tensors: list[Planned]) -> dict[str, str]:
         offset += t.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
-    with open(path, "wb") as f:
+    with atomic_file(path) as f:
         f.write(len(raw).to_bytes(8, "little") + raw)
         f.truncate(8 + len(raw) + offset)  # sparse: no block is written for the data
     return {}

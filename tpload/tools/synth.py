@@ -30,7 +30,14 @@ from ..model.bounds import SEED
 from ..model.errors import CheckpointError, OptionsError
 from ..model.text import escape_name
 from ..model.values import INDEX_NAME, MANIFEST_NAME
-from ..toolkit import FP4_GROUP, ITEMSIZE, not_a_folder, pins_doc, write_safetensors
+from ..toolkit import (
+    FP4_GROUP,
+    ITEMSIZE,
+    atomic_write,
+    not_a_folder,
+    pins_doc,
+    write_safetensors,
+)
 
 if TYPE_CHECKING:  # annotations only: report/ imports torch, which synth does not need
     from ..model.progress import Meter, ProgressSink
@@ -227,13 +234,14 @@ def write_checkpoint(
             total += t.nbytes
     if sink is not None:  # (a failed write leaves it to the collector: tqdm's bar closes then)
         sink.close()
-    (root / INDEX_NAME).write_text(
-        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1)
+    atomic_write(
+        root / INDEX_NAME,
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1),
     )
     # pinning what the load checks (the index), as `tpload manifest` does (storage/pins.py)
     doc = {"format": 1, **pins_doc(root), "tensors": manifest}
-    (root / MANIFEST_NAME).write_text(json.dumps(doc, indent=1))
-    (root / "tpload_synth.json").write_text(json.dumps(asdict(spec)))
+    atomic_write(root / MANIFEST_NAME, json.dumps(doc, indent=1))
+    atomic_write(root / "tpload_synth.json", json.dumps(asdict(spec)))
     return root
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..model.errors import CheckpointError, OptionsError
 from ..model.text import escape_name
-from ..toolkit import GGUF_BLOCKS, GGUF_HEADERS_ONLY_KEY, GGUF_SCALE_OFFSETS
+from ..toolkit import GGUF_BLOCKS, GGUF_HEADERS_ONLY_KEY, GGUF_SCALE_OFFSETS, atomic_file
 from . import families
 
 Listed = tuple[str, dict[str, object], list[tuple[str, str, tuple[int, ...]]]]
@@ -106,7 +106,7 @@ def write_headers_only(out_dir: str | os.PathLike, name: str) -> Path:
             head += struct.pack("<IQ", type_id[ggml], offset)
             offset += -(-_nbytes(ggml, shape) // 32) * 32
         head += b"\0" * (-len(head) % 32)
-        with open(root / f"{name}-{k + 1:05d}-of-{len(groups):05d}.gguf", "wb") as f:
+        with atomic_file(root / f"{name}-{k + 1:05d}-of-{len(groups):05d}.gguf") as f:
             f.write(head)
             f.truncate(len(head) + offset)
     return root

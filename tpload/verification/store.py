@@ -109,14 +109,35 @@ def default_spelled() -> str:
     return "$XDG_STATE_HOME/tpload" if os.path.isabs(state) else "~/.local/state/tpload"
 
 
+HUB_REPOS = ("models--", "datasets--", "spaces--")
+"""How a Hugging Face hub cache names a repository's folder (``hub/models--ORG--NAME``, holding
+``blobs/``, ``snapshots/``, ``refs/``): whoever downloads into it writes there."""
+
+
+def in_hub_cache(path: Path) -> str | None:
+    """Why ``path`` lies inside a hub cache repository's folder (spelled directly or through
+    symlinks), or None: any snapshot of it is written by the downloads into that folder, so digests
+    kept there would be vouched for by what they vouch for."""
+    try:
+        spellings = {Path(os.path.abspath(path)), path.resolve()}
+    except (OSError, RuntimeError) as e:  # a symlink loop: refuse rather than guess
+        return f"cannot be resolved ({e})"
+    for spelled in spellings:
+        for folder in (spelled, *spelled.parents):
+            if folder.name.startswith(HUB_REPOS):
+                return f"is inside the hub cache repository {escape_name(folder)}"
+    return None
+
+
 def in_checkpoint(
     root: str | os.PathLike[str] | None, checkpoint: str | os.PathLike[str]
 ) -> str | None:
     """Why the digest store ``root`` (None: the default) lies in the checkpoint folder
-    ``checkpoint`` (inside it, through symlinks too, or one of its entries), in words naming the
+    ``checkpoint`` (inside it, through symlinks too, or one of its entries) or in a hub cache's
+    repository folder (:func:`in_hub_cache`: its blobs, snapshots, refs), in words naming the
     store; None when it does not."""
     path = Path(root) if root else default_store()
-    why = report_in_checkpoint(str(path), str(checkpoint))
+    why = in_hub_cache(path) or report_in_checkpoint(str(path), str(checkpoint))
     if why is None:
         return None
     said = "" if root else f" (the default, {default_spelled()})"
@@ -198,8 +219,16 @@ class DigestStore:
     def read_doc(self, path: Path, manifest_sha256: str, fix: str) -> Doc | None:
         """The JSON document at ``path`` in this store (None if there is none), after the store's
         trust checks; it must name the manifest with this sha256. ``fix``: how to write it again."""
-        if not path.exists():
+        if not os.path.lexists(path):
             return None
+        if path.is_symlink():  # tpload writes each one as a regular file (storage/files.py)
+            raise LoadError(
+                f"{escape_name(path)}: the digest file is a symlink (to "
+                f"{escape_name(os.path.realpath(path))}); refused: tpload writes its digest files "
+                "as regular files, and whoever controls where a link points (the checkpoint's "
+                f"writer, if it points there) would decide what is trusted; remove the link"
+                + (f", then {fix}" if fix else "")
+            )
         _check_private(self.root, "the digest store")
         _check_private(path, "the digest file")
         try:  # the bounded reader: a FIFO or a device planted in the store is refused by name

@@ -17,6 +17,7 @@ from tpload.attest import build as attest
 from tpload.attest import check as attest_check
 from tpload.attest import signing as attest_signing
 from tpload.attest.predict import predict
+from tpload.cli import main
 from tpload.loading.pick import choose
 from tpload.loading.planner import planner_of
 from tpload.model.errors import LoadError, OptionsError
@@ -438,6 +439,26 @@ def test_bad_json_is_named_as_bad_input(ds: Path, tmp_path: Path) -> None:
     os.mkfifo(attest_signing.signature_path(good))
     with pytest.raises(LoadError, match=r"good.json.sig: attestation signature is a FIFO; refused"):
         attest_check.check(good, ds, key=pub)
+
+
+def test_a_forged_predicate_key_before_the_honest_one_fails(
+    ds: Path, tp2ep2: dict, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Python's parser keeps the last of two equal keys, another parser the first: a statement
+    that says two things is refused whichever the forger hoped would count."""
+    forged = copy.deepcopy(tp2ep2)
+    _forge_digest(forged)
+    honest = attest.dumps(tp2ep2)
+    assert honest.startswith("{")
+    both = '{"predicate": ' + json.dumps(forged["predicate"]) + ", " + honest[1:]
+    path = tmp_path / "twice.json"
+    path.write_text(both)
+    assert json.loads(both)["predicate"] == tp2ep2["predicate"]  # what a lenient reader sees
+    assert main(["attest", "verify", str(path), "--checkpoint", str(ds)]) == 1
+    err = capsys.readouterr().err
+    assert "twice.json: attestation is not readable JSON (the key 'predicate' appears twice" in err
+    write(tp2ep2, path)  # the honest one alone verifies
+    assert main(["attest", "verify", str(path), "--checkpoint", str(ds)]) == 0
 
 
 def test_attest_verify_says_partial_and_require_whole_exits_1(

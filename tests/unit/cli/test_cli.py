@@ -393,8 +393,9 @@ def test_readme_s_exit_codes_are_what_its_examples_exit_with(
     a rank starts); every one under exit 1 passes the parser and is refused by the load's option
     rules (exit 1, ``invalid option``)."""
     clauses = readme_exit_codes()
-    assert set(clauses) == {0, 1, 2, 130}
+    assert set(clauses) == {0, 1, 2, 3, 130}
     assert "unknown flag" in clauses[2] and "on every rank" in clauses[1], clauses
+    assert "`plan`" in clauses[3] and "--gpu-memory" in clauses[3]  # test_json_outputs runs it
     monkeypatch.chdir(tmp_path)  # README's relative paths: nowhere/ does not exist here
     for code in (2, 1):
         examples = re.findall(r"`(--[^`]*)`", clauses[code])
@@ -515,7 +516,7 @@ def test_a_subcommand_on_a_missing_folder_says_so_first(
 @pytest.mark.parametrize(
     "argv, said",
     [
-        (["--tpp", "2"], "unrecognized arguments: --tpp; did you mean --tp?"),
+        (["--tpp", "2"], "unrecognized arguments: --tpp 2; did you mean --tp?"),
         (
             ["DIR", "--kind", "expand"],
             "argument --kind: invalid choice: 'expand' (choose from packed, expanded); did you "
@@ -604,7 +605,7 @@ def test_plan_judges_the_peak_against_a_gpu_in_the_load_table_s_units(
         f"leaves {1 - peak:.3f} GiB (a load's pre-flight checks the device's free memory less "
         "--reserve-gib)"
     ]
-    assert main(["plan", str(small_ckpt), "--tp", "2", "--gpu-memory", "1e-6"]) == 0
+    assert main(["plan", str(small_ckpt), "--tp", "2", "--gpu-memory", "1e-6"]) == 3
     assert "does not fit a GPU of 0.00 GiB (--gpu-memory 1e-06): 2 of 2 ranks peak above it" in (
         capsys.readouterr().out
     )
@@ -750,3 +751,42 @@ def test_ctrl_c_during_a_load_says_interrupted_and_not_that_hashes_are_finishing
     err = capsys.readouterr().err
     assert f"[rank 0] {told[0]}/" in caplog.text and "rank 0: interrupted (Ctrl-C)" in err
     assert "finishing" not in caplog.text + err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["plan", "v3", "--tpp", "2"], "unrecognized arguments: --tpp 2; did you mean --tp?"),
+        (["plan", "v3", "--tp", "2", "--gpu-memroy", "8"], "did you mean --gpu-memory?"),
+        (["verify", "v3", "--treads", "2"], "did you mean --threads?"),
+        (["manifest", "v3", "--forse"], "did you mean --force?"),
+        (["export", "v3", "out", "--tp", "2", "--skp", "x"], "did you mean --skip?"),
+        (["synth", "v3", "--prest", "small"], "did you mean --preset?"),
+        (["bench", "--nprc", "2"], "did you mean --nproc?"),
+        (["attest", "verify", "f", "--checkpint", "x"], "did you mean --checkpoint?"),
+        (["attest", "v3"], "python -m tpload attest v3: no such action; the actions: verify"),
+        (["attest", "verfy"], "no such action; the actions: verify; did you mean verify?"),
+        (["v3", "--tpp", "2"], "unrecognized arguments: --tpp 2; did you mean --tp?"),
+    ],
+)
+def test_every_parser_says_did_you_mean_in_one_line(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture
+) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert said in err and "(usage: python -m tpload" in err, err
+
+
+def test_verify_and_plan_on_an_empty_folder_say_only_that_it_is_empty(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    for argv in (["verify", str(tmp_path)], ["plan", str(tmp_path), "--tp", "1"]):
+        assert main(argv) == 1
+        out, err = capsys.readouterr()
+        assert "deepseek-v4-mtp" not in out + err and out == ""  # no note on how it would be read
+        assert err == (
+            f"tpload: error: {tmp_path}: no model.safetensors.index.json and no *.safetensors "
+            "shard\n"
+        )

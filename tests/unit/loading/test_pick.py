@@ -179,6 +179,7 @@ def test_an_unknown_architecture_lists_what_ships(tmp_path: Path) -> None:
 
 def test_no_config_json_reads_the_reference_layout(tmp_path: Path) -> None:
     root = folder(tmp_path / "ckpt", None)
+    (root / "model.safetensors").write_bytes(b"")  # something to read (an empty folder: refused)
     config, why = picked(root)
     assert config.name == "deepseek-v4-mtp"
     assert (

@@ -149,3 +149,35 @@ def test_a_digest_store_inside_the_checkpoint_is_refused_at_write_and_at_load(
     # beside the checkpoint, in a folder whose name starts like it: fine
     beside = ckpt_copy.parent / (ckpt_copy.name + "-store")
     LoadOptions.from_values({"digest_store": str(beside), "checkpoint": str(ckpt_copy)})
+
+
+def test_a_digest_store_in_a_hub_cache_or_a_store_file_linked_into_the_checkpoint_is_refused(
+    ckpt_copy: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from tpload.cli import main
+    from tpload.verification.store import DigestStore
+
+    repo = tmp_path / "hub" / "models--org--name"
+    (repo / "blobs").mkdir(parents=True)
+    (tmp_path / "to-blobs").symlink_to(repo / "blobs")
+    for store in (repo / "blobs", repo / "store", repo / "snapshots" / "x", tmp_path / "to-blobs"):
+        with pytest.raises(OptionsError, match=f"is inside the hub cache repository {repo}"):
+            LoadOptions.from_values({"digest_store": str(store), "checkpoint": str(ckpt_copy)})
+        argv = ["plan", str(ckpt_copy), "--tp", "1", "--write", "--digest-store", str(store)]
+        assert main(argv) == 1
+        assert f"is inside the hub cache repository {repo}" in capsys.readouterr().err
+    assert sorted(p.name for p in repo.iterdir()) == ["blobs"]  # nothing written
+    # a store where it belongs, whose digest file is a link to a file the checkpoint's writer owns
+    store = tmp_path / "store"
+    assert main(["plan", str(ckpt_copy), "--tp", "1", "--write", "--digest-store", str(store)]) == 0
+    (digests,) = store.glob("*.json")
+    planted = ckpt_copy / "digests.json"
+    planted.write_bytes(digests.read_bytes())
+    digests.unlink()
+    digests.symlink_to(planted)
+    capsys.readouterr()
+    with pytest.raises(LoadError, match=f"{digests}: the digest file is a symlink \\(to {planted}"):
+        DigestStore(store).read(digests.stem)
+    argv = [str(ckpt_copy), "--no-progress", "--verify", "digest", "--digest-store", str(store)]
+    assert main(argv) == 1
+    assert "the digest file is a symlink" in capsys.readouterr().err

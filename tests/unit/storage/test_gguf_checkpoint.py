@@ -173,6 +173,25 @@ def test_a_flipped_quant_byte_fails_the_load_naming_the_tensor_and_its_sha256(co
     assert said + "manifest's" in str(e.value), str(e.value)
 
 
+def test_plan_and_verify_check_the_pins_before_picking_a_config_from_them(
+    copy: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """An edited architecture key (same length: every offset unchanged) would pick no shipped
+    config; plan and verify name the pin it breaks instead, as the load does."""
+    part = copy / PART1
+    raw = part.read_bytes()
+    assert raw.count(b"qwen3moe") > 1
+    part.write_bytes(raw.replace(b"qwen3moe", b"qwen9moe"))  # every key and the architecture
+    for argv in (["plan", str(copy), "--tp", "1"], ["verify", str(copy)]):
+        assert main(argv) == 1
+        out, err = capsys.readouterr()
+        assert "no shipped config" not in out + err, err
+        assert f"{part}: GGUF key-values (its first " in err and "changed after the manifest" in err
+        assert out == ""  # nothing said about a config before the pin
+    with pytest.raises(LoadError, match="GGUF key-values"):
+        tpload.load(copy, progress=False)
+
+
 # -- where the architecture came from
 
 

@@ -146,7 +146,7 @@ def test_a_file_without_metadata_is_named_with_the_ways_on(tmp_path: Path) -> No
     with pytest.raises(LoadError) as e:
         tpload.load(src, progress=False)
     msg = str(e.value)
-    assert "1 of its 4 file(s) have no fresh download metadata" in msg, msg
+    assert "1 of its 4 file(s) have no download metadata that vouches for them" in msg, msg
     assert f"{second}: no download metadata" in msg and shards(src)[0].name not in msg, msg
     assert "python -m tpload manifest" in msg and "--verify off" in msg, msg
     # the ways on work: unchecked, loudly; or a manifest of the bytes as they are
@@ -173,18 +173,56 @@ def test_a_metadata_folder_linked_out_of_the_folder_is_not_trusted(
         tpload.load(local, progress=False)
 
 
-def test_stale_metadata_is_reported(local: Path) -> None:
-    shard = shards(local)[0]
-    later = shard.stat().st_mtime + 3600
-    os.utime(
-        shard, (later, later)
-    )  # rewritten since the download, as huggingface_hub would judge it
-    with pytest.raises(
-        LoadError,
-        match=f"{shard.name}: stale download metadata: the file was modified 3[56]\\d\\d\\.\\d s "
-        "after",
-    ):
+def test_a_download_copied_with_cp_r_is_checked_against_its_etags(
+    local: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """`cp -r` gives every file a new mtime, so huggingface_hub would call each one's metadata
+    stale; the etags are the files' digests, so tpload hashes each file against its own instead."""
+    import subprocess
+    import time
+
+    from tpload.cli import main
+
+    time.sleep(1.1)  # past huggingface_hub's 1 s allowance
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-r", str(local), str(copy)], check=True)
+    assert all(
+        isinstance(got, localdir.Metadata) and got.stale
+        for got in (localdir.judge(copy, p.name, stale_ok=True) for p in shards(copy))
+    )
+    s = tpload.load(copy, progress=False)
+    assert s.report.mine.bytes_hashed == sum(p.stat().st_size for p in shards(copy))
+    assert any(n.startswith("local-dir download") for n in s.report.notes)
+    capsys.readouterr()
+    assert main(["verify", str(copy)]) == 0
+    assert "against the etag its local-dir download metadata records" in capsys.readouterr().out
+    # a copied shard whose bytes changed: its etag catches it, naming the file
+    shard = shards(copy)[1]
+    flip(shard, shard.stat().st_size - 2)
+    with pytest.raises(LoadError, match=f"{shard.name}: file sha256 .* is not .*corrupt"):
+        tpload.load(copy, progress=False)
+    from tpload.tools.offline import write_manifest
+
+    write_manifest(copy)  # modified since the download: vouched for as it is now, as before
+    assert len(tpload.load(copy, progress=False).state_dict()) > 0
+
+
+def test_a_json_file_modified_since_its_download_is_unvouched_until_a_manifest_vouches(
+    local: Path,
+) -> None:
+    cfg = local / "config.json"
+    later = cfg.stat().st_mtime + 3600  # modified since the download, as huggingface_hub judges
+    cfg.write_text(cfg.read_text().replace("}", ', "note": "mine"}', 1))
+    os.utime(cfg, (later, later))
+    with pytest.raises(LoadError) as e:
         tpload.load(local, progress=False)
+    msg = str(e.value)
+    assert "- config.json: modified since its download (its mtime is later than its " in msg, msg
+    assert "python -m tpload manifest" in msg
+    from tpload.tools.offline import write_manifest
+
+    write_manifest(local)  # the operator vouches for the bytes as they are now
+    assert len(tpload.load(local, progress=False).state_dict()) > 0
 
 
 def _hostile(local: Path, kind: str) -> Path:

@@ -405,3 +405,23 @@ def test_a_header_json_error_names_the_file(tmp_path: Path) -> None:
         msg.startswith(f"{tmp_path / 'm.safetensors'}: header is not readable JSON")
         and "\x1b" not in msg
     )
+
+
+def test_a_key_given_twice_in_a_trust_relevant_json_file_is_refused(ckpt_copy: Path) -> None:
+    """The manifest and the index (as every trust-relevant JSON file, through storage/files.py's
+    one parser): a second entry for a tensor would be believed by one parser and not another."""
+    manifest = ckpt_copy / "NATIVE_MANIFEST.json"
+    text = manifest.read_text()
+    name = "mtp.0.enorm.weight"
+    entry = json.dumps(json.loads(text)["tensors"][name])
+    twice = text.replace('"tensors": {', f'"tensors": {{"{name}": {entry}, ', 1)
+    assert twice != text
+    manifest.write_text(twice)
+    with pytest.raises(CheckpointError, match=f"the key '{name}' appears twice in one object"):
+        read_native(ckpt_copy)
+    manifest.write_text(text)
+    index = ckpt_copy / "model.safetensors.index.json"
+    raw = index.read_text()
+    index.write_text(raw.replace("{", '{"metadata": {}, ', 1))
+    with pytest.raises(CheckpointError, match="index is not readable JSON .*'metadata' appears"):
+        read_native(ckpt_copy, manifest=False)

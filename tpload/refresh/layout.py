@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..model.errors import LoadError
@@ -55,8 +56,10 @@ class EngineLayout:
     @classmethod
     def from_bytes(cls, raw: bytes) -> EngineLayout:
         """The layout as engine rank 0 sent it; anything else is a :class:`RefreshError`."""
+        from ..storage.files import parse_json  # one parser: a key given twice is refused
+
         try:
-            doc = json.loads(raw)
+            doc = parse_json(raw, Path("engine rank 0"), "the engine layout")
             if not isinstance(doc, dict) or not all(
                 isinstance(doc.get(k), str) for k in ("config_id", "kind", "config")
             ):
@@ -73,8 +76,8 @@ class EngineLayout:
                 config=doc["config"],
                 model=model,
             )
-        except (ValueError, TypeError, KeyError, UnicodeDecodeError) as e:
-            if isinstance(e, LoadError):
+        except (ValueError, TypeError, KeyError, UnicodeDecodeError, LoadError) as e:
+            if isinstance(e, RefreshError):
                 raise
             raise RefreshError(
                 f"engine rank 0 sent no engine layout ({escape_name(str(e))[:200]})"

@@ -111,3 +111,16 @@ def test_the_layout_travels_as_bytes_and_refuses_what_is_not_one() -> None:
         EngineLayout.from_bytes(b"\xff not json")
     with pytest.raises(RefreshError, match="is not a layout"):
         EngineLayout("x", 2, 2, "packed", 2)
+
+
+def test_a_key_given_twice_is_refused_in_the_layout_and_the_manifest() -> None:
+    from tpload.refresh.layout import EngineLayout
+
+    raw = LAYOUT.to_bytes()
+    assert EngineLayout.from_bytes(raw) == LAYOUT
+    twice = raw.replace(b'"tp":2', b'"tp":1,"tp":2')
+    with pytest.raises(RefreshError, match="appears twice"):
+        EngineLayout.from_bytes(twice)
+    m = manifest().to_bytes()
+    with pytest.raises(RefreshError, match="not its canonical encoding"):
+        VersionManifest.from_bytes(m.replace(b'"version":3', b'"version":9,"version":3'))

@@ -797,13 +797,16 @@ def nonfinite(raw: np.ndarray, dtype: str) -> tuple[int, int] | None:
     if spec is None or raw.size % spec[0].itemsize:
         return None
     words, mask = raw.view(spec[0]), spec[0].type(spec[1])
+    scratch = np.empty(min(_SLICE, words.size), dtype=spec[0])
     count, first = 0, -1
     for at in range(0, words.size, _SLICE):
-        hit = np.bitwise_and(words[at : at + _SLICE], mask) == mask
-        n = int(np.count_nonzero(hit))
-        if n:
-            first = at + int(np.argmax(hit)) if first < 0 else first
-            count += n
+        part = words[at : at + _SLICE]
+        masked = np.bitwise_and(part, mask, out=scratch[: part.size])
+        if masked.max(initial=0) != mask:  # the usual case: one pass and a max, no bool array
+            continue
+        hit = masked == mask
+        first = at + int(np.argmax(hit)) if first < 0 else first
+        count += int(np.count_nonzero(hit))
     return (count, first) if count else None
 
 

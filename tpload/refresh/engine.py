@@ -797,7 +797,7 @@ def nonfinite(raw: np.ndarray, dtype: str) -> tuple[int, int] | None:
     if spec is None or raw.size % spec[0].itemsize:
         return None
     words, mask = raw.view(spec[0]), spec[0].type(spec[1])
-    scratch = np.empty(min(_SLICE, words.size), dtype=spec[0])
+    scratch: np.ndarray = np.empty(min(_SLICE, words.size), dtype=spec[0])
     count, first = 0, -1
     for at in range(0, words.size, _SLICE):
         part = words[at : at + _SLICE]

@@ -243,9 +243,26 @@ class DigestStore:
     def _locked(self) -> Iterator[None]:
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         _check_private(self.root, "the digest store")
-        with open(self.root / ".lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        path = self.root / ".lock"
+        # O_NONBLOCK and O_NOFOLLOW: a FIFO or a link planted as the lock can neither block the
+        # open nor point it elsewhere; fstat refuses anything but a regular file
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | os.O_NOFOLLOW
+        try:
+            fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o600)
+        except OSError as e:
+            raise LoadError(
+                f"{escape_name(path)}: the digest store's lock cannot be opened ({e.strerror}); "
+                "refused"
+            ) from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise LoadError(
+                    f"{escape_name(path)}: the digest store's lock is not a regular file; refused"
+                )
+            fcntl.flock(fd, fcntl.LOCK_EX)
             yield
+        finally:
+            os.close(fd)
 
     def write(
         self, manifest_sha256: str, checkpoint: Path, key: str, digests: list[str], stamp: Stamp

@@ -325,6 +325,12 @@ def open_rendezvous(
     return rv, hub
 
 
+def member(rv: Rendezvous, r: int) -> str:
+    """Group rank ``r`` by its side's name: the trainer ranks first, then the engine ranks."""
+    t = rv.trainer_ranks
+    return f"trainer rank {r}" if r < t else f"engine rank {r - t}"
+
+
 class PeerLost(RefreshError):
     """A peer of the transfer group died, hung, closed it or broke its protocol (the group is
     unusable after)."""
@@ -598,8 +604,7 @@ class TransferGroup:
         self.tag = 0
 
     def name(self, peer: int) -> str:
-        t = self.rv.trainer_ranks
-        return f"trainer rank {peer}" if peer < t else f"engine rank {peer - t}"
+        return member(self.rv, peer)
 
     def _link(self, peer: int, what: str) -> _Link:
         if self.broken is not None:
@@ -712,10 +717,9 @@ class _Forming:
         self.rv, self.rank, self.secret, self.deadline = rv, rank, secret, deadline
         self.session = bytes.fromhex(rv.session)
         self.links: dict[int, _Link] = {}
-        self.group = TransferGroup({}, rank, rv)
 
     def name(self, r: int) -> str:
-        return self.group.name(r)
+        return member(self.rv, r)
 
     def form(self, hub: Hub | None) -> TransferGroup:
         world = self.rv.world
@@ -724,22 +728,20 @@ class _Forming:
             self._accept(hub.sock, set(range(1, world)))
             ports = {}
             for r in range(1, world):
-                ports[r] = self._control(r).recv_ints(1, r, "its address")[0]
+                ports[r] = int.from_bytes(self._hear(r, 8, "its address"), "little")
             addresses = [["", 0]] + [
                 [str(self.links[r].sock.getpeername()[0]), ports[r]] for r in range(1, world)
             ]
             raw = json.dumps(addresses).encode()
             for r in range(1, world):
-                self._control(r).send_bytes(raw, r, "the roster")
+                self._say(r, raw, "the roster")
         else:
             listener = self._listener() if self.rank < world - 1 else None
             try:
                 self._connect(0, self.rv.host, self.rv.port)
                 port = listener.getsockname()[1] if listener is not None else 0
-                self._control(0).send_ints([port], 0, "its address")
-                roster = _roster(
-                    self._control(0).recv_bytes(0, "the roster", limit=80 * world), world
-                )
+                self._say(0, port.to_bytes(8, "little"), "its address")
+                roster = _roster(self._hear(0, 80 * world, "the roster"), world)
                 higher = set(range(self.rank + 1, world))
                 accepted = threading.Thread(
                     target=self._accept_quietly, args=(listener, higher), daemon=True
@@ -770,11 +772,23 @@ class _Forming:
         except BaseException as e:  # noqa: BLE001 - handed to the forming thread, which raises it
             self._accept_error = e
 
-    def _control(self, peer: int) -> TransferGroup:
-        """A view of the links formed so far, for the roster's messages."""
-        self.group.links = self.links
-        self.group.broken = None
-        return self.group
+    def _say(self, peer: int, data: bytes, what: str) -> None:
+        """A control message of the forming (the roster's), by the forming's deadline."""
+        work = self.links[peer].post(Frame.CONTROL, memoryview(data), 0)
+        try:
+            if not work.wait(max(0.0, self._left())):
+                raise TimeoutError("no answer within the timeout")
+        except (_Closed, TimeoutError, OSError) as e:
+            raise RefreshError(self._lost(peer, what, _reason(e))) from None
+
+    def _hear(self, peer: int, limit: int, what: str) -> bytes:
+        try:
+            return self.links[peer].recv_control(limit, 0, self.deadline)[0]
+        except (_Violation, _Closed, TimeoutError, OSError) as e:
+            raise RefreshError(self._lost(peer, what, _reason(e))) from None
+
+    def _lost(self, peer: int, what: str, why: str) -> str:
+        return f"{self.name(self.rank)}: {self.name(peer)} was lost during {what} ({why})"
 
     def _listener(self) -> socket.socket:
         family = socket.AF_INET6 if _is_v6(self.rv.host) else socket.AF_INET

@@ -567,13 +567,22 @@ class RefreshReceiver:
         if self.rank != 0 or group is None or group.broken is not None:
             return  # a lost trainer: the others lost this rank too (its group is closed)
         raw = line.encode()[:MAX_VERDICT_BYTES]
-        posted = []
-        for t in range(group.rv.trainer_ranks):  # every live trainer rank hears it, even when
-            with contextlib.suppress(PeerLost):  # another one is gone
-                posted.append((t, group.links[t].post(Frame.CONTROL, memoryview(raw), group.tag)))
+        # every live trainer rank hears it, even when another one is gone: each link's send is
+        # waited for on its own, and only then is a lost one's group closed
+        posted = [
+            (t, group.links[t].post(Frame.CONTROL, memoryview(raw), group.tag))
+            for t in range(group.rv.trainer_ranks)
+        ]
+        lost = []
         for t, work in posted:
-            with contextlib.suppress(PeerLost):
-                group.wait(work, t, "the verdict")
+            try:
+                if not work.wait(group.timeout):
+                    lost.append(t)
+            except Exception:  # noqa: BLE001 - a closed link: that trainer rank is gone
+                lost.append(t)
+        if lost:
+            group.broken = f"{group.name(lost[0])} was lost before the verdict reached it"
+            group.close()
 
     def _check_staged(self) -> list[str]:
         """Completeness, then the loader's loop over the staging (hash taps at sha256 strength,

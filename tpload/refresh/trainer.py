@@ -175,6 +175,8 @@ class RefreshSender:
             box[0] = rv.to_json()
         if self.trainer_ranks > 1:
             if self.trainer_group is None:
+                if self.rank == 0:  # the caller hands rank 0's rendezvous to the others
+                    return Rendezvous.from_json(box[0])
                 raise RefreshError(
                     "trainer ranks other than 0 learn the rendezvous through the trainer's group: "
                     "give trainer_group, or pass rank 0's Rendezvous to connect() yourself"

@@ -327,3 +327,59 @@ def test_non_finite_values_are_refused_unless_allowed(weights) -> None:
         assert torch.equal(pair.state[name].view(torch.int16), bad[name].view(torch.int16))
     finally:
         pair.close()
+
+
+class Leaving(RefreshSender):
+    """Leaves the group once its windows are sent: a trainer rank dead before the verdict."""
+
+    def _send_windows(self, group, windows) -> int:  # noqa: ANN001
+        super()._send_windows(group, windows)
+        self.close()
+        raise RefreshError("this trainer rank left before the verdict")
+
+
+def test_a_trainer_rank_gone_before_the_verdict_leaves_the_others_their_verdict(weights) -> None:
+    v1, _, root = weights
+    config = load_config("llama")
+    model = json.loads((root / "config.json").read_text())
+    layout = EngineLayout(config.id(), 1, 1, "packed", 1, config="llama", model=model)
+    table = {n: (e.dtype, e.shape) for n, e in _entries(root).items()}
+    receiver = RefreshReceiver(
+        rank=0, world=1, exchange_group=None, layout=layout, config=config,
+        device=torch.device("cpu"), table=table,
+    )  # fmt: skip
+    first = Leaving(rank=0, trainer_ranks=2)
+    second = RefreshSender(rank=1, trainer_ranks=2)
+    rv = first.rendezvous(engine_ranks=1)
+    joins = [
+        threading.Thread(target=receiver.connect, args=(rv,)),
+        threading.Thread(target=second.connect, args=(rv,)),
+    ]
+    for t in joins:
+        t.start()
+    first.connect(rv)
+    for t in joins:
+        t.join(30)
+    said: dict[int, str] = {}
+
+    def send(r: int, sender: RefreshSender) -> None:
+        try:
+            sender.send(v1, version=1)
+            said[r] = ""
+        except RefreshError as e:
+            said[r] = str(e)
+
+    threads = [threading.Thread(target=send, args=(r, s)) for r, s in ((0, first), (1, second))]
+    for t in threads:
+        t.start()
+    receiver.start()
+    receiver.receive(final=True)  # every window arrived: the engines' verdict passes
+    for t in threads:
+        t.join(30)
+    try:
+        assert receiver.version == 1
+        assert said[1] == "", said  # the survivor heard the verdict: no "engine rank 0 was lost"
+        assert "left before the verdict" in said[0]
+    finally:
+        second.close()
+        receiver.close()

@@ -842,7 +842,14 @@ class _Forming:
         thread of its own (a stranger that stalls holds nothing); strangers are dropped."""
         lock = threading.Lock()
         pending: list[threading.Thread] = []
-        refused: list[str] = []
+        refused: list[str] = []  # the first few reasons, and how many in all (a flood's list
+        count = [0]  # would otherwise grow with it)
+
+        def note(why: str) -> None:
+            with lock:
+                if len(refused) < 8:
+                    refused.append(why)
+                count[0] += 1
 
         def welcome(sock: socket.socket, addr: str) -> None:
             try:
@@ -851,15 +858,14 @@ class _Forming:
                     min(self.deadline, time.monotonic() + HANDSHAKE_S),
                 )  # fmt: skip
             except (_Violation, _Closed, TimeoutError, OSError, struct.error) as e:
-                with lock:
-                    refused.append(f"{addr}: {_reason(e)}")
+                note(f"{addr}: {_reason(e)}")
                 sock.close()
                 return
             with lock:
                 if peer in wanted and peer not in self.links:
                     self.links[peer] = _Link(sock, self.rank, peer, keys, self.rv.timeout_s)
                     return
-                refused.append(f"{addr}: {self.name(peer)}, whose slot is taken or not here")
+            note(f"{addr}: {self.name(peer)}, whose slot is taken or not here")
             sock.close()
 
         listener.settimeout(0.2)
@@ -870,7 +876,7 @@ class _Forming:
             if self._left() <= 0:
                 with lock:
                     missing = sorted(wanted - set(self.links))
-                raise RefreshError(self._never_joined(missing, refused))
+                raise RefreshError(self._never_joined(missing, count[0]))
             try:
                 sock, addr = listener.accept()
             except TimeoutError:
@@ -890,12 +896,12 @@ class _Forming:
         if refused:
             log.warning(
                 "%s: refused %d connection(s) that did not prove the group's secret (first: %s)",
-                self.name(self.rank), len(refused), refused[0],
+                self.name(self.rank), count[0], refused[0],
             )  # fmt: skip
 
-    def _never_joined(self, missing: list[int], refused: list[str] | None = None) -> str:
+    def _never_joined(self, missing: list[int], refused: int = 0) -> str:
         names = ", ".join(self.name(r) for r in missing[:8])
-        more = f" ({len(refused)} connection(s) refused: not proven)" if refused else ""
+        more = f" ({refused} connection(s) refused: not proven)" if refused else ""
         return (
             f"{self.name(self.rank)}: {names} did not join the transfer group within "
             f"{self.rv.timeout_s:g} s{more}"

@@ -348,6 +348,8 @@ class RefreshReceiver:
         unsigned = ""
         if self.public_key is not None:  # checked over the raw bytes before any parse
             unsigned = signature_problem(body, signature or None, self.public_key)
+            if unsigned and signature:  # signed by another key, or changed: nothing of it is
+                raise PeerLost(f"{self._who()}: {unsigned}")  # parsed, the group is dropped
         try:
             manifest = VersionManifest.from_bytes(body)
         except RefreshError as e:  # no sizes to drain by: the trainers must not wait on this rank
@@ -369,8 +371,9 @@ class RefreshReceiver:
             )
         self.manifest = manifest
         self._manifest_sha = hashlib.sha256(body).digest()
-        # an unsigned manifest from a member of the group (it proved the group's secret) is
-        # parsed, bounded by the limit above, only to drain its windows so no trainer waits
+        # an unsigned manifest from a member of the group (it proved the group's secret: a
+        # trainer not given its signing key) is parsed, bounded by the limit above, only to drain
+        # its windows so no trainer waits
         problems = [unsigned] if unsigned else self._refusals(manifest)
         if problems:  # refused before any window is staged: its windows are received and dropped
             self._problems += [f"{self._who()}: {p}" for p in problems]

@@ -383,3 +383,73 @@ def test_a_trainer_rank_gone_before_the_verdict_leaves_the_others_their_verdict(
     finally:
         second.close()
         receiver.close()
+
+
+class Junk:
+    """A manifest of junk bytes (within the engine's bound), signed by another key."""
+
+    def __init__(self, manifest, key) -> None:  # noqa: ANN001
+        self.ranks, self.key = manifest.ranks, key
+
+    def to_bytes(self) -> bytes:
+        return b"\x1b[2J" + b"j" * 30_000
+
+    def sign(self, key) -> bytes:  # noqa: ANN001
+        from tpload.refresh.manifest import sign_bytes
+
+        return sign_bytes(self.to_bytes(), self.key)
+
+
+class Junking(RefreshSender):
+    junk_key = None
+
+    def _manifest(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        return Junk(super()._manifest(*args, **kwargs), self.junk_key)
+
+
+def test_a_junk_manifest_is_refused_by_its_signature_before_it_is_parsed(weights, tmp_path):
+    import time
+
+    v1, _, root = weights
+    key, pub = ec_keypair(tmp_path, "trainer")
+    other, _ = ec_keypair(tmp_path, "other")
+    sender = Junking(rank=0, trainer_ranks=1, check=RefreshCheck.SHA256, signer_key=key)
+    sender.junk_key = other
+    pair = Pair(root, sender, public_key=pub, check=RefreshCheck.SHA256)
+    try:
+        started = time.monotonic()
+        trainer, engine = pair.round(v1, 1)
+        assert "does not verify with" in engine and "\x1b" not in engine, engine
+        assert time.monotonic() - started < 10
+        assert pair.receiver.served_version == 0
+    finally:
+        pair.close()
+
+
+class Stalling(RefreshSender):
+    """Joins, then never sends its round: a trainer stalled mid-update."""
+
+    def send(self, source, *, version):  # noqa: ANN001, ANN201
+        import time
+
+        time.sleep(self.timeout_s + 3)
+        raise RefreshError("stalled")
+
+
+def test_a_stalled_trainer_is_named_within_the_timeout_and_the_engine_lives(weights) -> None:
+    import time
+
+    v1, _, root = weights
+    pair = Pair(root, Stalling(rank=0, trainer_ranks=1, timeout_s=2.0))
+    try:
+        started = time.monotonic()
+        r = pair.receiver
+        r.start()
+        with pytest.raises(
+            RefreshError, match="trainer rank 0 was lost during the version manifest"
+        ):
+            r.receive(final=True)
+        assert time.monotonic() - started < 2.0 + 5  # the issue's bound: timeout_s + 5 s
+        assert r.served_version == 0 and r.staged_bytes == 0
+    finally:
+        pair.close()

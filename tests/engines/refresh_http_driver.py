@@ -147,7 +147,12 @@ def main() -> int:
 
                     rv, hub = open_rendezvous(trainer_ranks=1, engine_ranks=args.tp, timeout_s=5)
                     hub.close()
-                    client.init_weight_transfer_engine(rv.to_dict())
+                    try:
+                        client.init_weight_transfer_engine(rv.to_dict())
+                    except Exception as e:  # noqa: BLE001 - the server's own line, from its body
+                        from tpload.integrations.vllm_trainer import _engine_line
+
+                        raise RuntimeError(_engine_line(e)) from None
                     raise RuntimeError("the unproven init was taken")
                 if kind == "oversized frame":  # a member's frame far over what a manifest needs
                     group = trainer.sender.group

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
-from ..helpers import tpload_cli
+from ..helpers import SLOW_WORKER, interrupted_run, torchrun_cmd, tpload_cli
 
 
 def test_readme_default_loads_the_builtin_checkpoint(tmp_path: Path) -> None:
@@ -81,3 +82,33 @@ def test_a_mistyped_flag_under_torchrun_is_said_once_with_the_closest() -> None:
     # the speaker exits first (the others wait a moment): torchrun names its line the root cause
     summary = run.err.split("Root Cause (first observed failure):", 1)[1]
     assert f"traceback : {said}" in summary and "exitcode  : 2" in summary, run.err
+
+
+def test_ctrl_c_mid_load_exits_130_with_one_line(small_ckpt: Path, tmp_path: Path) -> None:
+    # python -m tpload, its copy loop slowed (1 s a tensor): Ctrl-C once it reads
+    run = interrupted_run(
+        [sys.executable, str(SLOW_WORKER), str(small_ckpt), "--no-progress"],
+        tmp_path / "reading",
+        env={"SLOW_S": "1"},
+    )
+    assert run.rc == 130, run.text
+    assert run.err.strip().splitlines()[-1:] == [
+        "[rank 0] tpload: interrupted (Ctrl-C) while reading; nothing was loaded"
+    ], run.err
+    assert "Traceback" not in run.err and "rank 0: interrupted" not in run.err
+
+
+def test_ctrl_c_under_torchrun_is_one_line_from_the_ranks(small_ckpt: Path, tmp_path: Path) -> None:
+    # a terminal's Ctrl-C reaches torchrun and both ranks; torchrun's own traceback (its agent's
+    # SignalException) is torchrun's: the ranks print one line, no traceback of theirs
+    run = interrupted_run(
+        [*torchrun_cmd(2), str(SLOW_WORKER), str(small_ckpt), "--no-progress"],
+        tmp_path / "reading",
+        env={"SLOW_S": "1"},
+    )
+    assert run.rc != 0
+    ours = [line for line in run.text.splitlines() if "tpload" in line and "[rank" in line]
+    assert ours == ["[rank 0] tpload: interrupted (Ctrl-C) while reading; nothing was loaded"], (
+        run.text
+    )
+    assert "KeyboardInterrupt" not in run.text and run.text.count("Traceback") <= 1, run.text

@@ -13,7 +13,7 @@ from ..model.text import escape_name, plural
 from ..options.flags import closest, from_args
 from ..options.load_options import LoadOptions
 from ..storage.files import STDOUT
-from .output import configure_logging, fail_rank, one_line, refuse_launch, say
+from .output import configure_logging, fail_rank, first_on_node, one_line, refuse_launch, say
 from .parsers import SUBCOMMANDS, load_parser
 
 
@@ -88,6 +88,19 @@ def missing(path: str) -> str:
     )
 
 
+INTERRUPTED = 130
+"""The exit code of a Ctrl-C (128 + SIGINT), at any phase (README's exit codes)."""
+
+
+def interrupted(e: KeyboardInterrupt, rank: str) -> int:
+    """A Ctrl-C's end on one rank: one line, from each node's first rank only (a terminal's Ctrl-C
+    reaches every rank of the node; a rank interrupted alone is named by its peers' verdict)."""
+    if first_on_node():
+        where = f" {e.args[0]}" if e.args else ""
+        say(f"[rank {rank}] tpload: interrupted (Ctrl-C){where}; nothing was loaded")
+    return INTERRUPTED
+
+
 @one_line
 def cmd_load(argv: list[str]) -> int:
     rank = os.environ.get("RANK", "0")
@@ -131,8 +144,7 @@ def cmd_load(argv: list[str]) -> int:
         # torchrun SIGTERMs the others as soon as one rank exits: finish this message first.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         return fail_rank(e, rank)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        say(f"[rank {rank}] tpload: interrupted")
-        return 130
+        return interrupted(e, rank)
     return 0

@@ -27,6 +27,7 @@ from ..planning.layout import Layout
 from ..planning.planner import RankPlan
 from ..report.figures import RankFigures, process_first_load
 from ..report.memory import MemoryPeaks, device_peaks, reset_device_peaks
+from ..report.progress import DOING, Phases
 from ..sources.base import ReadSource
 from ..sources.open import open_source
 from ..sources.whole_files import FileHasher, alongside
@@ -61,11 +62,16 @@ class _RankLoad:
         self.notes: list[str] = []
         self.started, self.first = time.perf_counter_ns(), process_first_load()
         self.meeting = Handshake(fig.seq, self.opts.timeout_s)
+        self.phases = Phases()
+        self.interrupted: str | None = None
+        """The phase a Ctrl-C interrupted on this rank: after the exchange (so every peer learns
+        it), this rank raises KeyboardInterrupt, not the verdict's LoadError."""
 
     def attempt(self, seq: int, error: LoadError | None) -> None:
         """Everything before the exchange; every failure becomes this rank's status and message,
         and the handshake is met exactly once (a rank that failed before it, with its status)."""
         fig = self.fig
+        self.phases.enter("open")
         try:
             # first: peers wait for this node name
             self.ctx, note = share_nodes(self.ctx, seq, self.opts.timeout_s)
@@ -104,6 +110,8 @@ class _RankLoad:
             self.meeting.cannot_meet(e)
         except (Exception, KeyboardInterrupt) as e:  # a bug or an OS error too: no peer hangs
             fig.failed, fig.message = outcome(self.ctx.rank, e)
+            if isinstance(e, KeyboardInterrupt):
+                self.interrupted = self.phases.current
         self.meeting.unmet(fig, self.ctx)  # failed before the handshake: meet it with that
 
     def _load(self, storage: Storage, layout: Layout) -> None:
@@ -114,6 +122,7 @@ class _RankLoad:
         check_pin(storage, opts.manifest_sha256)
         self.notes += storage.catalogue.check_plan_files()  # the JSON files the manifest pins
         steps.measure_cache(self.fig, storage, ctx, opts, before=True)
+        self.phases.enter("plan")
         config = steps.config_of(storage, opts, ctx, self.notes)
         planner = self.planner = placement.positions(planner_of(storage.catalogue, config), opts)
         planner.check_layout(layout, ctx.world)
@@ -157,7 +166,9 @@ class _RankLoad:
         used = {**cat.files_read, **(cat.pins.seen if cat.pins is not None else {})}
         shaping = plan_file_digests(storage.root, known=used, gguf_kv=cat.gguf_kv)
         terms = Terms.of(opts, layout, config, self.gate.anchor(), at, shaping)
+        self.phases.enter("handshake")
         self.meeting.meet(self.fig, ctx, terms)
+        self.phases.enter("read")
         files = FileHasher.of(storage, prepared.files) if prepared.files is not None else None
         with alongside(files):  # whole-file hashing on its own thread, beside the copies
             self.fig.read_started(self.started, first=self.first)  # the loop reads first
@@ -219,12 +230,19 @@ def load_in(
     job.fig.ns = time.perf_counter_ns() - t0
     job.fig.rss_peak, job.fig.anon_peak = mem.rss_peak, mem.anon_peak
     job.meeting.raise_lost()  # the handshake lost the group: no exchange can follow
-    table = exchange(job.fig.to_row(), job.ctx, seq=seq, timeout_s=job.opts.timeout_s)
+    job.phases.enter("exchange")
+    try:
+        table = exchange(job.fig.to_row(), job.ctx, seq=seq, timeout_s=job.opts.timeout_s)
+    except KeyboardInterrupt:  # Ctrl-C while waiting for the peers' rows
+        job.result = None
+        raise KeyboardInterrupt(f"while {DOING['exchange']}") from None
     ranks = [RankFigures.from_row(table[r]) for r in range(job.ctx.world)]
     verdict = job.judge(ranks)
     if not verdict.passed:
         job.result = None  # nothing partly loaded survives a failed load
         give_back(job.ctx.device)
+        if job.interrupted is not None:  # Ctrl-C here: the peers know it, the caller sees it so
+            raise KeyboardInterrupt(f"while {DOING[job.interrupted]}")
         raise verdict.error()
     if job.plan is None or job.result is None or job.gate is None:  # a passed row loaded
         raise LoadError("the verdict passed a rank that loaded nothing (a bug in tpload)")

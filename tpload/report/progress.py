@@ -20,6 +20,41 @@ EVERY_S = 2.0
 """Seconds between plain lines (and before the first): a run shorter than this prints none."""
 LOAD_DONE = "finishing the last hashes, then the ranks' verdict"
 """What a load does after its last byte is read (said at the end of its progress)."""
+PHASES = ("start", "open", "plan", "handshake", "read", "exchange")
+"""A load's phases, in order: the imports and the rendezvous (``start``); the checkpoint's index,
+headers and pins (``open``); the config, the plans, the pre-flight and the gate's preparation
+(``plan``); the wait for every rank's agreement (``handshake``); the copy loop with its hashes and
+the rank's own checks (``read``); the wait for every rank's row (``exchange``)."""
+DOING = {
+    "start": "starting",
+    "open": "opening the checkpoint",
+    "plan": "planning",
+    "handshake": "at the handshake",
+    "read": "reading",
+    "exchange": "waiting for the other ranks' rows",
+}
+"""Each phase as a clause (``interrupted while ...``)."""
+
+
+class Phases:
+    """Where one rank's load stands (its phase) and the nanoseconds each phase took, for the
+    report's per-phase times and for what an interruption says it interrupted."""
+
+    def __init__(self, *, now: Callable[[], int] = time.perf_counter_ns) -> None:
+        self._now = now
+        self.current = PHASES[0]
+        self.ns = dict.fromkeys(PHASES, 0)
+        self._since = now()
+
+    def enter(self, phase: str) -> None:
+        """The rank leaves its phase for ``phase`` (its time so far is counted to the one left)."""
+        now = self._now()
+        self.ns[self.current] += now - self._since
+        self.current, self._since = phase, now
+
+    def elapsed_s(self) -> float:
+        """Seconds spent in the current phase so far."""
+        return (self._now() - self._since) / 1e9
 
 
 def meter(command: str) -> Meter:

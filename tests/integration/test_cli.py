@@ -8,7 +8,9 @@ import re
 import sys
 from pathlib import Path
 
-from ..helpers import SLOW_WORKER, interrupted_run, torchrun_cmd, tpload_cli
+import tpload
+
+from ..helpers import SLOW_WORKER, interrupted_run, torchrun, torchrun_cmd, tpload_cli
 
 
 def test_readme_default_loads_the_builtin_checkpoint(tmp_path: Path) -> None:
@@ -112,3 +114,31 @@ def test_ctrl_c_under_torchrun_is_one_line_from_the_ranks(small_ckpt: Path, tmp_
         run.text
     )
     assert "KeyboardInterrupt" not in run.text and run.text.count("Traceback") <= 1, run.text
+
+
+def test_a_slow_rank_is_named_in_rank_0_s_progress_and_its_phases_in_the_report(
+    small_ckpt: Path, tmp_path: Path
+) -> None:
+    # rank 1's copy loop stalls (1 s a tensor or batch): rank 0, done reading, waits at the
+    # exchange and says for whom; the report's phase times show who held the load
+    report = tmp_path / "load.json"
+    run = torchrun(
+        2,
+        [str(SLOW_WORKER), str(small_ckpt), "--report", str(report)],
+        env={"SLOW_RANK": "1", "SLOW_S": "1"},
+    )
+    assert run.rc == 0, run.text
+    first = next(line for line in run.err.splitlines() if not re.match(r"[WEI]\d{4} ", line))
+    assert first.endswith(
+        f"tpload INFO tpload {tpload.__version__}: loading {small_ckpt} at tp 2 x ep 1 on 2 "
+        "ranks, kind packed, verify node (torch's import first)"
+    ), run.err
+    waits = [line for line in run.err.splitlines() if "[rank 0] exchange: waiting" in line]
+    assert any(
+        re.search(r"slowest: rank 1, read \d+% \(rank 0 done reading\)", line) for line in waits
+    ), run.err
+    doc = json.loads(report.read_text())
+    assert doc["slowest_rank"] == 1
+    fast, slow = (r["phase_seconds"] for r in doc["ranks"])
+    assert set(fast) == {"open", "plan", "handshake", "read", "exchange"}
+    assert slow["read"] > 4 > fast["read"] and fast["exchange"] > 4 > slow["exchange"]

@@ -56,6 +56,27 @@ def first_run_notes(opts_checkpoint: str | None) -> None:
         )
 
 
+def first_line(opts: LoadOptions) -> None:
+    """Rank 0 says what it loads before torch's import (seconds, before anything else shows);
+    part of its progress (``--no-progress``: not said)."""
+    if os.environ.get("RANK", "0") != "0" or not opts.progress:
+        return
+    from .. import __version__
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    tp = opts.tp or max(1, world // opts.ep // opts.replicas)
+    logging.getLogger("tpload").info(
+        "tpload %s: loading %s at tp %d x ep %d on %s, kind %s, verify %s (torch's import first)",
+        __version__,
+        escape_name(os.fspath(opts.checkpoint)) if opts.checkpoint else "the built-in checkpoint",
+        tp,
+        opts.ep,
+        plural(world, "rank"),
+        opts.kind,
+        opts.verify,
+    )
+
+
 def launch_problem(opts: LoadOptions, argv: list[str]) -> str | None:
     """What is wrong with how the load was started, found in a moment instead of at the rendezvous
     or the first read: several ranks asked of a process torchrun did not start, or a checkpoint
@@ -118,6 +139,7 @@ def cmd_load(argv: list[str]) -> int:
         problem = launch_problem(opts, argv)
         if problem is not None:
             return refuse_launch(problem, rank)
+        first_line(opts)
         first_run_notes(opts.checkpoint)
         from dataclasses import replace
 

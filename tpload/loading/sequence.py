@@ -44,6 +44,7 @@ from .planner import planner_of
 from .result import LoadResult
 from .shards import RankShards, served
 from .teardown import give_back
+from .watch import Watch
 
 
 class _RankLoad:
@@ -62,7 +63,8 @@ class _RankLoad:
         self.notes: list[str] = []
         self.started, self.first = time.perf_counter_ns(), process_first_load()
         self.meeting = Handshake(fig.seq, self.opts.timeout_s)
-        self.phases = Phases()
+        self.phases = Phases(rank=ctx.rank)
+        self.watch: Watch | None = None
         self.interrupted: str | None = None
         """The phase a Ctrl-C interrupted on this rank: after the exchange (so every peer learns
         it), this rank raises KeyboardInterrupt, not the verdict's LoadError."""
@@ -173,7 +175,15 @@ class _RankLoad:
         with alongside(files):  # whole-file hashing on its own thread, beside the copies
             self.fig.read_started(self.started, first=self.first)  # the loop reads first
             self.result = steps.run_rank(
-                storage, source, plan, prepared, opts=opts, ctx=ctx, sink=self.sink
+                storage,
+                source,
+                plan,
+                prepared,
+                opts=opts,
+                ctx=ctx,
+                sink=self.sink,
+                phases=self.phases,
+                clause=lambda: self.watch.clause if self.watch is not None else "",
             )
         steps.measure_cache(self.fig, storage, ctx, opts, before=False)
         steps.count(self.fig, self.result, plan, ctx)
@@ -225,17 +235,20 @@ def load_in(
     seq = CALLS.next(group_id(ctx))
     job = _RankLoad(opts or LoadOptions(), ctx, RankFigures(rank=ctx.rank, seq=seq), progress_sink)
     t0 = time.perf_counter_ns()
-    with MemoryPeaks() as mem:
-        job.attempt(seq, error)  # never raises: whatever fails goes into this rank's row
-    job.fig.ns = time.perf_counter_ns() - t0
-    job.fig.rss_peak, job.fig.anon_peak = mem.rss_peak, mem.anon_peak
-    job.meeting.raise_lost()  # the handshake lost the group: no exchange can follow
-    job.phases.enter("exchange")
-    try:
-        table = exchange(job.fig.to_row(), job.ctx, seq=seq, timeout_s=job.opts.timeout_s)
-    except KeyboardInterrupt:  # Ctrl-C while waiting for the peers' rows
-        job.result = None
-        raise KeyboardInterrupt(f"while {DOING['exchange']}") from None
+    show = job.opts.progress and ctx.rank == 0 and progress_sink is None
+    with Watch(job.phases, ctx, seq, show=show) as job.watch:
+        with MemoryPeaks() as mem:
+            job.attempt(seq, error)  # never raises: whatever fails goes into this rank's row
+        job.fig.ns = time.perf_counter_ns() - t0
+        job.phases.enter("exchange")
+        steps.timed(job.fig, job.phases)
+        job.fig.rss_peak, job.fig.anon_peak = mem.rss_peak, mem.anon_peak
+        job.meeting.raise_lost()  # the handshake lost the group: no exchange can follow
+        try:
+            table = exchange(job.fig.to_row(), job.ctx, seq=seq, timeout_s=job.opts.timeout_s)
+        except KeyboardInterrupt:  # Ctrl-C while waiting for the peers' rows
+            job.result = None
+            raise KeyboardInterrupt(f"while {DOING['exchange']}") from None
     ranks = [RankFigures.from_row(table[r]) for r in range(job.ctx.world)]
     verdict = job.judge(ranks)
     if not verdict.passed:

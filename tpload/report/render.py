@@ -94,8 +94,15 @@ class LoadReport:
             out[r.node] = out.get(r.node, 0) + r.bytes_hashed
         return out
 
+    def slowest_rank(self) -> int | None:
+        """The rank whose read (copy loop and checks) took longest: the one the others waited for
+        at the exchange (None: no rank read)."""
+        reading = [r for r in self.ranks if r.read_ns > 0]
+        return max(reading, key=lambda r: r.read_ns).rank if reading else None
+
     def to_dict(self) -> dict:
         """Everything in the report as plain JSON values (figures not measured are None)."""
+        slowest = max((r.read_ns for r in self.ranks), default=0)
         doc = {k: v for k, v in asdict(self).items() if k not in ("ranks", "rank")}
         doc.update(
             trust=self.trust.to_dict() if self.trust is not None else None,
@@ -107,9 +114,14 @@ class LoadReport:
             bytes_hashed_per_node={str(k): v for k, v in self.bytes_hashed_per_node().items()},
             ranks=[
                 {k: v for k, v in asdict(r).items() if k not in ("claims", "seen")}
-                | {"seconds": r.seconds, "first_call_seconds": r.first_call_seconds}
+                | {
+                    "seconds": r.seconds,
+                    "first_call_seconds": r.first_call_seconds,
+                    "phase_seconds": r.phase_seconds(slowest),
+                }
                 for r in self.ranks
             ],
+            slowest_rank=self.slowest_rank(),
         )
         return doc
 

@@ -142,3 +142,26 @@ def test_a_slow_rank_is_named_in_rank_0_s_progress_and_its_phases_in_the_report(
     fast, slow = (r["phase_seconds"] for r in doc["ranks"])
     assert set(fast) == {"open", "plan", "handshake", "read", "exchange"}
     assert slow["read"] > 4 > fast["read"] and fast["exchange"] > 4 > slow["exchange"]
+
+
+def test_a_failed_load_s_report_holds_every_rank_s_problems_whole(
+    small_ckpt: Path, tmp_path: Path
+) -> None:
+    # every manifest digest wrong: each rank hashes about half the tensors, a message of 6 KiB or
+    # so, more than the exchanged row's 4 KiB; the report has every line of both
+    import shutil
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(small_ckpt, ckpt)
+    manifest = json.loads((ckpt / "NATIVE_MANIFEST.json").read_text())
+    for entry in manifest["tensors"].values():
+        entry["sha256"] = "0" * 64
+    (ckpt / "NATIVE_MANIFEST.json").write_text(json.dumps(manifest))
+    report = tmp_path / "failed.json"
+    run = tpload_cli(2, str(ckpt), "--report", str(report))
+    assert run.rc != 0
+    doc = json.loads(report.read_text())
+    assert doc["ok"] is False and doc["error"].startswith("load failed on rank 0, 1 (2 of 2")
+    listed = [line for line in doc["problems"] if "does not match the manifest" in line]
+    assert len(listed) == len(manifest["tensors"]), doc["problems"]
+    assert "... and" in run.err  # the terminal: the first 20 of each list

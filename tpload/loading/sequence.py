@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ..distributed import placement
 from ..distributed.agreement import Handshake, outcome
-from ..distributed.exchange import CALLS, exchange, group_id, share_nodes
+from ..distributed.exchange import CALLS, Flags, exchange, group_id, share_nodes
 from ..distributed.versions import Incompatible
 from ..distributed.world import DistContext, pick_device, with_device
 from ..kernels.lazy import warm
@@ -42,7 +42,7 @@ from . import preflight, steps
 from .deferred import DeferredTensor, locate
 from .planner import planner_of
 from .result import LoadResult
-from .shards import RankShards, served
+from .shards import RankShards, failed, served
 from .teardown import give_back
 from .watch import Watch
 
@@ -236,7 +236,7 @@ def load_in(
     job = _RankLoad(opts or LoadOptions(), ctx, RankFigures(rank=ctx.rank, seq=seq), progress_sink)
     t0 = time.perf_counter_ns()
     show = job.opts.progress and ctx.rank == 0 and progress_sink is None
-    with Watch(job.phases, ctx, seq, show=show) as job.watch:
+    with Watch(job.phases, ctx, seq, show=show, publish=job.opts.progress) as job.watch:
         with MemoryPeaks() as mem:
             job.attempt(seq, error)  # never raises: whatever fails goes into this rank's row
         job.fig.ns = time.perf_counter_ns() - t0
@@ -244,6 +244,9 @@ def load_in(
         steps.timed(job.fig, job.phases)
         job.fig.rss_peak, job.fig.anon_peak = mem.rss_peak, mem.anon_peak
         job.meeting.raise_lost()  # the handshake lost the group: no exchange can follow
+        problems = Flags(job.ctx, seq, "problems")  # a failed rank's message whole (the row's
+        if job.fig.failed:  # is cut at 4 KiB): every rank's verdict lists every problem
+            problems.put(ctx.rank, steps.bounded(job.fig.message))
         try:
             table = exchange(job.fig.to_row(), job.ctx, seq=seq, timeout_s=job.opts.timeout_s)
         except KeyboardInterrupt:  # Ctrl-C while waiting for the peers' rows
@@ -256,7 +259,14 @@ def load_in(
         give_back(job.ctx.device)
         if job.interrupted is not None:  # Ctrl-C here: the peers know it, the caller sees it so
             raise KeyboardInterrupt(f"while {DOING[job.interrupted]}")
-        raise verdict.error()
+        whole = (
+            {r: m for r, f in enumerate(ranks) if f.failed and (m := problems.get(r)) is not None}
+            if problems.store is not None
+            else {job.ctx.rank: job.fig.message}  # alone: its own
+        )
+        error = steps.whole_messages(verdict.error(), ranks, whole)
+        failed(job.opts, job.ctx, ranks, job.notes, str(error))  # the report, when asked
+        raise error
     if job.plan is None or job.result is None or job.gate is None:  # a passed row loaded
         raise LoadError("the verdict passed a rank that loaded nothing (a bug in tpload)")
     shards = served(

@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable
 
 from ..distributed.world import DistContext
+from ..model.errors import LoadError
 from ..model.modes import Verify
 from ..model.progress import ProgressSink
 from ..options.load_options import LoadOptions
@@ -117,6 +118,31 @@ def run_rank(
         release=release,
         ranks=storage.catalogue.ranks(),
     )
+
+
+WHOLE_MESSAGE_CHARS = 8 << 20
+"""The most of a failed rank's message its peers read from the rendezvous store (a header with a
+million bad entries words 100 MiB of problems; every rank reads every failed rank's)."""
+
+
+def bounded(message: str) -> str:
+    """``message``, or its first :data:`WHOLE_MESSAGE_CHARS` and how much was left out."""
+    if len(message) <= WHOLE_MESSAGE_CHARS:
+        return message
+    left = len(message) - WHOLE_MESSAGE_CHARS
+    return f"{message[:WHOLE_MESSAGE_CHARS]}\n  ... (the rest, {left:,} characters, left out)"
+
+
+def whole_messages(error: LoadError, ranks: list[RankFigures], whole: dict[int, str]) -> LoadError:
+    """The verdict's ``error`` with each failed rank's message as the rank wrote it (``whole``: by
+    rank, from the rendezvous store), where the exchanged row cut it at 4 KiB: a rank with a
+    thousand problems has them all listed, not the first 4 KiB of them."""
+    text = str(error)
+    for r, message in whole.items():
+        cut = ranks[r].message if r < len(ranks) else ""
+        if cut and message != cut and message.startswith(cut):
+            text = text.replace(cut, message, 1)
+    return LoadError(text, reporter=error.reporter)
 
 
 def timed(fig: RankFigures, phases: Phases) -> None:

@@ -15,12 +15,16 @@ from ..report.progress import Phases, Ticker, straggler
 class Watch:
     """One call's watch on one rank, from its open to the end of its exchange (a context)."""
 
-    def __init__(self, phases: Phases, ctx: DistContext, seq: int, *, show: bool) -> None:
+    def __init__(
+        self, phases: Phases, ctx: DistContext, seq: int, *, show: bool, publish: bool
+    ) -> None:
+        """``show``: this rank shows progress (rank 0's); ``publish``: every rank puts its standing
+        (progress is on: rank 0 reads them)."""
         self.phases, self.show = phases, show
         self.board = Board(ctx, seq)
         self.clause = ""
         """The straggler clause rank 0 read last (empty: ranks together, or not rank 0)."""
-        runs = show or self.board.store is not None
+        runs = show or (publish and self.board.store is not None)
         self._ticker = (
             Ticker(phases, clause=lambda: self.clause, each=self._each, show=show) if runs else None
         )

@@ -126,6 +126,10 @@ def straggler(standings: list[Standing]) -> str:
     return clause
 
 
+JOIN_S = 5.0
+"""How long a stopped :class:`Ticker` is waited for."""
+
+
 class Ticker:
     """A line every ``every_s`` for the phases that have no progress of their own (all but the
     copy loop's, which :class:`Progress` shows): ``[rank 0] plan: 6 s`` and, when ``clause``
@@ -161,7 +165,9 @@ class Ticker:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join()
+        # bounded: a store call of the thread's may wait on a launcher that is gone (it is a
+        # daemon thread, and says nothing once stopped)
+        self._thread.join(timeout=JOIN_S)
 
     def _run(self) -> None:
         tick = min(max(self.every_s, 0.1), 1.0)  # standings put every second, lines every every_s
@@ -176,6 +182,8 @@ class Ticker:
                 continue
             last = now
             clause = self.clause()
+            if self._stop.is_set():
+                return
             seconds = f"{self.phases.elapsed_s():.0f} s"
             if phase == "exchange":
                 log.info(

@@ -105,6 +105,7 @@ class LoadReport:
         slowest = max((r.read_ns for r in self.ranks), default=0)
         doc = {k: v for k, v in asdict(self).items() if k not in ("ranks", "rank")}
         doc.update(
+            ok=not any(r.failed for r in self.ranks),
             trust=self.trust.to_dict() if self.trust is not None else None,
             hash=self.hash,
             predictions=self.predictions,
@@ -128,14 +129,21 @@ class LoadReport:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2) + "\n"
 
-    def write(self, path: str | os.PathLike) -> None:
+    def write(self, path: str | os.PathLike, *, error: str | None = None) -> None:
         """Write the JSON report (beside it first, then renamed: never half a report); ``-``: on
-        standard output (the command line then prints its table on standard error)."""
+        standard output (the command line then prints its table on standard error). ``error``: a
+        failed load's message, whole (``ok`` false, ``error`` its first line, ``problems`` the
+        rest: every one, where the terminal shows the first 20 of a list)."""
+        doc = self.to_dict()
+        if error is not None:
+            first, *rest = error.splitlines() or [""]
+            doc.update(ok=False, error=first, problems=rest)
+        text = json.dumps(doc, indent=2) + "\n"
         if os.fspath(path) == STDOUT:
-            sys.stdout.write(self.to_json())
+            sys.stdout.write(text)
             sys.stdout.flush()
             return
-        atomic_write(Path(path), self.to_json())
+        atomic_write(Path(path), text)
 
     def table(self) -> str:
         """The rank-0 table (every name in it escaped for the terminal)."""

@@ -797,3 +797,14 @@ def test_verify_and_plan_on_an_empty_folder_say_only_that_it_is_empty(
             f"tpload: error: {tmp_path}: no model.safetensors.index.json and no *.safetensors "
             "shard\n"
         )
+
+
+def test_plan_and_verify_say_what_they_do_first(
+    small_ckpt: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture
+) -> None:
+    with caplog.at_level("INFO", logger="tpload"):
+        assert main(["plan", str(small_ckpt), "--tp", "2"]) == 0
+        assert main(["verify", str(small_ckpt)]) == 0
+    said = [r.getMessage() for r in caplog.records if r.name == "tpload"]
+    assert said[0] == f"plan {small_ckpt} at tp 2 x ep 1: open, then plan (torch's import first)"
+    assert f"verify {small_ckpt}: open, then hash every tensor (torch's import first)" in said

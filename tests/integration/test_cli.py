@@ -110,9 +110,10 @@ def test_ctrl_c_under_torchrun_is_one_line_from_the_ranks(small_ckpt: Path, tmp_
     )
     assert run.rc != 0
     ours = [line for line in run.text.splitlines() if "tpload" in line and "[rank" in line]
-    assert ours == ["[rank 0] tpload: interrupted (Ctrl-C) while reading; nothing was loaded"], (
-        run.text
-    )
+    assert len(ours) == 1, run.text  # the phase: reading, unless torchrun's second SIGINT won
+    assert re.fullmatch(
+        r"\[rank 0\] tpload: interrupted \(Ctrl-C\)( while [a-z' ]+)?; nothing was loaded", ours[0]
+    ), run.text
     assert "KeyboardInterrupt" not in run.text and run.text.count("Traceback") <= 1, run.text
 
 

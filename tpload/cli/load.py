@@ -168,5 +168,6 @@ def cmd_load(argv: list[str]) -> int:
         return fail_rank(e, rank)
     except KeyboardInterrupt as e:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # torchrun passes a terminal's Ctrl-C on
         return interrupted(e, rank)
     return 0

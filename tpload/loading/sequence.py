@@ -249,11 +249,11 @@ def load_in(
             problems.put(ctx.rank, steps.bounded(job.fig.message))
         try:
             table = exchange(job.fig.to_row(), job.ctx, seq=seq, timeout_s=job.opts.timeout_s)
-        except KeyboardInterrupt:  # Ctrl-C while waiting for the peers' rows
-            job.result = None
-            raise KeyboardInterrupt(f"while {DOING['exchange']}") from None
-    ranks = [RankFigures.from_row(table[r]) for r in range(job.ctx.world)]
-    verdict = job.judge(ranks)
+            ranks = [RankFigures.from_row(table[r]) for r in range(job.ctx.world)]
+            verdict = job.judge(ranks)
+        except KeyboardInterrupt:  # Ctrl-C while waiting for the peers' rows (or a second one:
+            job.result = None  # torchrun passes on the terminal's), named by the first
+            raise KeyboardInterrupt(f"while {DOING[job.interrupted or 'exchange']}") from None
     if not verdict.passed:
         job.result = None  # nothing partly loaded survives a failed load
         give_back(job.ctx.device)

@@ -5,7 +5,7 @@ stalled. Never raises: without a store (or once it is gone) nothing is put or re
 from __future__ import annotations
 
 from ..model.progress import Standing
-from .exchange import _store, group_id
+from .exchange import Flags
 from .world import DistContext
 
 
@@ -14,29 +14,23 @@ class Board:
 
     def __init__(self, ctx: DistContext, seq: int) -> None:
         self.world = ctx.world
-        self.store = _store() if ctx.group is not None and ctx.world > 1 else None
-        self.prefix = f"tpload/{group_id(ctx)}/{seq}/standing" if self.store is not None else ""
+        self._flags = Flags(ctx, seq, "standing")
+
+    @property
+    def open(self) -> bool:
+        """Whether there is a store to put to (a group of several ranks under a launcher)."""
+        return self.world > 1 and self._flags.store is not None
 
     def put(self, standing: Standing) -> None:
-        if self.store is not None:
-            try:
-                self.store.set(f"{self.prefix}/{standing.rank}", standing.encode())
-            except (RuntimeError, OSError):  # the store gone with the launcher: stop putting
-                self.store = None
+        if self.open:
+            self._flags.put(standing.rank, standing.encode())
 
     def read(self) -> list[Standing]:
         """Every rank's last standing, of those that put one."""
         out: list[Standing] = []
-        for r in range(self.world) if self.store is not None else []:
-            key = f"{self.prefix}/{r}"
-            try:
-                if not self.store.check([key]):
-                    continue
-                raw = self.store.get(key).decode(errors="replace")
-            except (RuntimeError, OSError):
-                self.store = None
-                return out
-            standing = Standing.decode(r, raw)
+        for r in range(self.world) if self.open else []:
+            raw = self._flags.get(r)
+            standing = Standing.decode(r, raw) if raw is not None else None
             if standing is not None:
                 out.append(standing)
         return out

@@ -24,7 +24,7 @@ class Watch:
         self.board = Board(ctx, seq)
         self.clause = ""
         """The straggler clause rank 0 read last (empty: ranks together, or not rank 0)."""
-        runs = show or (publish and self.board.store is not None)
+        runs = show or (publish and self.board.open)
         self._ticker = (
             Ticker(phases, clause=lambda: self.clause, each=self._each, show=show) if runs else None
         )

@@ -259,11 +259,11 @@ def load_in(
         give_back(job.ctx.device)
         if job.interrupted is not None:  # Ctrl-C here: the peers know it, the caller sees it so
             raise KeyboardInterrupt(f"while {DOING[job.interrupted]}")
-        whole = (
-            {r: m for r, f in enumerate(ranks) if f.failed and (m := problems.get(r)) is not None}
-            if problems.store is not None
-            else {job.ctx.rank: job.fig.message}  # alone: its own
-        )
+        if job.ctx.world == 1:  # alone: its own message
+            whole = {job.ctx.rank: job.fig.message}
+        else:  # the same on every rank: only what the store holds (nothing without one)
+            failing = [r for r, f in enumerate(ranks) if f.failed]
+            whole = {r: m for r in failing if (m := problems.get(r)) is not None}
         error = steps.whole_messages(verdict.error(), ranks, whole)
         failed(job.opts, job.ctx, ranks, job.notes, str(error))  # the report, when asked
         raise error

@@ -205,3 +205,14 @@ def test_a_phase_without_progress_of_its_own_gets_a_line_every_few_seconds(
         r"\[rank 0\] plan: \d s; slowest: rank 1, opening the checkpoint", caplog.messages[0]
     )
     assert phases.ns["plan"] > 0.6e9
+
+
+def test_the_copy_loop_s_lines_carry_the_straggler(caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    said = "slowest: rank 3, planning (rank 0 read 50%)"
+    p = Progress(1000, 4, every_s=2.0, now=clock, clause=lambda: said)
+    p.update(10)
+    clock.t += 3.0
+    with caplog.at_level("INFO", logger="tpload"):
+        p.update(490)
+    assert caplog.messages[-1].endswith(f"ETA 3 s; {said}"), caplog.messages

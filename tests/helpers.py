@@ -166,3 +166,65 @@ def edit_json(path: Path, mutate) -> None:
 
 def shard_of(root: Path, name: str) -> str:
     return json.loads((root / "model.safetensors.index.json").read_text())["weight_map"][name]
+
+
+SLOW_WORKER = HERE / "workers" / "slow.py"
+
+
+def interrupted_run(
+    cmd: list[str], mark: Path, *, env: dict | None = None, after_s: float = 0.5
+) -> Run:
+    """Run ``cmd`` (tests/workers/slow.py's, whose slowed ranks create ``mark.RANK`` when their
+    loop reads its first tensor) in a session of its own, and send its whole process group SIGINT
+    ``after_s`` seconds after the first mark appears: what Ctrl-C in a terminal does."""
+    import signal
+
+    e = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+        CUDA_VISIBLE_DEVICES="",
+        PYTHONPATH=str(HERE.parent),
+        SLOW_MARK=str(mark),
+    )
+    e.update(env or {})
+    t0 = time.monotonic()
+    p = subprocess.Popen(
+        cmd,
+        env=e,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        while not list(mark.parent.glob(f"{mark.name}.*")):
+            if p.poll() is not None or time.monotonic() - t0 > 90:
+                break
+            time.sleep(0.05)
+        time.sleep(after_s)
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=90)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+    return Run(p.returncode, out, err, time.monotonic() - t0)
+
+
+def torchrun_cmd(nproc: int) -> list[str]:
+    """torchrun's command line as :func:`torchrun` runs it (a free port, no restarts)."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(nproc),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{free_port()}",
+        "--max-restarts",
+        "0",
+    ]

@@ -26,7 +26,10 @@ def _refuse_a_shadowing_folder() -> None:
 
 _refuse_a_shadowing_folder()  # before the imports below: they are what fails in a shadowed tpload
 
-from .cli import main  # noqa: E402  after the shadowing check
+try:
+    from .cli import main  # noqa: E402  after the shadowing check
+except KeyboardInterrupt:  # Ctrl-C in the first moment: 130 as at any later phase, no traceback
+    sys.exit(130)
 
 if __name__ == "__main__":
     sys.exit(main())

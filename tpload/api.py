@@ -22,7 +22,7 @@ from .attest import build as attest
 from .distributed.world import DistContext, call_world, context
 from .loading import sequence
 from .loading.shards import RankShards
-from .model.errors import LoadError
+from .model.errors import LoadError, OptionsError
 from .model.progress import ProgressSink
 from .options.load_options import LoadOptions, with_option_signature
 
@@ -50,8 +50,32 @@ def load(
         opts, error = None, e
     if group is not None or cpu_group is not None:
         return load_in(opts, context(group, cpu_group), error=error, progress_sink=progress_sink)
+    alone = not_launched(opts)
+    if alone is not None:  # one process, no group: nothing to meet, so say it before anything
+        raise OptionsError(alone)
     with call_world(timeout_s=opts.timeout_s if opts else LoadOptions().timeout_s):
         return load_in(opts, context(), error=error, progress_sink=progress_sink)
+
+
+def not_launched(opts: LoadOptions | None) -> str | None:
+    """What is wrong with a load of several ranks called in a process no launcher started (no
+    WORLD_SIZE, no process group), in the API's words: the load would be a group of one."""
+    if opts is None or "WORLD_SIZE" in os.environ or dist.is_initialized():
+        return None
+    ranks = (opts.tp or 1) * opts.ep * opts.replicas
+    if ranks <= 1:
+        return None
+    asked = ", ".join(
+        f"{name}={n}"
+        for name, n in (("tp", opts.tp or 1), ("ep", opts.ep), ("replicas", opts.replicas))
+        if n > 1
+    )
+    return (
+        f"load({asked}) needs {ranks} ranks, one process each, but this process was not started "
+        f"by torchrun: run the script that calls load() with torchrun --nproc-per-node {ranks} "
+        f"SCRIPT.py (every process calls it alike), or pass group= a process group of {ranks} "
+        "ranks; in this process alone, load() without tp"
+    )
 
 
 def load_in(

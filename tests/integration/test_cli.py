@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
-from ..helpers import tpload_cli
+import tpload
+
+from ..helpers import SLOW_WORKER, interrupted_run, torchrun, torchrun_cmd, tpload_cli
 
 
 def test_readme_default_loads_the_builtin_checkpoint(tmp_path: Path) -> None:
@@ -81,3 +84,85 @@ def test_a_mistyped_flag_under_torchrun_is_said_once_with_the_closest() -> None:
     # the speaker exits first (the others wait a moment): torchrun names its line the root cause
     summary = run.err.split("Root Cause (first observed failure):", 1)[1]
     assert f"traceback : {said}" in summary and "exitcode  : 2" in summary, run.err
+
+
+def test_ctrl_c_mid_load_exits_130_with_one_line(small_ckpt: Path, tmp_path: Path) -> None:
+    # python -m tpload, its copy loop slowed (1 s a tensor): Ctrl-C once it reads
+    run = interrupted_run(
+        [sys.executable, str(SLOW_WORKER), str(small_ckpt), "--no-progress"],
+        tmp_path / "reading",
+        env={"SLOW_S": "1"},
+    )
+    assert run.rc == 130, run.text
+    assert run.err.strip().splitlines()[-1:] == [
+        "[rank 0] tpload: interrupted (Ctrl-C) while reading; nothing was loaded"
+    ], run.err
+    assert "Traceback" not in run.err and "rank 0: interrupted" not in run.err
+
+
+def test_ctrl_c_under_torchrun_is_one_line_from_the_ranks(small_ckpt: Path, tmp_path: Path) -> None:
+    # a terminal's Ctrl-C reaches torchrun and both ranks; torchrun's own traceback (its agent's
+    # SignalException) is torchrun's: the ranks print one line, no traceback of theirs
+    run = interrupted_run(
+        [*torchrun_cmd(2), str(SLOW_WORKER), str(small_ckpt), "--no-progress"],
+        tmp_path / "reading",
+        env={"SLOW_S": "1"},
+    )
+    assert run.rc != 0
+    ours = [line for line in run.text.splitlines() if "tpload" in line and "[rank" in line]
+    assert len(ours) == 1, run.text  # the phase: reading, unless torchrun's second SIGINT won
+    assert re.fullmatch(
+        r"\[rank 0\] tpload: interrupted \(Ctrl-C\)( while [a-z' ]+)?; nothing was loaded", ours[0]
+    ), run.text
+    assert "KeyboardInterrupt" not in run.text and run.text.count("Traceback") <= 1, run.text
+
+
+def test_a_slow_rank_is_named_in_rank_0_s_progress_and_its_phases_in_the_report(
+    small_ckpt: Path, tmp_path: Path
+) -> None:
+    # rank 1's copy loop stalls (1 s a tensor or batch): rank 0, done reading, waits at the
+    # exchange and says for whom; the report's phase times show who held the load
+    report = tmp_path / "load.json"
+    run = torchrun(
+        2,
+        [str(SLOW_WORKER), str(small_ckpt), "--report", str(report)],
+        env={"SLOW_RANK": "1", "SLOW_S": "1"},
+    )
+    assert run.rc == 0, run.text
+    first = next(line for line in run.err.splitlines() if not re.match(r"[WEI]\d{4} ", line))
+    assert first.endswith(
+        f"tpload INFO tpload {tpload.__version__}: loading {small_ckpt} at tp 2 x ep 1 on 2 "
+        "ranks, kind packed, verify node (torch's import first)"
+    ), run.err
+    waits = [line for line in run.err.splitlines() if "[rank 0] exchange: waiting" in line]
+    assert any(
+        re.search(r"slowest: rank 1, read \d+% \(rank 0 done reading\)", line) for line in waits
+    ), run.err
+    doc = json.loads(report.read_text())
+    assert doc["slowest_rank"] == 1
+    fast, slow = (r["phase_seconds"] for r in doc["ranks"])
+    assert set(fast) == {"open", "plan", "handshake", "read", "exchange"}
+    assert slow["read"] > 4 > fast["read"] and fast["exchange"] > 4 > slow["exchange"]
+
+
+def test_a_failed_load_s_report_holds_every_rank_s_problems_whole(
+    small_ckpt: Path, tmp_path: Path
+) -> None:
+    # every manifest digest wrong: each rank hashes about half the tensors, a message of 6 KiB or
+    # so, more than the exchanged row's 4 KiB; the report has every line of both
+    import shutil
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(small_ckpt, ckpt)
+    manifest = json.loads((ckpt / "NATIVE_MANIFEST.json").read_text())
+    for entry in manifest["tensors"].values():
+        entry["sha256"] = "0" * 64
+    (ckpt / "NATIVE_MANIFEST.json").write_text(json.dumps(manifest))
+    report = tmp_path / "failed.json"
+    run = tpload_cli(2, str(ckpt), "--report", str(report))
+    assert run.rc != 0
+    doc = json.loads(report.read_text())
+    assert doc["ok"] is False and doc["error"].startswith("load failed on rank 0, 1 (2 of 2")
+    listed = [line for line in doc["problems"] if "does not match the manifest" in line]
+    assert len(listed) == len(manifest["tensors"]), doc["problems"]
+    assert "... and" in run.err  # the terminal: the first 20 of each list

@@ -57,5 +57,5 @@ def main(argv: list[str] | None = None) -> int:
             return COMMANDS[argv[0]](argv[1:])
         return cmd_load(argv)
     except KeyboardInterrupt:
-        say("tpload: interrupted")
+        say("tpload: interrupted (Ctrl-C)")
         return 130

@@ -4,6 +4,7 @@ what it prints."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
@@ -16,7 +17,7 @@ from typing import TextIO
 from ..model.errors import LoadError
 from ..model.text import escape_name, plural, printable
 from ..options.flags import check_flags
-from .output import capped, fail, one_line, progress_of
+from .output import capped, fail, one_line, phase_lines, progress_of
 from .parsers import (
     SYNTH_DIMS,
     attest_parser,
@@ -189,8 +190,15 @@ def cmd_plan(argv: list[str]) -> int:
     check_flags(args, checkpoint=args.dir if args.write else None)  # --write: the store's place
     out = _human(args)
     t0 = time.monotonic()
+    first = (
+        f"plan {printable(args.dir)} at tp {args.tp} x ep {args.ep}: open, then plan "
+        "(torch's import first)"
+    )
+    stack = contextlib.ExitStack()  # the phases' lines end with the try
     try:
         _require(args.dir)
+        phases = stack.enter_context(phase_lines("plan", first))
+        phases.enter("open")
         from ..planning.layout import Layout
         from ..tools.sizing import HostMemory, costs, fit_line, planning, render_costs
 
@@ -199,6 +207,7 @@ def cmd_plan(argv: list[str]) -> int:
         layout = Layout(args.tp, args.ep)
         per_node = args.nproc_per_node or layout.world
         t1, host = time.monotonic(), HostMemory()
+        phases.enter("plan")
         with planning(args.dir, config, layout) as planner:
             host.classified()
             plans = [planner.plan(layout, args.kind, r) for r in range(layout.world)]
@@ -206,6 +215,7 @@ def cmd_plan(argv: list[str]) -> int:
             host.planned(len(plans))
             catalogue, notes = planner.catalogue, planner.notes()
         seconds = time.monotonic() - t1
+        phases.enter("read")  # --write and --digest read every window: their own progress
         path = None
         if (
             args.write or args.digest
@@ -230,6 +240,8 @@ def cmd_plan(argv: list[str]) -> int:
         gpu = _gpu_memory(args.gpu_memory)
     except LoadError as e:
         return _failed(args, e)
+    finally:
+        stack.close()
     say = functools.partial(print, file=out)
     say(
         f"plan for {printable(args.dir)} (config {printable(config.name)}, tp {args.tp} x ep "
@@ -321,13 +333,21 @@ def cmd_verify(argv: list[str]) -> int:
     out = _human(args)
     try:
         _require(args.dir)
-        from ..tools.offline import verify_checkpoint
+        first = f"verify {printable(args.dir)}: open, then hash every tensor (torch's import first)"
+        with phase_lines("verify", first) as phases:
+            phases.enter("open")
+            from ..tools.offline import verify_checkpoint
 
-        signed = _signed(args, args.dir, out=out)
-        config = None if args.config == "none" else _config_for(args, args.dir, out=out)
-        problems = verify_checkpoint(
-            args.dir, config, threads=args.threads, signed=signed, progress=progress_of("verify")
-        )
+            signed = _signed(args, args.dir, out=out)
+            config = None if args.config == "none" else _config_for(args, args.dir, out=out)
+            phases.enter("hash")
+            problems = verify_checkpoint(
+                args.dir,
+                config,
+                threads=args.threads,
+                signed=signed,
+                progress=progress_of("verify hash"),
+            )
     except LoadError as e:
         return _failed(args, e)
     for line in capped([f"BAD {printable(line)}" for line in problems]):

@@ -13,7 +13,7 @@ from ..model.text import escape_name, plural
 from ..options.flags import closest, from_args
 from ..options.load_options import LoadOptions
 from ..storage.files import STDOUT
-from .output import configure_logging, fail_rank, one_line, refuse_launch, say
+from .output import configure_logging, fail_rank, first_on_node, one_line, refuse_launch, say
 from .parsers import SUBCOMMANDS, load_parser
 
 
@@ -56,6 +56,27 @@ def first_run_notes(opts_checkpoint: str | None) -> None:
         )
 
 
+def first_line(opts: LoadOptions) -> None:
+    """Rank 0 says what it loads before torch's import (seconds, before anything else shows);
+    part of its progress (``--no-progress``: not said)."""
+    if os.environ.get("RANK", "0") != "0" or not opts.progress:
+        return
+    from .. import __version__
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    tp = opts.tp or max(1, world // opts.ep // opts.replicas)
+    logging.getLogger("tpload").info(
+        "tpload %s: loading %s at tp %d x ep %d on %s, kind %s, verify %s (torch's import first)",
+        __version__,
+        escape_name(os.fspath(opts.checkpoint)) if opts.checkpoint else "the built-in checkpoint",
+        tp,
+        opts.ep,
+        plural(world, "rank"),
+        opts.kind,
+        opts.verify,
+    )
+
+
 def launch_problem(opts: LoadOptions, argv: list[str]) -> str | None:
     """What is wrong with how the load was started, found in a moment instead of at the rendezvous
     or the first read: several ranks asked of a process torchrun did not start, or a checkpoint
@@ -88,6 +109,19 @@ def missing(path: str) -> str:
     )
 
 
+INTERRUPTED = 130
+"""The exit code of a Ctrl-C (128 + SIGINT), at any phase (README's exit codes)."""
+
+
+def interrupted(e: KeyboardInterrupt, rank: str) -> int:
+    """A Ctrl-C's end on one rank: one line, from each node's first rank only (a terminal's Ctrl-C
+    reaches every rank of the node; a rank interrupted alone is named by its peers' verdict)."""
+    if first_on_node():
+        where = f" {e.args[0]}" if e.args else ""
+        say(f"[rank {rank}] tpload: interrupted (Ctrl-C){where}; nothing was loaded")
+    return INTERRUPTED
+
+
 @one_line
 def cmd_load(argv: list[str]) -> int:
     rank = os.environ.get("RANK", "0")
@@ -105,6 +139,7 @@ def cmd_load(argv: list[str]) -> int:
         problem = launch_problem(opts, argv)
         if problem is not None:
             return refuse_launch(problem, rank)
+        first_line(opts)
         first_run_notes(opts.checkpoint)
         from dataclasses import replace
 
@@ -131,8 +166,8 @@ def cmd_load(argv: list[str]) -> int:
         # torchrun SIGTERMs the others as soon as one rank exits: finish this message first.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         return fail_rank(e, rank)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        say(f"[rank {rank}] tpload: interrupted")
-        return 130
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # torchrun passes a terminal's Ctrl-C on
+        return interrupted(e, rank)
     return 0

@@ -3,12 +3,13 @@ torchrun's stderr do not interleave), torchrun's error file, and the logging lev
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,6 +18,7 @@ from ..model.text import printable
 
 if TYPE_CHECKING:  # annotations only: report/ imports torch, which a command may never need
     from ..model.progress import Meter
+    from ..report.progress import Phases
 
 
 def say(text: str) -> None:
@@ -137,6 +139,23 @@ def progress_of(command: str) -> Meter:
 
     configure_logging("INFO")
     return meter(command)
+
+
+@contextlib.contextmanager
+def phase_lines(command: str, first: str) -> Iterator[Phases]:
+    """``command``'s phases on standard error: ``first`` now (before torch's import, which alone
+    takes seconds), then a line every few seconds for a phase that has no progress of its own
+    (``verify open: 6 s``); the command enters each phase (``phases.enter("open")``)."""
+    from ..report.progress import Phases, Ticker
+
+    configure_logging("INFO")
+    logging.getLogger("tpload").info("%s", first)
+    phases = Phases()
+    ticker = Ticker(phases, label=command).start()
+    try:
+        yield phases
+    finally:
+        ticker.stop()
 
 
 def _error_file(line: str, *, root_cause: bool) -> None:

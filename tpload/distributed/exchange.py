@@ -159,6 +159,11 @@ class Flags:
             except (RuntimeError, OSError):
                 self.store = None
 
+    def get(self, rank: int) -> str | None:
+        """What ``rank`` left (None: nothing)."""
+        found = self.first([rank])
+        return found[1] if found is not None else None
+
     def first(self, ranks: list[int]) -> tuple[int, str] | None:
         """The first of ``ranks`` that left a value, and the value (None: none did)."""
         for r in ranks if self.store is not None else []:

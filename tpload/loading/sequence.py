@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ..distributed import placement
 from ..distributed.agreement import Handshake, outcome
-from ..distributed.exchange import CALLS, exchange, group_id, share_nodes
+from ..distributed.exchange import CALLS, Flags, exchange, group_id, share_nodes
 from ..distributed.versions import Incompatible
 from ..distributed.world import DistContext, pick_device, with_device
 from ..kernels.lazy import warm
@@ -27,6 +27,7 @@ from ..planning.layout import Layout
 from ..planning.planner import RankPlan
 from ..report.figures import RankFigures, process_first_load
 from ..report.memory import MemoryPeaks, device_peaks, reset_device_peaks
+from ..report.progress import DOING, Phases
 from ..sources.base import ReadSource
 from ..sources.open import open_source
 from ..sources.whole_files import FileHasher, alongside
@@ -41,8 +42,9 @@ from . import preflight, steps
 from .deferred import DeferredTensor, locate
 from .planner import planner_of
 from .result import LoadResult
-from .shards import RankShards, served
+from .shards import RankShards, failed, served
 from .teardown import give_back
+from .watch import Watch
 
 
 class _RankLoad:
@@ -61,11 +63,17 @@ class _RankLoad:
         self.notes: list[str] = []
         self.started, self.first = time.perf_counter_ns(), process_first_load()
         self.meeting = Handshake(fig.seq, self.opts.timeout_s)
+        self.phases = Phases(rank=ctx.rank)
+        self.watch: Watch | None = None
+        self.interrupted: str | None = None
+        """The phase a Ctrl-C interrupted on this rank: after the exchange (so every peer learns
+        it), this rank raises KeyboardInterrupt, not the verdict's LoadError."""
 
     def attempt(self, seq: int, error: LoadError | None) -> None:
         """Everything before the exchange; every failure becomes this rank's status and message,
         and the handshake is met exactly once (a rank that failed before it, with its status)."""
         fig = self.fig
+        self.phases.enter("open")
         try:
             # first: peers wait for this node name
             self.ctx, note = share_nodes(self.ctx, seq, self.opts.timeout_s)
@@ -104,6 +112,8 @@ class _RankLoad:
             self.meeting.cannot_meet(e)
         except (Exception, KeyboardInterrupt) as e:  # a bug or an OS error too: no peer hangs
             fig.failed, fig.message = outcome(self.ctx.rank, e)
+            if isinstance(e, KeyboardInterrupt):
+                self.interrupted = self.phases.current
         self.meeting.unmet(fig, self.ctx)  # failed before the handshake: meet it with that
 
     def _load(self, storage: Storage, layout: Layout) -> None:
@@ -114,6 +124,7 @@ class _RankLoad:
         check_pin(storage, opts.manifest_sha256)
         self.notes += storage.catalogue.check_plan_files()  # the JSON files the manifest pins
         steps.measure_cache(self.fig, storage, ctx, opts, before=True)
+        self.phases.enter("plan")
         config = steps.config_of(storage, opts, ctx, self.notes)
         planner = self.planner = placement.positions(planner_of(storage.catalogue, config), opts)
         planner.check_layout(layout, ctx.world)
@@ -157,12 +168,22 @@ class _RankLoad:
         used = {**cat.files_read, **(cat.pins.seen if cat.pins is not None else {})}
         shaping = plan_file_digests(storage.root, known=used, gguf_kv=cat.gguf_kv)
         terms = Terms.of(opts, layout, config, self.gate.anchor(), at, shaping)
+        self.phases.enter("handshake")
         self.meeting.meet(self.fig, ctx, terms)
+        self.phases.enter("read")
         files = FileHasher.of(storage, prepared.files) if prepared.files is not None else None
         with alongside(files):  # whole-file hashing on its own thread, beside the copies
             self.fig.read_started(self.started, first=self.first)  # the loop reads first
             self.result = steps.run_rank(
-                storage, source, plan, prepared, opts=opts, ctx=ctx, sink=self.sink
+                storage,
+                source,
+                plan,
+                prepared,
+                opts=opts,
+                ctx=ctx,
+                sink=self.sink,
+                phases=self.phases,
+                clause=lambda: self.watch.clause if self.watch is not None else "",
             )
         steps.measure_cache(self.fig, storage, ctx, opts, before=False)
         steps.count(self.fig, self.result, plan, ctx)
@@ -214,18 +235,38 @@ def load_in(
     seq = CALLS.next(group_id(ctx))
     job = _RankLoad(opts or LoadOptions(), ctx, RankFigures(rank=ctx.rank, seq=seq), progress_sink)
     t0 = time.perf_counter_ns()
-    with MemoryPeaks() as mem:
-        job.attempt(seq, error)  # never raises: whatever fails goes into this rank's row
-    job.fig.ns = time.perf_counter_ns() - t0
-    job.fig.rss_peak, job.fig.anon_peak = mem.rss_peak, mem.anon_peak
-    job.meeting.raise_lost()  # the handshake lost the group: no exchange can follow
-    table = exchange(job.fig.to_row(), job.ctx, seq=seq, timeout_s=job.opts.timeout_s)
-    ranks = [RankFigures.from_row(table[r]) for r in range(job.ctx.world)]
-    verdict = job.judge(ranks)
+    show = job.opts.progress and ctx.rank == 0 and progress_sink is None
+    with Watch(job.phases, ctx, seq, show=show, publish=job.opts.progress) as job.watch:
+        with MemoryPeaks() as mem:
+            job.attempt(seq, error)  # never raises: whatever fails goes into this rank's row
+        job.fig.ns = time.perf_counter_ns() - t0
+        job.phases.enter("exchange")
+        steps.timed(job.fig, job.phases)
+        job.fig.rss_peak, job.fig.anon_peak = mem.rss_peak, mem.anon_peak
+        job.meeting.raise_lost()  # the handshake lost the group: no exchange can follow
+        problems = Flags(job.ctx, seq, "problems")  # a failed rank's message whole (the row's
+        if job.fig.failed:  # is cut at 4 KiB): every rank's verdict lists every problem
+            problems.put(ctx.rank, steps.bounded(job.fig.message))
+        try:
+            table = exchange(job.fig.to_row(), job.ctx, seq=seq, timeout_s=job.opts.timeout_s)
+            ranks = [RankFigures.from_row(table[r]) for r in range(job.ctx.world)]
+            verdict = job.judge(ranks)
+        except KeyboardInterrupt:  # Ctrl-C while waiting for the peers' rows (or a second one:
+            job.result = None  # torchrun passes on the terminal's), named by the first
+            raise KeyboardInterrupt(f"while {DOING[job.interrupted or 'exchange']}") from None
     if not verdict.passed:
         job.result = None  # nothing partly loaded survives a failed load
         give_back(job.ctx.device)
-        raise verdict.error()
+        if job.interrupted is not None:  # Ctrl-C here: the peers know it, the caller sees it so
+            raise KeyboardInterrupt(f"while {DOING[job.interrupted]}")
+        if job.ctx.world == 1:  # alone: its own message
+            whole = {job.ctx.rank: job.fig.message}
+        else:  # the same on every rank: only what the store holds (nothing without one)
+            failing = [r for r, f in enumerate(ranks) if f.failed]
+            whole = {r: m for r in failing if (m := problems.get(r)) is not None}
+        error = steps.whole_messages(verdict.error(), ranks, whole)
+        failed(job.opts, job.ctx, ranks, job.notes, str(error))  # the report, when asked
+        raise error
     if job.plan is None or job.result is None or job.gate is None:  # a passed row loaded
         raise LoadError("the verdict passed a rank that loaded nothing (a bug in tpload)")
     shards = served(

@@ -131,6 +131,33 @@ class RankShards:
         return (st.device.type, st.device.index, st.data_ptr())
 
 
+def failed(
+    opts: LoadOptions, ctx: DistContext, ranks: list[RankFigures], notes: list[str], error: str
+) -> None:
+    """After a verdict that failed: rank 0 writes the report when asked, with the error whole
+    (every problem of every rank; the terminal shows the first 20 of a list)."""
+    if not opts.report or ctx.rank != 0:
+        return
+    ep = opts.ep
+    report = LoadReport(
+        str(opts.checkpoint),
+        opts.kind,
+        opts.tp or max(1, ctx.world // ep // opts.replicas),
+        ep,
+        opts.verify,
+        str(ctx.device),
+        ranks,
+        ctx.rank,
+        notes=list(notes),
+    )
+    try:
+        report.write(opts.report, error=error)
+    except OSError as e:
+        rank_log(ctx.rank).warning(
+            "could not write the report %s: %s", escape_name(opts.report), e.strerror
+        )
+
+
 def served(
     opts: LoadOptions,
     ctx: DistContext,

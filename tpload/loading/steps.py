@@ -9,16 +9,18 @@ into its row) and the node's page-cache figures.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from ..distributed.world import DistContext
+from ..model.errors import LoadError
 from ..model.modes import Verify
-from ..model.progress import ProgressSink, Silent
+from ..model.progress import ProgressSink
 from ..options.load_options import LoadOptions
 from ..planning.layout import Layout
 from ..planning.planner import Planner, RankPlan
 from ..report.figures import RankFigures
 from ..report.log import rank_log
-from ..report.progress import Progress
+from ..report.progress import Phases, Progress, Tally
 from ..selection.config import Config, with_rules
 from ..sources.base import ReadSource
 from ..sources.hashing import Hasher
@@ -80,6 +82,8 @@ def run_rank(
     opts: LoadOptions,
     ctx: DistContext,
     sink: ProgressSink | None,
+    phases: Phases,
+    clause: Callable[[], str],
 ) -> LoadResult:
     """The loop over ``plan``, reading from ``source``, with the hasher the gate prepared (on the
     CPU, on the node's spare cores only: the copies need the others), page-cache eviction when
@@ -97,10 +101,13 @@ def run_rank(
         digests=prepared.digests,
         on_done=(lambda n: release.done(storage.stored(n).path)) if release else None,
     )
-    if sink is None:
+    if sink is None:  # rank 0's progress names a straggler (``clause``); every rank counts bytes
         sink = (
-            Progress(plan.read_bytes, plan.served) if opts.progress and ctx.rank == 0 else Silent()
+            Progress(plan.read_bytes, plan.served, clause=clause)
+            if opts.progress and ctx.rank == 0
+            else Tally()
         )
+    phases.counter, phases.total = sink, plan.read_bytes
     return run(
         source,
         plan,
@@ -111,6 +118,38 @@ def run_rank(
         release=release,
         ranks=storage.catalogue.ranks(),
     )
+
+
+WHOLE_MESSAGE_CHARS = 8 << 20
+"""The most of a failed rank's message its peers read from the rendezvous store (a header with a
+million bad entries words 100 MiB of problems; every rank reads every failed rank's)."""
+
+
+def bounded(message: str) -> str:
+    """``message``, or its first :data:`WHOLE_MESSAGE_CHARS` and how much was left out."""
+    if len(message) <= WHOLE_MESSAGE_CHARS:
+        return message
+    left = len(message) - WHOLE_MESSAGE_CHARS
+    return f"{message[:WHOLE_MESSAGE_CHARS]}\n  ... (the rest, {left:,} characters, left out)"
+
+
+def whole_messages(error: LoadError, ranks: list[RankFigures], whole: dict[int, str]) -> LoadError:
+    """The verdict's ``error`` with each failed rank's message as the rank wrote it (``whole``: by
+    rank, from the rendezvous store), where the exchanged row cut it at 4 KiB: a rank with a
+    thousand problems has them all listed, not the first 4 KiB of them."""
+    text = str(error)
+    for r, message in whole.items():
+        cut = ranks[r].message if r < len(ranks) else ""
+        if cut and message != cut and message.startswith(cut):
+            text = text.replace(cut, message, 1)
+    return LoadError(text, reporter=error.reporter)
+
+
+def timed(fig: RankFigures, phases: Phases) -> None:
+    """The time of each phase this rank went through, in its figures (the report's
+    ``phase_seconds``)."""
+    fig.open_ns, fig.plan_ns = phases.ns["open"], phases.ns["plan"]
+    fig.handshake_ns, fig.read_ns = phases.ns["handshake"], phases.ns["read"]
 
 
 def count(fig: RankFigures, result: LoadResult, plan: RankPlan, ctx: DistContext) -> None:

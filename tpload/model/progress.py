@@ -1,10 +1,12 @@
 """What a long pass reports its progress to: a sink per pass (:class:`ProgressSink`: one call per
 served tensor or per unit, with its bytes; :class:`BatchSink`: a batch of them in one call too), a
-command's :class:`Meter` that makes one sink a pass, and the sink of a caller that shows nothing
-(:class:`Silent`). The bars and lines themselves: report/progress.py."""
+command's :class:`Meter` that makes one sink a pass, the sink of a caller that shows nothing
+(:class:`Silent`), and a rank's :class:`Standing` as its peers see it. The bars and lines
+themselves: report/progress.py."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 
@@ -54,3 +56,39 @@ def silent(
 ) -> ProgressSink:
     """The :class:`Meter` of a caller that shows no progress (the library's, the tests')."""
     return Silent()
+
+
+@dataclass(frozen=True)
+class Standing:
+    """Where one rank's load stands, as its peers see it (the rendezvous store's copy, put every
+    second): its phase, the bytes its copy loop has read of its plan's, and the seconds it has read
+    for (its rate, so how long it still needs)."""
+
+    rank: int
+    phase: str
+    done: int = 0
+    total: int = 0
+    read_s: float = 0.0
+
+    def encode(self) -> str:
+        return f"{self.phase} {self.done} {self.total} {self.read_s:.3f}"
+
+    @classmethod
+    def decode(cls, rank: int, text: str) -> Standing | None:
+        """The standing ``text`` says (None: not one, e.g. another tpload's)."""
+        try:
+            phase, done, total, read_s = text.split()
+            return cls(rank, phase, int(done), int(total), float(read_s))
+        except ValueError:
+            return None
+
+    def left_s(self) -> float | None:
+        """Seconds its reading still takes at its rate so far (None: no rate measured yet)."""
+        if self.done <= 0 or self.read_s < MEASURED_S:
+            return None
+        return max(self.total - self.done, 0) / (self.done / self.read_s)
+
+
+MEASURED_S = 1.0
+"""Seconds of reading before a rate (and an ETA from it) is shown: a first second of reads is the
+arena's allocation and cold caches, and a rate from it gives ETAs of hours."""

@@ -80,8 +80,13 @@ def check_layout(classified: Classified, layout: Layout, world: int, *, channel_
     hint += f"; for {plural(world, 'rank')} use " + (
         " or ".join(splits) if splits else "another world size"
     )
+    if layout.world != world and len(problems) == 1:  # the layout cuts: the launch is short of it
+        hint = (
+            f"launch {plural(layout.world, 'rank')} for it (torchrun --nproc-per-node "
+            f"{layout.world}), or {hint}"
+        )
+    # the way on first: the problems can be many (one a rule that fails), the terminal caps them
     raise LayoutError(
-        f"cannot load with tp {layout.tp} x ep {layout.ep} on {plural(world, 'rank')}:\n  - "
+        f"cannot load with tp {layout.tp} x ep {layout.ep} on {plural(world, 'rank')}: {hint}\n  - "
         + "\n  - ".join(problems)
-        + f"\n{hint}"
     )

@@ -77,6 +77,16 @@ class RankFigures:
     deferred: int = 0
     ns: int = 0
     """Wall nanoseconds of this rank's load (plan to verified weights)."""
+    open_ns: int = 0
+    """Of :attr:`ns`, the phases (report/progress.py's PHASES): the node names, the index, headers
+    and pins."""
+    plan_ns: int = 0
+    """The config, the plans, the pre-flight and the gate's preparation."""
+    handshake_ns: int = 0
+    """The wait for every rank at the handshake (long on a rank whose peers were slower to get
+    there)."""
+    read_ns: int = 0
+    """The copy loop, its hashes and the rank's own checks, to its arrival at the exchange."""
     device_alloc_peak: int | None = None
     """CUDA allocator peaks of the load's device; None on the CPU (the arena is host memory: see
     rss)."""
@@ -124,6 +134,18 @@ class RankFigures:
     @property
     def seconds(self) -> float:
         return self.ns / 1e9
+
+    def phase_seconds(self, slowest_read_ns: int) -> dict[str, float]:
+        """Seconds this rank spent in each phase; the exchange's is its wait for the slowest rank
+        (``slowest_read_ns``: the longest read of the ranks that passed the handshake, which every
+        rank leaves together), so the rank that held the load has the shortest wait."""
+        return {
+            "open": self.open_ns / 1e9,
+            "plan": self.plan_ns / 1e9,
+            "handshake": self.handshake_ns / 1e9,
+            "read": self.read_ns / 1e9,
+            "exchange": max(slowest_read_ns - self.read_ns, 0) / 1e9,
+        }
 
     @property
     def first_call_seconds(self) -> float | None:

@@ -94,10 +94,18 @@ class LoadReport:
             out[r.node] = out.get(r.node, 0) + r.bytes_hashed
         return out
 
+    def slowest_rank(self) -> int | None:
+        """The rank whose read (copy loop and checks) took longest: the one the others waited for
+        at the exchange (None: no rank read)."""
+        reading = [r for r in self.ranks if r.read_ns > 0]
+        return max(reading, key=lambda r: r.read_ns).rank if reading else None
+
     def to_dict(self) -> dict:
         """Everything in the report as plain JSON values (figures not measured are None)."""
+        slowest = max((r.read_ns for r in self.ranks), default=0)
         doc = {k: v for k, v in asdict(self).items() if k not in ("ranks", "rank")}
         doc.update(
+            ok=not any(r.failed for r in self.ranks),
             trust=self.trust.to_dict() if self.trust is not None else None,
             hash=self.hash,
             predictions=self.predictions,
@@ -107,23 +115,35 @@ class LoadReport:
             bytes_hashed_per_node={str(k): v for k, v in self.bytes_hashed_per_node().items()},
             ranks=[
                 {k: v for k, v in asdict(r).items() if k not in ("claims", "seen")}
-                | {"seconds": r.seconds, "first_call_seconds": r.first_call_seconds}
+                | {
+                    "seconds": r.seconds,
+                    "first_call_seconds": r.first_call_seconds,
+                    "phase_seconds": r.phase_seconds(slowest),
+                }
                 for r in self.ranks
             ],
+            slowest_rank=self.slowest_rank(),
         )
         return doc
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2) + "\n"
 
-    def write(self, path: str | os.PathLike) -> None:
+    def write(self, path: str | os.PathLike, *, error: str | None = None) -> None:
         """Write the JSON report (beside it first, then renamed: never half a report); ``-``: on
-        standard output (the command line then prints its table on standard error)."""
+        standard output (the command line then prints its table on standard error). ``error``: a
+        failed load's message, whole (``ok`` false, ``error`` its first line, ``problems`` the
+        rest: every one, where the terminal shows the first 20 of a list)."""
+        doc = self.to_dict()
+        if error is not None:
+            first, *rest = error.splitlines() or [""]
+            doc.update(ok=False, error=first, problems=rest)
+        text = json.dumps(doc, indent=2) + "\n"
         if os.fspath(path) == STDOUT:
-            sys.stdout.write(self.to_json())
+            sys.stdout.write(text)
             sys.stdout.flush()
             return
-        atomic_write(Path(path), self.to_json())
+        atomic_write(Path(path), text)
 
     def table(self) -> str:
         """The rank-0 table (every name in it escaped for the terminal)."""

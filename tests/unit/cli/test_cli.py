@@ -630,7 +630,10 @@ def test_synth_s_help_says_which_presets_write_config_json(
 
 # -- progress (issue 28 item 7, 14) ------------------------------------------------------------
 
-LINE = r"{label} \d+/\d+ (tensors|files), [\d.]+/[\d.]+ GB, [\d.]+ GB/s, ETA \d+ s"
+LINE = (
+    r"{label} \d+/\d+ (tensors|files), [\d.]+/[\d.]+ GB, "
+    r"([\d.]+ GB/s, ETA \d+ s|rate: measuring, ETA: measuring)"
+)
 
 
 def test_the_long_commands_show_the_load_s_progress_and_never_on_stdout(
@@ -653,7 +656,7 @@ def test_the_long_commands_show_the_load_s_progress_and_never_on_stdout(
     runs = {
         "synth writing": ["synth", str(tmp_path / "s")],
         "manifest": ["manifest", str(copy), "--force"],
-        "verify": ["verify", str(small_ckpt)],
+        "verify hash": ["verify", str(small_ckpt)],
         "export checking": ["export", str(small_ckpt), str(tmp_path / "x"), "--tp", "2"],
         "export writing rank": ["export", str(small_ckpt), str(tmp_path / "y"), "--tp", "2"],
         "plan --digest rank 1 of 2": ["plan", str(small_ckpt), "--tp", "2", "--digest"],
@@ -695,7 +698,7 @@ def test_progress_is_a_bar_on_a_terminal_and_lines_otherwise_both_on_stderr(
     root = Path(__file__).parents[3]
     piped = subprocess.run(argv, capture_output=True, text=True, cwd=root, timeout=120)
     assert piped.returncode == 0 and "GB/s" not in piped.stdout
-    assert re.search(LINE.format(label="verify"), piped.stderr), piped.stderr
+    assert re.search(LINE.format(label="verify hash"), piped.stderr), piped.stderr
     main_fd, term = pty.openpty()
     fcntl.ioctl(term, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a sized terminal
     shown = bytearray()
@@ -718,8 +721,9 @@ def test_progress_is_a_bar_on_a_terminal_and_lines_otherwise_both_on_stderr(
     os.close(main_fd)
     text = shown.decode(errors="replace")
     assert on_tty.returncode == 0 and b"B/s" not in on_tty.stdout
-    assert re.search(r"verify: +\d+%\|.*B/s\]", text), text  # tqdm's bar: rate and time left
-    assert "tpload INFO" not in text  # no plain lines on a terminal
+    assert re.search(r"verify hash: +\d+%\|.*B/s\]", text), text  # tqdm's bar: rate, time left
+    assert not re.search(r"tpload INFO verify hash \d+/", text)  # the bar, no counting lines
+    assert "tpload INFO verify " in text  # the first line: what it does, before torch's import
 
 
 def test_ctrl_c_during_a_load_says_interrupted_and_not_that_hashes_are_finishing(
@@ -746,10 +750,13 @@ def test_ctrl_c_during_a_load_says_interrupted_and_not_that_hashes_are_finishing
             raise KeyboardInterrupt
 
     monkeypatch.setattr(progress.Progress, "update_many", update_many)
-    with caplog.at_level("INFO", logger="tpload"):  # the ranks' verdict: rank 0 was interrupted
-        assert main([str(small_ckpt)]) == 1
+    with caplog.at_level("INFO", logger="tpload"):  # mid-load: 130, as at any phase (README)
+        assert main([str(small_ckpt)]) == 130
     err = capsys.readouterr().err
-    assert f"[rank 0] {told[0]}/" in caplog.text and "rank 0: interrupted (Ctrl-C)" in err
+    assert f"[rank 0] read {told[0]}/" in caplog.text
+    assert err.strip().splitlines() == [
+        "[rank 0] tpload: interrupted (Ctrl-C) while reading; nothing was loaded"
+    ]
     assert "finishing" not in caplog.text + err and "Traceback" not in err
 
 
@@ -790,3 +797,14 @@ def test_verify_and_plan_on_an_empty_folder_say_only_that_it_is_empty(
             f"tpload: error: {tmp_path}: no model.safetensors.index.json and no *.safetensors "
             "shard\n"
         )
+
+
+def test_plan_and_verify_say_what_they_do_first(
+    small_ckpt: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture
+) -> None:
+    with caplog.at_level("INFO", logger="tpload"):
+        assert main(["plan", str(small_ckpt), "--tp", "2"]) == 0
+        assert main(["verify", str(small_ckpt)]) == 0
+    said = [r.getMessage() for r in caplog.records if r.name == "tpload"]
+    assert said[0] == f"plan {small_ckpt} at tp 2 x ep 1: open, then plan (torch's import first)"
+    assert f"verify {small_ckpt}: open, then hash every tensor (torch's import first)" in said

@@ -76,3 +76,25 @@ def test_verify_json_lists_every_problem_and_the_terminal_the_first_ones(
     assert bad["ok"] is False and len(bad["problems"]) == 30
     shown = [line for line in err.splitlines() if line.startswith("BAD ")]
     assert len(shown) == SHOWN_PROBLEMS and "... and 10 more" in err and "30 problem(s)" in err
+
+
+def test_a_failed_load_writes_every_problem_into_its_report(
+    ckpt_copy: Path, tmp_path: Path, capfd: pytest.CaptureFixture
+) -> None:
+    # 30 tensors whose manifest digest is wrong: the terminal shows 20 and counts the rest, the
+    # report (--report FILE) holds the verdict whole, every rank's row and ok false
+    def wrong_digests(m: dict) -> None:
+        for entry in list(m["tensors"].values())[:30]:
+            entry["sha256"] = "0" * 64
+
+    edit_json(ckpt_copy / "NATIVE_MANIFEST.json", wrong_digests)
+    report = tmp_path / "failed.json"
+    assert main([str(ckpt_copy), "--no-progress", "--report", str(report)]) == 1
+    _, err = capfd.readouterr()
+    shown = [line for line in err.splitlines() if line.lstrip().startswith("- ")]
+    assert len(shown) == SHOWN_PROBLEMS and "\n  ... and 10 more\n" in err  # all 30 counted
+    doc = json.loads(report.read_text())
+    assert doc["ok"] is False and doc["error"].startswith("load failed on rank 0 (1 of 1 ranks)")
+    listed = [line for line in doc["problems"] if line.lstrip().startswith("- ")]
+    assert len(listed) == 30 and all("does not match the manifest" in line for line in listed)
+    assert doc["ranks"][0]["failed"] == 1 and doc["tp"] == 1

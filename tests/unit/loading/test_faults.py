@@ -257,7 +257,11 @@ FAULTS: dict[str, tuple[Callable[[Path], None], dict, tuple[str, ...]]] = {
     "tp-vs-world": (
         lambda r: None,
         {"tp": 4},
-        ("tp 4 x ep 1 = 4 ranks, but the group has 1", "--tp 1 --ep 1"),
+        (
+            "tp 4 x ep 1 = 4 ranks, but the group has 1",
+            "launch 4 ranks for it (torchrun --nproc-per-node 4)",
+            "--tp 1 --ep 1",
+        ),
     ),
     "config-misses-tensors": (
         lambda r: (r / "c.toml").write_text('[[rules]]\nmatch = "mtp.*"\nrole = "plain"\n'),
@@ -272,8 +276,17 @@ FAULTS: dict[str, tuple[Callable[[Path], None], dict, tuple[str, ...]]] = {
 }
 
 
+LAUNCHED = {"tp-vs-world"}
+"""Faults of a process torchrun started as a world of 1 (one started by no launcher is told to
+launch the ranks before anything: tests/unit/model/test_text.py)."""
+
+
 @pytest.mark.parametrize("fault", list(FAULTS))
-def test_fault_fails_with_one_message(fault: str, ckpt_copy: Path) -> None:
+def test_fault_fails_with_one_message(
+    fault: str, ckpt_copy: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if fault in LAUNCHED:
+        monkeypatch.setenv("WORLD_SIZE", "1")
     mutate, kw, needles = FAULTS[fault]
     mutate(ckpt_copy)
     kw = {k: v.replace("CKPT", str(ckpt_copy)) if isinstance(v, str) else v for k, v in kw.items()}

@@ -38,7 +38,11 @@ def test_a_layout_for_one_rank_is_worded_for_one_rank(small_ckpt) -> None:
     from tpload import LoadError, load
 
     with pytest.raises(LoadError) as e:
-        load(small_ckpt, tp=2, progress=False)  # one process: a group of 1
-    msg = str(e.value)
-    assert "cannot load with tp 2 x ep 1 on 1 rank:" in msg and "for 1 rank use --tp 1" in msg
-    assert "on 1 ranks" not in msg and "for 1 ranks" not in msg
+        load(small_ckpt, tp=2, progress=False)  # one process, no launcher: the API's words
+    assert str(e.value) == (
+        "load(tp=2) needs 2 ranks, one process each, but this process was not started by torchrun: "
+        "run the script that calls load() with torchrun --nproc-per-node 2 SCRIPT.py (every "
+        "process calls it alike), or pass group= a process group of 2 ranks; in this process "
+        "alone, load() without tp"
+    )
+    assert "--tp" not in str(e.value)

@@ -94,6 +94,29 @@ def test_tp8_on_the_reference_channels_suggests_tp4_ep2(tmp_path: Path) -> None:
     p.check_layout(Layout(4, 2), 8)  # the suggestion really works
 
 
+def test_the_way_on_comes_first_before_the_tensors_that_fail(planner: Planner) -> None:
+    # tp 3 fails on many tensors: the first line says which tp values cut the checkpoint, the list
+    # (capped on a terminal) comes after it
+    with pytest.raises(LayoutError) as e:
+        planner.check_layout(Layout(3), 3)
+    first, *rest = str(e.value).splitlines()
+    assert first == (
+        "cannot load with tp 3 x ep 1 on 3 ranks: tp values that cut this checkpoint: 1, 2; for 3 "
+        "ranks use --tp 1 --ep 3"
+    )
+    assert rest and all(line.startswith(("  - ", "    ")) for line in rest), rest
+
+
+def test_one_rank_asked_for_tp_2_is_told_to_launch_2_ranks_first(planner: Planner) -> None:
+    with pytest.raises(LayoutError) as e:
+        planner.check_layout(Layout(2), 1)
+    assert str(e.value).splitlines()[0] == (
+        "cannot load with tp 2 x ep 1 on 1 rank: launch 2 ranks for it (torchrun "
+        "--nproc-per-node 2), or tp values that cut this checkpoint: 1, 2; for 1 rank use --tp 1 "
+        "--ep 1"
+    )
+
+
 def test_world_mismatch(planner: Planner) -> None:
     with pytest.raises(LayoutError, match=r"tp 2 x ep 1 = 2 ranks, but the group has 4"):
         planner.check_layout(Layout(2), 4)

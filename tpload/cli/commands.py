@@ -510,7 +510,13 @@ def cmd_export(argv: list[str]) -> int:
 
 @one_line
 def cmd_attest(argv: list[str]) -> int:
-    args = attest_parser().parse_args(argv)
+    parser = attest_parser()
+    args = parser.parse_args(argv)
+    if args.dir and args.checkpoint and args.dir != args.checkpoint:
+        parser.error(f"DIR {args.dir!r} and --checkpoint {args.checkpoint!r} name two checkpoints")
+    args.checkpoint = args.dir or args.checkpoint
+    if not args.checkpoint:
+        parser.error("attest verify needs DIR, the checkpoint the load read")
     _require(args.checkpoint)
     check_flags(args)
     from ..attest.check import check

@@ -285,8 +285,12 @@ def attest_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("verify", help="check FILE against the checkpoint")
     v.add_argument("file", metavar="FILE", help="the attestation (--attest FILE of the load)")
     v.add_argument(
-        "--checkpoint", required=True, metavar="DIR", help="the checkpoint the load read"
+        "dir",
+        metavar="DIR",
+        nargs="?",
+        help="the checkpoint the load read (as every command takes it)",
     )
+    v.add_argument("--checkpoint", metavar="DIR", help=argparse.SUPPRESS)  # the older spelling
     v.add_argument(
         "--key", metavar="PEM", help="the EC public key the attestation was signed with (FILE.sig)"
     )

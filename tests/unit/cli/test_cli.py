@@ -808,3 +808,16 @@ def test_plan_and_verify_say_what_they_do_first(
     said = [r.getMessage() for r in caplog.records if r.name == "tpload"]
     assert said[0] == f"plan {small_ckpt} at tp 2 x ep 1: open, then plan (torch's import first)"
     assert f"verify {small_ckpt}: open, then hash every tensor (torch's import first)" in said
+
+
+def test_attest_verify_takes_dir_as_an_argument_like_every_command(capsys) -> None:
+    from tpload.cli import main
+
+    for argv, words in (
+        (["attest", "verify", "missing.json"], "attest verify needs DIR"),
+        (["attest", "verify", "a.json", "one", "--checkpoint", "two"], "name two checkpoints"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2
+        assert words in capsys.readouterr().err

@@ -185,8 +185,8 @@ def test_a_rank_claiming_another_tpload_version_is_named_on_every_rank_before_an
     collective and fails naming them, in seconds, and the group loads together again after."""
     outcome, again = two_nodes_launch.outcomes["version"], two_nodes_launch.outcomes["again"]
     assert not any(o["returned"] for o in outcome)
-    mine = f"tpload {tpload.__version__}, handshake row format 2"
-    sides = f"(rank 0-2: '{mine}'; rank 3: 'tpload 9.9, handshake row format 2')"
+    mine = f"tpload {tpload.__version__}, handshake row format 3"
+    sides = f"(rank 0-2: '{mine}'; rank 3: 'tpload 9.9, handshake row format 3')"
     for r, o in enumerate(outcome):
         assert o["error"] == (
             f"rank {r}: the ranks run different tploads {sides}; every rank must run the same "

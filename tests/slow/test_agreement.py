@@ -88,17 +88,34 @@ def test_ranks_given_different_options_or_failing_early_all_end_at_once_with_the
         (common, {"0": placed, "1": placed}),
         (common, {"2": {"device": "cuda:0"}}),
         (common, {"2": {"checkpoint": str(holed)}, "3": {"checkpoint": str(holed)}}),
-        (common, {}),
     ]
     calls = [{"checkpoint": ckpt, "options": o, "per_rank": p} for o, p in cases]
+    # a signed copy: ranks 2-3 check no signature, then the same bundle under another name
+    signed, pub = _signed_copy(small_ckpt, tmp_path)
+    moved = tmp_path / "elsewhere.sig"
+    shutil.copy(signed / "model.sig", moved)
+    keyed = {"timeout_s": 60.0, "signer_key": str(pub)}
+    calls += [
+        {
+            "checkpoint": str(signed),
+            "options": keyed,
+            "per_rank": {r: {"signature": "none"} for r in "23"},
+        },
+        {
+            "checkpoint": str(signed),
+            "options": keyed,
+            "per_rank": {r: {"signature": str(moved)} for r in "23"},
+        },
+    ]
+    calls += [{"checkpoint": ckpt, "options": common, "per_rank": {}}]
     out = tmp_path / "out"
     out.mkdir()
     run = torchrun(WORLD, [EMBED, str(out), json.dumps(calls)], timeout=600)
     assert run.rc == 0, run.text
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
     per_call = list(zip(*ranks, strict=True))
-    *failing, agreed = per_call
-    for outcomes in failing:
+    *failing, unsigned, renamed, agreed = per_call
+    for outcomes in (*failing, unsigned):
         assert not any(o["returned"] for o in outcomes), outcomes
         assert len({o["error"] for o in outcomes}) == 1, outcomes  # one verdict, every rank
         assert all(o["seconds"] < 30 for o in outcomes), outcomes  # never --timeout
@@ -122,6 +139,26 @@ def test_ranks_given_different_options_or_failing_early_all_end_at_once_with_the
     assert "shard model-00002-of-00002.safetensors does not exist" in shard
     assert shard.endswith("\nrank 0, 1: stopped before the copy loop: rank 2, 3 failed before it")
     assert all(o["returned"] for o in agreed), agreed
+    said = unsigned[0][
+        "error"
+    ]  # the signature named, not "every node must hold the same checkpoint"
+    assert "they differ in the signature checked (rank 0, 1: 'bundle sha256 " in said, said
+    assert "rank 2, 3: 'none')" in said and "trust anchor" not in said, said
+    assert all(o["returned"] for o in renamed), renamed  # the same bundle, by its bytes
+
+
+def _signed_copy(ckpt: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """``ckpt`` (with its manifest) signed by a key made here: model.sig beside the files."""
+    ms_signing = pytest.importorskip("model_signing.signing")
+    from ..ckpt_tools import ec_keypair
+
+    folder = tmp_path / "signed"
+    shutil.copytree(ckpt, folder)
+    private, public = ec_keypair(tmp_path, "k")
+    ms_signing.Config().use_elliptic_key_signer(private_key=private).sign(
+        folder, folder / "model.sig"
+    )
+    return folder, public
 
 
 def test_an_owner_whose_read_fails_mid_window_stops_its_receiver_at_once(

@@ -23,8 +23,9 @@ from ..model.text import escape_name, rank_ranges
 
 MAGIC = int.from_bytes(b"tpldhand", "little", signed=True)
 """The handshake row's first word."""
-FORMAT = 2
-"""The handshake row's format (1: the rows before the header, which carried none)."""
+FORMAT = 3
+"""The handshake row's format (1: the rows before the header, which carried none; 2: before the
+signature had a term of its own)."""
 
 
 class Incompatible(LoadError):

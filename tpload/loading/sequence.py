@@ -167,7 +167,9 @@ class _RankLoad:
         cat = storage.catalogue
         used = {**cat.files_read, **(cat.pins.seen if cat.pins is not None else {})}
         shaping = plan_file_digests(storage.root, known=used, gguf_kv=cat.gguf_kv)
-        terms = Terms.of(opts, layout, config, self.gate.anchor(), at, shaping)
+        terms = Terms.of(
+            opts, layout, config, self.gate.anchor(), at, shaping, signature=self.gate.signature()
+        )
         self.phases.enter("handshake")
         self.meeting.meet(self.fig, ctx, terms)
         self.phases.enter("read")

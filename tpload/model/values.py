@@ -54,9 +54,9 @@ DIGEST_BYTES = 32
 SLOTS = 8
 """Values per row: one per node peer (by position on the node); on a node of more ranks, peers
 share slots, their values folded by XOR (still compared, no longer told apart)."""
-AGREED_BYTES = 224
+AGREED_BYTES = 240
 """The terms' hashes as hex in the exchange's row (``RankFigures.agreed``): 16 hex digits (one
-64-bit hash) for each of the fourteen terms every rank must agree on (verification/terms.py's
+64-bit hash) for each of the fifteen terms every rank must agree on (verification/terms.py's
 ``FIELDS``; tests/unit/verification/test_gate.py holds the two together)."""
 
 INDEX_NAME = "model.safetensors.index.json"

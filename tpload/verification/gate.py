@@ -49,7 +49,7 @@ from .store import content_hash, fix_command, stale
 from .strategy import Checkpoint, Job, Manifest, Prepared, RankRow, Strategy
 from .terms import disagreement
 from .vouched import Vouched, vouched
-from .whole_files import FileDigests, SignedFiles, statement
+from .whole_files import FileDigests, SignedFiles
 
 
 @dataclass(frozen=True)
@@ -195,8 +195,8 @@ class SignedManifest(TensorDigests):
         self.signed = signed
         self.vouched_by = f"the manifest's per-tensor digests, the manifest signed by {signed.what}"
 
-    def anchor(self) -> str:
-        return f"{super().anchor()}, {self.signed.bundle.name} signs {statement(self.signed)}"
+    def signature(self) -> str:
+        return f"bundle sha256 {self.signed.bundle_sha256}, signer {self.signed.signer_id}"
 
     def trust(self) -> TrustSource:
         signed, cat = self.signed, self.job.checkpoint.catalogue

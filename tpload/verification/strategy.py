@@ -363,6 +363,11 @@ class Strategy(ABC):
         return TrustSource(TrustKind.MANIFEST, str(cat.manifest_path), cat.manifest_sha256)
 
     # -- before any read ------------------------------------------------------------------------
+    def signature(self) -> str:
+        """The signature this load checks, by content (its bundle's sha256 and signer), the same
+        on every rank checking the same one wherever it lies or whatever it is named; "none"."""
+        return "none"
+
     def anchor(self) -> str:
         """What vouches for this load's bytes, in one line that is the same on every rank loading
         the same checkpoint through the same anchor (the handshake compares it:

@@ -47,6 +47,12 @@ FIELDS = (
     ),
     ("config", "the config", "give every rank the same --config (and the same config.json)"),
     (
+        "signature",
+        "the signature checked",
+        "every rank must check the same signature (the same model.sig, by its bytes, and the "
+        "same signer), or none: give every rank the same --signature and --signer-* options",
+    ),
+    (
         "anchor",
         "the trust anchor",
         "every node must hold the same checkpoint: check each copy with `python -m tpload verify "
@@ -155,10 +161,12 @@ class Terms:
         anchor: str,
         placement: Groups | None,
         plan_files: Mapping[str, str],
+        signature: str = "none",
     ) -> Terms:
         """``anchor``: the gate's strategy's (Strategy.anchor); ``placement``: where the replicas
         stand (replicas.placement's, None without replicas); ``plan_files``: the sha256 (hex) of
-        each of :data:`PLAN_FIELDS` as this rank holds it, "" where absent."""
+        each of :data:`PLAN_FIELDS` as this rank holds it, "" where absent; ``signature``: the
+        strategy's (Strategy.signature: the bundle's sha256 and signer, or "none")."""
         replicas, groups = "1", placement.groups if placement is not None else None
         if groups:
             n, size = len(groups[0]), len(groups)
@@ -176,6 +184,7 @@ class Terms:
             "defer": _globs(opts.defer),
             "skip_activation_scales": "on" if opts.skip_activation_scales else "off",
             "config": cid,
+            "signature": signature,
             "anchor": anchor,
             **{f: plan_files[f] or "absent" for f in PLAN_FIELDS},
         }

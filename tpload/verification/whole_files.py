@@ -190,7 +190,10 @@ class SignedFiles(FileDigests):
         return self.expected()
 
     def anchor(self) -> str:
-        return f"{self.signed.bundle.name} signs digests {statement(self.signed)}"
+        return f"signed digests {statement(self.signed)}"
+
+    def signature(self) -> str:
+        return f"bundle sha256 {self.signed.bundle_sha256}, signer {self.signed.signer_id}"
 
     def trust(self) -> TrustSource:
         signed = self.signed

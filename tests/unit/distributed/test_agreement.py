@@ -129,22 +129,22 @@ def test_the_row_leads_with_a_header_checked_before_the_row_is_used() -> None:
         == [versions.MAGIC, versions.FORMAT, WORDS]
         == [
             int.from_bytes(b"tpldhand", "little", signed=True),
-            2,
+            3,
             r.numel(),
         ]
     )
     assert foreign(table(a, a), 0) is None
     # a row of another format (or from a tpload before the header) is named, not read as terms
     other = row(1, RankStatus.OK, a)
-    other[1] = 3
+    other[1] = 4
     old = torch.zeros(WORDS, dtype=torch.int64)
     old[:2] = torch.tensor([1, 0])  # the old layout: the call, the status, no header
     e = foreign(torch.stack([row(1, RankStatus.OK, a), other, old]), 0)
     assert isinstance(e, versions.Incompatible)
     assert str(e).startswith(
         f"rank 0: the handshake rows of rank 1, 2 are not this tpload's (magic "
-        f"{versions.MAGIC:#018x}, format 2, length {WORDS}; rank 1: magic {versions.MAGIC:#018x}, "
-        f"format 3, length {WORDS}; rank 2: magic 0x0000000000000001, format 0, length 0)"
+        f"{versions.MAGIC:#018x}, format 3, length {WORDS}; rank 1: magic {versions.MAGIC:#018x}, "
+        f"format 4, length {WORDS}; rank 2: magic 0x0000000000000001, format 0, length 0)"
     ), e
     assert "every rank must run the same tpload (tpload " in str(e)
 
@@ -153,17 +153,17 @@ def test_ranks_of_another_tpload_or_none_named_are_named_and_meet_no_collective(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     mine = versions.stamp()
-    assert mine == f"tpload {tpload.__version__}, handshake row format 2"
+    assert mine == f"tpload {tpload.__version__}, handshake row format 3"
     assert versions.mismatch(1, [mine, mine]) is None
-    e = versions.mismatch(0, [mine, mine, "tpload 9.9, handshake row format 2", None])
+    e = versions.mismatch(0, [mine, mine, "tpload 9.9, handshake row format 3", None])
     assert isinstance(e, versions.Incompatible) and str(e) == (
         f"rank 0: the ranks run different tploads (rank 0, 1: '{mine}'; rank 2: 'tpload 9.9, "
-        "handshake row format 2'; rank 3: no version (a tpload older than this one)); every rank "
+        "handshake row format 3'; rank 3: no version (a tpload older than this one)); every rank "
         "must run the same tpload: install one version on every node (`python -m tpload "
         "--version` on each)"
     )
     monkeypatch.setattr(tpload, "__version__", "9.9")  # read at each call
-    assert versions.stamp() == "tpload 9.9, handshake row format 2"
+    assert versions.stamp() == "tpload 9.9, handshake row format 3"
     # a rank that found one meets neither the handshake nor the exchange, and raises the cause
     meeting = Handshake(1, 5.0)
     meeting.cannot_meet(e)

@@ -108,16 +108,24 @@ def test_a_signed_folder_s_anchor_is_what_its_bundle_signs_wherever_the_folder_s
     def bundle(folder: str, a: str = "11") -> SimpleNamespace:
         pieces = {"b": {(4, 8): "33", (0, 4): "22"}}
         path = Path(folder) / "model.sig"
-        return SimpleNamespace(whole={"a": ("sha256", a)}, pieces=pieces, bundle=path, what="k")
+        return SimpleNamespace(
+            whole={"a": ("sha256", a)},
+            pieces=pieces,
+            bundle=path,
+            what="k",
+            bundle_sha256="cd" * 32,
+            signer_id="k1",
+        )
 
     here, there = bundle("/n0/x"), bundle("/n1/y")
     files = whole_files.SignedFiles(_job("node", manifest=False), here)
-    assert files.anchor() == f"model.sig signs digests {whole_files.statement(there)}"
+    assert files.anchor() == f"signed digests {whole_files.statement(there)}"
+    assert files.signature() == f"bundle sha256 {'cd' * 32}, signer k1"  # by content, not name
     assert whole_files.statement(bundle("/n1/y", a="12")) != whole_files.statement(here)
     signed = gate.SignedManifest(_job("node"), here)
-    assert signed.anchor() == (
-        f"manifest sha256 {'ab' * 32}, model.sig signs {whole_files.statement(here)}"
-    )
+    assert signed.anchor() == f"manifest sha256 {'ab' * 32}"  # the signature: its own term
+    assert signed.signature() == f"bundle sha256 {'cd' * 32}, signer k1"
+    assert gate.strategy(_job("node")).signature() == "none"
 
 
 def test_an_unknown_mode_is_refused() -> None:

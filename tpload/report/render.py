@@ -158,26 +158,28 @@ class LoadReport:
             f"  kind {self.kind}, tp {self.tp} x ep {self.ep}, "
             f"verify {self.verify}{off}, device {self.device}\n"
         )
+        # at most 100 columns (a terminal's usual width): the anonymous-memory peak and every
+        # other figure are in the JSON report; the page cache is "before>after"
         cols = (
-            f"{'rank':>4} {'node':>4} {'tensors':>8} {'read GB':>8} {'hashed GB':>9} "
-            f"{'served GB':>9} {'sec':>7} {'GB/s':>6} {'dev peak GiB':>12} {'rss GiB':>8} "
-            f"{'anon GiB':>8} {'cache GB before>after':>21}  digest"
+            f"{'rank':>4} {'node':>4} {'tensors':>7} {'read GB':>7} {'hash GB':>7} "
+            f"{'served GB':>9} {'sec':>6} {'GB/s':>5} {'dev GiB':>7} {'rss GiB':>7} "
+            f"{'cache GB':>9}  digest"
         )
         lines = [head, cols]
         for r in self.ranks:
             dev = f"{r.device_alloc_peak / GIB:.2f}" if r.device_alloc_peak is not None else "-"
             cache = f"{_gb(r.page_cache_before)}>{_gb(r.page_cache_after)}"
             lines.append(
-                f"{r.rank:>4} {r.node:>4} {r.tensors:>8} {r.bytes_read / 1e9:>8.3f} "
-                f"{r.bytes_hashed / 1e9:>9.3f} {r.bytes_device / 1e9:>9.3f} {r.seconds:>7.2f} "
-                f"{r.bytes_read / 1e9 / max(r.seconds, 1e-9):>6.2f} {dev:>12} "
-                f"{r.rss_peak / GIB:>8.2f} {r.anon_peak / GIB:>8.2f} {cache:>21}  {r.digest[:16]}"
+                f"{r.rank:>4} {r.node:>4} {r.tensors:>7} {r.bytes_read / 1e9:>7.3f} "
+                f"{r.bytes_hashed / 1e9:>7.3f} {r.bytes_device / 1e9:>9.3f} {r.seconds:>6.2f} "
+                f"{r.bytes_read / 1e9 / max(r.seconds, 1e-9):>5.2f} {dev:>7} "
+                f"{r.rss_peak / GIB:>7.2f} {cache:>9}  {r.digest[:16]}"
             )
         t = self.total
         lines.append(
-            f"{'all':>4} {'':>4} {t('tensors'):>8} {t('bytes_read') / 1e9:>8.3f} "
-            f"{t('bytes_hashed') / 1e9:>9.3f} {t('bytes_device') / 1e9:>9.3f} {self.seconds:>7.2f} "
-            f"{t('bytes_read') / 1e9 / max(self.seconds, 1e-9):>6.2f}"
+            f"{'all':>4} {'':>4} {t('tensors'):>7} {t('bytes_read') / 1e9:>7.3f} "
+            f"{t('bytes_hashed') / 1e9:>7.3f} {t('bytes_device') / 1e9:>9.3f} {self.seconds:>6.2f} "
+            f"{t('bytes_read') / 1e9 / max(self.seconds, 1e-9):>5.2f}"
         )
         if any(r.bytes_from_peers is not None for r in self.ranks):
             lines.append(_replicas_line(self.ranks))

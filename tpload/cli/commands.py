@@ -494,7 +494,7 @@ def cmd_export(argv: list[str]) -> int:
             args.out,
             Layout(args.tp, args.ep),
             _config_for(args, args.dir),
-            hash_threads=getattr(args, "hash_threads", 2),
+            hash_threads=getattr(args, "hash_threads", None),
             progress=progress_of("export"),
         )
     except LoadError as e:

@@ -34,11 +34,22 @@ from .result import LoadResult
 
 
 def spare_cores(node_ranks: int) -> int:
-    """Cores a rank may use beyond its main thread: its share of the node's cores, less one."""
+    """Cores a rank may use beyond its main thread: its share of the cores this process may run
+    on (its CPU affinity: a GPU node's launcher often pins each rank), less one."""
     cores = (
         len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     )
     return cores // max(1, node_ranks) - 1
+
+
+def hash_threads(asked: int | None, node_ranks: int, device: str) -> int:
+    """Hash worker threads for a rank: ``asked`` (``--hash-threads``) when given, else the cores it
+    owns beyond its main thread (sized to the node: 8 ranks on a 112-core node hash on 13 threads
+    each, where a fixed 2 would make a verified load hash-bound). On the CPU the copies need the
+    other cores, so never more than the spare ones."""
+    spare = max(0, spare_cores(node_ranks))
+    threads = spare if asked is None else asked
+    return min(threads, spare) if device == "cpu" else threads
 
 
 def config_of(storage: Storage, opts: LoadOptions, ctx: DistContext, notes: list[str]) -> Config:
@@ -93,8 +104,7 @@ def run_rank(
         if opts.evict_page_cache
         else None
     )
-    spare = spare_cores(len(ctx.node_peers))
-    threads = min(opts.hash_threads, spare) if ctx.device.type == "cpu" else opts.hash_threads
+    threads = hash_threads(opts.hash_threads, len(ctx.node_peers), ctx.device.type)
     hasher = Hasher(
         prepared.hashes,
         threads=max(0, threads),

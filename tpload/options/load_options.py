@@ -151,9 +151,10 @@ class LoadOptions:
     allow_shared_device: bool = opt(
         False, "let several ranks load onto one GPU (functional checks with gloo; NCCL refuses it)"
     )
-    hash_threads: int = opt(
-        2,
-        "hash worker threads per rank (sha256, or blake3 with a sidecar)",
+    hash_threads: int | None = opt(
+        None,
+        "hash worker threads per rank (sha256, or blake3 with a sidecar) (default: the cores this "
+        "rank owns, less one: its CPU affinity shared among the node's ranks)",
         bound=THREADS,
         metavar="N",
     )

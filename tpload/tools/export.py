@@ -38,6 +38,7 @@ from ..toolkit import (
     pins_to_write,
     planner_of,
     rank_file,
+    spare_threads,
     write_safetensors,
 )
 
@@ -91,7 +92,7 @@ def export(
     layout: Layout,
     config: Config,
     *,
-    hash_threads: int = 2,
+    hash_threads: int | None = None,
     progress: Meter | None = None,
 ) -> ExportSummary:
     """Write ``out``: one file per rank of ``layout`` and a manifest; see the module doc.
@@ -106,7 +107,8 @@ def export(
         planner.check_layout(layout, layout.world)
         plans = [planner.plan(layout, "packed", r) for r in range(layout.world)]
         copied = natural_sorted({n for p in plans for n in p.used_tensors + list(p.deferred)})
-        checked = _verify_sources(storage, copied, hash_threads, progress)
+        threads = hash_threads if hash_threads is not None else max(1, spare_threads())
+        checked = _verify_sources(storage, copied, threads, progress)
         if set(checked.names) != set(
             copied
         ):  # every byte it copies was checked, or nothing is written

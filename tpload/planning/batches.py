@@ -38,9 +38,6 @@ BATCH_BYTES = (
 )  # one read and one pass at most this long (cache-friendly, and bounded memory)
 GAP_BYTES = 64 << 10  # bytes of other tensors a batch may read past between two of its own
 
-Piece = tuple[Stored, tuple[int, int], tuple[int, int]]
-"""A cut's stored tensor (seen in the cut's view) and the window's rows and byte columns in it."""
-
 
 class Boxes(Protocol):
     """Where a window's stored bytes lie: the one thing a batch asks of a storage (its ``box``,
@@ -67,80 +64,10 @@ def fits_batch(item: Item, kind: str) -> bool:
     return True
 
 
-def runs(
-    items: Sequence[Item], kind: str, storage: Boxes, *, classes: Sequence[object] | None = None
-) -> Iterator[tuple[int, int, list[list[Piece]]]]:
-    """The rule item by item (the copy loop runs it over columns: :class:`PlanRuns`, which the
-    tests hold to this). The plan in runs ``[i, j)``: a batch of small items (with each one's
-    pieces, in cut order; a small item alone is a batch of one), or one item read block by block
-    (no pieces). A batch
-    stays in one file, within ``BATCH_BYTES``, and reads at most its stored tensors' bytes twice
-    over plus ``GAP_BYTES`` of others'.
-    ``classes``: one token per item, equal for items cut alike (the plan's shared shapes), so
-    whether a class can batch is worked out once, not per tensor."""
-    small: dict[int, bool] = {}
-
-    def batchable(k: int) -> list[Piece] | None:
-        item = items[k]
-        if classes is None:
-            ok = fits_batch(item, kind)
-        else:
-            token = id(classes[k])
-            ok = small.get(token)
-            if ok is None:
-                ok = small[token] = fits_batch(item, kind)
-        return _pieces(item, storage) if ok else None
-
-    i, n = 0, len(items)
-    nxt = batchable(0) if n else None
-    while i < n:
-        j, batch = i + 1, [nxt] if nxt is not None else []
-        nxt = batchable(j) if j < n else None
-        if batch:
-            first = [s for s, _, _ in batch[0]]
-            path = first[0].path
-            lo = min(s.offset for s in first)
-            hi = max(s.offset + s.nbytes for s in first)
-            total = sum(s.nbytes for s in first)
-            if any(s.path != path for s in first) or not _readable(lo, hi, total):
-                batch = []  # its own pieces are too far apart for one read
-        if batch:
-            while nxt is not None:
-                lo2, hi2, total2 = lo, hi, total
-                for s, _, _ in nxt:
-                    if s.path is not path and s.path != path:  # one Path object per shard, mostly
-                        break
-                    lo2, hi2, total2 = (
-                        min(lo2, s.offset),
-                        max(hi2, s.offset + s.nbytes),
-                        total2 + s.nbytes,
-                    )
-                else:
-                    if _readable(lo2, hi2, total2):
-                        batch.append(nxt)
-                        lo, hi, total, j = lo2, hi2, total2, j + 1
-                        nxt = batchable(j) if j < n else None
-                        continue
-                break
-        yield i, j, batch
-        i = j
-
-
 def _readable(lo: int, hi: int, total: int) -> bool:
     """Whether one read of bytes ``[lo, hi)`` holding ``total`` bytes of a batch's own is worth it:
     within ``BATCH_BYTES``, at most twice its own bytes plus ``GAP_BYTES`` of others'."""
     return hi - lo <= BATCH_BYTES and hi - lo <= 2 * total + GAP_BYTES
-
-
-def _pieces(item: Item, storage: Boxes) -> list[Piece] | None:
-    """A small item's pieces, if each cut's stored tensor is small (it is read whole)."""
-    pieces = []
-    for c in item.cuts:
-        stored, rows, cols = storage.box(c.name, c.view, c.rows, c.cols)
-        if not 0 < stored.rows * stored.row_bytes <= SMALL_BYTES:
-            return None
-        pieces.append((stored, rows, cols))
-    return pieces
 
 
 class Spans(NamedTuple):
@@ -180,7 +107,7 @@ def spans_of(storage: Boxes, names: Sequence[str], views: np.ndarray, boxes: np.
 
 
 class Kinds(Protocol):
-    """What :func:`plan_runs` reads of a rank's plan (planning/planner.py's RankPlan)."""
+    """What :class:`PlanRuns` reads of a rank's plan (planning/planner.py's RankPlan)."""
 
     @property
     def klass(self) -> np.ndarray: ...
@@ -211,9 +138,10 @@ class ClassCuts(NamedTuple):
 
 
 class PlanRuns:
-    """A plan in runs ``[i, j)`` (as :func:`runs` makes them from items, without them): a batch of
-    small entries, whose pieces (each entry's cuts in cut order) are the rows ``[p, q)`` of the
-    piece columns, or one entry loaded alone (block by block, or decoded)."""
+    """A plan in runs ``[i, j)`` (as the item-wise rule, tests/unit/loading/batch_runs.py, makes
+    them from items, without them): a batch of small entries, whose pieces (each entry's cuts in
+    cut order) are the rows ``[p, q)`` of the piece columns, or one entry loaded alone (block by
+    block, or decoded)."""
 
     def __init__(self, plan: Kinds, kind: str, storage: Boxes) -> None:
         klass, index = plan.klass, plan.index
@@ -312,8 +240,8 @@ def _group(
     hi: list[int],
     total: list[int],
 ) -> list[tuple[int, int, bool]]:
-    """:func:`runs`' grouping over each entry's columns (whether it batches, whether its pieces are
-    in one file, which, the span of its stored bytes and their sum)."""
+    """The item-wise rule's grouping over each entry's columns (whether it batches, whether its
+    pieces are in one file, which, the span of its stored bytes and their sum)."""
     out: list[tuple[int, int, bool]] = []
     i, n = 0, len(ok)
     while i < n:

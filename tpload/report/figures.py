@@ -17,9 +17,9 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 import torch
 
-from .. import load_path_import_ns
 from ..model.modes import PredictionState
 from ..model.values import AGREED_BYTES, DIGEST_BYTES, SLOTS
+from .imports import load_path_import_ns
 
 MESSAGE_BYTES = 4096
 DEVICE_BYTES = 24  # a multiple of 8 (the row is int64 words), and not DIGEST_BYTES (_pack)

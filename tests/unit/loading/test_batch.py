@@ -17,6 +17,7 @@ from tpload.planning import batches as batch
 from tpload.tools.published import write_published
 
 from ...helpers import tensor_offset
+from .batch_runs import runs as item_runs
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +114,7 @@ def test_batches_stop_at_a_file_a_gap_or_a_tensor_they_cannot_take(many: Path) -
     try:
         plan = planner_of(storage.catalogue, load_config("llama")).plan(Layout(1), "packed", 0)
         items = plan.items
-        runs = list(batch.runs(items, "packed", storage))
+        runs = list(item_runs(items, "packed", storage))
         files = [{storage.stored(items[k].name).path for k in range(i, j)} for i, j, _ in runs]
         assert all(len(f) == 1 for f in files)  # never across files
         assert len(runs) == len(
@@ -145,7 +146,7 @@ def test_packed_weights_with_their_scales_batch_alike(
         plan = planner.plan(Layout(2), "packed", 0)
         batched = [
             plan.items[k]
-            for i, j, _ in batch.runs(plan.items, "packed", storage)
+            for i, j, _ in item_runs(plan.items, "packed", storage)
             if j - i > 1
             for k in range(i, j)
         ]
@@ -314,7 +315,7 @@ def test_the_plan_s_runs_as_columns_are_the_item_wise_runs(
                 Layout(tp), kind, tp - 1
             )
             items = plan.items
-            old = list(batch.runs(items, kind, storage, classes=plan.shapes))
+            old = list(item_runs(items, kind, storage, classes=plan.shapes))
             new = batch.PlanRuns(plan, kind, storage)
             by_box = batch.PlanRuns(plan, kind, _BoxOnly(storage))
             assert new.runs == by_box.runs == [(i, j, bool(p)) for i, j, p in old]

@@ -56,8 +56,7 @@ class Batch:
         made from the batch's columns when the source says what each must hash to at once (its
         spans are the stored tensors' own: one file, the batch's), asked one by one otherwise."""
         names = [self.names[k] for k in ks]
-        promised = getattr(self.source, "promised", None)
-        sha = promised(names) if promised is not None else None
+        sha = self.source.promised(names)
         rows, stride = self.rows[ks].tolist(), self.stride[ks].tolist()
         if sha is None:
             return [

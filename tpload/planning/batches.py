@@ -40,12 +40,16 @@ GAP_BYTES = 64 << 10  # bytes of other tensors a batch may read past between two
 
 
 class Boxes(Protocol):
-    """Where a window's stored bytes lie: the one thing a batch asks of a storage (its ``box``,
-    storage/base.py); nothing is read here."""
+    """What a batch asks of a storage (storage/base.py): where a window's stored bytes lie
+    (``box``), many at once when it keeps them as columns (``spans``); nothing is read here."""
 
     def box(
         self, name: str, view: tuple[int, int], rows: tuple[int, int], cols: tuple[int, int]
     ) -> tuple[Stored, tuple[int, int], tuple[int, int]]: ...
+
+    def spans(self, names: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """``box`` of many names at once, as columns, when the storage keeps them; None: ask
+        ``box`` (storage/base.py's ``StorageBase``, the default)."""
 
 
 def fits_batch(item: Item, kind: str) -> bool:
@@ -89,8 +93,7 @@ def spans_of(storage: Boxes, names: Sequence[str], views: np.ndarray, boxes: np.
     its box), as ``storage.box`` says: from the storage's columns when it has them (``spans``: a
     native folder's table, whose box is the stored tensor seen in the cut's view), a ``box`` a cut
     otherwise (a rank file, bytes held in memory)."""
-    located = getattr(storage, "spans", None)
-    got = located(names) if located is not None else None
+    got = storage.spans(names)
     if got is not None:
         file, offset, nbytes = got
         if np.array_equal(views[:, 0] * views[:, 1], nbytes):  # else box raises: let it, below

@@ -473,14 +473,12 @@ class ReplicaSource:
     def spans(self, names: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """:meth:`box` of many names at once as columns (file id, first byte, byte count), when
         the storage keeps them (planning/batches.py's ``spans_of``); None: ask ``box``."""
-        spans = getattr(self.inner, "spans", None)
-        return spans(names) if spans is not None else None
+        return self.inner.spans(names)
 
     def promised(self, names: Sequence[str]) -> list[str | None] | None:
         """What :meth:`stored` says each name's bytes must hash to, for many names at once, when
         the storage has them as columns; None: ask ``stored``."""
-        promised = getattr(self.inner, "promised", None)
-        return promised(names) if promised is not None else None
+        return self.inner.promised(names)
 
     def stored(self, name: str) -> Stored:
         return self.inner.stored(name)

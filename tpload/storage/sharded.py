@@ -14,6 +14,7 @@ from ..model.errors import CheckpointError
 from ..model.text import escape_name
 from ..model.values import SNAPSHOT, FileSource, Stored
 from . import hub, localdir
+from .base import StorageBase
 from .catalogue import Catalogue, read_native
 from .files import Shard, folder_of
 from .pagecache import drop_ranges
@@ -53,7 +54,7 @@ class Files:
             self._open.clear()
 
 
-class FileReads:
+class FileReads(StorageBase):
     """What both storages do the same way: ``pread`` through one handle per file, readahead and
     eviction advice, the changed-file check. Subclasses set ``files`` and say where bytes are."""
 

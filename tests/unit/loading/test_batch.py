@@ -3,6 +3,7 @@ sha256 verdicts as the per-tensor path, one read and one pass for many."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ from tpload.kernels import compiled as kernels
 from tpload.kernels.fingerprint import host_fingerprint, word_width
 from tpload.model.errors import LoadError
 from tpload.planning import batches as batch
+from tpload.storage.base import StorageBase
 from tpload.tools.published import write_published
 
 from ...helpers import tensor_offset
@@ -286,8 +288,9 @@ def test_a_bad_scale_in_a_batched_fp8_item_is_refused_naming_it(fp8: Path, tmp_p
         tpload.load(root, tp=1, progress=False)
 
 
-class _BoxOnly:
-    """A storage that says where windows lie only one ``box`` at a time (a rank file's way)."""
+class _BoxOnly(StorageBase):
+    """A storage that says where windows lie only one ``box`` at a time (a rank file's way: no
+    columns, the base's ``spans``)."""
 
     def __init__(self, storage: object) -> None:
         self.storage = storage
@@ -358,7 +361,8 @@ def test_a_batch_s_stored_tensors_are_the_source_s_boxes(fp8: Path) -> None:
     from tpload.storage.sharded import ShardedStorage
 
     class OneByOne(StorageSource):
-        promised = None  # type: ignore[assignment]
+        def promised(self, names: Sequence[str]) -> None:
+            return None  # no columns: each piece's stored bytes asked of the source
 
     storage = ShardedStorage(fp8)
     try:

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..distributed.exchange import agree
+from ..distributed.placement import Placement, position
 from ..loading.sequence import Loaded
 from ..model.errors import LoadError
 from ..model.text import escape_name
@@ -165,12 +166,14 @@ def statement(
     vouched_by: str,
     signature: tuple[str, str] | None = None,
     trust: object = None,
+    at: Placement | None = None,
 ) -> dict:
     """The in-toto statement of a passed load. ``ranks``: each rank's ``node``, ``device`` and
     ``digest`` (from the exchanged table); ``trust``: the verdict's trust source
-    (model/trust.py); everything else is derived here from ``planner`` (the load's)."""
+    (model/trust.py); ``at``: where the ranks stood, with replicas (each rank's plan is its
+    position's); everything else is derived here from ``planner`` (the load's)."""
     catalogue, config = planner.catalogue, planner.config
-    plans = [planner.plan(layout, kind, r) for r in range(layout.world)]
+    plans = [planner.plan(layout, kind, position(at, r)) for r in range(layout.world)]
     per_rank = [windows(p) for p in plans]
     rank_docs = [
         {
@@ -288,9 +291,10 @@ def after_load(
     layout: object,
     chosen: object,
     verdict: object,
+    at: Placement | None = None,
 ) -> Path:
     """Rank 0, after a passed verdict: the statement of this load, written (and signed) where
-    asked."""
+    asked; ``at``: where the ranks stood, with replicas."""
     checkpoint = chosen.job.checkpoint
     signed = getattr(
         chosen, "signed", None
@@ -315,6 +319,7 @@ def after_load(
         vouched_by=verdict.vouched_by,
         signature=signature,
         trust=verdict.trust,
+        at=at,
     )
     return write(opts.attest, doc, opts.attest_key)
 
@@ -345,7 +350,9 @@ def _attest(loaded: Loaded) -> str:
     if attest is None:  # (rank 0's row said it attests only when asked)
         return ""
     try:
-        path = after_load(opts, loaded.ranks, loaded.planner, loaded.layout, loaded.chosen, verdict)
+        path = after_load(
+            opts, loaded.ranks, loaded.planner, loaded.layout, loaded.chosen, verdict, loaded.at
+        )
     except Exception as e:  # noqa: BLE001 - whatever stops it, the peers wait for the word
         for stale in (attest, signature_path(attest)):
             with contextlib.suppress(OSError):

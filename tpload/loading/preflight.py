@@ -62,13 +62,15 @@ def check(
     device: torch.device,
     sharing: list[RankPlan],
     reserve_bytes: int,
+    *,
+    beyond: int = 0,
 ) -> None:
     """Raise a LoadError with the numbers and what to change if ``plan`` will not fit; ``sharing``:
     the plans of every rank allocating from the same memory (this one included): the node's ranks
-    on the CPU, or the ranks sharing one GPU."""
+    on the CPU, or the ranks sharing one GPU; ``beyond``: device bytes the load holds beside the
+    plans (the replicas' wire rings, distributed/placement.py's ``wire_device_bytes``)."""
     sharing = sharing or [plan]
-    beyond = getattr(planner, "device_bytes", None)  # replicas (replicas.PositionPlanner)
-    needs = need(sharing, beyond=beyond(device) if beyond is not None else 0)
+    needs = need(sharing, beyond=beyond)
     free = free_bytes(device)
     if needs.total <= free - reserve_bytes:
         return

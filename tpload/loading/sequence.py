@@ -24,7 +24,7 @@ from ..model.errors import LoadError
 from ..model.progress import ProgressSink
 from ..options.load_options import LoadOptions
 from ..planning.layout import Layout
-from ..planning.planner import RankPlan
+from ..planning.planner import Planner, RankPlan
 from ..report.figures import RankFigures, process_first_load
 from ..report.memory import MemoryPeaks, device_peaks, reset_device_peaks
 from ..sources.base import ReadSource
@@ -54,7 +54,9 @@ class _RankLoad:
         self.opts, self.ctx, self.fig, self.sink = opts, ctx, fig, sink
         self.result: LoadResult | None = None
         self.plan: RankPlan | None = None
-        self.planner: object = None
+        self.planner: Planner | None = None
+        self.at: placement.Placement | None = None
+        """Where each rank stands, with replicas (each rank plans its position)."""
         self.gate: strategy.Strategy | None = None
         self.source: ReadSource | None = None
         self.deferred: tuple[DeferredTensor, ...] = ()
@@ -115,14 +117,21 @@ class _RankLoad:
         self.notes += storage.catalogue.check_plan_files()  # the JSON files the manifest pins
         steps.measure_cache(self.fig, storage, ctx, opts, before=True)
         config = steps.config_of(storage, opts, ctx, self.notes)
-        planner = self.planner = placement.positions(planner_of(storage.catalogue, config), opts)
-        planner.check_layout(layout, ctx.world)
-        plans, sharing = steps.node_plans(planner, layout, opts, ctx)
+        planner = self.planner = planner_of(storage.catalogue, config)
+        # with replicas, each replica's ranks are planned as positions in its layout
+        planner.check_layout(layout, placement.planned_world(opts, ctx.world, layout.tp, layout.ep))
+        at = self.at = placement.placement(opts, ctx.world)  # replicas: where each rank stands
+        plans, sharing = steps.node_plans(planner, layout, opts, ctx, at)
         plan = self.plan = plans[ctx.rank]
         preflight.check(
-            planner, layout, plan, ctx.device, sharing, int(opts.reserve_gib * preflight.GIB)
+            planner,
+            layout,
+            plan,
+            ctx.device,
+            sharing,
+            int(opts.reserve_gib * preflight.GIB),
+            beyond=placement.wire_device_bytes(ctx.device) if at is not None else 0,
         )
-        at = placement.placement(opts, ctx.world)  # replicas: where each rank stands
         job = strategy.Job(
             opts,
             ctx,
@@ -192,7 +201,9 @@ class Loaded:
     ctx: DistContext
     ranks: list[RankFigures]
     """The exchanged table."""
-    planner: object
+    planner: Planner
+    at: placement.Placement | None
+    """Where each rank stands, with replicas: the position each rank was planned as."""
     layout: Layout
     chosen: strategy.Strategy
     """The gate's strategy that vouched."""
@@ -226,7 +237,8 @@ def load_in(
         job.result = None  # nothing partly loaded survives a failed load
         give_back(job.ctx.device)
         raise verdict.error()
-    if job.plan is None or job.result is None or job.gate is None:  # a passed row loaded
+    if job.plan is None or job.result is None or job.gate is None or job.planner is None:
+        # a passed row loaded
         raise LoadError("the verdict passed a rank that loaded nothing (a bug in tpload)")
     shards = served(
         job.opts,
@@ -245,6 +257,7 @@ def load_in(
         job.ctx,
         ranks,
         job.planner,
+        job.at,
         job.plan.layout,
         job.gate,
         verdict,

@@ -38,6 +38,7 @@ from ..model.text import escape_name
 from ..report.log import rank_log
 from ..selection.config import ACTIVATION_ORIGIN
 from ..storage.files import NotRegularTarget, atomic_write, target_problem
+from ..verification.strategy import Strategy
 from .signing import sign, signature_path
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -289,16 +290,14 @@ def after_load(
     rank_figures: Sequence[object],
     planner: object,
     layout: object,
-    chosen: object,
+    chosen: Strategy,
     verdict: object,
     at: Placement | None = None,
 ) -> Path:
     """Rank 0, after a passed verdict: the statement of this load, written (and signed) where
     asked; ``at``: where the ranks stood, with replicas."""
     checkpoint = chosen.job.checkpoint
-    signed = getattr(
-        chosen, "signed", None
-    )  # a model.sig vouched for the load: its bundle is the identity
+    signed = chosen.signed  # a model.sig vouched for the load: its bundle is the identity
     signature = (signed.bundle.name, signed.bundle_sha256) if signed is not None else None
     files = None if signed is not None else checkpoint.file_digests
     ranks = [{"node": f.node, "device": f.device, "digest": f.digest} for f in rank_figures]

@@ -394,7 +394,7 @@ def check(
             claimed,
             subject(
                 cat,
-                getattr(storage, "file_digests", None),
+                storage.file_digests,
                 signature=(signed.bundle.name, signed.bundle_sha256) if signed else None,
             ),
             root,

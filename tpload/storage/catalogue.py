@@ -610,7 +610,7 @@ def table_from(tensors: Mapping[str, TensorMeta]) -> TensorTable:
         c.names.append(m.name)
         c.dtypes.append(m.dtype)
         c.shapes.append(m.shape)
-        c.begins.append(getattr(m, "begin", 0))
+        c.begins.append(m.begin if isinstance(m, TensorInfo) else 0)
         c.nbytes.append(m.nbytes)
     table = table_of(files, list(by_file.values()))
     order = np.argsort(

@@ -32,6 +32,8 @@ try:
 except ImportError as e:  # pragma: no cover - SGLang is not installed where the tests run
     raise ImportError(f"tpload.integrations.sglang needs SGLang ({e}); pip install sglang") from e
 
+__all__ = ["TploadModelLoader"]
+
 log = logging.getLogger("sglang.tpload")  # a child of SGLang's logger, as its loaders use
 
 

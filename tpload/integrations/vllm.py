@@ -23,6 +23,8 @@ from vllm.logger import init_logger
 from vllm.model_executor.model_loader import register_model_loader
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 
+__all__ = ["LOAD_FORMAT", "REFRESH_BACKEND", "TploadModelLoader", "register"]
+
 LOAD_FORMAT = "tpload"
 REFRESH_BACKEND = "tpload"  # WeightTransferConfig(backend=...): vllm_refresh.py, vllm_trainer.py
 log = init_logger("vllm.tpload")  # a child of vLLM's logger: its format and level

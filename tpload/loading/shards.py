@@ -20,6 +20,8 @@ from .deferred import DeferredTensor
 from .result import LoadResult
 from .teardown import give_back
 
+__all__ = ["RankShards", "Released", "served"]
+
 
 @dataclass(frozen=True)
 class Released:

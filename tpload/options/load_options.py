@@ -16,15 +16,18 @@ import numbers
 import os
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
+from typing import Literal, TypedDict
 
 from ..model.bounds import COUNT, GIB, RANKS, SECONDS, THREADS, Bound
 from ..model.errors import OptionsError
 from ..model.modes import Kind, Verify
 from ..selection.defaults import DEFAULT_CONFIG
 from .rules import problems_across
+
+__all__ = ["LoadKwargs", "LoadOptions", "field_types", "listing", "opt", "validate"]
 
 KINDS = tuple(Kind)
 VERIFY_MODES = tuple(Verify)
@@ -299,6 +302,49 @@ class LoadOptions:
         return cls(**coerced)
 
 
+PathArg = str | os.PathLike[str]
+"""A path as ``load()`` takes it: a string, or a path object (turned into its string)."""
+
+
+class LoadKwargs(TypedDict, total=False):
+    """``load()``'s keywords as a type checker and an IDE read them (PEP 692: ``**options:
+    Unpack[LoadKwargs]``): one per :class:`LoadOptions` field but ``checkpoint`` (``load()``'s
+    first argument), each typed as what ``load()`` accepts for it (a path object for a path, a
+    mode's name, one glob for a list of them, lists of ranks); the defaults, the help and the rules
+    are the fields' (tests/unit/options/test_load_options.py holds the two equal). A name not here
+    is still reported by the options' one error, on every rank."""
+
+    config: PathArg
+    kind: Literal["packed", "expanded"]
+    tp: int | None
+    ep: int
+    replicas: int
+    replica_group: Sequence[Sequence[int]] | None
+    verify: Literal["node", "rank", "digest", "off"]
+    device: str | None
+    allow_shared_device: bool
+    hash_threads: int
+    samples: int
+    progress: bool
+    timeout_s: float
+    skip: str | Sequence[str]
+    defer: str | Sequence[str]
+    skip_activation_scales: bool
+    evict_page_cache: bool
+    reserve_gib: float
+    report: PathArg | None
+    digest_store: PathArg | None
+    manifest_sha256: str | None
+    signature: PathArg | None
+    signer_key: PathArg | None
+    signer_cert: PathArg | None
+    signer_chain: PathArg | None
+    signer_identity: str | None
+    signer_issuer: str | None
+    attest: PathArg | None
+    attest_key: PathArg | None
+
+
 def listing(problems: list[str]) -> str:
     if len(problems) == 1:
         return f"invalid option: {problems[0]}"
@@ -386,17 +432,3 @@ def _field_problem(meta: Mapping[str, object], v: object) -> str | None:
     return (bound.problem(v) if bound is not None else None) or (
         check(v) if check is not None else None
     )  # type: ignore[union-attr,operator]
-
-
-def with_option_signature(fn: Callable, returns: type) -> None:
-    """Give ``fn`` (``load``) the keyword signature of :class:`LoadOptions`, so help() and IDEs show
-    every option beside its own parameters."""
-    import inspect
-
-    params = [p for p in inspect.signature(fn).parameters.values() if p.kind != p.VAR_KEYWORD]
-    params += [
-        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default)
-        for f in fields(LoadOptions)
-        if f.name != "checkpoint"
-    ]
-    fn.__signature__ = inspect.Signature(params, return_annotation=returns)

@@ -358,7 +358,7 @@ def _attest(loaded: Loaded) -> str:
                 if not os.path.isdir(stale):
                     os.unlink(stale)
         why = (
-            getattr(e, "strerror", None) or (str(e).splitlines() or [""])[0]
+            (e.strerror if isinstance(e, OSError) else None) or (str(e).splitlines() or [""])[0]
             if isinstance(e, OSError | LoadError)
             else f"unexpected {type(e).__name__}: {e} (a bug in tpload)"
         )

@@ -37,6 +37,7 @@ from ..model.text import escape_name, rank_ranges
 from ..verification.terms import FIELDS, SHOWN_BYTES, Terms, shown_bytes
 from . import versions
 from .exchange import handshake
+from .world import DistContext
 
 log = logging.getLogger("tpload")
 
@@ -142,7 +143,7 @@ class Handshake:
         self.before = ""
         """This rank's own failure before the handshake (its message), if any."""
 
-    def meet(self, fig: object, ctx: object, terms: Terms | None) -> None:
+    def meet(self, fig: object, ctx: DistContext, terms: Terms | None) -> None:
         """Meet the other ranks with ``fig``'s status and ``terms`` (None: this rank failed before
         it). Returns when every rank may copy; raises StoodDown when another rank failed first,
         LoadError naming the first difference, or LoadError when the group is lost."""
@@ -157,7 +158,7 @@ class Handshake:
         except LoadError as e:
             self.lost = e
             raise
-        other = foreign(table, getattr(ctx, "rank", 0))
+        other = foreign(table, ctx.rank)
         if other is not None:  # another tpload's row: no exchange may follow (its row may not fit)
             self.lost = other
             raise other
@@ -170,7 +171,7 @@ class Handshake:
         this handshake nor the exchange; :meth:`raise_lost` raises ``e``."""
         self.met, self.lost = True, e
 
-    def unmet(self, fig: object, ctx: object) -> None:
+    def unmet(self, fig: object, ctx: DistContext) -> None:
         """Meet it now if this rank failed before it (its status goes to its peers); a group lost
         there is kept for :meth:`raise_lost`."""
         if not self.met:

@@ -39,6 +39,7 @@ import torch
 from ..model.errors import LoadError
 from ..model.templates import natural_key
 from ..storage.gguf import TYPES, gguf_files, read_set
+from ..storage.safetensors import TensorInfo
 from .handed import HandoffError
 from .handoff import Handoff
 from .skips import Skip
@@ -192,7 +193,7 @@ def vllm_weights_map(hf_config: object, *, trust_remote_code: bool = False) -> d
 
 def is_gguf(plan_items: Sequence) -> bool:
     """Whether the plan's tensors come from a GGUF set."""
-    return any(str(getattr(i.fit.weight, "file", "")).endswith(".gguf") for i in plan_items)
+    return any(i.fit.weight.file.endswith(".gguf") for i in plan_items)
 
 
 # Tensors llama.cpp writes that no vLLM parameter takes (vLLM computes them): skipped, not refused.
@@ -218,7 +219,11 @@ class GGUFHandoff(Handoff):
         # gguf's reader yields a file's tensors in header order; writers lay the data out in that
         # order
         self.cuts.sort(
-            key=lambda cm: (natural_key(cm[1].file), getattr(cm[1], "begin", 0), cm[0].name)
+            key=lambda cm: (
+                natural_key(cm[1].file),
+                cm[1].begin if isinstance(cm[1], TensorInfo) else 0,  # its first byte in the file
+                cm[0].name,
+            )
         )
         self.names = dict(names)
         self.computed = [

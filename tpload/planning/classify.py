@@ -24,7 +24,7 @@ from ..codecs import registry
 from ..codecs.base import Codec
 from ..codecs.plain import KV_SCALE, PLAIN
 from ..model.errors import ConfigError, raise_all
-from ..model.meta import TensorMeta
+from ..model.meta import HeaderFields, TensorMeta
 from ..model.modes import Role
 from ..model.table import Templates, TensorTable
 from ..model.templates import natural_key, natural_sorted
@@ -926,8 +926,9 @@ def _source(model: Mapping[str, object], field: str, root: object) -> str:
     """Where the model config's ``field`` was read, in words: a GGUF header's stand-in for
     config.json says which key of which file (``storage/gguf.py``, ``HeaderConfig.source``);
     config.json otherwise."""
-    source = getattr(model, "source", None)
-    return source(field) if callable(source) else f"config.json's {field!r} in {escape_name(root)}"
+    if isinstance(model, HeaderFields):
+        return model.source(field)
+    return f"config.json's {field!r} in {escape_name(root)}"
 
 
 def _idle(

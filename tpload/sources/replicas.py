@@ -46,6 +46,7 @@ from ..distributed.exchange import Flags
 from ..distributed.placement import RING, Placement
 from ..distributed.replica_split import Position
 from ..distributed.wire import Wire
+from ..distributed.world import DistContext
 from ..kernels.fingerprint import HostFingerprint
 from ..model.errors import LoadError, StoodDown
 from ..model.text import escape_name
@@ -91,7 +92,7 @@ class Link:
 
     def __init__(
         self,
-        ctx: object,
+        ctx: DistContext,
         at: Placement,
         shared: Sequence[Position],
         timeout_s: float,
@@ -133,7 +134,7 @@ class Link:
         self._inflight: dict[int, tuple[list, torch.Tensor]] = {}
         self._stopped_by: int | None = None
         """The rank whose failure stopped this one (None: nothing stopped it, or it failed)."""
-        self.flags = Flags(ctx, seq, "replicas-stopped") if getattr(ctx, "group", None) else None
+        self.flags = Flags(ctx, seq, "replicas-stopped") if ctx.group is not None else None
         self._looked = 0.0
 
     def reads(self, plans: Mapping[int, Plan]) -> dict[int, Mapping[str, Box]]:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..model.errors import CheckpointError, raise_all
+from ..model.meta import HeaderFields
 from ..model.text import escape_name
 from .files import folder_of, open_regular
 from .safetensors import TensorInfo, overlaps
@@ -459,7 +460,7 @@ def read_set(files: list[Path], root: Path) -> list[GGUFHeader]:
     return headers
 
 
-class HeaderConfig(dict):
+class HeaderConfig(HeaderFields):
     """config.json's fields as a GGUF header gives them (a dict, read as config.json is), and
     which file and key each came from: messages name the header, not a config.json that is not
     there."""

@@ -43,7 +43,7 @@ class LoadReport:
     weight_prefix: str | None = None
     """The prefix the checkpoint's layers are stored under (``model.``; ``""``: none; None: no
     layers)."""
-    kv_scales: dict = field(default_factory=dict)
+    kv_scales: dict[str, object] = field(default_factory=dict)
     """The KV-cache scale census (selection/kvscales.py): each layer's stored scales and vLLM's
     names for them."""
 
@@ -94,7 +94,7 @@ class LoadReport:
             out[r.node] = out.get(r.node, 0) + r.bytes_hashed
         return out
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, object]:
         """Everything in the report as plain JSON values (figures not measured are None)."""
         doc = {k: v for k, v in asdict(self).items() if k not in ("ranks", "rank")}
         doc.update(
@@ -116,7 +116,7 @@ class LoadReport:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2) + "\n"
 
-    def write(self, path: str | os.PathLike) -> None:
+    def write(self, path: str | os.PathLike[str]) -> None:
         """Write the JSON report (beside it first, then renamed: never half a report); ``-``: on
         standard output (the command line then prints its table on standard error)."""
         if os.fspath(path) == STDOUT:
@@ -181,7 +181,7 @@ class LoadReport:
         return "\n".join(lines)
 
 
-def _replicas_line(ranks: list) -> str:
+def _replicas_line(ranks: list[RankFigures]) -> str:
     """Replicas: each rank's window bytes from storage and from peers, as counted, and each
     node's."""
     nodes: dict[int, list[int]] = {}

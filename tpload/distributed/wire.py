@@ -72,7 +72,8 @@ class Wire:
     def host(self, nbytes: int) -> np.ndarray:
         """A host buffer of the ring (pinned beside a CUDA wire, so its copies run at full rate)."""
         pinned = self.staged and self.device.type == "cuda"
-        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned).numpy()
+        host: np.ndarray = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned).numpy()
+        return host
 
     def buffer(self, host: np.ndarray) -> torch.Tensor:
         """The wire buffer beside ``host``: ``host`` itself on the CPU, else device memory of its

@@ -41,8 +41,10 @@ class Need:
 def free_bytes(device: torch.device) -> int:
     """Free memory of ``device``: the CUDA driver's count, or the host's available memory."""
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    return psutil.virtual_memory().available
+        free: int = torch.cuda.mem_get_info(device)[0]
+        return free
+    available: int = psutil.virtual_memory().available
+    return available
 
 
 def need(plans: list[RankPlan], *, beyond: int = 0) -> Need:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import cast
 
 from ..distributed import placement
 from ..distributed.agreement import Handshake, outcome
@@ -33,6 +34,7 @@ from ..sources.whole_files import FileHasher, alongside
 from ..storage.base import Storage
 from ..storage.open import open_storage
 from ..storage.pins import plan_file_digests
+from ..storage.sharded import ShardedStorage
 from ..verification import gate, signing, strategy
 from ..verification.gate import Verdict, check_pin
 from ..verification.store import checkpoint_stamp
@@ -89,8 +91,11 @@ class _RankLoad:
             )
             # a model.sig: its bundle and the JSON files it signs, before any is read
             self.signed = signing.precheck(self.opts, notes=self.notes)
+            checkpoint = self.opts.checkpoint
+            if checkpoint is None:  # load() and the command line always name one
+                raise LoadError("no checkpoint to load (a bug in tpload)")
             storage = open_storage(
-                self.opts.checkpoint,
+                checkpoint,
                 tp=layout.tp,
                 ep=layout.ep,
                 rank=self.ctx.rank,
@@ -167,7 +172,13 @@ class _RankLoad:
         shaping = plan_file_digests(storage.root, known=used, gguf_kv=cat.gguf_kv)
         terms = Terms.of(opts, layout, config, self.gate.anchor(), at, shaping)
         self.meeting.meet(self.fig, ctx, terms)
-        files = FileHasher.of(storage, prepared.files) if prepared.files is not None else None
+        # files are planned whole only for a folder vouched for file by file (a hub snapshot, a
+        # local-dir download, a signed folder): a sharded one
+        files = (
+            FileHasher.of(cast(ShardedStorage, storage), prepared.files)
+            if prepared.files is not None
+            else None
+        )
         with alongside(files):  # whole-file hashing on its own thread, beside the copies
             self.fig.read_started(self.started, first=self.first)  # the loop reads first
             self.result = steps.run_rank(

@@ -111,7 +111,7 @@ class RankShards:
         freed = Released(0, 0, 0, 0)
         if self._result is not None:
             arena = {self._storage_key(t) for t in self._result.tensors.values()}
-            own: dict[tuple, int] = {}
+            own: dict[tuple[str, int | None, int], int] = {}
             for t in self._derived.values():
                 key = self._storage_key(t)
                 if key not in arena:  # a view of the arena is freed with it, not twice
@@ -128,7 +128,7 @@ class RankShards:
         return freed
 
     @staticmethod
-    def _storage_key(t: torch.Tensor) -> tuple:
+    def _storage_key(t: torch.Tensor) -> tuple[str, int | None, int]:
         st = t.untyped_storage()
         return (st.device.type, st.device.index, st.data_ptr())
 

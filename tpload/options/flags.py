@@ -12,6 +12,7 @@ import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, dataclass, fields
 from enum import Enum
+from typing import Any
 
 from ..model.errors import OptionsError
 from .load_options import LoadOptions, field_types, listing, validate
@@ -218,7 +219,7 @@ def add_flags(
             continue
         into = groups.get(f.name, parser)
         flag = meta["flag"] or "--" + f.name.replace("_", "-")
-        kw: dict[str, object] = {"dest": f.name, "help": meta["help"]}
+        kw: dict[str, Any] = {"dest": f.name, "help": meta["help"]}  # add_argument's, by action
         base = hints[f.name]
         if base is bool:
             kw["action"] = "store_false" if f.default else "store_true"
@@ -258,10 +259,10 @@ def _cli_type(hint: object) -> Callable[[str], object]:
     return str
 
 
-def from_args(ns: argparse.Namespace, *, extra: Mapping[str, object] = ()) -> LoadOptions:
+def from_args(ns: argparse.Namespace, *, extra: Mapping[str, object] | None = None) -> LoadOptions:
     """The options the parsed flags (plus ``extra``) ask for."""
     values = {f.name: getattr(ns, f.name) for f in fields(LoadOptions) if hasattr(ns, f.name)}
-    values.update(extra)
+    values.update(extra or {})
     for glob_field in ("skip", "defer"):
         if glob_field in values and isinstance(values[glob_field], list):
             values[glob_field] = tuple(values[glob_field])

@@ -101,7 +101,9 @@ def spans_of(storage: Boxes, names: Sequence[str], views: np.ndarray, boxes: np.
     n = len(names)
     files: dict[object, int] = {}
     file, offset = np.empty(n, np.int64), np.empty(n, np.int64)
-    rows, row_bytes, box = np.empty(n, np.int64), np.empty(n, np.int64), np.empty((n, 4), np.int64)
+    rows: np.ndarray = np.empty(n, np.int64)
+    row_bytes: np.ndarray = np.empty(n, np.int64)
+    box: np.ndarray = np.empty((n, 4), np.int64)
     for k, (name, v, b) in enumerate(zip(names, views.tolist(), boxes.tolist(), strict=True)):
         s, (r0, r1), (c0, c1) = storage.box(name, (v[0], v[1]), (b[0], b[1]), (b[2], b[3]))
         file[k] = files.setdefault(s.path, len(files))
@@ -165,11 +167,11 @@ class PlanRuns:
                     tuple(item.cuts),
                     tuple(item.output(c.name).offset - base for c in item.cuts),
                 )
-        count = np.zeros(size, np.int64)
-        views = np.zeros((size, 3, 2), np.int64)
-        boxes = np.zeros((size, 3, 4), np.int64)
-        after = np.zeros((size, 3), np.int64)
-        col = np.zeros((size, 3), np.int64)
+        count: np.ndarray = np.zeros(size, np.int64)
+        views: np.ndarray = np.zeros((size, 3, 2), np.int64)
+        boxes: np.ndarray = np.zeros((size, 3, 4), np.int64)
+        after: np.ndarray = np.zeros((size, 3), np.int64)
+        col: np.ndarray = np.zeros((size, 3), np.int64)
         for c, cc in self.classes.items():
             count[c] = len(cc.cuts)
             for j, cut in enumerate(cc.cuts):
@@ -178,13 +180,13 @@ class PlanRuns:
         per = count[klass]
         self.first = np.cumsum(per) - per
         """Each entry's first piece (an entry that cannot batch has none)."""
-        rep = np.repeat(np.arange(n), per)
+        rep: np.ndarray = np.repeat(np.arange(n), per)
         j = np.arange(len(rep)) - np.repeat(self.first, per)
         k = klass[rep]
         rows = plan.all_entries
-        cols = (rows.names, rows.scales, rows.scales2)
+        cols: tuple[Sequence[str | None], ...] = (rows.names, rows.scales, rows.scales2)
         # each name column's pieces picked in one C-level pass, put in piece order by numpy
-        picked = np.empty(len(rep), object)
+        picked: np.ndarray = np.empty(len(rep), object)
         column, entry = col[k, j], index[rep]
         for c, names in enumerate(cols):
             at = np.flatnonzero(column == c)
@@ -195,7 +197,8 @@ class PlanRuns:
         shared: list[Box | None] = [None] * (3 * size)  # class c's cut i: 3 c + i
         for c, cc in self.classes.items():
             shared[3 * c : 3 * c + len(cc.cuts)] = [cut.box for cut in cc.cuts]
-        self.cut_boxes: list[Box] = list(map(shared.__getitem__, (3 * k + j).tolist()))
+        # (map over list.__getitem__, whose overloads mypy cannot pick: an int each, a class's box)
+        self.cut_boxes: list[Box] = list(map(shared.__getitem__, (3 * k + j).tolist()))  # type: ignore[arg-type]
         """Each piece's cut's box (one tuple a class's cut, shared)."""
         self.out = plan.offsets[rep] + after[k, j]
         """Each piece's served tensor's arena offset."""
@@ -205,11 +208,11 @@ class PlanRuns:
         # an entry batches when each of its pieces' stored tensors is small (it is read whole)
         small = ((nbytes > 0) & (nbytes <= SMALL_BYTES)).astype(np.int64)
         starts = self.first[per > 0]
-        ok = np.zeros(n, bool)
-        lo = np.zeros(n, np.int64)
-        hi = np.zeros(n, np.int64)
-        total = np.zeros(n, np.int64)
-        one_file = np.zeros(n, bool)
+        ok: np.ndarray = np.zeros(n, bool)
+        lo: np.ndarray = np.zeros(n, np.int64)
+        hi: np.ndarray = np.zeros(n, np.int64)
+        total: np.ndarray = np.zeros(n, np.int64)
+        one_file: np.ndarray = np.zeros(n, bool)
         if len(rep):
             has = per > 0
             ok[has] = np.add.reduceat(small, starts) == per[has]
@@ -219,7 +222,7 @@ class PlanRuns:
             one_file[has] = np.minimum.reduceat(s.file, starts) == np.maximum.reduceat(
                 s.file, starts
             )
-        file = np.full(n, -1, np.int64)
+        file: np.ndarray = np.full(n, -1, np.int64)
         file[per > 0] = s.file[starts]
         self.runs = _group(
             ok.tolist(), one_file.tolist(), file.tolist(), lo.tolist(), hi.tolist(), total.tolist()

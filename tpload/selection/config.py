@@ -258,7 +258,7 @@ class Config:
     def rule_for(self, name: str) -> Rule | None:
         """The first rule whose glob matches ``name`` (one regex match, whatever the rule count)."""
         m = self._matcher.match(name)
-        return self.rules[_rule_index(m)] if m else None
+        return self.rules[rule_index(m)] if m else None
 
     def rules_for(self, names: Iterable[str]) -> list[Rule | None]:
         """:meth:`rule_for` of each name, in order, by fewer regex matches.
@@ -276,9 +276,9 @@ class Config:
             i = memo.get(key)
             if i is None:
                 m = blind.match(n) if blind is not None else None
-                i = memo[key] = _rule_index(m) if m else none
+                i = memo[key] = rule_index(m) if m else none
             if sharp is not None and (m := sharp.match(n)) is not None:
-                i = min(i, _rule_index(m))
+                i = min(i, rule_index(m))
             out.append(rules[i] if i < none else None)
         return out
 
@@ -595,7 +595,7 @@ def _parse(source: str, doc: dict[str, Any]) -> Config:  # a TOML document: any 
     )
 
 
-def _rule_index(m: re.Match[str]) -> int:
+def rule_index(m: re.Match[str]) -> int:
     """The rule a matcher's match names: each alternative is a group ``r<index>``."""
     group = m.lastgroup
     if group is None:  # (every alternative of a matcher is a named group)

@@ -102,6 +102,7 @@ class Parser(argparse.ArgumentParser):
                 + did_you_mean(str(value), words),
             )
 
+    # argparse's overloads (a namespace given or not) in one signature: this parser returns its own
     def parse_known_args(  # type: ignore[override]
         self, args: typing.Sequence[str] | None = None, namespace: typing.Any = None
     ) -> tuple[argparse.Namespace, list[str]]:

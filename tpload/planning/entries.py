@@ -132,7 +132,7 @@ class Entries(Sequence[Entry]):
     def __len__(self) -> int:
         return len(self.names)
 
-    def __getitem__(self, k: int) -> Entry:  # type: ignore[override]
+    def __getitem__(self, k: int) -> Entry:  # type: ignore[override]  # an index only, no slices
         name, c = self.names[k], self.classes[self.klass[k]]
         meta, fit = self.tensors[name], c.fit
         if fit.weight is not meta:

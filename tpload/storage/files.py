@@ -106,6 +106,7 @@ def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
     doc = dict(pairs)
     if len(doc) != len(pairs):
         seen: set[str] = set()
+        # set.add's None keeps the first-seen test in one pass
         twice = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
         raise ValueError(f"the key {twice!r} appears twice in one object")
     return doc

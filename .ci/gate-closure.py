@@ -8,7 +8,9 @@ a string constant that is exactly a tpload module's dotted name (importlib.impor
 argument) counts as an import; `from tpload import X` where X is one of tpload/__init__.py's lazy
 names (_LAZY) counts the module it maps to. Imports under `if TYPE_CHECKING:` never run and are
 left out, unless --type-checking (what a type checker reads): then they count in every module but
-tpload/__init__.py, whose TYPE_CHECKING block only names its lazy exports.
+tpload/__init__.py, whose TYPE_CHECKING block only names its lazy exports. tpload/__init__.py's
+`__getattr__` runs only when one of its lazy names is asked for, never on importing a submodule:
+its imports count with that name's module, not in every closure.
 
     python .ci/gate-closure.py [--start MODULE] [--max N] [--list] [--type-checking]
 
@@ -59,8 +61,13 @@ def under_type_checking(node: ast.If) -> bool:
 
 
 def imports_of(
-    name: str, mods: dict[str, Path], lazy: dict[str, str], typing: bool = False
+    name: str,
+    mods: dict[str, Path],
+    lazy: dict[str, str],
+    typing: bool = False,
+    door: frozenset[str] = frozenset(),
 ) -> set[str]:
+    """``door``: what the root's ``__getattr__`` imports, counted with each lazy name it serves."""
     path = mods[name]
     typing = typing and name != PKG
     is_pkg = path.name == "__init__.py"
@@ -75,6 +82,8 @@ def imports_of(
             visit_stmt(child)
 
     def visit_stmt(node: ast.AST) -> None:
+        if name == PKG and isinstance(node, ast.FunctionDef) and node.name == "__getattr__":
+            return  # runs for a lazy name only: `door`, counted where one is imported
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name == PKG or alias.name.startswith(PKG + "."):
@@ -92,7 +101,7 @@ def imports_of(
                     if sub in mods:
                         found.add(sub)
                     elif base == PKG and alias.name in lazy:
-                        found.add(lazy[alias.name])
+                        found.update({lazy[alias.name], *door})
         elif isinstance(node, ast.If) and under_type_checking(node) and not typing:
             for sub in node.orelse:
                 visit_stmt(sub)
@@ -110,8 +119,24 @@ def imports_of(
     return found
 
 
+def door_imports(mods: dict[str, Path]) -> frozenset[str]:
+    """What the root's ``__getattr__`` (the lazy door) imports when it serves a name."""
+    for node in ast.parse(mods[PKG].read_text()).body:
+        if isinstance(node, ast.FunctionDef) and node.name == "__getattr__":
+            found: set[str] = set()
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.ImportFrom) and sub.level:
+                    found.add(".".join([PKG, *([sub.module] if sub.module else [])]))
+                    found.update(f"{PKG}.{sub.module}.{a.name}" for a in sub.names if sub.module)
+                elif isinstance(sub, ast.ImportFrom | ast.Import):
+                    raise SystemExit("the lazy door imports by relative import only: count it")
+            return frozenset(m for m in found if m in mods)
+    return frozenset()
+
+
 def closure(start: str, mods: dict[str, Path], typing: bool = False) -> set[str]:
     lazy = lazy_names(mods)
+    door = door_imports(mods)
     seen: set[str] = set()
     todo = [start]
     while todo:
@@ -124,7 +149,7 @@ def closure(start: str, mods: dict[str, Path], typing: bool = False) -> set[str]
         seen.add(name)
         parts = name.split(".")
         todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))  # parents' __init__
-        todo.extend(imports_of(name, mods, lazy, typing))
+        todo.extend(imports_of(name, mods, lazy, typing, door))
     return seen
 
 

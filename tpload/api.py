@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Unpack
 
 import torch.distributed as dist
 
@@ -24,7 +25,9 @@ from .loading import sequence
 from .loading.shards import RankShards
 from .model.errors import LoadError, OptionsError
 from .model.progress import ProgressSink
-from .options.load_options import LoadOptions, with_option_signature
+from .options.load_options import LoadKwargs, LoadOptions
+
+__all__ = ["load", "load_in"]
 
 
 def load(
@@ -33,10 +36,11 @@ def load(
     group: dist.ProcessGroup | None = None,
     cpu_group: dist.ProcessGroup | None = None,
     progress_sink: ProgressSink | None = None,
-    **options: object,
+    **options: Unpack[LoadKwargs],
 ) -> RankShards:
     """Load this rank's verified shards of ``checkpoint``; the keywords are :class:`LoadOptions`'
-    fields.
+    fields (typed for the caller's checker and IDE by :class:`LoadKwargs`; their defaults, help and
+    rules are the fields').
 
     Ranks are counted in ``group`` (default: the world); the exchange runs on ``cpu_group``
     (default: ``group`` if it has a CPU backend). Under torchrun without a world it makes the
@@ -92,5 +96,4 @@ def load_in(
     return loaded.shards
 
 
-with_option_signature(load, RankShards)
 logging.getLogger("tpload").addHandler(logging.NullHandler())

@@ -26,6 +26,7 @@ FACE: dict[str, tuple[str, str]] = {
     "open_storage": ("storage.open", "the storage a rank loads from (native or export)"),
     "read_native": ("storage.catalogue", "a folder's catalogue, read from its headers and index"),
     "Catalogue": ("storage.catalogue", "every tensor of a checkpoint, and its manifest"),
+    "TensorInfo": ("storage.safetensors", "a stored tensor as its header names it, and its file"),
     "Storage": ("storage.base", "what a load needs from a checkpoint on disk (the Protocol)"),
     "Reader": ("storage.reader", "reads windows of a storage through the ring of buffers"),
     "READER_CHUNK_BYTES": ("storage.reader:CHUNK_BYTES", "bytes of one staging buffer"),
@@ -182,6 +183,7 @@ if TYPE_CHECKING:  # the face for the type checker and import-linter (the same n
     from .storage.reader import CHUNK_BYTES as READER_CHUNK_BYTES  # noqa: F401  re-exported
     from .storage.reader import RING as READER_RING  # noqa: F401  re-exported
     from .storage.reader import Reader as Reader
+    from .storage.safetensors import TensorInfo as TensorInfo
     from .storage.safetensors import write_safetensors as write_safetensors
     from .storage.sharded import ShardedStorage as ShardedStorage
     from .transfer.base import CUDA_CHUNK_BYTES as CUDA_CHUNK_BYTES
@@ -202,3 +204,24 @@ if TYPE_CHECKING:  # the face for the type checker and import-linter (the same n
     from .verification.store import write_sidecar as write_sidecar
     from .verification.strategy import layout_key as layout_key
     from .verification.vouched import Vouched as Vouched
+
+
+if TYPE_CHECKING:
+    # the names re-exported under another name (the type checker reads a literal list only)
+    __all__ += [
+        "FP4_GROUP",
+        "GGUF_BLOCKS",
+        "GGUF_SCALE_OFFSETS",
+        "gguf_decode_torch",
+        "NVFP4_GROUP",
+        "gguf_decode_kernel",
+        "gate_at_rest",
+        "HEADERS_ONLY_KEY",
+        "GGUF_HEADERS_ONLY_KEY",
+        "GGUF_TYPES",
+        "READER_CHUNK_BYTES",
+        "READER_RING",
+        "BLAKE3_INSTALL",
+        "blake3_available",
+        "require_blake3",
+    ]

@@ -16,6 +16,9 @@ from tpload.planning import batches as batch
 from tpload.planning.layout import Layout
 from tpload.storage.sharded import ShardedStorage
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.unit.loading.batch_runs import runs  # noqa: E402  (the reference rule, by the tests)
+
 
 def _cut_windows_batched(root: Path, rank: int) -> int:
     """Items of this rank's plan that go in batches although their window is a part of the
@@ -26,7 +29,7 @@ def _cut_windows_batched(root: Path, rank: int) -> int:
         plan = planner.plan(Layout(2), "packed", rank)
         return sum(
             1
-            for i, j, _ in batch.runs(plan.items, "packed", storage, classes=plan.shapes)
+            for i, j, _ in runs(plan.items, "packed", storage, classes=plan.shapes)
             if j - i > 1
             for item in plan.items[i:j]
             if item.weight.rows != (0, item.weight.view[0])

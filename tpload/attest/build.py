@@ -28,15 +28,25 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any, cast  # Any: a statement's JSON values
 
 from .. import __version__
 from ..distributed.exchange import agree
+from ..distributed.placement import Placement, position
 from ..loading.sequence import Loaded
 from ..model.errors import LoadError
 from ..model.text import escape_name
+from ..model.trust import TrustSource
+from ..options.load_options import LoadOptions
+from ..planning.layout import Layout
+from ..planning.planner import Planner, RankPlan
+from ..report.figures import RankFigures
 from ..report.log import rank_log
-from ..selection.config import ACTIVATION_ORIGIN
+from ..selection.config import ACTIVATION_ORIGIN, Config
+from ..storage.catalogue import Catalogue
 from ..storage.files import NotRegularTarget, atomic_write, target_problem
+from ..verification.gate import Verdict
+from ..verification.strategy import Strategy
 from .signing import sign, signature_path
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -49,7 +59,7 @@ Window = list[int]
 # -- what a load serves -------------------------------------------------------------------------
 
 
-def windows(plan: object) -> dict[str, Window]:
+def windows(plan: RankPlan) -> dict[str, Window]:
     """Every stored tensor this rank reads a window of, and the window (from ``RankPlan.reads``)."""
     return {
         n: [int(rows[0]), int(rows[1]), int(cols[0]), int(cols[1])]
@@ -57,7 +67,7 @@ def windows(plan: object) -> dict[str, Window]:
     }
 
 
-def views(plans: Sequence[object]) -> dict[str, list[int]]:
+def views(plans: Sequence[RankPlan]) -> dict[str, list[int]]:
     """Each read tensor's 2-D byte view, [rows, row bytes], that its windows are boxes of. Read from
     the plans' compact entries as ``RankPlan.reads`` reads its boxes (a cut's fields after its name:
     rows, cols, shape, dtype, view): making every rank's items would cost far more at 64 ranks of a
@@ -69,7 +79,7 @@ def views(plans: Sequence[object]) -> dict[str, list[int]]:
                 continue
             f = e.fit
             for meta, cut in ((f.scale, s.scale), (f.scale2, s.scale2), (f.weight, s.weight)):
-                if cut is not None:
+                if cut is not None and meta is not None:  # (a cut: its tensor)
                     out[meta.name] = [int(cut[4][0]), int(cut[4][1])]
     return out
 
@@ -100,7 +110,7 @@ def coverage(
     tensor_views: Mapping[str, list[int]],
     skipped: Sequence[str],
     deferred: Sequence[str],
-) -> dict:
+) -> dict[str, Any]:
     """For every tensor of the checkpoint: served (its view and how many ranks serve each byte,
     fewest and most), skipped or deferred. A tensor no rank reads has no view: its replicas are
     [0, 0]."""
@@ -122,11 +132,11 @@ def coverage(
 
 
 def subject(
-    catalogue: object,
+    catalogue: Catalogue,
     file_digests: Mapping[Path, str] | None,
     *,
     signature: tuple[str, str] | None = None,
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """The checkpoint's identity: the signature bundle's sha256 when a model.sig vouched for the
     load (it names every file's digest, and a signer), its manifest's sha256, or each file's
     whole-file sha256 when the folder is vouched for file by file (hub blob names, local-dir
@@ -152,8 +162,8 @@ def subject(
 
 
 def statement(
-    planner: object,
-    layout: object,
+    planner: Planner,
+    layout: Layout,
     *,
     kind: str,
     verify: str,
@@ -164,13 +174,16 @@ def statement(
     file_digests: Mapping[Path, str] | None,
     vouched_by: str,
     signature: tuple[str, str] | None = None,
-    trust: object = None,
-) -> dict:
+    trust: TrustSource | None = None,
+    at: Placement | None = None,
+) -> dict[str, Any]:
     """The in-toto statement of a passed load. ``ranks``: each rank's ``node``, ``device`` and
     ``digest`` (from the exchanged table); ``trust``: the verdict's trust source
-    (model/trust.py); everything else is derived here from ``planner`` (the load's)."""
-    catalogue, config = planner.catalogue, planner.config
-    plans = [planner.plan(layout, kind, r) for r in range(layout.world)]
+    (model/trust.py); ``at``: where the ranks stood, with replicas (each rank's plan is its
+    position's); everything else is derived here from ``planner`` (the load's)."""
+    # the load's catalogue is a storage's (planning sees it as a view of the table)
+    catalogue, config = cast(Catalogue, planner.catalogue), planner.config
+    plans = [planner.plan(layout, kind, position(at, r)) for r in range(layout.world)]
     per_rank = [windows(p) for p in plans]
     rank_docs = [
         {
@@ -227,14 +240,14 @@ def statement(
     }
 
 
-def dumps(doc: Mapping) -> str:
+def dumps(doc: Mapping[str, Any]) -> str:
     """The statement as JSON, indented, with each window and each coverage entry on one line of its
     own (a 64-rank DeepSeek-V3 statement holds 800,000 windows: one line each stays readable and
     diffable). The big maps are rendered apart and put in where a placeholder string stands (a token
     that does not occur in the rest of the text, so no tensor name can be mistaken for one)."""
     token = uuid.uuid4().hex
     pred = doc.get("predicate", {})
-    big: dict[str, Mapping] = {}
+    big: dict[str, Mapping[str, Any]] = {}
     shell = dict(doc)
     if isinstance(pred, dict):
         shell["predicate"] = pred = dict(pred)
@@ -258,7 +271,9 @@ def dumps(doc: Mapping) -> str:
     return "".join(parts) + "\n"
 
 
-def write(path: str | os.PathLike, doc: Mapping, key: str | os.PathLike | None = None) -> Path:
+def write(
+    path: str | os.PathLike[str], doc: Mapping[str, Any], key: str | os.PathLike[str] | None = None
+) -> Path:
     """Write the statement (renamed into place: a reader never sees half of one) and, with ``key``,
     its signature beside it. A stale signature of an earlier statement is removed first."""
     out = Path(path).absolute()
@@ -274,7 +289,7 @@ def write(path: str | os.PathLike, doc: Mapping, key: str | os.PathLike | None =
     return out
 
 
-def base_config(config: object) -> object:
+def base_config(config: Config) -> Config:
     """``config`` without the rules a load adds from its options (config.with_rules: ``--skip``,
     ``--defer``, ``--skip-activation-scales``)."""
     added = ("skip", "defer", ACTIVATION_ORIGIN)
@@ -282,19 +297,18 @@ def base_config(config: object) -> object:
 
 
 def after_load(
-    opts: object,
-    rank_figures: Sequence[object],
-    planner: object,
-    layout: object,
-    chosen: object,
-    verdict: object,
+    opts: LoadOptions,
+    rank_figures: Sequence[RankFigures],
+    planner: Planner,
+    layout: Layout,
+    chosen: Strategy,
+    verdict: Verdict,
+    at: Placement | None = None,
 ) -> Path:
     """Rank 0, after a passed verdict: the statement of this load, written (and signed) where
-    asked."""
+    asked; ``at``: where the ranks stood, with replicas."""
     checkpoint = chosen.job.checkpoint
-    signed = getattr(
-        chosen, "signed", None
-    )  # a model.sig vouched for the load: its bundle is the identity
+    signed = chosen.signed  # a model.sig vouched for the load: its bundle is the identity
     signature = (signed.bundle.name, signed.bundle_sha256) if signed is not None else None
     files = None if signed is not None else checkpoint.file_digests
     ranks = [{"node": f.node, "device": f.device, "digest": f.digest} for f in rank_figures]
@@ -315,7 +329,10 @@ def after_load(
         vouched_by=verdict.vouched_by,
         signature=signature,
         trust=verdict.trust,
+        at=at,
     )
+    if opts.attest is None:  # (rank 0 attests only when asked: _attest)
+        raise LoadError("no attestation was asked for (a bug in tpload)")
     return write(opts.attest, doc, opts.attest_key)
 
 
@@ -345,14 +362,16 @@ def _attest(loaded: Loaded) -> str:
     if attest is None:  # (rank 0's row said it attests only when asked)
         return ""
     try:
-        path = after_load(opts, loaded.ranks, loaded.planner, loaded.layout, loaded.chosen, verdict)
+        path = after_load(
+            opts, loaded.ranks, loaded.planner, loaded.layout, loaded.chosen, verdict, loaded.at
+        )
     except Exception as e:  # noqa: BLE001 - whatever stops it, the peers wait for the word
         for stale in (attest, signature_path(attest)):
             with contextlib.suppress(OSError):
                 if not os.path.isdir(stale):
                     os.unlink(stale)
         why = (
-            getattr(e, "strerror", None) or (str(e).splitlines() or [""])[0]
+            (e.strerror if isinstance(e, OSError) else None) or (str(e).splitlines() or [""])[0]
             if isinstance(e, OSError | LoadError)
             else f"unexpected {type(e).__name__}: {e} (a bug in tpload)"
         )

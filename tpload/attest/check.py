@@ -15,6 +15,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any  # an attestation's JSON values
 
 from .. import __version__
 from ..loading.pick import choose
@@ -23,7 +24,7 @@ from ..model.modes import Kind, Verify
 from ..model.progress import Meter
 from ..model.text import escape_name
 from ..planning.layout import Layout
-from ..selection.config import with_rules
+from ..selection.config import Config, with_rules
 from ..storage.files import parse_json, read_small
 from ..storage.open import open_storage
 from ..verification import signing
@@ -94,7 +95,7 @@ def _shape_problems(doc: object) -> list[str]:
         isinstance(opts.get(k), list) and all(isinstance(g, str) for g in opts[k])
         for k in ("skip", "defer")
     )
-    if not (ints and texts and globs):
+    if not (ints and texts and globs) or not isinstance(opts, dict):
         problems.append(
             "predicate.options lacks tp, ep (integers >= 1), kind, verify, config, config_id or "
             "skip, defer (lists of globs)"
@@ -143,7 +144,9 @@ def _shape_problems(doc: object) -> list[str]:
     return problems
 
 
-def _subject_problems(attested: list[dict], now: list[dict], root: str) -> list[str]:
+def _subject_problems(
+    attested: list[dict[str, Any]], now: list[dict[str, Any]], root: str
+) -> list[str]:
     got = {s["name"]: s["digest"].get("sha256") for s in attested}
     want = {s["name"]: s["digest"]["sha256"] for s in now}
     out = []
@@ -173,16 +176,16 @@ def _window_problems(
         a, p = attested.get(n), planned.get(n)
         if a == p:
             continue
-        if a is None:
+        if a is None and p is not None:
             out.append(
                 f"rank {rank}: tensor {escape_name(n)}: not attested; the plan serves {_fmt(p)}"
             )
-        elif p is None:
+        elif p is None and a is not None:
             out.append(
                 f"rank {rank}: tensor {escape_name(n)}: attested {_fmt(a)}; the plan serves no "
                 "window of it"
             )
-        else:
+        elif a is not None and p is not None:  # (they differ)
             out.append(
                 f"rank {rank}: tensor {escape_name(n)}: attested {_fmt(a)}; the plan's window is "
                 f"{_fmt(p)}"
@@ -190,7 +193,7 @@ def _window_problems(
     return out
 
 
-def _coverage_problems(attested: Mapping, planned: Mapping) -> list[str]:
+def _coverage_problems(attested: Mapping[str, Any], planned: Mapping[str, Any]) -> list[str]:
     out = []
     for what, verb in (("skipped", "skip"), ("deferred", "defer")):
         a, p = set(attested[what]), set(planned[what])
@@ -243,7 +246,7 @@ def _cover(c: object) -> str:
     return f"view {c.get('view')}, each byte {_times(c['replicas'])}"
 
 
-def _rank_problems(ranks: Sequence[Mapping]) -> list[str]:
+def _rank_problems(ranks: Sequence[Mapping[str, Any]]) -> list[str]:
     """Entry k is rank k's: each entry's ``rank`` field must be its place (two entries saying rank
     0, or two ranks swapped, would otherwise pass as the plan's ranks in list order)."""
     return [
@@ -258,7 +261,7 @@ def _globs(flag: str, globs: Sequence[str]) -> str:
     return " ".join(f"{flag} {escape_name(g)!r}" for g in globs)
 
 
-def _partial(opts: Mapping, planned: Mapping, total: int) -> str:
+def _partial(opts: Mapping[str, Any], planned: Mapping[str, Any], total: int) -> str:
     """What the attested load left out, with the options that did it ("" when it served every
     tensor)."""
     parts = []
@@ -269,13 +272,13 @@ def _partial(opts: Mapping, planned: Mapping, total: int) -> str:
         why += [] if why else ["the config's skip rules"]
         parts.append(f"{skipped} of {total} tensors skipped ({'; '.join(why)})")
     if deferred:
-        why = _globs("--defer", opts["defer"]) if opts["defer"] else "the config's defer rules"
-        parts.append(f"{deferred} of {total} deferred ({why}: located, not served)")
+        left = _globs("--defer", opts["defer"]) if opts["defer"] else "the config's defer rules"
+        parts.append(f"{deferred} of {total} deferred ({left}: located, not served)")
     return ", ".join(parts)
 
 
 def _config_problem(
-    opts: Mapping, chosen: object, cfg: object, given: str | None, root: str
+    opts: Mapping[str, Any], chosen: Config, cfg: Config, given: str | None, root: str
 ) -> str:
     """Why the config resolved now does not give the attested id, worded by which part differs: the
     config itself (``--config`` picks another), or the skip/defer globs (the config is the one the
@@ -306,7 +309,7 @@ def _config_problem(
 
 
 def _signed(
-    doc: Mapping, checkpoint: str | os.PathLike, signer: signing.SignerOptions | None
+    doc: Mapping[str, Any], checkpoint: str | os.PathLike[str], signer: signing.SignerOptions | None
 ) -> tuple[signing.SignedModel | None, list[str]]:
     """The folder's model.sig checked as the load checks it (raises LoadError: a signed folder
     without a signer is refused, a bad signature named), and what differs from the attested
@@ -334,10 +337,10 @@ def _signed(
 
 
 def check(
-    path: str | os.PathLike,
-    checkpoint: str | os.PathLike,
+    path: str | os.PathLike[str],
+    checkpoint: str | os.PathLike[str],
     *,
-    key: str | os.PathLike | None = None,
+    key: str | os.PathLike[str] | None = None,
     config: str | None = None,
     require_whole: bool = False,
     signer: signing.SignerOptions | None = None,
@@ -361,7 +364,7 @@ def check(
             "signature)"
         )
     shape = _shape_problems(doc)
-    if shape:
+    if shape or not isinstance(doc, dict):  # (not a dict: a shape problem)
         problems += [f"{escape_name(path)}: not a tpload load attestation: {p}" for p in shape]
         return out
     pred = doc["predicate"]
@@ -394,7 +397,7 @@ def check(
             claimed,
             subject(
                 cat,
-                getattr(storage, "file_digests", None),
+                storage.file_digests,
                 signature=(signed.bundle.name, signed.bundle_sha256) if signed else None,
             ),
             root,

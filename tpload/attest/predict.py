@@ -30,14 +30,14 @@ def spare_threads() -> int:
 
 
 def predict(
-    root: str | os.PathLike,
+    root: str | os.PathLike[str],
     config: Config,
     layout: Layout,
     kind: str,
     *,
     verify: bool = False,
     storage: Storage | None = None,
-    windows: list[dict] | None = None,
+    windows: list[dict[str, list[int]]] | None = None,
     progress: Meter | None = None,
 ) -> list[str]:
     """Every rank's digest for this layout and kind, computed on the CPU by the load's own code.
@@ -49,13 +49,14 @@ def predict(
     tensor the rank serves (its digest's lines: verification/store.py stores them). ``progress``:
     the command's meter, one pass a rank.
     """
-    out, hashed = [], set()
+    out: list[str] = []
+    hashed: set[str] = set()
     shared = StorageSource(storage) if storage is not None else None  # one opening, every rank
     for rank in range(layout.world):
         mine_open = storage is None
         opened = (
             open_storage(root, tp=layout.tp, ep=layout.ep, rank=rank, world=layout.world)
-            if mine_open
+            if storage is None
             else storage
         )
         try:

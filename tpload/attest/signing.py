@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from types import ModuleType
 
 from ..model.errors import LoadError
 from ..model.text import escape_name, first_line
@@ -23,20 +24,21 @@ from ..verification.signing import MAX_BUNDLE_BYTES, Held
 SIGNATURE_SUFFIX = ".sig"
 
 
-def _model_signing() -> object:
+def _model_signing() -> ModuleType:
     why = signing_missing()
     if why:
         raise LoadError(why)
     import model_signing
 
-    return model_signing
+    module: ModuleType = model_signing
+    return module
 
 
-def signature_path(path: str | os.PathLike) -> Path:
+def signature_path(path: str | os.PathLike[str]) -> Path:
     return Path(str(path) + SIGNATURE_SUFFIX)
 
 
-def sign(path: Path, key: str | os.PathLike) -> Path:
+def sign(path: Path, key: str | os.PathLike[str]) -> Path:
     """Sign the attestation at ``path`` with an EC private key, the way model-signing signs a model
     (the file as a one-file model); the bundle is written beside it and renamed into place."""
     ms = _model_signing()
@@ -57,7 +59,7 @@ def sign(path: Path, key: str | os.PathLike) -> Path:
     return out
 
 
-def signature_problems(path: Path, data: bytes, key: str | os.PathLike) -> list[str]:
+def signature_problems(path: Path, data: bytes, key: str | os.PathLike[str]) -> list[str]:
     """The signature beside ``path`` checked with the public key ``key`` by model-signing (the
     bundle against the key, then the sha256 it signs against ``data``: the attestation's bytes as
     they were read): [] when it verifies, else one line saying why."""

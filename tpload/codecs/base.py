@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -72,6 +72,17 @@ def whole(meta: TensorMeta) -> Cut:
         meta.dtype,
         (meta.rows, meta.row_bytes),
     )
+
+
+_T = TypeVar("_T")
+
+
+def present(value: _T | None, what: str = "a scaled format's scale") -> _T:
+    """``value``, which the format always has where this is asked (a scaled codec's fit pairs
+    each weight with its scale; a checker's first problem is read only once it found one)."""
+    if value is None:
+        raise ValueError(f"{what} is missing (a bug in tpload)")
+    return value
 
 
 class Fit(NamedTuple):
@@ -349,10 +360,10 @@ class Codec(ABC):
     ) -> tuple[Cut, Cut | None] | str:
         """Rank ``rank`` of ``tp``'s cuts of the weight and scale, or why tp cannot cut them
         (:func:`channel_window` says how ``align``, ``units`` and ``uneven`` share the channels)."""
-        span = None
+        span: tuple[int, int] | None = None
         if split != "replicate" and tp > 1:
             n, atom = self.channels(fit, split)
-            span = channel_window(
+            window = channel_window(
                 n,
                 tp,
                 rank,
@@ -362,8 +373,9 @@ class Codec(ABC):
                 uneven=uneven,
                 what=split if atom == 1 and not align and not self.scaled else "channels",
             )
-            if isinstance(span, str):
-                return span
+            if isinstance(window, str):
+                return window
+            span = window
         return self.cuts(fit, split, span, experts)
 
     def served(
@@ -434,4 +446,5 @@ class Codec(ABC):
 
 
 def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
-    return math.prod(shape) * dtype.itemsize
+    nbytes: int = math.prod(shape) * dtype.itemsize
+    return nbytes

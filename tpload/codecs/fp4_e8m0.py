@@ -24,7 +24,7 @@ import torch
 
 from ..kernels.lazy import kernels
 from ..model.meta import TensorMeta
-from .base import Checker, Codec, Cut, Fit, Problem, cut_axis
+from .base import Checker, Codec, Cut, Fit, Problem, cut_axis, present
 from .tables import (
     DECODE_CHUNK,
     E8M0_INVALID,
@@ -44,7 +44,8 @@ OVERFLOW_FROM = 255 - math.floor(math.log2(E2M1_MAX))  # 253
 def danger_scales(scale: np.ndarray) -> np.ndarray:
     """Where an E8M0 byte could take some E2M1 code past bf16 (only there are the codes looked at);
     0xFF is not one (it is refused on its own)."""
-    return (scale >= OVERFLOW_FROM) & (scale != E8M0_INVALID[1])
+    result: np.ndarray = (scale >= OVERFLOW_FROM) & (scale != E8M0_INVALID[1])
+    return result
 
 
 def overflow_groups(
@@ -108,7 +109,7 @@ class _Check(Checker):
             )
         ]
         if self.overflow:
-            r, g, e = self.first
+            r, g, e = present(self.first, "its first problem")
             row = self.weight_cut.rows[0] + r
             col = self.weight_cut.cols[0] * 2 + g * GROUP
             out.append(
@@ -178,7 +179,7 @@ class FP4E8M0(Codec):
     def cuts(
         self, fit: Fit, split: str, span: tuple[int, int] | None, experts: tuple[int, int] | None
     ) -> tuple[Cut, Cut | None]:
-        w, s = fit.weight, fit.scale
+        w, s = fit.weight, present(fit.scale)
         if span is None:
             return cut_axis(w, None, experts=experts), cut_axis(s, None, experts=experts)
         lo, hi = span
@@ -202,7 +203,7 @@ class FP4E8M0(Codec):
         return weight.shape[-2] * weight.shape[-1] if self._blocks(fit) else weight.shape[-1]
 
     def checker(self, fit: Fit, weight: Cut, scale: Cut | None) -> Checker:
-        return _Check(weight, scale)
+        return _Check(weight, present(scale, "a scaled format's scale cut"))
 
     def decode(
         self,
@@ -236,12 +237,12 @@ class FP4E8M0(Codec):
         scale2: np.ndarray | None = None,
     ) -> None:
         """numpy: the E2M1 table times the E8M0 power of two in fp32, rounded once to bf16."""
-        b = weight.view(np.uint8)
+        b: np.ndarray = weight.view(np.uint8)
         codes = np.empty((b.shape[0], b.shape[1] * 2), dtype=np.uint8)
         codes[:, 0::2], codes[:, 1::2] = b & 0x0F, b >> 4
         with np.errstate(over="ignore"):
             values = e2m1_values()[codes] * np.repeat(
-                e8m0_values(scale.view(np.uint8)), GROUP, axis=1
+                e8m0_values(present(scale).view(np.uint8)), GROUP, axis=1
             )
         out.view(torch.int16).copy_(torch.from_numpy(round_bf16(values).view(np.int16)))
 

@@ -19,7 +19,7 @@ import torch
 
 from ..kernels.lazy import kernels
 from ..model.meta import TensorMeta
-from .base import Checker, Codec, Cut, Fit, Problem, Windows, cut_axis, meets, whole
+from .base import Checker, Codec, Cut, Fit, Problem, Windows, cut_axis, meets, present, whole
 from .tables import (
     DECODE_CHUNK,
     E4M3_NAN,
@@ -45,12 +45,15 @@ def scale_values(view: np.ndarray, dtype: str) -> np.ndarray:
     losslessly)."""
     raw = np.ascontiguousarray(view)
     if dtype == "F32":
-        return raw.view(np.float32)
+        result: np.ndarray = raw.view(np.float32)
+        return result
     if dtype == "F16":
-        return raw.view(np.float16).astype(np.float32)
-    return (raw.view(np.uint16).astype(np.uint32) << 16).view(
+        result = raw.view(np.float16).astype(np.float32)
+        return result
+    result = (raw.view(np.uint16).astype(np.uint32) << 16).view(
         np.float32
     )  # BF16: the top half of an fp32
+    return result
 
 
 def scale_torch(scale: torch.Tensor, dtype: str) -> torch.Tensor:
@@ -66,23 +69,28 @@ def as_scale(raw: np.ndarray, dtype: str) -> np.ndarray:
     """Stored scale bytes as the value rules read them: float32 values, or E8M0 exponent bytes."""
     if dtype in VALUE_SCALES:
         return scale_values(raw, dtype)
-    return np.asarray(raw).view(np.uint8)
+    result: np.ndarray = np.asarray(raw).view(np.uint8)
+    return result
 
 
 def bad_scales(scale: np.ndarray) -> np.ndarray:
     """Where a scale is refused: a value not finite and positive, or an E8M0 byte 0x00/0xFF (the
     serving kernels assume 1..254)."""
     if scale.dtype == np.float32:
-        return ~np.isfinite(scale) | (scale <= 0)
-    return (scale == E8M0_INVALID[0]) | (scale == E8M0_INVALID[1])
+        result: np.ndarray = ~np.isfinite(scale) | (scale <= 0)
+        return result
+    result = (scale == E8M0_INVALID[0]) | (scale == E8M0_INVALID[1])
+    return result
 
 
 def danger_scales(scale: np.ndarray) -> np.ndarray:
     """Where a scale could take some E4M3 code past bf16 (only there are the codes looked at); a
     refused scale is not one (it is counted on its own)."""
     if scale.dtype == np.float32:
-        return np.abs(scale) >= DANGER_F32
-    return (scale >= DANGER_E8M0) & (scale != E8M0_INVALID[1])
+        result: np.ndarray = np.abs(scale) >= DANGER_F32
+        return result
+    result = (scale >= DANGER_E8M0) & (scale != E8M0_INVALID[1])
+    return result
 
 
 def infer_block(w: TensorMeta, s: TensorMeta, insist: int = 0) -> int | str:
@@ -191,7 +199,7 @@ class _Check(Checker):
             (self.nan, "E4M3 NaN codes 0x7F/0xFF", self.weight_cut.name),
         ]
         if self.overflow:
-            r, c = self.first
+            r, c = present(self.first, "its first problem")
             row, col = self.weight_cut.rows[0] + r, self.weight_cut.cols[0] + c * self.block
             end = min(
                 col + self.block, self.weight_cut.cols[1]
@@ -246,7 +254,7 @@ class FP8Block(Codec):
     def cuts(
         self, fit: Fit, split: str, span: tuple[int, int] | None, experts: tuple[int, int] | None
     ) -> tuple[Cut, Cut | None]:
-        w, s, b = fit.weight, fit.scale, fit.group[0]
+        w, s, b = fit.weight, present(fit.scale), fit.group[0]
         if span is None:
             return whole(w), whole(s)
         lo, hi = span
@@ -256,13 +264,13 @@ class FP8Block(Codec):
     def clean(self, fit: Fit, scales: Windows, weights: Windows) -> bool:
         """No refused scale, no scale that could take a code past bf16 (the overflow check's
         trigger), no NaN code, in any of the windows: _Check's rules, over all windows at once."""
-        scale = as_scale(scales.gathered(), fit.scale.dtype)
+        scale = as_scale(scales.gathered(), present(fit.scale).dtype)
         if bad_scales(scale).any() or danger_scales(scale).any():
             return False
         return weights.count_either(*E4M3_NAN) == 0
 
     def checker(self, fit: Fit, weight: Cut, scale: Cut | None) -> Checker:
-        return _Check(weight, scale, fit.group[0])
+        return _Check(weight, present(scale, "a scaled format's scale cut"), fit.group[0])
 
     def decode(
         self,
@@ -277,7 +285,7 @@ class FP8Block(Codec):
         host arrays with E8M0 scales by the compiled kernel, everything else by torch ops."""
         block = fit.group[0]
         if isinstance(weight, np.ndarray):
-            if fit.scale.dtype not in VALUE_SCALES:
+            if present(fit.scale).dtype not in VALUE_SCALES:
                 table = scaled_table("fp8").numpy()
                 kernels.decode_fp8(
                     weight.view(np.uint8),
@@ -291,7 +299,7 @@ class FP8Block(Codec):
                 torch.from_numpy(np.ascontiguousarray(weight)),
                 torch.from_numpy(np.ascontiguousarray(scale)),
             )
-        decode_torch(weight, scale_torch(scale, fit.scale.dtype), out, block=block)
+        decode_torch(weight, scale_torch(scale, present(fit.scale).dtype), out, block=block)
 
     def reference(
         self,
@@ -307,8 +315,8 @@ class FP8Block(Codec):
         b = fit.group[0]
         n, k = weight.shape
         s = (
-            scale_values(scale, fit.scale.dtype)
-            if fit.scale.dtype in VALUE_SCALES
+            scale_values(present(scale), present(fit.scale).dtype)
+            if present(fit.scale).dtype in VALUE_SCALES
             else e8m0_values(np.ascontiguousarray(scale).view(np.uint8))
         )
         full = np.repeat(np.repeat(s, b, axis=0), b, axis=1)[:n, :k]

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ..model.meta import TensorMeta
-from .base import Checker, Codec, Cut, Fit, Problem, cut_axis
+from .base import Checker, Codec, Cut, Fit, Problem, cut_axis, present
 
 BLOCKS: dict[str, tuple[int, int]] = {
     "Q8_0": (32, 34),
@@ -78,7 +78,7 @@ class _Check(Checker):
     def problems(self) -> list[Problem]:
         if not self.bad:
             return []
-        r, b = self.first
+        r, b = present(self.first, "its first problem")
         row = self.cut.rows[0] + r
         block = self.cut.cols[0] // self.size + b
         return [

@@ -25,7 +25,7 @@ import torch
 
 from ..kernels.lazy import kernels
 from ..model.meta import TensorMeta
-from .base import Checker, Codec, Cut, Fit, Problem, cut_axis, whole
+from .base import Checker, Codec, Cut, Fit, Problem, cut_axis, present, whole
 from .fp4_e8m0 import decode_torch
 from .tables import E4M3_NAN, e2m1_values, e4m3_values, round_bf16
 
@@ -161,7 +161,7 @@ class NVFP4(Codec):
     def cuts(
         self, fit: Fit, split: str, span: tuple[int, int] | None, experts: tuple[int, int] | None
     ) -> tuple[Cut, Cut | None]:
-        w, s = fit.weight, fit.scale
+        w, s = fit.weight, present(fit.scale)
         if span is None:
             return whole(w), whole(s)
         lo, hi = span
@@ -173,7 +173,11 @@ class NVFP4(Codec):
         return weight.shape[0], weight.shape[1] * 2
 
     def checker(self, fit: Fit, weight: Cut, scale: Cut | None) -> Checker:
-        return _Check(weight, scale, fit.scale2.name)
+        return _Check(
+            weight,
+            present(scale, "a scaled format's scale cut"),
+            present(fit.scale2, "NVFP4's global scale").name,
+        )
 
     def decode(
         self,
@@ -187,7 +191,7 @@ class NVFP4(Codec):
         """Packed ``[n, K/2]`` with E4M3 ``[n, K/16]`` into bf16 ``out [n, K]``; ``scale2``: the
         global scale's stored bytes (host). One table lookup per packed byte, the table built for
         this global scale (the compiled kernel for host arrays, torch on a device)."""
-        value = global_scale(scale2)
+        value = global_scale(present(scale2, "NVFP4's global scale"))
         if isinstance(weight, np.ndarray):
             kernels.decode_fp4(
                 weight.view(np.uint8),
@@ -199,7 +203,7 @@ class NVFP4(Codec):
             return
         decode_torch(
             weight,
-            scale.view(torch.uint8),
+            present(scale).view(torch.uint8),
             out,
             table=decode_table(value, weight.device),
             group=GROUP,
@@ -216,13 +220,13 @@ class NVFP4(Codec):
     ) -> None:
         """numpy, element by element: E2M1 value times the E4M3 scale's value (both from their bits)
         in fp32, times the global scale in fp32, rounded once to bf16."""
-        b = weight.view(np.uint8)
+        b: np.ndarray = weight.view(np.uint8)
         codes = np.empty((b.shape[0], b.shape[1] * 2), dtype=np.uint8)
         codes[:, 0::2], codes[:, 1::2] = b & 0x0F, b >> 4
         s = np.repeat(e4m3_values()[np.ascontiguousarray(scale).view(np.uint8)], GROUP, axis=1)
         with np.errstate(over="ignore", invalid="ignore"):
             values = (e2m1_values()[codes] * s).astype(np.float32) * np.float32(
-                global_scale(scale2)
+                global_scale(present(scale2, "NVFP4's global scale"))
             )
         out.view(torch.int16).copy_(torch.from_numpy(round_bf16(values).view(np.int16)))
 

@@ -133,12 +133,16 @@ def _values(view: np.ndarray, dtype: str) -> np.ndarray:
     """Stored bytes (2-D) of a plain dtype as numbers (BF16 and F16 widened exactly to fp32)."""
     raw = np.ascontiguousarray(view)
     if dtype == "I64":
-        return raw.view(np.int64)
+        result: np.ndarray = raw.view(np.int64)
+        return result
     if dtype == "F32":
-        return raw.view(np.float32)
+        result = raw.view(np.float32)
+        return result
     if dtype == "F16":
-        return raw.view(np.float16).astype(np.float32)
-    return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)  # BF16: fp32's top half
+        result = raw.view(np.float16).astype(np.float32)
+        return result
+    result = (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)  # BF16: fp32's top half
+    return result
 
 
 PLAIN = Plain()

@@ -29,6 +29,17 @@ def roles() -> tuple[str, ...]:
     return tuple(_registry())
 
 
+def by_role() -> dict[str, Codec]:
+    """Every codec by the role that names it (a new dict: the caller's to keep)."""
+    return dict(_registry())
+
+
+@functools.cache
+def scaled_roles() -> frozenset[str]:
+    """The roles whose codec reads a scale beside the weight."""
+    return frozenset(role for role, codec in _registry().items() if codec.scaled)
+
+
 def served_dtypes() -> tuple[str, ...]:
     """Every stored dtype some codec serves, for messages."""
     return tuple(SERVED)

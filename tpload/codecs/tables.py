@@ -129,7 +129,8 @@ def round_bf16(values: np.ndarray) -> np.ndarray:
     nan = (bits & 0x7FFFFFFF) > 0x7F800000
     out = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
     out[nan] = (bits[nan] >> 16).astype(np.uint16) | 0x40  # keep NaN a NaN
-    return out
+    result: np.ndarray = out
+    return result
 
 
 def e4m3_values() -> np.ndarray:
@@ -140,13 +141,16 @@ def e4m3_values() -> np.ndarray:
     value = np.where(exp == 0, man / 8.0 * 2.0**-6, (1 + man / 8.0) * 2.0 ** (exp - 7.0))
     value = (sign * value).astype(np.float32)
     value[(codes & 0x7F) == 0x7F] = np.nan
-    return value
+    result: np.ndarray = value
+    return result
 
 
 def e2m1_values() -> np.ndarray:
-    return np.array(E2M1_VALUES, dtype=np.float32)
+    result: np.ndarray = np.array(E2M1_VALUES, dtype=np.float32)
+    return result
 
 
 def e8m0_values(scale: np.ndarray) -> np.ndarray:
     """E8M0 bytes -> float32 powers of two, from the bits: numpy only."""
-    return (scale.astype(np.uint32) << 23).view(np.float32)
+    result: np.ndarray = (scale.astype(np.uint32) << 23).view(np.float32)
+    return result

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -37,6 +38,7 @@ from ..model.text import escape_name, rank_ranges
 from ..verification.terms import FIELDS, SHOWN_BYTES, Terms, shown_bytes
 from . import versions
 from .exchange import handshake
+from .world import DistContext
 
 log = logging.getLogger("tpload")
 
@@ -45,10 +47,20 @@ HEAD = HEADER + 2  # then the call's sequence number, the rank's status
 WORDS = HEAD + len(FIELDS) + len(FIELDS) * SHOWN_BYTES // 8
 
 
+class Status(Protocol):
+    """What the handshake reads and writes of a rank's row (report/figures.py's RankFigures)."""
+
+    failed: int
+    """How this rank failed before the handshake (0: it did not)."""
+    message: str
+    agreed: str
+    """The terms' hex this rank agreed to (set when the handshake passes)."""
+
+
 def row(seq: int, status: int, terms: Terms | None) -> torch.Tensor:
     """This rank's handshake row: the header, the call, its status, and (when it got that far)
     its terms."""
-    out = np.zeros(WORDS, dtype=np.int64)
+    out: np.ndarray = np.zeros(WORDS, dtype=np.int64)
     out[:HEAD] = versions.MAGIC, versions.FORMAT, WORDS, seq, status
     if terms is not None:
         out[HEAD : HEAD + len(FIELDS)] = terms.hashes()
@@ -142,7 +154,7 @@ class Handshake:
         self.before = ""
         """This rank's own failure before the handshake (its message), if any."""
 
-    def meet(self, fig: object, ctx: object, terms: Terms | None) -> None:
+    def meet(self, fig: Status, ctx: DistContext, terms: Terms | None) -> None:
         """Meet the other ranks with ``fig``'s status and ``terms`` (None: this rank failed before
         it). Returns when every rank may copy; raises StoodDown when another rank failed first,
         LoadError naming the first difference, or LoadError when the group is lost."""
@@ -157,11 +169,11 @@ class Handshake:
         except LoadError as e:
             self.lost = e
             raise
-        other = foreign(table, getattr(ctx, "rank", 0))
+        other = foreign(table, ctx.rank)
         if other is not None:  # another tpload's row: no exchange may follow (its row may not fit)
             self.lost = other
             raise other
-        if not failed:
+        if not failed and terms is not None:  # (not failed: it has its terms)
             decide(table)
             fig.agreed = terms.hex()
 
@@ -170,7 +182,7 @@ class Handshake:
         this handshake nor the exchange; :meth:`raise_lost` raises ``e``."""
         self.met, self.lost = True, e
 
-    def unmet(self, fig: object, ctx: object) -> None:
+    def unmet(self, fig: Status, ctx: DistContext) -> None:
         """Meet it now if this rank failed before it (its status goes to its peers); a group lost
         there is kept for :meth:`raise_lost`."""
         if not self.met:

@@ -166,11 +166,14 @@ class Flags:
 
     def first(self, ranks: list[int]) -> tuple[int, str] | None:
         """The first of ``ranks`` that left a value, and the value (None: none did)."""
-        for r in ranks if self.store is not None else []:
+        store = self.store
+        if store is None:
+            return None
+        for r in ranks:
             key = f"{self.prefix}/{r}"
             try:
-                if self.store.check([key]):
-                    return r, self.store.get(key).decode(errors="replace")
+                if store.check([key]):
+                    return r, store.get(key).decode(errors="replace")
             except (RuntimeError, OSError):
                 self.store = None
                 return None
@@ -252,4 +255,5 @@ def agree(failure: str, ctx: DistContext, *, seq: int, timeout_s: float, step: s
     raw = failure.encode()[:AGREE_BYTES].decode(errors="ignore").encode() if ctx.rank == 0 else b""
     words = torch.from_numpy(np.frombuffer(raw.ljust(AGREE_BYTES, b"\0"), dtype="<i8").copy())
     table = _all_rows(words, ctx, seq=seq, timeout_s=timeout_s, step=step, mark="attested")
-    return table[0].numpy().astype("<i8").tobytes().rstrip(b"\0").decode(errors="replace")
+    said: str = table[0].numpy().astype("<i8").tobytes().rstrip(b"\0").decode(errors="replace")
+    return said

@@ -1,11 +1,12 @@
 """Where the ranks of a load with replicas stand: rank ``r`` is replica ``r // (tp*ep)`` at position
 ``r % (tp*ep)``, or where the caller's ``replica_group`` puts it (:class:`Placement`), and every
-rank at a position has the same plan (:class:`PositionPlanner`). The transfers themselves:
-sources/replicas.py."""
+rank at a position has the same plan (:func:`position`: the planner plans a position, the load asks
+it for each rank's). The transfers themselves: sources/replicas.py."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 
@@ -68,53 +69,51 @@ class Placement:
         return self.groups[position][replica]
 
 
-def count(opts: object) -> int:
+class Replicas(Protocol):
+    """What placing the ranks reads of the options (options/load_options.py's LoadOptions)."""
+
+    @property
+    def replicas(self) -> int: ...
+
+    @property
+    def replica_group(self) -> Sequence[Sequence[int]] | None: ...
+
+
+def count(opts: Replicas) -> int:
     """The number of replicas the options ask for (``replica_group``: the groups' size)."""
-    groups = getattr(opts, "replica_group", None)
-    return len(groups[0]) if groups else getattr(opts, "replicas", 1)
+    groups = opts.replica_group
+    return len(groups[0]) if groups else opts.replicas
 
 
-def placement(opts: object, world: int) -> Placement | None:
+def placement(opts: Replicas, world: int) -> Placement | None:
     """Where each rank stands (None without replicas)."""
-    groups, n = getattr(opts, "replica_group", None), count(opts)
+    groups, n = opts.replica_group, count(opts)
     if n <= 1:
         return None
     return Placement(groups) if groups else Placement.in_order(n, world // n)
 
 
-class PositionPlanner:
-    """A planner that plans each rank of the group as its position in its replica."""
-
-    def __init__(
-        self, planner: object, replicas: int, groups: Sequence[Sequence[int]] | None = None
-    ) -> None:
-        self._inner, self.replicas, self.groups = planner, replicas, groups
-        self._at = Placement(groups) if groups else None
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._inner, name)
-
-    def check_layout(self, layout: object, world: int) -> None:
-        check_world(world, self.replicas, layout.tp, layout.ep, self.groups)
-        self._inner.check_layout(layout, world // self.replicas)
-
-    def plan(self, layout: object, kind: str, rank: int) -> object:
-        position = self._at.where(rank)[1] if self._at else rank % layout.world
-        return self._inner.plan(layout, kind, position)
-
-    def position_plan(self, layout: object, kind: str, position: int) -> object:
-        return self._inner.plan(layout, kind, position)
-
-    def device_bytes(self, device: torch.device) -> int:
-        """Device memory the replicas' wire holds beyond the plan (the out-of-memory pre-flight
-        counts it): on a GPU, a send and a receive ring of the largest piece; counted for any CUDA
-        load with replicas, an upper bound for one whose group turns out to have no NCCL."""
-        if device.type != "cuda":
-            return 0
-        return 2 * RING * max(CUDA_CHUNK_BYTES, CHUNK_BYTES)
+def position(at: Placement | None, rank: int) -> int:
+    """The position ``rank`` is planned as: its place in its replica (``at``: where the ranks
+    stand), or the rank itself without replicas. Every rank at a position has the same plan."""
+    return at.where(rank)[1] if at is not None else rank
 
 
-def positions(planner: object, opts: object) -> object:
-    """``planner`` itself without replicas; else one that plans ranks by their position."""
+def planned_world(opts: Replicas, world: int, tp: int, ep: int) -> int:
+    """The ranks one replica's layout spans: ``world`` without replicas; with them, a group of
+    ``replicas x tp x ep`` ranks (refused in one line naming the sizes otherwise) spans
+    ``world // replicas``."""
     n = count(opts)
-    return planner if n <= 1 else PositionPlanner(planner, n, getattr(opts, "replica_group", None))
+    if n <= 1:
+        return world
+    check_world(world, n, tp, ep, opts.replica_group)
+    return world // n
+
+
+def wire_device_bytes(device: torch.device) -> int:
+    """Device memory the replicas' wire holds beyond the plan (the out-of-memory pre-flight counts
+    it): on a GPU, a send and a receive ring of the largest piece; counted for any CUDA load with
+    replicas, an upper bound for one whose group turns out to have no NCCL."""
+    if device.type != "cuda":
+        return 0
+    return 2 * RING * max(CUDA_CHUNK_BYTES, CHUNK_BYTES)

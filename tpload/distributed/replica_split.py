@@ -16,6 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..planning.batches import PlanRuns
+from ..planning.entries import Entries
+from ..planning.planner import RankPlan
+from ..storage.base import Storage
 
 Run = tuple[Sequence[str], int, "tuple[str, int] | None"]
 """A run of a position's plan: its tensor names, its window bytes, and its batch key (None: one
@@ -49,14 +52,14 @@ class Names:
     """Every stored tensor a plan can read, numbered: entry ``k``'s weight is ``k``, its scales
     follow (one table for all the positions' plans, which share their entries)."""
 
-    def __init__(self, entries: object) -> None:
+    def __init__(self, entries: Entries) -> None:
         self.names: list[str] = list(entries.names)
         ids = {n: k for k, n in enumerate(self.names)}
         self.scale = self._ids(entries.scales, ids)
         self.scale2 = self._ids(entries.scales2, ids)
 
     def _ids(self, column: Sequence[str | None], ids: dict[str, int]) -> np.ndarray:
-        out = np.full(len(column), -1, dtype=np.int64)
+        out: np.ndarray = np.full(len(column), -1, dtype=np.int64)
         for k, n in enumerate(column):
             if n:
                 if n not in ids:
@@ -65,7 +68,7 @@ class Names:
                 out[k] = ids[n]
         return out
 
-    def runs(self, plan: object, storage: object | None) -> Runs:
+    def runs(self, plan: RankPlan, storage: Storage | None) -> Runs:
         """``plan``'s runs as the copy loop makes them (loading/loop.py, planning/batches.py); with
         no ``storage``, each item a run of its own (``tpload plan``: batches are the load's)."""
         index, klass = plan.index, plan.klass
@@ -82,22 +85,24 @@ class Names:
         starts, batches = self._batches(plan, storage) if storage is not None else (None, {})
         if starts is None:
             return Runs(ids, item_bounds, item_bytes, {})
-        ends = np.append(starts[1:], len(index))
+        ends: np.ndarray = np.append(starts[1:], len(index))
         sums = np.concatenate([[0], np.cumsum(item_bytes)])
         return Runs(
             ids, item_bounds[np.append(starts, len(index))], sums[ends] - sums[starts], batches
         )
 
     @staticmethod
-    def _batches(plan: object, storage: object) -> tuple[np.ndarray, dict[int, tuple[str, int]]]:
+    def _batches(plan: RankPlan, storage: Storage) -> tuple[np.ndarray, dict[int, tuple[str, int]]]:
         """Each run's first item, and each batch's key by run (its file and first byte), as the
         copy loop's PlanRuns makes them."""
+        # the storages replicas share (storage/sharded.py) have spans (storage/base.py's
+        # StorageBase); the Storage protocol names it once refresh's storages take that base
         runs = PlanRuns(plan, plan.kind, storage)  # type: ignore[arg-type]
         keys: dict[int, tuple[str, int]] = {}
         for r, (i, j, batched) in enumerate(runs.runs):
             if batched:  # a batch, a small item alone included: one read, keyed by its start
                 p, q = runs.pieces(i, j)
-                path = storage.stored(runs.names[p]).path  # type: ignore[attr-defined]
+                path = storage.stored(runs.names[p]).path
                 keys[r] = (str(path), int(runs.spans.offset[p:q].min()))
         return np.array([i for i, _, _ in runs.runs], dtype=np.int64), keys
 
@@ -160,7 +165,7 @@ def split_runs(
     """
     size = max((int(p.ids.max()) + 1 for p in positions if len(p.ids)), default=0)
     unit = units[:size] if units is not None else np.arange(size)
-    fixed = np.full(int(unit.max()) + 1 if size else 0, -1, dtype=np.int64)
+    fixed: np.ndarray = np.full(int(unit.max()) + 1 if size else 0, -1, dtype=np.int64)
     load = [0] * replicas
     out = []
     for p in positions:
@@ -207,7 +212,7 @@ def split(
     return split_runs(columns, replicas, names, units)
 
 
-def shares(plans: Sequence[object], replicas: int) -> list[list[int]]:
+def shares(plans: Sequence[RankPlan], replicas: int) -> list[list[int]]:
     """Window bytes each replica reads at each position (``plans``: one per position), split as the
     load splits its runs (each item a run here: batches of small items are the load's)."""
     if not plans:
@@ -217,7 +222,7 @@ def shares(plans: Sequence[object], replicas: int) -> list[list[int]]:
     return [pos.shares() for pos in split_runs(positions, replicas, names.names)]
 
 
-def plan_lines(plans: Sequence[object], replicas: int, per_node: int) -> list[str]:
+def plan_lines(plans: Sequence[RankPlan], replicas: int, per_node: int) -> list[str]:
     """``tpload plan --replicas R``: storage bytes and interconnect bytes (in and out, between
     nodes) per node, with ranks placed node by node (rank r: replica r // len(plans), position r %
     len(plans))."""
@@ -252,9 +257,10 @@ def plan_lines(plans: Sequence[object], replicas: int, per_node: int) -> list[st
     return lines
 
 
-def file_units(names: Sequence[str], storage: object) -> np.ndarray:
+def file_units(names: Sequence[str], storage: Storage) -> np.ndarray:
     """Each tensor's file, numbered: the unit of anchors that vouch for whole files."""
     seen: dict[object, int] = {}
-    return np.fromiter(
-        (seen.setdefault(storage.info(n).path, len(seen)) for n in names), np.int64, len(names)
+    units: np.ndarray = np.fromiter(
+        (seen.setdefault(storage.stored(n).path, len(seen)) for n in names), np.int64, len(names)
     )
+    return units

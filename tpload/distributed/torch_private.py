@@ -72,7 +72,7 @@ def empty_host_cache(c: Any = None) -> bool:
     return True
 
 
-def torch_function_off(c: Any = None) -> contextlib.AbstractContextManager:
+def torch_function_off(c: Any = None) -> contextlib.AbstractContextManager[None]:
     """A context in which tensor subclasses' ``__torch_function__`` is off, so a subclass can run
     torch's own op on itself (``torch._C.DisableTorchFunctionSubclass``, as torch's own
     ``Tensor.__torch_function__`` does).
@@ -85,7 +85,8 @@ def torch_function_off(c: Any = None) -> contextlib.AbstractContextManager:
     for name in ("DisableTorchFunctionSubclass", "DisableTorchFunction"):
         off = getattr(c, name, None)
         if off is not None:
-            return off()
+            entered: contextlib.AbstractContextManager[None] = off()
+            return entered
     raise RuntimeError(
         f"torch {getattr(torch, '__version__', '?')} has neither DisableTorchFunctionSubclass nor "
         "DisableTorchFunction: tpload's hand-off windows cannot run torch's ops on themselves"
@@ -99,12 +100,14 @@ def tree_leaves(tree: Any, pytree: Any = None) -> list[Any]:
     """
     if pytree is None:
         try:
-            import torch.utils._pytree as pytree
+            import torch.utils._pytree as torch_pytree
         except ImportError:
-            pytree = None
+            torch_pytree = None
+        pytree = torch_pytree
     leaves = getattr(pytree, "tree_leaves", None)
     if leaves is not None:
-        return leaves(tree)
+        found: list[Any] = leaves(tree)
+        return found
     out: list[Any] = []
     stack = [tree]
     while stack:

@@ -31,6 +31,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from .world import DistContext
+
 
 def device_wire(backend: str, device: torch.device, *, shared_device: bool = False) -> bool:
     """Whether messages go as device tensors over the load's group: a CUDA load whose group's
@@ -51,13 +53,12 @@ class Wire:
     staged: bool = False
 
     @classmethod
-    def of(cls, ctx: object) -> Wire:
+    def of(cls, ctx: DistContext) -> Wire:
         """The load's wire: its device over its group when that has NCCL, else host tensors over
         its CPU group."""
         # only a CUDA load asks its group's backend (a CPU load's group may be any object)
-        shared = getattr(ctx, "shared_device", False)
         if ctx.device.type == "cuda" and device_wire(
-            dist.get_backend(ctx.group), ctx.device, shared_device=shared
+            dist.get_backend(ctx.group), ctx.device, shared_device=ctx.shared_device
         ):
             return cls(ctx.group, ctx.device, staged=True)
         return cls(ctx.cpu_group, torch.device("cpu"))
@@ -71,7 +72,8 @@ class Wire:
     def host(self, nbytes: int) -> np.ndarray:
         """A host buffer of the ring (pinned beside a CUDA wire, so its copies run at full rate)."""
         pinned = self.staged and self.device.type == "cuda"
-        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned).numpy()
+        host: np.ndarray = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned).numpy()
+        return host
 
     def buffer(self, host: np.ndarray) -> torch.Tensor:
         """The wire buffer beside ``host``: ``host`` itself on the CPU, else device memory of its

@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any  # JSON rows and an engine's extra config
 
 import psutil
 import torch
@@ -22,10 +23,12 @@ import torch.distributed as dist
 import tpload
 
 from ..loading.pick import model_config
+from ..loading.shards import RankShards
 from ..model.errors import LoadError, OptionsError
 from ..model.text import escape_name
 from ..options.load_options import LoadOptions
 from ..report.memory import MemoryPeaks
+from ..report.render import LoadReport
 from ..selection.kvscales import census
 from ..storage.files import atomic_write
 from .gguf_names import GGUFHandoff, is_gguf
@@ -68,7 +71,7 @@ def load_options(
     world: int,
     engine_device: torch.device,
     skips: Sequence[Skip] = (),
-) -> dict:
+) -> dict[str, Any]:
     """tpload's load() keywords from an engine's extra config: the keys in OPTIONS, checked as
     ``load()`` checks its keywords (one OptionsError naming every bad key), plus what the engine
     fixes (stored bytes, tp = its TP size, the declared ``skips`` it never loads left unread).
@@ -112,7 +115,7 @@ class EngineLoad:
         self,
         engine: str,
         checkpoint: str,
-        extra: dict,
+        extra: dict[str, Any],
         *,
         group: dist.ProcessGroup,
         cpu_group: dist.ProcessGroup,
@@ -192,8 +195,8 @@ class EngineLoad:
 
     def _hand_off(
         self,
-        shards: object,
-        load_weights: Callable,
+        shards: RankShards,
+        load_weights: Callable[[Weights], Iterable[str] | None],
         expected: set[str] | None,
         skips: Sequence[Skip],
         gguf_names: Callable[[], Mapping[str, str]] | None = None,
@@ -201,6 +204,7 @@ class EngineLoad:
         """The windows into the engine's loaders: (why not, or "", tensors taken, {declared skip's
         glob: the handed tensors it excused from being read})."""
         state = shards.state_dict()
+        handoff: Handoff
         if gguf_names is not None and is_gguf(shards.plan.items):
             try:  # the engine's GGUF names (gguf_names.py); an unnamed tensor is refused here
                 handoff = GGUFHandoff(state, shards.plan.items, rank=self.rank, names=gguf_names())
@@ -220,7 +224,7 @@ class EngineLoad:
             # hand them so
             rename = census(state).engine_names() if self.engine == "vllm" else None
             handoff = Handoff(state, shards.plan.items, rank=self.rank, rename=rename)
-        taken = lambda: sum(h.taken for h in handoff.handed.values())  # noqa: E731
+        taken: Callable[[], int] = lambda: sum(h.taken for h in handoff.handed.values())  # noqa: E731
         try:
             loaded = load_weights(handoff.tensors())
         except LoadError as e:
@@ -252,13 +256,18 @@ class EngineLoad:
             problems.append(unconsumed_message(unread, self.engine))
         return "; ".join(problems), taken(), excused
 
-    def _gather(self, mine: dict) -> list[dict]:
-        rows: list[dict | None] = [None] * self.world
+    def _gather(self, mine: dict[str, Any]) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any] | None] = [None] * self.world
         dist.all_gather_object(rows, mine, group=self.cpu_group)
         return [r for r in rows if r is not None]
 
     def _say(
-        self, report: object, everyone: list[dict], skipped: list[dict], *, load_s: float
+        self,
+        report: LoadReport,
+        everyone: list[dict[str, Any]],
+        skipped: list[dict[str, Any]],
+        *,
+        load_s: float,
     ) -> None:
         """TP rank 0 logs the figures through the engine's logger, and what the engine skipped on
         purpose."""
@@ -288,7 +297,13 @@ class EngineLoad:
         )
 
     def _write_report(
-        self, path: str, report: object, everyone: list[dict], skipped: list[dict], *, load_s: float
+        self,
+        path: str,
+        report: LoadReport,
+        everyone: list[dict[str, Any]],
+        skipped: list[dict[str, Any]],
+        *,
+        load_s: float,
     ) -> None:
         """The load's JSON report with the hand-off's figures under ``engine`` (a failed write is a
         warning, as for a plain load: the weights are not at stake)."""
@@ -307,7 +322,7 @@ class EngineLoad:
             )
 
 
-def _skipped(skips: Sequence[Skip], everyone: list[dict]) -> list[dict]:
+def _skipped(skips: Sequence[Skip], everyone: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The report's list of declared skips: glob, reason, whether tpload read them, and the handed
     tensors each excused on some rank (never-read ones are not handed: the load's skip covers
     them)."""
@@ -318,7 +333,7 @@ def _skipped(skips: Sequence[Skip], everyone: list[dict]) -> list[dict]:
     return out
 
 
-def _model_config(checkpoint: str) -> dict:
+def _model_config(checkpoint: str) -> dict[str, Any]:
     """config.json, or {} when there is none or it is unreadable (the load itself then says why)."""
     try:
         return model_config(Path(checkpoint)) or {}

@@ -33,12 +33,15 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any  # transformers' config and model: not read here
 
 import torch
 
 from ..model.errors import LoadError
 from ..model.templates import natural_key
+from ..planning.items import Item
 from ..storage.gguf import TYPES, gguf_files, read_set
+from ..storage.safetensors import TensorInfo
 from .handed import HandoffError
 from .handoff import Handoff
 from .skips import Skip
@@ -154,10 +157,11 @@ def _gguf_lookup(arch: str, layers: int) -> Callable[[str], str | None]:
     key = next((k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch), None)
     if key is None:
         raise GGUFNameError(f"GGUF hand-off: gguf knows no architecture {arch!r}")
-    return gguf.get_tensor_name_map(key, layers).get_name
+    name_of: Callable[[str], str | None] = gguf.get_tensor_name_map(key, layers).get_name
+    return name_of
 
 
-def hf_state_names(hf_config: object, *, trust_remote_code: bool = False) -> list[str]:
+def hf_state_names(hf_config: Any, *, trust_remote_code: bool = False) -> list[str]:
     """The state-dict names transformers' model for ``hf_config`` has (built on the meta device, no
     memory), with its ``_checkpoint_conversion_mapping`` undone, as vLLM reads them."""
     from transformers import AutoModelForCausalLM
@@ -180,7 +184,7 @@ def hf_state_names(hf_config: object, *, trust_remote_code: bool = False) -> lis
     return out
 
 
-def vllm_weights_map(hf_config: object, *, trust_remote_code: bool = False) -> dict[str, str]:
+def vllm_weights_map(hf_config: Any, *, trust_remote_code: bool = False) -> dict[str, str]:
     """{GGUF name: HF name} for vLLM's model built from ``hf_config`` (its ``hf_config``)."""
     text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
     return weights_map(
@@ -190,9 +194,9 @@ def vllm_weights_map(hf_config: object, *, trust_remote_code: bool = False) -> d
     )
 
 
-def is_gguf(plan_items: Sequence) -> bool:
+def is_gguf(plan_items: Sequence[Item]) -> bool:
     """Whether the plan's tensors come from a GGUF set."""
-    return any(str(getattr(i.fit.weight, "file", "")).endswith(".gguf") for i in plan_items)
+    return any(i.fit.weight.file.endswith(".gguf") for i in plan_items)
 
 
 # Tensors llama.cpp writes that no vLLM parameter takes (vLLM computes them): skipped, not refused.
@@ -209,7 +213,7 @@ class GGUFHandoff(Handoff):
     def __init__(
         self,
         state: Mapping[str, torch.Tensor],
-        plan_items: Sequence,
+        plan_items: Sequence[Item],
         *,
         rank: int,
         names: Mapping[str, str],
@@ -218,7 +222,11 @@ class GGUFHandoff(Handoff):
         # gguf's reader yields a file's tensors in header order; writers lay the data out in that
         # order
         self.cuts.sort(
-            key=lambda cm: (natural_key(cm[1].file), getattr(cm[1], "begin", 0), cm[0].name)
+            key=lambda cm: (
+                natural_key(cm[1].file),
+                cm[1].begin if isinstance(cm[1], TensorInfo) else 0,  # its first byte in the file
+                cm[0].name,
+            )
         )
         self.names = dict(names)
         self.computed = [

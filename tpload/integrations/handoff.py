@@ -36,6 +36,7 @@ from ..codecs.base import Cut
 from ..model.errors import LoadError
 from ..model.meta import TensorMeta
 from ..model.templates import natural_key
+from ..planning.items import Item
 from .handed import ElementRanges, Handed, ranges_text
 from .skips import Skip
 from .window_tensor import WindowTensor, whole_tensor
@@ -70,7 +71,7 @@ def element_ranges(cut: Cut, meta: TensorMeta) -> ElementRanges:
     return held
 
 
-def checkpoint_order(file: str, name: str) -> tuple:
+def checkpoint_order(file: str, name: str) -> tuple[tuple[str | tuple[int, str, str], ...], str]:
     """Where a tensor comes in vLLM's default loader: files in natural order (``-00002-`` before
     ``-00010-``), names sorted within a file (safetensors' ``keys()``)."""
     return natural_key(file), name
@@ -89,7 +90,7 @@ class Handoff:
     def __init__(
         self,
         state: Mapping[str, torch.Tensor],
-        plan_items: Sequence,
+        plan_items: Sequence[Item],
         *,
         rank: int,
         rename: Mapping[str, Sequence[str]] | None = None,
@@ -139,7 +140,8 @@ class Handoff:
     def unconsumed(self, skips: Sequence[Skip] = ()) -> tuple[list[Handed], dict[str, list[str]]]:
         """(tensors not read whole and not declared, {declared skip's glob: the tensors it
         excused})."""
-        missing, excused = [], {}
+        missing: list[Handed] = []
+        excused: dict[str, list[str]] = {}
         for h in self.handed.values():
             if h.consumed:
                 continue
@@ -163,7 +165,7 @@ def unconsumed_message(missing: Sequence[Handed], engine: str) -> str:
 
 
 def windows(
-    state: Mapping[str, torch.Tensor], plan_items: Sequence, *, rank: int
+    state: Mapping[str, torch.Tensor], plan_items: Sequence[Item], *, rank: int
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """:meth:`Handoff.tensors` of a hand-off whose reads nobody checks (tests, tools)."""
     return Handoff(state, plan_items, rank=rank).tensors()

@@ -16,12 +16,18 @@ unless it is one vLLM skips on purpose, declared by :func:`_skips`), and vLLM's
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from torch import nn
 from vllm.config import ModelConfig
 from vllm.logger import init_logger
 from vllm.model_executor.model_loader import register_model_loader
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+
+if TYPE_CHECKING:  # the plugin imports nothing heavy when vLLM loads it
+    from .skips import Skip
+
+__all__ = ["LOAD_FORMAT", "REFRESH_BACKEND", "TploadModelLoader", "register"]
 
 LOAD_FORMAT = "tpload"
 REFRESH_BACKEND = "tpload"  # WeightTransferConfig(backend=...): vllm_refresh.py, vllm_trainer.py
@@ -91,19 +97,20 @@ class TploadModelLoader(BaseModelLoader):
     def _checkpoint(model_config: ModelConfig) -> str:
         """The checkpoint: ``model`` itself (a folder, or a ``.gguf`` file as vLLM takes one), or
         its hub snapshot (downloaded if missing)."""
-        model = model_config.model
+        model: str = model_config.model
         if os.path.isdir(model) or (model.endswith(".gguf") and os.path.isfile(model)):
             return model
         from huggingface_hub import snapshot_download
 
-        return snapshot_download(
+        folder: str = snapshot_download(
             model_config.model,
             revision=model_config.revision,
             allow_patterns=["*.safetensors", "*.json"],
         )
+        return folder
 
 
-def _skips(model_config: ModelConfig) -> tuple:
+def _skips(model_config: ModelConfig) -> tuple[Skip, ...]:
     """What vLLM's load_weights skips on purpose (MTP layers, a tied lm_head, rotary tables), from
     the config object vLLM built the model from: its class defaults count (a config.json without
     ``tie_word_embeddings`` ties or not as its transformers class says), as they do for vLLM."""

@@ -332,7 +332,7 @@ class TploadWeightTransferEngine(WeightTransferEngine[TploadInitInfo, TploadUpda
         self.model.forward = refuse
 
 
-def _config_of(checkpoint: str) -> tuple[Any, dict | None]:
+def _config_of(checkpoint: str) -> tuple[Any, dict[str, Any] | None]:
     """tpload's config for the engine's checkpoint (as ``--load-format tpload`` picks it) and its
     config.json (the planner counts heads by it)."""
     from ..loading.pick import choose, model_for

@@ -17,12 +17,13 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any  # vLLM's objects: not installed where this is type-checked
 
 PROMPTS = ([1, 5, 9, 33, 100], [7, 7, 3, 250, 19, 2])
 """Fixed prompt token ids (no tokenizer: the test models are random)."""
 
 
-def parameter_digests(worker: object) -> dict[str, str]:
+def parameter_digests(worker: Any) -> dict[str, str]:  # a vLLM worker: not read here
     """Run in each worker: {name: sha256 of its bytes} of every tensor the loaded model holds:
     parameters, buffers, and the tensors its layers derive after loading (MLA's absorbed
     weights)."""
@@ -37,7 +38,7 @@ def parameter_digests(worker: object) -> dict[str, str]:
         for attr, value in vars(module).items():
             if isinstance(value, torch.Tensor) and not attr.startswith("_"):
                 tensors.setdefault(f"{prefix}.{attr}" if prefix else attr, value)
-    out = {}
+    out: dict[str, str] = {}
     for name, t in tensors.items():
         data = t.detach().contiguous().cpu()
         digest = hashlib.sha256(data.reshape(-1).view(torch.uint8).numpy().tobytes())
@@ -47,8 +48,13 @@ def parameter_digests(worker: object) -> dict[str, str]:
 
 
 def run(
-    model: str, tp: int, fmt: str, extra: dict, max_tokens: int, dtype: str = "bfloat16"
-) -> dict:
+    model: str,
+    tp: int,
+    fmt: str,
+    extra: dict[str, Any],
+    max_tokens: int,
+    dtype: str = "bfloat16",
+) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 

@@ -78,6 +78,10 @@ class TploadTrainerEngine(TrainerWeightTransferEngine[TploadTrainerInitInfo]):
     """One trainer rank's end of vLLM's ``tpload`` backend (see the module docstring)."""
 
     init_info_cls = TploadTrainerInitInfo
+    version: int
+    """The last version sent (0: none yet)."""
+    stale: bool
+    """The last round broke the transfer group on some rank: the next one connects anew."""
 
     @classmethod
     def trainer_init(
@@ -227,7 +231,8 @@ class TploadTrainerEngine(TrainerWeightTransferEngine[TploadTrainerInitInfo]):
         self.stale = any(broken for _, broken in rows)
         bad = [(r, p) for r, (p, _) in enumerate(rows) if p]
         if len({p for _, p in bad}) == 1:
-            return bad[0][1]
+            first: str = bad[0][1]
+            return first
         return "; ".join(f"trainer rank {r}: {p}" for r, p in bad)
 
     def shutdown(self) -> None:
@@ -301,7 +306,7 @@ def _resume(client: object) -> None:
             log.warning("tpload refresh: /resume failed: %s", e)
 
 
-def _result(future: Future, timeout: float, what: str) -> None:
+def _result(future: Future[Any], timeout: float, what: str) -> None:
     try:
         future.result(timeout=timeout)
     except FutureTimeout:

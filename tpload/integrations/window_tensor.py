@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -83,7 +84,7 @@ _ATTRIBUTES = frozenset(
 )
 
 
-def _access(func: Callable) -> str:
+def _access(func: Callable[..., Any]) -> str:
     """How the engine's call reads in a message: ``torch.cat``, ``Tensor.numpy``, ``attribute
     .data``."""
     owner = getattr(func, "__self__", None)
@@ -103,7 +104,7 @@ def _access(func: Callable) -> str:
     return f"{getattr(func, '__module__', None) or 'torch'}.{getattr(func, '__qualname__', name)}"
 
 
-def _attribute(func: Callable) -> str | None:
+def _attribute(func: Callable[..., Any]) -> str | None:
     """The attribute a getter reads (None when ``func`` is no getter)."""
     if getattr(func, "__name__", "") != "__get__":
         return None
@@ -143,7 +144,7 @@ class WindowTensor(torch.Tensor):
         # "sizes": sizes, strides and numel come from Python (answered below, in
         # __torch_function__); C code that reads them (DLPack export, an extension) reaches
         # __torch_dispatch__ and is refused.
-        t = torch.Tensor._make_wrapper_subclass(
+        t: WindowTensor = torch.Tensor._make_wrapper_subclass(
             cls,
             tuple(full),
             dtype=window.dtype,
@@ -202,7 +203,8 @@ class WindowTensor(torch.Tensor):
     def data_ptr(self, *args: object, **kwargs: object) -> object:
         raise self._refuse("data_ptr()")
 
-    def __reduce_ex__(self, *args: object, **kwargs: object) -> object:
+    # any call is refused in words (pickle's protocol argument included): not object's signature
+    def __reduce_ex__(self, *args: object, **kwargs: object) -> object:  # type: ignore[override]
         raise self._refuse("pickling")
 
     def __deepcopy__(self, *args: object, **kwargs: object) -> object:
@@ -213,7 +215,13 @@ class WindowTensor(torch.Tensor):
         raise self._refuse("__cuda_array_interface__")
 
     @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206 (torch's protocol)
+    def __torch_function__(
+        cls,
+        func: Callable[..., Any],
+        types: object,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:  # torch's protocol: any op's result
         kwargs = kwargs or {}
         try:
             return cls._serve(func, args, kwargs)
@@ -226,7 +234,9 @@ class WindowTensor(torch.Tensor):
             ) from None
 
     @classmethod
-    def _serve(cls, func: Callable, args: tuple, kwargs: dict) -> object:
+    def _serve(
+        cls, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> object:
         windows = _windows_in((args, kwargs))
         if (
             not windows
@@ -248,7 +258,9 @@ class WindowTensor(torch.Tensor):
             return answer
         raise self._refuse(_access(func))
 
-    def _query(self, func: Callable, name: str, args: tuple, kwargs: dict) -> object:
+    def _query(
+        self, func: Callable[..., Any], name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> object:
         """Metadata the window serves, as the whole tensor's; _REFUSED for anything else."""
         full = self._full
         attr = _attribute(func)
@@ -293,7 +305,13 @@ class WindowTensor(torch.Tensor):
         return _REFUSED
 
     @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
+    def __torch_dispatch__(
+        cls,
+        func: object,
+        types: object,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         # Reached only from C (Python calls end in __torch_function__): the window's sizes or bytes
         # asked for by code that did not go through the allow-list, e.g.
         # torch.utils.dlpack.to_dlpack.
@@ -326,7 +344,13 @@ class WholeTensor(torch.Tensor):
     _handed: Handed
 
     @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206 (torch's protocol)
+    def __torch_function__(
+        cls,
+        func: Callable[..., Any],
+        types: object,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:  # torch's protocol: any op's result
         kwargs = kwargs or {}
         with torch_function_off():
             out = func(*args, **kwargs)
@@ -340,7 +364,7 @@ class WholeTensor(torch.Tensor):
 
 
 def whole_tensor(tensor: torch.Tensor, handed: Handed) -> WholeTensor:
-    t = tensor.as_subclass(WholeTensor)
+    t: WholeTensor = tensor.as_subclass(WholeTensor)
     t._handed = handed
     return t
 

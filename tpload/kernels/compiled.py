@@ -16,6 +16,7 @@ tests check the two agree bit for bit.
 from __future__ import annotations
 
 import math
+from typing import Any  # numba's and llvmlite's objects (untyped), numpy's scalars
 
 import llvmlite.ir
 import numba as nb
@@ -27,13 +28,13 @@ _WORDS = (nb.int64, nb.int32, nb.int16, nb.uint8)
 
 
 @nb.extending.intrinsic
-def _load8(typingctx, arr, i):  # pragma: no cover - compiled
+def _load8(typingctx: Any, arr: Any, i: Any) -> tuple[Any, Any]:  # pragma: no cover - compiled
     """Bytes ``arr[i:i + 8]`` (the caller keeps ``i + 8 <= arr.size``) as one uint64, at any
     alignment; byte ``i`` is the low byte (little-endian, as the tables already assume).
     numba has no unaligned load, and eight byte loads cost the kernels about a fifth of their
     speed."""
 
-    def codegen(context, builder, sig, args):
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
         data = context.make_array(sig.args[0])(context, builder, args[0]).data
         ptr = builder.bitcast(builder.gep(data, [args[1]]), llvmlite.ir.IntType(64).as_pointer())
         return builder.load(ptr, align=1)
@@ -41,7 +42,7 @@ def _load8(typingctx, arr, i):  # pragma: no cover - compiled
     return nb.uint64(arr, nb.int64), codegen
 
 
-def _copy_fingerprint_sigs() -> list:
+def _copy_fingerprint_sigs() -> list[Any]:
     return [
         nb.types.UniTuple(nb.int64, 2)(
             w[::1],
@@ -61,8 +62,17 @@ def _copy_fingerprint_sigs() -> list:
 
 @nb.njit(_copy_fingerprint_sigs(), **_JIT)
 def _copy_fingerprint(
-    src, start, stride, rows, cols, dst, col_sums, first_row, col0, group
-):  # pragma: no cover
+    src: np.ndarray,
+    start: int,
+    stride: int,
+    rows: int,
+    cols: int,
+    dst: np.ndarray,
+    col_sums: np.ndarray,
+    first_row: int,
+    col0: int,
+    group: int,
+) -> tuple[np.signedinteger[Any], np.signedinteger[Any]]:  # pragma: no cover
     """Add ``rows`` rows of ``cols`` words (row ``r`` at ``src[start + r*stride:]``) to a
     fingerprint, and copy them into ``dst`` (contiguous) unless it is empty: returns (total,
     row-weighted) and adds column sums into ``col_sums``. int64 arithmetic wraps, exactly like
@@ -116,7 +126,9 @@ def copy_fingerprint(
 
 
 @nb.njit(nb.int64(nb.uint8[::1], nb.int64, nb.int64), **_JIT)
-def _word(src, k, width):  # pragma: no cover - compiled
+def _word(
+    src: np.ndarray, k: int, width: int
+) -> np.signedinteger[Any]:  # pragma: no cover - compiled
     """The little-endian word of ``width`` bytes at ``src[k]`` as the fingerprint reads it: signed
     for 2, 4 and 8 bytes, unsigned for 1."""
     if width == 8:
@@ -144,7 +156,17 @@ def _word(src, k, width):  # pragma: no cover - compiled
     ),
     **_JIT,
 )
-def gather_windows(src, src_off, rows, stride, width, words, dst, dst_off, out):  # pragma: no cover
+def gather_windows(
+    src: np.ndarray,
+    src_off: np.ndarray,
+    rows: np.ndarray,
+    stride: np.ndarray,
+    width: np.ndarray,
+    words: np.ndarray,
+    dst: np.ndarray,
+    dst_off: np.ndarray,
+    out: np.ndarray,
+) -> None:  # pragma: no cover
     """Many small windows in one pass: window ``i`` is ``rows[i]`` rows of ``width[i]`` bytes, the
     first at ``src[src_off[i]:]`` and each ``stride[i]`` bytes after the last (a whole tensor: its
     row length), read as words of ``words[i]`` bytes; copy it, rows one after another, to
@@ -187,7 +209,7 @@ _HIGH = np.uint64(0x8080808080808080)
 
 
 @nb.njit(nb.uint64(nb.uint64), **_JIT)
-def _zero_bytes(x):  # pragma: no cover - compiled
+def _zero_bytes(x: np.uint64) -> Any:  # pragma: no cover - compiled
     """How many of the 8 bytes of ``x`` are zero (exact: no carry crosses a byte)."""
     nonzero = ((x & _LOW7) + _LOW7) | x  # the high bit of each nonzero byte
     zero = ~nonzero & _HIGH
@@ -207,7 +229,16 @@ def _zero_bytes(x):  # pragma: no cover - compiled
     ),
     **_JIT,
 )
-def count_windows(src, src_off, rows, stride, width, a, b, between):  # pragma: no cover - compiled
+def count_windows(
+    src: np.ndarray,
+    src_off: np.ndarray,
+    rows: np.ndarray,
+    stride: np.ndarray,
+    width: np.ndarray,
+    a: int,
+    b: int,
+    between: bool,
+) -> np.signedinteger[Any]:  # pragma: no cover - compiled
     """How many bytes of many windows of ``src`` (laid out as in :func:`gather_windows`) are ``a``
     or ``b`` (``between``: lie in ``[a, b]``), all windows together: one call for a batch's items,
     or for one window (:func:`count_either`, :func:`count_between`). ``a`` or ``b`` go eight bytes
@@ -232,7 +263,11 @@ def count_windows(src, src_off, rows, stride, width, a, b, between):  # pragma: 
 
 
 @nb.njit(nb.types.UniTuple(nb.int64, 3)(nb.int64[:, ::1], nb.int64[::1]), **_JIT)
-def bf16_fingerprint(words, col_sums):  # pragma: no cover - compiled
+def bf16_fingerprint(
+    words: np.ndarray, col_sums: np.ndarray
+) -> tuple[
+    np.signedinteger[Any], np.signedinteger[Any], np.signedinteger[Any]
+]:  # pragma: no cover - compiled
     """Fingerprint sums of a bf16 tensor seen as int64 words (4 elements each), and how many of its
     elements are not finite (exponent bits all ones: inf or NaN), in one read."""
     total = np.int64(0)
@@ -253,7 +288,7 @@ def bf16_fingerprint(words, col_sums):  # pragma: no cover - compiled
 
 
 @nb.njit(nb.int64(nb.int64[::1]), **_JIT)
-def cols_term(col_sums):  # pragma: no cover - compiled
+def cols_term(col_sums: np.ndarray) -> np.signedinteger[Any]:  # pragma: no cover - compiled
     """The fingerprint's ``cols``: sum (j + 1) * col_sums[j], wrapping in int64 like torch."""
     t = np.int64(0)
     for j in range(col_sums.size):
@@ -293,7 +328,7 @@ def _count_one(
 ) -> int:
     """count_windows on one window: ``shape`` rows and columns, rows ``stride`` apart in
     ``span``."""
-    one = np.zeros(1, dtype=np.int64)
+    one: np.ndarray = np.zeros(1, dtype=np.int64)
     return int(
         count_windows(span, one, one + shape[0], one + stride, one + shape[1], a, b, between)
     )
@@ -327,8 +362,16 @@ _TABLE = 256 * 256
     **_JIT,
 )
 def _decode_fp4(
-    packed, p_stride, scale, s_stride, table, out, rows, half_k, gb
-):  # pragma: no cover - compiled
+    packed: np.ndarray,
+    p_stride: int,
+    scale: np.ndarray,
+    s_stride: int,
+    table: np.ndarray,
+    out: np.ndarray,
+    rows: int,
+    half_k: int,
+    gb: int,
+) -> None:  # pragma: no cover - compiled
     """Row ``r`` of the packed window is ``packed[r*p_stride:][:half_k]``, its scale bytes
     ``scale[r*s_stride:]``; ``out`` is the contiguous int32 view of bf16 ``[rows, 2*half_k]``.
     ``half_k`` is a multiple of ``gb`` (packed bytes per scale byte: 16 for MXFP4, 8 for NVFP4),
@@ -361,8 +404,16 @@ def _decode_fp4(
     **_JIT,
 )
 def _decode_fp8(
-    codes, c_stride, scale, s_stride, table, out, rows, k, block
-):  # pragma: no cover - compiled
+    codes: np.ndarray,
+    c_stride: int,
+    scale: np.ndarray,
+    s_stride: int,
+    table: np.ndarray,
+    out: np.ndarray,
+    rows: int,
+    k: int,
+    block: int,
+) -> None:  # pragma: no cover - compiled
     """Row ``r`` of the code window is ``codes[r*c_stride:][:k]``; scale row ``r // block`` is
     ``scale[(r // block)*s_stride:]``; ``out`` is the contiguous int16 view of bf16 ``[rows, k]``.
     The last block of a row or column may be short (ragged N, K)."""

@@ -42,7 +42,7 @@ def word_width(row_bytes: int) -> int:
 
 def word_widths(row_bytes: np.ndarray) -> np.ndarray:
     """:func:`word_width` of many row lengths at once (a batch of small tensors)."""
-    widths = np.where(
+    widths: np.ndarray = np.where(
         row_bytes % 8 == 0, 8, np.where(row_bytes % 4 == 0, 4, np.where(row_bytes % 2 == 0, 2, 1))
     )
     widths[row_bytes == 0] = 1
@@ -84,10 +84,10 @@ class HostFingerprint:
             )
         self.dtype = np.dtype(_NP_WORDS[self.width])
         self.cols = row_bytes * group // self.width
-        self.col_sums = np.zeros(self.cols, dtype=np.int64)
+        self.col_sums: np.ndarray = np.zeros(self.cols, dtype=np.int64)
         self.total = 0
         self.rows = 0
-        self._empty = np.empty(0, dtype=self.dtype)
+        self._empty: np.ndarray = np.empty(0, dtype=self.dtype)
         self._value: Triple | None = None
 
     @staticmethod

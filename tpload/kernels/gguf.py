@@ -10,7 +10,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-F16_TO_F32 = (
+F16_TO_F32: np.ndarray = (
     np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 )
 """Every f16 bit pattern's value (numba has no f16 arithmetic): one table lookup per super-scale."""
@@ -28,7 +28,7 @@ _NAN_MASK, _INF, _HALF, _QUIET = (
 def _round(tmp: np.ndarray, out: np.ndarray, at: int) -> None:
     """``tmp``'s fp32 values into ``out[at:]`` as bf16 bits: round to nearest even, a NaN kept a NaN
     (a select, not a branch, so the loop vectorises)."""
-    bits = tmp.view(np.uint32)
+    bits: np.ndarray = tmp.view(np.uint32)
     for i in range(tmp.shape[0]):
         x = bits[i]
         rounded = (x + _HALF + ((x >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
@@ -38,12 +38,13 @@ def _round(tmp: np.ndarray, out: np.ndarray, at: int) -> None:
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _f16(row: np.ndarray, at: int, f16: np.ndarray) -> np.float32:
-    return f16[np.int64(row[at]) | (np.int64(row[at + 1]) << 8)]
+    value: np.float32 = f16[np.int64(row[at]) | (np.int64(row[at + 1]) << 8)]
+    return value
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def _q8_0(src: np.ndarray, out: np.ndarray, f16: np.ndarray) -> None:
-    tmp = np.empty(32, dtype=np.float32)
+    tmp: np.ndarray = np.empty(32, dtype=np.float32)
     for r in range(src.shape[0]):
         row, dst = src[r], out[r]
         for b in range(src.shape[1] // 34):
@@ -67,9 +68,9 @@ def _q5_k(src: np.ndarray, out: np.ndarray, f16: np.ndarray) -> None:
 @numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")
 def _k_quant(src: np.ndarray, out: np.ndarray, f16: np.ndarray, size: int, fifth: bool) -> None:
     """Q4_K (144-byte blocks) and Q5_K (176: 32 bytes of fifth bits before the nibbles)."""
-    tmp = np.empty(256, dtype=np.float32)
-    sc = np.empty(8, dtype=np.float32)
-    mn = np.empty(8, dtype=np.float32)
+    tmp: np.ndarray = np.empty(256, dtype=np.float32)
+    sc: np.ndarray = np.empty(8, dtype=np.float32)
+    mn: np.ndarray = np.empty(8, dtype=np.float32)
     for r in range(src.shape[0]):
         row, dst = src[r], out[r]
         for b in range(src.shape[1] // size):
@@ -102,8 +103,8 @@ def _k_quant(src: np.ndarray, out: np.ndarray, f16: np.ndarray, size: int, fifth
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def _q6_k(src: np.ndarray, out: np.ndarray, f16: np.ndarray) -> None:
-    tmp = np.empty(256, dtype=np.float32)
-    ds = np.empty(16, dtype=np.float32)
+    tmp: np.ndarray = np.empty(256, dtype=np.float32)
+    ds: np.ndarray = np.empty(16, dtype=np.float32)
     for r in range(src.shape[0]):
         row, dst = src[r], out[r]
         for b in range(src.shape[1] // 210):
@@ -125,9 +126,9 @@ def _q2_k(src: np.ndarray, out: np.ndarray, f16: np.ndarray) -> None:
     """84-byte blocks: 16 scale bytes (low nibble scale, high nibble min), 64 bytes of 2-bit quants
     (byte ``32h + l`` holds weight ``128h + 32s + l`` at bits ``2s``), f16 ``d``, ``dmin``. The
     16-weight sub-blocks are walked in pairs, a select picking the scale, so the loop vectorises."""
-    tmp = np.empty(256, dtype=np.float32)
-    dl = np.empty(16, dtype=np.float32)
-    ml = np.empty(16, dtype=np.float32)
+    tmp: np.ndarray = np.empty(256, dtype=np.float32)
+    dl: np.ndarray = np.empty(16, dtype=np.float32)
+    ml: np.ndarray = np.empty(16, dtype=np.float32)
     for r in range(src.shape[0]):
         row, dst = src[r], out[r]
         for b in range(src.shape[1] // 84):
@@ -151,8 +152,8 @@ def _q3_k(src: np.ndarray, out: np.ndarray, f16: np.ndarray) -> None:
     """110-byte blocks: 32 bytes of high-bit mask (bit ``i >> 5`` of byte ``i & 31``; a clear bit
     subtracts 4), 64 bytes of low 2 bits (as Q2_K), 12 bytes of 6-bit scales (biased by 32), f16
     ``d``."""
-    tmp = np.empty(256, dtype=np.float32)
-    dl = np.empty(16, dtype=np.float32)
+    tmp: np.ndarray = np.empty(256, dtype=np.float32)
+    dl: np.ndarray = np.empty(16, dtype=np.float32)
     for r in range(src.shape[0]):
         row, dst = src[r], out[r]
         for b in range(src.shape[1] // 110):

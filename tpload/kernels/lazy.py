@@ -16,6 +16,9 @@ import logging
 import sys
 import threading
 from types import ModuleType
+from typing import TYPE_CHECKING
+
+__all__ = ["kernels", "warm"]
 
 log = logging.getLogger("tpload")
 
@@ -36,7 +39,10 @@ class _Kernels:
         return getattr(module, name)
 
 
-kernels = _Kernels()
+if TYPE_CHECKING:  # a type checker reads the module's own names (none is imported here)
+    from . import compiled as kernels
+else:
+    kernels = _Kernels()
 
 
 def warm() -> threading.Thread | None:

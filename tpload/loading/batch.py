@@ -15,7 +15,7 @@ from ..model.values import Box, Stored, Triple
 from ..planning.batches import PlanRuns
 from ..sources.base import ReadSource
 
-_NO_BYTES = np.empty(0, np.uint8)  # no destination: the kernel fingerprints only
+_NO_BYTES: np.ndarray = np.empty(0, np.uint8)  # no destination: the kernel fingerprints only
 
 
 class Batch:
@@ -35,7 +35,7 @@ class Batch:
         nbytes = self.rows * self.stride
         self.path = source.stored(self.names[0]).path  # a batch is in one file
         self.start = int(offsets.min())
-        self.at = offsets - self.start
+        self.at: np.ndarray = offsets - self.start
         span = int((self.at + nbytes).max())
         self.data = buffer[:span]
         self.data_label = label
@@ -46,7 +46,7 @@ class Batch:
             self.data.reshape(1, span),
             window_bytes=windows,
         )
-        self.fingerprints = np.zeros((q - p, 3), dtype=np.int64)
+        self.fingerprints: np.ndarray = np.zeros((q - p, 3), dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -56,8 +56,7 @@ class Batch:
         made from the batch's columns when the source says what each must hash to at once (its
         spans are the stored tensors' own: one file, the batch's), asked one by one otherwise."""
         names = [self.names[k] for k in ks]
-        promised = getattr(self.source, "promised", None)
-        sha = promised(names) if promised is not None else None
+        sha = self.source.promised(names)
         rows, stride = self.rows[ks].tolist(), self.stride[ks].tolist()
         if sha is None:
             return [
@@ -135,7 +134,7 @@ class Batch:
         """:meth:`fingerprint_windows` of boxes as columns (:meth:`box_windows`)."""
         src, rows, stride, width = self.box_windows(k, box)
         n = len(k)
-        fps = np.zeros((n, 3), dtype=np.int64)
+        fps: np.ndarray = np.zeros((n, 3), dtype=np.int64)
         kernels.gather_windows(
             self.data,
             src,
@@ -174,7 +173,8 @@ def box_columns(boxes: Sequence[Box]) -> np.ndarray:
     """Boxes ``((r0, r1), (c0, c1))`` as the rows ``r0, r1, c0, c1`` of an ``[n, 4]`` column (one
     C-level pass over their numbers)."""
     flat = chain.from_iterable(chain.from_iterable(boxes))
-    return np.fromiter(flat, np.int64, 4 * len(boxes)).reshape(len(boxes), 4)
+    columns: np.ndarray = np.fromiter(flat, np.int64, 4 * len(boxes)).reshape(len(boxes), 4)
+    return columns
 
 
 class BatchWindows:
@@ -200,7 +200,7 @@ class BatchWindows:
 
     def gathered(self) -> np.ndarray:
         sizes = self.rows * self.width
-        out = np.empty(int(sizes.sum()), dtype=np.uint8)
+        out: np.ndarray = np.empty(int(sizes.sum()), dtype=np.uint8)
         at = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
         kernels.gather_windows(
             self.batch.data,

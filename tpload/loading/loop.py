@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 import numpy as np
 import torch
 
-from ..codecs.base import Checker, Cut, Fit
+from ..codecs.base import Checker, Cut, Fit, Problem
 from ..kernels.fingerprint import HostFingerprint, as_bytes2d, decoded_fingerprint, fingerprint
 from ..model.errors import LoadError
 from ..model.progress import BatchSink, ProgressSink
@@ -163,9 +163,9 @@ class _Loader:
         for check in checks.values():
             self.evidence.add(check)
 
-    def _gather(self, cut: Cut, feed) -> np.ndarray:
+    def _gather(self, cut: Cut, feed: Callable[[np.ndarray, int], None]) -> np.ndarray:
         """A scale window read whole into host memory (fed to its value check, fingerprinted)."""
-        host = np.empty((cut.rows[1] - cut.rows[0], cut.row_bytes), dtype=np.uint8)
+        host: np.ndarray = np.empty((cut.rows[1] - cut.rows[0], cut.row_bytes), dtype=np.uint8)
         fp = HostFingerprint(cut.row_bytes)
         _, blocks = self._blocks(cut, split_rows=False)
         for r, _, view in blocks:
@@ -266,7 +266,7 @@ class _Loader:
         )
 
     @staticmethod
-    def _problems(item: Item, problems: list, checks: dict[str, Check]) -> None:
+    def _problems(item: Item, problems: list[Problem], checks: dict[str, Check]) -> None:
         """Each value problem to the check of the tensor it is about (the weight's when a decode
         serves only the weight)."""
         for count, what, about in problems:
@@ -289,7 +289,7 @@ class _Loader:
             box = b.box
             sizes = (box[:, 1] - box[:, 0]) * (box[:, 3] - box[:, 2])  # each slot's bytes
             lo, hi = int(offsets.min()), int((offsets + sizes).max())
-            image = np.zeros(hi - lo, dtype=np.uint8)
+            image: np.ndarray = np.zeros(hi - lo, dtype=np.uint8)
             b.copy(image, offsets - lo)
             fp = HostFingerprint(hi - lo)
             region = self.arena.buffer[lo:hi].view(1, -1)
@@ -316,8 +316,9 @@ class _Loader:
         if not dirty.any():
             evidence.served(b.names, fps)
             return b
-        plain = np.ones(q - p, bool)  # pieces whose fingerprint is all there is to keep
-        for t in (np.flatnonzero(dirty) + i).tolist():  # the value checks, on the batch's bytes
+        plain: np.ndarray = np.ones(q - p, bool)  # pieces whose fingerprint is all there is to keep
+        dirty_entries: list[int] = (np.flatnonzero(dirty) + i).tolist()
+        for t in dirty_entries:  # the value checks, on the batch's bytes
             item = plan.item(t)
             k = int(runs.first[t]) - p
             n = int(runs.count[t])
@@ -361,16 +362,16 @@ class _Loader:
         if self._formats is None:  # each class's format (-1: not one scale and a weight)
             size = self.plan.class_count
             self._formats = np.full(size, -1, np.int64)
-            keys: dict[tuple, int] = {}
+            keys: dict[tuple[str, str, str], int] = {}
             for c, cc in runs.classes.items():
                 item = cc.item
-                if item.codec.scaled and len(item.scales) == 1:
-                    f = item.fit
+                f = item.fit
+                if item.codec.scaled and len(item.scales) == 1 and f.scale is not None:
                     key = (item.codec.name, f.weight.dtype, f.scale.dtype)
                     self._formats[c] = keys.setdefault(key, len(keys))
         klass = self.plan.klass[i:j]
         formats = self._formats[klass]
-        clean = np.zeros(j - i, bool)
+        clean: np.ndarray = np.zeros(j - i, bool)
         if formats[0] == formats.min() == formats.max():  # one format (the usual batch)
             first = [0]
         else:  # formats in order of first appearance
@@ -435,7 +436,13 @@ def value_feed(item: Item, checker: Checker, cut: Cut) -> Callable[[np.ndarray, 
 
 
 def decode_rows(
-    decode, fit: Fit, unfold: int, weight, scale, out: torch.Tensor, scale2: np.ndarray | None
+    decode: Callable[..., None],
+    fit: Fit,
+    unfold: int,
+    weight: np.ndarray | torch.Tensor,
+    scale: np.ndarray | torch.Tensor | None,
+    out: torch.Tensor,
+    scale2: np.ndarray | None,
 ) -> None:
     """``decode(weight, scale, out, fit, scale2=...)`` on view rows, or, when one view row holds
     ``unfold`` rows of the decode (a stacked tensor cut on its rows: one view row per expert), on
@@ -531,11 +538,12 @@ def _per_entry(plan: RankPlan) -> tuple[list[int], list[int]]:
     """Running sums over the plan's entries of their read bytes and served tensors (a packed weight
     and its scale are two), from their classes: a run's are two subtractions."""
     size = plan.class_count
-    read, served = np.zeros(size, np.int64), np.zeros(size, np.int64)
+    read: np.ndarray = np.zeros(size, np.int64)
+    served: np.ndarray = np.zeros(size, np.int64)
     for c, s in plan.table.items():
         read[c] = s.read_bytes
         served[c] = min(1 + (s.scale is not None) + (s.scale2 is not None), len(s.served))
-    zero = np.zeros(1, np.int64)
+    zero: np.ndarray = np.zeros(1, np.int64)
     return (
         np.concatenate((zero, np.cumsum(read[plan.klass]))).tolist(),
         np.concatenate((zero, np.cumsum(served[plan.klass]))).tolist(),

@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any  # Any: config.json's values, as JSON has them
 
 from ..model.errors import CheckpointError, ConfigError, LoadError, raise_all
 from ..model.text import escape_name
@@ -150,7 +150,7 @@ def choose_pinned(spec: str, root: Path) -> tuple[Config, str]:
 
 def model_config(
     root: Path, *, pins: Pins | None = None, header: gguf.GGUFHeader | None = None
-) -> dict | None:
+) -> dict[str, Any] | None:
     """The checkpoint's config.json, or None: checked by its blob name first in a hub snapshot (by
     its etag in a local-dir download), and against its pin in the manifest (``pins``: those of the
     manifest on disk now, by default). Without one, a GGUF checkpoint's header stands for it
@@ -181,7 +181,7 @@ def model_for(
     *,
     pins: Pins | None = None,
     header: gguf.GGUFHeader | None = None,
-) -> dict | None:
+) -> dict[str, Any] | None:
     """The checkpoint's config.json for the planner (``Planner(..., model=)``), or None when it has
     none. An unreadable one is an error only when one of ``config``'s rules counts heads by it."""
     try:
@@ -244,25 +244,26 @@ def _architectures() -> tuple[_Detect, ...]:
     return tuple(_Detect(*said) for said in shipped_detect())
 
 
-def _architecture(model: dict, root: Path) -> tuple[_Detect, str]:
+def _architecture(model: dict[str, Any], root: Path) -> tuple[_Detect, str]:
     """The shipped config of the first name config.json gives (``architectures`` in their order,
     then ``model_type``) that one of them is for: the list's order decides, not the shipped configs'
     names."""
     said = _names(model.get("architectures"), root, "architectures", listed=True)
     kind = _names(model.get("model_type"), root, "model_type", listed=False)
-    header = model.path if isinstance(model, gguf.HeaderConfig) else None
+    stand_in = model if isinstance(model, gguf.HeaderConfig) else None
+    header = stand_in.path if stand_in is not None else None
     for name in said + kind:
         for config in _architectures():
             if name in config.architectures:
-                if header is not None:
-                    return config, f"{model.source('architectures')} is {name[5:]} ({name})"
+                if stand_in is not None:
+                    return config, f"{stand_in.source('architectures')} is {name[5:]} ({name})"
                 field = "architectures" if name in said else "model_type"
                 return config, f"config.json {field} {name}"
-    kind = kind[0] if kind else None
+    first_kind = kind[0] if kind else None
     what = (
         f"general.architecture {said[0][5:]}"
         if header is not None
-        else f"architectures {said or 'none'}, model_type {kind or 'none'}"
+        else f"architectures {said or 'none'}, model_type {first_kind or 'none'}"
     )
     raise ConfigError(
         f"{escape_name(header or root / 'config.json')}: {what}: no shipped config is for this "
@@ -287,7 +288,7 @@ def _names(value: object, root: Path, field: str, *, listed: bool) -> list[str]:
     )
 
 
-def _families(model: dict, root: Path, pins: Pins) -> tuple[tuple[str, ...], str]:
+def _families(model: dict[str, Any], root: Path, pins: Pins) -> tuple[tuple[str, ...], str]:
     """The codec families the checkpoint's quantization files name, and where they said it."""
     hf_quant = root / "hf_quant_config.json"
     raw = pins.read("hf_quant_config.json", "ModelOpt quantization config")

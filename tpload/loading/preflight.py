@@ -41,8 +41,10 @@ class Need:
 def free_bytes(device: torch.device) -> int:
     """Free memory of ``device``: the CUDA driver's count, or the host's available memory."""
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    return psutil.virtual_memory().available
+        free: int = torch.cuda.mem_get_info(device)[0]
+        return free
+    available: int = psutil.virtual_memory().available
+    return available
 
 
 def need(plans: list[RankPlan], *, beyond: int = 0) -> Need:
@@ -62,13 +64,15 @@ def check(
     device: torch.device,
     sharing: list[RankPlan],
     reserve_bytes: int,
+    *,
+    beyond: int = 0,
 ) -> None:
     """Raise a LoadError with the numbers and what to change if ``plan`` will not fit; ``sharing``:
     the plans of every rank allocating from the same memory (this one included): the node's ranks
-    on the CPU, or the ranks sharing one GPU."""
+    on the CPU, or the ranks sharing one GPU; ``beyond``: device bytes the load holds beside the
+    plans (the replicas' wire rings, distributed/placement.py's ``wire_device_bytes``)."""
     sharing = sharing or [plan]
-    beyond = getattr(planner, "device_bytes", None)  # replicas (replicas.PositionPlanner)
-    needs = need(sharing, beyond=beyond(device) if beyond is not None else 0)
+    needs = need(sharing, beyond=beyond)
     free = free_bytes(device)
     if needs.total <= free - reserve_bytes:
         return

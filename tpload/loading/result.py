@@ -82,7 +82,7 @@ class LoadResult:
         """Let go of the arena and its views: a load that fails after its verdict (the attestation
         could not be written) leaves nothing of it behind."""
         self._tensors = None
-        self.arena = None  # type: ignore[assignment]
+        self.arena = None  # type: ignore[assignment]  # released: the one state without an arena
         self.outputs = []
 
     @property

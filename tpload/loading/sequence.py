@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import cast
 
 from ..distributed import placement
 from ..distributed.agreement import Handshake, outcome
@@ -24,7 +25,7 @@ from ..model.errors import LoadError
 from ..model.progress import ProgressSink
 from ..options.load_options import LoadOptions
 from ..planning.layout import Layout
-from ..planning.planner import RankPlan
+from ..planning.planner import Planner, RankPlan
 from ..report.figures import RankFigures, process_first_load
 from ..report.memory import MemoryPeaks, device_peaks, reset_device_peaks
 from ..report.progress import DOING, Phases
@@ -34,6 +35,7 @@ from ..sources.whole_files import FileHasher, alongside
 from ..storage.base import Storage
 from ..storage.open import open_storage
 from ..storage.pins import plan_file_digests
+from ..storage.sharded import ShardedStorage
 from ..verification import gate, signing, strategy
 from ..verification.gate import Verdict, check_pin
 from ..verification.store import checkpoint_stamp
@@ -56,7 +58,9 @@ class _RankLoad:
         self.opts, self.ctx, self.fig, self.sink = opts, ctx, fig, sink
         self.result: LoadResult | None = None
         self.plan: RankPlan | None = None
-        self.planner: object = None
+        self.planner: Planner | None = None
+        self.at: placement.Placement | None = None
+        """Where each rank stands, with replicas (each rank plans its position)."""
         self.gate: strategy.Strategy | None = None
         self.source: ReadSource | None = None
         self.deferred: tuple[DeferredTensor, ...] = ()
@@ -95,8 +99,11 @@ class _RankLoad:
             )
             # a model.sig: its bundle and the JSON files it signs, before any is read
             self.signed = signing.precheck(self.opts, notes=self.notes)
+            checkpoint = self.opts.checkpoint
+            if checkpoint is None:  # load() and the command line always name one
+                raise LoadError("no checkpoint to load (a bug in tpload)")
             storage = open_storage(
-                self.opts.checkpoint,
+                checkpoint,
                 tp=layout.tp,
                 ep=layout.ep,
                 rank=self.ctx.rank,
@@ -126,14 +133,21 @@ class _RankLoad:
         steps.measure_cache(self.fig, storage, ctx, opts, before=True)
         self.phases.enter("plan")
         config = steps.config_of(storage, opts, ctx, self.notes)
-        planner = self.planner = placement.positions(planner_of(storage.catalogue, config), opts)
-        planner.check_layout(layout, ctx.world)
-        plans, sharing = steps.node_plans(planner, layout, opts, ctx)
+        planner = self.planner = planner_of(storage.catalogue, config)
+        # with replicas, each replica's ranks are planned as positions in its layout
+        planner.check_layout(layout, placement.planned_world(opts, ctx.world, layout.tp, layout.ep))
+        at = self.at = placement.placement(opts, ctx.world)  # replicas: where each rank stands
+        plans, sharing = steps.node_plans(planner, layout, opts, ctx, at)
         plan = self.plan = plans[ctx.rank]
         preflight.check(
-            planner, layout, plan, ctx.device, sharing, int(opts.reserve_gib * preflight.GIB)
+            planner,
+            layout,
+            plan,
+            ctx.device,
+            sharing,
+            int(opts.reserve_gib * preflight.GIB),
+            beyond=placement.wire_device_bytes(ctx.device) if at is not None else 0,
         )
-        at = placement.placement(opts, ctx.world)  # replicas: where each rank stands
         job = strategy.Job(
             opts,
             ctx,
@@ -173,7 +187,13 @@ class _RankLoad:
         self.phases.enter("handshake")
         self.meeting.meet(self.fig, ctx, terms)
         self.phases.enter("read")
-        files = FileHasher.of(storage, prepared.files) if prepared.files is not None else None
+        # files are planned whole only for a folder vouched for file by file (a hub snapshot, a
+        # local-dir download, a signed folder): a sharded one
+        files = (
+            FileHasher.of(cast(ShardedStorage, storage), prepared.files)
+            if prepared.files is not None
+            else None
+        )
         with alongside(files):  # whole-file hashing on its own thread, beside the copies
             self.fig.read_started(self.started, first=self.first)  # the loop reads first
             self.result = steps.run_rank(
@@ -215,7 +235,9 @@ class Loaded:
     ctx: DistContext
     ranks: list[RankFigures]
     """The exchanged table."""
-    planner: object
+    planner: Planner
+    at: placement.Placement | None
+    """Where each rank stands, with replicas: the position each rank was planned as."""
     layout: Layout
     chosen: strategy.Strategy
     """The gate's strategy that vouched."""
@@ -269,7 +291,8 @@ def load_in(
         error = steps.whole_messages(verdict.error(), ranks, whole)
         failed(job.opts, job.ctx, ranks, job.notes, str(error))  # the report, when asked
         raise error
-    if job.plan is None or job.result is None or job.gate is None:  # a passed row loaded
+    if job.plan is None or job.result is None or job.gate is None or job.planner is None:
+        # a passed row loaded
         raise LoadError("the verdict passed a rank that loaded nothing (a bug in tpload)")
     shards = served(
         job.opts,
@@ -288,6 +311,7 @@ def load_in(
         job.ctx,
         ranks,
         job.planner,
+        job.at,
         job.plan.layout,
         job.gate,
         verdict,

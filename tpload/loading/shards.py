@@ -11,7 +11,7 @@ from ..model.errors import LoadError
 from ..model.modes import Verify
 from ..model.text import escape_name
 from ..options.load_options import LoadOptions
-from ..planning.planner import RankPlan
+from ..planning.planner import Planner, RankPlan
 from ..report.figures import RankFigures
 from ..report.log import rank_log
 from ..report.render import LoadReport
@@ -19,6 +19,8 @@ from ..verification.gate import Verdict
 from .deferred import DeferredTensor
 from .result import LoadResult
 from .teardown import give_back
+
+__all__ = ["RankShards", "Released", "served"]
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,7 @@ class RankShards:
         freed = Released(0, 0, 0, 0)
         if self._result is not None:
             arena = {self._storage_key(t) for t in self._result.tensors.values()}
-            own: dict[tuple, int] = {}
+            own: dict[tuple[str, int | None, int], int] = {}
             for t in self._derived.values():
                 key = self._storage_key(t)
                 if key not in arena:  # a view of the arena is freed with it, not twice
@@ -126,7 +128,7 @@ class RankShards:
         return freed
 
     @staticmethod
-    def _storage_key(t: torch.Tensor) -> tuple:
+    def _storage_key(t: torch.Tensor) -> tuple[str, int | None, int]:
         st = t.untyped_storage()
         return (st.device.type, st.device.index, st.data_ptr())
 
@@ -167,11 +169,12 @@ def served(
     ranks: list[RankFigures],
     notes: list[str],
     verdict: Verdict,
-    planner: object = None,
+    planner: Planner | None = None,
 ) -> RankShards:
     """After a verdict that passed: the report (written by rank 0 when asked), and this rank's
     shards. The attestation, when asked, is the door's to write after this (api.py)."""
-    prefix, census = getattr(planner, "prefix", None), getattr(planner, "census", None)
+    prefix = planner.prefix if planner is not None else None
+    census = planner.census if planner is not None else None
     report = LoadReport(
         str(opts.checkpoint),
         opts.kind,
@@ -184,7 +187,7 @@ def served(
         predictions_trusted=opts.verify == Verify.DIGEST,
         trust=verdict.trust,
         evict_page_cache=opts.evict_page_cache,
-        notes=[*notes, *(planner.notes() if hasattr(planner, "notes") else ())],
+        notes=[*notes, *(planner.notes() if planner is not None else ())],
         weight_prefix=prefix.found if prefix is not None else None,
         kv_scales=census.to_dict() if census else {},
     )

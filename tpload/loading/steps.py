@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+from ..distributed.placement import Placement, position
 from ..distributed.world import DistContext
 from ..model.errors import LoadError
 from ..model.modes import Verify
@@ -73,14 +74,15 @@ def config_of(storage: Storage, opts: LoadOptions, ctx: DistContext, notes: list
 
 
 def node_plans(
-    planner: Planner, layout: Layout, opts: LoadOptions, ctx: DistContext
+    planner: Planner, layout: Layout, opts: LoadOptions, ctx: DistContext, at: Placement | None
 ) -> tuple[dict[int, RankPlan], list[RankPlan]]:
     """This rank's plan and its node peers' (node hashing splits the node's work; on the CPU or a
-    shared GPU the peers' arenas share this rank's memory), each made once; and the plans that
-    share this rank's memory (the pre-flight sums them)."""
+    shared GPU the peers' arenas share this rank's memory), each made once, as the position each
+    stands at (``at``: with replicas); and the plans that share this rank's memory (the pre-flight
+    sums them)."""
     shares_memory = ctx.device.type == "cpu" or ctx.shared_device
     peers = ctx.node_peers if shares_memory or opts.verify == Verify.NODE else [ctx.rank]
-    plans = {p: planner.plan(layout, opts.kind, p) for p in peers}
+    plans = {p: planner.plan(layout, opts.kind, position(at, p)) for p in peers}
     return plans, [plans[p] for p in (peers if shares_memory else [ctx.rank])]
 
 

@@ -29,9 +29,10 @@ class Bound:
 
     def problem(self, v: object) -> str | None:
         """Why ``v`` is out of this kind's range, or None."""
+        # v is a number of this kind (the options' coercion, the flag's parse come first)
         if self.kind is float and not math.isfinite(v):  # type: ignore[arg-type]
             return f"must be a finite number {self._range()}, got {v}"
-        ok = (v > self.low if self.above else v >= self.low) and v <= self.high  # type: ignore[operator]
+        ok = (v > self.low if self.above else v >= self.low) and v <= self.high  # type: ignore[operator]  # as above
         return None if ok else f"must be {self._range()}, got {v}"
 
     def _range(self) -> str:

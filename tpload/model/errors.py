@@ -6,6 +6,16 @@ the file, the tensor, the rank (where there is one) and what was expected.
 
 from __future__ import annotations
 
+__all__ = [
+    "CheckpointError",
+    "ConfigError",
+    "LayoutError",
+    "LoadError",
+    "OptionsError",
+    "StoodDown",
+    "raise_all",
+]
+
 
 class LoadError(Exception):
     """A load could not produce verified weights; nothing was served."""

@@ -90,3 +90,13 @@ class TensorMeta:
         return (
             f"{escape_name(self.name)} ({escape_name(self.file)}, {self.dtype} {list(self.shape)})"
         )
+
+
+class HeaderFields(dict[str, object]):
+    """config.json's fields as a checkpoint's own header gives them instead (storage/gguf.py's
+    ``HeaderConfig``): a dict, read as config.json is, that says where each field came from, so a
+    message names the header rather than a config.json that is not there."""
+
+    def source(self, field: str) -> str:
+        """Where ``field`` comes from, in words."""
+        raise NotImplementedError

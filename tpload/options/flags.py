@@ -12,6 +12,7 @@ import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, dataclass, fields
 from enum import Enum
+from typing import Any
 
 from ..model.errors import OptionsError
 from .load_options import LoadOptions, field_types, listing, validate
@@ -101,6 +102,7 @@ class Parser(argparse.ArgumentParser):
                 + did_you_mean(str(value), words),
             )
 
+    # argparse's overloads (a namespace given or not) in one signature: this parser returns its own
     def parse_known_args(  # type: ignore[override]
         self, args: typing.Sequence[str] | None = None, namespace: typing.Any = None
     ) -> tuple[argparse.Namespace, list[str]]:
@@ -218,7 +220,7 @@ def add_flags(
             continue
         into = groups.get(f.name, parser)
         flag = meta["flag"] or "--" + f.name.replace("_", "-")
-        kw: dict[str, object] = {"dest": f.name, "help": meta["help"]}
+        kw: dict[str, Any] = {"dest": f.name, "help": meta["help"]}  # add_argument's, by action
         base = hints[f.name]
         if base is bool:
             kw["action"] = "store_false" if f.default else "store_true"
@@ -258,10 +260,10 @@ def _cli_type(hint: object) -> Callable[[str], object]:
     return str
 
 
-def from_args(ns: argparse.Namespace, *, extra: Mapping[str, object] = ()) -> LoadOptions:
+def from_args(ns: argparse.Namespace, *, extra: Mapping[str, object] | None = None) -> LoadOptions:
     """The options the parsed flags (plus ``extra``) ask for."""
     values = {f.name: getattr(ns, f.name) for f in fields(LoadOptions) if hasattr(ns, f.name)}
-    values.update(extra)
+    values.update(extra or {})
     for glob_field in ("skip", "defer"):
         if glob_field in values and isinstance(values[glob_field], list):
             values[glob_field] = tuple(values[glob_field])

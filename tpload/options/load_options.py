@@ -16,9 +16,10 @@ import numbers
 import os
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
+from typing import Any, Literal, TypedDict, TypeVar, cast
 
 from ..model.bounds import COUNT, GIB, RANKS, SECONDS, THREADS, Bound
 from ..model.errors import OptionsError
@@ -26,14 +27,17 @@ from ..model.modes import Kind, Verify
 from ..selection.defaults import DEFAULT_CONFIG
 from .rules import problems_across
 
+__all__ = ["LoadKwargs", "LoadOptions", "field_types", "listing", "opt", "validate"]
+
 KINDS = tuple(Kind)
 VERIFY_MODES = tuple(Verify)
 
 Check = Callable[[object], str | None]
+_T = TypeVar("_T")
 
 
 def opt(
-    default: object,
+    default: _T,
     help: str,
     *,
     flag: str | None = None,
@@ -42,7 +46,7 @@ def opt(
     bound: Bound | None = None,
     check: Check | None = None,
     cli: bool = True,
-) -> object:
+) -> _T:
     """A :class:`LoadOptions` field: its default, its help, and how it appears on the command line.
 
     ``flag``: the command-line spelling (default ``--field-name``); ``bound``: the kind of number it
@@ -78,7 +82,8 @@ def _sha256_hex(v: object) -> str | None:
 def _replica_group_problem(v: object) -> str | None:
     """Groups of one size, no rank in two (the world's checks come with the layout:
     distributed/placement.py)."""
-    sizes = [len(g) for g in v]  # type: ignore[attr-defined]
+    groups = cast(Sequence[Sequence[int]], v)  # coerced first (_coerce): lists of ranks
+    sizes = [len(g) for g in groups]
     if not sizes or not all(sizes):
         return f"must hold one non-empty list of ranks per position, got {len(sizes)} group(s)"
     if len(set(sizes)) > 1:
@@ -87,7 +92,7 @@ def _replica_group_problem(v: object) -> str | None:
             "replica, so every group has the same size"
         )
     seen: dict[int, int] = {}
-    for k, group in enumerate(v):  # type: ignore[arg-type]
+    for k, group in enumerate(groups):
         for r in group:
             if r < 0:
                 return f"rank {r} in group {k} is negative"
@@ -282,7 +287,9 @@ class LoadOptions:
         names, wrong types and bad values are all reported in one OptionsError."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
-        coerced, problems = {}, []
+        # each value as its field's type (_coerce), which only the field table knows
+        coerced: dict[str, Any] = {}
+        problems: list[str] = []
         if unknown:
             problems.append(
                 f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
@@ -298,6 +305,49 @@ class LoadOptions:
         if problems:
             raise OptionsError(listing(problems))
         return cls(**coerced)
+
+
+PathArg = str | os.PathLike[str]
+"""A path as ``load()`` takes it: a string, or a path object (turned into its string)."""
+
+
+class LoadKwargs(TypedDict, total=False):
+    """``load()``'s keywords as a type checker and an IDE read them (PEP 692: ``**options:
+    Unpack[LoadKwargs]``): one per :class:`LoadOptions` field but ``checkpoint`` (``load()``'s
+    first argument), each typed as what ``load()`` accepts for it (a path object for a path, a
+    mode's name, one glob for a list of them, lists of ranks); the defaults, the help and the rules
+    are the fields' (tests/unit/options/test_load_options.py holds the two equal). A name not here
+    is still reported by the options' one error, on every rank."""
+
+    config: PathArg
+    kind: Literal["packed", "expanded"]
+    tp: int | None
+    ep: int
+    replicas: int
+    replica_group: Sequence[Sequence[int]] | None
+    verify: Literal["node", "rank", "digest", "off"]
+    device: str | None
+    allow_shared_device: bool
+    hash_threads: int
+    samples: int
+    progress: bool
+    timeout_s: float
+    skip: str | Sequence[str]
+    defer: str | Sequence[str]
+    skip_activation_scales: bool
+    evict_page_cache: bool
+    reserve_gib: float
+    report: PathArg | None
+    digest_store: PathArg | None
+    manifest_sha256: str | None
+    signature: PathArg | None
+    signer_key: PathArg | None
+    signer_cert: PathArg | None
+    signer_chain: PathArg | None
+    signer_identity: str | None
+    signer_issuer: str | None
+    attest: PathArg | None
+    attest_key: PathArg | None
 
 
 def listing(problems: list[str]) -> str:
@@ -339,12 +389,11 @@ def _coerce(name: str, value: object) -> object:
             return float(value)
         raise TypeError(f"expected a number, got {type(value).__name__} {value!r}")
     if base == tuple[tuple[int, ...], ...]:  # replica_group: lists of ranks
-        ok = isinstance(value, (list, tuple)) and all(
+        if isinstance(value, (list, tuple)) and all(
             isinstance(g, (list, tuple))
             and all(isinstance(r, numbers.Integral) and not isinstance(r, bool) for r in g)
             for g in value
-        )
-        if ok:  # numpy or torch integers too (an engine's rank lists)
+        ):  # numpy or torch integers too (an engine's rank lists)
             return tuple(tuple(int(r) for r in g) for g in value)
         raise TypeError(f"expected a list of lists of ranks, got {type(value).__name__} {value!r}")
     if typing.get_origin(base) is tuple:  # globs: one string is one glob, never its characters
@@ -377,27 +426,12 @@ def validate(values: Mapping[str, object], *, style: str) -> list[str]:
             problems.append(
                 f"{_spell(f.name, style)} {v!r} is not one of {', '.join(meta['choices'])}"
             )
-        elif v is not None and (why := _field_problem(meta, v)):
+        elif v is not None and (why := _field_problem(meta["bound"], meta["check"], v)):
             problems.append(f"{_spell(f.name, style)} {why}")
     return problems + problems_across(values, functools.partial(_spell, style=style))
 
 
-def _field_problem(meta: Mapping[str, object], v: object) -> str | None:
-    bound, check = meta["bound"], meta["check"]
+def _field_problem(bound: Bound | None, check: Check | None, v: object) -> str | None:
     return (bound.problem(v) if bound is not None else None) or (
         check(v) if check is not None else None
-    )  # type: ignore[union-attr,operator]
-
-
-def with_option_signature(fn: Callable, returns: type) -> None:
-    """Give ``fn`` (``load``) the keyword signature of :class:`LoadOptions`, so help() and IDEs show
-    every option beside its own parameters."""
-    import inspect
-
-    params = [p for p in inspect.signature(fn).parameters.values() if p.kind != p.VAR_KEYWORD]
-    params += [
-        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default)
-        for f in fields(LoadOptions)
-        if f.name != "checkpoint"
-    ]
-    fn.__signature__ = inspect.Signature(params, return_annotation=returns)
+    )

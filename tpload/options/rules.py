@@ -7,8 +7,9 @@ returns its problems worded with the option spelled as the caller spelled it (``
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import cast
 
 from ..model.errors import LoadError
 from ..model.text import escape_name, first_line
@@ -54,14 +55,16 @@ def problems_across(values: Mapping[str, object], spell: Spell) -> list[str]:
         why := in_checkpoint(str(store) if store else None, str(values["checkpoint"]))
     ):
         problems.append(f"{why}: give {spell('digest_store')} a folder outside it")
-    groups = values.get("replica_group")
-    if groups and (values.get("replicas") or 1) != 1:
+    # the values are typed (options/load_options.py's _coerce): the caller's groups of ranks
+    groups = cast(Sequence[Sequence[int]] | None, values.get("replica_group"))
+    replicas = cast(int | None, values.get("replicas"))
+    if groups and (replicas or 1) != 1:
         problems.append(
             f"{spell('replicas')} {values['replicas']} with "
             f"{spell('replica_group')} ({len(groups)} groups of {len(groups[0])}): give "
             "one of them (the groups' size is the number of replicas)"
         )
-    if ((values.get("replicas") or 1) > 1 or groups) and values.get("verify") == "rank":
+    if ((replicas or 1) > 1 or groups) and values.get("verify") == "rank":
         what = (
             f"{spell('replica_group')} ({len(groups)} groups)"
             if groups
@@ -93,14 +96,14 @@ def _attest_problems(values: Mapping[str, object], spell: Spell) -> list[str]:
             f"{spell('attest')} -: the attestation is written to a file (FILE.sig beside it when "
             "signed), never to standard output; name the file"
         )
-    elif attest and not folder.is_dir():
+    elif folder is not None and not folder.is_dir():  # (a folder: attest is named)
         problems.append(f"{spell('attest')} {attest}: folder {folder} does not exist")
     elif attest and (
         Path(str(attest)).is_dir() or (key and Path(str(attest) + ".sig").is_dir())
     ):  # refused now, as --report is: after the verdict it would fail rank 0 alone
         what = attest if Path(str(attest)).is_dir() else f"{attest}.sig"
         problems.append(f"{spell('attest')} {what} is a folder; name the file to write")
-    elif attest and not os.access(folder, os.W_OK | os.X_OK):
+    elif folder is not None and not os.access(folder, os.W_OK | os.X_OK):
         problems.append(
             f"{spell('attest')} {attest}: folder {folder} is not writable (checked before "
             "loading, so the statement cannot fail after the load)"
@@ -206,7 +209,7 @@ def signing_missing() -> str | None:
     return None
 
 
-def key_problem(key: str | os.PathLike) -> str | None:
+def key_problem(key: str | os.PathLike[str]) -> str | None:
     """Why ``key`` cannot sign an attestation (None: it is an unencrypted EC private key in PEM),
     read once by the bounded reader (a FIFO, a device or a huge file is refused by name)."""
     why = signing_missing()

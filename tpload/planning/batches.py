@@ -38,17 +38,18 @@ BATCH_BYTES = (
 )  # one read and one pass at most this long (cache-friendly, and bounded memory)
 GAP_BYTES = 64 << 10  # bytes of other tensors a batch may read past between two of its own
 
-Piece = tuple[Stored, tuple[int, int], tuple[int, int]]
-"""A cut's stored tensor (seen in the cut's view) and the window's rows and byte columns in it."""
-
 
 class Boxes(Protocol):
-    """Where a window's stored bytes lie: the one thing a batch asks of a storage (its ``box``,
-    storage/base.py); nothing is read here."""
+    """What a batch asks of a storage (storage/base.py): where a window's stored bytes lie
+    (``box``), many at once when it keeps them as columns (``spans``); nothing is read here."""
 
     def box(
         self, name: str, view: tuple[int, int], rows: tuple[int, int], cols: tuple[int, int]
     ) -> tuple[Stored, tuple[int, int], tuple[int, int]]: ...
+
+    def spans(self, names: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """``box`` of many names at once, as columns, when the storage keeps them; None: ask
+        ``box`` (storage/base.py's ``StorageBase``, the default)."""
 
 
 def fits_batch(item: Item, kind: str) -> bool:
@@ -67,80 +68,10 @@ def fits_batch(item: Item, kind: str) -> bool:
     return True
 
 
-def runs(
-    items: Sequence[Item], kind: str, storage: Boxes, *, classes: Sequence[object] | None = None
-) -> Iterator[tuple[int, int, list[list[Piece]]]]:
-    """The rule item by item (the copy loop runs it over columns: :class:`PlanRuns`, which the
-    tests hold to this). The plan in runs ``[i, j)``: a batch of small items (with each one's
-    pieces, in cut order; a small item alone is a batch of one), or one item read block by block
-    (no pieces). A batch
-    stays in one file, within ``BATCH_BYTES``, and reads at most its stored tensors' bytes twice
-    over plus ``GAP_BYTES`` of others'.
-    ``classes``: one token per item, equal for items cut alike (the plan's shared shapes), so
-    whether a class can batch is worked out once, not per tensor."""
-    small: dict[int, bool] = {}
-
-    def batchable(k: int) -> list[Piece] | None:
-        item = items[k]
-        if classes is None:
-            ok = fits_batch(item, kind)
-        else:
-            token = id(classes[k])
-            ok = small.get(token)
-            if ok is None:
-                ok = small[token] = fits_batch(item, kind)
-        return _pieces(item, storage) if ok else None
-
-    i, n = 0, len(items)
-    nxt = batchable(0) if n else None
-    while i < n:
-        j, batch = i + 1, [nxt] if nxt is not None else []
-        nxt = batchable(j) if j < n else None
-        if batch:
-            first = [s for s, _, _ in batch[0]]
-            path = first[0].path
-            lo = min(s.offset for s in first)
-            hi = max(s.offset + s.nbytes for s in first)
-            total = sum(s.nbytes for s in first)
-            if any(s.path != path for s in first) or not _readable(lo, hi, total):
-                batch = []  # its own pieces are too far apart for one read
-        if batch:
-            while nxt is not None:
-                lo2, hi2, total2 = lo, hi, total
-                for s, _, _ in nxt:
-                    if s.path is not path and s.path != path:  # one Path object per shard, mostly
-                        break
-                    lo2, hi2, total2 = (
-                        min(lo2, s.offset),
-                        max(hi2, s.offset + s.nbytes),
-                        total2 + s.nbytes,
-                    )
-                else:
-                    if _readable(lo2, hi2, total2):
-                        batch.append(nxt)
-                        lo, hi, total, j = lo2, hi2, total2, j + 1
-                        nxt = batchable(j) if j < n else None
-                        continue
-                break
-        yield i, j, batch
-        i = j
-
-
 def _readable(lo: int, hi: int, total: int) -> bool:
     """Whether one read of bytes ``[lo, hi)`` holding ``total`` bytes of a batch's own is worth it:
     within ``BATCH_BYTES``, at most twice its own bytes plus ``GAP_BYTES`` of others'."""
     return hi - lo <= BATCH_BYTES and hi - lo <= 2 * total + GAP_BYTES
-
-
-def _pieces(item: Item, storage: Boxes) -> list[Piece] | None:
-    """A small item's pieces, if each cut's stored tensor is small (it is read whole)."""
-    pieces = []
-    for c in item.cuts:
-        stored, rows, cols = storage.box(c.name, c.view, c.rows, c.cols)
-        if not 0 < stored.rows * stored.row_bytes <= SMALL_BYTES:
-            return None
-        pieces.append((stored, rows, cols))
-    return pieces
 
 
 class Spans(NamedTuple):
@@ -162,8 +93,7 @@ def spans_of(storage: Boxes, names: Sequence[str], views: np.ndarray, boxes: np.
     its box), as ``storage.box`` says: from the storage's columns when it has them (``spans``: a
     native folder's table, whose box is the stored tensor seen in the cut's view), a ``box`` a cut
     otherwise (a rank file, bytes held in memory)."""
-    located = getattr(storage, "spans", None)
-    got = located(names) if located is not None else None
+    got = storage.spans(names)
     if got is not None:
         file, offset, nbytes = got
         if np.array_equal(views[:, 0] * views[:, 1], nbytes):  # else box raises: let it, below
@@ -171,7 +101,9 @@ def spans_of(storage: Boxes, names: Sequence[str], views: np.ndarray, boxes: np.
     n = len(names)
     files: dict[object, int] = {}
     file, offset = np.empty(n, np.int64), np.empty(n, np.int64)
-    rows, row_bytes, box = np.empty(n, np.int64), np.empty(n, np.int64), np.empty((n, 4), np.int64)
+    rows: np.ndarray = np.empty(n, np.int64)
+    row_bytes: np.ndarray = np.empty(n, np.int64)
+    box: np.ndarray = np.empty((n, 4), np.int64)
     for k, (name, v, b) in enumerate(zip(names, views.tolist(), boxes.tolist(), strict=True)):
         s, (r0, r1), (c0, c1) = storage.box(name, (v[0], v[1]), (b[0], b[1]), (b[2], b[3]))
         file[k] = files.setdefault(s.path, len(files))
@@ -180,7 +112,7 @@ def spans_of(storage: Boxes, names: Sequence[str], views: np.ndarray, boxes: np.
 
 
 class Kinds(Protocol):
-    """What :func:`plan_runs` reads of a rank's plan (planning/planner.py's RankPlan)."""
+    """What :class:`PlanRuns` reads of a rank's plan (planning/planner.py's RankPlan)."""
 
     @property
     def klass(self) -> np.ndarray: ...
@@ -211,9 +143,10 @@ class ClassCuts(NamedTuple):
 
 
 class PlanRuns:
-    """A plan in runs ``[i, j)`` (as :func:`runs` makes them from items, without them): a batch of
-    small entries, whose pieces (each entry's cuts in cut order) are the rows ``[p, q)`` of the
-    piece columns, or one entry loaded alone (block by block, or decoded)."""
+    """A plan in runs ``[i, j)`` (as the item-wise rule, tests/unit/loading/batch_runs.py, makes
+    them from items, without them): a batch of small entries, whose pieces (each entry's cuts in
+    cut order) are the rows ``[p, q)`` of the piece columns, or one entry loaded alone (block by
+    block, or decoded)."""
 
     def __init__(self, plan: Kinds, kind: str, storage: Boxes) -> None:
         klass, index = plan.klass, plan.index
@@ -234,11 +167,11 @@ class PlanRuns:
                     tuple(item.cuts),
                     tuple(item.output(c.name).offset - base for c in item.cuts),
                 )
-        count = np.zeros(size, np.int64)
-        views = np.zeros((size, 3, 2), np.int64)
-        boxes = np.zeros((size, 3, 4), np.int64)
-        after = np.zeros((size, 3), np.int64)
-        col = np.zeros((size, 3), np.int64)
+        count: np.ndarray = np.zeros(size, np.int64)
+        views: np.ndarray = np.zeros((size, 3, 2), np.int64)
+        boxes: np.ndarray = np.zeros((size, 3, 4), np.int64)
+        after: np.ndarray = np.zeros((size, 3), np.int64)
+        col: np.ndarray = np.zeros((size, 3), np.int64)
         for c, cc in self.classes.items():
             count[c] = len(cc.cuts)
             for j, cut in enumerate(cc.cuts):
@@ -247,13 +180,13 @@ class PlanRuns:
         per = count[klass]
         self.first = np.cumsum(per) - per
         """Each entry's first piece (an entry that cannot batch has none)."""
-        rep = np.repeat(np.arange(n), per)
+        rep: np.ndarray = np.repeat(np.arange(n), per)
         j = np.arange(len(rep)) - np.repeat(self.first, per)
         k = klass[rep]
         rows = plan.all_entries
-        cols = (rows.names, rows.scales, rows.scales2)
+        cols: tuple[Sequence[str | None], ...] = (rows.names, rows.scales, rows.scales2)
         # each name column's pieces picked in one C-level pass, put in piece order by numpy
-        picked = np.empty(len(rep), object)
+        picked: np.ndarray = np.empty(len(rep), object)
         column, entry = col[k, j], index[rep]
         for c, names in enumerate(cols):
             at = np.flatnonzero(column == c)
@@ -264,7 +197,8 @@ class PlanRuns:
         shared: list[Box | None] = [None] * (3 * size)  # class c's cut i: 3 c + i
         for c, cc in self.classes.items():
             shared[3 * c : 3 * c + len(cc.cuts)] = [cut.box for cut in cc.cuts]
-        self.cut_boxes: list[Box] = list(map(shared.__getitem__, (3 * k + j).tolist()))
+        # (map over list.__getitem__, whose overloads mypy cannot pick: an int each, a class's box)
+        self.cut_boxes: list[Box] = list(map(shared.__getitem__, (3 * k + j).tolist()))  # type: ignore[arg-type]
         """Each piece's cut's box (one tuple a class's cut, shared)."""
         self.out = plan.offsets[rep] + after[k, j]
         """Each piece's served tensor's arena offset."""
@@ -274,11 +208,11 @@ class PlanRuns:
         # an entry batches when each of its pieces' stored tensors is small (it is read whole)
         small = ((nbytes > 0) & (nbytes <= SMALL_BYTES)).astype(np.int64)
         starts = self.first[per > 0]
-        ok = np.zeros(n, bool)
-        lo = np.zeros(n, np.int64)
-        hi = np.zeros(n, np.int64)
-        total = np.zeros(n, np.int64)
-        one_file = np.zeros(n, bool)
+        ok: np.ndarray = np.zeros(n, bool)
+        lo: np.ndarray = np.zeros(n, np.int64)
+        hi: np.ndarray = np.zeros(n, np.int64)
+        total: np.ndarray = np.zeros(n, np.int64)
+        one_file: np.ndarray = np.zeros(n, bool)
         if len(rep):
             has = per > 0
             ok[has] = np.add.reduceat(small, starts) == per[has]
@@ -288,7 +222,7 @@ class PlanRuns:
             one_file[has] = np.minimum.reduceat(s.file, starts) == np.maximum.reduceat(
                 s.file, starts
             )
-        file = np.full(n, -1, np.int64)
+        file: np.ndarray = np.full(n, -1, np.int64)
         file[per > 0] = s.file[starts]
         self.runs = _group(
             ok.tolist(), one_file.tolist(), file.tolist(), lo.tolist(), hi.tolist(), total.tolist()
@@ -312,8 +246,8 @@ def _group(
     hi: list[int],
     total: list[int],
 ) -> list[tuple[int, int, bool]]:
-    """:func:`runs`' grouping over each entry's columns (whether it batches, whether its pieces are
-    in one file, which, the span of its stored bytes and their sum)."""
+    """The item-wise rule's grouping over each entry's columns (whether it batches, whether its
+    pieces are in one file, which, the span of its stored bytes and their sum)."""
     out: list[tuple[int, int, bool]] = []
     i, n = 0, len(ok)
     while i < n:

@@ -29,11 +29,18 @@ def layout_problems(classified: Classified, layout: Layout, *, channel_align: in
             )
             break
     seen_rules: set[tuple[int, str]] = set()
-    tried: set[tuple] = set()
+    tried: set[tuple[object, ...]] = set()
     for e in firsts:
         # a tensor of the same rule, codec, shape and dtypes as one already tried cuts the same way
         f = e.fit
-        like = (e.rule.index, e.rule.origin, e.codec.name, f.group, f.weight.shape, f.weight.dtype)
+        like: tuple[object, ...] = (
+            e.rule.index,
+            e.rule.origin,
+            e.codec.name,
+            f.group,
+            f.weight.shape,
+            f.weight.dtype,
+        )
         like += (f.scale.shape if f.scale else None,)
         if like in tried:
             continue

@@ -24,7 +24,7 @@ from ..codecs import registry
 from ..codecs.base import Codec
 from ..codecs.plain import KV_SCALE, PLAIN
 from ..model.errors import ConfigError, raise_all
-from ..model.meta import TensorMeta
+from ..model.meta import HeaderFields, TensorMeta
 from ..model.modes import Role
 from ..model.table import Templates, TensorTable
 from ..model.templates import natural_key, natural_sorted
@@ -36,6 +36,7 @@ from ..selection.config import (
     READS_NOTHING,
     Config,
     Rule,
+    rule_index,
 )
 from ..selection.config import _alternatives as alternatives_of
 from ..selection.kvscales import Census
@@ -111,7 +112,7 @@ def classify(
     entries = Entries(rows, classes, tensors)
     counts, at = entries.experts(deferred_experts)
     positions = {k: {x: i for i, x in enumerate(v)} for k, v in counts.items()}
-    deferred_at = np.zeros((len(deferred), 2), dtype=np.int64)
+    deferred_at: np.ndarray = np.zeros((len(deferred), 2), dtype=np.int64)
     for k, n in enumerate(deferred):
         if (x := deferred_experts.get(n)) is not None:
             deferred_at[k] = positions[x[0]][x[1]], len(counts[x[0]])
@@ -165,12 +166,14 @@ def _walk(
         problems += _scale_globs(rules, needs)
     scales = {m for needed in needs.values() for m in needed}
     expert_rx = config.expert_regex
-    rows, classes = Columns(), []
-    skipped, deferred, unmatched = [], [], []
+    rows, classes = Columns(), list[Klass]()
+    skipped: list[str] = []
+    deferred: list[str] = []
+    unmatched: list[str] = []
     deferred_experts: dict[str, tuple[str, int]] = {}
     grouped: dict[str, list[str]] = {}
-    fits: dict[tuple, int | str] = {}
-    codec_of = {role: registry.for_role(role) for role in registry.roles()}
+    fits: dict[tuple[object, ...], int | str] = {}
+    codec_of = registry.by_role()
     leave = scales | broken
     ordered = natural_sorted(tensors) if order is None else order
     walked = [n for n in ordered if n not in leave] if leave else ordered
@@ -268,7 +271,7 @@ def _by_columns(
     first = first_rules(table.names, rules, tpl)
     if (first == none).any():
         return None  # unmatched: the walk words it
-    scaled = {role for role in registry.roles() if registry.for_role(role).scaled}
+    scaled = registry.scaled_roles()
     if any(not p.scaled and p.role in scaled for f in config.families for p in FAMILIES[f]):
         return None  # a way whose rule the walk would check as given outright (_scales)
     names, n = table.names, len(table)
@@ -288,7 +291,7 @@ def _by_columns(
     census = kv_census(list(map(names.__getitem__, counted.tolist())))
     if config.kv_scales == "strict" and census.problems():
         return None
-    scale = np.zeros(n, bool)
+    scale: np.ndarray = np.zeros(n, bool)
     scale[s1[s1 >= 0]] = True
     scale[s2[s2 >= 0]] = True
     if not scale[unresolved].all():
@@ -323,9 +326,10 @@ def _by_columns(
     return rows, classes, skipped, deferred, deferred_experts, census
 
 
-def _kind_in(kind: np.ndarray, roles: list[str], role: str) -> np.ndarray:
+def _kind_in(kind: np.ndarray, roles: Sequence[str], role: str) -> np.ndarray:
     """Which rows' rules (``kind``: each row's rule code) have ``role``."""
-    return np.asarray([r == role for r in roles], bool)[kind]
+    result: np.ndarray = np.asarray([r == role for r in roles], bool)[kind]
+    return result
 
 
 class _Made:
@@ -349,7 +353,7 @@ def _outright(
     tpl: Templates,
     first: np.ndarray,
     scales: tuple[np.ndarray, np.ndarray],
-    scaled: set[str],
+    scaled: frozenset[str],
 ) -> bool:
     """The scales' rows of the weights of scaled rules given outright (not ``auto``), into
     ``scales``, by the join once per (rule, template); False where a weight's name lacks the
@@ -384,7 +388,7 @@ def _resolved(
     made: _Made,
     rule_of: np.ndarray,
     scales: tuple[np.ndarray, np.ndarray],
-    scaled: set[str],
+    scaled: frozenset[str],
 ) -> np.ndarray:
     """Each ``auto`` row's rule resolved (Config.resolve_scaled's ways, in its order) into
     ``rule_of`` and its scales' rows into ``scales``, once per (rule, dtype, template): a scale
@@ -428,12 +432,16 @@ def _resolved(
                 left.append(open_)
             else:
                 rule_of[open_] = made.code(plain)
-    return np.concatenate(left)
+    result: np.ndarray = np.concatenate(left)
+    return result
 
 
 def _ends(names: list[str], rows: np.ndarray, suffix: str) -> np.ndarray:
     """Which rows' names end in ``suffix``."""
-    return np.fromiter((names[k].endswith(suffix) for k in rows.tolist()), bool, len(rows))
+    result: np.ndarray = np.fromiter(
+        (names[k].endswith(suffix) for k in rows.tolist()), bool, len(rows)
+    )
+    return result
 
 
 def _renamed(
@@ -447,7 +455,7 @@ def _renamed(
     if got is not None:
         return got
     names, row = table.names, table.row
-    return np.fromiter(
+    result: np.ndarray = np.fromiter(
         (
             row.get(names[k][: -len(suffix)] + replacement, -1) if names[k].endswith(suffix) else -1
             for k in rows.tolist()
@@ -455,6 +463,7 @@ def _renamed(
         np.int64,
         len(rows),
     )
+    return result
 
 
 def _served_columns(
@@ -471,7 +480,7 @@ def _served_columns(
     :func:`_served` does), scales and experts; None where any has a problem."""
     names = table.names
     s1, s2 = scales
-    codec_of = {role: registry.for_role(role) for role in registry.roles()}
+    codec_of = registry.by_role()
     codecs = [codec_of.get(r.role) for r in made.rules]  # None: a rule no served row has
     kinds = {id(c): k for k, c in enumerate(dict.fromkeys([*codecs, KV_SCALE]))}
     codec = np.asarray([kinds[id(c)] for c in codecs], np.int64)[rule_of]
@@ -496,7 +505,7 @@ def _served_columns(
             return None
         key, span = key * width + col, span * width
     _, firsts, at = np.unique(key, return_index=True, return_inverse=True)
-    fits: dict[tuple, int | str] = {}
+    fits: dict[tuple[object, ...], int | str] = {}
     classes: list[Klass] = []
     _, sig_of = _readers(tensors, table)
     klass: np.ndarray = np.zeros(len(firsts), np.int64)
@@ -519,7 +528,7 @@ def _served_columns(
             return None
         klass[u] = got
     at_set, index = _experts(table, made, rule_of, served, expert_rx)
-    if at_set is None:
+    if at_set is None or index is None:  # (both or neither)
         return None
     rows = Columns()
     rows.extend_columns(
@@ -568,7 +577,7 @@ def _experts(
         digits = list(map(_GROUP_1, found))
         if max(map(len, digits)) >= 19:
             return None, None
-        cut = list(map(str.__getitem__, held, map(slice, map(re.Match.start, found))))
+        cut = list(map(str.__getitem__, held, map(slice, map(_START, found))))
         numbers = list(map(int, digits))
     for k, x, i in zip(at.tolist(), cut, numbers, strict=True):
         sets[k], index[k] = x, i
@@ -578,7 +587,7 @@ def _experts(
 DEFAULT_EXPERTS = r"experts\.(\d+)\."
 """The shipped configs' expert pattern: its literals are not digits and its group is a whole digit
 run between two of them, so it finds the same run of every name of a template."""
-_POW10 = 10 ** np.arange(1, 19, dtype=np.int64)
+_POW10: np.ndarray = 10 ** np.arange(1, 19, dtype=np.int64)
 
 
 def _experts_by_template(
@@ -628,7 +637,7 @@ def _experts_by_template(
 
 
 def _sorted_out(
-    walked: list[str],
+    walked: Sequence[str],
     rules: Mapping[str, Rule | None],
     expert_rx: re.Pattern[str],
     aside: tuple[list[str], list[str], list[str], dict[str, tuple[str, int]]],
@@ -654,9 +663,9 @@ def _served(
     needs: Mapping[str, tuple[str, ...]],
     expert_rx: re.Pattern[str],
     codecs: tuple[Mapping[str, Codec], Mapping[str, object]],
-    known: tuple[dict[tuple, int | str], list[Klass]],
+    known: tuple[dict[tuple[object, ...], int | str], list[Klass]],
     sig_of: Callable[[str], object],
-    sigs_of: Callable[[list[str | None]], list[object]],
+    sigs_of: Callable[[Sequence[str | None]], list[object]],
 ) -> tuple[list[int], list[tuple[str, ...] | None], list[tuple[str, int] | None]] | None:
     """The served names' classes, scales and experts in bulk: each distinct class key (rule, codec,
     the dtypes and shapes of the weight and its scales) fitted once, at its first name, and every
@@ -676,7 +685,7 @@ def _served(
     second = sigs_of([nd[1] if nd and len(nd) > 1 else None for nd in need])
     keys = list(zip(map(id, rs), map(id, cs), sigs_of(names), first, second, strict=True))
     firsts = dict(zip(reversed(keys), range(len(keys) - 1, -1, -1), strict=True))
-    klass_of: dict[tuple, int] = {}
+    klass_of: dict[tuple[object, ...], int] = {}
     for key in dict.fromkeys(keys):  # in order of first appearance: the classes' numbers
         k = firsts[key]
         got = _class(names[k], rs[k], tensors, need[k], cs[k], known, {}, sig_of)
@@ -694,7 +703,7 @@ def _served(
         digits = list(map(_GROUP_1, found))
         if max(map(len, digits)) >= 19:
             return None
-        sets = list(map(str.__getitem__, held, map(slice, map(re.Match.start, found))))
+        sets = list(map(str.__getitem__, held, map(slice, map(_START, found))))
         for k, x in zip(at, zip(sets, map(int, digits), strict=True), strict=True):
             experts[k] = x
     klass: list[int] = list(map(klass_of.__getitem__, keys))
@@ -702,6 +711,7 @@ def _served(
 
 
 _GROUP_1 = operator.methodcaller("group", 1)
+_START = operator.methodcaller("start")
 
 
 def _codec(name: str, rule: Rule, codec_of: Mapping[str, Codec], kv: Mapping[str, object]) -> Codec:
@@ -724,7 +734,7 @@ def _readers(
 
 def _sigs_of(
     sig_of: Callable[[str], object], table: TensorTable | None
-) -> Callable[[list[str | None]], list[object]]:
+) -> Callable[[Sequence[str | None]], list[object]]:
     """``sig_of`` of many names at once (-1 for None: no name), read from the table's columns when
     the table has the tensors' rows."""
     if table is None:
@@ -754,16 +764,16 @@ def _rules(
     unresolved: dict[str, str] = {}
     needs: dict[str, tuple[str, ...]] = {}  # tuples: the collector untracks them
     resolve = config.resolve_scaled
-    scaled = {role for role in registry.roles() if registry.for_role(role).scaled}
-    for n in [n for n, r in rules.items() if r is not None and r.role == AUTO]:
-        r = rules[n]
+    scaled = registry.scaled_roles()
+    for n, r in [(n, r) for n, r in rules.items() if r is not None and r.role == AUTO]:
         got = resolve(r, n, dtype_of(n), tensors)
         if isinstance(got, str):
             unresolved[n] = f"{r.describe()}: {got}"
             rules[n] = None
         else:
-            rules[n], found = got
-            if found and rules[n].role in scaled:
+            resolved, found = got
+            rules[n] = resolved
+            if found and resolved.role in scaled:
                 needs[n] = tuple(found)
     return rules, unresolved, needs, matched
 
@@ -784,8 +794,8 @@ def _matched(
             at = {r: i for i, r in enumerate(rules)}
             for k, n in enumerate(tensors):
                 if (m := given.match(n)) is not None:
-                    i = int(m.lastgroup[1:])
-                    if matched[k] is None or i < at[matched[k]]:
+                    i, was = rule_index(m), matched[k]
+                    if was is None or i < at[was]:
                         matched[k] = rules[i]
     act = [i for i, r in enumerate(rules) if r.origin == ACTIVATION_ORIGIN]
     if act:
@@ -806,7 +816,7 @@ def _scales(
     """The weights of a scaled rule given outright (not ``auto``) whose scales are missing or whose
     name lacks the rule's suffix (each a problem, in natural order); the scales of the others are
     filed in ``needs``."""
-    scaled = {role for role in registry.roles() if registry.for_role(role).scaled}
+    scaled = registry.scaled_roles()
     first: list[tuple[str, str]] = []  # (weight, problem), in the catalogue's order
     for n, r in rules.items():
         if r is None or r.role not in scaled or n in needs:
@@ -834,7 +844,7 @@ def _class(
     tensors: Mapping[str, TensorMeta],
     needed: tuple[str, ...] | None,
     codec: Codec,
-    known: tuple[dict[tuple, int | str], list[Klass]],
+    known: tuple[dict[tuple[object, ...], int | str], list[Klass]],
     grouped: dict[str, list[str]],
     sig_of: Callable[[str], object],
 ) -> int:
@@ -926,8 +936,9 @@ def _source(model: Mapping[str, object], field: str, root: object) -> str:
     """Where the model config's ``field`` was read, in words: a GGUF header's stand-in for
     config.json says which key of which file (``storage/gguf.py``, ``HeaderConfig.source``);
     config.json otherwise."""
-    source = getattr(model, "source", None)
-    return source(field) if callable(source) else f"config.json's {field!r} in {escape_name(root)}"
+    if isinstance(model, HeaderFields):
+        return model.source(field)
+    return f"config.json's {field!r} in {escape_name(root)}"
 
 
 def _idle(

@@ -17,14 +17,18 @@ from .layout import Layout, share
 SLOT_ALIGN = 256  # every served tensor starts on a 256-byte boundary of the arena
 
 
+CutFields = tuple[tuple[int, int], tuple[int, int], tuple[int, ...], str, tuple[int, int], int]
+"""A Cut's fields after its name (codecs/base.py): rows, byte columns, shape, dtype, view, group."""
+
+
 class Shaped(NamedTuple):
     """A tensor's cuts and served tensors on one rank, without the names: shared by every tensor of
     its class (the 256 experts of a layer cut alike)."""
 
-    weight: tuple
+    weight: CutFields
     """The weight's Cut fields after its name."""
-    scale: tuple | None
-    scale2: tuple | None
+    scale: CutFields | None
+    scale2: CutFields | None
     served: tuple[tuple[torch.dtype, tuple[int, ...], int], ...]
     """(dtype, shape, bytes) of each output: the weight's (or its decode's), then its scales'."""
     rule: str

@@ -132,7 +132,7 @@ class Entries(Sequence[Entry]):
     def __len__(self) -> int:
         return len(self.names)
 
-    def __getitem__(self, k: int) -> Entry:  # type: ignore[override]
+    def __getitem__(self, k: int) -> Entry:  # type: ignore[override]  # an index only, no slices
         name, c = self.names[k], self.classes[self.klass[k]]
         meta, fit = self.tensors[name], c.fit
         if fit.weight is not meta:
@@ -163,7 +163,7 @@ class Entries(Sequence[Entry]):
         indices count too); and per row, its expert's position in its set and the set's size
         (columns 0, 1; (0, 0) for a row every ep group holds)."""
         counts: dict[str, list[int]] = {}
-        at = np.zeros((len(self.names), 2), dtype=np.int64)
+        at: np.ndarray = np.zeros((len(self.names), 2), dtype=np.int64)
         for s, key in enumerate(self.set_names):
             rows = np.flatnonzero(self.expert_set == s)
             indices = np.unique(self.expert_index[rows])

@@ -9,7 +9,7 @@ from typing import NamedTuple, overload
 import numpy as np
 import torch
 
-from ..codecs.base import Codec, Cut, Fit
+from ..codecs.base import Codec, Cut, Fit, present
 from .cutting import Shaped, slot
 from .entries import Entry
 
@@ -62,9 +62,9 @@ class Item(NamedTuple):
 def item_of(e: Entry, s: Shaped, offset: int) -> Item:
     """One tensor's item: its class's cuts and outputs, named, at its arena offset."""
     f = e.fit
-    scales = (Cut(f.scale.name, *s.scale),) if s.scale is not None else ()
+    scales: tuple[Cut, ...] = (Cut(present(f.scale).name, *s.scale),) if s.scale is not None else ()
     if s.scale2 is not None:
-        scales += (Cut(f.scale2.name, *s.scale2),)
+        scales += (Cut(present(f.scale2, "its second scale").name, *s.scale2),)
     names = (e.name, *(c.name for c in scales))  # served() lists the weight, then its scales
     outputs = []
     for name, (dtype, shape, nbytes) in zip(names, s.served, strict=False):

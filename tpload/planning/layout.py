@@ -55,5 +55,8 @@ def part_of(i: int, n: int, parts: int) -> int:
 
 def parts_of(i: np.ndarray, n: np.ndarray, parts: int) -> np.ndarray:
     """:func:`part_of` of each pair of ``i`` and ``n`` (one pass over a column)."""
-    per = n // parts
-    return np.where(per > 0, np.minimum(i // np.maximum(per, 1), parts - 1), parts - 1)
+    per: np.ndarray = n // parts
+    result: np.ndarray = np.where(
+        per > 0, np.minimum(i // np.maximum(per, 1), parts - 1), parts - 1
+    )
+    return result

@@ -102,9 +102,9 @@ class RankPlan:
         for k, c in zip(self.index.tolist(), self.klass.tolist(), strict=True):
             s = table[c]
             if s.scale is not None:
-                out.append(scales[k])  # type: ignore[arg-type]
+                out.append(scales[k])
             if s.scale2 is not None:
-                out.append(scales2[k])  # type: ignore[arg-type]
+                out.append(scales2[k])
             out.append(names[k])
         return out
 
@@ -113,22 +113,24 @@ class RankPlan:
         """Every served tensor, in plan order (each item's outputs, as :func:`item_of` names and
         places them), as columns: no item is made."""
         size = self.class_count
-        count = np.zeros(size, np.int64)
-        column = np.zeros((size, 3), np.int64)  # 0: the weight's name, 1: the scale's, 2: scale2's
-        after = np.zeros((size, 3), np.int64)  # each output's offset after its entry's
-        nbytes = np.zeros((size, 3), np.int64)
-        code = np.zeros((size, 3), np.int64)
+        count: np.ndarray = np.zeros(size, np.int64)
+        column: np.ndarray = np.zeros(
+            (size, 3), np.int64
+        )  # 0: the weight's name, 1: the scale's, 2: scale2's
+        after: np.ndarray = np.zeros((size, 3), np.int64)  # each output's offset after its entry's
+        nbytes: np.ndarray = np.zeros((size, 3), np.int64)
+        code: np.ndarray = np.zeros((size, 3), np.int64)
         layouts: list[tuple[torch.dtype, tuple[int, ...]]] = []
         for c, s in self.table.items():
-            names = [0] + [1] * (s.scale is not None) + [2] * (s.scale2 is not None)
+            name_cols = [0] + [1] * (s.scale is not None) + [2] * (s.scale2 is not None)
             at = 0
-            for j, (col, (dtype, shape, n)) in enumerate(zip(names, s.served, strict=False)):
+            for j, (col, (dtype, shape, n)) in enumerate(zip(name_cols, s.served, strict=False)):
                 column[c, j], after[c, j], nbytes[c, j], code[c, j] = col, at, n, len(layouts)
                 layouts.append((dtype, shape))
                 at += slot(n)
                 count[c] = j + 1
         per = count[self.klass]
-        rep = np.repeat(np.arange(len(self.klass)), per)
+        rep: np.ndarray = np.repeat(np.arange(len(self.klass)), per)
         j = np.arange(len(rep)) - np.repeat(np.cumsum(per) - per, per)
         k = self.klass[rep]
         rows = self.all_entries
@@ -137,7 +139,7 @@ class RankPlan:
         else:
             cols = (rows.names, rows.scales, rows.scales2)
             names = [
-                cols[c][e]  # type: ignore[misc]
+                cols[c][e]
                 for c, e in zip(column[k, j].tolist(), self.index[rep].tolist(), strict=True)
             ]
         return Outputs(
@@ -170,9 +172,9 @@ class RankPlan:
         for k, c in zip(self.index.tolist(), self.klass.tolist(), strict=True):
             s = table[c]  # a Cut's fields after its name: the view is the fifth
             if s.scale is not None:
-                out[scales[k]] = s.scale[4]  # type: ignore[index]
+                out[scales[k]] = s.scale[4]
             if s.scale2 is not None:
-                out[scales2[k]] = s.scale2[4]  # type: ignore[index]
+                out[scales2[k]] = s.scale2[4]
             out[names[k]] = s.weight[4]
         return out
 
@@ -333,7 +335,7 @@ class Planner:
         klass = self._klass[index]
         classes, first = np.unique(klass, return_index=True)
         table: dict[int, Shaped] = {}
-        arena = np.zeros(int(classes[-1]) + 1 if len(classes) else 0, dtype=np.int64)
+        arena: np.ndarray = np.zeros(int(classes[-1]) + 1 if len(classes) else 0, dtype=np.int64)
         # classes in order of first appearance: the first tensor that fails is named
         for at in np.sort(first).tolist():
             e = self.entries[int(index[at])]

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..model.table import Templates
-from ..selection.config import Rule
+from ..selection.config import Rule, rule_index
 from ..selection.config import _alternatives as alternatives_of
 
 SIGHTED = frozenset("0123456789[?")
@@ -38,11 +38,11 @@ def first_rules(names: Sequence[str], rules: Sequence[Rule], tpl: Templates) -> 
     if whole is not None:
         for t, k in enumerate(reps.tolist()):
             if (m := whole.match(names[k])) is not None:
-                firsts[t] = int(m.lastgroup[1:])  # type: ignore[index]  # every group is named
+                firsts[t] = rule_index(m)
     out: np.ndarray = firsts[tpl.ids]
     each = alternatives_of((i, r) for i, r in enumerate(rules) if not blind(r))
     if each is not None:
-        hits = [none if m is None else int(m.lastgroup[1:]) for m in map(each.match, names)]  # type: ignore[index]
+        hits = [none if m is None else rule_index(m) for m in map(each.match, names)]
         out = np.minimum(out, np.asarray(hits, np.int64))
     return out
 

@@ -13,13 +13,14 @@ import itertools
 import time
 import typing
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 import numpy as np
 import torch
 
-from .. import load_path_import_ns
 from ..model.modes import PredictionState
 from ..model.values import AGREED_BYTES, DIGEST_BYTES, SLOTS
+from .imports import load_path_import_ns
 
 MESSAGE_BYTES = 4096
 DEVICE_BYTES = 24  # a multiple of 8 (the row is int64 words), and not DIGEST_BYTES (_pack)
@@ -31,7 +32,7 @@ PREDICTION = {
 }  # RankFigures.prediction
 
 
-def _bytes(size: int) -> dict:
+def _bytes(size: int) -> dict[str, int]:
     return {"bytes": size}
 
 
@@ -192,7 +193,8 @@ class RankFigures:
         ints, blobs = cls._layout()
         hints = typing.get_type_hints(cls)
         vals = row.numpy()
-        kw: dict[str, object] = {}
+        # each field by name, as the layout (the dataclass's own hints) reads it from the row
+        kw: dict[str, Any] = {}
         for name, v in zip(ints, vals[: len(ints)], strict=True):
             kw[name] = None if hints[name] == int | None and v == NOT_MEASURED else int(v)
         raw, at = vals[len(ints) :].astype("<i8").tobytes(), 0

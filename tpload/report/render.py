@@ -43,7 +43,7 @@ class LoadReport:
     weight_prefix: str | None = None
     """The prefix the checkpoint's layers are stored under (``model.``; ``""``: none; None: no
     layers)."""
-    kv_scales: dict = field(default_factory=dict)
+    kv_scales: dict[str, object] = field(default_factory=dict)
     """The KV-cache scale census (selection/kvscales.py): each layer's stored scales and vLLM's
     names for them."""
 
@@ -100,7 +100,7 @@ class LoadReport:
         reading = [r for r in self.ranks if r.read_ns > 0]
         return max(reading, key=lambda r: r.read_ns).rank if reading else None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, object]:
         """Everything in the report as plain JSON values (figures not measured are None)."""
         slowest = max((r.read_ns for r in self.ranks), default=0)
         doc = {k: v for k, v in asdict(self).items() if k not in ("ranks", "rank")}
@@ -129,7 +129,7 @@ class LoadReport:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2) + "\n"
 
-    def write(self, path: str | os.PathLike, *, error: str | None = None) -> None:
+    def write(self, path: str | os.PathLike[str], *, error: str | None = None) -> None:
         """Write the JSON report (beside it first, then renamed: never half a report); ``-``: on
         standard output (the command line then prints its table on standard error). ``error``: a
         failed load's message, whole (``ok`` false, ``error`` its first line, ``problems`` the
@@ -203,7 +203,7 @@ class LoadReport:
         return "\n".join(lines)
 
 
-def _replicas_line(ranks: list) -> str:
+def _replicas_line(ranks: list[RankFigures]) -> str:
     """Replicas: each rank's window bytes from storage and from peers, as counted, and each
     node's."""
     nodes: dict[int, list[int]] = {}

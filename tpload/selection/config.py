@@ -34,8 +34,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from ..codecs import registry
+from ..codecs.plain import PLAIN
 from ..model.errors import ConfigError, LoadError
 from ..model.modes import Role, Split
 from ..storage.files import read_small
@@ -156,7 +158,9 @@ class Rule:
         object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self))))
 
     def __hash__(self) -> int:
-        return self._hash
+        # set in __post_init__, not a field (the fields are what it is the hash of)
+        hashed: int = self.__dict__["_hash"]
+        return hashed
 
     def matches(self, name: str) -> bool:
         return fnmatch.fnmatchcase(name, self.match)
@@ -198,8 +202,10 @@ class Config:
     _matcher: re.Pattern[str] = field(init=False, repr=False, compare=False)
     _blind: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
     _sharp: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
-    _resolved: dict = field(init=False, repr=False, compare=False)
-    _ways: dict = field(init=False, repr=False, compare=False)
+    _resolved: dict[tuple[Rule, Pick | None], Rule] = field(init=False, repr=False, compare=False)
+    _ways: dict[tuple[Rule, str], tuple[list[tuple[Pick, Rule]], Rule | None]] = field(
+        init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         if self.channel_align < 1:
@@ -252,7 +258,7 @@ class Config:
     def rule_for(self, name: str) -> Rule | None:
         """The first rule whose glob matches ``name`` (one regex match, whatever the rule count)."""
         m = self._matcher.match(name)
-        return self.rules[int(m.lastgroup[1:])] if m else None
+        return self.rules[rule_index(m)] if m else None
 
     def rules_for(self, names: Iterable[str]) -> list[Rule | None]:
         """:meth:`rule_for` of each name, in order, by fewer regex matches.
@@ -270,9 +276,9 @@ class Config:
             i = memo.get(key)
             if i is None:
                 m = blind.match(n) if blind is not None else None
-                i = memo[key] = int(m.lastgroup[1:]) if m else none
+                i = memo[key] = rule_index(m) if m else none
             if sharp is not None and (m := sharp.match(n)) is not None:
-                i = min(i, int(m.lastgroup[1:]))
+                i = min(i, rule_index(m))
             out.append(rules[i] if i < none else None)
         return out
 
@@ -322,9 +328,7 @@ class Config:
                     for p in FAMILIES[f]
                     if p.dtype == dtype
                 ],
-                self._made(rule, None)
-                if dtype in registry.for_role("plain").weight_dtypes
-                else None,
+                self._made(rule, None) if dtype in PLAIN.weight_dtypes else None,
             )
         got: tuple[list[tuple[Pick, Rule]], Rule | None] = ways
         return got
@@ -338,7 +342,11 @@ class Config:
                 replace(rule, role=Role.PLAIN)
                 if pick is None
                 else replace(
-                    rule, role=pick.role, scale=pick.scale, scale2=pick.scale2, suffix=pick.suffix
+                    rule,
+                    role=Role(pick.role),
+                    scale=pick.scale,
+                    scale2=pick.scale2,
+                    suffix=pick.suffix,
                 )
             )
         return made
@@ -475,7 +483,7 @@ def available() -> str:
     )
 
 
-def _read_toml(name_or_path: str | os.PathLike) -> tuple[str, dict]:
+def _read_toml(name_or_path: str | os.PathLike[str]) -> tuple[str, dict[str, Any]]:
     path = Path(name_or_path)
     if path.suffix == ".toml" or path.is_file() or os.sep in str(name_or_path):
         try:  # bounded (a FIFO or a device is refused, not waited): a few KB, 4 MiB at most
@@ -532,7 +540,7 @@ def split_spec(spec: str) -> tuple[str, tuple[str, ...]]:
     return head, tuple(families)
 
 
-def load_config(name_or_path: str | os.PathLike | Config = REFERENCE_CONFIG) -> Config:
+def load_config(name_or_path: str | os.PathLike[str] | Config = REFERENCE_CONFIG) -> Config:
     """A shipped config by name (``ARCH`` or ``ARCH+FAMILY...``), or a TOML file by path (a Config
     passes through). Naming families replaces the architecture's own."""
     if isinstance(name_or_path, Config):
@@ -555,7 +563,7 @@ def load_config(name_or_path: str | os.PathLike | Config = REFERENCE_CONFIG) -> 
     return config
 
 
-def _parse(source: str, doc: dict) -> Config:
+def _parse(source: str, doc: dict[str, Any]) -> Config:  # a TOML document: any values
     unknown = set(doc) - _TOP_KEYS
     layout, detect = doc.get("layout", {}), doc.get("detect", {})
     unknown |= {f"layout.{k}" for k in set(layout) - _LAYOUT_KEYS}
@@ -585,3 +593,11 @@ def _parse(source: str, doc: dict) -> Config:
         kv_scales=kv_scales,
         **layout,
     )
+
+
+def rule_index(m: re.Match[str]) -> int:
+    """The rule a matcher's match names: each alternative is a group ``r<index>``."""
+    group = m.lastgroup
+    if group is None:  # (every alternative of a matcher is a named group)
+        raise ValueError(f"{m.re.pattern[:80]!r} matched outside its rules' groups")
+    return int(group[1:])

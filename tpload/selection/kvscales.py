@@ -80,7 +80,7 @@ class LayerScales:
         stem = re.sub(r"^blk\.(\d+)\.$", r"model.layers.\1.", self.stem)
         return f"{stem}self_attn.attn.{which}_scale"
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, object]:
         return {
             "layer": self.stem,
             "spellings": self.spellings,
@@ -160,7 +160,7 @@ class Census:
                     out[name] = out.get(name, ()) + (s.canonical(which),)
         return out
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, object]:
         return {
             "attention_layers": len(self.attention),
             "layers": [s.to_dict() for s in self.layers.values()],
@@ -186,12 +186,20 @@ def census(names: Iterable[str]) -> Census:
             for which in m.group("which"):
                 getattr(s, which).append(n)
             break
-    order = lambda stem: (re.sub(r"\d+\.$", "", stem), int(re.search(r"(\d+)\.$", stem).group(1)))  # noqa: E731
+    order = lambda stem: (re.sub(r"\d+\.$", "", stem), _layer(stem))  # noqa: E731
     return Census({k: layers[k] for k in sorted(layers, key=order)}, sorted(attention, key=order))
 
 
+def _layer(stem: str) -> int:
+    """The layer number a stem ends in (``model.layers.12.``: 12)."""
+    m = re.search(r"(\d+)\.$", stem)
+    if m is None:  # (the census's patterns take numbered layers only)
+        raise ValueError(f"{stem!r} names no layer")
+    return int(m.group(1))
+
+
 def _span(held: list[LayerScales]) -> str:
-    nums = [int(re.search(r"(\d+)\.$", s.stem).group(1)) for s in held]
+    nums = [_layer(s.stem) for s in held]
     if len(nums) == 1:
         return f"layer {nums[0]}"
     run = nums == list(range(nums[0], nums[-1] + 1))

@@ -69,7 +69,7 @@ class Prefix:
     def rewrite(self, name: str) -> str:
         """``name`` as the config's rules spell it (the stored name itself when nothing moves)."""
         found, wanted = self.found, self.wanted
-        if not self.rewrites or name.startswith(OUTSIDE):
+        if not self.rewrites or wanted is None or name.startswith(OUTSIDE):  # (rewrites: wanted)
             return name
         if found and name.startswith(found):
             return wanted + name[len(found) :]

@@ -89,6 +89,14 @@ class ReadSource(Protocol):
         stored bytes holding it, seen so that the window is a box of them, and its rows and byte
         columns there."""
 
+    def spans(self, names: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """:meth:`box` of many names at once as columns (file id, first byte, byte count), when
+        the storage keeps them (planning/batches.py's ``spans_of``); None: ask ``box``."""
+
+    def promised(self, names: Sequence[str]) -> list[str | None] | None:
+        """What :meth:`stored` says each name's bytes must hash to, for many names at once, when
+        the storage has them as columns; None: ask ``stored``."""
+
     def stored(self, name: str) -> Stored:
         """The stored bytes of ``name`` this rank reads."""
 

@@ -78,7 +78,7 @@ class HashTap:
 
     def _take(self, block: Block) -> None:
         data = (
-            memoryview(block.data).cast("B")
+            block.data.data.cast("B")  # the array's own buffer (memoryview), as bytes
             if block.data.flags.c_contiguous
             else block.data.tobytes()
         )
@@ -92,7 +92,7 @@ class HashTap:
                     block.data[lo - a : hi - a, left - c : right - c], lo - r0, first_col=left - c0
                 )
 
-    def feed(self, block: Block) -> Future | None:
+    def feed(self, block: Block) -> Future[None] | None:
         if self.lane is None:
             self._take(block)
             return None
@@ -247,14 +247,15 @@ class Hasher:
         todo.difference_update(names)
         if self._sha256_only:  # the default: one digest a tensor, into one column
             # one hashlib object a tensor, made from its contiguous bytes by a C-level map
-            digests = b"".join([h.digest() for h in map(hashlib.sha256, data)])
+            # (an ndarray is a buffer: numpy's stubs say so from Python 3.12 only)
+            digests = b"".join([h.digest() for h in map(hashlib.sha256, data)])  # type: ignore[arg-type]
             self.done.add_digests(stored, digests, peers)
         else:
             sha256, blake3 = [], []
             for s, raw in zip(stored, data, strict=True):
                 got = {}
                 for hash_name, h in new_hashes(self.digests, s.nbytes).items():
-                    h.update(memoryview(raw))
+                    h.update(raw.data)  # the array's own buffer
                     got[hash_name] = h.hexdigest()
                 sha256.append(got.get("sha256", ""))
                 blake3.append(got.get("blake3", ""))

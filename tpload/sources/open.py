@@ -32,9 +32,10 @@ class Sharing(Protocol):
 
 
 class Positions(Protocol):
-    """A planner that plans a replica's position (distributed/placement.py's PositionPlanner)."""
+    """A planner of a replica's positions (planning/planner.py's Planner: every rank at a position
+    has its plan)."""
 
-    def position_plan(self, layout: Layout, kind: str, position: int) -> RankPlan: ...
+    def plan(self, layout: Layout, kind: str, position: int) -> RankPlan: ...
 
 
 def open_source(
@@ -68,7 +69,7 @@ def open_source(
     # the split of a position depends on the positions before it: those up to the last one this
     # rank asks about (its own, its node peers' for the hash plan) are split, no further
     last = max(at.where(r)[1] for r in (ctx.rank, *plans))
-    every = [planner.position_plan(layout, kind, p) for p in range(last + 1)]
+    every = [planner.plan(layout, kind, p) for p in range(last + 1)]
     names = Names(every[0].all_entries)
     # files vouched for whole (hub snapshots, local-dir downloads, signed files) are shared out
     # whole: a file's windows are all read by one replica, whose node hashes the file once for the

@@ -46,10 +46,11 @@ from ..distributed.exchange import Flags
 from ..distributed.placement import RING, Placement
 from ..distributed.replica_split import Position
 from ..distributed.wire import Wire
+from ..distributed.world import DistContext
 from ..kernels.fingerprint import HostFingerprint
 from ..model.errors import LoadError, StoodDown
 from ..model.text import escape_name
-from ..model.values import DIGEST_BYTES, Box, Stored
+from ..model.values import DIGEST_BYTES, Box, Stored, Triple
 from ..storage.reader import CHUNK_BYTES, Tap
 from ..verification.node import fold, xor_fold
 from .base import Piece, Plan, Row, SourceFigures, Span
@@ -91,7 +92,7 @@ class Link:
 
     def __init__(
         self,
-        ctx: object,
+        ctx: DistContext,
         at: Placement,
         shared: Sequence[Position],
         timeout_s: float,
@@ -111,17 +112,18 @@ class Link:
         mine = self.split[self.position]
         self.by_name, self.by_batch = mine.by_name, mine.by_batch
         self.problems: list[str] = []
-        self._sent: list[tuple[str, Box, tuple]] = []
-        self._seen: dict[int, list[tuple[str, Box, tuple]]] = {}
+        self._sent: list[tuple[str, Box, Triple]] = []
+        self._seen: dict[int, list[tuple[str, Box, Triple]]] = {}
         self.from_storage = self.from_peers = 0
         self._owning: str | None = None
         """The window this rank is reading and sending now (its END not shipped yet)."""
         # the rings: host buffers (the loop and the fingerprint read them) and, beside each, its
         # wire buffer (the same memory on the CPU: distributed/wire.py)
-        self._send = [np.empty(0, np.uint8)] * RING
+        self._send: list[np.ndarray] = [np.empty(0, np.uint8)] * RING
         self._send_wire = [torch.empty(0, dtype=torch.uint8)] * RING
-        self._works: list[list] = [[] for _ in range(RING)]
-        self._recv = [np.empty(0, np.uint8)] * RING
+        # each ring slot's works, and the header tensors they send (kept alive until waited for)
+        self._works: list[list[dist.Work | torch.Tensor]] = [[] for _ in range(RING)]
+        self._recv: list[np.ndarray] = [np.empty(0, np.uint8)] * RING
         self._recv_wire = [torch.empty(0, dtype=torch.uint8)] * RING
         self._turn = self._rturn = 0
         # the streams' ends (see BYE): to whom this rank sent its end, whose end it read, whose
@@ -130,15 +132,15 @@ class Link:
         self._ended_out: set[int] = set()
         self._ended_in: set[int] = set()
         self._broken: set[int] = set()
-        self._inflight: dict[int, tuple[list, torch.Tensor]] = {}
+        self._inflight: dict[int, tuple[list[dist.Work], torch.Tensor]] = {}
         self._stopped_by: int | None = None
         """The rank whose failure stopped this one (None: nothing stopped it, or it failed)."""
-        self.flags = Flags(ctx, seq, "replicas-stopped") if getattr(ctx, "group", None) else None
+        self.flags = Flags(ctx, seq, "replicas-stopped") if ctx.group is not None else None
         self._looked = 0.0
 
     def reads(self, plans: Mapping[int, Plan]) -> dict[int, Mapping[str, Box]]:
         """Each plan's windows its rank reads from storage itself (the hash plan's input)."""
-        out = {}
+        out: dict[int, Mapping[str, Box]] = {}
         for p, plan in plans.items():
             q, position = self.at.where(p)
             own = self.split[position].reads[q]
@@ -403,7 +405,7 @@ class Link:
                 self.from_peers += view.size
             ready = r, c, view
 
-    def _receive(self, works: list, what: str, src: int) -> None:
+    def _receive(self, works: list[dist.Work], what: str, src: int) -> None:
         """Wait for receives from ``src``; a failed wait leaves its stream unreadable (no drain)."""
         try:
             self._wait(works, what)
@@ -415,7 +417,7 @@ class Link:
         """A header received from ``src`` where a piece or a window's end of ``tag`` is due: an
         ABORT of this call stops this rank (errors.StoodDown: ``who`` and why; the rank that failed
         has its own message), a BYE or another tensor's header is out of step."""
-        head = header.tolist()
+        head: list[int] = header.tolist()
         if head[0] in (ABORT, BYE):
             self._ended_in.add(src)
         if head[0] == ABORT and head[2] == self.seq:
@@ -473,14 +475,12 @@ class ReplicaSource:
     def spans(self, names: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """:meth:`box` of many names at once as columns (file id, first byte, byte count), when
         the storage keeps them (planning/batches.py's ``spans_of``); None: ask ``box``."""
-        spans = getattr(self.inner, "spans", None)
-        return spans(names) if spans is not None else None
+        return self.inner.spans(names)
 
     def promised(self, names: Sequence[str]) -> list[str | None] | None:
         """What :meth:`stored` says each name's bytes must hash to, for many names at once, when
         the storage has them as columns; None: ask ``stored``."""
-        promised = getattr(self.inner, "promised", None)
-        return promised(names) if promised is not None else None
+        return self.inner.promised(names)
 
     def stored(self, name: str) -> Stored:
         return self.inner.stored(name)

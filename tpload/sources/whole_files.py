@@ -191,11 +191,11 @@ class FileHasher:
         shard: Shard, sha: PieceDigests, begin: int, end: int, *, also: HashObject | None = None
     ) -> None:
         for a in range(begin, end, RAW_CHUNK):
-            buf = np.empty(min(RAW_CHUNK, end - a), dtype=np.uint8)
+            buf: np.ndarray = np.empty(min(RAW_CHUNK, end - a), dtype=np.uint8)
             shard.read_into(a, buf)
-            sha.update(memoryview(buf))
+            sha.update(buf.data)  # the array's own buffer (a memoryview)
             if also is not None:
-                also.update(memoryview(buf))
+                also.update(buf.data)
 
 
 @contextmanager

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -66,3 +66,20 @@ class Storage(Protocol):
 
     def close(self) -> None:
         """Close every file."""
+
+
+class StorageBase:
+    """The base tpload's storages share: the optional methods of a :class:`Storage`, with the
+    defaults a storage without columns gives (the callers then ask name by name), so that the read
+    sources and the batches call them plainly."""
+
+    def spans(self, names: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """:meth:`Storage.box` of many names at once, as columns (file id, first byte, byte
+        count), when the storage keeps them (planning/batches.py's ``spans_of``); None: ask
+        ``box``."""
+        return None
+
+    def promised(self, names: Sequence[str]) -> list[str | None] | None:
+        """What :meth:`Storage.stored` says each name's bytes must hash to, for many names at once,
+        when the storage has them as columns; None: ask ``stored``."""
+        return None

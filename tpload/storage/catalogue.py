@@ -16,7 +16,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -78,9 +78,11 @@ def parse_manifest_entries(tensors: object, path: Path) -> Manifest:
     ok = _is(raw, dict)
     objs = _where(ok, raw, {})
     # dict.get over the column: a C call a row (objs are dicts: the others were replaced by {})
-    files, dtypes, shapes, digests = (
+    # JSON values: each column's rule below is what types them
+    columns: list[list[Any]] = [
         list(map(dict.get, objs, itertools.repeat(k))) for k in _MANIFEST_KEYS
-    )
+    ]
+    files, dtypes, shapes, digests = columns
     ok &= _is(files, str) & _is(dtypes, str) & _is(shapes, list) & _is(digests, str)
     shapes = _where(ok, shapes, [])
     lens = np.fromiter(map(len, shapes), np.int64, n)
@@ -168,7 +170,10 @@ class Manifest(RowTable[ManifestEntry]):
 
     def rows_of(self, names: Sequence[str]) -> np.ndarray:
         """Each name's row in the manifest, -1 where it has none."""
-        return np.fromiter(map(self._row.get, names, itertools.repeat(-1)), np.int64, len(names))
+        result: np.ndarray = np.fromiter(
+            map(self._row.get, names, itertools.repeat(-1)), np.int64, len(names)
+        )
+        return result
 
     def disagreeing(self, table: TensorTable, rows: np.ndarray) -> np.ndarray:
         """Which of the table's ``rows`` are missing from the manifest or differ from it in file,
@@ -194,14 +199,15 @@ class Manifest(RowTable[ManifestEntry]):
         differs = (files != table.file_id[t]) | (dtypes != table.dtype_code[t])
         differs |= (ndim != table.ndim[t]) | (shape != table.shape[t]).any(axis=1)
         bad[k] = differs
-        return bad
+        result: np.ndarray = bad
+        return result
 
     def aligned(self, table: TensorTable) -> tuple[np.ndarray, np.ndarray]:
         """The digests in the table's row order, [n, 32] uint8 (zeros where the manifest has no
         entry), and which rows have one."""
         at = self.rows_of(table.names)
         present = at >= 0
-        out = np.zeros((len(at), DIGEST), np.uint8)
+        out: np.ndarray = np.zeros((len(at), DIGEST), np.uint8)
         out[present] = self.digests[at[present]]
         return out, present
 
@@ -234,9 +240,10 @@ def _codes(column: list[str], vocab: dict[str, int], m: np.ndarray) -> np.ndarra
         whole = np.fromiter(map(vocab.get, column, itertools.repeat(-1)), np.int64, len(column))
         taken: np.ndarray = whole[m]
         return taken
-    return np.fromiter(
+    result: np.ndarray = np.fromiter(
         map(vocab.get, map(column.__getitem__, m.tolist()), itertools.repeat(-1)), np.int64, len(m)
     )
+    return result
 
 
 def _shape_columns(shapes: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
@@ -244,8 +251,8 @@ def _shape_columns(shapes: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarra
     n = len(shapes)
     ndim = np.fromiter(map(len, shapes), np.int64, n)
     flat = np.fromiter(itertools.chain.from_iterable(shapes), np.int64, int(ndim.sum()))
-    shape = np.zeros((n, 8), np.int64)
-    starts = np.repeat(np.cumsum(ndim) - ndim, ndim)
+    shape: np.ndarray = np.zeros((n, 8), np.int64)
+    starts: np.ndarray = np.repeat(np.cumsum(ndim) - ndim, ndim)
     shape[np.repeat(np.arange(n), ndim), np.arange(len(flat)) - starts] = flat
     return shape, ndim
 
@@ -515,25 +522,25 @@ def read_native(root: Path, *, manifest: bool = True) -> tuple[Catalogue, Mappin
     read: dict[str, str] = {}
     found = gguf.gguf_files(named)
     if found is not None:  # a GGUF file or split set: its headers are the table (storage/gguf.py)
-        headers = gguf.read_set(found, root)
-        kv = {h.path.relative_to(root).as_posix(): (h.kv_sha256, h.kv_bytes) for h in headers}
+        parts = gguf.read_set(found, root)
+        kv = {h.path.relative_to(root).as_posix(): (h.kv_sha256, h.kv_bytes) for h in parts}
         if manifest:  # the key-values say what the model is: checked before anything believes them
             raise_all(
                 CheckpointError,
                 pins.gguf_problems(kv),
                 what="GGUF key-values that do not match their pins in the manifest",
             )
-        locations = {n: h.tensors[n] for h in headers for n in h.order}
+        in_parts = {n: h.tensors[n] for h in parts for n in h.order}
         catalogue = Catalogue(
             root,
-            dict(locations),
+            dict(in_parts),
             entries,
             manifest_sha256=manifest_sha,
-            headers_only=any(gguf.HEADERS_ONLY_KEY in h.kv for h in headers),
+            headers_only=any(gguf.HEADERS_ONLY_KEY in h.kv for h in parts),
         )
-        catalogue.pins, catalogue.gguf = (pins if manifest else None), headers[0]
+        catalogue.pins, catalogue.gguf = (pins if manifest else None), parts[0]
         catalogue.gguf_kv = kv
-        return catalogue, locations
+        return catalogue, in_parts
     wmap, files, source = _shard_names(root, pins, read)
     headers: dict[str, HeaderColumns] = {}
     paths: dict[str, Path] = {}
@@ -610,13 +617,15 @@ def table_from(tensors: Mapping[str, TensorMeta]) -> TensorTable:
         c.names.append(m.name)
         c.dtypes.append(m.dtype)
         c.shapes.append(m.shape)
-        c.begins.append(getattr(m, "begin", 0))
+        c.begins.append(m.begin if isinstance(m, TensorInfo) else 0)
         c.nbytes.append(m.nbytes)
     table = table_of(files, list(by_file.values()))
     order = np.argsort(
         np.fromiter((fid[m.file] for m in metas), np.int64, len(metas)), kind="stable"
     )
-    place = np.empty(len(metas), np.int64)  # each object's row in the file-by-file table
+    place: np.ndarray = np.empty(
+        len(metas), np.int64
+    )  # each object's row in the file-by-file table
     place[order] = np.arange(len(metas))
     return table.take(place)
 

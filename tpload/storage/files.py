@@ -106,6 +106,7 @@ def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
     doc = dict(pairs)
     if len(doc) != len(pairs):
         seen: set[str] = set()
+        # set.add's None keeps the first-seen test in one pass
         twice = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
         raise ValueError(f"the key {twice!r} appears twice in one object")
     return doc
@@ -177,7 +178,7 @@ class Shard:
 
     def read_into(self, offset: int, out: np.ndarray, *, tensor: str = "") -> None:
         """Fill ``out`` (a contiguous uint8 buffer) with the bytes at ``offset``."""
-        view = memoryview(out).cast("B")
+        view = out.data.cast("B")  # the array's own buffer
         done, n = 0, view.nbytes
         while done < n:
             try:
@@ -235,7 +236,7 @@ STDOUT = "-"
 """The path that names standard output (``--report -``): the one way tpload writes to a stream."""
 
 
-def target_problem(path: str | os.PathLike) -> str | None:
+def target_problem(path: str | os.PathLike[str]) -> str | None:
     """Why tpload will not write ``path`` (None: it may). Every file is written beside its path and
     renamed over it (:func:`atomic_file`), which replaces whatever the path is: so an existing path
     must be a regular file. A FIFO, a device, a socket or a folder is refused, and so is any
@@ -339,10 +340,10 @@ def report_in_checkpoint(report: str, checkpoint: str) -> str | None:
     with os.scandir(ckpt) as entries:
         for entry in entries:
             try:
-                e = os.stat(entry.path)
+                other = os.stat(entry.path)
             except OSError:
                 continue
-            if (e.st_dev, e.st_ino) == (st.st_dev, st.st_ino):
+            if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
                 return f"is the checkpoint's {entry.name} (the same file as {ckpt / entry.name})"
     return None
 
@@ -351,7 +352,7 @@ MAX_PEM_BYTES = 1 << 20
 """A key, a certificate or a certificate chain in PEM (a whole system CA bundle is about 300 KB)."""
 
 
-def read_pem(path: str | os.PathLike, flag: str) -> bytes:
+def read_pem(path: str | os.PathLike[str], flag: str) -> bytes:
     """A PEM file named by an option (``--signer-key``, ``--attest-key``...), read whole by the
     bounded reader: a FIFO, a device or a file over :data:`MAX_PEM_BYTES` is refused naming it."""
     return read_small(Path(path), f"{flag} file", limit=MAX_PEM_BYTES)
@@ -361,7 +362,7 @@ MIN_SECRET_BYTES, MAX_SECRET_BYTES = 16, 4096
 """A shared secret (the refresh key): enough bytes to resist guessing, never a large file."""
 
 
-def read_secret(path: str | os.PathLike, what: str) -> bytes:
+def read_secret(path: str | os.PathLike[str], what: str) -> bytes:
     """A shared secret's file (the refresh key), read whole by the bounded reader: a regular file
     owned by this user that no one else may read or write (mode 0600 or stricter), of
     :data:`MIN_SECRET_BYTES` to :data:`MAX_SECRET_BYTES` bytes. Its bytes never reach a message."""

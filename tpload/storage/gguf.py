@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..model.errors import CheckpointError, raise_all
+from ..model.meta import HeaderFields
 from ..model.text import escape_name
 from .files import folder_of, open_regular
 from .safetensors import TensorInfo, overlaps
@@ -152,6 +153,8 @@ class _Cursor:
     def seal(self) -> str:
         """The sha256 of every byte taken so far (bytes 0 to :attr:`pos`); stops hashing."""
         digest, self.digest = self.digest, None
+        if digest is None:  # (sealed once: the key-value section ends once)
+            raise self.fail("sealed twice (a bug in tpload)")
         return digest.hexdigest()
 
     def fail(self, what: str) -> CheckpointError:
@@ -187,8 +190,13 @@ class _Cursor:
     def unpack(self, fmt: str, what: str) -> object:
         return struct.unpack(fmt, self.take(struct.calcsize(fmt), what))[0]
 
+    def integer(self, fmt: str, what: str) -> int:
+        """A count, a type or an offset (``fmt``: an unsigned integer code of :mod:`struct`)."""
+        value: int = struct.unpack(fmt, self.take(struct.calcsize(fmt), what))[0]
+        return value
+
     def string(self, what: str, limit: int = MAX_STRING) -> str:
-        n = self.unpack("<Q", f"{what}: length")
+        n = self.integer("<Q", f"{what}: length")
         if n > limit:
             raise self.fail(f"{what}: string length {n} is more than {limit}")
         raw = self.take(n, what)
@@ -207,8 +215,8 @@ class _Cursor:
             raise self.fail(f"{what}: value type {vtype} is not a GGUF type (0..12)")
         if depth >= MAX_DEPTH:
             raise self.fail(f"{what}: arrays nested more than {MAX_DEPTH} deep")
-        etype = self.unpack("<I", f"{what}: array element type")
-        n = self.unpack("<Q", f"{what}: array length")
+        etype = self.integer("<I", f"{what}: array element type")
+        n = self.integer("<Q", f"{what}: array length")
         if n > MAX_ARRAY:
             raise self.fail(f"{what}: array length {n} is more than {MAX_ARRAY}")
         efmt = _SCALARS.get(etype)
@@ -234,11 +242,11 @@ def read_header(path: Path, file: str) -> GGUFHeader:
         cur = _Cursor(fd, path, size)
         if cur.take(4, "magic") != MAGIC:
             raise cur.fail("magic is not GGUF")
-        version = cur.unpack("<I", "version")
+        version = cur.integer("<I", "version")
         if version not in VERSIONS:
             raise cur.fail(f"version {version} is not read (tpload reads GGUF versions 2 and 3)")
-        n_tensors = cur.unpack("<Q", "tensor count")
-        n_kv = cur.unpack("<Q", "key-value count")
+        n_tensors = cur.integer("<Q", "tensor count")
+        n_kv = cur.integer("<Q", "key-value count")
         if n_tensors > MAX_TENSORS:
             raise cur.fail(f"tensor count {n_tensors} is more than {MAX_TENSORS}")
         if n_kv > MAX_KVS:
@@ -246,7 +254,7 @@ def read_header(path: Path, file: str) -> GGUFHeader:
         kv: dict[str, object] = {}
         for i in range(n_kv):
             key = cur.string(f"key {i}", MAX_NAME)
-            vtype = cur.unpack("<I", f"key {escape_name(key)}: value type")
+            vtype = cur.integer("<I", f"key {escape_name(key)}: value type")
             value = cur.value(vtype, f"key {escape_name(key)}")
             if key in kv:
                 raise cur.fail(f"key {escape_name(key)} appears twice")
@@ -266,12 +274,12 @@ def read_header(path: Path, file: str) -> GGUFHeader:
         for i in range(n_tensors):
             name = cur.string(f"tensor {i}: name", MAX_NAME)
             where = f"tensor {escape_name(name)}"
-            nd = cur.unpack("<I", f"{where}: dimension count")
+            nd = cur.integer("<I", f"{where}: dimension count")
             if not 1 <= nd <= MAX_DIMS:
                 raise cur.fail(f"{where}: {nd} dimensions (1 to {MAX_DIMS} expected)")
             dims = struct.unpack(f"<{nd}Q", cur.take(8 * nd, f"{where}: dimensions"))
-            ttype = cur.unpack("<I", f"{where}: type")
-            offset = cur.unpack("<Q", f"{where}: offset")
+            ttype = cur.integer("<I", f"{where}: type")
+            offset = cur.integer("<Q", f"{where}: offset")
             raw.append((name, dims, ttype, offset))
         data_start = -(-cur.pos // alignment) * alignment
     finally:
@@ -389,7 +397,7 @@ def glob_escape(s: str) -> str:
 
 def _split_set(root: Path, names: list[str]) -> list[str]:
     plain = [n for n in names if SPLIT_NAME.fullmatch(n) is None]
-    parts = [SPLIT_NAME.fullmatch(n) for n in names if SPLIT_NAME.fullmatch(n)]
+    parts = [m for m in map(SPLIT_NAME.fullmatch, names) if m is not None]
     if plain and (len(plain) > 1 or parts):
         raise CheckpointError(
             f"{escape_name(root / (plain[1] if len(plain) > 1 else plain[0]))}: more than one GGUF "
@@ -421,7 +429,7 @@ def _split_set(root: Path, names: list[str]) -> list[str]:
             f"{escape_name(root / name)}: part {missing[0]} of the {count}-part split set is "
             "missing" + (f" ({len(missing)} parts missing)" if len(missing) > 1 else "")
         )
-    return sorted((m.string for m in parts), key=lambda s: int(SPLIT_NAME.fullmatch(s)["no"]))
+    return [m.string for m in sorted(parts, key=lambda m: int(m["no"]))]
 
 
 def read_set(files: list[Path], root: Path) -> list[GGUFHeader]:
@@ -459,7 +467,7 @@ def read_set(files: list[Path], root: Path) -> list[GGUFHeader]:
     return headers
 
 
-class HeaderConfig(dict):
+class HeaderConfig(HeaderFields):
     """config.json's fields as a GGUF header gives them (a dict, read as config.json is), and
     which file and key each came from: messages name the header, not a config.json that is not
     there."""
@@ -468,13 +476,14 @@ class HeaderConfig(dict):
         super().__init__(doc)
         self.path = path
         """The GGUF file whose header was read (a split set's first part)."""
-        self.keys = keys
-        """{config.json field: the GGUF key it came from}."""
+        self.gguf_keys = keys
+        """{config.json field: the GGUF key it came from} (not ``keys``: the dict's own method)."""
 
     def source(self, field: str) -> str:
         """Where ``field`` comes from, in words (``deepseek2.attention.head_count in the GGUF
         header of FILE``)."""
-        return f"{self.keys.get(field, field)} in the GGUF header of {escape_name(self.path.name)}"
+        key = self.gguf_keys.get(field, field)
+        return f"{key} in the GGUF header of {escape_name(self.path.name)}"
 
 
 _FIELDS = (

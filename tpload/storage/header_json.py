@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any  # json.loads' keyword hooks
 
 from ..model.errors import CheckpointError
 from ..model.text import escape_name
@@ -36,19 +37,24 @@ MAX_DEPTH = 127
 """The deepest nesting of objects and arrays serde_json reads (its recursion limit, 128)."""
 
 
-class Twice(dict):
+class Twice(dict[str, object]):
     """A JSON object that named a key more than once: the last value kept (as a map keeps it);
     ``twice``: each key named more than once, in order."""
 
     __slots__ = ("twice",)
+    twice: list[str]
 
 
-def _object(pairs: list[tuple[str, object]]) -> dict:
+def _object(pairs: list[tuple[str, object]]) -> dict[str, object]:
     d = dict(pairs)
     if len(d) == len(pairs):
         return d
-    out, seen = Twice(d), set()
-    out.twice = list(dict.fromkeys(k for k, _ in pairs if k in seen or seen.add(k)))
+    out, seen, again = Twice(d), set[str](), list[str]()
+    for k, _ in pairs:
+        if k in seen:
+            again.append(k)
+        seen.add(k)
+    out.twice = list(dict.fromkeys(again))
     return out
 
 
@@ -79,7 +85,7 @@ def parse_header_json(raw: bytes, path: Path) -> object:
 
 
 def _loads(raw: bytes, path: Path, *, fast: bool) -> object:
-    hooks = {} if fast else {"object_pairs_hook": _object, "parse_int": _int}
+    hooks: dict[str, Any] = {} if fast else {"object_pairs_hook": _object, "parse_int": _int}
     try:
         return json.loads(
             raw.decode("utf-8"), parse_float=_finite, parse_constant=_no_constants, **hooks

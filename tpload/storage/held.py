@@ -17,11 +17,11 @@ import numpy as np
 from ..model.errors import CheckpointError
 from ..model.text import escape_name
 from ..model.values import FileSource, Stored
-from .base import Storage
+from .base import Storage, StorageBase
 from .catalogue import Catalogue
 
 
-class HeldStorage:
+class HeldStorage(StorageBase):
     """``inner``'s table, windows and manifest, with the bytes of each of its files taken from
     ``files`` (path -> the file's bytes, flat uint8): no file is opened, read or watched."""
 

@@ -25,10 +25,12 @@ import os
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
 from ..model.text import escape_name
+from ..model.values import Stored
 from .files import open_regular
 
 log = logging.getLogger("tpload")
@@ -145,6 +147,20 @@ def drop_ranges(path: Path, ranges: Iterable[tuple[int, int]] | None = None) -> 
         log.warning("%s: could not drop its page cache: %s", escape_name(path), e)
 
 
+class Evicting(Protocol):
+    """What a release reads of the storage (storage/base.py's Storage)."""
+
+    def evict(self, path: Path, ranges: list[tuple[int, int]]) -> None: ...
+
+    def stored(self, name: str) -> Stored: ...
+
+
+class Cuts(Protocol):
+    """What a release reads of the plan (planning/planner.py's RankPlan)."""
+
+    def cut_names(self) -> list[str]: ...
+
+
 class ShardRelease:
     """Counts what a rank still has to do on each shard; the moment a shard's count reaches
     zero (last window copied, last of its own hashes done) its touched ranges are released.
@@ -160,7 +176,7 @@ class ShardRelease:
         self._touched: dict[Path, list[tuple[int, int]]] = {}
 
     @classmethod
-    def expecting(cls, storage: object, plan: object, hashed: Iterable[str]) -> ShardRelease:
+    def expecting(cls, storage: Evicting, plan: Cuts, hashed: Iterable[str]) -> ShardRelease:
         """A release that expects every range the plan reads and every tensor this rank hashes."""
         out = cls(storage.evict)
         for name in plan.cut_names() + sorted(hashed):  # the plan's cuts, from its columns

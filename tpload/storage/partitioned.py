@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from ..model.errors import CheckpointError, LayoutError, raise_all
 from ..model.meta import ITEMSIZE, TensorMeta
@@ -20,7 +22,7 @@ from ..model.text import escape_name
 from ..model.values import INDEX_NAME, MANIFEST_NAME, Stored
 from .catalogue import Catalogue
 from .files import parse_json, read_small
-from .safetensors import MAX_DIM, read_header
+from .safetensors import MAX_DIM, TensorInfo, read_header
 from .sharded import FileReads, Files
 
 
@@ -95,7 +97,8 @@ class PartitionedStorage(FileReads):
                 "(the export writes it last)"
             )
         raw = read_small(path, "export manifest")
-        doc = parse_json(raw, path, "export manifest")
+        # a JSON document: its shape is checked as it is read, below
+        doc: Any = parse_json(raw, path, "export manifest")
         try:
             meta, ranks = doc["partitioned"], doc["ranks"]
             self.tp, self.ep = meta["tp"], meta["ep"]
@@ -129,7 +132,7 @@ class PartitionedStorage(FileReads):
         self.windows = self._read_windows(path)
         self.files = Files()
 
-    def _listed(self, entry: object, path: Path) -> dict[str, dict]:
+    def _listed(self, entry: object, path: Path) -> dict[str, dict[str, Any]]:
         listed = entry.get("tensors") if isinstance(entry, dict) else None
         if not isinstance(listed, dict) or not all(isinstance(v, dict) for v in listed.values()):
             raise CheckpointError(
@@ -137,7 +140,7 @@ class PartitionedStorage(FileReads):
             )
         return listed
 
-    def _read_windows(self, path: Path) -> dict:
+    def _read_windows(self, path: Path) -> Mapping[str, TensorInfo]:
         """The rank file's header, checked against what the manifest lists for it, and its own
         metadata against the rank it is loaded as (two swapped rank files match by names and
         shapes)."""

@@ -35,7 +35,8 @@ def _aligned(nbytes: int) -> np.ndarray:
     """A page-aligned buffer (an anonymous map) with a page to spare: reads land at the same offset
     within a page as they have in the file: the kernel copies several times faster that way than
     into a buffer a few bytes off the file's page offset."""
-    return np.frombuffer(mmap.mmap(-1, nbytes + PAGE), dtype=np.uint8)
+    result: np.ndarray = np.frombuffer(mmap.mmap(-1, nbytes + PAGE), dtype=np.uint8)
+    return result
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class Tap(Protocol):
     """Sees every block of a stored tensor, in order (the hashing rank's sha256 and peer
     fingerprints)."""
 
-    def feed(self, block: Block) -> Future | None:
+    def feed(self, block: Block) -> Future[None] | None:
         """Take ``block``; a future if its bytes are still being read on another thread."""
 
     def close(self) -> None:
@@ -67,7 +68,7 @@ class Reader:
         self.storage = storage
         self.chunk_bytes = chunk_bytes
         self._ring: list[np.ndarray] = [_aligned(chunk_bytes) for _ in range(RING)]
-        self._busy: list[Future | None] = [None] * RING
+        self._busy: list[Future[None] | None] = [None] * RING
         self._turn = 0
 
     def _buffer(self, nbytes: int, offset: int) -> tuple[int, np.ndarray]:

@@ -17,7 +17,7 @@ import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -108,7 +108,7 @@ class HeaderColumns(NamedTuple):
     nbytes: list[int]
 
 
-_NOTHING: dict = {}
+_NOTHING: dict[str, Any] = {}
 _DTYPE, _SHAPE, _OFFSETS = (
     operator.methodcaller("get", k) for k in ("dtype", "shape", "data_offsets")
 )
@@ -117,16 +117,17 @@ _MAX_BYTES = 1 << 61  # safetensors counts a tensor's bits in 64 bits (a usize)
 _MAX_RUN = 1 << 63  # torch counts elements in an int64, the leading dimensions' product too
 
 
-def _is(values: list, kind: type) -> np.ndarray:
+def _is(values: list[Any], kind: type) -> np.ndarray:
     """Whether each value's type is exactly ``kind`` (bool is not int), as a mask made in C."""
     if set(map(type, values)) <= {kind}:  # the usual column: one type throughout
         return np.ones(len(values), bool)
-    return np.fromiter(
+    result: np.ndarray = np.fromiter(
         map(operator.is_, map(type, values), itertools.repeat(kind)), bool, len(values)
     )
+    return result
 
 
-def _where(mask: np.ndarray, values: list, other: object) -> list:
+def _where(mask: np.ndarray, values: list[Any], other: object) -> list[Any]:
     """``values`` with ``other`` wherever ``mask`` is False (so the next rule can read them all)."""
     if mask.all():
         return values
@@ -134,14 +135,16 @@ def _where(mask: np.ndarray, values: list, other: object) -> list:
 
 
 def entries(
-    path: Path, file: str, header: dict, data_start: int, data_len: int
+    path: Path, file: str, header: dict[str, Any], data_start: int, data_len: int
 ) -> Mapping[str, TensorInfo]:
     """Every entry of a parsed header as {name: TensorInfo} (each made when asked for), or every
     problem raised at once (:func:`header_columns`)."""
     return rows_of(path, file, header_columns(path, header, data_start, data_len))
 
 
-def header_columns(path: Path, header: dict, data_start: int, data_len: int) -> HeaderColumns:
+def header_columns(
+    path: Path, header: dict[str, Any], data_start: int, data_len: int
+) -> HeaderColumns:
     """Every entry of a parsed header as columns, or every problem raised at once.
 
     Each rule is one pass over a column of the header (a checkpoint has 92,000 entries), and an
@@ -196,7 +199,7 @@ def header_columns(path: Path, header: dict, data_start: int, data_len: int) -> 
     inside = np.fromiter(map(operator.le, stops, itertools.repeat(data_len)), bool, n)
     spans = np.fromiter(map(operator.eq, map(operator.sub, stops, begins), want), bool, n)
     ignored = _ignored_fields(objs)
-    read = np.ones(n, bool)
+    read: np.ndarray = np.ones(n, bool)
     read[list(ignored)] = False
     rules = (is_obj, single, itemsize > 0, shape_ok, fits, offsets_ok, ordered, inside, spans, read)
     sound = np.logical_and.reduce(rules) if n else np.zeros(0, bool)
@@ -225,7 +228,7 @@ def header_columns(path: Path, header: dict, data_start: int, data_len: int) -> 
 
 
 def _usual_columns(
-    path: Path, header: dict, data_start: int, data_len: int
+    path: Path, header: dict[str, Any], data_start: int, data_len: int
 ) -> HeaderColumns | None:
     """:func:`header_columns` of a header that breaks no rule, in bulk; None for any other (which
     header_columns then reads rule by rule and words). Each rule below is the one header_columns
@@ -241,9 +244,10 @@ def _usual_columns(
     n = len(names)
     if not n or set(map(type, raw)) != {dict} or set(map(len, raw)) != {3}:
         return None
-    dtypes = list(map(dict.get, raw, itertools.repeat("dtype")))  # dict.get: no call made a row
-    shapes = list(map(dict.get, raw, itertools.repeat("shape")))
-    offsets = list(map(dict.get, raw, itertools.repeat("data_offsets")))
+    # JSON values, as the rules below type them (dict.get: no call made a row)
+    dtypes: list[Any] = list(map(dict.get, raw, itertools.repeat("dtype")))
+    shapes: list[Any] = list(map(dict.get, raw, itertools.repeat("shape")))
+    offsets: list[Any] = list(map(dict.get, raw, itertools.repeat("data_offsets")))
     if set(map(type, shapes)) != {list} or set(map(type, offsets)) != {list}:
         return None
     if set(map(type, dtypes)) != {str} or not set(dtypes) <= _HEADER_ITEMSIZE.keys():
@@ -265,7 +269,7 @@ def _usual_columns(
     if len(dims) and (int(dims.min()) < 0 or int(dims.max()) >= MAX_DIM):
         return None
     itemsize = np.fromiter(map(_HEADER_ITEMSIZE.__getitem__, dtypes), np.int64, n)
-    padded = np.ones((n, 8), np.int64)  # each shape, padded with ones to 8 dimensions
+    padded: np.ndarray = np.ones((n, 8), np.int64)  # each shape, padded with ones to 8 dimensions
     padded[
         np.repeat(np.arange(n), lens), np.arange(len(dims)) - np.repeat(lens.cumsum() - lens, lens)
     ] = dims
@@ -293,18 +297,18 @@ def _usual_columns(
     )
 
 
-def _objects(raw: list) -> tuple[np.ndarray, np.ndarray]:
+def _objects(raw: list[Any]) -> tuple[np.ndarray, np.ndarray]:
     """Which entries are objects, and which of those name none of their fields twice (serde
     refuses a struct's field given twice; a field it ignores may be, the last kept)."""
     is_obj = _is(raw, dict)
-    single = np.ones(len(raw), bool)
+    single: np.ndarray = np.ones(len(raw), bool)
     for i in np.flatnonzero(~is_obj).tolist():  # a Twice, from a header read with the hook
         if type(raw[i]) is Twice:
             is_obj[i], single[i] = True, not _FIELDS.intersection(raw[i].twice)
     return is_obj, single
 
 
-def _fits(shapes: list, numel: list, nbytes: list) -> np.ndarray:
+def _fits(shapes: list[Any], numel: list[int], nbytes: list[int]) -> np.ndarray:
     """Whether each shape's size is one safetensors computes without overflow (its bytes' bits
     below 2**64, each product checked as it goes) and torch can hold (the product of the
     dimensions before a zero below 2**63): ``[2**40, 2**40, 0]`` overflows both,
@@ -312,16 +316,17 @@ def _fits(shapes: list, numel: list, nbytes: list) -> np.ndarray:
     n = len(shapes)
     if not n or (min(numel) > 0 and max(nbytes) < _MAX_BYTES):  # the usual column: no empty one
         return np.ones(n, bool)
-    return np.fromiter(map(_fits_one, shapes, numel, nbytes), bool, n)
+    result: np.ndarray = np.fromiter(map(_fits_one, shapes, numel, nbytes), bool, n)
+    return result
 
 
-def _fits_one(shape: list, numel: int, nbytes: int) -> bool:
+def _fits_one(shape: list[int], numel: int, nbytes: int) -> bool:
     if numel:  # every running product is at most numel, below 2**61
         return nbytes < _MAX_BYTES
     return math.prod(shape[: shape.index(0)]) < _MAX_RUN  # the products grow up to the zero
 
 
-def _ignored_fields(objs: list) -> dict[int, str]:
+def _ignored_fields(objs: list[Any]) -> dict[int, str]:
     """{entry: why} for each entry with a field safetensors ignores but serde_json refuses to read
     (nested past its depth, a number beyond a double, a lone surrogate); only entries with more
     than the three fields can have one that matters."""
@@ -341,7 +346,7 @@ def _ignored_fields(objs: list) -> dict[int, str]:
     return out
 
 
-def header_problems(path: Path, header: dict, names: list[str]) -> list[str]:
+def header_problems(path: Path, header: dict[str, Any], names: list[str]) -> list[str]:
     """The header's rules beyond its entries: no name given twice (safetensors keeps the last;
     tpload refuses a name that two readers could take for different tensors), ``__metadata__``
     absent, null or a map of strings to strings (once), and every name and string Unicode."""
@@ -424,20 +429,22 @@ def _bytes(n: int) -> str:
     return "1 byte" if n == 1 else f"{n} bytes"
 
 
-def _dims_ok(dims: list) -> np.ndarray:
+def _dims_ok(dims: list[Any]) -> np.ndarray:
     """Whether each value of a flattened column of shapes is a dimension: an int (not a bool) in
     0 .. 2**48 - 1."""
     dims = _where(_is(dims, int), dims, -1)
     if not dims or (min(dims) >= 0 and max(dims) < MAX_DIM):  # the usual column: all of them
         return np.ones(len(dims), bool)
-    return np.fromiter(map(_dim_ok, dims), bool, len(dims))
+    result: np.ndarray = np.fromiter(map(_dim_ok, dims), bool, len(dims))
+    return result
 
 
 def _bad_per_row(ok: np.ndarray, lens: np.ndarray) -> np.ndarray:
     """How many of each row's values fail, for a flattened column (``lens``: each row's length)."""
     failed = np.concatenate(([0], np.cumsum(~ok)))
     ends = np.cumsum(lens)
-    return failed[ends] - failed[ends - lens]
+    result: np.ndarray = failed[ends] - failed[ends - lens]
+    return result
 
 
 def _dim_ok(d: int) -> bool:
@@ -448,7 +455,7 @@ _FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
 
 
 def _problem(
-    path: Path, name: str, meta: object, data_len: int, passed: list[bool], ignored: str | None
+    path: Path, name: str, meta: Any, data_len: int, passed: list[bool], ignored: str | None
 ) -> str:
     """The words for an entry's first broken rule (``passed``: each rule of :func:`entries`, in
     order; ``ignored``: why a field safetensors ignores cannot be read)."""
@@ -527,8 +534,8 @@ def table_of(files: Sequence[str], columns: Sequence[HeaderColumns]) -> TensorTa
     shapes = list(itertools.chain.from_iterable(c.shapes for c in columns))
     ndim = np.fromiter(map(len, shapes), np.int64, n)
     flat = np.fromiter(itertools.chain.from_iterable(shapes), np.int64, int(ndim.sum()))
-    shape = np.zeros((n, 8), np.int64)
-    starts = np.repeat(np.cumsum(ndim) - ndim, ndim)  # each value's row's first value
+    shape: np.ndarray = np.zeros((n, 8), np.int64)
+    starts: np.ndarray = np.repeat(np.cumsum(ndim) - ndim, ndim)  # each value's row's first value
     shape[np.repeat(np.arange(n), ndim), np.arange(len(flat)) - starts] = flat
     return TensorTable(
         names,
@@ -552,13 +559,13 @@ class TableRows(RowTable[TensorInfo]):
     def __init__(self, table: TensorTable, paths: Sequence[Path]) -> None:
         super().__init__()
         self._row, self.table = table.row, table
-        self._paths = list(paths)
+        self._paths: list[Path] = list(paths)
         """Each file's absolute path, by file id."""
-        self._fid = table.file_id.tolist()
-        self._dtype = list(map(table.dtypes.__getitem__, table.dtype_code.tolist()))
+        self._fid: list[int] = table.file_id.tolist()
+        self._dtype: list[str] = list(map(table.dtypes.__getitem__, table.dtype_code.tolist()))
         self._shape = table.shapes
-        self._begin = table.begin.tolist()
-        self._nbytes = table.nbytes.tolist()
+        self._begin: list[int] = table.begin.tolist()
+        self._nbytes: list[int] = table.nbytes.tolist()
 
     def _record(self, name: str, k: int) -> TensorInfo:
         row = _new(TableRow)
@@ -601,41 +608,41 @@ class TableRow(TensorInfo):
     _view: TableRows
     _k: int
 
-    @property  # type: ignore[override]
+    @property
     def name(self) -> str:
         return self._view.table.names[self._k]
 
-    @property  # type: ignore[override]
+    @property
     def file(self) -> str:
         v = self._view
         return v.table.files[v._fid[self._k]]
 
-    @property  # type: ignore[override]
+    @property
     def dtype(self) -> str:
         return self._view._dtype[self._k]
 
-    @property  # type: ignore[override]
+    @property
     def shape(self) -> tuple[int, ...]:
         return self._view._shape[self._k]
 
-    @property  # type: ignore[override]
+    @property
     def path(self) -> Path:
         v = self._view
         return v._paths[v._fid[self._k]]
 
-    @property  # type: ignore[override]
+    @property
     def begin(self) -> int:
         return self._view._begin[self._k]
 
-    @property  # type: ignore[override]
+    @property
     def nbytes(self) -> int:
         return self._view._nbytes[self._k]
 
-    @property  # type: ignore[override]
+    @property
     def rows(self) -> int:
         return self._view.view_of(self._k)[0]
 
-    @property  # type: ignore[override]
+    @property
     def row_bytes(self) -> int:
         return self._view.view_of(self._k)[1]
 
@@ -645,7 +652,7 @@ class TableRow(TensorInfo):
     def __repr__(self) -> str:
         return repr(self._fields())
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> str | tuple[Any, ...]:
         """Pickled as the plain TensorInfo of its fields (the view stays behind)."""
         return self._fields().__reduce__()
 

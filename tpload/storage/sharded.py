@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +14,7 @@ from ..model.errors import CheckpointError
 from ..model.text import escape_name
 from ..model.values import SNAPSHOT, FileSource, Stored
 from . import hub, localdir
+from .base import StorageBase
 from .catalogue import Catalogue, read_native
 from .files import Shard, folder_of
 from .pagecache import drop_ranges
@@ -53,14 +54,14 @@ class Files:
             self._open.clear()
 
 
-class FileReads:
+class FileReads(StorageBase):
     """What both storages do the same way: ``pread`` through one handle per file, readahead and
     eviction advice, the changed-file check. Subclasses set ``files`` and say where bytes are."""
 
     files: Files
-    file_digests: dict[Path, str] | None = None
+    file_digests: Mapping[Path, str] | None = None
     file_source: FileSource | None = None
-    anchor_files: dict[Path, str] | None = None
+    anchor_files: Mapping[Path, str] | None = None
 
     def read(self, stored: Stored, r0: int, r1: int, out: np.ndarray) -> None:
         self.files.get(stored.path).read_into(
@@ -102,7 +103,7 @@ class ShardedStorage(FileReads):
         self.catalogue: Catalogue
         self.catalogue, self.locations = read_native(named, manifest=manifest)
         self.files = Files()
-        self.file_digests: dict[Path, str] | None = None
+        self.file_digests: Mapping[Path, str] | None = None
         """Without a manifest, each shard's expected sha256: a hub snapshot's blob name, or a
         local-dir download's etag (set only when every file the load reads has one)."""
         self.file_source: FileSource | None = None

@@ -19,8 +19,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any  # JSON rows and figures
 
 import torch
 
@@ -87,7 +89,7 @@ class MethodResult:
     """Every run of one method: per round, every rank's figures (bench_worker's JSON)."""
 
     name: str
-    runs: list[list[dict]] = field(default_factory=list)
+    runs: list[list[dict[str, Any]]] = field(default_factory=list)
     cache: list[float] = field(default_factory=list)
     """Resident fraction of the checkpoint in the page cache before each run."""
     refused: str = ""
@@ -190,7 +192,7 @@ def prepare_blake3(opts: BenchOptions) -> str:
     return ""
 
 
-def run_once(method: str, opts: BenchOptions, out_dir: Path) -> list[dict] | str:
+def run_once(method: str, opts: BenchOptions, out_dir: Path) -> list[dict[str, Any]] | str:
     """One torchrun of ``method``: every rank's figures, or the failure's text."""
     out_dir.mkdir(parents=True, exist_ok=True)
     cmd = [
@@ -225,10 +227,18 @@ def run_once(method: str, opts: BenchOptions, out_dir: Path) -> list[dict] | str
         lines = (p.stdout + p.stderr).strip().splitlines()
         errors = [ln for ln in lines if "Error" in ln or "SystemExit" in ln or ": error" in ln]
         return f"exit {p.returncode}: " + " | ".join(dict.fromkeys(errors[-3:] or lines[-3:]))
-    return [read_json(f, "bench result") for f in files]
+    rows: list[Any] = [read_json(f, "bench result") for f in files]  # each rank's JSON row
+    return rows
 
 
-def run_all(opts: BenchOptions, methods: list[str], log=print) -> dict[str, MethodResult]:
+def _ratio(seconds: float, ref: float | None) -> str:
+    """``seconds`` as a multiple of a reference method's (``-`` without one)."""
+    return f"{seconds / ref:.2f}" if ref else "-"
+
+
+def run_all(
+    opts: BenchOptions, methods: list[str], log: Callable[[str], object] = print
+) -> dict[str, MethodResult]:
     """Every round of every method, alternating the order round by round."""
     files = sorted(Path(opts.checkpoint).glob("*.safetensors"))
     results = {m: MethodResult(m) for m in methods}
@@ -287,7 +297,7 @@ def _med(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
-def summarize(res: MethodResult) -> dict:
+def summarize(res: MethodResult) -> dict[str, Any]:
     """Medians (and min-max) over rounds of the per-run figures (each run: the slowest rank / the
     worst peak)."""
     walls = [max(x["seconds"] for x in run) for run in res.runs]
@@ -346,7 +356,7 @@ READS = {"windows": "windows", "whole tensors": "tensors", "whole files": "files
 """
 
 
-def table(summaries: list[dict], refused: dict[str, str], opts: BenchOptions) -> str:
+def table(summaries: list[dict[str, Any]], refused: dict[str, str], opts: BenchOptions) -> str:
     """The human table: one line per method, ratios to floor and seed."""
     by = {s["method"]: s for s in summaries}
     floor, seed = by.get("floor", {}).get("seconds"), by.get("seed", {}).get("seconds")
@@ -363,12 +373,12 @@ def table(summaries: list[dict], refused: dict[str, str], opts: BenchOptions) ->
     )
     lines = [head, cols]
     for s in summaries:
-        ratio = lambda ref, s=s: f"{s['seconds'] / ref:.2f}" if ref else "-"  # noqa: E731
         span = f"[{s['seconds_min']:.2f}-{s['seconds_max']:.2f}]"
         lines.append(
             f"{s['method']:<16} {s['seconds']:>6.2f} {span:>13} {s['import_seconds']:>8.2f} "
             f"{s['cpu_seconds']:>6.2f} "
-            f"{s['gb_per_s_per_rank']:>9.2f} {ratio(floor):>7} {ratio(seed):>6} "
+            f"{s['gb_per_s_per_rank']:>9.2f} {_ratio(s['seconds'], floor):>7} "
+            f"{_ratio(s['seconds'], seed):>6} "
             f"{s['tensors_per_rank']:>7.0f} {s['us_per_tensor']:>9.1f} "
             f"{READS.get(s['reads'], s['reads']):>7} "
             f"{s['bytes_read_per_rank'] / 1e6:>8.1f} {s['bytes_hashed_per_rank'] / 1e9:>9.3f} "

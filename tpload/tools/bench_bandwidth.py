@@ -5,8 +5,9 @@ pinned host-to-device bandwidth (the PCIe figure) a rank's load rate is judged a
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -29,7 +30,7 @@ MIB = 1 << 20
 
 def decode_bandwidth(
     ckpt_dir: str, *, threads: int, reps: int = 5, config: str = DEFAULT_CONFIG, device: str = "cpu"
-) -> dict:
+) -> dict[str, Any]:
     """Each decoded format's decode to bf16 on the CPU (bf16 bytes out per second) against a copy of
     the same output size, on the format's biggest tensor in the plan: picked by the codec the plan
     gave it, never by name, so any layout (the reference one, a published family's) has its formats
@@ -59,7 +60,7 @@ def decode_label(item: Item) -> str:
     return f"{item.codec.name} {'/'.join(c.dtype for c in (item.weight, *item.scales))}"
 
 
-def biggest_decodes(items: list[Item]) -> dict[str, Item]:
+def biggest_decodes(items: Sequence[Item]) -> dict[str, Item]:
     """Each decoded format's biggest item (by decoded bytes) in a plan of the expanded kind, by
     label."""
     out: dict[str, Item] = {}
@@ -72,7 +73,9 @@ def biggest_decodes(items: list[Item]) -> dict[str, Item]:
     return out
 
 
-def _measure_decode(storage: ShardedStorage, item: Item, reps: int, device: torch.device) -> dict:
+def _measure_decode(
+    storage: ShardedStorage, item: Item, reps: int, device: torch.device
+) -> dict[str, Any]:
     codec, fit = item.codec, item.fit
     weight, *scales = (_on(_read(storage, cut), device) for cut in (item.weight, *item.scales))
     scale, scale2 = (scales + [None, None])[:2]
@@ -101,7 +104,7 @@ def _read(storage: ShardedStorage, cut: Cut) -> np.ndarray:
     import numpy as np
 
     stored = storage.stored(cut.name)
-    buf = np.empty((stored.rows, stored.row_bytes), dtype=np.uint8)
+    buf: np.ndarray = np.empty((stored.rows, stored.row_bytes), dtype=np.uint8)
     storage.read(stored, 0, stored.rows, buf)
     return buf.reshape(cut.view)[cut.rows[0] : cut.rows[1], cut.cols[0] : cut.cols[1]]
 
@@ -115,7 +118,7 @@ def _on(host: np.ndarray, device: torch.device) -> np.ndarray | torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(host)).to(device)
 
 
-def _best(fn, reps: int, device: torch.device | None = None) -> float:
+def _best(fn: Callable[[], object], reps: int, device: torch.device | None = None) -> float:
     device = device or torch.device("cpu")
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     fn()
@@ -137,7 +140,7 @@ def h2d_bandwidth(device: torch.device, *, nbytes: int = 256 * MIB, reps: int = 
     return nbytes / _best(lambda: dev.copy_(host, non_blocking=True), reps, device) / 1e9
 
 
-def decode_lines(d: dict) -> list[str]:
+def decode_lines(d: dict[str, Any]) -> list[str]:
     """One line per decoded format (none: the checkpoint is served as stored)."""
     where = "on CPU" if d.get("device", "cpu") == "cpu" else f"on {d['device']}"
     if not d["codecs"]:
@@ -152,7 +155,9 @@ def decode_lines(d: dict) -> list[str]:
     ]
 
 
-def gpu_figures(ckpt: str, config: str, summaries: list[dict], *, decode: bool) -> dict:
+def gpu_figures(
+    ckpt: str, config: str, summaries: list[dict[str, Any]], *, decode: bool
+) -> dict[str, Any]:
     """On a GPU machine: each GPU's pinned host-to-device GB/s (the PCIe figure) beside each
     method's per-rank load rate, and the device decode against a device copy (the HBM figure)."""
     h2d = [h2d_bandwidth(torch.device("cuda", k)) for k in range(torch.cuda.device_count())]
@@ -166,7 +171,7 @@ def gpu_figures(ckpt: str, config: str, summaries: list[dict], *, decode: bool) 
                 "slowest GPU's host-to-device",
                 flush=True,
             )
-    out: dict = {"h2d_gb_per_s": h2d}
+    out: dict[str, Any] = {"h2d_gb_per_s": h2d}
     if decode:
         out["decode"] = decode_bandwidth(ckpt, threads=1, config=config, device="cuda:0")
         print("\n".join(decode_lines(out["decode"])), flush=True)

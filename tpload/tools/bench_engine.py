@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any  # JSON rows and figures
 
 from ..model.bounds import COUNT, RANKS, SECONDS
 from ..toolkit import Parser, atomic_write, read_json, read_native
@@ -46,11 +47,11 @@ def run_formats(
     *,
     tp: int,
     formats: list[str],
-    extra: dict,
+    extra: dict[str, Any],
     work: Path,
     timeout: float,
     dtype: str = "bfloat16",
-) -> tuple[list[dict], str]:
+) -> tuple[list[dict[str, Any]], str]:
     """One engine process starting each format in turn: (results, its output)."""
     out = work / f"run-{len(list(work.iterdir()))}.json"
     cmd = [
@@ -75,10 +76,11 @@ def run_formats(
     text = proc.stdout + proc.stderr
     if proc.returncode != 0 or not out.exists():
         return [], text
-    return read_json(out, "engine results"), text
+    rows: Any = read_json(out, "engine results")  # the worker's JSON: a list of rows
+    return list(rows), text
 
 
-def disagreement(results: list[dict]) -> str:
+def disagreement(results: list[dict[str, Any]]) -> str:
     """Why two formats' results may not be ranked (different tokens or parameter bytes), or ""."""
     first = results[0]
     for r in results[1:]:
@@ -94,7 +96,7 @@ def disagreement(results: list[dict]) -> str:
     return ""
 
 
-def summary(runs: dict[str, list[dict]], model: str, tp: int) -> list[dict]:
+def summary(runs: dict[str, list[dict[str, Any]]], model: str, tp: int) -> list[dict[str, Any]]:
     """Per format: median start-to-first-token over rounds, and bytes read per worker."""
     whole = sum(info.nbytes for info in read_native(Path(model))[0].tensors.values())
     rows = []
@@ -121,7 +123,7 @@ def summary(runs: dict[str, list[dict]], model: str, tp: int) -> list[dict]:
     return rows
 
 
-def table(rows: list[dict], model: str, tp: int) -> str:
+def table(rows: list[dict[str, Any]], model: str, tp: int) -> str:
     out = [
         f"vLLM on {model}, tp {tp}: engine start to first token (median, min-max), bytes read per "
         "worker",
@@ -156,7 +158,7 @@ def cmd_bench_engine(argv: list[str]) -> int:
     p.add_argument("--json", help="write every figure here")
     p.add_argument("--timeout", type=SECONDS, default=1200.0, help="seconds per engine process")
     args = p.parse_args(argv)
-    runs: dict[str, list[dict]] = {name: [] for name in FORMATS}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in FORMATS}
     work = Path(tempfile.mkdtemp(prefix="tpload-bench-engine-"))
     for k in range(args.rounds):
         order = list(FORMATS) if k % 2 == 0 else list(reversed(FORMATS))

@@ -19,6 +19,7 @@ from ..toolkit import (
     Output,
     RankPlan,
     ShardedStorage,
+    TensorInfo,
     choose,
     open_regular,
     planner_of,
@@ -38,7 +39,7 @@ class Mapped:
         self.manifest = self.catalogue.manifest
         self._maps: dict[Path, np.ndarray] = {}
 
-    def info(self, name: str):
+    def info(self, name: str) -> TensorInfo:
         return self.storage.info(name)
 
     def raw(self, name: str) -> np.ndarray:
@@ -92,6 +93,8 @@ class Job:
         files")."""
         self.bytes_read: int | None = None
         """Bytes this rank read out of the files, when the method reads more than its windows."""
+        self.shards: object = None
+        """What a method loaded, kept alive until the digest is taken (any value: only held)."""
 
     # The harness's own map and plan, made when a method first asks: a method that plans for itself
     # (tpload) is timed with its own planning only, not with this one too.

@@ -20,8 +20,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any  # JSON rows and figures
 
 from ..model.bounds import COUNT, RANKS, SECONDS
 from ..toolkit import DEFAULT_CONFIG, Parser, atomic_write, read_json
@@ -72,7 +74,7 @@ def _command(b: ReplicaBench, nproc: int, report: Path, *extra: str) -> list[str
     ]
 
 
-def _launch(b: ReplicaBench, runs: list[tuple[int, Path, tuple[str, ...]]]) -> dict | str:
+def _launch(b: ReplicaBench, runs: list[tuple[int, Path, tuple[str, ...]]]) -> dict[str, Any] | str:
     """Start every launch at once; wait for all. Every rank's report row (launch by launch) and the
     wall time until the last one ended, or the first failure's last lines."""
     t0 = time.perf_counter()
@@ -98,22 +100,23 @@ def _launch(b: ReplicaBench, runs: list[tuple[int, Path, tuple[str, ...]]]) -> d
     for p, out in zip(procs, outs, strict=True):
         if p.returncode != 0:
             return f"exit {p.returncode}: " + " | ".join(out.strip().splitlines()[-3:])
-    ranks = [r for _, report, _ in runs for r in read_json(report, "load report")["ranks"]]
+    reports: list[Any] = [read_json(report, "load report") for _, report, _ in runs]  # JSON
+    ranks = [r for doc in reports for r in doc["ranks"]]
     return {"wall": wall, "ranks": ranks}
 
 
-def shared(b: ReplicaBench, tmp: Path) -> dict | str:
+def shared(b: ReplicaBench, tmp: Path) -> dict[str, Any] | str:
     """One launch of R x tp ranks with ``--replicas R``."""
     nproc = b.replicas * b.tp
     return _launch(b, [(nproc, tmp / "shared.json", ("--replicas", str(b.replicas)))])
 
 
-def alone(b: ReplicaBench, tmp: Path) -> dict | str:
+def alone(b: ReplicaBench, tmp: Path) -> dict[str, Any] | str:
     """R launches of tp ranks at once, each replica reading everything it serves."""
     return _launch(b, [(b.tp, tmp / f"alone{q}.json", ()) for q in range(b.replicas)])
 
 
-def figures(run: dict) -> dict:
+def figures(run: dict[str, Any]) -> dict[str, Any]:
     """One run's figures: storage bytes as counted (a rank reading alone reads all its windows)."""
     ranks = run["ranks"]
     counted = all(r.get("bytes_from_storage") is not None for r in ranks)
@@ -130,7 +133,7 @@ def figures(run: dict) -> dict:
     }
 
 
-def summarize(runs: list[dict]) -> dict:
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Medians over rounds, with the wall time's min-max; the byte counts must not vary."""
     out = {k: statistics.median(f[k] for f in runs) for k in ("wall_s", "load_s")}
     out.update(
@@ -147,11 +150,11 @@ def summarize(runs: list[dict]) -> dict:
     return out
 
 
-def run_bench(b: ReplicaBench, log=print) -> dict:
+def run_bench(b: ReplicaBench, log: Callable[[str], object] = print) -> dict[str, Any]:
     """Every round of both arms (shared, alone; then alone, shared...). Returns the summaries and,
     under ``refused``, why an arm shows no figures."""
     arms = {"shared": shared, "alone": alone}
-    got: dict[str, list[dict]] = {a: [] for a in arms}
+    got: dict[str, list[dict[str, Any]]] = {a: [] for a in arms}
     with tempfile.TemporaryDirectory(prefix="tpload-bench-replicas-") as tmp:
         for k in range(b.rounds):
             for arm in list(arms) if k % 2 == 0 else list(reversed(arms)):
@@ -173,7 +176,7 @@ def run_bench(b: ReplicaBench, log=print) -> dict:
     return out
 
 
-def table(b: ReplicaBench, res: dict) -> str:
+def table(b: ReplicaBench, res: dict[str, Any]) -> str:
     s, a = res["shared"], res["alone"]
     lines = [
         f"bench --replicas {b.replicas}: {b.checkpoint}, tp {b.tp}, {s['rounds']} round(s), "

@@ -21,6 +21,7 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 import psutil
@@ -99,7 +100,12 @@ def _own_window(job: Job, o: Output, cut: Cut, whole: torch.Tensor) -> torch.Ten
     )
 
 
-def _tpload(kind: str, verify: str, *, blake3: bool = False) -> Callable[[Job], Windows]:
+def _tpload(
+    kind: Literal["packed", "expanded"],
+    verify: Literal["node", "rank", "digest", "off"],
+    *,
+    blake3: bool = False,
+) -> Callable[[Job], Windows]:
     """A tpload load; ``blake3``: from the store that holds the bench's blake3 sidecar
     (bench.prepare_blake3), refused unless the load really hashed by blake3."""
 
@@ -161,7 +167,8 @@ def run_safetensors(job: Job) -> Windows:
     its map, so without that copy a CPU rank would own nothing."""
     from safetensors import safe_open
 
-    handles, out = {}, {}
+    handles: dict[Path, Any] = {}  # safetensors' open files
+    out: Windows = {}
     try:
         for name, cut in job.cuts():
             info = job.ckpt.info(cut.name)
@@ -169,7 +176,7 @@ def run_safetensors(job: Job) -> Windows:
             if f is None:
                 f = handles[info.path] = safe_open(
                     str(info.path), framework="pt", device="cpu"
-                ).__enter__()
+                ).__enter__()  # type: ignore[no-untyped-call]  # safetensors' stub leaves it bare
             # a scalar (NVFP4's global scale) has no slices: it is whole on every rank
             t = (
                 f.get_slice(cut.name)[_element_slices(info.shape, cut)]
@@ -215,7 +222,8 @@ def run_fastsafetensors(job: Job) -> Windows:
         buffers = loader.copy_files_to_device()
         for item in job.plan.items:
             split = _split_of(job, item)
-            for o, cut in zip(item.outputs, (item.weight, item.scale), strict=False):
+            cuts = [c for c in (item.weight, item.scale) if c is not None]
+            for o, cut in zip(item.outputs, cuts, strict=False):
                 t = (
                     buffers.get_tensor(cut.name)
                     if split is None
@@ -301,10 +309,12 @@ def run_seed(job: Job) -> Windows:
     """The seed loader's method: every rank sha256-hashes every tensor it uses in full, copies its
     window to the device, and compares the device copy byte for byte with the host slice."""
     manifest = job.ckpt.manifest
+    if manifest is None:  # (the seed hashes against one)
+        raise SystemExit("seed: the checkpoint has no manifest to hash against")
     out: Windows = {}
     for o, cut in job.outputs():
         raw = job.ckpt.raw(cut.name)
-        if hashlib.sha256(memoryview(raw)).hexdigest() != manifest[cut.name].sha256:
+        if hashlib.sha256(raw.data).hexdigest() != manifest[cut.name].sha256:
             raise SystemExit(f"seed: {cut.name}: sha256 does not match the manifest")
         job.bytes_hashed += raw.nbytes
         window = job.ckpt.window(cut)
@@ -383,7 +393,8 @@ def window_digest(windows: Windows) -> str:
 
 def _anon() -> int:
     m = psutil.Process().memory_info()
-    return m.rss - getattr(m, "shared", 0)
+    anon: int = m.rss - getattr(m, "shared", 0)
+    return anon
 
 
 def main(argv: list[str] | None = None) -> int:

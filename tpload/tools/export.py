@@ -18,6 +18,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any  # JSON rows and figures
 
 import numpy as np
 
@@ -66,7 +67,7 @@ def _verify_sources(
 
 def _rank_tensors(
     storage: ShardedStorage, plan: RankPlan
-) -> dict[str, tuple[str, tuple[int, ...], tuple, tuple, tuple]]:
+) -> dict[str, tuple[str, tuple[int, ...], tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]]]:
     """{name: (dtype, window shape, rows, cols, view)} of everything the rank's file holds: each
     window a box of its tensor's bytes seen as ``view`` (a stacked tensor cut on an inner dimension
     is seen as [experts x rows, cols]), written in that view's row order."""
@@ -87,8 +88,8 @@ def _rank_tensors(
 
 
 def export(
-    src: str | os.PathLike,
-    out: str | os.PathLike,
+    src: str | os.PathLike[str],
+    out: str | os.PathLike[str],
     layout: Layout,
     config: Config,
     *,
@@ -116,9 +117,12 @@ def export(
                 "the gate did not vouch for every source tensor; nothing exported"
             )
         dst.mkdir(parents=True, exist_ok=True)
-        model = storage.catalogue.pins.read(
-            "config.json", "model config"
-        )  # checked against the source's pins
+        source_pins = storage.catalogue.pins
+        if (
+            source_pins is None
+        ):  # (a native folder's catalogue has its pins: read with its manifest)
+            raise CheckpointError("the source's pins were not read (a bug in tpload)")
+        model = source_pins.read("config.json", "model config")  # checked against the source's pins
         if (
             model is not None
         ):  # head counts for rules that cut by heads; pinned by the export's manifest below
@@ -138,7 +142,7 @@ def export(
         for plan in plans:
             held = _rank_tensors(storage, plan)
 
-            def chunks(name: str, held: dict = held) -> Iterator[np.ndarray]:
+            def chunks(name: str, held: dict[str, Any] = held) -> Iterator[np.ndarray]:
                 _, _, rows, cols, view = held[name]
                 stored, rows, cols = storage.box(name, view, rows, cols)
                 for _, _, block in reader.blocks(stored, rows, cols):

@@ -71,7 +71,7 @@ _WRONG = (NameError, TypeError, IndexError, KeyError, ZeroDivisionError, ValueEr
 range."""
 
 
-def _parsed(source: object, *, template: bool = False) -> ast.expr:
+def _parsed(source: str | int | float, *, template: bool = False) -> ast.expr:  # a TOML value
     """An expression (or a template: an f-string's body; or a TOML number) checked against the
     grammar."""
     if not isinstance(source, str):
@@ -89,12 +89,12 @@ def _parsed(source: object, *, template: bool = False) -> ast.expr:
     return tree.body
 
 
-def _compiled(expr: ast.expr, source: object) -> CodeType:
+def _compiled(expr: ast.expr, source: str | int | float) -> CodeType:
     """``expr`` compiled; its file name, ``source``'s repr, is what an error names."""
     return compile(ast.fix_missing_locations(ast.Expression(expr)), repr(source), "eval")
 
 
-def _code(source: object) -> CodeType:
+def _code(source: str | int | float) -> CodeType:  # a TOML value
     return _compiled(_parsed(source), source)
 
 
@@ -149,7 +149,7 @@ class _Entry:
     """A tensor's other keys (``below``)."""
     var: str = ""
     """A group's ``for``."""
-    over: CodeType | tuple | None = None
+    over: CodeType | tuple[Any, ...] | None = None
     """A group's ``in``: a count, or the values themselves."""
     lets: tuple[tuple[str, CodeType], ...] = ()
     at: CodeType | None = None
@@ -293,7 +293,9 @@ def read(name: str) -> dict[str, Any]:
     return doc
 
 
-def published_config(doc: dict[str, Any], preset: dict[str, Any], presets: Mapping) -> dict:
+def published_config(
+    doc: dict[str, Any], preset: dict[str, Any], presets: Mapping[str, Any]
+) -> dict[str, Any]:
     """A preset's config.json: the family's published one with the preset's changes (and its
     ``base`` preset's first), less its ``drop`` keys; a fresh copy (presets never share one)."""
     changes: dict[str, Any] = {}

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any  # JSON rows and figures
 
 from ..model.errors import CheckpointError, LoadError
 from ..model.progress import Meter
@@ -59,12 +61,12 @@ from ..toolkit import (
 
 
 def record_verified(
-    root: str | os.PathLike,
+    root: str | os.PathLike[str],
     config: Config,
     layout: Layout,
     kind: str,
     *,
-    store: str | os.PathLike | None = None,
+    store: str | os.PathLike[str] | None = None,
     progress: Meter | None = None,
 ) -> tuple[list[str], Path]:
     """``tpload plan --write``: hash every tensor the layout uses, then store every rank's digest,
@@ -87,7 +89,7 @@ def record_verified(
             )
         stamp = checkpoint_stamp(storage)
         manifest_sha = cat.manifest_sha256
-        windows: list[dict] = []
+        windows: list[dict[str, Any]] = []
         digests = predict(
             root,
             config,
@@ -134,7 +136,7 @@ def record_verified(
 
 
 def verify_checkpoint(
-    root: str | os.PathLike,
+    root: str | os.PathLike[str],
     config: Config | None,
     *,
     threads: int = 2,
@@ -201,7 +203,7 @@ def verify_checkpoint(
         storage.close()
 
 
-def _value_checkers(storage: Storage, config: Config, problems: list[str]) -> dict:
+def _value_checkers(storage: Storage, config: Config, problems: list[str]) -> dict[str, Any]:
     """{tensor name: (its item, its item's checker, the check its blocks feed, its place in the
     item's order)} for every tensor the config classifies: an item's cuts in order, scales before
     the weight, as a load feeds them (loop.value_feed)."""
@@ -241,13 +243,15 @@ def _signed_problems(
 
 def _file_problems(
     storage: ShardedStorage,
-    digests: dict[Path, str] | None = None,
+    digests: Mapping[Path, str] | None = None,
     progress: Meter | None = None,
 ) -> list[str]:
     """Each shard of a hub snapshot or a local-dir download whose sha256 is not the one its blob is
     named by or its etag records (the load's own whole-file hasher and verdict, run here in the
     foreground)."""
     digests = storage.file_digests if digests is None else digests
+    if digests is None:  # (asked only for a folder vouched for file by file)
+        raise ValueError("no file digests to check (a bug in tpload)")
     files = sorted(digests)
     sink = (
         progress(sum(_size(f) for f in files), len(files), unit="file")
@@ -259,7 +263,8 @@ def _file_problems(
     finally:
         if sink is not None:
             sink.close()
-    return file_problems(results, digests, named_by=storage.file_source.named_by)
+    source = storage.file_source
+    return file_problems(results, digests, named_by=source.named_by if source else None)
 
 
 def _size(path: Path) -> int:
@@ -273,7 +278,7 @@ def _size(path: Path) -> int:
 def _scan(
     storage: Storage,
     names: list[str],
-    checkers: dict,
+    checkers: dict[str, Any],
     threads: int,
     *,
     compare: bool = True,
@@ -315,7 +320,7 @@ def _verify_export(root: Path, threads: int, progress: Meter | None) -> list[str
     from ..toolkit import PartitionedStorage
 
     try:
-        doc = read_json(root / MANIFEST_NAME, "export manifest")
+        doc: Any = read_json(root / MANIFEST_NAME, "export manifest")  # its shape checked here
         meta = doc["partitioned"]
         tp, ep = int(meta["tp"]), int(meta["ep"])
     except LoadError as e:
@@ -347,7 +352,7 @@ def _verify_export(root: Path, threads: int, progress: Meter | None) -> list[str
 
 
 def write_manifest(
-    root: str | os.PathLike,
+    root: str | os.PathLike[str],
     *,
     force: bool = False,
     threads: int = 2,
@@ -388,7 +393,8 @@ def write_manifest(
             if bad:
                 raise CheckpointError(
                     f"no manifest written: {len(bad)} file(s) do not match their "
-                    f"{storage.file_source.names}:\n  - " + "\n  - ".join(bad)
+                    f"{storage.file_source.names if storage.file_source else 'digests'}:\n  - "
+                    + "\n  - ".join(bad)
                 )
         hashed = hash_whole(
             storage, names, threads=max(0, min(threads, spare_threads())), progress=progress
@@ -416,10 +422,10 @@ def write_manifest(
 
 
 def write_blake3(
-    root: str | os.PathLike,
+    root: str | os.PathLike[str],
     *,
     threads: int = 2,
-    store: str | os.PathLike | None = None,
+    store: str | os.PathLike[str] | None = None,
     progress: Meter | None = None,
     signed: SignedModel | None = None,
 ) -> Path:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -69,23 +69,29 @@ def _cdiv(a: int, b: int) -> int:
 
 def _pos_f32(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
     """Positive F32 scales (2^-10 .. 2^-5): legal block scales that never overflow a decode."""
-    return rng.uniform(2.0**-10, 2.0**-5, rows * cols).astype(np.float32).view(np.uint8)
+    result: np.ndarray = (
+        rng.uniform(2.0**-10, 2.0**-5, rows * cols).astype(np.float32).view(np.uint8)
+    )
+    return result
 
 
 def _pos_bf16(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
     n = rows * cols
-    return (
+    result: np.ndarray = (
         (rng.integers(117, 123, n, dtype=np.uint16) << 7) | rng.integers(0, 128, n, dtype=np.uint16)
     ).view(np.uint8)
+    return result
 
 
 def _e4m3_scale(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
     """Positive, finite E4M3 block scales (no NaN code, no sign)."""
-    return rng.integers(0x20, 0x70, rows * cols, dtype=np.uint8)
+    result: np.ndarray = rng.integers(0x20, 0x70, rows * cols, dtype=np.uint8)
+    return result
 
 
 def _global_scale(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
-    return rng.uniform(1e-4, 1e-2, rows * cols).astype(np.float32).view(np.uint8)
+    result: np.ndarray = rng.uniform(1e-4, 1e-2, rows * cols).astype(np.float32).view(np.uint8)
+    return result
 
 
 def _i64(high: int) -> Fill:
@@ -137,11 +143,17 @@ def _nvfp4(stem: str, n: int, k: int, scope: dict[str, Any]) -> list[Planned]:
     ]
 
 
-_LINEAR = {"fp8": _fp8, "mxfp4": _mxfp4, "nvfp4": _nvfp4}
+_LINEAR: dict[str, Callable[..., list[Planned]]] = {"fp8": _fp8, "mxfp4": _mxfp4, "nvfp4": _nvfp4}
 """Formats of a linear (a ``stem``): its weight and scales; a linear in ``bf16`` is its
 ``.weight``."""
 FORMATS = (*_ONE, *_LINEAR)
 """The formats a list may name (each bound to its own name in a list's expressions)."""
+
+
+def _data_of(group: Sequence[Planned], seed: int) -> Callable[[str], Iterator[np.ndarray]]:
+    """Each of ``group``'s tensors' bytes, by name (write_safetensors asks one name at a time)."""
+    by = {t.name: t for t in group}
+    return lambda n: chunks(by[n], seed)
 
 
 def stored(t: families.Tensor) -> list[Planned]:
@@ -162,12 +174,12 @@ class Published:
     """One family at one size: its config.json, its tensors, and how its files are named."""
 
     family: str
-    config: dict
+    config: dict[str, Any]
     tensors: str = "tensors"
     """Which of the family's lists (``many``: many-tensors')."""
     shards: int = 2
     shard_name: str = "model-{k:05d}-of-{n:05d}.safetensors"
-    extra: dict[str, dict] = field(default_factory=dict)
+    extra: dict[str, dict[str, Any]] = field(default_factory=dict[str, Any])
     """Other JSON files beside config.json (``hf_quant_config.json``)."""
     headers_only: bool = False
     """Only headers and index; the data are holes (a ``full`` size)."""
@@ -186,7 +198,7 @@ class Published:
 
 
 @functools.cache
-def _index() -> dict[str, tuple[str, dict]]:
+def _index() -> dict[str, tuple[str, dict[str, Any]]]:
     """{preset: (its family, its table)} of every family file, in :data:`FAMILIES`' order."""
     return {
         name: (family, preset)
@@ -228,7 +240,7 @@ PUBLISHED: Mapping[str, Callable[[], Published]] = families.Lazy(
 
 
 def write_published(
-    out_dir: str | os.PathLike,
+    out_dir: str | os.PathLike[str],
     name: str,
     *,
     seed: int = 0,
@@ -271,7 +283,7 @@ def write_published(
             else write_safetensors(
                 root / file,
                 [(t.name, t.dtype, t.shape) for t in group],
-                lambda n, by={t.name: t for t in group}: chunks(by[n], seed),
+                _data_of(group, seed),
                 {"format": "pt", "writer": "tpload.synth"},
                 sink,
             )
@@ -323,7 +335,7 @@ def _write_headers_only(path: Path, tensors: list[Planned]) -> dict[str, str]:
 
 
 def cached_published(
-    name: str, *, tensors: int | None = None, cache_dir: str | os.PathLike | None = None
+    name: str, *, tensors: int | None = None, cache_dir: str | os.PathLike[str] | None = None
 ) -> Path:
     """Preset ``name``'s checkpoint (with its manifest) under the user cache, written once (the
     bench's ``--preset``; ``tensors`` as in :func:`write_published`). Only presets with data: not a

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import psutil
@@ -110,7 +110,7 @@ def costs(
 
 
 @contextlib.contextmanager
-def planning(root: str | os.PathLike, config: Config, layout: Layout) -> Iterator[Planner]:
+def planning(root: str | os.PathLike[str], config: Config, layout: Layout) -> Iterator[Planner]:
     """An offline planner of ``root`` (its storage closed once the tensors are classified), the
     layout checked."""
     storage = open_storage(root, tp=layout.tp, ep=layout.ep, rank=0, world=layout.world)
@@ -137,7 +137,8 @@ class HostMemory:
         self.catalogue = self.per_plan = 0
 
     def _rss(self) -> int:
-        return self._proc.memory_info().rss
+        rss: int = self._proc.memory_info().rss
+        return rss
 
     def classified(self) -> None:
         self.catalogue = self._rss() - self.start
@@ -164,8 +165,8 @@ def render_costs(
     """The table ``tpload plan`` prints: each rank (or only the busiest of each node), then each
     node. In the load table's units: bytes moved in GB, memory in GiB; ``fit``: the verdict against
     a GPU's memory (:func:`fit_line`), under the device peak."""
-    gb = lambda b: f"{b / 1e9:.3f}"  # noqa: E731
-    gib = lambda b: f"{b / GIB:.3f}"  # noqa: E731
+    gb: Callable[[float], str] = lambda b: f"{b / 1e9:.3f}"  # noqa: E731
+    gib: Callable[[float], str] = lambda b: f"{b / GIB:.3f}"  # noqa: E731
     lines = [
         f"{'rank':>5} {'node':>4} {'tensors':>8} {'read GB':>9} {'hash GB':>9} {'device GiB':>10} "
         f"{'transient GiB':>13} {'peak dev GiB':>12}  digest"

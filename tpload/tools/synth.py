@@ -92,18 +92,21 @@ Fill = Callable[[np.random.Generator, int, int], np.ndarray]
 
 
 def fp4_bytes(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
-    return np.frombuffer(rng.bytes(rows * cols), dtype=np.uint8)
+    result: np.ndarray = np.frombuffer(rng.bytes(rows * cols), dtype=np.uint8)
+    return result
 
 
 def e8m0_bytes(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
     # 2^-9 .. 2^3: a realistic range that can never overflow bf16 on decode.
-    return rng.integers(118, 131, rows * cols, dtype=np.uint8)
+    result: np.ndarray = rng.integers(118, 131, rows * cols, dtype=np.uint8)
+    return result
 
 
 def e4m3_bytes(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
     b = np.frombuffer(rng.bytes(rows * cols), dtype=np.uint8).copy()
     b[(b & 0x7F) == 0x7F] ^= 1  # NaN codes 0x7F/0xFF -> 0x7E/0xFE (448 / -448)
-    return b
+    result: np.ndarray = b
+    return result
 
 
 def bf16_bytes(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
@@ -114,15 +117,20 @@ def bf16_bytes(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
         | (rng.integers(120, 127, n, dtype=np.uint16) << 7)
         | rng.integers(0, 128, n, dtype=np.uint16)
     )
-    return bits.view(np.uint8)
+    result: np.ndarray = bits.view(np.uint8)
+    return result
 
 
 def f32_bytes(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
-    return rng.standard_normal(rows * cols, dtype=np.float32).view(np.uint8)
+    result: np.ndarray = rng.standard_normal(rows * cols, dtype=np.float32).view(np.uint8)
+    return result
 
 
 def _f16_bytes(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
-    return (1.0 + 0.1 * rng.standard_normal(rows * cols)).astype(np.float16).view(np.uint8)
+    result: np.ndarray = (
+        (1.0 + 0.1 * rng.standard_normal(rows * cols)).astype(np.float16).view(np.uint8)
+    )
+    return result
 
 
 @dataclass(frozen=True)
@@ -140,7 +148,7 @@ class Planned:
 def planned_tensors(spec: SynthSpec) -> list[Planned]:
     """Every tensor of the reference layout, in a stable order."""
     h, i, e, b = spec.hidden, spec.inter, spec.experts, spec.block
-    cdiv = lambda a, d: -(-a // d)  # noqa: E731
+    cdiv: Callable[[int, int], int] = lambda a, d: -(-a // d)  # noqa: E731
     out: list[Planned] = []
 
     def fp8(name: str, n: int, k: int) -> None:
@@ -206,7 +214,7 @@ def write_shard(
 
 
 def write_checkpoint(
-    out_dir: str | os.PathLike, spec: SynthSpec, *, progress: Meter | None = None
+    out_dir: str | os.PathLike[str], spec: SynthSpec, *, progress: Meter | None = None
 ) -> Path:
     """Write shards, index and NATIVE_MANIFEST.json for ``spec`` into ``out_dir`` (new or empty).
     ``progress``: the command's meter, told of each tensor as it is written."""
@@ -250,7 +258,7 @@ HUB_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 cache)."""
 
 
-def write_hub(cache: str | os.PathLike, repo: str, write: Callable[[Path], Path]) -> Path:
+def write_hub(cache: str | os.PathLike[str], repo: str, write: Callable[[Path], Path]) -> Path:
     """A checkpoint laid out as a hub cache of ``repo`` under ``cache`` (blobs, snapshots/REV, refs;
     no manifest): ``write(folder)`` writes it into a temporary folder, then it moves in. Returns the
     snapshot folder. A cache that holds ``repo`` already is refused before anything is written
@@ -288,7 +296,9 @@ def cache_folder(base: Path, key: str) -> Path:
     return base / f"{key}-format{CACHE_FORMAT}"
 
 
-def write_local_dir(out_dir: str | os.PathLike, name: str, write: Callable[[Path], Path]) -> Path:
+def write_local_dir(
+    out_dir: str | os.PathLike[str], name: str, write: Callable[[Path], Path]
+) -> Path:
     """A checkpoint laid out as ``hf download ORG/NAME --local-dir OUT_DIR`` leaves it: ``write``
     writes the files into ``out_dir`` (new or empty; no manifest), then each gets its download
     metadata, written by huggingface_hub's own function (so its format and its freshness rule are
@@ -310,7 +320,7 @@ def write_local_dir(out_dir: str | os.PathLike, name: str, write: Callable[[Path
     return root
 
 
-def cached_checkpoint(spec: SynthSpec, cache_dir: str | os.PathLike | None = None) -> Path:
+def cached_checkpoint(spec: SynthSpec, cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """``spec``'s checkpoint under the user cache, written once (see :func:`cached`)."""
     base = Path(cache_dir) if cache_dir else cache_root()
     key = "-".join(f"{k}{v}" for k, v in asdict(spec).items())
@@ -365,7 +375,7 @@ def spec_from(preset: str, **overrides: int | None) -> SynthSpec:
     return replace(PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None})
 
 
-def resolve_checkpoint(checkpoint: str | os.PathLike | None) -> str:
+def resolve_checkpoint(checkpoint: str | os.PathLike[str] | None) -> str:
     """The command line's checkpoint: the given one, or the built-in small synthetic one (written
     once)."""
     if checkpoint is not None:

@@ -65,7 +65,7 @@ def _nbytes(ggml: str, shape: tuple[int, ...]) -> int:
     return math.prod(shape) // per * size
 
 
-def write_headers_only(out_dir: str | os.PathLike, name: str) -> Path:
+def write_headers_only(out_dir: str | os.PathLike[str], name: str) -> Path:
     """A full-size GGUF split set whose data are holes: real headers (our own writer, GGUF v3,
     alignment 32, llama.cpp's split keys), each file extended to its size without writing
     (sparse)."""
@@ -125,17 +125,19 @@ def _data(rng: np.random.Generator, ggml: str, shape: tuple[int, ...]) -> np.nda
     """Random but valid stored data: F32 values, or blocks whose f16 super-scales are small and
     finite."""
     if ggml == "F32":
-        return rng.standard_normal(shape, dtype=np.float32)
+        result: np.ndarray = rng.standard_normal(shape, dtype=np.float32)
+        return result
     per, size = GGUF_BLOCKS[ggml]
     blocks = rng.integers(0, 256, (math.prod(shape) // per, size), dtype=np.uint8)
     for off in GGUF_SCALE_OFFSETS[ggml]:
         d = rng.uniform(1e-4, 1e-2, blocks.shape[0]).astype(np.float16)
         blocks[:, off : off + 2] = d.view(np.uint8).reshape(-1, 2)
-    return blocks.reshape(shape[:-1] + (shape[-1] // per * size,))
+    result = blocks.reshape(shape[:-1] + (shape[-1] // per * size,))
+    return result
 
 
 def write_gguf_preset(
-    out_dir: str | os.PathLike, name: str, *, seed: int = 0, parts: int = 2
+    out_dir: str | os.PathLike[str], name: str, *, seed: int = 0, parts: int = 2
 ) -> Path:
     """Write preset ``name`` into ``out_dir`` (new or empty) as a split set of ``parts`` GGUF
     files."""

@@ -3,6 +3,7 @@ without loading a transfer."""
 
 from __future__ import annotations
 
+from types import TracebackType
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -57,4 +58,9 @@ class Transfer(Protocol):
 
     def __enter__(self) -> Transfer: ...
 
-    def __exit__(self, *exc: object) -> None: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...

@@ -6,6 +6,7 @@ import ctypes
 import mmap
 import sys
 from threading import Thread
+from types import TracebackType
 
 import numpy as np
 import torch
@@ -88,7 +89,12 @@ class CpuTransfer:
     def __enter__(self) -> CpuTransfer:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         if self._populating is not None:  # nothing of the load left running after it
             self._populating.join()
             self._populating = None

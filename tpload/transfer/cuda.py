@@ -20,6 +20,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import TracebackType
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -33,14 +35,28 @@ CHUNK_BYTES = (
 )
 
 
+class Stream(Protocol):
+    """A side stream (torch.cuda.Stream, or a test's stand-in)."""
+
+    def synchronize(self) -> None: ...
+
+
+class Event(Protocol):
+    """An event on a stream (torch.cuda.Event, or a test's stand-in)."""
+
+    def synchronize(self) -> None: ...
+
+    def record(self, stream: Stream) -> None: ...
+
+
 @dataclass
 class Backend:
     """Where the pinned buffers, the side stream and its events come from."""
 
     pinned: Callable[[int], torch.Tensor]
-    stream: Callable[[], object]
-    event: Callable[[], object]
-    on_stream: Callable[[object], contextlib.AbstractContextManager]
+    stream: Callable[[], Stream]
+    event: Callable[[], Event]
+    on_stream: Callable[[Stream], contextlib.AbstractContextManager[object]]
 
     @classmethod
     def cuda(cls, device: torch.device) -> Backend:
@@ -72,7 +88,7 @@ class CudaTransfer:
         self.events = [self.backend.event() for _ in range(2)]
         self.stream = self.backend.stream()
         self.turn = 0
-        self._ctx: contextlib.AbstractContextManager | None = None
+        self._ctx: contextlib.AbstractContextManager[object] | None = None
 
     def arena(self, nbytes: int) -> torch.Tensor:
         return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
@@ -133,8 +149,13 @@ class CudaTransfer:
         self._ctx.__enter__()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         if self._ctx is not None:
-            self._ctx.__exit__(*exc)
+            self._ctx.__exit__(exc_type, exc, tb)
             self._ctx = None
         self.stream.synchronize()

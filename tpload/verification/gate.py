@@ -192,7 +192,7 @@ class SignedManifest(TensorDigests):
 
     def __init__(self, job: Job, signed: SignedModel) -> None:
         super().__init__(job)
-        self.signed = signed
+        self.signed: SignedModel = signed
         self.vouched_by = f"the manifest's per-tensor digests, the manifest signed by {signed.what}"
 
     def signature(self) -> str:

@@ -30,7 +30,7 @@ from ..model.values import Box, FileSource, Stored, Triple
 from . import node
 from .hashes import SHA256, Digests, FileHashed, HashResults
 from .node import HashPlan, WholeFiles
-from .signing import Signer
+from .signing import SignedModel, Signer
 from .store import DigestStore, Prediction, Stamp
 
 # -- what the gate reads of the load -------------------------------------------------------------
@@ -345,6 +345,9 @@ class Strategy(ABC):
     whole_files = False
     """Whether it vouches for whole files (then replicas share a file's windows out whole: one
     replica reads them all, and its node hashes the file once for the cluster)."""
+    signed: SignedModel | None = None
+    """The model.sig that vouched for the load, if one did (its bundle is then the attestation's
+    identity: attest/build.py)."""
 
     def __init__(self, job: Job) -> None:
         self.job = job

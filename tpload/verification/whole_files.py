@@ -181,7 +181,7 @@ class SignedFiles(FileDigests):
                 "against its signed digest",
             ),
         )
-        self.signed = signed
+        self.signed: SignedModel = signed
 
     def expected(self) -> Mapping[Path, str | Expected]:
         return self.signed.expected(self.job.checkpoint.paths())

@@ -13,11 +13,12 @@ import pytest
 
 from tpload.distributed.replica_split import Names, file_units, shares, split_runs
 from tpload.loading.pick import choose, model_for
-from tpload.planning.batches import runs
 from tpload.planning.layout import Layout
 from tpload.planning.planner import Planner
 from tpload.selection.config import with_rules
 from tpload.storage.open import open_storage
+
+from ..loading.batch_runs import runs
 
 
 @dataclass

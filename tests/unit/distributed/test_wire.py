@@ -41,7 +41,7 @@ def test_device_tensors_go_over_the_load_s_group_only_for_a_cuda_load_with_nccl(
 
 def test_a_cpu_load_sends_host_buffers_over_its_cpu_group_without_a_copy() -> None:
     cpu_group = object()
-    ctx = SimpleNamespace(device=CPU, group=object(), cpu_group=cpu_group)
+    ctx = SimpleNamespace(device=CPU, group=object(), cpu_group=cpu_group, shared_device=False)
     wire = Wire.of(ctx)  # no dist call on the CPU: the fake groups are never asked their backend
     assert wire.group is cpu_group and wire.device == CPU and not wire.staged
     host = wire.host(64)
@@ -84,7 +84,7 @@ def _links(staged: bool) -> tuple[Link, Link]:
     (shared,) = split([[(["w"], 96, None)]], 2)
     out = []
     for rank in (0, 1):
-        ctx = SimpleNamespace(rank=rank)
+        ctx = SimpleNamespace(rank=rank, group=None)  # no group: no stop flags in a store
         wire = Wire(SimpleNamespace(rank=rank), CPU, staged=staged)
         out.append(Link(ctx, at, [shared], 10.0, 0, wire))
     return out[0], out[1]

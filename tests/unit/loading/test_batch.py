@@ -3,6 +3,7 @@ sha256 verdicts as the per-tensor path, one read and one pass for many."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -14,9 +15,11 @@ from tpload.kernels import compiled as kernels
 from tpload.kernels.fingerprint import host_fingerprint, word_width
 from tpload.model.errors import LoadError
 from tpload.planning import batches as batch
+from tpload.storage.base import StorageBase
 from tpload.tools.published import write_published
 
 from ...helpers import tensor_offset
+from .batch_runs import runs as item_runs
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +116,7 @@ def test_batches_stop_at_a_file_a_gap_or_a_tensor_they_cannot_take(many: Path) -
     try:
         plan = planner_of(storage.catalogue, load_config("llama")).plan(Layout(1), "packed", 0)
         items = plan.items
-        runs = list(batch.runs(items, "packed", storage))
+        runs = list(item_runs(items, "packed", storage))
         files = [{storage.stored(items[k].name).path for k in range(i, j)} for i, j, _ in runs]
         assert all(len(f) == 1 for f in files)  # never across files
         assert len(runs) == len(
@@ -145,7 +148,7 @@ def test_packed_weights_with_their_scales_batch_alike(
         plan = planner.plan(Layout(2), "packed", 0)
         batched = [
             plan.items[k]
-            for i, j, _ in batch.runs(plan.items, "packed", storage)
+            for i, j, _ in item_runs(plan.items, "packed", storage)
             if j - i > 1
             for k in range(i, j)
         ]
@@ -285,8 +288,9 @@ def test_a_bad_scale_in_a_batched_fp8_item_is_refused_naming_it(fp8: Path, tmp_p
         tpload.load(root, tp=1, progress=False)
 
 
-class _BoxOnly:
-    """A storage that says where windows lie only one ``box`` at a time (a rank file's way)."""
+class _BoxOnly(StorageBase):
+    """A storage that says where windows lie only one ``box`` at a time (a rank file's way: no
+    columns, the base's ``spans``)."""
 
     def __init__(self, storage: object) -> None:
         self.storage = storage
@@ -314,7 +318,7 @@ def test_the_plan_s_runs_as_columns_are_the_item_wise_runs(
                 Layout(tp), kind, tp - 1
             )
             items = plan.items
-            old = list(batch.runs(items, kind, storage, classes=plan.shapes))
+            old = list(item_runs(items, kind, storage, classes=plan.shapes))
             new = batch.PlanRuns(plan, kind, storage)
             by_box = batch.PlanRuns(plan, kind, _BoxOnly(storage))
             assert new.runs == by_box.runs == [(i, j, bool(p)) for i, j, p in old]
@@ -357,7 +361,8 @@ def test_a_batch_s_stored_tensors_are_the_source_s_boxes(fp8: Path) -> None:
     from tpload.storage.sharded import ShardedStorage
 
     class OneByOne(StorageSource):
-        promised = None  # type: ignore[assignment]
+        def promised(self, names: Sequence[str]) -> None:
+            return None  # no columns: each piece's stored bytes asked of the source
 
     storage = ShardedStorage(fp8)
     try:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import tpload
-from tpload.distributed.placement import RING, PositionPlanner
+from tpload.distributed.placement import RING, wire_device_bytes
 from tpload.loading import preflight
 from tpload.loading.planner import planner_of
 from tpload.model.errors import LoadError
@@ -63,18 +63,18 @@ def test_replicas_count_their_device_ring_on_a_gpu_only(planner: Planner, monkey
     layout = Layout(2)
     plan = planner.plan(layout, "packed", 0)
     need = plan.arena_bytes + plan.largest_transient
-    positions = PositionPlanner(planner, 2)
-    ring = positions.device_bytes(torch.device("cuda", 0))
+    ring = wire_device_bytes(torch.device("cuda", 0))
     assert ring == 2 * RING * max(CUDA_CHUNK_BYTES, CHUNK_BYTES)
-    assert positions.device_bytes(torch.device("cpu")) == 0
+    assert wire_device_bytes(torch.device("cpu")) == 0
     monkeypatch.setattr(preflight, "free_bytes", lambda device: need + ring)
     cuda = torch.device("cuda", 0)
-    preflight.check(positions, layout, plan, cuda, [plan], reserve_bytes=0)  # fits with its ring
+    preflight.check(planner, layout, plan, cuda, [plan], reserve_bytes=0, beyond=ring)  # its ring
     preflight.check(planner, layout, plan, cuda, [plan], reserve_bytes=ring)  # no replicas: no ring
     with pytest.raises(LoadError, match="on cuda:0"):
-        preflight.check(positions, layout, plan, cuda, [plan], reserve_bytes=1)
+        preflight.check(planner, layout, plan, cuda, [plan], reserve_bytes=1, beyond=ring)
     monkeypatch.setattr(preflight, "free_bytes", lambda device: need)
-    preflight.check(positions, layout, plan, torch.device("cpu"), [plan], reserve_bytes=0)
+    cpu = torch.device("cpu")  # no ring on the CPU
+    preflight.check(planner, layout, plan, cpu, [plan], 0, beyond=wire_device_bytes(cpu))
 
 
 def test_a_load_that_cannot_fit_is_refused_before_copying(small_ckpt: Path) -> None:

@@ -3,7 +3,10 @@ place."""
 
 from __future__ import annotations
 
+import collections.abc
+import inspect
 import math
+import types
 import typing
 from dataclasses import fields
 from pathlib import Path
@@ -13,7 +16,7 @@ import pytest
 from tpload.model.bounds import COUNT, GIB, RANKS, SECONDS, SEED, THREADS
 from tpload.model.errors import OptionsError
 from tpload.options.flags import Parser, add_flags, from_args
-from tpload.options.load_options import LoadOptions
+from tpload.options.load_options import LoadKwargs, LoadOptions
 
 
 def cli(*argv: str) -> LoadOptions:
@@ -127,3 +130,44 @@ def test_every_number_has_its_kind_s_one_rule() -> None:
 
 def test_a_path_is_accepted_for_a_string() -> None:
     assert LoadOptions.from_values({"checkpoint": Path("/x")}).checkpoint == "/x"
+
+
+def _accepts(hint: object, value: object) -> bool:
+    """Whether ``value`` is of the type ``hint`` (unions, Literal, None, sequences of a type)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_accepts(a, value) for a in args)
+    if origin is typing.Literal:
+        return value in args
+    if hint is type(None):
+        return value is None
+    if origin is collections.abc.Sequence:
+        return isinstance(value, collections.abc.Sequence) and all(
+            _accepts(args[0], v) for v in value
+        )
+    if origin is not None:
+        return isinstance(value, origin)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, typing.cast(type, hint))
+
+
+def test_load_s_typed_keywords_are_the_options_fields() -> None:
+    """load()'s keywords as a type checker reads them (LoadKwargs) name every field but the
+    checkpoint, each field's default is a value of its type, a mode's names are its choices; and
+    the door declares them (PEP 692), so a misspelt or mistyped keyword is a checker's error."""
+    hints = typing.get_type_hints(LoadKwargs)
+    options = {f.name: f for f in fields(LoadOptions) if f.name != "checkpoint"}
+    assert list(hints) == list(options)  # the same names, in the fields' order
+    for name, f in options.items():
+        assert _accepts(hints[name], f.default), (name, hints[name], f.default)
+        if f.metadata["choices"]:
+            assert typing.get_args(hints[name]) == tuple(map(str, f.metadata["choices"])), name
+    assert not _accepts(hints["tp"], "2") and not _accepts(hints["verify"], "hash")
+    assert _accepts(hints["skip"], "mtp.*") and _accepts(hints["report"], Path("r.json"))
+    assert _accepts(hints["replica_group"], [[0, 2], [1, 3]])
+    import tpload
+
+    options_param = inspect.signature(tpload.load).parameters["options"]
+    assert options_param.kind == inspect.Parameter.VAR_KEYWORD
+    assert options_param.annotation == "Unpack[LoadKwargs]"

@@ -7,7 +7,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from tpload.distributed.placement import PositionPlanner, check_world
+from tpload.distributed.placement import (
+    Placement,
+    check_world,
+    placement,
+    planned_world,
+    position,
+)
 from tpload.distributed.replica_split import split
 from tpload.model.errors import OptionsError
 from tpload.model.modes import Verify
@@ -54,19 +60,16 @@ def test_a_world_that_is_not_replicas_x_tp_x_ep_is_one_line_with_the_sizes() -> 
 
 
 def test_positions_plan_each_rank_as_its_place_in_its_replica() -> None:
-    seen = []
-    inner = SimpleNamespace(
-        plan=lambda layout, kind, rank: rank, check_layout=lambda layout, world: seen.append(world)
-    )
-    planner = PositionPlanner(inner, 3)
-    layout = SimpleNamespace(tp=2, ep=2, world=4)
-    assert [planner.plan(layout, "packed", r) for r in range(12)] == [0, 1, 2, 3] * 3
-    planner.check_layout(layout, 12)
-    assert seen == [4]
+    opts = SimpleNamespace(replicas=3, replica_group=None)
+    at = placement(opts, 12)
+    assert [position(at, r) for r in range(12)] == [0, 1, 2, 3] * 3
+    assert [position(None, r) for r in range(4)] == [0, 1, 2, 3]  # no replicas: the rank itself
+    assert planned_world(opts, 12, 2, 2) == 4  # one replica's layout
+    assert planned_world(SimpleNamespace(replicas=1, replica_group=None), 8, 2, 2) == 8
     with pytest.raises(
         OptionsError, match="a group of 8 ranks is not replicas 3 x tp 2 x ep 2 = 12 ranks"
     ):
-        planner.check_layout(layout, 8)
+        planned_world(opts, 8, 2, 2)
 
 
 def test_verify_rank_with_replicas_is_refused_saying_why() -> None:
@@ -214,8 +217,5 @@ def test_replica_groups_that_do_not_place_the_world_are_refused_with_the_sizes()
         assert str(e.value).startswith(f"replica_group ({len(g)} groups of 2): ") and needle in str(
             e.value
         )
-    # the planner plans each rank as the position its group gives it
-    inner = SimpleNamespace(plan=lambda layout, kind, rank: rank, check_layout=lambda *a: None)
-    planner = PositionPlanner(inner, 2, [[3, 0], [1, 2]])
-    layout = SimpleNamespace(tp=2, ep=1, world=2)
-    assert [planner.plan(layout, "packed", r) for r in range(4)] == [0, 1, 1, 0]
+    # each rank is planned as the position its group gives it
+    assert [position(Placement([[3, 0], [1, 2]]), r) for r in range(4)] == [0, 1, 1, 0]

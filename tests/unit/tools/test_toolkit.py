@@ -57,6 +57,18 @@ def type_checking_imports() -> dict[str, str]:
 def test_the_table_and_the_type_checking_imports_name_the_same_objects() -> None:
     assert type_checking_imports() == {name: where for name, (where, _) in toolkit.FACE.items()}
     assert toolkit.__all__ == sorted(toolkit.FACE)
+    # a name imported under another one is exported to the type checker by a literal list (it
+    # reads no computed __all__): the second TYPE_CHECKING block names each, and only those
+    tree = ast.parse((ROOT / "tpload" / "toolkit.py").read_text())
+    second = [
+        n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING"
+    ][1]
+    (added,) = second.body
+    assert isinstance(added, ast.AugAssign) and isinstance(added.value, ast.List)
+    renamed = {n for n, where in type_checking_imports().items() if ":" in where}
+    assert [ast.literal_eval(e) for e in added.value.elts] == sorted(
+        renamed, key=list(type_checking_imports()).index
+    )
 
 
 def test_every_name_is_its_module_s_object_public_and_described() -> None:

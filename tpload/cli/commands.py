@@ -11,12 +11,18 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO, cast
 
 from ..model.errors import LoadError
 from ..model.text import escape_name, plural, printable
 from ..options.flags import check_flags
+
+if TYPE_CHECKING:  # annotations only: the command line imports the core on first use
+    from ..selection.config import Config
+    from ..storage.catalogue import Catalogue
+    from ..verification.signing import SignedModel
 from .output import capped, fail, one_line, phase_lines, progress_of
 from .parsers import (
     SYNTH_DIMS,
@@ -79,7 +85,7 @@ def cmd_synth(argv: list[str]) -> int:
     return 0
 
 
-def _laid_out(args: argparse.Namespace, write) -> Path:
+def _laid_out(args: argparse.Namespace, write: Callable[[Path], Path]) -> Path:
     """``write(folder)`` (a preset, without a manifest) into DIR: as a hub cache (``--hub``), as a
     local-dir download (``--local-dir``), else as it writes it."""
     from ..tools.synth import write_hub, write_local_dir
@@ -150,7 +156,7 @@ def _gpu_memory(asked: float | None) -> tuple[int, str] | None:
     return int(props.total_memory), f"this machine's cuda:0, {printable(props.name)}"
 
 
-def _config_for(args: argparse.Namespace, root: str, *, out: TextIO | None = None):
+def _config_for(args: argparse.Namespace, root: str, *, out: TextIO | None = None) -> Config:
     """The config ``--config`` names for the checkpoint at ``root`` (auto: found from its files,
     saying why, on ``out``: standard output, or standard error under ``--json``)."""
     from ..loading.pick import choose_pinned
@@ -178,7 +184,7 @@ def _human(args: argparse.Namespace) -> TextIO:
     return sys.stderr if getattr(args, "json", False) else sys.stdout
 
 
-def _json_out(doc: dict) -> None:
+def _json_out(doc: dict[str, object]) -> None:
     sys.stdout.write(json.dumps(doc, indent=1) + "\n")
     sys.stdout.flush()
 
@@ -211,9 +217,11 @@ def cmd_plan(argv: list[str]) -> int:
         with planning(args.dir, config, layout) as planner:
             host.classified()
             plans = [planner.plan(layout, args.kind, r) for r in range(layout.world)]
-            ranks, nodes = costs(plans, planner.catalogue, per_node)
+            # the planner of an opened checkpoint holds its storage's catalogue
+            catalogue = cast("Catalogue", planner.catalogue)
+            ranks, nodes = costs(plans, catalogue, per_node)
             host.planned(len(plans))
-            catalogue, notes = planner.catalogue, planner.notes()
+            notes = planner.notes()
         seconds = time.monotonic() - t1
         phases.enter("read")  # --write and --digest read every window: their own progress
         path = None
@@ -313,7 +321,9 @@ def _failed(args: argparse.Namespace, e: LoadError) -> int:
     return fail(e)
 
 
-def _signed(args: argparse.Namespace, root: str, *, out: TextIO | None = None) -> object:
+def _signed(
+    args: argparse.Namespace, root: str, *, out: TextIO | None = None
+) -> SignedModel | None:
     """A signed folder's model.sig, verified with the signer options as a load verifies it (None:
     no bundle, or ``--signature none``); a signer option that nothing uses is said in a note. Raises
     LoadError for a signed folder without a signer, or a signature that does not verify."""
@@ -370,7 +380,7 @@ def cmd_verify(argv: list[str]) -> int:
     return 1 if problems else 0
 
 
-def _verified(root: str, config: object | None, signed: object = None) -> str:
+def _verified(root: str, config: object | None, signed: SignedModel | None = None) -> str:
     """What a passing ``verify`` checked and what vouched for it, counted from the headers (no data
     read again; the checkpoint just passed, so it opens)."""
     from ..model.values import MANIFEST_NAME
@@ -380,16 +390,19 @@ def _verified(root: str, config: object | None, signed: object = None) -> str:
 
     path = Path(root).absolute()
     if is_partitioned(path):
-        meta = read_json(path / MANIFEST_NAME, "export manifest")["partitioned"]
+        doc = read_json(path / MANIFEST_NAME, "export manifest")
+        meta = cast(dict[str, object], doc)["partitioned"] if isinstance(doc, dict) else {}
+        if not isinstance(meta, dict):
+            raise LoadError(f"{escape_name(path)}: its export manifest names no partitioning")
         tp, ep = int(meta["tp"]), int(meta["ep"])
         count = nbytes = 0
         for rank in range(tp * ep):
-            storage = PartitionedStorage(path, tp=tp, ep=ep, rank=rank, world=tp * ep)
+            part = PartitionedStorage(path, tp=tp, ep=ep, rank=rank, world=tp * ep)
             try:
-                count += len(storage.windows)
-                nbytes += sum(storage.stored(n).nbytes for n in storage.windows)
+                count += len(part.windows)
+                nbytes += sum(part.stored(n).nbytes for n in part.windows)
             finally:
-                storage.close()
+                part.close()
         return (
             f"checked {count:,} windows in {tp * ep} rank file(s), {nbytes / 1e9:.3f} GB: each "
             f"window's sha256 against the export's {MANIFEST_NAME}"
@@ -403,10 +416,9 @@ def _verified(root: str, config: object | None, signed: object = None) -> str:
         if signed is not None and not signed.manifest_sha256:
             vouch = f"each of its {len(storage.paths())} files whole against the digests {by} signs"
         elif storage.file_digests is not None and signed is None:
-            vouch = (
-                f"each of its {len(storage.file_digests)} files whole, by sha256 against "
-                f"{storage.file_source.each}"
-            )
+            source = storage.file_source  # set with the digests (a hub snapshot, a download)
+            each = source.each if source is not None else "their recorded digests"
+            vouch = f"each of its {len(storage.file_digests)} files whole, by sha256 against {each}"
         else:
             signer = f", the manifest signed by {by}" if signed is not None else ""
             vouch = f"each tensor by sha256 against {MANIFEST_NAME} ({_pin(cat.manifest_sha256)})"

@@ -178,7 +178,7 @@ CLI_ONLY = (
 """The command line's own flags beside the options: one table for the parser and README."""
 
 
-def add_cli_only(parser: argparse.ArgumentParser, version: str) -> None:
+def add_cli_only(parser: argparse._ActionsContainer, version: str) -> None:
     """The load command's :data:`CLI_ONLY` flags."""
     log_level, version_flag = CLI_ONLY
     parser.add_argument(

@@ -328,7 +328,7 @@ class LoadKwargs(TypedDict, total=False):
     verify: Literal["node", "rank", "digest", "off"]
     device: str | None
     allow_shared_device: bool
-    hash_threads: int
+    hash_threads: int | None
     samples: int
     progress: bool
     timeout_s: float

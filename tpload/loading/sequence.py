@@ -295,8 +295,9 @@ class HeldLoad:
     caller's CPU group: a refresh's engine ranks'; None for one rank), it meets the handshake
     (:meth:`begin`) and the exchange (:meth:`end`) exactly once each, whatever failed before.
 
-    No rendezvous store is asked for the ranks' node names (an engine's store is the engine's):
-    every rank is its own node, and a held storage is per rank (each rank hashes what it reads).
+    No rendezvous store is used (an engine's store is the engine's): the ranks' node names are not
+    asked for (every rank is its own node, and a held storage is per rank: each rank hashes what it
+    reads), and the collectives leave no arrival marks (a rank lost in one is not named).
     Every row's message is one line naming the rank as ``who`` does."""
 
     def __init__(
@@ -310,7 +311,14 @@ class HeldLoad:
         judge: Judge = gate.judge,
     ) -> None:
         self.ctx = DistContext(
-            rank, world, 0, torch.device("cpu"), group, group, nodes=tuple(range(world))
+            rank,
+            world,
+            0,
+            torch.device("cpu"),
+            group,
+            group,
+            nodes=tuple(range(world)),
+            store=False,
         )
         self.seq = CALLS.next(group_id(self.ctx))
         self.fig = RankFigures(rank=rank, seq=self.seq, device="cpu")

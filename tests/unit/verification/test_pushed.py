@@ -6,6 +6,9 @@ exchange with its own line (loading/sequence.py's HeldLoad, one rank, no rendezv
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from tpload.distributed.exchange import Arrivals
 from tpload.loading.sequence import HeldLoad
 from tpload.model.modes import RankStatus
 from tpload.model.pushed import TensorEntry
@@ -82,3 +85,20 @@ def test_a_rank_that_failed_before_the_handshake_meets_it_and_the_exchange_with_
     assert verdict.problems == (f"refresh refused: {said}; the served version is unchanged",)
     assert load.result is None
     assert (load.fig.pushed_version, load.fig.pushed_sha256) == (2, SHA_A)
+    assert Arrivals(load.ctx, load.seq).store is None  # the engine's store is never written
+
+
+def test_a_held_load_leaves_no_mark_in_a_default_store_that_exists(monkeypatch) -> None:  # noqa: ANN001
+    import tpload.distributed.exchange as exchange
+
+    written: list[str] = []
+
+    class Store:
+        def set(self, key: str, value: str) -> None:
+            written.append(key)
+
+    monkeypatch.setattr(exchange, "_store", Store)
+    load = HeldLoad(0, 1, None, who="engine rank 0", timeout_s=5, judge=pushed.judge)
+    assert Arrivals(load.ctx, load.seq).store is None
+    Arrivals(replace(load.ctx, store=True), load.seq).arrive()  # a load's collectives do mark
+    assert len(written) == 1

@@ -578,8 +578,9 @@ class RefreshReceiver:
             return
         at = self._storage.offsets[w.name]  # a deferred tensor: no loop reads it
         got = host_fingerprint(self.staging[at : at + w.nbytes].reshape(w.rows, w.row_bytes))
-        if tuple(got) != tuple(w.fingerprint):
-            self._problems.append(f"{self._who()}: {pushed.garbled(w, got)}")
+        problem = pushed.window_problem(w, got)  # the gate's rule, on the evidence taken here
+        if problem:
+            self._problems.append(f"{self._who()}: {problem}")
 
     # -- the verdict
     def _verdict(self) -> None:

@@ -72,8 +72,9 @@ class Pushed(Strategy):
         found = super().settle(outcome, files)
         for w in self.pushed.windows:
             seen = outcome.windows.get(w.name)
-            if seen is not None and tuple(seen[1]) != tuple(w.fingerprint):
-                raise LoadError(garbled(w, seen[1]))
+            problem = window_problem(w, seen[1]) if seen is not None else ""
+            if problem:
+                raise LoadError(problem)
         want = self.pushed.digest
         if found.digest != want:
             raise LoadError(
@@ -84,8 +85,12 @@ class Pushed(Strategy):
         return found
 
 
-def garbled(w: WindowEntry, got: Triple) -> str:
-    """A window whose bytes are not the ones the trainer fingerprinted."""
+def window_problem(w: WindowEntry, got: Triple) -> str:
+    """Whether a window's bytes, fingerprinted as ``got``, are the ones the trainer fingerprinted
+    ("": they are; else the line saying so). :meth:`Pushed.settle` asks it of every window the
+    loop read; the receiver asks it of each deferred tensor (no loop reads one) as it lands."""
+    if tuple(got) == tuple(w.fingerprint):
+        return ""
     return (
         f"tensor {escape_name(w.name)} (from trainer rank {w.trainer}): its window arrived with "
         f"fingerprint {list(got)}, the manifest says {list(w.fingerprint)} (corrupted or lost in "

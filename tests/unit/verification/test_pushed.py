@@ -11,7 +11,7 @@ from dataclasses import replace
 from tpload.distributed.exchange import Arrivals
 from tpload.loading.sequence import HeldLoad
 from tpload.model.modes import RankStatus
-from tpload.model.pushed import TensorEntry
+from tpload.model.pushed import TensorEntry, WindowEntry
 from tpload.model.values import AGREED_BYTES
 from tpload.report.figures import RankFigures
 from tpload.verification import pushed
@@ -102,3 +102,12 @@ def test_a_held_load_leaves_no_mark_in_a_default_store_that_exists(monkeypatch) 
     assert Arrivals(load.ctx, load.seq).store is None
     Arrivals(replace(load.ctx, store=True), load.seq).arrive()  # a load's collectives do mark
     assert len(written) == 1
+
+
+def test_a_window_is_judged_against_the_manifest_s_fingerprint_by_one_rule() -> None:
+    w = WindowEntry("model.x\n", (2, 4), ((0, 2), (0, 4)), 1, (1, 2, 3))
+    assert pushed.window_problem(w, (1, 2, 3)) == ""
+    assert pushed.window_problem(w, (1, 2, 4)) == (
+        "tensor model.x\\x0a (from trainer rank 1): its window arrived with fingerprint [1, 2, 4], "
+        "the manifest says [1, 2, 3] (corrupted or lost in transport)"
+    )

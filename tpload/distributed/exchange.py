@@ -122,7 +122,7 @@ class Arrivals:
     """Marks in the rendezvous store of who reached one of the load's collectives (``mark``)."""
 
     def __init__(self, ctx: DistContext, seq: int, mark: str = "arrived") -> None:
-        self.ctx, self.store = ctx, _store()
+        self.ctx, self.store = ctx, _store() if ctx.store else None
         self.prefix = f"tpload/{group_id(ctx)}/{seq}/{mark}"
 
     def arrive(self) -> None:

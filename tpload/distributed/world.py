@@ -49,6 +49,10 @@ class DistContext:
     :func:`tpload.distributed.exchange.share_nodes`)."""
     shared_device: bool = False
     """Several ranks of this node load onto this one device (``allow_shared_device``)."""
+    store: bool = True
+    """Whether the collectives may leave marks in the default rendezvous store (exchange.py's
+    arrivals). False for a refresh: its group lives in an engine's process, whose store is the
+    engine's, and a round a step would leave keys there that nothing ever deletes."""
 
     @property
     def node_peers(self) -> list[int]:

@@ -7,13 +7,22 @@ waits; after it, the verdict is a function of the exchanged table alone, the sam
 
 The sequence never knows where windows come from: it asks sources/open.py for the read source once,
 gives the gate the windows each rank reads from storage itself (the hash plan's input), runs the
-loop on the source, and hands the source's own verdict lines to the gate's judge."""
+loop on the source, and hands the source's own verdict lines to the gate's judge.
+
+A storage its caller holds ready (a refresh's staging, refresh/engine.py) runs the same steps from
+the gate's prepare on, through :class:`HeldLoad`: its windows arrive while its loop runs, so the
+steps come in three calls (prepare and handshake; run and settle, on the caller's thread of
+choice; exchange and verdict), on the caller's group, with no rendezvous store."""
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
+
+import torch
 
 from ..distributed import placement
 from ..distributed.agreement import Handshake, outcome
@@ -21,26 +30,31 @@ from ..distributed.exchange import CALLS, Flags, exchange, group_id, share_nodes
 from ..distributed.versions import Incompatible
 from ..distributed.world import DistContext, pick_device, with_device
 from ..kernels.lazy import warm
-from ..model.errors import LoadError
-from ..model.progress import ProgressSink
+from ..model.errors import LoadError, StoodDown
+from ..model.modes import RankStatus
+from ..model.progress import ProgressSink, Silent
+from ..model.text import first_line, one_line
 from ..options.load_options import LoadOptions
 from ..planning.layout import Layout
 from ..planning.planner import Planner, RankPlan
 from ..report.figures import RankFigures, process_first_load
 from ..report.memory import MemoryPeaks, device_peaks, reset_device_peaks
 from ..report.progress import DOING, Phases
+from ..selection.config import Config
 from ..sources.base import ReadSource
+from ..sources.hashing import Hasher
 from ..sources.open import open_source
 from ..sources.whole_files import FileHasher, alongside
 from ..storage.base import Storage
 from ..storage.open import open_storage
 from ..storage.pins import plan_file_digests
 from ..storage.sharded import ShardedStorage
+from ..transfer.device import for_device
 from ..verification import gate, signing, strategy
 from ..verification.gate import Verdict, check_pin
-from ..verification.store import checkpoint_stamp
-from ..verification.terms import Terms
-from . import preflight, steps
+from ..verification.store import Stamp, checkpoint_stamp
+from ..verification.terms import PLAN_FIELDS, Terms
+from . import loop, preflight, steps
 from .deferred import DeferredTensor, locate
 from .planner import planner_of
 from .result import LoadResult
@@ -317,3 +331,178 @@ def load_in(
         verdict,
         job.result,
     )
+
+
+@dataclass
+class Held:
+    """What a :class:`HeldLoad` reads and who vouches for it, ready before its first read."""
+
+    opts: LoadOptions
+    """The options every rank shares (the handshake's terms carry them)."""
+    storage: Storage
+    source: ReadSource
+    """The read source over :attr:`storage` (its reads may wait for bytes still arriving)."""
+    plan: RankPlan
+    config: Config
+    strategy: Callable[[strategy.Job], strategy.Strategy]
+    """The gate's strategy for the job (a refresh: verification/pushed.py's ``Pushed``)."""
+    stamp: Callable[[], Stamp]
+    """The storage's stamp now (what a stored prediction vouches for)."""
+    hash_threads: int = 0
+    """Hash taps on worker threads, beside the copies."""
+
+
+Judge = Callable[[list[RankFigures], strategy.Strategy | None], Verdict]
+"""The verdict of the exchanged table (gate.judge, or a refresh's: verification/pushed.py)."""
+
+
+class HeldLoad:
+    """One rank's load of a storage its caller holds ready, run by this sequence's steps from the
+    gate's prepare on (see the module doc). Made once a round on every rank of ``group`` (the
+    caller's CPU group: a refresh's engine ranks'; None for one rank), it meets the handshake
+    (:meth:`begin`) and the exchange (:meth:`end`) exactly once each, whatever failed before.
+
+    No rendezvous store is used (an engine's store is the engine's): the ranks' node names are not
+    asked for (every rank is its own node, and a held storage is per rank: each rank hashes what it
+    reads), and the collectives leave no arrival marks (a rank lost in one is not named).
+    Every row's message is one line naming the rank as ``who`` does."""
+
+    def __init__(
+        self,
+        rank: int,
+        world: int,
+        group: torch.distributed.ProcessGroup | None,
+        *,
+        who: str,
+        timeout_s: float,
+        judge: Judge = gate.judge,
+    ) -> None:
+        self.ctx = DistContext(
+            rank,
+            world,
+            0,
+            torch.device("cpu"),
+            group,
+            group,
+            nodes=tuple(range(world)),
+            store=False,
+        )
+        self.seq = CALLS.next(group_id(self.ctx))
+        self.fig = RankFigures(rank=rank, seq=self.seq, device="cpu")
+        self.meeting = Handshake(self.seq, timeout_s)
+        self.who, self.timeout_s, self.judge = who, timeout_s, judge
+        self.held: Held | None = None
+        self.gate: strategy.Strategy | None = None
+        self.prepared: strategy.Prepared | None = None
+        self.result: LoadResult | None = None
+        """The loop's result once the verdict passed (None before, and after a failed one)."""
+        self._ran: tuple[LoadResult | None, strategy.Findings | None, str] | None = None
+        self._lock = threading.Lock()
+
+    def begin(
+        self, held: Held | None, *, failed: str = "", pushed: tuple[str, int] = ("", 0)
+    ) -> bool:
+        """The gate's strategy and prepare over ``held``, then the handshake, met once whatever
+        failed: with ``held``'s terms, or with this rank's failure (``held`` None: ``failed``, the
+        caller's line). ``pushed``: the sha256 and version of the manifest this rank took, for its
+        row. Never raises; True when every rank may run its loop (:meth:`run`)."""
+        fig, ctx = self.fig, self.ctx
+        fig.pushed_sha256, fig.pushed_version = pushed
+        terms: Terms | None = None
+        try:
+            if held is None:
+                raise LoadError(failed or "failed before the handshake")
+            plans = {ctx.rank: held.plan}
+            job = strategy.Job(
+                held.opts,
+                ctx,
+                held.storage,
+                plans,
+                held.config.id(),
+                held.plan.layout,
+                held.stamp,
+                threads=held.hash_threads,
+            )
+            self.gate = held.strategy(job)
+            self.prepared = self.gate.prepare(
+                held.source.storage_reads(plans), provenance=held.source
+            )
+            no_files = dict.fromkeys(PLAN_FIELDS, "")  # the terms' anchor is all that shapes it
+            terms = Terms.of(
+                held.opts, held.plan.layout, held.config, self.gate.anchor(), None, no_files
+            )
+            self.held = held
+            self.meeting.meet(fig, ctx, terms)
+            return True
+        except (Exception, KeyboardInterrupt) as e:  # any failure is this rank's row: none hangs
+            self.held = None
+            self._fail(e, given=failed if held is None else "")
+            self.meeting.unmet(fig, ctx)  # failed before the handshake: meet it with that
+            return False
+
+    def _fail(self, e: BaseException, *, given: str = "") -> None:
+        status = RankStatus.STOOD_DOWN if isinstance(e, StoodDown) else RankStatus.FAILED
+        if given:
+            text = given
+        elif isinstance(e, LoadError):
+            text = f"{self.who}: {one_line(e)}"
+        else:  # a bug or an OS error: named, never lost
+            text = f"{self.who}: the check failed: {type(e).__name__}: {first_line(e)}"
+        self.fig.failed, self.fig.message = status, text
+
+    def run(self) -> None:
+        """The copy loop over the held storage and the gate's settle, on the caller's thread
+        (whose reads may wait for bytes still arriving); never raises: what it found is this
+        rank's row at :meth:`end`."""
+        held, prepared, chosen = self.held, self.prepared, self.gate
+        if held is None or prepared is None or chosen is None:
+            return
+        result: LoadResult | None = None
+        found: strategy.Findings | None = None
+        why = ""
+        try:
+            hasher = Hasher(prepared.hashes, threads=held.hash_threads, digests=prepared.digests)
+            result = loop.run(
+                held.source,
+                held.plan,
+                transfer=for_device(self.ctx.device),
+                hasher=hasher,
+                samples=0,
+                progress=Silent(),
+                ranks=held.storage.catalogue.ranks(),
+            )
+            found = chosen.settle(result)
+        except LoadError as e:
+            result, why = None, f"{self.who}: {one_line(e)}"
+        except Exception as e:  # noqa: BLE001 - reported as this rank's problem, never lost
+            result = None
+            why = f"{self.who}: the check failed: {type(e).__name__}: {first_line(e)}"
+        with self._lock:
+            self._ran = (result, found, why)
+
+    def end(self, problem: str = "") -> Verdict:
+        """The exchange and the verdict, the same on every rank: ``problem``, the caller's own
+        line for this rank (it stands before the loop's), else what :meth:`run` found. Raises
+        LoadError when the group was lost (in the handshake or here): no verdict can be reached."""
+        fig = self.fig
+        with self._lock:
+            ran = self._ran
+        if problem:
+            fig.failed, fig.message = RankStatus.FAILED, problem
+        elif self.held is not None:  # it passed the handshake: the loop's outcome is its row
+            if ran is None:
+                fig.failed = RankStatus.FAILED
+                fig.message = f"{self.who}: the check did not finish (a bug in tpload)"
+            elif ran[2]:
+                fig.failed, fig.message = RankStatus.FAILED, ran[2]
+            elif ran[0] is not None and ran[1] is not None:
+                steps.count(fig, ran[0], self.held.plan, self.ctx)
+                steps.settled(fig, ran[1])
+        if self.meeting.lost is not None:  # the handshake lost the group: no exchange follows
+            raise self.meeting.lost
+        table = exchange(fig.to_row(), self.ctx, seq=self.seq, timeout_s=self.timeout_s)
+        ranks = [RankFigures.from_row(table[r]) for r in range(self.ctx.world)]
+        verdict = self.judge(ranks, self.gate)
+        if verdict.passed and not fig.failed and ran is not None:
+            self.result = ran[0]
+        return verdict

@@ -63,6 +63,21 @@ def first_line(e: BaseException) -> str:
     return escape_name(text[0][:300]) if text else type(e).__name__
 
 
+def one_line(e: BaseException) -> str:
+    """An error in one line that names what failed (a refresh's row carries one line a rank): a
+    many-problem error opens with a header ("1 problem(s):"), so its first problem is joined to it
+    and the lines left are counted."""
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):
+        head = f"{escape_name(lines[0])} {escape_name(lines[1].removeprefix('- '))[:300]}"
+        rest = len(lines) - 2
+        return head + (f" ({rest} line(s) more)" if rest else "")
+    raw = str(e).splitlines()
+    more = f" ({len(raw) - 1} line(s) more)" if len(raw) > 1 else ""
+    # a line of tpload's own (a window's fingerprints and names) may run past first_line's 300
+    return (escape_name(lines[0][:1000]) if lines else type(e).__name__) + more
+
+
 def sha256_mismatch(
     path: Path | str, name: str, got: str, want: str, *, vouched_by: str | None = None
 ) -> str:

@@ -6,10 +6,13 @@ A round: :meth:`~RefreshReceiver.start` clears the staging and touches no parame
 holds a public key; its version newer than the one served; its layout, strength and table the
 engine's; its windows the ones the loader's planner cuts for this rank) and stages this rank's
 windows in host memory under a budget, each checked on receipt against the manifest's fingerprint.
-The final call runs the loader's loop over the staging (a pre-partitioned rank file held in memory:
-its hash taps at sha256 strength, its fingerprints, this rank's digest against the manifest's), then
-the loader's one exchange across the engine ranks, and every rank reaches the same verdict: on any
-failure every rank raises :class:`RefreshError` with the same one line and keeps nothing; on success
+The staging is a pre-partitioned rank file held in memory, and the loader's sequence runs over it
+(loading/sequence.py's ``HeldLoad``) with the gate's refresh strategy (verification/pushed.py): the
+handshake on the manifest's sha256, version and strength when the manifest is taken, the loop while
+the windows land (its hash taps at sha256 strength, its fingerprints, this rank's digest against the
+manifest's), and at the final call the loader's one exchange across the engine ranks, from which
+every rank reaches the gate's verdict: on any failure every rank raises :class:`RefreshError` with
+the same one line and keeps nothing; on success
 :meth:`~RefreshReceiver.windows` hands the verified windows over and
 :meth:`~RefreshReceiver.committed` moves the served version on.
 """
@@ -32,24 +35,21 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..distributed.exchange import CALLS, exchange, group_id
-from ..distributed.world import DistContext
 from ..kernels.fingerprint import host_fingerprint
-from ..loading.loop import run
 from ..loading.result import LoadResult
+from ..loading.sequence import Held, HeldLoad
 from ..model.errors import LoadError
-from ..model.progress import Silent
+from ..model.modes import Kind, Verify
+from ..model.pushed import PushedVersion, TensorEntry, WindowEntry
 from ..model.text import escape_name, first_line
-from ..model.values import Triple
+from ..options.load_options import LoadOptions
 from ..planning.items import Item
 from ..planning.planner import RankPlan
 from ..selection.config import Config
-from ..sources.hashing import Hasher
 from ..sources.storage import StorageSource
-from ..transfer.cpu import CpuTransfer
-from ..verification.node import HashPlan
+from ..verification import pushed
 from .layout import EngineLayout
-from .manifest import TensorEntry, VersionManifest, WindowEntry, signature_problem
+from .manifest import VersionManifest, signature_problem
 from .rendezvous import Frame, PeerLost, RefreshKey, Rendezvous, TransferGroup, join, key_of
 from .staged import Arrival, ArrivingStorage, StagedStorage, chunks
 from .tensors import Cutting, natural
@@ -67,11 +67,6 @@ log = logging.getLogger("tpload.refresh")
 
 HASH_THREADS = max(0, min(2, (os.cpu_count() or 1) - 1))
 """Hash taps on worker threads (sha256 strength): the copy goes on while a block is hashed."""
-MESSAGE_BYTES = 2048
-"""Bytes of a rank's one-line message in the exchange's row."""
-ROW_HEAD = 40
-"""The exchange row's head: the sha256 of the manifest the rank verified (32 bytes) and its version
-(8): rows that differ refuse the round."""
 _ORDER = {RefreshCheck.FINGERPRINT: 0, RefreshCheck.SHA256: 1}
 
 
@@ -147,6 +142,8 @@ class RefreshReceiver:
         self._cutting: tuple[tuple[TensorEntry, ...], Cutting] | None = None
         self._served_skips: frozenset[str] | None = None
         self._spare: np.ndarray | None = None
+        self._opts = LoadOptions(verify=Verify.RANK, kind=Kind(layout.kind), config=config.name)
+        """What every engine rank shares in the handshake beside the manifest (the terms)."""
         self._clear()
 
     @classmethod
@@ -191,7 +188,7 @@ class RefreshReceiver:
 
     # -- state
     def _clear(self) -> None:
-        if getattr(self, "_check", None) is not None:
+        if getattr(self, "_thread", None) is not None:
             self._stop_check("the round was cleared")
         self.manifest: VersionManifest | None = None
         self.staging: np.ndarray | None = None
@@ -204,8 +201,11 @@ class RefreshReceiver:
         self._verified = False
         self._started = time.perf_counter()
         self._arrival: Arrival | None = None
-        self._check: _Check | None = None
-        self._manifest_sha = b"\0" * 32
+        self._load: HeldLoad | None = None
+        """The loader's sequence over this round's staging (made when its handshake is met)."""
+        self._thread: threading.Thread | None = None
+        """Its loop, reading each window as it lands."""
+        self._manifest_sha = ""
         self._receiving = False
 
     @contextlib.contextmanager
@@ -226,8 +226,8 @@ class RefreshReceiver:
         """End a check still waiting for windows (a refused or failed round)."""
         if self._arrival is not None:
             self._arrival.abort(why)
-        if self._check is not None:
-            self._check.join(self.timeout_s)
+        if self._thread is not None:
+            self._thread.join(self.timeout_s)
 
     @property
     def staged_bytes(self) -> int:
@@ -302,6 +302,8 @@ class RefreshReceiver:
                 raise PeerLost(f"{self._who()}: no transfer group ({why})")
             if self.manifest is None and not self._problems:
                 self._take_manifest(self.group)
+            if self._load is None:  # the round's first call: the handshake, once the manifest is in
+                self._begin()
             if self.manifest is not None:
                 self._stage(self.group, windows)
         except PeerLost as e:
@@ -320,9 +322,67 @@ class RefreshReceiver:
             self._stop_check(str(e))
             if self.group is not None:
                 self.group.close()  # where the streams stand is unknown: nobody waits on them
+        if self._load is None:  # failed before the handshake: every engine rank meets it a round
+            self._begin()
         if final:
             self._receiving = False
             self._verdict()
+
+    def _begin(self) -> None:
+        """The loader's sequence over this round's staging, up to its handshake (the manifest's
+        sha256, version and strength: every engine rank must verify the same one), met once a
+        round on every engine rank, whatever failed before (then with this rank's first problem);
+        once it passes, its loop starts on a thread, reading each window as it lands. A round the
+        handshake refuses is drained: its windows are received and dropped."""
+        m = self.manifest
+        self._load = HeldLoad(
+            self.rank,
+            self.world,
+            self.exchange_group,
+            who=self._who(),
+            timeout_s=self.timeout_s,
+            judge=pushed.judge,
+        )
+        held = None
+        staged, plan, staging, arrival = self._storage, self._plan, self.staging, self._arrival
+        if (
+            m is not None
+            and staged is not None
+            and plan is not None
+            and staging is not None
+            and arrival is not None
+            and not self._problems
+        ):  # staged without a problem: the loader's loop checks it as it lands
+            facts = PushedVersion(
+                m.version,
+                self._manifest_sha,
+                str(m.check),
+                m.ranks[self.rank].digest,
+                m.ranks[self.rank].windows,
+            )
+            storage = ArrivingStorage(staged, staging, arrival)
+            held = Held(
+                self._opts,
+                storage,
+                StorageSource(storage),
+                plan,
+                self.config,
+                lambda job: pushed.Pushed(job, facts),
+                pushed.no_stamp,
+                hash_threads=HASH_THREADS,
+            )
+        ok = self._load.begin(
+            held,
+            failed=self._problems[0] if self._problems else "",
+            pushed=(self._manifest_sha, m.version) if m is not None else ("", 0),
+        )
+        if not ok:
+            self._draining = True
+            return
+        self._thread = threading.Thread(
+            target=self._load.run, name=f"tpload-refresh-check-{self.rank}", daemon=True
+        )
+        self._thread.start()
 
     def _manifest_limit(self) -> int:
         """The most bytes a manifest for this engine can need: from the served table when there is
@@ -370,7 +430,7 @@ class RefreshReceiver:
                 f"engine has {self.world}"
             )
         self.manifest = manifest
-        self._manifest_sha = hashlib.sha256(body).digest()
+        self._manifest_sha = hashlib.sha256(body).hexdigest()
         # an unsigned manifest from a member of the group (it proved the group's secret: a
         # trainer not given its signing key) is parsed, bounded by the limit above, only to drain
         # its windows so no trainer waits
@@ -393,14 +453,6 @@ class RefreshReceiver:
             return
         self._plan = cutting.plan(self.rank)
         self._arrival = Arrival(self._storage, self.timeout_s)
-        hashed = (
-            frozenset(self._plan.used_tensors)
-            if manifest.check == RefreshCheck.SHA256
-            else frozenset()
-        )
-        source = StorageSource(ArrivingStorage(self._storage, self.staging, self._arrival))
-        self._check = _Check(self.rank, source, self._plan, hashed, cutting.catalogue.ranks())
-        self._check.start()  # the loader's loop, reading each window as it lands
 
     def _buffer(self, nbytes: int) -> np.ndarray:
         """The staging's host buffer: the last round's when it is the same size (a fresh one costs
@@ -424,7 +476,7 @@ class RefreshReceiver:
             return [
                 f"the manifest's check is {m.check}; this engine takes {self.check} or stronger"
             ]
-        problems = _table_problems(self.table, m.tensors, self._skipped())
+        problems = pushed.table_problems(self.table, m.tensors, self._skipped())
         if problems:
             return problems
         try:
@@ -529,19 +581,29 @@ class RefreshReceiver:
             return
         at = self._storage.offsets[w.name]  # a deferred tensor: no loop reads it
         got = host_fingerprint(self.staging[at : at + w.nbytes].reshape(w.rows, w.row_bytes))
-        if tuple(got) != tuple(w.fingerprint):
-            self._problems.append(_garbled(self._who(), w, got))
+        problem = pushed.window_problem(w, got)  # the gate's rule, on the evidence taken here
+        if problem:
+            self._problems.append(f"{self._who()}: {problem}")
 
     # -- the verdict
     def _verdict(self) -> None:
-        if not self._problems:
-            self._problems += self._check_staged()
-        else:
-            self._stop_check(self._problems[0])
-        mine = self._problems[0] if self._problems else ""
+        """The loader's exchange across the engine ranks and the gate's verdict of it
+        (verification/pushed.py's judge), one line the same on every rank; engine rank 0 sends
+        it to the trainers."""
+        problem = self._problems[0] if self._problems else self._unfinished()
+        if problem:
+            self._stop_check(problem)
         if len(self._problems) > 1:
-            mine += f" (and {len(self._problems) - 1} more problem(s) on this rank)"
-        line = self._exchange(mine)
+            problem += f" (and {len(self._problems) - 1} more problem(s) on this rank)"
+        if self._load is None:  # a bug: _receive meets the handshake on every path
+            self._begin()
+        assert self._load is not None  # noqa: S101 - _begin made it
+        try:
+            verdict = self._load.end(problem)
+            line = "" if verdict.passed else verdict.problems[0]
+        except LoadError as e:  # a rank lost mid-vote: each survivor names it, in the same form
+            line = pushed.lost(self._who(), e)
+        self._result = self._load.result
         self._tell_trainers(line)
         if line:
             self.failed = line
@@ -587,96 +649,24 @@ class RefreshReceiver:
             group.broken = f"{group.name(lost[0])} was lost before the verdict reached it"
             group.close()
 
-    def _check_staged(self) -> list[str]:
-        """Completeness, then the loader's loop over the staging (hash taps at sha256 strength,
-        fingerprints, this rank's digest) against the manifest."""
+    def _unfinished(self) -> str:
+        """Why this rank's loop cannot give its verdict yet: the round ended before its manifest
+        or some of its windows arrived, or the loop is still running past the timeout."""
         m = self.manifest
         if m is None or self._storage is None or self.staging is None:
-            return [f"{self._who()}: the round ended before the version manifest arrived"]
+            return f"{self._who()}: the round ended before the version manifest arrived"
         mine = m.ranks[self.rank].windows
         if self._next != len(mine):
             missing = [w.name for w in mine[self._next :]]
-            return [
+            return (
                 f"{self._who()}: the round ended with {len(missing)} window(s) not received: "
                 f"{', '.join(map(escape_name, missing[:5]))}"
-            ]
-        check = self._check
-        if check is None:
-            return [f"{self._who()}: no check ran"]
-        check.join(self.timeout_s)
-        if check.is_alive():
-            self._stop_check("the verdict is due")
-            return [f"{self._who()}: the check did not finish within {self.timeout_s:g} s"]
-        result = check.result
-        if result is None:
-            return [f"{self._who()}: {check.error}"]
-        for w in mine:  # each window as the loop fingerprinted it when it landed
-            seen = result.windows.get(w.name)
-            if seen is not None and tuple(seen[1]) != tuple(w.fingerprint):
-                return [_garbled(self._who(), w, seen[1])]
-        got, want = result.digest(), m.ranks[self.rank].digest
-        if got != want:
-            return [
-                f"{self._who()}: the staged windows give digest {got[:16]}..., the manifest says "
-                f"{want[:16]}... (a window changed on the wire, or the trainer's fingerprints are "
-                "not of what it sent)"
-            ]
-        self._result = result
-        return []
-
-    def _exchange(self, mine: str) -> str:
-        """The loader's one exchange across the engine ranks: every rank's one line, and the
-        verdict every rank reaches from them (the lowest failing rank's line, and how many others
-        failed)."""
-        raw = mine.encode()[:MESSAGE_BYTES].decode(errors="ignore").encode()
-        version = self.manifest.version if self.manifest is not None else 0
-        head = self._manifest_sha + version.to_bytes(8, "little")
-        row = torch.from_numpy(
-            np.frombuffer(head + raw.ljust(MESSAGE_BYTES, b"\0"), dtype="<i8").copy()
-        )
-        ctx = DistContext(
-            self.rank,
-            self.world,
-            0,
-            torch.device("cpu"),
-            self.exchange_group,
-            self.exchange_group,
-        )
-        try:
-            table = exchange(
-                row,
-                ctx,
-                seq=CALLS.next(group_id(ctx)),
-                timeout_s=self.timeout_s,
-                step="the refresh's verdict",
             )
-        except LoadError as e:  # a rank lost mid-vote: each survivor names it, in the same form
-            return (
-                f"refresh refused: {self._who()}: the engine ranks' vote failed "
-                f"({_gist(e)}); the served version is unchanged"
-            )
-        rows = [table[r].numpy().astype("<i8").tobytes() for r in range(self.world)]
-        lines = [escape_name(row[ROW_HEAD:].rstrip(b"\0").decode(errors="replace")) for row in rows]
-        failing = [r for r, text in enumerate(lines) if text]
-        if not failing:
-            heads = {row[:ROW_HEAD] for row in rows}
-            if len(heads) == 1:
-                return ""
-            a, b = (
-                rows[0][:ROW_HEAD],
-                next(r[:ROW_HEAD] for r in rows if r[:ROW_HEAD] != rows[0][:ROW_HEAD]),
-            )
-            other = next(r for r in range(self.world) if rows[r][:ROW_HEAD] == b)
-            return (
-                f"refresh refused: the engine ranks verified different manifests: engine rank 0 "
-                f"version {int.from_bytes(a[32:], 'little')} sha256 {a[:8].hex()}..., engine rank "
-                f"{other} version {int.from_bytes(b[32:], 'little')} sha256 {b[:8].hex()}...; the "
-                "served version is unchanged"
-            )
-        line = f"refresh refused: {lines[failing[0]]}"
-        if len(failing) > 1:
-            line += f" (engine ranks {', '.join(map(str, failing[1:]))} failed too)"
-        return line + "; the served version is unchanged"
+        if self._thread is not None:
+            self._thread.join(self.timeout_s)
+            if self._thread.is_alive():
+                return f"{self._who()}: the check did not finish within {self.timeout_s:g} s"
+        return ""
 
     # -- the hand-over
     @property
@@ -741,57 +731,6 @@ class RefreshReceiver:
         self._spare = None
 
 
-class _Check(threading.Thread):
-    """The loader's loop over the staging, run while the windows arrive (each read waits for its
-    windows): its result, or the first line of why it failed."""
-
-    def __init__(
-        self,
-        rank: int,
-        source: StorageSource,
-        plan: RankPlan,
-        hashed: frozenset[str],
-        order: Mapping[str, int],
-    ) -> None:
-        super().__init__(name=f"tpload-refresh-check-{rank}", daemon=True)
-        self.rank, self.source, self.plan, self.hashed, self.order = (
-            rank,
-            source,
-            plan,
-            hashed,
-            order,
-        )
-        self.result: LoadResult | None = None
-        self.error = ""
-
-    def run(self) -> None:
-        try:
-            self.result = run(
-                self.source,
-                self.plan,
-                transfer=CpuTransfer(torch.device("cpu")),
-                hasher=Hasher(HashPlan(self.rank, self.hashed), threads=HASH_THREADS),
-                samples=0,
-                progress=Silent(),
-                ranks=self.order,
-            )
-        except LoadError as e:
-            self.error = _gist(e)
-        except Exception as e:  # noqa: BLE001 - reported as the round's problem, never lost
-            self.error = f"the check failed: {type(e).__name__}: {first_line(e)}"
-
-
-def _gist(e: LoadError) -> str:
-    """A load error in one line that names what failed: the loader's many-problem errors open
-    with a header ("1 problem(s):"), so the first problem is joined to it."""
-    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
-    if len(lines) > 1 and lines[0].endswith(":"):
-        head = f"{escape_name(lines[0])} {escape_name(lines[1].removeprefix('- '))[:300]}"
-        rest = len(lines) - 2
-        return head + (f" ({rest} line(s) more)" if rest else "")
-    return first_line(e) + _more(e)
-
-
 _EXPONENT = {  # a floating dtype's exponent bits: all set is inf or NaN
     "BF16": (np.dtype("<u2"), 0x7F80),
     "F16": (np.dtype("<u2"), 0x7C00),
@@ -822,52 +761,10 @@ def nonfinite(raw: np.ndarray, dtype: str) -> tuple[int, int] | None:
     return (count, first) if count else None
 
 
-def _garbled(who: str, w: WindowEntry, got: Triple) -> str:
-    return (
-        f"{who}: tensor {escape_name(w.name)} (from trainer rank {w.trainer}): its window "
-        f"arrived with fingerprint {list(got)}, the manifest says {list(w.fingerprint)} "
-        "(corrupted or lost in transport)"
-    )
-
-
 def _torch_dtype(stored: str) -> torch.dtype:
     from .tensors import DTYPES
 
     return next(d for d, s in DTYPES.items() if s == stored)
-
-
-def _more(e: BaseException) -> str:
-    lines = str(e).splitlines()
-    return f" ({len(lines) - 1} line(s) more)" if len(lines) > 1 else ""
-
-
-def _table_problems(
-    served: tuple[TensorEntry, ...] | None,
-    sent: tuple[TensorEntry, ...],
-    skipped: frozenset[str] = frozenset(),
-) -> list[str]:
-    """What makes a version's table not the served model's: a tensor missing (one the config
-    skips may be), added, or of another dtype or shape."""
-    if served is None or served == sent:
-        return []
-    have = {t.name: t for t in served if t.name not in skipped}
-    got = {t.name: t for t in sent}
-    missing = [n for n in have if n not in got]
-    extra = [n for n in got if n not in have and n not in skipped]
-    changed = [n for n in have if n in got and have[n] != got[n]]
-    if not (missing or extra or changed):
-        return []
-    parts = []
-    if missing:
-        parts.append(f"missing {', '.join(map(escape_name, missing[:5]))}")
-    if extra:
-        parts.append(f"not served here {', '.join(map(escape_name, extra[:5]))}")
-    for n in changed[:3]:
-        parts.append(
-            f"{escape_name(n)} is {got[n].dtype} {list(got[n].shape)}, served as "
-            f"{have[n].dtype} {list(have[n].shape)}"
-        )
-    return [f"the version's tensors are not the served model's: {'; '.join(parts)}"]
 
 
 def _window_difference(planned: list[Any], sent: list[Any]) -> str:

@@ -19,50 +19,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..model.pushed import TensorEntry, WindowEntry
 from ..model.text import escape_name
-from ..model.values import Box, Triple
 from ..storage.files import read_pem
 from .layout import EngineLayout
 from .terms import RefreshCheck, RefreshError, version_problem
 
 FORMAT = 1
 MAX_NAME = 4096
-
-
-@dataclass(frozen=True)
-class TensorEntry:
-    """A tensor of the version, whole: what the engine's planner classifies and cuts."""
-
-    name: str
-    dtype: str
-    """Safetensors spelling (``BF16``, ``F32``...)."""
-    shape: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class WindowEntry:
-    """One window an engine rank receives: a box of its tensor's bytes seen as ``view``, sent by
-    trainer rank ``trainer``, with its fingerprint (the loader's, of the window's bytes as ``[rows,
-    row bytes]``) and, at sha256 strength, the sha256 of those bytes."""
-
-    name: str
-    view: tuple[int, int]
-    box: Box
-    trainer: int
-    fingerprint: Triple
-    sha256: str | None = None
-
-    @property
-    def rows(self) -> int:
-        return self.box[0][1] - self.box[0][0]
-
-    @property
-    def row_bytes(self) -> int:
-        return self.box[1][1] - self.box[1][0]
-
-    @property
-    def nbytes(self) -> int:
-        return self.rows * self.row_bytes
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 
 from ..model.errors import CheckpointError
+from ..model.pushed import WindowEntry
 from ..model.text import escape_name
 from ..model.values import FileSource, Stored
 from ..storage.catalogue import Catalogue
 from ..storage.held import HeldStorage
-from .manifest import WindowEntry
 
 STAGED = Path("/refresh/staged")
 """The staging's name as a file (messages only; nothing is opened)."""

@@ -18,6 +18,7 @@ import torch
 
 from ..model.errors import LoadError
 from ..model.meta import TensorMeta
+from ..model.pushed import TensorEntry
 from ..model.templates import natural_key
 from ..model.text import escape_name
 from ..model.values import Box, FileSource, Stored
@@ -26,7 +27,6 @@ from ..planning.planner import Planner, RankPlan
 from ..selection.config import Config, load_config
 from ..storage.catalogue import Catalogue
 from .layout import EngineLayout
-from .manifest import TensorEntry
 from .terms import RefreshError
 
 ROOT = Path("/refresh")

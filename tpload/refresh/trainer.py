@@ -42,6 +42,7 @@ from ..kernels.fingerprint import HostFingerprint, host_fingerprint
 from ..loading.loop import run
 from ..model.errors import LoadError
 from ..model.progress import Silent
+from ..model.pushed import TensorEntry, WindowEntry
 from ..model.text import escape_name, first_line
 from ..model.values import Triple
 from ..planning.items import Item, Output
@@ -52,7 +53,7 @@ from ..transfer.cpu import CpuTransfer
 from ..verification.digest import digest
 from ..verification.node import HashPlan
 from .layout import EngineLayout
-from .manifest import RankEntry, TensorEntry, VersionManifest, WindowEntry
+from .manifest import RankEntry, VersionManifest
 from .rendezvous import (
     Hub,
     PeerLost,

@@ -114,10 +114,15 @@ class RankFigures:
     decides: every rank then learns whether it was written (exchange.agree) before returning."""
     prediction: int = PredictionState.NONE
     """This rank's digest against a stored prediction (a PredictionState)."""
+    pushed_version: int = 0
+    """A refresh (refresh/engine.py): the version of the manifest this engine rank took (0: a load,
+    or no manifest arrived); the verdict refuses rows that verified different manifests."""
     digest: str = field(default="", metadata=_bytes(DIGEST_BYTES))
     device: str = field(default="", metadata=_bytes(DEVICE_BYTES))
     """The device this rank served on (``cuda:3``, ``cpu``): the attestation records it."""
     message: str = field(default="", metadata=_bytes(MESSAGE_BYTES))
+    pushed_sha256: str = field(default="", metadata=_bytes(DIGEST_BYTES))
+    """A refresh: the sha256 of that manifest's bytes (empty: a load)."""
     replicas_sent: str = field(default="", metadata=_bytes(DIGEST_BYTES))
     """Replicas: the fold of every window this rank read and sent (sources/replicas.py); empty:
     none."""

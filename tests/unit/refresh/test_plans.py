@@ -148,9 +148,9 @@ def test_the_senders_digests_are_predicts_by_the_window_and_by_the_loop(
 def test_the_served_table_is_read_from_the_checkpoint_and_a_skipped_tensor_may_be_left_out(
     llama: Path,
 ) -> None:
-    from tpload.refresh.engine import _table_problems
     from tpload.refresh.manifest import TensorEntry
     from tpload.refresh.tensors import natural, table_of
+    from tpload.verification.pushed import table_problems as _table_problems
 
     table = table_of(llama)
     assert table == {

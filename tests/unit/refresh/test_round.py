@@ -453,3 +453,35 @@ def test_a_stalled_trainer_is_named_within_the_timeout_and_the_engine_lives(weig
         assert r.served_version == 0 and r.staged_bytes == 0
     finally:
         pair.close()
+
+
+def test_a_round_is_the_loaders_sequence_with_the_gates_refresh_strategy(weights) -> None:
+    """The check is the loader's (loading/sequence.py's HeldLoad) with the gate's strategy
+    (verification/pushed.py): at sha256 strength its hash taps hash every window this rank reads,
+    and its exchanged row carries the manifest it verified."""
+    import hashlib
+
+    from tpload.verification.pushed import Pushed
+
+    v1, _, root = weights
+    sender = RefreshSender(rank=0, trainer_ranks=1, check=RefreshCheck.SHA256)
+    pair = Pair(root, sender, check=RefreshCheck.SHA256)
+    try:
+        t = threading.Thread(target=sender.send, args=(v1,), kwargs={"version": 1})
+        t.start()
+        r = pair.receiver
+        r.start()
+        r.receive(final=True)
+        t.join(30)
+        load = r._load
+        assert load is not None and isinstance(load.gate, Pushed)
+        assert r.manifest is not None
+        sha = hashlib.sha256(r.manifest.to_bytes()).hexdigest()
+        assert (load.fig.pushed_version, load.fig.pushed_sha256) == (1, sha)
+        assert load.gate.anchor() == f"refresh version 1, manifest sha256 {sha}, check sha256"
+        assert r._plan is not None and load.fig.hashed == len(r._plan.reads) > 0  # each hashed
+        assert load.fig.digest == r.manifest.ranks[0].digest
+        assert load.result is not None and r.version == 1
+        r.committed(1)
+    finally:
+        pair.close()

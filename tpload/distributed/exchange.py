@@ -122,13 +122,23 @@ class Arrivals:
     """Marks in the rendezvous store of who reached one of the load's collectives (``mark``)."""
 
     def __init__(self, ctx: DistContext, seq: int, mark: str = "arrived") -> None:
-        self.ctx, self.store = ctx, _store() if ctx.store else None
+        self.ctx, self.store = ctx, _store()
         self.prefix = f"tpload/{group_id(ctx)}/{seq}/{mark}"
+        self.tidy = not ctx.store
+        """Remove this rank's mark once the collective completed (a store that is not ours)."""
 
     def arrive(self) -> None:
         if self.store is not None:
             try:
                 self.store.set(f"{self.prefix}/{self.ctx.rank}", "1")
+            except (RuntimeError, OSError):
+                self.store = None
+
+    def leave(self) -> None:
+        """The collective completed: this rank's mark goes, where the store is not ours."""
+        if self.store is not None and self.tidy:
+            try:
+                self.store.delete_key(f"{self.prefix}/{self.ctx.rank}")
             except (RuntimeError, OSError):
                 self.store = None
 
@@ -241,6 +251,7 @@ def _all_rows(
             f"rank {ctx.rank}: lost the other ranks in {step}: {who} "
             f"({type(e).__name__}: {escape_name(first)[:300]})"
         ) from None
+    arrivals.leave()
     return table
 
 

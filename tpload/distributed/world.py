@@ -50,9 +50,10 @@ class DistContext:
     shared_device: bool = False
     """Several ranks of this node load onto this one device (``allow_shared_device``)."""
     store: bool = True
-    """Whether the collectives may leave marks in the default rendezvous store (exchange.py's
-    arrivals). False for a refresh: its group lives in an engine's process, whose store is the
-    engine's, and a round a step would leave keys there that nothing ever deletes."""
+    """Whether the collectives' arrival marks (exchange.py's ``Arrivals``) may stay in the default
+    rendezvous store. False for a refresh: its group lives in an engine's process, whose store is
+    the engine's, so each rank removes its mark once the collective completed (a round a step
+    leaves no key there), and a rank lost before a collective is still named by the others."""
 
     @property
     def node_peers(self) -> list[int]:

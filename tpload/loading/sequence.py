@@ -362,9 +362,10 @@ class HeldLoad:
     caller's CPU group: a refresh's engine ranks'; None for one rank), it meets the handshake
     (:meth:`begin`) and the exchange (:meth:`end`) exactly once each, whatever failed before.
 
-    No rendezvous store is used (an engine's store is the engine's): the ranks' node names are not
-    asked for (every rank is its own node, and a held storage is per rank: each rank hashes what it
-    reads), and the collectives leave no arrival marks (a rank lost in one is not named).
+    The rendezvous store is the engine's: the ranks' node names are not asked for (every rank is
+    its own node, and a held storage is per rank: each rank hashes what it reads), and each
+    collective's arrival marks are removed once it completed (a rank lost before one is named, and
+    a round leaves no key).
     Every row's message is one line naming the rank as ``who`` does."""
 
     def __init__(

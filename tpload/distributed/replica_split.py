@@ -95,9 +95,7 @@ class Names:
     def _batches(plan: RankPlan, storage: Storage) -> tuple[np.ndarray, dict[int, tuple[str, int]]]:
         """Each run's first item, and each batch's key by run (its file and first byte), as the
         copy loop's PlanRuns makes them."""
-        # the storages replicas share (storage/sharded.py) have spans (storage/base.py's
-        # StorageBase); the Storage protocol names it once refresh's storages take that base
-        runs = PlanRuns(plan, plan.kind, storage)  # type: ignore[arg-type]
+        runs = PlanRuns(plan, plan.kind, storage)
         keys: dict[int, tuple[str, int]] = {}
         for r, (i, j, batched) in enumerate(runs.runs):
             if batched:  # a batch, a small item alone included: one read, keyed by its start

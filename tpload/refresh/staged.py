@@ -17,6 +17,7 @@ from ..model.errors import CheckpointError
 from ..model.pushed import WindowEntry
 from ..model.text import escape_name
 from ..model.values import FileSource, Stored
+from ..storage.base import StorageBase
 from ..storage.catalogue import Catalogue
 from ..storage.held import HeldStorage
 
@@ -32,7 +33,7 @@ def chunks(nbytes: int, chunk_bytes: int) -> list[tuple[int, int]]:
     return [(a, min(a + chunk_bytes, nbytes)) for a in range(0, nbytes, chunk_bytes)]
 
 
-class StagedStorage:
+class StagedStorage(StorageBase):
     """The table of the version (for the planner) and this rank's windows in the staging buffer."""
 
     per_rank = True  # each rank hashes what it serves, as for an export's rank file

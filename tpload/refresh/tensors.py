@@ -25,6 +25,7 @@ from ..model.values import Box, FileSource, Stored
 from ..planning.layout import Layout
 from ..planning.planner import Planner, RankPlan
 from ..selection.config import Config, load_config
+from ..storage.base import StorageBase
 from ..storage.catalogue import Catalogue
 from .layout import EngineLayout
 from .terms import RefreshError
@@ -169,7 +170,7 @@ def host_bytes(t: torch.Tensor) -> np.ndarray:
     return out
 
 
-class TensorStorage:
+class TensorStorage(StorageBase):
     """The trainer's tensors behind the loader's Storage interface: each tensor whole, as if it
     were a file of its own; no manifest (the trainer vouches for its own tensors)."""
 

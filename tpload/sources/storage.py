@@ -36,16 +36,12 @@ class StorageSource:
     def spans(self, names: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """:meth:`box` of many names at once as columns (file id, first byte, byte count), when
         the storage keeps them (planning/batches.py's ``spans_of``); None: ask ``box``."""
-        # refresh's storages (refresh/tensors.py, refresh/staged.py) do not take StorageBase yet:
-        # until they do, a storage without the method is one without columns
-        spans = getattr(self.storage, "spans", None)
-        return spans(names) if spans is not None else None
+        return self.storage.spans(names)
 
     def promised(self, names: Sequence[str]) -> list[str | None] | None:
         """What :meth:`stored` says each name's bytes must hash to, for many names at once, when
         the storage has them as columns; None: ask ``stored``."""
-        promised = getattr(self.storage, "promised", None)  # as spans, above
-        return promised(names) if promised is not None else None
+        return self.storage.promised(names)
 
     def stored(self, name: str) -> Stored:
         return self.storage.stored(name)

@@ -54,6 +54,14 @@ class Storage(Protocol):
     def paths(self) -> list[Path]:
         """Every file this rank may read."""
 
+    def spans(self, names: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """:meth:`box` of many names at once, as columns; None: ask ``box`` (:class:`StorageBase`
+        gives that default)."""
+
+    def promised(self, names: Sequence[str]) -> list[str | None] | None:
+        """What :meth:`stored` says each name's bytes must hash to, as columns; None: ask
+        ``stored`` (:class:`StorageBase` gives that default)."""
+
     def file_size(self, path: Path) -> int:
         """The size of one of :meth:`paths` as opened."""
 

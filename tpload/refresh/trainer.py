@@ -218,7 +218,16 @@ class RefreshSender:
         with self._exclusive("send()"):
             group, layout = self._joined()
             started = time.perf_counter()
-            return self._guarded(group, layout, source, version, started)
+            try:
+                return self._round(group, layout, source, version, started)
+            except PeerLost as e:
+                self.close()  # the engines waiting on this rank fail now, not at their timeout
+                raise RefreshError(f"version {version}: {e}") from None
+            except RefreshError:
+                raise
+            except BaseException:
+                self.close()  # anything unforeseen: the engines see the group closed at once
+                raise
 
     @contextlib.contextmanager
     def _exclusive(self, what: str) -> Iterator[None]:
@@ -233,25 +242,6 @@ class RefreshSender:
             yield
         finally:
             self._busy.release()
-
-    def _guarded(
-        self,
-        group: TransferGroup,
-        layout: EngineLayout,
-        source: WeightSource | Mapping[str, torch.Tensor],
-        version: int,
-        started: float,
-    ) -> RoundFigures:
-        try:
-            return self._round(group, layout, source, version, started)
-        except PeerLost as e:
-            self.close()  # the engines waiting on this rank fail now, not at their timeout
-            raise RefreshError(f"version {version}: {e}") from None
-        except RefreshError:
-            raise
-        except BaseException:
-            self.close()  # anything unforeseen: the engines see the group closed at once
-            raise
 
     def _round(
         self,

@@ -22,7 +22,6 @@ from ..integration.test_agreement import EMBED, WORLD, sha256, two_nodes, verdic
 
 pytestmark = pytest.mark.slow
 EIO = str(HERE / "workers" / "replicas_eio.py")
-RECEIVER_EIO = str(HERE / "workers" / "replicas_receiver_eio.py")
 
 
 def remanifested(src: Path, dst: Path) -> Path:
@@ -188,7 +187,7 @@ def test_a_receiver_that_fails_mid_window_stops_every_rank_at_once_with_its_own_
     and every message said the live sender "never reached" the exchange. Now rank 3 says it stopped
     in the rendezvous store and drains what it is sent, rank 1 stops sending and ends its stream,
     and every rank prints rank 3's own cause in seconds; no rank is called dead."""
-    run = torchrun(WORLD, [RECEIVER_EIO, str(small_ckpt), str(tmp_path), "3", "120"], timeout=600)
+    run = torchrun(WORLD, [EIO, str(small_ckpt), str(tmp_path), "3", "120", "receive"], timeout=600)
     assert run.rc == 0, run.text
     outcomes = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
     assert not any(o["returned"] for o in outcomes)

@@ -1,11 +1,13 @@
-"""Run under torchrun (2 replicas x tp WORLD/2; the tests use 4 ranks): rank VICTIM's read fails
-with an OS error mid-load, on its third window read (a read it owns: its receivers wait for the
-window). Injected here, in this process, by putting a directory's descriptor in place of the
-shard's just before that read, so the product's own read path meets a real OSError (EISDIR): the
-product has no switch.
+"""Run under torchrun (2 replicas x tp WORLD/2; the tests use 4 ranks): rank VICTIM fails mid-load,
+the product's own code meeting a real OSError (the product has no switch):
 
-argv: CHECKPOINT OUT_DIR VICTIM TIMEOUT_S. Each rank records its outcome (and the seconds load()
-took) in OUT_DIR/rank{R}.json."""
+* ``read`` (the default): its third window read fails (a read it owns: its receivers wait for the
+  window), by a directory's descriptor put in place of the shard's just before that read (EISDIR);
+* ``receive``: it fails as a receiver on the third window it receives, after its first piece
+  arrived (as a failing copy of a received piece would), while the owner is still sending.
+
+argv: CHECKPOINT OUT_DIR VICTIM TIMEOUT_S [read|receive]. Each rank records its outcome (and the
+seconds load() took) in OUT_DIR/rank{R}.json."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import time
 from pathlib import Path
 
 import tpload
+from tpload.sources import replicas
 from tpload.storage import files
 
 
@@ -33,6 +36,19 @@ def failing(read_into, after: int):
     return wrapped
 
 
+def failing_receive(receiving, window: int):
+    calls = {"n": 0}
+
+    def wrapped(self, name, box, owner, *, count=True):
+        calls["n"] += 1
+        for piece in receiving(self, name, box, owner, count=count):
+            if calls["n"] == window:
+                raise OSError(5, f"Input/output error (injected while receiving {name})")
+            yield piece
+
+    return wrapped
+
+
 def main() -> None:
     ckpt, out, victim, timeout_s = (
         sys.argv[1],
@@ -41,8 +57,11 @@ def main() -> None:
         float(sys.argv[4]),
     )
     rank = int(os.environ["RANK"])
-    if rank == victim:
+    where = sys.argv[5] if len(sys.argv) > 5 else "read"
+    if rank == victim and where == "read":
         files.Shard.read_into = failing(files.Shard.read_into, 3)
+    elif rank == victim:
+        replicas.Link.receiving = failing_receive(replicas.Link.receiving, 3)
     outcome = {"rank": rank, "returned": False, "error": "", "seconds": 0.0}
     t0 = time.monotonic()
     try:

@@ -51,7 +51,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import IntEnum
 
-import numpy as np
 import torch
 
 from ..model.errors import LoadError
@@ -390,8 +389,7 @@ def _connect_as(
     if not hmac.compare_digest(theirs, want):
         raise _Violation("it did not prove the group's secret")
     sock.sendall(_mac(secret, b"connect", session, _rank_bytes(me, peer), na, nc))
-    keys = _link_keys(secret, session, me, peer, nc, na)
-    return _Keys(keys.send, keys.recv)
+    return _link_keys(secret, session, me, peer, nc, na)
 
 
 def _accept_as(
@@ -661,15 +659,6 @@ class TransferGroup:
             link.fail(e)
             raise self._lost(peer, what, e) from None
 
-    def send_ints(self, values: list[int], peer: int, what: str) -> None:
-        self.send_bytes(np.asarray(values, dtype="<i8").tobytes(), peer, what)
-
-    def recv_ints(self, n: int, peer: int, what: str) -> list[int]:
-        raw = self.recv_bytes(peer, what, limit=8 * n)
-        if len(raw) != 8 * n:
-            raise self._lost(peer, what, _Violation(f"{len(raw)} bytes where {8 * n} were due"))
-        return [int(v) for v in np.frombuffer(raw, dtype="<i8")]
-
     def close(self) -> None:
         """Leave the group (a peer still waiting on this member fails at once)."""
         self.broken = self.broken or "closed"
@@ -683,15 +672,13 @@ def join(
     *,
     key: RefreshKey | str | os.PathLike[str] | None = None,
     hub: Hub | None = None,
-    device: torch.device | None = None,
 ) -> TransferGroup:
     """Join the transfer group as ``group_rank`` (trainer ranks first, engine ranks after): prove
     the group's secret (from ``key``, or the rendezvous's token) to every other member and have
     them prove it. ``hub``: the one :func:`open_rendezvous` made (trainer rank 0 passes it; every
-    other member connects to its address). ``device`` is accepted for the callers' symmetry:
-    windows cross in host memory on every device. Returns once every link stands, or raises
+    other member connects to its address). Windows cross in host memory on every device. Returns
+    once every link stands, or raises
     :class:`RefreshError` by the rendezvous's timeout."""
-    del device
     who = f"group rank {group_rank}"
     if not 0 <= group_rank < rv.world:
         raise RefreshError(f"rendezvous: {who} is not in 0..{rv.world - 1}")

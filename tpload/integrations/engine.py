@@ -26,6 +26,7 @@ from ..loading.pick import model_config
 from ..loading.shards import RankShards
 from ..model.errors import LoadError, OptionsError
 from ..model.text import escape_name
+from ..model.values import SIGNER_FIELDS
 from ..options.load_options import LoadOptions
 from ..report.memory import MemoryPeaks
 from ..report.render import LoadReport
@@ -49,12 +50,7 @@ OPTIONS = (
     "report",
     "digest_store",
     "manifest_sha256",
-    "signature",
-    "signer_key",
-    "signer_cert",
-    "signer_chain",
-    "signer_identity",
-    "signer_issuer",
+    *SIGNER_FIELDS,
     "attest",
     "attest_key",
     "device",

@@ -15,6 +15,7 @@ from enum import Enum
 from typing import Any
 
 from ..model.errors import OptionsError
+from ..model.values import SIGNER_FIELDS
 from .load_options import LoadOptions, field_types, listing, validate
 
 
@@ -54,17 +55,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("what to load", ("checkpoint", "config", "kind", "skip", "defer", "skip_activation_scales")),
     ("layout and devices", ("tp", "ep", "replicas", "device", "allow_shared_device")),
     ("verification", ("verify", "manifest_sha256", "digest_store", "hash_threads", "samples")),
-    (
-        "signatures (a signed folder's model.sig)",
-        (
-            "signature",
-            "signer_key",
-            "signer_cert",
-            "signer_chain",
-            "signer_identity",
-            "signer_issuer",
-        ),
-    ),
+    ("signatures (a signed folder's model.sig)", SIGNER_FIELDS),
     ("outputs", ("report", "attest", "attest_key", "progress")),
     ("memory and time", ("reserve_gib", "evict_page_cache", "timeout_s")),
 )

@@ -66,14 +66,10 @@ def not_launched(opts: LoadOptions | None) -> str | None:
     WORLD_SIZE, no process group), in the API's words: the load would be a group of one."""
     if opts is None or "WORLD_SIZE" in os.environ or dist.is_initialized():
         return None
-    ranks = (opts.tp or 1) * opts.ep * opts.replicas
+    ranks, degrees = opts.ranks_asked()
     if ranks <= 1:
         return None
-    asked = ", ".join(
-        f"{name}={n}"
-        for name, n in (("tp", opts.tp or 1), ("ep", opts.ep), ("replicas", opts.replicas))
-        if n > 1
-    )
+    asked = ", ".join(f"{name}={n}" for name, n in degrees)
     return (
         f"load({asked}) needs {ranks} ranks, one process each, but this process was not started "
         f"by torchrun: run the script that calls load() with torchrun --nproc-per-node {ranks} "

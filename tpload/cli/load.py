@@ -83,13 +83,9 @@ def launch_problem(opts: LoadOptions, argv: list[str]) -> str | None:
     path that is not there (on one node only: on several, a folder missing on one node would leave
     the others waiting at the rendezvous until --timeout, so there the load's own check says it,
     on every rank through the exchange)."""
-    world = (opts.tp or 1) * opts.ep * opts.replicas
+    world, degrees = opts.ranks_asked()
     if world > 1 and "WORLD_SIZE" not in os.environ:  # no launcher set up a group
-        asked = " ".join(
-            f"--{name} {n}"
-            for name, n in (("tp", opts.tp or 1), ("ep", opts.ep), ("replicas", opts.replicas))
-            if n > 1
-        )
+        asked = " ".join(f"--{name} {n}" for name, n in degrees)
         return (
             f"{asked} needs {plural(world, 'rank')}, one process each, but this process was not "
             f"launched by torchrun; run: torchrun --nproc-per-node {world} -m tpload "

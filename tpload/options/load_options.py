@@ -281,6 +281,12 @@ class LoadOptions:
             )
         return cls.from_values({**options, "checkpoint": checkpoint})
 
+    def ranks_asked(self) -> tuple[int, list[tuple[str, int]]]:
+        """The ranks these options need (tp x ep x replicas, tp 1 when not given) and the degrees
+        over 1 that ask for them, by name: what a launch mistake's message names."""
+        degrees = (("tp", self.tp or 1), ("ep", self.ep), ("replicas", self.replicas))
+        return (self.tp or 1) * self.ep * self.replicas, [(k, n) for k, n in degrees if n > 1]
+
     @classmethod
     def from_values(cls, values: Mapping[str, object], *, style: str = "api") -> LoadOptions:
         """Build from ``load()`` keywords (``style="api"``) or parsed flags (``"cli"``): unknown

@@ -46,11 +46,17 @@ else:
 
 
 def warm() -> threading.Thread | None:
-    """Import the kernels on a daemon thread (numba, and its cache of the compiled kernels), unless
-    they are imported already; the thread, or None. It ends when the import does."""
+    """Import the kernels on a thread (numba, and its cache of the compiled kernels), unless they
+    are imported already; the thread, or None. It ends when the import does.
+
+    Not a daemon: a process can end before the import does (a load that needed no kernel, or
+    failed early; the main thread holds the GIL most of a load, so the import crawls), and a daemon
+    thread stopped by the interpreter's exit inside LLVM's C++ takes the process down with
+    ``std::terminate`` (SIGABRT, not the exit code the program chose). Python's exit waits for a
+    non-daemon thread."""
     if _MODULE in sys.modules:
         return None
-    thread = threading.Thread(target=_import, name="tpload-kernels", daemon=True)
+    thread = threading.Thread(target=_import, name="tpload-kernels")
     thread.start()
     return thread
 

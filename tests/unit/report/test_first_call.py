@@ -61,3 +61,18 @@ def test_warming_imports_the_kernels_once() -> None:
     assert (
         _lazy.kernels._module is sys.modules["tpload.kernels.compiled"]
     )  # kept, and read each time
+
+
+def test_a_process_that_ends_while_the_kernels_import_waits_for_the_import() -> None:
+    # the interpreter's exit used to stop the warming thread wherever it was; inside LLVM's C++
+    # that is std::terminate (SIGABRT: a torchrun worker that had finished its work died with -6).
+    # Python's exit joins a non-daemon thread before the atexit handlers, so there it has ended.
+    code = (
+        "import atexit, sys\n"
+        "from tpload.kernels.lazy import warm\n"
+        "t = warm()\n"
+        "atexit.register(lambda: print(t.is_alive(), 'tpload.kernels.compiled' in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True"], out.stdout

@@ -44,7 +44,7 @@ def _load8(typingctx: Any, arr: Any, i: Any) -> tuple[Any, Any]:  # pragma: no c
 
 def _copy_fingerprint_sigs() -> list[Any]:
     return [
-        nb.types.UniTuple(nb.int64, 2)(
+        nb.types.UniTuple(nb.int64, 3)(
             w[::1],
             nb.int64,
             nb.int64,
@@ -55,9 +55,22 @@ def _copy_fingerprint_sigs() -> list[Any]:
             nb.int64,
             nb.int64,
             nb.int64,
+            nb.int64,
+            nb.int64,
+            nb.int64,
         )
         for w in _WORDS
     ]
+
+
+@nb.njit(nb.int64(nb.int64, nb.int64, nb.int64, nb.int64), **_JIT, inline="always")
+def _nonfinite_lanes(v: int, mask: int, low: int, high: int) -> Any:  # pragma: no cover
+    """Nonzero when a floating lane of word ``v`` has every exponent bit set (NaN or inf): ``mask``
+    is each lane's exponent bits, ``low`` the lowest of them, ``high`` each lane's sign bit (see
+    fingerprint.py's ``nonfinite_lanes``). Adding ``low`` to a lane's exponent bits carries into
+    its sign bit (clear after the mask) only when they are all set, and never past it into the
+    next lane: each lane is tested exactly, in three operations."""
+    return ((v & mask) + low) & high
 
 
 @nb.njit(_copy_fingerprint_sigs(), **_JIT)
@@ -72,26 +85,50 @@ def _copy_fingerprint(
     first_row: int,
     col0: int,
     group: int,
-) -> tuple[np.signedinteger[Any], np.signedinteger[Any]]:  # pragma: no cover
+    mask: int,
+    low: int,
+    high: int,
+) -> tuple[np.signedinteger[Any], np.signedinteger[Any], np.signedinteger[Any]]:  # pragma: no cover
     """Add ``rows`` rows of ``cols`` words (row ``r`` at ``src[start + r*stride:]``) to a
     fingerprint, and copy them into ``dst`` (contiguous) unless it is empty: returns (total,
-    row-weighted) and adds column sums into ``col_sums``. int64 arithmetic wraps, exactly like
-    torch's.
+    row-weighted, non-finite) and adds column sums into ``col_sums``. int64 arithmetic wraps,
+    exactly like torch's.
 
     Rows here may be pieces of the fingerprinted tensor's rows: every ``group`` consecutive rows
     (counting from 0 at ``first_row``) are one row of it, each the next ``cols`` words along;
     ``col0`` is the first piece's word offset (a row read in pieces). ``group`` 1 and ``col0`` 0:
-    plain rows."""
+    plain rows.
+
+    With ``mask`` nonzero the same pass looks for NaN and inf in the words' floating lanes
+    (:func:`_nonfinite_lanes`): the third value is nonzero when a row holds one (which, and how
+    many, a caller counts again on that rare path). ``mask`` 0: not looked for."""
     total = np.int64(0)
     weighted = np.int64(0)
+    bad = np.int64(0)
     copy = dst.size > 0
+    check = mask != 0
     for r in range(rows):
         base = start + r * stride
         out = r * cols
         row, piece = divmod(first_row + r, group)
         c = col0 + piece * cols
         s = np.int64(0)
-        if copy:
+        # one loop a case, as for the copy: the lane test in the plain loops would cost them 40%,
+        # and a copy branch inside the checked loop 13%
+        if check and copy:
+            for j in range(cols):
+                v = src[base + j]
+                dst[out + j] = v
+                s += np.int64(v)
+                col_sums[c + j] += np.int64(v)
+                bad |= _nonfinite_lanes(np.int64(v), mask, low, high)
+        elif check:
+            for j in range(cols):
+                v = src[base + j]
+                s += np.int64(v)
+                col_sums[c + j] += np.int64(v)
+                bad |= _nonfinite_lanes(np.int64(v), mask, low, high)
+        elif copy:
             for j in range(cols):
                 v = src[base + j]
                 dst[out + j] = v
@@ -104,7 +141,7 @@ def _copy_fingerprint(
                 col_sums[c + j] += np.int64(v)
         total += s
         weighted += (row + 1) * s
-    return total, weighted
+    return total, weighted, bad
 
 
 def copy_fingerprint(
@@ -118,11 +155,15 @@ def copy_fingerprint(
     first_row: int,
     col0: int = 0,
     group: int = 1,
-) -> tuple[int, int]:
+    lanes: tuple[int, int, int] = (0, 0, 0),
+) -> tuple[int, int, bool]:
     """:func:`_copy_fingerprint` (``src`` and ``dst`` 1-D word arrays of one dtype; ``dst`` empty
-    for a fingerprint without a copy)."""
-    t, w = _copy_fingerprint(src, start, stride, rows, cols, dst, col_sums, first_row, col0, group)
-    return int(t), int(w)
+    for a fingerprint without a copy); ``lanes``: fingerprint.py's ``nonfinite_lanes``, or zeros.
+    (total, row-weighted, whether a NaN or inf was seen)."""
+    t, w, bad = _copy_fingerprint(
+        src, start, stride, rows, cols, dst, col_sums, first_row, col0, group, *lanes
+    )
+    return int(t), int(w), bool(bad)
 
 
 @nb.njit(nb.int64(nb.uint8[::1], nb.int64, nb.int64), **_JIT)
@@ -153,6 +194,8 @@ def _word(
         nb.uint8[::1],
         nb.int64[::1],
         nb.int64[:, ::1],
+        nb.int64[:, ::1],
+        nb.int64[::1],
     ),
     **_JIT,
 )
@@ -166,19 +209,27 @@ def gather_windows(
     dst: np.ndarray,
     dst_off: np.ndarray,
     out: np.ndarray,
+    lanes: np.ndarray,
+    bad: np.ndarray,
 ) -> None:  # pragma: no cover
     """Many small windows in one pass: window ``i`` is ``rows[i]`` rows of ``width[i]`` bytes, the
     first at ``src[src_off[i]:]`` and each ``stride[i]`` bytes after the last (a whole tensor: its
     row length), read as words of ``words[i]`` bytes; copy it, rows one after another, to
     ``dst[dst_off[i]:]`` (unless ``dst`` is empty) and put its fingerprint (total, row-weighted,
     column-weighted) in ``out[i]``. The same triple
-    :class:`~tpload.kernels.fingerprint.HostFingerprint` gives the window."""
+    :class:`~tpload.kernels.fingerprint.HostFingerprint` gives the window.
+
+    ``lanes``: empty, or one row a window of fingerprint.py's ``nonfinite_lanes`` for its words;
+    then ``bad[i]`` is nonzero when window ``i`` holds a NaN or inf (the same pass)."""
     copy = dst.size > 0
+    check = lanes.shape[0] > 0
     for i in range(src_off.size):
         a, n, st, wb, w = src_off[i], rows[i], stride[i], width[i], words[i]
         total = np.int64(0)
         weighted = np.int64(0)
         cols = np.int64(0)
+        flagged = np.int64(0)
+        mask, low, high = (lanes[i, 0], lanes[i, 1], lanes[i, 2]) if check else (0, 0, 0)
         d = dst_off[i]
         for r in range(n if wb > 0 else 0):
             base = a + r * st
@@ -191,16 +242,22 @@ def gather_windows(
                     v = np.int64(_load8(src, base + 8 * j))
                     s += v
                     cols += (j + 1) * v
+                    if mask != 0:
+                        flagged |= _nonfinite_lanes(v, mask, low, high)
             else:
                 for j in range(wb // w):
                     v = _word(src, base + j * w, w)
                     s += v
                     cols += (j + 1) * v
+                    if mask != 0:
+                        flagged |= _nonfinite_lanes(v, mask, low, high)
             total += s
             weighted += (r + 1) * s
         out[i, 0] = total
         out[i, 1] = weighted
         out[i, 2] = cols
+        if check:
+            bad[i] = flagged
 
 
 _LOW7 = np.uint64(0x7F7F7F7F7F7F7F7F)

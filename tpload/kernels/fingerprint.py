@@ -49,6 +49,65 @@ def word_widths(row_bytes: np.ndarray) -> np.ndarray:
     return widths.astype(np.int64)
 
 
+_EXPONENTS = {2: (0x7F80, 0x0080), 4: (0x7F800000, 0x00800000), 8: (0x7FF0000000000000, 1 << 52)}
+"""A floating lane's exponent bits and the lowest of them, by its bytes (bf16's; f16 below)."""
+
+
+def nonfinite_lanes(dtype: str, word: int) -> tuple[int, int, int]:
+    """What the compiled passes read to find NaN and inf in ``word``-byte words of a tensor of
+    safetensors dtype ``dtype`` (``_nonfinite_lanes`` in kernels/compiled.py): each lane's exponent
+    bits, the lowest exponent bit and the sign bit, repeated over the word's lanes (as int64 bit
+    patterns); zeros for a dtype with no inf (integers, and FP8/FP4, whose NaN codes are the
+    codecs' value checks)."""
+    size = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8}.get(dtype)
+    if size is None or word % size:
+        return (0, 0, 0)
+    mask, low = (0x7C00, 0x0400) if dtype == "F16" else _EXPONENTS[size]
+    sign = 1 << (8 * size - 1)
+    m = lo = hi = 0
+    for lane in range(word // size):
+        shift = 8 * size * lane
+        m, lo, hi = m | mask << shift, lo | low << shift, hi | sign << shift
+    return _signed(m), _signed(lo), _signed(hi)
+
+
+def _signed(v: int) -> int:
+    """A 64-bit pattern as the int64 the kernels take."""
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+_EXPONENT = {  # a floating dtype's exponent bits: all set is inf or NaN
+    "BF16": (np.dtype("<u2"), 0x7F80),
+    "F16": (np.dtype("<u2"), 0x7C00),
+    "F32": (np.dtype("<u4"), 0x7F800000),
+    "F64": (np.dtype("<u8"), 0x7FF0000000000000),
+}
+_SLICE = 1 << 20
+
+
+def count_nonfinite(raw: np.ndarray, dtype: str) -> tuple[int, int] | None:
+    """(how many, the first's index) of the NaN and inf values in ``raw`` (a window's bytes of a
+    tensor of safetensors dtype ``dtype``), or None: none, or not a floating dtype with inf (FP8's
+    NaN codes are the codecs' check). By slices: a window is never copied whole. The exact count
+    behind the fingerprint pass's flag (:class:`HostFingerprint`'s ``finite``), read only where it
+    was raised."""
+    spec = _EXPONENT.get(dtype)
+    if spec is None or raw.size % spec[0].itemsize:
+        return None
+    words, mask = raw.view(spec[0]), spec[0].type(spec[1])
+    scratch: np.ndarray = np.empty(min(_SLICE, words.size), dtype=spec[0])
+    count, first = 0, -1
+    for at in range(0, words.size, _SLICE):
+        part = words[at : at + _SLICE]
+        masked = np.bitwise_and(part, mask, out=scratch[: part.size])
+        if masked.max(initial=0) != mask:  # the usual case: one pass and a max, no bool array
+            continue
+        hit = masked == mask
+        first = at + int(np.argmax(hit)) if first < 0 else first
+        count += int(np.count_nonzero(hit))
+    return (count, first) if count else None
+
+
 def as_bytes2d(t: torch.Tensor) -> torch.Tensor:
     """A served tensor as the 2-D uint8 view the fingerprint reads, ``[rows, row_bytes]``."""
     if t.dim() == 0:
@@ -75,13 +134,17 @@ class HostFingerprint:
     ``[experts, rows x cols]``); :meth:`fits` says whether words then stay whole.
     """
 
-    def __init__(self, row_bytes: int, *, group: int = 1) -> None:
+    def __init__(self, row_bytes: int, *, group: int = 1, finite: str = "") -> None:
         self.group = group
         self.width = word_width(row_bytes * group)
         if row_bytes % self.width:
             raise ValueError(
                 f"{group} pieces of {row_bytes} bytes split {self.width}-byte words: see fits()"
             )
+        self.lanes = nonfinite_lanes(finite, self.width) if finite else (0, 0, 0)
+        """With ``finite`` (a floating dtype), the same pass looks for NaN and inf."""
+        self.nonfinite = False
+        """Whether a block added held a NaN or inf (looked for only with ``finite``)."""
         self.dtype = np.dtype(_NP_WORDS[self.width])
         self.cols = row_bytes * group // self.width
         self.col_sums: np.ndarray = np.zeros(self.cols, dtype=np.int64)
@@ -126,7 +189,7 @@ class HostFingerprint:
                 block, shape=((rows - 1) * stride + width,), strides=(1,)
             ).view(self.dtype)
         out = self._empty if dst is None else dst.reshape(-1).view(self.dtype)
-        total, weighted = kernels.copy_fingerprint(
+        total, weighted, nonfinite = kernels.copy_fingerprint(
             words,
             0,
             stride // w,
@@ -137,7 +200,9 @@ class HostFingerprint:
             first_row,
             first_col // w,
             self.group,
+            self.lanes,
         )
+        self.nonfinite |= nonfinite
         self.total += total
         self.rows += weighted
         self._value = None

@@ -9,13 +9,15 @@ from itertools import chain
 
 import numpy as np
 
-from ..kernels.fingerprint import word_widths
+from ..kernels.fingerprint import nonfinite_lanes, word_widths
 from ..kernels.lazy import kernels
 from ..model.values import Box, Stored, Triple
 from ..planning.batches import PlanRuns
 from ..sources.base import ReadSource
 
 _NO_BYTES: np.ndarray = np.empty(0, np.uint8)  # no destination: the kernel fingerprints only
+NO_LANES: np.ndarray = np.empty((0, 3), np.int64)  # no NaN or inf looked for
+NO_FLAGS: np.ndarray = np.empty(0, np.int64)
 
 
 class Batch:
@@ -47,6 +49,8 @@ class Batch:
             window_bytes=windows,
         )
         self.fingerprints: np.ndarray = np.zeros((q - p, 3), dtype=np.int64)
+        self.nonfinite: np.ndarray = NO_FLAGS
+        """Nonzero for each piece holding a NaN or inf, where :meth:`copy` looked."""
 
     def __len__(self) -> int:
         return len(self.names)
@@ -96,10 +100,21 @@ class Batch:
             box[:, 3] - box[:, 2],
         )
 
-    def copy(self, dst: np.ndarray, dst_offsets: np.ndarray) -> None:
+    def copy(
+        self, dst: np.ndarray, dst_offsets: np.ndarray, dtypes: Sequence[str] | None = None
+    ) -> None:
         """Each window into ``dst`` at its offset (an empty ``dst``: fingerprints only),
-        fingerprinted."""
+        fingerprinted; with ``dtypes`` (each piece's stored dtype), each floating window is looked
+        at for NaN and inf in the same pass (:attr:`nonfinite`)."""
         src, rows, stride, width = self.own(np.arange(len(self.names)))
+        words = word_widths(width)
+        lanes, flags = NO_LANES, NO_FLAGS
+        if dtypes is not None:
+            lanes = np.array(
+                [nonfinite_lanes(d, w) for d, w in zip(dtypes, words.tolist(), strict=True)],
+                dtype=np.int64,
+            ).reshape(-1, 3)
+            flags = self.nonfinite = np.zeros(len(self.names), np.int64)
         # the kernel does not check bounds: every window lies in the span read (the storage's box is
         # inside its stored tensor), and every destination in dst (fits_batch holds each slot to its
         # window)
@@ -111,10 +126,12 @@ class Batch:
             rows,
             stride,
             width,
-            word_widths(width),
+            words,
             dst,
             dst_offsets,
             self.fingerprints,
+            lanes,
+            flags,
         )
 
     def fingerprints_of(self, boxes: Sequence[tuple[int, Box]]) -> list[Triple]:
@@ -145,6 +162,8 @@ class Batch:
             _NO_BYTES,
             np.zeros(n, np.int64),
             fps,
+            NO_LANES,
+            NO_FLAGS,
         )
         return fps
 
@@ -212,5 +231,7 @@ class BatchWindows:
             out,
             at,
             np.zeros((len(sizes), 3), dtype=np.int64),
+            NO_LANES,
+            NO_FLAGS,
         )
         return out

@@ -23,7 +23,13 @@ import numpy as np
 import torch
 
 from ..codecs.base import Checker, Cut, Fit, Problem
-from ..kernels.fingerprint import HostFingerprint, as_bytes2d, decoded_fingerprint, fingerprint
+from ..kernels.fingerprint import (
+    HostFingerprint,
+    as_bytes2d,
+    count_nonfinite,
+    decoded_fingerprint,
+    fingerprint,
+)
 from ..model.errors import LoadError
 from ..model.progress import BatchSink, ProgressSink
 from ..planning.batches import BATCH_BYTES, PlanRuns
@@ -42,6 +48,18 @@ READAHEAD_FROM = (
     256 << 10
 )  # smaller items are not worth a system call: the kernel's own readahead has them
 NOT_FINITE = "decode(s) not finite everywhere (it overflows bf16, or decodes a bad code)"
+
+
+def nonfinite_problem(window: np.ndarray | torch.Tensor, dtype: str) -> tuple[int, str]:
+    """(how many, what) of the NaN and inf in a window the fingerprint pass flagged: counted
+    exactly, on this rare path only."""
+    raw = window if isinstance(window, np.ndarray) else window.cpu().numpy()
+    found = count_nonfinite(np.ascontiguousarray(raw).reshape(-1), dtype)
+    count, first = found if found is not None else (0, 0)
+    return count, (
+        f"non-finite value(s) (NaN or inf; the first at element {first:,}; a refresh takes them "
+        "only with allow_nonfinite)"
+    )
 
 
 SAMPLE_ROWS = 32  # rows checked at each end of a sampled decode (at least one scale block)
@@ -93,6 +111,7 @@ class _Loader:
         transfer: Transfer,
         hasher: Hasher,
         release: ShardRelease | None,
+        finite: bool = False,
     ) -> None:
         self.source, self.plan, self.transfer, self.hasher, self.release = (
             source,
@@ -101,6 +120,9 @@ class _Loader:
             hasher,
             release,
         )
+        self.finite = finite
+        """Refuse NaN and inf in the windows of floating tensors served as stored (a refresh's
+        rule), looked for in the pass that copies and fingerprints them."""
         source.start(transfer.chunk_bytes)
         self.evidence = Evidence()
         self.arena = Arena(transfer.arena(plan.arena_bytes), host=transfer.host_slots)
@@ -139,6 +161,7 @@ class _Loader:
             fp = HostFingerprint(
                 cut.row_bytes,
                 group=cut.group if HostFingerprint.fits(cut.row_bytes, cut.group) else 1,
+                finite=cut.dtype if self.finite else "",
             )
             window = fp if fp.group == 1 else HostFingerprint(cut.row_bytes)
             # the value checkers read whole rows (a scale group never straddles a piece); plain rows
@@ -158,6 +181,8 @@ class _Loader:
             digest = None if fp.group == cut.group else fingerprint(torch.as_tensor(mine))
             self.evidence.window(cut.name, cut.box, window.value())
             checks[cut.name] = Check(out.name, where, served, want, "host window", digest=digest)
+            if fp.nonfinite:
+                checks[cut.name].bad.append(nonfinite_problem(dst, cut.dtype))
         if item.codec.checked:
             self._problems(item, checker.problems(), checks)
         for check in checks.values():
@@ -283,14 +308,19 @@ class _Loader:
         label = f"{plan.names[i]} .. {plan.names[j - 1]} ({j - i} tensors)"
         b = Batch(self.source, runs, p, q, label, self._batch_buffer)
         offsets = runs.out[p:q]
+        klass = plan.klass[i:j]
+        dtypes = None
+        if self.finite:  # each piece's stored dtype: the entries' cuts in order
+            cuts = runs.classes
+            dtypes = [c.dtype for k in klass.tolist() for c in cuts[k].cuts]
         if self.arena.host is not None:  # host slots: written in place
-            b.copy(self.arena.host, offsets)
+            b.copy(self.arena.host, offsets, dtypes)
         else:  # a device: the slots' range built on the host, uploaded at once, its upload checked
             box = b.box
             sizes = (box[:, 1] - box[:, 0]) * (box[:, 3] - box[:, 2])  # each slot's bytes
             lo, hi = int(offsets.min()), int((offsets + sizes).max())
             image: np.ndarray = np.zeros(hi - lo, dtype=np.uint8)
-            b.copy(image, offsets - lo)
+            b.copy(image, offsets - lo, dtypes)
             fp = HostFingerprint(hi - lo)
             region = self.arena.buffer[lo:hi].view(1, -1)
             self.transfer.copy(image.reshape(1, -1), region, fp, 0, 0)
@@ -307,12 +337,13 @@ class _Loader:
         evidence, fps = self.evidence, b.fingerprints
         evidence.windows_of(b.names, runs.cut_boxes[p:q], fps)
         self._hash(b)
-        klass = plan.klass[i:j]
         checked = self._checked(runs)[klass]
-        if not checked.any():  # the common batch: every fingerprint in columns
+        flagged = _entries_flagged(b.nonfinite, runs, i, j)  # NaN or inf seen (rare)
+        if not checked.any() and not flagged.any():  # the common batch: fingerprints in columns
             evidence.served(b.names, fps)
             return b
-        dirty = checked & ~self._clean(b, runs, i, j)
+        dirty = checked & ~self._clean(b, runs, i, j) if checked.any() else flagged
+        dirty |= flagged
         if not dirty.any():
             evidence.served(b.names, fps)
             return b
@@ -350,6 +381,8 @@ class _Loader:
         checker = item.codec.checker(item.fit, item.weight, item.scale)
         for j, cut in enumerate(item.cuts, first):
             value_feed(item, checker, cut)(b.view(j), 0)
+            if b.nonfinite.size and b.nonfinite[j]:
+                checks[cut.name].bad.append(nonfinite_problem(b.view(j), cut.dtype))
         self._problems(item, checker.problems(), checks)
         for check in checks.values():
             self.evidence.add(check)
@@ -471,13 +504,15 @@ def run(
     progress: ProgressSink,
     release: ShardRelease | None = None,
     ranks: Mapping[str, int] | None = None,
+    finite: bool = False,
 ) -> LoadResult:
     """Load ``plan`` through ``transfer``, reading every window from ``source`` (sources/: the
     storage, or the replica peers, chosen at setup) and hashing what ``hasher`` says; raise
     LoadError listing every problem of this rank (nothing it loaded survives a failure).
     ``ranks``: each stored name's place in natural order (the catalogue's), for the digest's
-    sort. The source's figures are the result's :attr:`~LoadResult.source`."""
-    loader = _Loader(source, plan, transfer, hasher, release)
+    sort. The source's figures are the result's :attr:`~LoadResult.source`. ``finite``: refuse
+    NaN and inf in floating windows served as stored (a refresh's rule; a load serves them)."""
+    loader = _Loader(source, plan, transfer, hasher, release, finite)
     try:
         with transfer:  # from the arena's making: its exit waits for what the transfer started
             sampled = _sampled(plan, samples)
@@ -524,6 +559,17 @@ def run(
         ranks,
         figures,
     )
+
+
+def _entries_flagged(pieces: np.ndarray, runs: PlanRuns, i: int, j: int) -> np.ndarray:
+    """Per entry of ``[i, j)``, whether a piece of it was flagged (``pieces``: per piece of the
+    batch, nonzero where the copy saw a NaN or inf; empty where it did not look)."""
+    if not pieces.size or not pieces.any():
+        return np.zeros(j - i, bool)
+    owner: np.ndarray = np.repeat(np.arange(j - i), runs.count[i:j])  # each piece's entry
+    hit: np.ndarray = np.zeros(j - i, bool)
+    hit[owner[pieces != 0]] = True
+    return hit
 
 
 def _advance(progress: ProgressSink, item: Item) -> None:

@@ -350,6 +350,9 @@ class Held:
     """The storage's stamp now (what a stored prediction vouches for)."""
     hash_threads: int = 0
     """Hash taps on worker threads, beside the copies."""
+    finite: bool = False
+    """Refuse NaN and inf in floating windows (a refresh's rule: a load serves them), looked for
+    in the pass that copies and fingerprints each window."""
 
 
 Judge = Callable[[list[RankFigures], strategy.Strategy | None], Verdict]
@@ -471,6 +474,7 @@ class HeldLoad:
                 samples=0,
                 progress=Silent(),
                 ranks=held.storage.catalogue.ranks(),
+                finite=held.finite,
             )
             found = chosen.settle(result)
         except LoadError as e:

@@ -35,7 +35,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..kernels.fingerprint import host_fingerprint
+from ..kernels.fingerprint import HostFingerprint
+from ..loading.loop import nonfinite_problem
 from ..loading.result import LoadResult
 from ..loading.sequence import Held, HeldLoad
 from ..model.errors import LoadError
@@ -370,6 +371,7 @@ class RefreshReceiver:
                 lambda job: pushed.Pushed(job, facts),
                 pushed.no_stamp,
                 hash_threads=HASH_THREADS,
+                finite=not self.allow_nonfinite,
             )
         ok = self._load.begin(
             held,
@@ -565,25 +567,24 @@ class RefreshReceiver:
         """A chunk of ``w`` ending at byte ``upto`` arrived: the window's check once it is whole."""
         if upto != w.nbytes or self._draining or self._storage is None or self.staging is None:
             return
-        if not self.allow_nonfinite:
-            at = self._storage.offsets[w.name]
-            dtype = self._storage.catalogue.get(w.name).dtype
-            bad = nonfinite(self.staging[at : at + w.nbytes], dtype)
-            if bad is not None:
-                self._problems.append(
-                    f"{self._who()}: tensor {escape_name(w.name)} (from trainer rank "
-                    f"{w.trainer}): its window holds {bad[0]:,} non-finite value(s) (NaN or inf), "
-                    f"the first at element {bad[1]:,}; refused (allow_nonfinite takes them)"
-                )
         if self._plan is not None and w.name in self._plan.reads:
             if self._arrival is not None:
                 self._arrival.done(w.name)  # the loop fingerprints it as it copies it
             return
         at = self._storage.offsets[w.name]  # a deferred tensor: no loop reads it
-        got = host_fingerprint(self.staging[at : at + w.nbytes].reshape(w.rows, w.row_bytes))
-        problem = pushed.window_problem(w, got)  # the gate's rule, on the evidence taken here
+        dtype = self._storage.catalogue.get(w.name).dtype
+        window = self.staging[at : at + w.nbytes].reshape(w.rows, w.row_bytes)
+        fp = HostFingerprint(w.row_bytes, finite="" if self.allow_nonfinite else dtype)
+        fp.add(window, 0)
+        problem = pushed.window_problem(w, fp.value())  # the gate's rule, on the evidence here
         if problem:
             self._problems.append(f"{self._who()}: {problem}")
+        if fp.nonfinite:  # the loop's wording, for the loop's rule
+            count, what = nonfinite_problem(window, dtype)
+            self._problems.append(
+                f"{self._who()}: tensor {escape_name(w.name)} (from trainer rank {w.trainer}): "
+                f"{count} {what} in this rank's window"
+            )
 
     # -- the verdict
     def _verdict(self) -> None:
@@ -729,36 +730,6 @@ class RefreshReceiver:
             self.group = None
         self._clear()
         self._spare = None
-
-
-_EXPONENT = {  # a floating dtype's exponent bits: all set is inf or NaN
-    "BF16": (np.dtype("<u2"), 0x7F80),
-    "F16": (np.dtype("<u2"), 0x7C00),
-    "F32": (np.dtype("<u4"), 0x7F800000),
-    "F64": (np.dtype("<u8"), 0x7FF0000000000000),
-}
-_SLICE = 1 << 20
-
-
-def nonfinite(raw: np.ndarray, dtype: str) -> tuple[int, int] | None:
-    """(how many, the first's index) of the NaN and inf values in ``raw`` (a window's bytes of a
-    tensor of safetensors dtype ``dtype``), or None: none, or not a floating dtype with inf (FP8's
-    NaN codes are the codecs' check). By slices: a window is never copied whole."""
-    spec = _EXPONENT.get(dtype)
-    if spec is None or raw.size % spec[0].itemsize:
-        return None
-    words, mask = raw.view(spec[0]), spec[0].type(spec[1])
-    scratch: np.ndarray = np.empty(min(_SLICE, words.size), dtype=spec[0])
-    count, first = 0, -1
-    for at in range(0, words.size, _SLICE):
-        part = words[at : at + _SLICE]
-        masked = np.bitwise_and(part, mask, out=scratch[: part.size])
-        if masked.max(initial=0) != mask:  # the usual case: one pass and a max, no bool array
-            continue
-        hit = masked == mask
-        first = at + int(np.argmax(hit)) if first < 0 else first
-        count += int(np.count_nonzero(hit))
-    return (count, first) if count else None
 
 
 def _torch_dtype(stored: str) -> torch.dtype:

@@ -14,6 +14,12 @@ import torch
 from tests.reference import fp4 as ref_fp4
 from tpload.codecs.tables import E4M3_NAN, E8M0_INVALID, scaled_table
 from tpload.kernels import compiled as kernels
+from tpload.kernels.fingerprint import (
+    HostFingerprint,
+    host_fingerprint,
+    nonfinite_lanes,
+    word_widths,
+)
 
 WORDS = [np.int64, np.int32, np.int16, np.uint8]
 
@@ -45,7 +51,7 @@ def test_copy_fingerprint_matches_torch_for_every_word_width(dtype: type, copy: 
     )
     dst = np.zeros(rows * cols if copy else 0, dtype=dtype)
     col_sums = np.full(cols, 3, dtype=np.int64)  # sums are added to what is there
-    total, weighted = kernels.copy_fingerprint(src, start, stride, rows, cols, dst, col_sums, 40)
+    total, weighted, _ = kernels.copy_fingerprint(src, start, stride, rows, cols, dst, col_sums, 40)
     want_total, want_weighted, want_cols = torch_sums(window, 40)
     assert (total, weighted) == (want_total, want_weighted)
     np.testing.assert_array_equal(col_sums, want_cols + 3)
@@ -57,7 +63,9 @@ def test_copy_fingerprint_sums_wrap_modulo_2_64() -> None:
     # int64 words of 0x7F7F...: every row sum, and the totals, overflow int64
     src = np.full(64 * 8, 0x7F7F7F7F7F7F7F7F, dtype=np.int64)
     col_sums = np.zeros(8, dtype=np.int64)
-    total, weighted = kernels.copy_fingerprint(src, 0, 8, 64, 8, np.empty(0, np.int64), col_sums, 0)
+    total, weighted, _ = kernels.copy_fingerprint(
+        src, 0, 8, 64, 8, np.empty(0, np.int64), col_sums, 0
+    )
     v = 0x7F7F7F7F7F7F7F7F
     assert total == exact_mod64([v] * 512)
     assert weighted == exact_mod64([(r + 1) * 8 * v for r in range(64)])
@@ -213,3 +221,86 @@ def test_decode_kernels_refuse_a_wrong_table_or_out() -> None:
             np.zeros((4, 40), dtype=np.int16),
             32,
         )
+
+
+FLOATING = {"BF16": ml_dtypes.bfloat16, "F16": np.float16, "F32": np.float32, "F64": np.float64}
+
+
+def _floats(dtype: str, n: int, seed: int) -> np.ndarray:
+    """``n`` values of ``dtype`` over its whole finite range (random bits, non-finite ones
+    replaced), with the edges a lane test could get wrong: the largest finite, -0, subnormals."""
+    np_dtype = np.dtype(FLOATING[dtype])
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, n * np_dtype.itemsize, dtype=np.uint8).view(np_dtype)
+    with np.errstate(invalid="ignore"):  # signalling NaNs among the random bits
+        values = np.where(np.isfinite(raw.astype(np.float64)), raw, np_dtype.type(1.5))
+    values[:4] = [
+        np.finfo(np_dtype).max,
+        -np.finfo(np_dtype).max,
+        -0.0,
+        np.finfo(np_dtype).smallest_subnormal,
+    ]
+    return values.astype(np_dtype)
+
+
+@pytest.mark.parametrize("dtype", sorted(FLOATING))
+@pytest.mark.parametrize("bad", [None, float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("cols", [1, 2, 3, 4, 6, 8])  # rows of every word width the dtype allows
+def test_the_fingerprint_pass_finds_nan_and_inf_exactly_where_numpy_does(
+    dtype: str, bad: float | None, cols: int
+) -> None:
+    np_dtype = np.dtype(FLOATING[dtype])
+    rows = 9
+    for at in range(rows * cols):  # every position of the one bad value, or none
+        values = _floats(dtype, rows * cols, seed=at)
+        if bad is not None:
+            values[at] = bad
+        want = not np.isfinite(values.astype(np.float64)).all()  # numpy's (ml_dtypes') own reading
+        window = values.view(np.uint8).reshape(rows, cols * np_dtype.itemsize)
+        fp = HostFingerprint(window.shape[1], finite=dtype)
+        fp.add(window, 0)
+        assert fp.nonfinite == want, (dtype, bad, cols, at)
+        assert fp.value() == host_fingerprint(window)  # the triple is the plain pass's
+        if bad is None:
+            break
+
+
+@pytest.mark.parametrize("dtype", sorted(FLOATING))
+def test_a_batch_pass_flags_each_window_holding_nan_or_inf(dtype: str) -> None:
+    np_dtype = np.dtype(FLOATING[dtype])
+    n, per = 40, 6  # 40 windows of 2 rows of `per` values, every 3rd with one inf or NaN
+    values = _floats(dtype, n * 2 * per, seed=7)
+    for k in range(0, n, 3):
+        values[k * 2 * per + (k % (2 * per))] = np.nan if k % 2 else -np.inf
+    src = values.view(np.uint8)
+    row = per * np_dtype.itemsize
+    width = np.full(n, row, np.int64)
+    words = word_widths(width)
+    lanes = np.array([nonfinite_lanes(dtype, int(w)) for w in words], np.int64)
+    flags = np.zeros(n, np.int64)
+    fps = np.zeros((n, 3), np.int64)
+    kernels.gather_windows(
+        src,
+        np.arange(n, dtype=np.int64) * 2 * row,
+        np.full(n, 2, np.int64),
+        width,
+        width,
+        words,
+        np.empty(0, np.uint8),
+        np.zeros(n, np.int64),
+        fps,
+        lanes,
+        flags,
+    )
+    want = [k % 3 == 0 for k in range(n)]
+    assert (flags != 0).tolist() == want
+    for k in range(n):
+        assert tuple(fps[k]) == host_fingerprint(
+            src[k * 2 * row : (k + 1) * 2 * row].reshape(2, row)
+        )
+
+
+def test_integer_and_fp8_dtypes_are_never_looked_at() -> None:
+    for dtype in ("I32", "U8", "F8_E4M3", "F8_E5M2", "I64", "BOOL"):
+        assert nonfinite_lanes(dtype, 8) == (0, 0, 0)
+    assert nonfinite_lanes("F32", 2) == (0, 0, 0)  # words narrower than a value: never made

@@ -13,6 +13,7 @@ import tpload
 from tpload.codecs.base import whole
 from tpload.kernels import compiled as kernels
 from tpload.kernels.fingerprint import host_fingerprint, word_width
+from tpload.loading.batch import NO_FLAGS, NO_LANES
 from tpload.model.errors import LoadError
 from tpload.planning import batches as batch
 from tpload.storage.base import StorageBase
@@ -67,6 +68,8 @@ def test_the_kernel_gives_each_window_the_per_tensor_fingerprint(seed: int) -> N
         dst,
         dst_off,
         out,
+        NO_LANES,
+        NO_FLAGS,
     )
     for k, (r, c) in enumerate(shapes):
         (r0, r1), (c0, c1) = boxes[k]

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tpload.planning import batches
 from tpload.refresh.engine import RefreshReceiver
 from tpload.refresh.layout import EngineLayout
 from tpload.refresh.terms import RefreshCheck, RefreshError
@@ -308,7 +309,14 @@ def test_versions_outside_1_to_2_63_are_refused_before_sending(weights) -> None:
         pair.close()
 
 
-def test_non_finite_values_are_refused_unless_allowed(weights) -> None:
+@pytest.mark.parametrize("batched", [True, False])
+def test_non_finite_values_are_refused_unless_allowed(
+    weights, batched: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the tiny model's tensors are all small: batched (one pass over many windows), or each
+    # copied alone (the window's own pass), the flag raised by the pass that fingerprints them
+    if not batched:
+        monkeypatch.setattr(batches, "SMALL_BYTES", 0)
     v1, v2, root = weights
     name = "model.layers.0.mlp.up_proj.weight"
     bad = dict(v2)
@@ -319,8 +327,15 @@ def test_non_finite_values_are_refused_unless_allowed(weights) -> None:
     try:
         assert pair.round(v1, 1) == ("", "")
         trainer, engine = pair.round(bad, 2)
-        assert trainer == engine and f"tensor {name} (from trainer rank 0)" in engine, engine
-        assert "holds 2 non-finite value(s) (NaN or inf), the first at element 5" in engine
+        assert trainer == engine and f"tensor {name} (" in engine, engine
+        assert "2 non-finite value(s) (NaN or inf; the first at element 5;" in engine, engine
+        assert pair.receiver.served_version == 1
+        small = dict(v2)  # a norm (1-D, at the start of a batch)
+        small["model.norm.weight"] = v2["model.norm.weight"].clone()
+        small["model.norm.weight"][3] = float("-inf")
+        trainer, engine = pair.round(small, 2)
+        assert trainer == engine and "tensor model.norm.weight (" in engine, engine
+        assert "1 non-finite value(s) (NaN or inf; the first at element 3;" in engine, engine
         assert pair.receiver.served_version == 1
         pair.receiver.allow_nonfinite = True
         assert pair.round(bad, 2) == ("", "")

@@ -208,6 +208,8 @@ class RefreshReceiver:
         """Its loop, reading each window as it lands."""
         self._manifest_sha = ""
         self._receiving = False
+        self._opened = False
+        """start() opened this round (cleared with the staging: a round's receives follow it)."""
 
     @contextlib.contextmanager
     def _exclusive(self, what: str) -> Iterator[None]:
@@ -279,6 +281,7 @@ class RefreshReceiver:
                     "receive(final=True) first)"
                 )
             self._clear()
+            self._opened = True
 
     # -- receiving
     def receive(self, *, final: bool, windows: int | None = None) -> None:
@@ -296,6 +299,12 @@ class RefreshReceiver:
             raise RefreshError(
                 f"engine rank {self.rank}: receive() was called after version {self.version} was "
                 "verified; hand it over and call committed(), or start() a new round"
+            )
+        if not self._opened:  # a round's receives follow its start(): nothing is waited for
+            raise RefreshError(
+                f"engine rank {self.rank}: receive() was called before start() (after "
+                f"version {self.served_version} was served, or a round was refused); refused "
+                "(start_weight_update first)"
             )
         try:
             if self.group is None or self.group.broken is not None:

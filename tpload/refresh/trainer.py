@@ -130,7 +130,6 @@ class RefreshSender:
         signer_key: Path | str | None = None,
         chunk_bytes: int = CHUNK_BYTES,
         timeout_s: float = TIMEOUT_S,
-        device: torch.device | None = None,
         config: Config | str | None = None,
     ) -> None:
         if not 0 <= rank < trainer_ranks:
@@ -149,7 +148,6 @@ class RefreshSender:
         self.key = key_of(key)
         self.signer_key = signer_key
         self.chunk_bytes, self.timeout_s = chunk_bytes, timeout_s
-        self.device = device or torch.device("cpu")
         self.config_given = config
         self.group: TransferGroup | None = None
         self.layout: EngineLayout | None = None
@@ -196,8 +194,8 @@ class RefreshSender:
                 f"ranks, this sender has {self.trainer_ranks}"
             )
         with self._exclusive("connect()"):
-            self.close()
-            hub, self._hub = self._hub, None
+            hub, self._hub = self._hub, None  # this rendezvous's: the old group's closed with it
+            self.close()  # the old group (a broken one is left through a new rendezvous)
             self.group = join(rv, self.rank, key=self.key, hub=hub)
             raw = self.group.recv_bytes(
                 rv.trainer_ranks, "the engine layout", limit=MAX_LAYOUT_BYTES
@@ -321,8 +319,9 @@ class RefreshSender:
         return figures
 
     def close(self) -> None:
-        """Leave the transfer group (the engines see the connection closed)."""
-        if self._hub is not None and self.group is not None:
+        """Leave the transfer group (the engines see the connection closed), and close a
+        rendezvous opened and not yet joined."""
+        if self._hub is not None:
             self._hub.close()
             self._hub = None
         if self.group is not None:

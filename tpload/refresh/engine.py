@@ -23,7 +23,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -62,12 +61,11 @@ from .terms import (
     RefreshCheck,
     RefreshError,
     RoundFigures,
+    hash_threads,
 )
 
 log = logging.getLogger("tpload.refresh")
 
-HASH_THREADS = max(0, min(2, (os.cpu_count() or 1) - 1))
-"""Hash taps on worker threads (sha256 strength): the copy goes on while a block is hashed."""
 _ORDER = {RefreshCheck.FINGERPRINT: 0, RefreshCheck.SHA256: 1}
 
 
@@ -379,7 +377,7 @@ class RefreshReceiver:
                 self.config,
                 lambda job: pushed.Pushed(job, facts),
                 pushed.no_stamp,
-                hash_threads=HASH_THREADS,
+                hash_threads=hash_threads(self.world, self.device.type),
                 finite=not self.allow_nonfinite,
             )
         ok = self._load.begin(

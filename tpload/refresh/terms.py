@@ -3,9 +3,11 @@ defaults every side agrees on."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from enum import StrEnum
 
+from ..loading import steps
 from ..model.errors import LoadError
 from ..model.text import escape_name
 
@@ -30,6 +32,16 @@ MAX_MANIFEST_BYTES = 256 << 20
 """The default bound on a version manifest an engine without a table yet accepts (with a table, the
 bound is what that table's manifest can need)."""
 MAX_VERSION = (1 << 63) - 1
+
+
+def hash_threads(side_ranks: int, device: str) -> int:
+    """Hash threads for one rank of a side (the trainer's or the engine's): sized to the cores it
+    owns on its node, as a load's are (loading/steps.py's ``hash_threads``), counting the side's
+    processes on this node from torchrun's LOCAL_WORLD_SIZE where it is set (they share its cores),
+    else the side's ranks (one node)."""
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    node_ranks = int(local) if local.isdigit() and int(local) > 0 else side_ranks
+    return steps.hash_threads(None, node_ranks, device)
 
 
 def version_problem(version: object) -> str:

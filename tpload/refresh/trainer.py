@@ -75,6 +75,7 @@ from .terms import (
     RefreshCheck,
     RefreshError,
     RoundFigures,
+    hash_threads,
     version_problem,
 )
 
@@ -403,7 +404,8 @@ class RefreshSender:
                 sends.append(w)
             if self.check == RefreshCheck.SHA256:  # hashlib lets go of the GIL: a few threads
                 mine = [n for n, _, _ in cutting.windows(e) if n in owned]
-                with ThreadPoolExecutor(max_workers=HASH_THREADS) as pool:
+                threads = max(1, hash_threads(self.trainer_ranks, "cuda"))  # no copy here
+                with ThreadPoolExecutor(max_workers=threads) as pool:
                     for n, sha in zip(mine, pool.map(_sha256, sends), strict=True):
                         cut[n][1] = sha
             for item in full.items:  # served as stored: the served tensor is its window's bytes
@@ -468,9 +470,6 @@ class RefreshSender:
                 if q:
                     group.wait(q.popleft()[1], self._engine(e), "the windows")
         return sent
-
-
-HASH_THREADS = max(1, min(4, (os.cpu_count() or 1) - 1))
 
 
 def _problem(rank: int, e: BaseException) -> str:

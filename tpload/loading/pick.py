@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -46,12 +47,19 @@ AUTO = "auto"
 
 
 def choose(
-    spec: str, root: Path, *, pins: Pins | None = None, header: gguf.GGUFHeader | None = None
+    spec: str,
+    root: Path,
+    *,
+    pins: Pins | None = None,
+    header: gguf.GGUFHeader | None = None,
+    names: Callable[[], list[str]] | None = None,
 ) -> tuple[Config, str]:
     """The config ``spec`` names for the checkpoint at ``root`` (a folder, or a ``.gguf`` file),
     and why ("" when named outright). ``pins``: those of the manifest the caller opened (a load:
     its catalogue's), so the JSON files are checked against that very manifest, not one read again
-    later; ``header``: a GGUF checkpoint's first header as the catalogue read and checked it.
+    later; ``header``: a GGUF checkpoint's first header as the catalogue read and checked it;
+    ``names``: the tensor names as the caller's catalogue holds them (else the index or the
+    headers are read for them, where a folder without config.json needs them).
 
     ``auto`` detects both halves; a codec family alone (``nvfp4``) detects the architecture and
     keeps the family; anything else is loaded as named. A pre-partitioned export is loaded with
@@ -83,7 +91,7 @@ def choose(
             # nothing to read as any layout (an empty folder, pickles): the storage's own words,
             # before a note on how the folder would be read
             read_native(folder, manifest=False)
-        _refuse_other_layouts(root, pins)
+        _refuse_other_layouts(root, pins, names)
         return load_config(REFERENCE_CONFIG), (
             f"config {REFERENCE_CONFIG}: {escape_name(root)} has no config.json, "
             "so it is read as tpload's reference native layout (docs/format.md)"
@@ -158,14 +166,11 @@ def model_config(
     now): a :class:`~.storage.gguf.HeaderConfig`, which says where each field came from."""
     root = folder_of(file := root)
     path = root / "config.json"
-    if (
-        hub.is_snapshot(root) and path.exists()
-    ):  # checked by its blob name before a byte of it is believed
-        hub.check_small_files(root)
-    elif (
-        localdir.is_local_dir(root) and path.exists()
-    ):  # by its local-dir etag, when it has fresh metadata
-        localdir.LocalDir(root).check_small_files()
+    if pins is None or "config.json" not in pins.given:  # else checked as the storage opened
+        if hub.is_snapshot(root) and path.exists():  # by its blob name before a byte is believed
+            hub.check_small_files(root)
+        elif localdir.is_local_dir(root) and path.exists():  # by its etag, when fresh
+            localdir.LocalDir(root).check_small_files()
     raw = (pins or Pins.of(root)).read("config.json", "model config")
     if raw is None:  # a GGUF checkpoint: its header says what config.json would
         return gguf.header_config(header) if header is not None else gguf.model_config(file)
@@ -196,13 +201,13 @@ _REFERENCE_NAMES = ("mtp.", "head.")
 """How the reference layout's tensor names begin (docs/format.md)."""
 
 
-def _refuse_other_layouts(root: Path, pins: Pins) -> None:
+def _refuse_other_layouts(root: Path, pins: Pins, given: Callable[[], list[str]] | None) -> None:
     """A folder without config.json is read as the reference layout only if it looks like one (some
     tensor under ``mtp.`` or ``head.``): a model whose config.json was left behind gets told that,
     not a rule of the reference config that its tensors fail. Folders it cannot read pass: the
     load's own opening says what is wrong with them."""
     try:
-        names = _tensor_names(root, pins)
+        names = given() if given is not None else _tensor_names(root, pins)
     except LoadError:
         return
     if names and not any(n.startswith(_REFERENCE_NAMES) for n in names):

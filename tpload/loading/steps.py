@@ -58,7 +58,7 @@ def config_of(storage: Storage, opts: LoadOptions, ctx: DistContext, notes: list
     catalogue's pins) with the load's skip and defer rules; why it was picked goes into ``notes``
     (the report's, which the table prints: at DEBUG rank 0's log says it as it is picked too)."""
     cat = storage.catalogue
-    config, why = choose(opts.config, storage.root, pins=cat.pins, header=cat.gguf)
+    config, why = choose(opts.config, storage.root, pins=cat.pins, header=cat.gguf, names=cat.names)
     if why:
         notes.append(why)
         if ctx.rank == 0:

@@ -268,20 +268,23 @@ def read_manifest(root: Path) -> tuple[Manifest | None, str | None]:
     return entries, sha
 
 
-def _read_manifest(root: Path) -> tuple[Manifest | None, str | None, Pins]:
+def _read_manifest(
+    root: Path, given: Mapping[str, bytes] | None = None
+) -> tuple[Manifest | None, str | None, Pins]:
     """:func:`read_manifest`, and the pins of its JSON files from the same bytes
-    (storage/pins.py)."""
+    (storage/pins.py); ``given``: small files already read and checked (Pins.given)."""
+    given = given or {}
     path = root / MANIFEST_NAME
-    if not os.path.lexists(path):
-        return None, None, Pins(root, None, None)
-    raw = read_small(path, "manifest")
+    if MANIFEST_NAME not in given and not os.path.lexists(path):
+        return None, None, Pins(root, None, None, given=given)
+    raw = given.get(MANIFEST_NAME) or read_small(path, "manifest")
     doc = parse_json(raw, path, "manifest")
     sha = hashlib.sha256(raw).hexdigest()
     pins = parse_pins(doc, path)
     return (
         parse_manifest_entries(doc.get("tensors") if isinstance(doc, dict) else None, path),
         sha,
-        Pins(root, sha, *pins),
+        Pins(root, sha, *pins, given=given),
     )
 
 
@@ -497,9 +500,13 @@ def _shard_names(
     return None, shards, str(root)
 
 
-def read_native(root: Path, *, manifest: bool = True) -> tuple[Catalogue, Mapping[str, TensorInfo]]:
+def read_native(
+    root: Path, *, manifest: bool = True, checked: Mapping[str, bytes] | None = None
+) -> tuple[Catalogue, Mapping[str, TensorInfo]]:
     """Open a native checkpoint folder (or a ``.gguf`` file: the folder that holds it, limited to
-    that file or split set): its catalogue and where each tensor's bytes are.
+    that file or split set): its catalogue and where each tensor's bytes are. ``checked``: the
+    folder's small files as a vouching step read and checked them (a hub snapshot's, a local-dir
+    download's): read from those bytes, not the disk again.
 
     Every shard's header is read, so one error lists every broken shard (``manifest``: False to
     leave NATIVE_MANIFEST.json unread, for writing a new one); an index
@@ -517,7 +524,9 @@ def read_native(root: Path, *, manifest: bool = True) -> tuple[Catalogue, Mappin
         raise CheckpointError(f"{escape_name(root)}: {what}")
     # The manifest first: the index is checked against its pin before it is believed.
     entries, manifest_sha, pins = (
-        _read_manifest(root) if manifest else (None, None, Pins(root, None, None))
+        _read_manifest(root, checked)
+        if manifest
+        else (None, None, Pins(root, None, None, given=checked or {}))
     )
     read: dict[str, str] = {}
     found = gguf.gguf_files(named)

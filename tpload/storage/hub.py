@@ -101,9 +101,9 @@ def blobs(root: Path, files: list[str]) -> dict[str, Blob]:
     return out
 
 
-def check_small(path: Path, blob: Blob, *, named: str = "its blob is named") -> str:
+def read_checked(path: Path, blob: Blob, *, named: str = "its blob is named") -> bytes:
     """Read a small file (config.json, the index) whole and check it against its blob name (or its
-    local-dir etag: ``named`` says which) now; the sha256 of the bytes checked."""
+    local-dir etag: ``named`` says which) now; the bytes checked."""
     data = read_small(path, "small file")
     got = git_blob_sha1(data) if blob.algorithm == "git-sha1" else hashlib.sha256(data).hexdigest()
     if got != blob.digest:
@@ -111,12 +111,18 @@ def check_small(path: Path, blob: Blob, *, named: str = "its blob is named") -> 
             f"{escape_name(path)}: its bytes have {blob.algorithm} {got[:16]}..., but {named} "
             f"{blob.digest[:16]}...: the file is corrupt (re-download it)"
         )
-    return hashlib.sha256(data).hexdigest()
+    return data
 
 
-def check_small_files(root: Path) -> None:
+def check_small(path: Path, blob: Blob, *, named: str = "its blob is named") -> str:
+    """:func:`read_checked`, as the sha256 of the bytes checked."""
+    return hashlib.sha256(read_checked(path, blob, named=named)).hexdigest()
+
+
+def check_small_files(root: Path) -> dict[str, bytes]:
     """Check a snapshot's JSON files (config.json, the index, quantization files) by their blob
-    names, before anything reads them."""
+    names, before anything reads them: each one's bytes as checked (what the catalogue and the
+    config's pick read, not the disk again)."""
     # a NATIVE_MANIFEST.json that `tpload manifest` wrote into the snapshot is the operator's own
     # file (a regular file, not a blob): the catalogue reads it as any manifest, and it outranks
     # blob names
@@ -126,8 +132,7 @@ def check_small_files(root: Path) -> None:
         if p.name.endswith(".json") and not (p.name == MANIFEST_NAME and not p.is_symlink())
     )
     named = blobs(root, small)
-    for name in small:
-        check_small(root / name, named[name])
+    return {name: read_checked(root / name, named[name]) for name in small}
 
 
 def shard_digests(root: Path, shards: list[str]) -> dict[str, str]:

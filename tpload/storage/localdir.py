@@ -36,7 +36,7 @@ from pathlib import Path
 from ..model.errors import CheckpointError
 from ..model.text import escape_name
 from ..model.values import MANIFEST_NAME, FileSource
-from .hub import Blob, check_small
+from .hub import Blob, check_small, read_checked
 from .pins import PLAN_FILES
 
 DOWNLOAD_DIR = Path(".cache") / "huggingface" / "download"
@@ -206,11 +206,11 @@ class LocalDir:
                 self.unvouched[rel] = got
         return self
 
-    def check_small_files(self) -> None:
+    def check_small_files(self) -> dict[str, bytes]:
         """Check the JSON files that shape a plan (and a manifest that came with the download) by
-        their git SHA-1 etags, before anything reads them; every mismatch listed at once. Files
-        without fresh metadata are left to :meth:`problems` (refused without a manifest, pinned by
-        one otherwise)."""
+        their git SHA-1 etags, before anything reads them; every mismatch listed at once; the bytes
+        of each file that passed, as checked. Files without fresh metadata are left to
+        :meth:`problems` (refused without a manifest, pinned by one otherwise)."""
         present = [n for n in (*PLAN_FILES, MANIFEST_NAME) if os.path.lexists(self.root / n)]
         self.judge(present)
         if (
@@ -218,11 +218,12 @@ class LocalDir:
         ):  # the operator's own (`tpload manifest`): read as any folder's
             del self.unvouched[MANIFEST_NAME]
         problems = []
+        checked: dict[str, bytes] = {}
         for name in present:
             meta = self.fresh.get(name)
             if meta is not None:
                 try:
-                    check_small(self.root / name, meta.blob, named=_named(meta))
+                    checked[name] = read_checked(self.root / name, meta.blob, named=_named(meta))
                 except CheckpointError as e:
                     if meta.stale:  # modified since its download: a manifest may vouch for it
                         self._modified(name, str(e))
@@ -235,6 +236,7 @@ class LocalDir:
                 else f"{len(problems)} file(s) do not match their local-dir etags:\n  - "
                 + "\n  - ".join(problems)
             )
+        return checked
 
     def shard_digests(self, shards: list[str]) -> dict[Path, str]:
         """Each vouched shard's expected sha256 (its etag), by path; a shard stored as a plain git

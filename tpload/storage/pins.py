@@ -34,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -162,8 +163,16 @@ class Pins:
     """{GGUF file: sha256 of its key-value section}; None when the manifest pins none (no manifest,
     or written before tpload pinned them)."""
     seen: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
-    """{file: the sha256 of the bytes :meth:`read` last returned}: what shaped the plan, as read
-    (the handshake compares it: :func:`plan_file_digests`)."""
+    """{file: the sha256 of the bytes :meth:`read` returned}: what shaped the plan, as read (the
+    handshake compares it: :func:`plan_file_digests`)."""
+    given: Mapping[str, bytes] = field(default_factory=dict, compare=False, repr=False)
+    """Files a vouching step already read whole and checked (a hub snapshot's by their blob names,
+    a local-dir download's by their etags): read from these bytes, not from the disk again, so the
+    bytes that shape the plan are the bytes that were checked."""
+    _read: dict[str, bytes | None] = field(default_factory=dict, compare=False, repr=False)
+    """What :meth:`read` returned for each file, checked: a load reads each once (the catalogue,
+    the pins' check, the config's pick and the planner all ask), so what shaped one step shapes
+    the next, and a file changed between them cannot split the plan."""
 
     @classmethod
     def of(cls, root: Path) -> Pins:
@@ -178,13 +187,19 @@ class Pins:
 
     def read(self, name: str, what: str) -> bytes | None:
         """The bytes of ``root/name`` (None when it is absent and may be), checked against the
-        pin."""
+        pin; read from disk once, then handed on."""
+        if name not in self._read:
+            self._read[name] = self._read_now(name, what)
+        return self._read[name]
+
+    def _read_now(self, name: str, what: str) -> bytes | None:
         path = self.root / name
-        present = os.path.lexists(path)
+        given = self.given.get(name)
+        present = given is not None or os.path.lexists(path)
         if self.files is None:
             if not present:
                 return None
-            data = read_small(path, what)
+            data = given if given is not None else read_small(path, what)
             self.seen[name] = hashlib.sha256(data).hexdigest()
             return data
         want = self.files.get(name)
@@ -202,7 +217,7 @@ class Pins:
                 f"{escape_name(path)}: {what} is missing, but {manifest} pins its sha256 "
                 f"{want[:16]}...; restore it"
             )
-        data = read_small(path, what)
+        data = given if given is not None else read_small(path, what)
         got = hashlib.sha256(data).hexdigest()
         if got != want:
             raise CheckpointError(

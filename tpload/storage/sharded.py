@@ -95,13 +95,14 @@ class ShardedStorage(FileReads):
         self.root = root
         snapshot = hub.is_snapshot(root)
         local = localdir.LocalDir(root) if not snapshot and localdir.is_local_dir(root) else None
+        checked: dict[str, bytes] = {}
         if snapshot:
-            hub.check_small_files(root)
+            checked = hub.check_small_files(root)
         elif local is not None:
             # the JSON files with download metadata, by their etags, before they are read
-            local.check_small_files()
+            checked = local.check_small_files()
         self.catalogue: Catalogue
-        self.catalogue, self.locations = read_native(named, manifest=manifest)
+        self.catalogue, self.locations = read_native(named, manifest=manifest, checked=checked)
         self.files = Files()
         self.file_digests: Mapping[Path, str] | None = None
         """Without a manifest, each shard's expected sha256: a hub snapshot's blob name, or a

@@ -36,9 +36,9 @@ from ..selection.config import (
     READS_NOTHING,
     Config,
     Rule,
+    alternatives,
     rule_index,
 )
-from ..selection.config import _alternatives as alternatives_of
 from ..selection.kvscales import Census
 from ..selection.kvscales import census as kv_census
 from ..selection.prefix import Prefix
@@ -789,7 +789,7 @@ def _matched(
         matched = config.rules_for(tensors)
     else:
         matched = config.rules_for(map(prefix.rewrite, tensors))
-        given = alternatives_of([(i, r) for i, r in enumerate(rules) if r.origin])
+        given = alternatives([(i, r) for i, r in enumerate(rules) if r.origin])
         if given is not None:
             at = {r: i for i, r in enumerate(rules)}
             for k, n in enumerate(tensors):

@@ -26,13 +26,12 @@ from ..codecs.plain import KV_SCALE, PLAIN
 from ..model.errors import ConfigError, raise_all
 from ..model.meta import HeaderFields, TensorMeta
 from ..model.modes import Role
-from ..model.table import Templates, TensorTable
+from ..model.table import Templates, TensorTable, templates
 from ..model.templates import natural_key, natural_sorted
 from ..model.text import escape_name, plural
 from ..selection.config import (
     ACTIVATION_ORIGIN,
     AUTO,
-    FAMILIES,
     READS_NOTHING,
     Config,
     Rule,
@@ -260,28 +259,27 @@ def _by_columns(
     """The usual classification as columns, once per name template where it can be: each row's
     first rule (planning/templated.py), its ``auto`` rule resolved and its scales found by template
     and parameters (one join a template and way), the class keys as numbers. None for what it
-    does not take, which :func:`_walk` then classifies (and words every problem of): a prefix to
-    rewrite, names the templates cannot read, the activation-scale switch, a scaled rule given
-    outright, a tensor no rule matches or no way resolves, a problem of any kind."""
+    does not take, which :func:`_walk` then classifies (and words every problem of): names the
+    templates cannot read (stored or rewritten into the config's prefix), a tensor no rule matches
+    or no way resolves, a problem of any kind."""
     tpl = table.templates
-    rules = config.rules
-    if tpl is None or prefix.rewrites or any(r.origin == ACTIVATION_ORIGIN for r in rules):
+    if tpl is None:
         return None
-    none = len(rules)
-    first = first_rules(table.names, rules, tpl)
-    if (first == none).any():
+    rules = config.rules
+    first = _first_rules(config, prefix, table, tpl)
+    if first is None:
+        return None  # rewritten names the templates cannot read
+    if (first == len(rules)).any():
         return None  # unmatched: the walk words it
     scaled = registry.scaled_roles()
-    if any(not p.scaled and p.role in scaled for f in config.families for p in FAMILIES[f]):
-        return None  # a way whose rule the walk would check as given outright (_scales)
     names, n = table.names, len(table)
     made = _Made()
     rule_of: np.ndarray = np.asarray([made.code(r) for r in rules], np.int64)[first]
     s1: np.ndarray = np.full(n, -1, np.int64)
     s2: np.ndarray = np.full(n, -1, np.int64)
-    if not _outright(config, table, tpl, first, (s1, s2), scaled):
-        return None  # a weight of a scaled rule given outright lacks a scale: the walk words it
     unresolved = _resolved(config, table, tpl, first, made, rule_of, (s1, s2), scaled)
+    if not _outright(table, tpl, made, rule_of, (s1, s2), scaled):
+        return None  # a weight of a scaled rule given outright lacks a scale: the walk words it
     roles = [r.role for r in made.rules]
     # the census of what is served or deferred, from the attention layers' templates only (every
     # name selection/kvscales.py's patterns read holds "attn", which no digit run can split)
@@ -332,6 +330,46 @@ def _kind_in(kind: np.ndarray, roles: Sequence[str], role: str) -> np.ndarray:
     return result
 
 
+def _first_rules(
+    config: Config, prefix: Prefix, table: TensorTable, tpl: Templates
+) -> np.ndarray | None:
+    """Each row's first rule as its index (``len(rules)``: none), as :func:`_matched` finds it, by
+    template: the config's rules see the names rewritten into its prefix (their own templates),
+    rules given at run time the stored names too, and the activation-scale switch's rule keeps
+    only single-value tensors (the others matched again without it, name by name: few). None
+    where the rewritten names' templates cannot be read."""
+    rules = config.rules
+    none = len(rules)
+    names = table.names
+    if not prefix.rewrites:
+        first = first_rules(names, rules, tpl)
+    else:
+        seen = list(map(prefix.rewrite, names))
+        seen_tpl = templates(seen)
+        if seen_tpl is None:
+            return None
+        first = first_rules(seen, rules, seen_tpl)
+        given = [i for i, r in enumerate(rules) if r.origin]
+        if given:
+            back: np.ndarray = np.asarray([*given, none], np.int64)
+            first = np.minimum(first, back[first_rules(names, [rules[i] for i in given], tpl)])
+    act = [i for i, r in enumerate(rules) if r.origin == ACTIVATION_ORIGIN]
+    if act:
+        a, shapes = act[0], table.shapes
+        others = [
+            k
+            for k in np.flatnonzero(first == a).tolist()
+            if not (names[k].endswith(".input_scale") and math.prod(shapes[k]) == 1)
+        ]  # not activation_scale(name, meta), read off the columns
+        if others:
+            rest = replace(config, rules=rules[:a] + rules[a + 1 :])
+            at = {id(r): i for i, r in enumerate(rules)}
+            for k in others:
+                r = rest.rule_for(prefix.rewrite(names[k]))
+                first[k] = none if r is None else at[id(r)]
+    return first
+
+
 class _Made:
     """The distinct rules a classification gives its rows (matched or resolved), numbered."""
 
@@ -348,26 +386,28 @@ class _Made:
 
 
 def _outright(
-    config: Config,
     table: TensorTable,
     tpl: Templates,
-    first: np.ndarray,
+    made: _Made,
+    rule_of: np.ndarray,
     scales: tuple[np.ndarray, np.ndarray],
     scaled: frozenset[str],
 ) -> bool:
-    """The scales' rows of the weights of scaled rules given outright (not ``auto``), into
-    ``scales``, by the join once per (rule, template); False where a weight's name lacks the
-    rule's suffix or a scale is missing (:func:`_scales`' problems, which the walk words)."""
-    outright = np.asarray([r.role in scaled for r in config.rules], bool)
-    rows = np.flatnonzero(outright[first])
+    """The scales' rows of the weights of scaled rules given outright, into ``scales``, by the join
+    once per (rule, template): the rows whose rule (matched, or an ``auto`` one resolved by a way
+    with no scale tensors) is scaled and has no scales yet, as :func:`_scales` takes them. False
+    where a weight's name lacks the rule's suffix or a scale is missing (its problems, which the
+    walk words)."""
+    s1, s2 = scales
+    outright = np.asarray([r.role in scaled for r in made.rules], bool)
+    rows = np.flatnonzero(outright[rule_of] & (s1 < 0))
     if not len(rows):
         return True
     join = Join(tpl)
     width_t = len(tpl.texts)
-    groups, at = np.unique(first[rows] * width_t + tpl.ids[rows], return_inverse=True)
-    s1, s2 = scales
+    groups, at = np.unique(rule_of[rows] * width_t + tpl.ids[rows], return_inverse=True)
     for g, k in enumerate(groups.tolist()):
-        mine, rule, t = rows[at == g], config.rules[k // width_t], k % width_t
+        mine, rule, t = rows[at == g], made.rules[k // width_t], k % width_t
         if not _ends(table.names, mine, rule.suffix).all():
             return False
         one = _renamed(join, table, mine, t, rule.suffix, rule.scale)

@@ -16,7 +16,14 @@ import tpload.planning.classify as classify
 from tpload.loading.pick import choose
 from tpload.model.errors import ConfigError
 from tpload.planning.templated import Join, first_rules
-from tpload.selection.config import Config, load_config, shipped_configs, with_rules
+from tpload.selection.config import (
+    FAMILIES,
+    Config,
+    Pick,
+    load_config,
+    shipped_configs,
+    with_rules,
+)
 from tpload.selection.prefix import detect
 from tpload.storage.safetensors import HeaderColumns, TableRows, table_of
 from tpload.tools.published import PUBLISHED, _index
@@ -143,6 +150,45 @@ def test_full_size_deepseek_v3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     config = _config_for(tmp_path, model)
     assert _both(tensors, config, model, monkeypatch)[1]
     _both(tensors, with_rules(config, skip=("model.layers.61.*",)), model, monkeypatch)
+
+
+@pytest.mark.parametrize("preset", ["deepseek-v3-tiny", "nvfp4-tiny", "qwen3-fp8-tiny"])
+def test_names_under_another_prefix(
+    preset: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release stored under another prefix (a multimodal one's ``language_model.``): the columns
+    path matches the names rewritten into the config's prefix, and a rule given at run time the
+    stored names too."""
+    pub = PUBLISHED[preset]()
+    tensors = _rows([("language_model." + t.name, t.dtype, t.shape) for t in pub.planned()])
+    model = dict(pub.config)
+    auto = _config_for(tmp_path, model, pub.extra)
+    stored = with_rules(auto, skip=("language_model.model.layers.1.*",))
+    took = [
+        _both(tensors, config, model, monkeypatch)[1]
+        for config in [*_variants(auto, list(tensors)), stored]
+    ]
+    assert took[0] and took[-1], took
+
+
+def test_a_way_with_no_scale_tensor_for_a_scaled_codec(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A family's way that reads no scale tensor but resolves to a scaled codec: its weights are
+    checked as rules given outright are (their scales named by the rule), by the columns path
+    too; a missing scale is the walk's to word."""
+    monkeypatch.setitem(
+        FAMILIES, "fp8-block", (Pick("F8_E4M3", "fp8", ".weight_scale_inv", scaled=False),)
+    )
+    pub = PUBLISHED["deepseek-v3-tiny"]()
+    planned = [(t.name, t.dtype, t.shape) for t in pub.planned()]
+    model = dict(pub.config)
+    config = _config_for(tmp_path, model)
+    fast, took = _both(_rows(planned), config, model, monkeypatch)
+    assert took and fast[0] != "error"
+    gone = next(n for n, _, _ in planned if n.endswith(".weight_scale_inv"))
+    fast, took = _both(_rows([p for p in planned if p[0] != gone]), config, model, monkeypatch)
+    assert not took and fast[0] == "error" and "needs its scale" in fast[1], fast
 
 
 def _toml(tmp_path: Path, rules: str, extra: str = "") -> Config:

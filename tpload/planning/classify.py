@@ -11,7 +11,6 @@ one pass over arrays.
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 import operator
 import re
@@ -146,7 +145,6 @@ def _walk(
     """Classification name by name (dicts keyed by name): what :func:`_by_columns` does not take,
     and every problem worded, in order."""
     dtype_of, sig_of = _readers(tensors, table)
-    aligned = _aligned(tensors, table)
     rules, unresolved, needs, matched = _rules(tensors, config, prefix, dtype_of)
     # the census counts what will be served: a skipped vision tower's or MTP layer's attention is
     # no layer without scales. It reads only attention layers' names, each of which holds "attn"
@@ -176,29 +174,6 @@ def _walk(
     leave = scales | broken
     ordered = natural_sorted(tensors) if order is None else order
     walked = [n for n in ordered if n not in leave] if leave else ordered
-    # the usual checkpoint (any name an auto rule could not resolve is a scale): each role's names
-    # sorted out, the served in bulk
-    if all(n in leave for n in unresolved):
-        aside = (unmatched, skipped, deferred, deferred_experts)
-        served = _sorted_out(walked, rules, expert_rx, aside)
-        bulk = _served(
-            served,
-            rules,
-            tensors,
-            needs,
-            expert_rx,
-            (codec_of, kv),
-            (fits, classes),
-            sig_of,
-            _sigs_of(sig_of, aligned),
-        )
-        if bulk is not None:
-            rows.extend(served, *bulk)
-            walked = []
-        else:  # a served tensor with a problem: every name again, one at a time, worded in order
-            skipped, deferred, unmatched, deferred_experts = [], [], [], {}
-            fits.clear()
-            classes.clear()
     for n in walked:
         r = rules[n]
         if n in unresolved:
@@ -517,7 +492,7 @@ def _served_columns(
     expert_rx: re.Pattern[str],
 ) -> tuple[Columns, list[Klass]] | None:
     """The served rows' classes (each distinct key fitted once, at its first row, as
-    :func:`_served` does), scales and experts; None where any has a problem."""
+    :func:`_class` keys them), scales and experts; None where any has a problem."""
     names = table.names
     s1, s2 = scales
     codec_of = registry.by_role()
@@ -676,80 +651,6 @@ def _experts_by_template(
     return cut, numbers.tolist()
 
 
-def _sorted_out(
-    walked: Sequence[str],
-    rules: Mapping[str, Rule | None],
-    expert_rx: re.Pattern[str],
-    aside: tuple[list[str], list[str], list[str], dict[str, tuple[str, int]]],
-) -> list[str]:
-    """The names to serve, in order; each other name filed by :func:`_set_aside` in order. Which
-    is which is read off each distinct rule once (a config has tens), not off every name."""
-    rs = list(map(rules.__getitem__, walked))
-    distinct = dict(zip(map(id, rs), rs, strict=True))
-    served_ids = {k for k, r in distinct.items() if r is not None and r.role not in _ASIDE}
-    serve = list(map(served_ids.__contains__, map(id, rs)))
-    for n, r in itertools.compress(zip(walked, rs, strict=True), map(operator.not_, serve)):
-        _set_aside(n, r, expert_rx, *aside)
-    return list(itertools.compress(walked, serve))
-
-
-_ASIDE = (Role.SKIP, Role.DEFER)
-
-
-def _served(
-    names: list[str],
-    rules: Mapping[str, Rule | None],
-    tensors: Mapping[str, TensorMeta],
-    needs: Mapping[str, tuple[str, ...]],
-    expert_rx: re.Pattern[str],
-    codecs: tuple[Mapping[str, Codec], Mapping[str, object]],
-    known: tuple[dict[tuple[object, ...], int | str], list[Klass]],
-    sig_of: Callable[[str], object],
-    sigs_of: Callable[[Sequence[str | None]], list[object]],
-) -> tuple[list[int], list[tuple[str, ...] | None], list[tuple[str, int] | None]] | None:
-    """The served names' classes, scales and experts in bulk: each distinct class key (rule, codec,
-    the dtypes and shapes of the weight and its scales) fitted once, at its first name, and every
-    name's class a lookup; None when any name has a problem (no expert index, or a class that does
-    not fit), which the per-name walk then words in order. ``sigs_of``: :func:`_class`'s
-    ``sig_of`` of many names at once."""
-    codec_of, kv = codecs
-    rs: list[Rule] = list(map(rules.__getitem__, names))  # type: ignore[arg-type]  # all matched
-    distinct = dict(zip(map(id, rs), rs, strict=True))  # a config has tens of rules
-    need = list(map(needs.get, names))
-    by_rule = {k: codec_of[r.role] for k, r in distinct.items()}
-    cs = list(map(by_rule.__getitem__, map(id, rs)))
-    if kv:
-        cs = [KV_SCALE if c is PLAIN and n in kv else c for n, c in zip(names, cs, strict=True)]
-    # the key of _class, as numbers: no scale is -1 (a signature is not), one scale (s, -1)
-    first = sigs_of([nd[0] if nd else None for nd in need])
-    second = sigs_of([nd[1] if nd and len(nd) > 1 else None for nd in need])
-    keys = list(zip(map(id, rs), map(id, cs), sigs_of(names), first, second, strict=True))
-    firsts = dict(zip(reversed(keys), range(len(keys) - 1, -1, -1), strict=True))
-    klass_of: dict[tuple[object, ...], int] = {}
-    for key in dict.fromkeys(keys):  # in order of first appearance: the classes' numbers
-        k = firsts[key]
-        got = _class(names[k], rs[k], tensors, need[k], cs[k], known, {}, sig_of)
-        if got < 0:
-            return None
-        klass_of[key] = got
-    wanted = {k: r.experts and not r.stacked for k, r in distinct.items()}
-    experts: list[tuple[str, int] | None] = [None] * len(names)
-    if any(wanted.values()):
-        at = list(itertools.compress(range(len(names)), map(wanted.__getitem__, map(id, rs))))
-        held = list(map(names.__getitem__, at))
-        found = list(map(expert_rx.search, held))
-        if None in found:
-            return None
-        digits = list(map(_GROUP_1, found))
-        if max(map(len, digits)) >= 19:
-            return None
-        sets = list(map(str.__getitem__, held, map(slice, map(_START, found))))
-        for k, x in zip(at, zip(sets, map(int, digits), strict=True), strict=True):
-            experts[k] = x
-    klass: list[int] = list(map(klass_of.__getitem__, keys))
-    return klass, need, experts
-
-
 _GROUP_1 = operator.methodcaller("group", 1)
 _START = operator.methodcaller("start")
 
@@ -772,20 +673,9 @@ def _readers(
     return (lambda n: dtypes[row[n]]), (lambda n: sigs[row[n]])
 
 
-def _sigs_of(
-    sig_of: Callable[[str], object], table: TensorTable | None
-) -> Callable[[Sequence[str | None]], list[object]]:
-    """``sig_of`` of many names at once (-1 for None: no name), read from the table's columns when
-    the table has the tensors' rows."""
-    if table is None:
-        return lambda names: [-1 if n is None else sig_of(n) for n in names]
-    row, sigs = table.row, table.signatures
-    return lambda names: [-1 if n is None else sigs[row[n]] for n in names]
-
-
 def _aligned(tensors: Mapping[str, TensorMeta], table: TensorTable | None) -> TensorTable | None:
     """The table when its rows are the tensors, in the tensors' order (a catalogue's table is;
-    a table passed beside other tensors is not used for bulk answers)."""
+    a table passed beside other tensors is not used for the columns path)."""
     if table is None or len(table) != len(tensors) or table.names != list(tensors):
         return None
     return table
@@ -932,7 +822,7 @@ def _set_aside(
     deferred_experts: dict[str, tuple[str, int]],
 ) -> bool:
     """Files ``n`` by its rule as unmatched (no rule), skipped or deferred (with its expert, for
-    the deferred's positions); False for a name to serve. The bulk path and the walk share it."""
+    the deferred's positions); False for a name to serve."""
     if r is None:
         unmatched.append(escape_name(n))
     elif r.role == Role.SKIP:

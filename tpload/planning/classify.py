@@ -15,7 +15,7 @@ import math
 import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -101,13 +101,15 @@ def classify(
         if aligned is not None and not problems
         else None
     )
-    if usual is not None:
-        rows, classes, skipped, deferred, deferred_experts, census = usual
-    else:
-        rows, classes, skipped, deferred, deferred_experts, census = _walk(
+    found = (
+        usual
+        if usual is not None
+        else _walk(
             tensors, config, prefix=prefix, problems=problems, root=root, order=order, table=table
         )
-    entries = Entries(rows, classes, tensors)
+    )
+    entries = Entries(found.rows, found.fitted.classes, tensors)
+    deferred, deferred_experts = found.deferred, found.deferred_experts
     counts, at = entries.experts(deferred_experts)
     positions = {k: {x: i for i, x in enumerate(v)} for k, v in counts.items()}
     deferred_at: np.ndarray = np.zeros((len(deferred), 2), dtype=np.int64)
@@ -116,20 +118,39 @@ def classify(
             deferred_at[k] = positions[x[0]][x[1]], len(counts[x[0]])
     return Classified(
         entries,
-        tuple(skipped),
+        tuple(found.skipped),
         tuple(deferred),
         deferred_experts,
         units,
         counts,
         at,
         deferred_at,
-        census,
+        found.census,
     )
 
 
-_Parts = tuple[Columns, list[Klass], list[str], list[str], dict[str, tuple[str, int]], Census]
-"""What a classification finds before its entries are made: the served rows, their classes, the
-skipped, the deferred and the deferred experts, the census."""
+@dataclass
+class _Fitted:
+    """The classes found so far, and what each class key gave: its class's number, or why it does
+    not fit. A key is what the cuts depend on (:func:`_class`'s: the rule and codec, by identity,
+    and the dtypes and shapes of the weight and its scales)."""
+
+    classes: list[Klass] = field(default_factory=list)
+    by_key: dict[tuple[object, ...], int | str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Parts:
+    """What a classification finds before its entries are made."""
+
+    rows: Columns
+    """The served rows."""
+    fitted: _Fitted
+    """Their classes."""
+    skipped: list[str]
+    deferred: list[str]
+    deferred_experts: dict[str, tuple[str, int]]
+    census: Census
 
 
 def _walk(
@@ -145,7 +166,8 @@ def _walk(
     """Classification name by name (dicts keyed by name): what :func:`_by_columns` does not take,
     and every problem worded, in order."""
     dtype_of, sig_of = _readers(tensors, table)
-    rules, unresolved, needs, matched = _rules(tensors, config, prefix, dtype_of)
+    ruled = _rules(tensors, config, prefix, dtype_of)
+    rules, unresolved, needs = ruled.rules, ruled.unresolved, ruled.needs
     # the census counts what will be served: a skipped vision tower's or MTP layer's attention is
     # no layer without scales. It reads only attention layers' names, each of which holds "attn"
     # (selection/kvscales.py's patterns: ``self_attn.`` or ``attn_``): the others are left out here
@@ -163,13 +185,12 @@ def _walk(
         problems += _scale_globs(rules, needs)
     scales = {m for needed in needs.values() for m in needed}
     expert_rx = config.expert_regex
-    rows, classes = Columns(), list[Klass]()
+    rows, fitted = Columns(), _Fitted()
     skipped: list[str] = []
     deferred: list[str] = []
     unmatched: list[str] = []
     deferred_experts: dict[str, tuple[str, int]] = {}
     grouped: dict[str, list[str]] = {}
-    fits: dict[tuple[object, ...], int | str] = {}
     codec_of = registry.by_role()
     leave = scales | broken
     ordered = natural_sorted(tensors) if order is None else order
@@ -196,7 +217,7 @@ def _walk(
                 tensors,
                 need,
                 _codec(n, r, codec_of, kv),
-                (fits, classes),
+                fitted,
                 grouped,
                 sig_of,
             )
@@ -210,7 +231,7 @@ def _walk(
             f"no rule of {config.name} (add a rule; a final "
             f'match = "*" with role = "auto" keeps the rest whole): {_grouped(unmatched)}'
         )
-    problems += _idle(config, tensors, prefix, matched, root)
+    problems += _idle(config, tensors, prefix, ruled.matched, root)
     if not problems and not rows.names and not deferred:  # a load of nothing would pass every check
         problems.append(
             f"nothing to load: {_nothing(config.rules, skipped, root)}; a load serves at least "
@@ -221,7 +242,7 @@ def _walk(
         problems,
         what=f"problems fitting config {config.name} to {escape_name(root)}",
     )
-    return rows, classes, skipped, deferred, deferred_experts, census
+    return _Parts(rows, fitted, skipped, deferred, deferred_experts, census)
 
 
 def _by_columns(
@@ -283,12 +304,20 @@ def _by_columns(
         if x:
             deferred_experts[d] = x
     served = walked[~aside[kind]]
-    got = _served_columns(
-        tensors, table, made, rule_of[served], served, (s1[served], s2[served]), census, expert_rx
+    fitted = _Fitted()
+    rows = _served_columns(
+        tensors,
+        table,
+        made,
+        rule_of[served],
+        served,
+        (s1[served], s2[served]),
+        census,
+        expert_rx,
+        fitted,
     )
-    if got is None:
+    if rows is None:
         return None
-    rows, classes = got
     given = [r for r in rules if r.origin and r.origin != ACTIVATION_ORIGIN]
     if given:
         matched = list(map([*rules, None].__getitem__, first.tolist()))
@@ -296,7 +325,7 @@ def _by_columns(
             return None
     if not rows.names and not deferred:
         return None  # nothing to load: the walk words it
-    return rows, classes, skipped, deferred, deferred_experts, census
+    return _Parts(rows, fitted, skipped, deferred, deferred_experts, census)
 
 
 def _kind_in(kind: np.ndarray, roles: Sequence[str], role: str) -> np.ndarray:
@@ -490,9 +519,10 @@ def _served_columns(
     scales: tuple[np.ndarray, np.ndarray],
     census: Census,
     expert_rx: re.Pattern[str],
-) -> tuple[Columns, list[Klass]] | None:
-    """The served rows' classes (each distinct key fitted once, at its first row, as
-    :func:`_class` keys them), scales and experts; None where any has a problem."""
+    fitted: _Fitted,
+) -> Columns | None:
+    """The served rows, their classes (into ``fitted``: each distinct key fitted once, at its first
+    row, as :func:`_class` keys them), scales and experts; None where any has a problem."""
     names = table.names
     s1, s2 = scales
     codec_of = registry.by_role()
@@ -520,8 +550,6 @@ def _served_columns(
             return None
         key, span = key * width + col, span * width
     _, firsts, at = np.unique(key, return_index=True, return_inverse=True)
-    fits: dict[tuple[object, ...], int | str] = {}
-    classes: list[Klass] = []
     _, sig_of = _readers(tensors, table)
     klass: np.ndarray = np.zeros(len(firsts), np.int64)
     all_codecs = list(dict.fromkeys([*codecs, KV_SCALE]))
@@ -535,7 +563,7 @@ def _served_columns(
             tensors,
             need,
             all_codecs[int(codec[j])],  # type: ignore[arg-type]  # a served row's: a codec
-            (fits, classes),
+            fitted,
             {},
             sig_of,
         )
@@ -554,7 +582,7 @@ def _served_columns(
         at_set,
         index,
     )
-    return rows, classes
+    return rows
 
 
 def _need(names: list[str], one: int, two: int) -> tuple[str, ...] | None:
@@ -681,14 +709,28 @@ def _aligned(tensors: Mapping[str, TensorMeta], table: TensorTable | None) -> Te
     return table
 
 
+@dataclass(frozen=True)
+class _Ruled:
+    """The walk's rules of a catalogue's tensors, by name."""
+
+    rules: dict[str, Rule | None]
+    """Each tensor's rule, ``auto`` ones resolved (None: no rule matches, or none resolves)."""
+    unresolved: dict[str, str]
+    """The tensors an ``auto`` rule could not resolve: why."""
+    needs: dict[str, tuple[str, ...]]
+    """The scales found for each weight an ``auto`` rule made scaled (:func:`_scales` adds those
+    of the rules given outright)."""
+    matched: list[Rule | None]
+    """Each tensor's first rule, in the tensors' order."""
+
+
 def _rules(
     tensors: Mapping[str, TensorMeta],
     config: Config,
     prefix: Prefix,
     dtype_of: Callable[[str], str],
-) -> tuple[dict[str, Rule | None], dict[str, str], dict[str, tuple[str, ...]], list[Rule | None]]:
-    """Each tensor's rule, ``auto`` ones resolved; for tensors an ``auto`` rule could not resolve,
-    why; the scales found for a weight an ``auto`` rule made scaled; each tensor's first match."""
+) -> _Ruled:
+    """Each tensor's rule, ``auto`` ones resolved, found name by name."""
     matched = _matched(tensors, config, prefix)
     rules = dict(zip(tensors, matched, strict=True))
     unresolved: dict[str, str] = {}
@@ -705,7 +747,7 @@ def _rules(
             rules[n] = resolved
             if found and resolved.role in scaled:
                 needs[n] = tuple(found)
-    return rules, unresolved, needs, matched
+    return _Ruled(rules, unresolved, needs, matched)
 
 
 def _matched(
@@ -774,14 +816,14 @@ def _class(
     tensors: Mapping[str, TensorMeta],
     needed: tuple[str, ...] | None,
     codec: Codec,
-    known: tuple[dict[tuple[object, ...], int | str], list[Klass]],
+    known: _Fitted,
     grouped: dict[str, list[str]],
     sig_of: Callable[[str], object],
 ) -> int:
     """The class of one tensor under its rule (``needed``: its scales' names, for a scaled codec),
-    or -1, filing why it does not fit under (rule, reason). ``known``: each class's number (or
-    why it does not fit) by what the cuts depend on, and the classes so far."""
-    fits, classes = known
+    or -1, filing why it does not fit under (rule, reason). ``known``: the classes so far, and
+    what each key gave."""
+    fits, classes = known.by_key, known.classes
     # a KV-cache scale is no class with a plain scalar under the same rule: the codec is in the key
     # rules and codecs by identity (a config's rules are distinct objects; Rule's hash is Python's)
     key = (id(rule), id(codec), sig_of(name), tuple(map(sig_of, needed)) if needed else None)

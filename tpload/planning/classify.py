@@ -174,11 +174,7 @@ def _walk(
     census = kv_census(
         [n for n, r in rules.items() if "attn" in n and (r is None or r.role != Role.SKIP)]
     )
-    if config.kv_scales == "strict":
-        problems += [
-            f'{p} (refused: set kv_scales = "report" in the config to load it anyway)'
-            for p in census.problems()
-        ]
+    problems += _refused(config, census)
     kv = census.engine_names()
     broken = _scales(tensors, rules, needs, problems)
     if any(r.role in READS_NOTHING for r in config.rules):
@@ -237,12 +233,27 @@ def _walk(
             f"nothing to load: {_nothing(config.rules, skipped, root)}; a load serves at least "
             "one tensor (narrow the skip globs)"
         )
+    _raise(problems, config, root)
+    return _Parts(rows, fitted, skipped, deferred, deferred_experts, census)
+
+
+def _refused(config: Config, census: Census) -> list[str]:
+    """What a strict config refuses in the KV-cache scale census, worded (none for another)."""
+    if config.kv_scales != "strict":
+        return []
+    return [
+        f'{p} (refused: set kv_scales = "report" in the config to load it anyway)'
+        for p in census.problems()
+    ]
+
+
+def _raise(problems: list[str], config: Config, root: object) -> None:
+    """A ConfigError listing every problem, if there is one."""
     raise_all(
         ConfigError,
         problems,
         what=f"problems fitting config {config.name} to {escape_name(root)}",
     )
-    return _Parts(rows, fitted, skipped, deferred, deferred_experts, census)
 
 
 def _by_columns(
@@ -257,7 +268,8 @@ def _by_columns(
     and parameters (one join a template and way), the class keys as numbers. None for what it
     does not take, which :func:`_walk` then classifies (and words every problem of): names the
     templates cannot read (stored or rewritten into the config's prefix), a tensor no rule matches
-    or no way resolves, a problem of any kind."""
+    or no way resolves, a problem of any kind but a strict config's KV-cache refusals (raised here
+    as the walk words them when they are the only ones)."""
     tpl = table.templates
     if tpl is None:
         return None
@@ -283,8 +295,6 @@ def _by_columns(
     skip = np.asarray([role == Role.SKIP for role in roles], bool)
     counted = np.flatnonzero(attn[tpl.ids] & ~skip[rule_of])
     census = kv_census(list(map(names.__getitem__, counted.tolist())))
-    if config.kv_scales == "strict" and census.problems():
-        return None
     scale: np.ndarray = np.zeros(n, bool)
     scale[s1[s1 >= 0]] = True
     scale[s2[s2 >= 0]] = True
@@ -323,8 +333,11 @@ def _by_columns(
         matched = list(map([*rules, None].__getitem__, first.tolist()))
         if _idle(config, tensors, prefix, matched, root):
             return None
+    # the walk's problems, had it walked: a strict config's KV-cache refusals (which are then the
+    # only ones: any other has declined above), else nothing to load (which the walk words)
+    _raise(_refused(config, census), config, root)
     if not rows.names and not deferred:
-        return None  # nothing to load: the walk words it
+        return None
     return _Parts(rows, fitted, skipped, deferred, deferred_experts, census)
 
 

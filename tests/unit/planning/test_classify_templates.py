@@ -7,6 +7,7 @@ defer and activation-scale rules of each kind of glob, and on names made to brea
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -189,6 +190,38 @@ def test_a_way_with_no_scale_tensor_for_a_scaled_codec(
     gone = next(n for n, _, _ in planned if n.endswith(".weight_scale_inv"))
     fast, took = _both(_rows([p for p in planned if p[0] != gone]), config, model, monkeypatch)
     assert not took and fast[0] == "error" and "needs its scale" in fast[1], fast
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_strict_config_s_kv_cache_refusals(
+    strict: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A strict config refuses a layer with a k scale and no v scale: the columns path raises the
+    refusal as the walk words it, without walking (with another problem beside it, the walk words
+    both); a config that reports loads it."""
+    pub = PUBLISHED["deepseek-v3-tiny"]()
+    planned = [(t.name, t.dtype, t.shape) for t in pub.planned()]
+    planned += [("model.layers.0.self_attn.k_scale", "F32", ())]
+    model = dict(pub.config)
+    auto = _config_for(tmp_path, model)
+    config = auto if strict else replace(auto, kv_scales="report")
+    walks = []
+    walk = classify._walk
+
+    def walked(*args: object, **kwargs: object) -> object:
+        walks.append(1)
+        return walk(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(classify, "_walk", walked)
+    fast, _ = _both(_rows(planned), config, model, monkeypatch)
+    assert walks == [1]  # _both's own walk only
+    if not strict:
+        assert fast[0] != "error"
+        return
+    assert fast[0] == "error" and "one of k and v" in fast[1] and "refused" in fast[1], fast
+    other = [*planned, ("model.layers.0.mystery", "I8", (4,))]  # no way takes I8: unresolved
+    fast, _ = _both(_rows(other), config, model, monkeypatch)
+    assert fast[0] == "error" and "refused" in fast[1] and "I8" in fast[1], fast
 
 
 def _toml(tmp_path: Path, rules: str, extra: str = "") -> Config:

@@ -274,13 +274,20 @@ def _by_columns(
     if tpl is None:
         return None
     rules = config.rules
-    first = _first_rules(config, prefix, table, tpl)
+    names, shapes = table.names, table.shapes
+    first = _first_rules(
+        config,
+        prefix,
+        names,
+        tpl,
+        lambda k: names[k].endswith(".input_scale") and math.prod(shapes[k]) == 1,
+    )  # activation_scale(name, meta), read off the columns
     if first is None:
         return None  # rewritten names the templates cannot read
     if (first == len(rules)).any():
         return None  # unmatched: the walk words it
     scaled = registry.scaled_roles()
-    names, n = table.names, len(table)
+    n = len(table)
     made = _Made()
     rule_of: np.ndarray = np.asarray([made.code(r) for r in rules], np.int64)[first]
     s1: np.ndarray = np.full(n, -1, np.int64)
@@ -348,41 +355,53 @@ def _kind_in(kind: np.ndarray, roles: Sequence[str], role: str) -> np.ndarray:
 
 
 def _first_rules(
-    config: Config, prefix: Prefix, table: TensorTable, tpl: Templates
+    config: Config,
+    prefix: Prefix,
+    names: Sequence[str],
+    tpl: Templates | None,
+    single: Callable[[int], bool],
 ) -> np.ndarray | None:
-    """Each row's first rule as its index (``len(rules)``: none), as :func:`_matched` finds it, by
-    template: the config's rules see the names rewritten into its prefix (their own templates),
-    rules given at run time the stored names too, and the activation-scale switch's rule keeps
-    only single-value tensors (the others matched again without it, name by name: few). None
-    where the rewritten names' templates cannot be read."""
+    """Each name's first rule as its index (``len(rules)``: none): the config's rules see the name
+    rewritten into the config's prefix (selection/prefix.py), a rule given at run time
+    (``--skip``) its stored name too, and the activation-scale switch's rule takes single-value
+    tensors only (``single``: whether the name at that place holds one value); the others it
+    matched are matched again without it, name by name (few). By template where ``tpl`` (the
+    names' templates) is given, None there where the rewritten names' templates cannot be read;
+    name by name otherwise (the walk's)."""
     rules = config.rules
     none = len(rules)
-    names = table.names
-    if not prefix.rewrites:
-        first = first_rules(names, rules, tpl)
+    rewrites = prefix.rewrites
+    seen = list(map(prefix.rewrite, names)) if rewrites else names
+    first: np.ndarray
+    if tpl is None:
+        at = {id(r): i for i, r in enumerate(rules)}
+        found = [none if r is None else at[id(r)] for r in config.rules_for(seen)]
+        first = np.asarray(found, np.int64)
     else:
-        seen = list(map(prefix.rewrite, names))
-        seen_tpl = templates(seen)
+        seen_tpl = templates(seen) if rewrites else tpl
         if seen_tpl is None:
             return None
         first = first_rules(seen, rules, seen_tpl)
-        given = [i for i, r in enumerate(rules) if r.origin]
-        if given:
-            back: np.ndarray = np.asarray([*given, none], np.int64)
-            first = np.minimum(first, back[first_rules(names, [rules[i] for i in given], tpl)])
+    given = [i for i, r in enumerate(rules) if r.origin] if rewrites else []
+    if given:
+        some = [rules[i] for i in given]
+        if tpl is not None:
+            got = first_rules(names, some, tpl)
+        else:
+            rx = alternatives(enumerate(some))
+            assert rx is not None  # (some rules)
+            hits = [len(some) if m is None else rule_index(m) for m in map(rx.match, names)]
+            got = np.asarray(hits, np.int64)
+        first = np.minimum(first, np.asarray([*given, none], np.int64)[got])
     act = [i for i, r in enumerate(rules) if r.origin == ACTIVATION_ORIGIN]
     if act:
-        a, shapes = act[0], table.shapes
-        others = [
-            k
-            for k in np.flatnonzero(first == a).tolist()
-            if not (names[k].endswith(".input_scale") and math.prod(shapes[k]) == 1)
-        ]  # not activation_scale(name, meta), read off the columns
+        a = act[0]
+        others = [k for k in np.flatnonzero(first == a).tolist() if not single(k)]
         if others:
             rest = replace(config, rules=rules[:a] + rules[a + 1 :])
             at = {id(r): i for i, r in enumerate(rules)}
             for k in others:
-                r = rest.rule_for(prefix.rewrite(names[k]))
+                r = rest.rule_for(seen[k])
                 first[k] = none if r is None else at[id(r)]
     return first
 
@@ -766,30 +785,13 @@ def _rules(
 def _matched(
     tensors: Mapping[str, TensorMeta], config: Config, prefix: Prefix
 ) -> list[Rule | None]:
-    """Each tensor's first rule: the config's rules see its name under the config's prefix
-    (selection/prefix.py), a rule given at run time (``--skip``) its stored name too; the
-    activation-scale switch takes single-value tensors only."""
-    rules = config.rules
-    if not prefix.rewrites:
-        matched = config.rules_for(tensors)
-    else:
-        matched = config.rules_for(map(prefix.rewrite, tensors))
-        given = alternatives([(i, r) for i, r in enumerate(rules) if r.origin])
-        if given is not None:
-            at = {r: i for i, r in enumerate(rules)}
-            for k, n in enumerate(tensors):
-                if (m := given.match(n)) is not None:
-                    i, was = rule_index(m), matched[k]
-                    if was is None or i < at[was]:
-                        matched[k] = rules[i]
-    act = [i for i, r in enumerate(rules) if r.origin == ACTIVATION_ORIGIN]
-    if act:
-        rest = None
-        for k, n in enumerate(tensors):
-            if matched[k] is rules[act[0]] and not activation_scale(n, tensors[n]):
-                rest = rest or replace(config, rules=rules[: act[0]] + rules[act[0] + 1 :])
-                matched[k] = rest.rule_for(prefix.rewrite(n))
-    return matched
+    """Each tensor's first rule (:func:`_first_rules`), name by name."""
+    names = list(tensors)
+    first = _first_rules(
+        config, prefix, names, None, lambda k: activation_scale(names[k], tensors[names[k]])
+    )
+    assert first is not None  # (name by name: always an answer)
+    return list(map([*config.rules, None].__getitem__, first.tolist()))
 
 
 def _scales(

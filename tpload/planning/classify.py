@@ -11,12 +11,11 @@ one pass over arrays.
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -26,19 +25,18 @@ from ..codecs.plain import KV_SCALE, PLAIN
 from ..model.errors import ConfigError, raise_all
 from ..model.meta import HeaderFields, TensorMeta
 from ..model.modes import Role
-from ..model.table import Templates, TensorTable
+from ..model.table import Templates, TensorTable, templates
 from ..model.templates import natural_key, natural_sorted
 from ..model.text import escape_name, plural
 from ..selection.config import (
     ACTIVATION_ORIGIN,
     AUTO,
-    FAMILIES,
     READS_NOTHING,
     Config,
     Rule,
+    alternatives,
     rule_index,
 )
-from ..selection.config import _alternatives as alternatives_of
 from ..selection.kvscales import Census
 from ..selection.kvscales import census as kv_census
 from ..selection.prefix import Prefix
@@ -103,13 +101,15 @@ def classify(
         if aligned is not None and not problems
         else None
     )
-    if usual is not None:
-        rows, classes, skipped, deferred, deferred_experts, census = usual
-    else:
-        rows, classes, skipped, deferred, deferred_experts, census = _walk(
+    found = (
+        usual
+        if usual is not None
+        else _walk(
             tensors, config, prefix=prefix, problems=problems, root=root, order=order, table=table
         )
-    entries = Entries(rows, classes, tensors)
+    )
+    entries = Entries(found.rows, found.fitted.classes, tensors)
+    deferred, deferred_experts = found.deferred, found.deferred_experts
     counts, at = entries.experts(deferred_experts)
     positions = {k: {x: i for i, x in enumerate(v)} for k, v in counts.items()}
     deferred_at: np.ndarray = np.zeros((len(deferred), 2), dtype=np.int64)
@@ -118,20 +118,39 @@ def classify(
             deferred_at[k] = positions[x[0]][x[1]], len(counts[x[0]])
     return Classified(
         entries,
-        tuple(skipped),
+        tuple(found.skipped),
         tuple(deferred),
         deferred_experts,
         units,
         counts,
         at,
         deferred_at,
-        census,
+        found.census,
     )
 
 
-_Parts = tuple[Columns, list[Klass], list[str], list[str], dict[str, tuple[str, int]], Census]
-"""What a classification finds before its entries are made: the served rows, their classes, the
-skipped, the deferred and the deferred experts, the census."""
+@dataclass
+class _Fitted:
+    """The classes found so far, and what each class key gave: its class's number, or why it does
+    not fit. A key is what the cuts depend on (:func:`_class`'s: the rule and codec, by identity,
+    and the dtypes and shapes of the weight and its scales)."""
+
+    classes: list[Klass] = field(default_factory=list)
+    by_key: dict[tuple[object, ...], int | str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Parts:
+    """What a classification finds before its entries are made."""
+
+    rows: Columns
+    """The served rows."""
+    fitted: _Fitted
+    """Their classes."""
+    skipped: list[str]
+    deferred: list[str]
+    deferred_experts: dict[str, tuple[str, int]]
+    census: Census
 
 
 def _walk(
@@ -147,59 +166,31 @@ def _walk(
     """Classification name by name (dicts keyed by name): what :func:`_by_columns` does not take,
     and every problem worded, in order."""
     dtype_of, sig_of = _readers(tensors, table)
-    aligned = _aligned(tensors, table)
-    rules, unresolved, needs, matched = _rules(tensors, config, prefix, dtype_of)
+    ruled = _rules(tensors, config, prefix, dtype_of)
+    rules, unresolved, needs = ruled.rules, ruled.unresolved, ruled.needs
     # the census counts what will be served: a skipped vision tower's or MTP layer's attention is
     # no layer without scales. It reads only attention layers' names, each of which holds "attn"
     # (selection/kvscales.py's patterns: ``self_attn.`` or ``attn_``): the others are left out here
     census = kv_census(
         [n for n, r in rules.items() if "attn" in n and (r is None or r.role != Role.SKIP)]
     )
-    if config.kv_scales == "strict":
-        problems += [
-            f'{p} (refused: set kv_scales = "report" in the config to load it anyway)'
-            for p in census.problems()
-        ]
+    problems += _refused(config, census)
     kv = census.engine_names()
     broken = _scales(tensors, rules, needs, problems)
     if any(r.role in READS_NOTHING for r in config.rules):
         problems += _scale_globs(rules, needs)
     scales = {m for needed in needs.values() for m in needed}
     expert_rx = config.expert_regex
-    rows, classes = Columns(), list[Klass]()
+    rows, fitted = Columns(), _Fitted()
     skipped: list[str] = []
     deferred: list[str] = []
     unmatched: list[str] = []
     deferred_experts: dict[str, tuple[str, int]] = {}
     grouped: dict[str, list[str]] = {}
-    fits: dict[tuple[object, ...], int | str] = {}
     codec_of = registry.by_role()
     leave = scales | broken
     ordered = natural_sorted(tensors) if order is None else order
     walked = [n for n in ordered if n not in leave] if leave else ordered
-    # the usual checkpoint (any name an auto rule could not resolve is a scale): each role's names
-    # sorted out, the served in bulk
-    if all(n in leave for n in unresolved):
-        aside = (unmatched, skipped, deferred, deferred_experts)
-        served = _sorted_out(walked, rules, expert_rx, aside)
-        bulk = _served(
-            served,
-            rules,
-            tensors,
-            needs,
-            expert_rx,
-            (codec_of, kv),
-            (fits, classes),
-            sig_of,
-            _sigs_of(sig_of, aligned),
-        )
-        if bulk is not None:
-            rows.extend(served, *bulk)
-            walked = []
-        else:  # a served tensor with a problem: every name again, one at a time, worded in order
-            skipped, deferred, unmatched, deferred_experts = [], [], [], {}
-            fits.clear()
-            classes.clear()
     for n in walked:
         r = rules[n]
         if n in unresolved:
@@ -222,7 +213,7 @@ def _walk(
                 tensors,
                 need,
                 _codec(n, r, codec_of, kv),
-                (fits, classes),
+                fitted,
                 grouped,
                 sig_of,
             )
@@ -236,18 +227,33 @@ def _walk(
             f"no rule of {config.name} (add a rule; a final "
             f'match = "*" with role = "auto" keeps the rest whole): {_grouped(unmatched)}'
         )
-    problems += _idle(config, tensors, prefix, matched, root)
+    problems += _idle(config, tensors, prefix, ruled.matched, root)
     if not problems and not rows.names and not deferred:  # a load of nothing would pass every check
         problems.append(
             f"nothing to load: {_nothing(config.rules, skipped, root)}; a load serves at least "
             "one tensor (narrow the skip globs)"
         )
+    _raise(problems, config, root)
+    return _Parts(rows, fitted, skipped, deferred, deferred_experts, census)
+
+
+def _refused(config: Config, census: Census) -> list[str]:
+    """What a strict config refuses in the KV-cache scale census, worded (none for another)."""
+    if config.kv_scales != "strict":
+        return []
+    return [
+        f'{p} (refused: set kv_scales = "report" in the config to load it anyway)'
+        for p in census.problems()
+    ]
+
+
+def _raise(problems: list[str], config: Config, root: object) -> None:
+    """A ConfigError listing every problem, if there is one."""
     raise_all(
         ConfigError,
         problems,
         what=f"problems fitting config {config.name} to {escape_name(root)}",
     )
-    return rows, classes, skipped, deferred, deferred_experts, census
 
 
 def _by_columns(
@@ -260,28 +266,35 @@ def _by_columns(
     """The usual classification as columns, once per name template where it can be: each row's
     first rule (planning/templated.py), its ``auto`` rule resolved and its scales found by template
     and parameters (one join a template and way), the class keys as numbers. None for what it
-    does not take, which :func:`_walk` then classifies (and words every problem of): a prefix to
-    rewrite, names the templates cannot read, the activation-scale switch, a scaled rule given
-    outright, a tensor no rule matches or no way resolves, a problem of any kind."""
+    does not take, which :func:`_walk` then classifies (and words every problem of): names the
+    templates cannot read (stored or rewritten into the config's prefix), a tensor no rule matches
+    or no way resolves, a problem of any kind but a strict config's KV-cache refusals (raised here
+    as the walk words them when they are the only ones)."""
     tpl = table.templates
-    rules = config.rules
-    if tpl is None or prefix.rewrites or any(r.origin == ACTIVATION_ORIGIN for r in rules):
+    if tpl is None:
         return None
-    none = len(rules)
-    first = first_rules(table.names, rules, tpl)
-    if (first == none).any():
+    rules = config.rules
+    names, shapes = table.names, table.shapes
+    first = _first_rules(
+        config,
+        prefix,
+        names,
+        tpl,
+        lambda k: names[k].endswith(".input_scale") and math.prod(shapes[k]) == 1,
+    )  # activation_scale(name, meta), read off the columns
+    if first is None:
+        return None  # rewritten names the templates cannot read
+    if (first == len(rules)).any():
         return None  # unmatched: the walk words it
     scaled = registry.scaled_roles()
-    if any(not p.scaled and p.role in scaled for f in config.families for p in FAMILIES[f]):
-        return None  # a way whose rule the walk would check as given outright (_scales)
-    names, n = table.names, len(table)
+    n = len(table)
     made = _Made()
     rule_of: np.ndarray = np.asarray([made.code(r) for r in rules], np.int64)[first]
     s1: np.ndarray = np.full(n, -1, np.int64)
     s2: np.ndarray = np.full(n, -1, np.int64)
-    if not _outright(config, table, tpl, first, (s1, s2), scaled):
-        return None  # a weight of a scaled rule given outright lacks a scale: the walk words it
     unresolved = _resolved(config, table, tpl, first, made, rule_of, (s1, s2), scaled)
+    if not _outright(table, tpl, made, rule_of, (s1, s2), scaled):
+        return None  # a weight of a scaled rule given outright lacks a scale: the walk words it
     roles = [r.role for r in made.rules]
     # the census of what is served or deferred, from the attention layers' templates only (every
     # name selection/kvscales.py's patterns read holds "attn", which no digit run can split)
@@ -289,8 +302,6 @@ def _by_columns(
     skip = np.asarray([role == Role.SKIP for role in roles], bool)
     counted = np.flatnonzero(attn[tpl.ids] & ~skip[rule_of])
     census = kv_census(list(map(names.__getitem__, counted.tolist())))
-    if config.kv_scales == "strict" and census.problems():
-        return None
     scale: np.ndarray = np.zeros(n, bool)
     scale[s1[s1 >= 0]] = True
     scale[s2[s2 >= 0]] = True
@@ -310,26 +321,89 @@ def _by_columns(
         if x:
             deferred_experts[d] = x
     served = walked[~aside[kind]]
-    got = _served_columns(
-        tensors, table, made, rule_of[served], served, (s1[served], s2[served]), census, expert_rx
+    fitted = _Fitted()
+    rows = _served_columns(
+        tensors,
+        table,
+        made,
+        rule_of[served],
+        served,
+        (s1[served], s2[served]),
+        census,
+        expert_rx,
+        fitted,
     )
-    if got is None:
+    if rows is None:
         return None
-    rows, classes = got
     given = [r for r in rules if r.origin and r.origin != ACTIVATION_ORIGIN]
     if given:
         matched = list(map([*rules, None].__getitem__, first.tolist()))
         if _idle(config, tensors, prefix, matched, root):
             return None
+    # the walk's problems, had it walked: a strict config's KV-cache refusals (which are then the
+    # only ones: any other has declined above), else nothing to load (which the walk words)
+    _raise(_refused(config, census), config, root)
     if not rows.names and not deferred:
-        return None  # nothing to load: the walk words it
-    return rows, classes, skipped, deferred, deferred_experts, census
+        return None
+    return _Parts(rows, fitted, skipped, deferred, deferred_experts, census)
 
 
 def _kind_in(kind: np.ndarray, roles: Sequence[str], role: str) -> np.ndarray:
     """Which rows' rules (``kind``: each row's rule code) have ``role``."""
     result: np.ndarray = np.asarray([r == role for r in roles], bool)[kind]
     return result
+
+
+def _first_rules(
+    config: Config,
+    prefix: Prefix,
+    names: Sequence[str],
+    tpl: Templates | None,
+    single: Callable[[int], bool],
+) -> np.ndarray | None:
+    """Each name's first rule as its index (``len(rules)``: none): the config's rules see the name
+    rewritten into the config's prefix (selection/prefix.py), a rule given at run time
+    (``--skip``) its stored name too, and the activation-scale switch's rule takes single-value
+    tensors only (``single``: whether the name at that place holds one value); the others it
+    matched are matched again without it, name by name (few). By template where ``tpl`` (the
+    names' templates) is given, None there where the rewritten names' templates cannot be read;
+    name by name otherwise (the walk's)."""
+    rules = config.rules
+    none = len(rules)
+    rewrites = prefix.rewrites
+    seen = list(map(prefix.rewrite, names)) if rewrites else names
+    first: np.ndarray
+    if tpl is None:
+        at = {id(r): i for i, r in enumerate(rules)}
+        found = [none if r is None else at[id(r)] for r in config.rules_for(seen)]
+        first = np.asarray(found, np.int64)
+    else:
+        seen_tpl = templates(seen) if rewrites else tpl
+        if seen_tpl is None:
+            return None
+        first = first_rules(seen, rules, seen_tpl)
+    given = [i for i, r in enumerate(rules) if r.origin] if rewrites else []
+    if given:
+        some = [rules[i] for i in given]
+        if tpl is not None:
+            got = first_rules(names, some, tpl)
+        else:
+            rx = alternatives(enumerate(some))
+            assert rx is not None  # (some rules)
+            hits = [len(some) if m is None else rule_index(m) for m in map(rx.match, names)]
+            got = np.asarray(hits, np.int64)
+        first = np.minimum(first, np.asarray([*given, none], np.int64)[got])
+    act = [i for i, r in enumerate(rules) if r.origin == ACTIVATION_ORIGIN]
+    if act:
+        a = act[0]
+        others = [k for k in np.flatnonzero(first == a).tolist() if not single(k)]
+        if others:
+            rest = replace(config, rules=rules[:a] + rules[a + 1 :])
+            at = {id(r): i for i, r in enumerate(rules)}
+            for k in others:
+                r = rest.rule_for(seen[k])
+                first[k] = none if r is None else at[id(r)]
+    return first
 
 
 class _Made:
@@ -348,26 +422,28 @@ class _Made:
 
 
 def _outright(
-    config: Config,
     table: TensorTable,
     tpl: Templates,
-    first: np.ndarray,
+    made: _Made,
+    rule_of: np.ndarray,
     scales: tuple[np.ndarray, np.ndarray],
     scaled: frozenset[str],
 ) -> bool:
-    """The scales' rows of the weights of scaled rules given outright (not ``auto``), into
-    ``scales``, by the join once per (rule, template); False where a weight's name lacks the
-    rule's suffix or a scale is missing (:func:`_scales`' problems, which the walk words)."""
-    outright = np.asarray([r.role in scaled for r in config.rules], bool)
-    rows = np.flatnonzero(outright[first])
+    """The scales' rows of the weights of scaled rules given outright, into ``scales``, by the join
+    once per (rule, template): the rows whose rule (matched, or an ``auto`` one resolved by a way
+    with no scale tensors) is scaled and has no scales yet, as :func:`_scales` takes them. False
+    where a weight's name lacks the rule's suffix or a scale is missing (its problems, which the
+    walk words)."""
+    s1, s2 = scales
+    outright = np.asarray([r.role in scaled for r in made.rules], bool)
+    rows = np.flatnonzero(outright[rule_of] & (s1 < 0))
     if not len(rows):
         return True
     join = Join(tpl)
     width_t = len(tpl.texts)
-    groups, at = np.unique(first[rows] * width_t + tpl.ids[rows], return_inverse=True)
-    s1, s2 = scales
+    groups, at = np.unique(rule_of[rows] * width_t + tpl.ids[rows], return_inverse=True)
     for g, k in enumerate(groups.tolist()):
-        mine, rule, t = rows[at == g], config.rules[k // width_t], k % width_t
+        mine, rule, t = rows[at == g], made.rules[k // width_t], k % width_t
         if not _ends(table.names, mine, rule.suffix).all():
             return False
         one = _renamed(join, table, mine, t, rule.suffix, rule.scale)
@@ -475,9 +551,10 @@ def _served_columns(
     scales: tuple[np.ndarray, np.ndarray],
     census: Census,
     expert_rx: re.Pattern[str],
-) -> tuple[Columns, list[Klass]] | None:
-    """The served rows' classes (each distinct key fitted once, at its first row, as
-    :func:`_served` does), scales and experts; None where any has a problem."""
+    fitted: _Fitted,
+) -> Columns | None:
+    """The served rows, their classes (into ``fitted``: each distinct key fitted once, at its first
+    row, as :func:`_class` keys them), scales and experts; None where any has a problem."""
     names = table.names
     s1, s2 = scales
     codec_of = registry.by_role()
@@ -505,8 +582,6 @@ def _served_columns(
             return None
         key, span = key * width + col, span * width
     _, firsts, at = np.unique(key, return_index=True, return_inverse=True)
-    fits: dict[tuple[object, ...], int | str] = {}
-    classes: list[Klass] = []
     _, sig_of = _readers(tensors, table)
     klass: np.ndarray = np.zeros(len(firsts), np.int64)
     all_codecs = list(dict.fromkeys([*codecs, KV_SCALE]))
@@ -520,7 +595,7 @@ def _served_columns(
             tensors,
             need,
             all_codecs[int(codec[j])],  # type: ignore[arg-type]  # a served row's: a codec
-            (fits, classes),
+            fitted,
             {},
             sig_of,
         )
@@ -539,7 +614,7 @@ def _served_columns(
         at_set,
         index,
     )
-    return rows, classes
+    return rows
 
 
 def _need(names: list[str], one: int, two: int) -> tuple[str, ...] | None:
@@ -636,80 +711,6 @@ def _experts_by_template(
     return cut, numbers.tolist()
 
 
-def _sorted_out(
-    walked: Sequence[str],
-    rules: Mapping[str, Rule | None],
-    expert_rx: re.Pattern[str],
-    aside: tuple[list[str], list[str], list[str], dict[str, tuple[str, int]]],
-) -> list[str]:
-    """The names to serve, in order; each other name filed by :func:`_set_aside` in order. Which
-    is which is read off each distinct rule once (a config has tens), not off every name."""
-    rs = list(map(rules.__getitem__, walked))
-    distinct = dict(zip(map(id, rs), rs, strict=True))
-    served_ids = {k for k, r in distinct.items() if r is not None and r.role not in _ASIDE}
-    serve = list(map(served_ids.__contains__, map(id, rs)))
-    for n, r in itertools.compress(zip(walked, rs, strict=True), map(operator.not_, serve)):
-        _set_aside(n, r, expert_rx, *aside)
-    return list(itertools.compress(walked, serve))
-
-
-_ASIDE = (Role.SKIP, Role.DEFER)
-
-
-def _served(
-    names: list[str],
-    rules: Mapping[str, Rule | None],
-    tensors: Mapping[str, TensorMeta],
-    needs: Mapping[str, tuple[str, ...]],
-    expert_rx: re.Pattern[str],
-    codecs: tuple[Mapping[str, Codec], Mapping[str, object]],
-    known: tuple[dict[tuple[object, ...], int | str], list[Klass]],
-    sig_of: Callable[[str], object],
-    sigs_of: Callable[[Sequence[str | None]], list[object]],
-) -> tuple[list[int], list[tuple[str, ...] | None], list[tuple[str, int] | None]] | None:
-    """The served names' classes, scales and experts in bulk: each distinct class key (rule, codec,
-    the dtypes and shapes of the weight and its scales) fitted once, at its first name, and every
-    name's class a lookup; None when any name has a problem (no expert index, or a class that does
-    not fit), which the per-name walk then words in order. ``sigs_of``: :func:`_class`'s
-    ``sig_of`` of many names at once."""
-    codec_of, kv = codecs
-    rs: list[Rule] = list(map(rules.__getitem__, names))  # type: ignore[arg-type]  # all matched
-    distinct = dict(zip(map(id, rs), rs, strict=True))  # a config has tens of rules
-    need = list(map(needs.get, names))
-    by_rule = {k: codec_of[r.role] for k, r in distinct.items()}
-    cs = list(map(by_rule.__getitem__, map(id, rs)))
-    if kv:
-        cs = [KV_SCALE if c is PLAIN and n in kv else c for n, c in zip(names, cs, strict=True)]
-    # the key of _class, as numbers: no scale is -1 (a signature is not), one scale (s, -1)
-    first = sigs_of([nd[0] if nd else None for nd in need])
-    second = sigs_of([nd[1] if nd and len(nd) > 1 else None for nd in need])
-    keys = list(zip(map(id, rs), map(id, cs), sigs_of(names), first, second, strict=True))
-    firsts = dict(zip(reversed(keys), range(len(keys) - 1, -1, -1), strict=True))
-    klass_of: dict[tuple[object, ...], int] = {}
-    for key in dict.fromkeys(keys):  # in order of first appearance: the classes' numbers
-        k = firsts[key]
-        got = _class(names[k], rs[k], tensors, need[k], cs[k], known, {}, sig_of)
-        if got < 0:
-            return None
-        klass_of[key] = got
-    wanted = {k: r.experts and not r.stacked for k, r in distinct.items()}
-    experts: list[tuple[str, int] | None] = [None] * len(names)
-    if any(wanted.values()):
-        at = list(itertools.compress(range(len(names)), map(wanted.__getitem__, map(id, rs))))
-        held = list(map(names.__getitem__, at))
-        found = list(map(expert_rx.search, held))
-        if None in found:
-            return None
-        digits = list(map(_GROUP_1, found))
-        if max(map(len, digits)) >= 19:
-            return None
-        sets = list(map(str.__getitem__, held, map(slice, map(_START, found))))
-        for k, x in zip(at, zip(sets, map(int, digits), strict=True), strict=True):
-            experts[k] = x
-    klass: list[int] = list(map(klass_of.__getitem__, keys))
-    return klass, need, experts
-
-
 _GROUP_1 = operator.methodcaller("group", 1)
 _START = operator.methodcaller("start")
 
@@ -732,23 +733,27 @@ def _readers(
     return (lambda n: dtypes[row[n]]), (lambda n: sigs[row[n]])
 
 
-def _sigs_of(
-    sig_of: Callable[[str], object], table: TensorTable | None
-) -> Callable[[Sequence[str | None]], list[object]]:
-    """``sig_of`` of many names at once (-1 for None: no name), read from the table's columns when
-    the table has the tensors' rows."""
-    if table is None:
-        return lambda names: [-1 if n is None else sig_of(n) for n in names]
-    row, sigs = table.row, table.signatures
-    return lambda names: [-1 if n is None else sigs[row[n]] for n in names]
-
-
 def _aligned(tensors: Mapping[str, TensorMeta], table: TensorTable | None) -> TensorTable | None:
     """The table when its rows are the tensors, in the tensors' order (a catalogue's table is;
-    a table passed beside other tensors is not used for bulk answers)."""
+    a table passed beside other tensors is not used for the columns path)."""
     if table is None or len(table) != len(tensors) or table.names != list(tensors):
         return None
     return table
+
+
+@dataclass(frozen=True)
+class _Ruled:
+    """The walk's rules of a catalogue's tensors, by name."""
+
+    rules: dict[str, Rule | None]
+    """Each tensor's rule, ``auto`` ones resolved (None: no rule matches, or none resolves)."""
+    unresolved: dict[str, str]
+    """The tensors an ``auto`` rule could not resolve: why."""
+    needs: dict[str, tuple[str, ...]]
+    """The scales found for each weight an ``auto`` rule made scaled (:func:`_scales` adds those
+    of the rules given outright)."""
+    matched: list[Rule | None]
+    """Each tensor's first rule, in the tensors' order."""
 
 
 def _rules(
@@ -756,9 +761,8 @@ def _rules(
     config: Config,
     prefix: Prefix,
     dtype_of: Callable[[str], str],
-) -> tuple[dict[str, Rule | None], dict[str, str], dict[str, tuple[str, ...]], list[Rule | None]]:
-    """Each tensor's rule, ``auto`` ones resolved; for tensors an ``auto`` rule could not resolve,
-    why; the scales found for a weight an ``auto`` rule made scaled; each tensor's first match."""
+) -> _Ruled:
+    """Each tensor's rule, ``auto`` ones resolved, found name by name."""
     matched = _matched(tensors, config, prefix)
     rules = dict(zip(tensors, matched, strict=True))
     unresolved: dict[str, str] = {}
@@ -775,36 +779,19 @@ def _rules(
             rules[n] = resolved
             if found and resolved.role in scaled:
                 needs[n] = tuple(found)
-    return rules, unresolved, needs, matched
+    return _Ruled(rules, unresolved, needs, matched)
 
 
 def _matched(
     tensors: Mapping[str, TensorMeta], config: Config, prefix: Prefix
 ) -> list[Rule | None]:
-    """Each tensor's first rule: the config's rules see its name under the config's prefix
-    (selection/prefix.py), a rule given at run time (``--skip``) its stored name too; the
-    activation-scale switch takes single-value tensors only."""
-    rules = config.rules
-    if not prefix.rewrites:
-        matched = config.rules_for(tensors)
-    else:
-        matched = config.rules_for(map(prefix.rewrite, tensors))
-        given = alternatives_of([(i, r) for i, r in enumerate(rules) if r.origin])
-        if given is not None:
-            at = {r: i for i, r in enumerate(rules)}
-            for k, n in enumerate(tensors):
-                if (m := given.match(n)) is not None:
-                    i, was = rule_index(m), matched[k]
-                    if was is None or i < at[was]:
-                        matched[k] = rules[i]
-    act = [i for i, r in enumerate(rules) if r.origin == ACTIVATION_ORIGIN]
-    if act:
-        rest = None
-        for k, n in enumerate(tensors):
-            if matched[k] is rules[act[0]] and not activation_scale(n, tensors[n]):
-                rest = rest or replace(config, rules=rules[: act[0]] + rules[act[0] + 1 :])
-                matched[k] = rest.rule_for(prefix.rewrite(n))
-    return matched
+    """Each tensor's first rule (:func:`_first_rules`), name by name."""
+    names = list(tensors)
+    first = _first_rules(
+        config, prefix, names, None, lambda k: activation_scale(names[k], tensors[names[k]])
+    )
+    assert first is not None  # (name by name: always an answer)
+    return list(map([*config.rules, None].__getitem__, first.tolist()))
 
 
 def _scales(
@@ -844,14 +831,14 @@ def _class(
     tensors: Mapping[str, TensorMeta],
     needed: tuple[str, ...] | None,
     codec: Codec,
-    known: tuple[dict[tuple[object, ...], int | str], list[Klass]],
+    known: _Fitted,
     grouped: dict[str, list[str]],
     sig_of: Callable[[str], object],
 ) -> int:
     """The class of one tensor under its rule (``needed``: its scales' names, for a scaled codec),
-    or -1, filing why it does not fit under (rule, reason). ``known``: each class's number (or
-    why it does not fit) by what the cuts depend on, and the classes so far."""
-    fits, classes = known
+    or -1, filing why it does not fit under (rule, reason). ``known``: the classes so far, and
+    what each key gave."""
+    fits, classes = known.by_key, known.classes
     # a KV-cache scale is no class with a plain scalar under the same rule: the codec is in the key
     # rules and codecs by identity (a config's rules are distinct objects; Rule's hash is Python's)
     key = (id(rule), id(codec), sig_of(name), tuple(map(sig_of, needed)) if needed else None)
@@ -892,7 +879,7 @@ def _set_aside(
     deferred_experts: dict[str, tuple[str, int]],
 ) -> bool:
     """Files ``n`` by its rule as unmatched (no rule), skipped or deferred (with its expert, for
-    the deferred's positions); False for a name to serve. The bulk path and the walk share it."""
+    the deferred's positions); False for a name to serve."""
     if r is None:
         unmatched.append(escape_name(n))
     elif r.role == Role.SKIP:

@@ -69,27 +69,6 @@ class Columns:
             self.expert_set.append(self.sets.setdefault(expert[0], len(self.sets)))
             self.expert_index.append(expert[1])
 
-    def extend(
-        self,
-        names: list[str],
-        klass: list[int],
-        needs: list[tuple[str, ...] | None],
-        experts: list[tuple[str, int] | None],
-    ) -> None:
-        """:meth:`add` of each row, in order (the served names of a classification in bulk)."""
-        self.names += names
-        self.klass += klass
-        self.scales += [nd[0] if nd else None for nd in needs]
-        self.scales2 += [nd[1] if nd and len(nd) > 1 else None for nd in needs]
-        sets = self.sets
-        for x in experts:
-            if x is None:
-                self.expert_set.append(-1)
-                self.expert_index.append(0)
-            else:
-                self.expert_set.append(sets.setdefault(x[0], len(sets)))
-                self.expert_index.append(x[1])
-
     def extend_columns(
         self,
         names: list[str],

@@ -16,8 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..model.table import Templates
-from ..selection.config import Rule, rule_index
-from ..selection.config import _alternatives as alternatives_of
+from ..selection.config import Rule, alternatives, rule_index
 
 SIGHTED = frozenset("0123456789[?")
 """A glob holding one of these may match one name of a template and not another."""
@@ -34,13 +33,13 @@ def first_rules(names: Sequence[str], rules: Sequence[Rule], tpl: Templates) -> 
     none = len(rules)
     _, reps = np.unique(tpl.ids, return_index=True)  # each template's first name (ids 0..T-1)
     firsts: np.ndarray = np.full(len(reps), none, np.int64)
-    whole = alternatives_of((i, r) for i, r in enumerate(rules) if blind(r))
+    whole = alternatives((i, r) for i, r in enumerate(rules) if blind(r))
     if whole is not None:
         for t, k in enumerate(reps.tolist()):
             if (m := whole.match(names[k])) is not None:
                 firsts[t] = rule_index(m)
     out: np.ndarray = firsts[tpl.ids]
-    each = alternatives_of((i, r) for i, r in enumerate(rules) if not blind(r))
+    each = alternatives((i, r) for i, r in enumerate(rules) if not blind(r))
     if each is not None:
         hits = [none if m is None else rule_index(m) for m in map(each.match, names)]
         out = np.minimum(out, np.asarray(hits, np.int64))

@@ -226,16 +226,16 @@ class Config:
         object.__setattr__(self, "expert_regex", rx)
         # every glob in one regex, in rule order: the first alternative that matches is the first
         # rule
-        object.__setattr__(self, "_matcher", _alternatives(enumerate(self.rules)))
+        object.__setattr__(self, "_matcher", alternatives(enumerate(self.rules)))
         # rules_for's two parts: the globs blind to which digit a name has, and the others
         sighted = [bool(_DIGIT_SIGHTED & set(r.match)) for r in self.rules]
         object.__setattr__(
             self,
             "_blind",
-            _alternatives((i, r) for i, r in enumerate(self.rules) if not sighted[i]),
+            alternatives((i, r) for i, r in enumerate(self.rules) if not sighted[i]),
         )
         object.__setattr__(
-            self, "_sharp", _alternatives((i, r) for i, r in enumerate(self.rules) if sighted[i])
+            self, "_sharp", alternatives((i, r) for i, r in enumerate(self.rules) if sighted[i])
         )
         object.__setattr__(self, "_resolved", {})
         object.__setattr__(self, "_ways", {})
@@ -403,11 +403,13 @@ def _shapes_of(names: list[str]) -> list[bytes]:
     return joined.encode("utf-8", "surrogatepass").translate(_DIGITS_AS_ZERO).split(b"\n")
 
 
-def _alternatives(rules: Iterable[tuple[int, Rule]]) -> re.Pattern[str] | None:
+def alternatives(rules: Iterable[tuple[int, Rule]]) -> re.Pattern[str] | None:
     """Every glob in one regex, in rule order: the first alternative that matches is the first rule
-    (group ``r<i>``, ``i`` the rule's position); None for no rules."""
-    alternatives = "|".join(f"(?P<r{i}>{fnmatch.translate(r.match)})" for i, r in rules)
-    return re.compile(alternatives) if alternatives else None
+    (group ``r<i>``, ``i`` the rule's position, read by :func:`rule_index`); None for no rules.
+    Config's own matchers and planning's (a template's first rule, rules given at run time) use
+    it."""
+    pattern = "|".join(f"(?P<r{i}>{fnmatch.translate(r.match)})" for i, r in rules)
+    return re.compile(pattern) if pattern else None
 
 
 ACTIVATION_SCALES = "*.input_scale"

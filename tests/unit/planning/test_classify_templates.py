@@ -7,6 +7,7 @@ defer and activation-scale rules of each kind of glob, and on names made to brea
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,14 @@ import tpload.planning.classify as classify
 from tpload.loading.pick import choose
 from tpload.model.errors import ConfigError
 from tpload.planning.templated import Join, first_rules
-from tpload.selection.config import Config, load_config, shipped_configs, with_rules
+from tpload.selection.config import (
+    FAMILIES,
+    Config,
+    Pick,
+    load_config,
+    shipped_configs,
+    with_rules,
+)
 from tpload.selection.prefix import detect
 from tpload.storage.safetensors import HeaderColumns, TableRows, table_of
 from tpload.tools.published import PUBLISHED, _index
@@ -143,6 +151,77 @@ def test_full_size_deepseek_v3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     config = _config_for(tmp_path, model)
     assert _both(tensors, config, model, monkeypatch)[1]
     _both(tensors, with_rules(config, skip=("model.layers.61.*",)), model, monkeypatch)
+
+
+@pytest.mark.parametrize("preset", ["deepseek-v3-tiny", "nvfp4-tiny", "qwen3-fp8-tiny"])
+def test_names_under_another_prefix(
+    preset: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release stored under another prefix (a multimodal one's ``language_model.``): the columns
+    path matches the names rewritten into the config's prefix, and a rule given at run time the
+    stored names too."""
+    pub = PUBLISHED[preset]()
+    tensors = _rows([("language_model." + t.name, t.dtype, t.shape) for t in pub.planned()])
+    model = dict(pub.config)
+    auto = _config_for(tmp_path, model, pub.extra)
+    stored = with_rules(auto, skip=("language_model.model.layers.1.*",))
+    took = [
+        _both(tensors, config, model, monkeypatch)[1]
+        for config in [*_variants(auto, list(tensors)), stored]
+    ]
+    assert took[0] and took[-1], took
+
+
+def test_a_way_with_no_scale_tensor_for_a_scaled_codec(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A family's way that reads no scale tensor but resolves to a scaled codec: its weights are
+    checked as rules given outright are (their scales named by the rule), by the columns path
+    too; a missing scale is the walk's to word."""
+    monkeypatch.setitem(
+        FAMILIES, "fp8-block", (Pick("F8_E4M3", "fp8", ".weight_scale_inv", scaled=False),)
+    )
+    pub = PUBLISHED["deepseek-v3-tiny"]()
+    planned = [(t.name, t.dtype, t.shape) for t in pub.planned()]
+    model = dict(pub.config)
+    config = _config_for(tmp_path, model)
+    fast, took = _both(_rows(planned), config, model, monkeypatch)
+    assert took and fast[0] != "error"
+    gone = next(n for n, _, _ in planned if n.endswith(".weight_scale_inv"))
+    fast, took = _both(_rows([p for p in planned if p[0] != gone]), config, model, monkeypatch)
+    assert not took and fast[0] == "error" and "needs its scale" in fast[1], fast
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_strict_config_s_kv_cache_refusals(
+    strict: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A strict config refuses a layer with a k scale and no v scale: the columns path raises the
+    refusal as the walk words it, without walking (with another problem beside it, the walk words
+    both); a config that reports loads it."""
+    pub = PUBLISHED["deepseek-v3-tiny"]()
+    planned = [(t.name, t.dtype, t.shape) for t in pub.planned()]
+    planned += [("model.layers.0.self_attn.k_scale", "F32", ())]
+    model = dict(pub.config)
+    auto = _config_for(tmp_path, model)
+    config = auto if strict else replace(auto, kv_scales="report")
+    walks = []
+    walk = classify._walk
+
+    def walked(*args: object, **kwargs: object) -> object:
+        walks.append(1)
+        return walk(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(classify, "_walk", walked)
+    fast, _ = _both(_rows(planned), config, model, monkeypatch)
+    assert walks == [1]  # _both's own walk only
+    if not strict:
+        assert fast[0] != "error"
+        return
+    assert fast[0] == "error" and "one of k and v" in fast[1] and "refused" in fast[1], fast
+    other = [*planned, ("model.layers.0.mystery", "I8", (4,))]  # no way takes I8: unresolved
+    fast, _ = _both(_rows(other), config, model, monkeypatch)
+    assert fast[0] == "error" and "refused" in fast[1] and "I8" in fast[1], fast
 
 
 def _toml(tmp_path: Path, rules: str, extra: str = "") -> Config:

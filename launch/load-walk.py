@@ -52,6 +52,8 @@ class Walk:
         self.storage_type, self.storage, self.floors = StorageBase, storage, floors()
         self.files: set[str] = set()
         self.calls = self.climbs = self.returns = 0
+        self.climbed: dict[str, int] = {}
+        """Each climb, as "caller function -> callee function", and how often."""
         self.left: set[str] = set()
         self.here = ""
         self.lock = threading.Lock()
@@ -84,6 +86,10 @@ class Walk:
             top = self.floors.get(callee, len(self.floors))
             if caller is not None and top < self.floors.get(caller, len(self.floors)):
                 self.climbs += 1
+                back = frame.f_back
+                assert back is not None  # noqa: S101 - a caller was found
+                where = f"{caller}.{back.f_code.co_qualname} -> {callee}.{frame.f_code.co_qualname}"
+                self.climbed[where] = self.climbed.get(where, 0) + 1
             if callee != self.here:
                 if callee in self.left:
                     self.returns += 1
@@ -100,6 +106,7 @@ class Walk:
             "returns": self.returns,
             "calls": self.calls,
             "package_names": packages,
+            "climbed": dict(sorted(self.climbed.items(), key=lambda kv: -kv[1])),
         }
 
 
@@ -129,6 +136,7 @@ def main() -> None:
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--storage", action="store_true", help="only the calls handed the storage")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.add_argument("--climbs", action="store_true", help="list the climbs, most frequent first")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     a, rest = p.parse_known_args()
     if a.worker:
@@ -154,6 +162,9 @@ def main() -> None:
         f"{figures['packages']} packages ({', '.join(figures['package_names'])}), "
         f"{figures['climbs']} climbs, {figures['returns']} returns to a package already left"
     )
+    if a.climbs:
+        for where, n in figures["climbed"].items():
+            print(f"{n:6d}  {where}")
 
 
 if __name__ == "__main__":

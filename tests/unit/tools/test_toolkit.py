@@ -35,8 +35,9 @@ trainer's (docs/refresh.md)."""
 ON_PURPOSE = {
     "first-call.py": {"tpload.storage"},  # its spy patches the class every read goes through
     "replica-split-speed.py": {"tpload.distributed.replica_split"},  # what it times
+    "load-walk.py": {"tpload.storage"},  # the storage class whose walk it follows
 }
-"""Launch scripts that time an internal of the core, and the module they reach for it."""
+"""Launch scripts that time or trace an internal of the core, and the module they reach for it."""
 
 
 def type_checking_imports() -> dict[str, str]:

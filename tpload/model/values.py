@@ -8,7 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple, TypeAlias
+
+Json: TypeAlias = dict[str, Any] | list[Any] | str | int | float | bool | None
+"""A parsed JSON document (or one of its values), not yet checked: what the bounded reader and the
+header parser hand back (storage/files.py, storage/header_json.py). An object's values and a list's
+items are unchecked too, until their own isinstance."""
 
 Triple = tuple[int, int, int]
 """A fingerprint: (total, rows, cols), int64 sums of a window's words (kernels/fingerprint.py)."""

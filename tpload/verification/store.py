@@ -54,6 +54,7 @@ from typing import Protocol, TypedDict
 
 from ..model.errors import LoadError
 from ..model.text import escape_name
+from ..model.values import Json
 from ..storage.files import atomic_write, read_json, report_in_checkpoint
 from .hashes import INSTALL, SHA256, Digests, available
 from .vouched import Vouched
@@ -341,7 +342,7 @@ def _unreadable(path: Path, e: Exception, fix: str) -> LoadError:
     )
 
 
-def _stamp_of(value: object) -> Mapping[str, object] | None:
+def _stamp_of(value: Json) -> Mapping[str, object] | None:
     """A stored stamp as read (None: never verified; anything but an object is unreadable)."""
     if value is None:
         return None

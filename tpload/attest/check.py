@@ -23,8 +23,7 @@ from ..loading.planner import planner_of
 from ..model.modes import Kind, Verify
 from ..model.progress import Meter
 from ..model.text import escape_name
-from ..model.values import Json
-from ..planning.layout import Layout
+from ..model.values import Json, Layout
 from ..selection.config import Config, with_rules
 from ..storage.files import parse_json, read_small
 from ..storage.open import open_storage

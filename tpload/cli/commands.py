@@ -205,7 +205,7 @@ def cmd_plan(argv: list[str]) -> int:
         _require(args.dir)
         phases = stack.enter_context(phase_lines("plan", first))
         phases.enter("open")
-        from ..planning.layout import Layout
+        from ..model.values import Layout
         from ..tools.sizing import HostMemory, costs, fit_line, planning, render_costs
 
         imported = time.monotonic() - t0
@@ -497,7 +497,7 @@ def cmd_export(argv: list[str]) -> int:
     args = export_parser().parse_args(argv)
     try:
         _require(args.dir)
-        from ..planning.layout import Layout
+        from ..model.values import Layout
         from ..storage.partitioned import rank_file
         from ..tools.export import export
 

@@ -7,7 +7,7 @@ import argparse
 import math
 from dataclasses import dataclass
 
-MAX_WORLD = 1 << 16  # no layout has more ranks than this; bigger numbers are typos, not plans
+from .values import MAX_WORLD
 
 
 @dataclass(frozen=True)

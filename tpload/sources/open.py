@@ -10,7 +10,7 @@ from ..distributed.placement import count, placement
 from ..distributed.replica_split import Names, file_units, split_runs
 from ..distributed.world import DistContext
 from ..model.errors import OptionsError
-from ..planning.layout import Layout
+from ..model.values import Layout
 from ..planning.planner import RankPlan
 from ..storage.base import Storage
 from .base import ReadSource

@@ -26,7 +26,7 @@ from ..model.errors import LoadError
 from ..model.modes import PredictionState
 from ..model.text import escape_name
 from ..model.trust import TrustKind, TrustSource
-from ..model.values import Box, FileSource, Stored, Triple
+from ..model.values import Box, FileSource, Layout, Stored, Triple
 from . import node
 from .hashes import SHA256, Digests, FileHashed, HashResults
 from .node import HashPlan, WholeFiles
@@ -66,16 +66,6 @@ class Where(Protocol):
     @property
     def node_lists(self) -> Sequence[Sequence[int]]:
         """The group's ranks, node by node."""
-
-
-class Shape(Protocol):
-    """The layout's degrees (planning's Layout satisfies it)."""
-
-    @property
-    def tp(self) -> int: ...
-
-    @property
-    def ep(self) -> int: ...
 
 
 class HasBytes(Protocol):
@@ -261,7 +251,7 @@ class Job:
     plans: Mapping[int, RankReads]
     """This rank's plan and its node peers' (for node hashing): the placement."""
     config_id: str
-    layout: Shape
+    layout: Layout
     stamp: Callable[[], Stamp]
     """The checkpoint's stamp now (manifest sha256, each shard's size and mtime)."""
     notes: list[str] = field(default_factory=list)
@@ -332,7 +322,7 @@ def _peer_box(peers: Mapping[str, Mapping[int, Box]]) -> Callable[[str, int], Bo
     return box
 
 
-def layout_key(config_id: str, layout: Shape, kind: str) -> str:
+def layout_key(config_id: str, layout: Layout, kind: str) -> str:
     return f"tp{layout.tp}-ep{layout.ep}-{kind}-config-{config_id}"
 
 

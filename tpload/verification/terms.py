@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..model.text import rank_ranges
-from ..model.values import AGREED_BYTES
+from ..model.values import AGREED_BYTES, Layout
 
 FIELDS = (
     ("verify", "the verify mode", "give every rank the same --verify"),
@@ -112,14 +112,6 @@ class Asked(Protocol):
     def skip_activation_scales(self) -> bool: ...
 
 
-class Degrees(Protocol):
-    @property
-    def tp(self) -> int: ...
-
-    @property
-    def ep(self) -> int: ...
-
-
 class Rules(Protocol):
     """The config the load plans by (selection/config.py's Config satisfies it)."""
 
@@ -156,7 +148,7 @@ class Terms:
     def of(
         cls,
         opts: Asked,
-        layout: Degrees,
+        layout: Layout,
         config: Rules,
         anchor: str,
         placement: Groups | None,

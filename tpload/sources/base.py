@@ -27,12 +27,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from ..model.values import Box, Stored
 from ..storage.reader import Tap
+
+if TYPE_CHECKING:  # the exchanged rows a verdict reads (annotations only)
+    from ..report.figures import RankFigures
 
 Span = tuple[int, int]
 Piece = tuple[int, int, np.ndarray]
@@ -66,19 +69,6 @@ class Plan(Protocol):
 
     @property
     def reads(self) -> Mapping[str, Box]: ...
-
-
-class Row(Protocol):
-    """A rank's row of the exchanged table, as a source's verdict reads it (RankFigures)."""
-
-    @property
-    def rank(self) -> int: ...
-
-    @property
-    def replicas_sent(self) -> str: ...
-
-    @property
-    def replicas_seen(self) -> str: ...
 
 
 class ReadSource(Protocol):
@@ -137,6 +127,6 @@ class ReadSource(Protocol):
         """The loop failed: stop whoever waits on this rank (never raises; a source that talks to
         peers may wait for them, within the load's timeout)."""
 
-    def verdict(self, rows: Sequence[Row]) -> list[str]:
+    def verdict(self, rows: Sequence[RankFigures]) -> list[str]:
         """What only the exchanged table shows of this source (the replicas' folds), worded: handed
         to the gate's judge."""

@@ -37,6 +37,7 @@ import datetime
 import time
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -53,8 +54,11 @@ from ..model.text import escape_name
 from ..model.values import DIGEST_BYTES, Box, Stored, Triple
 from ..storage.reader import CHUNK_BYTES, Tap
 from ..verification.node import fold, xor_fold
-from .base import Piece, Plan, Row, SourceFigures, Span
+from .base import Piece, Plan, SourceFigures, Span
 from .storage import StorageSource
+
+if TYPE_CHECKING:  # the exchanged rows a verdict reads (annotations only)
+    from ..report.figures import RankFigures
 
 PIECE, END, ABORT, BYE = 1, 2, 3, 4
 """A header's kinds: a piece of a window, the window's end (its fingerprint), and the two ends of a
@@ -540,11 +544,11 @@ class ReplicaSource:
     def abort(self) -> None:
         self.link.abort()
 
-    def verdict(self, rows: Sequence[Row]) -> list[str]:
+    def verdict(self, rows: Sequence[RankFigures]) -> list[str]:
         return verdict(rows, self.link.at)
 
 
-def verdict(ranks: Sequence[Row], at: Placement | int | None) -> list[str]:
+def verdict(ranks: Sequence[RankFigures], at: Placement | int | None) -> list[str]:
     """From the exchanged table: every receiver whose folded sightings differ from what the ranks at
     its position sent (the per-window check on receipt names the tensor; this one does not trust the
     values that travelled with the bytes). ``at``: where each rank stands (an int R: in rank order).

@@ -14,13 +14,17 @@ hashes what it serves), every window a whole stored tensor (``box``), read from 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..model.values import Box, Stored
 from ..storage.base import Storage
 from ..storage.reader import CHUNK_BYTES, Reader, Tap
-from .base import Piece, Plan, Row, SourceFigures, Span
+from .base import Piece, Plan, SourceFigures, Span
+
+if TYPE_CHECKING:  # the exchanged rows a verdict reads (annotations only)
+    from ..report.figures import RankFigures
 
 
 class StorageSource:
@@ -83,5 +87,5 @@ class StorageSource:
     def abort(self) -> None:
         return  # nobody waits on a rank that reads alone
 
-    def verdict(self, rows: Sequence[Row]) -> list[str]:
+    def verdict(self, rows: Sequence[RankFigures]) -> list[str]:
         return []

@@ -38,10 +38,20 @@ from .store import DigestStore, Prediction, Stamp
 
 class VerifyOptions(Signer, Protocol):
     """The options the gate reads (LoadOptions satisfies it): the verify mode and the signer
-    (:class:`~tpload.verification.signing.Signer`), the kind, the config and the digest store."""
+    (:class:`~tpload.verification.signing.Signer`), the kind, the config and the digest store, and
+    the globs every rank must share with them (terms.py)."""
 
     @property
     def kind(self) -> str: ...
+
+    @property
+    def skip(self) -> Sequence[str]: ...
+
+    @property
+    def defer(self) -> Sequence[str]: ...
+
+    @property
+    def skip_activation_scales(self) -> bool: ...
 
     @property
     def config(self) -> str: ...
@@ -207,8 +217,9 @@ class Provenance(Protocol):
 
 
 class RankRow(Protocol):
-    """A rank's row of the exchanged table, as the verdict reads it (report/figures.py's
-    RankFigures satisfies it)."""
+    """A rank's row of the exchanged table, as the verdicts read it (report/figures.py's
+    RankFigures satisfies it): the load's (terms.py's agreement, the gate's verdict) and a pushed
+    version's (pushed.py: the manifest the rank verified)."""
 
     @property
     def rank(self) -> int: ...
@@ -229,13 +240,22 @@ class RankRow(Protocol):
     def prediction(self) -> int: ...
 
     @property
+    def agreed(self) -> str:
+        """The hashes of the terms the rank loaded under (terms.py)."""
+
+    @property
+    def pushed_version(self) -> int:
+        """The version of the pushed manifest this rank took (0: none arrived)."""
+
+    @property
+    def pushed_sha256(self) -> str:
+        """The sha256 (hex) of that manifest's bytes."""
+
+    @property
     def claims(self) -> Sequence[bytes]: ...
 
     @property
     def seen(self) -> Sequence[bytes]: ...
-
-    @property
-    def agreed(self) -> str: ...
 
 
 # -- the job, and what the gate gives back -------------------------------------------------------

@@ -34,7 +34,8 @@ import numpy as np
 from ..model.values import Box, Stored
 from ..storage.reader import Tap
 
-if TYPE_CHECKING:  # the exchanged rows a verdict reads (annotations only)
+if TYPE_CHECKING:  # the plans read and the exchanged rows a verdict reads (annotations only)
+    from ..planning.planner import RankPlan
     from ..report.figures import RankFigures
 
 Span = tuple[int, int]
@@ -62,13 +63,6 @@ class SourceFigures:
     problems: tuple[str, ...] = ()
     """This rank's own problems the source found: a file changed while it was read, a window
     changed in transit."""
-
-
-class Plan(Protocol):
-    """A rank's plan as a source reads it (planning's RankPlan satisfies it)."""
-
-    @property
-    def reads(self) -> Mapping[str, Box]: ...
 
 
 class ReadSource(Protocol):
@@ -113,7 +107,7 @@ class ReadSource(Protocol):
     def will_need(self, stored: Stored) -> None:
         """A hint: ``stored`` is read soon (a cold page cache overlaps with the copies)."""
 
-    def storage_reads(self, plans: Mapping[int, Plan]) -> dict[int, Mapping[str, Box]]:
+    def storage_reads(self, plans: Mapping[int, RankPlan]) -> dict[int, Mapping[str, Box]]:
         """Each plan's windows its rank reads from storage itself: the gate's hash plan is made
         over these (a window received is never hashed by its receiver)."""
 

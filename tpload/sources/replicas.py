@@ -54,10 +54,11 @@ from ..model.text import escape_name
 from ..model.values import DIGEST_BYTES, Box, Stored, Triple
 from ..storage.reader import CHUNK_BYTES, Tap
 from ..verification.node import fold, xor_fold
-from .base import Piece, Plan, SourceFigures, Span
+from .base import Piece, SourceFigures, Span
 from .storage import StorageSource
 
-if TYPE_CHECKING:  # the exchanged rows a verdict reads (annotations only)
+if TYPE_CHECKING:  # the plans read and the exchanged rows a verdict reads (annotations only)
+    from ..planning.planner import RankPlan
     from ..report.figures import RankFigures
 
 PIECE, END, ABORT, BYE = 1, 2, 3, 4
@@ -142,7 +143,7 @@ class Link:
         self.flags = Flags(ctx, seq, "replicas-stopped") if ctx.group is not None else None
         self._looked = 0.0
 
-    def reads(self, plans: Mapping[int, Plan]) -> dict[int, Mapping[str, Box]]:
+    def reads(self, plans: Mapping[int, RankPlan]) -> dict[int, Mapping[str, Box]]:
         """Each plan's windows its rank reads from storage itself (the hash plan's input)."""
         out: dict[int, Mapping[str, Box]] = {}
         for p, plan in plans.items():
@@ -527,7 +528,7 @@ class ReplicaSource:
         ):  # a window another replica reads is not worth this node's readahead
             self.inner.will_need(stored)
 
-    def storage_reads(self, plans: Mapping[int, Plan]) -> dict[int, Mapping[str, Box]]:
+    def storage_reads(self, plans: Mapping[int, RankPlan]) -> dict[int, Mapping[str, Box]]:
         return self.link.reads(plans)
 
     def source(self, name: str) -> str:

@@ -21,9 +21,10 @@ import numpy as np
 from ..model.values import Box, Stored
 from ..storage.base import Storage
 from ..storage.reader import CHUNK_BYTES, Reader, Tap
-from .base import Piece, Plan, SourceFigures, Span
+from .base import Piece, SourceFigures, Span
 
-if TYPE_CHECKING:  # the exchanged rows a verdict reads (annotations only)
+if TYPE_CHECKING:  # the plans read and the exchanged rows a verdict reads (annotations only)
+    from ..planning.planner import RankPlan
     from ..report.figures import RankFigures
 
 
@@ -74,7 +75,7 @@ class StorageSource:
     def will_need(self, stored: Stored) -> None:
         self.storage.will_need(stored)
 
-    def storage_reads(self, plans: Mapping[int, Plan]) -> dict[int, Mapping[str, Box]]:
+    def storage_reads(self, plans: Mapping[int, RankPlan]) -> dict[int, Mapping[str, Box]]:
         return {p: plan.reads for p, plan in plans.items()}
 
     def source(self, name: str) -> str:

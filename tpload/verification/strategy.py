@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -31,7 +31,7 @@ from . import node
 from .hashes import SHA256, Digests, FileHashed, HashResults
 from .node import HashPlan, WholeFiles
 from .signing import SignedModel, Signer
-from .store import DigestStore, Prediction, Stamp
+from .store import DigestStore, Listed, Prediction, Stamp, Stamped
 
 # -- what the gate reads of the load -------------------------------------------------------------
 
@@ -95,22 +95,15 @@ class ByteColumns(Protocol):
         """Each row's stored bytes."""
 
 
-class Manifest(Protocol):
-    """The checkpoint's table as the gate sees it (storage's Catalogue satisfies it)."""
+class Manifest(Listed, Protocol):
+    """The checkpoint's table as the gate sees it (storage's Catalogue satisfies it): the store's
+    :class:`~tpload.verification.store.Listed` (the manifest's names and sha256), and more."""
 
     @property
     def root(self) -> Path: ...
 
     @property
-    def manifest(self) -> Collection[str] | None:
-        """The manifest's tensor names; None: the checkpoint has no manifest."""
-
-    @property
     def manifest_path(self) -> Path: ...
-
-    @property
-    def manifest_sha256(self) -> str | None:
-        """The sha256 of the manifest's bytes as read (the checkpoint's identity)."""
 
     @property
     def tensors(self) -> Mapping[str, HasBytes]: ...
@@ -120,8 +113,9 @@ class Manifest(Protocol):
         """The same tensors as columns (who hashes what reads their sizes from it)."""
 
 
-class Checkpoint(Protocol):
-    """The opened checkpoint as the gate sees it (storage/base.py's Storage satisfies it)."""
+class Checkpoint(Stamped, Protocol):
+    """The opened checkpoint as the gate sees it (storage/base.py's Storage satisfies it): what a
+    stamp is taken of (:class:`~tpload.verification.store.Stamped`), and more."""
 
     @property
     def root(self) -> Path: ...
@@ -149,8 +143,6 @@ class Checkpoint(Protocol):
     def stored(self, name: str) -> Stored: ...
 
     def file_size(self, path: Path) -> int: ...
-
-    def paths(self) -> list[Path]: ...
 
     def manifest_problems(self, names: list[str]) -> list[str]: ...
 

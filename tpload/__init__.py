@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 __version__ = "0.2.0"
@@ -43,12 +44,14 @@ if TYPE_CHECKING:  # pragma: no cover
     from .options.load_options import LoadOptions
 
 
-def __getattr__(name: str) -> object:
+def __getattr__(name: str) -> Callable[..., object]:  # a function or a class of _LAZY
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'tpload' has no attribute {name!r}")
+    value: Callable[..., object]
     if __name__ + module in sys.modules:
-        return getattr(sys.modules[__name__ + module], name)
+        value = getattr(sys.modules[__name__ + module], name)
+        return value
     started = time.perf_counter_ns()
     value = getattr(importlib.import_module(module, __name__), name)
     elapsed = time.perf_counter_ns() - started

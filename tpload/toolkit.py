@@ -62,7 +62,7 @@ FACE: dict[str, tuple[str, str]] = {
     "planner_of": ("loading.planner", "a planner of a catalogue, given its config.json"),
     "Planner": ("planning.planner", "a catalogue classified once, cut for any layout"),
     "RankPlan": ("planning.planner", "everything one rank will do, before any byte is read"),
-    "Layout": ("planning.layout", "how a group's ranks split a checkpoint: tp x ep"),
+    "Layout": ("model.values", "how a group's ranks split a checkpoint: tp x ep"),
     "Item": ("planning.items", "one unit of a plan: a weight and its scales, served"),
     "Output": ("planning.items", "one served tensor: a slot of the rank's arena"),
     "Cut": ("codecs.base", "the box of one stored tensor a rank reads"),
@@ -142,11 +142,11 @@ if TYPE_CHECKING:  # the face for the type checker and import-linter (the same n
     from .loading.pick import model_for as model_for
     from .loading.planner import planner_of as planner_of
     from .model.meta import ITEMSIZE as ITEMSIZE
+    from .model.values import Layout as Layout
     from .options.flags import Parser as Parser
     from .options.rules import not_a_folder as not_a_folder
     from .planning.items import Item as Item
     from .planning.items import Output as Output
-    from .planning.layout import Layout as Layout
     from .planning.planner import Planner as Planner
     from .planning.planner import RankPlan as RankPlan
     from .report.memory import MemoryPeaks as MemoryPeaks

@@ -37,8 +37,8 @@ from ..loading.sequence import Loaded
 from ..model.errors import LoadError
 from ..model.text import escape_name
 from ..model.trust import TrustSource
+from ..model.values import Layout
 from ..options.load_options import LoadOptions
-from ..planning.layout import Layout
 from ..planning.planner import Planner, RankPlan
 from ..report.figures import RankFigures
 from ..report.log import rank_log

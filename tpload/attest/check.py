@@ -23,7 +23,7 @@ from ..loading.planner import planner_of
 from ..model.modes import Kind, Verify
 from ..model.progress import Meter
 from ..model.text import escape_name
-from ..planning.layout import Layout
+from ..model.values import Json, Layout
 from ..selection.config import Config, with_rules
 from ..storage.files import parse_json, read_small
 from ..storage.open import open_storage
@@ -60,7 +60,7 @@ def _fmt(w: Sequence[int]) -> str:
     return f"rows {w[0]}-{w[1]}, bytes {w[2]}-{w[3]}"
 
 
-def _shape_problems(doc: object) -> list[str]:
+def _shape_problems(doc: Json) -> list[str]:
     """What makes ``doc`` not a tpload load attestation at all (then nothing else is compared)."""
     if not isinstance(doc, dict):
         return ["not a JSON object"]
@@ -236,7 +236,7 @@ def _times(replicas: Sequence[int]) -> str:
     return f"{lo} time(s)" if lo == hi else f"{lo} to {hi} times"
 
 
-def _cover(c: object) -> str:
+def _cover(c: Json) -> str:
     if (
         not isinstance(c, dict)
         or not isinstance(c.get("replicas"), list)

@@ -15,7 +15,7 @@ from ..loading.loop import run
 from ..loading.planner import planner_of
 from ..model.errors import CheckpointError
 from ..model.progress import Meter, Silent
-from ..planning.layout import Layout
+from ..model.values import Layout
 from ..selection.config import Config
 from ..sources.hashing import Hasher
 from ..sources.storage import StorageSource

@@ -205,7 +205,7 @@ def cmd_plan(argv: list[str]) -> int:
         _require(args.dir)
         phases = stack.enter_context(phase_lines("plan", first))
         phases.enter("open")
-        from ..planning.layout import Layout
+        from ..model.values import Layout
         from ..tools.sizing import HostMemory, costs, fit_line, planning, render_costs
 
         imported = time.monotonic() - t0
@@ -372,7 +372,7 @@ def cmd_verify(argv: list[str]) -> int:
             {
                 "checkpoint": args.dir,
                 "ok": not problems,
-                "config": getattr(config, "name", None),
+                "config": config.name if config is not None else None,
                 "checked": checked,
                 "problems": list(problems),
             }
@@ -380,7 +380,7 @@ def cmd_verify(argv: list[str]) -> int:
     return 1 if problems else 0
 
 
-def _verified(root: str, config: object | None, signed: SignedModel | None = None) -> str:
+def _verified(root: str, config: Config | None, signed: SignedModel | None = None) -> str:
     """What a passing ``verify`` checked and what vouched for it, counted from the headers (no data
     read again; the checkpoint just passed, so it opens)."""
     from ..model.values import MANIFEST_NAME
@@ -426,7 +426,7 @@ def _verified(root: str, config: object | None, signed: SignedModel | None = Non
     finally:
         storage.close()
     values = (
-        f"; values (scales, NaN codes, bf16 overflow) by config {getattr(config, 'name', config)}"
+        f"; values (scales, NaN codes, bf16 overflow) by config {config.name}"
         if config is not None
         else "; no value checks (--config none)"
     )
@@ -497,7 +497,7 @@ def cmd_export(argv: list[str]) -> int:
     args = export_parser().parse_args(argv)
     try:
         _require(args.dir)
-        from ..planning.layout import Layout
+        from ..model.values import Layout
         from ..storage.partitioned import rank_file
         from ..tools.export import export
 

@@ -7,6 +7,7 @@ import logging
 import os
 import shlex
 import signal
+from types import FrameType
 
 from ..model.errors import LoadError
 from ..model.text import escape_name, plural
@@ -17,7 +18,7 @@ from .output import configure_logging, fail_rank, first_on_node, one_line, refus
 from .parsers import SUBCOMMANDS, load_parser
 
 
-def on_sigterm(signum: int, frame: object) -> None:
+def on_sigterm(signum: int, frame: FrameType | None) -> None:
     # torchrun stops every worker with SIGTERM once one of them failed (or when it is stopped
     # itself): say so, and let the normal error path reach the exchange and exit non-zero.
     raise LoadError(

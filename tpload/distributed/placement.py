@@ -69,8 +69,9 @@ class Placement:
         return self.groups[position][replica]
 
 
-class Replicas(Protocol):
-    """What placing the ranks reads of the options (options/load_options.py's LoadOptions)."""
+class Sharing(Protocol):
+    """The options that say how windows are shared (options/load_options.py's LoadOptions): what
+    placing the ranks reads, and how long a replica's peers wait (sources/open.py)."""
 
     @property
     def replicas(self) -> int: ...
@@ -78,14 +79,17 @@ class Replicas(Protocol):
     @property
     def replica_group(self) -> Sequence[Sequence[int]] | None: ...
 
+    @property
+    def timeout_s(self) -> float: ...
 
-def count(opts: Replicas) -> int:
+
+def count(opts: Sharing) -> int:
     """The number of replicas the options ask for (``replica_group``: the groups' size)."""
     groups = opts.replica_group
     return len(groups[0]) if groups else opts.replicas
 
 
-def placement(opts: Replicas, world: int) -> Placement | None:
+def placement(opts: Sharing, world: int) -> Placement | None:
     """Where each rank stands (None without replicas)."""
     groups, n = opts.replica_group, count(opts)
     if n <= 1:
@@ -99,7 +103,7 @@ def position(at: Placement | None, rank: int) -> int:
     return at.where(rank)[1] if at is not None else rank
 
 
-def planned_world(opts: Replicas, world: int, tp: int, ep: int) -> int:
+def planned_world(opts: Sharing, world: int, tp: int, ep: int) -> int:
     """The ranks one replica's layout spans: ``world`` without replicas; with them, a group of
     ``replicas x tp x ep`` ranks (refused in one line naming the sizes otherwise) spans
     ``world // replicas``."""

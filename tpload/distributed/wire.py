@@ -48,7 +48,7 @@ class Wire:
     their own memory, with a copy on each side of a transfer; only a device wire needs it, and a
     test may ask for it on the CPU to run the same code)."""
 
-    group: object
+    group: dist.ProcessGroup
     device: torch.device
     staged: bool = False
 

@@ -13,6 +13,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any  # JSON rows and an engine's extra config
 
@@ -91,7 +92,8 @@ def load_options(
         raise OptionsError(
             f"model loader extra config: device {device!r} is neither 'cpu' nor 'engine'"
         )
-    opts = {k: getattr(checked, k) for k in given}
+    held = asdict(checked)
+    opts = {k: held[k] for k in given}
     unread = tuple(s.glob for s in skips if not s.read)
     return {
         **opts,

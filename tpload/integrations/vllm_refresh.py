@@ -119,7 +119,7 @@ class TploadWeightTransferEngine(WeightTransferEngine[TploadInitInfo, TploadUpda
         from ..refresh.rendezvous import Rendezvous
 
         try:
-            rv = Rendezvous.from_json(vars(init_info))
+            rv = Rendezvous.from_json(dict(vars(init_info)))
             # proven before anything live is touched: an init from a process without the refresh
             # key (vLLM's init arrives over plain HTTP) leaves the session, staging and group
             rv.secret(self.key, who="the engine")

@@ -266,12 +266,11 @@ class LLMWeightSync:
         self.llm.reset_prefix_cache()
 
 
-def _engine_ranks(client: object, given: int | None) -> int:
+def _engine_ranks(client: Any, given: int | None) -> int:
     if given is not None:
         return given
-    ranks = getattr(client, "engine_ranks", None)
-    if callable(ranks):
-        return int(ranks())
+    if isinstance(client, LLMWeightSync):
+        return client.engine_ranks()
     base = getattr(client, "base_url", None)
     if isinstance(base, str):
         import requests
@@ -285,7 +284,7 @@ def _engine_ranks(client: object, given: int | None) -> int:
     )
 
 
-def _pause(client: object) -> None:
+def _pause(client: Any) -> None:
     """An HTTP server stops generating before the round (and clears its prefix cache): requests in
     flight are aborted and new ones wait for :func:`_resume`, so none mixes versions."""
     base = getattr(client, "base_url", None)
@@ -295,7 +294,7 @@ def _pause(client: object) -> None:
         requests.post(f"{base}/pause", timeout=60).raise_for_status()
 
 
-def _resume(client: object) -> None:
+def _resume(client: Any) -> None:
     base = getattr(client, "base_url", None)
     if isinstance(base, str):
         import requests

@@ -8,8 +8,8 @@ whole. Both record what the engine read in their :class:`~tpload.integrations.ha
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any, NoReturn
 
 import torch
 
@@ -116,8 +116,18 @@ def _attribute(func: Callable[..., Any]) -> str | None:
     )
 
 
-def _windows_in(args: object) -> list[WindowTensor]:
+def _windows_in(args: tuple[Any, ...]) -> list[WindowTensor]:
     return [a for a in tree_leaves(args) if isinstance(a, WindowTensor)]
+
+
+def _refused(access: str) -> Callable[..., NoReturn]:
+    """A method of :class:`WindowTensor` that refuses any call (whatever its arguments) in words."""
+
+    def refuse(self: WindowTensor, *args: object, **kwargs: object) -> NoReturn:
+        raise self._refuse(access)
+
+    refuse.__name__ = refuse.__qualname__ = access.split(" ")[0].removesuffix("()")
+    return refuse
 
 
 class WindowTensor(torch.Tensor):
@@ -156,7 +166,7 @@ class WindowTensor(torch.Tensor):
         t._full = torch.Size(full)
         return t
 
-    def __repr__(self, *args: object, **kwargs: object) -> str:
+    def __repr__(self, *, tensor_contents: str | None = None) -> str:  # torch's signature
         held = ranges_text(self._held)
         return f"WindowTensor({self._label}, shape {tuple(self._full)}, holds {held})"
 
@@ -169,56 +179,31 @@ class WindowTensor(torch.Tensor):
             "windows: a loader may read shapes and narrow to its part, nothing else)"
         )
 
-    # Python-level ways to the bytes, refused here whatever __torch_function__ would do with them.
-    def __dlpack__(self, *args: object, **kwargs: object) -> object:
-        raise self._refuse("__dlpack__ (DLPack export)")
-
-    def __dlpack_device__(self, *args: object, **kwargs: object) -> object:
-        raise self._refuse("__dlpack_device__ (DLPack export)")
-
-    def __array__(self, *args: object, **kwargs: object) -> object:
-        raise self._refuse("__array__ (conversion to numpy)")
-
-    def __array_wrap__(self, *args: object, **kwargs: object) -> object:
-        raise self._refuse("__array_wrap__ (numpy)")
-
-    def numpy(self, *args: object, **kwargs: object) -> object:
-        raise self._refuse("numpy()")
-
-    def tolist(self, *args: object, **kwargs: object) -> object:
-        raise self._refuse("tolist()")
-
-    def item(self, *args: object, **kwargs: object) -> object:
-        raise self._refuse("item()")
-
-    def untyped_storage(self, *args: object, **kwargs: object) -> object:
-        raise self._refuse("untyped_storage()")
-
-    def storage(self, *args: object, **kwargs: object) -> object:
-        raise self._refuse("storage()")
-
-    def _typed_storage(self, *args: object, **kwargs: object) -> object:
-        raise self._refuse("_typed_storage()")
-
-    def data_ptr(self, *args: object, **kwargs: object) -> object:
-        raise self._refuse("data_ptr()")
-
-    # any call is refused in words (pickle's protocol argument included): not object's signature
-    def __reduce_ex__(self, *args: object, **kwargs: object) -> object:  # type: ignore[override]
-        raise self._refuse("pickling")
-
-    def __deepcopy__(self, *args: object, **kwargs: object) -> object:
-        raise self._refuse("copy.deepcopy")
+    # Python-level ways to the bytes, refused here whatever __torch_function__ would do with them
+    # (pickle's protocol argument included: any call is refused in words).
+    __dlpack__ = _refused("__dlpack__ (DLPack export)")
+    __dlpack_device__ = _refused("__dlpack_device__ (DLPack export)")
+    __array__ = _refused("__array__ (conversion to numpy)")
+    __array_wrap__ = _refused("__array_wrap__ (numpy)")
+    numpy = _refused("numpy()")
+    tolist = _refused("tolist()")
+    item = _refused("item()")
+    untyped_storage = _refused("untyped_storage()")
+    storage = _refused("storage()")
+    _typed_storage = _refused("_typed_storage()")
+    data_ptr = _refused("data_ptr()")
+    __reduce_ex__ = _refused("pickling")
+    __deepcopy__ = _refused("copy.deepcopy")
 
     @property
-    def __cuda_array_interface__(self) -> object:
+    def __cuda_array_interface__(self) -> NoReturn:
         raise self._refuse("__cuda_array_interface__")
 
     @classmethod
     def __torch_function__(
         cls,
         func: Callable[..., Any],
-        types: object,
+        types: Collection[type],
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:  # torch's protocol: any op's result
@@ -236,7 +221,7 @@ class WindowTensor(torch.Tensor):
     @classmethod
     def _serve(
         cls, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> object:
+    ) -> Any:  # torch's protocol: any op's result
         windows = _windows_in((args, kwargs))
         if (
             not windows
@@ -260,7 +245,7 @@ class WindowTensor(torch.Tensor):
 
     def _query(
         self, func: Callable[..., Any], name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> object:
+    ) -> Any:  # an op's result: a size, a count, a flag, a string, a device...
         """Metadata the window serves, as the whole tensor's; _REFUSED for anything else."""
         full = self._full
         attr = _attribute(func)
@@ -307,8 +292,8 @@ class WindowTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(
         cls,
-        func: object,
-        types: object,
+        func: Callable[..., Any],
+        types: Collection[type],
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
@@ -347,7 +332,7 @@ class WholeTensor(torch.Tensor):
     def __torch_function__(
         cls,
         func: Callable[..., Any],
-        types: object,
+        types: Collection[type],
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:  # torch's protocol: any op's result

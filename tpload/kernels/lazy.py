@@ -15,8 +15,9 @@ import importlib
 import logging
 import sys
 import threading
+from collections.abc import Callable
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 __all__ = ["kernels", "warm"]
 
@@ -32,11 +33,12 @@ class _Kernels:
 
     _module: ModuleType | None = None
 
-    def __getattr__(self, name: str) -> object:
+    def __getattr__(self, name: str) -> Callable[..., Any]:  # a compiled kernel
         module = self._module
         if module is None:
             module = self._module = importlib.import_module(_MODULE)
-        return getattr(module, name)
+        kernel: Callable[..., Any] = getattr(module, name)
+        return kernel
 
 
 if TYPE_CHECKING:  # a type checker reads the module's own names (none is imported here)

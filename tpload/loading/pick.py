@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any  # Any: config.json's values, as JSON has 
 
 from ..model.errors import CheckpointError, ConfigError, LoadError, raise_all
 from ..model.text import escape_name
-from ..model.values import INDEX_NAME
+from ..model.values import INDEX_NAME, Json
 from ..selection.config import (
     FAMILIES,
     Config,
@@ -277,7 +277,7 @@ def _architecture(model: dict[str, Any], root: Path) -> tuple[_Detect, str]:
     )
 
 
-def _names(value: object, root: Path, field: str, *, listed: bool) -> list[str]:
+def _names(value: Json, root: Path, field: str, *, listed: bool) -> list[str]:
     """config.json's ``architectures`` (a list of names) or ``model_type`` (a name) as a list;
     absent or null is none; anything else is refused naming the field."""
     if value is None:

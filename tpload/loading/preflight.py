@@ -16,7 +16,7 @@ import psutil
 import torch
 
 from ..model.errors import LoadError
-from ..planning.layout import Layout
+from ..model.values import Layout
 from ..planning.planner import Planner, RankPlan
 
 GIB = 1 << 30

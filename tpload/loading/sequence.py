@@ -34,8 +34,8 @@ from ..model.errors import LoadError, StoodDown
 from ..model.modes import RankStatus
 from ..model.progress import ProgressSink, Silent
 from ..model.text import first_line, one_line
+from ..model.values import Layout
 from ..options.load_options import LoadOptions
-from ..planning.layout import Layout
 from ..planning.planner import Planner, RankPlan
 from ..report.figures import RankFigures, process_first_load
 from ..report.memory import MemoryPeaks, device_peaks, reset_device_peaks

@@ -16,8 +16,8 @@ from ..distributed.world import DistContext
 from ..model.errors import LoadError
 from ..model.modes import Verify
 from ..model.progress import ProgressSink
+from ..model.values import Layout
 from ..options.load_options import LoadOptions
-from ..planning.layout import Layout
 from ..planning.planner import Planner, RankPlan
 from ..report.figures import RankFigures
 from ..report.log import rank_log

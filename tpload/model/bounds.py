@@ -7,7 +7,7 @@ import argparse
 import math
 from dataclasses import dataclass
 
-MAX_WORLD = 1 << 16  # no layout has more ranks than this; bigger numbers are typos, not plans
+from .values import MAX_WORLD
 
 
 @dataclass(frozen=True)
@@ -27,12 +27,12 @@ class Bound:
     note: str = ""
     """Why the upper limit, said with the problem."""
 
-    def problem(self, v: object) -> str | None:
-        """Why ``v`` is out of this kind's range, or None."""
-        # v is a number of this kind (the options' coercion, the flag's parse come first)
-        if self.kind is float and not math.isfinite(v):  # type: ignore[arg-type]
+    def problem(self, v: float) -> str | None:
+        """Why ``v`` (a number of this kind: the options' coercion, the flag's parse come first) is
+        out of this kind's range, or None."""
+        if self.kind is float and not math.isfinite(v):
             return f"must be a finite number {self._range()}, got {v}"
-        ok = (v > self.low if self.above else v >= self.low) and v <= self.high  # type: ignore[operator]  # as above
+        ok = (v > self.low if self.above else v >= self.low) and v <= self.high
         return None if ok else f"must be {self._range()}, got {v}"
 
     def _range(self) -> str:

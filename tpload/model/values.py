@@ -1,14 +1,23 @@
 """The value types several layers exchange, and the names they share.
 
 Small immutable things: a fingerprint's triple, a window's box, where stored bytes are, the sizes
-of the node cross-check's values, the file names a checkpoint's anchors have. Nothing here reads a
-file or imports anything of tpload."""
+of the node cross-check's values, the file names a checkpoint's anchors have, the layout. Nothing
+here reads a file or imports anything of tpload but its errors."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple, TypeAlias
+
+from .errors import LayoutError
+
+MAX_WORLD = 1 << 16  # no layout has more ranks than this; bigger numbers are typos, not plans
+
+Json: TypeAlias = dict[str, Any] | list[Any] | str | int | float | bool | None
+"""A parsed JSON document (or one of its values), not yet checked: what the bounded reader and the
+header parser hand back (storage/files.py, storage/header_json.py). An object's values and a list's
+items are unchecked too, until their own isinstance."""
 
 Triple = tuple[int, int, int]
 """A fingerprint: (total, rows, cols), int64 sums of a window's words (kernels/fingerprint.py)."""
@@ -95,6 +104,35 @@ class FileSource:
     metadata: Path | None = None
     """The folder of download metadata that records the digests (a local-dir download's); None:
     the files' own names are the digests (a hub snapshot's blobs)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the ranks of one group split a checkpoint: ``tp`` x ``ep``."""
+
+    tp: int
+    """Tensor-parallel degree: ranks that share every matrix, each a window."""
+    ep: int = 1
+    """Expert-parallel degree: groups of ``tp`` ranks that split the experts."""
+
+    def __post_init__(self) -> None:
+        if not (
+            1 <= self.tp <= MAX_WORLD
+            and 1 <= self.ep <= MAX_WORLD
+            and self.tp * self.ep <= MAX_WORLD
+        ):
+            raise LayoutError(
+                f"tp {self.tp} x ep {self.ep}: each must be >= 1 and their product at most "
+                f"{MAX_WORLD}"
+            )
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.ep
+
+    def position(self, rank: int) -> tuple[int, int]:
+        """(expert-parallel group, tensor-parallel rank) of a group rank: tp is innermost."""
+        return divmod(rank, self.tp)
 
 
 SNAPSHOT = FileSource(

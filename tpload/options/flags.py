@@ -16,7 +16,7 @@ from typing import Any
 
 from ..model.errors import OptionsError
 from ..model.values import SIGNER_FIELDS
-from .load_options import LoadOptions, field_types, listing, validate
+from .load_options import Check, Hint, LoadOptions, field_types, listing, validate
 
 
 def choice_words(choices: Iterable[object]) -> list[object]:
@@ -94,7 +94,7 @@ class Parser(argparse.ArgumentParser):
             )
 
     # argparse's overloads (a namespace given or not) in one signature: this parser returns its own
-    def parse_known_args(  # type: ignore[override]
+    def parse_known_args(  # type: ignore[override]  # the overloads in one (above)
         self, args: typing.Sequence[str] | None = None, namespace: typing.Any = None
     ) -> tuple[argparse.Namespace, list[str]]:
         # An unknown flag first: argparse would otherwise say only that a required one is missing
@@ -228,7 +228,7 @@ def add_flags(
         into.add_argument(flag, **kw)
 
 
-def _checked(check: Callable[[object], str | None] | None) -> Callable[[str], str] | None:
+def _checked(check: Check | None) -> Callable[[str], str] | None:
     """A string flag's own rule (``--manifest-sha256``: 64 hex digits) as the parser's type, so a
     malformed value is a parser refusal (exit 2, README's exit codes), as a number out of
     range is."""
@@ -244,7 +244,7 @@ def _checked(check: Callable[[object], str | None] | None) -> Callable[[str], st
     return parse
 
 
-def _cli_type(hint: object) -> Callable[[str], object]:
+def _cli_type(hint: Hint) -> Callable[[str], str]:
     args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
     if args[0] in (int, float):  # every number has its kind's rule, or none is checked anywhere
         raise TypeError(f"a numeric option without a bound= ({hint})")

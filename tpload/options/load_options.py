@@ -17,7 +17,7 @@ import os
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from typing import Any, Literal, TypedDict, TypeVar, cast
 
@@ -32,7 +32,11 @@ __all__ = ["LoadKwargs", "LoadOptions", "field_types", "listing", "opt", "valida
 KINDS = tuple(Kind)
 VERIFY_MODES = tuple(Verify)
 
-Check = Callable[[object], str | None]
+Value = str | int | float | bool | tuple[str, ...] | tuple[tuple[int, ...], ...] | None
+"""An option's value as its field holds it (after :func:`_coerce`)."""
+Hint = type | types.UnionType | types.GenericAlias
+"""A field's type as :func:`field_types` gives (``str``, ``Kind | None``, ``tuple[str, ...]``)."""
+Check = Callable[[Value], str | None]
 _T = TypeVar("_T")
 
 
@@ -68,7 +72,7 @@ def opt(
     return field(default=default, metadata=meta)
 
 
-def _sha256_hex(v: object) -> str | None:
+def _sha256_hex(v: Value) -> str | None:
     if v is None:
         return None
     s = str(v)
@@ -79,7 +83,7 @@ def _sha256_hex(v: object) -> str | None:
     )
 
 
-def _replica_group_problem(v: object) -> str | None:
+def _replica_group_problem(v: Value) -> str | None:
     """Groups of one size, no rank in two (the world's checks come with the layout:
     distributed/placement.py)."""
     groups = cast(Sequence[Sequence[int]], v)  # coerced first (_coerce): lists of ranks
@@ -262,7 +266,7 @@ class LoadOptions:
     )
 
     def __post_init__(self) -> None:
-        problems = validate({f.name: getattr(self, f.name) for f in fields(self)}, style="api")
+        problems = validate(asdict(self), style="api")
         if problems:
             raise OptionsError(listing(problems))
         object.__setattr__(
@@ -362,11 +366,11 @@ def listing(problems: list[str]) -> str:
     return f"{len(problems)} invalid options:\n  - " + "\n  - ".join(problems)
 
 
-def field_types() -> dict[str, object]:
+def field_types() -> dict[str, Hint]:
     return typing.get_type_hints(LoadOptions)
 
 
-def _coerce(name: str, value: object) -> object:
+def _coerce(name: str, value: object) -> Value:
     """``value`` as the field's type, accepting the obvious spellings (a Path for a str, one glob
     for a tuple of globs); TypeError saying what was expected otherwise."""
     want = field_types()[name]
@@ -420,7 +424,7 @@ def _spell(name: str, style: str) -> str:
     return f.metadata["flag"] or "--" + name.replace("_", "-")
 
 
-def validate(values: Mapping[str, object], *, style: str) -> list[str]:
+def validate(values: Mapping[str, Value], *, style: str) -> list[str]:
     """Every problem with these (already typed) values, each naming the option as ``style`` spells
     it."""
     problems = []
@@ -437,7 +441,8 @@ def validate(values: Mapping[str, object], *, style: str) -> list[str]:
     return problems + problems_across(values, functools.partial(_spell, style=style))
 
 
-def _field_problem(bound: Bound | None, check: Check | None, v: object) -> str | None:
-    return (bound.problem(v) if bound is not None else None) or (
+def _field_problem(bound: Bound | None, check: Check | None, v: Value) -> str | None:
+    # a bounded field holds a number (_coerce, the flag's parse)
+    return (bound.problem(v) if bound is not None and isinstance(v, int | float) else None) or (
         check(v) if check is not None else None
     )

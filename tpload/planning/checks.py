@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from ..model.errors import LayoutError
 from ..model.text import escape_name, plural
+from ..model.values import Layout
 from .classify import Classified
 from .cutting import cuts
-from .layout import Layout
 
 SUGGEST_UP_TO = 64  # the layout suggestions try tp values up to this (or the world size)
 

@@ -11,8 +11,9 @@ import torch
 
 from ..codecs.base import Cut, whole
 from ..model.modes import Kind
+from ..model.values import Layout
 from .entries import Entry
-from .layout import Layout, share
+from .layout import share
 
 SLOT_ALIGN = 256  # every served tensor starts on a 256-byte boundary of the arena
 

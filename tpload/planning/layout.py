@@ -1,42 +1,13 @@
-"""How a group of ranks splits a checkpoint, and the arithmetic of sharing things out."""
+"""The arithmetic of sharing things out among a layout's ranks (the layout itself, :class:`Layout`,
+is a value on the data floor: model/values.py; named here too for the callers that know it so)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from ..model.bounds import MAX_WORLD
-from ..model.errors import LayoutError
+from ..model.values import Layout
 
-
-@dataclass(frozen=True)
-class Layout:
-    """How the ranks of one group split a checkpoint: ``tp`` x ``ep``."""
-
-    tp: int
-    """Tensor-parallel degree: ranks that share every matrix, each a window."""
-    ep: int = 1
-    """Expert-parallel degree: groups of ``tp`` ranks that split the experts."""
-
-    def __post_init__(self) -> None:
-        if not (
-            1 <= self.tp <= MAX_WORLD
-            and 1 <= self.ep <= MAX_WORLD
-            and self.tp * self.ep <= MAX_WORLD
-        ):
-            raise LayoutError(
-                f"tp {self.tp} x ep {self.ep}: each must be >= 1 and their product at most "
-                f"{MAX_WORLD}"
-            )
-
-    @property
-    def world(self) -> int:
-        return self.tp * self.ep
-
-    def position(self, rank: int) -> tuple[int, int]:
-        """(expert-parallel group, tensor-parallel rank) of a group rank: tp is innermost."""
-        return divmod(rank, self.tp)
+__all__ = ["Layout", "part_of", "parts_of", "share"]
 
 
 def share(n: int, parts: int, k: int) -> tuple[int, int]:

@@ -21,7 +21,7 @@ from ..model.errors import ConfigError, LayoutError
 from ..model.modes import Kind
 from ..model.table import TensorTable
 from ..model.text import escape_name
-from ..model.values import Box
+from ..model.values import Box, Layout
 from ..selection.config import Config
 from ..selection.prefix import detect as detect_prefix
 from . import checks
@@ -29,7 +29,7 @@ from .classify import Classified, classify
 from .cutting import SLOT_ALIGN, Shaped, shaped, slot
 from .entries import Entries, Entry
 from .items import Item, Outputs, item_of
-from .layout import Layout, parts_of
+from .layout import parts_of
 from .view import CatalogueView
 
 

@@ -4,6 +4,7 @@ planning names no storage type, so a plan stays arithmetic on the tensor table."
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
@@ -15,7 +16,7 @@ class CatalogueView(Protocol):
     """A checkpoint's tensors as the planner reads them (nothing here opens a file)."""
 
     @property
-    def root(self) -> object:
+    def root(self) -> os.PathLike[str]:
         """The checkpoint's folder, as messages name it (planning opens nothing in it)."""
         ...
 

@@ -17,6 +17,7 @@ This face imports nothing: its names are imported on first use.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 _LAZY = {
@@ -53,8 +54,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from .trainer import RefreshSender
 
 
-def __getattr__(name: str) -> object:
+def __getattr__(name: str) -> Callable[..., object]:  # a function or a class of _LAZY
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module, __name__), name)
+    value: Callable[..., object] = getattr(importlib.import_module(module, __name__), name)
+    return value

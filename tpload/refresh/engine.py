@@ -143,6 +143,8 @@ class RefreshReceiver:
         self._spare: np.ndarray | None = None
         self._opts = LoadOptions(verify=Verify.RANK, kind=Kind(layout.kind), config=config.name)
         """What every engine rank shares in the handshake beside the manifest (the terms)."""
+        self._thread: threading.Thread | None = None
+        """A round's loop, reading each window as it lands (None: no round runs)."""
         self._clear()
 
     @classmethod
@@ -187,7 +189,7 @@ class RefreshReceiver:
 
     # -- state
     def _clear(self) -> None:
-        if getattr(self, "_thread", None) is not None:
+        if self._thread is not None:
             self._stop_check("the round was cleared")
         self.manifest: VersionManifest | None = None
         self.staging: np.ndarray | None = None
@@ -202,8 +204,7 @@ class RefreshReceiver:
         self._arrival: Arrival | None = None
         self._load: HeldLoad | None = None
         """The loader's sequence over this round's staging (made when its handshake is met)."""
-        self._thread: threading.Thread | None = None
-        """Its loop, reading each window as it lands."""
+        self._thread = None
         self._manifest_sha = ""
         self._receiving = False
         self._opened = False

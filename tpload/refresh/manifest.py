@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..model.pushed import TensorEntry, WindowEntry
 from ..model.text import escape_name
+from ..model.values import Json
 from ..storage.files import read_pem
 from .layout import EngineLayout
 from .terms import RefreshCheck, RefreshError, version_problem
@@ -122,19 +123,29 @@ class VersionManifest:
         return manifest
 
 
-def _ints(v: object, n: int) -> tuple[int, ...]:
+def _ints(v: Json, n: int) -> tuple[int, ...]:
     if not isinstance(v, list) or len(v) != n or not all(type(x) is int for x in v):
         raise ValueError(f"expected {n} integers, got {escape_name(repr(v))[:80]}")
     return tuple(v)
 
 
-def _str(v: object, what: str) -> str:
+def _pair(v: Json) -> tuple[int, int]:
+    a, b = _ints(v, 2)
+    return a, b
+
+
+def _triple(v: Json) -> tuple[int, int, int]:
+    a, b, c = _ints(v, 3)
+    return a, b, c
+
+
+def _str(v: Json, what: str) -> str:
     if not isinstance(v, str) or not 0 < len(v) <= MAX_NAME:
         raise ValueError(f"{what} is not a name")
     return v
 
 
-def _parse(doc: object) -> VersionManifest:
+def _parse(doc: Json) -> VersionManifest:
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ValueError(f"not a version manifest of format {FORMAT}")
     version, trainers, chunk = doc["version"], doc["trainer_ranks"], doc["chunk_bytes"]
@@ -155,8 +166,8 @@ def _parse(doc: object) -> VersionManifest:
             sha = w[5]
             if sha is not None and not (isinstance(sha, str) and len(sha) == 64):
                 raise ValueError("a window's sha256 is not 64 hex digits")
-            view = _ints(w[1], 2)
-            box = (_ints(w[2][0], 2), _ints(w[2][1], 2))
+            view = _pair(w[1])
+            box = (_pair(w[2][0]), _pair(w[2][1]))
             (r0, r1), (c0, c1) = box
             if not (0 <= r0 <= r1 <= view[0] and 0 <= c0 <= c1 <= view[1]):
                 raise ValueError(f"window {escape_name(w[0])}: its box is outside its view")
@@ -164,7 +175,7 @@ def _parse(doc: object) -> VersionManifest:
             if type(trainer) is not int or not 0 <= trainer < trainers:
                 raise ValueError(f"window {escape_name(w[0])}: no trainer rank {trainer!r}")
             windows.append(
-                WindowEntry(_str(w[0], "a window"), view, box, trainer, _ints(w[4], 3), sha)  # type: ignore[arg-type]
+                WindowEntry(_str(w[0], "a window"), view, box, trainer, _triple(w[4]), sha)
             )
         digest = r["digest"]
         if not (isinstance(digest, str) and len(digest) == 64):

@@ -55,6 +55,7 @@ import torch
 
 from ..model.errors import LoadError
 from ..model.text import escape_name
+from ..model.values import Json
 from .terms import MAX_MESSAGE_BYTES, MAX_TIMEOUT_S, TIMEOUT_S, RefreshError
 
 log = logging.getLogger("tpload.refresh")
@@ -188,7 +189,7 @@ class Rendezvous:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
-    def from_json(cls, doc: object) -> Rendezvous:
+    def from_json(cls, doc: Json | bytes) -> Rendezvous:
         """The rendezvous in ``doc`` (JSON text or bytes, or a mapping such as vLLM's init info)."""
         if isinstance(doc, str | bytes):
             try:
@@ -238,7 +239,7 @@ class Rendezvous:
         return bytes.fromhex(self.token)
 
 
-def _is_hex(s: object, n: int) -> bool:
+def _is_hex(s: Json, n: int) -> bool:
     if not isinstance(s, str) or len(s) != n:
         return False
     try:

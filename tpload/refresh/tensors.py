@@ -21,8 +21,7 @@ from ..model.meta import TensorMeta
 from ..model.pushed import TensorEntry
 from ..model.templates import natural_key
 from ..model.text import escape_name
-from ..model.values import Box, FileSource, Stored
-from ..planning.layout import Layout
+from ..model.values import Box, FileSource, Layout, Stored
 from ..planning.planner import Planner, RankPlan
 from ..selection.config import Config, load_config
 from ..storage.base import StorageBase

@@ -10,6 +10,7 @@ from enum import StrEnum
 from ..loading import steps
 from ..model.errors import LoadError
 from ..model.text import escape_name
+from ..model.values import Json
 
 TIMEOUT_S = 120.0
 """Every wait of a round (a peer's message, a chunk, the exchange): below vLLM's HTTP client's
@@ -44,7 +45,7 @@ def hash_threads(side_ranks: int, device: str) -> int:
     return steps.hash_threads(None, node_ranks, device)
 
 
-def version_problem(version: object) -> str:
+def version_problem(version: Json) -> str:
     """'' when ``version`` is a version (an int in 1..2**63-1), else why not."""
     if type(version) is not int or not 1 <= version <= MAX_VERSION:
         return f"version must be an integer in 1..2**63-1, got {escape_name(repr(version))[:40]}"

@@ -183,11 +183,9 @@ class RankFigures:
     def to_row(self) -> torch.Tensor:
         peers = SLOTS
         ints, blobs = self._layout()
-        head = np.array(
-            [NOT_MEASURED if getattr(self, f) is None else getattr(self, f) for f in ints],
-            dtype=np.int64,
-        )
-        raw = b"".join(_pack(getattr(self, name), size) for name, size in blobs)
+        own = vars(self)  # the fields by name, as _layout lists them
+        head = np.array([NOT_MEASURED if own[f] is None else own[f] for f in ints], dtype=np.int64)
+        raw = b"".join(_pack(own[name], size) for name, size in blobs)
         for values in (self.claims, self.seen):
             raw += b"".join(values[:peers]).ljust(peers * DIGEST_BYTES, b"\0")
         return torch.from_numpy(np.concatenate([head, np.frombuffer(raw, dtype="<i8")]))

@@ -4,6 +4,7 @@ memory)."""
 from __future__ import annotations
 
 import threading
+from types import TracebackType
 
 import psutil
 import torch
@@ -34,7 +35,9 @@ class MemoryPeaks:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self._stop.set()
         self._thread.join()
         self._sample()

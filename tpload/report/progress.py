@@ -51,9 +51,9 @@ class Phases:
         self.current = PHASES[0]
         self.ns = dict.fromkeys(PHASES, 0)
         self._since = now()
-        self.counter: object = None
-        """The read phase's sink: its ``bytes`` attribute (:class:`Progress`, :class:`Tally`) is the
-        bytes read so far; a caller's sink without one counts none."""
+        self.counter: ProgressSink | None = None
+        """The read phase's sink: the load's own (:class:`Progress`, :class:`Tally`) counts the
+        bytes read so far; a caller's sink counts none."""
         self.total = 0
         """The bytes the rank's plan reads."""
 
@@ -68,7 +68,7 @@ class Phases:
         return (self._now() - self._since) / 1e9
 
     def standing(self) -> Standing:
-        done = int(getattr(self.counter, "bytes", 0))
+        done = self.counter.bytes if isinstance(self.counter, Tally | Progress) else 0
         reading = self.ns["read"] + (self._now() - self._since if self.current == "read" else 0)
         return Standing(self.rank, self.current, done, self.total, reading / 1e9)
 

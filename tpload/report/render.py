@@ -7,6 +7,7 @@ import os
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from ..model.modes import PredictionState
 from ..model.text import printable
@@ -15,6 +16,18 @@ from ..storage.files import STDOUT, atomic_write
 from .figures import PREDICTION, RankFigures
 
 GIB = 1 << 30
+
+
+class Totals(NamedTuple):
+    """The ranks' figures summed: the table's ``all`` row."""
+
+    tensors: int
+    bytes_read: int
+    bytes_hashed: int
+    bytes_device: int
+    hashed: int
+    device_checked: int
+    sampled: int
 
 
 @dataclass
@@ -85,8 +98,18 @@ class LoadReport:
         on = {b: ", ".join(str(r.rank) for r in self.ranks if r.blake3 == b) for b in (0, 1)}
         return f"blake3 on rank {on[1]} and sha256 on rank {on[0]}"
 
-    def total(self, name: str) -> int:
-        return sum(getattr(r, name) or 0 for r in self.ranks)
+    def totals(self) -> Totals:
+        """The ranks' figures summed (the table's ``all`` row)."""
+        rs = self.ranks
+        return Totals(
+            sum(r.tensors for r in rs),
+            sum(r.bytes_read for r in rs),
+            sum(r.bytes_hashed for r in rs),
+            sum(r.bytes_device for r in rs),
+            sum(r.hashed for r in rs),
+            sum(r.device_checked for r in rs),
+            sum(r.sampled for r in rs),
+        )
 
     def bytes_hashed_per_node(self) -> dict[int, int]:
         out: dict[int, int] = {}
@@ -110,8 +133,8 @@ class LoadReport:
             hash=self.hash,
             predictions=self.predictions,
             seconds=self.seconds,
-            bytes_read=self.total("bytes_read"),
-            gb_per_s=self.total("bytes_read") / 1e9 / max(self.seconds, 1e-9),
+            bytes_read=self.totals().bytes_read,
+            gb_per_s=self.totals().bytes_read / 1e9 / max(self.seconds, 1e-9),
             bytes_hashed_per_node={str(k): v for k, v in self.bytes_hashed_per_node().items()},
             ranks=[
                 {k: v for k, v in asdict(r).items() if k not in ("claims", "seen")}
@@ -175,11 +198,11 @@ class LoadReport:
                 f"{r.bytes_read / 1e9 / max(r.seconds, 1e-9):>5.2f} {dev:>7} "
                 f"{r.rss_peak / GIB:>7.2f} {cache:>9}  {r.digest[:16]}"
             )
-        t = self.total
+        t = self.totals()
         lines.append(
-            f"{'all':>4} {'':>4} {t('tensors'):>7} {t('bytes_read') / 1e9:>7.3f} "
-            f"{t('bytes_hashed') / 1e9:>7.3f} {t('bytes_device') / 1e9:>9.3f} {self.seconds:>6.2f} "
-            f"{t('bytes_read') / 1e9 / max(self.seconds, 1e-9):>5.2f}"
+            f"{'all':>4} {'':>4} {t.tensors:>7} {t.bytes_read / 1e9:>7.3f} "
+            f"{t.bytes_hashed / 1e9:>7.3f} {t.bytes_device / 1e9:>9.3f} {self.seconds:>6.2f} "
+            f"{t.bytes_read / 1e9 / max(self.seconds, 1e-9):>5.2f}"
         )
         if any(r.bytes_from_peers is not None for r in self.ranks):
             lines.append(_replicas_line(self.ranks))
@@ -193,9 +216,9 @@ class LoadReport:
         )
         against = f" against {self.trust.words(self.checkpoint)}" if self.trust is not None else ""
         lines.append(
-            f"verified: {t('hashed')} tensors by {self._by_hash()} ({per_node} hashed){against}, "
-            f"{t('device_checked')} {device_fps}, "
-            f"{t('sampled')} independent decodes; digests vs predictions: {self.predictions}; "
+            f"verified: {t.hashed} tensors by {self._by_hash()} ({per_node} hashed){against}, "
+            f"{t.device_checked} {device_fps}, "
+            f"{t.sampled} independent decodes; digests vs predictions: {self.predictions}; "
             f"skipped {self.ranks[0].skipped}, deferred {self.ranks[0].deferred}"
             + ("; page cache evicted shard by shard" if self.evict_page_cache else "")
         )

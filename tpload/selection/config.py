@@ -31,7 +31,7 @@ import os
 import re
 import tomllib
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, astuple, dataclass, field, fields, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -155,7 +155,7 @@ class Rule:
         if not isinstance(self.units, (int, str)) or isinstance(self.units, bool):
             raise ConfigError(f"{where}: units must be a number or a config.json field name")
         # the planner groups tensors by rule: a rule's hash is taken once, not once per tensor
-        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self))))
+        object.__setattr__(self, "_hash", hash(astuple(self)))
 
     def __hash__(self) -> int:
         # set in __post_init__, not a field (the fields are what it is the hash of)

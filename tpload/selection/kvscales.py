@@ -74,6 +74,10 @@ class LayerScales:
     """Stored names giving k (a deprecated ``kv_scale`` gives both)."""
     v: list[str] = field(default_factory=list)
 
+    def of(self, which: str) -> list[str]:
+        """The stored names giving ``which`` ("k" or "v")."""
+        return self.k if which == "k" else self.v
+
     def canonical(self, which: str) -> str:
         """vLLM's name of this layer's ``which`` scale (a GGUF layer as vLLM's GGUF loader names
         it)."""
@@ -156,7 +160,7 @@ class Census:
         out: dict[str, tuple[str, ...]] = {}
         for s in self.layers.values():
             for which in "kv":
-                for name in getattr(s, which):
+                for name in s.of(which):
                     out[name] = out.get(name, ()) + (s.canonical(which),)
         return out
 
@@ -184,7 +188,7 @@ def census(names: Iterable[str]) -> Census:
             if spelling not in s.spellings:
                 s.spellings.append(spelling)
             for which in m.group("which"):
-                getattr(s, which).append(n)
+                s.of(which).append(n)
             break
     order = lambda stem: (re.sub(r"\d+\.$", "", stem), _layer(stem))  # noqa: E731
     return Census({k: layers[k] for k in sorted(layers, key=order)}, sorted(attention, key=order))

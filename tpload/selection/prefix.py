@@ -19,6 +19,7 @@ candidate or under the wrapper of the layers' own prefix, and are not noted.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -103,7 +104,7 @@ def detect(
     *,
     wanted: str | None,
     model: Mapping[str, object] | None = None,
-    where: object = "the checkpoint",
+    where: str | os.PathLike[str] = "the checkpoint",
     templates: Templates | None = None,
 ) -> Prefix:
     """The layers' prefix among :data:`CANDIDATES`; ConfigError naming both when two prefixes hold
@@ -167,7 +168,7 @@ def _by_templates(
     *,
     wanted: str | None,
     model: Mapping[str, object] | None,
-    where: object,
+    where: str | os.PathLike[str],
 ) -> Prefix:
     """:func:`detect` read off the names' templates: a name's first ``layers.N.`` is its
     template's first ``layers.#.`` (the text holds no digit, and a run is whole), the prefix before
@@ -193,7 +194,7 @@ def _by_templates(
     return _found(found, wanted, held, mtp, model, elsewhere)
 
 
-def _elsewhere(names: list[str], found: str, where: object) -> str:
+def _elsewhere(names: list[str], found: str, where: str | os.PathLike[str]) -> str:
     """Tensors outside the layers under a candidate prefix other than the layers' ``found``:
     ConfigError naming both prefixes when one is a tensor ``found`` holds too (the same name after
     its prefix); the others under a prefix that is not ``found``'s wrapper, in words ("" none)."""

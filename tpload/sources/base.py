@@ -27,12 +27,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from ..model.values import Box, Stored
 from ..storage.reader import Tap
+
+if TYPE_CHECKING:  # the plans read and the exchanged rows a verdict reads (annotations only)
+    from ..planning.planner import RankPlan
+    from ..report.figures import RankFigures
 
 Span = tuple[int, int]
 Piece = tuple[int, int, np.ndarray]
@@ -59,26 +63,6 @@ class SourceFigures:
     problems: tuple[str, ...] = ()
     """This rank's own problems the source found: a file changed while it was read, a window
     changed in transit."""
-
-
-class Plan(Protocol):
-    """A rank's plan as a source reads it (planning's RankPlan satisfies it)."""
-
-    @property
-    def reads(self) -> Mapping[str, Box]: ...
-
-
-class Row(Protocol):
-    """A rank's row of the exchanged table, as a source's verdict reads it (RankFigures)."""
-
-    @property
-    def rank(self) -> int: ...
-
-    @property
-    def replicas_sent(self) -> str: ...
-
-    @property
-    def replicas_seen(self) -> str: ...
 
 
 class ReadSource(Protocol):
@@ -123,7 +107,7 @@ class ReadSource(Protocol):
     def will_need(self, stored: Stored) -> None:
         """A hint: ``stored`` is read soon (a cold page cache overlaps with the copies)."""
 
-    def storage_reads(self, plans: Mapping[int, Plan]) -> dict[int, Mapping[str, Box]]:
+    def storage_reads(self, plans: Mapping[int, RankPlan]) -> dict[int, Mapping[str, Box]]:
         """Each plan's windows its rank reads from storage itself: the gate's hash plan is made
         over these (a window received is never hashed by its receiver)."""
 
@@ -137,6 +121,6 @@ class ReadSource(Protocol):
         """The loop failed: stop whoever waits on this rank (never raises; a source that talks to
         peers may wait for them, within the load's timeout)."""
 
-    def verdict(self, rows: Sequence[Row]) -> list[str]:
+    def verdict(self, rows: Sequence[RankFigures]) -> list[str]:
         """What only the exchanged table shows of this source (the replicas' folds), worded: handed
         to the gate's judge."""

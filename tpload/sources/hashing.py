@@ -247,7 +247,7 @@ class Hasher:
         todo.difference_update(names)
         if self._sha256_only:  # the default: one digest a tensor, into one column
             # one hashlib object a tensor, made from its contiguous bytes by a C-level map
-            # (an ndarray is a buffer: numpy's stubs say so from Python 3.12 only)
+            # (type: ignore: an ndarray is a buffer, numpy's stubs say so from Python 3.12 only)
             digests = b"".join([h.digest() for h in map(hashlib.sha256, data)])  # type: ignore[arg-type]
             self.done.add_digests(stored, digests, peers)
         else:

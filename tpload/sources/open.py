@@ -3,39 +3,18 @@ replicas, the replica peers (which read through the storage source themselves)."
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Protocol
+from collections.abc import Mapping
 
-from ..distributed.placement import count, placement
+from ..distributed.placement import Sharing, count, placement
 from ..distributed.replica_split import Names, file_units, split_runs
 from ..distributed.world import DistContext
 from ..model.errors import OptionsError
-from ..planning.layout import Layout
-from ..planning.planner import RankPlan
+from ..model.values import Layout
+from ..planning.planner import Planner, RankPlan
 from ..storage.base import Storage
 from .base import ReadSource
 from .replicas import Link, ReplicaSource
 from .storage import StorageSource
-
-
-class Sharing(Protocol):
-    """The options that say how windows are shared (LoadOptions satisfies it)."""
-
-    @property
-    def replicas(self) -> int: ...
-
-    @property
-    def replica_group(self) -> Sequence[Sequence[int]] | None: ...
-
-    @property
-    def timeout_s(self) -> float: ...
-
-
-class Positions(Protocol):
-    """A planner of a replica's positions (planning/planner.py's Planner: every rank at a position
-    has its plan)."""
-
-    def plan(self, layout: Layout, kind: str, position: int) -> RankPlan: ...
 
 
 def open_source(
@@ -44,7 +23,7 @@ def open_source(
     opts: Sharing,
     ctx: DistContext,
     plans: Mapping[int, RankPlan],
-    planner: Positions,
+    planner: Planner,
     layout: Layout,
     kind: str,
     whole_files: bool,

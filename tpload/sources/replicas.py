@@ -37,6 +37,7 @@ import datetime
 import time
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -53,8 +54,12 @@ from ..model.text import escape_name
 from ..model.values import DIGEST_BYTES, Box, Stored, Triple
 from ..storage.reader import CHUNK_BYTES, Tap
 from ..verification.node import fold, xor_fold
-from .base import Piece, Plan, Row, SourceFigures, Span
+from .base import Piece, SourceFigures, Span
 from .storage import StorageSource
+
+if TYPE_CHECKING:  # the plans read and the exchanged rows a verdict reads (annotations only)
+    from ..planning.planner import RankPlan
+    from ..report.figures import RankFigures
 
 PIECE, END, ABORT, BYE = 1, 2, 3, 4
 """A header's kinds: a piece of a window, the window's end (its fingerprint), and the two ends of a
@@ -138,7 +143,7 @@ class Link:
         self.flags = Flags(ctx, seq, "replicas-stopped") if ctx.group is not None else None
         self._looked = 0.0
 
-    def reads(self, plans: Mapping[int, Plan]) -> dict[int, Mapping[str, Box]]:
+    def reads(self, plans: Mapping[int, RankPlan]) -> dict[int, Mapping[str, Box]]:
         """Each plan's windows its rank reads from storage itself (the hash plan's input)."""
         out: dict[int, Mapping[str, Box]] = {}
         for p, plan in plans.items():
@@ -523,7 +528,7 @@ class ReplicaSource:
         ):  # a window another replica reads is not worth this node's readahead
             self.inner.will_need(stored)
 
-    def storage_reads(self, plans: Mapping[int, Plan]) -> dict[int, Mapping[str, Box]]:
+    def storage_reads(self, plans: Mapping[int, RankPlan]) -> dict[int, Mapping[str, Box]]:
         return self.link.reads(plans)
 
     def source(self, name: str) -> str:
@@ -540,11 +545,11 @@ class ReplicaSource:
     def abort(self) -> None:
         self.link.abort()
 
-    def verdict(self, rows: Sequence[Row]) -> list[str]:
+    def verdict(self, rows: Sequence[RankFigures]) -> list[str]:
         return verdict(rows, self.link.at)
 
 
-def verdict(ranks: Sequence[Row], at: Placement | int | None) -> list[str]:
+def verdict(ranks: Sequence[RankFigures], at: Placement | int | None) -> list[str]:
     """From the exchanged table: every receiver whose folded sightings differ from what the ranks at
     its position sent (the per-window check on receipt names the tensor; this one does not trust the
     values that travelled with the bytes). ``at``: where each rank stands (an int R: in rank order).

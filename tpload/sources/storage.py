@@ -14,13 +14,18 @@ hashes what it serves), every window a whole stored tensor (``box``), read from 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..model.values import Box, Stored
 from ..storage.base import Storage
 from ..storage.reader import CHUNK_BYTES, Reader, Tap
-from .base import Piece, Plan, Row, SourceFigures, Span
+from .base import Piece, SourceFigures, Span
+
+if TYPE_CHECKING:  # the plans read and the exchanged rows a verdict reads (annotations only)
+    from ..planning.planner import RankPlan
+    from ..report.figures import RankFigures
 
 
 class StorageSource:
@@ -70,7 +75,7 @@ class StorageSource:
     def will_need(self, stored: Stored) -> None:
         self.storage.will_need(stored)
 
-    def storage_reads(self, plans: Mapping[int, Plan]) -> dict[int, Mapping[str, Box]]:
+    def storage_reads(self, plans: Mapping[int, RankPlan]) -> dict[int, Mapping[str, Box]]:
         return {p: plan.reads for p, plan in plans.items()}
 
     def source(self, name: str) -> str:
@@ -83,5 +88,5 @@ class StorageSource:
     def abort(self) -> None:
         return  # nobody waits on a rank that reads alone
 
-    def verdict(self, rows: Sequence[Row]) -> list[str]:
+    def verdict(self, rows: Sequence[RankFigures]) -> list[str]:
         return []

@@ -26,7 +26,7 @@ from ..model.meta import TensorMeta
 from ..model.table import TensorTable
 from ..model.templates import natural_sorted
 from ..model.text import escape_name
-from ..model.values import INDEX_NAME, MANIFEST_NAME
+from ..model.values import INDEX_NAME, MANIFEST_NAME, Json
 from . import gguf
 from .files import folder_of, parse_json, read_small
 from .pins import Pins, check_plan_files, parse_pins
@@ -61,11 +61,11 @@ class ManifestEntry(NamedTuple):
 _HEX64 = re.compile(r"[0-9a-fA-F]{64}")
 
 
-def _sha_ok(s: object) -> bool:
+def _sha_ok(s: Json) -> bool:
     return isinstance(s, str) and _HEX64.fullmatch(s) is not None
 
 
-def parse_manifest_entries(tensors: object, path: Path) -> Manifest:
+def parse_manifest_entries(tensors: Json, path: Path) -> Manifest:
     """``{"name": {"file", "dtype", "shape", "sha256"}}`` as entries; every bad one listed at once.
 
     Each rule is one pass over a column (a manifest has 92,000 entries): an object, a string file
@@ -437,7 +437,7 @@ class Catalogue:
         return problems
 
 
-def _safe_member(root: Path, rel: object, *, source: str) -> Path:
+def _safe_member(root: Path, rel: Json, *, source: str) -> Path:
     """``root/rel``, refusing names that point out of the checkpoint folder.
 
     The check is lexical on purpose: a symlinked shard (the Hugging Face hub

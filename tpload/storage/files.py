@@ -28,10 +28,11 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, BinaryIO, NoReturn
 
 from ..model.errors import CheckpointError
 from ..model.text import escape_name
+from ..model.values import Json
 
 if TYPE_CHECKING:  # an annotation only: the bounded reader imports no numpy (`--help` is cheap)
     import numpy as np
@@ -72,11 +73,11 @@ def kind_of(mode: int) -> str:
     return "not a regular file"
 
 
-def _no_constants(token: str) -> object:
+def _no_constants(token: str) -> NoReturn:
     raise ValueError(f"{token} is not a JSON number")
 
 
-def read_json(path: Path, what: str, *, limit: int = MAX_JSON_BYTES) -> object:
+def read_json(path: Path, what: str, *, limit: int = MAX_JSON_BYTES) -> Json:
     """A small JSON file (index, manifest), read whole from a regular file; CheckpointError saying
     what is wrong otherwise (NaN/Infinity, nesting too deep, numbers too long are refused)."""
     return parse_json(read_small(path, what, limit=limit), path, what)
@@ -106,21 +107,22 @@ def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
     doc = dict(pairs)
     if len(doc) != len(pairs):
         seen: set[str] = set()
-        # set.add's None keeps the first-seen test in one pass
+        # set.add's None (mypy: a None used) keeps the first-seen test in one pass
         twice = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
         raise ValueError(f"the key {twice!r} appears twice in one object")
     return doc
 
 
-def parse_json(raw: bytes, path: Path, what: str) -> object:
+def parse_json(raw: bytes, path: Path, what: str) -> Json:
     """Every trust-relevant JSON document tpload reads (the manifest, the index, config.json,
     hf_quant_config.json, an export's manifest, an attestation, the digest store's files, a
     signature bundle) is parsed here: UTF-8, no NaN or Infinity, no key twice in one object.
     Safetensors headers keep serde's own rules (storage/header_json.py)."""
     try:
-        return json.loads(
+        doc: Json = json.loads(
             raw.decode("utf-8"), parse_constant=_no_constants, object_pairs_hook=_unique_keys
         )  # UTF-8 only, as safetensors reads it
+        return doc
     except RecursionError:
         raise CheckpointError(
             f"{escape_name(path)}: {what} is JSON nested too deeply; refused"

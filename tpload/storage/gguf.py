@@ -21,6 +21,7 @@ import math
 import os
 import re
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -187,8 +188,10 @@ class _Cursor:
             self.digest.update(out)
         return out
 
-    def unpack(self, fmt: str, what: str) -> object:
-        return struct.unpack(fmt, self.take(struct.calcsize(fmt), what))[0]
+    def unpack(self, fmt: str, what: str) -> int | float:
+        """One scalar (``fmt``: a number's or a bool's code of :mod:`struct`)."""
+        value: int | float = struct.unpack(fmt, self.take(struct.calcsize(fmt), what))[0]
+        return value
 
     def integer(self, fmt: str, what: str) -> int:
         """A count, a type or an offset (``fmt``: an unsigned integer code of :mod:`struct`)."""
@@ -205,7 +208,8 @@ class _Cursor:
         except UnicodeDecodeError:
             raise self.fail(f"{what}: not UTF-8") from None
 
-    def value(self, vtype: int, what: str, depth: int = 0) -> object:
+    def value(self, vtype: int, what: str, depth: int = 0) -> int | float | str | Sequence[object]:
+        """A key's value: a scalar, a string, an array (a long one: its length, :class:`_Long`)."""
         fmt = _SCALARS.get(vtype)
         if fmt is not None:
             return self.unpack(fmt, what)

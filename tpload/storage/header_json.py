@@ -28,10 +28,11 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any  # json.loads' keyword hooks
+from typing import Any, NoReturn  # Any: json.loads' keyword hooks
 
 from ..model.errors import CheckpointError
 from ..model.text import escape_name
+from ..model.values import Json
 
 MAX_DEPTH = 127
 """The deepest nesting of objects and arrays serde_json reads (its recursion limit, 128)."""
@@ -69,11 +70,11 @@ def _finite(token: str) -> float:
     return value
 
 
-def _no_constants(token: str) -> object:
+def _no_constants(token: str) -> NoReturn:
     raise ValueError(f"{token} is not a JSON number")
 
 
-def parse_header_json(raw: bytes, path: Path) -> object:
+def parse_header_json(raw: bytes, path: Path) -> Json:
     """The header's JSON document; CheckpointError naming the file when it is not readable JSON
     as safetensors reads it (not UTF-8, bad syntax, NaN, a number beyond a double, nested past the
     interpreter's depth)."""
@@ -84,12 +85,13 @@ def parse_header_json(raw: bytes, path: Path) -> object:
     return doc
 
 
-def _loads(raw: bytes, path: Path, *, fast: bool) -> object:
+def _loads(raw: bytes, path: Path, *, fast: bool) -> Json:
     hooks: dict[str, Any] = {} if fast else {"object_pairs_hook": _object, "parse_int": _int}
     try:
-        return json.loads(
+        doc: Json = json.loads(
             raw.decode("utf-8"), parse_float=_finite, parse_constant=_no_constants, **hooks
         )
+        return doc
     except RecursionError:
         raise CheckpointError(
             f"{escape_name(path)}: header is JSON nested too deeply (safetensors reads at most "
@@ -101,7 +103,7 @@ def _loads(raw: bytes, path: Path, *, fast: bool) -> object:
         ) from None
 
 
-def _no_key_twice(raw: bytes, doc: object) -> bool:
+def _no_key_twice(raw: bytes, doc: Json) -> bool:
     """Whether no object of a header read plainly named a key twice, proved without a hook: with
     no backslash in it, every colon of the text is a key's or one inside a string; so if the
     colons of the keys and strings kept (the entries' own, ``__metadata__``'s, the names') already
@@ -129,7 +131,7 @@ def lone_surrogate(text: str) -> bool:
     return False
 
 
-def ignored_value_problem(value: object, depth: int) -> str:
+def ignored_value_problem(value: Json, depth: int) -> str:
     """Why serde_json refuses a value that safetensors otherwise ignores (a field of an entry it
     does not know), at ``depth`` containers deep; "" when it reads it. Iterative: the value may be
     nested as deep as Python's parser went."""

@@ -19,7 +19,7 @@ from ..model.errors import CheckpointError, LayoutError, raise_all
 from ..model.meta import ITEMSIZE, TensorMeta
 from ..model.templates import natural_sorted
 from ..model.text import escape_name
-from ..model.values import INDEX_NAME, MANIFEST_NAME, Stored
+from ..model.values import INDEX_NAME, MANIFEST_NAME, Json, Stored
 from .catalogue import Catalogue
 from .files import parse_json, read_small
 from .safetensors import MAX_DIM, TensorInfo, read_header
@@ -36,7 +36,7 @@ def is_partitioned(root: Path) -> bool:
     return not os.path.lexists(root / INDEX_NAME) and any(root.glob("rank-00000-of-*.safetensors"))
 
 
-def _source_table(table: object, path: Path) -> dict[str, TensorMeta]:
+def _source_table(table: Json, path: Path) -> dict[str, TensorMeta]:
     if not isinstance(table, dict):
         raise CheckpointError(f'{escape_name(path)}: export manifest has no "tensors" table')
     out, bad = {}, []
@@ -132,7 +132,7 @@ class PartitionedStorage(FileReads):
         self.windows = self._read_windows(path)
         self.files = Files()
 
-    def _listed(self, entry: object, path: Path) -> dict[str, dict[str, Any]]:
+    def _listed(self, entry: Json, path: Path) -> dict[str, dict[str, Any]]:
         listed = entry.get("tensors") if isinstance(entry, dict) else None
         if not isinstance(listed, dict) or not all(isinstance(v, dict) for v in listed.values()):
             raise CheckpointError(

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from ..model.errors import CheckpointError, raise_all
 from ..model.text import escape_name
-from ..model.values import INDEX_NAME, MANIFEST_NAME
+from ..model.values import INDEX_NAME, MANIFEST_NAME, Json
 from .files import parse_json, read_small
 
 PLAN_FILES = ("config.json", "hf_quant_config.json", INDEX_NAME)
@@ -116,9 +116,7 @@ def pins_doc(
     return doc
 
 
-def parse_pins(
-    doc: object, path: Path
-) -> tuple[dict[str, str] | None, bool, dict[str, str] | None]:
+def parse_pins(doc: Json, path: Path) -> tuple[dict[str, str] | None, bool, dict[str, str] | None]:
     """A parsed manifest's pins ({file name: sha256}; None when it has no ``"files"``), whether it
     is an export's, and its GGUF key-value pins ({GGUF file: sha256}; None when it has no
     ``"gguf_kv"``). Names tpload does not pin are ignored (a later tpload may pin more)."""
@@ -132,7 +130,7 @@ def parse_pins(
     return files, export, kv
 
 
-def _sha_map(value: object, path: Path, key: str, what: str) -> dict[str, str] | None:
+def _sha_map(value: Json, path: Path, key: str, what: str) -> dict[str, str] | None:
     """``{name: {"sha256": 64 hex digits}}`` as {name: sha256}; None when absent."""
     if value is None:
         return None

@@ -17,7 +17,7 @@ import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -40,6 +40,8 @@ MAX_DIM = (
 _HEADER_ITEMSIZE = SAFETENSORS_ITEMSIZE  # what a safetensors header may say (not GGUF's types)
 # safetensors' dtypes tpload refuses (docs/format.md): complex, and the types narrower than a byte
 _REFUSED_DTYPES = frozenset(("C64", "F4", "F6_E2M3", "F6_E3M2"))
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -127,7 +129,7 @@ def _is(values: list[Any], kind: type) -> np.ndarray:
     return result
 
 
-def _where(mask: np.ndarray, values: list[Any], other: object) -> list[Any]:
+def _where(mask: np.ndarray, values: list[_T], other: _T) -> list[_T]:
     """``values`` with ``other`` wherever ``mask`` is False (so the next rule can read them all)."""
     if mask.all():
         return values

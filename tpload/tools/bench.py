@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any  # JSON rows and figures
 
@@ -514,7 +514,7 @@ def cmd_bench(argv: list[str]) -> int:
     )
     if args.json:
         doc = {
-            "options": {k: getattr(opts, k) for k in BenchOptions.__dataclass_fields__},
+            "options": asdict(opts),
             "notes": notes,
             "methods": summaries,
             "refused": refused,

@@ -109,7 +109,7 @@ def _run(code: CodeType, scope: dict[str, Any]) -> Any:
         raise ConfigError(f"preset data: {code.co_filename}: {e}") from None
 
 
-def evaluate(source: object, scope: dict[str, Any]) -> Any:
+def evaluate(source: str | float | bool | list[Any], scope: dict[str, Any]) -> Any:
     """An expression's value in ``scope`` (a TOML number, array or boolean is its own value)."""
     if not isinstance(source, str):
         return source

@@ -72,9 +72,10 @@ class SynthSpec:
             raise ValueError(
                 f"hidden {self.hidden} and inter {self.inter} must be multiples of {2 * FP4_GROUP}"
             )
-        for field in ("experts", "stages", "vocab", "block", "shards"):
-            if getattr(self, field) < 1:
-                raise ValueError(f"{field} must be >= 1, got {getattr(self, field)}")
+        counts = ("experts", self.experts), ("stages", self.stages), ("vocab", self.vocab)
+        for field, n in (*counts, ("block", self.block), ("shards", self.shards)):
+            if n < 1:
+                raise ValueError(f"{field} must be >= 1, got {n}")
         if why := SEED.problem(self.seed):
             raise ValueError(f"seed {why}")
 

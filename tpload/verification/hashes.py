@@ -54,7 +54,7 @@ THREADED_FROM = (
 class HashObject(Protocol):
     """A running hash (hashlib's sha256, blake3's): bytes in, a hex digest out."""
 
-    def update(self, data: bytes | memoryview, /) -> object: ...
+    def update(self, data: bytes | memoryview, /) -> HashObject | None: ...  # blake3: itself
 
     def hexdigest(self) -> str: ...
 

@@ -17,7 +17,6 @@ own), so the gate's kernel stays as small as it was."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol
 
 from ..model.errors import LoadError
 from ..model.modes import RankStatus
@@ -128,19 +127,6 @@ def table_problems(
     return [f"the version's tensors are not the served model's: {'; '.join(parts)}"]
 
 
-class PushedRow(RankRow, Protocol):
-    """An engine rank's exchanged row as the refresh's verdict reads it (report/figures.py's
-    RankFigures satisfies it): the gate's row, with the manifest the rank verified."""
-
-    @property
-    def pushed_version(self) -> int:
-        """The version of the manifest this rank took (0: none arrived)."""
-
-    @property
-    def pushed_sha256(self) -> str:
-        """The sha256 (hex) of that manifest's bytes."""
-
-
 def refused(text: str) -> str:
     """A refusal in the documented form (``text`` names the rank and version where one is)."""
     return f"refresh refused: {text}{UNCHANGED}"
@@ -152,7 +138,7 @@ def lost(who: str, e: LoadError) -> str:
     return refused(f"{who}: the engine ranks' vote failed ({one_line(e)})")
 
 
-def judge(ranks: Sequence[PushedRow], chosen: Strategy | None) -> Verdict:
+def judge(ranks: Sequence[RankRow], chosen: Strategy | None) -> Verdict:
     """The round's verdict from the exchanged rows alone, one line, the same on every rank: ranks
     that verified different manifests first (naming both), then the lowest failing rank's own
     line (and which others failed), then the gate's verdict of the table (gate.judge)."""

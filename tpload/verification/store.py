@@ -54,6 +54,7 @@ from typing import Protocol, TypedDict
 
 from ..model.errors import LoadError
 from ..model.text import escape_name
+from ..model.values import Json
 from ..storage.files import atomic_write, read_json, report_in_checkpoint
 from .hashes import INSTALL, SHA256, Digests, available
 from .vouched import Vouched
@@ -74,16 +75,23 @@ Doc = dict[str, object]
 """A JSON document of the store, as read (each field narrowed where it is used)."""
 
 
-class Identified(Protocol):
+class Listed(Protocol):
+    """A catalogue as the store reads it (storage's Catalogue satisfies it)."""
+
     @property
-    def manifest_sha256(self) -> str | None: ...
+    def manifest_sha256(self) -> str | None:
+        """The sha256 of the manifest's bytes as read (the checkpoint's identity)."""
+
+    @property
+    def manifest(self) -> Collection[str] | None:
+        """The manifest's tensor names (None: no manifest)."""
 
 
 class Stamped(Protocol):
     """What a stamp is taken of (a storage satisfies it)."""
 
     @property
-    def catalogue(self) -> Identified: ...
+    def catalogue(self) -> Listed: ...
 
     def paths(self) -> list[Path]: ...
 
@@ -341,7 +349,7 @@ def _unreadable(path: Path, e: Exception, fix: str) -> LoadError:
     )
 
 
-def _stamp_of(value: object) -> Mapping[str, object] | None:
+def _stamp_of(value: Json) -> Mapping[str, object] | None:
     """A stored stamp as read (None: never verified; anything but an object is unreadable)."""
     if value is None:
         return None
@@ -434,12 +442,6 @@ def read_sidecar(store: DigestStore, manifest_sha256: str, *, fix: str = "") -> 
             f"remove it and write it again with {fix or fix_command('DIR', None)}"
         )
     return Sidecar(path, {str(k): str(v).lower() for k, v in tensors.items()}, stamp)
-
-
-class Listed(Identified, Protocol):
-    @property
-    def manifest(self) -> Collection[str] | None:
-        """The manifest's tensor names (None: no manifest)."""
 
 
 def content_hash(

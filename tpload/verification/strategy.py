@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -26,22 +26,32 @@ from ..model.errors import LoadError
 from ..model.modes import PredictionState
 from ..model.text import escape_name
 from ..model.trust import TrustKind, TrustSource
-from ..model.values import Box, FileSource, Stored, Triple
+from ..model.values import Box, FileSource, Layout, Stored, Triple
 from . import node
 from .hashes import SHA256, Digests, FileHashed, HashResults
 from .node import HashPlan, WholeFiles
 from .signing import SignedModel, Signer
-from .store import DigestStore, Prediction, Stamp
+from .store import DigestStore, Listed, Prediction, Stamp, Stamped
 
 # -- what the gate reads of the load -------------------------------------------------------------
 
 
 class VerifyOptions(Signer, Protocol):
     """The options the gate reads (LoadOptions satisfies it): the verify mode and the signer
-    (:class:`~tpload.verification.signing.Signer`), the kind, the config and the digest store."""
+    (:class:`~tpload.verification.signing.Signer`), the kind, the config and the digest store, and
+    the globs every rank must share with them (terms.py)."""
 
     @property
     def kind(self) -> str: ...
+
+    @property
+    def skip(self) -> Sequence[str]: ...
+
+    @property
+    def defer(self) -> Sequence[str]: ...
+
+    @property
+    def skip_activation_scales(self) -> bool: ...
 
     @property
     def config(self) -> str: ...
@@ -68,16 +78,6 @@ class Where(Protocol):
         """The group's ranks, node by node."""
 
 
-class Shape(Protocol):
-    """The layout's degrees (planning's Layout satisfies it)."""
-
-    @property
-    def tp(self) -> int: ...
-
-    @property
-    def ep(self) -> int: ...
-
-
 class HasBytes(Protocol):
     @property
     def nbytes(self) -> int: ...
@@ -95,22 +95,15 @@ class ByteColumns(Protocol):
         """Each row's stored bytes."""
 
 
-class Manifest(Protocol):
-    """The checkpoint's table as the gate sees it (storage's Catalogue satisfies it)."""
+class Manifest(Listed, Protocol):
+    """The checkpoint's table as the gate sees it (storage's Catalogue satisfies it): the store's
+    :class:`~tpload.verification.store.Listed` (the manifest's names and sha256), and more."""
 
     @property
     def root(self) -> Path: ...
 
     @property
-    def manifest(self) -> Collection[str] | None:
-        """The manifest's tensor names; None: the checkpoint has no manifest."""
-
-    @property
     def manifest_path(self) -> Path: ...
-
-    @property
-    def manifest_sha256(self) -> str | None:
-        """The sha256 of the manifest's bytes as read (the checkpoint's identity)."""
 
     @property
     def tensors(self) -> Mapping[str, HasBytes]: ...
@@ -120,8 +113,9 @@ class Manifest(Protocol):
         """The same tensors as columns (who hashes what reads their sizes from it)."""
 
 
-class Checkpoint(Protocol):
-    """The opened checkpoint as the gate sees it (storage/base.py's Storage satisfies it)."""
+class Checkpoint(Stamped, Protocol):
+    """The opened checkpoint as the gate sees it (storage/base.py's Storage satisfies it): what a
+    stamp is taken of (:class:`~tpload.verification.store.Stamped`), and more."""
 
     @property
     def root(self) -> Path: ...
@@ -149,8 +143,6 @@ class Checkpoint(Protocol):
     def stored(self, name: str) -> Stored: ...
 
     def file_size(self, path: Path) -> int: ...
-
-    def paths(self) -> list[Path]: ...
 
     def manifest_problems(self, names: list[str]) -> list[str]: ...
 
@@ -217,8 +209,9 @@ class Provenance(Protocol):
 
 
 class RankRow(Protocol):
-    """A rank's row of the exchanged table, as the verdict reads it (report/figures.py's
-    RankFigures satisfies it)."""
+    """A rank's row of the exchanged table, as the verdicts read it (report/figures.py's
+    RankFigures satisfies it): the load's (terms.py's agreement, the gate's verdict) and a pushed
+    version's (pushed.py: the manifest the rank verified)."""
 
     @property
     def rank(self) -> int: ...
@@ -239,13 +232,22 @@ class RankRow(Protocol):
     def prediction(self) -> int: ...
 
     @property
+    def agreed(self) -> str:
+        """The hashes of the terms the rank loaded under (terms.py)."""
+
+    @property
+    def pushed_version(self) -> int:
+        """The version of the pushed manifest this rank took (0: none arrived)."""
+
+    @property
+    def pushed_sha256(self) -> str:
+        """The sha256 (hex) of that manifest's bytes."""
+
+    @property
     def claims(self) -> Sequence[bytes]: ...
 
     @property
     def seen(self) -> Sequence[bytes]: ...
-
-    @property
-    def agreed(self) -> str: ...
 
 
 # -- the job, and what the gate gives back -------------------------------------------------------
@@ -261,7 +263,7 @@ class Job:
     plans: Mapping[int, RankReads]
     """This rank's plan and its node peers' (for node hashing): the placement."""
     config_id: str
-    layout: Shape
+    layout: Layout
     stamp: Callable[[], Stamp]
     """The checkpoint's stamp now (manifest sha256, each shard's size and mtime)."""
     notes: list[str] = field(default_factory=list)
@@ -332,7 +334,7 @@ def _peer_box(peers: Mapping[str, Mapping[int, Box]]) -> Callable[[str, int], Bo
     return box
 
 
-def layout_key(config_id: str, layout: Shape, kind: str) -> str:
+def layout_key(config_id: str, layout: Layout, kind: str) -> str:
     return f"tp{layout.tp}-ep{layout.ep}-{kind}-config-{config_id}"
 
 

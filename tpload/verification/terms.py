@@ -12,10 +12,13 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..model.text import rank_ranges
-from ..model.values import AGREED_BYTES
+from ..model.values import AGREED_BYTES, Layout
+
+if TYPE_CHECKING:  # the exchanged row, as the gate reads it
+    from .strategy import RankRow, VerifyOptions
 
 FIELDS = (
     ("verify", "the verify mode", "give every rank the same --verify"),
@@ -93,33 +96,6 @@ def _globs(globs: Sequence[str]) -> str:
     return ", ".join(sorted(set(globs))) or "none"
 
 
-class Asked(Protocol):
-    """The options every rank must share (LoadOptions satisfies it)."""
-
-    @property
-    def verify(self) -> str: ...
-
-    @property
-    def kind(self) -> str: ...
-
-    @property
-    def skip(self) -> Sequence[str]: ...
-
-    @property
-    def defer(self) -> Sequence[str]: ...
-
-    @property
-    def skip_activation_scales(self) -> bool: ...
-
-
-class Degrees(Protocol):
-    @property
-    def tp(self) -> int: ...
-
-    @property
-    def ep(self) -> int: ...
-
-
 class Rules(Protocol):
     """The config the load plans by (selection/config.py's Config satisfies it)."""
 
@@ -136,14 +112,6 @@ class Groups(Protocol):
     def groups(self) -> Sequence[Sequence[int]]: ...
 
 
-class Row(Protocol):
-    @property
-    def rank(self) -> int: ...
-
-    @property
-    def agreed(self) -> str: ...
-
-
 @dataclass(frozen=True)
 class Terms:
     """What this rank is about to load, one value per field of :data:`FIELDS`: ``values`` are
@@ -155,8 +123,8 @@ class Terms:
     @classmethod
     def of(
         cls,
-        opts: Asked,
-        layout: Degrees,
+        opts: VerifyOptions,
+        layout: Layout,
         config: Rules,
         anchor: str,
         placement: Groups | None,
@@ -200,7 +168,7 @@ class Terms:
         return "".join((h & (2**64 - 1)).to_bytes(8, "big").hex() for h in self.hashes())
 
 
-def disagreement(ranks: Sequence[Row]) -> list[str]:
+def disagreement(ranks: Sequence[RankRow]) -> list[str]:
     """From the exchanged rows (the verdict's second look): a passed rank whose row does not say
     what it loaded, or rows whose terms differ, naming the first field and the ranks by hash."""
     silent = [r.rank for r in ranks if len(r.agreed) != AGREED_BYTES]

@@ -264,7 +264,6 @@ class Planner:
             problems=[],
             model=model,
             root=catalogue.root,
-            order=catalogue.names(),
             table=table,
         )
         c = self.classified

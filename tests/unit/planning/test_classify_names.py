@@ -454,3 +454,17 @@ def test_every_kind_of_problem_at_once(tmp_path: Path, request: pytest.FixtureRe
             got = pinned(tensors, replace(variant, kv_scales=kv), dict(pub.config))
             assert isinstance(got, tuple) and got[0] == "error", got
     pinned.check()
+
+
+def test_class_keys_too_wide_for_one_number_are_keyed_column_by_column() -> None:
+    """The class keys' columns make one mixed-radix number a row; where their widths' product would
+    not fit one, the columns side by side give the same distinct keys, first rows and numbering."""
+    rng = np.random.default_rng(0)
+    cols = [rng.integers(0, 3, 500) for _ in range(5)]
+    narrow = classify._keyed([(c, 3) for c in cols], 500)
+    wide = classify._keyed([(c, 1 << 20) for c in cols], 500)
+    assert [x.tolist() for x in narrow] == [x.tolist() for x in wide]
+    seen: dict[tuple[int, ...], int] = {}
+    for j, key in enumerate(zip(*(c.tolist() for c in cols), strict=True)):
+        seen.setdefault(key, j)
+    assert sorted(seen.values()) == sorted(narrow[0].tolist())

@@ -76,18 +76,17 @@ def classify(
     config: Config,
     *,
     prefix: Prefix,
-    problems: list[str],
     model: Mapping[str, object] | None,
     root: object,
     table: TensorTable,
 ) -> Classified:
     """Entries, skipped and deferred tensors (natural order), the expert columns and the KV-cache
-    scale census; or a ConfigError listing every problem (``problems``: those found before).
+    scale census; or a ConfigError listing every problem.
     ``model``: the checkpoint's config.json, for rules that count heads by one of its fields;
     ``table``: the same tensors as columns (its rows taken in the tensors' order if they are
     not)."""
     units = {(r.index, r.match): _units(r, model, root) for r in config.rules if r.units}
-    found = _sorted(tensors, config, prefix, _aligned(tensors, table), problems, root)
+    found = _sorted(tensors, config, prefix, _aligned(tensors, table), root)
     entries = Entries(found.rows, found.fitted.classes, tensors)
     deferred, deferred_experts = found.deferred, found.deferred_experts
     counts, at = entries.experts(deferred_experts)
@@ -157,7 +156,6 @@ def _sorted(
     config: Config,
     prefix: Prefix,
     table: TensorTable,
-    before: list[str],
     root: object,
 ) -> _Parts:
     """The classification as columns, once per name template where the names have templates (name
@@ -165,7 +163,7 @@ def _sorted(
     rule resolved and its scales found by template and parameters (one join a template and way),
     the class keys as numbers. Then every problem, worded name by name for the rows flagged with
     one only, in this order: weights of a scaled rule lacking their suffix or a scale (natural
-    order), ``before``, a strict config's KV-cache refusals, skip or defer rules taking a served
+    order), a strict config's KV-cache refusals, skip or defer rules taking a served
     weight's scale, the flagged rows' reasons (grouped, in order of first appearance in natural
     order: no way resolves them, an expert with no index, a class that does not fit), tensors no
     rule matches, idle run-time rules, nothing to load."""
@@ -193,7 +191,6 @@ def _sorted(
     broken = _outright(table, ids, join, made, rule_of, (s1, s2), scaled)
     roles = [r.role for r in made.rules]
     problems = [_lacking(names[k], made.rules[int(rule_of[k])], table.row) for k in broken]
-    problems += before
     # the census of what is served or deferred, from the attention layers' names only (every name
     # selection/kvscales.py's patterns read holds "attn", which no digit run can split)
     if tpl is not None:

@@ -261,7 +261,6 @@ class Planner:
             names,
             config,
             prefix=self.prefix,
-            problems=[],
             model=model,
             root=catalogue.root,
             table=table,

@@ -60,7 +60,6 @@ def _facts(tensors: TableRows, config: Config, model: dict | None) -> object:
             tensors,
             config,
             prefix=prefix,
-            problems=[],
             model=model,
             root="x",
             table=tensors.table,

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import functools
 import math
-import operator
+import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -26,7 +26,7 @@ from ..model.errors import ConfigError, raise_all
 from ..model.meta import HeaderFields, TensorMeta
 from ..model.modes import Role
 from ..model.table import Templates, TensorTable, templates
-from ..model.templates import natural_key, natural_sorted
+from ..model.templates import natural_key
 from ..model.text import escape_name, plural
 from ..selection.config import (
     ACTIVATION_ORIGIN,
@@ -72,42 +72,22 @@ class Classified:
         return self.entries.firsts()
 
 
-def activation_scale(name: str, meta: TensorMeta) -> bool:
-    """A ModelOpt activation scale: ``*.input_scale`` holding one value (0-d, or [1])."""
-    return name.endswith(".input_scale") and math.prod(meta.shape) == 1
-
-
 def classify(
     tensors: Mapping[str, TensorMeta],
     config: Config,
     *,
     prefix: Prefix,
-    problems: list[str],
     model: Mapping[str, object] | None,
-    root: object,
-    order: Sequence[str] | None = None,
-    table: TensorTable | None = None,
+    root: os.PathLike[str],
+    table: TensorTable,
 ) -> Classified:
     """Entries, skipped and deferred tensors (natural order), the expert columns and the KV-cache
-    scale census; or a ConfigError listing every problem (``problems``: those found before).
+    scale census; or a ConfigError listing every problem.
     ``model``: the checkpoint's config.json, for rules that count heads by one of its fields;
-    ``order``: every name of ``tensors`` in natural order, when the caller has it (a table's
-    permutation: natural_sorted otherwise); ``table``: the same tensors as columns, when the
-    caller has them (dtypes and class keys read from columns: no record made a name)."""
+    ``table``: the same tensors as columns (its rows taken in the tensors' order if they are
+    not)."""
     units = {(r.index, r.match): _units(r, model, root) for r in config.rules if r.units}
-    aligned = _aligned(tensors, table)
-    usual = (
-        _by_columns(tensors, config, prefix, aligned, root)
-        if aligned is not None and not problems
-        else None
-    )
-    found = (
-        usual
-        if usual is not None
-        else _walk(
-            tensors, config, prefix=prefix, problems=problems, root=root, order=order, table=table
-        )
-    )
+    found = _sorted(tensors, config, prefix, _aligned(tensors, table), root)
     entries = Entries(found.rows, found.fitted.classes, tensors)
     deferred, deferred_experts = found.deferred, found.deferred_experts
     counts, at = entries.experts(deferred_experts)
@@ -153,90 +133,6 @@ class _Parts:
     census: Census
 
 
-def _walk(
-    tensors: Mapping[str, TensorMeta],
-    config: Config,
-    *,
-    prefix: Prefix,
-    problems: list[str],
-    root: object,
-    order: Sequence[str] | None,
-    table: TensorTable | None,
-) -> _Parts:
-    """Classification name by name (dicts keyed by name): what :func:`_by_columns` does not take,
-    and every problem worded, in order."""
-    dtype_of, sig_of = _readers(tensors, table)
-    ruled = _rules(tensors, config, prefix, dtype_of)
-    rules, unresolved, needs = ruled.rules, ruled.unresolved, ruled.needs
-    # the census counts what will be served: a skipped vision tower's or MTP layer's attention is
-    # no layer without scales. It reads only attention layers' names, each of which holds "attn"
-    # (selection/kvscales.py's patterns: ``self_attn.`` or ``attn_``): the others are left out here
-    census = kv_census(
-        [n for n, r in rules.items() if "attn" in n and (r is None or r.role != Role.SKIP)]
-    )
-    problems += _refused(config, census)
-    kv = census.engine_names()
-    broken = _scales(tensors, rules, needs, problems)
-    if any(r.role in READS_NOTHING for r in config.rules):
-        problems += _scale_globs(rules, needs)
-    scales = {m for needed in needs.values() for m in needed}
-    expert_rx = config.expert_regex
-    rows, fitted = Columns(), _Fitted()
-    skipped: list[str] = []
-    deferred: list[str] = []
-    unmatched: list[str] = []
-    deferred_experts: dict[str, tuple[str, int]] = {}
-    grouped: dict[str, list[str]] = {}
-    codec_of = registry.by_role()
-    leave = scales | broken
-    ordered = natural_sorted(tensors) if order is None else order
-    walked = [n for n in ordered if n not in leave] if leave else ordered
-    for n in walked:
-        r = rules[n]
-        if n in unresolved:
-            grouped.setdefault(unresolved[n], []).append(tensors[n].describe())
-            continue
-        if _set_aside(n, r, expert_rx, unmatched, skipped, deferred, deferred_experts) or r is None:
-            continue  # "or r is None" only narrows the type: _set_aside filed it as unmatched
-        need = needs.get(n)
-        expert = _expert_of(expert_rx, n, r) if r.experts and not r.stacked else None
-        if expert is None and r.experts and not r.stacked:
-            grouped.setdefault(
-                f"{r.describe()}: experts = true but expert_pattern "
-                f"{expert_rx.pattern!r} finds no index in",
-                [],
-            ).append(tensors[n].describe())
-        elif (
-            k := _class(
-                n,
-                r,
-                tensors,
-                need,
-                _codec(n, r, codec_of, kv),
-                fitted,
-                grouped,
-                sig_of,
-            )
-        ) >= 0:
-            rows.add(n, k, need, expert)
-    for reason, listed in grouped.items():
-        problems.append(f"{reason}: {_listing(listed)}")
-    if unmatched:
-        problems.append(
-            f"{plural(len(unmatched), 'tensor')} {'matches' if len(unmatched) == 1 else 'match'} "
-            f"no rule of {config.name} (add a rule; a final "
-            f'match = "*" with role = "auto" keeps the rest whole): {_grouped(unmatched)}'
-        )
-    problems += _idle(config, tensors, prefix, ruled.matched, root)
-    if not problems and not rows.names and not deferred:  # a load of nothing would pass every check
-        problems.append(
-            f"nothing to load: {_nothing(config.rules, skipped, root)}; a load serves at least "
-            "one tensor (narrow the skip globs)"
-        )
-    _raise(problems, config, root)
-    return _Parts(rows, fitted, skipped, deferred, deferred_experts, census)
-
-
 def _refused(config: Config, census: Census) -> list[str]:
     """What a strict config refuses in the KV-cache scale census, worded (none for another)."""
     if config.kv_scales != "strict":
@@ -247,7 +143,7 @@ def _refused(config: Config, census: Census) -> list[str]:
     ]
 
 
-def _raise(problems: list[str], config: Config, root: object) -> None:
+def _raise(problems: list[str], config: Config, root: os.PathLike[str]) -> None:
     """A ConfigError listing every problem, if there is one."""
     raise_all(
         ConfigError,
@@ -256,71 +152,92 @@ def _raise(problems: list[str], config: Config, root: object) -> None:
     )
 
 
-def _by_columns(
+def _sorted(
     tensors: Mapping[str, TensorMeta],
     config: Config,
     prefix: Prefix,
     table: TensorTable,
-    root: object,
-) -> _Parts | None:
-    """The usual classification as columns, once per name template where it can be: each row's
-    first rule (planning/templated.py), its ``auto`` rule resolved and its scales found by template
-    and parameters (one join a template and way), the class keys as numbers. None for what it
-    does not take, which :func:`_walk` then classifies (and words every problem of): names the
-    templates cannot read (stored or rewritten into the config's prefix), a tensor no rule matches
-    or no way resolves, a problem of any kind but a strict config's KV-cache refusals (raised here
-    as the walk words them when they are the only ones)."""
+    root: os.PathLike[str],
+) -> _Parts:
+    """The classification as columns, once per name template where the names have templates (name
+    by name where they have none): each row's first rule (planning/templated.py), its ``auto``
+    rule resolved and its scales found by template and parameters (one join a template and way),
+    the class keys as numbers. Then every problem, worded name by name for the rows flagged with
+    one only, in this order: weights of a scaled rule lacking their suffix or a scale (natural
+    order), a strict config's KV-cache refusals, skip or defer rules taking a served
+    weight's scale, the flagged rows' reasons (grouped, in order of first appearance in natural
+    order: no way resolves them, an expert with no index, a class that does not fit), tensors no
+    rule matches, idle run-time rules, nothing to load."""
     tpl = table.templates
-    if tpl is None:
-        return None
     rules = config.rules
     names, shapes = table.names, table.shapes
+    n = len(table)
     first = _first_rules(
         config,
         prefix,
         names,
         tpl,
         lambda k: names[k].endswith(".input_scale") and math.prod(shapes[k]) == 1,
-    )  # activation_scale(name, meta), read off the columns
-    if first is None:
-        return None  # rewritten names the templates cannot read
-    if (first == len(rules)).any():
-        return None  # unmatched: the walk words it
+    )  # a ModelOpt activation scale: *.input_scale holding one value (0-d, or [1])
     scaled = registry.scaled_roles()
-    n = len(table)
     made = _Made()
-    rule_of: np.ndarray = np.asarray([made.code(r) for r in rules], np.int64)[first]
+    # each row's rule as a code into made.rules; -1 where no rule matches, which the last place
+    # of each per-rule column (_per_rule's) answers
+    rule_of: np.ndarray = np.asarray([*[made.code(r) for r in rules], -1], np.int64)[first]
     s1: np.ndarray = np.full(n, -1, np.int64)
     s2: np.ndarray = np.full(n, -1, np.int64)
-    unresolved = _resolved(config, table, tpl, first, made, rule_of, (s1, s2), scaled)
-    if not _outright(table, tpl, made, rule_of, (s1, s2), scaled):
-        return None  # a weight of a scaled rule given outright lacks a scale: the walk words it
+    ids: np.ndarray = tpl.ids if tpl is not None else np.zeros(n, np.int64)
+    join = Join(tpl) if tpl is not None else None
+    unresolved = _resolved(config, table, ids, join, first, made, rule_of, (s1, s2), scaled)
+    broken = _outright(table, ids, join, made, rule_of, (s1, s2), scaled)
     roles = [r.role for r in made.rules]
-    # the census of what is served or deferred, from the attention layers' templates only (every
-    # name selection/kvscales.py's patterns read holds "attn", which no digit run can split)
-    attn = np.asarray([any("attn" in part for part in text) for text in tpl.texts], bool)
-    skip = np.asarray([role == Role.SKIP for role in roles], bool)
-    counted = np.flatnonzero(attn[tpl.ids] & ~skip[rule_of])
-    census = kv_census(list(map(names.__getitem__, counted.tolist())))
+    problems = [_lacking(names[k], made.rules[int(rule_of[k])], table.row) for k in broken]
+    # the census of what is served or deferred, from the attention layers' names only (every name
+    # selection/kvscales.py's patterns read holds "attn", which no digit run can split)
+    if tpl is not None:
+        attn = np.asarray([any("attn" in part for part in text) for text in tpl.texts], bool)
+        in_attn = attn[tpl.ids]
+    else:
+        in_attn = np.fromiter(("attn" in x for x in names), bool, n)
+    skip = _per_rule(role == Role.SKIP for role in roles)
+    census = kv_census(
+        list(map(names.__getitem__, np.flatnonzero(in_attn & ~skip[rule_of]).tolist()))
+    )
+    problems += _refused(config, census)
     scale: np.ndarray = np.zeros(n, bool)
     scale[s1[s1 >= 0]] = True
     scale[s2[s2 >= 0]] = True
-    if not scale[unresolved].all():
-        return None  # a tensor no way resolves, not a scale: the walk words it
-    aside = np.asarray([role in READS_NOTHING for role in roles], bool)
+    aside = _per_rule(role in READS_NOTHING for role in roles)
     if aside[rule_of[scale]].any():
-        return None  # a skip or defer rule takes a served weight's scale: the walk words it
-    walked = table.order[~scale[table.order]]
-    kind = rule_of[walked]
-    skipped = list(map(names.__getitem__, walked[_kind_in(kind, roles, Role.SKIP)].tolist()))
-    deferred = list(map(names.__getitem__, walked[_kind_in(kind, roles, Role.DEFER)].tolist()))
+        problems += _taken_scales(
+            table, config, made, first, rule_of, (s1, s2), scale & aside[rule_of]
+        )
+    leave = scale.copy()  # the rest: each row but the scales and the weights lacking theirs
+    leave[broken] = True
+    rest = table.order[~leave[table.order]]
+    kind = rule_of[rest]
+    skipped = list(map(names.__getitem__, rest[skip[kind]].tolist()))
+    deferred = list(
+        map(names.__getitem__, rest[_per_rule(r == Role.DEFER for r in roles)[kind]].tolist())
+    )
     expert_rx = config.expert_regex
     deferred_experts = {}
     for d in deferred:  # a rule of their own: few names
         x = _expert_of(expert_rx, d, made.rules[int(rule_of[table.row[d]])])
         if x:
             deferred_experts[d] = x
-    served = walked[~aside[kind]]
+    unmatched = first[rest] == len(rules)
+    unsure: np.ndarray = np.zeros(n, bool)
+    unsure[unresolved] = True
+    flagged: dict[int, tuple[str, str]] = {  # each flagged row: its reason and its words
+        k: (
+            f"{rules[int(first[k])].describe()}: {config.declined(table.dtype_names[k])}",
+            tensors[names[k]].describe(),
+        )
+        for k in unresolved
+        if not scale[k]  # a scale no way resolves goes with its weight
+    }
+    served = rest[~aside[kind] & ~unmatched & ~unsure[rest]]
     fitted = _Fitted()
     rows = _served_columns(
         tensors,
@@ -332,26 +249,75 @@ def _by_columns(
         census,
         expert_rx,
         fitted,
+        flagged,
     )
-    if rows is None:
-        return None
-    given = [r for r in rules if r.origin and r.origin != ACTIVATION_ORIGIN]
-    if given:
-        matched = list(map([*rules, None].__getitem__, first.tolist()))
-        if _idle(config, tensors, prefix, matched, root):
-            return None
-    # the walk's problems, had it walked: a strict config's KV-cache refusals (which are then the
-    # only ones: any other has declined above), else nothing to load (which the walk words)
-    _raise(_refused(config, census), config, root)
-    if not rows.names and not deferred:
-        return None
+    if flagged:
+        grouped: dict[str, list[str]] = {}
+        for k in rest.tolist():
+            if (got := flagged.get(k)) is not None:
+                grouped.setdefault(got[0], []).append(got[1])
+        problems += [f"{reason}: {_listing(listed)}" for reason, listed in grouped.items()]
+    if unmatched.any():
+        off = [escape_name(names[k]) for k in rest[unmatched].tolist()]
+        problems.append(
+            f"{plural(len(off), 'tensor')} {'matches' if len(off) == 1 else 'match'} "
+            f"no rule of {config.name} (add a rule; a final "
+            f'match = "*" with role = "auto" keeps the rest whole): {_grouped(off)}'
+        )
+    problems += _idle(config, names, prefix, first, root)
+    if not problems and not rows.names and not deferred:  # a load of nothing would pass every check
+        problems.append(
+            f"nothing to load: {_nothing(rules, skipped, root)}; a load serves at least "
+            "one tensor (narrow the skip globs)"
+        )
+    _raise(problems, config, root)
     return _Parts(rows, fitted, skipped, deferred, deferred_experts, census)
 
 
-def _kind_in(kind: np.ndarray, roles: Sequence[str], role: str) -> np.ndarray:
-    """Which rows' rules (``kind``: each row's rule code) have ``role``."""
-    result: np.ndarray = np.asarray([r == role for r in roles], bool)[kind]
+def _per_rule(values: Iterable[bool]) -> np.ndarray:
+    """A column over made.rules' codes, indexed by ``rule_of``: False for -1 (no rule matches)."""
+    result: np.ndarray = np.asarray([*values, False], bool)
     return result
+
+
+def _lacking(name: str, rule: Rule, row: Mapping[str, int]) -> str:
+    """A weight of a scaled rule given outright (:func:`_outright` flags it): its problem."""
+    if not name.endswith(rule.suffix):
+        why = f"{rule.describe()} is {rule.role} but the name does not end in {rule.suffix}"
+    else:
+        missing = [m for m in _scale_names(name, rule) if m not in row]
+        why = (
+            f"{rule.describe()} needs its scale {escape_name(missing[0])}, which the "
+            "checkpoint lacks"
+        )
+    return f"tensor {escape_name(name)}: {why}"
+
+
+def _taken_scales(
+    table: TensorTable,
+    config: Config,
+    made: _Made,
+    first: np.ndarray,
+    rule_of: np.ndarray,
+    scales: tuple[np.ndarray, np.ndarray],
+    taken: np.ndarray,
+) -> list[str]:
+    """The skip or defer rules that take served weights' scales (``taken``: those scales' rows),
+    worded by :func:`_scale_globs` over the weights in the order it reads them: those an ``auto``
+    rule resolved, then those of rules given outright, each in the table's order."""
+    names = table.names
+    s1, s2 = scales
+    weights = np.flatnonzero(
+        ((s1 >= 0) & taken[np.maximum(s1, 0)]) | ((s2 >= 0) & taken[np.maximum(s2, 0)])
+    )
+    auto = np.asarray([*[r.role == AUTO for r in config.rules], False], bool)[first]
+    weights = weights[np.argsort(~auto[weights], kind="stable")]
+    needs = {
+        names[w]: (names[s1[w]],) if s2[w] < 0 else (names[s1[w]], names[s2[w]])
+        for w in weights.tolist()
+    }
+    rules = {names[m]: made.rules[int(rule_of[m])] for m in np.flatnonzero(taken).tolist()}
+    return _scale_globs(rules, needs)
 
 
 def _first_rules(
@@ -360,27 +326,24 @@ def _first_rules(
     names: Sequence[str],
     tpl: Templates | None,
     single: Callable[[int], bool],
-) -> np.ndarray | None:
+) -> np.ndarray:
     """Each name's first rule as its index (``len(rules)``: none): the config's rules see the name
     rewritten into the config's prefix (selection/prefix.py), a rule given at run time
     (``--skip``) its stored name too, and the activation-scale switch's rule takes single-value
     tensors only (``single``: whether the name at that place holds one value); the others it
-    matched are matched again without it, name by name (few). By template where ``tpl`` (the
-    names' templates) is given, None there where the rewritten names' templates cannot be read;
-    name by name otherwise (the walk's)."""
+    matched are matched again without it, name by name (few). By template where there are
+    templates (``tpl``: the names', and those of the rewritten names), name by name otherwise."""
     rules = config.rules
     none = len(rules)
     rewrites = prefix.rewrites
     seen = list(map(prefix.rewrite, names)) if rewrites else names
+    seen_tpl = (templates(seen) if rewrites else tpl) if tpl is not None else None
     first: np.ndarray
-    if tpl is None:
+    if seen_tpl is None:
         at = {id(r): i for i, r in enumerate(rules)}
         found = [none if r is None else at[id(r)] for r in config.rules_for(seen)]
         first = np.asarray(found, np.int64)
     else:
-        seen_tpl = templates(seen) if rewrites else tpl
-        if seen_tpl is None:
-            return None
         first = first_rules(seen, rules, seen_tpl)
     given = [i for i, r in enumerate(rules) if r.origin] if rewrites else []
     if given:
@@ -423,61 +386,65 @@ class _Made:
 
 def _outright(
     table: TensorTable,
-    tpl: Templates,
-    made: _Made,
-    rule_of: np.ndarray,
-    scales: tuple[np.ndarray, np.ndarray],
-    scaled: frozenset[str],
-) -> bool:
-    """The scales' rows of the weights of scaled rules given outright, into ``scales``, by the join
-    once per (rule, template): the rows whose rule (matched, or an ``auto`` one resolved by a way
-    with no scale tensors) is scaled and has no scales yet, as :func:`_scales` takes them. False
-    where a weight's name lacks the rule's suffix or a scale is missing (its problems, which the
-    walk words)."""
-    s1, s2 = scales
-    outright = np.asarray([r.role in scaled for r in made.rules], bool)
-    rows = np.flatnonzero(outright[rule_of] & (s1 < 0))
-    if not len(rows):
-        return True
-    join = Join(tpl)
-    width_t = len(tpl.texts)
-    groups, at = np.unique(rule_of[rows] * width_t + tpl.ids[rows], return_inverse=True)
-    for g, k in enumerate(groups.tolist()):
-        mine, rule, t = rows[at == g], made.rules[k // width_t], k % width_t
-        if not _ends(table.names, mine, rule.suffix).all():
-            return False
-        one = _renamed(join, table, mine, t, rule.suffix, rule.scale)
-        two = _renamed(join, table, mine, t, rule.suffix, rule.scale2) if rule.scale2 else None
-        if (one < 0).any() or (two is not None and (two < 0).any()):
-            return False
-        s1[mine] = one
-        if two is not None:
-            s2[mine] = two
-    return True
-
-
-def _resolved(
-    config: Config,
-    table: TensorTable,
-    tpl: Templates,
-    first: np.ndarray,
+    ids: np.ndarray,
+    join: Join | None,
     made: _Made,
     rule_of: np.ndarray,
     scales: tuple[np.ndarray, np.ndarray],
     scaled: frozenset[str],
 ) -> np.ndarray:
-    """Each ``auto`` row's rule resolved (Config.resolve_scaled's ways, in its order) into
-    ``rule_of`` and its scales' rows into ``scales``, once per (rule, dtype, template): a scale
-    found by the join. Returns the rows that resolve to nothing (they keep their ``auto`` rule:
-    the walk names them None, which counts as it does)."""
-    auto = np.asarray([r.role == AUTO for r in config.rules], bool)
+    """The scales' rows of the weights of scaled rules given outright, into ``scales``, once per
+    (rule, template) (``ids``: each row's template): the rows whose rule (matched, or an ``auto``
+    one resolved by a way with no scale tensors) is scaled and has no scales yet. Returns the rows
+    whose name lacks the rule's suffix or whose scale is missing (their problems), in natural
+    order; they get no scales."""
+    s1, s2 = scales
+    outright = _per_rule(r.role in scaled for r in made.rules)
+    rows = np.flatnonzero(outright[rule_of] & (s1 < 0))
+    bad: np.ndarray = np.zeros(len(table), bool)
+    if len(rows):
+        width_t = int(ids.max()) + 1
+        groups, at = np.unique(rule_of[rows] * width_t + ids[rows], return_inverse=True)
+        for g, k in enumerate(groups.tolist()):
+            mine, rule, t = rows[at == g], made.rules[k // width_t], k % width_t
+            fine = _ends(table.names, mine, rule.suffix)
+            one = _renamed(join, table, mine, t, rule.suffix, rule.scale)
+            fine &= one >= 0
+            two = None
+            if rule.scale2:
+                two = _renamed(join, table, mine, t, rule.suffix, rule.scale2)
+                fine &= two >= 0
+            bad[mine[~fine]] = True
+            s1[mine[fine]] = one[fine]
+            if two is not None:
+                s2[mine[fine]] = two[fine]
+    got: np.ndarray = table.order[bad[table.order]]
+    return got
+
+
+def _resolved(
+    config: Config,
+    table: TensorTable,
+    ids: np.ndarray,
+    join: Join | None,
+    first: np.ndarray,
+    made: _Made,
+    rule_of: np.ndarray,
+    scales: tuple[np.ndarray, np.ndarray],
+    scaled: frozenset[str],
+) -> list[int]:
+    """Each ``auto`` row's rule resolved (Config.ways, in their order: the first way whose suffix
+    the name ends in and whose scales exist; plain for a plain dtype) into ``rule_of`` and its
+    scales' rows into ``scales``, once per (rule, dtype, template) (``ids``: each row's template):
+    a scale found by the join. Returns the rows that resolve to nothing (they keep their ``auto``
+    rule)."""
+    auto = np.asarray([*[r.role == AUTO for r in config.rules], False], bool)  # last: no rule
     rows = np.flatnonzero(auto[first])
-    left: list[np.ndarray] = [np.zeros(0, np.int64)]
+    left: list[int] = []
     if not len(rows):
-        return left[0]
-    join = Join(tpl)
-    width_d, width_t = len(table.dtypes), len(tpl.texts)
-    key = (first[rows] * width_d + table.dtype_code[rows]) * width_t + tpl.ids[rows]
+        return left
+    width_d, width_t = len(table.dtypes), int(ids.max()) + 1
+    key = (first[rows] * width_d + table.dtype_code[rows]) * width_t + ids[rows]
     groups, at = np.unique(key, return_inverse=True)
     s1, s2 = scales
     for g, k in enumerate(groups.tolist()):
@@ -505,11 +472,10 @@ def _resolved(
             open_ = open_[~take]
         if len(open_):
             if plain is None:
-                left.append(open_)
+                left += open_.tolist()
             else:
                 rule_of[open_] = made.code(plain)
-    result: np.ndarray = np.concatenate(left)
-    return result
+    return left
 
 
 def _ends(names: list[str], rows: np.ndarray, suffix: str) -> np.ndarray:
@@ -521,13 +487,18 @@ def _ends(names: list[str], rows: np.ndarray, suffix: str) -> np.ndarray:
 
 
 def _renamed(
-    join: Join, table: TensorTable, rows: np.ndarray, t: int, suffix: str, replacement: str
+    join: Join | None,
+    table: TensorTable,
+    rows: np.ndarray,
+    t: int,
+    suffix: str,
+    replacement: str,
 ) -> np.ndarray:
     """For rows of template ``t``: the row of the name with ``suffix`` replaced by
-    ``replacement`` (``name[: -len(suffix)] + replacement``, as resolve_scaled spells it), -1
-    where the name does not end in ``suffix`` or no tensor has that name: by the join, or name by
-    name where it cannot say."""
-    got = join.renamed(rows, t, suffix, replacement)
+    ``replacement`` (``name[: -len(suffix)] + replacement``), -1 where the name does not end in
+    ``suffix`` or no tensor has that name: by the join, or name by name where it cannot say (or
+    the names have no templates)."""
+    got = join.renamed(rows, t, suffix, replacement) if join is not None else None
     if got is not None:
         return got
     names, row = table.names, table.row
@@ -552,14 +523,17 @@ def _served_columns(
     census: Census,
     expert_rx: re.Pattern[str],
     fitted: _Fitted,
-) -> Columns | None:
+    flagged: dict[int, tuple[str, str]],
+) -> Columns:
     """The served rows, their classes (into ``fitted``: each distinct key fitted once, at its first
-    row, as :func:`_class` keys them), scales and experts; None where any has a problem."""
+    row, as :func:`_class` keys them), scales and experts. A row with a problem (an expert with
+    no index, a class that does not fit) is filed in ``flagged`` with its reason and words."""
     names = table.names
     s1, s2 = scales
     codec_of = registry.by_role()
     codecs = [codec_of.get(r.role) for r in made.rules]  # None: a rule no served row has
-    kinds = {id(c): k for k, c in enumerate(dict.fromkeys([*codecs, KV_SCALE]))}
+    every = list(dict.fromkeys([*codecs, KV_SCALE]))
+    kinds = {id(c): k for k, c in enumerate(every)}
     codec = np.asarray([kinds[id(c)] for c in codecs], np.int64)[rule_of]
     kv = census.engine_names()
     if kv:  # a KV-cache scale served plain has its values checked
@@ -575,50 +549,75 @@ def _served_columns(
         (np.where(s1 >= 0, sigs[s1], -1) + 1, top),
         (np.where(s2 >= 0, sigs[s2], -1) + 1, top),
     ]
-    key: np.ndarray = np.zeros(len(served), np.int64)
-    span = 1
-    for col, width in parts:
-        if span > (1 << 62) // max(width, 1):
-            return None
-        key, span = key * width + col, span * width
-    _, firsts, at = np.unique(key, return_index=True, return_inverse=True)
-    _, sig_of = _readers(tensors, table)
+    firsts, at = _keyed(parts, len(served))
+    row, signature = table.row, table.signatures
+    sig_of = lambda x: signature[row[x]]  # noqa: E731
+    sets, index, lost = _experts(table, made, rule_of, served, expert_rx)
     klass: np.ndarray = np.zeros(len(firsts), np.int64)
-    all_codecs = list(dict.fromkeys([*codecs, KV_SCALE]))
     for u in np.argsort(firsts, kind="stable").tolist():  # in order of first appearance
         j = int(firsts[u])
         k = int(served[j])
-        need = _need(names, int(s1[j]), int(s2[j]))
         got = _class(
             names[k],
             made.rules[int(rule_of[j])],
             tensors,
-            need,
-            all_codecs[int(codec[j])],  # type: ignore[arg-type]  # a served row's: a codec
+            _need(names, int(s1[j]), int(s2[j])),
+            every[int(codec[j])],  # type: ignore[arg-type]  # a served row's: a codec
             fitted,
-            {},
             sig_of,
         )
-        if got < 0:
-            return None
-        klass[u] = got
-    at_set, index = _experts(table, made, rule_of, served, expert_rx)
-    if at_set is None or index is None:  # (both or neither)
-        return None
+        klass[u] = got if isinstance(got, int) else -1
+    per_row = klass[at]
+    for j in np.flatnonzero(lost | (per_row < 0)).tolist():  # the flagged rows only
+        k, rule = int(served[j]), made.rules[int(rule_of[j])]
+        if lost[j]:
+            flagged[k] = (
+                f"{rule.describe()}: experts = true but expert_pattern "
+                f"{expert_rx.pattern!r} finds no index in",
+                tensors[names[k]].describe(),
+            )
+            continue
+        why = _class(
+            names[k],
+            rule,
+            tensors,
+            _need(names, int(s1[j]), int(s2[j])),
+            every[int(codec[j])],  # type: ignore[arg-type]
+            fitted,
+            sig_of,
+        )
+        assert not isinstance(why, int)  # (its key's fit failed)
+        flagged[k] = why
     rows = Columns()
     rows.extend_columns(
         list(map(names.__getitem__, served.tolist())),
-        klass[at].tolist(),
+        per_row.tolist(),
         [names[k] if k >= 0 else None for k in s1.tolist()],
         [names[k] if k >= 0 else None for k in s2.tolist()],
-        at_set,
+        sets,
         index,
     )
     return rows
 
 
+def _keyed(parts: list[tuple[np.ndarray, int]], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows alike in every part (a column and its width): each distinct one's first row, and each
+    row's distinct one. One mixed-radix number a row, or the parts side by side where their
+    widths' product would not fit."""
+    key: np.ndarray = np.zeros(n, np.int64)
+    span = 1
+    for col, width in parts:
+        if span > (1 << 62) // max(width, 1):
+            stacked = np.stack([col for col, _ in parts], axis=1)
+            _, firsts, at = np.unique(stacked, axis=0, return_index=True, return_inverse=True)
+            return firsts, at.reshape(-1)
+        key, span = key * width + col, span * width
+    _, firsts, at = np.unique(key, return_index=True, return_inverse=True)
+    return firsts, at
+
+
 def _need(names: list[str], one: int, two: int) -> tuple[str, ...] | None:
-    """A row's scales' names, as the walk keeps them (None: no scales)."""
+    """A row's scales' names (None: no scales)."""
     if one < 0:
         return None
     return (names[one],) if two < 0 else (names[one], names[two])
@@ -630,33 +629,29 @@ def _experts(
     rule_of: np.ndarray,
     served: np.ndarray,
     expert_rx: re.Pattern[str],
-) -> tuple[list[str | None], list[int]] | tuple[None, None]:
+) -> tuple[list[str | None], list[int], np.ndarray]:
     """Each served row's expert set (None: not an expert) and index, as :func:`_expert_of` reads
-    them; (None, None) where an expert-parallel row has no index."""
+    them, and which expert-parallel rows have no index (``lost``)."""
     names = table.names
     wanted = np.asarray([r.experts and not r.stacked for r in made.rules], bool)[rule_of]
     sets: list[str | None] = [None] * len(served)
     index = [0] * len(served)
+    lost: np.ndarray = np.zeros(len(served), bool)
     at = np.flatnonzero(wanted)
     if not len(at):
-        return sets, index
+        return sets, index, lost
     rows = served[at]
     got = _experts_by_template(table, rows, expert_rx)
     if got is not None:
         cut, numbers = got
     else:
-        held = list(map(names.__getitem__, rows.tolist()))
-        found = list(map(expert_rx.search, held))
-        if None in found:
-            return None, None
-        digits = list(map(_GROUP_1, found))
-        if max(map(len, digits)) >= 19:
-            return None, None
-        cut = list(map(str.__getitem__, held, map(slice, map(_START, found))))
-        numbers = list(map(int, digits))
+        found = [_expert_in(expert_rx, names[k]) for k in rows.tolist()]
+        lost[at] = [x is None for x in found]
+        cut = [x[0] if x else "" for x in found]
+        numbers = [x[1] if x else 0 for x in found]
     for k, x, i in zip(at.tolist(), cut, numbers, strict=True):
         sets[k], index[k] = x, i
-    return sets, index
+    return sets, index, lost
 
 
 DEFAULT_EXPERTS = r"experts\.(\d+)\."
@@ -711,120 +706,6 @@ def _experts_by_template(
     return cut, numbers.tolist()
 
 
-_GROUP_1 = operator.methodcaller("group", 1)
-_START = operator.methodcaller("start")
-
-
-def _codec(name: str, rule: Rule, codec_of: Mapping[str, Codec], kv: Mapping[str, object]) -> Codec:
-    """The rule's codec for this tensor: a KV-cache scale served plain has its values checked."""
-    codec = codec_of[rule.role]
-    return KV_SCALE if codec is PLAIN and name in kv else codec
-
-
-def _readers(
-    tensors: Mapping[str, TensorMeta], table: TensorTable | None
-) -> tuple[Callable[[str], str], Callable[[str], object]]:
-    """Each tensor's dtype, and a key that two tensors share when their dtypes and shapes are the
-    same: from the table's columns when there is one (a dict lookup and a list index, no record
-    made), from the records otherwise."""
-    if table is None:
-        return (lambda n: tensors[n].dtype), (lambda n: (tensors[n].dtype, tensors[n].shape))
-    row, dtypes, sigs = table.row, table.dtype_names, table.signatures
-    return (lambda n: dtypes[row[n]]), (lambda n: sigs[row[n]])
-
-
-def _aligned(tensors: Mapping[str, TensorMeta], table: TensorTable | None) -> TensorTable | None:
-    """The table when its rows are the tensors, in the tensors' order (a catalogue's table is;
-    a table passed beside other tensors is not used for the columns path)."""
-    if table is None or len(table) != len(tensors) or table.names != list(tensors):
-        return None
-    return table
-
-
-@dataclass(frozen=True)
-class _Ruled:
-    """The walk's rules of a catalogue's tensors, by name."""
-
-    rules: dict[str, Rule | None]
-    """Each tensor's rule, ``auto`` ones resolved (None: no rule matches, or none resolves)."""
-    unresolved: dict[str, str]
-    """The tensors an ``auto`` rule could not resolve: why."""
-    needs: dict[str, tuple[str, ...]]
-    """The scales found for each weight an ``auto`` rule made scaled (:func:`_scales` adds those
-    of the rules given outright)."""
-    matched: list[Rule | None]
-    """Each tensor's first rule, in the tensors' order."""
-
-
-def _rules(
-    tensors: Mapping[str, TensorMeta],
-    config: Config,
-    prefix: Prefix,
-    dtype_of: Callable[[str], str],
-) -> _Ruled:
-    """Each tensor's rule, ``auto`` ones resolved, found name by name."""
-    matched = _matched(tensors, config, prefix)
-    rules = dict(zip(tensors, matched, strict=True))
-    unresolved: dict[str, str] = {}
-    needs: dict[str, tuple[str, ...]] = {}  # tuples: the collector untracks them
-    resolve = config.resolve_scaled
-    scaled = registry.scaled_roles()
-    for n, r in [(n, r) for n, r in rules.items() if r is not None and r.role == AUTO]:
-        got = resolve(r, n, dtype_of(n), tensors)
-        if isinstance(got, str):
-            unresolved[n] = f"{r.describe()}: {got}"
-            rules[n] = None
-        else:
-            resolved, found = got
-            rules[n] = resolved
-            if found and resolved.role in scaled:
-                needs[n] = tuple(found)
-    return _Ruled(rules, unresolved, needs, matched)
-
-
-def _matched(
-    tensors: Mapping[str, TensorMeta], config: Config, prefix: Prefix
-) -> list[Rule | None]:
-    """Each tensor's first rule (:func:`_first_rules`), name by name."""
-    names = list(tensors)
-    first = _first_rules(
-        config, prefix, names, None, lambda k: activation_scale(names[k], tensors[names[k]])
-    )
-    assert first is not None  # (name by name: always an answer)
-    return list(map([*config.rules, None].__getitem__, first.tolist()))
-
-
-def _scales(
-    tensors: Mapping[str, TensorMeta],
-    rules: Mapping[str, Rule | None],
-    needs: dict[str, tuple[str, ...]],
-    problems: list[str],
-) -> set[str]:
-    """The weights of a scaled rule given outright (not ``auto``) whose scales are missing or whose
-    name lacks the rule's suffix (each a problem, in natural order); the scales of the others are
-    filed in ``needs``."""
-    scaled = registry.scaled_roles()
-    first: list[tuple[str, str]] = []  # (weight, problem), in the catalogue's order
-    for n, r in rules.items():
-        if r is None or r.role not in scaled or n in needs:
-            continue
-        needed = _scale_names(n, r)
-        missing = [m for m in needed if m not in tensors]
-        if not n.endswith(r.suffix):
-            why = f"{r.describe()} is {r.role} but the name does not end in {r.suffix}"
-        elif missing:
-            why = (
-                f"{r.describe()} needs its scale {escape_name(missing[0])}, which the "
-                "checkpoint lacks"
-            )
-        else:
-            needs[n] = tuple(needed)
-            continue
-        first.append((n, f"tensor {escape_name(n)}: {why}"))
-    problems[:0] = [why for _, why in sorted(first, key=lambda nw: natural_key(nw[0]))]
-    return {n for n, _ in first}
-
-
 def _class(
     name: str,
     rule: Rule,
@@ -832,23 +713,20 @@ def _class(
     needed: tuple[str, ...] | None,
     codec: Codec,
     known: _Fitted,
-    grouped: dict[str, list[str]],
     sig_of: Callable[[str], object],
-) -> int:
+) -> int | tuple[str, str]:
     """The class of one tensor under its rule (``needed``: its scales' names, for a scaled codec),
-    or -1, filing why it does not fit under (rule, reason). ``known``: the classes so far, and
-    what each key gave."""
+    or why it does not fit: (the rule and reason, the tensor in words). ``known``: the classes so
+    far, and what each key gave."""
     fits, classes = known.by_key, known.classes
     # a KV-cache scale is no class with a plain scalar under the same rule: the codec is in the key
     # rules and codecs by identity (a config's rules are distinct objects; Rule's hash is Python's)
     key = (id(rule), id(codec), sig_of(name), tuple(map(sig_of, needed)) if needed else None)
     klass = fits.get(key)
-    if klass is not None and not isinstance(klass, str):
-        return klass  # the usual tensor: its class known, no record made
     meta = tensors[name]
     scale = tensors[needed[0]] if needed else None
-    scale2 = tensors[needed[1]] if needed and len(needed) > 1 else None
     if klass is None:
+        scale2 = tensors[needed[1]] if needed and len(needed) > 1 else None
         fit = codec.fit(
             meta, scale, block=rule.block, split=rule.split, scale2=scale2, stacked=rule.stacked
         )
@@ -864,43 +742,31 @@ def _class(
             if scale
             else ""
         )
-        grouped.setdefault(f"{rule.describe()}: {klass}", []).append(meta.describe() + detail)
-        return -1
+        return f"{rule.describe()}: {klass}", meta.describe() + detail
     return klass
 
 
-def _set_aside(
-    n: str,
-    r: Rule | None,
-    expert_rx: re.Pattern[str],
-    unmatched: list[str],
-    skipped: list[str],
-    deferred: list[str],
-    deferred_experts: dict[str, tuple[str, int]],
-) -> bool:
-    """Files ``n`` by its rule as unmatched (no rule), skipped or deferred (with its expert, for
-    the deferred's positions); False for a name to serve."""
-    if r is None:
-        unmatched.append(escape_name(n))
-    elif r.role == Role.SKIP:
-        skipped.append(n)
-    elif r.role == Role.DEFER:
-        deferred.append(n)
-        if x := _expert_of(expert_rx, n, r):
-            deferred_experts[n] = x
-    else:
-        return False
-    return True
-
-
-def _expert_of(rx: re.Pattern[str], name: str, rule: Rule | None) -> tuple[str, int] | None:
+def _expert_of(rx: re.Pattern[str], name: str, rule: Rule) -> tuple[str, int] | None:
     """(expert set, index) of an expert-parallel tensor; None when the rule is not
     expert-parallel or the name has no expert index."""
-    m = rx.search(name) if rule is not None and rule.experts and not rule.stacked else None
+    return _expert_in(rx, name) if rule.experts and not rule.stacked else None
+
+
+def _expert_in(rx: re.Pattern[str], name: str) -> tuple[str, int] | None:
+    """(expert set, index) that ``rx`` finds in ``name`` (the name before the match, its group's
+    digits); None where it finds none, or an index of 19 digits or more."""
+    m = rx.search(name)
     return (name[: m.start()], int(m.group(1))) if m and len(m.group(1)) < 19 else None
 
 
-def _units(rule: Rule, model: Mapping[str, object] | None, root: object) -> int:
+def _aligned(tensors: Mapping[str, TensorMeta], table: TensorTable) -> TensorTable:
+    """The table with its rows in the tensors' order (a catalogue's table already is)."""
+    if len(table) == len(tensors) and table.names == list(tensors):
+        return table
+    return table.take(np.asarray([table.row[n] for n in tensors], np.int64))
+
+
+def _units(rule: Rule, model: Mapping[str, object] | None, root: os.PathLike[str]) -> int:
     """A rule's head count: the number it gives, or its config.json field's value."""
     if isinstance(rule.units, int):
         return rule.units
@@ -919,7 +785,7 @@ def _units(rule: Rule, model: Mapping[str, object] | None, root: object) -> int:
     return value
 
 
-def _source(model: Mapping[str, object], field: str, root: object) -> str:
+def _source(model: Mapping[str, object], field: str, root: os.PathLike[str]) -> str:
     """Where the model config's ``field`` was read, in words: a GGUF header's stand-in for
     config.json says which key of which file (``storage/gguf.py``, ``HeaderConfig.source``);
     config.json otherwise."""
@@ -929,20 +795,20 @@ def _source(model: Mapping[str, object], field: str, root: object) -> str:
 
 
 def _idle(
-    config: Config,
-    tensors: Mapping[str, TensorMeta],
-    prefix: Prefix,
-    matched: list[Rule | None],
-    root: object,
+    config: Config, names: list[str], prefix: Prefix, first: np.ndarray, root: os.PathLike[str]
 ) -> list[str]:
-    """Rules given at run time that match no tensor (a rule no tensor matches first may still match
-    one a rule before it took)."""
-    given = [r for r in config.rules if r.origin and r.origin != ACTIVATION_ORIGIN]
-    first = set(matched) if given else set()
+    """Rules given at run time that match no tensor (``first``: each name's first rule, by index;
+    a rule no tensor matches first may still match one a rule before it took)."""
+    given = [
+        (i, r) for i, r in enumerate(config.rules) if r.origin and r.origin != ACTIVATION_ORIGIN
+    ]
+    if not given:
+        return []
+    hit = set(np.unique(first).tolist())
     idle = [
         r.describe()
-        for r in given
-        if r not in first and not any(r.matches(n) or r.matches(prefix.rewrite(n)) for n in tensors)
+        for i, r in given
+        if i not in hit and not any(r.matches(n) or r.matches(prefix.rewrite(n)) for n in names)
     ]
     if not idle:
         return []
@@ -975,7 +841,7 @@ def _scale_globs(
     return out
 
 
-def _nothing(rules: tuple[Rule, ...], skipped: list[str], root: object) -> str:
+def _nothing(rules: tuple[Rule, ...], skipped: list[str], root: os.PathLike[str]) -> str:
     """Which rules left nothing to load, for the message."""
     globs = [r.describe() for r in rules if r.role == Role.SKIP]
     if globs and skipped:

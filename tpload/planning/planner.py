@@ -261,10 +261,8 @@ class Planner:
             names,
             config,
             prefix=self.prefix,
-            problems=[],
             model=model,
             root=catalogue.root,
-            order=catalogue.names(),
             table=table,
         )
         c = self.classified

@@ -30,7 +30,7 @@ import json
 import os
 import re
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import asdict, astuple, dataclass, field, fields, replace
 from importlib import resources
 from pathlib import Path
@@ -282,32 +282,9 @@ class Config:
             out.append(rules[i] if i < none else None)
         return out
 
-    def resolve(
-        self, rule: Rule, name: str, dtype: str, present: Mapping[str, object]
-    ) -> Rule | str:
-        """An ``auto`` rule made concrete for one tensor: the first of the families' ways of
-        storing a weight that fits its dtype, its name and the scale tensors ``present`` beside it;
-        plain for a plain dtype; else why not."""
-        got = self.resolve_scaled(rule, name, dtype, present)
-        return got if isinstance(got, str) else got[0]
-
-    def resolve_scaled(
-        self, rule: Rule, name: str, dtype: str, present: Mapping[str, object]
-    ) -> tuple[Rule, list[str]] | str:
-        """:meth:`resolve`, with the names of the scale tensors found (none for plain)."""
-        ways = self.ways(rule, dtype)
-        for p, made in ways[0]:
-            if name.endswith(p.suffix):
-                if not p.scaled:  # a format without scale tensors (gguf)
-                    return made, []
-                stem = name[: -len(p.suffix)]
-                if (scale := stem + p.scale) in present:
-                    if not p.scale2:
-                        return made, [scale]
-                    if (scale2 := stem + p.scale2) in present:
-                        return made, [scale, scale2]
-        if ways[1] is not None:
-            return ways[1], []
+    def declined(self, dtype: str) -> str:
+        """Why no way of this config's families takes an ``auto`` rule's weight of ``dtype`` (none
+        of :meth:`ways` fits the name, its scales or the dtype, and the dtype is not plain)."""
         return (
             f"{dtype} tensors that no codec of {'+'.join(self.families) or 'this config'} takes "
             f"(is a scale tensor missing, or is it another family? shipped families: "
@@ -316,9 +293,9 @@ class Config:
 
     def ways(self, rule: Rule, dtype: str) -> tuple[list[tuple[Pick, Rule]], Rule | None]:
         """The families' ways of storing an ``auto`` rule's weight of ``dtype``, in the order
-        :meth:`resolve_scaled` tries them, each with the rule it makes; and the plain rule (None:
-        the dtype is not plain). Made once per pair (planning/classify.py resolves names in bulk
-        by them)."""
+        they are tried (the first whose suffix a name ends in and whose scales are there
+        takes it), each with the rule it makes; and the plain rule (None: the dtype is not plain).
+        Made once per pair (planning/classify.py resolves names in bulk by them)."""
         ways = self._ways.get((rule, dtype))
         if ways is None:
             ways = self._ways[rule, dtype] = (

@@ -1,5 +1,5 @@
-"""Everything a classification gives, as one comparable tuple: the presets' and templates' tests
-hold the columns path's to the name-by-name walk's."""
+"""Everything a classification gives, as one comparable tuple: the classification tests pin its
+digest."""
 
 from __future__ import annotations
 

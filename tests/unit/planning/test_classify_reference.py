@@ -16,7 +16,7 @@ from tpload.selection.config import Config, with_rules
 from tpload.storage.safetensors import TableRows
 from tpload.tools.published import PUBLISHED
 
-from .test_classify_templates import _config_for, _facts, _rows
+from .test_classify_names import _config_for, _facts, _rows
 
 REFERENCE = {
     "deepseek-v3-tiny": "8b384f73165a02ad",
@@ -30,7 +30,7 @@ REFERENCE = {
 
 
 def _said(tensors: TableRows, config: Config, model: dict) -> object:
-    """What a classification gives (test_classify_templates.py's facts), as text that does not
+    """What a classification gives (test_classify_names.py's facts), as text that does not
     depend on the process (codecs by their class's name), or its error's words."""
     got = _facts(tensors, config, model)
     assert isinstance(got, tuple)

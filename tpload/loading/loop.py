@@ -273,14 +273,14 @@ class _Loader:
             checks[about if about in checks else item.weight.name].bad.append((count, what))
 
     def batch(self, runs: PlanRuns, i: int, j: int) -> Batch:
-        """Small entries ``[i, j)`` of one file together (batch.py): one read, one pass into their
-        slots, worked on the run's columns (an item is made only for a value-checked entry its
-        format's batch-wide check did not clear)."""
+        """Small entries of one file together (batch.py; places ``[i, j)`` of the runs' reading
+        order): one read, one pass into their slots, worked on the run's columns (an item is made
+        only for a value-checked entry its format's batch-wide check did not clear)."""
         if self._batch_buffer is None:
             self._batch_buffer = np.empty(BATCH_BYTES, dtype=np.uint8)
-        plan = self.plan
+        plan, order = self.plan, runs.order
         p, q = runs.pieces(i, j)
-        label = f"{plan.names[i]} .. {plan.names[j - 1]} ({j - i} tensors)"
+        label = f"{plan.names[order[i]]} .. {plan.names[order[j - 1]]} ({j - i} tensors)"
         b = Batch(self.source, runs, p, q, label, self._batch_buffer)
         offsets = runs.out[p:q]
         if self.arena.host is not None:  # host slots: written in place
@@ -307,8 +307,7 @@ class _Loader:
         evidence, fps = self.evidence, b.fingerprints
         evidence.windows_of(b.names, runs.cut_boxes[p:q], fps)
         self._hash(b)
-        klass = plan.klass[i:j]
-        checked = self._checked(runs)[klass]
+        checked = self._checked(runs)[runs.klass[i:j]]
         if not checked.any():  # the common batch: every fingerprint in columns
             evidence.served(b.names, fps)
             return b
@@ -319,7 +318,7 @@ class _Loader:
         plain: np.ndarray = np.ones(q - p, bool)  # pieces whose fingerprint is all there is to keep
         dirty_entries: list[int] = (np.flatnonzero(dirty) + i).tolist()
         for t in dirty_entries:  # the value checks, on the batch's bytes
-            item = plan.item(t)
+            item = plan.item(int(order[t]))
             k = int(runs.first[t]) - p
             n = int(runs.count[t])
             self._value_checks(b, item, _cut_outputs(item), fps[k : k + n].tolist(), k)
@@ -355,7 +354,7 @@ class _Loader:
             self.evidence.add(check)
 
     def _clean(self, b: Batch, runs: PlanRuns, i: int, j: int) -> np.ndarray:
-        """Per entry of ``[i, j)``, whether it is a scaled item whose value checks would find
+        """Per place of ``[i, j)``, whether it is a scaled item whose value checks would find
         nothing, decided per format over all of the batch's entries of that format at once
         (Codec.clean, with the fit of the format's first entry in the batch); the others are
         checked one by one."""
@@ -369,7 +368,7 @@ class _Loader:
                 if item.codec.scaled and len(item.scales) == 1 and f.scale is not None:
                     key = (item.codec.name, f.weight.dtype, f.scale.dtype)
                     self._formats[c] = keys.setdefault(key, len(keys))
-        klass = self.plan.klass[i:j]
+        klass = runs.klass[i:j]
         formats = self._formats[klass]
         clean: np.ndarray = np.zeros(j - i, bool)
         if formats[0] == formats.min() == formats.max():  # one format (the usual batch)
@@ -482,18 +481,19 @@ def run(
         with transfer:  # from the arena's making: its exit waits for what the transfer started
             sampled = _sampled(plan, samples)
             runs = PlanRuns(plan, plan.kind, source)
-            n = len(plan.klass)
-            read, served = _per_entry(plan)
-            for t in range(min(READAHEAD_ITEMS, n)):
+            order = runs.order.tolist()
+            n = len(order)
+            read, served = _per_entry(plan, runs.klass)
+            for t in order[:READAHEAD_ITEMS]:
                 _ask(source, plan, t)
             for i, j, batched in runs:
                 if batched:  # small entries, even one alone: one read, one pass (batch.py)
                     loader.done_batch(loader.batch(runs, i, j))
                     _advance_all(progress, read, served, i, j)
                     continue
-                item = plan.item(i)
+                item = plan.item(order[i])
                 if i + READAHEAD_ITEMS < n:
-                    _ask(source, plan, i + READAHEAD_ITEMS)
+                    _ask(source, plan, order[i + READAHEAD_ITEMS])
                 if item.codec.copies(item.fit, plan.kind):
                     loader.copy(item)
                 else:
@@ -534,9 +534,10 @@ def _advance(progress: ProgressSink, item: Item) -> None:
         progress.update(0)
 
 
-def _per_entry(plan: RankPlan) -> tuple[list[int], list[int]]:
-    """Running sums over the plan's entries of their read bytes and served tensors (a packed weight
-    and its scale are two), from their classes: a run's are two subtractions."""
+def _per_entry(plan: RankPlan, klass: np.ndarray) -> tuple[list[int], list[int]]:
+    """Running sums over the plan's entries in reading order (``klass``: each place's class) of
+    their read bytes and served tensors (a packed weight and its scale are two), from their
+    classes: a run's are two subtractions."""
     size = plan.class_count
     read: np.ndarray = np.zeros(size, np.int64)
     served: np.ndarray = np.zeros(size, np.int64)
@@ -545,15 +546,15 @@ def _per_entry(plan: RankPlan) -> tuple[list[int], list[int]]:
         served[c] = min(1 + (s.scale is not None) + (s.scale2 is not None), len(s.served))
     zero: np.ndarray = np.zeros(1, np.int64)
     return (
-        np.concatenate((zero, np.cumsum(read[plan.klass]))).tolist(),
-        np.concatenate((zero, np.cumsum(served[plan.klass]))).tolist(),
+        np.concatenate((zero, np.cumsum(read[klass]))).tolist(),
+        np.concatenate((zero, np.cumsum(served[klass]))).tolist(),
     )
 
 
 def _advance_all(
     progress: ProgressSink, read: list[int], served: list[int], i: int, j: int
 ) -> None:
-    """A batch's served tensors (entries ``[i, j)``; ``read``, ``served``: :func:`_per_entry`'s
+    """A batch's served tensors (places ``[i, j)``; ``read``, ``served``: :func:`_per_entry`'s
     sums) in one call with their bytes, when the sink takes one (the load's own); a caller's sink
     is told of each as :func:`_advance` does."""
     if isinstance(progress, BatchSink):

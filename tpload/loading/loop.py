@@ -484,12 +484,14 @@ def run(
             order = runs.order.tolist()
             n = len(order)
             read, served = _per_entry(plan, runs.klass)
+            # a sink that takes a batch's served tensors in one call (the load's own): asked once
+            many = progress.update_many if isinstance(progress, BatchSink) else None
             for t in order[:READAHEAD_ITEMS]:
                 _ask(source, plan, t)
             for i, j, batched in runs:
                 if batched:  # small entries, even one alone: one read, one pass (batch.py)
                     loader.done_batch(loader.batch(runs, i, j))
-                    _advance_all(progress, read, served, i, j)
+                    _advance_all(progress, many, read, served, i, j)
                     continue
                 item = plan.item(order[i])
                 if i + READAHEAD_ITEMS < n:
@@ -552,13 +554,18 @@ def _per_entry(plan: RankPlan, klass: np.ndarray) -> tuple[list[int], list[int]]
 
 
 def _advance_all(
-    progress: ProgressSink, read: list[int], served: list[int], i: int, j: int
+    progress: ProgressSink,
+    many: Callable[[int, int], None] | None,
+    read: list[int],
+    served: list[int],
+    i: int,
+    j: int,
 ) -> None:
     """A batch's served tensors (places ``[i, j)``; ``read``, ``served``: :func:`_per_entry`'s
-    sums) in one call with their bytes, when the sink takes one (the load's own); a caller's sink
-    is told of each as :func:`_advance` does."""
-    if isinstance(progress, BatchSink):
-        progress.update_many(read[j] - read[i], served[j] - served[i])
+    sums) in one call with their bytes, when the sink takes one (``many``: the load's own
+    ``update_many``); a caller's sink is told of each as :func:`_advance` does."""
+    if many is not None:
+        many(read[j] - read[i], served[j] - served[i])
         return
     for t in range(i, j):
         progress.update(read[t + 1] - read[t])

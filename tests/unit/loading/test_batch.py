@@ -171,6 +171,32 @@ def test_an_alternating_layout_serves_what_the_file_by_file_one_serves(
     assert all(mine[n].equal(t) for n, t in theirs.items())
 
 
+def test_the_loop_asks_whether_its_sink_takes_batches_once_not_once_a_batch(
+    many: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sink's kind (a runtime-checkable Protocol: an isinstance that walks its attributes) is
+    asked once a load, however many batches it has (here 600: one a tensor)."""
+    from tpload.model.progress import BatchSink
+
+    meta = type(BatchSink)
+    real = meta.__instancecheck__
+    asked = []
+
+    def check(cls: type, obj: object) -> bool:
+        if cls is BatchSink:
+            asked.append(obj)
+        return real(cls, obj)
+
+    monkeypatch.setattr(batch, "BATCH_BYTES", 128)  # one 8x8 BF16 tensor: a batch each
+    monkeypatch.setattr(meta, "__instancecheck__", check)
+    shards = tpload.load(many, progress=False, verify="off")
+    try:
+        assert shards.report.mine.tensors == 600
+    finally:
+        shards.release()
+    assert 1 <= len(asked) <= 2
+
+
 @pytest.fixture(scope="module")
 def fp8(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_published(tmp_path_factory.mktemp("v3") / "v3", "deepseek-v3-tiny")

@@ -408,9 +408,8 @@ class _Loader:
         self.hasher.record_batch(b.stored(ks), b.raws(ks), (want.at, want.ranks, flat))
 
     def done_batch(self, b: Batch) -> None:
-        if self.release is not None:
-            for _ in range(len(b)):  # each piece's stored tensor, all in the batch's file
-                self.release.done(b.path)
+        if self.release is not None:  # each piece's stored tensor, all in the batch's file
+            self.release.done(b.path, len(b))
 
     def done(self, item: Item) -> None:
         if self.release is not None:

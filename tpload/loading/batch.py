@@ -96,10 +96,13 @@ class Batch:
             box[:, 3] - box[:, 2],
         )
 
-    def copy(self, dst: np.ndarray, dst_offsets: np.ndarray) -> None:
-        """Each window into ``dst`` at its offset (an empty ``dst``: fingerprints only),
-        fingerprinted."""
-        src, rows, stride, width = self.own(np.arange(len(self.names)))
+    def copy(self, dst: np.ndarray, dst_offsets: np.ndarray, ks: np.ndarray | None = None) -> None:
+        """Each window (of pieces ``ks``; default: all) into ``dst`` at its offset (an empty
+        ``dst``: fingerprints only), fingerprinted."""
+        whole = ks is None
+        k = np.arange(len(self.names)) if ks is None else ks
+        src, rows, stride, width = self.own(k)
+        fps = self.fingerprints if whole else np.zeros((len(k), 3), dtype=np.int64)
         # the kernel does not check bounds: every window lies in the span read (the storage's box is
         # inside its stored tensor), and every destination in dst (fits_batch holds each slot to its
         # window)
@@ -114,8 +117,10 @@ class Batch:
             word_widths(width),
             dst,
             dst_offsets,
-            self.fingerprints,
+            fps,
         )
+        if not whole:
+            self.fingerprints[k] = fps
 
     def fingerprints_of(self, boxes: Sequence[tuple[int, Box]]) -> list[Triple]:
         """The fingerprint of each ``(k, box)``: a window of stored tensor ``k`` (a node peer's, of

@@ -285,25 +285,13 @@ class _Loader:
         offsets = runs.out[p:q]
         if self.arena.host is not None:  # host slots: written in place
             b.copy(self.arena.host, offsets)
-        else:  # a device: the slots' range built on the host, uploaded at once, its upload checked
-            box = b.box
-            sizes = (box[:, 1] - box[:, 0]) * (box[:, 3] - box[:, 2])  # each slot's bytes
-            lo, hi = int(offsets.min()), int((offsets + sizes).max())
-            image: np.ndarray = np.zeros(hi - lo, dtype=np.uint8)
-            b.copy(image, offsets - lo)
-            fp = HostFingerprint(hi - lo)
-            region = self.arena.buffer[lo:hi].view(1, -1)
-            self.transfer.copy(image.reshape(1, -1), region, fp, 0, 0)
-            served, want = self.transfer.served(region, fp)
-            self.evidence.add(
-                Check(
-                    f"{b.data_label} (arena bytes {lo}..{hi})",
-                    b.path.name,
-                    served,
-                    want,
-                    "host image",
-                )
-            )
+        else:  # a device: the slots' ranges built on the host, each uploaded at once, checked
+            # a batch's entries need not be neighbours in the plan (the arena's order): each range
+            # is a run of them with no other entry's slot between (one, in a file-by-file layout)
+            entry: np.ndarray = np.repeat(order[i:j], runs.count[i:j])  # each piece's plan entry
+            by = np.argsort(entry, kind="stable")
+            for ks in np.split(by, np.flatnonzero(np.diff(entry[by]) > 1) + 1):
+                self._upload(b, ks, offsets[ks])
         evidence, fps = self.evidence, b.fingerprints
         evidence.windows_of(b.names, runs.cut_boxes[p:q], fps)
         self._hash(b)
@@ -327,6 +315,29 @@ class _Loader:
             at = np.flatnonzero(plain)
             evidence.served([b.names[k] for k in at.tolist()], fps[at])
         return b
+
+    def _upload(self, b: Batch, ks: np.ndarray, offsets: np.ndarray) -> None:
+        """Pieces ``ks`` of a batch (``offsets``: their slots, one range of the arena that holds no
+        other entry's) built on the host as one image, uploaded at once, the upload's fingerprint
+        checked against the image's."""
+        box = b.box[ks]
+        sizes = (box[:, 1] - box[:, 0]) * (box[:, 3] - box[:, 2])  # each slot's bytes
+        lo, hi = int(offsets.min()), int((offsets + sizes).max())
+        image: np.ndarray = np.zeros(hi - lo, dtype=np.uint8)
+        b.copy(image, offsets - lo, ks)
+        fp = HostFingerprint(hi - lo)
+        region = self.arena.buffer[lo:hi].view(1, -1)
+        self.transfer.copy(image.reshape(1, -1), region, fp, 0, 0)
+        served, want = self.transfer.served(region, fp)
+        self.evidence.add(
+            Check(
+                f"{b.data_label} (arena bytes {lo}..{hi})",
+                b.path.name,
+                served,
+                want,
+                "host image",
+            )
+        )
 
     def _checked(self, runs: PlanRuns) -> np.ndarray:
         """Per class, whether its items are value-checked (asked of its first item)."""

@@ -17,7 +17,14 @@ each checkpoint, each way in:
 A run's figure is its slowest rank's ``seconds`` (the load's own clock: after the process started
 and tpload was imported, to the verdict) and the largest peak RSS. Rounds alternate the trees, so
 both see the same machine. Prints each run, then the median per tree, checkpoint and way, and the
-slope between the first two checkpoints (microseconds per tensor per rank, from the medians).
+slope between each pair of checkpoints (the first and second, the third and fourth, ...:
+microseconds per tensor per rank, from the medians).
+
+    python -m tpload synth /tmp/a5k --preset many-tensors-alternating --tensors 5000
+    python launch/per-tensor-cost.py /tmp/m5k /tmp/m25k /tmp/a5k /tmp/a25k --via cli
+
+puts the same tensors dealt to two files in turn (natural order alternating between the files at
+every tensor) beside those stored file by file: two slopes under one machine's noise.
 """
 
 from __future__ import annotations
@@ -111,14 +118,16 @@ def main() -> None:
             f"median {name:4} {via:3} {Path(ckpt).name:>10}: {statistics.median(values):7.3f} s "
             f"of {', '.join(f'{v:.3f}' for v in values)}"
         )
-    if len(args.dirs) >= 2:
-        a, b = args.dirs[:2]
+    for a, b in zip(args.dirs[::2], args.dirs[1::2], strict=False):
         for name in trees:
             for via in ways:
                 ma = statistics.median(got[(name, a, via)])
                 mb = statistics.median(got[(name, b, via)])
                 slope = (mb - ma) / (tensors[b] - tensors[a]) * 1e6
-                print(f"slope  {name:4} {via:3}: {slope:.1f} us per tensor per rank")
+                print(
+                    f"slope  {name:4} {via:3} {Path(a).name}..{Path(b).name}: {slope:.1f} us per "
+                    "tensor per rank"
+                )
 
 
 if __name__ == "__main__":

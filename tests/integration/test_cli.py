@@ -120,13 +120,14 @@ def test_ctrl_c_under_torchrun_is_one_line_from_the_ranks(small_ckpt: Path, tmp_
 def test_a_slow_rank_is_named_in_rank_0_s_progress_and_its_phases_in_the_report(
     small_ckpt: Path, tmp_path: Path
 ) -> None:
-    # rank 1's copy loop stalls (1 s a tensor or batch): rank 0, done reading, waits at the
-    # exchange and says for whom; the report's phase times show who held the load
+    # rank 1's copy loop stalls (2 s a tensor or batch: 4 runs a rank here, so ~8 s): rank 0,
+    # done reading, waits at the exchange and says for whom; the report's phase times show who
+    # held the load
     report = tmp_path / "load.json"
     run = torchrun(
         2,
         [str(SLOW_WORKER), str(small_ckpt), "--report", str(report)],
-        env={"SLOW_RANK": "1", "SLOW_S": "1"},
+        env={"SLOW_RANK": "1", "SLOW_S": "2"},
     )
     assert run.rc == 0, run.text
     first = next(line for line in run.err.splitlines() if not re.match(r"[WEI]\d{4} ", line))

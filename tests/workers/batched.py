@@ -27,11 +27,12 @@ def _cut_windows_batched(root: Path, rank: int) -> int:
     try:
         planner = planner_of(storage.catalogue, choose("auto", root)[0])
         plan = planner.plan(Layout(2), "packed", rank)
+        items = plan.items
         return sum(
             1
-            for i, j, _ in runs(plan.items, "packed", storage, classes=plan.shapes)
-            if j - i > 1
-            for item in plan.items[i:j]
+            for ks, _ in runs(items, "packed", storage, classes=plan.shapes)
+            if len(ks) > 1
+            for item in map(items.__getitem__, ks)
             if item.weight.rows != (0, item.weight.view[0])
             or item.weight.cols != (0, item.weight.view[1])
         )

@@ -120,7 +120,7 @@ def synth_parser() -> argparse.ArgumentParser:
         "--tensors",
         type=COUNT,
         metavar="N",
-        help="(many-tensors) how many tiny 8x8 tensors (default 10000)",
+        help="(many-tensors[-alternating]) how many tiny 8x8 tensors (default 10000)",
     )
     return p
 

@@ -80,21 +80,24 @@ class Names:
         # each item's tensors in cut order (its scales, then its weight: planning/items.py)
         cols = np.stack([self.scale[index], self.scale2[index], index], axis=1)
         keep = np.stack([scale[klass], scale2[klass], np.ones(len(index), bool)], axis=1)
+        if storage is None:
+            ids, item_bounds = cols[keep], np.concatenate([[0], np.cumsum(keep.sum(axis=1))])
+            return Runs(ids, item_bounds, per_class[klass], {})
+        order, starts, batches = self._batches(plan, storage)
+        cols, keep = cols[order], keep[order]  # the items in the loop's reading order
         ids, item_bounds = cols[keep], np.concatenate([[0], np.cumsum(keep.sum(axis=1))])
-        item_bytes = per_class[klass]
-        starts, batches = self._batches(plan, storage) if storage is not None else (None, {})
-        if starts is None:
-            return Runs(ids, item_bounds, item_bytes, {})
         ends: np.ndarray = np.append(starts[1:], len(index))
-        sums = np.concatenate([[0], np.cumsum(item_bytes)])
+        sums = np.concatenate([[0], np.cumsum(per_class[klass[order]])])
         return Runs(
             ids, item_bounds[np.append(starts, len(index))], sums[ends] - sums[starts], batches
         )
 
     @staticmethod
-    def _batches(plan: RankPlan, storage: Storage) -> tuple[np.ndarray, dict[int, tuple[str, int]]]:
-        """Each run's first item, and each batch's key by run (its file and first byte), as the
-        copy loop's PlanRuns makes them."""
+    def _batches(
+        plan: RankPlan, storage: Storage
+    ) -> tuple[np.ndarray, np.ndarray, dict[int, tuple[str, int]]]:
+        """The items in reading order, each run's first place in it, and each batch's key by run
+        (its file and first byte), as the copy loop's PlanRuns makes them."""
         runs = PlanRuns(plan, plan.kind, storage)
         keys: dict[int, tuple[str, int]] = {}
         for r, (i, j, batched) in enumerate(runs.runs):
@@ -102,7 +105,7 @@ class Names:
                 p, q = runs.pieces(i, j)
                 path = storage.stored(runs.names[p]).path
                 keys[r] = (str(path), int(runs.spans.offset[p:q].min()))
-        return np.array([i for i, _, _ in runs.runs], dtype=np.int64), keys
+        return runs.order, np.array([i for i, _, _ in runs.runs], dtype=np.int64), keys
 
 
 class Position:

@@ -101,20 +101,30 @@ class Batch:
         )
 
     def copy(
-        self, dst: np.ndarray, dst_offsets: np.ndarray, dtypes: Sequence[str] | None = None
+        self,
+        dst: np.ndarray,
+        dst_offsets: np.ndarray,
+        ks: np.ndarray | None = None,
+        dtypes: Sequence[str] | None = None,
     ) -> None:
-        """Each window into ``dst`` at its offset (an empty ``dst``: fingerprints only),
-        fingerprinted; with ``dtypes`` (each piece's stored dtype), each floating window is looked
-        at for NaN and inf in the same pass (:attr:`nonfinite`)."""
-        src, rows, stride, width = self.own(np.arange(len(self.names)))
+        """Each window (of pieces ``ks``; default: all) into ``dst`` at its offset (an empty
+        ``dst``: fingerprints only), fingerprinted; with ``dtypes`` (every piece's stored dtype),
+        each floating window is looked at for NaN and inf in the same pass (:attr:`nonfinite`)."""
+        whole = ks is None
+        k = np.arange(len(self.names)) if ks is None else ks
+        src, rows, stride, width = self.own(k)
+        fps = self.fingerprints if whole else np.zeros((len(k), 3), dtype=np.int64)
         words = word_widths(width)
         lanes, flags = NO_LANES, NO_FLAGS
         if dtypes is not None:
             lanes = np.array(
-                [nonfinite_lanes(d, w) for d, w in zip(dtypes, words.tolist(), strict=True)],
+                [
+                    nonfinite_lanes(dtypes[i], w)
+                    for i, w in zip(k.tolist(), words.tolist(), strict=True)
+                ],
                 dtype=np.int64,
             ).reshape(-1, 3)
-            flags = self.nonfinite = np.zeros(len(self.names), np.int64)
+            flags = np.zeros(len(k), np.int64)
         # the kernel does not check bounds: every window lies in the span read (the storage's box is
         # inside its stored tensor), and every destination in dst (fits_batch holds each slot to its
         # window)
@@ -129,10 +139,16 @@ class Batch:
             words,
             dst,
             dst_offsets,
-            self.fingerprints,
+            fps,
             lanes,
             flags,
         )
+        if not whole:
+            self.fingerprints[k] = fps
+        if dtypes is not None:
+            if not self.nonfinite.size:
+                self.nonfinite = np.zeros(len(self.names), np.int64)
+            self.nonfinite[k] = flags
 
     def fingerprints_of(self, boxes: Sequence[tuple[int, Box]]) -> list[Triple]:
         """The fingerprint of each ``(k, box)``: a window of stored tensor ``k`` (a node peer's, of

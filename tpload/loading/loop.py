@@ -298,42 +298,30 @@ class _Loader:
             checks[about if about in checks else item.weight.name].bad.append((count, what))
 
     def batch(self, runs: PlanRuns, i: int, j: int) -> Batch:
-        """Small entries ``[i, j)`` of one file together (batch.py): one read, one pass into their
-        slots, worked on the run's columns (an item is made only for a value-checked entry its
-        format's batch-wide check did not clear)."""
+        """Small entries of one file together (batch.py; places ``[i, j)`` of the runs' reading
+        order): one read, one pass into their slots, worked on the run's columns (an item is made
+        only for a value-checked entry its format's batch-wide check did not clear)."""
         if self._batch_buffer is None:
             self._batch_buffer = np.empty(BATCH_BYTES, dtype=np.uint8)
-        plan = self.plan
+        plan, order = self.plan, runs.order
         p, q = runs.pieces(i, j)
-        label = f"{plan.names[i]} .. {plan.names[j - 1]} ({j - i} tensors)"
+        label = f"{plan.names[order[i]]} .. {plan.names[order[j - 1]]} ({j - i} tensors)"
         b = Batch(self.source, runs, p, q, label, self._batch_buffer)
         offsets = runs.out[p:q]
-        klass = plan.klass[i:j]
+        klass = runs.klass[i:j]
         dtypes = None
         if self.finite:  # each piece's stored dtype: the entries' cuts in order
             cuts = runs.classes
             dtypes = [c.dtype for k in klass.tolist() for c in cuts[k].cuts]
         if self.arena.host is not None:  # host slots: written in place
-            b.copy(self.arena.host, offsets, dtypes)
-        else:  # a device: the slots' range built on the host, uploaded at once, its upload checked
-            box = b.box
-            sizes = (box[:, 1] - box[:, 0]) * (box[:, 3] - box[:, 2])  # each slot's bytes
-            lo, hi = int(offsets.min()), int((offsets + sizes).max())
-            image: np.ndarray = np.zeros(hi - lo, dtype=np.uint8)
-            b.copy(image, offsets - lo, dtypes)
-            fp = HostFingerprint(hi - lo)
-            region = self.arena.buffer[lo:hi].view(1, -1)
-            self.transfer.copy(image.reshape(1, -1), region, fp, 0, 0)
-            served, want = self.transfer.served(region, fp)
-            self.evidence.add(
-                Check(
-                    f"{b.data_label} (arena bytes {lo}..{hi})",
-                    b.path.name,
-                    served,
-                    want,
-                    "host image",
-                )
-            )
+            b.copy(self.arena.host, offsets, dtypes=dtypes)
+        else:  # a device: the slots' ranges built on the host, each uploaded at once, checked
+            # a batch's entries need not be neighbours in the plan (the arena's order): each range
+            # is a run of them with no other entry's slot between (one, in a file-by-file layout)
+            entry: np.ndarray = np.repeat(order[i:j], runs.count[i:j])  # each piece's plan entry
+            by = np.argsort(entry, kind="stable")
+            for ks in np.split(by, np.flatnonzero(np.diff(entry[by]) > 1) + 1):
+                self._upload(b, ks, offsets[ks], dtypes)
         evidence, fps = self.evidence, b.fingerprints
         evidence.windows_of(b.names, runs.cut_boxes[p:q], fps)
         self._hash(b)
@@ -350,7 +338,7 @@ class _Loader:
         plain: np.ndarray = np.ones(q - p, bool)  # pieces whose fingerprint is all there is to keep
         dirty_entries: list[int] = (np.flatnonzero(dirty) + i).tolist()
         for t in dirty_entries:  # the value checks, on the batch's bytes
-            item = plan.item(t)
+            item = plan.item(int(order[t]))
             k = int(runs.first[t]) - p
             n = int(runs.count[t])
             self._value_checks(b, item, _cut_outputs(item), fps[k : k + n].tolist(), k)
@@ -359,6 +347,31 @@ class _Loader:
             at = np.flatnonzero(plain)
             evidence.served([b.names[k] for k in at.tolist()], fps[at])
         return b
+
+    def _upload(
+        self, b: Batch, ks: np.ndarray, offsets: np.ndarray, dtypes: list[str] | None
+    ) -> None:
+        """Pieces ``ks`` of a batch (``offsets``: their slots, one range of the arena that holds no
+        other entry's) built on the host as one image, uploaded at once, the upload's fingerprint
+        checked against the image's."""
+        box = b.box[ks]
+        sizes = (box[:, 1] - box[:, 0]) * (box[:, 3] - box[:, 2])  # each slot's bytes
+        lo, hi = int(offsets.min()), int((offsets + sizes).max())
+        image: np.ndarray = np.zeros(hi - lo, dtype=np.uint8)
+        b.copy(image, offsets - lo, ks, dtypes)
+        fp = HostFingerprint(hi - lo)
+        region = self.arena.buffer[lo:hi].view(1, -1)
+        self.transfer.copy(image.reshape(1, -1), region, fp, 0, 0)
+        served, want = self.transfer.served(region, fp)
+        self.evidence.add(
+            Check(
+                f"{b.data_label} (arena bytes {lo}..{hi})",
+                b.path.name,
+                served,
+                want,
+                "host image",
+            )
+        )
 
     def _checked(self, runs: PlanRuns) -> np.ndarray:
         """Per class, whether its items are value-checked (asked of its first item)."""
@@ -388,7 +401,7 @@ class _Loader:
             self.evidence.add(check)
 
     def _clean(self, b: Batch, runs: PlanRuns, i: int, j: int) -> np.ndarray:
-        """Per entry of ``[i, j)``, whether it is a scaled item whose value checks would find
+        """Per place of ``[i, j)``, whether it is a scaled item whose value checks would find
         nothing, decided per format over all of the batch's entries of that format at once
         (Codec.clean, with the fit of the format's first entry in the batch); the others are
         checked one by one."""
@@ -402,7 +415,7 @@ class _Loader:
                 if item.codec.scaled and len(item.scales) == 1 and f.scale is not None:
                     key = (item.codec.name, f.weight.dtype, f.scale.dtype)
                     self._formats[c] = keys.setdefault(key, len(keys))
-        klass = self.plan.klass[i:j]
+        klass = runs.klass[i:j]
         formats = self._formats[klass]
         clean: np.ndarray = np.zeros(j - i, bool)
         if formats[0] == formats.min() == formats.max():  # one format (the usual batch)
@@ -442,9 +455,8 @@ class _Loader:
         self.hasher.record_batch(b.stored(ks), b.raws(ks), (want.at, want.ranks, flat))
 
     def done_batch(self, b: Batch) -> None:
-        if self.release is not None:
-            for _ in range(len(b)):  # each piece's stored tensor, all in the batch's file
-                self.release.done(b.path)
+        if self.release is not None:  # each piece's stored tensor, all in the batch's file
+            self.release.done(b.path, len(b))
 
     def done(self, item: Item) -> None:
         if self.release is not None:
@@ -517,18 +529,21 @@ def run(
         with transfer:  # from the arena's making: its exit waits for what the transfer started
             sampled = _sampled(plan, samples)
             runs = PlanRuns(plan, plan.kind, source)
-            n = len(plan.klass)
-            read, served = _per_entry(plan)
-            for t in range(min(READAHEAD_ITEMS, n)):
+            order = runs.order.tolist()
+            n = len(order)
+            read, served = _per_entry(plan, runs.klass)
+            # a sink that takes a batch's served tensors in one call (the load's own): asked once
+            many = progress.update_many if isinstance(progress, BatchSink) else None
+            for t in order[:READAHEAD_ITEMS]:
                 _ask(source, plan, t)
             for i, j, batched in runs:
                 if batched:  # small entries, even one alone: one read, one pass (batch.py)
                     loader.done_batch(loader.batch(runs, i, j))
-                    _advance_all(progress, read, served, i, j)
+                    _advance_all(progress, many, read, served, i, j)
                     continue
-                item = plan.item(i)
+                item = plan.item(order[i])
                 if i + READAHEAD_ITEMS < n:
-                    _ask(source, plan, i + READAHEAD_ITEMS)
+                    _ask(source, plan, order[i + READAHEAD_ITEMS])
                 if item.codec.copies(item.fit, plan.kind):
                     loader.copy(item)
                 else:
@@ -580,9 +595,10 @@ def _advance(progress: ProgressSink, item: Item) -> None:
         progress.update(0)
 
 
-def _per_entry(plan: RankPlan) -> tuple[list[int], list[int]]:
-    """Running sums over the plan's entries of their read bytes and served tensors (a packed weight
-    and its scale are two), from their classes: a run's are two subtractions."""
+def _per_entry(plan: RankPlan, klass: np.ndarray) -> tuple[list[int], list[int]]:
+    """Running sums over the plan's entries in reading order (``klass``: each place's class) of
+    their read bytes and served tensors (a packed weight and its scale are two), from their
+    classes: a run's are two subtractions."""
     size = plan.class_count
     read: np.ndarray = np.zeros(size, np.int64)
     served: np.ndarray = np.zeros(size, np.int64)
@@ -591,19 +607,24 @@ def _per_entry(plan: RankPlan) -> tuple[list[int], list[int]]:
         served[c] = min(1 + (s.scale is not None) + (s.scale2 is not None), len(s.served))
     zero: np.ndarray = np.zeros(1, np.int64)
     return (
-        np.concatenate((zero, np.cumsum(read[plan.klass]))).tolist(),
-        np.concatenate((zero, np.cumsum(served[plan.klass]))).tolist(),
+        np.concatenate((zero, np.cumsum(read[klass]))).tolist(),
+        np.concatenate((zero, np.cumsum(served[klass]))).tolist(),
     )
 
 
 def _advance_all(
-    progress: ProgressSink, read: list[int], served: list[int], i: int, j: int
+    progress: ProgressSink,
+    many: Callable[[int, int], None] | None,
+    read: list[int],
+    served: list[int],
+    i: int,
+    j: int,
 ) -> None:
-    """A batch's served tensors (entries ``[i, j)``; ``read``, ``served``: :func:`_per_entry`'s
-    sums) in one call with their bytes, when the sink takes one (the load's own); a caller's sink
-    is told of each as :func:`_advance` does."""
-    if isinstance(progress, BatchSink):
-        progress.update_many(read[j] - read[i], served[j] - served[i])
+    """A batch's served tensors (places ``[i, j)``; ``read``, ``served``: :func:`_per_entry`'s
+    sums) in one call with their bytes, when the sink takes one (``many``: the load's own
+    ``update_many``); a caller's sink is told of each as :func:`_advance` does."""
+    if many is not None:
+        many(read[j] - read[i], served[j] - served[i])
         return
     for t in range(i, j):
         progress.update(read[t + 1] - read[t])

@@ -4,9 +4,11 @@ many; the read and the pass themselves: loading/batch.py).
 A checkpoint's tens of thousands of small tensors (norms, biases, routers, a small layer's
 scales, a miniature's experts) each cost loading/loop.py's per-tensor sequence (a read, a tap, a
 fingerprint, a check) far more than their bytes (docs/benchmarks.md has the figures).
-Consecutive items served as stored (plain tensors; a packed weight with
-its scales) whose stored tensors are small and close together in one file are loaded together
-instead, whole or cut to the rank's window:
+Items served as stored (plain tensors; a packed weight with its scales)
+whose stored tensors are small and close together in one file are loaded together instead, whole
+or cut to the rank's window, wherever they are in the plan (batches are formed by where the bytes
+lie: a plan whose natural order alternates between files costs what one stored file by file
+does):
 
 * one ``pread`` of the span of the file that holds their stored tensors, whole (gaps between
   them bounded; a window's rows of a small tensor are not worth a read of their own);
@@ -143,10 +145,13 @@ class ClassCuts(NamedTuple):
 
 
 class PlanRuns:
-    """A plan in runs ``[i, j)`` (as the item-wise rule, tests/unit/loading/batch_runs.py, makes
-    them from items, without them): a batch of small entries, whose pieces (each entry's cuts in
-    cut order) are the rows ``[p, q)`` of the piece columns, or one entry loaded alone (block by
-    block, or decoded)."""
+    """A plan in runs, in reading order (as the item-wise rule, tests/unit/loading/batch_runs.py,
+    makes them from items, without them): a batch of small entries stored close together in one
+    file, whatever their places in the plan (the plan's natural order may alternate between files:
+    some writers deal tensors to files in turn), or one entry loaded alone (block by block, or
+    decoded). Run ``(i, j, batched)`` is the entries ``order[i:j]``; a batch's pieces (each entry's
+    cuts in cut order) are the rows ``[p, q)`` of the piece columns (:meth:`pieces`). Runs go in the
+    order of their first entry in the plan; a batch's entries in the order of their stored bytes."""
 
     def __init__(self, plan: Kinds, kind: str, storage: Boxes) -> None:
         klass, index = plan.klass, plan.index
@@ -177,92 +182,120 @@ class PlanRuns:
             for j, cut in enumerate(cc.cuts):
                 views[c, j], boxes[c, j] = cut.view, (*cut.rows, *cut.cols)
                 after[c, j], col[c, j] = cc.after[j], cc.column[j]
+        # the piece columns in plan order first (each entry's pieces from its first piece)
         per = count[klass]
-        self.first = np.cumsum(per) - per
-        """Each entry's first piece (an entry that cannot batch has none)."""
+        first_piece = np.cumsum(per) - per
         rep: np.ndarray = np.repeat(np.arange(n), per)
-        j = np.arange(len(rep)) - np.repeat(self.first, per)
+        j = np.arange(len(rep)) - np.repeat(first_piece, per)
         k = klass[rep]
         rows = plan.all_entries
         cols: tuple[Sequence[str | None], ...] = (rows.names, rows.scales, rows.scales2)
         # each name column's pieces picked in one C-level pass, put in piece order by numpy
         picked: np.ndarray = np.empty(len(rep), object)
         column, entry = col[k, j], index[rep]
-        for c, names in enumerate(cols):
+        for c, of in enumerate(cols):
             at = np.flatnonzero(column == c)
             if len(at):
-                picked[at] = list(map(names.__getitem__, entry[at].tolist()))
-        self.names: list[str] = picked.tolist()
-        """Each piece's stored tensor (its cut's and its served tensor's name)."""
+                picked[at] = list(map(of.__getitem__, entry[at].tolist()))
         shared: list[Box | None] = [None] * (3 * size)  # class c's cut i: 3 c + i
         for c, cc in self.classes.items():
             shared[3 * c : 3 * c + len(cc.cuts)] = [cut.box for cut in cc.cuts]
+        names: list[str] = picked.tolist()
+        spans = spans_of(storage, names, views[k, j], boxes[k, j])
+        nbytes = spans.rows * spans.row_bytes
+        # an entry batches when each of its pieces' stored tensors is small (it is read whole), in
+        # one file, and one read of their span is worth it
+        small = ((nbytes > 0) & (nbytes <= SMALL_BYTES)).astype(np.int64)
+        has = per > 0
+        starts = first_piece[has]
+        ok: np.ndarray = np.zeros(n, bool)
+        lo: np.ndarray = np.zeros(n, np.int64)
+        hi: np.ndarray = np.zeros(n, np.int64)
+        total: np.ndarray = np.zeros(n, np.int64)
+        file: np.ndarray = np.full(n, -1, np.int64)
+        if len(rep):
+            lo[has] = np.minimum.reduceat(spans.offset, starts)
+            hi[has] = np.maximum.reduceat(spans.offset + nbytes, starts)
+            total[has] = np.add.reduceat(nbytes, starts)
+            ok[has] = (np.add.reduceat(small, starts) == per[has]) & (
+                np.minimum.reduceat(spans.file, starts) == np.maximum.reduceat(spans.file, starts)
+            )
+            file[has] = spans.file[starts]
+        ok &= (hi - lo <= BATCH_BYTES) & (hi - lo <= 2 * total + GAP_BYTES)  # _readable, columns
+        self.order, ends, batched = _adjacent(ok, file, lo, hi, total)
+        """Each place in reading order's entry (its index in the plan)."""
+        bounds = [0, *ends]
+        self.runs: list[tuple[int, int, bool]] = list(
+            zip(bounds[:-1], bounds[1:], batched, strict=True)
+        )
+        """Each run: its first and end place in :attr:`order`, and whether it is a batch."""
+        self.klass = klass[self.order]
+        """Each place's class."""
+        self.count = per[self.order]
+        """Each place's pieces (an entry that cannot batch has none)."""
+        self.first = np.cumsum(self.count) - self.count
+        """Each place's first piece."""
+        if not np.array_equal(self.order, np.arange(n)):  # the piece columns in reading order
+            perm = np.repeat(first_piece[self.order] - self.first, self.count) + np.arange(len(rep))
+            names = list(map(names.__getitem__, perm.tolist()))
+            rep, j, k = rep[perm], j[perm], k[perm]
+            spans = Spans(*(c[perm] for c in spans))
+        self.names = names
+        """Each piece's stored tensor (its cut's and its served tensor's name)."""
         # (map over list.__getitem__, whose overloads mypy cannot pick: an int each, a class's box)
         self.cut_boxes: list[Box] = list(map(shared.__getitem__, (3 * k + j).tolist()))  # type: ignore[arg-type]
         """Each piece's cut's box (one tuple a class's cut, shared)."""
         self.out = plan.offsets[rep] + after[k, j]
         """Each piece's served tensor's arena offset."""
-        self.spans = spans_of(storage, self.names, views[k, j], boxes[k, j])
-        s = self.spans
-        nbytes = s.rows * s.row_bytes
-        # an entry batches when each of its pieces' stored tensors is small (it is read whole)
-        small = ((nbytes > 0) & (nbytes <= SMALL_BYTES)).astype(np.int64)
-        starts = self.first[per > 0]
-        ok: np.ndarray = np.zeros(n, bool)
-        lo: np.ndarray = np.zeros(n, np.int64)
-        hi: np.ndarray = np.zeros(n, np.int64)
-        total: np.ndarray = np.zeros(n, np.int64)
-        one_file: np.ndarray = np.zeros(n, bool)
-        if len(rep):
-            has = per > 0
-            ok[has] = np.add.reduceat(small, starts) == per[has]
-            lo[has] = np.minimum.reduceat(s.offset, starts)
-            hi[has] = np.maximum.reduceat(s.offset + nbytes, starts)
-            total[has] = np.add.reduceat(nbytes, starts)
-            one_file[has] = np.minimum.reduceat(s.file, starts) == np.maximum.reduceat(
-                s.file, starts
-            )
-        file: np.ndarray = np.full(n, -1, np.int64)
-        file[per > 0] = s.file[starts]
-        self.runs = _group(
-            ok.tolist(), one_file.tolist(), file.tolist(), lo.tolist(), hi.tolist(), total.tolist()
-        )
-        """Each run: its first and end entry, and whether it is a batch."""
-        self.count = per
+        self.spans = spans
+        """Each piece's stored span (:func:`spans_of`)."""
 
     def pieces(self, i: int, j: int) -> tuple[int, int]:
-        """The piece rows of batched entries ``[i, j)``."""
+        """The piece rows of batched places ``[i, j)``."""
         return int(self.first[i]), int(self.first[j - 1] + self.count[j - 1])
 
     def __iter__(self) -> Iterator[tuple[int, int, bool]]:
         return iter(self.runs)
 
 
-def _group(
-    ok: list[bool],
-    one_file: list[bool],
-    file: list[int],
-    lo: list[int],
-    hi: list[int],
-    total: list[int],
-) -> list[tuple[int, int, bool]]:
-    """The item-wise rule's grouping over each entry's columns (whether it batches, whether its
-    pieces are in one file, which, the span of its stored bytes and their sum)."""
-    out: list[tuple[int, int, bool]] = []
-    i, n = 0, len(ok)
-    while i < n:
-        j = i + 1
-        if not ok[i] or not one_file[i] or not _readable(lo[i], hi[i], total[i]):
-            out.append((i, j, False))
-            i = j
-            continue
-        f, a, b, t = file[i], lo[i], hi[i], total[i]
-        while j < n and ok[j] and one_file[j] and file[j] == f:
-            # _readable, inlined: this loop runs once an entry (46,000 of them for DeepSeek-V3)
-            a2, b2, t2 = (a if a < lo[j] else lo[j]), (b if b > hi[j] else hi[j]), t + total[j]
-            if b2 - a2 > BATCH_BYTES or b2 - a2 > 2 * t2 + GAP_BYTES:
+def _adjacent(
+    ok: np.ndarray, file: np.ndarray, lo: np.ndarray, hi: np.ndarray, total: np.ndarray
+) -> tuple[np.ndarray, list[int], list[bool]]:
+    """The item-wise rule's grouping over each entry's columns (whether it can batch, its pieces'
+    file, the span of their stored bytes and their sum): the entries that can batch taken file by
+    file in the order of their first byte, each batch as many of them in a row as one read holds;
+    every other entry a run of its own. (The places of the entries in reading order, each run's
+    end place, whether it is a batch.)"""
+    n = len(ok)
+    can = np.flatnonzero(ok)
+    can = can[np.lexsort((can, lo[can], file[can]))]  # by file, then first byte (then plan place)
+    f, a, b, t = file[can].tolist(), lo[can].tolist(), hi[can].tolist(), total[can].tolist()
+    cuts: list[int] = []  # each batch's end in ``can``
+    i, m = 0, len(can)
+    while i < m:
+        j, fi, b0, t0 = i + 1, f[i], b[i], t[i]
+        a0 = a[i]  # the batch's first byte: entries come in the order of theirs
+        # this loop runs once an entry (46,000 of them for DeepSeek-V3): _readable, inlined
+        while j < m and f[j] == fi:
+            b2, t2 = (b0 if b0 > b[j] else b[j]), t0 + t[j]
+            if b2 - a0 > BATCH_BYTES or b2 - a0 > 2 * t2 + GAP_BYTES:
                 break
-            a, b, t, j = a2, b2, t2, j + 1
-        out.append((i, j, True))
+            b0, t0, j = b2, t2, j + 1
+        cuts.append(j)
         i = j
-    return out
+    alone = np.flatnonzero(~ok)
+    # every run: its entries, and its first entry in the plan (the runs' order)
+    run_of: np.ndarray = np.empty(n, np.int64)
+    sizes = np.diff(np.asarray([0, *cuts], np.int64))
+    run_of[: len(can)] = np.repeat(np.arange(len(cuts)), sizes)
+    run_of[len(can) :] = len(cuts) + np.arange(len(alone))
+    member = np.concatenate((can, alone))
+    lead = np.concatenate(
+        (np.minimum.reduceat(can, np.cumsum(sizes) - sizes) if len(can) else can, alone)
+    )
+    place = np.lexsort((np.arange(n), lead[run_of]))  # runs by lead, each run's entries kept
+    order = member[place]
+    runs = run_of[place]
+    ends = (np.flatnonzero(np.diff(runs)) + 1).tolist() + ([n] if n else [])
+    batched = [bool(r < len(cuts)) for r in runs[[e - 1 for e in ends]].tolist()] if n else []
+    return order, ends, batched

@@ -189,10 +189,10 @@ class ShardRelease:
         self._pending[path] = self._pending.get(path, 0) + 1
         self._touched.setdefault(path, []).append((offset, nbytes))
 
-    def done(self, path: Path) -> None:
-        """One thing on ``path`` is done (from any thread)."""
+    def done(self, path: Path, things: int = 1) -> None:
+        """``things`` on ``path`` are done (from any thread)."""
         with self._lock:
-            self._pending[path] -= 1
+            self._pending[path] -= things
             last = self._pending[path] == 0
         if last:
             self.release(path, self._touched[path])

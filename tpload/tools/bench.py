@@ -470,9 +470,9 @@ def cmd_bench(argv: list[str]) -> int:
     ):
         p.error("nproc >= 1, rounds >= 1 and a tp dividing nproc are required")
     if args.tensors is not None and (
-        args.preset != "many-tensors" or args.checkpoint or args.tensors < 1
+        not (args.preset or "").startswith("many-tensors") or args.checkpoint or args.tensors < 1
     ):
-        p.error("--tensors N (N >= 1) goes with --preset many-tensors")
+        p.error("--tensors N (N >= 1) goes with --preset many-tensors[-alternating]")
     ckpt = args.checkpoint or str(preset_checkpoint(args.preset, tensors=args.tensors))
     store = tempfile.mkdtemp(prefix="tpload-bench-digests-")
     opts = BenchOptions(

@@ -178,6 +178,9 @@ class Published:
     tensors: str = "tensors"
     """Which of the family's lists (``many``: many-tensors')."""
     shards: int = 2
+    deal: bool = False
+    """Tensors dealt to the files in turn (tensor k to file k % shards: natural order alternates
+    between files), not in contiguous runs."""
     shard_name: str = "model-{k:05d}-of-{n:05d}.safetensors"
     extra: dict[str, dict[str, Any]] = field(default_factory=dict[str, Any])
     """Other JSON files beside config.json (``hf_quant_config.json``)."""
@@ -209,7 +212,7 @@ def _index() -> dict[str, tuple[str, dict[str, Any]]]:
 
 _PRESET_KEYS = {
     *("base", "config", "drop", "set", "tensors"),  # its config.json and its tensors
-    *("shards", "shard_name", "files", "headers_only"),  # its files
+    *("shards", "deal", "shard_name", "files", "headers_only"),  # its files
 }
 """What a preset of a safetensors family may say (docs/tools.md, "The presets' data")."""
 
@@ -225,6 +228,7 @@ def _published(name: str) -> Published:
         families.published_config(doc, preset, presets),
         tensors=preset.get("tensors", "tensors"),
         shards=preset.get("shards", 2),
+        deal=preset.get("deal", False),
         shard_name=preset.get("shard_name", Published.shard_name),
         extra={f: json.loads(files[f]) for f in preset.get("files", ())},
         headers_only=preset.get("headers_only", False),
@@ -256,7 +260,8 @@ def write_published(
     if tensors is not None:
         if "tpload_tensors" not in pub.config:
             raise CheckpointError(
-                f"preset {name} has a fixed tensor count (only many-tensors takes one)"
+                f"preset {name} has a fixed tensor count (only many-tensors and "
+                "many-tensors-alternating take one)"
             )
         pub = replace(pub, config={**pub.config, "tpload_tensors": tensors})
     root = Path(out_dir)
@@ -266,7 +271,11 @@ def write_published(
         )
     root.mkdir(parents=True, exist_ok=True)
     planned = pub.planned()
-    groups = split_shards(planned, pub.shards)
+    groups = (
+        [planned[k :: pub.shards] for k in range(min(pub.shards, len(planned)))]
+        if pub.deal
+        else split_shards(planned, pub.shards)
+    )
     sink = (  # headers-only: no data written, nothing to wait for
         progress(sum(t.nbytes for t in planned), len(planned), "writing")
         if progress and not pub.headers_only

@@ -53,15 +53,15 @@ def old_split(
 
 def old_load_runs(plan: object, storage: object) -> list[tuple]:
     items, out = plan.items, []
-    for k, end, pieces in runs(items, plan.kind, storage, classes=plan.shapes):
+    for ks, pieces in runs(items, plan.kind, storage, classes=plan.shapes):
         batch = None
         if pieces:
             stored = [s for per_item in pieces for s, _, _ in per_item]
             batch = (str(stored[0].path), min(s.offset for s in stored))
         out.append(
             (
-                [c.name for item in items[k:end] for c in item.cuts],
-                sum(i.read_bytes for i in items[k:end]),
+                [c.name for k in ks for c in items[k].cuts],
+                sum(items[k].read_bytes for k in ks),
                 batch,
             )
         )

@@ -1,11 +1,11 @@
-"""The batching rule item by item, as it was first written: the reference the copy loop's column
+"""The batching rule item by item: the reference the copy loop's column
 form (planning/batches.py's ``PlanRuns``) is held equal to (test_batch.py,
 tests/unit/distributed/test_replica_split.py, tests/workers/batched.py). No load runs it, so it
 lives with the tests that compare against it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from tpload.model.values import Stored
 from tpload.planning import batches
@@ -18,13 +18,15 @@ Piece = tuple[Stored, tuple[int, int], tuple[int, int]]
 
 def runs(
     items: Sequence[Item], kind: str, storage: Boxes, *, classes: Sequence[object] | None = None
-) -> Iterator[tuple[int, int, list[list[Piece]]]]:
+) -> list[tuple[list[int], list[list[Piece]]]]:
     """The rule item by item (the copy loop runs it over columns: :class:`PlanRuns`, which the
-    tests hold to this). The plan in runs ``[i, j)``: a batch of small items (with each one's
-    pieces, in cut order; a small item alone is a batch of one), or one item read block by block
-    (no pieces). A batch
-    stays in one file, within ``BATCH_BYTES``, and reads at most its stored tensors' bytes twice
-    over plus ``GAP_BYTES`` of others'.
+    tests hold to this). The plan in runs, each its items (their places in ``items``) and, for a
+    batch of small items (a small item alone is a batch of one), each one's pieces, in cut order;
+    no pieces: one item read block by block. The small items are taken file by file in the order
+    of their first stored byte (whatever their places in the plan), a batch as many of them in a
+    row as one read holds: it stays in one file, within ``BATCH_BYTES``, and reads at most its
+    stored tensors' bytes twice over plus ``GAP_BYTES`` of others'. Runs go in the order of their
+    first item in the plan.
     ``classes``: one token per item, equal for items cut alike (the plan's shared shapes), so
     whether a class can batch is worked out once, not per tensor."""
     small: dict[int, bool] = {}
@@ -40,39 +42,37 @@ def runs(
                 ok = small[token] = fits_batch(item, kind)
         return _pieces(item, storage) if ok else None
 
-    i, n = 0, len(items)
-    nxt = batchable(0) if n else None
-    while i < n:
-        j, batch = i + 1, [nxt] if nxt is not None else []
-        nxt = batchable(j) if j < n else None
+    out: list[tuple[list[int], list[list[Piece]]]] = []
+    by_file: dict[object, list[tuple[int, int, int, int, list[Piece]]]] = {}
+    for k in range(len(items)):
+        pieces = batchable(k)
+        if pieces is not None:
+            path = pieces[0][0].path
+            lo = min(s.offset for s, _, _ in pieces)
+            hi = max(s.offset + s.nbytes for s, _, _ in pieces)
+            total = sum(s.nbytes for s, _, _ in pieces)
+            if all(s.path == path for s, _, _ in pieces) and _readable(lo, hi, total):
+                by_file.setdefault(path, []).append((lo, k, hi, total, pieces))
+                continue
+        out.append(([k], []))  # large, or its own pieces too far apart for one read
+    for small_items in by_file.values():
+        small_items.sort(key=lambda x: (x[0], x[1]))  # by first byte (then place in the plan)
+        batch: list[tuple[int, int, int, int, list[Piece]]] = []
+        lo = hi = total = 0
+        for entry in small_items:
+            if batch:
+                hi2, total2 = max(hi, entry[2]), total + entry[3]
+                if _readable(lo, hi2, total2):
+                    batch.append(entry)
+                    hi, total = hi2, total2
+                    continue
+                out.append(([e[1] for e in batch], [e[4] for e in batch]))
+            batch = [entry]
+            lo, hi, total = entry[0], entry[2], entry[3]
         if batch:
-            first = [s for s, _, _ in batch[0]]
-            path = first[0].path
-            lo = min(s.offset for s in first)
-            hi = max(s.offset + s.nbytes for s in first)
-            total = sum(s.nbytes for s in first)
-            if any(s.path != path for s in first) or not _readable(lo, hi, total):
-                batch = []  # its own pieces are too far apart for one read
-        if batch:
-            while nxt is not None:
-                lo2, hi2, total2 = lo, hi, total
-                for s, _, _ in nxt:
-                    if s.path is not path and s.path != path:  # one Path object per shard, mostly
-                        break
-                    lo2, hi2, total2 = (
-                        min(lo2, s.offset),
-                        max(hi2, s.offset + s.nbytes),
-                        total2 + s.nbytes,
-                    )
-                else:
-                    if _readable(lo2, hi2, total2):
-                        batch.append(nxt)
-                        lo, hi, total, j = lo2, hi2, total2, j + 1
-                        nxt = batchable(j) if j < n else None
-                        continue
-                break
-        yield i, j, batch
-        i = j
+            out.append(([e[1] for e in batch], [e[4] for e in batch]))
+    out.sort(key=lambda run: min(run[0]))
+    return out
 
 
 def _pieces(item: Item, storage: Boxes) -> list[Piece] | None:

@@ -109,25 +109,95 @@ def test_a_changed_small_tensor_fails_the_batched_load_naming_it(
         tpload.load(root, progress=False)
 
 
-def test_batches_stop_at_a_file_a_gap_or_a_tensor_they_cannot_take(many: Path) -> None:
+@pytest.fixture(scope="module")
+def dealt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """many's 600 tensors dealt to two files in turn: natural order alternates between them."""
+    return write_published(
+        tmp_path_factory.mktemp("dealt") / "d", "many-tensors-alternating", tensors=600
+    )
+
+
+def _batches(root: Path) -> tuple[list[tuple[int, int, bool]], int, set[Path]]:
+    """The runs PlanRuns makes of ``root``'s plan at tp 1 (llama), the item-wise rule's run count,
+    and the files."""
     from tpload.loading.planner import planner_of
     from tpload.planning.layout import Layout
     from tpload.selection.config import load_config
     from tpload.storage.sharded import ShardedStorage
 
-    storage = ShardedStorage(many)
+    storage = ShardedStorage(root)
     try:
         plan = planner_of(storage.catalogue, load_config("llama")).plan(Layout(1), "packed", 0)
         items = plan.items
-        runs = list(item_runs(items, "packed", storage))
-        files = [{storage.stored(items[k].name).path for k in range(i, j)} for i, j, _ in runs]
-        assert all(len(f) == 1 for f in files)  # never across files
-        assert len(runs) == len(
-            {p for f in files for p in f}
-        )  # one batch a file: 600 tiny tensors in order
-        assert sum(j - i for i, j, _ in runs) == len(items)
+        old = item_runs(items, "packed", storage)
+        runs = batch.PlanRuns(plan, "packed", storage)
+        for i, j, _ in runs:  # never across files
+            assert len({storage.stored(items[k].name).path for k in runs.order[i:j]}) == 1
+        assert sorted(runs.order.tolist()) == list(range(len(items)))  # each entry once
+        return runs.runs, len(old), {storage.stored(n).path for n in plan.names}
     finally:
         storage.close()
+
+
+def test_batches_stop_at_a_file_a_gap_or_a_tensor_they_cannot_take(many: Path) -> None:
+    runs, old, files = _batches(many)
+    assert len(runs) == old == len(files) == 4  # one batch a file: 600 tiny tensors in order
+    assert all(b for _, _, b in runs) and runs[-1][1] == 600
+
+
+def test_tensors_alternating_between_files_batch_as_if_stored_file_by_file(
+    many: Path, dealt: Path
+) -> None:
+    """A plan whose natural order alternates between two files at every tensor: batches by where
+    the tensors lie, one a file, as few as a file-by-file layout of the same tensors makes (not
+    one a tensor: 600)."""
+    runs, old, files = _batches(dealt)
+    assert len(files) == 2 and len(runs) == old == 2
+    assert len(runs) <= len(_batches(many)[0])
+    assert all(b for _, _, b in runs) and sum(j - i for i, j, _ in runs) == 600
+
+
+def test_an_alternating_layout_serves_what_the_file_by_file_one_serves(
+    many: Path, dealt: Path
+) -> None:
+    """The same tensors stored file by file and dealt to two files in turn: the same bytes and the
+    same digest (batches read in storage order, served and digested in natural order)."""
+    got = []
+    for root in (many, dealt):
+        shards = tpload.load(root, progress=False, verify="rank")
+        got.append(
+            (shards.report.mine.digest, {n: t.clone() for n, t in shards.state_dict().items()})
+        )
+        shards.release()
+    (a, mine), (b, theirs) = got
+    assert a == b and mine.keys() == theirs.keys()
+    assert all(mine[n].equal(t) for n, t in theirs.items())
+
+
+def test_the_loop_asks_whether_its_sink_takes_batches_once_not_once_a_batch(
+    many: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sink's kind (a runtime-checkable Protocol: an isinstance that walks its attributes) is
+    asked once a load, however many batches it has (here 600: one a tensor)."""
+    from tpload.model.progress import BatchSink
+
+    meta = type(BatchSink)
+    real = meta.__instancecheck__
+    asked = []
+
+    def check(cls: type, obj: object) -> bool:
+        if cls is BatchSink:
+            asked.append(obj)
+        return real(cls, obj)
+
+    monkeypatch.setattr(batch, "BATCH_BYTES", 128)  # one 8x8 BF16 tensor: a batch each
+    monkeypatch.setattr(meta, "__instancecheck__", check)
+    shards = tpload.load(many, progress=False, verify="off")
+    try:
+        assert shards.report.mine.tensors == 600
+    finally:
+        shards.release()
+    assert 1 <= len(asked) <= 2
 
 
 @pytest.fixture(scope="module")
@@ -151,9 +221,9 @@ def test_packed_weights_with_their_scales_batch_alike(
         plan = planner.plan(Layout(2), "packed", 0)
         batched = [
             plan.items[k]
-            for i, j, _ in item_runs(plan.items, "packed", storage)
-            if j - i > 1
-            for k in range(i, j)
+            for ks, _ in item_runs(plan.items, "packed", storage)
+            if len(ks) > 1
+            for k in ks
         ]
     finally:
         storage.close()
@@ -321,21 +391,25 @@ def test_the_plan_s_runs_as_columns_are_the_item_wise_runs(
                 Layout(tp), kind, tp - 1
             )
             items = plan.items
-            old = list(item_runs(items, kind, storage, classes=plan.shapes))
+            old = item_runs(items, kind, storage, classes=plan.shapes)
             new = batch.PlanRuns(plan, kind, storage)
             by_box = batch.PlanRuns(plan, kind, _BoxOnly(storage))
-            assert new.runs == by_box.runs == [(i, j, bool(p)) for i, j, p in old]
+            assert new.runs == by_box.runs
+            assert new.order.tolist() == by_box.order.tolist()
+            assert [(new.order[i:j].tolist(), b) for i, j, b in new.runs] == [
+                (ks, bool(p)) for ks, p in old
+            ]
             assert any(b for _, _, b in new.runs)
-            for i, j, pieces in old:
+            for (i, j, _), (ks, pieces) in zip(new.runs, old, strict=True):
                 if not pieces:
                     continue
                 p, q = new.pieces(i, j)
                 flat = [piece for per_item in pieces for piece in per_item]
-                cuts = [c for item in items[i:j] for c in item.cuts]
+                cuts = [c for k in ks for c in items[k].cuts]
                 assert new.names[p:q] == [s.name for s, _, _ in flat] == [c.name for c in cuts]
                 assert new.cut_boxes[p:q] == [c.box for c in cuts]
                 assert new.out[p:q].tolist() == [
-                    item.output(c.name).offset for item in items[i:j] for c in item.cuts
+                    items[k].output(c.name).offset for k in ks for c in items[k].cuts
                 ]
                 for spans in (new.spans, by_box.spans):
                     assert [
@@ -378,7 +452,7 @@ def test_a_batch_s_stored_tensors_are_the_source_s_boxes(fp8: Path) -> None:
                     continue
                 p, q = runs.pieces(i, j)
                 b = Batch(source, runs, p, q, "a batch", buffer)
-                cuts = [c for t in range(i, j) for c in plan.item(t).cuts]
+                cuts = [c for t in runs.order[i:j].tolist() for c in plan.item(t).cuts]
                 want = [source.box(c.name, c.view, c.rows, c.cols)[0] for c in cuts]
                 assert b.stored(list(range(q - p))) == want
     finally:

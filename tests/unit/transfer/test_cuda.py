@@ -85,10 +85,13 @@ def test_a_block_wider_than_a_pinned_buffer_grows_it() -> None:
     assert np.array_equal(slot.numpy(), block)
 
 
-def _load_with(transfer: object, root: Path, kind: str, tp: int, rank: int) -> tuple[str, dict]:
+def _load_with(
+    transfer: object, root: Path, kind: str, tp: int, rank: int, config: str | None = None
+) -> tuple[str, dict]:
     storage = ShardedStorage(root)
     try:
-        plan = planner_of(storage.catalogue, load_config()).plan(Layout(tp), kind, rank)
+        cfg = load_config(config) if config else load_config()
+        plan = planner_of(storage.catalogue, cfg).plan(Layout(tp), kind, rank)
         result = run(
             StorageSource(storage),
             plan,
@@ -116,6 +119,22 @@ def test_the_cuda_path_on_a_stand_in_serves_what_the_cpu_path_serves(
         CudaTransfer(torch.device("cpu"), stand_in(), chunk_bytes=8192), small_ckpt, kind, 2, 1
     )
     assert cuda_digest == cpu_digest
+    assert set(cuda) == set(cpu) and all(np.array_equal(cuda[n], cpu[n]) for n in cpu)
+
+
+def test_batches_of_tensors_that_are_not_neighbours_in_the_plan_upload_only_their_slots(
+    tmp_path: Path,
+) -> None:
+    """Tensors dealt to two files in turn: each file's batch holds every other tensor of the plan,
+    whose slots interleave in the arena with the other batch's; each batch uploads its own slots
+    (not the range between them, which would zero the other's): the bytes the CPU path serves."""
+    from tpload.tools.published import write_published
+
+    root = write_published(tmp_path / "d", "many-tensors-alternating", tensors=200)
+    cpu_digest, cpu = _load_with(CpuTransfer(torch.device("cpu")), root, "packed", 1, 0, "llama")
+    stand = CudaTransfer(torch.device("cpu"), stand_in(), chunk_bytes=8192)
+    cuda_digest, cuda = _load_with(stand, root, "packed", 1, 0, "llama")
+    assert cuda_digest == cpu_digest and len(cpu) == 200
     assert set(cuda) == set(cpu) and all(np.array_equal(cuda[n], cpu[n]) for n in cpu)
 
 

@@ -582,7 +582,7 @@ def _served_columns(
             rule,
             tensors,
             _need(names, int(s1[j]), int(s2[j])),
-            every[int(codec[j])],  # type: ignore[arg-type]
+            every[int(codec[j])],  # type: ignore[arg-type]  # a served row's: a codec
             fitted,
             sig_of,
         )

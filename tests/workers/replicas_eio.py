@@ -1,9 +1,9 @@
 """Run under torchrun (2 replicas x tp WORLD/2; the tests use 4 ranks): rank VICTIM fails mid-load,
 the product's own code meeting a real OSError (the product has no switch):
 
-* ``read`` (the default): its third window read fails (a read it owns: its receivers wait for the
+* ``read`` (the default): its second window read fails (a read it owns: its receivers wait for the
   window), by a directory's descriptor put in place of the shard's just before that read (EISDIR);
-* ``receive``: it fails as a receiver on the third window it receives, after its first piece
+* ``receive``: it fails as a receiver on the second window it receives, after its first piece
   arrived (as a failing copy of a received piece would), while the owner is still sending.
 
 argv: CHECKPOINT OUT_DIR VICTIM TIMEOUT_S [read|receive]. Each rank records its outcome (and the
@@ -59,9 +59,9 @@ def main() -> None:
     rank = int(os.environ["RANK"])
     where = sys.argv[5] if len(sys.argv) > 5 else "read"
     if rank == victim and where == "read":
-        files.Shard.read_into = failing(files.Shard.read_into, 3)
+        files.Shard.read_into = failing(files.Shard.read_into, 2)
     elif rank == victim:
-        replicas.Link.receiving = failing_receive(replicas.Link.receiving, 3)
+        replicas.Link.receiving = failing_receive(replicas.Link.receiving, 2)
     outcome = {"rank": rank, "returned": False, "error": "", "seconds": 0.0}
     t0 = time.monotonic()
     try:

@@ -55,7 +55,7 @@ def __getattr__(name: str) -> Callable[..., object]:  # a function or a class of
     started = time.perf_counter_ns()
     value = getattr(importlib.import_module(module, __name__), name)
     elapsed = time.perf_counter_ns() - started
-    # the first call's figure counts these imports (report/figures.py); imported here, not at the
+    # the first call's figure counts these imports (model/figures.py); imported here, not at the
     # top, so that importing a submodule (the gate's kernel) does not run it
     from .report.imports import add_load_path_import_ns
 

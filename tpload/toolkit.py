@@ -95,7 +95,7 @@ FACE: dict[str, tuple[str, str]] = {
     "blake3_available": ("verification.hashes:available", "whether blake3 imports"),
     "BLAKE3_INSTALL": ("verification.hashes:INSTALL", "how to install blake3"),
     "predict": ("attest.predict", "every rank's digest, computed by the load's own code"),
-    "spare_threads": ("attest.predict", "hashing threads this machine can spare"),
+    "spare_cores": ("sources.hashing", "cores a process may use beyond its main thread"),
     "digest": ("verification.digest", "a rank's digest of its served tensors"),
     "fingerprint": ("kernels.fingerprint", "a served tensor's fingerprint where it lives"),
     "as_bytes2d": ("kernels.fingerprint", "a served tensor as the 2-D bytes fingerprinted"),
@@ -125,7 +125,6 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # the face for the type checker and import-linter (the same names as FACE)
     from .attest.predict import predict as predict
-    from .attest.predict import spare_threads as spare_threads
     from .codecs.base import Cut as Cut
     from .codecs.fp4_e8m0 import GROUP as FP4_GROUP  # noqa: F401  re-exported
     from .codecs.gguf import BLOCKS as GGUF_BLOCKS  # noqa: F401  re-exported
@@ -156,6 +155,7 @@ if TYPE_CHECKING:  # the face for the type checker and import-linter (the same n
     from .selection.defaults import DEFAULT_CONFIG as DEFAULT_CONFIG
     from .sources.hashing import at_rest as gate_at_rest  # noqa: F401  re-exported
     from .sources.hashing import hash_whole as hash_whole
+    from .sources.hashing import spare_cores as spare_cores
     from .sources.whole_files import FileHasher as FileHasher
     from .storage.base import Storage as Storage
     from .storage.catalogue import HEADERS_ONLY as HEADERS_ONLY_KEY  # noqa: F401  re-exported

@@ -35,12 +35,12 @@ from ..distributed.exchange import agree
 from ..distributed.placement import Placement, position
 from ..loading.sequence import Loaded
 from ..model.errors import LoadError
+from ..model.figures import RankFigures
 from ..model.text import escape_name
 from ..model.trust import TrustSource
 from ..model.values import Layout
 from ..options.load_options import LoadOptions
 from ..planning.planner import Planner, RankPlan
-from ..report.figures import RankFigures
 from ..report.log import rank_log
 from ..selection.config import ACTIVATION_ORIGIN, Config
 from ..storage.catalogue import Catalogue

@@ -17,16 +17,12 @@ from ..model.errors import CheckpointError
 from ..model.progress import Meter, Silent
 from ..model.values import Layout
 from ..selection.config import Config
-from ..sources.hashing import Hasher
+from ..sources.hashing import Hasher, spare_cores
 from ..sources.storage import StorageSource
 from ..storage.base import Storage
 from ..storage.open import open_storage
 from ..transfer.cpu import CpuTransfer
 from ..verification.node import HashPlan
-
-
-def spare_threads() -> int:
-    return max(0, (os.cpu_count() or 1) - 1)
 
 
 def predict(
@@ -77,7 +73,7 @@ def predict(
                 shared if shared is not None else StorageSource(opened),
                 plan,
                 transfer=CpuTransfer(torch.device("cpu")),
-                hasher=Hasher(HashPlan(rank, mine), threads=min(2, spare_threads())),
+                hasher=Hasher(HashPlan(rank, mine), threads=min(2, max(0, spare_cores(1)))),
                 samples=0,
                 progress=Silent()
                 if progress is None

@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Protocol
 
 import numpy as np
 import torch
 
 from ..model.errors import LoadError, StoodDown
+from ..model.figures import RankFigures
 from ..model.modes import RankStatus
 from ..model.text import escape_name, rank_ranges
 from ..verification.terms import FIELDS, SHOWN_BYTES, Terms, shown_bytes
@@ -45,16 +45,6 @@ log = logging.getLogger("tpload")
 HEADER = 3  # versions.MAGIC, versions.FORMAT, the row's length in words: checked before use
 HEAD = HEADER + 2  # then the call's sequence number, the rank's status
 WORDS = HEAD + len(FIELDS) + len(FIELDS) * SHOWN_BYTES // 8
-
-
-class Status(Protocol):
-    """What the handshake reads and writes of a rank's row (report/figures.py's RankFigures)."""
-
-    failed: int
-    """How this rank failed before the handshake (0: it did not)."""
-    message: str
-    agreed: str
-    """The terms' hex this rank agreed to (set when the handshake passes)."""
 
 
 def row(seq: int, status: int, terms: Terms | None) -> torch.Tensor:
@@ -154,7 +144,7 @@ class Handshake:
         self.before = ""
         """This rank's own failure before the handshake (its message), if any."""
 
-    def meet(self, fig: Status, ctx: DistContext, terms: Terms | None) -> None:
+    def meet(self, fig: RankFigures, ctx: DistContext, terms: Terms | None) -> None:
         """Meet the other ranks with ``fig``'s status and ``terms`` (None: this rank failed before
         it). Returns when every rank may copy; raises StoodDown when another rank failed first,
         LoadError naming the first difference, or LoadError when the group is lost."""
@@ -182,7 +172,7 @@ class Handshake:
         this handshake nor the exchange; :meth:`raise_lost` raises ``e``."""
         self.met, self.lost = True, e
 
-    def unmet(self, fig: Status, ctx: DistContext) -> None:
+    def unmet(self, fig: RankFigures, ctx: DistContext) -> None:
         """Meet it now if this rank failed before it (its status goes to its peers); a group lost
         there is kept for :meth:`raise_lost`."""
         if not self.met:

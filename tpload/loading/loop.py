@@ -55,7 +55,12 @@ def nonfinite_problem(window: np.ndarray | torch.Tensor, dtype: str) -> tuple[in
     exactly, on this rare path only."""
     raw = window if isinstance(window, np.ndarray) else window.cpu().numpy()
     found = count_nonfinite(np.ascontiguousarray(raw).reshape(-1), dtype)
-    count, first = found if found is not None else (0, 0)
+    if found is None or found[0] == 0:  # the flag alone refuses: a zero count would pass silently
+        return 1, (
+            "non-finite value(s) (NaN or inf: flagged by the fingerprint pass, though the exact "
+            "count found none; a refresh takes them only with allow_nonfinite)"
+        )
+    count, first = found
     return count, (
         f"non-finite value(s) (NaN or inf; the first at element {first:,}; a refresh takes them "
         "only with allow_nonfinite)"
@@ -330,8 +335,7 @@ class _Loader:
         if not checked.any() and not flagged.any():  # the common batch: fingerprints in columns
             evidence.served(b.names, fps)
             return b
-        dirty = checked & ~self._clean(b, runs, i, j) if checked.any() else flagged
-        dirty |= flagged
+        dirty = (flagged | (checked & ~self._clean(b, runs, i, j))) if checked.any() else flagged
         if not dirty.any():
             evidence.served(b.names, fps)
             return b

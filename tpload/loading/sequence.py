@@ -31,18 +31,19 @@ from ..distributed.versions import Incompatible
 from ..distributed.world import DistContext, pick_device, with_device
 from ..kernels.lazy import warm
 from ..model.errors import LoadError, StoodDown
+from ..model.figures import RankFigures
 from ..model.modes import RankStatus
 from ..model.progress import ProgressSink, Silent
 from ..model.text import first_line, one_line
 from ..model.values import Layout
 from ..options.load_options import LoadOptions
 from ..planning.planner import Planner, RankPlan
-from ..report.figures import RankFigures, process_first_load
+from ..report.imports import first_load_imports_ns
 from ..report.memory import MemoryPeaks, device_peaks, reset_device_peaks
 from ..report.progress import DOING, Phases
 from ..selection.config import Config
 from ..sources.base import ReadSource
-from ..sources.hashing import Hasher
+from ..sources.hashing import Hasher, spare_cores
 from ..sources.open import open_source
 from ..sources.whole_files import FileHasher, alongside
 from ..storage.base import Storage
@@ -79,7 +80,7 @@ class _RankLoad:
         self.source: ReadSource | None = None
         self.deferred: tuple[DeferredTensor, ...] = ()
         self.notes: list[str] = []
-        self.started, self.first = time.perf_counter_ns(), process_first_load()
+        self.started, self.imports_ns = time.perf_counter_ns(), first_load_imports_ns()
         self.meeting = Handshake(fig.seq, self.opts.timeout_s)
         self.phases = Phases(rank=ctx.rank)
         self.watch: Watch | None = None
@@ -171,7 +172,7 @@ class _RankLoad:
             layout,
             lambda: checkpoint_stamp(storage),
             self.notes,
-            threads=steps.spare_cores(len(ctx.node_peers)),
+            threads=spare_cores(len(ctx.node_peers)),
             position=at.where(ctx.rank)[1] if at else None,  # one prediction a position
             positions=at.size if at else None,
         )
@@ -209,7 +210,7 @@ class _RankLoad:
             else None
         )
         with alongside(files):  # whole-file hashing on its own thread, beside the copies
-            self.fig.read_started(self.started, first=self.first)  # the loop reads first
+            self.fig.read_started(self.started, imports_ns=self.imports_ns)  # the loop reads first
             self.result = steps.run_rank(
                 storage,
                 source,

@@ -8,11 +8,11 @@ import torch
 
 from ..distributed.world import DistContext
 from ..model.errors import LoadError
+from ..model.figures import RankFigures
 from ..model.modes import Verify
 from ..model.text import escape_name
 from ..options.load_options import LoadOptions
 from ..planning.planner import Planner, RankPlan
-from ..report.figures import RankFigures
 from ..report.log import rank_log
 from ..report.render import LoadReport
 from ..verification.gate import Verdict

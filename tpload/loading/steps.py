@@ -8,23 +8,22 @@ into its row) and the node's page-cache figures.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 from ..distributed.placement import Placement, position
 from ..distributed.world import DistContext
 from ..model.errors import LoadError
+from ..model.figures import RankFigures
 from ..model.modes import Verify
 from ..model.progress import ProgressSink
 from ..model.values import Layout
 from ..options.load_options import LoadOptions
 from ..planning.planner import Planner, RankPlan
-from ..report.figures import RankFigures
 from ..report.log import rank_log
 from ..report.progress import Phases, Progress, Tally
 from ..selection.config import Config, with_rules
 from ..sources.base import ReadSource
-from ..sources.hashing import Hasher
+from ..sources.hashing import Hasher, hash_threads
 from ..storage.base import Storage
 from ..storage.pagecache import REPORT_SAMPLE, ShardRelease, checkpoint_resident
 from ..transfer.device import for_device
@@ -32,25 +31,6 @@ from ..verification.strategy import Findings, Prepared
 from .loop import run
 from .pick import choose, refuse_other_rules
 from .result import LoadResult
-
-
-def spare_cores(node_ranks: int) -> int:
-    """Cores a rank may use beyond its main thread: its share of the cores this process may run
-    on (its CPU affinity: a GPU node's launcher often pins each rank), less one."""
-    cores = (
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    )
-    return cores // max(1, node_ranks) - 1
-
-
-def hash_threads(asked: int | None, node_ranks: int, device: str) -> int:
-    """Hash worker threads for a rank: ``asked`` (``--hash-threads``) when given, else the cores it
-    owns beyond its main thread (sized to the node: 8 ranks on a 112-core node hash on 13 threads
-    each, where a fixed 2 would make a verified load hash-bound). On the CPU the copies need the
-    other cores, so never more than the spare ones."""
-    spare = max(0, spare_cores(node_ranks))
-    threads = spare if asked is None else asked
-    return min(threads, spare) if device == "cpu" else threads
 
 
 def config_of(storage: Storage, opts: LoadOptions, ctx: DistContext, notes: list[str]) -> Config:

@@ -7,10 +7,10 @@ import os
 from dataclasses import dataclass
 from enum import StrEnum
 
-from ..loading import steps
 from ..model.errors import LoadError
 from ..model.text import escape_name
 from ..model.values import Json
+from ..sources import hashing
 
 TIMEOUT_S = 120.0
 """Every wait of a round (a peer's message, a chunk, the exchange): below vLLM's HTTP client's
@@ -37,12 +37,12 @@ MAX_VERSION = (1 << 63) - 1
 
 def hash_threads(side_ranks: int, device: str) -> int:
     """Hash threads for one rank of a side (the trainer's or the engine's): sized to the cores it
-    owns on its node, as a load's are (loading/steps.py's ``hash_threads``), counting the side's
+    owns on its node, as a load's are (sources/hashing.py's ``hash_threads``), counting the side's
     processes on this node from torchrun's LOCAL_WORLD_SIZE where it is set (they share its cores),
     else the side's ranks (one node)."""
     local = os.environ.get("LOCAL_WORLD_SIZE", "")
     node_ranks = int(local) if local.isdigit() and int(local) > 0 else side_ranks
-    return steps.hash_threads(None, node_ranks, device)
+    return hashing.hash_threads(None, node_ranks, device)
 
 
 def version_problem(version: Json) -> str:

@@ -9,13 +9,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from ..model.figures import RankFigures
 from ..model.modes import PredictionState
 from ..model.text import printable
 from ..model.trust import TrustSource
 from ..storage.files import STDOUT, atomic_write
-from .figures import PREDICTION, RankFigures
 
 GIB = 1 << 30
+PREDICTION = {
+    PredictionState.NONE: "none stored",
+    PredictionState.MATCH: "matched",
+    PredictionState.DIFFERS: "differs",
+}  # RankFigures.prediction, as the table words it
 
 
 class Totals(NamedTuple):

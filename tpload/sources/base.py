@@ -35,8 +35,8 @@ from ..model.values import Box, Stored
 from ..storage.reader import Tap
 
 if TYPE_CHECKING:  # the plans read and the exchanged rows a verdict reads (annotations only)
+    from ..model.figures import RankFigures
     from ..planning.planner import RankPlan
-    from ..report.figures import RankFigures
 
 Span = tuple[int, int]
 Piece = tuple[int, int, np.ndarray]

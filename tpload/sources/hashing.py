@@ -16,6 +16,7 @@ the same worker, in order. With 0 they run inline, on a block still in the cache
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import accumulate, compress
@@ -33,6 +34,26 @@ from ..verification import gate
 from ..verification.hashes import SHA256, Digests, Hashed, HashObject, HashResults, new_blake3
 from ..verification.node import HashPlan, PeerWindows
 from ..verification.vouched import Vouched
+
+
+def spare_cores(node_ranks: int) -> int:
+    """Cores a rank may use beyond its main thread: its share of the cores this process may run
+    on (its CPU affinity: a GPU node's launcher often pins each rank), less one."""
+    cores = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    )
+    return cores // max(1, node_ranks) - 1
+
+
+def hash_threads(asked: int | None, node_ranks: int, device: str) -> int:
+    """Hash worker threads for a rank: ``asked`` (``--hash-threads``) when given, else the cores it
+    owns beyond its main thread (sized to the node: 8 ranks on a 112-core node hash on 13 threads
+    each, where a fixed 2 would make a verified load hash-bound). On the CPU the copies need the
+    other cores, so never more than the spare ones."""
+    spare = max(0, spare_cores(node_ranks))
+    threads = spare if asked is None else asked
+    return min(threads, spare) if device == "cpu" else threads
+
 
 INLINE_BELOW = (
     1 << 20

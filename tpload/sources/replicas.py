@@ -58,8 +58,8 @@ from .base import Piece, SourceFigures, Span
 from .storage import StorageSource
 
 if TYPE_CHECKING:  # the plans read and the exchanged rows a verdict reads (annotations only)
+    from ..model.figures import RankFigures
     from ..planning.planner import RankPlan
-    from ..report.figures import RankFigures
 
 PIECE, END, ABORT, BYE = 1, 2, 3, 4
 """A header's kinds: a piece of a window, the window's end (its fingerprint), and the two ends of a

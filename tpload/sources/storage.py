@@ -24,8 +24,8 @@ from ..storage.reader import CHUNK_BYTES, Reader, Tap
 from .base import Piece, SourceFigures, Span
 
 if TYPE_CHECKING:  # the plans read and the exchanged rows a verdict reads (annotations only)
+    from ..model.figures import RankFigures
     from ..planning.planner import RankPlan
-    from ..report.figures import RankFigures
 
 
 class StorageSource:

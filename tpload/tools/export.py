@@ -39,7 +39,7 @@ from ..toolkit import (
     pins_to_write,
     planner_of,
     rank_file,
-    spare_threads,
+    spare_cores,
     write_safetensors,
 )
 
@@ -108,7 +108,7 @@ def export(
         planner.check_layout(layout, layout.world)
         plans = [planner.plan(layout, "packed", r) for r in range(layout.world)]
         copied = natural_sorted({n for p in plans for n in p.used_tensors + list(p.deferred)})
-        threads = hash_threads if hash_threads is not None else max(1, spare_threads())
+        threads = hash_threads if hash_threads is not None else max(1, spare_cores(1))
         checked = _verify_sources(storage, copied, threads, progress)
         if set(checked.names) != set(
             copied

@@ -53,7 +53,7 @@ from ..toolkit import (
     predict,
     read_json,
     require_blake3,
-    spare_threads,
+    spare_cores,
     stale,
     value_feed,
     write_sidecar,
@@ -294,7 +294,7 @@ def _scan(
     hashed = hash_whole(
         storage,
         order,
-        threads=max(0, min(threads, spare_threads())),
+        threads=max(0, min(threads, spare_cores(1))),
         feeds=feeds,
         progress=progress,
         what=what,
@@ -397,7 +397,7 @@ def write_manifest(
                     + "\n  - ".join(bad)
                 )
         hashed = hash_whole(
-            storage, names, threads=max(0, min(threads, spare_threads())), progress=progress
+            storage, names, threads=max(0, min(threads, spare_cores(1))), progress=progress
         )
     finally:
         storage.close()
@@ -465,8 +465,8 @@ def write_blake3(
         checked = gate_at_rest(
             storage,
             names,
-            threads=max(0, min(threads, spare_threads())),
-            digests=Digests(threads=max(1, spare_threads()), also=("blake3",)),
+            threads=max(0, min(threads, spare_cores(1))),
+            digests=Digests(threads=max(1, spare_cores(1)), also=("blake3",)),
             what="no blake3 digests written",
             progress=progress,
         )

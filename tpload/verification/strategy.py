@@ -209,7 +209,7 @@ class Provenance(Protocol):
 
 
 class RankRow(Protocol):
-    """A rank's row of the exchanged table, as the verdicts read it (report/figures.py's
+    """A rank's row of the exchanged table, as the verdicts read it (model/figures.py's
     RankFigures satisfies it): the load's (terms.py's agreement, the gate's verdict) and a pushed
     version's (pushed.py: the manifest the rank verified)."""
 

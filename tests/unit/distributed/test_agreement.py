@@ -26,11 +26,11 @@ from tpload.distributed.agreement import (
 from tpload.distributed.placement import Placement
 from tpload.distributed.world import DistContext
 from tpload.model.errors import CheckpointError, LoadError, StoodDown
+from tpload.model.figures import RankFigures
 from tpload.model.modes import RankStatus
 from tpload.model.values import AGREED_BYTES
 from tpload.options.load_options import LoadOptions
 from tpload.planning.layout import Layout
-from tpload.report.figures import RankFigures
 from tpload.selection.config import load_config, with_rules
 from tpload.verification.gate import judge
 from tpload.verification.strategy import digest_map

@@ -11,9 +11,9 @@ import torch
 
 from tpload.distributed.world import DistContext, call_world, node_key, pick_device
 from tpload.model.errors import OptionsError
+from tpload.model.figures import RankFigures
 from tpload.model.values import AGREED_BYTES
 from tpload.planning.layout import Layout
-from tpload.report.figures import RankFigures
 from tpload.verification import gate, strategy
 
 

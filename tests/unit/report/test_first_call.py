@@ -11,26 +11,24 @@ import time
 import pytest
 
 from tpload.kernels import lazy as _lazy
-from tpload.report import figures as figures_module
-from tpload.report.figures import RankFigures
+from tpload.model.figures import RankFigures
+from tpload.report import imports as imports_module
 from tpload.report.render import LoadReport
 
 
 def test_only_the_process_first_load_is_first(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(figures_module, "_LOADS", itertools.count())
-    assert [figures_module.process_first_load() for _ in range(3)] == [True, False, False]
+    monkeypatch.setattr(imports_module, "_LOADS", itertools.count())
+    monkeypatch.setattr(imports_module, "_LOAD_PATH_IMPORT_NS", 7)
+    assert [imports_module.first_load_imports_ns() for _ in range(3)] == [7, None, None]
 
 
-def test_the_first_read_counts_from_the_entry_and_the_first_call_adds_the_imports(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(figures_module, "load_path_import_ns", lambda: 7_000_000)
+def test_the_first_read_counts_from_the_entry_and_the_first_call_adds_the_imports() -> None:
     fig = RankFigures()
-    fig.read_started(time.perf_counter_ns() - 50_000_000, first=True)
+    fig.read_started(time.perf_counter_ns() - 50_000_000, imports_ns=7_000_000)
     assert 50_000_000 <= fig.first_read_ns < 10**10
     assert fig.first_call_ns == fig.first_read_ns + 7_000_000
     later = RankFigures()
-    later.read_started(time.perf_counter_ns(), first=False)
+    later.read_started(time.perf_counter_ns(), imports_ns=None)
     assert later.first_read_ns is not None and later.first_call_ns is None
     assert later.first_call_seconds is None
 

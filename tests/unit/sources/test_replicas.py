@@ -126,7 +126,7 @@ def test_with_whole_file_anchors_a_file_is_read_by_one_replica() -> None:
 def test_the_exchange_checks_every_receiver_against_its_senders_apart_from_the_in_band_values() -> (
     None
 ):
-    from tpload.report.figures import RankFigures
+    from tpload.model.figures import RankFigures
     from tpload.sources.replicas import verdict
     from tpload.verification.node import fold
 

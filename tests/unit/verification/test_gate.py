@@ -10,10 +10,10 @@ import pytest
 from tpload.loading.deferred import DeferredTensor
 from tpload.loading.shards import RankShards
 from tpload.model.errors import LoadError
+from tpload.model.figures import RankFigures
 from tpload.model.trust import TrustKind, TrustSource
 from tpload.model.values import AGREED_BYTES
 from tpload.planning.layout import Layout
-from tpload.report.figures import RankFigures
 from tpload.verification import gate, strategy, whole_files
 from tpload.verification.terms import FIELDS
 

@@ -1,5 +1,5 @@
 """The gate's refresh verdict (verification/pushed.py) from exchanged rows alone: the manifest each
-engine rank verified rides in its row (report/figures.py), rows that differ refuse the round naming
+engine rank verified rides in its row (model/figures.py), rows that differ refuse the round naming
 both, the lowest failing rank's own line stands (ranks that only stood down are not counted), and
 every line keeps docs/refresh.md's form; a rank that fails before the handshake meets it and the
 exchange with its own line (loading/sequence.py's HeldLoad, one rank, no rendezvous store)."""
@@ -10,10 +10,10 @@ from dataclasses import replace
 
 from tpload.distributed.exchange import Arrivals
 from tpload.loading.sequence import HeldLoad
+from tpload.model.figures import RankFigures
 from tpload.model.modes import RankStatus
 from tpload.model.pushed import TensorEntry, WindowEntry
 from tpload.model.values import AGREED_BYTES
-from tpload.report.figures import RankFigures
 from tpload.verification import pushed
 
 SHA_A, SHA_B = "ab" * 32, "cd" * 32

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from tpload.report.figures import MESSAGE_BYTES, RankFigures
+from tpload.model.figures import MESSAGE_BYTES, RankFigures
 from tpload.report.render import LoadReport
 
 

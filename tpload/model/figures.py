@@ -9,7 +9,6 @@ field's metadata), then the per-node-peer cross-check values.
 
 from __future__ import annotations
 
-import itertools
 import time
 import typing
 from dataclasses import dataclass, field, fields
@@ -18,18 +17,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..model.modes import PredictionState
-from ..model.values import AGREED_BYTES, DIGEST_BYTES, SLOTS
-from .imports import load_path_import_ns
+from .modes import PredictionState
+from .values import AGREED_BYTES, DIGEST_BYTES, SLOTS
 
 MESSAGE_BYTES = 4096
 DEVICE_BYTES = 24  # a multiple of 8 (the row is int64 words), and not DIGEST_BYTES (_pack)
 NOT_MEASURED = -1
-PREDICTION = {
-    PredictionState.NONE: "none stored",
-    PredictionState.MATCH: "matched",
-    PredictionState.DIFFERS: "differs",
-}  # RankFigures.prediction
 
 
 def _bytes(size: int) -> dict[str, int]:
@@ -158,12 +151,13 @@ class RankFigures:
         """:attr:`first_call_ns` in seconds (None where it is)."""
         return None if self.first_call_ns is None else self.first_call_ns / 1e9
 
-    def read_started(self, since_ns: int, *, first: bool) -> None:
+    def read_started(self, since_ns: int, *, imports_ns: int | None) -> None:
         """The load's per-tensor loop (and with it its first read) begins now; ``since_ns``: the
-        load's entry; ``first``: this is the process's first load (:func:`process_first_load`)."""
+        load's entry; ``imports_ns``: on the process's first load, what importing the load path
+        took (report/imports.py), else None."""
         self.first_read_ns = time.perf_counter_ns() - since_ns
-        if first:
-            self.first_call_ns = load_path_import_ns() + self.first_read_ns
+        if imports_ns is not None:
+            self.first_call_ns = imports_ns + self.first_read_ns
 
     # -- wire --------------------------------------------------------------------------------------
 
@@ -210,15 +204,6 @@ class RankFigures:
             ]
             at += peers * DIGEST_BYTES
         return cls(**kw)
-
-
-_LOADS = itertools.count()
-"""``load()`` calls this process began (a counter, as the exchange's sequence numbers are)."""
-
-
-def process_first_load() -> bool:
-    """True for the process's first ``load()`` call, False for every later one."""
-    return next(_LOADS) == 0
 
 
 def _pack(value: str, size: int) -> bytes:

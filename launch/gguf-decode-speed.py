@@ -9,7 +9,10 @@ import time
 import numpy as np
 import torch
 
-from tpload.toolkit import GGUF_BLOCKS, GGUF_SCALE_OFFSETS, gguf_decode_kernel, gguf_decode_torch
+from tpload.codecs.gguf import BLOCKS as GGUF_BLOCKS
+from tpload.codecs.gguf import SCALE_OFFSETS as GGUF_SCALE_OFFSETS
+from tpload.codecs.gguf import decode_torch as gguf_decode_torch
+from tpload.kernels.gguf import decode as gguf_decode_kernel
 
 ggml = next((a for a in sys.argv[1:] if not a.startswith("-")), "Q4_K")
 per, size = GGUF_BLOCKS[ggml]

@@ -35,7 +35,10 @@ def main() -> None:
             check=True,
         )
     try:
-        from tpload.toolkit import Layout, choose, open_storage, planner_of
+        from tpload.loading.pick import choose
+        from tpload.loading.planner import planner_of
+        from tpload.model.values import Layout
+        from tpload.storage.open import open_storage
     except ImportError:  # a tree from before the tools' face (issue 29)
         try:
             from tpload.loading.planner import planner_of

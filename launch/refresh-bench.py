@@ -90,7 +90,7 @@ def worker(a: argparse.Namespace) -> None:
         RefreshSender,
         Rendezvous,
     )
-    from tpload.toolkit import load_config
+    from tpload.selection.config import load_config
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()

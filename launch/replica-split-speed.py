@@ -24,7 +24,11 @@ from pathlib import Path
 
 def once(root: Path, tp: int, replicas: int) -> float:
     try:
-        from tpload.toolkit import Layout, Planner, choose, model_for, open_storage, with_rules
+        from tpload.loading.pick import choose, model_for
+        from tpload.model.values import Layout
+        from tpload.planning.planner import Planner
+        from tpload.selection.config import with_rules
+        from tpload.storage.open import open_storage
     except ImportError:  # a tree from before the tools' face (issue 29)
         try:
             from tpload.planning.layout import Layout

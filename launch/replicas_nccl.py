@@ -51,7 +51,7 @@ def main() -> int:
     import torch
     import torch.distributed as dist
 
-    from tpload.toolkit import init_world
+    from tpload.distributed.world import init_world
 
     ckpt, report = sys.argv[1], sys.argv[2]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

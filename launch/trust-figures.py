@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from huggingface_hub._local_folder import write_download_metadata
 from model_signing import signing as ms_signing
 
-from tpload.toolkit import git_blob_sha1, lfs_sha256, to_hub_cache
+from tpload.storage.hub import git_blob_sha1, lfs_sha256, to_hub_cache
 
 root = Path(sys.argv[1])
 root.mkdir(parents=True, exist_ok=True)

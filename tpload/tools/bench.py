@@ -26,17 +26,14 @@ from typing import Any  # JSON rows and figures
 
 import torch
 
+from ..loading.pick import choose
 from ..model.bounds import COUNT, RANKS, SECONDS
 from ..model.errors import LoadError
-from ..toolkit import (
-    DEFAULT_CONFIG,
-    Layout,
-    Parser,
-    atomic_write,
-    choose,
-    read_json,
-    resident_bytes,
-)
+from ..model.values import Layout
+from ..options.flags import Parser
+from ..selection.defaults import DEFAULT_CONFIG
+from ..storage.files import atomic_write, read_json
+from ..storage.pagecache import resident_bytes
 from .bench_bandwidth import decode_bandwidth, decode_lines, gpu_figures
 from .bench_job import blake3_store, worker_env
 from .published import cached_published, loadable_presets
@@ -149,7 +146,8 @@ def available_methods(
             notes.append(f"{m}: CUDA devices only, and there are none; skipped")
             continue
         if m == "tpload-blake3":
-            from ..toolkit import BLAKE3_INSTALL, blake3_available
+            from ..verification.hashes import INSTALL as BLAKE3_INSTALL
+            from ..verification.hashes import available as blake3_available
 
             if not blake3_available():
                 notes.append(

@@ -11,16 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..toolkit import (
-    DEFAULT_CONFIG,
-    Cut,
-    Item,
-    Layout,
-    ShardedStorage,
-    choose,
-    decode_rows,
-    planner_of,
-)
+from ..codecs.base import Cut
+from ..loading.loop import decode_rows
+from ..loading.pick import choose
+from ..loading.planner import planner_of
+from ..model.values import Layout
+from ..planning.items import Item
+from ..selection.defaults import DEFAULT_CONFIG
+from ..storage.sharded import ShardedStorage
 
 if TYPE_CHECKING:
     import numpy as np

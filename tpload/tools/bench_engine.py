@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any  # JSON rows and figures
 
 from ..model.bounds import COUNT, RANKS, SECONDS
-from ..toolkit import Parser, atomic_write, read_json, read_native
+from ..options.flags import Parser
+from ..storage.catalogue import read_native
+from ..storage.files import atomic_write, read_json
 
 FORMATS = {"vllm-default": "auto", "vllm-tpload": "tpload"}
 

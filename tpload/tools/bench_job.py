@@ -13,17 +13,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..toolkit import (
-    Cut,
-    Layout,
-    Output,
-    RankPlan,
-    ShardedStorage,
-    TensorInfo,
-    choose,
-    open_regular,
-    planner_of,
-)
+from ..codecs.base import Cut
+from ..loading.pick import choose
+from ..loading.planner import planner_of
+from ..model.values import Layout
+from ..planning.items import Output
+from ..planning.planner import RankPlan
+from ..storage.files import open_regular
+from ..storage.safetensors import TensorInfo
+from ..storage.sharded import ShardedStorage
 
 Windows = dict[str, torch.Tensor]
 """A rank's served windows by name: what every method returns."""

@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import Any  # JSON rows and figures
 
 from ..model.bounds import COUNT, RANKS, SECONDS
-from ..toolkit import DEFAULT_CONFIG, Parser, atomic_write, read_json
+from ..options.flags import Parser
+from ..selection.defaults import DEFAULT_CONFIG
+from ..storage.files import atomic_write, read_json
 from .bench import preset_checkpoint
 from .bench_job import worker_env
 from .synth import PRESETS

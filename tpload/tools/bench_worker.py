@@ -30,9 +30,14 @@ import torch.distributed as dist
 
 import tpload
 
+from ..codecs.base import Cut
+from ..model.meta import ITEMSIZE
+from ..planning.items import Item, Output
+
 # The bench's own pieces that every method shares (the plan of the windows, the map); none of these
 # imports tpload's kernels (numba), so a method's own imports are timed in a process without them.
-from ..toolkit import DEFAULT_CONFIG, ITEMSIZE, Cut, Item, Output, atomic_write
+from ..selection.defaults import DEFAULT_CONFIG
+from ..storage.files import atomic_write
 from .bench_job import Job, Windows, blake3_store
 
 
@@ -50,7 +55,7 @@ def _served(cut: Cut, t: torch.Tensor) -> torch.Tensor:
 def run_floor(job: Job) -> Windows:
     """Only the copies: each window out of the map into its slot of an arena (tpload's allocator),
     no checks."""
-    from ..toolkit import new_arena
+    from ..transfer.cpu import new_arena
 
     arena = (
         new_arena(job.plan.arena_bytes)[0]
@@ -374,7 +379,8 @@ def import_method(method: str) -> float:
 def window_digest(windows: Windows) -> str:
     """Digest of a rank's windows as bytes: ``name|uint8|rows x row_bytes|fingerprint`` lines
     (README, Digests)."""
-    from ..toolkit import as_bytes2d, digest, fingerprint
+    from ..kernels.fingerprint import as_bytes2d, fingerprint
+    from ..verification.digest import digest
 
     entries = []
     for name, t in windows.items():
@@ -411,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     startup_seconds = time.time() - psutil.Process().create_time()
     import_seconds = import_method(args.method)
     # the harness's (it pulls in tpload's kernels): after the timed import
-    from ..toolkit import MemoryPeaks
+    from ..report.memory import MemoryPeaks
 
     cuda = torch.cuda.is_available()
     local = int(os.environ.get("LOCAL_RANK", "0"))

@@ -22,26 +22,23 @@ from typing import Any  # JSON rows and figures
 
 import numpy as np
 
+from ..loading.planner import planner_of
 from ..model.errors import CheckpointError
 from ..model.progress import Meter, silent
 from ..model.templates import natural_key, natural_sorted
 from ..model.text import escape_name
-from ..model.values import MANIFEST_NAME
-from ..toolkit import (
-    Config,
-    Layout,
-    RankPlan,
-    Reader,
-    ShardedStorage,
-    Vouched,
-    atomic_write,
-    gate_at_rest,
-    pins_to_write,
-    planner_of,
-    rank_file,
-    spare_cores,
-    write_safetensors,
-)
+from ..model.values import MANIFEST_NAME, Layout
+from ..planning.planner import RankPlan
+from ..selection.config import Config
+from ..sources.hashing import at_rest as gate_at_rest
+from ..sources.hashing import spare_cores
+from ..storage.files import atomic_write
+from ..storage.partitioned import rank_file
+from ..storage.pins import pins_to_write
+from ..storage.reader import Reader
+from ..storage.safetensors import write_safetensors
+from ..storage.sharded import ShardedStorage
+from ..verification.vouched import Vouched
 
 
 @dataclass(frozen=True)

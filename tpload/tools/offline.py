@@ -26,38 +26,26 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any  # JSON rows and figures
 
+from ..attest.predict import predict
+from ..loading.loop import value_feed
+from ..loading.planner import planner_of
 from ..model.errors import CheckpointError, LoadError
 from ..model.progress import Meter
 from ..model.text import escape_name
-from ..model.values import MANIFEST_NAME
-from ..toolkit import (
-    Config,
-    Digests,
-    DigestStore,
-    FileHasher,
-    Layout,
-    Pins,
-    ShardedStorage,
-    SignedModel,
-    Storage,
-    atomic_write,
-    checkpoint_stamp,
-    file_problems,
-    folder_of,
-    gate_at_rest,
-    hash_whole,
-    layout_key,
-    mismatches,
-    pins_doc,
-    planner_of,
-    predict,
-    read_json,
-    require_blake3,
-    spare_cores,
-    stale,
-    value_feed,
-    write_sidecar,
-)
+from ..model.values import MANIFEST_NAME, Layout
+from ..selection.config import Config
+from ..sources.hashing import at_rest as gate_at_rest
+from ..sources.hashing import hash_whole, spare_cores
+from ..sources.whole_files import FileHasher
+from ..storage.base import Storage
+from ..storage.files import atomic_write, folder_of, read_json
+from ..storage.pins import Pins, pins_doc
+from ..storage.sharded import ShardedStorage
+from ..verification.hashes import Digests, file_problems, mismatches
+from ..verification.hashes import require as require_blake3
+from ..verification.signing import SignedModel
+from ..verification.store import DigestStore, checkpoint_stamp, stale, write_sidecar
+from ..verification.strategy import layout_key
 
 
 def record_verified(
@@ -148,7 +136,7 @@ def verify_checkpoint(
     file by rank file against its own manifest. ``signed``: the folder's verified model.sig, the
     anchor then, as in a load (its signed manifest's per-tensor digests, or every file whole against
     its signed digest). ``progress``: the command's meter."""
-    from ..toolkit import is_partitioned
+    from ..storage.partitioned import is_partitioned
 
     path = Path(root).absolute()
     if path.is_dir() and is_partitioned(path):
@@ -317,7 +305,7 @@ def _scan(
 def _verify_export(root: Path, threads: int, progress: Meter | None) -> list[str]:
     """An export at rest: each rank file's header against its manifest list, and every window's
     sha256."""
-    from ..toolkit import PartitionedStorage
+    from ..storage.partitioned import PartitionedStorage
 
     try:
         doc: Any = read_json(root / MANIFEST_NAME, "export manifest")  # its shape checked here

@@ -28,18 +28,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..codecs.fp4_e8m0 import GROUP as FP4_GROUP
+from ..codecs.nvfp4 import GROUP as NVFP4_GROUP
 from ..model.errors import CheckpointError, ConfigError
 from ..model.text import escape_name
 from ..model.values import INDEX_NAME, MANIFEST_NAME
-from ..toolkit import (
-    FP4_GROUP,
-    HEADERS_ONLY_KEY,
-    NVFP4_GROUP,
-    atomic_file,
-    atomic_write,
-    pins_doc,
-    write_safetensors,
-)
+from ..storage.catalogue import HEADERS_ONLY as HEADERS_ONLY_KEY
+from ..storage.files import atomic_file, atomic_write
+from ..storage.pins import pins_doc
+from ..storage.safetensors import write_safetensors
 from . import families
 
 if TYPE_CHECKING:  # annotations only: report/ imports torch, which synth does not need

@@ -17,21 +17,17 @@ from dataclasses import dataclass
 
 import psutil
 
+from ..loading.planner import planner_of
 from ..model.text import plural
-from ..toolkit import (
-    CUDA_CHUNK_BYTES,
-    READER_CHUNK_BYTES,
-    READER_RING,
-    Catalogue,
-    Config,
-    Layout,
-    Planner,
-    RankPlan,
-    assign_hashing,
-    open_storage,
-    planner_of,
-    readers,
-)
+from ..model.values import Layout
+from ..planning.planner import Planner, RankPlan
+from ..selection.config import Config
+from ..storage.catalogue import Catalogue
+from ..storage.open import open_storage
+from ..storage.reader import CHUNK_BYTES as READER_CHUNK_BYTES
+from ..storage.reader import RING as READER_RING
+from ..transfer.base import CUDA_CHUNK_BYTES
+from ..verification.node import assign_hashing, readers
 
 GIB = 1 << 30
 

@@ -26,18 +26,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..codecs.fp4_e8m0 import GROUP as FP4_GROUP
 from ..model.bounds import SEED
 from ..model.errors import CheckpointError, OptionsError
+from ..model.meta import ITEMSIZE
 from ..model.text import escape_name
 from ..model.values import INDEX_NAME, MANIFEST_NAME
-from ..toolkit import (
-    FP4_GROUP,
-    ITEMSIZE,
-    atomic_write,
-    not_a_folder,
-    pins_doc,
-    write_safetensors,
-)
+from ..options.rules import not_a_folder
+from ..storage.files import atomic_write
+from ..storage.pins import pins_doc
+from ..storage.safetensors import write_safetensors
 
 if TYPE_CHECKING:  # annotations only: report/ imports torch, which synth does not need
     from ..model.progress import Meter, ProgressSink
@@ -264,7 +262,7 @@ def write_hub(cache: str | os.PathLike[str], repo: str, write: Callable[[Path], 
     no manifest): ``write(folder)`` writes it into a temporary folder, then it moves in. Returns the
     snapshot folder. A cache that holds ``repo`` already is refused before anything is written
     (it would mix two writes' blobs under one snapshot)."""
-    from ..toolkit import to_hub_cache
+    from ..storage.hub import to_hub_cache
 
     if not HUB_REPO.fullmatch(repo) or ".." in repo:
         raise OptionsError(
@@ -312,7 +310,7 @@ def write_local_dir(
             "--local-dir writes the download metadata with huggingface_hub's own function, and "
             "huggingface_hub is not installed (pip install huggingface_hub)"
         ) from None
-    from ..toolkit import upload_digest
+    from ..storage.hub import upload_digest
 
     root = write(Path(out_dir))
     commit = hashlib.sha1(f"{name}@main".encode()).hexdigest()

@@ -17,9 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ..codecs.gguf import BLOCKS as GGUF_BLOCKS
+from ..codecs.gguf import SCALE_OFFSETS as GGUF_SCALE_OFFSETS
 from ..model.errors import CheckpointError, OptionsError
 from ..model.text import escape_name
-from ..toolkit import GGUF_BLOCKS, GGUF_HEADERS_ONLY_KEY, GGUF_SCALE_OFFSETS, atomic_file
+from ..storage.files import atomic_file
+from ..storage.gguf import HEADERS_ONLY_KEY as GGUF_HEADERS_ONLY_KEY
 from . import families
 
 Listed = tuple[str, dict[str, object], list[tuple[str, str, tuple[int, ...]]]]
@@ -69,7 +72,7 @@ def write_headers_only(out_dir: str | os.PathLike[str], name: str) -> Path:
     """A full-size GGUF split set whose data are holes: real headers (our own writer, GGUF v3,
     alignment 32, llama.cpp's split keys), each file extended to its size without writing
     (sparse)."""
-    from ..toolkit import GGUF_TYPES
+    from ..storage.gguf import TYPES as GGUF_TYPES
 
     type_id = {v[0]: k for k, v in GGUF_TYPES.items()}
     root = Path(out_dir)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import NamedTuple, Protocol, TypeVar
 
 import numpy as np
@@ -448,3 +449,29 @@ class Codec(ABC):
 def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
     nbytes: int = math.prod(shape) * dtype.itemsize
     return nbytes
+
+
+def decode_rows(
+    decode: Callable[..., None],
+    fit: Fit,
+    unfold: int,
+    weight: np.ndarray | torch.Tensor,
+    scale: np.ndarray | torch.Tensor | None,
+    out: torch.Tensor,
+    scale2: np.ndarray | None,
+) -> None:
+    """``decode(weight, scale, out, fit, scale2=...)`` on view rows, or, when one view row holds
+    ``unfold`` rows of the decode (a stacked tensor cut on its rows: one view row per expert), on
+    each view row seen as those rows (its scale row too: such formats have one scale row per
+    row)."""
+    if unfold == 1:
+        decode(weight, scale, out, fit, scale2=scale2)
+        return
+    for i in range(weight.shape[0]):
+        decode(
+            weight[i].reshape(unfold, -1),
+            scale[i].reshape(unfold, -1) if scale is not None else None,
+            out[i].reshape(unfold, -1),
+            fit,
+            scale2=scale2,
+        )

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 import numpy as np
 import torch
 
-from ..codecs.base import Checker, Cut, Fit, Problem
+from ..codecs.base import Cut, Problem, decode_rows
 from ..kernels.fingerprint import (
     HostFingerprint,
     as_bytes2d,
@@ -158,7 +158,7 @@ class _Loader:
         for cut in item.cuts:
             out = item.output(cut.name)
             dst = self.arena.bytes2d(out, cut.rows[1] - cut.rows[0])
-            feed = value_feed(item, checker, cut)
+            feed = item.value_feed(checker, cut)
             # the served tensor's fingerprint, in its own view; the window's, in the cut's (the node
             # cross-check compares it with the hasher's): the same when the views are (group 1)
             # (a piece narrower than the served row's words cannot be grouped: then compare in the
@@ -211,7 +211,7 @@ class _Loader:
         checker = codec.checker(fit, item.weight, item.scale)
         scale_host = scale = scale2 = None
         for cut in item.scales:
-            host = self._gather(cut, value_feed(item, checker, cut))
+            host = self._gather(cut, item.value_feed(checker, cut))
             if cut is item.scale:
                 scale_host, scale = host, self.transfer.upload(host)
             else:
@@ -397,7 +397,7 @@ class _Loader:
         }
         checker = item.codec.checker(item.fit, item.weight, item.scale)
         for j, cut in enumerate(item.cuts, first):
-            value_feed(item, checker, cut)(b.view(j), 0)
+            item.value_feed(checker, cut)(b.view(j), 0)
             if b.nonfinite.size and b.nonfinite[j]:
                 checks[cut.name].bad.append(nonfinite_problem(b.view(j), cut.dtype))
         self._problems(item, checker.problems(), checks)
@@ -473,41 +473,6 @@ def _cut_outputs(item: Item) -> Sequence[Output]:
     if len(item.cuts) == 1:
         return item.outputs
     return [item.output(c.name) for c in item.cuts]
-
-
-def value_feed(item: Item, checker: Checker, cut: Cut) -> Callable[[np.ndarray, int], None]:
-    """The value check a cut's blocks go to: the scale's, the global scale's, or the weight's."""
-    if cut is item.weight:
-        return checker.weight
-    if cut is item.scale:
-        return checker.scale
-    return lambda view, first_row: checker.scale2(view)
-
-
-def decode_rows(
-    decode: Callable[..., None],
-    fit: Fit,
-    unfold: int,
-    weight: np.ndarray | torch.Tensor,
-    scale: np.ndarray | torch.Tensor | None,
-    out: torch.Tensor,
-    scale2: np.ndarray | None,
-) -> None:
-    """``decode(weight, scale, out, fit, scale2=...)`` on view rows, or, when one view row holds
-    ``unfold`` rows of the decode (a stacked tensor cut on its rows: one view row per expert), on
-    each view row seen as those rows (its scale row too: such formats have one scale row per
-    row)."""
-    if unfold == 1:
-        decode(weight, scale, out, fit, scale2=scale2)
-        return
-    for i in range(weight.shape[0]):
-        decode(
-            weight[i].reshape(unfold, -1),
-            scale[i].reshape(unfold, -1) if scale is not None else None,
-            out[i].reshape(unfold, -1),
-            fit,
-            scale2=scale2,
-        )
 
 
 def run(

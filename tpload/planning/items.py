@@ -3,13 +3,13 @@ becomes, each a slot of the rank's arena."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple, overload
 
 import numpy as np
 import torch
 
-from ..codecs.base import Codec, Cut, Fit, present
+from ..codecs.base import Checker, Codec, Cut, Fit, present
 from .cutting import Shaped, slot
 from .entries import Entry
 
@@ -53,6 +53,15 @@ class Item(NamedTuple):
     def cuts(self) -> list[Cut]:
         """The scales' cuts, then the weight's: the value checks need the scales first."""
         return [*self.scales, self.weight]
+
+    def value_feed(self, checker: Checker, cut: Cut) -> Callable[[np.ndarray, int], None]:
+        """The value check ``cut``'s blocks go to (as a load feeds them): the scale's, the global
+        scale's, or the weight's."""
+        if cut is self.weight:
+            return checker.weight
+        if cut is self.scale:
+            return checker.scale
+        return lambda view, first_row: checker.scale2(view)
 
     def output(self, name: str) -> Output:
         """The served tensor named ``name`` (a packed weight's or scale's; a decode's)."""

@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..codecs.base import Cut
-from ..loading.loop import decode_rows
+from ..codecs.base import Cut, decode_rows
 from ..loading.pick import choose
 from ..loading.planner import planner_of
 from ..model.values import Layout

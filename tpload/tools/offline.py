@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any  # JSON rows and figures
 
 from ..attest.predict import predict
-from ..loading.loop import value_feed
 from ..loading.planner import planner_of
 from ..model.errors import CheckpointError, LoadError
 from ..model.progress import Meter
@@ -194,7 +193,7 @@ def verify_checkpoint(
 def _value_checkers(storage: Storage, config: Config, problems: list[str]) -> dict[str, Any]:
     """{tensor name: (its item, its item's checker, the check its blocks feed, its place in the
     item's order)} for every tensor the config classifies: an item's cuts in order, scales before
-    the weight, as a load feeds them (loop.value_feed)."""
+    the weight, as a load feeds them (``Item.value_feed``)."""
     try:
         planner = planner_of(storage.catalogue, config)
     except LoadError as e:
@@ -205,7 +204,7 @@ def _value_checkers(storage: Storage, config: Config, problems: list[str]) -> di
     for item in plan.items:
         checker = item.codec.checker(item.fit, item.weight, item.scale)
         for k, cut in enumerate(item.cuts):
-            out[cut.name] = (item, checker, value_feed(item, checker, cut), k)
+            out[cut.name] = (item, checker, item.value_feed(checker, cut), k)
     return out
 
 

@@ -98,7 +98,7 @@ def test_expert_windows_decode_as_the_slice_of_the_whole(
     """A stacked [3, 6, 3 blocks] tensor: rank 1 of tp 3 (its middle block, or rows 2-3), two of the
     experts, decoded the way the load does (view rows, unfolded per expert) by the kernel and the
     torch ops: the matching slice of gguf's dequantisation of the whole tensor."""
-    from tpload.loading.loop import decode_rows
+    from tpload.codecs.base import decode_rows
 
     per = BLOCKS[ggml][0]
     raw = blocks(ggml, 3 * 6, 3, seed=7)

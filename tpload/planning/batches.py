@@ -23,16 +23,15 @@ does):
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple, Protocol
 
 import numpy as np
 
 from ..codecs.base import Cut
 from ..model.values import Box, Stored
-from .cutting import Shaped
-from .entries import Entries
 from .items import Item
+from .planner import RankPlan
 
 SMALL_BYTES = 256 << 10  # smaller tensors cost more in per-tensor calls than in bytes
 BATCH_BYTES = (
@@ -113,25 +112,6 @@ def spans_of(storage: Boxes, names: Sequence[str], views: np.ndarray, boxes: np.
     return Spans(file, offset, rows, row_bytes, box)
 
 
-class Kinds(Protocol):
-    """What :class:`PlanRuns` reads of a rank's plan (planning/planner.py's RankPlan)."""
-
-    @property
-    def klass(self) -> np.ndarray: ...
-    @property
-    def index(self) -> np.ndarray: ...
-    @property
-    def offsets(self) -> np.ndarray: ...
-    @property
-    def all_entries(self) -> Entries: ...
-    @property
-    def table(self) -> Mapping[int, Shaped]: ...
-    @property
-    def class_count(self) -> int: ...
-
-    def item(self, t: int) -> Item: ...
-
-
 class ClassCuts(NamedTuple):
     """What every batched entry of one class shares: its cuts in order (the name column each
     reads: 0 the weight's, 1 the scale's, 2 the second scale's), their views and boxes, where
@@ -153,7 +133,7 @@ class PlanRuns:
     cuts in cut order) are the rows ``[p, q)`` of the piece columns (:meth:`pieces`). Runs go in the
     order of their first entry in the plan; a batch's entries in the order of their stored bytes."""
 
-    def __init__(self, plan: Kinds, kind: str, storage: Boxes) -> None:
+    def __init__(self, plan: RankPlan, kind: str, storage: Boxes) -> None:
         klass, index = plan.klass, plan.index
         n = len(klass)
         size = plan.class_count

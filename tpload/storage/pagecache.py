@@ -30,7 +30,7 @@ from typing import Protocol
 import numpy as np
 
 from ..model.text import escape_name
-from ..model.values import Stored
+from .base import Storage
 from .files import open_regular
 
 log = logging.getLogger("tpload")
@@ -147,14 +147,6 @@ def drop_ranges(path: Path, ranges: Iterable[tuple[int, int]] | None = None) -> 
         log.warning("%s: could not drop its page cache: %s", escape_name(path), e)
 
 
-class Evicting(Protocol):
-    """What a release reads of the storage (storage/base.py's Storage)."""
-
-    def evict(self, path: Path, ranges: list[tuple[int, int]]) -> None: ...
-
-    def stored(self, name: str) -> Stored: ...
-
-
 class Cuts(Protocol):
     """What a release reads of the plan (planning/planner.py's RankPlan)."""
 
@@ -176,7 +168,7 @@ class ShardRelease:
         self._touched: dict[Path, list[tuple[int, int]]] = {}
 
     @classmethod
-    def expecting(cls, storage: Evicting, plan: Cuts, hashed: Iterable[str]) -> ShardRelease:
+    def expecting(cls, storage: Storage, plan: Cuts, hashed: Iterable[str]) -> ShardRelease:
         """A release that expects every range the plan reads and every tensor this rank hashes."""
         out = cls(storage.evict)
         for name in plan.cut_names() + sorted(hashed):  # the plan's cuts, from its columns

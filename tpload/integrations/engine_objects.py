@@ -1,12 +1,12 @@
 """The engines' objects as tpload's integrations annotate them: vLLM's, SGLang's and transformers'
-configs, workers and clients.
+configs, workers and clients, and the torch ops an engine's weight loader calls on a window.
 
 None of the engines is installed where .ci/run type-checks (pyproject.toml's mypy overrides ignore
-their imports, so every name they export is ``Any`` there). Each alias below is that ``Any`` under
-a name that says what the object is: this is the one module of integrations/ that says ``Any``
-for an engine's object, and the others annotate with these names (``worker: VllmWorker``). It
-imports nothing but ``typing``, so any module may import it at run time (vLLM's plugin included: no
-engine is imported through it).
+their imports, so every name they export is ``Any`` there), and torch is not read. Each alias below
+is that ``Any`` under a name that says what the object is: this is the one module of integrations/
+that says ``Any``, and the others annotate with these names (``worker: VllmWorker``). It imports
+nothing but ``typing``, so any module may import it at run time (vLLM's plugin included: no engine
+is imported through it).
 
 What is imported from an engine at run time (a base class, a function, a registry) is imported
 from the engine where it is used: those names are ``Any`` too, and a class built on one is listed
@@ -15,6 +15,7 @@ in pyproject.toml's ``disallow_subclassing_any`` override.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, TypeAlias
 
 # ---------------------------------------------------------------- vLLM (vllm_*.py, vllm.py)
@@ -59,3 +60,20 @@ SglangDeviceConfig: TypeAlias = Any
 HfConfig: TypeAlias = Any
 """``transformers.PretrainedConfig``: the model config vLLM built its model from (``model_type``,
 ``get_text_config()``...)."""
+
+# ------------------------------------------------------- torch's protocol (window_tensor.py)
+# ``__torch_function__`` and ``__torch_dispatch__`` are called with whatever op an engine's loader
+# ran on a window, with that op's arguments, and return that op's result: any of each.
+
+TorchOp: TypeAlias = Callable[..., Any]
+"""The op called on a window: a torch function, a Tensor method, an attribute's getter, an ATen
+overload (from C)."""
+
+OpArgs: TypeAlias = tuple[Any, ...]
+"""The op's positional arguments (the window among them)."""
+
+OpKwargs: TypeAlias = dict[str, Any]
+"""The op's keyword arguments."""
+
+OpResult: TypeAlias = Any
+"""The op's result: a tensor, a size, a count, a flag, a string, a device..."""

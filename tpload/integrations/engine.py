@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any  # JSON rows and an engine's extra config
+from typing import cast
 
 import psutil
 import torch
@@ -27,8 +27,8 @@ from ..loading.pick import model_config
 from ..loading.shards import RankShards
 from ..model.errors import LoadError, OptionsError
 from ..model.text import escape_name
-from ..model.values import SIGNER_FIELDS
-from ..options.load_options import LoadOptions
+from ..model.values import SIGNER_FIELDS, JsonObject
+from ..options.load_options import LoadKwargs, LoadOptions
 from ..report.memory import MemoryPeaks
 from ..report.render import LoadReport
 from ..selection.kvscales import census
@@ -68,7 +68,7 @@ def load_options(
     world: int,
     engine_device: torch.device,
     skips: Sequence[Skip] = (),
-) -> dict[str, Any]:
+) -> LoadKwargs:
     """tpload's load() keywords from an engine's extra config: the keys in OPTIONS, checked as
     ``load()`` checks its keywords (one OptionsError naming every bad key), plus what the engine
     fixes (stored bytes, tp = its TP size, the declared ``skips`` it never loads left unread).
@@ -95,15 +95,19 @@ def load_options(
     held = asdict(checked)
     opts = {k: held[k] for k in given}
     unread = tuple(s.glob for s in skips if not s.read)
-    return {
-        **opts,
-        "kind": "packed",
-        "tp": world,
-        "ep": 1,
-        "progress": False,
-        "device": "cpu" if device == "cpu" else str(engine_device),
-        "skip": tuple(dict.fromkeys(unread + tuple(opts.get("skip", ())))),
-    }
+    # the keys are LoadOptions' fields, their values as LoadOptions checked them
+    return cast(
+        LoadKwargs,
+        {
+            **opts,
+            "kind": "packed",
+            "tp": world,
+            "ep": 1,
+            "progress": False,
+            "device": "cpu" if device == "cpu" else str(engine_device),
+            "skip": tuple(dict.fromkeys(unread + tuple(opts.get("skip", ())))),
+        },
+    )
 
 
 class EngineLoad:
@@ -113,7 +117,7 @@ class EngineLoad:
         self,
         engine: str,
         checkpoint: str,
-        extra: dict[str, Any],
+        extra: JsonObject,
         *,
         group: dist.ProcessGroup,
         cpu_group: dist.ProcessGroup,
@@ -254,16 +258,16 @@ class EngineLoad:
             problems.append(unconsumed_message(unread, self.engine))
         return "; ".join(problems), taken(), excused
 
-    def _gather(self, mine: dict[str, Any]) -> list[dict[str, Any]]:
-        rows: list[dict[str, Any] | None] = [None] * self.world
+    def _gather(self, mine: JsonObject) -> list[JsonObject]:
+        rows: list[JsonObject | None] = [None] * self.world
         dist.all_gather_object(rows, mine, group=self.cpu_group)
         return [r for r in rows if r is not None]
 
     def _say(
         self,
         report: LoadReport,
-        everyone: list[dict[str, Any]],
-        skipped: list[dict[str, Any]],
+        everyone: list[JsonObject],
+        skipped: list[JsonObject],
         *,
         load_s: float,
     ) -> None:
@@ -298,8 +302,8 @@ class EngineLoad:
         self,
         path: str,
         report: LoadReport,
-        everyone: list[dict[str, Any]],
-        skipped: list[dict[str, Any]],
+        everyone: list[JsonObject],
+        skipped: list[JsonObject],
         *,
         load_s: float,
     ) -> None:
@@ -320,7 +324,7 @@ class EngineLoad:
             )
 
 
-def _skipped(skips: Sequence[Skip], everyone: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _skipped(skips: Sequence[Skip], everyone: list[JsonObject]) -> list[JsonObject]:
     """The report's list of declared skips: glob, reason, whether tpload read them, and the handed
     tensors each excused on some rank (never-read ones are not handed: the load's skip covers
     them)."""
@@ -331,7 +335,7 @@ def _skipped(skips: Sequence[Skip], everyone: list[dict[str, Any]]) -> list[dict
     return out
 
 
-def _model_config(checkpoint: str) -> dict[str, Any]:
+def _model_config(checkpoint: str) -> JsonObject:
     """config.json, or {} when there is none or it is unreadable (the load itself then says why)."""
     try:
         return model_config(Path(checkpoint)) or {}

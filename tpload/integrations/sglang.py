@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any  # SGLang's objects: not installed where this is type-checked
 
 import torch
 from torch import nn
@@ -33,6 +32,8 @@ try:
 except ImportError as e:  # pragma: no cover - SGLang is not installed where the tests run
     raise ImportError(f"tpload.integrations.sglang needs SGLang ({e}); pip install sglang") from e
 
+from .engine_objects import SglangDeviceConfig, SglangModelConfig
+
 __all__ = ["TploadModelLoader"]
 
 log = logging.getLogger("sglang.tpload")  # a child of SGLang's logger, as its loaders use
@@ -42,10 +43,12 @@ class TploadModelLoader(BaseModelLoader):
     """Each TP worker loads its verified windows and hands them to the model's own
     ``load_weights``."""
 
-    def download_model(self, model_config: Any) -> None:  # SGLang's ModelConfig
+    def download_model(self, model_config: SglangModelConfig) -> None:
         pass  # a local folder (or a hub snapshot already downloaded): tpload reads it where it is
 
-    def load_model(self, *, model_config: Any, device_config: Any) -> nn.Module:
+    def load_model(
+        self, *, model_config: SglangModelConfig, device_config: SglangDeviceConfig
+    ) -> nn.Module:
         from .engine import EngineLoad
 
         target = torch.device(device_config.device)

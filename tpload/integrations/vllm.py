@@ -19,10 +19,11 @@ import os
 from typing import TYPE_CHECKING
 
 from torch import nn
-from vllm.config import ModelConfig
 from vllm.logger import init_logger
 from vllm.model_executor.model_loader import register_model_loader
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+
+from .engine_objects import VllmModelConfig
 
 if TYPE_CHECKING:  # the plugin imports nothing heavy when vLLM loads it
     from .skips import Skip
@@ -59,10 +60,10 @@ def register() -> None:
 class TploadModelLoader(BaseModelLoader):
     """Loads each TP worker's verified windows straight into vLLM's parameters."""
 
-    def download_model(self, model_config: ModelConfig) -> None:
+    def download_model(self, model_config: VllmModelConfig) -> None:
         self._checkpoint(model_config)
 
-    def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
+    def load_weights(self, model: nn.Module, model_config: VllmModelConfig) -> None:
         from vllm.distributed import get_pp_group, get_tp_group
 
         from .engine import EngineLoad
@@ -94,7 +95,7 @@ class TploadModelLoader(BaseModelLoader):
         )
 
     @staticmethod
-    def _checkpoint(model_config: ModelConfig) -> str:
+    def _checkpoint(model_config: VllmModelConfig) -> str:
         """The checkpoint: ``model`` itself (a folder, or a ``.gguf`` file as vLLM takes one), or
         its hub snapshot (downloaded if missing)."""
         model: str = model_config.model
@@ -110,7 +111,7 @@ class TploadModelLoader(BaseModelLoader):
         return folder
 
 
-def _skips(model_config: ModelConfig) -> tuple[Skip, ...]:
+def _skips(model_config: VllmModelConfig) -> tuple[Skip, ...]:
     """What vLLM's load_weights skips on purpose (MTP layers, a tied lm_head, rotary tables), from
     the config object vLLM built the model from: its class defaults count (a config.json without
     ``tie_word_embeddings`` ties or not as its transformers class says), as they do for vLLM."""
@@ -120,7 +121,7 @@ def _skips(model_config: ModelConfig) -> tuple[Skip, ...]:
     return declared_skips(hf.to_dict())
 
 
-def _gguf_names(model_config: ModelConfig) -> dict[str, str]:
+def _gguf_names(model_config: VllmModelConfig) -> dict[str, str]:
     """For a GGUF checkpoint: {GGUF name: HF name} as vLLM's GGUF loader maps it (gguf_names.py)."""
     from .gguf_names import vllm_weights_map
 
@@ -129,7 +130,7 @@ def _gguf_names(model_config: ModelConfig) -> dict[str, str]:
     )
 
 
-def _expected(model: nn.Module, model_config: ModelConfig) -> set[str] | None:
+def _expected(model: nn.Module, model_config: VllmModelConfig) -> set[str] | None:
     """Parameters vLLM's load must fill (None: not tracked, as vLLM's default loader does for a
     quantized model, whose scales it may build itself)."""
     if model_config.quantization is not None:

@@ -31,7 +31,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -44,7 +44,15 @@ from vllm.logger import init_logger
 
 from ..model.errors import LoadError
 from ..model.text import escape_name
+from ..model.values import JsonObject
+from .engine_objects import VllmConfig, VllmModelConfig, VllmWeightTransferConfig, VllmWorker
 from .vllm import TploadModelLoader
+
+if TYPE_CHECKING:
+    from ..refresh import RefreshCheck
+    from ..refresh.engine import RefreshReceiver
+    from ..refresh.rendezvous import RefreshKey
+    from ..selection.config import Config
 
 log = init_logger("vllm.tpload.refresh")
 
@@ -82,7 +90,13 @@ class TploadWeightTransferEngine(WeightTransferEngine[TploadInitInfo, TploadUpda
     update_info_cls = TploadUpdateInfo
     supports_draft_weight_update = False  # an MTP draft's load_weights checks completeness itself
 
-    def __init__(self, config: Any, vllm_config: Any, device: torch.device, model: Any) -> None:
+    def __init__(
+        self,
+        config: VllmWeightTransferConfig,
+        vllm_config: VllmConfig,
+        device: torch.device,
+        model: torch.nn.Module,
+    ) -> None:
         super().__init__(config, vllm_config, device, model)
         from vllm.distributed import get_pp_group, get_tp_group
 
@@ -99,8 +113,8 @@ class TploadWeightTransferEngine(WeightTransferEngine[TploadInitInfo, TploadUpda
         self.config, self.model_doc = _config_of(self.checkpoint)
         self.table = _served_table(self.checkpoint, self.model_config)
         self.check, self.public_key, self.key = _engine_check()
-        self.receiver: Any = None
-        self.worker: Any = None
+        self.receiver: RefreshReceiver | None = None
+        self.worker: VllmWorker | None = None
         self.verdict: int | None = None  # the version staged and agreed by every rank
         self.served_version = 0
         self.refused = ""  # the last round's refusal (the line every rank agreed on)
@@ -178,7 +192,7 @@ class TploadWeightTransferEngine(WeightTransferEngine[TploadInitInfo, TploadUpda
                 return
         self.verdict, self.refused = None, ""
 
-    def update_weights(self, update_info: dict[str, Any]) -> None:
+    def update_weights(self, update_info: JsonObject) -> None:
         """Stage and check this call's windows; the final call brings the verdict of every rank.
         On a failure every rank drops what it staged and ends vLLM's session, and only the last
         TP rank raises (the module docstring says why)."""
@@ -226,7 +240,7 @@ class TploadWeightTransferEngine(WeightTransferEngine[TploadInitInfo, TploadUpda
             return self.failed
         from vllm.distributed import get_tp_group
 
-        rows: list[Any] = [None] * self.world
+        rows: list[str | None] = [None] * self.world
         dist.all_gather_object(rows, self.failed, group=get_tp_group().cpu_group)
         return next((f"TP rank {r}: {f}" for r, f in enumerate(rows) if f), "")
 
@@ -240,7 +254,7 @@ class TploadWeightTransferEngine(WeightTransferEngine[TploadInitInfo, TploadUpda
             return
         try:
             t0 = time.perf_counter()
-            unread = self._commit()
+            unread = self._commit(self.receiver)
             if unread:
                 raise LoadError(unread)
             self.receiver.committed(version)
@@ -263,7 +277,7 @@ class TploadWeightTransferEngine(WeightTransferEngine[TploadInitInfo, TploadUpda
 
     # ------------------------------------------------------------------ the parts
 
-    def _commit(self) -> str:
+    def _commit(self, receiver: RefreshReceiver) -> str:
         """initialize_layerwise_reload, the windows into vLLM's own load_weights, finalize; then
         what the loaders left unread ("" when every handed tensor was read whole)."""
         from vllm.model_executor.model_loader.reload import (
@@ -274,7 +288,7 @@ class TploadWeightTransferEngine(WeightTransferEngine[TploadInitInfo, TploadUpda
         from .handoff import Handoff, unconsumed_message
         from .vllm import _skips
 
-        handoff = Handoff(self.receiver.state(), self.receiver.items, rank=self.rank)
+        handoff = Handoff(receiver.state(), receiver.items, rank=self.rank)
         initialize_layerwise_reload(self.model)
         self.model.load_weights(handoff.tensors())
         finalize_layerwise_reload(self.model, self.model_config)
@@ -332,7 +346,7 @@ class TploadWeightTransferEngine(WeightTransferEngine[TploadInitInfo, TploadUpda
         self.model.forward = refuse
 
 
-def _config_of(checkpoint: str) -> tuple[Any, dict[str, Any] | None]:
+def _config_of(checkpoint: str) -> tuple[Config, JsonObject | None]:
     """tpload's config for the engine's checkpoint (as ``--load-format tpload`` picks it) and its
     config.json (the planner counts heads by it)."""
     from ..loading.pick import choose, model_for
@@ -347,7 +361,9 @@ def _config_of(checkpoint: str) -> tuple[Any, dict[str, Any] | None]:
     return config, model_for(root, config)
 
 
-def _served_table(checkpoint: str, model_config: Any) -> dict[str, tuple[str, tuple[int, ...]]]:
+def _served_table(
+    checkpoint: str, model_config: VllmModelConfig
+) -> dict[str, tuple[str, tuple[int, ...]]]:
     """The tensors the engine serves, as its checkpoint stores them (name -> dtype, shape), but
     those vLLM's main model never loads (MTP layers): a version must send exactly these, since a
     tensor left out would be served from uninitialised memory by vLLM's layerwise reload."""
@@ -363,7 +379,7 @@ REFRESH_KEY_ENV = "TPLOAD_REFRESH_KEY"
 NONFINITE_ENV = "TPLOAD_REFRESH_ALLOW_NONFINITE"
 
 
-def _engine_check() -> tuple[Any, str | None, Any]:
+def _engine_check() -> tuple[RefreshCheck, str | None, RefreshKey | None]:
     """The weakest check this engine accepts, the public key every version manifest must be
     signed for, and the refresh key (read now: a bad file fails the engine's start)
     (docs/threat-model.md): the engine's own settings, from its environment (the key's path,

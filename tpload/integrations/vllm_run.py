@@ -17,13 +17,15 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any  # vLLM's objects: not installed where this is type-checked
+
+from ..model.values import JsonObject
+from .engine_objects import VllmWorker
 
 PROMPTS = ([1, 5, 9, 33, 100], [7, 7, 3, 250, 19, 2])
 """Fixed prompt token ids (no tokenizer: the test models are random)."""
 
 
-def parameter_digests(worker: Any) -> dict[str, str]:  # a vLLM worker: not read here
+def parameter_digests(worker: VllmWorker) -> dict[str, str]:
     """Run in each worker: {name: sha256 of its bytes} of every tensor the loaded model holds:
     parameters, buffers, and the tensors its layers derive after loading (MLA's absorbed
     weights)."""
@@ -51,10 +53,10 @@ def run(
     model: str,
     tp: int,
     fmt: str,
-    extra: dict[str, Any],
+    extra: JsonObject,
     max_tokens: int,
     dtype: str = "bfloat16",
-) -> dict[str, Any]:
+) -> JsonObject:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 

@@ -29,20 +29,23 @@ from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch.distributed as dist
 from vllm.distributed.weight_transfer import WeightTransferTrainerFactory
 from vllm.distributed.weight_transfer.base import (
     TrainerInitInfo,
     TrainerWeightTransferEngine,
-    VLLMWeightSyncClient,
-    WeightSource,
     WeightTransferInitRequest,
     WeightTransferUpdateRequest,
 )
 
 from ..model.text import escape_name
+from ..model.values import JsonObject
+from .engine_objects import VllmLLM, VllmWeightSource, VllmWeightSyncClient
+
+if TYPE_CHECKING:
+    from ..refresh.terms import RoundFigures
 
 BACKEND = "tpload"  # tpload.integrations.vllm.REFRESH_BACKEND
 log = logging.getLogger("tpload.refresh")
@@ -66,7 +69,7 @@ class TploadTrainerInitInfo(TrainerInitInfo):
     backend: ClassVar[str] = BACKEND
     engine_ranks: int | None = None
     trainer_ranks: int | None = None
-    trainer_group: Any = None
+    trainer_group: dist.ProcessGroup | None = None
     check: str = "fingerprint"
     signer_key: str | None = None
     key: str | None = None
@@ -88,8 +91,8 @@ class TploadTrainerEngine(TrainerWeightTransferEngine[TploadTrainerInitInfo]):
         cls,
         init_info: TploadTrainerInitInfo,
         *,
-        client: VLLMWeightSyncClient,
-        source: WeightSource | None = None,
+        client: VllmWeightSyncClient,
+        source: VllmWeightSource | None = None,
     ) -> TploadTrainerEngine:
         """Every trainer rank: the sender opens the rendezvous and calls the engine's
         ``init_weight_transfer_engine`` in a thread (it blocks until the workers joined) while it
@@ -140,7 +143,7 @@ class TploadTrainerEngine(TrainerWeightTransferEngine[TploadTrainerInitInfo]):
         finally:
             exe.shutdown(wait=False)  # a worker stuck in its join would hang a join of the thread
 
-    def send_weights(self, *, version: int | None = None) -> Any:
+    def send_weights(self, *, version: int | None = None) -> RoundFigures | None:
         """One round, on every trainer rank: the version ``version`` (default: one more than the
         last sent) of the source's tensors. Returns the sender's figures; raises one
         :class:`~tpload.refresh.RefreshError` on every trainer rank when the engine refused it
@@ -168,10 +171,10 @@ class TploadTrainerEngine(TrainerWeightTransferEngine[TploadTrainerInitInfo]):
         self.version = version
         return figures
 
-    def _drive(self, version: int) -> tuple[str, Any]:
+    def _drive(self, version: int) -> tuple[str, RoundFigures | None]:
         """The sender's round through the client's four methods: (why it failed or "", its
         figures)."""
-        figures = None
+        figures: RoundFigures | None = None
         _pause(self.client)
         try:
             try:
@@ -221,7 +224,7 @@ class TploadTrainerEngine(TrainerWeightTransferEngine[TploadTrainerInitInfo]):
         if self.group is None or dist.get_world_size(self.group) == 1:
             self.stale = mine[1]
             return problem
-        rows: list[Any] = [None] * dist.get_world_size(self.group)
+        rows: list[tuple[str, bool]] = [("", False)] * dist.get_world_size(self.group)
         try:
             dist.all_gather_object(rows, mine, group=self.group)
         except Exception as e:  # noqa: BLE001 (a trainer rank died: this one says what it saw)
@@ -245,20 +248,20 @@ class LLMWeightSync:
     the prefix cache: the cached KV blocks were computed by the old weights (an HTTP server's
     ``/pause`` clears it instead)."""
 
-    def __init__(self, llm: Any) -> None:
+    def __init__(self, llm: VllmLLM) -> None:
         self.llm = llm
 
     def engine_ranks(self) -> int:
         parallel = self.llm.llm_engine.vllm_config.parallel_config
         return int(parallel.world_size * parallel.data_parallel_size)
 
-    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+    def init_weight_transfer_engine(self, init_info: JsonObject) -> None:
         self.llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info))
 
     def start_weight_update(self) -> None:
         self.llm.start_weight_update()
 
-    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
+    def update_weights(self, update_info: JsonObject | list[JsonObject]) -> None:
         self.llm.update_weights(WeightTransferUpdateRequest(update_info=update_info))
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
@@ -266,7 +269,7 @@ class LLMWeightSync:
         self.llm.reset_prefix_cache()
 
 
-def _engine_ranks(client: Any, given: int | None) -> int:
+def _engine_ranks(client: VllmWeightSyncClient, given: int | None) -> int:
     if given is not None:
         return given
     if isinstance(client, LLMWeightSync):
@@ -284,7 +287,7 @@ def _engine_ranks(client: Any, given: int | None) -> int:
     )
 
 
-def _pause(client: Any) -> None:
+def _pause(client: VllmWeightSyncClient) -> None:
     """An HTTP server stops generating before the round (and clears its prefix cache): requests in
     flight are aborted and new ones wait for :func:`_resume`, so none mixes versions."""
     base = getattr(client, "base_url", None)
@@ -294,7 +297,7 @@ def _pause(client: Any) -> None:
         requests.post(f"{base}/pause", timeout=60).raise_for_status()
 
 
-def _resume(client: Any) -> None:
+def _resume(client: VllmWeightSyncClient) -> None:
     base = getattr(client, "base_url", None)
     if isinstance(base, str):
         import requests
@@ -305,7 +308,7 @@ def _resume(client: Any) -> None:
             log.warning("tpload refresh: /resume failed: %s", e)
 
 
-def _result(future: Future[Any], timeout: float, what: str) -> None:
+def _result(future: Future[object], timeout: float, what: str) -> None:
     try:
         future.result(timeout=timeout)
     except FutureTimeout:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import torch
 
 from ..distributed.torch_private import torch_function_off, tree_leaves
+from .engine_objects import OpArgs, OpKwargs, OpResult, TorchOp
 from .handed import ElementRanges, Handed, HandoffError, Range, ranges_text
 
 # Queries of a tensor's metadata: answered, and never a read.
@@ -84,7 +85,7 @@ _ATTRIBUTES = frozenset(
 )
 
 
-def _access(func: Callable[..., Any]) -> str:
+def _access(func: TorchOp) -> str:
     """How the engine's call reads in a message: ``torch.cat``, ``Tensor.numpy``, ``attribute
     .data``."""
     owner = getattr(func, "__self__", None)
@@ -104,7 +105,7 @@ def _access(func: Callable[..., Any]) -> str:
     return f"{getattr(func, '__module__', None) or 'torch'}.{getattr(func, '__qualname__', name)}"
 
 
-def _attribute(func: Callable[..., Any]) -> str | None:
+def _attribute(func: TorchOp) -> str | None:
     """The attribute a getter reads (None when ``func`` is no getter)."""
     if getattr(func, "__name__", "") != "__get__":
         return None
@@ -116,7 +117,7 @@ def _attribute(func: Callable[..., Any]) -> str | None:
     )
 
 
-def _windows_in(args: tuple[Any, ...]) -> list[WindowTensor]:
+def _windows_in(args: OpArgs) -> list[WindowTensor]:
     return [a for a in tree_leaves(args) if isinstance(a, WindowTensor)]
 
 
@@ -202,11 +203,11 @@ class WindowTensor(torch.Tensor):
     @classmethod
     def __torch_function__(
         cls,
-        func: Callable[..., Any],
+        func: TorchOp,
         types: Collection[type],
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:  # torch's protocol: any op's result
+        args: OpArgs = (),
+        kwargs: OpKwargs | None = None,
+    ) -> OpResult:  # torch's protocol: any op's result
         kwargs = kwargs or {}
         try:
             return cls._serve(func, args, kwargs)
@@ -220,8 +221,8 @@ class WindowTensor(torch.Tensor):
 
     @classmethod
     def _serve(
-        cls, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Any:  # torch's protocol: any op's result
+        cls, func: TorchOp, args: OpArgs, kwargs: OpKwargs
+    ) -> OpResult:  # torch's protocol: any op's result
         windows = _windows_in((args, kwargs))
         if (
             not windows
@@ -244,8 +245,8 @@ class WindowTensor(torch.Tensor):
         raise self._refuse(_access(func))
 
     def _query(
-        self, func: Callable[..., Any], name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Any:  # an op's result: a size, a count, a flag, a string, a device...
+        self, func: TorchOp, name: str, args: OpArgs, kwargs: OpKwargs
+    ) -> OpResult:  # an op's result: a size, a count, a flag, a string, a device...
         """Metadata the window serves, as the whole tensor's; _REFUSED for anything else."""
         full = self._full
         attr = _attribute(func)
@@ -292,11 +293,11 @@ class WindowTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(
         cls,
-        func: Callable[..., Any],
+        func: TorchOp,
         types: Collection[type],
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
+        args: OpArgs = (),
+        kwargs: OpKwargs | None = None,
+    ) -> OpResult:
         # Reached only from C (Python calls end in __torch_function__): the window's sizes or bytes
         # asked for by code that did not go through the allow-list, e.g.
         # torch.utils.dlpack.to_dlpack.
@@ -331,11 +332,11 @@ class WholeTensor(torch.Tensor):
     @classmethod
     def __torch_function__(
         cls,
-        func: Callable[..., Any],
+        func: TorchOp,
         types: Collection[type],
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:  # torch's protocol: any op's result
+        args: OpArgs = (),
+        kwargs: OpKwargs | None = None,
+    ) -> OpResult:  # torch's protocol: any op's result
         kwargs = kwargs or {}
         with torch_function_off():
             out = func(*args, **kwargs)

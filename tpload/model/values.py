@@ -14,7 +14,11 @@ from .errors import LayoutError
 
 MAX_WORLD = 1 << 16  # no layout has more ranks than this; bigger numbers are typos, not plans
 
-Json: TypeAlias = dict[str, Any] | list[Any] | str | int | float | bool | None
+JsonObject: TypeAlias = dict[str, Any]
+"""A JSON object: a parsed one, or one built to be written or sent as JSON (a report's rows, an
+engine's extra config, a request's body). Its values are unchecked, as :data:`Json`'s."""
+
+Json: TypeAlias = JsonObject | list[Any] | str | int | float | bool | None
 """A parsed JSON document (or one of its values), not yet checked: what the bounded reader and the
 header parser hand back (storage/files.py, storage/header_json.py). An object's values and a list's
 items are unchecked too, until their own isinstance."""

@@ -110,7 +110,8 @@ class TploadWeightTransferEngine(WeightTransferEngine[TploadInitInfo, TploadUpda
         tp = get_tp_group()
         self.rank, self.world = tp.rank_in_group, tp.world_size
         self.checkpoint = TploadModelLoader._checkpoint(self.model_config)
-        self.config, self.model_doc = _config_of(self.checkpoint)
+        # tpload's rules: not ``self.config``, the base class's WeightTransferConfig
+        self.rules, self.model_doc = _config_of(self.checkpoint)
         self.table = _served_table(self.checkpoint, self.model_config)
         self.check, self.public_key, self.key = _engine_check()
         self.receiver: RefreshReceiver | None = None
@@ -146,12 +147,12 @@ class TploadWeightTransferEngine(WeightTransferEngine[TploadInitInfo, TploadUpda
             self.receiver.close()
             self.receiver = None
         layout = EngineLayout(
-            self.config.id(),
+            self.rules.id(),
             self.world,
             1,
             "packed",
             self.world,
-            config=self.config.name,
+            config=self.rules.name,
             model=self.model_doc,
         )
         receiver = RefreshReceiver(
@@ -159,7 +160,7 @@ class TploadWeightTransferEngine(WeightTransferEngine[TploadInitInfo, TploadUpda
             world=self.world,
             exchange_group=get_tp_group().cpu_group if self.world > 1 else None,
             layout=layout,
-            config=self.config,
+            config=self.rules,
             device=torch.device("cpu"),  # staged in host memory, as vLLM's own loader reads
             served_version=self.served_version,
             table=self.table,

@@ -38,7 +38,7 @@ from ..model.errors import LoadError
 from ..model.figures import RankFigures
 from ..model.text import escape_name
 from ..model.trust import TrustSource
-from ..model.values import Layout
+from ..model.values import JsonObject, Layout
 from ..options.load_options import LoadOptions
 from ..planning.planner import Planner, RankPlan
 from ..report.log import rank_log
@@ -110,7 +110,7 @@ def coverage(
     tensor_views: Mapping[str, list[int]],
     skipped: Sequence[str],
     deferred: Sequence[str],
-) -> dict[str, Any]:
+) -> JsonObject:
     """For every tensor of the checkpoint: served (its view and how many ranks serve each byte,
     fewest and most), skipped or deferred. A tensor no rank reads has no view: its replicas are
     [0, 0]."""
@@ -136,7 +136,7 @@ def subject(
     file_digests: Mapping[Path, str] | None,
     *,
     signature: tuple[str, str] | None = None,
-) -> list[dict[str, Any]]:
+) -> list[JsonObject]:
     """The checkpoint's identity: the signature bundle's sha256 when a model.sig vouched for the
     load (it names every file's digest, and a signer), its manifest's sha256, or each file's
     whole-file sha256 when the folder is vouched for file by file (hub blob names, local-dir
@@ -176,7 +176,7 @@ def statement(
     signature: tuple[str, str] | None = None,
     trust: TrustSource | None = None,
     at: Placement | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """The in-toto statement of a passed load. ``ranks``: each rank's ``node``, ``device`` and
     ``digest`` (from the exchanged table); ``trust``: the verdict's trust source
     (model/trust.py); ``at``: where the ranks stood, with replicas (each rank's plan is its

@@ -23,7 +23,7 @@ from ..loading.planner import planner_of
 from ..model.modes import Kind, Verify
 from ..model.progress import Meter
 from ..model.text import escape_name
-from ..model.values import Json, Layout
+from ..model.values import Json, JsonObject, Layout
 from ..selection.config import Config, with_rules
 from ..storage.files import parse_json, read_small
 from ..storage.open import open_storage
@@ -144,9 +144,7 @@ def _shape_problems(doc: Json) -> list[str]:
     return problems
 
 
-def _subject_problems(
-    attested: list[dict[str, Any]], now: list[dict[str, Any]], root: str
-) -> list[str]:
+def _subject_problems(attested: list[JsonObject], now: list[JsonObject], root: str) -> list[str]:
     got = {s["name"]: s["digest"].get("sha256") for s in attested}
     want = {s["name"]: s["digest"]["sha256"] for s in now}
     out = []

@@ -20,11 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any  # Any: config.json's values, as JSON has them
+from typing import TYPE_CHECKING
 
 from ..model.errors import CheckpointError, ConfigError, LoadError, raise_all
 from ..model.text import escape_name
-from ..model.values import INDEX_NAME, Json
+from ..model.values import INDEX_NAME, Json, JsonObject
 from ..selection.config import (
     FAMILIES,
     Config,
@@ -158,7 +158,7 @@ def choose_pinned(spec: str, root: Path) -> tuple[Config, str]:
 
 def model_config(
     root: Path, *, pins: Pins | None = None, header: gguf.GGUFHeader | None = None
-) -> dict[str, Any] | None:
+) -> JsonObject | None:
     """The checkpoint's config.json, or None: checked by its blob name first in a hub snapshot (by
     its etag in a local-dir download), and against its pin in the manifest (``pins``: those of the
     manifest on disk now, by default). Without one, a GGUF checkpoint's header stands for it
@@ -186,7 +186,7 @@ def model_for(
     *,
     pins: Pins | None = None,
     header: gguf.GGUFHeader | None = None,
-) -> dict[str, Any] | None:
+) -> JsonObject | None:
     """The checkpoint's config.json for the planner (``Planner(..., model=)``), or None when it has
     none. An unreadable one is an error only when one of ``config``'s rules counts heads by it."""
     try:
@@ -249,7 +249,7 @@ def _architectures() -> tuple[_Detect, ...]:
     return tuple(_Detect(*said) for said in shipped_detect())
 
 
-def _architecture(model: dict[str, Any], root: Path) -> tuple[_Detect, str]:
+def _architecture(model: JsonObject, root: Path) -> tuple[_Detect, str]:
     """The shipped config of the first name config.json gives (``architectures`` in their order,
     then ``model_type``) that one of them is for: the list's order decides, not the shipped configs'
     names."""
@@ -293,7 +293,7 @@ def _names(value: Json, root: Path, field: str, *, listed: bool) -> list[str]:
     )
 
 
-def _families(model: dict[str, Any], root: Path, pins: Pins) -> tuple[tuple[str, ...], str]:
+def _families(model: JsonObject, root: Path, pins: Pins) -> tuple[tuple[str, ...], str]:
     """The codec families the checkpoint's quantization files name, and where they said it."""
     hf_quant = root / "hf_quant_config.json"
     raw = pins.read("hf_quant_config.json", "ModelOpt quantization config")

@@ -44,7 +44,7 @@ from ..model.errors import LoadError
 from ..model.progress import Silent
 from ..model.pushed import TensorEntry, WindowEntry
 from ..model.text import escape_name, first_line
-from ..model.values import Triple
+from ..model.values import JsonObject, Triple
 from ..planning.items import Item, Output
 from ..selection.config import Config
 from ..sources.hashing import Hasher
@@ -262,7 +262,7 @@ class RefreshSender:
             problem = _problem(self.rank, e)
         held = self._share({"held": held_here, "error": problem})
         problems = [h["error"] for h in held if h["error"]]
-        part: dict[str, Any] = {}
+        part: JsonObject = {}
         windows: dict[int, list[np.ndarray]] = {}
         storage = None
         if not problems:
@@ -349,7 +349,7 @@ class RefreshSender:
             self._cutting = (table, Cutting(table, self.layout, self.config))
         return self._cutting[1]
 
-    def _share(self, mine: dict[str, Any]) -> list[dict[str, Any]]:
+    def _share(self, mine: JsonObject) -> list[JsonObject]:
         """Every trainer rank's ``mine`` (JSON-able), on every trainer rank, through rank 0 over
         the transfer group: every wait under its timeout, and a rank that failed still sends its
         error (its peers fail in seconds with the cause)."""
@@ -358,7 +358,7 @@ class RefreshSender:
         group, _ = self._joined()
         if self.rank != 0:
             group.send_bytes(json.dumps(mine).encode(), 0, "its part")
-            every: list[dict[str, Any]] = json.loads(group.recv_bytes(0, "every rank's part"))
+            every: list[JsonObject] = json.loads(group.recv_bytes(0, "every rank's part"))
             return every
         rest = range(1, self.trainer_ranks)
         every = [mine] + [json.loads(group.recv_bytes(t, "its part")) for t in rest]
@@ -369,10 +369,10 @@ class RefreshSender:
 
     def _cut(
         self, cutting: Cutting, storage: TensorStorage, owned: frozenset[str]
-    ) -> tuple[dict[str, Any], dict[int, list[np.ndarray]]]:
+    ) -> tuple[JsonObject, dict[int, list[np.ndarray]]]:
         """This rank's part of the manifest ({engine rank: {"served": lines, "windows": {name:
         [fingerprint, sha256]}}}) and its windows' bytes per engine rank, in send order."""
-        part: dict[str, Any] = {}
+        part: JsonObject = {}
         windows: dict[int, list[np.ndarray]] = {}
         source = StorageSource(storage)
         for e in range(cutting.layout.ranks):
@@ -416,7 +416,7 @@ class RefreshSender:
         return part, windows
 
     def _manifest(
-        self, version: int, cutting: Cutting, parts: list[dict[str, Any]], owners: Mapping[str, int]
+        self, version: int, cutting: Cutting, parts: list[JsonObject], owners: Mapping[str, int]
     ) -> VersionManifest:
         ranks = []
         order = cutting.catalogue.ranks()

@@ -19,7 +19,7 @@ from ..model.errors import CheckpointError, LayoutError, raise_all
 from ..model.meta import ITEMSIZE, TensorMeta
 from ..model.templates import natural_sorted
 from ..model.text import escape_name
-from ..model.values import INDEX_NAME, MANIFEST_NAME, Json, Stored
+from ..model.values import INDEX_NAME, MANIFEST_NAME, Json, JsonObject, Stored
 from .catalogue import Catalogue
 from .files import parse_json, read_small
 from .safetensors import MAX_DIM, TensorInfo, read_header
@@ -132,7 +132,7 @@ class PartitionedStorage(FileReads):
         self.windows = self._read_windows(path)
         self.files = Files()
 
-    def _listed(self, entry: Json, path: Path) -> dict[str, dict[str, Any]]:
+    def _listed(self, entry: Json, path: Path) -> dict[str, JsonObject]:
         listed = entry.get("tensors") if isinstance(entry, dict) else None
         if not isinstance(listed, dict) or not all(isinstance(v, dict) for v in listed.values()):
             raise CheckpointError(

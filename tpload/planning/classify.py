@@ -15,7 +15,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -34,8 +34,6 @@ from ..selection.config import (
     READS_NOTHING,
     Config,
     Rule,
-    alternatives,
-    rule_index,
 )
 from ..selection.kvscales import Census
 from ..selection.kvscales import census as kv_census
@@ -320,48 +318,34 @@ def _first_rules(
     config: Config,
     prefix: Prefix,
     names: Sequence[str],
-    tpl: Templates | None,
+    tpl: Templates,
     single: Callable[[int], bool],
 ) -> np.ndarray:
-    """Each name's first rule as its index (``len(rules)``: none): the config's rules see the name
-    rewritten into the config's prefix (selection/prefix.py), a rule given at run time
-    (``--skip``) its stored name too, and the activation-scale switch's rule takes single-value
-    tensors only (``single``: whether the name at that place holds one value); the others it
-    matched are matched again without it, name by name (few). By template where there are
-    templates (``tpl``: the names', and those of the rewritten names), name by name otherwise."""
+    """Each name's first rule as its index (``len(rules)``: none), by template (``tpl``: the
+    names'; the rewritten names have their own): the config's rules see the name rewritten into
+    the config's prefix (selection/prefix.py), a rule given at run time (``--skip``) its stored
+    name too, and the activation-scale switch's rule takes single-value tensors only (``single``:
+    whether the name at that place holds one value); the others it matched are matched again
+    without it."""
     rules = config.rules
     none = len(rules)
     rewrites = prefix.rewrites
     seen = list(map(prefix.rewrite, names)) if rewrites else names
-    seen_tpl = (templates(seen) if rewrites else tpl) if tpl is not None else None
-    first: np.ndarray
-    if seen_tpl is None:
-        at = {id(r): i for i, r in enumerate(rules)}
-        found = [none if r is None else at[id(r)] for r in config.rules_for(seen)]
-        first = np.asarray(found, np.int64)
-    else:
-        first = first_rules(seen, rules, seen_tpl)
+    first = first_rules(seen, rules, templates(seen) if rewrites else tpl)
     given = [i for i, r in enumerate(rules) if r.origin] if rewrites else []
     if given:
-        some = [rules[i] for i in given]
-        if tpl is not None:
-            got = first_rules(names, some, tpl)
-        else:
-            rx = alternatives(enumerate(some))
-            assert rx is not None  # (some rules)
-            hits = [len(some) if m is None else rule_index(m) for m in map(rx.match, names)]
-            got = np.asarray(hits, np.int64)
+        got = first_rules(names, [rules[i] for i in given], tpl)
         first = np.minimum(first, np.asarray([*given, none], np.int64)[got])
     act = [i for i, r in enumerate(rules) if r.origin == ACTIVATION_ORIGIN]
     if act:
         a = act[0]
-        others = [k for k in np.flatnonzero(first == a).tolist() if not single(k)]
-        if others:
-            rest = replace(config, rules=rules[:a] + rules[a + 1 :])
-            at = {id(r): i for i, r in enumerate(rules)}
-            for k in others:
-                r = rest.rule_for(seen[k])
-                first[k] = none if r is None else at[id(r)]
+        others = np.asarray(
+            [k for k in np.flatnonzero(first == a).tolist() if not single(k)], np.int64
+        )
+        if len(others):
+            again = [seen[k] for k in others.tolist()]
+            got = first_rules(again, rules[:a] + rules[a + 1 :], templates(again))
+            first[others] = got + (got >= a)  # the places after the switch's rule, and none
     return first
 
 

@@ -20,11 +20,13 @@ import pytest
 import tpload.planning.classify as classify
 from tpload.loading.pick import choose
 from tpload.model.errors import ConfigError
+from tpload.model.table import templates
 from tpload.planning.templated import Join, first_rules, keyed
 from tpload.selection.config import (
     FAMILIES,
     Config,
     Pick,
+    Rule,
     load_config,
     shipped_configs,
     with_rules,
@@ -346,6 +348,37 @@ def test_first_rules_is_rule_for_of_each_name(tmp_path: Path) -> None:
     at = first_rules(names, config.rules, tpl).tolist()
     want = [config.rule_for(n) for n in names]
     assert [config.rules[i] if i < len(config.rules) else None for i in at] == want
+
+
+def test_first_rules_whatever_the_digits() -> None:
+    # first_rules matches the globs that cannot tell digits apart once a template, the others per
+    # name, and the first rule wins; names read whole (a digit other than 0-9, a surrogate) too
+    rules = tuple(
+        Rule(match=m, role="skip", index=i)
+        for i, m in enumerate(
+            [
+                "layers.1?.mlp.*",
+                "layers.*.attn.w[02]",
+                "layers.*.mlp.experts.*",
+                "layers.?.x",
+                "*.7",
+                "layers.*",
+            ],
+            1,
+        )
+    )
+    names = [
+        f"layers.{a}.{b}"
+        for a in ("0", "1", "7", "10", "12", "21", "123", "٣")
+        for b in ("mlp.experts.3", "mlp.gate", "attn.w0", "attn.w1", "attn.w2", "x", "7", "y.77")
+    ]
+    names += ["other", "other.7", "other.17", "\ud800.7", "layers.\ud800.x", ""]
+    tpl = templates(names)
+    assert not tpl.whole
+    for config in (Config("t", rules), Config("b", rules[2:3] + rules[5:])):  # b: no sighted glob
+        at = first_rules(names, config.rules, tpl).tolist()
+        want = [config.rule_for(n) for n in names]
+        assert [config.rules[i] if i < len(config.rules) else None for i in at] == want
 
 
 def test_the_join_finds_each_renamed_name() -> None:

@@ -13,6 +13,7 @@ depend on it) are computed once over the names' bytes, not once a name.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import re
 from collections.abc import Sequence
@@ -169,14 +170,10 @@ def natural_order(names: Sequence[str], tpl: Templates | None = None) -> np.ndar
     each text part's rank among every text part (in str order, as natural_key compares them), each
     run's value and its tie-break (equal values: ``"02"`` before ``"2"``, but ``"0"`` before
     ``"00"``, as run_key's text compares them), and -1 past the name's end (a key that is a prefix
-    of another sorts first). One lexsort of those columns; natural_sorted where the templates read
-    a name whole (:attr:`Templates.literal`)."""
+    of another sorts first). One lexsort of those columns; the names read whole
+    (:attr:`Templates.literal`) sorted by natural_key and put in place by bisection."""
     tpl = templates(names) if tpl is None else tpl
     n = len(names)
-    if not tpl.whole:
-        rank = {name: k for k, name in enumerate(names)}
-        slow: np.ndarray = np.fromiter(map(rank.__getitem__, natural_sorted(names)), np.int64, n)
-        return slow
     if n == 0:
         return np.zeros(0, np.int64)
     parts = sorted({p for t in tpl.texts for p in t})
@@ -192,7 +189,15 @@ def natural_order(names: Sequence[str], tpl: Templates | None = None) -> np.ndar
     for k in range(width):
         keys += [tpl.values[:, k], tie[:, k], text_of[:, k + 1]]
     order: np.ndarray = np.lexsort(keys[::-1]).astype(np.int64)
-    return order
+    if tpl.whole:
+        return order
+    whole = tpl.literal[tpl.ids]
+    order = order[~whole[order]]
+    seq = list(map(names.__getitem__, order.tolist()))
+    odd = sorted(np.flatnonzero(whole).tolist(), key=lambda k: natural_key(names[k]))
+    at = [bisect.bisect_left(seq, natural_key(names[k]), key=natural_key) for k in odd]
+    placed: np.ndarray = np.insert(order, at, odd)
+    return placed
 
 
 def check_order(names: Sequence[str], order: np.ndarray) -> bool:

@@ -107,6 +107,8 @@ def test_names_the_split_cannot_read_are_literal_templates() -> None:
         assert [tpl.texts[t] for t in tpl.ids.tolist()] == [("a.", ""), (name,), ("a.", "")]
         assert tpl.values.tolist() == [[1], [-1], [2]]
         assert [names[i] for i in natural_order(names)] == natural_sorted(names)
+    many = [f"b.{k}.{odd[k % len(odd)] if k % 7 == 0 else 'w'}" for k in range(60)]
+    assert [many[i] for i in natural_order(many)] == natural_sorted(many)
     assert templates(["w.1" + "0" * 17]).whole
     assert templates(["\u00e9.1.w", "\u00e9.2.w"]).texts == [("\u00e9.", ".w")]  # UTF-8, read
     assert templates([]).whole and len(natural_order([])) == 0

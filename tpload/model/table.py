@@ -13,7 +13,9 @@ depend on it) are computed once over the names' bytes, not once a name.
 
 from __future__ import annotations
 
+import bisect
 import functools
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,7 +26,7 @@ from .templates import natural_key, natural_sorted
 MAX_DIMS = 8
 """Dimensions a shape column holds (safetensors' and the manifest's bound)."""
 _RUN = 0xFF
-"""A digit run's mark in a template's bytes (no ASCII name holds it)."""
+"""A digit run's mark in a template's bytes (no UTF-8 byte is it)."""
 _MAX_RUNS = 16
 _MAX_RUN_DIGITS = 18
 """A run's digits without its leading zeros that an int64 holds whole; longer: natural_sorted."""
@@ -38,8 +40,9 @@ class Templates:
     """Each name's template and the digit runs that fill it, as columns.
 
     ``x.layers.3.experts.17.w1`` is the template ``x.layers.#.experts.#.w#`` with the parameters
-    3, 17, 1. Only for names the byte pass reads exactly (ASCII, runs of at most 18 significant
-    digits, at most 16 runs): :func:`templates` returns None otherwise."""
+    3, 17, 1. Every name has one: a name the byte pass cannot read exactly (a newline, a surrogate
+    or a digit other than 0-9 in it, a run of more than 18 significant digits, more than 16 runs)
+    is a literal template of its own, its whole name with no runs (:attr:`literal`)."""
 
     ids: np.ndarray
     """Each name's template (an index into :attr:`texts`), int32."""
@@ -49,10 +52,17 @@ class Templates:
     """[n, runs] int64: each name's digit runs as numbers, in order; -1 past its last run."""
     zeros: np.ndarray
     """[n, runs] int64: each run's leading zeros (``07`` is 7 with one), 0 past the last run."""
+    literal: np.ndarray
+    """Per template: whether it is a name read whole (its digits, if any, are text)."""
 
     @property
     def runs(self) -> int:
         return int(self.values.shape[1])
+
+    @property
+    def whole(self) -> bool:
+        """Whether every name was read (no literal template)."""
+        return not self.literal.any()
 
     def run_counts(self) -> np.ndarray:
         """How many runs each template has."""
@@ -60,59 +70,96 @@ class Templates:
         return counts - 1
 
 
-def templates(names: Sequence[str]) -> Templates | None:
-    """The names' templates and parameters, read in numpy over the names' joined bytes; None when a
-    name is not ASCII (``\\d`` would read other digits), holds a newline (the joint), or a run the
-    columns cannot hold (see :class:`Templates`)."""
+_ODD = re.compile(r"[\ud800-\udfff]|(?![0-9])\d")
+"""What the byte pass cannot read in a name but the joint: what UTF-8 cannot encode, a digit
+``\\d`` reads that is not 0-9 (natural_key's runs would hold it)."""
+
+
+def templates(names: Sequence[str]) -> Templates:
+    """The names' templates and parameters, read in numpy over the names' joined UTF-8 bytes (no
+    byte of a multi-byte character is a digit or the run mark); each name the pass cannot read a
+    literal template (see :class:`Templates`)."""
     n = len(names)
     joined = "\n".join(names)
-    if not joined.isascii() or joined.count("\n") != max(n - 1, 0):
-        return None
-    a = np.frombuffer(joined.encode("ascii"), np.uint8)
+    odd: list[int] = []
+    lines = joined.count("\n") != max(n - 1, 0)
+    if lines or not joined.isascii():
+        odd = [
+            k
+            for k, x in enumerate(names)
+            if (lines and "\n" in x) or (not x.isascii() and _ODD.search(x))
+        ]
+    read = _read(names, odd)
+    if isinstance(read, Templates):
+        return read
+    # names whose runs the columns cannot hold: read whole too
+    got = _read(names, sorted({*odd, *read.tolist()}))
+    assert isinstance(got, Templates)  # (the rest have no such run)
+    return got
+
+
+def _read(names: Sequence[str], odd: list[int]) -> Templates | np.ndarray:
+    """:func:`templates` with the names at ``odd`` read whole; the names with a run the columns
+    cannot hold instead, where there are some."""
+    n = len(names)
+    keep: np.ndarray = np.ones(n, bool)
+    keep[odd] = False
+    readable = names if not odd else [x for k, x in enumerate(names) if keep[k]]
+    m = len(readable)
+    a = np.frombuffer("\n".join(readable).encode("utf-8"), np.uint8)
     digit = (a >= 48) & (a <= 57)
     before = np.concatenate(([False], digit[:-1]))
     after = np.concatenate((digit[1:], [False]))
     starts = np.flatnonzero(digit & ~before)
     stops: np.ndarray = np.flatnonzero(digit & ~after) + 1
     lengths = stops - starts
-    if len(lengths) and int(lengths.max()) > _MAX_RUN_BYTES:
-        return None
+    joints = np.flatnonzero(a == 10)
+    name_of: np.ndarray = np.searchsorted(joints, starts).astype(np.int64)  # each run's name
+    per_name = np.bincount(name_of, minlength=m) if m else np.zeros(0, np.int64)
     # each run's value and leading zeros, one digit place a pass (a run is a few digits)
+    long = lengths > _MAX_RUN_BYTES
     values: np.ndarray = np.zeros(len(starts), np.int64)
     zeros: np.ndarray = np.zeros(len(starts), np.int64)
     leading: np.ndarray = np.ones(len(starts), bool)
     significant: np.ndarray = np.zeros(len(starts), np.int64)
-    for k in range(int(lengths.max()) if len(lengths) else 0):
+    for k in range(min(int(lengths.max()), _MAX_RUN_BYTES) if len(lengths) else 0):
         live = k < lengths
         d = np.where(live, a[np.minimum(starts + k, len(a) - 1)].astype(np.int64) - 48, 0)
         leading &= live & (d == 0)
         zeros += leading
         significant += live & ~leading
-        if (significant > _MAX_RUN_DIGITS).any():
-            return None
         values = np.where(live, values * 10 + d, values)
-    # which name each run is in, and its place among that name's runs
-    joints = np.flatnonzero(a == 10)
-    name_of = np.searchsorted(joints, starts)
-    per_name = np.bincount(name_of, minlength=n) if n else np.zeros(0, np.int64)
+    bad: np.ndarray = np.zeros(m, bool)
+    bad[name_of[long | (significant > _MAX_RUN_DIGITS)]] = True
+    bad |= per_name > _MAX_RUNS
+    if bad.any():
+        got: np.ndarray = np.flatnonzero(keep)[bad]
+        return got
     width = int(per_name.max()) if len(per_name) and len(starts) else 0
-    if width > _MAX_RUNS:
-        return None
-    first = np.concatenate(([0], np.cumsum(per_name)[:-1])) if n else np.zeros(0, np.int64)
+    first = np.concatenate(([0], np.cumsum(per_name)[:-1])) if m else np.zeros(0, np.int64)
     place = np.arange(len(starts)) - first[name_of]
     value_cols: np.ndarray = np.full((n, width), -1, np.int64)
     zero_cols: np.ndarray = np.zeros((n, width), np.int64)
-    value_cols[name_of, place] = values
-    zero_cols[name_of, place] = zeros
+    at = np.flatnonzero(keep)[name_of]
+    value_cols[at, place] = values
+    zero_cols[at, place] = zeros
     # the templates: each run's first byte its mark, its other digits dropped
     marked = a.copy()
     marked[starts] = _RUN
-    keep = ~(digit & before)
-    shapes = marked[keep].tobytes().split(b"\n") if n else []
-    known = {s: k for k, s in enumerate(dict.fromkeys(shapes))}  # first seen, first numbered
-    ids = np.fromiter(map(known.__getitem__, shapes), np.int32, n)
-    texts = [tuple(t.decode("ascii") for t in s.split(bytes((_RUN,)))) for s in known]
-    return Templates(ids, texts, value_cols, zero_cols)
+    shapes = marked[~(digit & before)].tobytes().split(b"\n") if m else []
+    every: list[bytes | str] = list(shapes)
+    if odd:  # a literal template: the name itself (a str, which no bytes equal)
+        every = list(names)
+        for k, s in zip(np.flatnonzero(keep).tolist(), shapes, strict=True):
+            every[k] = s
+    known = {s: k for k, s in enumerate(dict.fromkeys(every))}  # first seen, first numbered
+    ids = np.fromiter(map(known.__getitem__, every), np.int32, n)
+    texts = [
+        (s,) if isinstance(s, str) else tuple(t.decode("utf-8") for t in s.split(bytes((_RUN,))))
+        for s in known
+    ]
+    literal = np.fromiter((isinstance(s, str) for s in known), bool, len(known))
+    return Templates(ids, texts, value_cols, zero_cols, literal)
 
 
 def natural_order(names: Sequence[str], tpl: Templates | None = None) -> np.ndarray:
@@ -120,17 +167,13 @@ def natural_order(names: Sequence[str], tpl: Templates | None = None) -> np.ndar
     natural_order(names)] == natural_sorted(names)``, exactly (digests list their tensors in it).
 
     :func:`natural_key` alternates text parts and digit runs, so a name's key is a row of integers:
-    each text part's rank among every text part (ASCII: str order is byte order), each run's value
-    and its tie-break (equal values: ``"02"`` before ``"2"``, but ``"0"`` before ``"00"``, as
-    run_key's text compares them), and -1 past the name's end (a key that is a prefix of another
-    sorts first). One lexsort of those columns; natural_sorted for names the templates cannot
-    read."""
+    each text part's rank among every text part (in str order, as natural_key compares them), each
+    run's value and its tie-break (equal values: ``"02"`` before ``"2"``, but ``"0"`` before
+    ``"00"``, as run_key's text compares them), and -1 past the name's end (a key that is a prefix
+    of another sorts first). One lexsort of those columns; the names read whole
+    (:attr:`Templates.literal`) sorted by natural_key and put in place by bisection."""
     tpl = templates(names) if tpl is None else tpl
     n = len(names)
-    if tpl is None:
-        rank = {name: k for k, name in enumerate(names)}
-        slow: np.ndarray = np.fromiter(map(rank.__getitem__, natural_sorted(names)), np.int64, n)
-        return slow
     if n == 0:
         return np.zeros(0, np.int64)
     parts = sorted({p for t in tpl.texts for p in t})
@@ -146,7 +189,15 @@ def natural_order(names: Sequence[str], tpl: Templates | None = None) -> np.ndar
     for k in range(width):
         keys += [tpl.values[:, k], tie[:, k], text_of[:, k + 1]]
     order: np.ndarray = np.lexsort(keys[::-1]).astype(np.int64)
-    return order
+    if tpl.whole:
+        return order
+    whole = tpl.literal[tpl.ids]
+    order = order[~whole[order]]
+    seq = list(map(names.__getitem__, order.tolist()))
+    odd = sorted(np.flatnonzero(whole).tolist(), key=lambda k: natural_key(names[k]))
+    at = [bisect.bisect_left(seq, natural_key(names[k]), key=natural_key) for k in odd]
+    placed: np.ndarray = np.insert(order, at, odd)
+    return placed
 
 
 def check_order(names: Sequence[str], order: np.ndarray) -> bool:
@@ -244,7 +295,7 @@ class TensorTable:
         return self.files[int(self.file_id[k])]
 
     @functools.cached_property
-    def templates(self) -> Templates | None:
+    def templates(self) -> Templates:
         return templates(self.names)
 
     @functools.cached_property

@@ -15,7 +15,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -34,14 +34,12 @@ from ..selection.config import (
     READS_NOTHING,
     Config,
     Rule,
-    alternatives,
-    rule_index,
 )
 from ..selection.kvscales import Census
 from ..selection.kvscales import census as kv_census
 from ..selection.prefix import Prefix
 from .entries import Columns, Entries, Entry, Klass
-from .templated import Join, first_rules
+from .templated import Join, first_rules, keyed
 
 
 @dataclass(frozen=True, eq=False)
@@ -159,8 +157,8 @@ def _sorted(
     table: TensorTable,
     root: os.PathLike[str],
 ) -> _Parts:
-    """The classification as columns, once per name template where the names have templates (name
-    by name where they have none): each row's first rule (planning/templated.py), its ``auto``
+    """The classification as columns, once per name template (a name the templates cannot read is
+    one of its own): each row's first rule (planning/templated.py), its ``auto``
     rule resolved and its scales found by template and parameters (one join a template and way),
     the class keys as numbers. Then every problem, worded name by name for the rows flagged with
     one only, in this order: weights of a scaled rule lacking their suffix or a scale (natural
@@ -186,19 +184,15 @@ def _sorted(
     rule_of: np.ndarray = np.asarray([*[made.code(r) for r in rules], -1], np.int64)[first]
     s1: np.ndarray = np.full(n, -1, np.int64)
     s2: np.ndarray = np.full(n, -1, np.int64)
-    ids: np.ndarray = tpl.ids if tpl is not None else np.zeros(n, np.int64)
-    join = Join(tpl) if tpl is not None else None
-    unresolved = _resolved(config, table, ids, join, first, made, rule_of, (s1, s2), scaled)
-    broken = _outright(table, ids, join, made, rule_of, (s1, s2), scaled)
+    join = Join(tpl, names)
+    unresolved = _resolved(config, table, join, first, made, rule_of, (s1, s2), scaled)
+    broken = _outright(table, join, made, rule_of, (s1, s2), scaled)
     roles = [r.role for r in made.rules]
     problems = [_lacking(names[k], made.rules[int(rule_of[k])], table.row) for k in broken]
     # the census of what is served or deferred, from the attention layers' names only (every name
     # selection/kvscales.py's patterns read holds "attn", which no digit run can split)
-    if tpl is not None:
-        attn = np.asarray([any("attn" in part for part in text) for text in tpl.texts], bool)
-        in_attn = attn[tpl.ids]
-    else:
-        in_attn = np.fromiter(("attn" in x for x in names), bool, n)
+    attn = np.asarray([any("attn" in part for part in text) for text in tpl.texts], bool)
+    in_attn = attn[tpl.ids]
     skip = _per_rule(role == Role.SKIP for role in roles)
     census = kv_census(
         list(map(names.__getitem__, np.flatnonzero(in_attn & ~skip[rule_of]).tolist()))
@@ -217,15 +211,15 @@ def _sorted(
     rest = table.order[~leave[table.order]]
     kind = rule_of[rest]
     skipped = list(map(names.__getitem__, rest[skip[kind]].tolist()))
-    deferred = list(
-        map(names.__getitem__, rest[_per_rule(r == Role.DEFER for r in roles)[kind]].tolist())
-    )
+    put = rest[_per_rule(r == Role.DEFER for r in roles)[kind]]
+    deferred = list(map(names.__getitem__, put.tolist()))
     expert_rx = config.expert_regex
-    deferred_experts = {}
-    for d in deferred:  # a rule of their own: few names
-        x = _expert_of(expert_rx, d, made.rules[int(rule_of[table.row[d]])])
-        if x:
-            deferred_experts[d] = x
+    sets, index, lost = _experts(table, made, rule_of[put], put, expert_rx)
+    deferred_experts = {
+        d: (x, i)
+        for d, x, i, gone in zip(deferred, sets, index, lost.tolist(), strict=True)
+        if x is not None and not gone
+    }
     unmatched = first[rest] == len(rules)
     unsure: np.ndarray = np.zeros(n, bool)
     unsure[unresolved] = True
@@ -324,48 +318,34 @@ def _first_rules(
     config: Config,
     prefix: Prefix,
     names: Sequence[str],
-    tpl: Templates | None,
+    tpl: Templates,
     single: Callable[[int], bool],
 ) -> np.ndarray:
-    """Each name's first rule as its index (``len(rules)``: none): the config's rules see the name
-    rewritten into the config's prefix (selection/prefix.py), a rule given at run time
-    (``--skip``) its stored name too, and the activation-scale switch's rule takes single-value
-    tensors only (``single``: whether the name at that place holds one value); the others it
-    matched are matched again without it, name by name (few). By template where there are
-    templates (``tpl``: the names', and those of the rewritten names), name by name otherwise."""
+    """Each name's first rule as its index (``len(rules)``: none), by template (``tpl``: the
+    names'; the rewritten names have their own): the config's rules see the name rewritten into
+    the config's prefix (selection/prefix.py), a rule given at run time (``--skip``) its stored
+    name too, and the activation-scale switch's rule takes single-value tensors only (``single``:
+    whether the name at that place holds one value); the others it matched are matched again
+    without it."""
     rules = config.rules
     none = len(rules)
     rewrites = prefix.rewrites
     seen = list(map(prefix.rewrite, names)) if rewrites else names
-    seen_tpl = (templates(seen) if rewrites else tpl) if tpl is not None else None
-    first: np.ndarray
-    if seen_tpl is None:
-        at = {id(r): i for i, r in enumerate(rules)}
-        found = [none if r is None else at[id(r)] for r in config.rules_for(seen)]
-        first = np.asarray(found, np.int64)
-    else:
-        first = first_rules(seen, rules, seen_tpl)
+    first = first_rules(seen, rules, templates(seen) if rewrites else tpl)
     given = [i for i, r in enumerate(rules) if r.origin] if rewrites else []
     if given:
-        some = [rules[i] for i in given]
-        if tpl is not None:
-            got = first_rules(names, some, tpl)
-        else:
-            rx = alternatives(enumerate(some))
-            assert rx is not None  # (some rules)
-            hits = [len(some) if m is None else rule_index(m) for m in map(rx.match, names)]
-            got = np.asarray(hits, np.int64)
+        got = first_rules(names, [rules[i] for i in given], tpl)
         first = np.minimum(first, np.asarray([*given, none], np.int64)[got])
     act = [i for i, r in enumerate(rules) if r.origin == ACTIVATION_ORIGIN]
     if act:
         a = act[0]
-        others = [k for k in np.flatnonzero(first == a).tolist() if not single(k)]
-        if others:
-            rest = replace(config, rules=rules[:a] + rules[a + 1 :])
-            at = {id(r): i for i, r in enumerate(rules)}
-            for k in others:
-                r = rest.rule_for(seen[k])
-                first[k] = none if r is None else at[id(r)]
+        others = np.asarray(
+            [k for k in np.flatnonzero(first == a).tolist() if not single(k)], np.int64
+        )
+        if len(others):
+            again = [seen[k] for k in others.tolist()]
+            got = first_rules(again, rules[:a] + rules[a + 1 :], templates(again))
+            first[others] = got + (got >= a)  # the places after the switch's rule, and none
     return first
 
 
@@ -386,15 +366,14 @@ class _Made:
 
 def _outright(
     table: TensorTable,
-    ids: np.ndarray,
-    join: Join | None,
+    join: Join,
     made: _Made,
     rule_of: np.ndarray,
     scales: tuple[np.ndarray, np.ndarray],
     scaled: frozenset[str],
 ) -> np.ndarray:
     """The scales' rows of the weights of scaled rules given outright, into ``scales``, once per
-    (rule, template) (``ids``: each row's template): the rows whose rule (matched, or an ``auto``
+    (rule, template): the rows whose rule (matched, or an ``auto``
     one resolved by a way with no scale tensors) is scaled and has no scales yet. Returns the rows
     whose name lacks the rule's suffix or whose scale is missing (their problems), in natural
     order; they get no scales."""
@@ -403,16 +382,16 @@ def _outright(
     rows = np.flatnonzero(outright[rule_of] & (s1 < 0))
     bad: np.ndarray = np.zeros(len(table), bool)
     if len(rows):
-        width_t = int(ids.max()) + 1
+        ids, width_t = join.tpl.ids, len(join.tpl.texts)
         groups, at = np.unique(rule_of[rows] * width_t + ids[rows], return_inverse=True)
         for g, k in enumerate(groups.tolist()):
             mine, rule, t = rows[at == g], made.rules[k // width_t], k % width_t
             fine = _ends(table.names, mine, rule.suffix)
-            one = _renamed(join, table, mine, t, rule.suffix, rule.scale)
+            one = join.renamed(mine, t, rule.suffix, rule.scale)
             fine &= one >= 0
             two = None
             if rule.scale2:
-                two = _renamed(join, table, mine, t, rule.suffix, rule.scale2)
+                two = join.renamed(mine, t, rule.suffix, rule.scale2)
                 fine &= two >= 0
             bad[mine[~fine]] = True
             s1[mine[fine]] = one[fine]
@@ -425,8 +404,7 @@ def _outright(
 def _resolved(
     config: Config,
     table: TensorTable,
-    ids: np.ndarray,
-    join: Join | None,
+    join: Join,
     first: np.ndarray,
     made: _Made,
     rule_of: np.ndarray,
@@ -435,15 +413,14 @@ def _resolved(
 ) -> list[int]:
     """Each ``auto`` row's rule resolved (Config.ways, in their order: the first way whose suffix
     the name ends in and whose scales exist; plain for a plain dtype) into ``rule_of`` and its
-    scales' rows into ``scales``, once per (rule, dtype, template) (``ids``: each row's template):
-    a scale found by the join. Returns the rows that resolve to nothing (they keep their ``auto``
-    rule)."""
+    scales' rows into ``scales``, once per (rule, dtype, template): a scale found by the join.
+    Returns the rows that resolve to nothing (they keep their ``auto`` rule)."""
     auto = np.asarray([*[r.role == AUTO for r in config.rules], False], bool)  # last: no rule
     rows = np.flatnonzero(auto[first])
     left: list[int] = []
     if not len(rows):
         return left
-    width_d, width_t = len(table.dtypes), int(ids.max()) + 1
+    ids, width_d, width_t = join.tpl.ids, len(table.dtypes), len(join.tpl.texts)
     key = (first[rows] * width_d + table.dtype_code[rows]) * width_t + ids[rows]
     groups, at = np.unique(key, return_inverse=True)
     s1, s2 = scales
@@ -459,9 +436,9 @@ def _resolved(
                 take = _ends(table.names, open_, p.suffix)
                 one = two = None
             else:
-                one = _renamed(join, table, open_, t, p.suffix, p.scale)
+                one = join.renamed(open_, t, p.suffix, p.scale)
                 take = one >= 0
-                two = _renamed(join, table, open_, t, p.suffix, p.scale2) if p.scale2 else None
+                two = join.renamed(open_, t, p.suffix, p.scale2) if p.scale2 else None
                 if two is not None:
                     take &= two >= 0
             rule_of[open_[take]] = made.code(m)
@@ -482,33 +459,6 @@ def _ends(names: list[str], rows: np.ndarray, suffix: str) -> np.ndarray:
     """Which rows' names end in ``suffix``."""
     result: np.ndarray = np.fromiter(
         (names[k].endswith(suffix) for k in rows.tolist()), bool, len(rows)
-    )
-    return result
-
-
-def _renamed(
-    join: Join | None,
-    table: TensorTable,
-    rows: np.ndarray,
-    t: int,
-    suffix: str,
-    replacement: str,
-) -> np.ndarray:
-    """For rows of template ``t``: the row of the name with ``suffix`` replaced by
-    ``replacement`` (``name[: -len(suffix)] + replacement``), -1 where the name does not end in
-    ``suffix`` or no tensor has that name: by the join, or name by name where it cannot say (or
-    the names have no templates)."""
-    got = join.renamed(rows, t, suffix, replacement) if join is not None else None
-    if got is not None:
-        return got
-    names, row = table.names, table.row
-    result: np.ndarray = np.fromiter(
-        (
-            row.get(names[k][: -len(suffix)] + replacement, -1) if names[k].endswith(suffix) else -1
-            for k in rows.tolist()
-        ),
-        np.int64,
-        len(rows),
     )
     return result
 
@@ -549,7 +499,7 @@ def _served_columns(
         (np.where(s1 >= 0, sigs[s1], -1) + 1, top),
         (np.where(s2 >= 0, sigs[s2], -1) + 1, top),
     ]
-    firsts, at = _keyed(parts, len(served))
+    firsts, at = keyed(parts, len(served))
     row, signature = table.row, table.signatures
     sig_of = lambda x: signature[row[x]]  # noqa: E731
     sets, index, lost = _experts(table, made, rule_of, served, expert_rx)
@@ -600,22 +550,6 @@ def _served_columns(
     return rows
 
 
-def _keyed(parts: list[tuple[np.ndarray, int]], n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Rows alike in every part (a column and its width): each distinct one's first row, and each
-    row's distinct one. One mixed-radix number a row, or the parts side by side where their
-    widths' product would not fit."""
-    key: np.ndarray = np.zeros(n, np.int64)
-    span = 1
-    for col, width in parts:
-        if span > (1 << 62) // max(width, 1):
-            stacked = np.stack([col for col, _ in parts], axis=1)
-            _, firsts, at = np.unique(stacked, axis=0, return_index=True, return_inverse=True)
-            return firsts, at.reshape(-1)
-        key, span = key * width + col, span * width
-    _, firsts, at = np.unique(key, return_index=True, return_inverse=True)
-    return firsts, at
-
-
 def _need(names: list[str], one: int, two: int) -> tuple[str, ...] | None:
     """A row's scales' names (None: no scales)."""
     if one < 0:
@@ -627,25 +561,24 @@ def _experts(
     table: TensorTable,
     made: _Made,
     rule_of: np.ndarray,
-    served: np.ndarray,
+    rows: np.ndarray,
     expert_rx: re.Pattern[str],
 ) -> tuple[list[str | None], list[int], np.ndarray]:
-    """Each served row's expert set (None: not an expert) and index, as :func:`_expert_of` reads
-    them, and which expert-parallel rows have no index (``lost``)."""
-    names = table.names
+    """Each row's expert set (None: not an expert) and index, and which expert-parallel rows have
+    none (``lost``); ``rule_of``: the rows' rules. The pattern's group is the index, the name
+    before its match the set (:func:`_expert_in`); the shipped pattern is read off the templates
+    (:func:`_by_template`), another, which may read a run's digits, name by name."""
     wanted = np.asarray([r.experts and not r.stacked for r in made.rules], bool)[rule_of]
-    sets: list[str | None] = [None] * len(served)
-    index = [0] * len(served)
-    lost: np.ndarray = np.zeros(len(served), bool)
+    sets: list[str | None] = [None] * len(rows)
+    index = [0] * len(rows)
+    lost: np.ndarray = np.zeros(len(rows), bool)
     at = np.flatnonzero(wanted)
     if not len(at):
         return sets, index, lost
-    rows = served[at]
-    got = _experts_by_template(table, rows, expert_rx)
-    if got is not None:
-        cut, numbers = got
+    if expert_rx.pattern == DEFAULT_EXPERTS:
+        cut, numbers, lost[at] = _by_template(table, rows[at], expert_rx)
     else:
-        found = [_expert_in(expert_rx, names[k]) for k in rows.tolist()]
+        found = [_expert_in(expert_rx, table.names[k]) for k in rows[at].tolist()]
         lost[at] = [x is None for x in found]
         cut = [x[0] if x else "" for x in found]
         numbers = [x[1] if x else 0 for x in found]
@@ -656,22 +589,19 @@ def _experts(
 
 DEFAULT_EXPERTS = r"experts\.(\d+)\."
 """The shipped configs' expert pattern: its literals are not digits and its group is a whole digit
-run between two of them, so it finds the same run of every name of a template."""
+run between two of them, so it finds the same run of every name of a template (one read whole:
+its one name)."""
 _POW10: np.ndarray = 10 ** np.arange(1, 19, dtype=np.int64)
 
 
-def _experts_by_template(
+def _by_template(
     table: TensorTable, rows: np.ndarray, expert_rx: re.Pattern[str]
-) -> tuple[list[str], list[int]] | None:
-    """:func:`_expert_of` of each row (all expert-parallel) read off the templates: the pattern
-    searched once a template, its group a digit run whose value is each row's index and whose
-    place gives each row's set (the name before the match). None where it cannot say (another
-    pattern, names the templates cannot read, a template the pattern finds no index in, an
-    index of 19 digits or more): the caller searches name by name."""
-    tpl = table.templates
-    if tpl is None or expert_rx.pattern != DEFAULT_EXPERTS:
-        return None
-    names = table.names
+) -> tuple[list[str], list[int], np.ndarray]:
+    """:func:`_expert_in` of each row read off the templates: the pattern searched once a
+    template, its group a digit run whose value is each row's index and whose place gives each
+    row's set (the name before the match); and which rows have none (no match in the template, an
+    index of 19 digits or more)."""
+    tpl, names = table.templates, table.names
     # each run's length: its leading zeros and its significant digits (none for the value 0)
     lengths = tpl.zeros + np.where(
         tpl.values > 0, np.searchsorted(_POW10, tpl.values, "right") + 1, 0
@@ -679,31 +609,31 @@ def _experts_by_template(
     ids = tpl.ids[rows]
     starts: np.ndarray = np.zeros(len(rows), np.int64)
     numbers: np.ndarray = np.zeros(len(rows), np.int64)
+    lost: np.ndarray = np.zeros(len(rows), bool)
     for t in np.unique(ids).tolist():
         mine = np.flatnonzero(ids == t)
         first = int(rows[mine[0]])
         m = expert_rx.search(names[first])
-        if m is None:
-            return None
+        if m is None or tpl.literal[t]:  # a literal template: one name, its digits text
+            x = None if m is None else _expert_in(expert_rx, names[first])
+            lost[mine] = x is None
+            starts[mine], numbers[mine] = (m.start(), x[1]) if m and x else (0, 0)
+            continue
         text = tpl.texts[t]
         place = [len(text[0])]  # each run's first character in the template's first name
         for j in range(1, len(text) - 1):
             place.append(place[-1] + int(lengths[first, j - 1]) + len(text[j]))
-        if m.start(1) not in place:
-            return None
-        j = place.index(m.start(1))
-        if m.end(1) != place[j] + int(lengths[first, j]):
-            return None
+        j = place.index(m.start(1))  # the group is a whole run (no other digit is read)
         here = rows[mine]
-        if (lengths[here, j] >= 19).any():
-            return None
         shift = (lengths[here, :j] - lengths[first, :j]).sum(axis=1)
-        starts[mine] = m.start() + shift
-        numbers[mine] = tpl.values[here, j]
+        long = lengths[here, j] >= 19
+        lost[mine] = long
+        starts[mine] = np.where(long, 0, m.start() + shift)
+        numbers[mine] = np.where(long, 0, tpl.values[here, j])
     cut = list(
         map(str.__getitem__, map(names.__getitem__, rows.tolist()), map(slice, starts.tolist()))
     )
-    return cut, numbers.tolist()
+    return cut, numbers.tolist(), lost
 
 
 def _class(
@@ -744,12 +674,6 @@ def _class(
         )
         return f"{rule.describe()}: {klass}", meta.describe() + detail
     return klass
-
-
-def _expert_of(rx: re.Pattern[str], name: str, rule: Rule) -> tuple[str, int] | None:
-    """(expert set, index) of an expert-parallel tensor; None when the rule is not
-    expert-parallel or the name has no expert index."""
-    return _expert_in(rx, name) if rule.experts and not rule.stacked else None
 
 
 def _expert_in(rx: re.Pattern[str], name: str) -> tuple[str, int] | None:

@@ -227,7 +227,7 @@ def _activation_scales(names: Iterable[str], table: TensorTable) -> list[str]:
     names read off the templates that end so (the suffix has no digit: a template's names all end
     in it or none does), each candidate's shape checked."""
     tpl = table.templates
-    if tpl is None or not _in_table_order(names, table):
+    if not _in_table_order(names, table):
         rows = [table.row[n] for n in names if n.endswith(".input_scale")]
     else:
         ends = np.asarray([text[-1].endswith(".input_scale") for text in tpl.texts], bool)

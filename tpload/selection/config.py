@@ -200,8 +200,6 @@ class Config:
     so."""
     expert_regex: re.Pattern[str] = field(init=False, repr=False, compare=False)
     _matcher: re.Pattern[str] = field(init=False, repr=False, compare=False)
-    _blind: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
-    _sharp: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
     _resolved: dict[tuple[Rule, Pick | None], Rule] = field(init=False, repr=False, compare=False)
     _ways: dict[tuple[Rule, str], tuple[list[tuple[Pick, Rule]], Rule | None]] = field(
         init=False, repr=False, compare=False
@@ -227,16 +225,6 @@ class Config:
         # every glob in one regex, in rule order: the first alternative that matches is the first
         # rule
         object.__setattr__(self, "_matcher", alternatives(enumerate(self.rules)))
-        # rules_for's two parts: the globs blind to which digit a name has, and the others
-        sighted = [bool(_DIGIT_SIGHTED & set(r.match)) for r in self.rules]
-        object.__setattr__(
-            self,
-            "_blind",
-            alternatives((i, r) for i, r in enumerate(self.rules) if not sighted[i]),
-        )
-        object.__setattr__(
-            self, "_sharp", alternatives((i, r) for i, r in enumerate(self.rules) if sighted[i])
-        )
         object.__setattr__(self, "_resolved", {})
         object.__setattr__(self, "_ways", {})
         if self.kv_scales not in KV_SCALES:
@@ -259,28 +247,6 @@ class Config:
         """The first rule whose glob matches ``name`` (one regex match, whatever the rule count)."""
         m = self._matcher.match(name)
         return self.rules[rule_index(m)] if m else None
-
-    def rules_for(self, names: Iterable[str]) -> list[Rule | None]:
-        """:meth:`rule_for` of each name, in order, by fewer regex matches.
-
-        A glob with no digit and no ``[class]`` cannot tell one ASCII digit from another, so names
-        alike but for their digits get the same answer from those globs: one match per such shape
-        (DeepSeek-V3's 92,000 names are under 100). The other globs (``model.layers.61.*``) are
-        matched per name, and the first rule either part finds wins."""
-        blind, sharp, rules = self._blind, self._sharp, self.rules
-        none = len(rules)  # "no rule"
-        memo: dict[bytes, int] = {}
-        out: list[Rule | None] = []
-        names = list(names)
-        for n, key in zip(names, _shapes_of(names), strict=True):
-            i = memo.get(key)
-            if i is None:
-                m = blind.match(n) if blind is not None else None
-                i = memo[key] = rule_index(m) if m else none
-            if sharp is not None and (m := sharp.match(n)) is not None:
-                i = min(i, rule_index(m))
-            out.append(rules[i] if i < none else None)
-        return out
 
     def declined(self, dtype: str) -> str:
         """Why no way of this config's families takes an ``auto`` rule's weight of ``dtype`` (none
@@ -364,20 +330,6 @@ class Config:
         if self.weight_prefix is not None:  # absent unless set: existing ids stay
             what["weight_prefix"] = self.weight_prefix
         return json.dumps(what, sort_keys=True)
-
-
-_DIGIT_SIGHTED = set("0123456789[")
-"""A glob holding one of these may match a name and not the same name with other digits."""
-_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
-
-
-def _shapes_of(names: list[str]) -> list[bytes]:
-    """Each name with its digits as 0 (one-to-one but for digits), for all the names at once
-    when none holds a newline."""
-    joined = "\n".join(names)
-    if joined.count("\n") != len(names) - 1:
-        return [n.encode("utf-8", "surrogatepass").translate(_DIGITS_AS_ZERO) for n in names]
-    return joined.encode("utf-8", "surrogatepass").translate(_DIGITS_AS_ZERO).split(b"\n")
 
 
 def alternatives(rules: Iterable[tuple[int, Rule]]) -> re.Pattern[str] | None:

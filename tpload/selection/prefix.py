@@ -43,9 +43,9 @@ r"""Each line's layer under a candidate prefix: what ``^(.*?)layers\.(\d+)\.`` f
 when its prefix is a candidate, and nothing otherwise (no candidate holds ``layers.``, so one that
 matches is the shortest prefix that does), tried at a line's start only instead of at every byte
 of it."""
-_MARK = "\xff"
-"""A digit run in a template's text (templates are of ASCII names only: no name holds it)."""
-_LAYER_TEMPLATE = re.compile(r"(.*?)layers\.\xff\.")
+_MARK = "\n"
+"""A digit run in a template's text (the templates are read whole: no name holds it)."""
+_LAYER_TEMPLATE = re.compile(r"(.*?)layers\.\n\.")
 
 
 @dataclass(frozen=True)
@@ -110,9 +110,10 @@ def detect(
     """The layers' prefix among :data:`CANDIDATES`; ConfigError naming both when two prefixes hold
     layers (one weight stored twice, or two models in one folder). ``model``: config.json, for MTP
     layers past ``num_hidden_layers``. ``templates``: those of ``names``, in their order (the
-    table's): the layers are then read off the few templates, not the 92,000 names."""
+    table's): the layers are then read off the few templates, not the 92,000 names (where every
+    name was read: no literal template)."""
     names = list(names)
-    if templates is not None:
+    if templates is not None and templates.whole:
         return _by_templates(names, templates, wanted=wanted, model=model, where=where)
     text = "\n".join(names)
     if text.count("\n") == len(names) - 1:  # no name holds a newline: one C-level scan of them all

@@ -97,19 +97,26 @@ def test_random_names_over_digits_and_dots_sort_as_natural_sorted() -> None:
         assert _ordered(names) == natural_sorted(names)
 
 
-def test_the_fallbacks_are_taken_where_the_split_cannot_order() -> None:
-    assert templates(["x.\u0663"]) is None
-    assert templates(["a\nb"]) is None
-    assert templates(["w.1" + "0" * 18]) is None  # 19 significant digits
-    assert templates(["w.1" + "0" * 17]) is not None
-    assert templates([".".join("1" * 17)]) is None  # 17 runs
-    assert templates([]) is not None and len(natural_order([])) == 0
+def test_names_the_split_cannot_read_are_literal_templates() -> None:
+    odd = ["x.\u0663", "a\nb", "w.1" + "0" * 18, ".".join("1" * 17), "s.\ud800.1"]
+    # a digit other than 0-9, the joint, 19 significant digits, 17 runs, a lone surrogate
+    for name in odd:
+        names = ["a.1", name, "a.2"]
+        tpl = templates(names)
+        assert tpl.literal.tolist() == [False, True] and not tpl.whole
+        assert [tpl.texts[t] for t in tpl.ids.tolist()] == [("a.", ""), (name,), ("a.", "")]
+        assert tpl.values.tolist() == [[1], [-1], [2]]
+        assert [names[i] for i in natural_order(names)] == natural_sorted(names)
+    many = [f"b.{k}.{odd[k % len(odd)] if k % 7 == 0 else 'w'}" for k in range(60)]
+    assert [many[i] for i in natural_order(many)] == natural_sorted(many)
+    assert templates(["w.1" + "0" * 17]).whole
+    assert templates(["\u00e9.1.w", "\u00e9.2.w"]).texts == [("\u00e9.", ".w")]  # UTF-8, read
+    assert templates([]).whole and len(natural_order([])) == 0
 
 
 def test_templates_and_parameters() -> None:
     names = ["m.layers.3.experts.17.w1", "m.layers.10.experts.2.w3", "m.norm", "m.layers.07.x"]
     tpl = templates(names)
-    assert tpl is not None
     assert [tpl.texts[t] for t in tpl.ids.tolist()] == [
         ("m.layers.", ".experts.", ".w", ""),
         ("m.layers.", ".experts.", ".w", ""),

@@ -20,11 +20,13 @@ import pytest
 import tpload.planning.classify as classify
 from tpload.loading.pick import choose
 from tpload.model.errors import ConfigError
-from tpload.planning.templated import Join, first_rules
+from tpload.model.table import templates
+from tpload.planning.templated import Join, first_rules, keyed
 from tpload.selection.config import (
     FAMILIES,
     Config,
     Pick,
+    Rule,
     load_config,
     shipped_configs,
     with_rules,
@@ -322,12 +324,12 @@ RULES = [
 def test_names_that_break_templates(
     rules: str, templated: bool, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    """The tricky names, and with a name that is not ASCII beside them: the names then have no
-    templates, and are matched, resolved and joined to their scales name by name."""
+    """The tricky names, and with a name that is not ASCII beside them (pinned when such names had
+    no templates and were classified name by name; the templates read them as UTF-8 now)."""
     tensors = _rows(
         TRICKY if templated else [*TRICKY, ("model.layers.1.\u00e9.weight", "BF16", (4,))]
     )
-    assert (tensors.table.templates is not None) == templated
+    assert tensors.table.templates.whole
     pinned = _Pinned(request, tmp_path)
     for extra in ("", "[layout]\nexpert_pattern = 'experts\\.(\\d)\\.'"):
         config = _toml(tmp_path, rules, extra)
@@ -348,25 +350,72 @@ def test_first_rules_is_rule_for_of_each_name(tmp_path: Path) -> None:
     assert [config.rules[i] if i < len(config.rules) else None for i in at] == want
 
 
-def test_the_join_finds_each_renamed_name_or_none() -> None:
-    names = [n for n, _, _ in TRICKY]
+def test_first_rules_whatever_the_digits() -> None:
+    # first_rules matches the globs that cannot tell digits apart once a template, the others per
+    # name, and the first rule wins; names read whole (a digit other than 0-9, a surrogate) too
+    rules = tuple(
+        Rule(match=m, role="skip", index=i)
+        for i, m in enumerate(
+            [
+                "layers.1?.mlp.*",
+                "layers.*.attn.w[02]",
+                "layers.*.mlp.experts.*",
+                "layers.?.x",
+                "*.7",
+                "layers.*",
+            ],
+            1,
+        )
+    )
+    names = [
+        f"layers.{a}.{b}"
+        for a in ("0", "1", "7", "10", "12", "21", "123", "٣")
+        for b in ("mlp.experts.3", "mlp.gate", "attn.w0", "attn.w1", "attn.w2", "x", "7", "y.77")
+    ]
+    names += ["other", "other.7", "other.17", "\ud800.7", "layers.\ud800.x", ""]
+    tpl = templates(names)
+    assert not tpl.whole
+    for config in (Config("t", rules), Config("b", rules[2:3] + rules[5:])):  # b: no sighted glob
+        at = first_rules(names, config.rules, tpl).tolist()
+        want = [config.rule_for(n) for n in names]
+        assert [config.rules[i] if i < len(config.rules) else None for i in at] == want
+
+
+def test_the_join_finds_each_renamed_name() -> None:
+    """By template and parameters, whatever the suffix and replacement: digits in either, a
+    replacement's run joining the stem's, new names read whole (a literal template), a literal
+    template's own name."""
+    names = [n for n, _, _ in TRICKY] + [
+        "a.1.w",
+        "a.1.s2",
+        "a.12.s",
+        "a.1.w\u0663",
+        "b.\u0663.w",
+        "b.\u0663.s",
+        "c." + "9" * 19 + ".w",
+        "c." + "9" * 19 + ".s",
+        "d.1.2.3.4.5.6.7.8.9.10.11.12.13.14.15.16.w",
+        "d.1.2.3.4.5.6.7.8.9.10.11.12.13.14.15.16.s.1",
+        "e.\u00e9.1.w",
+        "e.\u00e9.1.s\u00e9",
+    ]
     table = _rows([(n, "F32", ()) for n in names]).table
     tpl = table.templates
-    assert tpl is not None
-    join = Join(tpl)
+    assert not tpl.whole
+    join = Join(tpl, table.names)
+    pairs = [(".weight", ".weight_scale_inv"), (".weight", ".scale"), ("2", "3"), ("w", "s2")]
+    pairs += [("1.w", "12.s"), (".w", "2.s"), ("w", "\u0663"), ("w\u0663", "w"), ("w", "s")]
+    pairs += [("w", "s.1"), ("w", "s\u00e9"), ("", ".s"), (".w", "")]
     for t in range(len(tpl.texts)):
         rows = join.rows(t)
-        for suffix, new in ((".weight", ".weight_scale_inv"), (".weight", ".scale"), ("2", "3")):
-            got = join.renamed(rows, t, suffix, new)
-            if got is None:
-                continue
+        for suffix, new in pairs:
             want = [
-                table.row.get(names[k][: -len(suffix)] + new, -1)
+                table.row.get(names[k][: len(names[k]) - len(suffix)] + new, -1)
                 if names[k].endswith(suffix)
                 else -1
                 for k in rows.tolist()
             ]
-            assert got.tolist() == want
+            assert join.renamed(rows, t, suffix, new).tolist() == want, (tpl.texts[t], suffix)
 
 
 @pytest.mark.parametrize("preset", ["nvfp4-tiny", "deepseek-v3-tiny"])
@@ -390,25 +439,19 @@ def test_experts_read_off_the_templates_are_those_the_pattern_finds() -> None:
     planned += [
         ("a.experts." + "0" * 19 + "1.w", "F32", ()),
         ("b.experts.1.experts.2.w", "F32", ()),
+        ("c.experts.\u0663.w", "F32", ()),
+        ("d.experts.7.\u0663.w", "F32", ()),
+        ("e.experts." + "9" * 19 + ".w", "F32", ()),
     ]
     table = _rows(planned).table
+    assert not table.templates.whole
     rx = re.compile(classify.DEFAULT_EXPERTS)
-    rule = load_config().rules[0]
-    took = 0
-    indexed = [n for n in table.names if rx.search(n) and "0" * 19 not in n]
-    for names in (indexed, table.names):
-        rows = np.asarray([table.row[n] for n in names], np.int64)
-        got = classify._experts_by_template(table, rows, rx)
-        want = [
-            classify._expert_of(rx, n, rule.__class__(match="*", role="plain", experts=True))
-            for n in names
-        ]
-        if got is None:
-            assert None in want  # only where a name has no index (or one too long)
-            continue
-        assert list(zip(*got, strict=True)) == want
-        took += 1
-    assert took == 1  # the names that all have an index: read off the templates
+    rows = np.arange(len(table), dtype=np.int64)
+    cut, numbers, lost = classify._by_template(table, rows, rx)
+    want = [classify._expert_in(rx, n) for n in table.names]
+    assert lost.tolist() == [x is None for x in want] and 0 < lost.sum() < len(want)
+    got = list(zip(cut, numbers, strict=True))
+    assert [g for g, w in zip(got, want, strict=True) if w] == [w for w in want if w]
 
 
 @pytest.mark.parametrize("preset", SMALL_PRESETS)
@@ -462,8 +505,8 @@ def test_class_keys_too_wide_for_one_number_are_keyed_column_by_column() -> None
     not fit one, the columns side by side give the same distinct keys, first rows and numbering."""
     rng = np.random.default_rng(0)
     cols = [rng.integers(0, 3, 500) for _ in range(5)]
-    narrow = classify._keyed([(c, 3) for c in cols], 500)
-    wide = classify._keyed([(c, 1 << 20) for c in cols], 500)
+    narrow = keyed([(c, 3) for c in cols], 500)
+    wide = keyed([(c, 1 << 20) for c in cols], 500)
     assert [x.tolist() for x in narrow] == [x.tolist() for x in wide]
     seen: dict[tuple[int, ...], int] = {}
     for j, key in enumerate(zip(*(c.tolist() for c in cols), strict=True)):

@@ -10,7 +10,7 @@ import pytest
 from tpload.loading.planner import planner_of
 from tpload.model.errors import ConfigError
 from tpload.planning.layout import Layout
-from tpload.selection.config import Config, Rule, load_config, shipped_configs, with_rules
+from tpload.selection.config import Rule, load_config, shipped_configs, with_rules
 from tpload.storage.catalogue import read_native
 
 
@@ -151,37 +151,6 @@ def test_the_same_globs_in_another_order_or_repeated_give_the_same_config_id() -
     assert with_rules(base, skip=("mtp.*",)).id() != one.id()
     assert with_rules(base, skip=("mtp.*",)).id() != with_rules(base, defer=("mtp.*",)).id()
     assert one.id() == one.rules_sha256()[:12] and len(one.rules_sha256()) == 64
-
-
-def test_rules_for_gives_each_name_its_first_rule_whatever_its_digits() -> None:
-    # rules_for shares one regex match among names alike but for their digits when no glob can tell
-    # digits apart; globs with digits or [classes] are matched per name, and the first rule wins
-    rules = tuple(
-        Rule(match=m, role="skip", index=i)
-        for i, m in enumerate(
-            [
-                "layers.1?.mlp.*",
-                "layers.*.attn.w[02]",
-                "layers.*.mlp.experts.*",
-                "layers.?.x",
-                "*.7",
-                "layers.*",
-            ],
-            1,
-        )
-    )
-    config = Config(name="t", rules=rules)
-    names = [
-        f"layers.{a}.{b}"
-        for a in ("0", "1", "7", "10", "12", "21", "123", "٣")
-        for b in ("mlp.experts.3", "mlp.gate", "attn.w0", "attn.w1", "attn.w2", "x", "7", "y.77")
-    ]
-    names += ["other", "other.7", "other.17", "\ud800.7", "layers.\ud800.x", ""]
-    assert config.rules_for(names) == [config.rule_for(n) for n in names]
-    blind = Config(
-        name="b", rules=rules[2:3] + rules[5:]
-    )  # no digit-sighted glob: one match per shape
-    assert blind.rules_for(names) == [blind.rule_for(n) for n in names]
 
 
 def test_shipped_configs_are_in_the_wheel(tmp_path: Path) -> None:

@@ -32,7 +32,8 @@ import tpload
 
 # The bench's own pieces that every method shares (the plan of the windows, the map); none of these
 # imports tpload's kernels (numba), so a method's own imports are timed in a process without them.
-from ..toolkit import DEFAULT_CONFIG, ITEMSIZE, Cut, Item, Output, atomic_write
+from ..model.errors import LoadError
+from ..toolkit import DEFAULT_CONFIG, ITEMSIZE, Cut, Item, Output, atomic_write, open_regular
 from .bench_job import Job, Windows, blake3_store
 
 
@@ -412,11 +413,16 @@ def io_read_bytes(text: str) -> int | None:
 def storage_read_bytes(path: str = IO_FILE) -> int | None:
     """This process's ``read_bytes`` now (None where the kernel does not say: not Linux, or no
     task I/O accounting)."""
+    try:  # a regular file of a few lines whose size says 0: read up to a page
+        fd = open_regular(Path(path), "the kernel's I/O counters")
+    except LoadError:
+        return None
     try:
-        with open(path, encoding="ascii") as f:
-            return io_read_bytes(f.read())
+        return io_read_bytes(os.read(fd, 4096).decode("ascii", "replace"))
     except OSError:
         return None
+    finally:
+        os.close(fd)
 
 
 def _anon() -> int:

@@ -382,23 +382,31 @@ def storage_reads(res: MethodResult) -> dict[str, Any]:
 
 def storage_lines(summaries: list[dict[str, Any]]) -> list[str]:
     """One line per method: the bytes each rank read from storage (MiB), and the most a rank read
-    as a multiple of the floor's most."""
-    floor = next((s["storage_read_max_rank"] for s in summaries if s["method"] == "floor"), None)
+    against the floor's share a rank (its mean: the floor reads each byte once a node, its windows'
+    pages, whichever rank gets there first) and against the floor's most."""
+    floor = next((s for s in summaries if s["method"] == "floor"), {})
+    share, most = floor.get("storage_read_per_rank"), floor.get("storage_read_max_rank")
     out = []
     for s in summaries:
         ranks = s.get("storage_read_ranks")
         if ranks is None:
             continue
-        ratio = f" ({s['storage_read_max_rank'] / floor:.2f}x the floor's)" if floor else ""
+        top = s["storage_read_max_rank"]
+        ratio = (
+            f" ({top / share:.2f}x the floor's share, {top / most:.2f}x its most)"
+            if share and most
+            else ""
+        )
         out.append(
-            f"  {s['method']:<16} " + " / ".join(f"{v / MIB:,.0f}" for v in ranks) + f" MiB{ratio}"
+            f"  {s['method']:<16} "
+            + " / ".join(f"{v / MIB:,.0f}" for v in ranks)
+            + f" MiB, the most a rank {top / MIB:,.0f}{ratio}"
         )
     if not out:
         return []
     return [
         "read from storage during the load, per rank (the kernel's read_bytes of each rank's "
-        "process, all its threads; median over rounds; ratio: the most a rank read, to the "
-        "floor's):"
+        "process, all its threads; medians over rounds; the floor's share: its mean a rank):"
     ] + out
 
 

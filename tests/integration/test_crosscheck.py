@@ -30,13 +30,16 @@ def test_a_write_between_hash_and_copy_fails_every_rank(ckpt_copy: Path, tmp_pat
     sizes = {n: storage.catalogue.get(n).nbytes for n in storage.catalogue.names()}
     hashes = hash_plan("node", 0, {r: _reads(p) for r, p in plans.items()}, sizes, per_rank=False)
     storage.close()
-    # a w1 weight that rank 0 hashes and rank 1 reads rows [128, 256) of (not rank 1's first item)
+    # a w1 weight that rank 0 hashes and rank 1 reads rows [128, 256) of
     tensor = next(
         n for n in sorted(hashes.peers) if n.endswith(".w1.weight") and 1 in hashes.peers[n]
     )
     (r0, _), _ = hashes.peers[tensor][1]
     offset = r0 * storage.catalogue.get(tensor).row_bytes + 5  # inside rank 1's window
-    run = torchrun(2, [RACE, str(ckpt_copy), str(tmp_path), tensor, str(offset)], timeout=180)
+    shard = storage.stored(tensor).path.name  # rank 1 opens it only after the write
+    run = torchrun(
+        2, [RACE, str(ckpt_copy), str(tmp_path), tensor, str(offset), shard], timeout=180
+    )
     assert run.rc == 0, run.text
     outcomes = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert not outcomes[0]["returned"] and not outcomes[1]["returned"]

@@ -2,10 +2,12 @@
 a tensor and its peer's read of its own window (an accidental concurrent write: a sync tool, a
 re-download).
 
-argv: CHECKPOINT OUT_DIR TENSOR OFFSET. Rank 1 waits after its first tensor until rank 0 has loaded
-and checked everything (so rank 0 hashed TENSOR from the original bytes, and its files were
-unchanged when it looked) and byte OFFSET of TENSOR was flipped on disk (inside rank 1's window);
-then rank 1 reads its window. Each rank records its outcome.
+argv: CHECKPOINT OUT_DIR TENSOR OFFSET SHARD. Rank 1 opens SHARD, the file that holds TENSOR, only
+after rank 0 has loaded and checked everything (so rank 0 hashed TENSOR from the original bytes,
+and its files were unchanged when it looked) and byte OFFSET of TENSOR was flipped on disk (inside
+rank 1's window): whenever rank 1 comes to read from SHARD (its own order: it reads what it leads
+first, sources/order.py), it waits for rank 0's flag first; then it reads its window. Each rank
+records its outcome.
 """
 
 from __future__ import annotations
@@ -18,26 +20,26 @@ import time
 from pathlib import Path
 
 import tpload
+from tpload.model.progress import Silent
+from tpload.storage.files import Shard
+from tpload.storage.sharded import Files
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.helpers import poke  # noqa: E402
 
 
-class Hold:
-    """Rank 1's sink: after its first tensor, wait for rank 0's flag."""
+def hold_opening(shard: str, flag: Path) -> None:
+    """Rank 1: the first open of ``shard``'s read handle waits for rank 0's flag (at most 60 s)."""
+    opening = Files.get
 
-    def __init__(self, flag: Path) -> None:
-        self.flag, self.first = flag, True
-
-    def update(self, nbytes: int) -> None:
-        if self.first:
-            self.first = False
+    def get(self: Files, path: Path) -> Shard:
+        if path.name == shard and path not in self._open:
             deadline = time.monotonic() + 60
-            while not self.flag.exists() and time.monotonic() < deadline:
+            while not flag.exists() and time.monotonic() < deadline:
                 time.sleep(0.05)
+        return opening(self, path)
 
-    def close(self) -> None:
-        pass
+    Files.get = get  # type: ignore[method-assign]
 
 
 class Flip:
@@ -63,7 +65,9 @@ def main() -> None:
     root, out, tensor, offset = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
     rank = int(os.environ["RANK"])
     flag = out / "flipped"
-    sink = Flip(root, tensor, offset, flag) if rank == 0 else Hold(flag)
+    sink = Flip(root, tensor, offset, flag) if rank == 0 else Silent()
+    if rank == 1:
+        hold_opening(sys.argv[5], flag)
     outcome = {"returned": False, "error": ""}
     try:
         shards = tpload.load(

@@ -486,13 +486,16 @@ def run(
     release: ShardRelease | None = None,
     ranks: Mapping[str, int] | None = None,
     finite: bool = False,
+    turns: Mapping[str, int] | None = None,
 ) -> LoadResult:
     """Load ``plan`` through ``transfer``, reading every window from ``source`` (sources/: the
     storage, or the replica peers, chosen at setup) and hashing what ``hasher`` says; raise
     LoadError listing every problem of this rank (nothing it loaded survives a failure).
     ``ranks``: each stored name's place in natural order (the catalogue's), for the digest's
     sort. The source's figures are the result's :attr:`~LoadResult.source`. ``finite``: refuse
-    NaN and inf in floating windows served as stored (a refresh's rule; a load serves them)."""
+    NaN and inf in floating windows served as stored (a refresh's rule; a load serves them).
+    ``turns``: each stored tensor's turn in this rank's reading (sources/order.py: the tensors it
+    leads first); None: the plan's reading order."""
     loader = _Loader(source, plan, transfer, hasher, release, finite)
     try:
         with transfer:  # from the arena's making: its exit waits for what the transfer started
@@ -503,16 +506,20 @@ def run(
             read, served = _per_entry(plan, runs.klass)
             # a sink that takes a batch's served tensors in one call (the load's own): asked once
             many = progress.update_many if isinstance(progress, BatchSink) else None
-            for t in order[:READAHEAD_ITEMS]:
-                _ask(source, plan, t)
-            for i, j, batched in runs:
+            sequence = in_turns(list(runs), order, plan.names, turns)
+            ahead = [order[t] for i, j, _ in sequence for t in range(i, j)]  # entries, as read
+            for t in ahead[:READAHEAD_ITEMS]:
+                _ask(source, plan, t, hasher)
+            at = 0  # the place in ``ahead`` of the run's first entry
+            for i, j, batched in sequence:
+                at += j - i
                 if batched:  # small entries, even one alone: one read, one pass (batch.py)
                     loader.done_batch(loader.batch(runs, i, j))
                     _advance_all(progress, many, read, served, i, j)
                     continue
                 item = plan.item(order[i])
-                if i + READAHEAD_ITEMS < n:
-                    _ask(source, plan, order[i + READAHEAD_ITEMS])
+                if at - 1 + READAHEAD_ITEMS < n:
+                    _ask(source, plan, ahead[at - 1 + READAHEAD_ITEMS], hasher)
                 if item.codec.copies(item.fit, plan.kind):
                     loader.copy(item)
                 else:
@@ -601,8 +608,31 @@ def _advance_all(
             progress.update(0)
 
 
-def _ask(source: ReadSource, plan: RankPlan, t: int) -> None:
-    """Entry ``t``'s stored tensors asked ahead, when it is large enough to be worth it."""
+def in_turns(
+    runs: list[tuple[int, int, bool]],
+    order: list[int],
+    names: Sequence[str],
+    turns: Mapping[str, int] | None,
+) -> list[tuple[int, int, bool]]:
+    """``runs`` (places ``[i, j)`` of ``order``, the plan's reading order) in the order this rank
+    reads them: by the turn of each run's first entry's weight (``names``: each entry's, in plan
+    order), the reading order kept within a turn; as they are without ``turns``."""
+    if not turns:
+        return runs
+    get = turns.get
+    return sorted(runs, key=lambda run: get(names[order[run[0]]], 0))
+
+
+def _ask(source: ReadSource, plan: RankPlan, t: int, hasher: Hasher) -> None:
+    """Entry ``t``'s stored bytes this rank reads, asked ahead when the entry is large enough to be
+    worth it: a tensor this rank hashes whole, of any other the rows that hold its window (a
+    column window's are all of them): what the rank will ``pread``, and no byte of its peers'
+    rows, which they read themselves."""
     if plan.table[int(plan.klass[t])].read_bytes >= READAHEAD_FROM:
         for cut in plan.item(t).cuts:
-            source.will_need(source.stored(cut.name))
+            stored, rows, _ = source.box(cut.name, cut.view, cut.rows, cut.cols)
+            if not hasher.hashes(stored.name) and rows != (0, stored.rows):
+                stored = stored._replace(
+                    offset=stored.offset + rows[0] * stored.row_bytes, rows=rows[1] - rows[0]
+                )
+            source.will_need(stored)

@@ -45,6 +45,7 @@ from ..selection.config import Config
 from ..sources.base import ReadSource
 from ..sources.hashing import Hasher, spare_cores
 from ..sources.open import open_source
+from ..sources.order import read_turns
 from ..sources.whole_files import FileHasher, alongside
 from ..storage.base import Storage
 from ..storage.open import open_storage
@@ -53,6 +54,7 @@ from ..storage.sharded import ShardedStorage
 from ..transfer.device import for_device
 from ..verification import gate, signing, strategy
 from ..verification.gate import Verdict, check_pin
+from ..verification.node import ByteSizes
 from ..verification.store import Stamp, checkpoint_stamp
 from ..verification.terms import PLAN_FIELDS, Terms
 from . import loop, preflight, steps
@@ -190,7 +192,15 @@ class _RankLoad:
             seq=self.fig.seq,
         )
         # before any read: preconditions, who hashes what (over what each rank reads from storage)
-        prepared = self.gate.prepare(source.storage_reads(plans), provenance=source)
+        reads = source.storage_reads(plans)
+        prepared = self.gate.prepare(reads, provenance=source)
+        # the order this rank reads in: what it leads first, its peers' out of the page cache after
+        table = storage.catalogue.table
+        turns = (
+            read_turns(ctx.rank, reads, ByteSizes(table.row, table.nbytes), prepared.hashes.owner)
+            if source.own_order
+            else None
+        )
         self.fig.blake3 = int(prepared.digests.hash == "blake3")
         # every rank: the same anchor, options and files that shape the plan (pinned or not)
         cat = storage.catalogue
@@ -221,6 +231,7 @@ class _RankLoad:
                 sink=self.sink,
                 phases=self.phases,
                 clause=lambda: self.watch.clause if self.watch is not None else "",
+                turns=turns,
             )
         steps.measure_cache(self.fig, storage, ctx, opts, before=False)
         steps.count(self.fig, self.result, plan, ctx)

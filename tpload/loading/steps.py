@@ -8,7 +8,7 @@ into its row) and the node's page-cache figures.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from ..distributed.placement import Placement, position
 from ..distributed.world import DistContext
@@ -77,10 +77,12 @@ def run_rank(
     sink: ProgressSink | None,
     phases: Phases,
     clause: Callable[[], str],
+    turns: Mapping[str, int] | None = None,
 ) -> LoadResult:
     """The loop over ``plan``, reading from ``source``, with the hasher the gate prepared (on the
     CPU, on the node's spare cores only: the copies need the others), page-cache eviction when
-    asked, and rank 0's progress unless the caller gave its own sink."""
+    asked, and rank 0's progress unless the caller gave its own sink; ``turns``: the order it
+    reads in (sources/order.py: what it leads first)."""
     release = (
         ShardRelease.expecting(storage, plan, prepared.hashes.mine)
         if opts.evict_page_cache
@@ -109,6 +111,7 @@ def run_rank(
         progress=sink,
         release=release,
         ranks=storage.catalogue.ranks(),
+        turns=turns,
     )
 
 

@@ -68,6 +68,10 @@ class SourceFigures:
 class ReadSource(Protocol):
     """Where this rank's windows come from: one, chosen once at setup (sources/open.py)."""
 
+    own_order: bool
+    """Whether this rank may read its plan in an order of its own (sources/order.py: what it leads
+    first): not where windows stream between ranks in the plan's reading order (replicas)."""
+
     def box(self, name: str, view: Span, rows: Span, cols: Span) -> tuple[Stored, Span, Span]:
         """Where a window lies (rows and byte columns of the tensor's bytes seen as ``view``): the
         stored bytes holding it, seen so that the window is a box of them, and its rows and byte

@@ -190,6 +190,10 @@ class Hasher:
             digests=self.digests,
         )
 
+    def hashes(self, name: str) -> bool:
+        """Whether this rank hashes ``name`` and has not yet (its next read is of every row)."""
+        return name in self.todo
+
     def wanted(self, names: Sequence[str]) -> Wanted:
         """Which of ``names`` this rank still hashes (their places in ``names``; a name given twice,
         its first), and each node peer's window of them as columns (:class:`Wanted`), whose

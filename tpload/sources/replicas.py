@@ -471,6 +471,11 @@ class ReplicaSource:
     """The read source of a load with replicas: a window this replica reads comes from this rank's
     storage source (and is sent); any other, from the replica that reads it."""
 
+    own_order = False
+    """A window goes to the other replicas as it is read, and each receives in its plan's reading
+    order: every rank keeps that order (sources/order.py's turns would differ between a reader's
+    node and a receiver's)."""
+
     def __init__(self, inner: StorageSource, link: Link) -> None:
         self.inner, self.link = inner, link
 

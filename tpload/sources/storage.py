@@ -31,6 +31,9 @@ if TYPE_CHECKING:  # the plans read and the exchanged rows a verdict reads (anno
 class StorageSource:
     """This rank reads every window of its plan from its storage."""
 
+    own_order = True
+    """Nobody waits on this rank's reads: it reads in the order that shares them best."""
+
     def __init__(self, storage: Storage, *, chunk_bytes: int = CHUNK_BYTES) -> None:
         self.storage = storage
         self.reader = Reader(storage, chunk_bytes=chunk_bytes)

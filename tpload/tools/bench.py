@@ -229,6 +229,11 @@ def run_once(method: str, opts: BenchOptions, out_dir: Path) -> list[dict[str, A
     return rows
 
 
+def _mib(nbytes: float | None) -> str:
+    """Bytes as MiB for the table (``-`` where nothing was counted)."""
+    return "-" if nbytes is None else f"{nbytes / MIB:.0f}"
+
+
 def _ratio(seconds: float, ref: float | None) -> str:
     """``seconds`` as a multiple of a reference method's (``-`` without one)."""
     return f"{seconds / ref:.2f}" if ref else "-"
@@ -341,12 +346,66 @@ def summarize(res: MethodResult) -> dict[str, Any]:
                 for run in res.runs
             ]
         ),
+        **storage_reads(res),
         "reads": next((x["reads"] for run in res.runs for x in run if x.get("reads")), "windows"),
         "tensors_per_rank": tensors,
         # per-tensor cost beside bytes: the load's seconds over the tensors each rank ends up with
         "us_per_tensor": _med(walls) / tensors * 1e6 if tensors else float("nan"),
         "note": next((x["note"] for run in res.runs for x in run if x.get("note")), ""),
     }
+
+
+def storage_reads(res: MethodResult) -> dict[str, Any]:
+    """The bytes each rank read from storage during the load, by the kernel's count (each rank's
+    ``/proc/self/io`` ``read_bytes``, the delta over the load: every thread of the process, hash
+    workers included; a page another rank brought into the page cache first is not counted):
+    ``storage_read_ranks`` per rank, median over rounds, ``storage_read_per_rank`` the median over
+    rounds of the ranks' mean, ``storage_read_max_rank`` of their most. None where the kernel
+    does not count."""
+    got = [[x.get("storage_read_bytes") for x in run] for run in res.runs]
+    counted: list[list[int]] = [[v for v in run if v is not None] for run in got]
+    if not counted or any(len(c) != len(run) for c, run in zip(counted, got, strict=True)):
+        return {
+            "storage_read_ranks": None,
+            "storage_read_per_rank": None,
+            "storage_read_max_rank": None,
+        }
+    ranks = min(len(run) for run in counted)
+    return {
+        "storage_read_ranks": [_med([run[r] for run in counted]) for r in range(ranks)],
+        "storage_read_per_rank": _med([statistics.mean(run) for run in counted]),
+        "storage_read_max_rank": _med([max(run) for run in counted]),
+    }
+
+
+def storage_lines(summaries: list[dict[str, Any]]) -> list[str]:
+    """One line per method: the bytes each rank read from storage (MiB), and the most a rank read
+    against the floor's share a rank (its mean: the floor reads each byte once a node, its windows'
+    pages, whichever rank gets there first) and against the floor's most."""
+    floor = next((s for s in summaries if s["method"] == "floor"), {})
+    share, most = floor.get("storage_read_per_rank"), floor.get("storage_read_max_rank")
+    out = []
+    for s in summaries:
+        ranks = s.get("storage_read_ranks")
+        if ranks is None:
+            continue
+        top = s["storage_read_max_rank"]
+        ratio = (
+            f" ({top / share:.2f}x the floor's share, {top / most:.2f}x its most)"
+            if share and most
+            else ""
+        )
+        out.append(
+            f"  {s['method']:<16} "
+            + " / ".join(f"{v / MIB:,.0f}" for v in ranks)
+            + f" MiB, the most a rank {top / MIB:,.0f}{ratio}"
+        )
+    if not out:
+        return []
+    return [
+        "read from storage during the load, per rank (the kernel's read_bytes of each rank's "
+        "process, all its threads; medians over rounds; the floor's share: its mean a rank):"
+    ] + out
 
 
 READS = {"windows": "windows", "whole tensors": "tensors", "whole files": "files"}
@@ -366,7 +425,7 @@ def table(summaries: list[dict[str, Any]], refused: dict[str, str], opts: BenchO
     cols = (
         f"{'method':<16} {'sec':>6} {'[min-max]':>13} {'import s':>8} {'cpu s':>6} "
         f"{'GB/s/rank':>9} {'x floor':>7} {'x seed':>6} {'tensors':>7} {'us/tensor':>9} "
-        f"{'reads':>7} {'read MB':>8} {'hashed GB':>9} {'rss GiB':>7} "
+        f"{'reads':>7} {'read MB':>8} {'disk MiB':>8} {'hashed GB':>9} {'rss GiB':>7} "
         f"{'anon GiB':>8} {'trans MiB':>9} {'limit MiB':>9} {'dev GiB':>7} {'cache':>5}"
     )
     lines = [head, cols]
@@ -379,7 +438,8 @@ def table(summaries: list[dict[str, Any]], refused: dict[str, str], opts: BenchO
             f"{_ratio(s['seconds'], seed):>6} "
             f"{s['tensors_per_rank']:>7.0f} {s['us_per_tensor']:>9.1f} "
             f"{READS.get(s['reads'], s['reads']):>7} "
-            f"{s['bytes_read_per_rank'] / 1e6:>8.1f} {s['bytes_hashed_per_rank'] / 1e9:>9.3f} "
+            f"{s['bytes_read_per_rank'] / 1e6:>8.1f} {_mib(s['storage_read_per_rank']):>8} "
+            f"{s['bytes_hashed_per_rank'] / 1e9:>9.3f} "
             f"{s['rss_peak'] / GIB:>7.2f} {s['anon_peak'] / GIB:>8.2f} "
             f"{s['transient'] / MIB:>9.0f} {s['transient_limit'] / MIB:>9.0f} "
             f"{s['device_peak'] / GIB:>7.2f} "
@@ -394,10 +454,12 @@ def table(summaries: list[dict[str, Any]], refused: dict[str, str], opts: BenchO
         "tensors = tensors each rank ends up with; us/tensor = sec over them; reads = what a "
         "method reads of each tensor it has a window of: its window, the whole tensor "
         "(tensors), or whole files shared out (files); read MB = bytes a rank read out of the "
-        "files that way (hashing reads are hashed GB)",
+        "files that way (hashing reads are hashed GB); disk MiB = bytes a rank read from storage "
+        "(the kernel's count, mean over ranks; below, per rank)",
         "trans = anonymous peak beyond the process before the run and the windows it owns; "
         "limit = 2 x largest window + 64 MiB",
     ]
+    lines += storage_lines(summaries)
     startup = [
         s["startup_seconds"] for s in summaries if s["startup_seconds"] == s["startup_seconds"]
     ]

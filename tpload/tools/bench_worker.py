@@ -31,13 +31,14 @@ import torch.distributed as dist
 import tpload
 
 from ..codecs.base import Cut
-from ..model.meta import ITEMSIZE
-from ..planning.items import Item, Output
 
 # The bench's own pieces that every method shares (the plan of the windows, the map); none of these
 # imports tpload's kernels (numba), so a method's own imports are timed in a process without them.
+from ..model.errors import LoadError
+from ..model.meta import ITEMSIZE
+from ..planning.items import Item, Output
 from ..selection.defaults import DEFAULT_CONFIG
-from ..storage.files import atomic_write
+from ..storage.files import atomic_write, open_regular
 from .bench_job import Job, Windows, blake3_store
 
 
@@ -397,6 +398,39 @@ def window_digest(windows: Windows) -> str:
     return digest(entries)
 
 
+IO_FILE = "/proc/self/io"
+"""The kernel's I/O counters of this process, all its threads (hash workers included)."""
+
+
+def io_read_bytes(text: str) -> int | None:
+    """``read_bytes`` of a ``/proc/PID/io`` text: the bytes this process caused to be fetched from
+    storage (its reads, page faults and readahead that missed the page cache; a page another
+    process brought in first is not counted); None when the line is missing."""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "read_bytes":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def storage_read_bytes(path: str = IO_FILE) -> int | None:
+    """This process's ``read_bytes`` now (None where the kernel does not say: not Linux, or no
+    task I/O accounting)."""
+    try:  # a regular file of a few lines whose size says 0: read up to a page
+        fd = open_regular(Path(path), "the kernel's I/O counters")
+    except LoadError:
+        return None
+    try:
+        return io_read_bytes(os.read(fd, 4096).decode("ascii", "replace"))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def _anon() -> int:
     m = psutil.Process().memory_info()
     anon: int = m.rss - getattr(m, "shared", 0)
@@ -432,6 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     anon_before = _anon()
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
+    io_before = storage_read_bytes()
     with MemoryPeaks() as mem:
         t0, c0 = time.perf_counter(), time.process_time()
         job = Job(args.checkpoint, args.config, args.tp, rank, world, device, args.digest_store)
@@ -440,6 +475,7 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize(device)
         dist.barrier()
         seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
+    io_after = storage_read_bytes()
     result = {
         "method": args.method,
         "rank": rank,
@@ -455,6 +491,10 @@ def main(argv: list[str] | None = None) -> int:
         if job.bytes_read is not None
         else sum(c.nbytes for _, c in job.cuts()),
         "bytes_hashed": job.bytes_hashed,
+        # from storage, by the kernel's count (None: it does not count)
+        "storage_read_bytes": io_after - io_before
+        if io_before is not None and io_after is not None
+        else None,
         "rss_peak": mem.rss_peak,
         "anon_peak": mem.anon_peak,
         "anon_before": anon_before,

@@ -240,3 +240,48 @@ def test_the_replicas_arm_counts_storage_from_the_reports_and_says_how() -> None
     res["alone"]["storage_bytes"] = 400  # run_bench: the shared arm's storage plus peers
     text = table(ReplicaBench("ckpt"), res)
     assert "200 shared (1.00 x one replica's reads), 400 alone (2 x; derived" in text
+
+
+def test_the_kernels_read_bytes_are_parsed_from_proc_io(tmp_path: Path) -> None:
+    from tpload.tools.bench_worker import io_read_bytes, storage_read_bytes
+
+    text = (
+        "rchar: 6976\nwchar: 0\nsyscr: 10\nsyscw: 0\nread_bytes: 441524224\n"
+        "write_bytes: 0\ncancelled_write_bytes: 0\n"
+    )
+    assert io_read_bytes(text) == 441524224  # not rchar: what came from storage
+    assert io_read_bytes("rchar: 5\n") is None and io_read_bytes("read_bytes: x\n") is None
+    io = tmp_path / "io"
+    io.write_text(text)
+    assert storage_read_bytes(str(io)) == 441524224
+    assert storage_read_bytes(str(tmp_path / "missing")) is None  # not Linux: no figure
+    if Path("/proc/self/io").exists():
+        assert isinstance(storage_read_bytes(), int)
+
+
+def test_bytes_from_storage_are_shown_per_rank_against_the_floors() -> None:
+    def ranks(method: str, *per_rank: int | None) -> MethodResult:
+        return MethodResult(
+            method, [[_rank("a") | {"storage_read_bytes": b} for b in per_rank]] * 3
+        )
+
+    mib = 1 << 20
+    shown = [
+        summarize(ranks("floor", 800 * mib, 900 * mib)),
+        summarize(ranks("tpload", 1500 * mib, 200 * mib)),
+        summarize(ranks("safetensors", None, None)),  # the kernel did not count
+    ]
+    assert shown[1]["storage_read_ranks"] == [1500 * mib, 200 * mib]
+    assert shown[1]["storage_read_per_rank"] == 850 * mib
+    assert shown[1]["storage_read_max_rank"] == 1500 * mib
+    assert shown[2]["storage_read_per_rank"] is None
+    lines = table(shown, {}, BenchOptions("ckpt")).splitlines()
+    assert any(
+        ln.split()[:2] == ["tpload", "1,500"]
+        and "the most a rank 1,500 (1.76x the floor's share, 1.67x its most)" in ln
+        for ln in lines
+    )
+    head = next(ln for ln in lines if ln.startswith("method"))
+    row = next(ln for ln in lines if ln.startswith("safetensors "))
+    assert row[: head.index("disk MiB") + len("disk MiB")].split()[-1] == "-"
+    assert not any(ln.split()[:1] == ["safetensors"] and "MiB" in ln for ln in lines[2:])

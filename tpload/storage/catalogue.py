@@ -304,21 +304,16 @@ def parse_manifest(raw: bytes, path: Path) -> tuple[Json, Callable[[], Manifest]
 def scanned_manifest(raw: bytes) -> tuple[Json, Manifest] | None:
     """:func:`parse_manifest` of a usual manifest (:func:`.scan.scan_manifest`: its document with
     ``"tensors"`` empty) whose entries break no rule of :func:`parse_manifest_entries` (the scan
-    took only strings, 64 hex digits and integers; left: at most 8 dimensions, each below 2**48);
-    None for any other."""
+    took only strings, sha256s of 64 hex digits and integers; left: at most 8 dimensions, each
+    below 2**48, asked of each distinct shape); None for any other."""
     scan = scan_manifest(raw)
     if scan is None:
         return None
-    shapes = scan.shapes
-    lens = np.fromiter(map(len, shapes), np.int64, len(shapes))
-    dims = np.fromiter(itertools.chain.from_iterable(shapes), np.int64)
-    if int(lens.max()) > 8 or (len(dims) and int(dims.max()) >= MAX_DIM):
+    distinct = set(scan.shapes)
+    if max(map(len, distinct)) > 8 or max(itertools.chain((0,), *distinct)) >= MAX_DIM:
         return None
-    digests = np.frombuffer(bytes.fromhex("".join(scan.sha256)), np.uint8)
-    n = len(scan.names)
-    return scan.doc, Manifest(
-        scan.names, scan.files, scan.dtypes, shapes, digests.reshape(n, DIGEST)
-    )
+    digests = np.frombuffer(scan.digests, np.uint8).reshape(len(scan.names), DIGEST)
+    return scan.doc, Manifest(scan.names, scan.files, scan.dtypes, scan.shapes, digests)
 
 
 class Catalogue:

@@ -100,6 +100,8 @@ NOT_TAKEN = {
     "a number of 17 digits": _header(E.replace("[2]", "[00000000000000002]")),
     "a float": _header(E.replace("[2]", "[2.0]")),
     "a control character in a name": _header(E.replace('"a"', '"a\x01"')),
+    "a tab in a dtype": _header(E.replace('"F32"', '"F3\t2"', 1)),
+    "a name of a separator Python calls unprintable": _header(E.replace('"a"', '"a\u2028"')),
     "trailing junk": _header(E) + b"x",
     "a BOM": "\ufeff".encode() + _header(E),
     "not UTF-8": _header(E).replace(b'"a"', b'"a\xff"'),
@@ -131,10 +133,11 @@ def test_any_other_header_is_left_to_the_json_reading(text: bytes) -> None:
     assert got == parsed
 
 
-def test_shapes_are_read_once_a_text_and_shared() -> None:
-    shapes = scan.shape_tuples(["8,8", "8, 8", "", "8,8", "3"])
-    assert shapes == [(8, 8), (8, 8), (), (8, 8), (3,)]
-    assert shapes[0] is shapes[3]
+def test_each_kind_is_read_once_and_its_values_shared() -> None:
+    """The fields of one dtype and shape are read once, their strings and shape held once."""
+    got = scan.scan_header(_header(E, M + ","))
+    assert got is not None and got.shapes == [(2,), (2,)] and got.dtypes == ["F32", "F32"]
+    assert got.shapes[0] is got.shapes[1] and got.dtypes[0] is got.dtypes[1]
 
 
 # -- the manifest --------------------------------------------------------------------------------
@@ -191,6 +194,11 @@ M_NOT_TAKEN = {
     "nine dimensions": _manifest(ME.replace("[2]", "[1,1,1,1,1,1,1,1,2]")),
     "a dimension of 2**48": _manifest(ME.replace("[2]", f"[{1 << 48}]")),
     "a sha256 short": _manifest(ME.replace(SHA, SHA[:-2], 1)),
+    "a sha256 short by one": _manifest(ME.replace(SHA, SHA[:-1], 1)),
+    "a sha256 with a space": _manifest(ME.replace(SHA, SHA[:-2] + " a", 1)),
+    "a sha256 not hex": _manifest(ME.replace(SHA, SHA[:-1] + "g", 1)),
+    "a tab in a name": _manifest(ME.replace('"a"', '"a\tb"')),
+    "a control character in a file": _manifest(ME.replace("m.safetensors", "m\x01", 1)),
     "fields in another order": _manifest(
         ME.replace(
             '"file": "m.safetensors", "dtype": "F32"', '"dtype": "F32", "file": "m.safetensors"', 1

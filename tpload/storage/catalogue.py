@@ -14,7 +14,7 @@ import itertools
 import operator
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -31,6 +31,7 @@ from . import gguf
 from .files import folder_of, parse_json, read_small
 from .pins import Pins, check_plan_files, parse_pins
 from .safetensors import (
+    MAX_DIM,
     HeaderColumns,
     TableRows,
     TensorInfo,
@@ -42,6 +43,7 @@ from .safetensors import (
     rows_of,
     table_of,
 )
+from .scan import scan_manifest
 
 PICKLES = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 """Checkpoint files in Python's pickle format (pytorch_model*.bin): never read."""
@@ -278,14 +280,40 @@ def _read_manifest(
     if MANIFEST_NAME not in given and not os.path.lexists(path):
         return None, None, Pins(root, None, None, given=given)
     raw = given.get(MANIFEST_NAME) or read_small(path, "manifest")
-    doc = parse_json(raw, path, "manifest")
+    doc, entries = parse_manifest(raw, path)
     sha = hashlib.sha256(raw).hexdigest()
     pins = parse_pins(doc, path)
-    return (
-        parse_manifest_entries(doc.get("tensors") if isinstance(doc, dict) else None, path),
-        sha,
-        Pins(root, sha, *pins, given=given),
-    )
+    return entries(), sha, Pins(root, sha, *pins, given=given)
+
+
+def parse_manifest(raw: bytes, path: Path) -> tuple[Json, Callable[[], Manifest]]:
+    """The manifest's document, and what makes its entries (called after the pins are read, so a
+    refusal comes in the same order whichever way it was read). The one reading of a manifest:
+    the usual one is scanned straight into columns (:func:`scanned_manifest`: no object a
+    tensor); any other is parsed by :func:`.files.parse_json` and its entries read by
+    :func:`parse_manifest_entries`, which words every problem."""
+    scanned = scanned_manifest(raw)
+    if scanned is not None:
+        doc, made = scanned
+        return doc, lambda: made
+    doc = parse_json(raw, path, "manifest")
+    tensors = doc.get("tensors") if isinstance(doc, dict) else None
+    return doc, lambda: parse_manifest_entries(tensors, path)
+
+
+def scanned_manifest(raw: bytes) -> tuple[Json, Manifest] | None:
+    """:func:`parse_manifest` of a usual manifest (:func:`.scan.scan_manifest`: its document with
+    ``"tensors"`` empty) whose entries break no rule of :func:`parse_manifest_entries` (the scan
+    took only strings, sha256s of 64 hex digits and integers; left: at most 8 dimensions, each
+    below 2**48, asked of each distinct shape); None for any other."""
+    scan = scan_manifest(raw)
+    if scan is None:
+        return None
+    distinct = set(scan.shapes)
+    if max(map(len, distinct)) > 8 or max(itertools.chain((0,), *distinct)) >= MAX_DIM:
+        return None
+    digests = np.frombuffer(scan.digests, np.uint8).reshape(len(scan.names), DIGEST)
+    return scan.doc, Manifest(scan.names, scan.files, scan.dtypes, scan.shapes, digests)
 
 
 class Catalogue:

@@ -30,6 +30,7 @@ from ..model.text import escape_name
 from ..model.values import Stored
 from .files import atomic_file, open_regular, read_exact
 from .header_json import Twice, ignored_value_problem, lone_surrogate, parse_header_json
+from .scan import scan_header
 
 _new = object.__new__
 MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit (MAX_HEADER_SIZE): it reads no larger
@@ -90,10 +91,46 @@ def read_columns(path: Path, file: str) -> tuple[HeaderColumns, dict[str, str]]:
         raw = read_exact(fd, 8, hlen, path, "shard header")
     finally:
         os.close(fd)
+    return parse_columns(raw, path, 8 + hlen, size - 8 - hlen)
+
+
+def parse_columns(
+    raw: bytes, path: Path, data_start: int, data_len: int
+) -> tuple[HeaderColumns, dict[str, str]]:
+    """A header's JSON (``raw``) as columns and its ``__metadata__``, or every problem raised at
+    once. The one reading of a header: the usual one is scanned straight into columns
+    (:func:`scanned_columns`: no object a tensor); any other is read as serde reads it
+    (:func:`.header_json.parse_header_json`) and by :func:`header_columns`, which words every
+    problem."""
+    return scanned_columns(raw, path, data_start, data_len) or parsed_columns(
+        raw, path, data_start, data_len
+    )
+
+
+def scanned_columns(
+    raw: bytes, path: Path, data_start: int, data_len: int
+) -> tuple[HeaderColumns, dict[str, str]] | None:
+    """:func:`parse_columns` of a usual header (:func:`.scan.scan_header`) whose entries break no
+    rule (:func:`_usual`); None for any other."""
+    scan = scan_header(raw)
+    if scan is None:
+        return None
+    dims = np.fromiter(itertools.chain.from_iterable(scan.shapes), np.int64)
+    begins, stops = np.array(scan.begins, np.int64), np.array(scan.ends, np.int64)
+    usual = _usual(
+        path, scan.names, scan.dtypes, scan.shapes, dims, begins, stops, data_start, data_len
+    )
+    return None if usual is None else (usual, scan.meta)
+
+
+def parsed_columns(
+    raw: bytes, path: Path, data_start: int, data_len: int
+) -> tuple[HeaderColumns, dict[str, str]]:
+    """:func:`parse_columns` through the JSON parser: any header, every problem worded."""
     header = parse_header_json(raw, path)
     if not isinstance(header, dict):
         raise CheckpointError(f"{escape_name(path)}: header is not a JSON object")
-    columns = header_columns(path, header, 8 + hlen, size - 8 - hlen)
+    columns = header_columns(path, header, data_start, data_len)
     meta = header.get("__metadata__")  # header_columns() refused anything but strings
     return columns, dict(meta) if meta else {}
 
@@ -232,13 +269,10 @@ def header_columns(
 def _usual_columns(
     path: Path, header: dict[str, Any], data_start: int, data_len: int
 ) -> HeaderColumns | None:
-    """:func:`header_columns` of a header that breaks no rule, in bulk; None for any other (which
-    header_columns then reads rule by rule and words). Each rule below is the one header_columns
-    writes, asked of the whole column at once: an object of exactly ``dtype``, ``shape`` and
-    ``data_offsets`` (of exact types: a Twice or a bool is not), a dtype of whole bytes, at most 8
-    dimensions each in 0 .. 2**48 - 1, sizes that fit (checked as floats first, so the exact
-    int64 products cannot overflow), offsets [begin, end] with 0 <= begin <= end <= the data,
-    spanning dtype x shape; no header problem; the data covered back to back."""
+    """:func:`header_columns` of a parsed header that breaks no rule, in bulk; None for any other
+    (which header_columns then reads rule by rule and words): an object of exactly ``dtype``,
+    ``shape`` and ``data_offsets`` (of exact types: a Twice or a bool is not), no header problem,
+    and :func:`_usual`'s rules."""
     names, raw = list(header), list(header.values())  # copied whole: no lookup a name
     if "__metadata__" in header:
         at = names.index("__metadata__")
@@ -252,21 +286,44 @@ def _usual_columns(
     offsets: list[Any] = list(map(dict.get, raw, itertools.repeat("data_offsets")))
     if set(map(type, shapes)) != {list} or set(map(type, offsets)) != {list}:
         return None
-    if set(map(type, dtypes)) != {str} or not set(dtypes) <= _HEADER_ITEMSIZE.keys():
-        return None
-    if set(map(len, offsets)) != {2}:
+    if set(map(type, dtypes)) != {str} or set(map(len, offsets)) != {2}:
         return None
     flat = list(itertools.chain.from_iterable(shapes))
     pair = list(itertools.chain.from_iterable(offsets))
     if not set(map(type, pair)) <= {int} or not set(map(type, flat)) <= {int}:
         return None
-    lens = np.fromiter(map(len, shapes), np.int64, n)
-    if int(lens.max()) > 8:
+    if header_problems(path, header, names):
         return None
     try:  # every value an int: one beyond int64 is refused (a crafted header), rule by rule
         dims = np.array(flat, np.int64)
         ends = np.array(pair, np.int64).reshape(n, 2)
     except OverflowError:
+        return None
+    return _usual(path, names, dtypes, shapes, dims, ends[:, 0], ends[:, 1], data_start, data_len)
+
+
+def _usual(
+    path: Path,
+    names: list[str],
+    dtypes: list[str],
+    shapes: Sequence[Sequence[int]],
+    dims: np.ndarray,
+    begins: np.ndarray,
+    stops: np.ndarray,
+    data_start: int,
+    data_len: int,
+) -> HeaderColumns | None:
+    """A header's columns (``dims``: its shapes' values, flattened) as :class:`HeaderColumns` when
+    its entries break no rule; None otherwise. Each rule below is the one :func:`header_columns`
+    writes, asked of the whole column at once: a dtype of whole bytes, at most 8 dimensions each
+    in 0 .. 2**48 - 1, sizes that fit (checked as floats first, so the exact int64 products cannot
+    overflow), offsets [begin, end] with 0 <= begin <= end <= the data, spanning dtype x shape; the
+    data covered back to back."""
+    n = len(names)
+    if not set(dtypes) <= _HEADER_ITEMSIZE.keys():
+        return None
+    lens = np.fromiter(map(len, shapes), np.int64, n)
+    if int(lens.max()) > 8:
         return None
     if len(dims) and (int(dims.min()) < 0 or int(dims.max()) >= MAX_DIM):
         return None
@@ -282,15 +339,12 @@ def _usual_columns(
     if not numel.all():
         return None  # a tensor of no elements: its leading dimensions are checked rule by rule
     want = numel * itemsize
-    begins, stops = ends[:, 0], ends[:, 1]
     if (
         (begins < 0).any()
         or (begins > stops).any()
         or (stops > data_len).any()
         or (stops - begins != want).any()
     ):
-        return None
-    if header_problems(path, header, names):
         return None
     if coverage_problems(path, names, begins, stops, data_len, complete=True):
         return None

@@ -8,7 +8,9 @@ compiles every kernel.
 The kernels release the GIL while they run (compiled.py's ``nogil=True``: hash threads run beside
 the copy), and numba.pycc's wrappers do not unless told: it compiles each export with a default
 ``Flags()``, so for the build's span its ``Flags`` is one that releases the GIL
-(:class:`_ReleaseGil`), which is what ``njit(nogil=True)`` sets.
+(``_ReleaseGil``), which is what ``njit(nogil=True)`` sets; a numba whose pycc no longer makes its
+flags there fails the build (numba's kernels are used then) instead of building a module that holds
+the GIL. tests/unit/kernels/test_ahead.py checks the GIL is released, without timing.
 """
 
 from __future__ import annotations
@@ -45,10 +47,13 @@ def build(folder: Path) -> Path:
 
     from . import compiled
 
+    made: list[Any] = []
+
     class _ReleaseGil(Flags):  # type: ignore[misc]  # numba's, untyped
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.release_gil = True
+            made.append(self)
 
     k = ahead.key()
     name = ahead.module_name(k)
@@ -64,6 +69,10 @@ def build(folder: Path) -> Path:
             stamp["exports"][export] = {"args": [_arg(t) for t in sig.args]}
         with mock.patch.object(numba.pycc.compiler, "Flags", _ReleaseGil):
             cc.compile()
+        if not made:  # another numba that no longer compiles its exports with these flags
+            raise RuntimeError(
+                f"numba {numba.__version__}'s pycc did not take flags that release the GIL"
+            )
         built = Path(tmp) / cc.output_file
         stamp["sha256"] = ahead.digest(built)
         module, stamp_path = ahead.paths(folder, k)

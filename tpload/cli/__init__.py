@@ -16,6 +16,8 @@
         write a pre-partitioned checkpoint
     python -m tpload attest verify FILE --checkpoint DIR [--key PEM]
         check a load attestation (--attest)
+    python -m tpload kernels [--force]
+        compile the CPU kernels ahead (once a machine: a faster first call)
 
 The load's flags are generated from :class:`tpload.options.load_options.LoadOptions`
 (``tpload.options.flags``); each subcommand's parser is in ``parsers.py``, its runner in ``load.py``
@@ -32,6 +34,7 @@ from .commands import (
     cmd_attest,
     cmd_bench,
     cmd_export,
+    cmd_kernels,
     cmd_manifest,
     cmd_plan,
     cmd_synth,
@@ -44,7 +47,16 @@ from .parsers import SUBCOMMANDS
 COMMANDS: dict[str, Callable[[list[str]], int]] = dict(
     zip(
         SUBCOMMANDS,
-        (cmd_synth, cmd_plan, cmd_verify, cmd_manifest, cmd_bench, cmd_export, cmd_attest),
+        (
+            cmd_synth,
+            cmd_plan,
+            cmd_verify,
+            cmd_manifest,
+            cmd_bench,
+            cmd_export,
+            cmd_attest,
+            cmd_kernels,
+        ),
         strict=True,
     )
 )

@@ -28,6 +28,7 @@ from .parsers import (
     SYNTH_DIMS,
     attest_parser,
     export_parser,
+    kernels_parser,
     manifest_parser,
     plan_parser,
     synth_parser,
@@ -187,6 +188,29 @@ def _human(args: argparse.Namespace) -> TextIO:
 def _json_out(doc: dict[str, object]) -> None:
     sys.stdout.write(json.dumps(doc, indent=1) + "\n")
     sys.stdout.flush()
+
+
+@one_line
+def cmd_kernels(argv: list[str]) -> int:
+    """Compile the kernels ahead into the folder numba keeps their cache in (kernels/build.py), and
+    check the module loads."""
+    args = kernels_parser().parse_args(argv)
+    from ..kernels import ahead
+    from .kernel_cache import kernel_cache
+
+    folder = kernel_cache()
+    module, _ = ahead.paths(folder)
+    if not args.force and ahead.find([folder]) is not None:
+        print(f"tpload's kernels are compiled ahead already: {module}")
+        return 0
+    from ..kernels.build import build
+
+    t = time.perf_counter()
+    module = build(folder)
+    if ahead.load([folder]) is None:
+        raise LoadError(f"{module}: built, but it does not load (the warning above says why)")
+    print(f"compiled tpload's kernels ahead in {time.perf_counter() - t:.1f} s: {module}")
+    return 0
 
 
 @one_line

@@ -5,23 +5,20 @@ numba (``cache=True``) writes ``compiled.FUNC-LINE.pyXY.nbi`` (the index) and ``
 ``tpload/kernels/compiled.py``, in the first of: ``$NUMBA_CACHE_DIR/kernels_SHA1`` when that is set;
 ``tpload/kernels/__pycache__`` when it can write there; its user-wide cache,
 ``$XDG_CACHE_HOME/numba/kernels_SHA1`` (else ``~/.cache/numba/...``), where SHA1 is the sha1 of the
-kernels folder's absolute path (numba's ``get_suitable_cache_subpath``).
+kernels folder's absolute path (numba's ``get_suitable_cache_subpath``). The kernels compiled ahead
+(``python -m tpload kernels``: kernels/ahead.py) are kept in the same folder.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import tempfile
 from pathlib import Path
 
+from ..kernels.ahead import subpath
+
 KERNELS = Path(__file__).parents[1] / "kernels"
 """The folder of the module numba compiles (``compiled.py``)."""
-
-
-def _subpath(source: Path) -> str:
-    folder = os.path.abspath(source)
-    return f"{os.path.basename(folder)}_{hashlib.sha1(folder.encode()).hexdigest()}"
 
 
 def _writable(folder: Path) -> bool:
@@ -41,12 +38,12 @@ def kernel_cache(source: Path | None = None) -> Path:
     source = source or KERNELS
     given = os.environ.get("NUMBA_CACHE_DIR")
     if given:
-        return Path(given) / _subpath(source)
+        return Path(given) / subpath(source)
     in_tree = source / "__pycache__"
     if _writable(in_tree):
         return in_tree
     base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return Path(base) / "numba" / _subpath(source)
+    return Path(base) / "numba" / subpath(source)
 
 
 def compiled(folder: Path) -> bool:

@@ -40,12 +40,17 @@ def first_run_notes(opts_checkpoint: str | None) -> None:
     """Rank 0 says what the first run spends its first seconds on, before it spends them."""
     if os.environ.get("RANK", "0") != "0":
         return
+    from ..kernels.ahead import find
     from .kernel_cache import compiled, kernel_cache
 
     log = logging.getLogger("tpload")
     cache = kernel_cache()  # where numba will look for them, and write them
-    if not compiled(cache):
-        log.info("compiling tpload's CPU kernels once (about 10 s; cached in %s)", cache)
+    if not compiled(cache) and find([cache]) is None:  # compiled ahead: numba compiles nothing
+        log.info(
+            "compiling tpload's CPU kernels once (about 10 s; cached in %s; `python -m tpload "
+            "kernels` compiles them ahead, for a faster first call)",
+            cache,
+        )
     if opts_checkpoint is None:
         from ..tools.synth import PRESETS, cache_root
 

@@ -26,7 +26,7 @@ class Parser(flags.Parser):
         self.exit(2)
 
 
-SUBCOMMANDS = ("synth", "plan", "verify", "manifest", "bench", "export", "attest")
+SUBCOMMANDS = ("synth", "plan", "verify", "manifest", "bench", "export", "attest", "kernels")
 """``python -m tpload NAME ...``; anything else is the load's flags."""
 SYNTH_DIMS = ("hidden", "inter", "experts", "stages", "vocab", "block", "shards", "seed")
 """The reference layout's dimensions ``synth`` takes as flags."""
@@ -55,7 +55,7 @@ def load_parser() -> argparse.ArgumentParser:
         + "; `python -m tpload SUBCOMMAND --help` for each (synth: a synthetic checkpoint, plan: "
         "what each rank reads and holds, verify: check at rest, manifest: write "
         "NATIVE_MANIFEST.json, bench, export: pre-partition, attest verify: check an "
-        "attestation)",
+        "attestation, kernels: compile the CPU kernels ahead)",
     )
     p.add_argument(
         "dir",
@@ -307,4 +307,19 @@ def attest_parser() -> argparse.ArgumentParser:
         "OK line says what was left out",
     )
     add_flags(v, only=SIGNER_FIELDS)  # a signed DIR: its model.sig checked as the load checks it
+    return p
+
+
+def kernels_parser() -> argparse.ArgumentParser:
+    p = Parser(
+        prog="python -m tpload kernels",
+        description="Compile tpload's CPU kernels ahead, once a machine (about 10-30 s), into one "
+        "extension module kept beside numba's cache: a process's first load then loads them in "
+        "milliseconds, without importing numba. A module built by another tpload, numba, Python "
+        "or CPU is never used (run this again after an upgrade); without one, loads use numba's "
+        "kernels as before.",
+    )
+    p.add_argument(
+        "--force", action="store_true", help="compile again even when a valid module is there"
+    )
     return p

@@ -15,13 +15,15 @@ tests check the two agree bit for bit.
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from typing import Any  # numba's and llvmlite's objects (untyped), numpy's scalars
 
 import llvmlite.ir
 import numba as nb
 import numba.extending
 import numpy as np
+
+from .calls import PUBLIC, RAW, Kernels
 
 _JIT = {"nogil": True, "cache": True, "boundscheck": False}
 _WORDS = (nb.int64, nb.int32, nb.int16, nb.uint8)
@@ -142,28 +144,6 @@ def _copy_fingerprint(
         total += s
         weighted += (row + 1) * s
     return total, weighted, bad
-
-
-def copy_fingerprint(
-    src: np.ndarray,
-    start: int,
-    stride: int,
-    rows: int,
-    cols: int,
-    dst: np.ndarray,
-    col_sums: np.ndarray,
-    first_row: int,
-    col0: int = 0,
-    group: int = 1,
-    lanes: tuple[int, int, int] = (0, 0, 0),
-) -> tuple[int, int, bool]:
-    """:func:`_copy_fingerprint` (``src`` and ``dst`` 1-D word arrays of one dtype; ``dst`` empty
-    for a fingerprint without a copy); ``lanes``: fingerprint.py's ``nonfinite_lanes``, or zeros.
-    (total, row-weighted, whether a NaN or inf was seen)."""
-    t, w, bad = _copy_fingerprint(
-        src, start, stride, rows, cols, dst, col_sums, first_row, col0, group, *lanes
-    )
-    return int(t), int(w), bool(bad)
 
 
 @nb.njit(nb.int64(nb.uint8[::1], nb.int64, nb.int64), **_JIT)
@@ -353,44 +333,6 @@ def cols_term(col_sums: np.ndarray) -> np.signedinteger[Any]:  # pragma: no cove
     return t
 
 
-def wrap64(x: int) -> int:
-    """A Python int as the int64 it is modulo 2**64 (what torch's wrapping sums give)."""
-    return (x + (1 << 63)) % (1 << 64) - (1 << 63)
-
-
-def count_between(x: np.ndarray, lo: int, hi: int) -> int:
-    """How many bytes of a 2-D byte window (rows read in place) lie in ``[lo, hi]``: the scale bytes
-    from which a decode can overflow, counted without a temporary."""
-    b2 = x.reshape(1, -1) if x.ndim < 2 else x
-    span, stride = _rows(b2.view(np.uint8), "count_between")
-    return _count_one(span, stride, b2.shape, lo, hi, between=True)
-
-
-def count_either(x: np.ndarray, a: int, b: int) -> int:
-    """How many bytes of ``x`` equal ``a`` or ``b``: any array of 1-byte elements, or a 2-D byte
-    window of wider rows (read in place, as the decoders do)."""
-    b2 = (
-        x.reshape(1, -1)
-        if x.ndim < 2
-        else x
-        if x.ndim == 2
-        else x.reshape(x.shape[0], math.prod(x.shape[1:]))
-    )
-    span, stride = _rows(b2.view(np.uint8), "count_either")
-    return _count_one(span, stride, b2.shape, a, b, between=False)
-
-
-def _count_one(
-    span: np.ndarray, stride: int, shape: tuple[int, int], a: int, b: int, *, between: bool
-) -> int:
-    """count_windows on one window: ``shape`` rows and columns, rows ``stride`` apart in
-    ``span``."""
-    one: np.ndarray = np.zeros(1, dtype=np.int64)
-    return int(
-        count_windows(span, one, one + shape[0], one + stride, one + shape[1], a, b, between)
-    )
-
-
 # -- decode
 # FP4 / FP8 -> bf16 by one lookup per packed byte or code in codecs.tables.scaled_table:
 # [256 scale bytes x 256 codes] of decoded bf16 bits (int32 per FP4 byte = its two
@@ -401,7 +343,6 @@ def _count_one(
 # row of a scale byte (1 KiB / 512 B, in L1) is found once per run of codes sharing it.
 
 _RO_BYTES = nb.types.Array(nb.uint8, 1, "C", readonly=True)  # also accepts writable arrays
-_TABLE = 256 * 256
 
 
 @nb.njit(
@@ -500,79 +441,41 @@ def _decode_fp8(
             dst[j] = table[(np.int64(sc[j // block]) << 8) + src[j]]
 
 
-def _rows(a: np.ndarray, name: str) -> tuple[np.ndarray, int]:
-    """A 2-D byte array whose rows may be windows of wider rows (contiguous within a row) as
-    (the 1-D span from its first byte to its last, its row stride): what the kernels index.
-    No copy: the span is a view of the memory the rows already lie in."""
-    if a.ndim != 2 or a.dtype != np.uint8:
-        raise ValueError(f"{name}: expected 2-D uint8 bytes, got {a.ndim}-D {a.dtype}")
-    rows, cols = a.shape
-    if cols > 1 and a.strides[1] != 1:
-        a = np.ascontiguousarray(a)  # a column-strided view: the kernels read rows as runs of bytes
-    stride = a.strides[0] if rows > 1 else cols
-    if stride < 0:
-        a, stride = np.ascontiguousarray(a), cols
-    span = (rows - 1) * stride + cols if rows and cols else 0
-    return np.lib.stride_tricks.as_strided(a, shape=(span,), strides=(1,), writeable=False), stride
+_RAW: dict[str, Any] = {
+    **{f"copy_fingerprint_{w}": _copy_fingerprint for w in _WORDS},
+    "gather_windows": gather_windows,
+    "count_windows": count_windows,
+    "bf16_fingerprint": bf16_fingerprint,
+    "cols_term": cols_term,
+    "decode_fp4": _decode_fp4,
+    "decode_fp8": _decode_fp8,
+}
+"""The raw kernels by :data:`.calls.RAW`'s names (numba's dispatchers)."""
+assert tuple(_RAW) == RAW
 
 
-def _check_table(table: np.ndarray, dtype: type) -> None:
-    # the kernels index it without bounds checks: a short table would be read past its end
-    if table.shape != (_TABLE,) or table.dtype != dtype or not table.flags.c_contiguous:
-        raise ValueError(
-            f"table: expected contiguous {np.dtype(dtype)}[{_TABLE}], got "
-            f"{table.dtype}{list(table.shape)}"
-        )
+def exports() -> dict[str, tuple[Callable[..., Any], Any]]:
+    """Every raw kernel (:data:`.calls.RAW`) as (its Python function, its one signature): what the
+    ahead-of-time build compiles (kernels/build.py), from the signatures declared here."""
+    sigs = dict(zip(_WORDS, _copy_fingerprint.nopython_signatures, strict=True))
+    found: dict[str, tuple[Callable[..., Any], Any]] = {}
+    for name, kernel in _RAW.items():
+        if name.startswith("copy_fingerprint_"):
+            sig = sigs[getattr(nb, name.rsplit("_", 1)[1])]
+        else:
+            (sig,) = kernel.nopython_signatures
+        found[name] = (kernel.py_func, sig)
+    return found
 
 
-def decode_fp4(
-    packed: np.ndarray, scale: np.ndarray, table: np.ndarray, out: np.ndarray, *, group: int = 32
-) -> None:
-    """FP4 ``packed [N, K/2]`` bytes with one scale byte per ``group`` elements, ``scale [N,
-    K/group]``, into ``out``, the contiguous int32 ``[N, K/2]`` view of a bf16 ``[N, K]`` (each
-    word: two elements, low nibble in the low half): ``out[n, j] = table[scale[n, j // (group/2)] *
-    256 + packed[n, j]]``, ``table`` an int32[65536] of decoded pairs per (scale byte, packed byte):
-    ``codecs.tables.scaled_table("fp4")`` for MXFP4 (group 32), NVFP4's table for group 16.
+KERNELS = Kernels(_RAW, "numba")
+"""This module's kernels behind the names the load path calls (:data:`.calls.PUBLIC`), also
+module attributes here."""
 
-    ``packed`` and ``scale`` may be row windows of wider rows (a tensor-parallel column
-    cut); rows are read in place. K must be a multiple of ``group``.
-    """
-    n, half_k = packed.shape
-    gb = group // 2
-    if (
-        group not in (16, 32)
-        or half_k % gb
-        or scale.shape != (n, half_k // gb)
-        or out.shape != (n, half_k)
-    ):
-        raise ValueError(
-            f"decode_fp4: packed {packed.shape}, scale {scale.shape}, out {out.shape}, group "
-            f"{group} disagree (K must be a multiple of {group}; the group is 16 or 32)"
-        )
-    if out.dtype != np.int32 or not out.flags.c_contiguous:
-        raise ValueError(f"decode_fp4: out must be contiguous int32, got {out.dtype}")
-    _check_table(table, np.int32)
-    (p, p_stride), (s, s_stride) = _rows(packed, "packed"), _rows(scale, "scale")
-    _decode_fp4(p, p_stride, s, s_stride, table, out.reshape(-1), n, half_k, gb)
-
-
-def decode_fp8(
-    codes: np.ndarray, scale: np.ndarray, table: np.ndarray, out: np.ndarray, block: int
-) -> None:
-    """E4M3 ``codes [N, K]`` with E8M0 block scale bytes ``scale [ceil(N/B), ceil(K/B)]`` into
-    ``out``, the contiguous int16 ``[N, K]`` view of a bf16 ``[N, K]``:
-    ``out[n, k] = table[scale[n // B, k // B] * 256 + codes[n, k]]``, ``table`` being
-    ``codecs.tables.scaled_table("fp8")`` as int16[65536]. ``codes`` and ``scale`` may be
-    row windows of wider rows; the last block in either direction may be short.
-    """
-    n, k = codes.shape
-    if block < 1 or scale.shape != (-(-n // block), -(-k // block)) or out.shape != (n, k):
-        raise ValueError(
-            f"decode_fp8: codes {codes.shape}, scale {scale.shape}, block {block}, out "
-            f"{out.shape} disagree"
-        )
-    if out.dtype != np.int16 or not out.flags.c_contiguous:
-        raise ValueError(f"decode_fp8: out must be contiguous int16, got {out.dtype}")
-    _check_table(table, np.int16)
-    (c, c_stride), (s, s_stride) = _rows(codes, "codes"), _rows(scale, "scale")
-    _decode_fp8(c, c_stride, s, s_stride, table, out.reshape(-1), n, k, block)
+copy_fingerprint = KERNELS.copy_fingerprint
+wrap64 = KERNELS.wrap64
+count_between = KERNELS.count_between
+count_either = KERNELS.count_either
+decode_fp4 = KERNELS.decode_fp4
+decode_fp8 = KERNELS.decode_fp8
+assert all(hasattr(KERNELS, name) for name in PUBLIC)

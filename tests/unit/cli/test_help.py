@@ -19,6 +19,7 @@ COMMANDS = [
     ["export"],
     ["attest"],
     ["attest", "verify"],
+    ["kernels"],
     ["bench"],
     ["bench", "--replicas", "2"],
     ["bench", "--engine", "vllm"],

@@ -35,7 +35,8 @@ def test_the_note_is_said_before_the_compile_and_never_once_cached(
     first_run_notes(str(tmp_path))
     said = [r.getMessage() for r in caplog.records if "compiling" in r.getMessage()]
     assert said == [
-        f"compiling tpload's CPU kernels once (about 10 s; cached in {source / '__pycache__'})"
+        f"compiling tpload's CPU kernels once (about 10 s; cached in {source / '__pycache__'}; "
+        "`python -m tpload kernels` compiles them ahead, for a faster first call)"
     ]
     (source / "__pycache__" / "compiled.gather_windows-10.py311.nbi").write_bytes(b"")
     caplog.clear()
@@ -55,3 +56,26 @@ def test_a_package_folder_numba_cannot_write_means_its_user_wide_cache(
     assert kc.kernel_cache(source) == tmp_path / "cache" / "numba" / f"kernels_{sha}"
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "nc"))  # numba's own override first
     assert kc.kernel_cache(source) == tmp_path / "nc" / f"kernels_{sha}"
+
+
+def test_no_note_once_the_kernels_are_compiled_ahead_and_the_command_says_so(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from tpload.cli import main
+    from tpload.kernels import ahead
+
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    monkeypatch.setenv("RANK", "0")
+    caplog.set_level(logging.INFO, logger="tpload")
+    source = tmp_path / "kernels"
+    (source / "__pycache__").mkdir(parents=True)
+    monkeypatch.setattr(kc, "KERNELS", source)
+    for path in ahead.paths(source / "__pycache__"):  # numba's index is not there: nothing compiles
+        path.write_text("")
+    first_run_notes(str(tmp_path))
+    assert not [r for r in caplog.records if "compiling" in r.getMessage()]
+    assert main(["kernels"]) == 0  # there already: nothing built
+    assert "compiled ahead already" in capsys.readouterr().out

@@ -23,6 +23,7 @@ from tpload.codecs.fp8_block import FP8
 from tpload.codecs.fp8_block import decode_torch as fp8_decode_torch
 from tpload.codecs.plain import PLAIN
 from tpload.kernels import compiled as kernels
+from tpload.kernels.calls import Kernels
 from tpload.model.meta import TensorMeta
 
 PATHS = pytest.mark.parametrize("path", ["kernel", "torch", "reference"])
@@ -383,12 +384,17 @@ def test_numpy_inputs_run_the_kernels_except_for_f32_scales(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # a pass-through spy: the CPU path decodes host arrays by the compiled kernel, tensors by torch
-    # ops
+    # ops (numba's kernels or the ones compiled ahead: the spy is on their shared Python side)
     calls: list[str] = []
     for name in ("decode_fp4", "decode_fp8"):
-        real = getattr(kernels, name)
+        real = getattr(Kernels, name)
         monkeypatch.setattr(
-            kernels, name, lambda *a, _real=real, _name=name: (calls.append(_name), _real(*a))[1]
+            Kernels,
+            name,
+            lambda self, *a, _real=real, _name=name, **k: (
+                calls.append(_name),
+                _real(self, *a, **k),
+            )[1],
         )
     out4, out8 = torch.empty(2, 32, dtype=torch.bfloat16), torch.empty(2, 3, dtype=torch.bfloat16)
     FP4.decode(

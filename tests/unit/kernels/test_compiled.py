@@ -13,13 +13,15 @@ import torch
 
 from tests.reference import fp4 as ref_fp4
 from tpload.codecs.tables import E4M3_NAN, E8M0_INVALID, scaled_table
-from tpload.kernels import compiled as kernels
 from tpload.kernels.fingerprint import (
     HostFingerprint,
     host_fingerprint,
     nonfinite_lanes,
     word_widths,
 )
+from tpload.kernels.lazy import kernels
+
+pytestmark = pytest.mark.usefixtures("implementation")  # numba's kernels, then ahead-of-time
 
 WORDS = [np.int64, np.int32, np.int16, np.uint8]
 

@@ -21,6 +21,8 @@ from tpload.kernels.fingerprint import (
 )
 from tpload.verification.digest import digest
 
+pytestmark = pytest.mark.usefixtures("implementation")  # numba's kernels, then ahead-of-time
+
 Triple = tuple[int, int, int]
 
 

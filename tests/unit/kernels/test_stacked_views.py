@@ -20,6 +20,8 @@ from tpload.tools.published import write_published
 
 from ...formats_reference import read_all
 
+pytestmark = pytest.mark.usefixtures("implementation")  # numba's kernels, then ahead-of-time
+
 
 @pytest.fixture(scope="module")
 def gpt_oss(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -30,6 +30,14 @@ ALLOWED = {
     # writes and the store's lock file: nothing is read from them
     # the hub-cache writer (synth --hub, tests) hashes the files it moves, streamed, never whole
     ("storage/hub.py", 'open(path, "rb")'),
+    # the kernels compiled ahead: tpload's own source and the installed numba's, llvmlite's and
+    # numpy's version files (hashed into the module's name), the CPU's description, and the module
+    # and its stamp in the kernels' cache folder, each seen to be a regular file first (find())
+    ("kernels/ahead.py", "(KERNELS / name).read_bytes()"),
+    ("kernels/ahead.py", "(Path(spec.origin).parent / file).read_bytes()"),
+    ("kernels/ahead.py", 'open("/proc/cpuinfo"'),
+    ("kernels/ahead.py", "stamp_path.read_text()"),
+    ("kernels/ahead.py", "path.read_bytes()"),
 }
 """(module, the call's source) of every read or open that does not go through the bounded
 reader, each for the reason said."""

@@ -23,9 +23,8 @@ from vllm.logger import init_logger
 from vllm.model_executor.model_loader import register_model_loader
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 
-from .engine_objects import VllmModelConfig
-
-if TYPE_CHECKING:  # the plugin imports nothing heavy when vLLM loads it
+if TYPE_CHECKING:  # the plugin imports nothing of tpload's but this module when vLLM loads it
+    from .engine_objects import VllmModelConfig
     from .skips import Skip
 
 __all__ = ["LOAD_FORMAT", "REFRESH_BACKEND", "TploadModelLoader", "register"]

@@ -35,13 +35,18 @@ def read_turns(
     ones the ``k``-th node rank after it leads (round the node, in rank order); None when there is
     no one to share with (one rank reads, or ``me`` reads nothing). ``reads``: each node rank's
     windows it reads from storage itself (the hash plan's input); ``sizes``: stored bytes of each
-    tensor; ``owner``: the node peer that hashes each tensor ``me`` reads (the hash plan's, which
-    leads it; empty outside ``node`` mode)."""
+    tensor (for the split); ``owner``: the node peer that hashes each tensor ``me`` reads and does
+    not hash itself (the hash plan's, whose split over these reads leads them; empty outside
+    ``node`` mode, where the split is made here)."""
     if len(reads) < 2 or not reads.get(me):
         return None
     node = sorted(reads)
     where = {r: k for k, r in enumerate(node)}
     here, n = where[me], len(node)
+    if owner:  # node mode: the hash plan's split, made over the same reads, already says who leads
+        # (a tensor this rank reads that no peer hashes is its own)
+        get = owner.get
+        return {name: (where.get(get(name, me), here) - here) % n for name in reads[me]}
     turns: dict[str, int] = {}
     groups = reader_sets(reads)
     for (who, names), leads in zip(groups, split_tensors(groups, sizes), strict=True):
@@ -52,7 +57,4 @@ def read_turns(
             continue
         turn = {r: (where[r] - here) % n for r in who}
         turns.update(zip(names, map(turn.__getitem__, leads.tolist()), strict=True))
-    for name, hasher in owner.items():  # the hasher leads what it hashes, whoever the split says
-        if name in turns:
-            turns[name] = (where.get(hasher, here) - here) % n
     return turns

@@ -11,11 +11,10 @@ kernels folder's absolute path (numba's ``get_suitable_cache_subpath``). The ker
 
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 
-from ..kernels.ahead import subpath
+from ..kernels.ahead import cache_folders
 
 KERNELS = Path(__file__).parents[1] / "kernels"
 """The folder of the module numba compiles (``compiled.py``)."""
@@ -34,16 +33,10 @@ def _writable(folder: Path) -> bool:
 
 def kernel_cache(source: Path | None = None) -> Path:
     """The folder numba keeps (or will keep) the compiled kernels of ``source`` (default
-    :data:`KERNELS`) in."""
-    source = source or KERNELS
-    given = os.environ.get("NUMBA_CACHE_DIR")
-    if given:
-        return Path(given) / subpath(source)
-    in_tree = source / "__pycache__"
-    if _writable(in_tree):
-        return in_tree
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return Path(base) / "numba" / subpath(source)
+    :data:`KERNELS`) in: the first of its folders (kernels/ahead.py's ``cache_folders``) it can
+    write in, the last whatever it is."""
+    *tried, last = cache_folders(source or KERNELS)
+    return next((folder for folder in tried if _writable(folder)), last)
 
 
 def compiled(folder: Path) -> bool:

@@ -121,9 +121,10 @@ def paths(folder: Path, k: str | None = None) -> tuple[Path, Path]:
     return folder / (name + importlib.machinery.EXTENSION_SUFFIXES[0]), folder / (name + ".json")
 
 
-def find(folders: list[Path] | None = None) -> Path | None:
-    """The folder holding this process's ahead-of-time module (with its stamp), or None."""
-    k = key()
+def find(folders: list[Path] | None = None, k: str | None = None) -> Path | None:
+    """The folder holding the ahead-of-time module of key ``k`` (default: this process's) with its
+    stamp, or None."""
+    k = k or key()
     for folder in cache_folders() if folders is None else folders:
         module, stamp = paths(folder, k)
         if module.is_file() and stamp.is_file():
@@ -138,10 +139,10 @@ def load(folders: list[Path] | None = None) -> Kernels | None:
         return None
     from .calls import RAW, Kernels
 
-    folder = find(folders)
+    k = key()
+    folder = find(folders, k)
     if folder is None:
         return None
-    k = key()
     module_path, stamp_path = paths(folder, k)
     try:
         stamp = json.loads(stamp_path.read_text())

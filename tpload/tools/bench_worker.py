@@ -34,11 +34,10 @@ from ..codecs.base import Cut
 
 # The bench's own pieces that every method shares (the plan of the windows, the map); none of these
 # imports tpload's kernels (numba), so a method's own imports are timed in a process without them.
-from ..model.errors import LoadError
 from ..model.meta import ITEMSIZE
 from ..planning.items import Item, Output
 from ..selection.defaults import DEFAULT_CONFIG
-from ..storage.files import atomic_write, open_regular
+from ..storage.files import atomic_write
 from .bench_job import Job, Windows, blake3_store
 
 
@@ -398,37 +397,15 @@ def window_digest(windows: Windows) -> str:
     return digest(entries)
 
 
-IO_FILE = "/proc/self/io"
-"""The kernel's I/O counters of this process, all its threads (hash workers included)."""
-
-
-def io_read_bytes(text: str) -> int | None:
-    """``read_bytes`` of a ``/proc/PID/io`` text: the bytes this process caused to be fetched from
-    storage (its reads, page faults and readahead that missed the page cache; a page another
-    process brought in first is not counted); None when the line is missing."""
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "read_bytes":
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
-
-
-def storage_read_bytes(path: str = IO_FILE) -> int | None:
-    """This process's ``read_bytes`` now (None where the kernel does not say: not Linux, or no
-    task I/O accounting)."""
-    try:  # a regular file of a few lines whose size says 0: read up to a page
-        fd = open_regular(Path(path), "the kernel's I/O counters")
-    except LoadError:
-        return None
+def storage_read_bytes() -> int | None:
+    """The bytes this process (all its threads, hash workers included) caused to be fetched from
+    storage so far: the kernel's ``read_bytes`` (``/proc/self/io``, through psutil): its reads,
+    page faults and readahead that missed the page cache, not a page another process brought in
+    first. None where the kernel does not say (not Linux, no task I/O accounting)."""
     try:
-        return io_read_bytes(os.read(fd, 4096).decode("ascii", "replace"))
-    except OSError:
+        return int(psutil.Process().io_counters().read_bytes)
+    except (AttributeError, OSError, psutil.Error):
         return None
-    finally:
-        os.close(fd)
 
 
 def _anon() -> int:

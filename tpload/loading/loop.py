@@ -632,7 +632,9 @@ def _ask(source: ReadSource, plan: RankPlan, t: int, hasher: Hasher) -> None:
         for cut in plan.item(t).cuts:
             stored, rows, _ = source.box(cut.name, cut.view, cut.rows, cut.cols)
             if not hasher.hashes(stored.name) and rows != (0, stored.rows):
-                stored = stored._replace(
-                    offset=stored.offset + rows[0] * stored.row_bytes, rows=rows[1] - rows[0]
+                stored = stored._replace(  # a part: no manifest promise is of these bytes
+                    offset=stored.offset + rows[0] * stored.row_bytes,
+                    rows=rows[1] - rows[0],
+                    sha256=None,
                 )
             source.will_need(stored)

@@ -131,6 +131,7 @@ class LoadReport:
     def to_dict(self) -> dict[str, object]:
         """Everything in the report as plain JSON values (figures not measured are None)."""
         slowest = max((r.read_ns for r in self.ranks), default=0)
+        read = self.totals().bytes_read
         doc = {k: v for k, v in asdict(self).items() if k not in ("ranks", "rank")}
         doc.update(
             ok=not any(r.failed for r in self.ranks),
@@ -138,8 +139,8 @@ class LoadReport:
             hash=self.hash,
             predictions=self.predictions,
             seconds=self.seconds,
-            bytes_read=self.totals().bytes_read,
-            gb_per_s=self.totals().bytes_read / 1e9 / max(self.seconds, 1e-9),
+            bytes_read=read,
+            gb_per_s=read / 1e9 / max(self.seconds, 1e-9),
             bytes_hashed_per_node={str(k): v for k, v in self.bytes_hashed_per_node().items()},
             ranks=[
                 {k: v for k, v in asdict(r).items() if k not in ("claims", "seen")}

@@ -44,9 +44,12 @@ def read_turns(
     where = {r: k for k, r in enumerate(node)}
     here, n = where[me], len(node)
     if owner:  # node mode: the hash plan's split, made over the same reads, already says who leads
-        # (a tensor this rank reads that no peer hashes is its own)
-        get = owner.get
-        return {name: (where.get(get(name, me), here) - here) % n for name in reads[me]}
+        # (a tensor this rank reads that no peer hashes is its own); made in C passes, no call a
+        # tensor: every name turn 0, then the peers' tensors their hasher's turn
+        turn_of = {r: (k - here) % n for k, r in enumerate(node)}
+        led = dict.fromkeys(reads[me], 0)
+        led.update(zip(owner.keys(), map(turn_of.__getitem__, owner.values()), strict=True))
+        return led
     turns: dict[str, int] = {}
     groups = reader_sets(reads)
     for (who, names), leads in zip(groups, split_tensors(groups, sizes), strict=True):

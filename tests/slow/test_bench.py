@@ -108,3 +108,16 @@ def test_bench_runs_every_method_and_they_agree(ckpt_copy: Path, tmp_path: Path)
     for name in names:
         assert name in p.stdout  # one table line per method
     assert "x floor" in p.stdout and "import s" in p.stdout and "REFUSED" not in p.stdout
+    # a process's first call, once after the rounds (fresh processes, the bench's 2 ranks)
+    first = doc["first_call"]
+    assert "failed" not in first and first["rank_runs"] == 2, first
+    for row in first["rows"]:
+        # the first weight byte is read inside the first load (after tpload's imports before it)
+        assert 0 < row["to_first_read"] < row["before_first_load"] + row["first_load"], row
+        assert 0 < row["to_first_read_second"] < row["second_load"], row
+        assert row["report_first_call"] > 0 and row["report_first_call_second"] is None, row
+        assert row["kernels"] in ("ahead", "numba"), row
+        assert not (row["kernels"] == "ahead" and row["numba_at_first_read"]), row
+    slowest = first["figures"]["to_first_read"]["slowest"]
+    assert slowest == max(r["to_first_read"] for r in first["rows"])
+    assert f"first call: {slowest:.2f} s beyond import torch to the first weight byte" in p.stdout

@@ -7,7 +7,8 @@ medians over rounds with min-max; ratios are to the ``floor`` (copies only)
 and to ``seed`` (the seed loader's method) of the same run. Before any figure
 is printed, every method's per-rank window digest must equal the floor's (the
 expanded kind is compared with itself across rounds): a method that served
-other bytes is refused, not ranked.
+other bytes is refused, not ranked. After the rounds, a process's first call
+(:mod:`tpload.tools.first_call`) is measured once in fresh processes, unless ``--no-first-call``.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from ..storage.files import atomic_write, read_json
 from ..storage.pagecache import resident_bytes
 from .bench_bandwidth import decode_bandwidth, decode_lines, gpu_figures
 from .bench_job import blake3_store, worker_env
+from .first_call import FirstCallFailed, bench_line, measure
+from .first_call import summarize as summarize_first_call
 from .published import cached_published, loadable_presets
 from .synth import PRESETS, cached_checkpoint
 
@@ -79,6 +82,8 @@ class BenchOptions:
     digest_store: str = ""
     """Where tpload-digest's trusted digests are kept (the bench's own folder, never the
     operator's)."""
+    first_call: bool = True
+    """After the rounds, measure a process's first call once (tools/first_call.py)."""
 
 
 @dataclass
@@ -293,6 +298,24 @@ def check_agreement(results: dict[str, MethodResult]) -> None:
                 break
 
 
+def measure_first_call(opts: BenchOptions, log: Callable[[str], object] = print) -> dict[str, Any]:
+    """A process's first call on the bench's checkpoint and layout (tools/first_call.py): one
+    torchrun job of fresh processes after the rounds, the page cache warm (after a cold bench's
+    rounds, by an unmeasured job first); its summary with every rank's row, or ``failed``: why."""
+    try:
+        rows = measure(
+            opts.checkpoint,
+            nproc=opts.nproc,
+            options={"tp": opts.tp, "ep": opts.nproc // opts.tp, "config": opts.config},
+            warm_run=opts.cold,
+            timeout_s=opts.timeout_s,
+            log=log,
+        )
+    except FirstCallFailed as e:
+        return {"failed": str(e)}
+    return {**summarize_first_call(rows), "rows": rows}
+
+
 # -- figures -------------------------------------------------------------------------------------
 
 
@@ -483,7 +506,8 @@ def cmd_bench(argv: list[str]) -> int:
     p = Parser(
         prog="python -m tpload bench",
         description="Run tpload beside its peers on the same "
-        "job (every rank's windows in its own memory) and print a table of ratios.",
+        "job (every rank's windows in its own memory) and print a table of ratios, then a "
+        "process's first call (fresh processes: after import torch to the first weight byte).",
     )
     p.add_argument(
         "--preset",
@@ -519,6 +543,12 @@ def cmd_bench(argv: list[str]) -> int:
     p.add_argument("--json", metavar="FILE", help="write every figure here")
     p.add_argument("--no-decode", action="store_true", help="skip the decode-vs-memcpy measure")
     p.add_argument(
+        "--no-first-call",
+        action="store_true",
+        help="skip the first-call measure (after the rounds, fresh processes: from just after "
+        "import torch to the first weight byte read, imports included; one more torchrun job)",
+    )
+    p.add_argument(
         "--timeout", type=SECONDS, default=1800.0, metavar="S", help="seconds per method run"
     )
     args = p.parse_args(argv)
@@ -545,6 +575,7 @@ def cmd_bench(argv: list[str]) -> int:
         args.config,
         args.timeout,
         store,
+        not args.no_first_call,
     )
     try:
         methods, notes = available_methods(opts.methods)
@@ -561,6 +592,13 @@ def cmd_bench(argv: list[str]) -> int:
     summaries = [summarize(r) for r in results.values() if r.runs and not r.refused]
     refused = {m: r.refused for m, r in results.items() if r.refused}
     print(table(summaries, refused, opts), flush=True)
+    first = None
+    if opts.first_call:
+        first = measure_first_call(opts, log=lambda s: print(s, file=sys.stderr, flush=True))
+        print(
+            f"first call: FAILED ({first['failed']})" if "failed" in first else bench_line(first),
+            flush=True,
+        )
     decode = None
     if not args.no_decode:
         decode = decode_bandwidth(
@@ -580,7 +618,8 @@ def cmd_bench(argv: list[str]) -> int:
             "refused": refused,
             "decode": decode,
             "gpu": gpu,
+            "first_call": first,
             "runs": {m: {"runs": r.runs, "page_cache_before": r.cache} for m, r in results.items()},
         }
         atomic_write(Path(args.json), json.dumps(doc, indent=1) + "\n")
-    return 0 if not refused else 1
+    return 0 if not refused and not (first and "failed" in first) else 1

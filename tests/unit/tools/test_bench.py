@@ -23,6 +23,7 @@ from tpload.tools.bench import (
     check_agreement,
     cmd_bench,
     drop_cache,
+    measure_first_call,
     preset_checkpoint,
     resident_fraction,
     summarize,
@@ -283,3 +284,30 @@ def test_bytes_from_storage_are_shown_per_rank_against_the_floors() -> None:
     row = next(ln for ln in lines if ln.startswith("safetensors "))
     assert row[: head.index("disk MiB") + len("disk MiB")].split()[-1] == "-"
     assert not any(ln.split()[:1] == ["safetensors"] and "MiB" in ln for ln in lines[2:])
+
+
+def test_the_first_call_is_measured_on_the_benchs_layout_or_says_why_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tpload.tools import bench
+    from tpload.tools.first_call import FirstCallFailed
+
+    asked: list[dict] = []
+    row = {"to_first_read": 0.2, "first_load": 0.5, "second_load": 0.1, "kernels": "ahead"}
+
+    def fake(ckpt: str, **kw: object) -> list[dict]:
+        asked.append({"ckpt": ckpt, **kw})
+        return [row | {"rank": r, "repeat": 0} for r in range(4)]
+
+    monkeypatch.setattr(bench, "measure", fake)
+    got = measure_first_call(BenchOptions("ckpt", nproc=4, tp=2, cold=True, config="x"))
+    assert asked[0]["options"] == {"tp": 2, "ep": 2, "config": "x"} and asked[0]["nproc"] == 4
+    assert asked[0]["warm_run"] is True  # a cold bench's cache is warmed by a job first
+    assert got["rank_runs"] == 4 and len(got["rows"]) == 4
+    assert got["figures"]["to_first_read"]["slowest"] == 0.2
+
+    def fails(ckpt: str, **kw: object) -> list[dict]:
+        raise FirstCallFailed("torchrun failed (1)")
+
+    monkeypatch.setattr(bench, "measure", fails)
+    assert measure_first_call(BenchOptions("ckpt")) == {"failed": "torchrun failed (1)"}

@@ -57,9 +57,11 @@ FIGURES = (
 def worker(ckpt: str, out: str, options: Mapping[str, Any]) -> None:
     """Load ``ckpt`` twice with ``options`` (``tpload.load``'s keywords) and write this rank's
     figures to ``{out}.{rank}`` (JSON)."""
+    import torch
     import torch.distributed as dist  # a serving process has torch, and its group, already
 
-    dist.init_process_group("gloo")
+    # the group a serving process (and tpload's own init_world) makes: NCCL beside gloo on a GPU
+    dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
     dist.barrier()  # every rank starts the clock together
     start = time.perf_counter_ns()
     from tpload.storage import files  # its import is inside the span: the spy needs the class

@@ -443,7 +443,7 @@ def _decode_fp8(
 
 def _gguf(name: str) -> Callable[..., Any]:
     """GGUF's decode ``name`` (gguf.py), imported on its first call: importing gguf.py compiles all
-    its decodes (about 6 s on a machine's first GGUF load, some 25 ms from numba's cache after),
+    its decodes (about 3 s on a machine's first GGUF load, some 20 ms from numba's cache after),
     which only a GGUF load needs."""
 
     def call(*args: Any) -> Any:

@@ -21,18 +21,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..kernels.calls import GGUF_BLOCKS
+from ..kernels.lazy import kernels
 from ..model.meta import TensorMeta
 from .base import Checker, Codec, Cut, Fit, Problem, cut_axis, present
 
-BLOCKS: dict[str, tuple[int, int]] = {
-    "Q8_0": (32, 34),
-    "Q2_K": (256, 84),
-    "Q3_K": (256, 110),
-    "Q4_K": (256, 144),
-    "Q5_K": (256, 176),
-    "Q6_K": (256, 210),
-}
-"""ggml type -> (weights per block, bytes per block)."""
+BLOCKS = GGUF_BLOCKS
+"""ggml type -> (weights per block, bytes per block): the layouts the kernels decode."""
 SCALE_OFFSETS: dict[str, tuple[int, ...]] = {
     "Q8_0": (0,),
     "Q2_K": (80, 82),
@@ -195,9 +190,7 @@ class GGUF(Codec):
         else."""
         dtype = fit.weight.dtype
         if isinstance(weight, np.ndarray):
-            from ..kernels import gguf as gguf_kernels
-
-            gguf_kernels.decode(
+            kernels.decode_gguf(
                 dtype, np.ascontiguousarray(weight).view(np.uint8), out.view(torch.int16).numpy()
             )
             return

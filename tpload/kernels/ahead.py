@@ -2,12 +2,13 @@
 
 numba's own cache still costs a process's first load about 0.65 s beyond ``import torch`` (numba's
 import, the numpy implementations its CPU target registers, the machine code's load:
-docs/benchmarks.md). ``python -m tpload kernels`` (kernels/build.py) compiles the same kernels, the
-same source with the signatures compiled.py declares, once into one extension module, kept beside
-numba's cache (:func:`cache_folders`); importing it imports no numba.
+docs/benchmarks.md). ``python -m tpload kernels`` (kernels/build.py) compiles the same kernels
+(GGUF's decodes too), the same source with the signatures compiled.py and gguf.py declare, once into
+one extension module, kept beside numba's cache (:func:`cache_folders`); importing it imports no
+numba.
 
 The module's name holds :func:`key`, a hash of what its machine code depends on: the kernels' source
-(compiled.py, build.py), numba's and llvmlite's versions, numpy's, Python's, and the CPU (it is
+(:data:`SOURCES`), numba's and llvmlite's versions, numpy's, Python's, and the CPU (it is
 compiled for this CPU's instructions). A module built from other source, by another numba, or for
 another CPU has another name, so it is never looked for; one whose bytes are not those its stamp
 records (a damaged file: checked before the dynamic loader maps it), or that fails to import, is
@@ -38,7 +39,7 @@ log = logging.getLogger("tpload")
 
 KERNELS = Path(__file__).parent
 """The kernels' folder (numba's cache of compiled.py is named after it)."""
-SOURCES = ("compiled.py", "build.py")
+SOURCES = ("compiled.py", "gguf.py", "build.py")
 """What the module's machine code is built from, in :data:`KERNELS`."""
 PREFIX = "_tpload_kernels_"
 """The module's name is this and its :func:`key`; its stamp is the name with ``.json``."""

@@ -1,5 +1,6 @@
 """Compile the kernels ahead into one extension module (kernels/ahead.py loads it): numba's AOT
-compiler (``numba.pycc``) over the same Python functions and the signatures compiled.py declares.
+compiler (``numba.pycc``) over the same Python functions and the signatures compiled.py and gguf.py
+declare (compiled.py's ``exports``).
 
 Run by ``python -m tpload kernels`` (once a machine, like a warm-up; about half a minute), or as
 ``python -m tpload.kernels.build [FOLDER]``: in a process of its own, since it imports numba and

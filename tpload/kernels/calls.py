@@ -8,11 +8,25 @@ arguments (views of windows, the checks a kernel without bounds checks needs).""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
+
+GGUF_BLOCKS: dict[str, tuple[int, int]] = {
+    "Q8_0": (32, 34),
+    "Q2_K": (256, 84),
+    "Q3_K": (256, 110),
+    "Q4_K": (256, 144),
+    "Q5_K": (256, 176),
+    "Q6_K": (256, 210),
+}
+"""ggml type -> (weights per block, bytes per block): the block layouts gguf.py's kernels decode
+(the gguf codec's too: codecs/gguf.py)."""
+GGUF_RAW = {ggml: "decode_" + ggml.lower() for ggml in GGUF_BLOCKS}
+"""ggml type -> the name of its decode among :data:`RAW`."""
 
 RAW = (
     "copy_fingerprint_int64",
@@ -25,8 +39,10 @@ RAW = (
     "cols_term",
     "decode_fp4",
     "decode_fp8",
+    *GGUF_RAW.values(),
 )
-"""The raw kernels each implementation gives (its ``_copy_fingerprint`` once a word width)."""
+"""The raw kernels each implementation gives (its ``_copy_fingerprint`` once a word width; gguf.py's
+decodes once a ggml type)."""
 
 PUBLIC = (
     "copy_fingerprint",
@@ -39,6 +55,7 @@ PUBLIC = (
     "count_either",
     "decode_fp4",
     "decode_fp8",
+    "decode_gguf",
 )
 """The names the rest of tpload calls (through :data:`tpload.kernels.lazy.kernels`)."""
 
@@ -67,6 +84,7 @@ class Kernels:
         self.cols_term = raw["cols_term"]
         self._decode_fp4 = raw["decode_fp4"]
         self._decode_fp8 = raw["decode_fp8"]
+        self._gguf = {ggml: raw[name] for ggml, name in GGUF_RAW.items()}
 
     def __repr__(self) -> str:
         return f"<tpload kernels: {self.implementation}>"
@@ -192,6 +210,48 @@ class Kernels:
         _check_table(table, np.int16)
         (c, c_stride), (s, s_stride) = _rows(codes, "codes"), _rows(scale, "scale")
         self._decode_fp8(c, c_stride, s, s_stride, table, out.reshape(-1), n, k, block)
+
+    def decode_gguf(self, ggml: str, blocks: np.ndarray, out: np.ndarray) -> None:
+        """Rows of ggml type ``ggml``'s blocks (uint8 ``[rows, ...]``, each row whole blocks) into
+        bf16 bits ``out`` (16-bit words ``[rows, ...]``, C-contiguous: its rows are the decoded
+        rows): gguf.py's kernels, each value formed in fp32 as the ``gguf`` package's numpy
+        dequantisation does, rounded once to bf16."""
+        kernel = self._gguf.get(ggml)
+        if kernel is None:
+            raise ValueError(f"decode_gguf: no kernel for {ggml} (only {'/'.join(GGUF_BLOCKS)})")
+        # out is written in place: rows of a non-contiguous one would be a copy's
+        if out.dtype.itemsize != 2 or not out.flags.c_contiguous:
+            raise ValueError(f"decode_gguf: out must be contiguous 16-bit words, got {out.dtype}")
+        per, size = GGUF_BLOCKS[ggml]
+        src, dst = _flat_rows(blocks), _flat_rows(out)
+        if src.dtype != np.uint8 or src.shape[1] % size:
+            raise ValueError(
+                f"decode_gguf: {ggml} rows must be uint8 bytes of whole {size}-byte blocks, got "
+                f"{src.dtype}{list(blocks.shape)}"
+            )
+        # the kernels read and write without bounds checks: the shapes are checked here
+        if dst.shape != (src.shape[0], src.shape[1] // size * per):
+            raise ValueError(
+                f"decode_gguf: {ggml} blocks {list(blocks.shape)} and out {list(out.shape)} "
+                f"disagree ({per} weights a {size}-byte block)"
+            )
+        kernel(np.ascontiguousarray(src), dst.view(np.uint16), f16_to_f32())
+
+
+@functools.cache
+def f16_to_f32() -> np.ndarray:
+    """Every f16 bit pattern's value (the kernels have no f16 arithmetic: one lookup per
+    super-scale), made on the first GGUF decode."""
+    table: np.ndarray = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    values: np.ndarray = table.astype(np.float32)
+    values.flags.writeable = False  # shared by every decode
+    return values
+
+
+def _flat_rows(a: np.ndarray) -> np.ndarray:
+    """``a`` as 2-D: its first dimension, the rest flattened (a view where ``a`` is contiguous)."""
+    rows = a.shape[0] if a.ndim else 1
+    return a.reshape(rows, math.prod(a.shape[1:]))
 
 
 def _rows(a: np.ndarray, name: str) -> tuple[np.ndarray, int]:

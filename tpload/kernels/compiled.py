@@ -23,7 +23,7 @@ import numba as nb
 import numba.extending
 import numpy as np
 
-from .calls import PUBLIC, RAW, Kernels
+from .calls import GGUF_RAW, PUBLIC, RAW, Kernels
 
 _JIT = {"nogil": True, "cache": True, "boundscheck": False}
 _WORDS = (nb.int64, nb.int32, nb.int16, nb.uint8)
@@ -441,6 +441,20 @@ def _decode_fp8(
             dst[j] = table[(np.int64(sc[j // block]) << 8) + src[j]]
 
 
+def _gguf(name: str) -> Callable[..., Any]:
+    """GGUF's decode ``name`` (gguf.py), imported on its first call: importing gguf.py compiles all
+    its decodes (about 3 s on a machine's first GGUF load, some 20 ms from numba's cache after),
+    which only a GGUF load needs."""
+
+    def call(*args: Any) -> Any:
+        from . import gguf
+
+        return gguf.RAW[name](*args)
+
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
 _RAW: dict[str, Any] = {
     **{f"copy_fingerprint_{w}": _copy_fingerprint for w in _WORDS},
     "gather_windows": gather_windows,
@@ -449,17 +463,22 @@ _RAW: dict[str, Any] = {
     "cols_term": cols_term,
     "decode_fp4": _decode_fp4,
     "decode_fp8": _decode_fp8,
+    **{name: _gguf(name) for name in GGUF_RAW.values()},
 }
-"""The raw kernels by :data:`.calls.RAW`'s names (numba's dispatchers)."""
+"""The raw kernels by :data:`.calls.RAW`'s names (numba's dispatchers; GGUF's decodes imported on
+first use)."""
 assert tuple(_RAW) == RAW
 
 
 def exports() -> dict[str, tuple[Callable[..., Any], Any]]:
     """Every raw kernel (:data:`.calls.RAW`) as (its Python function, its one signature): what the
-    ahead-of-time build compiles (kernels/build.py), from the signatures declared here."""
+    ahead-of-time build compiles (kernels/build.py), from the signatures declared here and in
+    gguf.py."""
+    from . import gguf
+
     sigs = dict(zip(_WORDS, _copy_fingerprint.nopython_signatures, strict=True))
     found: dict[str, tuple[Callable[..., Any], Any]] = {}
-    for name, kernel in _RAW.items():
+    for name, kernel in (_RAW | gguf.RAW).items():  # GGUF's dispatchers, not their stand-ins
         if name.startswith("copy_fingerprint_"):
             sig = sigs[getattr(nb, name.rsplit("_", 1)[1])]
         else:
@@ -478,4 +497,5 @@ count_between = KERNELS.count_between
 count_either = KERNELS.count_either
 decode_fp4 = KERNELS.decode_fp4
 decode_fp8 = KERNELS.decode_fp8
+decode_gguf = KERNELS.decode_gguf
 assert all(hasattr(KERNELS, name) for name in PUBLIC)

@@ -1,8 +1,15 @@
-"""Compiled (numba) CPU decodes of GGUF blocks to bf16 bits, imported on first use.
+"""Compiled (numba) CPU decodes of GGUF blocks to bf16 bits: called through :mod:`.calls`
+(``Kernels.decode_gguf``, which checks their arguments), numba's imported on a GGUF load's first
+decode (compiled.py), or compiled ahead with the other kernels (kernels/build.py).
 
 Each value is formed in fp32 in the order of the ``gguf`` package's numpy dequantisation (no fused
 multiply-add: numba contracts only under fastmath, which is off) and rounded once to bf16, nearest
 even, a NaN kept a NaN: bit for bit what :func:`tpload.codecs.gguf.decode_torch` gives.
+
+Each kernel declares its one signature (the ahead-of-time build compiles it): rows of whole blocks
+(C-contiguous uint8 ``[rows, row bytes]``), the rows of bf16 bits they decode to (uint16 ``[rows,
+weights]``), and every f16 bit pattern's value (``calls.f16_to_f32``: numba has no f16
+arithmetic). So importing this module compiles (or loads from numba's cache) all of them.
 """
 
 from __future__ import annotations
@@ -10,10 +17,14 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-F16_TO_F32: np.ndarray = (
-    np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+from .calls import GGUF_RAW
+
+_SIG = numba.void(
+    numba.types.Array(numba.uint8, 2, "C", readonly=True),  # also accepts writable arrays
+    numba.uint16[:, ::1],
+    numba.types.Array(numba.float32, 1, "C", readonly=True),
 )
-"""Every f16 bit pattern's value (numba has no f16 arithmetic): one table lookup per super-scale."""
+_JIT = {"cache": True, "nogil": True, "boundscheck": False}
 
 
 _NAN_MASK, _INF, _HALF, _QUIET = (
@@ -42,7 +53,7 @@ def _f16(row: np.ndarray, at: int, f16: np.ndarray) -> np.float32:
     return value
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False)
+@numba.njit(_SIG, **_JIT)
 def _q8_0(src: np.ndarray, out: np.ndarray, f16: np.ndarray) -> None:
     tmp: np.ndarray = np.empty(32, dtype=np.float32)
     for r in range(src.shape[0]):
@@ -53,16 +64,6 @@ def _q8_0(src: np.ndarray, out: np.ndarray, f16: np.ndarray) -> None:
             for i in range(32):
                 tmp[i] = np.float32(np.int8(row[o + 2 + i])) * d
             _round(tmp, dst, b * 32)
-
-
-@numba.njit(cache=True, nogil=True, boundscheck=False)
-def _q4_k(src: np.ndarray, out: np.ndarray, f16: np.ndarray) -> None:
-    _k_quant(src, out, f16, 144, False)
-
-
-@numba.njit(cache=True, nogil=True, boundscheck=False)
-def _q5_k(src: np.ndarray, out: np.ndarray, f16: np.ndarray) -> None:
-    _k_quant(src, out, f16, 176, True)
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")
@@ -101,7 +102,18 @@ def _k_quant(src: np.ndarray, out: np.ndarray, f16: np.ndarray, size: int, fifth
             _round(tmp, dst, b * 256)
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False)
+# (after _k_quant: a declared signature compiles where it is declared)
+@numba.njit(_SIG, **_JIT)
+def _q4_k(src: np.ndarray, out: np.ndarray, f16: np.ndarray) -> None:
+    _k_quant(src, out, f16, 144, False)
+
+
+@numba.njit(_SIG, **_JIT)
+def _q5_k(src: np.ndarray, out: np.ndarray, f16: np.ndarray) -> None:
+    _k_quant(src, out, f16, 176, True)
+
+
+@numba.njit(_SIG, **_JIT)
 def _q6_k(src: np.ndarray, out: np.ndarray, f16: np.ndarray) -> None:
     tmp: np.ndarray = np.empty(256, dtype=np.float32)
     ds: np.ndarray = np.empty(16, dtype=np.float32)
@@ -121,7 +133,7 @@ def _q6_k(src: np.ndarray, out: np.ndarray, f16: np.ndarray) -> None:
             _round(tmp, dst, b * 256)
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False)
+@numba.njit(_SIG, **_JIT)
 def _q2_k(src: np.ndarray, out: np.ndarray, f16: np.ndarray) -> None:
     """84-byte blocks: 16 scale bytes (low nibble scale, high nibble min), 64 bytes of 2-bit quants
     (byte ``32h + l`` holds weight ``128h + 32s + l`` at bits ``2s``), f16 ``d``, ``dmin``. The
@@ -147,7 +159,7 @@ def _q2_k(src: np.ndarray, out: np.ndarray, f16: np.ndarray) -> None:
             _round(tmp, dst, b * 256)
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False)
+@numba.njit(_SIG, **_JIT)
 def _q3_k(src: np.ndarray, out: np.ndarray, f16: np.ndarray) -> None:
     """110-byte blocks: 32 bytes of high-bit mask (bit ``i >> 5`` of byte ``i & 31``; a clear bit
     subtracts 4), 64 bytes of low 2 bits (as Q2_K), 12 bytes of 6-bit scales (biased by 32), f16
@@ -175,19 +187,15 @@ def _q3_k(src: np.ndarray, out: np.ndarray, f16: np.ndarray) -> None:
             _round(tmp, dst, b * 256)
 
 
-_KERNELS = {
-    "Q8_0": _q8_0,
-    "Q2_K": _q2_k,
-    "Q3_K": _q3_k,
-    "Q4_K": _q4_k,
-    "Q5_K": _q5_k,
-    "Q6_K": _q6_k,
+RAW = {
+    GGUF_RAW[ggml]: kernel
+    for ggml, kernel in {
+        "Q8_0": _q8_0,
+        "Q2_K": _q2_k,
+        "Q3_K": _q3_k,
+        "Q4_K": _q4_k,
+        "Q5_K": _q5_k,
+        "Q6_K": _q6_k,
+    }.items()
 }
-
-
-def decode(dtype: str, src: np.ndarray, out: np.ndarray) -> None:
-    """Rows of ``dtype`` blocks (uint8 ``[rows, row bytes]``) into bf16 bits (int16 ``[rows,
-    weights]``)."""
-    if out.dtype != np.uint16:
-        out = out.view(np.uint16)
-    _KERNELS[dtype](src.reshape(src.shape[0], -1), out.reshape(out.shape[0], -1), F16_TO_F32)
+"""The decodes by their names among :data:`.calls.RAW` (numba's dispatchers)."""

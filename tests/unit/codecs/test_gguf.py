@@ -1,5 +1,6 @@
-"""The gguf codec: decodes (numba kernel and torch ops) against the gguf package's dequantisation,
-windows on whole blocks, the NaN/inf super-scale check, and --config auto from a GGUF header."""
+"""The gguf codec: decodes (compiled kernel, torch ops) against the gguf package's dequantisation
+(the kernel's two implementations each: tests/unit/kernels/test_gguf.py), windows on whole blocks,
+the NaN/inf super-scale check, and --config auto from a GGUF header."""
 
 from __future__ import annotations
 
@@ -39,20 +40,19 @@ def blocks(ggml: str, rows: int, per_row: int, seed: int = 0) -> np.ndarray:
     return raw.reshape(rows, per_row * size)
 
 
+def dequantized(ggml: str, raw: np.ndarray) -> np.ndarray:
+    """The gguf package's dequantisation of ``raw`` rounded once to bf16, as int16 bits."""
+    return round_bf16(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[ggml])).view(np.int16)
+
+
 @needs_gguf
 @pytest.mark.parametrize("ggml", DECODED)
-def test_decodes_equal_gguf_dequantize_rounded_once(ggml: str) -> None:
-    from tpload.kernels import gguf as gguf_kernels
-
+def test_torch_decodes_equal_gguf_dequantize_rounded_once(ggml: str) -> None:
+    # the compiled kernels (both implementations): tests/unit/kernels/test_gguf.py
     raw = blocks(ggml, 5, 3)
-    want = round_bf16(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[ggml])).view(np.int16)
-    per = BLOCKS[ggml][0]
-    kernel = torch.empty((5, 3 * per), dtype=torch.bfloat16)
-    gguf_kernels.decode(ggml, raw, kernel.view(torch.int16).numpy())
-    ops = torch.empty_like(kernel)
+    ops = torch.empty((5, 3 * BLOCKS[ggml][0]), dtype=torch.bfloat16)
     decode_torch(ggml, torch.from_numpy(raw), ops)
-    assert np.array_equal(kernel.view(torch.int16).numpy(), want)
-    assert np.array_equal(ops.view(torch.int16).numpy(), want)
+    assert np.array_equal(ops.view(torch.int16).numpy(), dequantized(ggml, raw))
 
 
 def meta(ggml: str, shape: tuple[int, ...]) -> TensorMeta:
@@ -102,11 +102,7 @@ def test_expert_windows_decode_as_the_slice_of_the_whole(
 
     per = BLOCKS[ggml][0]
     raw = blocks(ggml, 3 * 6, 3, seed=7)
-    whole = (
-        round_bf16(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[ggml]))
-        .view(np.int16)
-        .reshape(3, 6, -1)
-    )
+    whole = dequantized(ggml, raw).reshape(3, 6, -1)
     fit = CODEC.fit(meta(ggml, (3, 6, 3 * per)), None, split=split, stacked=True)
     w, _ = CODEC.window(fit, split, 3, 1, experts=experts)
     e0, e1 = experts
@@ -193,12 +189,12 @@ def test_preset_without_gguf_says_so(tmp_path: Path) -> None:
 )
 @pytest.mark.parametrize("ggml", DECODED)
 def test_device_decode_equals_the_kernel(ggml: str) -> None:
-    from tpload.kernels import gguf as gguf_kernels
+    from tpload.kernels.lazy import kernels
 
     raw = blocks(ggml, 64, 8, seed=3)
     per = BLOCKS[ggml][0]
     kernel = torch.empty((64, 8 * per), dtype=torch.bfloat16)
-    gguf_kernels.decode(ggml, raw, kernel.view(torch.int16).numpy())
+    kernels.decode_gguf(ggml, raw, kernel.view(torch.int16).numpy())
     device = torch.empty((64, 8 * per), dtype=torch.bfloat16, device="cuda")
     decode_torch(ggml, torch.from_numpy(raw).cuda(), device)
     assert torch.equal(device.cpu().view(torch.int16), kernel.view(torch.int16))

@@ -1,7 +1,8 @@
 """The kernels compiled ahead (kernels/ahead.py, kernels/build.py): they release the GIL as numba's
 do, a stale or damaged module is never used (numba's kernels are, without a crash), and loading
-them imports no numba. (That they agree bit for bit with numba's: every test of test_compiled.py,
-test_fingerprint.py and test_stacked_views.py runs over both implementations.)"""
+them (a GGUF decode's too) imports no numba. (That they agree bit for bit with numba's: every test
+of test_compiled.py, test_fingerprint.py, test_gguf.py and test_stacked_views.py runs over both
+implementations.)"""
 
 from __future__ import annotations
 
@@ -23,14 +24,26 @@ from tpload.kernels.calls import RAW, Kernels
 from .conftest import numba_cache_dir
 
 
-def test_a_kernel_releases_the_gil_while_it_runs(implementation: Kernels) -> None:
+@pytest.mark.parametrize("kernel", ["copy_fingerprint", "decode_gguf"])
+def test_a_kernel_releases_the_gil_while_it_runs(implementation: Kernels, kernel: str) -> None:
     # With a switch interval of 1000 s the GIL changes hands only where a thread gives it up: the
     # main thread can run while the worker is inside a kernel (inside set, not yet cleared) only if
     # the kernel released the GIL. Without it, the worker holds the GIL from `inside = True` to
     # `inside = False` and the main thread never sees True, however long the kernel runs.
-    words = np.ones(1 << 22, dtype=np.int64)
-    col_sums = np.zeros(1 << 10, dtype=np.int64)
-    empty = np.empty(0, dtype=np.int64)
+    if kernel == "copy_fingerprint":
+        words = np.ones(1 << 22, dtype=np.int64)
+        col_sums = np.zeros(1 << 10, dtype=np.int64)
+        empty = np.empty(0, dtype=np.int64)
+
+        def run() -> None:
+            implementation.copy_fingerprint(words, 0, 1 << 10, 1 << 12, 1 << 10, empty, col_sums, 0)
+    else:  # GGUF's decodes: 4096 rows of 32 Q8_0 blocks (scales 0: finite)
+        q8 = np.zeros((1 << 12, 32 * 34), dtype=np.uint8)
+        bf16 = np.empty((1 << 12, 32 * 32), dtype=np.int16)
+
+        def run() -> None:
+            implementation.decode_gguf("Q8_0", q8, bf16)
+
     state = {"inside": False, "seen": False}
 
     def work() -> None:
@@ -38,7 +51,7 @@ def test_a_kernel_releases_the_gil_while_it_runs(implementation: Kernels) -> Non
             if state["seen"]:
                 return
             state["inside"] = True
-            implementation.copy_fingerprint(words, 0, 1 << 10, 1 << 12, 1 << 10, empty, col_sums, 0)
+            run()
             state["inside"] = False
 
     before = sys.getswitchinterval()
@@ -79,9 +92,11 @@ def test_the_key_changes_with_the_source_numba_python_and_cpu(
         (tmp_path / name).write_bytes((ahead.KERNELS / name).read_bytes())
     monkeypatch.setattr(ahead, "KERNELS", tmp_path)
     assert ahead.key() == k
-    with (tmp_path / "compiled.py").open("a") as f:
-        f.write("\n# an edit\n")
-    assert ahead.key() != k
+    for name in ("compiled.py", "gguf.py"):  # GGUF's decodes are in the module too
+        before = ahead.key()
+        with (tmp_path / name).open("a") as f:
+            f.write("\n# an edit\n")
+        assert ahead.key() not in (k, before)
     monkeypatch.undo()
     monkeypatch.setattr(ahead, "cpu", lambda: "another CPU")
     assert ahead.key() != k
@@ -140,6 +155,16 @@ def test_arrays_numba_would_refuse_are_refused(ahead_kernels: Kernels) -> None:
         ahead_kernels.cols_term(good, good)
 
 
+def with_the_module(ahead_folder: Path, code: str) -> str:
+    """What ``code`` prints, run in a fresh process that finds the module in ``ahead_folder``."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(numba_cache_dir(ahead_folder)))
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
 def test_a_process_loads_them_without_numba(ahead_folder: Path) -> None:
     code = (
         "import sys, numpy as np\n"
@@ -148,13 +173,26 @@ def test_a_process_loads_them_without_numba(ahead_folder: Path) -> None:
         "window = np.arange(96, dtype=np.uint8).reshape(6, 16)\n"
         "print(host_fingerprint(window), kernels._module.implementation, 'numba' in sys.modules)\n"
     )
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(numba_cache_dir(ahead_folder)))
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert out.returncode == 0, out.stderr
+    out = with_the_module(ahead_folder, code)
     from tpload.kernels.fingerprint import host_fingerprint
 
     want = host_fingerprint(np.arange(96, dtype=np.uint8).reshape(6, 16))
-    assert out.stdout.split(")")[1].split() == ["ahead", "False"]
-    assert out.stdout.startswith(str(want))
+    assert out.split(")")[1].split() == ["ahead", "False"]
+    assert out.startswith(str(want))
+
+
+def test_a_gguf_decode_with_the_module_built_imports_no_numba(ahead_folder: Path) -> None:
+    # the codec's host decode, as a GGUF load makes it: Q8_0 blocks of d = 1.0 (f16 0x3c00), q = 3
+    code = (
+        "import sys, numpy as np, torch\n"
+        "from tpload.codecs.gguf import GGUF_CODEC\n"
+        "from tpload.kernels.lazy import kernels\n"
+        "from tpload.model.meta import TensorMeta\n"
+        "raw = np.full((2, 34), 3, np.uint8)\n"
+        "raw[:, :2] = (0x00, 0x3C)\n"
+        "fit = GGUF_CODEC.fit(TensorMeta('t', 'm.gguf', 'Q8_0', (2, 34)), None)\n"
+        "out = torch.zeros(2, 32, dtype=torch.bfloat16)\n"
+        "GGUF_CODEC.decode(raw, None, out, fit)\n"
+        "print(out.unique().tolist(), kernels._module.implementation, 'numba' in sys.modules)\n"
+    )
+    assert with_the_module(ahead_folder, code).split() == ["[3.0]", "ahead", "False"]

@@ -383,8 +383,9 @@ def storage_reads(res: MethodResult) -> dict[str, Any]:
     ``/proc/self/io`` ``read_bytes``, the delta over the load: every thread of the process, hash
     workers included; a page another rank brought into the page cache first is not counted):
     ``storage_read_ranks`` per rank, median over rounds, ``storage_read_per_rank`` the median over
-    rounds of the ranks' mean, ``storage_read_max_rank`` of their most. None where the kernel
-    does not count."""
+    rounds of the ranks' mean, ``storage_read_max_rank`` of their most, ``storage_read_node`` of
+    their sum (the node's: which rank paid for a page moves between rounds, the sum does not).
+    None where the kernel does not count."""
     got = [[x.get("storage_read_bytes") for x in run] for run in res.runs]
     counted: list[list[int]] = [[v for v in run if v is not None] for run in got]
     if not counted or any(len(c) != len(run) for c, run in zip(counted, got, strict=True)):
@@ -392,21 +393,25 @@ def storage_reads(res: MethodResult) -> dict[str, Any]:
             "storage_read_ranks": None,
             "storage_read_per_rank": None,
             "storage_read_max_rank": None,
+            "storage_read_node": None,
         }
     ranks = min(len(run) for run in counted)
     return {
         "storage_read_ranks": [_med([run[r] for run in counted]) for r in range(ranks)],
         "storage_read_per_rank": _med([statistics.mean(run) for run in counted]),
         "storage_read_max_rank": _med([max(run) for run in counted]),
+        "storage_read_node": _med([sum(run) for run in counted]),
     }
 
 
 def storage_lines(summaries: list[dict[str, Any]]) -> list[str]:
     """One line per method: the bytes each rank read from storage (MiB), and the most a rank read
     against the floor's share a rank (its mean: the floor reads each byte once a node, its windows'
-    pages, whichever rank gets there first) and against the floor's most."""
+    pages, whichever rank gets there first) and against the floor's most; and the node's sum
+    against the floor's (each stored byte a window needs, read once a node, is the floor's sum)."""
     floor = next((s for s in summaries if s["method"] == "floor"), {})
     share, most = floor.get("storage_read_per_rank"), floor.get("storage_read_max_rank")
+    whole = floor.get("storage_read_node")
     out = []
     for s in summaries:
         ranks = s.get("storage_read_ranks")
@@ -418,10 +423,17 @@ def storage_lines(summaries: list[dict[str, Any]]) -> list[str]:
             if share and most
             else ""
         )
+        node = s.get("storage_read_node")
+        summed = (
+            f"; the node {node / MIB:,.0f}"
+            + (f" ({node / whole:.2f}x the floor's)" if whole else "")
+            if node is not None
+            else ""
+        )
         out.append(
             f"  {s['method']:<16} "
             + " / ".join(f"{v / MIB:,.0f}" for v in ranks)
-            + f" MiB, the most a rank {top / MIB:,.0f}{ratio}"
+            + f" MiB, the most a rank {top / MIB:,.0f}{ratio}{summed}"
         )
     if not out:
         return []

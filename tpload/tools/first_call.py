@@ -210,11 +210,24 @@ def measure(
             t = time.perf_counter()
             job(out=out)
             for r in range(nproc):
-                row = json.loads(Path(f"{out}.{r}").read_text())
-                row["repeat"] = i
-                rows.append(row)
+                rows.append({**_row(Path(f"{out}.{r}")), "repeat": i})
             log(f"first call, repeat {i}: {time.perf_counter() - t:.1f} s with torchrun")
     return rows
+
+
+def _row(path: Path) -> dict[str, Any]:
+    """A rank's row, as its worker wrote it (through the bounded reader, as every file is read).
+    The driver's alone: this file's worker runs as a file, with no tpload imported at its top."""
+    from ..model.errors import CheckpointError
+    from ..storage.files import read_json
+
+    try:
+        got = read_json(path, "a first-call row")
+    except CheckpointError as e:
+        raise FirstCallFailed(str(e)) from None
+    if not isinstance(got, dict):
+        raise FirstCallFailed(f"{path}: expected a JSON object, got {type(got).__name__}")
+    return got
 
 
 def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

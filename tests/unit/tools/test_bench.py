@@ -273,11 +273,13 @@ def test_bytes_from_storage_are_shown_per_rank_against_the_floors() -> None:
     assert shown[1]["storage_read_ranks"] == [1500 * mib, 200 * mib]
     assert shown[1]["storage_read_per_rank"] == 850 * mib
     assert shown[1]["storage_read_max_rank"] == 1500 * mib
+    assert shown[1]["storage_read_node"] == 1700 * mib
     assert shown[2]["storage_read_per_rank"] is None
     lines = table(shown, {}, BenchOptions("ckpt")).splitlines()
     assert any(
         ln.split()[:2] == ["tpload", "1,500"]
-        and "the most a rank 1,500 (1.76x the floor's share, 1.67x its most)" in ln
+        and "the most a rank 1,500 (1.76x the floor's share, 1.67x its most); "
+        "the node 1,700 (1.00x the floor's)" in ln
         for ln in lines
     )
     head = next(ln for ln in lines if ln.startswith("method"))

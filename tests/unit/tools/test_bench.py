@@ -279,7 +279,8 @@ def test_bytes_from_storage_are_shown_per_rank_against_the_floors() -> None:
     assert any(
         ln.split()[:2] == ["tpload", "1,500"]
         and "the most a rank 1,500 (1.76x the floor's share, 1.67x its most); "
-        "the node 1,700 (1.00x the floor's)" in ln
+        "the node 1,700 (1.00x the floor's)"
+        in ln
         for ln in lines
     )
     head = next(ln for ln in lines if ln.startswith("method"))

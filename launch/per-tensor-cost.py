@@ -24,7 +24,8 @@ microseconds per tensor per rank, from the medians).
     python launch/per-tensor-cost.py /tmp/m5k /tmp/m25k /tmp/a5k /tmp/a25k --via cli
 
 puts the same tensors dealt to two files in turn (natural order alternating between the files at
-every tensor) beside those stored file by file: two slopes under one machine's noise.
+every tensor) beside those stored file by file: two slopes under one machine's noise, and the
+second pair's against the first (``ratio ... pair 2 against pair 1``).
 """
 
 from __future__ import annotations
@@ -118,16 +119,22 @@ def main() -> None:
             f"median {name:4} {via:3} {Path(ckpt).name:>10}: {statistics.median(values):7.3f} s "
             f"of {', '.join(f'{v:.3f}' for v in values)}"
         )
+    slopes: dict[tuple[str, str], list[float]] = {}
     for a, b in zip(args.dirs[::2], args.dirs[1::2], strict=False):
         for name in trees:
             for via in ways:
                 ma = statistics.median(got[(name, a, via)])
                 mb = statistics.median(got[(name, b, via)])
                 slope = (mb - ma) / (tensors[b] - tensors[a]) * 1e6
+                slopes.setdefault((name, via), []).append(slope)
                 print(
                     f"slope  {name:4} {via:3} {Path(a).name}..{Path(b).name}: {slope:.1f} us per "
                     "tensor per rank"
                 )
+    # each later pair against the first (the alternating layout against file by file, say)
+    for (name, via), each in slopes.items():
+        for k, later in enumerate(each[1:], start=2):
+            print(f"ratio  {name:4} {via:3} pair {k} against pair 1: {later / each[0]:.2f}x")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@ weights is read, beside a second, warm load in the same process. The bench print
 rounds (``python -m tpload bench``); ``launch/first-call.py`` runs it alone, with repeats.
 
 Each repeat starts fresh processes (torchrun, ``nproc`` ranks) that ``import torch`` and make their
-gloo group (a serving process has both already), then start the clock together, load twice and
-release. Per rank:
+process group (gloo; NCCL beside it with CUDA: a serving process has both already), then start the
+clock together, load twice and release. Per rank:
 
 * ``to_first_read``: from just after ``import torch`` to the first weight byte read (numba's
   import and kernel load included when they happen before it); ``to_first_read_second``: the

@@ -41,12 +41,11 @@ def read_turns(
     if len(reads) < 2 or not reads.get(me):
         return None
     node = sorted(reads)
-    where = {r: k for k, r in enumerate(node)}
-    here, n = where[me], len(node)
+    here, n = node.index(me), len(node)
+    turn_of = {r: (k - here) % n for k, r in enumerate(node)}  # each node rank's turn for ``me``
     if owner:  # node mode: the hash plan's split, made over the same reads, already says who leads
         # (a tensor this rank reads that no peer hashes is its own); made in C passes, no call a
         # tensor: every name turn 0, then the peers' tensors their hasher's turn
-        turn_of = {r: (k - here) % n for k, r in enumerate(node)}
         led = dict.fromkeys(reads[me], 0)
         led.update(zip(owner.keys(), map(turn_of.__getitem__, owner.values()), strict=True))
         return led
@@ -58,6 +57,5 @@ def read_turns(
         if len(who) == 1:
             turns.update(dict.fromkeys(names, 0))
             continue
-        turn = {r: (where[r] - here) % n for r in who}
-        turns.update(zip(names, map(turn.__getitem__, leads.tolist()), strict=True))
+        turns.update(zip(names, map(turn_of.__getitem__, leads.tolist()), strict=True))
     return turns
